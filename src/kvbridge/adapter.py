@@ -1,0 +1,161 @@
+"""FamilyAdapter: how one model family's configs, caches and models look to kvbridge.
+
+The base class implements the Hugging Face defaults (``DynamicCache`` layout, keys stored
+after RoPE, ``config.rope_parameters``); a family file under ``kvbridge/builtin/families/``
+subclasses it and overrides ``describe`` (config mapping -> ModelSpec) and whatever else
+differs. Torch and transformers are imported inside the methods, never at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from kvbridge.errors import ConfigError, StateError
+from kvbridge.spec import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvbridge.kvstate import KVState
+
+
+def config_fingerprint(config: Mapping) -> str:
+    """sha256 of the config's canonical JSON, without fields that do not change the model."""
+    ignore = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
+              "_attn_implementation", "_attn_implementation_autoset", "use_cache", "_commit_hash",
+              "output_attentions", "output_hidden_states", "return_dict"}
+    data = {k: v for k, v in dict(config).items() if k not in ignore}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def weights_fingerprint(model) -> str:
+    """sha256 over every parameter and buffer name, shape, dtype and bytes (fast, exact)."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in sorted(model.state_dict().items()):
+            t = tensor.detach().contiguous().cpu()
+            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def require(config: Mapping, *names: str, where: str = "config") -> Any:
+    """The first of ``names`` present in ``config``, or a one-line ConfigError naming them."""
+    for name in names:
+        if name in config and config[name] is not None:
+            return config[name]
+    raise ConfigError(f"{where} is missing {' or '.join(repr(n) for n in names)}",
+                      f"add {names[0]!r} to the config (model_type {config.get('model_type')!r})")
+
+
+def positive_int(config: Mapping, *names: str, where: str = "config") -> int:
+    value = require(config, *names, where=where)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{where} field {names[0]!r} must be a positive integer, got {value!r}",
+                          f"fix {names[0]!r} in the config")
+    return value
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    """Base adapter. Subclasses set ``name``/``model_types`` and implement ``describe``."""
+
+    name: str = ""
+    model_types: tuple = ()
+    description: str = ""
+
+    # -- config side (no torch) ---------------------------------------------------------
+    def describe(self, config: Mapping) -> ModelSpec:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def tiny_config(self) -> dict:
+        """A small but complete config of this family, for tests and the contract suite."""
+        raise NotImplementedError(f"adapter {self.name!r} has no tiny_config()")
+
+    # -- model side ----------------------------------------------------------------------
+    def hf_config(self, config: Mapping):
+        """A transformers config object from a config mapping."""
+        from transformers import AutoConfig
+
+        data = dict(config)
+        model_type = data.pop("model_type")
+        return AutoConfig.for_model(model_type, **data)
+
+    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
+        """A randomly initialised model of this family (tests; no download)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        hf = self.hf_config(config)
+        model = AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, dtype))
+        return model.eval()
+
+    def spec_of(self, model) -> ModelSpec:
+        """The spec of a live model (from its config, dtype from its parameters)."""
+        spec = self.describe(model.config.to_dict())
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return spec.with_dtype(dtype)
+
+    def rotary_embedding(self, model, layer: int = 0):
+        """The model's rotary module (for tests against its own tables)."""
+        base = getattr(model, model.base_model_prefix, model)
+        return getattr(base, "rotary_emb", None)
+
+    def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None) -> "KVState":
+        """Prefill ``input_ids`` once and return the cache as a KVState (full history kept)."""
+        import torch
+        from transformers import DynamicCache
+
+        from kvbridge import rope as rope_codec
+        from kvbridge.kvstate import KVState
+
+        spec = spec or self.spec_of(model)
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if ids.shape[1] == 0:
+            raise StateError("cannot extract a cache from an empty token sequence", "pass at least one token id")
+        cache = DynamicCache()  # no config: sliding layers keep their whole history
+        kwargs: dict = {"cache": cache, "use_cache": True}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        with torch.no_grad():
+            out = model(input_ids=ids, **kwargs)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+        keys, values = self._cache_tensors(cache, spec)
+        B, T = ids.shape
+        positions = torch.arange(T, device=ids.device).expand(B, T).clone()
+        if attention_mask is not None:  # left padding: positions follow the mask, as generate does
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        lengths = rope_codec.forward_lengths(positions) if spec.rope and spec.rope.is_stateful else None
+        return KVState(keys=keys, values=values, token_ids=ids.clone(), positions=positions,
+                       spec=spec, rope_applied=spec.positional == "rope", rope_lengths=lengths,
+                       model_fingerprint=config_fingerprint(model.config.to_dict()))
+
+    def _cache_tensors(self, cache, spec: ModelSpec) -> tuple[tuple, tuple]:
+        layers = list(getattr(cache, "layers", []))
+        if len(layers) != spec.num_layers:
+            raise StateError(f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
+                             "check the family adapter's describe() for this model")
+        keys = tuple(layer.keys.detach().clone() for layer in layers)
+        values = tuple(layer.values.detach().clone() for layer in layers)
+        return keys, values
+
+    def inject(self, state: "KVState", model=None, *, check: bool = True):
+        """A fresh ``DynamicCache`` holding ``state`` (cloned: never aliases the caller's tensors)."""
+        from transformers import DynamicCache
+
+        if check:
+            spec = self.spec_of(model) if model is not None else state.spec
+            import torch
+            state.validate(spec, dtype=getattr(torch, spec.dtype) if model is not None else None)
+        if not state.rope_applied and state.spec.positional == "rope":
+            raise StateError("state keys are in content space (RoPE stripped)",
+                             "call state.apply_rope() before injecting")
+        data = [(k.detach().clone(), v.detach().clone()) for k, v in zip(state.keys, state.values)]
+        return DynamicCache(data)

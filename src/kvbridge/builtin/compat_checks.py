@@ -1,0 +1,1 @@
+"""Built-in compatibility checks (placeholder, filled by the check work)."""

@@ -1,0 +1,1 @@
+"""Built-in family adapters (placeholder, filled by the families work)."""

@@ -1,0 +1,1 @@
+"""Built-in RoPE variants (placeholder, filled by the RoPE codec work)."""

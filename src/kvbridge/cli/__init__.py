@@ -1,0 +1,1 @@
+"""The kvbridge command line: one small module per command, loaded lazily."""

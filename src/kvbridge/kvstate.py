@@ -1,0 +1,168 @@
+"""KVState: the one canonical container for an attention cache.
+
+Per layer K and V are ``[batch, kv_heads, tokens, head_dim]``; ``token_ids`` and
+``positions`` (``[batch, tokens]``) say what the cache was computed from; ``rope_applied``
+says whether keys carry RoPE (as the model's cache stores them) or are in content space.
+``rope_lengths`` (``[batch, tokens]``) records, for stateful RoPE types (dynamic,
+longrope), the length of the forward that produced each key, which picks its table.
+Sliding-window layers keep their full history here: injection trims what the model's own
+cache would keep.
+
+Torch is imported lazily by the methods that need it; the class itself is importable with
+no heavy dependency only through ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvbridge.errors import StateError
+from kvbridge.spec import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
+
+@dataclass(frozen=True)
+class KVState:
+    """A model's attention cache in canonical form."""
+
+    keys: tuple  # per layer Tensor [B, H_kv, T, D]
+    values: tuple  # per layer Tensor [B, H_kv, T, D]
+    token_ids: "Tensor"  # [B, T] long
+    positions: "Tensor"  # [B, T] long, the positions keys were rotated at
+    spec: ModelSpec  # the model that produced (or will consume) this state
+    rope_applied: bool = True  # keys carry RoPE, as a model's cache stores them
+    rope_lengths: "Tensor | None" = None  # [B, T] forward length per key (stateful RoPE)
+    model_fingerprint: str = ""  # config (+ weights) fingerprint of the producer
+    approximate: bool = False  # True for transferred (mapped) caches: never an exact prefix cache
+    meta: dict = field(default_factory=dict, compare=False)
+
+    # -- shape -------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[1])
+
+    @property
+    def dtype(self) -> "torch.dtype":
+        return self.keys[0].dtype
+
+    @property
+    def device(self) -> "torch.device":
+        return self.keys[0].device
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    # -- checks ------------------------------------------------------------------------
+    def validate(self, spec: ModelSpec | None = None, *, dtype: "torch.dtype | None" = None,
+                 check_finite: bool = True, what: str = "KV state") -> "KVState":
+        """Raise :class:`StateError` (one line) unless this state fits ``spec`` and is finite."""
+        spec = spec or self.spec
+        if len(self.keys) != len(self.values):
+            raise StateError(f"{what} has {len(self.keys)} key layers but {len(self.values)} value layers",
+                             "rebuild the state from one cache")
+        if self.num_layers != spec.num_layers:
+            raise StateError(f"{what} has {self.num_layers} layers; model {spec.model_type!r} has {spec.num_layers}",
+                             "transfer through a layer mapping (kvbridge fit) or use the producing model")
+        B, T = self.token_ids.shape
+        if tuple(self.positions.shape) != (B, T):
+            raise StateError(f"{what} positions shape {tuple(self.positions.shape)} != token ids shape {(B, T)}",
+                             "give one position per cached token")
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            want = (B, spec.num_kv_heads, T, spec.head_dim)
+            for name, t in (("keys", k), ("values", v)):
+                if tuple(t.shape) != want:
+                    raise StateError(
+                        f"{what} layer {i} {name} shape {tuple(t.shape)} != {want} expected by {spec.model_type!r} "
+                        f"[batch, kv_heads={spec.num_kv_heads}, tokens={T}, head_dim={spec.head_dim}]",
+                        "map the state to this model's geometry first (kvbridge fit / transfer)")
+                if dtype is not None and t.dtype != dtype:
+                    raise StateError(f"{what} layer {i} {name} dtype {t.dtype} != model dtype {dtype}",
+                                     f"convert it with state.to(dtype={dtype}) or load the model in {t.dtype}")
+                if check_finite and not bool(torch.isfinite(t).all()):
+                    bad = int((~torch.isfinite(t)).sum())
+                    raise StateError(f"{what} layer {i} {name} has {bad} NaN/inf values",
+                                     "recompute the cache; a mapping that produced it may be broken")
+        return self
+
+    # -- conversions -------------------------------------------------------------------
+    def map_tensors(self, fn) -> "KVState":
+        return replace(self, keys=tuple(fn(k) for k in self.keys), values=tuple(fn(v) for v in self.values))
+
+    def to(self, device: Any = None, dtype: "torch.dtype | None" = None) -> "KVState":
+        return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
+
+    def clone(self) -> "KVState":
+        out = self.map_tensors(lambda t: t.clone())
+        return replace(out, token_ids=self.token_ids.clone(), positions=self.positions.clone(),
+                       rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
+                       meta=dict(self.meta))
+
+    def slice_tokens(self, start: int = 0, stop: int | None = None) -> "KVState":
+        """Tokens ``[start:stop]`` of every layer (views; clone to own them)."""
+        sl = slice(start, stop)
+        return replace(
+            self,
+            keys=tuple(k[:, :, sl] for k in self.keys),
+            values=tuple(v[:, :, sl] for v in self.values),
+            token_ids=self.token_ids[:, sl],
+            positions=self.positions[:, sl],
+            rope_lengths=None if self.rope_lengths is None else self.rope_lengths[:, sl],
+        )
+
+    # -- RoPE --------------------------------------------------------------------------
+    def strip_rope(self, host=None) -> "KVState":
+        """Keys in content space (RoPE removed at each key's own position)."""
+        from kvbridge import rope
+
+        if not self.rope_applied or self.spec.positional != "rope":
+            return replace(self, rope_applied=False)
+        keys = tuple(
+            rope.strip(k, self.positions, self.spec.rope_for_layer(i), lengths=self.rope_lengths, host=host)
+            for i, k in enumerate(self.keys))
+        return replace(self, keys=keys, rope_applied=False)
+
+    def apply_rope(self, positions: "Tensor | None" = None, spec: ModelSpec | None = None,
+                   rope_lengths: "Tensor | None" = None, host=None) -> "KVState":
+        """Keys rotated for ``spec`` (default: own) at ``positions`` (default: own)."""
+        from kvbridge import rope
+
+        spec = spec or self.spec
+        positions = self.positions if positions is None else positions
+        positions = positions.to(self.token_ids.device).expand(self.batch_size, -1)
+        if rope_lengths is None and spec.rope is not None and spec.rope.is_stateful:
+            rope_lengths = rope.forward_lengths(positions)
+        if self.rope_applied:
+            raise StateError("keys already carry RoPE", "call strip_rope() first or use reposition()")
+        if spec.positional != "rope":
+            return replace(self, positions=positions, spec=spec, rope_applied=True)
+        keys = tuple(
+            rope.apply(k, positions, spec.rope_for_layer(i), lengths=rope_lengths, host=host)
+            for i, k in enumerate(self.keys))
+        return replace(self, keys=keys, positions=positions, rope_applied=True, spec=spec,
+                       rope_lengths=rope_lengths)
+
+    def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
+        """Move the cached keys to new positions (an offset int or a ``[B, T]`` tensor) in one call."""
+        if isinstance(new_positions, int):
+            new_positions = self.positions + new_positions
+        if self.spec.positional not in ("rope", "none"):
+            raise StateError(
+                f"cannot re-position a {self.spec.positional}-position cache of {self.spec.model_type!r}: "
+                "positions are baked into the hidden states",
+                "recompute the prefix at the new positions")
+        if self.spec.positional == "none":
+            return replace(self, positions=new_positions)
+        return self.strip_rope(host=host).apply_rope(new_positions, host=host)

@@ -1,0 +1,305 @@
+"""The plugin host: a pluggy manager built by a factory, guarded entry-point loading, and
+typed getters so the rest of kvbridge never calls ``pm.hook`` directly.
+
+Environment variables (llm/tox style):
+
+- ``KVBRIDGE_LOAD_PLUGINS``: comma-separated allow-list of entry-point names to load;
+  set but empty loads no third-party plugin. Unset loads all.
+- ``KVBRIDGE_DISABLE_PLUGINS``: comma-separated entry-point names to skip.
+- ``KVBRIDGE_TRACE_PLUGINS``: any non-empty value traces every hook call to stderr.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, Iterable
+
+import pluggy
+
+from kvbridge import __version__, hookspecs
+from kvbridge.errors import PluginError, UnsupportedModelError
+
+ENTRY_POINT_GROUP = "kvbridge"
+BUILTIN_PLUGINS = (
+    "kvbridge.builtin.families",
+    "kvbridge.builtin.rope_variants",
+    "kvbridge.builtin.identity",
+    "kvbridge.builtin.compat_checks",
+)
+#: model types that have no attention KV cache at all
+NO_KV_CACHE_TYPES = frozenset({
+    "mamba", "mamba2", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
+})
+
+
+@dataclass
+class PluginRecord:
+    """What ``kvbridge plugins`` shows for one plugin."""
+
+    name: str
+    version: str
+    builtin: bool
+    hooks: list[str] = field(default_factory=list)
+    registers: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "version": self.version, "builtin": self.builtin,
+                "hooks": self.hooks, "registers": self.registers, "error": self.error}
+
+
+def _env_list(name: str) -> list[str] | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+def _plugin_hook_names(plugin: Any) -> list[str]:
+    return sorted(n for n in dir(plugin) if n.startswith("kvbridge_") and callable(getattr(plugin, n)))
+
+
+class Registry:
+    """Name -> object, remembering which plugin registered each name."""
+
+    def __init__(self, kind: str, key: Callable[[Any], Iterable[str]]):
+        self.kind = kind
+        self._key = key
+        self.items: dict[str, Any] = {}
+        self.owner: dict[str, str] = {}
+
+    def add(self, obj: Any, plugin: str) -> list[str]:
+        names = list(self._key(obj))
+        for name in names:
+            if name in self.items:
+                raise PluginError(
+                    f"duplicate {self.kind} {name!r}: registered by both {self.owner[name]!r} and {plugin!r}",
+                    f"rename it in one plugin, or disable one with KVBRIDGE_DISABLE_PLUGINS={plugin}")
+        for name in names:
+            self.items[name] = obj
+            self.owner[name] = plugin
+        return names
+
+    def get(self, name: str) -> Any:
+        if name not in self.items:
+            close = difflib.get_close_matches(name, list(self.items), n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise PluginError(f"unknown {self.kind} {name!r}",
+                              f"{hint}available: {', '.join(sorted(self.items)) or 'none'}")
+        return self.items[name]
+
+    def names(self) -> list[str]:
+        return sorted(self.items)
+
+
+class Host:
+    """A plugin manager plus typed, cached registries."""
+
+    def __init__(self, pm: pluggy.PluginManager, records: list[PluginRecord]):
+        self.pm = pm
+        self.records = records
+        self._registries: dict[str, Registry] | None = None
+
+    def _impls(self, hook_name: str) -> list:
+        """Hook implementations in registration order (built-ins first)."""
+        return list(getattr(self.pm.hook, hook_name).get_hookimpls())
+
+    @staticmethod
+    def _call(hookimpl, **kwargs: Any) -> Any:
+        """Call one implementation with the arguments it asks for (pluggy semantics)."""
+        return hookimpl.function(**{a: kwargs[a] for a in hookimpl.argnames if a in kwargs})
+
+    # -- registries --------------------------------------------------------------------
+    def _collect(self) -> dict[str, Registry]:
+        if self._registries is not None:
+            return self._registries
+        regs = {
+            "family": Registry("model type", lambda a: a.model_types),
+            "rope_variant": Registry("RoPE variant", lambda v: [v.name]),
+            "fitter": Registry("fitter", lambda f: [f.name]),
+            "metric": Registry("metric", lambda m: [m.name]),
+        }
+        adapters = Registry("family adapter", lambda a: [a.name])
+        hooks = {
+            "family": "kvbridge_register_families",
+            "rope_variant": "kvbridge_register_rope_variants",
+            "fitter": "kvbridge_register_fitters",
+            "metric": "kvbridge_register_metrics",
+        }
+        by_name = {r.name: r for r in self.records}
+        for kind, hook_name in hooks.items():
+            for hookimpl in self._impls(hook_name):
+                plugin_name = hookimpl.plugin_name
+                record = by_name.get(plugin_name)
+                added: list[str] = []
+
+                def register(obj: Any, _kind=kind, _plugin=plugin_name, _added=added) -> None:
+                    _added.extend(regs[_kind].add(obj, _plugin))
+                    if _kind == "family":
+                        adapters.add(obj, _plugin)
+
+                try:
+                    self._call(hookimpl, register=register)
+                except PluginError:
+                    raise
+                except Exception as exc:  # a broken plugin must not take the host down
+                    if record is not None:
+                        record.error = f"{hook_name} failed: {type(exc).__name__}: {exc}"
+                    continue
+                if record is not None and added:
+                    record.registers.setdefault(kind, []).extend(added)
+        regs["adapter"] = adapters
+        self._registries = regs
+        return regs
+
+    def registry(self, kind: str) -> Registry:
+        return self._collect()[kind]
+
+    def adapters(self) -> list:
+        reg = self.registry("adapter")
+        return [reg.items[n] for n in reg.names()]
+
+    def adapter_for(self, config: dict) -> Any:
+        """The family adapter for a config mapping, or a one-line refusal."""
+        model_type = config.get("model_type") if isinstance(config, dict) else None
+        if not model_type:
+            raise UnsupportedModelError("config has no 'model_type'",
+                                        "pass a Hugging Face config.json or a model folder that has one")
+        families = self.registry("family")
+        if model_type in families.items:
+            return families.items[model_type]
+        claimed = self.pm.hook.kvbridge_resolve_family(config=config)
+        if claimed is not None:
+            return claimed
+        if model_type in NO_KV_CACHE_TYPES:
+            raise UnsupportedModelError(
+                f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
+                "kvbridge moves attention KV caches; choose a transformer model")
+        close = difflib.get_close_matches(model_type, families.names(), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise UnsupportedModelError(
+            f"unknown model type {model_type!r}",
+            f"{hint}install a plugin that supports it (see `kvbridge plugins` for supported types)")
+
+    def describe(self, config: dict):
+        """ModelSpec of a config mapping through its family adapter."""
+        return self.adapter_for(config).describe(config)
+
+    def rope_variant(self, name: str) -> Any:
+        return self.registry("rope_variant").get(name)
+
+    def fitter(self, name: str) -> Any:
+        return self.registry("fitter").get(name)
+
+    def metric(self, name: str) -> Any:
+        return self.registry("metric").get(name)
+
+    def check_findings(self, source, target) -> list:
+        from dataclasses import replace
+
+        out = []
+        for hookimpl in self._impls("kvbridge_check_compatibility"):
+            plugin_name = hookimpl.plugin_name
+            try:
+                found = self._call(hookimpl, source=source, target=target) or []
+            except Exception as exc:
+                from kvbridge.plugin_types import Finding
+                found = [Finding("plugin", "warning", f"check failed: {type(exc).__name__}: {exc}")]
+            out.extend(replace(f, plugin=plugin_name) for f in found)
+        return out
+
+    def register_commands(self, cli) -> None:
+        by_name = {r.name: r for r in self.records}
+        for hookimpl in self._impls("kvbridge_register_commands"):
+            plugin_name = hookimpl.plugin_name
+            try:
+                self._call(hookimpl, cli=cli)
+            except Exception as exc:
+                if plugin_name in by_name:
+                    by_name[plugin_name].error = f"kvbridge_register_commands failed: {exc}"
+
+
+def _validate(pm: pluggy.PluginManager, plugin: Any) -> str | None:
+    """A one-line error for a plugin whose hook names are not kvbridge hooks, else None."""
+    known = {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
+    bad = [n for n in _plugin_hook_names(plugin) if n not in known]
+    if bad:
+        close = difflib.get_close_matches(bad[0], sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"unknown hook {bad[0]!r}{hint}"
+    return None
+
+
+def make_host(*, builtins: bool = True, entry_points: bool = True,
+              extra: Iterable[tuple[str, Any]] = ()) -> Host:
+    """Build an isolated plugin host (no registration happens at import time).
+
+    ``extra`` registers ``(name, plugin_object)`` pairs, as tests and embedding code do.
+    """
+    import importlib
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    records: list[PluginRecord] = []
+    disabled = set(_env_list("KVBRIDGE_DISABLE_PLUGINS") or [])
+
+    def add(name: str, plugin: Any, version: str, builtin: bool) -> None:
+        record = PluginRecord(name=name, version=version, builtin=builtin,
+                              hooks=_plugin_hook_names(plugin))
+        records.append(record)
+        error = _validate(pm, plugin)
+        if error:
+            record.error = error
+            return
+        try:
+            pm.register(plugin, name=name)
+        except Exception as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+
+    if builtins:
+        for modname in BUILTIN_PLUGINS:
+            if modname in disabled:
+                continue
+            add(modname, importlib.import_module(modname), __version__, True)
+
+    if entry_points:
+        allow = _env_list("KVBRIDGE_LOAD_PLUGINS")
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            if ep.name in disabled or (allow is not None and ep.name not in allow):
+                continue
+            version = getattr(ep.dist, "version", "?") if ep.dist else "?"
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                records.append(PluginRecord(name=ep.name, version=version, builtin=False,
+                                            error=f"failed to import {ep.value}: {type(exc).__name__}: {exc}"))
+                continue
+            add(ep.name, plugin, version, False)
+
+    for name, plugin in extra:
+        add(name, plugin, getattr(plugin, "__version__", "local"), False)
+
+    if os.environ.get("KVBRIDGE_TRACE_PLUGINS"):
+        pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[kvbridge-plugins] {msg}"))
+        pm.enable_tracing()
+    return Host(pm, records)
+
+
+_DEFAULT: Host | None = None
+
+
+def get_host() -> Host:
+    """The process-wide host, built on first use."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = make_host()
+    return _DEFAULT
+
+
+def reset_host() -> None:
+    global _DEFAULT
+    _DEFAULT = None

@@ -1,0 +1,228 @@
+"""ModelSpec and RopeSpec: a model's KV geometry, read from its config alone (no torch).
+
+A :class:`ModelSpec` says what a model's attention cache looks like (layers, KV heads as
+stored in the cache, head dim), how positions enter it (RoPE and its parameters, absolute
+embeddings, ALiBi) and which layers are sliding-window. Family adapters build them from a
+config mapping (the parsed ``config.json`` or ``PretrainedConfig.to_dict()``); see
+:mod:`kvbridge.builtin.families`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
+
+POSITIONAL_KINDS = ("rope", "absolute", "alibi", "none")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+def _freeze(value: Any) -> Any:
+    """Turn lists/dicts into tuples so a spec stays hashable and frozen."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        if value and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in value):
+            return {k: _thaw(v) for k, v in value}
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """How rotary position embeddings are applied to one model's keys."""
+
+    rope_type: str = "default"  # one of ROPE_TYPES (or a plugin's variant name)
+    theta: float = 10000.0  # base of the inverse frequencies
+    head_dim: int = 64  # full head dim of the keys
+    partial_factor: float = 1.0  # share of head_dim that rotates (Phi 0.4/0.5, NeoX 0.25)
+    interleaved: bool = False  # GPT-J/CodeGen/Cohere pairs (2i, 2i+1); False = half split
+    max_position_embeddings: int = 2048  # the model's max positions (dynamic/yarn/longrope use it)
+    # extra parameters of the rope type (factor, low_freq_factor, short_factor, ...), frozen
+    scaling: tuple = ()
+
+    @property
+    def rotary_dim(self) -> int:
+        """Number of leading dims that rotate (even)."""
+        dim = int(self.head_dim * self.partial_factor)
+        return dim - (dim % 2)
+
+    def param(self, name: str, default: Any = None) -> Any:
+        for key, value in self.scaling:
+            if key == name:
+                return _thaw(value) if isinstance(value, tuple) else value
+        return default
+
+    @property
+    def params(self) -> dict:
+        return {k: _thaw(v) if isinstance(v, tuple) else v for k, v in self.scaling}
+
+    @property
+    def is_stateful(self) -> bool:
+        """True when the table depends on the length of the forward that made each key."""
+        return self.rope_type in ("dynamic", "longrope")
+
+    def to_dict(self) -> dict:
+        return {
+            "type": self.rope_type,
+            "theta": self.theta,
+            "head_dim": self.head_dim,
+            "partial_factor": self.partial_factor,
+            "rotary_dim": self.rotary_dim,
+            "interleaved": self.interleaved,
+            "max_position_embeddings": self.max_position_embeddings,
+            "scaling": self.params,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RopeSpec":
+        return cls(
+            rope_type=data["type"],
+            theta=float(data["theta"]),
+            head_dim=int(data["head_dim"]),
+            partial_factor=float(data.get("partial_factor", 1.0)),
+            interleaved=bool(data.get("interleaved", False)),
+            max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
+            scaling=_freeze(data.get("scaling") or {}),
+        )
+
+    @classmethod
+    def make(cls, rope_type: str = "default", theta: float = 10000.0, *, head_dim: int,
+             partial_factor: float = 1.0, interleaved: bool = False,
+             max_position_embeddings: int = 2048, **scaling: Any) -> "RopeSpec":
+        """Build a RopeSpec with keyword scaling parameters (``factor=8.0`` ...)."""
+        return cls(rope_type=rope_type, theta=float(theta), head_dim=int(head_dim),
+                   partial_factor=float(partial_factor), interleaved=bool(interleaved),
+                   max_position_embeddings=int(max_position_embeddings),
+                   scaling=_freeze({k: v for k, v in scaling.items() if v is not None}))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The KV geometry of a model, as its cache stores it."""
+
+    model_type: str  # config's model_type ("llama", "gemma3_text", ...)
+    num_layers: int  # decoder layers (each with a KV cache unless listed in no_kv_layers)
+    num_attention_heads: int  # query heads
+    num_kv_heads: int  # KV heads *as stored in the cache* (Falcon new arch stores all heads)
+    head_dim: int  # per-head dim of K and V
+    hidden_size: int
+    positional: str = "rope"  # one of POSITIONAL_KINDS
+    rope: RopeSpec | None = None  # the table of full-attention layers (or of every layer)
+    # per-layer-type tables (Gemma3: sliding layers use a different base), frozen pairs
+    rope_by_layer_type: tuple = ()
+    sliding_window: int | None = None  # window of sliding layers, None when none
+    layer_types: tuple = ()  # per layer: FULL or SLIDING (len == num_layers)
+    qk_norm: bool = False  # q/k normalised before RoPE (Qwen3, OLMo2, Gemma3, Cohere ...)
+    dtype: str = "float32"  # the config's dtype ("bfloat16", ...)
+    vocab_size: int = 0
+    max_position_embeddings: int = 0
+    family: str = ""  # the adapter that produced this spec
+    extras: tuple = ()  # family-specific facts, frozen pairs (e.g. ("multi_query", True))
+
+    def __post_init__(self) -> None:
+        if self.positional not in POSITIONAL_KINDS:
+            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+
+    # -- queries -------------------------------------------------------------------
+    @property
+    def kv_group_size(self) -> int:
+        return max(1, self.num_attention_heads // max(1, self.num_kv_heads))
+
+    @property
+    def attention_kind(self) -> str:
+        kinds = set(self.layer_types or (FULL,))
+        if kinds == {FULL}:
+            return "full"
+        if kinds == {SLIDING}:
+            return "sliding"
+        return "hybrid"
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else FULL
+
+    def rope_for_layer(self, layer: int) -> RopeSpec | None:
+        """The RoPE table used by ``layer`` (per-layer-type tables take precedence)."""
+        if self.positional != "rope":
+            return None
+        if self.rope_by_layer_type:
+            table = dict(self.rope_by_layer_type)
+            kind = self.layer_type(layer)
+            if kind in table:
+                return table[kind]
+        return self.rope
+
+    def extra(self, name: str, default: Any = None) -> Any:
+        return dict(self.extras).get(name, default)
+
+    def with_dtype(self, dtype: str) -> "ModelSpec":
+        return replace(self, dtype=dtype)
+
+    # -- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = {
+            "model_type": self.model_type,
+            "family": self.family,
+            "num_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_size": self.hidden_size,
+            "positional": self.positional,
+            "rope": self.rope.to_dict() if self.rope else None,
+            "rope_by_layer_type": {k: v.to_dict() for k, v in self.rope_by_layer_type},
+            "sliding_window": self.sliding_window,
+            "layer_types": list(self.layer_types),
+            "qk_norm": self.qk_norm,
+            "dtype": self.dtype,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "extras": {k: _thaw(v) if isinstance(v, tuple) else v for k, v in self.extras},
+        }
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ModelSpec":
+        rope = data.get("rope")
+        return cls(
+            model_type=data["model_type"],
+            family=data.get("family", ""),
+            num_layers=int(data["num_layers"]),
+            num_attention_heads=int(data["num_attention_heads"]),
+            num_kv_heads=int(data["num_kv_heads"]),
+            head_dim=int(data["head_dim"]),
+            hidden_size=int(data.get("hidden_size", 0)),
+            positional=data.get("positional", "rope"),
+            rope=RopeSpec.from_dict(rope) if rope else None,
+            rope_by_layer_type=tuple(sorted((k, RopeSpec.from_dict(v))
+                                            for k, v in (data.get("rope_by_layer_type") or {}).items())),
+            sliding_window=data.get("sliding_window"),
+            layer_types=tuple(data.get("layer_types") or ()),
+            qk_norm=bool(data.get("qk_norm", False)),
+            dtype=data.get("dtype", "float32"),
+            vocab_size=int(data.get("vocab_size", 0)),
+            max_position_embeddings=int(data.get("max_position_embeddings", 0)),
+            extras=_freeze(data.get("extras") or {}),
+        )
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the geometry (dtype excluded: it is checked apart)."""
+        data = self.to_dict()
+        data.pop("dtype", None)
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+__all__ = ["ModelSpec", "RopeSpec", "POSITIONAL_KINDS", "ROPE_TYPES", "FULL", "SLIDING",
+           "asdict", "field"]
