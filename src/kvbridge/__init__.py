@@ -2,6 +2,11 @@
 
 The top-level package imports nothing heavy: torch and transformers load only inside the
 functions that need them, so config-only commands start fast.
+
+    >>> import kvbridge
+    >>> state = kvbridge.extract(model, ids)          # model's cache -> KVState
+    >>> moved = kvbridge.identity_transfer(state)     # strip RoPE -> map -> re-apply
+    >>> out = kvbridge.generate_from(model, moved, ids, max_new_tokens=20)
 """
 
 from __future__ import annotations
@@ -10,4 +15,14 @@ __version__ = "0.1.0"
 
 from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 
-__all__ = ["__version__", "KVBridgeError"]
+_API = ("adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from")
+
+__all__ = ["__version__", "KVBridgeError", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from kvbridge import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'kvbridge' has no attribute {name!r}")

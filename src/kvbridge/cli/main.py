@@ -21,7 +21,6 @@ COMMANDS = {
     "plugins": "kvbridge.cli.plugins_cmd:plugins",
     "describe": "kvbridge.cli.describe_cmd:describe",
     "check": "kvbridge.cli.check_cmd:check",
-    "identity": "kvbridge.cli.identity_cmd:identity",
     "split": "kvbridge.cli.split_cmd:split",
     "pack": "kvbridge.cli.pack_cmd:pack",
     "diverge": "kvbridge.cli.diverge_cmd:diverge",

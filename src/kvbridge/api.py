@@ -1,0 +1,57 @@
+"""The Python API in one place (the CLI is a thin layer over these)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from kvbridge.spec import ModelSpec
+
+
+def _host(host=None):
+    from kvbridge.plugins import get_host
+
+    return host or get_host()
+
+
+def _config_of(obj: Any) -> dict:
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    config = getattr(obj, "config", obj)
+    return config.to_dict()
+
+
+def adapter_for(model_or_config: Any, host=None):
+    """The family adapter of a model, a transformers config or a config mapping."""
+    return _host(host).adapter_for(_config_of(model_or_config))
+
+
+def describe(model_or_config: Any, host=None) -> ModelSpec:
+    """ModelSpec of a model (dtype from its weights), a transformers config or a mapping."""
+    adapter = adapter_for(model_or_config, host)
+    if hasattr(model_or_config, "parameters"):
+        return adapter.spec_of(model_or_config)
+    return adapter.describe(_config_of(model_or_config))
+
+
+def extract(model, input_ids, attention_mask=None, host=None):
+    """Prefill ``input_ids`` and return the model's cache as a :class:`~kvbridge.kvstate.KVState`."""
+    return adapter_for(model, host).extract(model, input_ids, attention_mask)
+
+
+def inject(state, model, host=None):
+    """A fresh ``DynamicCache`` for ``model`` holding ``state`` (validated, cloned)."""
+    return adapter_for(model, host).inject(state, model)
+
+
+def identity_transfer(state, target_positions=None, host=None):
+    """Same-model transfer through strip RoPE -> identity map -> re-apply (exact baseline)."""
+    from kvbridge.transfer import identity_transfer as _identity
+
+    return _identity(state, target_positions=target_positions, host=host)
+
+
+def generate_from(model, state, input_ids, host=None, **generate_kwargs):
+    """``model.generate`` continuing from ``state`` (the last prompt token is withheld)."""
+    from kvbridge.handoff import generate
+
+    return generate(model, state, input_ids, host=host, **generate_kwargs)

@@ -1,0 +1,30 @@
+"""Generate CLI.md: every command's ``--help``, recursively (``make cli-docs``)."""
+
+from __future__ import annotations
+
+import click
+
+
+def _walk(cmd: click.Command, path: list[str], ctx_parent=None):
+    ctx = click.Context(cmd, info_name=" ".join(path), parent=ctx_parent, terminal_width=100,
+                        max_content_width=100)
+    yield path, cmd.get_help(ctx)
+    if isinstance(cmd, click.Group):
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            if sub is not None and not getattr(sub, "hidden", False):
+                yield from _walk(sub, path + [name], ctx)
+
+
+def render() -> str:
+    from kvbridge.cli.main import build_cli
+
+    out = ["# kvbridge command line", "",
+           "Generated from each command's `--help` by `make cli-docs` (a test keeps it in sync).", ""]
+    for path, text in _walk(build_cli(), ["kvbridge"]):
+        out += [f"## `{' '.join(path)}`", "", "```", text.rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render(), end="")

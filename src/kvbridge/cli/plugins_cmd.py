@@ -1,0 +1,36 @@
+"""``kvbridge plugins``: every plugin, its version, hooks and what it registers."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plugins(as_json: bool) -> None:
+    """List installed plugins (built-in and third-party) and what each registers.
+
+    Plugins that failed to load are listed with their error; the rest keep working.
+    Environment: KVBRIDGE_LOAD_PLUGINS (allow-list, empty = none),
+    KVBRIDGE_DISABLE_PLUGINS (block-list), KVBRIDGE_TRACE_PLUGINS (trace hook calls).
+    """
+    from kvbridge.plugins import get_host
+
+    host = get_host()
+    host._collect()  # fills each record's "registers"; duplicate names raise a one-line error
+    records = [r.to_dict() for r in host.records]
+    if as_json:
+        click.echo(json.dumps({"plugins": records}, indent=2))
+        return
+    for r in records:
+        tag = "built-in" if r["builtin"] else "third-party"
+        status = click.style("FAILED", fg="red") if r["error"] else click.style("ok", fg="green")
+        click.echo(f"{click.style(r['name'], bold=True)} {r['version']} ({tag}) {status}")
+        if r["error"]:
+            click.echo(f"    error: {r['error']}")
+        if r["hooks"]:
+            click.echo(f"    hooks: {', '.join(r['hooks'])}")
+        for kind, names in sorted(r["registers"].items()):
+            click.echo(f"    {kind}: {', '.join(names)}")

@@ -1,0 +1,58 @@
+"""Hand a KV state to ``generate``: the cache covers all but the last prompt token.
+
+``generate`` feeds ``input_ids[:, cache_len:]``; if the cache covered every id it would
+silently re-feed them. So the hand-off withholds the last prompt token (the target consumes
+it), checks that the cached token ids are a prefix of the prompt, and injects a fresh
+cache that never aliases the state's tensors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvbridge.errors import StateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvbridge.kvstate import KVState
+
+
+def _adapter_for(model, host=None):
+    from kvbridge.plugins import get_host
+
+    return (host or get_host()).adapter_for(model.config.to_dict())
+
+
+def prepare_cache(model, state: "KVState", input_ids, *, host=None):
+    """``(cache, input_ids)`` ready for ``model.generate(input_ids, cache=cache)``."""
+    import torch
+
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    n = state.num_tokens
+    if ids.shape[0] != state.batch_size:
+        raise StateError(f"prompt batch {ids.shape[0]} != state batch {state.batch_size}",
+                         "pass one prompt per cached sequence")
+    if n > ids.shape[1] or not torch.equal(state.token_ids.to(ids.device), ids[:, :n]):
+        common = min(n, ids.shape[1])
+        diff = (state.token_ids[:, :common].to(ids.device) != ids[:, :common]).nonzero()
+        where = int(diff[0, 1]) if len(diff) else common
+        raise StateError(f"cached token ids are not a prefix of the prompt (first difference at token {where})",
+                         "prefix the prompt with exactly the ids the state was computed from (see `kvbridge split`)")
+    if n == ids.shape[1]:
+        state = state.slice_tokens(0, n - 1)  # withhold the last prompt token
+    if state.num_tokens == 0:
+        return None, ids
+    cache = _adapter_for(model, host).inject(state, model)
+    return cache, ids
+
+
+def generate(model, state: "KVState", input_ids, *, host=None, **generate_kwargs):
+    """``model.generate`` continuing from ``state`` (which must cover a prefix of ``input_ids``)."""
+    import torch
+
+    cache, ids = prepare_cache(model, state, input_ids, host=host)
+    generate_kwargs.setdefault("attention_mask", torch.ones_like(ids))
+    if cache is not None:
+        generate_kwargs["cache"] = cache
+    return model.generate(input_ids=ids, **generate_kwargs)

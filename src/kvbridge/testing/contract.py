@@ -1,0 +1,180 @@
+"""The contract every family adapter (and RoPE variant) must pass.
+
+Third-party plugins run it exactly as the built-ins do::
+
+    from kvbridge.testing.contract import AdapterContract
+    from my_plugin import ADAPTER
+
+    class TestMyFamily(AdapterContract):
+        adapter = ADAPTER
+
+or call the ``check_*`` functions directly; each returns measured numbers and raises
+``AssertionError`` with what mismatched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+#: tolerances of the contract (float32)
+LOGIT_TOL = 1e-6
+ROPE_TOL = 1e-5
+SHIFT_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class IdentityResult:
+    max_logit_diff: float  # transferred vs the model's own cached continuation
+    max_logit_diff_generate: float  # transferred vs plain model.generate on the whole prompt
+    tokens_equal: bool
+    new_tokens: int
+
+
+def _ids(vocab: int, batch: int, length: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, max(4, vocab), (batch, length), generator=g)
+
+
+def check_extract_shapes(adapter, config: dict, *, host=None, seq_len: int = 12, batch: int = 2) -> Any:
+    """Extracted K/V shapes match the spec on every layer; positions/ids recorded."""
+    import torch
+
+    model = adapter.build_model(config)
+    spec = adapter.spec_of(model)
+    ids = _ids(spec.vocab_size, batch, seq_len, 1)
+    state = adapter.extract(model, ids)
+    assert state.num_layers == spec.num_layers, f"{state.num_layers} layers extracted, spec {spec.num_layers}"
+    for i, (k, v) in enumerate(zip(state.keys, state.values)):
+        want = (batch, spec.num_kv_heads, seq_len, spec.head_dim)
+        assert tuple(k.shape) == want, f"layer {i} keys {tuple(k.shape)} != spec {want}"
+        assert tuple(v.shape) == want, f"layer {i} values {tuple(v.shape)} != spec {want}"
+    assert torch.equal(state.token_ids, ids)
+    assert torch.equal(state.positions, torch.arange(seq_len).expand(batch, -1))
+    return state
+
+
+def check_rope_round_trip(rope, *, host=None, seed: int = 0, trials: int = 4, max_position: int = 5000) -> float:
+    """strip(apply(x)) == x at random positions for a RopeSpec; returns the max abs error."""
+    import torch
+
+    from kvbridge import rope as codec
+
+    g = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for _ in range(trials):
+        pos = torch.randint(0, max_position, (2, 9), generator=g)
+        x = torch.randn(2, 3, 9, rope.head_dim, generator=g)
+        y = codec.strip(codec.apply(x, pos, rope, host=host), pos, rope, host=host)
+        worst = max(worst, float((y - x).abs().max()))
+    assert worst <= ROPE_TOL, f"RoPE round trip error {worst:.2e} > {ROPE_TOL} for {rope}"
+    return worst
+
+
+def check_identity_transfer(adapter, config: dict, *, host=None, prompt_len: int = 14, new_tokens: int = 6,
+                            batch: int = 1, seed: int = 0) -> IdentityResult:
+    """Extract -> strip RoPE -> identity map -> re-apply -> inject -> generate equals transformers'
+    own cached continuation (identical greedy tokens, max abs logit diff <= 1e-6 in float32)."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvbridge.handoff import generate
+    from kvbridge.transfer import identity_transfer
+
+    model = adapter.build_model(config, seed=seed)
+    spec = adapter.spec_of(model)
+    ids = _ids(spec.vocab_size, batch, prompt_len, seed + 7)
+    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+               attention_mask=torch.ones_like(ids), pad_token_id=0)
+
+    # transformers' own cached continuation: its prefill of the prompt prefix, then generate
+    with torch.no_grad():
+        own = DynamicCache()
+        model(input_ids=ids[:, :-1], cache=own, use_cache=True)
+        native = model.generate(input_ids=ids, cache=own, **gen)
+        plain = model.generate(input_ids=ids, **gen)
+
+    state = adapter.extract(model, ids)
+    moved = identity_transfer(state, host=host)
+    assert moved.approximate is False, "identity transfer must not be marked approximate"
+    with torch.no_grad():
+        ours = generate(model, moved, ids, host=host, **gen)
+
+    def diff(a, b) -> float:
+        return max(float((x - y).abs().max()) for x, y in zip(a.logits, b.logits))
+
+    result = IdentityResult(max_logit_diff=diff(ours, native), max_logit_diff_generate=diff(ours, plain),
+                            tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
+                            new_tokens=new_tokens)
+    assert result.tokens_equal, f"{spec.model_type}: greedy tokens differ from the model's own continuation"
+    assert result.max_logit_diff <= LOGIT_TOL, (
+        f"{spec.model_type}: max abs logit diff {result.max_logit_diff:.2e} > {LOGIT_TOL}")
+    return result
+
+
+def check_shifted_identity(adapter, config: dict, *, host=None, prompt_len: int = 10, offset: int = 37,
+                           seed: int = 0) -> float:
+    """A prefix re-positioned by ``offset`` and continued with matching position ids equals the
+    model run at those positions (no cache). Returns the max abs logit difference."""
+    import torch
+
+    model = adapter.build_model(config, seed=seed)
+    spec = adapter.spec_of(model)
+    if spec.positional != "rope":
+        pytest.skip(f"{spec.model_type} has {spec.positional} positions: a prefix cannot be re-positioned")
+    ids = _ids(spec.vocab_size, 1, prompt_len + 3, seed + 11)
+    prefix, tail = ids[:, :prompt_len], ids[:, prompt_len:]
+    state = adapter.extract(model, prefix).reposition(offset, host=host)
+    cache = adapter.inject(state, model)
+    with torch.no_grad():
+        pos_tail = torch.arange(offset + prompt_len, offset + ids.shape[1])[None]
+        got = model(input_ids=tail, cache=cache, position_ids=pos_tail, use_cache=True).logits
+        pos_all = torch.arange(offset, offset + ids.shape[1])[None]
+        want = model(input_ids=ids, position_ids=pos_all, use_cache=False).logits[:, prompt_len:]
+    err = float((got - want).abs().max())
+    assert err <= SHIFT_TOL, f"{spec.model_type}: shifted prefix logits differ by {err:.2e} > {SHIFT_TOL}"
+    return err
+
+
+def adapter_configs(adapter) -> dict:
+    """Named tiny configs of an adapter (``tiny_configs()`` if it has one)."""
+    many = getattr(adapter, "tiny_configs", None)
+    if callable(many):
+        return dict(many())
+    return {"default": adapter.tiny_config()}
+
+
+class AdapterContract:
+    """Subclass with ``adapter = MY_ADAPTER`` to run the contract under pytest."""
+
+    adapter: Any = None
+
+    def test_describe_is_torch_free_and_complete(self):
+        for name, cfg in adapter_configs(self.adapter).items():
+            spec = self.adapter.describe(cfg)
+            assert spec.num_layers > 0 and spec.num_kv_heads > 0 and spec.head_dim > 0, name
+            assert spec.model_type == cfg["model_type"], name
+
+    def test_extracted_shapes_match_spec(self):
+        for cfg in adapter_configs(self.adapter).values():
+            check_extract_shapes(self.adapter, cfg)
+
+    def test_rope_round_trip(self):
+        for cfg in adapter_configs(self.adapter).values():
+            spec = self.adapter.describe(cfg)
+            for layer in range(spec.num_layers):
+                rope = spec.rope_for_layer(layer)
+                if rope is not None:
+                    check_rope_round_trip(rope)
+
+    def test_identity_transfer_exact(self):
+        for cfg in adapter_configs(self.adapter).values():
+            check_identity_transfer(self.adapter, cfg)
+
+    def test_shifted_identity(self):
+        cfg = next(iter(adapter_configs(self.adapter).values()))
+        check_shifted_identity(self.adapter, cfg)

@@ -1,0 +1,21 @@
+"""pytest fixtures shipped with kvbridge (registered through the ``pytest11`` entry point)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def kvbridge_host():
+    """An isolated plugin host with the built-ins and installed entry points."""
+    from kvbridge.plugins import make_host
+
+    return make_host()
+
+
+@pytest.fixture
+def kvbridge_builtin_host():
+    """An isolated host with the built-in plugins only (no third-party entry points)."""
+    from kvbridge.plugins import make_host
+
+    return make_host(entry_points=False)

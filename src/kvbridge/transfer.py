@@ -1,0 +1,45 @@
+"""Apply a mapping to a KV state: strip source RoPE -> map content -> apply target RoPE.
+
+A *mapping* is any object with ``map_content(state, target_spec) -> KVState`` that takes a
+content-space state (keys with RoPE stripped) of the source geometry and returns a
+content-space state of the target geometry, and an ``exact`` flag. The identity mapping is
+built in (:class:`kvbridge.builtin.identity.IdentityMapping`); fitted mappings come from
+fitter plugins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from kvbridge.errors import StateError
+from kvbridge.spec import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvbridge.kvstate import KVState
+
+
+def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec, *, target_positions=None,
+             host=None) -> "KVState":
+    """A target-geometry cache (RoPE applied for the target) from a source state."""
+    if state.spec.positional not in ("rope", "none") and state.spec.positional != target_spec.positional:
+        raise StateError(
+            f"source {state.spec.model_type!r} uses {state.spec.positional} positions: they are baked into "
+            "its cached keys and cannot be stripped",
+            "transfer between models of the same positional scheme")
+    content = state.strip_rope(host=host)
+    mapped = mapping.map_content(content, target_spec)
+    if mapped.rope_applied:
+        raise StateError("mapping returned keys marked as carrying RoPE", "return content-space keys")
+    positions = state.positions if target_positions is None else target_positions
+    out = mapped.apply_rope(positions, spec=target_spec, host=host)
+    return replace(out, approximate=state.approximate or not getattr(mapping, "exact", False))
+
+
+def identity_transfer(state: "KVState", target_spec: ModelSpec | None = None, *, target_positions=None,
+                      host=None) -> "KVState":
+    """Same-model transfer through the full canonical path (the built-in exact baseline)."""
+    from kvbridge.builtin.identity import IdentityMapping
+
+    return transfer(state, IdentityMapping(), target_spec or state.spec,
+                    target_positions=target_positions, host=host)
