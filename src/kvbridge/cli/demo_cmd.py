@@ -20,6 +20,7 @@ def demo(families: str, new_tokens: int) -> None:
 
     from kvbridge.plugins import get_host
     from kvbridge.testing.contract import (
+        IdentityResult,
         check_identity_transfer,
         check_shifted_identity,
         adapter_configs,
@@ -33,9 +34,13 @@ def demo(families: str, new_tokens: int) -> None:
             continue
         for variant, cfg in adapter_configs(adapter).items():
             t0 = time.perf_counter()
-            res = check_identity_transfer(adapter, cfg, host=host, new_tokens=new_tokens)
             spec = adapter.describe(cfg)
-            shift = check_shifted_identity(adapter, cfg, host=host) if spec.positional == "rope" else None
+            try:
+                res = check_identity_transfer(adapter, cfg, host=host, new_tokens=new_tokens)
+                shift = check_shifted_identity(adapter, cfg, host=host) if spec.positional == "rope" else None
+            except AssertionError as exc:  # report, keep going, fail at the end
+                click.echo(f"  {adapter.name}/{variant}: FAILED: {exc}", err=True)
+                res, shift = IdentityResult(float("inf"), float("inf"), False, new_tokens), None
             rows.append((adapter.name, variant, spec, res, shift, time.perf_counter() - t0))
             click.echo(f"  {adapter.name}/{variant}: tokens {'==' if res.tokens_equal else '!='}, "
                        f"max|dlogit| {res.max_logit_diff:.1e}", err=True)

@@ -93,7 +93,7 @@ def check_identity_transfer(adapter, config: dict, *, host=None, prompt_len: int
 
     # transformers' own cached continuation: its prefill of the prompt prefix, then generate
     with torch.no_grad():
-        own = DynamicCache()
+        own = DynamicCache(config=model.config)  # what generate itself would build
         model(input_ids=ids[:, :-1], cache=own, use_cache=True)
         native = model.generate(input_ids=ids, cache=own, **gen)
         plain = model.generate(input_ids=ids, **gen)

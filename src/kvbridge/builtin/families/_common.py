@@ -1,0 +1,362 @@
+"""Config normalisation shared by the built-in family adapters (pure python, no torch).
+
+Published ``config.json`` files come in two dialects: transformers 4.x keys (``rope_theta``,
+``rope_scaling`` with an old ``"type"`` key, ``torch_dtype``, NeoX ``rotary_pct`` /
+``rotary_emb_base``, Gemma3 ``rope_local_base_freq``, Phi3 top-level
+``original_max_position_embeddings``, GPT-J ``rotary_dim``) and the transformers 5 form
+(everything in ``rope_parameters``, nested per layer type for Gemma3, ``dtype``). The helpers
+here fold both into one flat parameter dict per RoPE table, following what the transformers
+5.24 config classes do at load time (``RotaryEmbeddingConfigMixin`` and the per-family
+overrides), so a :class:`~kvbridge.spec.ModelSpec` agrees with the model transformers builds.
+
+:class:`DecoderAdapter` is the shared base of the built-in adapters: ``describe`` is a template
+method whose steps (head dim, KV heads as cached, RoPE tables, sliding layout, q/k norm) a
+family file overrides where its model differs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+from kvbridge.adapter import FamilyAdapter, positive_int, require
+from kvbridge.errors import ConfigError
+from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec, _freeze
+
+#: rope types whose pretraining length ``original_max_position_embeddings`` transformers fills in
+NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
+#: keys of a rope-parameter dict that are not scaling parameters of the rope type
+ROPE_META_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+#: legacy layer-type names transformers renames at load
+LEGACY_LAYER_TYPES = {"attention": FULL}
+
+_MISSING = object()
+
+
+# -- reading fields -------------------------------------------------------------------------
+def as_mapping(config: Any) -> dict:
+    """A plain dict from a config mapping or a transformers config object (never mutated)."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise ConfigError(f"expected a config mapping, got {type(config).__name__}",
+                      "pass the parsed config.json (a dict) or a transformers config object")
+
+
+def get(config: Mapping, name: str, default: Any = None) -> Any:
+    """``config[name]`` when the key is present (even if None), else ``default``.
+
+    This is how a transformers config class treats its fields: a key saved as ``null`` keeps
+    the value None, a missing key takes the class default.
+    """
+    return config[name] if name in config else default
+
+
+def first_present(config: Mapping, names: tuple, default: Any = None) -> Any:
+    """The value of the first of ``names`` present with a non-None value, else ``default``."""
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    return default
+
+
+def check_positive_int(value: Any, name: str, model_type: Any = None) -> int:
+    """``value`` if it is a positive int, else a one-line ConfigError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}",
+                          f"fix {name!r} in the config (model_type {model_type!r})")
+    return value
+
+
+def optional_positive_int(config: Mapping, name: str, default: Any = None) -> int | None:
+    """A positive int field that may be absent (-> ``default``) or null (-> None)."""
+    value = get(config, name, default)
+    if value is None:
+        return None
+    return check_positive_int(value, name, config.get("model_type"))
+
+
+def flag(config: Mapping, name: str, default: bool = False) -> bool:
+    value = get(config, name, default)
+    return bool(default if value is None else value)
+
+
+def dtype_name(config: Mapping) -> str:
+    """The config's dtype (``dtype``, else legacy ``torch_dtype``), default ``"float32"``."""
+    value = config.get("dtype")
+    if value is None:
+        value = config.get("torch_dtype")
+    if value is None:
+        return "float32"
+    return str(value).removeprefix("torch.")
+
+
+def number(value: Any, name: str, model_type: Any = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"config field {name!r} must be a number, got {value!r}",
+                          f"fix {name!r} in the config (model_type {model_type!r})")
+    return float(value)
+
+
+# -- RoPE parameters --------------------------------------------------------------------------
+def _rope_dict(value: Any, where: str, model_type: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config field {where!r} must be a mapping, got {value!r}",
+                          f"fix {where!r} in the config (model_type {model_type!r})")
+    return copy.deepcopy(dict(value))
+
+
+def _rope_type(params: dict) -> str:
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    return str(rope_type)
+
+
+def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
+                         theta_keys: tuple = ("rope_theta",),
+                         partial_keys: tuple = ("partial_rotary_factor",),
+                         default_partial: float | None = None,
+                         original_max_override: Any = _MISSING) -> dict:
+    """One normalised rope-parameter dict, as transformers 5 stores ``config.rope_parameters``.
+
+    Precedence follows the transformers config classes: ``rope_scaling`` (legacy alias) when it
+    is non-empty, else ``rope_parameters``; inside it, keys already present win over top-level
+    legacy keys (``theta_keys`` / ``partial_keys``, in order), which win over the defaults.
+    The result always has ``rope_type`` and ``rope_theta``; ``partial_rotary_factor`` when the
+    config or the family gives one; ``original_max_position_embeddings`` for llama3 / yarn /
+    longrope (``original_max_override`` replaces it: Phi3 keeps it top-level).
+    """
+    model_type = config.get("model_type")
+    scaling = config.get("rope_scaling")
+    params = _rope_dict(scaling if scaling else config.get("rope_parameters"),
+                        "rope_scaling" if scaling else "rope_parameters", model_type)
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = first_present(config, theta_keys, default_theta)
+    params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
+    if params.get("partial_rotary_factor") is None:
+        partial = first_present(config, partial_keys, default_partial)
+        if partial is None:
+            params.pop("partial_rotary_factor", None)
+        else:
+            params["partial_rotary_factor"] = partial
+    if "partial_rotary_factor" in params:
+        partial = number(params["partial_rotary_factor"], "partial_rotary_factor", model_type)
+        if not 0.0 < partial <= 1.0:
+            raise ConfigError(f"config field 'partial_rotary_factor' must be in (0, 1], got {partial!r}",
+                              f"fix 'partial_rotary_factor' in the config (model_type {model_type!r})")
+        params["partial_rotary_factor"] = partial
+    params["rope_type"] = _rope_type(params)
+    params.pop("type", None)
+    if params["rope_type"] in NEEDS_ORIGINAL_MAX:
+        if original_max_override is not _MISSING:
+            params["original_max_position_embeddings"] = original_max_override
+        elif params.get("original_max_position_embeddings") is None:
+            params["original_max_position_embeddings"] = config.get("max_position_embeddings")
+    return params
+
+
+def rotary_fraction(rotary_dim: int, head_dim: int) -> float:
+    """The ``partial_factor`` whose ``int(head_dim * f)`` is exactly ``rotary_dim``."""
+    factor = rotary_dim / head_dim
+    while int(head_dim * factor) < rotary_dim:  # guard against float rounding down
+        factor = math.nextafter(factor, math.inf)
+    return factor
+
+
+def rope_spec(params: Mapping, *, head_dim: int, partial_factor: float = 1.0,
+              interleaved: bool = False, max_position_embeddings: int) -> RopeSpec:
+    """A :class:`RopeSpec` from a normalised rope-parameter dict (see flat_rope_parameters)."""
+    scaling = {k: v for k, v in params.items() if k not in ROPE_META_KEYS and v is not None}
+    return RopeSpec(rope_type=str(params.get("rope_type", "default")),
+                    theta=float(params["rope_theta"]), head_dim=int(head_dim),
+                    partial_factor=float(partial_factor), interleaved=bool(interleaved),
+                    max_position_embeddings=int(max_position_embeddings),
+                    scaling=_freeze(scaling))
+
+
+# -- layer layout ------------------------------------------------------------------------------
+def layer_types_from(config: Mapping, num_layers: int, default: list | tuple) -> tuple:
+    """The config's ``layer_types`` (legacy names renamed), else ``default``; checked."""
+    given = config.get("layer_types")
+    types = default if given is None else given
+    if not isinstance(types, (list, tuple)):
+        raise ConfigError(f"config field 'layer_types' must be a list, got {types!r}",
+                          "give one 'full_attention' or 'sliding_attention' per layer")
+    types = tuple(LEGACY_LAYER_TYPES.get(t, t) for t in types)
+    if len(types) != num_layers:
+        raise ConfigError(f"config field 'layer_types' has {len(types)} entries for {num_layers} layers",
+                          "give one entry per layer (num_hidden_layers)")
+    bad = [t for t in types if t not in (FULL, SLIDING)]
+    if bad:
+        raise ConfigError(f"config field 'layer_types' has unsupported entry {bad[0]!r}",
+                          f"use {FULL!r} or {SLIDING!r} (model_type {config.get('model_type')!r})")
+    return types
+
+
+def to_pairs(mapping: Mapping) -> tuple:
+    """Frozen, sorted ``(key, value)`` pairs for ``ModelSpec.extras``."""
+    return _freeze({k: v for k, v in mapping.items()})
+
+
+# -- the shared adapter ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecoderAdapter(FamilyAdapter):
+    """Base of the built-in adapters: ``describe`` for decoder-only Hugging Face models.
+
+    Class-level knobs (``ClassVar``, not dataclass fields) carry the family's transformers
+    defaults; override the ``_step`` methods where a family's model reads its config
+    differently. ``tiny_configs`` returns named small configs; ``tiny_config`` the first.
+    """
+
+    #: config keys of the three required sizes (first present wins)
+    LAYERS_KEYS: ClassVar[tuple] = ("num_hidden_layers",)
+    HEADS_KEYS: ClassVar[tuple] = ("num_attention_heads",)
+    HIDDEN_KEYS: ClassVar[tuple] = ("hidden_size",)
+    MAX_POSITIONS_KEYS: ClassVar[tuple] = ("max_position_embeddings",)
+    #: transformers class defaults of the optional fields the adapter reads
+    DEFAULT_VOCAB: ClassVar[int] = 32000
+    DEFAULT_MAX_POSITIONS: ClassVar[int] = 2048
+    #: default of ``num_key_value_heads`` when the key is absent (None: same as query heads)
+    DEFAULT_KV_HEADS: ClassVar[int | None] = None
+    #: ``head_dim`` key the model honours (None: always hidden_size // heads), and its default
+    HEAD_DIM_KEY: ClassVar[str | None] = "head_dim"
+    DEFAULT_HEAD_DIM: ClassVar[int | None] = None
+    DEFAULT_THETA: ClassVar[float] = 10000.0
+    #: True when the model rotates only the first ``partial_rotary_factor`` of each head
+    PARTIAL_ROTARY: ClassVar[bool] = False
+    DEFAULT_PARTIAL: ClassVar[float | None] = None
+    INTERLEAVED: ClassVar[bool] = False
+    #: config flag of q/k normalisation (True/False: fixed for the family)
+    QK_NORM: ClassVar[str | bool] = False
+
+    # -- describe ---------------------------------------------------------------------------
+    def describe(self, config: Mapping) -> ModelSpec:
+        cfg = as_mapping(config)
+        num_layers = positive_int(cfg, *self.LAYERS_KEYS)
+        heads = positive_int(cfg, *self.HEADS_KEYS)
+        hidden = positive_int(cfg, *self.HIDDEN_KEYS)
+        head_dim = self._head_dim(cfg, hidden, heads)
+        kv_heads = self._cache_kv_heads(cfg, heads)
+        if heads % kv_heads:
+            raise ConfigError(f"{kv_heads} KV heads do not divide {heads} attention heads",
+                              "fix 'num_key_value_heads' (it must divide 'num_attention_heads')")
+        max_positions = self._max_positions(cfg)
+        positional = self._positional(cfg)
+        rope, by_type = None, ()
+        if positional == "rope":
+            rope, by_type = self._rope(cfg, head_dim, max_positions)
+        window, layer_types = self._layout(cfg, num_layers)
+        return ModelSpec(
+            model_type=str(cfg.get("model_type") or self.model_types[0]),
+            family=self.name,
+            num_layers=num_layers,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            hidden_size=hidden,
+            positional=positional,
+            rope=rope,
+            rope_by_layer_type=by_type,
+            sliding_window=window,
+            layer_types=layer_types,
+            qk_norm=self._qk_norm(cfg),
+            dtype=dtype_name(cfg),
+            vocab_size=check_positive_int(get(cfg, "vocab_size", self.DEFAULT_VOCAB), "vocab_size",
+                                          cfg.get("model_type")),
+            max_position_embeddings=max_positions,
+            extras=to_pairs(self._extras(cfg)),
+        )
+
+    # -- steps (override per family) ----------------------------------------------------------
+    def _head_dim(self, cfg: Mapping, hidden: int, heads: int) -> int:
+        explicit = get(cfg, self.HEAD_DIM_KEY, self.DEFAULT_HEAD_DIM) if self.HEAD_DIM_KEY else None
+        if explicit is not None:
+            return check_positive_int(explicit, self.HEAD_DIM_KEY, cfg.get("model_type"))
+        if hidden % heads:
+            raise ConfigError(f"hidden_size {hidden} is not a multiple of {heads} attention heads",
+                              "fix 'hidden_size' or 'num_attention_heads', or give 'head_dim'")
+        return hidden // heads
+
+    def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
+        kv = optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS)
+        return heads if kv is None else kv
+
+    def _max_positions(self, cfg: Mapping) -> int:
+        key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])
+        value = get(cfg, key, self.DEFAULT_MAX_POSITIONS)
+        return check_positive_int(value, key, cfg.get("model_type"))
+
+    def _positional(self, cfg: Mapping) -> str:
+        return "rope"
+
+    def _rope_parameters(self, cfg: Mapping) -> dict:
+        return flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
+                                    default_partial=self.DEFAULT_PARTIAL)
+
+    def _partial_factor(self, params: Mapping, head_dim: int) -> float:
+        if not self.PARTIAL_ROTARY:
+            return 1.0  # the model rotates the whole head whatever the config says
+        return float(params.get("partial_rotary_factor", 1.0))
+
+    def _rope(self, cfg: Mapping, head_dim: int, max_positions: int) -> tuple[RopeSpec, tuple]:
+        params = self._rope_parameters(cfg)
+        rope = rope_spec(params, head_dim=head_dim, partial_factor=self._partial_factor(params, head_dim),
+                         interleaved=self.INTERLEAVED, max_position_embeddings=max_positions)
+        return rope, ()
+
+    def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
+        """(sliding window, per-layer types); default: no sliding layers."""
+        return None, (FULL,) * num_layers
+
+    def _qk_norm(self, cfg: Mapping) -> bool:
+        if isinstance(self.QK_NORM, bool):
+            return self.QK_NORM
+        return flag(cfg, self.QK_NORM, False)
+
+    def _extras(self, cfg: Mapping) -> dict:
+        return {}
+
+    # -- helpers for subclasses -----------------------------------------------------------------
+    @staticmethod
+    def _all_sliding_if_window(cfg: Mapping, num_layers: int, default_window: int | None):
+        """Mistral / Phi3 style: one ``sliding_window`` applies to every layer when set."""
+        window = optional_positive_int(cfg, "sliding_window", default_window)
+        return window, ((SLIDING if window is not None else FULL),) * num_layers
+
+    # -- tiny configs ---------------------------------------------------------------------------
+    def tiny_configs(self) -> dict[str, dict]:
+        """Named small configs of this family (the first is :meth:`tiny_config`)."""
+        raise NotImplementedError(f"adapter {self.name!r} has no tiny_configs()")
+
+    def tiny_config(self) -> dict:
+        return copy.deepcopy(next(iter(self.tiny_configs().values())))
+
+
+def tiny_base(model_type: str, **overrides: Any) -> dict:
+    """A small Llama-like config skeleton (2 layers, hidden 64, 4 heads / 2 KV heads)."""
+    cfg = {
+        "model_type": model_type,
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "dtype": "float32",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+__all__ = [
+    "DecoderAdapter", "as_mapping", "get", "first_present", "check_positive_int",
+    "optional_positive_int", "flag", "dtype_name", "flat_rope_parameters", "rotary_fraction",
+    "rope_spec", "layer_types_from", "to_pairs", "tiny_base", "require", "NEEDS_ORIGINAL_MAX",
+]

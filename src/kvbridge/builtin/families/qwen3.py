@@ -1,0 +1,48 @@
+"""Qwen3 (``model_type`` ``qwen3``).
+
+Qwen2's layout (GQA, half-split RoPE, ``model.model.rotary_emb``, sliding only with
+``use_sliding_window`` above ``max_window_layers``) plus per-head RMSNorm of q and k *before*
+RoPE (``qk_norm``). ``head_dim`` defaults to 128 when absent (``Qwen3Config`` default), not to
+``hidden_size // num_attention_heads``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
+
+from kvbridge.builtin.families._common import DecoderAdapter, flag, tiny_base
+from kvbridge.builtin.families.qwen2 import qwen_layout
+
+
+@dataclass(frozen=True)
+class Qwen3Adapter(DecoderAdapter):
+    """Qwen3 dense models."""
+
+    name: str = "qwen3"
+    model_types: tuple = ("qwen3",)
+    description: str = "Qwen3: GQA, q/k RMSNorm before half-split RoPE, head_dim default 128"
+
+    DEFAULT_VOCAB: ClassVar[int] = 151936
+    DEFAULT_MAX_POSITIONS: ClassVar[int] = 32768
+    DEFAULT_KV_HEADS: ClassVar[int | None] = 32
+    DEFAULT_HEAD_DIM: ClassVar[int | None] = 128
+    QK_NORM: ClassVar[bool] = True
+
+    def _layout(self, cfg: Mapping, num_layers: int):
+        return qwen_layout(cfg, num_layers)
+
+    def _extras(self, cfg: Mapping) -> dict:
+        return {"use_sliding_window": flag(cfg, "use_sliding_window", False)}
+
+    def tiny_configs(self) -> dict[str, dict]:
+        # head_dim 32 != hidden 64 / 4 heads: exercises the explicit head_dim
+        return {
+            "default": tiny_base("qwen3", head_dim=32, rope_theta=1000000.0, sliding_window=None,
+                                 use_sliding_window=False, max_window_layers=2),
+            "sliding": tiny_base("qwen3", num_hidden_layers=3, head_dim=16, use_sliding_window=True,
+                                 sliding_window=4, max_window_layers=1),
+        }
+
+
+ADAPTER = Qwen3Adapter()

@@ -1,0 +1,77 @@
+"""Artifact IO: atomic writes, checksum-verified reads, never half-written, never pickle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvbridge.artifacts import MANIFEST, read_artifact, write_artifact
+from kvbridge.errors import ArtifactError
+
+
+def test_round_trip_and_checksum(tmp_path):
+    out = tmp_path / "a"
+    write_artifact(out, {"x": torch.arange(6.0).reshape(2, 3)}, {"kind": "test"}, tensor_file="t.safetensors")
+    manifest, tensors = read_artifact(out)
+    assert manifest["kind"] == "test" and len(manifest["tensor_sha256"]) == 64
+    assert torch.equal(tensors["x"], torch.arange(6.0).reshape(2, 3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # no temp folder left
+
+
+def test_truncated_file_is_refused_by_checksum(tmp_path):
+    out = write_artifact(tmp_path / "a", {"x": torch.ones(100)}, {}, tensor_file="t.safetensors")
+    data = (out / "t.safetensors").read_bytes()
+    (out / "t.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        read_artifact(out)
+
+
+def test_existing_output_needs_force_and_nan_writes_nothing(tmp_path):
+    out = write_artifact(tmp_path / "a", {"x": torch.ones(2)}, {}, tensor_file="t.safetensors")
+    with pytest.raises(ArtifactError, match="already exists"):
+        write_artifact(out, {"x": torch.ones(2)}, {}, tensor_file="t.safetensors")
+    write_artifact(out, {"x": torch.zeros(2)}, {"v": 2}, tensor_file="t.safetensors", force=True)
+    assert read_artifact(out)[0]["v"] == 2
+    with pytest.raises(ArtifactError, match="NaN/inf"):
+        write_artifact(tmp_path / "b", {"x": torch.tensor([float("nan")])}, {}, tensor_file="t.safetensors")
+    assert not (tmp_path / "b").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    with pytest.raises(OSError):
+        write_artifact(tmp_path / "c", {"x": torch.ones(2)}, {}, tensor_file="t.safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_manifest_is_one_line(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / MANIFEST).write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        read_artifact(tmp_path / "m")
+    with pytest.raises(ArtifactError, match="is missing"):
+        read_artifact(tmp_path)
+    (tmp_path / "m" / MANIFEST).write_text(json.dumps({"tensor_file": "../etc"}))
+    with pytest.raises(ArtifactError, match="no valid 'tensor_file'"):
+        read_artifact(tmp_path / "m")
+
+
+def test_state_round_trips_through_an_artifact(tmp_path):
+    from kvbridge.artifacts import state_from_tensors, state_manifest, state_tensors
+    from kvbridge.plugins import make_host
+
+    adapter = make_host(entry_points=False).adapter_for({"model_type": "llama"})
+    model = adapter.build_model(adapter.tiny_config())
+    state = adapter.extract(model, torch.randint(3, 100, (1, 7)))
+    out = write_artifact(tmp_path / "s", state_tensors(state), state_manifest(state), tensor_file="kv.safetensors")
+    manifest, tensors = read_artifact(out)
+    back = state_from_tensors(tensors, manifest)
+    assert back.spec == state.spec and all(torch.equal(a, b) for a, b in zip(back.keys, state.keys))
