@@ -32,7 +32,7 @@ def test_identity_transfer_is_exact(name, variant, cfg):
     res = contract.check_identity_transfer(_adapter(name), cfg, host=HOST)
     assert res.tokens_equal and res.max_logit_diff <= 1e-6
     # and against plain generate on the whole prompt (a different prefill split)
-    assert res.max_logit_diff_generate <= 1e-4
+    assert res.max_logit_diff_generate <= 1e-5
 
 
 @pytest.mark.parametrize("name,variant,cfg", CASES, ids=IDS)

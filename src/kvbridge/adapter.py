@@ -111,7 +111,6 @@ class FamilyAdapter:
         import torch
         from transformers import DynamicCache
 
-        from kvbridge import rope as rope_codec
         from kvbridge.kvstate import KVState
 
         spec = spec or self.spec_of(model)
@@ -132,10 +131,31 @@ class FamilyAdapter:
         positions = torch.arange(T, device=ids.device).expand(B, T).clone()
         if attention_mask is not None:  # left padding: positions follow the mask, as generate does
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        lengths = rope_codec.forward_lengths(positions) if spec.rope and spec.rope.is_stateful else None
+        lengths = self._rope_lengths(model, spec, positions)
         return KVState(keys=keys, values=values, token_ids=ids.clone(), positions=positions,
                        spec=spec, rope_applied=spec.positional == "rope", rope_lengths=lengths,
                        model_fingerprint=config_fingerprint(model.config.to_dict()))
+
+    def _rope_lengths(self, model, spec: ModelSpec, positions):
+        """Per-key forward length that picked each key's RoPE table (stateful types only).
+
+        ``longrope`` picks its factors from this forward's length. ``dynamic`` modules are
+        sticky: after a longer forward they keep the longer table, so the length actually
+        used is read back from the module (``max_seq_len_cached``) after the forward.
+        """
+        import torch
+
+        from kvbridge import rope as rope_codec
+
+        if not (spec.rope and spec.rope.is_stateful):
+            return None
+        lengths = rope_codec.forward_lengths(positions)
+        if spec.rope.rope_type == "dynamic":
+            module = self.rotary_embedding(model)
+            used = getattr(module, "max_seq_len_cached", None)
+            if used is not None:
+                lengths = torch.full_like(lengths, int(used))
+        return lengths
 
     def _cache_tensors(self, cache, spec: ModelSpec) -> tuple[tuple, tuple]:
         layers = list(getattr(cache, "layers", []))

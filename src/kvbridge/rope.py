@@ -24,9 +24,10 @@ that produced each key: pass ``lengths`` (``[batch, tokens]``, e.g. ``KVState.ro
 ``None`` means one prefill of the given positions (:func:`forward_lengths`). Keys with
 different lengths are grouped by distinct table.
 
-RoPE types are :class:`RopeVariant` objects: the built-ins live in :data:`BUILTIN_VARIANTS`
-(and are registered by :mod:`kvbridge.builtin.rope_variants`); with a ``host`` the type is
-looked up through the plugin host, so plugins can add types.
+RoPE types are :class:`RopeVariant` objects. The built-ins (:data:`BUILTIN_VARIANTS`) and the
+frequency math are defined torch-free in :mod:`kvbridge.builtin.rope_variants`, which also
+registers them with the plugin host; with a ``host`` the type is looked up through it, so
+plugins can add types; without one, built-ins first, then the process-wide host.
 
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
@@ -38,15 +39,15 @@ kernels (half split, or half precision), writing straight into the output.
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from kvbridge.errors import ConfigError, PluginError
+from kvbridge.builtin.rope_variants import (BUILTIN_VARIANTS, RopeError, RopeVariant,
+                                            UnknownRopeTypeError)
+from kvbridge.errors import PluginError
 from kvbridge.spec import RopeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,206 +58,6 @@ __all__ = [
     "tables", "apply", "strip", "reposition", "forward_lengths", "inv_freq", "variant_for",
     "available_types", "clear_caches",
 ]
-
-
-class RopeError(ConfigError):
-    """A RoPE spec kvbridge cannot turn into a table (missing or malformed parameters)."""
-
-
-class UnknownRopeTypeError(RopeError):
-    """No built-in or plugin RoPE variant handles this ``rope_type``."""
-
-
-@dataclass(frozen=True)
-class RopeVariant:
-    """One ``rope_type``: how its inverse frequencies follow from a :class:`RopeSpec`.
-
-    ``inv_freq(rope, seq_len, device)`` returns ``(inv_freq, attention_scaling)``: a float32
-    tensor of ``rope.rotary_dim // 2`` inverse frequencies and the factor the cos/sin tables
-    are multiplied by. ``seq_len`` is the length of the forward the table is for (``None``:
-    the static table the model builds at init). kvbridge always calls it with a CPU device and
-    moves the result, as transformers computes the tables of a loaded model on the CPU.
-
-    Optional: ``stateful`` marks a type whose table depends on the forward length (besides
-    the built-in ``dynamic`` and ``longrope``); ``table_length(rope, seq_len)`` maps a forward
-    length to a representative one with the same table (``None``: the static table), which
-    lets the codec group keys of many lengths into few tables.
-    """
-
-    name: str
-    inv_freq: Callable[..., tuple]
-    description: str = ""
-    stateful: bool = False
-    table_length: Callable[[RopeSpec, int], "int | None"] | None = None
-
-
-# ---------------------------------------------------------------------------------------------
-# inverse frequencies of the built-in types (float32, CPU; the same operations, in the same
-# order and precision, as transformers 5.x modeling_rope_utils, so the tables are bit-equal)
-# ---------------------------------------------------------------------------------------------
-def _need(rope: RopeSpec, name: str, default: Any = None) -> Any:
-    value = rope.param(name, default)
-    if value is None:
-        raise RopeError(f"RoPE type {rope.rope_type!r} needs parameter {name!r}, which the spec lacks",
-                        f"add {name!r} to the config's rope_parameters")
-    return value
-
-
-def _dim(rope: RopeSpec) -> int:
-    dim = rope.rotary_dim
-    if dim < 2:
-        raise RopeError(f"RoPE rotary_dim {dim} (head_dim {rope.head_dim} x partial_factor "
-                        f"{rope.partial_factor}) is too small to rotate",
-                        "check head_dim and partial_rotary_factor")
-    return dim
-
-
-def _exponents(dim: int, device) -> "Tensor":
-    """``arange(0, dim, 2) / dim`` in float32 (every HF variant computes exactly this)."""
-    return torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
-
-
-def _default_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    dim = _dim(rope)
-    return 1.0 / (rope.theta ** _exponents(dim, device)), 1.0
-
-
-def _linear_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    dim = _dim(rope)
-    factor = float(_need(rope, "factor"))
-    inv = 1.0 / (rope.theta ** _exponents(dim, device))
-    return inv / factor, 1.0
-
-
-def _dynamic_table_length(rope: RopeSpec, seq_len: int) -> int | None:
-    return int(seq_len) if int(seq_len) > rope.max_position_embeddings else None
-
-
-def _dynamic_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    """Dynamic NTK: the base grows with the forward length once it exceeds the max positions.
-
-    Up to ``max_position_embeddings`` the model keeps its init table (base computed in Python
-    floats); past it, transformers recomputes the base from the forward length as a 0-d int64
-    tensor, i.e. in float32 arithmetic, and so do we.
-    """
-    dim = _dim(rope)
-    factor = float(_need(rope, "factor"))
-    max_pos = rope.max_position_embeddings
-    exponent = dim / (dim - 2) if dim > 2 else 1.0
-    if seq_len is None or int(seq_len) <= max_pos:
-        base = rope.theta * ((factor * max_pos / max_pos) - (factor - 1)) ** exponent
-    else:
-        length = torch.tensor(int(seq_len), dtype=torch.int64, device=device)
-        base = rope.theta * ((factor * length / max_pos) - (factor - 1)) ** exponent
-    return 1.0 / (base ** _exponents(dim, device)), 1.0
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _yarn_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    dim = _dim(rope)
-    base = rope.theta
-    original = int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
-    factor = rope.param("factor")
-    if factor is None:
-        factor = rope.max_position_embeddings / original
-    factor = float(factor)
-    attention = rope.param("attention_factor")
-    if attention is None:
-        mscale, mscale_all = rope.param("mscale"), rope.param("mscale_all_dim")
-        if mscale and mscale_all:
-            attention = float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all))
-        else:
-            attention = _yarn_mscale(factor)
-    beta_fast = rope.param("beta_fast") or 32
-    beta_slow = rope.param("beta_slow") or 1
-    truncate = rope.param("truncate", True)
-    truncate = True if truncate is None else bool(truncate)
-
-    def correction_dim(rotations: float) -> float:
-        # the (fractional) dim whose wavelength fits `rotations` turns in the original context
-        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-
-    powers = base ** _exponents(dim, device)
-    extrapolated = 1.0 / powers
-    interpolated = 1.0 / (factor * powers)
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    keep = 1 - ramp.to(device=device, dtype=torch.float32)  # share kept un-interpolated
-    inv = interpolated * (1 - keep) + extrapolated * keep
-    return inv, float(attention)
-
-
-def _longrope_original(rope: RopeSpec) -> int:
-    return int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
-
-
-def _longrope_table_length(rope: RopeSpec, seq_len: int) -> int | None:
-    original = _longrope_original(rope)
-    return original + 1 if int(seq_len) > original else None
-
-
-def _longrope_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    """LongRoPE (Phi-3): per-frequency factors, short up to the original context, long above."""
-    dim = _dim(rope)
-    original = _longrope_original(rope)
-    long_f, short_f = _need(rope, "long_factor"), _need(rope, "short_factor")
-    factor = rope.param("factor")
-    if factor is None:
-        factor = rope.max_position_embeddings / original
-    attention = rope.param("attention_factor")
-    if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    use_long = bool(seq_len) and int(seq_len) > original
-    factors = long_f if use_long else short_f
-    if len(factors) != dim // 2:
-        which = "long_factor" if use_long else "short_factor"
-        raise RopeError(f"longrope {which} has {len(factors)} entries, rotary_dim {dim} needs {dim // 2}",
-                        "fix rope_parameters (one factor per rotary frequency)")
-    ext = torch.tensor(list(factors), dtype=torch.float32, device=device)
-    inv = 1.0 / (ext * rope.theta ** _exponents(dim, device))
-    return inv, float(attention)
-
-
-def _llama3_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    """Llama 3.1: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
-    dim = _dim(rope)
-    inv = 1.0 / (rope.theta ** _exponents(dim, device))
-    factor = float(_need(rope, "factor"))
-    low_f = float(_need(rope, "low_freq_factor"))
-    high_f = float(_need(rope, "high_freq_factor"))
-    context = _need(rope, "original_max_position_embeddings", rope.max_position_embeddings)
-    low_wavelen, high_wavelen = context / low_f, context / high_f
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
-    smooth = (context / wavelen - low_f) / (high_f - low_f)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled), 1.0
-
-
-BUILTIN_VARIANTS: dict[str, RopeVariant] = {
-    v.name: v for v in (
-        RopeVariant("default", _default_inv_freq, "original RoPE: theta^(-2i/d)"),
-        RopeVariant("linear", _linear_inv_freq, "position interpolation: frequencies / factor"),
-        RopeVariant("dynamic", _dynamic_inv_freq,
-                    "dynamic NTK: base grows with the forward length past max_position_embeddings",
-                    stateful=True, table_length=_dynamic_table_length),
-        RopeVariant("yarn", _yarn_inv_freq, "YaRN: ramped interpolation plus attention scaling"),
-        RopeVariant("longrope", _longrope_inv_freq,
-                    "LongRoPE: short/long per-frequency factors around original_max_position_embeddings",
-                    stateful=True, table_length=_longrope_table_length),
-        RopeVariant("llama3", _llama3_inv_freq, "Llama 3.1: wavelength-dependent smooth scaling"),
-    )
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +135,7 @@ def forward_lengths(positions: "Tensor") -> "Tensor":
 class _Tables:
     """Half tables of one (spec, positions, lengths): float32 ``[Bp, 1, T, rotary_dim/2]``."""
 
-    __slots__ = ("cos", "sin", "memo")
+    __slots__ = ("cos", "sin", "memo", "__weakref__")
 
     def __init__(self, cos: "Tensor", sin: "Tensor"):
         self.cos, self.sin = cos, sin
@@ -367,47 +168,59 @@ class _Tables:
 class _Kernel:
     """A rotation by (cos, sin) half tables in one compute dtype, applied to a key tensor."""
 
-    __slots__ = ("cos", "sin", "nsin", "dtype", "_full", "_cplx")
+    __slots__ = ("cos", "sin", "nsin", "dtype", "_memo")
 
     def __init__(self, cos: "Tensor", sin: "Tensor", dtype):
         self.cos, self.sin, self.nsin, self.dtype = cos, sin, -sin, dtype
-        self._full: dict = {}
-        self._cplx = None
+        self._memo: dict = {}
 
-    def full_cos(self, interleaved: bool) -> "Tensor":
-        if interleaved not in self._full:
-            c = self.cos
-            self._full[interleaved] = (torch.repeat_interleave(c, 2, dim=-1) if interleaved
-                                       else torch.cat((c, c), dim=-1))
-        return self._full[interleaved]
+    def _get(self, name: str, make: Callable[[], "Tensor"]) -> "Tensor":
+        if name not in self._memo:
+            self._memo[name] = make()
+        return self._memo[name]
 
-    def complex(self) -> "Tensor":
-        if self._cplx is None:
-            self._cplx = torch.complex(self.cos, self.sin)
-        return self._cplx
+    def full(self, which: str, interleaved: bool) -> "Tensor":
+        """cos or sin half table laid out over ``rotary_dim`` (doubled, or each entry twice)."""
+        t = self.cos if which == "cos" else self.sin
+        return self._get(f"{which}-{interleaved}", lambda: (
+            torch.repeat_interleave(t, 2, dim=-1) if interleaved else torch.cat((t, t), dim=-1)))
 
-    def run(self, k: "Tensor", rotary_dim: int, interleaved: bool) -> "Tensor":
-        """``k`` (already in ``self.dtype``) rotated on its first ``rotary_dim`` dims, new tensor."""
+    def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True) -> "Tensor":
+        """``k`` (already in ``self.dtype``) rotated on its first ``rotary_dim`` dims, as a new tensor.
+
+        ``exact``: the rounding steps of the models' ``x*cos + rotate(x)*sin`` (bit-identical
+        to them); otherwise interleaved float keys may take a single complex multiply, whose
+        vectorised tails can differ by one ulp (used by strip/reposition, which are not bit
+        targets anyway).
+        """
         r, h = rotary_dim, rotary_dim // 2
         out = torch.empty_like(k, memory_format=torch.contiguous_format)
         if r < k.shape[-1]:
             out[..., r:] = k[..., r:]
         src, dst = k[..., :r], out[..., :r]
-        if interleaved and self.dtype in (torch.float32, torch.float64) and _complex_ok(src):
-            # pairs (2i, 2i+1) are complex numbers: one complex multiply does the rotation
-            # (products and one add each, as x*cos + rotate_every_two(x)*sin: bit-identical)
+        cplx = interleaved and self.dtype in (torch.float32, torch.float64) and _complex_ok(src)
+        if cplx and not exact:
+            # pairs (2i, 2i+1) are complex numbers: one complex multiply rotates them
+            z = self._get("complex", lambda: torch.complex(self.cos, self.sin))
             zc = torch.view_as_complex(src.unflatten(-1, (h, 2)))
-            torch.mul(zc, self.complex(), out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
+            torch.mul(zc, z, out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
             return out
-        # x*cos + rotate(x)*sin with rotate(x) = (-x2, x1): the same rounding steps as the models
-        torch.mul(src, self.full_cos(interleaved), out=dst)
-        swapped = torch.empty_like(dst)
-        if interleaved:
-            torch.mul(src[..., 1::2], self.nsin, out=swapped[..., 0::2])
-            torch.mul(src[..., 0::2], self.sin, out=swapped[..., 1::2])
+        # x*cos + rotate(x)*sin, one rounding per product and one per sum, as the models do
+        torch.mul(src, self.full("cos", interleaved), out=dst)
+        if cplx:
+            # rotate_every_two(x) = (-x_odd, x_even) = i * (x_even + i x_odd): exact, and contiguous
+            unit = self._get("i", lambda: torch.tensor(1j, dtype=torch.complex128 if self.dtype == torch.float64
+                                                       else torch.complex64, device=src.device))
+            swapped = torch.view_as_real(torch.view_as_complex(src.unflatten(-1, (h, 2))) * unit).flatten(-2)
+            swapped.mul_(self.full("sin", True))
         else:
-            torch.mul(src[..., h:], self.nsin, out=swapped[..., :h])
-            torch.mul(src[..., :h], self.sin, out=swapped[..., h:])
+            swapped = torch.empty_like(dst)
+            if interleaved:
+                torch.mul(src[..., 1::2], self.nsin, out=swapped[..., 0::2])
+                torch.mul(src[..., 0::2], self.sin, out=swapped[..., 1::2])
+            else:
+                torch.mul(src[..., h:], self.nsin, out=swapped[..., :h])
+                torch.mul(src[..., :h], self.sin, out=swapped[..., h:])
         dst.add_(swapped)
         return out
 
@@ -417,41 +230,47 @@ def _complex_ok(t: "Tensor") -> bool:
 
 
 class _IdentityCache:
-    """A small LRU keyed by tensor identity + version counter (checked through weak refs)."""
+    """A small LRU keyed by object identity + tensor version counter, checked through weak refs.
+
+    A tensor key is ``(id, version, data_ptr, shape, stride, dtype, device)``; the weak ref
+    guards against a freed tensor's id being reused. Inference tensors (no version counter)
+    are keyed by content instead.
+    """
 
     def __init__(self, size: int = 32):
         self.size = size
         self.items: OrderedDict = OrderedDict()
 
     @staticmethod
-    def tensor_key(t: "Tensor | None"):
-        if t is None:
-            return None
-        try:
-            version = t._version
-        except Exception:  # inference tensors have no version counter: key by content
-            return ("content", tuple(t.shape), str(t.dtype), str(t.device), t.detach().cpu().numpy().tobytes())
-        return ("id", id(t), version, t.data_ptr(), tuple(t.shape), t.stride(), str(t.dtype), str(t.device))
+    def part(obj) -> tuple:
+        """``(key part, weak ref or None)`` of one object of the key."""
+        if obj is None:
+            return None, None
+        if isinstance(obj, torch.Tensor):
+            try:
+                version = obj._version
+            except Exception:  # inference tensor: no version counter, key by content
+                return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device),
+                        obj.detach().cpu().numpy().tobytes()), None
+            return ("id", id(obj), version, obj.data_ptr(), tuple(obj.shape), obj.stride(),
+                    str(obj.dtype), str(obj.device)), weakref.ref(obj)
+        return ("id", id(obj)), weakref.ref(obj)
 
-    def get(self, key, tensors: tuple):
+    def lookup(self, objs: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
+        parts = [self.part(o) for o in objs]
+        key = (tuple(p[0] for p in parts), extra)
         hit = self.items.get(key)
-        if hit is None:
-            return None
-        refs, value = hit
-        for ref, t in zip(refs, tensors):
-            if ref is not None and ref() is not t:
-                del self.items[key]
-                return None
-        self.items.move_to_end(key)
-        return value
-
-    def put(self, key, tensors: tuple, value) -> None:
-        refs = tuple(None if (t is None or self.tensor_key(t)[0] == "content") else weakref.ref(t)
-                     for t in tensors)
-        self.items[key] = (refs, value)
-        self.items.move_to_end(key)
+        if hit is not None:
+            refs, value = hit
+            if all(ref is None or ref() is obj for ref, obj in zip(refs, objs)):
+                self.items.move_to_end(key)
+                return value
+            del self.items[key]
+        value = build()
+        self.items[key] = (tuple(p[1] for p in parts), value)
         while len(self.items) > self.size:
             self.items.popitem(last=False)
+        return value
 
 
 _TABLES = _IdentityCache(32)
@@ -488,7 +307,11 @@ def _build_tables(rope: RopeSpec, variant: RopeVariant, positions: "Tensor",
         lens = forward_lengths(pos) if lengths is None else torch.as_tensor(lengths).to(device)
         if lens.dim() == 1:
             lens = lens[None]
-        lens = lens.expand(pos.shape) if lens.shape != pos.shape else lens
+        try:
+            pos, lens = torch.broadcast_tensors(pos, lens)
+        except RuntimeError:
+            raise RopeError(f"RoPE lengths shape {tuple(lens.shape)} does not fit positions shape "
+                            f"{tuple(pos.shape)}", "give one forward length per cached token") from None
         uniq, inverse = torch.unique(lens, return_inverse=True)
         pick = variant.table_length or (lambda _rope, n: n)
         keys = [pick(rope, int(n)) for n in uniq.tolist()]
@@ -522,13 +345,8 @@ def _tables_for(rope: RopeSpec, positions, lengths, device, host) -> _Tables:
     if not _is_stateful(rope, variant):
         lengths = None
     device = torch.device(device)
-    tensors = (positions, lengths)
-    key = (rope, variant, _IdentityCache.tensor_key(positions), _IdentityCache.tensor_key(lengths), str(device))
-    found = _TABLES.get(key, tensors)
-    if found is None:
-        found = _build_tables(rope, variant, _positions_2d(positions, device), lengths, device)
-        _TABLES.put(key, tensors, found)
-    return found
+    return _TABLES.lookup((positions, lengths), (rope, variant, str(device)),
+                          lambda: _build_tables(rope, variant, _positions_2d(positions, device), lengths, device))
 
 
 def _check_keys(k: "Tensor", rope: RopeSpec, positions) -> None:
@@ -575,7 +393,7 @@ def strip(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor 
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
     kernel = tab.kernel(k.dtype, inverse=True)
-    out = kernel.run(k.to(kernel.dtype), rope.rotary_dim, rope.interleaved)
+    out = kernel.run(k.to(kernel.dtype), rope.rotary_dim, rope.interleaved, exact=False)
     return out.to(k.dtype)
 
 
@@ -595,15 +413,14 @@ def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", ro
                      lengths=new_lengths, host=host)
     old = _tables_for(rope, old_positions, old_lengths, k.device, host)
     new = _tables_for(rope, new_positions, new_lengths, k.device, host)
-    tensors = (old_positions, old_lengths, new_positions, new_lengths)
-    key = (id(old), id(new), k.dtype)
-    kernel = _FUSED.get(key, (old, new))
-    if kernel is None:
-        inv = old.kernel(k.dtype, inverse=True)
-        fwd = new.kernel(k.dtype, inverse=False)
-        z = (torch.complex(fwd.cos.to(torch.float64), fwd.sin.to(torch.float64))
-             * torch.complex(inv.cos.to(torch.float64), inv.sin.to(torch.float64)))
-        kernel = _Kernel(z.real.to(k.dtype).contiguous(), z.imag.to(k.dtype).contiguous(), k.dtype)
-        _FUSED.put(key, (old, new), kernel)
-    del tensors
-    return kernel.run(k, rope.rotary_dim, rope.interleaved)
+
+    def build() -> _Kernel:
+        # (cos_new + i sin_new) * (cos_old - i sin_old) / (cos_old^2 + sin_old^2), in float64,
+        # from the tables exactly as strip and apply use them
+        co, so = (t.to(torch.float64) for t in old.rounded(k.dtype))
+        cn, sn = (t.to(torch.float64) for t in new.rounded(k.dtype))
+        z = torch.complex(cn, sn) * torch.complex(co, -so) / (co * co + so * so)
+        return _Kernel(z.real.to(k.dtype).contiguous(), z.imag.to(k.dtype).contiguous(), k.dtype)
+
+    kernel = _FUSED.lookup((old, new), (k.dtype,), build)
+    return kernel.run(k, rope.rotary_dim, rope.interleaved, exact=False)

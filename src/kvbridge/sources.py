@@ -309,7 +309,7 @@ def resolve(ref: str, *, host=None, manifests: Mapping | None = None) -> Resolve
         return _from_file(ref, path)
     if path.exists():
         raise ConfigError(f"{path}: not a file or folder", "pass a model folder or a config.json path")
-    if ref.startswith((".", "/", "~")) or ref.endswith((".json", ".toml")) or os.sep + os.sep in ref:
+    if ref.startswith((".", "/", "~")) or ref.endswith((".json", ".toml")):
         raise ConfigError(f"{path}: no such file or directory",
                           "check the path (hub ids are written org/name, without a leading ./)")
 
@@ -399,5 +399,60 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
     return spec
 
 
-__all__ = ["ResolvedModel", "resolve", "describe_config", "load_manifests", "manifest_dirs",
+__all__ = ["ResolvedModel", "resolve", "describe_config", "load_manifests", "manifest_dirs", "spec_geometry", "geometry_diff",
            "validate_manifest", "hf_cache_dir", "find_in_hf_cache", "read_json_object", "validate_spec"]
+
+
+# -- manifest geometry ---------------------------------------------------------------------------------
+def _rope_geometry(rope) -> dict:
+    return {"type": rope.rope_type, "theta": float(rope.theta), "partial_factor": round(rope.partial_factor, 6),
+            "interleaved": rope.interleaved, "scaling": rope.params}
+
+
+def spec_geometry(spec) -> dict:
+    """The ``geometry`` block of a manifest record, computed from a ModelSpec.
+
+    Keys: num_layers, num_attention_heads, num_kv_heads (as cached), head_dim, hidden_size,
+    positional, rope (type, theta, partial_factor, interleaved, scaling; null without RoPE),
+    sliding_window, attention (full | sliding | hybrid), full_attention_layers (hybrid only),
+    rope_by_layer_type (only when layer types use different tables), qk_norm, vocab_size,
+    max_position_embeddings, dtype.
+    """
+    kind = spec.attention_kind
+    out = {
+        "num_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_size": spec.hidden_size,
+        "positional": spec.positional,
+        "rope": _rope_geometry(spec.rope) if spec.positional == "rope" and spec.rope is not None else None,
+        "sliding_window": spec.sliding_window if kind != "full" else None,
+        "attention": kind,
+        "qk_norm": spec.qk_norm,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "dtype": spec.dtype,
+    }
+    if kind == "hybrid":
+        out["full_attention_layers"] = [i for i, t in enumerate(spec.layer_types) if t == "full_attention"]
+    if spec.rope_by_layer_type and spec.positional == "rope":
+        out["rope_by_layer_type"] = {k: _rope_geometry(v) for k, v in spec.rope_by_layer_type}
+    return out
+
+
+def geometry_diff(expected: Mapping, actual: Mapping, prefix: str = "") -> list[str]:
+    """Human-readable differences between two geometry blocks (floats compared to 1e-9 relative)."""
+    out = []
+    for key in sorted(set(expected) | set(actual)):
+        a, b = expected.get(key, "<absent>"), actual.get(key, "<absent>")
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(geometry_diff(a, b, name + "."))
+        elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+                and not isinstance(b, bool):
+            if abs(float(a) - float(b)) > 1e-9 * max(1.0, abs(float(a))):
+                out.append(f"{name}: manifest {a!r} != computed {b!r}")
+        elif a != b:
+            out.append(f"{name}: manifest {a!r} != computed {b!r}")
+    return out

@@ -1,1 +1,243 @@
-"""Built-in RoPE variants (placeholder, filled by the RoPE codec work)."""
+"""Built-in RoPE variants: default, linear, dynamic, yarn, longrope, llama3.
+
+:class:`RopeVariant` and the inverse-frequency math of the built-in types live here so that
+registering them needs no torch (``kvbridge plugins`` stays fast): each ``inv_freq`` imports
+torch when called. The codec that uses them is :mod:`kvbridge.rope`, which re-exports
+everything public from this module.
+
+The frequencies are computed with the same operations, in the same order and precision, as
+transformers 5.x ``modeling_rope_utils`` (float32 on the CPU), so the tables are bit-identical:
+one ulp of ``inv_freq`` would cost ~1e-3 rad at position 40k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from kvbridge.errors import ConfigError
+from kvbridge.hookspecs import hookimpl
+from kvbridge.spec import RopeSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
+__all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS",
+           "kvbridge_register_rope_variants"]
+
+
+class RopeError(ConfigError):
+    """A RoPE spec kvbridge cannot turn into a table (missing or malformed parameters)."""
+
+
+class UnknownRopeTypeError(RopeError):
+    """No built-in or plugin RoPE variant handles this ``rope_type``."""
+
+
+@dataclass(frozen=True)
+class RopeVariant:
+    """One ``rope_type``: how its inverse frequencies follow from a :class:`RopeSpec`.
+
+    ``inv_freq(rope, seq_len, device)`` returns ``(inv_freq, attention_scaling)``: a float32
+    tensor of ``rope.rotary_dim // 2`` inverse frequencies and the factor the cos/sin tables
+    are multiplied by. ``seq_len`` is the length of the forward the table is for (``None``:
+    the static table the model builds at init). kvbridge always calls it with a CPU device and
+    moves the result, as transformers computes the tables of a loaded model on the CPU.
+
+    Optional: ``stateful`` marks a type whose table depends on the forward length (besides
+    the built-in ``dynamic`` and ``longrope``); ``table_length(rope, seq_len)`` maps a forward
+    length to a representative one with the same table (``None``: the static table), which
+    lets the codec group keys of many lengths into few tables.
+    """
+
+    name: str
+    inv_freq: Callable[..., tuple]
+    description: str = ""
+    stateful: bool = False
+    table_length: Callable[[RopeSpec, int], "int | None"] | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# inverse frequencies of the built-in types (float32, CPU; the same operations, in the same
+# order and precision, as transformers 5.x modeling_rope_utils, so the tables are bit-equal)
+# ---------------------------------------------------------------------------------------------
+def _need(rope: RopeSpec, name: str, default: Any = None) -> Any:
+    value = rope.param(name, default)
+    if value is None:
+        raise RopeError(f"RoPE type {rope.rope_type!r} needs parameter {name!r}, which the spec lacks",
+                        f"add {name!r} to the config's rope_parameters")
+    return value
+
+
+def _dim(rope: RopeSpec) -> int:
+    dim = rope.rotary_dim
+    if dim < 2:
+        raise RopeError(f"RoPE rotary_dim {dim} (head_dim {rope.head_dim} x partial_factor "
+                        f"{rope.partial_factor}) is too small to rotate",
+                        "check head_dim and partial_rotary_factor")
+    return dim
+
+
+def _exponents(dim: int, device) -> "Tensor":
+    """``arange(0, dim, 2) / dim`` in float32 (every HF variant computes exactly this)."""
+    import torch
+
+    return torch.arange(0, dim, 2, dtype=torch.int64, device=device).to(torch.float32) / dim
+
+
+def _default_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
+    dim = _dim(rope)
+    return 1.0 / (rope.theta ** _exponents(dim, device)), 1.0
+
+
+def _linear_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
+    dim = _dim(rope)
+    factor = float(_need(rope, "factor"))
+    inv = 1.0 / (rope.theta ** _exponents(dim, device))
+    return inv / factor, 1.0
+
+
+def _dynamic_table_length(rope: RopeSpec, seq_len: int) -> int | None:
+    return int(seq_len) if int(seq_len) > rope.max_position_embeddings else None
+
+
+def _dynamic_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
+    """Dynamic NTK: the base grows with the forward length once it exceeds the max positions.
+
+    Up to ``max_position_embeddings`` the model keeps its init table (base computed in Python
+    floats); past it, transformers recomputes the base from the forward length as a 0-d int64
+    tensor, i.e. in float32 arithmetic, and so do we.
+    """
+    import torch
+
+    dim = _dim(rope)
+    factor = float(_need(rope, "factor"))
+    max_pos = rope.max_position_embeddings
+    exponent = dim / (dim - 2) if dim > 2 else 1.0
+    if seq_len is None or int(seq_len) <= max_pos:
+        base = rope.theta * ((factor * max_pos / max_pos) - (factor - 1)) ** exponent
+    else:
+        length = torch.tensor(int(seq_len), dtype=torch.int64, device=device)
+        base = rope.theta * ((factor * length / max_pos) - (factor - 1)) ** exponent
+    return 1.0 / (base ** _exponents(dim, device)), 1.0
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
+    import torch
+
+    dim = _dim(rope)
+    base = rope.theta
+    original = int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
+    factor = rope.param("factor")
+    if factor is None:
+        factor = rope.max_position_embeddings / original
+    factor = float(factor)
+    attention = rope.param("attention_factor")
+    if attention is None:
+        mscale, mscale_all = rope.param("mscale"), rope.param("mscale_all_dim")
+        if mscale and mscale_all:
+            attention = float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all))
+        else:
+            attention = _yarn_mscale(factor)
+    beta_fast = rope.param("beta_fast") or 32
+    beta_slow = rope.param("beta_slow") or 1
+    truncate = rope.param("truncate", True)
+    truncate = True if truncate is None else bool(truncate)
+
+    def correction_dim(rotations: float) -> float:
+        # the (fractional) dim whose wavelength fits `rotations` turns in the original context
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+
+    powers = base ** _exponents(dim, device)
+    extrapolated = 1.0 / powers
+    interpolated = 1.0 / (factor * powers)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp.to(device=device, dtype=torch.float32)  # share kept un-interpolated
+    inv = interpolated * (1 - keep) + extrapolated * keep
+    return inv, float(attention)
+
+
+def _longrope_original(rope: RopeSpec) -> int:
+    return int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
+
+
+def _longrope_table_length(rope: RopeSpec, seq_len: int) -> int | None:
+    original = _longrope_original(rope)
+    return original + 1 if int(seq_len) > original else None
+
+
+def _longrope_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
+    """LongRoPE (Phi-3): per-frequency factors, short up to the original context, long above."""
+    import torch
+
+    dim = _dim(rope)
+    original = _longrope_original(rope)
+    long_f, short_f = _need(rope, "long_factor"), _need(rope, "short_factor")
+    factor = rope.param("factor")
+    if factor is None:
+        factor = rope.max_position_embeddings / original
+    attention = rope.param("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    use_long = bool(seq_len) and int(seq_len) > original
+    factors = long_f if use_long else short_f
+    if len(factors) != dim // 2:
+        which = "long_factor" if use_long else "short_factor"
+        raise RopeError(f"longrope {which} has {len(factors)} entries, rotary_dim {dim} needs {dim // 2}",
+                        "fix rope_parameters (one factor per rotary frequency)")
+    ext = torch.tensor(list(factors), dtype=torch.float32, device=device)
+    inv = 1.0 / (ext * rope.theta ** _exponents(dim, device))
+    return inv, float(attention)
+
+
+def _llama3_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
+    """Llama 3.1: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
+    import torch
+
+    dim = _dim(rope)
+    inv = 1.0 / (rope.theta ** _exponents(dim, device))
+    factor = float(_need(rope, "factor"))
+    low_f = float(_need(rope, "low_freq_factor"))
+    high_f = float(_need(rope, "high_freq_factor"))
+    context = _need(rope, "original_max_position_embeddings", rope.max_position_embeddings)
+    low_wavelen, high_wavelen = context / low_f, context / high_f
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (context / wavelen - low_f) / (high_f - low_f)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+BUILTIN_VARIANTS: dict[str, RopeVariant] = {
+    v.name: v for v in (
+        RopeVariant("default", _default_inv_freq, "original RoPE: theta^(-2i/d)"),
+        RopeVariant("linear", _linear_inv_freq, "position interpolation: frequencies / factor"),
+        RopeVariant("dynamic", _dynamic_inv_freq,
+                    "dynamic NTK: base grows with the forward length past max_position_embeddings",
+                    stateful=True, table_length=_dynamic_table_length),
+        RopeVariant("yarn", _yarn_inv_freq, "YaRN: ramped interpolation plus attention scaling"),
+        RopeVariant("longrope", _longrope_inv_freq,
+                    "LongRoPE: short/long per-frequency factors around original_max_position_embeddings",
+                    stateful=True, table_length=_longrope_table_length),
+        RopeVariant("llama3", _llama3_inv_freq, "Llama 3.1: wavelength-dependent smooth scaling"),
+    )
+}
+
+
+@hookimpl
+def kvbridge_register_rope_variants(register):
+    for variant in BUILTIN_VARIANTS.values():
+        register(variant)

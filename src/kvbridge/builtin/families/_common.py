@@ -121,6 +121,7 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
                          theta_keys: tuple = ("rope_theta",),
                          partial_keys: tuple = ("partial_rotary_factor",),
                          default_partial: float | None = None,
+                         max_positions: int | None = None,
                          original_max_override: Any = _MISSING) -> dict:
     """One normalised rope-parameter dict, as transformers 5 stores ``config.rope_parameters``.
 
@@ -129,7 +130,8 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
     legacy keys (``theta_keys`` / ``partial_keys``, in order), which win over the defaults.
     The result always has ``rope_type`` and ``rope_theta``; ``partial_rotary_factor`` when the
     config or the family gives one; ``original_max_position_embeddings`` for llama3 / yarn /
-    longrope (``original_max_override`` replaces it: Phi3 keeps it top-level).
+    longrope, defaulting to ``max_positions`` (the model's effective max positions);
+    ``original_max_override`` replaces it (Phi3 keeps it top-level).
     """
     model_type = config.get("model_type")
     scaling = config.get("rope_scaling")
@@ -156,7 +158,8 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
         if original_max_override is not _MISSING:
             params["original_max_position_embeddings"] = original_max_override
         elif params.get("original_max_position_embeddings") is None:
-            params["original_max_position_embeddings"] = config.get("max_position_embeddings")
+            params["original_max_position_embeddings"] = (
+                max_positions if max_positions is not None else config.get("max_position_embeddings"))
     return params
 
 
@@ -294,9 +297,9 @@ class DecoderAdapter(FamilyAdapter):
     def _positional(self, cfg: Mapping) -> str:
         return "rope"
 
-    def _rope_parameters(self, cfg: Mapping) -> dict:
+    def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
-                                    default_partial=self.DEFAULT_PARTIAL)
+                                    default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions)
 
     def _partial_factor(self, params: Mapping, head_dim: int) -> float:
         if not self.PARTIAL_ROTARY:
@@ -304,7 +307,7 @@ class DecoderAdapter(FamilyAdapter):
         return float(params.get("partial_rotary_factor", 1.0))
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int) -> tuple[RopeSpec, tuple]:
-        params = self._rope_parameters(cfg)
+        params = self._rope_parameters(cfg, max_positions)
         rope = rope_spec(params, head_dim=head_dim, partial_factor=self._partial_factor(params, head_dim),
                          interleaved=self.INTERLEAVED, max_position_embeddings=max_positions)
         return rope, ()

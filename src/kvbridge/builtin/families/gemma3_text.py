@@ -29,7 +29,7 @@ GLOBAL_THETA = 1_000_000.0
 LOCAL_THETA = 10_000.0
 
 
-def gemma3_rope_parameters(cfg: Mapping) -> dict[str, dict]:
+def gemma3_rope_parameters(cfg: Mapping, max_positions: int) -> dict[str, dict]:
     """``{"full_attention": {...}, "sliding_attention": {...}}`` as Gemma3TextConfig builds it."""
     model_type = cfg.get("model_type")
     given = cfg.get("rope_parameters")
@@ -53,7 +53,7 @@ def gemma3_rope_parameters(cfg: Mapping) -> dict[str, dict]:
         table["rope_type"] = str(table.get("rope_type") or table.get("type") or "default")
         table.pop("type", None)
         if table["rope_type"] in NEEDS_ORIGINAL_MAX and table.get("original_max_position_embeddings") is None:
-            table["original_max_position_embeddings"] = cfg.get("max_position_embeddings")
+            table["original_max_position_embeddings"] = max_positions
         tables[kind] = table
     return {FULL: tables[FULL], SLIDING: tables[SLIDING]}
 
@@ -76,7 +76,7 @@ class Gemma3TextAdapter(DecoderAdapter):
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int):
         tables = {kind: rope_spec(params, head_dim=head_dim, max_position_embeddings=max_positions)
-                  for kind, params in gemma3_rope_parameters(cfg).items()}
+                  for kind, params in gemma3_rope_parameters(cfg, max_positions).items()}
         return tables[FULL], tuple(sorted(tables.items()))
 
     def _layout(self, cfg: Mapping, num_layers: int):

@@ -45,10 +45,10 @@ class GPTNeoXAdapter(DecoderAdapter):
     def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
         return heads
 
-    def _rope_parameters(self, cfg: Mapping) -> dict:
+    def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
                                     theta_keys=("rotary_emb_base",), partial_keys=("rotary_pct",),
-                                    default_partial=self.DEFAULT_PARTIAL)
+                                    default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions)
 
     def tiny_configs(self) -> dict[str, dict]:
         return {

@@ -59,14 +59,11 @@ class GPTJAdapter(DecoderAdapter):
         return rope_spec(params, head_dim=head_dim, partial_factor=rotary_fraction(rotary_dim, head_dim),
                          interleaved=True, max_position_embeddings=max_positions), ()
 
-    def _extras(self, cfg: Mapping) -> dict:
-        return {"rotary_table": "sin_cos_half"}
-
     def tiny_configs(self) -> dict[str, dict]:
         return {"default": {"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4,
                             "rotary_dim": 8, "n_positions": 64, "vocab_size": 128, "n_inner": 128,
                             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                            "dtype": "float32"}}
+                            "bos_token_id": 0, "eos_token_id": 0, "dtype": "float32"}}
 
 
 ADAPTER = GPTJAdapter()

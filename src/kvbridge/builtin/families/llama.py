@@ -41,7 +41,7 @@ class LlamaAdapter(DecoderAdapter):
                                  rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
             # original 8 < 16-token tests: long factors are used past position 8
             "longrope": tiny_base("llama", max_position_embeddings=32, rope_scaling={
-                "rope_type": "longrope", "original_max_position_embeddings": 8,
+                "rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 8,
                 "short_factor": [1.0 + 0.05 * i for i in range(head_dim // 2)],
                 "long_factor": [1.5 + 0.25 * i for i in range(head_dim // 2)]}),
         }

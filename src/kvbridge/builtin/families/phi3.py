@@ -36,11 +36,11 @@ class Phi3Adapter(DecoderAdapter):
     PARTIAL_ROTARY: ClassVar[bool] = True
     DEFAULT_PARTIAL: ClassVar[float | None] = 1.0
 
-    def _rope_parameters(self, cfg: Mapping) -> dict:
+    def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         original = check_positive_int(get(cfg, "original_max_position_embeddings", self.DEFAULT_ORIGINAL_MAX),
                                       "original_max_position_embeddings", cfg.get("model_type"))
         params = flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
-                                      default_partial=self.DEFAULT_PARTIAL,
+                                      default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions,
                                       original_max_override=original)
         if params["rope_type"] in LEGACY_LONGROPE:
             params["rope_type"] = "longrope"

@@ -27,8 +27,7 @@ def qwen_layout(cfg: Mapping, num_layers: int, *, default_window: int = 4096,
     if not flag(cfg, "use_sliding_window", False):
         window = None
     max_window_layers = get(cfg, "max_window_layers", default_max_window_layers)
-    if window is not None and (isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int)
-                               or max_window_layers < 0):
+    if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int) or max_window_layers < 0:
         raise ConfigError(f"config field 'max_window_layers' must be an integer >= 0, got {max_window_layers!r}",
                           "set 'max_window_layers' to the number of leading full-attention layers")
     default = [SLIDING if window is not None and i >= max_window_layers else FULL

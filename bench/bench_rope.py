@@ -1,0 +1,128 @@
+"""RoPE codec throughput: strip + apply over a 28-layer cache vs the memory-bandwidth floor.
+
+The cache is the shape of a Qwen2.5-1.5B-like model (28 layers x [1, 2 KV heads, 2048 tokens,
+128 head dim], half-split RoPE, theta 1e6), in float32 and bfloat16. Each layer is a separate
+call, as ``KVState.strip_rope()`` / ``apply_rope()`` make them (one positions tensor shared
+by all layers, so the table is built once per pass: "warm"; "cold" clears every cache first).
+
+The floor of an operation is the bytes it must move (read + write of the keys, tables
+excluded) divided by the measured copy bandwidth (``clone()`` of a large tensor, and
+``copy_`` into a preallocated one, whichever is faster); "of floor" = floor time / measured
+time. Times are the median of REPEATS passes (after a warm-up), on CUDA when available.
+
+    python bench/bench_rope.py [--device cpu|cuda] [--repeats N] [--interleaved]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from kvbridge import rope as R
+from kvbridge.spec import RopeSpec
+
+LAYERS, HEADS, TOKENS, HEAD_DIM = 28, 2, 2048, 128
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def copy_bandwidth(device, repeats: int) -> tuple[float, float]:
+    """(clone GB/s, copy_ GB/s) of a 512 MiB float32 tensor (bytes read + written)."""
+    n = (512 << 20) // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    nbytes = 2 * src.numel() * src.element_size()
+    t_clone = timed(lambda: src.clone(), device, repeats)
+    t_copy = timed(lambda: dst.copy_(src), device, repeats)
+    return nbytes / t_clone / 1e9, nbytes / t_copy / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--interleaved", action="store_true", help="GPT-J/Cohere pairing instead of half split")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+
+    spec = RopeSpec.make("default", 1_000_000.0, head_dim=HEAD_DIM, interleaved=args.interleaved,
+                         max_position_embeddings=32768)
+    old = torch.arange(TOKENS, device=device)[None]
+    new = old + 100
+    clone_bw, copy_bw = copy_bandwidth(device, args.repeats)
+    bw = max(clone_bw, copy_bw)
+
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        keys = [torch.randn(1, HEADS, TOKENS, HEAD_DIM, device=device).to(dtype) for _ in range(LAYERS)]
+        layer_bytes = keys[0].numel() * keys[0].element_size()
+        stripped = [R.strip(k, old, spec) for k in keys]
+
+        def strip_all():
+            return [R.strip(k, old, spec) for k in keys]
+
+        def apply_all():
+            return [R.apply(k, new, spec) for k in stripped]
+
+        def strip_apply():
+            return [R.apply(R.strip(k, old, spec), new, spec) for k in keys]
+
+        def reposition_all():
+            return [R.reposition(k, old, new, spec) for k in keys]
+
+        def cold(fn):
+            def run():
+                R.clear_caches()
+                return fn()
+            return run
+
+        ops = [
+            ("strip", strip_all, 2),
+            ("apply", apply_all, 2),
+            ("strip + apply", strip_apply, 4),
+            ("strip + apply (cold tables)", cold(strip_apply), 4),
+            ("reposition (fused)", reposition_all, 2),
+        ]
+        for name, fn, passes in ops:
+            t = timed(fn, device, args.repeats)
+            nbytes = passes * LAYERS * layer_bytes
+            floor = nbytes / (bw * 1e9)
+            rows.append((str(dtype).replace("torch.", ""), name, t * 1e3, nbytes / (1 << 20),
+                         nbytes / t / 1e9, floor * 1e3, floor / t))
+
+    layout = "interleaved" if args.interleaved else "half split"
+    threads = torch.get_num_threads() if device.type == "cpu" else None
+    where = f"{device.type}" + (f", {threads} threads" if threads else f" ({torch.cuda.get_device_name(device)})")
+    print(f"RoPE codec, {LAYERS} layers x [1, {HEADS}, {TOKENS}, {HEAD_DIM}], {layout}, {where}; "
+          f"torch {torch.__version__}")
+    print(f"copy bandwidth (read + write): clone {clone_bw:.1f} GB/s, copy_ {copy_bw:.1f} GB/s; "
+          f"floor uses {bw:.1f} GB/s")
+    print()
+    print("| dtype | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for dtype, name, ms, mib, gbs, floor_ms, frac in rows:
+        print(f"| {dtype} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

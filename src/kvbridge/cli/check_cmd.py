@@ -1,0 +1,137 @@
+"""``kvbridge check SRC TGT``: the compatibility report of a (source, target) pair.
+
+Config-only: imports neither torch nor transformers (a test asserts it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from typing import Any
+
+import click
+
+VERDICT_COLOURS = {"same": "green", "mappable": "yellow", "blocking": "red", "info": "cyan",
+                   "warning": "magenta", "identity": "green", "rope-reapply": "green",
+                   "incompatible": "red"}
+
+
+def fmt_rope(value: Any) -> str:
+    """A RoPE axis value (the report's dict) as one short line."""
+    if not value:
+        return "-"
+
+    def one(d: dict) -> str:
+        bits = [str(d.get("type")), f"theta={float(d.get('theta', 0)):g}"]
+        if d.get("partial_factor", 1.0) != 1.0:
+            bits.append(f"partial={float(d['partial_factor']):.3g}")
+        if d.get("interleaved"):
+            bits.append("interleaved")
+        factor = (d.get("scaling") or {}).get("factor")
+        if isinstance(factor, (int, float)):
+            bits.append(f"factor={factor:g}")
+        return " ".join(bits)
+
+    by_type = value.get("by_layer_type")
+    if by_type:
+        return "; ".join(f"{k.split('_')[0]}: {one(v)}" for k, v in sorted(by_type.items()))
+    return one(value)
+
+
+def fmt_value(name: str, value: Any) -> str:
+    if name == "rope":
+        return fmt_rope(value)
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(1, width - 3)] + "..."
+
+
+def render(report, *, strict: bool = False, width: int | None = None) -> str:
+    """The human-readable report: one row per axis, its action below, then verdict and reasons."""
+    width = width or max(60, min(120, shutil.get_terminal_size((100, 24)).columns))
+    rows = [(a.name, fmt_value(a.name, a.source), fmt_value(a.name, a.target), a.verdict, a.action)
+            for a in report.axes]
+    col = max(26, (width - 16 - 12) // 2)
+    w_name = max(len(r[0]) for r in rows)
+    w_src = min(col, max(len("source"), *(len(r[1]) for r in rows)))
+    w_tgt = min(col, max(len("target"), *(len(r[2]) for r in rows)))
+    lines = [click.style(f"{report.source_name or report.source.model_type} -> "
+                         f"{report.target_name or report.target.model_type}", bold=True), ""]
+    head = f"  {'axis':<{w_name}}  {'source':<{w_src}}  {'target':<{w_tgt}}  verdict"
+    lines.append(click.style(head, bold=True))
+    wrapper = textwrap.TextWrapper(width=width, initial_indent=" " * (w_name + 4),
+                                   subsequent_indent=" " * (w_name + 4))
+    for name, src, tgt, verdict, action in rows:
+        colour = VERDICT_COLOURS.get(verdict)
+        lines.append(f"  {name:<{w_name}}  {_clip(src, w_src):<{w_src}}  {_clip(tgt, w_tgt):<{w_tgt}}  "
+                     + click.style(verdict, fg=colour, bold=verdict == "blocking"))
+        lines.extend(click.style(line, dim=True) for line in wrapper.wrap(action))
+    lines.append("")
+    lines.append("verdict: " + click.style(report.verdict, fg=VERDICT_COLOURS.get(report.verdict), bold=True))
+    reason_wrap = textwrap.TextWrapper(width=width, initial_indent="  - ", subsequent_indent="    ")
+    for reason in report.reasons:
+        lines.extend(reason_wrap.wrap(reason))
+    if strict:
+        failures = report.strict_failures()
+        if failures:
+            lines.append(click.style("strict: fails (" + "; ".join(failures) + ")", fg="red"))
+        else:
+            lines.append(click.style("strict: passes", fg="green"))
+    return "\n".join(lines)
+
+
+@click.command("check")
+@click.argument("source", metavar="SRC")
+@click.argument("target", metavar="TGT")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON: {source, target, axes, verdict, reasons}.")
+@click.option("--strict", is_flag=True,
+              help="Fail (exit 1) unless the transfer is exact (identity or rope-reapply) and every "
+                   "other axis is same: a dtype cast, an attention or cache-format difference, an "
+                   "unknown or partly matching tokenizer, or a plugin warning fails.")
+@click.option("--source-tokenizer", metavar="PATH",
+              help="Tokenizer folder or file to fingerprint for SRC (overrides the files beside its config).")
+@click.option("--target-tokenizer", metavar="PATH",
+              help="Tokenizer folder or file to fingerprint for TGT.")
+def check(source: str, target: str, as_json: bool, strict: bool, source_tokenizer: str | None,
+          target_tokenizer: str | None) -> None:
+    """Report whether the KV cache of SRC can become a cache of TGT, and how.
+
+    SRC and TGT are each a model folder (save_pretrained), a config.json path, a hub id
+    already in the local Hugging Face cache (never downloaded), or a model name from
+    manifests/models (list them with `kvbridge describe --list`).
+
+    One row per axis (model, layers, kv_heads, head_dim, positional, rope, attention,
+    dtype, cache_format, tokenizer, then plugin findings), each with a verdict
+    (same / mappable / blocking) and what a transfer must do. The overall verdict is
+    identity (reuse as is), rope-reapply (strip the source RoPE, apply the target's),
+    mappable (a fitted mapping is needed) or incompatible.
+
+    Exit status: 0 when a transfer is possible, 1 when incompatible (or --strict fails),
+    2 on bad input (unreadable config, unknown model, no KV cache).
+    """
+    from kvbridge.compat import check_models
+    from kvbridge.plugins import get_host
+    from kvbridge.sources import resolve
+
+    host = get_host()
+    src = resolve(source, host=host)
+    tgt = resolve(target, host=host)
+    report = check_models(src, tgt, host=host, source_tokenizer=source_tokenizer,
+                          target_tokenizer=target_tokenizer)
+    if as_json:
+        click.echo(report.to_json())
+        if strict and report.ok and report.strict_failures():
+            click.echo("strict: fails (" + "; ".join(report.strict_failures()) + ")", err=True)
+    else:
+        click.echo(render(report, strict=strict))
+    code = report.exit_code(strict=strict)
+    if code:
+        click.get_current_context().exit(code)

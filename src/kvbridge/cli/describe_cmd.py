@@ -1,0 +1,135 @@
+"""``kvbridge describe MODEL``: the KV geometry (ModelSpec) of one model, from its config alone.
+
+Config-only: imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+               "float8_e5m2": 1, "float64": 8}
+
+
+def kv_bytes_per_token(spec) -> int:
+    """Bytes one token adds to the cache: K and V, every KV layer, in the config's dtype."""
+    no_kv = len(set(spec.extra("no_kv_layers", ()) or ()) | set(spec.extra("kv_shared_layers", ()) or ()))
+    return 2 * (spec.num_layers - no_kv) * spec.num_kv_heads * spec.head_dim * DTYPE_BYTES.get(spec.dtype, 4)
+
+
+def describe_dict(resolved, spec, host) -> dict:
+    """The ``--json`` shape of ``describe``."""
+    from kvbridge.compat import cache_format_of
+
+    tok = resolved.tokenizer()
+    return {
+        "ref": resolved.ref,
+        "name": resolved.name,
+        "kind": resolved.kind,
+        "path": resolved.path,
+        "spec": spec.to_dict(),
+        "cache_format": cache_format_of(spec, resolved.config, resolved.generation_config),
+        "kv_bytes_per_token": kv_bytes_per_token(spec),
+        "tokenizer": tok.to_dict() if tok is not None else "unknown",
+    }
+
+
+def _human(data: dict) -> str:
+    from kvbridge.cli.check_cmd import fmt_rope
+
+    spec = data["spec"]
+    kinds = spec["layer_types"]
+    n_sliding = sum(1 for k in kinds if k == "sliding_attention")
+    if not n_sliding:
+        attention = "full"
+    elif n_sliding == len(kinds):
+        attention = f"sliding window {spec['sliding_window']} on every layer"
+    else:
+        attention = (f"hybrid: {n_sliding} sliding (window {spec['sliding_window']}) + "
+                     f"{len(kinds) - n_sliding} full")
+    heads, kv = spec["num_attention_heads"], spec["num_kv_heads"]
+    head_kind = "MHA" if heads == kv else ("MQA" if kv == 1 else f"GQA {heads // kv}:1")
+    rope = fmt_rope(dict(spec["rope"], by_layer_type=spec.get("rope_by_layer_type"))) if spec["rope"] else "-"
+    if spec["rope"] and spec["rope"].get("partial_factor", 1.0) != 1.0:
+        rope += f" (rotary_dim {spec['rope']['rotary_dim']} of {spec['rope']['head_dim']})"
+    tok = data["tokenizer"]
+    tok_text = "unknown" if tok == "unknown" else f"{tok['kind']} {tok['vocab_size']} ids sha256:{tok['digest'][:12]}"
+    rows = [
+        ("model_type", f"{spec['model_type']} (adapter {spec['family']})"),
+        ("layers", str(spec["num_layers"])),
+        ("attention heads", str(heads)),
+        ("KV heads (cached)", f"{kv} ({head_kind})"),
+        ("head_dim", str(spec["head_dim"])),
+        ("hidden_size", str(spec["hidden_size"])),
+        ("positional", spec["positional"]),
+        ("rope", rope),
+        ("attention", attention),
+        ("qk_norm", "yes" if spec["qk_norm"] else "no"),
+        ("dtype", spec["dtype"]),
+        ("vocab_size", str(spec["vocab_size"])),
+        ("max positions", str(spec["max_position_embeddings"])),
+        ("cache_format", data["cache_format"]),
+        ("KV bytes / token", f"{data['kv_bytes_per_token']:,}"),
+        ("tokenizer", tok_text),
+    ]
+    for key, value in sorted((spec.get("extras") or {}).items()):
+        rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
+    width = max(len(k) for k, _ in rows)
+    lines = [click.style(data["name"], bold=True) + f"  ({data['kind']}: {data['path']})"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _list(host, as_json: bool) -> None:
+    from kvbridge.sources import describe_config, load_manifests
+
+    rows = []
+    for mid, (record, path) in sorted(load_manifests(host).items(), key=lambda kv: kv[0].lower()):
+        spec = describe_config(record["config"], where=str(path), host=host)
+        rows.append({"id": mid, "family": record["family"], "model_type": spec.model_type,
+                     "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
+                     "head_dim": spec.head_dim, "positional": spec.positional,
+                     "aliases": record.get("aliases", []), "path": str(path)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    w = max([len("id")] + [len(r["id"]) for r in rows])
+    click.echo(click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True))
+    for r in rows:
+        click.echo(f"  {r['id']:<{w}}  {r['family']:<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
+                   f"  {r['head_dim']:>8}  {r['positional']}")
+
+
+@click.command("describe")
+@click.argument("model", metavar="MODEL", required=False)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer}.")
+@click.option("--list", "list_models", is_flag=True,
+              help="List the models known from manifests (MODEL is then not needed).")
+def describe(model: str | None, as_json: bool, list_models: bool) -> None:
+    """Show the KV-cache geometry of MODEL, read from its config alone (no weights, no torch).
+
+    MODEL is a model folder (save_pretrained), a config.json path, a hub id already in the
+    local Hugging Face cache (never downloaded), or a model name from manifests/models.
+
+    Shows layers, attention and KV heads as cached, head_dim, positions (RoPE type, theta,
+    scaling, partial factor, interleaving, per-layer-type tables), sliding windows and layer
+    types, dtype, cache format, KV bytes per token and the tokenizer fingerprint when
+    tokenizer files are present. Exit status 2 on bad input.
+    """
+    from kvbridge.errors import ConfigError
+    from kvbridge.plugins import get_host
+    from kvbridge.sources import resolve
+
+    host = get_host()
+    if list_models:
+        _list(host, as_json)
+        return
+    if not model:
+        raise ConfigError("missing MODEL", "pass a model folder, a config.json, or a name from --list")
+    resolved = resolve(model, host=host)
+    spec = resolved.spec(host)
+    data = describe_dict(resolved, spec, host)
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else _human(data))

@@ -1,0 +1,53 @@
+"""Fitting K/V mappings between two models (``kvbridge fit``), and using them.
+
+The Python API mirrors the CLI::
+
+    from kvbridge.fit import fit, load_mapping, transfer_state
+    mapping = fit(source_model, target_model, token_ids_or_corpus, top_k=4, out="map/")
+    mapping = load_mapping("map/", source=source_model, target=target_model)
+    target_state = transfer_state(source_state, mapping)          # KVState for the target
+    kvbridge.generate_from(target_model, target_state, ids, ...)  # last prompt token withheld
+
+Modules: :mod:`~kvbridge.fit.stats` (streaming float64 statistics, distributed reduction),
+:mod:`~kvbridge.fit.ridge` (the solver and the ``ridge`` fitter, memory model),
+:mod:`~kvbridge.fit.select` (top-k source layers), :mod:`~kvbridge.fit.headwise`
+(``ridge-headwise``), :mod:`~kvbridge.fit.sklearn_fitter` (``sklearn``),
+:mod:`~kvbridge.fit.calibrate` (paired calibration, sampling), :mod:`~kvbridge.fit.mapping`
+(the batched mapping), :mod:`~kvbridge.fit.artifact` (mapping folders),
+:mod:`~kvbridge.fit.distributed` (torch.distributed, checkpoints / resume),
+:mod:`~kvbridge.fit.pipeline` (the ``fit`` call).
+
+Importing this package imports nothing heavy; the names below load on first use.
+"""
+
+from __future__ import annotations
+
+_LAZY = {
+    "fit": "kvbridge.fit.pipeline:fit",
+    "load_mapping": "kvbridge.fit.artifact:load_mapping",
+    "save_mapping": "kvbridge.fit.artifact:save_mapping",
+    "FittedMapping": "kvbridge.fit.mapping:FittedMapping",
+    "MomentStats": "kvbridge.fit.stats:MomentStats",
+    "transfer_state": "kvbridge.fit:_transfer_state",
+}
+
+
+def _transfer_state(state, mapping, *, target_positions=None, host=None):
+    """Source KVState -> target KVState through ``mapping`` (strip RoPE, map, apply target RoPE)."""
+    from kvbridge.transfer import transfer
+
+    return transfer(state, mapping, mapping.target_spec, target_positions=target_positions, host=host)
+
+
+def __getattr__(name):
+    if name == "transfer_state":
+        return _transfer_state
+    if name in _LAZY:
+        import importlib
+
+        module, _, attr = _LAZY[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'kvbridge.fit' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,268 @@
+"""Mapping artifacts: a folder with ``mapping.safetensors`` and ``manifest.json``.
+
+The manifest (JSON Schema: ``manifests/schemas/mapping.schema.json``) records what the
+mapping is for and how it was made: schema version; kvbridge, transformers and torch
+versions; source and target specs with their fingerprints (spec hash, config hash, weights
+hash, revision where known) and RoPE configuration; the tokenizer fingerprint; the fitter
+and its parameters; the layer selection; held-out R² per (target layer, head, K/V); the
+calibration corpus sha256, token and observation counts; the tensor dtype; and the sha256 of
+the tensor file. It is written atomically (temp folder + rename, :mod:`kvbridge.artifacts`).
+
+:func:`load_mapping` verifies the tensor checksum before reading a byte of it and, given the
+models (or configs) it will be used with, refuses a pair whose fingerprints differ, naming
+the field (``source.weights_fingerprint`` ...). ``force=True`` (``--force``) downgrades the
+refusal to a warning.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from kvbridge.errors import ArtifactError
+
+SCHEMA_VERSION = 1
+KIND = "kvbridge-mapping"
+TENSOR_FILE = "mapping.safetensors"
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "manifests" / "schemas" / "mapping.schema.json"
+
+
+class MappingMismatchWarning(UserWarning):
+    """A mapping is used with models it was not fitted for (``force=True``)."""
+
+
+# -- model identity --------------------------------------------------------------------------------------
+def model_identity(model_or_config: Any, *, host=None, name: str = "", revision: str | None = None,
+                   weights: bool = True) -> dict:
+    """Spec, fingerprints and RoPE configuration of a model (or a config mapping: no weights hash)."""
+    from kvbridge.adapter import config_fingerprint, weights_fingerprint
+    from kvbridge.plugins import get_host
+
+    host = host or get_host()
+    is_model = hasattr(model_or_config, "parameters")
+    config = model_or_config.config.to_dict() if is_model else dict(model_or_config)
+    adapter = host.adapter_for(config)
+    spec = adapter.spec_of(model_or_config) if is_model else adapter.describe(config)
+    revision = revision or config.get("_commit_hash") or None
+    name = name or str(config.get("_name_or_path") or "")
+    return {
+        "name": name,
+        "revision": revision,
+        "model_type": spec.model_type,
+        "spec": spec.to_dict(),
+        "spec_fingerprint": spec.fingerprint(),
+        "config_fingerprint": config_fingerprint(config),
+        "weights_fingerprint": weights_fingerprint(model_or_config) if (is_model and weights) else None,
+        "dtype": spec.dtype,
+        "rope": rope_config(spec),
+    }
+
+
+def rope_config(spec) -> dict | None:
+    if spec.positional != "rope":
+        return {"positional": spec.positional}
+    out = {"positional": "rope", "default": spec.rope.to_dict() if spec.rope else None}
+    if spec.rope_by_layer_type:
+        out["by_layer_type"] = {k: v.to_dict() for k, v in spec.rope_by_layer_type}
+    return out
+
+
+def _versions() -> dict:
+    from kvbridge import __version__
+
+    out = {"kvbridge_version": __version__}
+    for mod in ("transformers", "torch"):
+        try:
+            out[f"{mod}_version"] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            out[f"{mod}_version"] = None
+    return out
+
+
+def build_manifest(mapping, *, source: dict, target: dict, tokenizer: dict | None = None,
+                   calibration: dict | None = None) -> dict:
+    """The manifest of a fitted mapping (``source`` / ``target`` from :func:`model_identity`)."""
+    rep = mapping.report or {}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        **_versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "target": target,
+        "tokenizer": tokenizer,
+        "fitter": {"name": mapping.fitter, "params": rep.get("params", {})},
+        "mode": mapping.mode,
+        "layer_selection": mapping.layer_selection(),
+        "selection_scores": rep.get("selection_scores"),
+        "heldout_r2": rep.get("heldout_r2", {"k": None, "v": None}),
+        "r2_summary": rep.get("r2_summary", {}),
+        "alpha_chosen": rep.get("alpha_chosen"),
+        "warnings": list(rep.get("warnings", [])),
+        "calibration": calibration or {},
+        "observations": rep.get("observations", {}),
+        "dtype": "float32",
+        "compute_dtype": "float32",
+        "exact": False,
+    }
+
+
+def save_mapping(mapping, out: Path | str, *, manifest: dict | None = None, force: bool = False) -> Path:
+    """Write ``mapping`` (its ``manifest`` unless one is given) atomically to the folder ``out``."""
+    from kvbridge.artifacts import write_artifact
+
+    manifest = dict(manifest or mapping.manifest or {})
+    if not manifest:
+        raise ArtifactError("mapping has no manifest", "build one with kvbridge.fit.artifact.build_manifest")
+    validate(manifest, partial=True)
+    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, force=force)
+    return path
+
+
+# -- loading ----------------------------------------------------------------------------------------------
+CHECKED_FIELDS = ("spec_fingerprint", "config_fingerprint", "weights_fingerprint")
+
+
+def _mismatch(msg: str, fix: str, force: bool) -> None:
+    if force:
+        warnings.warn(f"{msg} (used anyway: --force)", MappingMismatchWarning, stacklevel=3)
+        return
+    raise ArtifactError(msg, fix)
+
+
+def verify_pair(manifest: Mapping, *, source: dict | None = None, target: dict | None = None,
+                tokenizer: dict | None = None, force: bool = False) -> list[str]:
+    """Compare a manifest with the identities of the models at hand; return the fields checked."""
+    checked = []
+    for role, ident in (("source", source), ("target", target)):
+        if ident is None:
+            continue
+        want = manifest.get(role) or {}
+        for name in CHECKED_FIELDS:
+            have, need = ident.get(name), want.get(name)
+            if have is None or need is None:
+                continue
+            checked.append(f"{role}.{name}")
+            if have != need:
+                _mismatch(f"mapping was fitted for a different {role} model: field {role}.{name} is "
+                          f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
+                          f"fit a mapping for this pair (kvbridge fit) or pass --force to use it anyway", force)
+    if tokenizer is not None and manifest.get("tokenizer"):
+        have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
+        if have and need:
+            checked.append("tokenizer.digest")
+            if have != need:
+                _mismatch(f"mapping was fitted with a different tokenizer: field tokenizer.digest is {need[:12]}... "
+                          f"in the manifest, {have[:12]}... for the given models",
+                          "fit a mapping for this tokenizer or pass --force to use it anyway", force)
+    return checked
+
+
+def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, tokenizer: dict | None = None,
+                 force: bool = False, host=None):
+    """A :class:`~kvbridge.fit.mapping.FittedMapping` from an artifact folder.
+
+    ``source`` / ``target``: the models (weights hashed) or config mappings it will be used
+    with, or identity dicts from :func:`model_identity`; each fingerprint that differs from the
+    manifest is refused naming the field (a warning with ``force=True``).
+    """
+    from kvbridge.artifacts import read_artifact
+    from kvbridge.fit.mapping import FittedMapping
+    from kvbridge.spec import ModelSpec
+
+    manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
+    if manifest.get("kind") != KIND:
+        raise ArtifactError(f"{Path(folder) / 'manifest.json'} is not a kvbridge mapping (kind {manifest.get('kind')!r})",
+                            "pass a folder written by `kvbridge fit`")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ArtifactError(f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
+                            "upgrade kvbridge")
+    validate(manifest)
+    idents = {}
+    for role, obj in (("source", source), ("target", target)):
+        if obj is None:
+            idents[role] = None
+        elif isinstance(obj, Mapping) and "spec_fingerprint" in obj:
+            idents[role] = dict(obj)
+        else:
+            idents[role] = model_identity(obj, host=host)
+    verify_pair(manifest, source=idents["source"], target=idents["target"], tokenizer=tokenizer, force=force)
+    try:
+        source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
+        target_spec = ModelSpec.from_dict(manifest["target"]["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping") from None
+    if idents["target"] is not None:  # the target dtype of the model at hand decides the output dtype
+        target_spec = target_spec.with_dtype(idents["target"]["dtype"])
+    report = {k: manifest.get(k) for k in ("heldout_r2", "r2_summary", "warnings", "selection_scores",
+                                             "alpha_chosen", "observations")}
+    return FittedMapping.from_tensors(tensors, source_spec=source_spec, target_spec=target_spec,
+                                      mode=manifest.get("mode", "dense"), selection=manifest["layer_selection"],
+                                      fitter=manifest["fitter"]["name"], report=report, manifest=manifest)
+
+
+# -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------
+#: used when the repository's manifests/ folder is not beside the package (a wheel install)
+_FALLBACK_SCHEMA = {"type": "object", "required": ["schema_version", "kind", "source", "target", "fitter", "mode",
+                                                    "layer_selection", "tensor_file", "tensor_sha256"]}
+
+
+def schema() -> dict:
+    if not SCHEMA_PATH.is_file():
+        return dict(_FALLBACK_SCHEMA)
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+          "boolean": bool, "null": type(None)}
+
+
+def _check(value: Any, sch: Mapping, where: str, root: Mapping | None = None) -> None:
+    root = sch if root is None else root
+    ref = sch.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        sch = {**target, **{k: v for k, v in sch.items() if k != "$ref"}}
+    types = sch.get("type")
+    if types is not None:
+        names = types if isinstance(types, list) else [types]
+        ok = any(isinstance(value, _TYPES[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+                 for t in names)
+        if not ok:
+            raise ArtifactError(f"manifest field {where or '(root)'} should be {' or '.join(names)}, got "
+                                f"{type(value).__name__}", "re-create the mapping with `kvbridge fit`")
+    if "const" in sch and value != sch["const"]:
+        raise ArtifactError(f"manifest field {where} must be {sch['const']!r}, got {value!r}", "re-create the mapping")
+    if "enum" in sch and value not in sch["enum"]:
+        raise ArtifactError(f"manifest field {where} must be one of {sch['enum']}, got {value!r}", "re-create the mapping")
+    if "minimum" in sch and isinstance(value, (int, float)) and value < sch["minimum"]:
+        raise ArtifactError(f"manifest field {where} must be >= {sch['minimum']}, got {value!r}", "re-create the mapping")
+    if isinstance(value, dict):
+        for name in sch.get("required", []):
+            if name not in value:
+                raise ArtifactError(f"manifest is missing field {(where + '.' if where else '') + name}",
+                                    "re-create the mapping with `kvbridge fit`")
+        for name, sub in (sch.get("properties") or {}).items():
+            if name in value:
+                _check(value[name], sub, f"{where}.{name}" if where else name, root)
+    if isinstance(value, list) and isinstance(sch.get("items"), Mapping):
+        for i, item in enumerate(value):
+            _check(item, sch["items"], f"{where}[{i}]", root)
+
+
+def validate(manifest: Mapping, *, partial: bool = False) -> None:
+    """Check ``manifest`` against the schema (``partial``: before the tensor checksum is added)."""
+    sch = dict(schema())
+    if partial:
+        sch["required"] = [r for r in sch.get("required", []) if r not in ("tensor_file", "tensor_sha256")]
+    _check(dict(manifest), sch, "")
+
+
+__all__ = ["load_mapping", "save_mapping", "build_manifest", "model_identity", "verify_pair", "validate",
+           "schema", "MappingMismatchWarning", "SCHEMA_VERSION", "TENSOR_FILE"]

@@ -1,0 +1,328 @@
+"""Paired calibration: both models read the same token ids; their content K/V become statistics.
+
+What one calibration observation is: a (sequence, position) both models were run on. For
+every layer of both models the key is taken with the model's own RoPE stripped (the exact
+codec, :meth:`kvbridge.kvstate.KVState.strip_rope`) and the value as cached. The fitters
+regress target content K (V) on source content K (V).
+
+Sampling (all deterministic given ``seed``, independent of how sequences are sharded over
+ranks, so a distributed fit sees exactly the observations a single process sees):
+
+- the corpus is tokenised once, concatenated (documents joined by the EOS token when the
+  tokenizer has one) and cut into ``seq_len``-token sequences; ``tokens`` caps the total;
+- ``heldout`` of the sequences (at least one when there are two or more) are held out, whole
+  sequences so that held-out R² is measured on text the fit never saw;
+- in each sequence the positions ``skip + o, skip + o + stride, ...`` are kept, ``o`` drawn in
+  ``[0, stride)`` per sequence. Neighbouring positions are strongly correlated, so a stride
+  buys nearly the same statistics for ``1/stride`` of the accumulation cost;
+- ``skip`` drops the first positions of every sequence. The first tokens of a sequence are
+  *attention sinks*: every later query attends to them heavily, their keys and values have
+  outlying norms and a different geometry from the rest, and a handful of them can dominate
+  a least-squares fit. ``skip=0`` (the default) keeps them, which is what a transfer maps;
+  ``skip=4`` fits only "ordinary" positions (then consider keeping the first tokens native).
+
+Token ids must be valid for both models: the tokenizers must be identical (the CLI refuses a
+pair whose tokenizers ``kvbridge check`` calls blocking, and re-tokenises the corpus with the
+target's tokenizer to verify the ids agree).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from kvbridge.errors import ConfigError, KVBridgeError
+
+
+class CalibrationError(KVBridgeError):
+    """The calibration data cannot be used (empty corpus, mismatched tokenizers, bad ids)."""
+
+
+# -- corpus ------------------------------------------------------------------------------------------
+def corpus_files(path: Path | str) -> list[Path]:
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise CalibrationError(f"{path}: folder has no .txt files", "pass a text file, a JSONL file or a folder of .txt files")
+        return files
+    if path.is_file():
+        return [path]
+    raise CalibrationError(f"{path}: no such corpus file or folder", "check --corpus")
+
+
+def load_corpus(path: Path | str) -> tuple[list[str], str]:
+    """``(texts, sha256)``: a text file, a JSONL file with a ``text`` field, or a folder of .txt files.
+
+    The sha256 covers the raw bytes of every file read (names and contents, in sorted order).
+    """
+    files = corpus_files(path)
+    h = hashlib.sha256()
+    texts: list[str] = []
+    for f in files:
+        raw = f.read_bytes()
+        h.update(f.name.encode() + b"\0" + hashlib.sha256(raw).digest())
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CalibrationError(f"{f}: not UTF-8 text (byte {exc.start})", "convert the corpus to UTF-8") from None
+        if f.suffix in (".jsonl", ".ndjson"):
+            for n, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise CalibrationError(f"{f}:{n}: not valid JSON ({exc.msg})", "one JSON object per line") from None
+                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                    raise CalibrationError(f"{f}:{n}: record has no string field 'text'",
+                                           'write one {"text": "..."} object per line')
+                texts.append(rec["text"])
+        else:
+            texts.append(text)
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise CalibrationError(f"{path}: corpus is empty", "pass a corpus with some text")
+    return texts, h.hexdigest()
+
+
+def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None):
+    """``[N, seq_len]`` token ids: the documents concatenated (EOS between them) and cut."""
+    import torch
+
+    if seq_len < 2:
+        raise CalibrationError(f"--seq-len must be at least 2, got {seq_len}", "use e.g. --seq-len 512")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    stream: list[int] = []
+    want = None if tokens is None else int(tokens)
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        stream.extend(ids)
+        if eos is not None:
+            stream.append(int(eos))
+        if want is not None and len(stream) >= want:
+            break
+    if want is not None:
+        stream = stream[:want]
+    n = len(stream) // seq_len
+    if n == 0:
+        raise CalibrationError(f"the corpus gives {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}",
+                               "pass a bigger corpus, a smaller --seq-len or more --tokens")
+    return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def check_same_tokens(texts: list[str], source_tok, target_tok, *, limit: int = 64) -> None:
+    """Refuse when the two tokenizers turn the first ``limit`` documents into different ids."""
+    for i, text in enumerate(texts[:limit]):
+        a = source_tok(text, add_special_tokens=False)["input_ids"]
+        b = target_tok(text, add_special_tokens=False)["input_ids"]
+        if a != b:
+            j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            raise CalibrationError(
+                f"the two tokenizers give different token ids for corpus document {i} (first difference at "
+                f"token {j}): paired calibration needs identical ids",
+                "fit between models that share a tokenizer (see `kvbridge check SOURCE TARGET`)")
+
+
+# -- configuration ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How observations are sampled (see the module docstring)."""
+
+    stride: int = 4  # keep every stride-th position
+    skip: int = 0  # drop the first `skip` positions of each sequence (attention sinks)
+    heldout: float = 0.1  # share of sequences held out for R² and --alpha auto
+    seed: int = 0
+    batch_size: int = 4  # sequences per forward pass
+
+    def __post_init__(self):
+        if self.stride < 1:
+            raise ConfigError(f"--stride must be >= 1, got {self.stride}", "use e.g. --stride 4")
+        if self.skip < 0:
+            raise ConfigError(f"skip must be >= 0, got {self.skip}", "use 0 to keep every position")
+        if not 0.0 <= self.heldout < 1.0:
+            raise ConfigError(f"held-out fraction must be in [0, 1), got {self.heldout}", "use e.g. 0.1")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}", "use e.g. 4")
+
+
+# -- paired calibration ---------------------------------------------------------------------------------
+class PairedCalibration:
+    """Runs both models on the same token ids and turns their caches into features."""
+
+    def __init__(self, source_model, target_model, sequences, config: CalibrationConfig = CalibrationConfig(), *,
+                 host=None, source_adapter=None, target_adapter=None, progress: Callable | None = None,
+                 checkpoint=None, dist=None):
+        import torch
+
+        from kvbridge.plugins import get_host
+
+        self.host = host or get_host()
+        self.source_model, self.target_model = source_model, target_model
+        self.source_adapter = source_adapter or self.host.adapter_for(source_model.config.to_dict())
+        self.target_adapter = target_adapter or self.host.adapter_for(target_model.config.to_dict())
+        self.source_spec = self.source_adapter.spec_of(source_model)
+        self.target_spec = self.target_adapter.spec_of(target_model)
+        seqs = torch.as_tensor(sequences, dtype=torch.long)
+        if seqs.dim() == 1:
+            seqs = seqs[None]
+        if seqs.dim() != 2 or seqs.numel() == 0:
+            raise CalibrationError(f"calibration token ids must be [sequences, seq_len], got {tuple(seqs.shape)}",
+                                   "pass a 2-D tensor of token ids")
+        self.sequences = seqs
+        self.config = config
+        vmax = int(seqs.max())
+        for role, spec in (("source", self.source_spec), ("target", self.target_spec)):
+            if spec.vocab_size and vmax >= spec.vocab_size:
+                raise CalibrationError(f"token id {vmax} is outside the {role} model's vocabulary ({spec.vocab_size})",
+                                       "tokenise the corpus with the models' shared tokenizer")
+        if int(seqs.min()) < 0:
+            raise CalibrationError("calibration token ids contain negative values", "pass valid token ids")
+        if config.skip >= self.seq_len:
+            raise CalibrationError(f"skip {config.skip} drops every position of a {self.seq_len}-token sequence",
+                                   "use a smaller skip or a longer --seq-len")
+        g = torch.Generator().manual_seed(int(config.seed))
+        n = self.num_sequences
+        self.offsets = torch.randint(0, config.stride, (n,), generator=g)
+        n_held = 0 if config.heldout <= 0 or n < 2 else max(1, int(round(config.heldout * n)))
+        perm = torch.randperm(n, generator=g)
+        self.held = torch.zeros(n, dtype=torch.bool)
+        self.held[perm[:n_held]] = True
+        self.progress = progress
+        self.checkpoint = checkpoint
+        self.dist = dist  # kvbridge.fit.distributed.Context or None
+        self.seconds = 0.0  # forward + feature time
+        self.tokens_run = 0
+
+    # -- sizes ------------------------------------------------------------------------------------
+    @property
+    def num_sequences(self) -> int:
+        return int(self.sequences.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.sequences.shape[1])
+
+    def positions_of(self, i: int):
+        import torch
+
+        start = self.config.skip + int(self.offsets[i])
+        return torch.arange(start, self.seq_len, self.config.stride)
+
+    def observations(self, split: str = "train") -> int:
+        """Observations per (layer, head) in a split over all sequences (all ranks)."""
+        want = split == "held"
+        return sum(len(self.positions_of(i)) for i in range(self.num_sequences) if bool(self.held[i]) == want)
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank if self.dist else 0
+
+    @property
+    def world(self) -> int:
+        return self.dist.world if self.dist else 1
+
+    def my_sequences(self) -> list[int]:
+        return [i for i in range(self.num_sequences) if i % self.world == self.rank]
+
+    def batches(self) -> list[list[int]]:
+        mine = self.my_sequences()
+        bs = self.config.batch_size
+        return [mine[i: i + bs] for i in range(0, len(mine), bs)]
+
+    # -- features ---------------------------------------------------------------------------------------
+    def _content(self, model, adapter, spec, ids):
+        import torch
+
+        with torch.no_grad():
+            state = adapter.extract(model, ids, spec=spec).strip_rope(host=self.host)
+        return state.keys, state.values
+
+    def features(self, seq_idx: list[int]) -> tuple[dict, Any]:
+        """``({"xk","xv","yk","yv": [n, layers, heads, dim] float32}, held_mask [n])`` for sequences."""
+        import torch
+
+        t0 = time.perf_counter()
+        ids = self.sequences[seq_idx]
+        sk, sv = self._content(self.source_model, self.source_adapter, self.source_spec, ids)
+        tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
+        out = {name: [] for name in ("xk", "xv", "yk", "yv")}
+        held = []
+        for b, i in enumerate(seq_idx):
+            pos = self.positions_of(i)
+            for name, layers in (("xk", sk), ("xv", sv), ("yk", tk), ("yv", tv)):
+                # [L, H, n, D] -> [n, L, H, D]
+                out[name].append(torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3)
+                                 .to(torch.float32))
+            held.append(torch.full((len(pos),), bool(self.held[i])))
+        feats = {k: torch.cat(v) for k, v in out.items()}
+        self.seconds += time.perf_counter() - t0
+        self.tokens_run += int(ids.numel())
+        return feats, torch.cat(held)
+
+    # -- accumulation ------------------------------------------------------------------------------------
+    def accumulate(self, jobs: list, *, tag: str = "pass") -> list:
+        """Run this rank's sequences once, updating every job (a :class:`~kvbridge.fit.stats.LayerStats`).
+
+        Checkpoints the statistics after batches (when a checkpoint is set) and resumes from
+        one; all-reduces across ranks at the end (when distributed).
+        """
+        batches = self.batches()
+        done = 0
+        if self.checkpoint is not None:
+            done = self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
+        if self.progress is not None:
+            self.progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
+        for bi in range(done, len(batches)):
+            feats, held = self.features(batches[bi])
+            for job in jobs:
+                job.update(feats, held)
+            if self.checkpoint is not None:
+                self.checkpoint.maybe_save(tag, jobs, done=bi + 1, total=len(batches), rank=self.rank,
+                                           world=self.world)
+            if self.progress is not None:
+                self.progress(("advance", tag, len(batches[bi]) * self.seq_len))
+        if self.progress is not None:
+            self.progress(("end", tag, 0))
+        if self.dist is not None and self.world > 1:
+            from kvbridge.fit.stats import all_reduce
+
+            stats = [s for job in jobs for s in job.all_stats()]
+            all_reduce(stats, group=self.dist.group)
+        return jobs
+
+    def sample(self, max_obs: int | None = None) -> tuple[dict, Any]:
+        """Materialised features of up to ``max_obs`` observations (train and held-out, in order)."""
+        import torch
+
+        parts, masks, total = [], [], 0
+        for batch in self.batches():
+            feats, held = self.features(batch)
+            parts.append(feats)
+            masks.append(held)
+            total += len(held)
+            if self.progress is not None:
+                self.progress(("advance", "sample", len(batch) * self.seq_len))
+            if max_obs is not None and total >= max_obs:
+                break
+        feats = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        held = torch.cat(masks)
+        if max_obs is not None:
+            feats = {k: v[:max_obs] for k, v in feats.items()}
+            held = held[:max_obs]
+        return feats, held
+
+    def describe(self) -> dict:
+        return {**asdict(self.config), "seq_len": self.seq_len, "sequences": self.num_sequences,
+                "tokens": self.num_sequences * self.seq_len,
+                "heldout_sequences": int(self.held.sum()),
+                "observations_train": self.observations("train"),
+                "observations_heldout": self.observations("held")}
+
+
+__all__ = ["PairedCalibration", "CalibrationConfig", "CalibrationError", "load_corpus", "tokenize_corpus",
+           "check_same_tokens", "corpus_files"]

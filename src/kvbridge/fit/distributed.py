@@ -1,0 +1,180 @@
+"""Distributed fitting and resumable statistics.
+
+Statistics are additive (see :mod:`kvbridge.fit.stats`), so a fit parallelises over the
+corpus: under ``torchrun --nproc-per-node N -m kvbridge fit ...`` (or any launcher that sets
+``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``, or an already initialised
+process group) rank ``r`` reads sequences ``r, r + N, r + 2N, ...``, accumulates its own
+statistics, and :func:`kvbridge.fit.stats.all_reduce` sums them (gloo on CPU, nccl when CUDA
+is available). Every rank then solves the same small systems; rank 0 writes the artifact.
+The observations are exactly those of a single-process fit (sampling is seeded per sequence,
+not per rank), so the mapping agrees with it up to float64 summation order.
+
+:class:`Checkpoint` makes a fit resumable: after batches (at most every ``every_s`` seconds,
+and at the end of every pass) each rank writes its statistics and the number of batches
+done to ``<folder>/<pass>.rank<r>of<N>.safetensors`` (temp file + rename, so a checkpoint is
+never half-written). ``--resume`` restores them, after checking the checkpoint was made by
+the same models, data, settings and world size (naming the field that differs), and
+continues with the next batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvbridge.errors import KVBridgeError
+
+
+class CheckpointError(KVBridgeError):
+    """A checkpoint cannot be resumed (different fit, corrupt file)."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process stands in a distributed fit."""
+
+    rank: int = 0
+    world: int = 1
+    group: Any = None
+    backend: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(backend: str | None = None) -> Context | None:
+    """The distributed context: an initialised process group, one started from the torchrun
+    environment, or ``None`` for a single process."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return Context(dist.get_rank(), dist.get_world_size(), None, dist.get_backend())
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return None
+    if not dist.is_available():
+        raise KVBridgeError("WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
+                            "run a single process or install a torch with distributed support")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend=backend)
+    return Context(dist.get_rank(), dist.get_world_size(), None, backend)
+
+
+def barrier(ctx: Context | None) -> None:
+    if ctx is not None and ctx.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier(group=ctx.group)
+
+
+def broadcast_error(ctx: Context | None, message: str | None) -> str | None:
+    """Share rank 0's error (or None) with every rank, so all of them stop together."""
+    if ctx is None or ctx.world <= 1:
+        return message
+    import torch.distributed as dist
+
+    box = [message]
+    dist.broadcast_object_list(box, src=0, group=ctx.group)
+    return box[0]
+
+
+class Checkpoint:
+    """Per-rank checkpoints of a fit's statistics (see the module docstring)."""
+
+    def __init__(self, folder: Path | str, key: dict, *, resume: bool = False, every_s: float = 60.0):
+        self.folder = Path(folder)
+        self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
+        self.resume = resume
+        self.every_s = float(every_s)
+        self._last = time.monotonic()
+        self.restored: dict[str, int] = {}
+
+    def path(self, tag: str, rank: int, world: int) -> Path:
+        return self.folder / f"{tag}.rank{rank}of{world}.safetensors"
+
+    def restore(self, tag: str, jobs: list, *, rank: int = 0, world: int = 1) -> int:
+        """Batches already done for ``tag`` (statistics loaded into ``jobs``), 0 when starting fresh."""
+        if not self.resume:
+            return 0
+        path = self.path(tag, rank, world)
+        if not path.is_file():
+            others = sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors")) if self.folder.is_dir() else []
+            if others:
+                raise CheckpointError(f"checkpoint {self.folder} was written by a different number of processes "
+                                      f"({others[0]}); this run has {world}",
+                                      f"resume with the same --nproc-per-node, or start afresh without --resume")
+            return 0
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                meta = fh.metadata() or {}
+            tensors = load_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is one error
+            raise CheckpointError(f"{path} is not a readable checkpoint ({exc})", "delete it and start afresh") from None
+        saved = json.loads(meta.get("key", "{}"))
+        for name in sorted(set(saved) | set(self.key)):
+            if saved.get(name) != self.key.get(name):
+                raise CheckpointError(
+                    f"checkpoint {path.name} was made for a different fit: field {name!r} is "
+                    f"{_short(saved.get(name))} there, {_short(self.key.get(name))} now",
+                    "resume with the same models, corpus and options, or start afresh without --resume")
+        for j, job in enumerate(jobs):
+            try:
+                job.load_state_dict(tensors, prefix=f"job{j}.")
+            except (KeyError, ValueError) as exc:
+                raise CheckpointError(f"checkpoint {path.name} does not match this fit's statistics ({exc})",
+                                      "start afresh without --resume") from None
+        done = int(meta.get("done", 0))
+        self.restored[tag] = done
+        return done
+
+    def maybe_save(self, tag: str, jobs: list, *, done: int, total: int, rank: int = 0, world: int = 1,
+                   force: bool = False) -> bool:
+        now = time.monotonic()
+        if not (force or done >= total or now - self._last >= self.every_s):
+            return False
+        self.save(tag, jobs, done=done, rank=rank, world=world)
+        self._last = now
+        return True
+
+    def save(self, tag: str, jobs: list, *, done: int, rank: int = 0, world: int = 1) -> Path:
+        from safetensors.torch import save_file
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for j, job in enumerate(jobs):
+            tensors.update(job.state_dict(prefix=f"job{j}."))
+        path = self.path(tag, rank, world)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                  metadata={"key": json.dumps(self.key, sort_keys=True), "done": str(done), "tag": tag})
+        os.replace(tmp, path)
+        return path
+
+    def clear(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def default_checkpoint_dir(out: Path | str) -> Path:
+    """``.<out name>.fitstate`` next to the output folder."""
+    out = Path(out)
+    return out.parent / f".{out.name}.fitstate"
+
+
+__all__ = ["Context", "setup", "barrier", "broadcast_error", "Checkpoint", "CheckpointError",
+           "default_checkpoint_dir"]

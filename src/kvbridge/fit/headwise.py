@@ -1,0 +1,124 @@
+"""``ridge-headwise``: one source KV head per target KV head, for small artifacts.
+
+Each target (layer, head) reads exactly one source (layer, head): ``D_s`` features instead
+of ``k·H_s·D_s``, so the artifact holds ``H_t·D_s·D_t`` numbers per target layer and K/V, and
+far fewer observations determine the fit. The assignment: for every (source head, target
+head) pair a single-head ridge is fitted on the training statistics, scored by its R² on the
+held-out statistics (training statistics when there are none), averaged over K and V; each
+target head takes the best source head (K and V from the same source head, as a head's keys
+and values belong together). The final maps are the centred ridge of that pair, with
+``alpha`` fixed or chosen per target head on the held-out split.
+
+Statistics: only the per-source-head diagonal blocks of ``Cxx`` are kept (``p·D_s`` instead
+of ``p²``); target layers are blocked to the memory budget as for ``ridge``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbridge.fit.ridge import (
+    DEFAULT_ALPHA,
+    LOW_R2,
+    FitError,
+    _dims,
+    check_determined,
+    default_budget,
+    fit_group,
+    grouped_r2,
+    plan_blocks,
+    r2_summary,
+    solve,
+)
+
+
+class HeadwiseFitter:
+    name = "ridge-headwise"
+
+    def fit(self, source_spec, target_spec, calibration=None, *, alpha=DEFAULT_ALPHA, memory_budget: int | None = None,
+            low_r2: float = LOW_R2, **_):
+        from kvbridge.fit.mapping import FittedMapping, LayerMap
+        from kvbridge.fit.stats import LayerStats
+
+        if calibration is None:
+            raise FitError("the ridge-headwise fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+        dims = _dims(source_spec, target_spec)
+        ls, lt = source_spec.num_layers, target_spec.num_layers
+        hs, ds, ht, dt = dims["src_heads"], dims["src_dim"], dims["tgt_heads"], dims["tgt_dim"]
+        fix = "give more --tokens or a smaller --stride"
+        check_determined(calibration.observations("train"), ds, what=f"one source head ({ds} dims)", fix=fix)
+        budget = default_budget() if memory_budget is None else int(memory_budget)
+        blocks = plan_blocks(lt, lambda b: LayerStats.nbytes_for(ls, len(b), **dims, xx_block="head"), budget,
+                             what="the headwise fit")
+        layers, r2k, r2v, alphas, assign_all, score_all = [None] * lt, [None] * lt, [None] * lt, [None] * lt, \
+            [None] * lt, [None] * lt
+        passes = []
+        for bi, block in enumerate(blocks):
+            job = LayerStats(range(ls), block, **dims, xx_block="head")
+            tag = "headwise" if len(blocks) == 1 else f"headwise{bi}"
+            calibration.accumulate([job], tag=tag)
+            passes.append({"tag": tag, "bytes": job.nbytes(), "target_layers": list(block)})
+            n_seen = job.n("train")
+            check_determined(n_seen, ds, what=f"one source head ({ds} dims)", fix=fix)
+            held_split = "held" if job.n("held") >= 1 else "train"
+            # scores[target layer in block, target head, source layer * H_s + source head]
+            scores = {c: torch.zeros(len(block), ht, ls * hs, dtype=torch.float64) for c in ("k", "v")}
+            for c in ("k", "v"):
+                for s in range(ls):
+                    for h in range(hs):
+                        tr = job.moments(c, "train", src_head=(s, h), tgt_layers=block)
+                        he = job.moments(c, held_split, src_head=(s, h), tgt_layers=block)
+                        w, b = solve(tr, DEFAULT_ALPHA)
+                        scores[c][:, :, s * hs + h] = grouped_r2(w, b, he, len(block) * ht).view(len(block), ht)
+            mean = (scores["k"] + scores["v"]) / 2
+            best = mean.argmax(dim=2)
+            held_ok = job.n("held") >= 1
+            for j, t in enumerate(block):
+                sources = tuple((int(i) // hs, int(i) % hs) for i in best[j])
+                w = {c: torch.zeros(ht, ds, dt, dtype=torch.float64) for c in ("k", "v")}
+                bias = {c: torch.zeros(ht, dt, dtype=torch.float64) for c in ("k", "v")}
+                r2 = {c: torch.zeros(ht, dtype=torch.float64) for c in ("k", "v")}
+                lam = []
+                for h, src in enumerate(sources):
+                    cols = slice(h * dt, (h + 1) * dt)
+                    for c in ("k", "v"):
+                        tr = _cols(job.moments(c, "train", src_head=src, tgt_layers=[t]), cols)
+                        he = _cols(job.moments(c, "held", src_head=src, tgt_layers=[t]), cols) if held_ok else None
+                        res = fit_group(tr, he, heads=1, alpha=alpha, what=f"target layer {t} head {h} {c.upper()}")
+                        w[c][h], bias[c][h] = res["w"], res["b"]
+                        r2[c][h] = res["r2"][0] if res["r2"] is not None else float("nan")
+                        lam.append(res["alpha"])
+                layers[t] = LayerMap("headwise", sources, w["k"].float(), bias["k"].float(), w["v"].float(),
+                                     bias["v"].float())
+                r2k[t], r2v[t] = (r2["k"], r2["v"]) if held_ok else (None, None)
+                alphas[t] = lam
+                assign_all[t] = [list(s) for s in sources]
+                score_all[t] = mean[j].tolist()
+            del job
+        has = all(r is not None for r in r2k)
+        tk = torch.stack(r2k) if has else None
+        tv = torch.stack(r2v) if has else None
+        summary, warnings = r2_summary(tk, tv, threshold=low_r2)
+        report = {
+            "fitter": self.name,
+            "params": {"alpha": alpha, "memory_budget": budget},
+            "layer_selection": assign_all,
+            "selection_scores": {"mean": score_all, "measured_on": held_split,
+                                 "layout": "[target layer][target head][source layer * source heads + source head]"},
+            "heldout_r2": {"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
+            "r2_summary": summary,
+            "alpha_chosen": alphas,
+            "observations": {"train": int(n_seen), "features_per_head": ds},
+            "passes": passes,
+            "warnings": warnings,
+        }
+        return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
+
+
+def _cols(m, cols):
+    from kvbridge.fit.stats import Moments
+
+    return Moments(m.n, m.mean_x, m.mean_y[cols], m.cxx, m.cxy[:, cols], m.cyy[cols])
+
+
+__all__ = ["HeadwiseFitter"]

@@ -1,0 +1,142 @@
+"""``fit(...)``: the whole fitting run behind ``kvbridge fit``, as one Python call.
+
+source + target models, calibration data (token ids, texts or a corpus path)
+-> paired calibration -> the fitter plugin (statistics, selection, solves)
+-> a :class:`~kvbridge.fit.mapping.FittedMapping` with its manifest
+-> (``out``) an atomically written mapping folder, by rank 0 only when distributed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Callable
+
+from kvbridge.errors import ArtifactError
+from kvbridge.fit.ridge import DEFAULT_ALPHA, FitError
+
+
+def _token_sha(seqs) -> str:
+    return hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()
+
+
+def prepare_sequences(data: Any, *, tokenizer=None, seq_len: int | None = None, tokens: int | None = None):
+    """``(sequences [N, L], corpus_sha256 or None, texts or None)`` from ids, texts or a corpus path."""
+    import torch
+
+    from kvbridge.fit.calibrate import CalibrationError, load_corpus, tokenize_corpus
+
+    if isinstance(data, torch.Tensor):
+        seqs = data.long()
+        if seqs.dim() == 1:
+            if not seq_len:
+                raise CalibrationError("1-D token ids need seq_len to cut them into sequences", "pass seq_len=")
+            n = seqs.numel() // seq_len
+            seqs = seqs[: n * seq_len].view(n, seq_len)
+        if tokens is not None:
+            seqs = seqs[: max(1, int(tokens) // seqs.shape[1])]
+        return seqs, None, None
+    if isinstance(data, (str, Path)):
+        texts, sha = load_corpus(data)
+    elif isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
+        texts = list(data)
+        sha = hashlib.sha256("\0".join(texts).encode()).hexdigest()
+    else:
+        raise CalibrationError(f"calibration data must be token ids, texts or a corpus path, got {type(data).__name__}",
+                               "pass a [sequences, seq_len] tensor, a list of strings or a path")
+    if tokenizer is None:
+        raise CalibrationError("text calibration data needs a tokenizer", "pass tokenizer= (the models' shared tokenizer)")
+    return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens), sha, texts
+
+
+def load_fitter(host, name: str):
+    """The fitter instance registered as ``name``.
+
+    The built-ins of :mod:`kvbridge.builtin.fitters` are used directly when the host does not
+    list that module (a host built without it): ``ridge`` must always be available.
+    """
+    from kvbridge.errors import PluginError
+
+    try:
+        return host.fitter(name).load()()
+    except PluginError:
+        from kvbridge.builtin.fitters import FITTERS
+
+        registered = {r.name for r in getattr(host, "records", [])}
+        builtin = {f.name: f for f in FITTERS}
+        if name in builtin and "kvbridge.builtin.fitters" not in registered:
+            return builtin[name].load()()
+        raise
+
+
+def fit(source_model, target_model, data, *, fitter: str = "ridge", top_k: int = 4, alpha=DEFAULT_ALPHA,
+        seq_len: int | None = None, tokens: int | None = None, stride: int = 4, skip: int = 0,
+        heldout: float = 0.1, seed: int = 0, batch_size: int = 4, memory_budget: int | None = None,
+        tokenizer=None, tokenizer_fingerprint: dict | None = None, corpus_sha256: str | None = None,
+        out: str | Path | None = None, force: bool = False, resume: bool = False,
+        checkpoint_dir: str | Path | None = None, checkpoint_every: float = 60.0,
+        source_name: str = "", target_name: str = "", source_revision: str | None = None,
+        target_revision: str | None = None, progress: Callable | None = None, distributed: Any = "auto",
+        host=None, **fitter_options):
+    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit --help``).
+
+    ``data``: ``[sequences, seq_len]`` token ids, a list of texts, or a corpus path (text file,
+    JSONL with ``text``, folder of .txt) with ``tokenizer``. ``fitter_options`` go to the
+    fitter (``estimator=``, ``estimator_options=``, ``max_samples=`` for ``sklearn``).
+    Returns the :class:`~kvbridge.fit.mapping.FittedMapping`; with ``out`` it is also written.
+    """
+    import torch
+
+    from kvbridge.fit import distributed as dist_mod
+    from kvbridge.fit.artifact import build_manifest, model_identity, save_mapping
+    from kvbridge.fit.calibrate import CalibrationConfig, PairedCalibration
+    from kvbridge.plugins import get_host
+
+    host = host or get_host()
+    if out is not None and Path(out).exists() and not force:
+        raise ArtifactError(f"{out} already exists", "choose another --out or pass --force to replace it")
+    ctx = dist_mod.setup() if distributed == "auto" else distributed
+    fitter_obj = load_fitter(host, fitter)
+    seqs, sha, _ = prepare_sequences(data, tokenizer=tokenizer, seq_len=seq_len, tokens=tokens)
+    config = CalibrationConfig(stride=int(stride), skip=int(skip), heldout=float(heldout), seed=int(seed),
+                               batch_size=int(batch_size))
+    source_id = model_identity(source_model, host=host, name=source_name, revision=source_revision)
+    target_id = model_identity(target_model, host=host, name=target_name, revision=target_revision)
+    data_sha = corpus_sha256 or sha
+    params = {"fitter": fitter, "top_k": int(top_k), "alpha": alpha, "memory_budget": memory_budget,
+              **{k: v for k, v in fitter_options.items()}}
+    checkpoint = None
+    ck_dir = checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None else None)
+    if ck_dir is not None:
+        key = {"source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
+               "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
+               "token_ids_sha256": _token_sha(seqs), "calibration": config.__dict__, "params": params,
+               "world": ctx.world if ctx else 1}
+        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=resume, every_s=checkpoint_every)
+    elif resume:
+        raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
+    cal = PairedCalibration(source_model, target_model, seqs, config, host=host, progress=progress,
+                            checkpoint=checkpoint, dist=ctx)
+    opts = dict(fitter_options)
+    if memory_budget is not None:
+        opts["memory_budget"] = memory_budget
+    with torch.no_grad():
+        mapping = fitter_obj.fit(cal.source_spec, cal.target_spec, calibration=cal, top_k=top_k, alpha=alpha, **opts)
+    if not hasattr(mapping, "tensors"):  # the identity baseline: nothing to store
+        if out is not None:
+            raise FitError(f"the {fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
+        return mapping
+    calib = {**cal.describe(), "corpus_sha256": data_sha, "token_ids_sha256": _token_sha(seqs),
+             "world_size": ctx.world if ctx else 1, "forward_seconds": round(cal.seconds, 3)}
+    mapping.manifest = build_manifest(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint,
+                                      calibration=calib)
+    if out is not None:
+        if ctx is None or ctx.is_main:
+            save_mapping(mapping, out, force=force)
+        dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
+        if checkpoint is not None and (ctx is None or ctx.is_main):
+            checkpoint.clear()
+    return mapping
+
+
+__all__ = ["fit", "prepare_sequences"]

@@ -1,0 +1,147 @@
+"""``sklearn``: any scikit-learn (or compatible) linear regressor, for research.
+
+``--estimator sklearn.linear_model:RidgeCV --estimator-options '{"alphas": [0.01, 1, 100]}'``:
+the estimator is imported from ``"module:Class"``, built with the JSON options and fitted,
+per target layer and separately for K and V, on a *materialised* sample of at most
+``max_samples`` observations (the first sequences of the calibration, train split), with the
+same features as ``ridge`` (all KV heads of the top-k source layers, selected by single-layer
+R² on statistics of that same sample). The default is ``Ridge(alpha=0.01)``, which gives the
+``ridge`` fitter's coefficients on the same observations (tested to 1e-4).
+
+Mappings are stored as tensors, never pickles, so the estimator must end as a linear map:
+it needs ``coef_`` (``[outputs, features]``) and optionally ``intercept_``. A non-linear
+regressor is refused. Held-out R² is measured by ``predict`` on the held-out sequences of
+the sample. Single process only: the sample lives in one process's memory.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from kvbridge.fit.ridge import LOW_R2, FitError, _dims, check_determined, r2_summary
+
+DEFAULT_ESTIMATOR = "sklearn.linear_model:Ridge"
+DEFAULT_OPTIONS = {"alpha": 0.01}
+DEFAULT_MAX_SAMPLES = 100_000
+
+
+def load_estimator(path: str, options):
+    from kvbridge.plugin_types import load_object
+
+    if ":" not in str(path):
+        raise FitError(f"--estimator {path!r} must be 'module:Class'", "use e.g. sklearn.linear_model:RidgeCV")
+    if isinstance(options, str):
+        try:
+            options = json.loads(options) if options.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise FitError(f"--estimator-options is not valid JSON ({exc.msg} at column {exc.colno})",
+                           'pass a JSON object, e.g. \'{"alpha": 0.01}\'') from None
+    if not isinstance(options, dict):
+        raise FitError(f"--estimator-options must be a JSON object, got {type(options).__name__}",
+                       'pass e.g. \'{"alpha": 0.01}\'')
+    try:
+        cls = load_object(path)
+    except (ImportError, AttributeError) as exc:
+        raise FitError(f"cannot import estimator {path!r} ({exc})", "check the module and class name") from None
+    try:
+        est = cls(**options)
+    except TypeError as exc:
+        raise FitError(f"estimator {path} rejects the options {options} ({exc})", "check --estimator-options") from None
+    if not (hasattr(est, "fit") and hasattr(est, "predict")):
+        raise FitError(f"{path} is not a regressor (no fit/predict)", "pass a scikit-learn regressor")
+    return est, options
+
+
+def _linear(est, path: str, p: int, q: int):
+    coef = getattr(est, "coef_", None)
+    if coef is None:
+        raise FitError(f"estimator {path} has no coef_: kvbridge mappings are linear maps stored as tensors "
+                       "(no pickles), so only linear regressors can be used",
+                       "use a linear estimator (Ridge, RidgeCV, LinearRegression, Lasso, ElasticNet, ...)")
+    import numpy as np
+
+    coef = np.asarray(coef, dtype=np.float64).reshape(q, p)
+    intercept = np.asarray(getattr(est, "intercept_", 0.0), dtype=np.float64) * np.ones(q)
+    return torch.from_numpy(coef.T.copy()), torch.from_numpy(intercept.copy())
+
+
+class SklearnFitter:
+    name = "sklearn"
+
+    def fit(self, source_spec, target_spec, calibration=None, *, top_k: int = 4, estimator: str | None = None,
+            estimator_options=None, max_samples: int | None = DEFAULT_MAX_SAMPLES, low_r2: float = LOW_R2, **_):
+        import numpy as np
+        from sklearn.base import clone
+
+        from kvbridge.fit.mapping import FittedMapping, LayerMap
+        from kvbridge.fit.select import single_layer_r2, top_k as pick
+        from kvbridge.fit.stats import LayerStats
+
+        if calibration is None:
+            raise FitError("the sklearn fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+        if calibration.world > 1:
+            raise FitError("the sklearn fitter materialises its sample in one process and cannot run distributed",
+                           "run it as a single process, or use --fitter ridge under torchrun")
+        path = estimator or DEFAULT_ESTIMATOR
+        options = DEFAULT_OPTIONS if (estimator is None and estimator_options is None) else (estimator_options or {})
+        proto, options = load_estimator(path, options)
+        dims = _dims(source_spec, target_spec)
+        ls, lt = source_spec.num_layers, target_spec.num_layers
+        k = min(int(top_k), ls)
+        fs = dims["src_heads"] * dims["src_dim"]
+        ht, dt = dims["tgt_heads"], dims["tgt_dim"]
+        feats, held = calibration.sample(max_samples)
+        train = ~held
+        n_train, n_held = int(train.sum()), int(held.sum())
+        check_determined(n_train, k * fs, what=f"top-k {k} source layers x {fs} dims (sample of {len(held)})",
+                         fix="raise --max-samples or --tokens, lower --top-k or --stride")
+        # selection on statistics of the same sample (exactly what ridge sees on the same data)
+        job = LayerStats(range(ls), range(lt), **dims, xx_block="full" if LayerStats.nbytes_for(
+            ls, lt, **dims) < 2**31 else "layer")
+        job.update(feats, held)
+        scores = single_layer_r2(job)
+        selection = pick(scores["mean"], range(ls), k)
+        del job
+        layers, r2k, r2v = [], [], []
+        for t in range(lt):
+            sel = torch.tensor(selection[t])
+            maps, r2s = {}, {}
+            for c in ("k", "v"):
+                x = feats["x" + c].index_select(1, sel).reshape(len(held), -1).double()
+                y = feats["y" + c][:, t].reshape(len(held), -1).double()
+                est = clone(proto).fit(x[train].numpy(), y[train].numpy())
+                w, b = _linear(est, path, x.shape[1], y.shape[1])
+                maps[c] = (w, b)
+                if n_held:
+                    pred = np.asarray(est.predict(x[held].numpy()), dtype=np.float64).reshape(n_held, -1)
+                    yh = y[held].numpy()
+                    err = ((yh - pred) ** 2).reshape(n_held, ht, dt).sum(axis=(0, 2))
+                    tot = ((yh - yh.mean(0)) ** 2).reshape(n_held, ht, dt).sum(axis=(0, 2))
+                    r2s[c] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
+                else:
+                    r2s[c] = None
+            layers.append(LayerMap("dense", tuple(selection[t]), maps["k"][0].float(), maps["k"][1].float(),
+                                   maps["v"][0].float(), maps["v"][1].float()))
+            r2k.append(r2s["k"])
+            r2v.append(r2s["v"])
+        tk = torch.stack(r2k) if n_held else None
+        tv = torch.stack(r2v) if n_held else None
+        summary, warnings = r2_summary(tk, tv, threshold=low_r2)
+        report = {
+            "fitter": self.name,
+            "params": {"top_k": k, "estimator": path, "estimator_options": options, "max_samples": max_samples},
+            "layer_selection": [list(s) for s in selection],
+            "selection_scores": {"mean": scores["mean"].tolist(), "k": scores["k"].tolist(),
+                                 "v": scores["v"].tolist(), "measured_on": scores["measured_on"]},
+            "heldout_r2": {"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
+            "r2_summary": summary,
+            "alpha_chosen": None,
+            "observations": {"train": n_train, "heldout": n_held, "features_per_head": k * fs},
+            "warnings": warnings,
+        }
+        return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
+
+
+__all__ = ["SklearnFitter", "load_estimator", "DEFAULT_ESTIMATOR", "DEFAULT_MAX_SAMPLES"]

@@ -1,0 +1,376 @@
+"""Streaming centred sufficient statistics of paired observations, in float64.
+
+For features ``x`` (``p`` dims) and targets ``y`` (``q`` dims) a :class:`MomentStats` keeps
+
+- ``n``: the number of observations,
+- ``mean_x`` / ``mean_y``: the running means,
+- ``cxx``: the centred co-moment ``Σ (x - x̄)(x - x̄)ᵀ`` (``p × p``), or only its diagonal
+  blocks (``[blocks, b, b]``) when the fitter needs no cross-block terms,
+- ``cxy``: ``Σ (x - x̄)(y - ȳ)ᵀ`` (``p × q``),
+- ``cyy``: the diagonal of ``Σ (y - ȳ)(y - ȳ)ᵀ`` (``q``), all a held-out R² needs.
+
+Memory is fixed by ``p`` and ``q``, never by the number of observations. A batch is
+centred on its own mean and merged with the pair-wise update of Chan, Golub & LeVeque
+(``C = C_a + C_b + n_a n_b / n · δ δᵀ``), which stays accurate when the means are large
+against the spread (a raw ``Σ x xᵀ - n x̄ x̄ᵀ`` would cancel catastrophically).
+
+**Additive form (distributed).** Centred co-moments about *different* means do not add.
+About one shared centre ``c`` they do: ``Σ (x - c)(x - c)ᵀ = C + n (x̄ - c)(x̄ - c)ᵀ`` is a
+plain sum over any partition of the data. :func:`all_reduce` therefore (1) sums ``n`` and
+``n · x̄`` over ranks to get the global mean ``μ``, (2) re-centres every rank's moments on
+``μ`` (:meth:`MomentStats.recentred`) and (3) sums them: exactly the N-way Chan merge, with
+every all-reduce a SUM that ``torch.distributed`` does natively. ``merge`` of two local
+objects is the same formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPE = torch.float64
+
+
+@dataclass
+class Moments:
+    """A read-only view of (sub-)statistics, what the solvers take."""
+
+    n: float
+    mean_x: torch.Tensor  # [p]
+    mean_y: torch.Tensor  # [q]
+    cxx: torch.Tensor  # [p, p]
+    cxy: torch.Tensor  # [p, q]
+    cyy: torch.Tensor  # [q] (diagonal)
+
+    @property
+    def p(self) -> int:
+        return int(self.mean_x.shape[0])
+
+    @property
+    def q(self) -> int:
+        return int(self.mean_y.shape[0])
+
+
+class MomentStats:
+    """Centred first and second moments of paired observations ``(x, y)``, float64.
+
+    ``xx_block``: ``None`` keeps the full ``p × p`` co-moment; an int ``b`` (dividing ``p``)
+    keeps only the ``p / b`` diagonal blocks of size ``b`` (one per source layer or head),
+    which is all single-layer or single-head fits need, at ``p·b`` instead of ``p²`` memory.
+    """
+
+    def __init__(self, p: int, q: int, *, xx_block: int | None = None, device="cpu"):
+        if xx_block is not None and (xx_block <= 0 or p % xx_block):
+            raise ValueError(f"xx_block {xx_block} does not divide p={p}")
+        self.p, self.q, self.xx_block = int(p), int(q), xx_block
+        self.device = torch.device(device)
+        self.n = 0.0
+        self.mean_x = torch.zeros(p, dtype=DTYPE, device=self.device)
+        self.mean_y = torch.zeros(q, dtype=DTYPE, device=self.device)
+        if xx_block is None:
+            self.cxx = torch.zeros(p, p, dtype=DTYPE, device=self.device)
+        else:
+            self.cxx = torch.zeros(p // xx_block, xx_block, xx_block, dtype=DTYPE, device=self.device)
+        self.cxy = torch.zeros(p, q, dtype=DTYPE, device=self.device)
+        self.cyy = torch.zeros(q, dtype=DTYPE, device=self.device)
+
+    # -- sizes ------------------------------------------------------------------------------
+    @staticmethod
+    def nbytes_for(p: int, q: int, xx_block: int | None = None) -> int:
+        """Bytes one object of this shape holds (the memory model of the fitters)."""
+        xx = p * p if xx_block is None else p * xx_block
+        return 8 * (xx + p * q + 2 * p + 2 * q)
+
+    def nbytes(self) -> int:
+        return self.nbytes_for(self.p, self.q, self.xx_block)
+
+    # -- accumulation ---------------------------------------------------------------------------
+    def _outer_xx(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.xx_block is None:
+            return a.T @ b
+        m, bs = a.shape[0], self.xx_block
+        return torch.einsum("nki,nkj->kij", a.reshape(m, -1, bs), b.reshape(m, -1, bs))
+
+    def _outer_vec(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.xx_block is None:
+            return torch.outer(a, b)
+        bs = self.xx_block
+        return torch.einsum("ki,kj->kij", a.reshape(-1, bs), b.reshape(-1, bs))
+
+    def update(self, x: torch.Tensor, y: torch.Tensor) -> "MomentStats":
+        """Add a batch of observations ``x [m, p]``, ``y [m, q]`` (any float dtype)."""
+        if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+            raise ValueError(f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and "
+                             f"{tuple(y.shape)}")
+        if x.shape[1] != self.p or y.shape[1] != self.q:
+            raise ValueError(f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and "
+                             f"{tuple(y.shape)}")
+        m = int(x.shape[0])
+        if m == 0:
+            return self
+        x = x.to(device=self.device, dtype=DTYPE)
+        y = y.to(device=self.device, dtype=DTYPE)
+        mx, my = x.mean(0), y.mean(0)
+        xc, yc = x - mx, y - my
+        batch = _Raw(float(m), mx, my, self._outer_xx(xc, xc), xc.T @ yc, (yc * yc).sum(0))
+        self._merge_raw(batch)
+        return self
+
+    def _merge_raw(self, o: "_Raw") -> None:
+        if o.n == 0:
+            return
+        if self.n == 0:
+            self.n = o.n
+            self.mean_x.copy_(o.mean_x)
+            self.mean_y.copy_(o.mean_y)
+            self.cxx.copy_(o.cxx)
+            self.cxy.copy_(o.cxy)
+            self.cyy.copy_(o.cyy)
+            return
+        n = self.n + o.n
+        dx = o.mean_x - self.mean_x
+        dy = o.mean_y - self.mean_y
+        w = self.n * o.n / n
+        self.cxx += o.cxx
+        self.cxx += w * self._outer_vec(dx, dx)
+        self.cxy += o.cxy
+        self.cxy.add_(torch.outer(dx, dy), alpha=w)
+        self.cyy += o.cyy + w * dy * dy
+        self.mean_x += dx * (o.n / n)
+        self.mean_y += dy * (o.n / n)
+        self.n = n
+
+    def merge(self, other: "MomentStats") -> "MomentStats":
+        """Fold ``other`` (same shape) into this object (Chan's pairwise update)."""
+        self._check_same(other)
+        self._merge_raw(_Raw(other.n, other.mean_x, other.mean_y, other.cxx, other.cxy, other.cyy))
+        return self
+
+    def _check_same(self, other: "MomentStats") -> None:
+        if (self.p, self.q, self.xx_block) != (other.p, other.q, other.xx_block):
+            raise ValueError(f"cannot merge statistics of shape (p={other.p}, q={other.q}, block={other.xx_block}) "
+                             f"into (p={self.p}, q={self.q}, block={self.xx_block})")
+
+    # -- additive form -------------------------------------------------------------------------
+    def recentred(self, cx: torch.Tensor, cy: torch.Tensor) -> dict:
+        """Co-moments about the centre ``(cx, cy)``: plain sums over any partition of the data."""
+        dx, dy = self.mean_x - cx, self.mean_y - cy
+        n = self.n
+        return {
+            "cxx": self.cxx + n * self._outer_vec(dx, dx),
+            "cxy": self.cxy + n * torch.outer(dx, dy),
+            "cyy": self.cyy + n * dy * dy,
+        }
+
+    # -- views --------------------------------------------------------------------------------
+    def moments(self, rows: torch.Tensor | slice | None = None, cols: torch.Tensor | slice | None = None,
+                *, block: int | None = None) -> Moments:
+        """A :class:`Moments` view over feature ``rows`` and target ``cols`` (index tensors or slices).
+
+        With block-diagonal statistics pass ``block`` (the block index) instead of ``rows``.
+        """
+        cols = slice(None) if cols is None else cols
+        if self.xx_block is not None:
+            if block is None:
+                raise ValueError("block-diagonal statistics: select one feature block with block=")
+            r = slice(block * self.xx_block, (block + 1) * self.xx_block)
+            cxx = self.cxx[block]
+        else:
+            r = slice(None) if rows is None else rows
+            cxx = self.cxx[r][:, r] if isinstance(r, torch.Tensor) else self.cxx[r, r]
+        return Moments(n=self.n, mean_x=self.mean_x[r], mean_y=self.mean_y[cols],
+                       cxx=cxx, cxy=self.cxy[r][:, cols], cyy=self.cyy[cols])
+
+    # -- persistence -------------------------------------------------------------------------
+    def state_dict(self, prefix: str = "") -> dict:
+        return {f"{prefix}n": torch.tensor([self.n], dtype=DTYPE), f"{prefix}mean_x": self.mean_x.cpu(),
+                f"{prefix}mean_y": self.mean_y.cpu(), f"{prefix}cxx": self.cxx.cpu(),
+                f"{prefix}cxy": self.cxy.cpu(), f"{prefix}cyy": self.cyy.cpu()}
+
+    def load_state_dict(self, data: dict, prefix: str = "") -> "MomentStats":
+        for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+            t = data[f"{prefix}{name}"]
+            cur = getattr(self, name)
+            if tuple(t.shape) != tuple(cur.shape):
+                raise ValueError(f"checkpoint tensor {prefix}{name} has shape {tuple(t.shape)}, expected "
+                                 f"{tuple(cur.shape)}")
+            cur.copy_(t.to(DTYPE))
+        self.n = float(data[f"{prefix}n"][0])
+        return self
+
+    def clone(self) -> "MomentStats":
+        out = MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device)
+        out._merge_raw(_Raw(self.n, self.mean_x, self.mean_y, self.cxx, self.cxy, self.cyy))
+        return out
+
+
+@dataclass
+class _Raw:
+    n: float
+    mean_x: torch.Tensor
+    mean_y: torch.Tensor
+    cxx: torch.Tensor
+    cxy: torch.Tensor
+    cyy: torch.Tensor
+
+
+def all_reduce(stats: list[MomentStats], group=None) -> None:
+    """Sum statistics over all ``torch.distributed`` ranks, in place (see the module docstring).
+
+    Three collectives for the whole list, whatever its length: counts and weighted means,
+    then every re-centred co-moment in one flat buffer.
+    """
+    import torch.distributed as dist
+
+    if not stats:
+        return
+    first = torch.cat([torch.cat([torch.tensor([s.n], dtype=DTYPE), (s.n * s.mean_x).cpu(),
+                                  (s.n * s.mean_y).cpu()]) for s in stats])
+    dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
+    centres, off = [], 0
+    for s in stats:
+        n = float(first[off])
+        mx = first[off + 1: off + 1 + s.p]
+        my = first[off + 1 + s.p: off + 1 + s.p + s.q]
+        off += 1 + s.p + s.q
+        centres.append((n, mx / n if n else mx * 0, my / n if n else my * 0))
+    parts = []
+    for s, (n, mx, my) in zip(stats, centres):
+        rc = s.recentred(mx.to(s.device), my.to(s.device)) if s.n else \
+            {"cxx": torch.zeros_like(s.cxx), "cxy": torch.zeros_like(s.cxy), "cyy": torch.zeros_like(s.cyy)}
+        parts.extend(t.reshape(-1).cpu() for t in (rc["cxx"], rc["cxy"], rc["cyy"]))
+    flat = torch.cat(parts)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    off = 0
+    for s, (n, mx, my) in zip(stats, centres):
+        for name in ("cxx", "cxy", "cyy"):
+            cur = getattr(s, name)
+            k = cur.numel()
+            cur.copy_(flat[off: off + k].view_as(cur))
+            off += k
+        s.n = n
+        s.mean_x.copy_(mx)
+        s.mean_y.copy_(my)
+
+
+class LayerStats:
+    """Statistics of one accumulation job over layer-structured K/V features.
+
+    Features are the concatenated KV heads of ``src_layers`` (``[layer, head, dim]`` order,
+    ``src_heads × src_dim`` dims per layer); targets the KV heads of ``tgt_layers``. For each of
+    ``k`` / ``v`` and each split (``train`` / ``held``) one :class:`MomentStats`.
+    ``xx_block``: ``"full"`` (any subset of the source layers can be solved jointly),
+    ``"layer"`` (single source layers only) or ``"head"`` (single source heads only).
+    """
+
+    KINDS = ("k", "v")
+    SPLITS = ("train", "held")
+
+    def __init__(self, src_layers, tgt_layers, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int,
+                 xx_block: str = "full", device="cpu"):
+        if xx_block not in ("full", "layer", "head"):
+            raise ValueError(f"xx_block must be full, layer or head, got {xx_block!r}")
+        self.src_layers = tuple(int(i) for i in src_layers)
+        self.tgt_layers = tuple(int(i) for i in tgt_layers)
+        self.src_heads, self.src_dim, self.tgt_heads, self.tgt_dim = src_heads, src_dim, tgt_heads, tgt_dim
+        self.xx_block = xx_block
+        p, q = self.p, self.q
+        blk = self._block_size()
+        self.stats = {(c, s): MomentStats(p, q, xx_block=blk, device=device)
+                      for c in self.KINDS for s in self.SPLITS}
+
+    def _block_size(self) -> int | None:
+        return {"full": None, "layer": self.src_heads * self.src_dim, "head": self.src_dim}[self.xx_block]
+
+    @property
+    def p(self) -> int:
+        return len(self.src_layers) * self.src_heads * self.src_dim
+
+    @property
+    def q(self) -> int:
+        return len(self.tgt_layers) * self.tgt_heads * self.tgt_dim
+
+    @staticmethod
+    def nbytes_for(n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int,
+                   xx_block: str = "full") -> int:
+        """Bytes the job holds: 4 x MomentStats (K, V) x (train, held)."""
+        p, q = n_src * src_heads * src_dim, n_tgt * tgt_heads * tgt_dim
+        blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
+        return 4 * MomentStats.nbytes_for(p, q, blk)
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.stats.values())
+
+    def all_stats(self) -> list[MomentStats]:
+        return [self.stats[key] for key in sorted(self.stats)]
+
+    # -- accumulation ---------------------------------------------------------------------
+    def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
+        """``feats``: ``{"xk", "xv": [n, L_src_all, H, D], "yk", "yv": [n, L_tgt_all, H, D]}`` (all layers)."""
+        src = torch.tensor(self.src_layers, dtype=torch.long)
+        tgt = torch.tensor(self.tgt_layers, dtype=torch.long)
+        for c in self.KINDS:
+            x = feats["x" + c].index_select(1, src).reshape(feats["x" + c].shape[0], -1)
+            y = feats["y" + c].index_select(1, tgt).reshape(feats["y" + c].shape[0], -1)
+            if held_mask is None or not bool(held_mask.any()):
+                self.stats[(c, "train")].update(x, y)
+                continue
+            keep = ~held_mask
+            if bool(keep.any()):
+                self.stats[(c, "train")].update(x[keep], y[keep])
+            self.stats[(c, "held")].update(x[held_mask], y[held_mask])
+
+    # -- views ----------------------------------------------------------------------------------
+    def n(self, split: str = "train") -> float:
+        return self.stats[("k", split)].n
+
+    def _cols(self, tgt_layers) -> torch.Tensor:
+        ft = self.tgt_heads * self.tgt_dim
+        idx = []
+        for t in tgt_layers:
+            j = self.tgt_layers.index(int(t))
+            idx.append(torch.arange(j * ft, (j + 1) * ft))
+        return torch.cat(idx)
+
+    def moments(self, kind: str, split: str, *, tgt_layers, src_layers=None, src_head=None) -> Moments:
+        """Moments for features = ``src_layers`` (all their heads) or one ``src_head=(layer, head)``."""
+        st = self.stats[(kind, split)]
+        cols = self._cols(tgt_layers)
+        fs = self.src_heads * self.src_dim
+        if src_head is not None:
+            layer, head = int(src_head[0]), int(src_head[1])
+            j = self.src_layers.index(layer)
+            if self.xx_block == "head":
+                return st.moments(cols=cols, block=j * self.src_heads + head)
+            if self.xx_block == "layer":
+                m = st.moments(cols=cols, block=j)
+                r = slice(head * self.src_dim, (head + 1) * self.src_dim)
+                return Moments(m.n, m.mean_x[r], m.mean_y, m.cxx[r, r], m.cxy[r], m.cyy)
+            start = j * fs + head * self.src_dim
+            return st.moments(rows=slice(start, start + self.src_dim), cols=cols)
+        layers = [int(i) for i in src_layers]
+        if self.xx_block == "layer" and len(layers) == 1:
+            return st.moments(cols=cols, block=self.src_layers.index(layers[0]))
+        if self.xx_block != "full":
+            raise ValueError(f"{self.xx_block}-block statistics cannot solve source layers {layers} jointly")
+        rows = torch.cat([torch.arange(self.src_layers.index(s) * fs, (self.src_layers.index(s) + 1) * fs)
+                          for s in layers])
+        if len(layers) == len(self.src_layers) and layers == list(self.src_layers):
+            return st.moments(cols=cols)
+        return st.moments(rows=rows, cols=cols)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def state_dict(self, prefix: str = "") -> dict:
+        out = {}
+        for (c, s), st in self.stats.items():
+            out.update(st.state_dict(f"{prefix}{c}.{s}."))
+        return out
+
+    def load_state_dict(self, data: dict, prefix: str = "") -> "LayerStats":
+        for (c, s), st in self.stats.items():
+            st.load_state_dict(data, f"{prefix}{c}.{s}.")
+        return self
+
+
+__all__ = ["MomentStats", "Moments", "LayerStats", "all_reduce", "DTYPE"]

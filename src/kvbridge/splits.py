@@ -1,0 +1,431 @@
+"""Exact-token splits: where a hidden prefix may end so that ``ghost + live == joint``.
+
+A character concatenation point is not necessarily a token boundary. Encoding
+``guide + " "`` and ``live`` separately (the *naive* split) can give a different token
+sequence than encoding ``guide + " " + live`` jointly: byte-level BPE (GPT-2, Qwen2) turns the
+trailing space of the first piece into its own token, where the joint encoding glues it to the
+next word (``"Ġword"``). A KV prefix computed from the naive ghost is then the state of a
+*different* token sequence than the visible prompt it is compared with.
+
+:func:`split_text` reports three encodings of ``guide + sep + live``:
+
+- ``joint``: the whole text encoded at once (special tokens added as the tokenizer does),
+- ``naive``: ``encode(guide + sep)`` + ``encode(live)``,
+- ``safe``: found by backing up from the append point to a boundary where re-encoding the
+  tail reproduces the joint ids. Candidates are the character positions and the joint-token
+  start offsets just before the append point; each candidate is verified by encoding the
+  ghost text and the tail text separately and comparing *every* id with the joint encoding
+  (the ghost's ids with the joint's leading ids, the tail's ids with the rest: the overlap
+  around the append point is checked, not assumed). When no candidate reproduces the joint
+  ids the report says so (``safe`` is None and ``reason`` says why).
+
+Special tokens follow ``add_special_tokens``: the ghost carries what the tokenizer puts in
+front (BOS), the live part never does, and whatever the tokenizer appends (EOS for a few
+tokenizers) belongs to the live part. :func:`load_tokenizer` opens a model or tokenizer folder,
+a ``tokenizer.json``, a ``vocab.json`` + ``merges.txt`` folder or a SentencePiece
+``tokenizer.model`` offline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvbridge.errors import ConfigError, KVBridgeError
+
+#: characters and joint tokens searched before the append point for a safe boundary
+WINDOW_CHARS = 32
+WINDOW_TOKENS = 12
+
+
+class TokenizerError(ConfigError):
+    """A tokenizer path cannot be opened (unknown layout, unreadable or unsupported files)."""
+
+
+class SplitError(KVBridgeError):
+    """No split of the text reproduces the joint token ids (or the text is unusable)."""
+
+
+# -- loading -------------------------------------------------------------------------------------
+def _quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _from_sentencepiece(model_file: Path, config: dict | None = None):
+    """A fast Llama-style tokenizer from a SentencePiece BPE ``tokenizer.model``, no sentencepiece.
+
+    The protobuf is parsed by :func:`kvbridge.tokenizer_fp.parse_sentencepiece`; BPE merges are
+    derived from the piece scores (as transformers' converter does), byte fallback and the
+    ``"▁"`` dummy prefix as in Llama/Mistral. Checked against Mistral's published
+    ``tokenizer.json`` (same ids on 3,100 strings). Unigram models need ``sentencepiece``.
+    """
+    from tokenizers import AddedToken
+
+    from kvbridge.tokenizer_fp import parse_sentencepiece
+
+    _quiet_transformers()
+    from transformers import LlamaTokenizer
+    from transformers.tokenization_utils_base import generate_merges
+
+    sp = parse_sentencepiece(model_file)
+    if sp["model_type"] != "bpe":
+        raise TokenizerError(f"{model_file}: SentencePiece {sp['model_type']} models are not converted without "
+                             "the sentencepiece package",
+                             "install sentencepiece, or pass a folder with the model's tokenizer.json")
+    pieces = sp["pieces"]
+    vocab = {piece: i for i, (piece, _score, _type) in enumerate(pieces)}
+    scores = {piece: score for piece, score, _type in pieces}
+    merges = generate_merges(vocab, scores)
+
+    def piece(idx: int, default: str) -> str:
+        return pieces[idx][0] if 0 <= idx < len(pieces) else default
+
+    cfg = dict(config or {})
+    kwargs = {k: cfg[k] for k in ("add_bos_token", "add_eos_token", "legacy", "add_prefix_space") if k in cfg}
+    kwargs.setdefault("add_bos_token", True)
+    kwargs.setdefault("add_eos_token", False)
+    kwargs.setdefault("legacy", False)
+    kwargs.setdefault("add_prefix_space", True)
+    tok = LlamaTokenizer(vocab=vocab, merges=merges, unk_token=piece(sp["unk_id"], "<unk>"),
+                         bos_token=piece(sp["bos_id"], "<s>"), eos_token=piece(sp["eos_id"], "</s>"),
+                         **kwargs)
+    known = {tok.unk_token, tok.bos_token, tok.eos_token}
+    extra = [AddedToken(p, special=(t == 3), normalized=False) for p, _s, t in pieces
+             if t in (3, 4) and p not in known]
+    if extra:
+        tok.add_tokens(extra)
+    tok.name_or_path = str(model_file.parent)
+    return tok
+
+
+def _wrap(backend, source: str):
+    _quiet_transformers()
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tok.name_or_path = source
+    return tok
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def load_tokenizer(path: str | Path):
+    """A transformers tokenizer for ``path``, offline.
+
+    ``path`` may be a model or tokenizer folder (``save_pretrained`` output, ``tokenizer.json``,
+    ``vocab.json`` + ``merges.txt``, ``tokenizer.model``), or a ``tokenizer.json``,
+    ``vocab.json`` or ``tokenizer.model`` file. Anything else is a one-line :class:`TokenizerError`.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TokenizerError(f"tokenizer path {path} does not exist",
+                             "pass a model/tokenizer folder, a tokenizer.json or a tokenizer.model")
+    if path.is_file():
+        folder, name = path.parent, path.name
+        if name.endswith(".json") and name != "vocab.json":
+            return _open_tokenizer_json(path)
+        if name == "vocab.json" or name == "merges.txt":
+            return _open_bpe_files(folder)
+        if name.endswith(".model"):
+            return _from_sentencepiece(path, _read_config(folder))
+        raise TokenizerError(f"{path} is not a tokenizer file",
+                             "pass a tokenizer.json, vocab.json (+ merges.txt) or tokenizer.model")
+    folder = path
+    names = {p.name for p in folder.iterdir()}
+    errors: list[str] = []
+    if names & {"tokenizer_config.json", "config.json"} and names & {"tokenizer.json", "vocab.json", "tokenizer.model"}:
+        transformers = _quiet_transformers()
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - fall back to the file-level readers below
+            errors.append(f"AutoTokenizer: {' '.join(str(exc).split())[:120]}")
+    if "tokenizer.json" in names:
+        return _open_tokenizer_json(folder / "tokenizer.json")
+    if "vocab.json" in names and "merges.txt" in names:
+        return _open_bpe_files(folder)
+    if "tokenizer.model" in names:
+        return _from_sentencepiece(folder / "tokenizer.model", _read_config(folder))
+    why = f" ({'; '.join(errors)})" if errors else ""
+    raise TokenizerError(f"{folder} holds no tokenizer (no tokenizer.json, vocab.json + merges.txt or "
+                         f"tokenizer.model){why}",
+                         "pass a model or tokenizer folder saved with save_pretrained, or a tokenizer.json")
+
+
+def _open_tokenizer_json(path: Path):
+    from tokenizers import Tokenizer
+
+    try:
+        backend = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
+        raise TokenizerError(f"{path} is not a readable tokenizer.json ({' '.join(str(exc).split())[:120]})",
+                             "pass the model's published tokenizer.json") from None
+    return _wrap(backend, str(path.parent))
+
+
+def _open_bpe_files(folder: Path):
+    vocab, merges = folder / "vocab.json", folder / "merges.txt"
+    if not (vocab.is_file() and merges.is_file()):
+        raise TokenizerError(f"{folder} has vocab.json but no merges.txt (or the reverse)",
+                             "put both files of the byte-level BPE tokenizer in one folder")
+    _quiet_transformers()
+    from transformers import GPT2TokenizerFast
+
+    try:
+        tok = GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
+    except Exception as exc:  # noqa: BLE001
+        raise TokenizerError(f"{folder}: vocab.json/merges.txt are not a byte-level BPE tokenizer "
+                             f"({' '.join(str(exc).split())[:120]})", "pass the model's published files") from None
+    tok.name_or_path = str(folder)
+    return tok
+
+
+# -- encoding ------------------------------------------------------------------------------------
+def encode(tokenizer: Any, text: str, *, add_special_tokens: bool) -> list[int]:
+    """Token ids of ``text`` (a transformers tokenizer or a ``tokenizers.Tokenizer``)."""
+    if hasattr(tokenizer, "encode_batch") and not hasattr(tokenizer, "convert_ids_to_tokens"):
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+def _offsets(tokenizer: Any, text: str) -> list[tuple[int, int]] | None:
+    try:
+        if hasattr(tokenizer, "encode_batch") and not hasattr(tokenizer, "convert_ids_to_tokens"):
+            return [tuple(o) for o in tokenizer.encode(text, add_special_tokens=True).offsets]
+        return [tuple(o) for o in tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]]
+    except Exception:  # noqa: BLE001 - slow tokenizers have no offsets: characters only
+        return None
+
+
+def special_affixes(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(prefix, suffix)``: the ids ``add_special_tokens=True`` puts around a plain text."""
+    probe = "hello world"
+    with_sp = encode(tokenizer, probe, add_special_tokens=True)
+    plain = encode(tokenizer, probe, add_special_tokens=False)
+    n = len(plain)
+    for i in range(len(with_sp) - n + 1):
+        if with_sp[i:i + n] == plain:
+            return tuple(with_sp[:i]), tuple(with_sp[i + n:])
+    return (), ()
+
+
+def _strip_suffix(ids: list[int], suffix: Sequence[int]) -> list[int]:
+    if suffix and len(ids) >= len(suffix) and tuple(ids[-len(suffix):]) == tuple(suffix):
+        return ids[:-len(suffix)]
+    return ids
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# -- reports -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Split:
+    """One way of encoding the text in two pieces: the ghost (hidden prefix) and the live part."""
+
+    kind: str  # "naive" or "safe"
+    ghost: tuple  # ids of the ghost, with the tokenizer's leading special tokens (BOS)
+    live: tuple  # ids of the live part, without leading special tokens
+    ghost_text: str
+    live_text: str
+    matches_joint: bool
+    first_difference: int | None  # first joint index where ghost + live differs (None if equal)
+    boundary: int  # character offset in the joint text where the ghost text ends
+    backed_up_chars: int = 0  # append point minus boundary
+    note: str = ""
+
+    @property
+    def ids(self) -> tuple:
+        return self.ghost + self.live
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "ghost": list(self.ghost), "live": list(self.live),
+                "ghost_text": self.ghost_text, "live_text": self.live_text,
+                "ghost_len": len(self.ghost), "live_len": len(self.live), "total_len": len(self.ids),
+                "matches_joint": self.matches_joint, "first_difference": self.first_difference,
+                "boundary": self.boundary, "backed_up_chars": self.backed_up_chars, "note": self.note}
+
+
+@dataclass(frozen=True)
+class SplitReport:
+    """Joint encoding, naive split and safe split of ``guide + sep + live``."""
+
+    guide: str
+    live: str
+    sep: str
+    joint: tuple
+    naive: Split
+    safe: Split | None
+    reason: str = ""  # why there is no safe split ("" when there is one)
+    special_prefix: tuple = ()
+    special_suffix: tuple = ()
+    candidates_tried: int = 0
+    tokenizer: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def text(self) -> str:
+        return self.guide + self.sep + self.live
+
+    @property
+    def append_point(self) -> int:
+        return len(self.guide) + len(self.sep)
+
+    def get(self, kind: str) -> Split:
+        """The ``"safe"`` (exact; raises when none exists) or ``"naive"`` split."""
+        if kind == "naive":
+            return self.naive
+        if kind != "safe":
+            raise SplitError(f"unknown split kind {kind!r}", "use 'safe' or 'naive'")
+        return self.require_safe()
+
+    def require_safe(self) -> Split:
+        """The safe split, asserting ``ghost + live == joint`` id for id."""
+        if self.safe is None:
+            raise SplitError(f"no exact-token split of the guide and the live text exists: {self.reason}",
+                             "change the separator (e.g. --sep ' ' or '\\n') or end the guide at a word boundary")
+        if self.safe.ids != self.joint:
+            raise SplitError("safe split does not reproduce the joint token ids", "report this as a kvbridge bug")
+        return self.safe
+
+    def to_dict(self) -> dict:
+        safe = self.safe.to_dict() if self.safe else {
+            "kind": "safe", "ghost": [], "live": [], "matches_joint": False, "found": False}
+        if self.safe:
+            safe["found"] = True
+        return {"tokenizer": self.tokenizer, "guide": self.guide, "live": self.live, "sep": self.sep,
+                "append_point": self.append_point, "joint": list(self.joint), "joint_len": len(self.joint),
+                "special_prefix": list(self.special_prefix), "special_suffix": list(self.special_suffix),
+                "naive": self.naive.to_dict(), "safe": safe, "safe_found": self.safe is not None,
+                "reason": self.reason, "candidates_tried": self.candidates_tried}
+
+    def lines(self) -> list[str]:
+        """A short human-readable report."""
+        n, s = self.naive, self.safe
+        out = [f"joint: {len(self.joint)} tokens",
+               f"naive: {len(n.ghost)} + {len(n.live)} = {len(n.ids)} tokens  "
+               f"ghost+live == joint: {'yes' if n.matches_joint else 'NO'}"
+               + ("" if n.matches_joint else f" (first difference at token {n.first_difference})")]
+        if s is None:
+            out.append(f"safe:  none exists: {self.reason}")
+        else:
+            where = "at the append point" if s.backed_up_chars == 0 else f"backed up {s.backed_up_chars} chars"
+            out.append(f"safe:  {len(s.ghost)} + {len(s.live)} = {len(s.ids)} tokens  ghost+live == joint: yes "
+                       f"(boundary at char {s.boundary}, {where}; live text {s.live_text[:40]!r}"
+                       f"{'...' if len(s.live_text) > 40 else ''})" + (f"; {s.note}" if s.note else ""))
+        return out
+
+
+def _dummy_prefix(tokenizer: Any) -> bool:
+    """True when the tokenizer encodes ``"x"`` and ``" x"`` alike (a SentencePiece dummy prefix)."""
+    try:
+        return encode(tokenizer, "x", add_special_tokens=False) == encode(tokenizer, " x", add_special_tokens=False)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
+               window_chars: int = WINDOW_CHARS, window_tokens: int = WINDOW_TOKENS) -> SplitReport:
+    """Joint, naive and safe encodings of ``guide + sep + live`` (see the module docstring)."""
+    if not guide or not guide.strip():
+        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    if not live or not live.strip():
+        raise SplitError("the live text is empty", "pass a non-empty live text / prompt")
+    text = guide + sep + live
+    prefix, suffix = special_affixes(tokenizer)
+    joint = tuple(encode(tokenizer, text, add_special_tokens=True))
+    A = len(guide) + len(sep)
+
+    def attempt(kind: str, ghost_text: str, live_text: str, boundary: int, note: str = "") -> Split:
+        ghost = _strip_suffix(encode(tokenizer, ghost_text, add_special_tokens=True), suffix)
+        tail = list(encode(tokenizer, live_text, add_special_tokens=False)) + list(suffix)
+        ids = tuple(ghost) + tuple(tail)
+        first = _first_difference(ids, joint)
+        return Split(kind=kind, ghost=tuple(ghost), live=tuple(tail), ghost_text=ghost_text, live_text=live_text,
+                     matches_joint=first is None, first_difference=first, boundary=boundary,
+                     backed_up_chars=A - boundary, note=note)
+
+    naive = attempt("naive", guide + sep, live, A)
+
+    # candidate boundaries: characters backing up from the append point, and joint-token starts
+    candidates: set[int] = set(range(A, max(0, A - window_chars) - 1, -1))
+    candidates.add(len(guide))
+    offsets = _offsets(tokenizer, text)
+    if offsets and len(offsets) == len(joint):
+        starts = [start for (start, end), tid in zip(offsets, joint)
+                  if end > start and start <= A]
+        candidates.update(starts[-window_tokens:])
+    order = sorted((c for c in candidates if 0 < c < len(text)), reverse=True)
+    dummy = _dummy_prefix(tokenizer)
+    safe: Split | None = None
+    tried = 0
+    for c in order:
+        tried += 1
+        got = attempt("safe", text[:c], text[c:], c)
+        if got.matches_joint:
+            safe = got
+            break
+        if dummy and text[c:c + 1] == " " and c + 1 < len(text):
+            tried += 1
+            got = attempt("safe", text[:c], text[c + 1:], c,
+                          note="the live text drops the leading space: the tokenizer's dummy prefix supplies it")
+            if got.matches_joint:
+                safe = got
+                break
+    reason = ""
+    if safe is None:
+        straddle = ""
+        if offsets and len(offsets) == len(joint):
+            for (start, end), tid in zip(offsets, joint):
+                if start < A < end:
+                    straddle = f"; joint token {tid} spans characters {start}-{end} across the append point {A}"
+                    break
+        reason = (f"no boundary within {window_chars} characters or {window_tokens} tokens before the append point "
+                  f"re-encodes to the joint ids ({tried} candidates tried){straddle}")
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    return SplitReport(guide=guide, live=live, sep=sep, joint=joint, naive=naive, safe=safe, reason=reason,
+                       special_prefix=prefix, special_suffix=suffix, candidates_tried=tried, tokenizer=name)
+
+
+def exact_split(tokenizer: Any, guide: str, live: str, sep: str = " ", *, kind: str = "safe") -> tuple[SplitReport, Split]:
+    """``(report, split)``; for ``kind="safe"`` asserts ``ghost + live == joint`` or raises SplitError."""
+    report = split_text(tokenizer, guide, live, sep)
+    split = report.get(kind)
+    if kind == "safe":
+        assert split.ids == report.joint, "safe split must reproduce the joint ids"
+    return report, split
+
+
+def read_text_arg(value: str, what: str = "text") -> str:
+    """``TEXT`` as given, ``@FILE`` read from a file (``@@...`` for a literal leading ``@``)."""
+    if value.startswith("@@"):
+        return value[1:]
+    if value.startswith("@"):
+        path = Path(value[1:])
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KVBridgeError(f"cannot read {what} file {path}: {exc.strerror if hasattr(exc, 'strerror') and exc.strerror else exc}",
+                                f"pass --{what} TEXT or @FILE with a readable UTF-8 file") from None
+    return value
+
+
+__all__ = ["Split", "SplitReport", "SplitError", "TokenizerError", "split_text", "exact_split",
+           "load_tokenizer", "encode", "special_affixes", "read_text_arg"]
