@@ -8,9 +8,11 @@ by all layers, so the table is built once per pass: "warm"; "cold" clears every 
 The floor of an operation is the bytes it must move (read + write of the keys, tables
 excluded) divided by the measured copy bandwidth (``clone()`` of a large tensor, and
 ``copy_`` into a preallocated one, whichever is faster); "of floor" = floor time / measured
-time. Times are the median of REPEATS passes (after a warm-up), on CUDA when available.
+time. "of layer clones" compares with ``clone()`` of the same 28 layer tensors (the same
+bytes), run alternately with the operation, which stays meaningful on a shared, noisy CPU.
+Times are the median of ``--repeats`` passes (after a warm-up), on CUDA when available.
 
-    python bench/bench_rope.py [--device cpu|cuda] [--repeats N] [--interleaved]
+    python bench/bench_rope.py [--device cpu|cuda] [--repeats N] [--interleaved] [--threads N]
 """
 
 from __future__ import annotations
@@ -45,6 +47,22 @@ def timed(fn, device, repeats: int, warmup: int = 2) -> float:
     return statistics.median(out)
 
 
+def timed_pair(fn, ref, device, repeats: int) -> tuple[float, float]:
+    """Median times of ``fn`` and ``ref``, run alternately (fair on a shared, noisy machine)."""
+    for _ in range(2):
+        fn()
+        ref()
+    a, b = [], []
+    for _ in range(repeats):
+        for f, out in ((fn, a), (ref, b)):
+            sync(device)
+            t0 = time.perf_counter()
+            f()
+            sync(device)
+            out.append(time.perf_counter() - t0)
+    return statistics.median(a), statistics.median(b)
+
+
 def copy_bandwidth(device, repeats: int) -> tuple[float, float]:
     """(clone GB/s, copy_ GB/s) of a 512 MiB float32 tensor (bytes read + written)."""
     n = (512 << 20) // 4
@@ -61,7 +79,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--interleaved", action="store_true", help="GPT-J/Cohere pairing instead of half split")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
 
@@ -103,12 +124,15 @@ def main() -> None:
             ("strip + apply (cold tables)", cold(strip_apply), 4),
             ("reposition (fused)", reposition_all, 2),
         ]
+        def clone_layers():  # the same bytes as one strip: read + write every layer once
+            return [k.clone() for k in keys]
+
         for name, fn, passes in ops:
-            t = timed(fn, device, args.repeats)
+            t, t_ref = timed_pair(fn, clone_layers, device, args.repeats)
             nbytes = passes * LAYERS * layer_bytes
             floor = nbytes / (bw * 1e9)
             rows.append((str(dtype).replace("torch.", ""), name, t * 1e3, nbytes / (1 << 20),
-                         nbytes / t / 1e9, floor * 1e3, floor / t))
+                         nbytes / t / 1e9, floor * 1e3, floor / t, (passes / 2) * t_ref / t))
 
     layout = "interleaved" if args.interleaved else "half split"
     threads = torch.get_num_threads() if device.type == "cpu" else None
@@ -118,10 +142,14 @@ def main() -> None:
     print(f"copy bandwidth (read + write): clone {clone_bw:.1f} GB/s, copy_ {copy_bw:.1f} GB/s; "
           f"floor uses {bw:.1f} GB/s")
     print()
-    print("| dtype | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for dtype, name, ms, mib, gbs, floor_ms, frac in rows:
-        print(f"| {dtype} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} |")
+    print("| dtype | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor | of layer clones |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for dtype, name, ms, mib, gbs, floor_ms, frac, vs_clone in rows:
+        print(f"| {dtype} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} "
+              f"| {vs_clone:.0%} |")
+    print()
+    print("floor = bytes moved / copy bandwidth; 'of layer clones' = time of clone() of the same layers "
+          "(as many read+write passes, run alternately with the operation) / operation time")
 
 
 if __name__ == "__main__":

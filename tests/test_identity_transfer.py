@@ -37,4 +37,7 @@ def test_identity_transfer_is_exact(name, variant, cfg):
 
 @pytest.mark.parametrize("name,variant,cfg", CASES, ids=IDS)
 def test_shifted_prefix_matches_model_at_those_positions(name, variant, cfg):
-    contract.check_shifted_identity(_adapter(name), cfg, host=HOST)
+    try:
+        contract.check_shifted_identity(_adapter(name), cfg, host=HOST)
+    except contract.NotApplicable as why:
+        pytest.skip(str(why))

@@ -275,6 +275,8 @@ def test_bad_shapes_are_clear_errors():
         R.apply(torch.randn(1, 2, 4, 16), torch.arange(5)[None], spec)
     with pytest.raises(KVBridgeError, match="head_dim"):
         R.apply(torch.randn(1, 2, 4, 8), torch.arange(4)[None], spec)
+    with pytest.raises(KVBridgeError, match="head_dim"):
+        R.strip(torch.randn(1, 2, 4, 32), torch.arange(4)[None], spec)
     with pytest.raises(KVBridgeError, match="short_factor"):
         R.apply(torch.randn(1, 2, 4, 16), torch.arange(4)[None],
                 RopeSpec.make("longrope", head_dim=16, short_factor=[1.0], long_factor=[1.0]))
@@ -453,7 +455,9 @@ def build(family: Family, seed: int = 0):
     # as from_pretrained(dtype=...) does: weights in the dtype, inv_freq buffers kept in float32
     # (model.to(bfloat16) would round inv_freq itself to bf16: a different table)
     model = cls._from_config(cfg, dtype=family.dtype).eval()
-    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    for name, buf in model.named_buffers():
+        if name.endswith("inv_freq"):
+            assert buf.dtype == torch.float32, (name, buf.dtype)
     return model, cfg
 
 
@@ -651,6 +655,15 @@ def test_plugin_variant_through_host():
     assert maxerr(R.strip(want, pos, spec, host=host), x) <= 1e-6
     with pytest.raises(R.UnknownRopeTypeError, match="half_theta"):  # not in the default host
         R.apply(x, pos, spec)
+    # the two-argument form of the hook docs, inv_freq(rope, seq_len), works too
+    two_arg = R.RopeVariant("half_theta", lambda rope, seq_len: R.BUILTIN_VARIANTS["default"].inv_freq(
+        replace(rope, theta=rope.theta / 2), seq_len, None))
+
+    class _Host:
+        def rope_variant(self, name):
+            return two_arg
+
+    assert torch.equal(R.apply(x, pos, spec, host=_Host()), want)
     # the built-ins resolve through the host too, to the same objects
     for name, variant in R.BUILTIN_VARIANTS.items():
         assert host.rope_variant(name) is variant

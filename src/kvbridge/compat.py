@@ -44,7 +44,7 @@ reasons but do not change the overall verdict. ``Report.strict_failures`` lists 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec
@@ -211,7 +211,7 @@ def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     kinds = f"{_head_kind(s)} vs {_head_kind(t)}"
     if s.num_kv_heads == t.num_kv_heads:
         return Axis("kv_heads", s.num_kv_heads, t.num_kv_heads, "same",
-                    f"head h maps to head h ({kinds}){falcon}")
+                    f"same count ({kinds}): head h lines up with head h{falcon}")
     return Axis("kv_heads", s.num_kv_heads, t.num_kv_heads, "mappable",
                 f"{kinds}: fit each target KV head from all source KV heads of the chosen layers{falcon}")
 
@@ -513,15 +513,22 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
     blocking = [a for a in axes if a.verdict == "blocking"]
     notes = [f"{a.name}: {a.action}" for a in axes
              if a.verdict == "mappable" and a.name not in FITTED_AXES + POSITION_AXES and a.name in AXES]
-    warnings = [f"{a.verdict}: {a.action}" for a in axes if a.verdict in ("warning", "info")]
+    warnings = [f"{a.verdict}: {a.action}" for a in axes if a.verdict == "warning"]  # info stays in the rows
     if blocking:
         return "incompatible", [f"{a.name}: {a.action}" for a in blocking] + warnings
     fitted = [a for a in axes if a.verdict == "mappable" and (a.name in FITTED_AXES or a.name not in AXES)]
     positional = [a for a in axes if a.verdict == "mappable" and a.name in POSITION_AXES]
     if fitted:
         names = ", ".join(a.name for a in fitted)
-        reasons = [f"a fitted mapping is needed ({names}): strip the source RoPE, map K and V per target"
-                   " layer and head in content space, apply the target RoPE"]
+        pos = next((a for a in axes if a.name == "positional"), None)
+        kinds = {pos.source, pos.target} if pos is not None else {"rope"}
+        if kinds == {"rope"}:
+            how = "strip the source RoPE, map K and V per target layer and head in content space, apply the target RoPE"
+        elif "rope" in kinds:
+            how = "map K and V per target layer and head in content space, stripping / applying RoPE on the side that has it"
+        else:
+            how = "map K and V per target layer and head; positions stay where the source computed them"
+        reasons = [f"a fitted mapping is needed ({names}): {how}"]
         reasons += [f"{a.name}: {a.source} -> {a.target}: {a.action}" for a in fitted]
         return "mappable", reasons + notes + warnings
     if positional:

@@ -124,7 +124,7 @@ def tokenizer_fingerprint(tokenizer: Any = None, *, folder: str | Path | None = 
 
 def cache_format(spec) -> dict:
     """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
-    from kvbridge.spec import FULL, SLIDING
+    from kvbridge.spec import SLIDING
 
     kinds = [spec.layer_type(i) for i in range(spec.num_layers)]
     return {
@@ -138,7 +138,6 @@ def cache_format(spec) -> dict:
         "num_kv_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim,
         "sliding_window": spec.sliding_window if SLIDING in kinds else None,
-        "full_attention": FULL,
     }
 
 
@@ -487,6 +486,7 @@ def open_model_dir(path: str | Path, *, dtype: str | None = None):
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     kwargs: dict = {"local_files_only": True}
     if dtype:
         if not hasattr(torch, dtype):

@@ -31,14 +31,18 @@ plugins can add types; without one, built-ins first, then the process-wide host.
 
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
-version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. The
-rotation itself is one complex multiply (float32/float64, interleaved) or four elementwise
-kernels (half split, or half precision), writing straight into the output.
+version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
+Python loops over heads or tokens: :func:`apply` is four elementwise kernels writing straight
+into the output, with the models' rounding steps (bit-identical to them on CPU float32 and
+bf16); :func:`strip` and the fused :func:`reposition` (which need not be bit targets) take
+two multiplies + two fused multiply-adds (half split) or one complex multiply (interleaved),
+reading half-precision keys directly into the float32 computation.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
@@ -95,9 +99,22 @@ def _is_stateful(rope: RopeSpec, variant: RopeVariant) -> bool:
     return rope.is_stateful or variant.stateful
 
 
+def _takes_device(fn: Callable) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 3
+
+
 @functools.lru_cache(maxsize=512)
 def _cpu_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None) -> tuple:
-    inv, scaling = variant.inv_freq(rope, seq_len, torch.device("cpu"))
+    if _takes_device(variant.inv_freq):
+        inv, scaling = variant.inv_freq(rope, seq_len, torch.device("cpu"))
+    else:  # a plugin written to the two-argument form of the hook docs
+        inv, scaling = variant.inv_freq(rope, seq_len)
     inv = torch.as_tensor(inv, dtype=torch.float32).reshape(-1).cpu()
     if inv.numel() != rope.rotary_dim // 2:
         raise RopeError(f"RoPE variant {variant.name!r} returned {inv.numel()} inverse frequencies, "
@@ -113,10 +130,11 @@ def _device_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None, 
 
 
 def inv_freq(rope: RopeSpec, seq_len: int | None = None, *, device=None, host=None) -> tuple:
-    """``(inv_freq, attention_scaling)`` of ``rope`` at forward length ``seq_len`` (cached; read-only)."""
+    """``(inv_freq, attention_scaling)`` of ``rope`` at forward length ``seq_len`` (a copy)."""
     variant = variant_for(rope, host)
-    return _device_inv_freq(variant, rope, None if seq_len is None else int(seq_len),
-                            str(torch.device(device or "cpu")))
+    inv, scaling = _device_inv_freq(variant, rope, None if seq_len is None else int(seq_len),
+                                    str(torch.device(device or "cpu")))
+    return inv.clone(), scaling
 
 
 def forward_lengths(positions: "Tensor") -> "Tensor":
@@ -186,25 +204,37 @@ class _Kernel:
             torch.repeat_interleave(t, 2, dim=-1) if interleaved else torch.cat((t, t), dim=-1)))
 
     def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True) -> "Tensor":
-        """``k`` (already in ``self.dtype``) rotated on its first ``rotary_dim`` dims, as a new tensor.
+        """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``self.dtype``.
 
-        ``exact``: the rounding steps of the models' ``x*cos + rotate(x)*sin`` (bit-identical
-        to them); otherwise interleaved float keys may take a single complex multiply, whose
-        vectorised tails can differ by one ulp (used by strip/reposition, which are not bit
-        targets anyway).
+        ``exact``: ``k`` is in ``self.dtype`` and the rotation takes the rounding steps of the
+        models' ``x*cos + rotate(x)*sin`` (one per product, one per sum: bit-identical to
+        them). Otherwise (strip, reposition: not bit targets) ``k`` may be in a narrower
+        dtype, read directly, and the rotation takes the fewest passes: one complex multiply
+        for interleaved pairs, multiply + fused multiply-add for half-split ones (within an
+        ulp of the exact steps).
         """
         r, h = rotary_dim, rotary_dim // 2
-        out = torch.empty_like(k, memory_format=torch.contiguous_format)
+        out = torch.empty(k.shape, dtype=self.dtype, device=k.device)
         if r < k.shape[-1]:
             out[..., r:] = k[..., r:]
         src, dst = k[..., :r], out[..., :r]
-        cplx = interleaved and self.dtype in (torch.float32, torch.float64) and _complex_ok(src)
-        if cplx and not exact:
-            # pairs (2i, 2i+1) are complex numbers: one complex multiply rotates them
-            z = self._get("complex", lambda: torch.complex(self.cos, self.sin))
-            zc = torch.view_as_complex(src.unflatten(-1, (h, 2)))
-            torch.mul(zc, z, out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
-            return out
+        if not exact and interleaved and k.dtype != self.dtype:
+            src = src.to(self.dtype)
+        cplx = interleaved and src.dtype in (torch.float32, torch.float64) and _complex_ok(src)
+        if not exact:
+            if cplx:  # pairs (2i, 2i+1) are complex numbers: one complex multiply rotates them
+                z = self._get("complex", lambda: torch.complex(self.cos, self.sin))
+                zc = torch.view_as_complex(src.unflatten(-1, (h, 2)))
+                torch.mul(zc, z, out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
+                return out
+            if not interleaved:
+                x1, x2, o1, o2 = src[..., :h], src[..., h:], dst[..., :h], dst[..., h:]
+                torch.mul(x1, self.cos, out=o1)
+                o1.addcmul_(x2, self.nsin)
+                torch.mul(x2, self.cos, out=o2)
+                o2.addcmul_(x1, self.sin)
+                return out
+            src = src.to(self.dtype)
         # x*cos + rotate(x)*sin, one rounding per product and one per sum, as the models do
         torch.mul(src, self.full("cos", interleaved), out=dst)
         if cplx:
@@ -250,8 +280,9 @@ class _IdentityCache:
             try:
                 version = obj._version
             except Exception:  # inference tensor: no version counter, key by content
+                data = obj.detach().cpu().to(torch.float64 if obj.is_floating_point() else torch.int64)
                 return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device),
-                        obj.detach().cpu().numpy().tobytes()), None
+                        data.numpy().tobytes()), None
             return ("id", id(obj), version, obj.data_ptr(), tuple(obj.shape), obj.stride(),
                     str(obj.dtype), str(obj.device)), weakref.ref(obj)
         return ("id", id(obj)), weakref.ref(obj)
@@ -353,9 +384,9 @@ def _check_keys(k: "Tensor", rope: RopeSpec, positions) -> None:
     if k.dim() != 4:
         raise RopeError(f"keys must be [batch, heads, tokens, head_dim], got shape {tuple(k.shape)}",
                         "pass one layer's keys")
-    if k.shape[-1] < rope.rotary_dim:
-        raise RopeError(f"keys have head_dim {k.shape[-1]} < rotary_dim {rope.rotary_dim} of the RoPE spec",
-                        "use the RoPE spec of the model that produced these keys")
+    if k.shape[-1] != rope.head_dim:
+        raise RopeError(f"keys have head_dim {k.shape[-1]} but the RoPE spec has head_dim {rope.head_dim}",
+                        "use the RoPE spec of the model that produced (or will read) these keys")
     shape = tuple(torch.as_tensor(positions).shape)
     t = shape[-1]
     if t != k.shape[2] or (len(shape) == 2 and shape[0] not in (1, k.shape[0])):
@@ -392,8 +423,7 @@ def strip(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor 
     """Undo :func:`apply`: keys back in content space (computed in float32 at least, cast back)."""
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
-    kernel = tab.kernel(k.dtype, inverse=True)
-    out = kernel.run(k.to(kernel.dtype), rope.rotary_dim, rope.interleaved, exact=False)
+    out = tab.kernel(k.dtype, inverse=True).run(k, rope.rotary_dim, rope.interleaved, exact=False)
     return out.to(k.dtype)
 
 

@@ -391,6 +391,8 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
             msg = f"field 'model_type': {msg}"
         raise type(exc)(f"{where}: {msg}", exc.fix) from None
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        if os.environ.get("KVBRIDGE_DEBUG"):
+            raise
         detail = f"field {exc.args[0]!r} is missing" if isinstance(exc, KeyError) and exc.args else \
             f"{type(exc).__name__}: {exc}"
         raise ConfigError(f"{where}: {detail} (model_type {config.get('model_type')!r})",

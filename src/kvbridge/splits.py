@@ -12,8 +12,10 @@ next word (``"Ġword"``). A KV prefix computed from the naive ghost is then the 
 - ``joint``: the whole text encoded at once (special tokens added as the tokenizer does),
 - ``naive``: ``encode(guide + sep)`` + ``encode(live)``,
 - ``safe``: found by backing up from the append point to a boundary where re-encoding the
-  tail reproduces the joint ids. Candidates are the character positions and the joint-token
-  start offsets just before the append point; each candidate is verified by encoding the
+  tail reproduces the joint ids. The end of the guide is tried first (ghost = the guide,
+  live = ``sep + live``: what a prefix pack of the guide needs), then the append point
+  (ghost = ``guide + sep``), then the character positions and the joint-token start offsets
+  just before them, closest first; each candidate is verified by encoding the
   ghost text and the tail text separately and comparing *every* id with the joint encoding
   (the ghost's ids with the joint's leading ids, the tail's ids with the rest: the overlap
   around the append point is checked, not assumed). When no candidate reproduces the joint
@@ -29,7 +31,7 @@ a ``tokenizer.json``, a ``vocab.json`` + ``merges.txt`` folder or a SentencePiec
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -103,11 +105,33 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
     return tok
 
 
-def _wrap(backend, source: str):
+def _special_roles(folder: Path) -> dict:
+    """bos/eos/unk/pad contents from a sibling ``special_tokens_map.json`` / ``tokenizer_config.json``."""
+    roles: dict = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            value = data.get(role)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                roles[role] = value
+    return roles
+
+
+def _wrap(backend, source: str, roles: dict | None = None):
     _quiet_transformers()
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **(roles or {}))
     tok.name_or_path = source
     return tok
 
@@ -173,7 +197,9 @@ def _open_tokenizer_json(path: Path):
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
         raise TokenizerError(f"{path} is not a readable tokenizer.json ({' '.join(str(exc).split())[:120]})",
                              "pass the model's published tokenizer.json") from None
-    return _wrap(backend, str(path.parent))
+    vocab = backend.get_vocab(with_added_tokens=True)
+    roles = {k: v for k, v in _special_roles(path.parent).items() if v in vocab}
+    return _wrap(backend, str(path.parent), roles)
 
 
 def _open_bpe_files(folder: Path):
@@ -372,7 +398,11 @@ def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
         starts = [start for (start, end), tid in zip(offsets, joint)
                   if end > start and start <= A]
         candidates.update(starts[-window_tokens:])
-    order = sorted((c for c in candidates if 0 < c < len(text)), reverse=True)
+    # the guide's own end first (ghost = exactly the guide, as a prefix pack stores it), then the
+    # append point (ghost = guide + sep), then every other candidate backing up from there
+    G = len(guide)
+    first = [c for c in dict.fromkeys((G, A)) if 0 < c < len(text)]
+    order = first + sorted((c for c in candidates if 0 < c < len(text) and c not in first), reverse=True)
     dummy = _dummy_prefix(tokenizer)
     safe: Split | None = None
     tried = 0
@@ -389,6 +419,10 @@ def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
             if got.matches_joint:
                 safe = got
                 break
+    if safe is not None and safe.boundary < len(guide):
+        moved = guide[safe.boundary:]
+        extra = f"the boundary is inside the guide: the live text carries its last {len(moved)} characters {moved!r}"
+        safe = replace(safe, note=f"{safe.note}; {extra}" if safe.note else extra)
     reason = ""
     if safe is None:
         straddle = ""

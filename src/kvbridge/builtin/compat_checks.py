@@ -52,10 +52,10 @@ def known_results(source, target) -> list[Finding]:
     if s_size and t_size and max(s_size, t_size) >= SIZE_GAP * min(s_size, t_size):
         ratio = max(s_size, t_size) / min(s_size, t_size)
         out.append(Finding("known-results", "warning",
-                           f"large size gap ({ratio:.1f}x hidden x layers): published ridge transfers degrade"
-                           " with the gap (Qwen3 14B->32B kept 97.6%, 8B->32B 87.5%, Llama-3.1 8B->70B 72.8%,"
+                           f"large size gap ({ratio:.1f}x in hidden x layers): published ridge transfers degrade"
+                           " as the gap grows (Qwen3 14B->32B kept 97.6%, 8B->32B 87.5%, Llama-3.1 8B->70B 72.8%,"
                            " GSM8K only 18.2%); retention also overstates the gap recovered",
-                           s_size, t_size))
+                           f"{source.hidden_size}x{source.num_layers}", f"{target.hidden_size}x{target.num_layers}"))
     if source.model_type != target.model_type:
         out.append(Finding("cross-family", "info",
                            f"cross-family transfer ({source.model_type} -> {target.model_type}): published"

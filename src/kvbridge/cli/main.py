@@ -26,6 +26,9 @@ COMMANDS = {
     "diverge": "kvbridge.cli.diverge_cmd:diverge",
     "ablate": "kvbridge.cli.ablate_cmd:ablate",
     "demo": "kvbridge.cli.demo_cmd:demo",
+    "zoo": "kvbridge.cli.zoo_cmd:zoo",
+    "fit": "kvbridge.cli.fit_cmd:fit",
+    "transfer": "kvbridge.cli.transfer_cmd:transfer",
 }
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
+class NotApplicable(Exception):
+    """A contract check that does not apply to this model (the reason says why)."""
+
 
 #: tolerances of the contract (float32)
 LOGIT_TOL = 1e-6
@@ -141,14 +143,14 @@ def check_shifted_identity(adapter, config: dict, *, host=None, prompt_len: int 
     model = copy.deepcopy(base)
     spec = adapter.spec_of(model)
     if spec.positional != "rope":
-        pytest.skip(f"{spec.model_type} has {spec.positional} positions: a prefix cannot be re-positioned")
+        raise NotApplicable(f"{spec.model_type} has {spec.positional} positions: a prefix cannot be re-positioned")
     if spec.rope is not None and spec.rope.is_stateful:
         from kvbridge import rope as codec
 
         old, _ = codec.inv_freq(spec.rope, prompt_len, host=host)
         new, _ = codec.inv_freq(spec.rope, offset + prompt_len, host=host)
         if not torch.equal(old, new):
-            pytest.skip(f"{spec.rope.rope_type} RoPE uses another table at the shifted length: the prefix's "
+            raise NotApplicable(f"{spec.rope.rope_type} RoPE uses another table at the shifted length: the prefix's "
                         "hidden states (layers >= 1) depend on it, so re-positioning is approximate there")
     ids = _ids(spec.vocab_size, 1, prompt_len + 3, seed + 11)
     prefix, tail = ids[:, :prompt_len], ids[:, prompt_len:]
@@ -202,4 +204,9 @@ class AdapterContract:
 
     def test_shifted_identity(self):
         cfg = next(iter(adapter_configs(self.adapter).values()))
-        check_shifted_identity(self.adapter, cfg)
+        try:
+            check_shifted_identity(self.adapter, cfg)
+        except NotApplicable as why:
+            import pytest
+
+            pytest.skip(str(why))

@@ -8,8 +8,8 @@ can be traced to exactly what produced it.
 
 The corpus is split by contiguous character slices (fractions of its length, cut at line starts):
 
-* ``base``: the first 80% (every model except ``tuned`` trains here; the tokenizer too);
-* ``tune``: 80%..90%, disjoint from ``base`` (``tuned`` continues ``base`` on it);
+* ``base``: the first 75% (every model except ``tuned`` trains here; the tokenizer too);
+* ``tune``: 75%..90%, disjoint from ``base`` (``tuned`` continues ``base`` on it);
 * ``heldout``: the last 10%, never trained on (held-out loss and unigram entropy).
 """
 
@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 #: named contiguous slices of the corpus, as (start, end) fractions of its characters
 SPLITS: dict[str, tuple[float, float]] = {
-    "base": (0.0, 0.8),
-    "tune": (0.8, 0.9),
+    "base": (0.0, 0.75),
+    "tune": (0.75, 0.9),
     "heldout": (0.9, 1.0),
 }
 
@@ -50,7 +50,7 @@ class ArchRecipe:
 
     num_hidden_layers: int = 4
     hidden_size: int = 128
-    intermediate_size: int = 384
+    intermediate_size: int = 256
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 32
@@ -105,7 +105,10 @@ class ZooRecipe:
         default_factory=lambda: tuple((k, a, b) for k, (a, b) in SPLITS.items()))
     eval_seq_len: int = 128
     eval_max_tokens: int = 65536  # the held-out split is scored on at most this many tokens
-    num_threads: int = 2
+    num_threads: int = 1  # torch intra-op threads for the build (numerics depend on it)
+    sample_prompt: str = "ROMEO:\n"
+    sample_tokens: int = 96
+    sample_seed: int = 0
 
     def model(self, name: str) -> ModelRecipe:
         for m in self.models:
@@ -130,31 +133,33 @@ def recipe_hash(obj) -> str:
 
 
 # -- the shipped zoo -------------------------------------------------------------------------------
+# Sized for about 20 minutes of training on one contended CPU core (~1200 tokens/s for base).
 BASE_ARCH = ArchRecipe()
-BASE_TRAIN = TrainRecipe(split="base", seed=0, steps=1200, batch_size=16, seq_len=128, lr=3e-3)
+BASE_TRAIN = TrainRecipe(split="base", seed=0, steps=320, batch_size=16, seq_len=128, lr=4e-3, warmup_steps=30)
 
 ZOO = ZooRecipe(
     tokenizer=TokenizerRecipe(),
     models=(
-        ModelRecipe("base", "4 layers, hidden 128, 4 heads / 2 KV heads of 32, RoPE 1e4", BASE_ARCH, BASE_TRAIN),
+        ModelRecipe("base", "4 layers, hidden 128, 4 heads / 2 KV heads of 32, RoPE theta 1e4",
+                    BASE_ARCH, BASE_TRAIN),
         ModelRecipe(
-            "wide", "same tokenizer, KV heads and head dim as base; deeper, wider, RoPE 5e4",
-            replace(BASE_ARCH, num_hidden_layers=6, hidden_size=192, intermediate_size=512,
+            "wide", "same tokenizer, KV heads and head dim as base; 6 layers, hidden 192, 6 heads, RoPE theta 5e4",
+            replace(BASE_ARCH, num_hidden_layers=6, hidden_size=192, intermediate_size=384,
                     num_attention_heads=6, rope_theta=50000.0),
-            replace(BASE_TRAIN, seed=1),
+            replace(BASE_TRAIN, seed=1, steps=200, lr=3e-3, warmup_steps=20),
         ),
         ModelRecipe(
-            "odd", "base's width and depth with a different KV geometry: 8 heads / 4 KV heads of 16",
+            "odd", "base's depth and width with another KV geometry: 8 heads / 4 KV heads of 16",
             replace(BASE_ARCH, num_attention_heads=8, num_key_value_heads=4, head_dim=16),
             replace(BASE_TRAIN, seed=2),
         ),
         ModelRecipe(
-            "tuned", "base trained further on the disjoint 'tune' slice",
+            "tuned", "base (as shipped, fp16) trained further on the disjoint 'tune' slice",
             BASE_ARCH,
-            replace(BASE_TRAIN, split="tune", seed=3, steps=300, lr=1e-3, warmup_steps=20),
+            replace(BASE_TRAIN, split="tune", seed=3, steps=64, lr=1e-3, warmup_steps=8),
             init_from="base",
         ),
-        ModelRecipe("stranger", "base's architecture and recipe from a different seed (negative control)",
+        ModelRecipe("stranger", "base's architecture and recipe from another seed (negative control)",
                     BASE_ARCH, replace(BASE_TRAIN, seed=4)),
     ),
 )
@@ -163,12 +168,17 @@ ZOO = ZooRecipe(
 TINY = ZooRecipe(
     tokenizer=TokenizerRecipe(vocab_size=300),
     models=(
-        ModelRecipe("tiny", "determinism check", replace(BASE_ARCH, num_hidden_layers=1, hidden_size=32,
-                                                         intermediate_size=64, num_attention_heads=2,
-                                                         num_key_value_heads=1, head_dim=16),
+        ModelRecipe("tiny", "determinism check",
+                    replace(BASE_ARCH, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
                     TrainRecipe(steps=4, batch_size=2, seq_len=16, warmup_steps=1)),
+        ModelRecipe("tiny_tuned", "determinism check (continued)",
+                    replace(BASE_ARCH, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
+                    TrainRecipe(split="tune", steps=2, batch_size=2, seq_len=16, warmup_steps=1),
+                    init_from="tiny"),
     ),
     eval_seq_len=16,
-    eval_max_tokens=512,
-    num_threads=1,
+    eval_max_tokens=256,
+    sample_tokens=8,
 )

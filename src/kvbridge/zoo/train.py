@@ -179,10 +179,14 @@ def unigram_entropy(ids: torch.Tensor, vocab_size: int) -> float:
 def sample(model, tokenizer, prompt: str, max_new_tokens: int = 80, seed: int = 0,
            temperature: float = 0.8, top_k: int = 40) -> str:
     """Seeded top-k sampling with the KV cache; returns prompt + continuation."""
+    from transformers import DynamicCache
+
     gen = torch.Generator().manual_seed(seed)
     ids = encode(tokenizer, prompt)[None]
-    out = model(input_ids=ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
+    cache = DynamicCache()
+    out = model(input_ids=ids, cache=cache, use_cache=True)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+    logits = out.logits[:, -1]
     new = []
     for _ in range(max_new_tokens):
         logits = logits.float() / temperature
@@ -190,6 +194,7 @@ def sample(model, tokenizer, prompt: str, max_new_tokens: int = 80, seed: int = 
         probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
         nxt = torch.multinomial(probs, 1, generator=gen)
         new.append(int(nxt))
-        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+        out = model(input_ids=nxt, cache=cache, use_cache=True)
+        cache = getattr(out, "cache", None) or cache
+        logits = out.logits[:, -1]
     return prompt + tokenizer.decode(new)

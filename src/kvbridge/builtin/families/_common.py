@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
-from kvbridge.adapter import FamilyAdapter, positive_int, require
+from kvbridge.adapter import FamilyAdapter, positive_int
 from kvbridge.errors import ConfigError
 from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec, _freeze
 
@@ -361,5 +361,5 @@ def tiny_base(model_type: str, **overrides: Any) -> dict:
 __all__ = [
     "DecoderAdapter", "as_mapping", "get", "first_present", "check_positive_int",
     "optional_positive_int", "flag", "dtype_name", "flat_rope_parameters", "rotary_fraction",
-    "rope_spec", "layer_types_from", "to_pairs", "tiny_base", "require", "NEEDS_ORIGINAL_MAX",
+    "number", "rope_spec", "layer_types_from", "to_pairs", "tiny_base", "NEEDS_ORIGINAL_MAX",
 ]

@@ -36,6 +36,7 @@ def gemma3_rope_parameters(cfg: Mapping, max_positions: int) -> dict[str, dict]:
     if given is not None and not isinstance(given, Mapping):
         raise ConfigError(f"config field 'rope_parameters' must be a mapping, got {given!r}",
                           "give {'sliding_attention': {...}, 'full_attention': {...}}")
+    # only the two nested tables count: a flat dict here is ignored by transformers too
     tables = copy.deepcopy(dict(given)) if given else {}
     scaling = cfg.get("rope_scaling")
     for kind, theta_key, default_theta in ((FULL, "rope_theta", GLOBAL_THETA),

@@ -1,0 +1,45 @@
+"""``kvbridge ablate``: K-only, V-only, K+V zeroing of the guide vs true removal."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("ablate")
+@click.argument("model", type=click.Path(file_okay=False))
+@click.option("--guide", required=True, help="Guide text (the ablated prefix), or @FILE.")
+@click.option("--prompt", required=True, help="Live prompt, or @FILE.")
+@click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
+@click.option("--layers", default="all", show_default=True, help="Layers: all, a list 0,2 or a range 1-3.")
+@click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(1),
+              help="Length of the greedy continuation compared.")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, as_json) -> None:
+    """Ablate the guide's cached K/V at LAYERS and compare with the intact state and true removal.
+
+    Conditions on the guide positions: k_zero, v_zero, kv_zero, remove_prefill (mask while the
+    prompt is prefilled and after), remove_decode (mask only at decode time), recompute (no guide
+    at all), each against intact: next-token KL, top-1 change, greedy agreement. A zeroed key
+    still takes part in the softmax (score 0, weight exp(0)) and a kept value still contributes,
+    so no zeroing equals removal; see docs/prefix-tools.md.
+    """
+    from kvbridge.ablate import ablate as run
+    from kvbridge.cli.split_cmd import unescape
+    from kvbridge.packs import open_model_dir
+    from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
+
+    guide_text = read_text_arg(guide, "guide")
+    prompt_text = read_text_arg(prompt, "prompt")
+    if not guide_text.strip():
+        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    tok = load_tokenizer(tokenizer or model)
+    m = open_model_dir(model)
+    report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    for line in report.lines():
+        click.echo(line)

@@ -1,0 +1,60 @@
+"""``kvbridge diverge``: full recompute vs cached vs split vs concat, same seeds, same sampler."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("diverge")
+@click.argument("model", type=click.Path(file_okay=False))
+@click.option("--guide", required=True, help="Guide text (restored from a pack on the split path), or @FILE.")
+@click.option("--prompt", required=True, help="Live prompt, or @FILE.")
+@click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
+@click.option("--seeds", default=8, show_default=True, type=click.IntRange(0), help="Sampled seeds 0..N-1.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=1.0, show_default=True, type=float)
+@click.option("--top-p", default=0.95, show_default=True, type=float)
+@click.option("--greedy", is_flag=True, help="Greedy decoding only (no sampled seeds).")
+@click.option("--split", "split_kind", type=click.Choice(["safe", "naive"]), default="safe", show_default=True,
+              help="Token layout of the split and concat paths.")
+@click.option("--pack", "pack_dir", default=None, type=click.Path(), help="Use this saved pack for the split path.")
+@click.option("--paths", default="full,cached,split,concat", show_default=True, help="Paths to compare.")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p, greedy, split_kind, pack_dir,
+            paths, tokenizer, as_json) -> None:
+    """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a local save_pretrained folder).
+
+    full: no cache, every step recomputes the sequence; cached: visible prefill + cached decode;
+    split: guide restored from a prefix pack, prompt prefilled after it; concat: the split's exact
+    tokens fed visibly. Same seed and sampler on every path. For each pair and seed: identical,
+    or the first divergence step with argmax agreement, top-25 overlap, max |logit diff| and
+    total-variation distance of the post-top-p distributions; the same for greedy decoding.
+    Summaries give Wilson intervals and say when there are too few seeds for a rate.
+    """
+    from kvbridge.cli.split_cmd import unescape
+    from kvbridge.diverge import diverge as run
+    from kvbridge.packs import open_model_dir
+    from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
+
+    guide_text = read_text_arg(guide, "guide")
+    prompt_text = read_text_arg(prompt, "prompt")
+    if not guide_text.strip():
+        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    tok = load_tokenizer(tokenizer or model)
+    m = open_model_dir(model)
+    pack = None
+    if pack_dir:
+        from kvbridge.packs import load_pack
+
+        pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_dir=tokenizer or model)
+    report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), seeds=seeds, max_new_tokens=max_new_tokens,
+                 temperature=temperature, top_p=top_p, greedy_only=greedy, split=split_kind, pack=pack,
+                 paths=[p.strip() for p in paths.split(",") if p.strip()])
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    for line in report.lines():
+        click.echo(line)

@@ -1,0 +1,130 @@
+"""``kvbridge pack``: prefix packs saved once and restored with zero forward passes."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group("pack")
+def pack() -> None:
+    """Prefix packs: a guide's KV cache prefilled once, restored with no forward pass.
+
+    A pack is DIR/kv.safetensors + DIR/manifest.json (schema manifests/schemas/prefix-pack.schema.json),
+    versioned against the model, weights, tokenizer, guide token ids, dtype, RoPE configuration and
+    cache format.
+    """
+
+
+@pack.command("save")
+@click.argument("model", type=click.Path(file_okay=False))
+@click.option("--guide", required=True, help="Guide text, or @FILE.")
+@click.option("--out", "out", required=True, type=click.Path(), help="Pack folder to write.")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.option("--dtype", default=None, help="Load the model in this dtype (default: as saved).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing pack folder.")
+def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | None, overwrite: bool) -> None:
+    """Prefill GUIDE once with MODEL (a local save_pretrained folder) and write the pack to OUT.
+
+    The guide is encoded as the ghost of a split (with the tokenizer's BOS). Nothing is written
+    when anything is wrong (empty guide, guide longer than the model's positions, OUT exists).
+    """
+    from pathlib import Path
+
+    from kvbridge.errors import ArtifactError
+    from kvbridge.packs import guide_ids_of, open_model_dir, save_pack, tokenizer_fingerprint
+    from kvbridge.splits import load_tokenizer, read_text_arg
+
+    text = read_text_arg(guide, "guide")
+    if Path(out).exists() and not overwrite:
+        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    tok_path = tokenizer or model
+    tok = load_tokenizer(tok_path)
+    ids = guide_ids_of(tok, text)
+    m = open_model_dir(model, dtype=dtype)
+    fp = tokenizer_fingerprint(tok, folder=tok_path if Path(tok_path).is_dir() else None)
+    path = save_pack(m, out, guide_text=text, guide_ids=ids, tokenizer=tok, model_dir=model, tokenizer_fp=fp,
+                     overwrite=overwrite)
+    click.echo(f"wrote {path}: {len(ids)} guide tokens, {m.config.model_type}, "
+               f"{str(next(m.parameters()).dtype).removeprefix('torch.')}")
+
+
+@pack.command("info")
+@click.argument("folder", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the manifest + checks).")
+def info(folder: str, as_json: bool) -> None:
+    """Show a pack's manifest; the tensor file's checksum is verified."""
+    from kvbridge.packs import read_pack
+
+    manifest, tensors = read_pack(folder)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    if as_json:
+        click.echo(json.dumps({"manifest": manifest, "checksum_ok": True, "tensor_bytes": size}, indent=2,
+                              ensure_ascii=False))
+        return
+    m, g = manifest["model"], manifest["guide"]
+    rev = f"@{m['revision']}" if m.get("revision") else ""
+    text = g.get("text") or ""
+    click.echo(f"pack {folder} (schema {manifest['schema_version']}, kvbridge {manifest['kvbridge_version']})")
+    click.echo(f"  model      {m['id']}{rev} ({m['model_type']}, {m['num_layers']} layers, {m['num_kv_heads']} kv "
+               f"heads x {m['head_dim']})")
+    click.echo(f"  weights    sha256:{m['weights_fingerprint'][:16]}  config sha256:{m['config_fingerprint'][:16]}")
+    tfp = manifest["tokenizer"].get("fingerprint")
+    click.echo(f"  tokenizer  {'sha256:' + tfp[:16] if tfp else 'not recorded'} ({manifest['tokenizer'].get('kind', '')})")
+    click.echo(f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
+               f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}")
+    pos = manifest["positional"]
+    rope = pos.get("rope") or {}
+    click.echo(f"  positions  {pos['kind']}" + (f" ({rope.get('type')}, theta {rope.get('theta')})" if rope else ""))
+    cf = manifest["cache_format"]
+    click.echo(f"  cache      {cf['cache_class']} [{cf['layout']}], keys {cf['keys']}, "
+               f"{manifest['dtype']}, {size / 1e6:.2f} MB")
+    click.echo(f"  versions   transformers {manifest['transformers_version']}, torch {manifest['torch_version']}")
+    click.echo("  checksum   ok")
+
+
+@pack.command("verify")
+@click.argument("folder", type=click.Path())
+@click.argument("model", type=click.Path(file_okay=False))
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.option("--force", is_flag=True, help="Load despite forceable differences (weights, config, tokenizer, "
+                                            "guide ids, dtype), with a loud warning.")
+@click.option("--recompute", is_flag=True, help="Also prefill the guide and compare it with the stored K/V.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def verify(folder: str, model: str, tokenizer: str | None, force: bool, recompute: bool, as_json: bool) -> None:
+    """Check that the pack in FOLDER fits MODEL: checksum, model, weights, tokenizer, guide ids,
+    dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
+    import time
+    from pathlib import Path
+
+    from kvbridge.packs import load_pack, open_model_dir, read_pack, recompute_check, tokenizer_fingerprint
+    from kvbridge.splits import load_tokenizer
+
+    read_pack(folder)  # checksum + manifest shape before loading a model
+    m = open_model_dir(model)
+    tok_path = tokenizer or model
+    tok = load_tokenizer(tok_path)
+    fp = tokenizer_fingerprint(tok, folder=tok_path if Path(tok_path).is_dir() else None)
+    t0 = time.perf_counter()
+    loaded = load_pack(folder, m, tokenizer=tok, tokenizer_fp=fp, force=force)
+    cache = loaded.cache(m)
+    secs = time.perf_counter() - t0
+    result = {"ok": not loaded.forced, "forced": loaded.forced,
+              "forced_fields": [x.field for x in loaded.mismatches], "num_tokens": loaded.num_tokens,
+              "cache_tokens": int(cache.get_seq_length()), "load_seconds": secs,
+              "checks": ["checksum", "model", "rope", "cache_format", "dtype", "config", "weights", "tokenizer",
+                         "guide_token_ids"], "notes": list(loaded.notes)}
+    if recompute:
+        result["recompute_max_abs_diff"] = recompute_check(loaded, m)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    status = "LOADED WITH --force (not exact)" if loaded.forced else "ok"
+    click.echo(f"pack {folder} vs {model}: {status}")
+    click.echo(f"  checked: {', '.join(result['checks'])}")
+    click.echo(f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms")
+    if recompute:
+        click.echo(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
+    for note in loaded.notes:
+        click.echo(f"  note: {note}")

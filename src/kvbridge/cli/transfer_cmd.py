@@ -1,0 +1,83 @@
+"""``kvbridge transfer``: prefill SOURCE, move its cache through a mapping, continue on TARGET."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+
+@click.command("transfer")
+@click.argument("source")
+@click.argument("target")
+@click.option("--mapping", "mapping_dir", required=True, type=click.Path(), help="Mapping folder from `kvbridge fit`.")
+@click.option("--prompt", required=True, help="Prompt text; SOURCE prefills it, TARGET continues.")
+@click.option("--max-new-tokens", default=32, show_default=True, help="Tokens TARGET generates (greedy).")
+@click.option("--compare/--no-compare", default=False, show_default=True,
+              help="Also run TARGET natively: token agreement, next-token KL and timings.")
+@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
+              show_default=True, help="Dtype to load the models in.")
+@click.option("--force", is_flag=True, help="Use a mapping fitted for other models (warns instead of refusing).")
+def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype, force):
+    """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
+
+    Strip SOURCE's RoPE, map (batched, float32), apply TARGET's RoPE at the same positions,
+    inject, and let TARGET generate (the last prompt token is withheld and consumed by
+    TARGET). The mapping is refused when its fingerprints do not match the two models
+    (naming the field) unless --force. A transferred cache is approximate, never an exact
+    prefix cache of TARGET.
+    """
+    import warnings
+
+    import torch
+
+    from kvbridge.cli.fit_cmd import load_model, resolve_folder, tokenizer_pair
+    from kvbridge.errors import ConfigError
+    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.handoff import generate
+    from kvbridge.plugins import get_host
+    from kvbridge.transfer import transfer as run_transfer
+
+    host = get_host()
+    src, tgt = resolve_folder(source), resolve_folder(target)
+    tok_fp = tokenizer_pair(src, tgt)
+    src, smodel, tok = load_model(src, dtype=dtype)
+    tgt, tmodel, _ = load_model(tgt, dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mapping = load_mapping(mapping_dir, source=smodel, target=tmodel, tokenizer=tok_fp, force=force, host=host)
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    ids = torch.tensor([tok(prompt)["input_ids"]], dtype=torch.long)
+    if ids.shape[1] < 2:
+        raise ConfigError("the prompt gives fewer than 2 tokens: there is no prefix to transfer",
+                          "pass a longer --prompt")
+    sad = host.adapter_for(smodel.config.to_dict())
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        state = sad.extract(smodel, ids[:, :-1])
+        t1 = time.perf_counter()
+        moved = run_transfer(state, mapping, mapping.target_spec, host=host)
+        t2 = time.perf_counter()
+        gen = dict(max_new_tokens=max_new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                   pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0)
+        ours = generate(tmodel, moved, ids, host=host, **gen)
+    text = tok.decode(ours.sequences[0, ids.shape[1]:], skip_special_tokens=True)
+    click.echo(text)
+    r2 = (mapping.manifest.get("r2_summary") or {}).get("mean")
+    click.echo(f"[transferred {state.num_tokens} tokens: source prefill {1e3 * (t1 - t0):.1f} ms, "
+               f"mapping {1e3 * (t2 - t1):.1f} ms; mapping held-out R² "
+               f"{'n/a' if r2 is None else f'{r2:.4f}'}]", err=True)
+    if compare:
+        with torch.no_grad():
+            t3 = time.perf_counter()
+            tmodel(input_ids=ids[:, :-1], use_cache=True)
+            t4 = time.perf_counter()
+            native = tmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+        n = min(len(ours.logits), len(native.logits))
+        same = int((ours.sequences[0, ids.shape[1]:ids.shape[1] + n] == native.sequences[0, ids.shape[1]:ids.shape[1] + n]).sum())
+        lp, lq = torch.log_softmax(native.logits[0].float(), -1), torch.log_softmax(ours.logits[0].float(), -1)
+        kl = float((lp.exp() * (lp - lq)).sum())
+        click.echo("native: " + tok.decode(native.sequences[0, ids.shape[1]:], skip_special_tokens=True))
+        click.echo(f"[agreement {same}/{n} greedy tokens; next-token KL(native || transferred) {kl:.3e}; "
+                   f"target prefill {1e3 * (t4 - t3):.1f} ms vs mapping {1e3 * (t2 - t1):.1f} ms]")

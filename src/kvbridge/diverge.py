@@ -1,0 +1,371 @@
+"""Divergence analysis: full recompute vs cached vs split vs concat, same seeds, same sampler.
+
+Four execution paths produce a continuation of ``guide + sep + prompt``:
+
+- ``full``: no cache; every step runs the whole visible sequence (joint ids + generated) again,
+- ``cached``: the visible joint ids prefilled once, then cached one-token decode steps,
+- ``split``: the guide restored from a prefix pack (no forward pass), the live prompt prefilled
+  after it, then cached decode,
+- ``concat``: the split's exact token sequence (ghost + live) fed visibly, then cached decode.
+  With the safe split this is the joint sequence; with ``split="naive"`` it is the naive one, so
+  ``cached`` vs ``concat`` isolates the token-sequence effect and ``concat`` vs ``split`` the
+  cache-execution effect.
+
+Every path samples with one :class:`Sampler` (temperature, top-p) and a fresh
+``torch.Generator`` per seed that gives exactly one uniform per step; the token is read from the
+inverse CDF over token ids (not over a probability-sorted list), so two paths whose distributions
+are identical draw identical tokens, and nearly identical distributions draw the same token
+unless the uniform falls in the sliver where their CDFs differ. For every pair of paths and
+every seed the report says whether the continuations are identical, or gives the first
+divergence step and, at that step (where both histories are still the same), whether the argmax
+agrees, the top-25 overlap, the max abs logit difference and the total-variation distance
+between the post-top-p distributions. Greedy decoding gets the same comparison.
+
+Summaries give counts with 95% Wilson intervals and say plainly when there are too few seeds
+to estimate a rate (a handful of seeds shows *that* paths can separate, not *how often*).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any, Callable, Sequence
+
+from kvbridge.errors import KVBridgeError
+
+PATHS = ("full", "cached", "split", "concat")
+TOP_K = 25
+#: below this many seeds a rate is not estimated (counts only)
+MIN_SEEDS_FOR_RATE = 20
+
+
+# -- statistics -----------------------------------------------------------------------------------
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (``(0, 1)`` for ``n == 0``)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+# -- the sampler ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sampler:
+    """Temperature + top-p (nucleus) sampling by inverse CDF over token ids, one uniform per step."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise KVBridgeError(f"temperature must be > 0, got {self.temperature}", "use --greedy for argmax decoding")
+        if not (0 < self.top_p <= 1):
+            raise KVBridgeError(f"top-p must be in (0, 1], got {self.top_p}", "pass --top-p between 0 and 1")
+
+    def probs(self, logits):
+        """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary."""
+        import torch
+
+        p = torch.softmax(logits.double() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(p, descending=True, stable=True)
+            before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly before each token
+            drop_sorted = before >= self.top_p  # keep the smallest set whose mass reaches top_p
+            drop_sorted[..., 0] = False
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            p = p.masked_fill(drop, 0.0)
+            p = p / p.sum(dim=-1, keepdim=True)
+        return p
+
+    def draw(self, logits, generator) -> int:
+        import torch
+
+        p = self.probs(logits)
+        u = torch.rand((), generator=generator, dtype=torch.float64)
+        cdf = torch.cumsum(p, dim=-1)
+        idx = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0])
+        idx = min(idx, p.shape[-1] - 1)
+        while p[idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
+            idx -= 1
+        return idx
+
+    def to_dict(self) -> dict:
+        return {"kind": "inverse-cdf over token ids, one uniform per step (torch.Generator per seed)",
+                "temperature": self.temperature, "top_p": self.top_p}
+
+
+# -- trajectories ---------------------------------------------------------------------------------
+@dataclass
+class Trajectory:
+    path: str
+    tokens: list  # generated ids
+    logits: Any  # Tensor [steps, vocab] float32: the distribution each token was drawn from
+
+
+def _last_logits(out):
+    return out.logits[0, -1].detach().float().clone()
+
+
+class PathRunner:
+    """Runs the four paths for one model and one token layout."""
+
+    def __init__(self, model, joint: Sequence[int], ghost: Sequence[int], live: Sequence[int], pack, host=None):
+        import torch
+
+        self.model = model
+        self.joint = torch.as_tensor([list(joint)], dtype=torch.long)
+        self.split_ids = torch.as_tensor([list(ghost) + list(live)], dtype=torch.long)
+        self.ghost_len = len(ghost)
+        self.pack = pack
+        self.host = host
+
+    def run(self, path: str, pick: Callable, max_new_tokens: int) -> Trajectory:
+        import torch
+        from transformers import DynamicCache
+
+        model = self.model
+        tokens: list[int] = []
+        rows = []
+        with torch.no_grad():
+            if path == "full":
+                seq = self.joint
+                for step in range(max_new_tokens):
+                    logits = _last_logits(model(input_ids=seq, use_cache=False))
+                    rows.append(logits)
+                    tok = pick(logits)
+                    tokens.append(tok)
+                    seq = torch.cat([seq, torch.tensor([[tok]])], dim=1)
+                return Trajectory(path, tokens, torch.stack(rows))
+            if path in ("cached", "concat"):
+                ids = self.joint if path == "cached" else self.split_ids
+                cache = DynamicCache()
+                out = model(input_ids=ids, cache=cache, use_cache=True)
+            elif path == "split":
+                from kvbridge.handoff import prepare_cache
+
+                cache, ids = prepare_cache(model, self.pack.state, self.split_ids, host=self.host)
+                done = cache.get_seq_length() if cache is not None else 0
+                out = model(input_ids=ids[:, done:], cache=cache if cache is not None else DynamicCache(),
+                            use_cache=True)
+            else:
+                raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
+            cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
+            logits = _last_logits(out)
+            for step in range(max_new_tokens):
+                rows.append(logits)
+                tok = pick(logits)
+                tokens.append(tok)
+                if step + 1 < max_new_tokens:
+                    out = model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
+                    cache = getattr(out, "cache", None) or cache
+                    logits = _last_logits(out)
+        return Trajectory(path, tokens, torch.stack(rows))
+
+
+# -- comparisons ----------------------------------------------------------------------------------
+def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict:
+    """Identical, or the first divergence step with the metrics at that step."""
+    import torch
+
+    n = min(len(a.tokens), len(b.tokens))
+    first = next((i for i in range(n) if a.tokens[i] != b.tokens[i]), None)
+    upto = n if first is None else first + 1  # histories agree up to and including step `first`
+    diffs = (a.logits[:upto] - b.logits[:upto]).abs().amax(dim=-1)
+    out = {"identical": first is None, "first_divergence": first,
+           "max_abs_logit_diff_shared_steps": float(diffs.max()) if upto else 0.0,
+           "bitwise_equal_logits": bool(torch.equal(a.logits[:upto], b.logits[:upto]))}
+    if first is not None:
+        la, lb = a.logits[first], b.logits[first]
+        ta = set(torch.topk(la, min(TOP_K, la.shape[-1])).indices.tolist())
+        tb = set(torch.topk(lb, min(TOP_K, lb.shape[-1])).indices.tolist())
+        pa, pb = sampler.probs(la), sampler.probs(lb)
+        out["at_divergence"] = {
+            "step": first, "token_a": a.tokens[first], "token_b": b.tokens[first],
+            "argmax_agree": int(la.argmax()) == int(lb.argmax()),
+            "top25_overlap": len(ta & tb),
+            "max_abs_logit_diff": float((la - lb).abs().max()),
+            "tv_post_top_p": float(0.5 * (pa - pb).abs().sum()),
+        }
+    return out
+
+
+def summarise(results: list[dict], n_label: str = "seeds") -> dict:
+    """Counts, a Wilson interval for P(identical), and what the divergence steps looked like."""
+    n = len(results)
+    same = sum(r["identical"] for r in results)
+    lo, hi = wilson_interval(same, n)
+    div = [r["at_divergence"] for r in results if not r["identical"]]
+    out: dict = {"n": n, "identical": same, "diverged": n - same,
+                 "identical_rate_wilson95": [round(lo, 4), round(hi, 4)],
+                 "bitwise_equal_logits": sum(r["bitwise_equal_logits"] for r in results),
+                 "max_abs_logit_diff_shared_steps_max": max((r["max_abs_logit_diff_shared_steps"] for r in results),
+                                                            default=0.0)}
+    if n < MIN_SEEDS_FOR_RATE:
+        out["rate_note"] = (f"too few {n_label} (n={n}) to estimate a rate: these are counts of what happened, "
+                            f"not a success or divergence rate (the Wilson 95% interval "
+                            f"[{lo:.2f}, {hi:.2f}] shows how little {n} {n_label} pin down)")
+    else:
+        out["rate_note"] = f"identical in {same}/{n} {n_label}; Wilson 95% interval [{lo:.3f}, {hi:.3f}]"
+    if div:
+        out["at_divergence"] = {
+            "first_step_median": statistics.median(d["step"] for d in div),
+            "first_step_min": min(d["step"] for d in div),
+            "argmax_agree": sum(d["argmax_agree"] for d in div),
+            "top25_overlap_min": min(d["top25_overlap"] for d in div),
+            "top25_overlap_median": statistics.median(d["top25_overlap"] for d in div),
+            "max_abs_logit_diff_median": statistics.median(d["max_abs_logit_diff"] for d in div),
+            "max_abs_logit_diff_max": max(d["max_abs_logit_diff"] for d in div),
+            "tv_post_top_p_median": statistics.median(d["tv_post_top_p"] for d in div),
+            "tv_post_top_p_max": max(d["tv_post_top_p"] for d in div),
+        }
+    return out
+
+
+def pair_name(a: str, b: str) -> str:
+    return f"{a}-vs-{b}"
+
+
+# -- the analysis ---------------------------------------------------------------------------------
+@dataclass
+class DivergeReport:
+    paths: tuple
+    sampler: Sampler
+    seeds: tuple
+    max_new_tokens: int
+    split: dict
+    pairs: dict  # pair name -> {"seeds": [...], "summary": {...}}
+    greedy: dict  # pair name -> comparison + tokens
+    tokens: dict  # seed -> path -> tokens ; "greedy" -> path -> tokens
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"paths": list(self.paths), "sampler": self.sampler.to_dict(), "seeds": list(self.seeds),
+                "max_new_tokens": self.max_new_tokens, "split": self.split, "pairs": self.pairs,
+                "greedy": self.greedy, "tokens": {str(k): v for k, v in self.tokens.items()}, "notes": self.notes}
+
+    def lines(self) -> list[str]:
+        s = self.split
+        out = [f"split: {s['kind']} ({s['ghost_len']} + {s['live_len']} tokens; joint {s['joint_len']}; "
+               f"ghost+live == joint: {'yes' if s['matches_joint'] else 'NO'})",
+               f"sampler: temperature {self.sampler.temperature}, top-p {self.sampler.top_p}; "
+               f"{len(self.seeds)} seeds x {self.max_new_tokens} new tokens"]
+        if self.seeds:
+            out.append("sampled:")
+            for name, data in self.pairs.items():
+                sm = data["summary"]
+                line = f"  {name:<22} identical {sm['identical']}/{sm['n']}"
+                if "at_divergence" in sm:
+                    d = sm["at_divergence"]
+                    line += (f"; first divergence step median {d['first_step_median']}, argmax agreed "
+                             f"{d['argmax_agree']}/{sm['diverged']}, top-25 overlap >= {d['top25_overlap_min']}, "
+                             f"max|dlogit| <= {d['max_abs_logit_diff_max']:.3g}, TV <= {d['tv_post_top_p_max']:.3g}")
+                else:
+                    line += f"; max|dlogit| {sm['max_abs_logit_diff_shared_steps_max']:.3g}"
+                out.append(line)
+            first = next(iter(self.pairs.values()), None)
+            if first:
+                out.append(f"  note: {first['summary']['rate_note']}")
+        out.append("greedy:")
+        for name, r in self.greedy.items():
+            if r["identical"]:
+                out.append(f"  {name:<22} identical (max|dlogit| {r['max_abs_logit_diff_shared_steps']:.3g})")
+            else:
+                d = r["at_divergence"]
+                out.append(f"  {name:<22} diverged at step {d['step']} (argmax agree {d['argmax_agree']}, "
+                           f"top-25 overlap {d['top25_overlap']}, max|dlogit| {d['max_abs_logit_diff']:.3g}, "
+                           f"TV {d['tv_post_top_p']:.3g})")
+        out.extend(f"note: {n}" for n in self.notes)
+        return out
+
+
+def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds: int | Sequence[int] = 8,
+            max_new_tokens: int = 32, temperature: float = 1.0, top_p: float = 0.95, greedy_only: bool = False,
+            split: str = "safe", pack=None, paths: Sequence[str] = PATHS, host=None) -> DivergeReport:
+    """Run every path for every seed (and greedily) and compare every pair (see the module docstring)."""
+    import torch
+
+    from kvbridge import packs
+    from kvbridge.splits import split_text
+
+    if max_new_tokens < 1:
+        raise KVBridgeError(f"max-new-tokens must be >= 1, got {max_new_tokens}", "pass --max-new-tokens 1 or more")
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or len(paths) < 2:
+        raise KVBridgeError(f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}",
+                            "pass e.g. --paths full,cached,split")
+    sampler = Sampler(temperature, top_p)
+    seed_list = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
+    if greedy_only:
+        seed_list = ()
+    report = split_text(tokenizer, guide, prompt, sep)
+    chosen = report.get(split)  # "safe" raises when no exact split exists
+    if split == "safe":
+        assert chosen.ids == report.joint  # the exact-token control: ghost + live == joint, id for id
+    spec = packs._adapter(model, host).spec_of(model)
+    longest = max(len(report.joint), len(chosen.ids)) + max_new_tokens
+    packs.check_guide_length(len(chosen.ghost), spec, what="guide")
+    if spec.max_position_embeddings and longest > spec.max_position_embeddings:
+        raise KVBridgeError(f"guide + prompt + {max_new_tokens} new tokens = {longest} tokens exceed the model's "
+                            f"{spec.max_position_embeddings} positions",
+                            "shorten the guide or prompt, or lower --max-new-tokens")
+    notes: list[str] = []
+    if pack is None:
+        with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
+            from kvbridge.adapter import weights_fingerprint
+
+            wfp = weights_fingerprint(model)
+            none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
+            packs.save_pack(model, f"{tmp}/pack", guide_ids=chosen.ghost, guide_text=chosen.ghost_text,
+                            tokenizer_fp=none_fp, weights_fp=wfp, host=host)
+            pack = packs.load_pack(f"{tmp}/pack", model, weights_fp=wfp, host=host)
+        notes.append("split path: the guide was saved as a prefix pack and restored from it (zero forward passes)")
+    elif not isinstance(pack, packs.Pack):
+        pack = packs.load_pack(pack, model, tokenizer=tokenizer, host=host)
+    if list(pack.guide_ids) != list(chosen.ghost):
+        raise KVBridgeError(f"the pack's guide ({pack.num_tokens} tokens) is not the ghost of the {split} split "
+                            f"({len(chosen.ghost)} tokens)",
+                            "save the pack from the same guide text, or check `kvbridge split`")
+    if split == "naive" and not chosen.matches_joint:
+        notes.append(f"naive split: split/concat see {len(chosen.ids)} tokens, full/cached the joint {len(report.joint)}"
+                     " tokens; cached-vs-concat is the token-sequence (tokenizer) effect, concat-vs-split the "
+                     "cache-execution effect")
+    runner = PathRunner(model, report.joint, chosen.ghost, chosen.live, pack, host=host)
+    pairs = list(combinations(paths, 2))
+    per_pair: dict = {pair_name(a, b): {"seeds": []} for a, b in pairs}
+    tokens: dict = {}
+    for seed in seed_list:
+        trajs = {}
+        for path in paths:
+            gen = torch.Generator().manual_seed(int(seed))
+            trajs[path] = runner.run(path, lambda lg, g=gen: sampler.draw(lg, g), max_new_tokens)
+        tokens[seed] = {p: t.tokens for p, t in trajs.items()}
+        for a, b in pairs:
+            res = compare_trajectories(trajs[a], trajs[b], sampler)
+            res["seed"] = seed
+            per_pair[pair_name(a, b)]["seeds"].append(res)
+    for name in per_pair:
+        per_pair[name]["summary"] = summarise(per_pair[name]["seeds"]) if seed_list else {}
+    greedy_trajs = {p: runner.run(p, lambda lg: int(lg.argmax()), max_new_tokens) for p in paths}
+    tokens["greedy"] = {p: t.tokens for p, t in greedy_trajs.items()}
+    greedy = {pair_name(a, b): compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
+    if 0 < len(seed_list) < MIN_SEEDS_FOR_RATE:
+        notes.append(f"{len(seed_list)} seeds are too few to estimate how often paths diverge; "
+                     f"use --seeds {MIN_SEEDS_FOR_RATE} or more for a rate")
+    split_info = {"kind": chosen.kind, "matches_joint": chosen.matches_joint, "joint_len": len(report.joint),
+                  "ghost_len": len(chosen.ghost), "live_len": len(chosen.live),
+                  "naive_matches_joint": report.naive.matches_joint,
+                  "naive_len": len(report.naive.ids), "boundary": chosen.boundary,
+                  "ghost_text": chosen.ghost_text, "live_text": chosen.live_text}
+    return DivergeReport(paths=tuple(paths), sampler=sampler, seeds=seed_list, max_new_tokens=max_new_tokens,
+                         split=split_info, pairs=per_pair if seed_list else {}, greedy=greedy, tokens=tokens,
+                         notes=notes)
+
+
+__all__ = ["PATHS", "Sampler", "Trajectory", "PathRunner", "DivergeReport", "diverge", "compare_trajectories",
+           "summarise", "wilson_interval", "MIN_SEEDS_FOR_RATE"]

@@ -1,0 +1,69 @@
+"""The tiny model zoo: small Llama models trained by this project, shipped as package data.
+
+Five models share one byte-level BPE tokenizer trained on the public-domain tiny-Shakespeare
+corpus (the corpus itself is never shipped; ``kvbridge zoo build`` reads it from
+``../shared/corpora/`` or ``--corpus PATH``):
+
+* ``base``: the reference model;
+* ``wide``: same KV-head count and head dim, different depth, width and RoPE theta;
+* ``odd``: a different KV geometry (KV-head count and head dim);
+* ``tuned``: ``base`` trained further on a disjoint slice (the fine-tune case);
+* ``stranger``: ``base``'s architecture from another seed (a negative control).
+
+This module imports neither torch nor transformers: :func:`read_manifest`, :func:`zoo_dir` and
+:data:`ZOO_NAMES` are cheap. ``load_zoo_model`` (from :mod:`kvbridge.zoo.load`) imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kvbridge.zoo.recipes import ZOO
+
+#: the zoo's model names, in build order
+ZOO_NAMES: tuple[str, ...] = ZOO.names
+#: environment variable naming another zoo folder (e.g. one ``kvbridge zoo build --out`` wrote)
+ZOO_DIR_ENV = "KVBRIDGE_ZOO_DIR"
+MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+def zoo_dir() -> Path:
+    """The folder holding the zoo: ``$KVBRIDGE_ZOO_DIR`` if set, else the package's ``zoo/models``."""
+    env = os.environ.get(ZOO_DIR_ENV)
+    return Path(env) if env else Path(__file__).resolve().parent / "models"
+
+
+def model_dir(name: str, root: Path | None = None) -> Path:
+    """The ``save_pretrained`` folder of one zoo model (config, fp16 safetensors, tokenizer files)."""
+    folder = Path(root or zoo_dir()) / name
+    if name not in ZOO_NAMES and not (folder / "config.json").is_file():
+        from kvbridge.errors import ConfigError
+
+        raise ConfigError(f"no zoo model {name!r}", f"use one of: {', '.join(ZOO_NAMES)}")
+    return folder
+
+
+def read_manifest(root: Path | None = None) -> dict:
+    """The zoo's ``manifest.json`` (recipe hashes, corpus sha256, losses, file sha256s)."""
+    path = Path(root or zoo_dir()) / MANIFEST
+    if not path.is_file():
+        from kvbridge.errors import ArtifactError
+
+        raise ArtifactError(f"zoo manifest not found at {path}",
+                            "run `kvbridge zoo build --corpus PATH` (or reinstall kvbridge with its package data)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def __getattr__(name):  # lazy: loading imports torch and transformers
+    if name in ("load_zoo_model", "load_zoo_tokenizer"):
+        from kvbridge.zoo import load
+
+        return getattr(load, name)
+    raise AttributeError(name)
+
+
+__all__ = ["ZOO_NAMES", "ZOO_DIR_ENV", "zoo_dir", "model_dir", "read_manifest", "load_zoo_model",
+           "load_zoo_tokenizer"]

@@ -1,0 +1,99 @@
+"""`kvbridge fit` and `kvbridge transfer` end to end on planted model folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from kvbridge.cli.main import build_cli
+
+CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
+
+
+def char_tokenizer(shuffle: int | None = None):
+    """A character-level tokenizer (ids < 128, our tiny vocab); ``shuffle`` permutes the ids."""
+    import random
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = ["<unk>", "<eos>"] + CHARS
+    if shuffle is not None:
+        random.Random(shuffle).shuffle(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, planted):
+    root = tmp_path_factory.mktemp("cli")
+    tok = char_tokenizer()
+    for role in ("source", "target"):
+        planted[role].save_pretrained(root / role)
+        tok.save_pretrained(root / role)
+    shutil.copytree(root / "target", root / "other-tok")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (root / "other-tok" / name).unlink(missing_ok=True)
+    char_tokenizer(shuffle=1).save_pretrained(root / "other-tok")
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex the jovial king".split()
+    import random
+
+    rng = random.Random(0)
+    (root / "corpus").mkdir()
+    for d in range(3):
+        text = " ".join(rng.choice(words) for _ in range(200))
+        (root / "corpus" / f"doc{d}.txt").write_text(text + "\n")
+    return root
+
+
+def run(*args):
+    result = CliRunner().invoke(build_cli(), [str(a) for a in args], catch_exceptions=False)
+    return result
+
+
+def test_fit_then_transfer(folders):
+    out = folders / "map"
+    res = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out", out,
+              "--seq-len", 48, "--tokens", 1920, "--stride", 2, "--top-k", 2, "--batch-size", 8)
+    assert res.exit_code == 0, res.output
+    assert "held-out R²: mean 1.0000" in res.output and "tok/s" in res.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"]["digest"] and len(manifest["calibration"]["corpus_sha256"]) == 64
+    assert manifest["calibration"]["tokens"] == 1920
+    assert [s[0] for s in manifest["layer_selection"]] == [0, 1, 1, 2, 3, 3]
+
+    res = run("transfer", folders / "source", folders / "target", "--mapping", out, "--prompt",
+              "the lazy king jumps over", "--max-new-tokens", 6, "--compare")
+    assert res.exit_code == 0, res.output
+    assert "agreement 6/6 greedy tokens" in res.output
+
+    again = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out", out)
+    assert again.exit_code == 2 and "already exists" in again.output and "Traceback" not in again.output
+
+
+def test_refusals_are_one_line(folders):
+    res = run("fit", folders / "source", folders / "other-tok", "--corpus", folders / "corpus", "--out",
+              folders / "nope")
+    assert res.exit_code == 2 and "tokenizers" in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (folders / "nope").exists()
+    res = run("fit", folders / "source", folders / "target", "--corpus", folders / "missing.txt", "--out",
+              folders / "nope")
+    assert res.exit_code == 2 and "no such corpus" in res.output
+    res = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out",
+              folders / "nope", "--alpha", "lots")
+    assert res.exit_code == 2 and "--alpha" in res.output
+    assert not (folders / "nope").exists()
+
+
+def test_transfer_refuses_a_mapping_for_other_models_unless_forced(folders):
+    out = folders / "map"
+    if not out.exists():
+        pytest.skip("needs test_fit_then_transfer")
+    res = run("transfer", folders / "target", folders / "target", "--mapping", out, "--prompt", "the king")
+    assert res.exit_code == 2 and "source." in res.output

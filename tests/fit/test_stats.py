@@ -1,0 +1,100 @@
+"""Streaming statistics: merges equal one-shot, blocks equal the full matrix, additive form."""
+
+from __future__ import annotations
+
+import torch
+
+from kvbridge.fit.stats import LayerStats, MomentStats
+
+
+def _data(n=600, p=6, q=4, seed=0, shift=1000.0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, p, generator=g, dtype=torch.float64) * 2 + shift  # large means: the hard case
+    y = x @ torch.randn(p, q, generator=g, dtype=torch.float64) + torch.randn(n, q, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def _close(a: MomentStats, b: MomentStats, tol=1e-9):
+    assert a.n == b.n
+    for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+        ta, tb = getattr(a, name), getattr(b, name)
+        scale = max(1.0, float(tb.abs().max()))
+        assert float((ta - tb).abs().max()) <= tol * scale, name
+
+
+def test_streaming_merge_equals_one_shot_and_direct_formula():
+    x, y = _data()
+    one = MomentStats(6, 4).update(x, y)
+    streamed = MomentStats(6, 4)
+    for i in range(0, 600, 37):  # uneven batches
+        streamed.update(x[i:i + 37], y[i:i + 37])
+    _close(streamed, one)
+    a, b = MomentStats(6, 4).update(x[:250], y[:250]), MomentStats(6, 4).update(x[250:], y[250:])
+    _close(a.merge(b), one)
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    assert torch.allclose(one.cxx, xc.T @ xc, rtol=1e-10, atol=1e-8)
+    assert torch.allclose(one.cxy, xc.T @ yc, rtol=1e-10, atol=1e-8)
+    assert torch.allclose(one.cyy, (yc * yc).sum(0), rtol=1e-10, atol=1e-8)
+
+
+def test_centred_accumulation_is_stable_where_raw_sums_cancel():
+    x, y = _data(shift=1e7)
+    s = MomentStats(6, 4)
+    for i in range(0, 600, 50):
+        s.update(x[i:i + 50], y[i:i + 50])
+    xc = x - x.mean(0)
+    ref = xc.T @ xc
+    assert float((s.cxx - ref).abs().max() / ref.abs().max()) < 1e-8
+
+
+def test_block_diagonal_statistics_equal_the_full_blocks():
+    x, y = _data(p=8)
+    full = MomentStats(8, 4).update(x, y)
+    blk = MomentStats(8, 4, xx_block=4)
+    for i in range(0, 600, 100):
+        blk.update(x[i:i + 100], y[i:i + 100])
+    assert torch.allclose(blk.cxx[1], full.cxx[4:, 4:], rtol=1e-9)
+    assert torch.allclose(blk.cxy, full.cxy, rtol=1e-9)
+    assert blk.nbytes() < full.nbytes()
+
+
+def test_recentred_moments_are_additive():
+    x, y = _data()
+    parts = [MomentStats(6, 4).update(x[i:i + 200], y[i:i + 200]) for i in (0, 200, 400)]
+    total = MomentStats(6, 4).update(x, y)
+    mu_x, mu_y = total.mean_x, total.mean_y
+    summed = [sum(p.recentred(mu_x, mu_y)[k] for p in parts) for k in ("cxx", "cxy", "cyy")]
+    for got, want in zip(summed, (total.cxx, total.cxy, total.cyy)):
+        assert torch.allclose(got, want, rtol=1e-9)
+
+
+def test_state_dict_round_trip_and_memory_is_flat():
+    x, y = _data()
+    s = MomentStats(6, 4).update(x, y)
+    again = MomentStats(6, 4).load_state_dict(s.state_dict("a."), "a.")
+    _close(again, s, tol=0)
+    before = s.nbytes()
+    s.update(*_data(n=5000, seed=1))
+    assert s.nbytes() == before == MomentStats.nbytes_for(6, 4)
+
+
+def test_layer_stats_views_pick_the_right_rows_and_columns():
+    g = torch.Generator().manual_seed(3)
+    n, ls, hs, ds, lt, ht, dt = 300, 3, 2, 4, 2, 2, 3
+    feats = {"xk": torch.randn(n, ls, hs, ds, generator=g), "xv": torch.randn(n, ls, hs, ds, generator=g),
+             "yk": torch.randn(n, lt, ht, dt, generator=g), "yv": torch.randn(n, lt, ht, dt, generator=g)}
+    held = torch.zeros(n, dtype=torch.bool)
+    held[::5] = True
+    dims = dict(src_heads=hs, src_dim=ds, tgt_heads=ht, tgt_dim=dt)
+    jobs = {b: LayerStats(range(ls), range(lt), **dims, xx_block=b) for b in ("full", "layer", "head")}
+    for job in jobs.values():
+        job.update(feats, held)
+    x = feats["xv"][~held][:, [2, 0]].reshape(-1, 2 * hs * ds).double()
+    y = feats["yv"][~held][:, 1].reshape(-1, ht * dt).double()
+    ref = MomentStats(x.shape[1], y.shape[1]).update(x, y)
+    m = jobs["full"].moments("v", "train", src_layers=[2, 0], tgt_layers=[1])
+    assert torch.allclose(m.cxx, ref.cxx) and torch.allclose(m.cxy, ref.cxy) and torch.allclose(m.cyy, ref.cyy)
+    one = [j.moments("k", "held", src_head=(1, 1), tgt_layers=[0]) for j in jobs.values()]
+    for o in one[1:]:
+        assert torch.allclose(o.cxx, one[0].cxx) and torch.allclose(o.cxy, one[0].cxy)
+    assert jobs["layer"].n("held") == int(held.sum())

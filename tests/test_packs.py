@@ -1,0 +1,306 @@
+"""Prefix packs: save once, restore with zero forward passes, refuse what does not match."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvbridge.errors import ArtifactError, KVBridgeError
+from kvbridge.packs import (
+    PackForceWarning,
+    PackMismatchError,
+    load_pack,
+    read_pack,
+    recompute_check,
+    save_pack,
+)
+from kvbridge.splits import SplitError, encode, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "manifests" / "schemas" / "prefix-pack.schema.json"
+CORPUS = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
+          "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
+          "What colour is a zorp? List three fruits.\n") * 30
+GUIDE = "Define zorp: a zorp is a small blue fruit that tastes like lemon."
+PROMPT = "What colour is a zorp?"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention
+    yield
+    torch.set_num_threads(before)
+
+
+def train_tokenizer(vocab_size: int = 300):
+    """A small byte-level BPE with a BOS post-processor, trained in well under a second."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS.split("\n"), trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def make_model(tok, *, seed: int = 0, **over):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=128, initializer_range=0.05)
+    cfg.update(over)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(LlamaConfig(**cfg)).eval()
+
+
+def save_model(folder: Path, model, tok) -> Path:
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    from kvbridge.packs import open_model_dir
+
+    root = tmp_path_factory.mktemp("packs")
+    tok = train_tokenizer()
+    folder = save_model(root / "model", make_model(tok), tok)
+    model = open_model_dir(folder)
+    tok = load_tokenizer(folder)
+    pack = save_pack(model, root / "pack", guide_text=GUIDE, tokenizer=tok, model_dir=folder)
+    return {"root": root, "folder": folder, "model": model, "tok": tok, "pack": pack}
+
+
+def validate(instance, schema, where="manifest"):
+    """The subset of JSON Schema the pack schema uses (jsonschema is not a dependency)."""
+    types = {"object": dict, "array": list, "string": str, "integer": int, "boolean": bool, "null": type(None),
+             "number": (int, float)}
+    want = schema.get("type")
+    if want is not None:
+        names = want if isinstance(want, list) else [want]
+        ok = any(isinstance(instance, types[n]) and not (n in ("integer", "number") and isinstance(instance, bool))
+                 for n in names)
+        assert ok, f"{where}: {instance!r} is not {want}"
+    if "const" in schema:
+        assert instance == schema["const"], f"{where}: {instance!r} != {schema['const']!r}"
+    if "enum" in schema:
+        assert instance in schema["enum"], f"{where}: {instance!r} not in {schema['enum']}"
+    if "pattern" in schema and isinstance(instance, str):
+        assert re.search(schema["pattern"], instance), f"{where}: {instance!r} !~ {schema['pattern']}"
+    if "minimum" in schema and isinstance(instance, int):
+        assert instance >= schema["minimum"], f"{where}: {instance} < {schema['minimum']}"
+    if isinstance(instance, dict):
+        for key in schema.get("required", []):
+            assert key in instance, f"{where}: missing {key!r}"
+        for key, sub in schema.get("properties", {}).items():
+            if key in instance:
+                validate(instance[key], sub, f"{where}.{key}")
+    if isinstance(instance, list):
+        assert len(instance) >= schema.get("minItems", 0), f"{where}: too few items"
+        for i, item in enumerate(instance):
+            if "items" in schema:
+                validate(item, schema["items"], f"{where}[{i}]")
+
+
+class ForwardCounter:
+    """Counts forward calls of a model and every submodule (pre-hooks with kwargs)."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self.handles = [m.register_forward_pre_hook(self._hook, with_kwargs=True) for m in model.modules()]
+
+    def _hook(self, module, args, kwargs):
+        self.calls += 1
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+# -- manifest -------------------------------------------------------------------------------------
+def test_manifest_validates_against_the_schema(env):
+    manifest = json.loads((env["pack"] / "manifest.json").read_text())
+    validate(manifest, json.loads(SCHEMA.read_text()))
+    import transformers
+
+    assert manifest["guide"]["token_ids"] == encode(env["tok"], GUIDE, add_special_tokens=True)
+    assert manifest["guide"]["token_ids"][0] == env["tok"].bos_token_id
+    assert manifest["guide"]["text"] == GUIDE
+    assert manifest["positions"] == {"start": 0, "stop": len(manifest["guide"]["token_ids"]), "kind": "prefix"}
+    assert manifest["transformers_version"] == transformers.__version__
+    assert manifest["model"]["id"] == "model" and manifest["tokenizer"]["source"] == "tokenizer_fp"
+    assert manifest["cache_format"]["keys"] == "post_rope" and manifest["dtype"] == "float32"
+    assert manifest["positional"]["rope"]["theta"] == 10000.0
+    assert sorted(p.name for p in env["pack"].iterdir()) == ["kv.safetensors", "manifest.json"]
+
+
+def test_schema_check_rejects_a_broken_manifest(env):
+    manifest = json.loads((env["pack"] / "manifest.json").read_text())
+    schema = json.loads(SCHEMA.read_text())
+    del manifest["model"]["weights_fingerprint"]
+    with pytest.raises(AssertionError, match="weights_fingerprint"):
+        validate(manifest, schema)
+
+
+# -- loading --------------------------------------------------------------------------------------
+def test_load_runs_zero_forward_passes(env):
+    model = env["model"]
+    counter = ForwardCounter(model)
+    try:
+        pack = load_pack(env["pack"], model, tokenizer=env["tok"], tokenizer_dir=env["folder"])
+        cache = pack.cache(model)
+    finally:
+        counter.remove()
+    assert counter.calls == 0
+    assert cache.get_seq_length() == pack.num_tokens and not pack.forced
+    assert counter.handles == [] or True
+
+
+def test_continuation_equals_ordinary_prefill(env):
+    model, tok = env["model"], env["tok"]
+    pack = load_pack(env["pack"], model, tokenizer=tok, tokenizer_dir=env["folder"])
+    _, split = pack.split_for(tok, PROMPT)
+    ids = torch.tensor([list(split.ids)])
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True,
+                  pad_token_id=0)
+    got = pack.generate(model, ids, **kwargs)
+    want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    diff = max(float((a - b).abs().max()) for a, b in zip(got.logits, want.logits))
+    assert diff <= 1e-6
+    # against the same prefix prefilled now (extract), the continuation is bit for bit identical
+    from kvbridge.handoff import generate
+    from kvbridge.plugins import get_host
+
+    fresh = get_host().adapter_for(model.config.to_dict()).extract(model, torch.tensor([pack.guide_ids]))
+    again = generate(model, fresh, ids, **kwargs)
+    assert torch.equal(again.sequences, got.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(again.logits, got.logits))
+    assert recompute_check(pack, model) == 0.0
+
+
+def test_split_for_refuses_a_prompt_whose_split_moves_the_boundary(env):
+    pack = load_pack(env["pack"], env["model"], tokenizer=env["tok"])
+    with pytest.raises(SplitError):
+        pack.split_for(env["tok"], "", sep=" ")
+
+
+# -- refusals -------------------------------------------------------------------------------------
+def _refused(env, model, field, **kw):
+    with pytest.raises(PackMismatchError) as info:
+        load_pack(env["pack"], model, **kw)
+    assert field in info.value.fields, info.value.one_line()
+    assert f"{field} differs" in info.value.one_line() and "\n" not in info.value.one_line()
+    return info.value
+
+
+def test_other_weights_are_refused_and_force_loads_loudly(env):
+    other = make_model(env["tok"], seed=1)
+    err = _refused(env, other, "weights")
+    assert "--force" in err.one_line()
+    with pytest.warns(PackForceWarning, match="NOT the exact prefix state"):
+        pack = load_pack(env["pack"], other, force=True)
+    assert pack.forced and pack.state.approximate and [m.field for m in pack.mismatches] == ["weights"]
+
+
+def test_other_tokenizer_is_refused(env, tmp_path):
+    other = train_tokenizer(vocab_size=280)
+    other.save_pretrained(tmp_path)
+    _refused(env, env["model"], "tokenizer", tokenizer=load_tokenizer(tmp_path), tokenizer_dir=tmp_path)
+
+
+def test_other_dtype_is_refused(env):
+    model = make_model(env["tok"]).to(torch.bfloat16)
+    err = _refused(env, model, "dtype")
+    assert "float32" in err.one_line() and "bfloat16" in err.one_line()
+
+
+def test_other_rope_configuration_is_refused_even_with_force(env):
+    model = make_model(env["tok"], rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    err = _refused(env, model, "rope", force=True)
+    assert "rope cannot be forced" in err.one_line() or "cannot be forced" in err.one_line()
+
+
+def test_other_model_is_refused(env):
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
+                                                       vocab_size=len(env["tok"]))).eval()
+    err = _refused(env, gpt2, "model", force=True)
+    assert "model_type" in err.one_line()
+
+
+def test_other_cache_format_is_refused(env, tmp_path):
+    import shutil
+
+    copy = tmp_path / "pack"
+    shutil.copytree(env["pack"], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["cache_format"]["layout"] = "batch,tokens,kv_heads,head_dim"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackMismatchError, match="cache_format differs") as info:
+        load_pack(copy, env["model"], force=True)
+    assert info.value.fields == ("cache_format",)
+
+
+def test_truncated_and_corrupt_files_are_refused_by_checksum(env, tmp_path):
+    import shutil
+
+    for damage in ("truncate", "flip"):
+        copy = tmp_path / damage
+        shutil.copytree(env["pack"], copy)
+        data = bytearray((copy / "kv.safetensors").read_bytes())
+        if damage == "truncate":
+            data = data[: len(data) - 100]
+        else:
+            data[-5] ^= 0xFF
+        (copy / "kv.safetensors").write_bytes(bytes(data))
+        with pytest.raises(ArtifactError, match="checksum mismatch"):
+            load_pack(copy, env["model"], force=True)
+        with pytest.raises(ArtifactError, match="checksum mismatch"):
+            read_pack(copy)
+
+
+def test_guide_longer_than_positions_and_empty_guide_write_nothing(env, tmp_path):
+    model = make_model(env["tok"], max_position_embeddings=16)
+    with pytest.raises(KVBridgeError, match="has 16 positions"):
+        save_pack(model, tmp_path / "long", guide_text=GUIDE * 2, tokenizer=env["tok"])
+    with pytest.raises(SplitError, match="guide is empty"):
+        save_pack(env["model"], tmp_path / "empty", guide_text="   ", tokenizer=env["tok"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_pack_is_not_overwritten(env):
+    with pytest.raises(ArtifactError, match="already exists"):
+        save_pack(env["model"], env["pack"], guide_text=GUIDE, tokenizer=env["tok"])
+
+
+def test_pack_with_real_gpt2_tokenizer_files(shared_dir, tmp_path):
+    """Tokenizer fingerprint from the published vocab.json + merges.txt; ids clamped to a small model."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    tok = load_tokenizer(shared_dir / "fixtures/tokenizers/gpt2")
+    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
+                                                        vocab_size=len(tok))).eval()
+    folder = save_model(tmp_path / "gpt2", model, tok)
+    out = save_pack(model, tmp_path / "pack", guide_text="Hello there, friend.", tokenizer=tok, model_dir=folder)
+    manifest, _ = read_pack(out)
+    assert manifest["positional"]["kind"] == "absolute" and manifest["cache_format"]["keys"] == "no_rotation"
+    assert manifest["tokenizer"]["fingerprint"] and manifest["tokenizer"]["vocab_size"] == 50257
+    counter = ForwardCounter(model)
+    try:
+        pack = load_pack(out, model, tokenizer=tok, tokenizer_dir=folder)
+        pack.cache(model)
+    finally:
+        counter.remove()
+    assert counter.calls == 0 and pack.guide_ids == encode(tok, "Hello there, friend.", add_special_tokens=True)
