@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,24 +65,29 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="kvb-bench-pyc-")  # not into the repo
     times: dict[str, list[float]] = {k: [] for k in cmds}
+    cpu: dict[str, list[float]] = {k: [] for k in cmds}  # user+sys of the child: robust to a busy machine
     for name, cmd in cmds.items():  # warm the OS file cache once
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     for _ in range(args.repeats):
         for name, cmd in cmds.items():
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
             times[name].append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[name].append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
             if proc.returncode not in (0, 1):
                 raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stderr.decode()[-400:]}")
     base = statistics.median(times['python -c "import torch"'])
-    print(f"| command | median s ({args.repeats} runs) | min s | vs import torch |")
-    print("|---|---:|---:|---:|")
+    print(f"| command | median wall s ({args.repeats} runs) | min wall s | median CPU s | vs import torch |")
+    print("|---|---:|---:|---:|---:|")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"| `{name}` | {med:.3f} | {min(ts):.3f} | {med / base:.2f}x |")
+        print(f"| `{name}` | {med:.3f} | {min(ts):.3f} | {statistics.median(cpu[name]):.3f} | {med / base:.2f}x |")
     print()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"torch imported by check: {'no' if torch_free() else 'YES'}; python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs, bytecode cache {'off' if args.no_bytecode else 'on'}")
+          f"{os.cpu_count()} CPUs, load average {load:.1f}, bytecode cache {'off' if args.no_bytecode else 'on'}")
 
 
 if __name__ == "__main__":

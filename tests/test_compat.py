@@ -327,3 +327,15 @@ def test_report_is_frozen_and_plugins_optional(host):
         r.verdict = "mappable"  # type: ignore[misc]
     assert [a.name for a in r.axes] == list(compat.AXES) and r.findings == ()
     assert r.verdict == "identity" and r.to_dict()["axes"][0]["name"] == "model"
+
+
+def test_check_runs_on_every_fixture_folder(configs, host):
+    """Every folder under fixtures/configs gets a report, or a one-line exit-2 refusal naming its file."""
+    for folder in sorted(p for p in configs.iterdir() if (p / "config.json").is_file()):
+        try:
+            report = check(str(folder), str(folder), host)
+        except Exception as exc:
+            assert getattr(exc, "exit_code", None) == 2, folder.name
+            assert str(folder / "config.json") in str(exc) and "\n" not in str(exc)
+            continue
+        assert report.verdict == "identity" and report.exit_code(strict=True) == 0, folder.name

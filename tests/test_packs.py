@@ -163,7 +163,6 @@ def test_load_runs_zero_forward_passes(env):
         counter.remove()
     assert counter.calls == 0
     assert cache.get_seq_length() == pack.num_tokens and not pack.forced
-    assert counter.handles == [] or True
 
 
 def test_continuation_equals_ordinary_prefill(env):
@@ -189,10 +188,15 @@ def test_continuation_equals_ordinary_prefill(env):
     assert recompute_check(pack, model) == 0.0
 
 
-def test_split_for_refuses_a_prompt_whose_split_moves_the_boundary(env):
+def test_split_for_needs_the_guide_text_and_a_prompt(env, tmp_path):
     pack = load_pack(env["pack"], env["model"], tokenizer=env["tok"])
-    with pytest.raises(SplitError):
+    with pytest.raises(SplitError, match="live text is empty"):
         pack.split_for(env["tok"], "", sep=" ")
+    ids_only = save_pack(env["model"], tmp_path / "ids", guide_ids=pack.guide_ids)
+    bare = load_pack(ids_only, env["model"])
+    assert bare.guide_text is None and bare.manifest["tokenizer"]["source"] == "none"
+    with pytest.raises(SplitError, match="stores no guide text"):
+        bare.split_for(env["tok"], PROMPT)
 
 
 # -- refusals -------------------------------------------------------------------------------------

@@ -154,7 +154,8 @@ def test_dynamic_table_changes_only_past_max_positions():
 
 def test_forward_lengths():
     pos = torch.tensor([[0, 1, 2, 3], [5, 6, 7, 9]])
-    assert R.forward_lengths(pos).tolist() == [[4, 4, 4, 4], [10, 10, 10, 10]]
+    # one forward: transformers takes max(position_ids) + 1 over the whole batch
+    assert R.forward_lengths(pos).tolist() == [[10, 10, 10, 10], [10, 10, 10, 10]]
     assert R.forward_lengths(torch.arange(3)).tolist() == [3, 3, 3]
 
 
@@ -370,6 +371,12 @@ def _phi3_hook(model, cfg):  # fused qkv_proj: [q | k | v]
             for layer in model.model.layers]
 
 
+def _olmo2_hook(model, cfg):  # k_norm runs over the whole projection [B, T, H*D]
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    return [(layer.self_attn.k_norm, lambda o: heads_from_flat(o, cfg.num_key_value_heads, hd))
+            for layer in model.model.layers]
+
+
 def _same(spec_fn):
     return lambda cfg: [spec_fn(cfg)] * 2
 
@@ -443,6 +450,20 @@ FAMILIES = {
     "gemma3": Family("gemma3", _gemma3_cfg, "Gemma3ForCausalLM", _gemma3_hook, _gemma3_ropes),
     "qwen3": Family("qwen3", lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
                     "Qwen3ForCausalLM", _qwen3_hook, _same(_hf_rope())),
+    "mistral": Family("mistral", lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=6),
+                      "MistralForCausalLM", _llama_like_hook, _same(_hf_rope())),
+    "qwen2": Family("qwen2", lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
+                    "Qwen2ForCausalLM", _llama_like_hook, _same(_hf_rope())),
+    "gemma": Family("gemma", lambda: transformers.GemmaConfig(**SMALL, num_key_value_heads=1, head_dim=16),
+                    "GemmaForCausalLM", _llama_like_hook, _same(_hf_rope())),
+    "gemma2": Family("gemma2", lambda: transformers.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=16,
+                                                                 sliding_window=6),
+                     "Gemma2ForCausalLM", _llama_like_hook, _same(_hf_rope())),
+    "stablelm": Family("stablelm", lambda: transformers.StableLmConfig(**SMALL, num_key_value_heads=2,
+                                                                       partial_rotary_factor=0.25),
+                       "StableLmForCausalLM", _llama_like_hook, _same(_hf_rope())),
+    "olmo2": Family("olmo2", lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=2),
+                    "Olmo2ForCausalLM", _olmo2_hook, _same(_hf_rope())),
 }
 
 

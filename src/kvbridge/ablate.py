@@ -158,17 +158,18 @@ def _run(model, cache, ids: list[int], positions: list[int] | None, max_new_toke
     from transformers import DynamicCache
 
     cache = cache if cache is not None else DynamicCache()
+    device = next(model.parameters()).device
     pos = list(positions) if positions is not None else None
     next_pos = (pos[-1] + 1) if pos else None
 
     def forward(chunk: list[int], chunk_pos: list[int] | None, masked: bool):
         if mask is not None:
             mask.active = masked
-        kwargs: dict = {"input_ids": torch.tensor([chunk]), "cache": cache, "use_cache": True}
+        kwargs: dict = {"input_ids": torch.tensor([chunk], device=device), "cache": cache, "use_cache": True}
         if chunk_pos is not None:
-            kwargs["position_ids"] = torch.tensor([chunk_pos])
+            kwargs["position_ids"] = torch.tensor([chunk_pos], device=device)
         out = model(**kwargs)
-        return out.logits[0, -1].detach().float().clone()
+        return out.logits[0, -1].detach().float().cpu().clone()
 
     with torch.no_grad():
         if len(ids) > 1:
@@ -273,7 +274,15 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
     start, stop = keep, len(ghost)
     if stop <= start:
         raise KVBridgeError("the guide has no tokens besides special tokens", "pass a longer guide")
-    state = adapter.extract(model, torch.tensor([ghost]), spec=spec)
+    from kvbridge.spec import SLIDING
+
+    sliding = [i for i in chosen if spec.layer_type(i) == SLIDING]
+    if sliding and spec.sliding_window and total > spec.sliding_window:
+        raise KVBridgeError(f"layer(s) {sliding} are sliding-window layers (window {spec.sliding_window}) and the "
+                            f"sequence has {total} tokens: the removal mask would ignore the window",
+                            "select full-attention layers or shorten the texts below the window")
+    device = next(model.parameters()).device
+    state = adapter.extract(model, torch.tensor([ghost], device=device), spec=spec)
 
     def zeroed(k: bool, v: bool):
         keys = list(t.clone() for t in state.keys)
@@ -301,7 +310,8 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
         outcomes["remove_decode"] = _run(model, inject(state), live, None, max_new_tokens, m, mask_decode=True)
     outcomes["recompute"] = _run(model, None, ghost[:keep] + live, None, max_new_tokens)
     with torch.no_grad():
-        visible = model(input_ids=torch.tensor([list(report.joint)]), use_cache=False).logits[0, -1].float()
+        visible = model(input_ids=torch.tensor([list(report.joint)], device=device),
+                        use_cache=False).logits[0, -1].float().cpu()
     intact_vs_visible = float((visible - outcomes["intact"].logits).abs().max())
     conditions = {}
     for name in CONDITIONS:

@@ -109,7 +109,7 @@ class Trajectory:
 
 
 def _last_logits(out):
-    return out.logits[0, -1].detach().float().clone()
+    return out.logits[0, -1].detach().float().cpu().clone()
 
 
 class PathRunner:
@@ -119,8 +119,9 @@ class PathRunner:
         import torch
 
         self.model = model
-        self.joint = torch.as_tensor([list(joint)], dtype=torch.long)
-        self.split_ids = torch.as_tensor([list(ghost) + list(live)], dtype=torch.long)
+        self.device = next(model.parameters()).device
+        self.joint = torch.as_tensor([list(joint)], dtype=torch.long, device=self.device)
+        self.split_ids = torch.as_tensor([list(ghost) + list(live)], dtype=torch.long, device=self.device)
         self.ghost_len = len(ghost)
         self.pack = pack
         self.host = host
@@ -140,7 +141,7 @@ class PathRunner:
                     rows.append(logits)
                     tok = pick(logits)
                     tokens.append(tok)
-                    seq = torch.cat([seq, torch.tensor([[tok]])], dim=1)
+                    seq = torch.cat([seq, torch.tensor([[tok]], device=self.device)], dim=1)
                 return Trajectory(path, tokens, torch.stack(rows))
             if path in ("cached", "concat"):
                 ids = self.joint if path == "cached" else self.split_ids
@@ -149,7 +150,7 @@ class PathRunner:
             elif path == "split":
                 from kvbridge.handoff import prepare_cache
 
-                cache, ids = prepare_cache(model, self.pack.state, self.split_ids, host=self.host)
+                cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
                 done = cache.get_seq_length() if cache is not None else 0
                 out = model(input_ids=ids[:, done:], cache=cache if cache is not None else DynamicCache(),
                             use_cache=True)
@@ -162,7 +163,7 @@ class PathRunner:
                 tok = pick(logits)
                 tokens.append(tok)
                 if step + 1 < max_new_tokens:
-                    out = model(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True)
+                    out = model(input_ids=torch.tensor([[tok]], device=self.device), cache=cache, use_cache=True)
                     cache = getattr(out, "cache", None) or cache
                     logits = _last_logits(out)
         return Trajectory(path, tokens, torch.stack(rows))

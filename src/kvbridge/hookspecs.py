@@ -91,3 +91,14 @@ def kvbridge_register_commands(cli):
     ``cli`` is the root :class:`click.Group`; call ``cli.add_command(cmd)``. Keep heavy imports
     inside the command body so ``kvbridge --help`` stays fast.
     """
+
+
+@hookspec
+def kvbridge_manifest_dirs():
+    """Publish folders of model manifest records (format: ``manifests/README.md``).
+
+    Return a path or a list of paths. Their ``*.json`` / ``*.toml`` records are read after
+    ``$KVBRIDGE_MANIFEST_PATH`` and the built-in ``manifests/models``, so a plugin's record
+    never overrides a built-in one. ``kvbridge check NAME ...`` then finds the model by name
+    with no weights or config on disk.
+    """

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
@@ -362,9 +361,14 @@ class Pack:
     def num_tokens(self) -> int:
         return len(self.guide_ids)
 
+    def state_for(self, model):
+        """The restored state on the model's device."""
+        device = next(model.parameters()).device
+        return self.state if self.state.device == device else self.state.to(device=device)
+
     def cache(self, model, host=None):
         """A fresh ``DynamicCache`` holding the guide (the adapter's inject; no forward pass)."""
-        return _adapter(model, host).inject(self.state, model)
+        return _adapter(model, host).inject(self.state_for(model), model)
 
     def split_for(self, tokenizer: Any, live: str, sep: str = " "):
         """The exact split of ``guide + sep + live`` whose ghost is this pack (or a SplitError)."""
@@ -385,7 +389,7 @@ class Pack:
         """``model.generate`` continuing from the pack (the hand-off withholds the last prompt token)."""
         from kvbridge.handoff import generate
 
-        return generate(model, self.state, input_ids, host=host, **kwargs)
+        return generate(model, self.state_for(model), input_ids, host=host, **kwargs)
 
 
 def read_pack(path: str | Path):
@@ -446,7 +450,6 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
         msg = (f"WARNING: pack {path} loaded with --force although {fields} differ: the restored cache is NOT the "
                "exact prefix state of this model and results are not comparable to a fresh prefill")
         warnings.warn(msg, PackForceWarning, stacklevel=2)
-        print(msg, file=sys.stderr)
         notes.append(msg)
         spec = _adapter(model, host).spec_of(model)
         import torch
@@ -476,12 +479,18 @@ def recompute_check(pack: Pack, model, host=None) -> float:
 
 
 # -- model folders --------------------------------------------------------------------------------
-def open_model_dir(path: str | Path, *, dtype: str | None = None):
-    """A causal LM from a local ``save_pretrained`` folder (``local_files_only``), in eval mode."""
+def require_model_dir(path: str | Path) -> Path:
+    """``path`` if it is a local model folder (has ``config.json``), else a one-line ConfigError."""
     path = Path(path)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ConfigError(f"{path} is not a local model folder (no config.json)",
                           "pass a folder written by save_pretrained")
+    return path
+
+
+def open_model_dir(path: str | Path, *, dtype: str | None = None):
+    """A causal LM from a local ``save_pretrained`` folder (``local_files_only``), in eval mode."""
+    path = require_model_dir(path)
     import torch
     import transformers
 
@@ -502,5 +511,5 @@ def open_model_dir(path: str | Path, *, dtype: str | None = None):
 
 __all__ = ["Pack", "PackMismatchError", "PackForceWarning", "Mismatch", "save_pack", "load_pack", "read_pack",
            "compare", "build_manifest", "tokenizer_fingerprint", "model_identity", "cache_format",
-           "positional_config", "check_manifest_shape", "open_model_dir", "guide_ids_of", "recompute_check",
+           "positional_config", "check_manifest_shape", "open_model_dir", "require_model_dir", "guide_ids_of", "recompute_check",
            "SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE"]

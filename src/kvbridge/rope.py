@@ -138,13 +138,13 @@ def inv_freq(rope: RopeSpec, seq_len: int | None = None, *, device=None, host=No
 
 
 def forward_lengths(positions: "Tensor") -> "Tensor":
-    """The forward length one prefill of ``positions`` uses for its table: max position + 1 per row.
+    """The forward length one prefill of ``positions`` uses for its table.
 
-    transformers takes ``max(position_ids) + 1`` over the whole batch; rows of one batch of
-    equal length (the usual case) agree with it.
+    transformers takes ``max(position_ids) + 1`` over the whole batch of one forward, so every
+    row of a batch (ragged or not) shares it.
     """
     positions = torch.as_tensor(positions)
-    return (positions.amax(dim=-1, keepdim=True) + 1).expand(positions.shape)
+    return (positions.max() + 1).expand(positions.shape).clone()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +199,8 @@ class _Kernel:
 
     def full(self, which: str, interleaved: bool) -> "Tensor":
         """cos or sin half table laid out over ``rotary_dim`` (doubled, or each entry twice)."""
+        if which == "nsin_sin":  # (-sin, sin): the signs of rotate_half, half split only
+            return self._get(which, lambda: torch.cat((self.nsin, self.sin), dim=-1))
         t = self.cos if which == "cos" else self.sin
         return self._get(f"{which}-{interleaved}", lambda: (
             torch.repeat_interleave(t, 2, dim=-1) if interleaved else torch.cat((t, t), dim=-1)))
@@ -209,17 +211,17 @@ class _Kernel:
         ``exact``: ``k`` is in ``self.dtype`` and the rotation takes the rounding steps of the
         models' ``x*cos + rotate(x)*sin`` (one per product, one per sum: bit-identical to
         them). Otherwise (strip, reposition: not bit targets) ``k`` may be in a narrower
-        dtype, read directly, and the rotation takes the fewest passes: one complex multiply
-        for interleaved pairs, multiply + fused multiply-add for half-split ones (within an
-        ulp of the exact steps).
+        dtype (read directly on GPU, converted first on CPU) and the rotation takes the fewest
+        passes: one complex multiply for interleaved pairs, multiply + multiply-add for
+        half-split ones (within an ulp of the exact steps).
         """
         r, h = rotary_dim, rotary_dim // 2
         out = torch.empty(k.shape, dtype=self.dtype, device=k.device)
         if r < k.shape[-1]:
             out[..., r:] = k[..., r:]
         src, dst = k[..., :r], out[..., :r]
-        if not exact and interleaved and k.dtype != self.dtype:
-            src = src.to(self.dtype)
+        if not exact and k.dtype != self.dtype and (interleaved or k.device.type == "cpu"):
+            src = src.to(self.dtype)  # mixed-dtype kernels are slow on the CPU: convert first
         cplx = interleaved and src.dtype in (torch.float32, torch.float64) and _complex_ok(src)
         if not exact:
             if cplx:  # pairs (2i, 2i+1) are complex numbers: one complex multiply rotates them
@@ -243,6 +245,11 @@ class _Kernel:
                                                        else torch.complex64, device=src.device))
             swapped = torch.view_as_real(torch.view_as_complex(src.unflatten(-1, (h, 2))) * unit).flatten(-2)
             swapped.mul_(self.full("sin", True))
+        elif not interleaved and src.is_contiguous():
+            # rotate_half's halves swapped in one gather (long contiguous runs), signs in the table
+            order = self._get("order", lambda: torch.tensor([1, 0], device=src.device))
+            swapped = src.view(-1, 2, h).index_select(1, order).view(src.shape)
+            swapped.mul_(self.full("nsin_sin", False))
         else:
             swapped = torch.empty_like(dst)
             if interleaved:

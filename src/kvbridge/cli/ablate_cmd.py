@@ -28,13 +28,14 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, as_json
     """
     from kvbridge.ablate import ablate as run
     from kvbridge.cli.split_cmd import unescape
-    from kvbridge.packs import open_model_dir
+    from kvbridge.packs import open_model_dir, require_model_dir
     from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
 
     guide_text = read_text_arg(guide, "guide")
     prompt_text = read_text_arg(prompt, "prompt")
     if not guide_text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    require_model_dir(model)
     tok = load_tokenizer(tokenizer or model)
     m = open_model_dir(model)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)

@@ -103,7 +103,7 @@ def _list(host, as_json: bool) -> None:
 
 
 @click.command("describe")
-@click.argument("model", metavar="MODEL", required=False)
+@click.argument("model", metavar="[MODEL]", required=False)
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer}.")
 @click.option("--list", "list_models", is_flag=True,

@@ -36,13 +36,14 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
     """
     from kvbridge.cli.split_cmd import unescape
     from kvbridge.diverge import diverge as run
-    from kvbridge.packs import open_model_dir
+    from kvbridge.packs import open_model_dir, require_model_dir
     from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
 
     guide_text = read_text_arg(guide, "guide")
     prompt_text = read_text_arg(prompt, "prompt")
     if not guide_text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    require_model_dir(model)
     tok = load_tokenizer(tokenizer or model)
     m = open_model_dir(model)
     pack = None

@@ -6,7 +6,7 @@ import click
 
 
 def _walk(cmd: click.Command, path: list[str], ctx_parent=None):
-    ctx = click.Context(cmd, info_name=" ".join(path), parent=ctx_parent, terminal_width=100,
+    ctx = click.Context(cmd, info_name=path[-1], parent=ctx_parent, terminal_width=100,
                         max_content_width=100)
     yield path, cmd.get_help(ctx)
     if isinstance(cmd, click.Group):

@@ -33,12 +33,13 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     from pathlib import Path
 
     from kvbridge.errors import ArtifactError
-    from kvbridge.packs import guide_ids_of, open_model_dir, save_pack, tokenizer_fingerprint
+    from kvbridge.packs import guide_ids_of, open_model_dir, require_model_dir, save_pack, tokenizer_fingerprint
     from kvbridge.splits import load_tokenizer, read_text_arg
 
     text = read_text_arg(guide, "guide")
     if Path(out).exists() and not overwrite:
         raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    require_model_dir(model)
     tok_path = tokenizer or model
     tok = load_tokenizer(tok_path)
     ids = guide_ids_of(tok, text)
@@ -96,9 +97,11 @@ def verify(folder: str, model: str, tokenizer: str | None, force: bool, recomput
     """Check that the pack in FOLDER fits MODEL: checksum, model, weights, tokenizer, guide ids,
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
+    import warnings
     from pathlib import Path
 
-    from kvbridge.packs import load_pack, open_model_dir, read_pack, recompute_check, tokenizer_fingerprint
+    from kvbridge.packs import (PackForceWarning, load_pack, open_model_dir, read_pack, recompute_check,
+                                tokenizer_fingerprint)
     from kvbridge.splits import load_tokenizer
 
     read_pack(folder)  # checksum + manifest shape before loading a model
@@ -107,7 +110,9 @@ def verify(folder: str, model: str, tokenizer: str | None, force: bool, recomput
     tok = load_tokenizer(tok_path)
     fp = tokenizer_fingerprint(tok, folder=tok_path if Path(tok_path).is_dir() else None)
     t0 = time.perf_counter()
-    loaded = load_pack(folder, m, tokenizer=tok, tokenizer_fp=fp, force=force)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PackForceWarning)  # echoed below, once, on stderr
+        loaded = load_pack(folder, m, tokenizer=tok, tokenizer_fp=fp, force=force)
     cache = loaded.cache(m)
     secs = time.perf_counter() - t0
     result = {"ok": not loaded.forced, "forced": loaded.forced,
@@ -115,6 +120,8 @@ def verify(folder: str, model: str, tokenizer: str | None, force: bool, recomput
               "cache_tokens": int(cache.get_seq_length()), "load_seconds": secs,
               "checks": ["checksum", "model", "rope", "cache_format", "dtype", "config", "weights", "tokenizer",
                          "guide_token_ids"], "notes": list(loaded.notes)}
+    if loaded.forced:
+        click.echo(loaded.notes[0], err=True)
     if recompute:
         result["recompute_max_abs_diff"] = recompute_check(loaded, m)
     if as_json:
@@ -126,5 +133,5 @@ def verify(folder: str, model: str, tokenizer: str | None, force: bool, recomput
     click.echo(f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms")
     if recompute:
         click.echo(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
-    for note in loaded.notes:
+    for note in loaded.notes[1 if loaded.forced else 0:]:
         click.echo(f"  note: {note}")

@@ -10,9 +10,10 @@ Two layouts:
 - ``headwise`` (``ridge-headwise``): target head h of layer t reads one source head
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
-Compute is float32 and batched: the source cache is laid out once as ``[B·T, L_s·H_s·D_s]``,
-each target layer is then one matrix product per selected source layer (accumulated in
-place, no feature copies), and the result is cast to the target dtype. A fitted mapping is
+Compute is float32 and batched: the source cache is laid out once as ``[B·T, L_s, H_s·D_s]``;
+for each target layer the selected layers' features are gathered (one ``index_select``
+into a reused buffer) and multiplied by ``W`` in one GEMM with the bias fused
+(``addmm``), and the result is cast to the target dtype. A fitted mapping is
 approximate by nature: ``exact`` is False, so transferred states are marked ``approximate``.
 """
 
@@ -43,6 +44,14 @@ class LayerMap:
     bk: torch.Tensor
     wv: torch.Tensor
     bv: torch.Tensor
+
+    def source_index(self, device=None) -> torch.Tensor:
+        """The selected source layers as an index tensor (dense layout), cached per device."""
+        cache = self.__dict__.setdefault("_index", {})
+        key = str(device)
+        if key not in cache:
+            cache[key] = torch.tensor([int(s) for s in self.sources], dtype=torch.long, device=device)
+        return cache[key]
 
     def to(self, dtype=torch.float32, device=None) -> "LayerMap":
         return replace(self, **{n: getattr(self, n).to(dtype=dtype, device=device) for n in ("wk", "bk", "wv", "bv")})
@@ -111,18 +120,24 @@ class FittedMapping:
             feats[name] = x.view(n, ls * hs * ds)
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
         out_k, out_v = [], []
+        bufs: dict = {}
         for lm in self.layers:
             lm = lm if lm.wk.device == device else lm.to(device=device)
             for name, w, bias, out in (("k", lm.wk, lm.bk, out_k), ("v", lm.wv, lm.bv, out_v)):
                 x = feats[name]
                 if lm.mode == "dense":
-                    fs = hs * ds
-                    y = None
-                    for j, s in enumerate(lm.sources):
-                        xs = x[:, s * fs:(s + 1) * fs]
-                        ws = w[j * fs:(j + 1) * fs]
-                        y = torch.addmm(bias, xs, ws) if y is None else y.addmm_(xs, ws)
-                    y = y.view(b, t, ht, dt).transpose(1, 2)
+                    if len(lm.sources) == 1:
+                        s0 = lm.sources[0]
+                        xs = x[:, s0 * hs * ds:(s0 + 1) * hs * ds]
+                    else:  # gather the selected layers' features: one GEMM with K = k * H_s * D_s
+                        key = (len(lm.sources), name)
+                        buf = bufs.get(key)
+                        if buf is None:
+                            buf = bufs[key] = torch.empty(n, len(lm.sources), hs * ds, dtype=torch.float32,
+                                                          device=device)
+                        torch.index_select(x.view(n, ls, hs * ds), 1, lm.source_index(device), out=buf)
+                        xs = buf.view(n, -1)
+                    y = torch.addmm(bias, xs, w).view(b, t, ht, dt).transpose(1, 2)
                 else:
                     idx = torch.tensor([l * hs + h for l, h in lm.sources], device=device)
                     xh = x.view(n, ls * hs, ds).index_select(1, idx).transpose(0, 1)  # [H_t, n, D_s]

@@ -9,10 +9,12 @@ For features ``x`` (``p`` dims) and targets ``y`` (``q`` dims) a :class:`MomentS
 - ``cxy``: ``Σ (x - x̄)(y - ȳ)ᵀ`` (``p × q``),
 - ``cyy``: the diagonal of ``Σ (y - ȳ)(y - ȳ)ᵀ`` (``q``), all a held-out R² needs.
 
-Memory is fixed by ``p`` and ``q``, never by the number of observations. A batch is
+Memory is fixed by ``p`` and ``q``, never by the number of observations: the statistics
+plus one reused float64 buffer of the largest batch (``8·m·(p + q)`` bytes). A batch is
 centred on its own mean and merged with the pair-wise update of Chan, Golub & LeVeque
-(``C = C_a + C_b + n_a n_b / n · δ δᵀ``), which stays accurate when the means are large
-against the spread (a raw ``Σ x xᵀ - n x̄ x̄ᵀ`` would cancel catastrophically).
+(``C = C_a + C_b + n_a n_b / n · δ δᵀ``, the batch term accumulated straight into ``C`` by
+the GEMM), which stays accurate when the means are large against the spread (a raw
+``Σ x xᵀ - n x̄ x̄ᵀ`` would cancel catastrophically).
 
 **Additive form (distributed).** Centred co-moments about *different* means do not add.
 About one shared centre ``c`` they do: ``Σ (x - c)(x - c)ᵀ = C + n (x̄ - c)(x̄ - c)ᵀ`` is a
@@ -109,13 +111,40 @@ class MomentStats:
         m = int(x.shape[0])
         if m == 0:
             return self
-        x = x.to(device=self.device, dtype=DTYPE)
-        y = y.to(device=self.device, dtype=DTYPE)
-        mx, my = x.mean(0), y.mean(0)
-        xc, yc = x - mx, y - my
-        batch = _Raw(float(m), mx, my, self._outer_xx(xc, xc), xc.T @ yc, (yc * yc).sum(0))
-        self._merge_raw(batch)
+        xc, yc = self._workspace(m)
+        xc.copy_(x)
+        yc.copy_(y)
+        mx, my = xc.mean(0), yc.mean(0)
+        xc -= mx  # the batch, centred on its own mean, in a reused float64 buffer
+        yc -= my
+        # Chan's update folded into the GEMMs: C += Xcᵀ Xc + w δ δᵀ, with w = n_a m / (n_a + m)
+        n = self.n + m
+        w = self.n * m / n
+        dx, dy = mx - self.mean_x, my - self.mean_y
+        if self.xx_block is None:
+            self.cxx.addmm_(xc.T, xc)
+            self.cxx.addr_(dx, dx, alpha=w)
+        else:
+            bs = self.xx_block
+            xb = xc.view(m, -1, bs).transpose(0, 1)  # [blocks, m, b]
+            self.cxx.baddbmm_(xb.transpose(1, 2), xb)
+            self.cxx += w * self._outer_vec(dx, dx)
+        self.cxy.addmm_(xc.T, yc)
+        self.cxy.addr_(dx, dy, alpha=w)
+        self.cyy += (yc * yc).sum(0)
+        self.cyy += w * dy * dy
+        self.mean_x += dx * (m / n)
+        self.mean_y += dy * (m / n)
+        self.n = n
         return self
+
+    def _workspace(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 buffers for one batch, reused across updates (steady state allocates nothing big)."""
+        ws = getattr(self, "_ws", None)
+        if ws is None or ws[0].shape[0] < m:
+            ws = self._ws = (torch.empty(m, self.p, dtype=DTYPE, device=self.device),
+                             torch.empty(m, self.q, dtype=DTYPE, device=self.device))
+        return ws[0][:m], ws[1][:m]
 
     def _merge_raw(self, o: "_Raw") -> None:
         if o.n == 0:
@@ -178,9 +207,25 @@ class MomentStats:
             cxx = self.cxx[block]
         else:
             r = slice(None) if rows is None else rows
-            cxx = self.cxx[r][:, r] if isinstance(r, torch.Tensor) else self.cxx[r, r]
-        return Moments(n=self.n, mean_x=self.mean_x[r], mean_y=self.mean_y[cols],
-                       cxx=cxx, cxy=self.cxy[r][:, cols], cyy=self.cyy[cols])
+            if isinstance(r, torch.Tensor):
+                cxx = self.cxx.index_select(0, r).index_select(1, r)
+            else:
+                cxx = self.cxx[r, r]
+
+        def pick(t: torch.Tensor, rows_, cols_) -> torch.Tensor:  # slices first (views), gathers last
+            if not isinstance(rows_, torch.Tensor):
+                t = t[rows_]
+            if not isinstance(cols_, torch.Tensor):
+                t = t[:, cols_]
+            if isinstance(rows_, torch.Tensor):
+                t = t.index_select(0, rows_)
+            return t.index_select(1, cols_) if isinstance(cols_, torch.Tensor) else t
+
+        def vec(t: torch.Tensor, idx) -> torch.Tensor:
+            return t.index_select(0, idx) if isinstance(idx, torch.Tensor) else t[idx]
+
+        return Moments(n=self.n, mean_x=vec(self.mean_x, r), mean_y=vec(self.mean_y, cols),
+                       cxx=cxx, cxy=pick(self.cxy, r, cols), cyy=vec(self.cyy, cols))
 
     # -- persistence -------------------------------------------------------------------------
     def state_dict(self, prefix: str = "") -> dict:
@@ -325,13 +370,20 @@ class LayerStats:
     def n(self, split: str = "train") -> float:
         return self.stats[("k", split)].n
 
-    def _cols(self, tgt_layers) -> torch.Tensor:
+    def _cols(self, tgt_layers):
+        """Target columns of ``tgt_layers``: a slice when they are consecutive, else an index tensor."""
         ft = self.tgt_heads * self.tgt_dim
-        idx = []
-        for t in tgt_layers:
-            j = self.tgt_layers.index(int(t))
-            idx.append(torch.arange(j * ft, (j + 1) * ft))
-        return torch.cat(idx)
+        pos = [self.tgt_layers.index(int(t)) for t in tgt_layers]
+        if pos == list(range(pos[0], pos[0] + len(pos))):
+            return slice(pos[0] * ft, (pos[-1] + 1) * ft)
+        return torch.cat([torch.arange(j * ft, (j + 1) * ft) for j in pos])
+
+    def _rows(self, src_layers):
+        fs = self.src_heads * self.src_dim
+        pos = [self.src_layers.index(int(s)) for s in src_layers]
+        if pos == list(range(pos[0], pos[0] + len(pos))):
+            return slice(pos[0] * fs, (pos[-1] + 1) * fs)
+        return torch.cat([torch.arange(j * fs, (j + 1) * fs) for j in pos])
 
     def moments(self, kind: str, split: str, *, tgt_layers, src_layers=None, src_head=None) -> Moments:
         """Moments for features = ``src_layers`` (all their heads) or one ``src_head=(layer, head)``."""
@@ -354,11 +406,7 @@ class LayerStats:
             return st.moments(cols=cols, block=self.src_layers.index(layers[0]))
         if self.xx_block != "full":
             raise ValueError(f"{self.xx_block}-block statistics cannot solve source layers {layers} jointly")
-        rows = torch.cat([torch.arange(self.src_layers.index(s) * fs, (self.src_layers.index(s) + 1) * fs)
-                          for s in layers])
-        if len(layers) == len(self.src_layers) and layers == list(self.src_layers):
-            return st.moments(cols=cols)
-        return st.moments(rows=rows, cols=cols)
+        return st.moments(rows=self._rows(layers), cols=cols)
 
     # -- persistence -----------------------------------------------------------------------------
     def state_dict(self, prefix: str = "") -> dict:

@@ -160,6 +160,8 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
             save_tokenizer(tok, folder)
             if not (folder / "model.safetensors").is_file():
                 raise ArtifactError(f"save_pretrained wrote no model.safetensors in {folder}")
+            for p in folder.iterdir():  # safetensors writes 0600; package data should be world-readable
+                p.chmod(0o644)
             del model
 
             shipped, _ = zload.load_zoo_model(m.name, dtype=torch.float32, root=out)
