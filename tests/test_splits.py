@@ -177,3 +177,22 @@ def test_one_line_error_messages(tmp_path):
         load_tokenizer(tmp_path / "missing")
     except TokenizerError as exc:
         assert "\n" not in exc.one_line()
+
+
+def _zoo_folder(name: str = "base"):
+    from kvbridge.zoo import zoo_dir
+
+    folder = zoo_dir() / name
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip(f"zoo model {name!r} not built at {folder}")
+    return folder
+
+
+def test_zoo_tokenizer_split():
+    """The project's own byte-level BPE (the tiny model zoo's tokenizer)."""
+    tok = load_tokenizer(_zoo_folder())
+    for guide, live in (("First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak."),
+                        ("ROMEO: But, soft! what light through yonder window breaks?", "and the king is here.")):
+        r = split_text(tok, guide, live, " ")
+        assert not r.naive.matches_joint
+        assert r.safe is not None and r.safe.ids == r.joint and r.safe.ghost_text == guide

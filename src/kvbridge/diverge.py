@@ -260,7 +260,8 @@ class DivergeReport:
             out.append("sampled:")
             for name, data in self.pairs.items():
                 sm = data["summary"]
-                line = f"  {name:<22} identical {sm['identical']}/{sm['n']}"
+                lo, hi = sm["identical_rate_wilson95"]
+                line = f"  {name:<22} identical {sm['identical']}/{sm['n']} (Wilson95 {lo:.2f}-{hi:.2f})"
                 if "at_divergence" in sm:
                     d = sm["at_divergence"]
                     line += (f"; first divergence step median {d['first_step_median']}, argmax agreed "
@@ -270,7 +271,7 @@ class DivergeReport:
                     line += f"; max|dlogit| {sm['max_abs_logit_diff_shared_steps_max']:.3g}"
                 out.append(line)
             first = next(iter(self.pairs.values()), None)
-            if first:
+            if first and first["summary"]["n"] < MIN_SEEDS_FOR_RATE:
                 out.append(f"  note: {first['summary']['rate_note']}")
         out.append("greedy:")
         for name, r in self.greedy.items():

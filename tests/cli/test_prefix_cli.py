@@ -186,3 +186,31 @@ def test_command_modules_import_nothing_heavy():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "HEAVY []" in res.stdout
+
+
+def _zoo(*names):
+    from kvbridge.zoo import zoo_dir
+
+    folders = [zoo_dir() / n for n in names]
+    missing = [f for f in folders if not (f / "model.safetensors").is_file()]
+    if missing:
+        pytest.skip(f"zoo model(s) not built: {', '.join(str(m) for m in missing)}")
+    return folders
+
+
+def test_zoo_models_pack_round_trip_and_refusals(tmp_path):
+    """A trained model: pack save/verify on `base`, refused for its fine-tune and for another geometry."""
+    base, tuned, odd = _zoo("base", "tuned", "odd")
+    guide = "First Citizen: Before we proceed any further, hear me speak."
+    out = tmp_path / "pack"
+    assert run("pack", "save", base, "--guide", guide, "--out", out).exit_code == 0
+    d = json.loads(run("pack", "verify", out, base, "--json", "--recompute").stdout)
+    assert d["ok"] and d["recompute_max_abs_diff"] == 0.0
+    one_line_error(run("pack", "verify", out, tuned), "weights differ")
+    one_line_error(run("pack", "verify", out, odd), "model differs")
+    res = run("diverge", base, "--guide", guide, "--prompt", "All: Speak, speak.", "--seeds", 2,
+              "--max-new-tokens", 8, "--pack", out, "--json")
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout)
+    assert rep["split"]["matches_joint"] and not rep["split"]["naive_matches_joint"]
+    assert all(r["identical"] and r["bitwise_equal_logits"] for r in rep["pairs"]["cached-vs-concat"]["seeds"])

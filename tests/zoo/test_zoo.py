@@ -42,7 +42,7 @@ def test_manifest_is_consistent_with_files(manifest):
     from kvbridge.zoo.build import MAX_WEIGHTS_BYTES, model_recipe_hashes
     from kvbridge.zoo.recipes import recipe_hash
 
-    assert list(manifest["models"]) == list(ZOO_NAMES)
+    assert manifest["names"] == list(ZOO_NAMES) and set(manifest["models"]) == set(ZOO_NAMES)
     assert manifest["zoo_recipe_hash"] == recipe_hash(ZOO), "recipes changed: rebuild with `kvbridge zoo build`"
     hashes = model_recipe_hashes(ZOO)
     assert manifest["corpus"]["sha256"] == CORPUS_SHA256

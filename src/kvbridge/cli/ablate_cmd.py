@@ -16,8 +16,9 @@ import click
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(1),
               help="Length of the greedy continuation compared.")
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.option("--dtype", default=None, help="Load the model in this dtype (default: as saved).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, as_json) -> None:
+def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, as_json) -> None:
     """Ablate the guide's cached K/V at LAYERS and compare with the intact state and true removal.
 
     Conditions on the guide positions: k_zero, v_zero, kv_zero, remove_prefill (mask while the
@@ -37,7 +38,7 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, as_json
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
     require_model_dir(model)
     tok = load_tokenizer(tokenizer or model)
-    m = open_model_dir(model)
+    m = open_model_dir(model, dtype=dtype)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

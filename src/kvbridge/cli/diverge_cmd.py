@@ -22,9 +22,10 @@ import click
 @click.option("--pack", "pack_dir", default=None, type=click.Path(), help="Use this saved pack for the split path.")
 @click.option("--paths", default="full,cached,split,concat", show_default=True, help="Paths to compare.")
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.option("--dtype", default=None, help="Load the model in this dtype (default: as saved).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p, greedy, split_kind, pack_dir,
-            paths, tokenizer, as_json) -> None:
+            paths, tokenizer, dtype, as_json) -> None:
     """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a local save_pretrained folder).
 
     full: no cache, every step recomputes the sequence; cached: visible prefill + cached decode;
@@ -45,7 +46,7 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
     require_model_dir(model)
     tok = load_tokenizer(tokenizer or model)
-    m = open_model_dir(model)
+    m = open_model_dir(model, dtype=dtype)
     pack = None
     if pack_dir:
         from kvbridge.packs import load_pack

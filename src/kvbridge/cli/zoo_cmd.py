@@ -15,7 +15,8 @@ def _table(manifest: dict) -> str:
     cols = ["name", "layers", "hidden", "heads", "kv x dim", "rope theta", "params", "train tokens",
             "held-out loss", "unigram H", "MB", "init / seed"]
     rows = []
-    for name, m in manifest["models"].items():
+    for name in manifest.get("names") or list(manifest["models"]):
+        m = manifest["models"][name]
         a = m["architecture"]
         weights = next((f for p, f in m["files"].items() if p.endswith(".safetensors")), {"bytes": 0})
         rows.append([name, str(a["num_hidden_layers"]), str(a["hidden_size"]), str(a["num_attention_heads"]),

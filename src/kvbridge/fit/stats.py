@@ -131,7 +131,7 @@ class MomentStats:
             self.cxx += w * self._outer_vec(dx, dx)
         self.cxy.addmm_(xc.T, yc)
         self.cxy.addr_(dx, dy, alpha=w)
-        self.cyy += (yc * yc).sum(0)
+        self.cyy += torch.linalg.vector_norm(yc, dim=0).square_()  # Σ yc², no [m, q] temporary
         self.cyy += w * dy * dy
         self.mean_x += dx * (m / n)
         self.mean_y += dy * (m / n)

@@ -233,6 +233,7 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
                           "recipe": asdict(recipe.tokenizer), "recipe_hash": recipe_hash(recipe.tokenizer),
                           "folder": TOKENIZER_DIR, "files": file_records(tok_dir, out)},
             "weights_bytes_total": weights_bytes,
+            "names": list(models),  # build order (the JSON keys below are sorted)
             "models": models,
         }
         (out / MANIFEST).write_text(canonical_json_pretty(manifest), encoding="utf-8")

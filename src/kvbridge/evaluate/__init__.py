@@ -1,0 +1,199 @@
+"""How good is a transferred cache? ``kvbridge eval`` as a Python API.
+
+::
+
+    from kvbridge.evaluate import evaluate, corpus_samples
+    samples, info = corpus_samples("corpus.txt", tokenizer, n=32, length=64 + 32 + 1)
+    result = evaluate(source_model, target_model, mapping, samples, prefix_len=64, continuation_len=32)
+    result["conditions"]["transferred"]["gap_recovered"], result["gates"]
+
+Modules: :mod:`~kvbridge.evaluate.conditions` (native, transferred, no_prefix and the
+controls, run on the same samples; attention capture), :mod:`~kvbridge.evaluate.metrics`
+(the metric functions, paired bootstrap), :mod:`~kvbridge.evaluate.gates` (PASS/FAIL),
+:mod:`~kvbridge.evaluate.report` (terminal table, JSON, Markdown + PNG report) and
+:mod:`~kvbridge.evaluate.guard` (the guarded hand-off for live input).
+
+The result is a JSON-ready dict with stable keys (``SCHEMA``):
+``conditions.<condition>.<metric>`` and ``conditions.<condition>.<metric>_ci`` = ``[low, high]``
+for every metric, ``conditions.<condition>.attention_cosine_layers`` (per target layer),
+``comparisons.transferred_vs_<condition>.nll_diff[_ci]``, ``gates`` (one record per gate),
+``gates_passed``, ``timing``, ``samples``, ``prefix_len``, ``continuation_len``, ``greedy_tokens``,
+``bootstrap``, ``source``, ``target``, ``mapping``, ``data``, ``definitions``, ``notes``. Values that do not
+apply are ``null``.
+
+Importing this package imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "kvbridge-eval/1"
+#: share of the corpus (its end, cut at a line start) that evaluation samples come from
+HELDOUT_FRACTION = 0.1
+
+
+def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
+    """The last ``fraction`` of the corpus characters, starting at a line start.
+
+    The zoo trains on the first 90% of its corpus (``base`` 0-75%, ``tuned`` 75-90%) and fits
+    should calibrate on the front of a corpus: the tail is what evaluation reads.
+    """
+    text = texts if isinstance(texts, str) else "\n".join(texts)
+    if not 0 < fraction <= 1:
+        from kvbridge.evaluate.conditions import EvalError
+
+        raise EvalError(f"held-out fraction must be in (0, 1], got {fraction}", "use e.g. 0.1")
+    cut = int(len(text) * (1 - fraction))
+    nl = text.find("\n", cut)
+    return text[nl + 1:] if cut > 0 and nl >= 0 else text[cut:]
+
+
+def windows(stream, n: int, length: int):
+    """``[n, length]`` non-overlapping windows spread evenly over a 1-D token stream."""
+    import torch
+
+    from kvbridge.evaluate.conditions import EvalError
+
+    stream = torch.as_tensor(stream).long().flatten()
+    total = stream.numel()
+    if n < 1:
+        raise EvalError(f"--samples must be at least 1, got {n}", "use e.g. --samples 32")
+    if total < n * length:
+        raise EvalError(f"the held-out text has {total} tokens, fewer than {n} samples x {length} tokens",
+                        "pass a bigger corpus, fewer --samples or a shorter --prefix-len/--continuation-len")
+    step = (total - length) / max(1, n - 1) if n > 1 else 0
+    starts = [int(round(i * step)) for i in range(n)]
+    return torch.stack([stream[s:s + length] for s in starts])
+
+
+def corpus_samples(corpus, tokenizer, *, n: int, length: int, fraction: float = HELDOUT_FRACTION):
+    """``(samples [n, length], info)`` from the held-out tail of a corpus (path or texts)."""
+    import torch
+
+    sha = None
+    if isinstance(corpus, (str, Path)) and Path(corpus).exists():
+        from kvbridge.fit.calibrate import load_corpus
+
+        texts, sha = load_corpus(corpus)
+    else:
+        texts = [corpus] if isinstance(corpus, str) else list(corpus)
+    tail = heldout_text(texts, fraction)
+    ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
+    samples = windows(torch.tensor(ids, dtype=torch.long), n, length)
+    info = {"kind": "corpus", "path": str(corpus) if isinstance(corpus, (str, Path)) else None, "sha256": sha,
+            "heldout_fraction": fraction, "heldout_tokens": len(ids)}
+    return samples, info
+
+
+def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None = None, temperature: float = 1.0):
+    """``[n, length]`` token ids sampled from ``model`` (seeded ancestral sampling, temperature 1).
+
+    For when no corpus is available: text drawn from the model itself, deterministic per seed.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(int(seed))
+    vocab = model.config.vocab_size
+    start = bos if bos is not None else getattr(model.config, "bos_token_id", None)
+    if start is None:
+        first = torch.randint(0, vocab, (n, 1), generator=g)
+    else:
+        first = torch.full((n, 1), int(start), dtype=torch.long)
+    from transformers import DynamicCache
+
+    ids, cache, inp = [first], DynamicCache(), first
+    with torch.no_grad():
+        for _ in range(length - 1):
+            logits = model(input_ids=inp, cache=cache, use_cache=True).logits[:, -1].float()
+            probs = torch.softmax(logits / temperature, dim=-1)
+            inp = torch.multinomial(probs, 1, generator=g)
+            ids.append(inp)
+    return torch.cat(ids, dim=1)
+
+
+def _clean(obj):
+    """JSON-ready: nan/inf -> None, tensors -> lists, tuples -> lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "tolist"):
+        return _clean(obj.tolist())
+    return obj
+
+
+def _describe_model(model, host, name: str = "") -> dict:
+    spec = host.adapter_for(model.config.to_dict()).spec_of(model)
+    return {"name": name or str(getattr(model.config, "_name_or_path", "") or ""), "model_type": spec.model_type,
+            "layers": spec.num_layers, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+            "vocab_size": spec.vocab_size, "dtype": spec.dtype}
+
+
+def _describe_mapping(mapping, path=None) -> dict:
+    report = getattr(mapping, "report", None) or {}
+    return {"path": None if path is None else str(path), "name": getattr(mapping, "name", type(mapping).__name__),
+            "exact": bool(getattr(mapping, "exact", False)),
+            "layer_selection": mapping.layer_selection() if hasattr(mapping, "layer_selection") else None,
+            "r2_summary": report.get("r2_summary"), "heldout_r2": report.get("heldout_r2"),
+            "warnings": list(report.get("warnings") or [])}
+
+
+def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continuation_len: int = 32,
+             greedy_tokens: int = 16, batch_size: int = 8, top_k: int = 5, top_p: float = 0.9,
+             conditions=None, bootstrap: int = 1000, seed: int = 0, gates=(), metrics=None, attention: bool = True,
+             source_name: str = "", target_name: str = "", mapping_path=None, data: dict | None = None,
+             host=None, progress=None) -> dict:
+    """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
+
+    ``gates``: gate texts to enforce (``"kl_p95<=0.2"``, ``"default"``); the default gates are
+    always reported. ``metrics``: metric names (default: every registered metric).
+    """
+    from kvbridge.evaluate import gates as gates_mod
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, run_conditions
+    from kvbridge.evaluate.metrics import resolve_metrics, summarize
+    from kvbridge.plugins import get_host
+
+    host = host or get_host()
+    loaded = resolve_metrics(host, metrics)
+    hib = {m.name: m.higher_is_better for m in loaded}
+    gate_list = gates_mod.gate_set(gates, hib)  # parse before the (slow) run: fail early on a typo
+    config = EvalConfig(prefix_len=int(prefix_len), continuation_len=int(continuation_len),
+                        greedy_tokens=int(greedy_tokens), batch_size=int(batch_size), top_k=int(top_k),
+                        top_p=float(top_p), seed=int(seed), conditions=tuple(conditions or CONDITIONS),
+                        attention=bool(attention))
+    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress)
+    summary = summarize(run, loaded, bootstrap=int(bootstrap), seed=int(seed))
+    gate_results = gates_mod.evaluate_gates(summary, gate_list)
+    t = run.timing
+    timing = {"eval_seconds": t["eval_s"], "target_prefill_ms": 1e3 * t["target_prefill_s"],
+              "transfer_ms": 1e3 * t["transfer_s"], "source_prefill_ms": 1e3 * t["source_prefill_s"],
+              "prefix_tokens": t["prefix_tokens"],
+              "transfer_speedup_vs_prefill": (t["target_prefill_s"] / t["transfer_s"]) if t["transfer_s"] > 0 else None}
+    result = {
+        "schema": SCHEMA,
+        "source": _describe_model(source, host, source_name),
+        "target": _describe_model(target, host, target_name),
+        "mapping": _describe_mapping(mapping, mapping_path),
+        "data": data or {"kind": "token ids"},
+        "samples": run.num_samples, "prefix_len": config.prefix_len, "continuation_len": config.continuation_len,
+        "greedy_tokens": config.greedy_tokens, "top_k": config.top_k, "top_p": config.top_p,
+        "bootstrap": int(bootstrap), "seed": int(seed),
+        "conditions": summary["conditions"],
+        "comparisons": summary["comparisons"],
+        "gates": gate_results,
+        "gates_passed": all(r["passed"] for r in gate_results),
+        "exit_code": gates_mod.exit_code(gate_results),
+        "timing": timing,
+        "higher_is_better": summary["higher_is_better"],
+        "definitions": summary["descriptions"],
+        "notes": list(run.notes),
+    }
+    return _clean(result)
+
+
+__all__ = ["SCHEMA", "HELDOUT_FRACTION", "evaluate", "corpus_samples", "model_samples", "heldout_text", "windows"]

@@ -1,0 +1,426 @@
+"""The evaluation conditions: one target model continued from different prefix caches.
+
+Every condition runs on the same held-out samples. A sample is ``P + C + 1`` token ids:
+
+- the **prefix** ``x[0:P]`` is what the cache holds (P tokens, positions ``0..P-1``);
+- the **continuation** ``x[P:P+C]`` is fed to the target by teacher forcing from that cache
+  (positions ``P..P+C-1``); the logits at continuation position ``j`` predict ``x[P+j+1]``, so
+  ``C`` next-token predictions are scored per sample, all conditioned on the prefix cache;
+- **greedy generation**: from a fresh copy of the same cache, the first continuation token
+  ``x[P]`` is fed, then ``G`` tokens are chosen greedily; step 0 is the argmax of continuation
+  position 0.
+
+The conditions (all target-geometry caches of the same P tokens unless said otherwise):
+
+- ``native``: the target's own prefill of the prefix (the ceiling);
+- ``transferred``: the source's prefix cache through the mapping
+  (:func:`kvbridge.transfer.transfer`: strip the source RoPE, map, apply the target RoPE);
+- ``no_prefix``: the target fed the continuation alone, from position 0 (the floor);
+- ``zeroed``: the transferred cache with every K and V set to 0 (a zero key still takes part
+  in the softmax with score 0, so this is not the same as ``no_prefix``);
+- ``shuffled``: the transferred cache of a *different* sample's prefix (sample ``(i+1) mod N``):
+  right statistics, wrong content;
+- ``random``: Gaussian noise with the transferred cache's per-layer mean and standard
+  deviation (one scalar pair per layer for K and one for V, over the whole batch chunk);
+- ``no_rope_reapply``: the mapped content-space keys injected as if they were rotated (the
+  target RoPE is never applied): the pitfall of skipping target re-rotation;
+- ``source``: the source model continued from its own prefix cache (reference; its logits
+  are compared with the target's native ones only when both share the vocabulary size).
+
+:func:`run_conditions` returns per-sample, per-position arrays (:class:`ConditionRun`), from
+which :mod:`kvbridge.evaluate.metrics` computes every metric and its bootstrap interval.
+Logits are reduced as soon as a batch is done (they are not kept), so memory is
+``O(batch x C x vocab)``.
+
+Attention-output cosine (per target layer): during the native continuation a capturing
+attention function (registered with transformers' ``AttentionInterface`` and enabled on the
+target only for that forward) records, per layer, the post-RoPE queries of the continuation
+tokens, the full keys/values the layer attended to (prefix + continuation) and the mask. For
+each condition that has a prefix cache, the prefix slice ``[:P]`` of those keys/values is
+replaced by the condition's cached K/V and attention is recomputed with the *same* queries,
+continuation K/V and mask; the cosine between the two attention outputs (all query heads
+concatenated, before ``o_proj``) is taken per continuation token and averaged per sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from kvbridge.errors import KVBridgeError, StateError
+
+#: every condition, in report order
+CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
+#: conditions whose prefix is a target-geometry cache (attention cosine applies)
+CACHE_CONDITIONS = ("native", "transferred", "zeroed", "shuffled", "random", "no_rope_reapply")
+#: the controls a transfer must beat
+CONTROLS = ("zeroed", "shuffled", "random", "no_rope_reapply")
+
+
+class EvalError(KVBridgeError):
+    """The evaluation cannot run as asked (too few samples, mismatched models)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    prefix_len: int = 64
+    continuation_len: int = 32
+    greedy_tokens: int = 16
+    batch_size: int = 8
+    top_k: int = 5  # top-k overlap
+    top_p: float = 0.9  # nucleus for the total-variation distance
+    seed: int = 0  # random control
+    conditions: tuple = CONDITIONS
+    attention: bool = True
+
+    @property
+    def sample_len(self) -> int:
+        return self.prefix_len + self.continuation_len + 1
+
+
+@dataclass
+class ConditionRun:
+    """Per-condition arrays over samples (leading dim N) plus the run's context."""
+
+    config: EvalConfig
+    fields: dict  # condition -> {name: Tensor[N, ...]}
+    num_layers: int  # target layers (attention cosine columns)
+    timing: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        return int(next(iter(self.fields["native"].values())).shape[0])
+
+
+# -- attention capture ------------------------------------------------------------------------------
+_CAPTURE_NAME = "kvbridge_capture"
+_STORE: dict = {"active": None}
+
+
+def _orig_attention(name: str, module):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[name]
+    import sys
+
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
+    return fn
+
+
+def _capture_forward(module, query, key, value, attention_mask, **kwargs):
+    active = _STORE["active"]
+    if active is not None:
+        layer = int(getattr(module, "layer_idx", len(active["layers"])))
+        active["layers"][layer] = {
+            "q": query.detach().float().clone(), "k": key.detach().float().clone(),
+            "v": value.detach().float().clone(),
+            "mask": None if attention_mask is None else attention_mask.detach().clone(),
+            "scaling": kwargs.get("scaling"), "softcap": kwargs.get("softcap"),
+            "sliding_window": kwargs.get("sliding_window"),
+        }
+        fn = _orig_attention(active["impl"], module)
+    else:  # pragma: no cover - only reachable if a model keeps the name after the context
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
+    return fn(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_capture(impl: str) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    AttentionInterface.register(_CAPTURE_NAME, _capture_forward)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[impl] if impl in ALL_MASK_ATTENTION_FUNCTIONS else eager_mask
+    AttentionMaskInterface.register(_CAPTURE_NAME, mask_fn)
+
+
+@contextlib.contextmanager
+def capture_attention(model):
+    """Record every layer's queries, keys, values and mask during forwards inside the block.
+
+    The model's own attention implementation still computes the output (logits unchanged);
+    the capturing function is installed by name for the block only and removed after.
+    """
+    config = model.config
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    _register_capture(impl)
+    store = {"impl": impl, "layers": {}}
+    prev = _STORE["active"]
+    _STORE["active"] = store
+    config._attn_implementation = _CAPTURE_NAME
+    try:
+        yield store["layers"]
+    finally:
+        config._attn_implementation = impl
+        _STORE["active"] = prev
+
+
+def attention_output(q, k, v, mask=None, *, scaling=None, softcap=None) -> torch.Tensor:
+    """Eager softmax attention ``[B, Hq, Tq, D]`` (float32) with GQA repeat and the captured mask."""
+    q, k, v = q.float(), k.float(), v.float()
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    tq, tk = scores.shape[-2], scores.shape[-1]
+    if mask is None:  # causal with the cache offset
+        qpos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
+        allowed = torch.arange(tk, device=q.device)[None, :] <= qpos
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    else:
+        m = mask[..., :tq, :tk]
+        if m.dtype == torch.bool:
+            scores = scores.masked_fill(~m, float("-inf"))
+        else:
+            scores = scores + m.float()
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
+    """Per sample, per layer: cosine of attention outputs with native vs ``state``'s prefix K/V."""
+    out = []
+    for layer in range(len(captured)):
+        c = captured[layer]
+        kw = {"scaling": c["scaling"], "softcap": c["softcap"]}
+        ref = attention_output(c["q"], c["k"], c["v"], c["mask"], **kw)
+        k = torch.cat([state.keys[layer].float(), c["k"][:, :, prefix_len:]], dim=2)
+        v = torch.cat([state.values[layer].float(), c["v"][:, :, prefix_len:]], dim=2)
+        got = attention_output(c["q"], k, v, c["mask"], **kw)
+        b, h, t, d = ref.shape
+        a = ref.transpose(1, 2).reshape(b, t, h * d)
+        g = got.transpose(1, 2).reshape(b, t, h * d)
+        cos = torch.nn.functional.cosine_similarity(a.double(), g.double(), dim=-1, eps=1e-12)
+        out.append(cos.mean(dim=1).float())
+    return torch.stack(out, dim=1)  # [B, L]
+
+
+# -- per-position comparisons -----------------------------------------------------------------------
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p truncated and renormalised distributions (the smallest set with mass >= top_p)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    cum = sorted_p.cumsum(-1)
+    keep_sorted = (cum - sorted_p) < top_p  # always keeps the top token
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    out = probs * keep
+    return out / out.sum(-1, keepdim=True)
+
+
+def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int,
+                    top_p: float) -> dict:
+    """Per-position arrays of one batch of one condition (``logits [B, C, V]`` float32)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out = {
+        "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
+        "correct": (logp.argmax(-1) == targets).float(),
+    }
+    if native is None:  # this is the native condition: keep what the others compare with
+        return out, {"logp": logp, "logits": logits.float(), "argmax": logp.argmax(-1),
+                     "topk": logp.topk(top_k, dim=-1).indices, "nucleus": _nucleus(logp.exp(), top_p)}
+    if logp.shape[-1] != native["logp"].shape[-1]:
+        nan = torch.full(targets.shape, float("nan"))
+        out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
+        return out, None
+    pn = native["logp"].exp()
+    out["kl"] = (pn * (native["logp"] - logp)).sum(-1).clamp_min(0.0)
+    out["top1"] = (logp.argmax(-1) == native["argmax"]).float()
+    tk = logp.topk(top_k, dim=-1).indices
+    out["topk"] = (tk[..., :, None] == native["topk"][..., None, :]).any(-1).float().mean(-1)
+    out["tv"] = 0.5 * (_nucleus(logp.exp(), top_p) - native["nucleus"]).abs().sum(-1)
+    out["max_abs_logit_diff"] = (logits.float() - native["logits"]).abs().flatten(1).max(dim=1).values
+    return out, None
+
+
+# -- running the models -----------------------------------------------------------------------------
+def _forward(model, ids, cache=None):
+    kwargs = {"use_cache": cache is not None}
+    if cache is not None:
+        kwargs["cache"] = cache
+    with torch.no_grad():
+        return model(input_ids=ids, **kwargs).logits.float()
+
+
+def _greedy(model, cache, first, steps: int) -> torch.Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache() if cache is None else cache
+    toks, inp = [], first
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_ids=inp, cache=cache, use_cache=True).logits
+            inp = logits[:, -1].argmax(-1, keepdim=True)
+            toks.append(inp)
+    return torch.cat(toks, dim=1)
+
+
+def _first_divergence(tokens: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    diff = tokens != ref
+    steps = tokens.shape[1]
+    first = torch.where(diff.any(1), diff.float().argmax(1), torch.full(diff.shape[:1], steps))
+    return first.float()
+
+
+def zeroed_state(state):
+    return state.map_tensors(torch.zeros_like)
+
+
+def random_state(state, generator: torch.Generator):
+    """Noise with the per-layer mean and std of ``state`` (K and V apart)."""
+    def noise(t):
+        mean, std = t.float().mean(), t.float().std()
+        return (torch.randn(t.shape, generator=generator) * std + mean).to(t.dtype)
+
+    return replace(state, keys=tuple(noise(k) for k in state.keys), values=tuple(noise(v) for v in state.values),
+                   approximate=True)
+
+
+def no_rope_state(source_state, mapping, target_spec, host=None):
+    """The mapped cache with content-space keys injected as if rotated (no target RoPE)."""
+    content = source_state.strip_rope(host=host)
+    mapped = mapping.map_content(content, target_spec)
+    return replace(mapped, rope_applied=True, positions=source_state.positions, rope_lengths=None, approximate=True)
+
+
+def _check_pair(source_spec, target_spec, mapping) -> None:
+    ms, mt = getattr(mapping, "source_spec", None), getattr(mapping, "target_spec", None)
+    for role, want, got in (("source", ms, source_spec), ("target", mt, target_spec)):
+        if want is None:
+            continue
+        g1 = (want.num_layers, want.num_kv_heads, want.head_dim)
+        g2 = (got.num_layers, got.num_kv_heads, got.head_dim)
+        if g1 != g2:
+            raise EvalError(f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)={g1}, "
+                            f"the {role} model has {g2}", "pass the mapping fitted for this pair")
+
+
+def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalConfig = EvalConfig(), *,
+                   host=None, progress=None) -> ConditionRun:
+    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays."""
+    from kvbridge.plugins import get_host
+    from kvbridge.transfer import transfer
+
+    host = host or get_host()
+    samples = torch.as_tensor(samples).long()
+    p, c = config.prefix_len, config.continuation_len
+    if samples.dim() != 2 or samples.shape[1] < config.sample_len:
+        raise EvalError(f"samples must be [N, >= {config.sample_len}] token ids (prefix {p} + continuation {c} + 1), "
+                        f"got {tuple(samples.shape)}", "make longer samples or lower --prefix-len/--continuation-len")
+    n = samples.shape[0]
+    conds = [x for x in CONDITIONS if x in config.conditions]
+    if "native" not in conds:
+        conds.insert(0, "native")
+    if "shuffled" in conds and n < 2:
+        raise EvalError("the shuffled control needs at least 2 samples", "pass --samples 2 or more")
+    if p < 1 or c < 1:
+        raise EvalError(f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len")
+    sad = host.adapter_for(source.config.to_dict())
+    tad = host.adapter_for(target.config.to_dict())
+    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    _check_pair(sspec, tspec, mapping)
+    gen = torch.Generator().manual_seed(int(config.seed))
+    acc: dict = {x: {} for x in conds}
+    timing = {"target_prefill_s": 0.0, "transfer_s": 0.0, "source_prefill_s": 0.0, "prefix_tokens": 0}
+    notes = []
+    t_start = time.perf_counter()
+
+    def add(cond, name, value):
+        acc[cond].setdefault(name, []).append(value.detach().float().cpu())
+
+    for start in range(0, n, config.batch_size):
+        idx = torch.arange(start, min(n, start + config.batch_size))
+        ids = samples[idx, : config.sample_len]
+        prefix, cont, targets = ids[:, :p], ids[:, p:p + c], ids[:, p + 1:p + c + 1]
+        t0 = time.perf_counter()
+        native_state = tad.extract(target, prefix, spec=tspec)
+        t1 = time.perf_counter()
+        src_state = sad.extract(source, prefix, spec=sspec)
+        t2 = time.perf_counter()
+        transferred = transfer(src_state, mapping, tspec, host=host)
+        t3 = time.perf_counter()
+        timing["target_prefill_s"] += t1 - t0
+        timing["source_prefill_s"] += t2 - t1
+        timing["transfer_s"] += t3 - t2
+        timing["prefix_tokens"] += int(prefix.numel())
+
+        states = {"native": native_state, "transferred": transferred}
+        if "zeroed" in conds:
+            states["zeroed"] = zeroed_state(transferred)
+        if "shuffled" in conds:
+            other = samples[(idx + 1) % n, :p]
+            states["shuffled"] = transfer(sad.extract(source, other, spec=sspec), mapping, tspec, host=host)
+        if "random" in conds:
+            states["random"] = random_state(transferred, gen)
+        if "no_rope_reapply" in conds:
+            states["no_rope_reapply"] = no_rope_state(src_state, mapping, tspec, host=host)
+
+        # native first: its logits are what every other condition is compared with
+        cache = tad.inject(native_state, target)
+        if config.attention:
+            with capture_attention(target) as captured:
+                logits = _forward(target, cont, cache)
+        else:
+            captured, logits = None, _forward(target, cont, cache)
+        fields, native = position_fields(logits, targets, None, top_k=config.top_k, top_p=config.top_p)
+        ref_greedy = _greedy(target, tad.inject(native_state, target), cont[:, :1], config.greedy_tokens)
+        for name, value in fields.items():
+            add("native", name, value)
+        native_cmp, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
+        for name in ("kl", "top1", "topk", "tv", "max_abs_logit_diff"):
+            add("native", name, native_cmp[name])
+        add("native", "greedy_div", torch.full((len(idx),), float(config.greedy_tokens)))
+        if captured is not None:
+            add("native", "attn_cos", attention_cosines(captured, native_state, p))
+        del logits
+
+        for cond in conds:
+            if cond == "native":
+                continue
+            if cond in states:
+                state = states[cond]
+                logits = _forward(target, cont, tad.inject(state, target))
+                toks = _greedy(target, tad.inject(state, target, check=False), cont[:, :1], config.greedy_tokens)
+                if captured is not None:
+                    add(cond, "attn_cos", attention_cosines(captured, state, p))
+            elif cond == "no_prefix":
+                logits = _forward(target, cont)
+                toks = _greedy(target, None, cont[:, :1], config.greedy_tokens)
+            elif cond == "source":
+                logits = _forward(source, cont, sad.inject(src_state, source))
+                toks = _greedy(source, sad.inject(src_state, source), cont[:, :1], config.greedy_tokens)
+            else:  # pragma: no cover
+                raise EvalError(f"unknown condition {cond!r}", f"use some of {', '.join(CONDITIONS)}")
+            fields, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
+            for name, value in fields.items():
+                add(cond, name, value)
+            add(cond, "greedy_div", _first_divergence(toks, ref_greedy))
+            del logits
+        if progress is not None:
+            progress(min(n, start + config.batch_size), n)
+
+    out = {cond: {name: torch.cat(vals, dim=0) for name, vals in acc[cond].items()} for cond in conds}
+    for cond in conds:  # references every condition's metrics need (paired: same samples)
+        out[cond]["native_nll"] = out["native"]["nll"]
+        out[cond]["native_correct"] = out["native"]["correct"]
+        if "no_prefix" in out:
+            out[cond]["no_prefix_nll"] = out["no_prefix"]["nll"]
+            out[cond]["no_prefix_correct"] = out["no_prefix"]["correct"]
+    if "source" in conds and sspec.vocab_size != tspec.vocab_size:
+        notes.append(f"source vocabulary {sspec.vocab_size} != target {tspec.vocab_size}: "
+                     "no logit comparison for the source condition")
+    timing["eval_s"] = time.perf_counter() - t_start
+    return ConditionRun(config=config, fields=out, num_layers=tspec.num_layers, timing=timing, notes=notes)
+
+
+__all__ = ["CONDITIONS", "CACHE_CONDITIONS", "CONTROLS", "EvalConfig", "ConditionRun", "EvalError", "run_conditions",
+           "capture_attention", "attention_output", "attention_cosines", "position_fields", "zeroed_state",
+           "random_state", "no_rope_state"]
