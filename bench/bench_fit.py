@@ -244,7 +244,7 @@ def mapping_floor(mapping, tokens: int, rate: float, bandwidth: float) -> tuple[
 
 
 def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_spec, k: int, token_counts,
-                   prefill_flops_per_token=None) -> tuple[str, list]:
+                   rounds: int = 3) -> tuple[str, list]:
     from kvbridge.transfer import transfer
 
     mapping = random_mapping(source_spec, target_spec, k)
@@ -259,16 +259,18 @@ def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_sp
         gemms = equivalent_gemms(mapping, tokens)
         with torch.no_grad():
             # the floor's matmul rate is measured on exactly the mapping's GEMMs (same shapes, same
-            # count), alternated with the mapping itself, best of 5 each: robust to a shared, busy CPU
-            t_map, t_gemm = float("inf"), float("inf")
-            for _ in range(5):
-                t_map = min(t_map, best_of(lambda: mapping.map_tensors(content.keys, content.values), 1))
-                t_gemm = min(t_gemm, best_of(gemms, 1))
-            rate = mapping.flops(tokens) / t_gemm
-            t_all = best_of(lambda: transfer(state, mapping, target_spec), 3)
+            # count); mapping, GEMMs, whole transfer and target prefill are timed in alternation,
+            # best of `rounds` each, so a shared, busy CPU skews them alike
             ids = torch.randint(0, target_spec.vocab_size, (1, tokens))
-            t_pre = best_of(lambda: model(input_ids=ids, use_cache=True), 1 if tokens > 1024 else 2)
-            t_all = min(t_all, best_of(lambda: transfer(state, mapping, target_spec), 3))
+            runs = {"map": lambda: mapping.map_tensors(content.keys, content.values), "gemm": gemms,
+                    "transfer": lambda: transfer(state, mapping, target_spec),
+                    "prefill": lambda: model(input_ids=ids, use_cache=True)}
+            best = {k: float("inf") for k in runs}
+            for _ in range(rounds):
+                for key, fn in runs.items():
+                    best[key] = min(best[key], best_of(fn, 1))
+            t_map, t_gemm, t_all, t_pre = best["map"], best["gemm"], best["transfer"], best["prefill"]
+            rate = mapping.flops(tokens) / t_gemm
         floor, flops, nbytes = mapping_floor(mapping, tokens, rate, bw)
         rows.append([tokens, f"{1e3 * t_pre:.0f}", f"{1e3 * t_all:.1f}", f"{1e3 * t_map:.1f}", f"{t_pre / t_all:.1f}x",
                      f"{flops / 1e9:.2f}", f"{nbytes / 2**20:.0f}", f"{rate / 1e9:.1f}", f"{1e3 * floor:.1f}",

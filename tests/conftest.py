@@ -10,6 +10,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """Tiny models run fastest single-threaded (and a shared 2-core box stays responsive)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _shared() -> Path:
     env = os.environ.get("KVBRIDGE_SHARED")
     return Path(env) if env else REPO.parent / "shared"

@@ -9,6 +9,7 @@ differs. Torch and transformers are imported inside the methods, never at import
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -121,6 +122,8 @@ class FamilyAdapter:
             raise StateError("cannot extract a cache from an empty token sequence", "pass at least one token id")
         cache = DynamicCache()  # no config: sliding layers keep their whole history
         kwargs: dict = {"cache": cache, "use_cache": True}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            kwargs["logits_to_keep"] = 1  # only the cache is wanted: skip the [B, T, vocab] logits
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
         with torch.no_grad():

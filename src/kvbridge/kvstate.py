@@ -8,8 +8,8 @@ longrope), the length of the forward that produced each key, which picks its tab
 Sliding-window layers keep their full history here: injection trims what the model's own
 cache would keep.
 
-Torch is imported lazily by the methods that need it; the class itself is importable with
-no heavy dependency only through ``TYPE_CHECKING``.
+This module imports torch; config-only code (``spec``, ``compat``, the CLI's start-up)
+never imports it.
 """
 
 from __future__ import annotations
@@ -165,4 +165,15 @@ class KVState:
                 "recompute the prefix at the new positions")
         if self.spec.positional == "none":
             return replace(self, positions=new_positions)
-        return self.strip_rope(host=host).apply_rope(new_positions, host=host)
+        from kvbridge import rope
+
+        new_positions = new_positions.to(self.token_ids.device).expand(self.batch_size, -1)
+        if not self.rope_applied:
+            return replace(self, positions=new_positions)
+        stateful = self.spec.rope is not None and self.spec.rope.is_stateful
+        new_lengths = rope.forward_lengths(new_positions) if stateful else None
+        keys = tuple(
+            rope.reposition(k, self.positions, new_positions, self.spec.rope_for_layer(i),
+                            old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
+            for i, k in enumerate(self.keys))
+        return replace(self, keys=keys, positions=new_positions, rope_lengths=new_lengths)

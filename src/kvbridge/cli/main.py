@@ -29,6 +29,7 @@ COMMANDS = {
     "zoo": "kvbridge.cli.zoo_cmd:zoo",
     "fit": "kvbridge.cli.fit_cmd:fit",
     "transfer": "kvbridge.cli.transfer_cmd:transfer",
+    "eval": "kvbridge.cli.eval_cmd:eval_cmd",
 }
 
 

@@ -144,7 +144,7 @@ def _describe_mapping(mapping, path=None) -> dict:
 
 
 def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continuation_len: int = 32,
-             greedy_tokens: int = 16, batch_size: int = 8, top_k: int = 5, top_p: float = 0.9,
+             greedy_tokens: int = 16, batch_size: int = 16, top_k: int = 5, top_p: float = 0.9,
              conditions=None, bootstrap: int = 1000, seed: int = 0, gates=(), metrics=None, attention: bool = True,
              source_name: str = "", target_name: str = "", mapping_path=None, data: dict | None = None,
              host=None, progress=None) -> dict:

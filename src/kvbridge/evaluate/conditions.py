@@ -70,7 +70,7 @@ class EvalConfig:
     prefix_len: int = 64
     continuation_len: int = 32
     greedy_tokens: int = 16
-    batch_size: int = 8
+    batch_size: int = 16
     top_k: int = 5  # top-k overlap
     top_p: float = 0.9  # nucleus for the total-variation distance
     seed: int = 0  # random control

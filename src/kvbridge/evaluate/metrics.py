@@ -1,10 +1,12 @@
 """Quality metrics of a condition against ``native``, with paired bootstrap intervals.
 
 A metric is a plugin (:class:`kvbridge.plugin_types.Metric`, registered through
-``kvbridge_register_metrics``) whose factory loads a function ``metric(view) -> float``.
-``view`` is an :class:`EvalView`: one condition's per-sample arrays (leading dimension = the
-samples), restricted to a bootstrap resample when intervals are computed. A metric returns
-``nan`` where it does not apply (e.g. attention cosine for ``no_prefix``).
+``kvbridge_register_metrics``) whose factory loads a function ``metric(view)``. ``view`` is an
+:class:`EvalView`: one condition's per-sample arrays with a leading *replicate* dimension
+``R`` (``R = 1`` for the point estimate, one row per bootstrap resample otherwise), so every
+field below is really ``[R, N, ...]``. A metric returns ``R`` values (a tensor), reducing over
+everything else; a metric that can only return one number is called once per replicate.
+It returns ``nan`` where it does not apply (e.g. attention cosine for ``no_prefix``).
 
 Fields of a view (``C`` = scored continuation positions, ``L`` = target layers):
 
@@ -43,7 +45,6 @@ interval is the 2.5th..97.5th percentile of the replicates.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +54,12 @@ NAN = float("nan")
 
 @dataclass
 class EvalView:
-    """One condition's per-sample arrays (see the module docstring)."""
+    """One condition's per-sample arrays for ``R`` sample draws at once (see the module docstring).
+
+    Every field has a leading *replicate* dimension: ``[R, N, ...]``. The point estimate is a
+    view with ``R = 1`` (the samples as they are); bootstrap views have one row per resample.
+    A metric reduces over everything but that dimension and returns ``R`` values.
+    """
 
     condition: str
     fields: dict
@@ -69,128 +75,142 @@ class EvalView:
         return self.fields.get(name, default)
 
     @property
-    def num_samples(self) -> int:
+    def replicates(self) -> int:
         return int(next(iter(self.fields.values())).shape[0])
 
-    def select(self, idx: torch.Tensor) -> "EvalView":
-        return EvalView(self.condition, {k: v.index_select(0, idx) for k, v in self.fields.items()}, self.params)
+    @classmethod
+    def of(cls, condition: str, fields: dict, params: dict | None = None) -> "EvalView":
+        """The point-estimate view (``R = 1``) of per-sample ``fields`` ``[N, ...]``."""
+        return cls(condition, {k: v[None] for k, v in fields.items()}, dict(params or {}))
+
+    @classmethod
+    def resampled(cls, condition: str, fields: dict, idx: torch.Tensor, params: dict | None = None) -> "EvalView":
+        """Bootstrap views: ``idx [R, N]`` sample indices (the same for every condition: paired)."""
+        return cls(condition, {k: v[idx] for k, v in fields.items()}, dict(params or {}))
+
+    def replicate(self, r: int) -> "EvalView":
+        return EvalView(self.condition, {k: v[r:r + 1] for k, v in self.fields.items()}, self.params)
 
 
-def _mean(view: EvalView, name: str) -> float:
+def _nan(view: EvalView) -> torch.Tensor:
+    return torch.full((view.replicates,), NAN, dtype=torch.float64)
+
+
+def _mean(view: EvalView, name: str) -> torch.Tensor:
+    """Per replicate mean over samples and positions (samples weigh equally: same C each)."""
     t = view.get(name)
-    if t is None or t.numel() == 0:
-        return NAN
-    return float(t.mean())
+    if t is None or t[0].numel() == 0:
+        return _nan(view)
+    return t.double().flatten(1).mean(1)
 
 
-# -- the built-in metrics ---------------------------------------------------------------------------
-def nll(view: EvalView) -> float:
+# -- the built-in metrics (each returns a [R] tensor) -------------------------------------------------
+def nll(view: EvalView):
     """Mean continuation negative log-likelihood (nats per token)."""
     return _mean(view, "nll")
 
 
-def perplexity(view: EvalView) -> float:
+def perplexity(view: EvalView):
     """exp(nll) of the continuation."""
-    v = nll(view)
-    return math.exp(v) if v == v else NAN
+    return nll(view).exp()
 
 
-def nll_delta(view: EvalView) -> float:
+def nll_delta(view: EvalView):
     """nll − native nll on the same samples (0 = native quality)."""
     return nll(view) - _mean(view, "native_nll")
 
 
-def accuracy(view: EvalView) -> float:
+def accuracy(view: EvalView):
     """Teacher-forced next-token accuracy on the continuation (argmax == true token)."""
     return _mean(view, "correct")
 
 
-def kl_mean(view: EvalView) -> float:
+def kl_mean(view: EvalView):
     """Mean over continuation positions of KL(native ‖ x) (nats)."""
     return _mean(view, "kl")
 
 
-def kl_p95(view: EvalView) -> float:
+def kl_p95(view: EvalView):
     """95th percentile over continuation positions of KL(native ‖ x) (nats)."""
     t = view.get("kl")
-    if t is None or t.numel() == 0 or bool(torch.isnan(t).any()):
-        return NAN
-    return float(torch.quantile(t.flatten().double(), 0.95))
+    if t is None or t[0].numel() == 0:
+        return _nan(view)
+    return torch.quantile(t.double().flatten(1), 0.95, dim=1)
 
 
-def top1_agreement(view: EvalView) -> float:
+def top1_agreement(view: EvalView):
     """Share of continuation positions where x's argmax equals native's."""
     return _mean(view, "top1")
 
 
-def topk_overlap(view: EvalView) -> float:
+def topk_overlap(view: EvalView):
     """Mean |top-k(x) ∩ top-k(native)| / k (k = ``--top-k``, default 5)."""
     return _mean(view, "topk")
 
 
-def tv_top_p(view: EvalView) -> float:
+def tv_top_p(view: EvalView):
     """Mean total-variation distance of the top-p (default 0.9) truncated distributions."""
     return _mean(view, "tv")
 
 
-def max_abs_logit_diff(view: EvalView) -> float:
+def max_abs_logit_diff(view: EvalView):
     """Max |logit_x − logit_native| over samples, positions and vocabulary."""
     t = view.get("max_abs_logit_diff")
-    return NAN if t is None or t.numel() == 0 else float(t.max())
+    return _nan(view) if t is None or t[0].numel() == 0 else t.double().flatten(1).max(1).values
 
 
-def gap_recovered(view: EvalView) -> float:
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    return torch.where(den > 1e-9, num / den.clamp_min(1e-9), torch.full_like(num, NAN))
+
+
+def gap_recovered(view: EvalView):
     """(NLL_no_prefix − NLL_x) / (NLL_no_prefix − NLL_native) on mean NLLs."""
     if "no_prefix_nll" not in view:
-        return NAN
-    floor, ceil, x = _mean(view, "no_prefix_nll"), _mean(view, "native_nll"), nll(view)
-    den = floor - ceil
-    if not den > 1e-9:
-        return NAN
-    return (floor - x) / den
+        return _nan(view)
+    floor, ceil = _mean(view, "no_prefix_nll"), _mean(view, "native_nll")
+    return _ratio(floor - nll(view), floor - ceil)
 
 
-def retention(view: EvalView) -> float:
+def retention(view: EvalView):
     """acc_x / acc_native (next-token accuracy; the papers' retention; overstates benefit)."""
-    den = _mean(view, "native_correct")
-    return accuracy(view) / den if den > 0 else NAN
+    return _ratio(accuracy(view), _mean(view, "native_correct"))
 
 
-def retention_floor(view: EvalView) -> float:
+def retention_floor(view: EvalView):
     """(acc_x − acc_no_prefix) / (acc_native − acc_no_prefix): floor-normalised retention."""
     if "no_prefix_correct" not in view:
-        return NAN
+        return _nan(view)
     floor, ceil = _mean(view, "no_prefix_correct"), _mean(view, "native_correct")
-    den = ceil - floor
-    return (accuracy(view) - floor) / den if den > 1e-9 else NAN
+    return _ratio(accuracy(view) - floor, ceil - floor)
 
 
-def greedy_first_divergence(view: EvalView) -> float:
+def greedy_first_divergence(view: EvalView):
     """Mean first greedy step where x's tokens leave native's (G when they never do)."""
     return _mean(view, "greedy_div")
 
 
-def greedy_agreement(view: EvalView) -> float:
+def greedy_agreement(view: EvalView):
     """Mean share of the G greedy tokens generated before the first divergence from native."""
     g = view.params.get("greedy_tokens") or 1
     return greedy_first_divergence(view) / g
 
 
-def _layer_cos(view: EvalView):
+def layer_cosines(view: EvalView):
+    """``[R, L]`` sample-mean attention-output cosine per target layer, or None."""
     t = view.get("attn_cos")
-    return None if t is None or t.numel() == 0 else t.mean(dim=0)
+    return None if t is None or t[0].numel() == 0 else t.double().mean(dim=1)
 
 
-def attention_cosine_mean(view: EvalView) -> float:
+def attention_cosine_mean(view: EvalView):
     """Mean over target layers of the attention-output cosine (native vs this prefix K/V)."""
-    t = _layer_cos(view)
-    return NAN if t is None else float(t.mean())
+    t = layer_cosines(view)
+    return _nan(view) if t is None else t.mean(-1)
 
 
-def attention_cosine_min(view: EvalView) -> float:
+def attention_cosine_min(view: EvalView):
     """Minimum over target layers of the (sample-mean) attention-output cosine."""
-    t = _layer_cos(view)
-    return NAN if t is None else float(t.min())
+    t = layer_cosines(view)
+    return _nan(view) if t is None else t.min(-1).values
 
 
 #: the built-in metrics in report order (registered by :mod:`kvbridge.builtin.metrics`)
@@ -232,12 +252,19 @@ def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
     return sorted(out, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
-def _safe(fn, view) -> float:
+def _values(fn, view: EvalView) -> torch.Tensor:
+    """``[R]`` float64 values of a metric; a metric that returns one number is called per replicate."""
     try:
-        v = float(fn(view))
-    except (KeyError, ZeroDivisionError, RuntimeError, ValueError):
-        return NAN
-    return v
+        v = fn(view)
+        t = torch.as_tensor(v, dtype=torch.float64).flatten()
+        if t.numel() == view.replicates:
+            return t
+        if t.numel() == 1 and view.replicates > 1:
+            return torch.tensor([float(torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64).flatten()[0])
+                                 for r in range(view.replicates)], dtype=torch.float64)
+    except (KeyError, ZeroDivisionError, RuntimeError, ValueError, IndexError):
+        pass
+    return _nan(view)
 
 
 def bootstrap_indices(n: int, replicates: int, seed: int = 0) -> torch.Tensor:
@@ -245,60 +272,67 @@ def bootstrap_indices(n: int, replicates: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, n, (int(replicates), n), generator=g)
 
 
-def _interval(values: list[float]) -> list:
-    t = torch.tensor([v for v in values if v == v], dtype=torch.float64)
-    if t.numel() < max(2, len(values) // 2):
+def _interval(values: torch.Tensor) -> list:
+    t = values.double().flatten()
+    t = t[~torch.isnan(t)]
+    if t.numel() < max(2, values.numel() // 2):  # mostly undefined: no interval
         return [NAN, NAN]
     lo, hi = torch.quantile(t, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     return [lo, hi]
 
 
 def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int = 1000, seed: int = 0,
-              host=None) -> dict:
-    """``{"conditions": {cond: {metric: v, metric_ci: [lo, hi], ...}}, "comparisons": {...}}``."""
+              host=None, block: int = 250) -> dict:
+    """``{"conditions": {cond: {metric: v, metric_ci: [lo, hi], ...}}, "comparisons": {...}}``.
+
+    ``bootstrap`` paired resamples (the same sample indices for every condition), processed
+    ``block`` replicates at a time.
+    """
     metrics = metrics if metrics is not None else resolve_metrics(host)
     params = {"greedy_tokens": run.config.greedy_tokens, "top_k": run.config.top_k, "top_p": run.config.top_p}
-    views = {c: EvalView(c, f, params) for c, f in run.fields.items()}
+    fields = run.fields
     n = run.num_samples
-    idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else torch.empty(0, n, dtype=torch.long)
+    idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
+    reps = {c: {m.name: [] for m in metrics} for c in fields}
+    layer_reps = {c: [] for c in fields}
+    nll_reps = {c: [] for c in fields}
+    if idx is not None:
+        for start in range(0, idx.shape[0], block):
+            sel = idx[start:start + block]
+            for c, f in fields.items():
+                view = EvalView.resampled(c, f, sel, params)
+                for m in metrics:
+                    reps[c][m.name].append(_values(m.fn, view))
+                lc = layer_cosines(view)
+                if lc is not None:
+                    layer_reps[c].append(lc)
+                nll_reps[c].append(nll(view))
     out: dict = {}
-    reps: dict = {c: {m.name: [] for m in metrics} for c in views}
-    layer_reps: dict = {c: [] for c in views}
-    diff_reps: dict = {c: [] for c in views}
-    for b in range(idx.shape[0]):
-        sel = idx[b]
-        sub_t = views["transferred"].select(sel) if "transferred" in views else None
-        for c, view in views.items():
-            sub = view.select(sel)
-            for m in metrics:
-                reps[c][m.name].append(_safe(m.fn, sub))
-            lc = _layer_cos(sub)
-            if lc is not None:
-                layer_reps[c].append(lc)
-            if sub_t is not None:
-                diff_reps[c].append(nll(sub_t) - nll(sub))
-    for c, view in views.items():
+    point_nll = {}
+    for c, f in fields.items():
+        view = EvalView.of(c, f, params)
         row: dict = {}
         for m in metrics:
-            row[m.name] = _safe(m.fn, view)
-            row[f"{m.name}_ci"] = _interval(reps[c][m.name]) if idx.shape[0] else [NAN, NAN]
-        lc = _layer_cos(view)
+            row[m.name] = float(_values(m.fn, view)[0])
+            row[f"{m.name}_ci"] = _interval(torch.cat(reps[c][m.name])) if idx is not None else [NAN, NAN]
+        lc = layer_cosines(view)
         if lc is not None:
-            row["attention_cosine_layers"] = [float(x) for x in lc]
+            row["attention_cosine_layers"] = [float(x) for x in lc[0]]
             if layer_reps[c]:
-                stack = torch.stack(layer_reps[c]).double()
+                stack = torch.cat(layer_reps[c])
                 q = torch.quantile(stack, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
                 row["attention_cosine_layers_ci"] = [[float(a), float(b)] for a, b in zip(q[0], q[1])]
+        point_nll[c] = float(nll(view)[0])
         out[c] = row
     comparisons = {}
-    if "transferred" in views:
-        t_nll = nll(views["transferred"])
-        for c, view in views.items():
+    if "transferred" in fields:
+        t_reps = torch.cat(nll_reps["transferred"]) if idx is not None else None
+        for c in fields:
             if c == "transferred":
                 continue
             comparisons[f"transferred_vs_{c}"] = {
-                "nll_diff": t_nll - nll(view),
-                "nll_diff_ci": _interval(diff_reps[c]) if idx.shape[0] else [NAN, NAN],
+                "nll_diff": point_nll["transferred"] - point_nll[c],
+                "nll_diff_ci": _interval(t_reps - torch.cat(nll_reps[c])) if idx is not None else [NAN, NAN],
             }
     return {"conditions": out, "comparisons": comparisons,
             "higher_is_better": {m.name: m.higher_is_better for m in metrics},

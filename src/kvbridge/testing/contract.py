@@ -210,3 +210,40 @@ class AdapterContract:
             import pytest
 
             pytest.skip(str(why))
+
+
+class RopeVariantContract:
+    """Subclass with ``variant = MY_VARIANT`` and ``specs = [RopeSpec(...), ...]`` (whose
+    ``rope_type`` is the variant's name) to prove a RoPE variant plugin round-trips exactly
+    at random positions through kvbridge's codec, via a host that has it registered."""
+
+    variant: Any = None
+    specs: tuple = ()
+
+    def _host(self):
+        from kvbridge.hookspecs import hookimpl
+        from kvbridge.plugins import make_host
+
+        variant = self.variant
+
+        class _Plugin:
+            @hookimpl
+            def kvbridge_register_rope_variants(self, register):
+                register(variant)
+
+        return make_host(entry_points=False, extra=[(f"contract-{variant.name}", _Plugin())])
+
+    def test_specs_name_the_variant(self):
+        assert self.specs, "give at least one RopeSpec"
+        assert all(s.rope_type == self.variant.name for s in self.specs)
+
+    def test_round_trip_at_random_positions(self):
+        host = self._host()
+        for i, spec in enumerate(self.specs):
+            check_rope_round_trip(spec, host=host, seed=i)
+
+    def test_inv_freq_shape_and_scaling(self):
+        for spec in self.specs:
+            freqs, scaling = self.variant.inv_freq(spec, None, "cpu")
+            assert tuple(freqs.shape) == (spec.rotary_dim // 2,), f"inv_freq shape {tuple(freqs.shape)}"
+            assert float(scaling) > 0

@@ -1,0 +1,151 @@
+"""``kvbridge eval``: how good is the transferred cache? Native, transferred, no-prefix and controls."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+ZOO_PREFIX = "zoo:"
+
+
+def model_ref(ref: str) -> str:
+    """A local folder for ``ref``: ``zoo:NAME`` names a model of the embedded zoo."""
+    if ref.startswith(ZOO_PREFIX):
+        from kvbridge.zoo import model_dir
+
+        return str(model_dir(ref[len(ZOO_PREFIX):]))
+    return ref
+
+
+def display_name(ref: str, resolved) -> str:
+    return ref if ref.startswith(ZOO_PREFIX) else (getattr(resolved, "name", "") or ref)
+
+
+def load_pair(source: str, target: str, *, dtype: str = "float32"):
+    """``(src_resolved, smodel, stok, tgt_resolved, tmodel, ttok, tokenizer fingerprint)``."""
+    from kvbridge.cli.fit_cmd import load_model, resolve_folder, tokenizer_pair
+
+    src, tgt = resolve_folder(model_ref(source)), resolve_folder(model_ref(target))
+    tok_fp = tokenizer_pair(src, tgt)
+    src, smodel, stok = load_model(src, dtype=dtype)
+    tgt, tmodel, ttok = load_model(tgt, dtype=dtype)
+    return src, smodel, stok, tgt, tmodel, ttok, tok_fp
+
+
+def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False):
+    """``--mapping``: a mapping folder (``kvbridge fit --out``) or ``identity``."""
+    if ref == "identity":
+        from kvbridge.builtin.identity import IdentityFitter
+        from kvbridge.plugins import get_host
+
+        host = get_host()
+        sspec = host.adapter_for(smodel.config.to_dict()).spec_of(smodel)
+        tspec = host.adapter_for(tmodel.config.to_dict()).spec_of(tmodel)
+        return IdentityFitter().fit(sspec, tspec)
+    from kvbridge.fit.artifact import load_mapping
+
+    return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
+
+
+@click.command("eval")
+@click.argument("source")
+@click.argument("target")
+@click.option("--mapping", "mapping_ref", required=True,
+              help="Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).")
+@click.option("--corpus", required=True, type=click.Path(exists=True),
+              help="Text file, JSONL with 'text', or folder of .txt; samples come from its held-out tail.")
+@click.option("--samples", default=32, show_default=True, type=click.IntRange(2), help="Held-out samples.")
+@click.option("--prefix-len", default=64, show_default=True, type=click.IntRange(1), help="Cached prefix tokens P.")
+@click.option("--continuation-len", default=16, show_default=True, type=click.IntRange(1),
+              help="Continuation tokens C scored by teacher forcing from the cache.")
+@click.option("--greedy-tokens", default=16, show_default=True, type=click.IntRange(1),
+              help="Greedy tokens G compared with native's (first divergence step).")
+@click.option("--heldout-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Share of the corpus (its end) that samples come from; fit on the rest.")
+@click.option("--conditions", default="all", show_default=True,
+              help="Comma-separated conditions (native is always run).")
+@click.option("--bootstrap", default=1000, show_default=True, type=click.IntRange(0), help="Paired bootstrap resamples.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap and the random control.")
+@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(1), help="Samples per forward.")
+@click.option("--top-k", default=5, show_default=True, type=click.IntRange(1), help="k of the top-k overlap.")
+@click.option("--top-p", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Nucleus of the total-variation distance.")
+@click.option("--no-attention", is_flag=True, help="Skip the attention-output cosine.")
+@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
+              show_default=True, help="Dtype to load the models in.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (stable keys; see docs).")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write summary.md, eval.json and PNG plots to this folder.")
+@click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",
+              help="Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
+                   "COND.METRIC<=X, or 'default'. Repeatable.")
+@click.option("--force", is_flag=True, help="Use a mapping whose fingerprints do not match the models (warns).")
+@click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
+             heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
+             report_dir, gates, force, threads):
+    """Measure a transferred cache against the target's own, with floors and controls.
+
+    SOURCE and TARGET are local model folders (or zoo:NAME for the embedded zoo, e.g.
+    zoo:base) sharing a tokenizer. Samples are --samples windows of the corpus's held-out tail
+    (the last --heldout-fraction): P prefix tokens are cached, the next C tokens are fed by
+    teacher forcing and their next-token predictions scored. Conditions, all on the same
+    samples: native (the target's own cache, the ceiling), transferred (SOURCE's cache through
+    --mapping), no_prefix (the floor), zeroed, shuffled (another sample's transferred prefix),
+    random (noise with the mapped cache's per-layer mean/std), no_rope_reapply (mapped keys
+    never re-rotated for the target), source (SOURCE's own continuation).
+
+    Metrics per condition: nll, perplexity, KL(native||x) mean and p95, top-1 agreement,
+    top-k overlap, TV after top-p, max abs logit difference, gap_recovered, retention (acc_x /
+    acc_native), greedy agreement, attention-output cosine per target layer (mean, min), each
+    with a 95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
+    <metric>_ci = [low, high]. Default gates (kl_p95<=0.2, attention_cosine_min>=0.9) are
+    reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
+    """
+    from kvbridge.evaluate.gates import parse_gate
+
+    for text in gates:  # a typo in a gate fails before anything is loaded
+        parse_gate(text)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if threads:
+        torch.set_num_threads(int(threads))
+    from kvbridge.evaluate import corpus_samples, evaluate
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalError
+    from kvbridge.evaluate.report import terminal_table, to_json, write_report
+    from kvbridge.fit.calibrate import check_same_tokens, load_corpus
+
+    conds = CONDITIONS if conditions.strip() in ("", "all") else tuple(c.strip() for c in conditions.split(","))
+    bad = [c for c in conds if c not in CONDITIONS]
+    if bad:
+        raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
+    src, smodel, stok, tgt, tmodel, ttok, tok_fp = load_pair(source, target, dtype=dtype)
+    texts, _ = load_corpus(corpus)
+    check_same_tokens(texts[:4], stok, ttok)
+    mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
+    length = prefix_len + continuation_len + 1
+    ids, data = corpus_samples(corpus, ttok, n=samples, length=length, fraction=heldout_fraction)
+
+    def progress(done, total):
+        if not as_json:
+            click.echo(f"\r  evaluated {done}/{total} samples", nl=done == total, err=True)
+
+    result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
+                      greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
+                      conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
+                      source_name=display_name(source, src), target_name=display_name(target, tgt),
+                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress)
+    if report_dir:
+        written = write_report(result, report_dir)
+        if not as_json:
+            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+    click.echo(to_json(result) if as_json else terminal_table(result))
+    code = result["exit_code"]
+    if code:
+        failed = [g["gate"] for g in result["gates"] if g["enforced"] and not g["passed"]]
+        click.echo(f"gates FAILED: {', '.join(failed)}", err=True)
+        sys.stdout.flush()
+        click.get_current_context().exit(code)

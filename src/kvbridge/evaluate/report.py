@@ -1,0 +1,290 @@
+"""Presenting an evaluation: the terminal table, JSON, and the ``--report DIR`` folder.
+
+``--report DIR`` writes:
+
+- ``summary.md``: the table of every condition, the gates, the transferred-vs-condition NLL
+  differences with intervals, the per-layer attention cosine, the definitions and notes;
+- ``eval.json``: the same result as ``--json``;
+- ``attention_cosine.png``: attention-output cosine per target layer, one line per condition
+  with a cache, with 95% bootstrap intervals;
+- ``gap_recovered.png``: gap recovered per condition with 95% intervals;
+- ``mapping_r2.png``: the mapping's held-out R² per (target layer, KV head), K and V, when the
+  mapping has them (fitted mappings do; the identity does not).
+
+Plots need matplotlib; without it the Markdown says the plots were skipped and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+#: the columns of the terminal table: (metric, header, format)
+COLUMNS = (
+    ("nll", "nll", "{:.3f}"),
+    ("perplexity", "ppl", "{:.1f}"),
+    ("gap_recovered", "gap_rec", "{:+.3f}"),
+    ("kl_mean", "kl_mean", "{:.4f}"),
+    ("kl_p95", "kl_p95", "{:.4f}"),
+    ("top1_agreement", "top1", "{:.3f}"),
+    ("topk_overlap", "topk", "{:.3f}"),
+    ("tv_top_p", "tv_p", "{:.3f}"),
+    ("greedy_agreement", "greedy", "{:.3f}"),
+    ("attention_cosine_mean", "cos_mean", "{:.3f}"),
+    ("attention_cosine_min", "cos_min", "{:.3f}"),
+    ("retention", "retain", "{:.3f}"),
+)
+
+
+def fmt(value, spec: str = "{:.3f}") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return spec.format(value)
+
+
+def fmt_ci(ci, spec: str = "{:.3f}") -> str:
+    if not ci or ci[0] is None or ci[1] is None:
+        return ""
+    return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
+
+
+def _header(result: dict) -> str:
+    src, tgt = result["source"], result["target"]
+    mp = result.get("mapping") or {}
+    where = f" ({mp['path']})" if mp.get("path") else ""
+    return (f"{src.get('name') or 'source'} -> {tgt.get('name') or 'target'}  mapping {mp.get('name')}{where}; "
+            f"{result['samples']} samples, prefix {result['prefix_len']}, continuation {result['continuation_len']}, "
+            f"greedy {result['greedy_tokens']}; {result['bootstrap']} paired bootstrap resamples")
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for cond, row in result["conditions"].items():
+        rows.append([cond] + [fmt(row.get(m), f) for m, _, f in COLUMNS])
+    return rows
+
+
+def terminal_table(result: dict) -> str:
+    """The readable table of every condition plus gates and comparisons."""
+    heads = ["condition"] + [h for _, h, _ in COLUMNS]
+    rows = table_rows(result)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+    line = lambda cells: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
+    out = [_header(result), "", line(heads), "-" * len(line(heads))]
+    out += [line(r) for r in rows]
+    conds = result["conditions"]
+    if "transferred" in conds:
+        t = conds["transferred"]
+        out.append("")
+        out.append("transferred, 95% intervals: " + "; ".join(
+            f"{m} {fmt(t.get(m), '{:.4f}')} {fmt_ci(t.get(m + '_ci'), '{:.4f}')}"
+            for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")))
+        comps = result.get("comparisons") or {}
+        parts = []
+        for name, c in comps.items():
+            other = name.removeprefix("transferred_vs_")
+            d, ci = c.get("nll_diff"), c.get("nll_diff_ci") or [None, None]
+            verdict = ""
+            if ci[0] is not None and ci[1] is not None:
+                verdict = " better" if ci[1] < 0 else (" worse" if ci[0] > 0 else " tie")
+            parts.append(f"{other} {fmt(d, '{:+.4f}')} {fmt_ci(ci, '{:+.4f}')}{verdict}")
+        if parts:
+            out.append("nll(transferred) - nll(x): " + "; ".join(parts))
+    gates = result.get("gates") or []
+    if gates:
+        enforced = any(g["enforced"] for g in gates)
+        out.append("")
+        out.append("gates" + ("" if enforced else " (reported; enforce with --gate)") + ": " + "; ".join(
+            f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
+            + ("" if g["enforced"] or not enforced else " (not enforced)") for g in gates))
+    tm = result.get("timing") or {}
+    if tm.get("transfer_ms") is not None:
+        out.append(f"timing: target prefill {fmt(tm.get('target_prefill_ms'), '{:.1f}')} ms, transfer "
+                   f"{fmt(tm.get('transfer_ms'), '{:.1f}')} ms for {tm.get('prefix_tokens')} prefix tokens; "
+                   f"eval {fmt(tm.get('eval_seconds'), '{:.1f}')} s")
+    for note in result.get("notes") or []:
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def to_json(result: dict) -> str:
+    return json.dumps(result, indent=2, sort_keys=False, allow_nan=False)
+
+
+# -- the report folder -------------------------------------------------------------------------------
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_attention(result: dict, path: Path, plt) -> bool:
+    conds = {c: r for c, r in result["conditions"].items() if r.get("attention_cosine_layers")}
+    if not conds:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c, r in conds.items():
+        ys = r["attention_cosine_layers"]
+        xs = list(range(len(ys)))
+        ax.plot(xs, ys, marker="o", label=c, linewidth=2.5 if c == "transferred" else 1.2)
+        ci = r.get("attention_cosine_layers_ci")
+        if ci:
+            ax.fill_between(xs, [a for a, _ in ci], [b for _, b in ci], alpha=0.15)
+    gate = next((g for g in result.get("gates") or [] if g["metric"] == "attention_cosine_min"), None)
+    if gate:
+        ax.axhline(gate["threshold"], color="k", linestyle="--", linewidth=0.8, label=f"gate {gate['threshold']:g}")
+    ax.set_xlabel("target layer")
+    ax.set_ylabel("attention-output cosine vs native")
+    ax.set_title("Attention-output cosine per target layer (95% CI)")
+    ax.set_xticks(range(max(len(r["attention_cosine_layers"]) for r in conds.values())))
+    ax.legend(fontsize=7, loc="lower left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_gap(result: dict, path: Path, plt) -> bool:
+    items = [(c, r.get("gap_recovered"), r.get("gap_recovered_ci")) for c, r in result["conditions"].items()]
+    items = [(c, v, ci) for c, v, ci in items if v is not None]
+    if not items:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = list(range(len(items)))
+    vals = [v for _, v, _ in items]
+    lo = [v - (ci[0] if ci and ci[0] is not None else v) for _, v, ci in items]
+    hi = [(ci[1] if ci and ci[1] is not None else v) - v for _, v, ci in items]
+    colors = ["tab:green" if c == "native" else "tab:blue" if c == "transferred" else "tab:gray" for c, _, _ in items]
+    ax.bar(xs, vals, color=colors, alpha=0.7)
+    ax.errorbar(xs, vals, yerr=[lo, hi], fmt="none", ecolor="k", capsize=4)
+    ax.axhline(1.0, color="tab:green", linestyle="--", linewidth=0.8)
+    ax.axhline(0.0, color="k", linewidth=0.8)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([c for c, _, _ in items], rotation=30, ha="right")
+    ax.set_ylabel("gap recovered (1 = native, 0 = no prefix)")
+    ax.set_title("Gap recovered per condition (95% paired bootstrap CI)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_r2(result: dict, path: Path, plt) -> bool:
+    r2 = (result.get("mapping") or {}).get("heldout_r2") or {}
+    if not r2.get("k") or not r2.get("v"):
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4))
+    for ax, kind in zip(axes, ("k", "v")):
+        data = r2[kind]  # [target layers][heads]
+        im = ax.imshow([[x if x is not None else float("nan") for x in row] for row in data], vmin=0, vmax=1,
+                       cmap="viridis", aspect="auto")
+        ax.set_title(f"held-out R², {kind.upper()}")
+        ax.set_xlabel("target KV head")
+        ax.set_ylabel("target layer")
+        for i, row in enumerate(data):
+            for j, x in enumerate(row):
+                if x is not None and len(data) * len(row) <= 64:
+                    ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7,
+                            color="w" if x < 0.6 else "k")
+    fig.colorbar(im, ax=axes, shrink=0.8)
+    fig.suptitle("Mapping held-out R² per (target layer, KV head)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
+    heads = ["condition"] + [h for _, h, _ in COLUMNS]
+    out = ["# kvbridge eval", "", _header(result), "",
+           "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    out += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
+    out += ["", "## 95% paired bootstrap intervals", "",
+            "| condition | nll | gap_recovered | kl_p95 | top1_agreement | attention_cosine_min |",
+            "|---|---|---|---|---|---|"]
+    for c, r in result["conditions"].items():
+        out.append(f"| {c} | " + " | ".join(f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}"
+                                             for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement",
+                                                       "attention_cosine_min")) + " |")
+    comps = result.get("comparisons") or {}
+    if comps:
+        out += ["", "## nll(transferred) − nll(condition), same samples", "", "| condition | difference | 95% CI |",
+                "|---|---|---|"]
+        for name, c in comps.items():
+            out.append(f"| {name.removeprefix('transferred_vs_')} | {fmt(c.get('nll_diff'), '{:+.4f}')} | "
+                       f"{fmt_ci(c.get('nll_diff_ci'), '{:+.4f}')} |")
+    gates = result.get("gates") or []
+    if gates:
+        out += ["", "## Gates", "", "| gate | value | result | enforced |", "|---|---|---|---|"]
+        for g in gates:
+            out.append(f"| `{g['gate']}` | {fmt(g['value'], '{:.4f}')} | {'PASS' if g['passed'] else 'FAIL'} | "
+                       f"{'yes' if g['enforced'] else 'no'} |")
+    layered = {c: r["attention_cosine_layers"] for c, r in result["conditions"].items()
+               if r.get("attention_cosine_layers")}
+    if layered:
+        n = max(len(v) for v in layered.values())
+        out += ["", "## Attention-output cosine per target layer", "",
+                "| condition | " + " | ".join(f"L{i}" for i in range(n)) + " |", "|---|" + "---|" * n]
+        for c, v in layered.items():
+            out.append(f"| {c} | " + " | ".join(fmt(x, "{:.4f}") for x in v) + " |")
+    mp = result.get("mapping") or {}
+    if mp.get("r2_summary"):
+        s = mp["r2_summary"]
+        out += ["", f"Mapping held-out R²: mean {fmt(s.get('mean'), '{:.4f}')} (K {fmt(s.get('mean_k'), '{:.4f}')}, "
+                    f"V {fmt(s.get('mean_v'), '{:.4f}')}), min {fmt(s.get('min'), '{:.4f}')}. "
+                    "R² does not predict transfer quality across pairs; attention cosine does better."]
+    if images or skipped:
+        out += ["", "## Plots", ""]
+        for title, name in images.items():
+            out.append(f"![{title}]({name})")
+        if skipped:
+            out.append(f"Plots skipped: {skipped}.")
+    d = result.get("data") or {}
+    out += ["", "## Method", "",
+            "Each sample is P prefix tokens (cached) + C continuation tokens fed by teacher forcing from the cache; "
+            "the C next-token predictions are scored. Every condition uses the same samples; intervals are paired "
+            "bootstrap resamples of samples. gap_recovered = (NLL_no_prefix − NLL_x)/(NLL_no_prefix − NLL_native). "
+            "retention = acc_x/acc_native (teacher-forced next-token accuracy), the papers' definition; it overstates "
+            "the benefit (see no_prefix's retention). Attention cosine: the target's queries of the continuation "
+            "(captured in the native run) attend over native vs the condition's prefix K/V (continuation K/V and mask "
+            "unchanged); cosine of the attention outputs, heads concatenated, mean over positions.",
+            "", f"Data: {json.dumps(d)}"]
+    defs = result.get("definitions") or {}
+    if defs:
+        out += ["", "## Metrics", ""] + [f"- `{k}`: {v}" for k, v in defs.items()]
+    for note in result.get("notes") or []:
+        out.append(f"\nNote: {note}")
+    return "\n".join(out) + "\n"
+
+
+def write_report(result: dict, folder) -> dict:
+    """Write the report folder; returns ``{file kind: path}`` of what was written."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    (folder / "eval.json").write_text(to_json(result) + "\n", encoding="utf-8")
+    written["json"] = folder / "eval.json"
+    plt = _plt()
+    images, skipped = {}, None
+    if plt is None:
+        skipped = "matplotlib is not installed (pip install matplotlib)"
+    else:
+        for title, name, fn in (("attention cosine per layer", "attention_cosine.png", plot_attention),
+                                ("gap recovered", "gap_recovered.png", plot_gap),
+                                ("mapping R²", "mapping_r2.png", plot_r2)):
+            if fn(result, folder / name, plt):
+                images[title] = name
+                written[name.removesuffix(".png")] = folder / name
+    (folder / "summary.md").write_text(markdown(result, images, skipped), encoding="utf-8")
+    written["markdown"] = folder / "summary.md"
+    return written
+
+
+__all__ = ["terminal_table", "to_json", "write_report", "markdown", "COLUMNS"]
