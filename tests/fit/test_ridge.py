@@ -102,3 +102,25 @@ def test_underdetermined_fits_are_refused_with_the_numbers(planted, fit_host):
     headwise = fit(planted["source"], planted["target"], ids, fitter="ridge-headwise", host=fit_host,
                    distributed=None)  # 16 features per head: determined
     assert headwise.mode == "headwise"
+
+
+def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(planted, planted_fit, fit_host):
+    """Bounded memory: selection passes (per-layer blocks) then joint fits per block of target layers."""
+    from kvbridge.fit import fit
+    from kvbridge.fit.stats import LayerStats
+
+    dims = dict(src_heads=2, src_dim=16, tgt_heads=4, tgt_dim=16)
+    full = LayerStats.nbytes_for(4, 6, **dims)
+    budget = full // 3
+    blocked = fit(planted["source"], planted["target"], planted["ids"], top_k=2, stride=2, host=fit_host,
+                  distributed=None, memory_budget=budget)
+    passes = blocked.report["passes"]
+    assert len(passes) > 2 and all(p["bytes"] <= budget for p in passes)
+    assert {p["tag"][:3] for p in passes} == {"sel", "fit"}
+    assert blocked.layer_selection() == planted_fit.layer_selection()
+    for a, b in zip(blocked.layers, planted_fit.layers):
+        for name in ("wk", "bk", "wv", "bv"):
+            assert float((getattr(a, name) - getattr(b, name)).abs().max()) <= 1e-5
+    with pytest.raises(FitError, match="GiB"):
+        fit(planted["source"], planted["target"], planted["ids"][:8], top_k=2, host=fit_host, distributed=None,
+            memory_budget=1000)

@@ -70,11 +70,19 @@ def tokenizer_pair(src, tgt) -> dict:
     return fps[0].to_dict()
 
 
+def _revision(resolved) -> str | None:
+    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
+    from pathlib import Path
+
+    return Path(resolved.folder).name if resolved.kind == "hf-cache" and resolved.folder else None
+
+
 class Progress:
     """A click progress bar per pass, with tokens/s and an ETA (stderr, rank 0 only)."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, world: int = 1):
         self.enabled = enabled
+        self.note = f" (rank 0 of {world}; each rank reads 1/{world} of the corpus)" if world > 1 else ""
         self.bar = None
         self.t0 = 0.0
         self.done = 0
@@ -96,7 +104,7 @@ class Progress:
             self.bar = None
             secs = time.perf_counter() - self.t0
             click.echo(f"{tag}: {self.done:,} tokens through both models in {secs:.1f} s "
-                       f"({self._rate(None)})", err=True)
+                       f"({self._rate(None)}){self.note}", err=True)
 
     def _rate(self, _item) -> str:
         secs = max(time.perf_counter() - self.t0, 1e-9)
@@ -173,7 +181,8 @@ def fit(source, target, corpus, out, fitter, top_k, seq_len, tokens, stride, ski
                       stride=stride, skip=skip, heldout=heldout, seed=seed, batch_size=batch_size,
                       memory_budget=None if memory_gib is None else int(memory_gib * 2**30), tokenizer=stok,
                       tokenizer_fingerprint=tok_fp, corpus_sha256=sha, out=out, force=force, resume=resume,
-                      source_name=src.name, target_name=tgt.name, progress=Progress(main and not quiet),
+                      source_name=src.name, target_name=tgt.name, source_revision=_revision(src),
+                      target_revision=_revision(tgt), progress=Progress(main and not quiet, ctx.world if ctx else 1),
                       distributed=ctx, **options)
     if not main:
         return

@@ -218,14 +218,14 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int,
                     top_p: float) -> dict:
-    """Per-position arrays of one batch of one condition (``logits [B, C, V]`` float32)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math)."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
     out = {
         "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
         "correct": (logp.argmax(-1) == targets).float(),
     }
     if native is None:  # this is the native condition: keep what the others compare with
-        return out, {"logp": logp, "logits": logits.float(), "argmax": logp.argmax(-1),
+        return out, {"logp": logp, "logits": logits.double(), "argmax": logp.argmax(-1),
                      "topk": logp.topk(top_k, dim=-1).indices, "nucleus": _nucleus(logp.exp(), top_p)}
     if logp.shape[-1] != native["logp"].shape[-1]:
         nan = torch.full(targets.shape, float("nan"))
@@ -237,7 +237,7 @@ def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | 
     tk = logp.topk(top_k, dim=-1).indices
     out["topk"] = (tk[..., :, None] == native["topk"][..., None, :]).any(-1).float().mean(-1)
     out["tv"] = 0.5 * (_nucleus(logp.exp(), top_p) - native["nucleus"]).abs().sum(-1)
-    out["max_abs_logit_diff"] = (logits.float() - native["logits"]).abs().flatten(1).max(dim=1).values
+    out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
     return out, None
 
 

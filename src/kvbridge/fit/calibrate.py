@@ -195,6 +195,7 @@ class PairedCalibration:
         self.progress = progress
         self.checkpoint = checkpoint
         self.dist = dist  # kvbridge.fit.distributed.Context or None
+        self.device = next(source_model.parameters()).device  # statistics live where the models run
         self.seconds = 0.0  # forward + feature time
         self.tokens_run = 0
 
@@ -238,8 +239,11 @@ class PairedCalibration:
     def _content(self, model, adapter, spec, ids):
         import torch
 
+        dev = next(model.parameters()).device
         with torch.no_grad():
-            state = adapter.extract(model, ids, spec=spec).strip_rope(host=self.host)
+            state = adapter.extract(model, ids.to(dev), spec=spec).strip_rope(host=self.host)
+        if dev != self.device:
+            return [k.to(self.device) for k in state.keys], [v.to(self.device) for v in state.values]
         return state.keys, state.values
 
     def features(self, seq_idx: list[int]) -> tuple[dict, Any]:
@@ -247,18 +251,20 @@ class PairedCalibration:
         import torch
 
         t0 = time.perf_counter()
+        # train sequences first, held-out last: each split is a contiguous block of rows
+        seq_idx = sorted(seq_idx, key=lambda i: bool(self.held[i]))
         ids = self.sequences[seq_idx]
         sk, sv = self._content(self.source_model, self.source_adapter, self.source_spec, ids)
         tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
         out = {name: [] for name in ("xk", "xv", "yk", "yv")}
         held = []
         for b, i in enumerate(seq_idx):
-            pos = self.positions_of(i)
+            pos = self.positions_of(i).to(self.device)
             for name, layers in (("xk", sk), ("xv", sv), ("yk", tk), ("yv", tv)):
                 # [L, H, n, D] -> [n, L, H, D]
                 out[name].append(torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3)
                                  .to(torch.float32))
-            held.append(torch.full((len(pos),), bool(self.held[i])))
+            held.append(torch.full((len(pos),), bool(self.held[i]), device=pos.device))
         feats = {k: torch.cat(v) for k, v in out.items()}
         self.seconds += time.perf_counter() - t0
         self.tokens_run += int(ids.numel())
@@ -302,8 +308,8 @@ class PairedCalibration:
         parts, masks, total = [], [], 0
         for batch in self.batches():
             feats, held = self.features(batch)
-            parts.append(feats)
-            masks.append(held)
+            parts.append({k: v.cpu() for k, v in feats.items()})  # the sample lives in host memory
+            masks.append(held.cpu())
             total += len(held)
             if self.progress is not None:
                 self.progress(("advance", "sample", len(batch) * self.seq_len))

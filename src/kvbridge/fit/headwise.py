@@ -21,6 +21,7 @@ from kvbridge.fit.ridge import (
     DEFAULT_ALPHA,
     LOW_R2,
     FitError,
+    _device,
     _dims,
     check_determined,
     default_budget,
@@ -54,7 +55,7 @@ class HeadwiseFitter:
             [None] * lt, [None] * lt
         passes = []
         for bi, block in enumerate(blocks):
-            job = LayerStats(range(ls), block, **dims, xx_block="head")
+            job = LayerStats(range(ls), block, **dims, xx_block="head", device=_device(calibration))
             tag = "headwise" if len(blocks) == 1 else f"headwise{bi}"
             calibration.accumulate([job], tag=tag)
             passes.append({"tag": tag, "bytes": job.nbytes(), "target_layers": list(block)})

@@ -142,7 +142,8 @@ class FittedMapping:
                     idx = torch.tensor([l * hs + h for l, h in lm.sources], device=device)
                     xh = x.view(n, ls * hs, ds).index_select(1, idx).transpose(0, 1)  # [H_t, n, D_s]
                     y = torch.baddbmm(bias[:, None, :], xh, w).view(ht, b, t, dt).transpose(0, 1)
-                out.append(y.to(dtype=dtype, memory_format=torch.contiguous_format))
+                # one copy into the target layout [B, H_t, T, D_t], cast to the target dtype on the way
+                out.append(torch.empty(b, ht, t, dt, dtype=dtype, device=device).copy_(y))
         return out_k, out_v
 
     # -- serialisation --------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ def load_fitter(host, name: str):
 def fit(source_model, target_model, data, *, fitter: str = "ridge", top_k: int = 4, alpha=DEFAULT_ALPHA,
         seq_len: int | None = None, tokens: int | None = None, stride: int = 4, skip: int = 0,
         heldout: float = 0.1, seed: int = 0, batch_size: int = 4, memory_budget: int | None = None,
-        tokenizer=None, tokenizer_fingerprint: dict | None = None, corpus_sha256: str | None = None,
+        tokenizer=None, target_tokenizer=None, tokenizer_fingerprint: dict | None = None,
+        corpus_sha256: str | None = None,
         out: str | Path | None = None, force: bool = False, resume: bool = False,
         checkpoint_dir: str | Path | None = None, checkpoint_every: float = 60.0,
         source_name: str = "", target_name: str = "", source_revision: str | None = None,
@@ -81,7 +82,8 @@ def fit(source_model, target_model, data, *, fitter: str = "ridge", top_k: int =
     """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit --help``).
 
     ``data``: ``[sequences, seq_len]`` token ids, a list of texts, or a corpus path (text file,
-    JSONL with ``text``, folder of .txt) with ``tokenizer``. ``fitter_options`` go to the
+    JSONL with ``text``, folder of .txt) with ``tokenizer`` (give ``target_tokenizer`` too and
+    the two are checked to produce the same ids). ``fitter_options`` go to the
     fitter (``estimator=``, ``estimator_options=``, ``max_samples=`` for ``sklearn``).
     Returns the :class:`~kvbridge.fit.mapping.FittedMapping`; with ``out`` it is also written.
     """
@@ -97,7 +99,11 @@ def fit(source_model, target_model, data, *, fitter: str = "ridge", top_k: int =
         raise ArtifactError(f"{out} already exists", "choose another --out or pass --force to replace it")
     ctx = dist_mod.setup() if distributed == "auto" else distributed
     fitter_obj = load_fitter(host, fitter)
-    seqs, sha, _ = prepare_sequences(data, tokenizer=tokenizer, seq_len=seq_len, tokens=tokens)
+    seqs, sha, texts = prepare_sequences(data, tokenizer=tokenizer, seq_len=seq_len, tokens=tokens)
+    if texts is not None and target_tokenizer is not None and target_tokenizer is not tokenizer:
+        from kvbridge.fit.calibrate import check_same_tokens
+
+        check_same_tokens(texts, tokenizer, target_tokenizer)  # paired calibration needs identical ids
     config = CalibrationConfig(stride=int(stride), skip=int(skip), heldout=float(heldout), seed=int(seed),
                                batch_size=int(batch_size))
     source_id = model_identity(source_model, host=host, name=source_name, revision=source_revision)

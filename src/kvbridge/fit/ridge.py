@@ -157,6 +157,10 @@ def _dims(source_spec, target_spec):
                 tgt_heads=target_spec.num_kv_heads, tgt_dim=target_spec.head_dim)
 
 
+def _device(calibration):
+    return getattr(calibration, "device", "cpu")
+
+
 def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``."""
     blocks, cur = [], []
@@ -202,7 +206,7 @@ class RidgeFitter:
         passes, results = [], {}
         full = LayerStats.nbytes_for(ls, lt, **dims, xx_block="full")
         if full <= budget:  # one pass: selection and fit from the joint statistics
-            job = LayerStats(range(ls), range(lt), **dims, xx_block="full")
+            job = LayerStats(range(ls), range(lt), **dims, xx_block="full", device=_device(calibration))
             calibration.accumulate([job], tag="joint")
             passes.append({"tag": "joint", "bytes": job.nbytes()})
             scores = single_layer_r2(job)
@@ -215,7 +219,7 @@ class RidgeFitter:
             sel_blocks = plan_blocks(lt, lambda b: LayerStats.nbytes_for(ls, len(b), **dims, xx_block="layer"),
                                      budget, what="layer selection")
             for bi, block in enumerate(sel_blocks):
-                job = LayerStats(range(ls), block, **dims, xx_block="layer")
+                job = LayerStats(range(ls), block, **dims, xx_block="layer", device=_device(calibration))
                 calibration.accumulate([job], tag=f"select{bi}")
                 passes.append({"tag": f"select{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
                 sc = single_layer_r2(job)
@@ -236,7 +240,7 @@ class RidgeFitter:
             fit_blocks = plan_blocks(lt, lambda b: LayerStats.nbytes_for(len(union(b)), len(b), **dims), budget,
                                      what="the joint fit")
             for bi, block in enumerate(fit_blocks):
-                job = LayerStats(union(block), block, **dims, xx_block="full")
+                job = LayerStats(union(block), block, **dims, xx_block="full", device=_device(calibration))
                 calibration.accumulate([job], tag=f"fit{bi}")
                 passes.append({"tag": f"fit{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
                 results.update(self._solve_layers(job, block, selection, alpha, dims))

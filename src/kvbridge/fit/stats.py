@@ -131,7 +131,8 @@ class MomentStats:
             self.cxx += w * self._outer_vec(dx, dx)
         self.cxy.addmm_(xc.T, yc)
         self.cxy.addr_(dx, dy, alpha=w)
-        self.cyy += torch.linalg.vector_norm(yc, dim=0).square_()  # Σ yc², no [m, q] temporary
+        for chunk in yc.split(256):  # Σ yc² in row chunks: a bounded temporary, vectorised kernels
+            self.cyy += chunk.square().sum(0)
         self.cyy += w * dy * dy
         self.mean_x += dx * (m / n)
         self.mean_y += dy * (m / n)
@@ -200,6 +201,10 @@ class MomentStats:
         With block-diagonal statistics pass ``block`` (the block index) instead of ``rows``.
         """
         cols = slice(None) if cols is None else cols
+        if isinstance(cols, torch.Tensor):
+            cols = cols.to(self.device)
+        if isinstance(rows, torch.Tensor):
+            rows = rows.to(self.device)
         if self.xx_block is not None:
             if block is None:
                 raise ValueError("block-diagonal statistics: select one feature block with block=")
@@ -270,8 +275,9 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
 
     if not stats:
         return
-    first = torch.cat([torch.cat([torch.tensor([s.n], dtype=DTYPE), (s.n * s.mean_x).cpu(),
-                                  (s.n * s.mean_y).cpu()]) for s in stats])
+    dev = stats[0].device  # gloo reduces CPU tensors, nccl CUDA ones: keep the statistics' device
+    first = torch.cat([torch.cat([torch.tensor([s.n], dtype=DTYPE, device=dev), (s.n * s.mean_x).to(dev),
+                                  (s.n * s.mean_y).to(dev)]) for s in stats])
     dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
     centres, off = [], 0
     for s in stats:
@@ -284,8 +290,9 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
     for s, (n, mx, my) in zip(stats, centres):
         rc = s.recentred(mx.to(s.device), my.to(s.device)) if s.n else \
             {"cxx": torch.zeros_like(s.cxx), "cxy": torch.zeros_like(s.cxy), "cyy": torch.zeros_like(s.cyy)}
-        parts.extend(t.reshape(-1).cpu() for t in (rc["cxx"], rc["cxy"], rc["cyy"]))
+        parts.extend(t.reshape(-1).to(dev) for t in (rc["cxx"], rc["cxy"], rc["cyy"]))
     flat = torch.cat(parts)
+    del parts
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     off = 0
     for s, (n, mx, my) in zip(stats, centres):
@@ -353,18 +360,35 @@ class LayerStats:
     # -- accumulation ---------------------------------------------------------------------
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats``: ``{"xk", "xv": [n, L_src_all, H, D], "yk", "yv": [n, L_tgt_all, H, D]}`` (all layers)."""
-        src = torch.tensor(self.src_layers, dtype=torch.long)
-        tgt = torch.tensor(self.tgt_layers, dtype=torch.long)
+        n_obs = feats["xk"].shape[0]
+        split = None  # rows [0, split) train, [split, n) held-out, when the mask is sorted that way
+        if held_mask is None or not bool(held_mask.any()):
+            split = n_obs
+        else:
+            k = int((~held_mask).sum())
+            if not bool(held_mask[:k].any()):
+                split = k
         for c in self.KINDS:
-            x = feats["x" + c].index_select(1, src).reshape(feats["x" + c].shape[0], -1)
-            y = feats["y" + c].index_select(1, tgt).reshape(feats["y" + c].shape[0], -1)
-            if held_mask is None or not bool(held_mask.any()):
-                self.stats[(c, "train")].update(x, y)
+            x = self._select(feats["x" + c], self.src_layers)
+            y = self._select(feats["y" + c], self.tgt_layers)
+            if split is not None:  # views, no copies: the float64 conversion is the one copy
+                if split:
+                    self.stats[(c, "train")].update(x[:split], y[:split])
+                if split < n_obs:
+                    self.stats[(c, "held")].update(x[split:], y[split:])
                 continue
             keep = ~held_mask
             if bool(keep.any()):
                 self.stats[(c, "train")].update(x[keep], y[keep])
             self.stats[(c, "held")].update(x[held_mask], y[held_mask])
+
+    @staticmethod
+    def _select(t: torch.Tensor, layers: tuple) -> torch.Tensor:
+        """``t [n, L, H, D]`` restricted to ``layers`` as ``[n, len(layers)·H·D]`` (a view when it can be)."""
+        n, total = t.shape[0], t.shape[1]
+        if layers == tuple(range(layers[0], layers[0] + len(layers))):
+            return t[:, layers[0]:layers[0] + len(layers)].reshape(n, -1)
+        return t.index_select(1, torch.tensor(layers, dtype=torch.long, device=t.device)).reshape(n, -1)
 
     # -- views ----------------------------------------------------------------------------------
     def n(self, split: str = "train") -> float:
