@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 
 from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 
-_API = ("adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from")
+_API = ("adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "fit",
+        "load_mapping", "transfer")
 
 __all__ = ["__version__", "KVBridgeError", *_API]
 

@@ -55,3 +55,24 @@ def generate_from(model, state, input_ids, host=None, **generate_kwargs):
     from kvbridge.handoff import generate
 
     return generate(model, state, input_ids, host=host, **generate_kwargs)
+
+
+def fit(source_model, target_model, data, **options):
+    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit``)."""
+    from kvbridge.fit.pipeline import fit as _fit
+
+    return _fit(source_model, target_model, data, **options)
+
+
+def load_mapping(path, **options):
+    """Load a mapping folder (checksum and model fingerprints verified)."""
+    from kvbridge.fit.artifact import load_mapping as _load
+
+    return _load(path, **options)
+
+
+def transfer(state, mapping, target_positions=None, host=None):
+    """Source KVState -> target KVState: strip source RoPE, map, apply target RoPE."""
+    from kvbridge.transfer import transfer as _transfer
+
+    return _transfer(state, mapping, target_positions=target_positions, host=host)

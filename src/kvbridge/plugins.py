@@ -29,6 +29,8 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.rope_variants",
     "kvbridge.builtin.identity",
     "kvbridge.builtin.compat_checks",
+    "kvbridge.builtin.fitters",
+    "kvbridge.builtin.metrics",
 )
 #: model types that have no attention KV cache at all
 NO_KV_CACHE_TYPES = frozenset({

@@ -19,9 +19,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
 
 
-def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec, *, target_positions=None,
+def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = None, *, target_positions=None,
              host=None) -> "KVState":
-    """A target-geometry cache (RoPE applied for the target) from a source state."""
+    """A target-geometry cache (RoPE applied for the target) from a source state.
+
+    ``target_spec`` defaults to the mapping's own ``target_spec`` (fitted mappings carry it).
+    """
+    target_spec = target_spec or getattr(mapping, "target_spec", None) or state.spec
     if state.spec.positional not in ("rope", "none") and state.spec.positional != target_spec.positional:
         raise StateError(
             f"source {state.spec.model_type!r} uses {state.spec.positional} positions: they are baked into "

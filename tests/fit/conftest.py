@@ -34,9 +34,8 @@ SEQ_LEN = 48
 
 
 def host():
-    import kvbridge.builtin.fitters as fitters
-
-    return make_host(entry_points=False, extra=[("kvbridge.builtin.fitters", fitters)])
+    """An isolated host with the built-in plugins (fitters included)."""
+    return make_host(entry_points=False)
 
 
 def llama_config(**kw) -> dict:

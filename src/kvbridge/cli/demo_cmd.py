@@ -132,6 +132,11 @@ COMPARE = ("pair", "check", "R2", "nll nat", "nll xfer", "nll nopre", "best cont
            "kl_p95", "top1", "cos_min", "greedy", "gates")
 
 
+def _folder(pair: str) -> str:
+    name = pair.split("->")[1]
+    return f"base-{name.split(' ')[0]}-identity" if "identity" in name else f"base-{name}"
+
+
 def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
     from kvbridge.evaluate.report import fmt, fmt_ci
 
@@ -163,7 +168,7 @@ def markdown_table(rows: list[list[str]], heads=COMPARE) -> str:
 
 
 def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, prefix_len, continuation_len,
-                greedy_tokens, bootstrap, seed) -> dict:
+                greedy_tokens, bootstrap, seed, identity_too: bool = True) -> dict:
     import json
 
     import torch
@@ -221,13 +226,30 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
                    f"eval {t2 - t1:.1f} s; gates {'PASS' if res['gates_passed'] else 'FAIL'}", err=True)
         if report_dir:
             write_report(res, report_dir / f"base-{name}")
+        if identity_too and report.verdict in ("identity", "rope-reapply"):
+            # the check allows reusing the cache as is (same geometry): measure that too, unfitted
+            from kvbridge.builtin.identity import IdentityMapping
+
+            t3 = time.perf_counter()
+            ires = evaluate(base, models[name], IdentityMapping(), ids, prefix_len=prefix_len,
+                            continuation_len=continuation_len, greedy_tokens=greedy_tokens, bootstrap=bootstrap,
+                            seed=seed, host=host, source_name="zoo:base", target_name=f"zoo:{name}", data=data)
+            ires["demo"] = {"check": report.verdict, "fit_seconds": 0.0, "eval_seconds": time.perf_counter() - t3,
+                            "mapping": "identity (no fit)"}
+            results[f"{pair} (identity, no fit)"] = ires
+            checks[f"{pair} (identity, no fit)"] = report.verdict
+            click.echo(f"  {pair} with the identity mapping (no fit): eval {time.perf_counter() - t3:.1f} s; gates "
+                       f"{'PASS' if ires['gates_passed'] else 'FAIL'}", err=True)
+            if report_dir:
+                write_report(ires, report_dir / f"base-{name}-identity")
     rows = comparison_rows(results, checks)
     click.echo(f"\n{samples} held-out samples per pair: prefix {prefix_len} tokens cached, continuation "
                f"{continuation_len} scored; calibration {int(calib.numel())} tokens, ridge top-k {top_k}, stride "
                f"{stride}; gates: kl_p95<=0.2, attention_cosine_min>=0.9; {bootstrap} paired bootstrap resamples\n")
     click.echo(render_table(rows))
     click.echo("\n(gap_rec: (NLL_no_prefix - NLL_x)/(NLL_no_prefix - NLL_native); best control: the lowest NLL of "
-               "zeroed, shuffled, random, no_rope_reapply)")
+               "zeroed, shuffled, random, no_rope_reapply; '(identity, no fit)': the source cache reused as is, "
+               "RoPE re-applied, where the check allows it by geometry)")
     if "base->tuned" in results:
         click.echo("\n-- base->tuned in full --\n")
         click.echo(terminal_table(results["base->tuned"]))
@@ -240,7 +262,7 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
               f"{samples} held-out samples per pair; prefix {prefix_len}, continuation {continuation_len}; calibration "
               f"{int(calib.numel())} tokens; ridge top-k {top_k}, stride {stride}.", "",
               markdown_table(rows), "",
-              "Per pair: " + ", ".join(f"[{p}](base-{p.split('->')[1]}/summary.md)" for p in results), ""]
+              "Per pair: " + ", ".join(f"[{p}]({_folder(p)}/summary.md)" for p in results), ""]
         (report_dir / "summary.md").write_text("\n".join(md), encoding="utf-8")
         click.echo(f"\nreport: {report_dir}/summary.md (+ per pair: summary.md, eval.json, PNG plots; mappings/)")
     click.echo(f"zoo section: {elapsed:.1f} s")
@@ -268,10 +290,12 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
 @click.option("--greedy-tokens", default=16, show_default=True)
 @click.option("--bootstrap", default=1000, show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@click.option("--no-identity-rows", is_flag=True,
+              help="Section 2: skip the unfitted identity transfer of same-geometry pairs.")
 @click.option("--threads", default=1, show_default=True,
               help="torch threads (tiny models: 1 is as fast and immune to a busy machine).")
 def demo(identity_only, skip_identity, families, new_tokens, pairs, corpus, report_dir, tokens, top_k, stride, samples,
-         prefix_len, continuation_len, greedy_tokens, bootstrap, seed, threads) -> None:
+         prefix_len, continuation_len, greedy_tokens, bootstrap, seed, no_identity_rows, threads) -> None:
     """Identity exactness on every family, then check -> fit -> eval on the embedded zoo.
 
     Section 1: every built-in family on a tiny model built from its config: extract the
@@ -281,7 +305,9 @@ def demo(identity_only, skip_identity, families, new_tokens, pairs, corpus, repo
     Section 2: the trained zoo (base, tuned, wide, odd, stranger): for base->X, the
     compatibility check, a ridge fit on calibration text, and `kvbridge eval` (native,
     transferred, no_prefix, zeroed, shuffled, random, no_rope_reapply, source) on held-out
-    text, in one comparison table; per-pair reports and the fitted mappings go to --report.
+    text, in one comparison table; where the check allows reusing the cache as is (same
+    geometry: tuned, stranger) the unfitted identity transfer is measured too. Per-pair
+    reports and the fitted mappings go to --report.
     Text comes from ../shared/corpora/tinyshakespeare.txt (or --corpus); without it, from the
     zoo models themselves with fixed seeds, and the output says so. No network.
     """
@@ -297,7 +323,7 @@ def demo(identity_only, skip_identity, families, new_tokens, pairs, corpus, repo
         names = tuple(p.strip() for p in pairs.split(",") if p.strip())
         zoo_section(pairs=names, corpus=corpus, report_dir=report_dir or None, tokens=tokens, top_k=top_k,
                     stride=stride, samples=samples, prefix_len=prefix_len, continuation_len=continuation_len,
-                    greedy_tokens=greedy_tokens, bootstrap=bootstrap, seed=seed)
+                    greedy_tokens=greedy_tokens, bootstrap=bootstrap, seed=seed, identity_too=not no_identity_rows)
     click.echo(f"demo: {time.perf_counter() - t0:.1f} s")
     if not ok:
         raise SystemExit(1)

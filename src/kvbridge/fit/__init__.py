@@ -36,7 +36,7 @@ def _transfer_state(state, mapping, *, target_positions=None, host=None):
     """Source KVState -> target KVState through ``mapping`` (strip RoPE, map, apply target RoPE)."""
     from kvbridge.transfer import transfer
 
-    return transfer(state, mapping, mapping.target_spec, target_positions=target_positions, host=host)
+    return transfer(state, mapping, target_positions=target_positions, host=host)
 
 
 def __getattr__(name):

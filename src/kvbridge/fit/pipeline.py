@@ -50,23 +50,8 @@ def prepare_sequences(data: Any, *, tokenizer=None, seq_len: int | None = None, 
 
 
 def load_fitter(host, name: str):
-    """The fitter instance registered as ``name``.
-
-    The built-ins of :mod:`kvbridge.builtin.fitters` are used directly when the host does not
-    list that module (a host built without it): ``ridge`` must always be available.
-    """
-    from kvbridge.errors import PluginError
-
-    try:
-        return host.fitter(name).load()()
-    except PluginError:
-        from kvbridge.builtin.fitters import FITTERS
-
-        registered = {r.name for r in getattr(host, "records", [])}
-        builtin = {f.name: f for f in FITTERS}
-        if name in builtin and "kvbridge.builtin.fitters" not in registered:
-            return builtin[name].load()()
-        raise
+    """The fitter instance registered as ``name`` (a one-line error with suggestions otherwise)."""
+    return host.fitter(name).load()()
 
 
 def fit(source_model, target_model, data, *, fitter: str = "ridge", top_k: int = 4, alpha=DEFAULT_ALPHA,
