@@ -15,8 +15,10 @@ __version__ = "0.1.0"
 
 from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 
-_API = ("adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "fit",
-        "load_mapping", "transfer")
+# (``fit`` and ``transfer`` are subpackage/module names here: the functions live in
+# ``kvbridge.api`` and ``kvbridge.fit``: ``from kvbridge.fit import fit, load_mapping, transfer``)
+_API = ("adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "load_mapping",
+        "transfer_state")
 
 __all__ = ["__version__", "KVBridgeError", *_API]
 

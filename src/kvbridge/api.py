@@ -71,7 +71,7 @@ def load_mapping(path, **options):
     return _load(path, **options)
 
 
-def transfer(state, mapping, target_positions=None, host=None):
+def transfer_state(state, mapping, target_positions=None, host=None):
     """Source KVState -> target KVState: strip source RoPE, map, apply target RoPE."""
     from kvbridge.transfer import transfer as _transfer
 

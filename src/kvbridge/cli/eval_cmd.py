@@ -55,9 +55,9 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
               help="Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).")
 @click.option("--corpus", required=True, type=click.Path(exists=True),
               help="Text file, JSONL with 'text', or folder of .txt; samples come from its held-out tail.")
-@click.option("--samples", default=32, show_default=True, type=click.IntRange(2), help="Held-out samples.")
+@click.option("--samples", default=64, show_default=True, type=click.IntRange(2), help="Held-out samples.")
 @click.option("--prefix-len", default=64, show_default=True, type=click.IntRange(1), help="Cached prefix tokens P.")
-@click.option("--continuation-len", default=16, show_default=True, type=click.IntRange(1),
+@click.option("--continuation-len", default=8, show_default=True, type=click.IntRange(1),
               help="Continuation tokens C scored by teacher forcing from the cache.")
 @click.option("--greedy-tokens", default=16, show_default=True, type=click.IntRange(1),
               help="Greedy tokens G compared with native's (first divergence step).")

@@ -40,7 +40,7 @@ def _transfer_state(state, mapping, *, target_positions=None, host=None):
 
 
 def __getattr__(name):
-    if name == "transfer_state":
+    if name in ("transfer_state", "transfer"):
         return _transfer_state
     if name in _LAZY:
         import importlib
