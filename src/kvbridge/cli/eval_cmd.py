@@ -130,7 +130,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     ids, data = corpus_samples(corpus, ttok, n=samples, length=length, fraction=heldout_fraction)
 
     def progress(done, total):
-        if not as_json:
+        if not as_json and sys.stderr.isatty():
             click.echo(f"\r  evaluated {done}/{total} samples", nl=done == total, err=True)
 
     result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
