@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _timing import time_commands
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("KVBRIDGE_SHARED", REPO.parent / "shared"))
@@ -64,20 +64,7 @@ def main() -> None:
     if not args.no_bytecode:  # as an installed package runs: compiled once, then cached bytecode
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="kvb-bench-pyc-")  # not into the repo
-    times: dict[str, list[float]] = {k: [] for k in cmds}
-    cpu: dict[str, list[float]] = {k: [] for k in cmds}  # user+sys of the child: robust to a busy machine
-    for name, cmd in cmds.items():  # warm the OS file cache once
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    for _ in range(args.repeats):
-        for name, cmd in cmds.items():
-            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-            times[name].append(time.perf_counter() - t0)
-            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu[name].append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
-            if proc.returncode not in (0, 1):
-                raise SystemExit(f"{name} failed ({proc.returncode}): {proc.stderr.decode()[-400:]}")
+    times, cpu = time_commands(cmds, args.repeats, env=env, ok=(0, 1), warm=True)
     base = statistics.median(times['python -c "import torch"'])
     print(f"| command | median wall s ({args.repeats} runs) | min wall s | median CPU s | vs import torch |")
     print("|---|---:|---:|---:|---:|")

@@ -7,10 +7,10 @@ reported with the ratio to the torch import (side by side, one run).
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _timing import time_commands
 
 REPEATS = 7
 BIN = Path(sys.executable).parent
@@ -22,12 +22,7 @@ COMMANDS = {
 
 
 def main() -> None:
-    times: dict[str, list[float]] = {k: [] for k in COMMANDS}
-    for _ in range(REPEATS):
-        for name, cmd in COMMANDS.items():
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            times[name].append(time.perf_counter() - t0)
+    times, _ = time_commands(COMMANDS, REPEATS)
     base = statistics.median(times['python -c "import torch"'])
     print(f"| command | median s ({REPEATS} runs) | vs import torch |")
     print("|---|---:|---:|")

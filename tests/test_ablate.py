@@ -11,50 +11,15 @@ import torch
 from kvbridge.ablate import CONDITIONS, ablate, parse_layers
 from kvbridge.errors import KVBridgeError
 
-CORPUS = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
-          "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
-          "What colour is a zorp? List three fruits.\n") * 30
-GUIDE = "Define zorp: a zorp is a small blue fruit that tastes like lemon."
-PROMPT = "What colour is a zorp?"
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(scope="module")
+def tok(tiny_llama):
+    return tiny_llama.tok
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(CORPUS.split("\n"), trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>")
-
-
-def llama(tok, layers=3, attn="sdpa"):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=96,
-                      initializer_range=0.2)
-    cfg._attn_implementation = attn
-    return AutoModelForCausalLM.from_config(cfg).eval()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return llama(tok)
+def model(tiny_llama, tok):
+    return tiny_llama.model(tok, num_hidden_layers=3, initializer_range=0.2, attn="sdpa")
 
 
 # -- layer specs ----------------------------------------------------------------------------------
@@ -98,8 +63,8 @@ def test_zeroed_keys_still_take_softmax_weight_and_kv_zero_is_not_removal():
 
 
 # -- on a model -----------------------------------------------------------------------------------
-def test_all_layers_only_prefill_masking_equals_recompute(model, tok):
-    rep = ablate(model, tok, GUIDE, PROMPT, layers="all", max_new_tokens=8)
+def test_all_layers_only_prefill_masking_equals_recompute(model, tok, tiny_guide, tiny_prompt):
+    rep = ablate(model, tok, tiny_guide, tiny_prompt, layers="all", max_new_tokens=8)
     d = rep.to_dict()
     json.dumps(d)
     assert set(d["conditions"]) == set(CONDITIONS) and d["layers"] == [0, 1, 2]
@@ -121,36 +86,37 @@ def test_all_layers_only_prefill_masking_equals_recompute(model, tok):
     assert rep.lines()[0].startswith("guide positions 1-")
 
 
-def test_some_layers_keep_positions_and_last_layer_masking_is_the_same_at_prefill_or_decode(model, tok):
-    rep = ablate(model, tok, GUIDE, PROMPT, layers="0", max_new_tokens=4)
+def test_some_layers_keep_positions_and_last_layer_masking_is_the_same_at_prefill_or_decode(
+        model, tok, tiny_guide, tiny_prompt):
+    rep = ablate(model, tok, tiny_guide, tiny_prompt, layers="0", max_new_tokens=4)
     assert rep.positions["remove_prefill"] == "kept"
     c = rep.conditions
     assert c["remove_prefill"]["vs_recompute"]["kl"] > 1e-4
     # masking layer 0 at prefill changes the live tokens' K/V of layers 1-2; at decode time it does not
     assert abs(c["remove_prefill"]["vs_intact"]["kl"] - c["remove_decode"]["vs_intact"]["kl"]) > 1e-6
-    last = ablate(model, tok, GUIDE, PROMPT, layers="2", max_new_tokens=4).conditions
+    last = ablate(model, tok, tiny_guide, tiny_prompt, layers="2", max_new_tokens=4).conditions
     # no later layer reads the last layer's outputs, so prefill- and decode-time masking coincide there
     assert last["remove_prefill"]["vs_intact"]["kl"] == pytest.approx(last["remove_decode"]["vs_intact"]["kl"],
                                                                       abs=1e-12)
 
 
-def test_eager_attention_and_absolute_positions(tok):
+def test_eager_attention_and_absolute_positions(tok, tiny_llama, tiny_guide, tiny_prompt):
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    eager = llama(tok, layers=2, attn="eager")
-    c = ablate(eager, tok, GUIDE, PROMPT, max_new_tokens=4).conditions
+    eager = tiny_llama.model(tok, num_hidden_layers=2, initializer_range=0.2, attn="eager")
+    c = ablate(eager, tok, tiny_guide, tiny_prompt, max_new_tokens=4).conditions
     assert c["remove_prefill"]["vs_recompute"]["kl"] < 1e-9 and c["kv_zero"]["vs_recompute"]["kl"] > 1e-4
     torch.manual_seed(0)
     gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=96,
                                                        vocab_size=len(tok), initializer_range=0.2)).eval()
-    c = ablate(gpt2, tok, GUIDE, PROMPT, max_new_tokens=4).conditions
+    c = ablate(gpt2, tok, tiny_guide, tiny_prompt, max_new_tokens=4).conditions
     assert c["remove_prefill"]["vs_recompute"]["kl"] < 1e-9 and c["remove_decode"]["vs_recompute"]["kl"] > 1e-4
 
 
-def test_bad_inputs(model, tok):
+def test_bad_inputs(model, tok, tiny_guide, tiny_prompt):
     with pytest.raises(KVBridgeError, match="out of range"):
-        ablate(model, tok, GUIDE, PROMPT, layers="7")
+        ablate(model, tok, tiny_guide, tiny_prompt, layers="7")
     with pytest.raises(KVBridgeError, match="exceed the model's 96 positions"):
-        ablate(model, tok, GUIDE, PROMPT, max_new_tokens=90)
+        ablate(model, tok, tiny_guide, tiny_prompt, max_new_tokens=90)
     with pytest.raises(KVBridgeError, match="guide is empty"):
-        ablate(model, tok, " ", PROMPT)
+        ablate(model, tok, " ", tiny_prompt)

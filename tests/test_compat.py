@@ -23,21 +23,7 @@ SPEC_KEYS = {"model_type", "num_layers", "num_attention_heads", "num_kv_heads", 
 ROPE_KEYS = {"type", "theta", "partial_factor", "interleaved", "scaling"}
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
-    monkeypatch.delenv("KVBRIDGE_MANIFEST_PATH", raising=False)
-    monkeypatch.setenv("KVBRIDGE_CACHE_DIR", str(tmp_path / "kvcache"))
-
-
-@pytest.fixture(scope="module")
-def host():
-    return make_host(entry_points=False)
-
-
-@pytest.fixture
-def configs(shared_dir) -> Path:
-    return shared_dir / "fixtures" / "configs"
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def spec_of(configs: Path, name: str, host):

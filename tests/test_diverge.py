@@ -18,39 +18,10 @@ from kvbridge.diverge import (
 )
 from kvbridge.errors import KVBridgeError
 
-CORPUS = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
-          "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
-          "What colour is a zorp? List three fruits.\n") * 30
-GUIDE = "Define zorp: a zorp is a small blue fruit that tastes like lemon."
-PROMPT = "What colour is a zorp?"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
-def env():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS.split("\n"), trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(fast), max_position_embeddings=96,
-                      initializer_range=0.05)
-    return AutoModelForCausalLM.from_config(cfg).eval(), fast
+def env(tiny_llama):
+    return tiny_llama.model(), tiny_llama.tok
 
 
 # -- statistics and the sampler -------------------------------------------------------------------
@@ -131,9 +102,9 @@ def test_summary_says_when_there_are_too_few_seeds():
 
 
 # -- the four paths on a tiny model ---------------------------------------------------------------
-def test_diverge_paths_on_a_tiny_model(env):
+def test_diverge_paths_on_a_tiny_model(env, tiny_guide, tiny_prompt):
     model, tok = env
-    rep = diverge(model, tok, GUIDE, PROMPT, seeds=3, max_new_tokens=6, top_p=0.9)
+    rep = diverge(model, tok, tiny_guide, tiny_prompt, seeds=3, max_new_tokens=6, top_p=0.9)
     d = rep.to_dict()
     json.dumps(d)
     assert d["split"]["kind"] == "safe" and d["split"]["matches_joint"]
@@ -154,13 +125,13 @@ def test_diverge_paths_on_a_tiny_model(env):
     assert rep.lines()[0].startswith("split: safe")
 
 
-def test_naive_split_separates_the_token_sequence_effect(env):
+def test_naive_split_separates_the_token_sequence_effect(env, tiny_guide):
     model, tok = env
     from kvbridge.splits import split_text
 
     prompt = "zorp is blue?"
-    assert not split_text(tok, GUIDE, prompt).naive.matches_joint  # "Ġzorp" vs "Ġ" + "zorp"
-    rep = diverge(model, tok, GUIDE, prompt, seeds=2, max_new_tokens=4, split="naive")
+    assert not split_text(tok, tiny_guide, prompt).naive.matches_joint  # "Ġzorp" vs "Ġ" + "zorp"
+    rep = diverge(model, tok, tiny_guide, prompt, seeds=2, max_new_tokens=4, split="naive")
     assert rep.split["kind"] == "naive" and not rep.split["matches_joint"]
     assert rep.split["ghost_len"] + rep.split["live_len"] > rep.split["joint_len"]
     assert any("token-sequence" in n for n in rep.notes)
@@ -170,26 +141,27 @@ def test_naive_split_separates_the_token_sequence_effect(env):
     assert g["split-vs-concat"]["max_abs_logit_diff_shared_steps"] < 1e-4
 
 
-def test_greedy_only_and_subset_of_paths(env):
+def test_greedy_only_and_subset_of_paths(env, tiny_guide, tiny_prompt):
     model, tok = env
-    rep = diverge(model, tok, GUIDE, PROMPT, greedy_only=True, max_new_tokens=3, paths=("cached", "split"))
+    rep = diverge(model, tok, tiny_guide, tiny_prompt, greedy_only=True, max_new_tokens=3,
+                  paths=("cached", "split"))
     assert rep.seeds == () and rep.pairs == {} and set(rep.greedy) == {"cached-vs-split"}
 
 
-def test_bad_inputs(env):
+def test_bad_inputs(env, tiny_guide, tiny_prompt):
     model, tok = env
     with pytest.raises(KVBridgeError, match="exceed the model's 96 positions"):
-        diverge(model, tok, GUIDE, PROMPT, seeds=1, max_new_tokens=80)
+        diverge(model, tok, tiny_guide, tiny_prompt, seeds=1, max_new_tokens=80)
     with pytest.raises(KVBridgeError, match="paths must be"):
-        diverge(model, tok, GUIDE, PROMPT, paths=("cached", "bogus"))
+        diverge(model, tok, tiny_guide, tiny_prompt, paths=("cached", "bogus"))
     with pytest.raises(KVBridgeError, match="guide is empty"):
-        diverge(model, tok, "", PROMPT)
+        diverge(model, tok, "", tiny_prompt)
 
 
-def test_a_pack_of_another_guide_is_refused(env, tmp_path):
+def test_a_pack_of_another_guide_is_refused(env, tmp_path, tiny_guide, tiny_prompt):
     model, tok = env
     from kvbridge.packs import load_pack, save_pack
 
     out = save_pack(model, tmp_path / "p", guide_text="Something else entirely.", tokenizer=tok)
     with pytest.raises(KVBridgeError, match="is not the ghost"):
-        diverge(model, tok, GUIDE, PROMPT, seeds=1, max_new_tokens=2, pack=load_pack(out, model))
+        diverge(model, tok, tiny_guide, tiny_prompt, seeds=1, max_new_tokens=2, pack=load_pack(out, model))

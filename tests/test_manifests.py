@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kvbridge import sources
-from kvbridge.plugins import make_host
 from kvbridge.tokenizer_fp import fingerprint_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,11 +78,6 @@ def validate(value, schema: dict, root: dict, path: str = "$") -> list[str]:
         if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
             errors.append(f"{path}: {value} <= {schema['exclusiveMinimum']}")
     return errors
-
-
-@pytest.fixture(scope="module")
-def host():
-    return make_host(entry_points=False)
 
 
 def _load(path: Path) -> dict:

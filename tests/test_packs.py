@@ -22,62 +22,24 @@ from kvbridge.splits import SplitError, encode, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "manifests" / "schemas" / "prefix-pack.schema.json"
-CORPUS = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
-          "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
-          "What colour is a zorp? List three fruits.\n") * 30
-GUIDE = "Define zorp: a zorp is a small blue fruit that tastes like lemon."
-PROMPT = "What colour is a zorp?"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention
-    yield
-    torch.set_num_threads(before)
-
-
-def train_tokenizer(vocab_size: int = 300):
-    """A small byte-level BPE with a BOS post-processor, trained in well under a second."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS.split("\n"), trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-
-
-def make_model(tok, *, seed: int = 0, **over):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=128, initializer_range=0.05)
-    cfg.update(over)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(LlamaConfig(**cfg)).eval()
-
-
-def save_model(folder: Path, model, tok) -> Path:
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def make_model(tiny_llama):
+    """A seeded tiny Llama with 128 positions (keyword overrides pass through to its config)."""
+    return lambda tok, **kw: tiny_llama.model(tok, **{"max_position_embeddings": 128, **kw})
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_llama, make_model):
     from kvbridge.packs import open_model_dir
 
     root = tmp_path_factory.mktemp("packs")
-    tok = train_tokenizer()
-    folder = save_model(root / "model", make_model(tok), tok)
+    tok = tiny_llama.tok
+    folder = tiny_llama.save(root / "model", make_model(tok), tok)
     model = open_model_dir(folder)
     tok = load_tokenizer(folder)
-    pack = save_pack(model, root / "pack", guide_text=GUIDE, tokenizer=tok, model_dir=folder)
+    pack = save_pack(model, root / "pack", guide_text=tiny_llama.guide, tokenizer=tok, model_dir=folder)
     return {"root": root, "folder": folder, "model": model, "tok": tok, "pack": pack}
 
 
@@ -128,14 +90,14 @@ class ForwardCounter:
 
 
 # -- manifest -------------------------------------------------------------------------------------
-def test_manifest_validates_against_the_schema(env):
+def test_manifest_validates_against_the_schema(env, tiny_guide):
     manifest = json.loads((env["pack"] / "manifest.json").read_text())
     validate(manifest, json.loads(SCHEMA.read_text()))
     import transformers
 
-    assert manifest["guide"]["token_ids"] == encode(env["tok"], GUIDE, add_special_tokens=True)
+    assert manifest["guide"]["token_ids"] == encode(env["tok"], tiny_guide, add_special_tokens=True)
     assert manifest["guide"]["token_ids"][0] == env["tok"].bos_token_id
-    assert manifest["guide"]["text"] == GUIDE
+    assert manifest["guide"]["text"] == tiny_guide
     assert manifest["positions"] == {"start": 0, "stop": len(manifest["guide"]["token_ids"]), "kind": "prefix"}
     assert manifest["transformers_version"] == transformers.__version__
     assert manifest["model"]["id"] == "model" and manifest["tokenizer"]["source"] == "tokenizer_fp"
@@ -165,10 +127,10 @@ def test_load_runs_zero_forward_passes(env):
     assert cache.get_seq_length() == pack.num_tokens and not pack.forced
 
 
-def test_continuation_equals_ordinary_prefill(env):
+def test_continuation_equals_ordinary_prefill(env, tiny_prompt):
     model, tok = env["model"], env["tok"]
     pack = load_pack(env["pack"], model, tokenizer=tok, tokenizer_dir=env["folder"])
-    _, split = pack.split_for(tok, PROMPT)
+    _, split = pack.split_for(tok, tiny_prompt)
     ids = torch.tensor([list(split.ids)])
     kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True,
                   pad_token_id=0)
@@ -188,7 +150,7 @@ def test_continuation_equals_ordinary_prefill(env):
     assert recompute_check(pack, model) == 0.0
 
 
-def test_split_for_needs_the_guide_text_and_a_prompt(env, tmp_path):
+def test_split_for_needs_the_guide_text_and_a_prompt(env, tmp_path, tiny_prompt):
     pack = load_pack(env["pack"], env["model"], tokenizer=env["tok"])
     with pytest.raises(SplitError, match="live text is empty"):
         pack.split_for(env["tok"], "", sep=" ")
@@ -196,7 +158,7 @@ def test_split_for_needs_the_guide_text_and_a_prompt(env, tmp_path):
     bare = load_pack(ids_only, env["model"])
     assert bare.guide_text is None and bare.manifest["tokenizer"]["source"] == "none"
     with pytest.raises(SplitError, match="stores no guide text"):
-        bare.split_for(env["tok"], PROMPT)
+        bare.split_for(env["tok"], tiny_prompt)
 
 
 # -- refusals -------------------------------------------------------------------------------------
@@ -208,7 +170,7 @@ def _refused(env, model, field, **kw):
     return info.value
 
 
-def test_other_weights_are_refused_and_force_loads_loudly(env):
+def test_other_weights_are_refused_and_force_loads_loudly(env, make_model):
     other = make_model(env["tok"], seed=1)
     err = _refused(env, other, "weights")
     assert "--force" in err.one_line()
@@ -217,19 +179,19 @@ def test_other_weights_are_refused_and_force_loads_loudly(env):
     assert pack.forced and pack.state.approximate and [m.field for m in pack.mismatches] == ["weights"]
 
 
-def test_other_tokenizer_is_refused(env, tmp_path):
-    other = train_tokenizer(vocab_size=280)
+def test_other_tokenizer_is_refused(env, tmp_path, tiny_llama):
+    other = tiny_llama.tokenizer(vocab_size=280)
     other.save_pretrained(tmp_path)
     _refused(env, env["model"], "tokenizer", tokenizer=load_tokenizer(tmp_path), tokenizer_dir=tmp_path)
 
 
-def test_other_dtype_is_refused(env):
+def test_other_dtype_is_refused(env, make_model):
     model = make_model(env["tok"]).to(torch.bfloat16)
     err = _refused(env, model, "dtype")
     assert "float32" in err.one_line() and "bfloat16" in err.one_line()
 
 
-def test_other_rope_configuration_is_refused_even_with_force(env):
+def test_other_rope_configuration_is_refused_even_with_force(env, make_model):
     model = make_model(env["tok"], rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     err = _refused(env, model, "rope", force=True)
     assert "rope cannot be forced" in err.one_line() or "cannot be forced" in err.one_line()
@@ -275,28 +237,28 @@ def test_truncated_and_corrupt_files_are_refused_by_checksum(env, tmp_path):
             read_pack(copy)
 
 
-def test_guide_longer_than_positions_and_empty_guide_write_nothing(env, tmp_path):
+def test_guide_longer_than_positions_and_empty_guide_write_nothing(env, tmp_path, make_model, tiny_guide):
     model = make_model(env["tok"], max_position_embeddings=16)
     with pytest.raises(KVBridgeError, match="has 16 positions"):
-        save_pack(model, tmp_path / "long", guide_text=GUIDE * 2, tokenizer=env["tok"])
+        save_pack(model, tmp_path / "long", guide_text=tiny_guide * 2, tokenizer=env["tok"])
     with pytest.raises(SplitError, match="guide is empty"):
         save_pack(env["model"], tmp_path / "empty", guide_text="   ", tokenizer=env["tok"])
     assert list(tmp_path.iterdir()) == []
 
 
-def test_existing_pack_is_not_overwritten(env):
+def test_existing_pack_is_not_overwritten(env, tiny_guide):
     with pytest.raises(ArtifactError, match="already exists"):
-        save_pack(env["model"], env["pack"], guide_text=GUIDE, tokenizer=env["tok"])
+        save_pack(env["model"], env["pack"], guide_text=tiny_guide, tokenizer=env["tok"])
 
 
-def test_pack_with_real_gpt2_tokenizer_files(shared_dir, tmp_path):
+def test_pack_with_real_gpt2_tokenizer_files(shared_dir, tmp_path, tiny_llama):
     """Tokenizer fingerprint from the published vocab.json + merges.txt; ids clamped to a small model."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
     tok = load_tokenizer(shared_dir / "fixtures/tokenizers/gpt2")
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
                                                         vocab_size=len(tok))).eval()
-    folder = save_model(tmp_path / "gpt2", model, tok)
+    folder = tiny_llama.save(tmp_path / "gpt2", model, tok)
     out = save_pack(model, tmp_path / "pack", guide_text="Hello there, friend.", tokenizer=tok, model_dir=folder)
     manifest, _ = read_pack(out)
     assert manifest["positional"]["kind"] == "absolute" and manifest["cache_format"]["keys"] == "no_rotation"

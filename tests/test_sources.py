@@ -13,22 +13,7 @@ from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
 from kvbridge.plugins import make_host
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    """No real HF cache, no manifest path, a private tokenizer cache."""
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
-    monkeypatch.delenv("KVBRIDGE_MANIFEST_PATH", raising=False)
-    monkeypatch.setenv("KVBRIDGE_CACHE_DIR", str(tmp_path / "kvcache"))
-
-
-@pytest.fixture(scope="module")
-def host():
-    return make_host(entry_points=False)
-
-
-@pytest.fixture
-def configs(shared_dir) -> Path:
-    return shared_dir / "fixtures" / "configs"
+pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 @pytest.fixture

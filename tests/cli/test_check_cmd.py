@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,16 +14,8 @@ from kvbridge.cli.main import build_cli
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hf-cache"))
-    monkeypatch.delenv("KVBRIDGE_MANIFEST_PATH", raising=False)
+def _isolated(isolated_env, monkeypatch):
     monkeypatch.delenv("KVBRIDGE_DEBUG", raising=False)
-    monkeypatch.setenv("KVBRIDGE_CACHE_DIR", str(tmp_path / "kvcache"))
-
-
-@pytest.fixture
-def configs(shared_dir) -> Path:
-    return shared_dir / "fixtures" / "configs"
 
 
 def run(*args):

@@ -7,52 +7,17 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from kvbridge.cli.main import build_cli
 
-CORPUS = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
-          "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
-          "What colour is a zorp? List three fruits.\n") * 30
-GUIDE = "Define zorp: a zorp is a small blue fruit that tastes like lemon."
-PROMPT = "What colour is a zorp?"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def _model_dir(folder, *, seed=0, max_positions=96):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
-
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    t.train_from_iterator(CORPUS.split("\n"), trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<s>", eos_token="</s>")
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=max_positions,
-                      initializer_range=0.05)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
 
 @pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
+def dirs(tmp_path_factory, tiny_llama):
     root = tmp_path_factory.mktemp("cli")
-    return {"root": root, "model": _model_dir(root / "model"), "other": _model_dir(root / "other", seed=1),
-            "short": _model_dir(root / "short", max_positions=16)}
+    return {"root": root, "model": tiny_llama.model_dir(root / "model"),
+            "other": tiny_llama.model_dir(root / "other", seed=1),
+            "short": tiny_llama.model_dir(root / "short", max_position_embeddings=16)}
 
 
 def run(*args):
@@ -102,13 +67,13 @@ def test_split_bad_input(tmp_path, dirs):
 
 
 # -- pack -----------------------------------------------------------------------------------------
-def test_pack_save_info_verify(dirs):
+def test_pack_save_info_verify(dirs, tiny_guide):
     out = dirs["root"] / "pack"
-    res = run("pack", "save", dirs["model"], "--guide", GUIDE, "--out", out)
+    res = run("pack", "save", dirs["model"], "--guide", tiny_guide, "--out", out)
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == ["kv.safetensors", "manifest.json"]
     info = json.loads(run("pack", "info", out, "--json").stdout)
-    assert info["checksum_ok"] and info["manifest"]["guide"]["text"] == GUIDE
+    assert info["checksum_ok"] and info["manifest"]["guide"]["text"] == tiny_guide
     assert "checksum   ok" in run("pack", "info", out).stdout
     res = run("pack", "verify", out, dirs["model"], "--json", "--recompute")
     assert res.exit_code == 0, res.output
@@ -119,51 +84,52 @@ def test_pack_save_info_verify(dirs):
     forced = run("pack", "verify", out, dirs["other"], "--force")
     assert forced.exit_code == 0 and "WARNING" in forced.stderr and "--force" in forced.stdout
     # a pack is not overwritten; a truncated one is refused by checksum
-    one_line_error(run("pack", "save", dirs["model"], "--guide", GUIDE, "--out", out), "already exists")
+    one_line_error(run("pack", "save", dirs["model"], "--guide", tiny_guide, "--out", out), "already exists")
     data = (out / "kv.safetensors").read_bytes()
     (out / "kv.safetensors").write_bytes(data[:-64])
     one_line_error(run("pack", "info", out), "checksum mismatch")
     one_line_error(run("pack", "verify", out, dirs["model"]), "checksum mismatch")
 
 
-def test_pack_save_bad_input_writes_nothing(dirs, tmp_path):
+def test_pack_save_bad_input_writes_nothing(dirs, tmp_path, tiny_guide):
     out = tmp_path / "p"
-    one_line_error(run("pack", "save", dirs["short"], "--guide", GUIDE, "--out", out), "has 16 positions")
+    one_line_error(run("pack", "save", dirs["short"], "--guide", tiny_guide, "--out", out), "has 16 positions")
     one_line_error(run("pack", "save", dirs["model"], "--guide", "  ", "--out", out), "guide is empty")
-    one_line_error(run("pack", "save", tmp_path / "nomodel", "--guide", GUIDE, "--out", out))
-    one_line_error(run("pack", "save", dirs["model"], "--guide", GUIDE, "--out", out, "--tokenizer",
+    one_line_error(run("pack", "save", tmp_path / "nomodel", "--guide", tiny_guide, "--out", out))
+    one_line_error(run("pack", "save", dirs["model"], "--guide", tiny_guide, "--out", out, "--tokenizer",
                        tmp_path / "notok"), "does not exist")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 # -- diverge / ablate -----------------------------------------------------------------------------
-def test_diverge_json(dirs):
-    res = run("diverge", dirs["model"], "--guide", GUIDE, "--prompt", PROMPT, "--seeds", 2, "--max-new-tokens", 3,
-              "--json")
+def test_diverge_json(dirs, tiny_guide, tiny_prompt):
+    res = run("diverge", dirs["model"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--seeds", 2,
+              "--max-new-tokens", 3, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert {"paths", "sampler", "seeds", "split", "pairs", "greedy", "notes"} <= set(d)
     assert d["paths"] == ["full", "cached", "split", "concat"] and d["seeds"] == [0, 1]
     s = d["pairs"]["cached-vs-split"]["summary"]
     assert s["n"] == 2 and "too few seeds" in s["rate_note"]
-    text = run("diverge", dirs["model"], "--guide", GUIDE, "--prompt", PROMPT, "--greedy", "--max-new-tokens", 2)
+    text = run("diverge", dirs["model"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--greedy",
+               "--max-new-tokens", 2)
     assert text.exit_code == 0 and "greedy:" in text.stdout
 
 
-def test_diverge_with_a_saved_pack_and_bad_input(dirs, tmp_path):
+def test_diverge_with_a_saved_pack_and_bad_input(dirs, tmp_path, tiny_guide, tiny_prompt):
     out = tmp_path / "pack"
-    assert run("pack", "save", dirs["model"], "--guide", GUIDE, "--out", out).exit_code == 0
-    res = run("diverge", dirs["model"], "--guide", GUIDE, "--prompt", PROMPT, "--seeds", 1, "--max-new-tokens", 2,
-              "--pack", out, "--json")
+    assert run("pack", "save", dirs["model"], "--guide", tiny_guide, "--out", out).exit_code == 0
+    res = run("diverge", dirs["model"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--seeds", 1,
+              "--max-new-tokens", 2, "--pack", out, "--json")
     assert res.exit_code == 0, res.output
-    one_line_error(run("diverge", dirs["other"], "--guide", GUIDE, "--prompt", PROMPT, "--pack", out),
+    one_line_error(run("diverge", dirs["other"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--pack", out),
                    "weights differ")
-    one_line_error(run("diverge", dirs["model"], "--guide", "", "--prompt", PROMPT), "guide is empty")
-    one_line_error(run("diverge", dirs["short"], "--guide", GUIDE, "--prompt", PROMPT), "positions")
+    one_line_error(run("diverge", dirs["model"], "--guide", "", "--prompt", tiny_prompt), "guide is empty")
+    one_line_error(run("diverge", dirs["short"], "--guide", tiny_guide, "--prompt", tiny_prompt), "positions")
 
 
-def test_ablate_json_and_bad_input(dirs):
-    res = run("ablate", dirs["model"], "--guide", GUIDE, "--prompt", PROMPT, "--layers", "0-1",
+def test_ablate_json_and_bad_input(dirs, tiny_guide, tiny_prompt):
+    res = run("ablate", dirs["model"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--layers", "0-1",
               "--max-new-tokens", 3, "--json")
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
@@ -171,11 +137,11 @@ def test_ablate_json_and_bad_input(dirs):
     assert set(d["conditions"]) == {"intact", "k_zero", "v_zero", "kv_zero", "remove_prefill", "remove_decode",
                                     "recompute"}
     assert {"kl", "top1_changed", "greedy"} <= set(d["conditions"]["k_zero"]["vs_intact"])
-    text = run("ablate", dirs["model"], "--guide", GUIDE, "--prompt", PROMPT, "--max-new-tokens", 2)
+    text = run("ablate", dirs["model"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--max-new-tokens", 2)
     assert text.exit_code == 0 and "remove_prefill" in text.stdout
-    one_line_error(run("ablate", dirs["model"], "--guide", GUIDE, "--prompt", PROMPT, "--layers", "5"),
+    one_line_error(run("ablate", dirs["model"], "--guide", tiny_guide, "--prompt", tiny_prompt, "--layers", "5"),
                    "out of range")
-    one_line_error(run("ablate", dirs["model"], "--guide", "", "--prompt", PROMPT), "guide is empty")
+    one_line_error(run("ablate", dirs["model"], "--guide", "", "--prompt", tiny_prompt), "guide is empty")
 
 
 def test_command_modules_import_nothing_heavy():

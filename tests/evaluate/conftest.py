@@ -16,7 +16,7 @@ import torch
 P, C, G, N = 48, 8, 8, 12
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     before = torch.get_num_threads()
     torch.set_num_threads(1)

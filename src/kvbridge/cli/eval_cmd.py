@@ -113,7 +113,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     hf_logging.set_verbosity_error()
     if threads:
         torch.set_num_threads(int(threads))
-    from kvbridge.evaluate import corpus_samples, evaluate
+    from kvbridge.evaluate import corpus_samples, evaluate, heldout_text
     from kvbridge.evaluate.conditions import CONDITIONS, EvalError
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit.calibrate import check_same_tokens, load_corpus
@@ -123,11 +123,13 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     if bad:
         raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
     src, smodel, stok, tgt, tmodel, ttok, tok_fp = load_pair(source, target, dtype=dtype)
-    texts, _ = load_corpus(corpus)
-    check_same_tokens(texts[:4], stok, ttok)
+    texts, sha = load_corpus(corpus)
+    tail = heldout_text(texts, heldout_fraction)
+    check_same_tokens([tail], stok, ttok)
     mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
     length = prefix_len + continuation_len + 1
-    ids, data = corpus_samples(corpus, ttok, n=samples, length=length, fraction=heldout_fraction)
+    ids, data = corpus_samples([tail], ttok, n=samples, length=length, fraction=1.0)
+    data.update(path=str(corpus), sha256=sha, heldout_fraction=heldout_fraction)
 
     def progress(done, total):
         if not as_json and sys.stderr.isatty():

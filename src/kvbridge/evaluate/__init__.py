@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 SCHEMA = "kvbridge-eval/1"
 #: share of the corpus (its end, cut at a line start) that evaluation samples come from

@@ -47,11 +47,10 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
-from kvbridge.errors import KVBridgeError, StateError
+from kvbridge.errors import KVBridgeError
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")

@@ -166,6 +166,14 @@ def plot_gap(result: dict, path: Path, plt) -> bool:
     ax.errorbar(xs, vals, yerr=[lo, hi], fmt="none", ecolor="k", capsize=4)
     ax.axhline(1.0, color="tab:green", linestyle="--", linewidth=0.8)
     ax.axhline(0.0, color="k", linewidth=0.8)
+    floor = -2.0  # far below "no prefix" the exact value matters little: clip, and print it
+    lows = [v - l for v, l in zip(vals, lo)]
+    ax.set_ylim(max(floor, min(lows + [0.0]) - 0.1), max(1.25, max(v + h for v, h in zip(vals, hi)) + 0.1))
+    for x, (c, v, ci) in zip(xs, items):
+        low = ci[0] if ci and ci[0] is not None else v
+        if low < floor:
+            ax.annotate(f"{v:+.2f}\n(CI to {low:.1f})", (x, floor), xytext=(0, 6), textcoords="offset points",
+                        ha="center", fontsize=7)
     ax.set_xticks(xs)
     ax.set_xticklabels([c for c, _, _ in items], rotation=30, ha="right")
     ax.set_ylabel("gap recovered (1 = native, 0 = no prefix)")
@@ -187,6 +195,8 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
         im = ax.imshow([[x if x is not None else float("nan") for x in row] for row in data], vmin=0, vmax=1,
                        cmap="viridis", aspect="auto")
         ax.set_title(f"held-out R², {kind.upper()}")
+        ax.set_xticks(range(len(data[0]) if data else 0))
+        ax.set_yticks(range(len(data)))
         ax.set_xlabel("target KV head")
         ax.set_ylabel("target layer")
         for i, row in enumerate(data):

@@ -14,7 +14,6 @@ import pytest
 from family_oracle import ADAPTERS, TINY, TINY_IDS, assert_agrees_with_hf, hf_config, tiny
 
 from kvbridge.errors import ConfigError, UnsupportedModelError
-from kvbridge.plugins import make_host
 from kvbridge.spec import FULL, SLIDING, ModelSpec
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
@@ -23,11 +22,6 @@ SUPPORTED_FIXTURES = ["Qwen__Qwen2-1.5B-Instruct", "Qwen__Qwen2.5-0.5B", "Qwen__
                       "Qwen__Qwen3-4B", "meta-llama__Llama-2-7b-chat-hf", "meta-llama__Llama-3.2-1B",
                       "meta-llama__Llama-3.2-3B-Instruct", "microsoft__phi-2", "mistralai__Mistral-7B-v0.1",
                       "openai-community__gpt2"]
-
-
-@pytest.fixture(scope="module")
-def host():
-    return make_host(entry_points=False)
 
 
 # -- registration --------------------------------------------------------------------------------

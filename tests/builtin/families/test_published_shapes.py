@@ -11,7 +11,6 @@ import copy
 import pytest
 from family_oracle import assert_agrees_with_hf, hf_config
 
-from kvbridge.plugins import make_host
 from kvbridge.spec import FULL, SLIDING
 
 SHAPES = {
@@ -69,11 +68,6 @@ SHAPES = {
         "num_key_value_heads": 16, "head_dim": 256, "rope_theta": 10000.0, "max_position_embeddings": 8192,
         "vocab_size": 256000, "torch_dtype": "bfloat16"},
 }
-
-
-@pytest.fixture(scope="module")
-def host():
-    return make_host(entry_points=False)
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
