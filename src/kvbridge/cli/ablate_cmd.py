@@ -28,17 +28,9 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
     so no zeroing equals removal; see docs/prefix-tools.md.
     """
     from kvbridge.ablate import ablate as run
-    from kvbridge.cli.split_cmd import unescape
-    from kvbridge.packs import open_model_dir, require_model_dir
-    from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
+    from kvbridge.cli.split_cmd import open_guide_session, unescape
 
-    guide_text = read_text_arg(guide, "guide")
-    prompt_text = read_text_arg(prompt, "prompt")
-    if not guide_text.strip():
-        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
-    require_model_dir(model)
-    tok = load_tokenizer(tokenizer or model)
-    m = open_model_dir(model, dtype=dtype)
+    m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

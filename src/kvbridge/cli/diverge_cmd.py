@@ -35,18 +35,10 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
     total-variation distance of the post-top-p distributions; the same for greedy decoding.
     Summaries give Wilson intervals and say when there are too few seeds for a rate.
     """
-    from kvbridge.cli.split_cmd import unescape
+    from kvbridge.cli.split_cmd import open_guide_session, unescape
     from kvbridge.diverge import diverge as run
-    from kvbridge.packs import open_model_dir, require_model_dir
-    from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
 
-    guide_text = read_text_arg(guide, "guide")
-    prompt_text = read_text_arg(prompt, "prompt")
-    if not guide_text.strip():
-        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
-    require_model_dir(model)
-    tok = load_tokenizer(tokenizer or model)
-    m = open_model_dir(model, dtype=dtype)
+    m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype)
     pack = None
     if pack_dir:
         from kvbridge.packs import load_pack

@@ -49,3 +49,18 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
         return
     for line in report.lines():
         click.echo(line)
+
+
+def open_guide_session(model: str, tokenizer: str | None, guide: str, prompt: str, dtype: str):
+    """``(model, tokenizer, guide_text, prompt_text)`` for the commands that run a guide + prompt:
+    texts read (``@FILE`` allowed), an empty guide refused, the model folder opened."""
+    from kvbridge.packs import open_model_dir, require_model_dir
+    from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
+
+    guide_text = read_text_arg(guide, "guide")
+    prompt_text = read_text_arg(prompt, "prompt")
+    if not guide_text.strip():
+        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    require_model_dir(model)
+    tok = load_tokenizer(tokenizer or model)
+    return open_model_dir(model, dtype=dtype), tok, guide_text, prompt_text
