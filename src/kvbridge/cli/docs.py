@@ -6,8 +6,8 @@ import click
 
 
 def _walk(cmd: click.Command, path: list[str], ctx_parent=None):
-    ctx = click.Context(cmd, info_name=path[-1], parent=ctx_parent, terminal_width=100,
-                        max_content_width=100)
+    settings = {"terminal_width": 100, "max_content_width": 100, **cmd.context_settings}
+    ctx = cmd.context_class(cmd, info_name=path[-1], parent=ctx_parent, **settings)
     yield path, cmd.get_help(ctx)
     if isinstance(cmd, click.Group):
         for name in cmd.list_commands(ctx):
