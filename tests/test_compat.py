@@ -325,3 +325,27 @@ def test_check_runs_on_every_fixture_folder(configs, host):
             assert str(folder / "config.json") in str(exc) and "\n" not in str(exc)
             continue
         assert report.verdict == "identity" and report.exit_code(strict=True) == 0, folder.name
+
+
+def test_same_config_different_weights_is_mappable_not_identity(tmp_path):
+    """A fine-tune (same config, other weight files) is not reported as an exact identity."""
+    import json
+
+    from kvbridge.compat import check_models
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64}
+    folders = {}
+    for name, payload in (("a", b"weights-a"), ("b", b"weights-b"), ("c", b"weights-a")):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / "model.safetensors").write_bytes(payload)
+        folders[name] = str(d)
+    differ = check_models(folders["a"], folders["b"])
+    model = next(a for a in differ.axes if a.name == "model")
+    assert model.verdict == "mappable" and "different weights" in model.action
+    assert differ.verdict == "mappable"
+    same = check_models(folders["a"], folders["c"])
+    assert same.verdict == "identity"
+    assert next(a for a in same.axes if a.name == "model").action.startswith("same config and the same weight")

@@ -454,13 +454,22 @@ def _spec_arch(spec: ModelSpec) -> tuple:
 
 
 def _model_axis(s: ModelSpec, t: ModelSpec, s_name: str, t_name: str,
-                s_cfg: Mapping | None, t_cfg: Mapping | None, same_ref: bool) -> Axis:
+                s_cfg: Mapping | None, t_cfg: Mapping | None, same_ref: bool,
+                s_weights: str | None = None, t_weights: str | None = None) -> Axis:
     sv, tv = s_name or s.model_type, t_name or t.model_type
     if same_ref:
         return Axis("model", sv, tv, "same", "same model: its cache is the target's own cache")
     if s_cfg is not None and t_cfg is not None:
         if _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg) and _spec_arch(s) == _spec_arch(t) \
                 and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}:
+            if s_weights and t_weights and s_weights == t_weights:
+                return Axis("model", sv, tv, "same", "same config and the same weight files: its cache is the"
+                            " target's own cache")
+            if s_weights and t_weights:
+                return Axis("model", sv, tv, "mappable",
+                            "same architecture, different weights (a fine-tune or another seed): the cache can be"
+                            " reused as is (`kvbridge eval --mapping identity` measures that), but a fitted"
+                            " mapping usually does better (kvbridge fit)")
             return Axis("model", sv, tv, "same",
                         "same config (weights are not compared: a fine-tune with this config reuses the"
                         " cache directly, with quality measured rather than guaranteed)")
@@ -540,7 +549,7 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
     model = next((a for a in axes if a.name == "model"), None)
     if model is not None and not model.action.startswith("same model"):
         reasons.append(f"model: {model.action}; weights are not compared, so identity is exact only for"
-                       " the same checkpoint (measure other checkpoints with `kvbridge identity` / `diverge`)")
+                       " the same checkpoint (measure other checkpoints with `kvbridge eval --mapping identity`)")
     return "identity", reasons + notes + warnings
 
 
@@ -549,15 +558,18 @@ def check(source: ModelSpec, target: ModelSpec, *, host=None, source_name: str =
           source_config: Mapping | None = None, target_config: Mapping | None = None,
           source_generation: Mapping | None = None, target_generation: Mapping | None = None,
           source_tokenizer=None, target_tokenizer=None, same_model: bool = False,
-          plugins: bool = True) -> Report:
+          plugins: bool = True, source_weights: str | None = None, target_weights: str | None = None) -> Report:
     """Compare two specs (plus configs / tokenizer fingerprints where known) into a Report.
 
     ``same_model`` says both sides are the same model reference (same files): the model and
     tokenizer axes are then ``same`` even without tokenizer files. ``plugins=False`` skips the
-    plugin findings (the core axes only).
+    plugin findings (the core axes only). ``source_weights`` / ``target_weights`` are weight
+    fingerprints (:meth:`~kvbridge.sources.ResolvedModel.weights_digest`); with both known, a
+    same-config pair with different weights is ``mappable``, not ``identity``.
     """
     axes = [
-        _model_axis(source, target, source_name, target_name, source_config, target_config, same_model),
+        _model_axis(source, target, source_name, target_name, source_config, target_config, same_model,
+                    source_weights, target_weights),
         _layers_axis(source, target),
         _kv_heads_axis(source, target),
         _head_dim_axis(source, target),
@@ -605,7 +617,9 @@ def check_models(source, target, *, host=None, source_tokenizer=None, target_tok
     return check(s_spec, t_spec, host=host, source_name=src.name, target_name=tgt.name,
                  source_config=src.config, target_config=tgt.config,
                  source_generation=src.generation_config, target_generation=tgt.generation_config,
-                 source_tokenizer=s_tok, target_tokenizer=t_tok, same_model=same)
+                 source_tokenizer=s_tok, target_tokenizer=t_tok, same_model=same,
+                 source_weights=None if same else src.weights_digest(),
+                 target_weights=None if same else tgt.weights_digest())
 
 
 def _tokenizer_override(value, option: str):

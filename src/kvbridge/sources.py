@@ -50,6 +50,15 @@ class ResolvedModel:
     generation_config: dict | None = field(default=None, hash=False)  # generation_config.json
     manifest: dict | None = field(default=None, hash=False)  # the whole manifest record
 
+    def weights_digest(self) -> str | None:
+        """A fingerprint of the weight files beside the config, or ``None`` when there are none.
+
+        Files up to 512 MiB in all are hashed whole (sha256); larger checkpoints are fingerprinted
+        from each file's name, size and first and last 4 MiB (which hold the safetensors header
+        and tensor bytes), so `check` stays fast on multi-GB folders.
+        """
+        return weights_digest(Path(self.folder)) if self.folder else None
+
     def tokenizer(self) -> TokenizerFingerprint | None:
         """The tokenizer fingerprint, or ``None`` when no tokenizer files/record are known."""
         if self.tokenizer_files:
@@ -207,6 +216,35 @@ def validate_manifest(record: Any, where: Path | str) -> dict:
         raise ConfigError(f"{where}: manifest field 'aliases' must be a list of strings",
                           "see manifests/README.md")
     return record
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+FULL_HASH_LIMIT = 512 << 20
+EDGE = 4 << 20
+
+
+def weights_digest(folder: Path) -> str | None:
+    """See :meth:`ResolvedModel.weights_digest`."""
+    import hashlib
+
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES) \
+        if folder.is_dir() else []
+    if not files:
+        return None
+    whole = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
+    h = hashlib.sha256(b"full" if whole else b"edges")
+    for p in files:
+        size = p.stat().st_size
+        h.update(f"{p.name}|{size}|".encode())
+        with open(p, "rb") as fh:
+            if whole or size <= 2 * EDGE:
+                while block := fh.read(1 << 22):
+                    h.update(block)
+            else:
+                h.update(fh.read(EDGE))
+                fh.seek(size - EDGE)
+                h.update(fh.read(EDGE))
+    return h.hexdigest()
 
 
 def _plugin_manifest_dirs(host) -> list[Path]:

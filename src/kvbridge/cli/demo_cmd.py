@@ -232,7 +232,8 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
                    f"eval {t2 - t1:.1f} s; gates {'PASS' if res['gates_passed'] else 'FAIL'}", err=True)
         if report_dir:
             write_report(res, report_dir / f"base-{name}")
-        if identity_too and report.verdict in ("identity", "rope-reapply"):
+        same_geometry = all(a.verdict == "same" for a in report.axes if a.name in ("layers", "kv_heads", "head_dim"))
+        if identity_too and report.verdict != "incompatible" and same_geometry:
             # the check allows reusing the cache as is (same geometry): measure that too, unfitted
             from kvbridge.builtin.identity import IdentityMapping
 
