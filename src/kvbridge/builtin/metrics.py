@@ -10,30 +10,30 @@ from __future__ import annotations
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Metric
 
-_M = "kvbridge.evaluate.metrics:"
+
+def _metric(name: str, description: str, higher_is_better: bool) -> Metric:
+    """A metric whose factory is the function of the same name in kvbridge.evaluate.metrics."""
+    return Metric(name, description, f"kvbridge.evaluate.metrics:{name}", higher_is_better)
+
 
 METRICS = (
-    Metric("nll", "mean continuation negative log-likelihood (nats/token)", _M + "nll", False),
-    Metric("perplexity", "exp(nll) of the continuation", _M + "perplexity", False),
-    Metric("nll_delta", "nll minus native nll on the same samples", _M + "nll_delta", False),
-    Metric("accuracy", "teacher-forced next-token accuracy on the continuation", _M + "accuracy", True),
-    Metric("kl_mean", "mean KL(native || x) over continuation positions (nats)", _M + "kl_mean", False),
-    Metric("kl_p95", "95th percentile of KL(native || x) over continuation positions", _M + "kl_p95", False),
-    Metric("top1_agreement", "share of positions whose argmax equals native's", _M + "top1_agreement", True),
-    Metric("topk_overlap", "mean |top-k(x) & top-k(native)| / k", _M + "topk_overlap", True),
-    Metric("tv_top_p", "total-variation distance after top-p truncation", _M + "tv_top_p", False),
-    Metric("max_abs_logit_diff", "max |logit_x - logit_native|", _M + "max_abs_logit_diff", False),
-    Metric("gap_recovered", "(NLL_no_prefix - NLL_x) / (NLL_no_prefix - NLL_native)", _M + "gap_recovered", True),
-    Metric("retention", "acc_x / acc_native (the papers' retention; overstates benefit)", _M + "retention", True),
-    Metric("retention_floor", "(acc_x - acc_no_prefix) / (acc_native - acc_no_prefix)", _M + "retention_floor", True),
-    Metric("greedy_first_divergence", "mean first greedy step that leaves native's tokens (G if none)",
-           _M + "greedy_first_divergence", True),
-    Metric("greedy_agreement", "greedy tokens matching native before the first divergence / G",
-           _M + "greedy_agreement", True),
-    Metric("attention_cosine_mean", "attention-output cosine vs native prefix K/V, mean over target layers",
-           _M + "attention_cosine_mean", True),
-    Metric("attention_cosine_min", "attention-output cosine vs native prefix K/V, min over target layers",
-           _M + "attention_cosine_min", True),
+    _metric("nll", "mean continuation negative log-likelihood (nats/token)", False),
+    _metric("perplexity", "exp(nll) of the continuation", False),
+    _metric("nll_delta", "nll minus native nll on the same samples", False),
+    _metric("accuracy", "teacher-forced next-token accuracy on the continuation", True),
+    _metric("kl_mean", "mean KL(native || x) over continuation positions (nats)", False),
+    _metric("kl_p95", "95th percentile of KL(native || x) over continuation positions", False),
+    _metric("top1_agreement", "share of positions whose argmax equals native's", True),
+    _metric("topk_overlap", "mean |top-k(x) & top-k(native)| / k", True),
+    _metric("tv_top_p", "total-variation distance after top-p truncation", False),
+    _metric("max_abs_logit_diff", "max |logit_x - logit_native|", False),
+    _metric("gap_recovered", "(NLL_no_prefix - NLL_x) / (NLL_no_prefix - NLL_native)", True),
+    _metric("retention", "acc_x / acc_native (the papers' retention; overstates benefit)", True),
+    _metric("retention_floor", "(acc_x - acc_no_prefix) / (acc_native - acc_no_prefix)", True),
+    _metric("greedy_first_divergence", "mean first greedy step that leaves native's tokens (G if none)", True),
+    _metric("greedy_agreement", "greedy tokens matching native before the first divergence / G", True),
+    _metric("attention_cosine_mean", "attention-output cosine vs native prefix K/V, mean over target layers", True),
+    _metric("attention_cosine_min", "attention-output cosine vs native prefix K/V, min over target layers", True),
 )
 
 

@@ -9,31 +9,23 @@ RoPE (``qk_norm``). ``head_dim`` defaults to 128 when absent (``Qwen3Config`` de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
-from kvbridge.builtin.families._common import DecoderAdapter, flag, tiny_base
-from kvbridge.builtin.families.qwen2 import qwen_layout
+from kvbridge.builtin.families._common import tiny_base
+from kvbridge.builtin.families.qwen2 import Qwen2Adapter
 
 
 @dataclass(frozen=True)
-class Qwen3Adapter(DecoderAdapter):
+class Qwen3Adapter(Qwen2Adapter):
     """Qwen3 dense models."""
 
     name: str = "qwen3"
     model_types: tuple = ("qwen3",)
     description: str = "Qwen3: GQA, q/k RMSNorm before half-split RoPE, head_dim default 128"
 
-    DEFAULT_VOCAB: ClassVar[int] = 151936
-    DEFAULT_MAX_POSITIONS: ClassVar[int] = 32768
-    DEFAULT_KV_HEADS: ClassVar[int | None] = 32
+    # vocab, positions, KV-head defaults, sliding layout and extras: as Qwen2
     DEFAULT_HEAD_DIM: ClassVar[int | None] = 128
     QK_NORM: ClassVar[bool] = True
-
-    def _layout(self, cfg: Mapping, num_layers: int):
-        return qwen_layout(cfg, num_layers)
-
-    def _extras(self, cfg: Mapping) -> dict:
-        return {"use_sliding_window": flag(cfg, "use_sliding_window", False)}
 
     def tiny_configs(self) -> dict[str, dict]:
         # head_dim 32 != hidden 64 / 4 heads: exercises the explicit head_dim
