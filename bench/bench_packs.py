@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     from transformers import DynamicCache
 
     from kvbridge.adapter import weights_fingerprint
-    from kvbridge.packs import load_pack, save_pack
+    from kvbridge.prefix.packs import load_pack, save_pack
 
     transformers.logging.set_verbosity_error()
     if args.threads:

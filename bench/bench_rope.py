@@ -24,7 +24,7 @@ import time
 import torch
 
 from kvbridge import rope as R
-from kvbridge.spec import RopeSpec
+from kvbridge.check.spec import RopeSpec
 
 LAYERS, HEADS, TOKENS, HEAD_DIM = 28, 2, 2048, 128
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (CPU time of this process)

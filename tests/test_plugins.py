@@ -149,7 +149,7 @@ def test_register_families_hook_and_duplicate_model_types():
     from dataclasses import dataclass
 
     from kvbridge.adapter import FamilyAdapter
-    from kvbridge.spec import ModelSpec
+    from kvbridge.check.spec import ModelSpec
 
     @dataclass(frozen=True)
     class Toy(FamilyAdapter):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
-from kvbridge.spec import ModelSpec
+from kvbridge.check.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState

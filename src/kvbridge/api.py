@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from kvbridge.spec import ModelSpec
+from kvbridge.check.spec import ModelSpec
 
 
 def _host(host=None):

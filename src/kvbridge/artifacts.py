@@ -145,7 +145,7 @@ def state_manifest(state: "KVState") -> dict:
 
 def state_from_tensors(tensors: dict, manifest: dict) -> "KVState":
     from kvbridge.kvstate import KVState
-    from kvbridge.spec import ModelSpec
+    from kvbridge.check.spec import ModelSpec
 
     try:
         n = int(manifest["num_layers"])

@@ -27,7 +27,7 @@ def kvbridge_register_families(register):
 
     Call ``register(adapter)`` with a :class:`kvbridge.adapter.FamilyAdapter` for each family.
     An adapter lists the ``model_types`` it handles, turns a config mapping into a
-    :class:`kvbridge.spec.ModelSpec` (``describe``), extracts a model's cache into a
+    :class:`kvbridge.check.spec.ModelSpec` (``describe``), extracts a model's cache into a
     :class:`kvbridge.kvstate.KVState` (``extract``) and injects a state back into a cache that
     ``generate`` continues from (``inject``). Subclass ``FamilyAdapter`` and override only what
     differs from the Hugging Face defaults. A model type claimed by two adapters is an error.
@@ -50,7 +50,7 @@ def kvbridge_register_rope_variants(register):
 
     Call ``register(variant)`` with a :class:`kvbridge.rope.RopeVariant`: its ``name`` is the
     ``rope_type`` it handles and its ``inv_freq(rope, seq_len)`` returns the inverse frequencies
-    and the attention scaling for a :class:`kvbridge.spec.RopeSpec` at a forward length.
+    and the attention scaling for a :class:`kvbridge.check.spec.RopeSpec` at a forward length.
     kvbridge's codec uses it to remove RoPE from cached keys and to re-apply it at any position.
     """
 
@@ -59,7 +59,7 @@ def kvbridge_register_rope_variants(register):
 def kvbridge_check_compatibility(source, target):
     """Add findings to the compatibility report of a (source, target) pair.
 
-    ``source`` and ``target`` are :class:`kvbridge.spec.ModelSpec`. Return a list of
+    ``source`` and ``target`` are :class:`kvbridge.check.spec.ModelSpec`. Return a list of
     :class:`kvbridge.plugin_types.Finding` (or ``None``). Every plugin's findings are shown;
     a ``blocking`` finding makes the pair incompatible.
     """

@@ -52,7 +52,7 @@ import torch
 from kvbridge.builtin.rope_variants import (BUILTIN_VARIANTS, RopeError, RopeVariant,
                                             UnknownRopeTypeError)
 from kvbridge.errors import PluginError
-from kvbridge.spec import RopeSpec
+from kvbridge.check.spec import RopeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor

@@ -147,7 +147,7 @@ def test_ablate_json_and_bad_input(dirs, tiny_guide, tiny_prompt):
 def test_command_modules_import_nothing_heavy():
     code = ("import sys\n"
             "import kvbridge.cli.split_cmd, kvbridge.cli.pack_cmd, kvbridge.cli.diverge_cmd, kvbridge.cli.ablate_cmd\n"
-            "import kvbridge.splits, kvbridge.packs, kvbridge.diverge, kvbridge.ablate\n"
+            "import kvbridge.prefix.splits, kvbridge.prefix.packs, kvbridge.prefix.diverge, kvbridge.prefix.ablate\n"
             "print('HEAVY', [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

@@ -6,7 +6,7 @@ import torch
 
 from kvbridge.builtin.rope_variants import RopeVariant
 from kvbridge.plugins import make_host
-from kvbridge.spec import RopeSpec
+from kvbridge.check.spec import RopeSpec
 from kvbridge.testing.contract import AdapterContract, RopeVariantContract
 
 

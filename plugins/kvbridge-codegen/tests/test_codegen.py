@@ -83,7 +83,7 @@ def test_registered_through_the_entry_point():
 
 
 def test_manifest_geometry_regenerates():
-    from kvbridge.sources import geometry_diff, spec_geometry, validate_manifest
+    from kvbridge.check.sources import geometry_diff, spec_geometry, validate_manifest
 
     files = sorted(MANIFESTS.glob("*.json"))
     assert files, "the plugin ships at least one manifest"

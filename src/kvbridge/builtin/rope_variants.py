@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from kvbridge.errors import ConfigError
 from kvbridge.hookspecs import hookimpl
-from kvbridge.spec import RopeSpec
+from kvbridge.check.spec import RopeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor

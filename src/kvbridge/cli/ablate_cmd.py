@@ -27,7 +27,7 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
     still takes part in the softmax (score 0, weight exp(0)) and a kept value still contributes,
     so no zeroing equals removal; see docs/prefix-tools.md.
     """
-    from kvbridge.ablate import ablate as run
+    from kvbridge.prefix.ablate import ablate as run
     from kvbridge.cli.split_cmd import open_guide_session, unescape
 
     m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype)

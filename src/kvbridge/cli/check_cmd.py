@@ -117,9 +117,9 @@ def check(source: str, target: str, as_json: bool, strict: bool, source_tokenize
     Exit status: 0 when a transfer is possible, 1 when incompatible (or --strict fails),
     2 on bad input (unreadable config, unknown model, no KV cache).
     """
-    from kvbridge.compat import check_models
+    from kvbridge.check.compat import check_models
     from kvbridge.plugins import get_host
-    from kvbridge.sources import resolve
+    from kvbridge.check.sources import resolve
 
     host = get_host()
     src = resolve(source, host=host)

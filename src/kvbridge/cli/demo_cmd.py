@@ -173,12 +173,12 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
 
     from transformers.utils import logging as hf_logging
 
-    from kvbridge.compat import check_models
+    from kvbridge.check.compat import check_models
     from kvbridge.evaluate import evaluate
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit import fit
     from kvbridge.plugins import get_host
-    from kvbridge.sources import resolve
+    from kvbridge.check.sources import resolve
     from kvbridge.zoo import load_zoo_model, model_dir
 
     hf_logging.set_verbosity_error()

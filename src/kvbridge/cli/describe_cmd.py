@@ -21,7 +21,7 @@ def kv_bytes_per_token(spec) -> int:
 
 def describe_dict(resolved, spec, host) -> dict:
     """The ``--json`` shape of ``describe``."""
-    from kvbridge.compat import cache_format_of
+    from kvbridge.check.compat import cache_format_of
 
     tok = resolved.tokenizer()
     return {
@@ -83,7 +83,7 @@ def _human(data: dict) -> str:
 
 
 def _list(host, as_json: bool) -> None:
-    from kvbridge.sources import describe_config, load_manifests
+    from kvbridge.check.sources import describe_config, load_manifests
 
     rows = []
     for mid, (record, path) in sorted(load_manifests(host).items(), key=lambda kv: kv[0].lower()):
@@ -121,7 +121,7 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     """
     from kvbridge.errors import ConfigError
     from kvbridge.plugins import get_host
-    from kvbridge.sources import resolve
+    from kvbridge.check.sources import resolve
 
     host = get_host()
     if list_models:

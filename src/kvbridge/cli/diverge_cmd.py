@@ -36,12 +36,12 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
     Summaries give Wilson intervals and say when there are too few seeds for a rate.
     """
     from kvbridge.cli.split_cmd import open_guide_session, unescape
-    from kvbridge.diverge import diverge as run
+    from kvbridge.prefix.diverge import diverge as run
 
     m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype)
     pack = None
     if pack_dir:
-        from kvbridge.packs import load_pack
+        from kvbridge.prefix.packs import load_pack
 
         pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_dir=tokenizer or model)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), seeds=seeds, max_new_tokens=max_new_tokens,

@@ -13,7 +13,7 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 def resolve_folder(ref: str, *, host=None):
     """The resolved local model folder (or offline HF-cache snapshot) of ``ref``."""
     from kvbridge.errors import ConfigError
-    from kvbridge.sources import resolve
+    from kvbridge.check.sources import resolve
 
     resolved = resolve(ref, host=host)
     if not resolved.folder or resolved.kind not in ("dir", "hf-cache"):
@@ -52,7 +52,7 @@ def load_model(ref, *, dtype: str = "float32", host=None):
 def tokenizer_pair(src, tgt) -> dict:
     """The shared tokenizer's fingerprint, or a refusal with the reason ``kvbridge check`` gives."""
     from kvbridge.fit.calibrate import CalibrationError
-    from kvbridge.tokenizer_fp import compare
+    from kvbridge.check.tokenizer_fp import compare
 
     fps = []
     for role, res in (("source", src), ("target", tgt)):

@@ -33,8 +33,8 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     from pathlib import Path
 
     from kvbridge.errors import ArtifactError
-    from kvbridge.packs import guide_ids_of, open_model_dir, require_model_dir, save_pack, tokenizer_fingerprint
-    from kvbridge.splits import load_tokenizer, read_text_arg
+    from kvbridge.prefix.packs import guide_ids_of, open_model_dir, require_model_dir, save_pack, tokenizer_fingerprint
+    from kvbridge.prefix.splits import load_tokenizer, read_text_arg
 
     text = read_text_arg(guide, "guide")
     if Path(out).exists() and not overwrite:
@@ -56,7 +56,7 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the manifest + checks).")
 def info(folder: str, as_json: bool) -> None:
     """Show a pack's manifest; the tensor file's checksum is verified."""
-    from kvbridge.packs import read_pack
+    from kvbridge.prefix.packs import read_pack
 
     manifest, tensors = read_pack(folder)
     size = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -100,9 +100,9 @@ def verify(folder: str, model: str, tokenizer: str | None, force: bool, recomput
     import warnings
     from pathlib import Path
 
-    from kvbridge.packs import (PackForceWarning, load_pack, open_model_dir, read_pack, recompute_check,
+    from kvbridge.prefix.packs import (PackForceWarning, load_pack, open_model_dir, read_pack, recompute_check,
                                 tokenizer_fingerprint)
-    from kvbridge.splits import load_tokenizer
+    from kvbridge.prefix.splits import load_tokenizer
 
     read_pack(folder)  # checksum + manifest shape before loading a model
     m = open_model_dir(model)

@@ -38,7 +38,7 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
     append point to a boundary whose re-encoded tail reproduces the joint ids; says so when none
     exists. The ghost carries the tokenizer's BOS, the live part never does.
     """
-    from kvbridge.splits import load_tokenizer, read_text_arg, split_text
+    from kvbridge.prefix.splits import load_tokenizer, read_text_arg, split_text
 
     guide_text = read_text_arg(guide, "guide")
     live_text = read_text_arg(live, "live")
@@ -54,8 +54,8 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
 def open_guide_session(model: str, tokenizer: str | None, guide: str, prompt: str, dtype: str):
     """``(model, tokenizer, guide_text, prompt_text)`` for the commands that run a guide + prompt:
     texts read (``@FILE`` allowed), an empty guide refused, the model folder opened."""
-    from kvbridge.packs import open_model_dir, require_model_dir
-    from kvbridge.splits import SplitError, load_tokenizer, read_text_arg
+    from kvbridge.prefix.packs import open_model_dir, require_model_dir
+    from kvbridge.prefix.splits import SplitError, load_tokenizer, read_text_arg
 
     guide_text = read_text_arg(guide, "guide")
     prompt_text = read_text_arg(prompt, "prompt")

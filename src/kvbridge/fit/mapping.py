@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kvbridge.errors import ArtifactError, StateError
-from kvbridge.spec import ModelSpec
+from kvbridge.check.spec import ModelSpec
 
 MODES = ("dense", "headwise")
 

@@ -12,7 +12,7 @@ What the cache looks like (transformers ``models/codegen``):
   (``rotate_every_two``), base fixed at 10000, from a precomputed sinusoid table of
   ``n_positions`` rows (``model.transformer.rotary_emb``).
 
-So the adapter only has to say that in a :class:`~kvbridge.spec.ModelSpec`; extraction and
+So the adapter only has to say that in a :class:`~kvbridge.check.spec.ModelSpec`; extraction and
 injection are the Hugging Face defaults of :class:`~kvbridge.adapter.FamilyAdapter`.
 """
 
@@ -27,7 +27,7 @@ import kvbridge.hookspecs
 from kvbridge.adapter import FamilyAdapter, positive_int
 from kvbridge.errors import ConfigError
 from kvbridge.hookspecs import hookimpl
-from kvbridge.spec import FULL, ModelSpec, RopeSpec
+from kvbridge.check.spec import FULL, ModelSpec, RopeSpec
 
 __version__ = "0.1.0"
 

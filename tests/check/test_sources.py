@@ -1,4 +1,4 @@
-"""Model references -> configs (kvbridge.sources) and tokenizer fingerprints (kvbridge.tokenizer_fp)."""
+"""Model references -> configs (kvbridge.check.sources) and tokenizer fingerprints (kvbridge.check.tokenizer_fp)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbridge import sources, tokenizer_fp
+from kvbridge.check import sources, tokenizer_fp
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
 from kvbridge.plugins import make_host
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kvbridge.diverge import (
+from kvbridge.prefix.diverge import (
     MIN_SEEDS_FOR_RATE,
     Sampler,
     Trajectory,
@@ -127,7 +127,7 @@ def test_diverge_paths_on_a_tiny_model(env, tiny_guide, tiny_prompt):
 
 def test_naive_split_separates_the_token_sequence_effect(env, tiny_guide):
     model, tok = env
-    from kvbridge.splits import split_text
+    from kvbridge.prefix.splits import split_text
 
     prompt = "zorp is blue?"
     assert not split_text(tok, tiny_guide, prompt).naive.matches_joint  # "Ġzorp" vs "Ġ" + "zorp"
@@ -160,7 +160,7 @@ def test_bad_inputs(env, tiny_guide, tiny_prompt):
 
 def test_a_pack_of_another_guide_is_refused(env, tmp_path, tiny_guide, tiny_prompt):
     model, tok = env
-    from kvbridge.packs import load_pack, save_pack
+    from kvbridge.prefix.packs import load_pack, save_pack
 
     out = save_pack(model, tmp_path / "p", guide_text="Something else entirely.", tokenizer=tok)
     with pytest.raises(KVBridgeError, match="is not the ghost"):

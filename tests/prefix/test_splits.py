@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from kvbridge.splits import (
+from kvbridge.prefix.splits import (
     SplitError,
     TokenizerError,
     encode,

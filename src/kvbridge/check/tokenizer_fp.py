@@ -88,7 +88,7 @@ class TokenizerFingerprint:
                  files=tuple(data.get("files") or ()))
         if "digest" in data and data["digest"] != fp.digest:
             raise ConfigError("tokenizer fingerprint 'digest' does not match its parts",
-                              "recompute it with kvbridge.tokenizer_fp.fingerprint_dir")
+                              "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir")
         return fp
 
     def short(self) -> str:

@@ -1,4 +1,4 @@
-"""The compatibility check (kvbridge.compat) on real configs, manifests and synthetic specs."""
+"""The compatibility check (kvbridge.check.compat) on real configs, manifests and synthetic specs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvbridge import compat, sources
+from kvbridge.check import compat, sources
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Finding
 from kvbridge.plugins import make_host
-from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec
+from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec
 
 SUPPORTED = ["Qwen__Qwen2-1.5B-Instruct", "Qwen__Qwen2.5-0.5B", "Qwen__Qwen2.5-1.5B-Instruct", "Qwen__Qwen3-4B",
              "meta-llama__Llama-2-7b-chat-hf", "meta-llama__Llama-3.2-1B", "meta-llama__Llama-3.2-3B-Instruct",
@@ -331,7 +331,7 @@ def test_same_config_different_weights_is_mappable_not_identity(tmp_path):
     """A fine-tune (same config, other weight files) is not reported as an exact identity."""
     import json
 
-    from kvbridge.compat import check_models
+    from kvbridge.check.compat import check_models
 
     cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
            "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64}

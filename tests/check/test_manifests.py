@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kvbridge import sources
-from kvbridge.tokenizer_fp import fingerprint_dir
+from kvbridge.check import sources
+from kvbridge.check.tokenizer_fp import fingerprint_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "manifests" / "models"
 SCHEMA = json.loads((REPO / "manifests" / "schemas" / "model-manifest.schema.json").read_text())
 RECORDS = sorted(MODELS.glob("*.json"))

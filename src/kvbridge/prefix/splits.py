@@ -61,14 +61,14 @@ def _quiet_transformers():
 def _from_sentencepiece(model_file: Path, config: dict | None = None):
     """A fast Llama-style tokenizer from a SentencePiece BPE ``tokenizer.model``, no sentencepiece.
 
-    The protobuf is parsed by :func:`kvbridge.tokenizer_fp.parse_sentencepiece`; BPE merges are
+    The protobuf is parsed by :func:`kvbridge.check.tokenizer_fp.parse_sentencepiece`; BPE merges are
     derived from the piece scores (as transformers' converter does), byte fallback and the
     ``"▁"`` dummy prefix as in Llama/Mistral. Checked against Mistral's published
     ``tokenizer.json`` (same ids on 3,100 strings). Unigram models need ``sentencepiece``.
     """
     from tokenizers import AddedToken
 
-    from kvbridge.tokenizer_fp import parse_sentencepiece
+    from kvbridge.check.tokenizer_fp import parse_sentencepiece
 
     _quiet_transformers()
     from transformers import LlamaTokenizer

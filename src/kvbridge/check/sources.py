@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
-from kvbridge.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
+from kvbridge.check.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
 
-REPO_MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "models"
+REPO_MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "models"
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 #: keys a manifest record may have (see manifests/README.md and the JSON schema)
 MANIFEST_KEYS = {"id", "family", "source", "config", "geometry", "aliases", "tokenizer", "notes",
@@ -68,11 +68,11 @@ class ResolvedModel:
                 return TokenizerFingerprint.from_dict(self.tokenizer_record)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ConfigError(f"{self.path}: field 'tokenizer' is not a valid fingerprint ({exc})",
-                                  "recompute it with kvbridge.tokenizer_fp.fingerprint_dir") from None
+                                  "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir") from None
         return None
 
     def spec(self, host=None):
-        """The :class:`~kvbridge.spec.ModelSpec` of this model; errors name :attr:`path`."""
+        """The :class:`~kvbridge.check.spec.ModelSpec` of this model; errors name :attr:`path`."""
         return describe_config(self.config, where=self.path, host=host)
 
     def to_dict(self) -> dict:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvbridge.errors import ArtifactError, KVBridgeError
-from kvbridge.packs import (
+from kvbridge.prefix.packs import (
     PackForceWarning,
     PackMismatchError,
     load_pack,
@@ -18,9 +18,9 @@ from kvbridge.packs import (
     recompute_check,
     save_pack,
 )
-from kvbridge.splits import SplitError, encode, load_tokenizer
+from kvbridge.prefix.splits import SplitError, encode, load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "manifests" / "schemas" / "prefix-pack.schema.json"
 
 
@@ -32,7 +32,7 @@ def make_model(tiny_llama):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, tiny_llama, make_model):
-    from kvbridge.packs import open_model_dir
+    from kvbridge.prefix.packs import open_model_dir
 
     root = tmp_path_factory.mktemp("packs")
     tok = tiny_llama.tok

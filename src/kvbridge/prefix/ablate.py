@@ -250,8 +250,8 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
     """Run every condition and compare it with ``intact`` and ``recompute`` (see the module docstring)."""
     import torch
 
-    from kvbridge import packs
-    from kvbridge.splits import exact_split
+    from kvbridge.prefix import packs
+    from kvbridge.prefix.splits import exact_split
 
     if max_new_tokens < 1:
         raise KVBridgeError(f"max-new-tokens must be >= 1, got {max_new_tokens}", "pass --max-new-tokens 1 or more")
@@ -274,7 +274,7 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
     start, stop = keep, len(ghost)
     if stop <= start:
         raise KVBridgeError("the guide has no tokens besides special tokens", "pass a longer guide")
-    from kvbridge.spec import SLIDING
+    from kvbridge.check.spec import SLIDING
 
     sliding = [i for i in chosen if spec.layer_type(i) == SLIDING]
     if sliding and spec.sliding_window and total > spec.sliding_window:

@@ -292,8 +292,8 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     """Run every path for every seed (and greedily) and compare every pair (see the module docstring)."""
     import torch
 
-    from kvbridge import packs
-    from kvbridge.splits import split_text
+    from kvbridge.prefix import packs
+    from kvbridge.prefix.splits import split_text
 
     if max_new_tokens < 1:
         raise KVBridgeError(f"max-new-tokens must be >= 1, got {max_new_tokens}", "pass --max-new-tokens 1 or more")

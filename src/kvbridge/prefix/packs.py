@@ -84,10 +84,10 @@ def model_identity(model, model_dir: str | Path | None = None) -> dict:
 def tokenizer_fingerprint(tokenizer: Any = None, *, folder: str | Path | None = None) -> dict:
     """``{"fingerprint", "kind", "vocab_size", "source"}`` of a tokenizer folder or object.
 
-    Uses :mod:`kvbridge.tokenizer_fp` on the folder's files (a tokenizer object is saved to a
+    Uses :mod:`kvbridge.check.tokenizer_fp` on the folder's files (a tokenizer object is saved to a
     temporary folder first); falls back to sha256 of the backend's JSON serialisation.
     """
-    from kvbridge import tokenizer_fp
+    from kvbridge.check import tokenizer_fp
 
     def from_dir(path: Path) -> dict | None:
         try:
@@ -123,7 +123,7 @@ def tokenizer_fingerprint(tokenizer: Any = None, *, folder: str | Path | None = 
 
 def cache_format(spec) -> dict:
     """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
-    from kvbridge.spec import SLIDING
+    from kvbridge.check.spec import SLIDING
 
     kinds = [spec.layer_type(i) for i in range(spec.num_layers)]
     return {
@@ -166,7 +166,7 @@ def _adapter(model, host=None):
 # -- saving ---------------------------------------------------------------------------------------
 def guide_ids_of(tokenizer: Any, text: str) -> list[int]:
     """The ghost ids of a guide text: encoded with the tokenizer's leading special tokens (BOS)."""
-    from kvbridge.splits import SplitError, _strip_suffix, encode, special_affixes
+    from kvbridge.prefix.splits import SplitError, _strip_suffix, encode, special_affixes
 
     if not text or not text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
@@ -227,7 +227,7 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     import torch
 
     from kvbridge.artifacts import state_tensors, write_artifact
-    from kvbridge.splits import special_affixes
+    from kvbridge.prefix.splits import special_affixes
 
     out = Path(out)
     if out.exists() and not overwrite:
@@ -372,7 +372,7 @@ class Pack:
 
     def split_for(self, tokenizer: Any, live: str, sep: str = " "):
         """The exact split of ``guide + sep + live`` whose ghost is this pack (or a SplitError)."""
-        from kvbridge.splits import SplitError, split_text
+        from kvbridge.prefix.splits import SplitError, split_text
 
         if self.guide_text is None:
             raise SplitError("this pack stores no guide text", "encode the live part yourself and check the ids")

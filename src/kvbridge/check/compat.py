@@ -1,6 +1,6 @@
 """The compatibility check: can a KV cache of model SRC become a cache of model TGT, and how?
 
-:func:`check` compares two :class:`~kvbridge.spec.ModelSpec` axis by axis and returns a
+:func:`check` compares two :class:`~kvbridge.check.spec.ModelSpec` axis by axis and returns a
 frozen :class:`Report`. Each :class:`Axis` has the source value, the target value, a verdict
 and one line saying what a transfer must do about it:
 
@@ -47,7 +47,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec
+from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec
 
 AXES = ("model", "layers", "kv_heads", "head_dim", "positional", "rope", "attention", "dtype",
         "cache_format", "tokenizer")
@@ -422,7 +422,7 @@ def _cache_axis(sv: str, tv: str) -> Axis:
 
 
 def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
-    from kvbridge.tokenizer_fp import compare
+    from kvbridge.check.tokenizer_fp import compare
 
     sv = s_tok.short() if s_tok is not None else "unknown"
     tv = t_tok.short() if t_tok is not None else "unknown"
@@ -564,7 +564,7 @@ def check(source: ModelSpec, target: ModelSpec, *, host=None, source_name: str =
     ``same_model`` says both sides are the same model reference (same files): the model and
     tokenizer axes are then ``same`` even without tokenizer files. ``plugins=False`` skips the
     plugin findings (the core axes only). ``source_weights`` / ``target_weights`` are weight
-    fingerprints (:meth:`~kvbridge.sources.ResolvedModel.weights_digest`); with both known, a
+    fingerprints (:meth:`~kvbridge.check.sources.ResolvedModel.weights_digest`); with both known, a
     same-config pair with different weights is ``mappable``, not ``identity``.
     """
     axes = [
@@ -595,12 +595,12 @@ def check(source: ModelSpec, target: ModelSpec, *, host=None, source_name: str =
 
 
 def check_models(source, target, *, host=None, source_tokenizer=None, target_tokenizer=None) -> Report:
-    """Check two :class:`~kvbridge.sources.ResolvedModel` (or references, resolved here).
+    """Check two :class:`~kvbridge.check.sources.ResolvedModel` (or references, resolved here).
 
     ``source_tokenizer`` / ``target_tokenizer`` override the tokenizer: a folder or a list of
-    tokenizer files, or a :class:`~kvbridge.tokenizer_fp.TokenizerFingerprint`.
+    tokenizer files, or a :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint`.
     """
-    from kvbridge import sources
+    from kvbridge.check import sources
 
     if host is None:
         from kvbridge.plugins import get_host
@@ -626,7 +626,7 @@ def _tokenizer_override(value, option: str):
     from pathlib import Path
 
     from kvbridge.errors import ConfigError
-    from kvbridge.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
+    from kvbridge.check.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
 
     if isinstance(value, TokenizerFingerprint):
         return value

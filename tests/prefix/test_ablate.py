@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from kvbridge.ablate import CONDITIONS, ablate, parse_layers
+from kvbridge.prefix.ablate import CONDITIONS, ablate, parse_layers
 from kvbridge.errors import KVBridgeError
 
 
