@@ -13,7 +13,9 @@ part of a file):
   sha256 over every parameter and buffer name, shape, dtype and bytes.
 
 :func:`config_fingerprint` hashes a config's canonical JSON without fields that do not change
-the model. Torch is imported only by :func:`weights_fingerprint`.
+the model. :func:`model_id_revision` (id and hub revision of a model) and
+:func:`tokenizer_identity` (the tokenizer fingerprint a pack records) complete what artifacts
+store about a model. Torch is imported only by :func:`weights_fingerprint`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from kvbridge.errors import KVBridgeError
 from kvbridge.models.paths import kvbridge_home
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -57,6 +61,64 @@ def weights_fingerprint(model) -> str:
             h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+# -- model id and tokenizer (packs) ---------------------------------------------------------------
+def model_id_revision(model, model_dir: str | Path | None = None) -> dict:
+    """``{"id", "revision"}`` of a model: the folder or hub id, the hub snapshot hash when known."""
+    cfg = model.config
+    name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
+    revision = getattr(cfg, "_commit_hash", None)
+    folder = Path(model_dir) if model_dir else (Path(name) if name and Path(name).exists() else None)
+    if folder is not None:
+        folder = folder.resolve()
+        model_id = folder.name
+        if revision is None and folder.parent.name == "snapshots" and len(folder.name) == 40:
+            revision = folder.name  # hub cache layout: models--org--name/snapshots/<commit>
+            model_id = folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    else:
+        model_id = name or str(getattr(cfg, "model_type", "model"))
+    return {"id": model_id, "revision": revision}
+
+
+def tokenizer_identity(tokenizer: Any = None, *, folder: str | Path | None = None) -> dict:
+    """``{"fingerprint", "kind", "vocab_size", "source"}`` of a tokenizer folder or object.
+
+    Uses :mod:`kvbridge.check.tokenizer_fp` on the folder's files (a tokenizer object is saved to a
+    temporary folder first); falls back to sha256 of the backend's JSON serialisation.
+    """
+    from kvbridge.check import tokenizer_fp
+
+    def from_dir(path: Path) -> dict | None:
+        try:
+            fp = tokenizer_fp.fingerprint_dir(path)
+        except KVBridgeError:
+            return None
+        if fp is None:
+            return None
+        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
+
+    if folder is not None:
+        got = from_dir(Path(folder))
+        if got is not None:
+            return got
+    if tokenizer is None:
+        return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
+    if hasattr(tokenizer, "save_pretrained"):
+        with tempfile.TemporaryDirectory(prefix="kvbridge-tok-") as tmp:
+            try:
+                tokenizer.save_pretrained(tmp)
+                got = from_dir(Path(tmp))
+            except Exception:  # noqa: BLE001 - fall back to the backend JSON below
+                got = None
+        if got is not None:
+            return got
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    to_str = getattr(backend, "to_str", None)
+    if callable(to_str):
+        return {"fingerprint": hashlib.sha256(to_str().encode()).hexdigest(), "kind": "tokenizers-json",
+                "vocab_size": int(len(tokenizer)) if hasattr(tokenizer, "__len__") else 0, "source": "backend-json"}
+    return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
 
 
 # -- files ---------------------------------------------------------------------------------------------
@@ -148,5 +210,5 @@ def describe_fingerprint(fp: Mapping[str, Any]) -> str:
     return f"weights sha256:{w[:12]}{quant}" if w else "weights unknown"
 
 
-__all__ = ["config_fingerprint", "weights_fingerprint", "file_sha256", "files_digest", "weights_digest",
+__all__ = ["config_fingerprint", "weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "files_digest", "weights_digest",
            "weight_files", "describe_fingerprint", "WEIGHT_SUFFIXES"]
