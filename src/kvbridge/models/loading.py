@@ -15,7 +15,9 @@ Nothing is downloaded (``local_files_only``); no code shipped with a model is ex
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,28 @@ def _quiet():
     return transformers
 
 
+@contextmanager
+def _no_gguf_progress(active: bool):
+    """transformers' GGUF loader draws its own tqdm bar (not switched off by its logging): hide it."""
+    if not active:
+        yield
+        return
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - other transformers layouts
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
@@ -119,7 +143,8 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
     else:
         folder = ref.folder
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        with _no_gguf_progress(bool(ref.gguf_file)):
+            model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, KeyError, safetensors errors ...
         where = ref.gguf_file or ref.folder
         raise ConfigError(f"{where}: cannot load the model ({type(exc).__name__}: {_one_line(exc)})",
