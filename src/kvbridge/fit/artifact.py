@@ -85,7 +85,7 @@ def _versions() -> dict:
 def build_manifest(mapping, *, source: dict, target: dict, tokenizer: dict | None = None,
                    calibration: dict | None = None) -> dict:
     """The manifest of a fitted mapping (``source`` / ``target`` from :func:`model_identity`)."""
-    rep = mapping.report or {}
+    rep = mapping.report.to_dict() if hasattr(mapping.report, "to_dict") else dict(mapping.report or {})
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
@@ -198,8 +198,13 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
         raise ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping") from None
     if idents["target"] is not None:  # the target dtype of the model at hand decides the output dtype
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
-    report = {k: manifest.get(k) for k in ("heldout_r2", "r2_summary", "warnings", "selection_scores",
-                                             "alpha_chosen", "observations")}
+    from kvbridge.fit.protocol import FitReport
+
+    report = FitReport.from_dict({**{k: manifest.get(k) for k in ("heldout_r2", "r2_summary", "warnings",
+                                                                  "selection_scores", "alpha_chosen",
+                                                                  "observations", "layer_selection")},
+                                  "fitter": manifest["fitter"]["name"],
+                                  "params": manifest["fitter"].get("params") or {}})
     return FittedMapping.from_tensors(tensors, source_spec=source_spec, target_spec=target_spec,
                                       mode=manifest.get("mode", "dense"), selection=manifest["layer_selection"],
                                       fitter=manifest["fitter"]["name"], report=report, manifest=manifest)
