@@ -17,17 +17,24 @@ import click
               help="Also run TARGET natively: token agreement, next-token KL and timings.")
 @click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
               show_default=True, help="Dtype to load the models in.")
-@click.option("--force", is_flag=True, help="Use a mapping fitted for other models (warns instead of refusing).")
-def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype, force):
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option("--force", "force_alias", is_flag=True, hidden=True,
+              help="Deprecated alias of --accept-fingerprint-mismatch.")
+def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype, accept_mismatch, force_alias):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
 
     Strip SOURCE's RoPE, map (batched, float32), apply TARGET's RoPE at the same positions,
     inject, and let TARGET generate (the last prompt token is withheld and consumed by
     TARGET). The mapping is refused when its fingerprints do not match the two models
-    (naming the field) unless --force. A transferred cache is approximate, never an exact
+    (naming the field) unless --accept-fingerprint-mismatch. A transferred cache is approximate, never an exact
     prefix cache of TARGET.
     """
     import warnings
+
+    if force_alias:
+        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
+    force = accept_mismatch or force_alias
 
     import torch
 
