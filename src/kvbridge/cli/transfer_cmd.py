@@ -83,8 +83,9 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
             native = tmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
         n = min(len(ours.logits), len(native.logits))
         same = int((ours.sequences[0, ids.shape[1]:ids.shape[1] + n] == native.sequences[0, ids.shape[1]:ids.shape[1] + n]).sum())
-        lp, lq = torch.log_softmax(native.logits[0].float(), -1), torch.log_softmax(ours.logits[0].float(), -1)
-        kl = float((lp.exp() * (lp - lq)).sum())
+        from kvbridge.divergence import kl as kl_of
+
+        kl = float(kl_of(native.logits[0].float(), ours.logits[0].float()))
         click.echo("native: " + tok.decode(native.sequences[0, ids.shape[1]:], skip_special_tokens=True))
         click.echo(f"[agreement {same}/{n} greedy tokens; next-token KL(native || transferred) {kl:.3e}; "
                    f"target prefill {1e3 * (t4 - t3):.1f} ms vs mapping {1e3 * (t2 - t1):.1f} ms]")
