@@ -80,11 +80,14 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
 @click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",
               help="Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
                    "COND.METRIC<=X, or 'default'. Repeatable.")
-@click.option("--force", is_flag=True, help="Use a mapping whose fingerprints do not match the models (warns).")
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option("--force", "force_alias", is_flag=True, hidden=True,
+              help="Deprecated alias of --accept-fingerprint-mismatch.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, force, threads):
+             report_dir, gates, accept_mismatch, force_alias, threads):
     """Measure a transferred cache against the target's own, with floors and controls.
 
     SOURCE and TARGET are local model folders (or zoo:NAME for the embedded zoo, e.g.
@@ -104,6 +107,10 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
     """
     from kvbridge.evaluate.gates import parse_gate
+
+    if force_alias:
+        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
+    force = accept_mismatch or force_alias
 
     for text in gates:  # a typo in a gate fails before anything is loaded
         parse_gate(text)
