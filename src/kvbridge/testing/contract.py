@@ -78,10 +78,11 @@ def check_rope_round_trip(rope, *, host=None, seed: int = 0, trials: int = 4, ma
     return worst
 
 
-def check_identity_transfer(adapter, config: dict, *, host=None, prompt_len: int = 14, new_tokens: int = 6,
-                            batch: int = 1, seed: int = 0) -> IdentityResult:
+def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_len: int = 14, new_tokens: int = 6,
+                            batch: int = 1, seed: int = 0, model=None, tol: float = LOGIT_TOL) -> IdentityResult:
     """Extract -> strip RoPE -> identity map -> re-apply -> inject -> generate equals transformers'
-    own cached continuation (identical greedy tokens, max abs logit diff <= 1e-6 in float32)."""
+    own cached continuation (identical greedy tokens, max abs logit diff <= ``tol``, 1e-6 by
+    default, in float32). ``model`` replaces building one from ``config``."""
     import torch
     from transformers import DynamicCache
 
@@ -90,7 +91,7 @@ def check_identity_transfer(adapter, config: dict, *, host=None, prompt_len: int
 
     import copy
 
-    base = adapter.build_model(config, seed=seed)
+    base = model if model is not None else adapter.build_model(config, seed=seed)
     # stateful RoPE modules (dynamic) are sticky: every path gets a fresh copy of the model
     fresh = lambda: copy.deepcopy(base)  # noqa: E731
     spec = adapter.spec_of(base)
@@ -124,8 +125,7 @@ def check_identity_transfer(adapter, config: dict, *, host=None, prompt_len: int
                                               and torch.equal(ours_full.sequences, plain.sequences)),
                             new_tokens=new_tokens)
     assert result.tokens_equal, f"{spec.model_type}: greedy tokens differ from the model's own continuation"
-    assert result.max_logit_diff <= LOGIT_TOL, (
-        f"{spec.model_type}: max abs logit diff {result.max_logit_diff:.2e} > {LOGIT_TOL}")
+    assert result.max_logit_diff <= tol, f"{spec.model_type}: max abs logit diff {result.max_logit_diff:.2e} > {tol}"
     return result
 
 
