@@ -131,6 +131,13 @@ class KVState:
         )
 
     # -- RoPE --------------------------------------------------------------------------
+    def _rotated_slot(self) -> str:
+        """Which cache slot carries RoPE: "keys", or "values" for MLA (the shared RoPE key)."""
+        return "values" if self.spec.cache_format == "mla" else "keys"
+
+    def _rotated(self) -> tuple:
+        return getattr(self, self._rotated_slot())
+
     def strip_rope(self, host=None) -> "KVState":
         """Keys in content space (RoPE removed at each key's own position)."""
         from kvbridge import rope
@@ -139,8 +146,8 @@ class KVState:
             return replace(self, rope_applied=False)
         keys = tuple(
             _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host)
-            for i, k in enumerate(self.keys))
-        return replace(self, keys=keys, rope_applied=False)
+            for i, k in enumerate(self._rotated()))
+        return replace(self, **{self._rotated_slot(): keys}, rope_applied=False)
 
     def apply_rope(self, positions: "Tensor | None" = None, spec: ModelSpec | None = None,
                    rope_lengths: "Tensor | None" = None, host=None) -> "KVState":
@@ -158,8 +165,8 @@ class KVState:
             return replace(self, positions=positions, spec=spec, rope_applied=True)
         keys = tuple(
             _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host)
-            for i, k in enumerate(self.keys))
-        return replace(self, keys=keys, positions=positions, rope_applied=True, spec=spec,
+            for i, k in enumerate(self._rotated()))
+        return replace(self, **{self._rotated_slot(): keys}, positions=positions, rope_applied=True, spec=spec,
                        rope_lengths=rope_lengths)
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
@@ -183,22 +190,18 @@ class KVState:
         keys = tuple(
             _per_layer(rope.reposition, k, self.spec, i, self.positions, new_positions,
                        old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
-            for i, k in enumerate(self.keys))
-        return replace(self, keys=keys, positions=new_positions, rope_lengths=new_lengths)
+            for i, k in enumerate(self._rotated()))
+        return replace(self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths)
 
 
 def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwargs) -> "Tensor":
     """``fn`` (rope.strip / apply / reposition) on one layer's keys, as that layer rotates them.
 
-    NoPE layers and layers without their own KV pass unchanged; MLA caches rotate only the
-    trailing ``qk_rope_head_dim`` dims of each key (the table's ``head_dim``).
+    NoPE layers and layers without their own KV pass unchanged.
     """
     table = spec.rope_for_layer(layer)
     if table is None or k.shape[-1] == 0 or k.shape[1] == 0:
         return k
-    if spec.cache_format == "mla" and k.shape[-1] > table.head_dim:
-        split = k.shape[-1] - table.head_dim
-        return torch.cat([k[..., :split], fn(k[..., split:].contiguous(), *positions, table, **kwargs)], dim=-1)
     return fn(k, *positions, table, **kwargs)
 
 

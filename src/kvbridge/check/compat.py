@@ -427,9 +427,9 @@ def _layout_rules(s: ModelSpec, t: ModelSpec, axis: Axis, same_model: bool) -> A
     for side, spec in (("source", s), ("target", t)):
         if spec.cache_format == "mla":
             sizes = dict(spec.latent)
-            parts.append(f"{side} uses MLA (latent rank {sizes.get('kv_lora_rank')}, cached per head as"
-                         f" {sizes.get('qk_nope_head_dim')} content + {sizes.get('qk_rope_head_dim')} RoPE dims, values"
-                         f" {sizes.get('v_head_dim')}): fitting across models on this layout is not supported")
+            parts.append(f"{side} uses MLA: its cache holds the compressed latent (rank {sizes.get('kv_lora_rank')},"
+                         f" position-free) and one shared RoPE key of {sizes.get('qk_rope_head_dim')} dims per token,"
+                         " not per-head K/V; fitting another model's cache onto this latent is not supported")
             verdict = "blocking"
     if t.cache_format == "hybrid" and not same_layout:
         parts.append(f"target layers {list(t.state_layers)} hold recurrent/convolution state that only the target"

@@ -128,7 +128,7 @@ def _shift_check(model, spec, adapter, ids):
     from kvbridge.builtin.families import _hf_cache
 
     state = adapter.extract(copy.deepcopy(model), ids)
-    moved = state.reposition(SHIFT)
+    moved = state.reposition(SHIFT) if spec.positional == "rope" else state  # alibi / none: keys position-free
     ref_model = copy.deepcopy(model)
     cache = _hf_cache.new_cache(ref_model, full_history=True)
     pos = torch.arange(SHIFT, SHIFT + ids.shape[1])[None]

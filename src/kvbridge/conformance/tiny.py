@@ -31,10 +31,11 @@ SIZES = {
     "hidden_size_per_layer_input": 16, "laurel_rank": 8, "vocab_size_per_layer_input": 256,
     "num_kv_shared_layers": 2, "first_k_dense_replace": 1, "moe_layer_start_index": 1,
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
-    "projection_dim": 32, "num_channels": 3,
+    "projection_dim": 32, "num_channels": 3, "rotary_dim": 8, "dim_head": 16, "mamba_d_ssm": 128,
+    "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
 }
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "num_key_value_groups")
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers")
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
               "image_token_id", "image_token_index", "video_token_id", "boi_token_id", "eoi_token_id",
               "audio_token_id", "boa_token_id", "eoa_token_id")
@@ -42,9 +43,18 @@ VOCAB = 256
 MAX_LAYERS = 8
 #: per model type: overrides applied last (features the shrink would lose, or sizes that must agree)
 OVERRIDES: dict[str, dict] = {
-    "gemma3n_text": {"num_kv_shared_layers": 2},
-    "gemma3n": {"text_config": {"num_kv_shared_layers": 2}},
+    "gemma3n": {"text_config": {"num_kv_shared_layers": 2, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]}},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1, 3]},
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
+                                                                "sliding_attention", "sliding_attention",
+                                                                "full_attention"]},
+    "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
 }
+#: per-layer sequences that may be rebuilt to keep every kind when no short prefix has them all
+KIND_KEYS = ("layer_types", "layers_block_type")
 
 
 def _layer_count(data: dict) -> int | None:
@@ -64,6 +74,14 @@ def _tiny_layers(data: dict, old: int) -> int:
                 if set(seq[:n]) == kinds:
                     return max(2, min(max(n, 4), MAX_LAYERS)) if n <= MAX_LAYERS else MAX_LAYERS
     return min(old, 4) if old < 4 else 4
+
+
+def _every_kind(seq: list, n: int) -> list:
+    """``n`` entries holding every kind of ``seq`` (first appearance order, then the commonest kind)."""
+    kinds = list(dict.fromkeys(seq))
+    common = max(kinds, key=seq.count)
+    out = kinds + [common] * max(0, n - len(kinds))
+    return out[:max(n, len(kinds))]
 
 
 def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
@@ -101,6 +119,18 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             if isinstance(value, (list, str)) and len(value) == old and key not in ("architectures",) \
                     and not isinstance(value, dict) and old > 1:
                 out[key] = value[:n]
+                if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
+                    out[key] = _every_kind(value, n)
+                    for k in LAYER_KEYS:
+                        if isinstance(data.get(k), int):
+                            out[k] = len(out[key])
+        for key, value in data.items():  # per-layer overrides keyed by layer index: keep the tiny model's
+            if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+                out[key] = {k: v for k, v in value.items() if int(k) < out.get("num_hidden_layers", n)}
+        if data.get("kv_lora_rank") and "head_dim" in data:
+            out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
+        if "is_decoder" in data and "add_cross_attention" in data:
+            out["is_decoder"] = True  # BERT-style encoders run as causal decoders only with this flag
     for key in ("max_window_layers",):
         if isinstance(out.get(key), int) and old:
             out[key] = min(out[key], max(1, (out.get("num_hidden_layers") or 2) // 2))

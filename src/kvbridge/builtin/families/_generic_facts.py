@@ -24,10 +24,12 @@ REFUSED: dict[str, str] = {
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
 INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "cohere_compass_text", "gptj", "codegen",
-                         "cohere"})
+                         "cohere", "ernie4_5", "ernie4_5_moe"})
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
-NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe"})
+NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "laguna", "dory"})
+#: the same, but only when the model has sliding layers at all (``sliding_window is None or is_sliding``)
+NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
 
 #: families where KV heads need not divide query heads (no GQA grouping assumption in the cache)
 UNGROUPED_OK: frozenset = frozenset()
@@ -46,9 +48,14 @@ def positional(model_type: str, text: Any) -> str:
     return "absolute"
 
 
+#: MLA families that rotate the cached RoPE key with a complex multiply (interleaved pairs)
+MLA_COMPLEX = frozenset({"deepseek_v2"})
+
+
 def interleaved(model_type: str, text: Any) -> bool:
-    if getattr(text, "rope_interleave", None) is not None and getattr(text, "kv_lora_rank", None):
-        return False  # MLA models de-interleave before rotate_half (apply_rotary_pos_emb_interleave)
+    if getattr(text, "kv_lora_rank", None):
+        # MLA: DeepSeek-V3 style ``rope_interleave`` (pairs 2i, 2i+1), or V2's complex rotation
+        return bool(getattr(text, "rope_interleave", False)) or model_type in MLA_COMPLEX
     return model_type in INTERLEAVED
 
 
@@ -60,7 +67,7 @@ def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
     if flags:  # SmolLM3 / Llama 4: 1 = the layer uses RoPE, 0 = NoPE
         return tuple(i for i, f in enumerate(flags) if not f and i < len(kinds)
                      and kinds[i] in (FULL, SLIDING, CHUNKED))
-    if model_type in NOPE_ON_FULL:
+    if model_type in NOPE_ON_FULL or (model_type in NOPE_ON_FULL_IF_SLIDING and SLIDING in kinds):
         return tuple(i for i, k in enumerate(kinds) if k == FULL)
     return ()
 
@@ -69,8 +76,8 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int) -> int:
     """KV heads one layer stores in the cache."""
     from kvbridge.builtin.families.generic import _layer_attr
 
-    if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA in transformers caches per-head K/V
-        return heads
+    if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
+        return 1
     if _layer_attr(layer_cfg, "multi_query", False):
         return 1
     kv = _layer_attr(layer_cfg, "num_key_value_heads", None) or _layer_attr(layer_cfg, "num_kv_heads", None)
@@ -80,9 +87,9 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int) -> int:
 def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int) -> int:
     from kvbridge.builtin.families.generic import _layer_attr
 
-    if _layer_attr(layer_cfg, "kv_lora_rank", None):
-        return int(_layer_attr(layer_cfg, "qk_nope_head_dim", 0)) + int(_layer_attr(layer_cfg, "qk_rope_head_dim", 0))
-    hd = _layer_attr(layer_cfg, "head_dim", None)
+    if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: the "keys" slot holds the compressed latent
+        return int(_layer_attr(layer_cfg, "kv_lora_rank"))
+    hd = _layer_attr(layer_cfg, "head_dim", None) or _layer_attr(layer_cfg, "dim_head", None)
     if hd:
         return int(hd)
     return int(_layer_attr(layer_cfg, "hidden_size", hidden)) // heads

@@ -42,10 +42,11 @@ HF_LAYER_KINDS = {
 
 
 def known_model_types() -> frozenset:
-    """Model types transformers has a causal-LM class for (imports transformers)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """Model types transformers has a config class for (imports transformers); the causal-LM
+    registry plus the text configs some of its classes take (``emu3_text_model`` ...)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return frozenset(CONFIG_MAPPING_NAMES)
 
 
 def hf_configs(config: Mapping) -> tuple[Any, Any]:
@@ -70,12 +71,13 @@ def _layer_attr(layer_cfg, name: str, default=None):
     return default if value is None else value
 
 
-def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool):
-    """(main table, per-layer-type tables) from ``rope_parameters`` (flat or nested)."""
+def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, head_dims: Mapping | None = None):
+    """(main table, per-layer-type tables) from ``rope_parameters`` (flat or nested); a nested
+    table is sized to the head dim of its layer kind (``head_dims``)."""
     params = getattr(text, "rope_parameters", None) or {}
     partial_attr = getattr(text, "partial_rotary_factor", None)
 
-    def one(p: Mapping):
+    def one(p: Mapping, head_dim: int = head_dim):
         p = dict(p)
         p.setdefault("rope_type", "default")
         if p.get("rope_theta") is None:
@@ -85,7 +87,7 @@ def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool):
                          max_position_embeddings=max_positions)
 
     if params and all(isinstance(v, Mapping) for v in params.values()):  # nested per layer type
-        tables = {kind: one(p) for kind, p in params.items()}
+        tables = {kind: one(p, (head_dims or {}).get(kind) or head_dim) for kind, p in params.items()}
         main = tables.get(FULL) or next(iter(tables.values()))
         return main, tuple(sorted(tables.items())) if len(tables) > 1 else ()
     return one(params), ()
@@ -149,7 +151,7 @@ class GenericAdapter(FamilyAdapter):
             raise UnsupportedModelError(f"model type {model_type!r}: sliding layers use different windows"
                                         f" ({sorted(windows | chunks)})", facts.REFUSED_FIX)
 
-        heads = int(text.num_attention_heads)
+        heads = int(getattr(text, "decoder_attention_heads", None) or text.num_attention_heads)
         hidden = int(getattr(text, "hidden_size"))
         per_layer = text.per_layer_config
         kv_heads, k_dims = [], []
@@ -159,7 +161,7 @@ class GenericAdapter(FamilyAdapter):
                 k_dims.append(0)
                 continue
             lc = per_layer[i]
-            h = int(_layer_attr(lc, "num_attention_heads", heads))
+            h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
             kv = facts.cached_kv_heads(model_type, lc, h)
             hd = facts.key_head_dim(model_type, lc, h, hidden)
             kv_heads.append(kv)
@@ -176,16 +178,21 @@ class GenericAdapter(FamilyAdapter):
                                   "fix 'num_key_value_heads'")
 
         mla = facts.mla_sizes(text)
-        value_dim = mla.get("v_head_dim") if mla else None
+        # MLA caches (latent [B, 1, T, kv_lora_rank], RoPE key [B, 1, T, qk_rope_head_dim]) in the K/V slots
+        value_dim = mla.get("qk_rope_head_dim") if mla else None
         max_positions = int(_layer_attr(text, "max_position_embeddings", 0) or
                             _layer_attr(text, "n_positions", 0) or 2048)
         positional = facts.positional(model_type, text)
         rope, by_type, nope = None, (), ()
         if positional == "rope":
             rope_dim = mla.get("qk_rope_head_dim") if mla else None
-            # MLA rotates only the trailing qk_rope_head_dim dims of each cached key
+            # MLA: the table rotates the whole cached RoPE key (the values slot)
+            by_kind = {}
+            for kind, hd in zip(kinds, k_dims):
+                if hd:
+                    by_kind.setdefault(kind, hd)
             rope, by_type = _rope_tables(text, rope_dim or main_hd, max_positions,
-                                         facts.interleaved(model_type, text))
+                                         facts.interleaved(model_type, text), None if rope_dim else by_kind)
             nope = facts.nope_layers(model_type, text, kinds)
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
                 positional, rope, by_type, nope = "none", None, (), ()
