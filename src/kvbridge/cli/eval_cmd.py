@@ -91,8 +91,9 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
               help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report).")
 @click.option("--recompute-mode", type=click.Choice(("target", "source")), default="target", show_default=True,
               help="Input of recomputed layers: the target's own forward, or the source's hidden states.")
-@click.option("--recompute-select", type=click.Choice(("greedy", "profile")), default="greedy", show_default=True,
-              help="auto:X layer choice: greedy group search or single-layer profile ranking.")
+@click.option("--recompute-select", type=click.Choice(("greedy", "profile", "prefix")), default="greedy",
+              show_default=True, help="auto:X layer choice: greedy group search, single-layer profile ranking, "
+                                      "or layers 0..K-1 (cheapest with --recompute-mode target).")
 @click.option("--recompute-group", default=1, show_default=True, type=click.IntRange(1),
               help="Layers per group in the greedy search.")
 @click.option("--calibration-samples", default=16, show_default=True, type=click.IntRange(1),

@@ -4,7 +4,8 @@ On the same held-out samples as ``kvbridge eval``: ``native`` (the target's pref
 ``transferred`` (0% recomputed), ``no_prefix`` (floor), and one condition per point of the dial:
 
 - ``layers@K``: K layers recomputed (named, or chosen on calibration samples by the greedy group
-  search / the single-layer profile; a sweep takes the greedy search's nested sets);
+  search / the single-layer profile; a sweep takes the greedy search's nested sets); ``prefix@K``:
+  layers ``0..K-1`` (the cheapest K layers when the target's own forward feeds them);
 - ``tokens@R``: the CacheBlend rule on the transferred prefix (``exact_len = 0``): layers 0..1 of
   the target on every prefix token, then the R of tokens whose K/V deviate most.
 
@@ -31,7 +32,8 @@ def layer_points(spec, model, calib=None, *, method: str = "greedy", group_size:
     from kvbridge.recompute.layers import choose_layers
 
     layers, info = choose_layers(spec, model, calib, method=method, group_size=group_size, host=host)
-    return [(f"layers@{len(layers)}", tuple(layers), info)]
+    tag = "prefix" if method == "prefix" and info.get("method") == "prefix" else "layers"
+    return [(f"{tag}@{len(layers)}", tuple(layers), info)]
 
 
 def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy", group_size: int = 1, host=None):
@@ -40,7 +42,10 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
 
     n = model.config.num_hidden_layers
     k = max(1, budget_count(max_share, n))
-    if method == "profile":
+    if method == "prefix":
+        sets = [tuple(range(j)) for j in range(1, k + 1)]
+        info = {"method": "prefix"}
+    elif method == "profile":
         ranks = profile_layers(model, calib, host=host)
         order = sorted(range(n), key=lambda i: -ranks[i])
         sets = [tuple(sorted(order[:j])) for j in range(1, k + 1)]
@@ -49,9 +54,10 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
         steps = greedy_groups(model, calib, k, group_size=group_size, host=host)
         sets = [tuple(s["layers"]) for s in steps[1:]]
         info = {"method": "greedy", "greedy_steps": steps}
-    points = [(f"layers@{len(s)}", s, info) for s in sets]
+    tag = "prefix" if method == "prefix" else "layers"
+    points = [(f"{tag}@{len(s)}", s, info) for s in sets]
     if not points or len(points[-1][1]) < n:
-        points.append((f"layers@{n}", tuple(range(n)), info))
+        points.append((f"{tag}@{n}", tuple(range(n)), info))
     return points
 
 

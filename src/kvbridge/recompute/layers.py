@@ -17,7 +17,9 @@ Selection: by name (``"3,7-9"``), ``"all"``/``"none"``, or by budget (``"auto:15
 a profiling pass on calibration samples (:func:`profile_layers`) ranks layers by the quality lost
 (KL to the native next-token distribution) when *only that layer* comes from the mapping, and
 :func:`greedy_groups` (DroidSpeak-style) adds, one at a time, the contiguous group of layers whose
-recompute lowers that loss most, given those already chosen.
+recompute lowers that loss most, given those already chosen. Neither knows what a layer costs:
+in target mode any set costs its last layer's depth, so ``method="prefix"`` (layers ``0..K-1``,
+no calibration) is the cheapest set of K layers there.
 """
 
 from __future__ import annotations
@@ -299,11 +301,13 @@ def choose_layers(spec, model, calib: Calibration | None = None, *, method: str 
     parsed = parse_layers(spec, n)
     if not (parsed and parsed[0] == "auto"):
         return parsed, {"method": "named", "spec": str(spec)}
-    if calib is None:
+    if calib is None and method != "prefix":
         raise RecomputeError(f"layer budget {spec!r} needs calibration samples to profile the layers",
                              "pass calibration data (the CLI takes it from the corpus's front)")
     k = budget_count(parsed[1], n)
     info = {"method": method, "spec": str(spec), "budget_layers": k, "share": parsed[1]}
+    if method == "prefix":  # the cheapest K layers in target mode: its forward stops after layer K-1
+        return tuple(range(k)), info
     if method == "profile":
         ranks = profile_layers(model, calib, host=host)
         info["single_layer_loss"] = ranks

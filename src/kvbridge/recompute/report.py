@@ -50,21 +50,15 @@ def plot(result: dict, path, title: str) -> bool:
     except ImportError:
         return False
     families: dict = {}
+    zero = [r for c, r in result["conditions"].items() if c in ("transferred", "naive")]
     for cond, r in result["conditions"].items():
         share = r.get("share", r.get("tokens_recomputed_share"))
-        if share is None:
+        if share is None or "@" not in cond:
             continue
-        fam = "random" if cond.startswith("random") else ("layers" if cond.startswith("layers") else "recompute")
-        families.setdefault(fam, []).append((share, r))
-    if "recompute" in families or "layers" in families:
-        base = [(s, r) for s, r in families.get("recompute", []) + families.get("layers", [])]
-        for cond in ("transferred", "naive"):
-            if cond in result["conditions"]:
-                base.append((0.0, result["conditions"][cond]))
-        key = "layers" if "layers" in families else "recompute"
-        families[key] = base
-        if key == "layers" and "recompute" in families:
-            families.pop("recompute")
+        families.setdefault(cond.split("@")[0], []).append((share, r))
+    for fam, pts in families.items():
+        if fam != "random":
+            pts.extend((0.0, r) for r in zero)
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
     for fam, pts in families.items():
         pts = sorted({round(s, 6): (s, r) for s, r in pts}.values(), key=lambda x: x[0])
