@@ -169,9 +169,7 @@ class Report:
 
 # -- single axes ----------------------------------------------------------------------------------
 def _kv_layers(spec: ModelSpec) -> tuple[int, tuple]:
-    no_kv = tuple(spec.extra("no_kv_layers", ()) or ())
-    shared = tuple(spec.extra("kv_shared_layers", ()) or ())
-    skip = tuple(sorted(set(no_kv) | set(shared)))
+    skip = tuple(sorted(set(spec.no_kv_layers) | set(spec.kv_shared_layers)))
     return spec.num_layers - len(skip), skip
 
 
@@ -191,9 +189,8 @@ def _layers_axis(s: ModelSpec, t: ModelSpec) -> Axis:
 
 
 def _head_kind(spec: ModelSpec) -> str:
-    groups = spec.extra("num_kv_heads")
-    if spec.extra("new_decoder_architecture") and isinstance(groups, int) and groups < spec.num_kv_heads:
-        return f"{groups} KV groups cached duplicated per query head"
+    if spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads:
+        return f"{spec.kv_groups} KV groups cached duplicated per query head"
     if spec.num_kv_heads == 1:
         return "MQA"
     if spec.num_kv_heads == spec.num_attention_heads:
@@ -202,8 +199,7 @@ def _head_kind(spec: ModelSpec) -> str:
 
 
 def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
-    dup = any(spec.extra("new_decoder_architecture") and isinstance(spec.extra("num_kv_heads"), int)
-              and spec.extra("num_kv_heads") < spec.num_kv_heads for spec in (s, t))
+    dup = any(spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads for spec in (s, t))
     falcon = ""
     if dup:
         falcon = ("; Falcon new architecture: the cache holds every query head (KV groups duplicated),"
@@ -421,6 +417,34 @@ def _cache_axis(sv: str, tv: str) -> Axis:
     return Axis("cache_format", sv, tv, "mappable", "; ".join(parts))
 
 
+def _layout_rules(s: ModelSpec, t: ModelSpec, axis: Axis, same_model: bool) -> Axis:
+    """The cache_format axis raised for MLA and recurrent-state layouts a mapping cannot produce."""
+    same_layout = (s.cache_format, s.num_layers, s.state_layers, s.latent) == \
+        (t.cache_format, t.num_layers, t.state_layers, t.latent)
+    if s.cache_format == "kv" and t.cache_format == "kv" or same_layout and (same_model or s == t):
+        return axis
+    parts, verdict = [], axis.verdict
+    for side, spec in (("source", s), ("target", t)):
+        if spec.cache_format == "mla":
+            sizes = dict(spec.latent)
+            parts.append(f"{side} uses MLA: its cache holds the compressed latent (rank {sizes.get('kv_lora_rank')},"
+                         f" position-free) and one shared RoPE key of {sizes.get('qk_rope_head_dim')} dims per token,"
+                         " not per-head K/V; fitting another model's cache onto this latent is not supported")
+            verdict = "blocking"
+    if t.cache_format == "hybrid" and not same_layout:
+        parts.append(f"target layers {list(t.state_layers)} hold recurrent/convolution state that only the target"
+                     " itself can compute from the tokens: it cannot be mapped from another model")
+        verdict = "blocking"
+    elif s.cache_format == "hybrid" and not same_layout:
+        parts.append(f"source recurrent/convolution state (layers {list(s.state_layers)}) is dropped; only its"
+                     f" attention layers {list(s.kv_layers)} map")
+        verdict = "blocking" if verdict == "blocking" else "mappable"
+    if not parts:
+        return axis
+    return Axis("cache_format", f"{axis.source} ({s.cache_format})", f"{axis.target} ({t.cache_format})", verdict,
+                "; ".join(parts))
+
+
 def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
     from kvbridge.check.tokenizer_fp import compare
 
@@ -603,7 +627,9 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
         _rope_axis(source, target),
         _attention_axis(source, target),
         _dtype_axis(source, target),
-        _cache_axis(cache_format_of(source, s.config, s.generation), cache_format_of(target, t.config, t.generation)),
+        _layout_rules(source, target, _cache_axis(cache_format_of(source, s.config, s.generation),
+                                                  cache_format_of(target, t.config, t.generation)),
+                      same_model),
         _tokenizer_axis(s.tokenizer, t.tokenizer, same_model),
     ]
     findings: tuple = ()

@@ -64,11 +64,31 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
 @click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",
               help="Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
                    "COND.METRIC<=X, or 'default'. Repeatable.")
-@click.option("--force", is_flag=True, help="Use a mapping whose fingerprints do not match the models (warns).")
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option("--force", "force_alias", is_flag=True, hidden=True,
+              help="Deprecated alias of --accept-fingerprint-mismatch.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+@click.option("--recompute-layers", default=None, metavar="SPEC",
+              help="Recompute these target layers of the transferred cache: 3,7-9 | all | auto:15% (profiled "
+                   "on the corpus front); ';' separates several points.")
+@click.option("--recompute-tokens", default=None, metavar="R[,R...]",
+              help="Token-selective recompute (CacheBlend rule) of R of the prefix tokens, e.g. 15%.")
+@click.option("--recompute-sweep", type=click.Choice(("layers", "tokens", "both")), default=None,
+              help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report).")
+@click.option("--recompute-mode", type=click.Choice(("target", "source")), default="target", show_default=True,
+              help="Input of recomputed layers: the target's own forward, or the source's hidden states.")
+@click.option("--recompute-select", type=click.Choice(("greedy", "profile", "prefix")), default="greedy",
+              show_default=True, help="auto:X layer choice: greedy group search, single-layer profile ranking, "
+                                      "or layers 0..K-1 (cheapest with --recompute-mode target).")
+@click.option("--recompute-group", default=1, show_default=True, type=click.IntRange(1),
+              help="Layers per group in the greedy search.")
+@click.option("--calibration-samples", default=16, show_default=True, type=click.IntRange(1),
+              help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, force, threads):
+             report_dir, gates, accept_mismatch, force_alias, threads, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
+             recompute_mode="target", recompute_select="greedy", recompute_group=1, calibration_samples=16):
     """Measure a transferred cache against the target's own, with floors and controls.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME such as zoo:base,
@@ -89,6 +109,10 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
     """
     from kvbridge.evaluate.gates import parse_gate
+
+    if force_alias:
+        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
+    force = accept_mismatch or force_alias
 
     for text in gates:  # a typo in a gate fails before anything is loaded
         parse_gate(text)
@@ -121,6 +145,20 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         if not as_json and sys.stderr.isatty():
             click.echo(f"\r  evaluated {done}/{total} samples", nl=done == total, err=True)
 
+    if recompute_layers or recompute_tokens or recompute_sweep:  # the recompute dial: kvbridge.recompute
+        from kvbridge.recompute.cli_support import eval_recompute
+        from kvbridge.recompute.report import table as recompute_table
+
+        result, written = eval_recompute(
+            smodel, tmodel, mapping, ids, texts=texts, tokenizer=ttok, prefix_len=prefix_len,
+            continuation_len=continuation_len, layers_spec=recompute_layers, tokens_spec=recompute_tokens,
+            sweep=recompute_sweep, mode=recompute_mode, select=recompute_select, group_size=recompute_group,
+            calibration_samples=calibration_samples, batch_size=batch_size, attention=not no_attention,
+            bootstrap=bootstrap, seed=seed, report_dir=report_dir, progress=progress)
+        if written and not as_json:
+            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+        click.echo(to_json(result) if as_json else recompute_table(result))
+        return
     result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
                       greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
                       conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,

@@ -161,8 +161,8 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
 
 def kv_bytes_per_token(spec) -> int:
     """Bytes one token adds to the cache: K and V, every KV layer, in the config's dtype."""
-    no_kv = len(set(spec.extra("no_kv_layers", ()) or ()) | set(spec.extra("kv_shared_layers", ()) or ()))
-    return 2 * (spec.num_layers - no_kv) * spec.num_kv_heads * spec.head_dim * DTYPE_BYTES.get(spec.dtype, 4)
+    per = sum(spec.kv_heads_of(i) * (spec.key_dim_of(i) + spec.value_dim_of(i)) for i in range(spec.num_layers))
+    return per * DTYPE_BYTES.get(spec.dtype, 4)
 
 
 def fmt_rope(value: Any) -> str:
