@@ -120,13 +120,18 @@ def load_tokenizer_of(ref: ModelRef):
     return load_tokenizer(ref.folder)
 
 
-def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
-    """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
+def require_weights(ref: ModelRef) -> None:
+    """A one-line error when ``ref`` has no weights to load (a manifest record, a bare config)."""
     if not ref.has_weights:
         raise ConfigError(f"{ref.ref}: a {ref.kind} reference has no weights"
                           + (f" (no weight files in {ref.folder})" if ref.folder else ""),
                           "pass a local model folder with its weights, a .gguf file, zoo:NAME, smollm2, or a "
                           "model in the Hugging Face cache")
+
+
+def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
+    """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
+    require_weights(ref)
     import torch
 
     transformers = _quiet()
@@ -167,6 +172,7 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
         host = get_host()
     resolved = resolve(ref, host=host)
     name = dtype_for(resolved, dtype)
+    require_weights(resolved)
     tok = load_tokenizer_of(resolved) if tokenizer else None
     model = load_weights(resolved, name, device)
     config = model.config.to_dict()
