@@ -48,6 +48,12 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
     return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
 
 
+def metric_help() -> str:
+    from kvbridge.evaluate.catalog import help_text
+
+    return help_text()
+
+
 @click.command("eval")
 @click.argument("source")
 @click.argument("target")
@@ -99,12 +105,13 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     random (noise with the mapped cache's per-layer mean/std), no_rope_reapply (mapped keys
     never re-rotated for the target), source (SOURCE's own continuation).
 
-    Metrics per condition: nll, perplexity, KL(native||x) mean and p95, top-1 agreement,
-    top-k overlap, TV after top-p, max abs logit difference, gap_recovered, retention (acc_x /
-    acc_native), greedy agreement, attention-output cosine per target layer (mean, min), each
-    with a 95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
+    Metrics per condition (the built-ins are listed below; plugins add more), each with a
+    95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
     <metric>_ci = [low, high]. Default gates (kl_p95<=0.2, attention_cosine_min>=0.9) are
     reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
+
+    \b
+    METRICS
     """
     from kvbridge.evaluate.gates import parse_gate
 
@@ -158,3 +165,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         click.echo(f"gates FAILED: {', '.join(failed)}", err=True)
         sys.stdout.flush()
         click.get_current_context().exit(code)
+
+
+eval_cmd.help = eval_cmd.help.replace(
+    "METRICS", "Metrics:\n" + "\n".join("    " + line for line in metric_help().splitlines()), 1)
