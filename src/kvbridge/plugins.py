@@ -43,7 +43,7 @@ BUILTIN_PLUGINS = (
 )
 #: model types that have no attention KV cache at all
 NO_KV_CACHE_TYPES = frozenset({
-    "mamba", "mamba2", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
 })
 
 
@@ -242,7 +242,19 @@ class Host:
             raise UnsupportedModelError(
                 f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
                 "kvbridge moves attention KV caches; choose a transformer model")
-        close = difflib.get_close_matches(model_type, families.names(), n=3)
+        # a multimodal wrapper whose text decoder has a family file: that family on text_config
+        from kvbridge.adapter import TextConfigAdapter, text_config_of
+
+        text = text_config_of(config)
+        if text is not None and text["model_type"] in families.items:
+            return TextConfigAdapter(name=f"{text['model_type']} (in {model_type})", model_types=(model_type,),
+                                     inner=families.items[text["model_type"]], wrapper_type=model_type)
+        # no family file: transformers' own config class describes it (generic adapter)
+        from kvbridge.builtin.families.generic import ADAPTER as GENERIC
+
+        if GENERIC.supports(model_type):
+            return GENERIC
+        close = difflib.get_close_matches(model_type, families.names(), n=3, cutoff=0.8)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnsupportedModelError(
             f"unknown model type {model_type!r}",

@@ -10,73 +10,6 @@ import click
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
-def resolve_folder(ref: str, *, host=None):
-    """The resolved local model folder (or offline HF-cache snapshot) of ``ref``."""
-    from kvbridge.errors import ConfigError
-    from kvbridge.check.sources import resolve
-
-    resolved = resolve(ref, host=host)
-    if not resolved.folder or resolved.kind not in ("dir", "hf-cache"):
-        raise ConfigError(f"{ref}: a {resolved.kind} reference has no weights",
-                          "pass a local model folder (save_pretrained output) or a model in the Hugging Face cache")
-    return resolved
-
-
-def load_model(ref, *, dtype: str = "float32", host=None):
-    """``(resolved, model, tokenizer)`` of a local model folder or an offline HF-cache id."""
-    from kvbridge.errors import ConfigError
-
-    resolved = ref if hasattr(ref, "folder") else resolve_folder(ref, host=host)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress goes to stderr; keep it readable
-
-    kwargs = {"local_files_only": True}
-    if dtype != "auto":
-        kwargs["dtype"] = getattr(torch, dtype)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(resolved.folder, **kwargs).eval()
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{resolved.folder}: cannot load the model ({' '.join(str(exc).split())[:200]})",
-                          "pass a folder written by save_pretrained, with its weights") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved.folder, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError(f"{resolved.folder}: cannot load the tokenizer ({' '.join(str(exc).split())[:200]})",
-                          "the model folder needs its tokenizer files") from None
-    return resolved, model, tokenizer
-
-
-def tokenizer_pair(src, tgt) -> dict:
-    """The shared tokenizer's fingerprint, or a refusal with the reason ``kvbridge check`` gives."""
-    from kvbridge.fit.calibrate import CalibrationError
-    from kvbridge.check.tokenizer_fp import compare
-
-    fps = []
-    for role, res in (("source", src), ("target", tgt)):
-        fp = res.tokenizer()
-        if fp is None:
-            raise CalibrationError(f"{role} {res.ref}: no tokenizer files found in {res.folder}",
-                                   "paired calibration needs both tokenizers to check the token ids agree")
-        fps.append(fp)
-    verdict, action = compare(*fps)
-    if verdict == "blocking":
-        raise CalibrationError(f"the tokenizers of {src.ref} and {tgt.ref} differ: {action}",
-                               "fit between models that share a tokenizer (see `kvbridge check`)")
-    if verdict != "same":
-        click.echo(f"warning: tokenizers: {action}", err=True)
-    return fps[0].to_dict()
-
-
-def _revision(resolved) -> str | None:
-    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
-    from pathlib import Path
-
-    return Path(resolved.folder).name if resolved.kind == "hf-cache" and resolved.folder else None
-
-
 class Progress:
     """A click progress bar per pass, with tokens/s and an ETA (stderr, rank 0 only)."""
 
@@ -177,8 +110,8 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
         quiet):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
-    SOURCE and TARGET are local model folders (or models in the Hugging Face cache, offline)
-    with identical tokenizers. Both read the same token ids; per layer their RoPE-stripped
+    SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
+    in the local Hugging Face cache; see `kvbridge describe --help`) with identical tokenizers. Both read the same token ids; per layer their RoPE-stripped
     keys and values are sampled every --stride positions and accumulated into float64
     statistics; the fitter selects source layers and solves per target (layer, KV head), K
     and V apart. The folder --out gets mapping.safetensors and manifest.json (held-out R²
@@ -206,10 +139,13 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     options = fitter_options(load_fitter(get_host(), fitter), values)  # refuse bad options before loading models
     texts, sha = load_corpus(corpus)
     t0 = time.perf_counter()
-    src, tgt = resolve_folder(source), resolve_folder(target)
-    tok_fp = tokenizer_pair(src, tgt)  # before loading any weights: refuse early
-    src, smodel, stok = load_model(src, dtype=dtype)
-    tgt, tmodel, ttok = load_model(tgt, dtype=dtype)
+    from kvbridge.cli.options import load_model, revision_of, shared_tokenizer
+    from kvbridge.models import resolve
+
+    src, tgt = resolve(source), resolve(target)
+    tok_fp = shared_tokenizer(src, tgt)  # before loading any weights: refuse early
+    loaded_src, loaded_tgt = load_model(src, dtype=dtype), load_model(tgt, dtype=dtype)
+    smodel, stok, tmodel, ttok = loaded_src.model, loaded_src.tokenizer, loaded_tgt.model, loaded_tgt.tokenizer
     check_same_tokens(texts, stok, ttok)
 
     from kvbridge.fit import distributed as dist_mod
@@ -219,7 +155,7 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     main = ctx is None or ctx.is_main
     mapping = run_fit(smodel, tmodel, texts, fitter=fitter, options=options, calibration=calibration, tokenizer=stok,
                       tokenizer_fingerprint=tok_fp, corpus_sha256=sha, out=out, overwrite=overwrite, resume=resume,
-                      provenance=Provenance(src.name, tgt.name, _revision(src), _revision(tgt)),
+                      provenance=Provenance(src.name, tgt.name, revision_of(src), revision_of(tgt)),
                       progress=Progress(main and not quiet, ctx.world if ctx else 1), distributed=ctx)
     if not main:
         return

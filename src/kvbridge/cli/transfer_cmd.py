@@ -6,6 +6,8 @@ import time
 
 import click
 
+from kvbridge.cli.options import dtype_option
+
 
 @click.command("transfer")
 @click.argument("source")
@@ -15,14 +17,16 @@ import click
 @click.option("--max-new-tokens", default=32, show_default=True, help="Tokens TARGET generates (greedy).")
 @click.option("--compare/--no-compare", default=False, show_default=True,
               help="Also run TARGET natively: token agreement, next-token KL and timings.")
-@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
-              show_default=True, help="Dtype to load the models in.")
+@dtype_option
 @click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
               help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
 @click.option("--force", "force_alias", is_flag=True, hidden=True,
               help="Deprecated alias of --accept-fingerprint-mismatch.")
 def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype, accept_mismatch, force_alias):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
+
+    SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids in
+    the local Hugging Face cache; see `kvbridge describe --help`).
 
     Strip SOURCE's RoPE, map (batched, float32), apply TARGET's RoPE at the same positions,
     inject, and let TARGET generate (the last prompt token is withheld and consumed by
@@ -38,7 +42,8 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
 
     import torch
 
-    from kvbridge.cli.fit_cmd import load_model, resolve_folder, tokenizer_pair
+    from kvbridge.cli.options import load_model, shared_tokenizer
+    from kvbridge.models import resolve
     from kvbridge.errors import ConfigError
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.handoff import generate
@@ -46,10 +51,11 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
     from kvbridge.transfer import transfer as run_transfer
 
     host = get_host()
-    src, tgt = resolve_folder(source), resolve_folder(target)
-    tok_fp = tokenizer_pair(src, tgt)
-    src, smodel, tok = load_model(src, dtype=dtype)
-    tgt, tmodel, _ = load_model(tgt, dtype=dtype)
+    src, tgt = resolve(source, host=host), resolve(target, host=host)
+    tok_fp = shared_tokenizer(src, tgt)
+    loaded_src = load_model(src, dtype=dtype, host=host)
+    smodel, tok = loaded_src.model, loaded_src.tokenizer
+    tmodel = load_model(tgt, dtype=dtype, tokenizer=False, host=host).model
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mapping = load_mapping(mapping_dir, source=smodel, target=tmodel, tokenizer=tok_fp, force=force, host=host)

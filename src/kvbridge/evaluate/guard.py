@@ -140,7 +140,7 @@ def guarded_prepare(model, state, input_ids, *, stats: TargetStats | None = None
     """Check ``state`` for ``model`` and return the cache to ``generate`` from (see the module docstring)."""
     import torch
 
-    from kvbridge.adapter import config_fingerprint
+    from kvbridge.models.fingerprint import config_fingerprint
     from kvbridge.errors import StateError
     from kvbridge.handoff import prepare_cache
 

@@ -38,7 +38,7 @@ class MappingMismatchWarning(UserWarning):
 def model_identity(model_or_config: Any, *, host=None, name: str = "", revision: str | None = None,
                    weights: bool = True) -> dict:
     """Spec, fingerprints and RoPE configuration of a model (or a config mapping: no weights hash)."""
-    from kvbridge.adapter import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
     from kvbridge.plugins import get_host
 
     host = host or get_host()

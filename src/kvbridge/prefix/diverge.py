@@ -313,7 +313,7 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.adapter import weights_fingerprint
+            from kvbridge.models.fingerprint import weights_fingerprint
 
             wfp = weights_fingerprint(model)
             none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
