@@ -281,11 +281,14 @@ def test_trace_shows_every_hook_call(monkeypatch, capsys):
     import click
 
     host.register_commands(click.Group())
+    from kvbridge.models.schemes import schemes
+
+    schemes(host)
     err = capsys.readouterr().err
     called = ["kvbridge_register_families", "kvbridge_register_rope_variants", "kvbridge_register_fitters",
               "kvbridge_register_metrics", "kvbridge_check_compatibility", "kvbridge_manifest_dirs",
-              "kvbridge_resolve_family", "kvbridge_register_commands"]
-    assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_") and n != "kvbridge_register_model_sources"}
+              "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources"]
+    assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     for name in called:
         assert f"[kvbridge-plugins] {name} [hook]" in err or f"{name} [hook]" in err, (name, err[:400])
 
@@ -367,3 +370,22 @@ def test_a_fitter_missing_a_protocol_member_is_refused_at_registration():
     host = plugins_mod.make_host(entry_points=False, extra=[("lazyplugin", Lazy())])
     with pytest.raises(PluginError, match="fitter 'lazy' of plugin 'lazyplugin'.*missing member 'name'"):
         load_fitter(host, "lazy")
+
+
+def test_model_sources_hook_goes_through_the_host(tmp_path):
+    from kvbridge.models.schemes import schemes
+
+    class Team:
+        @hookimpl
+        def kvbridge_register_model_sources(self, register):
+            register("team", lambda name: tmp_path / name, "our shared folder")
+
+    class Broken:
+        @hookimpl
+        def kvbridge_register_model_sources(self, register):
+            raise RuntimeError("registry offline")
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("team", Team()), ("broken", Broken())])
+    found = schemes(host)
+    assert found["team"].plugin == "team" and found["team"].resolver("x") == tmp_path / "x"
+    assert "zoo" in found and "registry offline" in host.record("broken").error

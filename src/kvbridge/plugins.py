@@ -115,6 +115,11 @@ _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvbridge_
 _SINK: contextvars.ContextVar[list | None] = contextvars.ContextVar("kvbridge_sink", default=None)
 
 
+def current_plugin() -> str | None:
+    """The plugin whose hook implementation is running (for ``register`` callables)."""
+    return _CURRENT.get()
+
+
 @dataclass(frozen=True)
 class HookOutcome:
     """What one implementation of a hook did in one call: its value, or its one-line error."""
