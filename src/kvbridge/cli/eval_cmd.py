@@ -130,7 +130,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     if threads:
         torch.set_num_threads(int(threads))
     from kvbridge.evaluate import corpus_samples, evaluate, heldout_text
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalError
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit.calibrate import check_same_tokens, load_corpus
 
@@ -166,11 +166,12 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
             click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
         click.echo(to_json(result) if as_json else recompute_table(result))
         return
-    result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                      greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
-                      conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
-                      source_name=src.name, target_name=tgt.name,
-                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress)
+    config = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
+                        batch_size=batch_size, top_k=top_k, top_p=top_p, seed=seed, conditions=conds,
+                        attention=not no_attention, bootstrap=bootstrap)
+    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=gates, source_name=src.name,
+                      target_name=tgt.name, mapping_path=None if mapping_ref == "identity" else mapping_ref,
+                      data=data, progress=progress)
     if report_dir:
         written = write_report(result, report_dir)
         if not as_json:

@@ -76,6 +76,7 @@ class EvalConfig:
     seed: int = 0  # random control
     conditions: tuple = CONDITIONS
     attention: bool = True
+    bootstrap: int = 1000  # paired bootstrap resamples of the samples (0: no intervals)
 
     @property
     def sample_len(self) -> int:
