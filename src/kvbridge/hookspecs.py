@@ -102,3 +102,26 @@ def kvbridge_manifest_dirs():
     never overrides a built-in one. ``kvbridge check NAME ...`` then finds the model by name
     with no weights or config on disk.
     """
+
+
+@hookspec
+def kvbridge_register_model_sources(register):
+    """Register model-reference schemes: ``SCHEME:REST`` names that resolve to a model.
+
+    Call ``register(scheme: str, resolver: Callable[[str], str | os.PathLike | ModelRef],
+    description: str = "")``. ``scheme`` is a lowercase name (``[a-z][a-z0-9_.+-]*``); every
+    reference ``scheme:REST`` (on the command line or in :func:`kvbridge.models.resolve`) calls
+    ``resolver(REST)``, which returns a local path (a model folder, a ``.gguf`` file or a folder
+    holding one, a ``config.json``; resolved like a path the user typed) or a ready
+    :class:`kvbridge.models.ModelRef`. A resolver must not download anything and should be cheap
+    (``describe`` and ``check`` call it); raise :class:`kvbridge.errors.ConfigError` for a bad
+    ``REST``. A scheme already registered (``zoo`` is built in) is refused with a PluginError.
+
+    Example::
+
+        @hookimpl
+        def kvbridge_register_model_sources(register):
+            register("team", lambda name: f"/models/team/{name}", "our shared model folder")
+
+    after which ``kvbridge describe team:llama-ft`` reads ``/models/team/llama-ft``.
+    """

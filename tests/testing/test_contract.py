@@ -25,3 +25,41 @@ class TestPluginRopeVariant(RopeVariantContract):
 
 class TestLlamaAdapterContract(AdapterContract):
     adapter = make_host(entry_points=False).adapter_for({"model_type": "llama"})
+
+
+# -- defaults against transformers' config classes --------------------------------------------------------
+import dataclasses  # noqa: E402
+from typing import ClassVar  # noqa: E402
+
+import pytest  # noqa: E402
+
+from kvbridge.builtin.families import builtin_adapters  # noqa: E402
+from kvbridge.builtin.families.mistral import MistralAdapter  # noqa: E402
+from kvbridge.testing.contract import check_defaults  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mixtral(MistralAdapter):
+    """A Mixtral family file written from Mistral's: Mixtral has no default window, theta 1e6."""
+
+    name: str = "mixtral-test"
+    model_types: tuple = ("mixtral",)
+    DEFAULT_WINDOW: ClassVar[int | None] = None
+    DEFAULT_THETA: ClassVar[float] = 1_000_000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _MixtralWrongTheta(_Mixtral):
+    DEFAULT_THETA: ClassVar[float] = 10_000.0  # Mistral's base, not Mixtral's
+
+
+def test_defaults_contract_catches_a_wrong_default_theta():
+    check_defaults(_Mixtral(), "mixtral")
+    with pytest.raises(AssertionError, match="theta"):
+        check_defaults(_MixtralWrongTheta(), "mixtral")
+
+
+@pytest.mark.parametrize("adapter", builtin_adapters(), ids=lambda a: a.name)
+def test_every_builtin_adapter_has_transformers_defaults(adapter):
+    for model_type in adapter.model_types:
+        assert check_defaults(adapter, model_type)

@@ -177,6 +177,8 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
     from kvbridge.evaluate import evaluate
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit import fit
+    from kvbridge.fit.calibrate import CalibrationConfig
+    from kvbridge.fit.pipeline import Provenance
     from kvbridge.plugins import get_host
     from kvbridge.check.sources import resolve
     from kvbridge.zoo import load_zoo_model, model_dir
@@ -214,8 +216,9 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
         checks[pair] = report.verdict
         out = report_dir / "mappings" / f"base-{name}" if report_dir else None
         ids, data = eval_data(name)
-        mapping = fit(base, models[name], calib, top_k=top_k, stride=stride, seed=seed, host=host, distributed=None,
-                      out=out, force=True, source_name="zoo:base", target_name=f"zoo:{name}")
+        mapping = fit(base, models[name], calib, options={"top_k": top_k},
+                      calibration=CalibrationConfig(stride=stride, seed=seed), host=host, distributed=None,
+                      out=out, overwrite=True, provenance=Provenance("zoo:base", f"zoo:{name}"))
         t1 = time.perf_counter()
         res = evaluate(base, models[name], mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
                        greedy_tokens=greedy_tokens, bootstrap=bootstrap, seed=seed, host=host,
@@ -227,7 +230,7 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
                        "top_k": top_k, "stride": stride}
         results[pair] = res
         fits[pair] = mapping
-        summ = mapping.report.get("r2_summary") or {}
+        summ = mapping.report.r2_summary or {}
         click.echo(f"  {pair}: check {report.verdict}; fit {t1 - t0:.1f} s (held-out R² {summ.get('mean', float('nan')):.3f}); "
                    f"eval {t2 - t1:.1f} s; gates {'PASS' if res['gates_passed'] else 'FAIL'}", err=True)
         if report_dir:

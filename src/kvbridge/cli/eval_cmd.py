@@ -6,31 +6,16 @@ import sys
 
 import click
 
-ZOO_PREFIX = "zoo:"
+from kvbridge.cli.options import dtype_option
 
+def load_pair(source: str, target: str, *, dtype: str | None = None):
+    """``(src LoadedModel, tgt LoadedModel, shared tokenizer fingerprint)``; tokenizers checked first."""
+    from kvbridge.cli.options import load_model, shared_tokenizer
+    from kvbridge.models import resolve
 
-def model_ref(ref: str) -> str:
-    """A local folder for ``ref``: ``zoo:NAME`` names a model of the embedded zoo."""
-    if ref.startswith(ZOO_PREFIX):
-        from kvbridge.zoo import model_dir
-
-        return str(model_dir(ref[len(ZOO_PREFIX):]))
-    return ref
-
-
-def display_name(ref: str, resolved) -> str:
-    return ref if ref.startswith(ZOO_PREFIX) else (getattr(resolved, "name", "") or ref)
-
-
-def load_pair(source: str, target: str, *, dtype: str = "float32"):
-    """``(src_resolved, smodel, stok, tgt_resolved, tmodel, ttok, tokenizer fingerprint)``."""
-    from kvbridge.cli.fit_cmd import load_model, resolve_folder, tokenizer_pair
-
-    src, tgt = resolve_folder(model_ref(source)), resolve_folder(model_ref(target))
-    tok_fp = tokenizer_pair(src, tgt)
-    src, smodel, stok = load_model(src, dtype=dtype)
-    tgt, tmodel, ttok = load_model(tgt, dtype=dtype)
-    return src, smodel, stok, tgt, tmodel, ttok, tok_fp
+    src, tgt = resolve(source), resolve(target)
+    tok_fp = shared_tokenizer(src, tgt)
+    return load_model(src, dtype=dtype), load_model(tgt, dtype=dtype), tok_fp
 
 
 def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False):
@@ -72,15 +57,17 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
 @click.option("--top-p", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Nucleus of the total-variation distance.")
 @click.option("--no-attention", is_flag=True, help="Skip the attention-output cosine.")
-@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
-              show_default=True, help="Dtype to load the models in.")
+@dtype_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (stable keys; see docs).")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write summary.md, eval.json and PNG plots to this folder.")
 @click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",
               help="Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
                    "COND.METRIC<=X, or 'default'. Repeatable.")
-@click.option("--force", is_flag=True, help="Use a mapping whose fingerprints do not match the models (warns).")
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option("--force", "force_alias", is_flag=True, hidden=True,
+              help="Deprecated alias of --accept-fingerprint-mismatch.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
 @click.option("--recompute-layers", default=None, metavar="SPEC",
               help="Recompute these target layers of the transferred cache: 3,7-9 | all | auto:15% (profiled "
@@ -100,12 +87,13 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
               help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, force, threads, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
+             report_dir, gates, accept_mismatch, force_alias, threads, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
              recompute_mode="target", recompute_select="greedy", recompute_group=1, calibration_samples=16):
     """Measure a transferred cache against the target's own, with floors and controls.
 
-    SOURCE and TARGET are local model folders (or zoo:NAME for the embedded zoo, e.g.
-    zoo:base) sharing a tokenizer. Samples are --samples windows of the corpus's held-out tail
+    SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME such as zoo:base,
+    smollm2, hub ids in the local Hugging Face cache; see `kvbridge describe --help`) sharing a
+    tokenizer. Samples are --samples windows of the corpus's held-out tail
     (the last --heldout-fraction): P prefix tokens are cached, the next C tokens are fed by
     teacher forcing and their next-token predictions scored. Conditions, all on the same
     samples: native (the target's own cache, the ceiling), transferred (SOURCE's cache through
@@ -121,6 +109,10 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
     """
     from kvbridge.evaluate.gates import parse_gate
+
+    if force_alias:
+        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
+    force = accept_mismatch or force_alias
 
     for text in gates:  # a typo in a gate fails before anything is loaded
         parse_gate(text)
@@ -139,7 +131,8 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     bad = [c for c in conds if c not in CONDITIONS]
     if bad:
         raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
-    src, smodel, stok, tgt, tmodel, ttok, tok_fp = load_pair(source, target, dtype=dtype)
+    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
+    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
     texts, sha = load_corpus(corpus)
     tail = heldout_text(texts, heldout_fraction)
     check_same_tokens([tail], stok, ttok)
@@ -169,7 +162,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
                       greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
                       conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
-                      source_name=display_name(source, src), target_name=display_name(target, tgt),
+                      source_name=src.name, target_name=tgt.name,
                       mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress)
     if report_dir:
         written = write_report(result, report_dir)

@@ -30,6 +30,7 @@ COMMANDS = {
     "fit": "kvbridge.cli.fit_cmd:fit",
     "transfer": "kvbridge.cli.transfer_cmd:transfer",
     "eval": "kvbridge.cli.eval_cmd:eval_cmd",
+    "conformance": "kvbridge.cli.conformance_cmd:conformance",
     "graft": "kvbridge.cli.graft_cmd:graft",
 }
 

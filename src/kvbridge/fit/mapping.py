@@ -65,7 +65,7 @@ class FittedMapping:
     target_spec: ModelSpec
     layers: list  # LayerMap per target layer
     fitter: str = "ridge"
-    report: dict = field(default_factory=dict)  # selection scores, held-out R², warnings, calibration
+    report: Any = None  # a kvbridge.fit.protocol.FitReport: selection, held-out R², warnings
     manifest: dict = field(default_factory=dict)  # set when loaded from / written to an artifact
     exact: bool = False
 
@@ -159,7 +159,7 @@ class FittedMapping:
 
     @classmethod
     def from_tensors(cls, tensors: dict, *, source_spec: ModelSpec, target_spec: ModelSpec, mode: str,
-                     selection: list, fitter: str, report: dict | None = None,
+                     selection: list, fitter: str, report: Any = None,
                      manifest: dict | None = None) -> "FittedMapping":
         if mode not in MODES:
             raise ArtifactError(f"mapping mode {mode!r} is unknown", f"expected one of {MODES}")
@@ -189,7 +189,7 @@ class FittedMapping:
                     raise ArtifactError(f"tensor layers.{t}.{n} has shape {tuple(w[n].shape)}, expected {want}",
                                         "re-create the mapping")
             layers.append(LayerMap(mode, sources, w["wk"], w["bk"], w["wv"], w["bv"]))
-        return cls(source_spec, target_spec, layers, fitter=fitter, report=report or {}, manifest=manifest or {})
+        return cls(source_spec, target_spec, layers, fitter=fitter, report=report, manifest=manifest or {})
 
     def flops(self, tokens: int) -> int:
         """Multiply-add FLOPs (2 per MAC) of one ``map_tensors`` call for ``tokens`` tokens."""
