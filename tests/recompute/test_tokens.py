@@ -82,3 +82,13 @@ def test_transferred_prefix_ends_of_the_dial(which, request, zoo_stranger):
     assert torch.equal(cont_logits(target, blend(target, mapped, 0, 0.0).state, cont), cont_logits(target, mapped, cont))
     every = blend(target, mapped, 0, 1.0)
     assert (cont_logits(target, every.state, cont) - cont_logits(target, native, cont)).abs().max().item() <= 1e-5
+
+
+def test_first_rule_picks_the_chunk_start(tiny):
+    ad = adapter(tiny)
+    ctx, chk = _ids(tiny, 2, 6, 9), _ids(tiny, 2, 10, 10)
+    naive = graft(ad.extract(tiny, ctx), prepare_chunk(tiny, chk))
+    res = blend(tiny, naive, 6, 0.3, rule="first")
+    assert res.selected.tolist() == [[0, 1, 2], [0, 1, 2]]
+    with pytest.raises(RecomputeError):
+        blend(tiny, naive, 6, 0.3, rule="nope")

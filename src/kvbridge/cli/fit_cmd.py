@@ -79,8 +79,8 @@ def option_values(pairs, **flags) -> dict:
 @click.command("fit")
 @click.argument("source")
 @click.argument("target")
-@click.option("--corpus", required=True, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .txt files.")
-@click.option("--out", required=True, type=click.Path(), help="Mapping folder to write (mapping.safetensors + manifest.json).")
+@click.option("--corpus", default=None, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .txt files (required unless --plan).")
+@click.option("--out", default=None, type=click.Path(), help="Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).")
 @click.option("--fitter", default="ridge", show_default=True, help="Fitter plugin (ridge, ridge-headwise, sklearn, ...).")
 @click.option("-o", "--option", "fitter_opts", multiple=True, metavar="KEY=VALUE",
               help="A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
@@ -105,9 +105,12 @@ def option_values(pairs, **flags) -> dict:
 @click.option("--force", "force_alias", is_flag=True, hidden=True, callback=_deprecated_flag("--force", "--overwrite"),
               help="Deprecated alias of --overwrite.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print the resource plan (statistics memory, blocking, artifact "
+              "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.")
+@click.option("--device-flops", default=None, type=float, help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.")
 def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha, heldout, seed,
         batch_size, estimator, estimator_options, max_samples, memory_gib, dtype, resume, overwrite, force_alias,
-        quiet):
+        quiet, plan_only, device_flops):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
@@ -123,7 +126,18 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     """
     from pathlib import Path
 
-    from kvbridge.errors import ArtifactError
+    from kvbridge.errors import ArtifactError, ConfigError
+
+    if plan_only:  # torch-free: configs / manifests only
+        from kvbridge.fit.plan import plan
+
+        p = plan(source, target, fitter=fitter, top_k=top_k or 4, tokens=tokens, seq_len=seq_len, stride=stride,
+                 skip=skip, heldout=heldout, batch_size=batch_size, dtype=dtype,
+                 memory_budget=None if memory_gib is None else int(memory_gib * 2**30), device_flops=device_flops)
+        click.echo("\n".join(p.lines()))
+        return
+    if corpus is None or out is None:
+        raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens, load_corpus
 
     overwrite = overwrite or force_alias

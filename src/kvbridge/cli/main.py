@@ -20,6 +20,7 @@ from kvbridge.errors import KVBridgeError
 COMMANDS = {
     "plugins": "kvbridge.cli.plugins_cmd:plugins",
     "describe": "kvbridge.cli.describe_cmd:describe",
+    "models": "kvbridge.cli.models_cmd:models",
     "check": "kvbridge.cli.check_cmd:check",
     "split": "kvbridge.cli.split_cmd:split",
     "pack": "kvbridge.cli.pack_cmd:pack",
