@@ -42,3 +42,107 @@ class PluginError(KVBridgeError):
 
 class ArtifactError(KVBridgeError):
     """An artifact on disk is corrupt, truncated, or was made for something else."""
+
+
+class InternalError(KVBridgeError):
+    """Something kvbridge did not expect (a bug, not bad input): still one line, exit 3."""
+
+    exit_code = 3
+
+
+# -- the one error boundary: any exception -> one line ------------------------------------------------
+DEBUG_HINT = "set KVBRIDGE_DEBUG=1 to see the traceback"
+
+
+def _path_of(exc: BaseException) -> str:
+    name = getattr(exc, "filename", None)
+    return str(name) if name else ""
+
+
+def _os_error(exc: OSError) -> KVBridgeError:
+    import errno
+    import os
+
+    path = _path_of(exc)
+    where = f"{path}: " if path else ""
+    code = exc.errno
+    if code == errno.ENOSPC or code == getattr(errno, "EDQUOT", -1):
+        return KVBridgeError(f"{where}no space left on device (nothing was replaced)",
+                             "free some disk space or write to another --out")
+    if code in (errno.EACCES, errno.EPERM):
+        return KVBridgeError(f"{where}permission denied", "check the permissions of that path or choose another one")
+    if code == errno.EROFS:
+        return KVBridgeError(f"{where}read-only file system", "write to a writable location")
+    if code == errno.ENOTDIR:
+        return KVBridgeError(f"{where}a part of this path is a file, not a folder",
+                             "choose a path whose parent folders are folders")
+    if code == errno.EISDIR:
+        return KVBridgeError(f"{where}is a folder, a file was expected", "pass a file path")
+    if code == errno.ENAMETOOLONG:
+        return KVBridgeError(f"{where[:80]}...: file name too long", "use a shorter path")
+    if code == errno.ENOENT:
+        if path and os.path.islink(path):
+            return KVBridgeError(f"{path} is a dangling symbolic link (to {os.readlink(path)})",
+                                 "remove the link or point it at an existing path")
+        return KVBridgeError(f"{where}no such file or folder", "check the path")
+    if code == errno.ELOOP:
+        return KVBridgeError(f"{where}too many levels of symbolic links", "fix the symbolic link loop")
+    text = exc.strerror or str(exc)
+    return KVBridgeError(f"{where}{text}", "check the path and the disk")
+
+
+def _size_mismatch(text: str) -> str | None:
+    """The first ``size mismatch for X`` line of a torch/transformers load error."""
+    import re
+
+    m = re.search(r"size mismatch for ([\w.]+): copying a param with shape (\S+\)?) from checkpoint, "
+                  r"the shape in current model is (\S+\)?)", text)
+    if m:
+        return f"weight {m.group(1)} has shape {m.group(2)} in the weight file but the config implies {m.group(3)}"
+    if "size mismatch" in text or "Error(s) in loading state_dict" in text:
+        return " ".join(text.split())[:200]
+    return None
+
+
+def from_exception(exc: BaseException) -> KVBridgeError:
+    """The one-line :class:`KVBridgeError` for any exception (the CLI's single error boundary).
+
+    Bad input (files that cannot be read or written, bytes that are not UTF-8, JSON nested too
+    deep, unreadable or inconsistent weight files) maps to a :class:`KVBridgeError` naming the
+    thing and a fix (exit 2); anything else is an :class:`InternalError` (exit 3) pointing at
+    ``KVBRIDGE_DEBUG``.
+    """
+    if isinstance(exc, KVBridgeError):
+        return exc
+    if isinstance(exc, OSError):
+        return _os_error(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        obj = exc.object[max(0, exc.start - 10): exc.start + 10] if isinstance(exc.object, bytes) else b""
+        return KVBridgeError(f"input is not valid UTF-8 ({exc.encoding} cannot decode byte "
+                             f"{exc.object[exc.start]:#04x} at offset {exc.start}, near {obj!r})",
+                             "pass UTF-8 text")
+    if isinstance(exc, UnicodeError):
+        return KVBridgeError(f"input text cannot be encoded or decoded ({exc})", "pass UTF-8 text")
+    if isinstance(exc, RecursionError):
+        return KVBridgeError("input is nested too deeply (JSON or config recursion limit reached)",
+                             "pass a config/manifest with ordinary nesting")
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    if name == "SafetensorError" or "safetensors" in type(exc).__module__:
+        return KVBridgeError(f"a weight or artifact file is not a readable safetensors file ({text[:160]})",
+                             "re-create or re-download that file; it is truncated or not safetensors")
+    if name == "JSONDecodeError":
+        return KVBridgeError(f"a JSON file is invalid ({text[:160]})", "fix or re-create the JSON file")
+    if isinstance(exc, RuntimeError):
+        what = _size_mismatch(str(exc))
+        if what:
+            return KVBridgeError(f"the config's sizes disagree with the weights: {what}",
+                                 "use the config.json that was saved with these weights")
+        low = text.lower()
+        if any(s in low for s in ("unexpected eof", "invalid header", "truncated", "incomplete metadata",
+                                  "pytorchstreamreader", "failed finding central directory")):
+            return KVBridgeError(f"a weight file is truncated or not a weight file ({text[:160]})",
+                                 "re-create or re-download the model's weight files")
+    if isinstance(exc, MemoryError):
+        return KVBridgeError("out of memory", "use smaller inputs (--batch-size, --seq-len, --memory) or more RAM")
+    return InternalError(f"internal error: {name}: {text[:200]}", DEBUG_HINT)

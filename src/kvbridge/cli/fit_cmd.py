@@ -131,7 +131,8 @@ class Progress:
 @click.option("--max-samples", default=100_000, show_default=True, help="sklearn fitter: cap on materialised observations.")
 @click.option("--memory", "memory_gib", default=None, type=float, help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).")
 @click.option("--dtype", default="float32", type=click.Choice(DTYPES), show_default=True, help="Dtype to load the models in.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted fit from its checkpointed statistics.")
+@click.option("--resume", is_flag=True, help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
+                                          "and continue an interrupted fit from them.")
 @click.option("--force", is_flag=True, help="Replace an existing --out folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def fit(source, target, corpus, out, fitter, top_k, seq_len, tokens, stride, skip, alpha, heldout, seed, batch_size,
@@ -146,21 +147,23 @@ def fit(source, target, corpus, out, fitter, top_k, seq_len, tokens, stride, ski
     per target head, fingerprints of both models, calibration details), written atomically.
 
     Distributed: `torchrun --nproc-per-node N -m kvbridge fit ...` shards the corpus over
-    ranks and all-reduces the statistics; rank 0 writes. --resume continues an interrupted
-    fit from the checkpoints kept in .<out>.fitstate next to --out.
+    ranks and all-reduces the statistics; rank 0 writes. With --resume, checkpoints are kept in
+    .<out>.fitstate next to --out and a rerun with --resume continues from them; without it
+    nothing but --out is ever written.
     """
     from pathlib import Path
 
-    from kvbridge.errors import ArtifactError, ConfigError
+    from kvbridge.artifacts import check_replaceable
+    from kvbridge.check import validate
+    from kvbridge.fit.artifact import KIND
     from kvbridge.fit.calibrate import check_same_tokens, load_corpus
 
-    if Path(out).exists() and not force:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --force to replace it")
-    if alpha != "auto":
-        try:
-            alpha = float(alpha)
-        except ValueError:
-            raise ConfigError(f"--alpha must be a number or 'auto', got {alpha!r}", "use e.g. --alpha 0.01") from None
+    check_replaceable(out, KIND, overwrite=force)  # a mapping only ever replaces a mapping kvbridge wrote
+    alpha = validate.alpha(alpha)
+    validate.memory_gib(memory_gib)
+    validate.seq_len(seq_len)
+    validate.tokens(tokens)
+    validate.stride(stride, seq_len, skip=validate.non_negative_int(skip, "--skip"))
     texts, sha = load_corpus(corpus)
     t0 = time.perf_counter()
     src, tgt = resolve_folder(source), resolve_folder(target)
@@ -180,7 +183,7 @@ def fit(source, target, corpus, out, fitter, top_k, seq_len, tokens, stride, ski
     mapping = run_fit(smodel, tmodel, texts, fitter=fitter, top_k=top_k, alpha=alpha, seq_len=seq_len, tokens=tokens,
                       stride=stride, skip=skip, heldout=heldout, seed=seed, batch_size=batch_size,
                       memory_budget=None if memory_gib is None else int(memory_gib * 2**30), tokenizer=stok,
-                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, out=out, force=force, resume=resume,
+                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, corpus_path=corpus, out=out, force=force, resume=resume,
                       source_name=src.name, target_name=tgt.name, source_revision=_revision(src),
                       target_revision=_revision(tgt), progress=Progress(main and not quiet, ctx.world if ctx else 1),
                       distributed=ctx, **options)

@@ -32,13 +32,14 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     """
     from pathlib import Path
 
-    from kvbridge.errors import ArtifactError
     from kvbridge.prefix.packs import guide_ids_of, open_model_dir, require_model_dir, save_pack, tokenizer_fingerprint
     from kvbridge.prefix.splits import load_tokenizer, read_text_arg
 
     text = read_text_arg(guide, "guide")
-    if Path(out).exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    from kvbridge.artifacts import check_replaceable
+    from kvbridge.prefix.packs import PACK_KIND
+
+    check_replaceable(out, PACK_KIND, overwrite=overwrite)  # a pack only ever replaces a pack
     require_model_dir(model)
     tok_path = tokenizer or model
     tok = load_tokenizer(tok_path)
