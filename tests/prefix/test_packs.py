@@ -21,7 +21,7 @@ from kvbridge.prefix.packs import (
 from kvbridge.prefix.splits import SplitError, encode, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = REPO / "manifests" / "schemas" / "prefix-pack.schema.json"
+SCHEMA = REPO / "src" / "kvbridge" / "manifests" / "schemas" / "prefix-pack.schema.json"
 
 
 @pytest.fixture(scope="module")

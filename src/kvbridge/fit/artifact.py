@@ -1,6 +1,6 @@
 """Mapping artifacts: a folder with ``mapping.safetensors`` and ``manifest.json``.
 
-The manifest (JSON Schema: ``manifests/schemas/mapping.schema.json``) records what the
+The manifest (JSON Schema: ``kvbridge/manifests/schemas/mapping.schema.json``, package data) records what the
 mapping is for and how it was made: schema version; kvbridge, transformers and torch
 versions; source and target specs with their fingerprints (spec hash, config hash, weights
 hash, revision where known) and RoPE configuration; the tokenizer fingerprint; the fitter
@@ -27,7 +27,7 @@ from kvbridge.errors import ArtifactError
 SCHEMA_VERSION = 1
 KIND = "kvbridge-mapping"
 TENSOR_FILE = "mapping.safetensors"
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "manifests" / "schemas" / "mapping.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "manifests" / "schemas" / "mapping.schema.json"
 
 
 class MappingMismatchWarning(UserWarning):
@@ -206,7 +206,7 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
 
 
 # -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------
-#: used when the repository's manifests/ folder is not beside the package (a wheel install)
+#: used only if the package data is missing (a broken install)
 _FALLBACK_SCHEMA = {"type": "object", "required": ["schema_version", "kind", "source", "target", "fitter", "mode",
                                                     "layer_selection", "tensor_file", "tensor_sha256"]}
 
