@@ -105,10 +105,11 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     have = artifact_kind(out)
     if have is None:
         what = "a model folder" if (out / "config.json").exists() else "a folder kvbridge did not write"
-        raise ArtifactError(f"{out} is {what}; refusing to replace it (even with {flag})",
+        raise ArtifactError(f"{out} is {what}; refusing to replace it{f' (even with {flag})' if flag else ''}",
                             "choose a new output path")
     if have != kind:
-        raise ArtifactError(f"{out} holds a {have}, not a {kind}; refusing to replace it (even with {flag})",
+        raise ArtifactError(f"{out} holds a {have}, not a {kind}; refusing to replace it"
+                            f"{f' (even with {flag})' if flag else ''}",
                             "choose another output path")
     if not overwrite:
         raise ArtifactError(f"{out} already exists", f"choose another output path or pass {flag} to replace it")

@@ -82,9 +82,14 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
                    "COND.METRIC<=X, or 'default'. Repeatable.")
 @click.option("--force", is_flag=True, help="Use a mapping whose fingerprints do not match the models (warns).")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+@click.option("--allow-overlap", is_flag=True,
+              help="Evaluate even when the samples overlap the mapping's calibration text (refused by default).")
+@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
+              help="JSONL of finished batches, rewritten atomically after each (default with --report: "
+                   "REPORT.partial.jsonl, removed once the report is written).")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, force, threads):
+             report_dir, gates, force, threads, allow_overlap, partial_path):
     """Measure a transferred cache against the target's own, with floors and controls.
 
     SOURCE and TARGET are local model folders (or zoo:NAME for the embedded zoo, e.g.
@@ -127,23 +132,53 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     tail = heldout_text(texts, heldout_fraction)
     check_same_tokens([tail], stok, ttok)
     mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
+    from kvbridge.evaluate.overlap import check as check_overlap
+
+    overlap = check_overlap(getattr(mapping, "manifest", None), corpus, texts, heldout_fraction, tokenizer=ttok,
+                            allow=allow_overlap)
+    if overlap:
+        click.echo(f"warning: {overlap}", err=True)
     length = prefix_len + continuation_len + 1
     ids, data = corpus_samples([tail], ttok, n=samples, length=length, fraction=1.0)
     data.update(path=str(corpus), sha256=sha, heldout_fraction=heldout_fraction)
+    from kvbridge.evaluate.report import batch_record
+    from kvbridge.progress import PartialLog, Progress
+
+    if partial_path is None and report_dir:
+        partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "eval", "source": source, "target": target, "mapping": mapping_ref, "corpus": str(corpus),
+        "samples": int(ids.shape[0]), "prefix_len": prefix_len, "continuation_len": continuation_len})
+    bar = Progress(int(ids.shape[0]), label="eval", unit="samples", enabled=True)
 
     def progress(done, total):
-        if not as_json and sys.stderr.isatty():
-            click.echo(f"\r  evaluated {done}/{total} samples", nl=done == total, err=True)
+        bar.update(done, tokens=(done - bar.done) * length)
+
+    def on_batch(first, last, fields):
+        if partial is not None:
+            partial.add(batch_record(first, last, fields))
+        from kvbridge.faults import fault_point
+
+        fault_point("eval.batch")
 
     result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
                       greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
                       conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
                       source_name=display_name(source, src), target_name=display_name(target, tgt),
-                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress)
+                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress,
+                      on_batch=on_batch)
+    bar.close()
+    if overlap:
+        result["notes"] = list(result.get("notes") or []) + [overlap]
     if report_dir:
         written = write_report(result, report_dir)
+        if partial is not None and partial_path == str(report_dir).rstrip("/\\") + ".partial.jsonl":
+            partial.remove()  # the report holds everything now
+            partial = None
         if not as_json:
             click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+    if partial is not None:
+        partial.finish({"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")})
     click.echo(to_json(result) if as_json else terminal_table(result))
     code = result["exit_code"]
     if code:

@@ -146,7 +146,7 @@ def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continua
              greedy_tokens: int = 16, batch_size: int = 16, top_k: int = 5, top_p: float = 0.9,
              conditions=None, bootstrap: int = 1000, seed: int = 0, gates=(), metrics=None, attention: bool = True,
              source_name: str = "", target_name: str = "", mapping_path=None, data: dict | None = None,
-             host=None, progress=None) -> dict:
+             host=None, progress=None, on_batch=None) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
     ``gates``: gate texts to enforce (``"kl_p95<=0.2"``, ``"default"``); the default gates are
@@ -165,7 +165,7 @@ def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continua
                         greedy_tokens=int(greedy_tokens), batch_size=int(batch_size), top_k=int(top_k),
                         top_p=float(top_p), seed=int(seed), conditions=tuple(conditions or CONDITIONS),
                         attention=bool(attention))
-    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress)
+    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress, on_batch=on_batch)
     summary = summarize(run, loaded, bootstrap=int(bootstrap), seed=int(seed))
     gate_results = gates_mod.evaluate_gates(summary, gate_list)
     t = run.timing

@@ -118,7 +118,7 @@ def save_mapping(mapping, out: Path | str, *, manifest: dict | None = None, forc
     if not manifest:
         raise ArtifactError("mapping has no manifest", "build one with kvbridge.fit.artifact.build_manifest")
     validate(manifest, partial=True)
-    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, force=force)
+    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, overwrite=force, kind=KIND)
     return path
 
 
@@ -182,6 +182,12 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
         raise ArtifactError(f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
                             "upgrade kvbridge")
     validate(manifest)
+    from kvbridge.check.validate import tensors_match
+
+    # the checksum says the file is the one the manifest names; this says they agree (dtype of every
+    # tensor; shapes are checked against the specs by FittedMapping.from_tensors)
+    tensors_match(tensors, {name: (manifest.get("dtype", "float32"), None) for name in tensors},
+                  str(Path(folder) / TENSOR_FILE), fix="re-create the mapping with `kvbridge fit`")
     idents = {}
     for role, obj in (("source", source), ("target", target)):
         if obj is None:
