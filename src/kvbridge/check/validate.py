@@ -142,6 +142,19 @@ def utf8_text(data: bytes, where: str = "input") -> str:
                               "pass UTF-8 text (convert it with iconv)") from None
 
 
+def cli_text(value: str, what: str = "text") -> str:
+    """A command-line text: bytes that were not UTF-8 reach Python as lone surrogates; refuse them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
+        at = f"byte {byte:#04x}" if byte is not None else f"character {bad!r}"
+        raise ValidationError(f"--{what} is not valid UTF-8 ({at} at character {exc.start})",
+                              f"pass the {what} as UTF-8 text (or @FILE with a UTF-8 file)") from None
+    return value
+
+
 # -- JSON --------------------------------------------------------------------------------------------------
 def json_depth(text: str) -> int:
     """The deepest ``[``/``{`` nesting of a JSON text (strings skipped), without recursing."""
@@ -318,6 +331,6 @@ def one_of(value: Any, choices: Iterable, name: str) -> Any:
 
 
 __all__ = ["ValidationError", "positive_int", "non_negative_int", "finite_number", "seq_len", "tokens",
-           "max_new_tokens", "stride", "top_k", "memory_gib", "alpha", "prompt_length", "utf8_text", "json_depth",
+           "max_new_tokens", "cli_text", "stride", "top_k", "memory_gib", "alpha", "prompt_length", "utf8_text", "json_depth",
            "parse_json", "load_json", "rope_parameters", "known_rope_types", "require_fields", "tensors_match",
            "finite_tensors", "one_of", "MAX_JSON_DEPTH", "FACTOR_REQUIRED"]
