@@ -218,6 +218,9 @@ def atomic_dir(out: Path | str, *, kind: str = "artifact", overwrite: bool = Fal
     with output_lock(out):
         check_replaceable(out, kind, overwrite=overwrite, flag=flag)  # again, now that it is ours
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact gets ordinary permissions
         try:
             yield tmp
             from kvbridge.faults import fault_point

@@ -104,6 +104,49 @@ def _size_mismatch(text: str) -> str | None:
     return None
 
 
+_FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".pt", ".pth", ".model", ".txt", ".jsonl")
+
+
+def _frames(exc: BaseException):
+    """Frames of ``exc``'s traceback, innermost first."""
+    tb, out = exc.__traceback__, []
+    while tb is not None:
+        out.append(tb.tb_frame)
+        tb = tb.tb_next
+    return reversed(out)
+
+
+def _file_in_traceback(exc: BaseException) -> str | None:
+    """The innermost file path (a weight/config file) a failing frame was working on, if any."""
+    import os
+
+    for frame in _frames(exc):
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            if isinstance(value, str) and value.endswith(_FILE_SUFFIXES) and len(value) < 4096:
+                try:
+                    if os.path.isfile(value):
+                        return value
+                except (OSError, ValueError):
+                    continue
+    return None
+
+
+def _mismatch_in_traceback(exc: BaseException) -> str | None:
+    """``name: checkpoint shape vs model shape`` from transformers' load report, if the traceback has one."""
+    for frame in _frames(exc):
+        info = frame.f_locals.get("loading_info")
+        keys = getattr(info, "mismatched_keys", None)
+        if keys:
+            name, have, want = sorted(keys, key=lambda k: str(k[0]))[0]
+            where = frame.f_locals.get("pretrained_model_name_or_path")
+            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+            return (f"{where}: " if where else "") + (f"weight {name} has shape {list(have)} in the weight file but "
+                                                      f"the config implies {list(want)}{more}")
+    return None
+
+
 def from_exception(exc: BaseException) -> KVBridgeError:
     """The one-line :class:`KVBridgeError` for any exception (the CLI's single error boundary).
 
@@ -123,25 +166,28 @@ def from_exception(exc: BaseException) -> KVBridgeError:
                              "pass UTF-8 text")
     if isinstance(exc, UnicodeError):
         return KVBridgeError(f"input text cannot be encoded or decoded ({exc})", "pass UTF-8 text")
+    path = _file_in_traceback(exc)
     if isinstance(exc, RecursionError):
-        return KVBridgeError("input is nested too deeply (JSON or config recursion limit reached)",
+        return KVBridgeError(f"{path or 'a JSON input'}: nested too deeply (recursion limit reached)",
                              "pass a config/manifest with ordinary nesting")
     name = type(exc).__name__
     text = " ".join(str(exc).split())
     if name == "SafetensorError" or "safetensors" in type(exc).__module__:
-        return KVBridgeError(f"a weight or artifact file is not a readable safetensors file ({text[:160]})",
+        return KVBridgeError(f"{path or 'a weight or artifact file'}: not a readable safetensors file ({text[:120]})",
                              "re-create or re-download that file; it is truncated or not safetensors")
     if name == "JSONDecodeError":
-        return KVBridgeError(f"a JSON file is invalid ({text[:160]})", "fix or re-create the JSON file")
+        return KVBridgeError(f"{path or 'a JSON file'}: invalid JSON ({text[:160]})", "fix or re-create the JSON file")
     if isinstance(exc, RuntimeError):
-        what = _size_mismatch(str(exc))
+        what = _mismatch_in_traceback(exc) or _size_mismatch(str(exc))
+        if what is None and "ignore_mismatched_sizes" in text:
+            what = "a weight's shape differs from the one the config implies"
         if what:
             return KVBridgeError(f"the config's sizes disagree with the weights: {what}",
                                  "use the config.json that was saved with these weights")
         low = text.lower()
         if any(s in low for s in ("unexpected eof", "invalid header", "truncated", "incomplete metadata",
-                                  "pytorchstreamreader", "failed finding central directory")):
-            return KVBridgeError(f"a weight file is truncated or not a weight file ({text[:160]})",
+                                  "pytorchstreamreader", "failed finding central directory", "header too large")):
+            return KVBridgeError(f"{path or 'a weight file'}: truncated or not a weight file ({text[:120]})",
                                  "re-create or re-download the model's weight files")
     if isinstance(exc, MemoryError):
         return KVBridgeError("out of memory", "use smaller inputs (--batch-size, --seq-len, --memory) or more RAM")

@@ -196,6 +196,12 @@ def fit(source, target, corpus, out, fitter, top_k, seq_len, tokens, stride, ski
     click.echo(f"  calibration: {cal.get('tokens')} tokens in {cal.get('sequences')} sequences, "
                f"{cal.get('observations_train')} train / {cal.get('observations_heldout')} held-out observations "
                f"per head (stride {stride}, skip {skip})")
+    corp, span = cal.get("corpus") or {}, cal.get("span") or {}
+    if corp:
+        click.echo(f"  corpus: sha256 {corp['sha256']} ({corp['sha256_of']}); calibration read bytes "
+                   f"{span.get('bytes', ['?', '?'])[0]}-{span.get('bytes', ['?', '?'])[1]} ({span.get('tokens')} tokens); "
+                   f"{cal.get('observations_per_feature', '?')} observations per feature "
+                   f"(warning below {cal.get('min_observations_per_feature', '?')})")
     sel = mapping.layer_selection()
     shown = "; ".join(f"{t}<-{s}" for t, s in enumerate(sel[:8])) + ("; ..." if len(sel) > 8 else "")
     click.echo(f"  layer selection (target<-source): {shown}")
