@@ -232,6 +232,15 @@ def known_rope_types(host=None) -> set[str]:
     return names
 
 
+def theta_fields(config: Mapping, keys: Iterable[str] = ("rope_theta",)) -> None:
+    """Every RoPE base given in a config (even one another field overrides) is a finite number > 0."""
+    for key in keys:
+        theta = config.get(key)
+        if theta is not None and (not _is_number(theta) or not math.isfinite(float(theta)) or float(theta) <= 0):
+            raise ConfigError(f"config field {key!r} must be a finite number > 0, got {theta!r}",
+                              f"use the model's published {key}, e.g. 10000.0 (model_type {config.get('model_type')!r})")
+
+
 def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "rope_scaling", host=None) -> None:
     """Check a normalised rope-parameter dict (``rope_type``, ``rope_theta``, ``factor`` ...)."""
     fix_at = f"(model_type {model_type!r})"
@@ -332,5 +341,5 @@ def one_of(value: Any, choices: Iterable, name: str) -> Any:
 
 __all__ = ["ValidationError", "positive_int", "non_negative_int", "finite_number", "seq_len", "tokens",
            "max_new_tokens", "cli_text", "stride", "top_k", "memory_gib", "alpha", "prompt_length", "utf8_text", "json_depth",
-           "parse_json", "load_json", "rope_parameters", "known_rope_types", "require_fields", "tensors_match",
+           "parse_json", "load_json", "theta_fields", "rope_parameters", "known_rope_types", "require_fields", "tensors_match",
            "finite_tensors", "one_of", "MAX_JSON_DEPTH", "FACTOR_REQUIRED"]

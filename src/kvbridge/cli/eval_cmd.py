@@ -112,6 +112,10 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
 
     for text in gates:  # a typo in a gate fails before anything is loaded
         parse_gate(text)
+    from kvbridge.check.validate import finite_number
+
+    finite_number(top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
+    finite_number(heldout_fraction, "--heldout-fraction", positive=True)
     import torch
     from transformers.utils import logging as hf_logging
 

@@ -134,6 +134,9 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
     ``original_max_override`` replaces it (Phi3 keeps it top-level).
     """
     model_type = config.get("model_type")
+    from kvbridge.check.validate import theta_fields
+
+    theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
     scaling = config.get("rope_scaling")
     params = _rope_dict(scaling if scaling else config.get("rope_parameters"),
                         "rope_scaling" if scaling else "rope_parameters", model_type)
