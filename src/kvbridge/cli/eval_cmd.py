@@ -116,6 +116,11 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
 
     finite_number(top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
     finite_number(heldout_fraction, "--heldout-fraction", positive=True)
+    if report_dir:  # refuse a --report folder that is not an earlier report before the (long) run
+        from kvbridge.artifacts import check_replaceable
+        from kvbridge.evaluate.report import REPORT_KIND
+
+        check_replaceable(report_dir, REPORT_KIND, overwrite=True, flag="")
     import torch
     from transformers.utils import logging as hf_logging
 
