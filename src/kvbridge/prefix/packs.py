@@ -413,6 +413,14 @@ def read_pack(path: str | Path):
 
     manifest, tensors = read_artifact(path, kind="prefix pack")
     check_manifest_shape(manifest, f"{Path(path) / 'manifest.json'}")
+    from kvbridge.check.validate import tensors_match
+
+    m, n = manifest["model"], manifest["guide"]["num_tokens"]
+    kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
+    want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
+    want["token_ids"] = (("int64", "int32"), (None, n))
+    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True,
+                  fix="re-create the pack with kvbridge pack save")
     return manifest, tensors
 
 
