@@ -51,7 +51,7 @@ def test_two_gloo_processes_give_the_single_process_mapping(planted, planted_fit
     diff = _max_diff(got, planted_fit)
     print(f"2-process vs 1-process mapping: max |dW| {diff:.2e}")
     assert diff <= 1e-6
-    r2a, r2b = torch.tensor(got.manifest["heldout_r2"]["v"]), torch.tensor(planted_fit.report["heldout_r2"]["v"])
+    r2a, r2b = torch.tensor(got.manifest["heldout_r2"]["v"]), torch.tensor(planted_fit.report.heldout_r2["v"])
     assert float((r2a - r2b).abs().max()) <= 1e-6
     assert not default_checkpoint_dir(out).exists()
 

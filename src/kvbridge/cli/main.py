@@ -20,6 +20,7 @@ from kvbridge.errors import KVBridgeError, from_exception
 COMMANDS = {
     "plugins": "kvbridge.cli.plugins_cmd:plugins",
     "describe": "kvbridge.cli.describe_cmd:describe",
+    "models": "kvbridge.cli.models_cmd:models",
     "check": "kvbridge.cli.check_cmd:check",
     "split": "kvbridge.cli.split_cmd:split",
     "pack": "kvbridge.cli.pack_cmd:pack",
@@ -30,6 +31,8 @@ COMMANDS = {
     "fit": "kvbridge.cli.fit_cmd:fit",
     "transfer": "kvbridge.cli.transfer_cmd:transfer",
     "eval": "kvbridge.cli.eval_cmd:eval_cmd",
+    "conformance": "kvbridge.cli.conformance_cmd:conformance",
+    "graft": "kvbridge.cli.graft_cmd:graft",
 }
 
 

@@ -134,12 +134,12 @@ def _describe_model(model, host, name: str = "") -> dict:
 
 
 def _describe_mapping(mapping, path=None) -> dict:
-    report = getattr(mapping, "report", None) or {}
+    report = getattr(mapping, "report", None)
     return {"path": None if path is None else str(path), "name": getattr(mapping, "name", type(mapping).__name__),
             "exact": bool(getattr(mapping, "exact", False)),
             "layer_selection": mapping.layer_selection() if hasattr(mapping, "layer_selection") else None,
-            "r2_summary": report.get("r2_summary"), "heldout_r2": report.get("heldout_r2"),
-            "warnings": list(report.get("warnings") or [])}
+            "r2_summary": getattr(report, "r2_summary", None), "heldout_r2": getattr(report, "heldout_r2", None),
+            "warnings": list(getattr(report, "warnings", None) or [])}
 
 
 def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continuation_len: int = 32,

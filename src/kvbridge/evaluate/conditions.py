@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from kvbridge.divergence import first_divergence_steps
 from kvbridge.errors import KVBridgeError
 
 #: every condition, in report order
@@ -205,37 +206,27 @@ def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
 
 
 # -- per-position comparisons -----------------------------------------------------------------------
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-p truncated and renormalised distributions (the smallest set with mass >= top_p)."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    cum = sorted_p.cumsum(-1)
-    keep_sorted = (cum - sorted_p) < top_p  # always keeps the top token
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    out = probs * keep
-    return out / out.sum(-1, keepdim=True)
-
-
 def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int,
                     top_p: float) -> dict:
     """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math)."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
+    from kvbridge import divergence as dv
+
+    logp = dv.log_probs(logits)
     out = {
         "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
         "correct": (logp.argmax(-1) == targets).float(),
     }
     if native is None:  # this is the native condition: keep what the others compare with
         return out, {"logp": logp, "logits": logits.double(), "argmax": logp.argmax(-1),
-                     "topk": logp.topk(top_k, dim=-1).indices, "nucleus": _nucleus(logp.exp(), top_p)}
+                     "topk": dv.topk_indices(logp, top_k), "nucleus": dv.nucleus(logp.exp(), top_p)}
     if logp.shape[-1] != native["logp"].shape[-1]:
         nan = torch.full(targets.shape, float("nan"))
         out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
         return out, None
-    pn = native["logp"].exp()
-    out["kl"] = (pn * (native["logp"] - logp)).sum(-1).clamp_min(0.0)
+    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp)
     out["top1"] = (logp.argmax(-1) == native["argmax"]).float()
-    tk = logp.topk(top_k, dim=-1).indices
-    out["topk"] = (tk[..., :, None] == native["topk"][..., None, :]).any(-1).float().mean(-1)
-    out["tv"] = 0.5 * (_nucleus(logp.exp(), top_p) - native["nucleus"]).abs().sum(-1)
+    out["topk"] = dv.topk_overlap(native["logp"], logp, top_k, p_topk=native["topk"]).float()
+    out["tv"] = dv.tv_top_p(native["logp"], logp, top_p, p_nucleus=native["nucleus"])
     out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
     return out, None
 
@@ -260,13 +251,6 @@ def _greedy(model, cache, first, steps: int) -> torch.Tensor:
             inp = logits[:, -1].argmax(-1, keepdim=True)
             toks.append(inp)
     return torch.cat(toks, dim=1)
-
-
-def _first_divergence(tokens: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    diff = tokens != ref
-    steps = tokens.shape[1]
-    first = torch.where(diff.any(1), diff.float().argmax(1), torch.full(diff.shape[:1], steps))
-    return first.float()
 
 
 def zeroed_state(state):
@@ -404,7 +388,7 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
             fields, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
             for name, value in fields.items():
                 add(cond, name, value)
-            add(cond, "greedy_div", _first_divergence(toks, ref_greedy))
+            add(cond, "greedy_div", first_divergence_steps(toks, ref_greedy))
             del logits
         if on_batch is not None:
             on_batch(start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})

@@ -20,21 +20,10 @@ import json
 import math
 from pathlib import Path
 
-#: the columns of the terminal table: (metric, header, format)
-COLUMNS = (
-    ("nll", "nll", "{:.3f}"),
-    ("perplexity", "ppl", "{:.1f}"),
-    ("gap_recovered", "gap_rec", "{:+.3f}"),
-    ("kl_mean", "kl_mean", "{:.4f}"),
-    ("kl_p95", "kl_p95", "{:.4f}"),
-    ("top1_agreement", "top1", "{:.3f}"),
-    ("topk_overlap", "topk", "{:.3f}"),
-    ("tv_top_p", "tv_p", "{:.3f}"),
-    ("greedy_agreement", "greedy", "{:.3f}"),
-    ("attention_cosine_mean", "cos_mean", "{:.3f}"),
-    ("attention_cosine_min", "cos_min", "{:.3f}"),
-    ("retention", "retain", "{:.3f}"),
-)
+from kvbridge.evaluate.catalog import BUILTIN_METRICS
+
+#: the columns of the terminal table: (metric, header, format), from the one metric list
+COLUMNS = tuple((m.name, m.column, m.fmt) for m in BUILTIN_METRICS if m.column)
 
 
 def fmt(value, spec: str = "{:.3f}") -> str:

@@ -207,6 +207,8 @@ class CalibrationConfig:
     heldout: float = 0.1  # share of sequences held out for R² and --alpha auto
     seed: int = 0
     batch_size: int = 4  # sequences per forward pass
+    seq_len: int | None = None  # tokens per sequence cut from texts / 1-D ids (None: 512 for texts)
+    tokens: int | None = None  # calibration tokens to read (None: all)
 
     def __post_init__(self):
         if self.stride < 1:

@@ -69,19 +69,14 @@ class Sampler:
             raise KVBridgeError(f"top-p must be in (0, 1], got {self.top_p}", "pass --top-p between 0 and 1")
 
     def probs(self, logits):
-        """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary."""
+        """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary
+        (:func:`kvbridge.divergence.nucleus`: tokens tied at the edge of the nucleus are all kept)."""
         import torch
 
+        from kvbridge.divergence import nucleus
+
         p = torch.softmax(logits.double() / self.temperature, dim=-1)
-        if self.top_p < 1.0:
-            sorted_p, order = torch.sort(p, descending=True, stable=True)
-            before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly before each token
-            drop_sorted = before >= self.top_p  # keep the smallest set whose mass reaches top_p
-            drop_sorted[..., 0] = False
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            p = p.masked_fill(drop, 0.0)
-            p = p / p.sum(dim=-1, keepdim=True)
-        return p
+        return nucleus(p, self.top_p) if self.top_p < 1.0 else p
 
     def draw(self, logits, generator) -> int:
         import torch
@@ -174,8 +169,10 @@ def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict
     """Identical, or the first divergence step with the metrics at that step."""
     import torch
 
+    from kvbridge.divergence import first_divergence, topk_overlap, tv_top_p
+
     n = min(len(a.tokens), len(b.tokens))
-    first = next((i for i in range(n) if a.tokens[i] != b.tokens[i]), None)
+    first = first_divergence(a.tokens, b.tokens)
     upto = n if first is None else first + 1  # histories agree up to and including step `first`
     diffs = (a.logits[:upto] - b.logits[:upto]).abs().amax(dim=-1)
     out = {"identical": first is None, "first_divergence": first,
@@ -183,15 +180,12 @@ def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict
            "bitwise_equal_logits": bool(torch.equal(a.logits[:upto], b.logits[:upto]))}
     if first is not None:
         la, lb = a.logits[first], b.logits[first]
-        ta = set(torch.topk(la, min(TOP_K, la.shape[-1])).indices.tolist())
-        tb = set(torch.topk(lb, min(TOP_K, lb.shape[-1])).indices.tolist())
-        pa, pb = sampler.probs(la), sampler.probs(lb)
         out["at_divergence"] = {
             "step": first, "token_a": a.tokens[first], "token_b": b.tokens[first],
             "argmax_agree": int(la.argmax()) == int(lb.argmax()),
-            "top25_overlap": len(ta & tb),
+            "top25_overlap": int(topk_overlap(la, lb, TOP_K, share=False)),
             "max_abs_logit_diff": float((la - lb).abs().max()),
-            "tv_post_top_p": float(0.5 * (pa - pb).abs().sum()),
+            "tv_post_top_p": float(tv_top_p(la, lb, sampler.top_p, temperature=sampler.temperature)),
         }
     return out
 
@@ -324,7 +318,7 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.adapter import weights_fingerprint
+            from kvbridge.models.fingerprint import weights_fingerprint
 
             wfp = weights_fingerprint(model)
             none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
