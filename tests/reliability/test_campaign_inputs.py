@@ -32,7 +32,7 @@ FIT_OPTIONS = [
     (["--memory", "inf"], "--memory"),
     (["--memory", "-1"], "--memory"),
     (["--memory", "0"], "--memory"),
-    (["--batch-size", "0"], "--batch-size"),
+    (["--batch-size", "0"], "batch size"),
     (["--seq-len", "abc"], "--seq-len"),
     (["--tokens", "1.5"], "--tokens"),
     (["--bogus-option"], "bogus"),
@@ -57,11 +57,10 @@ def test_fit_option_refused(world, tmp_path, c, extra, needle):
 
 def test_fit_default_top_k_is_what_check_assumes():
     from kvbridge.builtin.compat_checks import TOP_K
-    from kvbridge.cli.fit_cmd import fit
     from kvbridge.fit.calibrate import DEFAULT_TOP_K
+    from kvbridge.fit.ridge import RidgeOptions
 
-    default = next(p.default for p in fit.params if p.name == "top_k")
-    assert default == DEFAULT_TOP_K == TOP_K
+    assert RidgeOptions().top_k == DEFAULT_TOP_K == TOP_K
 
 
 # -- corpus and text inputs -------------------------------------------------------------------------------
