@@ -288,8 +288,11 @@ def _check_pair(source_spec, target_spec, mapping) -> None:
 
 
 def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalConfig = EvalConfig(), *,
-                   host=None, progress=None) -> ConditionRun:
-    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays."""
+                   host=None, progress=None, on_batch=None) -> ConditionRun:
+    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
+
+    ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
+    """
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer
 
@@ -388,6 +391,8 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
                 add(cond, name, value)
             add(cond, "greedy_div", first_divergence_steps(toks, ref_greedy))
             del logits
+        if on_batch is not None:
+            on_batch(start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
         if progress is not None:
             progress(min(n, start + config.batch_size), n)
 
