@@ -86,7 +86,9 @@ def metric_help() -> str:
 @click.option("--recompute-tokens", default=None, metavar="R[,R...]",
               help="Token-selective recompute (CacheBlend rule) of R of the prefix tokens, e.g. 15%.")
 @click.option("--recompute-sweep", type=click.Choice(("layers", "tokens", "both")), default=None,
-              help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report).")
+              help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report). "
+                   "With any --recompute-* option the run is the recompute curve (native, transferred, the "
+                   "points, no_prefix; see docs/recompute.md): --conditions, --gate and greedy are not used.")
 @click.option("--recompute-mode", type=click.Choice(("target", "source")), default="target", show_default=True,
               help="Input of recomputed layers: the target's own forward, or the source's hidden states.")
 @click.option("--recompute-select", type=click.Choice(("greedy", "profile", "prefix")), default="greedy",
