@@ -168,7 +168,7 @@ def eval_config(config=None, **overrides):
 
 def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics=None, source_name: str = "",
              target_name: str = "", mapping_path=None, data: dict | None = None, host=None, progress=None,
-             **settings) -> dict:
+             on_batch=None, **settings) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
     ``config``: an :class:`~kvbridge.evaluate.conditions.EvalConfig` (prefix and continuation
@@ -187,7 +187,7 @@ def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics
     loaded = resolve_metrics(host, metrics)
     hib = {m.name: m.higher_is_better for m in loaded}
     gate_list = gates_mod.gate_set(gates, hib)  # parse before the (slow) run: fail early on a typo
-    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress)
+    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress, on_batch=on_batch)
     summary = summarize(run, loaded, bootstrap=config.bootstrap, seed=config.seed)
     gate_results = gates_mod.evaluate_gates(summary, gate_list)
     t = run.timing

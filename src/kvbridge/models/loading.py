@@ -152,6 +152,11 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
             model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, KeyError, safetensors errors ...
         where = ref.gguf_file or ref.folder
+        from kvbridge.errors import InternalError, from_exception
+
+        known = from_exception(exc)  # the error boundary's reading: names the file / the mismatched weight
+        if not isinstance(known, InternalError):
+            raise ConfigError(f"{where}: cannot load the model: {known.what}", known.fix) from None
         raise ConfigError(f"{where}: cannot load the model ({type(exc).__name__}: {_one_line(exc)})",
                           "pass a folder written by save_pretrained (config.json + weights) or a valid .gguf") \
             from None
