@@ -286,7 +286,34 @@ def _tables(spec: ModelSpec) -> dict[str, RopeSpec]:
     return out
 
 
+def _nope_note(s: ModelSpec, t: ModelSpec) -> str:
+    """Which layers carry no RoPE on each side, when that differs ("" when it does not)."""
+    if s.nope_layers == t.nope_layers:
+        return ""
+    def fmt(spec):
+        return f"layers {list(spec.nope_layers)}" if spec.nope_layers else "none"
+    only_s = sorted(set(s.nope_layers) - set(t.nope_layers))
+    only_t = sorted(set(t.nope_layers) - set(s.nope_layers))
+    bits = [f"NoPE layers differ (source {fmt(s)}, target {fmt(t)}): strip/apply skip each side's NoPE layers"]
+    if only_s:
+        bits.append(f"layers {only_s} are NoPE only in the source (their keys get the target RoPE)")
+    if only_t:
+        bits.append(f"layers {only_t} are NoPE only in the target (their keys lose the source RoPE)")
+    return "; ".join(bits)
+
+
 def _rope_axis(s: ModelSpec, t: ModelSpec) -> Axis:
+    axis = _rope_axis_tables(s, t)
+    note = _nope_note(s, t)
+    if not note:
+        return axis
+    verdict = "mappable" if axis.verdict == "same" else axis.verdict
+    source = dict(axis.source or {}, nope_layers=list(s.nope_layers)) if isinstance(axis.source, dict) else axis.source
+    target = dict(axis.target or {}, nope_layers=list(t.nope_layers)) if isinstance(axis.target, dict) else axis.target
+    return Axis("rope", source, target, verdict, f"{note}; {axis.action}")
+
+
+def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _rope_value(s), _rope_value(t)
     if sv is None and tv is None:
         return Axis("rope", None, None, "same", "no RoPE on either side")
