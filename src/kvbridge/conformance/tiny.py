@@ -33,7 +33,10 @@ SIZES = {
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
     "projection_dim": 32, "num_channels": 3, "rotary_dim": 8, "dim_head": 16, "mamba_d_ssm": 128,
     "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
+    "num_expert_group": 1, "linear_head_dim": 16, "linear_num_heads": 4, "layer_group_size": 2,
 }
+#: MoE sizes some config classes leave None by default (the model then cannot be built)
+NONE_FILL = {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2}
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "num_key_value_groups")
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers")
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
@@ -89,6 +92,9 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
     for key, value in data.items():
         if isinstance(value, dict) and value.get("model_type") and depth < 2:
             out[key] = shrink(value, value.get("model_type"), depth + 1)
+    for key, tiny in NONE_FILL.items():
+        if key in out and out[key] is None and any(k in out for k in ("n_routed_experts", "num_experts")):
+            out[key] = tiny
     for key, tiny in SIZES.items():
         value = out.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -116,8 +122,9 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             if isinstance(data.get(k), int):
                 out[k] = n
         for key, value in data.items():
-            if isinstance(value, (list, str)) and len(value) == old and key not in ("architectures",) \
-                    and not isinstance(value, dict) and old > 1:
+            per_layer = isinstance(value, list) or any(w in key for w in ("pattern", "layer", "block"))
+            if per_layer and isinstance(value, (list, str)) and len(value) == old and key != "architectures" \
+                    and old > 1:
                 out[key] = value[:n]
                 if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
                     out[key] = _every_kind(value, n)
@@ -129,6 +136,8 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                 out[key] = {k: v for k, v in value.items() if int(k) < out.get("num_hidden_layers", n)}
         if data.get("kv_lora_rank") and "head_dim" in data:
             out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
+        if data.get("kv_lora_rank") and "qk_head_dim" in data:
+            out["qk_head_dim"] = out.get("qk_rope_head_dim", 0) + out.get("qk_nope_head_dim", 0)
         if "is_decoder" in data and "add_cross_attention" in data:
             out["is_decoder"] = True  # BERT-style encoders run as causal decoders only with this flag
     for key in ("max_window_layers",):

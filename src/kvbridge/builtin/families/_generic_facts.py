@@ -20,6 +20,7 @@ REFUSED: dict[str, str] = {
     "rwkv": "no attention KV cache (recurrent/state-space model)",
     "xlstm": "no attention KV cache (recurrent/state-space model)",
     "recurrent_gemma": "no attention KV cache of the usual kind (recurrent blocks + local attention in its own cache)",
+    "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
