@@ -23,6 +23,13 @@ REFUSED: dict[str, str] = {
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
+#: transformers cache layer kinds kvbridge refuses, with what differs in them
+LAYER_REFUSALS = {
+    "indexed_attention": "sparse attention caches indexer keys beside K/V, which kvbridge does not carry",
+    "heavily_compressed_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
+    "compressed_sparse_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
+}
+
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
 INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "cohere_compass_text", "gptj", "codegen",
                          "cohere", "ernie4_5", "ernie4_5_moe"})

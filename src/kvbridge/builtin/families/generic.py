@@ -135,9 +135,9 @@ class GenericAdapter(FamilyAdapter):
                     no_kv.append(i)
                 continue
             if t not in HF_LAYER_KINDS:
-                raise UnsupportedModelError(
-                    f"model type {model_type!r}: layer {i} is a {t!r} cache layer, which kvbridge cannot read",
-                    facts.REFUSED_FIX)
+                why = facts.LAYER_REFUSALS.get(t, "a cache layer kind kvbridge cannot read")
+                raise UnsupportedModelError(f"model type {model_type!r}: layer {i} is a {t!r} layer: {why}",
+                                            facts.REFUSED_FIX)
             kind, has_state = HF_LAYER_KINDS[t]
             kinds.append(kind)
             if has_state:
