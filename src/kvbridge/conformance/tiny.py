@@ -33,6 +33,7 @@ SIZES = {
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
     "projection_dim": 32, "num_channels": 3, "rotary_dim": 8, "dim_head": 16, "mamba_d_ssm": 128,
     "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16, "sliding_window_size": 8,
     "num_expert_group": 1, "linear_head_dim": 16, "linear_num_heads": 4, "layer_group_size": 2,
 }
 #: MoE sizes some config classes leave None by default (the model then cannot be built)
@@ -50,6 +51,7 @@ OVERRIDES: dict[str, dict] = {
         "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]}},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1, 3]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]},
     "deepseek_v2": {"num_experts_per_tok": 2},
     "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
                                                                 "sliding_attention", "sliding_attention",
@@ -138,7 +140,7 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
         if data.get("kv_lora_rank") and "qk_head_dim" in data:
             out["qk_head_dim"] = out.get("qk_rope_head_dim", 0) + out.get("qk_nope_head_dim", 0)
-        if "is_decoder" in data and "add_cross_attention" in data:
+        if "is_decoder" in data:
             out["is_decoder"] = True  # BERT-style encoders run as causal decoders only with this flag
     for key in ("max_window_layers",):
         if isinstance(out.get(key), int) and old:

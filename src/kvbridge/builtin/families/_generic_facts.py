@@ -32,10 +32,10 @@ LAYER_REFUSALS = {
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
 INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "cohere_compass_text", "gptj", "codegen",
-                         "cohere", "ernie4_5", "ernie4_5_moe"})
+                         "cohere", "ernie4_5", "ernie4_5_moe", "helium", "llama4", "llama4_text"})
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
-NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "laguna", "dory"})
+NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "dory", "lara_mini"})
 #: the same, but only when the model has sliding layers at all (``sliding_window is None or is_sliding``)
 NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
 
@@ -50,6 +50,9 @@ def positional(model_type: str, text: Any) -> str:
     if model_type in ALIBI or getattr(text, "alibi", False):
         return "alibi"
     if getattr(text, "rope_parameters", None):
+        # some hybrids gate RoPE on ``position_embedding_type`` (GraniteMoeHybrid: None = NoPE)
+        if hasattr(text, "position_embedding_type") and text.position_embedding_type not in ("rope", "rotary"):
+            return "none"
         return "rope"
     if getattr(text, "position_embedding_type", "absolute") not in ("absolute", None):
         return "none"
@@ -80,10 +83,16 @@ def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
     return ()
 
 
-def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int) -> int:
+#: per-layer attributes of sliding layers in families that size them apart (Inkling)
+SWA_ATTRS = {"heads": "swa_num_attention_heads", "kv": "swa_num_key_value_heads", "head_dim": "swa_head_dim"}
+
+
+def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool = False) -> int:
     """KV heads one layer stores in the cache."""
     from kvbridge.builtin.families.generic import _layer_attr
 
+    if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
+        return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
         return 1
     if _layer_attr(layer_cfg, "multi_query", False):
@@ -92,9 +101,11 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int) -> int:
     return int(kv or heads)
 
 
-def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int) -> int:
+def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int, sliding: bool = False) -> int:
     from kvbridge.builtin.families.generic import _layer_attr
 
+    if sliding and _layer_attr(layer_cfg, SWA_ATTRS["head_dim"], None):
+        return int(_layer_attr(layer_cfg, SWA_ATTRS["head_dim"]))
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: the "keys" slot holds the compressed latent
         return int(_layer_attr(layer_cfg, "kv_lora_rank"))
     hd = _layer_attr(layer_cfg, "head_dim", None) or _layer_attr(layer_cfg, "dim_head", None)

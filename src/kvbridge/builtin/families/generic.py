@@ -162,8 +162,9 @@ class GenericAdapter(FamilyAdapter):
                 continue
             lc = per_layer[i]
             h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
-            kv = facts.cached_kv_heads(model_type, lc, h)
-            hd = facts.key_head_dim(model_type, lc, h, hidden)
+            sliding = kind == SLIDING
+            kv = facts.cached_kv_heads(model_type, lc, h, sliding)
+            hd = facts.key_head_dim(model_type, lc, h, hidden, sliding)
             kv_heads.append(kv)
             k_dims.append(hd)
         present = [(kv, hd) for kv, hd in zip(kv_heads, k_dims) if kv]
