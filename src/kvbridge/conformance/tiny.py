@@ -56,6 +56,7 @@ OVERRIDES: dict[str, dict] = {
     "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
                                                                 "sliding_attention", "sliding_attention",
                                                                 "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
 }
 #: per-layer sequences that may be rebuilt to keep every kind when no short prefix has them all
@@ -97,6 +98,8 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
     for key, tiny in NONE_FILL.items():
         if key in out and out[key] is None and any(k in out for k in ("n_routed_experts", "num_experts")):
             out[key] = tiny
+    if "head_dim" in out and out["head_dim"] is None and "hidden_size" in out and "num_attention_heads" in out:
+        out["head_dim"] = SIZES["head_dim"]  # = tiny hidden / heads; some models read it unconditionally
     for key, tiny in SIZES.items():
         value = out.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
