@@ -20,6 +20,13 @@ REFUSED: dict[str, str] = {
     "rwkv": "no attention KV cache (recurrent/state-space model)",
     "xlstm": "no attention KV cache (recurrent/state-space model)",
     "recurrent_gemma": "no attention KV cache of the usual kind (recurrent blocks + local attention in its own cache)",
+    "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
+    "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
+    "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
+    "nanochat": "it rotates keys with a sign-flipped rotate_half (the opposite direction), which the RoPE codec does"
+                " not model",
+    "minimax": "its own MiniMaxCache keeps lightning-attention state in place of K/V on linear layers, outside the"
+               " per-layer cache contract",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
@@ -83,6 +90,9 @@ def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
     return ()
 
 
+#: families whose sliding layers cache a multiple of ``num_key_value_heads`` (MiMo-V2-Flash: twice)
+SWA_KV_MULTIPLIER = {"mimo_v2_flash": 2}
+
 #: per-layer attributes of sliding layers in families that size them apart (Inkling)
 SWA_ATTRS = {"heads": "swa_num_attention_heads", "kv": "swa_num_key_value_heads", "head_dim": "swa_head_dim"}
 
@@ -93,6 +103,9 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
 
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
+    if sliding and model_type in SWA_KV_MULTIPLIER:
+        base = _layer_attr(layer_cfg, "num_key_value_heads", None) or heads
+        return int(base) * SWA_KV_MULTIPLIER[model_type]
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
         return 1
     if _layer_attr(layer_cfg, "multi_query", False):

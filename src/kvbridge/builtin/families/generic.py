@@ -180,7 +180,7 @@ class GenericAdapter(FamilyAdapter):
 
         mla = facts.mla_sizes(text)
         # MLA caches (latent [B, 1, T, kv_lora_rank], RoPE key [B, 1, T, qk_rope_head_dim]) in the K/V slots
-        value_dim = mla.get("qk_rope_head_dim") if mla else None
+        value_dim = mla.get("qk_rope_head_dim") if mla else _layer_attr(text, "v_head_dim", None)
         max_positions = int(_layer_attr(text, "max_position_embeddings", 0) or
                             _layer_attr(text, "n_positions", 0) or 2048)
         positional = facts.positional(model_type, text)
