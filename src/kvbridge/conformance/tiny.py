@@ -56,6 +56,10 @@ OVERRIDES: dict[str, dict] = {
     "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
                                                                 "sliding_attention", "sliding_attention",
                                                                 "full_attention"]},
+    "dots3_note_text": {"head_dim": 24},  # its SWA layers need head_dim = qk_nope + qk_rope
+    "dots3_note": {"text_config": {"head_dim": 24}},
+    "nemotron": {"num_key_value_heads": 2},
+    "dory": {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
     "mimo_v2_flash": {"head_dim": 24},  # 0.334 x 24 = 8 rotary dims (x 16 would give an odd 5)
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
