@@ -42,7 +42,16 @@ def _human(data: dict) -> str:
     spec = data["spec"]
     kinds = spec["layer_types"]
     n_sliding = sum(1 for k in kinds if k == "sliding_attention")
-    if not n_sliding:
+    others = {k for k in kinds if k not in ("full_attention", "sliding_attention")}
+    if others:  # chunked / recurrent / shared-KV layers: count every kind
+        from collections import Counter
+
+        names = {"sliding_attention": f"sliding (window {spec['sliding_window']})", "full_attention": "full",
+                 "chunked_attention": f"chunked ({spec.get('attention_chunk_size')})",
+                 "linear_attention": "recurrent", "conv": "conv", "shared_kv": "shared-KV",
+                 "no_attention": "no attention"}
+        attention = "mixed: " + " + ".join(f"{n} {names.get(k, k)}" for k, n in Counter(kinds).items())
+    elif not n_sliding:
         attention = "full"
     elif n_sliding == len(kinds):
         attention = f"sliding window {spec['sliding_window']} on every layer"
