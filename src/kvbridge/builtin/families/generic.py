@@ -83,6 +83,8 @@ def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, hea
         if p.get("rope_theta") is None:
             p["rope_theta"] = getattr(text, "rope_theta", None) or 10000.0
         partial = p.get("partial_rotary_factor", partial_attr) or 1.0
+        if p["rope_type"] == "proportional":  # whole-head pairing, zero frequencies past the proportion
+            p["rope_proportion"], partial = float(partial), 1.0
         return rope_spec(p, head_dim=head_dim, partial_factor=float(partial), interleaved=interleaved,
                          max_position_embeddings=max_positions)
 
