@@ -62,3 +62,11 @@ def test_markdown_table_counts():
     text = report.markdown(rows)
     assert "1 of 2 buildable model types exact (3 in the registry)" in text
     assert "| b | refused |" in text and "kvbridge conformance" in text
+
+
+def test_proportional_rope_round_trips():
+    from kvbridge.check.spec import RopeSpec
+    from kvbridge.testing.contract import check_rope_round_trip
+
+    rope = RopeSpec.make("proportional", 1e6, head_dim=32, rope_proportion=0.25)
+    assert check_rope_round_trip(rope, host=HOST) < 1e-5
