@@ -23,8 +23,6 @@ REFUSED: dict[str, str] = {
     "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
     "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
     "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
-    "nanochat": "it rotates keys with a sign-flipped rotate_half (the opposite direction), which the RoPE codec does"
-                " not model",
     "minimax": "its own MiniMaxCache keeps lightning-attention state in place of K/V on linear layers, outside the"
                " per-layer cache contract",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
@@ -48,6 +46,9 @@ NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "koli
 
 #: families where KV heads need not divide query heads (no GQA grouping assumption in the cache)
 UNGROUPED_OK: frozenset = frozenset()
+
+#: families whose rotate_half is sign-flipped: keys rotate by -angle (RopeSpec scaling ``direction`` = -1)
+NEGATIVE_ROTATION = frozenset({"nanochat"})
 
 #: families with learned absolute position embeddings / ALiBi (no ``rope_parameters``)
 ALIBI = frozenset({"bloom", "mpt"})

@@ -196,6 +196,13 @@ class GenericAdapter(FamilyAdapter):
                     by_kind.setdefault(kind, hd)
             rope, by_type = _rope_tables(text, rope_dim or main_hd, max_positions,
                                          facts.interleaved(model_type, text), None if rope_dim else by_kind)
+            if model_type in facts.NEGATIVE_ROTATION:
+                from dataclasses import replace as _replace
+
+                from kvbridge.check.spec import _freeze
+
+                flip = lambda r: _replace(r, scaling=_freeze({**r.params, "direction": -1}))  # noqa: E731
+                rope, by_type = flip(rope), tuple((k, flip(v)) for k, v in by_type)
             nope = facts.nope_layers(model_type, text, kinds)
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
                 positional, rope, by_type, nope = "none", None, (), ()
