@@ -25,6 +25,8 @@ REFUSED: dict[str, str] = {
     "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
     "minimax": "its own MiniMaxCache keeps lightning-attention state in place of K/V on linear layers, outside the"
                " per-layer cache contract",
+    "xlm": "it keeps its cache in its own per-layer dict, not a transformers Cache",
+    "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
