@@ -60,6 +60,8 @@ OVERRIDES: dict[str, dict] = {
     "dots3_note": {"text_config": {"head_dim": 24}},
     "nemotron": {"num_key_value_heads": 2},
     "dory": {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
+    "zamba2": {"attention_hidden_size": 128, "attention_head_dim": 32, "mamba_headdim": 16, "n_mamba_heads": 8,
+               "kv_channels": 16, "num_query_groups": 4, "num_key_value_heads": 4, "adapter_rank": 8},
     "mimo_v2_flash": {"head_dim": 24},  # 0.334 x 24 = 8 rotary dims (x 16 would give an odd 5)
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},

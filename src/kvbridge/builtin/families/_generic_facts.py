@@ -52,6 +52,9 @@ UNGROUPED_OK: frozenset = frozenset()
 #: families whose rotate_half is sign-flipped: keys rotate by -angle (RopeSpec scaling ``direction`` = -1)
 NEGATIVE_ROTATION = frozenset({"nanochat"})
 
+#: families whose attention applies RoPE only when a config flag is set (Zamba2: ``use_mem_rope``)
+ROPE_FLAG = {"zamba2": "use_mem_rope"}
+
 #: families with learned absolute position embeddings / ALiBi (no ``rope_parameters``)
 ALIBI = frozenset({"bloom", "mpt"})
 
@@ -59,6 +62,9 @@ ALIBI = frozenset({"bloom", "mpt"})
 def positional(model_type: str, text: Any) -> str:
     if model_type in ALIBI or getattr(text, "alibi", False):
         return "alibi"
+    flag = ROPE_FLAG.get(model_type)
+    if flag and not getattr(text, flag, False):
+        return "none"  # RoPE switched off by the family's own flag
     if getattr(text, "rope_parameters", None):
         # some hybrids gate RoPE on ``position_embedding_type`` (GraniteMoeHybrid: None = NoPE)
         if hasattr(text, "position_embedding_type") and text.position_embedding_type not in ("rope", "rotary"):
