@@ -8,40 +8,17 @@ differs. Torch and transformers are imported inside the methods, never at import
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
 from kvbridge.check.spec import ModelSpec
+# the fingerprints live in kvbridge.models.fingerprint; these names are kept for callers
+from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
-
-
-def config_fingerprint(config: Mapping) -> str:
-    """sha256 of the config's canonical JSON, without fields that do not change the model."""
-    ignore = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
-              "_attn_implementation", "_attn_implementation_autoset", "use_cache", "_commit_hash",
-              "output_attentions", "output_hidden_states", "return_dict"}
-    data = {k: v for k, v in dict(config).items() if k not in ignore}
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def weights_fingerprint(model) -> str:
-    """sha256 over every parameter and buffer name, shape, dtype and bytes (fast, exact)."""
-    import torch
-
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, tensor in sorted(model.state_dict().items()):
-            t = tensor.detach().contiguous().cpu()
-            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def require(config: Mapping, *names: str, where: str = "config") -> Any:

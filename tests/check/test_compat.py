@@ -286,8 +286,8 @@ def test_cache_formats(host):
     fmt = compat.cache_format_of(spec, {}, {"cache_implementation": "quantized",
                                             "cache_config": {"backend": "quanto", "nbits": 4}})
     assert fmt == "quantized (quanto, 4-bit)"
-    r = compat.check(spec, spec, host=host, source_generation={"cache_implementation": "quantized"},
-                     target_config={"cache_implementation": "static"})
+    r = compat.check(compat.Side(spec, generation={"cache_implementation": "quantized"}),
+                     compat.Side(spec, config={"cache_implementation": "static"}), host=host)
     assert r.axis("cache_format").verdict == "mappable" and "DynamicCache" in r.axis("cache_format").action
 
 
