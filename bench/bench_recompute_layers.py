@@ -86,7 +86,7 @@ def main(argv=None) -> int:
             from kvbridge.fit import fit
 
             mapping = fit(source, target, cal_rows[: args.fit_tokens // 128], top_k=4, stride=4, seed=0, host=host,
-                          distributed=None, out=None, force=True)
+                          distributed=None, out=None, overwrite=True)
         else:
             mapping = load_mapping_ref(mref, source, target)
         # selection calibration: the last rows of the calibration block, cut to sample length (never the eval tail)

@@ -412,3 +412,19 @@ def test_every_hook_is_on_the_reference_page_with_types_and_an_example(repo_root
         assert doc.splitlines()[0].replace("``", "`") in page
     # the page's hook section is what the generator writes from the hookspecs today
     assert hook_reference() in page, "docs/plugins.md is stale: python -m kvbridge.plugin_docs > docs/plugins.md"
+
+
+def test_plugins_command_shows_a_plugin_whose_manifest_hook_raises(monkeypatch):
+    from kvbridge.cli.main import cli
+
+    class Broken:
+        @hookimpl
+        def kvbridge_manifest_dirs(self):
+            raise OSError("disk on fire")
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("brokenmanifests", Broken())])
+    monkeypatch.setattr(plugins_mod, "_DEFAULT", host)
+    result = CliRunner().invoke(cli, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {p["name"]: p for p in json.loads(result.output)["plugins"]}
+    assert rows["brokenmanifests"]["error"] == "kvbridge_manifest_dirs failed: OSError: disk on fire"

@@ -224,6 +224,15 @@ class Host:
         self._registries = regs
         return regs
 
+    def load_all(self) -> None:
+        """Run every hook that takes no model once (registrations, manifest folders, model
+        sources), so each plugin's failure is on its record, as ``kvbridge plugins`` shows."""
+        self._collect()  # duplicate names raise a one-line error naming both plugins
+        self.manifest_dirs()
+        from kvbridge.models.schemes import schemes
+
+        schemes(self)
+
     def registry(self, kind: str) -> Registry:
         return self._collect()[kind]
 

@@ -29,3 +29,12 @@ def test_refusals():
         load("zoo:base", dtype="float8")
     with pytest.raises(ConfigError, match="manifest reference has no weights"):
         load("Qwen/Qwen2.5-0.5B")
+
+
+def test_python_api_takes_references():
+    import kvbridge
+
+    assert kvbridge.describe("zoo:odd").num_kv_heads == kvbridge.resolve_model("zoo:odd").spec().num_kv_heads
+    assert kvbridge.adapter_for("zoo:base").name == "llama"
+    lm = kvbridge.load_model("zoo:base", dtype="auto")
+    assert lm.dtype == "float16" and lm.ref.kind == "zoo"

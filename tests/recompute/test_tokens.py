@@ -92,3 +92,17 @@ def test_first_rule_picks_the_chunk_start(tiny):
     assert res.selected.tolist() == [[0, 1, 2], [0, 1, 2]]
     with pytest.raises(RecomputeError):
         blend(tiny, naive, 6, 0.3, rule="nope")
+
+
+def test_recomputed_leading_rows_are_exact(zoo_base):
+    """With the first k rows recomputed, they attend only to exact rows: their K/V equal the full prefill's."""
+    model = zoo_base
+    ad = adapter(model)
+    ctx, chk = _ids(model, 2, 10, 11), _ids(model, 2, 20, 12)
+    full = ad.extract(model, torch.cat([ctx, chk], 1))
+    naive = graft(ad.extract(model, ctx), prepare_chunk(model, chk))
+    res = blend(model, naive, 10, 0.4, rule="first")
+    for got, want, old in zip(res.state.keys, full.keys, naive.keys):
+        assert torch.allclose(got[:, :, :18], want[:, :, :18], atol=1e-5)
+    last = model.config.num_hidden_layers - 1
+    assert not torch.allclose(res.state.keys[last][:, :, 18:], full.keys[last][:, :, 18:], atol=1e-3)

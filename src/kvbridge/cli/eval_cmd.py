@@ -86,7 +86,9 @@ def metric_help() -> str:
 @click.option("--recompute-tokens", default=None, metavar="R[,R...]",
               help="Token-selective recompute (CacheBlend rule) of R of the prefix tokens, e.g. 15%.")
 @click.option("--recompute-sweep", type=click.Choice(("layers", "tokens", "both")), default=None,
-              help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report).")
+              help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report). "
+                   "With any --recompute-* option the run is the recompute curve (native, transferred, the "
+                   "points, no_prefix; see docs/recompute.md): --conditions, --gate and greedy are not used.")
 @click.option("--recompute-mode", type=click.Choice(("target", "source")), default="target", show_default=True,
               help="Input of recomputed layers: the target's own forward, or the source's hidden states.")
 @click.option("--recompute-select", type=click.Choice(("greedy", "profile", "prefix")), default="greedy",
@@ -144,7 +146,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     if threads:
         torch.set_num_threads(int(threads))
     from kvbridge.evaluate import corpus_samples, evaluate, heldout_text
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalError
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit.calibrate import check_same_tokens, load_corpus
 
@@ -204,12 +206,12 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
             partial.remove() if report_dir and written else partial.finish()
         click.echo(to_json(result) if as_json else recompute_table(result))
         return
-    result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                      greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
-                      conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
-                      source_name=src.name, target_name=tgt.name,
-                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress,
-                      on_batch=on_batch)
+    config = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
+                        batch_size=batch_size, top_k=top_k, top_p=top_p, seed=seed, conditions=conds,
+                        attention=not no_attention, bootstrap=bootstrap)
+    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=gates, source_name=src.name,
+                      target_name=tgt.name, mapping_path=None if mapping_ref == "identity" else mapping_ref,
+                      data=data, progress=progress, on_batch=on_batch)
     bar.close()
     if overlap:
         result["notes"] = list(result.get("notes") or []) + [overlap]

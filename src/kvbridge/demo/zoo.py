@@ -183,7 +183,7 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
         same_geometry = all(a.verdict == "same" for a in report.axes if a.name in ("layers", "kv_heads", "head_dim"))
         if identity_too and report.verdict != "incompatible" and same_geometry:
             # the check allows reusing the cache as is (same geometry): measure that too, unfitted
-            from kvbridge.builtin.identity import IdentityMapping
+            from kvbridge.transfer import IdentityMapping
 
             t3 = time.perf_counter()
             ires = evaluate(base, models[name], IdentityMapping(), ids, prefix_len=prefix_len,
