@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--continuation-len", type=int, default=16)
     ap.add_argument("--ratios", default="0.05,0.1,0.15,0.3,1.0")
     ap.add_argument("--check-layer", type=int, default=1)
+    ap.add_argument("--controls", default="random,no_reposition,shuffled")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
@@ -119,6 +120,7 @@ def main(argv=None) -> int:
                                              args.continuation_len)
         t0 = time.perf_counter()
         res = run_graft(model, ctx, chk, cont, ratios=ratios, check_layer=args.check_layer,
+                        controls=tuple(args.controls.split(",")),
                         batch_size=args.batch_size, bootstrap=args.bootstrap)
         res.update(model=name, data=data, seconds=time.perf_counter() - t0)
         print(f"\n## {data}: {res['samples']} samples, context {res['context_len']} + chunk {res['chunk_len']} tokens, "

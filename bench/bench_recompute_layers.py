@@ -21,10 +21,22 @@ import argparse
 import time
 
 
+def lora_target(source, adapter_dir: str):
+    """A copy of ``source`` with the LoRA adapter merged into its weights (peft; local files only)."""
+    import copy
+
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(copy.deepcopy(source), adapter_dir, is_trainable=False)
+    return model.merge_and_unload().eval()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", default="zoo:base")
     ap.add_argument("--target", default="zoo:stranger")
+    ap.add_argument("--target-adapter", default=None,
+                    help="a PEFT LoRA adapter folder: the target is the source with it merged (a fine-tune pair)")
     ap.add_argument("--mapping", default="fit,identity", help="fit, identity, or a mapping folder (comma list)")
     ap.add_argument("--name", default="base-stranger")
     ap.add_argument("--corpus", default=None)
@@ -57,7 +69,11 @@ def main(argv=None) -> int:
     if corpus is None:
         raise SystemExit("no corpus found: pass --corpus ../shared/corpora/tinyshakespeare.txt")
     source, tok, _ = load_one(args.source)
-    target, _, _ = load_one(args.target)
+    if args.target_adapter:
+        target = lora_target(source, args.target_adapter)
+        args.target = f"{args.source}+{args.target_adapter}"
+    else:
+        target, _, _ = load_one(args.target)
     n_layers = target.config.num_hidden_layers
     length = args.prefix_len + args.continuation_len + 1
     ids, _ = eval_ids(corpus, tok, {}, args.samples, length)
@@ -70,7 +86,7 @@ def main(argv=None) -> int:
             from kvbridge.fit import fit
 
             mapping = fit(source, target, cal_rows[: args.fit_tokens // 128], top_k=4, stride=4, seed=0, host=host,
-                          distributed=None, out=None, force=True)
+                          distributed=None, out=None, overwrite=True)
         else:
             mapping = load_mapping_ref(mref, source, target)
         # selection calibration: the last rows of the calibration block, cut to sample length (never the eval tail)

@@ -24,10 +24,9 @@ that produced each key: pass ``lengths`` (``[batch, tokens]``, e.g. ``KVState.ro
 ``None`` means one prefill of the given positions (:func:`forward_lengths`). Keys with
 different lengths are grouped by distinct table.
 
-RoPE types are :class:`RopeVariant` objects. The built-ins (:data:`BUILTIN_VARIANTS`) and the
-frequency math are defined torch-free in :mod:`kvbridge.builtin.rope_variants`, which also
-registers them with the plugin host; with a ``host`` the type is looked up through it, so
-plugins can add types; without one, built-ins first, then the process-wide host.
+RoPE types are :class:`~kvbridge.plugin_types.RopeVariant` objects, looked up through the
+plugin host (``host``, default the process-wide one): the built-in types are registered by
+:mod:`kvbridge.builtin.rope_variants` like any plugin's, so this codec does not import them.
 
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
@@ -50,16 +49,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from kvbridge import rope_compile
-from kvbridge.builtin.rope_variants import (BUILTIN_VARIANTS, RopeError, RopeVariant,
-                                            UnknownRopeTypeError)
 from kvbridge.errors import PluginError
+from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError
 from kvbridge.check.spec import RopeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
 __all__ = [
-    "RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS",
+    "RopeVariant", "RopeError", "UnknownRopeTypeError",
     "tables", "apply", "strip", "reposition", "forward_lengths", "inv_freq", "variant_for",
     "available_types", "clear_caches",
 ]
@@ -69,21 +67,18 @@ __all__ = [
 # lookup
 # ---------------------------------------------------------------------------------------------
 def available_types(host=None) -> list[str]:
-    names = set(BUILTIN_VARIANTS)
     try:
         from kvbridge.plugins import get_host
 
-        names |= set((host or get_host()).registry("rope_variant").names())
-    except Exception:  # a broken host must not hide the built-ins from the message
-        pass
-    return sorted(names)
+        return sorted((host or get_host()).registry("rope_variant").names())
+    except Exception:  # noqa: BLE001 - the message must not fail on a broken host
+        return []
 
 
 def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
-    """The :class:`RopeVariant` of ``rope.rope_type`` (through ``host`` when given)."""
+    """The :class:`RopeVariant` of ``rope.rope_type`` through ``host`` (default: the process-wide
+    host, which registers the built-in variants like any plugin's)."""
     name = rope.rope_type
-    if host is None and name in BUILTIN_VARIANTS:
-        return BUILTIN_VARIANTS[name]
     try:
         if host is None:
             from kvbridge.plugins import get_host

@@ -29,12 +29,13 @@ def _cli(*args):
 def test_eval_recompute_curve(corpus, tmp_path):
     res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "4",
                "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "40", "--heldout-fraction", "0.5",
-               "--recompute-layers", "auto:25%;all", "--recompute-tokens", "100%", "--calibration-samples", "2",
+               "--recompute-layers", "auto:25%;all;1,2-3", "--recompute-tokens", "100%", "--calibration-samples", "2",
                "--json", "--report", str(tmp_path / "r"))
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     c = data["conditions"]
-    assert {"native", "transferred", "layers@1", "layers@4", "tokens@1", "no_prefix"} <= set(c)
+    assert {"native", "transferred", "layers@1", "layers@4", "layers@3", "tokens@1", "no_prefix"} <= set(c)
+    assert c["layers@3"]["layers"] == [1, 2, 3]
     assert c["layers@4"]["kl_p95"] < 1e-9 and c["tokens@1"]["kl_p95"] < 1e-9
     assert c["transferred"]["kl_p95"] > 1e-3
     assert c["layers@1"]["share"] == 0.25 and len(c["layers@1"]["layers"]) == 1

@@ -112,3 +112,8 @@ def test_greedy_and_profile_pick_the_broken_layer(zoo_base):
     assert choose_layers("auto:25%", model, calib, method="profile")[0] == (2,)
     with pytest.raises(RecomputeError):
         choose_layers("auto:25%", model, None)
+
+
+def test_prefix_selection_needs_no_calibration(zoo_base):
+    assert choose_layers("auto:50%", zoo_base, None, method="prefix")[0] == (0, 1)
+    assert choose_layers("1,3", zoo_base, None)[0] == (1, 3)

@@ -82,3 +82,27 @@ def test_transferred_prefix_ends_of_the_dial(which, request, zoo_stranger):
     assert torch.equal(cont_logits(target, blend(target, mapped, 0, 0.0).state, cont), cont_logits(target, mapped, cont))
     every = blend(target, mapped, 0, 1.0)
     assert (cont_logits(target, every.state, cont) - cont_logits(target, native, cont)).abs().max().item() <= 1e-5
+
+
+def test_first_rule_picks_the_chunk_start(tiny):
+    ad = adapter(tiny)
+    ctx, chk = _ids(tiny, 2, 6, 9), _ids(tiny, 2, 10, 10)
+    naive = graft(ad.extract(tiny, ctx), prepare_chunk(tiny, chk))
+    res = blend(tiny, naive, 6, 0.3, rule="first")
+    assert res.selected.tolist() == [[0, 1, 2], [0, 1, 2]]
+    with pytest.raises(RecomputeError):
+        blend(tiny, naive, 6, 0.3, rule="nope")
+
+
+def test_recomputed_leading_rows_are_exact(zoo_base):
+    """With the first k rows recomputed, they attend only to exact rows: their K/V equal the full prefill's."""
+    model = zoo_base
+    ad = adapter(model)
+    ctx, chk = _ids(model, 2, 10, 11), _ids(model, 2, 20, 12)
+    full = ad.extract(model, torch.cat([ctx, chk], 1))
+    naive = graft(ad.extract(model, ctx), prepare_chunk(model, chk))
+    res = blend(model, naive, 10, 0.4, rule="first")
+    for got, want, old in zip(res.state.keys, full.keys, naive.keys):
+        assert torch.allclose(got[:, :, :18], want[:, :, :18], atol=1e-5)
+    last = model.config.num_hidden_layers - 1
+    assert not torch.allclose(res.state.keys[last][:, :, 18:], full.keys[last][:, :, 18:], atol=1e-3)

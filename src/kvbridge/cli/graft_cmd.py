@@ -139,11 +139,11 @@ def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, r
 
     rs = [parse_ratio(x) for x in split_list(ratios)]
     ctrl = tuple(split_list(controls))
-    bad = [c for c in ctrl if c not in ("random", "no_reposition", "shuffled")]
+    bad = [c for c in ctrl if c not in ("random", "first", "no_reposition", "shuffled")]
     if bad:
         from kvbridge.errors import KVBridgeError
 
-        raise KVBridgeError(f"unknown control {bad[0]!r}", "use some of random, no_reposition, shuffled")
+        raise KVBridgeError(f"unknown control {bad[0]!r}", "use some of random, first, no_reposition, shuffled")
     m, tok, name = load_one(model, dtype=dtype)
     texts, _ = load_corpus(corpus)
     stream = torch.tensor(tok(heldout_text(texts), add_special_tokens=False)["input_ids"], dtype=torch.long)

@@ -76,6 +76,7 @@ class EvalConfig:
     seed: int = 0  # random control
     conditions: tuple = CONDITIONS
     attention: bool = True
+    bootstrap: int = 1000  # paired bootstrap resamples of the samples (0: no intervals)
 
     @property
     def sample_len(self) -> int:
@@ -345,8 +346,11 @@ def _check_pair(source_spec, target_spec, mapping) -> None:
 
 
 def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalConfig = EvalConfig(), *,
-                   host=None, progress=None) -> ConditionRun:
-    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays."""
+                   host=None, progress=None, on_batch=None) -> ConditionRun:
+    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
+
+    ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
+    """
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer
 
@@ -464,6 +468,8 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
             logits, toks, _ = _continue(source, sad.inject(src_state, source), cont, config.greedy_tokens,
                                         fresh=lambda: sad.inject(src_state, source))
             score("source", logits, toks)
+        if on_batch is not None:
+            on_batch(start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
         if progress is not None:
             progress(min(n, start + config.batch_size), n)
 

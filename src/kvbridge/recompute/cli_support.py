@@ -73,9 +73,8 @@ def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len
     from kvbridge.recompute.tokens import parse_ratio
 
     n_layers = tmodel.config.num_hidden_layers
-    layer_specs = split_list(layers_spec) if layers_spec and sweep not in ("layers", "both") else []
-    if layers_spec and ";" in layers_spec:
-        layer_specs = [x.strip() for x in layers_spec.split(";") if x.strip()]
+    # one point per ';'-separated spec ("3,7-9" is one set of layers)
+    layer_specs = [x.strip() for x in layers_spec.split(";") if x.strip()] if layers_spec else []
     ratios = [parse_ratio(x) for x in split_list(tokens_spec)] if tokens_spec else []
     if sweep in ("tokens", "both"):
         ratios = sorted(set(ratios) | set(curve.TOKEN_SWEEP))
@@ -90,8 +89,7 @@ def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len
         calib = calibration(smodel, tmodel, mapping, cal, prefix_len, continuation_len, batch_size=batch_size)
     points = []
     for spec in layer_specs:
-        points += curve.layer_points(spec if "," not in spec else spec, tmodel, calib, method=select,
-                                     group_size=group_size)
+        points += curve.layer_points(spec, tmodel, calib, method=select, group_size=group_size)
     if sweep in ("layers", "both"):
         points += curve.layer_sweep(tmodel, calib, method=select, group_size=group_size)
     seen, uniq = set(), []

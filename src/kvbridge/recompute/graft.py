@@ -14,6 +14,8 @@ recompute of :mod:`kvbridge.recompute.tokens` to it.
 - ``naive``: context prefilled, chunk prepared alone and re-positioned;
 - ``blend@R``: naive + token-selective recompute of R of the chunk's tokens (deviation rule);
 - ``random@R``: the same cost with random tokens recomputed (control for the rule);
+- ``first@R``: the same cost with the chunk's first tokens recomputed (where a chunk prepared alone
+  keeps its attention sink; opt-in control);
 - ``no_reposition``: the chunk appended with its keys still rotated at ``0..n-1`` (control);
 - ``shuffled``: another sample's chunk grafted (control: right statistics, wrong content);
 - ``dropped``: the context alone, the chunk left out (the floor).
@@ -109,8 +111,9 @@ def _logits(model, adapter, state, cont, capture=False):
 
 def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) -> list[str]:
     names = ["full", "naive"] + [f"blend@{r:g}" for r in ratios if r > 0]
-    if "random" in controls:
-        names += [f"random@{r:g}" for r in ratios if 0 < r < 1]
+    for rule in ("random", "first"):
+        if rule in controls:
+            names += [f"{rule}@{r:g}" for r in ratios if 0 < r < 1]
     names += [c for c in ("no_reposition", "shuffled") if c in controls] + ["dropped"]
     return names
 
@@ -173,9 +176,10 @@ def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.
                 continue
             res = blend_state = _blend(model, naive, c, r, check_layer, "deviation", gen)
             states[f"blend@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
-            if "random" in controls and r < 1:
-                res = _blend(model, naive, c, r, check_layer, "random", gen)
-                states[f"random@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
+            for rule in ("random", "first"):
+                if rule in controls and r < 1:
+                    res = _blend(model, naive, c, r, check_layer, rule, gen)
+                    states[f"{rule}@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
             del blend_state
         if "no_reposition" in controls:
             states["no_reposition"] = (graft(ctx_state, chunk_state, reposition=False, host=host), 0.0, 0.0)

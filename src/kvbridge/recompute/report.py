@@ -8,7 +8,7 @@ from pathlib import Path
 from kvbridge.evaluate.report import fmt, fmt_ci
 
 COLS = ("condition", "share", "gap_recovered [95% CI]", "deficit_closed [95% CI]", "kl_p95", "top1",
-        "attn cos min", "FLOPs / prefill", "time / prefill")
+        "attn cos mean", "attn cos min", "FLOPs / prefill", "time / prefill")
 
 
 def rows(result: dict) -> list[list[str]]:
@@ -20,7 +20,7 @@ def rows(result: dict) -> list[list[str]]:
                     f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
                     f"{fmt(r.get('deficit_closed'), '{:+.3f}')} {fmt_ci(r.get('deficit_closed_ci'), '{:+.2f}')}",
                     fmt(r.get("kl_p95"), "{:.4f}"), fmt(r.get("top1_agreement"), "{:.3f}"),
-                    fmt(r.get("attention_cosine_min"), "{:.4f}"), fmt(r.get("recompute_flop_share"), "{:.3f}"),
+                    fmt(r.get("attention_cosine_mean"), "{:.4f}"), fmt(r.get("attention_cosine_min"), "{:.4f}"), fmt(r.get("recompute_flop_share"), "{:.3f}"),
                     fmt(r.get("time_share"), "{:.3f}")])
     return out
 
@@ -63,7 +63,7 @@ def plot(result: dict, path, title: str) -> bool:
     for fam, pts in families.items():
         pts = sorted({round(s, 6): (s, r) for s, r in pts}.values(), key=lambda x: x[0])
         xs = [s for s, _ in pts]
-        for ax, key in zip(axes[:3], ("gap_recovered", "kl_p95", "attention_cosine_min")):
+        for ax, key in zip(axes[:3], ("gap_recovered", "kl_p95", "attention_cosine_mean")):
             ys = [r.get(key) for _, r in pts]
             ax.plot(xs, [y if y is not None else float("nan") for y in ys], marker="o", label=fam)
             cis = [r.get(key + "_ci") for _, r in pts]
@@ -72,7 +72,7 @@ def plot(result: dict, path, title: str) -> bool:
         axes[3].plot(xs, [r.get("time_share") or float("nan") for _, r in pts], marker="o", label=f"{fam} time")
         axes[3].plot(xs, [r.get("recompute_flop_share") or float("nan") for _, r in pts], marker="x", linestyle="--",
                      label=f"{fam} FLOPs")
-    for ax, lab in zip(axes, ("gap recovered (95% CI)", "KL p95 (nats)", "attention cosine min",
+    for ax, lab in zip(axes, ("gap recovered (95% CI)", "KL p95 (nats)", "attention cosine (mean over layers)",
                               "cost / full prefill")):
         ax.set_xlabel("share recomputed")
         ax.set_ylabel(lab)

@@ -9,7 +9,7 @@ prefix with ``exact_len = 0``). With a ratio ``r > 0``:
    and to each other: those layers' K/V become the target's own for every row;
 2. at ``check_layer`` the deviation of each row's fresh K/V from the approximate K/V,
    ``||dK||^2 + ||dV||^2`` over heads, picks the ``ceil(r * n)`` rows that deviate most
-   (``rule="random"`` picks random rows instead: the control for the rule);
+   (``rule="random"`` picks random rows instead, ``rule="first"`` the first rows: controls for the rule);
 3. every later layer runs on the picked rows only; they attend to the exact rows, to the picked
    rows' fresh K/V and to the other rows' approximate K/V, causally by position. The other rows
    keep their approximate K/V from ``check_layer + 1`` on.
@@ -28,6 +28,11 @@ import torch
 
 from kvbridge.recompute.cost import Cost, layer_flops, prefill_flops
 from kvbridge.recompute.layers import RecomputeError
+
+
+#: row-picking rules: the CacheBlend deviation rule, random rows (control), the chunk's first rows
+#: (where a chunk prepared alone keeps its attention sink; EPIC-style, a second control)
+RULES = ("deviation", "random", "first")
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,8 @@ def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, r
     if n < 1:
         raise RecomputeError(f"nothing to recompute: exact_len {exact_len} covers all {t} rows",
                              "give the length of the exact (context) rows only")
-    if rule not in ("deviation", "random"):
-        raise RecomputeError(f"unknown token rule {rule!r}", "use deviation or random")
+    if rule not in RULES:
+        raise RecomputeError(f"unknown token rule {rule!r}", f"use one of {', '.join(RULES)}")
     k = count_for(float(ratio), n)
     if k == 0:
         return BlendResult(state, torch.zeros(b, 0, dtype=torch.long), None,
@@ -99,6 +104,8 @@ def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, r
         deviation = (dk.pow(2).sum((1, 3)) + dv.pow(2).sum((1, 3))).float()  # [B, n]
         if rule == "deviation":
             pick = deviation.topk(k, dim=1).indices
+        elif rule == "first":
+            pick = torch.arange(k).expand(b, k)
         else:
             g = generator or torch.Generator().manual_seed(0)
             pick = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(b)])
