@@ -4,7 +4,8 @@ resource planner's estimates against what the fit measured.
 
 1. at 512 / 2,048 / 8,192 tokens: the model's own prefill (``logits_to_keep=1``), the identity
    transfer through the full path (extracted cache -> strip RoPE -> identity map -> apply RoPE)
-   and a prefix-pack restore (read + sha256 + checks + cache, zero forwards); the next-token
+   and a prefix-pack restore (read + sha256 + checks + cache, zero forwards; the model's weights
+   fingerprint computed once beforehand, as a process holding the model would); the next-token
    logits from the transferred / restored caches against the prefill's own;
 2. fit throughput: ``kvbridge.fit.fit(smollm2, smollm2)`` on random token ids, tokens/s of the
    paired statistics (both forwards + features + float64 statistics), and the peak memory above
@@ -55,6 +56,7 @@ def next_logits(model, cache, nxt):
 def bench_transfer(loaded, lengths, repeats: int) -> list:
     from transformers import DynamicCache
 
+    from kvbridge.adapter import weights_fingerprint
     from kvbridge.plugins import get_host
     from kvbridge.prefix.packs import load_pack, save_pack
     from kvbridge.transfer import identity_transfer
@@ -64,6 +66,7 @@ def bench_transfer(loaded, lengths, repeats: int) -> list:
     adapter = host.adapter_for(model.config.to_dict())
     spec = adapter.spec_of(model)
     gen = torch.Generator().manual_seed(0)
+    wfp = weights_fingerprint(model)  # computed once, as a server holding the model would
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvbridge-real-") as tmp:
         for n in lengths:
@@ -80,8 +83,8 @@ def bench_transfer(loaded, lengths, repeats: int) -> list:
             state = adapter.extract(model, ids, spec=spec)
             tr_w, tr_c, moved = timed(lambda: identity_transfer(state, spec), repeats)
             out = Path(tmp) / f"pack-{n}"
-            save_pack(model, out, guide_ids=ids[0].tolist())
-            pk_w, pk_c, pack = timed(lambda: load_pack(out, model).cache(model), repeats)
+            save_pack(model, out, guide_ids=ids[0].tolist(), weights_fp=wfp)
+            pk_w, pk_c, pack = timed(lambda: load_pack(out, model, weights_fp=wfp).cache(model), repeats)
             ref = next_logits(model, cache, nxt)
             d_tr = float((next_logits(model, adapter.inject(moved, model), nxt) - ref).abs().max())
             d_pk = float((next_logits(model, pack, nxt) - ref).abs().max())
