@@ -281,11 +281,14 @@ def test_trace_shows_every_hook_call(monkeypatch, capsys):
     import click
 
     host.register_commands(click.Group())
+    from kvbridge.models.schemes import schemes
+
+    schemes(host)
     err = capsys.readouterr().err
     called = ["kvbridge_register_families", "kvbridge_register_rope_variants", "kvbridge_register_fitters",
               "kvbridge_register_metrics", "kvbridge_check_compatibility", "kvbridge_manifest_dirs",
-              "kvbridge_resolve_family", "kvbridge_register_commands"]
-    assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_") and n != "kvbridge_register_model_sources"}
+              "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources"]
+    assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     for name in called:
         assert f"[kvbridge-plugins] {name} [hook]" in err or f"{name} [hook]" in err, (name, err[:400])
 
@@ -367,3 +370,61 @@ def test_a_fitter_missing_a_protocol_member_is_refused_at_registration():
     host = plugins_mod.make_host(entry_points=False, extra=[("lazyplugin", Lazy())])
     with pytest.raises(PluginError, match="fitter 'lazy' of plugin 'lazyplugin'.*missing member 'name'"):
         load_fitter(host, "lazy")
+
+
+def test_model_sources_hook_goes_through_the_host(tmp_path):
+    from kvbridge.models.schemes import schemes
+
+    class Team:
+        @hookimpl
+        def kvbridge_register_model_sources(self, register):
+            register("team", lambda name: tmp_path / name, "our shared folder")
+
+    class Broken:
+        @hookimpl
+        def kvbridge_register_model_sources(self, register):
+            raise RuntimeError("registry offline")
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("team", Team()), ("broken", Broken())])
+    found = schemes(host)
+    assert found["team"].plugin == "team" and found["team"].resolver("x") == tmp_path / "x"
+    assert "zoo" in found and "registry offline" in host.record("broken").error
+
+
+def test_every_hook_is_on_the_reference_page_with_types_and_an_example(repo_root):
+    """docs/plugins.md (generated: python -m kvbridge.plugin_docs) documents every hookspec."""
+    import inspect
+
+    from kvbridge import hookspecs
+    from kvbridge.plugin_docs import hook_reference
+
+    page = (repo_root / "docs" / "plugins.md").read_text()
+    hooks = [n for n in dir(hookspecs) if n.startswith("kvbridge_")]
+    for name in hooks:
+        fn = getattr(hookspecs, name)
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        assert f"### {name}\n" in page, f"hook {name} is not on docs/plugins.md (regenerate it)"
+        assert "Example::" in doc, f"hook {name} needs an example in its docstring"
+        if name != "kvbridge_register_model_sources":  # the loader's hook states its types in prose
+            sig = inspect.signature(fn)
+            assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), name
+            assert sig.return_annotation is not inspect.Signature.empty, name
+        assert doc.splitlines()[0].replace("``", "`") in page
+    # the page's hook section is what the generator writes from the hookspecs today
+    assert hook_reference() in page, "docs/plugins.md is stale: python -m kvbridge.plugin_docs > docs/plugins.md"
+
+
+def test_plugins_command_shows_a_plugin_whose_manifest_hook_raises(monkeypatch):
+    from kvbridge.cli.main import cli
+
+    class Broken:
+        @hookimpl
+        def kvbridge_manifest_dirs(self):
+            raise OSError("disk on fire")
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("brokenmanifests", Broken())])
+    monkeypatch.setattr(plugins_mod, "_DEFAULT", host)
+    result = CliRunner().invoke(cli, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {p["name"]: p for p in json.loads(result.output)["plugins"]}
+    assert rows["brokenmanifests"]["error"] == "kvbridge_manifest_dirs failed: OSError: disk on fire"

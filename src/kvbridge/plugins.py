@@ -115,6 +115,11 @@ _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvbridge_
 _SINK: contextvars.ContextVar[list | None] = contextvars.ContextVar("kvbridge_sink", default=None)
 
 
+def current_plugin() -> str | None:
+    """The plugin whose hook implementation is running (for ``register`` callables)."""
+    return _CURRENT.get()
+
+
 @dataclass(frozen=True)
 class HookOutcome:
     """What one implementation of a hook did in one call: its value, or its one-line error."""
@@ -218,6 +223,15 @@ class Host:
         regs["adapter"] = adapters
         self._registries = regs
         return regs
+
+    def load_all(self) -> None:
+        """Run every hook that takes no model once (registrations, manifest folders, model
+        sources), so each plugin's failure is on its record, as ``kvbridge plugins`` shows."""
+        self._collect()  # duplicate names raise a one-line error naming both plugins
+        self.manifest_dirs()
+        from kvbridge.models.schemes import schemes
+
+        schemes(self)
 
     def registry(self, kind: str) -> Registry:
         return self._collect()[kind]

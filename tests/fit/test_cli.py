@@ -128,3 +128,11 @@ def test_transfer_accepts_a_mismatch_only_when_asked(folders):
         pytest.skip("needs test_fit_then_transfer")
     res = run("transfer", folders / "target", folders / "target", "--mapping", out, "--prompt", "the king")
     assert res.exit_code == 2 and "--accept-fingerprint-mismatch" in res.output
+
+
+def test_the_two_meanings_of_force_have_two_names():
+    for cmd in ("eval", "transfer"):
+        text = run(cmd, "--help").output
+        assert "--accept-fingerprint-mismatch" in text and "--force" not in text, cmd
+    fit_help = run("fit", "--help").output
+    assert "--overwrite" in fit_help and "--accept-fingerprint-mismatch" not in fit_help

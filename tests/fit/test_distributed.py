@@ -73,8 +73,8 @@ def test_resume_continues_an_interrupted_fit(planted, planted_fit, fit_host, tmp
                 raise Interrupted
 
     kw = dict(top_k=2, stride=2, host=fit_host, distributed=None, out=out, checkpoint_every=0)
-    with pytest.raises(Interrupted):
-        fit(planted["source"], planted["target"], planted["ids"], progress=stop_after_three, **kw)
+    with pytest.raises(Interrupted):  # checkpoints are kept only when --resume asks for them
+        fit(planted["source"], planted["target"], planted["ids"], progress=stop_after_three, resume=True, **kw)
     assert not out.exists()
     ck = default_checkpoint_dir(out)
     assert list(ck.glob("joint.rank0of1.safetensors"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbridge.builtin.rope_variants import RopeVariant
+from kvbridge.plugin_types import RopeVariant
 from kvbridge.plugins import make_host
 from kvbridge.check.spec import RopeSpec
 from kvbridge.testing.contract import AdapterContract, RopeVariantContract
@@ -25,6 +25,22 @@ class TestPluginRopeVariant(RopeVariantContract):
 
 class TestLlamaAdapterContract(AdapterContract):
     adapter = make_host(entry_points=False).adapter_for({"model_type": "llama"})
+
+
+# A RoPE variant written exactly as the kvbridge_register_rope_variants documentation says:
+# inv_freq(rope, seq_len) -> (rope.rotary_dim // 2 inverse frequencies, attention scaling).
+def _doc_example_inv_freq(rope, seq_len):
+    import torch
+
+    dim = rope.rotary_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim
+    return 1.0 / (rope.theta * rope.param("factor", 1.0)) ** exponents, 1.0
+
+
+class TestRopeVariantWrittenToTheHookDocs(RopeVariantContract):
+    variant = RopeVariant(name="theta-scaled", inv_freq=_doc_example_inv_freq, description="theta x factor")
+    specs = (RopeSpec.make("theta-scaled", 10000.0, head_dim=32, factor=4.0),
+             RopeSpec.make("theta-scaled", 10000.0, head_dim=64, partial_factor=0.5, factor=2.0))
 
 
 # -- defaults against transformers' config classes --------------------------------------------------------

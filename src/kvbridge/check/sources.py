@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
 from kvbridge.models.ref import ModelRef
 
-REPO_MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "models"
+REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 #: keys a manifest record may have (see manifests/README.md and the JSON schema)
 MANIFEST_KEYS = {"id", "family", "source", "config", "geometry", "aliases", "tokenizer", "notes",

@@ -27,8 +27,10 @@ from kvbridge.cli.options import device_option, dtype_option
 @dtype_option
 @device_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
+              help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).")
 def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p, greedy, split_kind, pack_dir,
-            paths, tokenizer, dtype, device, as_json) -> None:
+            paths, tokenizer, dtype, device, as_json, partial_path) -> None:
     """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a model reference:
     a folder, a .gguf, zoo:NAME, smollm2, ...).
 
@@ -50,9 +52,19 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
         from kvbridge.prefix.packs import load_pack
 
         pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=tokenizer_identity(loaded, tokenizer, tok))
+    from kvbridge.progress import PartialLog, Progress
+
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "diverge", "model": model, "seeds": seeds, "max_new_tokens": max_new_tokens, "paths": paths})
+    bar = Progress((0 if greedy else seeds) + 1, label="diverge", unit="runs (seeds + greedy)")
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), seeds=seeds, max_new_tokens=max_new_tokens,
                  temperature=temperature, top_p=top_p, greedy_only=greedy, split=split_kind, pack=pack,
-                 paths=[p.strip() for p in paths.split(",") if p.strip()])
+                 paths=[p.strip() for p in paths.split(",") if p.strip()],
+                 progress=lambda done, total, toks: bar.update(done, tokens=toks),
+                 on_seed=None if partial is None else lambda seed, res: partial.add({"seed": seed, "pairs": res}))
+    bar.close()
+    if partial is not None:
+        partial.finish()
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return

@@ -33,6 +33,12 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
     return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
 
 
+def metric_help() -> str:
+    from kvbridge.evaluate.catalog import help_text
+
+    return help_text()
+
+
 @click.command("eval")
 @click.argument("source")
 @click.argument("target")
@@ -69,6 +75,11 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
 @click.option("--force", "force_alias", is_flag=True, hidden=True,
               help="Deprecated alias of --accept-fingerprint-mismatch.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+@click.option("--allow-overlap", is_flag=True,
+              help="Evaluate even when the samples overlap the mapping's calibration text (refused by default).")
+@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
+              help="JSONL of finished batches, rewritten atomically after each (default with --report: "
+                   "REPORT.partial.jsonl, removed once the report is written).")
 @click.option("--recompute-layers", default=None, metavar="SPEC",
               help="Recompute these target layers of the transferred cache: 3,7-9 | all | auto:15% (profiled "
                    "on the corpus front); ';' separates several points.")
@@ -89,7 +100,7 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
               help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, accept_mismatch, force_alias, threads, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
+             report_dir, gates, accept_mismatch, force_alias, threads, allow_overlap=False, partial_path=None, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
              recompute_mode="target", recompute_select="greedy", recompute_group=1, calibration_samples=16):
     """Measure a transferred cache against the target's own, with floors and controls.
 
@@ -103,12 +114,13 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     random (noise with the mapped cache's per-layer mean/std), no_rope_reapply (mapped keys
     never re-rotated for the target), source (SOURCE's own continuation).
 
-    Metrics per condition: nll, perplexity, KL(native||x) mean and p95, top-1 agreement,
-    top-k overlap, TV after top-p, max abs logit difference, gap_recovered, retention (acc_x /
-    acc_native), greedy agreement, attention-output cosine per target layer (mean, min), each
-    with a 95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
+    Metrics per condition (the built-ins are listed below; plugins add more), each with a
+    95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
     <metric>_ci = [low, high]. Default gates (kl_p95<=0.2, attention_cosine_min>=0.9) are
     reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
+
+    \b
+    METRICS
     """
     from kvbridge.evaluate.gates import parse_gate
 
@@ -118,6 +130,15 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
 
     for text in gates:  # a typo in a gate fails before anything is loaded
         parse_gate(text)
+    from kvbridge.check.validate import finite_number
+
+    finite_number(top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
+    finite_number(heldout_fraction, "--heldout-fraction", positive=True)
+    if report_dir:  # refuse a --report folder that is not an earlier report before the (long) run
+        from kvbridge.artifacts import check_replaceable
+        from kvbridge.evaluate.report import REPORT_KIND
+
+        check_replaceable(report_dir, REPORT_KIND, overwrite=True, flag="")
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -125,7 +146,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     if threads:
         torch.set_num_threads(int(threads))
     from kvbridge.evaluate import corpus_samples, evaluate, heldout_text
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalError
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit.calibrate import check_same_tokens, load_corpus
 
@@ -139,13 +160,34 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     tail = heldout_text(texts, heldout_fraction)
     check_same_tokens([tail], stok, ttok)
     mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
+    from kvbridge.evaluate.overlap import check as check_overlap
+
+    overlap = check_overlap(getattr(mapping, "manifest", None), corpus, texts, heldout_fraction, tokenizer=ttok,
+                            allow=allow_overlap)
+    if overlap:
+        click.echo(f"warning: {overlap}", err=True)
     length = prefix_len + continuation_len + 1
     ids, data = corpus_samples([tail], ttok, n=samples, length=length, fraction=1.0)
     data.update(path=str(corpus), sha256=sha, heldout_fraction=heldout_fraction)
+    from kvbridge.evaluate.report import batch_record
+    from kvbridge.progress import PartialLog, Progress
+
+    if partial_path is None and report_dir:
+        partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "eval", "source": source, "target": target, "mapping": mapping_ref, "corpus": str(corpus),
+        "samples": int(ids.shape[0]), "prefix_len": prefix_len, "continuation_len": continuation_len})
+    bar = Progress(int(ids.shape[0]), label="eval", unit="samples", enabled=True)
 
     def progress(done, total):
-        if not as_json and sys.stderr.isatty():
-            click.echo(f"\r  evaluated {done}/{total} samples", nl=done == total, err=True)
+        bar.update(done, tokens=(done - bar.done) * length)
+
+    def on_batch(first, last, fields):
+        if partial is not None:
+            partial.add(batch_record(first, last, fields))
+        from kvbridge.faults import fault_point
+
+        fault_point("eval.batch")
 
     if recompute_layers or recompute_tokens or recompute_sweep:  # the recompute dial: kvbridge.recompute
         from kvbridge.recompute.cli_support import eval_recompute
@@ -159,17 +201,29 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
             bootstrap=bootstrap, seed=seed, report_dir=report_dir, progress=progress)
         if written and not as_json:
             click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+        bar.close()
+        if partial is not None:
+            partial.remove() if report_dir and written else partial.finish()
         click.echo(to_json(result) if as_json else recompute_table(result))
         return
-    result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                      greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
-                      conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
-                      source_name=src.name, target_name=tgt.name,
-                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress)
+    config = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
+                        batch_size=batch_size, top_k=top_k, top_p=top_p, seed=seed, conditions=conds,
+                        attention=not no_attention, bootstrap=bootstrap)
+    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=gates, source_name=src.name,
+                      target_name=tgt.name, mapping_path=None if mapping_ref == "identity" else mapping_ref,
+                      data=data, progress=progress, on_batch=on_batch)
+    bar.close()
+    if overlap:
+        result["notes"] = list(result.get("notes") or []) + [overlap]
     if report_dir:
         written = write_report(result, report_dir)
+        if partial is not None and partial_path == str(report_dir).rstrip("/\\") + ".partial.jsonl":
+            partial.remove()  # the report holds everything now
+            partial = None
         if not as_json:
             click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+    if partial is not None:
+        partial.finish({"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")})
     click.echo(to_json(result) if as_json else terminal_table(result))
     code = result["exit_code"]
     if code:
@@ -177,3 +231,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         click.echo(f"gates FAILED: {', '.join(failed)}", err=True)
         sys.stdout.flush()
         click.get_current_context().exit(code)
+
+
+eval_cmd.help = eval_cmd.help.replace(
+    "METRICS", "Metrics:\n" + "\n".join("    " + line for line in metric_help().splitlines()), 1)

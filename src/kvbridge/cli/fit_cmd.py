@@ -79,8 +79,8 @@ def option_values(pairs, **flags) -> dict:
 @click.command("fit")
 @click.argument("source")
 @click.argument("target")
-@click.option("--corpus", required=True, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .txt files.")
-@click.option("--out", required=True, type=click.Path(), help="Mapping folder to write (mapping.safetensors + manifest.json).")
+@click.option("--corpus", default=None, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .txt files (required unless --plan).")
+@click.option("--out", default=None, type=click.Path(), help="Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).")
 @click.option("--fitter", default="ridge", show_default=True, help="Fitter plugin (ridge, ridge-headwise, sklearn, ...).")
 @click.option("-o", "--option", "fitter_opts", multiple=True, metavar="KEY=VALUE",
               help="A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
@@ -100,14 +100,18 @@ def option_values(pairs, **flags) -> dict:
 @click.option("--max-samples", default=None, type=int, help="sklearn fitter: cap on materialised observations (default 100000).")
 @click.option("--memory", "memory_gib", default=None, type=float, help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).")
 @click.option("--dtype", default="float32", type=click.Choice(DTYPES), show_default=True, help="Dtype to load the models in.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted fit from its checkpointed statistics.")
+@click.option("--resume", is_flag=True, help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
+                                          "and continue an interrupted fit from them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
 @click.option("--force", "force_alias", is_flag=True, hidden=True, callback=_deprecated_flag("--force", "--overwrite"),
               help="Deprecated alias of --overwrite.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print the resource plan (statistics memory, blocking, artifact "
+              "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.")
+@click.option("--device-flops", default=None, type=float, help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.")
 def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha, heldout, seed,
         batch_size, estimator, estimator_options, max_samples, memory_gib, dtype, resume, overwrite, force_alias,
-        quiet):
+        quiet, plan_only, device_flops):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
@@ -118,17 +122,38 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     per target head, fingerprints of both models, calibration details), written atomically.
 
     Distributed: `torchrun --nproc-per-node N -m kvbridge fit ...` shards the corpus over
-    ranks and all-reduces the statistics; rank 0 writes. --resume continues an interrupted
-    fit from the checkpoints kept in .<out>.fitstate next to --out.
+    ranks and all-reduces the statistics; rank 0 writes. With --resume, checkpoints are kept in
+    .<out>.fitstate next to --out and a rerun with --resume continues from them; without it
+    nothing but --out is ever written.
     """
     from pathlib import Path
 
-    from kvbridge.errors import ArtifactError
+    from kvbridge.errors import ArtifactError, ConfigError
+
+    if plan_only:  # torch-free: configs / manifests only
+        from kvbridge.fit.plan import plan
+
+        p = plan(source, target, fitter=fitter, top_k=top_k or 4, tokens=tokens, seq_len=seq_len, stride=stride,
+                 skip=skip, heldout=heldout, batch_size=batch_size, dtype=dtype,
+                 memory_budget=None if memory_gib is None else int(memory_gib * 2**30), device_flops=device_flops)
+        click.echo("\n".join(p.lines()))
+        return
+    if corpus is None or out is None:
+        raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens, load_corpus
 
     overwrite = overwrite or force_alias
-    if Path(out).exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    from kvbridge.artifacts import check_replaceable
+    from kvbridge.check import validate
+    from kvbridge.fit.artifact import KIND
+
+    check_replaceable(out, KIND, overwrite=overwrite)  # a mapping only ever replaces a mapping kvbridge wrote
+    if alpha is not None:
+        validate.alpha(alpha)
+    validate.memory_gib(memory_gib)
+    validate.seq_len(seq_len)
+    validate.tokens(tokens)
+    validate.stride(stride, seq_len, skip=validate.non_negative_int(skip, "--skip"))
     values = option_values(fitter_opts, top_k=top_k, alpha=alpha, memory_gib=memory_gib, estimator=estimator,
                            estimator_options=estimator_options, max_samples=max_samples)
     calibration = CalibrationConfig(stride=stride, skip=skip, heldout=heldout, seed=seed, batch_size=batch_size,
@@ -154,7 +179,7 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
     mapping = run_fit(smodel, tmodel, texts, fitter=fitter, options=options, calibration=calibration, tokenizer=stok,
-                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, out=out, overwrite=overwrite, resume=resume,
+                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, corpus_path=corpus, out=out, overwrite=overwrite, resume=resume,
                       provenance=Provenance(src.name, tgt.name, revision_of(src), revision_of(tgt)),
                       progress=Progress(main and not quiet, ctx.world if ctx else 1), distributed=ctx)
     if not main:
@@ -166,6 +191,12 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     click.echo(f"  calibration: {cal.get('tokens')} tokens in {cal.get('sequences')} sequences, "
                f"{cal.get('observations_train')} train / {cal.get('observations_heldout')} held-out observations "
                f"per head (stride {stride}, skip {skip})")
+    corp, span = cal.get("corpus") or {}, cal.get("span") or {}
+    if corp:
+        click.echo(f"  corpus: sha256 {corp['sha256']} ({corp['sha256_of']}); calibration read bytes "
+                   f"{span.get('bytes', ['?', '?'])[0]}-{span.get('bytes', ['?', '?'])[1]} ({span.get('tokens')} tokens); "
+                   f"{cal.get('observations_per_feature', '?')} observations per feature "
+                   f"(warning below {cal.get('min_observations_per_feature', '?')})")
     sel = mapping.layer_selection()
     shown = "; ".join(f"{t}<-{s}" for t, s in enumerate(sel[:8])) + ("; ..." if len(sel) > 8 else "")
     click.echo(f"  layer selection (target<-source): {shown}")

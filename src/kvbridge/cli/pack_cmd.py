@@ -39,15 +39,14 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     """
     from pathlib import Path
 
-    from kvbridge.errors import ArtifactError
+    from kvbridge.artifacts import check_replaceable
     from kvbridge.cli.options import open_model_session, tokenizer_identity
     from kvbridge.models import resolve
-    from kvbridge.prefix.packs import guide_ids_of, save_pack
+    from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, save_pack
     from kvbridge.prefix.splits import read_text_arg
 
     text = read_text_arg(guide, "guide")
-    if Path(out).exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    check_replaceable(out, PACK_KIND, overwrite=overwrite)  # a pack only ever replaces a pack kvbridge wrote
     resolve(model)  # a bad reference fails before anything is loaded
     loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
     ids = guide_ids_of(tok, text)

@@ -1,6 +1,6 @@
 """Mapping artifacts: a folder with ``mapping.safetensors`` and ``manifest.json``.
 
-The manifest (JSON Schema: ``manifests/schemas/mapping.schema.json``) records what the
+The manifest (JSON Schema: ``kvbridge/manifests/schemas/mapping.schema.json``, package data) records what the
 mapping is for and how it was made: schema version; kvbridge, transformers and torch
 versions; source and target specs with their fingerprints (spec hash, config hash, weights
 hash, revision where known) and RoPE configuration; the tokenizer fingerprint; the fitter
@@ -27,7 +27,7 @@ from kvbridge.errors import ArtifactError
 SCHEMA_VERSION = 1
 KIND = "kvbridge-mapping"
 TENSOR_FILE = "mapping.safetensors"
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "manifests" / "schemas" / "mapping.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "manifests" / "schemas" / "mapping.schema.json"
 
 
 class MappingMismatchWarning(UserWarning):
@@ -118,7 +118,7 @@ def save_mapping(mapping, out: Path | str, *, manifest: dict | None = None, forc
     if not manifest:
         raise ArtifactError("mapping has no manifest", "build one with kvbridge.fit.artifact.build_manifest")
     validate(manifest, partial=True)
-    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, force=force)
+    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, overwrite=force, kind=KIND)
     return path
 
 
@@ -182,6 +182,12 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
         raise ArtifactError(f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
                             "upgrade kvbridge")
     validate(manifest)
+    from kvbridge.check.validate import tensors_match
+
+    # the checksum says the file is the one the manifest names; this says they agree (dtype of every
+    # tensor; shapes are checked against the specs by FittedMapping.from_tensors)
+    tensors_match(tensors, {name: (manifest.get("dtype", "float32"), None) for name in tensors},
+                  str(Path(folder) / TENSOR_FILE), fix="re-create the mapping with `kvbridge fit`")
     idents = {}
     for role, obj in (("source", source), ("target", target)):
         if obj is None:
@@ -211,7 +217,7 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
 
 
 # -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------
-#: used when the repository's manifests/ folder is not beside the package (a wheel install)
+#: used only if the package data is missing (a broken install)
 _FALLBACK_SCHEMA = {"type": "object", "required": ["schema_version", "kind", "source", "target", "fitter", "mode",
                                                     "layer_selection", "tensor_file", "tensor_sha256"]}
 

@@ -8,6 +8,7 @@ source + target models, calibration data (token ids, texts or a corpus path)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
@@ -101,9 +102,10 @@ def _split_overrides(overrides: dict, calibration, provenance):
     return calibration, provenance, overrides
 
 
-def fit(source_model, target_model, data, *, fitter: str = "ridge", options=None,
+def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=None,
         calibration: CalibrationConfig | None = None, tokenizer=None, target_tokenizer=None,
         tokenizer_fingerprint: dict | None = None, corpus_sha256: str | None = None,
+        corpus_path: str | Path | None = None,
         out: str | Path | None = None, overwrite: bool = False, resume: bool = False,
         checkpoint_dir: str | Path | None = None, checkpoint_every: float = 60.0,
         provenance: Provenance | None = None, progress: Callable | None = None, distributed: Any = "auto",
@@ -125,18 +127,17 @@ def fit(source_model, target_model, data, *, fitter: str = "ridge", options=None
 
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.artifact import build_manifest, model_identity, save_mapping
-    from kvbridge.fit.calibrate import PairedCalibration
+    from kvbridge.fit.calibrate import MIN_OBS_PER_FEATURE, PairedCalibration
     from kvbridge.plugins import get_host
 
     if "force" in overrides:  # the old name of overwrite
         warnings.warn("fit(force=...) is deprecated: use overwrite=", DeprecationWarning, stacklevel=2)
         overwrite = bool(overrides.pop("force")) or overwrite
     host = host or get_host()
-    if out is not None and Path(out).exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
     config, prov, overrides = _split_overrides(dict(overrides), calibration, provenance)
     fitter_obj = load_fitter(host, fitter)
     opts = fitter_options(fitter_obj, options, **overrides)
+    _validate(source_model, target_model, config, opts)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
     seqs, sha, texts = prepare_sequences(data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens)
     if texts is not None and target_tokenizer is not None and target_tokenizer is not tokenizer:
@@ -148,7 +149,8 @@ def fit(source_model, target_model, data, *, fitter: str = "ridge", options=None
     data_sha = corpus_sha256 or sha
     params = {"fitter": fitter, **asdict(opts)}
     checkpoint = None
-    ck_dir = checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None else None)
+    # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
+    ck_dir = checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None and resume else None)
     if ck_dir is not None:
         key = {"source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
                "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
@@ -167,15 +169,89 @@ def fit(source_model, target_model, data, *, fitter: str = "ridge", options=None
         return mapping
     calib = {**cal.describe(), "corpus_sha256": data_sha, "token_ids_sha256": _token_sha(seqs),
              "world_size": ctx.world if ctx else 1, "forward_seconds": round(cal.seconds, 3)}
+    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel())))
+    feats = (getattr(mapping.report, "observations", None) or {}).get("features_per_head")
+    if feats:
+        ratio = calib["observations_train"] / feats
+        calib["features_per_head"], calib["observations_per_feature"] = int(feats), round(ratio, 3)
+        calib["min_observations_per_feature"] = MIN_OBS_PER_FEATURE
+        if ratio < MIN_OBS_PER_FEATURE:
+            import dataclasses
+
+            warn = (f"only {ratio:.1f} training observations per feature ({calib['observations_train']} per target "
+                    f"head for {feats} features; at least {MIN_OBS_PER_FEATURE} recommended): held-out R² will be "
+                    f"low and seed-dependent; calibrate on more --tokens, a smaller --stride or --top-k, or "
+                    f"ridge-headwise")
+            mapping.report = dataclasses.replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
     mapping.manifest = build_manifest(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint,
                                       calibration=calib)
     if out is not None:
         if ctx is None or ctx.is_main:
+            from kvbridge.faults import fault_point
+
+            fault_point("fit.save")
             save_mapping(mapping, out, force=overwrite)
         dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
         if checkpoint is not None and (ctx is None or ctx.is_main):
             checkpoint.clear()
     return mapping
+
+
+def _validate(source_model, target_model, config, opts) -> None:
+    """Run options through the one validation layer (kvbridge.check.validate) before any work."""
+    from kvbridge.check import validate as v
+
+    smax = getattr(source_model.config, "max_position_embeddings", None)
+    tmax = getattr(target_model.config, "max_position_embeddings", None)
+    max_pos = min([m for m in (smax, tmax) if isinstance(m, int) and m > 0], default=None)
+    layers = getattr(source_model.config, "num_hidden_layers", None)
+    if getattr(opts, "top_k", None) is not None:
+        v.top_k(opts.top_k, layers if isinstance(layers, int) else None)
+    if config.seq_len is not None:
+        v.seq_len(config.seq_len, max_pos)
+        v.stride(config.stride, config.seq_len, skip=config.skip)
+    v.tokens(config.tokens)
+    alpha = getattr(opts, "alpha", None)
+    if alpha is not None and not isinstance(alpha, (list, tuple)):
+        v.alpha(alpha)
+    budget = getattr(opts, "memory_budget", None)
+    if budget is not None:
+        v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
+
+
+def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int) -> dict:
+    """The corpus file hashes (as ``sha256sum`` prints them) and the span calibration read."""
+    out = {}
+    if corpus_path is not None:
+        from kvbridge.fit.calibrate import corpus_record
+
+        out["corpus"] = corpus_record(corpus_path)
+        out["corpus_sha256"] = out["corpus"]["sha256"]
+    if texts is not None and tokenizer is not None:
+        from kvbridge.fit.calibrate import calibration_span
+
+        out["span"] = calibration_span(list(texts), tokenizer, used_tokens)
+    return out
+
+
+@functools.wraps(_fit)
+def fit(source_model, target_model, data, **kwargs):
+    out = kwargs.get("out")
+    if out is None:
+        return _fit(source_model, target_model, data, **kwargs)
+    from kvbridge.artifacts import check_replaceable, output_lock
+    from kvbridge.fit import distributed as dist_mod
+    from kvbridge.fit.artifact import KIND
+
+    overwrite = bool(kwargs.get("overwrite") or kwargs.get("force"))
+    check_replaceable(out, KIND, overwrite=overwrite)  # refuse before any work; the lock is held to the end
+    if kwargs.get("distributed", "auto") == "auto":
+        kwargs["distributed"] = dist_mod.setup()
+    ctx = kwargs["distributed"]
+    if ctx is not None and not ctx.is_main:  # rank 0 writes (and locks)
+        return _fit(source_model, target_model, data, **kwargs)
+    with output_lock(out):
+        return _fit(source_model, target_model, data, **kwargs)
 
 
 __all__ = ["fit", "prepare_sequences", "load_fitter", "fitter_options", "Provenance"]

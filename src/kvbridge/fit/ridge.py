@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from kvbridge.fit.calibrate import DEFAULT_TOP_K
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's historical home)
     DEFAULT_ALPHA,
@@ -61,7 +62,7 @@ def check_top_k(top_k) -> None:
 class RidgeOptions:
     """Options of ``ridge`` (``-o key=value``)."""
 
-    top_k: int = 4  # source layers per target layer
+    top_k: int = DEFAULT_TOP_K  # source layers per target layer (what `kvbridge check` assumes too)
     alpha: float | str = DEFAULT_ALPHA  # ridge strength, or "auto" (chosen on the held-out split)
     memory_budget: int | None = None  # statistics bytes (None: 8 GiB or $KVBRIDGE_FIT_MEMORY)
     low_r2: float = LOW_R2  # warn below this mean held-out R²

@@ -15,7 +15,9 @@ Nothing is downloaded (``local_files_only``); no code shipped with a model is ex
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,28 @@ def _quiet():
     return transformers
 
 
+@contextmanager
+def _no_gguf_progress(active: bool):
+    """transformers' GGUF loader draws its own tqdm bar (not switched off by its logging): hide it."""
+    if not active:
+        yield
+        return
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - other transformers layouts
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+    gguf_utils.tqdm = partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200]
 
@@ -96,13 +120,18 @@ def load_tokenizer_of(ref: ModelRef):
     return load_tokenizer(ref.folder)
 
 
-def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
-    """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
+def require_weights(ref: ModelRef) -> None:
+    """A one-line error when ``ref`` has no weights to load (a manifest record, a bare config)."""
     if not ref.has_weights:
         raise ConfigError(f"{ref.ref}: a {ref.kind} reference has no weights"
                           + (f" (no weight files in {ref.folder})" if ref.folder else ""),
                           "pass a local model folder with its weights, a .gguf file, zoo:NAME, smollm2, or a "
                           "model in the Hugging Face cache")
+
+
+def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
+    """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
+    require_weights(ref)
     import torch
 
     transformers = _quiet()
@@ -119,9 +148,15 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
     else:
         folder = ref.folder
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        with _no_gguf_progress(bool(ref.gguf_file)):
+            model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, KeyError, safetensors errors ...
         where = ref.gguf_file or ref.folder
+        from kvbridge.errors import InternalError, from_exception
+
+        known = from_exception(exc)  # the error boundary's reading: names the file / the mismatched weight
+        if not isinstance(known, InternalError):
+            raise ConfigError(f"{where}: cannot load the model: {known.what}", known.fix) from None
         raise ConfigError(f"{where}: cannot load the model ({type(exc).__name__}: {_one_line(exc)})",
                           "pass a folder written by save_pretrained (config.json + weights) or a valid .gguf") \
             from None
@@ -142,6 +177,7 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
         host = get_host()
     resolved = resolve(ref, host=host)
     name = dtype_for(resolved, dtype)
+    require_weights(resolved)
     tok = load_tokenizer_of(resolved) if tokenizer else None
     model = load_weights(resolved, name, device)
     config = model.config.to_dict()

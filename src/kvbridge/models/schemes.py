@@ -46,33 +46,24 @@ def schemes(host=None) -> dict[str, Scheme]:
 
         host = get_host()
     caller = getattr(getattr(host, "pm", None), "hook", None)
-    hook = getattr(caller, HOOK, None) if caller is not None else None
-    if hook is None:
+    if caller is None or getattr(caller, HOOK, None) is None or not hasattr(host, "call"):
         return out
-    records = {r.name: r for r in getattr(host, "records", [])}
-    for impl in hook.get_hookimpls():
-        plugin = impl.plugin_name
+    from kvbridge.plugins import current_plugin
 
-        def register(name: str, resolver: Callable[[str], Any], description: str = "", _plugin=plugin) -> None:
-            if not isinstance(name, str) or not SCHEME_RE.match(name):
-                raise PluginError(f"plugin {_plugin!r} registered model source {name!r}",
-                                  "a scheme is a lowercase name such as 'myhub' (used as myhub:REST)")
-            if not callable(resolver):
-                raise PluginError(f"plugin {_plugin!r}: model source {name!r} has no callable resolver",
-                                  "call register(name, resolver, description)")
-            if name in out:
-                raise PluginError(f"plugin {_plugin!r} registered model source {name!r}, which "
-                                  f"{out[name].plugin!r} already provides", "choose another scheme name")
-            out[name] = Scheme(name, resolver, description, _plugin)
+    def register(name: str, resolver: Callable[[str], Any], description: str = "") -> None:
+        _plugin = current_plugin() or "?"
+        if not isinstance(name, str) or not SCHEME_RE.match(name):
+            raise PluginError(f"plugin {_plugin!r} registered model source {name!r}",
+                              "a scheme is a lowercase name such as 'myhub' (used as myhub:REST)")
+        if not callable(resolver):
+            raise PluginError(f"plugin {_plugin!r}: model source {name!r} has no callable resolver",
+                              "call register(name, resolver, description)")
+        if name in out:
+            raise PluginError(f"plugin {_plugin!r} registered model source {name!r}, which "
+                              f"{out[name].plugin!r} already provides", "choose another scheme name")
+        out[name] = Scheme(name, resolver, description, _plugin)
 
-        try:
-            impl.function(register)
-        except PluginError:
-            raise
-        except Exception as exc:  # a broken plugin must not break other references
-            record = records.get(plugin)
-            if record is not None:
-                record.error = f"{HOOK} failed: {type(exc).__name__}: {exc}"
+    host.call(HOOK, register=register)  # pluggy's order; a failing plugin is recorded on it by the host
     return out
 
 

@@ -282,8 +282,13 @@ class DivergeReport:
 
 def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds: int | Sequence[int] = 8,
             max_new_tokens: int = 32, temperature: float = 1.0, top_p: float = 0.95, greedy_only: bool = False,
-            split: str = "safe", pack=None, paths: Sequence[str] = PATHS, host=None) -> DivergeReport:
-    """Run every path for every seed (and greedily) and compare every pair (see the module docstring)."""
+            split: str = "safe", pack=None, paths: Sequence[str] = PATHS, host=None, progress=None,
+            on_seed=None) -> DivergeReport:
+    """Run every path for every seed (and greedily) and compare every pair (see the module docstring).
+
+    ``progress(done, total, tokens)`` after each seed (and the greedy run); ``on_seed(seed, results)``
+    with the finished seed's pair comparisons (partial results: what a killed run keeps).
+    """
     import torch
 
     from kvbridge.prefix import packs
@@ -335,7 +340,11 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     pairs = list(combinations(paths, 2))
     per_pair: dict = {pair_name(a, b): {"seeds": []} for a, b in pairs}
     tokens: dict = {}
-    for seed in seed_list:
+    from kvbridge.faults import fault_point
+
+    units = len(seed_list) + 1  # every seed, then the greedy run
+    per_unit = len(paths) * max_new_tokens
+    for i, seed in enumerate(seed_list):
         trajs = {}
         for path in paths:
             gen = torch.Generator().manual_seed(int(seed))
@@ -345,11 +354,20 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
             res = compare_trajectories(trajs[a], trajs[b], sampler)
             res["seed"] = seed
             per_pair[pair_name(a, b)]["seeds"].append(res)
+        if on_seed is not None:
+            on_seed(seed, {name: data["seeds"][-1] for name, data in per_pair.items()})
+        if progress is not None:
+            progress(i + 1, units, per_unit)
+        fault_point("diverge.seed")
     for name in per_pair:
         per_pair[name]["summary"] = summarise(per_pair[name]["seeds"]) if seed_list else {}
     greedy_trajs = {p: runner.run(p, lambda lg: int(lg.argmax()), max_new_tokens) for p in paths}
     tokens["greedy"] = {p: t.tokens for p, t in greedy_trajs.items()}
     greedy = {pair_name(a, b): compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
+    if on_seed is not None:
+        on_seed("greedy", greedy)
+    if progress is not None:
+        progress(units, units, per_unit)
     if 0 < len(seed_list) < MIN_SEEDS_FOR_RATE:
         notes.append(f"{len(seed_list)} seeds are too few to estimate how often paths diverge; "
                      f"use --seeds {MIN_SEEDS_FOR_RATE} or more for a rate")

@@ -46,6 +46,16 @@ REQUIRED = {
 }
 
 
+#: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
+NESTED_REQUIRED = {
+    "model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
+    "model.config_fingerprint": str, "model.weights_fingerprint": str, "model.spec_fingerprint": str,
+    "guide.token_ids": list, "guide.num_tokens": int, "positions.start": int, "positions.stop": int,
+    "positional.kind": str, "cache_format.cache_class": str, "cache_format.layout": str,
+    "state.num_layers": int, "state.spec": dict,
+}
+
+
 class PackMismatchError(ArtifactError):
     """A pack was made for a different model, tokenizer, dtype, RoPE table or cache format."""
 
@@ -176,9 +186,10 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     from kvbridge.artifacts import state_tensors, write_artifact
     from kvbridge.prefix.splits import special_affixes
 
+    from kvbridge.artifacts import check_replaceable
+
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    check_replaceable(out, PACK_KIND, overwrite=overwrite)  # before the prefill: refuse early
     if guide_ids is None:
         if tokenizer is None or guide_text is None:
             raise KVBridgeError("save_pack needs guide_ids, or guide_text with a tokenizer",
@@ -198,7 +209,8 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
     manifest = build_manifest(model, state, guide_text=guide_text, tokenizer_fp=tokenizer_fp,
                               model_dir=model_dir, weights_fp=weights_fp, special_prefix=special)
-    return write_artifact(out, state_tensors(state), manifest, tensor_file=TENSOR_FILE, force=overwrite)
+    return write_artifact(out, state_tensors(state), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite,
+                          kind=PACK_KIND)
 
 
 # -- reading and checking -------------------------------------------------------------------------
@@ -212,6 +224,9 @@ def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> Non
                                 "re-create the pack with kvbridge pack save")
     if manifest["kind"] != PACK_KIND:
         raise ArtifactError(f"{where} kind is {manifest['kind']!r}, not {PACK_KIND!r}", "pass a prefix pack folder")
+    from kvbridge.check.validate import require_fields
+
+    require_fields(manifest, NESTED_REQUIRED, where, fix="re-create the pack with kvbridge pack save")
     if manifest["schema_version"] > SCHEMA_VERSION:
         raise ArtifactError(f"pack schema_version {manifest['schema_version']} is newer than this kvbridge "
                             f"supports ({SCHEMA_VERSION})", "upgrade kvbridge")
@@ -345,6 +360,14 @@ def read_pack(path: str | Path):
 
     manifest, tensors = read_artifact(path, kind="prefix pack")
     check_manifest_shape(manifest, f"{Path(path) / 'manifest.json'}")
+    from kvbridge.check.validate import tensors_match
+
+    m, n = manifest["model"], manifest["guide"]["num_tokens"]
+    kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
+    want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
+    want["token_ids"] = (("int64", "int32"), (None, n))
+    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True,
+                  fix="re-create the pack with kvbridge pack save")
     return manifest, tensors
 
 

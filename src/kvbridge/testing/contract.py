@@ -274,7 +274,11 @@ class RopeVariantContract:
             check_rope_round_trip(spec, host=host, seed=i)
 
     def test_inv_freq_shape_and_scaling(self):
+        from kvbridge import rope as codec
+
+        host = self._host()  # through the codec, as kvbridge calls it: either documented signature works
         for spec in self.specs:
-            freqs, scaling = self.variant.inv_freq(spec, None, "cpu")
+            freqs, scaling = codec.inv_freq(spec, None, host=host)
             assert tuple(freqs.shape) == (spec.rotary_dim // 2,), f"inv_freq shape {tuple(freqs.shape)}"
+            assert bool((freqs > 0).all()), "inverse frequencies must be positive"
             assert float(scaling) > 0
