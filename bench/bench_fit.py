@@ -350,14 +350,14 @@ def bench_fit_floor(ls, hs, ds, lt, ht, dt, n, k) -> str:
     for _ in range(3):
         t_gemm = min(t_gemm, best_of(stats_gemms, 1))
         t0 = time.perf_counter()
-        mapping = RidgeFitter().fit(sspec, tspec, calibration=cal, top_k=k)
+        mapping = RidgeFitter().fit(sspec, tspec, cal, RidgeFitter.Options(top_k=k))
         secs = min(secs, time.perf_counter() - t0)
     rate = 2 * 2 * n * (p * p + p * q) / t_gemm
     flops = fit_flops(ls, hs, ds, lt, ht, dt, n, k)
     found = sum(int(sel[0] == int(t)) for sel, t in zip(mapping.layer_selection(), cal.true))
     rows = [[f"{ls}x{hs}x{ds} -> {lt}x{ht}x{dt}", k, f"{n:,}", f"{secs:.2f}", f"{flops / 1e9:.1f}",
              f"{rate / 1e9:.1f}", f"{flops / rate:.2f}", f"{secs / (flops / rate):.2f}",
-             f"{mapping.report['r2_summary']['mean']:.4f}", f"{found}/{lt}"]]
+             f"{mapping.report.r2_summary['mean']:.4f}", f"{found}/{lt}"]]
     return ("### Fit time (statistics + selection + solves; forwards excluded) vs its FLOPs floor\n\n"
             + table(["geometry (layers x kv heads x dim)", "top-k", "observations", "fit s", "GFLOP (float64)",
                      "float64 GEMM GFLOP/s (measured on the statistics' GEMMs)", "floor s", "fit / floor", "held-out R²",

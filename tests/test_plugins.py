@@ -236,3 +236,195 @@ def test_every_hook_is_documented_and_tested(repo_root):
         assert len(doc.split()) >= 20, f"hook {name} needs a docstring (the plugin reference)"
         # a test must implement it (`def <name>(`), not just mention it
         assert f"def {name}(" in corpus, f"hook {name} has no test implementing it"
+
+
+# -- pluggy's semantics --------------------------------------------------------------------------
+def _order_plugins(calls):
+    class Plain:
+        @hookimpl
+        def kvbridge_register_metrics(self, register):
+            calls.append("plain")
+
+    class First:
+        @hookimpl(tryfirst=True)
+        def kvbridge_register_metrics(self, register):
+            calls.append("first")
+
+    class Last:
+        @hookimpl(trylast=True)
+        def kvbridge_register_metrics(self, register):
+            calls.append("last")
+
+    return Plain, First, Last
+
+
+def test_implementations_run_in_pluggys_order():
+    calls: list = []
+    plain, first, last = _order_plugins(calls)
+    # registered last -> first -> plain: pluggy runs tryfirst, then the plain ones, then trylast
+    host = plugins_mod.make_host(entry_points=False, extra=[("last", last()), ("first", first()), ("plain", plain())])
+    host.registry("metric")
+    assert calls == ["first", "plain", "last"]
+    assert [o.plugin for o in host.call("kvbridge_register_metrics", register=lambda m: None)][:1] == ["first"]
+
+
+def test_trace_shows_every_hook_call(monkeypatch, capsys):
+    from kvbridge import hookspecs
+
+    monkeypatch.setenv("KVBRIDGE_TRACE_PLUGINS", "1")
+    host = plugins_mod.make_host(entry_points=False)
+    host.registry("metric")
+    host.check_findings(None, None)
+    host.manifest_dirs()
+    with pytest.raises(UnsupportedModelError):
+        host.adapter_for({"model_type": "mystery-type"})  # asks kvbridge_resolve_family
+    import click
+
+    host.register_commands(click.Group())
+    from kvbridge.models.schemes import schemes
+
+    schemes(host)
+    err = capsys.readouterr().err
+    called = ["kvbridge_register_families", "kvbridge_register_rope_variants", "kvbridge_register_fitters",
+              "kvbridge_register_metrics", "kvbridge_check_compatibility", "kvbridge_manifest_dirs",
+              "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources"]
+    assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
+    for name in called:
+        assert f"[kvbridge-plugins] {name} [hook]" in err or f"{name} [hook]" in err, (name, err[:400])
+
+
+def test_wrapper_implementations_are_refused_naming_the_plugin():
+    class NewStyle:
+        @hookimpl(wrapper=True)
+        def kvbridge_register_fitters(self, register):
+            return (yield)
+
+    class OldStyle:
+        @hookimpl(hookwrapper=True)
+        def kvbridge_check_compatibility(self, source, target):
+            yield
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("wrapping", NewStyle()), ("oldwrap", OldStyle())])
+    for name, flag in (("wrapping", "wrapper=True"), ("oldwrap", "hookwrapper=True")):
+        rec = host.record(name)
+        assert rec.error.startswith(f"plugin {name!r}:") and flag in rec.error and "\n" not in rec.error
+        assert host.pm.get_plugin(name) is None  # not registered: it cannot change any result
+    assert "identity" in host.registry("fitter").names()
+    assert not [f for f in host.check_findings(None, None) if f.plugin == "oldwrap"]
+
+
+def test_every_hook_goes_through_the_error_record():
+    class Broken:
+        @hookimpl
+        def kvbridge_manifest_dirs(self):
+            raise OSError("disk on fire")
+
+    class Fine:
+        @hookimpl
+        def kvbridge_manifest_dirs(self):
+            return ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("broken", Broken()), ("fine", Fine())])
+    dirs = host.manifest_dirs()
+    assert [str(d) for d in dirs] == ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
+    assert host.record("broken").error == "kvbridge_manifest_dirs failed: OSError: disk on fire"
+    # a direct pm.hook call gets the same guard (kvbridge.check.sources calls it that way)
+    assert host.pm.hook.kvbridge_manifest_dirs() == [["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]]
+
+    class BrokenCommands:
+        @hookimpl
+        def kvbridge_register_commands(self, cli):
+            raise RuntimeError("no cli for you")
+
+    import click
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("cmds", BrokenCommands())])
+    host.register_commands(click.Group())
+    assert "no cli for you" in host.record("cmds").error
+
+
+def test_a_fitter_missing_a_protocol_member_is_refused_at_registration():
+    class NoOptions:
+        name = "no-options"
+
+        def fit(self, source_spec, target_spec, calibration, options):
+            return None
+
+    class Registers:
+        @hookimpl
+        def kvbridge_register_fitters(self, register):
+            register(Fitter(name="no-options", description="d", factory=NoOptions))
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("halfdone", Registers())])
+    assert "no-options" not in host.registry("fitter").names()
+    err = host.record("halfdone").error
+    assert err.startswith("plugin 'halfdone': fitter 'no-options'") and "missing member 'Options'" in err
+
+    class Lazy:  # a lazy factory is checked when it loads: a one-line error naming plugin and member
+        @hookimpl
+        def kvbridge_register_fitters(self, register):
+            register(Fitter(name="lazy", description="d", factory="builtins:dict"))
+
+    from kvbridge.fit.pipeline import load_fitter
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("lazyplugin", Lazy())])
+    with pytest.raises(PluginError, match="fitter 'lazy' of plugin 'lazyplugin'.*missing member 'name'"):
+        load_fitter(host, "lazy")
+
+
+def test_model_sources_hook_goes_through_the_host(tmp_path):
+    from kvbridge.models.schemes import schemes
+
+    class Team:
+        @hookimpl
+        def kvbridge_register_model_sources(self, register):
+            register("team", lambda name: tmp_path / name, "our shared folder")
+
+    class Broken:
+        @hookimpl
+        def kvbridge_register_model_sources(self, register):
+            raise RuntimeError("registry offline")
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("team", Team()), ("broken", Broken())])
+    found = schemes(host)
+    assert found["team"].plugin == "team" and found["team"].resolver("x") == tmp_path / "x"
+    assert "zoo" in found and "registry offline" in host.record("broken").error
+
+
+def test_every_hook_is_on_the_reference_page_with_types_and_an_example(repo_root):
+    """docs/plugins.md (generated: python -m kvbridge.plugin_docs) documents every hookspec."""
+    import inspect
+
+    from kvbridge import hookspecs
+    from kvbridge.plugin_docs import hook_reference
+
+    page = (repo_root / "docs" / "plugins.md").read_text()
+    hooks = [n for n in dir(hookspecs) if n.startswith("kvbridge_")]
+    for name in hooks:
+        fn = getattr(hookspecs, name)
+        doc = inspect.cleandoc(fn.__doc__ or "")
+        assert f"### {name}\n" in page, f"hook {name} is not on docs/plugins.md (regenerate it)"
+        assert "Example::" in doc, f"hook {name} needs an example in its docstring"
+        if name != "kvbridge_register_model_sources":  # the loader's hook states its types in prose
+            sig = inspect.signature(fn)
+            assert all(p.annotation is not inspect.Parameter.empty for p in sig.parameters.values()), name
+            assert sig.return_annotation is not inspect.Signature.empty, name
+        assert doc.splitlines()[0].replace("``", "`") in page
+    # the page's hook section is what the generator writes from the hookspecs today
+    assert hook_reference() in page, "docs/plugins.md is stale: python -m kvbridge.plugin_docs > docs/plugins.md"
+
+
+def test_plugins_command_shows_a_plugin_whose_manifest_hook_raises(monkeypatch):
+    from kvbridge.cli.main import cli
+
+    class Broken:
+        @hookimpl
+        def kvbridge_manifest_dirs(self):
+            raise OSError("disk on fire")
+
+    host = plugins_mod.make_host(entry_points=False, extra=[("brokenmanifests", Broken())])
+    monkeypatch.setattr(plugins_mod, "_DEFAULT", host)
+    result = CliRunner().invoke(cli, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {p["name"]: p for p in json.loads(result.output)["plugins"]}
+    assert rows["brokenmanifests"]["error"] == "kvbridge_manifest_dirs failed: OSError: disk on fire"

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from kvbridge.builtin.rope_variants import BUILTIN_VARIANTS
+
 import math
 import subprocess
 import sys
@@ -658,7 +660,7 @@ class _HalfThetaPlugin:
     @hookimpl
     def kvbridge_register_rope_variants(self, register):
         def inv_freq(rope, seq_len, device):
-            return R.BUILTIN_VARIANTS["default"].inv_freq(replace(rope, theta=rope.theta / 2), seq_len, device)
+            return BUILTIN_VARIANTS["default"].inv_freq(replace(rope, theta=rope.theta / 2), seq_len, device)
 
         register(R.RopeVariant("half_theta", inv_freq, "test variant"))
 
@@ -677,7 +679,7 @@ def test_plugin_variant_through_host():
     with pytest.raises(R.UnknownRopeTypeError, match="half_theta"):  # not in the default host
         R.apply(x, pos, spec)
     # the two-argument form of the hook docs, inv_freq(rope, seq_len), works too
-    two_arg = R.RopeVariant("half_theta", lambda rope, seq_len: R.BUILTIN_VARIANTS["default"].inv_freq(
+    two_arg = R.RopeVariant("half_theta", lambda rope, seq_len: BUILTIN_VARIANTS["default"].inv_freq(
         replace(rope, theta=rope.theta / 2), seq_len, None))
 
     class _Host:
@@ -686,7 +688,7 @@ def test_plugin_variant_through_host():
 
     assert torch.equal(R.apply(x, pos, spec, host=_Host()), want)
     # the built-ins resolve through the host too, to the same objects
-    for name, variant in R.BUILTIN_VARIANTS.items():
+    for name, variant in BUILTIN_VARIANTS.items():
         assert host.rope_variant(name) is variant
 
 

@@ -8,40 +8,17 @@ differs. Torch and transformers are imported inside the methods, never at import
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
 from kvbridge.check.spec import ModelSpec
+# the fingerprints live in kvbridge.models.fingerprint; these names are kept for callers
+from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
-
-
-def config_fingerprint(config: Mapping) -> str:
-    """sha256 of the config's canonical JSON, without fields that do not change the model."""
-    ignore = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
-              "_attn_implementation", "_attn_implementation_autoset", "use_cache", "_commit_hash",
-              "output_attentions", "output_hidden_states", "return_dict"}
-    data = {k: v for k, v in dict(config).items() if k not in ignore}
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def weights_fingerprint(model) -> str:
-    """sha256 over every parameter and buffer name, shape, dtype and bytes (fast, exact)."""
-    import torch
-
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for name, tensor in sorted(model.state_dict().items()):
-            t = tensor.detach().contiguous().cpu()
-            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def require(config: Mapping, *names: str, where: str = "config") -> Any:
@@ -182,3 +159,55 @@ class FamilyAdapter:
                              "call state.apply_rope() before injecting")
         data = [(k.detach().clone(), v.detach().clone()) for k, v in zip(state.keys, state.values)]
         return DynamicCache(data)
+
+
+def text_config_of(config: Mapping) -> dict | None:
+    """The decoder config inside a multimodal wrapper (``text_config``), the wrapper's dtype kept.
+
+    None when ``config`` has no ``text_config`` with a ``model_type``. The wrapper's ``dtype``
+    (or legacy ``torch_dtype``) is the dtype the checkpoint is loaded in, so it wins over the
+    text config's own (often absent, i.e. float32) dtype.
+    """
+    text = config.get("text_config") if isinstance(config, Mapping) else None
+    if not (isinstance(text, Mapping) and text.get("model_type")):
+        return None
+    out = dict(text)
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    if dtype is not None:
+        out["dtype"] = str(dtype).removeprefix("torch.")
+        out.pop("torch_dtype", None)
+    return out
+
+
+@dataclass(frozen=True)
+class TextConfigAdapter(FamilyAdapter):
+    """A family adapter applied to the ``text_config`` of a multimodal wrapper (Gemma 3 ...).
+
+    ``describe`` reads the wrapper's text config (wrapper dtype kept); the model side is the
+    inner adapter's: the wrapper model's cache is its text decoder's.
+    """
+
+    inner: Any = None
+    wrapper_type: str = ""
+
+    def describe(self, config: Mapping) -> ModelSpec:
+        text = text_config_of(config)
+        return self.inner.describe(text if text is not None else config)
+
+    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
+        return FamilyAdapter.build_model(self, config, seed=seed, dtype=dtype)
+
+    def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
+        return self.inner.extract(model, input_ids, attention_mask, spec=spec or self.spec_of(model))
+
+    def inject(self, state, model=None, *, check: bool = True):
+        if check and model is not None:
+            import torch
+
+            spec = self.spec_of(model)
+            state.validate(spec, dtype=getattr(torch, spec.dtype))
+        return self.inner.inject(state, None if model is None else model, check=False)
+
+    def rotary_embedding(self, model, layer: int = 0):
+        text = model.get_decoder() if hasattr(model, "get_decoder") else model
+        return getattr(text, "rotary_emb", None) or self.inner.rotary_embedding(model, layer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from os import PathLike
 from typing import Any, Mapping
 
 from kvbridge.check.spec import ModelSpec
@@ -13,20 +14,51 @@ def _host(host=None):
     return host or get_host()
 
 
-def _config_of(obj: Any) -> dict:
+def _is_ref(obj: Any) -> bool:
+    from kvbridge.models import ModelRef
+
+    return isinstance(obj, (str, PathLike, ModelRef))
+
+
+def _config_of(obj: Any, host=None) -> dict:
+    if _is_ref(obj):
+        return dict(resolve_model(obj, host=host).config)
     if isinstance(obj, Mapping):
         return dict(obj)
     config = getattr(obj, "config", obj)
     return config.to_dict()
 
 
+def _model_of(obj: Any, host=None):
+    """A model object: references (``"smollm2"``, ``"zoo:base"``, a folder, a .gguf) are loaded."""
+    return load_model(obj, host=host).model if _is_ref(obj) else obj
+
+
+def resolve_model(ref, host=None):
+    """A model reference resolved offline, torch-free (see :func:`kvbridge.models.resolve`)."""
+    from kvbridge.models import resolve
+
+    return resolve(ref, host=host)
+
+
+def load_model(ref, dtype: str | None = None, device: str = "cpu", host=None):
+    """A :class:`~kvbridge.models.LoadedModel` (model, tokenizer, config, ref, spec, fingerprint); float32
+    unless ``dtype`` says otherwise (see :func:`kvbridge.models.load`)."""
+    from kvbridge.models import load
+
+    return load(ref, dtype=dtype, device=device, host=host)
+
+
 def adapter_for(model_or_config: Any, host=None):
-    """The family adapter of a model, a transformers config or a config mapping."""
-    return _host(host).adapter_for(_config_of(model_or_config))
+    """The family adapter of a model, a model reference, a transformers config or a config mapping."""
+    return _host(host).adapter_for(_config_of(model_or_config, host))
 
 
 def describe(model_or_config: Any, host=None) -> ModelSpec:
-    """ModelSpec of a model (dtype from its weights), a transformers config or a mapping."""
+    """ModelSpec of a model (dtype from its weights), a model reference (read from its config or
+    GGUF header, never loaded), a transformers config or a mapping."""
+    if _is_ref(model_or_config):
+        return resolve_model(model_or_config, host=host).spec(_host(host))
     adapter = adapter_for(model_or_config, host)
     if hasattr(model_or_config, "parameters"):
         return adapter.spec_of(model_or_config)
@@ -58,10 +90,11 @@ def generate_from(model, state, input_ids, host=None, **generate_kwargs):
 
 
 def fit(source_model, target_model, data, **options):
-    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit``)."""
+    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit``);
+    either may be a model reference (loaded with the default dtype policy)."""
     from kvbridge.fit.pipeline import fit as _fit
 
-    return _fit(source_model, target_model, data, **options)
+    return _fit(_model_of(source_model), _model_of(target_model), data, **options)
 
 
 def load_mapping(path, **options):

@@ -1,12 +1,29 @@
 """Artifacts on disk: a folder with one safetensors file + ``manifest.json``. Never pickle.
 
-Writes are atomic: everything goes into a temporary sibling folder that is renamed into
-place only when complete, so an interrupted or failed write leaves nothing half-written.
-Reads verify the tensor file's sha256 against the manifest before loading a byte of it.
+The one write path of kvbridge (mappings, packs, eval reports all go through it):
+
+- **atomic**: everything goes into a temporary sibling folder ``.<name>.tmp-*``; every file
+  is fsynced, then the folder is renamed into place (and the parent fsynced). A killed or
+  failed write leaves the previous artifact as it was; a replaced artifact is moved aside
+  (``.<name>.old-*``) only for the instant between two renames, and the next writer restores
+  it if a crash hit exactly there.
+- **owned**: each artifact folder carries a marker file (:data:`MARKER`: kind + writer).
+  ``--overwrite`` (``--force`` on older commands) replaces only a folder kvbridge wrote with
+  the SAME kind; a model folder, a foreign folder, a file, a symbolic link, or an artifact of
+  another kind (a mapping when writing a pack) is refused, whatever the flag says.
+- **locked**: a writer holds an exclusive lock (``.<name>.lock``, ``flock``: released by the
+  kernel even on ``kill -9``) for the whole run that produces the output, so a second writer
+  to the same output fails at once with a clear error instead of racing.
+
+Reads verify the tensor file's sha256 against the manifest before loading a byte of it; the
+callers then check each tensor's dtype and shape against what the manifest implies
+(:func:`kvbridge.check.validate.tensors_match`), so a re-written file whose checksum was
+"fixed up" is still refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +40,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
 
 MANIFEST = "manifest.json"
+#: ownership marker inside every artifact folder kvbridge writes: {"kind", "writer", "version"}
+MARKER = ".kvbridge-artifact.json"
+WRITER = "kvbridge"
+
+
+class LockError(ArtifactError):
+    """Another process is writing the same output."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -33,75 +57,259 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-@contextmanager
-def atomic_dir(out: Path | str, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temp folder next to ``out``; on success it replaces ``out`` in one rename."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+# -- ownership ---------------------------------------------------------------------------------------
+def artifact_kind(folder: Path | str) -> str | None:
+    """The kind of a folder kvbridge wrote (marker, or a legacy manifest's ``kind``), else None."""
+    folder = Path(folder)
     try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("writer") == WRITER and isinstance(data.get("kind"), str):
+            return data["kind"]
+    except (OSError, ValueError, RecursionError):
+        pass
+    try:  # written before markers existed: a manifest with kvbridge's version and a kind
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("kvbridge_version") and isinstance(data.get("kind"), str):
+            return data["kind"]
+    except (OSError, ValueError, RecursionError):
+        pass
+    return None
+
+
+def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str = "--overwrite") -> None:
+    """Refuse to write ``out`` unless it is absent, an empty folder, or (with ``overwrite``) a
+    folder kvbridge wrote with the same ``kind``."""
+    out = Path(out)
+    if out.is_symlink():
+        target = os.readlink(out)
+        state = "" if out.exists() else "dangling "
+        raise ArtifactError(f"{out} is a {state}symbolic link (to {target}); kvbridge never writes through links",
+                            "remove the link or choose another output path")
+    if not out.exists():
+        parent = out.parent
+        if parent.exists() and not parent.is_dir():
+            raise ArtifactError(f"{out}: the parent {parent} is a file, not a folder",
+                                "choose an output path inside a folder")
+        return
+    if not out.is_dir():
+        raise ArtifactError(f"{out} is a file, not a kvbridge {kind} folder; refusing to replace it",
+                            "choose another output path")
+    try:
+        empty = not any(out.iterdir())
+    except OSError as exc:
+        from kvbridge.errors import from_exception
+
+        raise from_exception(exc) from None
+    if empty:
+        return
+    have = artifact_kind(out)
+    if have is None:
+        what = "a model folder" if (out / "config.json").exists() else "a folder kvbridge did not write"
+        raise ArtifactError(f"{out} is {what}; refusing to replace it{f' (even with {flag})' if flag else ''}",
+                            "choose a new output path")
+    if have != kind:
+        raise ArtifactError(f"{out} holds a {have}, not a {kind}; refusing to replace it"
+                            f"{f' (even with {flag})' if flag else ''}",
+                            "choose another output path")
+    if not overwrite:
+        raise ArtifactError(f"{out} already exists", f"choose another output path or pass {flag} to replace it")
+
+
+# -- locking ------------------------------------------------------------------------------------------
+_HELD: dict[str, tuple[Any, int]] = {}
+
+
+def lock_path(out: Path | str) -> Path:
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+@contextmanager
+def output_lock(out: Path | str) -> Iterator[Path]:
+    """Hold the exclusive write lock of ``out`` (re-entrant within a process)."""
+    out = Path(out)
+    path = lock_path(out)
+    key = str(path.resolve()) if path.parent.exists() else str(path.absolute())
+    if key in _HELD:
+        fh, n = _HELD[key]
+        _HELD[key] = (fh, n + 1)
+        try:
+            yield path
+        finally:
+            fh, n = _HELD[key]
+            _HELD[key] = (fh, n - 1)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a+", encoding="utf-8")
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # pragma: no cover - no flock (Windows): best effort, no lock
+            pass
+        except OSError:
+            fh.seek(0)
+            who = fh.read().strip() or "another process"
+            raise LockError(f"{out} is being written by another kvbridge run ({who})",
+                            "wait for it to finish or choose another output path") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        _HELD[key] = (fh, 1)
+        recover(out)
+        try:
+            yield path
+        finally:
+            _HELD.pop(key, None)
+            with contextlib.suppress(OSError):
+                path.unlink()  # while still locked: no other writer holds this inode
+    finally:
+        fh.close()
+
+
+def recover(out: Path | str) -> None:
+    """Under the lock: restore an artifact a crash left moved aside; remove stale temp folders."""
+    out = Path(out)
+    parent = out.parent
+    if not parent.is_dir():
+        return
+    olds = sorted(parent.glob(f".{out.name}.old-*"))
+    if olds and not out.exists() and not out.is_symlink():
+        olds[-1].rename(out)
+        olds = olds[:-1]
+    for stale in olds + sorted(parent.glob(f".{out.name}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
+# -- atomic writes --------------------------------------------------------------------------------------
+def _fsync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - some file systems refuse opening folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.rglob("*"):
+        if p.is_file():
+            _fsync_path(p)
+    _fsync_path(folder)
+
+
+@contextmanager
+def atomic_dir(out: Path | str, *, kind: str = "artifact", overwrite: bool = False, force: bool | None = None,
+               flag: str = "--overwrite") -> Iterator[Path]:
+    """Yield a temp folder next to ``out``; on success it replaces ``out`` in one rename.
+
+    ``out`` is checked first (:func:`check_replaceable`) and locked for the duration. The temp
+    folder gets the ownership marker; on any exception it is removed and ``out`` is untouched.
+    """
+    out = Path(out)
+    overwrite = bool(overwrite or force)
+    check_replaceable(out, kind, overwrite=overwrite, flag=flag)
+    with output_lock(out):
+        check_replaceable(out, kind, overwrite=overwrite, flag=flag)  # again, now that it is ours
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact gets ordinary permissions
+        try:
+            yield tmp
+            from kvbridge.faults import fault_point
+
+            fault_point("artifact.write")
+            (tmp / MARKER).write_text(json.dumps({"kind": kind, "writer": WRITER, "version": __version__}) + "\n",
+                                      encoding="utf-8")
+            _fsync_tree(tmp)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                out.rename(old)
+                tmp.rename(out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(out)
+            _fsync_path(out.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def write_file_atomic(path: Path | str, data: bytes | str) -> Path:
+    """Write one file atomically: temp sibling, fsync, rename (for JSON/JSONL progress files)."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
+    _fsync_path(path.parent)
+    return path
 
 
 def write_artifact(out: Path | str, tensors: dict, manifest: dict, *, tensor_file: str,
-                   force: bool = False) -> Path:
+                   force: bool = False, overwrite: bool = False, kind: str | None = None,
+                   flag: str = "--overwrite") -> Path:
     """Write ``tensors`` (safetensors) and ``manifest`` (+ sha256 of the tensor file) atomically."""
+    import torch
     from safetensors.torch import save_file
 
     for name, t in tensors.items():
-        import torch
-
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise ArtifactError(f"tensor {name!r} has NaN/inf values; refusing to write {out}",
                                 "recompute the state; a mapping that produced it may be broken")
-    with atomic_dir(out, force=force) as tmp:
+    kind = kind or str(manifest.get("kind") or "artifact")
+    with atomic_dir(out, kind=kind, overwrite=overwrite or force, flag=flag) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / tensor_file))
         full = dict(manifest)
         full.setdefault("kvbridge_version", __version__)
         full["tensor_file"] = tensor_file
         full["tensor_sha256"] = sha256_file(tmp / tensor_file)
+        full["tensors"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
+                           for k, v in tensors.items()}
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
     return Path(out)
 
 
 def read_manifest(folder: Path | str, *, kind: str = "artifact") -> dict:
+    from kvbridge.check.validate import load_json
+
     folder = Path(folder)
     path = folder / MANIFEST
     if not folder.is_dir():
         raise ArtifactError(f"{folder} is not a {kind} folder", f"pass the folder that holds {MANIFEST}")
     if not path.is_file():
         raise ArtifactError(f"{path} is missing", f"pass a {kind} folder written by kvbridge")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{path} is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})",
-                            f"re-create the {kind}") from None
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{path} must hold a JSON object", f"re-create the {kind}")
-    return data
+    return load_json(path, what=f"{kind} manifest", error=ArtifactError)
 
 
 def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = True) -> tuple[dict, dict]:
-    """``(manifest, tensors)`` of an artifact folder, checksum verified before loading."""
+    """``(manifest, tensors)`` of an artifact folder, checksum verified before loading.
+
+    When the manifest lists its tensors (``tensors: {name: {dtype, shape}}``, written since
+    the marker was introduced) every tensor is checked against that list too.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
     manifest = read_manifest(folder, kind=kind)
     name = manifest.get("tensor_file")
-    if not name or "/" in name or name.startswith("."):
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
         raise ArtifactError(f"{folder / MANIFEST} has no valid 'tensor_file'", f"re-create the {kind}")
     path = folder / name
     if not path.is_file():
@@ -114,8 +322,24 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
                 "the file is corrupt, truncated or was replaced", f"re-create the {kind}")
     try:
         tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ArtifactError(f"{path} is not a readable safetensors file ({exc})", f"re-create the {kind}") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ArtifactError(f"{path} is not a readable safetensors file ({' '.join(str(exc).split())[:120]})",
+                            f"re-create the {kind}") from None
+    listed = manifest.get("tensors")
+    if listed is not None:
+        from kvbridge.check.validate import tensors_match
+
+        if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
+            raise ArtifactError(f"{folder / MANIFEST} field 'tensors' must map names to {{dtype, shape}}",
+                                f"re-create the {kind}")
+        expected = {}
+        for k, v in listed.items():
+            shape = v.get("shape")
+            if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+                raise ArtifactError(f"{folder / MANIFEST} field 'tensors.{k}.shape' must be a list of integers",
+                                    f"re-create the {kind}")
+            expected[k] = (str(v.get("dtype")), tuple(shape))
+        tensors_match(tensors, expected, str(path), fix=f"re-create the {kind}")
     return manifest, tensors
 
 
@@ -144,14 +368,19 @@ def state_manifest(state: "KVState") -> dict:
 
 
 def state_from_tensors(tensors: dict, manifest: dict) -> "KVState":
-    from kvbridge.kvstate import KVState
     from kvbridge.check.spec import ModelSpec
+    from kvbridge.check.validate import tensors_match
+    from kvbridge.kvstate import KVState
 
     try:
         n = int(manifest["num_layers"])
+        dtype = manifest.get("dtype")
+        spec = ModelSpec.from_dict(manifest["spec"])
+        kv_shape = (manifest.get("batch_size"), spec.num_kv_heads, manifest.get("num_tokens"), spec.head_dim)
+        want = {f"layers.{i}.{kv}": (dtype, kv_shape) for i in range(n) for kv in ("keys", "values")}
+        tensors_match(tensors, want, "KV state", fix="re-create it with this kvbridge version", allow_extra=True)
         keys = tuple(tensors[f"layers.{i}.keys"] for i in range(n))
         values = tuple(tensors[f"layers.{i}.values"] for i in range(n))
-        spec = ModelSpec.from_dict(manifest["spec"])
         return KVState(keys=keys, values=values, token_ids=tensors["token_ids"], positions=tensors["positions"],
                        spec=spec, rope_applied=bool(manifest.get("rope_applied", True)),
                        rope_lengths=tensors.get("rope_lengths"),
@@ -159,3 +388,5 @@ def state_from_tensors(tensors: dict, manifest: dict) -> "KVState":
                        approximate=bool(manifest.get("approximate", False)))
     except KeyError as exc:
         raise ArtifactError(f"artifact is missing {exc.args[0]!r}", "re-create it with this kvbridge version") from None
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"artifact manifest is malformed ({exc})", "re-create it with this kvbridge version") from None

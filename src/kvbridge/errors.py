@@ -42,3 +42,153 @@ class PluginError(KVBridgeError):
 
 class ArtifactError(KVBridgeError):
     """An artifact on disk is corrupt, truncated, or was made for something else."""
+
+
+class InternalError(KVBridgeError):
+    """Something kvbridge did not expect (a bug, not bad input): still one line, exit 3."""
+
+    exit_code = 3
+
+
+# -- the one error boundary: any exception -> one line ------------------------------------------------
+DEBUG_HINT = "set KVBRIDGE_DEBUG=1 to see the traceback"
+
+
+def _path_of(exc: BaseException) -> str:
+    name = getattr(exc, "filename", None)
+    return str(name) if name else ""
+
+
+def _os_error(exc: OSError) -> KVBridgeError:
+    import errno
+    import os
+
+    path = _path_of(exc)
+    where = f"{path}: " if path else ""
+    code = exc.errno
+    if code == errno.ENOSPC or code == getattr(errno, "EDQUOT", -1):
+        return KVBridgeError(f"{where}no space left on device (nothing was replaced)",
+                             "free some disk space or write to another --out")
+    if code in (errno.EACCES, errno.EPERM):
+        return KVBridgeError(f"{where}permission denied", "check the permissions of that path or choose another one")
+    if code == errno.EROFS:
+        return KVBridgeError(f"{where}read-only file system", "write to a writable location")
+    if code == errno.ENOTDIR:
+        return KVBridgeError(f"{where}a part of this path is a file, not a folder",
+                             "choose a path whose parent folders are folders")
+    if code == errno.EISDIR:
+        return KVBridgeError(f"{where}is a folder, a file was expected", "pass a file path")
+    if code == errno.ENAMETOOLONG:
+        return KVBridgeError(f"{where[:80]}...: file name too long", "use a shorter path")
+    if code == errno.ENOENT:
+        if path and os.path.islink(path):
+            return KVBridgeError(f"{path} is a dangling symbolic link (to {os.readlink(path)})",
+                                 "remove the link or point it at an existing path")
+        return KVBridgeError(f"{where}no such file or folder", "check the path")
+    if code == errno.ELOOP:
+        return KVBridgeError(f"{where}too many levels of symbolic links", "fix the symbolic link loop")
+    text = exc.strerror or str(exc)
+    return KVBridgeError(f"{where}{text}", "check the path and the disk")
+
+
+def _size_mismatch(text: str) -> str | None:
+    """The first ``size mismatch for X`` line of a torch/transformers load error."""
+    import re
+
+    m = re.search(r"size mismatch for ([\w.]+): copying a param with shape (\S+\)?) from checkpoint, "
+                  r"the shape in current model is (\S+\)?)", text)
+    if m:
+        return f"weight {m.group(1)} has shape {m.group(2)} in the weight file but the config implies {m.group(3)}"
+    if "size mismatch" in text or "Error(s) in loading state_dict" in text:
+        return " ".join(text.split())[:200]
+    return None
+
+
+_FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".pt", ".pth", ".model", ".txt", ".jsonl")
+
+
+def _frames(exc: BaseException):
+    """Frames of ``exc``'s traceback, innermost first."""
+    tb, out = exc.__traceback__, []
+    while tb is not None:
+        out.append(tb.tb_frame)
+        tb = tb.tb_next
+    return reversed(out)
+
+
+def _file_in_traceback(exc: BaseException) -> str | None:
+    """The innermost file path (a weight/config file) a failing frame was working on, if any."""
+    import os
+
+    for frame in _frames(exc):
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            if isinstance(value, str) and value.endswith(_FILE_SUFFIXES) and len(value) < 4096:
+                try:
+                    if os.path.isfile(value):
+                        return value
+                except (OSError, ValueError):
+                    continue
+    return None
+
+
+def _mismatch_in_traceback(exc: BaseException) -> str | None:
+    """``name: checkpoint shape vs model shape`` from transformers' load report, if the traceback has one."""
+    for frame in _frames(exc):
+        info = frame.f_locals.get("loading_info")
+        keys = getattr(info, "mismatched_keys", None)
+        if keys:
+            name, have, want = sorted(keys, key=lambda k: str(k[0]))[0]
+            where = frame.f_locals.get("pretrained_model_name_or_path")
+            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+            return (f"{where}: " if where else "") + (f"weight {name} has shape {list(have)} in the weight file but "
+                                                      f"the config implies {list(want)}{more}")
+    return None
+
+
+def from_exception(exc: BaseException) -> KVBridgeError:
+    """The one-line :class:`KVBridgeError` for any exception (the CLI's single error boundary).
+
+    Bad input (files that cannot be read or written, bytes that are not UTF-8, JSON nested too
+    deep, unreadable or inconsistent weight files) maps to a :class:`KVBridgeError` naming the
+    thing and a fix (exit 2); anything else is an :class:`InternalError` (exit 3) pointing at
+    ``KVBRIDGE_DEBUG``.
+    """
+    if isinstance(exc, KVBridgeError):
+        return exc
+    if isinstance(exc, OSError):
+        return _os_error(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        obj = exc.object[max(0, exc.start - 10): exc.start + 10] if isinstance(exc.object, bytes) else b""
+        return KVBridgeError(f"input is not valid UTF-8 ({exc.encoding} cannot decode byte "
+                             f"{exc.object[exc.start]:#04x} at offset {exc.start}, near {obj!r})",
+                             "pass UTF-8 text")
+    if isinstance(exc, UnicodeError):
+        return KVBridgeError(f"input text cannot be encoded or decoded ({exc})", "pass UTF-8 text")
+    path = _file_in_traceback(exc)
+    if isinstance(exc, RecursionError):
+        return KVBridgeError(f"{path or 'a JSON input'}: nested too deeply (recursion limit reached)",
+                             "pass a config/manifest with ordinary nesting")
+    name = type(exc).__name__
+    text = " ".join(str(exc).split())
+    if name == "SafetensorError" or "safetensors" in type(exc).__module__:
+        return KVBridgeError(f"{path or 'a weight or artifact file'}: not a readable safetensors file ({text[:120]})",
+                             "re-create or re-download that file; it is truncated or not safetensors")
+    if name == "JSONDecodeError":
+        return KVBridgeError(f"{path or 'a JSON file'}: invalid JSON ({text[:160]})", "fix or re-create the JSON file")
+    if isinstance(exc, RuntimeError):
+        what = _mismatch_in_traceback(exc) or _size_mismatch(str(exc))
+        if what is None and "ignore_mismatched_sizes" in text:
+            what = "a weight's shape differs from the one the config implies"
+        if what:
+            return KVBridgeError(f"the config's sizes disagree with the weights: {what}",
+                                 "use the config.json that was saved with these weights")
+        low = text.lower()
+        if any(s in low for s in ("unexpected eof", "invalid header", "truncated", "incomplete metadata",
+                                  "pytorchstreamreader", "failed finding central directory", "header too large")):
+            return KVBridgeError(f"{path or 'a weight file'}: truncated or not a weight file ({text[:120]})",
+                                 "re-create or re-download the model's weight files")
+    if isinstance(exc, MemoryError):
+        return KVBridgeError("out of memory", "use smaller inputs (--batch-size, --seq-len, --memory) or more RAM")
+    return InternalError(f"internal error: {name}: {text[:200]}", DEBUG_HINT)

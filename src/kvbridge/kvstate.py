@@ -40,6 +40,9 @@ class KVState:
     model_fingerprint: str = ""  # config (+ weights) fingerprint of the producer
     approximate: bool = False  # True for transferred (mapped) caches: never an exact prefix cache
     meta: dict = field(default_factory=dict, compare=False)
+    # recurrent / convolution state of hybrid models: ((layer, {name: Tensor | flags}), ...); it
+    # summarises all ``num_tokens`` tokens, so it moves only whole (never sliced or mapped)
+    states: tuple = ()
 
     # -- shape -------------------------------------------------------------------------
     @property
@@ -81,12 +84,13 @@ class KVState:
             raise StateError(f"{what} positions shape {tuple(self.positions.shape)} != token ids shape {(B, T)}",
                              "give one position per cached token")
         for i, (k, v) in enumerate(zip(self.keys, self.values)):
-            want = (B, spec.num_kv_heads, T, spec.head_dim)
-            for name, t in (("keys", k), ("values", v)):
+            heads = spec.kv_heads_of(i)
+            for name, t, dim in (("keys", k, spec.key_dim_of(i)), ("values", v, spec.value_dim_of(i))):
+                want = (B, heads, T, dim)
                 if tuple(t.shape) != want:
                     raise StateError(
                         f"{what} layer {i} {name} shape {tuple(t.shape)} != {want} expected by {spec.model_type!r} "
-                        f"[batch, kv_heads={spec.num_kv_heads}, tokens={T}, head_dim={spec.head_dim}]",
+                        f"[batch, kv_heads={heads}, tokens={T}, head_dim={dim}]",
                         "map the state to this model's geometry first (kvbridge fit / transfer)")
                 if dtype is not None and t.dtype != dtype:
                     raise StateError(f"{what} layer {i} {name} dtype {t.dtype} != model dtype {dtype}",
@@ -108,11 +112,15 @@ class KVState:
         out = self.map_tensors(lambda t: t.clone())
         return replace(out, token_ids=self.token_ids.clone(), positions=self.positions.clone(),
                        rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
-                       meta=dict(self.meta))
+                       meta=dict(self.meta), states=_clone_states(self.states))
 
     def slice_tokens(self, start: int = 0, stop: int | None = None) -> "KVState":
         """Tokens ``[start:stop]`` of every layer (views; clone to own them)."""
         sl = slice(start, stop)
+        if self.states and range(self.num_tokens)[sl] != range(self.num_tokens):
+            raise StateError(f"{self.spec.model_type!r} layers {[i for i, _ in self.states]} hold recurrent state "
+                             "summarising every token: it cannot be sliced",
+                             "recompute the prefix you want instead of slicing the state")
         return replace(
             self,
             keys=tuple(k[:, :, sl] for k in self.keys),
@@ -123,6 +131,13 @@ class KVState:
         )
 
     # -- RoPE --------------------------------------------------------------------------
+    def _rotated_slot(self) -> str:
+        """Which cache slot carries RoPE: "keys", or "values" for MLA (the shared RoPE key)."""
+        return "values" if self.spec.cache_format == "mla" else "keys"
+
+    def _rotated(self) -> tuple:
+        return getattr(self, self._rotated_slot())
+
     def strip_rope(self, host=None) -> "KVState":
         """Keys in content space (RoPE removed at each key's own position)."""
         from kvbridge import rope
@@ -130,9 +145,9 @@ class KVState:
         if not self.rope_applied or self.spec.positional != "rope":
             return replace(self, rope_applied=False)
         keys = tuple(
-            rope.strip(k, self.positions, self.spec.rope_for_layer(i), lengths=self.rope_lengths, host=host)
-            for i, k in enumerate(self.keys))
-        return replace(self, keys=keys, rope_applied=False)
+            _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host)
+            for i, k in enumerate(self._rotated()))
+        return replace(self, **{self._rotated_slot(): keys}, rope_applied=False)
 
     def apply_rope(self, positions: "Tensor | None" = None, spec: ModelSpec | None = None,
                    rope_lengths: "Tensor | None" = None, host=None) -> "KVState":
@@ -149,9 +164,9 @@ class KVState:
         if spec.positional != "rope":
             return replace(self, positions=positions, spec=spec, rope_applied=True)
         keys = tuple(
-            rope.apply(k, positions, spec.rope_for_layer(i), lengths=rope_lengths, host=host)
-            for i, k in enumerate(self.keys))
-        return replace(self, keys=keys, positions=positions, rope_applied=True, spec=spec,
+            _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host)
+            for i, k in enumerate(self._rotated()))
+        return replace(self, **{self._rotated_slot(): keys}, positions=positions, rope_applied=True, spec=spec,
                        rope_lengths=rope_lengths)
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
@@ -173,7 +188,23 @@ class KVState:
         stateful = self.spec.rope is not None and self.spec.rope.is_stateful
         new_lengths = rope.forward_lengths(new_positions) if stateful else None
         keys = tuple(
-            rope.reposition(k, self.positions, new_positions, self.spec.rope_for_layer(i),
-                            old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
-            for i, k in enumerate(self.keys))
-        return replace(self, keys=keys, positions=new_positions, rope_lengths=new_lengths)
+            _per_layer(rope.reposition, k, self.spec, i, self.positions, new_positions,
+                       old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
+            for i, k in enumerate(self._rotated()))
+        return replace(self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths)
+
+
+def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwargs) -> "Tensor":
+    """``fn`` (rope.strip / apply / reposition) on one layer's keys, as that layer rotates them.
+
+    NoPE layers and layers without their own KV pass unchanged.
+    """
+    table = spec.rope_for_layer(layer)
+    if table is None or k.shape[-1] == 0 or k.shape[1] == 0:
+        return k
+    return fn(k, *positions, table, **kwargs)
+
+
+def _clone_states(states: tuple) -> tuple:
+    return tuple((i, {k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
+                      for k, v in st.items()}) for i, st in states)

@@ -1,10 +1,30 @@
-"""Small frozen records that plugins register or return (no torch)."""
+"""The records plugins register or return, and the protocols the host checks them against.
+
+Everything here is torch-free (``kvbridge plugins`` stays fast). The hooks that take these
+are documented in :mod:`kvbridge.hookspecs` and ``docs/plugins.md``:
+
+- :class:`Finding` (``kvbridge_check_compatibility``),
+- :class:`RopeVariant` (``kvbridge_register_rope_variants``),
+- :class:`Fitter`, a lazy record of a class following :class:`kvbridge.fit.protocol.FitterProtocol`
+  (``kvbridge_register_fitters``),
+- :class:`Metric`, a lazy record of a function following :class:`MetricFunction`
+  (``kvbridge_register_metrics``).
+
+:func:`check_registration` is what the host runs on every registered object: an object that
+does not follow its protocol is refused with a one-line error naming the plugin and the
+missing member (``kvbridge plugins`` shows it).
+"""
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+
+from kvbridge.errors import ConfigError, PluginError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvbridge.check.spec import RopeSpec
 
 VERDICTS = ("same", "mappable", "blocking", "info", "warning")
 
@@ -30,26 +50,140 @@ def load_object(path: str) -> Any:
     return obj
 
 
+def _load(factory: Any) -> Any:
+    return load_object(factory) if isinstance(factory, str) else factory
+
+
+# -- RoPE variants -----------------------------------------------------------------------------
+class RopeError(ConfigError):
+    """A RoPE spec kvbridge cannot turn into a table (missing or malformed parameters)."""
+
+
+class UnknownRopeTypeError(RopeError):
+    """No built-in or plugin RoPE variant handles this ``rope_type``."""
+
+
+@dataclass(frozen=True)
+class RopeVariant:
+    """One ``rope_type``: how its inverse frequencies follow from a :class:`~kvbridge.check.spec.RopeSpec`.
+
+    ``inv_freq(rope, seq_len)`` (or ``inv_freq(rope, seq_len, device)``) returns
+    ``(inv_freq, attention_scaling)``: ``rope.rotary_dim // 2`` inverse frequencies (a float32
+    tensor, or anything ``torch.as_tensor`` takes) and the factor the cos/sin tables are
+    multiplied by. ``seq_len`` is the length of the forward the table is for (``None``: the
+    static table the model builds at init). kvbridge calls it on the CPU and moves the result,
+    as transformers computes the tables of a loaded model on the CPU.
+
+    Optional: ``stateful`` marks a type whose table depends on the forward length (besides
+    the built-in ``dynamic`` and ``longrope``); ``table_length(rope, seq_len)`` maps a forward
+    length to a representative one with the same table (``None``: the static table), which
+    lets the codec group keys of many lengths into few tables.
+    """
+
+    name: str
+    inv_freq: Callable[..., tuple]
+    description: str = ""
+    stateful: bool = False
+    table_length: "Callable[[RopeSpec, int], int | None] | None" = None
+
+
+# -- fitters -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Fitter:
-    """A mapping fitter, loaded from ``factory`` ("module:attr") when used."""
+    """A mapping fitter: ``factory`` is a class following
+    :class:`kvbridge.fit.protocol.FitterProtocol`, or its ``"module:attr"`` path (loaded lazily
+    when the fitter is used, so registration stays cheap)."""
 
     name: str
     description: str
-    factory: str
+    factory: Any
 
     def load(self) -> Any:
-        return load_object(self.factory)
+        return _load(self.factory)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+@runtime_checkable
+class MetricFunction(Protocol):
+    """``metric(view) -> values``: ``view`` is a :class:`kvbridge.evaluate.metrics.EvalView`
+    (per-sample arrays with a leading replicate dimension ``R``); the result is ``R`` numbers
+    (a tensor) or one number. ``nan`` where the metric does not apply; any exception is an
+    error naming the metric and its plugin."""
+
+    def __call__(self, view: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A quality metric, loaded from ``factory`` ("module:attr") when used."""
+    """A quality metric: ``factory`` is a :class:`MetricFunction` or its ``"module:attr"`` path."""
 
     name: str
     description: str
-    factory: str
+    factory: Any
     higher_is_better: bool = False
 
     def load(self) -> Any:
-        return load_object(self.factory)
+        return _load(self.factory)
+
+
+# -- registration checks -----------------------------------------------------------------------
+#: per kind: (record type, members the registered object needs)
+_MEMBERS = {
+    "family": ("name", "model_types", "describe"),
+    "rope_variant": ("name", "inv_freq"),
+    "fitter": ("name", "description", "factory"),
+    "metric": ("name", "description", "factory"),
+}
+_KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric"}
+
+
+def protocol_problem(kind: str, obj: Any) -> str | None:
+    """The first missing member of ``obj`` as a ``kind`` (an eager factory is checked too), else None."""
+    missing = [m for m in _MEMBERS[kind] if not hasattr(obj, m)]
+    if missing:
+        return missing[0]
+    if kind == "fitter" and not isinstance(obj.factory, str):
+        from kvbridge.fit.protocol import fitter_problem
+
+        return fitter_problem(obj.factory)
+    if kind == "metric" and not isinstance(obj.factory, str) and not callable(obj.factory):
+        return "__call__"
+    if kind == "rope_variant" and not callable(obj.inv_freq):
+        return "inv_freq (callable)"
+    return None
+
+
+def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | None]:
+    """``(object to register, None)`` or ``(obj, one-line error)`` for an object a plugin registers.
+
+    A fitter class (``name``, ``Options``, ``fit``) registered directly is wrapped in a
+    :class:`Fitter` record; so is a metric function with a ``name``.
+    """
+    if kind == "fitter" and not isinstance(obj, Fitter) and hasattr(obj, "fit"):
+        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+        obj = Fitter(getattr(obj, "name", ""), doc[0] if doc else "", obj)
+    missing = protocol_problem(kind, obj)
+    if missing is None:
+        return obj, None
+    name = getattr(obj, "name", None)
+    what = f"{_KIND_WORDS[kind]} {name!r}" if isinstance(name, str) else f"{_KIND_WORDS[kind]} {type(obj).__name__}"
+    return obj, (f"plugin {plugin!r}: {what} does not follow the protocol: missing member {missing!r} "
+                 f"(fix: see docs/plugins.md, {_KIND_WORDS[kind]}s)")
+
+
+def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
+    """Check an object loaded from a lazy factory; a one-line PluginError naming the plugin otherwise."""
+    if kind == "fitter":
+        from kvbridge.fit.protocol import fitter_problem
+
+        missing = fitter_problem(obj)
+    else:
+        missing = None if callable(obj) else "__call__"
+    if missing:
+        raise PluginError(f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
+                          f"missing member {missing!r}", "fix the plugin (see docs/plugins.md)")
+    return obj
+
+
+__all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
+           "Metric", "MetricFunction", "check_registration", "protocol_problem", "loaded"]

@@ -1,6 +1,14 @@
 """The plugin host: a pluggy manager built by a factory, guarded entry-point loading, and
 typed getters so the rest of kvbridge never calls ``pm.hook`` directly.
 
+Every hook call goes through pluggy itself (``pm.hook.<name>(...)``), so implementations run
+in pluggy's order (``tryfirst``, then the rest last-registered first, then ``trylast``) and
+pluggy's hook-call monitoring sees (and ``KVBRIDGE_TRACE_PLUGINS`` prints) every call. Each
+implementation is guarded when its plugin registers: an exception inside it is recorded on
+that plugin (``kvbridge plugins`` shows it) and the call goes on with the other plugins.
+Hook wrappers (``wrapper=True`` / ``hookwrapper=True``) are refused at registration: every
+kvbridge hook collects results from plain implementations.
+
 Environment variables (llm/tox style):
 
 - ``KVBRIDGE_LOAD_PLUGINS``: comma-separated allow-list of entry-point names to load;
@@ -11,6 +19,7 @@ Environment variables (llm/tox style):
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import os
 import sys
@@ -34,7 +43,7 @@ BUILTIN_PLUGINS = (
 )
 #: model types that have no attention KV cache at all
 NO_KV_CACHE_TYPES = frozenset({
-    "mamba", "mamba2", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
 })
 
 
@@ -68,9 +77,10 @@ def _plugin_hook_names(plugin: Any) -> list[str]:
 class Registry:
     """Name -> object, remembering which plugin registered each name."""
 
-    def __init__(self, kind: str, key: Callable[[Any], Iterable[str]]):
+    def __init__(self, kind: str, key: Callable[[Any], Iterable[str]], rank: Callable[[str], int] | None = None):
         self.kind = kind
         self._key = key
+        self._rank = rank or (lambda _name: 0)
         self.items: dict[str, Any] = {}
         self.owner: dict[str, str] = {}
 
@@ -78,9 +88,10 @@ class Registry:
         names = list(self._key(obj))
         for name in names:
             if name in self.items:
+                first, second = sorted((self.owner[name], plugin), key=self._rank)  # registration order
                 raise PluginError(
-                    f"duplicate {self.kind} {name!r}: registered by both {self.owner[name]!r} and {plugin!r}",
-                    f"rename it in one plugin, or disable one with KVBRIDGE_DISABLE_PLUGINS={plugin}")
+                    f"duplicate {self.kind} {name!r}: registered by both {first!r} and {second!r}",
+                    f"rename it in one plugin, or disable one with KVBRIDGE_DISABLE_PLUGINS={second}")
         for name in names:
             self.items[name] = obj
             self.owner[name] = plugin
@@ -98,6 +109,58 @@ class Registry:
         return sorted(self.items)
 
 
+#: the plugin whose implementation is running (registration callables read it)
+_CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvbridge_plugin", default=None)
+#: while :meth:`Host.call` runs: where guarded implementations report ``HookOutcome`` s
+_SINK: contextvars.ContextVar[list | None] = contextvars.ContextVar("kvbridge_sink", default=None)
+
+
+def current_plugin() -> str | None:
+    """The plugin whose hook implementation is running (for ``register`` callables)."""
+    return _CURRENT.get()
+
+
+@dataclass(frozen=True)
+class HookOutcome:
+    """What one implementation of a hook did in one call: its value, or its one-line error."""
+
+    plugin: str
+    value: Any = None
+    error: str | None = None
+
+
+def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
+    """Wrap one implementation: run it as its plugin, record an exception on the plugin."""
+    fn = hookimpl.function
+    plugin_name = hookimpl.plugin_name
+
+    def guarded(*args):
+        sink = _SINK.get()
+        token = _CURRENT.set(plugin_name)
+        try:
+            value = fn(*args)
+        except PluginError:  # kvbridge's own refusals (duplicate names) name both plugins: let them out
+            raise
+        except Exception as exc:  # a broken plugin must not take the host down
+            if os.environ.get("KVBRIDGE_DEBUG"):
+                raise
+            msg = f"{hook_name} failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            if record is not None and record.error is None:
+                record.error = msg
+            if sink is not None:
+                sink.append(HookOutcome(plugin_name, None, msg))
+            return None
+        finally:
+            _CURRENT.reset(token)
+        if sink is not None:
+            sink.append(HookOutcome(plugin_name, value))
+        return value
+
+    guarded.__wrapped__ = fn
+    guarded.__name__ = getattr(fn, "__name__", hook_name)
+    return guarded
+
+
 class Host:
     """A plugin manager plus typed, cached registries."""
 
@@ -106,57 +169,69 @@ class Host:
         self.records = records
         self._registries: dict[str, Registry] | None = None
 
-    def _impls(self, hook_name: str) -> list:
-        """Hook implementations in registration order (built-ins first)."""
-        return list(getattr(self.pm.hook, hook_name).get_hookimpls())
+    def record(self, plugin_name: str) -> PluginRecord | None:
+        return next((r for r in self.records if r.name == plugin_name), None)
 
-    @staticmethod
-    def _call(hookimpl, **kwargs: Any) -> Any:
-        """Call one implementation with the arguments it asks for (pluggy semantics)."""
-        return hookimpl.function(**{a: kwargs[a] for a in hookimpl.argnames if a in kwargs})
+    def call(self, hook_name: str, **kwargs: Any) -> list[HookOutcome]:
+        """Call a hook through pluggy (its order, its monitoring) and return one outcome per
+        implementation that ran, in call order; failures are recorded on their plugin."""
+        sink: list[HookOutcome] = []
+        token = _SINK.set(sink)
+        try:
+            getattr(self.pm.hook, hook_name)(**kwargs)
+        finally:
+            _SINK.reset(token)
+        return sink
 
     # -- registries --------------------------------------------------------------------
     def _collect(self) -> dict[str, Registry]:
         if self._registries is not None:
             return self._registries
+        order = {r.name: i for i, r in enumerate(self.records)}
+        rank = lambda name: order.get(name, len(order))  # noqa: E731
         regs = {
-            "family": Registry("model type", lambda a: a.model_types),
-            "rope_variant": Registry("RoPE variant", lambda v: [v.name]),
-            "fitter": Registry("fitter", lambda f: [f.name]),
-            "metric": Registry("metric", lambda m: [m.name]),
+            "family": Registry("model type", lambda a: a.model_types, rank),
+            "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
+            "fitter": Registry("fitter", lambda f: [f.name], rank),
+            "metric": Registry("metric", lambda m: [m.name], rank),
         }
-        adapters = Registry("family adapter", lambda a: [a.name])
+        adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
             "family": "kvbridge_register_families",
             "rope_variant": "kvbridge_register_rope_variants",
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
         }
-        by_name = {r.name: r for r in self.records}
+        from kvbridge import plugin_types
+
         for kind, hook_name in hooks.items():
-            for hookimpl in self._impls(hook_name):
-                plugin_name = hookimpl.plugin_name
-                record = by_name.get(plugin_name)
-                added: list[str] = []
-
-                def register(obj: Any, _kind=kind, _plugin=plugin_name, _added=added) -> None:
-                    _added.extend(regs[_kind].add(obj, _plugin))
-                    if _kind == "family":
-                        adapters.add(obj, _plugin)
-
-                try:
-                    self._call(hookimpl, register=register)
-                except PluginError:
-                    raise
-                except Exception as exc:  # a broken plugin must not take the host down
-                    if record is not None:
-                        record.error = f"{hook_name} failed: {type(exc).__name__}: {exc}"
-                    continue
+            def register(obj: Any, _kind=kind) -> None:
+                plugin = _CURRENT.get() or "?"
+                record = self.record(plugin)
+                obj, problem = plugin_types.check_registration(_kind, obj, plugin)
+                if problem:  # does not follow its protocol: refused, the plugin shows the error
+                    if record is not None and record.error is None:
+                        record.error = problem
+                    return
+                added = regs[_kind].add(obj, plugin)
+                if _kind == "family":
+                    adapters.add(obj, plugin)
                 if record is not None and added:
-                    record.registers.setdefault(kind, []).extend(added)
+                    record.registers.setdefault(_kind, []).extend(added)
+
+            self.call(hook_name, register=register)
         regs["adapter"] = adapters
         self._registries = regs
         return regs
+
+    def load_all(self) -> None:
+        """Run every hook that takes no model once (registrations, manifest folders, model
+        sources), so each plugin's failure is on its record, as ``kvbridge plugins`` shows."""
+        self._collect()  # duplicate names raise a one-line error naming both plugins
+        self.manifest_dirs()
+        from kvbridge.models.schemes import schemes
+
+        schemes(self)
 
     def registry(self, kind: str) -> Registry:
         return self._collect()[kind]
@@ -174,14 +249,26 @@ class Host:
         families = self.registry("family")
         if model_type in families.items:
             return families.items[model_type]
-        claimed = self.pm.hook.kvbridge_resolve_family(config=config)
+        claimed = self.pm.hook.kvbridge_resolve_family(config=config)  # firstresult: pluggy's order
         if claimed is not None:
             return claimed
         if model_type in NO_KV_CACHE_TYPES:
             raise UnsupportedModelError(
                 f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
                 "kvbridge moves attention KV caches; choose a transformer model")
-        close = difflib.get_close_matches(model_type, families.names(), n=3)
+        # a multimodal wrapper whose text decoder has a family file: that family on text_config
+        from kvbridge.adapter import TextConfigAdapter, text_config_of
+
+        text = text_config_of(config)
+        if text is not None and text["model_type"] in families.items:
+            return TextConfigAdapter(name=f"{text['model_type']} (in {model_type})", model_types=(model_type,),
+                                     inner=families.items[text["model_type"]], wrapper_type=model_type)
+        # no family file: transformers' own config class describes it (generic adapter)
+        from kvbridge.builtin.families.generic import ADAPTER as GENERIC
+
+        if GENERIC.supports(model_type):
+            return GENERIC
+        close = difflib.get_close_matches(model_type, families.names(), n=3, cutoff=0.8)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnsupportedModelError(
             f"unknown model type {model_type!r}",
@@ -200,29 +287,36 @@ class Host:
     def metric(self, name: str) -> Any:
         return self.registry("metric").get(name)
 
+    def owner(self, kind: str, name: str) -> str:
+        """The plugin that registered ``name`` as a ``kind`` ("" when unknown)."""
+        return self.registry(kind).owner.get(name, "")
+
     def check_findings(self, source, target) -> list:
         from dataclasses import replace
 
+        from kvbridge.plugin_types import Finding
+
         out = []
-        for hookimpl in self._impls("kvbridge_check_compatibility"):
-            plugin_name = hookimpl.plugin_name
-            try:
-                found = self._call(hookimpl, source=source, target=target) or []
-            except Exception as exc:
-                from kvbridge.plugin_types import Finding
-                found = [Finding("plugin", "warning", f"check failed: {type(exc).__name__}: {exc}")]
-            out.extend(replace(f, plugin=plugin_name) for f in found)
+        for outcome in self.call("kvbridge_check_compatibility", source=source, target=target):
+            if outcome.error is not None:
+                found = [Finding("plugin", "warning", f"check failed: {outcome.error.split(': ', 1)[1]}")]
+            else:
+                found = outcome.value or []
+            out.extend(replace(f, plugin=outcome.plugin) for f in found)
         return out
 
     def register_commands(self, cli) -> None:
-        by_name = {r.name: r for r in self.records}
-        for hookimpl in self._impls("kvbridge_register_commands"):
-            plugin_name = hookimpl.plugin_name
-            try:
-                self._call(hookimpl, cli=cli)
-            except Exception as exc:
-                if plugin_name in by_name:
-                    by_name[plugin_name].error = f"kvbridge_register_commands failed: {exc}"
+        self.call("kvbridge_register_commands", cli=cli)
+
+    def manifest_dirs(self) -> list:
+        """Folders published through ``kvbridge_manifest_dirs`` (a failing plugin is recorded)."""
+        from pathlib import Path
+
+        out: list = []
+        for outcome in self.call("kvbridge_manifest_dirs"):
+            items = outcome.value if isinstance(outcome.value, (list, tuple)) else [outcome.value]
+            out.extend(Path(p) for p in items if p)
+        return out
 
 
 def _validate(pm: pluggy.PluginManager, plugin: Any) -> str | None:
@@ -260,7 +354,22 @@ def make_host(*, builtins: bool = True, entry_points: bool = True,
         try:
             pm.register(plugin, name=name)
         except Exception as exc:
-            record.error = f"{type(exc).__name__}: {exc}"
+            record.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            return
+        for caller in pm.get_hookcallers(plugin) or []:
+            for hookimpl in caller.get_hookimpls():
+                if hookimpl.plugin is not plugin:
+                    continue
+                if hookimpl.wrapper or hookimpl.hookwrapper:
+                    flag = "wrapper=True" if hookimpl.wrapper else "hookwrapper=True"
+                    pm.unregister(plugin)
+                    record.error = (f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
+                                    "does not take (fix: drop the flag and return the value from a plain hookimpl)")
+                    return
+        for caller in pm.get_hookcallers(plugin) or []:
+            for hookimpl in caller.get_hookimpls():
+                if hookimpl.plugin is plugin:
+                    hookimpl.function = _guard(caller.name, hookimpl, record)
 
     if builtins:
         for modname in BUILTIN_PLUGINS:
@@ -285,7 +394,7 @@ def make_host(*, builtins: bool = True, entry_points: bool = True,
     for name, plugin in extra:
         add(name, plugin, getattr(plugin, "__version__", "local"), False)
 
-    if os.environ.get("KVBRIDGE_TRACE_PLUGINS"):
+    if os.environ.get("KVBRIDGE_TRACE_PLUGINS"):  # pluggy's hook-call monitoring: every hook call
         pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[kvbridge-plugins] {msg}"))
         pm.enable_tracing()
     return Host(pm, records)

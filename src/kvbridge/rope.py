@@ -24,10 +24,9 @@ that produced each key: pass ``lengths`` (``[batch, tokens]``, e.g. ``KVState.ro
 ``None`` means one prefill of the given positions (:func:`forward_lengths`). Keys with
 different lengths are grouped by distinct table.
 
-RoPE types are :class:`RopeVariant` objects. The built-ins (:data:`BUILTIN_VARIANTS`) and the
-frequency math are defined torch-free in :mod:`kvbridge.builtin.rope_variants`, which also
-registers them with the plugin host; with a ``host`` the type is looked up through it, so
-plugins can add types; without one, built-ins first, then the process-wide host.
+RoPE types are :class:`~kvbridge.plugin_types.RopeVariant` objects, looked up through the
+plugin host (``host``, default the process-wide one): the built-in types are registered by
+:mod:`kvbridge.builtin.rope_variants` like any plugin's, so this codec does not import them.
 
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
@@ -49,16 +48,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from kvbridge.builtin.rope_variants import (BUILTIN_VARIANTS, RopeError, RopeVariant,
-                                            UnknownRopeTypeError)
+from kvbridge import rope_compile
 from kvbridge.errors import PluginError
+from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError
 from kvbridge.check.spec import RopeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
 __all__ = [
-    "RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS",
+    "RopeVariant", "RopeError", "UnknownRopeTypeError",
     "tables", "apply", "strip", "reposition", "forward_lengths", "inv_freq", "variant_for",
     "available_types", "clear_caches",
 ]
@@ -68,21 +67,18 @@ __all__ = [
 # lookup
 # ---------------------------------------------------------------------------------------------
 def available_types(host=None) -> list[str]:
-    names = set(BUILTIN_VARIANTS)
     try:
         from kvbridge.plugins import get_host
 
-        names |= set((host or get_host()).registry("rope_variant").names())
-    except Exception:  # a broken host must not hide the built-ins from the message
-        pass
-    return sorted(names)
+        return sorted((host or get_host()).registry("rope_variant").names())
+    except Exception:  # noqa: BLE001 - the message must not fail on a broken host
+        return []
 
 
 def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
-    """The :class:`RopeVariant` of ``rope.rope_type`` (through ``host`` when given)."""
+    """The :class:`RopeVariant` of ``rope.rope_type`` through ``host`` (default: the process-wide
+    host, which registers the built-in variants like any plugin's)."""
     name = rope.rope_type
-    if host is None and name in BUILTIN_VARIANTS:
-        return BUILTIN_VARIANTS[name]
     try:
         if host is None:
             from kvbridge.plugins import get_host
@@ -199,14 +195,25 @@ class _Kernel:
 
     def full(self, which: str, interleaved: bool) -> "Tensor":
         """cos or sin half table laid out over ``rotary_dim`` (doubled, or each entry twice)."""
-        if which == "nsin_sin":  # (-sin, sin): the signs of rotate_half, half split only
-            return self._get(which, lambda: torch.cat((self.nsin, self.sin), dim=-1))
         t = self.cos if which == "cos" else self.sin
         return self._get(f"{which}-{interleaved}", lambda: (
             torch.repeat_interleave(t, 2, dim=-1) if interleaved else torch.cat((t, t), dim=-1)))
 
-    def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True) -> "Tensor":
-        """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``self.dtype``.
+    def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True,
+            out_dtype=None) -> "Tensor":
+        """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``out_dtype``.
+
+        Half-split whole-head rotations go through the opt-in compiled kernel
+        (:mod:`kvbridge.rope_compile`, one pass) when it is enabled; else the eager kernel.
+        """
+        out_dtype = out_dtype or self.dtype
+        if not interleaved and rotary_dim == k.shape[-1]:
+            return rope_compile.rotate(k, self.cos, self.sin, out_dtype, exact=exact,
+                                       eager=lambda: self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype))
+        return self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype)
+
+    def eager(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True) -> "Tensor":
+        """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``self.dtype`` (eager torch).
 
         ``exact``: ``k`` is in ``self.dtype`` and the rotation takes the rounding steps of the
         models' ``x*cos + rotate(x)*sin`` (one per product, one per sum: bit-identical to
@@ -230,13 +237,24 @@ class _Kernel:
                 torch.mul(zc, z, out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
                 return out
             if not interleaved:
-                x1, x2, o1, o2 = src[..., :h], src[..., h:], dst[..., :h], dst[..., h:]
-                torch.mul(x1, self.cos, out=o1)
-                o1.addcmul_(x2, self.nsin)
-                torch.mul(x2, self.cos, out=o2)
-                o2.addcmul_(x1, self.sin)
+                # both halves times cos in one broadcast multiply, then one multiply-add per half
+                xv, ov = src.unflatten(-1, (2, h)), dst.unflatten(-1, (2, h))
+                torch.mul(xv, self.cos.unsqueeze(-2), out=ov)
+                ov[..., 0, :].addcmul_(xv[..., 1, :], self.nsin)
+                ov[..., 1, :].addcmul_(xv[..., 0, :], self.sin)
                 return out
             src = src.to(self.dtype)
+        if not interleaved:
+            # x*cos + rotate_half(x)*sin with the models' rounding steps, in three kernels: both
+            # halves times cos (one broadcast multiply into the output), the two sin products into
+            # one scratch tensor ((-x2)*s == x2*(-s) exactly), one add
+            xv, ov = src.unflatten(-1, (2, h)), dst.unflatten(-1, (2, h))
+            torch.mul(xv, self.cos.unsqueeze(-2), out=ov)
+            tmp = torch.empty(xv.shape, dtype=self.dtype, device=k.device)
+            torch.mul(xv[..., 1, :], self.nsin, out=tmp[..., 0, :])
+            torch.mul(xv[..., 0, :], self.sin, out=tmp[..., 1, :])
+            ov.add_(tmp)
+            return out
         # x*cos + rotate(x)*sin, one rounding per product and one per sum, as the models do
         torch.mul(src, self.full("cos", interleaved), out=dst)
         if cplx:
@@ -245,19 +263,10 @@ class _Kernel:
                                                        else torch.complex64, device=src.device))
             swapped = torch.view_as_real(torch.view_as_complex(src.unflatten(-1, (h, 2))) * unit).flatten(-2)
             swapped.mul_(self.full("sin", True))
-        elif not interleaved and src.is_contiguous():
-            # rotate_half's halves swapped in one gather (long contiguous runs), signs in the table
-            order = self._get("order", lambda: torch.tensor([1, 0], device=src.device))
-            swapped = src.view(-1, 2, h).index_select(1, order).view(src.shape)
-            swapped.mul_(self.full("nsin_sin", False))
-        else:
+        else:  # interleaved pairs that cannot be viewed as complex numbers
             swapped = torch.empty_like(dst)
-            if interleaved:
-                torch.mul(src[..., 1::2], self.nsin, out=swapped[..., 0::2])
-                torch.mul(src[..., 0::2], self.sin, out=swapped[..., 1::2])
-            else:
-                torch.mul(src[..., h:], self.nsin, out=swapped[..., :h])
-                torch.mul(src[..., :h], self.sin, out=swapped[..., h:])
+            torch.mul(src[..., 1::2], self.nsin, out=swapped[..., 0::2])
+            torch.mul(src[..., 0::2], self.sin, out=swapped[..., 1::2])
         dst.add_(swapped)
         return out
 
@@ -430,8 +439,8 @@ def strip(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor 
     """Undo :func:`apply`: keys back in content space (computed in float32 at least, cast back)."""
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
-    out = tab.kernel(k.dtype, inverse=True).run(k, rope.rotary_dim, rope.interleaved, exact=False)
-    return out.to(k.dtype)
+    return tab.kernel(k.dtype, inverse=True).run(k, rope.rotary_dim, rope.interleaved, exact=False,
+                                                 out_dtype=k.dtype)
 
 
 def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", rope: RopeSpec, *,

@@ -113,10 +113,13 @@ def test_every_real_config_is_checked(configs, host):
             assert report.axis("positional").verdict == "blocking"
 
 
-def test_deepseek_mla_is_refused_cleanly(configs, host):
-    with pytest.raises(Exception) as info:
-        check(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), str(configs / "Qwen__Qwen3-4B"), host)
-    assert getattr(info.value, "exit_code", None) == 2 and "deepseek_v2" in str(info.value)
+def test_deepseek_mla_cross_model_is_refused_with_the_reason(configs, host):
+    r = check(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), str(configs / "Qwen__Qwen3-4B"), host)
+    assert r.verdict == "incompatible"
+    action = r.axis("cache_format").action
+    assert "MLA" in action and "rank 512" in action and "RoPE key of 64 dims" in action
+    same = check(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), str(configs / "deepseek-ai__DeepSeek-V2-Lite"), host)
+    assert same.verdict == "identity"
 
 
 # -- verdicts ---------------------------------------------------------------------------------------------------
@@ -272,7 +275,7 @@ def test_sliding_and_no_kv_layers(host):
     r = compat.check(sliding, full, host=host)
     assert r.axis("attention").verdict == "mappable" and "last 8 tokens" in r.axis("attention").action
     assert r.axis("sliding-history").verdict == "warning"
-    skip = make(layers=4, extras=(("no_kv_layers", (3,)),))
+    skip = make(layers=4, no_kv_layers=(3,))
     r = compat.check(skip, full, host=host, plugins=False)
     assert r.axis("layers").verdict == "mappable" and "3 -> 4 KV layers" in r.axis("layers").action
     assert "without KV" in r.axis("attention").source
@@ -283,8 +286,8 @@ def test_cache_formats(host):
     fmt = compat.cache_format_of(spec, {}, {"cache_implementation": "quantized",
                                             "cache_config": {"backend": "quanto", "nbits": 4}})
     assert fmt == "quantized (quanto, 4-bit)"
-    r = compat.check(spec, spec, host=host, source_generation={"cache_implementation": "quantized"},
-                     target_config={"cache_implementation": "static"})
+    r = compat.check(compat.Side(spec, generation={"cache_implementation": "quantized"}),
+                     compat.Side(spec, config={"cache_implementation": "static"}), host=host)
     assert r.axis("cache_format").verdict == "mappable" and "DynamicCache" in r.axis("cache_format").action
 
 

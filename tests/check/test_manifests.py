@@ -12,8 +12,8 @@ from kvbridge.check import sources
 from kvbridge.check.tokenizer_fp import fingerprint_dir
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "manifests" / "models"
-SCHEMA = json.loads((REPO / "manifests" / "schemas" / "model-manifest.schema.json").read_text())
+MODELS = REPO / "src" / "kvbridge" / "manifests" / "models"
+SCHEMA = json.loads((REPO / "src" / "kvbridge" / "manifests" / "schemas" / "model-manifest.schema.json").read_text())
 RECORDS = sorted(MODELS.glob("*.json"))
 
 
@@ -166,7 +166,7 @@ def test_tokenizer_fingerprints_match_the_fixture_files(shared_dir):
 
 
 def test_readme_documents_every_field():
-    readme = (REPO / "manifests" / "README.md").read_text()
+    readme = (REPO / "src" / "kvbridge" / "manifests" / "README.md").read_text()
     for key in SCHEMA["properties"]:
         if key != "$schema":
             assert f"`{key}`" in readme, key

@@ -54,7 +54,7 @@ def test_save_pretrained_folder_with_tokenizer(tmp_path, configs, tokenizers, ho
 
 
 def test_manifest_record_file_is_a_reference(host, repo_root):
-    path = repo_root / "manifests" / "models" / "Qwen__Qwen2.5-0.5B.json"
+    path = repo_root / "src" / "kvbridge" / "manifests" / "models" / "Qwen__Qwen2.5-0.5B.json"
     m = sources.resolve(str(path), host=host)
     assert m.kind == "manifest" and m.name == "Qwen/Qwen2.5-0.5B"
 

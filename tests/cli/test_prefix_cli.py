@@ -71,7 +71,7 @@ def test_pack_save_info_verify(dirs, tiny_guide):
     out = dirs["root"] / "pack"
     res = run("pack", "save", dirs["model"], "--guide", tiny_guide, "--out", out)
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in out.iterdir()) == ["kv.safetensors", "manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".kvbridge-artifact.json", "kv.safetensors", "manifest.json"]
     info = json.loads(run("pack", "info", out, "--json").stdout)
     assert info["checksum_ok"] and info["manifest"]["guide"]["text"] == tiny_guide
     assert "checksum   ok" in run("pack", "info", out).stdout

@@ -1,5 +1,6 @@
 """Fixtures of the evaluation tests: a trained tiny Llama (the zoo's ``base``), samples it wrote
-itself (no corpus needed), a perturbed mapping and a planted pair with a known exact mapping.
+itself (no corpus needed), a perturbed mapping and a planted pair with a known exact mapping
+(built by :mod:`kvbridge.testing.planted`).
 
 The machine these run on is small and shared: torch runs single-threaded here (restored
 after), models are the zoo's 0.7M-parameter Llamas, and samples are short.
@@ -7,7 +8,6 @@ after), models are the zoo's 0.7M-parameter Llamas, and samples are short.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import pytest
@@ -92,50 +92,10 @@ def noisy():
     return NoisyMapping
 
 
-def _scaled_rotation(d: int, g: torch.Generator) -> torch.Tensor:
-    """Per half-split RoPE pair (p, p + d/2) a scaled 2-D rotation: it commutes with RoPE."""
-    r, half = torch.zeros(d, d), d // 2
-    for p in range(half):
-        phi = float(torch.rand(1, generator=g)) * 6.283
-        s = 0.7 + 0.6 * float(torch.rand(1, generator=g))
-        c, sn = s * torch.cos(torch.tensor(phi)), s * torch.sin(torch.tensor(phi))
-        r[p, p], r[p, p + half], r[p + half, p], r[p + half, p + half] = c, sn, -sn, c
-    return r
-
-
-def planted_target(source, seed: int = 5):
-    """``source`` reparametrised: per KV head an invertible map M on v (compensated in o_proj)
-    and a scaled rotation R per RoPE pair on k (compensated by R^-T on the queries). The target
-    computes the source's function exactly; its cache is a known linear map of the source's."""
-    g = torch.Generator().manual_seed(seed)
-    cfg = source.config
-    d, heads, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    rep = heads // kv
-    target = copy.deepcopy(source)
-    with torch.no_grad():
-        for layer in target.model.layers:
-            att = layer.self_attn
-            wq = att.q_proj.weight.view(heads, d, -1)
-            wk = att.k_proj.weight.view(kv, d, -1)
-            wv = att.v_proj.weight.view(kv, d, -1)
-            wo = att.o_proj.weight.view(-1, heads, d)
-            nq, nk, nv, no = wq.clone(), wk.clone(), wv.clone(), wo.clone()
-            for j in range(kv):
-                r = _scaled_rotation(d, g)
-                q_, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
-                m = q_ * (0.7 + 0.6 * torch.rand(d, generator=g))
-                nk[j] = r.T @ wk[j]
-                nv[j] = m.T @ wv[j]
-                for i in range(j * rep, (j + 1) * rep):
-                    nq[i] = torch.linalg.solve(r, wq[i])
-                    no[:, i] = wo[:, i] @ torch.linalg.inv(m).T
-            att.q_proj.weight.copy_(nq.reshape_as(att.q_proj.weight))
-            att.k_proj.weight.copy_(nk.reshape_as(att.k_proj.weight))
-            att.v_proj.weight.copy_(nv.reshape_as(att.v_proj.weight))
-            att.o_proj.weight.copy_(no.reshape_as(att.o_proj.weight))
-    return target.eval()
-
-
 @pytest.fixture(scope="session")
 def planted(base):
-    return planted_target(base[0])
+    """``base`` reparametrised (same geometry): its cache is a known linear map of base's
+    (:func:`kvbridge.testing.planted.planted_pair`); it computes base's function exactly."""
+    from kvbridge.testing.planted import planted_pair
+
+    return planted_pair(base[0], insert_before=(), kv_dup=1, seed=5)[0]

@@ -69,7 +69,7 @@ def test_eval_is_listed_and_light():
 def test_demo_zoo_section_smoke(tmp_path):
     from kvbridge.cli.main import cli
 
-    res = CliRunner().invoke(cli, ["demo", "--skip-identity", "--pairs", "tuned", "--samples", "6", "--tokens", "4096",
+    res = CliRunner().invoke(cli, ["demo", "--skip-identity", "--skip-real", "--pairs", "tuned", "--samples", "6", "--tokens", "4096",
                                    "--bootstrap", "20", "--greedy-tokens", "2", "--no-identity-rows",
                                    "--report", str(tmp_path / "demo")])
     assert res.exit_code == 0, res.output

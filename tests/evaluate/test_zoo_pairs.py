@@ -20,7 +20,7 @@ P, C, N, TOKENS = 64, 8, 48, 16384
 
 @pytest.fixture(scope="module")
 def zoo(base):
-    from kvbridge.cli.demo_cmd import calibration_ids, eval_ids, find_corpus
+    from kvbridge.demo.zoo import calibration_ids, eval_ids, find_corpus
 
     from .conftest import _zoo_or_skip
 

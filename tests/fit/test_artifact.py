@@ -46,8 +46,8 @@ def test_manifest_has_what_the_issue_lists(saved, planted):
         assert side["spec"]["num_layers"] == planted[role].config.num_hidden_layers
         assert len(side["config_fingerprint"]) == len(side["weights_fingerprint"]) == 64
         assert side["rope"]["default"]["type"] == "default"
-    assert m["fitter"] == {"name": "ridge", "params": {"top_k": 2, "alpha": 0.01, "memory_budget": m["fitter"]
-                                                      ["params"]["memory_budget"]}}
+    assert m["fitter"] == {"name": "ridge", "params": {"top_k": 2, "alpha": 0.01, "low_r2": 0.5,
+                                                      "memory_budget": m["fitter"]["params"]["memory_budget"]}}
     assert len(m["heldout_r2"]["k"]) == 6 and len(m["heldout_r2"]["k"][0]) == 4  # [layer][head]
     assert m["calibration"]["tokens"] == 40 * 48 and m["calibration"]["stride"] == 2
     assert m["calibration"]["token_ids_sha256"] and m["tensor_file"] == "mapping.safetensors"

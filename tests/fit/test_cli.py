@@ -97,3 +97,42 @@ def test_transfer_refuses_a_mapping_for_other_models_unless_forced(folders):
         pytest.skip("needs test_fit_then_transfer")
     res = run("transfer", folders / "target", folders / "target", "--mapping", out, "--prompt", "the king")
     assert res.exit_code == 2 and "source." in res.output
+
+
+def test_fitter_options_are_generic_and_checked(folders):
+    base = ["fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--seq-len", 48,
+            "--tokens", 1920, "--stride", 2, "--batch-size", 8]
+    res = run(*base, "--out", folders / "nope", "-o", "topk=2")  # refused before any model loads
+    assert res.exit_code == 2 and "has no option 'topk'" in res.output and "did you mean top_k" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (folders / "nope").exists()
+    res = run(*base, "--out", folders / "nope", "-o", "top_k=two")
+    assert res.exit_code == 2 and "top_k='two' is not a int" in res.output
+    res = run(*base, "--out", folders / "nope", "--fitter", "ridge-headwise", "-o", "top_k=2")
+    assert res.exit_code == 2 and "'ridge-headwise' has no option 'top_k'" in res.output
+    out = folders / "map-o"
+    res = run(*base, "--out", out, "-o", "top_k=2", "-o", "alpha=auto")
+    assert res.exit_code == 0, res.output
+    params = json.loads((out / "manifest.json").read_text())["fitter"]["params"]
+    assert params["top_k"] == 2 and params["alpha"] == "auto"
+    # --overwrite replaces; --force is its hidden, deprecated alias (warns); both refuse nothing else
+    res = run(*base, "--out", out, "-o", "top_k=1", "--overwrite")
+    assert res.exit_code == 0 and json.loads((out / "manifest.json").read_text())["fitter"]["params"]["top_k"] == 1
+    res = run(*base, "--out", out, "--top-k", 2, "--force")
+    assert res.exit_code == 0 and "--force is deprecated; use --overwrite" in res.stderr
+    assert "--force" not in run("fit", "--help").output and "--overwrite" in run("fit", "--help").output
+
+
+def test_transfer_accepts_a_mismatch_only_when_asked(folders):
+    out = folders / "map"
+    if not out.exists():
+        pytest.skip("needs test_fit_then_transfer")
+    res = run("transfer", folders / "target", folders / "target", "--mapping", out, "--prompt", "the king")
+    assert res.exit_code == 2 and "--accept-fingerprint-mismatch" in res.output
+
+
+def test_the_two_meanings_of_force_have_two_names():
+    for cmd in ("eval", "transfer"):
+        text = run(cmd, "--help").output
+        assert "--accept-fingerprint-mismatch" in text and "--force" not in text, cmd
+    fit_help = run("fit", "--help").output
+    assert "--overwrite" in fit_help and "--accept-fingerprint-mismatch" not in fit_help

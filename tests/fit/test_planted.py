@@ -51,10 +51,10 @@ def test_transferred_cache_continues_like_the_native_one(planted, planted_fit, f
 def test_layer_selection_finds_the_true_source_layers(planted, planted_fit):
     truth = planted["truth"]
     assert [sel[0] for sel in planted_fit.layer_selection()] == truth
-    summary = planted_fit.report["r2_summary"]
+    summary = planted_fit.report.r2_summary
     print(f"planted held-out R²: mean {summary['mean']:.8f}, min {summary['min']:.8f}; selection {truth}")
-    assert summary["min"] > 0.9999 and not planted_fit.report["warnings"]
-    scores = torch.tensor(planted_fit.report["selection_scores"]["mean"])
+    assert summary["min"] > 0.9999 and not planted_fit.report.warnings
+    scores = torch.tensor(planted_fit.report.selection_scores["mean"])
     for t, s in enumerate(truth):  # the true layer is the only near-perfect single source
         others = torch.cat([scores[t, :s], scores[t, s + 1:]])
         assert scores[t, s] > 0.9999 and float(others.max()) < 0.9
@@ -88,8 +88,8 @@ def test_an_unrelated_pair_fits_poorly_and_the_fitter_says_so(fit_host):
     target = build(llama_config(vocab_size=512, num_hidden_layers=3), seed=2)
     mapping = fit(source, target, token_ids(24, vocab=512, seed=5), top_k=1, stride=2, host=fit_host,
                   distributed=None)
-    summary = mapping.report["r2_summary"]
+    summary = mapping.report.r2_summary
     print(f"unrelated pair held-out R²: mean {summary['mean']:.3f} (K {summary['mean_k']:.3f}, "
           f"V {summary['mean_v']:.3f})")
     assert summary["mean"] < 0.3
-    assert any("poor fit" in w for w in mapping.report["warnings"])
+    assert any("poor fit" in w for w in mapping.report.warnings)

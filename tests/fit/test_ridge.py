@@ -75,7 +75,7 @@ def test_sklearn_fitter_agrees_with_ridge_fitter(planted, planted_fit, fit_host)
         for name in ("wk", "bk", "wv", "bv"):
             ta, tb = getattr(a, name), getattr(b, name)
             assert float((ta - tb).abs().max()) <= 1e-4 * max(1.0, float(tb.abs().max())), name
-    r2_sk, r2_ridge = np.array(sk.report["heldout_r2"]["k"]), np.array(planted_fit.report["heldout_r2"]["k"])
+    r2_sk, r2_ridge = np.array(sk.report.heldout_r2["k"]), np.array(planted_fit.report.heldout_r2["k"])
     assert np.abs(r2_sk - r2_ridge).max() < 1e-4
 
 
@@ -114,7 +114,7 @@ def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(pl
     budget = full // 3
     blocked = fit(planted["source"], planted["target"], planted["ids"], top_k=2, stride=2, host=fit_host,
                   distributed=None, memory_budget=budget)
-    passes = blocked.report["passes"]
+    passes = blocked.report.passes
     assert len(passes) > 2 and all(p["bytes"] <= budget for p in passes)
     assert {p["tag"][:3] for p in passes} == {"sel", "fit"}
     assert blocked.layer_selection() == planted_fit.layer_selection()

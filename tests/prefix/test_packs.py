@@ -21,7 +21,7 @@ from kvbridge.prefix.packs import (
 from kvbridge.prefix.splits import SplitError, encode, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA = REPO / "manifests" / "schemas" / "prefix-pack.schema.json"
+SCHEMA = REPO / "src" / "kvbridge" / "manifests" / "schemas" / "prefix-pack.schema.json"
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_manifest_validates_against_the_schema(env, tiny_guide):
     assert manifest["model"]["id"] == "model" and manifest["tokenizer"]["source"] == "tokenizer_fp"
     assert manifest["cache_format"]["keys"] == "post_rope" and manifest["dtype"] == "float32"
     assert manifest["positional"]["rope"]["theta"] == 10000.0
-    assert sorted(p.name for p in env["pack"].iterdir()) == ["kv.safetensors", "manifest.json"]
+    assert sorted(p.name for p in env["pack"].iterdir()) == [".kvbridge-artifact.json", "kv.safetensors", "manifest.json"]
 
 
 def test_schema_check_rejects_a_broken_manifest(env):

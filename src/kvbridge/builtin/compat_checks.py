@@ -29,7 +29,7 @@ MINISTRAL3_TYPES = frozenset({"ministral3", "ministral", "mistral3"})
 #: size ratio (hidden_size x layers) from which published transfers degrade clearly
 SIZE_GAP = 2.0
 #: default number of source layers a fitted mapping reads per target layer (top-k)
-TOP_K = 2
+from kvbridge.fit.calibrate import DEFAULT_TOP_K as TOP_K, MIN_OBS_PER_FEATURE  # what `fit` uses
 
 
 def _size(spec) -> int:
@@ -92,8 +92,9 @@ def calibration(source, target) -> list[Finding]:
     features = source.num_kv_heads * source.head_dim * TOP_K
     return [Finding("calibration", "info",
                     f"a per-head ridge over the top-{TOP_K} source layers has {features} features"
-                    f" ({source.num_kv_heads} KV heads x {source.head_dim} dims x {TOP_K}): calibrate on many"
-                    " more tokens than that (the paper used ~128K per head); an underdetermined fit reaches"
+                    f" ({source.num_kv_heads} KV heads x {source.head_dim} dims x {TOP_K}): calibrate on at"
+                    f" least {MIN_OBS_PER_FEATURE}x more observations than that (fit warns below) and preferably many"
+                    " more (the paper used ~128K per head); an underdetermined fit reaches"
                     " R^2 ~ 1 on calibration and collapses on held-out text",
                     features, None)]
 

@@ -1,41 +1,33 @@
-"""The identity baseline: same content geometry, mapping = copy. Exact by construction."""
+"""The identity baseline: same content geometry, mapping = copy. Exact by construction.
+
+The mapping itself (:class:`kvbridge.transfer.IdentityMapping`) is core: the transfer path
+uses it for same-model transfers; this plugin offers it as the ``identity`` fitter.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvbridge.errors import StateError
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Fitter
+from kvbridge.transfer import IdentityMapping, content_geometry
 
-
-def content_geometry(spec) -> tuple:
-    return (spec.num_layers, spec.num_kv_heads, spec.head_dim)
+__all__ = ["IdentityMapping", "IdentityFitter", "IdentityOptions", "content_geometry"]
 
 
 @dataclass(frozen=True)
-class IdentityMapping:
-    """Copies content-space K/V; only valid when layers, KV heads and head dim all match."""
-
-    exact: bool = True
-    name: str = "identity"
-
-    def map_content(self, state, target_spec):
-        if content_geometry(state.spec) != content_geometry(target_spec):
-            raise StateError(
-                f"identity mapping needs the same content geometry; source (layers, kv_heads, head_dim)="
-                f"{content_geometry(state.spec)}, target={content_geometry(target_spec)}",
-                "fit a mapping with `kvbridge fit` (e.g. --fitter ridge)")
-        out = state.map_tensors(lambda t: t.clone())
-        return replace(out, spec=target_spec, rope_lengths=None)
+class IdentityOptions:
+    """The identity fitter has no options."""
 
 
 class IdentityFitter:
-    """Fitter protocol: ``fit(source_spec, target_spec, **kw) -> mapping``."""
+    """``identity``: copy K/V (same content geometry only; the exact baseline)."""
 
     name = "identity"
+    Options = IdentityOptions
 
-    def fit(self, source_spec, target_spec, **_):
+    def fit(self, source_spec, target_spec, calibration=None, options: IdentityOptions = IdentityOptions()):
         if content_geometry(source_spec) != content_geometry(target_spec):
             raise StateError(
                 f"the identity fitter needs the same content geometry; source={content_geometry(source_spec)}, "

@@ -1,9 +1,9 @@
 """Built-in RoPE variants: default, linear, dynamic, yarn, longrope, llama3.
 
-:class:`RopeVariant` and the inverse-frequency math of the built-in types live here so that
-registering them needs no torch (``kvbridge plugins`` stays fast): each ``inv_freq`` imports
-torch when called. The codec that uses them is :mod:`kvbridge.rope`, which re-exports
-everything public from this module.
+The inverse-frequency math of the built-in types lives here (the :class:`RopeVariant` type,
+like every plugin type, in :mod:`kvbridge.plugin_types`) so that registering them needs no
+torch (``kvbridge plugins`` stays fast): each ``inv_freq`` imports torch when called. The
+codec that uses them, :mod:`kvbridge.rope`, finds them through the plugin host.
 
 The frequencies are computed with the same operations, in the same order and precision, as
 transformers 5.x ``modeling_rope_utils`` (float32 on the CPU), so the tables are bit-identical:
@@ -13,49 +13,17 @@ one ulp of ``inv_freq`` would cost ~1e-3 rad at position 40k.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from kvbridge.errors import ConfigError
-from kvbridge.hookspecs import hookimpl
 from kvbridge.check.spec import RopeSpec
+from kvbridge.hookspecs import hookimpl
+from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
 __all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS",
            "kvbridge_register_rope_variants"]
-
-
-class RopeError(ConfigError):
-    """A RoPE spec kvbridge cannot turn into a table (missing or malformed parameters)."""
-
-
-class UnknownRopeTypeError(RopeError):
-    """No built-in or plugin RoPE variant handles this ``rope_type``."""
-
-
-@dataclass(frozen=True)
-class RopeVariant:
-    """One ``rope_type``: how its inverse frequencies follow from a :class:`RopeSpec`.
-
-    ``inv_freq(rope, seq_len, device)`` returns ``(inv_freq, attention_scaling)``: a float32
-    tensor of ``rope.rotary_dim // 2`` inverse frequencies and the factor the cos/sin tables
-    are multiplied by. ``seq_len`` is the length of the forward the table is for (``None``:
-    the static table the model builds at init). kvbridge always calls it with a CPU device and
-    moves the result, as transformers computes the tables of a loaded model on the CPU.
-
-    Optional: ``stateful`` marks a type whose table depends on the forward length (besides
-    the built-in ``dynamic`` and ``longrope``); ``table_length(rope, seq_len)`` maps a forward
-    length to a representative one with the same table (``None``: the static table), which
-    lets the codec group keys of many lengths into few tables.
-    """
-
-    name: str
-    inv_freq: Callable[..., tuple]
-    description: str = ""
-    stateful: bool = False
-    table_length: Callable[[RopeSpec, int], "int | None"] | None = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -169,9 +169,7 @@ class Report:
 
 # -- single axes ----------------------------------------------------------------------------------
 def _kv_layers(spec: ModelSpec) -> tuple[int, tuple]:
-    no_kv = tuple(spec.extra("no_kv_layers", ()) or ())
-    shared = tuple(spec.extra("kv_shared_layers", ()) or ())
-    skip = tuple(sorted(set(no_kv) | set(shared)))
+    skip = tuple(sorted(set(spec.no_kv_layers) | set(spec.kv_shared_layers)))
     return spec.num_layers - len(skip), skip
 
 
@@ -191,9 +189,8 @@ def _layers_axis(s: ModelSpec, t: ModelSpec) -> Axis:
 
 
 def _head_kind(spec: ModelSpec) -> str:
-    groups = spec.extra("num_kv_heads")
-    if spec.extra("new_decoder_architecture") and isinstance(groups, int) and groups < spec.num_kv_heads:
-        return f"{groups} KV groups cached duplicated per query head"
+    if spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads:
+        return f"{spec.kv_groups} KV groups cached duplicated per query head"
     if spec.num_kv_heads == 1:
         return "MQA"
     if spec.num_kv_heads == spec.num_attention_heads:
@@ -202,8 +199,7 @@ def _head_kind(spec: ModelSpec) -> str:
 
 
 def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
-    dup = any(spec.extra("new_decoder_architecture") and isinstance(spec.extra("num_kv_heads"), int)
-              and spec.extra("num_kv_heads") < spec.num_kv_heads for spec in (s, t))
+    dup = any(spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads for spec in (s, t))
     falcon = ""
     if dup:
         falcon = ("; Falcon new architecture: the cache holds every query head (KV groups duplicated),"
@@ -421,6 +417,34 @@ def _cache_axis(sv: str, tv: str) -> Axis:
     return Axis("cache_format", sv, tv, "mappable", "; ".join(parts))
 
 
+def _layout_rules(s: ModelSpec, t: ModelSpec, axis: Axis, same_model: bool) -> Axis:
+    """The cache_format axis raised for MLA and recurrent-state layouts a mapping cannot produce."""
+    same_layout = (s.cache_format, s.num_layers, s.state_layers, s.latent) == \
+        (t.cache_format, t.num_layers, t.state_layers, t.latent)
+    if s.cache_format == "kv" and t.cache_format == "kv" or same_layout and (same_model or s == t):
+        return axis
+    parts, verdict = [], axis.verdict
+    for side, spec in (("source", s), ("target", t)):
+        if spec.cache_format == "mla":
+            sizes = dict(spec.latent)
+            parts.append(f"{side} uses MLA: its cache holds the compressed latent (rank {sizes.get('kv_lora_rank')},"
+                         f" position-free) and one shared RoPE key of {sizes.get('qk_rope_head_dim')} dims per token,"
+                         " not per-head K/V; fitting another model's cache onto this latent is not supported")
+            verdict = "blocking"
+    if t.cache_format == "hybrid" and not same_layout:
+        parts.append(f"target layers {list(t.state_layers)} hold recurrent/convolution state that only the target"
+                     " itself can compute from the tokens: it cannot be mapped from another model")
+        verdict = "blocking"
+    elif s.cache_format == "hybrid" and not same_layout:
+        parts.append(f"source recurrent/convolution state (layers {list(s.state_layers)}) is dropped; only its"
+                     f" attention layers {list(s.kv_layers)} map")
+        verdict = "blocking" if verdict == "blocking" else "mappable"
+    if not parts:
+        return axis
+    return Axis("cache_format", f"{axis.source} ({s.cache_format})", f"{axis.target} ({t.cache_format})", verdict,
+                "; ".join(parts))
+
+
 def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
     from kvbridge.check.tokenizer_fp import compare
 
@@ -554,22 +578,48 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
 
 
 # -- entry points ------------------------------------------------------------------------------------
-def check(source: ModelSpec, target: ModelSpec, *, host=None, source_name: str = "", target_name: str = "",
-          source_config: Mapping | None = None, target_config: Mapping | None = None,
-          source_generation: Mapping | None = None, target_generation: Mapping | None = None,
-          source_tokenizer=None, target_tokenizer=None, same_model: bool = False,
-          plugins: bool = True, source_weights: str | None = None, target_weights: str | None = None) -> Report:
-    """Compare two specs (plus configs / tokenizer fingerprints where known) into a Report.
+@dataclass(frozen=True)
+class Side:
+    """One side of a check: the spec plus what is known about the model beyond it.
+
+    ``config`` / ``generation`` are the config and generation-config mappings (None when only a
+    spec is known), ``tokenizer`` a :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint`
+    (None = unknown), ``weights`` the full-content weight-file digest
+    (:func:`kvbridge.models.fingerprint.weights_digest`; None = no weight files).
+    """
+
+    spec: ModelSpec
+    name: str = ""
+    config: Mapping | None = None
+    generation: Mapping | None = None
+    tokenizer: Any = None
+    weights: str | None = None
+
+    @classmethod
+    def of(cls, resolved, *, host=None, tokenizer: Any = None, weights: bool = True) -> "Side":
+        """The side of a resolved :class:`~kvbridge.models.ModelRef` (``tokenizer`` overrides its own)."""
+        return cls(spec=resolved.spec(host), name=resolved.name, config=resolved.config,
+                   generation=resolved.generation_config,
+                   tokenizer=resolved.tokenizer() if tokenizer is None else tokenizer,
+                   weights=resolved.weights_digest() if weights else None)
+
+
+def _side(value) -> Side:
+    return value if isinstance(value, Side) else Side(spec=value)
+
+
+def check(source, target, *, host=None, same_model: bool = False, plugins: bool = True) -> Report:
+    """Compare two models into a Report; each side is a :class:`Side` or a bare ModelSpec.
 
     ``same_model`` says both sides are the same model reference (same files): the model and
     tokenizer axes are then ``same`` even without tokenizer files. ``plugins=False`` skips the
-    plugin findings (the core axes only). ``source_weights`` / ``target_weights`` are weight
-    fingerprints (:meth:`~kvbridge.check.sources.ResolvedModel.weights_digest`); with both known, a
-    same-config pair with different weights is ``mappable``, not ``identity``.
+    plugin findings (the core axes only). With both weight digests known, a same-config pair
+    with different weights is ``mappable``, not ``identity``.
     """
+    s, t = _side(source), _side(target)
+    source, target = s.spec, t.spec
     axes = [
-        _model_axis(source, target, source_name, target_name, source_config, target_config, same_model,
-                    source_weights, target_weights),
+        _model_axis(source, target, s.name, t.name, s.config, t.config, same_model, s.weights, t.weights),
         _layers_axis(source, target),
         _kv_heads_axis(source, target),
         _head_dim_axis(source, target),
@@ -577,9 +627,10 @@ def check(source: ModelSpec, target: ModelSpec, *, host=None, source_name: str =
         _rope_axis(source, target),
         _attention_axis(source, target),
         _dtype_axis(source, target),
-        _cache_axis(cache_format_of(source, source_config, source_generation),
-                    cache_format_of(target, target_config, target_generation)),
-        _tokenizer_axis(source_tokenizer, target_tokenizer, same_model),
+        _layout_rules(source, target, _cache_axis(cache_format_of(source, s.config, s.generation),
+                                                  cache_format_of(target, t.config, t.generation)),
+                      same_model),
+        _tokenizer_axis(s.tokenizer, t.tokenizer, same_model),
     ]
     findings: tuple = ()
     if plugins:
@@ -591,35 +642,27 @@ def check(source: ModelSpec, target: ModelSpec, *, host=None, source_name: str =
         axes = _merge(axes, findings)
     verdict, reasons = _overall(axes)
     return Report(source=source, target=target, axes=tuple(axes), verdict=verdict, reasons=tuple(reasons),
-                  findings=findings, source_name=source_name, target_name=target_name)
+                  findings=findings, source_name=s.name, target_name=t.name)
 
 
 def check_models(source, target, *, host=None, source_tokenizer=None, target_tokenizer=None) -> Report:
-    """Check two :class:`~kvbridge.check.sources.ResolvedModel` (or references, resolved here).
+    """Check two model references (anything :func:`kvbridge.models.resolve` takes, or ModelRefs).
 
     ``source_tokenizer`` / ``target_tokenizer`` override the tokenizer: a folder or a list of
     tokenizer files, or a :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint`.
     """
-    from kvbridge.check import sources
+    from kvbridge.models import resolve
 
     if host is None:
         from kvbridge.plugins import get_host
 
         host = get_host()
-    src = source if isinstance(source, sources.ResolvedModel) else sources.resolve(source, host=host)
-    tgt = target if isinstance(target, sources.ResolvedModel) else sources.resolve(target, host=host)
-    s_spec, t_spec = src.spec(host), tgt.spec(host)
+    src, tgt = resolve(source, host=host), resolve(target, host=host)
     same = (src.path == tgt.path and src.config == tgt.config)
-    s_tok = _tokenizer_override(source_tokenizer, "--source-tokenizer") if source_tokenizer is not None \
-        else src.tokenizer()
-    t_tok = _tokenizer_override(target_tokenizer, "--target-tokenizer") if target_tokenizer is not None \
-        else tgt.tokenizer()
-    return check(s_spec, t_spec, host=host, source_name=src.name, target_name=tgt.name,
-                 source_config=src.config, target_config=tgt.config,
-                 source_generation=src.generation_config, target_generation=tgt.generation_config,
-                 source_tokenizer=s_tok, target_tokenizer=t_tok, same_model=same,
-                 source_weights=None if same else src.weights_digest(),
-                 target_weights=None if same else tgt.weights_digest())
+    s_tok = _tokenizer_override(source_tokenizer, "--source-tokenizer") if source_tokenizer is not None else None
+    t_tok = _tokenizer_override(target_tokenizer, "--target-tokenizer") if target_tokenizer is not None else None
+    return check(Side.of(src, host=host, tokenizer=s_tok, weights=not same),
+                 Side.of(tgt, host=host, tokenizer=t_tok, weights=not same), host=host, same_model=same)
 
 
 def _tokenizer_override(value, option: str):
@@ -647,5 +690,5 @@ def _tokenizer_override(value, option: str):
     raise ConfigError(f"{path}: no such file or directory", f"pass {option} a tokenizer folder or file")
 
 
-__all__ = ["Axis", "Report", "check", "check_models", "spec_dict", "cache_format_of", "AXES", "VERDICTS",
+__all__ = ["Axis", "Report", "Side", "check", "check_models", "spec_dict", "cache_format_of", "AXES", "VERDICTS",
            "AXIS_VERDICTS"]

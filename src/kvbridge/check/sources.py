@@ -1,18 +1,12 @@
-"""Resolve a model reference to its config, offline and without torch or transformers.
+"""Model manifests and config -> ModelSpec, offline and without torch or transformers.
 
-A reference (what a user types after ``kvbridge check`` or ``describe``) is, in this order:
-
-1. a local path: a model folder (a ``save_pretrained`` directory with ``config.json``, whose
-   tokenizer files are picked up too), a ``config.json`` file, or a manifest record file;
-2. a hub id (``org/name``, optionally ``@revision``) already in the local Hugging Face cache
-   (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``). Nothing is
-   ever downloaded;
-3. the id or an alias of a record in a model manifest (``manifests/models/`` of this repo,
-   folders in ``$KVBRIDGE_MANIFEST_PATH``, and folders plugins publish), so
-   ``kvbridge check Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-1.5B`` answers on a machine with no weights.
-
-Anything else is a one-line :class:`~kvbridge.errors.ConfigError` naming the file and field
-(or, for an unknown name, suggesting close manifest names).
+Reference resolution (paths, GGUF files, the Hugging Face cache, short names, ``zoo:`` and
+plugin schemes) lives in :mod:`kvbridge.models.resolve`; :func:`resolve` and
+:data:`ResolvedModel` here are kept names for it. This module holds what ``check`` and
+``describe`` need besides: manifest records (``manifests/models/``, ``$KVBRIDGE_MANIFEST_PATH``,
+folders plugins publish; ``kvbridge check Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-1.5B`` answers on a
+machine with no weights), JSON config reading with one-line errors naming the file and field,
+and :func:`describe_config` / manifest geometry.
 """
 
 from __future__ import annotations
@@ -20,64 +14,21 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
-from kvbridge.check.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
+from kvbridge.models.ref import ModelRef
 
-REPO_MANIFESTS = Path(__file__).resolve().parents[3] / "manifests" / "models"
+REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 #: keys a manifest record may have (see manifests/README.md and the JSON schema)
 MANIFEST_KEYS = {"id", "family", "source", "config", "geometry", "aliases", "tokenizer", "notes",
                  "generation_config", "$schema"}
-KINDS = ("dir", "config", "hf-cache", "manifest")
 
 
-@dataclass(frozen=True)
-class ResolvedModel:
-    """A model reference resolved to a config mapping (and, where known, its tokenizer)."""
-
-    ref: str  # what the user passed
-    kind: str  # one of KINDS
-    name: str  # display name: manifest id, hub id, or folder name
-    config: dict = field(hash=False)  # the parsed config.json (or the manifest's "config")
-    path: str  # the file the config came from (config.json or the manifest record)
-    folder: str | None = None  # the folder holding config and tokenizer files, if any
-    tokenizer_files: tuple = ()  # tokenizer files found beside the config
-    tokenizer_record: dict | None = field(default=None, hash=False)  # a manifest's fingerprint
-    generation_config: dict | None = field(default=None, hash=False)  # generation_config.json
-    manifest: dict | None = field(default=None, hash=False)  # the whole manifest record
-
-    def weights_digest(self) -> str | None:
-        """A fingerprint of the weight files beside the config, or ``None`` when there are none.
-
-        Files up to 512 MiB in all are hashed whole (sha256); larger checkpoints are fingerprinted
-        from each file's name, size and first and last 4 MiB (which hold the safetensors header
-        and tensor bytes), so `check` stays fast on multi-GB folders.
-        """
-        return weights_digest(Path(self.folder)) if self.folder else None
-
-    def tokenizer(self) -> TokenizerFingerprint | None:
-        """The tokenizer fingerprint, or ``None`` when no tokenizer files/record are known."""
-        if self.tokenizer_files:
-            return fingerprint_files([Path(p) for p in self.tokenizer_files])
-        if self.tokenizer_record:
-            try:
-                return TokenizerFingerprint.from_dict(self.tokenizer_record)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ConfigError(f"{self.path}: field 'tokenizer' is not a valid fingerprint ({exc})",
-                                  "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir") from None
-        return None
-
-    def spec(self, host=None):
-        """The :class:`~kvbridge.check.spec.ModelSpec` of this model; errors name :attr:`path`."""
-        return describe_config(self.config, where=self.path, host=host)
-
-    def to_dict(self) -> dict:
-        return {"ref": self.ref, "kind": self.kind, "name": self.name, "path": self.path,
-                "folder": self.folder, "tokenizer_files": list(self.tokenizer_files)}
+#: a resolved reference (the loading layer's type; this name is kept for callers)
+ResolvedModel = ModelRef
 
 
 # -- config files --------------------------------------------------------------------------------
@@ -102,92 +53,25 @@ def read_json_object(path: Path, what: str = "config") -> dict:
     return data
 
 
-def _from_folder(ref: str, folder: Path, kind: str, name: str) -> ResolvedModel:
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        present = sorted(p.name for p in folder.iterdir())[:6] if folder.is_dir() else []
-        listing = f" (it has: {', '.join(present)})" if present else " (it is empty)"
-        raise ConfigError(f"{folder}: directory has no config.json{listing}",
-                          "pass a save_pretrained folder, a config.json path, or a manifest model name")
-    config = read_json_object(cfg_path)
-    gen_path = folder / "generation_config.json"
-    gen = None
-    if gen_path.is_file():
-        try:
-            gen = read_json_object(gen_path, "generation config")
-        except ConfigError:
-            gen = None  # a broken generation config does not stop a check; it is only a hint
-    tok = tuple(str(p) for p in find_tokenizer_files(folder))
-    return ResolvedModel(ref=ref, kind=kind, name=name, config=config, path=str(cfg_path),
-                         folder=str(folder), tokenizer_files=tok, generation_config=gen)
-
-
-def _from_file(ref: str, path: Path) -> ResolvedModel:
-    data = read_json_object(path)
-    if "model_type" not in data and isinstance(data.get("config"), dict) and "id" in data:
-        record = validate_manifest(data, path)
-        return _from_manifest(ref, record, path)
-    folder = path.parent
-    tok = tuple(str(p) for p in find_tokenizer_files(folder)) if path.name == "config.json" else ()
-    gen = None
-    if (folder / "generation_config.json").is_file() and path.name == "config.json":
-        try:
-            gen = read_json_object(folder / "generation_config.json", "generation config")
-        except ConfigError:
-            gen = None
-    name = folder.name if path.name == "config.json" else path.stem
-    return ResolvedModel(ref=ref, kind="config", name=name, config=data, path=str(path),
-                         folder=str(folder), tokenizer_files=tok, generation_config=gen)
-
-
-# -- Hugging Face cache (offline) -----------------------------------------------------------------
 def hf_cache_dir() -> Path:
-    """The hub cache folder huggingface_hub would use (never created, never downloaded into)."""
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+    """See :func:`kvbridge.models.resolve.hf_cache_dir`."""
+    from kvbridge.models.resolve import hf_cache_dir as _hf
 
-
-def _looks_like_hub_id(ref: str) -> bool:
-    parts = ref.split("/")
-    return 1 <= len(parts) <= 2 and all(parts) and not ref.startswith((".", "~"))
-
-
-def find_in_hf_cache(repo_id: str, revision: str | None = None) -> Path | None:
-    """The snapshot folder of ``repo_id`` in the local cache that has a config.json, or None."""
-    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    wanted = revision or "main"
-    ref_file = repo / "refs" / wanted
-    if ref_file.is_file():
-        commit = ref_file.read_text(encoding="utf-8").strip()
-        snap = snapshots / commit
-        if (snap / "config.json").is_file():
-            return snap
-    candidates = [s for s in snapshots.iterdir() if (s / "config.json").is_file()]
-    if revision:
-        candidates = [s for s in candidates if s.name.startswith(revision)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda s: (s / "config.json").stat().st_mtime)
+    return _hf()
 
 
 def cached_hub_ids() -> list[str]:
-    """Hub ids of the models in the local cache (for suggestions)."""
-    root = hf_cache_dir()
-    if not root.is_dir():
-        return []
-    out = []
-    for entry in root.iterdir():
-        if entry.name.startswith("models--"):
-            out.append(entry.name[len("models--"):].replace("--", "/", 1))
-    return sorted(out)
+    """See :func:`kvbridge.models.resolve.cached_hub_ids`."""
+    from kvbridge.models.resolve import cached_hub_ids as _ids
+
+    return _ids()
+
+
+def find_in_hf_cache(repo_id: str, revision: str | None = None) -> Path | None:
+    """See :func:`kvbridge.models.resolve.find_in_hf_cache`."""
+    from kvbridge.models.resolve import find_in_hf_cache as _find
+
+    return _find(repo_id, revision)
 
 
 # -- manifests ------------------------------------------------------------------------------------
@@ -218,33 +102,11 @@ def validate_manifest(record: Any, where: Path | str) -> dict:
     return record
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-FULL_HASH_LIMIT = 512 << 20
-EDGE = 4 << 20
-
-
 def weights_digest(folder: Path) -> str | None:
-    """See :meth:`ResolvedModel.weights_digest`."""
-    import hashlib
+    """sha256 over every byte of the weight files in ``folder`` (see :mod:`kvbridge.models.fingerprint`)."""
+    from kvbridge.models.fingerprint import weights_digest as _digest
 
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES) \
-        if folder.is_dir() else []
-    if not files:
-        return None
-    whole = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
-    h = hashlib.sha256(b"full" if whole else b"edges")
-    for p in files:
-        size = p.stat().st_size
-        h.update(f"{p.name}|{size}|".encode())
-        with open(p, "rb") as fh:
-            if whole or size <= 2 * EDGE:
-                while block := fh.read(1 << 22):
-                    h.update(block)
-            else:
-                h.update(fh.read(EDGE))
-                fh.seek(size - EDGE)
-                h.update(fh.read(EDGE))
-    return h.hexdigest()
+    return _digest(folder)
 
 
 def _plugin_manifest_dirs(host) -> list[Path]:
@@ -327,53 +189,11 @@ def _manifest_index(manifests: Mapping[str, tuple[dict, Path]]) -> dict[str, str
     return index
 
 
-def _from_manifest(ref: str, record: dict, path: Path) -> ResolvedModel:
-    return ResolvedModel(ref=ref, kind="manifest", name=record["id"], config=dict(record["config"]),
-                         path=str(path), folder=None, tokenizer_files=(),
-                         tokenizer_record=record.get("tokenizer"),
-                         generation_config=record.get("generation_config"), manifest=record)
+def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
+    """Resolve a model reference: see :func:`kvbridge.models.resolve` (this name is kept for callers)."""
+    from kvbridge.models.resolve import resolve as _resolve
 
-
-# -- resolution ------------------------------------------------------------------------------------
-def resolve(ref: str, *, host=None, manifests: Mapping | None = None) -> ResolvedModel:
-    """Resolve ``ref`` (path, cached hub id, or manifest name) to a :class:`ResolvedModel`."""
-    ref = str(ref).strip()
-    if not ref:
-        raise ConfigError("empty model reference", "pass a model folder, a config.json, or a model name")
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        return _from_folder(ref, path, "dir", path.resolve().name)
-    if path.is_file():
-        return _from_file(ref, path)
-    if path.exists():
-        raise ConfigError(f"{path}: not a file or folder", "pass a model folder or a config.json path")
-    if ref.startswith((".", "/", "~")) or ref.endswith((".json", ".toml")):
-        raise ConfigError(f"{path}: no such file or directory",
-                          "check the path (hub ids are written org/name, without a leading ./)")
-
-    repo_id, _, revision = ref.partition("@")
-    if _looks_like_hub_id(repo_id):
-        snap = find_in_hf_cache(repo_id, revision or None)
-        if snap is not None:
-            return _from_folder(ref, snap, "hf-cache", repo_id)
-
-    manifests = load_manifests(host) if manifests is None else manifests
-    index = _manifest_index(manifests)
-    mid = index.get(repo_id.lower())
-    if mid is not None:
-        record, mpath = manifests[mid]
-        return _from_manifest(ref, record, mpath)
-
-    names = sorted(set(manifests) | set(cached_hub_ids()))
-    lowered = {n.lower(): n for n in names}
-    lowered.update({n.split("/")[-1].lower(): n for n in names})
-    close = difflib.get_close_matches(repo_id.lower(), list(lowered), n=3, cutoff=0.6)
-    suggestions = list(dict.fromkeys(lowered[c] for c in close))
-    hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
-    raise ConfigError(
-        f"unknown model {ref!r}: not a local path, not in the Hugging Face cache ({hf_cache_dir()}),"
-        " not in a manifest",
-        f"{hint}pass a model folder or config.json, or a name from `kvbridge describe --list`")
+    return _resolve(ref, host=host, manifests=manifests)
 
 
 # -- describe with file-naming errors ----------------------------------------------------------------

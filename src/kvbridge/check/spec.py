@@ -18,6 +18,18 @@ POSITIONAL_KINDS = ("rope", "absolute", "alibi", "none")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 FULL = "full_attention"
 SLIDING = "sliding_attention"
+#: attention over fixed chunks (Llama 4): the cache keeps the current chunk
+CHUNKED = "chunked_attention"
+#: layer kinds without a per-token KV cache of their own
+LINEAR = "linear_attention"  # recurrent state (gated delta net, Mamba in a hybrid stack ...)
+CONV = "conv"  # short convolution state (LFM2)
+SHARED = "shared_kv"  # reuses an earlier layer's KV (Gemma 3n, Gemma 4)
+NO_ATTENTION = "no_attention"  # MLP / MoE-only layer
+#: layer kinds whose K/V the cache holds per token
+KV_LAYER_KINDS = (FULL, SLIDING, CHUNKED)
+LAYER_KINDS = (FULL, SLIDING, CHUNKED, LINEAR, CONV, SHARED, NO_ATTENTION)
+#: cache formats (ModelSpec.cache_format)
+CACHE_FORMATS = ("kv", "mla", "hybrid")
 
 
 def _freeze(value: Any) -> Any:
@@ -127,13 +139,31 @@ class ModelSpec:
     vocab_size: int = 0
     max_position_embeddings: int = 0
     family: str = ""  # the adapter that produced this spec
-    extras: tuple = ()  # family-specific facts, frozen pairs (e.g. ("multi_query", True))
+    extras: tuple = ()  # family-specific facts, frozen pairs (e.g. ("qk_norm_scope", "projection"))
+    # -- per-layer facts (defaults: every layer alike, as above) -------------------------
+    nope_layers: tuple = ()  # layers whose keys carry no positional encoding (SmolLM3, Llama 4, Cohere 2)
+    attention_chunk_size: int | None = None  # chunk of CHUNKED layers (Llama 4)
+    layer_kv_heads: tuple = ()  # per layer KV heads as cached when they differ (0: no own KV)
+    layer_head_dims: tuple = ()  # per layer key head dim when it differs (0: no own KV)
+    value_head_dim: int | None = None  # value width when it differs from the key's (MLA)
+    kv_shared_layers: tuple = ()  # layers that reuse an earlier layer's KV (no own cache entry)
+    no_kv_layers: tuple = ()  # layers with no KV at all (recurrent / conv / MLP-only)
+    state_layers: tuple = ()  # layers holding recurrent or convolution state (hybrid models)
+    cache_format: str = "kv"  # one of CACHE_FORMATS
+    kv_groups: int | None = None  # KV groups computed when the cache duplicates them (Falcon new arch)
+    latent: tuple = ()  # MLA sizes, frozen pairs (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
         if self.layer_types and len(self.layer_types) != self.num_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        for name in ("layer_kv_heads", "layer_head_dims"):
+            value = getattr(self, name)
+            if value and len(value) != self.num_layers:
+                raise ValueError(f"{name} has {len(value)} entries for {self.num_layers} layers")
+        if self.cache_format not in CACHE_FORMATS:
+            raise ValueError(f"cache_format must be one of {CACHE_FORMATS}, got {self.cache_format!r}")
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -152,9 +182,52 @@ class ModelSpec:
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else FULL
 
+    @property
+    def kv_layers(self) -> tuple:
+        """Layers whose own K/V the cache holds."""
+        skip = set(self.no_kv_layers) | set(self.kv_shared_layers)
+        return tuple(i for i in range(self.num_layers) if i not in skip)
+
+    def kv_heads_of(self, layer: int) -> int:
+        """KV heads layer ``layer`` caches (0 for a layer without its own KV)."""
+        if layer in self.no_kv_layers or layer in self.kv_shared_layers:
+            return 0
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def key_dim_of(self, layer: int) -> int:
+        if layer in self.no_kv_layers or layer in self.kv_shared_layers:
+            return 0
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def value_dim_of(self, layer: int) -> int:
+        if layer in self.no_kv_layers or layer in self.kv_shared_layers:
+            return 0
+        return self.value_head_dim if self.value_head_dim is not None else self.key_dim_of(layer)
+
+    @property
+    def uniform_kv(self) -> bool:
+        """True when every layer caches K and V of one shape (the classic layout)."""
+        return not (self.layer_kv_heads or self.layer_head_dims or self.value_head_dim is not None
+                    or self.no_kv_layers or self.kv_shared_layers)
+
+    def window_of(self, layer: int) -> int | None:
+        """Tokens layer ``layer`` attends to (None: the whole prefix)."""
+        kind = self.layer_type(layer)
+        if kind == SLIDING:
+            return self.sliding_window
+        if kind == CHUNKED:
+            return self.attention_chunk_size
+        return None
+
+    def positional_of(self, layer: int) -> str:
+        """The positional scheme of one layer's cached keys ("none" for NoPE layers)."""
+        if self.positional == "rope" and layer in self.nope_layers:
+            return "none"
+        return self.positional
+
     def rope_for_layer(self, layer: int) -> RopeSpec | None:
-        """The RoPE table used by ``layer`` (per-layer-type tables take precedence)."""
-        if self.positional != "rope":
+        """The RoPE table used by ``layer`` (per-layer-type tables take precedence; None for NoPE layers)."""
+        if self.positional != "rope" or layer in self.nope_layers:
             return None
         if self.rope_by_layer_type:
             table = dict(self.rope_by_layer_type)
@@ -190,6 +263,10 @@ class ModelSpec:
             "max_position_embeddings": self.max_position_embeddings,
             "extras": {k: _thaw(v) if isinstance(v, tuple) else v for k, v in self.extras},
         }
+        for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
+            value = getattr(self, name)
+            if value != default:
+                out[name] = _thaw(value) if name == "latent" else (list(value) if isinstance(value, tuple) else value)
         return out
 
     @classmethod
@@ -214,6 +291,9 @@ class ModelSpec:
             vocab_size=int(data.get("vocab_size", 0)),
             max_position_embeddings=int(data.get("max_position_embeddings", 0)),
             extras=_freeze(data.get("extras") or {}),
+            **{name: (_freeze(data[name]) if name == "latent" else
+                      tuple(data[name]) if isinstance(default, tuple) else data[name])
+               for name, default in _OPTIONAL_FIELDS.items() if name in data},
         )
 
     def fingerprint(self) -> str:
@@ -224,5 +304,12 @@ class ModelSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-__all__ = ["ModelSpec", "RopeSpec", "POSITIONAL_KINDS", "ROPE_TYPES", "FULL", "SLIDING",
+#: per-layer fields serialised only when they differ from the default
+_OPTIONAL_FIELDS = {"nope_layers": (), "attention_chunk_size": None, "layer_kv_heads": (), "layer_head_dims": (),
+                    "value_head_dim": None, "kv_shared_layers": (), "no_kv_layers": (), "state_layers": (),
+                    "cache_format": "kv", "kv_groups": None, "latent": ()}
+
+
+__all__ = ["ModelSpec", "RopeSpec", "POSITIONAL_KINDS", "ROPE_TYPES", "FULL", "SLIDING", "CHUNKED",
+           "LINEAR", "CONV", "SHARED", "NO_ATTENTION", "KV_LAYER_KINDS", "LAYER_KINDS", "CACHE_FORMATS",
            "asdict", "field"]

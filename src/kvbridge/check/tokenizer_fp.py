@@ -265,12 +265,9 @@ def find_tokenizer_files(folder: Path) -> tuple[Path, ...]:
 def _cache_path() -> Path | None:
     if os.environ.get("KVBRIDGE_NO_CACHE"):
         return None
-    root = os.environ.get("KVBRIDGE_CACHE_DIR")
-    if root:
-        return Path(root) / "tokenizer-fingerprints.json"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "kvbridge" / "tokenizer-fingerprints.json"
+    from kvbridge.models.paths import kvbridge_home
+
+    return kvbridge_home() / "tokenizer-fingerprints.json"
 
 
 def _raw_key(paths: list[Path]) -> str:
@@ -314,7 +311,7 @@ def fingerprint_files(files: Iterable[Path | str], *, cache: bool = True) -> Tok
     """Fingerprint a tokenizer from its files (see the module docstring for what is read).
 
     Parsing a 2-4 MB vocabulary takes a few hundred ms, so results are cached by the raw
-    bytes of the files in ``$KVBRIDGE_CACHE_DIR`` (default ``~/.cache/kvbridge``); set
+    bytes of the files in ``$KVBRIDGE_HOME`` (default ``~/.cache/kvbridge``); set
     ``KVBRIDGE_NO_CACHE=1`` to turn the cache off.
     """
     paths = [Path(f) for f in files]

@@ -6,19 +6,22 @@ import json
 
 import click
 
+from kvbridge.cli.options import device_option, dtype_option
+
 
 @click.command("ablate")
-@click.argument("model", type=click.Path(file_okay=False))
+@click.argument("model")
 @click.option("--guide", required=True, help="Guide text (the ablated prefix), or @FILE.")
 @click.option("--prompt", required=True, help="Live prompt, or @FILE.")
 @click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
 @click.option("--layers", default="all", show_default=True, help="Layers: all, a list 0,2 or a range 1-3.")
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(1),
               help="Length of the greedy continuation compared.")
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
-@click.option("--dtype", default=None, help="Load the model in this dtype (default: as saved).")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@dtype_option
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, as_json) -> None:
+def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, device, as_json) -> None:
     """Ablate the guide's cached K/V at LAYERS and compare with the intact state and true removal.
 
     Conditions on the guide positions: k_zero, v_zero, kv_zero, remove_prefill (mask while the
@@ -28,9 +31,9 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
     so no zeroing equals removal; see docs/prefix-tools.md.
     """
     from kvbridge.prefix.ablate import ablate as run
-    from kvbridge.cli.split_cmd import open_guide_session, unescape
+    from kvbridge.cli.options import open_guide_session, unescape
 
-    m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype)
+    m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype, device)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

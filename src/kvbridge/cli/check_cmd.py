@@ -8,45 +8,14 @@ from __future__ import annotations
 import json
 import shutil
 import textwrap
-from typing import Any
 
 import click
+
+from kvbridge.cli.options import fmt_rope, fmt_value  # noqa: F401 - fmt_rope kept importable here
 
 VERDICT_COLOURS = {"same": "green", "mappable": "yellow", "blocking": "red", "info": "cyan",
                    "warning": "magenta", "identity": "green", "rope-reapply": "green",
                    "incompatible": "red"}
-
-
-def fmt_rope(value: Any) -> str:
-    """A RoPE axis value (the report's dict) as one short line."""
-    if not value:
-        return "-"
-
-    def one(d: dict) -> str:
-        bits = [str(d.get("type")), f"theta={float(d.get('theta', 0)):g}"]
-        if d.get("partial_factor", 1.0) != 1.0:
-            bits.append(f"partial={float(d['partial_factor']):.3g}")
-        if d.get("interleaved"):
-            bits.append("interleaved")
-        factor = (d.get("scaling") or {}).get("factor")
-        if isinstance(factor, (int, float)):
-            bits.append(f"factor={factor:g}")
-        return " ".join(bits)
-
-    by_type = value.get("by_layer_type")
-    if by_type:
-        return "; ".join(f"{k.split('_')[0]}: {one(v)}" for k, v in sorted(by_type.items()))
-    return one(value)
-
-
-def fmt_value(name: str, value: Any) -> str:
-    if name == "rope":
-        return fmt_rope(value)
-    if value is None:
-        return "-"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, default=str)
-    return str(value)
 
 
 def _clip(text: str, width: int) -> str:
@@ -104,9 +73,11 @@ def check(source: str, target: str, as_json: bool, strict: bool, source_tokenize
           target_tokenizer: str | None) -> None:
     """Report whether the KV cache of SRC can become a cache of TGT, and how.
 
-    SRC and TGT are each a model folder (save_pretrained), a config.json path, a hub id
-    already in the local Hugging Face cache (never downloaded), or a model name from
-    manifests/models (list them with `kvbridge describe --list`).
+    SRC and TGT are each a model folder (save_pretrained), a .gguf file (or a folder holding
+    one), a config.json, a hub id already in the local Hugging Face cache (never downloaded),
+    a name from manifests (`kvbridge describe --list`), zoo:NAME, a short name such as smollm2
+    (`kvbridge models`), or SCHEME:REST for schemes plugins register. Weight files are
+    compared by the sha256 of every byte (cached by size and mtime).
 
     One row per axis (model, layers, kv_heads, head_dim, positional, rope, attention,
     dtype, cache_format, tokenizer, then plugin findings), each with a verdict

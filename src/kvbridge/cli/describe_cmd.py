@@ -9,14 +9,7 @@ import json
 
 import click
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
-               "float8_e5m2": 1, "float64": 8}
-
-
-def kv_bytes_per_token(spec) -> int:
-    """Bytes one token adds to the cache: K and V, every KV layer, in the config's dtype."""
-    no_kv = len(set(spec.extra("no_kv_layers", ()) or ()) | set(spec.extra("kv_shared_layers", ()) or ()))
-    return 2 * (spec.num_layers - no_kv) * spec.num_kv_heads * spec.head_dim * DTYPE_BYTES.get(spec.dtype, 4)
+from kvbridge.cli.options import MODEL_REFS, kv_bytes_per_token  # noqa: F401 - kv_bytes_per_token kept here
 
 
 def describe_dict(resolved, spec, host) -> dict:
@@ -33,11 +26,12 @@ def describe_dict(resolved, spec, host) -> dict:
         "cache_format": cache_format_of(spec, resolved.config, resolved.generation_config),
         "kv_bytes_per_token": kv_bytes_per_token(spec),
         "tokenizer": tok.to_dict() if tok is not None else "unknown",
+        **({"gguf": resolved.gguf.summary()} if resolved.gguf is not None else {}),
     }
 
 
 def _human(data: dict) -> str:
-    from kvbridge.cli.check_cmd import fmt_rope
+    from kvbridge.cli.options import fmt_bytes, fmt_rope
 
     spec = data["spec"]
     kinds = spec["layer_types"]
@@ -74,6 +68,15 @@ def _human(data: dict) -> str:
         ("KV bytes / token", f"{data['kv_bytes_per_token']:,}"),
         ("tokenizer", tok_text),
     ]
+    gguf = data.get("gguf")
+    if gguf:
+        types = ", ".join(f"{k} x{v}" for k, v in sorted(gguf["tensor_types"].items(), key=lambda kv: -kv[1]))
+        rows[10] = ("dtype", f"{spec['dtype']} as loaded (weights {gguf['quantization']}, dequantized)")
+        rows += [("gguf file", f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}, "
+                               f"{gguf['tensors']} tensors"),
+                 ("quantization", f"{gguf['quantization']} ({types})"),
+                 ("tied embeddings", "yes" if gguf["tied_embeddings"] else "no"),
+                 ("chat template", "yes" if gguf["chat_template"] else "no")]
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
     width = max(len(k) for k, _ in rows)
@@ -105,14 +108,18 @@ def _list(host, as_json: bool) -> None:
 @click.command("describe")
 @click.argument("model", metavar="[MODEL]", required=False)
 @click.option("--json", "as_json", is_flag=True,
-              help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer}.")
+              help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer, "
+                   "gguf (GGUF files only)}.")
 @click.option("--list", "list_models", is_flag=True,
               help="List the models known from manifests (MODEL is then not needed).")
 def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     """Show the KV-cache geometry of MODEL, read from its config alone (no weights, no torch).
 
-    MODEL is a model folder (save_pretrained), a config.json path, a hub id already in the
-    local Hugging Face cache (never downloaded), or a model name from manifests/models.
+    MODEL is a model folder (save_pretrained), a .gguf file (or a folder holding one), a
+    config.json, a hub id already in the local Hugging Face cache (never downloaded), a
+    manifest name (--list), zoo:NAME, a short name such as smollm2 (`kvbridge models`), or
+    SCHEME:REST for schemes plugins register. A GGUF is read from its header only (no
+    tensor), with its quantization, tied embeddings and chat template shown.
 
     Shows layers, attention and KV heads as cached, head_dim, positions (RoPE type, theta,
     scaling, partial factor, interleaving, per-layer-type tables), sliding windows and layer

@@ -6,9 +6,11 @@ import json
 
 import click
 
+from kvbridge.cli.options import device_option, dtype_option
+
 
 @click.command("diverge")
-@click.argument("model", type=click.Path(file_okay=False))
+@click.argument("model")
 @click.option("--guide", required=True, help="Guide text (restored from a pack on the split path), or @FILE.")
 @click.option("--prompt", required=True, help="Live prompt, or @FILE.")
 @click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
@@ -21,12 +23,16 @@ import click
               help="Token layout of the split and concat paths.")
 @click.option("--pack", "pack_dir", default=None, type=click.Path(), help="Use this saved pack for the split path.")
 @click.option("--paths", default="full,cached,split,concat", show_default=True, help="Paths to compare.")
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
-@click.option("--dtype", default=None, help="Load the model in this dtype (default: as saved).")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@dtype_option
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
+              help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).")
 def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p, greedy, split_kind, pack_dir,
-            paths, tokenizer, dtype, as_json) -> None:
-    """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a local save_pretrained folder).
+            paths, tokenizer, dtype, device, as_json, partial_path) -> None:
+    """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a model reference:
+    a folder, a .gguf, zoo:NAME, smollm2, ...).
 
     full: no cache, every step recomputes the sequence; cached: visible prefill + cached decode;
     split: guide restored from a prefix pack, prompt prefilled after it; concat: the split's exact
@@ -35,18 +41,30 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
     total-variation distance of the post-top-p distributions; the same for greedy decoding.
     Summaries give Wilson intervals and say when there are too few seeds for a rate.
     """
-    from kvbridge.cli.split_cmd import open_guide_session, unescape
+    from kvbridge.cli.options import open_model_session, read_guide_and_prompt, tokenizer_identity, unescape
     from kvbridge.prefix.diverge import diverge as run
 
-    m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype)
+    guide_text, prompt_text = read_guide_and_prompt(guide, prompt)
+    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
+    m = loaded.model
     pack = None
     if pack_dir:
         from kvbridge.prefix.packs import load_pack
 
-        pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_dir=tokenizer or model)
+        pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=tokenizer_identity(loaded, tokenizer, tok))
+    from kvbridge.progress import PartialLog, Progress
+
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "diverge", "model": model, "seeds": seeds, "max_new_tokens": max_new_tokens, "paths": paths})
+    bar = Progress((0 if greedy else seeds) + 1, label="diverge", unit="runs (seeds + greedy)")
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), seeds=seeds, max_new_tokens=max_new_tokens,
                  temperature=temperature, top_p=top_p, greedy_only=greedy, split=split_kind, pack=pack,
-                 paths=[p.strip() for p in paths.split(",") if p.strip()])
+                 paths=[p.strip() for p in paths.split(",") if p.strip()],
+                 progress=lambda done, total, toks: bar.update(done, tokens=toks),
+                 on_seed=None if partial is None else lambda seed, res: partial.add({"seed": seed, "pairs": res}))
+    bar.close()
+    if partial is not None:
+        partial.finish()
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
         return

@@ -6,31 +6,16 @@ import sys
 
 import click
 
-ZOO_PREFIX = "zoo:"
+from kvbridge.cli.options import dtype_option
 
+def load_pair(source: str, target: str, *, dtype: str | None = None):
+    """``(src LoadedModel, tgt LoadedModel, shared tokenizer fingerprint)``; tokenizers checked first."""
+    from kvbridge.cli.options import load_model, shared_tokenizer
+    from kvbridge.models import resolve
 
-def model_ref(ref: str) -> str:
-    """A local folder for ``ref``: ``zoo:NAME`` names a model of the embedded zoo."""
-    if ref.startswith(ZOO_PREFIX):
-        from kvbridge.zoo import model_dir
-
-        return str(model_dir(ref[len(ZOO_PREFIX):]))
-    return ref
-
-
-def display_name(ref: str, resolved) -> str:
-    return ref if ref.startswith(ZOO_PREFIX) else (getattr(resolved, "name", "") or ref)
-
-
-def load_pair(source: str, target: str, *, dtype: str = "float32"):
-    """``(src_resolved, smodel, stok, tgt_resolved, tmodel, ttok, tokenizer fingerprint)``."""
-    from kvbridge.cli.fit_cmd import load_model, resolve_folder, tokenizer_pair
-
-    src, tgt = resolve_folder(model_ref(source)), resolve_folder(model_ref(target))
-    tok_fp = tokenizer_pair(src, tgt)
-    src, smodel, stok = load_model(src, dtype=dtype)
-    tgt, tmodel, ttok = load_model(tgt, dtype=dtype)
-    return src, smodel, stok, tgt, tmodel, ttok, tok_fp
+    src, tgt = resolve(source), resolve(target)
+    tok_fp = shared_tokenizer(src, tgt)
+    return load_model(src, dtype=dtype), load_model(tgt, dtype=dtype), tok_fp
 
 
 def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False):
@@ -46,6 +31,12 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
     from kvbridge.fit.artifact import load_mapping
 
     return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
+
+
+def metric_help() -> str:
+    from kvbridge.evaluate.catalog import help_text
+
+    return help_text()
 
 
 @click.command("eval")
@@ -72,23 +63,50 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
 @click.option("--top-p", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Nucleus of the total-variation distance.")
 @click.option("--no-attention", is_flag=True, help="Skip the attention-output cosine.")
-@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
-              show_default=True, help="Dtype to load the models in.")
+@dtype_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (stable keys; see docs).")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write summary.md, eval.json and PNG plots to this folder.")
 @click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",
               help="Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
                    "COND.METRIC<=X, or 'default'. Repeatable.")
-@click.option("--force", is_flag=True, help="Use a mapping whose fingerprints do not match the models (warns).")
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option("--force", "force_alias", is_flag=True, hidden=True,
+              help="Deprecated alias of --accept-fingerprint-mismatch.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+@click.option("--allow-overlap", is_flag=True,
+              help="Evaluate even when the samples overlap the mapping's calibration text (refused by default).")
+@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
+              help="JSONL of finished batches, rewritten atomically after each (default with --report: "
+                   "REPORT.partial.jsonl, removed once the report is written).")
+@click.option("--recompute-layers", default=None, metavar="SPEC",
+              help="Recompute these target layers of the transferred cache: 3,7-9 | all | auto:15% (profiled "
+                   "on the corpus front); ';' separates several points.")
+@click.option("--recompute-tokens", default=None, metavar="R[,R...]",
+              help="Token-selective recompute (CacheBlend rule) of R of the prefix tokens, e.g. 15%.")
+@click.option("--recompute-sweep", type=click.Choice(("layers", "tokens", "both")), default=None,
+              help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report). "
+                   "With any --recompute-* option the run is the recompute curve (native, transferred, the "
+                   "points, no_prefix; see docs/recompute.md): --conditions, --gate and greedy are not used.")
+@click.option("--recompute-mode", type=click.Choice(("target", "source")), default="target", show_default=True,
+              help="Input of recomputed layers: the target's own forward, or the source's hidden states.")
+@click.option("--recompute-select", type=click.Choice(("greedy", "profile", "prefix")), default="greedy",
+              show_default=True, help="auto:X layer choice: greedy group search, single-layer profile ranking, "
+                                      "or layers 0..K-1 (cheapest with --recompute-mode target).")
+@click.option("--recompute-group", default=1, show_default=True, type=click.IntRange(1),
+              help="Layers per group in the greedy search.")
+@click.option("--calibration-samples", default=16, show_default=True, type=click.IntRange(1),
+              help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, force, threads):
+             report_dir, gates, accept_mismatch, force_alias, threads, allow_overlap=False, partial_path=None, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
+             recompute_mode="target", recompute_select="greedy", recompute_group=1, calibration_samples=16):
     """Measure a transferred cache against the target's own, with floors and controls.
 
-    SOURCE and TARGET are local model folders (or zoo:NAME for the embedded zoo, e.g.
-    zoo:base) sharing a tokenizer. Samples are --samples windows of the corpus's held-out tail
+    SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME such as zoo:base,
+    smollm2, hub ids in the local Hugging Face cache; see `kvbridge describe --help`) sharing a
+    tokenizer. Samples are --samples windows of the corpus's held-out tail
     (the last --heldout-fraction): P prefix tokens are cached, the next C tokens are fed by
     teacher forcing and their next-token predictions scored. Conditions, all on the same
     samples: native (the target's own cache, the ceiling), transferred (SOURCE's cache through
@@ -96,17 +114,31 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     random (noise with the mapped cache's per-layer mean/std), no_rope_reapply (mapped keys
     never re-rotated for the target), source (SOURCE's own continuation).
 
-    Metrics per condition: nll, perplexity, KL(native||x) mean and p95, top-1 agreement,
-    top-k overlap, TV after top-p, max abs logit difference, gap_recovered, retention (acc_x /
-    acc_native), greedy agreement, attention-output cosine per target layer (mean, min), each
-    with a 95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
+    Metrics per condition (the built-ins are listed below; plugins add more), each with a
+    95% paired bootstrap interval. JSON keys: conditions.<condition>.<metric> and
     <metric>_ci = [low, high]. Default gates (kl_p95<=0.2, attention_cosine_min>=0.9) are
     reported; --gate makes them (or others) set the exit status: 0 pass, 1 fail, 2 bad input.
+
+    \b
+    METRICS
     """
     from kvbridge.evaluate.gates import parse_gate
 
+    if force_alias:
+        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
+    force = accept_mismatch or force_alias
+
     for text in gates:  # a typo in a gate fails before anything is loaded
         parse_gate(text)
+    from kvbridge.check.validate import finite_number
+
+    finite_number(top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
+    finite_number(heldout_fraction, "--heldout-fraction", positive=True)
+    if report_dir:  # refuse a --report folder that is not an earlier report before the (long) run
+        from kvbridge.artifacts import check_replaceable
+        from kvbridge.evaluate.report import REPORT_KIND
+
+        check_replaceable(report_dir, REPORT_KIND, overwrite=True, flag="")
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -114,7 +146,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     if threads:
         torch.set_num_threads(int(threads))
     from kvbridge.evaluate import corpus_samples, evaluate, heldout_text
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalError
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit.calibrate import check_same_tokens, load_corpus
 
@@ -122,28 +154,76 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     bad = [c for c in conds if c not in CONDITIONS]
     if bad:
         raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
-    src, smodel, stok, tgt, tmodel, ttok, tok_fp = load_pair(source, target, dtype=dtype)
+    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
+    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
     texts, sha = load_corpus(corpus)
     tail = heldout_text(texts, heldout_fraction)
     check_same_tokens([tail], stok, ttok)
     mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
+    from kvbridge.evaluate.overlap import check as check_overlap
+
+    overlap = check_overlap(getattr(mapping, "manifest", None), corpus, texts, heldout_fraction, tokenizer=ttok,
+                            allow=allow_overlap)
+    if overlap:
+        click.echo(f"warning: {overlap}", err=True)
     length = prefix_len + continuation_len + 1
     ids, data = corpus_samples([tail], ttok, n=samples, length=length, fraction=1.0)
     data.update(path=str(corpus), sha256=sha, heldout_fraction=heldout_fraction)
+    from kvbridge.evaluate.report import batch_record
+    from kvbridge.progress import PartialLog, Progress
+
+    if partial_path is None and report_dir:
+        partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "eval", "source": source, "target": target, "mapping": mapping_ref, "corpus": str(corpus),
+        "samples": int(ids.shape[0]), "prefix_len": prefix_len, "continuation_len": continuation_len})
+    bar = Progress(int(ids.shape[0]), label="eval", unit="samples", enabled=True)
 
     def progress(done, total):
-        if not as_json and sys.stderr.isatty():
-            click.echo(f"\r  evaluated {done}/{total} samples", nl=done == total, err=True)
+        bar.update(done, tokens=(done - bar.done) * length)
 
-    result = evaluate(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                      greedy_tokens=greedy_tokens, batch_size=batch_size, top_k=top_k, top_p=top_p,
-                      conditions=conds, bootstrap=bootstrap, seed=seed, gates=gates, attention=not no_attention,
-                      source_name=display_name(source, src), target_name=display_name(target, tgt),
-                      mapping_path=None if mapping_ref == "identity" else mapping_ref, data=data, progress=progress)
+    def on_batch(first, last, fields):
+        if partial is not None:
+            partial.add(batch_record(first, last, fields))
+        from kvbridge.faults import fault_point
+
+        fault_point("eval.batch")
+
+    if recompute_layers or recompute_tokens or recompute_sweep:  # the recompute dial: kvbridge.recompute
+        from kvbridge.recompute.cli_support import eval_recompute
+        from kvbridge.recompute.report import table as recompute_table
+
+        result, written = eval_recompute(
+            smodel, tmodel, mapping, ids, texts=texts, tokenizer=ttok, prefix_len=prefix_len,
+            continuation_len=continuation_len, layers_spec=recompute_layers, tokens_spec=recompute_tokens,
+            sweep=recompute_sweep, mode=recompute_mode, select=recompute_select, group_size=recompute_group,
+            calibration_samples=calibration_samples, batch_size=batch_size, attention=not no_attention,
+            bootstrap=bootstrap, seed=seed, report_dir=report_dir, progress=progress)
+        if written and not as_json:
+            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+        bar.close()
+        if partial is not None:
+            partial.remove() if report_dir and written else partial.finish()
+        click.echo(to_json(result) if as_json else recompute_table(result))
+        return
+    config = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
+                        batch_size=batch_size, top_k=top_k, top_p=top_p, seed=seed, conditions=conds,
+                        attention=not no_attention, bootstrap=bootstrap)
+    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=gates, source_name=src.name,
+                      target_name=tgt.name, mapping_path=None if mapping_ref == "identity" else mapping_ref,
+                      data=data, progress=progress, on_batch=on_batch)
+    bar.close()
+    if overlap:
+        result["notes"] = list(result.get("notes") or []) + [overlap]
     if report_dir:
         written = write_report(result, report_dir)
+        if partial is not None and partial_path == str(report_dir).rstrip("/\\") + ".partial.jsonl":
+            partial.remove()  # the report holds everything now
+            partial = None
         if not as_json:
             click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+    if partial is not None:
+        partial.finish({"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")})
     click.echo(to_json(result) if as_json else terminal_table(result))
     code = result["exit_code"]
     if code:
@@ -151,3 +231,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         click.echo(f"gates FAILED: {', '.join(failed)}", err=True)
         sys.stdout.flush()
         click.get_current_context().exit(code)
+
+
+eval_cmd.help = eval_cmd.help.replace(
+    "METRICS", "Metrics:\n" + "\n".join("    " + line for line in metric_help().splitlines()), 1)

@@ -14,12 +14,13 @@ import sys
 import click
 
 from kvbridge import __version__
-from kvbridge.errors import KVBridgeError
+from kvbridge.errors import KVBridgeError, from_exception
 
 #: built-in commands, imported on use
 COMMANDS = {
     "plugins": "kvbridge.cli.plugins_cmd:plugins",
     "describe": "kvbridge.cli.describe_cmd:describe",
+    "models": "kvbridge.cli.models_cmd:models",
     "check": "kvbridge.cli.check_cmd:check",
     "split": "kvbridge.cli.split_cmd:split",
     "pack": "kvbridge.cli.pack_cmd:pack",
@@ -30,6 +31,8 @@ COMMANDS = {
     "fit": "kvbridge.cli.fit_cmd:fit",
     "transfer": "kvbridge.cli.transfer_cmd:transfer",
     "eval": "kvbridge.cli.eval_cmd:eval_cmd",
+    "conformance": "kvbridge.cli.conformance_cmd:conformance",
+    "graft": "kvbridge.cli.graft_cmd:graft",
 }
 
 
@@ -58,11 +61,50 @@ class LazyGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except KVBridgeError as exc:
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:  # usage errors of a sub-command: one line too
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
-            click.echo(f"error: {exc.one_line()}", err=True)
-            ctx.exit(exc.exit_code)
+            report(usage_error(exc, ctx))
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted (nothing half-written was left; --resume continues a fit)", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # noqa: BLE001 - the one error boundary
+            if os.environ.get("KVBRIDGE_DEBUG"):
+                raise
+            err = from_exception(exc)
+            report(err)
+            ctx.exit(err.exit_code)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Like click's, with the group's own usage errors (``kvbridge --bogus``) as one line."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            if os.environ.get("KVBRIDGE_DEBUG"):
+                raise
+            report(usage_error(exc, None))
+            sys.exit(2)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def usage_error(exc: click.ClickException, ctx) -> KVBridgeError:
+    """A click usage error (bad option value, unknown option) as a one-line error with a fix."""
+    sub = getattr(exc, "ctx", None) or ctx
+    where = sub.command_path if sub is not None else "kvbridge"
+    return KVBridgeError(exc.format_message(), f"see `{where} --help`")
+
+
+def report(err: KVBridgeError) -> None:
+    """Print ``error: <what> (fix: <how>)`` on stderr, exactly one line."""
+    click.echo(f"error: {err.one_line()}", err=True)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,7 +114,8 @@ def cli() -> None:
 
     Exact where exactness is possible (same-model identity transfer, prefix packs),
     measured where it is not (fitted mappings, quality reports with controls).
-    Set KVBRIDGE_DEBUG=1 to see tracebacks.
+    Errors on bad input are one line, `error: <what> (fix: <how>)`, exit 2; an unexpected
+    internal error is one line too, exit 3. Set KVBRIDGE_DEBUG=1 to see tracebacks.
     """
 
 

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from kvbridge.cli.options import device_option, dtype_option
+
 
 @click.group("pack")
 def pack() -> None:
@@ -18,35 +20,40 @@ def pack() -> None:
 
 
 @pack.command("save")
-@click.argument("model", type=click.Path(file_okay=False))
+@click.argument("model")
 @click.option("--guide", required=True, help="Guide text, or @FILE.")
 @click.option("--out", "out", required=True, type=click.Path(), help="Pack folder to write.")
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
-@click.option("--dtype", default=None, help="Load the model in this dtype (default: as saved).")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@dtype_option
+@device_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack folder.")
-def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | None, overwrite: bool) -> None:
-    """Prefill GUIDE once with MODEL (a local save_pretrained folder) and write the pack to OUT.
+def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | None, device: str,
+         overwrite: bool) -> None:
+    """Prefill GUIDE once with MODEL and write the pack to OUT.
+
+    MODEL is a model reference: a folder, a .gguf file, zoo:NAME, smollm2, a hub id in the local
+    Hugging Face cache (see `kvbridge describe --help`).
 
     The guide is encoded as the ghost of a split (with the tokenizer's BOS). Nothing is written
     when anything is wrong (empty guide, guide longer than the model's positions, OUT exists).
     """
     from pathlib import Path
 
-    from kvbridge.errors import ArtifactError
-    from kvbridge.prefix.packs import guide_ids_of, open_model_dir, require_model_dir, save_pack, tokenizer_fingerprint
-    from kvbridge.prefix.splits import load_tokenizer, read_text_arg
+    from kvbridge.artifacts import check_replaceable
+    from kvbridge.cli.options import open_model_session, tokenizer_identity
+    from kvbridge.models import resolve
+    from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, save_pack
+    from kvbridge.prefix.splits import read_text_arg
 
     text = read_text_arg(guide, "guide")
-    if Path(out).exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
-    require_model_dir(model)
-    tok_path = tokenizer or model
-    tok = load_tokenizer(tok_path)
+    check_replaceable(out, PACK_KIND, overwrite=overwrite)  # a pack only ever replaces a pack kvbridge wrote
+    resolve(model)  # a bad reference fails before anything is loaded
+    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
     ids = guide_ids_of(tok, text)
-    m = open_model_dir(model, dtype=dtype)
-    fp = tokenizer_fingerprint(tok, folder=tok_path if Path(tok_path).is_dir() else None)
-    path = save_pack(m, out, guide_text=text, guide_ids=ids, tokenizer=tok, model_dir=model, tokenizer_fp=fp,
-                     overwrite=overwrite)
+    m = loaded.model
+    fp = tokenizer_identity(loaded, tokenizer, tok)
+    path = save_pack(m, out, guide_text=text, guide_ids=ids, tokenizer=tok, model_dir=loaded.ref.folder,
+                     tokenizer_fp=fp, overwrite=overwrite)
     click.echo(f"wrote {path}: {len(ids)} guide tokens, {m.config.model_type}, "
                f"{str(next(m.parameters()).dtype).removeprefix('torch.')}")
 
@@ -87,28 +94,27 @@ def info(folder: str, as_json: bool) -> None:
 
 @pack.command("verify")
 @click.argument("folder", type=click.Path())
-@click.argument("model", type=click.Path(file_okay=False))
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: the MODEL folder).")
+@click.argument("model")
+@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@dtype_option
+@device_option
 @click.option("--force", is_flag=True, help="Load despite forceable differences (weights, config, tokenizer, "
                                             "guide ids, dtype), with a loud warning.")
 @click.option("--recompute", is_flag=True, help="Also prefill the guide and compare it with the stored K/V.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def verify(folder: str, model: str, tokenizer: str | None, force: bool, recompute: bool, as_json: bool) -> None:
+def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, device: str, force: bool,
+           recompute: bool, as_json: bool) -> None:
     """Check that the pack in FOLDER fits MODEL: checksum, model, weights, tokenizer, guide ids,
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
     import warnings
-    from pathlib import Path
-
-    from kvbridge.prefix.packs import (PackForceWarning, load_pack, open_model_dir, read_pack, recompute_check,
-                                tokenizer_fingerprint)
-    from kvbridge.prefix.splits import load_tokenizer
+    from kvbridge.cli.options import open_model_session, tokenizer_identity
+    from kvbridge.prefix.packs import PackForceWarning, load_pack, read_pack, recompute_check
 
     read_pack(folder)  # checksum + manifest shape before loading a model
-    m = open_model_dir(model)
-    tok_path = tokenizer or model
-    tok = load_tokenizer(tok_path)
-    fp = tokenizer_fingerprint(tok, folder=tok_path if Path(tok_path).is_dir() else None)
+    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
+    m = loaded.model
+    fp = tokenizer_identity(loaded, tokenizer, tok)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PackForceWarning)  # echoed below, once, on stderr

@@ -19,7 +19,7 @@ def plugins(as_json: bool) -> None:
     from kvbridge.plugins import get_host
 
     host = get_host()
-    host._collect()  # fills each record's "registers"; duplicate names raise a one-line error
+    host.load_all()  # fills each record's "registers" and errors; duplicate names raise a one-line error
     records = [r.to_dict() for r in host.records]
     if as_json:
         click.echo(json.dumps({"plugins": records}, indent=2))

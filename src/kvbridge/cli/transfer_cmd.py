@@ -6,6 +6,8 @@ import time
 
 import click
 
+from kvbridge.cli.options import dtype_option
+
 
 @click.command("transfer")
 @click.argument("source")
@@ -15,23 +17,33 @@ import click
 @click.option("--max-new-tokens", default=32, show_default=True, help="Tokens TARGET generates (greedy).")
 @click.option("--compare/--no-compare", default=False, show_default=True,
               help="Also run TARGET natively: token agreement, next-token KL and timings.")
-@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16", "auto")),
-              show_default=True, help="Dtype to load the models in.")
-@click.option("--force", is_flag=True, help="Use a mapping fitted for other models (warns instead of refusing).")
-def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype, force):
+@dtype_option
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option("--force", "force_alias", is_flag=True, hidden=True,
+              help="Deprecated alias of --accept-fingerprint-mismatch.")
+def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype, accept_mismatch, force_alias):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
+
+    SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids in
+    the local Hugging Face cache; see `kvbridge describe --help`).
 
     Strip SOURCE's RoPE, map (batched, float32), apply TARGET's RoPE at the same positions,
     inject, and let TARGET generate (the last prompt token is withheld and consumed by
     TARGET). The mapping is refused when its fingerprints do not match the two models
-    (naming the field) unless --force. A transferred cache is approximate, never an exact
+    (naming the field) unless --accept-fingerprint-mismatch. A transferred cache is approximate, never an exact
     prefix cache of TARGET.
     """
     import warnings
 
+    if force_alias:
+        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
+    force = accept_mismatch or force_alias
+
     import torch
 
-    from kvbridge.cli.fit_cmd import load_model, resolve_folder, tokenizer_pair
+    from kvbridge.cli.options import load_model, shared_tokenizer
+    from kvbridge.models import resolve
     from kvbridge.errors import ConfigError
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.handoff import generate
@@ -39,10 +51,11 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
     from kvbridge.transfer import transfer as run_transfer
 
     host = get_host()
-    src, tgt = resolve_folder(source), resolve_folder(target)
-    tok_fp = tokenizer_pair(src, tgt)
-    src, smodel, tok = load_model(src, dtype=dtype)
-    tgt, tmodel, _ = load_model(tgt, dtype=dtype)
+    src, tgt = resolve(source, host=host), resolve(target, host=host)
+    tok_fp = shared_tokenizer(src, tgt)
+    loaded_src = load_model(src, dtype=dtype, host=host)
+    smodel, tok = loaded_src.model, loaded_src.tokenizer
+    tmodel = load_model(tgt, dtype=dtype, tokenizer=False, host=host).model
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mapping = load_mapping(mapping_dir, source=smodel, target=tmodel, tokenizer=tok_fp, force=force, host=host)
@@ -76,8 +89,9 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
             native = tmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
         n = min(len(ours.logits), len(native.logits))
         same = int((ours.sequences[0, ids.shape[1]:ids.shape[1] + n] == native.sequences[0, ids.shape[1]:ids.shape[1] + n]).sum())
-        lp, lq = torch.log_softmax(native.logits[0].float(), -1), torch.log_softmax(ours.logits[0].float(), -1)
-        kl = float((lp.exp() * (lp - lq)).sum())
+        from kvbridge.divergence import kl as kl_of
+
+        kl = float(kl_of(native.logits[0].float(), ours.logits[0].float()))
         click.echo("native: " + tok.decode(native.sequences[0, ids.shape[1]:], skip_special_tokens=True))
         click.echo(f"[agreement {same}/{n} greedy tokens; next-token KL(native || transferred) {kl:.3e}; "
                    f"target prefill {1e3 * (t4 - t3):.1f} ms vs mapping {1e3 * (t2 - t1):.1f} ms]")

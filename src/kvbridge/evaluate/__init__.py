@@ -134,39 +134,61 @@ def _describe_model(model, host, name: str = "") -> dict:
 
 
 def _describe_mapping(mapping, path=None) -> dict:
-    report = getattr(mapping, "report", None) or {}
+    report = getattr(mapping, "report", None)
     return {"path": None if path is None else str(path), "name": getattr(mapping, "name", type(mapping).__name__),
             "exact": bool(getattr(mapping, "exact", False)),
             "layer_selection": mapping.layer_selection() if hasattr(mapping, "layer_selection") else None,
-            "r2_summary": report.get("r2_summary"), "heldout_r2": report.get("heldout_r2"),
-            "warnings": list(report.get("warnings") or [])}
+            "r2_summary": getattr(report, "r2_summary", None), "heldout_r2": getattr(report, "heldout_r2", None),
+            "warnings": list(getattr(report, "warnings", None) or [])}
 
 
-def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continuation_len: int = 32,
-             greedy_tokens: int = 16, batch_size: int = 16, top_k: int = 5, top_p: float = 0.9,
-             conditions=None, bootstrap: int = 1000, seed: int = 0, gates=(), metrics=None, attention: bool = True,
-             source_name: str = "", target_name: str = "", mapping_path=None, data: dict | None = None,
-             host=None, progress=None) -> dict:
+def eval_config(config=None, **overrides):
+    """An :class:`~kvbridge.evaluate.conditions.EvalConfig` from ``config`` updated by field
+    names (``prefix_len=48``); an unknown name is refused naming the closest fields."""
+    import difflib
+    from dataclasses import fields, replace
+
+    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
+
+    config = config or EvalConfig()
+    known = [f.name for f in fields(EvalConfig)]
+    for key in overrides:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            raise EvalError(f"evaluate() has no setting {key!r}",
+                            f"{'did you mean ' + ', '.join(close) + '? ' if close else ''}settings: {', '.join(known)}")
+    if overrides.get("conditions") is None:
+        overrides.pop("conditions", None)
+    config = replace(config, **overrides)
+    types = {"prefix_len": int, "continuation_len": int, "greedy_tokens": int, "batch_size": int, "top_k": int,
+             "top_p": float, "seed": int, "attention": bool, "bootstrap": int}
+    return replace(config, conditions=tuple(config.conditions or CONDITIONS),
+                   **{k: t(getattr(config, k)) for k, t in types.items()})
+
+
+def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics=None, source_name: str = "",
+             target_name: str = "", mapping_path=None, data: dict | None = None, host=None, progress=None,
+             on_batch=None, **settings) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
-    ``gates``: gate texts to enforce (``"kl_p95<=0.2"``, ``"default"``); the default gates are
-    always reported. ``metrics``: metric names (default: every registered metric).
+    ``config``: an :class:`~kvbridge.evaluate.conditions.EvalConfig` (prefix and continuation
+    lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap);
+    ``settings`` override its fields by name (``prefix_len=48``). ``gates``: gate texts to
+    enforce (``"kl_p95<=0.2"``, ``"default"``); the default gates are always reported.
+    ``metrics``: metric names (default: every registered metric).
     """
     from kvbridge.evaluate import gates as gates_mod
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, run_conditions
+    from kvbridge.evaluate.conditions import run_conditions
     from kvbridge.evaluate.metrics import resolve_metrics, summarize
     from kvbridge.plugins import get_host
 
     host = host or get_host()
+    config = eval_config(config, **settings)
     loaded = resolve_metrics(host, metrics)
     hib = {m.name: m.higher_is_better for m in loaded}
     gate_list = gates_mod.gate_set(gates, hib)  # parse before the (slow) run: fail early on a typo
-    config = EvalConfig(prefix_len=int(prefix_len), continuation_len=int(continuation_len),
-                        greedy_tokens=int(greedy_tokens), batch_size=int(batch_size), top_k=int(top_k),
-                        top_p=float(top_p), seed=int(seed), conditions=tuple(conditions or CONDITIONS),
-                        attention=bool(attention))
-    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress)
-    summary = summarize(run, loaded, bootstrap=int(bootstrap), seed=int(seed))
+    run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress, on_batch=on_batch)
+    summary = summarize(run, loaded, bootstrap=config.bootstrap, seed=config.seed)
     gate_results = gates_mod.evaluate_gates(summary, gate_list)
     t = run.timing
     timing = {"eval_seconds": t["eval_s"], "target_prefill_ms": 1e3 * t["target_prefill_s"],
@@ -181,7 +203,7 @@ def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continua
         "data": data or {"kind": "token ids"},
         "samples": run.num_samples, "prefix_len": config.prefix_len, "continuation_len": config.continuation_len,
         "greedy_tokens": config.greedy_tokens, "top_k": config.top_k, "top_p": config.top_p,
-        "bootstrap": int(bootstrap), "seed": int(seed),
+        "bootstrap": config.bootstrap, "seed": config.seed,
         "conditions": summary["conditions"],
         "comparisons": summary["comparisons"],
         "gates": gate_results,
@@ -195,4 +217,4 @@ def evaluate(source, target, mapping, samples, *, prefix_len: int = 64, continua
     return _clean(result)
 
 
-__all__ = ["SCHEMA", "HELDOUT_FRACTION", "evaluate", "corpus_samples", "model_samples", "heldout_text", "windows"]
+__all__ = ["SCHEMA", "HELDOUT_FRACTION", "evaluate", "eval_config", "corpus_samples", "model_samples", "heldout_text", "windows"]

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from kvbridge.divergence import first_divergence_steps
 from kvbridge.errors import KVBridgeError
 
 #: every condition, in report order
@@ -75,6 +76,7 @@ class EvalConfig:
     seed: int = 0  # random control
     conditions: tuple = CONDITIONS
     attention: bool = True
+    bootstrap: int = 1000  # paired bootstrap resamples of the samples (0: no intervals)
 
     @property
     def sample_len(self) -> int:
@@ -205,50 +207,32 @@ def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
 
 
 # -- per-position comparisons -----------------------------------------------------------------------
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Top-p truncated and renormalised distributions (the smallest set with mass >= top_p)."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    cum = sorted_p.cumsum(-1)
-    keep_sorted = (cum - sorted_p) < top_p  # always keeps the top token
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    out = probs * keep
-    return out / out.sum(-1, keepdim=True)
-
-
 def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int,
                     top_p: float) -> dict:
     """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math)."""
-    logp = torch.log_softmax(logits.double(), dim=-1)
+    from kvbridge import divergence as dv
+
+    logp = dv.log_probs(logits)
     out = {
         "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
         "correct": (logp.argmax(-1) == targets).float(),
     }
     if native is None:  # this is the native condition: keep what the others compare with
         return out, {"logp": logp, "logits": logits.double(), "argmax": logp.argmax(-1),
-                     "topk": logp.topk(top_k, dim=-1).indices, "nucleus": _nucleus(logp.exp(), top_p)}
+                     "topk": dv.topk_indices(logp, top_k), "nucleus": dv.nucleus(logp.exp(), top_p)}
     if logp.shape[-1] != native["logp"].shape[-1]:
         nan = torch.full(targets.shape, float("nan"))
         out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
         return out, None
-    pn = native["logp"].exp()
-    out["kl"] = (pn * (native["logp"] - logp)).sum(-1).clamp_min(0.0)
+    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp)
     out["top1"] = (logp.argmax(-1) == native["argmax"]).float()
-    tk = logp.topk(top_k, dim=-1).indices
-    out["topk"] = (tk[..., :, None] == native["topk"][..., None, :]).any(-1).float().mean(-1)
-    out["tv"] = 0.5 * (_nucleus(logp.exp(), top_p) - native["nucleus"]).abs().sum(-1)
+    out["topk"] = dv.topk_overlap(native["logp"], logp, top_k, p_topk=native["topk"]).float()
+    out["tv"] = dv.tv_top_p(native["logp"], logp, top_p, p_nucleus=native["nucleus"])
     out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
     return out, None
 
 
 # -- running the models -----------------------------------------------------------------------------
-def _forward(model, ids, cache=None):
-    kwargs = {"use_cache": cache is not None}
-    if cache is not None:
-        kwargs["cache"] = cache
-    with torch.no_grad():
-        return model(input_ids=ids, **kwargs).logits.float()
-
-
 def _greedy(model, cache, first, steps: int) -> torch.Tensor:
     from transformers import DynamicCache
 
@@ -262,11 +246,67 @@ def _greedy(model, cache, first, steps: int) -> torch.Tensor:
     return torch.cat(toks, dim=1)
 
 
-def _first_divergence(tokens: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    diff = tokens != ref
-    steps = tokens.shape[1]
-    first = torch.where(diff.any(1), diff.float().argmax(1), torch.full(diff.shape[:1], steps))
-    return first.float()
+def _continue(model, cache, cont, steps: int, fresh=None, capture: bool = False) -> tuple:
+    """Teacher-forced logits of ``cont`` from ``cache``, and ``steps`` greedy tokens from the prefix.
+
+    The greedy run reuses the teacher-forced forward: step 0 is the argmax of continuation
+    position 0, and the cache is cropped back to prefix + that token (no second inject, no
+    repeated forward). ``fresh()`` gives a new cache for the plain re-run where a cache type
+    cannot be cropped. ``capture``: record the attention of the teacher-forced forward only
+    (:func:`capture_attention`); returns ``(logits, tokens, captured or None)``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache() if cache is None else cache
+    with torch.no_grad(), capture_attention(model) if capture else contextlib.nullcontext() as captured:
+        logits = model(input_ids=cont, cache=cache, use_cache=True).logits.float()
+    c = cont.shape[1]
+    try:
+        if c > 1:
+            cache.crop(-(c - 1))
+        ok = cache.get_seq_length() >= 1
+    except Exception:  # a cache type without crop (sliding windows, hybrids): run greedy afresh
+        ok = False
+    if not ok or steps < 1:
+        return logits, _greedy(model, fresh() if fresh else None, cont[:, :1], steps), captured
+    first = logits[:, 0].argmax(-1, keepdim=True)
+    toks = torch.cat([first, _greedy(model, cache, first, steps - 1)], dim=1) if steps > 1 else first
+    return logits, toks, captured
+
+
+def _rows(state, start: int, stop: int):
+    """Batch rows ``[start:stop]`` of a state (views)."""
+    def cut(t):
+        return t if t is None or t.shape[0] == 1 and state.batch_size != 1 else t[start:stop]
+
+    return replace(state, keys=tuple(k[start:stop] for k in state.keys),
+                   values=tuple(v[start:stop] for v in state.values), token_ids=state.token_ids[start:stop],
+                   positions=cut(state.positions), rope_lengths=cut(state.rope_lengths))
+
+
+def _cat_states(states: list):
+    """The states stacked along the batch (one cache for several conditions); None when they differ in kind."""
+    first = states[0]
+    b = first.batch_size
+
+    def rows(t):
+        return t.expand(b, -1) if t.shape[0] == 1 else t
+
+    for s in states[1:]:
+        if (s.rope_applied != first.rope_applied or (s.rope_lengths is None) != (first.rope_lengths is None)
+                or s.states or s.batch_size != b or s.num_tokens != first.num_tokens):
+            return None
+    lengths = None if first.rope_lengths is None else torch.cat([rows(s.rope_lengths) for s in states])
+    return replace(first, keys=tuple(torch.cat(ks) for ks in zip(*(s.keys for s in states))),
+                   values=tuple(torch.cat(vs) for vs in zip(*(s.values for s in states))),
+                   token_ids=torch.cat([s.token_ids for s in states]),
+                   positions=torch.cat([rows(s.positions) for s in states]), rope_lengths=lengths,
+                   approximate=any(s.approximate for s in states))
+
+
+#: logits of one batched continuation forward are kept under this many bytes (conditions are
+#: grouped to fit: rows x continuation x vocabulary x 4)
+LOGITS_BUDGET = 1 << 30
 
 
 def zeroed_state(state):
@@ -303,8 +343,11 @@ def _check_pair(source_spec, target_spec, mapping) -> None:
 
 
 def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalConfig = EvalConfig(), *,
-                   host=None, progress=None) -> ConditionRun:
-    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays."""
+                   host=None, progress=None, on_batch=None) -> ConditionRun:
+    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
+
+    ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
+    """
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer
 
@@ -330,6 +373,7 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
     acc: dict = {x: {} for x in conds}
     timing = {"target_prefill_s": 0.0, "transfer_s": 0.0, "source_prefill_s": 0.0, "prefix_tokens": 0}
     notes = []
+    shuffled = "shuffled" in conds
     t_start = time.perf_counter()
 
     def add(cond, name, value):
@@ -342,7 +386,9 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
         t0 = time.perf_counter()
         native_state = tad.extract(target, prefix, spec=tspec)
         t1 = time.perf_counter()
-        src_state = sad.extract(source, prefix, spec=sspec)
+        # one source prefill serves the transferred cache and the shuffled control (the next sample's prefix)
+        src_rows = torch.cat([prefix, samples[(idx[-1:] + 1) % n, :p]]) if shuffled else prefix
+        src_state = sad.extract(source, src_rows, spec=sspec)
         t2 = time.perf_counter()
         transferred = transfer(src_state, mapping, tspec, host=host)
         t3 = time.perf_counter()
@@ -350,13 +396,16 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
         timing["source_prefill_s"] += t2 - t1
         timing["transfer_s"] += t3 - t2
         timing["prefix_tokens"] += int(prefix.numel())
+        b = len(idx)
+        if shuffled:  # the source ran one more row: the next sample's prefix (the shuffled control)
+            shuffled_state = _rows(transferred, 1, b + 1)
+            transferred, src_state = _rows(transferred, 0, b), _rows(src_state, 0, b)
 
         states = {"native": native_state, "transferred": transferred}
         if "zeroed" in conds:
             states["zeroed"] = zeroed_state(transferred)
-        if "shuffled" in conds:
-            other = samples[(idx + 1) % n, :p]
-            states["shuffled"] = transfer(sad.extract(source, other, spec=sspec), mapping, tspec, host=host)
+        if shuffled:
+            states["shuffled"] = shuffled_state
         if "random" in conds:
             states["random"] = random_state(transferred, gen)
         if "no_rope_reapply" in conds:
@@ -364,13 +413,10 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
 
         # native first: its logits are what every other condition is compared with
         cache = tad.inject(native_state, target)
-        if config.attention:
-            with capture_attention(target) as captured:
-                logits = _forward(target, cont, cache)
-        else:
-            captured, logits = None, _forward(target, cont, cache)
+        logits, ref_greedy, captured = _continue(target, cache, cont, config.greedy_tokens,
+                                                 fresh=lambda: tad.inject(native_state, target),
+                                                 capture=config.attention)
         fields, native = position_fields(logits, targets, None, top_k=config.top_k, top_p=config.top_p)
-        ref_greedy = _greedy(target, tad.inject(native_state, target), cont[:, :1], config.greedy_tokens)
         for name, value in fields.items():
             add("native", name, value)
         native_cmp, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
@@ -381,28 +427,42 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
             add("native", "attn_cos", attention_cosines(captured, native_state, p))
         del logits
 
-        for cond in conds:
-            if cond == "native":
-                continue
-            if cond in states:
-                state = states[cond]
-                logits = _forward(target, cont, tad.inject(state, target))
-                toks = _greedy(target, tad.inject(state, target, check=False), cont[:, :1], config.greedy_tokens)
-                if captured is not None:
-                    add(cond, "attn_cos", attention_cosines(captured, state, p))
-            elif cond == "no_prefix":
-                logits = _forward(target, cont)
-                toks = _greedy(target, None, cont[:, :1], config.greedy_tokens)
-            elif cond == "source":
-                logits = _forward(source, cont, sad.inject(src_state, source))
-                toks = _greedy(source, sad.inject(src_state, source), cont[:, :1], config.greedy_tokens)
-            else:  # pragma: no cover
-                raise EvalError(f"unknown condition {cond!r}", f"use some of {', '.join(CONDITIONS)}")
+        def score(cond, logits, toks):
             fields, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
             for name, value in fields.items():
                 add(cond, name, value)
-            add(cond, "greedy_div", _first_divergence(toks, ref_greedy))
-            del logits
+            add(cond, "greedy_div", first_divergence_steps(toks, ref_greedy))
+
+        # the other cache conditions: stacked along the batch, one forward + one greedy loop per group
+        cached = [x for x in conds if x in states and x != "native"]
+        for cond in cached:
+            if captured is not None:
+                add(cond, "attn_cos", attention_cosines(captured, states[cond], p))
+        vocab = int(getattr(target.config, "vocab_size", 0) or tspec.vocab_size or 1)
+        per_group = max(1, LOGITS_BUDGET // max(1, b * c * vocab * 4))
+        for g0 in range(0, len(cached), per_group):
+            group = cached[g0:g0 + per_group]
+            stacked = _cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
+            if stacked is None:  # states of different kinds: one forward each
+                parts = [(x, states[x]) for x in group]
+            else:
+                parts = [(tuple(group), stacked)]
+            for names, state in parts:
+                reps = len(names) if isinstance(names, tuple) else 1
+                logits, toks, _ = _continue(target, tad.inject(state, target), cont.repeat(reps, 1),
+                                            config.greedy_tokens, fresh=lambda st=state: tad.inject(st, target, check=False))
+                for j, cond in enumerate(names if isinstance(names, tuple) else (names,)):
+                    score(cond, logits[j * b:(j + 1) * b], toks[j * b:(j + 1) * b])
+                del logits
+        if "no_prefix" in conds:
+            logits, toks, _ = _continue(target, None, cont, config.greedy_tokens)
+            score("no_prefix", logits, toks)
+        if "source" in conds:
+            logits, toks, _ = _continue(source, sad.inject(src_state, source), cont, config.greedy_tokens,
+                                        fresh=lambda: sad.inject(src_state, source))
+            score("source", logits, toks)
+        if on_batch is not None:
+            on_batch(start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
         if progress is not None:
             progress(min(n, start + config.batch_size), n)
 

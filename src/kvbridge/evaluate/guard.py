@@ -140,7 +140,7 @@ def guarded_prepare(model, state, input_ids, *, stats: TargetStats | None = None
     """Check ``state`` for ``model`` and return the cache to ``generate`` from (see the module docstring)."""
     import torch
 
-    from kvbridge.adapter import config_fingerprint
+    from kvbridge.models.fingerprint import config_fingerprint
     from kvbridge.errors import StateError
     from kvbridge.handoff import prepare_cache
 
@@ -170,8 +170,9 @@ def guarded_prepare(model, state, input_ids, *, stats: TargetStats | None = None
         ref = _next_logits(model, None, ids)
         if got is None:
             got = ref
-        lp, lq = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
-        kl = float((lp.exp() * (lp - lq)).sum(-1).max())
+        from kvbridge.divergence import kl as kl_of
+
+        kl = float(kl_of(ref, got).max())
         checks.append(GuardCheck("kl_probe", kl <= kl_max, kl, kl_max, f"next-token KL {kl:.4g}"))
     failed = [c for c in checks if not c.passed]
     if not failed:

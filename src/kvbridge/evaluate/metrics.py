@@ -49,6 +49,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvbridge.errors import KVBridgeError
+from kvbridge.evaluate.catalog import NAMES
+
 NAN = float("nan")
 
 
@@ -213,58 +216,74 @@ def attention_cosine_min(view: EvalView):
     return _nan(view) if t is None else t.min(-1).values
 
 
-#: the built-in metrics in report order (registered by :mod:`kvbridge.builtin.metrics`)
-BUILTIN = ("nll", "perplexity", "nll_delta", "accuracy", "kl_mean", "kl_p95", "top1_agreement", "topk_overlap",
-           "tv_top_p", "max_abs_logit_diff", "gap_recovered", "retention", "retention_floor",
-           "greedy_first_divergence", "greedy_agreement", "attention_cosine_mean", "attention_cosine_min")
+#: the built-in metrics in report order (the one list: :mod:`kvbridge.evaluate.catalog`)
+BUILTIN = NAMES
 
 
 # -- resolving and summarising -----------------------------------------------------------------------
+class MetricError(KVBridgeError):
+    """A metric raised, or returned something that is not one number per replicate."""
+
+
 @dataclass(frozen=True)
 class LoadedMetric:
     name: str
     fn: object
     higher_is_better: bool
     description: str = ""
+    plugin: str = ""  # the plugin that registered it (named in its errors)
 
 
 def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
-    """The metrics registered with the host (the built-in plugin's when the host lacks it)."""
+    """The metrics registered with the host, built-ins in catalog order, then the others by name."""
+    from kvbridge.errors import PluginError
+    from kvbridge.plugin_types import loaded
     from kvbridge.plugins import get_host
 
     host = host or get_host()
     reg = host.registry("metric")
     items = dict(reg.items)
-    if not any(n in items for n in BUILTIN):  # a host built without the built-in metrics plugin
-        from kvbridge.builtin.metrics import METRICS
-
-        items.update({m.name: m for m in METRICS if m.name not in items})
+    if not items:
+        raise PluginError("no metrics are registered",
+                          "enable the built-in metrics plugin (kvbridge.builtin.metrics) or a metrics plugin")
     wanted = list(items) if names is None else list(names)
     out = []
     for name in wanted:
         if name not in items:
-            from kvbridge.errors import PluginError
-
             raise PluginError(f"unknown metric {name!r}", f"available: {', '.join(sorted(items))}")
-        m = items[name]
-        out.append(LoadedMetric(m.name, m.load(), bool(m.higher_is_better), m.description))
+        m, plugin = items[name], reg.owner.get(name, "")
+        out.append(LoadedMetric(m.name, loaded("metric", m.name, m.load(), plugin), bool(m.higher_is_better),
+                                m.description, plugin))
     order = {n: i for i, n in enumerate(BUILTIN)}
     return sorted(out, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
-def _values(fn, view: EvalView) -> torch.Tensor:
-    """``[R]`` float64 values of a metric; a metric that returns one number is called per replicate."""
+def _failed(metric, what: str) -> MetricError:
+    plugin = getattr(metric, "plugin", "") or "?"
+    return MetricError(f"metric {metric.name!r} (plugin {plugin!r}) {what}",
+                       f"fix the metric, or leave it out (disable its plugin: KVBRIDGE_DISABLE_PLUGINS={plugin})")
+
+
+def _values(metric, view: EvalView) -> torch.Tensor:
+    """``[R]`` float64 values of a metric; a metric that returns one number is called per replicate.
+
+    A metric returns ``nan`` where it does not apply; an exception inside it (a misspelt
+    field, a bug) is a :class:`MetricError` naming the metric and its plugin.
+    """
+    fn = metric.fn
     try:
-        v = fn(view)
-        t = torch.as_tensor(v, dtype=torch.float64).flatten()
+        t = torch.as_tensor(fn(view), dtype=torch.float64).flatten()
         if t.numel() == view.replicates:
             return t
         if t.numel() == 1 and view.replicates > 1:
             return torch.tensor([float(torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64).flatten()[0])
                                  for r in range(view.replicates)], dtype=torch.float64)
-    except (KeyError, ZeroDivisionError, RuntimeError, ValueError, IndexError):
-        pass
-    return _nan(view)
+    except KVBridgeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any bug in a plugin's metric
+        detail = " ".join(str(exc).split())[:200]
+        raise _failed(metric, f"failed on condition {view.condition!r}: {type(exc).__name__}: {detail}") from exc
+    raise _failed(metric, f"returned {t.numel()} values for {view.replicates} replicates (want one per replicate)")
 
 
 def bootstrap_indices(n: int, replicates: int, seed: int = 0) -> torch.Tensor:
@@ -302,7 +321,7 @@ def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int 
             for c, f in fields.items():
                 view = EvalView.resampled(c, f, sel, params)
                 for m in metrics:
-                    reps[c][m.name].append(_values(m.fn, view))
+                    reps[c][m.name].append(_values(m, view))
                 lc = layer_cosines(view)
                 if lc is not None:
                     layer_reps[c].append(lc)
@@ -313,7 +332,7 @@ def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int 
         view = EvalView.of(c, f, params)
         row: dict = {}
         for m in metrics:
-            row[m.name] = float(_values(m.fn, view)[0])
+            row[m.name] = float(_values(m, view)[0])
             row[f"{m.name}_ci"] = _interval(torch.cat(reps[c][m.name])) if idx is not None else [NAN, NAN]
         lc = layer_cosines(view)
         if lc is not None:
@@ -339,5 +358,5 @@ def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int 
             "descriptions": {m.name: m.description for m in metrics}}
 
 
-__all__ = ["EvalView", "LoadedMetric", "resolve_metrics", "summarize", "bootstrap_indices", "BUILTIN",
+__all__ = ["EvalView", "LoadedMetric", "MetricError", "resolve_metrics", "summarize", "bootstrap_indices", "BUILTIN",
            *BUILTIN]

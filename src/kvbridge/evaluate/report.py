@@ -20,21 +20,10 @@ import json
 import math
 from pathlib import Path
 
-#: the columns of the terminal table: (metric, header, format)
-COLUMNS = (
-    ("nll", "nll", "{:.3f}"),
-    ("perplexity", "ppl", "{:.1f}"),
-    ("gap_recovered", "gap_rec", "{:+.3f}"),
-    ("kl_mean", "kl_mean", "{:.4f}"),
-    ("kl_p95", "kl_p95", "{:.4f}"),
-    ("top1_agreement", "top1", "{:.3f}"),
-    ("topk_overlap", "topk", "{:.3f}"),
-    ("tv_top_p", "tv_p", "{:.3f}"),
-    ("greedy_agreement", "greedy", "{:.3f}"),
-    ("attention_cosine_mean", "cos_mean", "{:.3f}"),
-    ("attention_cosine_min", "cos_min", "{:.3f}"),
-    ("retention", "retain", "{:.3f}"),
-)
+from kvbridge.evaluate.catalog import BUILTIN_METRICS
+
+#: the columns of the terminal table: (metric, header, format), from the one metric list
+COLUMNS = tuple((m.name, m.column, m.fmt) for m in BUILTIN_METRICS if m.column)
 
 
 def fmt(value, spec: str = "{:.3f}") -> str:
@@ -274,27 +263,45 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+#: the ownership kind of a report folder (see kvbridge.artifacts)
+REPORT_KIND = "kvbridge-eval-report"
+
+
 def write_report(result: dict, folder) -> dict:
-    """Write the report folder; returns ``{file kind: path}`` of what was written."""
+    """Write the report folder atomically; returns ``{file kind: path}`` of what was written.
+
+    The folder is built beside ``folder`` and renamed into place; it replaces only an earlier
+    kvbridge eval report (never a folder of anything else).
+    """
+    from kvbridge.artifacts import atomic_dir
+
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = {}
-    (folder / "eval.json").write_text(to_json(result) + "\n", encoding="utf-8")
-    written["json"] = folder / "eval.json"
-    plt = _plt()
-    images, skipped = {}, None
-    if plt is None:
-        skipped = "matplotlib is not installed (pip install matplotlib)"
-    else:
-        for title, name, fn in (("attention cosine per layer", "attention_cosine.png", plot_attention),
-                                ("gap recovered", "gap_recovered.png", plot_gap),
-                                ("mapping R²", "mapping_r2.png", plot_r2)):
-            if fn(result, folder / name, plt):
-                images[title] = name
-                written[name.removesuffix(".png")] = folder / name
-    (folder / "summary.md").write_text(markdown(result, images, skipped), encoding="utf-8")
-    written["markdown"] = folder / "summary.md"
-    return written
+    names = {}
+    with atomic_dir(folder, kind=REPORT_KIND, overwrite=True, flag="") as tmp:
+        (tmp / "eval.json").write_text(to_json(result) + "\n", encoding="utf-8")
+        names["json"] = "eval.json"
+        plt = _plt()
+        images, skipped = {}, None
+        if plt is None:
+            skipped = "matplotlib is not installed (pip install matplotlib)"
+        else:
+            for title, name, fn in (("attention cosine per layer", "attention_cosine.png", plot_attention),
+                                    ("gap recovered", "gap_recovered.png", plot_gap),
+                                    ("mapping R²", "mapping_r2.png", plot_r2)):
+                if fn(result, tmp / name, plt):
+                    images[title] = name
+                    names[name.removesuffix(".png")] = name
+        (tmp / "summary.md").write_text(markdown(result, images, skipped), encoding="utf-8")
+        names["markdown"] = "summary.md"
+    return {k: folder / v for k, v in names.items()}
 
 
-__all__ = ["terminal_table", "to_json", "write_report", "markdown", "COLUMNS"]
+def batch_record(first: int, last: int, fields: dict) -> dict:
+    """A partial-results record of one evaluated batch: per condition, each metric's batch mean."""
+    out = {"samples": [int(first), int(last)], "conditions": {}}
+    for cond, named in fields.items():
+        out["conditions"][cond] = {name: float(t.float().mean()) for name, t in named.items() if t.numel()}
+    return out
+
+
+__all__ = ["terminal_table", "to_json", "write_report", "markdown", "COLUMNS", "batch_record", "REPORT_KIND"]

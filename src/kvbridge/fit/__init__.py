@@ -14,6 +14,7 @@ Modules: :mod:`~kvbridge.fit.stats` (streaming float64 statistics, distributed r
 (``ridge-headwise``), :mod:`~kvbridge.fit.sklearn_fitter` (``sklearn``),
 :mod:`~kvbridge.fit.calibrate` (paired calibration, sampling), :mod:`~kvbridge.fit.mapping`
 (the batched mapping), :mod:`~kvbridge.fit.artifact` (mapping folders),
+:mod:`~kvbridge.fit.plan` (resource plan from configs alone; ``kvbridge.fit.plan(src, tgt)``),
 :mod:`~kvbridge.fit.distributed` (torch.distributed, checkpoints / resume),
 :mod:`~kvbridge.fit.pipeline` (the ``fit`` call).
 
@@ -40,6 +41,10 @@ def _transfer_state(state, mapping, *, target_positions=None, host=None):
 
 
 def __getattr__(name):
+    if name == "plan":  # the module is callable: kvbridge.fit.plan(source, target, ...) plans a fit
+        import importlib
+
+        return importlib.import_module("kvbridge.fit.plan")
     if name in ("transfer_state", "transfer"):
         return _transfer_state
     if name in _LAZY:
@@ -50,4 +55,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'kvbridge.fit' has no attribute {name!r}")
 
 
-__all__ = list(_LAZY)
+__all__ = list(_LAZY) + ["plan"]

@@ -1,6 +1,6 @@
 """Mapping artifacts: a folder with ``mapping.safetensors`` and ``manifest.json``.
 
-The manifest (JSON Schema: ``manifests/schemas/mapping.schema.json``) records what the
+The manifest (JSON Schema: ``kvbridge/manifests/schemas/mapping.schema.json``, package data) records what the
 mapping is for and how it was made: schema version; kvbridge, transformers and torch
 versions; source and target specs with their fingerprints (spec hash, config hash, weights
 hash, revision where known) and RoPE configuration; the tokenizer fingerprint; the fitter
@@ -10,7 +10,7 @@ the tensor file. It is written atomically (temp folder + rename, :mod:`kvbridge.
 
 :func:`load_mapping` verifies the tensor checksum before reading a byte of it and, given the
 models (or configs) it will be used with, refuses a pair whose fingerprints differ, naming
-the field (``source.weights_fingerprint`` ...). ``force=True`` (``--force``) downgrades the
+the field (``source.weights_fingerprint`` ...). ``force=True`` (``--accept-fingerprint-mismatch``) downgrades the
 refusal to a warning.
 """
 
@@ -27,7 +27,7 @@ from kvbridge.errors import ArtifactError
 SCHEMA_VERSION = 1
 KIND = "kvbridge-mapping"
 TENSOR_FILE = "mapping.safetensors"
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "manifests" / "schemas" / "mapping.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "manifests" / "schemas" / "mapping.schema.json"
 
 
 class MappingMismatchWarning(UserWarning):
@@ -38,7 +38,7 @@ class MappingMismatchWarning(UserWarning):
 def model_identity(model_or_config: Any, *, host=None, name: str = "", revision: str | None = None,
                    weights: bool = True) -> dict:
     """Spec, fingerprints and RoPE configuration of a model (or a config mapping: no weights hash)."""
-    from kvbridge.adapter import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
     from kvbridge.plugins import get_host
 
     host = host or get_host()
@@ -85,7 +85,7 @@ def _versions() -> dict:
 def build_manifest(mapping, *, source: dict, target: dict, tokenizer: dict | None = None,
                    calibration: dict | None = None) -> dict:
     """The manifest of a fitted mapping (``source`` / ``target`` from :func:`model_identity`)."""
-    rep = mapping.report or {}
+    rep = mapping.report.to_dict() if hasattr(mapping.report, "to_dict") else dict(mapping.report or {})
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
@@ -118,7 +118,7 @@ def save_mapping(mapping, out: Path | str, *, manifest: dict | None = None, forc
     if not manifest:
         raise ArtifactError("mapping has no manifest", "build one with kvbridge.fit.artifact.build_manifest")
     validate(manifest, partial=True)
-    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, force=force)
+    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, overwrite=force, kind=KIND)
     return path
 
 
@@ -128,7 +128,7 @@ CHECKED_FIELDS = ("spec_fingerprint", "config_fingerprint", "weights_fingerprint
 
 def _mismatch(msg: str, fix: str, force: bool) -> None:
     if force:
-        warnings.warn(f"{msg} (used anyway: --force)", MappingMismatchWarning, stacklevel=3)
+        warnings.warn(f"{msg} (used anyway: --accept-fingerprint-mismatch)", MappingMismatchWarning, stacklevel=3)
         return
     raise ArtifactError(msg, fix)
 
@@ -149,7 +149,7 @@ def verify_pair(manifest: Mapping, *, source: dict | None = None, target: dict |
             if have != need:
                 _mismatch(f"mapping was fitted for a different {role} model: field {role}.{name} is "
                           f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
-                          f"fit a mapping for this pair (kvbridge fit) or pass --force to use it anyway", force)
+                          f"fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway", force)
     if tokenizer is not None and manifest.get("tokenizer"):
         have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
         if have and need:
@@ -157,7 +157,7 @@ def verify_pair(manifest: Mapping, *, source: dict | None = None, target: dict |
             if have != need:
                 _mismatch(f"mapping was fitted with a different tokenizer: field tokenizer.digest is {need[:12]}... "
                           f"in the manifest, {have[:12]}... for the given models",
-                          "fit a mapping for this tokenizer or pass --force to use it anyway", force)
+                          "fit a mapping for this tokenizer or pass --accept-fingerprint-mismatch to use it anyway", force)
     return checked
 
 
@@ -182,6 +182,12 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
         raise ArtifactError(f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
                             "upgrade kvbridge")
     validate(manifest)
+    from kvbridge.check.validate import tensors_match
+
+    # the checksum says the file is the one the manifest names; this says they agree (dtype of every
+    # tensor; shapes are checked against the specs by FittedMapping.from_tensors)
+    tensors_match(tensors, {name: (manifest.get("dtype", "float32"), None) for name in tensors},
+                  str(Path(folder) / TENSOR_FILE), fix="re-create the mapping with `kvbridge fit`")
     idents = {}
     for role, obj in (("source", source), ("target", target)):
         if obj is None:
@@ -198,15 +204,20 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
         raise ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping") from None
     if idents["target"] is not None:  # the target dtype of the model at hand decides the output dtype
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
-    report = {k: manifest.get(k) for k in ("heldout_r2", "r2_summary", "warnings", "selection_scores",
-                                             "alpha_chosen", "observations")}
+    from kvbridge.fit.protocol import FitReport
+
+    report = FitReport.from_dict({**{k: manifest.get(k) for k in ("heldout_r2", "r2_summary", "warnings",
+                                                                  "selection_scores", "alpha_chosen",
+                                                                  "observations", "layer_selection")},
+                                  "fitter": manifest["fitter"]["name"],
+                                  "params": manifest["fitter"].get("params") or {}})
     return FittedMapping.from_tensors(tensors, source_spec=source_spec, target_spec=target_spec,
                                       mode=manifest.get("mode", "dense"), selection=manifest["layer_selection"],
                                       fitter=manifest["fitter"]["name"], report=report, manifest=manifest)
 
 
 # -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------
-#: used when the repository's manifests/ folder is not beside the package (a wheel install)
+#: used only if the package data is missing (a broken install)
 _FALLBACK_SCHEMA = {"type": "object", "required": ["schema_version", "kind", "source", "target", "fitter", "mode",
                                                     "layer_selection", "tensor_file", "tensor_sha256"]}
 

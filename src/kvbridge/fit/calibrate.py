@@ -36,6 +36,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from kvbridge.errors import ConfigError, KVBridgeError
+from kvbridge.faults import fault_point
+
+
+#: source layers per target layer that ``fit`` uses by default (``check`` assumes the same)
+DEFAULT_TOP_K = 4
+#: ``fit`` warns when the training observations per target head are fewer than this many times
+#: the features of one least-squares problem (a common rule of thumb for a stable regression:
+#: at least ten observations per parameter; below it held-out R² drops and varies with the seed)
+MIN_OBS_PER_FEATURE = 10
 
 
 class CalibrationError(KVBridgeError):
@@ -53,6 +62,66 @@ def corpus_files(path: Path | str) -> list[Path]:
     if path.is_file():
         return [path]
     raise CalibrationError(f"{path}: no such corpus file or folder", "check --corpus")
+
+
+def corpus_record(path: Path | str) -> dict:
+    """What a corpus is, verifiably: each file's ``sha256`` as ``sha256sum`` prints it, and its size.
+
+    ``sha256`` is the single file's hash for a file corpus (the value ``sha256sum FILE``
+    prints); for a folder it is :func:`load_corpus`'s combined hash (documented there) and
+    ``files`` lists every file's own.
+    """
+    from kvbridge.artifacts import sha256_file
+
+    files = corpus_files(path)
+    recs = [{"name": str(f.relative_to(path)) if Path(path).is_dir() else f.name, "sha256": sha256_file(f),
+             "bytes": f.stat().st_size} for f in files]
+    combined = None
+    if len(files) > 1 or Path(path).is_dir():
+        h = hashlib.sha256()
+        for f, r in zip(files, recs):
+            h.update(f.name.encode() + b"\0" + bytes.fromhex(r["sha256"]))
+        combined = h.hexdigest()
+    return {"path": str(path), "sha256": combined or recs[0]["sha256"],
+            "sha256_of": "folder: sha256 over (name, file sha256) pairs" if combined else "the file (sha256sum)",
+            "files": recs}
+
+
+def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
+    """Which part of the corpus text the first ``used_tokens`` calibration tokens came from.
+
+    The corpus texts joined with ``"\n"`` (for a single text file: the file itself) are
+    consumed from the start (:func:`tokenize_corpus`); the span is ``[0, end)`` in characters
+    and in UTF-8 bytes of that joined text, plus the token count. ``kvbridge eval`` refuses
+    samples from inside it (they would measure text the mapping was fitted on).
+    """
+    eos = getattr(tokenizer, "eos_token_id", None)
+    got, end, total_chars = 0, 0, sum(len(t) for t in texts) + max(0, len(texts) - 1)
+    base = 0
+    for text in texts:
+        if got >= used_tokens:
+            break
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        n = len(ids) + (eos is not None)
+        if got + n <= used_tokens:
+            got += n
+            end = base + len(text)
+            base += len(text) + 1
+            continue
+        take = used_tokens - got  # a partly used document: map its last used token to characters
+        end = base + len(text)
+        try:
+            offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if 0 < take <= len(offsets):
+                end = base + int(offsets[take - 1][1])
+        except (NotImplementedError, KeyError, TypeError, ValueError):
+            pass  # no offsets (slow tokenizer): count the whole document as used (conservative)
+        got = used_tokens
+        break
+    joined_prefix = "\n".join(texts)[:end]
+    return {"tokens": int(min(got, used_tokens)), "chars": [0, int(end)],
+            "bytes": [0, len(joined_prefix.encode("utf-8"))], "of_chars": int(total_chars),
+            "text": "corpus texts joined with newlines (a single text file: the file itself)"}
 
 
 def load_corpus(path: Path | str) -> tuple[list[str], str]:
@@ -138,6 +207,8 @@ class CalibrationConfig:
     heldout: float = 0.1  # share of sequences held out for R² and --alpha auto
     seed: int = 0
     batch_size: int = 4  # sequences per forward pass
+    seq_len: int | None = None  # tokens per sequence cut from texts / 1-D ids (None: 512 for texts)
+    tokens: int | None = None  # calibration tokens to read (None: all)
 
     def __post_init__(self):
         if self.stride < 1:
@@ -290,6 +361,7 @@ class PairedCalibration:
             if self.checkpoint is not None:
                 self.checkpoint.maybe_save(tag, jobs, done=bi + 1, total=len(batches), rank=self.rank,
                                            world=self.world)
+            fault_point("fit.batch")
             if self.progress is not None:
                 self.progress(("advance", tag, len(batches[bi]) * self.seq_len))
         if self.progress is not None:

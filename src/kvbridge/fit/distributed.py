@@ -9,12 +9,19 @@ is available). Every rank then solves the same small systems; rank 0 writes the 
 The observations are exactly those of a single-process fit (sampling is seeded per sequence,
 not per rank), so the mapping agrees with it up to float64 summation order.
 
-:class:`Checkpoint` makes a fit resumable: after batches (at most every ``every_s`` seconds,
-and at the end of every pass) each rank writes its statistics and the number of batches
-done to ``<folder>/<pass>.rank<r>of<N>.safetensors`` (temp file + rename, so a checkpoint is
-never half-written). ``--resume`` restores them, after checking the checkpoint was made by
-the same models, data, settings and world size (naming the field that differs), and
-continues with the next batch.
+:class:`Checkpoint` makes a fit resumable. It exists only when asked for (``--resume``; the
+folder is ``.<out>.fitstate/`` beside ``--out``, removed when the fit succeeds). After batches
+each rank writes its statistics and the number of batches done to
+``<folder>/<pass>.rank<r>of<N>.safetensors`` (temp file + fsync + rename: never half-written;
+one file per pass and rank, replaced in place, so the folder never grows). Checkpoint I/O is
+bounded: at most one write every ``every_s`` seconds (default 60, ``KVBRIDGE_CHECKPOINT_EVERY``)
+and never more than :data:`MAX_IO_SHARE` of the run's wall time (after a write that took
+``t`` seconds the next waits at least ``t / MAX_IO_SHARE``), plus one at the end of each pass.
+Every checkpoint carries a sha256 over its statistics, its key and its batch count; ``--resume``
+verifies it (a tampered or corrupt checkpoint is a one-line error, never silently used),
+checks the checkpoint was made by the same models, data, settings and world size (naming the
+field that differs), and continues with the next batch. The result is bit-identical to an
+uninterrupted fit (same float64 statistics, same batch order).
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from kvbridge.errors import KVBridgeError
+
+#: checkpoint writes may take at most this share of a fit's wall time
+MAX_IO_SHARE = 0.05
 
 
 class CheckpointError(KVBridgeError):
@@ -91,8 +101,12 @@ class Checkpoint:
         self.folder = Path(folder)
         self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
         self.resume = resume
-        self.every_s = float(every_s)
+        env = os.environ.get("KVBRIDGE_CHECKPOINT_EVERY")
+        self.every_s = float(env) if env not in (None, "") else float(every_s)
         self._last = time.monotonic()
+        self._gap = self.every_s  # grows when writes are slow (MAX_IO_SHARE)
+        self.writes = 0
+        self.bytes_written = 0
         self.restored: dict[str, int] = {}
 
     def path(self, tag: str, rank: int, world: int) -> Path:
@@ -119,6 +133,12 @@ class Checkpoint:
             tensors = load_file(str(path))
         except Exception as exc:  # noqa: BLE001 - any unreadable file is one error
             raise CheckpointError(f"{path} is not a readable checkpoint ({exc})", "delete it and start afresh") from None
+        want = meta.get("sha256")
+        got = _digest(tensors, meta.get("key", ""), meta.get("done", ""), meta.get("tag", ""))
+        if not want or got != want:
+            raise CheckpointError(f"checkpoint {path} failed its checksum (sha256 {got[:12]}... != recorded "
+                                  f"{str(want)[:12]}...): it is corrupt or was modified",
+                                  f"delete {self.folder} and start afresh")
         saved = json.loads(meta.get("key", "{}"))
         for name in sorted(set(saved) | set(self.key)):
             if saved.get(name) != self.key.get(name):
@@ -139,10 +159,12 @@ class Checkpoint:
     def maybe_save(self, tag: str, jobs: list, *, done: int, total: int, rank: int = 0, world: int = 1,
                    force: bool = False) -> bool:
         now = time.monotonic()
-        if not (force or done >= total or now - self._last >= self.every_s):
+        if not (force or done >= total or now - self._last >= self._gap):
             return False
         self.save(tag, jobs, done=done, rank=rank, world=world)
-        self._last = now
+        took = time.monotonic() - now
+        self._last = time.monotonic()
+        self._gap = self.every_s if self.every_s <= 0 else max(self.every_s, took / MAX_IO_SHARE)  # 0: every batch
         return True
 
     def save(self, tag: str, jobs: list, *, done: int, rank: int = 0, world: int = 1) -> Path:
@@ -154,15 +176,37 @@ class Checkpoint:
             tensors.update(job.state_dict(prefix=f"job{j}."))
         path = self.path(tag, rank, world)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
-                  metadata={"key": json.dumps(self.key, sort_keys=True), "done": str(done), "tag": tag})
-        os.replace(tmp, path)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        key = json.dumps(self.key, sort_keys=True)
+        meta = {"key": key, "done": str(done), "tag": tag, "sha256": _digest(tensors, key, str(done), tag)}
+        try:
+            save_file(tensors, str(tmp), metadata=meta)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.writes += 1
+        self.bytes_written += path.stat().st_size
         return path
 
     def clear(self) -> None:
         import shutil
 
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _digest(tensors: dict, key: str, done: str, tag: str) -> str:
+    """sha256 over a checkpoint's key, batch count, tag and every tensor (name, dtype, shape, bytes)."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps([key, done, tag]).encode())
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def _short(value: Any) -> str:

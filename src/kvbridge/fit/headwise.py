@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import torch
 
-from kvbridge.fit.ridge import (
+from dataclasses import asdict, dataclass
+
+from kvbridge.fit.protocol import FitReport
+from kvbridge.fit.ridge import check_alpha
+from kvbridge.fit.solve import (
     DEFAULT_ALPHA,
     LOW_R2,
     FitError,
-    _device,
-    _dims,
     check_determined,
+    device_of,
+    dims as dims_of,
     default_budget,
     fit_group,
     grouped_r2,
@@ -33,17 +37,32 @@ from kvbridge.fit.ridge import (
 )
 
 
-class HeadwiseFitter:
-    name = "ridge-headwise"
+@dataclass(frozen=True)
+class HeadwiseOptions:
+    """Options of ``ridge-headwise`` (``-o key=value``)."""
 
-    def fit(self, source_spec, target_spec, calibration=None, *, alpha=DEFAULT_ALPHA, memory_budget: int | None = None,
-            low_r2: float = LOW_R2, **_):
+    alpha: float | str = DEFAULT_ALPHA  # ridge strength, or "auto" (per target head, on the held-out split)
+    memory_budget: int | None = None  # statistics bytes (None: 8 GiB or $KVBRIDGE_FIT_MEMORY)
+    low_r2: float = LOW_R2  # warn below this mean held-out R²
+
+    def __post_init__(self):
+        check_alpha(self.alpha)
+
+
+class HeadwiseFitter:
+    """``ridge-headwise``: one source KV head per target KV head (assigned by R²)."""
+
+    name = "ridge-headwise"
+    Options = HeadwiseOptions
+
+    def fit(self, source_spec, target_spec, calibration=None, options: HeadwiseOptions = HeadwiseOptions()):
+        alpha, memory_budget, low_r2 = options.alpha, options.memory_budget, options.low_r2
         from kvbridge.fit.mapping import FittedMapping, LayerMap
         from kvbridge.fit.stats import LayerStats
 
         if calibration is None:
             raise FitError("the ridge-headwise fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
-        dims = _dims(source_spec, target_spec)
+        dims = dims_of(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
         hs, ds, ht, dt = dims["src_heads"], dims["src_dim"], dims["tgt_heads"], dims["tgt_dim"]
         fix = "give more --tokens or a smaller --stride"
@@ -55,7 +74,7 @@ class HeadwiseFitter:
             [None] * lt, [None] * lt
         passes = []
         for bi, block in enumerate(blocks):
-            job = LayerStats(range(ls), block, **dims, xx_block="head", device=_device(calibration))
+            job = LayerStats(range(ls), block, **dims, xx_block="head", device=device_of(calibration))
             tag = "headwise" if len(blocks) == 1 else f"headwise{bi}"
             calibration.accumulate([job], tag=tag)
             passes.append({"tag": tag, "bytes": job.nbytes(), "target_layers": list(block)})
@@ -100,19 +119,19 @@ class HeadwiseFitter:
         tk = torch.stack(r2k) if has else None
         tv = torch.stack(r2v) if has else None
         summary, warnings = r2_summary(tk, tv, threshold=low_r2)
-        report = {
-            "fitter": self.name,
-            "params": {"alpha": alpha, "memory_budget": budget},
-            "layer_selection": assign_all,
-            "selection_scores": {"mean": score_all, "measured_on": held_split,
-                                 "layout": "[target layer][target head][source layer * source heads + source head]"},
-            "heldout_r2": {"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-            "r2_summary": summary,
-            "alpha_chosen": alphas,
-            "observations": {"train": int(n_seen), "features_per_head": ds},
-            "passes": passes,
-            "warnings": warnings,
-        }
+        report = FitReport(
+            fitter=self.name,
+            params={**asdict(options), "memory_budget": budget},
+            layer_selection=assign_all,
+            selection_scores={"mean": score_all, "measured_on": held_split,
+                              "layout": "[target layer][target head][source layer * source heads + source head]"},
+            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
+            r2_summary=summary,
+            alpha_chosen=alphas,
+            observations={"train": int(n_seen), "features_per_head": ds},
+            passes=passes,
+            warnings=tuple(warnings),
+        )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
 
 
@@ -122,4 +141,4 @@ def _cols(m, cols):
     return Moments(m.n, m.mean_x, m.mean_y[cols], m.cxx, m.cxy[:, cols], m.cyy[cols])
 
 
-__all__ = ["HeadwiseFitter"]
+__all__ = ["HeadwiseFitter", "HeadwiseOptions"]

@@ -10,10 +10,11 @@ Two layouts:
 - ``headwise`` (``ridge-headwise``): target head h of layer t reads one source head
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
-Compute is float32 and batched: the source cache is laid out once as ``[B·T, L_s, H_s·D_s]``;
-for each target layer the selected layers' features are gathered (one ``index_select``
-into a reused buffer) and multiplied by ``W`` in one GEMM with the bias fused
-(``addmm``), and the result is cast to the target dtype. A fitted mapping is
+Compute is float32 and batched: for each target layer the selected source layers' (or
+heads') features are gathered straight from the source tensors into a reused buffer and multiplied by ``W`` in one batched GEMM over the target heads with
+the bias fused (``addmm``; ``baddbmm`` over the target heads for headwise maps) into a reused
+scratch tensor, and one copy into the target layout and dtype. Measured at 1.0x-1.1x of a bare GEMM of the same FLOPs
+(BENCHMARKS.md). A fitted mapping is
 approximate by nature: ``exact`` is False, so transferred states are marked ``approximate``.
 """
 
@@ -65,7 +66,7 @@ class FittedMapping:
     target_spec: ModelSpec
     layers: list  # LayerMap per target layer
     fitter: str = "ridge"
-    report: dict = field(default_factory=dict)  # selection scores, held-out R², warnings, calibration
+    report: Any = None  # a kvbridge.fit.protocol.FitReport: selection, held-out R², warnings
     manifest: dict = field(default_factory=dict)  # set when loaded from / written to an artifact
     exact: bool = False
 
@@ -106,45 +107,62 @@ class FittedMapping:
                        model_fingerprint="", approximate=True, meta=dict(state.meta))
 
     def map_tensors(self, keys, values, *, dtype=torch.float32) -> tuple[list, list]:
-        """Per-layer source content ``keys``/``values`` ``[B, H_s, T, D_s]`` -> target lists."""
-        src = self.source_spec
-        ls, hs, ds = geometry(src)
+        """Per-layer source content ``keys``/``values`` ``[B, H_s, T, D_s]`` -> target lists.
+
+        Per target layer and batch row: the selected source features copied into a reused
+        buffer, one GEMM with the bias fused into a reused scratch tensor (dense: ``addmm``;
+        headwise: ``baddbmm`` over the target heads), one copy into the target layout
+        ``[H_t, T, D_t]`` and dtype. No weight copies; no allocation but the outputs.
+        """
+        _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
-        n = b * t
         device = keys[0].device
-        feats = {}
-        for name, tensors in (("k", keys), ("v", values)):
-            x = torch.empty(b, t, ls, hs, ds, dtype=torch.float32, device=device)
-            for i, layer in enumerate(tensors):
-                x[:, :, i].copy_(layer.transpose(1, 2))
-            feats[name] = x.view(n, ls * hs * ds)
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
+        plan = self._plan(device)
+        headwise = self.mode == "headwise"
         out_k, out_v = [], []
-        bufs: dict = {}
-        for lm in self.layers:
-            lm = lm if lm.wk.device == device else lm.to(device=device)
-            for name, w, bias, out in (("k", lm.wk, lm.bk, out_k), ("v", lm.wv, lm.bv, out_v)):
-                x = feats[name]
-                if lm.mode == "dense":
-                    if len(lm.sources) == 1:
-                        s0 = lm.sources[0]
-                        xs = x[:, s0 * hs * ds:(s0 + 1) * hs * ds]
-                    else:  # gather the selected layers' features: one GEMM with K = k * H_s * D_s
-                        key = (len(lm.sources), name)
-                        buf = bufs.get(key)
-                        if buf is None:
-                            buf = bufs[key] = torch.empty(n, len(lm.sources), hs * ds, dtype=torch.float32,
-                                                          device=device)
-                        torch.index_select(x.view(n, ls, hs * ds), 1, lm.source_index(device), out=buf)
-                        xs = buf.view(n, -1)
-                    y = torch.addmm(bias, xs, w).view(b, t, ht, dt).transpose(1, 2)
-                else:
-                    idx = torch.tensor([l * hs + h for l, h in lm.sources], device=device)
-                    xh = x.view(n, ls * hs, ds).index_select(1, idx).transpose(0, 1)  # [H_t, n, D_s]
-                    y = torch.baddbmm(bias[:, None, :], xh, w).view(ht, b, t, dt).transpose(0, 1)
-                # one copy into the target layout [B, H_t, T, D_t], cast to the target dtype on the way
-                out.append(torch.empty(b, ht, t, dt, dtype=dtype, device=device).copy_(y))
+        for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
+            bufs: dict = {}
+            if headwise:  # float32 results of a non-float32 target go through a scratch tensor
+                scratch = None if dtype == torch.float32 else torch.empty(ht, t, dt, dtype=torch.float32, device=device)
+            else:  # [T, H_t·D_t]: one GEMM, then one copy into the target layout (and dtype)
+                scratch = torch.empty(t, ht * dt, dtype=torch.float32, device=device)
+            for sources, w, bias in plan[name]:  # dense: w [F, H_t·D_t], bias [H_t·D_t]; headwise: [H_t, D_s, D_t], [H_t, 1, D_t]
+                y = torch.empty(b, ht, t, dt, dtype=dtype, device=device)
+                buf = bufs.get(len(sources))
+                if buf is None:  # dense: [T, k, H_s·D_s]; headwise: [H_t, T, D_s]
+                    shape = (ht, t, ds) if headwise else (t, len(sources), hs * ds)
+                    buf = bufs[len(sources)] = torch.empty(shape, dtype=torch.float32, device=device)
+                for r in range(b):
+                    # gather the selected source features straight from the source tensors (float32)
+                    if headwise:  # target head h reads its own source head
+                        for j, (layer, head) in enumerate(sources):
+                            buf[j].copy_(tensors[layer][r, head])
+                        torch.baddbmm(bias, buf, w, out=y[r] if scratch is None else scratch)
+                        if scratch is not None:
+                            y[r].copy_(scratch)
+                    else:  # every target head reads all the selected features
+                        for j, layer in enumerate(sources):
+                            buf[:, j].view(t, hs, ds).copy_(tensors[layer][r].transpose(0, 1))
+                        torch.addmm(bias, buf.view(t, -1), w, out=scratch)
+                        y[r].copy_(scratch.view(t, ht, dt).transpose(0, 1))
+                out.append(y)
         return out_k, out_v
+
+    def _plan(self, device) -> dict:
+        """Per target layer ``(sources, W, bias)`` on ``device`` (headwise bias as [H_t, 1, D_t]), cached."""
+        cache = self.__dict__.setdefault("_plans", {})
+        key = (str(device), tuple(id(getattr(lm, n)) for lm in self.layers for n in ("wk", "bk", "wv", "bv")))
+        if key not in cache:
+            cache.clear()
+            ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
+            plan: dict = {"k": [], "v": []}
+            for lm in self.layers:
+                lm = lm if lm.wk.device == torch.device(device) else lm.to(device=device)
+                for name, w, bias in (("k", lm.wk, lm.bk), ("v", lm.wv, lm.bv)):
+                    plan[name].append((lm.sources, w, bias if lm.mode == "dense" else bias.reshape(ht, 1, dt)))
+            cache[key] = plan
+        return cache[key]
 
     # -- serialisation --------------------------------------------------------------------------------
     def tensors(self) -> dict:
@@ -159,7 +177,7 @@ class FittedMapping:
 
     @classmethod
     def from_tensors(cls, tensors: dict, *, source_spec: ModelSpec, target_spec: ModelSpec, mode: str,
-                     selection: list, fitter: str, report: dict | None = None,
+                     selection: list, fitter: str, report: Any = None,
                      manifest: dict | None = None) -> "FittedMapping":
         if mode not in MODES:
             raise ArtifactError(f"mapping mode {mode!r} is unknown", f"expected one of {MODES}")
@@ -189,7 +207,7 @@ class FittedMapping:
                     raise ArtifactError(f"tensor layers.{t}.{n} has shape {tuple(w[n].shape)}, expected {want}",
                                         "re-create the mapping")
             layers.append(LayerMap(mode, sources, w["wk"], w["bk"], w["wv"], w["bv"]))
-        return cls(source_spec, target_spec, layers, fitter=fitter, report=report or {}, manifest=manifest or {})
+        return cls(source_spec, target_spec, layers, fitter=fitter, report=report, manifest=manifest or {})
 
     def flops(self, tokens: int) -> int:
         """Multiply-add FLOPs (2 per MAC) of one ``map_tensors`` call for ``tokens`` tokens."""

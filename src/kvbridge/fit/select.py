@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbridge.fit.ridge import DEFAULT_ALPHA, grouped_r2, solve
+from kvbridge.fit.solve import DEFAULT_ALPHA, grouped_r2, solve
 
 
 def single_layer_r2(job, *, alpha: float = DEFAULT_ALPHA, tgt_layers=None) -> dict:

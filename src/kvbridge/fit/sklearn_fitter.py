@@ -17,10 +17,13 @@ the sample. Single process only: the sample lives in one process's memory.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import torch
 
-from kvbridge.fit.ridge import LOW_R2, FitError, _dims, check_determined, r2_summary
+from kvbridge.fit.protocol import FitReport
+from kvbridge.fit.ridge import check_top_k
+from kvbridge.fit.solve import LOW_R2, FitError, check_determined, dims as dims_of, r2_summary
 
 DEFAULT_ESTIMATOR = "sklearn.linear_model:Ridge"
 DEFAULT_OPTIONS = {"alpha": 0.01}
@@ -67,11 +70,30 @@ def _linear(est, path: str, p: int, q: int):
     return torch.from_numpy(coef.T.copy()), torch.from_numpy(intercept.copy())
 
 
-class SklearnFitter:
-    name = "sklearn"
+@dataclass(frozen=True)
+class SklearnOptions:
+    """Options of ``sklearn`` (``-o key=value``; ``--estimator`` / ``--estimator-options`` /
+    ``--max-samples`` are shortcuts)."""
 
-    def fit(self, source_spec, target_spec, calibration=None, *, top_k: int = 4, estimator: str | None = None,
-            estimator_options=None, max_samples: int | None = DEFAULT_MAX_SAMPLES, low_r2: float = LOW_R2, **_):
+    top_k: int = 4  # source layers per target layer
+    estimator: str | None = None  # "module:Class" (None: sklearn.linear_model:Ridge with alpha 0.01)
+    estimator_options: dict | str | None = None  # keyword options of the estimator (a dict or JSON text)
+    max_samples: int | None = DEFAULT_MAX_SAMPLES  # cap on materialised observations
+    low_r2: float = LOW_R2  # warn below this mean held-out R²
+
+    def __post_init__(self):
+        check_top_k(self.top_k)
+
+
+class SklearnFitter:
+    """``sklearn``: any scikit-learn linear regressor on a capped materialised sample."""
+
+    name = "sklearn"
+    Options = SklearnOptions
+
+    def fit(self, source_spec, target_spec, calibration=None, options: SklearnOptions = SklearnOptions()):
+        top_k, estimator, estimator_options = options.top_k, options.estimator, options.estimator_options
+        max_samples, low_r2 = options.max_samples, options.low_r2
         import numpy as np
         from sklearn.base import clone
 
@@ -85,9 +107,9 @@ class SklearnFitter:
             raise FitError("the sklearn fitter materialises its sample in one process and cannot run distributed",
                            "run it as a single process, or use --fitter ridge under torchrun")
         path = estimator or DEFAULT_ESTIMATOR
-        options = DEFAULT_OPTIONS if (estimator is None and estimator_options is None) else (estimator_options or {})
-        proto, options = load_estimator(path, options)
-        dims = _dims(source_spec, target_spec)
+        est_options = DEFAULT_OPTIONS if (estimator is None and estimator_options is None) else (estimator_options or {})
+        proto, est_options = load_estimator(path, est_options)
+        dims = dims_of(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
         k = min(int(top_k), ls)
         fs = dims["src_heads"] * dims["src_dim"]
@@ -129,19 +151,20 @@ class SklearnFitter:
         tk = torch.stack(r2k) if n_held else None
         tv = torch.stack(r2v) if n_held else None
         summary, warnings = r2_summary(tk, tv, threshold=low_r2)
-        report = {
-            "fitter": self.name,
-            "params": {"top_k": k, "estimator": path, "estimator_options": options, "max_samples": max_samples},
-            "layer_selection": [list(s) for s in selection],
-            "selection_scores": {"mean": scores["mean"].tolist(), "k": scores["k"].tolist(),
-                                 "v": scores["v"].tolist(), "measured_on": scores["measured_on"]},
-            "heldout_r2": {"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-            "r2_summary": summary,
-            "alpha_chosen": None,
-            "observations": {"train": n_train, "heldout": n_held, "features_per_head": k * fs},
-            "warnings": warnings,
-        }
+        report = FitReport(
+            fitter=self.name,
+            params={"top_k": k, "estimator": path, "estimator_options": est_options, "max_samples": max_samples,
+                    "low_r2": low_r2},
+            layer_selection=[list(s) for s in selection],
+            selection_scores={"mean": scores["mean"].tolist(), "k": scores["k"].tolist(),
+                              "v": scores["v"].tolist(), "measured_on": scores["measured_on"]},
+            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
+            r2_summary=summary,
+            alpha_chosen=None,
+            observations={"train": n_train, "heldout": n_held, "features_per_head": k * fs},
+            warnings=tuple(warnings),
+        )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
 
 
-__all__ = ["SklearnFitter", "load_estimator", "DEFAULT_ESTIMATOR", "DEFAULT_MAX_SAMPLES"]
+__all__ = ["SklearnFitter", "SklearnOptions", "load_estimator", "DEFAULT_ESTIMATOR", "DEFAULT_MAX_SAMPLES"]

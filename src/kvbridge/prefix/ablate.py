@@ -189,16 +189,16 @@ def _run(model, cache, ids: list[int], positions: list[int] | None, max_new_toke
 
 
 def _kl(p_logits, q_logits) -> float:
-    import torch
+    from kvbridge.divergence import kl
 
-    lp = torch.log_softmax(p_logits.double(), -1)
-    lq = torch.log_softmax(q_logits.double(), -1)
-    return float((lp.exp() * (lp - lq)).sum().clamp(min=0.0))
+    return float(kl(p_logits, q_logits).sum())
 
 
 def _agreement(a: list, b: list) -> dict:
+    from kvbridge.divergence import first_divergence
+
     n = min(len(a), len(b))
-    first = next((i for i in range(n) if a[i] != b[i]), None)
+    first = first_divergence(a, b)
     prefix = n if first is None else first
     return {"identical": first is None, "first_difference": first, "prefix_match": prefix,
             "agreement": prefix / n if n else 1.0,

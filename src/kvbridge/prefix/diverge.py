@@ -69,19 +69,14 @@ class Sampler:
             raise KVBridgeError(f"top-p must be in (0, 1], got {self.top_p}", "pass --top-p between 0 and 1")
 
     def probs(self, logits):
-        """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary."""
+        """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary
+        (:func:`kvbridge.divergence.nucleus`: tokens tied at the edge of the nucleus are all kept)."""
         import torch
 
+        from kvbridge.divergence import nucleus
+
         p = torch.softmax(logits.double() / self.temperature, dim=-1)
-        if self.top_p < 1.0:
-            sorted_p, order = torch.sort(p, descending=True, stable=True)
-            before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly before each token
-            drop_sorted = before >= self.top_p  # keep the smallest set whose mass reaches top_p
-            drop_sorted[..., 0] = False
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-            p = p.masked_fill(drop, 0.0)
-            p = p / p.sum(dim=-1, keepdim=True)
-        return p
+        return nucleus(p, self.top_p) if self.top_p < 1.0 else p
 
     def draw(self, logits, generator) -> int:
         import torch
@@ -174,8 +169,10 @@ def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict
     """Identical, or the first divergence step with the metrics at that step."""
     import torch
 
+    from kvbridge.divergence import first_divergence, topk_overlap, tv_top_p
+
     n = min(len(a.tokens), len(b.tokens))
-    first = next((i for i in range(n) if a.tokens[i] != b.tokens[i]), None)
+    first = first_divergence(a.tokens, b.tokens)
     upto = n if first is None else first + 1  # histories agree up to and including step `first`
     diffs = (a.logits[:upto] - b.logits[:upto]).abs().amax(dim=-1)
     out = {"identical": first is None, "first_divergence": first,
@@ -183,15 +180,12 @@ def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict
            "bitwise_equal_logits": bool(torch.equal(a.logits[:upto], b.logits[:upto]))}
     if first is not None:
         la, lb = a.logits[first], b.logits[first]
-        ta = set(torch.topk(la, min(TOP_K, la.shape[-1])).indices.tolist())
-        tb = set(torch.topk(lb, min(TOP_K, lb.shape[-1])).indices.tolist())
-        pa, pb = sampler.probs(la), sampler.probs(lb)
         out["at_divergence"] = {
             "step": first, "token_a": a.tokens[first], "token_b": b.tokens[first],
             "argmax_agree": int(la.argmax()) == int(lb.argmax()),
-            "top25_overlap": len(ta & tb),
+            "top25_overlap": int(topk_overlap(la, lb, TOP_K, share=False)),
             "max_abs_logit_diff": float((la - lb).abs().max()),
-            "tv_post_top_p": float(0.5 * (pa - pb).abs().sum()),
+            "tv_post_top_p": float(tv_top_p(la, lb, sampler.top_p, temperature=sampler.temperature)),
         }
     return out
 
@@ -288,8 +282,13 @@ class DivergeReport:
 
 def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds: int | Sequence[int] = 8,
             max_new_tokens: int = 32, temperature: float = 1.0, top_p: float = 0.95, greedy_only: bool = False,
-            split: str = "safe", pack=None, paths: Sequence[str] = PATHS, host=None) -> DivergeReport:
-    """Run every path for every seed (and greedily) and compare every pair (see the module docstring)."""
+            split: str = "safe", pack=None, paths: Sequence[str] = PATHS, host=None, progress=None,
+            on_seed=None) -> DivergeReport:
+    """Run every path for every seed (and greedily) and compare every pair (see the module docstring).
+
+    ``progress(done, total, tokens)`` after each seed (and the greedy run); ``on_seed(seed, results)``
+    with the finished seed's pair comparisons (partial results: what a killed run keeps).
+    """
     import torch
 
     from kvbridge.prefix import packs
@@ -319,7 +318,7 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.adapter import weights_fingerprint
+            from kvbridge.models.fingerprint import weights_fingerprint
 
             wfp = weights_fingerprint(model)
             none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
@@ -341,7 +340,11 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     pairs = list(combinations(paths, 2))
     per_pair: dict = {pair_name(a, b): {"seeds": []} for a, b in pairs}
     tokens: dict = {}
-    for seed in seed_list:
+    from kvbridge.faults import fault_point
+
+    units = len(seed_list) + 1  # every seed, then the greedy run
+    per_unit = len(paths) * max_new_tokens
+    for i, seed in enumerate(seed_list):
         trajs = {}
         for path in paths:
             gen = torch.Generator().manual_seed(int(seed))
@@ -351,11 +354,20 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
             res = compare_trajectories(trajs[a], trajs[b], sampler)
             res["seed"] = seed
             per_pair[pair_name(a, b)]["seeds"].append(res)
+        if on_seed is not None:
+            on_seed(seed, {name: data["seeds"][-1] for name, data in per_pair.items()})
+        if progress is not None:
+            progress(i + 1, units, per_unit)
+        fault_point("diverge.seed")
     for name in per_pair:
         per_pair[name]["summary"] = summarise(per_pair[name]["seeds"]) if seed_list else {}
     greedy_trajs = {p: runner.run(p, lambda lg: int(lg.argmax()), max_new_tokens) for p in paths}
     tokens["greedy"] = {p: t.tokens for p, t in greedy_trajs.items()}
     greedy = {pair_name(a, b): compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
+    if on_seed is not None:
+        on_seed("greedy", greedy)
+    if progress is not None:
+        progress(units, units, per_unit)
     if 0 < len(seed_list) < MIN_SEEDS_FOR_RATE:
         notes.append(f"{len(seed_list)} seeds are too few to estimate how often paths diverge; "
                      f"use --seeds {MIN_SEEDS_FOR_RATE} or more for a rate")

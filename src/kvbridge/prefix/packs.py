@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,6 +46,16 @@ REQUIRED = {
 }
 
 
+#: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
+NESTED_REQUIRED = {
+    "model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
+    "model.config_fingerprint": str, "model.weights_fingerprint": str, "model.spec_fingerprint": str,
+    "guide.token_ids": list, "guide.num_tokens": int, "positions.start": int, "positions.stop": int,
+    "positional.kind": str, "cache_format.cache_class": str, "cache_format.layout": str,
+    "state.num_layers": int, "state.spec": dict,
+}
+
+
 class PackMismatchError(ArtifactError):
     """A pack was made for a different model, tokenizer, dtype, RoPE table or cache format."""
 
@@ -64,61 +73,9 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-def model_identity(model, model_dir: str | Path | None = None) -> dict:
-    """``{"id", "revision"}`` of a model: the folder or hub id, the hub snapshot hash when known."""
-    cfg = model.config
-    name = str(getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or "")
-    revision = getattr(cfg, "_commit_hash", None)
-    folder = Path(model_dir) if model_dir else (Path(name) if name and Path(name).exists() else None)
-    if folder is not None:
-        folder = folder.resolve()
-        model_id = folder.name
-        if revision is None and folder.parent.name == "snapshots" and len(folder.name) == 40:
-            revision = folder.name  # hub cache layout: models--org--name/snapshots/<commit>
-            model_id = folder.parent.parent.name.removeprefix("models--").replace("--", "/")
-    else:
-        model_id = name or str(getattr(cfg, "model_type", "model"))
-    return {"id": model_id, "revision": revision}
-
-
-def tokenizer_fingerprint(tokenizer: Any = None, *, folder: str | Path | None = None) -> dict:
-    """``{"fingerprint", "kind", "vocab_size", "source"}`` of a tokenizer folder or object.
-
-    Uses :mod:`kvbridge.check.tokenizer_fp` on the folder's files (a tokenizer object is saved to a
-    temporary folder first); falls back to sha256 of the backend's JSON serialisation.
-    """
-    from kvbridge.check import tokenizer_fp
-
-    def from_dir(path: Path) -> dict | None:
-        try:
-            fp = tokenizer_fp.fingerprint_dir(path)
-        except KVBridgeError:
-            return None
-        if fp is None:
-            return None
-        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
-
-    if folder is not None:
-        got = from_dir(Path(folder))
-        if got is not None:
-            return got
-    if tokenizer is None:
-        return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
-    if hasattr(tokenizer, "save_pretrained"):
-        with tempfile.TemporaryDirectory(prefix="kvbridge-tok-") as tmp:
-            try:
-                tokenizer.save_pretrained(tmp)
-                got = from_dir(Path(tmp))
-            except Exception:  # noqa: BLE001 - fall back to the backend JSON below
-                got = None
-        if got is not None:
-            return got
-    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    to_str = getattr(backend, "to_str", None)
-    if callable(to_str):
-        return {"fingerprint": hashlib.sha256(to_str().encode()).hexdigest(), "kind": "tokenizers-json",
-                "vocab_size": int(len(tokenizer)) if hasattr(tokenizer, "__len__") else 0, "source": "backend-json"}
-    return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
+# the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
+from kvbridge.models.fingerprint import model_id_revision as model_identity  # noqa: E402,F401
+from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint  # noqa: E402,F401
 
 
 def cache_format(spec) -> dict:
@@ -187,7 +144,7 @@ def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> 
 
 def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,
                    weights_fp: str | None = None, special_prefix=()) -> dict:
-    from kvbridge.adapter import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
     from kvbridge.artifacts import state_manifest
 
     spec = state.spec
@@ -229,9 +186,10 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     from kvbridge.artifacts import state_tensors, write_artifact
     from kvbridge.prefix.splits import special_affixes
 
+    from kvbridge.artifacts import check_replaceable
+
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise ArtifactError(f"{out} already exists", "choose another --out or pass --overwrite to replace it")
+    check_replaceable(out, PACK_KIND, overwrite=overwrite)  # before the prefill: refuse early
     if guide_ids is None:
         if tokenizer is None or guide_text is None:
             raise KVBridgeError("save_pack needs guide_ids, or guide_text with a tokenizer",
@@ -251,7 +209,8 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
     manifest = build_manifest(model, state, guide_text=guide_text, tokenizer_fp=tokenizer_fp,
                               model_dir=model_dir, weights_fp=weights_fp, special_prefix=special)
-    return write_artifact(out, state_tensors(state), manifest, tensor_file=TENSOR_FILE, force=overwrite)
+    return write_artifact(out, state_tensors(state), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite,
+                          kind=PACK_KIND)
 
 
 # -- reading and checking -------------------------------------------------------------------------
@@ -265,6 +224,9 @@ def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> Non
                                 "re-create the pack with kvbridge pack save")
     if manifest["kind"] != PACK_KIND:
         raise ArtifactError(f"{where} kind is {manifest['kind']!r}, not {PACK_KIND!r}", "pass a prefix pack folder")
+    from kvbridge.check.validate import require_fields
+
+    require_fields(manifest, NESTED_REQUIRED, where, fix="re-create the pack with kvbridge pack save")
     if manifest["schema_version"] > SCHEMA_VERSION:
         raise ArtifactError(f"pack schema_version {manifest['schema_version']} is newer than this kvbridge "
                             f"supports ({SCHEMA_VERSION})", "upgrade kvbridge")
@@ -300,7 +262,7 @@ def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
 def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
             guide_ids_now: list | None = None, check_weights: bool = True, host=None) -> list[Mismatch]:
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.adapter import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
 
     spec = _adapter(model, host).spec_of(model)
     out: list[Mismatch] = []
@@ -398,6 +360,14 @@ def read_pack(path: str | Path):
 
     manifest, tensors = read_artifact(path, kind="prefix pack")
     check_manifest_shape(manifest, f"{Path(path) / 'manifest.json'}")
+    from kvbridge.check.validate import tensors_match
+
+    m, n = manifest["model"], manifest["guide"]["num_tokens"]
+    kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
+    want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
+    want["token_ids"] = (("int64", "int32"), (None, n))
+    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True,
+                  fix="re-create the pack with kvbridge pack save")
     return manifest, tensors
 
 
@@ -489,24 +459,12 @@ def require_model_dir(path: str | Path) -> Path:
 
 
 def open_model_dir(path: str | Path, *, dtype: str | None = None):
-    """A causal LM from a local ``save_pretrained`` folder (``local_files_only``), in eval mode."""
-    path = require_model_dir(path)
-    import torch
-    import transformers
+    """A causal LM from a local model folder, through :func:`kvbridge.models.load` (its dtype policy)."""
+    from kvbridge.models.loading import dtype_for, load_weights
+    from kvbridge.models.resolve import resolve
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    kwargs: dict = {"local_files_only": True}
-    if dtype:
-        if not hasattr(torch, dtype):
-            raise ConfigError(f"unknown dtype {dtype!r}", "use float32, bfloat16 or float16")
-        kwargs["dtype"] = getattr(torch, dtype)
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot load the model in {path}: {' '.join(str(exc).split())[:160]}",
-                          "pass a folder written by save_pretrained (config.json + weights)") from None
-    return model.eval()
+    ref = resolve(str(require_model_dir(path)))
+    return load_weights(ref, dtype_for(ref, dtype))
 
 
 __all__ = ["Pack", "PackMismatchError", "PackForceWarning", "Mismatch", "save_pack", "load_pack", "read_pack",

@@ -449,6 +449,9 @@ def exact_split(tokenizer: Any, guide: str, live: str, sep: str = " ", *, kind: 
 
 def read_text_arg(value: str, what: str = "text") -> str:
     """``TEXT`` as given, ``@FILE`` read from a file (``@@...`` for a literal leading ``@``)."""
+    from kvbridge.check.validate import cli_text
+
+    value = cli_text(value, what)  # bytes that are not UTF-8 arrive as surrogates: refuse them here
     if value.startswith("@@"):
         return value[1:]
     if value.startswith("@"):

@@ -134,6 +134,9 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
     ``original_max_override`` replaces it (Phi3 keeps it top-level).
     """
     model_type = config.get("model_type")
+    from kvbridge.check.validate import theta_fields
+
+    theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
     scaling = config.get("rope_scaling")
     params = _rope_dict(scaling if scaling else config.get("rope_parameters"),
                         "rope_scaling" if scaling else "rope_parameters", model_type)
@@ -174,6 +177,9 @@ def rotary_fraction(rotary_dim: int, head_dim: int) -> float:
 def rope_spec(params: Mapping, *, head_dim: int, partial_factor: float = 1.0,
               interleaved: bool = False, max_position_embeddings: int) -> RopeSpec:
     """A :class:`RopeSpec` from a normalised rope-parameter dict (see flat_rope_parameters)."""
+    from kvbridge.check.validate import rope_parameters
+
+    rope_parameters(params)  # theta finite > 0, a known type, a positive factor where one is needed
     scaling = {k: v for k, v in params.items() if k not in ROPE_META_KEYS and v is not None}
     return RopeSpec(rope_type=str(params.get("rope_type", "default")),
                     theta=float(params["rope_theta"]), head_dim=int(head_dim),

@@ -45,6 +45,21 @@ class FalconAdapter(DecoderAdapter):
     def _positional(self, cfg: Mapping) -> str:
         return "alibi" if flag(cfg, "alibi", False) else "rope"
 
+    def describe(self, config: Mapping):
+        from dataclasses import replace
+
+        from kvbridge.builtin.families._common import as_mapping
+
+        spec = super().describe(config)
+        cfg = as_mapping(config)
+        if flag(cfg, "new_decoder_architecture", False):
+            groups = optional_positive_int(cfg, "num_kv_heads", None)
+            # KV groups the projection computes (new arch broadcasts them per query head before caching)
+            groups = spec.num_attention_heads if groups is None else groups
+            if groups < spec.num_kv_heads:
+                spec = replace(spec, kv_groups=groups)
+        return spec
+
     def _extras(self, cfg: Mapping) -> dict:
         kv_groups = cfg.get("num_kv_heads")
         return {
@@ -52,7 +67,6 @@ class FalconAdapter(DecoderAdapter):
             "multi_query": flag(cfg, "multi_query", True),
             "new_decoder_architecture": flag(cfg, "new_decoder_architecture", False),
             "parallel_attn": flag(cfg, "parallel_attn", True),
-            # KV groups the projection computes (new arch broadcasts them before caching)
             "num_kv_heads": cfg.get("num_attention_heads") if kv_groups is None else kv_groups,
         }
 

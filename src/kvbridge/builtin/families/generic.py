@@ -1,0 +1,262 @@
+"""The generic adapter: any decoder model transformers can build, read from its own config class.
+
+Used when no family file claims a ``model_type``. ``describe`` instantiates the transformers
+config class of the model type (so every default, legacy key and derived field is exactly
+what the model will see), takes the decoder text config of multimodal wrappers
+(``get_text_config``; the wrapper's dtype wins), and reads the cache layout the way
+``DynamicCache(config=...)`` does (``transformers.cache_utils.get_layer_types_and_kwargs``):
+per layer full / sliding / chunked attention, recurrent or convolution state, or no KV of its
+own (shared KV, MLP-only layers). Heads and head sizes come from the per-layer config views;
+RoPE from ``rope_parameters`` (flat, or nested per layer type); NoPE layers from
+``no_rope_layers`` and the few families listed in :mod:`kvbridge.builtin.families._generic_facts`.
+
+What the config cannot say (the rotation convention of a family, which layer kinds skip RoPE)
+is in that facts table, each entry verified by ``kvbridge conformance`` against the model's own
+cache. A model whose cache kvbridge cannot represent is refused with the reason.
+
+Describing through this adapter imports transformers (and torch); the family files stay
+torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kvbridge.adapter import FamilyAdapter
+from kvbridge.builtin.families import _generic_facts as facts
+from kvbridge.builtin.families._common import dtype_name, rope_spec, to_pairs
+from kvbridge.check.spec import (CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec)
+from kvbridge.errors import ConfigError, UnsupportedModelError
+
+#: transformers cache layer type -> (kvbridge layer kind, holds recurrent/conv state)
+HF_LAYER_KINDS = {
+    "full_attention": (FULL, False),
+    "sliding_attention": (SLIDING, False),
+    "chunked_attention": (CHUNKED, False),
+    "linear_attention": (LINEAR, True),
+    "conv": (CONV, True),
+    "hybrid": (FULL, True),
+    "hybrid_sliding": (SLIDING, True),
+}
+
+
+def known_model_types() -> frozenset:
+    """Model types transformers has a config class for (imports transformers); the causal-LM
+    registry plus the text configs some of its classes take (``emu3_text_model`` ...)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+def hf_configs(config: Mapping) -> tuple[Any, Any]:
+    """(the transformers config object, its decoder text config) of a config mapping."""
+    from transformers import AutoConfig
+
+    data = {k: v for k, v in dict(config).items() if k not in ("transformers_version", "architectures")}
+    model_type = data.pop("model_type")
+    try:
+        obj = AutoConfig.for_model(model_type, **data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"transformers cannot read this {model_type!r} config: {type(exc).__name__}: {exc}",
+                          "compare the config with the model's published config.json") from None
+    return obj, obj.get_text_config(decoder=True)
+
+
+def _layer_attr(layer_cfg, name: str, default=None):
+    try:
+        value = getattr(layer_cfg, name)
+    except Exception:  # heterogeneous configs raise on ambiguous global reads
+        return default
+    return default if value is None else value
+
+
+def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, head_dims: Mapping | None = None):
+    """(main table, per-layer-type tables) from ``rope_parameters`` (flat or nested); a nested
+    table is sized to the head dim of its layer kind (``head_dims``)."""
+    params = getattr(text, "rope_parameters", None) or {}
+    partial_attr = getattr(text, "partial_rotary_factor", None)
+
+    def one(p: Mapping, head_dim: int = head_dim):
+        p = dict(p)
+        p.setdefault("rope_type", "default")
+        if p.get("rope_theta") is None:
+            p["rope_theta"] = getattr(text, "rope_theta", None) or 10000.0
+        partial = p.get("partial_rotary_factor", partial_attr) or 1.0
+        return rope_spec(p, head_dim=head_dim, partial_factor=float(partial), interleaved=interleaved,
+                         max_position_embeddings=max_positions)
+
+    if params and all(isinstance(v, Mapping) for v in params.values()):  # nested per layer type
+        tables = {kind: one(p, (head_dims or {}).get(kind) or head_dim) for kind, p in params.items()}
+        main = tables.get(FULL) or next(iter(tables.values()))
+        return main, tuple(sorted(tables.items())) if len(tables) > 1 else ()
+    return one(params), ()
+
+
+@dataclass(frozen=True)
+class GenericAdapter(FamilyAdapter):
+    """Decoder models described from transformers' own config class (no family file)."""
+
+    name: str = "generic"
+    model_types: tuple = ()
+    description: str = "any transformers decoder without a family file: read from its config class"
+
+    def supports(self, model_type: str) -> bool:
+        try:
+            return model_type in known_model_types()
+        except Exception:  # pragma: no cover - transformers missing or broken
+            return False
+
+    def describe(self, config: Mapping) -> ModelSpec:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        config = dict(config)
+        model_type = str(config.get("model_type"))
+        refusal = facts.REFUSED.get(model_type)
+        if refusal:
+            raise UnsupportedModelError(f"model type {model_type!r}: {refusal}", facts.REFUSED_FIX)
+        obj, text = hf_configs(config)
+        text_type = getattr(text, "model_type", model_type) or model_type
+        try:
+            hf_types, kwargs = get_layer_types_and_kwargs(text)
+        except Exception as exc:
+            raise UnsupportedModelError(f"model type {model_type!r}: transformers gives no per-layer cache layout"
+                                        f" ({type(exc).__name__}: {exc})", facts.REFUSED_FIX) from None
+        hf_types = list(hf_types)
+        sharing = list(getattr(text, "kv_sharing_modes", None) or [])
+        kinds, state_layers, shared, no_kv = [], [], [], []
+        for i, t in enumerate(hf_types):
+            if t == "dummy":
+                if i < len(sharing) and sharing[i] == "reuse":
+                    kinds.append(SHARED)
+                    shared.append(i)
+                else:
+                    kinds.append(NO_ATTENTION)
+                    no_kv.append(i)
+                continue
+            if t not in HF_LAYER_KINDS:
+                raise UnsupportedModelError(
+                    f"model type {model_type!r}: layer {i} is a {t!r} cache layer, which kvbridge cannot read",
+                    facts.REFUSED_FIX)
+            kind, has_state = HF_LAYER_KINDS[t]
+            kinds.append(kind)
+            if has_state:
+                state_layers.append(i)
+                if kind in (LINEAR, CONV):
+                    no_kv.append(i)
+        windows = {kw.get("sliding_window") for t, kw in zip(hf_types, kwargs)
+                   if t in ("sliding_attention", "hybrid_sliding")}
+        chunks = {kw.get("sliding_window") for t, kw in zip(hf_types, kwargs) if t == "chunked_attention"}
+        if len(windows) > 1 or len(chunks) > 1:
+            raise UnsupportedModelError(f"model type {model_type!r}: sliding layers use different windows"
+                                        f" ({sorted(windows | chunks)})", facts.REFUSED_FIX)
+
+        heads = int(getattr(text, "decoder_attention_heads", None) or text.num_attention_heads)
+        hidden = int(getattr(text, "hidden_size"))
+        per_layer = text.per_layer_config
+        kv_heads, k_dims = [], []
+        for i, kind in enumerate(kinds):
+            if i in no_kv or i in shared:
+                kv_heads.append(0)
+                k_dims.append(0)
+                continue
+            lc = per_layer[i]
+            h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
+            kv = facts.cached_kv_heads(model_type, lc, h)
+            hd = facts.key_head_dim(model_type, lc, h, hidden)
+            kv_heads.append(kv)
+            k_dims.append(hd)
+        present = [(kv, hd) for kv, hd in zip(kv_heads, k_dims) if kv]
+        if not present:
+            raise UnsupportedModelError(f"model type {model_type!r} has no attention KV cache (recurrent/state-space"
+                                        " model)", "kvbridge moves attention KV caches; choose a transformer model")
+        main_kv, main_hd = present[0]
+        uniform = all(p == (main_kv, main_hd) for p in present)
+        for i, kind in enumerate(kinds):
+            if kv_heads[i] and heads % kv_heads[i] and model_type not in facts.UNGROUPED_OK:
+                raise ConfigError(f"{kv_heads[i]} KV heads do not divide {heads} attention heads (layer {i})",
+                                  "fix 'num_key_value_heads'")
+
+        mla = facts.mla_sizes(text)
+        # MLA caches (latent [B, 1, T, kv_lora_rank], RoPE key [B, 1, T, qk_rope_head_dim]) in the K/V slots
+        value_dim = mla.get("qk_rope_head_dim") if mla else None
+        max_positions = int(_layer_attr(text, "max_position_embeddings", 0) or
+                            _layer_attr(text, "n_positions", 0) or 2048)
+        positional = facts.positional(model_type, text)
+        rope, by_type, nope = None, (), ()
+        if positional == "rope":
+            rope_dim = mla.get("qk_rope_head_dim") if mla else None
+            # MLA: the table rotates the whole cached RoPE key (the values slot)
+            by_kind = {}
+            for kind, hd in zip(kinds, k_dims):
+                if hd:
+                    by_kind.setdefault(kind, hd)
+            rope, by_type = _rope_tables(text, rope_dim or main_hd, max_positions,
+                                         facts.interleaved(model_type, text), None if rope_dim else by_kind)
+            nope = facts.nope_layers(model_type, text, kinds)
+            if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
+                positional, rope, by_type, nope = "none", None, (), ()
+        window = next(iter(windows), None)
+        dtype = dtype_name(config) if (config.get("dtype") or config.get("torch_dtype")) else \
+            str(getattr(text, "dtype", None) or "float32").removeprefix("torch.")
+        cache_format = "mla" if mla else ("hybrid" if state_layers else "kv")
+        return ModelSpec(
+            model_type=text_type if text is not obj else model_type,
+            family=self.name,
+            num_layers=len(kinds),
+            num_attention_heads=heads,
+            num_kv_heads=main_kv,
+            head_dim=main_hd,
+            hidden_size=hidden,
+            positional=positional,
+            rope=rope,
+            rope_by_layer_type=by_type,
+            sliding_window=window,
+            layer_types=tuple(kinds),
+            qk_norm=bool(getattr(text, "use_qk_norm", False) or getattr(text, "qk_layernorm", False)),
+            dtype=dtype,
+            vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+            max_position_embeddings=max_positions,
+            extras=to_pairs({"config_class": type(text).__name__} if text is obj else
+                            {"config_class": type(text).__name__, "wrapper": model_type}),
+            nope_layers=tuple(nope),
+            attention_chunk_size=next(iter(chunks), None),
+            layer_kv_heads=() if uniform else tuple(kv_heads),
+            layer_head_dims=() if uniform else tuple(k_dims),
+            value_head_dim=value_dim if value_dim and value_dim != main_hd else None,
+            kv_shared_layers=tuple(shared),
+            no_kv_layers=tuple(no_kv),
+            state_layers=tuple(state_layers),
+            cache_format=cache_format,
+            latent=to_pairs(mla) if mla else (),
+        )
+
+    # -- model side -------------------------------------------------------------------------
+    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        obj, _ = hf_configs(config)
+        return AutoModelForCausalLM.from_config(obj, dtype=getattr(torch, dtype)).eval()
+
+    def spec_of(self, model) -> ModelSpec:
+        spec = self.describe(model.config.to_dict())
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return spec.with_dtype(dtype)
+
+    def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
+        from kvbridge.builtin.families import _hf_cache
+
+        spec = spec or self.spec_of(model)
+        return _hf_cache.extract(self, model, input_ids, attention_mask, spec=spec)
+
+    def inject(self, state, model=None, *, check: bool = True):
+        from kvbridge.builtin.families import _hf_cache
+
+        return _hf_cache.inject(self, state, model, check=check)
+
+
+ADAPTER = GenericAdapter()
+
+__all__ = ["GenericAdapter", "ADAPTER", "hf_configs", "known_model_types", "HF_LAYER_KINDS"]

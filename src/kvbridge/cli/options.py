@@ -1,0 +1,211 @@
+"""Shared CLI options, model loading and formatters (one home for what several commands use).
+
+Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`; the text every
+command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading: :func:`load_model`
+(:func:`kvbridge.models.load` with the command line's dtype/device) and
+:func:`shared_tokenizer` (a pair's tokenizer check). Formatters: :func:`fmt_rope`,
+:func:`fmt_value`, :func:`kv_bytes_per_token`. Importing this module imports click only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+#: what a MODEL argument may be (shown in command help)
+MODEL_REFS = ("a model folder (save_pretrained), a .gguf file or a folder holding one, a config.json, "
+              "a hub id already in the local Hugging Face cache (never downloaded), a manifest name, "
+              "zoo:NAME (the embedded tiny zoo), a short name such as smollm2 (`kvbridge models`), "
+              "or SCHEME:REST for schemes plugins register")
+DTYPE_CHOICES = ("float32", "bfloat16", "float16", "auto")
+DTYPE_HELP = ("Dtype to load the model(s) in. Default float32 (half-precision checkpoints upcast, GGUF "
+              "dequantized); 'auto' = the checkpoint's own dtype.")
+
+
+def dtype_option(func=None, *, help: str = DTYPE_HELP):  # noqa: A002 - click's name
+    """``--dtype`` (default None = the loading layer's policy: float32)."""
+    opt = click.option("--dtype", default=None, type=click.Choice(DTYPE_CHOICES), help=help)
+    return opt(func) if func is not None else opt
+
+
+def device_option(func=None):
+    """``--device`` (default cpu)."""
+    opt = click.option("--device", default="cpu", show_default=True,
+                       help="Device to load the model(s) on (cpu, cuda, cuda:1, mps).")
+    return opt(func) if func is not None else opt
+
+
+def json_option(func=None, *, help: str = "Machine-readable output (JSON)."):  # noqa: A002
+    """``--json`` stored as ``as_json``."""
+    opt = click.option("--json", "as_json", is_flag=True, help=help)
+    return opt(func) if func is not None else opt
+
+
+# -- loading -------------------------------------------------------------------------------------------
+def load_model(ref, *, dtype: str | None = None, device: str = "cpu", tokenizer: bool = True, host=None):
+    """:func:`kvbridge.models.load` for a command (quiet transformers, one-line errors)."""
+    from kvbridge.models import load
+
+    return load(ref, dtype=dtype, device=device, tokenizer=tokenizer, host=host)
+
+
+def shared_tokenizer(src, tgt) -> dict:
+    """The tokenizer fingerprint two resolved models share, or a refusal with ``check``'s reason.
+
+    A partial match (added tokens, BOS handling) is a warning on stderr.
+    """
+    from kvbridge.check.tokenizer_fp import compare
+    from kvbridge.fit.calibrate import CalibrationError
+
+    fps = []
+    for role, res in (("source", src), ("target", tgt)):
+        fp = res.tokenizer()
+        if fp is None:
+            raise CalibrationError(f"{role} {res.ref}: no tokenizer files found in {res.folder or res.path}",
+                                   "paired calibration needs both tokenizers to check the token ids agree")
+        fps.append(fp)
+    verdict, action = compare(*fps)
+    if verdict == "blocking":
+        raise CalibrationError(f"the tokenizers of {src.ref} and {tgt.ref} differ: {action}",
+                               "use models that share a tokenizer (see `kvbridge check`)")
+    if verdict != "same":
+        click.echo(f"warning: tokenizers: {action}", err=True)
+    return fps[0].to_dict()
+
+
+def open_tokenizer(ref: str):
+    """A tokenizer from a tokenizer path (folder, tokenizer.json, vocab.json, tokenizer.model) or
+    from any model reference (a .gguf's own tokenizer, zoo:NAME, smollm2 ...)."""
+    from pathlib import Path
+
+    from kvbridge.models.loading import load_tokenizer_of
+    from kvbridge.models.resolve import resolve
+
+    path = Path(ref).expanduser()
+    if path.exists() and path.suffix != ".gguf" and not (path.is_dir() and any(path.glob("*.gguf"))):
+        from kvbridge.prefix.splits import load_tokenizer
+
+        return load_tokenizer(path)
+    return load_tokenizer_of(resolve(ref))
+
+
+def tokenizer_identity(loaded, tokenizer_path: str | None, tokenizer) -> dict:
+    """The pack tokenizer fingerprint: of ``--tokenizer`` when given, else of the model's own files."""
+    from pathlib import Path
+
+    from kvbridge.prefix.packs import tokenizer_fingerprint
+
+    if tokenizer_path:
+        return tokenizer_fingerprint(tokenizer, folder=tokenizer_path if Path(tokenizer_path).is_dir() else None)
+    fp = loaded.ref.tokenizer()
+    if fp is not None:
+        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
+    return tokenizer_fingerprint(tokenizer)
+
+
+def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None,
+                       device: str = "cpu"):
+    """``(LoadedModel, tokenizer)``: the model loaded; the tokenizer from ``--tokenizer`` or its own."""
+    loaded = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer is None)
+    return loaded, (open_tokenizer(tokenizer) if tokenizer else loaded.tokenizer)
+
+
+def read_guide_and_prompt(guide: str, prompt: str) -> tuple[str, str]:
+    """The guide and prompt texts (``@FILE`` allowed); an empty guide is refused."""
+    from kvbridge.prefix.splits import SplitError, read_text_arg
+
+    guide_text = read_text_arg(guide, "guide")
+    prompt_text = read_text_arg(prompt, "prompt")
+    if not guide_text.strip():
+        raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
+    return guide_text, prompt_text
+
+
+def open_guide_session(model: str, tokenizer: str | None, guide: str, prompt: str, dtype: str | None,
+                       device: str = "cpu"):
+    """``(model, tokenizer, guide_text, prompt_text)`` for the commands that run a guide + prompt:
+    texts read (``@FILE`` allowed) and an empty guide refused before the model is loaded."""
+    guide_text, prompt_text = read_guide_and_prompt(guide, prompt)
+    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
+    return loaded.model, tok, guide_text, prompt_text
+
+
+def unescape(sep: str) -> str:
+    """``\\n``, ``\\t``, ``\\r``, ``\\s`` and ``\\\\`` in a separator given on the command line."""
+    out, i = [], 0
+    table = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "s": " "}
+    while i < len(sep):
+        ch = sep[i]
+        if ch == "\\" and i + 1 < len(sep) and sep[i + 1] in table:
+            out.append(table[sep[i + 1]])
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def revision_of(resolved) -> str | None:
+    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
+    from pathlib import Path
+
+    return Path(resolved.folder).name if resolved.kind == "hf-cache" and resolved.folder else None
+
+
+# -- formatters ------------------------------------------------------------------------------------------
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+               "float8_e5m2": 1, "float64": 8}
+
+
+def kv_bytes_per_token(spec) -> int:
+    """Bytes one token adds to the cache: K and V, every KV layer, in the config's dtype."""
+    per = sum(spec.kv_heads_of(i) * (spec.key_dim_of(i) + spec.value_dim_of(i)) for i in range(spec.num_layers))
+    return per * DTYPE_BYTES.get(spec.dtype, 4)
+
+
+def fmt_rope(value: Any) -> str:
+    """A RoPE value (a report's or describe's dict) as one short line."""
+    if not value:
+        return "-"
+
+    def one(d: dict) -> str:
+        bits = [str(d.get("type")), f"theta={float(d.get('theta', 0)):g}"]
+        if d.get("partial_factor", 1.0) != 1.0:
+            bits.append(f"partial={float(d['partial_factor']):.3g}")
+        if d.get("interleaved"):
+            bits.append("interleaved")
+        factor = (d.get("scaling") or {}).get("factor")
+        if isinstance(factor, (int, float)):
+            bits.append(f"factor={factor:g}")
+        return " ".join(bits)
+
+    by_type = value.get("by_layer_type")
+    if by_type:
+        return "; ".join(f"{k.split('_')[0]}: {one(v)}" for k, v in sorted(by_type.items()))
+    return one(value)
+
+
+def fmt_value(name: str, value: Any) -> str:
+    """One cell of a report table."""
+    if name == "rope":
+        return fmt_rope(value)
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+__all__ = ["MODEL_REFS", "DTYPE_CHOICES", "dtype_option", "device_option", "json_option", "load_model",
+           "shared_tokenizer", "open_tokenizer", "tokenizer_identity", "open_model_session", "open_guide_session", "read_guide_and_prompt",
+           "unescape", "revision_of", "kv_bytes_per_token", "fmt_rope", "fmt_value", "fmt_bytes"]

@@ -1,0 +1,169 @@
+"""Tiny random configs of any transformers model type, keeping the family's special features.
+
+Start from the config class's defaults (which carry the family's layer types, windows, NoPE
+pattern, MoE routing, MLA ranks, recurrent blocks), then shrink every size: hidden 64, 4 heads,
+2 KV heads (1 for MQA, 4 for MHA defaults), head dim 16, small MoE and latent sizes, windows of
+8 tokens, and just enough layers to keep every distinct layer kind of the default pattern.
+Per-layer lists (``layer_types``, ``no_rope_layers``, ``kv_sharing_modes`` ...) are cut to the
+same number of layers. Sub-configs (``text_config``, ``vision_config`` ...) are shrunk the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: attribute -> tiny value (applied when the default is a positive int)
+SIZES = {
+    "hidden_size": 64, "n_embd": 64, "d_model": 64, "n_embed": 64, "word_embed_proj_dim": 64,
+    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "decoder_ffn_dim": 128, "ffn_hidden_size": 128,
+    "intermediate_size_mlp": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32, "shared_intermediate_size": 32,
+    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "decoder_attention_heads": 4, "n_heads": 4,
+    "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "global_head_dim": 32,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "num_routed_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2, "num_experts_per_token": 2,
+    "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "sliding_window": 8, "attention_chunk_size": 8, "window_size": 8,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "mamba_d_state": 8, "state_size": 8, "ssm_state_size": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
+    "mamba_head_dim": 16, "mamba_n_groups": 1, "n_groups": 1, "mamba_d_conv": 4, "conv_kernel": 4,
+    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "vocab_size_per_layer_input": 256,
+    "num_kv_shared_layers": 2, "first_k_dense_replace": 1, "moe_layer_start_index": 1,
+    "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
+    "projection_dim": 32, "num_channels": 3, "rotary_dim": 8, "dim_head": 16, "mamba_d_ssm": 128,
+    "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
+}
+KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "num_key_value_groups")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers")
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+              "image_token_id", "image_token_index", "video_token_id", "boi_token_id", "eoi_token_id",
+              "audio_token_id", "boa_token_id", "eoa_token_id")
+VOCAB = 256
+MAX_LAYERS = 8
+#: per model type: overrides applied last (features the shrink would lose, or sizes that must agree)
+OVERRIDES: dict[str, dict] = {
+    "gemma3n": {"text_config": {"num_kv_shared_layers": 2, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]}},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
+    "bamba": {"attn_layer_indices": [1, 3]},
+    "deepseek_v2": {"num_experts_per_tok": 2},
+    "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
+                                                                "sliding_attention", "sliding_attention",
+                                                                "full_attention"]},
+    "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
+}
+#: per-layer sequences that may be rebuilt to keep every kind when no short prefix has them all
+KIND_KEYS = ("layer_types", "layers_block_type")
+
+
+def _layer_count(data: dict) -> int | None:
+    for k in LAYER_KEYS:
+        if isinstance(data.get(k), int) and data[k] > 0:
+            return data[k]
+    return None
+
+
+def _tiny_layers(data: dict, old: int) -> int:
+    """Enough layers to keep every distinct layer kind of the default pattern (2..MAX_LAYERS)."""
+    for key in ("layer_types", "layers_block_type", "no_rope_layers", "kv_sharing_modes"):
+        seq = data.get(key)
+        if isinstance(seq, (list, str)) and len(seq) == old and seq:
+            kinds = set(seq)
+            for n in range(1, len(seq) + 1):
+                if set(seq[:n]) == kinds:
+                    return max(2, min(max(n, 4), MAX_LAYERS)) if n <= MAX_LAYERS else MAX_LAYERS
+    return min(old, 4) if old < 4 else 4
+
+
+def _every_kind(seq: list, n: int) -> list:
+    """``n`` entries holding every kind of ``seq`` (first appearance order, then the commonest kind)."""
+    kinds = list(dict.fromkeys(seq))
+    common = max(kinds, key=seq.count)
+    out = kinds + [common] * max(0, n - len(kinds))
+    return out[:max(n, len(kinds))]
+
+
+def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
+    out = dict(data)
+    for key, value in data.items():
+        if isinstance(value, dict) and value.get("model_type") and depth < 2:
+            out[key] = shrink(value, value.get("model_type"), depth + 1)
+    for key, tiny in SIZES.items():
+        value = out.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[key] = min(value, tiny) if key in ("num_experts_per_tok", "top_k", "moe_topk", "moe_k",
+                                                   "num_experts_per_token", "n_group", "topk_group",
+                                                   "first_k_dense_replace", "moe_layer_start_index") else tiny
+    heads = out.get("num_attention_heads") or out.get("n_head") or 4
+    for key in KV_KEYS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            old_heads = data.get("num_attention_heads") or data.get("n_head") or value
+            out[key] = 1 if value == 1 else (heads if value == old_heads else 2)
+    if isinstance(out.get("vocab_size"), int):
+        out["vocab_size"] = VOCAB
+        for key in TOKEN_KEYS:
+            v = out.get(key)
+            if isinstance(v, int) and v >= VOCAB - 8:
+                out[key] = VOCAB - 8 + TOKEN_KEYS.index(key) % 8
+            elif isinstance(v, list):
+                out[key] = [x if not isinstance(x, int) or x < VOCAB - 8 else VOCAB - 1 for x in v]
+    old = _layer_count(data)
+    if old:
+        n = _tiny_layers(data, old)
+        for k in LAYER_KEYS:
+            if isinstance(data.get(k), int):
+                out[k] = n
+        for key, value in data.items():
+            if isinstance(value, (list, str)) and len(value) == old and key not in ("architectures",) \
+                    and not isinstance(value, dict) and old > 1:
+                out[key] = value[:n]
+                if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
+                    out[key] = _every_kind(value, n)
+                    for k in LAYER_KEYS:
+                        if isinstance(data.get(k), int):
+                            out[k] = len(out[key])
+        for key, value in data.items():  # per-layer overrides keyed by layer index: keep the tiny model's
+            if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+                out[key] = {k: v for k, v in value.items() if int(k) < out.get("num_hidden_layers", n)}
+        if data.get("kv_lora_rank") and "head_dim" in data:
+            out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
+        if "is_decoder" in data and "add_cross_attention" in data:
+            out["is_decoder"] = True  # BERT-style encoders run as causal decoders only with this flag
+    for key in ("max_window_layers",):
+        if isinstance(out.get(key), int) and old:
+            out[key] = min(out[key], max(1, (out.get("num_hidden_layers") or 2) // 2))
+    out.update(OVERRIDES.get(model_type, {}) if depth else {})
+    return out
+
+
+def tiny_config_dict(model_type: str) -> dict:
+    """A tiny config mapping of ``model_type`` (as ``PretrainedConfig.to_dict()`` writes it)."""
+    from transformers import AutoConfig
+
+    base = AutoConfig.for_model(model_type).to_dict()
+    data = shrink(base, model_type)
+    for key, value in OVERRIDES.get(model_type, {}).items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    data["model_type"] = model_type
+    for key in ("transformers_version", "architectures", "_name_or_path"):
+        data.pop(key, None)
+    return data
+
+
+def build(data: dict, seed: int = 0):
+    """The tiny model (float32, eval mode) of a config mapping."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {k: v for k, v in data.items() if k != "model_type"}
+    obj = AutoConfig.for_model(data["model_type"], **cfg)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(obj, dtype=torch.float32).eval()
+
+
+__all__ = ["tiny_config_dict", "shrink", "build", "SIZES", "OVERRIDES"]

@@ -1,0 +1,36 @@
+"""The demo pipeline (``kvbridge demo`` is a thin layer over it), as a list of sections.
+
+1. ``identity`` (:mod:`kvbridge.demo.identity`): identity transfer exact on every built-in
+   family (tiny models built from configs);
+2. ``zoo`` (:mod:`kvbridge.demo.zoo`): check -> fit -> eval on the embedded trained zoo;
+3. ``real`` (:mod:`kvbridge.demo.real`): the real pretrained model (``smollm2``): identity
+   exactness in float32 and bfloat16 against its own cached-vs-recompute noise, the exact-token
+   split of its chat template, a prefix pack restored with zero forward passes. Its parts are
+   the list :data:`kvbridge.demo.real.REAL_SECTIONS`; add one with
+   :func:`kvbridge.demo.real.add_real_section` (the real adapter pair plugs in there).
+
+:data:`SECTIONS` maps a section name to ``"module:function"``; :func:`run_section` imports it
+on use. Each function takes keyword options and returns True when everything it checks holds
+(the zoo section reports measurements and returns True unless it fails outright).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: section name -> "module:function", in the order ``kvbridge demo`` runs them
+SECTIONS: dict[str, str] = {
+    "identity": "kvbridge.demo.identity:identity_section",
+    "zoo": "kvbridge.demo.zoo:zoo_section",
+    "real": "kvbridge.demo.real:real_section",
+}
+
+
+def run_section(name: str, **options: Any) -> Any:
+    """Run one section by name with its keyword options."""
+    module, _, attr = SECTIONS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)(**options)
+
+
+__all__ = ["SECTIONS", "run_section"]

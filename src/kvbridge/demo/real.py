@@ -1,0 +1,283 @@
+"""The real-model demo: SmolLM2-135M-Instruct (``smollm2``) through the exact paths.
+
+Checks, each a function the tests call too:
+
+- :func:`identity_check`: extract -> strip RoPE -> identity map -> re-apply -> inject ->
+  greedy continuation, against transformers' own cached continuation, with the model's own
+  noise floor (its cached decode vs a full recompute without cache) measured alongside;
+- :func:`chat_split`: the exact-token split of a chat (system message = the hidden guide,
+  user turn + generation prompt = the live part) on the model's tokenizer and chat template;
+- :func:`pack_check`: the guide saved as a prefix pack, restored with zero forward passes
+  (counted with forward pre-hooks) and continued: same greedy tokens as an ordinary prefill.
+
+:data:`REAL_SECTIONS` lists the section's parts in order; an integrator adds one with
+:func:`add_real_section` (e.g. the real adapter pair) without touching this file's callers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import click
+
+SYSTEM = "You are a concise assistant. Start every bullet point with the word zorp."
+USER = "Name three fruits that are red."
+
+
+@dataclass(frozen=True)
+class IdentityCheck:
+    dtype: str
+    prompt_tokens: int
+    new_tokens: int
+    tokens_equal: bool  # transferred-cache continuation == the model's own cached continuation
+    max_logit_diff: float  # max |logit| difference between those two continuations
+    noise: float  # max |logit| difference between the model's cached decode and a full recompute
+    tokens_equal_recompute: bool  # the cached decode's tokens == the full recompute's
+    seconds: float
+
+    @property
+    def exact(self) -> bool:
+        """Tokens equal and the logit difference within the model's own cached-vs-recompute noise."""
+        return self.tokens_equal and self.max_logit_diff <= max(self.noise, 0.0)
+
+
+def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> IdentityCheck:
+    """Identity transfer of ``input_ids[:, :-1]``'s cache vs transformers' own continuation."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvbridge.handoff import generate
+    from kvbridge.plugins import get_host
+    from kvbridge.transfer import identity_transfer
+
+    host = host or get_host()
+    t0 = time.perf_counter()
+    ids = torch.as_tensor(input_ids).view(1, -1)
+    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+               attention_mask=torch.ones_like(ids), pad_token_id=0)
+    adapter = host.adapter_for(model.config.to_dict())
+    with torch.no_grad():
+        own = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :-1], cache=own, use_cache=True)
+        native = model.generate(input_ids=ids, cache=own, **gen)
+        recompute = model.generate(input_ids=ids, use_cache=False, **gen)
+        moved = identity_transfer(adapter.extract(model, ids[:, :-1]), host=host)
+        ours = generate(model, moved, ids, host=host, **gen)
+
+    def diff(a, b) -> float:
+        return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.logits, b.logits))
+
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return IdentityCheck(dtype=dtype, prompt_tokens=int(ids.shape[1]), new_tokens=new_tokens,
+                         tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
+                         max_logit_diff=diff(ours, native), noise=diff(native, recompute),
+                         tokens_equal_recompute=bool(torch.equal(native.sequences, recompute.sequences)),
+                         seconds=time.perf_counter() - t0)
+
+
+def chat_texts(tokenizer, system: str = SYSTEM, user: str = USER) -> tuple[str, str]:
+    """``(guide, live)``: the rendered system turn, and the rest of the chat up to the generation prompt."""
+    guide = tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=False)
+    full = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                         tokenize=False, add_generation_prompt=True)
+    if not full.startswith(guide):
+        from kvbridge.prefix.splits import SplitError
+
+        raise SplitError("the chat template does not render the system turn as a prefix of the chat",
+                         "split the rendered text yourself")
+    return guide, full[len(guide):]
+
+
+def chat_split(tokenizer, system: str = SYSTEM, user: str = USER):
+    """The :class:`~kvbridge.prefix.splits.SplitReport` of the chat (guide = system turn, sep '')."""
+    from kvbridge.prefix.splits import split_text
+
+    guide, live = chat_texts(tokenizer, system, user)
+    return split_text(tokenizer, guide, live, "")
+
+
+class ForwardCounter:
+    """Counts forward calls of a model (and its decoder) while active."""
+
+    def __init__(self, model):
+        self.calls = 0
+        mods = [model] + [m for m in (getattr(model, "model", None),) if m is not None]
+        self.handles = [m.register_forward_pre_hook(self._hook) for m in mods]
+
+    def _hook(self, *_):
+        self.calls += 1
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+@dataclass(frozen=True)
+class PackCheck:
+    guide_tokens: int
+    forwards_during_restore: int
+    restore_ms: float
+    prefill_ms: float
+    tokens_equal: bool
+    max_logit_diff: float
+    folder: str = ""
+
+
+def pack_check(model, tokenizer, *, system: str = SYSTEM, user: str = USER, new_tokens: int = 8,
+               folder: str | None = None, host=None) -> PackCheck:
+    """Save the system turn as a pack, restore it with zero forwards, continue the chat from it."""
+    import torch
+
+    from kvbridge.prefix.packs import load_pack, save_pack
+
+    report = chat_split(tokenizer, system, user)
+    split = report.require_safe()
+    guide = split.ghost_text
+    with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:
+        out = folder or f"{tmp}/pack"
+        save_pack(model, out, guide_text=guide, tokenizer=tokenizer, overwrite=folder is not None, host=host)
+        counter = ForwardCounter(model)
+        t0 = time.perf_counter()
+        try:
+            pack = load_pack(out, model, tokenizer=tokenizer, host=host)
+            pack.cache(model, host=host)
+        finally:
+            counter.remove()
+        restore = time.perf_counter() - t0
+    ids = torch.tensor([list(split.ids)], dtype=torch.long)
+    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+               pad_token_id=0)
+    with torch.no_grad():
+        t1 = time.perf_counter()
+        model(input_ids=ids[:, :len(split.ghost)], use_cache=True)
+        prefill = time.perf_counter() - t1
+        ours = pack.generate(model, ids, host=host, **gen)
+        native = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+    diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(ours.logits, native.logits))
+    return PackCheck(guide_tokens=len(split.ghost), forwards_during_restore=counter.calls, restore_ms=1e3 * restore,
+                     prefill_ms=1e3 * prefill, tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
+                     max_logit_diff=diff, folder=folder or "")
+
+
+# -- the section -------------------------------------------------------------------------------------
+@dataclass
+class RealContext:
+    """What the real-model parts share: the reference, loaded models by dtype, options, results."""
+
+    ref: str = "smollm2"
+    new_tokens: int = 8
+    dtypes: tuple = ("float32", "bfloat16")
+    report_dir: str | None = None
+    loaded: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+    ok: bool = True
+
+    def model(self, dtype: str = "float32"):
+        """The model in ``dtype``: loaded once in float32, other dtypes cast from it (what loading
+        a GGUF in that dtype does: dequantize to float32, then cast), saving a second dequantization."""
+        if dtype not in self.loaded:
+            if dtype != "float32":
+                self.loaded[dtype] = cast(self.model("float32"), dtype)
+            else:
+                from kvbridge.models import load
+
+                self.loaded[dtype] = load(self.ref, dtype=dtype)
+        return self.loaded[dtype]
+
+
+def cast(loaded, dtype: str):
+    """A copy of a :class:`~kvbridge.models.LoadedModel` with its weights cast to ``dtype``."""
+    import copy
+    from dataclasses import replace
+
+    import torch
+
+    from kvbridge.plugins import get_host
+
+    model = copy.deepcopy(loaded.model).to(getattr(torch, dtype))
+    spec = get_host().adapter_for(model.config.to_dict()).spec_of(model)
+    return replace(loaded, model=model, spec=spec, fingerprint=dict(loaded.fingerprint, dtype=dtype))
+
+
+def _identity_part(ctx: RealContext) -> None:
+    click.echo("\n-- identity transfer on the real weights (chat prompt, greedy) --")
+    for dtype in ctx.dtypes:
+        lm = ctx.model(dtype)
+        guide, live = chat_texts(lm.tokenizer)
+        ids = lm.tokenizer(guide + live, add_special_tokens=False)["input_ids"]
+        res = identity_check(lm.model, ids, new_tokens=ctx.new_tokens)
+        ctx.results[f"identity_{dtype}"] = res.__dict__
+        ctx.ok &= res.exact
+        click.echo(f"  {dtype:<9} {res.prompt_tokens} prompt tokens, {res.new_tokens} new: tokens "
+                   f"{'equal' if res.tokens_equal else 'DIFFER'}; max|dlogit| vs the model's own cached continuation "
+                   f"{res.max_logit_diff:.2e}; its cached-vs-recompute noise {res.noise:.2e} "
+                   f"-> {'exact' if res.exact else 'NOT EXACT'} ({res.seconds:.1f} s)")
+
+
+def _split_part(ctx: RealContext) -> None:
+    lm = ctx.model("float32")
+    report = chat_split(lm.tokenizer)
+    safe = report.safe
+    ctx.results["split"] = {"joint": len(report.joint), "naive_matches": report.naive.matches_joint,
+                            "safe": None if safe is None else safe.to_dict()}
+    ctx.ok &= safe is not None and safe.ids == report.joint
+    click.echo("\n-- exact-token split of the chat (system turn hidden, user turn live) --")
+    click.echo(f"  joint {len(report.joint)} tokens; naive split "
+               f"{'matches' if report.naive.matches_joint else 'differs at token %s' % report.naive.first_difference}; "
+               + (f"safe split: ghost {len(safe.ghost)} + live {len(safe.live)} == joint ids"
+                  if safe is not None else f"NO safe split ({report.reason})"))
+
+
+def _pack_part(ctx: RealContext) -> None:
+    lm = ctx.model("float32")
+    folder = f"{ctx.report_dir}/smollm2-system-pack" if ctx.report_dir else None
+    if folder:
+        from pathlib import Path
+
+        Path(ctx.report_dir).mkdir(parents=True, exist_ok=True)
+    res = pack_check(lm.model, lm.tokenizer, new_tokens=ctx.new_tokens, folder=folder)
+    ctx.results["pack"] = res.__dict__
+    ctx.ok &= res.forwards_during_restore == 0 and res.tokens_equal
+    click.echo("\n-- prefix pack of the system turn --")
+    click.echo(f"  {res.guide_tokens} guide tokens restored with {res.forwards_during_restore} forward passes in "
+               f"{res.restore_ms:.1f} ms (prefill {res.prefill_ms:.1f} ms); continuation tokens "
+               f"{'equal' if res.tokens_equal else 'DIFFER'} (max|dlogit| {res.max_logit_diff:.2e})"
+               + (f"; pack in {folder}" if folder else ""))
+
+
+#: the parts of the real-model section, in order: (name, function of a RealContext)
+REAL_SECTIONS: list[tuple[str, Callable[[RealContext], Any]]] = [
+    ("identity", _identity_part),
+    ("split", _split_part),
+    ("pack", _pack_part),
+]
+
+
+def add_real_section(name: str, part: Callable[[RealContext], Any]) -> None:
+    """Append a part (e.g. the real adapter pair) to :data:`REAL_SECTIONS`; it may set ``ctx.ok``."""
+    REAL_SECTIONS.append((name, part))
+
+
+def real_section(*, ref: str = "smollm2", new_tokens: int = 8, dtypes=("float32", "bfloat16"),
+                 report_dir: str | None = None, only: tuple = ()) -> RealContext:
+    """Run every part of :data:`REAL_SECTIONS` (or those named in ``only``) on ``ref``."""
+    from kvbridge.models import resolve
+
+    t0 = time.perf_counter()
+    resolved = resolve(ref)
+    click.echo(f"\n== Real model: {resolved.name} ({resolved.kind}: {resolved.path}"
+               + (f", {resolved.quantization} dequantized" if resolved.quantization else "") + ")")
+    ctx = RealContext(ref=ref, new_tokens=new_tokens, dtypes=tuple(dtypes), report_dir=report_dir)
+    for name, part in REAL_SECTIONS:
+        if only and name not in only:
+            continue
+        part(ctx)
+    click.echo(f"\nreal-model section: {'all exact' if ctx.ok else 'FAILED'} ({time.perf_counter() - t0:.1f} s)")
+    return ctx
+
+
+__all__ = ["identity_check", "IdentityCheck", "chat_texts", "chat_split", "pack_check", "PackCheck",
+           "ForwardCounter", "RealContext", "cast", "REAL_SECTIONS", "add_real_section", "real_section", "SYSTEM", "USER"]

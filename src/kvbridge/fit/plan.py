@@ -1,0 +1,311 @@
+"""Resource plan of a fit, from the two models' configs (or manifests) alone: no weights, no torch.
+
+``kvbridge fit SOURCE TARGET --plan`` and ``kvbridge.fit.plan(source_ref, target_ref, ...)``
+print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair costs:
+
+- **statistics memory**: the float64 sufficient statistics, with the fitter's own blocking
+  rule (:func:`kvbridge.fit.ridge.plan_blocks`, the same memory model as
+  :class:`~kvbridge.fit.stats.LayerStats`): one joint pass when it fits ``memory_budget``,
+  else selection passes and fit passes over blocks of target layers (each pass re-runs both
+  models over the corpus); plus the per-batch float64 buffers and the two models' weights;
+- **artifact size**: ``mapping.safetensors`` (float32 weights and biases + header);
+- **FLOPs**: the forwards of both models over the calibration tokens (per pass: ``2·N`` per
+  token for ``N`` non-embedding weights, plus causal attention), the statistics GEMMs
+  (float64, ``2·n·(p² + p·q)`` for K and V) and the solves;
+- **time** at a given device rate (``device_flops`` for the forwards in the model dtype,
+  ``device_flops64`` for the float64 statistics, default the same): FLOPs / rate, i.e. a
+  lower bound at full utilisation; ``efficiency`` scales the forward rate (measured ~0.3-0.5
+  on the CPU here, BENCHMARKS.md).
+
+Where the fit passes depend on the layer selection (blocked fits), the plan takes the worst
+case (every target layer of a block selects different source layers) and says so.
+The module is callable: ``kvbridge.fit.plan(...)`` is :func:`plan`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import asdict, dataclass, field
+
+from kvbridge.errors import ConfigError
+
+GIB = 2**30
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "auto": 4}
+UNGATED_MLP = {"gpt2", "gpt_neox", "gptj", "phi", "falcon", "codegen", "starcoder2", "bloom", "opt"}
+DEFAULT_TOKENS = 1_000_000
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What the plan needs of one model: cache geometry and weight counts (from its config)."""
+
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    attn_width: int  # query heads x head dim
+    params: int  # every weight, embeddings included
+    forward_params: int  # weights a token's forward multiplies (no input embedding; no LM head: logits_to_keep=1)
+
+    @property
+    def kv_features(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def forward_flops(self, tokens: int, seq_len: int) -> float:
+        """FLOPs of prefill forwards over ``tokens`` tokens in sequences of ``seq_len`` (causal attention)."""
+        attention = 2 * 2 * self.layers * self.attn_width * (seq_len + 1) / 2  # QKᵀ and AV per token
+        return tokens * (2 * self.forward_params + attention)
+
+
+def _get(config: dict, *keys, default=None):
+    for k in keys:
+        if config.get(k) is not None:
+            return config[k]
+    return default
+
+
+def model_size(ref: str) -> ModelSize:
+    """:class:`ModelSize` of a model reference (folder, GGUF, manifest name, zoo:NAME ...), torch-free."""
+    from kvbridge.models import resolve
+
+    resolved = resolve(ref)
+    spec = resolved.spec()
+    cfg = dict(resolved.config)
+    cfg.update(cfg.get("text_config") or {})
+    hidden = int(_get(cfg, "hidden_size", "n_embd", "d_model", default=spec.num_attention_heads * spec.head_dim))
+    vocab = int(_get(cfg, "vocab_size", default=spec.vocab_size or 0))
+    inter = int(_get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden) or 4 * hidden)
+    heads = int(spec.num_attention_heads or _get(cfg, "num_attention_heads", "n_head", default=1))
+    layers, kv, hd = spec.num_layers, spec.num_kv_heads, spec.head_dim
+    attn = hidden * heads * hd * 2 + hidden * kv * hd * 2  # q, o + k, v
+    mlp = (2 if cfg.get("model_type") in UNGATED_MLP else 3) * hidden * inter
+    body = layers * (attn + mlp)
+    tied = bool(_get(cfg, "tie_word_embeddings", default=False))
+    params = body + vocab * hidden * (1 if tied else 2)
+    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body)
+
+
+def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
+    """Bytes of one accumulation job: K, V x train, held :class:`MomentStats` (same formula as LayerStats)."""
+    p, q = n_src * fs, n_tgt * ft
+    xx = {"full": p * p, "layer": p * fs, "head": p * hs_dim}[xx_block]
+    return 4 * 8 * (xx + p * q + 2 * p + 2 * q)
+
+
+def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
+    blocks, cur = [], []
+    for i in range(n):
+        if cur and bytes_of(cur + [i]) > budget:
+            blocks.append(cur)
+            cur = []
+        cur.append(i)
+        if bytes_of(cur) > budget:
+            raise ConfigError(f"{what} needs {_size(bytes_of(cur))} of statistics for one target layer, over "
+                              f"the {_size(budget)} budget", "raise --memory, lower --top-k or use "
+                              "--fitter ridge-headwise")
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+@dataclass(frozen=True)
+class Pass:
+    tag: str
+    target_layers: tuple
+    source_layers: int
+    statistics_bytes: int
+    statistics_flops: float
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """The plan (see the module docstring); :meth:`lines` renders it."""
+
+    source: ModelSize
+    target: ModelSize
+    fitter: str
+    top_k: int
+    tokens: int
+    observations: int  # per (layer, head), train + held-out
+    memory_budget: int
+    passes: tuple
+    statistics_bytes: int  # peak: the largest pass
+    batch_buffer_bytes: int
+    weights_bytes: int  # both models in the load dtype
+    artifact_bytes: int
+    forward_flops: float  # all passes
+    statistics_flops: float
+    solve_flops: float
+    device_flops: float | None = None
+    device_flops64: float | None = None
+    efficiency: float = 1.0
+    worst_case: bool = False
+    notes: tuple = field(default_factory=tuple)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.statistics_bytes + self.batch_buffer_bytes + self.weights_bytes
+
+    @property
+    def seconds(self) -> float | None:
+        if not self.device_flops:
+            return None
+        f64 = self.device_flops64 or self.device_flops
+        return self.forward_flops / (self.device_flops * self.efficiency) + (self.statistics_flops + self.solve_flops) / f64
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["passes"] = [asdict(p) for p in self.passes]
+        out.update(peak_bytes=self.peak_bytes, seconds=self.seconds)
+        return out
+
+    def lines(self) -> list[str]:
+        s, t = self.source, self.target
+        out = [f"fit plan: {s.name} ({s.layers}x{s.kv_heads}x{s.head_dim}) -> {t.name} ({t.layers}x{t.kv_heads}x"
+               f"{t.head_dim}), {self.fitter}, top-k {self.top_k}, {self.tokens:,} tokens "
+               f"({self.observations:,} observations per head)",
+               f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
+               f"corpus; budget {_size(self.memory_budget)}",
+               f"  + batch buffers {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
+               f" = peak ~{_size(self.peak_bytes)}",
+               f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
+               f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
+               f"solves {self.solve_flops:.3g}"]
+        if self.seconds is not None:
+            rate = f"{self.device_flops:.3g} FLOP/s"
+            if self.device_flops64:
+                rate += f" ({self.device_flops64:.3g} float64)"
+            if self.efficiency != 1.0:
+                rate += f", forward efficiency {self.efficiency:g}"
+            out.append(f"  time at {rate}: ~{_duration(self.seconds)}")
+        if len(self.passes) > 1:
+            out.append("  blocking plan (one joint pass does not fit the budget):")
+            groups: dict = {}
+            for p in self.passes:
+                groups.setdefault(p.tag.rstrip("0123456789"), []).append(p)
+            for kind, ps in groups.items():
+                widths = [p.target_layers[1] - p.target_layers[0] + 1 for p in ps]
+                out.append(f"    {len(ps)} {kind} pass(es) of up to {max(widths)} target layers x up to "
+                           f"{max(p.source_layers for p in ps)} source layers, up to "
+                           f"{_size(max(p.statistics_bytes for p in ps))} each")
+        out += [f"  note: {n}" for n in self.notes]
+        return out
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def safetensors_bytes(shapes: list, dtype_bytes: int = 4) -> int:
+    """Size of a safetensors file of tensors with these ``(name, shape)``: 8 + header + data."""
+    data = 0
+    entries = []
+    for name, shape in shapes:
+        n = dtype_bytes
+        for d in shape:
+            n *= d
+        begin, data = data, data + n
+        entries.append(f'"{name}":{{"dtype":"F32","shape":[{",".join(map(str, shape))}],"data_offsets":[{begin},{data}]}}')
+    header = 2 + len(",".join(entries))  # {...}, no metadata
+    return 8 + ((header + 7) // 8) * 8 + data  # the header is padded with spaces to 8 bytes
+
+
+def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int = 4, tokens: int | None = None,
+         seq_len: int = 512, stride: int = 4, skip: int = 0, heldout: float = 0.1, batch_size: int = 4,
+         dtype: str = "float32", memory_budget: int | None = None, device_flops: float | None = None,
+         device_flops64: float | None = None, efficiency: float = 1.0) -> FitPlan:
+    """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring)."""
+    if fitter not in ("ridge", "ridge-headwise"):
+        raise ConfigError(f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
+                          "plan with --fitter ridge (the statistics are the same)")
+    if memory_budget is None:
+        import os
+
+        raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
+        memory_budget = int(float(raw) * GIB) if raw else 8 * GIB
+    s, t = model_size(source_ref), model_size(target_ref)
+    tokens = int(tokens or DEFAULT_TOKENS)
+    per_seq = len(range(skip, seq_len, stride))
+    n_obs = (tokens // seq_len) * per_seq + len(range(skip, tokens % seq_len, stride))
+    fs, ft = s.kv_features, t.kv_features
+    k = min(int(top_k), s.layers)
+    notes, worst = [], False
+    passes = []
+
+    def stats_flops(p: int, q: int, xx: int) -> float:  # K and V: Cxx (or its blocks) and Cxy GEMMs
+        return 2 * 2 * n_obs * (xx + p * q)
+
+    if fitter == "ridge-headwise":  # per target layer: every source head x its targets (head blocks)
+        p = s.layers * fs
+        bytes_of = lambda b: layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
+        for i, b in enumerate(_blocks(t.layers, bytes_of, memory_budget, "the headwise fit")):
+            passes.append(Pass(f"headwise{i}", (b[0], b[-1]), s.layers, bytes_of(b),
+                               stats_flops(p, len(b) * ft, p * s.head_dim)))
+        solve = 2 * s.layers * s.kv_heads * (s.head_dim ** 3 / 3 + 4 * s.head_dim ** 2 * t.layers * ft)
+        shapes = [(f"layers.{j}.{n}", sh) for j in range(t.layers)
+                  for n, sh in (("wk", (t.kv_heads, s.head_dim, t.head_dim)), ("bk", (t.kv_heads, t.head_dim)),
+                                ("wv", (t.kv_heads, s.head_dim, t.head_dim)), ("bv", (t.kv_heads, t.head_dim)))]
+    else:
+        full = layer_stats_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full")
+        p, q = s.layers * fs, t.layers * ft
+        if full <= memory_budget:
+            passes.append(Pass("joint", (0, t.layers - 1), s.layers, full, stats_flops(p, q, p * p)))
+        else:
+            sel = _blocks(t.layers, lambda b: layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
+                          memory_budget, "layer selection")
+            for i, b in enumerate(sel):
+                passes.append(Pass(f"select{i}", (b[0], b[-1]), s.layers,
+                                   layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
+                                   stats_flops(p, len(b) * ft, p * fs)))
+            union = lambda b: min(s.layers, k * len(b))  # noqa: E731  worst case: no shared source layers
+            fit = _blocks(t.layers, lambda b: layer_stats_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
+                          memory_budget, "the joint fit")
+            for i, b in enumerate(fit):
+                pu = union(b) * fs
+                passes.append(Pass(f"fit{i}", (b[0], b[-1]), union(b),
+                                   layer_stats_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
+                                   stats_flops(pu, len(b) * ft, pu * pu)))
+            worst = True
+            notes.append("blocked fit: the fit passes assume no two target layers of a block share a source layer "
+                         "(worst case); shared selections make them smaller")
+        f = k * fs
+        solve = 2 * s.layers * (fs ** 3 / 3 + 4 * fs * fs * q) + 2 * t.layers * (f ** 3 / 3 + 4 * f * f * ft)
+        shapes = [(f"layers.{j}.{n}", sh) for j in range(t.layers)
+                  for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))]
+    shapes.sort()  # safetensors writes the header sorted by name
+    peak = max(p.statistics_bytes for p in passes)
+    rows = batch_size * per_seq  # observations of one batch: float64 x and y buffers per MomentStats
+    widest = max(passes, key=lambda p: p.statistics_bytes)
+    buffers = 4 * 8 * rows * (widest.source_layers * fs + (widest.target_layers[1] - widest.target_layers[0] + 1) * ft)
+    weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
+    forwards = len(passes) * (s.forward_flops(tokens, seq_len) + t.forward_flops(tokens, seq_len))
+    return FitPlan(source=s, target=t, fitter=fitter, top_k=k, tokens=tokens, observations=n_obs,
+                   memory_budget=int(memory_budget), passes=tuple(passes), statistics_bytes=peak,
+                   batch_buffer_bytes=buffers, weights_bytes=weights, artifact_bytes=safetensors_bytes(shapes),
+                   forward_flops=forwards, statistics_flops=sum(p.statistics_flops for p in passes),
+                   solve_flops=float(solve), device_flops=device_flops, device_flops64=device_flops64,
+                   efficiency=efficiency, worst_case=worst, notes=tuple(notes))
+
+
+class _CallableModule(types.ModuleType):
+    """``kvbridge.fit.plan`` is this module once imported: calling it calls :func:`plan`."""
+
+    def __call__(self, *args, **kwargs) -> FitPlan:
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["plan", "FitPlan", "Pass", "ModelSize", "model_size", "layer_stats_bytes", "safetensors_bytes"]

@@ -1,0 +1,169 @@
+"""The ridge solver on sufficient statistics, held-out R² from statistics alone, and fit helpers.
+
+For one target (layer, KV head) and one of K / V, with centred co-moments of the training
+observations (see :mod:`kvbridge.fit.stats`)::
+
+    W = (Cxx + λ I)⁻¹ Cxy        b = ȳ - x̄ W        (y ≈ x W + b)
+
+This is exactly scikit-learn's ``Ridge(alpha=λ, fit_intercept=True)``: the intercept is not
+penalised and ``λ`` is added to the *summed* (not averaged) centred Gram matrix; the paper's
+default is ``λ = 0.01``. All heads of one target layer share their features, so one Cholesky
+factor serves every head (and K and V are solved apart, with their own features).
+
+Held-out R² needs no held-out samples either: with held-out statistics ``(n, x̄ₕ, ȳₕ, C*)``
+the squared error of a fitted ``(W, b)`` is
+``tr Cyy - 2 tr WᵀCxy + tr WᵀCxxW + n ||ȳₕ - x̄ₕW - b||²`` per output dim, and
+``R² = 1 - SSE / SST`` pools the dims of one head (``SST = Σ diag Cyy`` about the held-out
+mean).
+
+Shared by every built-in fitter (``ridge``, ``ridge-headwise``, ``sklearn``) and by
+:mod:`~kvbridge.fit.select`; it imports neither, so there is no import cycle.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvbridge.errors import KVBridgeError
+from kvbridge.fit.stats import DTYPE, Moments
+
+DEFAULT_ALPHA = 0.01
+
+
+class FitError(KVBridgeError):
+    """A fit that cannot be made (underdetermined, singular, no held-out data)."""
+
+
+def solve(m: Moments, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W [p, q], b [q])`` of the centred ridge on statistics ``m``."""
+    a = m.cxx.to(DTYPE, copy=True)
+    a.diagonal().add_(float(alpha))
+    chol, info = torch.linalg.cholesky_ex(a)
+    if int(info) != 0:  # not positive definite (alpha 0 on collinear features): least-squares fallback
+        w = torch.linalg.lstsq(a, m.cxy.to(DTYPE)).solution
+    elif m.q >= m.p:  # many right-hand sides: the explicit SPD inverse and one GEMM beat two TRSMs
+        w = torch.cholesky_inverse(chol) @ m.cxy.to(DTYPE)
+    else:
+        w = torch.cholesky_solve(m.cxy.to(DTYPE), chol)
+    b = m.mean_y - m.mean_x @ w
+    return w, b
+
+
+def sse(w: torch.Tensor, b: torch.Tensor, held: Moments) -> torch.Tensor:
+    """Per output dim squared error of ``x W + b`` on the held-out statistics ``held``."""
+    cw = held.cxx @ w
+    quad = (w * cw).sum(0)
+    cross = (w * held.cxy).sum(0)
+    resid_mean = held.mean_y - held.mean_x @ w - b
+    return (held.cyy - 2.0 * cross + quad + held.n * resid_mean * resid_mean).clamp(min=0.0)
+
+
+def grouped_r2(w: torch.Tensor, b: torch.Tensor, held: Moments, groups: int) -> torch.Tensor:
+    """R² per group of ``q / groups`` consecutive output dims (one group per target head)."""
+    e = sse(w, b, held).reshape(groups, -1).sum(1)
+    t = held.cyy.reshape(groups, -1).sum(1)
+    return torch.where(t > 0, 1.0 - e / t.clamp(min=1e-300), torch.zeros_like(t))
+
+
+def alpha_grid(m: Moments) -> list[float]:
+    scale = float(torch.diagonal(m.cxx).mean()) if m.p else 1.0
+    scale = scale if scale > 0 and math.isfinite(scale) else 1.0
+    grid = {DEFAULT_ALPHA} | {scale * 10.0 ** e for e in range(-6, 2)}
+    return sorted(grid)
+
+
+def fit_group(train: Moments, held: Moments | None, *, heads: int, alpha: float | str = DEFAULT_ALPHA,
+              what: str = "") -> dict:
+    """Fit one (target layer, K/V): ``{"w", "b", "alpha", "r2" [heads] (held-out, or None)}``."""
+    if alpha == "auto":
+        if held is None or held.n < 1:
+            raise FitError(f"--alpha auto needs held-out observations{' for ' + what if what else ''}, there are none",
+                           "give more sequences (more --tokens) or a fixed --alpha")
+        best = None
+        for lam in alpha_grid(train):
+            w, b = solve(train, lam)
+            score = float(grouped_r2(w, b, held, heads).mean())
+            if best is None or score > best[0] + 1e-12:
+                best = (score, lam, w, b)
+        _, lam, w, b = best
+    else:
+        lam = float(alpha)
+        if lam < 0 or not math.isfinite(lam):
+            raise FitError(f"--alpha must be a non-negative number or 'auto', got {alpha!r}", "use e.g. --alpha 0.01")
+        w, b = solve(train, lam)
+    r2 = grouped_r2(w, b, held, heads) if held is not None and held.n >= 1 else None
+    return {"w": w, "b": b, "alpha": lam, "r2": r2}
+
+
+def check_determined(n_obs: float, n_features: int, *, what: str, fix: str) -> None:
+    """Refuse a fit with fewer observations per target head than features."""
+    if n_obs < n_features:
+        raise FitError(
+            f"underdetermined fit for {what}: {int(n_obs)} calibration observations per target head but "
+            f"{n_features} features; it would reach R²≈1 on calibration data and collapse on held-out data",
+            fix)
+
+
+LOW_R2 = 0.5  # mean held-out R² below this: the fitter warns that the mapping is poor
+
+
+def default_budget() -> int:
+    import os
+
+    raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
+    try:
+        return int(float(raw) * 2**30) if raw else 8 * 2**30
+    except ValueError:
+        raise FitError(f"KVBRIDGE_FIT_MEMORY={raw!r} is not a number of GiB", "set e.g. KVBRIDGE_FIT_MEMORY=8") from None
+
+
+def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold: float = LOW_R2) -> tuple[dict, list]:
+    """``(summary, warnings)`` of per (layer, head) held-out R² tables."""
+    if r2k is None or r2v is None:
+        return {"heldout": False}, ["no held-out observations: the fit's quality is unmeasured"]
+    both = torch.stack([r2k, r2v])
+    summary = {"heldout": True, "mean": float(both.mean()), "mean_k": float(r2k.mean()),
+               "mean_v": float(r2v.mean()), "min": float(both.min())}
+    warnings = []
+    if summary["mean"] < threshold:
+        warnings.append(
+            f"poor fit: mean held-out R² {summary['mean']:.3f} (K {summary['mean_k']:.3f}, V {summary['mean_v']:.3f}) "
+            f"is below {threshold}: the source cache carries little linear information about this target's cache, "
+            "so a transferred cache will not behave like the target's own (re-prefill instead, or try other models)")
+    else:
+        per_layer = both.mean(dim=(0, 2))
+        bad = [int(i) for i in torch.nonzero(per_layer < threshold).flatten()]
+        if bad:
+            warnings.append(f"target layers {bad} fit poorly (held-out R² < {threshold})")
+    return summary, warnings
+
+
+def dims(source_spec, target_spec):
+    return dict(src_heads=source_spec.num_kv_heads, src_dim=source_spec.head_dim,
+                tgt_heads=target_spec.num_kv_heads, tgt_dim=target_spec.head_dim)
+
+
+def device_of(calibration):
+    return getattr(calibration, "device", "cpu")
+
+
+def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
+    """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``."""
+    blocks, cur = [], []
+    for i in range(n):
+        if cur and bytes_of(cur + [i]) > budget:
+            blocks.append(cur)
+            cur = []
+        cur.append(i)
+        if bytes_of(cur) > budget:
+            raise FitError(f"{what} needs {bytes_of(cur) / 2**30:.2f} GiB of statistics for one target layer, over the "
+                           f"{budget / 2**30:.2f} GiB budget", "raise KVBRIDGE_FIT_MEMORY, lower --top-k or use "
+                           "--fitter ridge-headwise")
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+__all__ = ["FitError", "DEFAULT_ALPHA", "LOW_R2", "solve", "sse", "grouped_r2", "alpha_grid", "fit_group",
+           "check_determined", "default_budget", "r2_summary", "plan_blocks", "dims", "device_of"]

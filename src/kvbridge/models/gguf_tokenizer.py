@@ -1,0 +1,114 @@
+"""The tokenizer fingerprint of a GGUF file, from its ``tokenizer.ggml.*`` metadata (torch-free).
+
+The token list, token types and merges are decoded and hashed the way
+:mod:`kvbridge.check.tokenizer_fp` hashes ``tokenizer.json`` (id -> token, merges as pairs), so a
+GGUF and the Hugging Face folder it was converted from can compare ``same`` when their token
+ids line up. Control and user-defined tokens (types 3 and 4) count as added tokens.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from functools import lru_cache
+from pathlib import Path
+
+from kvbridge.models.gguf import ARRAY, STRING, UINT32, UINT64, _SCALAR, GGUFArray, GGUFInfo, _Reader
+
+_WANTED = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+
+def _read_arrays(path: str) -> dict:
+    """The decoded tokenizer arrays of the GGUF at ``path`` (a second pass over the header)."""
+    out: dict = {}
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        r = _Reader(buf, len(buf))
+        r.take(4)
+        r.scalar(UINT32)
+        r.scalar(UINT64)
+        n_kv = r.scalar(UINT64)
+        for _ in range(n_kv):
+            key = r.string()
+            vtype = r.scalar(UINT32)
+            if key in _WANTED and vtype == ARRAY:
+                etype, count = r.scalar(UINT32), r.scalar(UINT64)
+                if etype == STRING:
+                    out[key] = [r.string() for _ in range(count)]
+                else:
+                    fmt = _SCALAR[etype]
+                    size = struct.calcsize(fmt)
+                    start = r.take(size * count)
+                    out[key] = [v[0] for v in struct.iter_unpack(fmt, buf[start:start + size * count])]
+            else:
+                r.value(vtype, key)
+            if len(out) == len(_WANTED):
+                break
+    return out
+
+
+def _cache_key(meta: dict) -> str:
+    """What decides the fingerprint: the tokenizer metadata (large arrays by their raw sha256)."""
+    import hashlib
+
+    parts = sorted((k, v.sha256 if isinstance(v, GGUFArray) else repr(v)) for k, v in meta.items()
+                   if k.startswith("tokenizer.ggml."))
+    return "gguf:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def gguf_tokenizer_fingerprint(info: GGUFInfo):
+    """A :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint` of ``info``'s tokenizer, or None.
+
+    Cached (in process and in the tokenizer-fingerprint cache file) by the tokenizer metadata.
+    """
+    from kvbridge.check import tokenizer_fp as tf
+
+    meta = info.metadata
+    tokens_meta = meta.get("tokenizer.ggml.tokens")
+    if tokens_meta is None:
+        return None
+    key = _cache_key(meta)
+    cache_file = tf._cache_path()
+    hit = tf._cache_load(cache_file).get(key) if cache_file is not None else None
+    if isinstance(hit, dict):
+        try:
+            return tf.TokenizerFingerprint.from_dict(hit)
+        except (KeyError, ValueError, TypeError):
+            pass
+    fp = _compute(info, tf)
+    tf._cache_store(cache_file, key, fp)
+    return fp
+
+
+def _compute(info: GGUFInfo, tf):
+    meta = info.metadata
+    tokens_meta = meta.get("tokenizer.ggml.tokens")
+    arrays = _read_arrays(info.path)
+    tokens = arrays.get("tokenizer.ggml.tokens") or (tokens_meta if isinstance(tokens_meta, list) else [])
+    types = arrays.get("tokenizer.ggml.token_type") or []
+    merges = arrays.get("tokenizer.ggml.merges")
+    full = dict(enumerate(tokens))
+    added = {i for i, t in enumerate(types) if t in (3, 4)}
+    base = {i: t for i, t in full.items() if i not in added}
+    roles = {}
+    for role, k in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        tid = meta.get(f"tokenizer.ggml.{k}_token_id")
+        if isinstance(tid, int) and 0 <= tid < len(tokens):
+            roles[role] = tokens[tid]
+    for flag in ("add_bos_token", "add_eos_token"):
+        if isinstance(meta.get(f"tokenizer.ggml.{flag}"), bool):
+            roles[flag] = meta[f"tokenizer.ggml.{flag}"]
+    rules, rules_format = None, ""
+    if merges is not None:
+        rules, rules_format = tf._merges_from_list(merges), "merges"
+    model = str(meta.get("tokenizer.ggml.model", ""))
+    return tf.TokenizerFingerprint(
+        kind={"gpt2": "bpe", "llama": "sentencepiece-bpe"}.get(model, model or "gguf"),
+        base=tf._sha(sorted(base.items())), vocab=tf._sha(sorted(full.items())),
+        rules=tf._sha(rules) if rules is not None else "", rules_format=rules_format,
+        special=tf._sha(roles), vocab_size=len(full), num_added=len(added),
+        special_tokens=tuple(sorted((k, str(v)) for k, v in roles.items())),
+        files=(Path(info.path).name,))
+
+
+__all__ = ["gguf_tokenizer_fingerprint"]

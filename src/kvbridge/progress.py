@@ -1,0 +1,138 @@
+"""Progress of long runs (``eval``, ``diverge``) and their partial results.
+
+:class:`Progress` prints to stderr: on a terminal one line redrawn in place (done/total,
+tokens/s, ETA); otherwise (a log file, CI) a plain line at most every
+:data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) and at the end, so logs stay
+readable. Disabled, it prints nothing.
+
+:class:`PartialLog` keeps what a run has finished: a JSONL file (a header record with the
+run's settings, then one record per finished unit of work) rewritten atomically after each
+unit (temp file + fsync + rename, :func:`kvbridge.artifacts.write_file_atomic`), so a run
+killed at any point leaves a complete, parseable file with every unit that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+#: seconds between plain (non-terminal) progress lines
+PLAIN_EVERY_S = 10.0
+
+
+def _fmt_secs(s: float) -> str:
+    s = max(0, int(round(s)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class Progress:
+    """``update(done, tokens=...)`` after each unit; ``close()`` at the end."""
+
+    def __init__(self, total: int, *, label: str, unit: str = "samples", enabled: bool = True,
+                 stream: TextIO | None = None, tty: bool | None = None):
+        self.total, self.label, self.unit, self.enabled = int(total), label, unit, enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        env = os.environ.get("KVBRIDGE_PROGRESS_EVERY")
+        self.every = float(env) if env not in (None, "") else PLAIN_EVERY_S
+        self.t0 = time.perf_counter()
+        self._last = -1e9
+        self.done = 0
+        self.tokens = 0
+        self.lines = 0
+
+    def line(self) -> str:
+        secs = max(time.perf_counter() - self.t0, 1e-9)
+        rate = f", {self.tokens / secs:,.0f} tok/s" if self.tokens else ""
+        if 0 < self.done < self.total:
+            eta = f", ETA {_fmt_secs(secs * (self.total - self.done) / self.done)}"
+        else:
+            eta = ""
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        return (f"{self.label}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), "
+                f"{_fmt_secs(secs)} elapsed{rate}{eta}")
+
+    def update(self, done: int, *, tokens: int = 0) -> None:
+        self.done = int(done)
+        self.tokens += int(tokens)
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        final = self.done >= self.total
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line() + ("\n" if final else ""))
+            self.stream.flush()
+            self.lines += 1
+        elif final or now - self._last >= self.every:
+            self._last = now
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+            self.lines += 1
+
+    def close(self) -> None:
+        if self.enabled and self.tty and 0 < self.done < self.total:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class PartialLog:
+    """A JSONL file of finished units, rewritten atomically after each (see the module docstring)."""
+
+    def __init__(self, path: Path | str, header: dict):
+        self.path = Path(path)
+        if self.path.is_symlink() or self.path.is_dir():
+            from kvbridge.errors import ArtifactError
+
+            raise ArtifactError(f"{self.path} is a folder or a symbolic link, not a partial-results file",
+                                "choose another --partial path")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.records: list[dict] = [{"record": "header", "complete": False, **header}]
+        self._flush()
+
+    def add(self, record: dict) -> None:
+        self.records.append({"record": "unit", **record})
+        self._flush()
+
+    def finish(self, summary: dict | None = None) -> None:
+        self.records[0]["complete"] = True
+        if summary is not None:
+            self.records.append({"record": "summary", **summary})
+        self._flush()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _flush(self) -> None:
+        from kvbridge.artifacts import write_file_atomic
+
+        text = "".join(json.dumps(_clean(r), allow_nan=False) + "\n" for r in self.records)
+        write_file_atomic(self.path, text)
+
+
+def _clean(obj: Any):
+    """JSON-ready: tensors/arrays -> lists, NaN/inf -> None, other objects -> str."""
+    import math
+
+    if hasattr(obj, "tolist"):
+        obj = obj.tolist()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, bool)):
+        return obj
+    return str(obj)
+
+
+def read_partial(path: Path | str) -> list[dict]:
+    """The records of a partial-results file (every line is complete: it is written atomically)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+__all__ = ["Progress", "PartialLog", "read_partial", "PLAIN_EVERY_S"]

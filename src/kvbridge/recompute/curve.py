@@ -1,0 +1,187 @@
+"""Quality/cost curves of selective recompute on a transferred cache (``kvbridge eval --recompute-*``).
+
+On the same held-out samples as ``kvbridge eval``: ``native`` (the target's prefill, ceiling),
+``transferred`` (0% recomputed), ``no_prefix`` (floor), and one condition per point of the dial:
+
+- ``layers@K``: K layers recomputed (named, or chosen on calibration samples by the greedy group
+  search / the single-layer profile; a sweep takes the greedy search's nested sets); ``prefix@K``:
+  layers ``0..K-1`` (the cheapest K layers when the target's own forward feeds them);
+- ``tokens@R``: the CacheBlend rule on the transferred prefix (``exact_len = 0``): layers 0..1 of
+  the target on every prefix token, then the R of tokens whose K/V deviate most.
+
+Each point carries its measured cost: FLOPs (counted from the weights, :mod:`~kvbridge.recompute.cost`)
+and wall time, both relative to the target's full prefill of the same prefixes measured in the
+same run. ``gap_recovered`` has paired bootstrap intervals; ``deficit_closed`` is the share of
+the plain transfer's deficit to native that the recompute wins back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kvbridge.recompute.layers import RecomputeError
+
+SCHEMA = "kvbridge-recompute-curve/1"
+TOKEN_SWEEP = (0.05, 0.1, 0.15, 0.3, 0.5, 1.0)
+
+
+def layer_points(spec, model, calib=None, *, method: str = "greedy", group_size: int = 1, host=None):
+    """``[(name, layers, info)]`` for one layer spec (``"3,7-9"``, ``"auto:15%"``)."""
+    from kvbridge.recompute.layers import choose_layers
+
+    layers, info = choose_layers(spec, model, calib, method=method, group_size=group_size, host=host)
+    tag = "prefix" if method == "prefix" and info.get("method") == "prefix" else "layers"
+    return [(f"{tag}@{len(layers)}", tuple(layers), info)]
+
+
+def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy", group_size: int = 1, host=None):
+    """Nested layer sets from 0 up to ``max_share`` of the layers, then all of them."""
+    from kvbridge.recompute.layers import budget_count, greedy_groups, profile_layers
+
+    n = model.config.num_hidden_layers
+    k = max(1, budget_count(max_share, n))
+    if method == "prefix":
+        sets = [tuple(range(j)) for j in range(1, k + 1)]
+        info = {"method": "prefix"}
+    elif method == "profile":
+        ranks = profile_layers(model, calib, host=host)
+        order = sorted(range(n), key=lambda i: -ranks[i])
+        sets = [tuple(sorted(order[:j])) for j in range(1, k + 1)]
+        info = {"method": "profile", "single_layer_loss": ranks}
+    else:
+        steps = greedy_groups(model, calib, k, group_size=group_size, host=host)
+        sets = [tuple(s["layers"]) for s in steps[1:]]
+        info = {"method": "greedy", "greedy_steps": steps}
+    tag = "prefix" if method == "prefix" else "layers"
+    points = [(f"{tag}@{len(s)}", s, info) for s in sets]
+    if not points or len(points[-1][1]) < n:
+        points.append((f"{tag}@{n}", tuple(range(n)), info))
+    return points
+
+
+def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation_len: int, layer_points_=(),
+              token_ratios=(), mode: str = "target", batch_size: int = 16, attention: bool = True,
+              bootstrap: int = 1000, seed: int = 0, check_layer: int = 1, host=None, progress=None) -> dict:
+    """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
+    from kvbridge.evaluate import _clean
+    from kvbridge.evaluate.conditions import attention_cosines, position_fields
+    from kvbridge.plugins import get_host
+    from kvbridge.recompute.cost import prefill_flops
+    from kvbridge.recompute.graft import summarize_fields
+    from kvbridge.recompute.layers import capture_hidden, recompute_layers
+    from kvbridge.recompute.tokens import blend
+    from kvbridge.transfer import transfer
+
+    host = host or get_host()
+    sad, tad = host.adapter_for(source.config.to_dict()), host.adapter_for(target.config.to_dict())
+    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    samples = torch.as_tensor(samples).long()
+    p, c = int(prefix_len), int(continuation_len)
+    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
+        raise RecomputeError(f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
+                             "make longer samples or lower --prefix-len/--continuation-len")
+    points = [(name, "layers", layers) for name, layers, _ in layer_points_]
+    points += [(f"tokens@{r:g}", "tokens", float(r)) for r in token_ratios if r > 0]
+    if not points:
+        raise RecomputeError("no recompute point to run", "pass --recompute-layers, --recompute-tokens or --recompute-sweep")
+    names = ["native", "transferred"] + [x[0] for x in points] + ["no_prefix"]
+    acc = {x: {} for x in names}
+    cost = {x: {"flops": 0.0, "seconds": 0.0} for x in names}
+    t_native = t_transfer = 0.0
+    add = lambda cond, key, v: acc[cond].setdefault(key, []).append(v.detach().float().cpu())
+    n = samples.shape[0]
+    warm = samples[:1, :p]  # one untimed pass of each code path: first calls allocate and dispatch slowly
+    tad.extract(target, warm, spec=tspec)
+    blend(target, tad.extract(target, warm, spec=tspec), 0, 0.5, check_layer=check_layer)
+    for s in range(0, n, batch_size):
+        ids = samples[s:s + batch_size, :p + c + 1]
+        prefix, cont, targets = ids[:, :p], ids[:, p:p + c], ids[:, p + 1:p + c + 1]
+        t0 = time.perf_counter()
+        native = tad.extract(target, prefix, spec=tspec)
+        t1 = time.perf_counter()
+        if mode == "source":
+            src_state, hidden = capture_hidden(source, lambda: sad.extract(source, prefix, spec=sspec))
+        else:
+            src_state, hidden = sad.extract(source, prefix, spec=sspec), None
+        t2 = time.perf_counter()
+        transferred = transfer(src_state, mapping, tspec, host=host)
+        t3 = time.perf_counter()
+        t_native += t1 - t0
+        t_transfer += t3 - t2
+        states = {"transferred": (transferred, 0.0, 0.0)}
+        for name, kind, arg in points:
+            if kind == "layers":
+                st, cst = recompute_layers(target, transferred, arg, mode=mode, source_hidden=hidden)
+            else:
+                res = blend(target, transferred, 0, arg, check_layer=check_layer)
+                st, cst = res.state, res.cost
+            states[name] = (st, cst.seconds, cst.flops)
+        cache = tad.inject(native, target)
+        if attention:
+            from kvbridge.evaluate.conditions import capture_attention
+
+            with capture_attention(target) as captured, torch.no_grad():
+                logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
+        else:
+            captured = None
+            with torch.no_grad():
+                logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
+        fields, ref = position_fields(logits, targets, None, top_k=5, top_p=0.9)
+        cmp_, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
+        fields.update({k: cmp_[k] for k in ("kl", "top1", "topk", "tv", "max_abs_logit_diff")})
+        for k, v in fields.items():
+            add("native", k, v)
+        if captured is not None:
+            add("native", "attn_cos", attention_cosines(captured, native, p))
+        for cond in names[1:]:
+            with torch.no_grad():
+                if cond == "no_prefix":
+                    logits = target(input_ids=cont).logits.float()
+                else:
+                    st, secs, flops = states[cond]
+                    logits = target(input_ids=cont, cache=tad.inject(st, target, check=False), use_cache=True).logits.float()
+                    cost[cond]["seconds"] += secs
+                    cost[cond]["flops"] += flops
+                    if captured is not None:
+                        add(cond, "attn_cos", attention_cosines(captured, st, p))
+            f, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
+            for k, v in f.items():
+                add(cond, k, v)
+        if progress is not None:
+            progress(min(n, s + batch_size), n)
+    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
+    for cond in names:
+        fields[cond]["native_nll"] = fields["native"]["nll"]
+        fields[cond]["no_prefix_nll"] = fields["no_prefix"]["nll"]
+        fields[cond]["native_correct"] = fields["native"]["correct"]
+        fields[cond]["no_prefix_correct"] = fields["no_prefix"]["correct"]
+    summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
+    full_flops = prefill_flops(target, p, batch=n)
+    nl = tspec.num_layers
+    layers_of = {name: arg for name, kind, arg in points if kind == "layers"}
+    for cond in names:
+        row = summary["conditions"][cond]
+        row["recompute_flop_share"] = cost[cond]["flops"] / full_flops if cond != "native" else 1.0
+        row["time_share"] = (cost[cond]["seconds"] / t_native if t_native > 0 else None) if cond != "native" else 1.0
+        if cond in layers_of:
+            row["layers"] = list(layers_of[cond])
+            row["share"] = len(layers_of[cond]) / nl
+        elif cond.startswith("tokens@"):
+            row["share"] = float(cond.split("@")[1])
+        elif cond == "transferred":
+            row["share"] = 0.0
+    result = {"schema": SCHEMA, "mode": mode, "samples": n, "prefix_len": p, "continuation_len": c,
+              "target_layers": nl, "bootstrap": bootstrap, "seed": seed, "check_layer": check_layer,
+              "conditions": summary["conditions"],
+              "timing": {"target_prefill_ms": 1e3 * t_native, "transfer_ms": 1e3 * t_transfer,
+                         "full_prefill_flops": full_flops},
+              "notes": ["time_share = recompute wall time / the target's full prefill of the same prefixes (this run, "
+                        "this machine); recompute_flop_share counts linear maps and attention from the weights",
+                        "mode target: a recomputed layer set costs the target's forward up to its last layer; "
+                        "mode source: only the recomputed layers run, on the source's hidden states"]}
+    return _clean(result)
+
+
+__all__ = ["SCHEMA", "TOKEN_SWEEP", "layer_points", "layer_sweep", "run_curve"]

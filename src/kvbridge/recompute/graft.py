@@ -1,0 +1,294 @@
+"""Graft a chunk's cache prepared alone after other context, with or without token-selective recompute.
+
+A chunk prepared on its own (a prefix pack, or :func:`prepare_chunk`: the target's prefill of
+the chunk at positions ``0..n-1``) is moved after ``c`` context tokens by the exact RoPE
+re-positioning (:meth:`KVState.reposition`) and appended to the context's cache. That is a
+*naive graft*: the keys sit at the right positions, but the chunk's K/V at layers >= 1 were
+computed without attending to the context (the seed notes' boundary: a prefix graft keeps causal
+prefix semantics, an inserted chunk does not). :func:`graft_blend` adds the token-selective
+recompute of :mod:`kvbridge.recompute.tokens` to it.
+
+:func:`run_graft` runs the conditions on the same samples (context, chunk, continuation):
+
+- ``full``: the target's prefill of context + chunk (the ceiling);
+- ``naive``: context prefilled, chunk prepared alone and re-positioned;
+- ``blend@R``: naive + token-selective recompute of R of the chunk's tokens (deviation rule);
+- ``random@R``: the same cost with random tokens recomputed (control for the rule);
+- ``first@R``: the same cost with the chunk's first tokens recomputed (where a chunk prepared alone
+  keeps its attention sink; opt-in control);
+- ``no_reposition``: the chunk appended with its keys still rotated at ``0..n-1`` (control);
+- ``shuffled``: another sample's chunk grafted (control: right statistics, wrong content);
+- ``dropped``: the context alone, the chunk left out (the floor).
+
+Metrics are ``kvbridge eval``'s (:mod:`kvbridge.evaluate.metrics`) with ``full`` as native and
+``dropped`` as the no-prefix floor, so ``gap_recovered = (NLL_dropped - NLL_x) / (NLL_dropped -
+NLL_full)``; ``deficit_closed = (NLL_naive - NLL_x) / (NLL_naive - NLL_full)`` is the share of
+what the naive graft misses that the recompute wins back. Intervals are paired bootstraps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+
+from kvbridge.recompute.layers import RecomputeError
+
+SCHEMA = "kvbridge-graft/1"
+
+
+def _adapter(model, host=None):
+    from kvbridge.plugins import get_host
+
+    return (host or get_host()).adapter_for(model.config.to_dict())
+
+
+def prepare_chunk(model, chunk_ids, host=None):
+    """The target's own cache of a chunk alone, at positions ``0..n-1`` (what a pack stores)."""
+    return _adapter(model, host).extract(model, torch.as_tensor(chunk_ids).long().reshape(-1, torch.as_tensor(chunk_ids).shape[-1]))
+
+
+def concat_states(first, second):
+    """One state: ``first``'s rows then ``second``'s (same model and batch)."""
+    if first.spec.num_layers != second.spec.num_layers or first.batch_size != second.batch_size:
+        raise RecomputeError("the context and the chunk come from different models or batch sizes",
+                             "prepare both with the same model, one chunk per context")
+    cat = lambda a, b: torch.cat([a, b.to(a.dtype)], dim=2)
+    lengths = None
+    if first.rope_lengths is not None and second.rope_lengths is not None:
+        lengths = torch.cat([first.rope_lengths, second.rope_lengths], dim=1)
+    return replace(first, keys=tuple(cat(a, b) for a, b in zip(first.keys, second.keys)),
+                   values=tuple(cat(a, b) for a, b in zip(first.values, second.values)),
+                   token_ids=torch.cat([first.token_ids, second.token_ids], 1),
+                   positions=torch.cat([first.positions, second.positions], 1), rope_lengths=lengths,
+                   approximate=first.approximate or second.approximate)
+
+
+def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
+    """The context's cache followed by the chunk's, re-positioned right after the context (exact RoPE)."""
+    if chunk_state.spec.positional == "rope" and chunk_state.spec.rope and chunk_state.spec.rope.is_stateful:
+        raise RecomputeError(f"{chunk_state.spec.model_type!r} uses stateful RoPE ({chunk_state.spec.rope.rope_type}): "
+                             "re-positioning is not exact there", "graft with a model whose RoPE is static")
+    c = context_state.num_tokens
+    start = int(context_state.positions[0, -1]) + 1 if c else 0
+    moved = chunk_state
+    if reposition:
+        offset = start - int(chunk_state.positions[0, 0])
+        moved = chunk_state.reposition(offset, host=host) if offset else chunk_state
+    else:
+        moved = replace(chunk_state, positions=chunk_state.positions - chunk_state.positions[:, :1] + start)
+    out = concat_states(context_state, moved)
+    return replace(out, approximate=True, meta={**context_state.meta, "graft": {"context_tokens": c,
+                                                                                "chunk_tokens": chunk_state.num_tokens,
+                                                                                "repositioned": bool(reposition)}})
+
+
+def graft_blend(model, context_state, chunk_state, ratio: float, *, check_layer: int = 1, rule: str = "deviation",
+                generator=None, host=None):
+    """``BlendResult`` of the graft with token-selective recompute of ``ratio`` of the chunk's tokens."""
+    from kvbridge.recompute.tokens import blend
+
+    return blend(model, graft(context_state, chunk_state, host=host), context_state.num_tokens, ratio,
+                 check_layer=check_layer, rule=rule, generator=generator)
+
+
+# -- the conditions ----------------------------------------------------------------------------------
+def _logits(model, adapter, state, cont, capture=False):
+    from kvbridge.evaluate.conditions import capture_attention
+
+    cache = adapter.inject(state, model, check=False) if state is not None else None
+    kw = {"use_cache": cache is not None}
+    if cache is not None:
+        kw["cache"] = cache
+    with torch.no_grad():
+        if capture:
+            with capture_attention(model) as captured:
+                return model(input_ids=cont, **kw).logits.float(), captured
+        return model(input_ids=cont, **kw).logits.float(), None
+
+
+def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) -> list[str]:
+    names = ["full", "naive"] + [f"blend@{r:g}" for r in ratios if r > 0]
+    for rule in ("random", "first"):
+        if rule in controls:
+            names += [f"{rule}@{r:g}" for r in ratios if 0 < r < 1]
+    names += [c for c in ("no_reposition", "shuffled") if c in controls] + ["dropped"]
+    return names
+
+
+def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.3, 1.0),
+              controls=("random", "no_reposition", "shuffled"), check_layer: int = 1, batch_size: int = 8,
+              attention: bool = True, bootstrap: int = 1000, seed: int = 0, chunks=None, host=None,
+              progress=None) -> dict:
+    """Every graft condition on the same samples; a JSON-ready result (see the module docstring).
+
+    ``context_ids [N, c]``, ``chunk_ids [N, n]``, ``cont_ids [N, C + 1]`` (C scored predictions).
+    ``chunks``: optional prepared chunk states (e.g. packs), one ``[1, n]`` state per sample; by
+    default each chunk is prefilled alone here (not timed: it is prepared ahead).
+    """
+    from kvbridge.evaluate.conditions import attention_cosines, position_fields
+    from kvbridge.recompute.cost import prefill_flops
+
+    adapter = _adapter(model, host)
+    context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in (context_ids, chunk_ids, cont_ids))
+    n_samples, c, n = context_ids.shape[0], context_ids.shape[1], chunk_ids.shape[1]
+    if chunk_ids.shape[0] != n_samples or cont_ids.shape[0] != n_samples or cont_ids.shape[1] < 2:
+        raise RecomputeError("context, chunk and continuation need the same number of samples and >= 2 "
+                             "continuation tokens", "pass [N, c], [N, n] and [N, C + 1] token ids")
+    if "shuffled" in controls and n_samples < 2:
+        raise RecomputeError("the shuffled control needs at least 2 samples", "pass 2 or more samples")
+    ratios = tuple(sorted(set(float(r) for r in ratios)))
+    names = condition_names(ratios, controls)
+    acc = {x: {} for x in names}
+    cost = {x: {"flops": 0.0, "seconds": 0.0} for x in names}
+    t_full = 0.0
+    gen = torch.Generator().manual_seed(int(seed))
+    add = lambda cond, key, v: acc[cond].setdefault(key, []).append(v.detach().float().cpu())
+    _warm_up(model, adapter, context_ids[:1], chunk_ids[:1], check_layer)
+    for s in range(0, n_samples, batch_size):
+        idx = torch.arange(s, min(n_samples, s + batch_size))
+        ctx, chk, cont = context_ids[idx], chunk_ids[idx], cont_ids[idx]
+        inp, targets = cont[:, :-1], cont[:, 1:]
+        t0 = time.perf_counter()
+        full_state = adapter.extract(model, torch.cat([ctx, chk], 1))
+        t_full += time.perf_counter() - t0
+        ctx_state = adapter.extract(model, ctx)
+        if chunks is not None:
+            chunk_state = _stack([chunks[int(i)] for i in idx])
+        else:
+            chunk_state = prepare_chunk(model, chk, host=host)
+        logits, captured = _logits(model, adapter, full_state, inp, capture=attention)
+        fields, native = position_fields(logits, targets, None, top_k=5, top_p=0.9)
+        cmp_, _ = position_fields(logits, targets, native, top_k=5, top_p=0.9)
+        fields.update({k: cmp_[k] for k in ("kl", "top1", "topk", "tv", "max_abs_logit_diff")})
+        for k, v in fields.items():
+            add("full", k, v)
+        if captured is not None:
+            add("full", "attn_cos", attention_cosines(captured, full_state, c + n))
+        t0 = time.perf_counter()
+        naive = graft(ctx_state, chunk_state, host=host)
+        t_graft = time.perf_counter() - t0
+        states = {"naive": (naive, t_graft, 0.0)}
+        for r in ratios:
+            if r <= 0:
+                continue
+            res = blend_state = _blend(model, naive, c, r, check_layer, "deviation", gen)
+            states[f"blend@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
+            for rule in ("random", "first"):
+                if rule in controls and r < 1:
+                    res = _blend(model, naive, c, r, check_layer, rule, gen)
+                    states[f"{rule}@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
+            del blend_state
+        if "no_reposition" in controls:
+            states["no_reposition"] = (graft(ctx_state, chunk_state, reposition=False, host=host), 0.0, 0.0)
+        if "shuffled" in controls:
+            other = chk[torch.roll(torch.arange(len(idx)), 1)] if len(idx) > 1 else chunk_ids[(idx + 1) % n_samples]
+            states["shuffled"] = (graft(ctx_state, prepare_chunk(model, other, host=host), host=host), 0.0, 0.0)
+        states["dropped"] = (ctx_state, 0.0, 0.0)
+        for cond in names[1:]:
+            state, secs, flops = states[cond]
+            logits, _ = _logits(model, adapter, state, inp)
+            f, _ = position_fields(logits, targets, native, top_k=5, top_p=0.9)
+            for k, v in f.items():
+                add(cond, k, v)
+            if captured is not None and cond != "dropped":
+                add(cond, "attn_cos", attention_cosines(captured, state, c + n))
+            cost[cond]["seconds"] += secs
+            cost[cond]["flops"] += flops
+        if progress is not None:
+            progress(int(idx[-1]) + 1, n_samples)
+    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
+    for cond in names:
+        fields[cond]["native_nll"] = fields["full"]["nll"]
+        fields[cond]["no_prefix_nll"] = fields["dropped"]["nll"]
+        fields[cond]["native_correct"] = fields["full"]["correct"]
+        fields[cond]["no_prefix_correct"] = fields["dropped"]["correct"]
+    summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="naive")
+    full_flops = prefill_flops(model, c + n, batch=n_samples)
+    for cond in names:
+        row = summary["conditions"][cond]
+        row["recompute_flop_share"] = cost[cond]["flops"] / full_flops
+        row["time_share"] = cost[cond]["seconds"] / t_full if t_full > 0 else None
+        row["tokens_recomputed_share"] = _share(cond)
+    summary["conditions"]["full"].update(recompute_flop_share=1.0, time_share=1.0)
+    result = {"schema": SCHEMA, "samples": n_samples, "context_len": c, "chunk_len": n,
+              "continuation_len": int(cont_ids.shape[1] - 1), "ratios": list(ratios), "check_layer": check_layer,
+              "bootstrap": bootstrap, "seed": seed, "conditions": summary["conditions"],
+              "timing": {"full_prefill_ms": 1e3 * t_full, "full_prefill_flops": full_flops},
+              "notes": ["full = the target's prefill of context + chunk (ceiling); dropped = context alone (floor); "
+                        "time_share = (re-positioning + recompute) / full prefill, wall time on this machine; "
+                        "the chunk's own prefill is done ahead (a pack) and not counted"]}
+    from kvbridge.evaluate import _clean
+
+    return _clean(result)
+
+
+def _warm_up(model, adapter, ctx, chk, check_layer):
+    """One untimed pass of every code path (first calls allocate and dispatch slowly)."""
+    from kvbridge.recompute.tokens import blend
+
+    full = adapter.extract(model, torch.cat([ctx, chk], 1))
+    blend(model, full, ctx.shape[1], 0.5, check_layer=check_layer)
+
+
+def _share(cond: str):
+    if cond == "naive":
+        return 0.0
+    if "@" in cond:
+        return float(cond.split("@")[1])
+    return None
+
+
+def _blend(model, naive, c, r, check_layer, rule, gen):
+    from kvbridge.recompute.tokens import blend
+
+    return blend(model, naive, c, r, check_layer=check_layer, rule=rule, generator=gen)
+
+
+def _stack(states):
+    if len(states) == 1:
+        return states[0]
+    first = states[0]
+    cat = lambda xs: torch.cat(xs, 0)
+    return replace(first, keys=tuple(cat([s.keys[i] for s in states]) for i in range(first.num_layers)),
+                   values=tuple(cat([s.values[i] for s in states]) for i in range(first.num_layers)),
+                   token_ids=cat([s.token_ids for s in states]), positions=cat([s.positions for s in states]),
+                   rope_lengths=None)
+
+
+def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None,
+                     greedy_tokens: int = 16) -> dict:
+    """kvbridge eval's metrics (with paired bootstrap CIs) of per-condition fields, plus ``deficit_closed``.
+
+    ``deficit_closed`` = ``(NLL_ref - NLL_x) / (NLL_ref - NLL_native)``: the share of what the
+    ``reference`` condition (the naive graft, or the plain transfer) misses that x wins back.
+    """
+    from kvbridge.evaluate.metrics import _interval, bootstrap_indices, resolve_metrics, summarize
+
+    run = SimpleNamespace(config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9), fields=fields,
+                          num_samples=int(next(iter(next(iter(fields.values())).values())).shape[0]))
+    metrics = [m for m in resolve_metrics() if m.name not in ("greedy_first_divergence", "greedy_agreement")]
+    out = summarize(run, metrics, bootstrap=bootstrap, seed=seed)
+    if reference and reference in fields:
+        n = run.num_samples
+        idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
+        nat = fields[reference]["native_nll"].double().flatten(1).mean(1)
+        ref = fields[reference]["nll"].double().flatten(1).mean(1)
+        for cond, f in fields.items():
+            x = f["nll"].double().flatten(1).mean(1)
+
+            def closed(sel):
+                den = ref[sel].mean(-1) - nat[sel].mean(-1)
+                num = ref[sel].mean(-1) - x[sel].mean(-1)
+                return torch.where(den.abs() > 1e-9, num / den, torch.full_like(num, float("nan")))
+
+            row = out["conditions"][cond]
+            row["deficit_closed"] = float(closed(torch.arange(n)[None])[0])
+            row["deficit_closed_ci"] = _interval(closed(idx)) if idx is not None else [None, None]
+    return out
+
+
+__all__ = ["SCHEMA", "prepare_chunk", "concat_states", "graft", "graft_blend", "run_graft", "condition_names",
+           "summarize_fields"]

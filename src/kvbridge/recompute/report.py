@@ -1,0 +1,111 @@
+"""Tables and the PNG plot of recompute curves and graft results (``kvbridge eval --recompute-*``, ``graft``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvbridge.evaluate.report import fmt, fmt_ci
+
+COLS = ("condition", "share", "gap_recovered [95% CI]", "deficit_closed [95% CI]", "kl_p95", "top1",
+        "attn cos mean", "attn cos min", "FLOPs / prefill", "time / prefill")
+
+
+def rows(result: dict) -> list[list[str]]:
+    out = []
+    for cond, r in result["conditions"].items():
+        share = r.get("share", r.get("tokens_recomputed_share"))
+        layers = f" {r['layers']}" if r.get("layers") is not None and len(r["layers"]) <= 8 else ""
+        out.append([cond + layers, fmt(share, "{:.0%}") if share is not None else "",
+                    f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
+                    f"{fmt(r.get('deficit_closed'), '{:+.3f}')} {fmt_ci(r.get('deficit_closed_ci'), '{:+.2f}')}",
+                    fmt(r.get("kl_p95"), "{:.4f}"), fmt(r.get("top1_agreement"), "{:.3f}"),
+                    fmt(r.get("attention_cosine_mean"), "{:.4f}"), fmt(r.get("attention_cosine_min"), "{:.4f}"), fmt(r.get("recompute_flop_share"), "{:.3f}"),
+                    fmt(r.get("time_share"), "{:.3f}")])
+    return out
+
+
+def table(result: dict) -> str:
+    rs = rows(result)
+    widths = [max(len(h), *(len(r[i]) for r in rs)) for i, h in enumerate(COLS)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(COLS), "-" * len(line(COLS))] + [line(r) for r in rs])
+
+
+def markdown(result: dict, title: str, image: str | None = None) -> str:
+    out = [f"# {title}", "", "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+    out += ["| " + " | ".join(r) + " |" for r in rows(result)]
+    if image:
+        out += ["", f"![curve]({image})"]
+    out += ["", "Notes:"] + [f"- {n}" for n in result.get("notes") or []]
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict, path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    families: dict = {}
+    zero = [r for c, r in result["conditions"].items() if c in ("transferred", "naive")]
+    for cond, r in result["conditions"].items():
+        share = r.get("share", r.get("tokens_recomputed_share"))
+        if share is None or "@" not in cond:
+            continue
+        families.setdefault(cond.split("@")[0], []).append((share, r))
+    for fam, pts in families.items():
+        if fam != "random":
+            pts.extend((0.0, r) for r in zero)
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
+    for fam, pts in families.items():
+        pts = sorted({round(s, 6): (s, r) for s, r in pts}.values(), key=lambda x: x[0])
+        xs = [s for s, _ in pts]
+        for ax, key in zip(axes[:3], ("gap_recovered", "kl_p95", "attention_cosine_mean")):
+            ys = [r.get(key) for _, r in pts]
+            ax.plot(xs, [y if y is not None else float("nan") for y in ys], marker="o", label=fam)
+            cis = [r.get(key + "_ci") for _, r in pts]
+            if all(ci and ci[0] is not None for ci in cis):
+                ax.fill_between(xs, [ci[0] for ci in cis], [ci[1] for ci in cis], alpha=0.15)
+        axes[3].plot(xs, [r.get("time_share") or float("nan") for _, r in pts], marker="o", label=f"{fam} time")
+        axes[3].plot(xs, [r.get("recompute_flop_share") or float("nan") for _, r in pts], marker="x", linestyle="--",
+                     label=f"{fam} FLOPs")
+    for ax, lab in zip(axes, ("gap recovered (95% CI)", "KL p95 (nats)", "attention cosine (mean over layers)",
+                              "cost / full prefill")):
+        ax.set_xlabel("share recomputed")
+        ax.set_ylabel(lab)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].axhline(1.0, color="k", linestyle="--", linewidth=0.7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write(result: dict, folder, stem: str, title: str) -> dict:
+    """``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` in ``folder`` (written via temporary names)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    png = folder / f"{stem}.png"
+    tmp = folder / f".{stem}.tmp.png"
+    image = None
+    if plot(result, tmp, title):
+        tmp.replace(png)
+        image = png.name
+        written["png"] = png
+    for ext, text in (("json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
+                      ("md", markdown(result, title, image))):
+        path = folder / f"{stem}.{ext}"
+        tmp = folder / f".{stem}.tmp.{ext}"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        written[ext] = path
+    return written
+
+
+__all__ = ["table", "markdown", "plot", "write", "rows"]

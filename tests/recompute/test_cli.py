@@ -1,0 +1,69 @@
+"""``kvbridge eval --recompute-*`` and ``kvbridge graft`` end to end on the zoo, and their bad-input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+
+@pytest.fixture(scope="module")
+def corpus(zoo_base, tmp_path_factory):
+    from kvbridge.evaluate import model_samples
+    from kvbridge.zoo.load import load_zoo_tokenizer
+
+    tok = load_zoo_tokenizer()
+    ids = model_samples(zoo_base, n=8, length=100, seed=5)
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("\n".join(tok.decode(row[1:]) for row in ids), encoding="utf-8")
+    return path
+
+
+def _cli(*args):
+    from kvbridge.cli.main import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_eval_recompute_curve(corpus, tmp_path):
+    res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "4",
+               "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "40", "--heldout-fraction", "0.5",
+               "--recompute-layers", "auto:25%;all;1,2-3", "--recompute-tokens", "100%", "--calibration-samples", "2",
+               "--json", "--report", str(tmp_path / "r"))
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    c = data["conditions"]
+    assert {"native", "transferred", "layers@1", "layers@4", "layers@3", "tokens@1", "no_prefix"} <= set(c)
+    assert c["layers@3"]["layers"] == [1, 2, 3]
+    assert c["layers@4"]["kl_p95"] < 1e-9 and c["tokens@1"]["kl_p95"] < 1e-9
+    assert c["transferred"]["kl_p95"] > 1e-3
+    assert c["layers@1"]["share"] == 0.25 and len(c["layers@1"]["layers"]) == 1
+    assert data["selection"]["method"] == "greedy"
+    assert (tmp_path / "r" / "recompute_curve.md").exists() and (tmp_path / "r" / "recompute_curve.json").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--recompute-layers", "9"), "layer 9 does not exist"),
+    (("--recompute-tokens", "150%"), "outside 0..100%"),
+])
+def test_eval_recompute_bad_input(corpus, args, needle):
+    res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "2",
+               "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "0", "--heldout-fraction", "0.5", *args)
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
+
+
+def test_graft_run_and_eval(corpus, tmp_path):
+    res = _cli("graft", "run", "zoo:base", "--context", "First Citizen: Before we proceed", "--chunk",
+               " any further, hear me speak.", "--prompt", " All: Speak,", "--recompute-tokens", "100%",
+               "--max-new-tokens", "4", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["first_token_kl"]["grafted"] < 1e-9 and out["greedy_agreement_steps"]["grafted"] == 4
+    res = _cli("graft", "eval", "zoo:base", "--corpus", str(corpus), "--samples", "2", "--context-len", "8",
+               "--chunk-len", "12", "--continuation-len", "4", "--ratios", "50%", "--controls", "random",
+               "--bootstrap", "20", "--report", str(tmp_path / "g"))
+    assert res.exit_code == 0, res.output
+    assert "blend@0.5" in res.output and (tmp_path / "g" / "graft.json").exists()
+    res = _cli("graft", "run", "zoo:base", "--context", "a", "--prompt", "b")
+    assert res.exit_code == 2 and "exactly one of --chunk and --pack" in res.output
