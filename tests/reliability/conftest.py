@@ -81,7 +81,7 @@ class World:
         self.guide, self.prompt = tiny_llama.guide, tiny_llama.prompt
         self.mapping = root / "mapping"
         res = run_cli(["fit", self.src, self.tgt, "--corpus", self.corpus, "--out", self.mapping, "--seq-len", 32,
-                       "--tokens", 512, "--top-k", 1, "--quiet"])
+                       "--tokens", 512, "--top-k", 1, "--stride", 2, "--quiet"])
         assert res.exit_code == 0, res.output
         self.pack = root / "pack"
         res = run_cli(["pack", "save", self.src, "--guide", self.guide, "--out", self.pack])

@@ -140,12 +140,13 @@ class Checkpoint:
                                   f"{str(want)[:12]}...): it is corrupt or was modified",
                                   f"delete {self.folder} and start afresh")
         saved = json.loads(meta.get("key", "{}"))
-        for name in sorted(set(saved) | set(self.key)):
-            if saved.get(name) != self.key.get(name):
-                raise CheckpointError(
-                    f"checkpoint {path.name} was made for a different fit: field {name!r} is "
-                    f"{_short(saved.get(name))} there, {_short(self.key.get(name))} now",
-                    "resume with the same models, corpus and options, or start afresh without --resume")
+        diff = _first_diff(saved, self.key)
+        if diff is not None:
+            name, was, now = diff
+            raise CheckpointError(
+                f"checkpoint {path.name} was made for a different fit: field {name!r} is "
+                f"{_short(was)} there, {_short(now)} now",
+                "resume with the same models, corpus and options, or start afresh without --resume")
         for j, job in enumerate(jobs):
             try:
                 job.load_state_dict(tensors, prefix=f"job{j}.")
@@ -207,6 +208,17 @@ def _digest(tensors: dict, key: str, done: str, tag: str) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def _first_diff(a: Any, b: Any, where: str = "") -> tuple | None:
+    """``(dotted field, a's value, b's value)`` of the first leaf where two JSON values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for name in sorted(set(a) | set(b)):
+            got = _first_diff(a.get(name), b.get(name), f"{where}.{name}" if where else name)
+            if got is not None:
+                return got
+        return None
+    return None if a == b else (where or "(key)", a, b)
 
 
 def _short(value: Any) -> str:
