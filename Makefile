@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvbridge-installed
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 
-.PHONY: test demo install models bench cli-docs clean
+.PHONY: test demo install models bench cli-docs plugin-docs clean
 
 $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ bench: $(STAMP)
 
 cli-docs: $(STAMP)
 	$(BIN)/python -m kvbridge.cli.docs > CLI.md
+
+plugin-docs: $(STAMP)
+	$(BIN)/python -m kvbridge.plugin_docs > docs/plugins.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

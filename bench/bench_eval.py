@@ -11,7 +11,8 @@ C, G greedy tokens; K cache conditions = native + the transferred cache and its 
 
 The "needed forwards" time runs exactly those forwards, batched, with nothing else (no metrics,
 no transfers, no attention capture); eval time / needed = the overhead of the evaluation.
-Both are timed alternately (median of --repeats) with --threads CPU threads.
+Both are timed alternately (median of --repeats) with --threads CPU threads, in wall and in
+CPU time of this process (with one thread the CPU time is robust to a shared machine).
 
     python bench/bench_eval.py [--samples 32] [--repeats 3] [--threads 1]
 """
@@ -83,22 +84,26 @@ def main() -> None:
             "needed forwards": lambda: needed_forwards(src.model, tgt.model, sad, tad, sspec, tspec, samples, cfg,
                                                        len(CACHE_CONDITIONS))}
     times = {key: [] for key in runs}
+    cpu = {key: [] for key in runs}
     for fn in runs.values():
         fn()  # warm-up
     for _ in range(args.repeats):
         for key, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[key].append(time.perf_counter() - t0)
+            cpu[key].append(time.process_time() - c0)
     med = {key: statistics.median(v) for key, v in times.items()}
+    medc = {key: statistics.median(v) for key, v in cpu.items()}
     p, c, gt, b = cfg.prefix_len, cfg.continuation_len, cfg.greedy_tokens, cfg.batch_size
     print(f"# bench_eval: zoo:base -> zoo:wide, {args.samples} samples, P={p} C={c} G={gt} B={b}, "
           f"attention capture {'off' if args.no_attention else 'on'}, {torch.get_num_threads()} thread(s), "
           f"load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}\n")
-    print("| run | median s | vs needed forwards |")
-    print("|---|---:|---:|")
+    print("| run | median wall s | vs needed forwards | median CPU s | vs needed forwards (CPU) |")
+    print("|---|---:|---:|---:|---:|")
     for key, v in med.items():
-        print(f"| {key} | {v:.3f} | {v / med['needed forwards']:.2f}x |")
+        print(f"| {key} | {v:.3f} | {v / med['needed forwards']:.2f}x | {medc[key]:.3f} | "
+              f"{medc[key] / medc['needed forwards']:.2f}x |")
 
 
 if __name__ == "__main__":

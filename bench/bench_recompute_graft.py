@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         if data == "question":
             ctx, chk, cont = fact_samples(tok, args.samples)
         else:
-            from kvbridge.cli.demo_cmd import find_corpus
+            from kvbridge.demo.zoo import find_corpus
 
             ctx, chk, cont = passage_samples(tok, find_corpus(args.corpus), args.samples, args.context_len, args.chunk_len,
                                              args.continuation_len)

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kvbridge.cli.demo_cmd import calibration_ids, eval_ids, find_corpus
+    from kvbridge.demo.zoo import calibration_ids, eval_ids, find_corpus
     from kvbridge.cli.eval_cmd import load_mapping_ref
     from kvbridge.plugins import get_host
     from kvbridge.recompute import report

@@ -13,6 +13,7 @@ bytes), run alternately with the operation, which stays meaningful on a shared, 
 Times are the median of ``--repeats`` passes (after a warm-up), on CUDA when available.
 
     python bench/bench_rope.py [--device cpu|cuda] [--repeats N] [--interleaved] [--threads N] [--clock wall|cpu]
+                               [--kernels eager,compiled]
 """
 
 from __future__ import annotations
@@ -48,20 +49,21 @@ def timed(fn, device, repeats: int, warmup: int = 2) -> float:
     return statistics.median(out)
 
 
-def timed_pair(fn, ref, device, repeats: int) -> tuple[float, float]:
-    """Median times of ``fn`` and ``ref``, run alternately (fair on a shared, noisy machine)."""
+def timed_pair(fn, ref, device, repeats: int, ref2=None) -> tuple:
+    """Median times of ``fn``, ``ref`` (and ``ref2``), run alternately (fair on a shared, noisy machine)."""
+    fns = [fn, ref] + ([ref2] if ref2 is not None else [])
     for _ in range(2):
-        fn()
-        ref()
-    a, b = [], []
+        for f in fns:
+            f()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        for f, out in ((fn, a), (ref, b)):
+        for f, out in zip(fns, times):
             sync(device)
             t0 = CLOCK()
             f()
             sync(device)
             out.append(CLOCK() - t0)
-    return statistics.median(a), statistics.median(b)
+    return tuple(statistics.median(t) for t in times)
 
 
 def copy_bandwidth(device, repeats: int) -> tuple[float, float]:
@@ -83,6 +85,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: this process's CPU time (with --threads 1, robust to a shared machine)")
+    ap.add_argument("--kernels", default="eager,compiled",
+                    help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled: half split only)")
     args = ap.parse_args()
     global CLOCK
     if args.clock == "cpu":
@@ -140,6 +144,10 @@ def main() -> None:
         def clone_layers_kept():
             return [k.clone() for k in keys]
 
+        def double_layers():  # the same bytes through an elementwise kernel: x * 2
+            for k in keys:
+                torch.mul(k, 2)
+
         ops = [
             ("strip", strip_all, 2, clone_layers),
             ("apply", apply_all, 2, clone_layers),
@@ -148,12 +156,20 @@ def main() -> None:
             ("strip + apply, 28 outputs kept", strip_apply_kept, 4, clone_layers_kept),
             ("reposition (fused)", reposition_all, 2, clone_layers),
         ]
-        for name, fn, passes, ref in ops:
-            t, t_ref = timed_pair(fn, ref, device, args.repeats)
-            nbytes = passes * LAYERS * layer_bytes
-            floor = nbytes / (bw * 1e9)
-            rows.append((str(dtype).replace("torch.", ""), name, t * 1e3, nbytes / (1 << 20),
-                         nbytes / t / 1e9, floor * 1e3, floor / t, (passes / 2) * t_ref / t))
+        from kvbridge import rope_compile
+
+        for kernel in args.kernels.split(","):
+            if kernel == "compiled" and args.interleaved:
+                continue
+            rope_compile.set_mode(kernel)
+            for name, fn, passes, ref in ops:
+                t, t_ref, t_mul = timed_pair(fn, ref, device, args.repeats, double_layers)
+                nbytes = passes * LAYERS * layer_bytes
+                floor = nbytes / (bw * 1e9)
+                rows.append((str(dtype).replace("torch.", ""), kernel, name, t * 1e3, nbytes / (1 << 20),
+                             nbytes / t / 1e9, floor * 1e3, floor / t, (passes / 2) * t_ref / t,
+                             (passes / 2) * t_mul / t))
+        rope_compile.set_mode(None)
 
     layout = "interleaved" if args.interleaved else "half split"
     threads = torch.get_num_threads() if device.type == "cpu" else None
@@ -164,15 +180,19 @@ def main() -> None:
     print(f"copy bandwidth (read + write): clone {clone_bw:.1f} GB/s, copy_ {copy_bw:.1f} GB/s; "
           f"floor uses {bw:.1f} GB/s")
     print()
-    print("| dtype | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor | of layer clones |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for dtype, name, ms, mib, gbs, floor_ms, frac, vs_clone in rows:
-        print(f"| {dtype} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} "
-              f"| {vs_clone:.0%} |")
+    print(f"load average {__import__('os').getloadavg()[0]:.1f}")
+    print()
+    print("| dtype | kernel | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor | of layer clones "
+          "| of layer x*2 |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for dtype, kernel, name, ms, mib, gbs, floor_ms, frac, vs_clone, vs_mul in rows:
+        print(f"| {dtype} | {kernel} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} "
+              f"| {vs_clone:.0%} | {vs_mul:.0%} |")
     print()
     print("floor = bytes moved (keys read + written, tables excluded) / copy bandwidth; 'of layer clones' = "
           "time of clone() of the same layers, as many read+write passes, run alternately with the "
-          "operation / operation time")
+          "operation / operation time; 'of layer x*2' = the same with torch.mul(k, 2), the floor of an "
+          "elementwise kernel (clone() is a memcpy and beats any elementwise kernel on this CPU)")
 
 
 if __name__ == "__main__":

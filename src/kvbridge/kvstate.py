@@ -197,11 +197,14 @@ class KVState:
 def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwargs) -> "Tensor":
     """``fn`` (rope.strip / apply / reposition) on one layer's keys, as that layer rotates them.
 
-    NoPE layers and layers without their own KV pass unchanged.
+    NoPE layers and layers without their own KV pass unchanged; a table whose ``direction``
+    parameter is -1 rotates the other way (the rotation at ``-position``).
     """
     table = spec.rope_for_layer(layer)
     if table is None or k.shape[-1] == 0 or k.shape[1] == 0:
         return k
+    if table.param("direction", 1) == -1:  # keys rotated by -angle (NanoChat): the table at -position
+        positions = tuple(-p for p in positions)
     return fn(k, *positions, table, **kwargs)
 
 

@@ -352,3 +352,23 @@ def test_same_config_different_weights_is_mappable_not_identity(tmp_path):
     same = check_models(folders["a"], folders["c"])
     assert same.verdict == "identity"
     assert next(a for a in same.axes if a.name == "model").action.startswith("same config and the same weight")
+
+
+def test_nope_layers_that_differ_are_named(host):
+    a = make(layers=8, nope_layers=(3, 7))
+    b = make(layers=8, nope_layers=(3,))
+    r = compat.check(a, b, host=host, plugins=False)
+    axis = r.axis("rope")
+    assert axis.verdict == "mappable" and "[7] are NoPE only in the source" in axis.action
+    assert axis.source["nope_layers"] == [3, 7] and axis.target["nope_layers"] == [3]
+    assert r.verdict == "rope-reapply"
+    assert compat.check(a, a, host=host, plugins=False).axis("rope").verdict == "same"
+
+
+def test_hybrid_recurrent_target_is_refused_attention_source_maps(host):
+    hybrid = make(layers=4, cache_format="hybrid", state_layers=(0, 1, 2), no_kv_layers=(0, 1, 2))
+    plain = make(layers=4)
+    into = compat.check(plain, hybrid, host=host, plugins=False)
+    assert into.verdict == "incompatible" and "recurrent" in into.axis("cache_format").action
+    out = compat.check(hybrid, plain, host=host, plugins=False)
+    assert out.ok and "only its attention layers [3] map" in out.axis("cache_format").action

@@ -173,3 +173,23 @@ def test_readme_documents_every_field():
     for key in SCHEMA["properties"]["geometry"]["properties"]:
         assert key in readme or key in (sources.spec_geometry.__doc__ or ""), key
     assert "kvbridge_manifest_dirs" in readme and "KVBRIDGE_MANIFEST_PATH" in readme
+
+
+def test_popular_new_families_check_offline(host, monkeypatch, tmp_path):
+    """`kvbridge check Qwen/Qwen3-30B-A3B Qwen/Qwen3-32B` answers from the manifests alone."""
+    from click.testing import CliRunner
+
+    from kvbridge.cli.main import cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: only the manifests can answer
+    result = CliRunner().invoke(cli, ["check", "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-32B", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{"):])
+    assert data["verdict"] == "mappable"
+    assert (data["source"]["num_layers"], data["source"]["num_kv_heads"], data["source"]["dtype"]) == (48, 4, "bfloat16")
+    assert data["source"]["family"] == "generic" and data["target"]["family"] == "qwen3"
+    for mid, family in (("openai/gpt-oss-20b", "generic"), ("google/gemma-3-27b-it", "gemma3_text"),
+                        ("deepseek-ai/DeepSeek-V3", "generic"), ("mistralai/Mixtral-8x7B-v0.1", "generic")):
+        spec = sources.resolve(mid, host=host).spec(host)
+        assert spec.family == family and spec.dtype == "bfloat16", mid

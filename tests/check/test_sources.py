@@ -246,12 +246,18 @@ def test_missing_model_type(tmp_path, host):
     assert "'model_type' is missing" in one_line(info.value) and m.path in str(info.value)
 
 
-def test_unknown_model_type(configs, host):
-    m = sources.resolve(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), host=host)
+def test_unknown_model_type(tmp_path, host):
+    m = sources.resolve(_write(tmp_path, {"model_type": "not_a_real_arch", "hidden_size": 8}), host=host)
     with pytest.raises(KVBridgeError) as info:
         m.spec(host)
     text = one_line(info.value)
-    assert "deepseek_v2" in text and m.path in text and info.value.exit_code == 2
+    assert "not_a_real_arch" in text and m.path in text and info.value.exit_code == 2
+
+
+def test_mla_config_is_described_by_the_generic_adapter(configs, host):
+    spec = sources.resolve(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), host=host).spec(host)
+    assert spec.family == "generic" and spec.cache_format == "mla" and spec.dtype == "bfloat16"
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.value_head_dim) == (27, 1, 512, 64)
 
 
 def test_multimodal_wrapper_uses_text_config(tmp_path, host):

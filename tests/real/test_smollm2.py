@@ -27,17 +27,20 @@ def test_loaded_model_matches_its_header(smollm2, smollm2_ref):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_identity_transfer_exact_within_the_models_own_noise(smollm2, dtype):
-    """Greedy tokens equal; logit difference to the model's own cached continuation no larger than
-    the difference between its cached decode and a full recompute (measured in the same run).
-    Measured here: float32 3.4e-5 vs noise 4.1e-5; bfloat16 0.50 vs 0.56 (docs/design.md)."""
-    from kvbridge.demo.real import cast, chat_texts, identity_check
+    """Greedy tokens equal; logit difference to the model's own cached continuation compared with
+    the model's own noise (its cached decode vs a full recompute and vs a two-chunk prefill,
+    measured in the same run). float32: within it (measured 3.4e-5 vs 3.9e-5); bfloat16: within
+    2x it (measured 0.50-0.56 vs 0.48-0.56: the re-rotated keys are rounded to bfloat16 once more
+    than on the model's own path). See docs/design.md."""
+    from kvbridge.demo.real import IDENTITY_NOISE_RATIO, cast, chat_texts, identity_check
 
     lm = smollm2 if dtype == "float32" else cast(smollm2, dtype)
     guide, live = chat_texts(lm.tokenizer)
     ids = lm.tokenizer(guide + live, add_special_tokens=False)["input_ids"]
     res = identity_check(lm.model, ids, new_tokens=6)
-    assert res.tokens_equal, res
-    assert res.max_logit_diff <= res.noise, res
+    print(res)
+    assert res.tokens_equal and res.tokens_equal_recompute, res
+    assert res.ratio <= IDENTITY_NOISE_RATIO[dtype], res
     assert res.noise < (1e-3 if dtype == "float32" else 2.0), res
 
 
@@ -68,7 +71,9 @@ def test_diverge_on_the_real_tokenizer(smollm2):
                      paths=["cached", "split", "concat"])
     data = report.to_dict()
     assert data["split"]["matches_joint"] is True
-    for pair in data["pairs"].values():  # the split (pack) path reproduces the cached path's tokens
-        assert all(seed.get("identical", False) or seed.get("first_divergence") is not None
-                   for seed in pair["seeds"])
-    assert data["greedy"], data
+    greedy = {tuple(sorted(k.split("-vs-"))): v for k, v in data["greedy"].items()}
+    same = greedy[("cached", "concat")]  # the exact split's ids fed visibly == the joint prefill
+    assert same["identical"] and same["bitwise_equal_logits"], same
+    restored = greedy[("cached", "split")]  # the guide from a pack, the live part prefilled after it
+    assert restored["identical"] and restored["max_abs_logit_diff_shared_steps"] < 1e-3, restored
+    assert data["pairs"][next(iter(data["pairs"]))]["summary"]["n"] == 2

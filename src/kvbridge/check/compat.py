@@ -47,6 +47,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kvbridge.check.layers import layout_axis as _layout_rules, nope_note as _nope_note
 from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec
 
 AXES = ("model", "layers", "kv_heads", "head_dim", "positional", "rope", "attention", "dtype",
@@ -287,6 +288,17 @@ def _tables(spec: ModelSpec) -> dict[str, RopeSpec]:
 
 
 def _rope_axis(s: ModelSpec, t: ModelSpec) -> Axis:
+    axis = _rope_axis_tables(s, t)
+    note = _nope_note(s, t)
+    if not note:
+        return axis
+    verdict = "mappable" if axis.verdict == "same" else axis.verdict
+    source = dict(axis.source or {}, nope_layers=list(s.nope_layers)) if isinstance(axis.source, dict) else axis.source
+    target = dict(axis.target or {}, nope_layers=list(t.nope_layers)) if isinstance(axis.target, dict) else axis.target
+    return Axis("rope", source, target, verdict, f"{note}; {axis.action}")
+
+
+def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _rope_value(s), _rope_value(t)
     if sv is None and tv is None:
         return Axis("rope", None, None, "same", "no RoPE on either side")
@@ -415,34 +427,6 @@ def _cache_axis(sv: str, tv: str) -> Axis:
     if not parts:
         parts.append("inject builds the target's cache from the canonical state (full history kept)")
     return Axis("cache_format", sv, tv, "mappable", "; ".join(parts))
-
-
-def _layout_rules(s: ModelSpec, t: ModelSpec, axis: Axis, same_model: bool) -> Axis:
-    """The cache_format axis raised for MLA and recurrent-state layouts a mapping cannot produce."""
-    same_layout = (s.cache_format, s.num_layers, s.state_layers, s.latent) == \
-        (t.cache_format, t.num_layers, t.state_layers, t.latent)
-    if s.cache_format == "kv" and t.cache_format == "kv" or same_layout and (same_model or s == t):
-        return axis
-    parts, verdict = [], axis.verdict
-    for side, spec in (("source", s), ("target", t)):
-        if spec.cache_format == "mla":
-            sizes = dict(spec.latent)
-            parts.append(f"{side} uses MLA: its cache holds the compressed latent (rank {sizes.get('kv_lora_rank')},"
-                         f" position-free) and one shared RoPE key of {sizes.get('qk_rope_head_dim')} dims per token,"
-                         " not per-head K/V; fitting another model's cache onto this latent is not supported")
-            verdict = "blocking"
-    if t.cache_format == "hybrid" and not same_layout:
-        parts.append(f"target layers {list(t.state_layers)} hold recurrent/convolution state that only the target"
-                     " itself can compute from the tokens: it cannot be mapped from another model")
-        verdict = "blocking"
-    elif s.cache_format == "hybrid" and not same_layout:
-        parts.append(f"source recurrent/convolution state (layers {list(s.state_layers)}) is dropped; only its"
-                     f" attention layers {list(s.kv_layers)} map")
-        verdict = "blocking" if verdict == "blocking" else "mappable"
-    if not parts:
-        return axis
-    return Axis("cache_format", f"{axis.source} ({s.cache_format})", f"{axis.target} ({t.cache_format})", verdict,
-                "; ".join(parts))
 
 
 def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:

@@ -220,12 +220,13 @@ def load_json(path: Path | str, *, what: str = "JSON file", error=ConfigError, o
 
 # -- configs: RoPE -----------------------------------------------------------------------------------------
 def known_rope_types(host=None) -> set[str] | None:
-    """RoPE types registered with the plugin host (the built-ins register there too); None if unknown."""
+    """The RoPE types the plugin host knows (built-ins included: they register like any plugin's),
+    or None when the host cannot answer (the type is then left to the codec to refuse)."""
     try:
         from kvbridge.plugins import get_host
 
         return set((host or get_host()).registry("rope_variant").names())
-    except Exception:  # noqa: BLE001 - a broken plugin host: do not refuse configs on its account
+    except Exception:  # noqa: BLE001 - a broken plugin host must not turn into a wrong refusal here
         return None
 
 
@@ -247,7 +248,7 @@ def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "ro
                           f"use the model's published rope_theta, e.g. 10000.0 {fix_at}")
     rope_type = str(params.get("rope_type", "default"))
     known = known_rope_types(host)
-    if known and rope_type not in known:
+    if known is not None and rope_type not in known:
         raise ConfigError(f"config field '{where}' has unknown RoPE type {rope_type!r}",
                           f"use one of {', '.join(sorted(known))}, or install a plugin that registers it {fix_at}")
     if "factor" in params or rope_type in FACTOR_REQUIRED:

@@ -41,9 +41,8 @@ def conformance(types: str, as_json: bool, markdown_path: str | None, from_path:
                 raise ConfigError(f"--types: {bad[0]!r} is not a causal-LM model type of transformers "
                                   f"{transformers.__version__}", "see MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
 
-        def progress(r):
-            if not as_json:
-                click.echo(f"  {r.model_type:<28} {r.status:<9} {r.adapter:<24} {r.reason[:90]}")
+        def progress(r):  # to stderr under --json, so stdout stays one JSON document
+            click.echo(f"  {r.model_type:<28} {r.status:<9} {r.adapter:<24} {r.reason[:90]}", err=as_json)
 
         results = sweep.run(wanted, progress=progress)
     import transformers

@@ -36,7 +36,16 @@ def _human(data: dict) -> str:
     spec = data["spec"]
     kinds = spec["layer_types"]
     n_sliding = sum(1 for k in kinds if k == "sliding_attention")
-    if not n_sliding:
+    others = {k for k in kinds if k not in ("full_attention", "sliding_attention")}
+    if others:  # chunked / recurrent / shared-KV layers: count every kind
+        from collections import Counter
+
+        names = {"sliding_attention": f"sliding (window {spec['sliding_window']})", "full_attention": "full",
+                 "chunked_attention": f"chunked ({spec.get('attention_chunk_size')})",
+                 "linear_attention": "recurrent", "conv": "conv", "shared_kv": "shared-KV",
+                 "no_attention": "no attention"}
+        attention = "mixed: " + " + ".join(f"{n} {names.get(k, k)}" for k, n in Counter(kinds).items())
+    elif not n_sliding:
         attention = "full"
     elif n_sliding == len(kinds):
         attention = f"sliding window {spec['sliding_window']} on every layer"
@@ -77,12 +86,42 @@ def _human(data: dict) -> str:
                  ("quantization", f"{gguf['quantization']} ({types})"),
                  ("tied embeddings", "yes" if gguf["tied_embeddings"] else "no"),
                  ("chat template", "yes" if gguf["chat_template"] else "no")]
+    rows += _per_layer_rows(spec)
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
     width = max(len(k) for k, _ in rows)
     lines = [click.style(data["name"], bold=True) + f"  ({data['kind']}: {data['path']})"]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)
+
+
+def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
+    """Rows for the per-layer facts (only those a spec sets)."""
+    rows = []
+    kinds = spec["layer_types"]
+    if spec.get("attention_chunk_size"):
+        n = sum(1 for k in kinds if k == "chunked_attention")
+        rows.append(("chunked layers", f"{n} (chunk {spec['attention_chunk_size']})"))
+    if spec.get("nope_layers"):
+        rows.append(("NoPE layers", f"{spec['nope_layers']} (keys carry no RoPE)"))
+    if spec.get("kv_shared_layers"):
+        rows.append(("shared-KV layers", f"{spec['kv_shared_layers']} (reuse an earlier layer's KV)"))
+    if spec.get("state_layers"):
+        rows.append(("recurrent layers", f"{spec['state_layers']} (recurrent/conv state, cannot be mapped)"))
+    other = sorted(set(spec.get("no_kv_layers") or []) - set(spec.get("state_layers") or []))
+    if other:
+        rows.append(("no-KV layers", str(other)))
+    if spec.get("layer_head_dims"):
+        rows.append(("per-layer head dims", str(spec["layer_head_dims"])))
+    if spec.get("layer_kv_heads"):
+        rows.append(("per-layer KV heads", str(spec["layer_kv_heads"])))
+    if spec.get("cache_format") == "mla":
+        lat = spec.get("latent") or {}
+        rows.append(("MLA latent", f"rank {lat.get('kv_lora_rank')} (K slot) + shared RoPE key "
+                                   f"{lat.get('qk_rope_head_dim')} dims (V slot); per-head K/V are recomputed"))
+    elif spec.get("value_head_dim"):
+        rows.append(("value head_dim", str(spec["value_head_dim"])))
+    return rows
 
 
 def _list(host, as_json: bool) -> None:

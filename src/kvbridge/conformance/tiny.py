@@ -33,7 +33,11 @@ SIZES = {
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
     "projection_dim": 32, "num_channels": 3, "rotary_dim": 8, "dim_head": 16, "mamba_d_ssm": 128,
     "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
+    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16, "sliding_window_size": 8,
+    "num_expert_group": 1, "linear_head_dim": 16, "linear_num_heads": 4, "layer_group_size": 2,
 }
+#: MoE sizes some config classes leave None by default (the model then cannot be built)
+NONE_FILL = {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2}
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "num_key_value_groups")
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers")
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
@@ -47,10 +51,19 @@ OVERRIDES: dict[str, dict] = {
         "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]}},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1, 3]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]},
     "deepseek_v2": {"num_experts_per_tok": 2},
     "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
                                                                 "sliding_attention", "sliding_attention",
                                                                 "full_attention"]},
+    "dots3_note_text": {"head_dim": 24},  # its SWA layers need head_dim = qk_nope + qk_rope
+    "dots3_note": {"text_config": {"head_dim": 24}},
+    "nemotron": {"num_key_value_heads": 2},
+    "dory": {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
+    "zamba2": {"attention_hidden_size": 128, "attention_head_dim": 32, "mamba_headdim": 16, "n_mamba_heads": 8,
+               "kv_channels": 16, "num_query_groups": 4, "num_key_value_heads": 4, "adapter_rank": 8},
+    "mimo_v2_flash": {"head_dim": 24},  # 0.334 x 24 = 8 rotary dims (x 16 would give an odd 5)
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
 }
 #: per-layer sequences that may be rebuilt to keep every kind when no short prefix has them all
@@ -89,6 +102,11 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
     for key, value in data.items():
         if isinstance(value, dict) and value.get("model_type") and depth < 2:
             out[key] = shrink(value, value.get("model_type"), depth + 1)
+    for key, tiny in NONE_FILL.items():
+        if key in out and out[key] is None and any(k in out for k in ("n_routed_experts", "num_experts")):
+            out[key] = tiny
+    if "head_dim" in out and out["head_dim"] is None and "hidden_size" in out and "num_attention_heads" in out:
+        out["head_dim"] = SIZES["head_dim"]  # = tiny hidden / heads; some models read it unconditionally
     for key, tiny in SIZES.items():
         value = out.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -116,8 +134,9 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             if isinstance(data.get(k), int):
                 out[k] = n
         for key, value in data.items():
-            if isinstance(value, (list, str)) and len(value) == old and key not in ("architectures",) \
-                    and not isinstance(value, dict) and old > 1:
+            per_layer = isinstance(value, list) or any(w in key for w in ("pattern", "layer", "block"))
+            if per_layer and isinstance(value, (list, str)) and len(value) == old and key != "architectures" \
+                    and old > 1:
                 out[key] = value[:n]
                 if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
                     out[key] = _every_kind(value, n)
@@ -129,7 +148,9 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                 out[key] = {k: v for k, v in value.items() if int(k) < out.get("num_hidden_layers", n)}
         if data.get("kv_lora_rank") and "head_dim" in data:
             out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
-        if "is_decoder" in data and "add_cross_attention" in data:
+        if data.get("kv_lora_rank") and "qk_head_dim" in data:
+            out["qk_head_dim"] = out.get("qk_rope_head_dim", 0) + out.get("qk_nope_head_dim", 0)
+        if "is_decoder" in data:
             out["is_decoder"] = True  # BERT-style encoders run as causal decoders only with this flag
     for key in ("max_window_layers",):
         if isinstance(out.get(key), int) and old:

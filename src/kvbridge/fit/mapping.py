@@ -29,6 +29,9 @@ from kvbridge.errors import ArtifactError, StateError
 from kvbridge.check.spec import ModelSpec
 
 MODES = ("dense", "headwise")
+#: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
+#: cache between the copies and the GEMM (256 x 4 x 128 float32 = 512 KiB), the GEMM stays large
+CHUNK = 256
 
 
 def geometry(spec: ModelSpec) -> tuple:
@@ -126,12 +129,12 @@ class FittedMapping:
             if headwise:  # float32 results of a non-float32 target go through a scratch tensor
                 scratch = None if dtype == torch.float32 else torch.empty(ht, t, dt, dtype=torch.float32, device=device)
             else:  # [T, H_t·D_t]: one GEMM, then one copy into the target layout (and dtype)
-                scratch = torch.empty(t, ht * dt, dtype=torch.float32, device=device)
+                scratch = torch.empty(min(t, CHUNK), ht * dt, dtype=torch.float32, device=device)
             for sources, w, bias in plan[name]:  # dense: w [F, H_t·D_t], bias [H_t·D_t]; headwise: [H_t, D_s, D_t], [H_t, 1, D_t]
                 y = torch.empty(b, ht, t, dt, dtype=dtype, device=device)
                 buf = bufs.get(len(sources))
                 if buf is None:  # dense: [T, k, H_s·D_s]; headwise: [H_t, T, D_s]
-                    shape = (ht, t, ds) if headwise else (t, len(sources), hs * ds)
+                    shape = (ht, t, ds) if headwise else (min(t, CHUNK), len(sources), hs * ds)
                     buf = bufs[len(sources)] = torch.empty(shape, dtype=torch.float32, device=device)
                 for r in range(b):
                     # gather the selected source features straight from the source tensors (float32)
@@ -141,11 +144,15 @@ class FittedMapping:
                         torch.baddbmm(bias, buf, w, out=y[r] if scratch is None else scratch)
                         if scratch is not None:
                             y[r].copy_(scratch)
-                    else:  # every target head reads all the selected features
-                        for j, layer in enumerate(sources):
-                            buf[:, j].view(t, hs, ds).copy_(tensors[layer][r].transpose(0, 1))
-                        torch.addmm(bias, buf.view(t, -1), w, out=scratch)
-                        y[r].copy_(scratch.view(t, ht, dt).transpose(0, 1))
+                    else:  # every target head reads all the selected features; token chunks keep the
+                        # gathered features and the GEMM result in cache between the copies and the GEMM
+                        for a in range(0, t, CHUNK):
+                            e = min(t, a + CHUNK)
+                            xb, sb = buf[: e - a], scratch[: e - a]
+                            for j, layer in enumerate(sources):
+                                xb[:, j].view(e - a, hs, ds).copy_(tensors[layer][r, :, a:e].transpose(0, 1))
+                            torch.addmm(bias, xb.view(e - a, -1), w, out=sb)
+                            y[r, :, a:e].copy_(sb.view(e - a, ht, dt).transpose(0, 1))
                 out.append(y)
         return out_k, out_v
 

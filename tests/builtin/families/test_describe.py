@@ -155,10 +155,14 @@ def test_qwen3_has_qk_norm_and_explicit_head_dim(fixture_configs, host):
     assert spec.num_kv_heads == 8 and spec.sliding_window is None and spec.rope.theta == 1e6
 
 
-def test_deepseek_v2_is_refused_cleanly(fixture_configs, host):
-    with pytest.raises(UnsupportedModelError) as err:
-        host.describe(fixture_configs["deepseek-ai__DeepSeek-V2-Lite"])
-    assert "deepseek_v2" in str(err.value) and "\n" not in str(err.value)
+def test_deepseek_v2_mla_latent_cache(fixture_configs, host):
+    """DeepSeek-V2-Lite (MLA): the generic adapter reports the latent cache transformers keeps."""
+    spec = host.describe(fixture_configs["deepseek-ai__DeepSeek-V2-Lite"])
+    assert spec.cache_format == "mla" and spec.dtype == "bfloat16" and spec.num_layers == 27
+    assert dict(spec.latent) == {"kv_lora_rank": 512, "q_lora_rank": 0, "qk_nope_head_dim": 128,
+                                 "qk_rope_head_dim": 64, "v_head_dim": 128}
+    assert (spec.num_kv_heads, spec.key_dim_of(0), spec.value_dim_of(0)) == (1, 512, 64)
+    assert spec.rope.rope_type == "yarn" and spec.rope.param("factor") == 40 and spec.rope.interleaved
 
 
 def test_mamba_is_refused_as_having_no_kv_cache(host):

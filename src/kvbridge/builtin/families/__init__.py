@@ -24,10 +24,19 @@ def builtin_adapters() -> list:
 
 
 @hookimpl
+def kvbridge_register_rope_variants(register):
+    """RoPE types used by families described by the generic adapter (``proportional``)."""
+    from kvbridge.builtin.families._rope_extra import VARIANTS
+
+    for variant in VARIANTS:
+        register(variant)
+
+
+@hookimpl
 def kvbridge_register_families(register):
     """Register every built-in family adapter."""
     for adapter in builtin_adapters():
         register(adapter)
 
 
-__all__ = ["FAMILY_MODULES", "builtin_adapters", "kvbridge_register_families"]
+__all__ = ["FAMILY_MODULES", "builtin_adapters", "kvbridge_register_families", "kvbridge_register_rope_variants"]

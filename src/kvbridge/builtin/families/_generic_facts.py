@@ -20,19 +20,40 @@ REFUSED: dict[str, str] = {
     "rwkv": "no attention KV cache (recurrent/state-space model)",
     "xlstm": "no attention KV cache (recurrent/state-space model)",
     "recurrent_gemma": "no attention KV cache of the usual kind (recurrent blocks + local attention in its own cache)",
+    "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
+    "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
+    "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
+    "minimax": "its own MiniMaxCache keeps lightning-attention state in place of K/V on linear layers, outside the"
+               " per-layer cache contract",
+    "xlm": "it keeps its cache in its own per-layer dict, not a transformers Cache",
+    "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
+    "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
+}
+
+#: transformers cache layer kinds kvbridge refuses, with what differs in them
+LAYER_REFUSALS = {
+    "indexed_attention": "sparse attention caches indexer keys beside K/V, which kvbridge does not carry",
+    "heavily_compressed_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
+    "compressed_sparse_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
 }
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
 INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "cohere_compass_text", "gptj", "codegen",
-                         "cohere", "ernie4_5", "ernie4_5_moe"})
+                         "cohere", "ernie4_5", "ernie4_5_moe", "helium", "llama4", "llama4_text"})
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
-NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "laguna", "dory"})
+NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "dory", "lara_mini"})
 #: the same, but only when the model has sliding layers at all (``sliding_window is None or is_sliding``)
 NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
 
 #: families where KV heads need not divide query heads (no GQA grouping assumption in the cache)
 UNGROUPED_OK: frozenset = frozenset()
+
+#: families whose rotate_half is sign-flipped: keys rotate by -angle (RopeSpec scaling ``direction`` = -1)
+NEGATIVE_ROTATION = frozenset({"nanochat"})
+
+#: families whose attention applies RoPE only when a config flag is set (Zamba2: ``use_mem_rope``)
+ROPE_FLAG = {"zamba2": "use_mem_rope"}
 
 #: families with learned absolute position embeddings / ALiBi (no ``rope_parameters``)
 ALIBI = frozenset({"bloom", "mpt"})
@@ -41,7 +62,13 @@ ALIBI = frozenset({"bloom", "mpt"})
 def positional(model_type: str, text: Any) -> str:
     if model_type in ALIBI or getattr(text, "alibi", False):
         return "alibi"
+    flag = ROPE_FLAG.get(model_type)
+    if flag and not getattr(text, flag, False):
+        return "none"  # RoPE switched off by the family's own flag
     if getattr(text, "rope_parameters", None):
+        # some hybrids gate RoPE on ``position_embedding_type`` (GraniteMoeHybrid: None = NoPE)
+        if hasattr(text, "position_embedding_type") and text.position_embedding_type not in ("rope", "rotary"):
+            return "none"
         return "rope"
     if getattr(text, "position_embedding_type", "absolute") not in ("absolute", None):
         return "none"
@@ -72,10 +99,22 @@ def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
     return ()
 
 
-def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int) -> int:
+#: families whose sliding layers cache a multiple of ``num_key_value_heads`` (MiMo-V2-Flash: twice)
+SWA_KV_MULTIPLIER = {"mimo_v2_flash": 2}
+
+#: per-layer attributes of sliding layers in families that size them apart (Inkling)
+SWA_ATTRS = {"heads": "swa_num_attention_heads", "kv": "swa_num_key_value_heads", "head_dim": "swa_head_dim"}
+
+
+def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool = False) -> int:
     """KV heads one layer stores in the cache."""
     from kvbridge.builtin.families.generic import _layer_attr
 
+    if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
+        return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
+    if sliding and model_type in SWA_KV_MULTIPLIER:
+        base = _layer_attr(layer_cfg, "num_key_value_heads", None) or heads
+        return int(base) * SWA_KV_MULTIPLIER[model_type]
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
         return 1
     if _layer_attr(layer_cfg, "multi_query", False):
@@ -84,9 +123,11 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int) -> int:
     return int(kv or heads)
 
 
-def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int) -> int:
+def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int, sliding: bool = False) -> int:
     from kvbridge.builtin.families.generic import _layer_attr
 
+    if sliding and _layer_attr(layer_cfg, SWA_ATTRS["head_dim"], None):
+        return int(_layer_attr(layer_cfg, SWA_ATTRS["head_dim"]))
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: the "keys" slot holds the compressed latent
         return int(_layer_attr(layer_cfg, "kv_lora_rank"))
     hd = _layer_attr(layer_cfg, "head_dim", None) or _layer_attr(layer_cfg, "dim_head", None)

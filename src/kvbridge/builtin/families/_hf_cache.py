@@ -23,6 +23,9 @@ def _layers_for(model, *, full_history: bool):
     for t, kw in zip(types, kwargs):
         if full_history and t in ("sliding_attention", "chunked_attention"):
             layers.append(DynamicLayer())
+        elif full_history and t == "hybrid_sliding":
+            kw = {k: v for k, v in kw.items() if k != "sliding_window"}
+            layers.append(DYNAMIC_LAYER_TYPE_MAPPING["hybrid"](**kw))
         else:
             layers.append(DYNAMIC_LAYER_TYPE_MAPPING[t](**kw))
     return layers

@@ -83,6 +83,8 @@ def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, hea
         if p.get("rope_theta") is None:
             p["rope_theta"] = getattr(text, "rope_theta", None) or 10000.0
         partial = p.get("partial_rotary_factor", partial_attr) or 1.0
+        if p["rope_type"] == "proportional":  # whole-head pairing, zero frequencies past the proportion
+            p["rope_proportion"], partial = float(partial), 1.0
         return rope_spec(p, head_dim=head_dim, partial_factor=float(partial), interleaved=interleaved,
                          max_position_embeddings=max_positions)
 
@@ -135,9 +137,9 @@ class GenericAdapter(FamilyAdapter):
                     no_kv.append(i)
                 continue
             if t not in HF_LAYER_KINDS:
-                raise UnsupportedModelError(
-                    f"model type {model_type!r}: layer {i} is a {t!r} cache layer, which kvbridge cannot read",
-                    facts.REFUSED_FIX)
+                why = facts.LAYER_REFUSALS.get(t, "a cache layer kind kvbridge cannot read")
+                raise UnsupportedModelError(f"model type {model_type!r}: layer {i} is a {t!r} layer: {why}",
+                                            facts.REFUSED_FIX)
             kind, has_state = HF_LAYER_KINDS[t]
             kinds.append(kind)
             if has_state:
@@ -162,8 +164,9 @@ class GenericAdapter(FamilyAdapter):
                 continue
             lc = per_layer[i]
             h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
-            kv = facts.cached_kv_heads(model_type, lc, h)
-            hd = facts.key_head_dim(model_type, lc, h, hidden)
+            sliding = kind == SLIDING
+            kv = facts.cached_kv_heads(model_type, lc, h, sliding)
+            hd = facts.key_head_dim(model_type, lc, h, hidden, sliding)
             kv_heads.append(kv)
             k_dims.append(hd)
         present = [(kv, hd) for kv, hd in zip(kv_heads, k_dims) if kv]
@@ -179,7 +182,7 @@ class GenericAdapter(FamilyAdapter):
 
         mla = facts.mla_sizes(text)
         # MLA caches (latent [B, 1, T, kv_lora_rank], RoPE key [B, 1, T, qk_rope_head_dim]) in the K/V slots
-        value_dim = mla.get("qk_rope_head_dim") if mla else None
+        value_dim = mla.get("qk_rope_head_dim") if mla else _layer_attr(text, "v_head_dim", None)
         max_positions = int(_layer_attr(text, "max_position_embeddings", 0) or
                             _layer_attr(text, "n_positions", 0) or 2048)
         positional = facts.positional(model_type, text)
@@ -193,6 +196,13 @@ class GenericAdapter(FamilyAdapter):
                     by_kind.setdefault(kind, hd)
             rope, by_type = _rope_tables(text, rope_dim or main_hd, max_positions,
                                          facts.interleaved(model_type, text), None if rope_dim else by_kind)
+            if model_type in facts.NEGATIVE_ROTATION:
+                from dataclasses import replace as _replace
+
+                from kvbridge.check.spec import _freeze
+
+                flip = lambda r: _replace(r, scaling=_freeze({**r.params, "direction": -1}))  # noqa: E731
+                rope, by_type = flip(rope), tuple((k, flip(v)) for k, v in by_type)
             nope = facts.nope_layers(model_type, text, kinds)
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
                 positional, rope, by_type, nope = "none", None, (), ()

@@ -1,0 +1,72 @@
+"""The conformance sweep on a representative subset: every adapter at least once.
+
+Every built-in family's model type (each family file), the generic adapter on an MoE family,
+NoPE layers, a multimodal wrapper (family file on ``text_config``), and a pure recurrent model
+(refused). The whole registry is ``kvbridge conformance`` (docs/supported-models.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbridge.builtin.families import builtin_adapters
+from kvbridge.conformance import sweep
+from kvbridge.plugins import make_host
+
+HOST = make_host(entry_points=False)
+FAMILY_TYPES = sorted({a.model_types[0] for a in builtin_adapters()})
+EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3"]
+
+
+@pytest.mark.parametrize("model_type", EXACT)
+def test_exact(model_type):
+    r = sweep.run_type(model_type, host=HOST)
+    assert r.status == "exact", f"{model_type}: {r.status}: {r.reason}"
+    assert r.max_logit_diff is not None and r.max_logit_diff <= sweep.LOGIT_TOL
+
+
+def test_every_adapter_is_covered():
+    from kvbridge.conformance.tiny import tiny_config_dict
+
+    names = {HOST.adapter_for(tiny_config_dict(t)).name for t in EXACT}
+    assert {a.name for a in builtin_adapters()} <= names and "generic" in names
+    assert any(n.startswith("gemma3_text (in gemma3)") for n in names)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "qwen3_next", "gemma3n_text", "llama4_text", "gpt_oss"])
+def test_exact_special_layouts(model_type):
+    r = sweep.run_type(model_type, host=HOST)
+    assert r.status == "exact", f"{model_type}: {r.status}: {r.reason}"
+
+
+def test_pure_recurrent_is_refused_with_the_reason():
+    r = sweep.run_type("mamba", host=HOST)
+    assert r.status == "refused" and "no attention KV cache" in r.reason
+
+
+def test_a_wrong_fact_is_caught(monkeypatch):
+    """The sweep is not a rubber stamp: a NoPE layer described as RoPE lands in `wrong`."""
+    from kvbridge.builtin.families import _generic_facts as facts
+
+    monkeypatch.setattr(facts, "nope_layers", lambda *a, **k: ())
+    r = sweep.run_type("smollm3", host=HOST)
+    assert r.status == "wrong" and "NoPE" in r.reason
+
+
+def test_markdown_table_counts():
+    from kvbridge.conformance import report
+
+    rows = [sweep.Result("a", "exact", "llama"), sweep.Result("b", "refused", "", "no attention KV cache"),
+            sweep.Result("c", "not-built", "", "x")]
+    text = report.markdown(rows)
+    assert "1 of 2 buildable model types exact (3 in the registry)" in text
+    assert "| b | refused |" in text and "kvbridge conformance" in text
+
+
+def test_proportional_rope_round_trips():
+    from kvbridge.check.spec import RopeSpec
+    from kvbridge.testing.contract import check_rope_round_trip
+
+    rope = RopeSpec.make("proportional", 1e6, head_dim=32, rope_proportion=0.25)
+    assert check_rope_round_trip(rope, host=HOST) < 1e-5
