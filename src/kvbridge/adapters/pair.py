@@ -192,7 +192,7 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
     from kvbridge.adapter import weights_fingerprint
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.builtin.identity import IdentityMapping
-    from kvbridge.check.compat import check
+    from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import ConditionRun, EvalConfig, run_conditions
@@ -219,10 +219,10 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
 
     t0 = time.perf_counter()
     adapter = host.adapter_for(base.config.to_dict())
-    report = check(adapter.spec_of(base), adapter.spec_of(tuned), host=host, source_name=pair.base_name,
-                   target_name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
-                   source_config=base.config.to_dict(), target_config=tuned.config.to_dict(),
-                   source_weights=weights_fingerprint(base), target_weights=weights_fingerprint(tuned))
+    report = check(Side(adapter.spec_of(base), name=pair.base_name, config=base.config.to_dict(),
+                        weights=weights_fingerprint(base)),
+                   Side(adapter.spec_of(tuned), name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
+                        config=tuned.config.to_dict(), weights=weights_fingerprint(tuned)), host=host)
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
