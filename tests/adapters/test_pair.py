@@ -1,6 +1,6 @@
 """The real adapter pair (SmolLM2 -> SmolLM2 + the shipped LoRA): held-out loss and the reuse ordering.
 
-Marked `real`: they load SmolLM2-135M-Instruct (the Makefile fetches it; locally skip them with
+The tests marked `real` load SmolLM2-135M-Instruct (the Makefile fetches it; locally skip them with
 `-m "not real"`). Orderings are asserted only where the paired bootstrap interval separates two
 rows; where it does not, the test asserts nothing about their order (an honest tie).
 """
@@ -9,8 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.real
 
 CORPUS_NAME = "tinyshakespeare.txt"
 
@@ -34,6 +32,7 @@ def pair():
         pytest.skip(str(exc))
 
 
+@pytest.mark.real
 def test_adapter_lowers_heldout_loss_as_recorded(pair, shared_dir):
     import torch
 
@@ -49,11 +48,12 @@ def test_adapter_lowers_heldout_loss_as_recorded(pair, shared_dir):
     assert abs(float(diff.mean()) - recorded) < 0.15, (float(diff.mean()), recorded)
 
 
+@pytest.mark.real
 def test_reuse_ordering_native_fitted_plain(pair, shared_dir):
     from kvbridge.adapters.pair import run_adapter_pair
 
-    res = run_adapter_pair(pair, corpus=_corpus(shared_dir), samples=24, calibration_tokens=2048,
-                           bootstrap=400, greedy_tokens=4)
+    res = run_adapter_pair(pair, corpus=_corpus(shared_dir), samples=16, calibration_tokens=1024,
+                           bootstrap=300, greedy_tokens=4)
     assert res.check_verdict == "mappable"  # same config, different weights
     assert res.mapping["diagonal"]  # every target layer maps from the same base layer first
     # expected (and measured at full size in RESULTS.md): native < fitted < plain in NLL and KL;
@@ -65,3 +65,32 @@ def test_reuse_ordering_native_fitted_plain(pair, shared_dir):
     # native's KL to itself is 0 and plain reuse's is not: that pair must separate
     assert res.separated("native", "plain", "kl_mean") == -1
     assert "plain reuse" in res.render() and "| row |" in res.markdown()
+
+
+def test_pair_pipeline_on_a_tiny_llama_and_its_lora(tiny_llama, tmp_path):
+    """The whole check -> fit -> eval path and its rendering, in seconds, on a tiny model + random LoRA."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from kvbridge.adapters import AdapterPair, load_with_adapter, read_adapter
+    from kvbridge.adapters.pair import run_adapter_pair
+
+    base = tiny_llama.model(seed=1)
+    torch.manual_seed(3)
+    pm = get_peft_model(tiny_llama.model(seed=1), LoraConfig(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj"],
+                                                             init_lora_weights=False))
+    pm.save_pretrained(str(tmp_path / "lora"), safe_serialization=True)
+    pair = AdapterPair(base=base, tuned=load_with_adapter(base, tmp_path / "lora"), tokenizer=tiny_llama.tok,
+                       adapter=read_adapter(tmp_path / "lora"), base_name="tiny")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(tiny_llama.corpus * 4)
+    res = run_adapter_pair(pair, corpus=corpus, samples=6, prefix_len=8, continuation_len=4, greedy_tokens=3,
+                           calibration_tokens=512, bootstrap=50)
+    assert res.check_verdict == "mappable"
+    assert set(res.conditions) >= {"native", "fitted", "plain", "no_prefix"}
+    assert res.conditions["native"]["kl_mean"] == 0.0 and res.conditions["plain"]["kl_mean"] > 0
+    d, lo, hi = res.differences["fitted-plain"]["nll"]
+    assert lo <= d <= hi
+    text = res.render()
+    assert "plain reuse" in text and "ordering by NLL" in text and "| row |" in res.markdown()
+    assert res.to_dict()["settings"]["samples"] == 6

@@ -115,8 +115,6 @@ class AdapterPairResult:
         return lines
 
     def render(self) -> str:
-        from kvbridge.cli.demo_cmd import render_table
-
         lines = self._header() + ["", render_table(self.table_rows(), self.HEADS), "",
                                   "paired differences (x - y, bootstrap 95%):"]
         lines += ["  " + line for line in self.diff_lines()]
@@ -129,8 +127,6 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        from kvbridge.cli.demo_cmd import markdown_table
-
         lines = [f"- {line}" for line in self._header()] + ["", markdown_table(self.table_rows(), self.HEADS), "",
                                                              "Paired differences (x - y, bootstrap 95%):", ""]
         lines += [f"- {line}" for line in self.diff_lines()]
@@ -144,6 +140,20 @@ class AdapterPairResult:
         from kvbridge.evaluate import _clean
 
         return _clean(asdict(self))
+
+
+def render_table(rows: list[list[str]], heads) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
+
+    return "\n".join([line(heads), "-" * len(line(heads))] + [line(r) for r in rows])
+
+
+def markdown_table(rows: list[list[str]], heads) -> str:
+    return "\n".join(["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
@@ -192,7 +202,7 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
     from kvbridge.adapter import weights_fingerprint
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.builtin.identity import IdentityMapping
-    from kvbridge.check.compat import check
+    from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import ConditionRun, EvalConfig, run_conditions
@@ -219,10 +229,10 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
 
     t0 = time.perf_counter()
     adapter = host.adapter_for(base.config.to_dict())
-    report = check(adapter.spec_of(base), adapter.spec_of(tuned), host=host, source_name=pair.base_name,
-                   target_name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
-                   source_config=base.config.to_dict(), target_config=tuned.config.to_dict(),
-                   source_weights=weights_fingerprint(base), target_weights=weights_fingerprint(tuned))
+    report = check(Side(adapter.spec_of(base), name=pair.base_name, config=base.config.to_dict(),
+                        weights=weights_fingerprint(base)),
+                   Side(adapter.spec_of(tuned), name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
+                        config=tuned.config.to_dict(), weights=weights_fingerprint(tuned)), host=host)
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -264,8 +274,8 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
     gate_list = gates_mod.gate_set((), hib)
     gates = {r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
              for r in ("fitted", "plain")}
-    rep = mapping.report or {}
-    r2 = rep.get("r2_summary") or {}
+    rep = getattr(mapping, "report", None)
+    r2 = (rep.get("r2_summary") if isinstance(rep, dict) else getattr(rep, "r2_summary", None)) or {}
     sel = mapping.layer_selection() if hasattr(mapping, "layer_selection") else None
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
     held = (pair.adapter.recipe or {}).get("result")
