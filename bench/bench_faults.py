@@ -174,12 +174,52 @@ def main() -> int:
         ok = state != "CORRUPT"
         bad += not ok
         rows.append(("eval", trial, at, state, len(hidden_leftovers(root, rep.name)), units, None, ok))
+    # deterministic kills at named points (kvbridge.faults): inside the temp folder, mid-calibration, mid-eval
+    points = [("fit", "fit.batch:3:kill"), ("fit", "fit.batch:9:kill"), ("fit", "artifact.write:1:kill"),
+              ("pack save", "artifact.write:1:kill"), ("eval", "eval.batch:2:kill"), ("eval", "eval.batch:5:kill")]
+    for i, (cmd, point) in enumerate(points):
+        env = {**ENV, "KVBRIDGE_FAULT": point}
+        name = f"pt{i}"
+        if cmd == "fit":
+            out = root / name
+            shutil.copytree(ref, out)
+            before = snap(out)
+            res = kv(*fit_args(out), "--overwrite", "--resume", check=False, env=env)
+            state = "old" if snap(out) == before else ("new-valid" if valid("mapping", out) else "CORRUPT")
+            left = hidden_leftovers(root, out.name)
+            kv(*fit_args(out), "--overwrite", "--resume")
+            got = load_file(str(out / "mapping.safetensors"))
+            extra = got.keys() == ref_t.keys() and all(bool((got[k] == ref_t[k]).all()) for k in got)
+            after = hidden_leftovers(root, out.name)
+            ok = res.returncode == -9 and state != "CORRUPT" and extra and not after
+        elif cmd == "pack save":
+            out = root / name
+            shutil.copytree(root / "pack0", out)
+            before = snap(out)
+            res = kv(*pack_args(out), "--overwrite", check=False, env=env)
+            state = "old" if snap(out) == before else ("new-valid" if valid("pack", out) else "CORRUPT")
+            left = hidden_leftovers(root, out.name)
+            kv(*pack_args(out), "--overwrite")
+            after, extra = hidden_leftovers(root, out.name), None
+            ok = res.returncode == -9 and state == "old" and not after and valid("pack", out)
+        else:
+            out = root / name
+            shutil.copytree(root / "rep0", out)
+            before = snap(out)
+            res = kv(*eval_args(out), check=False, env=env)
+            state = "old" if snap(out) == before else "CORRUPT"
+            partial = Path(str(out) + ".partial.jsonl")
+            extra = sum(1 for line in partial.read_text().splitlines() if json.loads(line)["record"] == "unit")
+            left, after = hidden_leftovers(root, out.name), None
+            ok = res.returncode == -9 and state == "old" and extra == int(point.split(":")[1])
+        bad += not ok
+        rows.append((cmd, point, -2.0, state, len(left), extra, None if after is None else len(after), ok))
     print(f"{'command':<10} {'trial':>5} {'killed at s':>11} {'output after kill':<18} {'hidden left':>11} "
           f"{'resume bit-identical / eval partial units':>42} {'left after next run':>19}  ok")
     for cmd, trial, at, state, left, extra, after, ok in rows:
-        at_s = "finished" if at < 0 else f"{at:.1f}"
-        print(f"{cmd:<10} {trial:>5} {at_s:>11} {state:<18} {left:>11} {str(extra):>42} {str(after):>19}  {ok}")
-    print(f"\n{len(rows)} kills, {bad} problems")
+        at_s = "finished" if at == -1.0 else ("at point" if at == -2.0 else f"{at:.1f}")
+        print(f"{cmd:<10} {str(trial):>5} {at_s:>11} {state:<18} {left:>11} {str(extra):>42} {str(after):>19}  {ok}")
+    print(f"\n{len(rows)} kills ({a.trials * 3} at random times, {len(points)} at named points), {bad} problems")
     shutil.rmtree(root, ignore_errors=True)
     return 1 if bad else 0
 

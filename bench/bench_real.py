@@ -16,7 +16,7 @@ resource planner's estimates against what the fit measured.
 Times: medians of --repeats (8,192 tokens: one prefill), ``--threads`` threads (default 1: CPU
 time is then robust to a shared machine; both wall and CPU seconds are printed).
 
-    python bench/bench_real.py [--lengths 512,2048,8192] [--fit-tokens 1024,4096] [--threads 1]
+    python bench/bench_real.py [--lengths 512,2048,8192] [--fit-tokens 2048,4096] [--threads 1]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 REF = "smollm2"
-STRIDE, TOP_K = 2, 2  # determined at 1,024 tokens: 460 training observations >= 2 x 3 x 64 features
+STRIDE, TOP_K = 2, 2  # determined at 2,048 tokens: 3 training sequences x 256 observations >= 2 x 3 x 64 features
 
 
 def timed(fn, repeats: int):
@@ -90,8 +90,9 @@ def bench_transfer(loaded, lengths, repeats: int) -> list:
             d_pk = float((next_logits(model, pack, nxt) - ref).abs().max())
             rows.append(dict(tokens=n, prefill_s=pre_w, prefill_cpu_s=pre_c, transfer_s=tr_w, transfer_cpu_s=tr_c,
                              pack_s=pk_w, pack_cpu_s=pk_c, transfer_diff=d_tr, pack_diff=d_pk))
-            print(f"  {n} tokens: prefill {pre_c:.2f} s CPU, identity transfer {1e3 * tr_c:.1f} ms CPU, "
-                  f"pack restore {1e3 * pk_c:.1f} ms CPU", file=sys.stderr, flush=True)
+            print(f"  {n} tokens: prefill {pre_c:.2f} s CPU ({pre_w:.2f} wall), identity transfer {1e3 * tr_c:.1f} ms "
+                  f"CPU ({1e3 * tr_w:.1f} wall), pack restore {1e3 * pk_c:.1f} ms CPU ({1e3 * pk_w:.1f} wall), "
+                  f"logit diffs {d_tr:.1e} / {d_pk:.1e}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -155,7 +156,7 @@ def gemm_rate(dtype, n: int = 1024, reps: int = 5) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="512,2048,8192")
-    ap.add_argument("--fit-tokens", default="1024,4096")
+    ap.add_argument("--fit-tokens", default="2048,4096")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--_fit", nargs=2, help=argparse.SUPPRESS)

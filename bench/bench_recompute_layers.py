@@ -1,8 +1,9 @@
 """Layer- and token-selective recompute of a transferred cache: the quality/cost curve of a pair.
 
     nice -n 10 python bench/bench_recompute_layers.py --out docs/recompute            # zoo base->stranger
-    nice -n 10 python bench/bench_recompute_layers.py --source smollm2 --target DIR --mapping identity \\
-        --out docs/recompute --name smollm2-lora
+    nice -n 10 python bench/bench_recompute_layers.py --source smollm2 \\
+        --target-adapter src/kvbridge/adapters/smollm2-shakespeare --mapping identity --name smollm2-shakespeare \\
+        --max-share 0.15 --tokens 0.05,0.15,0.3 --out docs/recompute
 
 Zoo pair (default): ``base -> stranger`` with (a) the ridge mapping fitted exactly as the demo fits it
 (``kvbridge demo``: top-k 4, stride 4, the first 32,768 tokens of the corpus's base split) and (b) the
@@ -22,13 +23,10 @@ import time
 
 
 def lora_target(source, adapter_dir: str):
-    """A copy of ``source`` with the LoRA adapter merged into its weights (peft; local files only)."""
-    import copy
+    """A copy of ``source`` with the LoRA adapter merged into its weights (``kvbridge.adapters``, no peft)."""
+    from kvbridge.adapters import load_with_adapter
 
-    from peft import PeftModel
-
-    model = PeftModel.from_pretrained(copy.deepcopy(source), adapter_dir, is_trainable=False)
-    return model.merge_and_unload().eval()
+    return load_with_adapter(source, adapter_dir).eval()
 
 
 def main(argv=None) -> int:
@@ -36,7 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--source", default="zoo:base")
     ap.add_argument("--target", default="zoo:stranger")
     ap.add_argument("--target-adapter", default=None,
-                    help="a PEFT LoRA adapter folder: the target is the source with it merged (a fine-tune pair)")
+                    help="a LoRA adapter folder: the target is the source with it merged (a fine-tune pair)")
     ap.add_argument("--mapping", default="fit,identity", help="fit, identity, or a mapping folder (comma list)")
     ap.add_argument("--name", default="base-stranger")
     ap.add_argument("--corpus", default=None)

@@ -80,7 +80,8 @@ def _human(data: dict) -> str:
     gguf = data.get("gguf")
     if gguf:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(gguf["tensor_types"].items(), key=lambda kv: -kv[1]))
-        rows[10] = ("dtype", f"{spec['dtype']} as loaded (weights {gguf['quantization']}, dequantized)")
+        rows = [("dtype", f"{spec['dtype']} as loaded (weights {gguf['quantization']}, dequantized)")
+                if k == "dtype" else (k, v) for k, v in rows]
         rows += [("gguf file", f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}, "
                                f"{gguf['tensors']} tensors"),
                  ("quantization", f"{gguf['quantization']} ({types})"),
