@@ -70,6 +70,7 @@ def bench_transfer(loaded, lengths, repeats: int) -> list:
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvbridge-real-") as tmp:
         for n in lengths:
+            n = min(n, int(spec.max_position_embeddings or n) - 1)  # a pack keeps one position to follow
             ids = torch.randint(10, spec.vocab_size, (1, n), generator=gen)
             nxt = torch.randint(10, spec.vocab_size, (1, 1), generator=gen)
 

@@ -31,11 +31,13 @@ plugin host (``host``, default the process-wide one): the built-in types are reg
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
 version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
-Python loops over heads or tokens: :func:`apply` is four elementwise kernels writing straight
-into the output, with the models' rounding steps (bit-identical to them on CPU float32 and
-bf16); :func:`strip` and the fused :func:`reposition` (which need not be bit targets) take
-two multiplies + two fused multiply-adds (half split) or one complex multiply (interleaved),
-reading half-precision keys directly into the float32 computation.
+Python loops over heads or tokens: half-split :func:`apply` is three elementwise kernels (a
+broadcast multiply by cos into the output, the two sin products into one scratch, one add) with
+the models' rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and
+the fused :func:`reposition` (which need not be bit targets) take one broadcast multiply + one
+multiply-add per half (half split) or one complex multiply (interleaved). Whole-head half-split
+rotations can run as one compiled pass instead (opt-in, verified against these kernels, falling
+back to them: :mod:`kvbridge.rope_compile`).
 """
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
 
     from kvbridge.adapter import weights_fingerprint
     from kvbridge.adapters import load_adapter_pair
-    from kvbridge.builtin.identity import IdentityMapping
+    from kvbridge.transfer import IdentityMapping
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod

@@ -276,11 +276,26 @@ def _pack_part(ctx: RealContext) -> None:
                + (f"; pack in {folder}" if folder else ""))
 
 
+def _adapter_pair_part(ctx: RealContext) -> None:
+    """The real adapter pair (SmolLM2 -> SmolLM2 + the shipped Shakespeare LoRA): check, fit and
+    eval; plain reuse and the fitted mapping against native (RESULTS.md). Quality, not exactness:
+    it fails the section only if it cannot run."""
+    from kvbridge.adapters.pair import run_adapter_pair
+
+    click.echo("\n-- real adapter pair: smollm2 -> smollm2 + shakespeare LoRA (check, fit, eval) --")
+    t0 = time.perf_counter()
+    result = run_adapter_pair(samples=24, calibration_tokens=2048)
+    ctx.results["adapter_pair"] = {"ordering_nll": result.ordering("nll"), "ordering_kl": result.ordering("kl_mean")}
+    click.echo(result.render())
+    click.echo(f"  ({time.perf_counter() - t0:.1f} s)")
+
+
 #: the parts of the real-model section, in order: (name, function of a RealContext)
 REAL_SECTIONS: list[tuple[str, Callable[[RealContext], Any]]] = [
     ("identity", _identity_part),
     ("split", _split_part),
     ("pack", _pack_part),
+    ("adapter-pair", _adapter_pair_part),
 ]
 
 

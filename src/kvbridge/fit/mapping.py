@@ -10,11 +10,12 @@ Two layouts:
 - ``headwise`` (``ridge-headwise``): target head h of layer t reads one source head
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
-Compute is float32 and batched: for each target layer the selected source layers' (or
-heads') features are gathered straight from the source tensors into a reused buffer and multiplied by ``W`` in one batched GEMM over the target heads with
-the bias fused (``addmm``; ``baddbmm`` over the target heads for headwise maps) into a reused
-scratch tensor, and one copy into the target layout and dtype. Measured at 1.0x-1.1x of a bare GEMM of the same FLOPs
-(BENCHMARKS.md). A fitted mapping is
+Compute is float32: per target layer and token chunk (:data:`CHUNK`), the selected source
+layers' (or heads') features are copied straight from the source tensors into a reused buffer,
+multiplied by ``W`` with the bias fused (``addmm``; ``baddbmm`` over the target heads for
+headwise maps) into a reused scratch tensor, and copied once into the target layout and dtype.
+Measured at 1.06x (2,048 tokens) to 1.24x (512) of a bare GEMM of the same FLOPs
+(BENCHMARKS.md, "Mapping at its floor"). A fitted mapping is
 approximate by nature: ``exact`` is False, so transferred states are marked ``approximate``.
 """
 
