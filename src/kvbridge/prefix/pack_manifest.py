@@ -46,7 +46,6 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-
 def cache_format(spec) -> dict:
     """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
     from kvbridge.check.spec import SLIDING
