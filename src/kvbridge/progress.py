@@ -109,12 +109,16 @@ class PartialLog:
     def _flush(self) -> None:
         from kvbridge.artifacts import write_file_atomic
 
-        text = "".join(json.dumps(_clean(r), allow_nan=False) + "\n" for r in self.records)
+        text = "".join(json.dumps(json_ready(r), allow_nan=False) + "\n" for r in self.records)
         write_file_atomic(self.path, text)
 
 
-def _clean(obj: Any):
-    """JSON-ready: tensors/arrays -> lists, NaN/inf -> None, other objects -> str."""
+def json_ready(obj: Any, *, stringify: bool = True):
+    """JSON-ready: tensors/arrays -> lists, tuples -> lists, NaN/inf -> None, dict keys -> str.
+
+    Other objects become ``str`` (``stringify=False`` leaves them as they are: the evaluation
+    results, which the caller may still serialise with ``default=str``).
+    """
     import math
 
     if hasattr(obj, "tolist"):
@@ -122,12 +126,13 @@ def _clean(obj: Any):
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): json_ready(v, stringify=stringify) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if obj is None or isinstance(obj, (str, int, bool)):
+        return [json_ready(v, stringify=stringify) for v in obj]
+    if not stringify or obj is None or isinstance(obj, (str, int, bool)):
         return obj
     return str(obj)
+
 
 
 def read_partial(path: Path | str) -> list[dict]:
@@ -135,4 +140,4 @@ def read_partial(path: Path | str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-__all__ = ["Progress", "PartialLog", "read_partial", "PLAIN_EVERY_S"]
+__all__ = ["Progress", "PartialLog", "read_partial", "json_ready", "PLAIN_EVERY_S"]

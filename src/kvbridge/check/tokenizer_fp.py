@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,11 +262,9 @@ def find_tokenizer_files(folder: Path) -> tuple[Path, ...]:
 
 
 def _cache_path() -> Path | None:
-    if os.environ.get("KVBRIDGE_NO_CACHE"):
-        return None
-    from kvbridge.models.paths import kvbridge_home
+    from kvbridge.models.paths import cache_file
 
-    return kvbridge_home() / "tokenizer-fingerprints.json"
+    return cache_file("tokenizer-fingerprints.json")
 
 
 def _raw_key(paths: list[Path]) -> str:
@@ -282,29 +279,15 @@ def _raw_key(paths: list[Path]) -> str:
 
 
 def _cache_load(path: Path | None) -> dict:
-    if path is None or not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    from kvbridge.models.paths import cache_read
+
+    return cache_read(path)
 
 
 def _cache_store(path: Path | None, key: str, fp: "TokenizerFingerprint") -> None:
-    if path is None:
-        return
-    try:  # best effort: a read-only home just means no cache
-        data = _cache_load(path)
-        data[key] = fp.to_dict()
-        if len(data) > 256:
-            data = dict(list(data.items())[-256:])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    from kvbridge.models.paths import cache_write
+
+    cache_write(path, key, fp.to_dict(), limit=256)
 
 
 def fingerprint_files(files: Iterable[Path | str], *, cache: bool = True) -> TokenizerFingerprint:

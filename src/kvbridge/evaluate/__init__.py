@@ -26,7 +26,6 @@ Importing this package imports nothing heavy.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 SCHEMA = "kvbridge-eval/1"
@@ -114,16 +113,10 @@ def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None 
 
 
 def _clean(obj):
-    """JSON-ready: nan/inf -> None, tensors -> lists, tuples -> lists."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "tolist"):
-        return _clean(obj.tolist())
-    return obj
+    """JSON-ready: nan/inf -> None, tensors -> lists, tuples -> lists (other objects as they are)."""
+    from kvbridge.progress import json_ready
+
+    return json_ready(obj, stringify=False)
 
 
 def _describe_model(model, host, name: str = "") -> dict:

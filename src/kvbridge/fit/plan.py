@@ -93,7 +93,12 @@ def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_
     return 4 * 8 * (xx + p * q + 2 * p + 2 * q)
 
 
-def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
+def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
+    """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``.
+
+    The one blocking rule of the planner and the fitters (:func:`kvbridge.fit.solve.plan_blocks`);
+    ``too_big(nbytes)`` raises when a single target layer alone is over the budget.
+    """
     blocks, cur = [], []
     for i in range(n):
         if cur and bytes_of(cur + [i]) > budget:
@@ -101,12 +106,19 @@ def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
             cur = []
         cur.append(i)
         if bytes_of(cur) > budget:
-            raise ConfigError(f"{what} needs {_size(bytes_of(cur))} of statistics for one target layer, over "
-                              f"the {_size(budget)} budget", "raise --memory, lower --top-k or use "
-                              "--fitter ridge-headwise")
+            too_big(bytes_of(cur))
     if cur:
         blocks.append(cur)
     return blocks
+
+
+def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
+    def too_big(nbytes: int):
+        raise ConfigError(f"{what} needs {_size(nbytes)} of statistics for one target layer, over "
+                          f"the {_size(budget)} budget", "raise --memory, lower --top-k or use "
+                          "--fitter ridge-headwise")
+
+    return pack_blocks(n, bytes_of, budget, too_big)
 
 
 @dataclass(frozen=True)

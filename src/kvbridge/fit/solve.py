@@ -149,20 +149,16 @@ def device_of(calibration):
 
 
 def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
-    """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``."""
-    blocks, cur = [], []
-    for i in range(n):
-        if cur and bytes_of(cur + [i]) > budget:
-            blocks.append(cur)
-            cur = []
-        cur.append(i)
-        if bytes_of(cur) > budget:
-            raise FitError(f"{what} needs {bytes_of(cur) / 2**30:.2f} GiB of statistics for one target layer, over the "
-                           f"{budget / 2**30:.2f} GiB budget", "raise KVBRIDGE_FIT_MEMORY, lower --top-k or use "
-                           "--fitter ridge-headwise")
-    if cur:
-        blocks.append(cur)
-    return blocks
+    """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``
+    (the planner's rule, :func:`kvbridge.fit.plan.pack_blocks`; a FitError when one layer is over)."""
+    from kvbridge.fit.plan import pack_blocks
+
+    def too_big(nbytes: int):
+        raise FitError(f"{what} needs {nbytes / 2**30:.2f} GiB of statistics for one target layer, over the "
+                       f"{budget / 2**30:.2f} GiB budget", "raise KVBRIDGE_FIT_MEMORY, lower --top-k or use "
+                       "--fitter ridge-headwise")
+
+    return pack_blocks(n, bytes_of, budget, too_big)
 
 
 __all__ = ["FitError", "DEFAULT_ALPHA", "LOW_R2", "solve", "sse", "grouped_r2", "alpha_grid", "fit_group",

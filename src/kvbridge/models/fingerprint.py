@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvbridge.errors import KVBridgeError
-from kvbridge.models.paths import kvbridge_home
+from kvbridge.models.paths import cache_file as _home_file, cache_read, cache_write
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CACHE_FILE = "file-hashes.json"
@@ -123,37 +123,12 @@ def tokenizer_identity(tokenizer: Any = None, *, folder: str | Path | None = Non
 
 # -- files ---------------------------------------------------------------------------------------------
 def _cache_path() -> Path | None:
-    if os.environ.get("KVBRIDGE_NO_CACHE"):
-        return None
-    return kvbridge_home() / CACHE_FILE
-
-
-def _cache_read(path: Path | None) -> dict:
-    if path is None or not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _home_file(CACHE_FILE)
 
 
 def _cache_write(path: Path | None, key: str, digest: str) -> None:
-    if path is None:
-        return
     with _LOCK:
-        try:  # best effort: a read-only home only means no cache
-            data = _cache_read(path)
-            data.pop(key, None)
-            data[key] = digest
-            if len(data) > CACHE_LIMIT:
-                data = dict(list(data.items())[-CACHE_LIMIT:])
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        cache_write(path, key, digest, limit=CACHE_LIMIT)
 
 
 def _key(path: Path, st: os.stat_result) -> str:
@@ -166,7 +141,7 @@ def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     st = path.stat()
     cache_file = _cache_path() if cache else None
     key = _key(path, st)
-    hit = _cache_read(cache_file).get(key)
+    hit = cache_read(cache_file).get(key)
     if isinstance(hit, str) and len(hit) == 64:
         return hit
     h = hashlib.sha256()

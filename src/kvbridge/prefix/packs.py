@@ -18,42 +18,24 @@ weights, tokenizer, guide ids, dtype, RoPE configuration or cache format differ.
 loads anyway, with a loud warning, where that is meaningful (weights, config, tokenizer, guide
 ids, dtype); a different geometry, RoPE table or cache format is never forced, and a corrupt or
 truncated tensor file is always refused by its checksum.
+
+The manifest (its fields, shape check and the comparison with a model) lives in
+:mod:`kvbridge.prefix.pack_manifest`; its names are re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from kvbridge import __version__
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
-
-SCHEMA_VERSION = 1
-PACK_KIND = "kvbridge.prefix-pack"
-TENSOR_FILE = "kv.safetensors"
-#: fields that ``force=True`` may override (the state still has the right shape and meaning)
-FORCEABLE = frozenset({"config", "weights", "tokenizer", "guide_token_ids", "dtype"})
-#: manifest keys every pack has, with their JSON types (the schema file says the same)
-REQUIRED = {
-    "schema_version": int, "kind": str, "model": dict, "tokenizer": dict, "guide": dict,
-    "positions": dict, "dtype": str, "cache_format": dict, "positional": dict,
-    "transformers_version": str, "torch_version": str, "kvbridge_version": str, "state": dict,
-    "tensor_file": str, "tensor_sha256": str,
-}
-
-
-#: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
-NESTED_REQUIRED = {
-    "model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
-    "model.config_fingerprint": str, "model.weights_fingerprint": str, "model.spec_fingerprint": str,
-    "guide.token_ids": list, "guide.num_tokens": int, "positions.start": int, "positions.stop": int,
-    "positional.kind": str, "cache_format.cache_class": str, "cache_format.layout": str,
-    "state.num_layers": int, "state.spec": dict,
-}
+from kvbridge.prefix.pack_manifest import (
+    FORCEABLE, NESTED_REQUIRED, PACK_KIND, REQUIRED, SCHEMA_VERSION, TENSOR_FILE, Mismatch, _adapter,
+    build_manifest, cache_format, check_manifest_shape, compare, model_identity, positional_config,
+    tokenizer_fingerprint,
+)
 
 
 class PackMismatchError(ArtifactError):
@@ -66,58 +48,6 @@ class PackMismatchError(ArtifactError):
 
 class PackForceWarning(UserWarning):
     """A pack was loaded with ``force=True`` although fields differ."""
-
-
-# -- identities -----------------------------------------------------------------------------------
-def _sha(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
-
-
-# the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
-from kvbridge.models.fingerprint import model_id_revision as model_identity  # noqa: E402,F401
-from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint  # noqa: E402,F401
-
-
-def cache_format(spec) -> dict:
-    """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
-    from kvbridge.check.spec import SLIDING
-
-    kinds = [spec.layer_type(i) for i in range(spec.num_layers)]
-    return {
-        "cache_class": "DynamicCache",
-        "layout": "batch,kv_heads,tokens,head_dim",
-        "keys": "post_rope" if spec.positional == "rope" else "no_rotation",
-        "layer_kinds": kinds,
-        "layer_classes": ["DynamicSlidingWindowLayer" if k == SLIDING else "DynamicLayer" for k in kinds],
-        "stored_history": "full",  # sliding layers keep every token here; injection trims
-        "num_layers": spec.num_layers,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "sliding_window": spec.sliding_window if SLIDING in kinds else None,
-    }
-
-
-def positional_config(spec) -> dict:
-    return {
-        "kind": spec.positional,
-        "rope": spec.rope.to_dict() if spec.rope else None,
-        "rope_by_layer_type": {k: v.to_dict() for k, v in spec.rope_by_layer_type},
-        "max_position_embeddings": spec.max_position_embeddings,
-    }
-
-
-def _versions() -> dict:
-    import torch
-    import transformers
-
-    return {"transformers_version": transformers.__version__,
-            "torch_version": str(torch.__version__), "kvbridge_version": __version__}
-
-
-def _adapter(model, host=None):
-    from kvbridge.plugins import get_host
-
-    return (host or get_host()).adapter_for(model.config.to_dict())
 
 
 # -- saving ---------------------------------------------------------------------------------------
@@ -140,37 +70,6 @@ def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> 
         raise KVBridgeError(
             f"the {what} has {n} tokens (+{extra} to follow) but the model has {limit} positions",
             "shorten the guide or use a model with more positions")
-
-
-def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,
-                   weights_fp: str | None = None, special_prefix=()) -> dict:
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
-    from kvbridge.artifacts import state_manifest
-
-    spec = state.spec
-    ids = [int(x) for x in state.token_ids[0].tolist()]
-    ident = model_identity(model, model_dir)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": PACK_KIND,
-        "model": {
-            "id": ident["id"], "revision": ident["revision"], "model_type": spec.model_type,
-            "family": spec.family, "config_fingerprint": config_fingerprint(model.config.to_dict()),
-            "weights_fingerprint": weights_fp or weights_fingerprint(model),
-            "spec_fingerprint": spec.fingerprint(), "num_layers": spec.num_layers,
-            "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-            "max_position_embeddings": spec.max_position_embeddings,
-        },
-        "tokenizer": dict(tokenizer_fp),
-        "guide": {"text": guide_text, "token_ids": ids, "num_tokens": len(ids),
-                  "special_prefix": [int(x) for x in special_prefix], "ids_sha256": _sha(ids)},
-        "positions": {"start": 0, "stop": len(ids), "kind": "prefix"},
-        "dtype": str(state.dtype).removeprefix("torch."),
-        "cache_format": cache_format(spec),
-        "positional": positional_config(spec),
-        **_versions(),
-        "state": state_manifest(state),
-    }
 
 
 def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_ids=None, tokenizer: Any = None,
@@ -213,93 +112,7 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
                           kind=PACK_KIND)
 
 
-# -- reading and checking -------------------------------------------------------------------------
-def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> None:
-    """Minimal schema check: required keys present with the right JSON types (see the schema file)."""
-    for key, typ in REQUIRED.items():
-        if key not in manifest:
-            raise ArtifactError(f"{where} is missing {key!r}", "re-create the pack with kvbridge pack save")
-        if not isinstance(manifest[key], typ) or (typ is int and isinstance(manifest[key], bool)):
-            raise ArtifactError(f"{where} field {key!r} must be {typ.__name__}, got {type(manifest[key]).__name__}",
-                                "re-create the pack with kvbridge pack save")
-    if manifest["kind"] != PACK_KIND:
-        raise ArtifactError(f"{where} kind is {manifest['kind']!r}, not {PACK_KIND!r}", "pass a prefix pack folder")
-    from kvbridge.check.validate import require_fields
-
-    require_fields(manifest, NESTED_REQUIRED, where, fix="re-create the pack with kvbridge pack save")
-    if manifest["schema_version"] > SCHEMA_VERSION:
-        raise ArtifactError(f"pack schema_version {manifest['schema_version']} is newer than this kvbridge "
-                            f"supports ({SCHEMA_VERSION})", "upgrade kvbridge")
-    guide = manifest["guide"]
-    if not isinstance(guide.get("token_ids"), list) or not guide["token_ids"]:
-        raise ArtifactError(f"{where} has no guide token ids", "re-create the pack")
-    for key in ("config_fingerprint", "weights_fingerprint", "model_type"):
-        if not isinstance(manifest["model"].get(key), str):
-            raise ArtifactError(f"{where} model.{key} is missing", "re-create the pack")
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    field: str  # model, config, weights, tokenizer, guide_token_ids, dtype, rope, cache_format
-    pack: Any
-    model: Any
-    forceable: bool
-
-    def describe(self) -> str:
-        def short(v: Any) -> str:
-            s = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
-            return s[:12] + "..." if isinstance(v, str) and len(v) == 64 else (s if len(s) <= 60 else s[:57] + "...")
-        return f"{self.field} differs (pack {short(self.pack)} vs model {short(self.model)})"
-
-
-def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
-    keys = sorted(set(a) | set(b))
-    da = {k: a.get(k) for k in keys if a.get(k) != b.get(k)}
-    db = {k: b.get(k) for k in keys if a.get(k) != b.get(k)}
-    return da, db
-
-
-def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
-            guide_ids_now: list | None = None, check_weights: bool = True, host=None) -> list[Mismatch]:
-    """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
-
-    spec = _adapter(model, host).spec_of(model)
-    out: list[Mismatch] = []
-    m = manifest["model"]
-    geometry_pack = {k: m.get(k) for k in ("model_type", "num_layers", "num_kv_heads", "head_dim")}
-    geometry_model = {"model_type": spec.model_type, "num_layers": spec.num_layers,
-                      "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim}
-    if geometry_pack != geometry_model:
-        a, b = _diff_dict(geometry_pack, geometry_model)
-        out.append(Mismatch("model", a, b, False))
-    pos_pack, pos_model = manifest["positional"], positional_config(spec)
-    if pos_pack != pos_model:
-        a, b = _diff_dict(pos_pack, pos_model)
-        out.append(Mismatch("rope", a, b, False))
-    cf_pack, cf_model = manifest["cache_format"], cache_format(spec)
-    if cf_pack != cf_model:
-        a, b = _diff_dict(cf_pack, cf_model)
-        out.append(Mismatch("cache_format", a, b, False))
-    if manifest["dtype"] != spec.dtype:
-        out.append(Mismatch("dtype", manifest["dtype"], spec.dtype, True))
-    cfg = config_fingerprint(model.config.to_dict())
-    if m["config_fingerprint"] != cfg:
-        out.append(Mismatch("config", m["config_fingerprint"], cfg, True))
-    if check_weights:
-        wfp = weights_fp or weights_fingerprint(model)
-        if m["weights_fingerprint"] != wfp:
-            out.append(Mismatch("weights", m["weights_fingerprint"], wfp, True))
-    if tokenizer_fp is not None and tokenizer_fp.get("fingerprint"):
-        have = manifest["tokenizer"].get("fingerprint")
-        if have != tokenizer_fp["fingerprint"]:
-            out.append(Mismatch("tokenizer", have, tokenizer_fp["fingerprint"], True))
-    if guide_ids_now is not None and list(guide_ids_now) != list(manifest["guide"]["token_ids"]):
-        out.append(Mismatch("guide_token_ids", f"{manifest['guide']['num_tokens']} ids",
-                            f"{len(guide_ids_now)} ids now", True))
-    return out
-
-
+# -- reading and loading ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pack:
     """A loaded pack: the manifest and the restored state (no forward pass was run)."""
@@ -470,4 +283,4 @@ def open_model_dir(path: str | Path, *, dtype: str | None = None):
 __all__ = ["Pack", "PackMismatchError", "PackForceWarning", "Mismatch", "save_pack", "load_pack", "read_pack",
            "compare", "build_manifest", "tokenizer_fingerprint", "model_identity", "cache_format",
            "positional_config", "check_manifest_shape", "open_model_dir", "require_model_dir", "guide_ids_of", "recompute_check",
-           "SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE"]
+           "SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED"]
