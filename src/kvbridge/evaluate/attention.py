@@ -1,0 +1,122 @@
+"""Attention capture for the ``attention_cosine`` metric: a registered attention function that
+records each layer's query, and the attention output recomputed from a cache (eager math, GQA,
+scaling and soft-capping as the model's own attention)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+# -- attention capture ------------------------------------------------------------------------------
+_CAPTURE_NAME = "kvbridge_capture"
+_STORE: dict = {"active": None}
+
+
+def _orig_attention(name: str, module):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[name]
+    import sys
+
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
+    return fn
+
+
+def _capture_forward(module, query, key, value, attention_mask, **kwargs):
+    active = _STORE["active"]
+    if active is not None:
+        layer = int(getattr(module, "layer_idx", len(active["layers"])))
+        active["layers"][layer] = {
+            "q": query.detach().float().clone(), "k": key.detach().float().clone(),
+            "v": value.detach().float().clone(),
+            "mask": None if attention_mask is None else attention_mask.detach().clone(),
+            "scaling": kwargs.get("scaling"), "softcap": kwargs.get("softcap"),
+            "sliding_window": kwargs.get("sliding_window"),
+        }
+        fn = _orig_attention(active["impl"], module)
+    else:  # pragma: no cover - only reachable if a model keeps the name after the context
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
+    return fn(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_capture(impl: str) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    AttentionInterface.register(_CAPTURE_NAME, _capture_forward)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[impl] if impl in ALL_MASK_ATTENTION_FUNCTIONS else eager_mask
+    AttentionMaskInterface.register(_CAPTURE_NAME, mask_fn)
+
+
+@contextlib.contextmanager
+def capture_attention(model):
+    """Record every layer's queries, keys, values and mask during forwards inside the block.
+
+    The model's own attention implementation still computes the output (logits unchanged);
+    the capturing function is installed by name for the block only and removed after.
+    """
+    config = model.config
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    _register_capture(impl)
+    store = {"impl": impl, "layers": {}}
+    prev = _STORE["active"]
+    _STORE["active"] = store
+    config._attn_implementation = _CAPTURE_NAME
+    try:
+        yield store["layers"]
+    finally:
+        config._attn_implementation = impl
+        _STORE["active"] = prev
+
+
+def attention_output(q, k, v, mask=None, *, scaling=None, softcap=None) -> torch.Tensor:
+    """Eager softmax attention ``[B, Hq, Tq, D]`` (float32) with GQA repeat and the captured mask."""
+    q, k, v = q.float(), k.float(), v.float()
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    tq, tk = scores.shape[-2], scores.shape[-1]
+    if mask is None:  # causal with the cache offset
+        qpos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
+        allowed = torch.arange(tk, device=q.device)[None, :] <= qpos
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    else:
+        m = mask[..., :tq, :tk]
+        if m.dtype == torch.bool:
+            scores = scores.masked_fill(~m, float("-inf"))
+        else:
+            scores = scores + m.float()
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
+    """Per sample, per layer: cosine of attention outputs with native vs ``state``'s prefix K/V."""
+    out = []
+    for layer in range(len(captured)):
+        c = captured[layer]
+        kw = {"scaling": c["scaling"], "softcap": c["softcap"]}
+        if "ref_out" not in c:  # the native output: computed once per capture, shared by every condition
+            ref = attention_output(c["q"], c["k"], c["v"], c["mask"], **kw)
+            b, h, t, d = ref.shape
+            c["ref_out"] = ref.transpose(1, 2).reshape(b, t, h * d).double()
+        a = c["ref_out"]
+        k = torch.cat([state.keys[layer].float(), c["k"][:, :, prefix_len:]], dim=2)
+        v = torch.cat([state.values[layer].float(), c["v"][:, :, prefix_len:]], dim=2)
+        got = attention_output(c["q"], k, v, c["mask"], **kw)
+        b, h, t, d = got.shape
+        g = got.transpose(1, 2).reshape(b, t, h * d)
+        cos = torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12)
+        out.append(cos.mean(dim=1).float())
+    return torch.stack(out, dim=1)  # [B, L]
+
+
+# -- per-position comparisons -----------------------------------------------------------------------
