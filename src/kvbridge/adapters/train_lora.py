@@ -60,16 +60,9 @@ RECIPE = LoraRecipe()
 
 def slice_text(text: str, lo: float, hi: float) -> str:
     """``text`` between two character fractions, both cuts moved forward to the next line start."""
+    from kvbridge.zoo.train import line_cut
 
-    def cut(frac: float) -> int:
-        if frac <= 0.0:
-            return 0
-        if frac >= 1.0:
-            return len(text)
-        i = text.find("\n", int(frac * len(text)))
-        return len(text) if i < 0 else i + 1
-
-    return text[cut(lo):cut(hi)]
+    return text[line_cut(text, lo):line_cut(text, hi)]
 
 
 def encode(tokenizer, text: str):

@@ -18,19 +18,20 @@ from kvbridge.zoo.recipes import SPLITS, ArchRecipe, TrainRecipe
 
 
 # -- data -----------------------------------------------------------------------------------------
+def line_cut(text: str, frac: float) -> int:
+    """The character index at ``frac`` of ``text``, moved forward to the next line start."""
+    if frac <= 0.0:
+        return 0
+    if frac >= 1.0:
+        return len(text)
+    i = text.find("\n", int(frac * len(text)))
+    return len(text) if i < 0 else i + 1
+
+
 def split_bounds(text: str, split: str) -> tuple[int, int]:
     """Character bounds of a named split; cuts move forward to the next line start."""
     lo, hi = SPLITS[split]
-
-    def cut(frac: float) -> int:
-        if frac <= 0.0:
-            return 0
-        if frac >= 1.0:
-            return len(text)
-        i = text.find("\n", int(frac * len(text)))
-        return len(text) if i < 0 else i + 1
-
-    return cut(lo), cut(hi)
+    return line_cut(text, lo), line_cut(text, hi)
 
 
 def split_text(text: str, split: str) -> str:
