@@ -69,7 +69,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
     from kvbridge.evaluate.conditions import attention_cosines, position_fields
     from kvbridge.plugins import get_host
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.graft import summarize_fields
+    from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
     from kvbridge.recompute.tokens import blend
     from kvbridge.transfer import transfer
@@ -151,12 +151,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
                 add(cond, k, v)
         if progress is not None:
             progress(min(n, s + batch_size), n)
-    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
-    for cond in names:
-        fields[cond]["native_nll"] = fields["native"]["nll"]
-        fields[cond]["no_prefix_nll"] = fields["no_prefix"]["nll"]
-        fields[cond]["native_correct"] = fields["native"]["correct"]
-        fields[cond]["no_prefix_correct"] = fields["no_prefix"]["correct"]
+    fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)
     nl = tspec.num_layers

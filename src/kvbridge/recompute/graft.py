@@ -199,12 +199,7 @@ def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.
             cost[cond]["flops"] += flops
         if progress is not None:
             progress(int(idx[-1]) + 1, n_samples)
-    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
-    for cond in names:
-        fields[cond]["native_nll"] = fields["full"]["nll"]
-        fields[cond]["no_prefix_nll"] = fields["dropped"]["nll"]
-        fields[cond]["native_correct"] = fields["full"]["correct"]
-        fields[cond]["no_prefix_correct"] = fields["dropped"]["correct"]
+    fields = stack_fields(acc, names, ceiling="full", floor="dropped")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
     for cond in names:
@@ -258,6 +253,18 @@ def _stack(states):
                    rope_lengths=None)
 
 
+def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
+    """Per-condition batches (``acc[cond][field]``: lists of tensors) stacked over samples, each
+    condition given the ``ceiling`` and ``floor`` conditions' NLL and correctness as the native
+    and no-prefix references the eval metrics read."""
+    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
+    for cond in names:
+        for ref, name in ((ceiling, "native"), (floor, "no_prefix")):
+            fields[cond][f"{name}_nll"] = fields[ref]["nll"]
+            fields[cond][f"{name}_correct"] = fields[ref]["correct"]
+    return fields
+
+
 def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None,
                      greedy_tokens: int = 16) -> dict:
     """kvbridge eval's metrics (with paired bootstrap CIs) of per-condition fields, plus ``deficit_closed``.
@@ -291,4 +298,4 @@ def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, refe
 
 
 __all__ = ["SCHEMA", "prepare_chunk", "concat_states", "graft", "graft_blend", "run_graft", "condition_names",
-           "summarize_fields"]
+           "summarize_fields", "stack_fields"]
