@@ -101,25 +101,32 @@ class ConditionRun:
 
 def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int,
                     top_p: float) -> dict:
-    """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math)."""
+    """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math).
+
+    One log-softmax per condition; its ``exp`` gives the probabilities the nucleus truncates
+    (the same for native and every condition, so native against itself is exactly 0), and the
+    argmax is taken once.
+    """
     from kvbridge import divergence as dv
 
     logp = dv.log_probs(logits)
+    argmax = logp.argmax(-1)
     out = {
         "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
-        "correct": (logp.argmax(-1) == targets).float(),
+        "correct": (argmax == targets).float(),
     }
     if native is None:  # this is the native condition: keep what the others compare with
-        return out, {"logp": logp, "logits": logits.double(), "argmax": logp.argmax(-1),
-                     "topk": dv.topk_indices(logp, top_k), "nucleus": dv.nucleus(logp.exp(), top_p)}
+        probs = logp.exp()
+        return out, {"logp": logp, "probs": probs, "logits": logits.double(), "argmax": argmax,
+                     "topk": dv.topk_indices(logp, top_k), "nucleus": dv.nucleus(probs, top_p)}
     if logp.shape[-1] != native["logp"].shape[-1]:
         nan = torch.full(targets.shape, float("nan"))
         out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
         return out, None
-    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp)
-    out["top1"] = (logp.argmax(-1) == native["argmax"]).float()
+    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp, p=native.get("probs"))
+    out["top1"] = (argmax == native["argmax"]).float()
     out["topk"] = dv.topk_overlap(native["logp"], logp, top_k, p_topk=native["topk"]).float()
-    out["tv"] = dv.tv_top_p(native["logp"], logp, top_p, p_nucleus=native["nucleus"])
+    out["tv"] = dv.tv(native["nucleus"], dv.nucleus(logp.exp(), top_p))
     out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
     return out, None
 
