@@ -12,10 +12,16 @@ print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair
 - **FLOPs**: the forwards of both models over the calibration tokens (per pass: ``2·N`` per
   token for ``N`` non-embedding weights, plus causal attention), the statistics GEMMs
   (float64, ``2·n·(p² + p·q)`` for K and V) and the solves;
-- **time** at a given device rate (``device_flops`` for the forwards in the model dtype,
-  ``device_flops64`` for the float64 statistics, default the same): FLOPs / rate, i.e. a
-  lower bound at full utilisation; ``efficiency`` scales the forward rate (measured ~0.3-0.5
-  on the CPU here, BENCHMARKS.md).
+- **time**, either from measured rates (``rates``: a :class:`~kvbridge.fit.plan_rates.PlanRates`
+  from :func:`~kvbridge.fit.plan_rates.measure_rates`, ``kvbridge fit --plan --calibrate``):
+  the sum of the parts — both models' forwards at the rate one of their decoder layers
+  reaches at the fit's batch shape, the statistics GEMMs and the solves at their float64
+  rates, the memory-bound work (the statistics zero-filled and copied out once for the
+  solves: 2 x their bytes per pass) and the weights fingerprint of both models (sha256) —
+  checked within 15% of measured fits on the zoo and SmolLM2 (``bench/bench_plan.py``); or
+  at a given peak rate (``device_flops`` for the forwards, ``device_flops64`` for the float64
+  work): FLOPs / rate, a lower bound at full utilisation (``efficiency`` scales the forward
+  rate; real fits on the CPU here take 1.2-1.4x that bound).
 
 Where the fit passes depend on the layer selection (blocked fits), the plan takes the worst
 case (every target layer of a block selects different source layers) and says so.
@@ -47,6 +53,12 @@ class ModelSize:
     attn_width: int  # query heads x head dim
     params: int  # every weight, embeddings included
     forward_params: int  # weights a token's forward multiplies (no input embedding; no LM head: logits_to_keep=1)
+    embed_params: int = 0  # vocabulary x hidden (the input embedding; the LM head has as many, tied or not)
+
+    @property
+    def state_params(self) -> int:
+        """Weights in the state dict (a tied LM head is listed, and fingerprinted, under both names)."""
+        return self.forward_params + 2 * self.embed_params
 
     @property
     def kv_features(self) -> int:
@@ -83,7 +95,7 @@ def model_size(ref: str) -> ModelSize:
     body = layers * (attn + mlp)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     params = body + vocab * hidden * (1 if tied else 2)
-    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body)
+    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden)
 
 
 def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
@@ -91,6 +103,15 @@ def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_
     p, q = n_src * fs, n_tgt * ft
     xx = {"full": p * p, "layer": p * fs, "head": p * hs_dim}[xx_block]
     return 4 * 8 * (xx + p * q + 2 * p + 2 * q)
+
+
+def solve_flops(p: int, q: int) -> float:
+    """FLOPs of one ridge solve + held-out SSE (:mod:`kvbridge.fit.solve`): ``p`` features, ``q`` outputs.
+
+    Cholesky ``p³/3``, the SPD inverse ``2p³/3`` when ``q >= p`` (else two triangular solves,
+    counted in the ``2p²q``), ``(Cxx+λI)⁻¹ Cxy`` and the held-out ``Cxx W``: ``2p²q`` each.
+    """
+    return p ** 3 / 3 + (2 * p ** 3 / 3 if q >= p else 0.0) + 4 * p * p * q
 
 
 def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
@@ -154,13 +175,30 @@ class FitPlan:
     efficiency: float = 1.0
     worst_case: bool = False
     notes: tuple = field(default_factory=tuple)
+    source_forward_flops: float = 0.0  # of forward_flops: the source's share
+    memory_traffic_bytes: int = 0  # memory-bound work: statistics zero-filled + copied out (2x per pass)
+    hash_bytes: int = 0  # weights fingerprinted (both models, state-dict bytes)
+    rates: object = None  # a kvbridge.fit.plan_rates.PlanRates (measured), or None
 
     @property
     def peak_bytes(self) -> int:
         return self.statistics_bytes + self.batch_buffer_bytes + self.weights_bytes
 
+    def time_parts(self) -> dict | None:
+        """Seconds per part of the fit at the measured ``rates`` (None without them)."""
+        r = self.rates
+        if r is None:
+            return None
+        return {"source forwards": self.source_forward_flops / r.source_forward,
+                "target forwards": (self.forward_flops - self.source_forward_flops) / r.target_forward,
+                "statistics": self.statistics_flops / r.gemm64, "solves": self.solve_flops / r.solve64,
+                "memory": self.memory_traffic_bytes / r.memory, "fingerprints": self.hash_bytes / r.hash}
+
     @property
     def seconds(self) -> float | None:
+        parts = self.time_parts()
+        if parts is not None:
+            return sum(parts.values())
         if not self.device_flops:
             return None
         f64 = self.device_flops64 or self.device_flops
@@ -169,7 +207,8 @@ class FitPlan:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["passes"] = [asdict(p) for p in self.passes]
-        out.update(peak_bytes=self.peak_bytes, seconds=self.seconds)
+        out["rates"] = None if self.rates is None else self.rates.to_dict()
+        out.update(peak_bytes=self.peak_bytes, seconds=self.seconds, time_parts=self.time_parts())
         return out
 
     def lines(self) -> list[str]:
@@ -184,7 +223,15 @@ class FitPlan:
                f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
                f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
                f"solves {self.solve_flops:.3g}"]
-        if self.seconds is not None:
+        parts = self.time_parts()
+        if parts is not None:
+            r = self.rates
+            out.append(f"  time at the rates measured on {r.device} ({r.threads} thread(s)): ~{_duration(self.seconds)} = "
+                       + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items()))
+            out.append(f"    rates: forwards {r.source_forward:.3g} / {r.target_forward:.3g} FLOP/s (source / target), "
+                       f"float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, memory {r.memory / 1e9:.3g} GB/s, "
+                       f"sha256 {r.hash / 1e9:.3g} GB/s")
+        elif self.seconds is not None:
             rate = f"{self.device_flops:.3g} FLOP/s"
             if self.device_flops64:
                 rate += f" ({self.device_flops64:.3g} float64)"
@@ -237,7 +284,7 @@ def safetensors_bytes(shapes: list, dtype_bytes: int = 4) -> int:
 def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int = 4, tokens: int | None = None,
          seq_len: int = 512, stride: int = 4, skip: int = 0, heldout: float = 0.1, batch_size: int = 4,
          dtype: str = "float32", memory_budget: int | None = None, device_flops: float | None = None,
-         device_flops64: float | None = None, efficiency: float = 1.0) -> FitPlan:
+         device_flops64: float | None = None, efficiency: float = 1.0, rates=None) -> FitPlan:
     """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring)."""
     if fitter not in ("ridge", "ridge-headwise"):
         raise ConfigError(f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
@@ -293,7 +340,8 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
             notes.append("blocked fit: the fit passes assume no two target layers of a block share a source layer "
                          "(worst case); shared selections make them smaller")
         f = k * fs
-        solve = 2 * s.layers * (fs ** 3 / 3 + 4 * fs * fs * q) + 2 * t.layers * (f ** 3 / 3 + 4 * f * f * ft)
+        # selection: one solve per (source layer, K/V) against every target layer of a pass; fit: one per (target layer, K/V)
+        solve = 2 * s.layers * solve_flops(fs, q) + 2 * t.layers * solve_flops(f, ft)
         shapes = [(f"layers.{j}.{n}", sh) for j in range(t.layers)
                   for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))]
     shapes.sort()  # safetensors writes the header sorted by name
@@ -302,13 +350,16 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
     widest = max(passes, key=lambda p: p.statistics_bytes)
     buffers = 4 * 8 * rows * (widest.source_layers * fs + (widest.target_layers[1] - widest.target_layers[0] + 1) * ft)
     weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
-    forwards = len(passes) * (s.forward_flops(tokens, seq_len) + t.forward_flops(tokens, seq_len))
+    src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
+    forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
     return FitPlan(source=s, target=t, fitter=fitter, top_k=k, tokens=tokens, observations=n_obs,
                    memory_budget=int(memory_budget), passes=tuple(passes), statistics_bytes=peak,
                    batch_buffer_bytes=buffers, weights_bytes=weights, artifact_bytes=safetensors_bytes(shapes),
                    forward_flops=forwards, statistics_flops=sum(p.statistics_flops for p in passes),
                    solve_flops=float(solve), device_flops=device_flops, device_flops64=device_flops64,
-                   efficiency=efficiency, worst_case=worst, notes=tuple(notes))
+                   efficiency=efficiency, worst_case=worst, notes=tuple(notes), source_forward_flops=src_forwards,
+                   memory_traffic_bytes=2 * sum(p.statistics_bytes for p in passes),
+                   hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4), rates=rates)
 
 
 class _CallableModule(types.ModuleType):
@@ -320,4 +371,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["plan", "FitPlan", "Pass", "ModelSize", "model_size", "layer_stats_bytes", "safetensors_bytes"]
+__all__ = ["plan", "FitPlan", "Pass", "ModelSize", "model_size", "layer_stats_bytes", "safetensors_bytes", "solve_flops"]

@@ -1,0 +1,181 @@
+"""Measured rates for the resource planner's time estimate (imports torch; the plan itself does not).
+
+A fit's time is more than its FLOPs at peak: the forwards run at the rate a decoder layer
+reaches at the fit's batch shape (norms, RoPE, softmax and the cache copies included), the
+float64 statistics GEMMs and the small Cholesky solves at their own rates, and some work is
+memory-bound (the zero-filled statistics, the moment blocks copied out for the solves, the
+sha256 weights fingerprint of both models). :func:`measure_rates` times each of those on this
+machine in a few seconds, at the plan's shapes:
+
+- ``source_forward`` / ``target_forward``: one decoder layer of each model, built from its
+  config with random weights (no weights loaded; vocabulary cut to 512, which only the
+  embedding lookup sees), run through the fit's own path (``adapter.extract`` with
+  ``logits_to_keep=1``, then ``strip_rope``) on ``min(batch, 2048 // seq_len)`` sequences
+  of ``seq_len`` tokens; FLOP/s = the plan's FLOPs of that layer / its time;
+- ``gemm64``: ``addmm_`` of ``Xᵀ X`` in float64 at the statistics' width (capped at 1,536)
+  and one batch's rows (capped at 1,024);
+- ``solve64``: the selection solve as :mod:`kvbridge.fit.solve` runs it (Cholesky, SPD
+  inverse, the two GEMMs with the right-hand sides) at the source layer's width;
+- ``memory``: bytes/s of filling fresh memory (first touch) and copying it (64 MiB);
+- ``hash``: bytes/s of the weights fingerprint (tensor bytes out + sha256).
+
+Times are the best of a few runs in CPU seconds of this process when ``device == "cpu"`` (the
+fits this is checked against are timed the same way) and wall seconds (synchronised) on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+FWD_TOKENS = 2048  # tokens of one timed forward (batch x seq_len, at least one sequence)
+CAL_VOCAB = 512
+
+
+@dataclass(frozen=True)
+class PlanRates:
+    """Rates of the parts of a fit (see the module docstring); FLOP/s and bytes/s."""
+
+    source_forward: float
+    target_forward: float
+    gemm64: float
+    solve64: float
+    memory: float
+    hash: float
+    device: str = "cpu"
+    threads: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _clock(device: str):
+    if device == "cpu":
+        return time.process_time
+    import torch
+
+    def wall():
+        torch.cuda.synchronize()
+        return time.perf_counter()
+
+    return wall
+
+
+def _best(fn, reps: int, clock) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = clock()
+        fn()
+        best = min(best, clock() - t0)
+    return max(best, 1e-9)
+
+
+def layer_forward_rate(ref: str, *, seq_len: int, batch_size: int, dtype: str = "float32", device: str = "cpu",
+                       reps: int = 2) -> float:
+    """FLOP/s of one decoder layer of ``ref`` (random weights) through the fit's extract + strip path."""
+    import torch
+
+    from kvbridge.fit.plan import model_size
+    from kvbridge.models import resolve
+    from kvbridge.plugins import get_host
+
+    size = model_size(ref)
+    cfg = dict(resolve(ref).config)
+    cfg.update(num_hidden_layers=1, vocab_size=CAL_VOCAB, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    cfg.pop("layer_types", None)  # per-layer lists follow the layer count
+    host = get_host()
+    adapter = host.adapter_for(cfg)
+    model = adapter.build_model(cfg, dtype=dtype if dtype != "auto" else "float32").to(device)
+    spec = adapter.spec_of(model)
+    rows = max(1, min(batch_size, FWD_TOKENS // max(1, seq_len)))
+    ids = torch.randint(0, CAL_VOCAB, (rows, seq_len), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def run():
+        with torch.no_grad():
+            adapter.extract(model, ids, spec=spec).strip_rope(host=host)
+
+    seconds = _best(run, reps, _clock(device))
+    one_layer = size.forward_flops(rows * seq_len, seq_len) / size.layers
+    return one_layer / seconds
+
+
+def gemm64_rate(p: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
+    import torch
+
+    p, rows = max(8, min(p, 1536)), max(8, min(rows, 1024))
+    x = torch.randn(rows, p, dtype=torch.float64, device=device)
+    c = torch.zeros(p, p, dtype=torch.float64, device=device)
+    return 2 * rows * p * p / _best(lambda: c.addmm_(x.T, x), reps, _clock(device))
+
+
+def solve64_rate(p: int, q: int, device: str = "cpu", reps: int = 3) -> float:
+    """FLOP/s of :func:`kvbridge.fit.solve.solve` + its held-out SSE at ``p`` features, ``q`` outputs."""
+    import torch
+
+    from kvbridge.fit.plan import solve_flops
+
+    p, q = max(8, min(p, 2048)), max(8, min(q, 4096))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4 * p, p, dtype=torch.float64, generator=g).to(device)
+    a = x.T @ x
+    cxy = torch.randn(p, q, dtype=torch.float64, generator=g).to(device)
+
+    def run():
+        m = a.clone()
+        m.diagonal().add_(0.01)
+        chol, _ = torch.linalg.cholesky_ex(m)
+        w = torch.cholesky_inverse(chol) @ cxy if q >= p else torch.cholesky_solve(cxy, chol)
+        cw = a @ w
+        return (w * cw).sum(0) - 2 * (w * cxy).sum(0)
+
+    return solve_flops(p, q) / _best(run, reps, _clock(device))
+
+
+def memory_rate(device: str = "cpu", nbytes: int = 64 << 20, reps: int = 3) -> float:
+    """Bytes/s of zero-filling fresh memory plus one copy of it (counted as 2 x the bytes)."""
+    import torch
+
+    n = nbytes // 8
+
+    def run():
+        t = torch.zeros(n, dtype=torch.float64, device=device)
+        t.clone()
+
+    return 2 * nbytes / _best(run, reps, _clock(device))
+
+
+def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
+    """Bytes/s of the weights fingerprint's work: tensor bytes out, then sha256."""
+    import hashlib
+
+    import torch
+
+    t = torch.ones(nbytes // 4, dtype=torch.float32)
+
+    def run():
+        hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+    return nbytes / _best(run, reps, time.process_time)
+
+
+def measure_rates(source_ref: str, target_ref: str, *, seq_len: int = 512, batch_size: int = 4, stride: int = 4,
+                  top_k: int = 4, dtype: str = "float32", device: str = "cpu") -> PlanRates:
+    """Time each part of a fit of ``source_ref -> target_ref`` at its shapes, here (a few seconds)."""
+    import torch
+
+    from kvbridge.fit.plan import model_size
+
+    s, t = model_size(source_ref), model_size(target_ref)
+    src_rate = layer_forward_rate(source_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
+    tgt_rate = src_rate if target_ref == source_ref else layer_forward_rate(
+        target_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
+    rows = batch_size * len(range(0, seq_len, stride))
+    return PlanRates(source_forward=src_rate, target_forward=tgt_rate,
+                     gemm64=gemm64_rate(s.layers * s.kv_features, rows, device),
+                     solve64=solve64_rate(s.kv_features, t.layers * t.kv_features, device),
+                     memory=memory_rate(device), hash=hash_rate(), device=device, threads=torch.get_num_threads())
+
+
+__all__ = ["PlanRates", "measure_rates", "layer_forward_rate", "gemm64_rate", "solve64_rate", "memory_rate",
+           "hash_rate"]
