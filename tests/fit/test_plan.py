@@ -100,3 +100,67 @@ def test_cli_plan_needs_no_corpus():
     assert res.exit_code == 0, res.output
     assert "statistics memory" in res.output and "time at 1e+11 FLOP/s" in res.output
     assert "blocking plan" in res.output
+
+
+def _rates(**kw):
+    from kvbridge.fit.plan_rates import PlanRates
+
+    base = dict(source_forward=1e10, target_forward=2e10, gemm64=3e9, solve64=1e9, memory=4e9, hash=5e8)
+    return PlanRates(**{**base, **kw})
+
+
+def test_time_is_the_sum_of_its_parts_at_the_rates():
+    r = _rates()
+    p = plan(*PAIR, tokens=8192, stride=2, top_k=2, rates=r)
+    parts = p.time_parts()
+    s, t = model_size(PAIR[0]), model_size(PAIR[1])
+    assert parts["source forwards"] == pytest.approx(s.forward_flops(8192, 512) / 1e10)
+    assert parts["target forwards"] == pytest.approx(t.forward_flops(8192, 512) / 2e10)
+    assert parts["statistics"] == pytest.approx(p.statistics_flops / 3e9)
+    assert parts["solves"] == pytest.approx(p.solve_flops / 1e9)
+    assert parts["memory"] == pytest.approx(2 * p.statistics_bytes / 4e9)  # one pass: zero-fill + one copy
+    assert parts["fingerprints"] == pytest.approx(p.hash_bytes / 5e8)
+    assert p.seconds == pytest.approx(sum(parts.values()))
+    # each part scales with its own rate only
+    q = plan(*PAIR, tokens=8192, stride=2, top_k=2, rates=_rates(gemm64=6e9))
+    assert q.time_parts()["statistics"] == pytest.approx(parts["statistics"] / 2)
+    assert q.time_parts()["source forwards"] == parts["source forwards"]
+    text = "\n".join(p.lines())
+    assert "time at the rates measured on cpu" in text and "fingerprints" in text
+    assert p.to_dict()["time_parts"] == parts and p.to_dict()["rates"]["gemm64"] == 3e9
+    # without rates: the FLOP bound, as before
+    assert plan(*PAIR).time_parts() is None and plan(*PAIR).seconds is None
+
+
+def test_passes_multiply_the_forwards_and_the_memory_traffic():
+    from kvbridge.fit.stats import LayerStats
+
+    s, t = model_size(PAIR[0]), model_size(PAIR[1])
+    dims = dict(src_heads=s.kv_heads, src_dim=s.head_dim, tgt_heads=t.kv_heads, tgt_dim=t.head_dim)
+    one = plan(*PAIR, top_k=2, rates=_rates())
+    many = plan(*PAIR, top_k=2, rates=_rates(), memory_budget=LayerStats.nbytes_for(s.layers, t.layers, **dims) // 3)
+    assert len(many.passes) > 1
+    assert many.forward_flops == pytest.approx(len(many.passes) * one.forward_flops)
+    assert many.memory_traffic_bytes == 2 * sum(p.statistics_bytes for p in many.passes)
+
+
+def test_fingerprint_bytes_are_the_state_dict_bytes():
+    from kvbridge.models import load
+
+    p = plan(*PAIR)
+    real = sum(t.numel() * t.element_size() for ref in PAIR
+               for t in load(ref, dtype="float32").model.state_dict().values())
+    assert abs(p.hash_bytes - real) / real < 0.02  # norms are left out
+
+
+def test_measured_rates_are_positive_and_cover_every_part():
+    import math
+
+    from kvbridge.fit.plan_rates import measure_rates
+
+    r = measure_rates("zoo:base", "zoo:wide", seq_len=32, batch_size=1, stride=4, top_k=2)
+    for name in ("source_forward", "target_forward", "gemm64", "solve64", "memory", "hash"):
+        assert math.isfinite(getattr(r, name)) and getattr(r, name) > 0, name
+    assert r.device == "cpu" and r.threads >= 1
+    p = plan("zoo:base", "zoo:wide", tokens=4096, rates=r)
+    assert all(v > 0 for v in p.time_parts().values())

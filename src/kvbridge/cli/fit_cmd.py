@@ -109,9 +109,12 @@ def option_values(pairs, **flags) -> dict:
 @click.option("--plan", "plan_only", is_flag=True, help="Print the resource plan (statistics memory, blocking, artifact "
               "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.")
 @click.option("--device-flops", default=None, type=float, help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.")
+@click.option("--calibrate", "plan_device", default=None, metavar="DEVICE", help="--plan: measure the rates of each part "
+              "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
+              "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.")
 def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha, heldout, seed,
         batch_size, estimator, estimator_options, max_samples, memory_gib, dtype, resume, overwrite, force_alias,
-        quiet, plan_only, device_flops):
+        quiet, plan_only, device_flops, plan_device):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
@@ -133,9 +136,16 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     if plan_only:  # torch-free: configs / manifests only
         from kvbridge.fit.plan import plan
 
+        rates = None
+        if plan_device:
+            from kvbridge.fit.plan_rates import measure_rates
+
+            rates = measure_rates(source, target, seq_len=seq_len, batch_size=batch_size, stride=stride,
+                                  top_k=top_k or 4, dtype=dtype, device=plan_device)
         p = plan(source, target, fitter=fitter, top_k=top_k or 4, tokens=tokens, seq_len=seq_len, stride=stride,
                  skip=skip, heldout=heldout, batch_size=batch_size, dtype=dtype,
-                 memory_budget=None if memory_gib is None else int(memory_gib * 2**30), device_flops=device_flops)
+                 memory_budget=None if memory_gib is None else int(memory_gib * 2**30), device_flops=device_flops,
+                 rates=rates)
         click.echo("\n".join(p.lines()))
         return
     if corpus is None or out is None:

@@ -19,8 +19,9 @@ machine in a few seconds, at the plan's shapes:
 - ``memory``: bytes/s of filling fresh memory (first touch) and copying it (64 MiB);
 - ``hash``: bytes/s of the weights fingerprint (tensor bytes out + sha256).
 
-Times are the best of a few runs in CPU seconds of this process when ``device == "cpu"`` (the
-fits this is checked against are timed the same way) and wall seconds (synchronised) on a GPU.
+Times are the best of a few runs: in CPU seconds of this process on a CPU with one thread (the
+fits this is checked against are timed the same way; robust to a shared machine), else in wall
+seconds (synchronised on a GPU), so the estimate is in the same seconds as the fit would take.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class PlanRates:
 
 
 def _clock(device: str):
-    if device == "cpu":
-        return time.process_time
     import torch
+
+    if device == "cpu":  # one thread: CPU seconds (robust to a shared machine); more: wall seconds
+        return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
 
     def wall():
         torch.cuda.synchronize()
@@ -156,7 +158,7 @@ def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
     def run():
         hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
 
-    return nbytes / _best(run, reps, time.process_time)
+    return nbytes / _best(run, reps, _clock("cpu"))
 
 
 def measure_rates(source_ref: str, target_ref: str, *, seq_len: int = 512, batch_size: int = 4, stride: int = 4,
