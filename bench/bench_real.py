@@ -10,8 +10,10 @@ resource planner's estimates against what the fit measured.
 2. fit throughput: ``kvbridge.fit.fit(smollm2, smollm2)`` on random token ids, tokens/s of the
    paired statistics (both forwards + features + float64 statistics), and the peak memory above
    the loaded models at two token counts, each in a fresh process (flat in tokens);
-3. the planner (``kvbridge.fit.plan``) against that fit: statistics bytes, artifact bytes, time
-   at the float32 / float64 GEMM rates measured here.
+3. the planner (``kvbridge.fit.plan``) against that fit: statistics bytes, artifact bytes, and
+   the time at the rates :func:`kvbridge.fit.plan_rates.measure_rates` measures here (the
+   estimate ``kvbridge fit --plan --calibrate cpu`` prints; ``bench/bench_plan.py`` checks it on
+   more pairs).
 
 Times: medians of --repeats (8,192 tokens: one prefill), ``--threads`` threads (default 1: CPU
 time is then robust to a shared machine; both wall and CPU seconds are printed).
@@ -188,7 +190,10 @@ def main() -> None:
         del loaded
     if not args.fit_tokens:
         return
+    from kvbridge.fit.plan_rates import measure_rates
+
     r32, r64 = gemm_rate(torch.float32), gemm_rate(torch.float64)
+    rates = measure_rates(REF, REF, seq_len=512, batch_size=4, stride=STRIDE, top_k=TOP_K)
     fits = []
     with tempfile.TemporaryDirectory(prefix="kvbridge-realfit-") as tmp:
         for n in [int(x) for x in args.fit_tokens.split(",")]:
@@ -200,11 +205,10 @@ def main() -> None:
     print(f"Fit smollm2 -> smollm2 (ridge, top-k {TOP_K}, seq-len 512, stride {STRIDE}; measured GEMM rates: float32 "
           f"{r32 / 1e9:.1f} GFLOP/s, float64 {r64 / 1e9:.1f} GFLOP/s)\n")
     print("| tokens | fit s (CPU) | tokens/s | peak MiB above models | statistics MiB (fit) | planned MiB "
-          "| artifact bytes | planned bytes | planned s at the GEMM rates | measured / planned time |")
+          "| artifact bytes | planned bytes | planned s (measured rates) | measured / planned time |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in fits:
-        p = plan(REF, REF, tokens=f["tokens"], seq_len=512, stride=STRIDE, top_k=TOP_K, device_flops=r32,
-                 device_flops64=r64)
+        p = plan(REF, REF, tokens=f["tokens"], seq_len=512, stride=STRIDE, top_k=TOP_K, rates=rates)
         stats = max(x["bytes"] for x in f["passes"]) if f["passes"] else float("nan")
         print(f"| {f['tokens']:,} | {f['cpu_s']:.1f} | {f['tokens'] / f['cpu_s']:,.0f} | "
               f"{f['peak_above_models_mib']:.0f} | {stats / 2**20:.0f} | {p.statistics_bytes / 2**20:.0f} | "
