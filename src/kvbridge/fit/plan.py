@@ -16,8 +16,8 @@ print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair
   from :func:`~kvbridge.fit.plan_rates.measure_rates`, ``kvbridge fit --plan --calibrate``):
   the sum of the parts — both models' forwards at the rate one of their decoder layers
   reaches at the fit's batch shape, the statistics GEMMs and the solves at their float64
-  rates, the memory-bound work (the statistics zero-filled and copied out once for the
-  solves: 2 x their bytes per pass) and the weights fingerprint of both models (sha256) —
+  rates, the memory-bound work (the statistics zero-filled on allocation, every pass) and the
+  weights fingerprint of both models (sha256) —
   checked within 15% of measured fits on the zoo and SmolLM2 (``bench/bench_plan.py``); or
   at a given peak rate (``device_flops`` for the forwards, ``device_flops64`` for the float64
   work): FLOPs / rate, a lower bound at full utilisation (``efficiency`` scales the forward
@@ -176,7 +176,7 @@ class FitPlan:
     worst_case: bool = False
     notes: tuple = field(default_factory=tuple)
     source_forward_flops: float = 0.0  # of forward_flops: the source's share
-    memory_traffic_bytes: int = 0  # memory-bound work: statistics zero-filled + copied out (2x per pass)
+    memory_traffic_bytes: int = 0  # memory-bound work: the statistics zero-filled (first touch), every pass
     hash_bytes: int = 0  # weights fingerprinted (both models, state-dict bytes)
     rates: object = None  # a kvbridge.fit.plan_rates.PlanRates (measured), or None
 
@@ -358,7 +358,7 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
                    forward_flops=forwards, statistics_flops=sum(p.statistics_flops for p in passes),
                    solve_flops=float(solve), device_flops=device_flops, device_flops64=device_flops64,
                    efficiency=efficiency, worst_case=worst, notes=tuple(notes), source_forward_flops=src_forwards,
-                   memory_traffic_bytes=2 * sum(p.statistics_bytes for p in passes),
+                   memory_traffic_bytes=sum(p.statistics_bytes for p in passes),
                    hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4), rates=rates)
 
 
