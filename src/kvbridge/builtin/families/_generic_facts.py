@@ -32,7 +32,6 @@ REFUSED: dict[str, str] = {
 
 #: transformers cache layer kinds kvbridge refuses, with what differs in them
 LAYER_REFUSALS = {
-    "indexed_attention": "sparse attention caches indexer keys beside K/V, which kvbridge does not carry",
     "heavily_compressed_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
     "compressed_sparse_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
 }
@@ -81,9 +80,38 @@ MLA_COMPLEX = frozenset({"deepseek_v2"})
 
 def interleaved(model_type: str, text: Any) -> bool:
     if getattr(text, "kv_lora_rank", None):
-        # MLA: DeepSeek-V3 style ``rope_interleave`` (pairs 2i, 2i+1), or V2's complex rotation
-        return bool(getattr(text, "rope_interleave", False)) or model_type in MLA_COMPLEX
+        # MLA: only V2's complex rotation caches interleaved pairs. DeepSeek-V3 style
+        # ``rope_interleave`` reads the pairs (2i, 2i+1) of its input but writes the rotated key
+        # de-interleaved (``cat([x1 cos - x2 sin, x2 cos + x1 sin])``): the cached key is half-split
+        return model_type in MLA_COMPLEX
     return model_type in INTERLEAVED
+
+
+#: sparse-attention (DSA) families whose indexer rotates the last ``qk_rope_head_dim`` dims of its
+#: keys (the others rotate the first ones); every DSA indexer caches its rotated part half-split
+INDEXER_ROPE_LAST = frozenset({"hy_v4"})
+#: sparse-attention families whose indexer cache is not per-token rotated keys, with the reason
+INDEXER_REFUSALS = {
+    "qwen4_exp": "its QSA indexer caches un-rotated keys pooled into blocks at run time plus the 3D position"
+                 " history of the whole cache, which kvbridge does not carry",
+}
+
+
+def indexer(model_type: str, text: Any, indexed: list) -> dict:
+    """Indexer-key cache of a DSA model: the layers that run their own indexer (``indexer_types``
+    "full"; "shared" layers reuse an earlier layer's top-k and cache none), the keys' head dim
+    and where their RoPE part sits. Raises ``ValueError`` with the reason for other kinds."""
+    from kvbridge.builtin.families.generic import _layer_attr
+
+    why = INDEXER_REFUSALS.get(model_type) or INDEXER_REFUSALS.get(model_type.removesuffix("_text"))
+    head_dim = _layer_attr(text, "index_head_dim", None)
+    if why or not head_dim:
+        raise ValueError(why or "its sparse-attention indexer cache has no known layout (no `index_head_dim`)")
+    modes = list(getattr(text, "indexer_types", None) or [])
+    layers = tuple(i for i in indexed if not (i < len(modes) and modes[i] == "shared"))
+    rope_dim = int(_layer_attr(text, "qk_rope_head_dim", 0) or 0)
+    offset = int(head_dim) - rope_dim if model_type in INDEXER_ROPE_LAST else 0
+    return {"layers": layers, "head_dim": int(head_dim), "rope_dim": rope_dim, "rope_offset": offset}
 
 
 def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:

@@ -53,6 +53,18 @@ def _states_of(layer) -> dict | None:
     return out
 
 
+def _indexer_keys_of(layer, i: int):
+    """The indexer keys of a sparse-attention cache layer (cloned)."""
+    t = getattr(layer, "indexer_keys", None)
+    if t is None or t.dim() != 3:
+        raise StateError(f"layer {i} of the model's cache holds no indexer keys, spec says it does",
+                         "check the adapter's describe() for this model")
+    if getattr(layer, "indexer_position_ids", None) is not None:
+        raise StateError(f"layer {i} of the model's cache also holds indexer position ids, which kvbridge does "
+                         "not carry", "this sparse-attention cache cannot be moved exactly")
+    return t.detach().clone()
+
+
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
     import torch
 
@@ -77,7 +89,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         raise StateError(f"model returned a cache with {len(cache.layers)} layers, spec says {spec.num_layers}",
                          "check the adapter's describe() for this model")
     B, T = ids.shape
-    keys, values, states = [], [], []
+    keys, values, states, indexer = [], [], [], []
     dtype = next(model.parameters()).dtype
     for i, layer in enumerate(cache.layers):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -93,13 +105,16 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         st = _states_of(layer)
         if st is not None:
             states.append((i, st))
+        if i in spec.indexer_layers:
+            indexer.append((i, _indexer_keys_of(layer, i)))
     positions = torch.arange(T, device=ids.device).expand(B, T).clone()
     if attention_mask is not None:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     lengths = adapter._rope_lengths(model, spec, positions)
     return KVState(keys=tuple(keys), values=tuple(values), token_ids=ids.clone(), positions=positions, spec=spec,
                    rope_applied=spec.positional == "rope", rope_lengths=lengths,
-                   model_fingerprint=config_fingerprint(model.config.to_dict()), states=tuple(states))
+                   model_fingerprint=config_fingerprint(model.config.to_dict()), states=tuple(states),
+                   indexer_keys=tuple(indexer))
 
 
 def inject(adapter, state, model=None, *, check: bool = True):
@@ -115,11 +130,18 @@ def inject(adapter, state, model=None, *, check: bool = True):
                          "extract the state from a model of this family (recurrent state cannot be mapped)")
     if model is None:
         raise StateError("the generic adapter needs the model to build its cache", "pass model=")
+    if state.spec.indexer_layers and not state.indexer_keys:
+        raise StateError("the state has no indexer keys for the model's sparse-attention layers "
+                         f"{list(state.spec.indexer_layers)}",
+                         "extract the state from this model (indexer keys cannot be mapped across models)")
     cache = new_cache(model, full_history=True)
     by_layer = dict(state.states)
+    indexer = dict(state.indexer_keys)
     for i, layer in enumerate(cache.layers):
         if i in state.spec.kv_layers:
             layer.update(state.keys[i].detach().clone(), state.values[i].detach().clone())
+        if i in indexer:
+            layer.update_indexer(indexer[i].detach().clone())
         st = by_layer.get(i)
         if st is not None:
             for key, value in st.items():
