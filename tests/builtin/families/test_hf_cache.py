@@ -141,10 +141,18 @@ def test_indexer_keys_are_never_mapped_to_another_model():
         state.validate(plain)
 
 
-def test_qwen4_exp_block_indexer_is_refused_with_the_reason():
-    from kvbridge.errors import UnsupportedModelError
-
-    data = tiny.tiny_config_dict("qwen4_exp_text")
-    with pytest.raises(UnsupportedModelError, match="QSA indexer"):
-        HOST.adapter_for(data).describe(data)
-    assert "qwen4_exp" in facts.INDEXER_REFUSALS
+def test_raw_key_indexer_rebuilds_its_position_history(monkeypatch):
+    """Qwen4-Exp's QSA indexer caches un-rotated keys and rotates them at run time from a position
+    history on its first indexed layer: rebuilt from the state's positions, it must match."""
+    model, adapter, spec = _tiny("qwen4_exp_text")
+    info = dict(spec.indexer)
+    assert spec.indexer_layers == (3,) and info["rope_dim"] == 0 and info["position_rows"] == 3
+    ids = _ids(14)
+    state = adapter.extract(copy.deepcopy(model), ids[:, :12])
+    own = _own_logits(model, ids, 12)
+    good = _next_logits(copy.deepcopy(model), adapter, state, ids[:, 12:])
+    assert float((good - own).abs().max()) <= 1e-5
+    rebuilt = _hf_cache._indexer_positions
+    monkeypatch.setattr(_hf_cache, "_indexer_positions", lambda st: rebuilt(st).flip(-1))  # a wrong history
+    bad = _next_logits(copy.deepcopy(model), adapter, state, ids[:, 12:])
+    assert float((bad - own).abs().max()) > 1e-4

@@ -90,11 +90,12 @@ def interleaved(model_type: str, text: Any) -> bool:
 #: sparse-attention (DSA) families whose indexer rotates the last ``qk_rope_head_dim`` dims of its
 #: keys (the others rotate the first ones); every DSA indexer caches its rotated part half-split
 INDEXER_ROPE_LAST = frozenset({"hy_v4"})
-#: sparse-attention families whose indexer cache is not per-token rotated keys, with the reason
-INDEXER_REFUSALS = {
-    "qwen4_exp": "its QSA indexer caches un-rotated keys pooled into blocks at run time plus the 3D position"
-                 " history of the whole cache, which kvbridge does not carry",
-}
+#: sparse-attention families whose indexer cache is not per-token keys, with the reason
+INDEXER_REFUSALS: dict = {}
+#: Qwen4-Exp's QSA indexer caches un-rotated keys (``indexer_head_dim``), pooled into blocks and
+#: rotated at run time from a 3-row (M-RoPE) position history kept on the first indexed layer; for
+#: text that history is the token positions on every row, so it is rebuilt from the state's positions
+INDEXER_RAW_KEYS = frozenset({"qwen4_exp", "qwen4_exp_text"})
 
 
 def indexer(model_type: str, text: Any, indexed: list) -> dict:
@@ -104,9 +105,18 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
     from kvbridge.builtin.families.generic import _layer_attr
 
     why = INDEXER_REFUSALS.get(model_type) or INDEXER_REFUSALS.get(model_type.removesuffix("_text"))
+    if why:
+        raise ValueError(why)
+    if model_type in INDEXER_RAW_KEYS:
+        head_dim = _layer_attr(text, "indexer_head_dim", None)
+        if not head_dim or int(_layer_attr(text, "indexer_kv_heads", 1)) != 1:
+            raise ValueError("its QSA indexer is not configured with one key head (`indexer_head_dim`, "
+                             "`indexer_kv_heads`)")
+        return {"layers": tuple(indexed), "head_dim": int(head_dim), "rope_dim": 0, "rope_offset": 0,
+                "position_rows": 3}
     head_dim = _layer_attr(text, "index_head_dim", None)
-    if why or not head_dim:
-        raise ValueError(why or "its sparse-attention indexer cache has no known layout (no `index_head_dim`)")
+    if not head_dim:
+        raise ValueError("its sparse-attention indexer cache has no known layout (no `index_head_dim`)")
     modes = list(getattr(text, "indexer_types", None) or [])
     layers = tuple(i for i in indexed if not (i < len(modes) and modes[i] == "shared"))
     rope_dim = int(_layer_attr(text, "qk_rope_head_dim", 0) or 0)

@@ -53,16 +53,29 @@ def _states_of(layer) -> dict | None:
     return out
 
 
-def _indexer_keys_of(layer, i: int):
-    """The indexer keys of a sparse-attention cache layer (cloned)."""
+def _indexer_keys_of(layer, i: int, spec, positions):
+    """The indexer keys of a sparse-attention cache layer (cloned). A position history kept beside
+    them (Qwen4-Exp) must be the token positions on each row: it is rebuilt from them on injection."""
     t = getattr(layer, "indexer_keys", None)
     if t is None or t.dim() != 3:
         raise StateError(f"layer {i} of the model's cache holds no indexer keys, spec says it does",
                          "check the adapter's describe() for this model")
-    if getattr(layer, "indexer_position_ids", None) is not None:
-        raise StateError(f"layer {i} of the model's cache also holds indexer position ids, which kvbridge does "
-                         "not carry", "this sparse-attention cache cannot be moved exactly")
+    pos = getattr(layer, "indexer_position_ids", None)
+    if pos is not None:
+        rows = int(dict(spec.indexer).get("position_rows", 0))
+        if not rows or tuple(pos.shape) != (rows, *positions.shape) or not bool((pos == positions[None]).all()):
+            raise StateError(f"layer {i} of the model's cache holds an indexer position history that is not the "
+                             "token positions (multimodal positions?), which kvbridge does not carry",
+                             "extract from text-only input ids")
     return t.detach().clone()
+
+
+def _indexer_positions(state):
+    """The position history a raw-key indexer (Qwen4-Exp) keeps on its first indexed layer."""
+    rows = int(dict(state.spec.indexer).get("position_rows", 0))
+    if not rows or not state.indexer_keys:
+        return None
+    return state.positions[None].expand(rows, *state.positions.shape).clone()
 
 
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
@@ -89,6 +102,9 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         raise StateError(f"model returned a cache with {len(cache.layers)} layers, spec says {spec.num_layers}",
                          "check the adapter's describe() for this model")
     B, T = ids.shape
+    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
+    if attention_mask is not None:
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     keys, values, states, indexer = [], [], [], []
     dtype = next(model.parameters()).dtype
     for i, layer in enumerate(cache.layers):
@@ -106,10 +122,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         if st is not None:
             states.append((i, st))
         if i in spec.indexer_layers:
-            indexer.append((i, _indexer_keys_of(layer, i)))
-    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
-    if attention_mask is not None:
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            indexer.append((i, _indexer_keys_of(layer, i, spec, positions)))
     lengths = adapter._rope_lengths(model, spec, positions)
     return KVState(keys=tuple(keys), values=tuple(values), token_ids=ids.clone(), positions=positions, spec=spec,
                    rope_applied=spec.positional == "rope", rope_lengths=lengths,
@@ -142,6 +155,8 @@ def inject(adapter, state, model=None, *, check: bool = True):
             layer.update(state.keys[i].detach().clone(), state.values[i].detach().clone())
         if i in indexer:
             layer.update_indexer(indexer[i].detach().clone())
+            if i == state.spec.indexer_layers[0]:
+                layer.indexer_position_ids = _indexer_positions(state)
         st = by_layer.get(i)
         if st is not None:
             for key, value in st.items():
