@@ -87,6 +87,9 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     cache = getattr(cache, "self_attention_cache", cache)  # decoders of encoder-decoder families
     layers = list(getattr(cache, "layers", []) or [])
+    side = getattr(cache, "linear_cache", None)  # MiniMaxCache keeps lightning-attention state beside its layers
+    if side is not None and len(side) > len(layers):  # and adds layers only up to the last attention layer
+        layers += [None] * (len(side) - len(layers))
     if len(layers) != spec.num_layers:
         return [f"cache has {len(layers)} layers, described {spec.num_layers}"], None
     windowed = DynamicCache(config=model.config).layers if isinstance(cache, DynamicCache) else layers
@@ -99,7 +102,8 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         if has_kv != (i in spec.kv_layers):
             wrong.append(f"layer {i}: cache {'holds' if has_kv else 'has no'} K/V, described the opposite")
             continue
-        has_state = hasattr(layer, "recurrent_states")
+        has_state = hasattr(layer, "recurrent_states") or (side is not None and i < len(side)
+                                                            and isinstance(side[i], torch.Tensor))
         if has_state != (i in spec.state_layers):
             wrong.append(f"layer {i}: recurrent state {'present' if has_state else 'absent'}, described the opposite")
         ik = getattr(layer, "indexer_keys", None)

@@ -1,4 +1,4 @@
-"""Reading and building transformers caches: the sparse-attention (DSA) indexer keys.
+"""Reading and building transformers caches: sparse-attention indexer keys, MiniMax's own cache.
 
 DeepSeek-V3.2-style models cache, beside the MLA latent and RoPE key, one indexer key per token
 (``[B, T, index_head_dim]``) that picks the top-k tokens each query attends to. These tests
@@ -49,10 +49,8 @@ def _next_logits(model, adapter, state, next_ids):
 
 def _own_logits(model, ids, n_prefix):
     """The model's own cached continuation: its prefill of the prefix, then the rest."""
-    from transformers import DynamicCache
-
     model = copy.deepcopy(model)
-    cache = DynamicCache(config=model.config)
+    cache = _hf_cache.reference_cache(model)
     with torch.no_grad():
         model(input_ids=ids[:, :n_prefix], cache=cache, use_cache=True)
         pos = torch.arange(n_prefix, ids.shape[1])[None]
@@ -155,4 +153,20 @@ def test_raw_key_indexer_rebuilds_its_position_history(monkeypatch):
     rebuilt = _hf_cache._indexer_positions
     monkeypatch.setattr(_hf_cache, "_indexer_positions", lambda st: rebuilt(st).flip(-1))  # a wrong history
     bad = _next_logits(copy.deepcopy(model), adapter, state, ids[:, 12:])
+    assert float((bad - own).abs().max()) > 1e-4
+
+
+def test_minimax_lightning_state_is_carried_beside_the_layers():
+    """MiniMax builds its own MiniMaxCache: K/V on attention layers, each lightning-attention
+    layer's K^T V state in ``linear_cache``; both move whole, and a zeroed state is caught."""
+    model, adapter, spec = _tiny("minimax")
+    assert spec.state_layers == (1, 3) and spec.kv_layers == (0, 2)
+    ids = _ids(14)
+    state = adapter.extract(copy.deepcopy(model), ids[:, :12])
+    assert [i for i, _ in state.states] == [1, 3] and all("linear_cache" in st for _, st in state.states)
+    own = _own_logits(model, ids, 12)
+    good = _next_logits(copy.deepcopy(model), adapter, state, ids[:, 12:])
+    assert float((good - own).abs().max()) <= 1e-5
+    zeroed = replace(state, states=tuple((i, {k: v * 0 for k, v in st.items()}) for i, st in state.states))
+    bad = _next_logits(copy.deepcopy(model), adapter, zeroed, ids[:, 12:])
     assert float((bad - own).abs().max()) > 1e-4

@@ -23,12 +23,15 @@ REFUSED: dict[str, str] = {
     "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
     "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
     "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
-    "minimax": "its own MiniMaxCache keeps lightning-attention state in place of K/V on linear layers, outside the"
-               " per-layer cache contract",
     "xlm": "it keeps its cache in its own per-layer dict, not a transformers Cache",
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
+
+#: families whose model builds its own cache class (generate passes none), and the attribute that
+#: holds per-layer recurrent state outside the layers: MiniMax keeps each lightning-attention
+#: layer's K^T V state in ``MiniMaxCache.linear_cache[layer]``
+OWN_CACHE = {"minimax": ("MiniMaxCache", "linear_cache")}
 
 #: transformers cache layer kinds kvbridge refuses, with what differs in them
 LAYER_REFUSALS = {

@@ -31,12 +31,51 @@ def _layers_for(model, *, full_history: bool):
     return layers
 
 
-def new_cache(model, *, full_history: bool = True):
+def _own_cache(model):
+    """(cache class, state attribute) of a family whose model builds its own cache, or None."""
+    import sys
+
+    from kvbridge.builtin.families._generic_facts import OWN_CACHE
+
+    entry = OWN_CACHE.get(getattr(model.config.get_text_config(decoder=True), "model_type", None))
+    if entry is None:
+        return None
+    return getattr(sys.modules[type(model).__module__], entry[0]), entry[1]
+
+
+def reference_cache(model):
+    """The cache ``generate`` itself would use: ``DynamicCache(config=...)``, or the family's own."""
     from transformers import DynamicCache
 
+    own = _own_cache(model)
+    return own[0]() if own else DynamicCache(config=model.config)
+
+
+def new_cache(model, *, full_history: bool = True, filled: bool = False):
+    """An empty cache laid out for ``model``; ``filled``: about to be filled by injection (a family's
+    own cache class then gets every layer and an empty state slot per layer up front)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    own = _own_cache(model)
+    if own is not None:  # its own class: plain layers (added as the model runs), state beside them
+        cache = own[0]()
+        if filled:
+            n = model.config.get_text_config(decoder=True).num_hidden_layers
+            cache.layers = [DynamicLayer() for _ in range(n)]
+            setattr(cache, own[1], [[] for _ in range(n)])
+        return cache
     cache = DynamicCache()
     cache.layers = _layers_for(model, full_history=full_history)
     return cache
+
+
+def _side_state(cache, model, i: int) -> dict | None:
+    """Recurrent state a family's own cache keeps beside its layers (MiniMax), cloned, or None."""
+    own = _own_cache(model)
+    held = getattr(cache, own[1], None) if own else None
+    t = held[i] if held is not None and i < len(held) else None
+    return {own[1]: t.detach().clone()} if hasattr(t, "detach") else None
 
 
 def _states_of(layer) -> dict | None:
@@ -98,8 +137,11 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
     with torch.no_grad():
         out = model(input_ids=ids, **kwargs)
     cache = getattr(out, "cache", None) or cache
-    if len(cache.layers) != spec.num_layers:
-        raise StateError(f"model returned a cache with {len(cache.layers)} layers, spec says {spec.num_layers}",
+    layers = list(cache.layers)
+    if _own_cache(model) is not None:  # its own class adds layers only up to the last attention layer
+        layers += [None] * (len(cache) - len(layers))
+    if len(layers) != spec.num_layers:
+        raise StateError(f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
                          "check the adapter's describe() for this model")
     B, T = ids.shape
     positions = torch.arange(T, device=ids.device).expand(B, T).clone()
@@ -107,7 +149,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     keys, values, states, indexer = [], [], [], []
     dtype = next(model.parameters()).dtype
-    for i, layer in enumerate(cache.layers):
+    for i, layer in enumerate(layers):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
         if i in spec.kv_layers:
             if k is None or k.dim() != 4:
@@ -119,6 +161,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
             keys.append(torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device))
             values.append(torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device))
         st = _states_of(layer)
+        st = st if st is not None or i not in spec.state_layers else _side_state(cache, model, i)
         if st is not None:
             states.append((i, st))
         if i in spec.indexer_layers:
@@ -147,7 +190,7 @@ def inject(adapter, state, model=None, *, check: bool = True):
         raise StateError("the state has no indexer keys for the model's sparse-attention layers "
                          f"{list(state.spec.indexer_layers)}",
                          "extract the state from this model (indexer keys cannot be mapped across models)")
-    cache = new_cache(model, full_history=True)
+    cache = new_cache(model, full_history=True, filled=True)
     by_layer = dict(state.states)
     indexer = dict(state.indexer_keys)
     for i, layer in enumerate(cache.layers):
@@ -158,7 +201,10 @@ def inject(adapter, state, model=None, *, check: bool = True):
             if i == state.spec.indexer_layers[0]:
                 layer.indexer_position_ids = _indexer_positions(state)
         st = by_layer.get(i)
-        if st is not None:
+        own = _own_cache(model)
+        if st is not None and own is not None and own[1] in st:
+            getattr(cache, "set_" + own[1])(i, st[own[1]].detach().clone())  # MiniMaxCache.set_linear_cache
+        elif st is not None:
             for key, value in st.items():
                 if "." in key:
                     name, idx = key.split(".")
