@@ -85,6 +85,12 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
     with torch.no_grad():
         out = m(input_ids=ids, use_cache=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None:  # the model fills a cache it is given but returns none (XLM): give it generate's own
+        from kvbridge.builtin.families import _hf_cache
+
+        cache, m = _hf_cache.reference_cache(model), copy.deepcopy(model)
+        with torch.no_grad():
+            m(input_ids=ids, cache=cache, use_cache=True)
     cache = getattr(cache, "self_attention_cache", cache)  # decoders of encoder-decoder families
     layers = list(getattr(cache, "layers", []) or [])
     side = getattr(cache, "linear_cache", None)  # MiniMaxCache keeps lightning-attention state beside its layers

@@ -19,12 +19,18 @@ REFUSED: dict[str, str] = {
     "falcon_mamba": "no attention KV cache (recurrent/state-space model)",
     "rwkv": "no attention KV cache (recurrent/state-space model)",
     "xlstm": "no attention KV cache (recurrent/state-space model)",
-    "recurrent_gemma": "no attention KV cache of the usual kind (recurrent blocks + local attention in its own cache)",
+    "recurrent_gemma": "its recurrent blocks keep their state on the model's own modules (conv1d_state,"
+                       " rg_lru.recurrent_states), not in the cache: a cache alone cannot carry it",
     "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
     "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
     "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
-    "xlm": "it keeps its cache in its own per-layer dict, not a transformers Cache",
+    "xlm": "its generate appends a mask token to the whole prefix at every step, and transformers' own"
+           " continuation of a prefilled cache fails: there is no cached continuation to match",
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
+    "gemma4_unified_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
+                                " (shared_kv_states); it caches none of its own",
+    "blt": "byte-level model: local byte encoder/decoder stacks, a global patch transformer and cross-attention"
+           " between bytes and patches share one encoder-decoder cache, not per-token K/V of one decoder stack",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
