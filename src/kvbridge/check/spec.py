@@ -253,7 +253,8 @@ class ModelSpec:
         dims = int(info.get("rope_dim", 0))
         if table is None or not dims:
             return None, 0, 0
-        return replace(table, head_dim=dims, partial_factor=1.0, interleaved=False), int(info.get("rope_offset", 0)), dims
+        table = replace(table, head_dim=dims, partial_factor=1.0, interleaved=False)
+        return table, int(info.get("rope_offset", 0)), dims
 
     def extra(self, name: str, default: Any = None) -> Any:
         return dict(self.extras).get(name, default)
@@ -285,7 +286,8 @@ class ModelSpec:
         for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
             value = getattr(self, name)
             if value != default:
-                out[name] = _thaw(value) if name in ("latent", "indexer") else (list(value) if isinstance(value, tuple) else value)
+                out[name] = _thaw(value) if name in ("latent", "indexer") else \
+                    (list(value) if isinstance(value, tuple) else value)
         return out
 
     @classmethod

@@ -116,7 +116,8 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         if (ik is not None) != (i in spec.indexer_layers):
             wrong.append(f"layer {i}: indexer keys {'present' if ik is not None else 'absent'}, described the opposite")
         elif ik is not None and (ik.dim() != 3 or ik.shape[-1] != spec.indexer_dim() or str(ik.dtype) != str(k.dtype)):
-            wrong.append(f"layer {i}: indexer keys {tuple(ik.shape)} {ik.dtype}, described [B, T, {spec.indexer_dim()}]")
+            wrong.append(f"layer {i}: indexer keys {tuple(ik.shape)} {ik.dtype}, "
+                         f"described [B, T, {spec.indexer_dim()}]")
         if has_kv:
             want_k = (1, spec.kv_heads_of(i), spec.key_dim_of(i))
             want_v = (1, spec.kv_heads_of(i), spec.value_dim_of(i))

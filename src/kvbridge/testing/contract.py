@@ -84,7 +84,6 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
     own cached continuation (identical greedy tokens, max abs logit diff <= ``tol``, 1e-6 by
     default, in float32). ``model`` replaces building one from ``config``."""
     import torch
-    from transformers import DynamicCache
 
     from kvbridge.builtin.families import _hf_cache
     from kvbridge.handoff import generate

@@ -15,7 +15,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvbridge.builtin.families import _generic_facts as facts
 from kvbridge.builtin.families import _hf_cache
 from kvbridge.conformance import tiny
 from kvbridge.errors import StateError
