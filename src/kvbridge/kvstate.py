@@ -69,7 +69,8 @@ class KVState:
         return self.keys[0].device
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values, *(t for _, t in self.indexer_keys)))
+        tensors = (*self.keys, *self.values, *(t for _, t in self.indexer_keys))
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- checks ------------------------------------------------------------------------
     def validate(self, spec: ModelSpec | None = None, *, dtype: "torch.dtype | None" = None,
