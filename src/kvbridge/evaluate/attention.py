@@ -30,10 +30,14 @@ def _capture_forward(module, query, key, value, attention_mask, **kwargs):
     active = _STORE["active"]
     if active is not None:
         layer = int(getattr(module, "layer_idx", len(active["layers"])))
+        rows = active["rows"]  # keep the first `rows` batch rows only (None: all)
+
+        def keep(t):
+            return (t if rows is None or t.shape[0] == 1 else t[:rows]).detach().clone()
+
         active["layers"][layer] = {
-            "q": query.detach().float().clone(), "k": key.detach().float().clone(),
-            "v": value.detach().float().clone(),
-            "mask": None if attention_mask is None else attention_mask.detach().clone(),
+            "q": keep(query.float()), "k": keep(key.float()), "v": keep(value.float()),
+            "mask": None if attention_mask is None else keep(attention_mask),
             "scaling": kwargs.get("scaling"), "softcap": kwargs.get("softcap"),
             "sliding_window": kwargs.get("sliding_window"),
         }
@@ -53,16 +57,17 @@ def _register_capture(impl: str) -> None:
 
 
 @contextlib.contextmanager
-def capture_attention(model):
+def capture_attention(model, rows: int | None = None):
     """Record every layer's queries, keys, values and mask during forwards inside the block.
 
     The model's own attention implementation still computes the output (logits unchanged);
     the capturing function is installed by name for the block only and removed after.
+    ``rows``: record only the first ``rows`` batch rows (the native ones of a stacked forward).
     """
     config = model.config
     impl = getattr(config, "_attn_implementation", None) or "eager"
     _register_capture(impl)
-    store = {"impl": impl, "layers": {}}
+    store = {"impl": impl, "layers": {}, "rows": rows}
     prev = _STORE["active"]
     _STORE["active"] = store
     config._attn_implementation = _CAPTURE_NAME

@@ -145,19 +145,21 @@ def _greedy(model, cache, first, steps: int) -> torch.Tensor:
     return torch.cat(toks, dim=1)
 
 
-def _continue(model, cache, cont, steps: int, fresh=None, capture: bool = False) -> tuple:
+def _continue(model, cache, cont, steps: int, fresh=None, capture: bool | int = False) -> tuple:
     """Teacher-forced logits of ``cont`` from ``cache``, and ``steps`` greedy tokens from the prefix.
 
     The greedy run reuses the teacher-forced forward: step 0 is the argmax of continuation
     position 0, and the cache is cropped back to prefix + that token (no second inject, no
     repeated forward). ``fresh()`` gives a new cache for the plain re-run where a cache type
     cannot be cropped. ``capture``: record the attention of the teacher-forced forward only
-    (:func:`capture_attention`); returns ``(logits, tokens, captured or None)``.
+    (:func:`capture_attention`; an int: of that many leading batch rows); returns
+    ``(logits, tokens, captured or None)``.
     """
     from transformers import DynamicCache
 
     cache = DynamicCache() if cache is None else cache
-    with torch.no_grad(), capture_attention(model) if capture else contextlib.nullcontext() as captured:
+    rows = None if capture is True else int(capture) if capture else None
+    with torch.no_grad(), capture_attention(model, rows) if capture else contextlib.nullcontext() as captured:
         logits = model(input_ids=cont, cache=cache, use_cache=True).logits.float()
     c = cont.shape[1]
     try:
@@ -171,6 +173,18 @@ def _continue(model, cache, cont, steps: int, fresh=None, capture: bool = False)
     first = logits[:, 0].argmax(-1, keepdim=True)
     toks = torch.cat([first, _greedy(model, cache, first, steps - 1)], dim=1) if steps > 1 else first
     return logits, toks, captured
+
+
+def capture_rows(captured: dict, b: int, rows: int) -> dict:
+    """The first ``b`` batch rows of an attention capture of ``rows`` rows (native's, in a stacked forward)."""
+    if rows == b:
+        return captured
+
+    def cut(t):
+        return t[:b] if t is not None and t.dim() and t.shape[0] == rows else t
+
+    return {layer: {k: cut(v) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
+            for layer, c in captured.items()}
 
 
 def _rows(state, start: int, stop: int):
@@ -310,25 +324,22 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
         if "no_rope_reapply" in conds:
             states["no_rope_reapply"] = no_rope_state(src_state, mapping, tspec, host=host)
 
-        # native first: its logits are what every other condition is compared with
-        cache = tad.inject(native_state, target)
-        logits, ref_greedy, captured = _continue(target, cache, cont, config.greedy_tokens,
-                                                 fresh=lambda: tad.inject(native_state, target),
-                                                 capture=config.attention)
-        fields, native = position_fields(logits, targets, None, top_k=config.top_k, top_p=config.top_p)
-        for name, value in fields.items():
-            add("native", name, value)
-        # native against itself: exact by definition (KL 0, same argmax, full top-k overlap, TV 0)
-        zeros, ones = torch.zeros(targets.shape, dtype=torch.float64), torch.ones(targets.shape, dtype=torch.float64)
-        add("native", "kl", zeros)
-        add("native", "top1", ones)
-        add("native", "topk", ones * (min(config.top_k, logits.shape[-1]) / config.top_k))
-        add("native", "tv", zeros)
-        add("native", "max_abs_logit_diff", torch.zeros(targets.shape[:1], dtype=torch.float64))
-        add("native", "greedy_div", torch.full((len(idx),), float(config.greedy_tokens)))
-        if captured is not None:
-            add("native", "attn_cos", attention_cosines(captured, native_state, p))
-        del logits
+        # every cache condition, native first, stacked along the batch: one teacher-forced forward and one greedy
+        # loop per group (groups sized by LOGITS_BUDGET); native's logits are what every other one is compared with
+        cached = ["native"] + [x for x in conds if x in states and x != "native"]
+        vocab = int(getattr(target.config, "vocab_size", 0) or tspec.vocab_size or 1)
+        per_group = max(1, LOGITS_BUDGET // max(1, b * c * vocab * 4))
+        parts = []
+        for g0 in range(0, len(cached), per_group):
+            group = tuple(cached[g0:g0 + per_group])
+            stacked = _cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
+            if stacked is not None:
+                parts.append((group, stacked))
+            elif group[0] == "native" and len(group) > 2 and _cat_states([states[x] for x in group[1:]]) is not None:
+                parts += [(group[:1], states["native"]), (group[1:], _cat_states([states[x] for x in group[1:]]))]
+            else:  # states of different kinds: one forward each
+                parts += [((x,), states[x]) for x in group]
+        native = ref_greedy = captured = None
 
         def score(cond, logits, toks):
             fields, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
@@ -336,27 +347,34 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
                 add(cond, name, value)
             add(cond, "greedy_div", first_divergence_steps(toks, ref_greedy))
 
-        # the other cache conditions: stacked along the batch, one forward + one greedy loop per group
-        cached = [x for x in conds if x in states and x != "native"]
-        for cond in cached:
-            if captured is not None:
-                add(cond, "attn_cos", attention_cosines(captured, states[cond], p))
-        vocab = int(getattr(target.config, "vocab_size", 0) or tspec.vocab_size or 1)
-        per_group = max(1, LOGITS_BUDGET // max(1, b * c * vocab * 4))
-        for g0 in range(0, len(cached), per_group):
-            group = cached[g0:g0 + per_group]
-            stacked = _cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
-            if stacked is None:  # states of different kinds: one forward each
-                parts = [(x, states[x]) for x in group]
-            else:
-                parts = [(tuple(group), stacked)]
-            for names, state in parts:
-                reps = len(names) if isinstance(names, tuple) else 1
-                logits, toks, _ = _continue(target, tad.inject(state, target), cont.repeat(reps, 1),
-                                            config.greedy_tokens, fresh=lambda st=state: tad.inject(st, target, check=False))
-                for j, cond in enumerate(names if isinstance(names, tuple) else (names,)):
-                    score(cond, logits[j * b:(j + 1) * b], toks[j * b:(j + 1) * b])
-                del logits
+        for names, state in parts:
+            logits, toks, cap = _continue(target, tad.inject(state, target), cont.repeat(len(names), 1),
+                                          config.greedy_tokens, fresh=lambda st=state: tad.inject(st, target, check=False),
+                                          capture=b if config.attention and names[0] == "native" else False)
+            for j, cond in enumerate(names):
+                rows_logits, rows_toks = logits[j * b:(j + 1) * b], toks[j * b:(j + 1) * b]
+                if cond != "native":
+                    score(cond, rows_logits, rows_toks)
+                    if captured is not None:
+                        add(cond, "attn_cos", attention_cosines(captured, states[cond], p))
+                    continue
+                ref_greedy = rows_toks
+                fields, native = position_fields(rows_logits, targets, None, top_k=config.top_k, top_p=config.top_p)
+                for name, value in fields.items():
+                    add("native", name, value)
+                # native against itself: exact by definition (KL 0, same argmax, full top-k overlap, TV 0)
+                zeros = torch.zeros(targets.shape, dtype=torch.float64)
+                ones = torch.ones(targets.shape, dtype=torch.float64)
+                add("native", "kl", zeros)
+                add("native", "top1", ones)
+                add("native", "topk", ones * (min(config.top_k, logits.shape[-1]) / config.top_k))
+                add("native", "tv", zeros)
+                add("native", "max_abs_logit_diff", torch.zeros(targets.shape[:1], dtype=torch.float64))
+                add("native", "greedy_div", torch.full((len(idx),), float(config.greedy_tokens)))
+                if cap is not None:
+                    captured = capture_rows(cap, b, len(names) * b)
+                    add("native", "attn_cos", attention_cosines(captured, native_state, p))
+            del logits
         if "no_prefix" in conds:
             logits, toks, _ = _continue(target, None, cont, config.greedy_tokens)
             score("no_prefix", logits, toks)
