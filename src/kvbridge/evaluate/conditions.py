@@ -32,9 +32,9 @@ which :mod:`kvbridge.evaluate.metrics` computes every metric and its bootstrap i
 Logits are reduced as soon as a batch is done (they are not kept), so memory is
 ``O(batch x C x vocab)``.
 
-Attention-output cosine (per target layer): during the native continuation a capturing
-attention function (registered with transformers' ``AttentionInterface`` and enabled on the
-target only for that forward) records, per layer, the post-RoPE queries of the continuation
+Attention-output cosine (per target layer): during the native continuation (native's rows of
+the stacked teacher-forced forward) a capturing attention function (registered with
+transformers' ``AttentionInterface`` and enabled on the target only for that forward) records, per layer, the post-RoPE queries of the continuation
 tokens, the full keys/values the layer attended to (prefix + continuation) and the mask. For
 each condition that has a prefix cache, the prefix slice ``[:P]`` of those keys/values is
 replaced by the condition's cached K/V and attention is recomputed with the *same* queries,
