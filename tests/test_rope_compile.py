@@ -31,6 +31,7 @@ def _eager(fn):
 
 
 def test_mode_from_environment(monkeypatch):
+    monkeypatch.delenv(RC.KERNEL_ENV, raising=False)
     monkeypatch.setenv(RC.ENV, "1")
     RC.set_mode(None)
     assert RC.mode() == "compiled"
@@ -39,6 +40,14 @@ def test_mode_from_environment(monkeypatch):
     assert RC.mode() == "eager"
     with pytest.raises(ValueError):
         RC.set_mode("fast")
+    monkeypatch.setenv(RC.KERNEL_ENV, "native")  # the newer variable wins
+    RC.set_mode(None)
+    assert RC.mode() == "native"
+    monkeypatch.setenv(RC.KERNEL_ENV, "fast")
+    RC.set_mode(None)
+    with pytest.warns(RuntimeWarning, match="not one of"):
+        assert RC.mode() == "eager"
+    RC.set_mode(None)
 
 
 def test_compile_failure_falls_back_to_eager(compiled_mode, monkeypatch):

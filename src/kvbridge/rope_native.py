@@ -1,0 +1,270 @@
+"""A small native (C++) kernel for the half-split RoPE rotation on the CPU: one pass, any threads.
+
+The eager half-split rotation (:mod:`kvbridge.rope_kernels`) is three or four elementwise torch
+kernels; this one reads each key once and writes it once (the memory-bandwidth floor of any
+elementwise op). It is plain C++ with no torch headers, built with the system C++ compiler
+(``$CXX``, else ``c++``/``g++``/``clang++``) into a shared library on first use, in well under a
+second, and cached under ``$KVBRIDGE_HOME/native/`` by a hash of its source, the flags and the
+compiler (written to a temporary name and renamed: never half-written). It is called through
+``ctypes`` on the tensors' memory, which releases the GIL, so several threads can split the rows.
+
+- ``exact`` (:func:`kvbridge.rope.apply`): keys, tables and output in one dtype (float32 or
+  bfloat16) and the models' rounding steps: each product and each sum rounded to that dtype
+  (``-ffp-contract=off``: no fused multiply-add; bfloat16 by round-to-nearest-even from the
+  float32 result, as eager torch does: a product of two bfloat16s is exact in float32).
+- not exact (strip, reposition): float32 tables, keys float32 or bfloat16, computed in float32
+  and rounded once to the keys' dtype.
+
+The caller (:mod:`kvbridge.rope_compile`) checks the first result per key against the eager
+kernel (bit for bit when exact) and falls back to eager when anything is off; :func:`rotate`
+raises :class:`Unavailable` for inputs it does not handle (not CPU, float16/float64, a last
+dimension that is not contiguous, odd table layouts) and when no library can be built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+static inline float ld(float v) { return v; }
+static inline float ld(bf16 b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* float -> bfloat16, round to nearest even; NaN -> 0x7FC0 (c10's round_to_nearest_even) */
+static inline bf16 to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return f != f ? (bf16)0x7FC0 : (bf16)r;
+}
+static inline void st(float *p, float v) { *p = v; }
+static inline void st(bf16 *p, float v) { *p = to_bf16(v); }
+static inline float rnd(float v, const float *) { return v; }
+static inline float rnd(float v, const bf16 *) { return ld(to_bf16(v)); }
+
+/* rows [row0, row1) of x [B, H, T, D] (element strides sB, sH, sT; last dim contiguous) into
+   out (contiguous [B, H, T, D]); tables [Bp, T, r/2] contiguous, batch stride cB (0: shared) */
+template <typename X, typename C, bool EXACT>
+static inline __attribute__((always_inline)) void rows(
+        const X *x, X *out, const C *cs, const C *sn, int64_t H, int64_t T, int64_t D, int64_t r,
+        int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0, int64_t row1) {
+    const int64_t h = r / 2;
+    for (int64_t row = row0; row < row1; ++row) {
+        const int64_t t = row % T, bh = row / T, hh = bh % H, b = bh / H;
+        const X *__restrict__ xr = x + b * sB + hh * sH + t * sT;
+        X *__restrict__ o = out + row * D;
+        const C *__restrict__ c = cs + b * cB + t * h;
+        const C *__restrict__ s = sn + b * cB + t * h;
+        for (int64_t i = 0; i < h; ++i) {
+            const float x1 = ld(xr[i]), x2 = ld(xr[i + h]), cc = ld(c[i]), ss = ld(s[i]);
+            if (EXACT) {  /* x*cos + rotate_half(x)*sin, every product and sum rounded to X */
+                const float a = rnd(x1 * cc, o), b2 = rnd(x2 * ss, o);
+                const float d = rnd(x2 * cc, o), e = rnd(x1 * ss, o);
+                st(o + i, a - b2);
+                st(o + i + h, d + e);
+            } else {
+                st(o + i, x1 * cc - x2 * ss);
+                st(o + i + h, x2 * cc + x1 * ss);
+            }
+        }
+        for (int64_t i = r; i < D; ++i) o[i] = xr[i];
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVB_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVB_CLONES
+#endif
+
+/* kind: 0 exact float32, 1 exact bfloat16, 2 float32 keys / float32 tables, 3 bfloat16 keys /
+   float32 tables. Returns 0, or -1 for an unknown kind. */
+extern "C" KVB_CLONES int kvb_rope_half(
+        int kind, const void *x, void *out, const void *cs, const void *sn, int64_t H, int64_t T,
+        int64_t D, int64_t r, int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0,
+        int64_t row1) {
+    switch (kind) {
+    case 0: rows<float, float, true>((const float *)x, (float *)out, (const float *)cs, (const float *)sn,
+                                     H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
+    case 1: rows<bf16, bf16, true>((const bf16 *)x, (bf16 *)out, (const bf16 *)cs, (const bf16 *)sn,
+                                   H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
+    case 2: rows<float, float, false>((const float *)x, (float *)out, (const float *)cs, (const float *)sn,
+                                      H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
+    case 3: rows<bf16, float, false>((const bf16 *)x, (bf16 *)out, (const float *)cs, (const float *)sn,
+                                     H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
+    }
+    return -1;
+}
+"""
+
+FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c++11"]
+PARALLEL_MIN_ELEMENTS = 1 << 18  # split rows over threads only above this many elements
+_KIND = {(torch.float32, torch.float32, True): 0, (torch.bfloat16, torch.bfloat16, True): 1,
+         (torch.float32, torch.float32, False): 2, (torch.bfloat16, torch.float32, False): 3}
+_LIB: dict = {}
+_LOCK = threading.Lock()
+_POOL: dict = {}
+
+
+class Unavailable(RuntimeError):
+    """The native kernel cannot run here (no compiler, a failed build) or on these inputs."""
+
+
+def compiler() -> str | None:
+    """The C++ compiler used: ``$CXX``, else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx) or None
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _cache_dir() -> Path | None:
+    from kvbridge.models.paths import cache_file
+
+    return cache_file("native")
+
+
+def library_path(cxx: str) -> tuple:
+    """``(folder or None, file name)`` of the cached library for this source, flags and compiler."""
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    digest = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(),
+                                       platform.system()]).encode()).hexdigest()[:16]
+    return _cache_dir(), f"kvb_rope_{digest}.so"
+
+
+def _build(cxx: str) -> Path:
+    folder, name = library_path(cxx)
+    if folder is not None:
+        lib = folder / name
+        if lib.is_file():
+            return lib
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            folder = None
+    if folder is None:  # no cache: a private folder for this process
+        folder = Path(tempfile.mkdtemp(prefix="kvbridge-native-"))
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
+    try:
+        src = work / "rope.cpp"
+        src.write_text(SOURCE, encoding="utf-8")
+        tmp = work / name
+        proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            raise Unavailable(f"building the native RoPE kernel failed: {detail[0] if detail else proc.returncode}")
+        lib = folder / name
+        os.replace(tmp, lib)  # atomic: another process sees the whole file or none
+        return lib
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def library() -> ctypes.CDLL:
+    """The loaded native library, built (or found in the cache) on first use."""
+    with _LOCK:
+        if "lib" not in _LIB:
+            if "error" in _LIB:
+                raise Unavailable(_LIB["error"])
+            cxx = compiler()
+            try:
+                if cxx is None:
+                    raise Unavailable("no C++ compiler found (set CXX)")
+                path = _build(cxx)
+                lib = ctypes.CDLL(str(path))
+            except (OSError, subprocess.SubprocessError) as exc:
+                _LIB["error"] = f"native RoPE kernel unavailable: {type(exc).__name__}: {exc}"
+                raise Unavailable(_LIB["error"]) from None
+            except Unavailable as exc:
+                _LIB["error"] = str(exc)
+                raise
+            fn = lib.kvb_rope_half
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 10
+            _LIB["lib"], _LIB["path"] = lib, path
+        return _LIB["lib"]
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    if _POOL.get("n") != threads:
+        old = _POOL.get("pool")
+        if old is not None:
+            old.shutdown(wait=False)
+        _POOL["pool"], _POOL["n"] = ThreadPoolExecutor(threads, thread_name_prefix="kvbridge-rope"), threads
+    return _POOL["pool"]
+
+
+def supports(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
+             rotary_dim: int) -> bool:
+    """Whether :func:`rotate` takes these inputs (else the caller uses the eager kernel)."""
+    if _KIND.get((x.dtype, cos.dtype, bool(exact))) is None or out_dtype != x.dtype or sin.dtype != cos.dtype:
+        return False
+    if x.device.type != "cpu" or cos.device.type != "cpu" or sin.device.type != "cpu":
+        return False
+    if x.dim() != 4 or x.stride(-1) != 1 or x.requires_grad or rotary_dim % 2 or not 0 < rotary_dim <= x.shape[-1]:
+        return False
+    b, _, tokens, _ = x.shape
+    return all(t.dim() == 4 and t.shape[1:] == (1, tokens, rotary_dim // 2) and t.shape[0] in (1, b)
+               and t.is_contiguous() for t in (cos, sin))
+
+
+def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
+           rotary_dim: int) -> "Tensor":
+    """Half-split rotation of ``x [B, H, T, D]``'s first ``rotary_dim`` dims by ``cos``/``sin``
+    ``[Bp, 1, T, rotary_dim/2]`` (Bp 1 or B), the rest copied; a new contiguous tensor.
+
+    Inputs outside :func:`supports` raise ``ValueError``; no library: :class:`Unavailable`.
+    """
+    if not supports(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim):
+        raise ValueError(f"native RoPE kernel: unsupported inputs ({x.dtype} keys {tuple(x.shape)}, "
+                         f"{cos.dtype} tables {tuple(cos.shape)}, exact={exact})")
+    kind = _KIND[(x.dtype, cos.dtype, bool(exact))]
+    b, heads, tokens, d = x.shape
+    h = rotary_dim // 2
+    fn = library().kvb_rope_half
+    out = torch.empty(x.shape, dtype=x.dtype)
+    n_rows = b * heads * tokens
+    if n_rows == 0:
+        return out
+    cb = tokens * h if cos.shape[0] == b and b > 1 else 0
+    args = (kind, x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), heads, tokens, d, rotary_dim,
+            x.stride(0), x.stride(1), x.stride(2), cb)
+    threads = torch.get_num_threads()
+    if threads <= 1 or x.numel() < PARALLEL_MIN_ELEMENTS:
+        if fn(*args, 0, n_rows) != 0:
+            raise Unavailable("native RoPE kernel rejected its arguments")
+        return out
+    step = -(-n_rows // threads)
+    jobs = [_pool(threads).submit(fn, *args, r0, min(r0 + step, n_rows)) for r0 in range(0, n_rows, step)]
+    if any(j.result() != 0 for j in jobs):
+        raise Unavailable("native RoPE kernel rejected its arguments")
+    return out
+
+
+__all__ = ["Unavailable", "supports", "rotate", "library", "compiler", "library_path"]
