@@ -12,14 +12,24 @@ time. "of layer clones" compares with ``clone()`` of the same 28 layer tensors (
 bytes), run alternately with the operation, which stays meaningful on a shared, noisy CPU.
 Times are the median of ``--repeats`` passes (after a warm-up), on CUDA when available.
 
+Kernels (``--kernels``, :mod:`kvbridge.rope_compile` modes): ``eager`` (torch ops), ``compiled``
+(``torch.compile``), ``native`` (the C++ kernel of :mod:`kvbridge.rope_native`); each row is one
+kernel and operation, and the ``floor:`` rows are the reference kernels themselves (``clone()``
+and ``x*2`` of the same 28 layers, and the copy-bandwidth floor). A last table gives each
+kernel's first-call cost (compile or build, load, self-check), measured in fresh processes.
+
     python bench/bench_rope.py [--device cpu|cuda] [--repeats N] [--interleaved] [--threads N] [--clock wall|cpu]
-                               [--kernels eager,compiled]
+                               [--kernels eager,compiled,native] [--no-first-call]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -85,8 +95,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: this process's CPU time (with --threads 1, robust to a shared machine)")
-    ap.add_argument("--kernels", default="eager,compiled",
-                    help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled: half split only)")
+    ap.add_argument("--kernels", default="eager,compiled,native",
+                    help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled, native: half split only)")
+    ap.add_argument("--no-first-call", action="store_true", help="skip the first-call cost table")
     args = ap.parse_args()
     global CLOCK
     if args.clock == "cpu":
@@ -158,15 +169,24 @@ def main() -> None:
         ]
         from kvbridge import rope_compile
 
+        dname = str(dtype).replace("torch.", "")
+        t_clone, t_mul = timed_pair(clone_layers, double_layers, device, args.repeats)
+        nbytes = 2 * LAYERS * layer_bytes
+        floor = nbytes / (bw * 1e9)
+        for name, t in (("floor: clone() of the layers", t_clone), ("floor: x*2 of the layers", t_mul)):
+            rows.append((dname, "-", name, t * 1e3, nbytes / (1 << 20), nbytes / t / 1e9, floor * 1e3, floor / t,
+                         t_clone / t, t_mul / t))
+        rows.append((dname, "-", "floor: copy bandwidth", floor * 1e3, nbytes / (1 << 20), bw, floor * 1e3, 1.0,
+                     t_clone / floor, t_mul / floor))
         for kernel in args.kernels.split(","):
-            if kernel == "compiled" and args.interleaved:
+            if kernel != "eager" and args.interleaved:
                 continue
             rope_compile.set_mode(kernel)
             for name, fn, passes, ref in ops:
                 t, t_ref, t_mul = timed_pair(fn, ref, device, args.repeats, double_layers)
                 nbytes = passes * LAYERS * layer_bytes
                 floor = nbytes / (bw * 1e9)
-                rows.append((str(dtype).replace("torch.", ""), kernel, name, t * 1e3, nbytes / (1 << 20),
+                rows.append((dname, kernel, name, t * 1e3, nbytes / (1 << 20),
                              nbytes / t / 1e9, floor * 1e3, floor / t, (passes / 2) * t_ref / t,
                              (passes / 2) * t_mul / t))
         rope_compile.set_mode(None)
@@ -193,6 +213,59 @@ def main() -> None:
           "time of clone() of the same layers, as many read+write passes, run alternately with the "
           "operation / operation time; 'of layer x*2' = the same with torch.mul(k, 2), the floor of an "
           "elementwise kernel (clone() is a memcpy and beats any elementwise kernel on this CPU)")
+    if not args.no_first_call and device.type == "cpu":
+        first_call_table([k for k in args.kernels.split(",") if not args.interleaved or k == "eager"])
+
+
+FIRST_CALL = """
+import sys, time, torch
+torch.set_num_threads(1)
+from kvbridge import rope as R, rope_compile
+from kvbridge.check.spec import RopeSpec
+spec = RopeSpec.make("default", 1e6, head_dim=128, max_position_embeddings=32768)
+pos = torch.arange(2048)[None]
+k = torch.randn(1, 2, 2048, 128).to(getattr(torch, sys.argv[2]))
+rope_compile.set_mode(sys.argv[1])
+t0 = time.perf_counter(); R.apply(R.strip(k, pos, spec), pos + 100, spec); t1 = time.perf_counter()
+R.apply(R.strip(k, pos, spec), pos + 100, spec); t2 = time.perf_counter()
+print(t1 - t0, t2 - t1, rope_compile._STATUS)
+"""
+
+
+def first_call_table(kernels) -> None:
+    """Wall time of one strip + apply of one layer in a fresh process: first call vs second call.
+
+    ``native, cold``: an empty ``$KVBRIDGE_HOME`` (the library is built); ``native``: built
+    before (loaded from the cache); ``compiled``: torch.compile with inductor's on-disk cache as
+    this machine has it (the first run of a machine is slower still)."""
+    runs = []
+    with tempfile.TemporaryDirectory() as home:
+        for kernel in kernels:
+            for dtype in ("float32", "bfloat16"):
+                envs = [("", {})]
+                if kernel == "native":
+                    envs = [(", cold", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""}),
+                            ("", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""})]
+                for tag, extra in envs:
+                    if tag == ", cold":
+                        for f in os.listdir(home):
+                            __import__("shutil").rmtree(os.path.join(home, f), ignore_errors=True)
+                    env = {**os.environ, **extra}
+                    proc = subprocess.run([sys.executable, "-c", FIRST_CALL, kernel, dtype], env=env,
+                                          capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        runs.append((kernel + tag, dtype, float("nan"), float("nan"), proc.stderr.strip()[-120:]))
+                        continue
+                    first, second, status = proc.stdout.split(" ", 2)
+                    used = "eager fallback" if "False" in status else ("checked" if "True" in status else "")
+                    runs.append((kernel + tag, dtype, float(first), float(second), used))
+    print()
+    print("First call in a fresh process (strip + apply of one layer [1, 2, 2048, 128], wall clock):")
+    print()
+    print("| kernel | dtype | first call ms | next call ms | first-call overhead ms | status |")
+    print("|---|---|---:|---:|---:|---|")
+    for kernel, dtype, first, second, used in runs:
+        print(f"| {kernel} | {dtype} | {first * 1e3:.1f} | {second * 1e3:.2f} | {(first - second) * 1e3:.1f} | {used} |")
 
 
 if __name__ == "__main__":

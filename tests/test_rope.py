@@ -250,6 +250,23 @@ def test_round_trip_bfloat16_and_float64():
         assert R.reposition(k, pos, pos + 7, spec).dtype == dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_reposition_is_one_rounding(dtype):
+    """Half-precision reposition is one rotation by the composite table, rounded once: within a
+    rounding of the exact move, and no farther from it than strip + apply."""
+    spec = RopeSpec.make("default", 1e6, head_dim=64, max_position_embeddings=32768)
+    g = torch.Generator().manual_seed(5)
+    k = R.apply(torch.randn(2, 2, 24, 64, generator=g).to(dtype), torch.arange(24)[None], spec)
+    old, new = torch.arange(24)[None], torch.arange(24)[None] + 3000
+    exact = R.reposition(k.double(), old, new, spec)  # the move itself, in float64
+    moved = R.reposition(k, old, new, spec)
+    two_step = R.apply(R.strip(k, old, spec), new, spec)
+    assert moved.dtype == dtype
+    err, err2 = maxerr(moved.double(), exact), maxerr(two_step.double(), exact)
+    assert err <= torch.finfo(dtype).eps * float(exact.abs().max())
+    assert err <= err2
+
+
 def test_table_cache_sees_in_place_changes():
     spec = RopeSpec.make(head_dim=16)
     x = torch.randn(1, 2, 4, 16)

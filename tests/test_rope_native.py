@@ -22,11 +22,14 @@ def native_mode():
 
 
 def _eager(fn):
+    """``fn()`` on the eager kernel, keeping what the native kernel's checks found."""
+    status = dict(RC._STATUS)
     RC.set_mode("eager")
     try:
         return fn()
     finally:
         RC.set_mode("native")
+        RC._STATUS.update(status)
 
 
 def _keys(dtype, batch=2, heads=3, tokens=37, dim=32, seed=0):
@@ -109,6 +112,7 @@ def test_unsupported_inputs_take_the_eager_kernel_silently(native_mode, recwarn)
 
 def test_no_compiler_falls_back_to_eager(native_mode, monkeypatch):
     monkeypatch.setattr(N, "_LIB", {})
+    monkeypatch.setattr(RC, "_WARNED", set())
     monkeypatch.setattr(N, "compiler", lambda: None)
     spec = RopeSpec.make(head_dim=32)
     x, pos = _keys(torch.float32)

@@ -39,6 +39,7 @@ MODES = ("eager", "compiled", "native")
 _MODE: dict = {"mode": None}  # None: read ENV on first use
 _FN: dict = {}
 _STATUS: dict = {}  # key -> True (checked, in use) / False (disabled)
+_WARNED: set = set()  # unavailability messages already given in this process
 
 
 def set_mode(mode: str | None) -> None:
@@ -104,9 +105,11 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
             out = _compiled()(x, cos, sin, out_dtype)
     except Exception as exc:  # no compiler, unsupported backend or inputs...: eager from now on
         _STATUS[key] = False
-        warnings.warn(f"kvbridge: {chosen} RoPE kernel unavailable ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the eager kernel",
-                      RuntimeWarning, stacklevel=3)
+        message = (f"kvbridge: {chosen} RoPE kernel unavailable ({type(exc).__name__}: "
+                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the eager kernel")
+        if message not in _WARNED:  # once per process, whatever the mode changes
+            _WARNED.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         return eager()
     if status is None:
         want = eager()

@@ -58,21 +58,29 @@ static inline bf16 to_bf16(float f) {
 static inline void st(float *p, float v) { *p = v; }
 static inline void st(bf16 *p, float v) { *p = to_bf16(v); }
 static inline float rnd(float v, const float *) { return v; }
-static inline float rnd(float v, const bf16 *) { return ld(to_bf16(v)); }
+/* v rounded to bfloat16 (round to nearest even), kept as a float: a NaN stays a NaN */
+static inline float rnd(float v, const bf16 *) {
+    uint32_t u; memcpy(&u, &v, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    float f; memcpy(&f, &u, 4);
+    return v != v ? v : f;
+}
 
-/* rows [row0, row1) of x [B, H, T, D] (element strides sB, sH, sT; last dim contiguous) into
+/* rows [row0, row1) of (batch, token) pairs, every head, of x [B, H, T, D] (element strides sB, sH, sT; last dim contiguous) into
    out (contiguous [B, H, T, D]); tables [Bp, T, r/2] contiguous, batch stride cB (0: shared) */
-template <typename X, typename C, bool EXACT>
-static inline __attribute__((always_inline)) void rows(
+template <typename X, typename C, bool EXACT, int HC>  /* HC > 0: r / 2 known when compiled */
+static inline __attribute__((always_inline)) void rows_h(
         const X *x, X *out, const C *cs, const C *sn, int64_t H, int64_t T, int64_t D, int64_t r,
         int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0, int64_t row1) {
-    const int64_t h = r / 2;
-    for (int64_t row = row0; row < row1; ++row) {
-        const int64_t t = row % T, bh = row / T, hh = bh % H, b = bh / H;
-        const X *__restrict__ xr = x + b * sB + hh * sH + t * sT;
-        X *__restrict__ o = out + row * D;
+    const int64_t h = HC > 0 ? HC : r / 2;
+    for (int64_t row = row0; row < row1; ++row) {  /* row = (b, t): its table row serves every head */
+        const int64_t t = row % T, b = row / T;
         const C *__restrict__ c = cs + b * cB + t * h;
         const C *__restrict__ s = sn + b * cB + t * h;
+        for (int64_t hh = 0; hh < H; ++hh) {
+        const X *__restrict__ xr = x + b * sB + hh * sH + t * sT;
+        X *__restrict__ o = out + ((b * H + hh) * T + t) * D;
+#pragma GCC ivdep
         for (int64_t i = 0; i < h; ++i) {
             const float x1 = ld(xr[i]), x2 = ld(xr[i + h]), cc = ld(c[i]), ss = ld(s[i]);
             if (EXACT) {  /* x*cos + rotate_half(x)*sin, every product and sum rounded to X */
@@ -86,6 +94,20 @@ static inline __attribute__((always_inline)) void rows(
             }
         }
         for (int64_t i = r; i < D; ++i) o[i] = xr[i];
+        }
+    }
+}
+
+/* the common half sizes (head_dim 64, 128, 256) get loops of a fixed length: no per-row set-up */
+template <typename X, typename C, bool EXACT>
+static inline __attribute__((always_inline)) void rows(
+        const X *x, X *out, const C *cs, const C *sn, int64_t H, int64_t T, int64_t D, int64_t r,
+        int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0, int64_t row1) {
+    switch (r) {
+    case 64: rows_h<X, C, EXACT, 32>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1); return;
+    case 128: rows_h<X, C, EXACT, 64>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1); return;
+    case 256: rows_h<X, C, EXACT, 128>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1); return;
+    default: rows_h<X, C, EXACT, 0>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1);
     }
 }
 
@@ -148,9 +170,11 @@ def _cache_dir() -> Path | None:
 
 def library_path(cxx: str) -> tuple:
     """``(folder or None, file name)`` of the cached library for this source, flags and compiler."""
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
+    try:  # the compiler binary itself (no process spawned on the warm path)
+        real = os.path.realpath(cxx)
+        st = os.stat(real)
+        version = f"{real}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
         version = ""
     digest = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(),
                                        platform.system()]).encode()).hexdigest()[:16]
@@ -198,6 +222,8 @@ def library() -> ctypes.CDLL:
                     raise Unavailable("no C++ compiler found (set CXX)")
                 path = _build(cxx)
                 lib = ctypes.CDLL(str(path))
+                if path.parent.name.startswith("kvbridge-native-"):  # a private build: loaded, remove it
+                    shutil.rmtree(path.parent, ignore_errors=True)
             except (OSError, subprocess.SubprocessError) as exc:
                 _LIB["error"] = f"native RoPE kernel unavailable: {type(exc).__name__}: {exc}"
                 raise Unavailable(_LIB["error"]) from None
@@ -249,7 +275,7 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     h = rotary_dim // 2
     fn = library().kvb_rope_half
     out = torch.empty(x.shape, dtype=x.dtype)
-    n_rows = b * heads * tokens
+    n_rows = b * tokens
     if n_rows == 0:
         return out
     cb = tokens * h if cos.shape[0] == b and b > 1 else 0
