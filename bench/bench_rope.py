@@ -228,7 +228,7 @@ k = torch.randn(1, 2, 2048, 128).to(getattr(torch, sys.argv[2]))
 rope_compile.set_mode(sys.argv[1])
 t0 = time.perf_counter(); R.apply(R.strip(k, pos, spec), pos + 100, spec); t1 = time.perf_counter()
 R.apply(R.strip(k, pos, spec), pos + 100, spec); t2 = time.perf_counter()
-print(t1 - t0, t2 - t1, rope_compile._STATUS)
+print(t1 - t0, t2 - t1, sorted(set(rope_compile._STATUS.values())))
 """
 
 
@@ -257,7 +257,8 @@ def first_call_table(kernels) -> None:
                         runs.append((kernel + tag, dtype, float("nan"), float("nan"), proc.stderr.strip()[-120:]))
                         continue
                     first, second, status = proc.stdout.split(" ", 2)
-                    used = "eager fallback" if "False" in status else ("checked" if "True" in status else "")
+                    used = {"[]": "", "[True]": "checked, in use", "[False]": "eager fallback"}.get(status.strip(),
+                                                                                           "partly eager")
                     runs.append((kernel + tag, dtype, float(first), float(second), used))
     print()
     print("First call in a fresh process (strip + apply of one layer [1, 2, 2048, 128], wall clock):")

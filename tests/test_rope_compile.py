@@ -40,7 +40,7 @@ def test_mode_from_environment(monkeypatch):
     assert RC.mode() == "compiled"
     monkeypatch.setenv(RC.ENV, "0")
     RC.set_mode(None)
-    assert RC.mode() == "eager"
+    assert RC.mode() == "auto"  # the default
     with pytest.raises(ValueError):
         RC.set_mode("fast")
     monkeypatch.setenv(RC.KERNEL_ENV, "native")  # the newer variable wins
@@ -49,7 +49,7 @@ def test_mode_from_environment(monkeypatch):
     monkeypatch.setenv(RC.KERNEL_ENV, "fast")
     RC.set_mode(None)
     with pytest.warns(RuntimeWarning, match="not one of"):
-        assert RC.mode() == "eager"
+        assert RC.mode() == "auto"
     RC.set_mode(None)
 
 

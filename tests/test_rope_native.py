@@ -122,16 +122,40 @@ def test_no_compiler_falls_back_to_eager(native_mode, monkeypatch):
     assert torch.equal(R.apply(x, pos, spec), got)  # eager from now on, no second warning needed
 
 
-def test_failed_build_is_unavailable_and_leaves_nothing(monkeypatch, tmp_path):
+def test_failed_build_is_unavailable_and_remembered(monkeypatch, tmp_path):
     monkeypatch.setenv("KVBRIDGE_HOME", str(tmp_path))
     monkeypatch.delenv("KVBRIDGE_NO_CACHE", raising=False)
     monkeypatch.setattr(N, "_LIB", {})
     monkeypatch.setattr(N, "compiler", lambda: "/bin/false")
     with pytest.raises(N.Unavailable, match="failed"):
         N.library()
-    with pytest.raises(N.Unavailable):  # remembered: no second build attempt
+    with pytest.raises(N.Unavailable):  # remembered in this process: no second build attempt
         N.library()
-    assert not [p for p in (tmp_path / "native").iterdir()]  # no half-written library, no build folder
+    names = [p.name for p in (tmp_path / "native").iterdir()]
+    assert len(names) == 1 and names[0].endswith(".so.failed")  # no half-written library, no build folder
+    # a later process in the default (auto) mode does not run the compiler again
+    monkeypatch.setattr(N, "_LIB", {})
+    monkeypatch.setattr(N.subprocess, "run", lambda *a, **k: pytest.fail("compiler run again"))
+    with pytest.raises(N.Unavailable, match="failed before"):
+        N.library(retry_failed=False)
+
+
+def test_auto_mode_is_silent_without_a_compiler(monkeypatch, recwarn):
+    monkeypatch.setattr(N, "_LIB", {})
+    monkeypatch.setattr(N, "compiler", lambda: None)
+    monkeypatch.delenv(RC.KERNEL_ENV, raising=False)
+    monkeypatch.delenv(RC.ENV, raising=False)
+    RC.set_mode(None)
+    try:
+        assert RC.mode() == "auto"
+        spec = RopeSpec.make(head_dim=32)
+        x, pos = _keys(torch.bfloat16)
+        got = R.apply(x, pos, spec)
+        RC.set_mode("eager")
+        assert torch.equal(got, R.apply(x, pos, spec))
+    finally:
+        RC.set_mode(None)
+    assert not [w for w in recwarn if "RoPE kernel" in str(w.message)]
 
 
 @needs_compiler

@@ -6,20 +6,28 @@ one multiply-add); a compiled kernel does it in one pass over the keys: one read
 which is the memory-bandwidth floor of any elementwise op (BENCHMARKS.md, "RoPE codec").
 
 Modes (:func:`set_mode`, else ``$KVBRIDGE_ROPE_KERNEL``; ``KVBRIDGE_ROPE_COMPILE=1`` means
-``compiled``): ``eager`` (the torch kernels of :mod:`kvbridge.rope_kernels`), ``compiled`` (below)
-and ``native`` (:mod:`kvbridge.rope_native`, a small C++ kernel built once with the system
-compiler and cached; CPU, float32/bfloat16). Both non-eager kernels are checked and fall back
-in the same way. The compiled kernel is **opt-in**, because the first call
-compiles (seconds on a CPU, more on a cold cache): worth it in a long-running process that
-moves many caches, not in a one-shot CLI call. It is used only where it can be trusted:
+``compiled``):
 
-- the rotation covers the whole head (no partial rotary) of a half-split layout;
-- ``emulate_precision_casts`` makes inductor round every bfloat16/float16 intermediate as
+- ``auto`` (the default): ``native`` where it can run (a CPU tensor, float32/bfloat16, a C++
+  compiler to build it once per machine), else eager, silently: no compiler means the eager
+  kernels, as before; a build that failed is not retried by later processes.
+- ``native``: :mod:`kvbridge.rope_native`, a small C++ kernel built once (about a second) with
+  the system compiler and cached; unavailability is a warning (once per process).
+- ``compiled``: ``torch.compile`` of the rotation below. **Opt-in**, because the first call of
+  every process compiles (seconds on a CPU, more on a cold cache), and it is slower than the
+  native kernel on the CPU; it is the one-pass kernel for other devices (CUDA).
+- ``eager``: the torch kernels of :mod:`kvbridge.rope_kernels`.
+
+A non-eager kernel is used only where it can be trusted:
+
+- the compiled one rotates whole heads (no partial rotary) of a half-split layout, and
+  ``emulate_precision_casts`` makes inductor round every bfloat16/float16 intermediate as
   eager torch does, so the exact path stays bit-identical to the models;
-- the first call for each (device, dtypes, exactness) is checked against the eager kernel
-  (bit for bit when exact, else within two roundings of the output dtype); a failure to compile (no C++ compiler,
-  unsupported backend) or a mismatch turns the compiled path off for that key, with one
-  warning, and the eager kernel answers. So it works everywhere, compiled or not.
+- the first call for each (kernel, device, dtypes, exactness) is checked against the eager
+  kernel (bit for bit when exact, else within two roundings of the output dtype); a failure
+  (no compiler, unsupported backend) or a mismatch turns that kernel off for that key, with one
+  warning (a mismatch warns in ``auto`` too), and the eager kernel answers. So it works
+  everywhere, fast or not.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ENV = "KVBRIDGE_ROPE_COMPILE"
 KERNEL_ENV = "KVBRIDGE_ROPE_KERNEL"
-MODES = ("eager", "compiled", "native")
+MODES = ("auto", "eager", "compiled", "native")
 _MODE: dict = {"mode": None}  # None: read ENV on first use
 _FN: dict = {}
 _STATUS: dict = {}  # key -> True (checked, in use) / False (disabled)
@@ -43,7 +51,8 @@ _WARNED: set = set()  # unavailability messages already given in this process
 
 
 def set_mode(mode: str | None) -> None:
-    """``"eager"`` / ``"compiled"`` / ``"native"`` for this process; ``None``: back to the environment."""
+    """``"auto"`` / ``"eager"`` / ``"compiled"`` / ``"native"`` for this process; ``None``: back to
+    the environment (default ``auto``: native where it builds, silently eager elsewhere)."""
     if mode is not None and mode not in MODES:
         raise ValueError(f"RoPE kernel mode must be one of {', '.join(MODES)}, got {mode!r}")
     _MODE["mode"] = mode
@@ -58,9 +67,9 @@ def mode() -> str:
         else:
             if raw:
                 warnings.warn(f"kvbridge: ${KERNEL_ENV}={raw!r} is not one of {', '.join(MODES)}; "
-                              "using the eager RoPE kernel", RuntimeWarning, stacklevel=2)
+                              "using the default (auto)", RuntimeWarning, stacklevel=2)
             legacy = os.environ.get(ENV, "").strip().lower()
-            _MODE["mode"] = "compiled" if legacy in ("1", "true", "yes", "on", "compiled") else "eager"
+            _MODE["mode"] = "compiled" if legacy in ("1", "true", "yes", "on", "compiled") else "auto"
     return _MODE["mode"]
 
 
@@ -86,6 +95,9 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     compiled one takes whole heads, partial rotations stay eager).
     """
     chosen = mode()
+    quiet = chosen == "auto"  # the default: unavailability is silent (no compiler: eager, as before)
+    if quiet:
+        chosen = "native"
     rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
     if chosen == "eager" or (chosen == "compiled" and rotary_dim != x.shape[-1]):
         return eager()
@@ -100,14 +112,15 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
         return eager()
     try:
         if chosen == "native":
-            out = rope_native.rotate(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim)
+            out = rope_native.rotate(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim,
+                                     retry_failed=not quiet)
         else:
             out = _compiled()(x, cos, sin, out_dtype)
     except Exception as exc:  # no compiler, unsupported backend or inputs...: eager from now on
         _STATUS[key] = False
         message = (f"kvbridge: {chosen} RoPE kernel unavailable ({type(exc).__name__}: "
                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the eager kernel")
-        if message not in _WARNED:  # once per process, whatever the mode changes
+        if not quiet and message not in _WARNED:  # once per process, whatever the mode changes
             _WARNED.add(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         return eager()

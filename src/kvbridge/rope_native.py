@@ -181,18 +181,21 @@ def library_path(cxx: str) -> tuple:
     return _cache_dir(), f"kvb_rope_{digest}.so"
 
 
-def _build(cxx: str) -> Path:
+def _build(cxx: str, retry_failed: bool) -> Path:
     folder, name = library_path(cxx)
+    private = False
     if folder is not None:
-        lib = folder / name
+        lib, failed = folder / name, folder / (name + ".failed")
         if lib.is_file():
             return lib
+        if failed.is_file() and not retry_failed:  # this compiler failed before: do not retry each process
+            raise Unavailable(f"building the native RoPE kernel failed before (remove {failed} to retry)")
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             folder = None
     if folder is None:  # no cache: a private folder for this process
-        folder = Path(tempfile.mkdtemp(prefix="kvbridge-native-"))
+        folder, private = Path(tempfile.mkdtemp(prefix="kvbridge-native-")), True
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
     try:
         src = work / "rope.cpp"
@@ -202,16 +205,28 @@ def _build(cxx: str) -> Path:
                               timeout=300)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
-            raise Unavailable(f"building the native RoPE kernel failed: {detail[0] if detail else proc.returncode}")
+            message = f"building the native RoPE kernel failed: {detail[0] if detail else proc.returncode}"
+            if not private:
+                (work / "failed").write_text(message + "\n", encoding="utf-8")
+                os.replace(work / "failed", folder / (name + ".failed"))
+            raise Unavailable(message)
         lib = folder / name
         os.replace(tmp, lib)  # atomic: another process sees the whole file or none
         return lib
+    except BaseException:
+        if private:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def library() -> ctypes.CDLL:
-    """The loaded native library, built (or found in the cache) on first use."""
+def library(retry_failed: bool = True) -> ctypes.CDLL:
+    """The loaded native library, built (or found in the cache) on first use.
+
+    ``retry_failed=False`` (the default ``auto`` mode) does not retry a build that failed
+    before with this compiler (a ``.failed`` note in the cache), so a broken compiler costs
+    one attempt, not one per process."""
     with _LOCK:
         if "lib" not in _LIB:
             if "error" in _LIB:
@@ -220,7 +235,7 @@ def library() -> ctypes.CDLL:
             try:
                 if cxx is None:
                     raise Unavailable("no C++ compiler found (set CXX)")
-                path = _build(cxx)
+                path = _build(cxx, retry_failed)
                 lib = ctypes.CDLL(str(path))
                 if path.parent.name.startswith("kvbridge-native-"):  # a private build: loaded, remove it
                     shutil.rmtree(path.parent, ignore_errors=True)
@@ -238,11 +253,12 @@ def library() -> ctypes.CDLL:
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
-    if _POOL.get("n") != threads:
+    if _POOL.get("n") != threads or _POOL.get("pid") != os.getpid():  # a forked child needs its own threads
         old = _POOL.get("pool")
-        if old is not None:
+        if old is not None and _POOL.get("pid") == os.getpid():
             old.shutdown(wait=False)
         _POOL["pool"], _POOL["n"] = ThreadPoolExecutor(threads, thread_name_prefix="kvbridge-rope"), threads
+        _POOL["pid"] = os.getpid()
     return _POOL["pool"]
 
 
@@ -261,7 +277,7 @@ def supports(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, 
 
 
 def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
-           rotary_dim: int) -> "Tensor":
+           rotary_dim: int, retry_failed: bool = True) -> "Tensor":
     """Half-split rotation of ``x [B, H, T, D]``'s first ``rotary_dim`` dims by ``cos``/``sin``
     ``[Bp, 1, T, rotary_dim/2]`` (Bp 1 or B), the rest copied; a new contiguous tensor.
 
@@ -273,7 +289,7 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     kind = _KIND[(x.dtype, cos.dtype, bool(exact))]
     b, heads, tokens, d = x.shape
     h = rotary_dim // 2
-    fn = library().kvb_rope_half
+    fn = library(retry_failed).kvb_rope_half
     out = torch.empty(x.shape, dtype=x.dtype)
     n_rows = b * tokens
     if n_rows == 0:
