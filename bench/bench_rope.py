@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="eager,compiled,native",
                     help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled, native: half split only)")
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call cost table")
+    ap.add_argument("--no-candidates", action="store_true",
+                    help="skip the table of torch.compile formulations (apply, half split)")
     args = ap.parse_args()
     global CLOCK
     if args.clock == "cpu":
@@ -213,8 +215,90 @@ def main() -> None:
           "time of clone() of the same layers, as many read+write passes, run alternately with the "
           "operation / operation time; 'of layer x*2' = the same with torch.mul(k, 2), the floor of an "
           "elementwise kernel (clone() is a memcpy and beats any elementwise kernel on this CPU)")
+    if not args.no_candidates and not args.interleaved:
+        compiled_candidates(device, args.repeats, bw)
     if not args.no_first_call and device.type == "cpu":
         first_call_table([k for k in args.kernels.split(",") if not args.interleaved or k == "eager"])
+
+
+def _cand_stack(x, cos, sin, out_dtype):  # the kernel in kvbridge.rope_compile
+    xv = x.unflatten(-1, (2, cos.shape[-1])).to(cos.dtype)
+    x1, x2 = xv[..., 0, :], xv[..., 1, :]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-2).flatten(-2).to(out_dtype)
+
+
+def _cand_out(x, cos, sin, out_dtype):  # both halves written into a preallocated output
+    h = cos.shape[-1]
+    x1, x2 = x[..., :h].to(cos.dtype), x[..., h:].to(cos.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    out[..., :h] = (x1 * cos - x2 * sin).to(out_dtype)
+    out[..., h:] = (x2 * cos + x1 * sin).to(out_dtype)
+    return out
+
+
+def _cand_cat(x, cos, sin, out_dtype):  # the models' own formula: x*cos + rotate_half(x)*sin
+    h = cos.shape[-1]
+    xc = x.to(cos.dtype)
+    rot = torch.cat((-xc[..., h:], xc[..., :h]), dim=-1)
+    return (xc * torch.cat((cos, cos), -1) + rot * torch.cat((sin, sin), -1)).to(out_dtype)
+
+
+def _cand_f32(x, cos, sin, out_dtype):  # computed in float32, rounded once (not exact in bf16)
+    h = cos.shape[-1]
+    c, s = cos.float(), sin.float()
+    x1, x2 = x[..., :h].float(), x[..., h:].float()
+    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-2).flatten(-2).to(out_dtype)
+
+
+def compiled_candidates(device, repeats: int, bw: float) -> None:
+    """torch.compile formulations of ``apply`` (tables in the keys' dtype), side by side with the
+    native kernel and x*2 of the same 28 layers; "bits" = equal to the eager (models') rotation."""
+    from kvbridge import rope_native
+
+    spec = RopeSpec.make("default", 1_000_000.0, head_dim=HEAD_DIM, max_position_embeddings=32768)
+    pos = torch.arange(TOKENS, device=device)[None]
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        keys = [torch.randn(1, HEADS, TOKENS, HEAD_DIM, device=device).to(dtype) for _ in range(LAYERS)]
+        kern = R._tables_for(spec, pos, None, device, None).kernel(dtype, inverse=False)
+        want = [kern.eager(k, HEAD_DIM, False) for k in keys]
+        nbytes = 2 * LAYERS * keys[0].numel() * keys[0].element_size()
+
+        def mul2():
+            for k in keys:
+                torch.mul(k, 2)
+
+        cands = []
+        for name, fn in (("compiled: stack (in use)", _cand_stack), ("compiled: preallocated out", _cand_out),
+                         ("compiled: models' cat formula", _cand_cat), ("compiled: float32, one rounding", _cand_f32)):
+            for dynamic in (True, False):
+                label = f"{name}, dynamic={dynamic}"
+                try:
+                    cf = torch.compile(fn, dynamic=dynamic, options={"emulate_precision_casts": True})
+                    t0 = time.perf_counter()
+                    cf(keys[0], kern.cos, kern.sin, dtype)
+                    t_first = time.perf_counter() - t0
+                except Exception as exc:  # noqa: BLE001 - a bench row, not a failure
+                    rows.append((str(dtype)[6:], label, float("nan"), float("nan"), False, float("nan"),
+                                 f"{type(exc).__name__}"))
+                    continue
+                cands.append((label, t_first, lambda cf=cf: [cf(k, kern.cos, kern.sin, dtype) for k in keys]))
+        if device.type == "cpu" and rope_native.compiler() is not None:
+            cands.append(("native", float("nan"), lambda: [rope_native.rotate(k, kern.cos, kern.sin, dtype, exact=True,
+                                                                               rotary_dim=HEAD_DIM) for k in keys]))
+        cands.append(("eager", float("nan"), lambda: [kern.eager(k, HEAD_DIM, False) for k in keys]))
+        for label, t_first, run in cands:
+            bits = all(torch.equal(a, b) for a, b in zip(run(), want))
+            t, t_mul = timed_pair(run, mul2, device, repeats)
+            rows.append((str(dtype)[6:], label, t * 1e3, t_first, bits, t_mul / t, f"{nbytes / (bw * 1e9) / t:.0%}"))
+    print()
+    print("apply (exact path) by formulation, the same 28 layers, side by side with x*2 (first call: "
+          "compile of this shape, inductor's on-disk cache as this machine has it):")
+    print()
+    print("| dtype | kernel | ms / 28 layers | first call s | bits = eager | of layer x*2 | of floor |")
+    print("|---|---|---:|---:|---|---:|---:|")
+    for dtype, label, ms, first, bits, vs_mul, of_floor in rows:
+        print(f"| {dtype} | {label} | {ms:.2f} | {first:.1f} | {'yes' if bits else 'NO'} | {vs_mul:.0%} | {of_floor} |")
 
 
 FIRST_CALL = """

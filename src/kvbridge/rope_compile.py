@@ -113,7 +113,7 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     try:
         if chosen == "native":
             out = rope_native.rotate(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim,
-                                     retry_failed=not quiet)
+                                     retry_failed=not quiet, checked=True)
         else:
             out = _compiled()(x, cos, sin, out_dtype)
     except Exception as exc:  # no compiler, unsupported backend or inputs...: eager from now on

@@ -58,12 +58,14 @@ static inline bf16 to_bf16(float f) {
 static inline void st(float *p, float v) { *p = v; }
 static inline void st(bf16 *p, float v) { *p = to_bf16(v); }
 static inline float rnd(float v, const float *) { return v; }
-/* v rounded to bfloat16 (round to nearest even), kept as a float: a NaN stays a NaN */
+/* v rounded to bfloat16 (round to nearest even), kept as a float. Exact path only: every input
+   is a bfloat16, so a NaN here has zero low 16 bits (a bfloat16 NaN carried through, or the
+   default NaN of an invalid operation) and the rounding add leaves it a NaN: no NaN test needed */
 static inline float rnd(float v, const bf16 *) {
     uint32_t u; memcpy(&u, &v, 4);
     u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
     float f; memcpy(&f, &u, 4);
-    return v != v ? v : f;
+    return f;
 }
 
 /* rows [row0, row1) of (batch, token) pairs, every head, of x [B, H, T, D] (element strides sB, sH, sT; last dim contiguous) into
@@ -277,13 +279,14 @@ def supports(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, 
 
 
 def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
-           rotary_dim: int, retry_failed: bool = True) -> "Tensor":
+           rotary_dim: int, retry_failed: bool = True, checked: bool = False) -> "Tensor":
     """Half-split rotation of ``x [B, H, T, D]``'s first ``rotary_dim`` dims by ``cos``/``sin``
     ``[Bp, 1, T, rotary_dim/2]`` (Bp 1 or B), the rest copied; a new contiguous tensor.
 
-    Inputs outside :func:`supports` raise ``ValueError``; no library: :class:`Unavailable`.
+    Inputs outside :func:`supports` raise ``ValueError`` (``checked``: the caller asked it
+    already); no library: :class:`Unavailable`.
     """
-    if not supports(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim):
+    if not checked and not supports(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim):
         raise ValueError(f"native RoPE kernel: unsupported inputs ({x.dtype} keys {tuple(x.shape)}, "
                          f"{cos.dtype} tables {tuple(cos.shape)}, exact={exact})")
     kind = _KIND[(x.dtype, cos.dtype, bool(exact))]
