@@ -282,18 +282,26 @@ def compiled_candidates(device, repeats: int, bw: float) -> None:
                     rows.append((str(dtype)[6:], label, float("nan"), float("nan"), False, float("nan"),
                                  f"{type(exc).__name__}"))
                     continue
-                cands.append((label, t_first, lambda cf=cf: [cf(k, kern.cos, kern.sin, dtype) for k in keys]))
+                cands.append((label, t_first, lambda k, cf=cf: cf(k, kern.cos, kern.sin, dtype)))
         if device.type == "cpu" and rope_native.compiler() is not None:
-            cands.append(("native", float("nan"), lambda: [rope_native.rotate(k, kern.cos, kern.sin, dtype, exact=True,
-                                                                               rotary_dim=HEAD_DIM) for k in keys]))
-        cands.append(("eager", float("nan"), lambda: [kern.eager(k, HEAD_DIM, False) for k in keys]))
-        for label, t_first, run in cands:
-            bits = all(torch.equal(a, b) for a, b in zip(run(), want))
+            t0 = time.perf_counter()
+            rope_native.library()
+            cands.append(("native", time.perf_counter() - t0,
+                          lambda k: rope_native.rotate(k, kern.cos, kern.sin, dtype, exact=True, rotary_dim=HEAD_DIM)))
+        cands.append(("eager", float("nan"), lambda k: kern.eager(k, HEAD_DIM, False)))
+        for label, t_first, one in cands:
+            bits = all(torch.equal(one(k), w) for k, w in zip(keys, want))
+
+            def run(one=one):  # streaming: each output dropped before the next, as the main table
+                for k in keys:
+                    one(k)
+
             t, t_mul = timed_pair(run, mul2, device, repeats)
             rows.append((str(dtype)[6:], label, t * 1e3, t_first, bits, t_mul / t, f"{nbytes / (bw * 1e9) / t:.0%}"))
     print()
     print("apply (exact path) by formulation, the same 28 layers, side by side with x*2 (first call: "
-          "compile of this shape, inductor's on-disk cache as this machine has it):")
+          "compile of this shape with inductor's on-disk cache as this machine has it; native: load or build "
+          "of the library):")
     print()
     print("| dtype | kernel | ms / 28 layers | first call s | bits = eager | of layer x*2 | of floor |")
     print("|---|---|---:|---:|---|---:|---:|")

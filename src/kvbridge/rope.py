@@ -31,13 +31,15 @@ plugin host (``host``, default the process-wide one): the built-in types are reg
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
 version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
-Python loops over heads or tokens: half-split :func:`apply` is three elementwise kernels (a
-broadcast multiply by cos into the output, the two sin products into one scratch, one add) with
-the models' rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and
-the fused :func:`reposition` (which need not be bit targets) take one broadcast multiply + one
-multiply-add per half (half split) or one complex multiply (interleaved). Whole-head half-split
-rotations can run as one compiled pass instead (opt-in, verified against these kernels, falling
-back to them: :mod:`kvbridge.rope_compile`).
+Python loops over heads or tokens. Half-split rotations run as one pass where they can: by
+default a small native kernel on CPU float32/bfloat16 keys (:mod:`kvbridge.rope_native`, built
+once with the system C++ compiler), or a ``torch.compile``d one on request; both are checked
+against the eager kernels on first use and fall back to them (:mod:`kvbridge.rope_compile`).
+The eager kernels: half-split :func:`apply` is three elementwise kernels (a broadcast multiply
+by cos into the output, the two sin products into one scratch, one add) with the models'
+rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and the fused
+:func:`reposition` (which need not be bit targets) take one broadcast multiply + one
+multiply-add per half (half split) or one complex multiply (interleaved).
 """
 
 from __future__ import annotations

@@ -70,11 +70,11 @@ static inline float rnd(float v, const bf16 *) {
 
 /* rows [row0, row1) of (batch, token) pairs, every head, of x [B, H, T, D] (element strides sB, sH, sT; last dim contiguous) into
    out (contiguous [B, H, T, D]); tables [Bp, T, r/2] contiguous, batch stride cB (0: shared) */
-template <typename X, typename C, bool EXACT, int HC>  /* HC > 0: r / 2 known when compiled */
-static inline __attribute__((always_inline)) void rows_h(
+template <typename X, typename C, bool EXACT>
+static inline __attribute__((always_inline)) void rows(
         const X *x, X *out, const C *cs, const C *sn, int64_t H, int64_t T, int64_t D, int64_t r,
         int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0, int64_t row1) {
-    const int64_t h = HC > 0 ? HC : r / 2;
+    const int64_t h = r / 2;
     for (int64_t row = row0; row < row1; ++row) {  /* row = (b, t): its table row serves every head */
         const int64_t t = row % T, b = row / T;
         const C *__restrict__ c = cs + b * cB + t * h;
@@ -97,19 +97,6 @@ static inline __attribute__((always_inline)) void rows_h(
         }
         for (int64_t i = r; i < D; ++i) o[i] = xr[i];
         }
-    }
-}
-
-/* the common half sizes (head_dim 64, 128, 256) get loops of a fixed length: no per-row set-up */
-template <typename X, typename C, bool EXACT>
-static inline __attribute__((always_inline)) void rows(
-        const X *x, X *out, const C *cs, const C *sn, int64_t H, int64_t T, int64_t D, int64_t r,
-        int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0, int64_t row1) {
-    switch (r) {
-    case 64: rows_h<X, C, EXACT, 32>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1); return;
-    case 128: rows_h<X, C, EXACT, 64>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1); return;
-    case 256: rows_h<X, C, EXACT, 128>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1); return;
-    default: rows_h<X, C, EXACT, 0>(x, out, cs, sn, H, T, D, r, sB, sH, sT, cB, row0, row1);
     }
 }
 
