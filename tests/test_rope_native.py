@@ -179,3 +179,21 @@ def test_mismatch_disables_native(native_mode, monkeypatch):
     with pytest.warns(RuntimeWarning, match="native RoPE kernel disagrees"):
         got = R.apply(x, pos, spec)
     assert torch.equal(got, _eager(lambda: R.apply(x, pos, spec)))
+
+
+@needs_compiler
+def test_no_cache_builds_privately_and_leaves_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVBRIDGE_NO_CACHE", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(N.tempfile, "tempdir", None)  # re-read TMPDIR
+    monkeypatch.setattr(N, "_LIB", {})
+    N.library()
+    assert N._LIB["path"].parent.parent == tmp_path
+    assert list(tmp_path.iterdir()) == []  # loaded, then the private folder removed
+    spec = RopeSpec.make(head_dim=32)
+    x, pos = _keys(torch.float32)
+    RC.set_mode("native")
+    try:
+        assert torch.equal(R.apply(x, pos, spec), _eager(lambda: R.apply(x, pos, spec)))
+    finally:
+        RC.set_mode(None)

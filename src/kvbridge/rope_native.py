@@ -183,9 +183,14 @@ def _build(cxx: str, retry_failed: bool) -> Path:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             folder = None
+    if folder is not None:
+        try:
+            work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
+        except OSError:  # a cache folder we cannot write
+            folder = None
     if folder is None:  # no cache: a private folder for this process
         folder, private = Path(tempfile.mkdtemp(prefix="kvbridge-native-")), True
-    work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
     try:
         src = work / "rope.cpp"
         src.write_text(SOURCE, encoding="utf-8")
