@@ -221,6 +221,9 @@ def library(retry_failed: bool = True) -> ctypes.CDLL:
     ``retry_failed=False`` (the default ``auto`` mode) does not retry a build that failed
     before with this compiler (a ``.failed`` note in the cache), so a broken compiler costs
     one attempt, not one per process."""
+    lib = _LIB.get("lib")
+    if lib is not None:  # the warm path: no lock
+        return lib
     with _LOCK:
         if "lib" not in _LIB:
             if "error" in _LIB:
@@ -261,13 +264,17 @@ def supports(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, 
     """Whether :func:`rotate` takes these inputs (else the caller uses the eager kernel)."""
     if _KIND.get((x.dtype, cos.dtype, bool(exact))) is None or out_dtype != x.dtype or sin.dtype != cos.dtype:
         return False
-    if x.device.type != "cpu" or cos.device.type != "cpu" or sin.device.type != "cpu":
+    if not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.requires_grad or rotary_dim % 2:
         return False
-    if x.dim() != 4 or x.stride(-1) != 1 or x.requires_grad or rotary_dim % 2 or not 0 < rotary_dim <= x.shape[-1]:
+    shape = x.shape
+    if len(shape) != 4 or x.stride(3) != 1 or not 0 < rotary_dim <= shape[3]:
         return False
-    b, _, tokens, _ = x.shape
-    return all(t.dim() == 4 and t.shape[1:] == (1, tokens, rotary_dim // 2) and t.shape[0] in (1, b)
-               and t.is_contiguous() for t in (cos, sin))
+    want = (1, shape[2], rotary_dim // 2)
+    for t in (cos, sin):
+        tshape = t.shape
+        if len(tshape) != 4 or tshape[1:] != want or tshape[0] not in (1, shape[0]) or not t.is_contiguous():
+            return False
+    return True
 
 
 def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
