@@ -15,7 +15,7 @@ from kvbridge.plugins import make_host
 
 HOST = make_host(entry_points=False)
 FAMILY_TYPES = sorted({a.model_types[0] for a in builtin_adapters()})
-EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3"]
+EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "glm_moe_dsa"]  # glm_moe_dsa: MLA + indexer keys
 
 
 @pytest.mark.parametrize("model_type", EXACT)
@@ -52,6 +52,17 @@ def test_a_wrong_fact_is_caught(monkeypatch):
     monkeypatch.setattr(facts, "nope_layers", lambda *a, **k: ())
     r = sweep.run_type("smollm3", host=HOST)
     assert r.status == "wrong" and "NoPE" in r.reason
+
+
+@pytest.mark.parametrize("fact, reason", [("INDEXER_ROPE_LAST", "indexer keys"), ("MLA_COMPLEX", "of its values")])
+def test_a_wrong_sparse_attention_fact_is_caught(monkeypatch, fact, reason):
+    """The RoPE'd slots of an MLA + indexer cache are checked by re-positioning: indexer keys
+    rotated at the wrong dims, or the MLA RoPE key paired (2i, 2i+1), land in `wrong`."""
+    from kvbridge.builtin.families import _generic_facts as facts
+
+    monkeypatch.setattr(facts, fact, getattr(facts, fact) | {"glm_moe_dsa"})
+    r = sweep.run_type("glm_moe_dsa", host=HOST)
+    assert r.status == "wrong" and reason in r.reason, r.reason
 
 
 def test_markdown_table_counts():
