@@ -44,12 +44,13 @@ def _used(dtype, exact):
 
 @needs_compiler
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("case", ["plain", "shared-positions", "transposed", "partial"])
+@pytest.mark.parametrize("case", ["plain", "shared-positions", "transposed", "partial", "odd-half"])
 def test_native_matches_eager(native_mode, dtype, case, recwarn):
     partial = 0.5 if case == "partial" else 1.0
-    spec = RopeSpec.make("yarn", head_dim=32, factor=4.0, original_max_position_embeddings=256,
+    dim = 18 if case == "odd-half" else 32  # rotary half 9: the element-wise loop, not the paired one
+    spec = RopeSpec.make("yarn", head_dim=dim, factor=4.0, original_max_position_embeddings=256,
                          max_position_embeddings=1024, partial_factor=partial)
-    x, pos = _keys(dtype)
+    x, pos = _keys(dtype, dim=dim)
     if case == "shared-positions":
         pos = pos[:1]
     if case == "transposed":  # heads and tokens swapped in memory: strided, last dim contiguous
@@ -76,6 +77,7 @@ def test_native_apply_is_the_reference_formula_bit_for_bit(native_mode):
     for dtype in (torch.float32, torch.bfloat16):
         x, pos = _keys(dtype, dim=64, tokens=50, seed=4)
         x = x * 37.0  # large keys: every rounding step shows
+        x[0, 0, 1, 3], x[0, 1, 2, 40], x[1, 0, 3, :] = float("inf"), float("-inf"), 1e-39  # and the edges
         cos, sin = R.tables(spec, pos, dtype=dtype)
         cos, sin = cos[:, None], sin[:, None]
         rot = torch.cat((-x[..., 32:], x[..., :32]), dim=-1)

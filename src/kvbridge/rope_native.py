@@ -100,6 +100,47 @@ static inline __attribute__((always_inline)) void rows(
     }
 }
 
+/* Exact bfloat16, two elements per 32-bit word: the even one is the low half, the odd one the
+   high half (little endian), so widening is one shift or one mask per vector and narrowing
+   needs no pack instruction. Same arithmetic and rounding as rows<bf16, bf16, true>. */
+static inline float w_lo(uint32_t w) { uint32_t u = w << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float w_hi(uint32_t w) { uint32_t u = w & 0xFFFF0000u; float f; memcpy(&f, &u, 4); return f; }
+static inline float r16(float v) { return rnd(v, (const bf16 *)0); }
+static inline uint32_t top16(float v) {  /* bfloat16 bits of v in the high half (NaN -> 0x7FC0) */
+    uint32_t u; memcpy(&u, &v, 4);
+    u = u + 0x7FFFu + ((u >> 16) & 1u);
+    return v != v ? 0x7FC00000u : u;
+}
+static inline uint32_t ld32(const bf16 *p) { uint32_t w; memcpy(&w, p, 4); return w; }
+
+static inline __attribute__((always_inline)) void rows_bf16_pairs(
+        const bf16 *x, bf16 *out, const bf16 *cs, const bf16 *sn, int64_t H, int64_t T, int64_t D, int64_t r,
+        int64_t sB, int64_t sH, int64_t sT, int64_t cB, int64_t row0, int64_t row1) {
+    const int64_t h = r / 2, hw = h / 2;
+    for (int64_t row = row0; row < row1; ++row) {
+        const int64_t t = row % T, b = row / T;
+        const bf16 *c = cs + b * cB + t * h, *s = sn + b * cB + t * h;
+        for (int64_t hh = 0; hh < H; ++hh) {
+        const bf16 *xr = x + b * sB + hh * sH + t * sT;
+        bf16 *o = out + ((b * H + hh) * T + t) * D;
+#pragma GCC ivdep
+        for (int64_t j = 0; j < hw; ++j) {
+            const uint32_t w1 = ld32(xr + 2 * j), w2 = ld32(xr + h + 2 * j);
+            const uint32_t wc = ld32(c + 2 * j), ws = ld32(s + 2 * j);
+            const float x1e = w_lo(w1), x2e = w_lo(w2), ce = w_lo(wc), se = w_lo(ws);
+            const float x1o = w_hi(w1), x2o = w_hi(w2), co = w_hi(wc), so = w_hi(ws);
+            const float ae = r16(x1e * ce) - r16(x2e * se), de = r16(x2e * ce) + r16(x1e * se);
+            const float ao = r16(x1o * co) - r16(x2o * so), dout = r16(x2o * co) + r16(x1o * so);
+            const uint32_t o1 = (top16(ae) >> 16) | (top16(ao) & 0xFFFF0000u);
+            const uint32_t o2 = (top16(de) >> 16) | (top16(dout) & 0xFFFF0000u);
+            memcpy(o + 2 * j, &o1, 4);
+            memcpy(o + h + 2 * j, &o2, 4);
+        }
+        for (int64_t i = r; i < D; ++i) o[i] = xr[i];
+        }
+    }
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KVB_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -115,7 +156,15 @@ extern "C" KVB_CLONES int kvb_rope_half(
     switch (kind) {
     case 0: rows<float, float, true>((const float *)x, (float *)out, (const float *)cs, (const float *)sn,
                                      H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
-    case 1: rows<bf16, bf16, true>((const bf16 *)x, (bf16 *)out, (const bf16 *)cs, (const bf16 *)sn,
+    case 1:
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (r % 4 == 0) {
+            rows_bf16_pairs((const bf16 *)x, (bf16 *)out, (const bf16 *)cs, (const bf16 *)sn,
+                            H, T, D, r, sB, sH, sT, cB, row0, row1);
+            return 0;
+        }
+#endif
+        rows<bf16, bf16, true>((const bf16 *)x, (bf16 *)out, (const bf16 *)cs, (const bf16 *)sn,
                                    H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
     case 2: rows<float, float, false>((const float *)x, (float *)out, (const float *)cs, (const float *)sn,
                                       H, T, D, r, sB, sH, sT, cB, row0, row1); return 0;
