@@ -3,8 +3,8 @@
 The eager half-split rotation (:mod:`kvbridge.rope_kernels`) is three or four elementwise torch
 kernels; this one reads each key once and writes it once (the memory-bandwidth floor of any
 elementwise op). It is plain C++ with no torch headers, built with the system C++ compiler
-(``$CXX``, else ``c++``/``g++``/``clang++``) into a shared library on first use, in well under a
-second, and cached under ``$KVBRIDGE_HOME/native/`` by a hash of its source, the flags and the
+(``$CXX``, else ``c++``/``g++``/``clang++``) into a shared library on first use (~0.6 s of
+compiler CPU time), and cached under ``$KVBRIDGE_HOME/native/`` by a hash of its source, the flags and the
 compiler (written to a temporary name and renamed: never half-written). It is called through
 ``ctypes`` on the tensors' memory, which releases the GIL, so several threads can split the rows.
 
