@@ -11,7 +11,7 @@ Modes (:func:`set_mode`, else ``$KVBRIDGE_ROPE_KERNEL``; ``KVBRIDGE_ROPE_COMPILE
 - ``auto`` (the default): ``native`` where it can run (a CPU tensor, float32/bfloat16, a C++
   compiler to build it once per machine), else eager, silently: no compiler means the eager
   kernels, as before; a build that failed is not retried by later processes.
-- ``native``: :mod:`kvbridge.rope_native`, a small C++ kernel built once (~0.6 s of compiler CPU time) with
+- ``native``: :mod:`kvbridge.rope_native`, a small C++ kernel built once (~1 s of compiler CPU time) with
   the system compiler and cached; unavailability is a warning (once per process).
 - ``compiled``: ``torch.compile`` of the rotation below. **Opt-in**, because the first call of
   every process compiles (seconds on a CPU, more on a cold cache), and it is slower than the

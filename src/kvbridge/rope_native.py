@@ -3,7 +3,7 @@
 The eager half-split rotation (:mod:`kvbridge.rope_kernels`) is three or four elementwise torch
 kernels; this one reads each key once and writes it once (the memory-bandwidth floor of any
 elementwise op). It is plain C++ with no torch headers, built with the system C++ compiler
-(``$CXX``, else ``c++``/``g++``/``clang++``) into a shared library on first use (~0.6 s of
+(``$CXX``, else ``c++``/``g++``/``clang++``) into a shared library on first use (~1 s of
 compiler CPU time), and cached under ``$KVBRIDGE_HOME/native/`` by a hash of its source, the flags and the
 compiler (written to a temporary name and renamed: never half-written). It is called through
 ``ctypes`` on the tensors' memory, which releases the GIL, so several threads can split the rows.
@@ -68,7 +68,8 @@ static inline float rnd(float v, const bf16 *) {
     return f;
 }
 
-/* rows [row0, row1) of (batch, token) pairs, every head, of x [B, H, T, D] (element strides sB, sH, sT; last dim contiguous) into
+/* rows [row0, row1) of (batch, token) pairs, every head, of x [B, H, T, D] (element strides
+   sB, sH, sT; last dim contiguous) into
    out (contiguous [B, H, T, D]); tables [Bp, T, r/2] contiguous, batch stride cB (0: shared) */
 template <typename X, typename C, bool EXACT>
 static inline __attribute__((always_inline)) void rows(
