@@ -63,7 +63,9 @@ OVERRIDES: dict[str, dict] = {
     "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}, "rope_parameters": {"rope_type": "default",
                                                                           "rope_theta": 500000.0}},
     "gemma4_assistant": {"text_config": {"num_kv_shared_layers": 6}},  # every layer reads shared K/V
-    "musicgen": {"num_codebooks": 1}, "musicgen_melody": {"num_codebooks": 1},  # one token stream per row
+    # one token stream per row; generate starts the delay pattern from decoder_start_token_id (= bos, as released)
+    "musicgen": {"num_codebooks": 1, "decoder_start_token_id": 248},
+    "musicgen_melody": {"num_codebooks": 1, "decoder_start_token_id": 248},
     "nemotron": {"num_key_value_heads": 2},
     # dory's to_dict writes every (attention, mlp) pair as two blocks and doubles the counts
     "dory": {"num_hidden_layers": 8, "n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2,
@@ -150,6 +152,8 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             out[key] = 1 if value == 1 else (heads if value == old_heads else 2)
     if isinstance(out.get("vocab_size"), int):
         out["vocab_size"] = VOCAB
+        if isinstance(out.get("unpadded_vocab_size"), int):  # Inkling: the LM head's width (<= vocab_size)
+            out["unpadded_vocab_size"] = VOCAB
         for key in TOKEN_KEYS:
             v = out.get(key)
             if isinstance(v, int) and v >= VOCAB - 8:

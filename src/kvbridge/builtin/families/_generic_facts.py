@@ -27,6 +27,10 @@ REFUSED: dict[str, str] = {
                " per-layer cache contract",
     "xlm": "it keeps its cache in its own per-layer dict, not a transformers Cache",
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
+    "xlnet": "it carries `mems` (each layer's input hidden states, turned into K/V again every step), not a K/V cache",
+    "reformer": "its own ReformerDynamicCache keeps hidden states and LSH buckets, not K/V",
+    "gemma4_assistant": "a draft model with no cache of its own: its layers attend to the target model's K/V"
+                        " (shared_kv_states)",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
@@ -42,9 +46,19 @@ INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "gptj", "codeg
                          "cohere", "ernie4_5", "ernie4_5_moe", "helium", "llama4", "llama4_text"})
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
-NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "dory", "lara_mini"})
+NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "lara_mini"})
 #: the same, but only when the model has sliding layers at all (``sliding_window is None or is_sliding``)
 NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
+
+def cache_slots(text: Any, n_layers: int) -> list:
+    """The model layer behind each cache layer. Dory's ``per_loop`` mode: every loop after the first
+    appends its own copy of the recurrent layers' cache (``DoryModel.forward``) after the model's layers."""
+    loops = int(getattr(text, "n_recurrent_loops", 1) or 1)
+    if getattr(text, "recurrent_kv_cache_mode", None) != "per_loop" or loops < 2:
+        return list(range(n_layers))
+    start, rec = int(text.n_input_layers), int(text.n_recurrent_layers)
+    return list(range(n_layers)) + [start + j for _ in range(loops - 1) for j in range(rec)]
+
 
 #: families where KV heads need not divide query heads (no GQA grouping assumption in the cache)
 UNGROUPED_OK: frozenset = frozenset()

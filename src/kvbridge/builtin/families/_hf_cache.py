@@ -116,6 +116,10 @@ def inject(adapter, state, model=None, *, check: bool = True):
     if model is None:
         raise StateError("the generic adapter needs the model to build its cache", "pass model=")
     cache = new_cache(model, full_history=True)
+    from transformers.cache_utils import DynamicLayer
+
+    # cache layers past the model's own (Dory's per-loop copies, which its forward appends when absent)
+    cache.layers += [DynamicLayer() for _ in range(state.spec.num_layers - len(cache.layers))]
     by_layer = dict(state.states)
     for i, layer in enumerate(cache.layers):
         if i in state.spec.kv_layers:

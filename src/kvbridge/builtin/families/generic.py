@@ -124,7 +124,8 @@ class GenericAdapter(FamilyAdapter):
         except Exception as exc:
             raise UnsupportedModelError(f"model type {model_type!r}: transformers gives no per-layer cache layout"
                                         f" ({type(exc).__name__}: {exc})", facts.REFUSED_FIX) from None
-        hf_types = list(hf_types)
+        slots = facts.cache_slots(text, len(hf_types))  # cache layer -> model layer
+        hf_types, kwargs = [list(hf_types)[s] for s in slots], [list(kwargs)[s] for s in slots]
         sharing = list(getattr(text, "kv_sharing_modes", None) or [])
         kinds, state_layers, shared, no_kv = [], [], [], []
         for i, t in enumerate(hf_types):
@@ -162,7 +163,7 @@ class GenericAdapter(FamilyAdapter):
                 kv_heads.append(0)
                 k_dims.append(0)
                 continue
-            lc = per_layer[i]
+            lc = per_layer[slots[i]]
             h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
             sliding = kind == SLIDING
             kv = facts.cached_kv_heads(model_type, lc, h, sliding)
