@@ -10,6 +10,7 @@ same number of layers. Sub-configs (``text_config``, ``vision_config`` ...) are 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 #: attribute -> tiny value (applied when the default is a positive int)
@@ -215,11 +216,26 @@ def tiny_config_dict(model_type: str) -> dict:
 def build(data: dict, seed: int = 0):
     """The tiny model (float32, eval mode) of a config mapping."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     cfg = {k: v for k, v in data.items() if k != "model_type"}
     obj = AutoConfig.for_model(data["model_type"], **cfg)
     torch.manual_seed(seed)
+    try:
+        return _from_config(obj)
+    except ImportError as exc:
+        if "timm" not in str(exc):
+            raise
+    with _timm_towers_left_out():  # gemma3n's vision tower is a timm model; the text cache never meets it
+        model = _from_config(obj)
+    model.kvbridge_left_out = "vision tower not built (timm not installed); text-only inputs never reach it"
+    return model
+
+
+def _from_config(obj):
+    import torch
+    from transformers import AutoModelForCausalLM
+
     try:
         return AutoModelForCausalLM.from_config(obj, dtype=torch.float32).eval()
     except ValueError:  # a decoder sub-config (musicgen_decoder): the registry class that takes it
@@ -227,6 +243,30 @@ def build(data: dict, seed: int = 0):
         if cls is None:
             raise
         return cls._from_config(obj, dtype=torch.float32).eval()
+
+
+@contextmanager
+def _timm_towers_left_out():
+    """``AutoModel.from_config`` of a timm sub-config gives an empty module (no weights, never called)."""
+    from torch import nn
+    from transformers import AutoModel
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    original = AutoModel.__dict__.get("from_config")
+    inherited = AutoModel.from_config
+
+    def from_config(cls, config, **kwargs):
+        timm = MODEL_MAPPING.get(type(config), nn.Module).__name__.startswith("TimmWrapper")
+        return nn.Module() if timm else inherited(config, **kwargs)
+
+    AutoModel.from_config = classmethod(from_config)
+    try:
+        yield
+    finally:
+        if original is None:
+            del AutoModel.from_config
+        else:
+            AutoModel.from_config = original
 
 
 def _causal_class_of(config_class):
