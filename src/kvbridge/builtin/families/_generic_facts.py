@@ -71,11 +71,15 @@ ROPE_FLAG = {"zamba2": "use_mem_rope"}
 
 #: families with learned absolute position embeddings / ALiBi (no ``rope_parameters``)
 ALIBI = frozenset({"bloom", "mpt"})
+#: families whose attention sees no positions at all (Zamba: the Mamba layers carry order; no embedding table)
+NO_POSITIONS = frozenset({"zamba"})
 
 
 def positional(model_type: str, text: Any) -> str:
     if model_type in ALIBI or getattr(text, "alibi", False):
         return "alibi"
+    if model_type in NO_POSITIONS:
+        return "none"
     flag = ROPE_FLAG.get(model_type)
     if flag and not getattr(text, flag, False):
         return "none"  # RoPE switched off by the family's own flag
