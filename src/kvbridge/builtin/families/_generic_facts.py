@@ -31,6 +31,8 @@ REFUSED: dict[str, str] = {
     "reformer": "its own ReformerDynamicCache keeps hidden states and LSH buckets, not K/V",
     "gemma4_assistant": "a draft model with no cache of its own: its layers attend to the target model's K/V"
                         " (shared_kv_states)",
+    "gemma4_unified_assistant": "a draft model with no cache of its own: its layers attend to the target model's"
+                                " K/V (shared_kv_states)",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
