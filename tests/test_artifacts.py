@@ -75,3 +75,20 @@ def test_state_round_trips_through_an_artifact(tmp_path):
     manifest, tensors = read_artifact(out)
     back = state_from_tensors(tensors, manifest)
     assert back.spec == state.spec and all(torch.equal(a, b) for a, b in zip(back.keys, state.keys))
+
+
+def test_sparse_attention_indexer_keys_round_trip(tmp_path):
+    """A DSA model's state keeps its indexer keys through an artifact (else it could not be injected)."""
+    from kvbridge.artifacts import state_from_tensors, state_manifest, state_tensors
+    from kvbridge.conformance import tiny
+    from kvbridge.plugins import make_host
+
+    data = tiny.tiny_config_dict("glm_moe_dsa")
+    adapter = make_host(entry_points=False).adapter_for(data)
+    model = tiny.build(data)
+    state = adapter.extract(model, torch.randint(3, 100, (1, 7)))
+    out = write_artifact(tmp_path / "s", state_tensors(state), state_manifest(state), tensor_file="kv.safetensors")
+    back = state_from_tensors(*reversed(read_artifact(out)))
+    assert [i for i, _ in back.indexer_keys] == list(state.spec.indexer_layers)
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(back.indexer_keys, state.indexer_keys))
+    adapter.inject(back, model)  # validates: the indexer keys fit the model

@@ -351,6 +351,8 @@ def state_tensors(state: "KVState") -> dict:
         out[f"layers.{i}.values"] = v
     if state.rope_lengths is not None:
         out["rope_lengths"] = state.rope_lengths
+    for i, t in state.indexer_keys:  # sparse attention: indexer keys travel with K/V
+        out[f"layers.{i}.indexer_keys"] = t
     return out
 
 
@@ -376,16 +378,23 @@ def state_from_tensors(tensors: dict, manifest: dict) -> "KVState":
         n = int(manifest["num_layers"])
         dtype = manifest.get("dtype")
         spec = ModelSpec.from_dict(manifest["spec"])
-        kv_shape = (manifest.get("batch_size"), spec.num_kv_heads, manifest.get("num_tokens"), spec.head_dim)
-        want = {f"layers.{i}.{kv}": (dtype, kv_shape) for i in range(n) for kv in ("keys", "values")}
+        B, T = manifest.get("batch_size"), manifest.get("num_tokens")
+        if n != spec.num_layers:
+            raise ValueError(f"{n} layers for a {spec.num_layers}-layer spec")
+        # per layer, as the spec caches it (MLA latent / RoPE key widths, layers without KV)
+        want = {f"layers.{i}.{kv}": (dtype, (B, spec.kv_heads_of(i), T, dim(i)))
+                for i in range(n) for kv, dim in (("keys", spec.key_dim_of), ("values", spec.value_dim_of))}
+        want.update({f"layers.{i}.indexer_keys": (dtype, (B, T, spec.indexer_dim())) for i in spec.indexer_layers})
         tensors_match(tensors, want, "KV state", fix="re-create it with this kvbridge version", allow_extra=True)
         keys = tuple(tensors[f"layers.{i}.keys"] for i in range(n))
         values = tuple(tensors[f"layers.{i}.values"] for i in range(n))
+        indexer = tuple((i, tensors[f"layers.{i}.indexer_keys"]) for i in range(n)
+                        if f"layers.{i}.indexer_keys" in tensors)
         return KVState(keys=keys, values=values, token_ids=tensors["token_ids"], positions=tensors["positions"],
                        spec=spec, rope_applied=bool(manifest.get("rope_applied", True)),
                        rope_lengths=tensors.get("rope_lengths"),
                        model_fingerprint=manifest.get("model_fingerprint", ""),
-                       approximate=bool(manifest.get("approximate", False)))
+                       approximate=bool(manifest.get("approximate", False)), indexer_keys=indexer)
     except KeyError as exc:
         raise ArtifactError(f"artifact is missing {exc.args[0]!r}", "re-create it with this kvbridge version") from None
     except (TypeError, ValueError) as exc:

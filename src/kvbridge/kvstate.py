@@ -43,6 +43,9 @@ class KVState:
     # recurrent / convolution state of hybrid models: ((layer, {name: Tensor | flags}), ...); it
     # summarises all ``num_tokens`` tokens, so it moves only whole (never sliced or mapped)
     states: tuple = ()
+    # sparse attention (DSA): per indexed layer its indexer keys, ((layer, Tensor [B, T, D_idx]), ...);
+    # per-token keys like K (sliced, re-positioned, cloned with them), never mapped across models
+    indexer_keys: tuple = ()
 
     # -- shape -------------------------------------------------------------------------
     @property
@@ -66,7 +69,8 @@ class KVState:
         return self.keys[0].device
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        tensors = (*self.keys, *self.values, *(t for _, t in self.indexer_keys))
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- checks ------------------------------------------------------------------------
     def validate(self, spec: ModelSpec | None = None, *, dtype: "torch.dtype | None" = None,
@@ -99,11 +103,13 @@ class KVState:
                     bad = int((~torch.isfinite(t)).sum())
                     raise StateError(f"{what} layer {i} {name} has {bad} NaN/inf values",
                                      "recompute the cache; a mapping that produced it may be broken")
+        _validate_indexer(self, spec, dtype, check_finite, what)
         return self
 
     # -- conversions -------------------------------------------------------------------
     def map_tensors(self, fn) -> "KVState":
-        return replace(self, keys=tuple(fn(k) for k in self.keys), values=tuple(fn(v) for v in self.values))
+        return replace(self, keys=tuple(fn(k) for k in self.keys), values=tuple(fn(v) for v in self.values),
+                       indexer_keys=tuple((i, fn(t)) for i, t in self.indexer_keys))
 
     def to(self, device: Any = None, dtype: "torch.dtype | None" = None) -> "KVState":
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
@@ -128,6 +134,7 @@ class KVState:
             token_ids=self.token_ids[:, sl],
             positions=self.positions[:, sl],
             rope_lengths=None if self.rope_lengths is None else self.rope_lengths[:, sl],
+            indexer_keys=tuple((i, t[:, sl]) for i, t in self.indexer_keys),
         )
 
     # -- RoPE --------------------------------------------------------------------------
@@ -147,7 +154,9 @@ class KVState:
         keys = tuple(
             _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host)
             for i, k in enumerate(self._rotated()))
-        return replace(self, **{self._rotated_slot(): keys}, rope_applied=False)
+        index = _indexer_rope(rope.strip, self.indexer_keys, self.spec, self.positions, lengths=self.rope_lengths,
+                              host=host)
+        return replace(self, **{self._rotated_slot(): keys}, rope_applied=False, indexer_keys=index)
 
     def apply_rope(self, positions: "Tensor | None" = None, spec: ModelSpec | None = None,
                    rope_lengths: "Tensor | None" = None, host=None) -> "KVState":
@@ -161,13 +170,15 @@ class KVState:
             rope_lengths = rope.forward_lengths(positions)
         if self.rope_applied:
             raise StateError("keys already carry RoPE", "call strip_rope() first or use reposition()")
+        _check_indexer_target(self, spec)
         if spec.positional != "rope":
             return replace(self, positions=positions, spec=spec, rope_applied=True)
         keys = tuple(
             _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host)
             for i, k in enumerate(self._rotated()))
+        index = _indexer_rope(rope.apply, self.indexer_keys, spec, positions, lengths=rope_lengths, host=host)
         return replace(self, **{self._rotated_slot(): keys}, positions=positions, rope_applied=True, spec=spec,
-                       rope_lengths=rope_lengths)
+                       rope_lengths=rope_lengths, indexer_keys=index)
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
         """Move the cached keys to new positions (an offset int or a ``[B, T]`` tensor) in one call."""
@@ -191,7 +202,10 @@ class KVState:
             _per_layer(rope.reposition, k, self.spec, i, self.positions, new_positions,
                        old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
             for i, k in enumerate(self._rotated()))
-        return replace(self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths)
+        index = _indexer_rope(rope.reposition, self.indexer_keys, self.spec, self.positions, new_positions,
+                              old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
+        return replace(self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths,
+                       indexer_keys=index)
 
 
 def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwargs) -> "Tensor":
@@ -203,6 +217,10 @@ def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwarg
     table = spec.rope_for_layer(layer)
     if table is None or k.shape[-1] == 0 or k.shape[1] == 0:
         return k
+    return _rotate(fn, k, table, *positions, **kwargs)
+
+
+def _rotate(fn, k: "Tensor", table, *positions, **kwargs) -> "Tensor":
     if table.param("direction", 1) == -1:  # keys rotated by -angle (NanoChat): the table at -position
         positions = tuple(-p for p in positions)
     return fn(k, *positions, table, **kwargs)
@@ -211,3 +229,50 @@ def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwarg
 def _clone_states(states: tuple) -> tuple:
     return tuple((i, {k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
                       for k, v in st.items()}) for i, st in states)
+
+
+def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs) -> tuple:
+    """``fn`` on the RoPE part of each layer's indexer keys ``[B, T, D]`` (see
+    :meth:`ModelSpec.indexer_rope_for_layer`); the rest of each key passes unchanged."""
+    out = []
+    for layer, t in indexer_keys:
+        table, start, dims = spec.indexer_rope_for_layer(layer)
+        if table is not None and t.shape[1]:
+            part = _rotate(fn, t[..., start:start + dims].unsqueeze(1), table, *positions, **kwargs).squeeze(1)
+            t = torch.cat([t[..., :start], part.to(t.dtype), t[..., start + dims:]], dim=-1)
+        out.append((layer, t))
+    return tuple(out)
+
+
+def _check_indexer_target(state: "KVState", spec: ModelSpec) -> None:
+    """Indexer keys go only to the model geometry that produced them (they are never mapped)."""
+    if not state.indexer_keys:
+        return
+    if tuple(i for i, _ in state.indexer_keys) != tuple(spec.indexer_layers) or spec.indexer != state.spec.indexer:
+        raise StateError(f"the state carries sparse-attention indexer keys of {state.spec.model_type!r} "
+                         f"(layers {[i for i, _ in state.indexer_keys]}) that {spec.model_type!r} does not cache "
+                         "that way: indexer keys cannot be mapped across models",
+                         "drop them (replace(state, indexer_keys=())) or extract the state from the target model")
+
+
+def _validate_indexer(state: "KVState", spec: ModelSpec, dtype, check_finite: bool, what: str) -> None:
+    B, T = state.token_ids.shape
+    have = {i: t for i, t in state.indexer_keys}
+    if not spec.indexer_layers and have:
+        raise StateError(f"{what} carries indexer keys (layers {sorted(have)}) that model {spec.model_type!r} does "
+                         "not cache", "drop them: indexer keys cannot be mapped across models")
+    for i in spec.indexer_layers:
+        t = have.get(i)
+        if t is None:
+            raise StateError(f"{what} has no sparse-attention indexer keys for layer {i} of {spec.model_type!r}",
+                             "extract the state from this model (indexer keys cannot be mapped across models)")
+        want = (B, T, spec.indexer_dim())
+        if tuple(t.shape) != want:
+            raise StateError(f"{what} layer {i} indexer keys shape {tuple(t.shape)} != {want} expected by "
+                             f"{spec.model_type!r} [batch, tokens, index_head_dim]",
+                             "extract the state from this model (indexer keys cannot be mapped across models)")
+        if dtype is not None and t.dtype != dtype:
+            raise StateError(f"{what} layer {i} indexer keys dtype {t.dtype} != model dtype {dtype}",
+                             f"convert it with state.to(dtype={dtype})")
+        if check_finite and not bool(torch.isfinite(t).all()):
+            raise StateError(f"{what} layer {i} indexer keys have NaN/inf values", "recompute the cache")

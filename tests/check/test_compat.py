@@ -122,6 +122,20 @@ def test_deepseek_mla_cross_model_is_refused_with_the_reason(configs, host):
     assert same.verdict == "identity"
 
 
+def test_sparse_attention_indexer_keys_block_a_cross_model_transfer(host):
+    """Indexer keys come from the target's own indexer: another model's cache cannot provide them."""
+    from kvbridge.conformance.tiny import tiny_config_dict
+
+    glm, dsv32 = tiny_config_dict("glm_moe_dsa"), tiny_config_dict("deepseek_v32")
+    spec = lambda d: host.adapter_for(d).describe(d)  # noqa: E731
+    r = compat.check(compat.Side(spec(glm), config=glm), compat.Side(spec(dsv32), config=dsv32), host=host)
+    assert r.verdict == "incompatible" and r.axis("indexer keys").verdict == "blocking"
+    assert "cannot be mapped" in r.axis("indexer keys").action
+    same = compat.check(compat.Side(spec(glm), config=glm), compat.Side(spec(glm), config=glm), host=host,
+                        same_model=True)
+    assert same.axis("indexer keys").verdict == "same" and same.verdict == "identity"
+
+
 # -- verdicts ---------------------------------------------------------------------------------------------------
 def test_same_family_different_size_is_mappable(configs, host):
     r = check(str(configs / "meta-llama__Llama-3.2-1B"), str(configs / "meta-llama__Llama-3.2-3B-Instruct"), host)

@@ -15,7 +15,8 @@ from kvbridge.plugins import make_host
 
 HOST = make_host(entry_points=False)
 FAMILY_TYPES = sorted({a.model_types[0] for a in builtin_adapters()})
-EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "dory"]  # dory: a cache copy per recurrent loop
+EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "glm_moe_dsa",  # glm_moe_dsa: MLA + indexer keys
+                         "dory"]  # dory: a cache copy per recurrent loop
 
 
 @pytest.mark.parametrize("model_type", EXACT)
@@ -41,7 +42,7 @@ def test_exact_special_layouts(model_type):
 
 
 @pytest.mark.parametrize("model_type, why", [("xlnet", "mems"), ("reformer", "LSH buckets"),
-                                             ("gemma4_assistant", "no cache of its own")])
+                                             ("gemma4_assistant", "caches none of its own")])
 def test_caches_of_another_kind_are_refused_with_the_reason(model_type, why):
     r = sweep.run_type(model_type, host=HOST)
     assert r.status == "refused" and why in r.reason
@@ -59,6 +60,17 @@ def test_a_wrong_fact_is_caught(monkeypatch):
     monkeypatch.setattr(facts, "nope_layers", lambda *a, **k: ())
     r = sweep.run_type("smollm3", host=HOST)
     assert r.status == "wrong" and "NoPE" in r.reason
+
+
+@pytest.mark.parametrize("fact, reason", [("INDEXER_ROPE_LAST", "indexer keys"), ("MLA_COMPLEX", "of its values")])
+def test_a_wrong_sparse_attention_fact_is_caught(monkeypatch, fact, reason):
+    """The RoPE'd slots of an MLA + indexer cache are checked by re-positioning: indexer keys
+    rotated at the wrong dims, or the MLA RoPE key paired (2i, 2i+1), land in `wrong`."""
+    from kvbridge.builtin.families import _generic_facts as facts
+
+    monkeypatch.setattr(facts, fact, getattr(facts, fact) | {"glm_moe_dsa"})
+    r = sweep.run_type("glm_moe_dsa", host=HOST)
+    assert r.status == "wrong" and reason in r.reason, r.reason
 
 
 def test_markdown_table_counts():

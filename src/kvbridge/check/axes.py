@@ -257,6 +257,20 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     return Axis("attention", sv, tv, "mappable", "; ".join(parts))
 
 
+def _indexer_axis(s: ModelSpec, t: ModelSpec, same_model: bool) -> Axis:
+    """Sparse-attention indexer keys: carried whole within one model, never mapped."""
+    sv, tv = list(s.indexer_layers), list(t.indexer_layers)
+    if same_model and s.indexer == t.indexer and sv == tv:
+        return Axis("indexer keys", sv, tv, "same", "the indexer keys of the sparse-attention layers move with K/V")
+    if not tv:
+        return Axis("indexer keys", sv, tv, "mappable", "the source's sparse-attention indexer keys are dropped: "
+                    "the target caches none")
+    return Axis("indexer keys", sv, tv, "blocking",
+                f"target layers {tv} also cache sparse-attention indexer keys (1 x {t.indexer_dim()} per token, "
+                "from the indexer's own projection of the hidden state): they cannot be mapped from another "
+                "model; only a state extracted from the target continues exactly")
+
+
 def _dtype_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     sd, td = s.dtype, t.dtype
     if sd == td:

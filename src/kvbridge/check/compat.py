@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvbridge.check.axes import (
-    LENGTH_DEPENDENT_ROPE, NON_ARCH_KEYS, POSITION_KEYS, SPEC_ARCH_FIELDS, _attention_axis, _cache_axis,
+    LENGTH_DEPENDENT_ROPE, NON_ARCH_KEYS, POSITION_KEYS, SPEC_ARCH_FIELDS, _attention_axis, _cache_axis, _indexer_axis,
     _dtype_axis, _head_dim_axis, _kv_heads_axis, _layers_axis, _model_axis, _positional_axis, _rope_axis,
     _tokenizer_axis, cache_format_of,
 )
@@ -117,6 +117,8 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
                       same_model),
         _tokenizer_axis(s.tokenizer, t.tokenizer, same_model),
     ]
+    if source.indexer_layers or target.indexer_layers:
+        axes.insert(7, _indexer_axis(source, target, axes[0].verdict == "same"))
     findings: tuple = ()
     if plugins:
         if host is None:

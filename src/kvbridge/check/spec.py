@@ -152,6 +152,10 @@ class ModelSpec:
     cache_format: str = "kv"  # one of CACHE_FORMATS
     kv_groups: int | None = None  # KV groups computed when the cache duplicates them (Falcon new arch)
     latent: tuple = ()  # MLA sizes, frozen pairs (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)
+    # sparse attention (DSA): layers that also cache single-head indexer keys [B, T, head_dim], and
+    # their geometry, frozen pairs (head_dim, rope_dim, rope_offset: where the rotated dims start)
+    indexer_layers: tuple = ()
+    indexer: tuple = ()
 
     def __post_init__(self) -> None:
         if self.positional not in POSITIONAL_KINDS:
@@ -236,6 +240,22 @@ class ModelSpec:
                 return table[kind]
         return self.rope
 
+    def indexer_dim(self) -> int:
+        """Head dim of the cached indexer keys (0 when the model has none)."""
+        return int(dict(self.indexer).get("head_dim", 0)) if self.indexer_layers else 0
+
+    def indexer_rope_for_layer(self, layer: int) -> tuple[RopeSpec | None, int, int]:
+        """(table, first rotated dim, rotated dims) of one layer's indexer keys; the rotated part
+        is laid out half-split whatever the pairing of the query input (transformers' interleaved
+        RoPE writes its output de-interleaved)."""
+        table = self.rope_for_layer(layer)
+        info = dict(self.indexer)
+        dims = int(info.get("rope_dim", 0))
+        if table is None or not dims:
+            return None, 0, 0
+        table = replace(table, head_dim=dims, partial_factor=1.0, interleaved=False)
+        return table, int(info.get("rope_offset", 0)), dims
+
     def extra(self, name: str, default: Any = None) -> Any:
         return dict(self.extras).get(name, default)
 
@@ -266,7 +286,8 @@ class ModelSpec:
         for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
             value = getattr(self, name)
             if value != default:
-                out[name] = _thaw(value) if name == "latent" else (list(value) if isinstance(value, tuple) else value)
+                out[name] = _thaw(value) if name in ("latent", "indexer") else \
+                    (list(value) if isinstance(value, tuple) else value)
         return out
 
     @classmethod
@@ -291,7 +312,7 @@ class ModelSpec:
             vocab_size=int(data.get("vocab_size", 0)),
             max_position_embeddings=int(data.get("max_position_embeddings", 0)),
             extras=_freeze(data.get("extras") or {}),
-            **{name: (_freeze(data[name]) if name == "latent" else
+            **{name: (_freeze(data[name]) if name in ("latent", "indexer") else
                       tuple(data[name]) if isinstance(default, tuple) else data[name])
                for name, default in _OPTIONAL_FIELDS.items() if name in data},
         )
@@ -307,7 +328,7 @@ class ModelSpec:
 #: per-layer fields serialised only when they differ from the default
 _OPTIONAL_FIELDS = {"nope_layers": (), "attention_chunk_size": None, "layer_kv_heads": (), "layer_head_dims": (),
                     "value_head_dim": None, "kv_shared_layers": (), "no_kv_layers": (), "state_layers": (),
-                    "cache_format": "kv", "kv_groups": None, "latent": ()}
+                    "cache_format": "kv", "kv_groups": None, "latent": (), "indexer_layers": (), "indexer": ()}
 
 
 __all__ = ["ModelSpec", "RopeSpec", "POSITIONAL_KINDS", "ROPE_TYPES", "FULL", "SLIDING", "CHUNKED",

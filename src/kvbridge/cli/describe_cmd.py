@@ -122,6 +122,11 @@ def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
                                    f"{lat.get('qk_rope_head_dim')} dims (V slot); per-head K/V are recomputed"))
     elif spec.get("value_head_dim"):
         rows.append(("value head_dim", str(spec["value_head_dim"])))
+    if spec.get("indexer_layers"):
+        ix = spec.get("indexer") or {}
+        lo, hi = ix.get("rope_offset", 0), ix.get("rope_offset", 0) + ix.get("rope_dim", 0)
+        rows.append(("indexer keys", f"layers {spec['indexer_layers']}: 1 x {ix.get('head_dim')} per token (sparse "
+                                     f"attention top-k), RoPE on dims {lo}:{hi} half-split; carried, never mapped"))
     return rows
 
 

@@ -160,8 +160,10 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
 
 
 def kv_bytes_per_token(spec) -> int:
-    """Bytes one token adds to the cache: K and V, every KV layer, in the config's dtype."""
+    """Bytes one token adds to the cache: K and V (and sparse-attention indexer keys), every KV layer, in the
+    config's dtype."""
     per = sum(spec.kv_heads_of(i) * (spec.key_dim_of(i) + spec.value_dim_of(i)) for i in range(spec.num_layers))
+    per += len(getattr(spec, "indexer_layers", ())) * spec.indexer_dim() if getattr(spec, "indexer_layers", ()) else 0
     return per * DTYPE_BYTES.get(spec.dtype, 4)
 
 

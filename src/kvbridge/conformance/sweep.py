@@ -85,8 +85,17 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
     with torch.no_grad():
         out = m(input_ids=ids, use_cache=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None:  # the model fills a cache it is given but returns none (XLM): give it generate's own
+        from kvbridge.builtin.families import _hf_cache
+
+        cache, m = _hf_cache.reference_cache(model), copy.deepcopy(model)
+        with torch.no_grad():
+            m(input_ids=ids, cache=cache, use_cache=True)
     cache = getattr(cache, "self_attention_cache", cache)  # decoders of encoder-decoder families
     layers = list(getattr(cache, "layers", []) or [])
+    side = getattr(cache, "linear_cache", None)  # MiniMaxCache keeps lightning-attention state beside its layers
+    if side is not None and len(side) > len(layers):  # and adds layers only up to the last attention layer
+        layers += [None] * (len(side) - len(layers))
     if len(layers) != spec.num_layers:
         return [f"cache has {len(layers)} layers, described {spec.num_layers}"], None
     windowed = DynamicCache(config=model.config).layers if isinstance(cache, DynamicCache) else layers
@@ -99,9 +108,16 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         if has_kv != (i in spec.kv_layers):
             wrong.append(f"layer {i}: cache {'holds' if has_kv else 'has no'} K/V, described the opposite")
             continue
-        has_state = hasattr(layer, "recurrent_states")
+        has_state = hasattr(layer, "recurrent_states") or (side is not None and i < len(side)
+                                                            and isinstance(side[i], torch.Tensor))
         if has_state != (i in spec.state_layers):
             wrong.append(f"layer {i}: recurrent state {'present' if has_state else 'absent'}, described the opposite")
+        ik = getattr(layer, "indexer_keys", None)
+        if (ik is not None) != (i in spec.indexer_layers):
+            wrong.append(f"layer {i}: indexer keys {'present' if ik is not None else 'absent'}, described the opposite")
+        elif ik is not None and (ik.dim() != 3 or ik.shape[-1] != spec.indexer_dim() or str(ik.dtype) != str(k.dtype)):
+            wrong.append(f"layer {i}: indexer keys {tuple(ik.shape)} {ik.dtype}, "
+                         f"described [B, T, {spec.indexer_dim()}]")
         if has_kv:
             want_k = (1, spec.kv_heads_of(i), spec.key_dim_of(i))
             want_v = (1, spec.kv_heads_of(i), spec.value_dim_of(i))
@@ -139,20 +155,25 @@ def _shift_check(model, spec, adapter, ids):
     except TypeError:
         return None, []  # the model takes no position ids: positions cannot be shifted
     worst, wrong = 0.0, []
-    for i in spec.kv_layers:
-        ref = cache.layers[i].keys
-        got = moved.keys[i]
-        if ref is None or tuple(ref.shape) != tuple(got.shape):
-            wrong.append(f"layer {i}: shifted cache shape {None if ref is None else tuple(ref.shape)}")
+    # the slot that carries RoPE (MLA: the shared RoPE key in the values slot), and indexer keys
+    slot = "values" if spec.cache_format == "mla" else "keys"
+    pairs = [(i, slot, getattr(cache.layers[i], slot), getattr(moved, slot)[i], getattr(state, slot)[i])
+             for i in spec.kv_layers]
+    got_idx, own_idx = dict(moved.indexer_keys), dict(state.indexer_keys)
+    pairs += [(i, "indexer keys", getattr(cache.layers[i], "indexer_keys", None), got_idx.get(i), own_idx.get(i))
+              for i in spec.indexer_layers]
+    for i, what_slot, ref, got, own in pairs:
+        if ref is None or got is None or tuple(ref.shape) != tuple(got.shape):
+            wrong.append(f"layer {i}: shifted cache {what_slot} shape {None if ref is None else tuple(ref.shape)}")
             continue
         d = float((ref - got).abs().max())
         scale = max(1.0, float(ref.abs().max()))
         worst = max(worst, d / scale)
         if d > KEY_TOL * scale:
-            unshifted = float((ref - state.keys[i]).abs().max())
+            unshifted = float((ref - own).abs().max())
             what = "NoPE (keys do not move)" if unshifted <= KEY_TOL * scale else "rotated differently"
-            wrong.append(f"layer {i}: positional scheme {spec.positional_of(i)} wrong, model's keys are {what}"
-                         f" (max diff {d:.1e})")
+            wrong.append(f"layer {i}: positional scheme {spec.positional_of(i)} of its {what_slot} wrong, model's "
+                         f"{what_slot} are {what} (max diff {d:.1e})")
     return worst, wrong[:4]
 
 

@@ -91,6 +91,10 @@ OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"head_dim": 24},  # 0.334 x 24 = 8 rotary dims (x 16 would give an odd 5)
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
+    # QSA indexer sizes default to None (no indexer): 1 key head, 8-token budget in blocks of 2 (< the prompt); the
+    # qwen4_exp wrapper's text_config gets it too
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                       "indexer_compress_ratio": 2},
 }
 #: per model type: keyword arguments for the config class when its own defaults fail validation
 CONFIG_KWARGS: dict[str, dict] = {

@@ -84,8 +84,8 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
     own cached continuation (identical greedy tokens, max abs logit diff <= ``tol``, 1e-6 by
     default, in float32). ``model`` replaces building one from ``config``."""
     import torch
-    from transformers import DynamicCache
 
+    from kvbridge.builtin.families import _hf_cache
     from kvbridge.handoff import generate
     from kvbridge.transfer import identity_transfer
 
@@ -103,7 +103,7 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
     try:
         with torch.no_grad():
             model = fresh()
-            own = DynamicCache(config=model.config)  # what generate itself would build
+            own = _hf_cache.reference_cache(model)  # what generate itself would build
             model(input_ids=ids[:, :-1], cache=own, use_cache=True)
             native = model.generate(input_ids=ids, cache=own, **gen)
             plain = fresh().generate(input_ids=ids, **gen)

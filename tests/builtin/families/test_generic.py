@@ -86,7 +86,8 @@ def test_deepseek_v3_reports_the_latent_cache():
     assert spec.cache_format == "mla" and dict(spec.latent)["kv_lora_rank"] == 512
     # the cache holds the latent (1 x 512, position-free) and the shared RoPE key (1 x 64) per token
     assert (spec.num_kv_heads, spec.key_dim_of(0), spec.value_dim_of(0)) == (1, 512, 64)
-    assert spec.rope.head_dim == 64 and spec.rope.rope_type == "yarn" and spec.rope.interleaved
+    # rope_interleave pairs (2i, 2i+1) of the input, but transformers caches the rotated key de-interleaved
+    assert spec.rope.head_dim == 64 and spec.rope.rope_type == "yarn" and not spec.rope.interleaved
     from kvbridge.cli.describe_cmd import kv_bytes_per_token
 
     assert kv_bytes_per_token(spec) == 61 * (512 + 64) * 2

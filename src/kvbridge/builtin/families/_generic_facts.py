@@ -19,26 +19,32 @@ REFUSED: dict[str, str] = {
     "falcon_mamba": "no attention KV cache (recurrent/state-space model)",
     "rwkv": "no attention KV cache (recurrent/state-space model)",
     "xlstm": "no attention KV cache (recurrent/state-space model)",
-    "recurrent_gemma": "no attention KV cache of the usual kind (recurrent blocks + local attention in its own cache)",
+    "recurrent_gemma": "its recurrent blocks keep their state on the model's own modules (conv1d_state,"
+                       " rg_lru.recurrent_states), not in the cache: a cache alone cannot carry it",
     "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
     "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
     "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
-    "minimax": "its own MiniMaxCache keeps lightning-attention state in place of K/V on linear layers, outside the"
-               " per-layer cache contract",
-    "xlm": "it keeps its cache in its own per-layer dict, not a transformers Cache",
+    "xlm": "its generate appends a mask token to the whole prefix at every step, and transformers' own"
+           " continuation of a prefilled cache fails: there is no cached continuation to match",
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
     "xlnet": "it carries `mems` (each layer's input hidden states, turned into K/V again every step), not a K/V cache",
     "reformer": "its own ReformerDynamicCache keeps hidden states and LSH buckets, not K/V",
-    "gemma4_assistant": "a draft model with no cache of its own: its layers attend to the target model's K/V"
-                        " (shared_kv_states)",
-    "gemma4_unified_assistant": "a draft model with no cache of its own: its layers attend to the target model's"
-                                " K/V (shared_kv_states)",
+    "gemma4_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
+                        " (shared_kv_states); it caches none of its own",
+    "gemma4_unified_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
+                                " (shared_kv_states); it caches none of its own",
+    "blt": "byte-level model: local byte encoder/decoder stacks, a global patch transformer and cross-attention"
+           " between bytes and patches share one encoder-decoder cache, not per-token K/V of one decoder stack",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
+#: families whose model builds its own cache class (generate passes none), and the attribute that
+#: holds per-layer recurrent state outside the layers: MiniMax keeps each lightning-attention
+#: layer's K^T V state in ``MiniMaxCache.linear_cache[layer]``
+OWN_CACHE = {"minimax": ("MiniMaxCache", "linear_cache")}
+
 #: transformers cache layer kinds kvbridge refuses, with what differs in them
 LAYER_REFUSALS = {
-    "indexed_attention": "sparse attention caches indexer keys beside K/V, which kvbridge does not carry",
     "heavily_compressed_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
     "compressed_sparse_attention": "its cache holds compressed blocks of tokens, not per-token K/V",
 }
@@ -101,9 +107,48 @@ MLA_COMPLEX = frozenset({"deepseek_v2"})
 
 def interleaved(model_type: str, text: Any) -> bool:
     if getattr(text, "kv_lora_rank", None):
-        # MLA: DeepSeek-V3 style ``rope_interleave`` (pairs 2i, 2i+1), or V2's complex rotation
-        return bool(getattr(text, "rope_interleave", False)) or model_type in MLA_COMPLEX
+        # MLA: only V2's complex rotation caches interleaved pairs. DeepSeek-V3 style
+        # ``rope_interleave`` reads the pairs (2i, 2i+1) of its input but writes the rotated key
+        # de-interleaved (``cat([x1 cos - x2 sin, x2 cos + x1 sin])``): the cached key is half-split
+        return model_type in MLA_COMPLEX
     return model_type in INTERLEAVED
+
+
+#: sparse-attention (DSA) families whose indexer rotates the last ``qk_rope_head_dim`` dims of its
+#: keys (the others rotate the first ones); every DSA indexer caches its rotated part half-split
+INDEXER_ROPE_LAST = frozenset({"hy_v4"})
+#: sparse-attention families whose indexer cache is not per-token keys, with the reason
+INDEXER_REFUSALS: dict = {}
+#: Qwen4-Exp's QSA indexer caches un-rotated keys (``indexer_head_dim``), pooled into blocks and
+#: rotated at run time from a 3-row (M-RoPE) position history kept on the first indexed layer; for
+#: text that history is the token positions on every row, so it is rebuilt from the state's positions
+INDEXER_RAW_KEYS = frozenset({"qwen4_exp", "qwen4_exp_text"})
+
+
+def indexer(model_type: str, text: Any, indexed: list) -> dict:
+    """Indexer-key cache of a DSA model: the layers that run their own indexer (``indexer_types``
+    "full"; "shared" layers reuse an earlier layer's top-k and cache none), the keys' head dim
+    and where their RoPE part sits. Raises ``ValueError`` with the reason for other kinds."""
+    from kvbridge.builtin.families.generic import _layer_attr
+
+    why = INDEXER_REFUSALS.get(model_type) or INDEXER_REFUSALS.get(model_type.removesuffix("_text"))
+    if why:
+        raise ValueError(why)
+    if model_type in INDEXER_RAW_KEYS:
+        head_dim = _layer_attr(text, "indexer_head_dim", None)
+        if not head_dim or int(_layer_attr(text, "indexer_kv_heads", 1)) != 1:
+            raise ValueError("its QSA indexer is not configured with one key head (`indexer_head_dim`, "
+                             "`indexer_kv_heads`)")
+        return {"layers": tuple(indexed), "head_dim": int(head_dim), "rope_dim": 0, "rope_offset": 0,
+                "position_rows": 3}
+    head_dim = _layer_attr(text, "index_head_dim", None)
+    if not head_dim:
+        raise ValueError("its sparse-attention indexer cache has no known layout (no `index_head_dim`)")
+    modes = list(getattr(text, "indexer_types", None) or [])
+    layers = tuple(i for i in indexed if not (i < len(modes) and modes[i] == "shared"))
+    rope_dim = int(_layer_attr(text, "qk_rope_head_dim", 0) or 0)
+    offset = int(head_dim) - rope_dim if model_type in INDEXER_ROPE_LAST else 0
+    return {"layers": layers, "head_dim": int(head_dim), "rope_dim": rope_dim, "rope_offset": offset}
 
 
 def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:

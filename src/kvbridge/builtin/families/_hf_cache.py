@@ -31,12 +31,51 @@ def _layers_for(model, *, full_history: bool):
     return layers
 
 
-def new_cache(model, *, full_history: bool = True):
+def _own_cache(model):
+    """(cache class, state attribute) of a family whose model builds its own cache, or None."""
+    import sys
+
+    from kvbridge.builtin.families._generic_facts import OWN_CACHE
+
+    entry = OWN_CACHE.get(getattr(model.config.get_text_config(decoder=True), "model_type", None))
+    if entry is None:
+        return None
+    return getattr(sys.modules[type(model).__module__], entry[0]), entry[1]
+
+
+def reference_cache(model):
+    """The cache ``generate`` itself would use: ``DynamicCache(config=...)``, or the family's own."""
     from transformers import DynamicCache
 
+    own = _own_cache(model)
+    return own[0]() if own else DynamicCache(config=model.config)
+
+
+def new_cache(model, *, full_history: bool = True, filled: bool = False):
+    """An empty cache laid out for ``model``; ``filled``: about to be filled by injection (a family's
+    own cache class then gets every layer and an empty state slot per layer up front)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    own = _own_cache(model)
+    if own is not None:  # its own class: plain layers (added as the model runs), state beside them
+        cache = own[0]()
+        if filled:
+            n = model.config.get_text_config(decoder=True).num_hidden_layers
+            cache.layers = [DynamicLayer() for _ in range(n)]
+            setattr(cache, own[1], [[] for _ in range(n)])
+        return cache
     cache = DynamicCache()
     cache.layers = _layers_for(model, full_history=full_history)
     return cache
+
+
+def _side_state(cache, model, i: int) -> dict | None:
+    """Recurrent state a family's own cache keeps beside its layers (MiniMax), cloned, or None."""
+    own = _own_cache(model)
+    held = getattr(cache, own[1], None) if own else None
+    t = held[i] if held is not None and i < len(held) else None
+    return {own[1]: t.detach().clone()} if hasattr(t, "detach") else None
 
 
 def _states_of(layer) -> dict | None:
@@ -51,6 +90,31 @@ def _states_of(layer) -> dict | None:
                  "is_recurrent_states_initialized"):
         out[name] = dict(getattr(layer, name))
     return out
+
+
+def _indexer_keys_of(layer, i: int, spec, positions):
+    """The indexer keys of a sparse-attention cache layer (cloned). A position history kept beside
+    them (Qwen4-Exp) must be the token positions on each row: it is rebuilt from them on injection."""
+    t = getattr(layer, "indexer_keys", None)
+    if t is None or t.dim() != 3:
+        raise StateError(f"layer {i} of the model's cache holds no indexer keys, spec says it does",
+                         "check the adapter's describe() for this model")
+    pos = getattr(layer, "indexer_position_ids", None)
+    if pos is not None:
+        rows = int(dict(spec.indexer).get("position_rows", 0))
+        if not rows or tuple(pos.shape) != (rows, *positions.shape) or not bool((pos == positions[None]).all()):
+            raise StateError(f"layer {i} of the model's cache holds an indexer position history that is not the "
+                             "token positions (multimodal positions?), which kvbridge does not carry",
+                             "extract from text-only input ids")
+    return t.detach().clone()
+
+
+def _indexer_positions(state):
+    """The position history a raw-key indexer (Qwen4-Exp) keeps on its first indexed layer."""
+    rows = int(dict(state.spec.indexer).get("position_rows", 0))
+    if not rows or not state.indexer_keys:
+        return None
+    return state.positions[None].expand(rows, *state.positions.shape).clone()
 
 
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
@@ -73,13 +137,19 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
     with torch.no_grad():
         out = model(input_ids=ids, **kwargs)
     cache = getattr(out, "cache", None) or cache
-    if len(cache.layers) != spec.num_layers:
-        raise StateError(f"model returned a cache with {len(cache.layers)} layers, spec says {spec.num_layers}",
+    layers = list(cache.layers)
+    if _own_cache(model) is not None:  # its own class adds layers only up to the last attention layer
+        layers += [None] * (len(cache) - len(layers))
+    if len(layers) != spec.num_layers:
+        raise StateError(f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
                          "check the adapter's describe() for this model")
     B, T = ids.shape
-    keys, values, states = [], [], []
+    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
+    if attention_mask is not None:
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    keys, values, states, indexer = [], [], [], []
     dtype = next(model.parameters()).dtype
-    for i, layer in enumerate(cache.layers):
+    for i, layer in enumerate(layers):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
         if i in spec.kv_layers:
             if k is None or k.dim() != 4:
@@ -91,15 +161,16 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
             keys.append(torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device))
             values.append(torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device))
         st = _states_of(layer)
+        st = st if st is not None or i not in spec.state_layers else _side_state(cache, model, i)
         if st is not None:
             states.append((i, st))
-    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
-    if attention_mask is not None:
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        if i in spec.indexer_layers:
+            indexer.append((i, _indexer_keys_of(layer, i, spec, positions)))
     lengths = adapter._rope_lengths(model, spec, positions)
     return KVState(keys=tuple(keys), values=tuple(values), token_ids=ids.clone(), positions=positions, spec=spec,
                    rope_applied=spec.positional == "rope", rope_lengths=lengths,
-                   model_fingerprint=config_fingerprint(model.config.to_dict()), states=tuple(states))
+                   model_fingerprint=config_fingerprint(model.config.to_dict()), states=tuple(states),
+                   indexer_keys=tuple(indexer))
 
 
 def inject(adapter, state, model=None, *, check: bool = True):
@@ -115,17 +186,29 @@ def inject(adapter, state, model=None, *, check: bool = True):
                          "extract the state from a model of this family (recurrent state cannot be mapped)")
     if model is None:
         raise StateError("the generic adapter needs the model to build its cache", "pass model=")
-    cache = new_cache(model, full_history=True)
+    if state.spec.indexer_layers and not state.indexer_keys:
+        raise StateError("the state has no indexer keys for the model's sparse-attention layers "
+                         f"{list(state.spec.indexer_layers)}",
+                         "extract the state from this model (indexer keys cannot be mapped across models)")
+    cache = new_cache(model, full_history=True, filled=True)
     from transformers.cache_utils import DynamicLayer
 
     # cache layers past the model's own (Dory's per-loop copies, which its forward appends when absent)
     cache.layers += [DynamicLayer() for _ in range(state.spec.num_layers - len(cache.layers))]
     by_layer = dict(state.states)
+    indexer = dict(state.indexer_keys)
     for i, layer in enumerate(cache.layers):
         if i in state.spec.kv_layers:
             layer.update(state.keys[i].detach().clone(), state.values[i].detach().clone())
+        if i in indexer:
+            layer.update_indexer(indexer[i].detach().clone())
+            if i == state.spec.indexer_layers[0]:
+                layer.indexer_position_ids = _indexer_positions(state)
         st = by_layer.get(i)
-        if st is not None:
+        own = _own_cache(model)
+        if st is not None and own is not None and own[1] in st:
+            getattr(cache, "set_" + own[1])(i, st[own[1]].detach().clone())  # MiniMaxCache.set_linear_cache
+        elif st is not None:
             for key, value in st.items():
                 if "." in key:
                     name, idx = key.split(".")

@@ -38,6 +38,7 @@ HF_LAYER_KINDS = {
     "conv": (CONV, True),
     "hybrid": (FULL, True),
     "hybrid_sliding": (SLIDING, True),
+    "indexed_attention": (FULL, False),  # sparse attention: K/V of every token + indexer keys (see facts.indexer)
 }
 
 
@@ -128,6 +129,12 @@ class GenericAdapter(FamilyAdapter):
         hf_types, kwargs = [list(hf_types)[s] for s in slots], [list(kwargs)[s] for s in slots]
         sharing = list(getattr(text, "kv_sharing_modes", None) or [])
         kinds, state_layers, shared, no_kv = [], [], [], []
+        indexed = [i for i, t in enumerate(hf_types) if t == "indexed_attention"]
+        try:
+            indexer = facts.indexer(model_type, text, indexed) if indexed else {}
+        except ValueError as exc:
+            raise UnsupportedModelError(f"model type {model_type!r}: layer {indexed[0]} is a 'indexed_attention'"
+                                        f" layer: {exc}", facts.REFUSED_FIX) from None
         for i, t in enumerate(hf_types):
             if t == "dummy":
                 if i < len(sharing) and sharing[i] == "reuse":
@@ -240,6 +247,8 @@ class GenericAdapter(FamilyAdapter):
             state_layers=tuple(state_layers),
             cache_format=cache_format,
             latent=to_pairs(mla) if mla else (),
+            indexer_layers=tuple(indexer.pop("layers", ())),
+            indexer=to_pairs(indexer) if indexer else (),
         )
 
     # -- model side -------------------------------------------------------------------------
