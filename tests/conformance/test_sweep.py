@@ -16,7 +16,8 @@ from kvbridge.plugins import make_host
 HOST = make_host(entry_points=False)
 FAMILY_TYPES = sorted({a.model_types[0] for a in builtin_adapters()})
 EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "glm_moe_dsa",  # glm_moe_dsa: MLA + indexer keys
-                         "dory"]  # dory: a cache copy per recurrent loop
+                         "dory",  # dory: a cache copy per recurrent loop
+                         "dots3_note_text"]  # MLA with a partial factor of the query head; per-kind RoPE tables
 
 
 @pytest.mark.parametrize("model_type", EXACT)
