@@ -12,14 +12,24 @@ time. "of layer clones" compares with ``clone()`` of the same 28 layer tensors (
 bytes), run alternately with the operation, which stays meaningful on a shared, noisy CPU.
 Times are the median of ``--repeats`` passes (after a warm-up), on CUDA when available.
 
+Kernels (``--kernels``, :mod:`kvbridge.rope_compile` modes): ``eager`` (torch ops), ``compiled``
+(``torch.compile``), ``native`` (the C++ kernel of :mod:`kvbridge.rope_native`); each row is one
+kernel and operation, and the ``floor:`` rows are the reference kernels themselves (``clone()``
+and ``x*2`` of the same 28 layers, and the copy-bandwidth floor). A last table gives each
+kernel's first-call cost (compile or build, load, self-check), measured in fresh processes.
+
     python bench/bench_rope.py [--device cpu|cuda] [--repeats N] [--interleaved] [--threads N] [--clock wall|cpu]
-                               [--kernels eager,compiled]
+                               [--kernels eager,compiled,native] [--no-first-call]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -85,8 +95,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: this process's CPU time (with --threads 1, robust to a shared machine)")
-    ap.add_argument("--kernels", default="eager,compiled",
-                    help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled: half split only)")
+    ap.add_argument("--kernels", default="eager,compiled,native",
+                    help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled, native: half split only)")
+    ap.add_argument("--no-first-call", action="store_true", help="skip the first-call cost table")
+    ap.add_argument("--no-candidates", action="store_true",
+                    help="skip the table of torch.compile formulations (apply, half split)")
     args = ap.parse_args()
     global CLOCK
     if args.clock == "cpu":
@@ -158,15 +171,24 @@ def main() -> None:
         ]
         from kvbridge import rope_compile
 
+        dname = str(dtype).replace("torch.", "")
+        t_clone, t_mul = timed_pair(clone_layers, double_layers, device, args.repeats)
+        nbytes = 2 * LAYERS * layer_bytes
+        floor = nbytes / (bw * 1e9)
+        for name, t in (("floor: clone() of the layers", t_clone), ("floor: x*2 of the layers", t_mul)):
+            rows.append((dname, "-", name, t * 1e3, nbytes / (1 << 20), nbytes / t / 1e9, floor * 1e3, floor / t,
+                         t_clone / t, t_mul / t))
+        rows.append((dname, "-", "floor: copy bandwidth", floor * 1e3, nbytes / (1 << 20), bw, floor * 1e3, 1.0,
+                     t_clone / floor, t_mul / floor))
         for kernel in args.kernels.split(","):
-            if kernel == "compiled" and args.interleaved:
+            if kernel != "eager" and args.interleaved:
                 continue
             rope_compile.set_mode(kernel)
             for name, fn, passes, ref in ops:
                 t, t_ref, t_mul = timed_pair(fn, ref, device, args.repeats, double_layers)
                 nbytes = passes * LAYERS * layer_bytes
                 floor = nbytes / (bw * 1e9)
-                rows.append((str(dtype).replace("torch.", ""), kernel, name, t * 1e3, nbytes / (1 << 20),
+                rows.append((dname, kernel, name, t * 1e3, nbytes / (1 << 20),
                              nbytes / t / 1e9, floor * 1e3, floor / t, (passes / 2) * t_ref / t,
                              (passes / 2) * t_mul / t))
         rope_compile.set_mode(None)
@@ -193,6 +215,150 @@ def main() -> None:
           "time of clone() of the same layers, as many read+write passes, run alternately with the "
           "operation / operation time; 'of layer x*2' = the same with torch.mul(k, 2), the floor of an "
           "elementwise kernel (clone() is a memcpy and beats any elementwise kernel on this CPU)")
+    if not args.no_candidates and not args.interleaved:
+        compiled_candidates(device, args.repeats, bw)
+    if not args.no_first_call and device.type == "cpu":
+        first_call_table([k for k in args.kernels.split(",") if not args.interleaved or k == "eager"])
+
+
+def _cand_stack(x, cos, sin, out_dtype):  # the kernel in kvbridge.rope_compile
+    xv = x.unflatten(-1, (2, cos.shape[-1])).to(cos.dtype)
+    x1, x2 = xv[..., 0, :], xv[..., 1, :]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-2).flatten(-2).to(out_dtype)
+
+
+def _cand_out(x, cos, sin, out_dtype):  # both halves written into a preallocated output
+    h = cos.shape[-1]
+    x1, x2 = x[..., :h].to(cos.dtype), x[..., h:].to(cos.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    out[..., :h] = (x1 * cos - x2 * sin).to(out_dtype)
+    out[..., h:] = (x2 * cos + x1 * sin).to(out_dtype)
+    return out
+
+
+def _cand_cat(x, cos, sin, out_dtype):  # the models' own formula: x*cos + rotate_half(x)*sin
+    h = cos.shape[-1]
+    xc = x.to(cos.dtype)
+    rot = torch.cat((-xc[..., h:], xc[..., :h]), dim=-1)
+    return (xc * torch.cat((cos, cos), -1) + rot * torch.cat((sin, sin), -1)).to(out_dtype)
+
+
+def _cand_f32(x, cos, sin, out_dtype):  # computed in float32, rounded once (not exact in bf16)
+    h = cos.shape[-1]
+    c, s = cos.float(), sin.float()
+    x1, x2 = x[..., :h].float(), x[..., h:].float()
+    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-2).flatten(-2).to(out_dtype)
+
+
+def compiled_candidates(device, repeats: int, bw: float) -> None:
+    """torch.compile formulations of ``apply`` (tables in the keys' dtype), side by side with the
+    native kernel and x*2 of the same 28 layers; "bits" = equal to the eager (models') rotation."""
+    from kvbridge import rope_native
+
+    spec = RopeSpec.make("default", 1_000_000.0, head_dim=HEAD_DIM, max_position_embeddings=32768)
+    pos = torch.arange(TOKENS, device=device)[None]
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        keys = [torch.randn(1, HEADS, TOKENS, HEAD_DIM, device=device).to(dtype) for _ in range(LAYERS)]
+        kern = R._tables_for(spec, pos, None, device, None).kernel(dtype, inverse=False)
+        want = [kern.eager(k, HEAD_DIM, False) for k in keys]
+        nbytes = 2 * LAYERS * keys[0].numel() * keys[0].element_size()
+
+        def mul2():
+            for k in keys:
+                torch.mul(k, 2)
+
+        cands = []
+        for name, fn in (("compiled: stack (in use)", _cand_stack), ("compiled: preallocated out", _cand_out),
+                         ("compiled: models' cat formula", _cand_cat), ("compiled: float32, one rounding", _cand_f32)):
+            for dynamic in (True, False):
+                label = f"{name}, dynamic={dynamic}"
+                try:
+                    cf = torch.compile(fn, dynamic=dynamic, options={"emulate_precision_casts": True})
+                    t0 = time.perf_counter()
+                    cf(keys[0], kern.cos, kern.sin, dtype)
+                    t_first = time.perf_counter() - t0
+                except Exception as exc:  # noqa: BLE001 - a bench row, not a failure
+                    rows.append((str(dtype)[6:], label, float("nan"), float("nan"), False, float("nan"),
+                                 f"{type(exc).__name__}"))
+                    continue
+                cands.append((label, t_first, lambda k, cf=cf: cf(k, kern.cos, kern.sin, dtype)))
+        if device.type == "cpu" and rope_native.compiler() is not None:
+            t0 = time.perf_counter()
+            rope_native.library()
+            cands.append(("native", time.perf_counter() - t0,
+                          lambda k: rope_native.rotate(k, kern.cos, kern.sin, dtype, exact=True, rotary_dim=HEAD_DIM)))
+        cands.append(("eager", float("nan"), lambda k: kern.eager(k, HEAD_DIM, False)))
+        for label, t_first, one in cands:
+            bits = all(torch.equal(one(k), w) for k, w in zip(keys, want))
+
+            def run(one=one):  # streaming: each output dropped before the next, as the main table
+                for k in keys:
+                    one(k)
+
+            t, t_mul = timed_pair(run, mul2, device, repeats)
+            rows.append((str(dtype)[6:], label, t * 1e3, t_first, bits, t_mul / t, f"{nbytes / (bw * 1e9) / t:.0%}"))
+    print()
+    print("apply (exact path) by formulation, the same 28 layers, side by side with x*2 (first call: "
+          "compile of this shape with inductor's on-disk cache as this machine has it; native: load or build "
+          "of the library):")
+    print()
+    print("| dtype | kernel | ms / 28 layers | first call s | bits = eager | of layer x*2 | of floor |")
+    print("|---|---|---:|---:|---|---:|---:|")
+    for dtype, label, ms, first, bits, vs_mul, of_floor in rows:
+        print(f"| {dtype} | {label} | {ms:.2f} | {first:.1f} | {'yes' if bits else 'NO'} | {vs_mul:.0%} | {of_floor} |")
+
+
+FIRST_CALL = """
+import sys, time, torch
+torch.set_num_threads(1)
+from kvbridge import rope as R, rope_compile
+from kvbridge.check.spec import RopeSpec
+spec = RopeSpec.make("default", 1e6, head_dim=128, max_position_embeddings=32768)
+pos = torch.arange(2048)[None]
+k = torch.randn(1, 2, 2048, 128).to(getattr(torch, sys.argv[2]))
+rope_compile.set_mode(sys.argv[1])
+t0 = time.perf_counter(); R.apply(R.strip(k, pos, spec), pos + 100, spec); t1 = time.perf_counter()
+R.apply(R.strip(k, pos, spec), pos + 100, spec); t2 = time.perf_counter()
+print(t1 - t0, t2 - t1, sorted(set(rope_compile._STATUS.values())))
+"""
+
+
+def first_call_table(kernels) -> None:
+    """Wall time of one strip + apply of one layer in a fresh process: first call vs second call.
+
+    ``native, cold``: an empty ``$KVBRIDGE_HOME`` (the library is built); ``native``: built
+    before (loaded from the cache); ``compiled``: torch.compile with inductor's on-disk cache as
+    this machine has it (the first run of a machine is slower still)."""
+    runs = []
+    with tempfile.TemporaryDirectory() as home:
+        for kernel in kernels:
+            for dtype in ("float32", "bfloat16"):
+                envs = [("", {})]
+                if kernel == "native":
+                    envs = [(", cold", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""}),
+                            ("", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""})]
+                for tag, extra in envs:
+                    if tag == ", cold":
+                        for f in os.listdir(home):
+                            __import__("shutil").rmtree(os.path.join(home, f), ignore_errors=True)
+                    env = {**os.environ, **extra}
+                    proc = subprocess.run([sys.executable, "-c", FIRST_CALL, kernel, dtype], env=env,
+                                          capture_output=True, text=True)
+                    if proc.returncode != 0:
+                        runs.append((kernel + tag, dtype, float("nan"), float("nan"), proc.stderr.strip()[-120:]))
+                        continue
+                    first, second, status = proc.stdout.split(" ", 2)
+                    used = {"[]": "", "[True]": "checked, in use", "[False]": "eager fallback"}.get(status.strip(),
+                                                                                           "partly eager")
+                    runs.append((kernel + tag, dtype, float(first), float(second), used))
+    print()
+    print("First call in a fresh process (strip + apply of one layer [1, 2, 2048, 128], wall clock):")
+    print()
+    print("| kernel | dtype | first call ms | next call ms | first-call overhead ms | status |")
+    print("|---|---|---:|---:|---:|---|")
+    for kernel, dtype, first, second, used in runs:
+        print(f"| {kernel} | {dtype} | {first * 1e3:.1f} | {second * 1e3:.2f} | {(first - second) * 1e3:.1f} | {used} |")
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ import torch
 
 pytest.importorskip("transformers")
 import transformers  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from kvbridge import rope as R  # noqa: E402
+from kvbridge import rope_compile  # noqa: E402
 from kvbridge.errors import KVBridgeError  # noqa: E402
 from kvbridge.hookspecs import hookimpl  # noqa: E402
 from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec  # noqa: E402
@@ -41,6 +42,18 @@ VOCAB = 128
 def maxerr(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape, (a.shape, b.shape)
     return float((a.double() - b.double()).abs().max())
+
+
+@pytest.fixture(params=["eager", "native"])
+def each_kernel(request):
+    """The test under the eager kernels and under the native one (the default where it builds;
+    without a compiler it falls back to eager, and the test still holds)."""
+    rope_compile.set_mode(request.param)
+    yield request.param
+    rope_compile.set_mode(None)
+
+
+FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # the fixture only picks the kernel mode
 
 
 def spec_from_params(params: dict, *, head_dim: int, max_pos: int, interleaved: bool = False,
@@ -192,11 +205,11 @@ spec_strategy = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(spec=spec_strategy, batch=st.integers(1, 2), tokens=st.integers(1, 12),
        max_position=st.sampled_from([16, 3000, 40_000]), seed=st.integers(0, 2**31 - 1),
        with_lengths=st.booleans())
-def test_round_trip(spec, batch, tokens, max_position, seed, with_lengths):
+def test_round_trip(each_kernel, spec, batch, tokens, max_position, seed, with_lengths):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 2, tokens, spec.head_dim, generator=g)
     pos = torch.randint(0, max_position, (batch, tokens), generator=g)
@@ -216,9 +229,9 @@ def test_round_trip(spec, batch, tokens, max_position, seed, with_lengths):
     assert maxerr(fused, two_step) <= 1e-6
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(spec=spec_strategy, seed=st.integers(0, 2**31 - 1))
-def test_apply_matches_reference_formula(spec, seed):
+def test_apply_matches_reference_formula(each_kernel, spec, seed):
     """apply == x*cos + rotate(x)*sin with the tables (the models' formula), bit for bit."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 3, 7, spec.head_dim, generator=g)
@@ -235,7 +248,7 @@ def test_apply_matches_reference_formula(spec, seed):
     assert torch.equal(R.apply(x, pos, spec), want)  # bit for bit, as the models compute it
 
 
-def test_round_trip_bfloat16_and_float64():
+def test_round_trip_bfloat16_and_float64(each_kernel):
     spec = RopeSpec.make("yarn", head_dim=64, factor=4.0, original_max_position_embeddings=256,
                          max_position_embeddings=1024)
     x = torch.randn(2, 2, 16, 64)
@@ -248,6 +261,23 @@ def test_round_trip_bfloat16_and_float64():
         assert back.dtype == dtype
         assert maxerr(back, xd) <= tol * max(1.0, float(x.abs().max()))
         assert R.reposition(k, pos, pos + 7, spec).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_reposition_is_one_rounding(each_kernel, dtype):
+    """Half-precision reposition is one rotation by the composite table, rounded once: within a
+    rounding of the exact move, and no farther from it than strip + apply."""
+    spec = RopeSpec.make("default", 1e6, head_dim=64, max_position_embeddings=32768)
+    g = torch.Generator().manual_seed(5)
+    k = R.apply(torch.randn(2, 2, 24, 64, generator=g).to(dtype), torch.arange(24)[None], spec)
+    old, new = torch.arange(24)[None], torch.arange(24)[None] + 3000
+    exact = R.reposition(k.double(), old, new, spec)  # the move itself, in float64
+    moved = R.reposition(k, old, new, spec)
+    two_step = R.apply(R.strip(k, old, spec), new, spec)
+    assert moved.dtype == dtype
+    err, err2 = maxerr(moved.double(), exact), maxerr(two_step.double(), exact)
+    assert err <= torch.finfo(dtype).eps * float(exact.abs().max())
+    assert err <= err2
 
 
 def test_table_cache_sees_in_place_changes():
@@ -263,7 +293,7 @@ def test_table_cache_sees_in_place_changes():
         assert torch.equal(R.apply(x, ipos, spec), a)
 
 
-def test_non_contiguous_keys_and_broadcast_positions():
+def test_non_contiguous_keys_and_broadcast_positions(each_kernel):
     spec = RopeSpec.make(head_dim=16, interleaved=True)
     x = torch.randn(2, 6, 3, 16).transpose(1, 2)  # [2, 3, 6, 16], not contiguous
     pos = torch.arange(6)[None]  # one row for the whole batch
@@ -584,7 +614,7 @@ def test_model_keys_stateful_decode_across_the_limit(name):
     assert maxerr(R.strip(cache.layers[0].keys, pos, spec), pre[0]) > 1e-3
 
 
-def test_model_keys_bfloat16_apply_is_bit_exact():
+def test_model_keys_bfloat16_apply_is_bit_exact(each_kernel):
     """In bf16 the models rotate with tables cast to bf16, in bf16 arithmetic: apply does the same."""
     family = replace(FAMILIES["llama-yarn"], dtype=torch.bfloat16)
     model, cfg = build(family)
@@ -605,7 +635,7 @@ def test_model_keys_bfloat16_apply_is_bit_exact():
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["llama-default", "llama-yarn", "llama-llama3", "gptj", "gemma3", "qwen3",
                                   "gpt_neox", "cohere"])
-def test_reposition_matches_model_at_new_positions(name):
+def test_reposition_matches_model_at_new_positions(each_kernel, name):
     family = FAMILIES[name]
     model, cfg = build(family)
     ropes = family.ropes(cfg)

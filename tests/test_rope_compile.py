@@ -23,22 +23,34 @@ def _keys(dtype, tokens=37):
 
 
 def _eager(fn):
+    """``fn()`` on the eager kernel, keeping what the compiled kernel's checks found."""
+    status = dict(RC._STATUS)
     RC.set_mode("eager")
     try:
         return fn()
     finally:
         RC.set_mode("compiled")
+        RC._STATUS.update(status)
 
 
 def test_mode_from_environment(monkeypatch):
+    monkeypatch.delenv(RC.KERNEL_ENV, raising=False)
     monkeypatch.setenv(RC.ENV, "1")
     RC.set_mode(None)
     assert RC.mode() == "compiled"
     monkeypatch.setenv(RC.ENV, "0")
     RC.set_mode(None)
-    assert RC.mode() == "eager"
+    assert RC.mode() == "auto"  # the default
     with pytest.raises(ValueError):
         RC.set_mode("fast")
+    monkeypatch.setenv(RC.KERNEL_ENV, "native")  # the newer variable wins
+    RC.set_mode(None)
+    assert RC.mode() == "native"
+    monkeypatch.setenv(RC.KERNEL_ENV, "fast")
+    RC.set_mode(None)
+    with pytest.warns(RuntimeWarning, match="not one of"):
+        assert RC.mode() == "auto"
+    RC.set_mode(None)
 
 
 def test_compile_failure_falls_back_to_eager(compiled_mode, monkeypatch):
@@ -46,6 +58,7 @@ def test_compile_failure_falls_back_to_eager(compiled_mode, monkeypatch):
         raise RuntimeError("no C++ compiler")
 
     monkeypatch.setitem(RC._FN, "fn", broken)
+    monkeypatch.setattr(RC, "_WARNED", set())
     spec = RopeSpec.make(head_dim=32)
     x, pos = _keys(torch.float32)
     with pytest.warns(RuntimeWarning, match="unavailable"):

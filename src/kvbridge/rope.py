@@ -31,13 +31,15 @@ plugin host (``host``, default the process-wide one): the built-in types are reg
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
 version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
-Python loops over heads or tokens: half-split :func:`apply` is three elementwise kernels (a
-broadcast multiply by cos into the output, the two sin products into one scratch, one add) with
-the models' rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and
-the fused :func:`reposition` (which need not be bit targets) take one broadcast multiply + one
-multiply-add per half (half split) or one complex multiply (interleaved). Whole-head half-split
-rotations can run as one compiled pass instead (opt-in, verified against these kernels, falling
-back to them: :mod:`kvbridge.rope_compile`).
+Python loops over heads or tokens. Half-split rotations run as one pass where they can: by
+default a small native kernel on CPU float32/bfloat16 keys (:mod:`kvbridge.rope_native`, built
+once with the system C++ compiler), or a ``torch.compile``d one on request; both are checked
+against the eager kernels on first use and fall back to them (:mod:`kvbridge.rope_compile`).
+The eager kernels: half-split :func:`apply` is three elementwise kernels (a broadcast multiply
+by cos into the output, the two sin products into one scratch, one add) with the models'
+rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and the fused
+:func:`reposition` (which need not be bit targets) take one broadcast multiply + one
+multiply-add per half (half split) or one complex multiply (interleaved).
 """
 
 from __future__ import annotations
@@ -354,17 +356,16 @@ def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", ro
                host=None) -> "Tensor":
     """Keys rotated at ``old_positions`` moved to ``new_positions``: ``apply(strip(k, old), new)``.
 
-    float32/float64 keys take one rotation by the composite table (the product of the new
-    table and the inverse of the old one, formed in float64: within 1 ulp of strip + apply);
-    half-precision keys go through strip + apply, which reproduces the model's own rounding.
+    Keys take one rotation by the composite table (the product of the new table and the inverse
+    of the old one, formed in float64 from the tables as strip and apply use them), in float32
+    at least and rounded once to the keys' dtype: within 1 ulp of strip + apply in float32, and
+    in half precision closer to the exact rotation than strip + apply (one rounding, not three).
     """
     _check_keys(k, rope, old_positions)
     _check_keys(k, rope, new_positions)
-    if k.dtype not in (torch.float32, torch.float64):
-        return apply(strip(k, old_positions, rope, lengths=old_lengths, host=host), new_positions, rope,
-                     lengths=new_lengths, host=host)
     old = _tables_for(rope, old_positions, old_lengths, k.device, host)
     new = _tables_for(rope, new_positions, new_lengths, k.device, host)
+    work = torch.float64 if k.dtype == torch.float64 else torch.float32
 
     def build() -> _Kernel:
         # (cos_new + i sin_new) * (cos_old - i sin_old) / (cos_old^2 + sin_old^2), in float64,
@@ -372,7 +373,7 @@ def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", ro
         co, so = (t.to(torch.float64) for t in old.rounded(k.dtype))
         cn, sn = (t.to(torch.float64) for t in new.rounded(k.dtype))
         z = torch.complex(cn, sn) * torch.complex(co, -so) / (co * co + so * so)
-        return _Kernel(z.real.to(k.dtype).contiguous(), z.imag.to(k.dtype).contiguous(), k.dtype)
+        return _Kernel(z.real.to(work).contiguous(), z.imag.to(work).contiguous(), work)
 
     kernel = _FUSED.lookup((old, new), (k.dtype,), build)
-    return kernel.run(k, rope.rotary_dim, rope.interleaved, exact=False)
+    return kernel.run(k, rope.rotary_dim, rope.interleaved, exact=False, out_dtype=k.dtype)

@@ -1,6 +1,6 @@
 """The rotation kernels of the RoPE codec (:mod:`kvbridge.rope`): a rotation by half cos/sin tables
 in one compute dtype, eager (three kernels for half-split, complex multiply for interleaved) or
-compiled (:mod:`kvbridge.rope_compile`, opt-in, verified against the eager one)."""
+one pass (:mod:`kvbridge.rope_compile`: compiled or native, verified against the eager one)."""
 
 from __future__ import annotations
 
@@ -38,12 +38,12 @@ class _Kernel:
             out_dtype=None) -> "Tensor":
         """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``out_dtype``.
 
-        Half-split whole-head rotations go through the opt-in compiled kernel
-        (:mod:`kvbridge.rope_compile`, one pass) when it is enabled; else the eager kernel.
+        Half-split rotations go through the selected one-pass kernel (:mod:`kvbridge.rope_compile`:
+        compiled or native, verified, falling back to eager); else the eager kernel.
         """
         out_dtype = out_dtype or self.dtype
-        if not interleaved and rotary_dim == k.shape[-1]:
-            return rope_compile.rotate(k, self.cos, self.sin, out_dtype, exact=exact,
+        if not interleaved:
+            return rope_compile.rotate(k, self.cos, self.sin, out_dtype, exact=exact, rotary_dim=rotary_dim,
                                        eager=lambda: self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype))
         return self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype)
 

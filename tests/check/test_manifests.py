@@ -193,3 +193,59 @@ def test_popular_new_families_check_offline(host, monkeypatch, tmp_path):
                         ("deepseek-ai/DeepSeek-V3", "generic"), ("mistralai/Mixtral-8x7B-v0.1", "generic")):
         spec = sources.resolve(mid, host=host).spec(host)
         assert spec.family == family and spec.dtype == "bfloat16", mid
+
+
+def _check_json(*ids):
+    from click.testing import CliRunner
+
+    from kvbridge.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["check", *ids, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{"):])
+    return data, {a["name"]: a for a in data["axes"]}
+
+
+def test_nope_chunked_and_sliding_families_are_recorded(host):
+    """SmolLM3 and Llama 4 skip RoPE on every 4th layer; Llama 4 chunks its other layers (8192);
+    OLMo 3 slides (4096) on 3 of every 4 layers, YaRN only on its full layers."""
+    geo = {p.stem: _load(p)["geometry"] for p in RECORDS}
+    assert geo["HuggingFaceTB__SmolLM3-3B"]["nope_layers"] == list(range(3, 36, 4))
+    assert geo["HuggingFaceTB__SmolLM3-3B"]["rope"]["theta"] == 5e6
+    for name in ("meta-llama__Llama-4-Scout-17B-16E-Instruct", "meta-llama__Llama-4-Maverick-17B-128E-Instruct"):
+        g = geo[name]
+        assert g["nope_layers"] == g["full_attention_layers"] == list(range(3, 48, 4)), name
+        assert (g["attention_chunk_size"], g["num_kv_heads"], g["head_dim"], g["dtype"]) == (8192, 8, 128, "bfloat16")
+    assert geo["meta-llama__Llama-4-Scout-17B-16E-Instruct"]["rope"]["type"] == "llama3"
+    for name, layers, kv in (("allenai__Olmo-3-1025-7B", 32, 32), ("allenai__Olmo-3-1125-32B", 64, 8)):
+        g = geo[name]
+        assert (g["num_layers"], g["num_kv_heads"], g["sliding_window"]) == (layers, kv, 4096)
+        assert g["full_attention_layers"] == list(range(3, layers, 4)) and "nope_layers" not in g
+        assert g["rope_by_layer_type"]["full_attention"]["type"] == "yarn"
+        assert g["rope_by_layer_type"]["sliding_attention"]["type"] == "default"
+
+
+def test_check_reports_per_layer_differences_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: only the manifests can answer
+    data, axes = _check_json("HuggingFaceTB/SmolLM3-3B", "meta-llama/Llama-3.2-3B-Instruct")
+    assert data["verdict"] == "mappable" and axes["rope"]["verdict"] == "mappable"
+    assert "NoPE layers differ (source layers [3, 7, 11, 15, 19, 23, 27, 31, 35], target none)" \
+        in axes["rope"]["action"]
+    assert (axes["layers"]["source"], axes["layers"]["target"]) == (36, 28)
+
+    data, axes = _check_json("meta-llama/Llama-4-Scout-17B-16E-Instruct", "HuggingFaceTB/SmolLM3-3B")
+    assert "layers [39, 43, 47] are NoPE only in the source" in axes["rope"]["action"]
+    assert axes["attention"]["source"] == "hybrid 36 chunked 8192 + 12 full"
+    assert axes["attention"]["verdict"] == "mappable"
+
+    data, axes = _check_json("meta-llama/Llama-4-Scout-17B-16E-Instruct",
+                             "meta-llama/Llama-4-Maverick-17B-128E-Instruct")
+    assert axes["attention"]["verdict"] == "same" and "8192" in axes["attention"]["action"]
+    assert axes["layers"]["verdict"] == "same" and axes["rope"]["verdict"] == "mappable"  # llama3 x16 vs plain
+
+    data, axes = _check_json("allenai/Olmo-3-1025-7B", "HuggingFaceTB/SmolLM3-3B")
+    assert axes["attention"]["source"] == "hybrid 24 sliding 4096 + 8 full" and axes["attention"]["target"] == "full"
+    assert "NoPE only in the target" in axes["rope"]["action"]
+    data, axes = _check_json("allenai/Olmo-3-1025-7B", "allenai/Olmo-3-1125-32B")
+    assert axes["attention"]["verdict"] == "same" and axes["kv_heads"]["target"] == 8

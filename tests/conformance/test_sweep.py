@@ -15,7 +15,9 @@ from kvbridge.plugins import make_host
 
 HOST = make_host(entry_points=False)
 FAMILY_TYPES = sorted({a.model_types[0] for a in builtin_adapters()})
-EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "glm_moe_dsa"]  # glm_moe_dsa: MLA + indexer keys
+EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "glm_moe_dsa",  # glm_moe_dsa: MLA + indexer keys
+                         "dory",  # dory: a cache copy per recurrent loop
+                         "dots3_note_text"]  # MLA with a partial factor of the query head; per-kind RoPE tables
 
 
 @pytest.mark.parametrize("model_type", EXACT)
@@ -38,6 +40,13 @@ def test_every_adapter_is_covered():
 def test_exact_special_layouts(model_type):
     r = sweep.run_type(model_type, host=HOST)
     assert r.status == "exact", f"{model_type}: {r.status}: {r.reason}"
+
+
+@pytest.mark.parametrize("model_type, why", [("xlnet", "mems"), ("reformer", "LSH buckets"),
+                                             ("gemma4_assistant", "caches none of its own")])
+def test_caches_of_another_kind_are_refused_with_the_reason(model_type, why):
+    r = sweep.run_type(model_type, host=HOST)
+    assert r.status == "refused" and why in r.reason
 
 
 def test_pure_recurrent_is_refused_with_the_reason():

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from kvbridge.check.layers import nope_note as _nope_note
 from kvbridge.check.report import Axis
-from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec
+from kvbridge.check.spec import CHUNKED, FULL, SLIDING, ModelSpec, RopeSpec
 
 #: rope types whose table depends on max_position_embeddings
 LENGTH_DEPENDENT_ROPE = ("dynamic", "yarn", "longrope")
@@ -202,16 +202,26 @@ def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
                 f" re-rotation" + note)
 
 
+def _window(spec: ModelSpec) -> int | None:
+    """Tokens a windowed layer's cache keeps: the sliding window, or the chunk of chunked layers
+    (transformers caches both in a sliding layer of that size)."""
+    kinds = set(spec.layer_types or ())
+    if SLIDING in kinds:
+        return spec.sliding_window
+    return spec.attention_chunk_size if CHUNKED in kinds else None
+
+
 def _attention_value(spec: ModelSpec) -> str:
     kinds = spec.layer_types or (FULL,) * spec.num_layers
-    n_sliding = sum(1 for k in kinds if k == SLIDING)
+    windowed = "chunked" if CHUNKED in kinds and SLIDING not in kinds else "sliding"
+    n_sliding = sum(1 for k in kinds if k in (SLIDING, CHUNKED))
     n_full = len(kinds) - n_sliding
     if n_sliding == 0:
         text = "full"
     elif n_full == 0:
-        text = f"sliding {spec.sliding_window}"
+        text = f"{windowed} {_window(spec)}"
     else:
-        text = f"hybrid {n_sliding} sliding {spec.sliding_window} + {n_full} full"
+        text = f"hybrid {n_sliding} {windowed} {_window(spec)} + {n_full} full"
     _, skip = _kv_layers(spec)
     if skip:
         text += f", {len(skip)} layers without KV"
@@ -221,8 +231,8 @@ def _attention_value(spec: ModelSpec) -> str:
 def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _attention_value(s), _attention_value(t)
     s_kind, t_kind = s.attention_kind, t.attention_kind
-    s_win = s.sliding_window if s_kind != "full" else None
-    t_win = t.sliding_window if t_kind != "full" else None
+    s_win = _window(s) if s_kind != "full" else None
+    t_win = _window(t) if t_kind != "full" else None
     same_layout = (s.layer_types == t.layer_types if s.num_layers == t.num_layers
                    else (s_kind, sorted(set(s.layer_types))) == (t_kind, sorted(set(t.layer_types))))
     if same_layout and s_win == t_win and _kv_layers(s)[1] == _kv_layers(t)[1]:
@@ -230,7 +240,8 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
             return Axis("attention", sv, tv, "same", "full attention on both: every layer uses the whole prefix")
         return Axis("attention", sv, tv, "same",
                     f"same window ({s_win}) on the same layer types: extraction keeps the full history;"
-                    f" injection keeps the last {s_win}-1 tokens of sliding layers, as the target's cache would")
+                    f" injection keeps the last {s_win}-1 tokens of sliding layers, as the target's cache would"
+                    + (" (chunked layers attend within aligned chunks of that size)" if CHUNKED in s.layer_types else ""))
     parts = []
     if s_win is not None and (t_win is None or t_kind == "hybrid" or t_win > s_win):
         parts.append(f"source sliding layers attended only to the last {s_win} tokens: for prefixes longer"
@@ -286,7 +297,7 @@ def cache_format_of(spec: ModelSpec, config: Mapping | None = None,
         nbits = cache_cfg.get("nbits", 4) if isinstance(cache_cfg, Mapping) else 4
         return f"quantized ({backend}, {nbits}-bit)"
     if impl == "dynamic" and spec.attention_kind != "full":
-        return f"dynamic, sliding layers keep {spec.sliding_window}-1 tokens"
+        return f"dynamic, sliding layers keep {_window(spec)}-1 tokens"
     return impl
 
 

@@ -275,8 +275,9 @@ def spec_geometry(spec) -> dict:
     Keys: num_layers, num_attention_heads, num_kv_heads (as cached), head_dim, hidden_size,
     positional, rope (type, theta, partial_factor, interleaved, scaling; null without RoPE),
     sliding_window, attention (full | sliding | hybrid), full_attention_layers (hybrid only),
-    rope_by_layer_type (only when layer types use different tables), qk_norm, vocab_size,
-    max_position_embeddings, dtype.
+    rope_by_layer_type (only when layer types use different tables), nope_layers (only when some
+    layers of a RoPE model use no positions), attention_chunk_size (only with chunked layers),
+    qk_norm, vocab_size, max_position_embeddings, dtype.
     """
     kind = spec.attention_kind
     out = {
@@ -298,6 +299,10 @@ def spec_geometry(spec) -> dict:
         out["full_attention_layers"] = [i for i, t in enumerate(spec.layer_types) if t == "full_attention"]
     if spec.rope_by_layer_type and spec.positional == "rope":
         out["rope_by_layer_type"] = {k: _rope_geometry(v) for k, v in spec.rope_by_layer_type}
+    if spec.nope_layers and spec.positional == "rope":
+        out["nope_layers"] = list(spec.nope_layers)
+    if spec.attention_chunk_size:
+        out["attention_chunk_size"] = spec.attention_chunk_size
     return out
 
 

@@ -11,29 +11,42 @@ import click
 @click.option("--types", "types", default="", help="Comma-separated model types (default: the whole registry).")
 @click.option("--json", "as_json", is_flag=True, help="Print {transformers, summary, results: [...]} as JSON.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the supported-models table (Markdown) to this file.")
+              help="Write the supported-models table (Markdown) to this file, and the results as JSON beside it "
+                   "(same name, .json).")
 @click.option("--from", "from_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Render results saved by an earlier --json run instead of running the sweep.")
-def conformance(types: str, as_json: bool, markdown_path: str | None, from_path: str | None) -> None:
+@click.option("--merge", "merge_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Saved results (e.g. docs/supported-models.json): replace only the rows of these results in "
+                   "it, write it back, and render the whole table from it.")
+def conformance(types: str, as_json: bool, markdown_path: str | None, from_path: str | None,
+                merge_path: str | None) -> None:
     """Build a tiny random model of each causal-LM model type in transformers and classify it:
     exact (describe matches the real cache, identity transfer exact), refused (with the reason),
     not-built (transformers could not build it), wrong or crash.
 
-    The full registry takes many minutes; run it under `nice`, in chunks with --types.
-    Exit status 1 when any type is wrong or crashed.
+    The full registry takes many minutes; run it under `nice`, in chunks with --types. To update
+    some rows of the published table: --types a,b --merge docs/supported-models.json --markdown
+    docs/supported-models.md. Exit status 1 when any type is wrong or crashed.
     """
+    from pathlib import Path
+
     from kvbridge.conformance import report, sweep
     from kvbridge.errors import ConfigError
 
+    wanted = [t.strip() for t in types.split(",") if t.strip()]
+    if merge_path and not (wanted or from_path):
+        raise ConfigError("--merge replaces the rows of some model types, but none were given",
+                          "add --types a,b (or --from FILE with the new rows)")
+    updates: list = []
     if from_path:
-        results = report.load(from_path)
-        if types:
-            wanted = {t.strip() for t in types.split(",") if t.strip()}
-            results = [r for r in results if r.model_type in wanted]
+        doc = report.load_doc(from_path)
+        results, version, updates = doc["results"], doc["transformers"], doc["updates"]
+        if wanted:
+            results = [r for r in results if r.model_type in set(wanted)]
     else:
         import transformers
 
-        wanted = [t.strip() for t in types.split(",") if t.strip()] or None
+        version = transformers.__version__
         if wanted:
             known = set(sweep.all_types())
             bad = [t for t in wanted if t not in known]
@@ -44,20 +57,28 @@ def conformance(types: str, as_json: bool, markdown_path: str | None, from_path:
         def progress(r):  # to stderr under --json, so stdout stays one JSON document
             click.echo(f"  {r.model_type:<28} {r.status:<9} {r.adapter:<24} {r.reason[:90]}", err=as_json)
 
-        results = sweep.run(wanted, progress=progress)
-    import transformers
-
+        results = sweep.run(wanted or None, progress=progress)
+    new = results
+    if merge_path:
+        base = report.load_doc(merge_path)
+        if base["transformers"] and version and base["transformers"] != version:
+            raise ConfigError(f"--merge: {merge_path} was made with transformers {base['transformers']}, these rows"
+                              f" with {version} (one table, one version)",
+                              "rerun the whole sweep with this transformers, or install the table's version")
+        results = report.merge(base["results"], new)
+        updates = base["updates"] + [sorted(r.model_type for r in new)]
+        report.write_atomic(merge_path, json.dumps(report.document(results, transformers_version=version,
+                                                                   updates=updates), indent=2) + "\n")
     if markdown_path:
-        from pathlib import Path
-
         path = Path(markdown_path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(report.markdown(results, transformers_version=transformers.__version__))
-        tmp.replace(path)
+        report.write_atomic(path, report.markdown(results, transformers_version=version, updates=updates))
+        beside = path.with_suffix(".json")
+        if not merge_path or Path(merge_path).resolve() != beside.resolve():
+            report.write_atomic(beside, json.dumps(report.document(results, transformers_version=version,
+                                                                   updates=updates), indent=2) + "\n")
     if as_json:
-        click.echo(json.dumps({"transformers": transformers.__version__, "summary": report.counts(results),
-                               "results": [r.to_dict() for r in results]}, indent=2))
+        click.echo(json.dumps(report.document(results, transformers_version=version, updates=updates), indent=2))
     else:
         click.echo(report.summary_line(results))
-    bad = [r for r in results if r.status in ("wrong", "crash")]
+    bad = [r for r in new if r.status in ("wrong", "crash")]
     raise SystemExit(1 if bad else 0)

@@ -8,7 +8,11 @@ from typing import Iterable
 
 from kvbridge.conformance.sweep import CLASSES, Result
 
-COMMAND = "nice -n 10 kvbridge conformance --json > conformance.json && kvbridge conformance --from conformance.json --markdown docs/supported-models.md"
+COMMAND = ("nice -n 10 kvbridge conformance --json > conformance.json && "
+           "kvbridge conformance --from conformance.json --markdown docs/supported-models.md")
+#: rerun some rows only, replacing them in the saved results and the table
+MERGE_COMMAND = ("nice -n 10 kvbridge conformance --types a,b --merge docs/supported-models.json "
+                 "--markdown docs/supported-models.md")
 
 
 def counts(results: Iterable[Result]) -> dict:
@@ -27,7 +31,7 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(results: list[Result], *, transformers_version: str = "") -> str:
+def markdown(results: list[Result], *, transformers_version: str = "", updates: Iterable = ()) -> str:
     lines = [
         "# Supported models",
         "",
@@ -43,12 +47,21 @@ def markdown(results: list[Result], *, transformers_version: str = "") -> str:
         "",
         f"**{summary_line(results)}.**",
         "",
-        "Reproduce (many minutes on 2 cores):",
+        "Reproduce (the whole registry: many minutes on 2 cores):",
         "",
         "```",
         COMMAND,
         "```",
         "",
+        "The `--markdown` run also writes the results as JSON beside the table (`docs/supported-models.json`).",
+        "To rerun some model types only and replace just their rows (the summary recounted):",
+        "",
+        "```",
+        MERGE_COMMAND,
+        "```",
+        "",
+        *([f"Rows rerun with `--merge` since the full run: {', '.join(f'`{t}`' for t in _flat(updates))}.", ""]
+          if _flat(updates) else []),
         "Classes: `exact`; `refused` (kvbridge says why, one line); `not-built` (transformers could not",
         "build or run the tiny model: not kvbridge's); `wrong` (a described fact differs from the real",
         "cache, or identity is inexact); `crash`.",
@@ -63,12 +76,71 @@ def markdown(results: list[Result], *, transformers_version: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def load(path) -> list[Result]:
+def _flat(updates: Iterable) -> list[str]:
+    return list(dict.fromkeys(t for batch in updates for t in batch))
+
+
+def load_doc(path) -> dict:
+    """A results file (``--json`` output): {transformers, summary, results, updates}; a bare list is read
+    as the results."""
     from pathlib import Path
 
-    data = json.loads(Path(path).read_text())
-    rows = data["results"] if isinstance(data, dict) else data
-    return [Result(**{**row, "notes": tuple(row.get("notes") or ())}) for row in rows]
+    from kvbridge.errors import ConfigError
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot be read ({exc.strerror or exc})", "check the path") from None
+    except ValueError as exc:
+        raise ConfigError(f"{p}: not valid JSON ({exc})", "pass a file written by `kvbridge conformance --json`") \
+            from None
+    data = {"results": data} if isinstance(data, list) else data
+    rows = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "model_type" in r and "status" in r
+                                            for r in rows):
+        raise ConfigError(f"{p}: not conformance results (expected {{'results': [{{'model_type', 'status', ...}}]}})",
+                          "pass a file written by `kvbridge conformance --json` or `--markdown`")
+    fields = set(Result.__dataclass_fields__)
+    results = [Result(**{**{k: v for k, v in row.items() if k in fields}, "notes": tuple(row.get("notes") or ())})
+               for row in rows]
+    return {"transformers": data.get("transformers", ""), "results": results,
+            "updates": [list(b) for b in data.get("updates") or []]}
 
 
-__all__ = ["markdown", "summary_line", "counts", "load", "COMMAND"]
+def load(path) -> list[Result]:
+    return load_doc(path)["results"]
+
+
+def merge(base: list[Result], new: list[Result]) -> list[Result]:
+    """``base`` with the rows of ``new`` replacing those of the same model type (new types added)."""
+    by_type = {r.model_type: r for r in base}
+    by_type.update({r.model_type: r for r in new})
+    return sorted(by_type.values(), key=lambda r: r.model_type)
+
+
+def document(results: list[Result], *, transformers_version: str, updates: Iterable = ()) -> dict:
+    return {"transformers": transformers_version, "summary": counts(results),
+            "results": [r.to_dict() for r in sorted(results, key=lambda r: r.model_type)],
+            "updates": [list(b) for b in updates]}
+
+
+def write_atomic(path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder (never half-written)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+__all__ = ["markdown", "summary_line", "counts", "load", "load_doc", "merge", "document", "write_atomic",
+           "COMMAND", "MERGE_COMMAND"]

@@ -212,7 +212,9 @@ def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
         return done("refused", reason=exc.what)
     except Exception as exc:
         return done("crash", reason=f"describe: {_short(exc)}")
-    base = dict(adapter=adapter.name, layers=spec.num_layers, kinds=_layout(spec), positional=spec.positional)
+    left_out = getattr(model, "kvbridge_left_out", "")  # a part the builder could not build (not the cache's)
+    base = dict(adapter=adapter.name, layers=spec.num_layers, kinds=_layout(spec), positional=spec.positional,
+                notes=(left_out,) if left_out else ())
     try:
         wrong, key_diff = compare_facts(model, spec, adapter, seed=seed)
     except KVBridgeError as exc:
@@ -232,7 +234,7 @@ def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
         return done("refused", reason=exc.what, max_key_diff=key_diff, **base)
     except Exception as exc:
         return done("crash", reason=f"identity: {_short(exc)}", max_key_diff=key_diff, **base)
-    return done("exact", max_logit_diff=res.max_logit_diff, max_key_diff=key_diff, **base)
+    return done("exact", max_logit_diff=res.max_logit_diff, max_key_diff=key_diff, reason=left_out, **base)
 
 
 def all_types() -> list[str]:

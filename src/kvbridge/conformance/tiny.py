@@ -10,11 +10,13 @@ same number of layers. Sub-configs (``text_config``, ``vision_config`` ...) are 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 #: attribute -> tiny value (applied when the default is a positive int)
 SIZES = {
     "hidden_size": 64, "n_embd": 64, "d_model": 64, "n_embed": 64, "word_embed_proj_dim": 64,
+    "adapter_in_dim": 64, "adapter_out_dim": 64, "adapter_input_size": 64,  # widths that must equal hidden
     "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "decoder_ffn_dim": 128, "ffn_hidden_size": 128,
     "intermediate_size_mlp": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32, "shared_intermediate_size": 32,
@@ -58,8 +60,32 @@ OVERRIDES: dict[str, dict] = {
                                                                 "full_attention"]},
     "dots3_note_text": {"head_dim": 24},  # its SWA layers need head_dim = qk_nope + qk_rope
     "dots3_note": {"text_config": {"head_dim": 24}},
+    # the released config.json states rope_theta in attn_config too (the attention reads it there)
+    "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}, "rope_parameters": {"rope_type": "default",
+                                                                          "rope_theta": 500000.0}},
+    "gemma4_assistant": {"text_config": {"num_kv_shared_layers": 6}},  # every layer reads shared K/V
+    # one token stream per row; generate starts the delay pattern from decoder_start_token_id (= bos, as released)
+    "musicgen": {"num_codebooks": 1, "decoder_start_token_id": 248},
+    "musicgen_melody": {"num_codebooks": 1, "decoder_start_token_id": 248},
     "nemotron": {"num_key_value_heads": 2},
-    "dory": {"n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
+    # dory's to_dict writes every (attention, mlp) pair as two blocks and doubles the counts
+    "dory": {"num_hidden_layers": 8, "n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2,
+             "layer_types": ["sliding_attention", "mlp", "sliding_attention", "mlp", "sliding_attention", "mlp",
+                             "full_attention", "mlp"], "rope_parameters": None},
+    # M-RoPE per layer type; mrope_section must cover head_dim / 2 = 8 (text tokens: all 3 axes equal)
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                  "mrope_section": [4, 2, 2]}}},
+    # H_cycles x (L_cycles + 1) passes over a stack of num_layers_per_stack layers, one cache slot each
+    "hrm_text": {"num_layers_per_stack": 2, "H_cycles": 2, "L_cycles": 1, "L_bp_cycles": [1], "num_hidden_layers": 8},
+    "xlnet": {"d_head": 16},
+    "xmod": {"default_language": "en_XX"},
+    # axial position embeddings: the dims sum to hidden_size, the shape multiplies to the max positions
+    "reformer": {"axial_pos_embds_dim": [32, 32], "axial_pos_shape": [8, 8], "max_position_embeddings": 64,
+                 "attn_layers": ["local", "lsh", "local", "lsh"], "local_attn_chunk_length": 8,
+                 "lsh_attn_chunk_length": 8, "num_hashes": 1, "num_buckets": 8},
+    # two hybrid layers sharing one transformer block (zamba ties every later one to the first)
+    "zamba": {"num_hidden_layers": 5, "attn_layer_period": 2, "attn_layer_offset": 1, "layers_block_type": None,
+              "attention_hidden_size": 128, "attention_head_dim": 32, "mamba_dt_rank": 4, "n_mamba_heads": 2},
     "zamba2": {"attention_hidden_size": 128, "attention_head_dim": 32, "mamba_headdim": 16, "n_mamba_heads": 8,
                "kv_channels": 16, "num_query_groups": 4, "num_key_value_heads": 4, "adapter_rank": 8},
     "mimo_v2_flash": {"head_dim": 24},  # 0.334 x 24 = 8 rotary dims (x 16 would give an odd 5)
@@ -70,6 +96,12 @@ OVERRIDES: dict[str, dict] = {
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                        "indexer_compress_ratio": 2},
 }
+#: per model type: keyword arguments for the config class when its own defaults fail validation
+CONFIG_KWARGS: dict[str, dict] = {
+    "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
+}
+#: per model type: the config of the causal-LM class when it is a sub-config of the registry's config
+CAUSAL_SUBCONFIG = {"musicgen": "decoder", "musicgen_melody": "decoder"}
 #: per-layer sequences that may be rebuilt to keep every kind when no short prefix has them all
 KIND_KEYS = ("layer_types", "layers_block_type")
 
@@ -125,6 +157,8 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             out[key] = 1 if value == 1 else (heads if value == old_heads else 2)
     if isinstance(out.get("vocab_size"), int):
         out["vocab_size"] = VOCAB
+        if isinstance(out.get("unpadded_vocab_size"), int):  # Inkling: the LM head's width (<= vocab_size)
+            out["unpadded_vocab_size"] = VOCAB
         for key in TOKEN_KEYS:
             v = out.get(key)
             if isinstance(v, int) and v >= VOCAB - 8:
@@ -149,7 +183,8 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                             out[k] = len(out[key])
         for key, value in data.items():  # per-layer overrides keyed by layer index: keep the tiny model's
             if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
-                out[key] = {k: v for k, v in value.items() if int(k) < out.get("num_hidden_layers", n)}
+                out[key] = {k: shrink(v) if isinstance(v, dict) else v for k, v in value.items()
+                            if int(k) < out.get("num_hidden_layers", n)}
         if data.get("kv_lora_rank") and "head_dim" in data:
             out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
         if data.get("kv_lora_rank") and "qk_head_dim" in data:
@@ -167,14 +202,16 @@ def tiny_config_dict(model_type: str) -> dict:
     """A tiny config mapping of ``model_type`` (as ``PretrainedConfig.to_dict()`` writes it)."""
     from transformers import AutoConfig
 
-    base = AutoConfig.for_model(model_type).to_dict()
+    base = AutoConfig.for_model(model_type, **CONFIG_KWARGS.get(model_type, {})).to_dict()
+    if model_type in CAUSAL_SUBCONFIG:
+        base = base[CAUSAL_SUBCONFIG[model_type]]
     data = shrink(base, model_type)
     for key, value in OVERRIDES.get(model_type, {}).items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
         else:
             data[key] = value
-    data["model_type"] = model_type
+    data["model_type"] = base.get("model_type") if model_type in CAUSAL_SUBCONFIG else model_type
     for key in ("transformers_version", "architectures", "_name_or_path"):
         data.pop(key, None)
     return data
@@ -183,12 +220,68 @@ def tiny_config_dict(model_type: str) -> dict:
 def build(data: dict, seed: int = 0):
     """The tiny model (float32, eval mode) of a config mapping."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     cfg = {k: v for k, v in data.items() if k != "model_type"}
     obj = AutoConfig.for_model(data["model_type"], **cfg)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(obj, dtype=torch.float32).eval()
+    try:
+        return _from_config(obj)
+    except ImportError as exc:
+        if "timm" not in str(exc):
+            raise
+    with _timm_towers_left_out():  # gemma3n's vision tower is a timm model; the text cache never meets it
+        model = _from_config(obj)
+    model.kvbridge_left_out = "vision tower not built (timm not installed); text-only inputs never reach it"
+    return model
+
+
+def _from_config(obj):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(obj, dtype=torch.float32).eval()
+    except ValueError:  # a decoder sub-config (musicgen_decoder): the registry class that takes it
+        cls = _causal_class_of(type(obj))
+        if cls is None:
+            raise
+        return cls._from_config(obj, dtype=torch.float32).eval()
+
+
+@contextmanager
+def _timm_towers_left_out():
+    """``AutoModel.from_config`` of a timm sub-config gives an empty module (no weights, never called)."""
+    from torch import nn
+    from transformers import AutoModel
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    original = AutoModel.__dict__.get("from_config")
+    inherited = AutoModel.from_config
+
+    def from_config(cls, config, **kwargs):
+        timm = MODEL_MAPPING.get(type(config), nn.Module).__name__.startswith("TimmWrapper")
+        return nn.Module() if timm else inherited(config, **kwargs)
+
+    AutoModel.from_config = classmethod(from_config)
+    try:
+        yield
+    finally:
+        if original is None:
+            del AutoModel.from_config
+        else:
+            AutoModel.from_config = original
+
+
+def _causal_class_of(config_class):
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        cls = getattr(transformers, name, None)
+        if cls is not None and getattr(cls, "config_class", None) is config_class:
+            return cls
+    return None
 
 
 __all__ = ["tiny_config_dict", "shrink", "build", "SIZES", "OVERRIDES"]

@@ -27,6 +27,10 @@ REFUSED: dict[str, str] = {
     "xlm": "its generate appends a mask token to the whole prefix at every step, and transformers' own"
            " continuation of a prefilled cache fails: there is no cached continuation to match",
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
+    "xlnet": "it carries `mems` (each layer's input hidden states, turned into K/V again every step), not a K/V cache",
+    "reformer": "its own ReformerDynamicCache keeps hidden states and LSH buckets, not K/V",
+    "gemma4_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
+                        " (shared_kv_states); it caches none of its own",
     "gemma4_unified_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
                                 " (shared_kv_states); it caches none of its own",
     "blt": "byte-level model: local byte encoder/decoder stacks, a global patch transformer and cross-attention"
@@ -46,13 +50,23 @@ LAYER_REFUSALS = {
 }
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
-INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "cohere_compass_text", "gptj", "codegen",
+INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "gptj", "codegen",
                          "cohere", "ernie4_5", "ernie4_5_moe", "helium", "llama4", "llama4_text"})
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
-NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "dory", "lara_mini"})
+NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "lara_mini"})
 #: the same, but only when the model has sliding layers at all (``sliding_window is None or is_sliding``)
 NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
+
+def cache_slots(text: Any, n_layers: int) -> list:
+    """The model layer behind each cache layer. Dory's ``per_loop`` mode: every loop after the first
+    appends its own copy of the recurrent layers' cache (``DoryModel.forward``) after the model's layers."""
+    loops = int(getattr(text, "n_recurrent_loops", 1) or 1)
+    if getattr(text, "recurrent_kv_cache_mode", None) != "per_loop" or loops < 2:
+        return list(range(n_layers))
+    start, rec = int(text.n_input_layers), int(text.n_recurrent_layers)
+    return list(range(n_layers)) + [start + j for _ in range(loops - 1) for j in range(rec)]
+
 
 #: families where KV heads need not divide query heads (no GQA grouping assumption in the cache)
 UNGROUPED_OK: frozenset = frozenset()
@@ -65,11 +79,15 @@ ROPE_FLAG = {"zamba2": "use_mem_rope"}
 
 #: families with learned absolute position embeddings / ALiBi (no ``rope_parameters``)
 ALIBI = frozenset({"bloom", "mpt"})
+#: families whose attention sees no positions at all (Zamba: the Mamba layers carry order; no embedding table)
+NO_POSITIONS = frozenset({"zamba"})
 
 
 def positional(model_type: str, text: Any) -> str:
     if model_type in ALIBI or getattr(text, "alibi", False):
         return "alibi"
+    if model_type in NO_POSITIONS:
+        return "none"
     flag = ROPE_FLAG.get(model_type)
     if flag and not getattr(text, flag, False):
         return "none"  # RoPE switched off by the family's own flag

@@ -191,6 +191,10 @@ def inject(adapter, state, model=None, *, check: bool = True):
                          f"{list(state.spec.indexer_layers)}",
                          "extract the state from this model (indexer keys cannot be mapped across models)")
     cache = new_cache(model, full_history=True, filled=True)
+    from transformers.cache_utils import DynamicLayer
+
+    # cache layers past the model's own (Dory's per-loop copies, which its forward appends when absent)
+    cache.layers += [DynamicLayer() for _ in range(state.spec.num_layers - len(cache.layers))]
     by_layer = dict(state.states)
     indexer = dict(state.indexer_keys)
     for i, layer in enumerate(cache.layers):

@@ -72,9 +72,12 @@ def _layer_attr(layer_cfg, name: str, default=None):
     return default if value is None else value
 
 
-def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, head_dims: Mapping | None = None):
+def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, head_dims: Mapping | None = None,
+                 partial_of: int | None = None):
     """(main table, per-layer-type tables) from ``rope_parameters`` (flat or nested); a nested
-    table is sized to the head dim of its layer kind (``head_dims``)."""
+    table is sized to the head dim of its layer kind (``head_dims``). ``partial_of``: the head dim a
+    configured partial factor refers to when the table's own width differs (MLA: the factor is of the
+    query head, the table rotates the cached RoPE key)."""
     params = getattr(text, "rope_parameters", None) or {}
     partial_attr = getattr(text, "partial_rotary_factor", None)
 
@@ -84,13 +87,18 @@ def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, hea
         if p.get("rope_theta") is None:
             p["rope_theta"] = getattr(text, "rope_theta", None) or 10000.0
         partial = p.get("partial_rotary_factor", partial_attr) or 1.0
+        if partial_of and partial != 1.0:  # rotated dims = partial x partial_of, as a share of this table
+            partial = min(1.0, int(partial_of * partial) / head_dim)
         if p["rope_type"] == "proportional":  # whole-head pairing, zero frequencies past the proportion
             p["rope_proportion"], partial = float(partial), 1.0
         return rope_spec(p, head_dim=head_dim, partial_factor=float(partial), interleaved=interleaved,
                          max_position_embeddings=max_positions)
 
     if params and all(isinstance(v, Mapping) for v in params.values()):  # nested per layer type
-        tables = {kind: one(p, (head_dims or {}).get(kind) or head_dim) for kind, p in params.items()}
+        tables = {}
+        for hf_type, p in params.items():  # keyed by kvbridge's layer kind (indexed_attention: a full layer)
+            kind = HF_LAYER_KINDS.get(hf_type, (hf_type,))[0]
+            tables.setdefault(kind, one(p, (head_dims or {}).get(kind) or head_dim))
         main = tables.get(FULL) or next(iter(tables.values()))
         return main, tuple(sorted(tables.items())) if len(tables) > 1 else ()
     return one(params), ()
@@ -125,7 +133,8 @@ class GenericAdapter(FamilyAdapter):
         except Exception as exc:
             raise UnsupportedModelError(f"model type {model_type!r}: transformers gives no per-layer cache layout"
                                         f" ({type(exc).__name__}: {exc})", facts.REFUSED_FIX) from None
-        hf_types = list(hf_types)
+        slots = facts.cache_slots(text, len(hf_types))  # cache layer -> model layer
+        hf_types, kwargs = [list(hf_types)[s] for s in slots], [list(kwargs)[s] for s in slots]
         sharing = list(getattr(text, "kv_sharing_modes", None) or [])
         kinds, state_layers, shared, no_kv = [], [], [], []
         indexed = [i for i, t in enumerate(hf_types) if t == "indexed_attention"]
@@ -169,7 +178,7 @@ class GenericAdapter(FamilyAdapter):
                 kv_heads.append(0)
                 k_dims.append(0)
                 continue
-            lc = per_layer[i]
+            lc = per_layer[slots[i]]
             h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
             sliding = kind == SLIDING
             kv = facts.cached_kv_heads(model_type, lc, h, sliding)
@@ -202,7 +211,8 @@ class GenericAdapter(FamilyAdapter):
                 if hd:
                     by_kind.setdefault(kind, hd)
             rope, by_type = _rope_tables(text, rope_dim or main_hd, max_positions,
-                                         facts.interleaved(model_type, text), None if rope_dim else by_kind)
+                                         facts.interleaved(model_type, text), None if rope_dim else by_kind,
+                                         partial_of=_layer_attr(text, "head_dim", None) if rope_dim else None)
             if model_type in facts.NEGATIVE_ROTATION:
                 from dataclasses import replace as _replace
 
