@@ -20,7 +20,7 @@ machine in a few seconds, at the plan's shapes:
   0.9-1.1 s fill on SmolLM2, are not counted);
 - ``hash``: bytes/s of the weights fingerprint (tensor bytes out + sha256).
 
-Times are the best of a few runs: in CPU seconds of this process on a CPU with one thread (the
+Times are the median of a few runs (at least half a second of them, after a warm-up): in CPU seconds of this process on a CPU with one thread (the
 fits this is checked against are timed the same way; robust to a shared machine), else in wall
 seconds (synchronised on a GPU), so the estimate is in the same seconds as the fit would take.
 """
@@ -64,14 +64,24 @@ def _clock(device: str):
     return wall
 
 
-def _best(fn, reps: int, clock) -> float:
+MIN_TIMED_S = 0.5  # time at least this much of repeated runs: short runs scatter by a third
+
+
+def _typical(fn, reps: int, clock) -> float:
+    """Median of at least ``reps`` timed runs of ``fn`` after one warm-up, repeating (up to 50
+    runs) until ``MIN_TIMED_S`` of runs are timed. The median, not the fastest run: a fit is
+    minutes of the same work, so it runs at the machine's typical speed, and on this shared CPU
+    one GEMM's time scatters by +-25% run to run (a 30 ms forward timed twice, best of two,
+    scattered by 37% between calibrations of one process)."""
+    import statistics
+
     fn()  # warm-up
-    best = float("inf")
-    for _ in range(reps):
+    times: list = []
+    while len(times) < reps or (sum(times) < MIN_TIMED_S and len(times) < 50):
         t0 = clock()
         fn()
-        best = min(best, clock() - t0)
-    return max(best, 1e-9)
+        times.append(clock() - t0)
+    return max(statistics.median(times), 1e-9)
 
 
 def layer_forward_rate(ref: str, *, seq_len: int, batch_size: int, dtype: str = "float32", device: str = "cpu",
@@ -98,7 +108,7 @@ def layer_forward_rate(ref: str, *, seq_len: int, batch_size: int, dtype: str = 
         with torch.no_grad():
             adapter.extract(model, ids, spec=spec).strip_rope(host=host)
 
-    seconds = _best(run, reps, _clock(device))
+    seconds = _typical(run, reps, _clock(device))
     one_layer = size.forward_flops(rows * seq_len, seq_len) / size.layers
     return one_layer / seconds
 
@@ -109,7 +119,7 @@ def gemm64_rate(p: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
     p, rows = max(8, min(p, 1536)), max(8, min(rows, 1024))
     x = torch.randn(rows, p, dtype=torch.float64, device=device)
     c = torch.zeros(p, p, dtype=torch.float64, device=device)
-    return 2 * rows * p * p / _best(lambda: c.addmm_(x.T, x), reps, _clock(device))
+    return 2 * rows * p * p / _typical(lambda: c.addmm_(x.T, x), reps, _clock(device))
 
 
 def solve64_rate(p: int, q: int, device: str = "cpu", reps: int = 3) -> float:
@@ -132,14 +142,14 @@ def solve64_rate(p: int, q: int, device: str = "cpu", reps: int = 3) -> float:
         cw = a @ w
         return (w * cw).sum(0) - 2 * (w * cxy).sum(0)
 
-    return solve_flops(p, q) / _best(run, reps, _clock(device))
+    return solve_flops(p, q) / _typical(run, reps, _clock(device))
 
 
 def memory_rate(device: str = "cpu", nbytes: int = 64 << 20, reps: int = 3) -> float:
     """Bytes/s of zero-filling fresh memory (first touch: what allocating the statistics costs)."""
     import torch
 
-    return nbytes / _best(lambda: torch.zeros(nbytes // 8, dtype=torch.float64, device=device), reps, _clock(device))
+    return nbytes / _typical(lambda: torch.zeros(nbytes // 8, dtype=torch.float64, device=device), reps, _clock(device))
 
 
 def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
@@ -153,7 +163,7 @@ def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
     def run():
         hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
 
-    return nbytes / _best(run, reps, _clock("cpu"))
+    return nbytes / _typical(run, reps, _clock("cpu"))
 
 
 def measure_rates(source_ref: str, target_ref: str, *, seq_len: int = 512, batch_size: int = 4, stride: int = 4,
