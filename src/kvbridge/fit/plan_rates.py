@@ -20,8 +20,9 @@ machine in a few seconds, at the plan's shapes:
   0.9-1.1 s fill on SmolLM2, are not counted);
 - ``hash``: bytes/s of the weights fingerprint (tensor bytes out + sha256).
 
-Times are the median of a few runs (at least half a second of them, after a warm-up): in CPU seconds of this process on a CPU with one thread (the
-fits this is checked against are timed the same way; robust to a shared machine), else in wall
+Times are the median of a few runs (at least half a second of them, after a warm-up): in CPU
+seconds of this process on a CPU with one thread (the fits this is checked against are timed the
+same way; robust to a shared machine), else in wall
 seconds (synchronised on a GPU), so the estimate is in the same seconds as the fit would take.
 """
 
