@@ -205,16 +205,19 @@ def _cat_states(states: list):
     def rows(t):
         return t.expand(b, -1) if t.shape[0] == 1 else t
 
+    index_layers = [i for i, _ in first.indexer_keys]
     for s in states[1:]:
         if (s.rope_applied != first.rope_applied or (s.rope_lengths is None) != (first.rope_lengths is None)
-                or s.states or s.batch_size != b or s.num_tokens != first.num_tokens):
+                or s.states or s.batch_size != b or s.num_tokens != first.num_tokens
+                or [i for i, _ in s.indexer_keys] != index_layers):
             return None
     lengths = None if first.rope_lengths is None else torch.cat([rows(s.rope_lengths) for s in states])
+    index = tuple((i, torch.cat(ts)) for i, *ts in zip(index_layers, *([t for _, t in s.indexer_keys] for s in states)))
     return replace(first, keys=tuple(torch.cat(ks) for ks in zip(*(s.keys for s in states))),
                    values=tuple(torch.cat(vs) for vs in zip(*(s.values for s in states))),
                    token_ids=torch.cat([s.token_ids for s in states]),
                    positions=torch.cat([rows(s.positions) for s in states]), rope_lengths=lengths,
-                   approximate=any(s.approximate for s in states))
+                   indexer_keys=index, approximate=any(s.approximate for s in states))
 
 
 #: logits of one batched continuation forward are kept under this many bytes (conditions are

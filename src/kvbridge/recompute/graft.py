@@ -55,6 +55,9 @@ def concat_states(first, second):
     if first.spec.num_layers != second.spec.num_layers or first.batch_size != second.batch_size:
         raise RecomputeError("the context and the chunk come from different models or batch sizes",
                              "prepare both with the same model, one chunk per context")
+    if [i for i, _ in first.indexer_keys] != [i for i, _ in second.indexer_keys]:
+        raise RecomputeError("the context and the chunk carry sparse-attention indexer keys of different layers",
+                             "prepare both with the same model")
     cat = lambda a, b: torch.cat([a, b.to(a.dtype)], dim=2)
     lengths = None
     if first.rope_lengths is not None and second.rope_lengths is not None:
@@ -63,6 +66,8 @@ def concat_states(first, second):
                    values=tuple(cat(a, b) for a, b in zip(first.values, second.values)),
                    token_ids=torch.cat([first.token_ids, second.token_ids], 1),
                    positions=torch.cat([first.positions, second.positions], 1), rope_lengths=lengths,
+                   indexer_keys=tuple((i, torch.cat([a, b.to(a.dtype)], dim=1))  # [B, T, D]: tokens on dim 1
+                                      for (i, a), (_, b) in zip(first.indexer_keys, second.indexer_keys)),
                    approximate=first.approximate or second.approximate)
 
 
