@@ -23,14 +23,9 @@ def _keys(dtype, tokens=37):
 
 
 def _eager(fn):
-    """``fn()`` on the eager kernel, keeping what the compiled kernel's checks found."""
-    status = dict(RC._STATUS)
-    RC.set_mode("eager")
-    try:
+    """``fn()`` on the eager kernel, then back to the kernel under test with its checks kept."""
+    with RC.using("eager"):
         return fn()
-    finally:
-        RC.set_mode("compiled")
-        RC._STATUS.update(status)
 
 
 def test_mode_from_environment(monkeypatch):
@@ -95,3 +90,12 @@ def test_compiled_kernel_matches_eager(compiled_mode, dtype, recwarn):
     eps = torch.finfo(dtype).eps
     assert float((back.float() - _eager(lambda: R.strip(got, pos, spec)).float()).abs().max()) <= 4 * eps * 8
     assert not [w for w in recwarn if "disagrees" in str(w.message)]
+
+
+def test_using_restores_the_mode_and_the_checks():
+    RC.set_mode("native")
+    RC._STATUS["probe"] = True
+    with RC.using("eager"):
+        assert RC.mode() == "eager" and "probe" not in RC._STATUS
+    assert RC.mode() == "native" and RC._STATUS.get("probe") is True
+    RC.set_mode(None)

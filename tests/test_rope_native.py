@@ -22,14 +22,9 @@ def native_mode():
 
 
 def _eager(fn):
-    """``fn()`` on the eager kernel, keeping what the native kernel's checks found."""
-    status = dict(RC._STATUS)
-    RC.set_mode("eager")
-    try:
+    """``fn()`` on the eager kernel, then back to the kernel under test with its checks kept."""
+    with RC.using("eager"):
         return fn()
-    finally:
-        RC.set_mode("native")
-        RC._STATUS.update(status)
 
 
 def _keys(dtype, batch=2, heads=3, tokens=37, dim=32, seed=0):

@@ -32,6 +32,7 @@ A non-eager kernel is used only where it can be trusted:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from typing import TYPE_CHECKING, Callable
@@ -57,6 +58,20 @@ def set_mode(mode: str | None) -> None:
         raise ValueError(f"RoPE kernel mode must be one of {', '.join(MODES)}, got {mode!r}")
     _MODE["mode"] = mode
     _STATUS.clear()
+
+
+@contextlib.contextmanager
+def using(mode: str):
+    """Run a block on the ``mode`` kernel, then restore the previous mode and what its
+    first-use checks had found (benchmarks and tests comparing kernels side by side)."""
+    saved_mode, saved_status = _MODE["mode"], dict(_STATUS)
+    set_mode(mode)
+    try:
+        yield
+    finally:
+        _MODE["mode"] = saved_mode
+        _STATUS.clear()
+        _STATUS.update(saved_status)
 
 
 def mode() -> str:
@@ -139,4 +154,4 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     return out
 
 
-__all__ = ["ENV", "KERNEL_ENV", "MODES", "set_mode", "mode", "rotate"]
+__all__ = ["ENV", "KERNEL_ENV", "MODES", "set_mode", "using", "mode", "rotate"]
