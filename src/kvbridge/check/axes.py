@@ -93,7 +93,8 @@ def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     if sp == tp:
         action = {
             "rope": "positions live in the keys' rotation: strip and re-apply RoPE to move them",
-            "absolute": ("positions are mixed into the keys by the learned position embeddings: keep every"
+            "absolute": ("positions are mixed into the keys by the layers below (learned position embeddings,"
+                         " or position-dependent layers such as Inkling's query scaling): keep every"
                          " token at the position it was computed at (no re-positioning)"),
             "alibi": "ALiBi adds positions at attention time: cached keys are position-free",
             "none": "no positional encoding: cached keys are position-free",
@@ -101,9 +102,9 @@ def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
         return Axis("positional", sp, tp, "same", action)
     if "absolute" in (sp, tp):
         side = "source" if sp == "absolute" else "target"
-        why = ("source keys carry learned absolute positions mixed in by every layer below; they cannot"
+        why = ("source keys carry absolute positions mixed in by every layer below; they cannot"
                " be stripped to content space" if side == "source" else
-               "target keys must carry learned absolute positions mixed in by its layers below; a"
+               "target keys must carry absolute positions mixed in by its layers below; a"
                " cached-key transfer cannot produce them")
         return Axis("positional", sp, tp, "blocking", f"{why} (re-prefill the target instead)")
     if sp == "rope":
@@ -174,7 +175,7 @@ def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
         other = t if sv is None else s
         if "absolute" in (s.positional, t.positional):
             return Axis("rope", sv, tv, "blocking",
-                        "RoPE on one side, learned absolute positions on the other (see positional)")
+                        "RoPE on one side, absolute positions on the other (see positional)")
         what = "apply the target RoPE" if sv is None else "strip the source RoPE"
         return Axis("rope", sv, tv, "mappable", f"{what} ({_rope_brief(other.rope)})")
     s_tabs, t_tabs = _tables(s), _tables(t)

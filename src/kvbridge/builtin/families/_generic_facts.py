@@ -77,7 +77,10 @@ NEGATIVE_ROTATION = frozenset({"nanochat"})
 #: families whose attention applies RoPE only when a config flag is set (Zamba2: ``use_mem_rope``)
 ROPE_FLAG = {"zamba2": "use_mem_rope"}
 
-#: families with learned absolute position embeddings / ALiBi (no ``rope_parameters``)
+#: families with ALiBi (no ``rope_parameters``); without RoPE, ALiBi or a "no positions" fact a
+#: family is ``absolute``: learned position embeddings, or positions that reach the keys through
+#: the layers below (Inkling/Inkling2: a relative bias at attention time, but queries scaled by
+#: their absolute position, so later layers' keys depend on it): never re-positioned
 ALIBI = frozenset({"bloom", "mpt"})
 #: families whose attention sees no positions at all (Zamba: the Mamba layers carry order; no embedding table)
 NO_POSITIONS = frozenset({"zamba"})
