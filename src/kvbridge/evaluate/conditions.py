@@ -131,6 +131,18 @@ def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | 
     return out, None
 
 
+def native_fields(logits: torch.Tensor, targets: torch.Tensor, *, top_k: int, top_p: float) -> tuple[dict, dict]:
+    """The reference condition's per-position arrays, its comparisons with itself included (exact
+    by definition: KL 0, same argmax, full top-k overlap, TV 0, no logit difference), and what the
+    other conditions compare with."""
+    fields, native = position_fields(logits, targets, None, top_k=top_k, top_p=top_p)
+    zeros = torch.zeros(targets.shape, dtype=torch.float64)
+    ones = torch.ones(targets.shape, dtype=torch.float64)
+    fields.update(kl=zeros, top1=ones, topk=ones * (min(top_k, logits.shape[-1]) / top_k), tv=zeros,
+                  max_abs_logit_diff=torch.zeros(targets.shape[:1], dtype=torch.float64))
+    return fields, native
+
+
 # -- running the models -----------------------------------------------------------------------------
 def _greedy(model, cache, first, steps: int) -> torch.Tensor:
     from transformers import DynamicCache
@@ -362,17 +374,9 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
                         add(cond, "attn_cos", attention_cosines(captured, states[cond], p))
                     continue
                 ref_greedy = rows_toks
-                fields, native = position_fields(rows_logits, targets, None, top_k=config.top_k, top_p=config.top_p)
+                fields, native = native_fields(rows_logits, targets, top_k=config.top_k, top_p=config.top_p)
                 for name, value in fields.items():
                     add("native", name, value)
-                # native against itself: exact by definition (KL 0, same argmax, full top-k overlap, TV 0)
-                zeros = torch.zeros(targets.shape, dtype=torch.float64)
-                ones = torch.ones(targets.shape, dtype=torch.float64)
-                add("native", "kl", zeros)
-                add("native", "top1", ones)
-                add("native", "topk", ones * (min(config.top_k, logits.shape[-1]) / config.top_k))
-                add("native", "tv", zeros)
-                add("native", "max_abs_logit_diff", torch.zeros(targets.shape[:1], dtype=torch.float64))
                 add("native", "greedy_div", torch.full((len(idx),), float(config.greedy_tokens)))
                 if cap is not None:
                     captured = capture_rows(cap, b, len(names) * b)

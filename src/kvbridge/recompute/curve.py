@@ -66,7 +66,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
               bootstrap: int = 1000, seed: int = 0, check_layer: int = 1, host=None, progress=None) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.conditions import attention_cosines, position_fields
+    from kvbridge.evaluate.conditions import attention_cosines, native_fields, position_fields
     from kvbridge.plugins import get_host
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.graft import stack_fields, summarize_fields
@@ -128,9 +128,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
             captured = None
             with torch.no_grad():
                 logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
-        fields, ref = position_fields(logits, targets, None, top_k=5, top_p=0.9)
-        cmp_, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
-        fields.update({k: cmp_[k] for k in ("kl", "top1", "topk", "tv", "max_abs_logit_diff")})
+        fields, ref = native_fields(logits, targets, top_k=5, top_p=0.9)
         for k, v in fields.items():
             add("native", k, v)
         if captured is not None:

@@ -133,7 +133,7 @@ def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.
     ``chunks``: optional prepared chunk states (e.g. packs), one ``[1, n]`` state per sample; by
     default each chunk is prefilled alone here (not timed: it is prepared ahead).
     """
-    from kvbridge.evaluate.conditions import attention_cosines, position_fields
+    from kvbridge.evaluate.conditions import attention_cosines, native_fields, position_fields
     from kvbridge.recompute.cost import prefill_flops
 
     adapter = _adapter(model, host)
@@ -165,9 +165,7 @@ def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.
         else:
             chunk_state = prepare_chunk(model, chk, host=host)
         logits, captured = _logits(model, adapter, full_state, inp, capture=attention)
-        fields, native = position_fields(logits, targets, None, top_k=5, top_p=0.9)
-        cmp_, _ = position_fields(logits, targets, native, top_k=5, top_p=0.9)
-        fields.update({k: cmp_[k] for k in ("kl", "top1", "topk", "tv", "max_abs_logit_diff")})
+        fields, native = native_fields(logits, targets, top_k=5, top_p=0.9)
         for k, v in fields.items():
             add("full", k, v)
         if captured is not None:
