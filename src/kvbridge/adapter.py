@@ -158,6 +158,14 @@ class FamilyAdapter:
             raise StateError("state keys are in content space (RoPE stripped)",
                              "call state.apply_rope() before injecting")
         data = [(k.detach().clone(), v.detach().clone()) for k, v in zip(state.keys, state.values)]
+        if model is not None:
+            # the model's own layer layout (sliding-window layers keep their window, as in its own
+            # cache): the continuation then attends over the same keys as the model's own cache does
+            cache = DynamicCache(config=model.config)
+            if len(cache.layers) == len(data):
+                for layer, (k, v) in zip(cache.layers, data):
+                    layer.update(k, v)
+                return cache
         return DynamicCache(data)
 
 

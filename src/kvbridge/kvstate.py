@@ -145,22 +145,34 @@ class KVState:
     def _rotated(self) -> tuple:
         return getattr(self, self._rotated_slot())
 
-    def strip_rope(self, host=None) -> "KVState":
-        """Keys in content space (RoPE removed at each key's own position)."""
+    def strip_rope(self, host=None, *, dtype: "torch.dtype | None" = None) -> "KVState":
+        """Keys in content space (RoPE removed at each key's own position).
+
+        ``dtype``: the content state's dtype (default: the cache's). :func:`kvbridge.transfer.transfer`
+        passes float32 for a half-precision cache, so the stripped keys are not rounded before
+        the mapping and the re-application (one rounding, at the end).
+        """
         from kvbridge import rope
 
         if not self.rope_applied or self.spec.positional != "rope":
-            return replace(self, rope_applied=False)
+            return _cast(replace(self, rope_applied=False), dtype)
+        kw = {} if dtype is None else {"out_dtype": dtype}
         keys = tuple(
-            _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host)
+            _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host, **kw)
             for i, k in enumerate(self._rotated()))
         index = _indexer_rope(rope.strip, self.indexer_keys, self.spec, self.positions, lengths=self.rope_lengths,
-                              host=host)
-        return replace(self, **{self._rotated_slot(): keys}, rope_applied=False, indexer_keys=index)
+                              host=host, **kw)
+        return _cast(replace(self, **{self._rotated_slot(): keys}, rope_applied=False, indexer_keys=index), dtype)
 
     def apply_rope(self, positions: "Tensor | None" = None, spec: ModelSpec | None = None,
-                   rope_lengths: "Tensor | None" = None, host=None) -> "KVState":
-        """Keys rotated for ``spec`` (default: own) at ``positions`` (default: own)."""
+                   rope_lengths: "Tensor | None" = None, host=None, *,
+                   dtype: "torch.dtype | None" = None) -> "KVState":
+        """Keys rotated for ``spec`` (default: own) at ``positions`` (default: own).
+
+        ``dtype``: the cache dtype of the result (default: this state's). Wider content (float32
+        for a half-precision cache) is rotated in float32 by the tables as the model holds them
+        and rounded once to ``dtype`` (:func:`kvbridge.rope.apply`).
+        """
         from kvbridge import rope
 
         spec = spec or self.spec
@@ -172,13 +184,14 @@ class KVState:
             raise StateError("keys already carry RoPE", "call strip_rope() first or use reposition()")
         _check_indexer_target(self, spec)
         if spec.positional != "rope":
-            return replace(self, positions=positions, spec=spec, rope_applied=True)
+            return _cast(replace(self, positions=positions, spec=spec, rope_applied=True), dtype)
+        kw = {} if dtype is None else {"dtype": dtype}
         keys = tuple(
-            _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host)
+            _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host, **kw)
             for i, k in enumerate(self._rotated()))
-        index = _indexer_rope(rope.apply, self.indexer_keys, spec, positions, lengths=rope_lengths, host=host)
-        return replace(self, **{self._rotated_slot(): keys}, positions=positions, rope_applied=True, spec=spec,
-                       rope_lengths=rope_lengths, indexer_keys=index)
+        index = _indexer_rope(rope.apply, self.indexer_keys, spec, positions, lengths=rope_lengths, host=host, **kw)
+        return _cast(replace(self, **{self._rotated_slot(): keys}, positions=positions, rope_applied=True, spec=spec,
+                             rope_lengths=rope_lengths, indexer_keys=index), dtype)
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
         """Move the cached keys to new positions (an offset int or a ``[B, T]`` tensor) in one call."""
@@ -226,6 +239,13 @@ def _rotate(fn, k: "Tensor", table, *positions, **kwargs) -> "Tensor":
     return fn(k, *positions, table, **kwargs)
 
 
+def _cast(state: "KVState", dtype) -> "KVState":
+    """``state`` with every K/V (and indexer key) tensor in ``dtype`` (no copy where it already is)."""
+    if dtype is None:
+        return state
+    return state.map_tensors(lambda t: t if t.dtype == dtype else t.to(dtype))
+
+
 def _clone_states(states: tuple) -> tuple:
     return tuple((i, {k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
                       for k, v in st.items()}) for i, st in states)
@@ -239,7 +259,9 @@ def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs
         table, start, dims = spec.indexer_rope_for_layer(layer)
         if table is not None and t.shape[1]:
             part = _rotate(fn, t[..., start:start + dims].unsqueeze(1), table, *positions, **kwargs).squeeze(1)
-            t = torch.cat([t[..., :start], part.to(t.dtype), t[..., start + dims:]], dim=-1)
+            wide = torch.promote_types(part.dtype, t.dtype)  # float32 content of a half cache stays float32
+            t = t.to(wide)
+            t = torch.cat([t[..., :start], part.to(wide), t[..., start + dims:]], dim=-1)
         out.append((layer, t))
     return tuple(out)
 

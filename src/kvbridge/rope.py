@@ -166,11 +166,18 @@ class _Tables:
             self.memo[key] = (self.cos.to(dtype), self.sin.to(dtype))
         return self.memo[key]
 
-    def kernel(self, dtype, inverse: bool) -> "_Kernel":
-        """The rotation that applies (or, ``inverse``, undoes) these tables on ``dtype`` data."""
-        key = ("kernel", dtype, inverse)
+    def kernel(self, dtype, inverse: bool, work=None) -> "_Kernel":
+        """The rotation that applies (or, ``inverse``, undoes) these tables on ``dtype`` data.
+
+        ``work`` (apply only): compute in this wider dtype with the tables rounded to ``dtype``,
+        as the model holds them (content-space keys kept in float32 for a half-precision cache).
+        """
+        key = ("kernel", dtype, inverse, work)
         if key not in self.memo:
-            if not inverse:
+            if not inverse and work not in (None, dtype):
+                cos, sin = self.rounded(dtype)
+                self.memo[key] = _Kernel(cos.to(work), sin.to(work), work)
+            elif not inverse:
                 cos, sin = self.rounded(dtype)
                 self.memo[key] = _Kernel(cos, sin, dtype)
             else:
@@ -335,20 +342,32 @@ def tables(rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = No
 
 
 def apply(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor | None" = None,
-          host=None) -> "Tensor":
-    """Rotate content-space keys ``[B, H, T, D]`` at ``positions`` as the model does (result in k.dtype)."""
+          dtype=None, host=None) -> "Tensor":
+    """Rotate content-space keys ``[B, H, T, D]`` at ``positions`` as the model does.
+
+    ``dtype`` (default ``k.dtype``) is the cache dtype of the result. Keys already in it take the
+    models' own rounding steps (bit-identical to them). Wider keys (float32 content of a
+    half-precision cache) are rotated in their own dtype by the tables rounded to ``dtype`` (as
+    the model holds them) and rounded to ``dtype`` once, at the end.
+    """
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
-    return tab.kernel(k.dtype, inverse=False).run(k, rope.rotary_dim, rope.interleaved)
+    dtype = dtype or k.dtype
+    if dtype == k.dtype:
+        return tab.kernel(dtype, inverse=False).run(k, rope.rotary_dim, rope.interleaved)
+    return tab.kernel(dtype, inverse=False, work=k.dtype).run(k, rope.rotary_dim, rope.interleaved, exact=False,
+                                                              out_dtype=dtype)
 
 
 def strip(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor | None" = None,
-          host=None) -> "Tensor":
-    """Undo :func:`apply`: keys back in content space (computed in float32 at least, cast back)."""
+          out_dtype=None, host=None) -> "Tensor":
+    """Undo :func:`apply`: keys back in content space (computed in float32 at least, rounded to
+    ``out_dtype``, default ``k.dtype``; pass float32 to keep a half-precision cache's content
+    unrounded for the mapping and :func:`apply`)."""
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
     return tab.kernel(k.dtype, inverse=True).run(k, rope.rotary_dim, rope.interleaved, exact=False,
-                                                 out_dtype=k.dtype)
+                                                 out_dtype=out_dtype or k.dtype)
 
 
 def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", rope: RopeSpec, *,
@@ -357,15 +376,17 @@ def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", ro
     """Keys rotated at ``old_positions`` moved to ``new_positions``: ``apply(strip(k, old), new)``.
 
     Keys take one rotation by the composite table (the product of the new table and the inverse
-    of the old one, formed in float64 from the tables as strip and apply use them), in float32
-    at least and rounded once to the keys' dtype: within 1 ulp of strip + apply in float32, and
-    in half precision closer to the exact rotation than strip + apply (one rounding, not three).
+    of the old one, formed in float64 from the tables as strip and apply use them), in float64
+    for float32 keys and float32 for half-precision ones, rounded once to the keys' dtype (one
+    rounding, not three: a round trip by +d then -d is within one ulp).
     """
     _check_keys(k, rope, old_positions)
     _check_keys(k, rope, new_positions)
     old = _tables_for(rope, old_positions, old_lengths, k.device, host)
     new = _tables_for(rope, new_positions, new_lengths, k.device, host)
-    work = torch.float64 if k.dtype == torch.float64 else torch.float32
+    # float32 keys rotate in float64 (one correctly rounded result: a +d/-d round trip stays within
+    # one ulp); half-precision keys in float32, which is already exact enough for that
+    work = torch.float64 if k.dtype in (torch.float64, torch.float32) else torch.float32
 
     def build() -> _Kernel:
         # (cos_new + i sin_new) * (cos_old - i sin_old) / (cos_old^2 + sin_old^2), in float64,

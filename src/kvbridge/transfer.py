@@ -30,15 +30,39 @@ class IdentityMapping:
 
     exact: bool = True
     name: str = "identity"
+    identity: bool = True
 
-    def map_content(self, state, target_spec):
-        if content_geometry(state.spec) != content_geometry(target_spec):
+    def check_pair(self, source_spec, target_spec) -> None:
+        if content_geometry(source_spec) != content_geometry(target_spec):
             raise StateError(
                 f"identity mapping needs the same content geometry; source (layers, kv_heads, head_dim)="
-                f"{content_geometry(state.spec)}, target={content_geometry(target_spec)}",
+                f"{content_geometry(source_spec)}, target={content_geometry(target_spec)}",
                 "fit a mapping with `kvbridge fit` (e.g. --fitter ridge)")
+
+    def map_content(self, state, target_spec):
+        self.check_pair(state.spec, target_spec)
         out = state.map_tensors(lambda t: t.clone())
-        return replace(out, spec=target_spec, rope_lengths=None)
+        return replace(out, spec=target_spec, rope_applied=False, rope_lengths=None)
+
+
+def work_dtype(dtype):
+    """The dtype content-space work runs in: float32 for a half-precision cache, else its own."""
+    import torch
+
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def same_rotation(source, target) -> bool:
+    """Whether ``target`` rotates every cached key exactly as ``source`` does at the same position
+    (same positional scheme and, layer by layer, the same RoPE table; the same indexer RoPE)."""
+    if source.positional != target.positional or source.num_layers != target.num_layers:
+        return False
+    if source.positional != "rope":
+        return True
+    return (all(source.rope_for_layer(i) == target.rope_for_layer(i) for i in range(source.num_layers))
+            and all(source.indexer_rope_for_layer(i) == target.indexer_rope_for_layer(i)
+                    for i in source.indexer_layers)
+            and tuple(source.indexer_layers) == tuple(target.indexer_layers))
 
 
 def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = None, *, target_positions=None,
@@ -46,24 +70,41 @@ def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = Non
     """A target-geometry cache (RoPE applied for the target) from a source state.
 
     ``target_spec`` defaults to the mapping's own ``target_spec`` (fitted mappings carry it).
+
+    - An identity mapping (``mapping.identity``) onto a target that rotates keys as the source does
+      never leaves the cache's numbers: at the same positions the keys come back bit for bit (a
+      copy), at other positions they take one rotation by the difference (:meth:`KVState.reposition`).
+    - Everything else strips the source RoPE, maps the content and applies the target's RoPE, in
+      float32 for a half-precision cache, rounding once to the target dtype at the end.
     """
+    import torch
+
     target_spec = target_spec or getattr(mapping, "target_spec", None) or state.spec
     if state.spec.positional not in ("rope", "none") and state.spec.positional != target_spec.positional:
         raise StateError(
             f"source {state.spec.model_type!r} uses {state.spec.positional} positions: they are baked into "
             "its cached keys and cannot be stripped",
             "transfer between models of the same positional scheme")
-    content = state.strip_rope(host=host)
+    positions = state.positions if target_positions is None else target_positions
+    exact = getattr(mapping, "exact", False)
+    if getattr(mapping, "identity", False) and state.rope_applied and same_rotation(state.spec, target_spec):
+        positions = torch.as_tensor(positions).to(state.positions.device).expand(state.batch_size, -1)
+        moved = not torch.equal(positions, state.positions)
+        if not moved or state.spec.positional in ("rope", "none"):
+            mapping.check_pair(state.spec, target_spec)
+            out = replace(state.clone(), spec=target_spec)
+            return replace(out.reposition(positions, host=host) if moved else out, approximate=state.approximate)
+    final = state.dtype if exact else getattr(torch, target_spec.dtype, state.dtype)
+    content = state.strip_rope(host=host, dtype=work_dtype(state.dtype))
     mapped = mapping.map_content(content, target_spec)
     if mapped.rope_applied:
         raise StateError("mapping returned keys marked as carrying RoPE", "return content-space keys")
-    positions = state.positions if target_positions is None else target_positions
-    out = mapped.apply_rope(positions, spec=target_spec, host=host)
-    return replace(out, approximate=state.approximate or not getattr(mapping, "exact", False))
+    out = mapped.apply_rope(positions, spec=target_spec, host=host, dtype=final)
+    return replace(out, approximate=state.approximate or not exact)
 
 
 def identity_transfer(state: "KVState", target_spec: ModelSpec | None = None, *, target_positions=None,
                       host=None) -> "KVState":
-    """Same-model transfer through the full canonical path (the built-in exact baseline)."""
+    """Same-model transfer (the built-in exact baseline): bit for bit at the same positions."""
     return transfer(state, IdentityMapping(), target_spec or state.spec,
                     target_positions=target_positions, host=host)

@@ -254,7 +254,7 @@ def random_state(state, generator: torch.Generator):
 def no_rope_state(source_state, mapping, target_spec, host=None):
     """The mapped cache with content-space keys injected as if rotated (no target RoPE)."""
     content = source_state.strip_rope(host=host)
-    mapped = mapping.map_content(content, target_spec)
+    mapped = mapping.map_content(content, target_spec).to(dtype=getattr(torch, target_spec.dtype, content.dtype))
     return replace(mapped, rope_applied=True, positions=source_state.positions, rope_lengths=None, approximate=True)
 
 

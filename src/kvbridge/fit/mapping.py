@@ -97,15 +97,15 @@ class FittedMapping:
                     f"use a mapping fitted for this {role} model (kvbridge fit)")
 
     def map_content(self, state, target_spec: ModelSpec | None = None):
-        """Content-space source state -> content-space target state (target dtype)."""
+        """Content-space source state -> content-space target state, in the state's dtype (float32
+        content of a half-precision cache stays float32: the transfer rounds once, after RoPE)."""
         from kvbridge.kvstate import KVState
 
         target_spec = target_spec or self.target_spec
         if state.rope_applied and state.spec.positional == "rope":
             raise StateError("map_content needs content-space keys (RoPE stripped)", "call state.strip_rope() first")
         self.check_pair(state.spec, target_spec)
-        dtype = getattr(torch, target_spec.dtype, torch.float32)
-        keys, values = self.map_tensors(state.keys, state.values, dtype=dtype)
+        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype)
         return KVState(keys=tuple(keys), values=tuple(values), token_ids=state.token_ids, positions=state.positions,
                        spec=target_spec, rope_applied=False, rope_lengths=None,
                        model_fingerprint="", approximate=True, meta=dict(state.meta))

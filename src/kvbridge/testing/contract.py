@@ -79,10 +79,12 @@ def check_rope_round_trip(rope, *, host=None, seed: int = 0, trials: int = 4, ma
 
 
 def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_len: int = 14, new_tokens: int = 6,
-                            batch: int = 1, seed: int = 0, model=None, tol: float = LOGIT_TOL) -> IdentityResult:
-    """Extract -> strip RoPE -> identity map -> re-apply -> inject -> generate equals transformers'
-    own cached continuation (identical greedy tokens, max abs logit diff <= ``tol``, 1e-6 by
-    default, in float32). ``model`` replaces building one from ``config``."""
+                            batch: int = 1, seed: int = 0, model=None, tol: float = LOGIT_TOL,
+                            dtype: str = "float32") -> IdentityResult:
+    """Extract -> identity transfer -> inject -> generate equals transformers' own cached
+    continuation: the transferred state is the extracted one bit for bit, greedy tokens are
+    identical and the max abs logit diff is <= ``tol`` (1e-6 by default; 0 where the injected cache
+    is the model's own cache class). ``model`` replaces building one from ``config`` in ``dtype``."""
     import torch
 
     from kvbridge.builtin.families import _hf_cache
@@ -91,7 +93,7 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
 
     import copy
 
-    base = model if model is not None else adapter.build_model(config, seed=seed)
+    base = model if model is not None else adapter.build_model(config, seed=seed, dtype=dtype)
     # stateful RoPE modules (dynamic) are sticky: every path gets a fresh copy of the model
     fresh = lambda: copy.deepcopy(base)  # noqa: E731
     spec = adapter.spec_of(base)
@@ -112,8 +114,11 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
 
     # 1) the state of the cached prefix, then the prompt's last token: same split as `native`
     model_a, model_b = fresh(), fresh()
-    moved = identity_transfer(adapter.extract(model_a, ids[:, :-1]), host=host)
+    extracted = adapter.extract(model_a, ids[:, :-1])
+    moved = identity_transfer(extracted, host=host)
     assert moved.approximate is False, "identity transfer must not be marked approximate"
+    changed = [name for name, a, b in _state_tensors(moved, extracted) if not torch.equal(a, b)]
+    assert not changed, f"{spec.model_type}: identity transfer changed {changed[:4]} (it must return them bit for bit)"
     # 2) the state of the whole prompt: the hand-off withholds its last token (as plain generate)
     # (a recurrent state summarises every token and cannot drop the last one: path 1 only)
     whole = not getattr(spec, "state_layers", ())
@@ -132,6 +137,15 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
     assert result.tokens_equal, f"{spec.model_type}: greedy tokens differ from the model's own continuation"
     assert result.max_logit_diff <= tol, f"{spec.model_type}: max abs logit diff {result.max_logit_diff:.2e} > {tol}"
     return result
+
+
+def _state_tensors(a, b):
+    """``(name, tensor of a, tensor of b)`` for every K/V and indexer-key tensor of two states."""
+    for kind in ("keys", "values"):
+        for i, (x, y) in enumerate(zip(getattr(a, kind), getattr(b, kind))):
+            yield f"{kind}[{i}]", x, y
+    for (i, x), (_, y) in zip(a.indexer_keys, b.indexer_keys):
+        yield f"indexer_keys[{i}]", x, y
 
 
 def check_shifted_identity(adapter, config: dict, *, host=None, prompt_len: int = 10, offset: int = 37,
