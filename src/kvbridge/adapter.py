@@ -74,10 +74,16 @@ class FamilyAdapter:
         return model.eval()
 
     def spec_of(self, model) -> ModelSpec:
-        """The spec of a live model (from its config, dtype from its parameters)."""
-        spec = self.describe(model.config.to_dict())
+        """The spec of a live model (from its config, dtype from its parameters); memoised on the
+        model, keyed by this adapter, the config's attributes and the parameters' dtype."""
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        return spec.with_dtype(dtype)
+        key = (self, type(model.config).__name__, repr(vars(model.config)), dtype)
+        memo = model.__dict__.get("_kvbridge_spec")
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        spec = self.describe(model.config.to_dict()).with_dtype(dtype)
+        model.__dict__["_kvbridge_spec"] = (key, spec)
+        return spec
 
     def rotary_embedding(self, model, layer: int = 0):
         """The model's rotary module (for tests against its own tables)."""
@@ -157,7 +163,8 @@ class FamilyAdapter:
         if not state.rope_applied and state.spec.positional == "rope":
             raise StateError("state keys are in content space (RoPE stripped)",
                              "call state.apply_rope() before injecting")
-        data = [(k.detach().clone(), v.detach().clone()) for k, v in zip(state.keys, state.values)]
+        # ``update`` concatenates into new tensors: the cache never aliases the state's
+        data = [(k.detach(), v.detach()) for k, v in zip(state.keys, state.values)]
         if model is not None:
             # the model's own layer layout (sliding-window layers keep their window, as in its own
             # cache): the continuation then attends over the same keys as the model's own cache does

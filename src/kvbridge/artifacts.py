@@ -43,6 +43,8 @@ MANIFEST = "manifest.json"
 #: ownership marker inside every artifact folder kvbridge writes: {"kind", "writer", "version"}
 MARKER = ".kvbridge-artifact.json"
 WRITER = "kvbridge"
+#: tensor files up to this size are read into memory once (hashed and parsed from the same bytes)
+READ_ONCE_BYTES = 64 << 20
 
 
 class LockError(ArtifactError):
@@ -304,7 +306,7 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
     the marker was introduced) every tensor is checked against that list too.
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_bytes, load_file
 
     folder = Path(folder)
     manifest = read_manifest(folder, kind=kind)
@@ -314,14 +316,19 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
     path = folder / name
     if not path.is_file():
         raise ArtifactError(f"{path} is missing", f"re-create the {kind}")
+    data = None
     if verify:
-        got = sha256_file(path)
+        if path.stat().st_size <= READ_ONCE_BYTES:  # small: read once, hash and parse the same bytes
+            data = path.read_bytes()
+            got = hashlib.sha256(data).hexdigest()
+        else:
+            got = sha256_file(path)
         if got != manifest.get("tensor_sha256"):
             raise ArtifactError(
                 f"{path} checksum mismatch (sha256 {got[:12]}... != manifest {str(manifest.get('tensor_sha256'))[:12]}...): "
                 "the file is corrupt, truncated or was replaced", f"re-create the {kind}")
     try:
-        tensors = load_file(str(path))
+        tensors = load_file(str(path)) if data is None else load_bytes(data)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise ArtifactError(f"{path} is not a readable safetensors file ({' '.join(str(exc).split())[:120]})",
                             f"re-create the {kind}") from None

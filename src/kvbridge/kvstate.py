@@ -99,10 +99,13 @@ class KVState:
                 if dtype is not None and t.dtype != dtype:
                     raise StateError(f"{what} layer {i} {name} dtype {t.dtype} != model dtype {dtype}",
                                      f"convert it with state.to(dtype={dtype}) or load the model in {t.dtype}")
-                if check_finite and not bool(torch.isfinite(t).all()):
-                    bad = int((~torch.isfinite(t)).sum())
-                    raise StateError(f"{what} layer {i} {name} has {bad} NaN/inf values",
-                                     "recompute the cache; a mapping that produced it may be broken")
+        if check_finite and not _all_finite((*self.keys, *self.values)):
+            for i, (k, v) in enumerate(zip(self.keys, self.values)):  # name the first bad tensor
+                for name, t in (("keys", k), ("values", v)):
+                    if not bool(torch.isfinite(t).all()):
+                        bad = int((~torch.isfinite(t)).sum())
+                        raise StateError(f"{what} layer {i} {name} has {bad} NaN/inf values",
+                                         "recompute the cache; a mapping that produced it may be broken")
         _validate_indexer(self, spec, dtype, check_finite, what)
         return self
 
@@ -237,6 +240,41 @@ def _rotate(fn, k: "Tensor", table, *positions, **kwargs) -> "Tensor":
     if table.param("direction", 1) == -1:  # keys rotated by -angle (NanoChat): the table at -position
         positions = tuple(-p for p in positions)
     return fn(k, *positions, table, **kwargs)
+
+
+_FINITE_BATCH = 1 << 22  # elements per joint check: 16 MiB of float32 scratch at most
+
+
+def _all_finite(tensors) -> bool:
+    """Whether every element of ``tensors`` is finite: small tensors are checked jointly (one
+    ``isfinite`` over their concatenation, per device and dtype, in batches), large ones alone, so
+    a short cache of many layers costs a few kernel calls instead of two per layer."""
+    batch: list = []
+    size = 0
+
+    def flush() -> bool:
+        nonlocal batch, size
+        ok = True
+        groups: dict = {}
+        for t in batch:
+            groups.setdefault((t.device, t.dtype), []).append(t.reshape(-1))
+        for group in groups.values():
+            ok = ok and bool(torch.isfinite(torch.cat(group) if len(group) > 1 else group[0]).all())
+        batch, size = [], 0
+        return ok
+
+    for t in tensors:
+        if not t.is_floating_point() or t.numel() == 0:
+            continue
+        if t.numel() >= _FINITE_BATCH:
+            if not bool(torch.isfinite(t).all()):
+                return False
+            continue
+        batch.append(t)
+        size += t.numel()
+        if size >= _FINITE_BATCH and not flush():
+            return False
+    return flush()
 
 
 def _cast(state: "KVState", dtype) -> "KVState":

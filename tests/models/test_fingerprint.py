@@ -60,3 +60,67 @@ def test_config_fingerprint_ignores_bookkeeping():
     base = {"model_type": "llama", "hidden_size": 8}
     assert fp.config_fingerprint(base) == fp.config_fingerprint(dict(base, _name_or_path="x", dtype="bfloat16"))
     assert fp.config_fingerprint(base) != fp.config_fingerprint(dict(base, hidden_size=16))
+
+
+def test_weights_fingerprint_is_memoised_and_sees_every_change():
+    """Computed once per model; an in-place edit, a replaced parameter, a cast and forget() re-hash,
+    and every re-hash equals a fresh hash of a copy with the same weights."""
+    import copy
+
+    import torch
+
+    from kvbridge.models import fingerprint as fp
+    from kvbridge.plugins import make_host
+
+    adapter = make_host(entry_points=False).adapter_for({"model_type": "llama"})
+    model = adapter.build_model(adapter.tiny_config(), seed=0)
+
+    def fresh(m):  # the same weights in a model that has no memo
+        twin = copy.deepcopy(m)
+        fp.forget_weights_fingerprint(twin)
+        return fp.weights_fingerprint(twin)
+
+    first = fp.weights_fingerprint(model)
+    calls = []
+    real = model.state_dict
+    model.state_dict = lambda *a, **k: calls.append(1) or real(*a, **k)
+    assert fp.weights_fingerprint(model) == first and not calls  # memo: no state dict, no hashing
+    del model.state_dict
+
+    weight = model.model.layers[0].self_attn.k_proj.weight
+    with torch.no_grad():
+        weight.mul_(2)  # in place: the version counter moves
+    edited = fp.weights_fingerprint(model)
+    assert edited != first and edited == fresh(model)
+
+    model.model.layers[0].self_attn.k_proj.weight = torch.nn.Parameter(weight.detach() / 2)  # a new object
+    assert fp.weights_fingerprint(model) == first == fresh(model)
+
+    model.to(torch.bfloat16)
+    cast = fp.weights_fingerprint(model)
+    assert cast != first and cast == fresh(model)
+
+    weight = model.model.layers[0].self_attn.k_proj.weight
+    weight.data.mul_(3)  # through .data the version counter does not move: forget() is the way
+    fp.forget_weights_fingerprint(model)
+    assert fp.weights_fingerprint(model) == fresh(model) != cast
+
+
+def test_tokenizer_identity_is_memoised_per_tokenizer_state(tmp_path):
+    from kvbridge.models import fingerprint as fp
+
+    tok = _tiny_tokenizer(tmp_path)
+    first = fp.tokenizer_identity(tok)
+    assert fp.tokenizer_identity(tok) == first
+    tok.add_tokens(["<kvbridge-new-token>"])
+    assert fp.tokenizer_identity(tok)["fingerprint"] != first["fingerprint"]
+
+
+def _tiny_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "a": 1, "b": 2, "ab": 3}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")

@@ -157,20 +157,17 @@ def cli_text(value: str, what: str = "text") -> str:
 
 # -- JSON --------------------------------------------------------------------------------------------------
 def json_depth(text: str) -> int:
-    """The deepest ``[``/``{`` nesting of a JSON text (strings skipped), without recursing."""
+    """The deepest ``[``/``{`` nesting of a JSON text (strings skipped), without recursing.
+
+    Strings and everything but brackets are dropped by two linear regex passes first, so the
+    Python loop runs over the brackets alone (a manifest of a long guide is one list of numbers).
+    """
+    import re
+
+    brackets = re.sub(r"[^\[\]{}]+", "", re.sub(r'"(?:[^"\\]|\\.)*"?', "", text))
     depth = best = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
+    for ch in brackets:
+        if ch in "[{":
             depth += 1
             best = max(best, depth)
         elif ch in "]}":

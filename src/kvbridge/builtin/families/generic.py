@@ -269,11 +269,6 @@ class GenericAdapter(FamilyAdapter):
         obj, _ = hf_configs(config)
         return AutoModelForCausalLM.from_config(obj, dtype=getattr(torch, dtype)).eval()
 
-    def spec_of(self, model) -> ModelSpec:
-        spec = self.describe(model.config.to_dict())
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        return spec.with_dtype(dtype)
-
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
         from kvbridge.builtin.families import _hf_cache
 
