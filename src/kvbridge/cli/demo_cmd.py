@@ -47,7 +47,7 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
     """Identity exactness on every family, check -> fit -> eval on the zoo, then a real model.
 
     Section 1 (identity): every built-in family on a tiny model built from its config: extract
-    the prefix cache, strip RoPE, map (identity), re-apply RoPE, inject, continue with generate;
+    the prefix cache, transfer it (identity: bit for bit), inject, continue with generate;
     compare with transformers' own cached continuation, and re-position the prefix by +37.
 
     Section 2 (zoo): the trained zoo (base, tuned, wide, odd, stranger): for base->X, the
@@ -62,9 +62,10 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
     target), and the output says so.
 
     Section 3 (real): SmolLM2-135M-Instruct (--real-model): identity transfer in float32 and
-    bfloat16 (greedy tokens equal, logits within the model's own cached-vs-recompute noise),
-    the exact-token split of its chat template (system turn hidden), and the system turn saved
-    as a prefix pack, restored with zero forward passes. No network (`make demo` fetches the
+    bfloat16 (bitwise: the same state, greedy tokens and logits as the model's own cached
+    continuation; its own cached-vs-recompute noise shown for scale), the exact-token split of
+    its chat template (system turn hidden), and the system turn saved as a prefix pack,
+    restored with zero forward passes and continued bitwise. No network (`make demo` fetches the
     model once beforehand). Takes a few minutes on 2 CPU cores.
     """
     import torch
