@@ -111,6 +111,8 @@ def weights_digest(folder: Path) -> str | None:
 
 def _plugin_manifest_dirs(host) -> list[Path]:
     """Folders that plugins publish through ``kvbridge_manifest_dirs`` (when the hook exists)."""
+    if host is not None and callable(getattr(host, "manifest_dirs", None)):
+        return list(host.manifest_dirs())  # the host's one collection point: results type-checked there
     hook = getattr(host.pm.hook, "kvbridge_manifest_dirs", None) if host is not None else None
     if hook is None:
         return []

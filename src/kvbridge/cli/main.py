@@ -137,7 +137,7 @@ def build_cli() -> click.Group:
         try:
             from kvbridge.plugins import get_host
 
-            get_host().register_commands(cli)
+            get_host().register_commands(cli, reserved=tuple(COMMANDS))
         except KVBridgeError as exc:
             click.echo(f"error: {exc.one_line()}", err=True)
             sys.exit(exc.exit_code)
