@@ -132,6 +132,19 @@ def require_weights(ref: ModelRef) -> None:
                           "model in the Hugging Face cache")
 
 
+def require_folder(ref: ModelRef) -> None:
+    """Weights load from a model folder or a .gguf file: a reference given as another file (a
+    ``config.json``, a ``tokenizer.json``, a weight file) is refused naming it."""
+    given = Path(str(ref.ref)).expanduser()
+    try:
+        is_file = given.is_file()
+    except (OSError, ValueError):
+        return
+    if is_file and given.suffix != ".gguf":
+        raise ConfigError(f"{given} is a file; loading a model needs its folder (or a .gguf file)",
+                          f"pass the model folder {given.parent}")
+
+
 def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
     """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
     require_weights(ref)
@@ -185,6 +198,9 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
     resolved = resolve(ref, host=host)
     name = dtype_for(resolved, dtype)
     require_weights(resolved)
+    require_folder(resolved)
+    if resolved.config:  # the config's own errors (KV heads, absurd sizes) named by field, before any weight is read
+        resolved.spec(host)
     tok = load_tokenizer_of(resolved) if tokenizer else None
     model = load_weights(resolved, name, device)
     config = model.config.to_dict()
