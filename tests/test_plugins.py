@@ -121,13 +121,21 @@ def test_trace_env_writes_hook_calls(monkeypatch, capsys):
 
 
 def test_resolve_family_claims_unknown_types():
+    class Adapter:  # what the host checks an answer against: a family adapter's members
+        name, model_types = "mystery-family", ("mystery",)
+
+        def describe(self, config):
+            return None
+
+    ADAPTER = Adapter()
+
     class Claim:
         @hookimpl
         def kvbridge_resolve_family(self, config):
-            return "ADAPTER" if config["model_type"] == "mystery" else None
+            return ADAPTER if config["model_type"] == "mystery" else None
 
     host = plugins_mod.make_host(entry_points=False, extra=[("claim", Claim())])
-    assert host.adapter_for({"model_type": "mystery"}) == "ADAPTER"
+    assert host.adapter_for({"model_type": "mystery"}) is ADAPTER
     with pytest.raises(UnsupportedModelError, match="unknown model type 'enigma'"):
         host.adapter_for({"model_type": "enigma"})
     with pytest.raises(UnsupportedModelError, match="no attention KV cache"):

@@ -57,20 +57,20 @@ class FamilyAdapter:
     # -- model side ----------------------------------------------------------------------
     def hf_config(self, config: Mapping):
         """A transformers config object from a config mapping."""
-        from transformers import AutoConfig
+        from kvbridge.models.hf_loader import config_for_model
 
         data = dict(config)
         model_type = data.pop("model_type")
-        return AutoConfig.for_model(model_type, **data)
+        return config_for_model(model_type, **data)
 
     def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
         """A randomly initialised model of this family (tests; no download)."""
         import torch
-        from transformers import AutoModelForCausalLM
+        from kvbridge.models.hf_loader import model_from_config
 
         torch.manual_seed(seed)
         hf = self.hf_config(config)
-        model = AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, dtype))
+        model = model_from_config(hf, dtype=getattr(torch, dtype))
         return model.eval()
 
     def spec_of(self, model) -> ModelSpec:

@@ -18,9 +18,13 @@ class KVBridgeError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        text = " ".join(str(self.what).split())
+        """``what (fix: fix)`` on one line, control characters escaped (:func:`kvbridge.safe_text.escape`):
+        messages quote file names, manifest fields and plugin text."""
+        from kvbridge.safe_text import escape
+
+        text = escape(" ".join(str(self.what).split()))
         if self.fix:
-            text += f" (fix: {' '.join(str(self.fix).split())})"
+            text += f" (fix: {escape(' '.join(str(self.fix).split()))})"
         return text
 
 

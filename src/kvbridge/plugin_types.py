@@ -171,6 +171,23 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
                  f"(fix: see docs/plugins.md, {_KIND_WORDS[kind]}s)")
 
 
+def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
+    """``record.load()`` checked by :func:`loaded`: a factory that cannot be imported (a missing module,
+    a missing attribute, an error or ``sys.exit`` in its module) is a one-line PluginError naming the
+    plugin and the factory path (exit 2), never an internal error."""
+    try:
+        obj = record.load()
+    except PluginError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the plugin's module raises
+        what = exc.code if isinstance(exc, SystemExit) else " ".join(str(exc).split())
+        raise PluginError(f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
+                          f"{getattr(record, 'factory', '?')!r} ({type(exc).__name__}: {str(what)[:160]})",
+                          f"install what the plugin needs, or skip it with KVBRIDGE_DISABLE_PLUGINS={plugin or 'NAME'}"
+                          ) from None
+    return loaded(kind, name, obj, plugin)
+
+
 def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
     """Check an object loaded from a lazy factory; a one-line PluginError naming the plugin otherwise."""
     if kind == "fitter":
@@ -186,4 +203,4 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 
 __all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
-           "Metric", "MetricFunction", "check_registration", "protocol_problem", "loaded"]
+           "Metric", "MetricFunction", "check_registration", "protocol_problem", "loaded", "load_registered"]

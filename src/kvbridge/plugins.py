@@ -9,20 +9,33 @@ that plugin (``kvbridge plugins`` shows it) and the call goes on with the other 
 Hook wrappers (``wrapper=True`` / ``hookwrapper=True``) are refused at registration: every
 kvbridge hook collects results from plain implementations.
 
+Isolation: a plugin's import runs in a worker thread and is time-boxed
+(:data:`IMPORT_TIMEOUT_S`, ``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``); ``SystemExit`` raised by a plugin
+(at import or in a hook) is caught like any other exception; every hook's result is type-checked
+at its one collection point (:meth:`Host.check_findings`, :meth:`Host.adapter_for`,
+:meth:`Host.manifest_dirs`, :meth:`Host.register_commands`), and a plugin that returns the wrong
+type is disabled (:meth:`Host.disable`). Each plugin that fails or is disabled gets one
+``warning: plugin 'NAME' ...`` line on stderr (third-party plugins only) and its record's error.
+A plugin command whose name is a built-in command's is refused; the built-in is kept.
+
 Environment variables (llm/tox style):
 
 - ``KVBRIDGE_LOAD_PLUGINS``: comma-separated allow-list of entry-point names to load;
   set but empty loads no third-party plugin. Unset loads all.
 - ``KVBRIDGE_DISABLE_PLUGINS``: comma-separated entry-point names to skip.
 - ``KVBRIDGE_TRACE_PLUGINS``: any non-empty value traces every hook call to stderr.
+- ``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``: seconds one plugin's import may take (default
+  :data:`IMPORT_TIMEOUT_S`); a plugin still importing then is skipped with a warning.
 """
 
 from __future__ import annotations
 
 import contextvars
 import difflib
+import math
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterable
@@ -41,6 +54,9 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
 )
+#: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
+IMPORT_TIMEOUT_S = 20.0
+IMPORT_TIMEOUT_ENV = "KVBRIDGE_PLUGIN_IMPORT_TIMEOUT"
 #: model types that have no attention KV cache at all
 NO_KV_CACHE_TYPES = frozenset({
     "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
@@ -57,6 +73,7 @@ class PluginRecord:
     hooks: list[str] = field(default_factory=list)
     registers: dict[str, list[str]] = field(default_factory=dict)
     error: str | None = None
+    warned: bool = field(default=False, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "version": self.version, "builtin": self.builtin,
@@ -129,6 +146,67 @@ class HookOutcome:
     error: str | None = None
 
 
+def _exc_text(exc: BaseException) -> str:
+    """``Type: message`` on one line (``SystemExit: exit(3)`` for an exit)."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: the plugin called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+def warn(record: PluginRecord, problem: str) -> None:
+    """One ``warning: plugin 'NAME' ...`` line on stderr per third-party plugin, control characters escaped."""
+    if record.builtin or record.warned:
+        return
+    record.warned = True
+    from kvbridge.safe_text import escape
+
+    text = escape(" ".join(f"plugin {record.name!r} disabled: {problem}".split()))
+    fix = escape(f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}")
+    try:
+        sys.stderr.write(f"warning: {text} (fix: {fix})\n")
+    except (OSError, ValueError):  # pragma: no cover - no stderr to warn on
+        pass
+
+
+def import_timeout() -> float:
+    """Seconds one plugin import may take (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``, default :data:`IMPORT_TIMEOUT_S`)."""
+    raw = os.environ.get(IMPORT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return IMPORT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise PluginError(f"{IMPORT_TIMEOUT_ENV}={raw!r} is not a positive number of seconds",
+                          f"set it to e.g. {IMPORT_TIMEOUT_S:g}, or unset it")
+    return value
+
+
+def _import_plugin(ep, timeout: float):
+    """``ep.load()`` in a worker thread: ``(plugin, None)`` or ``(None, one-line error)``; an import still
+    running after ``timeout`` seconds is left behind (a daemon thread) and reported."""
+    box: dict = {}
+
+    def work():
+        try:
+            box["plugin"] = ep.load()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt raised by the plugin too
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name=f"kvbridge-plugin-import:{ep.name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return None, (f"importing {ep.value} did not finish within {timeout:g} s (hung import skipped; "
+                      f"{IMPORT_TIMEOUT_ENV} sets the limit)")
+    if "error" in box:
+        if os.environ.get("KVBRIDGE_DEBUG") and not isinstance(box["error"], SystemExit):
+            raise box["error"]
+        return None, f"failed to import {ep.value}: {_exc_text(box['error'])}"
+    return box["plugin"], None
+
+
 def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
     """Wrap one implementation: run it as its plugin, record an exception on the plugin."""
     fn = hookimpl.function
@@ -141,10 +219,10 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
             value = fn(*args)
         except PluginError:  # kvbridge's own refusals (duplicate names) name both plugins: let them out
             raise
-        except Exception as exc:  # a broken plugin must not take the host down
+        except (Exception, SystemExit) as exc:  # a broken plugin must not take the host down (nor exit it)
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
-            msg = f"{hook_name} failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            msg = f"{hook_name} failed: {_exc_text(exc)}"
             if record is not None and record.error is None:
                 record.error = msg
             if sink is not None:
@@ -171,6 +249,22 @@ class Host:
 
     def record(self, plugin_name: str) -> PluginRecord | None:
         return next((r for r in self.records if r.name == plugin_name), None)
+
+    def disable(self, plugin_name: str, problem: str) -> None:
+        """Take a misbehaving plugin out: unregistered and blocked (its hooks no longer run), its
+        registrations dropped, ``problem`` on its record, one warning line on stderr."""
+        record = self.record(plugin_name)
+        if record is not None and record.error is None:
+            record.error = problem
+        if self.pm.get_plugin(plugin_name) is not None:
+            self.pm.unregister(name=plugin_name)
+        self.pm.set_blocked(plugin_name)
+        for reg in (self._registries or {}).values():
+            for name in [n for n, owner in reg.owner.items() if owner == plugin_name]:
+                reg.items.pop(name, None)
+                reg.owner.pop(name, None)
+        if record is not None:
+            warn(record, problem)
 
     def call(self, hook_name: str, **kwargs: Any) -> list[HookOutcome]:
         """Call a hook through pluggy (its order, its monitoring) and return one outcome per
@@ -249,7 +343,7 @@ class Host:
         families = self.registry("family")
         if model_type in families.items:
             return families.items[model_type]
-        claimed = self.pm.hook.kvbridge_resolve_family(config=config)  # firstresult: pluggy's order
+        claimed = self._claim_family(config)
         if claimed is not None:
             return claimed
         if model_type in NO_KV_CACHE_TYPES:
@@ -274,6 +368,23 @@ class Host:
             f"unknown model type {model_type!r}",
             f"{hint}install a plugin that supports it (see `kvbridge plugins` for supported types)")
 
+    def _claim_family(self, config: dict):
+        """The first plugin's answer to ``kvbridge_resolve_family`` (firstresult, pluggy's order) that is a
+        family adapter; a plugin answering anything else is disabled and the others are asked again."""
+        from kvbridge.plugin_types import protocol_problem
+
+        for _ in range(len(self.records) + 1):
+            outcomes = self.call("kvbridge_resolve_family", config=config)
+            answer = next((o for o in outcomes if o.error is None and o.value is not None), None)
+            if answer is None:
+                return None
+            problem = protocol_problem("family", answer.value)
+            if problem is None:
+                return answer.value
+            self.disable(answer.plugin, f"kvbridge_resolve_family returned {type(answer.value).__name__} "
+                                        f"{answer.value!r:.60}, not a family adapter (missing {problem!r})")
+        return None  # pragma: no cover - every plugin disabled
+
     def describe(self, config: dict):
         """ModelSpec of a config mapping through its family adapter."""
         return self.adapter_for(config).describe(config)
@@ -296,25 +407,70 @@ class Host:
 
         from kvbridge.plugin_types import Finding
 
+        from kvbridge.plugin_types import VERDICTS
+
         out = []
         for outcome in self.call("kvbridge_check_compatibility", source=source, target=target):
             if outcome.error is not None:
                 found = [Finding("plugin", "warning", f"check failed: {outcome.error.split(': ', 1)[1]}")]
             else:
-                found = outcome.value or []
+                found = outcome.value if outcome.value is not None else []
+                bad = (f"{type(found).__name__} {found!r:.60}" if not isinstance(found, (list, tuple)) else
+                       next((f"an item {type(f).__name__} {f!r:.60}" for f in found
+                             if not isinstance(f, Finding) or f.verdict not in VERDICTS), None))
+                if bad is not None:
+                    self.disable(outcome.plugin, f"kvbridge_check_compatibility returned {bad}, not a list of "
+                                                 "Finding records with a known verdict")
+                    continue
             out.extend(replace(f, plugin=outcome.plugin) for f in found)
         return out
 
-    def register_commands(self, cli) -> None:
-        self.call("kvbridge_register_commands", cli=cli)
+    def register_commands(self, cli, reserved=()) -> None:
+        """Add the commands plugins register to ``cli``; a name that is a built-in command's (in ``reserved``
+        or already on ``cli``) or another plugin's is refused with a warning naming the plugin."""
+        import click
+
+        offered: list[tuple[str, str, Any]] = []
+
+        class Collector(click.Group):  # what a plugin sees as ``cli``: a real group that remembers who added what
+            def add_command(self, cmd, name=None):
+                offered.append((current_plugin() or "?", name or cmd.name, cmd))
+
+        self.call("kvbridge_register_commands", cli=Collector(name=getattr(cli, "name", None) or "kvbridge"))
+        taken = {n: "kvbridge" for n in (*reserved, *getattr(cli, "commands", {}))}
+        for plugin, name, cmd in offered:
+            if not isinstance(cmd, click.Command) or not isinstance(name, str) or not name:
+                self.disable(plugin, f"kvbridge_register_commands added {type(cmd).__name__} {cmd!r:.60}, "
+                                     "not a click command with a name")
+                continue
+            if name in taken:
+                record = self.record(plugin)
+                who = "the built-in command" if taken[name] == "kvbridge" else f"plugin {taken[name]!r}'s command"
+                problem = f"its command {name!r} would replace {who} (refused; the original is kept)"
+                if record is not None and record.error is None:
+                    record.error = problem
+                if record is not None:
+                    warn(record, problem)
+                continue
+            taken[name] = plugin
+            cli.add_command(cmd, name)
 
     def manifest_dirs(self) -> list:
-        """Folders published through ``kvbridge_manifest_dirs`` (a failing plugin is recorded)."""
+        """Folders published through ``kvbridge_manifest_dirs``: a path, a list of paths or None per
+        plugin; a failing plugin is recorded, one returning anything else is disabled."""
         from pathlib import Path
 
         out: list = []
         for outcome in self.call("kvbridge_manifest_dirs"):
+            if outcome.error is not None or outcome.value is None:
+                continue
             items = outcome.value if isinstance(outcome.value, (list, tuple)) else [outcome.value]
+            bad = [p for p in items if p is not None and not isinstance(p, (str, os.PathLike))]
+            if bad or not isinstance(outcome.value, (list, tuple, str, os.PathLike)):
+                shown = bad[0] if bad else outcome.value
+                self.disable(outcome.plugin, f"kvbridge_manifest_dirs returned {type(shown).__name__} {shown!r:.60}, "
+                                             "not a folder path or a list of them")
+                continue
             out.extend(Path(p) for p in items if p)
         return out
 
@@ -379,15 +535,16 @@ def make_host(*, builtins: bool = True, entry_points: bool = True,
 
     if entry_points:
         allow = _env_list("KVBRIDGE_LOAD_PLUGINS")
+        timeout = import_timeout()
         for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             if ep.name in disabled or (allow is not None and ep.name not in allow):
                 continue
             version = getattr(ep.dist, "version", "?") if ep.dist else "?"
-            try:
-                plugin = ep.load()
-            except Exception as exc:
-                records.append(PluginRecord(name=ep.name, version=version, builtin=False,
-                                            error=f"failed to import {ep.value}: {type(exc).__name__}: {exc}"))
+            plugin, error = _import_plugin(ep, timeout)
+            if error is not None:
+                record = PluginRecord(name=ep.name, version=version, builtin=False, error=error)
+                records.append(record)
+                warn(record, error)
                 continue
             add(ep.name, plugin, version, False)
 

@@ -160,14 +160,15 @@ def _load_smollm2_gguf(dtype=None):
     import os
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvbridge.models.hf_loader import model_from_pretrained, tokenizer_from_pretrained
 
     d = Path(os.environ.get("KVBRIDGE_SMOLLM2_DIR", "~/.cache/kvbridge/models/smollm2-135m-instruct")).expanduser()
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not (d / name).is_file():
         raise AdapterError(f"{d / name}: SmolLM2 GGUF not found", "run `make test` once to fetch it")
-    tok = AutoTokenizer.from_pretrained(str(d), gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(str(d), gguf_file=name, dtype=dtype or torch.float32)
+    tok = tokenizer_from_pretrained(d, gguf_file=name)
+    model = model_from_pretrained(d, gguf_file=name, dtype=dtype or torch.float32)
     model.eval()
     return model, tok
 

@@ -111,6 +111,8 @@ def weights_digest(folder: Path) -> str | None:
 
 def _plugin_manifest_dirs(host) -> list[Path]:
     """Folders that plugins publish through ``kvbridge_manifest_dirs`` (when the hook exists)."""
+    if host is not None and callable(getattr(host, "manifest_dirs", None)):
+        return list(host.manifest_dirs())  # the host's one collection point: results type-checked there
     hook = getattr(host.pm.hook, "kvbridge_manifest_dirs", None) if host is not None else None
     if hook is None:
         return []
@@ -224,6 +226,29 @@ def validate_spec(spec, config: Mapping, where: str) -> None:
                               f"fix {key!r} in the config")
 
 
+#: the largest value a real model's config gives each size field (beyond it a config is wrong, and building
+#: per-layer tables or the model would run out of memory or time before saying so)
+SIZE_LIMITS = {
+    "num_hidden_layers": 10_000, "n_layer": 10_000, "num_layers": 10_000, "n_layers": 10_000,
+    "num_attention_heads": 16_384, "n_head": 16_384, "num_key_value_heads": 16_384, "num_heads": 16_384,
+    "hidden_size": 1 << 20, "n_embd": 1 << 20, "d_model": 1 << 20, "head_dim": 1 << 16,
+    "intermediate_size": 1 << 24, "n_inner": 1 << 24, "vocab_size": 2**31 - 1,
+    "max_position_embeddings": 2**31 - 1, "n_positions": 2**31 - 1, "num_experts": 1 << 16,
+}
+
+
+def check_size_fields(config: Mapping, where: str, _depth: int = 0) -> None:
+    """Refuse a size field beyond :data:`SIZE_LIMITS` (also in ``text_config``), naming the field."""
+    for key, limit in SIZE_LIMITS.items():
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise ConfigError(f"{where}: field {key!r} is {value}, beyond any real model (at most {limit})",
+                              f"fix {key!r} in the config")
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and _depth < 2:
+        check_size_fields(text, f"{where} (text_config)", _depth + 1)
+
+
 def describe_config(config: Mapping, *, where: str = "config", host=None):
     """ModelSpec of a config mapping through the plugin host; every error names ``where``."""
     if host is None:
@@ -233,6 +258,7 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
     if not isinstance(config.get("model_type"), str) or not config.get("model_type"):
         raise ConfigError(f"{where}: field 'model_type' is missing",
                           "pass a Hugging Face config.json (every one has model_type)")
+    check_size_fields(config, where)
     try:
         try:
             adapter = host.adapter_for(dict(config))

@@ -11,7 +11,7 @@ import textwrap
 
 import click
 
-from kvbridge.cli.options import fmt_rope, fmt_value  # noqa: F401 - fmt_rope kept importable here
+from kvbridge.cli.options import fmt_rope, fmt_text, fmt_value  # noqa: F401 - fmt_rope kept importable here
 
 VERDICT_COLOURS = {"same": "green", "mappable": "yellow", "blocking": "red", "info": "cyan",
                    "warning": "magenta", "identity": "green", "rope-reapply": "green",
@@ -31,8 +31,8 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
     w_name = max(len(r[0]) for r in rows)
     w_src = min(col, max(len("source"), *(len(r[1]) for r in rows)))
     w_tgt = min(col, max(len("target"), *(len(r[2]) for r in rows)))
-    lines = [click.style(f"{report.source_name or report.source.model_type} -> "
-                         f"{report.target_name or report.target.model_type}", bold=True), ""]
+    lines = [click.style(fmt_text(f"{report.source_name or report.source.model_type} -> "
+                                  f"{report.target_name or report.target.model_type}"), bold=True), ""]
     head = f"  {'axis':<{w_name}}  {'source':<{w_src}}  {'target':<{w_tgt}}  verdict"
     lines.append(click.style(head, bold=True))
     wrapper = textwrap.TextWrapper(width=width, initial_indent=" " * (w_name + 4),

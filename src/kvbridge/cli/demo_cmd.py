@@ -6,6 +6,7 @@ import time
 
 import click
 
+from kvbridge.cli.numbers import SEED, THREADS, count
 from kvbridge.demo import SECTIONS
 
 PAIRS = ("tuned", "wide", "odd", "stranger")
@@ -19,26 +20,26 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
 @click.option("--skip-identity", is_flag=True, help="Leave out section 1.")
 @click.option("--skip-real", is_flag=True, help="Leave out section 3 (the real model).")
 @click.option("--families", default="", help="Comma-separated family adapters for section 1 (default: all built-in).")
-@click.option("--new-tokens", default=8, show_default=True, help="Greedy tokens generated per model (sections 1, 3).")
+@click.option("--new-tokens", type=count(1), default=8, show_default=True, help="Greedy tokens generated per model (sections 1, 3).")
 @click.option("--pairs", default=",".join(PAIRS), show_default=True, help="Zoo targets paired with base.")
 @click.option("--corpus", default=None, help="Corpus text (default: ../shared/corpora/tinyshakespeare.txt if present, "
                                              "else text sampled from the zoo models).")
 @click.option("--report", "report_dir", default="demo-report", show_default=True,
               help="Report folder ('' for none).")
-@click.option("--tokens", default=32768, show_default=True, help="Calibration tokens per fit.")
-@click.option("--top-k", default=4, show_default=True, help="Ridge: source layers per target layer.")
-@click.option("--stride", default=4, show_default=True, help="Calibration position stride.")
-@click.option("--samples", default=64, show_default=True, help="Held-out evaluation samples per pair.")
-@click.option("--prefix-len", default=64, show_default=True)
-@click.option("--continuation-len", default=8, show_default=True)
-@click.option("--greedy-tokens", default=16, show_default=True)
-@click.option("--bootstrap", default=1000, show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--tokens", type=count(1), default=32768, show_default=True, help="Calibration tokens per fit.")
+@click.option("--top-k", type=count(1), default=4, show_default=True, help="Ridge: source layers per target layer.")
+@click.option("--stride", type=count(1), default=4, show_default=True, help="Calibration position stride.")
+@click.option("--samples", type=count(2), default=64, show_default=True, help="Held-out evaluation samples per pair.")
+@click.option("--prefix-len", type=count(1), default=64, show_default=True)
+@click.option("--continuation-len", type=count(1), default=8, show_default=True)
+@click.option("--greedy-tokens", type=count(1), default=16, show_default=True)
+@click.option("--bootstrap", type=count(0), default=1000, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--no-identity-rows", is_flag=True,
               help="Section 2: skip the unfitted identity transfer of same-geometry pairs.")
 @click.option("--real-model", default="smollm2", show_default=True,
               help="Section 3: the real model reference (fetch smollm2 with `kvbridge models fetch`).")
-@click.option("--threads", default=1, show_default=True,
+@click.option("--threads", type=THREADS, default=1, show_default=True,
               help="torch threads for sections 1-2 (tiny models: 1 is as fast and immune to a busy machine); "
                    "section 3 uses torch's default.")
 def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens, pairs, corpus, report_dir, tokens,

@@ -9,7 +9,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import MODEL_REFS, kv_bytes_per_token  # noqa: F401 - kv_bytes_per_token kept here
+from kvbridge.cli.options import MODEL_REFS, fmt_text, kv_bytes_per_token  # noqa: F401 - kv_bytes_per_token kept here
 
 
 def describe_dict(resolved, spec, host) -> dict:
@@ -91,8 +91,8 @@ def _human(data: dict) -> str:
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
     width = max(len(k) for k, _ in rows)
-    lines = [click.style(data["name"], bold=True) + f"  ({data['kind']}: {data['path']})"]
-    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines = [click.style(fmt_text(data["name"]), bold=True) + f"  ({data['kind']}: {fmt_text(data['path'])})"]
+    lines += [f"  {k:<{width}}  {fmt_text(v)}" for k, v in rows]
     return "\n".join(lines)
 
 
@@ -146,7 +146,7 @@ def _list(host, as_json: bool) -> None:
     w = max([len("id")] + [len(r["id"]) for r in rows])
     click.echo(click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True))
     for r in rows:
-        click.echo(f"  {r['id']:<{w}}  {r['family']:<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
+        click.echo(f"  {fmt_text(r['id']):<{w}}  {fmt_text(r['family']):<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
                    f"  {r['head_dim']:>8}  {r['positional']}")
 
 

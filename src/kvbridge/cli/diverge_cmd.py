@@ -6,6 +6,7 @@ import json
 
 import click
 
+from kvbridge.cli.numbers import SHARE, count, real
 from kvbridge.cli.options import device_option, dtype_option
 
 
@@ -14,10 +15,10 @@ from kvbridge.cli.options import device_option, dtype_option
 @click.option("--guide", required=True, help="Guide text (restored from a pack on the split path), or @FILE.")
 @click.option("--prompt", required=True, help="Live prompt, or @FILE.")
 @click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
-@click.option("--seeds", default=8, show_default=True, type=click.IntRange(0), help="Sampled seeds 0..N-1.")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
-@click.option("--temperature", default=1.0, show_default=True, type=float)
-@click.option("--top-p", default=0.95, show_default=True, type=float)
+@click.option("--seeds", default=8, show_default=True, type=count(0, 1_000_000), help="Sampled seeds 0..N-1.")
+@click.option("--max-new-tokens", default=32, show_default=True, type=count(1))
+@click.option("--temperature", default=1.0, show_default=True, type=real(0, min_open=True))
+@click.option("--top-p", default=0.95, show_default=True, type=SHARE)
 @click.option("--greedy", is_flag=True, help="Greedy decoding only (no sampled seeds).")
 @click.option("--split", "split_kind", type=click.Choice(["safe", "naive"]), default="safe", show_default=True,
               help="Token layout of the split and concat paths.")

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from kvbridge.cli.numbers import SEED, SHARE, THREADS, count
 from kvbridge.cli.options import dtype_option
 
 def load_pair(source: str, target: str, *, dtype: str | None = None):
@@ -46,21 +47,21 @@ def metric_help() -> str:
               help="Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).")
 @click.option("--corpus", required=True, type=click.Path(exists=True),
               help="Text file, JSONL with 'text', or folder of .txt; samples come from its held-out tail.")
-@click.option("--samples", default=64, show_default=True, type=click.IntRange(2), help="Held-out samples.")
-@click.option("--prefix-len", default=64, show_default=True, type=click.IntRange(1), help="Cached prefix tokens P.")
-@click.option("--continuation-len", default=8, show_default=True, type=click.IntRange(1),
+@click.option("--samples", default=64, show_default=True, type=count(2), help="Held-out samples.")
+@click.option("--prefix-len", default=64, show_default=True, type=count(1), help="Cached prefix tokens P.")
+@click.option("--continuation-len", default=8, show_default=True, type=count(1),
               help="Continuation tokens C scored by teacher forcing from the cache.")
-@click.option("--greedy-tokens", default=16, show_default=True, type=click.IntRange(1),
+@click.option("--greedy-tokens", default=16, show_default=True, type=count(1),
               help="Greedy tokens G compared with native's (first divergence step).")
-@click.option("--heldout-fraction", default=0.1, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--heldout-fraction", default=0.1, show_default=True, type=SHARE,
               help="Share of the corpus (its end) that samples come from; fit on the rest.")
 @click.option("--conditions", default="all", show_default=True,
               help="Comma-separated conditions (native is always run).")
-@click.option("--bootstrap", default=1000, show_default=True, type=click.IntRange(0), help="Paired bootstrap resamples.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the bootstrap and the random control.")
-@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(1), help="Samples per forward.")
-@click.option("--top-k", default=5, show_default=True, type=click.IntRange(1), help="k of the top-k overlap.")
-@click.option("--top-p", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--bootstrap", default=1000, show_default=True, type=count(0), help="Paired bootstrap resamples.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap and the random control.")
+@click.option("--batch-size", default=16, show_default=True, type=count(1), help="Samples per forward.")
+@click.option("--top-k", default=5, show_default=True, type=count(1), help="k of the top-k overlap.")
+@click.option("--top-p", default=0.9, show_default=True, type=SHARE,
               help="Nucleus of the total-variation distance.")
 @click.option("--no-attention", is_flag=True, help="Skip the attention-output cosine.")
 @dtype_option
@@ -74,7 +75,7 @@ def metric_help() -> str:
               help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
 @click.option("--force", "force_alias", is_flag=True, hidden=True,
               help="Deprecated alias of --accept-fingerprint-mismatch.")
-@click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+@click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
 @click.option("--allow-overlap", is_flag=True,
               help="Evaluate even when the samples overlap the mapping's calibration text (refused by default).")
 @click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
@@ -94,9 +95,9 @@ def metric_help() -> str:
 @click.option("--recompute-select", type=click.Choice(("greedy", "profile", "prefix")), default="greedy",
               show_default=True, help="auto:X layer choice: greedy group search, single-layer profile ranking, "
                                       "or layers 0..K-1 (cheapest with --recompute-mode target).")
-@click.option("--recompute-group", default=1, show_default=True, type=click.IntRange(1),
+@click.option("--recompute-group", default=1, show_default=True, type=count(1),
               help="Layers per group in the greedy search.")
-@click.option("--calibration-samples", default=16, show_default=True, type=click.IntRange(1),
+@click.option("--calibration-samples", default=16, show_default=True, type=count(1),
               help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,

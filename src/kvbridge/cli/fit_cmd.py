@@ -7,6 +7,8 @@ import time
 
 import click
 
+from kvbridge.cli.numbers import Number, SEED, count, real
+
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -86,19 +88,19 @@ def option_values(pairs, **flags) -> dict:
               help="A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
                    "refused, values coerced to their types, e.g. -o top_k=2 -o alpha=auto (docs/plugins.md lists "
                    "each fitter's options).")
-@click.option("--top-k", default=None, type=int, help="Source layers per target layer (ridge, sklearn; default 4) = -o top_k=N.")
-@click.option("--seq-len", default=512, show_default=True, help="Tokens per calibration sequence.")
-@click.option("--tokens", default=None, type=int, help="Calibration tokens to read (default: the whole corpus).")
-@click.option("--stride", default=4, show_default=True, help="Keep every stride-th position of each sequence.")
-@click.option("--skip", default=0, show_default=True, help="Drop the first N positions of each sequence (attention sinks).")
+@click.option("--top-k", default=None, type=count(1), help="Source layers per target layer (ridge, sklearn; default 4) = -o top_k=N.")
+@click.option("--seq-len", type=count(2), default=512, show_default=True, help="Tokens per calibration sequence.")
+@click.option("--tokens", default=None, type=count(1), help="Calibration tokens to read (default: the whole corpus).")
+@click.option("--stride", type=count(1), default=4, show_default=True, help="Keep every stride-th position of each sequence.")
+@click.option("--skip", type=count(0), default=0, show_default=True, help="Drop the first N positions of each sequence (attention sinks).")
 @click.option("--alpha", default=None, help="Ridge strength, or 'auto' (chosen on the held-out split); default 0.01 = -o alpha=X.")
-@click.option("--heldout", default=0.1, show_default=True, help="Share of sequences held out for R² (and --alpha auto).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the position sampling and the held-out split.")
-@click.option("--batch-size", default=4, show_default=True, help="Sequences per forward pass.")
+@click.option("--heldout", type=real(), default=0.1, show_default=True, help="Share of sequences held out for R² (and --alpha auto).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the position sampling and the held-out split.")
+@click.option("--batch-size", type=Number(int), default=4, show_default=True, help="Sequences per forward pass.")
 @click.option("--estimator", default=None, help="sklearn fitter: 'module:Class' (e.g. sklearn.linear_model:RidgeCV) = -o estimator=X.")
 @click.option("--estimator-options", default=None, help="sklearn fitter: JSON options of the estimator.")
-@click.option("--max-samples", default=None, type=int, help="sklearn fitter: cap on materialised observations (default 100000).")
-@click.option("--memory", "memory_gib", default=None, type=float, help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).")
+@click.option("--max-samples", default=None, type=count(1), help="sklearn fitter: cap on materialised observations (default 100000).")
+@click.option("--memory", "memory_gib", default=None, type=real(0, min_open=True), help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).")
 @click.option("--dtype", default="float32", type=click.Choice(DTYPES), show_default=True, help="Dtype to load the models in.")
 @click.option("--resume", is_flag=True, help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
                                           "and continue an interrupted fit from them.")
@@ -108,7 +110,7 @@ def option_values(pairs, **flags) -> dict:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the resource plan (statistics memory, blocking, artifact "
               "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.")
-@click.option("--device-flops", default=None, type=float, help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.")
+@click.option("--device-flops", default=None, type=real(0, min_open=True), help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.")
 @click.option("--calibrate", "plan_device", default=None, metavar="DEVICE", help="--plan: measure the rates of each part "
               "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
               "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.")

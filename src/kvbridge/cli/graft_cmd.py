@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from kvbridge.cli.numbers import SEED, count
+
 
 @click.group("graft")
 def graft() -> None:
@@ -19,12 +21,12 @@ def graft() -> None:
     """
 
 
-def _ids(tok, text, special):
+def _ids(tok, text, special, what: str = "text"):
     import torch
 
     from kvbridge.prefix.splits import read_text_arg
 
-    ids = tok(read_text_arg(text, "text"), add_special_tokens=special)["input_ids"]
+    ids = tok(read_text_arg(text, what), add_special_tokens=special)["input_ids"]
     return torch.tensor([ids], dtype=torch.long)
 
 
@@ -36,7 +38,7 @@ def _ids(tok, text, special):
               help="A prefix pack (kvbridge pack save) to graft instead of --chunk.")
 @click.option("--prompt", required=True, help="Text (or @FILE) that follows the chunk; the model continues it.")
 @click.option("--recompute-tokens", "ratio", default="0%", show_default=True, help="Share of chunk tokens recomputed.")
-@click.option("--max-new-tokens", default=24, show_default=True, type=click.IntRange(1))
+@click.option("--max-new-tokens", default=24, show_default=True, type=count(1))
 @click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16")), show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtype, as_json):
@@ -53,14 +55,18 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     r = parse_ratio(ratio)
     m, tok, name = load_one(model, dtype=dtype)
     ad = _adapter(m)
-    ctx = _ids(tok, context, True)
+    ctx = _ids(tok, context, True, "context")
     if pack_dir:
         from kvbridge.prefix.packs import load_pack
 
         chunk_state = load_pack(pack_dir, m, tokenizer=tok).state
     else:
-        chunk_state = prepare_chunk(m, _ids(tok, chunk, False))
-    live = _ids(tok, prompt, False)
+        chunk_state = prepare_chunk(m, _ids(tok, chunk, False, "chunk"))
+    live = _ids(tok, prompt, False, "prompt")
+    from kvbridge.cli.numbers import check_generation_length, max_positions_of
+
+    check_generation_length(ctx.shape[1] + chunk_state.num_tokens + live.shape[1], max_new_tokens, max_positions_of(m),
+                            prompt_flag="--context + --chunk + --prompt")
     ctx_state = ad.extract(m, ctx)
     grafted = do_graft(ctx_state, chunk_state)
     res = blend(m, grafted, ctx_state.num_tokens, r)
@@ -107,16 +113,16 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
 @graft.command("eval")
 @click.argument("model")
 @click.option("--corpus", required=True, type=click.Path(exists=True), help="Text corpus; samples from its last 10%.")
-@click.option("--samples", default=32, show_default=True, type=click.IntRange(2))
-@click.option("--context-len", default=64, show_default=True, type=click.IntRange(1))
-@click.option("--chunk-len", default=64, show_default=True, type=click.IntRange(1))
-@click.option("--continuation-len", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--samples", default=32, show_default=True, type=count(2))
+@click.option("--context-len", default=64, show_default=True, type=count(1))
+@click.option("--chunk-len", default=64, show_default=True, type=count(1))
+@click.option("--continuation-len", default=16, show_default=True, type=count(1))
 @click.option("--ratios", default="5%,15%,30%,100%", show_default=True, help="Shares of chunk tokens recomputed.")
 @click.option("--controls", default="random,no_reposition,shuffled", show_default=True)
-@click.option("--check-layer", default=1, show_default=True, type=click.IntRange(0))
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--bootstrap", default=1000, show_default=True, type=click.IntRange(0))
-@click.option("--seed", default=0, show_default=True)
+@click.option("--check-layer", default=1, show_default=True, type=count(0))
+@click.option("--batch-size", default=8, show_default=True, type=count(1))
+@click.option("--bootstrap", default=1000, show_default=True, type=count(0))
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16")), show_default=True)
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write graft.md, graft.json and graft.png here.")

@@ -79,7 +79,14 @@ class LazyGroup(click.Group):
             ctx.exit(err.exit_code)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        """Like click's, with the group's own usage errors (``kvbridge --bogus``) as one line."""
+        """Like click's, with the group's own usage errors (``kvbridge --bogus``) as one line, and
+        every byte written through the output guard (:mod:`kvbridge.cli.output`)."""
+        from kvbridge.cli.output import guarded_output
+
+        with guarded_output():
+            return self._main(args, prog_name, complete_var, standalone_mode, **extra)
+
+    def _main(self, args, prog_name, complete_var, standalone_mode, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -130,7 +137,7 @@ def build_cli() -> click.Group:
         try:
             from kvbridge.plugins import get_host
 
-            get_host().register_commands(cli)
+            get_host().register_commands(cli, reserved=tuple(COMMANDS))
         except KVBridgeError as exc:
             click.echo(f"error: {exc.one_line()}", err=True)
             sys.exit(exc.exit_code)

@@ -4,7 +4,8 @@ Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`; the t
 command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading: :func:`load_model`
 (:func:`kvbridge.models.load` with the command line's dtype/device) and
 :func:`shared_tokenizer` (a pair's tokenizer check). Formatters: :func:`fmt_rope`,
-:func:`fmt_value`, :func:`kv_bytes_per_token`. Importing this module imports click only.
+:func:`fmt_value`, :func:`fmt_text` (strings from files, control characters escaped),
+:func:`kv_bytes_per_token`. Importing this module imports click only.
 """
 
 from __future__ import annotations
@@ -191,13 +192,23 @@ def fmt_rope(value: Any) -> str:
 
 def fmt_value(name: str, value: Any) -> str:
     """One cell of a report table."""
+    from kvbridge.safe_text import escape
+
     if name == "rope":
-        return fmt_rope(value)
+        return escape(fmt_rope(value))
     if value is None:
         return "-"
     if isinstance(value, (dict, list)):
-        return json.dumps(value, default=str)
-    return str(value)
+        return json.dumps(value, default=str)  # ensure_ascii: controls come out as \u escapes
+    return escape(value)
+
+
+def fmt_text(value: Any) -> str:
+    """A string from a file or a plugin (a model name, a manifest field), control characters escaped,
+    newlines included: one value stays on its line (:func:`kvbridge.safe_text.escape`)."""
+    from kvbridge.safe_text import escape
+
+    return escape(value)
 
 
 def fmt_bytes(n: int) -> str:
@@ -210,4 +221,4 @@ def fmt_bytes(n: int) -> str:
 
 __all__ = ["MODEL_REFS", "DTYPE_CHOICES", "dtype_option", "device_option", "json_option", "load_model",
            "shared_tokenizer", "open_tokenizer", "tokenizer_identity", "open_model_session", "open_guide_session", "read_guide_and_prompt",
-           "unescape", "revision_of", "kv_bytes_per_token", "fmt_rope", "fmt_value", "fmt_bytes"]
+           "unescape", "revision_of", "kv_bytes_per_token", "fmt_rope", "fmt_value", "fmt_text", "fmt_bytes"]

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import device_option, dtype_option
+from kvbridge.cli.options import device_option, dtype_option, fmt_text
 
 
 @click.group("pack")
@@ -72,6 +72,7 @@ def info(folder: str, as_json: bool) -> None:
                               ensure_ascii=False))
         return
     m, g = manifest["model"], manifest["guide"]
+    m = {k: fmt_text(v) if isinstance(v, str) else v for k, v in m.items()}  # file text: controls escaped
     rev = f"@{m['revision']}" if m.get("revision") else ""
     text = g.get("text") or ""
     click.echo(f"pack {folder} (schema {manifest['schema_version']}, kvbridge {manifest['kvbridge_version']})")
@@ -79,7 +80,8 @@ def info(folder: str, as_json: bool) -> None:
                f"heads x {m['head_dim']})")
     click.echo(f"  weights    sha256:{m['weights_fingerprint'][:16]}  config sha256:{m['config_fingerprint'][:16]}")
     tfp = manifest["tokenizer"].get("fingerprint")
-    click.echo(f"  tokenizer  {'sha256:' + tfp[:16] if tfp else 'not recorded'} ({manifest['tokenizer'].get('kind', '')})")
+    click.echo(f"  tokenizer  {'sha256:' + fmt_text(tfp[:16]) if tfp else 'not recorded'} "
+               f"({fmt_text(manifest['tokenizer'].get('kind', ''))})")
     click.echo(f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
                f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}")
     pos = manifest["positional"]

@@ -6,6 +6,7 @@ import time
 
 import click
 
+from kvbridge.cli.numbers import count
 from kvbridge.cli.options import dtype_option
 
 
@@ -13,8 +14,8 @@ from kvbridge.cli.options import dtype_option
 @click.argument("source")
 @click.argument("target")
 @click.option("--mapping", "mapping_dir", required=True, type=click.Path(), help="Mapping folder from `kvbridge fit`.")
-@click.option("--prompt", required=True, help="Prompt text; SOURCE prefills it, TARGET continues.")
-@click.option("--max-new-tokens", default=32, show_default=True, help="Tokens TARGET generates (greedy).")
+@click.option("--prompt", required=True, help="Prompt text (or @FILE); SOURCE prefills it, TARGET continues.")
+@click.option("--max-new-tokens", type=count(1), default=32, show_default=True, help="Tokens TARGET generates (greedy).")
 @click.option("--compare/--no-compare", default=False, show_default=True,
               help="Also run TARGET natively: token agreement, next-token KL and timings.")
 @dtype_option
@@ -50,6 +51,10 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer as run_transfer
 
+    from kvbridge.cli.numbers import check_generation_length, max_positions_of
+    from kvbridge.prefix.splits import read_text_arg
+
+    prompt = read_text_arg(prompt, "prompt")  # @FILE, and text that is not UTF-8 refused naming --prompt
     host = get_host()
     src, tgt = resolve(source, host=host), resolve(target, host=host)
     tok_fp = shared_tokenizer(src, tgt)
@@ -65,6 +70,8 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
     if ids.shape[1] < 2:
         raise ConfigError("the prompt gives fewer than 2 tokens: there is no prefix to transfer",
                           "pass a longer --prompt")
+    check_generation_length(ids.shape[1], 0, max_positions_of(smodel))  # SOURCE prefills the prompt
+    check_generation_length(ids.shape[1], max_new_tokens, max_positions_of(tmodel))  # TARGET continues it
     sad = host.adapter_for(smodel.config.to_dict())
     with torch.no_grad():
         t0 = time.perf_counter()

@@ -200,9 +200,9 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
 
 def tiny_config_dict(model_type: str) -> dict:
     """A tiny config mapping of ``model_type`` (as ``PretrainedConfig.to_dict()`` writes it)."""
-    from transformers import AutoConfig
+    from kvbridge.models.hf_loader import config_for_model
 
-    base = AutoConfig.for_model(model_type, **CONFIG_KWARGS.get(model_type, {})).to_dict()
+    base = config_for_model(model_type, **CONFIG_KWARGS.get(model_type, {})).to_dict()
     if model_type in CAUSAL_SUBCONFIG:
         base = base[CAUSAL_SUBCONFIG[model_type]]
     data = shrink(base, model_type)
@@ -220,10 +220,11 @@ def tiny_config_dict(model_type: str) -> dict:
 def build(data: dict, seed: int = 0):
     """The tiny model (float32, eval mode) of a config mapping."""
     import torch
-    from transformers import AutoConfig
+
+    from kvbridge.models.hf_loader import config_for_model
 
     cfg = {k: v for k, v in data.items() if k != "model_type"}
-    obj = AutoConfig.for_model(data["model_type"], **cfg)
+    obj = config_for_model(data["model_type"], **cfg)
     torch.manual_seed(seed)
     try:
         return _from_config(obj)
@@ -238,10 +239,11 @@ def build(data: dict, seed: int = 0):
 
 def _from_config(obj):
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from kvbridge.models.hf_loader import model_from_config
 
     try:
-        return AutoModelForCausalLM.from_config(obj, dtype=torch.float32).eval()
+        return model_from_config(obj, dtype=torch.float32).eval()
     except ValueError:  # a decoder sub-config (musicgen_decoder): the registry class that takes it
         cls = _causal_class_of(type(obj))
         if cls is None:

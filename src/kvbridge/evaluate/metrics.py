@@ -237,7 +237,7 @@ class LoadedMetric:
 def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
     """The metrics registered with the host, built-ins in catalog order, then the others by name."""
     from kvbridge.errors import PluginError
-    from kvbridge.plugin_types import loaded
+    from kvbridge.plugin_types import load_registered
     from kvbridge.plugins import get_host
 
     host = host or get_host()
@@ -252,7 +252,7 @@ def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
         if name not in items:
             raise PluginError(f"unknown metric {name!r}", f"available: {', '.join(sorted(items))}")
         m, plugin = items[name], reg.owner.get(name, "")
-        out.append(LoadedMetric(m.name, loaded("metric", m.name, m.load(), plugin), bool(m.higher_is_better),
+        out.append(LoadedMetric(m.name, load_registered("metric", m.name, m, plugin), bool(m.higher_is_better),
                                 m.description, plugin))
     order = {n: i for i, n in enumerate(BUILTIN)}
     return sorted(out, key=lambda m: (order.get(m.name, len(order)), m.name))

@@ -66,9 +66,9 @@ class Provenance:
 def load_fitter(host, name: str):
     """The fitter instance registered as ``name`` (a one-line error with suggestions otherwise);
     the loaded class is checked against :class:`~kvbridge.fit.protocol.FitterProtocol`."""
-    from kvbridge.plugin_types import loaded
+    from kvbridge.plugin_types import load_registered
 
-    cls = loaded("fitter", name, host.fitter(name).load(), host.owner("fitter", name))
+    cls = load_registered("fitter", name, host.fitter(name), host.owner("fitter", name))
     return cls() if isinstance(cls, type) else cls
 
 

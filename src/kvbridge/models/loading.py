@@ -10,7 +10,7 @@ Dtype policy (the same for every command and the Python API):
 - ``"float32"``, ``"bfloat16"``, ``"float16"``: that dtype (a GGUF is dequantized, then cast).
 
 Nothing is downloaded (``local_files_only``); no code shipped with a model is executed
-(``trust_remote_code`` is never set).
+(:mod:`kvbridge.models.hf_loader` sets ``trust_remote_code=False`` and refuses ``auto_map`` folders).
 """
 
 from __future__ import annotations
@@ -104,11 +104,14 @@ def _one_line(exc: BaseException) -> str:
 def load_tokenizer_of(ref: ModelRef):
     """The tokenizer of a resolved reference (the GGUF's own, or the folder's files), offline."""
     if ref.gguf_file:
-        transformers = _quiet()
+        from kvbridge.models.hf_loader import RemoteCodeError, tokenizer_from_pretrained
+
+        _quiet()
         path = Path(ref.gguf_file)
         try:
-            return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              local_files_only=True)
+            return tokenizer_from_pretrained(path.parent, gguf_file=path.name)
+        except RemoteCodeError:
+            raise
         except Exception as exc:  # noqa: BLE001 - transformers raises many kinds here
             raise ConfigError(f"{path}: cannot read the tokenizer ({_one_line(exc)})",
                               "the GGUF needs tokenizer.ggml.* metadata (re-convert it with llama.cpp)") from None
@@ -129,13 +132,28 @@ def require_weights(ref: ModelRef) -> None:
                           "model in the Hugging Face cache")
 
 
+def require_folder(ref: ModelRef) -> None:
+    """Weights load from a model folder or a .gguf file: a reference given as another file (a
+    ``config.json``, a ``tokenizer.json``, a weight file) is refused naming it."""
+    given = Path(str(ref.ref)).expanduser()
+    try:
+        is_file = given.is_file()
+    except (OSError, ValueError):
+        return
+    if is_file and given.suffix != ".gguf":
+        raise ConfigError(f"{given} is a file; loading a model needs its folder (or a .gguf file)",
+                          f"pass the model folder {given.parent}")
+
+
 def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
     """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
     require_weights(ref)
     import torch
 
-    transformers = _quiet()
-    kwargs: dict = {"local_files_only": True, "dtype": getattr(torch, dtype)}
+    from kvbridge.models.hf_loader import RemoteCodeError, model_from_pretrained
+
+    _quiet()
+    kwargs: dict = {"dtype": getattr(torch, dtype)}
     if ref.gguf_file:
         from kvbridge.models.gguf import unsupported_types
 
@@ -149,7 +167,9 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
         folder = ref.folder
     try:
         with _no_gguf_progress(bool(ref.gguf_file)):
-            model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+            model = model_from_pretrained(folder, **kwargs)
+    except RemoteCodeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, KeyError, safetensors errors ...
         where = ref.gguf_file or ref.folder
         from kvbridge.errors import InternalError, from_exception
@@ -178,6 +198,9 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
     resolved = resolve(ref, host=host)
     name = dtype_for(resolved, dtype)
     require_weights(resolved)
+    require_folder(resolved)
+    if resolved.config:  # the config's own errors (KV heads, absurd sizes) named by field, before any weight is read
+        resolved.spec(host)
     tok = load_tokenizer_of(resolved) if tokenizer else None
     model = load_weights(resolved, name, device)
     config = model.config.to_dict()

@@ -33,7 +33,7 @@ REQUIRED = {
 
 #: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
 NESTED_REQUIRED = {
-    "model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
+    "model.id": str, "model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
     "model.config_fingerprint": str, "model.weights_fingerprint": str, "model.spec_fingerprint": str,
     "guide.token_ids": list, "guide.num_tokens": int, "positions.start": int, "positions.stop": int,
     "positional.kind": str, "cache_format.cache_class": str, "cache_format.layout": str,

@@ -134,12 +134,15 @@ def load_tokenizer(path: str | Path):
         raise TokenizerError(f"{path} is not a tokenizer file",
                              "pass a tokenizer.json, vocab.json (+ merges.txt) or tokenizer.model")
     folder = path
+    from kvbridge.models.hf_loader import refuse_remote_code, tokenizer_from_pretrained
+
+    refuse_remote_code(folder)  # a folder naming its own tokenizer code is refused, never run nor bypassed
     names = {p.name for p in folder.iterdir()}
     errors: list[str] = []
     if names & {"tokenizer_config.json", "config.json"} and names & {"tokenizer.json", "vocab.json", "tokenizer.model"}:
-        transformers = _quiet_transformers()
+        _quiet_transformers()
         try:
-            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            return tokenizer_from_pretrained(folder)
         except Exception as exc:  # noqa: BLE001 - fall back to the file-level readers below
             errors.append(f"AutoTokenizer: {' '.join(str(exc).split())[:120]}")
     if "tokenizer.json" in names:

@@ -23,12 +23,13 @@ def load_one(ref: str, *, dtype: str = "float32"):
     except ImportError:
         pass
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from kvbridge.models.hf_loader import model_from_pretrained, tokenizer_from_pretrained
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    kw = {"local_files_only": True, "dtype": getattr(torch, dtype)}
+    kw = {"dtype": getattr(torch, dtype)}
     if ref.startswith("zoo:"):
         from kvbridge.zoo.load import load_zoo_model
 
@@ -46,11 +47,11 @@ def load_one(ref: str, *, dtype: str = "float32"):
                              "pass a local model folder, a .gguf file, smollm2 or zoo:base")
     try:
         if gguf:
-            model = AutoModelForCausalLM.from_pretrained(str(path), gguf_file=gguf, **kw)
-            tok = AutoTokenizer.from_pretrained(str(path), gguf_file=gguf, local_files_only=True)
+            model = model_from_pretrained(path, gguf_file=gguf, **kw)
+            tok = tokenizer_from_pretrained(path, gguf_file=gguf)
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
-            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            model = model_from_pretrained(path, **kw)
+            tok = tokenizer_from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise RecomputeError(f"{ref}: cannot load ({' '.join(str(exc).split())[:160]})",
                              "pass a folder written by save_pretrained or a .gguf file") from None

@@ -195,10 +195,10 @@ def check_defaults(adapter, model_type: str | None = None) -> list[str]:
     AssertionError naming the facts that differ (a wrong default RoPE theta, window, KV heads ...);
     returns the keys compared.
     """
-    from transformers import AutoConfig
+    from kvbridge.models.hf_loader import config_for_model
 
     model_type = model_type or adapter.model_types[0]
-    full = AutoConfig.for_model(model_type).to_dict()
+    full = config_for_model(model_type).to_dict()
     full = {k: v for k, v in full.items() if v is not None or k in ("sliding_window", "rope_scaling")}
     required = ("num_hidden_layers", "n_layer", "num_attention_heads", "n_head", "hidden_size", "n_embd", "n_embed")
     minimal = {k: full[k] for k in ("model_type", *required) if k in full}

@@ -52,12 +52,12 @@ def known_model_types() -> frozenset:
 
 def hf_configs(config: Mapping) -> tuple[Any, Any]:
     """(the transformers config object, its decoder text config) of a config mapping."""
-    from transformers import AutoConfig
+    from kvbridge.models.hf_loader import config_for_model
 
     data = {k: v for k, v in dict(config).items() if k not in ("transformers_version", "architectures")}
     model_type = data.pop("model_type")
     try:
-        obj = AutoConfig.for_model(model_type, **data)
+        obj = config_for_model(model_type, **data)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise ConfigError(f"transformers cannot read this {model_type!r} config: {type(exc).__name__}: {exc}",
                           "compare the config with the model's published config.json") from None
@@ -263,11 +263,11 @@ class GenericAdapter(FamilyAdapter):
     # -- model side -------------------------------------------------------------------------
     def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
         import torch
-        from transformers import AutoModelForCausalLM
+        from kvbridge.models.hf_loader import model_from_config
 
         torch.manual_seed(seed)
         obj, _ = hf_configs(config)
-        return AutoModelForCausalLM.from_config(obj, dtype=getattr(torch, dtype)).eval()
+        return model_from_config(obj, dtype=getattr(torch, dtype)).eval()
 
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
         from kvbridge.builtin.families import _hf_cache

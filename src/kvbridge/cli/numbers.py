@@ -1,0 +1,126 @@
+"""The one validation layer for numeric command-line flags.
+
+Every integer or real option of every command has a :class:`Number` type (a test walks the
+command tree to keep it so). At parse time, before any file is read or model loaded, a value that
+is not a number of the right kind (``abc``, ``1.5`` for an integer, ``1e3`` for an integer), NaN or
+infinite, zero or negative where the flag needs a count, or beyond the flag's largest sensible
+value (:data:`HUGE` for counts unless the flag says less) is a one-line usage error naming the flag
+(``error: Invalid value for '--max-new-tokens': 0 is below the minimum 1 ... (fix: see ...)``,
+exit 2). Checks that need the model (a length against its maximum positions) come later, in the
+commands, and name the flag too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import click
+
+#: the largest count any flag takes unless it says less (beyond it, sizes overflow tensors and int32 indices)
+HUGE = 2**31 - 1
+#: seeds: what numpy and torch both take
+MAX_SEED = 2**32 - 1
+_INT_TEXT = re.compile(r"[+-]?\d+")
+
+
+class Number(click.ParamType):
+    """An integer (``kind=int``) or finite real (``kind=float``) within ``[min, max]`` (open ends with
+    ``min_open`` / ``max_open``)."""
+
+    def __init__(self, kind: type = int, min: float | None = None, max: float | None = None, *,  # noqa: A002
+                 min_open: bool = False, max_open: bool = False):
+        self.kind = kind
+        self.min, self.max = min, (HUGE if max is None and kind is int else max)
+        self.min_open, self.max_open = min_open, max_open
+        self.name = "integer" if kind is int else "number"
+
+    def _parse(self, value):
+        if isinstance(value, bool):
+            return None
+        if self.kind is int:
+            if isinstance(value, int):
+                return value
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            text = str(value).strip()
+            return int(text) if _INT_TEXT.fullmatch(text) and len(text) < 40 else None
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return float(str(value).strip())
+        except (ValueError, OverflowError):
+            return None
+
+    def describe_range(self) -> str:
+        lo = "" if self.min is None else (f">{'' if self.min_open else '='} {self.min:g}")
+        hi = "" if self.max is None else (f"<{'' if self.max_open else '='} {self.max:g}")
+        return " and ".join(x for x in (lo, hi) if x)
+
+    def convert(self, value, param, ctx):
+        number = self._parse(value)
+        if number is None:
+            self.fail(f"{value!r} is not {'an integer' if self.kind is int else 'a number'}", param, ctx)
+        if self.kind is float and not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        low = self.min is not None and (number <= self.min if self.min_open else number < self.min)
+        high = self.max is not None and (number >= self.max if self.max_open else number > self.max)
+        if low or high:
+            self.fail(f"{value!r} is out of range: it must be {self.describe_range()}", param, ctx)
+        return number
+
+    def get_metavar(self, param, ctx=None):  # noqa: D102 - click API (ctx added in click 8.2)
+        return "INTEGER" if self.kind is int else "FLOAT"
+
+    def __repr__(self) -> str:
+        return f"Number({self.kind.__name__}, {self.describe_range()})"
+
+
+def count(min: int = 1, max: int | None = None) -> Number:  # noqa: A002
+    """A whole number >= ``min`` (default 1) and <= ``max`` (default :data:`HUGE`)."""
+    return Number(int, min, max)
+
+
+def real(min: float | None = None, max: float | None = None, *, min_open: bool = False,  # noqa: A002
+         max_open: bool = False) -> Number:
+    """A finite real number in the given range."""
+    return Number(float, min, max, min_open=min_open, max_open=max_open)
+
+
+#: ``--seed``: 0 .. 2**32-1
+SEED = Number(int, 0, MAX_SEED)
+#: ``--threads``: 1 .. 1024
+THREADS = Number(int, 1, 1024)
+#: shares in (0, 1]
+SHARE = real(0, 1, min_open=True)
+#: shares in (0, 1) (held-out fractions: some data must stay on each side)
+OPEN_SHARE = real(0, 1, min_open=True, max_open=True)
+
+
+def max_positions_of(model) -> int | None:
+    """``max_position_embeddings`` of a loaded model's (text) config, when it has one."""
+    config = getattr(model, "config", None)
+    get_text = getattr(config, "get_text_config", None)
+    text = get_text() if callable(get_text) else config
+    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_generation_length(prompt_tokens: int, max_new_tokens: int, max_positions: int | None,
+                            *, flag: str = "--max-new-tokens", prompt_flag: str = "--prompt") -> None:
+    """Refuse a prompt (and continuation) beyond the model's maximum positions, naming the flag."""
+    from kvbridge.errors import KVBridgeError
+
+    if not max_positions:
+        return
+    if prompt_tokens > max_positions:
+        raise KVBridgeError(f"{prompt_flag} is {prompt_tokens} tokens, beyond the model's maximum positions "
+                            f"({max_positions})", f"shorten {prompt_flag}")
+    if prompt_tokens + max_new_tokens > max_positions:
+        raise KVBridgeError(f"{flag} {max_new_tokens} after a {prompt_tokens}-token prompt goes beyond the model's "
+                            f"maximum positions ({max_positions})",
+                            f"use {flag} {max(1, max_positions - prompt_tokens)} or less, or a shorter prompt")
+
+
+__all__ = ["Number", "count", "real", "HUGE", "MAX_SEED", "SEED", "THREADS", "SHARE", "OPEN_SHARE",
+           "check_generation_length", "max_positions_of"]
