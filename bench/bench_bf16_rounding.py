@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from kvbridge.fit import fit
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)

@@ -116,7 +116,7 @@ def test_env_allow_list_and_block_list(monkeypatch):
 def test_trace_env_writes_hook_calls(monkeypatch, capsys):
     monkeypatch.setenv("KVBRIDGE_TRACE_PLUGINS", "1")
     host = plugins_mod.make_host(entry_points=False)
-    host.pm.hook.kvbridge_resolve_family(config={"model_type": "x"})
+    host.pm.hook.kvbridge_resolve_family(config={"model_type": "x"}, families={})
     assert "kvbridge_resolve_family" in capsys.readouterr().err
 
 

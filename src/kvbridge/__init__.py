@@ -11,7 +11,7 @@ functions that need them, so config-only commands start fast.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from kvbridge.version import __version__  # noqa: E402
 
 from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 

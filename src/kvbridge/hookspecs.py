@@ -25,7 +25,7 @@ ever gain arguments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import pluggy
 
@@ -74,15 +74,19 @@ def kvbridge_register_families(register: Callable[[FamilyAdapter], None]) -> Non
 
 
 @hookspec(firstresult=True)
-def kvbridge_resolve_family(config: dict) -> FamilyAdapter | None:
+def kvbridge_resolve_family(config: dict, families: Mapping[str, FamilyAdapter]) -> FamilyAdapter | None:
     """Claim a model type that no registered adapter lists.
 
     :param config: the model's config mapping (``config["model_type"]`` is the type).
+    :param families: the registered adapters by model type, read-only (an implementation may take
+        only ``config``).
     :returns: a :class:`kvbridge.adapter.FamilyAdapter` to handle it, or ``None`` to pass.
 
     Called only when no adapter lists the type; the first non-``None`` answer wins (pluggy's
     ``firstresult``: ``tryfirst`` implementations are asked first). Without a claim, kvbridge
-    refuses the model with a one-line error.
+    refuses the model with a one-line error. kvbridge's own fallback (multimodal wrappers around a
+    known text decoder, then transformers' config classes through the generic adapter) is an
+    implementation of this hook marked ``trylast``.
 
     Example::
 

@@ -8,7 +8,8 @@ are documented in :mod:`kvbridge.hookspecs` and ``docs/plugins.md``:
 - :class:`Fitter`, a lazy record of a class following :class:`kvbridge.fit.protocol.FitterProtocol`
   (``kvbridge_register_fitters``),
 - :class:`Metric`, a lazy record of a function following :class:`MetricFunction`
-  (``kvbridge_register_metrics``).
+  (``kvbridge_register_metrics``),
+- :class:`ModelSource`, a reference scheme ``NAME:REST`` (``kvbridge_register_model_sources``).
 
 :func:`check_registration` is what the host runs on every registered object: an object that
 does not follow its protocol is refused with a one-line error naming the plugin and the
@@ -27,6 +28,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.check.spec import RopeSpec
 
 VERDICTS = ("same", "mappable", "blocking", "info", "warning")
+#: a model-source scheme name (``myhub`` in ``myhub:REST``)
+SCHEME_RE = __import__("re").compile(r"^[a-z][a-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A reference scheme: ``resolver(rest)`` turns ``NAME:REST`` into a local path or a ModelRef."""
+
+    name: str
+    resolver: Callable[[str], Any]
+    description: str = ""
+    plugin: str = "kvbridge"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import importlib
+models_resolve = importlib.import_module("kvbridge.models.resolve")
 from kvbridge.check import compat, sources
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Finding
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def spec_of(configs: Path, name: str, host):
-    return sources.resolve(str(configs / name), host=host).spec(host)
+    return models_resolve.resolve(str(configs / name), host=host).spec(host)
 
 
 def check(a, b, host, **kw):

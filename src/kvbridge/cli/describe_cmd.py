@@ -173,7 +173,7 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     """
     from kvbridge.errors import ConfigError
     from kvbridge.plugins import get_host
-    from kvbridge.check.sources import resolve
+    from kvbridge.models.resolve import resolve
 
     host = get_host()
     if list_models:

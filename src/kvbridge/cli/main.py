@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from kvbridge import __version__
+from kvbridge.version import __version__
 from kvbridge.errors import KVBridgeError, from_exception
 
 #: built-in commands, imported on use

@@ -86,7 +86,7 @@ def open_tokenizer(ref: str):
 
     path = Path(ref).expanduser()
     if path.exists() and path.suffix != ".gguf" and not (path.is_dir() and any(path.glob("*.gguf"))):
-        from kvbridge.prefix.splits import load_tokenizer
+        from kvbridge.models.tokenizer_load import load_tokenizer
 
         return load_tokenizer(path)
     return load_tokenizer_of(resolve(ref))

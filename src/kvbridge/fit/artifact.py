@@ -71,7 +71,7 @@ def rope_config(spec) -> dict | None:
 
 
 def _versions() -> dict:
-    from kvbridge import __version__
+    from kvbridge.version import __version__
 
     out = {"kvbridge_version": __version__}
     for mod in ("transformers", "torch"):

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge import __version__
+from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
 from kvbridge.models.fingerprint import model_id_revision as model_identity
