@@ -333,11 +333,13 @@ def test_every_hook_goes_through_the_error_record():
             return ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
 
     host = plugins_mod.make_host(entry_points=False, extra=[("broken", Broken()), ("fine", Fine())])
-    dirs = host.manifest_dirs()
-    assert [str(d) for d in dirs] == ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
+    from kvbridge.check.sources import REPO_MANIFESTS
+
+    dirs = host.manifest_dirs()  # kvbridge's own folder comes first (a built-in, tryfirst), then plugins'
+    assert [str(d) for d in dirs] == [str(REPO_MANIFESTS), "/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
     assert host.record("broken").error == "kvbridge_manifest_dirs failed: OSError: disk on fire"
     # a direct pm.hook call gets the same guard (kvbridge.check.sources calls it that way)
-    assert host.pm.hook.kvbridge_manifest_dirs() == [["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]]
+    assert host.pm.hook.kvbridge_manifest_dirs() == [[REPO_MANIFESTS], ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]]
 
     class BrokenCommands:
         @hookimpl

@@ -52,6 +52,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.families",
     "kvbridge.builtin.family_fallback",
     "kvbridge.builtin.model_sources",
+    "kvbridge.builtin.manifests",
     "kvbridge.builtin.rope_variants",
     "kvbridge.builtin.identity",
     "kvbridge.builtin.compat_checks",

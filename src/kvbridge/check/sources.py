@@ -99,10 +99,14 @@ def _plugin_manifest_dirs(host) -> list[Path]:
 
 
 def manifest_dirs(host=None) -> list[Path]:
-    """Where manifest records are read from, in priority order (first match wins)."""
+    """Where manifest records are read from, in priority order (first match wins):
+    ``$KVBRIDGE_MANIFEST_PATH``, then what ``kvbridge_manifest_dirs`` returns: kvbridge's own
+    records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
+    if host is None:
+        from kvbridge.plugins import get_host
+
+        host = get_host()
     dirs = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    if REPO_MANIFESTS.is_dir():
-        dirs.append(REPO_MANIFESTS)
     dirs.extend(_plugin_manifest_dirs(host))
     return dirs
 
