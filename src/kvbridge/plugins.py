@@ -602,7 +602,3 @@ def get_host() -> Host:
         _DEFAULT = make_host()
     return _DEFAULT
 
-
-def reset_host() -> None:
-    global _DEFAULT
-    _DEFAULT = None
