@@ -25,6 +25,7 @@ models: $(STAMP)
 	$(BIN)/kvbridge models fetch smollm2
 
 test: models
+	$(BIN)/python -m ruff check src tests bench
 	$(BIN)/python -m pytest
 
 demo: models

@@ -20,7 +20,8 @@ from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 _API = ("resolve_model", "load_model", "adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "load_mapping",
         "transfer_state")
 
-__all__ = ["__version__", "KVBridgeError", *_API]
+__all__ = ["__version__", "KVBridgeError", "resolve_model", "load_model", "adapter_for", "describe", "extract",  # noqa: F822
+           "inject", "identity_transfer", "generate_from", "load_mapping", "transfer_state"]
 
 
 def __getattr__(name: str):

@@ -11,7 +11,7 @@ import pytest
 
 import importlib
 models_resolve = importlib.import_module("kvbridge.models.resolve")
-from kvbridge.check import compat, sources
+from kvbridge.check import compat
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Finding
 from kvbridge.plugins import make_host

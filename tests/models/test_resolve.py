@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbridge.errors import ConfigError, PluginError
+from kvbridge.errors import ConfigError
 from kvbridge.hookspecs import hookimpl
 from kvbridge.models import ModelRef, resolve
 from kvbridge.plugins import make_host

@@ -5,7 +5,6 @@ Config-only: imports neither torch nor transformers (a test asserts it).
 
 from __future__ import annotations
 
-import json
 import shutil
 import textwrap
 

@@ -131,9 +131,8 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     .<out>.fitstate next to --out and a rerun with --resume continues from them; without it
     nothing but --out is ever written.
     """
-    from pathlib import Path
 
-    from kvbridge.errors import ArtifactError, ConfigError
+    from kvbridge.errors import ConfigError
 
     if plan_only:  # torch-free: configs / manifests only
         from kvbridge.fit.plan import plan

@@ -37,7 +37,6 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     The guide is encoded as the ghost of a split (with the tokenizer's BOS). Nothing is written
     when anything is wrong (empty guide, guide longer than the model's positions, OUT exists).
     """
-    from pathlib import Path
 
     from kvbridge.artifacts import check_replaceable
     from kvbridge.cli.options import open_model_session, tokenizer_identity
