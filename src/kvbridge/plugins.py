@@ -40,6 +40,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.compat_checks",
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
+    "kvbridge.builtin.engines",
 )
 #: model types that have no attention KV cache at all
 NO_KV_CACHE_TYPES = frozenset({
@@ -194,6 +195,7 @@ class Host:
             "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
             "fitter": Registry("fitter", lambda f: [f.name], rank),
             "metric": Registry("metric", lambda m: [m.name], rank),
+            "engine": Registry("engine", lambda e: [e.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
@@ -201,6 +203,7 @@ class Host:
             "rope_variant": "kvbridge_register_rope_variants",
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
+            "engine": "kvbridge_register_engines",
         }
         from kvbridge import plugin_types
 
@@ -286,6 +289,10 @@ class Host:
 
     def metric(self, name: str) -> Any:
         return self.registry("metric").get(name)
+
+    def engine(self, name: str) -> Any:
+        """The :class:`~kvbridge.plugin_types.Engine` record registered as ``name``."""
+        return self.registry("engine").get(name)
 
     def owner(self, kind: str, name: str) -> str:
         """The plugin that registered ``name`` as a ``kind`` ("" when unknown)."""
