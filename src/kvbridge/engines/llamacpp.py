@@ -152,7 +152,7 @@ def check_geometry(state, target: EngineModel, what: str = "KV state") -> None:
                          f"of {vocab}", "the state was made with another tokenizer; recompute it for this model")
 
 
-def to_seq_state(state, model: Any, *, cache_type: str = DEFAULT_CACHE_TYPE, v_trans: bool = False,
+def to_seq_state(state, model: Any, *, cache_type: str = DEFAULT_CACHE_TYPE, v_trans: bool = True,
                  n_stream: int = 1, host=None) -> fmt.SeqState:
     """The :class:`~kvbridge.engines.llamacpp_format.SeqState` llama.cpp would hold for ``state``."""
     target = engine_model(model, host=host)
@@ -190,10 +190,12 @@ def to_seq_state(state, model: Any, *, cache_type: str = DEFAULT_CACHE_TYPE, v_t
 
 
 def export_state(state, model: Any, out: str | os.PathLike | None = None, *, cache_type: str = DEFAULT_CACHE_TYPE,
-                 v_trans: bool = False, n_stream: int = 1, host=None) -> bytes:
+                 v_trans: bool = True, n_stream: int = 1, host=None) -> bytes:
     """The llama.cpp sequence-state file of ``state`` for the GGUF ``model`` (bytes; also written
-    atomically to ``out`` when given). ``v_trans``: the target context runs without flash
-    attention (llama.cpp checks it on load); ``n_stream``: the context's KV streams."""
+    atomically to ``out`` when given). ``v_trans``: V stored transposed, as a llama.cpp context
+    without flash attention keeps it (the default of llama-cpp-python's ``Llama``, flash_attn=False;
+    pass False for a flash-attention context: llama.cpp checks it on load); ``n_stream``: the
+    context's KV streams."""
     data = fmt.write(to_seq_state(state, model, cache_type=cache_type, v_trans=v_trans, n_stream=n_stream,
                                   host=host))
     if out is not None:

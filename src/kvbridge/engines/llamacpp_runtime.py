@@ -55,7 +55,9 @@ class LlamaCppSession:
         if not Path(self.path).is_file():
             raise ConfigError(f"{self.path}: no such GGUF file", "pass the .gguf file llama.cpp should run")
         self.flash_attn = bool(flash_attn)
-        threads = n_threads or max(1, min(os.cpu_count() or 1, 4))
+        # half the cores (at most 4): llama.cpp's threads spin while they wait, and on a small
+        # shared machine all cores at once run several times slower than one
+        threads = n_threads or max(1, min((os.cpu_count() or 2) // 2, 4))
         self.llm = llama_cpp.Llama(model_path=self.path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                    flash_attn=self.flash_attn, n_threads=threads, n_threads_batch=threads,
                                    logits_all=False, verbose=False, seed=0)
