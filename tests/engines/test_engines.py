@@ -56,3 +56,11 @@ def test_an_engine_missing_a_member_is_refused_naming_the_plugin():
     assert "engine 'half' does not follow the protocol: missing member 'import_state'" in rec.error
     with pytest.raises(PluginError, match="engine 'lazy' of plugin 'lazy' does not follow the protocol"):
         get_engine("lazy", host)
+
+
+def test_the_builtin_engines_plugin_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = "import sys, kvbridge.builtin.engines; assert 'torch' not in sys.modules and 'llama_cpp' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

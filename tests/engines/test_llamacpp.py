@@ -1,6 +1,6 @@
 """The llamacpp engine without llama.cpp: KVState <-> sequence-state file on tiny synthetic GGUFs
 (the layout permutation, F16 rounding, token ids and positions, every refusal). The same paths
-against a running llama.cpp are in test_llamacpp_real.py."""
+against a running llama.cpp are in tests/real/test_llamacpp_engine.py."""
 
 from __future__ import annotations
 

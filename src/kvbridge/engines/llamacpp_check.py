@@ -112,6 +112,8 @@ class ImportCheck:
     handoff_tokens: list  # transformers continuing from the imported llama.cpp cache
     compared: int
     tokens_equal: bool
+    first_step_diff: float  # max |logit| handoff vs transformers' own, first step
+    noise: float  # the model's own noise: transformers float32 vs llama.cpp on the same prompt, first step
 
 
 def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None) -> ImportCheck:
@@ -126,6 +128,7 @@ def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None)
     t0 = time.perf_counter()
     data = session.state_bytes()
     save_s = time.perf_counter() - t0
+    llama_first = session.eval([ids[-1]])
     t0 = time.perf_counter()
     imported = L.import_state(data, target, host=host)
     import_s = time.perf_counter() - t0
@@ -148,12 +151,13 @@ def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None)
     n = x.shape[1]
     hf_tokens = native.sequences[0, n:].tolist()
     handoff_tokens = ours.sequences[0, n:].tolist()
-    compared, equal = agreement(handoff_tokens, hf_tokens, native_logits, _max_abs(ours_logits[0], native_logits[0]))
+    noise = _max_abs(native_logits[0], llama_first)
+    compared, equal = agreement(handoff_tokens, hf_tokens, native_logits, noise)
     return ImportCheck(prompt_tokens=len(ids), key_rel_err=[rel(a, b) for a, b in zip(imported.keys, ref.keys)],
                        value_rel_err=[rel(a, b) for a, b in zip(imported.values, ref.values)],
                        key_rel_err_unpermuted=rel(imported.keys[1][..., idx], ref.keys[1]), import_s=import_s,
                        save_s=save_s, hf_tokens=hf_tokens, handoff_tokens=handoff_tokens, compared=compared,
-                       tokens_equal=equal)
+                       tokens_equal=equal, first_step_diff=_max_abs(ours_logits[0], native_logits[0]), noise=noise)
 
 
 @dataclass(frozen=True)
