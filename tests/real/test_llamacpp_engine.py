@@ -62,6 +62,17 @@ def test_llama_cpps_cache_reads_back_as_transformers_cache(smollm2, llama_sessio
     assert res.first_step_diff <= 2 * res.noise, res
 
 
+def test_llama_cpps_cache_round_trips_through_a_kvstate_exactly(smollm2, llama_session):
+    """llama.cpp -> KVState -> llama.cpp: F16 widened to float32 and rounded back is exact (and the
+    permutation is undone), so the re-exported file is llama.cpp's own byte for byte and llama.cpp
+    continues from it bitwise as from its own save."""
+    from kvbridge.engines.llamacpp_check import roundtrip_check
+
+    res = roundtrip_check(llama_session, _ids(smollm2), new_tokens=4)
+    print(res)
+    assert res.same_bytes and res.reload_diff == 0.0 and res.tokens_equal, res
+
+
 def test_a_pack_restored_into_llama_cpp_skips_the_guide_prefill(smollm2, llama_session, tmp_path):
     """`kvbridge pack export` of a SmolLM2 pack, loaded by llama.cpp with no prefill of the guide,
     then the live turn decoded: llama.cpp's greedy tokens after its own prefill of guide + live."""

@@ -8,7 +8,10 @@
   transformers' cache of the same prompt, per layer relative error; then handed to transformers
   (kvbridge's hand-off) and continued;
 - :func:`pack_check`: a prefix pack restored into llama.cpp (no llama.cpp prefill of the guide)
-  against llama.cpp's prefill of guide + live text, with the time saved.
+  against llama.cpp's prefill of guide + live text, with the time saved;
+- :func:`roundtrip_check`: llama.cpp's own cache -> :class:`~kvbridge.kvstate.KVState` -> llama.cpp:
+  F16 widened to float32 and rounded back is exact, so the file comes back byte for byte and
+  llama.cpp continues bitwise as from its own save.
 
 How greedy tokens are compared (:func:`agreement`): two runs whose logits differ by at most
 ``d`` per entry can only pick different tokens where the reference's top-2 margin is below
@@ -212,5 +215,44 @@ def pack_check(pack_folder: str, session, guide_ids: list[int], live_ids: list[i
                      export_s=export_s, load_s=load_s, bound=noise)
 
 
+@dataclass(frozen=True)
+class RoundTripCheck:
+    prompt_tokens: int
+    same_bytes: bool  # export(import(llama.cpp's file)) == llama.cpp's file
+    reload_diff: float  # max |logit| after loading the round-tripped file vs after loading llama.cpp's own
+    tokens_equal: bool  # greedy continuations of the two loads
+    save_s: float
+    import_s: float
+    export_s: float
+    load_s: float
+
+
+def roundtrip_check(session, ids: list[int], *, new_tokens: int = 4, host=None) -> RoundTripCheck:
+    """llama.cpp prefills ``ids[:-1]`` and saves; the file is imported into a KVState (float32) and
+    exported again; both files are loaded and continued with ``ids[-1]``."""
+    ids = [int(t) for t in ids]
+    target = L.engine_model(session.path, host=host)
+    session.prefill(ids[:-1])
+    t0 = time.perf_counter()
+    own = session.state_bytes()
+    save_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state = L.import_state(own, target, host=host)
+    import_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    back = L.export_state(state, target, v_trans=session.v_trans, host=host)
+    export_s = time.perf_counter() - t0
+    session.load_state(own)
+    own_tokens, own_logits = session.greedy(session.eval([ids[-1]]), new_tokens)
+    t0 = time.perf_counter()
+    session.load_state(back)
+    load_s = time.perf_counter() - t0
+    tokens, logits = session.greedy(session.eval([ids[-1]]), new_tokens)
+    return RoundTripCheck(prompt_tokens=len(ids), same_bytes=back == own,
+                          reload_diff=max(_max_abs(a, b) for a, b in zip(logits, own_logits)),
+                          tokens_equal=tokens == own_tokens, save_s=save_s, import_s=import_s, export_s=export_s,
+                          load_s=load_s)
+
+
 __all__ = ["agreement", "continuation_check", "ContinuationCheck", "import_check", "ImportCheck", "pack_check",
-           "PackCheck"]
+           "PackCheck", "roundtrip_check", "RoundTripCheck"]
