@@ -6,11 +6,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvbridge-installed
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
-# llama-cpp-python builds llama.cpp from source (CMake, several minutes on 2 cores): CPU only and
-# portable (no -march=native: AVX2/FMA/F16C baseline), the wheel cached in $(WHEELS) so a second
-# install (a fresh venv, another checkout) takes seconds
+# llama-cpp-python builds llama.cpp from source (CMake; BENCHMARKS.md has the time on 2 cores): CPU
+# only and portable (GGML_NATIVE=OFF), the wheel cached in $(LLAMA_CPP_WHEELS) so a second install
+# (a fresh venv, another checkout) takes seconds. Exported to everything make starts: the fresh-clone
+# test (tests/test_fresh_machine.py, CI=true) runs `make models` in a nested clone with an empty
+# KVBRIDGE_HOME and keeps this variable, so it installs the wheel this run built (or found) instead
+# of building llama.cpp a second time: one build per CI run at most.
 LLAMA_CPP_VERSION := 0.3.36
-WHEELS ?= $(or $(KVBRIDGE_HOME),$(HOME)/.cache/kvbridge)/wheels
+LLAMA_CPP_WHEELS ?= $(or $(KVBRIDGE_HOME),$(HOME)/.cache/kvbridge)/wheels
+export LLAMA_CPP_WHEELS
+WHEELS := $(LLAMA_CPP_WHEELS)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF \
 	-DGGML_METAL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
