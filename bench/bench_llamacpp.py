@@ -28,6 +28,7 @@ which the tests in tests/real/test_llamacpp_engine.py call too):
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import tempfile
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     gguf = lm.ref.gguf_file
     host = get_host()
     print(f"llama-cpp-python {binding_version()}, torch {torch.__version__}, {platform.processor() or platform.machine()}"
-          f", {args.threads} thread(s)")
+          f", {args.threads} thread(s), load average {os.getloadavg()[0]:.1f} at start")
     lengths = [int(x) for x in args.lengths.split(",")]
     session = LlamaCppSession(gguf, n_ctx=max(2048, *lengths) + 16, n_batch=512, n_threads=args.threads)
     target = L.engine_model(gguf, host=host)
@@ -195,6 +196,7 @@ def main(argv=None) -> int:
         print(f"| {n} | {r.same_bytes} | {r.reload_diff:.1f} | {r.tokens_equal} | {ms(r.save_s)} | {ms(r.import_s)} | "
               f"{ms(r.export_s)} | {ms(r.load_s)} |")
     session.close()
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
 
