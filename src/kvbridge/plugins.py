@@ -58,6 +58,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.compat_checks",
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
+    "kvbridge.builtin.engines",
 )
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
@@ -296,6 +297,7 @@ class Host:
             "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
             "fitter": Registry("fitter", lambda f: [f.name], rank),
             "metric": Registry("metric", lambda m: [m.name], rank),
+            "engine": Registry("engine", lambda e: [e.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
@@ -303,6 +305,7 @@ class Host:
             "rope_variant": "kvbridge_register_rope_variants",
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
+            "engine": "kvbridge_register_engines",
         }
         from kvbridge import plugin_types
 
@@ -402,6 +405,10 @@ class Host:
 
     def metric(self, name: str) -> Any:
         return self.registry("metric").get(name)
+
+    def engine(self, name: str) -> Any:
+        """The :class:`~kvbridge.plugin_types.Engine` record registered as ``name``."""
+        return self.registry("engine").get(name)
 
     def owner(self, kind: str, name: str) -> str:
         """The plugin that registered ``name`` as a ``kind`` ("" when unknown)."""
