@@ -393,6 +393,18 @@ class Host:
                                         f"{answer.value!r:.60}, not a family adapter (missing {problem!r})")
         return None  # pragma: no cover - every plugin disabled
 
+    def adapter_of(self, model) -> Any:
+        """The family adapter of a live model (:meth:`adapter_for` its config), memoised on the model and
+        keyed by this host and the config's attributes (a changed config is looked up again)."""
+        config = model.config
+        key = (id(self), type(config).__name__, repr(vars(config)))
+        memo = model.__dict__.get("_kvbridge_adapter")
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        adapter = self.adapter_for(config.to_dict())
+        model.__dict__["_kvbridge_adapter"] = (key, adapter)
+        return adapter
+
     def describe(self, config: dict):
         """ModelSpec of a config mapping through its family adapter."""
         return self.adapter_for(config).describe(config)

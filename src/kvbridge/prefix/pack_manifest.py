@@ -85,7 +85,7 @@ def _versions() -> dict:
 def _adapter(model, host=None):
     from kvbridge.plugins import get_host
 
-    return (host or get_host()).adapter_for(model.config.to_dict())
+    return (host or get_host()).adapter_of(model)
 
 
 def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,

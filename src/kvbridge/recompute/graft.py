@@ -42,7 +42,7 @@ SCHEMA = "kvbridge-graft/1"
 def _adapter(model, host=None):
     from kvbridge.plugins import get_host
 
-    return (host or get_host()).adapter_for(model.config.to_dict())
+    return (host or get_host()).adapter_of(model)
 
 
 def prepare_chunk(model, chunk_ids, host=None):
