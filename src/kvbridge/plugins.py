@@ -40,6 +40,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.compat_checks",
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
+    "kvbridge.builtin.steering",
 )
 #: model types that have no attention KV cache at all
 NO_KV_CACHE_TYPES = frozenset({
@@ -194,6 +195,8 @@ class Host:
             "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
             "fitter": Registry("fitter", lambda f: [f.name], rank),
             "metric": Registry("metric", lambda m: [m.name], rank),
+            "steering_method": Registry("steering method", lambda m: [m.name], rank),
+            "scorer": Registry("scorer", lambda m: [m.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
@@ -201,6 +204,8 @@ class Host:
             "rope_variant": "kvbridge_register_rope_variants",
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
+            "steering_method": "kvbridge_register_steering_methods",
+            "scorer": "kvbridge_register_scorers",
         }
         from kvbridge import plugin_types
 
