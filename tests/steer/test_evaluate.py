@@ -56,3 +56,22 @@ def test_steering_arms_change_the_samples_and_cost_something(zoo_base, zoo_vecto
     with pytest.raises(Exception, match="needs the instruction"):
         evaluate(model, tok, zoo_vector, prompt="ROMEO: I will", scorer=positive_sentiment,
                  settings=EvalSettings(samples=1, max_new_tokens=2, arms=("visible",)))
+
+
+def test_at_prompt_edits_every_cached_prompt_position(zoo_base, zoo_vector):
+    model, tok = zoo_base
+    base = dict(samples=2, max_new_tokens=4, ck=0.0, cv=8.0, arms=("none", "kv"))
+    last = evaluate(model, tok, zoo_vector, prompt="ROMEO: I will", scorer=positive_sentiment,
+                    settings=EvalSettings(**base))
+    every = evaluate(model, tok, zoo_vector, prompt="ROMEO: I will", scorer=positive_sentiment,
+                     settings=EvalSettings(**base, at="prompt"))
+    n_prefix = len(tok("ROMEO: I will").input_ids) - 1
+    assert last["arms"]["kv"]["setup"]["positions"] == [n_prefix - 1, n_prefix]
+    assert every["arms"]["kv"]["setup"]["positions"] == [0, n_prefix]
+    assert every["arms"]["kv"]["cost"]["kl"] != last["arms"]["kv"]["cost"]["kl"]
+    assert "every prompt position" in "\n".join(lines(every))
+    zero = evaluate(model, tok, zoo_vector, prompt="ROMEO: I will", scorer=positive_sentiment,
+                    settings=EvalSettings(**{**base, "cv": 0.0}, at="prompt"))
+    assert zero["arms"]["kv"]["examples"] == zero["arms"]["none"]["examples"] and zero["arms"]["kv"]["cost"]["kl"] == 0.0
+    with pytest.raises(Exception, match="--at must be last or prompt"):
+        EvalSettings(at="guide").check()

@@ -277,6 +277,8 @@ def _floats(text: str, name: str) -> tuple:
 @click.option("--layers", default="all", show_default=True, help="Layers of the kv arms (and actadd unless "
                                                                  "--actadd-layers).")
 @click.option("--actadd-layers", default="", help="Layers of the actadd arm (default: --layers).")
+@click.option("--at", "at", type=click.Choice(["last", "prompt"]), default="last", show_default=True,
+              help="kv arms edit the prompt's last cached position, or every cached prompt position.")
 @click.option("--sweep", default="", help="Coefficient multipliers for kv / actadd / random, e.g. 0.25,0.5,1,2,4.")
 @click.option("--sweep-samples", default=0, type=click.IntRange(0), help="Samples per sweep point (0: --samples).")
 @click.option("--temperature", default=0.7, show_default=True, type=float)
@@ -288,7 +290,7 @@ def _floats(text: str, name: str) -> tuple:
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out report folder.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def eval_cmd(model, vector_dir, prompt, scorer, instruction, arms, extra, samples, max_new_tokens, ck, cv, ca, layers,
-             actadd_layers, sweep, sweep_samples, temperature, top_p, chat, dtype, device, out, overwrite,
+             actadd_layers, at, sweep, sweep_samples, temperature, top_p, chat, dtype, device, out, overwrite,
              as_json) -> None:
     """Evaluate steering on MODEL: behaviour rate per arm over --samples seeds, paired against no
     steering, with Wilson intervals and costs (see docs/steering.md)."""
@@ -327,7 +329,7 @@ def eval_cmd(model, vector_dir, prompt, scorer, instruction, arms, extra, sample
     vector = load_vector(vector_dir, m, tokenizer_fp=fp)
     extra_vectors = {name: load_vector(path, m, tokenizer_fp=fp) for name, path in extras.items()}
     settings = EvalSettings(samples=samples, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            ck=ck, cv=cv, ca=ca, layers=layers, actadd_layers=actadd_layers, chat=chat,
+                            ck=ck, cv=cv, ca=ca, layers=layers, at=at, actadd_layers=actadd_layers, chat=chat,
                             arms=arm_list + tuple(n for n in extra_vectors if n not in arm_list), sweep=multipliers,
                             sweep_samples=sweep_samples, sweep_arms=("kv", "actadd", "random") + tuple(extra_vectors))
     result = evaluate(m, tok, vector, prompt=prompt_text, scorer=score, instruction=instruction_text,

@@ -8,7 +8,7 @@ Arms (every arm samples the same seeds ``0 .. N-1``, so arms are paired sample b
 - ``pack``: the same instruction hidden in a prefix pack (saved and restored through
   :mod:`kvbridge.prefix.packs`: zero forward passes), the prompt prefilled after it (exact-token split);
 - ``kv``: the steering vector added once to the prompt's last cached position (``kv-vector``:
-  ``ck``, ``cv``, ``layers``);
+  ``ck``, ``cv``, ``layers``), or to every cached prompt position (``at="prompt"``);
 - ``actadd``: residual-stream activation addition of the vector's residual directions built from the
   same pairs (coefficient ``ca``, every position and step: the standard baseline);
 - ``random``: a random direction with the vector's norm per layer and KV head, added like ``kv``
@@ -48,6 +48,7 @@ class EvalSettings:
     cv: float = 4.0
     ca: float = 4.0
     layers: str = "all"
+    at: str = "last"  # kv arms edit the prompt's last cached position, or every cached prompt position ("prompt")
     actadd_layers: str = ""  # "" = the same layers as the KV arms
     chat: bool | None = None
     arms: tuple = ARMS
@@ -64,6 +65,8 @@ class EvalSettings:
             coefficient(getattr(self, name), f"--{name.replace('_', '-')}")
         for m in self.sweep:
             coefficient(m, "--sweep value")
+        if self.at not in ("last", "prompt"):
+            raise KVBridgeError(f"--at must be last or prompt, got {self.at!r}", "pass --at last or --at prompt")
         if self.samples < 1 or self.max_new_tokens < 1:
             raise KVBridgeError("--samples and --max-new-tokens must be >= 1", "pass positive numbers")
         return self
@@ -186,8 +189,9 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
         vector = extra_vectors[arm]
     else:
         raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
+    edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
     return setup_for(ctx.model, ctx.scenario, method="kv-vector", options={"ck": s.ck * mult, "cv": s.cv * mult},
-                     vector=vector, layers=s.layers, prefix=ctx.none_setup.prefix, host=ctx.host)
+                     vector=vector, layers=s.layers, edit=edit, prefix=ctx.none_setup.prefix, host=ctx.host)
 
 
 def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
@@ -218,11 +222,12 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
 
 
 def _relative_edit(ctx: _Ctx) -> dict:
-    """``||cv * d_v|| / ||v||`` and ``||ck * d_k|| / ||k||`` at the edited position, mean over layers and heads."""
+    """``||cv * d_v|| / ||v||`` and ``||ck * d_k|| / ||k||`` at the edited positions, mean over layers, heads
+    and positions."""
     from kvbridge.steer.edit import layers_of
 
     state = ctx.none_setup.prefix
-    start, _stop = ctx.scenario.edit
+    start, stop = (0, len(ctx.scenario.prefix_ids)) if ctx.settings.at == "prompt" else ctx.scenario.edit
     chosen = layers_of(ctx.settings.layers, state.num_layers)
     content = state.strip_rope() if ctx.vector.key_space == "content" else state
     out = {}
@@ -230,8 +235,8 @@ def _relative_edit(ctx: _Ctx) -> dict:
                                 ("values", state.values, ctx.vector.values, ctx.settings.cv)):
         ratios = []
         for i in chosen:
-            own = group[i][0, :, start].float().norm(dim=-1)
-            ratios.extend((abs(c) * vec[i].norm(dim=-1) / own.clamp(min=1e-12)).tolist())
+            own = group[i][0, :, start:stop].float().norm(dim=-1)  # [H, P]
+            ratios.extend((abs(c) * vec[i].norm(dim=-1)[:, None] / own.clamp(min=1e-12)).reshape(-1).tolist())
         out[name] = round(_mean(ratios), 4)
     return out
 
@@ -360,7 +365,7 @@ def lines(result: dict) -> list[str]:
     s = result["settings"]
     out = [f"prompt {result['prompt']!r}, scorer {result['scorer']}, {s['samples']} samples x {s['max_new_tokens']} "
            f"tokens per arm (temperature {s['temperature']}, top-p {s['top_p']}), kv: ck {s['ck']} cv {s['cv']} at "
-           f"layers {s['layers']}, actadd: ca {s['ca']}; relative edit size |c d|/|x|: keys "
+           f"layers {s['layers']}, {'every prompt position' if s.get('at') == 'prompt' else 'the last cached position'}, actadd: ca {s['ca']}; relative edit size |c d|/|x|: keys "
            f"{result['relative_edit']['keys']}, values {result['relative_edit']['values']}", ""]
     out += table(result)
     if result.get("sweep"):
