@@ -59,6 +59,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
     "kvbridge.builtin.engines",
+    "kvbridge.builtin.steering",
 )
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
@@ -298,6 +299,8 @@ class Host:
             "fitter": Registry("fitter", lambda f: [f.name], rank),
             "metric": Registry("metric", lambda m: [m.name], rank),
             "engine": Registry("engine", lambda e: [e.name], rank),
+            "steering_method": Registry("steering method", lambda m: [m.name], rank),
+            "scorer": Registry("scorer", lambda m: [m.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
@@ -306,6 +309,8 @@ class Host:
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
             "engine": "kvbridge_register_engines",
+            "steering_method": "kvbridge_register_steering_methods",
+            "scorer": "kvbridge_register_scorers",
         }
         from kvbridge import plugin_types
 

@@ -34,6 +34,7 @@ COMMANDS = {
     "conformance": "kvbridge.cli.conformance_cmd:conformance",
     "graft": "kvbridge.cli.graft_cmd:graft",
     "engine": "kvbridge.cli.engine_cmd:engine",
+    "steer": "kvbridge.cli.steer_cmd:steer",
 }
 
 
