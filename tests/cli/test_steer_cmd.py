@@ -135,7 +135,7 @@ def test_transfer_through_a_fitted_mapping(built, tmp_path):
 
     from kvbridge.fit import fit
     from kvbridge.steer.artifact import read_vector
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     source, tok = load_zoo_model("base")
     target, _ = load_zoo_model("tuned")

@@ -13,7 +13,7 @@ PAIRS = [
 
 @pytest.fixture(scope="session")
 def zoo_base():
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     return load_zoo_model("base")
 

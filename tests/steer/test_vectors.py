@@ -97,7 +97,7 @@ def test_transfer_through_identity_is_exact_and_through_a_map_is_its_linear_part
 
 
 def test_artifact_round_trip_and_refusal_of_another_model(zoo_base, zoo_vector, tmp_path):
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     model, tok = zoo_base
     out = save_vector(zoo_vector, tmp_path / "vec", model)
