@@ -83,3 +83,12 @@ def test_refusals_are_one_line(pack, base_gguf, tmp_path):
                    "unknown engine 'vllm'")
     one_line_error(run("pack", "export", pack, "--model", "zoo:base", "--out", tmp_path / "z"),
                    "llama.cpp runs GGUF files")
+
+
+def test_transfer_into_an_engine_needs_a_gguf_target_and_one_model_for_identity():
+    """``transfer --engine llamacpp`` refuses a target llama.cpp cannot run (a folder model), and
+    ``--mapping identity`` refuses two different models, each as one line, before any engine runs."""
+    one_line_error(run("transfer", "zoo:base", "zoo:base", "--mapping", "identity", "--engine", "llamacpp",
+                       "--prompt", "Once upon a time", "--max-new-tokens", 2), "llama.cpp runs GGUF files")
+    one_line_error(run("transfer", "zoo:base", "zoo:wide", "--mapping", "identity", "--prompt", "Once upon a time"),
+                   "--mapping identity needs SOURCE and TARGET to be one model")

@@ -128,3 +128,20 @@ def test_llama_cpp_refuses_a_state_for_another_context_and_kvbridge_says_so(smol
     r = runner.invoke(cli, ["engine", "import", str(cut), llama_session.path])
     assert r.exit_code == 2 and "truncated llama.cpp state file" in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_transfer_continues_in_llama_cpp_from_the_moved_cache(smollm2):
+    """``kvbridge transfer ... --engine llamacpp --compare``: the identity transfer of SmolLM2's cache is
+    loaded into llama.cpp, which continues; llama.cpp's own prefill of the same prompt is the reference
+    (the greedy tokens agree up to the first near tie the model's own noise could flip)."""
+    from click.testing import CliRunner
+
+    from kvbridge.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["transfer", "smollm2", "smollm2", "--mapping", "identity", "--engine", "llamacpp",
+                                   "--compare", "--max-new-tokens", "4", "--prompt", PROMPT])
+    assert res.exit_code == 0, res.output
+    assert "llamacpp: transferred" in res.output and "llamacpp native:" in res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("[agreement"))
+    same, n = line.split()[1].split("/")
+    assert int(n) == 4 and int(same) >= 1, line  # the prompt has no near tie in its first steps (see PROMPT)

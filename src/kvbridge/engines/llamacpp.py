@@ -303,6 +303,38 @@ class LlamaCppEngine:
     def describe_file(self, src, model, **options) -> dict:
         return describe_file(src, model, **options)
 
+    def continue_from(self, state, model, live_ids, max_new_tokens: int, *, native: bool = False,
+                      host=None) -> dict:
+        """Run the engine from ``state`` (the cache of the prompt's first tokens): load it into a llama.cpp
+        context on ``model`` (its .gguf), decode ``live_ids`` (the prompt's last token) and continue
+        greedily. ``native``: also run llama.cpp's own prefill of the whole prompt (the reference).
+        Returns ``{"tokens", "load_s", "export_s", "bytes"}`` (+ ``native_tokens``, ``native_prefill_s``,
+        ``first_step_diff``)."""
+        import time
+
+        import numpy as np
+
+        from kvbridge.engines.llamacpp_runtime import LlamaCppSession
+
+        target = engine_model(model, host=host)
+        ids = [int(t) for t in state.token_ids[0].tolist()] + [int(t) for t in live_ids]
+        with LlamaCppSession(target.gguf_file, n_ctx=max(256, len(ids) + max_new_tokens + 8)) as session:
+            t0 = time.perf_counter()
+            data = export_state(state, target, v_trans=session.v_trans, host=host)
+            t1 = time.perf_counter()
+            session.load_state(data)
+            t2 = time.perf_counter()
+            first = session.eval([int(t) for t in live_ids])
+            tokens, _ = session.greedy(first, max_new_tokens)
+            out = {"tokens": tokens, "export_s": t1 - t0, "load_s": t2 - t1, "bytes": len(data)}
+            if native:
+                t3 = time.perf_counter()
+                native_first = session.prefill(ids)
+                out["native_prefill_s"] = time.perf_counter() - t3
+                out["native_tokens"], _ = session.greedy(native_first, max_new_tokens)
+                out["first_step_diff"] = float(np.abs(native_first.astype(np.float64) - first).max())
+        return out
+
 
 ENGINE = LlamaCppEngine()
 
