@@ -43,3 +43,8 @@ def test_api_fit_from_references_tokenizes_text_with_the_loaded_tokenizers():
     mapping = api.fit("zoo:base", "zoo:wide", texts, seq_len=64, tokens=1024, top_k=1)
     assert isinstance(mapping, FittedMapping)
     assert mapping.report is not None
+
+
+def test_one_model_on_both_sides_is_loaded_once():
+    pair = load_pair("zoo:base", "zoo:base")
+    assert pair.source is pair.target and pair.same_model

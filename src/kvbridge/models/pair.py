@@ -53,6 +53,17 @@ def shared_tokenizer(src, tgt) -> tuple[dict, str]:
     return fps[0].to_dict(), ("" if verdict == "same" else action)
 
 
+def _same_files(a, b) -> bool:
+    """Two references to the same files (the same .gguf, or the same model folder)."""
+    from pathlib import Path
+
+    def where(ref):
+        target = ref.gguf_file or ref.folder
+        return Path(target).resolve() if target else None
+
+    return where(a) is not None and where(a) == where(b)
+
+
 def load_pair(source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True,
               host=None) -> ModelPair:
     """Resolve, check the shared tokenizer, then load both (``source``/``target``: references or
@@ -65,6 +76,8 @@ def load_pair(source, target, *, dtype: str | None = None, device: str = "cpu", 
     tgt = target if isinstance(target, ModelRef) else resolve(target, host=host)
     fingerprint, note = shared_tokenizer(src, tgt)  # before any weights are read
     loaded_src = load(src, dtype=dtype, device=device, host=host)
+    if _same_files(src, tgt):  # one model on both sides (an identity pair): loaded once, shared
+        return ModelPair(loaded_src, loaded_src, fingerprint, note)
     loaded_tgt = load(tgt, dtype=dtype, device=device, tokenizer=target_tokenizer, host=host)
     return ModelPair(loaded_src, loaded_tgt, fingerprint, note)
 
