@@ -1,10 +1,10 @@
 """The real model family: Qwen2.5-Coder-0.5B and 1.5B-Instruct (Q4_K_M GGUFs from PyPI slices).
 
-Marked ``pair`` (not ``real``, the SmolLM2 marker: `-m "not pair"` leaves them out). When the two files are not cached these tests are skipped with
-the command that fetches them, except under ``CI=true``, where the ``pair`` fixture fetches them
-into ``$KVBRIDGE_HOME`` first (``make models`` does it before the suite; 1.6 GB). The header
-tests read no tensor; the identity tests load each model in float32 in turn (the 1.5B takes
-about 6 GB) and run one short prompt.
+Marked ``pair`` (not ``real``, which is SmolLM2's; ``-m "not pair"`` leaves them out). When the
+two files are not cached these tests are skipped with the command that fetches them, except
+under ``CI=true``, where the ``pair`` fixture fetches them into ``$KVBRIDGE_HOME`` first (``make
+models`` does it before the suite; 1.6 GB). The header tests read no tensor; the identity tests
+load each model in float32 in turn (the 1.5B takes about 6 GB) and run one short prompt.
 """
 
 from __future__ import annotations
