@@ -21,6 +21,7 @@ def test_the_stated_type_is_shown_beside_the_counted_one(tmp_path):
     path = tiny_llama_gguf(tmp_path / "m.gguf", quant="Q4_1", general__file_type=15)
     out = _describe(str(path))
     assert "Q4_1 by tensor count (Q4_1 x8, F32 x3, Q8_0 x1); the file states Q4_K_M" in out
+    assert "float32 as loaded (weights Q4_K_M, dequantized)" in out
     data = json.loads(_describe(str(path), "--json"))
     assert data["gguf"]["file_type"] == "Q4_K_M" and data["gguf"]["quantization"] == "Q4_1"
     same = tiny_llama_gguf(tmp_path / "s.gguf", quant="Q4_1", general__file_type=3)

@@ -96,7 +96,8 @@ def _human(data: dict) -> str:
     gguf = data.get("gguf")
     if gguf:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(gguf["tensor_types"].items(), key=lambda kv: -kv[1]))
-        rows = [("dtype", f"{spec['dtype']} as loaded (weights {gguf['quantization']}, dequantized)")
+        rows = [("dtype", f"{spec['dtype']} as loaded (weights {gguf.get('file_type') or gguf['quantization']}, "
+                          "dequantized)")
                 if k == "dtype" else (k, v) for k, v in rows]
         stated = gguf.get("file_type")
         if stated and stated != gguf["quantization"]:
