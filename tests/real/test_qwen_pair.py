@@ -4,7 +4,7 @@ Marked ``pair`` (not ``real``, which is SmolLM2's; ``-m "not pair"`` leaves them
 two files are not cached these tests are skipped with the command that fetches them, except
 under ``CI=true``, where the ``pair`` fixture fetches them into ``$KVBRIDGE_HOME`` first (``make
 models`` does it before the suite; 1.6 GB). The header tests read no tensor; the identity tests
-load each model in float32 in turn (the 1.5B takes about 6 GB) and run one short prompt.
+load each model in float32 in turn (the 1.5B: 1.78G params, 7.1 GB) and run one short prompt.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_headers_say_what_the_issue_says(pair):
     assert (s.num_layers, s.num_attention_heads, s.num_kv_heads, s.head_dim, s.hidden_size) == (24, 14, 2, 64, 896)
     assert (b.num_layers, b.num_attention_heads, b.num_kv_heads, b.head_dim, b.hidden_size) == (28, 12, 2, 128, 1536)
     assert s.model_type == b.model_type == "qwen2"
-    assert not small.gguf.tied_embeddings and big.gguf.tied_embeddings  # the 0.5B ships output.weight
+    assert not small.gguf.tied_embeddings and not big.gguf.tied_embeddings  # both files ship output.weight
     assert small.gguf.stated_type == big.gguf.stated_type == "Q4_K_M"
     assert small.gguf.quantization == "Q5_0"  # by tensor count: the reason describe shows both
     ts, tb = small.tokenizer(), big.tokenizer()
@@ -67,13 +67,14 @@ def test_describe_and_check_on_the_pair(pair):
     assert out.exit_code == 0 and "the file states Q4_K_M" in out.output and "in bfloat16" in out.output
     data = json.loads(run.invoke(cli, ["describe", BIG, "--json"]).output)
     mem = data["load_memory"]
-    assert 1.4e9 < mem["params"] < 1.7e9 and mem["float32"] == 2 * mem["bfloat16"] == 8 * mem["params"] // 2
+    assert 1.7e9 < mem["params"] < 1.85e9 and mem["float32"] == 2 * mem["bfloat16"] == 4 * mem["params"]
     res = run.invoke(cli, ["check", SMALL, BIG, "--json"])
-    assert res.exit_code in (0, 1), res.output
+    assert res.exit_code == 0, res.output
     report = json.loads(res.output)
-    print(json.dumps(report)[:2000])
-    text = json.dumps(report)
-    assert '"blocking"' not in text or report.get("verdict") != "blocked", text[:600]
+    assert report["verdict"] == "mappable"
+    axes = {a["name"]: a for a in report["axes"]}
+    assert axes["tokenizer"]["verdict"] == "same" and axes["kv_heads"]["verdict"] == "same"
+    assert axes["head_dim"]["verdict"] == axes["layers"]["verdict"] == "mappable"
 
 
 @pytest.fixture(scope="module", params=[SMALL, BIG])
