@@ -60,6 +60,9 @@ runs the kind's shipped contract from `kvbridge.testing`.
 | compatibility check | `kvbridge_check_compatibility` | returns `Finding`s | call it on two `ModelSpec`s |
 | fitter | `kvbridge_register_fitters` | `Fitter` record of a `FitterProtocol` class | `FitterContract` (`fitter`, `options`) |
 | metric | `kvbridge_register_metrics` | `Metric` record of a metric function | `MetricContract` (`metric`, `ideal`) |
+| inference engine | `kvbridge_register_engines` | `Engine` record of an `EngineProtocol` object | export a `KVState`, import it back |
+| steering method | `kvbridge_register_steering_methods` | `SteeringMethod` record of a class with `Options` and `plan` | `SteeringMethodContract` (`method`, `options`) |
+| behaviour scorer | `kvbridge_register_scorers` | `Scorer` record of a function `text -> bool` | `ScorerContract` (`scorer`, `positives`, `negatives`) |
 | command | `kvbridge_register_commands` | a `click.Command` | `click.testing.CliRunner` |
 | manifest records | `kvbridge_manifest_dirs` | folders of records | `kvbridge check NAME ...` |
 | model references | `kvbridge_register_model_sources` | `SCHEME:REST` resolver | `kvbridge.models.resolve("scheme:x")` |

@@ -8,7 +8,13 @@ are documented in :mod:`kvbridge.hookspecs` and ``docs/plugins.md``:
 - :class:`Fitter`, a lazy record of a class following :class:`kvbridge.fit.protocol.FitterProtocol`
   (``kvbridge_register_fitters``),
 - :class:`Metric`, a lazy record of a function following :class:`MetricFunction`
-  (``kvbridge_register_metrics``).
+  (``kvbridge_register_metrics``),
+- :class:`ModelSource`, a reference scheme ``NAME:REST`` (``kvbridge_register_model_sources``),
+- :class:`Engine`, a lazy record of an object following :class:`EngineProtocol`
+  (``kvbridge_register_engines``),
+- :class:`SteeringMethod`, a lazy record of a class following the steering-method protocol
+  (``kvbridge_register_steering_methods``; :mod:`kvbridge.steer.methods`),
+- :class:`Scorer`, a lazy record of a function ``text -> bool`` (``kvbridge_register_scorers``).
 
 :func:`check_registration` is what the host runs on every registered object: an object that
 does not follow its protocol is refused with a one-line error naming the plugin and the
@@ -27,6 +33,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.check.spec import RopeSpec
 
 VERDICTS = ("same", "mappable", "blocking", "info", "warning")
+#: a model-source scheme name (``myhub`` in ``myhub:REST``)
+SCHEME_RE = __import__("re").compile(r"^[a-z][a-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A reference scheme: ``resolver(rest)`` turns ``NAME:REST`` into a local path or a ModelRef."""
+
+    name: str
+    resolver: Callable[[str], Any]
+    description: str = ""
+    plugin: str = "kvbridge"
 
 
 @dataclass(frozen=True)
@@ -126,6 +144,67 @@ class Metric:
         return _load(self.factory)
 
 
+# -- engines -----------------------------------------------------------------------------------
+@runtime_checkable
+class EngineProtocol(Protocol):
+    """An inference engine's cache format: ``export_state(state, model, out=None, **options) -> bytes``
+    writes a :class:`kvbridge.kvstate.KVState` as the engine loads it (to ``out`` when given, atomically);
+    ``import_state(src, model, **options) -> KVState`` reads a cache the engine saved (bytes or a path).
+    ``model`` names the model the engine runs (for llama.cpp its ``.gguf``); both refuse a state
+    or file whose geometry is not the model's with a one-line error."""
+
+    name: str
+
+    def export_state(self, state: Any, model: Any, out: Any = None, **options: Any) -> bytes: ...
+
+    def import_state(self, src: Any, model: Any, **options: Any) -> Any: ...
+
+
+#: members an engine object needs (checked when its factory is loaded)
+ENGINE_MEMBERS = ("name", "export_state", "import_state")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An inference engine kvbridge hands caches to and reads caches from: ``factory`` is an
+    :class:`EngineProtocol` object or its ``"module:attr"`` path (loaded when the engine is used,
+    so registration imports nothing heavy); ``suffix`` is the usual file suffix of its state."""
+
+    name: str
+    description: str
+    factory: Any
+    suffix: str = ""
+
+    def load(self) -> Any:
+        return _load(self.factory)
+
+
+# -- steering methods and behaviour scorers ----------------------------------------------------
+@dataclass(frozen=True)
+class SteeringMethod:
+    """A steering method: ``factory`` is a class with ``name``, ``Options`` and ``plan(context,
+    options) -> SteerPlan`` (:mod:`kvbridge.steer.methods`), or its ``"module:attr"`` path."""
+
+    name: str
+    description: str
+    factory: Any
+
+    def load(self) -> Any:
+        return _load(self.factory)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A behaviour scorer: ``factory`` is a deterministic function ``text -> bool`` or its ``"module:attr"`` path."""
+
+    name: str
+    description: str
+    factory: Any
+
+    def load(self) -> Any:
+        return _load(self.factory)
+
+
 # -- registration checks -----------------------------------------------------------------------
 #: per kind: (record type, members the registered object needs)
 _MEMBERS = {
@@ -133,8 +212,31 @@ _MEMBERS = {
     "rope_variant": ("name", "inv_freq"),
     "fitter": ("name", "description", "factory"),
     "metric": ("name", "description", "factory"),
+    "engine": ("name", "description", "factory"),
+    "steering_method": ("name", "description", "factory"),
+    "scorer": ("name", "description", "factory"),
 }
-_KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric"}
+_KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric",
+               "engine": "engine", "steering_method": "steering method", "scorer": "scorer"}
+
+
+#: members a steering-method class needs (:mod:`kvbridge.steer.methods`)
+METHOD_MEMBERS = ("name", "Options", "plan")
+
+
+def method_problem(cls: Any) -> str | None:
+    """The first member a steering-method class misses (None when it follows the protocol)."""
+    import dataclasses
+
+    for member in METHOD_MEMBERS:
+        if not hasattr(cls, member):
+            return member
+    if not callable(getattr(cls, "plan")):
+        return "plan (callable)"
+    opts = getattr(cls, "Options")
+    if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
+        return "Options (a dataclass)"
+    return None
 
 
 def protocol_problem(kind: str, obj: Any) -> str | None:
@@ -146,10 +248,14 @@ def protocol_problem(kind: str, obj: Any) -> str | None:
         from kvbridge.fit.protocol import fitter_problem
 
         return fitter_problem(obj.factory)
-    if kind == "metric" and not isinstance(obj.factory, str) and not callable(obj.factory):
+    if kind in ("metric", "scorer") and not isinstance(obj.factory, str) and not callable(obj.factory):
         return "__call__"
+    if kind == "steering_method" and not isinstance(obj.factory, str):
+        return method_problem(obj.factory)
     if kind == "rope_variant" and not callable(obj.inv_freq):
         return "inv_freq (callable)"
+    if kind == "engine" and not isinstance(obj.factory, str):
+        return next((m for m in ENGINE_MEMBERS if not hasattr(obj.factory, m)), None)
     return None
 
 
@@ -157,11 +263,15 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
     """``(object to register, None)`` or ``(obj, one-line error)`` for an object a plugin registers.
 
     A fitter class (``name``, ``Options``, ``fit``) registered directly is wrapped in a
-    :class:`Fitter` record; so is a metric function with a ``name``.
+    :class:`Fitter` record; so is a steering-method class (``name``, ``Options``, ``plan``) in a
+    :class:`SteeringMethod` record.
     """
     if kind == "fitter" and not isinstance(obj, Fitter) and hasattr(obj, "fit"):
         doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
         obj = Fitter(getattr(obj, "name", ""), doc[0] if doc else "", obj)
+    if kind == "steering_method" and not isinstance(obj, SteeringMethod) and hasattr(obj, "plan"):
+        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+        obj = SteeringMethod(getattr(obj, "name", ""), doc[0] if doc else "", obj)
     missing = protocol_problem(kind, obj)
     if missing is None:
         return obj, None
@@ -194,6 +304,8 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
         from kvbridge.fit.protocol import fitter_problem
 
         missing = fitter_problem(obj)
+    elif kind == "engine":
+        missing = next((m for m in ENGINE_MEMBERS if not hasattr(obj, m)), None)
     else:
         missing = None if callable(obj) else "__call__"
     if missing:
@@ -203,4 +315,5 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 
 __all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
-           "Metric", "MetricFunction", "check_registration", "protocol_problem", "loaded", "load_registered"]
+           "Metric", "MetricFunction", "Engine", "EngineProtocol", "ENGINE_MEMBERS", "check_registration", "protocol_problem", "loaded", "load_registered",
+           "ModelSource", "SCHEME_RE", "SteeringMethod", "Scorer", "METHOD_MEMBERS", "method_problem"]

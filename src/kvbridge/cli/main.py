@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from kvbridge import __version__
+from kvbridge.version import __version__
 from kvbridge.errors import KVBridgeError, from_exception
 
 #: built-in commands, imported on use
@@ -33,6 +33,8 @@ COMMANDS = {
     "eval": "kvbridge.cli.eval_cmd:eval_cmd",
     "conformance": "kvbridge.cli.conformance_cmd:conformance",
     "graft": "kvbridge.cli.graft_cmd:graft",
+    "engine": "kvbridge.cli.engine_cmd:engine",
+    "steer": "kvbridge.cli.steer_cmd:steer",
 }
 
 

@@ -1,0 +1,179 @@
+"""Steering-vector folders: ``vector.safetensors`` + ``manifest.json``, versioned like prefix packs.
+
+The manifest (kind ``kvbridge.steering-vector``, :data:`SCHEMA_VERSION`) records what decides
+what the directions mean: the model (id, type, config / weights / spec fingerprints, geometry),
+the tokenizer fingerprint, the positions read (``last`` / ``final`` / ``span``), the key space
+(``content``: RoPE stripped), the method (``mean`` / ``pca`` / ``transferred(...)``), the number
+and digest of the pairs, the layers and every direction's norm, and the library versions.
+Tensors: ``keys.{i}`` / ``values.{i}`` ``[kv_heads, head_dim]`` and ``residual.{i}`` ``[hidden]``,
+float32. Never pickle; written atomically through :func:`kvbridge.artifacts.write_artifact`
+(nothing half-written), checksum verified before a byte is loaded.
+
+:func:`load_vector` refuses a vector made for another model with one line naming the fields
+that differ (geometry, config, weights, tokenizer).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvbridge.errors import ArtifactError
+
+SCHEMA_VERSION = 1
+KIND = "kvbridge.steering-vector"
+TENSOR_FILE = "vector.safetensors"
+REQUIRED = {"schema_version": int, "kind": str, "model": dict, "tokenizer": dict, "method": str, "position": dict,
+            "key_space": str, "layers": list, "num_pairs": int, "norms": dict, "spec": dict}
+NESTED_REQUIRED = {"model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
+                   "model.config_fingerprint": str, "model.weights_fingerprint": str, "position.kind": str}
+
+
+class VectorMismatchError(ArtifactError):
+    """A steering vector was made for another model or tokenizer."""
+
+
+def model_record(model, spec, *, weights_fp: str | None = None) -> dict:
+    from kvbridge.models.fingerprint import config_fingerprint, model_id_revision, weights_fingerprint
+
+    ident = model_id_revision(model)
+    return {"id": ident["id"], "revision": ident["revision"], "model_type": spec.model_type, "family": spec.family,
+            "config_fingerprint": config_fingerprint(model.config.to_dict()),
+            "weights_fingerprint": weights_fp or weights_fingerprint(model), "spec_fingerprint": spec.fingerprint(),
+            "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+            "hidden_size": spec.hidden_size, "dtype": spec.dtype}
+
+
+def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None) -> dict:
+    from kvbridge import __version__
+
+    import torch
+    import transformers
+
+    info = dict(vector.info)
+    return {
+        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "model": model_record(model, vector.spec, weights_fp=weights_fp),
+        "tokenizer": dict(tokenizer_fp or {"fingerprint": None, "source": "not recorded"}),
+        "method": str(info.get("method", "mean")), "position": {"kind": str(info.get("position", "last"))},
+        "key_space": vector.key_space, "layers": list(range(vector.num_layers)),
+        "num_pairs": int(info.get("num_pairs", 0)), "pairs_sha256": info.get("pairs_sha256"),
+        "template": info.get("template"), "transferred_from": info.get("transferred_from"),
+        "has_residual": bool(vector.residual), "norms": vector.norms(), "spec": vector.spec.to_dict(),
+        "transformers_version": transformers.__version__, "torch_version": str(torch.__version__),
+        "kvbridge_version": __version__,
+    }
+
+
+def vector_tensors(vector) -> dict:
+    out = {}
+    for i, (k, v) in enumerate(zip(vector.keys, vector.values)):
+        out[f"keys.{i}"] = k.contiguous()
+        out[f"values.{i}"] = v.contiguous()
+    for i, r in enumerate(vector.residual):
+        out[f"residual.{i}"] = r.contiguous()
+    return out
+
+
+def save_vector(vector, out: str | Path, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
+                overwrite: bool = False) -> Path:
+    """Write the vector folder atomically (the model is the one the directions belong to)."""
+    from kvbridge.artifacts import write_artifact
+
+    vector.validate()
+    manifest = build_manifest(vector, model, tokenizer_fp=tokenizer_fp, weights_fp=weights_fp)
+    return write_artifact(out, vector_tensors(vector), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=KIND)
+
+
+def read_vector(path: str | Path):
+    """``(manifest, SteeringVector)`` of a folder: checksum, manifest shape and tensor shapes checked."""
+    from kvbridge.artifacts import read_artifact
+    from kvbridge.check.spec import ModelSpec
+    from kvbridge.check.validate import require_fields, tensors_match
+    from kvbridge.steer.vectors import SteeringVector
+
+    path = Path(path)
+    where = str(path / "manifest.json")
+    manifest, tensors = read_artifact(path, kind="steering vector")
+    fix = "re-create it with kvbridge steer build"
+    for key, typ in REQUIRED.items():
+        if not isinstance(manifest.get(key), typ) or isinstance(manifest.get(key), bool):
+            raise ArtifactError(f"{where} field {key!r} is missing or not a {typ.__name__}", fix)
+    if manifest["kind"] != KIND:
+        raise ArtifactError(f"{path} holds a {manifest['kind']!r}, not a steering vector", "pass a steer build folder")
+    if manifest["schema_version"] > SCHEMA_VERSION:
+        raise ArtifactError(f"steering vector schema_version {manifest['schema_version']} is newer than this kvbridge "
+                            f"reads ({SCHEMA_VERSION})", "upgrade kvbridge")
+    require_fields(manifest, NESTED_REQUIRED, where, fix=fix)
+    try:
+        spec = ModelSpec.from_dict(manifest["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where} field 'spec' is malformed ({exc})", fix) from None
+    n = spec.num_layers
+    want = {}
+    for i in range(n):
+        want[f"keys.{i}"] = ("float32", (spec.kv_heads_of(i), spec.key_dim_of(i)))
+        want[f"values.{i}"] = ("float32", (spec.kv_heads_of(i), spec.value_dim_of(i)))
+        if manifest.get("has_residual"):
+            want[f"residual.{i}"] = ("float32", (spec.hidden_size,))
+    tensors_match(tensors, want, str(path / TENSOR_FILE), fix=fix)
+    from kvbridge.check.validate import finite_tensors
+
+    finite_tensors(tensors, str(path / TENSOR_FILE), fix=fix)
+    info = {k: manifest.get(k) for k in ("method", "num_pairs", "pairs_sha256", "template", "transferred_from")}
+    info["position"] = manifest["position"]["kind"]
+    info["model"] = manifest["model"]
+    vector = SteeringVector(
+        keys=tuple(tensors[f"keys.{i}"] for i in range(n)), values=tuple(tensors[f"values.{i}"] for i in range(n)),
+        residual=tuple(tensors[f"residual.{i}"] for i in range(n)) if manifest.get("has_residual") else (),
+        spec=spec, key_space=manifest["key_space"], info=info)
+    return manifest, vector
+
+
+def mismatches(manifest: dict, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
+               host=None) -> list[str]:
+    """Every field in which the vector and ``model`` (+ tokenizer) disagree, most specific first."""
+    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
+
+    if host is None:
+        from kvbridge.plugins import get_host
+
+        host = get_host()
+    spec = host.adapter_for(model.config.to_dict()).spec_of(model)
+    m = manifest["model"]
+    out = []
+    have = (m["model_type"], m["num_layers"], m["num_kv_heads"], m["head_dim"])
+    want = (spec.model_type, spec.num_layers, spec.num_kv_heads, spec.head_dim)
+    if have != want:
+        out.append(f"geometry (vector {have[0]} {have[1]} layers x {have[2]} kv heads x {have[3]} vs model "
+                   f"{want[0]} {want[1]} x {want[2]} x {want[3]})")
+    cfg = config_fingerprint(model.config.to_dict())
+    if m["config_fingerprint"] != cfg:
+        out.append(f"config (vector {m['config_fingerprint'][:12]}... vs model {cfg[:12]}...)")
+    wfp = weights_fp or weights_fingerprint(model)
+    if m["weights_fingerprint"] != wfp:
+        out.append(f"weights (vector {m['weights_fingerprint'][:12]}... vs model {wfp[:12]}...)")
+    have_tok = (manifest.get("tokenizer") or {}).get("fingerprint")
+    if tokenizer_fp is not None and tokenizer_fp.get("fingerprint") and have_tok and have_tok != tokenizer_fp["fingerprint"]:
+        out.append(f"tokenizer (vector {have_tok[:12]}... vs {tokenizer_fp['fingerprint'][:12]}...)")
+    return out
+
+
+def load_vector(path: str | Path, model: Any = None, *, tokenizer_fp: dict | None = None,
+                weights_fp: str | None = None, host=None):
+    """The :class:`~kvbridge.steer.vectors.SteeringVector` of a folder, refused (one line) when
+    ``model`` is not the model it was made for."""
+    manifest, vector = read_vector(path)
+    if model is not None:
+        bad = mismatches(manifest, model, tokenizer_fp=tokenizer_fp, weights_fp=weights_fp, host=host)
+        if bad:
+            raise VectorMismatchError(
+                f"steering vector {path} was made for another model ({manifest['model'].get('id')}): "
+                + "; ".join(bad),
+                "build a vector on this model (kvbridge steer build) or move this one through a fitted mapping "
+                "(kvbridge steer transfer)")
+    return vector
+
+
+__all__ = ["SCHEMA_VERSION", "KIND", "TENSOR_FILE", "VectorMismatchError", "save_vector", "read_vector", "load_vector",
+           "mismatches", "build_manifest", "model_record"]

@@ -1,0 +1,188 @@
+"""One-shot edits of a KV state: add a steering vector, scale K/V, mix with another prompt's cache.
+
+Every edit returns a new :class:`~kvbridge.kvstate.KVState` (the input is never modified; only
+the edited layers are copied) marked ``approximate=True``, with what was done appended to
+``meta["steered"]``: a steered cache is never presented as a model's own prefix state. Edits act
+on the layers ``layers`` and the cache positions ``start:stop``.
+
+Arithmetic (float32 for every cache dtype, one rounding back to the cache dtype):
+
+- ``add_vector``: ``k + ck * R(p) d_k`` and ``v + cv * d_v``, the key direction rotated to each
+  edited position ``p`` (content-space vectors; see :mod:`kvbridge.steer.vectors`). The product
+  ``c * delta`` is rounded once and then added (two separate IEEE operations, never a fused
+  multiply-add), so adding with ``-c`` after ``+c`` subtracts exactly the tensor that was added:
+  the restored element differs from the original by at most ``eps * (|x| + |c * delta|)``
+  elementwise (two correctly rounded float32 operations, ``eps = 2**-23``), on every CPU. A zero
+  coefficient adds exact zeros: the tensors come back equal (bitwise, up to the sign of zero).
+- ``scale_kv``: ``ck * k``, ``cv * v`` (1.0 leaves them bitwise).
+- ``mix_kv``: ``(1 - alpha) * own + alpha * other`` over the range, ``other`` re-positioned to the
+  edited positions first when it was computed elsewhere (0 keeps the own cache, 1 replaces it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Sequence
+
+from kvbridge.errors import KVBridgeError
+
+
+class EditError(KVBridgeError):
+    """An edit's arguments are out of range (layer, position, coefficient)."""
+
+
+def coefficient(value, name: str) -> float:
+    """``value`` as a finite float, else a one-line error naming it (NaN / inf refused)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise EditError(f"{name} must be a number, got {value!r}", f"pass a finite number for {name}") from None
+    if not math.isfinite(v):
+        raise EditError(f"{name} must be finite, got {value!r}", f"pass a finite number for {name}")
+    return v
+
+
+def layers_of(layers, num_layers: int) -> tuple:
+    """Layer indices from ``"all"``, ``"0,2"``, ``"1-3"``, a sequence or None (= all); out of range refused."""
+    from kvbridge.prefix.ablate import parse_layers
+
+    if layers is None:
+        return tuple(range(num_layers))
+    if isinstance(layers, str):
+        try:
+            chosen = parse_layers(layers, num_layers)
+        except KVBridgeError as exc:
+            raise EditError(exc.what, exc.fix) from None
+    else:
+        chosen = tuple(sorted({int(i) for i in layers}))
+        bad = [i for i in chosen if not 0 <= i < num_layers]
+        if bad:
+            raise EditError(f"layer(s) {bad} out of range: the model has {num_layers} layers (0-{num_layers - 1})",
+                            "pick layers that exist (--layers)")
+    if not chosen:
+        raise EditError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
+    return chosen
+
+
+def positions_of(state, start: int, stop: int | None) -> tuple[int, int]:
+    n = state.num_tokens
+    stop = n if stop is None else stop
+    if not (0 <= start < stop <= n):
+        raise EditError(f"edit positions {start}:{stop} are outside the cache's {n} tokens",
+                        "edit positions that the cache holds")
+    return start, stop
+
+
+def _mark(state, keys, values, record: dict):
+    steered = list(state.meta.get("steered", ()))
+    steered.append(record)
+    return replace(state, keys=tuple(keys), values=tuple(values), approximate=True,
+                   meta={**state.meta, "steered": steered})
+
+
+def _check_vector(state, vector) -> None:
+    if vector.num_layers != state.num_layers:
+        raise EditError(f"the steering vector has {vector.num_layers} layers, the cache {state.num_layers}",
+                        "use a vector built on this model")
+    for i, (k, d) in enumerate(zip(state.keys, vector.keys)):
+        if (k.shape[1], k.shape[-1]) != tuple(d.shape):
+            raise EditError(f"layer {i}: vector keys {tuple(d.shape)} vs cache [kv_heads, head_dim] "
+                            f"{(k.shape[1], k.shape[-1])}", "use a vector built on this model")
+
+
+def key_deltas(state, vector, start: int, stop: int, layers: Sequence[int]) -> dict:
+    """Per layer the key direction at each edited position ``[B, H, n, D]`` float32 (rotated there
+    for content-space vectors, as is for rotated-space ones)."""
+    import torch
+
+    from kvbridge.kvstate import KVState
+
+    B, n = state.batch_size, stop - start
+    device = state.device
+    keys = tuple(vector.keys[i].to(device)[None, :, None, :].expand(B, -1, n, -1) for i in range(state.num_layers))
+    if vector.key_space != "content" or not state.rope_applied or state.spec.positional != "rope":
+        return {i: keys[i] for i in layers}
+    lengths = None if state.rope_lengths is None else state.rope_lengths[:, start:stop]
+    d = KVState(keys=keys, values=keys, token_ids=state.token_ids[:, start:stop],
+                positions=state.positions[:, start:stop], spec=state.spec, rope_applied=False)
+    rotated = d.apply_rope(rope_lengths=lengths, dtype=torch.float32)
+    return {i: rotated.keys[i] for i in layers}
+
+
+def add_vector(state, vector, *, ck: float = 0.0, cv: float = 0.0, layers=None, start: int = 0,
+               stop: int | None = None):
+    """``state`` with ``ck`` x the key direction and ``cv`` x the value direction added at
+    ``layers`` and positions ``start:stop`` (see the module docstring)."""
+    import torch
+
+    ck, cv = coefficient(ck, "--ck"), coefficient(cv, "--cv")
+    chosen = layers_of(layers, state.num_layers)
+    start, stop = positions_of(state, start, stop)
+    _check_vector(state, vector)
+    kd = key_deltas(state, vector, start, stop, chosen)
+    keys, values = list(state.keys), list(state.values)
+    for i in chosen:
+        for group, delta, c in ((keys, kd[i], ck), (values, vector.values[i].to(state.device)[None, :, None, :], cv)):
+            t = group[i].clone()
+            step = c * delta.to(torch.float32)  # rounded once, then added: never fused
+            t[:, :, start:stop] = (t[:, :, start:stop].to(torch.float32) + step).to(t.dtype)
+            group[i] = t
+    return _mark(state, keys, values, {"edit": "add_vector", "ck": ck, "cv": cv, "layers": list(chosen),
+                                       "positions": [start, stop], "key_space": vector.key_space})
+
+
+def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
+    """``state`` with keys x ``ck`` and values x ``cv`` at ``layers``, positions ``start:stop``."""
+    import torch
+
+    ck, cv = coefficient(ck, "--ck"), coefficient(cv, "--cv")
+    chosen = layers_of(layers, state.num_layers)
+    start, stop = positions_of(state, start, stop)
+    keys, values = list(state.keys), list(state.values)
+    for i in chosen:
+        for group, c in ((keys, ck), (values, cv)):
+            t = group[i].clone()
+            t[:, :, start:stop] = (t[:, :, start:stop].to(torch.float32) * c).to(t.dtype)
+            group[i] = t
+    return _mark(state, keys, values, {"edit": "scale_kv", "ck": ck, "cv": cv, "layers": list(chosen),
+                                       "positions": [start, stop]})
+
+
+def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
+    """``(1 - alpha) * state + alpha * other`` at ``layers``, positions ``start:stop`` (``other``'s
+    tokens ``start:stop``, re-positioned to ``state``'s positions when they differ)."""
+    import torch
+
+    alpha = coefficient(alpha, "alpha")
+    chosen = layers_of(layers, state.num_layers)
+    start, stop = positions_of(state, start, stop)
+    if other.num_tokens < stop:
+        raise EditError(f"the other cache has {other.num_tokens} tokens, the edit needs positions {start}:{stop}",
+                        "mix with a prompt at least as long as the edited range")
+    if other.num_layers != state.num_layers or any(
+            a.shape[1:2] + a.shape[3:] != b.shape[1:2] + b.shape[3:] for a, b in zip(state.keys, other.keys)):
+        raise EditError("the other cache has another geometry", "mix caches of the same model")
+    part = other.slice_tokens(start, stop)
+    if other.batch_size != state.batch_size:
+        if other.batch_size != 1:
+            raise EditError(f"the other cache has batch {other.batch_size}, the edited one {state.batch_size}",
+                            "mix with one prompt")
+        part = part.map_tensors(lambda t: t.expand(state.batch_size, *t.shape[1:]))
+        part = replace(part, token_ids=part.token_ids.expand(state.batch_size, -1),
+                       positions=part.positions.expand(state.batch_size, -1))
+    want = state.positions[:, start:stop]
+    if not torch.equal(part.positions.to(want.device), want):
+        part = part.reposition(want)
+    keys, values = list(state.keys), list(state.values)
+    for i in chosen:
+        for group, src in ((keys, part.keys[i]), (values, part.values[i])):
+            t = group[i].clone()
+            own = t[:, :, start:stop].to(torch.float32)
+            t[:, :, start:stop] = ((1.0 - alpha) * own + alpha * src.to(device=t.device, dtype=torch.float32)).to(t.dtype)
+            group[i] = t
+    return _mark(state, keys, values, {"edit": "mix_kv", "alpha": alpha, "layers": list(chosen),
+                                       "positions": [start, stop]})
+
+
+__all__ = ["EditError", "coefficient", "layers_of", "positions_of", "key_deltas", "add_vector", "scale_kv", "mix_kv"]

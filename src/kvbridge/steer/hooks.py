@@ -1,0 +1,111 @@
+"""Residual-stream hooks: read a decoder layer's output, or add a direction to it (activation addition).
+
+The residual stream after decoder layer ``i`` is the layer's output hidden state. Two plain
+torch forward hooks work on it:
+
+- :class:`ResidualCapture` keeps the output at chosen positions while a forward runs (used by
+  :func:`kvbridge.steer.vectors.build_vector` to build the residual direction from the same pairs
+  and the same positions as the K/V directions, in the same forward pass);
+- :class:`ActivationAddition` adds ``coefficient * direction[i]`` to the output of the chosen
+  layers at every position of every forward while it is active (the prompt and each generated
+  token): the standard residual-stream steering baseline (ActAdd / CAA style), which, unlike a
+  cache edit, acts again on every new token.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Sequence
+
+from kvbridge.errors import KVBridgeError
+
+
+def decoder_layers(model) -> dict:
+    """``{layer index: decoder layer module}``: the parent module of each attention module."""
+    from kvbridge.prefix.ablate import attention_modules
+
+    attn = attention_modules(model)
+    if not attn:
+        raise KVBridgeError(f"cannot find the attention modules of {type(model).__name__}",
+                            "residual hooks need attention modules with a layer_idx attribute")
+    names = {id(mod): name for name, mod in model.named_modules()}
+    modules = dict(model.named_modules())
+    out = {}
+    for i, mod in attn.items():
+        parent = names[id(mod)].rpartition(".")[0]
+        if parent not in modules:
+            raise KVBridgeError(f"cannot find the decoder layer around attention layer {i}",
+                                "this model's layout is not supported by residual hooks")
+        out[i] = modules[parent]
+    return out
+
+
+def _hidden(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+class ResidualCapture:
+    """Forward hooks keeping ``output[:, start:stop]`` of every decoder layer (float32, detached)."""
+
+    def __init__(self, model):
+        self.layers = decoder_layers(model)
+        self.window = (0, None)
+        self.captured: dict = {}
+        self.handles = [mod.register_forward_hook(self._hook(i)) for i, mod in self.layers.items()]
+
+    def _hook(self, layer: int):
+        def hook(module, args, output):
+            a, b = self.window
+            self.captured[layer] = _hidden(output)[:, a:b].detach().float().clone()
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+class ActivationAddition:
+    """Forward hooks adding ``coefficient * directions[i]`` to decoder layer ``i``'s output."""
+
+    def __init__(self, model, directions: dict, coefficient: float, layers: Sequence[int]):
+        import torch
+
+        mods = decoder_layers(model)
+        missing = [i for i in layers if i not in mods]
+        if missing:
+            raise KVBridgeError(f"no decoder layer {missing} in {type(model).__name__}", "pick layers that exist")
+        self.coefficient = float(coefficient)
+        dtype = next(model.parameters()).dtype
+        device = next(model.parameters()).device
+        self.delta = {i: (self.coefficient * directions[i].to(device=device, dtype=torch.float32)).to(dtype)
+                      for i in layers}
+        self.handles = [mods[i].register_forward_hook(self._hook(i)) for i in layers]
+
+    def _hook(self, layer: int):
+        delta = self.delta[layer]
+
+        def hook(module, args, output):
+            if isinstance(output, tuple):
+                return (output[0] + delta,) + tuple(output[1:])
+            return output + delta
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+@contextmanager
+def activation_addition(model, directions: dict, coefficient: float, layers: Sequence[int]):
+    hooks = ActivationAddition(model, directions, coefficient, layers)
+    try:
+        yield hooks
+    finally:
+        hooks.remove()
+
+
+__all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition", "activation_addition"]

@@ -1,0 +1,140 @@
+"""Steering one model run: the prefix state of a scenario, a method's plan on it, and the
+side-by-side steered / unsteered continuation of ``kvbridge steer run``."""
+
+from __future__ import annotations
+
+
+from kvbridge.errors import KVBridgeError
+
+
+def _host(host):
+    if host is None:
+        from kvbridge.plugins import get_host
+
+        host = get_host()
+    return host
+
+
+def prefix_state(model, ids, host=None):
+    """The cache of ``ids`` (batch 1) as a KVState, or None for no ids."""
+    import torch
+
+    if not ids:
+        return None
+    adapter = _host(host).adapter_for(model.config.to_dict())
+    device = next(model.parameters()).device
+    return adapter.extract(model, torch.tensor([list(ids)], device=device))
+
+
+def check_length(model, scenario, new_tokens: int, host=None) -> None:
+    spec = _host(host).adapter_for(model.config.to_dict()).spec_of(model)
+    total = len(scenario.joint) + new_tokens
+    if spec.max_position_embeddings and total > spec.max_position_embeddings:
+        raise KVBridgeError(f"prompt + {new_tokens} new tokens = {total} tokens exceed the model's "
+                            f"{spec.max_position_embeddings} positions", "shorten the prompt or lower --max-new-tokens")
+
+
+def setup_for(model, scenario, *, method: str | None = None, options: dict | None = None, vector=None, other=None,
+              layers=None, edit: tuple | None = None, prefix=None, host=None):
+    """``(Setup, record)``: the scenario's prefix (``prefix`` when given, e.g. restored from a pack),
+    steered by ``method`` at ``layers`` and positions ``edit`` (default: the scenario's)."""
+    from kvbridge.steer.edit import layers_of
+    from kvbridge.steer.methods import SteerContext, method_options, resolve_method
+    from kvbridge.steer.sample import Setup
+
+    host = _host(host)
+    state = prefix if prefix is not None else prefix_state(model, scenario.prefix_ids, host)
+    if method is None:
+        return Setup(state, scenario.live_ids), {"method": "none"}
+    if state is None:
+        raise KVBridgeError("there is no cached prefix to steer", "pass a longer prompt")
+    m = resolve_method(method, host)
+    opts = method_options(m, options)
+    spec = host.adapter_for(model.config.to_dict()).spec_of(model)
+    chosen = layers_of(layers, spec.num_layers)
+    start, stop = edit or scenario.edit
+    ctx = SteerContext(model=model, spec=spec, state=state, start=start, stop=stop, layers=chosen, vector=vector,
+                       other=other)
+    plan = m.plan(ctx, opts)
+    record = dict(plan.record)
+    record.setdefault("method", m.name)
+    record["layers"] = list(chosen)
+    record["positions"] = [start, stop]
+    return Setup(plan.state, scenario.live_ids, plan.hooks), record
+
+
+def side_by_side(left: str, right: str, *, width: int = 38, titles=("unsteered", "steered")) -> list[str]:
+    """Two texts in two wrapped columns."""
+    import textwrap
+
+    def wrap(text):
+        out = []
+        for para in text.split("\n"):
+            out.extend(textwrap.wrap(para, width) or [""])
+        return out
+
+    a, b = wrap(left), wrap(right)
+    n = max(len(a), len(b))
+    a += [""] * (n - len(a))
+    b += [""] * (n - len(b))
+    lines = [f"{titles[0]:<{width}} | {titles[1]}", f"{'-' * width}-+-{'-' * width}"]
+    lines += [f"{x:<{width}} | {y}" for x, y in zip(a, b)]
+    return lines
+
+
+def decode(tokenizer, tokens, stop_ids=()) -> str:
+    toks = list(tokens)
+    for i, t in enumerate(toks):
+        if t in stop_ids:
+            toks = toks[:i]
+            break
+    return tokenizer.decode(toks, skip_special_tokens=True)
+
+
+def stop_ids_of(tokenizer, model=None) -> tuple:
+    """End-of-turn / end-of-text ids: the tokenizer's eos, ``<|im_end|>`` and ``<|eot_id|>`` where they exist."""
+    out = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        out.add(eos)
+    if model is not None:
+        gen = getattr(model, "generation_config", None)
+        ids = getattr(gen, "eos_token_id", None)
+        for i in ids if isinstance(ids, (list, tuple)) else [ids]:
+            if isinstance(i, int):
+                out.add(i)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        try:
+            i = tokenizer.convert_tokens_to_ids(name)
+        except Exception:  # noqa: BLE001 - tokenizers without the name
+            continue
+        if isinstance(i, int) and i >= 0 and i != unk:
+            out.add(i)
+    return tuple(sorted(out))
+
+
+def run_pair(model, tokenizer, base, steered, *, max_new_tokens: int, seed: int | None = 0, temperature: float = 0.7,
+             top_p: float = 0.9, host=None) -> dict:
+    """The unsteered and steered continuation with the same seed (``seed=None``: greedy)."""
+    from kvbridge.prefix.diverge import Sampler
+    from kvbridge.steer.sample import sample
+
+    sampler = None if seed is None else Sampler(temperature, top_p)
+    stops = stop_ids_of(tokenizer, model)
+    out = {}
+    for name, setup in (("unsteered", base), ("steered", steered)):
+        res = sample(model, setup, [0 if seed is None else seed], max_new_tokens, sampler, stop_ids=stops, host=host,
+                     return_logits=True)
+        out[name] = {"tokens": res["tokens"][0], "text": decode(tokenizer, res["tokens"][0], stops),
+                     "first_logits": res["first_logits"][0]}
+    from kvbridge.divergence import kl
+
+    out["first_step_kl"] = float(kl(out["unsteered"]["first_logits"], out["steered"]["first_logits"]).sum())
+    out["identical"] = out["unsteered"]["tokens"] == out["steered"]["tokens"]
+    for name in ("unsteered", "steered"):
+        out[name].pop("first_logits")
+    return out
+
+
+__all__ = ["prefix_state", "check_length", "setup_for", "side_by_side", "decode", "stop_ids_of", "run_pair"]

@@ -1,0 +1,155 @@
+"""Batched sampling with fixed seeds, and the teacher-forced costs of a steering setup.
+
+A :class:`Setup` is what one arm runs: a prefix state (or none), the live ids fed after it, and
+optional hooks (``hooks(model)``: a context manager active for the live prefill and every decode
+step). :func:`sample` draws ``len(seeds)`` continuations in one batch: sample ``i`` uses its own
+``torch.Generator`` seeded with ``seeds[i]`` and the inverse-CDF sampler of
+:mod:`kvbridge.prefix.diverge` (one uniform per step, read over token ids), so two arms whose
+distributions are identical draw identical tokens, and arms are paired sample by sample.
+
+:func:`costs` feeds given continuations (the unsteered arm's own samples) through a reference
+setup and a steered setup in the same batch layout and returns, per sample, the negative
+log-likelihood under each, the KL divergence ``KL(reference || steered)`` of the next-token
+distributions averaged over the continuation's positions, and the first-step KL, counting tokens
+up to and including the first end-of-turn token.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Setup:
+    prefix: Any  # KVState (batch 1) or None
+    live_ids: tuple
+    hooks: Callable[[Any], Any] | None = None
+
+    def cache(self, model, batch: int, host=None):
+        """A fresh cache holding the prefix ``batch`` times (never aliasing the state)."""
+        from dataclasses import replace
+
+        from transformers import DynamicCache
+
+        if self.prefix is None:
+            return DynamicCache()
+        s = self.prefix
+        tiled = s.map_tensors(lambda t: t.expand(batch, *t.shape[1:]).contiguous())
+        tiled = replace(tiled, token_ids=s.token_ids.expand(batch, -1).contiguous(),
+                        positions=s.positions.expand(batch, -1).contiguous(),
+                        rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous())
+        if host is None:
+            from kvbridge.plugins import get_host
+
+            host = get_host()
+        return host.adapter_for(model.config.to_dict()).inject(tiled, model)
+
+    def context(self, model):
+        return self.hooks(model) if self.hooks is not None else nullcontext()
+
+
+def _draw(sampler, logits, gens) -> list[int]:
+    import torch
+
+    if sampler is None:  # greedy
+        return [int(i) for i in logits.argmax(-1).tolist()]
+    p = sampler.probs(logits)
+    cdf = torch.cumsum(p, dim=-1)
+    out = []
+    for i, g in enumerate(gens):
+        u = torch.rand((), generator=g, dtype=torch.float64)
+        idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
+        idx = min(idx, p.shape[-1] - 1)
+        while p[i, idx] == 0 and idx > 0:
+            idx -= 1
+        out.append(idx)
+    return out
+
+
+def sample(model, setup: Setup, seeds: Sequence[int], steps: int, sampler=None, *, stop_ids=(), host=None,
+           return_logits: bool = False) -> dict:
+    """``{"tokens": [[...] per seed], "first_logits": Tensor [N, V] (with return_logits)}``.
+
+    ``sampler=None`` decodes greedily (every row the argmax). Rows that emitted a ``stop_ids``
+    token keep being fed (fixed batch shape) but their later tokens are dropped from ``tokens``.
+    """
+    import torch
+
+    n = len(seeds)
+    device = next(model.parameters()).device
+    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    cache = setup.cache(model, n, host)
+    rows: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    first = None
+    with torch.no_grad(), setup.context(model):
+        ids = torch.tensor([list(setup.live_ids)] * n, device=device)
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float().cpu()
+        if return_logits:
+            first = logits.clone()
+        for step in range(steps):
+            toks = _draw(sampler, logits, gens)
+            for i, t in enumerate(toks):
+                if not done[i]:
+                    rows[i].append(t)
+                    done[i] = t in stop_ids
+            if all(done) or step + 1 == steps:
+                break
+            logits = model(input_ids=torch.tensor(toks, device=device)[:, None], cache=cache,
+                           use_cache=True).logits[:, -1].float().cpu()
+    out: dict = {"tokens": rows}
+    if return_logits:
+        out["first_logits"] = first
+    return out
+
+
+def _forced_logprobs(model, setup: Setup, rows: list[list[int]], host=None):
+    """Log-probabilities ``[N, S, V]`` (float32) of the next token at each continuation position."""
+    import torch
+
+    n, steps = len(rows), max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    pad = [r + [r[-1] if r else 0] * (steps - len(r)) for r in rows]
+    live = list(setup.live_ids)
+    ids = torch.tensor([live + r[:-1] for r in pad], device=device)
+    cache = setup.cache(model, n, host)
+    with torch.no_grad(), setup.context(model):
+        logits = model(input_ids=ids, cache=cache, use_cache=True).logits[:, len(live) - 1:].float()
+    return torch.log_softmax(logits, dim=-1).cpu()
+
+
+def costs(model, reference: Setup, steered: Setup, rows: list[list[int]], *, chunk: int = 16, host=None) -> dict:
+    """Per-sample costs of ``steered`` on continuations ``rows`` (see the module docstring)."""
+    import torch
+
+    keep = [i for i, r in enumerate(rows) if r]
+    out = {"nll_reference": [float("nan")] * len(rows), "nll_steered": [float("nan")] * len(rows),
+           "kl": [float("nan")] * len(rows), "kl_first": [float("nan")] * len(rows)}
+    for a in range(0, len(keep), chunk):
+        idx = keep[a:a + chunk]
+        part = [rows[i] for i in idx]
+        ref = _forced_logprobs(model, reference, part, host)
+        got = _forced_logprobs(model, steered, part, host)
+        for j, i in enumerate(idx):
+            r = part[j]
+            t = torch.tensor(r)
+            lr, lg = ref[j, :len(r)], got[j, :len(r)]
+            out["nll_reference"][i] = float(-lr.gather(1, t[:, None]).mean())
+            out["nll_steered"][i] = float(-lg.gather(1, t[:, None]).mean())
+            kl = (lr.exp() * (lr - lg)).sum(-1).clamp(min=0)
+            out["kl"][i] = float(kl.mean())
+            out["kl_first"][i] = float(kl[0])
+    return out
+
+
+def repetition(tokens: Sequence[int], n: int = 3) -> float:
+    """Share of repeated ``n``-grams in a continuation (0 for fewer than ``n + 1`` tokens)."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if len(grams) < 2:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+__all__ = ["Setup", "sample", "costs", "repetition"]
