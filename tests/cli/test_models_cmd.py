@@ -43,10 +43,10 @@ def test_fetch_names_default_and_pair(monkeypatch):
     from click.testing import CliRunner
 
     from kvbridge.cli.main import cli
-    from kvbridge.models import known
+    from kvbridge.models import fetching
 
     asked = []
-    monkeypatch.setattr(known, "fetch", lambda name, quiet=False: asked.append(name) or f"/x/{name}")
+    monkeypatch.setattr(fetching, "fetch", lambda name, quiet=False: asked.append(name) or f"/x/{name}")
     assert CliRunner().invoke(cli, ["models", "fetch"]).exit_code == 0 and asked == ["smollm2"]
     asked.clear()
     res = CliRunner().invoke(cli, ["models", "fetch", "pair", "qwen2.5-coder-0.5b", "--quiet"])

