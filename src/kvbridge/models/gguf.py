@@ -61,6 +61,14 @@ class GGUFArray:
     sha256: str
 
 
+#: llama.cpp's ``LLAMA_FTYPE_*`` values (``general.file_type``): the mix a file was quantized as
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+              17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS",
+              24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
+              31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
@@ -105,6 +113,26 @@ class GGUFInfo:
         return counts.most_common(1)[0][0] if counts else "none"
 
     @property
+    def stated_type(self) -> str | None:
+        """The file type the file states (``general.file_type``, llama.cpp's ``LLAMA_FTYPE`` names,
+        e.g. ``Q4_K_M``); it can differ from :attr:`quantization`, the type most tensors have."""
+        value = self.metadata.get("general.file_type")
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None
+        return FILE_TYPES.get(value, f"file_type {value}")
+
+    @property
+    def params(self) -> int:
+        """Elements of every tensor in the file (the weights a loader dequantizes)."""
+        total = 0
+        for t in self.tensors:
+            n = 1
+            for d in t.shape:
+                n *= int(d)
+            total += n
+        return total
+
+    @property
     def tied_embeddings(self) -> bool:
         return not any(t.name == "output.weight" for t in self.tensors)
 
@@ -116,7 +144,8 @@ class GGUFInfo:
     def summary(self) -> dict:
         """What ``describe`` shows about the file itself."""
         return {"file": self.path, "version": self.version, "size": self.size, "architecture": self.architecture,
-                "quantization": self.quantization, "tensor_types": self.tensor_types,
+                "quantization": self.quantization, "file_type": self.stated_type, "params": self.params,
+                "tensor_types": self.tensor_types,
                 "tensors": len(self.tensors), "tied_embeddings": self.tied_embeddings,
                 "chat_template": self.chat_template is not None,
                 "tokenizer_model": self.metadata.get("tokenizer.ggml.model")}
@@ -356,5 +385,5 @@ def find_gguf(folder: Path) -> Path | None:
     return files[0] if files else None
 
 
-__all__ = ["GGUFInfo", "GGUFTensor", "GGUFArray", "read_gguf", "to_hf_config", "geometry", "model_type_of",
+__all__ = ["FILE_TYPES", "GGUFInfo", "GGUFTensor", "GGUFArray", "read_gguf", "to_hf_config", "geometry", "model_type_of",
            "unsupported_types", "find_gguf", "GGML_TYPES", "ARCH_TO_MODEL_TYPE"]

@@ -4,7 +4,7 @@ A reference is, in this order:
 
 1. ``SCHEME:REST`` for a registered scheme: ``zoo:NAME`` (the embedded tiny zoo) or a scheme a
    plugin registers through ``kvbridge_register_model_sources``;
-2. a known short name (``smollm2``; list them with ``kvbridge models``), read from
+2. a known short name (``smollm2``, ``qwen2.5-coder-0.5b``/``-1.5b``; ``kvbridge models``), read from
    ``$KVBRIDGE_HOME/models`` once fetched;
 3. a local path: a model folder (``config.json`` + weights + tokenizer files), a folder holding
    one ``.gguf`` file, a ``.gguf`` file, a ``config.json`` file, or a manifest record file;
