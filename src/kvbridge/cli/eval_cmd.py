@@ -189,7 +189,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         fault_point("eval.batch")
 
     if recompute_layers or recompute_tokens or recompute_sweep:  # the recompute dial: kvbridge.recompute
-        from kvbridge.recompute.cli_support import eval_recompute
+        from kvbridge.cli.recompute_eval import eval_recompute
         from kvbridge.recompute.report import table as recompute_table
 
         result, written = eval_recompute(

@@ -46,14 +46,15 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     import torch
 
     from kvbridge.errors import KVBridgeError
-    from kvbridge.recompute.cli_support import load_one
+    from kvbridge.cli.options import load_model
     from kvbridge.recompute.graft import _adapter, graft as do_graft, prepare_chunk
     from kvbridge.recompute.tokens import blend, parse_ratio
 
     if (chunk is None) == (pack_dir is None):
         raise KVBridgeError("give exactly one of --chunk and --pack", "pass --chunk TEXT or --pack DIR")
     r = parse_ratio(ratio)
-    m, tok, name = load_one(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype)
+    m, tok, name = loaded.model, loaded.tokenizer, model
     ad = _adapter(m)
     ctx = _ids(tok, context, True, "context")
     if pack_dir:
@@ -139,7 +140,8 @@ def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, r
     from kvbridge.evaluate import heldout_text, windows
     from kvbridge.fit.calibrate import load_corpus
     from kvbridge.recompute import report
-    from kvbridge.recompute.cli_support import load_one, split_list
+    from kvbridge.cli.options import load_model
+    from kvbridge.cli.recompute_eval import split_list
     from kvbridge.recompute.graft import run_graft
     from kvbridge.recompute.tokens import parse_ratio
 
@@ -150,7 +152,8 @@ def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, r
         from kvbridge.errors import KVBridgeError
 
         raise KVBridgeError(f"unknown control {bad[0]!r}", "use some of random, first, no_reposition, shuffled")
-    m, tok, name = load_one(model, dtype=dtype)
+    loaded = load_model(model, dtype=dtype)
+    m, tok, name = loaded.model, loaded.tokenizer, model
     texts, _ = load_corpus(corpus)
     stream = torch.tensor(tok(heldout_text(texts), add_special_tokens=False)["input_ids"], dtype=torch.long)
     L = context_len + chunk_len + continuation_len + 1

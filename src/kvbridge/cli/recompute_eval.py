@@ -1,61 +1,6 @@
-"""What the CLI needs beyond the library: model loading for one model, and ``eval --recompute-*``."""
+"""``eval --recompute-*`` (the recompute curve behind the eval command) and the list parsing ``graft`` uses."""
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from kvbridge.recompute.layers import RecomputeError
-
-SMOLLM2_DIR = Path("~/.cache/kvbridge/models/smollm2-135m-instruct").expanduser()
-
-
-def load_one(ref: str, *, dtype: str = "float32"):
-    """``(model, tokenizer, name)`` of ``zoo:NAME``, ``smollm2``, a ``.gguf`` file, a GGUF folder or a model folder.
-
-    Uses :mod:`kvbridge.models` when it is installed (the loading layer); otherwise this small
-    stand-in, offline only (``local_files_only``), never running code shipped with a model.
-    """
-    try:  # the shared loading layer, when it has landed
-        from kvbridge.models import load  # type: ignore
-
-        loaded = load(ref, dtype=dtype)
-        return loaded.model.eval(), loaded.tokenizer, ref
-    except ImportError:
-        pass
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from kvbridge.models.hf_loader import model_from_pretrained, tokenizer_from_pretrained
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    kw = {"dtype": getattr(torch, dtype)}
-    if ref.startswith("zoo:"):
-        from kvbridge.zoo.load import load_zoo_model
-
-        model, tok = load_zoo_model(ref[4:], dtype=getattr(torch, dtype))
-        return model, tok, ref
-    path = SMOLLM2_DIR if ref == "smollm2" else Path(ref).expanduser()
-    gguf = None
-    if path.is_file() and path.suffix == ".gguf":
-        path, gguf = path.parent, path.name
-    elif path.is_dir() and not (path / "config.json").exists():
-        found = sorted(path.glob("*.gguf"))
-        gguf = found[0].name if found else None
-    if not path.exists() or (path.is_dir() and gguf is None and not (path / "config.json").exists()):
-        raise RecomputeError(f"{ref}: no model folder, .gguf file or zoo:NAME there",
-                             "pass a local model folder, a .gguf file, smollm2 or zoo:base")
-    try:
-        if gguf:
-            model = model_from_pretrained(path, gguf_file=gguf, **kw)
-            tok = tokenizer_from_pretrained(path, gguf_file=gguf)
-        else:
-            model = model_from_pretrained(path, **kw)
-            tok = tokenizer_from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise RecomputeError(f"{ref}: cannot load ({' '.join(str(exc).split())[:160]})",
-                             "pass a folder written by save_pretrained or a .gguf file") from None
-    return model.eval(), tok, ref
 
 
 def split_list(text: str) -> list[str]:
@@ -110,4 +55,4 @@ def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len
     return result, written
 
 
-__all__ = ["load_one", "eval_recompute", "split_list"]
+__all__ = ["eval_recompute", "split_list"]
