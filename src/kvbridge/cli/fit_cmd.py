@@ -9,7 +9,7 @@ import click
 
 from kvbridge.cli.numbers import Number, SEED, count, real
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
+from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402
 
 
 class Progress:

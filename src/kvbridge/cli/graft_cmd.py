@@ -8,6 +8,7 @@ import sys
 import click
 
 from kvbridge.cli.numbers import SEED, count
+from kvbridge.cli.options import dtype_option
 
 
 @click.group("graft")
@@ -39,7 +40,7 @@ def _ids(tok, text, special, what: str = "text"):
 @click.option("--prompt", required=True, help="Text (or @FILE) that follows the chunk; the model continues it.")
 @click.option("--recompute-tokens", "ratio", default="0%", show_default=True, help="Share of chunk tokens recomputed.")
 @click.option("--max-new-tokens", default=24, show_default=True, type=count(1))
-@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16")), show_default=True)
+@dtype_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtype, as_json):
     """Graft a chunk after CONTEXT, continue PROMPT greedily, and compare with a full prefill."""
@@ -124,7 +125,7 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
 @click.option("--batch-size", default=8, show_default=True, type=count(1))
 @click.option("--bootstrap", default=1000, show_default=True, type=count(0))
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--dtype", default="float32", type=click.Choice(("float32", "bfloat16", "float16")), show_default=True)
+@dtype_option
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write graft.md, graft.json and graft.png here.")
 @click.option("--json", "as_json", is_flag=True)

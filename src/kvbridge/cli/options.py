@@ -20,7 +20,7 @@ MODEL_REFS = ("a model folder (save_pretrained), a .gguf file or a folder holdin
               "a hub id already in the local Hugging Face cache (never downloaded), a manifest name, "
               "zoo:NAME (the embedded tiny zoo), a short name such as smollm2 (`kvbridge models`), "
               "or SCHEME:REST for schemes plugins register")
-DTYPE_CHOICES = ("float32", "bfloat16", "float16", "auto")
+from kvbridge.dtypes import DTYPE_BYTES, LOAD_DTYPES as DTYPE_CHOICES  # noqa: E402
 DTYPE_HELP = ("Dtype to load the model(s) in. Default float32 (half-precision checkpoints upcast, GGUF "
               "dequantized); 'auto' = the checkpoint's own dtype.")
 
@@ -153,10 +153,6 @@ def revision_of(resolved) -> str | None:
 
 
 # -- formatters ------------------------------------------------------------------------------------------
-DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
-               "float8_e5m2": 1, "float64": 8}
-
-
 def kv_bytes_per_token(spec) -> int:
     """Bytes one token adds to the cache: K and V (and sparse-attention indexer keys), every KV layer, in the
     config's dtype."""

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from kvbridge.errors import ConfigError
 
 GIB = 2**30
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "auto": 4}
+from kvbridge.dtypes import DTYPE_BYTES  # noqa: E402  (the one table)
 UNGATED_MLP = {"gpt2", "gpt_neox", "gptj", "phi", "falcon", "codegen", "starcoder2", "bloom", "opt"}
 DEFAULT_TOKENS = 1_000_000
 

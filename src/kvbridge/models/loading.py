@@ -24,7 +24,7 @@ from typing import Any
 from kvbridge.errors import ConfigError
 from kvbridge.models.ref import ModelRef
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
+from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402  (the one vocabulary)
 DEFAULT_DTYPE = "float32"
 
 
