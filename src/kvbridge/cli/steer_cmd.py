@@ -7,6 +7,8 @@ import json
 
 import click
 
+from kvbridge.cli.numbers import SEED, SHARE, count, real
+
 from kvbridge.cli.options import device_option, dtype_option
 
 REPORT_KIND = "kvbridge.steer-eval"
@@ -151,10 +153,10 @@ def _check_numbers(**values) -> None:
 @click.option("--vector", "vector_dir", default=None, type=click.Path(), help="Steering vector folder (steer build).")
 @click.option("--method", default="kv-vector", show_default=True,
               help="Steering method (kv-vector, kv-scale, kv-mix, kv-bank, actadd, or a plugin's).")
-@click.option("--ck", type=float, default=None, help="Key coefficient (kv-vector: added multiple; kv-scale: factor).")
-@click.option("--cv", type=float, default=None, help="Value coefficient (kv-vector: added multiple; kv-scale: factor).")
-@click.option("--alpha", type=float, default=None, help="kv-mix: weight of the other prompt's cache (1 = replace).")
-@click.option("--ca", type=float, default=None, help="actadd: residual coefficient.")
+@click.option("--ck", type=real(), default=None, help="Key coefficient (kv-vector: added multiple; kv-scale: factor).")
+@click.option("--cv", type=real(), default=None, help="Value coefficient (kv-vector: added multiple; kv-scale: factor).")
+@click.option("--alpha", type=real(), default=None, help="kv-mix: weight of the other prompt's cache (1 = replace).")
+@click.option("--ca", type=real(), default=None, help="actadd: residual coefficient.")
 @click.option("-o", "--option", "options", multiple=True, help="Method option key=value (repeatable).")
 @click.option("--layers", default="all", show_default=True, help="Layers: all, '0,2', '1-3'.")
 @click.option("--at", "at", type=click.Choice(["last", "guide", "pack"]), default="last", show_default=True,
@@ -162,11 +164,11 @@ def _check_numbers(**values) -> None:
 @click.option("--guide", default=None, help="Guide (instruction) text or @FILE for --at guide (a system turn under --chat).")
 @click.option("--pack", "pack_dir", default=None, type=click.Path(), help="Prefix pack folder for --at pack.")
 @click.option("--other", default=None, help="kv-mix: the other prompt (text or @FILE) whose cache is mixed in.")
-@click.option("--max-new-tokens", default=48, show_default=True, type=click.IntRange(1))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Sampling seed (both runs).")
+@click.option("--max-new-tokens", default=48, show_default=True, type=count(1))
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Sampling seed (both runs).")
 @click.option("--greedy", is_flag=True, help="Greedy decoding instead of sampling.")
-@click.option("--temperature", default=0.7, show_default=True, type=float)
-@click.option("--top-p", default=0.9, show_default=True, type=float)
+@click.option("--temperature", default=0.7, show_default=True, type=real(0, min_open=True))
+@click.option("--top-p", default=0.9, show_default=True, type=SHARE)
 @click.option("--chat/--no-chat", default=None, help="Render the prompt with the chat template (default: when the "
                                                      "tokenizer has one).")
 @dtype_option
@@ -269,20 +271,20 @@ def _floats(text: str, name: str) -> tuple:
               help="Arms to run (none is always run: it is the reference).")
 @click.option("--extra", multiple=True, help="NAME=DIR: another vector for this model (e.g. moved from another "
                                              "model), run as an arm like kv (repeatable).")
-@click.option("--samples", default=64, show_default=True, type=click.IntRange(1), help="Seeds 0..N-1 per arm.")
-@click.option("--max-new-tokens", default=48, show_default=True, type=click.IntRange(1))
-@click.option("--ck", default=0.0, show_default=True, type=float, help="kv arms: key coefficient.")
-@click.option("--cv", default=4.0, show_default=True, type=float, help="kv arms: value coefficient.")
-@click.option("--ca", default=4.0, show_default=True, type=float, help="actadd arm: residual coefficient.")
+@click.option("--samples", default=64, show_default=True, type=count(1), help="Seeds 0..N-1 per arm.")
+@click.option("--max-new-tokens", default=48, show_default=True, type=count(1))
+@click.option("--ck", default=0.0, show_default=True, type=real(), help="kv arms: key coefficient.")
+@click.option("--cv", default=4.0, show_default=True, type=real(), help="kv arms: value coefficient.")
+@click.option("--ca", default=4.0, show_default=True, type=real(), help="actadd arm: residual coefficient.")
 @click.option("--layers", default="all", show_default=True, help="Layers of the kv arms (and actadd unless "
                                                                  "--actadd-layers).")
 @click.option("--actadd-layers", default="", help="Layers of the actadd arm (default: --layers).")
 @click.option("--at", "at", type=click.Choice(["last", "prompt"]), default="last", show_default=True,
               help="kv arms edit the prompt's last cached position, or every cached prompt position.")
 @click.option("--sweep", default="", help="Coefficient multipliers for kv / actadd / random, e.g. 0.25,0.5,1,2,4.")
-@click.option("--sweep-samples", default=0, type=click.IntRange(0), help="Samples per sweep point (0: --samples).")
-@click.option("--temperature", default=0.7, show_default=True, type=float)
-@click.option("--top-p", default=0.9, show_default=True, type=float)
+@click.option("--sweep-samples", default=0, type=count(0), help="Samples per sweep point (0: --samples).")
+@click.option("--temperature", default=0.7, show_default=True, type=real(0, min_open=True))
+@click.option("--top-p", default=0.9, show_default=True, type=SHARE)
 @click.option("--chat/--no-chat", default=None, help="Chat template (default: when the tokenizer has one).")
 @dtype_option
 @device_option
