@@ -50,6 +50,7 @@ def test_table_and_bad_input(corpus):
     res = _run("--corpus", str(corpus), "--conditions", "native,transferred,no_prefix,zeroed")
     assert res.exit_code == 0, res.output
     assert "transferred" in res.stdout and "zeroed" in res.stdout and "shuffled" not in res.stdout
+    assert "x counting the source prefill" in res.stdout
     bad = _run("--corpus", str(corpus), "--gate", "kl_p95 about 1")
     assert bad.exit_code == 2 and "cannot read gate" in bad.output
     unknown = _run("--corpus", str(corpus), "--conditions", "native,bogus")

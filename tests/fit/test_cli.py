@@ -72,6 +72,7 @@ def test_fit_then_transfer(folders):
               "the lazy king jumps over", "--max-new-tokens", 6, "--compare")
     assert res.exit_code == 0, res.output
     assert "agreement 6/6 greedy tokens" in res.output
+    assert "x counting the source prefill" in res.output and "x (target prefill / mapping)" in res.output
 
     again = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out", out)
     assert again.exit_code == 2 and "already exists" in again.output and "Traceback" not in again.output

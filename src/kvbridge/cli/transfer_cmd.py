@@ -102,3 +102,6 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
         click.echo("native: " + tok.decode(native.sequences[0, ids.shape[1]:], skip_special_tokens=True))
         click.echo(f"[agreement {same}/{n} greedy tokens; next-token KL(native || transferred) {kl:.3e}; "
                    f"target prefill {1e3 * (t4 - t3):.1f} ms vs mapping {1e3 * (t2 - t1):.1f} ms]")
+        click.echo(f"[speed-up {(t4 - t3) / max(t2 - t1, 1e-9):.1f}x (target prefill / mapping), "
+                   f"{(t4 - t3) / max(t2 - t0, 1e-9):.2f}x counting the source prefill "
+                   f"(target prefill / (source prefill + mapping))]")
