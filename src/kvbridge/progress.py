@@ -83,10 +83,12 @@ class Progress:
 
 
 class Heartbeat:
-    """Plain progress lines for logs: the stage, done/total and the elapsed time, at every stage
-    start and then every :data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) from a
-    background thread, so a log shows life while one step (loading a model, one forward of a
-    big batch) takes minutes. On a terminal it prints nothing (the bars redraw in place there).
+    """Plain progress lines for logs: the stage, done/total and the elapsed time, every
+    :data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) from a background thread, so a
+    log shows life while one step (loading a model, one forward of a big batch) takes minutes;
+    once the first line is out, every stage change is printed too. A command that ends (or
+    fails) within the first interval prints nothing. On a terminal it prints nothing (the bars
+    redraw in place there).
 
     ``with Heartbeat("fit") as hb: hb.stage("loading models"); ...; hb.stage("calibrate", total, "tokens");
     hb.advance(n)``.
@@ -129,7 +131,8 @@ class Heartbeat:
     def stage(self, name: str, total: int | None = None, unit: str = "") -> None:
         self.name, self.total, self.unit, self.done = name, total, unit, 0
         self._t_stage = time.perf_counter()
-        self._emit()
+        if self._t_stage - self.t0 >= self.every:
+            self._emit()
 
     def advance(self, n: int = 1) -> None:
         self.done += int(n)
