@@ -240,7 +240,12 @@ def main(argv=None) -> int:
     res = run_eval(main_map, CONDITIONS, args.greedy_tokens)
     results["eval_main"] = {"mapping": str(main_dir), "wall_s": res["wall_s"], "timing": res["timing"],
                             "conditions": {c: pick(v) for c, v in res["conditions"].items()},
-                            "comparisons": res.get("comparisons")}
+                            "comparisons": res.get("comparisons"),
+                            "attention_cosine_layers": res["conditions"]["transferred"].get("attention_cosine_layers")}
+    fit0 = results["fits"][0]
+    cos = results["eval_main"]["attention_cosine_layers"]
+    if cos and fit0["r2_k_per_layer"] and len(cos) == len(fit0["r2_k_per_layer"]):
+        results["r2_vs_attention"] = {kind: pearson(fit0[f"r2_{kind}_per_layer"], cos) for kind in ("k", "v")}
     (out / "eval_main.json").write_text(json.dumps(res, indent=1, default=str))
     results["peak_rss_gib_after_eval"] = round(peak_rss_gib(), 2)
     log(f"eval main: {res['wall_s']} s")
@@ -288,6 +293,14 @@ def main(argv=None) -> int:
     return 0
 
 
+def pearson(a, b):
+    n = len(a)
+    ma, mb = sum(a) / n, sum(b) / n
+    sa = sum((x - ma) ** 2 for x in a) ** 0.5
+    sb = sum((y - mb) ** 2 for y in b) ** 0.5
+    return None if sa == 0 or sb == 0 else sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (sa * sb)
+
+
 def _f(x, spec="{:.3f}"):
     return "n/a" if x is None else spec.format(x)
 
@@ -321,6 +334,10 @@ def report(r: dict) -> str:
                    f"for {t.get('prefix_tokens')} prefix tokens: speed-up "
                    f"{_f(t.get('transfer_speedup_vs_prefill'), '{:.1f}')}x, counting the source prefill "
                    f"{_f(t.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x; eval {em['wall_s']} s")
+    rv = r.get("r2_vs_attention")
+    if rv:
+        out.append(f"per target layer, Pearson r of held-out R² with the transferred attention-output cosine: "
+                   f"K {_f(rv.get('k'), '{:.2f}')}, V {_f(rv.get('v'), '{:.2f}')}")
     for v in r.get("eval_variants") or []:
         out.append(f"variant {Path(v['mapping']).name}: transferred gap recovered {_ci(v['transferred'], 'gap_recovered')}, "
                    f"KL p95 {_f(v['transferred'].get('kl_p95'))}, top-1 {_f(v['transferred'].get('top1_agreement'))}")
