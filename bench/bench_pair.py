@@ -137,10 +137,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--variants-only", action="store_true",
+                    help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
+                         "on the same held-out samples (results_variants.json)")
     args = ap.parse_args(argv)
     out = args.out
     if args.report_only:
-        print(report(json.loads((out / "results.json").read_text())))
+        r = json.loads((out / "results.json").read_text())
+        if (out / "results_variants.json").is_file():
+            r["eval_variants"] = json.loads((out / "results_variants.json").read_text())["eval_variants"]
+        print(report(r))
         return 0
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -153,6 +159,8 @@ def main(argv=None) -> int:
     results: dict = {"argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                      "torch": torch.__version__, "threads": args.threads}
 
+    if args.variants_only:
+        return variants_only(args, out)
     corpus = Path(args.corpus) if args.corpus else stdlib_corpus(out / "stdlib-corpus")
     from kvbridge.cli.corpus_support import calibration_texts, eval_corpus
 
@@ -290,6 +298,46 @@ def main(argv=None) -> int:
     results["peak_rss_gib"] = round(peak_rss_gib(), 2)
     save(out, results)
     print(report(results))
+    return 0
+
+
+def variants_only(args, out: Path) -> int:
+    """Eval every grid mapping but the main one (native + transferred), same samples as the main run."""
+    import torch
+
+    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate import corpus_samples, evaluate
+    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.models import load
+
+    main = json.loads((out / "results.json").read_text())
+    dirs = [Path(f["dir"]) for f in main["fits"][1:]]
+    corpus = Path(main["corpus"]["path"])
+    t0 = time.perf_counter()
+    src, tgt = load(args.source, dtype=args.dtype), load(args.target, dtype=args.dtype)
+    smodel, tmodel, ttok = src.model.eval(), tgt.model.eval(), tgt.tokenizer
+    log(f"loaded in {time.perf_counter() - t0:.1f} s")
+    first = load_mapping(main["fits"][0]["dir"], source=smodel, target=tmodel)
+    ev = eval_corpus(corpus, first.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok)
+    length = args.prefix_len + args.continuation_len + 1
+    ids, data = corpus_samples([ev.tail], ttok, n=args.samples, length=length, fraction=1.0)
+    assert data["heldout_tokens"] == main["eval_data"]["heldout_tokens"], "not the main run's held-out text"
+    rows = []
+    for d in dirs:
+        mapping = load_mapping(d, source=smodel, target=tmodel)
+        cfg = EvalConfig(prefix_len=args.prefix_len, continuation_len=args.continuation_len, greedy_tokens=1,
+                         batch_size=8, top_k=5, top_p=0.9, seed=0, conditions=("native", "transferred"),
+                         attention=False, bootstrap=args.bootstrap)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            res = evaluate(smodel, tmodel, mapping, ids, config=cfg, data=data)
+        rows.append({"mapping": str(d), "wall_s": round(time.perf_counter() - t0, 1),
+                     "transferred": pick(res["conditions"]["transferred"])})
+        log(f"eval {d.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')} "
+            f"({rows[-1]['wall_s']} s)")
+        (out / "results_variants.json").write_text(json.dumps({"eval_variants": rows, "peak_rss_gib": peak_rss_gib()},
+                                                              indent=1, default=str))
     return 0
 
 

@@ -102,7 +102,8 @@ class Heartbeat:
         self.tty = self.stream.isatty() if tty is None else tty
         env = os.environ.get("KVBRIDGE_PROGRESS_EVERY")
         self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
-        self.enabled = enabled and not self.tty
+        # KVBRIDGE_PROGRESS_EVERY=0 asks :class:`Progress` for a line per update; no timed lines then
+        self.enabled = enabled and not self.tty and self.every > 0
         self.t0 = self._t_stage = time.perf_counter()
         self.name, self.total, self.unit, self.done = "starting", None, "", 0
         self.lines = 0
