@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants-only", action="store_true",
                     help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
                          "on the same held-out samples (results_variants.json)")
+    ap.add_argument("--only", default=None, help="--variants-only: these map-* folder names (comma-separated)")
     args = ap.parse_args(argv)
     out = args.out
     if args.report_only:
@@ -312,7 +313,8 @@ def variants_only(args, out: Path) -> int:
     from kvbridge.models import load
 
     main = json.loads((out / "results.json").read_text())
-    dirs = [Path(f["dir"]) for f in main["fits"][1:]]
+    dirs = [Path(f["dir"]) for f in main["fits"][1:]
+            if not args.only or Path(f["dir"]).name in args.only.split(",")]
     corpus = Path(main["corpus"]["path"])
     t0 = time.perf_counter()
     src, tgt = load(args.source, dtype=args.dtype), load(args.target, dtype=args.dtype)
