@@ -5,6 +5,9 @@ tokens/s, ETA); otherwise (a log file, CI) a plain line at most every
 :data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) and at the end, so logs stay
 readable. Disabled, it prints nothing.
 
+:class:`Heartbeat` is the same plain line for commands whose steps are long and few (model
+loading, a fit's forwards): a background thread prints the current stage every few seconds.
+
 :class:`PartialLog` keeps what a run has finished: a JSONL file (a header record with the
 run's settings, then one record per finished unit of work) rewritten atomically after each
 unit (temp file + fsync + rename, :func:`kvbridge.artifacts.write_file_atomic`), so a run
@@ -79,6 +82,84 @@ class Progress:
             self.stream.flush()
 
 
+class Heartbeat:
+    """Plain progress lines for logs: the stage, done/total and the elapsed time, every
+    :data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) from a background thread, so a
+    log shows life while one step (loading a model, one forward of a big batch) takes minutes;
+    once the first line is out, every stage change is printed too. A command that ends (or
+    fails) within the first interval prints nothing. On a terminal it prints nothing (the bars
+    redraw in place there).
+
+    ``with Heartbeat("fit") as hb: hb.stage("loading models"); ...; hb.stage("calibrate", total, "tokens");
+    hb.advance(n)``.
+    """
+
+    def __init__(self, label: str, *, stream: TextIO | None = None, tty: bool | None = None,
+                 every: float | None = None, enabled: bool = True):
+        import threading
+
+        self.label, self.stream = label, stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        env = os.environ.get("KVBRIDGE_PROGRESS_EVERY")
+        self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
+        # KVBRIDGE_PROGRESS_EVERY=0 asks :class:`Progress` for a line per update; no timed lines then
+        self.enabled = enabled and not self.tty and self.every > 0
+        self.t0 = self._t_stage = time.perf_counter()
+        self.name, self.total, self.unit, self.done = "starting", None, "", 0
+        self.lines = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def line(self) -> str:
+        now = time.perf_counter()
+        count = ""
+        if self.total:
+            count = f" {self.done:,}/{self.total:,} {self.unit} ({100.0 * self.done / self.total:.0f}%)".rstrip()
+        elif self.done:
+            count = f" {self.done:,} {self.unit}".rstrip()
+        return (f"{self.label}: {self.name}{count}, {_fmt_secs(now - self.t0)} elapsed "
+                f"({_fmt_secs(now - self._t_stage)} in this stage)")
+
+    def _emit(self) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+            self.lines += 1
+
+    def stage(self, name: str, total: int | None = None, unit: str = "") -> None:
+        self.name, self.total, self.unit, self.done = name, total, unit, 0
+        self._t_stage = time.perf_counter()
+        if self._t_stage - self.t0 >= self.every:
+            self._emit()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += int(n)
+
+    def set(self, done: int) -> None:
+        self.done = int(done)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._emit()
+
+    def __enter__(self) -> "Heartbeat":
+        if self.enabled and self._thread is None:
+            import threading
+
+            self._thread = threading.Thread(target=self._run, name=f"kvbridge-{self.label}-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 class PartialLog:
     """A JSONL file of finished units, rewritten atomically after each (see the module docstring)."""
 
@@ -140,4 +221,4 @@ def read_partial(path: Path | str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-__all__ = ["Progress", "PartialLog", "read_partial", "json_ready", "PLAIN_EVERY_S"]
+__all__ = ["Progress", "Heartbeat", "PartialLog", "read_partial", "json_ready", "PLAIN_EVERY_S"]

@@ -35,6 +35,10 @@ def test_json_output_and_passing_gate(corpus):
     t = data["conditions"]["transferred"]
     assert t["kl_p95"] <= 1e-9 and t["gap_recovered_ci"] is not None and len(t["nll_ci"]) == 2
     assert data["data"]["kind"] == "corpus" and data["samples"] == 4
+    tm = data["timing"]  # both speed-ups: without and with the source prefill a transfer needs
+    want = tm["target_prefill_ms"] / (tm["source_prefill_ms"] + tm["transfer_ms"])
+    assert tm["transfer_speedup_with_source_prefill"] == pytest.approx(want, rel=1e-6)
+    assert tm["transfer_speedup_with_source_prefill"] < tm["transfer_speedup_vs_prefill"]
     assert all(g["enforced"] and g["passed"] for g in data["gates"])
 
 
@@ -50,6 +54,7 @@ def test_table_and_bad_input(corpus):
     res = _run("--corpus", str(corpus), "--conditions", "native,transferred,no_prefix,zeroed")
     assert res.exit_code == 0, res.output
     assert "transferred" in res.stdout and "zeroed" in res.stdout and "shuffled" not in res.stdout
+    assert "x counting the source prefill" in res.stdout
     bad = _run("--corpus", str(corpus), "--gate", "kl_p95 about 1")
     assert bad.exit_code == 2 and "cannot read gate" in bad.output
     unknown = _run("--corpus", str(corpus), "--conditions", "native,bogus")

@@ -72,6 +72,7 @@ def test_fit_then_transfer(folders):
               "the lazy king jumps over", "--max-new-tokens", 6, "--compare")
     assert res.exit_code == 0, res.output
     assert "agreement 6/6 greedy tokens" in res.output
+    assert "x counting the source prefill" in res.output and "x (target prefill / mapping)" in res.output
 
     again = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out", out)
     assert again.exit_code == 2 and "already exists" in again.output and "Traceback" not in again.output
@@ -136,3 +137,79 @@ def test_the_two_meanings_of_force_have_two_names():
         assert "--accept-fingerprint-mismatch" in text and "--force" not in text, cmd
     fit_help = run("fit", "--help").output
     assert "--overwrite" in fit_help and "--accept-fingerprint-mismatch" not in fit_help
+
+
+@pytest.fixture(scope="module")
+def code_folder(tmp_path_factory):
+    """A folder of .py files (a package inside), the shape of a user's source tree."""
+    import random
+
+    root = tmp_path_factory.mktemp("code") / "src"
+    (root / "pkg").mkdir(parents=True)
+    rng = random.Random(1)
+    names = "alpha beta gamma delta total count index value result items".split()
+    for i in range(24):
+        body = "".join(f"def {rng.choice(names)}_{j}(x):\n    return x + {j} * {rng.choice(names)}\n\n" for j in range(12))
+        ((root / "pkg") if i % 3 else root).joinpath(f"mod{i}.py").write_text(body, encoding="utf-8")
+    return root
+
+
+def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files(folders, code_folder, tmp_path,
+                                                                                    monkeypatch):
+    import hashlib
+    import time
+
+    import kvbridge.cli.options as options
+    from kvbridge.corpus import Split, read_corpus
+
+    real_load = options.load_model
+
+    def slow_load(*args, **kwargs):  # a model that takes a while to load, as real ones do
+        time.sleep(0.3)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(options, "load_model", slow_load)
+
+    out = tmp_path / "map"
+    res = CliRunner().invoke(build_cli(), [str(a) for a in (
+        "fit", folders / "source", folders / "target", "--corpus", code_folder, "--out", out, "--seq-len", 48,
+        "--tokens", 960, "--stride", 4, "--top-k", 2, "--corpus-heldout", 0.25)], catch_exceptions=False,
+        env={"KVBRIDGE_PROGRESS_EVERY": "0.1"})
+    assert res.exit_code == 0, res.output
+    # logs (stderr is not a terminal here): a plain line at each stage, model loading included
+    assert "fit: loading the models, 0:0" in res.stderr and " elapsed (0:0" in res.stderr
+    corpus = json.loads((out / "manifest.json").read_text())["calibration"]["corpus"]
+    split = corpus["split"]
+    assert split["rule"] == "path-sha256" and split["heldout"] == 0.25 and split["heldout_files"] >= 1
+    assert split["calibration_files"] + split["heldout_files"] == corpus["files_count"] == 24
+    assert corpus["sha256"] == read_corpus(code_folder).sha256
+
+    def ev(*extra):
+        return CliRunner().invoke(build_cli(), [str(a) for a in (
+            "eval", folders / "source", folders / "target", "--mapping", out, "--corpus", code_folder,
+            "--samples", 2, "--prefix-len", 16, "--continuation-len", 4, "--greedy-tokens", 2, "--bootstrap", 20,
+            "--conditions", "native,transferred,no_prefix", "--no-attention", "--json", *extra)],
+            env={"KVBRIDGE_PROGRESS_EVERY": "0.1"})
+
+    res = ev()
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)["data"]
+    assert data["sha256"] == corpus["sha256"]  # one corpus, one hash
+    assert data["split"]["from_mapping"] and data["split"]["heldout_files"] == split["heldout_files"]
+    assert "eval: loading the models, 0:0" in res.stderr
+    held = {f.rel for f in read_corpus(code_folder).part(Split(0.25), "heldout")}
+    assert len(held) == split["heldout_files"]
+    bad = ev("--heldout-fraction", "0.6")  # a bigger held-out share reaches into calibration files
+    assert bad.exit_code == 2 and "calibration files of the mapping" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) - bad.stderr.count("eval: ") == 1 and "Traceback" not in bad.stderr
+    assert ev("--heldout-fraction", "0.6", "--allow-overlap").exit_code == 0
+    assert ev("--heldout-fraction", "0.2").exit_code == 0  # a smaller share only drops held-out files
+
+    one = tmp_path / "one.txt"
+    one.write_text((code_folder / "mod0.py").read_text() * 8, encoding="utf-8")
+    res = CliRunner().invoke(build_cli(), [str(a) for a in (
+        "eval", folders / "source", folders / "source", "--mapping", "identity", "--corpus", one, "--samples", 2,
+        "--prefix-len", 16, "--continuation-len", 4, "--greedy-tokens", 2, "--bootstrap", 20, "--conditions",
+        "native,no_prefix", "--no-attention", "--json", "--heldout-fraction", "0.5")])
+    assert res.exit_code == 0, res.output  # a file corpus: eval's hash is sha256sum's, as fit records it
+    assert json.loads(res.stdout)["data"]["sha256"] == hashlib.sha256(one.read_bytes()).hexdigest()

@@ -44,7 +44,8 @@ def metric_help() -> str:
 @click.option("--mapping", "mapping_ref", required=True,
               help="Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).")
 @click.option("--corpus", required=True, type=click.Path(exists=True),
-              help="Text file, JSONL with 'text', or folder of .txt; samples come from its held-out tail.")
+              help="Text file, JSONL with 'text' (samples come from its held-out tail), or folder of .py/.txt "
+                   "(samples come from its held-out files: the mapping's split by path hash).")
 @click.option("--samples", default=64, show_default=True, type=count(2), help="Held-out samples.")
 @click.option("--prefix-len", default=64, show_default=True, type=count(1), help="Cached prefix tokens P.")
 @click.option("--continuation-len", default=8, show_default=True, type=count(1),
@@ -52,7 +53,8 @@ def metric_help() -> str:
 @click.option("--greedy-tokens", default=16, show_default=True, type=count(1),
               help="Greedy tokens G compared with native's (first divergence step).")
 @click.option("--heldout-fraction", default=0.1, show_default=True, type=SHARE,
-              help="Share of the corpus (its end) that samples come from; fit on the rest.")
+              help="Share of the corpus (its end) that samples come from; fit on the rest. A folder: the share of "
+                   "files held out (default: the one the mapping records).")
 @click.option("--conditions", default="all", show_default=True,
               help="Comma-separated conditions (native is always run).")
 @click.option("--bootstrap", default=1000, show_default=True, type=count(0), help="Paired bootstrap resamples.")
@@ -144,30 +146,38 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     hf_logging.set_verbosity_error()
     if threads:
         torch.set_num_threads(int(threads))
-    from kvbridge.evaluate import corpus_samples, evaluate, heldout_text
+    from kvbridge.evaluate import corpus_samples, evaluate
     from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
-    from kvbridge.fit.calibrate import check_same_tokens, load_corpus
+    from kvbridge.fit.calibrate import check_same_tokens
 
     conds = CONDITIONS if conditions.strip() in ("", "all") else tuple(c.strip() for c in conditions.split(","))
     bad = [c for c in conds if c not in CONDITIONS]
     if bad:
         raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
-    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
-    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
-    texts, sha = load_corpus(corpus)
-    tail = heldout_text(texts, heldout_fraction)
-    check_same_tokens([tail], stok, ttok)
-    mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
-    from kvbridge.evaluate.overlap import check as check_overlap
+    from kvbridge.progress import Heartbeat
 
-    overlap = check_overlap(getattr(mapping, "manifest", None), corpus, texts, heldout_fraction, tokenizer=ttok,
-                            allow=allow_overlap)
+    hb = click.get_current_context().with_resource(Heartbeat("eval"))  # plain lines in logs, incl. loading
+    hb.stage("loading the models")
+    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
+    hb.stage("reading the corpus and the mapping")
+    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
+    mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
+    from click.core import ParameterSource
+
+    from kvbridge.cli.corpus_support import eval_corpus
+
+    ctx = click.get_current_context(silent=True)  # a folder: the mapping's split unless the share is given
+    explicit = ctx is None or ctx.get_parameter_source("heldout_fraction") != ParameterSource.DEFAULT
+    ev = eval_corpus(corpus, getattr(mapping, "manifest", None), heldout_fraction, explicit=explicit,
+                     allow=allow_overlap, tokenizer=ttok)
+    tail, texts, overlap = ev.tail, ev.profile_texts, ev.note
+    check_same_tokens([tail], stok, ttok)
     if overlap:
         click.echo(f"warning: {overlap}", err=True)
     length = prefix_len + continuation_len + 1
     ids, data = corpus_samples([tail], ttok, n=samples, length=length, fraction=1.0)
-    data.update(path=str(corpus), sha256=sha, heldout_fraction=heldout_fraction)
+    data.update(ev.data)
     from kvbridge.evaluate.report import batch_record
     from kvbridge.progress import PartialLog, Progress
 
@@ -177,9 +187,12 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         "command": "eval", "source": source, "target": target, "mapping": mapping_ref, "corpus": str(corpus),
         "samples": int(ids.shape[0]), "prefix_len": prefix_len, "continuation_len": continuation_len})
     bar = Progress(int(ids.shape[0]), label="eval", unit="samples", enabled=True)
+    hb.stage("evaluating", int(ids.shape[0]), "samples")
 
     def progress(done, total):
         bar.update(done, tokens=(done - bar.done) * length)
+        hb.total = total or hb.total
+        hb.set(done)
 
     def on_batch(first, last, fields):
         if partial is not None:

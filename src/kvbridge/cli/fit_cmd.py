@@ -15,8 +15,9 @@ from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402
 class Progress:
     """A click progress bar per pass, with tokens/s and an ETA (stderr, rank 0 only)."""
 
-    def __init__(self, enabled: bool = True, world: int = 1):
+    def __init__(self, enabled: bool = True, world: int = 1, heartbeat=None):
         self.enabled = enabled
+        self.heartbeat = heartbeat  # plain lines for logs (kvbridge.progress.Heartbeat; silent on a terminal)
         self.note = f" (rank 0 of {world}; each rank reads 1/{world} of the corpus)" if world > 1 else ""
         self.bar = None
         self.t0 = 0.0
@@ -26,6 +27,14 @@ class Progress:
         kind, tag, n = event
         if not self.enabled:
             return
+        hb = self.heartbeat
+        if hb is not None:
+            if kind == "start":
+                hb.stage(f"{tag} forwards", max(1, n), "tokens")
+            elif kind == "advance":
+                hb.advance(n)
+            elif kind == "end":
+                hb.stage("solving and writing the mapping")
         if kind == "start":
             self.t0, self.done = time.perf_counter(), 0
             self.bar = click.progressbar(length=max(1, n), label=f"{tag:<8}", show_eta=True, show_percent=True,
@@ -81,7 +90,10 @@ def option_values(pairs, **flags) -> dict:
 @click.command("fit")
 @click.argument("source")
 @click.argument("target")
-@click.option("--corpus", default=None, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .txt files (required unless --plan).")
+@click.option("--corpus", default=None, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file (--corpus-heldout) and only its calibration part is read.")
+@click.option("--corpus-heldout", default=0.1, show_default=True, type=real(0, 1, min_open=True, max_open=True),
+              help="Folder corpora: share of the files held out for eval, chosen by a hash of each file's relative path "
+                   "(recorded in the mapping; `eval` then reads only those).")
 @click.option("--out", default=None, type=click.Path(), help="Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).")
 @click.option("--fitter", default="ridge", show_default=True, help="Fitter plugin (ridge, ridge-headwise, sklearn, ...).")
 @click.option("-o", "--option", "fitter_opts", multiple=True, metavar="KEY=VALUE",
@@ -114,7 +126,7 @@ def option_values(pairs, **flags) -> dict:
 @click.option("--calibrate", "plan_device", default=None, metavar="DEVICE", help="--plan: measure the rates of each part "
               "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
               "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.")
-def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha, heldout, seed,
+def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha, heldout, seed,
         batch_size, estimator, estimator_options, max_samples, memory_gib, dtype, resume, overwrite, force_alias,
         quiet, plan_only, device_flops, plan_device):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
@@ -151,7 +163,7 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
         return
     if corpus is None or out is None:
         raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
-    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens, load_corpus
+    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
 
     overwrite = overwrite or force_alias
     from kvbridge.artifacts import check_replaceable
@@ -173,10 +185,19 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     from kvbridge.plugins import get_host
 
     options = fitter_options(load_fitter(get_host(), fitter), values)  # refuse bad options before loading models
-    texts, sha = load_corpus(corpus)
+    import os
+
+    from kvbridge.cli.corpus_support import calibration_texts
+    from kvbridge.progress import Heartbeat
+
+    hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
+        Heartbeat("fit", enabled=not quiet and os.environ.get("RANK", "0") == "0"))
+    hb.stage("reading the corpus")
+    texts, sha, split = calibration_texts(corpus, corpus_heldout)
     t0 = time.perf_counter()
     from kvbridge.cli.options import load_pair, revision_of
 
+    hb.stage("loading the models")
     pair = load_pair(source, target, dtype=dtype)  # the shared tokenizer is checked before any weights load
     loaded_src, loaded_tgt, tok_fp = pair.source, pair.target, pair.tokenizer
     src, tgt = loaded_src.ref, loaded_tgt.ref
@@ -189,9 +210,9 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
     mapping = run_fit(smodel, tmodel, texts, fitter=fitter, options=options, calibration=calibration, tokenizer=stok,
-                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, corpus_path=corpus, out=out, overwrite=overwrite, resume=resume,
+                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, corpus_path=corpus, corpus_split=split, out=out, overwrite=overwrite, resume=resume,
                       provenance=Provenance(src.name, tgt.name, revision_of(src), revision_of(tgt)),
-                      progress=Progress(main and not quiet, ctx.world if ctx else 1), distributed=ctx)
+                      progress=Progress(main and not quiet, ctx.world if ctx else 1, hb), distributed=ctx)
     if not main:
         return
     rep = mapping.report

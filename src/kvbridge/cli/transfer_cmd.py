@@ -113,6 +113,9 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engin
         click.echo("native: " + tok.decode(native.sequences[0, ids.shape[1]:], skip_special_tokens=True))
         click.echo(f"[agreement {same}/{n} greedy tokens; next-token KL(native || transferred) {kl:.3e}; "
                    f"target prefill {1e3 * (t4 - t3):.1f} ms vs mapping {1e3 * (t2 - t1):.1f} ms]")
+        click.echo(f"[speed-up {(t4 - t3) / max(t2 - t1, 1e-9):.1f}x (target prefill / mapping), "
+                   f"{(t4 - t3) / max(t2 - t0, 1e-9):.2f}x counting the source prefill "
+                   f"(target prefill / (source prefill + mapping))]")
 
 
 def _continue_in_engine(name, target_ref, moved, ids, tok, max_new_tokens, compare, *, source_s, map_s, host):
@@ -148,4 +151,3 @@ def _identity_mapping(pair, host):
         raise ConfigError(f"--mapping identity needs SOURCE and TARGET to be one model; {pair.source.name} and "
                           f"{pair.target.name} differ", "fit a mapping for this pair (kvbridge fit) and pass its folder")
     return IdentityFitter().fit(pair.source.spec, pair.target.spec)
-

@@ -92,6 +92,10 @@ def terminal_table(result: dict) -> str:
         out.append(f"timing: target prefill {fmt(tm.get('target_prefill_ms'), '{:.1f}')} ms, transfer "
                    f"{fmt(tm.get('transfer_ms'), '{:.1f}')} ms for {tm.get('prefix_tokens')} prefix tokens; "
                    f"eval {fmt(tm.get('eval_seconds'), '{:.1f}')} s")
+        if tm.get("transfer_speedup_vs_prefill") is not None:
+            out.append(f"speed-up: {fmt(tm.get('transfer_speedup_vs_prefill'), '{:.1f}')}x (target prefill / transfer), "
+                       f"{fmt(tm.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x counting the source prefill "
+                       f"({fmt(tm.get('source_prefill_ms'), '{:.1f}')} ms; target prefill / (source prefill + transfer))")
     for note in result.get("notes") or []:
         out.append(f"note: {note}")
     return "\n".join(out)

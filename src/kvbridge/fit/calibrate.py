@@ -28,8 +28,6 @@ target's tokenizer to verify the ids agree).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,39 +50,37 @@ class CalibrationError(KVBridgeError):
 
 
 # -- corpus ------------------------------------------------------------------------------------------
+def _read(path):
+    """:func:`kvbridge.corpus.read_corpus`, its errors as :class:`CalibrationError`."""
+    from kvbridge.corpus import CorpusError, read_corpus
+
+    try:
+        return read_corpus(path)
+    except CorpusError as exc:
+        raise CalibrationError(exc.what, exc.fix) from None
+
+
 def corpus_files(path: Path | str) -> list[Path]:
+    """The files a corpus reads (a folder: its .py and .txt files, in relative-path order)."""
+    from kvbridge.corpus import folder_files
+
     path = Path(path)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        files = folder_files(path)
         if not files:
-            raise CalibrationError(f"{path}: folder has no .txt files", "pass a text file, a JSONL file or a folder of .txt files")
+            raise CalibrationError(f"{path}: folder has no .py or .txt files",
+                                   "pass a text file, a JSONL file or a folder of .py/.txt files")
         return files
     if path.is_file():
         return [path]
     raise CalibrationError(f"{path}: no such corpus file or folder", "check --corpus")
 
 
-def corpus_record(path: Path | str) -> dict:
-    """What a corpus is, verifiably: each file's ``sha256`` as ``sha256sum`` prints it, and its size.
-
-    ``sha256`` is the single file's hash for a file corpus (the value ``sha256sum FILE``
-    prints); for a folder it is :func:`load_corpus`'s combined hash (documented there) and
-    ``files`` lists every file's own.
-    """
-    from kvbridge.artifacts import sha256_file
-
-    files = corpus_files(path)
-    recs = [{"name": str(f.relative_to(path)) if Path(path).is_dir() else f.name, "sha256": sha256_file(f),
-             "bytes": f.stat().st_size} for f in files]
-    combined = None
-    if len(files) > 1 or Path(path).is_dir():
-        h = hashlib.sha256()
-        for f, r in zip(files, recs):
-            h.update(f.name.encode() + b"\0" + bytes.fromhex(r["sha256"]))
-        combined = h.hexdigest()
-    return {"path": str(path), "sha256": combined or recs[0]["sha256"],
-            "sha256_of": "folder: sha256 over (name, file sha256) pairs" if combined else "the file (sha256sum)",
-            "files": recs}
+def corpus_record(path: Path | str, split=None) -> dict:
+    """What a corpus is, verifiably (:meth:`kvbridge.corpus.Corpus.record`): ``sha256`` is the
+    file's hash as ``sha256sum`` prints it, or a folder's digest (documented in :mod:`kvbridge.corpus`);
+    ``split`` (a :class:`kvbridge.corpus.Split`) records how a folder was split by file."""
+    return _read(path).record(split)
 
 
 def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
@@ -125,38 +121,16 @@ def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
 
 
 def load_corpus(path: Path | str) -> tuple[list[str], str]:
-    """``(texts, sha256)``: a text file, a JSONL file with a ``text`` field, or a folder of .txt files.
+    """``(texts, sha256)``: a text file, a JSONL file with a ``text`` field, or a folder of .py/.txt files.
 
-    The sha256 covers the raw bytes of every file read (names and contents, in sorted order).
+    The sha256 is the corpus hash of :mod:`kvbridge.corpus` (a file: ``sha256sum``'s value; a
+    folder: the digest over relative paths and contents). A folder gives all its UTF-8 files in
+    relative-path order (no split; ``fit``/``eval`` split folders with :class:`kvbridge.corpus.Split`).
     """
-    files = corpus_files(path)
-    h = hashlib.sha256()
-    texts: list[str] = []
-    for f in files:
-        raw = f.read_bytes()
-        h.update(f.name.encode() + b"\0" + hashlib.sha256(raw).digest())
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CalibrationError(f"{f}: not UTF-8 text (byte {exc.start})", "convert the corpus to UTF-8") from None
-        if f.suffix in (".jsonl", ".ndjson"):
-            for n, line in enumerate(text.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise CalibrationError(f"{f}:{n}: not valid JSON ({exc.msg})", "one JSON object per line") from None
-                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                    raise CalibrationError(f"{f}:{n}: record has no string field 'text'",
-                                           'write one {"text": "..."} object per line')
-                texts.append(rec["text"])
-        else:
-            texts.append(text)
-    texts = [t for t in texts if t.strip()]
-    if not texts:
-        raise CalibrationError(f"{path}: corpus is empty", "pass a corpus with some text")
-    return texts, h.hexdigest()
+    corpus = _read(path)
+    if corpus.kind == "file":
+        return list(corpus.texts), corpus.sha256
+    return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
 
 
 def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None):

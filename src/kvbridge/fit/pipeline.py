@@ -104,7 +104,7 @@ def _split_overrides(overrides: dict, calibration, provenance):
 def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=None,
         calibration: CalibrationConfig | None = None, tokenizer=None, target_tokenizer=None,
         tokenizer_fingerprint: dict | None = None, corpus_sha256: str | None = None,
-        corpus_path: str | Path | None = None,
+        corpus_path: str | Path | None = None, corpus_split=None,
         out: str | Path | None = None, overwrite: bool = False, resume: bool = False,
         checkpoint_dir: str | Path | None = None, checkpoint_every: float = 60.0,
         provenance: Provenance | None = None, progress: Callable | None = None, distributed: Any = "auto",
@@ -168,7 +168,7 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
         return mapping
     calib = {**cal.describe(), "corpus_sha256": data_sha, "token_ids_sha256": _token_sha(seqs),
              "world_size": ctx.world if ctx else 1, "forward_seconds": round(cal.seconds, 3)}
-    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel())))
+    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()), corpus_split))
     feats = (getattr(mapping.report, "observations", None) or {}).get("features_per_head")
     if feats:
         ratio = calib["observations_train"] / feats
@@ -218,13 +218,14 @@ def _validate(source_model, target_model, config, opts) -> None:
         v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
 
 
-def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int) -> dict:
-    """The corpus file hashes (as ``sha256sum`` prints them) and the span calibration read."""
+def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=None) -> dict:
+    """The corpus hash (:mod:`kvbridge.corpus`), a folder's split by file (``split``, a
+    :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
     out = {}
     if corpus_path is not None:
         from kvbridge.fit.calibrate import corpus_record
 
-        out["corpus"] = corpus_record(corpus_path)
+        out["corpus"] = corpus_record(corpus_path, split)
         out["corpus_sha256"] = out["corpus"]["sha256"]
     if texts is not None and tokenizer is not None:
         from kvbridge.fit.calibrate import calibration_span

@@ -1,0 +1,90 @@
+"""How ``fit`` and ``eval`` read ``--corpus``: a file as before, a folder split by file.
+
+A folder corpus is split by :class:`kvbridge.corpus.Split` (a hash of each file's relative
+path): ``fit`` reads the calibration part and records the split in the mapping; ``eval`` reads
+the held-out part, with the mapping's split unless ``--heldout-fraction`` is given, and refuses
+(one line, exit 2) a split whose held-out files include files the mapping could have calibrated
+on, unless ``--allow-overlap``. A file corpus keeps its front/tail rule
+(:mod:`kvbridge.evaluate.overlap`). Both record the same corpus hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EvalCorpus:
+    tail: str  # the text eval samples come from
+    profile_texts: list = field(repr=False)  # text for recompute profiling (never the held-out part of a folder)
+    data: dict = field(default_factory=dict)  # eval's data record (path, sha256, held-out share, split)
+    note: str | None = None  # an --allow-overlap warning
+
+
+def calibration_texts(path, heldout: float):
+    """``(texts, sha256, split or None)`` that ``fit`` calibrates on."""
+    from kvbridge.corpus import Split
+    from kvbridge.fit.calibrate import _read
+
+    corpus = _read(path)
+    if corpus.kind == "file":
+        return list(corpus.texts), corpus.sha256, None
+    split = Split(heldout=heldout)
+    return _part(corpus, split, "calibration"), corpus.sha256, split
+
+
+def _part(corpus, split, which):
+    from kvbridge.corpus import CorpusError
+    from kvbridge.fit.calibrate import CalibrationError
+
+    try:
+        return corpus.part_texts(split, which)
+    except CorpusError as exc:
+        raise CalibrationError(exc.what, exc.fix) from None
+
+
+def eval_corpus(path, manifest: dict | None, fraction: float, *, explicit: bool, allow: bool,
+                tokenizer=None) -> EvalCorpus:
+    """The held-out text ``eval`` samples from, refusing overlap with the mapping's calibration."""
+    from kvbridge.corpus import Split, split_overlap
+    from kvbridge.evaluate import heldout_text
+    from kvbridge.evaluate.overlap import OverlapError
+    from kvbridge.fit.calibrate import _read
+
+    corpus = _read(path)
+    base = {"path": str(path), "sha256": corpus.sha256, "sha256_of": corpus.sha256_of}
+    if corpus.kind == "file":
+        from kvbridge.evaluate.overlap import check
+
+        texts = list(corpus.texts)
+        note = check(manifest, path, texts, fraction, tokenizer=tokenizer, allow=allow)
+        return EvalCorpus(heldout_text(texts, fraction), texts, {**base, "heldout_fraction": fraction}, note)
+    cal = (manifest or {}).get("calibration") or {}
+    rec = cal.get("corpus") or {}
+    same = corpus.sha256 in {rec.get("sha256"), cal.get("corpus_sha256")} - {None}
+    fitted = Split.from_record(rec["split"]) if same and rec.get("split") else None
+    if fitted is not None:
+        evaluated = Split(heldout=fraction if explicit else fitted.heldout, salt=fitted.salt)
+        over = split_overlap(corpus, fitted, evaluated)
+        what = (f"{len(over)} of the held-out files at --heldout-fraction {evaluated.heldout:g} are calibration files "
+                f"of the mapping (fitted with {fitted.heldout:g} of this folder held out), e.g. {over[0]!r}"
+                if over else None)
+    else:
+        evaluated = Split(heldout=fraction)
+        what = ("the mapping was fitted on this folder without a recorded file split: any file may be calibration "
+                "text" if same else None)
+    note = None
+    if what:
+        if not allow:
+            raise OverlapError(what, f"use --heldout-fraction {fitted.heldout:g} (the mapping's) or less, evaluate on "
+                               "another corpus, or pass --allow-overlap to measure anyway" if fitted is not None else
+                               "fit again with this kvbridge (it records the split), or pass --allow-overlap")
+        note = what + " (--allow-overlap: scores are optimistic)"
+    texts = _part(corpus, evaluated, "heldout")
+    data = {**base, "heldout_fraction": evaluated.heldout,
+            "split": {**evaluated.record(), "heldout_files": len(texts), "files": len(corpus.files),
+                      "from_mapping": fitted is not None and not explicit}}
+    return EvalCorpus("\n".join(texts), _part(corpus, evaluated, "calibration"), data, note)
+
+
+__all__ = ["EvalCorpus", "calibration_texts", "eval_corpus"]

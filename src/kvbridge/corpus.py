@@ -1,0 +1,209 @@
+"""Corpora as users have them: a text file, a JSONL file, or a folder of ``.py`` / ``.txt`` files.
+
+One corpus, one hash (``fit`` records it in the mapping, ``eval`` in its ``data.sha256``):
+
+- a file: the file's sha256, the value ``sha256sum FILE`` prints;
+- a folder: sha256 over every ``.py`` and ``.txt`` file under it (``__pycache__`` and hidden
+  folders skipped), in the order of their relative POSIX paths, of
+  ``relative_path (UTF-8) + b"\\0" + sha256(file bytes)`` (32 raw bytes) per file. Renaming,
+  adding, removing or editing a file changes it; where the folder lies does not.
+
+A folder is split into a calibration part and a held-out part **by file**, with a stable rule
+(:class:`Split`, recorded in the mapping): a file is held out when
+``int(sha256(salt + "\\0" + relative_path)[:8 bytes]) / 2**64 < heldout``. The rule depends on
+the path alone (not on the contents, the machine or the other files), so the same folder splits
+the same way everywhere, and a file held out at share ``s`` is held out at every share above
+``s``. ``fit`` reads only calibration files and ``eval`` only held-out ones; each part is read
+in the order of that key (a fixed pseudo-random order), so a fit capped at ``--tokens N`` reads
+the start of many modules rather than the alphabetically first few.
+
+In a folder a file that is not UTF-8 text is skipped (listed in :attr:`Corpus.skipped`; it
+still counts in the hash); a single file that is not UTF-8 is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbridge.errors import KVBridgeError
+
+#: file kinds read from a corpus folder
+FOLDER_SUFFIXES = (".py", ".txt")
+#: the split rule's name, as recorded in mappings
+SPLIT_RULE = "path-sha256"
+#: the default share of a folder's files held out for evaluation
+DEFAULT_HELDOUT = 0.1
+DEFAULT_SALT = "kvbridge"
+
+
+class CorpusError(KVBridgeError):
+    """The corpus cannot be read or split as asked."""
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which files of a folder are held out: the rule, the share and the salt (all recorded)."""
+
+    heldout: float = DEFAULT_HELDOUT
+    salt: str = DEFAULT_SALT
+    rule: str = SPLIT_RULE
+
+    def __post_init__(self):
+        if self.rule != SPLIT_RULE:
+            raise CorpusError(f"unknown corpus split rule {self.rule!r}", f"this kvbridge knows {SPLIT_RULE!r}")
+        h = self.heldout
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1 or h != h:
+            raise CorpusError(f"corpus held-out share must be in [0, 1), got {h!r}", "use e.g. 0.1")
+
+    def key(self, rel: str) -> float:
+        """The file's place in [0, 1): held out below ``heldout``; also the reading order."""
+        digest = hashlib.sha256(f"{self.salt}\0{rel}".encode("utf-8")).digest()
+        return int.from_bytes(digest[:8], "big") / 2.0**64
+
+    def is_heldout(self, rel: str) -> bool:
+        return self.key(rel) < self.heldout
+
+    def record(self) -> dict:
+        return {"rule": self.rule, "heldout": float(self.heldout), "salt": self.salt,
+                "definition": "held out when int(sha256(salt + '\\0' + relative POSIX path)[:8], big-endian) / 2**64 "
+                              "< heldout; each part read in that key's order"}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Split":
+        try:
+            return cls(heldout=float(rec["heldout"]), salt=str(rec.get("salt", DEFAULT_SALT)),
+                       rule=str(rec.get("rule", SPLIT_RULE)))
+        except (KeyError, TypeError, ValueError):
+            raise CorpusError(f"the mapping's corpus split record is unreadable: {rec!r}",
+                              "fit the mapping again with this kvbridge") from None
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    rel: str  # relative POSIX path (a file corpus: its name)
+    sha256: str
+    bytes: int
+    text: str | None = field(default=None, repr=False)  # None: not UTF-8 (skipped)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    path: str
+    kind: str  # "file" or "folder"
+    files: tuple[CorpusFile, ...]
+    sha256: str
+    texts: tuple[str, ...] = field(repr=False, default=())  # file corpus: its documents
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        return tuple(f.rel for f in self.files if f.text is None)
+
+    @property
+    def sha256_of(self) -> str:
+        return ("folder: sha256 over (relative path, file sha256) pairs in path order (kvbridge.corpus)"
+                if self.kind == "folder" else "the file (sha256sum)")
+
+    def part(self, split: Split, which: str) -> list["CorpusFile"]:
+        """The files of one part (``"calibration"`` or ``"heldout"``), in the split key's order."""
+        if self.kind != "folder":
+            raise CorpusError(f"{self.path}: only a folder corpus is split by file", "pass a folder of .py/.txt files")
+        want = which == "heldout"
+        files = [f for f in self.files if f.text is not None and split.is_heldout(f.rel) == want]
+        return sorted(files, key=lambda f: (split.key(f.rel), f.rel))
+
+    def part_texts(self, split: Split, which: str) -> list[str]:
+        texts = [f.text for f in self.part(split, which) if f.text and f.text.strip()]
+        if not texts:
+            raise CorpusError(f"{self.path}: the {which} part of the folder is empty (split {split.heldout:g} held out "
+                              f"of {len(self.files)} files)", "use a bigger folder or another held-out share")
+        return texts
+
+    def record(self, split: Split | None = None) -> dict:
+        """What ``fit`` writes into the mapping (``calibration.corpus``)."""
+        rec = {"path": self.path, "kind": self.kind, "sha256": self.sha256, "sha256_of": self.sha256_of,
+               "files_count": len(self.files), "bytes": sum(f.bytes for f in self.files)}
+        if self.kind == "folder":
+            rec["skipped_not_utf8"] = list(self.skipped)
+            if split is not None:
+                rec["split"] = {**split.record(), "calibration_files": len(self.part(split, "calibration")),
+                                "heldout_files": len(self.part(split, "heldout"))}
+        else:
+            rec["files"] = [{"name": f.rel, "sha256": f.sha256, "bytes": f.bytes} for f in self.files]
+        return rec
+
+
+def folder_files(path: Path) -> list[Path]:
+    out = []
+    for p in path.rglob("*"):
+        rel = p.relative_to(path).parts
+        if p.suffix in FOLDER_SUFFIXES and p.is_file() and not any(
+                part == "__pycache__" or part.startswith(".") for part in rel):
+            out.append(p)
+    return sorted(out, key=lambda p: p.relative_to(path).as_posix())
+
+
+def _documents(f: Path, text: str) -> list[str]:
+    if f.suffix not in (".jsonl", ".ndjson"):
+        return [text]
+    docs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(f"{f}:{n}: not valid JSON ({exc.msg})", "one JSON object per line") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+            raise CorpusError(f"{f}:{n}: record has no string field 'text'", 'write one {"text": "..."} object per line')
+        docs.append(rec["text"])
+    return docs
+
+
+def read_corpus(path: Path | str) -> Corpus:
+    """Read a corpus (see the module docstring); refuses a missing path, an empty corpus, a bad file."""
+    p = Path(path)
+    if p.is_dir():
+        paths = folder_files(p)
+        if not paths:
+            raise CorpusError(f"{p}: folder has no {' or '.join(FOLDER_SUFFIXES)} files",
+                              "pass a text file, a JSONL file or a folder of .py/.txt files")
+        h = hashlib.sha256()
+        files = []
+        for f in paths:
+            raw = f.read_bytes()
+            digest = hashlib.sha256(raw)
+            rel = f.relative_to(p).as_posix()
+            h.update(rel.encode("utf-8") + b"\0" + digest.digest())
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            files.append(CorpusFile(rel, digest.hexdigest(), len(raw), text))
+        if not any(f.text and f.text.strip() for f in files):
+            raise CorpusError(f"{p}: corpus is empty", "pass a corpus with some text")
+        return Corpus(str(path), "folder", tuple(files), h.hexdigest())
+    if p.is_file():
+        raw = p.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorpusError(f"{p}: not UTF-8 text (byte {exc.start})", "convert the corpus to UTF-8") from None
+        docs = tuple(t for t in _documents(p, text) if t.strip())
+        if not docs:
+            raise CorpusError(f"{p}: corpus is empty", "pass a corpus with some text")
+        sha = hashlib.sha256(raw).hexdigest()
+        return Corpus(str(path), "file", (CorpusFile(p.name, sha, len(raw), text),), sha, docs)
+    raise CorpusError(f"{p}: no such corpus file or folder", "check --corpus")
+
+
+def split_overlap(corpus: Corpus, fitted: Split, evaluated: Split) -> list[str]:
+    """Files ``evaluated`` holds out that the mapping (split by ``fitted``) could have calibrated on."""
+    return [f.rel for f in corpus.files
+            if f.text is not None and evaluated.is_heldout(f.rel) and not fitted.is_heldout(f.rel)]
+
+
+__all__ = ["Corpus", "CorpusError", "CorpusFile", "Split", "read_corpus", "split_overlap", "FOLDER_SUFFIXES",
+           "SPLIT_RULE", "DEFAULT_HELDOUT"]

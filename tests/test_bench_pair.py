@@ -1,0 +1,43 @@
+"""bench/bench_pair.py: a fit solved from reused statistics equals a fit that runs its own forwards."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_pair.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_pair", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reused_statistics_give_the_mapping_a_fresh_fit_gives():
+    from kvbridge.fit import fit
+    from kvbridge.fit.calibrate import PairedCalibration
+    from kvbridge.plugins import make_host
+    from kvbridge.testing.planted import llama_config, llama_model, planted_pair, token_ids
+
+    source = llama_model(llama_config(), seed=0)
+    target, _ = planted_pair(source, insert_before=(1, 3), kv_dup=2, seed=123)
+    ids = token_ids(12)
+    host = make_host(entry_points=False)
+    fresh = fit(source, target, ids, top_k=1, alpha=1.0, stride=2, host=host, distributed=None)
+    original = PairedCalibration.accumulate
+    try:
+        cache = _bench().StatsCache()
+        first = fit(source, target, ids, top_k=2, alpha=0.01, stride=2, host=host, distributed=None)
+        again = fit(source, target, ids, top_k=1, alpha=1.0, stride=2, host=host, distributed=None)
+        assert cache.forward_runs == 1  # the second fit ran no forwards
+    finally:
+        PairedCalibration.accumulate = original
+    assert first.layer_selection() != again.layer_selection() or first.report.params != again.report.params
+    for a, b in zip(fresh.layers, again.layers):
+        assert a.sources == b.sources
+        for name in ("wk", "bk", "wv", "bv"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
