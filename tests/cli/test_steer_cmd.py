@@ -93,8 +93,8 @@ def test_run_other_methods(built):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--cv", "nan"], "--cv must be finite"),
-    (["--ck", "inf"], "--ck must be finite"),
+    (["--cv", "nan"], "'--cv': 'nan' is not a finite number"),
+    (["--ck", "inf"], "'--ck': 'inf' is not a finite number"),
     (["--layers", "9"], "out of range"),
     (["--layers", "2-x"], "cannot read layer spec"),
     (["--alpha", "1"], "does not apply to steering method 'kv-vector'"),
@@ -123,7 +123,7 @@ def test_eval_writes_a_report_and_refuses_bad_input(built, tmp_path):
     base = ["steer", "eval", "zoo:base", "--vector", built["vec"], "--prompt", "ROMEO: I will", "--samples", "2",
             "--max-new-tokens", "2"]
     one_line_error(run(*base, "--scorer", "sentimnt"), "unknown scorer")
-    one_line_error(run(*base, "--scorer", "bullets", "--cv", "nan", "--out", tmp_path / "r2"), "--cv must be finite")
+    one_line_error(run(*base, "--scorer", "bullets", "--cv", "nan", "--out", tmp_path / "r2"), "'--cv': 'nan' is not a finite number")
     nothing_written(tmp_path, "r2")
     one_line_error(run(*base, "--scorer", "bullets", "--sweep", "1,nan"), "--sweep")
     one_line_error(run(*base, "--scorer", "bullets", "--layers", "4", "--out", tmp_path / "r3"), "out of range")
