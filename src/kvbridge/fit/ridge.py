@@ -193,6 +193,8 @@ class RidgeFitter:
         if over:
             raise FitError(f"--top-k {over[0]} needs statistics accumulated for top-k {over[0]} or more; these were "
                            f"kept for top-k {stats.max_k}", f"use --top-k {stats.max_k} or less, or refit from the models")
+        d = dims(stats.source_spec, stats.target_spec)
+        self._check_seen(stats.n_train, max(ks), d["src_heads"] * d["src_dim"], d)
         solver = _BlockSolver(self, stats.source_spec, stats.target_spec, options, ks)
         for job in stats.iter_jobs():
             solver.add(job, stats.scores)
