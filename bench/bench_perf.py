@@ -81,6 +81,36 @@ class PlainMapping:
                        model_fingerprint="", approximate=True, meta=dict(state.meta))
 
 
+def before_map(mapping, keys, values, chunk: int = 256):
+    """The dense map as it was before issue 25 (commit d54f269, kept here for the comparison): per
+    target layer and 256-token chunk, a copy per selected source layer into a reused buffer, one
+    ``addmm`` into a reused scratch, one copy into the target layout."""
+    hs, ds = mapping.source_spec.num_kv_heads, mapping.source_spec.head_dim
+    ht, dt = mapping.target_spec.num_kv_heads, mapping.target_spec.head_dim
+    b, _, t, _ = keys[0].shape
+    out_k, out_v = [], []
+    for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
+        bufs: dict = {}
+        scratch = torch.empty(min(t, chunk), ht * dt)
+        for lm in mapping.layers:
+            w, bias = (lm.wk, lm.bk) if name == "k" else (lm.wv, lm.bv)
+            sources = lm.sources
+            y = torch.empty(b, ht, t, dt)
+            buf = bufs.get(len(sources))
+            if buf is None:
+                buf = bufs[len(sources)] = torch.empty(min(t, chunk), len(sources), hs * ds)
+            for r in range(b):
+                for a in range(0, t, chunk):
+                    e = min(t, a + chunk)
+                    xb, sb = buf[: e - a], scratch[: e - a]
+                    for j, layer in enumerate(sources):
+                        xb[:, j].view(e - a, hs, ds).copy_(tensors[layer][r, :, a:e].transpose(0, 1))
+                    torch.addmm(bias, xb.view(e - a, -1), w, out=sb)
+                    y[r, :, a:e].copy_(sb.view(e - a, ht, dt).transpose(0, 1))
+            out.append(y)
+    return out_k, out_v
+
+
 def timed(runs: dict, repeats: int) -> dict:
     for fn in runs.values():  # warm-up
         fn()
@@ -110,6 +140,7 @@ def map_rows(tokens: list, repeats: int) -> list:
         ref_k, _ = plain.map_tensors(content.keys, content.values)
         agree = max(float((a - b).abs().max()) for a, b in zip(ours_k, ref_k))
         t = timed({"map": lambda: mapping.map_tensors(content.keys, content.values),
+                   "before map": lambda: before_map(mapping, content.keys, content.values),
                    "plain map": lambda: plain.map_tensors(content.keys, content.values),
                    "transfer": lambda: transfer(state, mapping, tgt),
                    "plain transfer": lambda: transfer(state, plain, tgt),
@@ -207,6 +238,28 @@ def save_rows(repeats: int) -> dict:
     return t
 
 
+def profile_lines(n: int) -> list:
+    """Where one call's time goes (torch profiler, self CPU time per call, top operators)."""
+    from torch.profiler import profile
+
+    src, tgt = specs()
+    mapping = random_mapping(src, tgt, 4)
+    plain = PlainMapping(mapping)
+    content = random_state(src, n).strip_rope()
+    out = []
+    for name, fn in (("ours", lambda: mapping.map_tensors(content.keys, content.values)),
+                     ("plain", lambda: plain.map_tensors(content.keys, content.values)),
+                     ("before", lambda: before_map(mapping, content.keys, content.values))):
+        fn()
+        with profile() as prof:
+            for _ in range(3):
+                fn()
+        top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:4]
+        out.append(f"{name}: " + ", ".join(f"`{e.key}` {e.self_cpu_time_total / 3e3:.0f} ms ({e.count // 3} calls)"
+                                           for e in top))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", default="512,2048,8192")
@@ -214,6 +267,7 @@ def main() -> None:
     ap.add_argument("--fit-obs", type=int, default=2048)
     ap.add_argument("--budget-mib", type=float, default=256.0, help="the --memory budget of the blocked fit row")
     ap.add_argument("--threads", default=None, help="comma list (default: the default count, then 1)")
+    ap.add_argument("--profile", type=int, default=2048, help="tokens of the profiler pass (0: none)")
     ap.add_argument("--fit-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -225,20 +279,29 @@ def main() -> None:
     tokens = [int(x) for x in args.tokens.split(",")]
     print(f"# bench_perf: 24x2x64 -> 28x2x128, top-k 4, float32; torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"default threads {default}, load average {os.getloadavg()[0]:.1f}; medians of {args.repeats}, wall clock\n")
-    print("| threads | figure | tokens | ours ms | plain ms | floor ms | ours / plain | ours / floor | plain / floor |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| threads | figure | tokens | ours ms | plain ms | floor ms | ours / plain | ours / floor | plain / floor | "
+          "before / floor |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     agree = 0.0
     for th in threads:
         torch.set_num_threads(th)
         for r in map_rows(tokens, args.repeats):
             agree = max(agree, r["agree"])
             for fig, ours, plain in (("map", "map", "plain map"), ("transfer", "transfer", "plain transfer")):
+                before = f"{r['before map'] / r['floor']:.2f}" if fig == "map" else ""
                 print(f"| {th} | {fig} | {r['tokens']:,} | {1e3 * r[ours]:.1f} | {1e3 * r[plain]:.1f} | "
                       f"{1e3 * r['floor']:.1f} | {r[ours] / r[plain]:.2f} | {r[ours] / r['floor']:.2f} | "
-                      f"{r[plain] / r['floor']:.2f} |")
+                      f"{r[plain] / r['floor']:.2f} | {before} |")
         sys.stdout.flush()
     torch.set_num_threads(default)
     print(f"\nOurs and plain agree to {agree:.1e} (max |diff|, float32).\n")
+    if args.profile:
+        for th in threads:
+            torch.set_num_threads(th)
+            for line in profile_lines(args.profile):
+                print(f"- {th} thread(s), {args.profile:,} tokens: {line}")
+        torch.set_num_threads(default)
+        print()
     print("| fit (ridge, top-k 4, synthetic features, forwards excluded) | observations | passes | seconds | "
           "statistics MiB (planner) | planned peak MiB (statistics + workspace) | measured peak MiB | measured / planned "
           "| measured / statistics |")

@@ -168,11 +168,10 @@ class FittedMapping:
 
         Per K / V: the source layers stacked once as rows ``[B·T·L_s, H_s·D_s]`` float32 (one
         copy); per token chunk the features of every target layer gathered with ONE row
-        ``index_select`` straight into the batched-GEMM layout ``[L_t, rows, k·H_s·D_s]`` and one
-        ``baddbmm`` over the target layers per target head (bias fused) whose output IS the
-        target layout ``[L_t, B, H_t, T, D_t]`` (a strided view; a non-float32 target takes one
-        more copy for the dtype); the per-layer slices are the outputs (contiguous views of one
-        allocation). Target layers with different numbers of selected source
+        ``index_select`` straight into the batched-GEMM layout ``[L_t, rows, k·H_s·D_s]``, ONE
+        ``baddbmm`` over the target layers (bias fused) and ONE copy into the target layout
+        ``[L_t, B, H_t, T, D_t]`` and dtype, whose per-layer slices are the outputs (contiguous
+        views of one allocation). Target layers with different numbers of selected source
         layers form separate groups. Few, large operations: with several threads on a busy
         machine each parallel region costs a scheduling round, so the count matters as much as
         the bytes (BENCHMARKS.md, "Map and transfer at the default thread count").
@@ -201,10 +200,10 @@ class FittedMapping:
                     e = min(b * t, a + step)
                     flat = self._gather_index(gi, name, index, a, e, ls)
                     feats = rows_src.index_select(0, flat).view(g, e - a, k * fs)  # [G, rows, k·fs]
-                    if dtype == torch.float32:  # per target head, the GEMM writes the target layout itself
-                        self._gemm_into(y, feats, w, bias, a, e, t, ht, dt)
-                    else:  # [G, rows, H_t·D_t] in float32, then one copy into the layout and dtype
-                        self._scatter(y, torch.baddbmm(bias, feats, w), a, e, t, ht, dt)
+                    # ONE contiguous baddbmm, then ONE copy into the layout (and dtype). Writing the layout
+                    # from the GEMM per target head (a strided out=) was tried: torch runs a strided-output
+                    # bmm as one addmm per batch entry, 112 small GEMMs instead of 2 (BENCHMARKS.md)
+                    self._scatter(y, torch.baddbmm(bias, feats, w), a, e, t, ht, dt)
                 for j, layer in enumerate(layers_):
                     out[layer] = y[j]
         return out_k, out_v
@@ -220,20 +219,6 @@ class FittedMapping:
             rows = torch.arange(a, e, dtype=torch.long, device=index.device) * ls
             flat = cache[key] = (rows[None, :, None] + index[:, None, :]).reshape(-1)
         return flat
-
-    @staticmethod
-    def _gemm_into(y, feats, w, bias, a: int, e: int, t: int, ht: int, dt: int) -> None:
-        """``baddbmm`` per target head and batch-row piece of rows ``[a, e)``, written straight into
-        ``y [G, B, H_t, T, D_t]`` (strided outputs and weight columns: no result copy)."""
-        pos = a
-        while pos < e:
-            r, c0 = divmod(pos, t)
-            c1 = min(t, c0 + (e - pos))
-            x = feats[:, pos - a: pos - a + (c1 - c0)]
-            for h in range(ht):
-                cols = slice(h * dt, (h + 1) * dt)
-                torch.baddbmm(bias[:, :, cols], x, w[:, :, cols], out=y[:, r, h, c0:c1])
-            pos += c1 - c0
 
     @staticmethod
     def _scatter(y, res, a: int, e: int, t: int, ht: int, dt: int) -> None:
