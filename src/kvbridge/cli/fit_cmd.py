@@ -211,7 +211,8 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     validate.stride(stride, seq_len, skip=validate.non_negative_int(skip, "--skip"))
     if isinstance(top_k, list) and len(top_k) == 1:  # "all"
         top_k = top_k[0]
-    values = option_values(fitter_opts, top_k=None if isinstance(top_k, list) or top_k == "all" else top_k, alpha=alpha, memory_gib=memory_gib, estimator=estimator,
+    single_k = None if isinstance(top_k, list) or top_k == "all" else top_k  # a sweep goes to fit() below
+    values = option_values(fitter_opts, top_k=single_k, alpha=alpha, memory_gib=memory_gib, estimator=estimator,
                            estimator_options=estimator_options, max_samples=max_samples)
     calibration = CalibrationConfig(stride=stride, skip=skip, heldout=heldout, seed=seed, batch_size=batch_size,
                                     seq_len=seq_len, tokens=tokens)
