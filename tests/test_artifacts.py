@@ -41,12 +41,12 @@ def test_existing_output_needs_force_and_nan_writes_nothing(tmp_path):
 
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    import safetensors.torch
+    import kvbridge.artifacts
 
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    monkeypatch.setattr(kvbridge.artifacts, "save_safetensors", boom)
     with pytest.raises(OSError):
         write_artifact(tmp_path / "c", {"x": torch.ones(2)}, {}, tensor_file="t.safetensors")
     assert list(tmp_path.iterdir()) == []
@@ -92,3 +92,31 @@ def test_sparse_attention_indexer_keys_round_trip(tmp_path):
     assert [i for i, _ in back.indexer_keys] == list(state.spec.indexer_layers)
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(back.indexer_keys, state.indexer_keys))
     adapter.inject(back, model)  # validates: the indexer keys fit the model
+
+
+def test_save_safetensors_writes_save_files_bytes_and_hashes_them_while_writing(tmp_path):
+    """The streaming writer: byte for byte what safetensors writes (mixed dtypes, empty and
+    non-contiguous tensors), and the sha256 it returns is the file's."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from kvbridge.artifacts import save_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"w": torch.randn(5, 7, generator=g), "ids": torch.arange(6), "h": torch.randn(3, generator=g).half(),
+               "b": torch.randn(4, generator=g).to(torch.bfloat16), "d": torch.randn(2, 2, dtype=torch.float64),
+               "e": torch.ones(0), "t": torch.randn(4, 3, generator=g).T, "flag": torch.tensor([True, False])}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"))
+    digest = save_safetensors(tensors, tmp_path / "ours.safetensors")
+    ours = (tmp_path / "ours.safetensors").read_bytes()
+    assert ours == (tmp_path / "ref.safetensors").read_bytes()
+    assert digest == hashlib.sha256(ours).hexdigest()
+
+
+def test_nan_in_a_later_block_of_a_large_tensor_writes_nothing(tmp_path):
+    big = torch.zeros(3 << 20)  # 12 MiB: the NaN sits in the third 4 MiB block
+    big[-1] = float("inf")
+    with pytest.raises(ArtifactError, match="tensor 'big' has NaN/inf"):
+        write_artifact(tmp_path / "c", {"a": torch.ones(3), "big": big}, {}, tensor_file="t.safetensors")
+    assert list(tmp_path.iterdir()) == []

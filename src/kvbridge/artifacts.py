@@ -59,6 +59,102 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+#: safetensors dtype names (the format's own spelling) of the torch dtypes written directly
+_ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+              "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+              "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32",
+              "uint64": "U64"}
+#: safetensors' own dtype order (its enum): a file lists its tensors by this rank descending, then by name
+_ST_RANK = {n: i for i, n in enumerate(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32",
+                                        "U32", "F32", "F64", "I64", "U64"))}
+_WRITE_CHUNK = 1 << 22
+
+
+class NonFiniteError(ArtifactError):
+    """A tensor to be written holds NaN or inf (``save_safetensors(..., finite=True)``)."""
+
+
+_NP_FLOATS = {"float64": "<f8", "float32": "<f4", "float16": "<f2"}
+
+
+def _check_finite(name: str, t, block=None) -> None:
+    """Refuse NaN/inf in a float tensor (or one ``block`` of its bytes): numpy, single-threaded and
+    chunk-sized (torch's ``isfinite(t).all()`` allocated a mask as large as the tensor and spent
+    most of a save on the thread pool)."""
+    import numpy as np
+
+    dt = str(t.dtype).removeprefix("torch.")
+    if not t.is_floating_point():
+        return
+    if block is not None and dt in _NP_FLOATS:
+        ok = bool(np.isfinite(np.frombuffer(block, dtype=_NP_FLOATS[dt])).all())
+    elif block is None:
+        import torch
+
+        ok = bool(torch.isfinite(t).all())
+    else:
+        return
+    if not ok:
+        raise NonFiniteError(f"tensor {name!r} has NaN/inf values",
+                             "recompute the state; a mapping that produced it may be broken")
+
+
+def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -> str:
+    """Write ``tensors`` as a safetensors file and return its sha256, hashed while writing.
+
+    The bytes are those of ``safetensors.torch.save_file`` (same header, same order: the format's
+    dtype rank descending, then name; checked by a test): a compact JSON header padded with spaces to 8
+    bytes, then each tensor's raw little-endian bytes, read straight from the tensor's memory
+    (no serialised copy, no second read of the file for the checksum). Tensors of a dtype the
+    table does not know go through ``save_file`` and are hashed after.
+    """
+    import sys
+
+    import torch
+
+    path = Path(path)
+    items = {k: v.detach() for k, v in tensors.items()}
+    names = {k: str(v.dtype).removeprefix("torch.") for k, v in items.items()}
+    if sys.byteorder != "little" or any(n not in _ST_DTYPES for n in names.values()):
+        from safetensors.torch import save_file
+
+        if finite:
+            for k, v in items.items():
+                _check_finite(k, v)
+        save_file({k: v.contiguous().cpu() for k, v in items.items()}, str(path))
+        return sha256_file(path)
+    order = sorted(items, key=lambda k: (-_ST_RANK[_ST_DTYPES[names[k]]], k))
+    header, offset = [], 0
+    for k in order:
+        t = items[k]
+        n = t.numel() * t.element_size()
+        header.append(f"{json.dumps(k)}:{{\"dtype\":\"{_ST_DTYPES[names[k]]}\",\"shape\":"
+                      f"[{','.join(str(int(d)) for d in t.shape)}],\"data_offsets\":[{offset},{offset + n}]}}")
+        offset += n
+    text = ("{" + ",".join(header) + "}").encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    h = hashlib.sha256()
+    with open(path, "wb") as fh:
+        head = len(text).to_bytes(8, "little") + text
+        h.update(head)
+        fh.write(head)
+        for k in order:
+            t = items[k]
+            if t.numel() == 0:
+                continue
+            t = t.cpu().contiguous()  # no copy for a contiguous CPU tensor
+            if finite and names[k] not in _NP_FLOATS:
+                _check_finite(k, t)
+            raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+            for a in range(0, len(raw), _WRITE_CHUNK):
+                block = raw[a:a + _WRITE_CHUNK]
+                if finite and names[k] in _NP_FLOATS:
+                    _check_finite(k, t, block)
+                h.update(block)
+                fh.write(block)
+    return h.hexdigest()
+
+
 # -- ownership ---------------------------------------------------------------------------------------
 def artifact_kind(folder: Path | str) -> str | None:
     """The kind of a folder kvbridge wrote (marker, or a legacy manifest's ``kind``), else None."""
@@ -267,20 +363,16 @@ def write_artifact(out: Path | str, tensors: dict, manifest: dict, *, tensor_fil
                    force: bool = False, overwrite: bool = False, kind: str | None = None,
                    flag: str = "--overwrite") -> Path:
     """Write ``tensors`` (safetensors) and ``manifest`` (+ sha256 of the tensor file) atomically."""
-    import torch
-    from safetensors.torch import save_file
-
-    for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ArtifactError(f"tensor {name!r} has NaN/inf values; refusing to write {out}",
-                                "recompute the state; a mapping that produced it may be broken")
     kind = kind or str(manifest.get("kind") or "artifact")
     with atomic_dir(out, kind=kind, overwrite=overwrite or force, flag=flag) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / tensor_file))
+        try:  # hashed and checked for NaN/inf while written: one pass over the bytes, no second read
+            digest = save_safetensors(tensors, tmp / tensor_file, finite=True)
+        except NonFiniteError as exc:  # the temp folder goes with the exception: nothing is written
+            raise ArtifactError(f"{exc.what}; refusing to write {out}", exc.fix) from None
         full = dict(manifest)
         full.setdefault("kvbridge_version", __version__)
         full["tensor_file"] = tensor_file
-        full["tensor_sha256"] = sha256_file(tmp / tensor_file)
+        full["tensor_sha256"] = digest
         full["tensors"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
                            for k, v in tensors.items()}
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")

@@ -213,3 +213,24 @@ def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files
         "native,no_prefix", "--no-attention", "--json", "--heldout-fraction", "0.5")])
     assert res.exit_code == 0, res.output  # a file corpus: eval's hash is sha256sum's, as fit records it
     assert json.loads(res.stdout)["data"]["sha256"] == hashlib.sha256(one.read_bytes()).hexdigest()
+
+
+def test_fit_sweeps_top_k_keeps_statistics_and_refits_from_them(folders, tmp_path):
+    base = ["fit", folders / "source", folders / "target", "--seq-len", 48, "--tokens", 1920, "--stride", 2,
+            "--batch-size", 8, "--quiet"]
+    res = run(*base, "--corpus", folders / "corpus", "--out", tmp_path / "sweep", "--top-k", "1,2",
+              "--keep-stats", tmp_path / "stats")
+    assert res.exit_code == 0, res.output
+    assert "2 mappings from one pass" in res.output and "k1: top-k 1" in res.output and "k2: top-k 2" in res.output
+    assert (tmp_path / "sweep" / "k2" / "manifest.json").is_file() and (tmp_path / "stats" / "manifest.json").is_file()
+    res = run("fit", folders / "source", folders / "target", "--from-stats", tmp_path / "stats", "--out",
+              tmp_path / "again", "--top-k", 1, "--alpha", "0.5")
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    assert manifest["fitter"]["params"]["top_k"] == 1 and manifest["fitter"]["params"]["alpha"] == 0.5
+    res = run("fit", folders / "target", folders / "target", "--from-stats", tmp_path / "stats", "--out",
+              tmp_path / "wrong")
+    assert res.exit_code == 2 and "different source model" in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "wrong").exists()
+    res = run(*base, "--corpus", folders / "corpus", "--out", tmp_path / "bad", "--top-k", "1,zero")
+    assert res.exit_code == 2 and "--top-k" in res.output and "'zero'" in res.output

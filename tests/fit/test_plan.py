@@ -44,9 +44,9 @@ def test_blocking_plan_follows_the_fitters_rule():
 
     s, t = model_size(PAIR[0]), model_size(PAIR[1])
     dims = dict(src_heads=s.kv_heads, src_dim=s.head_dim, tgt_heads=t.kv_heads, tgt_dim=t.head_dim)
-    budget = LayerStats.nbytes_for(s.layers, t.layers, **dims) // 3
+    budget = LayerStats.job_bytes_for(s.layers, t.layers, **dims) // 3  # statistics + workspace: the rule
     p = plan(*PAIR, memory_budget=budget, top_k=2)
-    sel = plan_blocks(t.layers, lambda b: LayerStats.nbytes_for(s.layers, len(b), **dims, xx_block="layer"),
+    sel = plan_blocks(t.layers, lambda b: LayerStats.job_bytes_for(s.layers, len(b), **dims, xx_block="layer"),
                       budget, what="selection")
     planned_sel = [ps for ps in p.passes if ps.tag.startswith("select")]
     assert [ps.target_layers for ps in planned_sel] == [(b[0], b[-1]) for b in sel]
@@ -96,7 +96,7 @@ def test_cli_plan_needs_no_corpus():
 
     from kvbridge.cli.main import cli
 
-    res = CliRunner().invoke(cli, ["fit", *PAIR, "--plan", "--device-flops", "1e11", "--memory", "0.002", "--top-k", "2"])
+    res = CliRunner().invoke(cli, ["fit", *PAIR, "--plan", "--device-flops", "1e11", "--memory", "0.003", "--top-k", "2"])
     assert res.exit_code == 0, res.output
     assert "statistics memory" in res.output and "time at 1e+11 FLOP/s" in res.output
     assert "blocking plan" in res.output
@@ -138,7 +138,7 @@ def test_passes_multiply_the_forwards_and_the_memory_traffic():
     s, t = model_size(PAIR[0]), model_size(PAIR[1])
     dims = dict(src_heads=s.kv_heads, src_dim=s.head_dim, tgt_heads=t.kv_heads, tgt_dim=t.head_dim)
     one = plan(*PAIR, top_k=2, rates=_rates())
-    many = plan(*PAIR, top_k=2, rates=_rates(), memory_budget=LayerStats.nbytes_for(s.layers, t.layers, **dims) // 3)
+    many = plan(*PAIR, top_k=2, rates=_rates(), memory_budget=LayerStats.job_bytes_for(s.layers, t.layers, **dims) // 3)
     assert len(many.passes) > 1
     assert many.forward_flops == pytest.approx(len(many.passes) * one.forward_flops)
     assert many.memory_traffic_bytes == sum(p.statistics_bytes for p in many.passes)

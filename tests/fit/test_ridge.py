@@ -110,7 +110,7 @@ def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(pl
     from kvbridge.fit.stats import LayerStats
 
     dims = dict(src_heads=2, src_dim=16, tgt_heads=4, tgt_dim=16)
-    full = LayerStats.nbytes_for(4, 6, **dims)
+    full = LayerStats.job_bytes_for(4, 6, **dims)  # statistics + workspace: the blocking rule
     budget = full // 3
     blocked = fit(planted["source"], planted["target"], planted["ids"], top_k=2, stride=2, host=fit_host,
                   distributed=None, memory_budget=budget)

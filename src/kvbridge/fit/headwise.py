@@ -68,7 +68,7 @@ class HeadwiseFitter:
         fix = "give more --tokens or a smaller --stride"
         check_determined(calibration.observations("train"), ds, what=f"one source head ({ds} dims)", fix=fix)
         budget = default_budget() if memory_budget is None else int(memory_budget)
-        blocks = plan_blocks(lt, lambda b: LayerStats.nbytes_for(ls, len(b), **dims, xx_block="head"), budget,
+        blocks = plan_blocks(lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget,
                              what="the headwise fit")
         layers, r2k, r2v, alphas, assign_all, score_all = [None] * lt, [None] * lt, [None] * lt, [None] * lt, \
             [None] * lt, [None] * lt

@@ -10,12 +10,13 @@ Two layouts:
 - ``headwise`` (``ridge-headwise``): target head h of layer t reads one source head
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
-Compute is float32: per target layer and token chunk (:data:`CHUNK`), the selected source
-layers' (or heads') features are copied straight from the source tensors into a reused buffer,
-multiplied by ``W`` with the bias fused (``addmm``; ``baddbmm`` over the target heads for
-headwise maps) into a reused scratch tensor, and copied once into the target layout and dtype.
-Measured at 1.06x (2,048 tokens) to 1.24x (512) of a bare GEMM of the same FLOPs
-(BENCHMARKS.md, "Mapping at its floor"). A fitted mapping is
+Compute is float32. Dense maps run as a handful of large operations per K / V (stack the
+source once; per token chunk one row gather of every target layer's features, one batched GEMM
+with the bias fused, one copy into the target layout), because with the default thread count
+on a busy machine every parallel region costs a scheduling round: the per-layer, per-chunk
+version (about 2,700 small operations at 2,048 tokens) ran at 1.3x its GEMM floor on one thread
+and 8-12x on two (BENCHMARKS.md, "Map and transfer at the default thread count").
+Headwise maps keep the per-layer ``baddbmm`` over target heads. A fitted mapping is
 approximate by nature: ``exact`` is False, so transferred states are marked ``approximate``.
 """
 
@@ -33,6 +34,9 @@ MODES = ("dense", "headwise")
 #: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
 #: cache between the copies and the GEMM (256 x 4 x 128 float32 = 512 KiB), the GEMM stays large
 CHUNK = 256
+#: the dense map gathers every target layer's features of a token chunk at once: at most this many
+#: bytes of gathered features per chunk (a chunk is whole batch rows when they fit)
+GATHER_BYTES = 32 << 20
 
 
 def geometry(spec: ModelSpec) -> tuple:
@@ -118,6 +122,8 @@ class FittedMapping:
         headwise: ``baddbmm`` over the target heads), one copy into the target layout
         ``[H_t, T, D_t]`` and dtype. No weight copies; no allocation but the outputs.
         """
+        if self.mode == "dense":
+            return self._map_dense(keys, values, dtype)
         _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
@@ -156,6 +162,100 @@ class FittedMapping:
                             y[r, :, a:e].copy_(sb.view(e - a, ht, dt).transpose(0, 1))
                 out.append(y)
         return out_k, out_v
+
+    def _map_dense(self, keys, values, dtype) -> tuple[list, list]:
+        """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
+
+        Per K / V: the source layers stacked once as rows ``[B·T·L_s, H_s·D_s]`` float32 (one
+        copy); per token chunk the features of every target layer gathered with ONE row
+        ``index_select`` straight into the batched-GEMM layout ``[L_t, rows, k·H_s·D_s]``, ONE
+        ``baddbmm`` over the target layers (bias fused) and ONE copy into the target layout
+        ``[L_t, B, H_t, T, D_t]`` and dtype, whose per-layer slices are the outputs (contiguous
+        views of one allocation). Target layers with different numbers of selected source
+        layers form separate groups. Few, large operations: with several threads on a busy
+        machine each parallel region costs a scheduling round, so the count matters as much as
+        the bytes (BENCHMARKS.md, "Map and transfer at the default thread count").
+        """
+        ls, hs, ds = geometry(self.source_spec)
+        b, _, t, _ = keys[0].shape
+        device = keys[0].device
+        ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
+        fs = hs * ds
+        groups = self._dense_plan(device)
+        out_k: list = [None] * len(self.layers)
+        out_v: list = [None] * len(self.layers)
+        for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
+            # [B, H_s, T, D_s] per layer -> [B, T, L_s, H_s, D_s] in one stacking copy
+            stacked = torch.stack([x.transpose(1, 2) for x in tensors], dim=2)
+            if stacked.dtype != torch.float32:
+                stacked = stacked.float()
+            rows_src = stacked.view(b * t * ls, fs)
+            for gi, (layers_, index, w, bias) in enumerate(groups[name]):  # w [G, k·fs, H_t·D_t]
+                g, k = index.shape
+                y = torch.empty(g, b, ht, t, dt, dtype=dtype, device=device)
+                step = max(1, min(b * t, GATHER_BYTES // (4 * g * k * fs)))
+                if step < b * t and step >= t:
+                    step = step // t * t  # whole batch rows per chunk
+                for a in range(0, b * t, step):
+                    e = min(b * t, a + step)
+                    flat = self._gather_index(gi, name, index, a, e, ls)
+                    feats = rows_src.index_select(0, flat).view(g, e - a, k * fs)  # [G, rows, k·fs]
+                    # ONE contiguous baddbmm, then ONE copy into the layout (and dtype). Writing the layout
+                    # from the GEMM per target head (a strided out=) was tried: torch runs a strided-output
+                    # bmm as one addmm per batch entry, 112 small GEMMs instead of 2 (BENCHMARKS.md)
+                    self._scatter(y, torch.baddbmm(bias, feats, w), a, e, t, ht, dt)
+                for j, layer in enumerate(layers_):
+                    out[layer] = y[j]
+        return out_k, out_v
+
+    def _gather_index(self, gi: int, name: str, index, a: int, e: int, ls: int):
+        """Row indices ``(a + r)·L_s + index[g, j]`` in ``[g, r, j]`` order (cached per chunk)."""
+        cache = self.__dict__.setdefault("_gather_cache", {})
+        key = (gi, name, a, e, ls, str(index.device))
+        flat = cache.get(key)
+        if flat is None:
+            if len(cache) > 64:
+                cache.clear()
+            rows = torch.arange(a, e, dtype=torch.long, device=index.device) * ls
+            flat = cache[key] = (rows[None, :, None] + index[:, None, :]).reshape(-1)
+        return flat
+
+    @staticmethod
+    def _scatter(y, res, a: int, e: int, t: int, ht: int, dt: int) -> None:
+        """Copy rows ``[a, e)`` (flattened batch x token) of ``res [G, rows, H_t·D_t]`` into ``y [G, B, H_t, T, D_t]``."""
+        g = res.shape[0]
+        if a % t == 0 and e % t == 0:  # whole batch rows: one copy
+            r0, r1 = a // t, e // t
+            y[:, r0:r1].copy_(res.view(g, r1 - r0, t, ht, dt).permute(0, 1, 3, 2, 4))
+            return
+        pos = a
+        while pos < e:  # a chunk inside one batch row (or spanning rows): per row piece
+            r, c0 = divmod(pos, t)
+            c1 = min(t, c0 + (e - pos))
+            piece = res[:, pos - a: pos - a + (c1 - c0)]
+            y[:, r, :, c0:c1].copy_(piece.reshape(g, c1 - c0, ht, dt).transpose(1, 2))
+            pos += c1 - c0
+
+    def _dense_plan(self, device) -> dict:
+        """Per K / V: groups of target layers with the same number of selected source layers, each
+        ``(layers, index [G·k], W [G, k·fs, H_t·D_t], bias [G, 1, H_t·D_t])`` on ``device``, cached."""
+        cache = self.__dict__.setdefault("_dense_plans", {})
+        key = (str(device), tuple(id(getattr(lm, n)) for lm in self.layers for n in ("wk", "bk", "wv", "bv")))
+        if key not in cache:
+            cache.clear()
+            by_k: dict = {}
+            for i, lm in enumerate(self.layers):
+                by_k.setdefault(len(lm.sources), []).append(i)
+            plan: dict = {"k": [], "v": []}
+            for layers_ in by_k.values():
+                index = torch.tensor([[int(s) for s in self.layers[i].sources] for i in layers_], dtype=torch.long,
+                                     device=device)  # [G, k]
+                for name in ("k", "v"):
+                    w = torch.stack([getattr(self.layers[i], "w" + name) for i in layers_]).to(device)
+                    bias = torch.stack([getattr(self.layers[i], "b" + name) for i in layers_]).to(device)[:, None]
+                    plan[name].append((tuple(layers_), index, w.contiguous(), bias.contiguous()))
+            cache[key] = plan
+        return cache[key]
 
     def _plan(self, device) -> dict:
         """Per target layer ``(sources, W, bias)`` on ``device`` (headwise bias as [H_t, 1, D_t]), cached."""

@@ -108,7 +108,7 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
         out: str | Path | None = None, overwrite: bool = False, resume: bool = False,
         checkpoint_dir: str | Path | None = None, checkpoint_every: float = 60.0,
         provenance: Provenance | None = None, progress: Callable | None = None, distributed: Any = "auto",
-        host=None, **overrides):
+        host=None, keep_stats: str | Path | None = None, **overrides):
     """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit --help``).
 
     ``data``: ``[sequences, seq_len]`` token ids, a list of texts, or a corpus path (text file,
@@ -121,12 +121,18 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
     else is refused with the closest names. Returns the
     :class:`~kvbridge.fit.mapping.FittedMapping` (its ``report`` a
     :class:`~kvbridge.fit.protocol.FitReport`); with ``out`` it is also written.
+
+    ``top_k=[1, 2, 4, "all"]`` (the ``ridge`` fitter) fits every k from ONE pass of forwards and
+    returns ``{label: mapping}`` (``out`` then gets one mapping folder per k, ``k1``, ``k2``,
+    ``kall``); ``keep_stats=DIR`` also writes the statistics (:mod:`kvbridge.fit.keep`) for
+    :func:`fit_from_stats`. A default ``top_k`` larger than the source's layers is clamped to
+    them (with a warning); an explicit one is refused.
     """
     import torch
 
     from kvbridge.fit import distributed as dist_mod
-    from kvbridge.fit.artifact import build_manifest, model_identity, save_mapping
-    from kvbridge.fit.calibrate import MIN_OBS_PER_FEATURE, PairedCalibration
+    from kvbridge.fit.artifact import model_identity
+    from kvbridge.fit.calibrate import PairedCalibration
     from kvbridge.plugins import get_host
 
     if "force" in overrides:  # the old name of overwrite
@@ -135,6 +141,7 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
     host = host or get_host()
     config, prov, overrides = _split_overrides(dict(overrides), calibration, provenance)
     fitter_obj = load_fitter(host, fitter)
+    sweep, overrides = _top_k_sweep(overrides, source_model, fitter_obj, options)
     opts = fitter_options(fitter_obj, options, **overrides)
     _validate(source_model, target_model, config, opts)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
@@ -160,17 +167,94 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
         raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
     cal = PairedCalibration(source_model, target_model, seqs, config, host=host, progress=progress,
                             checkpoint=checkpoint, dist=ctx)
-    with torch.no_grad():
-        mapping = fitter_obj.fit(cal.source_spec, cal.target_spec, cal, opts)
-    if not hasattr(mapping, "tensors"):  # the identity baseline: nothing to store
+    calib = {**cal.describe(), "corpus_sha256": data_sha, "token_ids_sha256": _token_sha(seqs),
+             "world_size": ctx.world if ctx else 1}
+    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()), corpus_split))
+    main = ctx is None or ctx.is_main
+    keeping = keep_stats is not None and main
+    if (sweep is not None or keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
+        raise FitError(f"the {fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
+                       "use --fitter ridge, or one --top-k and no --keep-stats")
+    from contextlib import nullcontext
+
+    from kvbridge.artifacts import atomic_dir
+
+    keep_ctx = atomic_dir(keep_stats, kind=_keep_kind(), overwrite=overwrite) if keeping else nullcontext()
+    with torch.no_grad(), keep_ctx as keep_tmp:
+        writer = None
+        if keeping:
+            from kvbridge.fit.keep import StatsWriter
+
+            writer = StatsWriter(keep_tmp, {"source": source_id, "target": target_id, "tokenizer": tokenizer_fingerprint,
+                                            "calibration": calib, "params": params})
+        if sweep is None and writer is None:
+            mappings = {None: fitter_obj.fit(cal.source_spec, cal.target_spec, cal, opts)}
+        else:
+            labels = sweep or [(str(opts.top_k), opts.top_k)]
+            by_k = fitter_obj.fit_sweep(cal.source_spec, cal.target_spec, cal, opts, [k for _, k in labels],
+                                        keep=writer)
+            ls = cal.source_spec.num_layers
+            mappings = {label: by_k[min(k, ls)] for label, k in labels} if sweep is not None \
+                else {None: by_k[min(labels[0][1], ls)]}
+    first = next(iter(mappings.values()))
+    if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
         if out is not None:
             raise FitError(f"the {fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
-        return mapping
-    calib = {**cal.describe(), "corpus_sha256": data_sha, "token_ids_sha256": _token_sha(seqs),
-             "world_size": ctx.world if ctx else 1, "forward_seconds": round(cal.seconds, 3)}
-    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()), corpus_split))
+        return first
+    calib["forward_seconds"] = round(cal.seconds, 3)
+    for mapping in mappings.values():
+        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint,
+                       calibration=calib)
+    if out is not None:
+        if main:
+            from kvbridge.faults import fault_point
+
+            fault_point("fit.save")
+            write_mappings(mappings, out, overwrite=overwrite)
+        dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
+        if checkpoint is not None and main:
+            checkpoint.clear()
+    return mappings[None] if None in mappings else mappings
+
+
+#: the kind of a folder holding one mapping per k (``--top-k 1,2,4``) and of kept statistics
+SWEEP_KIND = "kvbridge-mapping-sweep"
+
+
+def _keep_kind() -> str:
+    from kvbridge.fit.keep import KIND
+
+    return KIND
+
+
+def sweep_folder(label) -> str:
+    """The subfolder of a k sweep's ``--out`` that holds the mapping of ``label`` (``k4``, ``kall``)."""
+    return f"k{label}"
+
+
+def write_mappings(mappings: dict, out, *, overwrite: bool = False) -> None:
+    """``{None: mapping}``: one mapping folder; ``{label: mapping}``: one folder holding ``k<label>/``
+    for each (written into a temporary folder and renamed into place at once)."""
+    from kvbridge.fit.artifact import save_mapping
+
+    if None in mappings:
+        save_mapping(mappings[None], out, force=overwrite)
+        return
+    from kvbridge.artifacts import atomic_dir
+
+    with atomic_dir(out, kind=SWEEP_KIND, overwrite=overwrite) as tmp:
+        for label, mapping in mappings.items():
+            save_mapping(mapping, Path(tmp) / sweep_folder(label))
+
+
+def finish_mapping(mapping, *, source: dict, target: dict, tokenizer: dict | None, calibration: dict) -> None:
+    """Observations-per-feature warning and the manifest of a fitted mapping (in place)."""
+    from kvbridge.fit.artifact import build_manifest
+    from kvbridge.fit.calibrate import MIN_OBS_PER_FEATURE
+
+    calib = dict(calibration)
     feats = (getattr(mapping.report, "observations", None) or {}).get("features_per_head")
-    if feats:
+    if feats and "observations_train" in calib:
         ratio = calib["observations_train"] / feats
         calib["features_per_head"], calib["observations_per_feature"] = int(feats), round(ratio, 3)
         calib["min_observations_per_feature"] = MIN_OBS_PER_FEATURE
@@ -182,18 +266,125 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
                     f"low and seed-dependent; calibrate on more --tokens, a smaller --stride or --top-k, or "
                     f"ridge-headwise")
             mapping.report = dataclasses.replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
-    mapping.manifest = build_manifest(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint,
-                                      calibration=calib)
-    if out is not None:
-        if ctx is None or ctx.is_main:
-            from kvbridge.faults import fault_point
+    mapping.manifest = build_manifest(mapping, source=source, target=target, tokenizer=tokenizer, calibration=calib)
 
-            fault_point("fit.save")
-            save_mapping(mapping, out, force=overwrite)
-        dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
-        if checkpoint is not None and (ctx is None or ctx.is_main):
-            checkpoint.clear()
-    return mapping
+
+def parse_top_k(value) -> list | int | None:
+    """``4`` -> 4; ``"1,2,4,all"`` / ``[1, 2, "all"]`` -> ``[1, 2, 4, "all"]`` (each >= 1, or ``all``);
+    a one-line error naming ``--top-k`` otherwise."""
+    from kvbridge.errors import ConfigError
+
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for part in parts:
+        text = str(part).strip().lower()
+        if text == "all":
+            out.append("all")
+        elif text.isdigit() and int(text) >= 1 and len(text) < 10:
+            out.append(int(text))
+        else:
+            raise ConfigError(f"--top-k value {str(part).strip()!r} is not a whole number >= 1 or 'all'",
+                              "use e.g. --top-k 4 or --top-k 1,2,4,8,all")
+    if not out:
+        raise ConfigError("--top-k is empty", "use e.g. --top-k 4 or --top-k 1,2,4,8,all")
+    if len(out) == 1 and out[0] != "all" and isinstance(value, str):
+        return out[0]
+    return list(dict.fromkeys(out))
+
+
+def _top_k_sweep(overrides: dict, source_model, fitter_obj, options):
+    """``(sweep, overrides)``: ``sweep`` is ``[(label, k), ...]`` for a list of top-k values (else
+    None), and a default top-k larger than the source's layers is clamped to them with a warning."""
+    layers = getattr(getattr(source_model, "config", None), "num_hidden_layers", None)
+    layers = layers if isinstance(layers, int) and layers > 0 else None
+    raw = overrides.get("top_k")
+    given_in_options = isinstance(options, dict) and "top_k" in options or \
+        isinstance(options, (list, tuple)) and any(str(o).split("=")[0].strip() == "top_k" for o in options) or \
+        (options is not None and not isinstance(options, (dict, list, tuple)))
+    sweep = None
+    if isinstance(raw, (list, tuple)) or raw == "all" or (isinstance(raw, str) and "," in raw):
+        values = parse_top_k(raw if not isinstance(raw, str) or raw == "all" or "," in raw else raw)
+        values = values if isinstance(values, list) else [values]
+        from kvbridge.check import validate as v
+
+        sweep = []
+        for val in values:
+            if val == "all":
+                if layers is None:
+                    raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
+                sweep.append(("all", layers))
+            else:
+                v.top_k(val, layers)
+                sweep.append((str(val), int(val)))
+        overrides = {**overrides, "top_k": max(k for _, k in sweep)}
+        if isinstance(raw, str) and "," not in raw:  # "all" alone: one mapping, not a sweep
+            sweep = None
+    elif raw is None and not given_in_options and layers is not None:
+        default = getattr(getattr(fitter_obj, "Options", None), "__dataclass_fields__", {}).get("top_k")
+        if default is not None and isinstance(default.default, int) and default.default > layers:
+            warnings.warn(f"--top-k defaults to {default.default}, but the source model has {layers} layers: "
+                          f"using top-k {layers} (all of them)", UserWarning, stacklevel=3)
+            overrides = {**overrides, "top_k": layers}
+    return sweep, overrides
+
+
+def fit_from_stats(folder, *, out=None, top_k=None, alpha=None, low_r2=None, source=None, target=None,
+                   overwrite: bool = False, host=None):
+    """Solve mappings again from statistics kept by ``fit(..., keep_stats=DIR)``: no models, no forwards.
+
+    ``top_k``: one value or a list (each at most the kept ``max_k``, default it); ``alpha``,
+    ``low_r2``: default the kept fit's. ``source`` / ``target``: the models or configs the result
+    is meant for (identity dicts, configs or models); kept statistics of other models are
+    refused naming the field. Returns a mapping, or ``{label: mapping}`` for a list; with ``out``
+    they are written (one folder, or one ``k<label>/`` per k).
+    """
+    from kvbridge.fit.artifact import model_identity
+    from kvbridge.fit.keep import check_models, load_statistics
+    from kvbridge.fit.ridge import RidgeFitter, RidgeOptions
+    from kvbridge.plugins import get_host
+
+    host = host or get_host()
+    stats, manifest = load_statistics(folder)
+    idents = {}
+    for role, obj in (("source", source), ("target", target)):
+        if obj is None or (isinstance(obj, dict) and "spec_fingerprint" in obj):
+            idents[role] = obj
+        else:
+            idents[role] = model_identity(obj, host=host)
+    check_models(manifest, folder, source=idents["source"], target=idents["target"])
+    params = dict(manifest.get("params") or {})
+    base = RidgeOptions(alpha=params.get("alpha", RidgeOptions.alpha), low_r2=params.get("low_r2", RidgeOptions.low_r2),
+                        top_k=stats.max_k)
+    values = {k: v for k, v in (("alpha", alpha), ("low_r2", low_r2)) if v is not None}
+    opts = fitter_options(RidgeFitter(), base, **values) if values else base  # values coerced and checked
+    ls = stats.source_spec.num_layers
+    parsed = parse_top_k(top_k)
+    if isinstance(parsed, list) and len(parsed) == 1:  # "all" alone: one mapping
+        parsed = ls if parsed[0] == "all" else parsed[0]
+    if parsed is None:
+        labels = None
+        ks = [stats.max_k]
+    elif isinstance(parsed, list):
+        labels = [(str(v), ls if v == "all" else int(v)) for v in parsed]
+        ks = [k for _, k in labels]
+    else:
+        labels, ks = None, [int(parsed)]
+    from kvbridge.check import validate as v
+
+    for k in ks:
+        v.top_k(k, ls)
+    by_k = RidgeFitter().solve(stats, opts, ks)
+    calib = dict(manifest.get("calibration") or {})
+    calib["from_stats"] = {"folder": str(folder), "manifest_created": manifest.get("created")}
+    mappings = {label: by_k[min(k, ls)] for label, k in labels} if labels else {None: by_k[min(ks[0], ls)]}
+    for mapping in mappings.values():
+        finish_mapping(mapping, source=manifest["source"], target=manifest["target"],
+                       tokenizer=manifest.get("tokenizer"), calibration=calib)
+    if out is not None:
+        write_mappings(mappings, out, overwrite=overwrite)
+    return mappings[None] if None in mappings else mappings
 
 
 def _validate(source_model, target_model, config, opts) -> None:
@@ -244,7 +435,9 @@ def fit(source_model, target_model, data, **kwargs):
     from kvbridge.fit.artifact import KIND
 
     overwrite = bool(kwargs.get("overwrite") or kwargs.get("force"))
-    check_replaceable(out, KIND, overwrite=overwrite)  # refuse before any work; the lock is held to the end
+    tk = kwargs.get("top_k")
+    is_sweep = isinstance(tk, (list, tuple)) or (isinstance(tk, str) and "," in tk)
+    check_replaceable(out, SWEEP_KIND if is_sweep else KIND, overwrite=overwrite)  # refuse before any work; the lock is held to the end
     if kwargs.get("distributed", "auto") == "auto":
         kwargs["distributed"] = dist_mod.setup()
     ctx = kwargs["distributed"]
@@ -254,4 +447,5 @@ def fit(source_model, target_model, data, **kwargs):
         return _fit(source_model, target_model, data, **kwargs)
 
 
-__all__ = ["fit", "prepare_sequences", "load_fitter", "fitter_options", "Provenance"]
+__all__ = ["fit", "fit_from_stats", "prepare_sequences", "load_fitter", "fitter_options", "Provenance", "parse_top_k",
+           "write_mappings", "sweep_folder", "SWEEP_KIND"]

@@ -98,6 +98,31 @@ def model_size(ref: str) -> ModelSize:
     return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden)
 
 
+#: the float64 workspace one accumulation job converts and centres its batch in holds at most this
+#: many bytes: a batch of more than ``WORKSPACE_BYTES / (8·(p + q))`` rows is taken in row chunks
+#: (:class:`kvbridge.fit.stats.MomentStats`), so no buffer grows with the batch or the corpus
+WORKSPACE_BYTES = 32 << 20
+#: row chunks never smaller than this (the statistics GEMMs' inner dimension stays large) and
+#: never larger than the other (larger inner dimensions run no faster)
+MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 128, 512
+
+
+def chunk_rows(p: int, q: int, budget: int = WORKSPACE_BYTES) -> int:
+    """Rows of one workspace chunk for ``p`` features and ``q`` targets."""
+    return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, int(budget) // (8 * max(1, p + q))))
+
+
+def workspace_bytes(p: int, q: int, rows: int | None = None) -> int:
+    """Bytes of the float64 workspace of one accumulation job (``rows``: the largest batch, if known)."""
+    r = chunk_rows(p, q) if rows is None else min(int(rows), chunk_rows(p, q))
+    return 8 * r * (p + q)
+
+
+def job_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
+    """What one accumulation job holds at its peak: its statistics + its workspace (the blocking rule)."""
+    return layer_stats_bytes(n_src, n_tgt, fs, hs_dim, ft, xx_block) + workspace_bytes(n_src * fs, n_tgt * ft)
+
+
 def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
     """Bytes of one accumulation job: K, V x train, held :class:`MomentStats` (same formula as LayerStats)."""
     p, q = n_src * fs, n_tgt * ft
@@ -218,7 +243,7 @@ class FitPlan:
                f"({self.observations:,} observations per head)",
                f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
                f"corpus; budget {_size(self.memory_budget)}",
-               f"  + batch buffers {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
+               f"  + float64 workspace {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
                f" = peak ~{_size(self.peak_bytes)}",
                f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
                f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
@@ -309,7 +334,8 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
     if fitter == "ridge-headwise":  # per target layer: every source head x its targets (head blocks)
         p = s.layers * fs
         bytes_of = lambda b: layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
-        for i, b in enumerate(_blocks(t.layers, bytes_of, memory_budget, "the headwise fit")):
+        peak_of = lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
+        for i, b in enumerate(_blocks(t.layers, peak_of, memory_budget, "the headwise fit")):
             passes.append(Pass(f"headwise{i}", (b[0], b[-1]), s.layers, bytes_of(b),
                                stats_flops(p, len(b) * ft, p * s.head_dim)))
         solve = 2 * s.layers * s.kv_heads * (s.head_dim ** 3 / 3 + 4 * s.head_dim ** 2 * t.layers * ft)
@@ -319,17 +345,17 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
     else:
         full = layer_stats_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full")
         p, q = s.layers * fs, t.layers * ft
-        if full <= memory_budget:
+        if job_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full") <= memory_budget:
             passes.append(Pass("joint", (0, t.layers - 1), s.layers, full, stats_flops(p, q, p * p)))
         else:
-            sel = _blocks(t.layers, lambda b: layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
+            sel = _blocks(t.layers, lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
                           memory_budget, "layer selection")
             for i, b in enumerate(sel):
                 passes.append(Pass(f"select{i}", (b[0], b[-1]), s.layers,
                                    layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
                                    stats_flops(p, len(b) * ft, p * fs)))
             union = lambda b: min(s.layers, k * len(b))  # noqa: E731  worst case: no shared source layers
-            fit = _blocks(t.layers, lambda b: layer_stats_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
+            fit = _blocks(t.layers, lambda b: job_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
                           memory_budget, "the joint fit")
             for i, b in enumerate(fit):
                 pu = union(b) * fs
@@ -346,9 +372,10 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
                   for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))]
     shapes.sort()  # safetensors writes the header sorted by name
     peak = max(p.statistics_bytes for p in passes)
-    rows = batch_size * per_seq  # observations of one batch: float64 x and y buffers per MomentStats
+    rows = batch_size * per_seq  # observations of one batch, converted to float64 in row chunks
     widest = max(passes, key=lambda p: p.statistics_bytes)
-    buffers = 4 * 8 * rows * (widest.source_layers * fs + (widest.target_layers[1] - widest.target_layers[0] + 1) * ft)
+    buffers = workspace_bytes(widest.source_layers * fs,
+                              (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows)
     weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
     forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)

@@ -22,7 +22,7 @@ budget. Each pass re-runs both models over the corpus: memory is traded for forw
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -72,6 +72,85 @@ class RidgeOptions:
         check_alpha(self.alpha)
 
 
+@dataclass
+class RidgeStatistics:
+    """What a ridge fit accumulated: selection scores ``[T, S]`` and the joint statistics of
+    blocks of target layers (``jobs``, one :class:`~kvbridge.fit.stats.LayerStats` each, over
+    the source layers any ``top_k <= max_k`` selects); saved by ``--keep-stats``
+    (:mod:`kvbridge.fit.keep`) and solved again without the models."""
+
+    source_spec: object
+    target_spec: object
+    scores: dict  # "mean", "k", "v": [T, S] float64 tensors; "measured_on": "held" or "train"
+    jobs: list
+    max_k: int
+    passes: list = field(default_factory=list)
+    budget: int = 0
+    n_train: float = 0.0
+    job_loader: object = None  # kept statistics on disk: a callable yielding the jobs one at a time
+
+    def iter_jobs(self):
+        if self.job_loader is not None:
+            yield from self.job_loader()
+        else:
+            yield from self.jobs
+
+
+class _BlockSolver:
+    """Solves each block of joint statistics for every k as it comes, then assembles the mappings."""
+
+    def __init__(self, fitter, source_spec, target_spec, options, ks):
+        self.fitter, self.source_spec, self.target_spec, self.options, self.ks = fitter, source_spec, target_spec, \
+            options, ks
+        self.dims = dims(source_spec, target_spec)
+        self.results = {k: {} for k in ks}
+        self.selection: dict = {}
+
+    def add(self, job, scores) -> None:
+        from kvbridge.fit.select import top_k as pick
+
+        for k in self.ks:
+            if k not in self.selection:
+                self.selection[k] = pick(scores["mean"], range(self.source_spec.num_layers), k)
+            self.results[k].update(self.fitter._solve_layers(job, job.tgt_layers, self.selection[k],
+                                                             self.options.alpha, self.dims))
+
+    def mappings(self, stats) -> dict:
+        return {k: self._mapping(stats, k) for k in self.ks}
+
+    def _mapping(self, stats, k):
+        from kvbridge.fit.mapping import FittedMapping, LayerMap
+
+        scores, results, selection = stats.scores, self.results[k], self.selection[k]
+        fs = self.dims["src_heads"] * self.dims["src_dim"]
+        layers, r2k, r2v, alphas = [], [], [], []
+        for t in range(self.target_spec.num_layers):
+            res = results[t]
+            layers.append(LayerMap("dense", tuple(selection[t]), res["k"]["w"].float(), res["k"]["b"].float(),
+                                   res["v"]["w"].float(), res["v"]["b"].float()))
+            r2k.append(res["k"]["r2"])
+            r2v.append(res["v"]["r2"])
+            alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
+        has_r2 = all(r is not None for r in r2k + r2v)
+        tk = torch.stack(r2k) if has_r2 else None
+        tv = torch.stack(r2v) if has_r2 else None
+        summary, warnings = r2_summary(tk, tv, threshold=self.options.low_r2)
+        report = FitReport(
+            fitter=self.fitter.name,
+            params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},
+            layer_selection=[list(s) for s in selection],
+            selection_scores={"mean": scores["mean"].tolist(), "k": scores["k"].tolist(), "v": scores["v"].tolist(),
+                              "measured_on": scores["measured_on"]},
+            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
+            r2_summary=summary,
+            alpha_chosen=alphas,
+            observations={"train": int(stats.n_train), "features_per_head": k * fs},
+            passes=stats.passes,
+            warnings=tuple(warnings),
+        )
+        return FittedMapping(self.source_spec, self.target_spec, layers, fitter=self.fitter.name, report=report)
+
+
 class RidgeFitter:
     """``ridge``: centred affine ridge per target (layer, KV head) on the top-k source layers."""
 
@@ -79,37 +158,87 @@ class RidgeFitter:
     Options = RidgeOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: RidgeOptions = RidgeOptions()):
-        from kvbridge.fit.mapping import FittedMapping, LayerMap
+        if calibration is None:
+            raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+        k = min(int(options.top_k), source_spec.num_layers)
+        return self.fit_sweep(source_spec, target_spec, calibration, options, [k])[k]
+
+    def fit_sweep(self, source_spec, target_spec, calibration, options: RidgeOptions, ks, *, keep=None) -> dict:
+        """``{k: mapping}`` for every ``k`` in ``ks`` from ONE accumulation (the passes of the largest k).
+
+        Each block of joint statistics is solved for every k as soon as it is complete and then
+        dropped (``keep``: a :class:`kvbridge.fit.keep.StatsWriter` that saves it first), so the
+        memory of a sweep is the memory of one fit.
+        """
+        if calibration is None:
+            raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+        ks = list(dict.fromkeys(min(int(k), source_spec.num_layers) for k in ks))
+        solver = _BlockSolver(self, source_spec, target_spec, options, ks)
+
+        def on_block(job, scores):
+            if keep is not None:
+                keep.add(job)
+            solver.add(job, scores)
+
+        stats = self.accumulate(source_spec, target_spec, calibration, options, max_k=max(ks), on_block=on_block)
+        if keep is not None:
+            keep.finish(stats)
+        return solver.mappings(stats)
+
+    def solve(self, stats: "RidgeStatistics", options: RidgeOptions, ks=None) -> dict:
+        """``{k: mapping}`` from kept statistics (``ks``: default ``[options.top_k]``), one block at a time."""
+        ls = stats.source_spec.num_layers
+        ks = list(dict.fromkeys(min(int(k), ls) for k in (ks or [options.top_k])))
+        over = [k for k in ks if k > stats.max_k]
+        if over:
+            raise FitError(f"--top-k {over[0]} needs statistics accumulated for top-k {over[0]} or more; these were "
+                           f"kept for top-k {stats.max_k}", f"use --top-k {stats.max_k} or less, or refit from the models")
+        d = dims(stats.source_spec, stats.target_spec)
+        self._check_seen(stats.n_train, max(ks), d["src_heads"] * d["src_dim"], d)
+        solver = _BlockSolver(self, stats.source_spec, stats.target_spec, options, ks)
+        for job in stats.iter_jobs():
+            solver.add(job, stats.scores)
+        return solver.mappings(stats)
+
+    def accumulate(self, source_spec, target_spec, calibration, options: RidgeOptions, *, max_k: int,
+                   on_block=None):
+        """The :class:`RidgeStatistics` any ``top_k <= max_k`` (and any alpha) is solved from.
+
+        One joint pass when the job fits the budget, else selection passes then fit passes over
+        blocks of target layers (the union of each block's top-``max_k`` source layers; the
+        top-k lists are nested, so every smaller k is covered by the same statistics).
+        ``on_block(job, scores)`` is called with each complete block, which is then dropped
+        (held only when there is no ``on_block``).
+        """
         from kvbridge.fit.select import single_layer_r2, top_k as pick
         from kvbridge.fit.stats import LayerStats
 
-        top_k, alpha, memory_budget, low_r2 = options.top_k, options.alpha, options.memory_budget, options.low_r2
-        if calibration is None:
-            raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         dims_ = dims(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
-        k = min(int(top_k), ls)
+        k = min(int(max_k), ls)
         fs = dims_["src_heads"] * dims_["src_dim"]
         n_train = calibration.observations("train")
         check_determined(n_train, k * fs, what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x "
                                                 f"{dims_['src_dim']} dims",
                          fix=f"give at least {k * fs} training observations (more --tokens, or a smaller --stride), "
                              f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)")
-        budget = default_budget() if memory_budget is None else int(memory_budget)
-        passes, results = [], {}
-        full = LayerStats.nbytes_for(ls, lt, **dims_, xx_block="full")
-        if full <= budget:  # one pass: selection and fit from the joint statistics
+        budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
+        passes, jobs = [], []
+        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
             job = LayerStats(range(ls), range(lt), **dims_, xx_block="full", device=device_of(calibration))
             calibration.accumulate([job], tag="joint")
             passes.append({"tag": "joint", "bytes": job.nbytes()})
             scores = single_layer_r2(job)
-            selection = pick(scores["mean"], job.src_layers, k)
             n_seen = job.n("train")
             self._check_seen(n_seen, k, fs, dims_)
-            results = self._solve_layers(job, range(lt), selection, alpha, dims_)
+            if on_block is not None:
+                on_block(job, scores)
+            else:
+                jobs.append(job)
+            del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
             rows = {"mean": [None] * lt, "k": [None] * lt, "v": [None] * lt}
-            sel_blocks = plan_blocks(lt, lambda b: LayerStats.nbytes_for(ls, len(b), **dims_, xx_block="layer"),
+            sel_blocks = plan_blocks(lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer"),
                                      budget, what="layer selection")
             for bi, block in enumerate(sel_blocks):
                 job = LayerStats(range(ls), block, **dims_, xx_block="layer", device=device_of(calibration))
@@ -130,41 +259,18 @@ class RidgeFitter:
             def union(b):
                 return sorted({s for t in b for s in selection[t]})
 
-            fit_blocks = plan_blocks(lt, lambda b: LayerStats.nbytes_for(len(union(b)), len(b), **dims_), budget,
+            fit_blocks = plan_blocks(lt, lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_), budget,
                                      what="the joint fit")
             for bi, block in enumerate(fit_blocks):
                 job = LayerStats(union(block), block, **dims_, xx_block="full", device=device_of(calibration))
                 calibration.accumulate([job], tag=f"fit{bi}")
                 passes.append({"tag": f"fit{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
-                results.update(self._solve_layers(job, block, selection, alpha, dims_))
+                if on_block is not None:
+                    on_block(job, scores)
+                else:
+                    jobs.append(job)
                 del job
-        n_train_seen = n_seen
-        layers, r2k, r2v, alphas = [], [], [], []
-        for t in range(lt):
-            res = results[t]
-            layers.append(LayerMap("dense", tuple(selection[t]), res["k"]["w"].float(), res["k"]["b"].float(),
-                                   res["v"]["w"].float(), res["v"]["b"].float()))
-            r2k.append(res["k"]["r2"])
-            r2v.append(res["v"]["r2"])
-            alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
-        has_r2 = all(r is not None for r in r2k + r2v)
-        tk = torch.stack(r2k) if has_r2 else None
-        tv = torch.stack(r2v) if has_r2 else None
-        summary, warnings = r2_summary(tk, tv, threshold=low_r2)
-        report = FitReport(
-            fitter=self.name,
-            params={**asdict(options), "top_k": k, "memory_budget": budget},
-            layer_selection=[list(s) for s in selection],
-            selection_scores={"mean": scores["mean"].tolist(), "k": scores["k"].tolist(), "v": scores["v"].tolist(),
-                              "measured_on": scores["measured_on"]},
-            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-            r2_summary=summary,
-            alpha_chosen=alphas,
-            observations={"train": int(n_train_seen), "features_per_head": k * fs},
-            passes=passes,
-            warnings=tuple(warnings),
-        )
-        return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
+        return RidgeStatistics(source_spec, target_spec, scores, jobs, k, passes, budget, float(n_seen))
 
     @staticmethod
     def _check_seen(n_seen, k, fs, dims_) -> None:
@@ -187,6 +293,6 @@ class RidgeFitter:
         return out
 
 
-__all__ = ["RidgeFitter", "RidgeOptions", "check_alpha", "check_top_k", "r2_summary", "plan_blocks", "default_budget",
+__all__ = ["RidgeFitter", "RidgeOptions", "RidgeStatistics", "check_alpha", "check_top_k", "r2_summary", "plan_blocks", "default_budget",
            "LOW_R2", "solve", "sse", "grouped_r2", "alpha_grid", "fit_group", "check_determined", "FitError",
            "DEFAULT_ALPHA"]

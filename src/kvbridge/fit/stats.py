@@ -9,8 +9,10 @@ For features ``x`` (``p`` dims) and targets ``y`` (``q`` dims) a :class:`MomentS
 - ``cxy``: ``Σ (x - x̄)(y - ȳ)ᵀ`` (``p × q``),
 - ``cyy``: the diagonal of ``Σ (y - ȳ)(y - ȳ)ᵀ`` (``q``), all a held-out R² needs.
 
-Memory is fixed by ``p`` and ``q``, never by the number of observations: the statistics
-plus one reused float64 buffer of the largest batch (``8·m·(p + q)`` bytes). A batch is
+Memory is fixed by ``p`` and ``q``, never by the number of observations or the batch size:
+the statistics plus one reused float64 workspace of at most :data:`WORKSPACE_BYTES` (a batch
+is taken in row chunks of :func:`chunk_rows` rows; the objects of one :class:`LayerStats` share
+one workspace), so the peak of an accumulation is the statistics + :func:`workspace_bytes`. A batch is
 centred on its own mean and merged with the pair-wise update of Chan, Golub & LeVeque
 (``C = C_a + C_b + n_a n_b / n · δ δᵀ``, the batch term accumulated straight into ``C`` by
 the GEMM), which stays accurate when the means are large against the spread (a raw
@@ -32,6 +34,23 @@ from dataclasses import dataclass
 import torch
 
 DTYPE = torch.float64
+# the workspace rule lives in the torch-free planner (one formula for the plan and the fit)
+from kvbridge.fit.plan import MIN_CHUNK_ROWS, WORKSPACE_BYTES, chunk_rows, workspace_bytes  # noqa: E402,F401
+
+
+class Workspace:
+    """A reused float64 ``[rows, p]`` + ``[rows, q]`` pair, shared by the statistics of one job."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.x = self.y = None
+
+    def get(self, m: int, p: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.x is None or self.x.shape[0] < m or self.x.shape[1] != p or self.y.shape[1] != q:
+            self.x = self.y = None  # drop the old pair before allocating the new one
+            self.x = torch.empty(m, p, dtype=DTYPE, device=self.device)
+            self.y = torch.empty(m, q, dtype=DTYPE, device=self.device)
+        return self.x[:m], self.y[:m]
 
 
 @dataclass
@@ -62,7 +81,8 @@ class MomentStats:
     which is all single-layer or single-head fits need, at ``p·b`` instead of ``p²`` memory.
     """
 
-    def __init__(self, p: int, q: int, *, xx_block: int | None = None, device="cpu"):
+    def __init__(self, p: int, q: int, *, xx_block: int | None = None, device="cpu",
+                 workspace: Workspace | None = None):
         if xx_block is not None and (xx_block <= 0 or p % xx_block):
             raise ValueError(f"xx_block {xx_block} does not divide p={p}")
         self.p, self.q, self.xx_block = int(p), int(q), xx_block
@@ -76,6 +96,7 @@ class MomentStats:
             self.cxx = torch.zeros(p // xx_block, xx_block, xx_block, dtype=DTYPE, device=self.device)
         self.cxy = torch.zeros(p, q, dtype=DTYPE, device=self.device)
         self.cyy = torch.zeros(q, dtype=DTYPE, device=self.device)
+        self._ws = workspace if workspace is not None else Workspace(self.device)
 
     # -- sizes ------------------------------------------------------------------------------
     @staticmethod
@@ -100,22 +121,35 @@ class MomentStats:
         bs = self.xx_block
         return torch.einsum("ki,kj->kij", a.reshape(-1, bs), b.reshape(-1, bs))
 
-    def update(self, x: torch.Tensor, y: torch.Tensor) -> "MomentStats":
-        """Add a batch of observations ``x [m, p]``, ``y [m, q]`` (any float dtype)."""
+    def update(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> "MomentStats":
+        """Add a batch of observations ``x [m, p]``, ``y [m, q]`` (any float dtype); with ``rows``
+        (an index tensor) only those rows. Taken in row chunks of at most :func:`chunk_rows`."""
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
             raise ValueError(f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and "
                              f"{tuple(y.shape)}")
         if x.shape[1] != self.p or y.shape[1] != self.q:
             raise ValueError(f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and "
                              f"{tuple(y.shape)}")
+        m = int(x.shape[0] if rows is None else rows.numel())
+        step = chunk_rows(self.p, self.q)
+        for a in range(0, m, step):
+            e = min(m, a + step)
+            if rows is None:
+                self._update_chunk(x[a:e], y[a:e])
+            else:
+                idx = rows[a:e].to(x.device)
+                self._update_chunk(x.index_select(0, idx), y.index_select(0, idx))
+        return self
+
+    def _update_chunk(self, x: torch.Tensor, y: torch.Tensor) -> None:
         m = int(x.shape[0])
         if m == 0:
-            return self
-        xc, yc = self._workspace(m)
+            return
+        xc, yc = self._ws.get(m, self.p, self.q)
         xc.copy_(x)
         yc.copy_(y)
         mx, my = xc.mean(0), yc.mean(0)
-        xc -= mx  # the batch, centred on its own mean, in a reused float64 buffer
+        xc -= mx  # the chunk, centred on its own mean, in the reused float64 workspace
         yc -= my
         # Chan's update folded into the GEMMs: C += Xcᵀ Xc + w δ δᵀ, with w = n_a m / (n_a + m)
         n = self.n + m
@@ -137,15 +171,6 @@ class MomentStats:
         self.mean_x += dx * (m / n)
         self.mean_y += dy * (m / n)
         self.n = n
-        return self
-
-    def _workspace(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Float64 buffers for one batch, reused across updates (steady state allocates nothing big)."""
-        ws = getattr(self, "_ws", None)
-        if ws is None or ws[0].shape[0] < m:
-            ws = self._ws = (torch.empty(m, self.p, dtype=DTYPE, device=self.device),
-                             torch.empty(m, self.q, dtype=DTYPE, device=self.device))
-        return ws[0][:m], ws[1][:m]
 
     def _merge_raw(self, o: "_Raw") -> None:
         if o.n == 0:
@@ -250,7 +275,7 @@ class MomentStats:
         return self
 
     def clone(self) -> "MomentStats":
-        out = MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device)
+        out = MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws)
         out._merge_raw(_Raw(self.n, self.mean_x, self.mean_y, self.cxx, self.cxy, self.cyy))
         return out
 
@@ -329,7 +354,8 @@ class LayerStats:
         self.xx_block = xx_block
         p, q = self.p, self.q
         blk = self._block_size()
-        self.stats = {(c, s): MomentStats(p, q, xx_block=blk, device=device)
+        self.workspace = Workspace(device)  # one float64 chunk buffer for the four statistics
+        self.stats = {(c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace)
                       for c in self.KINDS for s in self.SPLITS}
 
     def _block_size(self) -> int | None:
@@ -350,6 +376,14 @@ class LayerStats:
         p, q = n_src * src_heads * src_dim, n_tgt * tgt_heads * tgt_dim
         blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
         return 4 * MomentStats.nbytes_for(p, q, blk)
+
+    @staticmethod
+    def job_bytes_for(n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int,
+                      xx_block: str = "full") -> int:
+        """The job's peak: statistics + its float64 workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`)."""
+        from kvbridge.fit.plan import job_bytes
+
+        return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block)
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in self.stats.values())
@@ -377,10 +411,10 @@ class LayerStats:
                 if split < n_obs:
                     self.stats[(c, "held")].update(x[split:], y[split:])
                 continue
-            keep = ~held_mask
-            if bool(keep.any()):
-                self.stats[(c, "train")].update(x[keep], y[keep])
-            self.stats[(c, "held")].update(x[held_mask], y[held_mask])
+            keep = torch.nonzero(~held_mask).flatten()  # row indices: gathered chunk by chunk, no full copy
+            if keep.numel():
+                self.stats[(c, "train")].update(x, y, rows=keep)
+            self.stats[(c, "held")].update(x, y, rows=torch.nonzero(held_mask).flatten())
 
     @staticmethod
     def _select(t: torch.Tensor, layers: tuple) -> torch.Tensor:
@@ -445,4 +479,5 @@ class LayerStats:
         return self
 
 
-__all__ = ["MomentStats", "Moments", "LayerStats", "all_reduce", "DTYPE"]
+__all__ = ["MomentStats", "Moments", "LayerStats", "Workspace", "all_reduce", "chunk_rows", "workspace_bytes",
+           "DTYPE", "WORKSPACE_BYTES"]

@@ -1,0 +1,188 @@
+"""Kept fit statistics: ``kvbridge fit --keep-stats DIR`` and ``kvbridge fit --from-stats DIR``.
+
+A ridge fit's statistics (:class:`~kvbridge.fit.ridge.RidgeStatistics`: the selection scores
+and the joint float64 statistics of each block of target layers) are everything a later solve
+needs: another ``--top-k`` (up to the one they were accumulated for), another ``--alpha``,
+another ``--low-r2`` threshold. The folder (written atomically, like every artifact):
+
+- ``manifest.json``: ``kind`` ``kvbridge-fit-stats``, both models' identities (spec, config and
+  weights fingerprints, as a mapping records them), the tokenizer fingerprint, the calibration
+  record, ``max_k``, the passes, and per block its source / target layers, ``xx_block``, file
+  and sha256;
+- ``scores.safetensors``: the ``[T, S]`` selection scores (``mean``, ``k``, ``v``), float64;
+- ``block<i>.safetensors``: one :class:`~kvbridge.fit.stats.LayerStats` each (float64), written
+  as soon as its block is complete, so keeping them costs no memory beyond the fit's own.
+
+Never pickle. Reading verifies every file's sha256 before loading it and every tensor's shape
+against the block it claims to be; ``--from-stats`` with SOURCE TARGET whose specs differ from
+the kept ones is refused naming the field. Blocks are loaded one at a time (a refit's memory
+is one block's statistics).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+from kvbridge.errors import ArtifactError
+
+KIND = "kvbridge-fit-stats"
+SCHEMA_VERSION = 1
+SCORES_FILE = "scores.safetensors"
+
+
+class StatsWriter:
+    """Writes the blocks into ``folder`` (a temporary folder of :func:`kvbridge.artifacts.atomic_dir`)
+    as they complete; :meth:`finish` writes the scores and the manifest."""
+
+    def __init__(self, folder: Path | str, base: dict):
+        self.folder = Path(folder)
+        self.base = dict(base)
+        self.blocks: list[dict] = []
+
+    def add(self, job) -> None:
+        from kvbridge.artifacts import save_safetensors
+
+        name = f"block{len(self.blocks)}.safetensors"
+        digest = save_safetensors(job.state_dict(), self.folder / name)
+        self.blocks.append({"file": name, "sha256": digest, "src_layers": list(job.src_layers),
+                            "tgt_layers": list(job.tgt_layers), "xx_block": job.xx_block,
+                            "n_train": job.n("train"), "n_held": job.n("held")})
+
+    def finish(self, stats) -> None:
+        from kvbridge.artifacts import save_safetensors
+
+        scores = {k: stats.scores[k].contiguous() for k in ("mean", "k", "v")}
+        digest = save_safetensors(scores, self.folder / SCORES_FILE)
+        manifest = {
+            **self.base,
+            "schema_version": SCHEMA_VERSION,
+            "kind": KIND,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "fitter": "ridge",
+            "max_k": int(stats.max_k),
+            "memory_budget": int(stats.budget),
+            "n_train": float(stats.n_train),
+            "measured_on": stats.scores["measured_on"],
+            "passes": stats.passes,
+            "blocks": self.blocks,
+            "tensor_file": SCORES_FILE,
+            "tensor_sha256": digest,
+        }
+        from kvbridge.version import __version__
+
+        manifest.setdefault("kvbridge_version", __version__)
+        (self.folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _bad(folder: Path, what: str) -> ArtifactError:
+    return ArtifactError(f"{folder}: {what}", "keep the statistics again with `kvbridge fit ... --keep-stats DIR`")
+
+
+def _load_file(folder: Path, name: str, sha: str | None) -> dict:
+    from kvbridge.artifacts import sha256_file
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
+        raise _bad(folder, f"manifest names an invalid file {name!r}")
+    path = folder / name
+    if not path.is_file():
+        raise _bad(folder, f"{name} is missing")
+    if sha256_file(path) != sha:
+        raise _bad(folder, f"{name} checksum mismatch: the file is corrupt, truncated or was replaced")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise _bad(folder, f"{name} is not a readable safetensors file ({' '.join(str(exc).split())[:100]})") from None
+
+
+def read_manifest(folder: Path | str) -> dict:
+    from kvbridge.artifacts import read_manifest as read
+
+    folder = Path(folder)
+    manifest = read(folder, kind="fit statistics")
+    if manifest.get("kind") != KIND:
+        raise ArtifactError(f"{folder} is not a kvbridge fit-statistics folder (kind {manifest.get('kind')!r})",
+                            "pass a folder written by `kvbridge fit ... --keep-stats DIR`")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ArtifactError(f"{folder}: fit statistics schema_version {version!r} is newer than this kvbridge reads "
+                            f"({SCHEMA_VERSION})", "upgrade kvbridge")
+    for key in ("source", "target", "blocks", "max_k"):
+        if key not in manifest:
+            raise _bad(folder, f"manifest.json is missing field {key!r}")
+    return manifest
+
+
+def check_models(manifest: dict, folder: Path | str, *, source: dict | None = None, target: dict | None = None) -> None:
+    """Refuse kept statistics for models other than ``source`` / ``target`` (identity dicts of
+    :func:`kvbridge.fit.artifact.model_identity`, from configs or models), naming the field."""
+    for role, ident in (("source", source), ("target", target)):
+        if ident is None:
+            continue
+        want = manifest.get(role) or {}
+        for name in ("spec_fingerprint", "config_fingerprint", "weights_fingerprint"):
+            have, need = ident.get(name), want.get(name)
+            if name == "config_fingerprint" and ident.get("weights_fingerprint") is None:
+                continue  # a config read from files and one read from a loaded model normalise differently
+            if have is None or need is None or have == need:
+                continue
+            raise ArtifactError(f"{folder} holds statistics of a different {role} model: field {role}.{name} is "
+                                f"{str(need)[:12]}... there, {str(have)[:12]}... for the given {role}",
+                                f"pass the {role} the statistics were kept for, or fit from the models again")
+
+
+def load_statistics(folder: Path | str):
+    """``(RidgeStatistics, manifest)`` of a kept folder; the blocks are read lazily, one at a time."""
+    import torch
+
+    from kvbridge.check.spec import ModelSpec
+    from kvbridge.fit.ridge import RidgeStatistics
+    from kvbridge.fit.solve import dims
+    from kvbridge.fit.stats import LayerStats
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    try:
+        source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
+        target_spec = ModelSpec.from_dict(manifest["target"]["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _bad(folder, f"manifest.json has an invalid spec ({exc})") from None
+    ls, lt = source_spec.num_layers, target_spec.num_layers
+    scores = _load_file(folder, manifest.get("tensor_file", SCORES_FILE), manifest.get("tensor_sha256"))
+    for key in ("mean", "k", "v"):
+        t = scores.get(key)
+        if t is None or tuple(t.shape) != (lt, ls):
+            raise _bad(folder, f"scores tensor {key!r} should be [{lt}, {ls}], got "
+                               f"{None if t is None else tuple(t.shape)}")
+    scores = {k: scores[k].to(torch.float64) for k in ("mean", "k", "v")}
+    scores["measured_on"] = manifest.get("measured_on", "held")
+    blocks = manifest["blocks"]
+    covered = sorted(t for b in blocks for t in b.get("tgt_layers", []))
+    if covered != list(range(lt)):
+        raise _bad(folder, f"the blocks cover target layers {covered}, not 0..{lt - 1} once each")
+    d = dims(source_spec, target_spec)
+
+    def jobs():
+        for b in blocks:
+            src, tgt = b.get("src_layers") or [], b.get("tgt_layers") or []
+            if not all(isinstance(i, int) and 0 <= i < ls for i in src):
+                raise _bad(folder, f"{b.get('file')}: source layers {src} outside 0..{ls - 1}")
+            job = LayerStats(src, tgt, **d, xx_block=b.get("xx_block", "full"))
+            data = _load_file(folder, b.get("file"), b.get("sha256"))
+            try:
+                job.load_state_dict(data)
+            except (KeyError, ValueError) as exc:
+                raise _bad(folder, f"{b.get('file')} does not hold the statistics its manifest entry names ({exc})") \
+                    from None
+            yield job
+
+    stats = RidgeStatistics(source_spec, target_spec, scores, [], int(manifest["max_k"]),
+                            list(manifest.get("passes") or []), int(manifest.get("memory_budget") or 0),
+                            float(manifest.get("n_train") or 0.0), job_loader=jobs)
+    return stats, manifest
+
+
+__all__ = ["StatsWriter", "load_statistics", "read_manifest", "check_models", "KIND", "SCORES_FILE"]
