@@ -45,7 +45,7 @@ def model_record(model, spec, *, weights_fp: str | None = None) -> dict:
 
 
 def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None) -> dict:
-    from kvbridge import __version__
+    from kvbridge.version import __version__
 
     import torch
     import transformers
