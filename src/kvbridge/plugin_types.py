@@ -8,7 +8,9 @@ are documented in :mod:`kvbridge.hookspecs` and ``docs/plugins.md``:
 - :class:`Fitter`, a lazy record of a class following :class:`kvbridge.fit.protocol.FitterProtocol`
   (``kvbridge_register_fitters``),
 - :class:`Metric`, a lazy record of a function following :class:`MetricFunction`
-  (``kvbridge_register_metrics``).
+  (``kvbridge_register_metrics``),
+- :class:`Task`, a lazy record of a harness task class following
+  :class:`kvbridge.harness.protocol.TaskProtocol` (``kvbridge_register_tasks``).
 
 :func:`check_registration` is what the host runs on every registered object: an object that
 does not follow its protocol is refused with a one-line error naming the plugin and the
@@ -126,6 +128,20 @@ class Metric:
         return _load(self.factory)
 
 
+# -- harness tasks -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Task:
+    """A harness task: ``factory`` is a class following
+    :class:`kvbridge.harness.protocol.TaskProtocol`, or its ``"module:attr"`` path (loaded lazily)."""
+
+    name: str
+    description: str
+    factory: Any
+
+    def load(self) -> Any:
+        return _load(self.factory)
+
+
 # -- registration checks -----------------------------------------------------------------------
 #: per kind: (record type, members the registered object needs)
 _MEMBERS = {
@@ -133,8 +149,10 @@ _MEMBERS = {
     "rope_variant": ("name", "inv_freq"),
     "fitter": ("name", "description", "factory"),
     "metric": ("name", "description", "factory"),
+    "task": ("name", "description", "factory"),
 }
-_KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric"}
+_KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric",
+               "task": "task"}
 
 
 def protocol_problem(kind: str, obj: Any) -> str | None:
@@ -148,6 +166,10 @@ def protocol_problem(kind: str, obj: Any) -> str | None:
         return fitter_problem(obj.factory)
     if kind == "metric" and not isinstance(obj.factory, str) and not callable(obj.factory):
         return "__call__"
+    if kind == "task" and not isinstance(obj.factory, str):
+        from kvbridge.harness.protocol import task_problem
+
+        return task_problem(obj.factory)
     if kind == "rope_variant" and not callable(obj.inv_freq):
         return "inv_freq (callable)"
     return None
@@ -159,6 +181,9 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
     A fitter class (``name``, ``Options``, ``fit``) registered directly is wrapped in a
     :class:`Fitter` record; so is a metric function with a ``name``.
     """
+    if kind == "task" and not isinstance(obj, Task) and hasattr(obj, "items"):
+        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+        obj = Task(getattr(obj, "name", ""), doc[0] if doc else "", obj)
     if kind == "fitter" and not isinstance(obj, Fitter) and hasattr(obj, "fit"):
         doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
         obj = Fitter(getattr(obj, "name", ""), doc[0] if doc else "", obj)
@@ -194,6 +219,10 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
         from kvbridge.fit.protocol import fitter_problem
 
         missing = fitter_problem(obj)
+    elif kind == "task":
+        from kvbridge.harness.protocol import task_problem
+
+        missing = task_problem(obj)
     else:
         missing = None if callable(obj) else "__call__"
     if missing:
@@ -203,4 +232,4 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 
 __all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
-           "Metric", "MetricFunction", "check_registration", "protocol_problem", "loaded", "load_registered"]
+           "Metric", "Task", "MetricFunction", "check_registration", "protocol_problem", "loaded", "load_registered"]

@@ -53,6 +53,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.compat_checks",
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
+    "kvbridge.builtin.tasks",
 )
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
@@ -288,6 +289,7 @@ class Host:
             "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
             "fitter": Registry("fitter", lambda f: [f.name], rank),
             "metric": Registry("metric", lambda m: [m.name], rank),
+            "task": Registry("task", lambda t: [t.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
@@ -295,6 +297,7 @@ class Host:
             "rope_variant": "kvbridge_register_rope_variants",
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
+            "task": "kvbridge_register_tasks",
         }
         from kvbridge import plugin_types
 
@@ -397,6 +400,9 @@ class Host:
 
     def metric(self, name: str) -> Any:
         return self.registry("metric").get(name)
+
+    def task(self, name: str) -> Any:
+        return self.registry("task").get(name)
 
     def owner(self, kind: str, name: str) -> str:
         """The plugin that registered ``name`` as a ``kind`` ("" when unknown)."""
