@@ -165,7 +165,7 @@ class Answerer:
         import torch
 
         if cond == "no_context" or not ctx:
-            return self.target, self.tad, None
+            return (self.source, self.sad, None) if cond == "source" else (self.target, self.tad, None)
         memo = self._states(ctx)
         ids = torch.tensor([list(ctx)], dtype=torch.long)
 

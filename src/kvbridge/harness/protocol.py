@@ -16,6 +16,9 @@ A task is a class with these members (checked when it registers, like a fitter):
         def score(self, item, completion: str) -> float: ...   # generation items: 0..1
         def chance(self, item) -> float: ...                    # what guessing scores on this item
 
+A task may also define ``answer(answerer, condition, item) -> (score, shown)`` to answer and score
+an item itself through :class:`kvbridge.harness.conditions.Answerer` (the lm-eval tasks do).
+
 Items are frozen dataclasses holding text. Every condition sees the same token ids: the
 ``context`` (what the cache holds: the target's own prefill, the source's through the mapping,
 ...) and the ``query`` fed live after it. A :class:`GenItem` is answered by greedy decoding

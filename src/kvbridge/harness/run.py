@@ -93,9 +93,13 @@ def answer_item(answerer, task, item, conds, tokenizer) -> dict:
     query = _ids(tokenizer, item.query, False)
     bos = _ids(tokenizer, "", True)  # what no_context keeps of the context: the special-token prefix
     rec = _item_record(item)
+    custom = getattr(task, "answer", None)
     for cond in conds:
         c = bos if cond == "no_context" else ctx
-        if isinstance(item, ChoiceItem):
+        if custom is not None:  # the task answers and scores itself (lm-eval tasks)
+            score, shown = custom(answerer, cond, item)
+            rec["scores"][cond], rec["answers"][cond] = float(score), shown
+        elif isinstance(item, ChoiceItem):
             lls = [answerer.loglikelihood(cond, c, query, _ids(tokenizer, choice, False))[0] for choice in item.choices]
             pick = max(range(len(lls)), key=lambda i: lls[i])
             rec["scores"][cond] = float(pick == item.gold)
