@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints-test.txt torch
-	$(BIN)/python -m pip install -q -c constraints-test.txt -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints-test.txt -e '.[test,harness]'
 	for p in $(dir $(PLUGINS)); do $(BIN)/python -m pip install -q -c constraints-test.txt -e $$p || exit 1; done
 	touch $(STAMP)
 

@@ -81,17 +81,18 @@ class RecallTask:
         for length in lengths:
             for pos in positions:
                 for i in range(options.n):
-                    facts, used, size = [], set(), header
-                    while size < length:
+                    facts, used, size, last = [], set(), header, 0
+                    while size < length or len(facts) < 2:
                         key = _key(rng)
                         if key in used:
                             continue
                         used.add(key)
                         line = fact(key, rng.randint(*VALUES))
                         facts.append((key, line))
-                        size += len(tokenizer(line, add_special_tokens=False)["input_ids"])
-                    if len(facts) > 1:  # the last fact pushed it over: drop it when that stays closer
-                        facts.pop()
+                        last = len(tokenizer(line, add_special_tokens=False)["input_ids"])
+                        size += last
+                    if len(facts) > 2 and abs(size - last - length) < abs(size - length):
+                        facts.pop()  # the last fact pushed it over: dropped, that stays closer to the length
                     at = min(len(facts) - 1, int(round(pos * (len(facts) - 1))))
                     key, line = facts[at]
                     value = int(re.search(r"is (\d+)\.", line).group(1))
