@@ -157,3 +157,7 @@ def cli_main() -> None:
 
 
 __all__ = ["KVBridgeLM", "NAME", "cli_main"]
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m kvbridge.harness.lm_eval_model (= kvbridge-lm-eval)
+    cli_main()

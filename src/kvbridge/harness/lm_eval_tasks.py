@@ -144,8 +144,7 @@ class LmEvalTask:
 
         logging.getLogger("lm_eval").setLevel(logging.ERROR)
         tm = TaskManager(include_path=self.spec.include_path, include_defaults=False)
-        loaded = tm.load_task_or_group([self.spec.name])
-        task = loaded.get(self.spec.name)
+        task = tm.load([self.spec.name])["tasks"].get(self.spec.name)
         if task is None:
             raise HarnessError(f"lm-eval did not load task {self.spec.name!r} from {self.spec.yaml_path}",
                                "check the YAML with `lm-eval validate --tasks NAME --include_path DIR`")
