@@ -295,7 +295,8 @@ def test_trace_shows_every_hook_call(monkeypatch, capsys):
     err = capsys.readouterr().err
     called = ["kvbridge_register_families", "kvbridge_register_rope_variants", "kvbridge_register_fitters",
               "kvbridge_register_metrics", "kvbridge_check_compatibility", "kvbridge_manifest_dirs",
-              "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources"]
+              "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources",
+              "kvbridge_register_tasks"]
     assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     for name in called:
         assert f"[kvbridge-plugins] {name} [hook]" in err or f"{name} [hook]" in err, (name, err[:400])

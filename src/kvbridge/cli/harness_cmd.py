@@ -85,6 +85,12 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     if needs_exec and not allow_code_execution:
         raise HarnessError(f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
                            "pass --allow-code-execution (it runs in a limited subprocess, not a container)")
+    if mapping_ref != "identity":
+        from pathlib import Path
+
+        if not (Path(mapping_ref) / "manifest.json").is_file():
+            raise HarnessError(f"--mapping {mapping_ref}: not a mapping folder (no manifest.json)",
+                               "pass a folder written by `kvbridge fit SRC TGT --out DIR`, or identity")
     if report_dir:
         from kvbridge.artifacts import check_replaceable
         from kvbridge.harness.report import REPORT_KIND
