@@ -4,6 +4,7 @@ built-in plugins, and small local task files (a multiple-choice JSONL, an lm-eva
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -70,3 +71,23 @@ def lm_eval_dir(tmp_path_factory):
                                           "output_type: multiple_choice\ndoc_to_text: q\ndoc_to_choice: c\n"
                                           "doc_to_target: 0\n", encoding="utf-8")
     return folder
+
+
+@dataclass(frozen=True)
+class NoisyMapping:
+    """The identity plus Gaussian noise of ``scale`` x each tensor's std on content K and V."""
+
+    scale: float
+    exact: bool = False
+    name: str = "noisy-identity"
+
+    def map_content(self, state, target_spec):
+        g = torch.Generator().manual_seed(0)
+        noisy = lambda t: t + self.scale * t.std() * torch.randn(t.shape, generator=g)  # noqa: E731
+        return replace(state, keys=tuple(noisy(k) for k in state.keys), values=tuple(noisy(v) for v in state.values),
+                       spec=target_spec, rope_lengths=None, approximate=True)
+
+
+@pytest.fixture(scope="session")
+def noisy():
+    return NoisyMapping

@@ -3,25 +3,8 @@ transfer and a full recompute reproduce the target's answers exactly (no thresho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import pytest
 import torch
-
-
-@dataclass(frozen=True)
-class NoisyMapping:
-    """The identity plus Gaussian noise of ``scale`` x each tensor's std on content K and V."""
-
-    scale: float
-    exact: bool = False
-    name: str = "noisy-identity"
-
-    def map_content(self, state, target_spec):
-        g = torch.Generator().manual_seed(0)
-        noisy = lambda t: t + self.scale * t.std() * torch.randn(t.shape, generator=g)  # noqa: E731
-        return replace(state, keys=tuple(noisy(k) for k in state.keys), values=tuple(noisy(v) for v in state.values),
-                       spec=target_spec, rope_lengths=None, approximate=True)
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +32,14 @@ def test_identity_transfer_answers_as_the_target(base, tasks):
     assert "len=48 pos=0.50" in res["tasks"]["recall"]["groups"]
 
 
-def test_full_recompute_restores_the_target_from_a_noisy_transfer(base, tasks):
+def test_full_recompute_restores_the_target_from_a_noisy_transfer(base, tasks, noisy):
     from kvbridge.harness.conditions import parse_recompute_layers
     from kvbridge.harness.run import run_harness
 
     model, tok = base
     points = parse_recompute_layers("all;50%", model.config.num_hidden_layers)
     assert [p.layers for p in points] == [(0, 1, 2, 3), (0, 1)]
-    res = run_harness(model, model, NoisyMapping(3.0), tok, tasks, recompute=points, bootstrap=0,
+    res = run_harness(model, model, noisy(3.0), tok, tasks, recompute=points, bootstrap=0,
                       conditions=["target", "transferred", "transferred+layers:all", "transferred+layers:50%"])
     for records in res["items"].values():
         for rec in records:
