@@ -22,7 +22,8 @@ def _task_help() -> str:
 @click.option("--tasks", "task_names", default="", metavar="NAME[,NAME...]",
               help="Registered tasks to run (built-ins below; plugins add more).")
 @click.option("-o", "--task-option", "task_options", multiple=True, metavar="TASK.KEY=VALUE",
-              help="A task option, e.g. -o recall.lengths=256,1024 -o mc.path=q.jsonl. Repeatable.")
+              help="A task option, e.g. -o recall.lengths=256,1024 -o mc.path=q.jsonl "
+                   "-o lm-eval:NAME.num_fewshot=2. Repeatable.")
 @click.option("--lm-eval-task", "lm_eval_tasks", multiple=True, metavar="NAME|YAML",
               help="An lm-evaluation-harness task (a name, or a task YAML file) scored through the same conditions. "
                    "Repeatable. Tasks whose data is on the hub need local files offline.")
@@ -75,7 +76,9 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     names = [n.strip() for n in task_names.split(",") if n.strip()]
     if not names and not lm_eval_tasks:
         raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
-    tasks = load_tasks(names, parse_task_options(task_options)) if names else []
+    options = parse_task_options(task_options)
+    lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
+    tasks = load_tasks(names, options) if names else []
     lm_specs = []
     if lm_eval_tasks:  # resolved (and refused when hub-only) before any model loads
         from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
@@ -116,7 +119,7 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     if lm_specs:
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
 
-        tasks = tasks + lm_eval_loaded_tasks(lm_specs)
+        tasks = tasks + lm_eval_loaded_tasks(lm_specs, lm_options)
     if partial_path is None and report_dir:
         partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
     partial = None if partial_path is None else PartialLog(partial_path, {

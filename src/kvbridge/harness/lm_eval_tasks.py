@@ -217,6 +217,11 @@ def lm_eval_loaded_tasks(specs, options: dict | None = None) -> list:
     from kvbridge.fit.protocol import build_options
     from kvbridge.harness.run import LoadedTask
 
+    names = {f"lm-eval:{s.name}" for s in specs}
+    stray = [k for k in (options or {}) if k not in names]
+    if stray:
+        raise HarnessError(f"-o names {stray[0]!r}, which is not an --lm-eval-task",
+                           f"use one of {', '.join(sorted(names))}")
     out = []
     for spec in specs:
         task = LmEvalTask(spec)
