@@ -79,3 +79,18 @@ def test_refusals(base, tasks):
         run_harness(model, model, IdentityMapping(), tok, tasks, conditions=["transfered"])
     with pytest.raises(KVBridgeError, match="code execution is not allowed"):
         run_harness(model, model, IdentityMapping(), tok, load_tasks(["humaneval"], {"humaneval": {"limit": "1"}}))
+
+
+def test_humaneval_runs_with_code_execution_allowed(base):
+    from kvbridge.harness.run import load_tasks, run_harness
+    from kvbridge.transfer import IdentityMapping
+
+    model, tok = base
+    tasks = load_tasks(["humaneval"], {"humaneval": {"problems": "0", "max_new_tokens": "4", "timeout_s": "5"}})
+    res = run_harness(model, model, IdentityMapping(), tok, tasks, allow_code_execution=True, bootstrap=0)
+    he = res["tasks"]["humaneval"]
+    assert he["n"] == 1 and "no_context" not in he["conditions"] and he["floor"] == 0
+    assert any("no no_context condition" in n for n in res["notes"])
+    rec = res["items"]["humaneval"][0]
+    assert rec["id"] == "HumanEval/0" and rec["answers"]["transferred"] == rec["answers"]["target"]
+    assert rec["scores"]["target"] in (0.0, 1.0)
