@@ -94,3 +94,14 @@ def test_humaneval_runs_with_code_execution_allowed(base):
     rec = res["items"]["humaneval"][0]
     assert rec["id"] == "HumanEval/0" and rec["answers"]["transferred"] == rec["answers"]["target"]
     assert rec["scores"]["target"] in (0.0, 1.0)
+
+
+def test_resummarize_reproduces_the_summaries(base, tasks):
+    from kvbridge.harness.run import resummarize, run_harness
+    from kvbridge.transfer import IdentityMapping
+
+    model, tok = base
+    res = run_harness(model, model, IdentityMapping(), tok, tasks, bootstrap=40, seed=2)
+    again = resummarize(res)
+    assert again["tasks"] == res["tasks"] and again["overall"] == res["overall"]
+    assert resummarize(res, bootstrap=0)["tasks"]["mc"]["retention"]["ci"] is None

@@ -28,6 +28,7 @@ def test_ratios_and_their_undefined_cases():
     assert stats.retention(0.86, 1.0) == pytest.approx(0.86)
     assert stats.gap_closed(0.86, 1.0, 0.825) == pytest.approx(0.2)
     assert stats.gap_closed(0.5, 0.6, 0.6) is None
+    assert stats.gap_closed(0.06, 0.25, 0.44) is None  # the source is better: no gap to close
 
 
 def test_mcnemar_exact():

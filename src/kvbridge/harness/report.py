@@ -26,8 +26,13 @@ def _num(x, fmt="{:.3f}") -> str:
         v, ci = x.get("value"), x.get("ci")
         if v is None:
             return "n/a"
-        return fmt.format(v) + (f" [{ci[0]:.2f},{ci[1]:.2f}]" if ci else "")
-    return "n/a" if x is None else fmt.format(x)
+        return fmt.format(_z(v)) + (f" [{_z(ci[0]):.2f},{_z(ci[1]):.2f}]" if ci else "")
+    return "n/a" if x is None else fmt.format(_z(x))
+
+
+def _z(x: float) -> float:
+    """No "-0.000": tiny negatives from float noise print as 0."""
+    return round(x, 6) + 0.0
 
 
 def rows(result: dict) -> tuple[list[str], list[list[str]]]:

@@ -189,7 +189,7 @@ def run_harness(source, target, mapping, tokenizer, tasks: list[LoadedTask], *, 
             records, chance = [], {}
             for item in items:
                 rec = answer_item(answerer, t.task, item, tconds, tokenizer)
-                chance[item.id] = float(t.task.chance(item))
+                chance[item.id] = rec["chance"] = float(t.task.chance(item))
                 records.append(rec)
                 done += 1
                 if on_item is not None:
@@ -238,6 +238,39 @@ def run_harness(source, target, mapping, tokenizer, tasks: list[LoadedTask], *, 
     }, stringify=False)
 
 
+def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None = None) -> dict:
+    """``result`` with every summary (tasks, groups, overall) recomputed from its per-item scores (e.g.
+    after a change of definitions, or with another bootstrap), the items themselves unchanged."""
+    import copy
+
+    from kvbridge.harness import stats
+
+    out = copy.deepcopy(result)
+    bootstrap = out["settings"]["bootstrap"] if bootstrap is None else int(bootstrap)
+    seed = out["settings"]["seed"] if seed is None else int(seed)
+    out["settings"].update(bootstrap=bootstrap, seed=seed)
+    pooled, pooled_chance = {}, []
+    for name, records in out["items"].items():
+        old = out["tasks"][name]
+        conds = [c for c in out["conditions"] if c in records[0]["scores"]]
+        chance = {r["id"]: r.get("chance", old["floor"]) for r in records}
+        scores = {c: [r["scores"][c] for r in records] for c in conds}
+        summary = stats.summarize(scores, floor=sum(chance.values()) / len(records), bootstrap=bootstrap, seed=seed)
+        summary.update({k: old[k] for k in ("description", "plugin", "options") if k in old},
+                       groups=_group_summary(records, conds, chance))
+        out["tasks"][name] = summary
+        for c in conds:
+            pooled.setdefault(c, []).extend(scores[c])
+        pooled_chance.extend(chance[r["id"]] for r in records)
+    common = [c for c in out["conditions"] if all(c in out["tasks"][t]["conditions"] for t in out["tasks"])]
+    out["overall"] = stats.summarize({c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance),
+                                     bootstrap=bootstrap, seed=seed)
+    out["overall"]["tasks"] = list(out["tasks"])
+    from kvbridge.progress import json_ready
+
+    return json_ready(out, stringify=False)
+
+
 def _options_dict(options) -> dict:
     from dataclasses import asdict, is_dataclass
 
@@ -249,4 +282,4 @@ def _model_info(model, spec, name: str) -> dict:
             "layers": spec.num_layers, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim}
 
 
-__all__ = ["SCHEMA", "LoadedTask", "load_tasks", "parse_task_options", "run_harness", "answer_item"]
+__all__ = ["SCHEMA", "LoadedTask", "load_tasks", "parse_task_options", "run_harness", "answer_item", "resummarize"]

@@ -7,7 +7,7 @@ task's chance level, e.g. 1/k for k choices, 0 for exact match):
 - **retention** = ``t / T``: the share of the target's accuracy kept (undefined when T = 0);
 - **floor-normalised retention** = ``(t - f) / (T - f)``: the same, above chance (undefined unless T > f);
 - **gap closed** = ``(t - S) / (T - S)``: how much of the source-to-target gap the transfer
-  recovers (undefined when T = S). Retention alone overstates a transfer whose source is nearly
+  recovers (undefined unless T > S: when the source is at least as good there is no gap). Retention alone overstates a transfer whose source is nearly
   as good as the target, so the report never shows one without the other.
 
 Intervals: Wilson 95% for an accuracy; for differences and ratios a paired bootstrap over items
@@ -51,7 +51,9 @@ def floor_retention(t: float, target: float, floor: float) -> float | None:
 
 
 def gap_closed(t: float, target: float, source: float) -> float | None:
-    return ratio(t - source, target - source)
+    """Undefined (None) unless the target is better than the source: with no gap to close, a
+    transfer worse than both would otherwise read as closing more than the whole gap."""
+    return ratio(t - source, target - source) if target - source > 1e-12 else None
 
 
 def mcnemar_p(b: int, c: int) -> float:
