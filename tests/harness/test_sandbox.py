@@ -21,6 +21,8 @@ def test_status_timeout_memory_and_environment(monkeypatch, tmp_path):
         assert not bad.passed and "AssertionError" in bad.stderr_tail
         slow = run_python("while True:\n    pass\n", Limits(timeout_s=1.0, cpu_s=5))
         assert not slow.passed and slow.timed_out
+        cpu = run_python("while True:\n    pass\n", Limits(timeout_s=20.0, cpu_s=1))
+        assert not cpu.passed and not cpu.timed_out and cpu.returncode != 0  # SIGXCPU from RLIMIT_CPU
         big = run_python("x = bytearray(600 * 1024 * 1024)\n", Limits(memory_mb=256))
         assert not big.passed and "MemoryError" in big.stderr_tail
         env = run_python("import os, sys\nsys.exit(1 if 'KVBRIDGE_TEST_SECRET' in os.environ else 0)\n")

@@ -7,9 +7,9 @@ What the child gets: a fresh temporary working folder (removed afterwards) holdi
 program; ``python -I -S`` (isolated mode: no ``PYTHON*`` variables, no user or site packages,
 so only the standard library); an environment of ``PATH``, ``LANG`` and ``HOME`` (the temporary
 folder) and nothing else inherited (no tokens or secrets from the parent's environment); its
-own session (the whole process group is killed on timeout); resource limits set before the
-program starts: CPU seconds, address space, file size, open files, no core dumps. Wall-clock
-timeout on top.
+own session (the whole process group is killed on timeout); resource limits set by a small
+launcher in the child before the program is compiled and run: CPU seconds, address space, file
+size, open files, no core dumps. Wall-clock timeout on top.
 
 This is a guard against accidents (runaway loops, memory blow-ups, stray files), **not** a
 security boundary: the child can still read files the user can read and reach the network.
@@ -64,17 +64,19 @@ def execution_allowed() -> bool:
     return _ALLOWED.get()
 
 
-def _limit(limits: Limits):
-    def apply():  # runs in the child between fork and exec
-        import resource
-
-        mb = 1024 * 1024
-        for what, value in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_AS, limits.memory_mb * mb),
-                            (resource.RLIMIT_FSIZE, limits.file_mb * mb), (resource.RLIMIT_NOFILE, limits.open_files),
-                            (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(what, (value, value))
-
-    return apply
+#: what the child runs first: its own resource limits (no preexec_fn: the parent may hold threads), then the program
+LAUNCHER = """\
+import resource, sys
+path, cpu, mem, fsize, nfiles = sys.argv[1], *(int(x) for x in sys.argv[2:6])
+for what, value in ((resource.RLIMIT_CPU, cpu), (resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize),
+                    (resource.RLIMIT_NOFILE, nfiles), (resource.RLIMIT_CORE, 0)):
+    resource.setrlimit(what, (value, value))
+sys.argv = [path]
+with open(path, encoding="utf-8") as fh:
+    code = compile(fh.read(), path, "exec")
+del resource, fh, what, value
+exec(code, {"__name__": "__main__", "__file__": path})
+"""
 
 
 def run_python(program: str, limits: Limits = Limits()) -> RunResult:
@@ -88,9 +90,11 @@ def run_python(program: str, limits: Limits = Limits()) -> RunResult:
         path = Path(tmp) / "program.py"
         path.write_text(program, encoding="utf-8")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp}
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(path)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=_limit(limits), close_fds=True)
+        mb = 1024 * 1024
+        cmd = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(path), str(int(limits.cpu_s)),
+               str(int(limits.memory_mb) * mb), str(int(limits.file_mb) * mb), str(int(limits.open_files))]
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
         try:
             _, err = proc.communicate(timeout=limits.timeout_s)
             timed_out = False
