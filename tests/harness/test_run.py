@@ -105,3 +105,15 @@ def test_resummarize_reproduces_the_summaries(base, tasks):
     again = resummarize(res)
     assert again["tasks"] == res["tasks"] and again["overall"] == res["overall"]
     assert resummarize(res, bootstrap=0)["tasks"]["mc"]["retention"]["ci"] is None
+
+
+def test_token_recompute_point_runs(base, tasks, noisy):
+    from kvbridge.harness.conditions import parse_recompute_tokens
+    from kvbridge.harness.run import run_harness
+
+    model, tok = base
+    points = parse_recompute_tokens("15%,100%")
+    assert [p.name for p in points] == ["transferred+tokens:15%", "transferred+tokens:100%"]
+    res = run_harness(model, model, noisy(1.0), tok, tasks[1:], recompute=points, bootstrap=0,
+                      conditions=["target", "transferred+tokens:15%"])
+    assert res["conditions"] == ["target", "transferred+tokens:15%"] and res["timing"]["recompute_s"] > 0
