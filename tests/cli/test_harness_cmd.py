@@ -118,3 +118,21 @@ def test_harness_is_listed_and_light():
             "assert 'lm_eval' not in sys.modules; from kvbridge.cli.main import COMMANDS; assert 'harness' in COMMANDS")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_local_lm_eval_task(mapping, tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    (tmp_path / "d.jsonl").write_text('{"q": "Which is a fruit?", "c": ["stone", "apple"], "y": 1}\n'
+                                      '{"q": "Who is the king?", "c": ["Richard", "a spoon"], "y": 0}\n')
+    (tmp_path / "t.yaml").write_text(f"task: kvb_cli_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+                                     f"    test: {tmp_path / 'd.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+                                     "doc_to_text: \"Question: {{q}}\\nAnswer:\"\ndoc_to_choice: \"{{c}}\"\n"
+                                     "doc_to_target: y\nmetric_list:\n  - metric: acc\n")
+    res = run("harness", "zoo:base", "zoo:tuned", "--mapping", mapping, "--lm-eval-task", tmp_path / "t.yaml",
+              "-o", "lm-eval:kvb_cli_mc.num_fewshot=0", "--bootstrap", "20", "--threads", "1", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["tasks"]["lm-eval:kvb_cli_mc"]["n"] == 2 and "transferred" in data["tasks"]["lm-eval:kvb_cli_mc"]["conditions"]

@@ -25,7 +25,6 @@ and the choices of one item share one cache per condition.
 
 from __future__ import annotations
 
-import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -289,10 +288,6 @@ def cut_at_stop(text: str, stop) -> str:
             if i >= 0:
                 cut = min(cut, i)
     return text[:cut]
-
-
-def finite(x) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 __all__ = ["CONDITIONS", "Recompute", "Answerer", "parse_recompute_layers", "parse_recompute_tokens", "cut_at_stop"]
