@@ -6,6 +6,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvbridge-installed
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
+# llama-cpp-python builds llama.cpp from source (CMake; BENCHMARKS.md has the time on 2 cores): CPU
+# only and portable (GGML_NATIVE=OFF), the wheel cached in $(LLAMA_CPP_WHEELS) so a second install
+# (a fresh venv, another checkout) takes seconds. Exported to everything make starts: the fresh-clone
+# test (tests/test_fresh_machine.py, CI=true) runs `make models` in a nested clone with an empty
+# KVBRIDGE_HOME and keeps this variable, so it installs the wheel this run built (or found) instead
+# of building llama.cpp a second time: one build per CI run at most.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP_WHEELS ?= $(or $(KVBRIDGE_HOME),$(HOME)/.cache/kvbridge)/wheels
+export LLAMA_CPP_WHEELS
+WHEELS := $(LLAMA_CPP_WHEELS)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF \
+	-DGGML_METAL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 .PHONY: test demo install models bench cli-docs plugin-docs clean
 
@@ -13,7 +25,12 @@ $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints-test.txt torch
-	$(BIN)/python -m pip install -q -c constraints-test.txt -e '.[test,harness]'
+	mkdir -p $(WHEELS)
+	ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(BIN)/python -m pip wheel -q --no-deps --no-binary llama-cpp-python -w $(WHEELS) \
+		llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(BIN)/python -m pip install -q -c constraints-test.txt --find-links $(WHEELS) -e '.[test,harness]'
 	for p in $(dir $(PLUGINS)); do $(BIN)/python -m pip install -q -c constraints-test.txt -e $$p || exit 1; done
 	touch $(STAMP)
 
@@ -25,6 +42,7 @@ models: $(STAMP)
 	$(BIN)/kvbridge models fetch smollm2
 
 test: models
+	$(BIN)/python -m ruff check src tests bench
 	$(BIN)/python -m pytest
 
 demo: models

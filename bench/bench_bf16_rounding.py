@@ -30,7 +30,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import copy
-    from dataclasses import replace
 
     import torch
     import transformers
@@ -38,7 +37,7 @@ def main(argv=None) -> int:
     from kvbridge.fit import fit
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -58,7 +57,6 @@ def main(argv=None) -> int:
     host = get_host()
     sad, tad = host.adapter_for(src.config.to_dict()), host.adapter_for(tgt.config.to_dict())
     tspec = tad.spec_of(tgt)
-    gen = torch.Generator().manual_seed(1)
     start = tok("\n", return_tensors="pt").input_ids.repeat(args.prompts, 1)
     with torch.no_grad():
         held = source.generate(start, do_sample=True, top_k=40, max_new_tokens=args.prompt_len, generator=None)

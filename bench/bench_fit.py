@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -249,8 +247,6 @@ def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_sp
 
     mapping = random_mapping(source_spec, target_spec, k)
     model = target_adapter.build_model(target_cfg, seed=0)
-    fs = source_spec.num_kv_heads * source_spec.head_dim
-    ft = target_spec.num_kv_heads * target_spec.head_dim
     bw = copy_bandwidth()
     rows, raw = [], []
     for tokens in token_counts:
@@ -276,7 +272,6 @@ def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_sp
                      f"{flops / 1e9:.2f}", f"{nbytes / 2**20:.0f}", f"{rate / 1e9:.1f}", f"{1e3 * floor:.1f}",
                      f"{t_map / floor:.2f}"])
         raw.append({"tokens": tokens, "prefill_s": t_pre, "transfer_s": t_all, "map_s": t_map, "floor_s": floor})
-    del model
     head = ["tokens", "target prefill ms", "transfer ms (strip+map+RoPE)", "mapping ms", "prefill / transfer",
             "mapping GFLOP", "mapping MiB moved", "GEMM GFLOP/s (measured on the mapping's GEMMs)", "floor ms", "mapping / floor"]
     return f"### Transfer vs target prefill: {name}\n\n" + table(head, rows) + \

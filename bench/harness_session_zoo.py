@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from kvbridge.fit import fit
     from kvbridge.harness.session import compare_handoff, drift_table
     from kvbridge.transfer import IdentityMapping
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     small, tok = load_zoo_model(a.small)
     large, _ = load_zoo_model(a.large)

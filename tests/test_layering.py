@@ -1,5 +1,6 @@
-"""Layering, checked on the source: core modules never import the built-in plugins, and the
-fit package has no import cycle (``fit/ridge.py`` <-> ``fit/select.py`` went through ``fit/solve.py``)."""
+"""Layering, checked on the source: core modules never import the built-in plugins (the host loads
+them by name), and the runtime import graph of the whole package (module-level and function-level
+imports; ``if TYPE_CHECKING:`` blocks are not runtime) has no cycle."""
 
 from __future__ import annotations
 
@@ -12,9 +13,6 @@ SRC = Path(kvbridge.__file__).resolve().parent
 #: not core: the plugins themselves, the command line, the test helpers for plugin authors and the
 #: conformance sweep (it exercises the built-in families, as testing/ does)
 NOT_CORE = ("builtin", "cli", "testing", "conformance")
-#: the plugin host is the composition root: it loads the built-ins (by name) and falls back to the
-#: built-in generic family adapter for model types no plugin claims
-COMPOSITION_ROOT = ("plugins.py",)
 
 
 def _module(path: Path) -> str:
@@ -31,10 +29,21 @@ def imports(path: Path) -> set[str]:
     return imports_of(path.read_text(), package)
 
 
+def _type_checking_nodes(tree) -> set[int]:
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for sub in node.body for n in ast.walk(sub))
+    return skip
+
+
 def imports_of(text: str, package: str = "") -> set[str]:
     tree = ast.parse(text)
+    skip = _type_checking_nodes(tree)
     out = set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -49,7 +58,7 @@ def imports_of(text: str, package: str = "") -> set[str]:
 
 def core_files() -> list[Path]:
     return [p for p in SRC.rglob("*.py")
-            if p.relative_to(SRC).parts[0] not in NOT_CORE and str(p.relative_to(SRC)) not in COMPOSITION_ROOT]
+            if p.relative_to(SRC).parts[0] not in NOT_CORE]
 
 
 def test_core_never_imports_the_builtin_plugins():
@@ -65,6 +74,87 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones():
     text = "def f():\n    from kvbridge.builtin.identity import IdentityMapping\n    import kvbridge.builtin.metrics\n"
     assert {"kvbridge.builtin.identity", "kvbridge.builtin.metrics"} <= imports_of(text)
     assert "kvbridge.builtin.fitters" in imports_of("from ..builtin import fitters\n", "kvbridge.fit")
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports at run time: ``from P import N`` is an import of
+    ``P.N`` when that is a module, else of ``P`` itself."""
+    mods = {_module(p): p for p in SRC.rglob("*.py")}
+
+    def owner(name: str) -> str:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for m, p in mods.items():
+        package = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        tree = ast.parse(p.read_text())
+        skip = _type_checking_nodes(tree)
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(owner(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = package.split(".")
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+                deps.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else owner(base) for a in node.names)
+        graph[m] = {d for d in deps if d and d != m}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path (first == last), or None."""
+    done, stack, on_stack = set(), [], set()
+
+    def visit(m):
+        stack.append(m)
+        on_stack.add(m)
+        for d in sorted(graph.get(m, ())):
+            if d in on_stack:
+                return stack[stack.index(d):] + [d]
+            if d not in done:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        on_stack.discard(m)
+        done.add(m)
+        return None
+
+    for m in sorted(graph):
+        if m not in done:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_package_import_graph_has_no_cycle():
+    graph = module_graph()
+    assert len(graph) > 100
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_cycle_finder_finds_cycles_and_skips_type_checking_imports():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    text = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvbridge.adapter import X\n"
+    assert "kvbridge.adapter" not in imports_of(text)
+    assert "kvbridge.adapter" in imports_of("def f():\n    from kvbridge.adapter import X\n")
+
+
+def test_the_host_loads_the_builtins_by_name_only():
+    """plugins.py imports no built-in plugin module (they are leaves it loads from BUILTIN_PLUGINS)."""
+    from kvbridge.plugins import BUILTIN_PLUGINS
+
+    assert not {m for m in imports(SRC / "plugins.py") if m.startswith("kvbridge.builtin")}
+    assert "kvbridge.builtin.family_fallback" in BUILTIN_PLUGINS and "kvbridge.builtin.model_sources" in BUILTIN_PLUGINS
 
 
 def test_the_fit_package_has_no_import_cycle():

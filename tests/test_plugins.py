@@ -116,7 +116,7 @@ def test_env_allow_list_and_block_list(monkeypatch):
 def test_trace_env_writes_hook_calls(monkeypatch, capsys):
     monkeypatch.setenv("KVBRIDGE_TRACE_PLUGINS", "1")
     host = plugins_mod.make_host(entry_points=False)
-    host.pm.hook.kvbridge_resolve_family(config={"model_type": "x"})
+    host.pm.hook.kvbridge_resolve_family(config={"model_type": "x"}, families={})
     assert "kvbridge_resolve_family" in capsys.readouterr().err
 
 
@@ -294,7 +294,8 @@ def test_trace_shows_every_hook_call(monkeypatch, capsys):
     schemes(host)
     err = capsys.readouterr().err
     called = ["kvbridge_register_families", "kvbridge_register_rope_variants", "kvbridge_register_fitters",
-              "kvbridge_register_metrics", "kvbridge_check_compatibility", "kvbridge_manifest_dirs",
+              "kvbridge_register_metrics", "kvbridge_register_engines", "kvbridge_check_compatibility",
+              "kvbridge_manifest_dirs",
               "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources",
               "kvbridge_register_tasks"]
     assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
@@ -334,11 +335,13 @@ def test_every_hook_goes_through_the_error_record():
             return ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
 
     host = plugins_mod.make_host(entry_points=False, extra=[("broken", Broken()), ("fine", Fine())])
-    dirs = host.manifest_dirs()
-    assert [str(d) for d in dirs] == ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
+    from kvbridge.check.sources import REPO_MANIFESTS
+
+    dirs = host.manifest_dirs()  # kvbridge's own folder comes first (a built-in, tryfirst), then plugins'
+    assert [str(d) for d in dirs] == [str(REPO_MANIFESTS), "/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
     assert host.record("broken").error == "kvbridge_manifest_dirs failed: OSError: disk on fire"
     # a direct pm.hook call gets the same guard (kvbridge.check.sources calls it that way)
-    assert host.pm.hook.kvbridge_manifest_dirs() == [["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]]
+    assert host.pm.hook.kvbridge_manifest_dirs() == [[REPO_MANIFESTS], ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]]
 
     class BrokenCommands:
         @hookimpl

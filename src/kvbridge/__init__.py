@@ -11,16 +11,17 @@ functions that need them, so config-only commands start fast.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from kvbridge.version import __version__  # noqa: E402
 
 from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 
 # (``fit`` and ``transfer`` are subpackage/module names here: the functions live in
 # ``kvbridge.api`` and ``kvbridge.fit``: ``from kvbridge.fit import fit, load_mapping, transfer``)
-_API = ("resolve_model", "load_model", "adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "load_mapping",
+_API = ("resolve_model", "load_model", "load_pair", "adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "load_mapping",
         "transfer_state")
 
-__all__ = ["__version__", "KVBridgeError", *_API]
+__all__ = ["__version__", "KVBridgeError", "resolve_model", "load_model", "load_pair", "adapter_for", "describe", "extract",  # noqa: F822
+           "inject", "identity_transfer", "generate_from", "load_mapping", "transfer_state"]
 
 
 def __getattr__(name: str):

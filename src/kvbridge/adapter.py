@@ -155,6 +155,7 @@ class FamilyAdapter:
     def inject(self, state: "KVState", model=None, *, check: bool = True):
         """A fresh ``DynamicCache`` holding ``state`` (cloned: never aliases the caller's tensors)."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
         if check:
             spec = self.spec_of(model) if model is not None else state.spec
@@ -168,12 +169,32 @@ class FamilyAdapter:
         if model is not None:
             # the model's own layer layout (sliding-window layers keep their window, as in its own
             # cache): the continuation then attends over the same keys as the model's own cache does
-            cache = DynamicCache(config=model.config)
+            cache = _empty_cache(model)
             if len(cache.layers) == len(data):
                 for layer, (k, v) in zip(cache.layers, data):
-                    layer.update(k, v)
+                    if type(layer) is DynamicLayer:  # a full layer's update is a copy of what it is given
+                        layer.lazy_initialization(k, v)
+                        layer.keys, layer.values = k.clone(), v.clone()
+                    else:  # sliding layers keep their window: the layer's own rule
+                        layer.update(k, v)
                 return cache
         return DynamicCache(data)
+
+
+def _empty_cache(model):
+    """A fresh, empty ``DynamicCache`` in the model's own layer layout. Reading the layout from the
+    config is the costly part of a small restore, so an empty template is kept on the model (keyed by
+    the config's attributes) and deep-copied: an empty layer holds no tensors."""
+    import copy
+
+    from transformers import DynamicCache
+
+    key = (type(model.config).__name__, repr(vars(model.config)))
+    memo = model.__dict__.get("_kvbridge_empty_cache")
+    if memo is None or memo[0] != key:
+        memo = (key, DynamicCache(config=model.config))
+        model.__dict__["_kvbridge_empty_cache"] = memo
+    return copy.deepcopy(memo[1])
 
 
 def text_config_of(config: Mapping) -> dict | None:

@@ -89,12 +89,35 @@ def generate_from(model, state, input_ids, host=None, **generate_kwargs):
     return generate(model, state, input_ids, host=host, **generate_kwargs)
 
 
+def load_pair(source, target, dtype: str | None = None, device: str = "cpu", host=None):
+    """A :class:`~kvbridge.models.pair.ModelPair`: both references resolved, the shared tokenizer
+    checked before any weights load, both models loaded once (see :func:`kvbridge.models.pair.load_pair`)."""
+    from kvbridge.models.pair import load_pair as _load
+
+    return _load(source, target, dtype=dtype, device=device, host=host)
+
+
 def fit(source_model, target_model, data, **options):
-    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit``);
-    either may be a model reference (loaded with the default dtype policy)."""
+    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit``).
+
+    Each side may be a model object, a :class:`~kvbridge.models.loading.LoadedModel` or a reference;
+    references are loaded as a :func:`load_pair` (the shared tokenizer checked first), and text
+    ``data`` is tokenized with the loaded tokenizers unless ``tokenizer=`` is given."""
     from kvbridge.fit.pipeline import fit as _fit
 
-    return _fit(_model_of(source_model), _model_of(target_model), data, **options)
+    if _is_ref(source_model) and _is_ref(target_model):
+        pair = load_pair(source_model, target_model, dtype=options.pop("dtype", None), host=options.get("host"))
+        source_model, target_model = pair.source, pair.target
+        options.setdefault("tokenizer_fingerprint", pair.tokenizer)
+    models = []
+    for role, obj in (("source", source_model), ("target", target_model)):
+        if _is_ref(obj):
+            obj = load_model(obj, host=options.get("host"))
+        if hasattr(obj, "model") and hasattr(obj, "fingerprint"):  # a LoadedModel: keep its tokenizer
+            options.setdefault("tokenizer" if role == "source" else "target_tokenizer", obj.tokenizer)
+            obj = obj.model
+        models.append(obj)
+    return _fit(models[0], models[1], data, **options)
 
 
 def load_mapping(path, **options):

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from kvbridge import __version__
+from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 def _adapter_for(model, host=None):
     from kvbridge.plugins import get_host
 
-    return (host or get_host()).adapter_for(model.config.to_dict())
+    return (host or get_host()).adapter_of(model)
 
 
 def prepare_cache(model, state: "KVState", input_ids, *, host=None):

@@ -25,7 +25,7 @@ ever gain arguments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import pluggy
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kvbridge.adapter import FamilyAdapter
     from kvbridge.check.spec import ModelSpec
-    from kvbridge.plugin_types import Finding, Fitter, Metric, RopeVariant, Task
+    from kvbridge.plugin_types import Engine, Finding, Fitter, Metric, RopeVariant, Task
 
 PROJECT = "kvbridge"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -74,15 +74,19 @@ def kvbridge_register_families(register: Callable[[FamilyAdapter], None]) -> Non
 
 
 @hookspec(firstresult=True)
-def kvbridge_resolve_family(config: dict) -> FamilyAdapter | None:
+def kvbridge_resolve_family(config: dict, families: Mapping[str, FamilyAdapter]) -> FamilyAdapter | None:
     """Claim a model type that no registered adapter lists.
 
     :param config: the model's config mapping (``config["model_type"]`` is the type).
+    :param families: the registered adapters by model type, read-only (an implementation may take
+        only ``config``).
     :returns: a :class:`kvbridge.adapter.FamilyAdapter` to handle it, or ``None`` to pass.
 
     Called only when no adapter lists the type; the first non-``None`` answer wins (pluggy's
     ``firstresult``: ``tryfirst`` implementations are asked first). Without a claim, kvbridge
-    refuses the model with a one-line error.
+    refuses the model with a one-line error. kvbridge's own fallback (multimodal wrappers around a
+    known text decoder, then transformers' config classes through the generic adapter) is an
+    implementation of this hook marked ``trylast``.
 
     Example::
 
@@ -202,6 +206,32 @@ def kvbridge_register_metrics(register: Callable[[Metric], None]) -> None:
         @hookimpl
         def kvbridge_register_metrics(register):
             register(Metric("kl_max", "largest KL(native || x) over positions", worst_kl, higher_is_better=False))
+    """
+
+
+@hookspec
+def kvbridge_register_engines(register: Callable[[Engine], None]) -> None:
+    """Register inference engines (caches handed to and read back from a serving engine).
+
+    :param register: call ``register(engine)`` with a :class:`kvbridge.plugin_types.Engine`:
+        ``name`` (the ``--engine`` value), one-line ``description``, ``factory`` (the engine
+        object, or its ``"module:attr"`` path loaded when the engine is used) and ``suffix``.
+
+    The object follows :class:`kvbridge.plugin_types.EngineProtocol`:
+    ``export_state(state, model, out=None, **options) -> bytes`` turns a
+    :class:`kvbridge.kvstate.KVState` into the engine's own saved-cache format (dtype, rotary
+    layout, token ids and positions as the engine keeps them) and
+    ``import_state(src, model, **options) -> KVState`` reads one back; ``model`` is the model the
+    engine runs. Both refuse a state whose geometry is not the model's with a one-line
+    :class:`kvbridge.errors.KVBridgeError`. ``kvbridge pack export --engine NAME`` and
+    ``kvbridge engine import`` use it. The built-in ``llamacpp`` engine registers through this
+    hook too (:mod:`kvbridge.builtin.engines`).
+
+    Example::
+
+        @hookimpl
+        def kvbridge_register_engines(register):
+            register(Engine("myengine", "my server's prefix-cache files", "my_package.engine:ENGINE", ".kv"))
     """
 
 

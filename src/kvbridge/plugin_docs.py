@@ -60,6 +60,7 @@ runs the kind's shipped contract from `kvbridge.testing`.
 | compatibility check | `kvbridge_check_compatibility` | returns `Finding`s | call it on two `ModelSpec`s |
 | fitter | `kvbridge_register_fitters` | `Fitter` record of a `FitterProtocol` class | `FitterContract` (`fitter`, `options`) |
 | metric | `kvbridge_register_metrics` | `Metric` record of a metric function | `MetricContract` (`metric`, `ideal`) |
+| inference engine | `kvbridge_register_engines` | `Engine` record of an `EngineProtocol` object | export a `KVState`, import it back |
 | harness task | `kvbridge_register_tasks` | `Task` record of a `TaskProtocol` class | `kvbridge.harness.run.run_harness` on a tiny model |
 | command | `kvbridge_register_commands` | a `click.Command` | `click.testing.CliRunner` |
 | manifest records | `kvbridge_manifest_dirs` | folders of records | `kvbridge check NAME ...` |

@@ -9,8 +9,11 @@ are documented in :mod:`kvbridge.hookspecs` and ``docs/plugins.md``:
   (``kvbridge_register_fitters``),
 - :class:`Metric`, a lazy record of a function following :class:`MetricFunction`
   (``kvbridge_register_metrics``),
+- :class:`ModelSource`, a reference scheme ``NAME:REST`` (``kvbridge_register_model_sources``),
 - :class:`Task`, a lazy record of a harness task class following
-  :class:`kvbridge.harness.protocol.TaskProtocol` (``kvbridge_register_tasks``).
+  :class:`kvbridge.harness.protocol.TaskProtocol` (``kvbridge_register_tasks``),
+- :class:`Engine`, a lazy record of an object following :class:`EngineProtocol`
+  (``kvbridge_register_engines``).
 
 :func:`check_registration` is what the host runs on every registered object: an object that
 does not follow its protocol is refused with a one-line error naming the plugin and the
@@ -29,6 +32,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.check.spec import RopeSpec
 
 VERDICTS = ("same", "mappable", "blocking", "info", "warning")
+#: a model-source scheme name (``myhub`` in ``myhub:REST``)
+SCHEME_RE = __import__("re").compile(r"^[a-z][a-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A reference scheme: ``resolver(rest)`` turns ``NAME:REST`` into a local path or a ModelRef."""
+
+    name: str
+    resolver: Callable[[str], Any]
+    description: str = ""
+    plugin: str = "kvbridge"
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,41 @@ class Metric:
         return _load(self.factory)
 
 
+# -- engines -----------------------------------------------------------------------------------
+@runtime_checkable
+class EngineProtocol(Protocol):
+    """An inference engine's cache format: ``export_state(state, model, out=None, **options) -> bytes``
+    writes a :class:`kvbridge.kvstate.KVState` as the engine loads it (to ``out`` when given, atomically);
+    ``import_state(src, model, **options) -> KVState`` reads a cache the engine saved (bytes or a path).
+    ``model`` names the model the engine runs (for llama.cpp its ``.gguf``); both refuse a state
+    or file whose geometry is not the model's with a one-line error."""
+
+    name: str
+
+    def export_state(self, state: Any, model: Any, out: Any = None, **options: Any) -> bytes: ...
+
+    def import_state(self, src: Any, model: Any, **options: Any) -> Any: ...
+
+
+#: members an engine object needs (checked when its factory is loaded)
+ENGINE_MEMBERS = ("name", "export_state", "import_state")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An inference engine kvbridge hands caches to and reads caches from: ``factory`` is an
+    :class:`EngineProtocol` object or its ``"module:attr"`` path (loaded when the engine is used,
+    so registration imports nothing heavy); ``suffix`` is the usual file suffix of its state."""
+
+    name: str
+    description: str
+    factory: Any
+    suffix: str = ""
+
+    def load(self) -> Any:
+        return _load(self.factory)
+
+
 # -- harness tasks -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Task:
@@ -149,10 +199,11 @@ _MEMBERS = {
     "rope_variant": ("name", "inv_freq"),
     "fitter": ("name", "description", "factory"),
     "metric": ("name", "description", "factory"),
+    "engine": ("name", "description", "factory"),
     "task": ("name", "description", "factory"),
 }
 _KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric",
-               "task": "task"}
+               "engine": "engine", "task": "task"}
 
 
 def protocol_problem(kind: str, obj: Any) -> str | None:
@@ -166,12 +217,14 @@ def protocol_problem(kind: str, obj: Any) -> str | None:
         return fitter_problem(obj.factory)
     if kind == "metric" and not isinstance(obj.factory, str) and not callable(obj.factory):
         return "__call__"
+    if kind == "rope_variant" and not callable(obj.inv_freq):
+        return "inv_freq (callable)"
+    if kind == "engine" and not isinstance(obj.factory, str):
+        return next((m for m in ENGINE_MEMBERS if not hasattr(obj.factory, m)), None)
     if kind == "task" and not isinstance(obj.factory, str):
         from kvbridge.harness.protocol import task_problem
 
         return task_problem(obj.factory)
-    if kind == "rope_variant" and not callable(obj.inv_freq):
-        return "inv_freq (callable)"
     return None
 
 
@@ -219,6 +272,8 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
         from kvbridge.fit.protocol import fitter_problem
 
         missing = fitter_problem(obj)
+    elif kind == "engine":
+        missing = next((m for m in ENGINE_MEMBERS if not hasattr(obj, m)), None)
     elif kind == "task":
         from kvbridge.harness.protocol import task_problem
 
@@ -232,4 +287,5 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 
 __all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
-           "Metric", "Task", "MetricFunction", "check_registration", "protocol_problem", "loaded", "load_registered"]
+           "Metric", "MetricFunction", "Engine", "EngineProtocol", "ENGINE_MEMBERS", "Task", "check_registration", "protocol_problem", "loaded", "load_registered",
+           "ModelSource", "SCHEME_RE"]

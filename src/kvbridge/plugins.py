@@ -36,23 +36,29 @@ import math
 import os
 import sys
 import threading
+import types
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
 import pluggy
 
-from kvbridge import __version__, hookspecs
+from kvbridge import hookspecs
+from kvbridge.version import __version__
 from kvbridge.errors import PluginError, UnsupportedModelError
 
 ENTRY_POINT_GROUP = "kvbridge"
 BUILTIN_PLUGINS = (
     "kvbridge.builtin.families",
+    "kvbridge.builtin.family_fallback",
+    "kvbridge.builtin.model_sources",
+    "kvbridge.builtin.manifests",
     "kvbridge.builtin.rope_variants",
     "kvbridge.builtin.identity",
     "kvbridge.builtin.compat_checks",
     "kvbridge.builtin.fitters",
     "kvbridge.builtin.metrics",
+    "kvbridge.builtin.engines",
     "kvbridge.builtin.tasks",
 )
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
@@ -247,6 +253,7 @@ class Host:
         self.pm = pm
         self.records = records
         self._registries: dict[str, Registry] | None = None
+        self._sources: dict | None = None
 
     def record(self, plugin_name: str) -> PluginRecord | None:
         return next((r for r in self.records if r.name == plugin_name), None)
@@ -264,6 +271,8 @@ class Host:
             for name in [n for n, owner in reg.owner.items() if owner == plugin_name]:
                 reg.items.pop(name, None)
                 reg.owner.pop(name, None)
+        if self._sources:
+            self._sources = {n: src for n, src in self._sources.items() if src.plugin != plugin_name}
         if record is not None:
             warn(record, problem)
 
@@ -289,6 +298,7 @@ class Host:
             "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
             "fitter": Registry("fitter", lambda f: [f.name], rank),
             "metric": Registry("metric", lambda m: [m.name], rank),
+            "engine": Registry("engine", lambda e: [e.name], rank),
             "task": Registry("task", lambda t: [t.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
@@ -297,6 +307,7 @@ class Host:
             "rope_variant": "kvbridge_register_rope_variants",
             "fitter": "kvbridge_register_fitters",
             "metric": "kvbridge_register_metrics",
+            "engine": "kvbridge_register_engines",
             "task": "kvbridge_register_tasks",
         }
         from kvbridge import plugin_types
@@ -326,9 +337,7 @@ class Host:
         sources), so each plugin's failure is on its record, as ``kvbridge plugins`` shows."""
         self._collect()  # duplicate names raise a one-line error naming both plugins
         self.manifest_dirs()
-        from kvbridge.models.schemes import schemes
-
-        schemes(self)
+        self.model_sources()
 
     def registry(self, kind: str) -> Registry:
         return self._collect()[kind]
@@ -346,25 +355,23 @@ class Host:
         families = self.registry("family")
         if model_type in families.items:
             return families.items[model_type]
-        claimed = self._claim_family(config)
-        if claimed is not None:
-            return claimed
+        if model_type not in NO_KV_CACHE_TYPES:
+            # plugins first; kvbridge.builtin.family_fallback (trylast) wraps multimodal configs around
+            # their text decoder's family and gives transformers' own config classes the generic adapter
+            claimed = self._claim_family(config)
+            if claimed is not None:
+                return claimed
         if model_type in NO_KV_CACHE_TYPES:
             raise UnsupportedModelError(
                 f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
                 "kvbridge moves attention KV caches; choose a transformer model")
-        # a multimodal wrapper whose text decoder has a family file: that family on text_config
-        from kvbridge.adapter import TextConfigAdapter, text_config_of
-
-        text = text_config_of(config)
-        if text is not None and text["model_type"] in families.items:
-            return TextConfigAdapter(name=f"{text['model_type']} (in {model_type})", model_types=(model_type,),
-                                     inner=families.items[text["model_type"]], wrapper_type=model_type)
-        # no family file: transformers' own config class describes it (generic adapter)
-        from kvbridge.builtin.families.generic import ADAPTER as GENERIC
-
-        if GENERIC.supports(model_type):
-            return GENERIC
+        auto_map = config.get("auto_map")
+        if isinstance(auto_map, dict) and auto_map:
+            key = sorted(auto_map, key=str)[0]
+            raise UnsupportedModelError(
+                f"unknown model type {model_type!r}: the config's auto_map ({key} -> {str(auto_map[key])[:60]}) "
+                "points at code shipped with the model, which kvbridge never runs",
+                "use a model whose architecture transformers implements, or a plugin that supports this type")
         close = difflib.get_close_matches(model_type, families.names(), n=3, cutoff=0.8)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnsupportedModelError(
@@ -377,7 +384,8 @@ class Host:
         from kvbridge.plugin_types import protocol_problem
 
         for _ in range(len(self.records) + 1):
-            outcomes = self.call("kvbridge_resolve_family", config=config)
+            outcomes = self.call("kvbridge_resolve_family", config=config,
+                                 families=types.MappingProxyType(self.registry("family").items))
             answer = next((o for o in outcomes if o.error is None and o.value is not None), None)
             if answer is None:
                 return None
@@ -387,6 +395,18 @@ class Host:
             self.disable(answer.plugin, f"kvbridge_resolve_family returned {type(answer.value).__name__} "
                                         f"{answer.value!r:.60}, not a family adapter (missing {problem!r})")
         return None  # pragma: no cover - every plugin disabled
+
+    def adapter_of(self, model) -> Any:
+        """The family adapter of a live model (:meth:`adapter_for` its config), memoised on the model and
+        keyed by this host and the config's attributes (a changed config is looked up again)."""
+        config = model.config
+        key = (id(self), type(config).__name__, repr(vars(config)))
+        memo = model.__dict__.get("_kvbridge_adapter")
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        adapter = self.adapter_for(config.to_dict())
+        model.__dict__["_kvbridge_adapter"] = (key, adapter)
+        return adapter
 
     def describe(self, config: dict):
         """ModelSpec of a config mapping through its family adapter."""
@@ -402,7 +422,12 @@ class Host:
         return self.registry("metric").get(name)
 
     def task(self, name: str) -> Any:
+        """The :class:`~kvbridge.plugin_types.Task` record registered as ``name``."""
         return self.registry("task").get(name)
+
+    def engine(self, name: str) -> Any:
+        """The :class:`~kvbridge.plugin_types.Engine` record registered as ``name``."""
+        return self.registry("engine").get(name)
 
     def owner(self, kind: str, name: str) -> str:
         """The plugin that registered ``name`` as a ``kind`` ("" when unknown)."""
@@ -460,6 +485,36 @@ class Host:
                 continue
             taken[name] = plugin
             cli.add_command(cmd, name)
+
+    def model_sources(self) -> dict:
+        """Reference schemes (``NAME:REST``) by name, from ``kvbridge_register_model_sources``: the built-ins'
+        first (``zoo:``), then plugins in the host's order; a name taken by an earlier plugin, or a
+        registration that is not a lowercase name and a callable, is refused on that plugin's record."""
+        from kvbridge.plugin_types import SCHEME_RE, ModelSource
+
+        if self._sources is not None:
+            return self._sources
+        offered: list[tuple[str, Any, Any, Any]] = []
+
+        def register(name: str, resolver: Callable[[str], Any], description: str = "") -> None:
+            offered.append((current_plugin() or "?", name, resolver, description))
+
+        self.call("kvbridge_register_model_sources", register=register)
+        order = {r.name: i for i, r in enumerate(self.records)}
+        out: dict[str, ModelSource] = {}
+        for plugin, name, resolver, description in sorted(offered, key=lambda o: order.get(o[0], len(order))):
+            if not isinstance(name, str) or not SCHEME_RE.match(name):
+                problem = f"registered model source {name!r:.40}, not a lowercase scheme name such as 'myhub'"
+            elif not callable(resolver):
+                problem = f"model source {name!r} has no callable resolver (call register(name, resolver, description))"
+            elif name in out:
+                problem = f"registered model source {name!r}, which {out[name].plugin!r} already provides"
+            else:
+                out[name] = ModelSource(name, resolver, str(description or ""), plugin)
+                continue
+            self.disable(plugin, problem)
+        self._sources = out
+        return out
 
     def manifest_dirs(self) -> list:
         """Folders published through ``kvbridge_manifest_dirs``: a path, a list of paths or None per
@@ -573,7 +628,3 @@ def get_host() -> Host:
         _DEFAULT = make_host()
     return _DEFAULT
 
-
-def reset_host() -> None:
-    global _DEFAULT
-    _DEFAULT = None

@@ -34,7 +34,6 @@ def pair():
 
 @pytest.mark.real
 def test_adapter_lowers_heldout_loss_as_recorded(pair, shared_dir):
-    import torch
 
     from kvbridge.adapters.train_lora import RECIPE, encode, heldout_nll, slice_text
     from kvbridge.evaluate import windows

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbridge.check import compat, sources
+import importlib
+models_resolve = importlib.import_module("kvbridge.models.resolve")
+from kvbridge.check import compat
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Finding
 from kvbridge.plugins import make_host
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("isolated_env")
 
 
 def spec_of(configs: Path, name: str, host):
-    return sources.resolve(str(configs / name), host=host).spec(host)
+    return models_resolve.resolve(str(configs / name), host=host).spec(host)
 
 
 def check(a, b, host, **kw):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import importlib
+models_resolve = importlib.import_module("kvbridge.models.resolve")
 from kvbridge.check import sources
 from kvbridge.check.tokenizer_fp import fingerprint_dir
 
@@ -191,7 +193,7 @@ def test_popular_new_families_check_offline(host, monkeypatch, tmp_path):
     assert data["source"]["family"] == "generic" and data["target"]["family"] == "qwen3"
     for mid, family in (("openai/gpt-oss-20b", "generic"), ("google/gemma-3-27b-it", "gemma3_text"),
                         ("deepseek-ai/DeepSeek-V3", "generic"), ("mistralai/Mixtral-8x7B-v0.1", "generic")):
-        spec = sources.resolve(mid, host=host).spec(host)
+        spec = models_resolve.resolve(mid, host=host).spec(host)
         assert spec.family == family and spec.dtype == "bfloat16", mid
 
 

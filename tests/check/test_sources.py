@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import importlib
+models_resolve = importlib.import_module("kvbridge.models.resolve")
 from kvbridge.check import sources, tokenizer_fp
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
 from kvbridge.plugins import make_host
@@ -29,7 +31,7 @@ def one_line(exc: BaseException) -> str:
 
 # -- paths --------------------------------------------------------------------------------------
 def test_model_folder(configs, host):
-    m = sources.resolve(str(configs / "meta-llama__Llama-3.2-1B"), host=host)
+    m = models_resolve.resolve(str(configs / "meta-llama__Llama-3.2-1B"), host=host)
     assert m.kind == "dir" and m.name == "meta-llama__Llama-3.2-1B"
     assert m.config["model_type"] == "llama" and m.path.endswith("config.json")
     assert m.generation_config is not None  # generation_config.json beside it
@@ -38,7 +40,7 @@ def test_model_folder(configs, host):
 
 
 def test_config_json_path(configs, host):
-    m = sources.resolve(str(configs / "openai-community__gpt2" / "config.json"), host=host)
+    m = models_resolve.resolve(str(configs / "openai-community__gpt2" / "config.json"), host=host)
     assert m.kind == "config" and m.config["n_layer"] == 12
 
 
@@ -48,14 +50,14 @@ def test_save_pretrained_folder_with_tokenizer(tmp_path, configs, tokenizers, ho
     shutil.copy(configs / "Qwen__Qwen2.5-0.5B" / "config.json", folder)
     for f in (tokenizers / "qwen2.5").iterdir():
         shutil.copy(f, folder)
-    m = sources.resolve(str(folder), host=host)
+    m = models_resolve.resolve(str(folder), host=host)
     assert {Path(p).name for p in m.tokenizer_files} == {"vocab.json", "merges.txt", "tokenizer_config.json"}
     assert m.tokenizer() == tokenizer_fp.fingerprint_dir(tokenizers / "qwen2.5")
 
 
 def test_manifest_record_file_is_a_reference(host, repo_root):
     path = repo_root / "src" / "kvbridge" / "manifests" / "models" / "Qwen__Qwen2.5-0.5B.json"
-    m = sources.resolve(str(path), host=host)
+    m = models_resolve.resolve(str(path), host=host)
     assert m.kind == "manifest" and m.name == "Qwen/Qwen2.5-0.5B"
 
 
@@ -74,33 +76,33 @@ def test_hf_cache_hit_wins_over_manifest(tmp_path, monkeypatch, configs, host):
     cfg = json.loads((configs / "Qwen__Qwen2.5-0.5B" / "config.json").read_text())
     snap = _fake_cache(tmp_path / "hub", "Qwen/Qwen2.5-0.5B", cfg)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    m = sources.resolve("Qwen/Qwen2.5-0.5B", host=host)
+    m = models_resolve.resolve("Qwen/Qwen2.5-0.5B", host=host)
     assert m.kind == "hf-cache" and m.folder == str(snap) and m.name == "Qwen/Qwen2.5-0.5B"
-    assert sources.resolve("Qwen/Qwen2.5-0.5B@0123ab", host=host).kind == "hf-cache"
-    assert "Qwen/Qwen2.5-0.5B" in sources.cached_hub_ids()
+    assert models_resolve.resolve("Qwen/Qwen2.5-0.5B@0123ab", host=host).kind == "hf-cache"
+    assert "Qwen/Qwen2.5-0.5B" in models_resolve.cached_hub_ids()
 
 
 def test_hf_home_fallback(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
-    assert sources.hf_cache_dir() == tmp_path / "hfhome" / "hub"
+    assert models_resolve.hf_cache_dir() == tmp_path / "hfhome" / "hub"
 
 
 def test_no_cache_means_manifest(host):
-    m = sources.resolve("Qwen/Qwen2.5-0.5B", host=host)
+    m = models_resolve.resolve("Qwen/Qwen2.5-0.5B", host=host)
     assert m.kind == "manifest" and m.tokenizer_record is not None
 
 
 # -- manifests ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("ref", ["Qwen/Qwen2.5-0.5B", "qwen/qwen2.5-0.5b", "qwen2.5-0.5b", "Qwen2.5-0.5B"])
 def test_manifest_names_and_aliases(ref, host):
-    assert sources.resolve(ref, host=host).name == "Qwen/Qwen2.5-0.5B"
+    assert models_resolve.resolve(ref, host=host).name == "Qwen/Qwen2.5-0.5B"
 
 
 def test_unknown_name_suggests(host):
     with pytest.raises(ConfigError) as info:
-        sources.resolve("Qwen/Qwen2.5-0.6B", host=host)
+        models_resolve.resolve("Qwen/Qwen2.5-0.6B", host=host)
     text = one_line(info.value)
     assert "unknown model 'Qwen/Qwen2.5-0.6B'" in text and "did you mean" in text
     assert "Qwen/Qwen2.5-0.5B" in text
@@ -115,7 +117,7 @@ def test_manifest_path_env(tmp_path, monkeypatch, host):
                          "hidden_size": 64, "num_key_value_heads": 2}}
     (folder / "acme.json").write_text(json.dumps({"models": [record]}))
     monkeypatch.setenv("KVBRIDGE_MANIFEST_PATH", str(folder))
-    m = sources.resolve("acme/tiny-llama", host=host)
+    m = models_resolve.resolve("acme/tiny-llama", host=host)
     assert m.kind == "manifest" and m.spec(host).num_kv_heads == 2
 
 
@@ -167,7 +169,7 @@ def test_non_json_file(tmp_path, host):
     bad = tmp_path / "config.json"
     bad.write_text("model_type: llama\n")
     with pytest.raises(ConfigError) as info:
-        sources.resolve(str(bad), host=host)
+        models_resolve.resolve(str(bad), host=host)
     text = one_line(info.value)
     assert str(bad) in text and "not valid JSON" in text and "line 1" in text
     assert info.value.exit_code == 2
@@ -177,7 +179,7 @@ def test_binary_file(tmp_path, host):
     bad = tmp_path / "weights.bin"
     bad.write_bytes(b"\x80\x81\xff\x00" * 10)
     with pytest.raises(ConfigError) as info:
-        sources.resolve(str(bad), host=host)
+        models_resolve.resolve(str(bad), host=host)
     assert str(bad) in one_line(info.value)
 
 
@@ -185,21 +187,21 @@ def test_json_not_an_object(tmp_path, host):
     bad = tmp_path / "config.json"
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError) as info:
-        sources.resolve(str(bad), host=host)
+        models_resolve.resolve(str(bad), host=host)
     assert "expected a JSON object" in one_line(info.value) and "list" in str(info.value)
 
 
 def test_dir_without_config(tmp_path, host):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError) as info:
-        sources.resolve(str(tmp_path), host=host)
+        models_resolve.resolve(str(tmp_path), host=host)
     text = one_line(info.value)
     assert str(tmp_path) in text and "no config.json" in text and "model.safetensors" in text
 
 
 def test_missing_path(host):
     with pytest.raises(ConfigError) as info:
-        sources.resolve("./nowhere/config.json", host=host)
+        models_resolve.resolve("./nowhere/config.json", host=host)
     assert "no such file" in one_line(info.value)
 
 
@@ -212,7 +214,7 @@ def _write(tmp_path, cfg) -> str:
 def test_missing_num_attention_heads(tmp_path, configs, host):
     cfg = json.loads((configs / "meta-llama__Llama-3.2-1B" / "config.json").read_text())
     del cfg["num_attention_heads"]
-    m = sources.resolve(_write(tmp_path, cfg), host=host)
+    m = models_resolve.resolve(_write(tmp_path, cfg), host=host)
     with pytest.raises(ConfigError) as info:
         m.spec(host)
     text = one_line(info.value)
@@ -222,7 +224,7 @@ def test_missing_num_attention_heads(tmp_path, configs, host):
 def test_negative_layer_count(tmp_path, configs, host):
     cfg = json.loads((configs / "Qwen__Qwen2.5-0.5B" / "config.json").read_text())
     cfg["num_hidden_layers"] = -2
-    m = sources.resolve(_write(tmp_path, cfg), host=host)
+    m = models_resolve.resolve(_write(tmp_path, cfg), host=host)
     with pytest.raises(ConfigError) as info:
         m.spec(host)
     text = one_line(info.value)
@@ -230,7 +232,7 @@ def test_negative_layer_count(tmp_path, configs, host):
 
 
 def test_model_without_kv_cache(tmp_path, host):
-    m = sources.resolve(_write(tmp_path, {"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}),
+    m = models_resolve.resolve(_write(tmp_path, {"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}),
                         host=host)
     with pytest.raises(UnsupportedModelError) as info:
         m.spec(host)
@@ -240,14 +242,14 @@ def test_model_without_kv_cache(tmp_path, host):
 
 
 def test_missing_model_type(tmp_path, host):
-    m = sources.resolve(_write(tmp_path, {"hidden_size": 8}), host=host)
+    m = models_resolve.resolve(_write(tmp_path, {"hidden_size": 8}), host=host)
     with pytest.raises(ConfigError) as info:
         m.spec(host)
     assert "'model_type' is missing" in one_line(info.value) and m.path in str(info.value)
 
 
 def test_unknown_model_type(tmp_path, host):
-    m = sources.resolve(_write(tmp_path, {"model_type": "not_a_real_arch", "hidden_size": 8}), host=host)
+    m = models_resolve.resolve(_write(tmp_path, {"model_type": "not_a_real_arch", "hidden_size": 8}), host=host)
     with pytest.raises(KVBridgeError) as info:
         m.spec(host)
     text = one_line(info.value)
@@ -255,14 +257,14 @@ def test_unknown_model_type(tmp_path, host):
 
 
 def test_mla_config_is_described_by_the_generic_adapter(configs, host):
-    spec = sources.resolve(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), host=host).spec(host)
+    spec = models_resolve.resolve(str(configs / "deepseek-ai__DeepSeek-V2-Lite"), host=host).spec(host)
     assert spec.family == "generic" and spec.cache_format == "mla" and spec.dtype == "bfloat16"
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.value_head_dim) == (27, 1, 512, 64)
 
 
 def test_multimodal_wrapper_uses_text_config(tmp_path, host):
     text = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
-    m = sources.resolve(_write(tmp_path, {"model_type": "some_vlm", "text_config": text}), host=host)
+    m = models_resolve.resolve(_write(tmp_path, {"model_type": "some_vlm", "text_config": text}), host=host)
     assert m.spec(host).model_type == "llama"
 
 

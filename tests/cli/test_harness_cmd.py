@@ -31,7 +31,7 @@ def mapping(tmp_path_factory):
     import torch
 
     from kvbridge.evaluate import model_samples
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     torch.set_num_threads(1)
     model, tok = load_zoo_model("base")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 import torch
 
 from kvbridge.fit import transfer_state

@@ -33,7 +33,7 @@ def zoo(name: str):
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    from kvbridge.zoo import load_zoo_model
+    from kvbridge.zoo.load import load_zoo_model
 
     return load_zoo_model(name)
 

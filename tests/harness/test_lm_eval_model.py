@@ -49,6 +49,9 @@ def test_model_args_refusals(base):
 
     with pytest.raises(KVBridgeError, match="needs source= and target="):
         KVBridgeLM.create_from_arg_string("mapping=identity")
+    lm = KVBridgeLM.create_from_arg_string("source=zoo:base,target=zoo:base,mapping=identity,condition=target",
+                                           {"batch_size": 1, "device": "cpu"})
+    assert lm.condition == "target" and lm.get_model_info()["kvbridge_target_layers"] == 4
     model, tok = base
     with pytest.raises(KVBridgeError, match="unknown condition 'moved'"):
         KVBridgeLM(answerer=Answerer(model, model, IdentityMapping(), tok), condition="moved")

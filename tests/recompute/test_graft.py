@@ -17,7 +17,6 @@ def _ids(model, n, t, seed):
 
 def test_graft_of_a_prefix_chunk_at_zero_is_the_chunk_itself(tiny):
     """With no context the graft is the chunk's own prefill: a prefix keeps causal semantics."""
-    ad = adapter(tiny)
     chk, cont = _ids(tiny, 2, 10, 1), _ids(tiny, 2, 4, 2)
     alone = prepare_chunk(tiny, chk)
     empty = alone.slice_tokens(0, 0)

@@ -49,7 +49,7 @@ def test_graft_ends_of_the_dial(which, request):
 def test_partial_recompute_moves_towards_the_full_prefill(zoo_base):
     model = zoo_base
     ad = adapter(model)
-    ctx, chk, cont = _ids(model, 4, 24, 4), _ids(model, 4, 40, 5), _ids(model, 4, 6, 6)
+    ctx, chk, _cont = _ids(model, 4, 24, 4), _ids(model, 4, 40, 5), _ids(model, 4, 6, 6)
     full = ad.extract(model, torch.cat([ctx, chk], 1))
     naive = graft(ad.extract(model, ctx), prepare_chunk(model, chk))
     res = blend(model, naive, 24, 0.25)

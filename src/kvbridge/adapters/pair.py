@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 #: the fit's calibration text: the front quarter of the corpus (the adapter trained on [0.5, 0.7))
 CALIBRATION_SLICE = (0.0, 0.25)
@@ -302,7 +301,6 @@ def main(argv=None) -> int:
     """``python -m kvbridge.adapters.pair [--samples N ...] [--json FILE] [--markdown]``: the RESULTS.md run."""
     import argparse
     import json
-    import sys
 
     import torch
 

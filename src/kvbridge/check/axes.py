@@ -81,11 +81,18 @@ def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
                 f"{kinds}: fit each target KV head from all source KV heads of the chosen layers{falcon}")
 
 
+def _dims(spec: ModelSpec):
+    """The head width as reported: an int, or ``"K 32 / V 8"`` where values have their own width."""
+    value = spec.value_head_dim
+    return spec.head_dim if value is None or value == spec.head_dim else f"K {spec.head_dim} / V {value}"
+
+
 def _head_dim_axis(s: ModelSpec, t: ModelSpec) -> Axis:
-    if s.head_dim == t.head_dim:
-        return Axis("head_dim", s.head_dim, t.head_dim, "same", "K/V widths agree")
-    return Axis("head_dim", s.head_dim, t.head_dim, "mappable",
-                f"per-head ridge from {s.head_dim} to {t.head_dim} dims (in RoPE-free content space)")
+    sv, tv = _dims(s), _dims(t)
+    if sv == tv:
+        return Axis("head_dim", sv, tv, "same", "K/V widths agree")
+    return Axis("head_dim", sv, tv, "mappable",
+                f"per-head ridge from {sv} to {tv} dims (keys in RoPE-free content space)")
 
 
 def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:

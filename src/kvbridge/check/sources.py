@@ -1,9 +1,8 @@
 """Model manifests and config -> ModelSpec, offline and without torch or transformers.
 
 Reference resolution (paths, GGUF files, the Hugging Face cache, short names, ``zoo:`` and
-plugin schemes) lives in :mod:`kvbridge.models.resolve`; :func:`resolve` and
-:data:`ResolvedModel` here are kept names for it. This module holds what ``check`` and
-``describe`` need besides: manifest records (``manifests/models/``, ``$KVBRIDGE_MANIFEST_PATH``,
+plugin schemes) lives in :mod:`kvbridge.models.resolve`, above this module (which imports nothing
+from :mod:`kvbridge.models`). This module holds what ``check`` and ``describe`` need besides: manifest records (``manifests/models/``, ``$KVBRIDGE_MANIFEST_PATH``,
 folders plugins publish; ``kvbridge check Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-1.5B`` answers on a
 machine with no weights), JSON config reading with one-line errors naming the file and field,
 and :func:`describe_config` / manifest geometry.
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
-from kvbridge.models.ref import ModelRef
 
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
@@ -26,9 +24,6 @@ MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 MANIFEST_KEYS = {"id", "family", "source", "config", "geometry", "aliases", "tokenizer", "notes",
                  "generation_config", "$schema"}
 
-
-#: a resolved reference (the loading layer's type; this name is kept for callers)
-ResolvedModel = ModelRef
 
 
 # -- config files --------------------------------------------------------------------------------
@@ -53,25 +48,7 @@ def read_json_object(path: Path, what: str = "config") -> dict:
     return data
 
 
-def hf_cache_dir() -> Path:
-    """See :func:`kvbridge.models.resolve.hf_cache_dir`."""
-    from kvbridge.models.resolve import hf_cache_dir as _hf
 
-    return _hf()
-
-
-def cached_hub_ids() -> list[str]:
-    """See :func:`kvbridge.models.resolve.cached_hub_ids`."""
-    from kvbridge.models.resolve import cached_hub_ids as _ids
-
-    return _ids()
-
-
-def find_in_hf_cache(repo_id: str, revision: str | None = None) -> Path | None:
-    """See :func:`kvbridge.models.resolve.find_in_hf_cache`."""
-    from kvbridge.models.resolve import find_in_hf_cache as _find
-
-    return _find(repo_id, revision)
 
 
 # -- manifests ------------------------------------------------------------------------------------
@@ -102,12 +79,6 @@ def validate_manifest(record: Any, where: Path | str) -> dict:
     return record
 
 
-def weights_digest(folder: Path) -> str | None:
-    """sha256 over every byte of the weight files in ``folder`` (see :mod:`kvbridge.models.fingerprint`)."""
-    from kvbridge.models.fingerprint import weights_digest as _digest
-
-    return _digest(folder)
-
 
 def _plugin_manifest_dirs(host) -> list[Path]:
     """Folders that plugins publish through ``kvbridge_manifest_dirs`` (when the hook exists)."""
@@ -128,10 +99,14 @@ def _plugin_manifest_dirs(host) -> list[Path]:
 
 
 def manifest_dirs(host=None) -> list[Path]:
-    """Where manifest records are read from, in priority order (first match wins)."""
+    """Where manifest records are read from, in priority order (first match wins):
+    ``$KVBRIDGE_MANIFEST_PATH``, then what ``kvbridge_manifest_dirs`` returns: kvbridge's own
+    records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
+    if host is None:
+        from kvbridge.plugins import get_host
+
+        host = get_host()
     dirs = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    if REPO_MANIFESTS.is_dir():
-        dirs.append(REPO_MANIFESTS)
     dirs.extend(_plugin_manifest_dirs(host))
     return dirs
 
@@ -190,12 +165,6 @@ def _manifest_index(manifests: Mapping[str, tuple[dict, Path]]) -> dict[str, str
             index.setdefault(name, ids[0])
     return index
 
-
-def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
-    """Resolve a model reference: see :func:`kvbridge.models.resolve` (this name is kept for callers)."""
-    from kvbridge.models.resolve import resolve as _resolve
-
-    return _resolve(ref, host=host, manifests=manifests)
 
 
 # -- describe with file-naming errors ----------------------------------------------------------------
@@ -285,8 +254,8 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
     return spec
 
 
-__all__ = ["ResolvedModel", "resolve", "describe_config", "load_manifests", "manifest_dirs", "spec_geometry", "geometry_diff",
-           "validate_manifest", "hf_cache_dir", "find_in_hf_cache", "read_json_object", "validate_spec"]
+__all__ = ["describe_config", "load_manifests", "manifest_dirs", "spec_geometry", "geometry_diff",
+           "validate_manifest", "read_json_object", "validate_spec"]
 
 
 # -- manifest geometry ---------------------------------------------------------------------------------

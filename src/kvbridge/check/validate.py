@@ -302,16 +302,17 @@ def tensors_match(tensors: Mapping[str, Any], expected: Mapping[str, tuple], whe
         extra = sorted(set(tensors) - set(expected))
         if extra:
             raise ArtifactError(f"{where}: unexpected tensor {extra[0]!r}", fix)
+    names: dict = {}  # dtype -> its name, once per call (the check runs per restore, over every layer)
     for name, (dtype, shape) in expected.items():
         t = tensors[name]
-        have_dtype = str(t.dtype).removeprefix("torch.")
         if dtype is not None:
+            have_dtype = names.get(t.dtype) or names.setdefault(t.dtype, str(t.dtype).removeprefix("torch."))
             allowed = dtype if isinstance(dtype, (tuple, list, set, frozenset)) else (dtype,)
             if have_dtype not in allowed:
                 raise ArtifactError(f"{where}: tensor {name!r} is {have_dtype}, the manifest says "
                                     f"{' or '.join(allowed)}", fix)
         if shape is not None:
-            have = tuple(t.shape)
+            have = t.shape
             if len(have) != len(shape) or any(w is not None and w != h for w, h in zip(shape, have)):
                 want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
                 raise ArtifactError(f"{where}: tensor {name!r} has shape {list(have)}, the manifest implies {want}",

@@ -5,7 +5,6 @@ Config-only: imports neither torch nor transformers (a test asserts it).
 
 from __future__ import annotations
 
-import json
 import shutil
 import textwrap
 
@@ -90,7 +89,7 @@ def check(source: str, target: str, as_json: bool, strict: bool, source_tokenize
     """
     from kvbridge.check.compat import check_models
     from kvbridge.plugins import get_host
-    from kvbridge.check.sources import resolve
+    from kvbridge.models.resolve import resolve
 
     host = get_host()
     src = resolve(source, host=host)

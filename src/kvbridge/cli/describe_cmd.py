@@ -41,7 +41,8 @@ def _human(data: dict) -> str:
         from collections import Counter
 
         names = {"sliding_attention": f"sliding (window {spec['sliding_window']})", "full_attention": "full",
-                 "chunked_attention": f"chunked ({spec.get('attention_chunk_size')})",
+                 "chunked_attention": f"chunked ({spec.get('attention_chunk_size')}; cached as a sliding window "
+                                      f"of {spec.get('attention_chunk_size')})",
                  "linear_attention": "recurrent", "conv": "conv", "shared_kv": "shared-KV",
                  "no_attention": "no attention"}
         attention = "mixed: " + " + ".join(f"{n} {names.get(k, k)}" for k, n in Counter(kinds).items())
@@ -64,7 +65,7 @@ def _human(data: dict) -> str:
         ("layers", str(spec["num_layers"])),
         ("attention heads", str(heads)),
         ("KV heads (cached)", f"{kv} ({head_kind})"),
-        ("head_dim", str(spec["head_dim"])),
+        ("head_dim", head_dims_text(spec)),
         ("hidden_size", str(spec["hidden_size"])),
         ("positional", spec["positional"]),
         ("rope", rope),
@@ -96,13 +97,22 @@ def _human(data: dict) -> str:
     return "\n".join(lines)
 
 
+def head_dims_text(spec: dict) -> str:
+    """``64``, or ``K 32, V 8`` where cached values are narrower or wider than keys (MLA)."""
+    value = spec.get("value_head_dim")
+    if value is None or value == spec["head_dim"]:
+        return str(spec["head_dim"])
+    return f"K {spec['head_dim']}, V {value} (keys and values have their own widths)"
+
+
 def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
     """Rows for the per-layer facts (only those a spec sets)."""
     rows = []
     kinds = spec["layer_types"]
     if spec.get("attention_chunk_size"):
         n = sum(1 for k in kinds if k == "chunked_attention")
-        rows.append(("chunked layers", f"{n} (chunk {spec['attention_chunk_size']})"))
+        rows.append(("chunked layers", f"{n} (chunk {spec['attention_chunk_size']}; transformers caches them as a "
+                                       f"sliding window of {spec['attention_chunk_size']})"))
     if spec.get("nope_layers"):
         rows.append(("NoPE layers", f"{spec['nope_layers']} (keys carry no RoPE)"))
     if spec.get("kv_shared_layers"):
@@ -173,7 +183,7 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     """
     from kvbridge.errors import ConfigError
     from kvbridge.plugins import get_host
-    from kvbridge.check.sources import resolve
+    from kvbridge.models.resolve import resolve
 
     host = get_host()
     if list_models:

@@ -11,12 +11,10 @@ from kvbridge.cli.options import dtype_option
 
 def load_pair(source: str, target: str, *, dtype: str | None = None):
     """``(src LoadedModel, tgt LoadedModel, shared tokenizer fingerprint)``; tokenizers checked first."""
-    from kvbridge.cli.options import load_model, shared_tokenizer
-    from kvbridge.models import resolve
+    from kvbridge.cli.options import load_pair as _load
 
-    src, tgt = resolve(source), resolve(target)
-    tok_fp = shared_tokenizer(src, tgt)
-    return load_model(src, dtype=dtype), load_model(tgt, dtype=dtype), tok_fp
+    pair = _load(source, target, dtype=dtype)
+    return pair.source, pair.target, pair.tokenizer
 
 
 def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False):

@@ -131,9 +131,8 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     .<out>.fitstate next to --out and a rerun with --resume continues from them; without it
     nothing but --out is ever written.
     """
-    from pathlib import Path
 
-    from kvbridge.errors import ArtifactError, ConfigError
+    from kvbridge.errors import ConfigError
 
     if plan_only:  # torch-free: configs / manifests only
         from kvbridge.fit.plan import plan
@@ -176,12 +175,11 @@ def fit(source, target, corpus, out, fitter, fitter_opts, top_k, seq_len, tokens
     options = fitter_options(load_fitter(get_host(), fitter), values)  # refuse bad options before loading models
     texts, sha = load_corpus(corpus)
     t0 = time.perf_counter()
-    from kvbridge.cli.options import load_model, revision_of, shared_tokenizer
-    from kvbridge.models import resolve
+    from kvbridge.cli.options import load_pair, revision_of
 
-    src, tgt = resolve(source), resolve(target)
-    tok_fp = shared_tokenizer(src, tgt)  # before loading any weights: refuse early
-    loaded_src, loaded_tgt = load_model(src, dtype=dtype), load_model(tgt, dtype=dtype)
+    pair = load_pair(source, target, dtype=dtype)  # the shared tokenizer is checked before any weights load
+    loaded_src, loaded_tgt, tok_fp = pair.source, pair.target, pair.tokenizer
+    src, tgt = loaded_src.ref, loaded_tgt.ref
     smodel, stok, tmodel, ttok = loaded_src.model, loaded_src.tokenizer, loaded_tgt.model, loaded_tgt.tokenizer
     check_same_tokens(texts, stok, ttok)
 

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from kvbridge import __version__
+from kvbridge.version import __version__
 from kvbridge.errors import KVBridgeError, from_exception
 
 #: built-in commands, imported on use
@@ -34,6 +34,7 @@ COMMANDS = {
     "conformance": "kvbridge.cli.conformance_cmd:conformance",
     "graft": "kvbridge.cli.graft_cmd:graft",
     "harness": "kvbridge.cli.harness_cmd:harness",
+    "engine": "kvbridge.cli.engine_cmd:engine",
 }
 
 

@@ -53,27 +53,24 @@ def load_model(ref, *, dtype: str | None = None, device: str = "cpu", tokenizer:
 
 
 def shared_tokenizer(src, tgt) -> dict:
-    """The tokenizer fingerprint two resolved models share, or a refusal with ``check``'s reason.
+    """The tokenizer fingerprint two resolved models share (:func:`kvbridge.models.pair.shared_tokenizer`);
+    a partial match (added tokens, BOS handling) is a warning on stderr."""
+    from kvbridge.models.pair import shared_tokenizer as _shared
 
-    A partial match (added tokens, BOS handling) is a warning on stderr.
-    """
-    from kvbridge.check.tokenizer_fp import compare
-    from kvbridge.fit.calibrate import CalibrationError
+    fingerprint, note = _shared(src, tgt)
+    if note:
+        click.echo(f"warning: tokenizers: {note}", err=True)
+    return fingerprint
 
-    fps = []
-    for role, res in (("source", src), ("target", tgt)):
-        fp = res.tokenizer()
-        if fp is None:
-            raise CalibrationError(f"{role} {res.ref}: no tokenizer files found in {res.folder or res.path}",
-                                   "paired calibration needs both tokenizers to check the token ids agree")
-        fps.append(fp)
-    verdict, action = compare(*fps)
-    if verdict == "blocking":
-        raise CalibrationError(f"the tokenizers of {src.ref} and {tgt.ref} differ: {action}",
-                               "use models that share a tokenizer (see `kvbridge check`)")
-    if verdict != "same":
-        click.echo(f"warning: tokenizers: {action}", err=True)
-    return fps[0].to_dict()
+
+def load_pair(source, target, *, dtype: str | None = None, target_tokenizer: bool = True, host=None):
+    """:func:`kvbridge.models.pair.load_pair` for a command: a partial tokenizer match warns on stderr."""
+    from kvbridge.models.pair import load_pair as _load
+
+    pair = _load(source, target, dtype=dtype, target_tokenizer=target_tokenizer, host=host)
+    if pair.tokenizer_note:
+        click.echo(f"warning: tokenizers: {pair.tokenizer_note}", err=True)
+    return pair
 
 
 def open_tokenizer(ref: str):
@@ -86,7 +83,7 @@ def open_tokenizer(ref: str):
 
     path = Path(ref).expanduser()
     if path.exists() and path.suffix != ".gguf" and not (path.is_dir() and any(path.glob("*.gguf"))):
-        from kvbridge.prefix.splits import load_tokenizer
+        from kvbridge.models.tokenizer_load import load_tokenizer
 
         return load_tokenizer(path)
     return load_tokenizer_of(resolve(ref))
@@ -220,5 +217,5 @@ def fmt_bytes(n: int) -> str:
 
 
 __all__ = ["MODEL_REFS", "DTYPE_CHOICES", "dtype_option", "device_option", "json_option", "load_model",
-           "shared_tokenizer", "open_tokenizer", "tokenizer_identity", "open_model_session", "open_guide_session", "read_guide_and_prompt",
+           "shared_tokenizer", "load_pair", "open_tokenizer", "tokenizer_identity", "open_model_session", "open_guide_session", "read_guide_and_prompt",
            "unescape", "revision_of", "kv_bytes_per_token", "fmt_rope", "fmt_value", "fmt_text", "fmt_bytes"]

@@ -37,7 +37,6 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     The guide is encoded as the ghost of a split (with the tokenizer's BOS). Nothing is written
     when anything is wrong (empty guide, guide longer than the model's positions, OUT exists).
     """
-    from pathlib import Path
 
     from kvbridge.artifacts import check_replaceable
     from kvbridge.cli.options import open_model_session, tokenizer_identity
@@ -143,3 +142,47 @@ def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, de
         click.echo(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
     for note in loaded.notes[1 if loaded.forced else 0:]:
         click.echo(f"  note: {note}")
+
+
+@pack.command("export")
+@click.argument("folder", type=click.Path())
+@click.option("--engine", "engine_name", default="llamacpp", show_default=True,
+              help="Inference engine whose saved-cache format to write (`kvbridge plugins` lists engines).")
+@click.option("--model", "model", required=True,
+              help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one).")
+@click.option("--out", "out", required=True, type=click.Path(), help="State file to write (atomically).")
+@click.option("--cache-type", default="F16", show_default=True, type=click.Choice(["F16", "F32", "BF16"]),
+              help="Cache element type of the engine's context (llama.cpp's default is F16).")
+@click.option("--flash-attn/--no-flash-attn", default=False, show_default=True,
+              help="The engine context runs flash attention (llama.cpp then stores V untransposed).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def export(folder: str, engine_name: str, model: str, out: str, cache_type: str, flash_attn: bool,
+           as_json: bool) -> None:
+    """Write the pack in FOLDER as the engine's own saved cache, for the engine to continue from.
+
+    For llamacpp the file is a llama.cpp sequence state (llama_state_seq_load_file, version 3):
+    rows rounded once to --cache-type, keys in llama.cpp's rotary layout, the guide's token ids and
+    positions. The pack's checksum is verified; its geometry, RoPE table and token ids are checked
+    against MODEL (llama.cpp's state holds no weights identity: `kvbridge pack verify` checks those).
+    No model weights are loaded and no forward pass runs.
+    """
+    import time
+
+    from kvbridge.artifacts import state_from_tensors
+    from kvbridge.engines import get_engine
+    from kvbridge.prefix.packs import read_pack
+
+    engine = get_engine(engine_name)
+    t0 = time.perf_counter()
+    manifest, tensors = read_pack(folder)
+    state = state_from_tensors(tensors, manifest["state"])
+    data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)
+    secs = time.perf_counter() - t0
+    result = {"pack": folder, "engine": engine_name, "model": model, "out": out, "bytes": len(data),
+              "tokens": state.num_tokens, "cache_type": cache_type, "v_trans": not flash_attn, "seconds": secs}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"wrote {out}: {state.num_tokens} guide tokens as a {engine_name} state for {model} "
+               f"({len(data) / 1e6:.2f} MB, {cache_type}, {'V transposed' if not flash_attn else 'V row-major'}) "
+               f"in {secs * 1000:.1f} ms")

@@ -43,8 +43,7 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
 
     import torch
 
-    from kvbridge.cli.options import load_model, shared_tokenizer
-    from kvbridge.models import resolve
+    from kvbridge.cli.options import load_pair
     from kvbridge.errors import ConfigError
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.handoff import generate
@@ -56,11 +55,8 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, dtype
 
     prompt = read_text_arg(prompt, "prompt")  # @FILE, and text that is not UTF-8 refused naming --prompt
     host = get_host()
-    src, tgt = resolve(source, host=host), resolve(target, host=host)
-    tok_fp = shared_tokenizer(src, tgt)
-    loaded_src = load_model(src, dtype=dtype, host=host)
-    smodel, tok = loaded_src.model, loaded_src.tokenizer
-    tmodel = load_model(tgt, dtype=dtype, tokenizer=False, host=host).model
+    pair = load_pair(source, target, dtype=dtype, target_tokenizer=False, host=host)
+    tok_fp, smodel, tok, tmodel = pair.tokenizer, pair.source.model, pair.source.tokenizer, pair.target.model
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mapping = load_mapping(mapping_dir, source=smodel, target=tmodel, tokenizer=tok_fp, force=force, host=host)

@@ -11,7 +11,6 @@ same number of layers. Sub-configs (``text_config``, ``vision_config`` ...) are 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any
 
 #: attribute -> tiny value (applied when the default is a positive int)
 SIZES = {

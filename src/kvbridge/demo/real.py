@@ -64,7 +64,7 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     ids = torch.as_tensor(input_ids).view(1, -1)
     gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
                attention_mask=torch.ones_like(ids), pad_token_id=0)
-    adapter = host.adapter_for(model.config.to_dict())
+    adapter = host.adapter_of(model)
     with torch.no_grad():
         own = DynamicCache(config=model.config)
         model(input_ids=ids[:, :-1], cache=own, use_cache=True)
@@ -227,7 +227,7 @@ def cast(loaded, dtype: str):
         for param in model.parameters():
             param.data = param.data.to(getattr(torch, dtype))
     model.config.dtype = dtype
-    spec = get_host().adapter_for(model.config.to_dict()).spec_of(model)
+    spec = get_host().adapter_of(model).spec_of(model)
     return replace(loaded, model=model, spec=spec, fingerprint=dict(loaded.fingerprint, dtype=dtype))
 
 

@@ -99,7 +99,7 @@ class GuardedHandoff:
 def _adapter(model, host=None):
     from kvbridge.plugins import get_host
 
-    return (host or get_host()).adapter_for(model.config.to_dict())
+    return (host or get_host()).adapter_of(model)
 
 
 def check_finite(state) -> GuardCheck:

@@ -359,4 +359,4 @@ def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int 
 
 
 __all__ = ["EvalView", "LoadedMetric", "MetricError", "resolve_metrics", "summarize", "bootstrap_indices", "BUILTIN",
-           *BUILTIN]
+           "nll", "perplexity", "nll_delta", "accuracy", "kl_mean", "kl_p95", "top1_agreement", "topk_overlap", "tv_top_p", "max_abs_logit_diff", "gap_recovered", "retention", "retention_floor", "greedy_first_divergence", "greedy_agreement", "attention_cosine_mean", "attention_cosine_min"]

@@ -71,7 +71,7 @@ def rope_config(spec) -> dict | None:
 
 
 def _versions() -> dict:
-    from kvbridge import __version__
+    from kvbridge.version import __version__
 
     out = {"kvbridge_version": __version__}
     for mod in ("transformers", "torch"):
@@ -149,7 +149,7 @@ def verify_pair(manifest: Mapping, *, source: dict | None = None, target: dict |
             if have != need:
                 _mismatch(f"mapping was fitted for a different {role} model: field {role}.{name} is "
                           f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
-                          f"fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway", force)
+                          "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway", force)
     if tokenizer is not None and manifest.get("tokenizer"):
         have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
         if have and need:

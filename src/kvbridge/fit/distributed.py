@@ -122,7 +122,7 @@ class Checkpoint:
             if others:
                 raise CheckpointError(f"checkpoint {self.folder} was written by a different number of processes "
                                       f"({others[0]}); this run has {world}",
-                                      f"resume with the same --nproc-per-node, or start afresh without --resume")
+                                      "resume with the same --nproc-per-node, or start afresh without --resume")
             return 0
         from safetensors import safe_open
         from safetensors.torch import load_file

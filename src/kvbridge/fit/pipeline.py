@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from kvbridge.errors import ArtifactError
 from kvbridge.fit.calibrate import CalibrationConfig
 from kvbridge.fit.solve import FitError
 

@@ -385,7 +385,7 @@ class LayerStats:
     @staticmethod
     def _select(t: torch.Tensor, layers: tuple) -> torch.Tensor:
         """``t [n, L, H, D]`` restricted to ``layers`` as ``[n, len(layers)·H·D]`` (a view when it can be)."""
-        n, total = t.shape[0], t.shape[1]
+        n, _total = t.shape[0], t.shape[1]
         if layers == tuple(range(layers[0], layers[0] + len(layers))):
             return t[:, layers[0]:layers[0] + len(layers)].reshape(n, -1)
         return t.index_select(1, torch.tensor(layers, dtype=torch.long, device=t.device)).reshape(n, -1)

@@ -57,11 +57,19 @@ class KVBridgeLM(LM):
             if not source or not target:
                 raise HarnessError("the kvbridge lm-eval model needs source= and target= model references",
                                    "pass --model_args source=REF,target=REF,mapping=DIR")
-            from kvbridge.cli.eval_cmd import load_mapping_ref, load_pair
             from kvbridge.harness.conditions import Answerer
+            from kvbridge.models.pair import load_pair
 
-            src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
-            mapping_obj = load_mapping_ref(str(mapping), src.model, tgt.model, tokenizer=tok_fp,
+            pair = load_pair(source, target, dtype=dtype)
+            src, tgt = pair.source, pair.target
+            if str(mapping) == "identity":
+                from kvbridge.transfer import IdentityMapping
+
+                mapping_obj = IdentityMapping()
+            else:
+                from kvbridge.fit.artifact import load_mapping
+
+                mapping_obj = load_mapping(str(mapping), source=src.model, target=tgt.model, tokenizer=pair.tokenizer,
                                            force=_flag(accept_fingerprint_mismatch))
             tokenizer = tgt.tokenizer
             answerer = Answerer(src.model, tgt.model, mapping_obj, tokenizer)

@@ -118,7 +118,7 @@ def load_tokenizer_of(ref: ModelRef):
     if not ref.folder:
         raise ConfigError(f"{ref.ref}: a {ref.kind} reference has no tokenizer files",
                           "pass a local model folder, a .gguf file, or a model in the Hugging Face cache")
-    from kvbridge.prefix.splits import load_tokenizer
+    from kvbridge.models.tokenizer_load import load_tokenizer
 
     return load_tokenizer(ref.folder)
 

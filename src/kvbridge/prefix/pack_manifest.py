@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge import __version__
+from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
 from kvbridge.models.fingerprint import model_id_revision as model_identity
@@ -85,7 +85,7 @@ def _versions() -> dict:
 def _adapter(model, host=None):
     from kvbridge.plugins import get_host
 
-    return (host or get_host()).adapter_for(model.config.to_dict())
+    return (host or get_host()).adapter_of(model)
 
 
 def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,

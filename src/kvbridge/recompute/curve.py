@@ -75,7 +75,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
     from kvbridge.transfer import transfer
 
     host = host or get_host()
-    sad, tad = host.adapter_for(source.config.to_dict()), host.adapter_for(target.config.to_dict())
+    sad, tad = host.adapter_of(source), host.adapter_of(target)
     sspec, tspec = sad.spec_of(source), tad.spec_of(target)
     samples = torch.as_tensor(samples).long()
     p, c = int(prefix_len), int(continuation_len)

@@ -5,8 +5,8 @@ the chunk at positions ``0..n-1``) is moved after ``c`` context tokens by the ex
 re-positioning (:meth:`KVState.reposition`) and appended to the context's cache. That is a
 *naive graft*: the keys sit at the right positions, but the chunk's K/V at layers >= 1 were
 computed without attending to the context (the seed notes' boundary: a prefix graft keeps causal
-prefix semantics, an inserted chunk does not). :func:`graft_blend` adds the token-selective
-recompute of :mod:`kvbridge.recompute.tokens` to it.
+prefix semantics, an inserted chunk does not). :func:`kvbridge.recompute.tokens.blend` on
+the grafted state adds token-selective recompute to it.
 
 :func:`run_graft` runs the conditions on the same samples (context, chunk, continuation):
 
@@ -42,7 +42,7 @@ SCHEMA = "kvbridge-graft/1"
 def _adapter(model, host=None):
     from kvbridge.plugins import get_host
 
-    return (host or get_host()).adapter_for(model.config.to_dict())
+    return (host or get_host()).adapter_of(model)
 
 
 def prepare_chunk(model, chunk_ids, host=None):
@@ -90,16 +90,6 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
                                                                                 "repositioned": bool(reposition)}})
 
 
-def graft_blend(model, context_state, chunk_state, ratio: float, *, check_layer: int = 1, rule: str = "deviation",
-                generator=None, host=None):
-    """``BlendResult`` of the graft with token-selective recompute of ``ratio`` of the chunk's tokens."""
-    from kvbridge.recompute.tokens import blend
-
-    return blend(model, graft(context_state, chunk_state, host=host), context_state.num_tokens, ratio,
-                 check_layer=check_layer, rule=rule, generator=generator)
-
-
-# -- the conditions ----------------------------------------------------------------------------------
 def _logits(model, adapter, state, cont, capture=False):
     from kvbridge.evaluate.conditions import capture_attention
 
@@ -300,5 +290,5 @@ def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, refe
     return out
 
 
-__all__ = ["SCHEMA", "prepare_chunk", "concat_states", "graft", "graft_blend", "run_graft", "condition_names",
+__all__ = ["SCHEMA", "prepare_chunk", "concat_states", "graft", "run_graft", "condition_names",
            "summarize_fields", "stack_fields"]

@@ -231,7 +231,7 @@ def calibration(source, target, mapping, samples, prefix_len: int, continuation_
     from kvbridge.transfer import transfer
 
     host = host or get_host()
-    sad, tad = host.adapter_for(source.config.to_dict()), host.adapter_for(target.config.to_dict())
+    sad, tad = host.adapter_of(source), host.adapter_of(target)
     sspec, tspec = sad.spec_of(source), tad.spec_of(target)
     natives, mappeds, conts, refs = [], [], [], []
     samples = torch.as_tensor(samples).long()
@@ -257,7 +257,7 @@ def loss_with(model, calib: Calibration, layers, host=None) -> float:
     """Mean KL(native || x) over calibration continuations when ``layers`` are native, the rest mapped."""
     from kvbridge.plugins import get_host
 
-    adapter = (host or get_host()).adapter_for(model.config.to_dict())
+    adapter = (host or get_host()).adapter_of(model)
     total, count = 0.0, 0
     for native, mapped, cont, ref in zip(calib.natives, calib.mappeds, calib.conts, calib.ref_logps):
         logp = _logp(model, adapter, mixed_state(native, mapped, layers), cont)

@@ -125,9 +125,9 @@ def check_recovers_planted(mapping, host, fixture: dict, *, min_r2: float = PLAN
         assert r2 >= min_r2, f"held-out R² {r2:.6f} < {min_r2} on a planted (exactly linear) pair"
     source, target = fixture["source"], fixture["target"]
     ids = token_ids(2, 24, seed=77)
-    state = host.adapter_for(source.config.to_dict()).extract(source, ids)
-    native = host.adapter_for(target.config.to_dict()).extract(target, ids)
-    moved = transfer(state, mapping, host.adapter_for(target.config.to_dict()).spec_of(target), host=host)
+    state = host.adapter_of(source).extract(source, ids)
+    native = host.adapter_of(target).extract(target, ids)
+    moved = transfer(state, mapping, host.adapter_of(target).spec_of(target), host=host)
     worst = 0.0
     for a, b in zip(moved.keys + moved.values, native.keys + native.values):
         scale = float(b.abs().max()) or 1.0

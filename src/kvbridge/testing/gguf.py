@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable
 
-from kvbridge.models.gguf import ARRAY, BOOL, FLOAT32, GGML_TYPES, INT64, STRING, UINT32, UINT64
+from kvbridge.models.gguf import ARRAY, BOOL, FLOAT32, GGML_TYPES, INT64, STRING, UINT32
 
 #: (elements per block, bytes per block) of the types these helpers write
 BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),

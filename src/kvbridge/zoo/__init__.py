@@ -11,7 +11,7 @@ corpus (the corpus itself is never shipped; ``kvbridge zoo build`` reads it from
 * ``stranger``: ``base``'s architecture from another seed (a negative control).
 
 This module imports neither torch nor transformers: :func:`read_manifest`, :func:`zoo_dir` and
-:data:`ZOO_NAMES` are cheap. ``load_zoo_model`` (from :mod:`kvbridge.zoo.load`) imports them.
+:data:`ZOO_NAMES` are cheap. Loading lives in :mod:`kvbridge.zoo.load` (``load_zoo_model``).
 """
 
 from __future__ import annotations
@@ -57,13 +57,4 @@ def read_manifest(root: Path | None = None) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def __getattr__(name):  # lazy: loading imports torch and transformers
-    if name in ("load_zoo_model", "load_zoo_tokenizer"):
-        from kvbridge.zoo import load
-
-        return getattr(load, name)
-    raise AttributeError(name)
-
-
-__all__ = ["ZOO_NAMES", "ZOO_DIR_ENV", "zoo_dir", "model_dir", "read_manifest", "load_zoo_model",
-           "load_zoo_tokenizer"]
+__all__ = ["ZOO_NAMES", "ZOO_DIR_ENV", "zoo_dir", "model_dir", "read_manifest"]

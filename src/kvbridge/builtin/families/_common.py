@@ -369,3 +369,12 @@ __all__ = [
     "optional_positive_int", "flag", "dtype_name", "flat_rope_parameters", "rotary_fraction",
     "number", "rope_spec", "layer_types_from", "to_pairs", "tiny_base", "NEEDS_ORIGINAL_MAX",
 ]
+
+
+def layer_attr(layer_cfg, name: str, default=None):
+    """``layer_cfg.name``, or ``default`` when unset or when a heterogeneous config raises on the read."""
+    try:
+        value = getattr(layer_cfg, name)
+    except Exception:  # heterogeneous configs raise on ambiguous global reads
+        return default
+    return default if value is None else value

@@ -132,7 +132,7 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
     """Indexer-key cache of a DSA model: the layers that run their own indexer (``indexer_types``
     "full"; "shared" layers reuse an earlier layer's top-k and cache none), the keys' head dim
     and where their RoPE part sits. Raises ``ValueError`` with the reason for other kinds."""
-    from kvbridge.builtin.families.generic import _layer_attr
+    from kvbridge.builtin.families._common import layer_attr as _layer_attr
 
     why = INDEXER_REFUSALS.get(model_type) or INDEXER_REFUSALS.get(model_type.removesuffix("_text"))
     if why:
@@ -176,7 +176,7 @@ SWA_ATTRS = {"heads": "swa_num_attention_heads", "kv": "swa_num_key_value_heads"
 
 def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool = False) -> int:
     """KV heads one layer stores in the cache."""
-    from kvbridge.builtin.families.generic import _layer_attr
+    from kvbridge.builtin.families._common import layer_attr as _layer_attr
 
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
@@ -192,7 +192,7 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
 
 
 def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int, sliding: bool = False) -> int:
-    from kvbridge.builtin.families.generic import _layer_attr
+    from kvbridge.builtin.families._common import layer_attr as _layer_attr
 
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["head_dim"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["head_dim"]))
@@ -206,7 +206,7 @@ def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int, slidi
 
 def mla_sizes(text: Any) -> dict:
     """MLA latent sizes, {} for other attention."""
-    from kvbridge.builtin.families.generic import _layer_attr
+    from kvbridge.builtin.families._common import layer_attr as _layer_attr
 
     rank = _layer_attr(text, "kv_lora_rank", None)
     if not rank:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from kvbridge.adapter import FamilyAdapter
 from kvbridge.builtin.families import _generic_facts as facts
-from kvbridge.builtin.families._common import dtype_name, rope_spec, to_pairs
+from kvbridge.builtin.families._common import dtype_name, layer_attr as _layer_attr, rope_spec, to_pairs
 from kvbridge.check.spec import (CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec)
 from kvbridge.errors import ConfigError, UnsupportedModelError
 
@@ -62,14 +62,6 @@ def hf_configs(config: Mapping) -> tuple[Any, Any]:
         raise ConfigError(f"transformers cannot read this {model_type!r} config: {type(exc).__name__}: {exc}",
                           "compare the config with the model's published config.json") from None
     return obj, obj.get_text_config(decoder=True)
-
-
-def _layer_attr(layer_cfg, name: str, default=None):
-    try:
-        value = getattr(layer_cfg, name)
-    except Exception:  # heterogeneous configs raise on ambiguous global reads
-        return default
-    return default if value is None else value
 
 
 def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, head_dims: Mapping | None = None,

@@ -1,0 +1,85 @@
+"""``kvbridge pack export --engine llamacpp`` and ``kvbridge engine import`` without llama.cpp: a
+zoo pack written as a llama.cpp state for a GGUF header of the same geometry, read back, and the
+refusals (another model, truncated file, unknown version, unknown engine) as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from kvbridge.cli.main import cli
+from kvbridge.testing.gguf import tiny_llama_metadata, write_gguf
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(res, text):
+    assert res.exit_code == 2, res.output
+    assert text in res.output and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+@pytest.fixture
+def base_gguf(tmp_path):
+    """A GGUF header with zoo:base's geometry (llama, 4 layers, 2 KV heads x 32, theta 1e4, 1024 ids)."""
+    meta = tiny_llama_metadata(llama__block_count=4, llama__embedding_length=128, llama__attention__head_count=4,
+                               llama__attention__head_count_kv=2, llama__rope__dimension_count=32,
+                               llama__vocab_size=1024)
+    return write_gguf(tmp_path / "base.gguf", meta, [])
+
+
+@pytest.fixture
+def pack(tmp_path):
+    out = tmp_path / "pack"
+    assert run("pack", "save", "zoo:base", "--guide", "Once upon a time there was", "--out", out).exit_code == 0
+    return out
+
+
+def test_pack_export_then_engine_import(pack, base_gguf, tmp_path):
+    out = tmp_path / "guide.llamacpp-seq"
+    res = run("pack", "export", pack, "--engine", "llamacpp", "--model", base_gguf, "--out", out, "--json")
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["bytes"] == out.stat().st_size and info["v_trans"] is True
+    res = run("engine", "import", out, base_gguf, "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["version"] == 3 and got["layers"] == 4 and got["k_row"] == 64 and got["v_trans"]
+    assert got["kv_state"]["tokens"] == info["tokens"] and got["kv_state"]["positions"] == [0, info["tokens"] - 1]
+    from kvbridge.engines.llamacpp import import_state
+    from kvbridge.prefix.packs import read_pack
+
+    _, tensors = read_pack(pack)
+    state = import_state(out, base_gguf)
+    assert torch.equal(state.token_ids, tensors["token_ids"])
+    for i in range(4):  # F16 rounding once, layout permuted there and back
+        assert torch.equal(state.keys[i], tensors[f"layers.{i}.keys"].half().float())
+    text = run("engine", "import", out, base_gguf).output
+    assert "version 3" in text and "4 layers x 2 KV heads x 32" in text
+
+
+def test_refusals_are_one_line(pack, base_gguf, tmp_path):
+    out = tmp_path / "s.llamacpp-seq"
+    assert run("pack", "export", pack, "--model", base_gguf, "--out", out).exit_code == 0
+    other = write_gguf(tmp_path / "other.gguf", tiny_llama_metadata(), [])  # 2 layers x 2 x 8
+    one_line_error(run("pack", "export", pack, "--model", other, "--out", tmp_path / "x"), "has 4 layers; other.gguf")
+    assert not (tmp_path / "x").exists()
+    one_line_error(run("engine", "import", out, other), "the file is for another model")
+    cut = tmp_path / "cut"
+    cut.write_bytes(out.read_bytes()[:1000])
+    one_line_error(run("engine", "import", cut, base_gguf), "truncated llama.cpp state file")
+    data = bytearray(out.read_bytes())
+    struct.pack_into("<I", data, 4, 4)
+    newer = tmp_path / "newer"
+    newer.write_bytes(bytes(data))
+    one_line_error(run("engine", "import", newer, base_gguf), "version 4 is not supported")
+    one_line_error(run("pack", "export", pack, "--engine", "vllm", "--model", base_gguf, "--out", tmp_path / "y"),
+                   "unknown engine 'vllm'")
+    one_line_error(run("pack", "export", pack, "--model", "zoo:base", "--out", tmp_path / "z"),
+                   "llama.cpp runs GGUF files")
