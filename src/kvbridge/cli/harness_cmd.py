@@ -84,6 +84,9 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
         from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
 
         lm_specs = lm_eval_task_specs(lm_eval_tasks, include_path=lm_eval_include)
+    if lm_options and not lm_specs:
+        raise HarnessError(f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
+                           "add the task with --lm-eval-task, or drop the option")
     needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
     if needs_exec and not allow_code_execution:
         raise HarnessError(f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
