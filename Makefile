@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints-test.txt $(PLUGINS)
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 		$(BIN)/python -m pip wheel -q --no-deps --no-binary llama-cpp-python -w $(WHEELS) \
 		llama-cpp-python==$(LLAMA_CPP_VERSION)
-	$(BIN)/python -m pip install -q -c constraints-test.txt --find-links $(WHEELS) -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints-test.txt --find-links $(WHEELS) -e '.[test,harness]'
 	for p in $(dir $(PLUGINS)); do $(BIN)/python -m pip install -q -c constraints-test.txt -e $$p || exit 1; done
 	touch $(STAMP)
 

@@ -297,7 +297,7 @@ def test_trace_shows_every_hook_call(monkeypatch, capsys):
               "kvbridge_register_metrics", "kvbridge_register_engines", "kvbridge_check_compatibility",
               "kvbridge_manifest_dirs",
               "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources",
-              "kvbridge_register_steering_methods", "kvbridge_register_scorers"]
+              "kvbridge_register_steering_methods", "kvbridge_register_scorers", "kvbridge_register_tasks"]
     assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     for name in called:
         assert f"[kvbridge-plugins] {name} [hook]" in err or f"{name} [hook]" in err, (name, err[:400])

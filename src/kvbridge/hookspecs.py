@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from kvbridge.adapter import FamilyAdapter
     from kvbridge.check.spec import ModelSpec
-    from kvbridge.plugin_types import Engine, Finding, Fitter, Metric, RopeVariant, Scorer, SteeringMethod
+    from kvbridge.plugin_types import Engine, Finding, Fitter, Metric, RopeVariant, Scorer, SteeringMethod, Task
 
 PROJECT = "kvbridge"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -297,6 +297,50 @@ def kvbridge_register_scorers(register: Callable[[Scorer], None]) -> None:
         @hookimpl
         def kvbridge_register_scorers(register):
             register(Scorer("shouting", "mostly upper-case letters", shouts))
+    """
+
+
+@hookspec
+def kvbridge_register_tasks(register: Callable[[Task], None]) -> None:
+    """Register harness tasks (what ``kvbridge harness --tasks`` runs to measure task accuracy).
+
+    :param register: call ``register(task)`` with a :class:`kvbridge.plugin_types.Task` record
+        (``name``: the ``--tasks`` value; ``description``: one line; ``factory``: the task class,
+        or its ``"module:Class"`` path loaded when the task runs).
+
+    The class follows :class:`kvbridge.harness.protocol.TaskProtocol`: ``name``, ``Options`` (a
+    frozen dataclass; ``kvbridge harness -o NAME.key=value`` fills it), ``items(options,
+    tokenizer)`` returning :class:`kvbridge.harness.protocol.GenItem` (greedy generation, scored by
+    ``score(item, completion) -> 0..1``) or :class:`kvbridge.harness.protocol.ChoiceItem`
+    (log-likelihood of each choice) records, and ``chance(item)`` (the floor of the
+    floor-normalised retention). Optional flags: ``no_context`` (the no-context condition is
+    meaningful) and ``executes_code`` (scoring runs generated code: refused without
+    ``--allow-code-execution``). Every condition sees the same items and token ids.
+
+    Example::
+
+        @dataclass(frozen=True)
+        class CapitalsOptions:
+            n: int = 10
+
+        class CapitalsTask:
+            name = "capitals"
+            Options = CapitalsOptions
+            no_context = True
+
+            def items(self, options, tokenizer):
+                return [GenItem(id="fr", context="France's capital is Paris.\n",
+                                query="The capital of France is", answer="Paris")]
+
+            def score(self, item, completion):
+                return float(completion.strip().startswith(item.answer))
+
+            def chance(self, item):
+                return 0.0
+
+        @hookimpl
+        def kvbridge_register_tasks(register):
+            register(Task("capitals", "capital cities from the context", "my_package.capitals:CapitalsTask"))
     """
 
 

@@ -63,6 +63,7 @@ runs the kind's shipped contract from `kvbridge.testing`.
 | inference engine | `kvbridge_register_engines` | `Engine` record of an `EngineProtocol` object | export a `KVState`, import it back |
 | steering method | `kvbridge_register_steering_methods` | `SteeringMethod` record of a class with `Options` and `plan` | `SteeringMethodContract` (`method`, `options`) |
 | behaviour scorer | `kvbridge_register_scorers` | `Scorer` record of a function `text -> bool` | `ScorerContract` (`scorer`, `positives`, `negatives`) |
+| harness task | `kvbridge_register_tasks` | `Task` record of a `TaskProtocol` class | `kvbridge.harness.run.run_harness` on a tiny model |
 | command | `kvbridge_register_commands` | a `click.Command` | `click.testing.CliRunner` |
 | manifest records | `kvbridge_manifest_dirs` | folders of records | `kvbridge check NAME ...` |
 | model references | `kvbridge_register_model_sources` | `SCHEME:REST` resolver | `kvbridge.models.resolve("scheme:x")` |

@@ -10,6 +10,8 @@ are documented in :mod:`kvbridge.hookspecs` and ``docs/plugins.md``:
 - :class:`Metric`, a lazy record of a function following :class:`MetricFunction`
   (``kvbridge_register_metrics``),
 - :class:`ModelSource`, a reference scheme ``NAME:REST`` (``kvbridge_register_model_sources``),
+- :class:`Task`, a lazy record of a harness task class following
+  :class:`kvbridge.harness.protocol.TaskProtocol` (``kvbridge_register_tasks``),
 - :class:`Engine`, a lazy record of an object following :class:`EngineProtocol`
   (``kvbridge_register_engines``),
 - :class:`SteeringMethod`, a lazy record of a class following the steering-method protocol
@@ -205,6 +207,20 @@ class Scorer:
         return _load(self.factory)
 
 
+# -- harness tasks -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Task:
+    """A harness task: ``factory`` is a class following
+    :class:`kvbridge.harness.protocol.TaskProtocol`, or its ``"module:attr"`` path (loaded lazily)."""
+
+    name: str
+    description: str
+    factory: Any
+
+    def load(self) -> Any:
+        return _load(self.factory)
+
+
 # -- registration checks -----------------------------------------------------------------------
 #: per kind: (record type, members the registered object needs)
 _MEMBERS = {
@@ -215,9 +231,11 @@ _MEMBERS = {
     "engine": ("name", "description", "factory"),
     "steering_method": ("name", "description", "factory"),
     "scorer": ("name", "description", "factory"),
+    "task": ("name", "description", "factory"),
 }
 _KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric",
-               "engine": "engine", "steering_method": "steering method", "scorer": "scorer"}
+               "engine": "engine", "steering_method": "steering method", "scorer": "scorer",
+               "task": "task"}
 
 
 #: members a steering-method class needs (:mod:`kvbridge.steer.methods`)
@@ -256,6 +274,10 @@ def protocol_problem(kind: str, obj: Any) -> str | None:
         return "inv_freq (callable)"
     if kind == "engine" and not isinstance(obj.factory, str):
         return next((m for m in ENGINE_MEMBERS if not hasattr(obj.factory, m)), None)
+    if kind == "task" and not isinstance(obj.factory, str):
+        from kvbridge.harness.protocol import task_problem
+
+        return task_problem(obj.factory)
     return None
 
 
@@ -266,6 +288,9 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
     :class:`Fitter` record; so is a steering-method class (``name``, ``Options``, ``plan``) in a
     :class:`SteeringMethod` record.
     """
+    if kind == "task" and not isinstance(obj, Task) and hasattr(obj, "items"):
+        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+        obj = Task(getattr(obj, "name", ""), doc[0] if doc else "", obj)
     if kind == "fitter" and not isinstance(obj, Fitter) and hasattr(obj, "fit"):
         doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
         obj = Fitter(getattr(obj, "name", ""), doc[0] if doc else "", obj)
@@ -306,6 +331,10 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
         missing = fitter_problem(obj)
     elif kind == "engine":
         missing = next((m for m in ENGINE_MEMBERS if not hasattr(obj, m)), None)
+    elif kind == "task":
+        from kvbridge.harness.protocol import task_problem
+
+        missing = task_problem(obj)
     else:
         missing = None if callable(obj) else "__call__"
     if missing:
@@ -316,4 +345,4 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 __all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
            "Metric", "MetricFunction", "Engine", "EngineProtocol", "ENGINE_MEMBERS", "check_registration", "protocol_problem", "loaded", "load_registered",
-           "ModelSource", "SCHEME_RE", "SteeringMethod", "Scorer", "METHOD_MEMBERS", "method_problem"]
+           "ModelSource", "SCHEME_RE", "SteeringMethod", "Scorer", "METHOD_MEMBERS", "method_problem", "Task"]

@@ -60,6 +60,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.metrics",
     "kvbridge.builtin.engines",
     "kvbridge.builtin.steering",
+    "kvbridge.builtin.tasks",
 )
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
@@ -301,6 +302,7 @@ class Host:
             "engine": Registry("engine", lambda e: [e.name], rank),
             "steering_method": Registry("steering method", lambda m: [m.name], rank),
             "scorer": Registry("scorer", lambda m: [m.name], rank),
+            "task": Registry("task", lambda t: [t.name], rank),
         }
         adapters = Registry("family adapter", lambda a: [a.name], rank)
         hooks = {
@@ -311,6 +313,7 @@ class Host:
             "engine": "kvbridge_register_engines",
             "steering_method": "kvbridge_register_steering_methods",
             "scorer": "kvbridge_register_scorers",
+            "task": "kvbridge_register_tasks",
         }
         from kvbridge import plugin_types
 
@@ -422,6 +425,10 @@ class Host:
 
     def metric(self, name: str) -> Any:
         return self.registry("metric").get(name)
+
+    def task(self, name: str) -> Any:
+        """The :class:`~kvbridge.plugin_types.Task` record registered as ``name``."""
+        return self.registry("task").get(name)
 
     def engine(self, name: str) -> Any:
         """The :class:`~kvbridge.plugin_types.Engine` record registered as ``name``."""

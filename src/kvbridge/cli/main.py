@@ -33,6 +33,7 @@ COMMANDS = {
     "eval": "kvbridge.cli.eval_cmd:eval_cmd",
     "conformance": "kvbridge.cli.conformance_cmd:conformance",
     "graft": "kvbridge.cli.graft_cmd:graft",
+    "harness": "kvbridge.cli.harness_cmd:harness",
     "engine": "kvbridge.cli.engine_cmd:engine",
     "steer": "kvbridge.cli.steer_cmd:steer",
 }

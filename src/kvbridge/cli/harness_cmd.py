@@ -1,0 +1,163 @@
+"""``kvbridge harness``: task accuracy from a transferred cache (retention, gap closed, intervals)."""
+
+from __future__ import annotations
+
+import click
+
+from kvbridge.cli.numbers import SEED, THREADS, count
+from kvbridge.cli.options import dtype_option
+
+
+def _task_help() -> str:
+    from kvbridge.builtin.tasks import TASKS
+
+    return "\n".join(f"    {t.name}: {t.description}" for t in TASKS)
+
+
+@click.command("harness")
+@click.argument("source")
+@click.argument("target")
+@click.option("--mapping", "mapping_ref", required=True,
+              help="Mapping folder written by `kvbridge fit` for this pair, or 'identity' (same content geometry).")
+@click.option("--tasks", "task_names", default="", metavar="NAME[,NAME...]",
+              help="Registered tasks to run (built-ins below; plugins add more).")
+@click.option("-o", "--task-option", "task_options", multiple=True, metavar="TASK.KEY=VALUE",
+              help="A task option, e.g. -o recall.lengths=256,1024 -o mc.path=q.jsonl "
+                   "-o lm-eval:NAME.num_fewshot=2. Repeatable.")
+@click.option("--lm-eval-task", "lm_eval_tasks", multiple=True, metavar="NAME|YAML",
+              help="An lm-evaluation-harness task (a name, or a task YAML file) scored through the same conditions. "
+                   "Repeatable. Tasks whose data is on the hub need local files offline.")
+@click.option("--lm-eval-include", "lm_eval_include", default=None, type=click.Path(exists=True, file_okay=False),
+              help="A folder of lm-eval task YAMLs (lm-eval's --include_path).")
+@click.option("--conditions", default="", metavar="C[,C...]",
+              help="Conditions (default: every one that applies): target, source, transferred, plain, no_context, "
+                   "and the recompute points.")
+@click.option("--recompute-layers", default=None, metavar="SPEC[;SPEC...]",
+              help="Also run the transferred cache with these target layers recomputed: 3,7-9 | all | 10% "
+                   "(the first 10% of the layers, the cheapest in target mode). ';' separates points.")
+@click.option("--recompute-tokens", default=None, metavar="R[,R...]",
+              help="Also run the transferred cache with a share R of the context tokens recomputed (CacheBlend rule).")
+@click.option("--limit", default=0, type=count(0), show_default=True, help="Items per task (0: all the task builds).")
+@click.option("--allow-code-execution", is_flag=True,
+              help="Let tasks that run model-generated code (humaneval) do so, in a limited subprocess "
+                   "(timeout, CPU/memory/file limits, temporary folder, clean environment). Not a container.")
+@click.option("--bootstrap", default=1000, show_default=True, type=count(0), help="Paired bootstrap resamples.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
+@dtype_option
+@click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write harness.json, summary.md and accuracy.png to this folder.")
+@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
+              help="JSONL of finished items, rewritten atomically after each (default with --report: "
+                   "REPORT.partial.jsonl, removed once the report is written).")
+@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
+              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks, lm_eval_include, conditions,
+            recompute_layers, recompute_tokens, limit, allow_code_execution, bootstrap, seed, dtype, threads, as_json,
+            report_dir, partial_path, accept_mismatch):
+    """Does the target still solve the task from a transferred cache?
+
+    SOURCE and TARGET are model references sharing a tokenizer (see `kvbridge describe --help`).
+    Each task item's context is prefilled (by the target: 'target'; by the source, which answers
+    itself: 'source'; by the source, moved by --mapping: 'transferred'; by the source, given
+    as it is: 'plain', where the geometry allows), then the target answers the live query
+    from that cache; 'no_context' answers the query alone. Per task and overall: accuracy with
+    Wilson 95% intervals, retention (transferred / target), floor-normalised retention (above
+    the task's chance level), gap closed ((transferred - source) / (target - source)) and paired
+    differences between conditions (bootstrap intervals, McNemar).
+
+    \b
+    TASKS
+    """
+    from kvbridge.harness.protocol import HarnessError
+    from kvbridge.harness.run import load_tasks, parse_task_options
+
+    names = [n.strip() for n in task_names.split(",") if n.strip()]
+    if not names and not lm_eval_tasks:
+        raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
+    options = parse_task_options(task_options)
+    lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
+    tasks = load_tasks(names, options) if names else []
+    lm_specs = []
+    if lm_eval_tasks:  # resolved (and refused when hub-only) before any model loads
+        from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
+
+        lm_specs = lm_eval_task_specs(lm_eval_tasks, include_path=lm_eval_include)
+    if lm_options and not lm_specs:
+        raise HarnessError(f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
+                           "add the task with --lm-eval-task, or drop the option")
+    needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
+    if needs_exec and not allow_code_execution:
+        raise HarnessError(f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
+                           "pass --allow-code-execution (it runs in a limited subprocess, not a container)")
+    if mapping_ref != "identity":
+        from pathlib import Path
+
+        if not (Path(mapping_ref) / "manifest.json").is_file():
+            raise HarnessError(f"--mapping {mapping_ref}: not a mapping folder (no manifest.json)",
+                               "pass a folder written by `kvbridge fit SRC TGT --out DIR`, or identity")
+    if report_dir:
+        from kvbridge.artifacts import check_replaceable
+        from kvbridge.harness.report import REPORT_KIND
+
+        check_replaceable(report_dir, REPORT_KIND, overwrite=True, flag="")
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if threads:
+        torch.set_num_threads(int(threads))
+    from kvbridge.cli.eval_cmd import load_mapping_ref, load_pair
+    from kvbridge.harness.conditions import parse_recompute_layers, parse_recompute_tokens
+    from kvbridge.harness.report import terminal_table, to_json, write_report
+    from kvbridge.harness.run import run_harness
+    from kvbridge.progress import PartialLog, Progress
+
+    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
+    mapping = load_mapping_ref(mapping_ref, src.model, tgt.model, tokenizer=tok_fp, force=accept_mismatch)
+    points = (parse_recompute_layers(recompute_layers, tgt.spec.num_layers if getattr(tgt, "spec", None)
+                                     else tgt.model.config.num_hidden_layers) + parse_recompute_tokens(recompute_tokens))
+    conds = [c.strip() for c in conditions.split(",") if c.strip()] or None
+    if lm_specs:
+        from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
+
+        tasks = tasks + lm_eval_loaded_tasks(lm_specs, lm_options)
+    if partial_path is None and report_dir:
+        partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "harness", "source": source, "target": target, "mapping": mapping_ref,
+        "tasks": [t.name for t in tasks]})
+    bar = None
+
+    def progress(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(total, label="harness", unit="items", enabled=True)
+        bar.update(done)
+
+    def on_item(task, record):
+        if partial is not None:
+            partial.add({"task": task, **record})
+
+    result = run_harness(src.model, tgt.model, mapping, tgt.tokenizer, tasks, conditions=conds, recompute=points,
+                         allow_code_execution=allow_code_execution, bootstrap=bootstrap, seed=seed, limit=limit,
+                         progress=progress, on_item=on_item, source_name=src.name, target_name=tgt.name,
+                         mapping_info={"path": None if mapping_ref == "identity" else str(mapping_ref),
+                                       "name": getattr(mapping, "name", type(mapping).__name__),
+                                       "exact": bool(getattr(mapping, "exact", False))})
+    if bar is not None:
+        bar.close()
+    if report_dir:
+        written = write_report(result, report_dir)
+        if partial is not None and partial_path == str(report_dir).rstrip("/\\") + ".partial.jsonl":
+            partial.remove()
+            partial = None
+        if not as_json:
+            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+    if partial is not None:
+        partial.finish()
+    click.echo(to_json(result) if as_json else terminal_table(result))
+
+
+harness.help = harness.help.replace("TASKS", "Built-in tasks (-o TASK.key=value sets their options):\n" + _task_help(), 1)

@@ -1,0 +1,293 @@
+"""The harness conditions: who prefills a task's context, and which model answers from that cache.
+
+- ``target``: the target prefills the context and answers (its own ceiling);
+- ``source``: the source prefills the context and answers itself (no transfer);
+- ``transferred``: the source prefills the context, the mapping moves the cache
+  (:func:`kvbridge.transfer.transfer`: strip the source RoPE, map, apply the target RoPE), the
+  target answers;
+- ``plain``: the source's cache given to the target as it is (the identity mapping; only where
+  layers, KV heads and head dim agree), what a serving stack sharing caches would do;
+- ``no_context``: the target answers the query alone (where a task says that is meaningful);
+- recompute points on the transferred cache (:class:`Recompute`): ``transferred+layers:SPEC``
+  (those target layers recomputed with the target's own forward over the context:
+  :func:`kvbridge.recompute.layers.recompute_layers`) and ``transferred+tokens:R`` (a share of
+  the context tokens recomputed by the CacheBlend rule: :func:`kvbridge.recompute.tokens.blend`).
+
+Every condition sees the same token ids: the context ids (tokenised with the tokenizer's special
+tokens) are what the cache holds; the live ids (query, then a choice for log-likelihood scoring)
+are fed by the answering model from that cache. Where the query is empty the last context token
+is withheld from the cache and fed live (as :mod:`kvbridge.handoff` does for ``generate``).
+
+:class:`Answerer` holds the models, the mapping and a small memo of prefix caches per context,
+so one source prefill serves ``source``, ``transferred``, ``plain`` and the recompute points,
+and the choices of one item share one cache per condition.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from kvbridge.harness.protocol import HarnessError
+
+#: the base conditions, in report order
+CONDITIONS = ("target", "source", "transferred", "plain", "no_context")
+#: conditions whose answer is the target's from a cache the target did not compute itself
+CACHE_CONDITIONS = ("transferred", "plain")
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """A recompute point on the transferred cache: ``layers`` (target layer indices) or ``ratio``
+    (share of the context tokens). ``spec`` is what the user wrote."""
+
+    kind: str  # "layers" | "tokens"
+    spec: str
+    layers: tuple = ()
+    ratio: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"transferred+{self.kind}:{self.spec}"
+
+
+def parse_recompute_layers(text: str | None, num_layers: int) -> list[Recompute]:
+    """``--recompute-layers``: ``;``-separated points, each ``3,7-9``, ``all`` or ``N%`` (the first
+    floor(N% x layers) target layers: in target mode any set costs its last layer's depth, so the
+    first K layers are the cheapest K; no calibration pass)."""
+    from kvbridge.recompute.layers import budget_count, parse_layers
+
+    out = []
+    for part in [p.strip() for p in (text or "").split(";") if p.strip()]:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)%", part)
+        if m:
+            share = float(m.group(1)) / 100
+            if not 0 < share <= 1:
+                raise HarnessError(f"--recompute-layers {part!r} is outside (0, 100%]", "use e.g. 10% or 20%")
+            layers = tuple(range(max(1, budget_count(share, num_layers))))
+        else:
+            layers = parse_layers(part, num_layers)
+            if not layers or layers[0] == "auto":
+                raise HarnessError(f"--recompute-layers {part!r} names no layers",
+                                   "use a layer list (3,7-9), all, or a share of the first layers (10%)")
+        out.append(Recompute("layers", part, layers=tuple(layers)))
+    return out
+
+
+def parse_recompute_tokens(text: str | None) -> list[Recompute]:
+    """``--recompute-tokens``: comma-separated shares of the context tokens, e.g. ``15%,30%``."""
+    from kvbridge.recompute.tokens import parse_ratio
+
+    out = []
+    for part in [p.strip() for p in (text or "").split(",") if p.strip()]:
+        r = parse_ratio(part)
+        if not 0 < r <= 1:
+            raise HarnessError(f"--recompute-tokens {part!r} is outside (0, 100%]", "use e.g. 15%")
+        out.append(Recompute("tokens", part, ratio=r))
+    return out
+
+
+def _geometry(spec) -> tuple:
+    return (spec.num_layers, spec.num_kv_heads, spec.head_dim)
+
+
+class Answerer:
+    """Answers log-likelihood and generation requests under any condition (see the module docstring).
+
+    ``tokenizer`` is the pair's shared tokenizer (``eos`` ids stop generation).
+    """
+
+    MEMO = 4  # contexts whose caches are kept
+
+    def __init__(self, source, target, mapping, tokenizer, *, recompute=(), host=None):
+        from kvbridge.plugins import get_host
+
+        self.host = host or get_host()
+        self.source, self.target, self.mapping, self.tokenizer = source, target, mapping, tokenizer
+        self.sad = self.host.adapter_for(source.config.to_dict())
+        self.tad = self.host.adapter_for(target.config.to_dict())
+        self.sspec, self.tspec = self.sad.spec_of(source), self.tad.spec_of(target)
+        for role, want, got in (("source", getattr(mapping, "source_spec", None), self.sspec),
+                                ("target", getattr(mapping, "target_spec", None), self.tspec)):
+            if want is not None and _geometry(want) != _geometry(got):
+                raise HarnessError(f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)="
+                                   f"{_geometry(want)}, the {role} model has {_geometry(got)}",
+                                   "pass the mapping fitted for this pair (kvbridge fit SRC TGT)")
+        self.plain_ok = _geometry(self.sspec) == _geometry(self.tspec)
+        self.recompute = {r.name: r for r in recompute}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        cfg_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+        ids = set()
+        for e in (eos, cfg_eos):
+            if isinstance(e, int):
+                ids.add(e)
+            elif isinstance(e, (list, tuple)):
+                ids.update(int(x) for x in e)
+        self.eos_ids = ids
+        self._memo: OrderedDict = OrderedDict()
+        self.timing = {"source_prefill_s": 0.0, "target_prefill_s": 0.0, "transfer_s": 0.0, "recompute_s": 0.0}
+
+    # -- which conditions apply ------------------------------------------------------------------
+    def conditions(self, wanted=None) -> list[str]:
+        """The condition names to run (``wanted``: names, default all that apply), in report order."""
+        names = list(CONDITIONS) + list(self.recompute)
+        if wanted is None:
+            return [c for c in names if c != "plain" or self.plain_ok]
+        out = []
+        for c in wanted:
+            if c not in names:
+                raise HarnessError(f"unknown condition {c!r}", f"use some of {', '.join(names)}")
+            if c == "plain" and not self.plain_ok:
+                raise HarnessError("the plain-reuse condition needs the same (layers, kv_heads, head_dim) on both "
+                                   f"models; source {_geometry(self.sspec)}, target {_geometry(self.tspec)}",
+                                   "leave plain out of --conditions")
+            out.append(c)
+        return [c for c in names if c in out]
+
+    # -- prefix caches --------------------------------------------------------------------------
+    def _states(self, ctx: tuple) -> dict:
+        memo = self._memo.get(ctx)
+        if memo is None:
+            memo = {}
+            self._memo[ctx] = memo
+            while len(self._memo) > self.MEMO:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(ctx)
+        return memo
+
+    def prefix(self, cond: str, ctx: tuple):
+        """``(model, adapter, state or None)`` for a condition and cached context ids."""
+        import time
+
+        import torch
+
+        if cond == "no_context" or not ctx:
+            return (self.source, self.sad, None) if cond == "source" else (self.target, self.tad, None)
+        memo = self._states(ctx)
+        ids = torch.tensor([list(ctx)], dtype=torch.long)
+
+        def get(name, make):
+            if name not in memo:
+                memo[name] = make()
+            return memo[name]
+
+        def timed(key, fn):
+            t0 = time.perf_counter()
+            out = fn()
+            self.timing[key] += time.perf_counter() - t0
+            return out
+
+        if cond == "target":
+            return self.target, self.tad, get("target", lambda: timed(
+                "target_prefill_s", lambda: self.tad.extract(self.target, ids, spec=self.tspec)))
+        src = get("source", lambda: timed("source_prefill_s",
+                                          lambda: self.sad.extract(self.source, ids, spec=self.sspec)))
+        if cond == "source":
+            return self.source, self.sad, src
+        from kvbridge.transfer import IdentityMapping, transfer
+
+        moved = get("transferred", lambda: timed("transfer_s", lambda: transfer(src, self.mapping, self.tspec,
+                                                                                 host=self.host)))
+        if cond == "transferred":
+            return self.target, self.tad, moved
+        if cond == "plain":
+            return self.target, self.tad, get("plain", lambda: transfer(src, IdentityMapping(), self.tspec,
+                                                                        host=self.host))
+        point = self.recompute.get(cond)
+        if point is None:
+            raise HarnessError(f"unknown condition {cond!r}", f"use some of {', '.join(self.conditions())}")
+        if point.kind == "layers":
+            from kvbridge.recompute.layers import recompute_layers
+
+            make = lambda: recompute_layers(self.target, moved, point.layers, mode="target")[0]  # noqa: E731
+        else:
+            from kvbridge.recompute.tokens import blend
+
+            make = lambda: blend(self.target, moved, 0, point.ratio).state  # noqa: E731
+        return self.target, self.tad, get(cond, lambda: timed("recompute_s", make))
+
+    @staticmethod
+    def split(ctx: list, live: list) -> tuple[tuple, list]:
+        """``(cached ids, live ids)``: with no live ids the last context token is fed live."""
+        ctx, live = list(ctx), list(live)
+        if not live:
+            if not ctx:
+                raise HarnessError("an item with neither context nor query", "give the task's items some text")
+            return tuple(ctx[:-1]), ctx[-1:]
+        return tuple(ctx), live
+
+    def ids_for(self, cond: str, ctx: list, live: list) -> tuple[tuple, list]:
+        """``(cached ids, live ids)`` of a request: no_context feeds ``ctx + live`` with no cache (the
+        caller passes only what that condition keeps of the context, e.g. the BOS token)."""
+        if cond == "no_context":
+            feed = list(ctx) + list(live)
+            if not feed:
+                raise HarnessError("a no-context request with nothing to feed", "give the item a query")
+            return (), feed
+        return self.split(ctx, live)
+
+    def _forward(self, model, adapter, state, live):
+        import torch
+        from transformers import DynamicCache
+
+        cache = adapter.inject(state, model) if state is not None else DynamicCache()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([live], dtype=torch.long), cache=cache, use_cache=True).logits
+        return logits[0].float(), cache
+
+    # -- requests -----------------------------------------------------------------------------------
+    def loglikelihood(self, cond: str, ctx: list, live: list, continuation: list) -> tuple[float, bool]:
+        """``(sum log p(continuation | ctx + live), greedy)`` under ``cond``; ``greedy``: every
+        continuation token is the argmax."""
+        import torch
+
+        if not continuation:
+            raise HarnessError("an empty continuation cannot be scored", "give every choice at least one token")
+        cached, live_ids = self.ids_for(cond, ctx, live)
+        model, adapter, state = self.prefix(cond, cached)
+        feed = live_ids + list(continuation)
+        logits, _ = self._forward(model, adapter, state, feed)
+        n = len(continuation)
+        logp = torch.log_softmax(logits[-n - 1:-1].double(), dim=-1)
+        tgt = torch.tensor(continuation, dtype=torch.long)
+        total = float(logp.gather(-1, tgt[:, None]).sum())
+        greedy = bool((logp.argmax(-1) == tgt).all())
+        return total, greedy
+
+    def generate(self, cond: str, ctx: list, live: list, *, max_new_tokens: int, stop=()) -> str:
+        """The greedy completion of ``ctx + live`` under ``cond``, cut at the first ``stop`` string or EOS."""
+        import torch
+
+        cached, live_ids = self.ids_for(cond, ctx, live)
+        model, adapter, state = self.prefix(cond, cached)
+        logits, cache = self._forward(model, adapter, state, live_ids)
+        nxt = int(logits[-1].argmax())
+        toks: list[int] = []
+        text = ""
+        for step in range(int(max_new_tokens)):
+            if nxt in self.eos_ids:
+                break
+            toks.append(nxt)
+            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            if any(s and s in text for s in stop) or step == max_new_tokens - 1:
+                break
+            with torch.no_grad():
+                out = model(input_ids=torch.tensor([[nxt]], dtype=torch.long), cache=cache, use_cache=True).logits
+            nxt = int(out[0, -1].float().argmax())
+        return cut_at_stop(text, stop)
+
+
+def cut_at_stop(text: str, stop) -> str:
+    """``text`` up to the first occurrence of any stop string."""
+    cut = len(text)
+    for s in stop or ():
+        if s:
+            i = text.find(s)
+            if i >= 0:
+                cut = min(cut, i)
+    return text[:cut]
+
+
+__all__ = ["CONDITIONS", "Recompute", "Answerer", "parse_recompute_layers", "parse_recompute_tokens", "cut_at_stop"]

@@ -1,0 +1,151 @@
+"""A harness result as a terminal table, JSON, Markdown (``summary.md``) and a PNG (``accuracy.png``).
+
+One row per task (and per group of a task, e.g. each recall length and position), then the pooled
+``overall`` row: accuracy [Wilson 95%] per condition, then retention, floor-normalised retention
+and gap closed side by side (retention is never shown without the gap closed). Paired
+differences follow the table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPORT_KIND = "kvbridge-harness-report"
+
+
+def _acc(row: dict | None) -> str:
+    if not row or row.get("accuracy") is None:
+        return "-"
+    ci = row.get("ci")
+    return f"{row['accuracy']:.3f} [{ci[0]:.2f},{ci[1]:.2f}]" if ci else f"{row['accuracy']:.3f}"
+
+
+def _num(x, fmt="{:.3f}") -> str:
+    if isinstance(x, dict):
+        v, ci = x.get("value"), x.get("ci")
+        if v is None:
+            return "n/a"
+        return fmt.format(_z(v)) + (f" [{_z(ci[0]):.2f},{_z(ci[1]):.2f}]" if ci else "")
+    return "n/a" if x is None else fmt.format(_z(x))
+
+
+def _z(x: float) -> float:
+    """No "-0.000": tiny negatives from float noise print as 0."""
+    return round(x, 6) + 0.0
+
+
+def rows(result: dict) -> tuple[list[str], list[list[str]]]:
+    conds = list(result["conditions"])
+    heads = ["task", "n"] + conds + ["retention", "floor-norm retention", "gap closed"]
+    out = []
+    for name, t in result["tasks"].items():
+        out.append([name, str(t["n"])] + [_acc(t["conditions"].get(c)) for c in conds]
+                   + [_num(t.get("retention")), _num(t.get("floor_normalised_retention")), _num(t.get("gap_closed"))])
+        for g, row in (t.get("groups") or {}).items():
+            out.append([f"  {g}", str(row["n"])] + [_acc(row["conditions"].get(c)) for c in conds]
+                       + [_num(row.get("retention")), _num(row.get("floor_normalised_retention")),
+                          _num(row.get("gap_closed"))])
+    o = result["overall"]
+    if len(result["tasks"]) > 1:
+        out.append(["overall", str(o["n"])] + [_acc(o["conditions"].get(c)) for c in conds]
+                   + [_num(o.get("retention")), _num(o.get("floor_normalised_retention")), _num(o.get("gap_closed"))])
+    return heads, out
+
+
+def paired_lines(result: dict) -> list[str]:
+    lines = []
+    for name, t in list(result["tasks"].items()) + ([("overall", result["overall"])] if len(result["tasks"]) > 1 else []):
+        for key, d in (t.get("paired") or {}).items():
+            ci = d.get("ci")
+            extra = (f"; {d['a_only']} vs {d['b_only']} discordant, McNemar p={d['mcnemar_p']:.3g}"
+                     if "mcnemar_p" in d else "")
+            lines.append(f"{name}: {key} {_num(d.get('diff'), '{:+.3f}')}"
+                         + (f" [{ci[0]:+.3f},{ci[1]:+.3f}]" if ci else "") + extra)
+    return lines
+
+
+def _header(result: dict) -> list[str]:
+    s, t, m = result["source"], result["target"], result["mapping"]
+    lines = [f"source {s['name']} ({s['layers']} layers) -> target {t['name']} ({t['layers']} layers); "
+             f"mapping {m.get('path') or m.get('name')}",
+             f"conditions: {', '.join(result['conditions'])}; accuracy [Wilson 95%]; ratios [paired bootstrap 95%, "
+             f"{result['settings']['bootstrap']} resamples]"]
+    return lines
+
+
+def terminal_table(result: dict) -> str:
+    heads, body = rows(result)
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(heads)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    out = _header(result) + ["", line(heads), "-" * len(line(heads))] + [line(r) for r in body]
+    out += ["", "paired differences (a - b, per item):"] + ["  " + x for x in paired_lines(result)]
+    out += [f"note: {n}" for n in result.get("notes") or []]
+    return "\n".join(out)
+
+
+def markdown(result: dict) -> str:
+    heads, body = rows(result)
+    table = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    table += ["| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)) + " |"
+              for r in body]
+    out = [f"- {x}" for x in _header(result)] + ["", *table, "", "Paired differences (a - b, per item):", ""]
+    out += [f"- {x}" for x in paired_lines(result)]
+    out += [f"- note: {n}" for n in result.get("notes") or []]
+    return "\n".join(out) + "\n"
+
+
+def to_json(result: dict) -> str:
+    return json.dumps(result, indent=1, allow_nan=False)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Accuracy per task (and overall) per condition, Wilson intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conds = list(result["conditions"])
+    names = list(result["tasks"]) + (["overall"] if len(result["tasks"]) > 1 else [])
+    data = [result["tasks"][n] if n in result["tasks"] else result["overall"] for n in names]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) * max(1, len(conds)) / 3), 3.6))
+    width = 0.8 / max(1, len(conds))
+    for j, c in enumerate(conds):
+        xs, ys, lo, hi = [], [], [], []
+        for i, t in enumerate(data):
+            row = t["conditions"].get(c)
+            if not row or row.get("accuracy") is None:
+                continue
+            xs.append(i + (j - (len(conds) - 1) / 2) * width)
+            ys.append(row["accuracy"])
+            ci = row.get("ci") or [row["accuracy"]] * 2
+            lo.append(max(0.0, row["accuracy"] - ci[0]))
+            hi.append(max(0.0, ci[1] - row["accuracy"]))
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=c)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("accuracy (Wilson 95%)")
+    ax.legend(fontsize=7, ncols=min(3, len(conds)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(result: dict, folder) -> dict:
+    """``harness.json``, ``summary.md`` and ``accuracy.png`` in ``folder``: built beside it and renamed
+    into place (it replaces only an earlier kvbridge harness report, never a folder of anything else)."""
+    from kvbridge.artifacts import atomic_dir
+
+    folder = Path(folder)
+    with atomic_dir(folder, kind=REPORT_KIND, overwrite=True, flag="") as tmp:
+        (tmp / "harness.json").write_text(to_json(result) + "\n", encoding="utf-8")
+        (tmp / "summary.md").write_text(markdown(result), encoding="utf-8")
+        plot(result, tmp / "accuracy.png")
+    return {name: folder / name for name in ("harness.json", "summary.md", "accuracy.png")}
+
+
+__all__ = ["terminal_table", "markdown", "to_json", "write_report", "plot", "rows", "paired_lines", "REPORT_KIND"]

@@ -1,0 +1,1 @@
+"""The built-in harness tasks (registered by ``kvbridge.builtin.tasks``)."""
