@@ -159,16 +159,16 @@ def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files
     import hashlib
     import time
 
-    import kvbridge.cli.options as options
+    import kvbridge.models.loading as loading
     from kvbridge.corpus import Split, read_corpus
 
-    real_load = options.load_model
+    real_load = loading.load
 
-    def slow_load(*args, **kwargs):  # a model that takes a while to load, as real ones do
-        time.sleep(0.3)
+    def slow_load(*args, **kwargs):  # a model that takes a while to load, as real ones do (5x the heartbeat)
+        time.sleep(0.5)
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(options, "load_model", slow_load)
+    monkeypatch.setattr(loading, "load", slow_load)  # what fit and eval load their pair through
 
     out = tmp_path / "map"
     res = CliRunner().invoke(build_cli(), [str(a) for a in (
