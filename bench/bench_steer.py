@@ -1,0 +1,215 @@
+"""KV steering measured: behaviours of SmolLM2-135M-Instruct, and a vector moved across zoo models.
+
+    python bench/bench_steer.py smollm2 --behaviours json,bullets,negative,comments \
+        [--samples 32 --tokens 40 --sweep 0.5,1,2,4 --sweep-samples 16] [--json out.json] [--png-dir DIR]
+    python bench/bench_steer.py zoo [--samples 64 --tokens 32 --sweep 0.5,1,2,4] [--json out.json]
+
+``smollm2``: per behaviour, a steering vector is built from contrastive pairs that differ only by
+the behaviour's instruction (positive: a system turn holding the instruction + a user question;
+negative: the same question under the template's default system turn), read at the last cached
+position (the ``assistant`` token of the generation prompt), 24 questions none of which is the
+evaluation prompt. Then ``kvbridge.steer.evaluate`` runs the arms none / visible instruction /
+instruction in a pack / KV vector / activation addition / random direction of equal norm on one
+held-out prompt, same seeds in every arm, and a coefficient sweep (kv, actadd, random).
+
+``zoo``: the cross-model transfer. A vector is built on ``base`` from Shakespeare-style pairs
+(loving vs deadly lines, read at the last cached position), a mapping ``base -> TARGET`` is fitted
+(calibration text sampled from ``base``, ridge, top-k 2) and the vector moved through it
+(``kvbridge.steer.vectors.transfer_vector``). On each target (``tuned``: a fine-tune of base;
+``stranger``: same recipe, another seed) the arms are: none, the target's native vector (built
+on the target from the same pairs), the transferred vector, the base vector copied unmapped
+(identity: same geometry), a random direction with the native vector's norms, and activation
+addition with the native residual directions; behaviour = ``positive_sentiment``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+QUESTIONS = [
+    "What is the capital of France?", "How do plants make food?", "Tell me about elephants.",
+    "Why is the sky blue?", "What is a good way to learn a language?", "Explain what a computer does.",
+    "What do bees do?", "Describe the ocean.", "How does a bicycle work?", "What is rain?",
+    "Tell me about the planet Mars.", "What is music?", "How do I make tea?", "What is friendship?",
+    "Describe a forest.", "What are stars made of?", "How do birds fly?", "What is a volcano?",
+    "Tell me about trains.", "What is the internet?", "How do fish breathe?", "What is chocolate made from?",
+    "Describe winter.", "What is a library?",
+]
+
+BEHAVIOURS = {
+    "json": {"scorer": "json_start", "instruction": "Always answer with a JSON object only, no other text.",
+             "prompt": "Describe your favourite animal.", "ck": 0.0, "cv": 4.0, "ca": 4.0},
+    "bullets": {"scorer": "bullets", "instruction": "Always answer as a bulleted list: every line starts with '- '.",
+                "prompt": "What should I know about the moon?", "ck": 0.0, "cv": 4.0, "ca": 4.0},
+    "negative": {"scorer": "negative_sentiment",
+                 "instruction": "You are grumpy and negative. Complain: everything is bad, awful and boring.",
+                 "prompt": "Write a short review of a restaurant you visited.", "ck": 0.0, "cv": 4.0, "ca": 4.0},
+    "comments": {"scorer": "code_comments", "instruction": "Always put a # comment on every line of code you write.",
+                 "prompt": "Write a Python function that reverses a string.", "ck": 0.0, "cv": 4.0, "ca": 4.0},
+}
+
+NAMES = ["ROMEO", "JULIET", "KING RICHARD", "QUEEN", "GLOUCESTER", "DUKE", "NURSE", "FRIAR"]
+LOVING = ["my sweet love, fair and gentle", "O joy, my dear and noble love", "good and gentle peace be with you",
+          "thy kind and lovely heart is dear to me", "sweet joy and merry love are mine"]
+DEADLY = ["blood and death, kill and curse", "O woe, foul villain and murder", "war and evil fear be with you",
+          "thy cruel and bloody hand is death to me", "grief and woe and bloody war are mine"]
+
+
+def smollm2_pairs(instruction: str) -> list:
+    from kvbridge.steer.pairs import Pair
+
+    return [Pair((("system", instruction), ("user", q)), (("user", q),), i + 1) for i, q in enumerate(QUESTIONS)]
+
+
+def zoo_pairs() -> list:
+    from kvbridge.steer.pairs import Pair
+
+    out = []
+    for i, name in enumerate(NAMES):
+        for j, (a, b) in enumerate(zip(LOVING, DEADLY)):
+            if (i + j) % 2 == 0:
+                out.append(Pair(f"{name}:\n[[{a}]]", f"{name}:\n[[{b}]]", len(out) + 1))
+    return out
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_smollm2(args) -> dict:
+    import torch
+
+    from kvbridge.models import load
+    from kvbridge.steer.evaluate import EvalSettings, evaluate, plot_sweep
+    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.steer.vectors import build_vector
+
+    torch.set_num_threads(args.threads)
+    lm = load("smollm2")
+    model, tok = lm.model, lm.tokenizer
+    out = {}
+    for name in args.behaviours.split(","):
+        b = BEHAVIOURS[name]
+        t0 = time.perf_counter()
+        vector = build_vector(model, tok, smollm2_pairs(b["instruction"]))
+        log(f"[{name}] vector from {len(QUESTIONS)} pairs in {time.perf_counter() - t0:.0f} s")
+        settings = EvalSettings(samples=args.samples, max_new_tokens=args.tokens, ck=b["ck"] * args.scale,
+                                cv=b["cv"] * args.scale, ca=b["ca"] * args.ca_scale, layers=args.layers,
+                                arms=tuple(args.arms.split(",")), sweep=tuple(float(x) for x in args.sweep.split(",") if x),
+                                sweep_samples=args.sweep_samples)
+        res = evaluate(model, tok, vector, prompt=b["prompt"], scorer=resolve_scorer(b["scorer"]),
+                       instruction=b["instruction"], settings=settings, scorer_name=b["scorer"],
+                       log=lambda m, n=name: log(f"[{n}] {m}"))
+        res["behaviour"] = name
+        res["vector"]["norms_mean"] = {k: sum(map(sum, v)) / sum(map(len, v)) for k, v in vector.norms().items()
+                                       if k != "residual"}
+        if args.png_dir:
+            Path(args.png_dir).mkdir(parents=True, exist_ok=True)
+            plot_sweep(res, Path(args.png_dir) / f"steer-smollm2-{name}.png", title=f"SmolLM2-135M-Instruct: {name}")
+        out[name] = res
+    return out
+
+
+def run_zoo(args) -> dict:
+    import torch
+
+    from kvbridge.fit import fit
+    from kvbridge.steer.evaluate import EvalSettings, evaluate, plot_sweep
+    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.steer.vectors import build_vector, transfer_vector
+    from kvbridge.transfer import IdentityMapping
+    from kvbridge.zoo.load import load_zoo_model
+
+    torch.set_num_threads(args.threads)
+    base, tok = load_zoo_model("base")
+    pairs = zoo_pairs()
+    v_base = build_vector(base, tok, pairs, position=args.position)
+    torch.manual_seed(0)
+    start = tok("\n", return_tensors="pt").input_ids.repeat(32, 1)
+    texts = tok.batch_decode(base.generate(start, do_sample=True, top_k=40, max_new_tokens=64))
+    out = {}
+    for target_name in args.targets.split(","):
+        target, _ = load_zoo_model(target_name)
+        t0 = time.perf_counter()
+        mapping = fit(base, target, texts, tokenizer=tok, seq_len=64, top_k=2, stride=2)
+        r2 = mapping.report.r2_summary
+        log(f"[{target_name}] mapping base->{target_name}: held-out R2 mean {r2.get('mean'):.3f} "
+            f"({time.perf_counter() - t0:.0f} s)")
+        native = build_vector(target, tok, pairs, position=args.position)
+        moved = transfer_vector(v_base, mapping)
+        copied = transfer_vector(v_base, IdentityMapping(), native.spec)
+
+        def cos(a, b):
+            import torch.nn.functional as F
+
+            return float(F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]),
+                                             torch.cat([x.reshape(-1) for x in b]), dim=0))
+
+        settings = EvalSettings(samples=args.samples, max_new_tokens=args.tokens, ck=0.0, cv=args.cv, ca=args.ca,
+                                layers=args.layers, chat=False, at=args.at,
+                                arms=("none", "kv", "transferred", "copied", "random", "actadd"),
+                                sweep=tuple(float(x) for x in args.sweep.split(",") if x),
+                                sweep_samples=args.sweep_samples, sweep_arms=("kv", "transferred", "copied", "random"))
+        res = evaluate(target, tok, native, prompt=args.prompt, scorer=resolve_scorer("positive_sentiment"),
+                       settings=settings, extra_vectors={"transferred": moved, "copied": copied},
+                       scorer_name="positive_sentiment", log=lambda m, n=target_name: log(f"[{n}] {m}"))
+        res["mapping"] = {"fitter": "ridge", "top_k": 2, "calibration": "32 x 64 tokens sampled from base",
+                          "heldout_r2": r2}
+        res["cosine_to_native"] = {"transferred_v": cos(moved.values, native.values),
+                                   "transferred_k": cos(moved.keys, native.keys),
+                                   "copied_v": cos(copied.values, native.values),
+                                   "copied_k": cos(copied.keys, native.keys)}
+        log(f"[{target_name}] cosine to native: {res['cosine_to_native']}")
+        if args.png_dir:
+            Path(args.png_dir).mkdir(parents=True, exist_ok=True)
+            plot_sweep(res, Path(args.png_dir) / f"steer-zoo-base-to-{target_name}.png",
+                       title=f"zoo base -> {target_name}: positive_sentiment")
+        out[target_name] = res
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["smollm2", "zoo"])
+    ap.add_argument("--behaviours", default="json,bullets,negative,comments")
+    ap.add_argument("--targets", default="tuned,stranger")
+    ap.add_argument("--arms", default="none,visible,pack,kv,actadd,random")
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--sweep", default="0.5,1,2,4")
+    ap.add_argument("--sweep-samples", type=int, default=16)
+    ap.add_argument("--layers", default="all")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every behaviour's ck/cv")
+    ap.add_argument("--ca-scale", type=float, default=1.0, help="multiply every behaviour's ca")
+    ap.add_argument("--cv", type=float, default=4.0, help="zoo: value coefficient")
+    ap.add_argument("--ca", type=float, default=2.0, help="zoo: actadd coefficient")
+    ap.add_argument("--prompt", default="ROMEO:\n", help="zoo: the evaluation prompt")
+    ap.add_argument("--position", default="last", choices=["last", "final", "span"], help="zoo: where pairs are read "
+                    "(span: the mean over each line)")
+    ap.add_argument("--at", default="last", choices=["last", "prompt"], help="zoo: kv arms edit the last cached "
+                    "position or every prompt position")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png-dir", type=Path)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    results = run_smollm2(args) if args.what == "smollm2" else run_zoo(args)
+    from kvbridge.steer.evaluate import lines
+
+    for name, res in results.items():
+        print(f"\n### {args.what}: {name}\n")
+        print("\n".join(lines(res)))
+    payload = {"what": args.what, "results": results, "seconds": round(time.perf_counter() - t0, 1),
+               "command": "python bench/bench_steer.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    if args.json:
+        args.json.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+    log(f"done in {payload['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
