@@ -6,7 +6,7 @@
   through ``kvbridge_register_tasks``);
 - :mod:`~kvbridge.harness.conditions`: target, source, transferred, plain reuse, no context and the
   recompute points, answering log-likelihood and generation requests from a prefix cache;
-- :mod:`~kvbridge.harness.run`: run tasks under the conditions; :mod:`~kvbridge.harness.stats`: Wilson
+- :mod:`~kvbridge.harness.run`: run tasks under the conditions; :mod:`~kvbridge.stats`: Wilson
   intervals, retention, floor-normalised retention, gap closed, paired differences;
 - :mod:`~kvbridge.harness.report`: terminal table, JSON, Markdown and PNG;
 - :mod:`~kvbridge.harness.tasks`: the built-in tasks (recall, mc, humaneval);

@@ -12,7 +12,7 @@ answered under every condition from the same ids; per item the source prefills o
 ``source``, ``transferred``, ``plain`` and the recompute points). The result (``SCHEMA``) holds,
 per task and pooled over tasks (``overall``), accuracy with a Wilson interval per condition,
 retention, floor-normalised retention, gap closed and paired differences
-(:func:`kvbridge.harness.stats.summarize`), per-group accuracies (``groups``), and every item's
+(:func:`kvbridge.stats.summarize`), per-group accuracies (``groups``), and every item's
 score and answer (``items``).
 """
 
@@ -118,7 +118,7 @@ def answer_item(answerer, task, item, conds, tokenizer) -> dict:
 
 
 def _group_summary(records: list, conds: list, chance: dict) -> dict:
-    from kvbridge.harness import stats
+    from kvbridge import stats
 
     groups: dict = {}
     for r in records:
@@ -157,7 +157,7 @@ def run_harness(source, target, mapping, tokenizer, tasks: list[LoadedTask], *, 
     """
     import contextlib
 
-    from kvbridge.harness import stats
+    from kvbridge import stats
     from kvbridge.harness.conditions import Answerer
     from kvbridge.harness.sandbox import code_execution_allowed
 
@@ -243,7 +243,7 @@ def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None 
     after a change of definitions, or with another bootstrap), the items themselves unchanged."""
     import copy
 
-    from kvbridge.harness import stats
+    from kvbridge import stats
 
     out = copy.deepcopy(result)
     bootstrap = out["settings"]["bootstrap"] if bootstrap is None else int(bootstrap)

@@ -43,15 +43,11 @@ MIN_SEEDS_FOR_RATE = 20
 
 
 # -- statistics -----------------------------------------------------------------------------------
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+def wilson_interval(successes: int, n: int) -> tuple[float, float]:
     """95% Wilson score interval of a binomial proportion (``(0, 1)`` for ``n == 0``)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    from kvbridge.stats import wilson
+
+    return wilson(successes, n) or (0.0, 1.0)
 
 
 # -- the sampler ----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.stats import mcnemar_p, wilson
 
 ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
 SWEPT = ("kv", "actadd", "random")
@@ -73,16 +74,6 @@ class EvalSettings:
 
 
 # -- statistics ---------------------------------------------------------------------------------------
-def mcnemar_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value for ``b`` vs ``c`` discordant pairs."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
 def paired(arm: list[bool], ref: list[bool], *, bootstrap: int = 2000, seed: int = 0) -> dict:
     """Mean paired difference ``arm - ref`` with a percentile bootstrap 95% interval over seeds."""
     import torch
@@ -103,10 +94,8 @@ def paired(arm: list[bool], ref: list[bool], *, bootstrap: int = 2000, seed: int
 
 
 def rate(scores: list[bool]) -> dict:
-    from kvbridge.prefix.diverge import wilson_interval
-
     k, n = sum(scores), len(scores)
-    lo, hi = wilson_interval(k, n)
+    lo, hi = wilson(k, n) or (0.0, 1.0)
     return {"k": k, "n": n, "rate": k / n if n else float("nan"), "wilson95": [round(lo, 4), round(hi, 4)]}
 
 

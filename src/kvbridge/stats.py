@@ -1,4 +1,4 @@
-"""The numbers of a harness report: accuracy with a Wilson interval, retention, floor-normalised
+"""Shared statistics (harness reports, steering evaluations, divergence analysis): accuracy with a Wilson interval, retention, floor-normalised
 retention, gap closed, and paired differences between conditions (per-item scores, same items).
 
 Definitions (``t`` transferred, ``T`` target native, ``S`` source alone, ``f`` the floor: the

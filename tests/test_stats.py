@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvbridge.harness import stats
+from kvbridge import stats
 
 
 def test_wilson_known_values():
