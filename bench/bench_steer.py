@@ -3,6 +3,7 @@
     python bench/bench_steer.py smollm2 --behaviours json,bullets,negative,comments \
         [--samples 32 --tokens 40 --sweep 0.5,1,2,4 --sweep-samples 16] [--json out.json] [--png-dir DIR]
     python bench/bench_steer.py zoo [--samples 64 --tokens 32 --sweep 0.5,1,2,4] [--json out.json]
+    python bench/bench_steer.py qwen --mapping DIR [--behaviours comments --samples 16 --tokens 48] [--json out.json]
 
 ``smollm2``: per behaviour, a steering vector is built from contrastive pairs that differ only by
 the behaviour's instruction (positive: a system turn holding the instruction + a user question;
@@ -20,6 +21,14 @@ held-out prompt, same seeds in every arm, and a coefficient sweep (kv, actadd, r
 on the target from the same pairs), the transferred vector, the base vector copied unmapped
 (identity: same geometry), a random direction with the native vector's norms, and activation
 addition with the native residual directions; behaviour = ``positive_sentiment``.
+
+``qwen``: the real family pair. Per behaviour, a vector is built on Qwen2.5-Coder-0.5B-Instruct
+from the same chat pairs as ``smollm2`` (instruction in the system turn vs the template's default
+system turn), and moved to Qwen2.5-Coder-1.5B-Instruct through a fitted mapping (``--mapping``,
+a ``kvbridge fit`` folder for 0.5B -> 1.5B, e.g. bench/bench_pair.py's map-k4-a0.01). On the 0.5B
+the arms are none / visible instruction / KV vector / random; on the 1.5B none / visible
+instruction / its native vector (built on the 1.5B from the same pairs) / the transferred vector /
+random. Both models load dequantized in float32 (about 9 GB together).
 """
 
 from __future__ import annotations
@@ -172,9 +181,63 @@ def run_zoo(args) -> dict:
     return out
 
 
+def run_qwen(args) -> dict:
+    import torch
+
+    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.models import load
+    from kvbridge.steer.evaluate import EvalSettings, evaluate
+    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.steer.vectors import build_vector, transfer_vector
+
+    if args.mapping is None:
+        raise SystemExit("qwen needs --mapping DIR (a kvbridge fit folder for the 0.5B -> 1.5B pair)")
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    small, big = load("qwen2.5-coder-0.5b", dtype="float32"), load("qwen2.5-coder-1.5b", dtype="float32")
+    log(f"loaded both models in {time.perf_counter() - t0:.0f} s")
+    mapping = load_mapping(args.mapping, source=small.model, target=big.model)
+    out = {}
+
+    def cos(a, b):
+        import torch.nn.functional as F
+
+        return float(F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]), torch.cat([x.reshape(-1) for x in b]),
+                                         dim=0))
+
+    for name in args.behaviours.split(","):
+        b = BEHAVIOURS[name]
+        pairs = smollm2_pairs(b["instruction"])
+        v_small = build_vector(small.model, small.tokenizer, pairs)
+        v_big = build_vector(big.model, big.tokenizer, pairs)
+        moved = transfer_vector(v_small, mapping)
+        common = dict(samples=args.samples, max_new_tokens=args.tokens, ck=b["ck"] * args.scale,
+                      cv=b["cv"] * args.scale, ca=b["ca"] * args.ca_scale, layers=args.layers,
+                      sweep=tuple(float(x) for x in args.sweep.split(",") if x), sweep_samples=args.sweep_samples)
+        for label, lm, vector, arms, extra in (
+                ("0.5b", small, v_small, ("none", "visible", "kv", "random"), None),
+                ("1.5b", big, v_big, ("none", "visible", "kv", "transferred", "random"), {"transferred": moved})):
+            t1 = time.perf_counter()
+            settings = EvalSettings(**common, arms=arms,
+                                    sweep_arms=tuple(a for a in ("kv", "transferred", "random") if a in arms))
+            res = evaluate(lm.model, lm.tokenizer, vector, prompt=b["prompt"], scorer=resolve_scorer(b["scorer"]),
+                           instruction=b["instruction"], settings=settings, extra_vectors=extra, scorer_name=b["scorer"],
+                           log=lambda m, n=f"{name} {label}": log(f"[{n}] {m}"))
+            res["behaviour"], res["model"] = name, label
+            if extra:
+                res["mapping"] = {"dir": str(args.mapping), "heldout_r2": (mapping.manifest or {}).get("r2_summary")}
+                res["cosine_to_native"] = {"transferred_v": cos(moved.values, v_big.values),
+                                           "transferred_k": cos(moved.keys, v_big.keys)}
+                log(f"[{name}] cosine to the 1.5B's native vector: {res['cosine_to_native']}")
+            log(f"[{name} {label}] {time.perf_counter() - t1:.0f} s")
+            out[f"{name} {label}"] = res
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["smollm2", "zoo"])
+    ap.add_argument("what", choices=["smollm2", "zoo", "qwen"])
+    ap.add_argument("--mapping", type=Path, default=None, help="qwen: the 0.5B -> 1.5B mapping folder")
     ap.add_argument("--behaviours", default="json,bullets,negative,comments")
     ap.add_argument("--targets", default="tuned,stranger")
     ap.add_argument("--arms", default="none,visible,pack,kv,actadd,random")
@@ -197,7 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--png-dir", type=Path)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    results = run_smollm2(args) if args.what == "smollm2" else run_zoo(args)
+    results = {"smollm2": run_smollm2, "zoo": run_zoo, "qwen": run_qwen}[args.what](args)
     from kvbridge.steer.evaluate import lines
 
     for name, res in results.items():
