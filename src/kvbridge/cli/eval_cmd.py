@@ -7,7 +7,7 @@ import sys
 import click
 
 from kvbridge.cli.numbers import SEED, SHARE, THREADS, count
-from kvbridge.cli.options import dtype_option
+from kvbridge.cli.options import dtype_option, json_option
 
 def load_pair(source: str, target: str, *, dtype: str | None = None):
     """``(src LoadedModel, tgt LoadedModel, shared tokenizer fingerprint)``; tokenizers checked first."""
@@ -65,7 +65,7 @@ def metric_help() -> str:
               help="Nucleus of the total-variation distance.")
 @click.option("--no-attention", is_flag=True, help="Skip the attention-output cosine.")
 @dtype_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (stable keys; see docs).")
+@json_option(help="Print the result as JSON (stable keys; see docs).")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write summary.md, eval.json and PNG plots to this folder.")
 @click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",

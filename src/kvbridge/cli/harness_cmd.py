@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvbridge.cli.numbers import SEED, THREADS, count
-from kvbridge.cli.options import dtype_option
+from kvbridge.cli.options import dtype_option, json_option
 
 
 def _task_help() -> str:
@@ -45,7 +45,7 @@ def _task_help() -> str:
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
 @dtype_option
 @click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option(help="Print the result as JSON.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write harness.json, summary.md and accuracy.png to this folder.")
 @click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
