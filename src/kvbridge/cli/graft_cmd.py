@@ -65,7 +65,7 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     else:
         chunk_state = prepare_chunk(m, _ids(tok, chunk, False, "chunk"))
     live = _ids(tok, prompt, False, "prompt")
-    from kvbridge.cli.numbers import check_generation_length, max_positions_of
+    from kvbridge.transfer_run import check_generation_length, max_positions_of
 
     check_generation_length(ctx.shape[1] + chunk_state.num_tokens + live.shape[1], max_new_tokens, max_positions_of(m),
                             prompt_flag="--context + --chunk + --prompt")
