@@ -141,3 +141,12 @@ def transfer_generate(pair, settings, host=None):
     from kvbridge.transfer_run import transfer_generate as _run
 
     return _run(pair, settings, host=host)
+
+
+def evaluate_pair(pair, settings, **callbacks):
+    """``kvbridge eval`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` an
+    :class:`~kvbridge.evaluate.settings.EvalSettings` (its checks are the CLI's); returns an
+    :class:`~kvbridge.evaluate.run.EvalRun` (``progress=``, ``heartbeat=``, ``warn=`` callbacks optional)."""
+    from kvbridge.evaluate.run import evaluate_pair as _run
+
+    return _run(pair, settings, **callbacks)

@@ -108,13 +108,15 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     hf_logging.set_verbosity_error()
     if threads:
         torch.set_num_threads(int(threads))
-    from kvbridge.cli.eval_cmd import load_mapping_ref, load_pair
+    from kvbridge.cli.options import load_pair
+    from kvbridge.evaluate.run import load_mapping_ref
     from kvbridge.harness.conditions import parse_recompute_layers, parse_recompute_tokens
     from kvbridge.harness.report import terminal_table, to_json, write_report
     from kvbridge.harness.run import run_harness
     from kvbridge.progress import PartialLog, Progress
 
-    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
+    pair = load_pair(source, target, dtype=dtype)
+    src, tgt, tok_fp = pair.source, pair.target, pair.tokenizer
     mapping = load_mapping_ref(mapping_ref, src.model, tgt.model, tokenizer=tok_fp, force=accept_mismatch)
     points = (parse_recompute_layers(recompute_layers, tgt.spec.num_layers if getattr(tgt, "spec", None)
                                      else tgt.model.config.num_hidden_layers) + parse_recompute_tokens(recompute_tokens))
