@@ -132,3 +132,21 @@ def transfer_state(state, mapping, target_positions=None, host=None):
     from kvbridge.transfer import transfer as _transfer
 
     return _transfer(state, mapping, target_positions=target_positions, host=host)
+
+
+def transfer_generate(pair, settings, host=None):
+    """``kvbridge transfer`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` a
+    :class:`~kvbridge.transfer_settings.TransferSettings` (its checks are the CLI's); returns a
+    :class:`~kvbridge.transfer_run.TransferResult` (see :func:`kvbridge.transfer_run.transfer_generate`)."""
+    from kvbridge.transfer_run import transfer_generate as _run
+
+    return _run(pair, settings, host=host)
+
+
+def evaluate_pair(pair, settings, **callbacks):
+    """``kvbridge eval`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` an
+    :class:`~kvbridge.evaluate.settings.EvalSettings` (its checks are the CLI's); returns an
+    :class:`~kvbridge.evaluate.run.EvalRun` (``progress=``, ``heartbeat=``, ``warn=`` callbacks optional)."""
+    from kvbridge.evaluate.run import evaluate_pair as _run
+
+    return _run(pair, settings, **callbacks)

@@ -7,7 +7,7 @@ import json
 import click
 
 from kvbridge.cli.numbers import count
-from kvbridge.cli.options import device_option, dtype_option
+from kvbridge.cli.options import device_option, dtype_option, json_option
 
 
 @click.command("ablate")
@@ -21,7 +21,7 @@ from kvbridge.cli.options import device_option, dtype_option
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
 @dtype_option
 @device_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, device, as_json) -> None:
     """Ablate the guide's cached K/V at LAYERS and compare with the intact state and true removal.
 

@@ -10,7 +10,7 @@ import textwrap
 
 import click
 
-from kvbridge.cli.options import fmt_rope, fmt_text, fmt_value  # noqa: F401 - fmt_rope kept importable here
+from kvbridge.cli.options import fmt_rope, fmt_text, fmt_value, json_option  # noqa: F401 - fmt_rope kept importable here
 
 VERDICT_COLOURS = {"same": "green", "mappable": "yellow", "blocking": "red", "info": "cyan",
                    "warning": "magenta", "identity": "green", "rope-reapply": "green",
@@ -58,8 +58,7 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
 @click.command("check")
 @click.argument("source", metavar="SRC")
 @click.argument("target", metavar="TGT")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the report as JSON: {source, target, axes, verdict, reasons}.")
+@json_option(help="Print the report as JSON: {source, target, axes, verdict, reasons}.")
 @click.option("--strict", is_flag=True,
               help="Fail (exit 1) unless the transfer is exact (identity or rope-reapply) and every "
                    "other axis is same: a dtype cast, an attention or cache-format difference, an "

@@ -6,10 +6,12 @@ import json
 
 import click
 
+from kvbridge.cli.options import json_option
+
 
 @click.command("conformance")
 @click.option("--types", "types", default="", help="Comma-separated model types (default: the whole registry).")
-@click.option("--json", "as_json", is_flag=True, help="Print {transformers, summary, results: [...]} as JSON.")
+@json_option(help="Print {transformers, summary, results: [...]} as JSON.")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), default=None,
               help="Write the supported-models table (Markdown) to this file, and the results as JSON beside it "
                    "(same name, .json).")

@@ -9,7 +9,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import MODEL_REFS, fmt_text, kv_bytes_per_token  # noqa: F401 - kv_bytes_per_token kept here
+from kvbridge.cli.options import fmt_text, json_option, kv_bytes_per_token, MODEL_REFS  # noqa: F401 - kv_bytes_per_token kept here
 
 
 def describe_dict(resolved, spec, host) -> dict:
@@ -189,9 +189,8 @@ def _list(host, as_json: bool) -> None:
 
 @click.command("describe")
 @click.argument("model", metavar="[MODEL]", required=False)
-@click.option("--json", "as_json", is_flag=True,
-              help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer, "
-                   "gguf (GGUF files only), load_memory}.")
+@json_option(help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer, "
+              "gguf (GGUF files only), load_memory}.")
 @click.option("--list", "list_models", is_flag=True,
               help="List the models known from manifests (MODEL is then not needed).")
 def describe(model: str | None, as_json: bool, list_models: bool) -> None:

@@ -7,7 +7,7 @@ import json
 import click
 
 from kvbridge.cli.numbers import SHARE, count, real
-from kvbridge.cli.options import device_option, dtype_option
+from kvbridge.cli.options import device_option, dtype_option, json_option
 
 
 @click.command("diverge")
@@ -27,7 +27,7 @@ from kvbridge.cli.options import device_option, dtype_option
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
 @dtype_option
 @device_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
               help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).")
 def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p, greedy, split_kind, pack_dir,

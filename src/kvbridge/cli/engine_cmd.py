@@ -6,6 +6,8 @@ import json
 
 import click
 
+from kvbridge.cli.options import json_option
+
 
 @click.group("engine")
 def engine() -> None:
@@ -20,7 +22,7 @@ def engine() -> None:
 @click.argument("file", type=click.Path())
 @click.argument("model")
 @click.option("--engine", "engine_name", default="llamacpp", show_default=True, help="The engine that saved FILE.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
     """Read FILE, a cache the engine saved while running MODEL, as a KV state and describe it.
 

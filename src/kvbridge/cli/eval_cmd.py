@@ -7,29 +7,9 @@ import sys
 import click
 
 from kvbridge.cli.numbers import SEED, SHARE, THREADS, count
-from kvbridge.cli.options import dtype_option
+from kvbridge.cli.options import dtype_option, json_option
 
-def load_pair(source: str, target: str, *, dtype: str | None = None):
-    """``(src LoadedModel, tgt LoadedModel, shared tokenizer fingerprint)``; tokenizers checked first."""
-    from kvbridge.cli.options import load_pair as _load
-
-    pair = _load(source, target, dtype=dtype)
-    return pair.source, pair.target, pair.tokenizer
-
-
-def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False):
-    """``--mapping``: a mapping folder (``kvbridge fit --out``) or ``identity``."""
-    if ref == "identity":
-        from kvbridge.builtin.identity import IdentityFitter
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-        sspec = host.adapter_for(smodel.config.to_dict()).spec_of(smodel)
-        tspec = host.adapter_for(tmodel.config.to_dict()).spec_of(tmodel)
-        return IdentityFitter().fit(sspec, tspec)
-    from kvbridge.fit.artifact import load_mapping
-
-    return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
+from kvbridge.evaluate.run import load_mapping_ref  # noqa: E402,F401 - kept importable here (harness, bench)
 
 
 def metric_help() -> str:
@@ -65,7 +45,7 @@ def metric_help() -> str:
               help="Nucleus of the total-variation distance.")
 @click.option("--no-attention", is_flag=True, help="Skip the attention-output cosine.")
 @dtype_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (stable keys; see docs).")
+@json_option(help="Print the result as JSON (stable keys; see docs).")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write summary.md, eval.json and PNG plots to this folder.")
 @click.option("--gate", "gates", multiple=True, metavar="NAME=VALUE",
@@ -123,126 +103,62 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     \b
     METRICS
     """
-    from kvbridge.evaluate.gates import parse_gate
-
     if force_alias:
         click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
-    force = accept_mismatch or force_alias
+    from click.core import ParameterSource
 
-    for text in gates:  # a typo in a gate fails before anything is loaded
-        parse_gate(text)
-    from kvbridge.check.validate import finite_number
+    from kvbridge.evaluate.settings import EvalSettings, RecomputeSettings
 
-    finite_number(top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
-    finite_number(heldout_fraction, "--heldout-fraction", positive=True)
-    if report_dir:  # refuse a --report folder that is not an earlier report before the (long) run
-        from kvbridge.artifacts import check_replaceable
-        from kvbridge.evaluate.report import REPORT_KIND
-
-        check_replaceable(report_dir, REPORT_KIND, overwrite=True, flag="")
+    given = click.get_current_context().get_parameter_source("heldout_fraction") != ParameterSource.DEFAULT
+    settings = EvalSettings(  # every check of the options runs here, before anything is loaded
+        mapping=mapping_ref, corpus=corpus, samples=samples, prefix_len=prefix_len, continuation_len=continuation_len,
+        greedy_tokens=greedy_tokens, heldout_fraction=heldout_fraction if given else None, conditions=conditions,
+        bootstrap=bootstrap, seed=seed, batch_size=batch_size, top_k=top_k, top_p=top_p, attention=not no_attention,
+        gates=gates, report_dir=report_dir, accept_fingerprint_mismatch=accept_mismatch or force_alias,
+        allow_overlap=allow_overlap, partial_path=partial_path,
+        recompute=RecomputeSettings(layers=recompute_layers, tokens=recompute_tokens, sweep=recompute_sweep,
+                                    mode=recompute_mode, select=recompute_select, group=recompute_group,
+                                    calibration_samples=calibration_samples))
     import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     if threads:
         torch.set_num_threads(int(threads))
-    from kvbridge.evaluate import corpus_samples, evaluate
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
-    from kvbridge.evaluate.report import terminal_table, to_json, write_report
-    from kvbridge.fit.calibrate import check_same_tokens
-
-    conds = CONDITIONS if conditions.strip() in ("", "all") else tuple(c.strip() for c in conditions.split(","))
-    bad = [c for c in conds if c not in CONDITIONS]
-    if bad:
-        raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
-    from kvbridge.progress import Heartbeat
+    from kvbridge.cli.options import load_pair
+    from kvbridge.evaluate.report import terminal_table, to_json
+    from kvbridge.evaluate.run import evaluate_pair
+    from kvbridge.progress import Heartbeat, Progress
 
     hb = click.get_current_context().with_resource(Heartbeat("eval"))  # plain lines in logs, incl. loading
     hb.stage("loading the models")
-    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
-    hb.stage("reading the corpus and the mapping")
-    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
-    mapping = load_mapping_ref(mapping_ref, smodel, tmodel, tokenizer=tok_fp, force=force)
-    from click.core import ParameterSource
-
-    from kvbridge.cli.corpus_support import eval_corpus
-
-    ctx = click.get_current_context(silent=True)  # a folder: the mapping's split unless the share is given
-    explicit = ctx is None or ctx.get_parameter_source("heldout_fraction") != ParameterSource.DEFAULT
-    ev = eval_corpus(corpus, getattr(mapping, "manifest", None), heldout_fraction, explicit=explicit,
-                     allow=allow_overlap, tokenizer=ttok)
-    tail, texts, overlap = ev.tail, ev.profile_texts, ev.note
-    check_same_tokens([tail], stok, ttok)
-    if overlap:
-        click.echo(f"warning: {overlap}", err=True)
-    length = prefix_len + continuation_len + 1
-    ids, data = corpus_samples([tail], ttok, n=samples, length=length, fraction=1.0)
-    data.update(ev.data)
-    from kvbridge.evaluate.report import batch_record
-    from kvbridge.progress import PartialLog, Progress
-
-    if partial_path is None and report_dir:
-        partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
-    partial = None if partial_path is None else PartialLog(partial_path, {
-        "command": "eval", "source": source, "target": target, "mapping": mapping_ref, "corpus": str(corpus),
-        "samples": int(ids.shape[0]), "prefix_len": prefix_len, "continuation_len": continuation_len})
-    bar = Progress(int(ids.shape[0]), label="eval", unit="samples", enabled=True)
-    hb.stage("evaluating", int(ids.shape[0]), "samples")
+    pair = load_pair(source, target, dtype=dtype)
+    length, bar = settings.sample_len, None
 
     def progress(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(int(total or settings.samples), label="eval", unit="samples", enabled=True)
         bar.update(done, tokens=(done - bar.done) * length)
         hb.total = total or hb.total
         hb.set(done)
 
-    def on_batch(first, last, fields):
-        if partial is not None:
-            partial.add(batch_record(first, last, fields))
-        from kvbridge.faults import fault_point
-
-        fault_point("eval.batch")
-
-    if recompute_layers or recompute_tokens or recompute_sweep:  # the recompute dial: kvbridge.recompute
-        from kvbridge.cli.recompute_eval import eval_recompute
+    run = evaluate_pair(pair, settings, progress=progress, heartbeat=hb,
+                        warn=lambda text: click.echo(f"warning: {text}", err=True))
+    if bar is not None:
+        bar.close()
+    if run.written and not as_json:
+        click.echo(f"report: {', '.join(str(p) for p in run.written.values())}", err=True)
+    if run.recompute:
         from kvbridge.recompute.report import table as recompute_table
 
-        result, written = eval_recompute(
-            smodel, tmodel, mapping, ids, texts=texts, tokenizer=ttok, prefix_len=prefix_len,
-            continuation_len=continuation_len, layers_spec=recompute_layers, tokens_spec=recompute_tokens,
-            sweep=recompute_sweep, mode=recompute_mode, select=recompute_select, group_size=recompute_group,
-            calibration_samples=calibration_samples, batch_size=batch_size, attention=not no_attention,
-            bootstrap=bootstrap, seed=seed, report_dir=report_dir, progress=progress)
-        if written and not as_json:
-            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
-        bar.close()
-        if partial is not None:
-            partial.remove() if report_dir and written else partial.finish()
-        click.echo(to_json(result) if as_json else recompute_table(result))
+        click.echo(to_json(run.result) if as_json else recompute_table(run.result))
         return
-    config = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
-                        batch_size=batch_size, top_k=top_k, top_p=top_p, seed=seed, conditions=conds,
-                        attention=not no_attention, bootstrap=bootstrap)
-    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=gates, source_name=src.name,
-                      target_name=tgt.name, mapping_path=None if mapping_ref == "identity" else mapping_ref,
-                      data=data, progress=progress, on_batch=on_batch)
-    bar.close()
-    if overlap:
-        result["notes"] = list(result.get("notes") or []) + [overlap]
-    if report_dir:
-        written = write_report(result, report_dir)
-        if partial is not None and partial_path == str(report_dir).rstrip("/\\") + ".partial.jsonl":
-            partial.remove()  # the report holds everything now
-            partial = None
-        if not as_json:
-            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
-    if partial is not None:
-        partial.finish({"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")})
-    click.echo(to_json(result) if as_json else terminal_table(result))
-    code = result["exit_code"]
-    if code:
-        failed = [g["gate"] for g in result["gates"] if g["enforced"] and not g["passed"]]
-        click.echo(f"gates FAILED: {', '.join(failed)}", err=True)
+    click.echo(to_json(run.result) if as_json else terminal_table(run.result))
+    if run.exit_code:
+        click.echo(f"gates FAILED: {', '.join(run.failed_gates)}", err=True)
         sys.stdout.flush()
-        click.get_current_context().exit(code)
+        click.get_current_context().exit(run.exit_code)
 
 
 eval_cmd.help = eval_cmd.help.replace(

@@ -8,7 +8,7 @@ import sys
 import click
 
 from kvbridge.cli.numbers import SEED, count
-from kvbridge.cli.options import dtype_option
+from kvbridge.cli.options import dtype_option, json_option
 
 
 @click.group("graft")
@@ -41,7 +41,7 @@ def _ids(tok, text, special, what: str = "text"):
 @click.option("--recompute-tokens", "ratio", default="0%", show_default=True, help="Share of chunk tokens recomputed.")
 @click.option("--max-new-tokens", default=24, show_default=True, type=count(1))
 @dtype_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtype, as_json):
     """Graft a chunk after CONTEXT, continue PROMPT greedily, and compare with a full prefill."""
     import torch
@@ -65,7 +65,7 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     else:
         chunk_state = prepare_chunk(m, _ids(tok, chunk, False, "chunk"))
     live = _ids(tok, prompt, False, "prompt")
-    from kvbridge.cli.numbers import check_generation_length, max_positions_of
+    from kvbridge.transfer_run import check_generation_length, max_positions_of
 
     check_generation_length(ctx.shape[1] + chunk_state.num_tokens + live.shape[1], max_new_tokens, max_positions_of(m),
                             prompt_flag="--context + --chunk + --prompt")
@@ -128,7 +128,7 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
 @dtype_option
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write graft.md, graft.json and graft.png here.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, ratios, controls, check_layer,
              batch_size, bootstrap, seed, dtype, report_dir, as_json):
     """Graft conditions on held-out corpus windows: context | chunk | continuation, contiguous text.

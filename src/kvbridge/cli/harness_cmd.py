@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvbridge.cli.numbers import SEED, THREADS, count
-from kvbridge.cli.options import dtype_option
+from kvbridge.cli.options import dtype_option, json_option
 
 
 def _task_help() -> str:
@@ -45,7 +45,7 @@ def _task_help() -> str:
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap.")
 @dtype_option
 @click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option(help="Print the result as JSON.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write harness.json, summary.md and accuracy.png to this folder.")
 @click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
@@ -108,13 +108,15 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     hf_logging.set_verbosity_error()
     if threads:
         torch.set_num_threads(int(threads))
-    from kvbridge.cli.eval_cmd import load_mapping_ref, load_pair
+    from kvbridge.cli.options import load_pair
+    from kvbridge.evaluate.run import load_mapping_ref
     from kvbridge.harness.conditions import parse_recompute_layers, parse_recompute_tokens
     from kvbridge.harness.report import terminal_table, to_json, write_report
     from kvbridge.harness.run import run_harness
     from kvbridge.progress import PartialLog, Progress
 
-    src, tgt, tok_fp = load_pair(source, target, dtype=dtype)
+    pair = load_pair(source, target, dtype=dtype)
+    src, tgt, tok_fp = pair.source, pair.target, pair.tokenizer
     mapping = load_mapping_ref(mapping_ref, src.model, tgt.model, tokenizer=tok_fp, force=accept_mismatch)
     points = (parse_recompute_layers(recompute_layers, tgt.spec.num_layers if getattr(tgt, "spec", None)
                                      else tgt.model.config.num_hidden_layers) + parse_recompute_tokens(recompute_tokens))

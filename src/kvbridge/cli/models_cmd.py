@@ -9,6 +9,8 @@ import json
 
 import click
 
+from kvbridge.cli.options import json_option
+
 
 def _rows(host) -> list[dict]:
     from kvbridge.models.known import KNOWN
@@ -33,7 +35,7 @@ def _rows(host) -> list[dict]:
 
 
 @click.group("models", invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@json_option(help="Machine-readable list.")
 @click.pass_context
 def models(ctx, as_json: bool) -> None:
     """List the models kvbridge knows by a short name: where they are and whether they are here.

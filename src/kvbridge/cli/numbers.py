@@ -97,30 +97,4 @@ SHARE = real(0, 1, min_open=True)
 OPEN_SHARE = real(0, 1, min_open=True, max_open=True)
 
 
-def max_positions_of(model) -> int | None:
-    """``max_position_embeddings`` of a loaded model's (text) config, when it has one."""
-    config = getattr(model, "config", None)
-    get_text = getattr(config, "get_text_config", None)
-    text = get_text() if callable(get_text) else config
-    value = getattr(text, "max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def check_generation_length(prompt_tokens: int, max_new_tokens: int, max_positions: int | None,
-                            *, flag: str = "--max-new-tokens", prompt_flag: str = "--prompt") -> None:
-    """Refuse a prompt (and continuation) beyond the model's maximum positions, naming the flag."""
-    from kvbridge.errors import KVBridgeError
-
-    if not max_positions:
-        return
-    if prompt_tokens > max_positions:
-        raise KVBridgeError(f"{prompt_flag} is {prompt_tokens} tokens, beyond the model's maximum positions "
-                            f"({max_positions})", f"shorten {prompt_flag}")
-    if prompt_tokens + max_new_tokens > max_positions:
-        raise KVBridgeError(f"{flag} {max_new_tokens} after a {prompt_tokens}-token prompt goes beyond the model's "
-                            f"maximum positions ({max_positions})",
-                            f"use {flag} {max(1, max_positions - prompt_tokens)} or less, or a shorter prompt")
-
-
-__all__ = ["Number", "count", "real", "HUGE", "MAX_SEED", "SEED", "THREADS", "SHARE", "OPEN_SHARE",
-           "check_generation_length", "max_positions_of"]
+__all__ = ["Number", "count", "real", "HUGE", "MAX_SEED", "SEED", "THREADS", "SHARE", "OPEN_SHARE"]

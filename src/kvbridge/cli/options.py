@@ -38,8 +38,8 @@ def device_option(func=None):
     return opt(func) if func is not None else opt
 
 
-def json_option(func=None, *, help: str = "Machine-readable output (JSON)."):  # noqa: A002
-    """``--json`` stored as ``as_json``."""
+def json_option(func=None, *, help: str = "Machine-readable output."):  # noqa: A002
+    """``--json`` stored as ``as_json``: the one spelling of the option every command with JSON output uses."""
     opt = click.option("--json", "as_json", is_flag=True, help=help)
     return opt(func) if func is not None else opt
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import device_option, dtype_option, fmt_text
+from kvbridge.cli.options import device_option, dtype_option, fmt_text, json_option
 
 
 @click.group("pack")
@@ -59,7 +59,7 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
 
 @pack.command("info")
 @click.argument("folder", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the manifest + checks).")
+@json_option(help="Machine-readable output (the manifest + checks).")
 def info(folder: str, as_json: bool) -> None:
     """Show a pack's manifest; the tensor file's checksum is verified."""
     from kvbridge.prefix.packs import read_pack
@@ -102,7 +102,7 @@ def info(folder: str, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Load despite forceable differences (weights, config, tokenizer, "
                                             "guide ids, dtype), with a loud warning.")
 @click.option("--recompute", is_flag=True, help="Also prefill the guide and compare it with the stored K/V.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, device: str, force: bool,
            recompute: bool, as_json: bool) -> None:
     """Check that the pack in FOLDER fits MODEL: checksum, model, weights, tokenizer, guide ids,
@@ -155,7 +155,7 @@ def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, de
               help="Cache element type of the engine's context (llama.cpp's default is F16).")
 @click.option("--flash-attn/--no-flash-attn", default=False, show_default=True,
               help="The engine context runs flash attention (llama.cpp then stores V untransposed).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def export(folder: str, engine_name: str, model: str, out: str, cache_type: str, flash_attn: bool,
            as_json: bool) -> None:
     """Write the pack in FOLDER as the engine's own saved cache, for the engine to continue from.

@@ -6,9 +6,11 @@ import json
 
 import click
 
+from kvbridge.cli.options import json_option
+
 
 @click.command("plugins")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def plugins(as_json: bool) -> None:
     """List installed plugins (built-in and third-party) and what each registers.
 

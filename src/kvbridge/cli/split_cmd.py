@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import open_guide_session, unescape  # noqa: F401 - kept importable here
+from kvbridge.cli.options import json_option, open_guide_session, unescape  # noqa: F401 - kept importable here
 
 
 @click.command("split")
@@ -15,7 +15,7 @@ from kvbridge.cli.options import open_guide_session, unescape  # noqa: F401 - ke
 @click.option("--live", required=True, help="Live text that follows the guide, or @FILE.")
 @click.option("--sep", default=" ", show_default=True,
               help="Separator between guide and live text (\\n, \\t, \\s escapes).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> None:
     """Where may a hidden prefix end so that ghost + live == joint, id for id?
 

@@ -9,7 +9,7 @@ import click
 
 from kvbridge.cli.numbers import SEED, SHARE, count, real
 
-from kvbridge.cli.options import device_option, dtype_option
+from kvbridge.cli.options import device_option, dtype_option, json_option
 
 REPORT_KIND = "kvbridge.steer-eval"
 #: shortcut flags -> method option keys (passed only when given and when the method has the option)
@@ -49,7 +49,7 @@ def _tokenizer_fp(loaded, tokenizer_path, tok) -> dict:
 @dtype_option
 @device_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing vector folder.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the manifest).")
+@json_option(help="Machine-readable output (the manifest).")
 def build(model, pairs_path, out, method, position, key_space, tokenizer, dtype, device, overwrite, as_json) -> None:
     """Build a steering vector for MODEL from the contrastive pairs in --pairs, write it to --out.
 
@@ -173,7 +173,7 @@ def _check_numbers(**values) -> None:
                                                      "tokenizer has one).")
 @dtype_option
 @device_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def run(model, prompt, vector_dir, method, ck, cv, alpha, ca, options, layers, at, guide, pack_dir, other,
         max_new_tokens, seed, greedy, temperature, top_p, chat, dtype, device, as_json) -> None:
     """Continue --prompt with MODEL steered and unsteered (same seed), side by side.
@@ -290,7 +290,7 @@ def _floats(text: str, name: str) -> tuple:
 @device_option
 @click.option("--out", default=None, type=click.Path(), help="Write report.json, report.md and sweep.png here.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out report folder.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def eval_cmd(model, vector_dir, prompt, scorer, instruction, arms, extra, samples, max_new_tokens, ck, cv, ca, layers,
              actadd_layers, at, sweep, sweep_samples, temperature, top_p, chat, dtype, device, out, overwrite,
              as_json) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from kvbridge.cli.numbers import count
@@ -43,111 +41,48 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engin
     With --engine llamacpp the transferred cache is written in llama.cpp's sequence-state format and
     TARGET's .gguf continues from it in llama.cpp (--compare: against llama.cpp's own prefill).
     """
-    import warnings
-
     if force_alias:
         click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
-    force = accept_mismatch or force_alias
-
-    import torch
-
     from kvbridge.cli.options import load_pair
-    from kvbridge.errors import ConfigError
-    from kvbridge.fit.artifact import load_mapping
-    from kvbridge.handoff import generate
-    from kvbridge.plugins import get_host
-    from kvbridge.transfer import transfer as run_transfer
-
-    from kvbridge.cli.numbers import check_generation_length, max_positions_of
     from kvbridge.prefix.splits import read_text_arg
+    from kvbridge.transfer_run import TransferSettings, transfer_generate
 
-    prompt = read_text_arg(prompt, "prompt")  # @FILE, and text that is not UTF-8 refused naming --prompt
-    host = get_host()
-    pair = load_pair(source, target, dtype=dtype, target_tokenizer=False, host=host)
-    tok_fp, smodel, tok, tmodel = pair.tokenizer, pair.source.model, pair.source.tokenizer, pair.target.model
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if mapping_dir == "identity":
-            mapping = _identity_mapping(pair, host)
-        else:
-            mapping = load_mapping(mapping_dir, source=smodel, target=tmodel, tokenizer=tok_fp, force=force, host=host)
-    for w in caught:
-        click.echo(f"warning: {w.message}", err=True)
-    ids = torch.tensor([tok(prompt)["input_ids"]], dtype=torch.long)
-    if ids.shape[1] < 2:
-        raise ConfigError("the prompt gives fewer than 2 tokens: there is no prefix to transfer",
-                          "pass a longer --prompt")
-    check_generation_length(ids.shape[1], 0, max_positions_of(smodel))  # SOURCE prefills the prompt
-    check_generation_length(ids.shape[1], max_new_tokens, max_positions_of(tmodel))  # TARGET continues it
-    sad = host.adapter_for(smodel.config.to_dict())
-    with torch.no_grad():
-        t0 = time.perf_counter()
-        state = sad.extract(smodel, ids[:, :-1])
-        t1 = time.perf_counter()
-        moved = run_transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
-        t2 = time.perf_counter()
-        if engine_name is not None:
-            _continue_in_engine(engine_name, pair.target.ref, moved, ids, tok, max_new_tokens, compare,
-                                source_s=t1 - t0, map_s=t2 - t1, host=host)
-            return
-        gen = dict(max_new_tokens=max_new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                   pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0)
-        ours = generate(tmodel, moved, ids, host=host, **gen)
-    text = tok.decode(ours.sequences[0, ids.shape[1]:], skip_special_tokens=True)
-    click.echo(text)
-    r2 = ((getattr(mapping, "manifest", None) or {}).get("r2_summary") or {}).get("mean")
-    click.echo(f"[transferred {state.num_tokens} tokens: source prefill {1e3 * (t1 - t0):.1f} ms, "
-               f"mapping {1e3 * (t2 - t1):.1f} ms; mapping held-out R² "
-               f"{'n/a' if r2 is None else f'{r2:.4f}'}]", err=True)
+    settings = TransferSettings(mapping=mapping_dir, prompt=read_text_arg(prompt, "prompt"),  # @FILE; not UTF-8 refused
+                                max_new_tokens=max_new_tokens, compare=compare, engine=engine_name,
+                                accept_fingerprint_mismatch=accept_mismatch or force_alias)
+    pair = load_pair(source, target, dtype=dtype, target_tokenizer=False)
+    _print(transfer_generate(pair, settings), compare)
+
+
+def _print(res, compare: bool) -> None:
+    """A :class:`~kvbridge.transfer_run.TransferResult` as the command prints it."""
+    for w in res.warnings:
+        click.echo(f"warning: {w}", err=True)
+    if res.engine is not None:
+        _print_engine(res, compare)
+        return
+    click.echo(res.text)
+    click.echo(f"[transferred {res.tokens} tokens: source prefill {1e3 * res.source_prefill_s:.1f} ms, "
+               f"mapping {1e3 * res.map_s:.1f} ms; mapping held-out R² "
+               f"{'n/a' if res.r2 is None else f'{res.r2:.4f}'}]", err=True)
     if compare:
-        with torch.no_grad():
-            t3 = time.perf_counter()
-            tmodel(input_ids=ids[:, :-1], use_cache=True)
-            t4 = time.perf_counter()
-            native = tmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
-        n = min(len(ours.logits), len(native.logits))
-        same = int((ours.sequences[0, ids.shape[1]:ids.shape[1] + n] == native.sequences[0, ids.shape[1]:ids.shape[1] + n]).sum())
-        from kvbridge.divergence import kl as kl_of
-
-        kl = float(kl_of(native.logits[0].float(), ours.logits[0].float()))
-        click.echo("native: " + tok.decode(native.sequences[0, ids.shape[1]:], skip_special_tokens=True))
-        click.echo(f"[agreement {same}/{n} greedy tokens; next-token KL(native || transferred) {kl:.3e}; "
-                   f"target prefill {1e3 * (t4 - t3):.1f} ms vs mapping {1e3 * (t2 - t1):.1f} ms]")
-        click.echo(f"[speed-up {(t4 - t3) / max(t2 - t1, 1e-9):.1f}x (target prefill / mapping), "
-                   f"{(t4 - t3) / max(t2 - t0, 1e-9):.2f}x counting the source prefill "
+        src_s, map_s, tgt_s = res.source_prefill_s, res.map_s, res.target_prefill_s
+        click.echo("native: " + res.native_text)
+        click.echo(f"[agreement {res.agreement}/{res.compared} greedy tokens; next-token KL(native || transferred) "
+                   f"{res.kl:.3e}; target prefill {1e3 * tgt_s:.1f} ms vs mapping {1e3 * map_s:.1f} ms]")
+        click.echo(f"[speed-up {tgt_s / max(map_s, 1e-9):.1f}x (target prefill / mapping), "
+                   f"{tgt_s / max(src_s + map_s, 1e-9):.2f}x counting the source prefill "
                    f"(target prefill / (source prefill + mapping))]")
 
 
-def _continue_in_engine(name, target_ref, moved, ids, tok, max_new_tokens, compare, *, source_s, map_s, host):
-    """TARGET continues in the engine from the transferred cache; prints the text and the timings."""
-    from kvbridge.engines import get_engine
-    from kvbridge.errors import PluginError
-
-    engine = get_engine(name, host=host)
-    run = getattr(engine, "continue_from", None)
-    if not callable(run):
-        raise PluginError(f"engine {name!r} can export a cache but cannot continue from one here",
-                          "use `kvbridge pack export --engine NAME` and load the file in the engine yourself")
-    out = run(moved, target_ref, ids[0, -1:].tolist(), max_new_tokens, native=compare, host=host)
-    click.echo(tok.decode(out["tokens"], skip_special_tokens=True))
-    click.echo(f"[{name}: transferred {moved.num_tokens} tokens: source prefill {1e3 * source_s:.1f} ms, mapping "
+def _print_engine(res, compare: bool) -> None:
+    name, out, map_s = res.engine, res.engine_run, res.map_s
+    click.echo(res.text)
+    click.echo(f"[{name}: transferred {res.tokens} tokens: source prefill {1e3 * res.source_prefill_s:.1f} ms, mapping "
                f"{1e3 * map_s:.1f} ms, export {1e3 * out['export_s']:.1f} ms ({out['bytes']:,} bytes), engine load "
                f"{1e3 * out['load_s']:.1f} ms]", err=True)
     if compare:
-        n = min(len(out["tokens"]), len(out["native_tokens"]))
-        same = sum(int(a == b) for a, b in zip(out["tokens"][:n], out["native_tokens"][:n]))
-        click.echo(f"{name} native: " + tok.decode(out["native_tokens"], skip_special_tokens=True))
-        click.echo(f"[agreement {same}/{n} greedy tokens; first-step max |logit diff| vs {name}'s own prefill "
-                   f"{out['first_step_diff']:.3f}; {name} prefill {1e3 * out['native_prefill_s']:.1f} ms vs "
-                   f"mapping + export + load {1e3 * (map_s + out['export_s'] + out['load_s']):.1f} ms]")
-
-
-def _identity_mapping(pair, host):
-    """``--mapping identity``: the built-in exact mapping, for a pair that is one model (same weights)."""
-    from kvbridge.builtin.identity import IdentityFitter
-    from kvbridge.errors import ConfigError
-
-    if not pair.same_model:
-        raise ConfigError(f"--mapping identity needs SOURCE and TARGET to be one model; {pair.source.name} and "
-                          f"{pair.target.name} differ", "fit a mapping for this pair (kvbridge fit) and pass its folder")
-    return IdentityFitter().fit(pair.source.spec, pair.target.spec)
+        click.echo(f"{name} native: " + res.native_text)
+        click.echo(f"[agreement {res.agreement}/{res.compared} greedy tokens; first-step max |logit diff| vs {name}'s "
+                   f"own prefill {out['first_step_diff']:.3f}; {name} prefill {1e3 * out['native_prefill_s']:.1f} ms "
+                   f"vs mapping + export + load {1e3 * (map_s + out['export_s'] + out['load_s']):.1f} ms]")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from kvbridge.cli.options import json_option
+
 
 def _table(manifest: dict) -> str:
     cols = ["name", "layers", "hidden", "heads", "kv x dim", "rope theta", "params", "train tokens",
@@ -50,7 +52,7 @@ def zoo() -> None:
 @zoo.command("list")
 @click.option("--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="A zoo folder (default: $KVBRIDGE_ZOO_DIR, else the shipped one).")
-@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+@json_option(help="Print the whole manifest as JSON.")
 def list_cmd(root, as_json) -> None:
     """List the zoo models and their measured losses.
 

@@ -1,0 +1,134 @@
+"""``evaluate_pair(pair, settings)``: the library form of ``kvbridge eval``.
+
+Reads the mapping (checked against the pair) and the corpus's held-out part (refusing overlap
+with the mapping's calibration text), draws the samples, and runs either the conditions
+(:func:`kvbridge.evaluate.evaluate`) or, with any ``recompute`` point, the recompute curve; a
+``report_dir`` gets the report, a ``partial_path`` the finished batches as they come. Nothing is
+printed: the result is an :class:`EvalRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalSettings
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """``result``: the eval (or recompute-curve) result dict; ``written``: report files by name;
+    ``recompute``: the run was the recompute curve; ``exit_code``: 1 when an enforced gate failed."""
+
+    result: dict = field(repr=False)
+    written: dict = field(default_factory=dict)
+    recompute: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.recompute else int(self.result.get("exit_code") or 0)
+
+    @property
+    def failed_gates(self) -> list[str]:
+        return [g["gate"] for g in self.result.get("gates", ()) if g["enforced"] and not g["passed"]]
+
+
+def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False, host=None):
+    """A mapping folder (``kvbridge fit --out``) checked against the models, or ``identity``."""
+    from kvbridge.plugins import get_host
+
+    host = host or get_host()
+    if ref == "identity":
+        from kvbridge.fit.pipeline import load_fitter
+
+        sspec = host.adapter_for(smodel.config.to_dict()).spec_of(smodel)
+        tspec = host.adapter_for(tmodel.config.to_dict()).spec_of(tmodel)
+        return load_fitter(host, "identity").fit(sspec, tspec)
+    from kvbridge.fit.artifact import load_mapping
+
+    return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
+
+
+def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None, warn=None) -> EvalRun:
+    """Run ``kvbridge eval`` on a loaded :class:`~kvbridge.models.pair.ModelPair`.
+
+    ``progress(done, total)`` is called as samples finish; ``heartbeat`` (a
+    :class:`kvbridge.progress.Heartbeat`, optional) is told the stages; ``warn(text)`` receives the
+    overlap note of ``allow_overlap`` (it is also in the result's notes)."""
+    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate import corpus_samples, evaluate
+    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate.report import batch_record, write_report
+    from kvbridge.fit.calibrate import check_same_tokens
+    from kvbridge.progress import PartialLog
+
+    conds = settings.condition_names()
+    src, tgt, s = pair.source, pair.target, settings
+    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
+    if heartbeat is not None:
+        heartbeat.stage("reading the corpus and the mapping")
+    mapping = load_mapping_ref(s.mapping, smodel, tmodel, tokenizer=pair.tokenizer, force=s.accept_fingerprint_mismatch)
+    fraction = HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction
+    ev = eval_corpus(s.corpus, getattr(mapping, "manifest", None), fraction, explicit=s.heldout_fraction is not None,
+                     allow=s.allow_overlap, tokenizer=ttok)
+    tail, texts, overlap = ev.tail, ev.profile_texts, ev.note
+    check_same_tokens([tail], stok, ttok)
+    if overlap and warn is not None:
+        warn(overlap)
+    ids, data = corpus_samples([tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
+    data.update(ev.data)
+    partial_path = s.partial_path
+    default_partial = str(s.report_dir).rstrip("/\\") + ".partial.jsonl" if s.report_dir else None
+    if partial_path is None and s.report_dir:
+        partial_path = default_partial
+    partial = None if partial_path is None else PartialLog(partial_path, {
+        "command": "eval", "source": _ref_text(src), "target": _ref_text(tgt),
+        "mapping": s.mapping, "corpus": str(s.corpus), "samples": int(ids.shape[0]), "prefix_len": s.prefix_len,
+        "continuation_len": s.continuation_len})
+    if heartbeat is not None:
+        heartbeat.stage("evaluating", int(ids.shape[0]), "samples")
+
+    def on_batch(first, last, fields):
+        if partial is not None:
+            partial.add(batch_record(first, last, fields))
+        from kvbridge.faults import fault_point
+
+        fault_point("eval.batch")
+
+    if s.recompute.active:  # the recompute dial: kvbridge.recompute
+        from kvbridge.cli.recompute_eval import eval_recompute
+
+        r = s.recompute
+        result, written = eval_recompute(
+            smodel, tmodel, mapping, ids, texts=texts, tokenizer=ttok, prefix_len=s.prefix_len,
+            continuation_len=s.continuation_len, layers_spec=r.layers, tokens_spec=r.tokens, sweep=r.sweep,
+            mode=r.mode, select=r.select, group_size=r.group, calibration_samples=r.calibration_samples,
+            batch_size=s.batch_size, attention=s.attention, bootstrap=s.bootstrap, seed=s.seed,
+            report_dir=s.report_dir, progress=progress)
+        if partial is not None:
+            partial.remove() if s.report_dir and written else partial.finish()
+        return EvalRun(result, written, recompute=True)
+    config = EvalConfig(prefix_len=s.prefix_len, continuation_len=s.continuation_len, greedy_tokens=s.greedy_tokens,
+                        batch_size=s.batch_size, top_k=s.top_k, top_p=s.top_p, seed=s.seed, conditions=conds,
+                        attention=s.attention, bootstrap=s.bootstrap)
+    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=s.gates, source_name=src.name,
+                      target_name=tgt.name, mapping_path=None if s.mapping == "identity" else s.mapping,
+                      data=data, progress=progress, on_batch=on_batch)
+    if overlap:
+        result["notes"] = list(result.get("notes") or []) + [overlap]
+    written = {}
+    if s.report_dir:
+        written = write_report(result, s.report_dir)
+        if partial is not None and partial_path == default_partial:
+            partial.remove()  # the report holds everything now
+            partial = None
+    if partial is not None:
+        partial.finish({"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")})
+    return EvalRun(result, written)
+
+
+def _ref_text(loaded) -> str:
+    """The reference as the user gave it (``zoo:base``, a folder)."""
+    return str(getattr(loaded.ref, "ref", None) or loaded.name)
+
+
+__all__ = ["EvalRun", "EvalSettings", "evaluate_pair", "load_mapping_ref"]

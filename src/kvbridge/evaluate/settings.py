@@ -1,0 +1,130 @@
+"""What ``kvbridge eval`` (and :func:`kvbridge.evaluate.run.evaluate_pair`) is asked to do.
+
+Frozen values with the CLI's defaults; bad values are refused here, as one-line errors naming the
+option and the fix, so the Python API gets the command line's checks. Torch-free except the
+condition names, read from :mod:`kvbridge.evaluate.conditions` when ``conditions`` is not ``all``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvbridge.errors import ConfigError
+
+#: the held-out share of a file corpus when ``heldout_fraction`` is None (a folder: the mapping's)
+HELDOUT_FRACTION = 0.1
+
+
+def _count(value, flag: str, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{flag} must be a whole number >= {minimum}, got {value!r}",
+                          f"pass {flag} {max(minimum, 1)} or more")
+
+
+@dataclass(frozen=True)
+class RecomputeSettings:
+    """``eval --recompute-*``: recompute target layers (``layers``: ``3,7-9 | all | auto:15%``, ';' between
+    points) and/or tokens (``tokens``: ``R[,R...]``), or a ``sweep`` over the dial (see docs/recompute.md)."""
+
+    layers: str | None = None
+    tokens: str | None = None
+    sweep: str | None = None
+    mode: str = "target"
+    select: str = "greedy"
+    group: int = 1
+    calibration_samples: int = 16
+
+    def __post_init__(self) -> None:
+        for flag, value, allowed in (("--recompute-sweep", self.sweep, (None, "layers", "tokens", "both")),
+                                     ("--recompute-mode", self.mode, ("target", "source")),
+                                     ("--recompute-select", self.select, ("greedy", "profile", "prefix"))):
+            if value not in allowed:
+                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(str(a) for a in allowed if a)}",
+                                  f"pass one of them to {flag}")
+        _count(self.group, "--recompute-group", 1)
+        _count(self.calibration_samples, "--calibration-samples", 1)
+
+    @property
+    def active(self) -> bool:
+        """Any ``--recompute-*`` point or sweep asked: the run is the recompute curve."""
+        return bool(self.layers or self.tokens or self.sweep)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """One ``kvbridge eval`` run; fields are the command's options (``attention`` = not ``--no-attention``,
+    ``heldout_fraction=None`` = the mapping's split for a folder corpus, else :data:`HELDOUT_FRACTION`)."""
+
+    mapping: str
+    corpus: str
+    samples: int = 64
+    prefix_len: int = 64
+    continuation_len: int = 8
+    greedy_tokens: int = 16
+    heldout_fraction: float | None = None
+    conditions: str = "all"
+    bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int = 16
+    top_k: int = 5
+    top_p: float = 0.9
+    attention: bool = True
+    gates: tuple = ()
+    report_dir: str | None = None
+    accept_fingerprint_mismatch: bool = False
+    allow_overlap: bool = False
+    partial_path: str | None = None
+    recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
+
+    def __post_init__(self) -> None:
+        from kvbridge.check.validate import finite_number
+        from kvbridge.evaluate.gates import parse_gate
+
+        if not isinstance(self.mapping, str) or not self.mapping.strip():
+            raise ConfigError("--mapping is empty", "pass a mapping folder from `kvbridge fit`, or identity")
+        if self.corpus is None or not str(self.corpus).strip():
+            raise ConfigError("--corpus is empty", "pass a text file, a JSONL file or a folder")
+        object.__setattr__(self, "gates", tuple(self.gates))
+        for text in self.gates:  # a typo in a gate fails before anything is loaded
+            parse_gate(text)
+        _count(self.samples, "--samples", 2)
+        for flag, value in (("--prefix-len", self.prefix_len), ("--continuation-len", self.continuation_len),
+                            ("--greedy-tokens", self.greedy_tokens), ("--batch-size", self.batch_size),
+                            ("--top-k", self.top_k)):
+            _count(value, flag, 1)
+        _count(self.bootstrap, "--bootstrap", 0)
+        _count(self.seed, "--seed", 0)
+        finite_number(self.top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
+        if self.top_p > 1:
+            raise ConfigError(f"--top-p must be <= 1, got {self.top_p!r}", "pass a share in (0, 1]")
+        if self.heldout_fraction is not None:
+            finite_number(self.heldout_fraction, "--heldout-fraction", positive=True)
+            if self.heldout_fraction > 1:
+                raise ConfigError(f"--heldout-fraction must be <= 1, got {self.heldout_fraction!r}",
+                                  "pass a share in (0, 1]")
+        if not isinstance(self.recompute, RecomputeSettings):
+            raise ConfigError("recompute must be a RecomputeSettings", "pass RecomputeSettings(...) or leave it out")
+        if self.report_dir:  # refuse a --report folder that is not an earlier report before the (long) run
+            from kvbridge.artifacts import check_replaceable
+            from kvbridge.evaluate.report import REPORT_KIND
+
+            check_replaceable(self.report_dir, REPORT_KIND, overwrite=True, flag="")
+        self.condition_names()  # unknown names refused now
+
+    def condition_names(self) -> tuple[str, ...]:
+        """``conditions`` as names (``all``: every built-in condition)."""
+        from kvbridge.evaluate.conditions import CONDITIONS, EvalError
+
+        text = str(self.conditions)
+        conds = CONDITIONS if text.strip() in ("", "all") else tuple(c.strip() for c in text.split(","))
+        bad = [c for c in conds if c not in CONDITIONS]
+        if bad:
+            raise EvalError(f"unknown condition {bad[0]!r}", f"use some of {', '.join(CONDITIONS)}")
+        return tuple(conds)
+
+    @property
+    def sample_len(self) -> int:
+        return self.prefix_len + self.continuation_len + 1
+
+
+__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings"]

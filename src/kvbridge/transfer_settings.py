@@ -1,0 +1,49 @@
+"""What ``kvbridge transfer`` (and :func:`kvbridge.transfer_run.transfer_generate`) is asked to do.
+
+A frozen value with the CLI's defaults; bad values are refused here, as one-line
+:class:`~kvbridge.errors.ConfigError` naming the option and the fix, so the Python API gets the
+same checks as the command line. No torch, no models: a value module low in the layering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbridge.errors import ConfigError
+
+#: ``mapping=IDENTITY``: the built-in exact mapping (SOURCE and TARGET one model)
+IDENTITY = "identity"
+
+
+def whole_number(value, flag: str, minimum: int) -> None:
+    """Refuse anything but an int ``>= minimum`` (a bool is not a number), naming ``flag``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{flag} must be a whole number >= {minimum}, got {value!r}",
+                          f"pass {flag} {max(minimum, 1)} or more")
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """``mapping``: a mapping folder (``kvbridge fit --out``) or ``"identity"``; ``prompt``: the text SOURCE
+    prefills (TARGET continues it, greedy, for ``max_new_tokens``); ``compare``: also run TARGET natively;
+    ``engine``: continue in an inference engine (e.g. ``"llamacpp"``) instead of transformers;
+    ``accept_fingerprint_mismatch``: warn instead of refusing a mapping made for other models."""
+
+    mapping: str
+    prompt: str
+    max_new_tokens: int = 32
+    compare: bool = False
+    engine: str | None = None
+    accept_fingerprint_mismatch: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mapping, str) or not self.mapping.strip():
+            raise ConfigError("--mapping is empty", "pass a mapping folder from `kvbridge fit`, or identity")
+        if not isinstance(self.prompt, str):
+            raise ConfigError(f"--prompt must be text, got {type(self.prompt).__name__}", "pass the prompt as a str")
+        whole_number(self.max_new_tokens, "--max-new-tokens", 1)
+        if self.engine is not None and (not isinstance(self.engine, str) or not self.engine.strip()):
+            raise ConfigError("--engine is empty", "name an engine (`kvbridge plugins` lists them), or leave it out")
+
+
+__all__ = ["IDENTITY", "TransferSettings", "whole_number"]

@@ -1,0 +1,85 @@
+"""kvbridge.evaluate.settings: the CLI's defaults, and bad values refused as one line before any load."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvbridge.errors import KVBridgeError
+from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalSettings, RecomputeSettings
+
+BASE = dict(mapping="identity", corpus="corpus.txt")
+#: click parameter -> (settings object, field); heldout_fraction, no_attention and the rest are mapped below
+SAME = ["samples", "prefix_len", "continuation_len", "greedy_tokens", "conditions", "bootstrap", "seed",
+        "batch_size", "top_k", "top_p", "allow_overlap"]
+RECOMPUTE = {"recompute_layers": "layers", "recompute_tokens": "tokens", "recompute_sweep": "sweep",
+             "recompute_mode": "mode", "recompute_select": "select", "recompute_group": "group",
+             "calibration_samples": "calibration_samples"}
+
+
+def _parsed_defaults() -> dict:
+    from kvbridge.cli.eval_cmd import eval_cmd
+
+    ctx = eval_cmd.make_context("eval", ["S", "T", "--mapping", "identity", "--corpus", __file__])
+    return ctx.params
+
+
+def test_every_click_default_is_the_dataclass_default():
+    params, default = _parsed_defaults(), EvalSettings(**BASE)
+    for name in SAME:
+        assert params[name] == getattr(default, name), name
+    for cli_name, field_name in RECOMPUTE.items():
+        assert params[cli_name] == getattr(default.recompute, field_name), cli_name
+    assert params["heldout_fraction"] == HELDOUT_FRACTION and default.heldout_fraction is None
+    assert params["no_attention"] is (not default.attention)
+    assert tuple(params["gates"]) == default.gates and params["report_dir"] == default.report_dir
+    assert params["partial_path"] == default.partial_path
+    assert params["accept_mismatch"] is default.accept_fingerprint_mismatch
+    covered = set(SAME) | {"heldout_fraction", "attention", "gates", "report_dir", "partial_path",
+                           "accept_fingerprint_mismatch", "recompute", "mapping", "corpus"}
+    assert covered == {f.name for f in dataclasses.fields(EvalSettings)}
+
+
+def test_defaults_and_sample_len():
+    s = EvalSettings(**BASE)
+    assert s.sample_len == 64 + 8 + 1 and not s.recompute.active
+    assert len(s.condition_names()) > 3 and s.condition_names()[0] == "native"
+    assert EvalSettings(**BASE, conditions="native, transferred").condition_names() == ("native", "transferred")
+    assert RecomputeSettings(layers="3").active and RecomputeSettings(sweep="tokens").active
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(samples=1), "--samples must be a whole number >= 2"),
+    (dict(prefix_len=0), "--prefix-len must be a whole number >= 1"),
+    (dict(batch_size=True), "--batch-size must be a whole number >= 1"),
+    (dict(bootstrap=-1), "--bootstrap must be a whole number >= 0"),
+    (dict(top_p=float("nan")), "--top-p must be finite"),
+    (dict(top_p=1.5), "--top-p must be <= 1"),
+    (dict(heldout_fraction=0.0), "--heldout-fraction must be > 0"),
+    (dict(conditions="native,bogus"), "unknown condition 'bogus'"),
+    (dict(gates=("nonsense",)), "gate"),
+    (dict(mapping=""), "--mapping is empty"),
+])
+def test_bad_values_are_refused_naming_the_option(kwargs, needle):
+    with pytest.raises(KVBridgeError) as err:
+        EvalSettings(**{**BASE, **kwargs})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_report_folder_that_is_not_a_report_is_refused(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep me")
+    with pytest.raises(KVBridgeError):
+        EvalSettings(**BASE, report_dir=str(tmp_path))
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(mode="sideways"), "--recompute-mode 'sideways' is not one of"),
+    (dict(sweep="all"), "--recompute-sweep 'all' is not one of"),
+    (dict(group=0), "--recompute-group must be a whole number >= 1"),
+    (dict(calibration_samples=0), "--calibration-samples must be a whole number >= 1"),
+])
+def test_bad_recompute_values_are_refused(kwargs, needle):
+    with pytest.raises(KVBridgeError, match=needle.replace("'", ".")):
+        RecomputeSettings(**kwargs)

@@ -1,0 +1,50 @@
+"""kvbridge.transfer_settings: defaults are the CLI's, bad values are one-line ConfigErrors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvbridge.errors import ConfigError
+from kvbridge.transfer_settings import TransferSettings
+
+#: click parameter name -> settings field (the rest of the command's options are parsing or loading)
+CLI_TO_FIELD = {"mapping_dir": "mapping", "max_new_tokens": "max_new_tokens", "compare": "compare",
+                "engine_name": "engine", "accept_mismatch": "accept_fingerprint_mismatch"}
+
+
+def test_every_click_default_is_the_dataclass_default():
+    """The command's parsed defaults (only the required options given) build the default settings."""
+    from kvbridge.cli.transfer_cmd import transfer
+
+    ctx = transfer.make_context("transfer", ["S", "T", "--mapping", "m", "--prompt", "p"])
+    parsed = TransferSettings(**{field: ctx.params[name] for name, field in CLI_TO_FIELD.items()}, prompt="p")
+    assert parsed == TransferSettings(mapping="m", prompt="p")
+    assert set(CLI_TO_FIELD.values()) | {"prompt"} == {f.name for f in dataclasses.fields(TransferSettings)}
+
+
+def test_defaults():
+    s = TransferSettings(mapping="identity", prompt="hi there")
+    assert (s.max_new_tokens, s.compare, s.engine, s.accept_fingerprint_mismatch) == (32, False, None, False)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(max_new_tokens=0), "--max-new-tokens must be a whole number >= 1"),
+    (dict(max_new_tokens=True), "--max-new-tokens must be a whole number >= 1"),
+    (dict(max_new_tokens=2.5), "--max-new-tokens must be a whole number >= 1"),
+    (dict(mapping=""), "--mapping is empty"),
+    (dict(prompt=None), "--prompt must be text"),
+    (dict(engine=" "), "--engine is empty"),
+])
+def test_bad_values_are_refused_naming_the_option(kwargs, needle):
+    base = dict(mapping="identity", prompt="hi there")
+    with pytest.raises(ConfigError) as err:
+        TransferSettings(**{**base, **kwargs})
+    assert needle in str(err.value) and "(fix: " in str(err.value) and "\n" not in str(err.value)
+
+
+def test_frozen():
+    s = TransferSettings(mapping="identity", prompt="x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.prompt = "y"
