@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.engines.llamacpp import engine_model, export_state
     from kvbridge.engines.llamacpp_runtime import LlamaCppSession, binding_version
     from kvbridge.evaluate import corpus_samples

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     if args.variants_only:
         return variants_only(args, out)
     corpus = Path(args.corpus) if args.corpus else stdlib_corpus(out / "stdlib-corpus")
-    from kvbridge.cli.corpus_support import calibration_texts, eval_corpus
+    from kvbridge.evaluate.corpus import calibration_texts, eval_corpus
 
     texts, sha, split = calibration_texts(corpus, args.corpus_heldout)
     from kvbridge.corpus import read_corpus
@@ -306,7 +306,7 @@ def variants_only(args, out: Path) -> int:
     """Eval every grid mapping but the main one (native + transferred), same samples as the main run."""
     import torch
 
-    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.evaluate import corpus_samples, evaluate
     from kvbridge.evaluate.conditions import EvalConfig
     from kvbridge.fit.artifact import load_mapping

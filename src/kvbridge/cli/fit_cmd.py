@@ -233,7 +233,7 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
     options = fitter_options(load_fitter(get_host(), fitter), values)  # refuse bad options before loading models
     import os
 
-    from kvbridge.cli.corpus_support import calibration_texts
+    from kvbridge.evaluate.corpus import calibration_texts
     from kvbridge.progress import Heartbeat
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends

@@ -142,7 +142,7 @@ def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, r
     from kvbridge.fit.calibrate import load_corpus
     from kvbridge.recompute import report
     from kvbridge.cli.options import load_model
-    from kvbridge.cli.recompute_eval import split_list
+    from kvbridge.recompute.eval_run import split_list
     from kvbridge.recompute.graft import run_graft
     from kvbridge.recompute.tokens import parse_ratio
 

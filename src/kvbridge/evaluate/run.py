@@ -54,7 +54,7 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
     ``progress(done, total)`` is called as samples finish; ``heartbeat`` (a
     :class:`kvbridge.progress.Heartbeat`, optional) is told the stages; ``warn(text)`` receives the
     overlap note of ``allow_overlap`` (it is also in the result's notes)."""
-    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.evaluate import corpus_samples, evaluate
     from kvbridge.evaluate.conditions import EvalConfig
     from kvbridge.evaluate.report import batch_record, write_report
@@ -95,7 +95,7 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
         fault_point("eval.batch")
 
     if s.recompute.active:  # the recompute dial: kvbridge.recompute
-        from kvbridge.cli.recompute_eval import eval_recompute
+        from kvbridge.recompute.eval_run import eval_recompute
 
         r = s.recompute
         result, written = eval_recompute(
