@@ -115,11 +115,11 @@ def test_fitter_options_are_generic_and_checked(folders):
     assert res.exit_code == 0, res.output
     params = json.loads((out / "manifest.json").read_text())["fitter"]["params"]
     assert params["top_k"] == 2 and params["alpha"] == "auto"
-    # --overwrite replaces; --force is its hidden, deprecated alias (warns); both refuse nothing else
+    # --overwrite replaces; the old --force alias is gone (0.x: CHANGELOG.md) and is a usage error
     res = run(*base, "--out", out, "-o", "top_k=1", "--overwrite")
     assert res.exit_code == 0 and json.loads((out / "manifest.json").read_text())["fitter"]["params"]["top_k"] == 1
     res = run(*base, "--out", out, "--top-k", 2, "--force")
-    assert res.exit_code == 0 and "--force is deprecated; use --overwrite" in res.stderr
+    assert res.exit_code == 2 and "No such option '--force'" in res.output
     assert "--force" not in run("fit", "--help").output and "--overwrite" in run("fit", "--help").output
 
 

@@ -53,8 +53,6 @@ def metric_help() -> str:
                    "COND.METRIC<=X, or 'default'. Repeatable.")
 @click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
               help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
-@click.option("--force", "force_alias", is_flag=True, hidden=True,
-              help="Deprecated alias of --accept-fingerprint-mismatch.")
 @click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
 @click.option("--allow-overlap", is_flag=True,
               help="Evaluate even when the samples overlap the mapping's calibration text (refused by default).")
@@ -81,7 +79,7 @@ def metric_help() -> str:
               help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, accept_mismatch, force_alias, threads, allow_overlap=False, partial_path=None, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
+             report_dir, gates, accept_mismatch, threads, allow_overlap=False, partial_path=None, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
              recompute_mode="target", recompute_select="greedy", recompute_group=1, calibration_samples=16):
     """Measure a transferred cache against the target's own, with floors and controls.
 
@@ -103,8 +101,6 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
     \b
     METRICS
     """
-    if force_alias:
-        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
     from click.core import ParameterSource
 
     from kvbridge.evaluate.settings import EvalSettings, RecomputeSettings
@@ -114,7 +110,7 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         mapping=mapping_ref, corpus=corpus, samples=samples, prefix_len=prefix_len, continuation_len=continuation_len,
         greedy_tokens=greedy_tokens, heldout_fraction=heldout_fraction if given else None, conditions=conditions,
         bootstrap=bootstrap, seed=seed, batch_size=batch_size, top_k=top_k, top_p=top_p, attention=not no_attention,
-        gates=gates, report_dir=report_dir, accept_fingerprint_mismatch=accept_mismatch or force_alias,
+        gates=gates, report_dir=report_dir, accept_fingerprint_mismatch=accept_mismatch,
         allow_overlap=allow_overlap, partial_path=partial_path,
         recompute=RecomputeSettings(layers=recompute_layers, tokens=recompute_tokens, sweep=recompute_sweep,
                                     mode=recompute_mode, select=recompute_select, group=recompute_group,

@@ -79,17 +79,6 @@ class Progress:
         return f"{self.done / secs:,.0f} tok/s"
 
 
-def _deprecated_flag(old: str, new: str):
-    """A hidden flag kept for old scripts: it warns once and sets ``new``."""
-
-    def callback(ctx, _param, value):
-        if value:
-            click.echo(f"warning: {old} is deprecated; use {new}", err=True)
-        return value
-
-    return callback
-
-
 #: shortcut flags -> fitter option keys (passed only when given; a fitter without the key refuses it)
 SHORTCUTS = {"top_k": "top_k", "alpha": "alpha", "memory_gib": "memory_budget", "estimator": "estimator",
              "estimator_options": "estimator_options", "max_samples": "max_samples"}
@@ -148,8 +137,6 @@ def option_values(pairs, **flags) -> dict:
 @click.option("--resume", is_flag=True, help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
                                           "and continue an interrupted fit from them.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
-@click.option("--force", "force_alias", is_flag=True, hidden=True, callback=_deprecated_flag("--force", "--overwrite"),
-              help="Deprecated alias of --overwrite.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the resource plan (statistics memory, blocking, artifact "
               "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.")
@@ -159,7 +146,7 @@ def option_values(pairs, **flags) -> dict:
               "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.")
 def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha,
         heldout, seed, batch_size, estimator, estimator_options, max_samples, memory_gib, dtype, keep_stats,
-        from_stats, resume, overwrite, force_alias, quiet, plan_only, device_flops, plan_device):
+        from_stats, resume, overwrite, quiet, plan_only, device_flops, plan_device):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
@@ -194,14 +181,13 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
         click.echo("\n".join(p.lines()))
         return
     if from_stats is not None:
-        _fit_from_stats(source, target, from_stats, out, top_k=top_k, alpha=alpha, overwrite=overwrite or force_alias,
+        _fit_from_stats(source, target, from_stats, out, top_k=top_k, alpha=alpha, overwrite=overwrite,
                         corpus=corpus, keep_stats=keep_stats)
         return
     if corpus is None or out is None:
         raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
 
-    overwrite = overwrite or force_alias
     from kvbridge.artifacts import check_replaceable
     from kvbridge.check import validate
     from kvbridge.fit.artifact import KIND

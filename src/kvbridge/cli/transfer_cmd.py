@@ -23,10 +23,7 @@ from kvbridge.cli.options import dtype_option
 @dtype_option
 @click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
               help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
-@click.option("--force", "force_alias", is_flag=True, hidden=True,
-              help="Deprecated alias of --accept-fingerprint-mismatch.")
-def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engine_name, dtype, accept_mismatch,
-             force_alias):
+def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engine_name, dtype, accept_mismatch):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids in
@@ -41,15 +38,13 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engin
     With --engine llamacpp the transferred cache is written in llama.cpp's sequence-state format and
     TARGET's .gguf continues from it in llama.cpp (--compare: against llama.cpp's own prefill).
     """
-    if force_alias:
-        click.echo("warning: --force is deprecated; use --accept-fingerprint-mismatch", err=True)
     from kvbridge.cli.options import load_pair
     from kvbridge.prefix.splits import read_text_arg
     from kvbridge.transfer_run import TransferSettings, transfer_generate
 
     settings = TransferSettings(mapping=mapping_dir, prompt=read_text_arg(prompt, "prompt"),  # @FILE; not UTF-8 refused
                                 max_new_tokens=max_new_tokens, compare=compare, engine=engine_name,
-                                accept_fingerprint_mismatch=accept_mismatch or force_alias)
+                                accept_fingerprint_mismatch=accept_mismatch)
     pair = load_pair(source, target, dtype=dtype, target_tokenizer=False)
     _print(transfer_generate(pair, settings), compare)
 

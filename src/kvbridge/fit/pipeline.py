@@ -135,9 +135,8 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
     from kvbridge.fit.calibrate import PairedCalibration
     from kvbridge.plugins import get_host
 
-    if "force" in overrides:  # the old name of overwrite
-        warnings.warn("fit(force=...) is deprecated: use overwrite=", DeprecationWarning, stacklevel=2)
-        overwrite = bool(overrides.pop("force")) or overwrite
+    if "force" in overrides:
+        raise FitError("fit(force=...) was renamed", "pass overwrite=True (CHANGELOG.md)")
     host = host or get_host()
     config, prov, overrides = _split_overrides(dict(overrides), calibration, provenance)
     fitter_obj = load_fitter(host, fitter)
