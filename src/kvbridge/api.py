@@ -150,3 +150,12 @@ def evaluate_pair(pair, settings, **callbacks):
     from kvbridge.evaluate.run import evaluate_pair as _run
 
     return _run(pair, settings, **callbacks)
+
+
+def harness_pair(pair, settings, **kwargs):
+    """``kvbridge harness`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` a
+    :class:`~kvbridge.harness.settings.HarnessSettings` (its checks are the CLI's, plus
+    :func:`kvbridge.harness.pair_run.prepare`'s); returns ``(result, written report files)``."""
+    from kvbridge.harness.pair_run import harness_pair as _run
+
+    return _run(pair, settings, **kwargs)

@@ -70,38 +70,16 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     \b
     TASKS
     """
-    from kvbridge.harness.protocol import HarnessError
-    from kvbridge.harness.run import load_tasks, parse_task_options
+    from kvbridge.harness.pair_run import harness_pair, prepare
+    from kvbridge.harness.settings import HarnessSettings
 
-    names = [n.strip() for n in task_names.split(",") if n.strip()]
-    if not names and not lm_eval_tasks:
-        raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
-    options = parse_task_options(task_options)
-    lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
-    tasks = load_tasks(names, options) if names else []
-    lm_specs = []
-    if lm_eval_tasks:  # resolved (and refused when hub-only) before any model loads
-        from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
-
-        lm_specs = lm_eval_task_specs(lm_eval_tasks, include_path=lm_eval_include)
-    if lm_options and not lm_specs:
-        raise HarnessError(f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
-                           "add the task with --lm-eval-task, or drop the option")
-    needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
-    if needs_exec and not allow_code_execution:
-        raise HarnessError(f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
-                           "pass --allow-code-execution (it runs in a limited subprocess, not a container)")
-    if mapping_ref != "identity":
-        from pathlib import Path
-
-        if not (Path(mapping_ref) / "manifest.json").is_file():
-            raise HarnessError(f"--mapping {mapping_ref}: not a mapping folder (no manifest.json)",
-                               "pass a folder written by `kvbridge fit SRC TGT --out DIR`, or identity")
-    if report_dir:
-        from kvbridge.artifacts import check_replaceable
-        from kvbridge.harness.report import REPORT_KIND
-
-        check_replaceable(report_dir, REPORT_KIND, overwrite=True, flag="")
+    settings = HarnessSettings(
+        mapping=mapping_ref, tasks=task_names, task_options=task_options, lm_eval_tasks=lm_eval_tasks,
+        lm_eval_include=lm_eval_include, conditions=conditions, recompute_layers=recompute_layers,
+        recompute_tokens=recompute_tokens, limit=limit, allow_code_execution=allow_code_execution,
+        bootstrap=bootstrap, seed=seed, report_dir=report_dir, partial_path=partial_path,
+        accept_fingerprint_mismatch=accept_mismatch)
+    prepared = prepare(settings)  # every refusal that needs no model, before loading one
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -109,27 +87,10 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
     if threads:
         torch.set_num_threads(int(threads))
     from kvbridge.cli.options import load_pair
-    from kvbridge.evaluate.run import load_mapping_ref
-    from kvbridge.harness.conditions import parse_recompute_layers, parse_recompute_tokens
-    from kvbridge.harness.report import terminal_table, to_json, write_report
-    from kvbridge.harness.run import run_harness
-    from kvbridge.progress import PartialLog, Progress
+    from kvbridge.harness.report import terminal_table, to_json
+    from kvbridge.progress import Progress
 
     pair = load_pair(source, target, dtype=dtype)
-    src, tgt, tok_fp = pair.source, pair.target, pair.tokenizer
-    mapping = load_mapping_ref(mapping_ref, src.model, tgt.model, tokenizer=tok_fp, force=accept_mismatch)
-    points = (parse_recompute_layers(recompute_layers, tgt.spec.num_layers if getattr(tgt, "spec", None)
-                                     else tgt.model.config.num_hidden_layers) + parse_recompute_tokens(recompute_tokens))
-    conds = [c.strip() for c in conditions.split(",") if c.strip()] or None
-    if lm_specs:
-        from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
-
-        tasks = tasks + lm_eval_loaded_tasks(lm_specs, lm_options)
-    if partial_path is None and report_dir:
-        partial_path = str(report_dir).rstrip("/\\") + ".partial.jsonl"
-    partial = None if partial_path is None else PartialLog(partial_path, {
-        "command": "harness", "source": source, "target": target, "mapping": mapping_ref,
-        "tasks": [t.name for t in tasks]})
     bar = None
 
     def progress(done, total):
@@ -138,27 +99,11 @@ def harness(source, target, mapping_ref, task_names, task_options, lm_eval_tasks
             bar = Progress(total, label="harness", unit="items", enabled=True)
         bar.update(done)
 
-    def on_item(task, record):
-        if partial is not None:
-            partial.add({"task": task, **record})
-
-    result = run_harness(src.model, tgt.model, mapping, tgt.tokenizer, tasks, conditions=conds, recompute=points,
-                         allow_code_execution=allow_code_execution, bootstrap=bootstrap, seed=seed, limit=limit,
-                         progress=progress, on_item=on_item, source_name=src.name, target_name=tgt.name,
-                         mapping_info={"path": None if mapping_ref == "identity" else str(mapping_ref),
-                                       "name": getattr(mapping, "name", type(mapping).__name__),
-                                       "exact": bool(getattr(mapping, "exact", False))})
+    result, written = harness_pair(pair, settings, prepared=prepared, progress=progress)
     if bar is not None:
         bar.close()
-    if report_dir:
-        written = write_report(result, report_dir)
-        if partial is not None and partial_path == str(report_dir).rstrip("/\\") + ".partial.jsonl":
-            partial.remove()
-            partial = None
-        if not as_json:
-            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
-    if partial is not None:
-        partial.finish()
+    if written and not as_json:
+        click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
     click.echo(to_json(result) if as_json else terminal_table(result))
 
 
