@@ -152,6 +152,8 @@ def main(argv=None) -> int:
         r = json.loads((out / "results.json").read_text())
         if (out / "results_variants.json").is_file():
             r["eval_variants"] = json.loads((out / "results_variants.json").read_text())["eval_variants"]
+        if (out / "recompute_tokens.json").is_file():
+            r["recompute_tokens"] = json.loads((out / "recompute_tokens.json").read_text())
         print(report(r))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -449,6 +451,19 @@ def report(r: dict) -> str:
         src = ((r.get("eval_main") or {}).get("conditions") or {}).get("source")
         if src:
             out.append(f"| source alone (eval above) | | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
+                       f"{_f(src.get('top1_agreement'))} |")
+    rt = r.get("recompute_tokens")
+    if rt:
+        out += ["", f"token-selective recompute (check layer {rt.get('check_layer')}, target, same samples; "
+                    f"tokens@R = deviation rule, last@R = the prefix's last R tokens; {rt.get('wall_s')} s):",
+                "| point | token share | FLOP share of the target's prefill | gap recovered | KL p95 | top-1 |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for name, p in rt.get("conditions", {}).items():
+            out.append(f"| {name} | {_f(p.get('share'), '{:.2f}')} | {_f(p.get('recompute_flop_share'), '{:.2f}')} | "
+                       f"{_ci(p, 'gap_recovered')} | {_f(p.get('kl_p95'))} | {_f(p.get('top1_agreement'))} |")
+        src = ((r.get("eval_main") or {}).get("conditions") or {}).get("source")
+        if src:
+            out.append(f"| source alone (main eval) | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
                        f"{_f(src.get('top1_agreement'))} |")
     out.append(f"\nwall {r.get('wall_s')} s, peak RSS {r.get('peak_rss_gib')} GiB, load {r.get('load_s')} s")
     return "\n".join(out)
