@@ -72,7 +72,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
-    from kvbridge.recompute.tokens import blend
+    from kvbridge.recompute.tokens import RULES, blend
     from kvbridge.transfer import transfer
 
     host = host or get_host()
@@ -84,8 +84,6 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
         raise RecomputeError(f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
                              "make longer samples or lower --prefix-len/--continuation-len")
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
-    from kvbridge.recompute.tokens import RULES
-
     bad = [x for x in token_rules if x not in RULES]
     if bad:
         raise RecomputeError(f"unknown token rule {bad[0]!r}", f"use one of {', '.join(RULES)}")
