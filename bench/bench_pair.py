@@ -338,7 +338,8 @@ def variants_only(args, out: Path) -> int:
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
         cfg = EvalConfig(prefix_len=args.prefix_len, continuation_len=args.continuation_len, greedy_tokens=1,
-                         batch_size=8, top_k=5, top_p=0.9, seed=0, conditions=("native", "transferred"),
+                         batch_size=8, top_k=5, top_p=0.9, seed=0,
+                         conditions=("native", "transferred", "no_prefix"),  # the floor: gap recovered needs it
                          attention=False, bootstrap=args.bootstrap)
         t0 = time.perf_counter()
         with torch.no_grad():
