@@ -141,12 +141,19 @@ def main(argv=None) -> int:
                     help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
                          "on the same held-out samples (results_variants.json)")
     ap.add_argument("--only", default=None, help="--variants-only: these map-* folder names (comma-separated)")
+    ap.add_argument("--tokens-only", action="store_true",
+                    help="a second run: token-selective recompute of the main mapping's transfer on the main run's "
+                         "held-out samples, one point per rule x ratio (recompute_tokens.json)")
+    ap.add_argument("--token-ratios", default="0.1,0.25,0.5", help="--tokens-only: shares of the prefix tokens")
+    ap.add_argument("--token-rules", default="deviation,last", help="--tokens-only: kvbridge.recompute.tokens.RULES")
     args = ap.parse_args(argv)
     out = args.out
     if args.report_only:
         r = json.loads((out / "results.json").read_text())
         if (out / "results_variants.json").is_file():
             r["eval_variants"] = json.loads((out / "results_variants.json").read_text())["eval_variants"]
+        if (out / "recompute_tokens.json").is_file():
+            r["recompute_tokens"] = json.loads((out / "recompute_tokens.json").read_text())
         print(report(r))
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -162,6 +169,8 @@ def main(argv=None) -> int:
 
     if args.variants_only:
         return variants_only(args, out)
+    if args.tokens_only:
+        return tokens_only(args, out)
     corpus = Path(args.corpus) if args.corpus else stdlib_corpus(out / "stdlib-corpus")
     from kvbridge.evaluate.corpus import calibration_texts, eval_corpus
 
@@ -329,7 +338,8 @@ def variants_only(args, out: Path) -> int:
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
         cfg = EvalConfig(prefix_len=args.prefix_len, continuation_len=args.continuation_len, greedy_tokens=1,
-                         batch_size=8, top_k=5, top_p=0.9, seed=0, conditions=("native", "transferred"),
+                         batch_size=8, top_k=5, top_p=0.9, seed=0,
+                         conditions=("native", "transferred", "no_prefix"),  # the floor: gap recovered needs it
                          attention=False, bootstrap=args.bootstrap)
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -340,6 +350,45 @@ def variants_only(args, out: Path) -> int:
             f"({rows[-1]['wall_s']} s)")
         (out / "results_variants.json").write_text(json.dumps({"eval_variants": rows, "peak_rss_gib": peak_rss_gib()},
                                                               indent=1, default=str))
+    return 0
+
+
+def tokens_only(args, out: Path) -> int:
+    """Token-selective recompute points (every rule x ratio) on the main run's samples and mapping."""
+    import torch
+
+    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate import corpus_samples
+    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.models import load
+    from kvbridge.recompute.curve import run_curve
+
+    main = json.loads((out / "results.json").read_text())
+    corpus = Path(main["corpus"]["path"])
+    t0 = time.perf_counter()
+    src, tgt = load(args.source, dtype=args.dtype), load(args.target, dtype=args.dtype)
+    smodel, tmodel, ttok = src.model.eval(), tgt.model.eval(), tgt.tokenizer
+    log(f"loaded in {time.perf_counter() - t0:.1f} s")
+    mapping = load_mapping(main["fits"][0]["dir"], source=smodel, target=tmodel)
+    ev = eval_corpus(corpus, mapping.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok)
+    length = args.prefix_len + args.continuation_len + 1
+    ids, data = corpus_samples([ev.tail], ttok, n=args.samples, length=length, fraction=1.0)
+    assert data["heldout_tokens"] == main["eval_data"]["heldout_tokens"], "not the main run's held-out text"
+    ratios = [float(x) for x in args.token_ratios.split(",")]
+    rules = tuple(args.token_rules.split(","))
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        res = run_curve(smodel, tmodel, mapping, ids, prefix_len=args.prefix_len, continuation_len=args.continuation_len,
+                        token_ratios=ratios, token_rules=rules, mode="target", batch_size=8, attention=False,
+                        bootstrap=args.bootstrap, seed=0)
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    res["mapping"] = main["fits"][0]["dir"]
+    res["peak_rss_gib"] = round(peak_rss_gib(), 2)
+    tmp = out / "recompute_tokens.json.tmp"
+    tmp.write_text(json.dumps(res, indent=1, default=str))
+    tmp.replace(out / "recompute_tokens.json")
+    for name, c in res["conditions"].items():
+        log(f"{name}: gap recovered {c.get('gap_recovered')} flop share {c.get('recompute_flop_share')}")
     return 0
 
 
@@ -403,6 +452,19 @@ def report(r: dict) -> str:
         src = ((r.get("eval_main") or {}).get("conditions") or {}).get("source")
         if src:
             out.append(f"| source alone (eval above) | | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
+                       f"{_f(src.get('top1_agreement'))} |")
+    rt = r.get("recompute_tokens")
+    if rt:
+        out += ["", f"token-selective recompute (check layer {rt.get('check_layer')}, target, same samples; "
+                    f"tokens@R = deviation rule, last@R = the prefix's last R tokens; {rt.get('wall_s')} s):",
+                "| point | token share | FLOP share of the target's prefill | gap recovered | KL p95 | top-1 |",
+                "|---|---:|---:|---:|---:|---:|"]
+        for name, p in rt.get("conditions", {}).items():
+            out.append(f"| {name} | {_f(p.get('share'), '{:.2f}')} | {_f(p.get('recompute_flop_share'), '{:.2f}')} | "
+                       f"{_ci(p, 'gap_recovered')} | {_f(p.get('kl_p95'))} | {_f(p.get('top1_agreement'))} |")
+        src = ((r.get("eval_main") or {}).get("conditions") or {}).get("source")
+        if src:
+            out.append(f"| source alone (main eval) | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
                        f"{_f(src.get('top1_agreement'))} |")
     out.append(f"\nwall {r.get('wall_s')} s, peak RSS {r.get('peak_rss_gib')} GiB, load {r.get('load_s')} s")
     return "\n".join(out)

@@ -106,3 +106,41 @@ def test_recomputed_leading_rows_are_exact(zoo_base):
         assert torch.allclose(got[:, :, :18], want[:, :, :18], atol=1e-5)
     last = model.config.num_hidden_layers - 1
     assert not torch.allclose(res.state.keys[last][:, :, 18:], full.keys[last][:, :, 18:], atol=1e-3)
+
+
+def test_last_rule_picks_the_tail_and_leaves_the_rest(zoo_base):
+    """``rule="last"``: the stretch's last k rows are recomputed beyond the check layer, the others keep
+    the approximate K/V there; layers up to the check layer are the target's own for every row."""
+    model = zoo_base
+    ad = adapter(model)
+    ctx, chk = _ids(model, 2, 8, 21), _ids(model, 2, 10, 22)
+    naive = graft(ad.extract(model, ctx), prepare_chunk(model, chk))
+    res = blend(model, naive, 8, 0.3, rule="last")
+    assert res.selected.tolist() == [[7, 8, 9], [7, 8, 9]]
+    assert res.state.meta["token_rule"] == "last"
+    last = model.config.num_hidden_layers - 1
+    assert torch.equal(res.state.keys[last][:, :, :15], naive.keys[last][:, :, :15])  # context + unpicked rows
+    assert not torch.allclose(res.state.keys[last][:, :, 15:], naive.keys[last][:, :, 15:], atol=1e-4)
+    same_cost = blend(model, naive, 8, 0.3, rule="deviation")
+    assert res.cost.rows_per_layer == same_cost.cost.rows_per_layer  # one budget of rows, another choice
+    assert res.cost.flops >= same_cost.cost.flops  # the tail rows attend to the most keys
+
+
+def test_curve_names_a_point_per_rule(zoo_base, zoo_stranger):
+    """``run_curve(token_rules=...)``: ``tokens@R`` (deviation) and ``last@R`` on the same samples, same cost."""
+    from kvbridge.builtin.identity import IdentityFitter
+    from kvbridge.recompute.curve import run_curve
+
+    sspec, tspec = adapter(zoo_stranger).spec_of(zoo_stranger), adapter(zoo_base).spec_of(zoo_base)
+    mapping = IdentityFitter().fit(sspec, tspec)
+    ids = _ids(zoo_base, 4, 16 + 4 + 1, 31)
+    out = run_curve(zoo_stranger, zoo_base, mapping, ids, prefix_len=16, continuation_len=4, token_ratios=(0.25, 1.0),
+                    token_rules=("deviation", "last"), attention=False, bootstrap=20, batch_size=4)
+    c = out["conditions"]
+    assert {"tokens@0.25", "last@0.25", "tokens@1", "last@1"} <= set(c)
+    assert c["last@0.25"]["share"] == 0.25
+    assert c["tokens@0.25"]["recompute_flop_share"] <= c["last@0.25"]["recompute_flop_share"] < c["last@1"]["recompute_flop_share"]
+    assert c["last@1"]["kl_p95"] < 1e-9  # every row at every layer: the target's own prefill
+    with pytest.raises(RecomputeError):
+        run_curve(zoo_stranger, zoo_base, mapping, ids, prefix_len=16, continuation_len=4, token_ratios=(0.25,),
+                  token_rules=("nope",), attention=False, bootstrap=20)

@@ -7,7 +7,8 @@ On the same held-out samples as ``kvbridge eval``: ``native`` (the target's pref
   search / the single-layer profile; a sweep takes the greedy search's nested sets); ``prefix@K``:
   layers ``0..K-1`` (the cheapest K layers when the target's own forward feeds them);
 - ``tokens@R``: the CacheBlend rule on the transferred prefix (``exact_len = 0``): layers 0..1 of
-  the target on every prefix token, then the R of tokens whose K/V deviate most.
+  the target on every prefix token, then the R of tokens whose K/V deviate most; ``last@R`` (with
+  ``token_rules`` naming ``"last"``): the same cost with the prefix's last R tokens instead.
 
 Each point carries its measured cost: FLOPs (counted from the weights, :mod:`~kvbridge.recompute.cost`)
 and wall time, both relative to the target's full prefill of the same prefixes measured in the
@@ -62,7 +63,7 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
 
 
 def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation_len: int, layer_points_=(),
-              token_ratios=(), mode: str = "target", batch_size: int = 16, attention: bool = True,
+              token_ratios=(), token_rules=("deviation",), mode: str = "target", batch_size: int = 16, attention: bool = True,
               bootstrap: int = 1000, seed: int = 0, check_layer: int = 1, host=None, progress=None) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
@@ -71,7 +72,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
-    from kvbridge.recompute.tokens import blend
+    from kvbridge.recompute.tokens import RULES, blend
     from kvbridge.transfer import transfer
 
     host = host or get_host()
@@ -83,7 +84,11 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
         raise RecomputeError(f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
                              "make longer samples or lower --prefix-len/--continuation-len")
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
-    points += [(f"tokens@{r:g}", "tokens", float(r)) for r in token_ratios if r > 0]
+    bad = [x for x in token_rules if x not in RULES]
+    if bad:
+        raise RecomputeError(f"unknown token rule {bad[0]!r}", f"use one of {', '.join(RULES)}")
+    points += [(f"{'tokens' if rule == 'deviation' else rule}@{r:g}", rule, float(r))
+               for rule in token_rules for r in token_ratios if r > 0]
     if not points:
         raise RecomputeError("no recompute point to run", "pass --recompute-layers, --recompute-tokens or --recompute-sweep")
     names = ["native", "transferred"] + [x[0] for x in points] + ["no_prefix"]
@@ -115,7 +120,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
             if kind == "layers":
                 st, cst = recompute_layers(target, transferred, arg, mode=mode, source_hidden=hidden)
             else:
-                res = blend(target, transferred, 0, arg, check_layer=check_layer)
+                res = blend(target, transferred, 0, arg, check_layer=check_layer, rule=kind)
                 st, cst = res.state, res.cost
             states[name] = (st, cst.seconds, cst.flops)
         cache = tad.inject(native, target)
@@ -161,7 +166,7 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
         if cond in layers_of:
             row["layers"] = list(layers_of[cond])
             row["share"] = len(layers_of[cond]) / nl
-        elif cond.startswith("tokens@"):
+        elif cond.split("@")[0] in ("tokens", *token_rules):
             row["share"] = float(cond.split("@")[1])
         elif cond == "transferred":
             row["share"] = 0.0

@@ -9,7 +9,8 @@ prefix with ``exact_len = 0``). With a ratio ``r > 0``:
    and to each other: those layers' K/V become the target's own for every row;
 2. at ``check_layer`` the deviation of each row's fresh K/V from the approximate K/V,
    ``||dK||^2 + ||dV||^2`` over heads, picks the ``ceil(r * n)`` rows that deviate most
-   (``rule="random"`` picks random rows instead, ``rule="first"`` the first rows: controls for the rule);
+   (``rule="random"`` picks random rows instead, ``rule="first"`` the first rows: controls for the rule;
+   ``rule="last"`` the last rows, the ones a continuation follows directly: the rule a user expects);
 3. every later layer runs on the picked rows only; they attend to the exact rows, to the picked
    rows' fresh K/V and to the other rows' approximate K/V, causally by position. The other rows
    keep their approximate K/V from ``check_layer + 1`` on.
@@ -31,8 +32,9 @@ from kvbridge.recompute.layers import RecomputeError
 
 
 #: row-picking rules: the CacheBlend deviation rule, random rows (control), the chunk's first rows
-#: (where a chunk prepared alone keeps its attention sink; EPIC-style, a second control)
-RULES = ("deviation", "random", "first")
+#: (where a chunk prepared alone keeps its attention sink; EPIC-style, a second control), the
+#: stretch's last rows (the tail a continuation reads most: the simplest rule a user would try)
+RULES = ("deviation", "random", "first", "last")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, r
             pick = deviation.topk(k, dim=1).indices
         elif rule == "first":
             pick = torch.arange(k).expand(b, k)
+        elif rule == "last":
+            pick = torch.arange(n - k, n).expand(b, k)
         else:
             g = generator or torch.Generator().manual_seed(0)
             pick = torch.stack([torch.randperm(n, generator=g)[:k] for _ in range(b)])
