@@ -357,7 +357,7 @@ def tokens_only(args, out: Path) -> int:
     """Token-selective recompute points (every rule x ratio) on the main run's samples and mapping."""
     import torch
 
-    from kvbridge.cli.corpus_support import eval_corpus
+    from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.evaluate import corpus_samples
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.models import load

@@ -13,7 +13,7 @@ BASE = dict(mapping="identity", corpus="corpus.txt")
 #: click parameter -> (settings object, field); heldout_fraction, no_attention and the rest are mapped below
 SAME = ["samples", "prefix_len", "continuation_len", "greedy_tokens", "conditions", "bootstrap", "seed",
         "batch_size", "top_k", "top_p", "allow_overlap"]
-RECOMPUTE = {"recompute_layers": "layers", "recompute_tokens": "tokens", "recompute_sweep": "sweep",
+RECOMPUTE = {"recompute_layers": "layers", "recompute_tokens": "tokens", "recompute_token_rules": "token_rules", "recompute_sweep": "sweep",
              "recompute_mode": "mode", "recompute_select": "select", "recompute_group": "group",
              "calibration_samples": "calibration_samples"}
 
@@ -79,6 +79,8 @@ def test_a_report_folder_that_is_not_a_report_is_refused(tmp_path):
     (dict(sweep="all"), "--recompute-sweep 'all' is not one of"),
     (dict(group=0), "--recompute-group must be a whole number >= 1"),
     (dict(calibration_samples=0), "--calibration-samples must be a whole number >= 1"),
+    (dict(token_rules="deviation,tail"), "--recompute-token-rules 'deviation,tail': unknown rule 'tail'"),
+    (dict(token_rules=" , "), "--recompute-token-rules"),
 ])
 def test_bad_recompute_values_are_refused(kwargs, needle):
     with pytest.raises(KVBridgeError, match=needle.replace("'", ".")):

@@ -43,6 +43,19 @@ def test_eval_recompute_curve(corpus, tmp_path):
     assert (tmp_path / "r" / "recompute_curve.md").exists() and (tmp_path / "r" / "recompute_curve.json").exists()
 
 
+def test_eval_recompute_token_rules_give_one_point_per_rule(corpus):
+    res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "4",
+               "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "20", "--heldout-fraction", "0.5",
+               "--recompute-tokens", "50%,100%", "--recompute-token-rules", "deviation,last", "--json")
+    assert res.exit_code == 0, res.output
+    c = json.loads(res.stdout)["conditions"]
+    assert {"tokens@0.5", "tokens@1", "last@0.5", "last@1"} <= set(c), sorted(c)
+    assert c["last@1"]["kl_p95"] < 1e-9  # every token recomputed: the target's own cache, whichever rule
+    bad = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus),
+               "--recompute-tokens", "50%", "--recompute-token-rules", "tail")
+    assert bad.exit_code == 2 and "unknown rule 'tail'" in bad.output
+
+
 @pytest.mark.parametrize("args,needle", [
     (("--recompute-layers", "9"), "layer 9 does not exist"),
     (("--recompute-tokens", "150%"), "outside 0..100%"),

@@ -63,7 +63,10 @@ def metric_help() -> str:
               help="Recompute these target layers of the transferred cache: 3,7-9 | all | auto:15% (profiled "
                    "on the corpus front); ';' separates several points.")
 @click.option("--recompute-tokens", default=None, metavar="R[,R...]",
-              help="Token-selective recompute (CacheBlend rule) of R of the prefix tokens, e.g. 15%.")
+              help="Token-selective recompute of R of the prefix tokens, e.g. 15%.")
+@click.option("--recompute-token-rules", default="deviation", show_default=True, metavar="RULE[,RULE...]",
+              help="Which tokens --recompute-tokens recomputes: deviation (CacheBlend: largest K/V deviation at "
+                   "an early layer), last (the prefix's tail), first, random; several give one point each.")
 @click.option("--recompute-sweep", type=click.Choice(("layers", "tokens", "both")), default=None,
               help="Write the quality/cost curve over the dial (table + recompute_curve.png with --report). "
                    "With any --recompute-* option the run is the recompute curve (native, transferred, the "
@@ -79,7 +82,7 @@ def metric_help() -> str:
               help="Corpus-front samples for the layer profiling pass.")
 def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuation_len, greedy_tokens,
              heldout_fraction, conditions, bootstrap, seed, batch_size, top_k, top_p, no_attention, dtype, as_json,
-             report_dir, gates, accept_mismatch, threads, allow_overlap=False, partial_path=None, recompute_layers=None, recompute_tokens=None, recompute_sweep=None,
+             report_dir, gates, accept_mismatch, threads, allow_overlap=False, partial_path=None, recompute_layers=None, recompute_tokens=None, recompute_token_rules="deviation", recompute_sweep=None,
              recompute_mode="target", recompute_select="greedy", recompute_group=1, calibration_samples=16):
     """Measure a transferred cache against the target's own, with floors and controls.
 
@@ -112,7 +115,8 @@ def eval_cmd(source, target, mapping_ref, corpus, samples, prefix_len, continuat
         bootstrap=bootstrap, seed=seed, batch_size=batch_size, top_k=top_k, top_p=top_p, attention=not no_attention,
         gates=gates, report_dir=report_dir, accept_fingerprint_mismatch=accept_mismatch,
         allow_overlap=allow_overlap, partial_path=partial_path,
-        recompute=RecomputeSettings(layers=recompute_layers, tokens=recompute_tokens, sweep=recompute_sweep,
+        recompute=RecomputeSettings(layers=recompute_layers, tokens=recompute_tokens, token_rules=recompute_token_rules,
+                                    sweep=recompute_sweep,
                                     mode=recompute_mode, select=recompute_select, group=recompute_group,
                                     calibration_samples=calibration_samples))
     import torch

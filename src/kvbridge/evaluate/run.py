@@ -100,7 +100,7 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
         r = s.recompute
         result, written = eval_recompute(
             smodel, tmodel, mapping, ids, texts=texts, tokenizer=ttok, prefix_len=s.prefix_len,
-            continuation_len=s.continuation_len, layers_spec=r.layers, tokens_spec=r.tokens, sweep=r.sweep,
+            continuation_len=s.continuation_len, layers_spec=r.layers, tokens_spec=r.tokens, token_rules=r.rules, sweep=r.sweep,
             mode=r.mode, select=r.select, group_size=r.group, calibration_samples=r.calibration_samples,
             batch_size=s.batch_size, attention=s.attention, bootstrap=s.bootstrap, seed=s.seed,
             report_dir=s.report_dir, progress=progress)

@@ -28,6 +28,7 @@ class RecomputeSettings:
 
     layers: str | None = None
     tokens: str | None = None
+    token_rules: str = "deviation"  # which rows --recompute-tokens picks: deviation (CacheBlend) | last | ...
     sweep: str | None = None
     mode: str = "target"
     select: str = "greedy"
@@ -41,8 +42,18 @@ class RecomputeSettings:
             if value not in allowed:
                 raise ConfigError(f"{flag} {value!r} is not one of {', '.join(str(a) for a in allowed if a)}",
                                   f"pass one of them to {flag}")
+        from kvbridge.recompute.tokens import RULES
+
+        bad = [r for r in self.rules if r not in RULES]
+        if bad or not self.rules:
+            raise ConfigError(f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
+                              f"pass one or more of {', '.join(RULES)}, comma-separated")
         _count(self.group, "--recompute-group", 1)
         _count(self.calibration_samples, "--calibration-samples", 1)
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return tuple(r.strip() for r in str(self.token_rules).split(",") if r.strip())
 
     @property
     def active(self) -> bool:

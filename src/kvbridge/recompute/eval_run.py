@@ -8,7 +8,7 @@ def split_list(text: str) -> list[str]:
 
 
 def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len, continuation_len, layers_spec,
-                   tokens_spec, sweep, mode, select, group_size, calibration_samples, batch_size, attention, bootstrap,
+                   tokens_spec, sweep, mode, token_rules=("deviation",), select, group_size, calibration_samples, batch_size, attention, bootstrap,
                    seed, report_dir=None, progress=None) -> tuple[dict, dict]:
     """Run ``kvbridge eval --recompute-*``: ``(result, written files)``."""
     import torch
@@ -44,7 +44,7 @@ def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len
             seen.add(p[1])
             uniq.append(p)
     result = curve.run_curve(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                             layer_points_=uniq, token_ratios=ratios, mode=mode, batch_size=batch_size,
+                             layer_points_=uniq, token_ratios=ratios, token_rules=tuple(token_rules), mode=mode, batch_size=batch_size,
                              attention=attention, bootstrap=bootstrap, seed=seed, progress=progress)
     if calib is not None:
         info = next((p[2] for p in uniq if p[2].get("method") != "named"), {})
