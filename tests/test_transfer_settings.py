@@ -9,6 +9,10 @@ import pytest
 from kvbridge.errors import ConfigError
 from kvbridge.transfer_settings import TransferSettings
 
+#: the CLI group's context settings: a command parsed on its own must not cache another help option
+#: (click keeps the first one it builds on the command; CLI.md then shows "--help" without "-h")
+HELP = {"help_option_names": ["-h", "--help"]}
+
 #: click parameter name -> settings field (the rest of the command's options are parsing or loading)
 CLI_TO_FIELD = {"mapping_dir": "mapping", "max_new_tokens": "max_new_tokens", "compare": "compare",
                 "engine_name": "engine", "accept_mismatch": "accept_fingerprint_mismatch"}
@@ -18,7 +22,7 @@ def test_every_click_default_is_the_dataclass_default():
     """The command's parsed defaults (only the required options given) build the default settings."""
     from kvbridge.cli.transfer_cmd import transfer
 
-    ctx = transfer.make_context("transfer", ["S", "T", "--mapping", "m", "--prompt", "p"])
+    ctx = transfer.make_context("transfer", ["S", "T", "--mapping", "m", "--prompt", "p"], **HELP)
     parsed = TransferSettings(**{field: ctx.params[name] for name, field in CLI_TO_FIELD.items()}, prompt="p")
     assert parsed == TransferSettings(mapping="m", prompt="p")
     assert set(CLI_TO_FIELD.values()) | {"prompt"} == {f.name for f in dataclasses.fields(TransferSettings)}

@@ -196,3 +196,11 @@ def from_exception(exc: BaseException) -> KVBridgeError:
     if isinstance(exc, MemoryError):
         return KVBridgeError("out of memory", "use smaller inputs (--batch-size, --seq-len, --memory) or more RAM")
     return InternalError(f"internal error: {name}: {text[:200]}", DEBUG_HINT)
+
+
+def whole_number(value, flag: str, minimum: int, error: type = ConfigError) -> None:
+    """Refuse anything but an int ``>= minimum`` (a bool is not a number) with a one-line ``error``
+    naming ``flag``: the settings objects' one check for counts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise error(f"{flag} must be a whole number >= {minimum}, got {value!r}",
+                    f"pass {flag} {minimum} or more")

@@ -9,17 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, whole_number
 
 #: ``mapping=IDENTITY``: the built-in exact mapping (SOURCE and TARGET one model)
 IDENTITY = "identity"
-
-
-def whole_number(value, flag: str, minimum: int) -> None:
-    """Refuse anything but an int ``>= minimum`` (a bool is not a number), naming ``flag``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{flag} must be a whole number >= {minimum}, got {value!r}",
-                          f"pass {flag} {max(minimum, 1)} or more")
 
 
 @dataclass(frozen=True)
@@ -46,4 +39,4 @@ class TransferSettings:
             raise ConfigError("--engine is empty", "name an engine (`kvbridge plugins` lists them), or leave it out")
 
 
-__all__ = ["IDENTITY", "TransferSettings", "whole_number"]
+__all__ = ["IDENTITY", "TransferSettings"]

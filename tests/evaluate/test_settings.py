@@ -9,6 +9,10 @@ import pytest
 from kvbridge.errors import KVBridgeError
 from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalSettings, RecomputeSettings
 
+#: the CLI group's context settings: a command parsed on its own must not cache another help option
+#: (click keeps the first one it builds on the command; CLI.md then shows "--help" without "-h")
+HELP = {"help_option_names": ["-h", "--help"]}
+
 BASE = dict(mapping="identity", corpus="corpus.txt")
 #: click parameter -> (settings object, field); heldout_fraction, no_attention and the rest are mapped below
 SAME = ["samples", "prefix_len", "continuation_len", "greedy_tokens", "conditions", "bootstrap", "seed",
@@ -21,7 +25,7 @@ RECOMPUTE = {"recompute_layers": "layers", "recompute_tokens": "tokens", "recomp
 def _parsed_defaults() -> dict:
     from kvbridge.cli.eval_cmd import eval_cmd
 
-    ctx = eval_cmd.make_context("eval", ["S", "T", "--mapping", "identity", "--corpus", __file__])
+    ctx = eval_cmd.make_context("eval", ["S", "T", "--mapping", "identity", "--corpus", __file__], **HELP)
     return ctx.params
 
 

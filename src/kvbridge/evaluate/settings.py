@@ -9,16 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, whole_number
 
 #: the held-out share of a file corpus when ``heldout_fraction`` is None (a folder: the mapping's)
 HELDOUT_FRACTION = 0.1
-
-
-def _count(value, flag: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{flag} must be a whole number >= {minimum}, got {value!r}",
-                          f"pass {flag} {max(minimum, 1)} or more")
 
 
 @dataclass(frozen=True)
@@ -48,8 +42,8 @@ class RecomputeSettings:
         if bad or not self.rules:
             raise ConfigError(f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
                               f"pass one or more of {', '.join(RULES)}, comma-separated")
-        _count(self.group, "--recompute-group", 1)
-        _count(self.calibration_samples, "--calibration-samples", 1)
+        whole_number(self.group, "--recompute-group", 1)
+        whole_number(self.calibration_samples, "--calibration-samples", 1)
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -98,13 +92,13 @@ class EvalSettings:
         object.__setattr__(self, "gates", tuple(self.gates))
         for text in self.gates:  # a typo in a gate fails before anything is loaded
             parse_gate(text)
-        _count(self.samples, "--samples", 2)
+        whole_number(self.samples, "--samples", 2)
         for flag, value in (("--prefix-len", self.prefix_len), ("--continuation-len", self.continuation_len),
                             ("--greedy-tokens", self.greedy_tokens), ("--batch-size", self.batch_size),
                             ("--top-k", self.top_k)):
-            _count(value, flag, 1)
-        _count(self.bootstrap, "--bootstrap", 0)
-        _count(self.seed, "--seed", 0)
+            whole_number(value, flag, 1)
+        whole_number(self.bootstrap, "--bootstrap", 0)
+        whole_number(self.seed, "--seed", 0)
         finite_number(self.top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
         if self.top_p > 1:
             raise ConfigError(f"--top-p must be <= 1, got {self.top_p!r}", "pass a share in (0, 1]")

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbridge.errors import whole_number
 from kvbridge.harness.protocol import HarnessError
-
-
-def _count(value, flag: str, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise HarnessError(f"{flag} must be a whole number >= {minimum}, got {value!r}",
-                           f"pass {flag} {minimum} or more")
 
 
 def _names(value, flag: str) -> tuple[str, ...]:
@@ -64,9 +59,8 @@ class HarnessSettings:
                                else tuple(str(v) for v in (self.task_options or ())))
         if not self.tasks and not self.lm_eval_tasks:
             raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
-        _count(self.limit, "--limit", 0)
-        _count(self.bootstrap, "--bootstrap", 0)
-        _count(self.seed, "--seed", 0)
+        for value, flag in ((self.limit, "--limit"), (self.bootstrap, "--bootstrap"), (self.seed, "--seed")):
+            whole_number(value, flag, 0, HarnessError)
 
     @property
     def partial_file(self) -> str | None:
