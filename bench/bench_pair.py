@@ -311,29 +311,39 @@ def main(argv=None) -> int:
     return 0
 
 
-def variants_only(args, out: Path) -> int:
-    """Eval every grid mapping but the main one (native + transferred), same samples as the main run."""
-    import torch
-
+def main_run_samples(args, out: Path):
+    """``(results, source model, target model, the main mapping, ids, data)``: both models loaded and
+    the main run's held-out samples drawn again (checked to be the same text), for the follow-up modes."""
+    from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate.corpus import eval_corpus
-    from kvbridge.evaluate import corpus_samples, evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.models import load
 
     main = json.loads((out / "results.json").read_text())
-    dirs = [Path(f["dir"]) for f in main["fits"][1:]
-            if not args.only or Path(f["dir"]).name in args.only.split(",")]
-    corpus = Path(main["corpus"]["path"])
     t0 = time.perf_counter()
     src, tgt = load(args.source, dtype=args.dtype), load(args.target, dtype=args.dtype)
     smodel, tmodel, ttok = src.model.eval(), tgt.model.eval(), tgt.tokenizer
     log(f"loaded in {time.perf_counter() - t0:.1f} s")
-    first = load_mapping(main["fits"][0]["dir"], source=smodel, target=tmodel)
-    ev = eval_corpus(corpus, first.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok)
+    mapping = load_mapping(main["fits"][0]["dir"], source=smodel, target=tmodel)
+    ev = eval_corpus(Path(main["corpus"]["path"]), mapping.manifest, args.corpus_heldout, explicit=False,
+                     allow=False, tokenizer=ttok)
     length = args.prefix_len + args.continuation_len + 1
     ids, data = corpus_samples([ev.tail], ttok, n=args.samples, length=length, fraction=1.0)
     assert data["heldout_tokens"] == main["eval_data"]["heldout_tokens"], "not the main run's held-out text"
+    return main, smodel, tmodel, mapping, ids, data
+
+
+def variants_only(args, out: Path) -> int:
+    """Eval every grid mapping but the main one (native + transferred), same samples as the main run."""
+    import torch
+
+    from kvbridge.evaluate import evaluate
+    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.fit.artifact import load_mapping
+
+    main, smodel, tmodel, _, ids, data = main_run_samples(args, out)
+    dirs = [Path(f["dir"]) for f in main["fits"][1:]
+            if not args.only or Path(f["dir"]).name in args.only.split(",")]
     rows = []
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
@@ -357,23 +367,9 @@ def tokens_only(args, out: Path) -> int:
     """Token-selective recompute points (every rule x ratio) on the main run's samples and mapping."""
     import torch
 
-    from kvbridge.evaluate.corpus import eval_corpus
-    from kvbridge.evaluate import corpus_samples
-    from kvbridge.fit.artifact import load_mapping
-    from kvbridge.models import load
     from kvbridge.recompute.curve import run_curve
 
-    main = json.loads((out / "results.json").read_text())
-    corpus = Path(main["corpus"]["path"])
-    t0 = time.perf_counter()
-    src, tgt = load(args.source, dtype=args.dtype), load(args.target, dtype=args.dtype)
-    smodel, tmodel, ttok = src.model.eval(), tgt.model.eval(), tgt.tokenizer
-    log(f"loaded in {time.perf_counter() - t0:.1f} s")
-    mapping = load_mapping(main["fits"][0]["dir"], source=smodel, target=tmodel)
-    ev = eval_corpus(corpus, mapping.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok)
-    length = args.prefix_len + args.continuation_len + 1
-    ids, data = corpus_samples([ev.tail], ttok, n=args.samples, length=length, fraction=1.0)
-    assert data["heldout_tokens"] == main["eval_data"]["heldout_tokens"], "not the main run's held-out text"
+    main, smodel, tmodel, mapping, ids, _ = main_run_samples(args, out)
     ratios = [float(x) for x in args.token_ratios.split(",")]
     rules = tuple(args.token_rules.split(","))
     t0 = time.perf_counter()
