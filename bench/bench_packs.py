@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     import transformers
     from transformers import DynamicCache
 
-    from kvbridge.adapter import weights_fingerprint
+    from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.prefix.packs import load_pack, save_pack
 
     transformers.logging.set_verbosity_error()

@@ -58,7 +58,7 @@ def next_logits(model, cache, nxt):
 def bench_transfer(loaded, lengths, repeats: int) -> list:
     from transformers import DynamicCache
 
-    from kvbridge.adapter import weights_fingerprint
+    from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.plugins import get_host
     from kvbridge.prefix.packs import load_pack, save_pack
     from kvbridge.transfer import identity_transfer

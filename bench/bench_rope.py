@@ -35,7 +35,7 @@ import time
 import torch
 
 from kvbridge import rope as R
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 
 LAYERS, HEADS, TOKENS, HEAD_DIM = 28, 2, 2048, 128
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (CPU time of this process)
@@ -313,7 +313,7 @@ FIRST_CALL = """
 import sys, time, torch
 torch.set_num_threads(1)
 from kvbridge import rope as R, rope_compile
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 spec = RopeSpec.make("default", 1e6, head_dim=128, max_position_embeddings=32768)
 pos = torch.arange(2048)[None]
 k = torch.randn(1, 2, 2048, 128).to(getattr(torch, sys.argv[2]))

@@ -223,7 +223,7 @@ def run_paths(model, joint, split, pack_state, paths, seeds, steps, sampler, log
 def diverge_experiment(args, log) -> dict:
     import torch
 
-    from kvbridge.adapter import weights_fingerprint
+    from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.prefix import packs
     from kvbridge.prefix.diverge import Sampler, summarise
 
@@ -295,7 +295,7 @@ def packs_experiment(args, log) -> dict:
     import torch
     from transformers import DynamicCache
 
-    from kvbridge.adapter import weights_fingerprint
+    from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.prefix.packs import load_pack, save_pack
 
     model, tok = load(args.threads)

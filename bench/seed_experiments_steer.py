@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     # the pack round trip for the hidden arm: saved and restored through the real pack code
     import tempfile
 
-    from kvbridge.adapter import weights_fingerprint
+    from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.prefix import packs
 
     wfp = weights_fingerprint(model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbridge.check.spec import ModelSpec, RopeSpec
+from kvbridge.spec import ModelSpec, RopeSpec
 from kvbridge.errors import StateError
 from kvbridge.kvstate import KVState
 

@@ -156,8 +156,8 @@ def test_check_compatibility_hook_findings_carry_their_plugin():
 def test_register_families_hook_and_duplicate_model_types():
     from dataclasses import dataclass
 
-    from kvbridge.adapter import FamilyAdapter
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.family_adapter import FamilyAdapter
+    from kvbridge.spec import ModelSpec
 
     @dataclass(frozen=True)
     class Toy(FamilyAdapter):

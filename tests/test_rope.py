@@ -32,7 +32,7 @@ from kvbridge import rope as R  # noqa: E402
 from kvbridge import rope_compile  # noqa: E402
 from kvbridge.errors import KVBridgeError  # noqa: E402
 from kvbridge.hookspecs import hookimpl  # noqa: E402
-from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec  # noqa: E402
+from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec  # noqa: E402
 
 TOL_TABLE = 1e-6
 TOL_KEYS = 1e-5

@@ -7,7 +7,7 @@ import torch
 
 from kvbridge import rope as R
 from kvbridge import rope_compile as RC
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 from kvbridge import rope as R
 from kvbridge import rope_compile as RC
 from kvbridge import rope_native as N
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 
 needs_compiler = pytest.mark.skipif(N.compiler() is None, reason="no C++ compiler on this machine")
 

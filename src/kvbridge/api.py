@@ -5,7 +5,7 @@ from __future__ import annotations
 from os import PathLike
 from typing import Any, Mapping
 
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 
 def _host(host=None):

@@ -469,7 +469,7 @@ def state_manifest(state: "KVState") -> dict:
 
 
 def state_from_tensors(tensors: dict, manifest: dict) -> "KVState":
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.spec import ModelSpec
     from kvbridge.check.validate import tensors_match
     from kvbridge.kvstate import KVState
 

@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import click
 
-    from kvbridge.adapter import FamilyAdapter
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.family_adapter import FamilyAdapter
+    from kvbridge.spec import ModelSpec
     from kvbridge.plugin_types import Engine, Finding, Fitter, Metric, RopeVariant, Scorer, SteeringMethod, Task
 
 PROJECT = "kvbridge"
@@ -47,10 +47,10 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def kvbridge_register_families(register: Callable[[FamilyAdapter], None]) -> None:
     """Register model-family adapters (cache extraction and injection per model type).
 
-    :param register: call ``register(adapter)`` once per :class:`kvbridge.adapter.FamilyAdapter`.
+    :param register: call ``register(adapter)`` once per :class:`kvbridge.family_adapter.FamilyAdapter`.
 
     An adapter lists the ``model_types`` it handles, turns a config mapping into a
-    :class:`kvbridge.check.spec.ModelSpec` (``describe(config) -> ModelSpec``), extracts a
+    :class:`kvbridge.spec.ModelSpec` (``describe(config) -> ModelSpec``), extracts a
     model's cache into a :class:`kvbridge.kvstate.KVState` (``extract``) and injects a state back
     into a cache that ``generate`` continues from (``inject``). Subclass ``FamilyAdapter`` and
     override only what differs from the Hugging Face defaults. Protocol members checked at
@@ -80,7 +80,7 @@ def kvbridge_resolve_family(config: dict, families: Mapping[str, FamilyAdapter])
     :param config: the model's config mapping (``config["model_type"]`` is the type).
     :param families: the registered adapters by model type, read-only (an implementation may take
         only ``config``).
-    :returns: a :class:`kvbridge.adapter.FamilyAdapter` to handle it, or ``None`` to pass.
+    :returns: a :class:`kvbridge.family_adapter.FamilyAdapter` to handle it, or ``None`` to pass.
 
     Called only when no adapter lists the type; the first non-``None`` answer wins (pluggy's
     ``firstresult``: ``tryfirst`` implementations are asked first). Without a claim, kvbridge
@@ -108,7 +108,7 @@ def kvbridge_register_rope_variants(register: Callable[[RopeVariant], None]) -> 
     ``inv_freq(rope: RopeSpec, seq_len: int | None) -> (inv_freq, attention_scaling)`` returns
     ``rope.rotary_dim // 2`` inverse frequencies (a float32 tensor, or anything
     ``torch.as_tensor`` takes) and the factor the cos/sin tables are multiplied by, for a
-    :class:`kvbridge.check.spec.RopeSpec` at a forward length (``None``: the static table). A
+    :class:`kvbridge.spec.RopeSpec` at a forward length (``None``: the static table). A
     third ``device`` argument is optional. kvbridge's codec uses it to remove RoPE from cached
     keys and to re-apply it at any position. Protocol members checked at registration: ``name``,
     ``inv_freq``. Prove it with :class:`kvbridge.testing.RopeVariantContract`.
@@ -130,8 +130,8 @@ def kvbridge_register_rope_variants(register: Callable[[RopeVariant], None]) -> 
 def kvbridge_check_compatibility(source: ModelSpec, target: ModelSpec) -> list[Finding] | None:
     """Add findings to the compatibility report of a (source, target) pair.
 
-    :param source: the source model's :class:`kvbridge.check.spec.ModelSpec`.
-    :param target: the target model's :class:`kvbridge.check.spec.ModelSpec`.
+    :param source: the source model's :class:`kvbridge.spec.ModelSpec`.
+    :param target: the target model's :class:`kvbridge.spec.ModelSpec`.
     :returns: a list of :class:`kvbridge.plugin_types.Finding` (or ``None``).
 
     Every plugin's findings are shown, each tagged with its plugin; a ``blocking`` finding makes

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbridge.errors import StateError
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor

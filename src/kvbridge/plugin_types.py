@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 from kvbridge.errors import ConfigError, PluginError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvbridge.check.spec import RopeSpec
+    from kvbridge.spec import RopeSpec
 
 VERDICTS = ("same", "mappable", "blocking", "info", "warning")
 #: a model-source scheme name (``myhub`` in ``myhub:REST``)
@@ -85,7 +85,7 @@ class UnknownRopeTypeError(RopeError):
 
 @dataclass(frozen=True)
 class RopeVariant:
-    """One ``rope_type``: how its inverse frequencies follow from a :class:`~kvbridge.check.spec.RopeSpec`.
+    """One ``rope_type``: how its inverse frequencies follow from a :class:`~kvbridge.spec.RopeSpec`.
 
     ``inv_freq(rope, seq_len)`` (or ``inv_freq(rope, seq_len, device)``) returns
     ``(inv_freq, attention_scaling)``: ``rope.rotary_dim // 2`` inverse frequencies (a float32

@@ -55,7 +55,7 @@ import torch
 from kvbridge.rope_kernels import _Kernel
 from kvbridge.errors import PluginError
 from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbridge.errors import StateError
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState

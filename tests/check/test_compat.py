@@ -15,7 +15,7 @@ from kvbridge.check import compat
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Finding
 from kvbridge.plugins import make_host
-from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec
+from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec
 
 SUPPORTED = ["Qwen__Qwen2-1.5B-Instruct", "Qwen__Qwen2.5-0.5B", "Qwen__Qwen2.5-1.5B-Instruct", "Qwen__Qwen3-4B",
              "meta-llama__Llama-2-7b-chat-hf", "meta-llama__Llama-3.2-1B", "meta-llama__Llama-3.2-3B-Instruct",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvbridge.check import compat
 from kvbridge.check.layers import layout_axis, nope_note
-from kvbridge.check.spec import ModelSpec, RopeSpec
+from kvbridge.spec import ModelSpec, RopeSpec
 
 
 def spec(**kw) -> ModelSpec:

@@ -85,7 +85,7 @@ def test_markdown_table_counts():
 
 
 def test_proportional_rope_round_trips():
-    from kvbridge.check.spec import RopeSpec
+    from kvbridge.spec import RopeSpec
     from kvbridge.testing.contract import check_rope_round_trip
 
     rope = RopeSpec.make("proportional", 1e6, head_dim=32, rope_proportion=0.25)

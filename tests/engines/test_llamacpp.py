@@ -46,7 +46,7 @@ def test_the_layout_permutation_maps_half_split_rotation_onto_interleaved(rotary
     """Keys rotated half-split by the RoPE codec, re-ordered by layout_index, are the same content
     (re-ordered) rotated in the interleaved layout: the two layouts differ by that permutation only."""
     from kvbridge import rope as rope_codec
-    from kvbridge.check.spec import RopeSpec
+    from kvbridge.spec import RopeSpec
 
     head_dim = 8
     half = RopeSpec.make(head_dim=head_dim, partial_factor=rotary_dim / head_dim)

@@ -6,7 +6,7 @@ import torch
 
 from kvbridge.plugin_types import RopeVariant
 from kvbridge.plugins import make_host
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 from kvbridge.testing.contract import AdapterContract, RopeVariantContract
 
 

@@ -198,7 +198,7 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
     """
     import torch
 
-    from kvbridge.adapter import weights_fingerprint
+    from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.transfer import IdentityMapping
     from kvbridge.check.compat import Side, check

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Finding
-from kvbridge.check.spec import FULL, SLIDING
+from kvbridge.spec import FULL, SLIDING
 
 #: model types of Mistral's Ministral-3 family, on which ridge transfer is reported to fail
 MINISTRAL3_TYPES = frozenset({"ministral3", "ministral", "mistral3"})

@@ -12,7 +12,7 @@ from kvbridge.hookspecs import hookimpl
 
 @hookimpl(trylast=True)
 def kvbridge_resolve_family(config, families):
-    from kvbridge.adapter import TextConfigAdapter, text_config_of
+    from kvbridge.family_adapter import TextConfigAdapter, text_config_of
 
     model_type = config.get("model_type")
     text = text_config_of(config)

@@ -1,4 +1,4 @@
-"""kvbridge's own model manifest records (``src/kvbridge/manifests/models``, package data), published
+"""kvbridge's own model manifest records (``manifests/models`` at the repository top level, linked into the package as ``kvbridge/manifests`` and shipped as package data), published
 through ``kvbridge_manifest_dirs`` like a plugin's folder; asked first so they win over plugins'."""
 
 from __future__ import annotations

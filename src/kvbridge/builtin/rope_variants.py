@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from kvbridge.check.spec import RopeSpec
+from kvbridge.spec import RopeSpec
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError  # noqa: F401  (re-exported)
 

@@ -1,5 +1,5 @@
 """The single axes of a compatibility check: each function compares one property of two
-:class:`~kvbridge.check.spec.ModelSpec` and returns an :class:`~kvbridge.check.report.Axis`
+:class:`~kvbridge.spec.ModelSpec` and returns an :class:`~kvbridge.check.report.Axis`
 (what decides each axis: see :mod:`kvbridge.check.compat`).
 """
 
@@ -10,7 +10,7 @@ from typing import Mapping
 
 from kvbridge.check.layers import nope_note as _nope_note
 from kvbridge.check.report import Axis
-from kvbridge.check.spec import CHUNKED, FULL, SLIDING, ModelSpec, RopeSpec
+from kvbridge.spec import CHUNKED, FULL, SLIDING, ModelSpec, RopeSpec
 
 #: rope types whose table depends on max_position_embeddings
 LENGTH_DEPENDENT_ROPE = ("dynamic", "yarn", "longrope")

@@ -1,6 +1,6 @@
 """The compatibility check: can a KV cache of model SRC become a cache of model TGT, and how?
 
-:func:`check` compares two :class:`~kvbridge.check.spec.ModelSpec` axis by axis and returns a
+:func:`check` compares two :class:`~kvbridge.spec.ModelSpec` axis by axis and returns a
 frozen :class:`Report`. Each :class:`Axis` has the source value, the target value, a verdict
 and one line saying what a transfer must do about it:
 
@@ -60,7 +60,7 @@ from kvbridge.check.report import (
     AXES, AXIS_VERDICTS, FITTED_AXES, POSITION_AXES, SEVERITY, VERDICTS, Axis, Report, _merge, _overall,
     spec_dict,
 )
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 
 def nope_note(s: ModelSpec, t: ModelSpec) -> str:

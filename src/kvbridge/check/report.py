@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 AXES = ("model", "layers", "kv_heads", "head_dim", "positional", "rope", "attention", "dtype",
         "cache_format", "tokenizer")

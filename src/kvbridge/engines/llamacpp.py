@@ -14,7 +14,7 @@ model (as transformers loads it: :func:`kvbridge.models.load`). What changes on 
   rotates adjacent pairs (``LLAMA_ROPE_TYPE_NORM``, :data:`ENGINE_INTERLEAVED` ``True``) for
   ``llama`` GGUFs, whose converter permuted the q/k weight rows so that this equals the
   checkpoint's half-split rotation; transformers' GGUF loader permutes them back. In the
-  RoPE codec's vocabulary (:attr:`kvbridge.check.spec.RopeSpec.interleaved`) the engine's keys
+  RoPE codec's vocabulary (:attr:`kvbridge.spec.RopeSpec.interleaved`) the engine's keys
   are ``interleaved`` where the model's are half-split: a per-head index permutation of the
   rotary dims (:func:`layout_index`) maps one to the other exactly. ``qwen2`` / ``qwen3`` use
   the half-split (NEOX) rotation in llama.cpp too: no permutation.

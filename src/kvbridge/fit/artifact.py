@@ -171,7 +171,7 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
     """
     from kvbridge.artifacts import read_artifact
     from kvbridge.fit.mapping import FittedMapping
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.spec import ModelSpec
 
     manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
     if manifest.get("kind") != KIND:

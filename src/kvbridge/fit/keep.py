@@ -138,7 +138,7 @@ def load_statistics(folder: Path | str):
     """``(RidgeStatistics, manifest)`` of a kept folder; the blocks are read lazily, one at a time."""
     import torch
 
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.spec import ModelSpec
     from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.solve import dims
     from kvbridge.fit.stats import LayerStats

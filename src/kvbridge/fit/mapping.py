@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kvbridge.errors import ArtifactError, StateError
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 
 MODES = ("dense", "headwise")
 #: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in

@@ -31,7 +31,7 @@ DEFAULT_DTYPE = "float32"
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready to run: ``model`` (eval mode), ``tokenizer``, its ``config`` mapping, the
-    resolved ``ref``, its ``spec`` (:class:`~kvbridge.check.spec.ModelSpec`, dtype as loaded) and
+    resolved ``ref``, its ``spec`` (:class:`~kvbridge.spec.ModelSpec`, dtype as loaded) and
     ``fingerprint`` (``weights``: sha256 of every weight-file byte, ``config``, ``quantization``,
     ``dtype``)."""
 

@@ -89,7 +89,7 @@ class ModelRef:
         return None
 
     def spec(self, host=None):
-        """The :class:`~kvbridge.check.spec.ModelSpec` of this model; errors name :attr:`path`."""
+        """The :class:`~kvbridge.spec.ModelSpec` of this model; errors name :attr:`path`."""
         from kvbridge.check.sources import describe_config
 
         return describe_config(self.config, where=self.path, host=host)

@@ -274,7 +274,7 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
     start, stop = keep, len(ghost)
     if stop <= start:
         raise KVBridgeError("the guide has no tokens besides special tokens", "pass a longer guide")
-    from kvbridge.check.spec import SLIDING
+    from kvbridge.spec import SLIDING
 
     sliding = [i for i in chosen if spec.layer_type(i) == SLIDING]
     if sliding and spec.sliding_window and total > spec.sliding_window:

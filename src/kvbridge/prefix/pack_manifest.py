@@ -48,7 +48,7 @@ def _sha(obj: Any) -> str:
 
 def cache_format(spec) -> dict:
     """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
-    from kvbridge.check.spec import SLIDING
+    from kvbridge.spec import SLIDING
 
     kinds = [spec.layer_type(i) for i in range(spec.num_layers)]
     return {

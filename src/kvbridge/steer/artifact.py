@@ -88,7 +88,7 @@ def save_vector(vector, out: str | Path, model, *, tokenizer_fp: dict | None = N
 def read_vector(path: str | Path):
     """``(manifest, SteeringVector)`` of a folder: checksum, manifest shape and tensor shapes checked."""
     from kvbridge.artifacts import read_artifact
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.spec import ModelSpec
     from kvbridge.check.validate import require_fields, tensors_match
     from kvbridge.steer.vectors import SteeringVector
 

@@ -14,7 +14,7 @@ import pytest
 from family_oracle import ADAPTERS, TINY, TINY_IDS, assert_agrees_with_hf, hf_config, tiny
 
 from kvbridge.errors import ConfigError, UnsupportedModelError
-from kvbridge.check.spec import FULL, SLIDING, ModelSpec
+from kvbridge.spec import FULL, SLIDING, ModelSpec
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
             "stablelm", "gpt_neox", "gptj", "cohere", "falcon", "gpt2", "olmo2"]

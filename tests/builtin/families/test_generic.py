@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbridge.check.spec import CHUNKED, FULL, LINEAR, SHARED, SLIDING
+from kvbridge.spec import CHUNKED, FULL, LINEAR, SHARED, SLIDING
 from kvbridge.errors import UnsupportedModelError
 from kvbridge.plugins import make_host
 
@@ -152,7 +152,7 @@ def test_llama_style_families_without_a_family_file_get_the_generic_adapter(mode
 
 
 def test_spec_round_trips_the_per_layer_fields():
-    from kvbridge.check.spec import ModelSpec
+    from kvbridge.spec import ModelSpec
 
     for config in (LLAMA4_SCOUT_TEXT, DEEPSEEK_V3, {"model_type": "qwen3_next"}, {"model_type": "gemma3n_text"}):
         spec = describe(config)

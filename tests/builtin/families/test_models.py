@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from family_oracle import ADAPTERS, TINY, TINY_IDS, tiny
 
-from kvbridge.check.spec import SLIDING
+from kvbridge.spec import SLIDING
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ import copy
 import pytest
 from family_oracle import assert_agrees_with_hf, hf_config
 
-from kvbridge.check.spec import FULL, SLIDING
+from kvbridge.spec import FULL, SLIDING
 
 SHAPES = {
     "gemma-3-1b-like": {

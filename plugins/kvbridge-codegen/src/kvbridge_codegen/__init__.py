@@ -12,8 +12,8 @@ What the cache looks like (transformers ``models/codegen``):
   (``rotate_every_two``), base fixed at 10000, from a precomputed sinusoid table of
   ``n_positions`` rows (``model.transformer.rotary_emb``).
 
-So the adapter only has to say that in a :class:`~kvbridge.check.spec.ModelSpec`; extraction and
-injection are the Hugging Face defaults of :class:`~kvbridge.adapter.FamilyAdapter`.
+So the adapter only has to say that in a :class:`~kvbridge.spec.ModelSpec`; extraction and
+injection are the Hugging Face defaults of :class:`~kvbridge.family_adapter.FamilyAdapter`.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Mapping
 
 import kvbridge.hookspecs
-from kvbridge.adapter import FamilyAdapter, positive_int
+from kvbridge.family_adapter import FamilyAdapter, positive_int
 from kvbridge.errors import ConfigError
 from kvbridge.hookspecs import hookimpl
-from kvbridge.check.spec import FULL, ModelSpec, RopeSpec
+from kvbridge.spec import FULL, ModelSpec, RopeSpec
 
 __version__ = "0.1.0"
 

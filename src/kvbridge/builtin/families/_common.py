@@ -7,7 +7,7 @@ Published ``config.json`` files come in two dialects: transformers 4.x keys (``r
 (everything in ``rope_parameters``, nested per layer type for Gemma3, ``dtype``). The helpers
 here fold both into one flat parameter dict per RoPE table, following what the transformers
 5.24 config classes do at load time (``RotaryEmbeddingConfigMixin`` and the per-family
-overrides), so a :class:`~kvbridge.check.spec.ModelSpec` agrees with the model transformers builds.
+overrides), so a :class:`~kvbridge.spec.ModelSpec` agrees with the model transformers builds.
 
 :class:`DecoderAdapter` is the shared base of the built-in adapters: ``describe`` is a template
 method whose steps (head dim, KV heads as cached, RoPE tables, sliding layout, q/k norm) a
@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
-from kvbridge.adapter import FamilyAdapter, positive_int
+from kvbridge.family_adapter import FamilyAdapter, positive_int
 from kvbridge.errors import ConfigError
-from kvbridge.check.spec import FULL, SLIDING, ModelSpec, RopeSpec, _freeze
+from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec, _freeze
 
 #: rope types whose pretraining length ``original_max_position_embeddings`` transformers fills in
 NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")

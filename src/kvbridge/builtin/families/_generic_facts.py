@@ -156,7 +156,7 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
 
 def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
     """Layers whose keys carry no RoPE."""
-    from kvbridge.check.spec import CHUNKED, FULL, SLIDING
+    from kvbridge.spec import CHUNKED, FULL, SLIDING
 
     flags = getattr(text, "no_rope_layers", None)
     if flags:  # SmolLM3 / Llama 4: 1 = the layer uses RoPE, 0 = NoPE

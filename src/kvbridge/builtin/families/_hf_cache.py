@@ -120,7 +120,7 @@ def _indexer_positions(state):
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
     import torch
 
-    from kvbridge.adapter import config_fingerprint
+    from kvbridge.family_adapter import config_fingerprint
     from kvbridge.kvstate import KVState
 
     ids = torch.as_tensor(input_ids)

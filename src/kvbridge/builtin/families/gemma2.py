@@ -14,7 +14,7 @@ from typing import ClassVar, Mapping
 from kvbridge.builtin.families._common import (
     DecoderAdapter, layer_types_from, optional_positive_int, tiny_base,
 )
-from kvbridge.check.spec import FULL, SLIDING
+from kvbridge.spec import FULL, SLIDING
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from kvbridge.builtin.families._common import (
     optional_positive_int, rope_spec, tiny_base,
 )
 from kvbridge.errors import ConfigError
-from kvbridge.check.spec import FULL, SLIDING
+from kvbridge.spec import FULL, SLIDING
 
 GLOBAL_THETA = 1_000_000.0
 LOCAL_THETA = 10_000.0

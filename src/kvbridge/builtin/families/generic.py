@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.adapter import FamilyAdapter
+from kvbridge.family_adapter import FamilyAdapter
 from kvbridge.builtin.families import _generic_facts as facts
 from kvbridge.builtin.families._common import dtype_name, layer_attr as _layer_attr, rope_spec, to_pairs
-from kvbridge.check.spec import (CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec)
+from kvbridge.spec import (CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec)
 from kvbridge.errors import ConfigError, UnsupportedModelError
 
 #: transformers cache layer type -> (kvbridge layer kind, holds recurrent/conv state)
@@ -208,7 +208,7 @@ class GenericAdapter(FamilyAdapter):
             if model_type in facts.NEGATIVE_ROTATION:
                 from dataclasses import replace as _replace
 
-                from kvbridge.check.spec import _freeze
+                from kvbridge.spec import _freeze
 
                 flip = lambda r: _replace(r, scaling=_freeze({**r.params, "direction": -1}))  # noqa: E731
                 rope, by_type = flip(rope), tuple((k, flip(v)) for k, v in by_type)

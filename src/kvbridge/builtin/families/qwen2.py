@@ -17,7 +17,7 @@ from kvbridge.builtin.families._common import (
     DecoderAdapter, flag, get, layer_types_from, optional_positive_int, tiny_base,
 )
 from kvbridge.errors import ConfigError
-from kvbridge.check.spec import FULL, SLIDING
+from kvbridge.spec import FULL, SLIDING
 
 
 def qwen_layout(cfg: Mapping, num_layers: int, *, default_window: int = 4096,

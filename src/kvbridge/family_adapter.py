@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
-from kvbridge.check.spec import ModelSpec
+from kvbridge.spec import ModelSpec
 # the fingerprints live in kvbridge.models.fingerprint; these names are kept for callers
 from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint  # noqa: F401
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import kvbridge
-from kvbridge.adapter import TextConfigAdapter, text_config_of
+from kvbridge.family_adapter import TextConfigAdapter, text_config_of
 from kvbridge.plugins import make_host
 
 GEMMA3 = {"model_type": "gemma3", "torch_dtype": "bfloat16",
