@@ -210,7 +210,7 @@ def test_register_commands_hook_adds_a_cli_command(monkeypatch):
 
     host = plugins_mod.make_host(entry_points=False, extra=[("cmd", Cmd())])
     monkeypatch.setattr(plugins_mod, "_DEFAULT", host)
-    monkeypatch.setattr(main_mod, "_PLUGIN_COMMANDS_ADDED", False)
+    monkeypatch.setattr(main_mod.cli, "registered", False)
     cli = main_mod.build_cli()
     try:
         result = CliRunner().invoke(cli, ["hello-plugin"])

@@ -61,6 +61,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.engines",
     "kvbridge.builtin.steering",
     "kvbridge.builtin.tasks",
+    "kvbridge.builtin.commands",
 )
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
@@ -461,9 +462,10 @@ class Host:
             out.extend(replace(f, plugin=outcome.plugin) for f in found)
         return out
 
-    def register_commands(self, cli, reserved=()) -> None:
-        """Add the commands plugins register to ``cli``; a name that is a built-in command's (in ``reserved``
-        or already on ``cli``) or another plugin's is refused with a warning naming the plugin."""
+    def register_commands(self, cli) -> None:
+        """Add the commands plugins register to ``cli``, the built-ins' first (``tryfirst``); a name that is
+        a built-in command's (or already on ``cli``) or another plugin's is refused with a warning naming the
+        plugin."""
         import click
 
         offered: list[tuple[str, str, Any]] = []
@@ -473,14 +475,16 @@ class Host:
                 offered.append((current_plugin() or "?", name or cmd.name, cmd))
 
         self.call("kvbridge_register_commands", cli=Collector(name=getattr(cli, "name", None) or "kvbridge"))
-        taken = {n: "kvbridge" for n in (*reserved, *getattr(cli, "commands", {}))}
+        taken = {n: "kvbridge" for n in getattr(cli, "commands", {})}
         for plugin, name, cmd in offered:
             if not isinstance(cmd, click.Command) or not isinstance(name, str) or not name:
                 self.disable(plugin, f"kvbridge_register_commands added {type(cmd).__name__} {cmd!r:.60}, "
                                      "not a click command with a name")
                 continue
+            record = self.record(plugin)
+            if name in taken and taken[name] == "kvbridge" and record is not None and record.builtin:
+                continue  # a built-in offered again (the group was registered before): nothing to do
             if name in taken:
-                record = self.record(plugin)
                 who = "the built-in command" if taken[name] == "kvbridge" else f"plugin {taken[name]!r}'s command"
                 problem = f"its command {name!r} would replace {who} (refused; the original is kept)"
                 if record is not None and record.error is None:
@@ -488,7 +492,7 @@ class Host:
                 if record is not None:
                     warn(record, problem)
                 continue
-            taken[name] = plugin
+            taken[name] = "kvbridge" if record is not None and record.builtin else plugin
             cli.add_command(cmd, name)
 
     def model_sources(self) -> dict:

@@ -115,7 +115,7 @@ def test_harness_is_listed_and_light():
     import sys
 
     code = ("import sys; import kvbridge.cli.harness_cmd; assert 'torch' not in sys.modules; "
-            "assert 'lm_eval' not in sys.modules; from kvbridge.cli.main import COMMANDS; assert 'harness' in COMMANDS")
+            "assert 'lm_eval' not in sys.modules; from kvbridge.builtin.commands import COMMANDS; assert 'harness' in COMMANDS")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 

@@ -66,7 +66,7 @@ def test_eval_is_listed_and_light():
     import sys
 
     code = ("import sys; import kvbridge.cli.eval_cmd; assert 'torch' not in sys.modules; "
-            "from kvbridge.cli.main import COMMANDS; assert 'eval' in COMMANDS")
+            "from kvbridge.builtin.commands import COMMANDS; assert 'eval' in COMMANDS")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 

@@ -24,9 +24,10 @@ def with_plugins(monkeypatch):
     from kvbridge.cli import main as main_mod
 
     def install(**extra):
+        main_mod.build_cli()  # the commands of the real host first; the plugins below add none to it
         host = plugins_mod.make_host(entry_points=False, extra=list(extra.items()))
         monkeypatch.setattr(plugins_mod, "_DEFAULT", host)
-        monkeypatch.setattr(main_mod, "_PLUGIN_COMMANDS_ADDED", True)
+        monkeypatch.setattr(main_mod.cli, "registered", True)
         return host
 
     return install

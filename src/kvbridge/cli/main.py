@@ -1,65 +1,53 @@
 """Root ``kvbridge`` command group.
 
-Commands are listed here as ``name -> "module:attr"`` and imported only when invoked (or
-when ``--help`` lists them, which reads only their short help), so start-up imports neither
-torch nor transformers. Plugins add commands through ``kvbridge_register_commands``.
+Every command, the built-in ones included (:mod:`kvbridge.builtin.commands`), arrives through the
+``kvbridge_register_commands`` hook, the first time the group lists or looks up a command. The
+built-ins are :class:`kvbridge.cli.lazy.LazyCommand` entries (``name -> "module:attr"``), imported
+only when invoked or listed by ``--help``; command modules import neither torch nor transformers
+at module level, so start-up stays light.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
 import click
 
 from kvbridge.version import __version__
+from kvbridge.cli.lazy import LazyCommand
 from kvbridge.errors import KVBridgeError, from_exception
 
-#: built-in commands, imported on use
-COMMANDS = {
-    "plugins": "kvbridge.cli.plugins_cmd:plugins",
-    "describe": "kvbridge.cli.describe_cmd:describe",
-    "models": "kvbridge.cli.models_cmd:models",
-    "check": "kvbridge.cli.check_cmd:check",
-    "split": "kvbridge.cli.split_cmd:split",
-    "pack": "kvbridge.cli.pack_cmd:pack",
-    "diverge": "kvbridge.cli.diverge_cmd:diverge",
-    "ablate": "kvbridge.cli.ablate_cmd:ablate",
-    "demo": "kvbridge.cli.demo_cmd:demo",
-    "zoo": "kvbridge.cli.zoo_cmd:zoo",
-    "fit": "kvbridge.cli.fit_cmd:fit",
-    "transfer": "kvbridge.cli.transfer_cmd:transfer",
-    "eval": "kvbridge.cli.eval_cmd:eval_cmd",
-    "conformance": "kvbridge.cli.conformance_cmd:conformance",
-    "graft": "kvbridge.cli.graft_cmd:graft",
-    "harness": "kvbridge.cli.harness_cmd:harness",
-    "engine": "kvbridge.cli.engine_cmd:engine",
-    "steer": "kvbridge.cli.steer_cmd:steer",
-}
-
-
-def _available(path: str) -> bool:
-    module = path.partition(":")[0]
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 class LazyGroup(click.Group):
-    """A group whose built-in commands import on first use."""
+    """A group whose commands come from the plugin host on first use and import lazily."""
+
+    registered = False
+
+    def register_plugin_commands(self) -> None:
+        """Add every command the host's ``kvbridge_register_commands`` implementations offer (once)."""
+        if self.registered:
+            return
+        self.registered = True
+        try:
+            from kvbridge.plugins import get_host
+
+            get_host().register_commands(self)
+        except KVBridgeError as exc:
+            click.echo(f"error: {exc.one_line()}", err=True)
+            sys.exit(exc.exit_code)
 
     def list_commands(self, ctx):
-        names = {n for n, p in COMMANDS.items() if _available(p)}
-        names.update(super().list_commands(ctx))
-        return sorted(names)
+        self.register_plugin_commands()
+        return sorted(n for n, c in self.commands.items() if not isinstance(c, LazyCommand) or c.available())
 
     def get_command(self, ctx, name):
-        if name in COMMANDS and name not in self.commands and _available(COMMANDS[name]):
-            module, _, attr = COMMANDS[name].partition(":")
-            self.add_command(getattr(importlib.import_module(module), attr), name)
-        return super().get_command(ctx, name)
+        self.register_plugin_commands()
+        cmd = self.commands.get(name)
+        if isinstance(cmd, LazyCommand):
+            if not cmd.available():
+                return None
+            cmd = self.commands[name] = cmd.load()
+        return cmd
 
     def invoke(self, ctx):
         try:
@@ -129,21 +117,9 @@ def cli() -> None:
     """
 
 
-_PLUGIN_COMMANDS_ADDED = False
-
-
 def build_cli() -> click.Group:
-    """The root group with plugin commands added (once)."""
-    global _PLUGIN_COMMANDS_ADDED
-    if not _PLUGIN_COMMANDS_ADDED:
-        _PLUGIN_COMMANDS_ADDED = True
-        try:
-            from kvbridge.plugins import get_host
-
-            get_host().register_commands(cli, reserved=tuple(COMMANDS))
-        except KVBridgeError as exc:
-            click.echo(f"error: {exc.one_line()}", err=True)
-            sys.exit(exc.exit_code)
+    """The root group with every registered command added (once)."""
+    cli.register_plugin_commands()
     return cli
 
 
