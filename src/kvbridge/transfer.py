@@ -97,6 +97,7 @@ def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = Non
     final = state.dtype if exact else getattr(torch, target_spec.dtype, state.dtype)
     content = state.strip_rope(host=host, dtype=work_dtype(state.dtype))
     mapped = mapping.map_content(content, target_spec)
+    del content  # the stripped float32 copy is not needed for the re-application (peak memory)
     if mapped.rope_applied:
         raise StateError("mapping returned keys marked as carrying RoPE", "return content-space keys")
     out = mapped.apply_rope(positions, spec=target_spec, host=host, dtype=final)

@@ -206,6 +206,7 @@ class FittedMapping:
                     self._scatter(y, torch.baddbmm(bias, feats, w), a, e, t, ht, dt)
                 for j, layer in enumerate(layers_):
                     out[layer] = y[j]
+            del stacked, rows_src  # before the values' stack: one source stack alive at a time
         return out_k, out_v
 
     def _gather_index(self, gi: int, name: str, index, a: int, e: int, ls: int):
