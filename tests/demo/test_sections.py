@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from kvbridge.demo import SECTIONS
+from kvbridge.demo import DEFAULT_SECTIONS, SECTIONS
 from kvbridge.demo import real
 
 
 def test_sections_are_listed_in_order():
-    assert list(SECTIONS) == ["identity", "zoo", "real"]
+    assert list(SECTIONS) == ["identity", "zoo", "real", "pair"]
+    assert DEFAULT_SECTIONS == ("identity", "zoo", "real")  # the pair is opt-in
 
 
 def test_a_part_added_to_the_real_section_runs_and_can_fail_it(monkeypatch):

@@ -7,14 +7,14 @@ import time
 import click
 
 from kvbridge.cli.numbers import SEED, THREADS, count
-from kvbridge.demo import SECTIONS
+from kvbridge.demo import DEFAULT_SECTIONS, SECTIONS
 
 PAIRS = ("tuned", "wide", "odd", "stranger")
 
 
 @click.command("demo")
-@click.option("--sections", default=",".join(SECTIONS), show_default=True,
-              help="Sections to run, in order: identity, zoo, real.")
+@click.option("--sections", default=",".join(DEFAULT_SECTIONS), show_default=True,
+              help="Sections to run, in order: identity, zoo, real; pair (opt-in: the Qwen2.5-Coder pair).")
 @click.option("--identity", "identity_only", is_flag=True,
               help="Only section 1: the identity-transfer exactness table of every built-in family.")
 @click.option("--skip-identity", is_flag=True, help="Leave out section 1.")
@@ -68,6 +68,11 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
     its chat template (system turn hidden), and the system turn saved as a prefix pack,
     restored with zero forward passes and continued bitwise. No network (`make demo` fetches the
     model once beforehand). Takes a few minutes on 2 CPU cores.
+
+    Section 4 (pair, opt-in: `--sections pair`): the real family pair Qwen2.5-Coder 0.5B -> 1.5B
+    (`kvbridge models fetch pair` first): the check, identity bitwise on each model, a short
+    ridge fit on standard-library Python source and the transfer against the 0.5B alone on
+    held-out files (~10 minutes on 2 cores; RESULTS.md has the full protocol).
     """
     import torch
 
@@ -85,6 +90,10 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
         from kvbridge.models import resolve
 
         resolve(real_model)  # a model that is not fetched fails before minutes of other sections
+    if "pair" in wanted:
+        from kvbridge.demo.pair import require_fetched
+
+        require_fetched()
     default_threads = torch.get_num_threads()
     t0 = time.perf_counter()
     ok = True
@@ -99,6 +108,8 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
                         bootstrap=bootstrap, seed=seed, identity_too=not no_identity_rows)
         elif name == "real":
             ok &= run_section("real", ref=real_model, new_tokens=new_tokens, report_dir=report_dir or None).ok
+        elif name == "pair":
+            ok &= run_section("pair", report_dir=report_dir or None)
     click.echo(f"demo: {time.perf_counter() - t0:.1f} s")
     if not ok:
         raise SystemExit(1)

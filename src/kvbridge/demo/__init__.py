@@ -7,7 +7,9 @@
    exactness in float32 and bfloat16 against its own cached-vs-recompute noise, the exact-token
    split of its chat template, a prefix pack restored with zero forward passes. Its parts are
    the list :data:`kvbridge.demo.real.REAL_SECTIONS`; add one with
-   :func:`kvbridge.demo.real.add_real_section` (the real adapter pair plugs in there).
+   :func:`kvbridge.demo.real.add_real_section` (the real adapter pair plugs in there);
+4. ``pair`` (:mod:`kvbridge.demo.pair`, opt-in): the real family pair Qwen2.5-Coder 0.5B -> 1.5B,
+   check, identity on each, a short fit and the transfer against the 0.5B alone.
 
 :data:`SECTIONS` maps a section name to ``"module:function"``; :func:`run_section` imports it
 on use. Each function takes keyword options and returns True when everything it checks holds
@@ -24,7 +26,10 @@ SECTIONS: dict[str, str] = {
     "identity": "kvbridge.demo.identity:identity_section",
     "zoo": "kvbridge.demo.zoo:zoo_section",
     "real": "kvbridge.demo.real:real_section",
+    "pair": "kvbridge.demo.pair:pair_section",
 }
+#: what ``kvbridge demo`` runs without ``--sections`` (``pair`` is opt-in: minutes, and 1.6 GB to fetch)
+DEFAULT_SECTIONS: tuple = ("identity", "zoo", "real")
 
 
 def run_section(name: str, **options: Any) -> Any:
@@ -33,4 +38,4 @@ def run_section(name: str, **options: Any) -> Any:
     return getattr(importlib.import_module(module), attr)(**options)
 
 
-__all__ = ["SECTIONS", "run_section"]
+__all__ = ["SECTIONS", "DEFAULT_SECTIONS", "run_section"]
