@@ -6,6 +6,7 @@ from os import PathLike
 from typing import Any, Mapping
 
 from kvbridge.fit.settings import FitSettings
+from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
 
 
@@ -199,3 +200,39 @@ def harness_pair(pair, settings, **kwargs):
     from kvbridge.harness.pair_run import harness_pair as _run
 
     return _run(pair, settings, **kwargs)
+
+
+def _loaded(model, host=None):
+    """A :class:`~kvbridge.models.loading.LoadedModel`: references are loaded (float32, cpu)."""
+    return load_model(model, host=host) if _is_ref(model) else model
+
+
+def steer_build(model, settings: SteerBuildSettings, host=None):
+    """``kvbridge steer build`` as a call: ``model`` a reference or a :func:`load_model` result (its
+    ``tokenizer`` the one to use); returns ``(vector folder, manifest)``."""
+    from kvbridge.steer.stages import build_steering
+
+    return build_steering(_loaded(model, host), settings, host=host)
+
+
+def steer_transfer(pair, settings: SteerTransferSettings, host=None):
+    """``kvbridge steer transfer`` as a call: ``pair`` a :func:`load_pair` result (the vector's model
+    first); returns ``(vector folder, mapping)``."""
+    from kvbridge.steer.stages import transfer_steering
+
+    return transfer_steering(pair, settings, host=host)
+
+
+def steer_run(model, settings: SteerRunSettings, host=None) -> dict:
+    """``kvbridge steer run`` as a call: the steered and unsteered continuations (JSON-ready)."""
+    from kvbridge.steer.stages import run_steering
+
+    return run_steering(_loaded(model, host), settings, host=host)
+
+
+def steer_eval(model, settings: SteerEvalSettings, host=None, log=None) -> dict:
+    """``kvbridge steer eval`` as a call: every arm's behaviour rate and cost (JSON-ready; the report
+    folder written with ``settings.out``)."""
+    from kvbridge.steer.stages import evaluate_steering
+
+    return evaluate_steering(_loaded(model, host), settings, log=log, host=host)
