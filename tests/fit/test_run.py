@@ -79,3 +79,24 @@ def test_keep_stats_then_refit_and_plan_take_the_settings(pair, tmp_path):
         refit("zoo:base", "zoo:wide", FitSettings(from_stats=str(kept), out=str(tmp_path / "m3"), corpus="c"))
     lines = plan_fit("zoo:base", "zoo:wide", FitSettings(top_k="all", tokens=4096)).lines()
     assert lines and any("4096" in ln or "4,096" in ln for ln in lines)
+
+
+def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host):
+    from types import SimpleNamespace
+
+    from kvbridge.fit.run import fit_pair
+    from kvbridge.models.pair import ModelPair
+    from kvbridge.testing.planted import llama_config, llama_model, token_ids
+
+    def loaded(model, name):  # what fit_pair asks of a LoadedModel (token ids: no tokenizer needed)
+        spec = fit_host.adapter_for(model.config.to_dict()).spec_of(model)
+        return SimpleNamespace(model=model, tokenizer=None, name=name, spec=spec,
+                               ref=SimpleNamespace(ref=name, kind="folder", folder=None))
+
+    pair = ModelPair(loaded(llama_model(llama_config(num_hidden_layers=2), seed=0), "small"),
+                     loaded(llama_model(llama_config(num_hidden_layers=3), seed=1), "big"), {})
+    notes = []
+    m = fit_pair(pair, FitSettings(seq_len=48, stride=2), data=token_ids(24), warn=notes.append, distributed=None,
+                 host=fit_host)
+    assert notes == ["--top-k defaults to 4, but small has 2 layers: using --top-k 2 (all of them)"]
+    assert all(len(s) == 2 for s in m.layer_selection())

@@ -169,7 +169,7 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
     from kvbridge.progress import Heartbeat
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
-        Heartbeat("fit", enabled=not quiet and os.environ.get("RANK", "0") == "0"))
+        Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0"))
     hb.stage("reading the corpus")
     prepared = prepare(settings)  # every refusal that needs no model (options, out, corpus), before loading one
     t0 = time.perf_counter()
@@ -181,12 +181,13 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
 
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
-    result = fit_pair(pair, settings, prepared=prepared, progress=Progress(main and not quiet, ctx.world if ctx else 1, hb),
+    result = fit_pair(pair, settings, prepared=prepared, progress=Progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
                       warn=lambda note: click.echo(f"note: {note}", err=True), distributed=ctx)
     if not main:
         return
-    if keep_stats is not None:
-        click.echo(f"kept the statistics in {keep_stats} (kvbridge fit SOURCE TARGET --from-stats {keep_stats} --out ...)")
+    if settings.keep_stats is not None:
+        click.echo(f"kept the statistics in {settings.keep_stats} (kvbridge fit SOURCE TARGET --from-stats "
+                   f"{settings.keep_stats} --out ...)")
     _print(result, settings, time.perf_counter() - t0)
 
 

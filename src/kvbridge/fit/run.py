@@ -101,7 +101,7 @@ def fit_pair(pair, settings: FitSettings, *, data=None, prepared: Prepared | Non
     elif s.top_k is None and "top_k" not in prepared.values and hasattr(options, "top_k"):
         layers = src.spec.num_layers
         if options.top_k > layers:  # the default, larger than the source allows: clamp and say so
-            note = (f"--top-k defaults to {options.top_k}, but {src.name} has {layers} layers: using "
+            note = (f"--top-k defaults to {options.top_k}, but {src.ref.ref} has {layers} layers: using "
                     f"--top-k {layers} (all of them)")
             if warn is None:
                 import warnings

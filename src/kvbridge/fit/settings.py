@@ -10,11 +10,10 @@ in the layering. Checks that need the fitter plugin or the files (fitter options
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.errors import ConfigError, whole_number
+from kvbridge.errors import ConfigError, path_value, whole_number
 
 
 def parse_top_k(value) -> list | int | None:
@@ -50,14 +49,6 @@ def _top_k(value):
     if isinstance(parsed, list):
         return parsed[0] if len(parsed) == 1 else tuple(parsed)
     return parsed
-
-
-def _path(value, flag: str):
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise ConfigError(f"{flag} must be a path, got {value!r}", f"pass a file or folder for {flag}")
-    return os.fspath(value)
 
 
 def _share(value, flag: str, *, open_low: bool = True) -> None:
@@ -129,7 +120,7 @@ class FitSettings:
 
         for name, flag in (("corpus", "--corpus"), ("out", "--out"), ("keep_stats", "--keep-stats"),
                            ("from_stats", "--from-stats")):
-            object.__setattr__(self, name, _path(getattr(self, name), flag))
+            object.__setattr__(self, name, path_value(getattr(self, name), flag))
         object.__setattr__(self, "fitter_options", _options(self.fitter_options))
         object.__setattr__(self, "top_k", _top_k(self.top_k))
         if not isinstance(self.fitter, str) or not self.fitter.strip():

@@ -11,19 +11,14 @@ a replaceable ``out``) are the ``prepare_*`` functions of :mod:`kvbridge.steer.s
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from kvbridge.errors import KVBridgeError, whole_number
+from kvbridge.errors import KVBridgeError, path_value, whole_number
 from kvbridge.steer.evaluate import ARMS
 
 
 def _path(value, flag: str, *, required: bool = False):
-    if value is None and not required:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise KVBridgeError(f"{flag} must be a path, got {value!r}", f"pass a folder or file for {flag}")
-    return os.fspath(value)
+    return path_value(value, flag, required=required, error=KVBridgeError)
 
 
 def _text(value, flag: str, *, required: bool = False):
