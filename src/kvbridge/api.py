@@ -5,6 +5,8 @@ from __future__ import annotations
 from os import PathLike
 from typing import Any, Mapping
 
+from kvbridge.fit.settings import FitSettings
+from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
 
 
@@ -97,27 +99,66 @@ def load_pair(source, target, dtype: str | None = None, device: str = "cpu", hos
     return _load(source, target, dtype=dtype, device=device, host=host)
 
 
-def fit(source_model, target_model, data, **options):
-    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit``).
+def fit(source, target=None, data=None, settings=None, *, host=None, progress=None, warn=None, **fields):
+    """``kvbridge fit`` as a call: fit a mapping from ``source``'s cache to ``target``'s.
 
-    Each side may be a model object, a :class:`~kvbridge.models.loading.LoadedModel` or a reference;
-    references are loaded as a :func:`load_pair` (the shared tokenizer checked first), and text
-    ``data`` is tokenized with the loaded tokenizers unless ``tokenizer=`` is given."""
-    from kvbridge.fit.pipeline import fit as _fit
+    ``source`` / ``target``: references (loaded as a :func:`load_pair`, the shared tokenizer checked
+    first, in ``settings.dtype``), :class:`~kvbridge.models.loading.LoadedModel` s, or a
+    :class:`~kvbridge.models.pair.ModelPair` as ``source`` alone. ``settings``: a
+    :class:`~kvbridge.fit.settings.FitSettings` (its checks are the CLI's), or its fields as keywords
+    (``seq_len=64, top_k=1, out="map/"``); ``data``: texts or token ids instead of ``settings.corpus``
+    (text is tokenized with the pair's tokenizer). Returns what :func:`fit_pair` returns."""
+    from kvbridge.fit.run import prepare
 
-    if _is_ref(source_model) and _is_ref(target_model):
-        pair = load_pair(source_model, target_model, dtype=options.pop("dtype", None), host=options.get("host"))
-        source_model, target_model = pair.source, pair.target
-        options.setdefault("tokenizer_fingerprint", pair.tokenizer)
-    models = []
-    for role, obj in (("source", source_model), ("target", target_model)):
-        if _is_ref(obj):
-            obj = load_model(obj, host=options.get("host"))
-        if hasattr(obj, "model") and hasattr(obj, "fingerprint"):  # a LoadedModel: keep its tokenizer
-            options.setdefault("tokenizer" if role == "source" else "target_tokenizer", obj.tokenizer)
-            obj = obj.model
-        models.append(obj)
-    return _fit(models[0], models[1], data, **options)
+    settings = fit_settings(settings, **fields)
+    prepared = prepare(settings, data=data, host=host)  # every refusal that needs no model, before loading one
+    pair = _pair_of(source, target, settings.dtype, host)
+    return fit_pair(pair, settings, data=data, prepared=prepared, progress=progress, warn=warn, host=host)
+
+
+def fit_settings(settings=None, **fields):
+    """A :class:`~kvbridge.fit.settings.FitSettings` from keywords (or ``settings`` with some replaced);
+    an unknown name is refused naming the closest fields."""
+    import dataclasses
+    import difflib
+
+    from kvbridge.errors import ConfigError
+
+    names = [f.name for f in dataclasses.fields(FitSettings)]
+    for key in fields:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            raise ConfigError(f"fit has no setting {key!r}", f"did you mean {', '.join(close)}?" if close
+                              else f"the settings are: {', '.join(names)}")
+    if settings is None:
+        return FitSettings(**fields)
+    return dataclasses.replace(settings, **fields) if fields else settings
+
+
+def _pair_of(source, target, dtype, host):
+    """A :class:`~kvbridge.models.pair.ModelPair` from a pair, two references or two loaded models."""
+    from kvbridge.errors import ConfigError
+    from kvbridge.models.pair import ModelPair, shared_tokenizer
+
+    if isinstance(source, ModelPair):
+        return source
+    if _is_ref(source) and _is_ref(target):
+        return load_pair(source, target, dtype=dtype, host=host)
+    loaded = [load_model(obj, dtype=dtype, host=host) if _is_ref(obj) else obj for obj in (source, target)]
+    if not all(hasattr(obj, "model") and hasattr(obj, "fingerprint") for obj in loaded):
+        raise ConfigError("fit takes model references, loaded models (load_model) or a pair (load_pair)",
+                          "for raw model objects call kvbridge.fit.pipeline.fit(source_model, target_model, data, ...)")
+    fingerprint, note = shared_tokenizer(loaded[0].ref, loaded[1].ref)
+    return ModelPair(loaded[0], loaded[1], fingerprint, note)
+
+
+def fit_pair(pair, settings, **kwargs):
+    """``kvbridge fit`` on a loaded pair: ``pair`` a :func:`load_pair` result, ``settings`` a
+    :class:`~kvbridge.fit.settings.FitSettings`; returns the mapping, or ``{label: mapping}`` for a
+    top-k sweep (see :func:`kvbridge.fit.run.fit_pair`: ``data=``, ``progress=``, ``warn=``)."""
+    from kvbridge.fit.run import fit_pair as _run
+
+    return _run(pair, settings, **kwargs)
 
 
 def load_mapping(path, **options):
@@ -159,3 +200,39 @@ def harness_pair(pair, settings, **kwargs):
     from kvbridge.harness.pair_run import harness_pair as _run
 
     return _run(pair, settings, **kwargs)
+
+
+def _loaded(model, host=None):
+    """A :class:`~kvbridge.models.loading.LoadedModel`: references are loaded (float32, cpu)."""
+    return load_model(model, host=host) if _is_ref(model) else model
+
+
+def steer_build(model, settings: SteerBuildSettings, host=None):
+    """``kvbridge steer build`` as a call: ``model`` a reference or a :func:`load_model` result (its
+    ``tokenizer`` the one to use); returns ``(vector folder, manifest)``."""
+    from kvbridge.steer.stages import build_steering
+
+    return build_steering(_loaded(model, host), settings, host=host)
+
+
+def steer_transfer(pair, settings: SteerTransferSettings, host=None):
+    """``kvbridge steer transfer`` as a call: ``pair`` a :func:`load_pair` result (the vector's model
+    first); returns ``(vector folder, mapping)``."""
+    from kvbridge.steer.stages import transfer_steering
+
+    return transfer_steering(pair, settings, host=host)
+
+
+def steer_run(model, settings: SteerRunSettings, host=None) -> dict:
+    """``kvbridge steer run`` as a call: the steered and unsteered continuations (JSON-ready)."""
+    from kvbridge.steer.stages import run_steering
+
+    return run_steering(_loaded(model, host), settings, host=host)
+
+
+def steer_eval(model, settings: SteerEvalSettings, host=None, log=None) -> dict:
+    """``kvbridge steer eval`` as a call: every arm's behaviour rate and cost (JSON-ready; the report
+    folder written with ``settings.out``)."""
+    from kvbridge.steer.stages import evaluate_steering
+
+    return evaluate_steering(_loaded(model, host), settings, log=log, host=host)

@@ -204,3 +204,15 @@ def whole_number(value, flag: str, minimum: int, error: type = ConfigError) -> N
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise error(f"{flag} must be a whole number >= {minimum}, got {value!r}",
                     f"pass {flag} {minimum} or more")
+
+
+def path_value(value, flag: str, *, required: bool = False, error: type = ConfigError):
+    """A settings object's path field as a ``str`` (None stays None unless ``required``); anything but a
+    non-empty str or path is a one-line ``error`` naming ``flag``."""
+    import os
+
+    if value is None and not required:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise error(f"{flag} must be a path, got {value!r}", f"pass a file or folder for {flag}")
+    return os.fspath(value)

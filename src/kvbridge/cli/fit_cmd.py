@@ -22,7 +22,7 @@ class TopK(Number):
         text = value if isinstance(value, str) else None
         if text is not None and ("," in text or text.strip().lower() == "all"):
             from kvbridge.errors import ConfigError
-            from kvbridge.fit.pipeline import parse_top_k
+            from kvbridge.fit.settings import parse_top_k
 
             try:
                 out = parse_top_k(text)
@@ -77,27 +77,6 @@ class Progress:
     def _rate(self, _item) -> str:
         secs = max(time.perf_counter() - self.t0, 1e-9)
         return f"{self.done / secs:,.0f} tok/s"
-
-
-#: shortcut flags -> fitter option keys (passed only when given; a fitter without the key refuses it)
-SHORTCUTS = {"top_k": "top_k", "alpha": "alpha", "memory_gib": "memory_budget", "estimator": "estimator",
-             "estimator_options": "estimator_options", "max_samples": "max_samples"}
-
-
-def option_values(pairs, **flags) -> dict:
-    """The fitter options from ``-o key=value`` pairs and the shortcut flags that were given."""
-    from kvbridge.errors import ConfigError
-    from kvbridge.fit.protocol import parse_pairs
-
-    values = parse_pairs(pairs)
-    for flag, key in SHORTCUTS.items():
-        value = flags.get(flag)
-        if value is None:
-            continue
-        if key in values:
-            raise ConfigError(f"option {key} is given twice (a flag and -o {key}=...)", "give it once")
-        values[key] = int(value * 2**30) if flag == "memory_gib" else value
-    return values
 
 
 @click.command("fit")
@@ -163,152 +142,63 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
     """
 
     from kvbridge.errors import ConfigError
+    from kvbridge.fit.settings import FitSettings
 
-    plan_k = _plan_top_k(top_k, source) if plan_only else None
-    if plan_only:  # torch-free: configs / manifests only
-        from kvbridge.fit.plan import plan
+    settings = FitSettings(
+        corpus=corpus, corpus_heldout=corpus_heldout, out=out, fitter=fitter, fitter_options=fitter_opts, top_k=top_k,
+        seq_len=seq_len, tokens=tokens, stride=stride, skip=skip, alpha=alpha, heldout=heldout, seed=seed,
+        batch_size=batch_size, estimator=estimator, estimator_options=estimator_options, max_samples=max_samples,
+        memory_gib=memory_gib, dtype=dtype, keep_stats=keep_stats, from_stats=from_stats, resume=resume,
+        overwrite=overwrite, quiet=quiet, plan=plan_only, device_flops=device_flops, plan_device=plan_device)
+    if settings.plan:  # torch-free: configs / manifests only
+        from kvbridge.fit.run import plan_fit
 
-        rates = None
-        if plan_device:
-            from kvbridge.fit.plan_rates import measure_rates
-
-            rates = measure_rates(source, target, seq_len=seq_len, batch_size=batch_size, stride=stride,
-                                  top_k=plan_k, dtype=dtype, device=plan_device)
-        p = plan(source, target, fitter=fitter, top_k=plan_k, tokens=tokens, seq_len=seq_len, stride=stride,
-                 skip=skip, heldout=heldout, batch_size=batch_size, dtype=dtype,
-                 memory_budget=None if memory_gib is None else int(memory_gib * 2**30), device_flops=device_flops,
-                 rates=rates)
-        click.echo("\n".join(p.lines()))
+        click.echo("\n".join(plan_fit(source, target, settings).lines()))
         return
-    if from_stats is not None:
-        _fit_from_stats(source, target, from_stats, out, top_k=top_k, alpha=alpha, overwrite=overwrite,
-                        corpus=corpus, keep_stats=keep_stats)
+    t0 = time.perf_counter()
+    if settings.from_stats is not None:
+        from kvbridge.fit.run import refit
+
+        _print(refit(source, target, settings), settings, time.perf_counter() - t0)
         return
-    if corpus is None or out is None:
+    if settings.corpus is None or settings.out is None:
         raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
-    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
-
-    from kvbridge.artifacts import check_replaceable
-    from kvbridge.check import validate
-    from kvbridge.fit.artifact import KIND
-
-    from kvbridge.fit.pipeline import SWEEP_KIND
-
-    sweep = isinstance(top_k, list) and len(top_k) > 1
-    check_replaceable(out, SWEEP_KIND if sweep else KIND, overwrite=overwrite)  # only ever replaces its own kind
-    if keep_stats is not None:
-        from kvbridge.fit.keep import KIND as STATS_KIND
-
-        check_replaceable(keep_stats, STATS_KIND, overwrite=overwrite)
-    if alpha is not None:
-        validate.alpha(alpha)
-    validate.memory_gib(memory_gib)
-    validate.seq_len(seq_len)
-    validate.tokens(tokens)
-    validate.stride(stride, seq_len, skip=validate.non_negative_int(skip, "--skip"))
-    if isinstance(top_k, list) and len(top_k) == 1:  # "all"
-        top_k = top_k[0]
-    single_k = None if isinstance(top_k, list) or top_k == "all" else top_k  # a sweep goes to fit() below
-    values = option_values(fitter_opts, top_k=single_k, alpha=alpha, memory_gib=memory_gib, estimator=estimator,
-                           estimator_options=estimator_options, max_samples=max_samples)
-    calibration = CalibrationConfig(stride=stride, skip=skip, heldout=heldout, seed=seed, batch_size=batch_size,
-                                    seq_len=seq_len, tokens=tokens)
-    from kvbridge.fit.pipeline import Provenance, fitter_options, load_fitter
-    from kvbridge.plugins import get_host
-
-    options = fitter_options(load_fitter(get_host(), fitter), values)  # refuse bad options before loading models
     import os
 
-    from kvbridge.evaluate.corpus import calibration_texts
+    from kvbridge.fit.run import fit_pair, prepare
     from kvbridge.progress import Heartbeat
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
-        Heartbeat("fit", enabled=not quiet and os.environ.get("RANK", "0") == "0"))
+        Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0"))
     hb.stage("reading the corpus")
-    texts, sha, split = calibration_texts(corpus, corpus_heldout)
+    prepared = prepare(settings)  # every refusal that needs no model (options, out, corpus), before loading one
     t0 = time.perf_counter()
-    from kvbridge.cli.options import load_pair, revision_of
-    from kvbridge.models import resolve as _resolve
+    from kvbridge.cli.options import load_pair
 
-    src, tgt = _resolve(source), _resolve(target)
-    sweep_arg = None
-    if isinstance(top_k, list) or top_k == "all":
-        sweep_arg = top_k if isinstance(top_k, list) else "all"
-    elif top_k is None and "top_k" not in values and hasattr(options, "top_k"):
-        layers = src.spec().num_layers
-        if options.top_k > layers:  # the default, larger than the source allows: clamp and say so
-            click.echo(f"note: --top-k defaults to {options.top_k}, but {source} has {layers} layers: using "
-                       f"--top-k {layers} (all of them)", err=True)
-            import dataclasses
-
-            options = dataclasses.replace(options, top_k=layers)
     hb.stage("loading the models")
-    pair = load_pair(src, tgt, dtype=dtype)  # the shared tokenizer is checked before any weights load
-    loaded_src, loaded_tgt, tok_fp = pair.source, pair.target, pair.tokenizer
-    smodel, stok, tmodel, ttok = loaded_src.model, loaded_src.tokenizer, loaded_tgt.model, loaded_tgt.tokenizer
-    check_same_tokens(texts, stok, ttok)
-
+    pair = load_pair(source, target, dtype=settings.dtype)  # the shared tokenizer is checked before any weights load
     from kvbridge.fit import distributed as dist_mod
-    from kvbridge.fit.pipeline import fit as run_fit
 
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
-    mapping = run_fit(smodel, tmodel, texts, fitter=fitter, options=options, calibration=calibration, tokenizer=stok,
-                      tokenizer_fingerprint=tok_fp, corpus_sha256=sha, corpus_path=corpus, corpus_split=split, out=out, overwrite=overwrite, resume=resume,
-                      provenance=Provenance(src.name, tgt.name, revision_of(src), revision_of(tgt)),
-                      progress=Progress(main and not quiet, ctx.world if ctx else 1, hb), distributed=ctx,
-                      keep_stats=keep_stats, **({"top_k": sweep_arg} if sweep_arg is not None else {}))
+    result = fit_pair(pair, settings, prepared=prepared, progress=Progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
+                      warn=lambda note: click.echo(f"note: {note}", err=True), distributed=ctx)
     if not main:
         return
-    if keep_stats is not None:
-        click.echo(f"kept the statistics in {keep_stats} (kvbridge fit SOURCE TARGET --from-stats {keep_stats} --out ...)")
-    if isinstance(mapping, dict):
-        _report_sweep(mapping, out, time.perf_counter() - t0)
-        return
-    _report(mapping, out, time.perf_counter() - t0, stride, skip)
+    if settings.keep_stats is not None:
+        click.echo(f"kept the statistics in {settings.keep_stats} (kvbridge fit SOURCE TARGET --from-stats "
+                   f"{settings.keep_stats} --out ...)")
+    _print(result, settings, time.perf_counter() - t0)
 
 
-def _plan_top_k(top_k, source) -> int:
-    """The top-k the plan is made for: the largest of a list; ``all`` and a default over the source's
-    layers become the source's layer count (the plan of a k sweep is the plan of its largest k)."""
-    if top_k is None:
-        return 4
-    values = top_k if isinstance(top_k, list) else [top_k]
-    if "all" in values:
-        from kvbridge.models import resolve
-
-        return resolve(source).spec().num_layers
-    return max(int(v) for v in values)
-
-
-def _fit_from_stats(source, target, folder, out, *, top_k, alpha, overwrite, corpus, keep_stats) -> None:
-    from kvbridge.errors import ConfigError
-
-    if out is None:
-        raise ConfigError("kvbridge fit --from-stats needs --out", "give the mapping folder to write")
-    if corpus is not None or keep_stats is not None:
-        raise ConfigError(f"--from-stats solves from kept statistics: --{'corpus' if corpus is not None else 'keep-stats'}"
-                          " does not apply", "drop it, or fit from the models without --from-stats")
-    from kvbridge.artifacts import check_replaceable
-    from kvbridge.fit.artifact import KIND, model_identity
-    from kvbridge.fit.pipeline import SWEEP_KIND, fit_from_stats
-    from kvbridge.models import resolve
-
-    if alpha is not None:
-        from kvbridge.check import validate
-
-        validate.alpha(alpha)
-    check_replaceable(out, SWEEP_KIND if isinstance(top_k, list) and len(top_k) > 1 else KIND, overwrite=overwrite)
-    t0 = time.perf_counter()
-    idents = [model_identity(resolve(ref).config) for ref in (source, target)]  # configs only: no weights
-    if isinstance(top_k, list) and len(top_k) == 1:
-        top_k = top_k[0]
-    result = fit_from_stats(folder, out=out, top_k=top_k if not isinstance(top_k, list) else ",".join(map(str, top_k)),
-                            alpha=alpha, source=idents[0], target=idents[1], overwrite=overwrite)
+def _print(result, settings, secs: float) -> None:
+    """A fit's mapping (or a sweep's ``{label: mapping}``) as the command prints it."""
     if isinstance(result, dict):
-        _report_sweep(result, out, time.perf_counter() - t0)
+        _report_sweep(result, settings.out, secs)
+    elif settings.from_stats is not None:
+        _report(result, settings.out, secs, None, None)
     else:
-        _report(result, out, time.perf_counter() - t0, None, None)
+        _report(result, settings.out, secs, settings.stride, settings.skip)
 
 
 def _report_sweep(mappings: dict, out, secs: float) -> None:

@@ -63,11 +63,12 @@ def shared_tokenizer(src, tgt) -> dict:
     return fingerprint
 
 
-def load_pair(source, target, *, dtype: str | None = None, target_tokenizer: bool = True, host=None):
+def load_pair(source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True,
+              host=None):
     """:func:`kvbridge.models.pair.load_pair` for a command: a partial tokenizer match warns on stderr."""
     from kvbridge.models.pair import load_pair as _load
 
-    pair = _load(source, target, dtype=dtype, target_tokenizer=target_tokenizer, host=host)
+    pair = _load(source, target, dtype=dtype, device=device, target_tokenizer=target_tokenizer, host=host)
     if pair.tokenizer_note:
         click.echo(f"warning: tokenizers: {pair.tokenizer_note}", err=True)
     return pair
@@ -90,17 +91,11 @@ def open_tokenizer(ref: str):
 
 
 def tokenizer_identity(loaded, tokenizer_path: str | None, tokenizer) -> dict:
-    """The pack tokenizer fingerprint: of ``--tokenizer`` when given, else of the model's own files."""
-    from pathlib import Path
+    """The pack tokenizer fingerprint: of ``--tokenizer`` when given, else of the model's own files
+    (:func:`kvbridge.models.fingerprint.loaded_tokenizer_identity`)."""
+    from kvbridge.models.fingerprint import loaded_tokenizer_identity
 
-    from kvbridge.prefix.packs import tokenizer_fingerprint
-
-    if tokenizer_path:
-        return tokenizer_fingerprint(tokenizer, folder=tokenizer_path if Path(tokenizer_path).is_dir() else None)
-    fp = loaded.ref.tokenizer()
-    if fp is not None:
-        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
-    return tokenizer_fingerprint(tokenizer)
+    return loaded_tokenizer_identity(loaded, tokenizer_path, tokenizer)
 
 
 def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None,

@@ -11,9 +11,6 @@ from kvbridge.cli.numbers import SEED, SHARE, count, real
 
 from kvbridge.cli.options import device_option, dtype_option, json_option
 
-REPORT_KIND = "kvbridge.steer-eval"
-#: shortcut flags -> method option keys (passed only when given and when the method has the option)
-SHORTCUTS = {"ck": "ck", "cv": "cv", "alpha": "alpha", "ca": "coefficient"}
 
 
 @click.group("steer")
@@ -27,10 +24,11 @@ def steer() -> None:
     """
 
 
-def _tokenizer_fp(loaded, tokenizer_path, tok) -> dict:
-    from kvbridge.cli.options import tokenizer_identity
+def _with_tokenizer(loaded, tokenizer):
+    """The loaded model carrying the tokenizer the command opened for it (``--tokenizer`` or its own)."""
+    import dataclasses
 
-    return tokenizer_identity(loaded, tokenizer_path, tok)
+    return loaded if tokenizer is loaded.tokenizer else dataclasses.replace(loaded, tokenizer=tokenizer)
 
 
 @steer.command("build")
@@ -58,21 +56,15 @@ def build(model, pairs_path, out, method, position, key_space, tokenizer, dtype,
     is written when anything is wrong (malformed or empty pairs file, a pair that does not encode,
     OUT exists).
     """
-    from kvbridge.artifacts import check_replaceable
     from kvbridge.cli.options import open_model_session
-    from kvbridge.models import resolve
-    from kvbridge.steer.artifact import KIND, read_vector, save_vector
-    from kvbridge.steer.pairs import read_pairs
-    from kvbridge.steer.vectors import build_vector
+    from kvbridge.steer.settings import SteerBuildSettings
+    from kvbridge.steer.stages import build_steering, prepare_build
 
-    check_replaceable(out, KIND, overwrite=overwrite)
-    pairs = read_pairs(pairs_path)  # a bad file fails before the model is loaded
-    resolve(model)
-    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
-    vector = build_vector(loaded.model, tok, pairs, position=position, method=method, key_space=key_space)
-    path = save_vector(vector, out, loaded.model, tokenizer_fp=_tokenizer_fp(loaded, tokenizer, tok),
-                       overwrite=overwrite)
-    manifest = read_vector(path)[0]
+    settings = SteerBuildSettings(pairs=pairs_path, out=out, method=method, position=position, key_space=key_space,
+                                  tokenizer=tokenizer, overwrite=overwrite)
+    pairs = prepare_build(settings)  # a bad file fails before the model is loaded
+    path, manifest = build_steering(_with_tokenizer(*open_model_session(model, tokenizer, dtype=dtype, device=device)),
+                                    settings, pairs=pairs)
     if as_json:
         click.echo(json.dumps(manifest, indent=2, ensure_ascii=False))
         return
@@ -100,51 +92,14 @@ def transfer(vector_dir, mapping_dir, source, target, out, dtype, device, overwr
     (``f(d) - f(0)``: the bias cancels). The residual directions do not transfer (they are not in
     the cache); the result has K/V directions only.
     """
-    from kvbridge.artifacts import check_replaceable
-    from kvbridge.cli.options import load_model
-    from kvbridge.fit import load_mapping
-    from kvbridge.steer.artifact import KIND, load_vector, read_vector, save_vector
-    from kvbridge.steer.vectors import transfer_vector
+    from kvbridge.cli.options import load_pair
+    from kvbridge.steer.settings import SteerTransferSettings
+    from kvbridge.steer.stages import prepare_transfer, transfer_steering
 
-    check_replaceable(out, KIND, overwrite=overwrite)
-    read_vector(vector_dir)  # a bad folder fails before the models load
-    src = load_model(source, dtype=dtype, device=device)
-    tgt = load_model(target, dtype=dtype, device=device)
-    vector = load_vector(vector_dir, src.model)
-    mapping = load_mapping(mapping_dir, source=src.model, target=tgt.model)
-    moved = transfer_vector(vector, mapping, tgt.spec)
-    fp = _tokenizer_fp(tgt, None, tgt.tokenizer)
-    path = save_vector(moved, out, tgt.model, tokenizer_fp=fp, overwrite=overwrite)
+    settings = SteerTransferSettings(vector=vector_dir, mapping=mapping_dir, out=out, overwrite=overwrite)
+    prepare_transfer(settings)  # a bad folder fails before the models load
+    path, mapping = transfer_steering(load_pair(source, target, dtype=dtype, device=device), settings, prepared=True)
     click.echo(f"wrote {path}: vector of {source} moved to {target} through {mapping_dir} ({mapping.name})")
-
-
-def _method_options(method_name: str, pairs, host=None, **flags) -> dict:
-    from kvbridge.errors import ConfigError
-    from kvbridge.fit.protocol import option_fields, parse_pairs
-    from kvbridge.steer.methods import resolve_method
-
-    values = parse_pairs(pairs)
-    method = resolve_method(method_name, host)
-    fields = option_fields(method.Options)
-    for flag, key in SHORTCUTS.items():
-        value = flags.get(flag)
-        if value is None:
-            continue
-        if key not in fields:
-            raise ConfigError(f"--{flag.replace('_', '-')} does not apply to steering method {method_name!r}",
-                              f"its options: {', '.join(fields) or 'none'}")
-        if key in values:
-            raise ConfigError(f"option {key} is given twice (a flag and -o {key}=...)", "give it once")
-        values[key] = value
-    return values
-
-
-def _check_numbers(**values) -> None:
-    from kvbridge.steer.edit import coefficient
-
-    for name, value in values.items():
-        if value is not None:
-            coefficient(value, f"--{name.replace('_', '-')}")
 
 
 @steer.command("run")
@@ -182,59 +137,20 @@ def run(model, prompt, vector_dir, method, ck, cv, alpha, ca, options, layers, a
     with hooks); everything else is identical, so any difference is the steering's.
     """
     from kvbridge.cli.options import open_model_session
-    from kvbridge.errors import KVBridgeError
     from kvbridge.prefix.splits import read_text_arg
-    from kvbridge.steer.prompts import chat_mode, guide_scenario, guide_texts, prompt_scenario
-    from kvbridge.steer.run import check_length, prefix_state, run_pair, setup_for, side_by_side
+    from kvbridge.steer.settings import SteerRunSettings
+    from kvbridge.steer.run import side_by_side
+    from kvbridge.steer.stages import prepare_run, run_steering
 
-    _check_numbers(ck=ck, cv=cv, alpha=alpha, ca=ca, temperature=temperature, top_p=top_p)
-    prompt_text = read_text_arg(prompt, "prompt")
-    guide_text = read_text_arg(guide, "guide") if guide else None
-    other_text = read_text_arg(other, "other") if other else None
-    if at == "guide" and not guide_text:
-        raise KVBridgeError("--at guide needs --guide TEXT", "pass the guide (instruction) to steer")
-    if at == "pack" and not pack_dir:
-        raise KVBridgeError("--at pack needs --pack DIR", "pass a prefix pack folder (kvbridge pack save)")
-    values = _method_options(method, options, ck=ck, cv=cv, alpha=alpha, ca=ca)
-    if vector_dir:
-        from kvbridge.steer.artifact import read_vector
-
-        read_vector(vector_dir)  # a bad folder fails before the model loads
-    loaded, tok = open_model_session(model, None, dtype=dtype, device=device)
-    m = loaded.model
-    vector = None
-    if vector_dir:
-        from kvbridge.steer.artifact import load_vector
-
-        vector = load_vector(vector_dir, m, tokenizer_fp=_tokenizer_fp(loaded, None, tok))
-    use_chat = chat_mode(tok, chat)
-    prefix = None
-    if at == "last":
-        scenario = prompt_scenario(tok, prompt_text, chat=use_chat)
-    elif at == "guide":
-        scenario = guide_scenario(tok, guide_text, prompt_text, chat=use_chat)
-    else:
-        from kvbridge.prefix.packs import load_pack
-        from kvbridge.steer.prompts import Scenario
-
-        pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=_tokenizer_fp(loaded, None, tok))
-        live_text = guide_texts(tok, "x", prompt_text, chat=use_chat)[1] if use_chat else prompt_text
-        report, split = pack.split_for(tok, live_text, "" if use_chat else "\n")
-        keep = len(report.special_prefix) if tuple(split.ghost[:len(report.special_prefix)]) == report.special_prefix else 0
-        scenario = Scenario(tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), report.text, "guide",
-                            split.ghost_text)
-        prefix = pack.state_for(m)
-    check_length(m, scenario, max_new_tokens)
-    other_state = None
-    if other_text is not None:
-        other_state = prefix_state(m, prompt_scenario(tok, other_text, chat=use_chat).prefix_ids)
-    base, _ = setup_for(m, scenario, prefix=prefix)
-    steered, record = setup_for(m, scenario, method=method, options=values, vector=vector, other=other_state,
-                                layers=layers, prefix=prefix)
-    result = run_pair(m, tok, base, steered, max_new_tokens=max_new_tokens, seed=None if greedy else seed,
-                      temperature=temperature, top_p=top_p)
-    result["steering"] = record
-    result["approximate"] = bool(steered.prefix is not None and steered.prefix.approximate)
+    settings = SteerRunSettings(
+        prompt=read_text_arg(prompt, "prompt"), vector=vector_dir, method=method, ck=ck, cv=cv, alpha=alpha, ca=ca,
+        options=options, layers=layers, at=at, guide=read_text_arg(guide, "guide") if guide else None, pack=pack_dir,
+        other=read_text_arg(other, "other") if other else None, max_new_tokens=max_new_tokens, seed=seed,
+        greedy=greedy, temperature=temperature, top_p=top_p, chat=chat)
+    values = prepare_run(settings)  # method options and the vector folder, before the model loads
+    result = run_steering(_with_tokenizer(*open_model_session(model, None, dtype=dtype, device=device)), settings,
+                          values=values)
+    record = result["steering"]
     if as_json:
         click.echo(json.dumps(result, indent=2, ensure_ascii=False))
         return
@@ -244,20 +160,6 @@ def run(model, prompt, vector_dir, method, ck, cv, alpha, ca, options, layers, a
         click.echo(line)
     click.echo(f"first-step KL(unsteered || steered) = {result['first_step_kl']:.4g}; "
                f"{'identical' if result['identical'] else 'different'} continuations")
-
-
-def _floats(text: str, name: str) -> tuple:
-    from kvbridge.errors import KVBridgeError
-    from kvbridge.steer.edit import coefficient
-
-    if not text:
-        return ()
-    try:
-        return tuple(coefficient(x.strip(), name) for x in text.split(",") if x.strip())
-    except KVBridgeError:
-        raise
-    except Exception:  # noqa: BLE001
-        raise KVBridgeError(f"cannot read {name} {text!r}", "pass numbers separated by commas") from None
 
 
 @steer.command("eval")
@@ -298,52 +200,22 @@ def eval_cmd(model, vector_dir, prompt, scorer, instruction, arms, extra, sample
     steering, with Wilson intervals and costs (see docs/steering.md)."""
     import sys
 
-    from kvbridge.artifacts import atomic_dir, check_replaceable
     from kvbridge.cli.options import open_model_session
-    from kvbridge.errors import KVBridgeError
     from kvbridge.prefix.splits import read_text_arg
-    from kvbridge.steer.artifact import load_vector, read_vector
-    from kvbridge.steer.evaluate import EvalSettings, evaluate, lines, plot_sweep
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.steer.evaluate import lines
+    from kvbridge.steer.settings import SteerEvalSettings
+    from kvbridge.steer.stages import evaluate_steering, prepare_eval
 
-    _check_numbers(ck=ck, cv=cv, ca=ca, temperature=temperature, top_p=top_p)
-    multipliers = _floats(sweep, "--sweep")
+    settings = SteerEvalSettings(
+        vector=vector_dir, prompt=read_text_arg(prompt, "prompt"), scorer=scorer,
+        instruction=read_text_arg(instruction, "instruction") if instruction else None, arms=arms, extra=extra,
+        samples=samples, max_new_tokens=max_new_tokens, ck=ck, cv=cv, ca=ca, layers=layers,
+        actadd_layers=actadd_layers, at=at, sweep=sweep, sweep_samples=sweep_samples, temperature=temperature,
+        top_p=top_p, chat=chat, out=out, overwrite=overwrite)
+    prepared = prepare_eval(settings)  # out, the scorer and every vector folder, before the model loads
+    result = evaluate_steering(_with_tokenizer(*open_model_session(model, None, dtype=dtype, device=device)), settings,
+                               prepared=prepared, log=lambda msg: click.echo(msg, err=True))
     if out:
-        check_replaceable(out, REPORT_KIND, overwrite=overwrite)
-    if sweep_samples > samples:
-        raise KVBridgeError("--sweep-samples exceeds --samples", "pass --sweep-samples <= --samples")
-    score = resolve_scorer(scorer)
-    prompt_text = read_text_arg(prompt, "prompt")
-    instruction_text = read_text_arg(instruction, "instruction") if instruction else None
-    extras = {}
-    for item in extra:
-        name, sep, path = item.partition("=")
-        if not sep or not name.strip() or not path:
-            raise KVBridgeError(f"--extra {item!r} is not NAME=DIR", "pass e.g. --extra moved=vec-moved/")
-        extras[name.strip()] = path
-    arm_list = tuple(a.strip() for a in arms.split(",") if a.strip())
-    read_vector(vector_dir)
-    for path in extras.values():
-        read_vector(path)
-    loaded, tok = open_model_session(model, None, dtype=dtype, device=device)
-    m = loaded.model
-    fp = _tokenizer_fp(loaded, None, tok)
-    vector = load_vector(vector_dir, m, tokenizer_fp=fp)
-    extra_vectors = {name: load_vector(path, m, tokenizer_fp=fp) for name, path in extras.items()}
-    settings = EvalSettings(samples=samples, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            ck=ck, cv=cv, ca=ca, layers=layers, at=at, actadd_layers=actadd_layers, chat=chat,
-                            arms=arm_list + tuple(n for n in extra_vectors if n not in arm_list), sweep=multipliers,
-                            sweep_samples=sweep_samples, sweep_arms=("kv", "actadd", "random") + tuple(extra_vectors))
-    result = evaluate(m, tok, vector, prompt=prompt_text, scorer=score, instruction=instruction_text,
-                      settings=settings, extra_vectors=extra_vectors, scorer_name=scorer,
-                      log=lambda msg: click.echo(msg, err=True))
-    result["model"] = model
-    result["vector_dir"] = str(vector_dir)
-    if out:
-        with atomic_dir(out, kind=REPORT_KIND, overwrite=overwrite) as tmp:
-            (tmp / "report.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-            (tmp / "report.md").write_text("\n".join(lines(result)) + "\n")
-            plot_sweep(result, tmp / "sweep.png", title=f"{model}: {scorer}")
         click.echo(f"wrote {out}", err=True)
     if as_json:
         click.echo(json.dumps(result, indent=1, ensure_ascii=False))

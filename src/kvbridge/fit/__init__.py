@@ -16,7 +16,9 @@ Modules: :mod:`~kvbridge.fit.stats` (streaming float64 statistics, distributed r
 (the batched mapping), :mod:`~kvbridge.fit.artifact` (mapping folders),
 :mod:`~kvbridge.fit.plan` (resource plan from configs alone; ``kvbridge.fit.plan(src, tgt)``),
 :mod:`~kvbridge.fit.distributed` (torch.distributed, checkpoints / resume),
-:mod:`~kvbridge.fit.pipeline` (the ``fit`` call).
+:mod:`~kvbridge.fit.pipeline` (the ``fit`` call on model objects),
+:mod:`~kvbridge.fit.settings` (``FitSettings``: every ``kvbridge fit`` option) and
+:mod:`~kvbridge.fit.run` (``fit_pair(pair, settings)``: the command as one call).
 
 Importing this package imports nothing heavy; the names below load on first use.
 """
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 _LAZY = {
     "fit": "kvbridge.fit.pipeline:fit",
+    "fit_pair": "kvbridge.fit.run:fit_pair",
+    "FitSettings": "kvbridge.fit.settings:FitSettings",
     "load_mapping": "kvbridge.fit.artifact:load_mapping",
     "save_mapping": "kvbridge.fit.artifact:save_mapping",
     "FittedMapping": "kvbridge.fit.mapping:FittedMapping",

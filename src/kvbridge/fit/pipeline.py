@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvbridge.fit.calibrate import CalibrationConfig
+from kvbridge.fit.settings import parse_top_k
 from kvbridge.fit.solve import FitError
 
 
@@ -266,31 +267,6 @@ def finish_mapping(mapping, *, source: dict, target: dict, tokenizer: dict | Non
                     f"ridge-headwise")
             mapping.report = dataclasses.replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
     mapping.manifest = build_manifest(mapping, source=source, target=target, tokenizer=tokenizer, calibration=calib)
-
-
-def parse_top_k(value) -> list | int | None:
-    """``4`` -> 4; ``"1,2,4,all"`` / ``[1, 2, "all"]`` -> ``[1, 2, 4, "all"]`` (each >= 1, or ``all``);
-    a one-line error naming ``--top-k`` otherwise."""
-    from kvbridge.errors import ConfigError
-
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    parts = value.split(",") if isinstance(value, str) else list(value)
-    out = []
-    for part in parts:
-        text = str(part).strip().lower()
-        if text == "all":
-            out.append("all")
-        elif text.isdigit() and int(text) >= 1 and len(text) < 10:
-            out.append(int(text))
-        else:
-            raise ConfigError(f"--top-k value {str(part).strip()!r} is not a whole number >= 1 or 'all'",
-                              "use e.g. --top-k 4 or --top-k 1,2,4,8,all")
-    if not out:
-        raise ConfigError("--top-k is empty", "use e.g. --top-k 4 or --top-k 1,2,4,8,all")
-    if len(out) == 1 and out[0] != "all" and isinstance(value, str):
-        return out[0]
-    return list(dict.fromkeys(out))
 
 
 def _top_k_sweep(overrides: dict, source_model, fitter_obj, options):

@@ -259,5 +259,18 @@ def describe_fingerprint(fp: Mapping[str, Any]) -> str:
     return f"weights sha256:{w[:12]}{quant}" if w else "weights unknown"
 
 
-__all__ = ["config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "remember_sha256", "files_digest", "weights_digest",
+def loaded_tokenizer_identity(loaded, tokenizer_path: str | Path | None = None, tokenizer: Any = None) -> dict:
+    """The tokenizer fingerprint an artifact records for a :class:`~kvbridge.models.loading.LoadedModel`:
+    of ``tokenizer_path`` (``tokenizer``: the tokenizer loaded from it) when given, else of the
+    model's own tokenizer files (its loaded tokenizer when it has none)."""
+    tok = tokenizer if tokenizer is not None else loaded.tokenizer
+    if tokenizer_path:
+        return tokenizer_identity(tok, folder=tokenizer_path if Path(tokenizer_path).is_dir() else None)
+    fp = loaded.ref.tokenizer()
+    if fp is not None:
+        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
+    return tokenizer_identity(tok)
+
+
+__all__ = ["loaded_tokenizer_identity", "config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "remember_sha256", "files_digest", "weights_digest",
            "weight_files", "describe_fingerprint", "WEIGHT_SUFFIXES"]

@@ -11,7 +11,9 @@
 - :mod:`~kvbridge.steer.hooks`: residual-stream capture and activation addition;
 - :mod:`~kvbridge.steer.prompts`, :mod:`~kvbridge.steer.sample`, :mod:`~kvbridge.steer.evaluate`:
   prompts and guides, batched sampling with fixed seeds and teacher-forced costs, the arms of
-  ``kvbridge steer eval``.
+  ``kvbridge steer eval``;
+- :mod:`~kvbridge.steer.settings`, :mod:`~kvbridge.steer.stages`: one settings object and one call
+  per ``kvbridge steer`` subcommand.
 
 Importing this package imports nothing heavy.
 """

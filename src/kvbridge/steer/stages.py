@@ -1,0 +1,224 @@
+"""The four ``kvbridge steer`` subcommands as one library call each (nothing is printed here).
+
+- :func:`build_steering` (model, :class:`~kvbridge.steer.settings.SteerBuildSettings`): a vector folder;
+- :func:`transfer_steering` (pair, :class:`~kvbridge.steer.settings.SteerTransferSettings`): a vector
+  moved from the pair's source to its target through a fitted mapping;
+- :func:`run_steering` (model, :class:`~kvbridge.steer.settings.SteerRunSettings`): one prompt steered
+  and unsteered;
+- :func:`evaluate_steering` (model, :class:`~kvbridge.steer.settings.SteerEvalSettings`): the arms of
+  ``steer eval``, and its report folder.
+
+``model`` is a :class:`~kvbridge.models.loading.LoadedModel` (its ``tokenizer`` the one to use),
+``pair`` a :class:`~kvbridge.models.pair.ModelPair`. Each ``prepare_*`` does what can be refused
+before a model loads (a replaceable ``out``, the vector folders, method options, the scorer); the
+call runs it when not given its result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from kvbridge.errors import ConfigError
+from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
+
+#: the kind of a ``steer eval --out`` report folder
+REPORT_KIND = "kvbridge.steer-eval"
+#: run settings fields -> method option keys (passed only when given and when the method has the option)
+SHORTCUTS = {"ck": "ck", "cv": "cv", "alpha": "alpha", "ca": "coefficient"}
+
+
+def _tokenizer_fp(model, tokenizer_path=None) -> dict:
+    from kvbridge.models.fingerprint import loaded_tokenizer_identity
+
+    return loaded_tokenizer_identity(model, tokenizer_path, model.tokenizer)
+
+
+# -- build ---------------------------------------------------------------------------------------------
+def prepare_build(settings: SteerBuildSettings):
+    """The contrastive pairs, read and checked, with ``out`` replaceable."""
+    from kvbridge.artifacts import check_replaceable
+    from kvbridge.steer.artifact import KIND
+    from kvbridge.steer.pairs import read_pairs
+
+    check_replaceable(settings.out, KIND, overwrite=settings.overwrite)
+    return read_pairs(settings.pairs)
+
+
+def build_steering(model, settings: SteerBuildSettings, *, pairs=None, host=None) -> tuple[Path, dict]:
+    """``(folder, manifest)`` of the vector built for ``model`` from ``settings.pairs``."""
+    from kvbridge.steer.artifact import read_vector, save_vector
+    from kvbridge.steer.vectors import build_vector
+
+    pairs = pairs if pairs is not None else prepare_build(settings)
+    s = settings
+    vector = build_vector(model.model, model.tokenizer, pairs, position=s.position, method=s.method,
+                          key_space=s.key_space, host=host)
+    path = save_vector(vector, s.out, model.model, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite)
+    return path, read_vector(path)[0]
+
+
+# -- transfer ------------------------------------------------------------------------------------------
+def prepare_transfer(settings: SteerTransferSettings) -> None:
+    """``out`` replaceable and the vector folder readable."""
+    from kvbridge.artifacts import check_replaceable
+    from kvbridge.steer.artifact import KIND, read_vector
+
+    check_replaceable(settings.out, KIND, overwrite=settings.overwrite)
+    read_vector(settings.vector)
+
+
+def transfer_steering(pair, settings: SteerTransferSettings, *, prepared: bool = False, host=None) -> tuple[Path, Any]:
+    """``(folder, mapping)``: the vector of ``pair.source`` moved to ``pair.target`` through ``settings.mapping``
+    (checked against both models and the pair's tokenizer)."""
+    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.steer.artifact import load_vector, save_vector
+    from kvbridge.steer.vectors import transfer_vector
+
+    if not prepared:
+        prepare_transfer(settings)
+    src, tgt = pair.source, pair.target
+    vector = load_vector(settings.vector, src.model, host=host)
+    mapping = load_mapping(settings.mapping, source=src.model, target=tgt.model, host=host)
+    moved = transfer_vector(vector, mapping, tgt.spec)
+    path = save_vector(moved, settings.out, tgt.model, tokenizer_fp=_tokenizer_fp(tgt), overwrite=settings.overwrite)
+    return path, mapping
+
+
+# -- run -----------------------------------------------------------------------------------------------
+def method_values(settings: SteerRunSettings, host=None) -> dict:
+    """The method options from ``settings.options`` and the shortcut fields that were given; a shortcut
+    the method does not have is refused naming its options."""
+    from kvbridge.fit.protocol import option_fields, parse_pairs
+    from kvbridge.steer.methods import resolve_method
+
+    values = parse_pairs(settings.options)
+    fields = option_fields(resolve_method(settings.method, host).Options)
+    for name, key in SHORTCUTS.items():
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if key not in fields:
+            raise ConfigError(f"--{name} does not apply to steering method {settings.method!r}",
+                              f"its options: {', '.join(fields) or 'none'}")
+        if key in values:
+            raise ConfigError(f"option {key} is given twice (a flag and -o {key}=...)", "give it once")
+        values[key] = value
+    return values
+
+
+def prepare_run(settings: SteerRunSettings, host=None) -> dict:
+    """The method options, checked, and the vector folder readable."""
+    values = method_values(settings, host)
+    if settings.vector:
+        from kvbridge.steer.artifact import read_vector
+
+        read_vector(settings.vector)
+    return values
+
+
+def _scenario(model, settings: SteerRunSettings, chat: bool):
+    """``(scenario, prefix state or None)`` of where ``settings.at`` puts the edit."""
+    from kvbridge.steer.prompts import Scenario, guide_scenario, guide_texts, prompt_scenario
+
+    tok, s = model.tokenizer, settings
+    if s.at == "last":
+        return prompt_scenario(tok, s.prompt, chat=chat), None
+    if s.at == "guide":
+        return guide_scenario(tok, s.guide, s.prompt, chat=chat), None
+    from kvbridge.prefix.packs import load_pack
+
+    pack = load_pack(s.pack, model.model, tokenizer=tok, tokenizer_fp=_tokenizer_fp(model))
+    live_text = guide_texts(tok, "x", s.prompt, chat=chat)[1] if chat else s.prompt
+    report, split = pack.split_for(tok, live_text, "" if chat else "\n")
+    keep = len(report.special_prefix) if tuple(split.ghost[:len(report.special_prefix)]) == report.special_prefix else 0
+    scenario = Scenario(tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), report.text, "guide",
+                        split.ghost_text)
+    return scenario, pack.state_for(model.model)
+
+
+def run_steering(model, settings: SteerRunSettings, *, values: dict | None = None, host=None) -> dict:
+    """The unsteered and steered continuations of ``settings.prompt`` (same seed; JSON-ready), with the
+    ``steering`` record and whether the steered cache is marked ``approximate``."""
+    from kvbridge.steer.prompts import chat_mode, prompt_scenario
+    from kvbridge.steer.run import check_length, prefix_state, run_pair, setup_for
+
+    values = values if values is not None else prepare_run(settings, host)
+    s, m, tok = settings, model.model, model.tokenizer
+    vector = None
+    if s.vector:
+        from kvbridge.steer.artifact import load_vector
+
+        vector = load_vector(s.vector, m, tokenizer_fp=_tokenizer_fp(model), host=host)
+    use_chat = chat_mode(tok, s.chat)
+    scenario, prefix = _scenario(model, s, use_chat)
+    check_length(m, scenario, s.max_new_tokens, host)
+    other = None
+    if s.other is not None:
+        other = prefix_state(m, prompt_scenario(tok, s.other, chat=use_chat).prefix_ids, host)
+    base, _ = setup_for(m, scenario, prefix=prefix, host=host)
+    steered, record = setup_for(m, scenario, method=s.method, options=values, vector=vector, other=other,
+                                layers=s.layers, prefix=prefix, host=host)
+    result = run_pair(m, tok, base, steered, max_new_tokens=s.max_new_tokens, seed=None if s.greedy else s.seed,
+                      temperature=s.temperature, top_p=s.top_p, host=host)
+    result["steering"] = record
+    result["approximate"] = bool(steered.prefix is not None and steered.prefix.approximate)
+    return result
+
+
+# -- eval ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalPrepared:
+    scorer: Callable[[str], bool]
+
+
+def prepare_eval(settings: SteerEvalSettings, host=None) -> EvalPrepared:
+    """``out`` replaceable, the scorer resolved and every vector folder readable."""
+    from kvbridge.steer.artifact import read_vector
+    from kvbridge.steer.scorers import resolve_scorer
+
+    if settings.out:
+        from kvbridge.artifacts import check_replaceable
+
+        check_replaceable(settings.out, REPORT_KIND, overwrite=settings.overwrite)
+    score = resolve_scorer(settings.scorer, host)
+    for path in (settings.vector, *settings.extra_vectors.values()):
+        read_vector(path)
+    return EvalPrepared(score)
+
+
+def evaluate_steering(model, settings: SteerEvalSettings, *, prepared: EvalPrepared | None = None,
+                      log: Callable[[str], None] | None = None, host=None) -> dict:
+    """Every arm of ``steer eval`` on ``model`` (see :mod:`kvbridge.steer.evaluate`); the result is
+    JSON-ready; with ``settings.out`` the report folder is written (atomically)."""
+    import json
+
+    from kvbridge.steer.artifact import load_vector
+    from kvbridge.steer.evaluate import EvalSettings, evaluate, lines, plot_sweep
+
+    prepared = prepared or prepare_eval(settings, host)
+    s, m = settings, model.model
+    fp = _tokenizer_fp(model)
+    vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
+    extra = {name: load_vector(path, m, tokenizer_fp=fp, host=host) for name, path in s.extra_vectors.items()}
+    arms = EvalSettings(samples=s.samples, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                        ck=s.ck, cv=s.cv, ca=s.ca, layers=s.layers, at=s.at, actadd_layers=s.actadd_layers, chat=s.chat,
+                        arms=s.arms + tuple(n for n in extra if n not in s.arms), sweep=s.sweep,
+                        sweep_samples=s.sweep_samples, sweep_arms=("kv", "actadd", "random") + tuple(extra))
+    result = evaluate(m, model.tokenizer, vector, prompt=s.prompt, scorer=prepared.scorer, instruction=s.instruction,
+                      settings=arms, extra_vectors=extra, scorer_name=s.scorer, host=host, log=log)
+    result["model"] = model.ref.ref
+    result["vector_dir"] = str(s.vector)
+    if s.out:
+        from kvbridge.artifacts import atomic_dir
+
+        with atomic_dir(s.out, kind=REPORT_KIND, overwrite=s.overwrite) as tmp:
+            (tmp / "report.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+            (tmp / "report.md").write_text("\n".join(lines(result)) + "\n")
+            plot_sweep(result, tmp / "sweep.png", title=f"{result['model']}: {s.scorer}")
+    return result
+
+
+__all__ = ["build_steering", "transfer_steering", "run_steering", "evaluate_steering", "prepare_build",
+           "prepare_transfer", "prepare_run", "prepare_eval", "method_values", "REPORT_KIND"]
