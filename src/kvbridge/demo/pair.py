@@ -84,7 +84,7 @@ def pair_section(*, source: str = SOURCE, target: str = TARGET, tokens: int = 20
         t1 = time.perf_counter()
         click.echo(f"  fit: ridge, top-k {top_k}, {tokens} calibration tokens of Python source ({corpus.name}: "
                    f"{', '.join(STDLIB_PACKAGES)} from the standard library, split by file) ...")
-        mapping = fit_pair(pair, corpus=str(corpus), out=str(out), tokens=tokens, top_k=top_k)
+        mapping = short_fit(pair, corpus=str(corpus), out=str(out), tokens=tokens, top_k=top_k)
         r2 = (getattr(mapping.report, "r2_summary", None) or {}).get("mean")
         click.echo(f"  fitted in {time.perf_counter() - t1:.0f} s" + (f"; held-out R² {r2:.3f}" if r2 is not None else ""))
         t2 = time.perf_counter()
@@ -122,17 +122,16 @@ def _check_lines(source: str, target: str) -> None:
                                                               else ""))
 
 
-def fit_pair(pair, *, corpus: str, out: str, tokens: int, top_k: int):
-    """The demo's fit: ridge on ``corpus`` (a folder of .py files, split by file and the split recorded,
-    as ``kvbridge fit`` does) with the pair's models, every position of 256-token sequences (stride 1:
-    the observations a short fit needs)."""
-    from kvbridge.evaluate.corpus import calibration_texts
-    from kvbridge.fit.pipeline import fit
+def short_fit(pair, *, corpus: str, out: str, tokens: int, top_k: int):
+    """The demo's fit, as ``kvbridge fit`` runs it (:func:`kvbridge.fit.run.fit_pair`): ridge on ``corpus``
+    (a folder of .py files, split by file, the split recorded), every position of 256-token sequences
+    (stride 1: the observations a short fit needs)."""
+    from kvbridge.fit.run import fit_pair as run_fit
+    from kvbridge.fit.settings import FitSettings
 
-    texts, sha, split = calibration_texts(corpus, 0.1)
-    return fit(pair.source.model, pair.target.model, texts, tokenizer=pair.source.tokenizer,
-               tokenizer_fingerprint=pair.tokenizer, corpus_sha256=sha, corpus_path=corpus, corpus_split=split,
-               out=out, tokens=tokens, top_k=top_k, seq_len=256, stride=1, overwrite=True)
+    settings = FitSettings(corpus=corpus, out=out, tokens=tokens, top_k=top_k, seq_len=256, stride=1,
+                           overwrite=True, quiet=True)
+    return run_fit(pair, settings, distributed=None)
 
 
-__all__ = ["pair_section", "stdlib_corpus", "require_fetched", "fit_pair", "SOURCE", "TARGET"]
+__all__ = ["pair_section", "stdlib_corpus", "require_fetched", "short_fit", "SOURCE", "TARGET"]
