@@ -198,6 +198,19 @@ def from_exception(exc: BaseException) -> KVBridgeError:
     return InternalError(f"internal error: {name}: {text[:200]}", DEBUG_HINT)
 
 
+def names_value(value, flag: str, error: type = ConfigError) -> tuple[str, ...]:
+    """``"a,b"`` or a sequence of names -> a tuple of stripped, non-empty names (``None``: empty); a
+    one-line ``error`` naming ``flag`` for anything else: the settings objects' one parser for lists."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    try:
+        return tuple(str(v).strip() for v in value if str(v).strip())
+    except TypeError:
+        raise error(f"{flag} must be names, got {type(value).__name__}", f"pass e.g. {flag} a,b") from None
+
+
 def whole_number(value, flag: str, minimum: int, error: type = ConfigError) -> None:
     """Refuse anything but an int ``>= minimum`` (a bool is not a number) with a one-line ``error``
     naming ``flag``: the settings objects' one check for counts."""

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbridge.errors import whole_number
+from kvbridge.errors import names_value, whole_number
 from kvbridge.harness.protocol import HarnessError
 
 
-def _names(value, flag: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = value.split(",")
-    try:
-        return tuple(str(v).strip() for v in value if str(v).strip())
-    except TypeError:
-        raise HarnessError(f"{flag} must be names, got {type(value).__name__}", f"pass e.g. {flag} a,b") from None
+def _names(value, flag: str) -> tuple:
+    return names_value(value, flag, HarnessError)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbridge.errors import KVBridgeError, path_value, whole_number
+from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
 from kvbridge.steer.evaluate import ARMS
 
 
@@ -53,12 +53,7 @@ def _sampling(obj) -> None:
 
 
 def _names(value, flag: str) -> tuple:
-    if isinstance(value, str):
-        value = value.split(",")
-    try:
-        return tuple(str(v).strip() for v in value if str(v).strip())
-    except TypeError:
-        raise KVBridgeError(f"{flag} must be names, got {type(value).__name__}", f"pass e.g. {flag} a,b") from None
+    return names_value(value, flag, KVBridgeError)
 
 
 def _floats(value, flag: str) -> tuple:
