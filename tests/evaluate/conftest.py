@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from kvbridge.testing.zoo import zoo_or_skip as _zoo_or_skip
+
 P, C, G, N = 48, 8, 8, 12
 
 
@@ -22,19 +24,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _zoo_or_skip(name: str):
-    from kvbridge.zoo import model_dir
-
-    if not (model_dir(name) / "model.safetensors").is_file():
-        pytest.skip(f"zoo model {name!r} is not built")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    from kvbridge.zoo.load import load_zoo_model
-
-    return load_zoo_model(name)
 
 
 @pytest.fixture(scope="session")

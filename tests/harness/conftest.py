@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
+from kvbridge.testing.zoo import zoo_or_skip as zoo
+
 MC_ROWS = [
     {"question": "What colour is the sky on a clear day?", "choices": ["blue", "green", "red"], "answer": 0},
     {"context": "Tom has three apples.", "question": "How many apples does Tom have?", "choices": ["two", "three"],
@@ -23,19 +25,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def zoo(name: str):
-    from kvbridge.zoo import model_dir
-
-    if not (model_dir(name) / "model.safetensors").is_file():
-        pytest.skip(f"zoo model {name!r} is not built")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    from kvbridge.zoo.load import load_zoo_model
-
-    return load_zoo_model(name)
 
 
 @pytest.fixture(scope="session")
