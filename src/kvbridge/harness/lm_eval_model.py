@@ -8,10 +8,18 @@ Importing this module registers the model with lm-eval's registry
     lm_eval.simple_evaluate(model="kvbridge", model_args="source=zoo:base,target=zoo:tuned,mapping=DIR",
                             tasks=["my_local_task"], task_manager=lm_eval.tasks.TaskManager(include_path=DIR))
 
-and, from the shell, ``kvbridge-lm-eval --model kvbridge --model_args source=...,target=...,mapping=...
---tasks NAME --include_path DIR`` (lm-eval's own command line with this model registered: lm-eval
-0.4.13 discovers models only from its own ``lm_eval.models`` table, with no entry-point group, so
-a plain ``lm_eval`` process cannot see a model defined outside its source tree).
+From the shell, lm-eval's own ``lm_eval`` works on a local task given by path, when the task YAML
+carries the line ``kvbridge: !function kvbridge.harness.lm_eval_plugin.model`` under ``metadata:``
+(see :mod:`kvbridge.harness.lm_eval_plugin`; ``python -m kvbridge.harness.lm_eval_plugin DIR``
+writes a template task)::
+
+    lm_eval run --model kvbridge --model_args source=SRC,target=TGT,mapping=DIR --tasks /path/task.yaml
+
+(lm-eval 0.4.13 discovers models only from its own ``lm_eval.models`` table, with no entry-point
+group, but it reads a task YAML given by path, and imports the modules its ``!function`` tags
+name, before it creates the model). ``kvbridge-lm-eval`` (``python -m kvbridge.harness.lm_eval_model``)
+is lm-eval's command line with this module already imported: any task, also by name
+(``--tasks NAME --include_path DIR``), without the metadata line.
 
 Model arguments: ``source``, ``target`` (model references, as on kvbridge's command line),
 ``mapping`` (a ``kvbridge fit`` folder or ``identity``), ``condition`` (``transferred``, default;
