@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     try:
         yaml_path, data_path = write_template(args[0])
     except KVBridgeError as exc:
-        print(exc.one_line(), file=sys.stderr)
+        print(f"error: {exc.one_line()}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"error: cannot write the template into {args[0]} ({exc.strerror or exc}) (fix: pass a writable folder)",
