@@ -23,4 +23,16 @@ timeout 400 "$PY" bench/bench_gpu.py --device cuda --sizes real --tokens 2048,81
 echo >> "$OUT/gpu.md"
 KVBRIDGE_ROPE_COMPILE=1 timeout 60 "$PY" bench/bench_gpu.py --device cuda --sizes real --tokens 8192,32768 \
     --sections rope --repeats 5 --out "$OUT/gpu-rope-compiled.json" | tee -a "$OUT/gpu.md"
+# HumanEval pass@1 on the real pair, all 164 problems (bench/bench_humaneval_pair.py: llama.cpp
+# generation on the Q4_K_M GGUFs, the 0.5B's transformers prefill on CUDA), only where the GGUFs and
+# the mapping are on the machine (HE_MODELS, HE_MAPPING); resumable: a rerun continues the JSONL.
+HE_MODELS=${HE_MODELS:-$HOME/.cache/kvbridge/models}
+HE_MAPPING=${HE_MAPPING:-/work/pair-runs/run1/map-k4-a0.01}
+if [ -f "$HE_MODELS/qwen2.5-coder-1.5b-instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" ] && [ -d "$HE_MAPPING" ]; then
+    timeout "${HE_TIMEOUT:-900}" "$PY" bench/bench_humaneval_pair.py --problems 0-163 --models "$HE_MODELS" \
+        --mapping "$HE_MAPPING" --device cuda --threads 8 --out "$OUT/humaneval-pair.jsonl" || true
+    "$PY" bench/bench_humaneval_pair.py --summary "$OUT/humaneval-pair.jsonl" | tee "$OUT/humaneval-pair.md" || true
+else
+    echo "skipped HumanEval on the pair: no GGUFs under $HE_MODELS or no mapping $HE_MAPPING" | tee "$OUT/humaneval-pair.md"
+fi
 echo "results in $OUT"
