@@ -90,7 +90,7 @@ def _adapter(model, host=None):
 
 def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,
                    weights_fp: str | None = None, special_prefix=()) -> dict:
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
     from kvbridge.artifacts import state_manifest
 
     spec = state.spec
@@ -101,7 +101,7 @@ def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, 
         "kind": PACK_KIND,
         "model": {
             "id": ident["id"], "revision": ident["revision"], "model_type": spec.model_type,
-            "family": spec.family, "config_fingerprint": config_fingerprint(model.config.to_dict()),
+            "family": spec.family, "config_fingerprint": model_config_fingerprint(model),
             "weights_fingerprint": weights_fp or weights_fingerprint(model),
             "spec_fingerprint": spec.fingerprint(), "num_layers": spec.num_layers,
             "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
@@ -167,7 +167,7 @@ def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
 def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
             guide_ids_now: list | None = None, check_weights: bool = True, host=None) -> list[Mismatch]:
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
     spec = _adapter(model, host).spec_of(model)
     out: list[Mismatch] = []
@@ -188,7 +188,7 @@ def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weigh
         out.append(Mismatch("cache_format", a, b, False))
     if manifest["dtype"] != spec.dtype:
         out.append(Mismatch("dtype", manifest["dtype"], spec.dtype, True))
-    cfg = config_fingerprint(model.config.to_dict())
+    cfg = model_config_fingerprint(model)
     if m["config_fingerprint"] != cfg:
         out.append(Mismatch("config", m["config_fingerprint"], cfg, True))
     if check_weights:
