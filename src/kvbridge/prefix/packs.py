@@ -1,7 +1,7 @@
 """Prefix packs: a guide's KV cache prefilled once, saved, and restored with zero forward passes.
 
-A pack is a folder with ``kv.safetensors`` (the per-layer K/V of the guide tokens, their ids and
-positions; never pickle) and ``manifest.json`` (schema ``manifests/schemas/prefix-pack.schema.json``)
+A pack is a folder with ``kv.safetensors`` (the K/V of the guide tokens, stacked in one tensor when
+every layer has one shape, else per layer; their ids and positions; never pickle) and ``manifest.json`` (schema ``manifests/schemas/prefix-pack.schema.json``)
 that versions the state against everything that decides what the tensors mean:
 
 - the model: id, revision where known, config fingerprint, weights fingerprint, geometry,
@@ -32,8 +32,8 @@ from typing import Any
 
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
 from kvbridge.prefix.pack_manifest import (
-    FORCEABLE, NESTED_REQUIRED, PACK_KIND, REQUIRED, SCHEMA_VERSION, TENSOR_FILE, Mismatch, _adapter,
-    build_manifest, cache_format, check_manifest_shape, compare, model_identity, positional_config,
+    FORCEABLE, NESTED_REQUIRED, PACK_KIND, PER_LAYER, REQUIRED, SCHEMA_VERSION, STACKED, TENSOR_FILE, Mismatch,
+    _adapter, build_manifest, cache_format, check_manifest_shape, compare, model_identity, positional_config,
     tokenizer_fingerprint,
 )
 
@@ -82,7 +82,7 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     """
     import torch
 
-    from kvbridge.artifacts import state_tensors, write_artifact
+    from kvbridge.artifacts import write_artifact
     from kvbridge.prefix.splits import special_affixes
 
     from kvbridge.artifacts import check_replaceable
@@ -106,10 +106,35 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
         tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=model_dir)
     state = adapter.extract(model, ids, spec=spec)
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
+    tensors, layout = pack_tensors(state)
     manifest = build_manifest(model, state, guide_text=guide_text, tokenizer_fp=tokenizer_fp,
-                              model_dir=model_dir, weights_fp=weights_fp, special_prefix=special)
-    return write_artifact(out, state_tensors(state), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite,
-                          kind=PACK_KIND)
+                              model_dir=model_dir, weights_fp=weights_fp, special_prefix=special, kv_layout=layout)
+    return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
+
+
+def pack_tensors(state) -> tuple[dict, str]:
+    """``(tensors, kv_layout)`` to store ``state``: K/V stacked into one tensor ``kv`` when every layer
+    has one shape and dtype (a restore then parses and checks a few tensors, not two per layer),
+    per layer otherwise (the layouts are described in :mod:`kvbridge.prefix.pack_manifest`)."""
+    import torch
+
+    from kvbridge.artifacts import state_tensors
+
+    tensors = state_tensors(state)
+    kv = (*state.keys, *state.values)
+    if state.indexer_keys or len({(tuple(t.shape), t.dtype) for t in kv}) != 1 or not kv[0].numel():
+        return tensors, PER_LAYER
+    out = {k: v for k, v in tensors.items() if not k.startswith("layers.")}
+    out["kv"] = torch.stack([torch.stack(pair) for pair in zip(state.keys, state.values)])
+    return out, STACKED
+
+
+def _unstack(tensors: dict) -> dict:
+    """The per-layer names of a stacked pack's tensors (views of ``kv``, no copy)."""
+    out = {k: v for k, v in tensors.items() if k != "kv"}
+    for i, pair in enumerate(tensors["kv"].unbind(0)):
+        out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = pair.unbind(0)
+    return out
 
 
 # -- reading and loading ---------------------------------------------------------------------------
@@ -168,7 +193,11 @@ class Pack:
 
 
 def read_pack(path: str | Path):
-    """``(manifest, tensors)`` of a pack folder: checksum verified, manifest shape checked."""
+    """``(manifest, tensors)`` of a pack folder: checksum verified, manifest shape checked.
+
+    The tensors carry per-layer names (``layers.{i}.keys`` ...) whatever the stored layout: a
+    stacked pack's are views of its one ``kv`` tensor.
+    """
     from kvbridge.artifacts import read_artifact
 
     manifest, tensors = read_artifact(path, kind="prefix pack")
@@ -176,12 +205,15 @@ def read_pack(path: str | Path):
     from kvbridge.check.validate import tensors_match
 
     m, n = manifest["model"], manifest["guide"]["num_tokens"]
-    kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
-    want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
+    if manifest.get("kv_layout", PER_LAYER) == STACKED:
+        want = {"kv": (manifest["dtype"], (m["num_layers"], 2, None, m["num_kv_heads"], None, None))}
+    else:
+        kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
+        want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
     want["token_ids"] = (("int64", "int32"), (None, n))
     tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True,
                   fix="re-create the pack with kvbridge pack save")
-    return manifest, tensors
+    return manifest, (_unstack(tensors) if "kv" in want else tensors)
 
 
 def _refusal(path, mismatches: list[Mismatch], forced_ok: bool) -> PackMismatchError:
@@ -281,6 +313,7 @@ def open_model_dir(path: str | Path, *, dtype: str | None = None):
 
 
 __all__ = ["Pack", "PackMismatchError", "PackForceWarning", "Mismatch", "save_pack", "load_pack", "read_pack",
+           "pack_tensors", "STACKED", "PER_LAYER",
            "compare", "build_manifest", "tokenizer_fingerprint", "model_identity", "cache_format",
            "positional_config", "check_manifest_shape", "open_model_dir", "require_model_dir", "guide_ids_of", "recompute_check",
            "SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED"]
