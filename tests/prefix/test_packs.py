@@ -210,8 +210,8 @@ def test_kv_is_stored_stacked_and_a_schema_1_pack_still_loads(env, tmp_path):
 
 
 def test_non_finite_and_unknown_layout_packs_are_refused_in_one_line(env, tmp_path):
-    """A NaN in the tensor file: the checksum refuses it; with the checksum fixed up, the state check
-    refuses it (the finite check still runs on every restore). An unknown kv_layout is refused."""
+    """A NaN in the tensor file: the checksum refuses it; with the checksum fixed up, the finite check
+    that runs on every load refuses it (both layouts). An unknown kv_layout is refused."""
     import shutil
 
     from kvbridge.errors import StateError
@@ -231,10 +231,15 @@ def test_non_finite_and_unknown_layout_packs_are_refused_in_one_line(env, tmp_pa
     fixed = tmp_path / "fixed"
     shutil.copytree(env["pack"], fixed)
     _rewrite(fixed, {"kv": kv, "token_ids": tensors["token_ids"], "positions": tensors["positions"]})
-    pack = load_pack(fixed, env["model"])
-    with pytest.raises(StateError, match=r"layer \d+ values has 1 NaN/inf values") as info:
-        pack.cache(env["model"])
+    with pytest.raises(StateError, match=r"pack .*fixed layer \d+ values has 1 NaN/inf values") as info:
+        load_pack(fixed, env["model"])
     assert "\n" not in info.value.one_line()
+    per_layer = tmp_path / "per-layer"  # the same NaN in a schema 1 pack
+    shutil.copytree(env["pack"], per_layer)
+    bad = dict(tensors, **{f"layers.{len(kv) - 1}.values": kv[-1, 1].clone()})
+    _rewrite(per_layer, {k: v.clone() for k, v in bad.items()}, schema_version=1, kv_layout=None)
+    with pytest.raises(StateError, match=r"layer \d+ values has 1 NaN/inf values"):
+        load_pack(per_layer, env["model"])
     odd = tmp_path / "odd"
     shutil.copytree(env["pack"], odd)
     manifest = json.loads((odd / "manifest.json").read_text())
