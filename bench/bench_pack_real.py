@@ -18,6 +18,7 @@ logits after the restored cache equal (bitwise) those after the prefill.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import tempfile
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     model, tok = lm.model, lm.tokenizer
     gen = torch.Generator().manual_seed(0)
     print(f"# {args.model} float32, torch {torch.__version__}, {args.threads} thread(s), {platform.machine()}, "
-          f"medians of {args.repeats}")
+          f"medians of {args.repeats}, load average {os.getloadavg()[0]:.2f} at the start")
     print("| guide tokens | prefill ms | pack restore ms | speed-up | first restore ms (hashes weights) | "
           "next-token logits equal |")
     print("|---:|---:|---:|---:|---:|:---:|")
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
                 lb = model(input_ids=nxt, cache=b, use_cache=True).logits
             p, r = statistics.median(tp), statistics.median(tr)
             print(f"| {n} | {p:.1f} | {r:.1f} | {p / r:.1f}x | {first:.0f} | {'yes' if torch.equal(la, lb) else 'NO'} |")
+    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 

@@ -24,7 +24,9 @@ tr=[];tp=[]
 for _ in range(15):
     t=time.perf_counter(); restore(); tr.append(time.perf_counter()-t)
     t=time.perf_counter(); prefill(); tp.append(time.perf_counter()-t)
-print("restore ms", statistics.median(tr)*1e3, "prefill ms", statistics.median(tp)*1e3)
+import os
+print("restore ms", statistics.median(tr)*1e3, "prefill ms", statistics.median(tp)*1e3,
+      "load average %.2f" % os.getloadavg()[0])
 pr = cProfile.Profile(); pr.enable()
 for _ in range(50): restore()
 pr.disable()

@@ -1,6 +1,8 @@
-"""KVState per-layer positional handling: NoPE layers, the MLA RoPE slot, recurrent state."""
+"""KVState per-layer positional handling: NoPE layers, the MLA RoPE slot, recurrent state; the finite check."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -58,3 +60,36 @@ def test_layers_without_kv_and_recurrent_state():
     with pytest.raises(StateError, match="recurrent state"):
         state.slice_tokens(0, 4)
     assert state.slice_tokens(0, None).num_tokens == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_finite_check_finds_every_nan_and_inf(dtype):
+    """The fast check (one 2-norm per tensor) never passes a NaN/inf, wherever it sits; a finite cache
+    whose norm overflows is still found finite (the exact check decides then)."""
+    from kvbridge.kvstate import _all_finite
+
+    gen = torch.Generator().manual_seed(0)
+    for tokens in (1, 16, 300):
+        base = [torch.randn(1, 3, tokens, 64, generator=gen).to(dtype) for _ in range(6)]
+        assert _all_finite(base)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            for layer in (0, 5):
+                for at in (0, tokens * 64 // 2, 3 * tokens * 64 - 1):
+                    ts = [t.clone() for t in base]
+                    ts[layer].view(-1)[at] = bad
+                    assert not _all_finite(ts), (bad, layer, at)
+                    assert not _all_finite([t.transpose(1, 2) for t in ts])  # not contiguous
+    big = torch.finfo(dtype).max / 2
+    assert _all_finite([torch.full((1, 2, 8, 4), big, dtype=dtype)])  # norm inf, elements finite
+    assert _all_finite([torch.zeros(1, 0, 4, 0, dtype=dtype), torch.ones(2, dtype=torch.long)])
+
+
+def test_validate_names_the_non_finite_layer():
+    from kvbridge.errors import StateError
+
+    state = _state(ModelSpec("llama", 3, 4, 2, 8, 32, rope=RopeSpec(head_dim=8)), 8, 8)
+    keys = list(state.keys)
+    keys[-1] = keys[-1].clone()
+    keys[-1][0, 0, -1, -1] = float("nan")
+    with pytest.raises(StateError, match=f"layer {len(keys) - 1} keys has 1 NaN/inf values"):
+        replace(state, keys=tuple(keys)).validate()

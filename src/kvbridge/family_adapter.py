@@ -184,7 +184,9 @@ class FamilyAdapter:
 def _empty_cache(model):
     """A fresh, empty ``DynamicCache`` in the model's own layer layout. Reading the layout from the
     config is the costly part of a small restore, so an empty template is kept on the model (keyed by
-    the config's attributes) and deep-copied: an empty layer holds no tensors."""
+    the config's attributes) and copied: an empty layer holds no tensors, so where every attribute of
+    the template and its layers is an immutable scalar a new object with the same attributes is an
+    exact copy (a deep copy otherwise)."""
     import copy
 
     from transformers import DynamicCache
@@ -192,9 +194,32 @@ def _empty_cache(model):
     key = (type(model.config).__name__, repr(vars(model.config)))
     memo = model.__dict__.get("_kvbridge_empty_cache")
     if memo is None or memo[0] != key:
-        memo = (key, DynamicCache(config=model.config))
+        template = DynamicCache(config=model.config)
+        flat = _scalars_only(template, skip="layers") and all(_scalars_only(layer) for layer in template.layers)
+        memo = (key, template, flat)
         model.__dict__["_kvbridge_empty_cache"] = memo
-    return copy.deepcopy(memo[1])
+    template, flat = memo[1], memo[2]
+    if not flat:
+        return copy.deepcopy(template)
+    cache = _same_attributes(template)
+    cache.layers = [_same_attributes(layer) for layer in template.layers]
+    return cache
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def _scalars_only(obj, skip: str | None = None) -> bool:
+    attrs = getattr(obj, "__dict__", None)
+    if attrs is None or any(k.__dict__.get("__slots__") for k in type(obj).__mro__):  # slots: not in vars()
+        return False
+    return all(type(v) in _SCALARS or type(v) is type for k, v in attrs.items() if k != skip)
+
+
+def _same_attributes(obj):
+    out = object.__new__(type(obj))
+    out.__dict__.update(vars(obj))
+    return out
 
 
 def text_config_of(config: Mapping) -> dict | None:

@@ -106,6 +106,65 @@ def test_weights_fingerprint_is_memoised_and_sees_every_change():
     assert fp.weights_fingerprint(model) == fresh(model) != cast
 
 
+def test_model_config_fingerprint_is_memoised_and_sees_every_change(monkeypatch):
+    """Computed once per model; a changed attribute, a dict changed in place, a replaced config and a
+    nested config re-compute, and every answer equals config_fingerprint(config.to_dict())."""
+    import copy
+
+    from kvbridge.plugins import make_host
+
+    adapter = make_host(entry_points=False).adapter_for({"model_type": "llama"})
+    model = adapter.build_model(adapter.tiny_config(), seed=0)
+
+    def fresh(m):
+        return fp.config_fingerprint(m.config.to_dict())
+
+    first = fp.model_config_fingerprint(model)
+    assert first == fresh(model)
+    calls = []
+    real = type(model.config).to_dict
+    monkeypatch.setattr(type(model.config), "to_dict", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    assert fp.model_config_fingerprint(model) == first and not calls  # memo: no to_dict
+    monkeypatch.undo()
+
+    eps = model.config.rms_norm_eps
+    model.config.rms_norm_eps = eps * 2  # an attribute set
+    changed = fp.model_config_fingerprint(model)
+    assert changed != first and changed == fresh(model)
+    model.config.rms_norm_eps = eps  # back: the first answer again
+    assert fp.model_config_fingerprint(model) == first
+
+    model.config.rope_parameters["rope_theta"] *= 2  # a dict changed in place, no attribute set
+    in_place = fp.model_config_fingerprint(model)
+    assert in_place != first and in_place == fresh(model)
+
+    other = copy.deepcopy(model.config)
+    other.num_hidden_layers += 1
+    model.config = other  # a replaced config object
+    assert fp.model_config_fingerprint(model) == fresh(model) != in_place
+
+    # weights do not enter the config fingerprint: a weight change keeps it (its own memo re-hashes)
+    before = fp.model_config_fingerprint(model)
+    import torch
+
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(2)
+    assert fp.model_config_fingerprint(model) == before
+
+
+def test_model_config_fingerprint_sees_a_nested_config_change():
+    from transformers import AutoConfig
+
+    class Holder:  # a model-like object: only .config is read
+        pass
+
+    holder = Holder()
+    holder.config = AutoConfig.for_model("llava", text_config={"model_type": "llama", "hidden_size": 64})
+    first = fp.model_config_fingerprint(holder)
+    holder.config.text_config.hidden_size = 128  # a nested config changed in place
+    assert fp.model_config_fingerprint(holder) == fp.config_fingerprint(holder.config.to_dict()) != first
+
+
 def test_tokenizer_identity_is_memoised_per_tokenizer_state(tmp_path):
     from kvbridge.models import fingerprint as fp
 

@@ -161,6 +161,93 @@ def test_split_for_needs_the_guide_text_and_a_prompt(env, tmp_path, tiny_prompt)
         bare.split_for(env["tok"], tiny_prompt)
 
 
+# -- stored layouts -------------------------------------------------------------------------------
+def _rewrite(folder: Path, tensors: dict, **manifest_changes) -> None:
+    """Replace a pack's tensor file (checksum and listing fixed up, as a careful forger would)."""
+    from kvbridge.artifacts import save_safetensors
+
+    digest = save_safetensors(tensors, folder / "kv.safetensors")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(tensor_sha256=digest, **manifest_changes)
+    manifest["tensors"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
+                           for k, v in tensors.items()}
+    for key in [k for k, v in manifest_changes.items() if v is None]:
+        del manifest[key]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _next_logits(model, cache):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([[3]]), cache=cache, use_cache=True).logits
+
+
+def test_kv_is_stored_stacked_and_a_schema_1_pack_still_loads(env, tmp_path):
+    """Schema 2 stores K/V as one tensor [layers, 2, batch, heads, tokens, dim]; read_pack gives the
+    per-layer names (views); a schema 1 pack (per-layer tensors, no kv_layout) restores the same
+    cache, bit for bit."""
+    import shutil
+
+    from safetensors import safe_open
+
+    manifest = json.loads((env["pack"] / "manifest.json").read_text())
+    assert manifest["schema_version"] == 2 and manifest["kv_layout"] == "stacked"
+    with safe_open(str(env["pack"] / "kv.safetensors"), "pt") as fh:
+        assert sorted(fh.keys()) == ["kv", "positions", "token_ids"]
+        n_layers = fh.get_tensor("kv").shape[0]
+    _, tensors = read_pack(env["pack"])
+    assert sorted(tensors) == sorted(["positions", "token_ids"] + [f"layers.{i}.{x}" for i in range(n_layers)
+                                                                    for x in ("keys", "values")])
+    model = env["model"]
+    stacked = load_pack(env["pack"], model)
+    old = tmp_path / "v1"
+    shutil.copytree(env["pack"], old)
+    _rewrite(old, {k: v.clone() for k, v in tensors.items()}, schema_version=1, kv_layout=None)
+    assert "kv_layout" not in json.loads((old / "manifest.json").read_text())
+    v1 = load_pack(old, model)
+    assert all(torch.equal(a, b) for a, b in zip((*v1.state.keys, *v1.state.values),
+                                                  (*stacked.state.keys, *stacked.state.values)))
+    assert torch.equal(_next_logits(model, v1.cache(model)), _next_logits(model, stacked.cache(model)))
+
+
+def test_non_finite_and_unknown_layout_packs_are_refused_in_one_line(env, tmp_path):
+    """A NaN in the tensor file: the checksum refuses it; with the checksum fixed up, the finite check
+    that runs on every load refuses it (both layouts). An unknown kv_layout is refused."""
+    import shutil
+
+    from kvbridge.errors import StateError
+
+    _, tensors = read_pack(env["pack"])
+    kv = torch.stack([torch.stack((tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"]))
+                      for i in range(len(tensors) // 2 - 1)])
+    kv[-1, 1, 0, 0, -1, 0] = float("nan")
+    raw = tmp_path / "raw"
+    shutil.copytree(env["pack"], raw)
+    manifest = (raw / "manifest.json").read_text()
+    _rewrite(raw, {"kv": kv, "token_ids": tensors["token_ids"], "positions": tensors["positions"]})
+    (raw / "manifest.json").write_text(manifest)  # the old checksum: the NaN file is refused by it
+    with pytest.raises(ArtifactError, match="checksum mismatch") as info:
+        load_pack(raw, env["model"])
+    assert "\n" not in info.value.one_line()
+    fixed = tmp_path / "fixed"
+    shutil.copytree(env["pack"], fixed)
+    _rewrite(fixed, {"kv": kv, "token_ids": tensors["token_ids"], "positions": tensors["positions"]})
+    with pytest.raises(StateError, match=r"pack .*fixed layer \d+ values has 1 NaN/inf values") as info:
+        load_pack(fixed, env["model"])
+    assert "\n" not in info.value.one_line()
+    per_layer = tmp_path / "per-layer"  # the same NaN in a schema 1 pack
+    shutil.copytree(env["pack"], per_layer)
+    bad = dict(tensors, **{f"layers.{len(kv) - 1}.values": kv[-1, 1].clone()})
+    _rewrite(per_layer, {k: v.clone() for k, v in bad.items()}, schema_version=1, kv_layout=None)
+    with pytest.raises(StateError, match=r"layer \d+ values has 1 NaN/inf values"):
+        load_pack(per_layer, env["model"])
+    odd = tmp_path / "odd"
+    shutil.copytree(env["pack"], odd)
+    manifest = json.loads((odd / "manifest.json").read_text())
+    (odd / "manifest.json").write_text(json.dumps(dict(manifest, kv_layout="rows")))
+    with pytest.raises(ArtifactError, match="kv_layout 'rows' is not one of stacked, layers"):
+        load_pack(odd, env["model"])
+
+
 # -- refusals -------------------------------------------------------------------------------------
 def _refused(env, model, field, **kw):
     with pytest.raises(PackMismatchError) as info:

@@ -13,7 +13,8 @@ part of a file):
   sha256 over every parameter and buffer name, shape, dtype and bytes.
 
 :func:`config_fingerprint` hashes a config's canonical JSON without fields that do not change
-the model. :func:`model_id_revision` (id and hub revision of a model) and
+the model; :func:`model_config_fingerprint` is the same for a loaded model, memoised on it like
+:func:`weights_fingerprint`. :func:`model_id_revision` (id and hub revision of a model) and
 :func:`tokenizer_identity` (the tokenizer fingerprint a pack records) complete what artifacts
 store about a model. Torch is imported only by :func:`weights_fingerprint`.
 """
@@ -51,23 +52,46 @@ def config_fingerprint(config: Mapping) -> str:
 
 
 _MEMO_ATTR = "_kvbridge_weights_fingerprint"
+_CONFIG_MEMO_ATTR = "_kvbridge_config_fingerprint"
+
+
+def _config_stamp(config) -> tuple:
+    """What changes when a config object is changed: its class and the ``repr`` of its attributes
+    (nested configs print their full JSON; a dict or list changed in place prints differently)."""
+    return (type(config), repr(vars(config)))
+
+
+def model_config_fingerprint(model) -> str:
+    """:func:`config_fingerprint` of ``model.config.to_dict()``, memoised on the model.
+
+    Keyed by :func:`_config_stamp` of the config the model holds now: setting or replacing any
+    config attribute (in place inside a dict or list too) or the whole config object re-computes;
+    a cached answer costs one ``repr`` of the config's attributes instead of ``to_dict()``.
+    """
+    config = model.config
+    stamp = _config_stamp(config)
+    memo = getattr(model, _CONFIG_MEMO_ATTR, None)
+    if memo is not None and memo[0] == stamp:
+        return memo[1]
+    digest = config_fingerprint(config.to_dict())
+    try:
+        object.__setattr__(model, _CONFIG_MEMO_ATTR, (stamp, digest))
+    except (AttributeError, TypeError):  # a model that takes no attributes: no memo
+        pass
+    return digest
 
 
 def _tensor_slots(model) -> tuple:
-    """``(module, "_parameters" | "_buffers", name)`` of every tensor a model holds (walked once)."""
-    return tuple((mod, kind, name) for _, mod in model.named_modules()
+    """``(module's _parameters or _buffers dict, name)`` of every tensor a model holds (walked once)."""
+    return tuple((getattr(mod, kind), name) for _, mod in model.named_modules()
                  for kind in ("_parameters", "_buffers") for name, t in getattr(mod, kind).items() if t is not None)
 
 
-def _weights_stamp(slots: tuple) -> tuple:
+def _weights_stamp(slots: tuple) -> list:
     """What identifies a model's tensors without reading them: per slot the tensor object, its
     data address and its version counter (bumped by in-place changes through autograd-visible ops,
-    resizes included; a cast or a move gives new data)."""
-    out = []
-    for mod, kind, name in slots:
-        t = getattr(mod, kind).get(name)
-        out.append(None if t is None else (id(t), t.data_ptr(), t._version))
-    return tuple(out)
+    resizes included; a cast or a move gives new data). A slot emptied since is ``None``."""
+    return [None if t is None else (id(t), t.data_ptr(), t._version) for t in [d.get(n) for d, n in slots]]
 
 
 def weights_fingerprint(model) -> str:
@@ -272,5 +296,5 @@ def loaded_tokenizer_identity(loaded, tokenizer_path: str | Path | None = None, 
     return tokenizer_identity(tok)
 
 
-__all__ = ["loaded_tokenizer_identity", "config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "remember_sha256", "files_digest", "weights_digest",
+__all__ = ["loaded_tokenizer_identity", "config_fingerprint", "model_config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "remember_sha256", "files_digest", "weights_digest",
            "weight_files", "describe_fingerprint", "WEIGHT_SUFFIXES"]

@@ -17,9 +17,15 @@ from kvbridge.errors import ArtifactError
 from kvbridge.models.fingerprint import model_id_revision as model_identity
 from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: manifest "kv_layout" (K/V stacked in one tensor); schema 1 packs are read as before
 PACK_KIND = "kvbridge.prefix-pack"
 TENSOR_FILE = "kv.safetensors"
+#: how the tensor file holds K/V (manifest ``kv_layout``): ``stacked`` is one tensor ``kv``
+#: ``[layers, 2 (keys, values), batch, kv heads, tokens, head dim]`` (every layer of one shape);
+#: ``layers`` is ``layers.{i}.keys`` / ``layers.{i}.values`` per layer (schema 1 packs, and models
+#: whose layers differ in shape)
+STACKED, PER_LAYER = "stacked", "layers"
+KV_LAYOUTS = (STACKED, PER_LAYER)
 #: fields that ``force=True`` may override (the state still has the right shape and meaning)
 FORCEABLE = frozenset({"config", "weights", "tokenizer", "guide_token_ids", "dtype"})
 #: manifest keys every pack has, with their JSON types (the schema file says the same)
@@ -89,8 +95,8 @@ def _adapter(model, host=None):
 
 
 def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,
-                   weights_fp: str | None = None, special_prefix=()) -> dict:
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
+                   weights_fp: str | None = None, special_prefix=(), kv_layout: str = PER_LAYER) -> dict:
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
     from kvbridge.artifacts import state_manifest
 
     spec = state.spec
@@ -99,9 +105,10 @@ def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, 
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": PACK_KIND,
+        "kv_layout": kv_layout,
         "model": {
             "id": ident["id"], "revision": ident["revision"], "model_type": spec.model_type,
-            "family": spec.family, "config_fingerprint": config_fingerprint(model.config.to_dict()),
+            "family": spec.family, "config_fingerprint": model_config_fingerprint(model),
             "weights_fingerprint": weights_fp or weights_fingerprint(model),
             "spec_fingerprint": spec.fingerprint(), "num_layers": spec.num_layers,
             "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
@@ -135,6 +142,9 @@ def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> Non
     if manifest["schema_version"] > SCHEMA_VERSION:
         raise ArtifactError(f"pack schema_version {manifest['schema_version']} is newer than this kvbridge "
                             f"supports ({SCHEMA_VERSION})", "upgrade kvbridge")
+    if manifest.get("kv_layout", PER_LAYER) not in KV_LAYOUTS:
+        raise ArtifactError(f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",
+                            "upgrade kvbridge or re-create the pack with kvbridge pack save")
     guide = manifest["guide"]
     if not isinstance(guide.get("token_ids"), list) or not guide["token_ids"]:
         raise ArtifactError(f"{where} has no guide token ids", "re-create the pack")
@@ -167,7 +177,7 @@ def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
 def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
             guide_ids_now: list | None = None, check_weights: bool = True, host=None) -> list[Mismatch]:
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
     spec = _adapter(model, host).spec_of(model)
     out: list[Mismatch] = []
@@ -188,7 +198,7 @@ def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weigh
         out.append(Mismatch("cache_format", a, b, False))
     if manifest["dtype"] != spec.dtype:
         out.append(Mismatch("dtype", manifest["dtype"], spec.dtype, True))
-    cfg = config_fingerprint(model.config.to_dict())
+    cfg = model_config_fingerprint(model)
     if m["config_fingerprint"] != cfg:
         out.append(Mismatch("config", m["config_fingerprint"], cfg, True))
     if check_weights:
@@ -205,6 +215,6 @@ def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weigh
     return out
 
 
-__all__ = ["SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED", "Mismatch",
+__all__ = ["SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "STACKED", "PER_LAYER", "KV_LAYOUTS", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED", "Mismatch",
            "build_manifest", "cache_format", "check_manifest_shape", "compare", "model_identity",
            "positional_config", "tokenizer_fingerprint"]

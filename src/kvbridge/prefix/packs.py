@@ -1,7 +1,7 @@
 """Prefix packs: a guide's KV cache prefilled once, saved, and restored with zero forward passes.
 
-A pack is a folder with ``kv.safetensors`` (the per-layer K/V of the guide tokens, their ids and
-positions; never pickle) and ``manifest.json`` (schema ``manifests/schemas/prefix-pack.schema.json``)
+A pack is a folder with ``kv.safetensors`` (the K/V of the guide tokens, stacked in one tensor when
+every layer has one shape, else per layer; their ids and positions; never pickle) and ``manifest.json`` (schema ``manifests/schemas/prefix-pack.schema.json``)
 that versions the state against everything that decides what the tensors mean:
 
 - the model: id, revision where known, config fingerprint, weights fingerprint, geometry,
@@ -32,8 +32,8 @@ from typing import Any
 
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
 from kvbridge.prefix.pack_manifest import (
-    FORCEABLE, NESTED_REQUIRED, PACK_KIND, REQUIRED, SCHEMA_VERSION, TENSOR_FILE, Mismatch, _adapter,
-    build_manifest, cache_format, check_manifest_shape, compare, model_identity, positional_config,
+    FORCEABLE, NESTED_REQUIRED, PACK_KIND, PER_LAYER, REQUIRED, SCHEMA_VERSION, STACKED, TENSOR_FILE, Mismatch,
+    _adapter, build_manifest, cache_format, check_manifest_shape, compare, model_identity, positional_config,
     tokenizer_fingerprint,
 )
 
@@ -82,7 +82,7 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     """
     import torch
 
-    from kvbridge.artifacts import state_tensors, write_artifact
+    from kvbridge.artifacts import write_artifact
     from kvbridge.prefix.splits import special_affixes
 
     from kvbridge.artifacts import check_replaceable
@@ -106,10 +106,66 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
         tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=model_dir)
     state = adapter.extract(model, ids, spec=spec)
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
+    tensors, layout = pack_tensors(state)
     manifest = build_manifest(model, state, guide_text=guide_text, tokenizer_fp=tokenizer_fp,
-                              model_dir=model_dir, weights_fp=weights_fp, special_prefix=special)
-    return write_artifact(out, state_tensors(state), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite,
-                          kind=PACK_KIND)
+                              model_dir=model_dir, weights_fp=weights_fp, special_prefix=special, kv_layout=layout)
+    return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
+
+
+def pack_tensors(state) -> tuple[dict, str]:
+    """``(tensors, kv_layout)`` to store ``state``: K/V stacked into one tensor ``kv`` when every layer
+    has one shape and dtype (a restore then parses and checks a few tensors, not two per layer),
+    per layer otherwise (the layouts are described in :mod:`kvbridge.prefix.pack_manifest`)."""
+    import torch
+
+    from kvbridge.artifacts import state_tensors
+
+    tensors = state_tensors(state)
+    kv = (*state.keys, *state.values)
+    if (not state.spec.uniform_kv or state.indexer_keys or len({(tuple(t.shape), t.dtype) for t in kv}) != 1
+            or not kv[0].numel()):
+        return tensors, PER_LAYER
+    out = {k: v for k, v in tensors.items() if not k.startswith("layers.")}
+    out["kv"] = torch.stack([torch.stack(pair) for pair in zip(state.keys, state.values)])
+    return out, STACKED
+
+
+def _stacked_state(tensors: dict, stored: dict, where: str):
+    """The KVState of a stacked pack: per-layer views of ``kv`` after one shape check of the few
+    stored tensors against the stored spec (what :func:`kvbridge.artifacts.state_from_tensors`
+    checks per layer)."""
+    from kvbridge.check.validate import tensors_match
+    from kvbridge.kvstate import KVState
+    from kvbridge.spec import ModelSpec
+
+    fix = "re-create the pack with kvbridge pack save"
+    try:
+        spec = ModelSpec.from_dict(stored["spec"])
+        n, B, T = int(stored["num_layers"]), stored.get("batch_size"), stored.get("num_tokens")
+    except KeyError as exc:
+        raise ArtifactError(f"{where}: the state manifest is missing {exc.args[0]!r}", fix) from None
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: the state manifest is malformed ({exc})", fix) from None
+    if n != spec.num_layers or not spec.uniform_kv or spec.indexer_layers:
+        raise ArtifactError(f"{where}: K/V stacked in one tensor, but the stored model spec ({spec.num_layers} "
+                            "layers) does not cache one K/V shape in every layer", fix)
+    ids = (B, T)
+    tensors_match(tensors, {"kv": (stored.get("dtype"), (n, 2, B, spec.num_kv_heads, T, spec.head_dim)),
+                            "token_ids": (None, ids), "positions": (None, ids)}, where, fix=fix, allow_extra=True)
+    pairs = [pair.unbind(0) for pair in tensors["kv"].unbind(0)]
+    return KVState(keys=tuple(k for k, _ in pairs), values=tuple(v for _, v in pairs),
+                   token_ids=tensors["token_ids"], positions=tensors["positions"], spec=spec,
+                   rope_applied=bool(stored.get("rope_applied", True)), rope_lengths=tensors.get("rope_lengths"),
+                   model_fingerprint=stored.get("model_fingerprint", ""),
+                   approximate=bool(stored.get("approximate", False)))
+
+
+def _unstack(tensors: dict) -> dict:
+    """The per-layer names of a stacked pack's tensors (views of ``kv``, no copy)."""
+    out = {k: v for k, v in tensors.items() if k != "kv"}
+    for i, pair in enumerate(tensors["kv"].unbind(0)):
+        out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = pair.unbind(0)
+    return out
 
 
 # -- reading and loading ---------------------------------------------------------------------------
@@ -123,6 +179,8 @@ class Pack:
     mismatches: tuple = ()  # fields that differed and were forced
     forced: bool = False
     notes: tuple = field(default=(), compare=False)
+    #: every stored K/V value was found finite when the pack was loaded (``cache`` skips that check)
+    finite_checked: bool = field(default=False, compare=False)
 
     @property
     def guide_ids(self) -> list[int]:
@@ -142,8 +200,20 @@ class Pack:
         return self.state if self.state.device == device else self.state.to(device=device)
 
     def cache(self, model, host=None):
-        """A fresh ``DynamicCache`` holding the guide (the adapter's inject; no forward pass)."""
-        return _adapter(model, host).inject(self.state_for(model), model)
+        """A fresh ``DynamicCache`` holding the guide (the adapter's inject; no forward pass).
+
+        The state is validated against ``model`` (shapes, dtype) first; its values were found
+        finite when the pack was loaded, so that check is not repeated here.
+        """
+        adapter = _adapter(model, host)
+        state = self.state_for(model)
+        if not self.finite_checked:
+            return adapter.inject(state, model)
+        import torch
+
+        spec = adapter.spec_of(model)
+        state.validate(spec, dtype=getattr(torch, spec.dtype), check_finite=False)
+        return adapter.inject(state, model, check=False)
 
     def split_for(self, tokenizer: Any, live: str, sep: str = " "):
         """The exact split of ``guide + sep + live`` whose ghost is this pack (or a SplitError)."""
@@ -168,7 +238,17 @@ class Pack:
 
 
 def read_pack(path: str | Path):
-    """``(manifest, tensors)`` of a pack folder: checksum verified, manifest shape checked."""
+    """``(manifest, tensors)`` of a pack folder: checksum verified, manifest shape checked.
+
+    The tensors carry per-layer names (``layers.{i}.keys`` ...) whatever the stored layout: a
+    stacked pack's are views of its one ``kv`` tensor.
+    """
+    manifest, tensors = _read_stored(path)
+    return manifest, (_unstack(tensors) if manifest.get("kv_layout") == STACKED else tensors)
+
+
+def _read_stored(path: str | Path):
+    """``(manifest, tensors as stored)``: checksum verified, manifest shape and K/V names checked."""
     from kvbridge.artifacts import read_artifact
 
     manifest, tensors = read_artifact(path, kind="prefix pack")
@@ -176,8 +256,11 @@ def read_pack(path: str | Path):
     from kvbridge.check.validate import tensors_match
 
     m, n = manifest["model"], manifest["guide"]["num_tokens"]
-    kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
-    want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
+    if manifest.get("kv_layout", PER_LAYER) == STACKED:
+        want = {"kv": (manifest["dtype"], (m["num_layers"], 2, None, m["num_kv_heads"], None, None))}
+    else:
+        kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
+        want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
     want["token_ids"] = (("int64", "int32"), (None, n))
     tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True,
                   fix="re-create the pack with kvbridge pack save")
@@ -206,9 +289,11 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
     ids. ``weights_fp`` skips re-hashing the weights when the caller has it already.
     """
     from kvbridge.artifacts import state_from_tensors
+    from kvbridge.kvstate import _all_finite
 
     path = Path(path)
-    manifest, tensors = read_pack(path)
+    manifest, tensors = _read_stored(path)
+    stacked = manifest.get("kv_layout") == STACKED
     if tokenizer_fp is None and (tokenizer is not None or tokenizer_dir is not None):
         tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=tokenizer_dir)
     guide_now = None
@@ -222,7 +307,10 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
     hard = [x for x in mismatches if not x.forceable]
     if hard or (mismatches and not force):
         raise _refusal(path, mismatches, forced_ok=not hard)
-    state = state_from_tensors(tensors, manifest["state"])
+    if stacked:
+        state = _stacked_state(tensors, manifest["state"], str(path / TENSOR_FILE))
+    else:
+        state = state_from_tensors(tensors, manifest["state"])
     ids = [int(x) for x in state.token_ids[0].tolist()]
     if ids != list(manifest["guide"]["token_ids"]):
         raise ArtifactError(f"pack {path}: stored token ids disagree with the manifest's guide ids",
@@ -238,15 +326,20 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
         import torch
 
         if any(x.field == "dtype" for x in mismatches):
-            state = state.to(dtype=getattr(torch, spec.dtype))
+            state = state.to(dtype=getattr(torch, spec.dtype))  # a cast may overflow: check what it gave
+            stacked = False
         state = replace(state, spec=spec, approximate=True, meta={**state.meta, "forced": fields})
+    # NaN/inf are refused here, once per load (one kernel over the stacked K/V): cache() skips the check
+    if not _all_finite([tensors["kv"]] if stacked else (*state.keys, *state.values)):
+        state.validate(check_finite=True, what=f"pack {path}")  # names the first bad layer
+        raise ArtifactError(f"pack {path} has NaN/inf values", "re-create the pack with kvbridge pack save")
     import transformers
 
     if manifest["transformers_version"] != transformers.__version__:
         notes.append(f"pack written with transformers {manifest['transformers_version']}, running "
                      f"{transformers.__version__} (cache format checked and equal)")
     return Pack(path=path, manifest=manifest, state=state, mismatches=tuple(mismatches), forced=bool(mismatches),
-                notes=tuple(notes))
+                notes=tuple(notes), finite_checked=True)
 
 
 def recompute_check(pack: Pack, model, host=None) -> float:
@@ -281,6 +374,7 @@ def open_model_dir(path: str | Path, *, dtype: str | None = None):
 
 
 __all__ = ["Pack", "PackMismatchError", "PackForceWarning", "Mismatch", "save_pack", "load_pack", "read_pack",
+           "pack_tensors", "STACKED", "PER_LAYER",
            "compare", "build_manifest", "tokenizer_fingerprint", "model_identity", "cache_format",
            "positional_config", "check_manifest_shape", "open_model_dir", "require_model_dir", "guide_ids_of", "recompute_check",
            "SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED"]
