@@ -101,22 +101,3 @@ def test_hub_only_and_unknown_tasks_are_refused(lm_eval_dir):
         lm_eval_task_specs([str(lm_eval_dir / "hub_task.yaml")])
     with pytest.raises(KVBridgeError, match="unknown lm-eval task 'no_such_task_xyz'"):
         lm_eval_task_specs(["no_such_task_xyz"], include_path=str(lm_eval_dir))
-
-
-def test_kvbridge_lm_eval_refuses_a_hub_task_file_offline_in_one_line(lm_eval_dir, monkeypatch, capsys):
-    import kvbridge.harness.lm_eval_model as mod
-
-    called = []
-    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", lambda: called.append(1))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("sys.argv", ["kvbridge-lm-eval", "run", "--model", "kvbridge", "--tasks",
-                                     f"{lm_eval_dir / 'kvb_mc.yaml'},{lm_eval_dir / 'hub_task.yaml'}"])
-    with pytest.raises(SystemExit) as exc:
-        mod.cli_main()
-    err = capsys.readouterr().err
-    assert exc.value.code == 2 and not called and len(err.strip().splitlines()) == 1
-    assert err.startswith("error: lm-eval task 'kvb_hub' reads its data from the Hugging Face hub")
-    assert "dataset_path: json" in err and "Traceback" not in err
-    monkeypatch.setattr("sys.argv", ["kvbridge-lm-eval", "run", f"--tasks={lm_eval_dir / 'kvb_mc.yaml'}"])
-    mod.cli_main()  # a local task goes on to lm-eval
-    assert called == [1]

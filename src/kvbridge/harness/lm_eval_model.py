@@ -17,7 +17,7 @@ writes a template task)::
 
 (lm-eval 0.4.13 discovers models only from its own ``lm_eval.models`` table, with no entry-point
 group, but it reads a task YAML given by path, and imports the modules its ``!function`` tags
-name, before it creates the model). ``kvbridge-lm-eval`` (``python -m kvbridge.harness.lm_eval_model``)
+name, before it creates the model). ``kvbridge-lm-eval`` (``python -m kvbridge.harness.lm_eval_cli``)
 is lm-eval's command line with this module already imported: any task, also by name
 (``--tasks NAME --include_path DIR``), without the metadata line.
 
@@ -165,50 +165,4 @@ if NAME not in model_registry:
     register_model(NAME)(KVBridgeLM)
 
 
-def _offline() -> bool:
-    import os
-
-    return any(_flag(os.environ.get(k, "")) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def refuse_hub_task_files(argv) -> None:
-    """Offline, a task YAML given by path whose data is on the hub: one-line :class:`HarnessError`
-    (saying how to point it at local files) instead of lm-eval's traceback from ``datasets``."""
-    from pathlib import Path
-
-    from kvbridge.harness.lm_eval_tasks import check_local, task_config
-
-    argv = list(argv)
-    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--tasks"]
-    values += [a.split("=", 1)[1] for a in argv if a.startswith("--tasks=")]
-    for value in values:
-        for name in (t.strip() for t in value.split(",")):
-            path = Path(name).expanduser()
-            if path.suffix in (".yaml", ".yml") and path.is_file():
-                cfg = task_config(path)
-                check_local(str(cfg.get("task") or path.stem), cfg, path)
-
-
-def cli_main() -> None:
-    """``kvbridge-lm-eval``: lm-eval's command line with the ``kvbridge`` model registered (offline,
-    a task YAML whose data is on the hub is refused in one line, exit 2)."""
-    import sys
-
-    from kvbridge.errors import KVBridgeError
-
-    if _offline():
-        try:
-            refuse_hub_task_files(sys.argv[1:])
-        except KVBridgeError as exc:
-            print(f"error: {exc.one_line()}", file=sys.stderr)
-            raise SystemExit(exc.exit_code) from None
-    from lm_eval.__main__ import cli_evaluate
-
-    cli_evaluate()
-
-
-__all__ = ["KVBridgeLM", "NAME", "cli_main", "refuse_hub_task_files"]
-
-
-if __name__ == "__main__":  # pragma: no cover - python -m kvbridge.harness.lm_eval_model (= kvbridge-lm-eval)
-    cli_main()
+__all__ = ["KVBridgeLM", "NAME"]
