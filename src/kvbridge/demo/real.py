@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import click
 
+from kvbridge.module_hooks import HookSet
+
 SYSTEM = "You are a concise assistant. Start every bullet point with the word zorp."
 USER = "Name three fruits that are red."
 
@@ -113,7 +115,7 @@ def chat_split(tokenizer, system: str = SYSTEM, user: str = USER):
     return split_text(tokenizer, guide, live, "")
 
 
-class ForwardCounter:
+class ForwardCounter(HookSet):
     """Counts forward calls of a model (and its decoder) while active."""
 
     def __init__(self, model):
@@ -123,10 +125,6 @@ class ForwardCounter:
 
     def _hook(self, *_):
         self.calls += 1
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 @dataclass(frozen=True)

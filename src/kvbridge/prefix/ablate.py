@@ -32,11 +32,11 @@ guide's influence is already inside the cache.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.module_hooks import HookSet
 
 CONDITIONS = ("intact", "k_zero", "v_zero", "kv_zero", "remove_prefill", "remove_decode", "recompute")
 
@@ -77,7 +77,7 @@ def attention_modules(model) -> dict:
     return found
 
 
-class GuideMask:
+class GuideMask(HookSet):
     """Forward pre-hooks that mask key positions ``[start, stop)`` out of attention at some layers."""
 
     def __init__(self, model, layers: Sequence[int], start: int, stop: int):
@@ -129,20 +129,6 @@ class GuideMask:
             return args, {**kwargs, "attention_mask": mask}
 
         return hook
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-
-
-@contextmanager
-def _masking(model, layers, start, stop):
-    mask = GuideMask(model, layers, start, stop)
-    try:
-        yield mask
-    finally:
-        mask.remove()
 
 
 @dataclass
@@ -304,9 +290,9 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
     outcomes["v_zero"] = _run(model, inject(zeroed(False, True)), live, None, max_new_tokens)
     outcomes["kv_zero"] = _run(model, inject(zeroed(True, True)), live, None, max_new_tokens)
     renumbered = list(range(keep, keep + len(live))) if all_layers else None
-    with _masking(model, chosen, start, stop) as m:
+    with GuideMask(model, chosen, start, stop) as m:
         outcomes["remove_prefill"] = _run(model, inject(state), live, renumbered, max_new_tokens, m, mask_prefill=True)
-    with _masking(model, chosen, start, stop) as m:
+    with GuideMask(model, chosen, start, stop) as m:
         outcomes["remove_decode"] = _run(model, inject(state), live, None, max_new_tokens, m, mask_decode=True)
     outcomes["recompute"] = _run(model, None, ghost[:keep] + live, None, max_new_tokens)
     with torch.no_grad():

@@ -14,10 +14,10 @@ torch forward hooks work on it:
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Sequence
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.module_hooks import HookSet
 
 
 def decoder_layers(model) -> dict:
@@ -44,7 +44,7 @@ def _hidden(output):
     return output[0] if isinstance(output, tuple) else output
 
 
-class ResidualCapture:
+class ResidualCapture(HookSet):
     """Forward hooks keeping ``output[:, start:stop]`` of every decoder layer (float32, detached)."""
 
     def __init__(self, model):
@@ -60,13 +60,8 @@ class ResidualCapture:
 
         return hook
 
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
-
-class ActivationAddition:
+class ActivationAddition(HookSet):
     """Forward hooks adding ``coefficient * directions[i]`` to decoder layer ``i``'s output."""
 
     def __init__(self, model, directions: dict, coefficient: float, layers: Sequence[int]):
@@ -93,19 +88,10 @@ class ActivationAddition:
 
         return hook
 
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
-
-@contextmanager
-def activation_addition(model, directions: dict, coefficient: float, layers: Sequence[int]):
-    hooks = ActivationAddition(model, directions, coefficient, layers)
-    try:
-        yield hooks
-    finally:
-        hooks.remove()
+def activation_addition(model, directions: dict, coefficient: float, layers: Sequence[int]) -> ActivationAddition:
+    """The hooks as a context manager (removed on exit)."""
+    return ActivationAddition(model, directions, coefficient, layers)
 
 
 __all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition", "activation_addition"]
