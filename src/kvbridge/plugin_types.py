@@ -70,8 +70,13 @@ def load_object(path: str) -> Any:
     return obj
 
 
-def _load(factory: Any) -> Any:
-    return load_object(factory) if isinstance(factory, str) else factory
+class LazyFactory:
+    """Mixin of the records whose ``factory`` is an object or its ``"module:attr"`` path, imported by
+    :meth:`load` when first used (registration stays cheap)."""
+
+    def load(self) -> Any:
+        factory = self.factory  # type: ignore[attr-defined]
+        return load_object(factory) if isinstance(factory, str) else factory
 
 
 # -- RoPE variants -----------------------------------------------------------------------------
@@ -109,7 +114,7 @@ class RopeVariant:
 
 # -- fitters -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Fitter:
+class Fitter(LazyFactory):
     """A mapping fitter: ``factory`` is a class following
     :class:`kvbridge.fit.protocol.FitterProtocol`, or its ``"module:attr"`` path (loaded lazily
     when the fitter is used, so registration stays cheap)."""
@@ -117,9 +122,6 @@ class Fitter:
     name: str
     description: str
     factory: Any
-
-    def load(self) -> Any:
-        return _load(self.factory)
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -134,16 +136,13 @@ class MetricFunction(Protocol):
 
 
 @dataclass(frozen=True)
-class Metric:
+class Metric(LazyFactory):
     """A quality metric: ``factory`` is a :class:`MetricFunction` or its ``"module:attr"`` path."""
 
     name: str
     description: str
     factory: Any
     higher_is_better: bool = False
-
-    def load(self) -> Any:
-        return _load(self.factory)
 
 
 # -- engines -----------------------------------------------------------------------------------
@@ -167,7 +166,7 @@ ENGINE_MEMBERS = ("name", "export_state", "import_state")
 
 
 @dataclass(frozen=True)
-class Engine:
+class Engine(LazyFactory):
     """An inference engine kvbridge hands caches to and reads caches from: ``factory`` is an
     :class:`EngineProtocol` object or its ``"module:attr"`` path (loaded when the engine is used,
     so registration imports nothing heavy); ``suffix`` is the usual file suffix of its state."""
@@ -177,13 +176,10 @@ class Engine:
     factory: Any
     suffix: str = ""
 
-    def load(self) -> Any:
-        return _load(self.factory)
-
 
 # -- steering methods and behaviour scorers ----------------------------------------------------
 @dataclass(frozen=True)
-class SteeringMethod:
+class SteeringMethod(LazyFactory):
     """A steering method: ``factory`` is a class with ``name``, ``Options`` and ``plan(context,
     options) -> SteerPlan`` (:mod:`kvbridge.steer.methods`), or its ``"module:attr"`` path."""
 
@@ -191,34 +187,25 @@ class SteeringMethod:
     description: str
     factory: Any
 
-    def load(self) -> Any:
-        return _load(self.factory)
-
 
 @dataclass(frozen=True)
-class Scorer:
+class Scorer(LazyFactory):
     """A behaviour scorer: ``factory`` is a deterministic function ``text -> bool`` or its ``"module:attr"`` path."""
 
     name: str
     description: str
     factory: Any
 
-    def load(self) -> Any:
-        return _load(self.factory)
-
 
 # -- harness tasks -----------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Task:
+class Task(LazyFactory):
     """A harness task: ``factory`` is a class following
     :class:`kvbridge.harness.protocol.TaskProtocol`, or its ``"module:attr"`` path (loaded lazily)."""
 
     name: str
     description: str
     factory: Any
-
-    def load(self) -> Any:
-        return _load(self.factory)
 
 
 # -- registration checks -----------------------------------------------------------------------
