@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvbridge.cli.main import build_cli
+from kvbridge.testing.cli import one_line_error as assert_one_line_error
 
 
 @pytest.fixture(autouse=True)
@@ -21,15 +22,6 @@ def _isolated(isolated_env, monkeypatch):
 def run(*args):
     result = CliRunner().invoke(build_cli(), list(args))
     return result
-
-
-def assert_one_line_error(result, *needles):
-    assert result.exit_code == 2, (result.exit_code, result.output, result.stderr)
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    assert "Traceback" not in result.output + result.stderr
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 # -- check ------------------------------------------------------------------------------------------------------

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
-from kvbridge.cli.main import build_cli
+from kvbridge.testing.cli import one_line_error, run_cli as run
 
 
 @pytest.fixture(scope="module")
@@ -18,19 +17,6 @@ def dirs(tmp_path_factory, tiny_llama):
     return {"root": root, "model": tiny_llama.model_dir(root / "model"),
             "other": tiny_llama.model_dir(root / "other", seed=1),
             "short": tiny_llama.model_dir(root / "short", max_position_embeddings=16)}
-
-
-def run(*args):
-    return CliRunner().invoke(build_cli(), [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in result.output, result.output
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 # -- split ----------------------------------------------------------------------------------------

@@ -6,27 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from kvbridge.cli.main import build_cli
+from kvbridge.testing.cli import one_line_error, run_cli as run
 
 PAIRS = [
     {"positive": "ROMEO: my sweet love, fair and gentle", "negative": "ROMEO: blood and death, kill and curse"},
     {"positive": "JULIET: O joy, my dear and noble love", "negative": "JULIET: O woe, foul villain and murder"},
 ]
-
-
-def run(*args):
-    return CliRunner().invoke(build_cli(), [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in result.output, result.output
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 def nothing_written(folder, name):
