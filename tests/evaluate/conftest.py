@@ -13,17 +13,12 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from kvbridge.testing.zoo import zoo_or_skip as _zoo_or_skip
+from kvbridge.testing.zoo import one_torch_thread, zoo_or_skip as _zoo_or_skip
 
 P, C, G, N = 48, 8, 8, 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from kvbridge.testing.zoo import zoo_or_skip as zoo
+from kvbridge.testing.zoo import one_torch_thread, zoo_or_skip as zoo
 
 MC_ROWS = [
     {"question": "What colour is the sky on a clear day?", "choices": ["blue", "green", "red"], "answer": 0},
@@ -19,12 +19,7 @@ MC_ROWS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="session")

@@ -19,4 +19,18 @@ def zoo_or_skip(name: str):
     return load_zoo_model(name)
 
 
-__all__ = ["zoo_or_skip"]
+def one_torch_thread():
+    """A fixture body (generator): torch single-threaded while it is active, the count restored after;
+    tiny models are as fast on one thread and immune to a busy machine. In a conftest::
+
+        _one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+__all__ = ["zoo_or_skip", "one_torch_thread"]
