@@ -41,7 +41,7 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
               help="Section 3: the real model reference (fetch smollm2 with `kvbridge models fetch`).")
 @click.option("--threads", type=THREADS, default=1, show_default=True,
               help="torch threads for sections 1-2 (tiny models: 1 is as fast and immune to a busy machine); "
-                   "section 3 uses torch's default.")
+                   "sections 3-4 use torch's default.")
 def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens, pairs, corpus, report_dir, tokens,
          top_k, stride, samples, prefix_len, continuation_len, greedy_tokens, bootstrap, seed, no_identity_rows,
          real_model, threads) -> None:
@@ -72,7 +72,7 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
     Section 4 (pair, opt-in: `--sections pair`): the real family pair Qwen2.5-Coder 0.5B -> 1.5B
     (`kvbridge models fetch pair` first): the check, identity bitwise on each model, a short
     ridge fit on standard-library Python source and the transfer against the 0.5B alone on
-    held-out files (~10 minutes on 2 cores; RESULTS.md has the full protocol).
+    held-out files (6 minutes and 11.6 GB on 2 cores; RESULTS.md has the full protocol).
     """
     import torch
 
@@ -98,7 +98,7 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
     t0 = time.perf_counter()
     ok = True
     for name in wanted:
-        torch.set_num_threads(int(threads) if threads and name != "real" else default_threads)
+        torch.set_num_threads(int(threads) if threads and name not in ("real", "pair") else default_threads)
         if name == "identity":
             ok &= run_section("identity", families=families, new_tokens=new_tokens)
         elif name == "zoo":
