@@ -42,6 +42,10 @@ default thread count (a fresh process's ``torch.get_num_threads()``) and at 1 th
     python bench/bench_peer.py --export-peer 949d81d7861e998d5c42db68d7567cc70e2e58c5
     flock /tmp/kvbridge-heavy.lock /work/main/.venv/bin/python bench/bench_peer.py \\
         [--tokens 512,2048,8192] [--repeats 5] [--fit-obs 8192] [--parts map,save,fit]
+
+``--parts map,save`` took 383 s on the shared 2-core machine. The peer's fit is slow here (134.7 s
+for 1,024 observations in one exploratory run: ~2,700 small float64 accumulators per pass), so run
+``--parts fit [--fit-repeats N]`` as its own locked run and size N to the lock slot.
 """
 
 from __future__ import annotations
