@@ -1,4 +1,8 @@
-"""The paper's protocol on a real family pair: Qwen2.5-Coder 0.5B -> 1.5B (issue 20), through the library.
+"""The paper's protocol on a real family pair: Qwen2.5-Coder 0.5B -> 1.5B or back (issue 20), through the library.
+
+Either direction: nothing below depends on which model is the larger one. ``source`` is the
+model that produced the cache (its ``source`` condition is that model alone: in the reverse
+direction 1.5B -> 0.5B it is the *larger* model, so its gap recovered may exceed 1).
 
 One run (one process: the models load once) does, on Python source code:
 
@@ -12,7 +16,7 @@ One run (one process: the models load once) does, on Python source code:
    statistics, which gives the mapping a separate ``kvbridge fit`` with those options gives);
 3. ``eval`` of the first grid mapping on held-out files with the conditions native, source,
    transferred, no_rope_reapply, no_prefix (paired bootstrap intervals); the other grid
-   mappings with native + transferred only;
+   mappings with native + transferred + no_prefix (the floor gap recovered needs);
 4. the layer-selective recompute curve of the first mapping (target mode, greedy group
    search on calibration files; nested sets 0..30% of the target's layers).
 
@@ -272,7 +276,7 @@ def main(argv=None) -> int:
     if not args.skip_variants:
         results["eval_variants"] = []
         for mdir, mapping in maps[1:]:
-            res = run_eval(mapping, ("native", "transferred"), 1)
+            res = run_eval(mapping, ("native", "transferred", "no_prefix"), 1)  # the floor: gap recovered needs it
             results["eval_variants"].append({"mapping": str(mdir), "wall_s": res["wall_s"],
                                              "transferred": pick(res["conditions"]["transferred"])})
             log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
@@ -292,6 +296,10 @@ def main(argv=None) -> int:
         sweep = curve.layer_sweep(tmodel, calib, max_share=args.recompute_max, method=args.recompute_select)
         want = {int(x) for x in args.recompute_sizes.split(",")}
         points = [p for p in sweep if len(p[1]) in want]
+        dropped = sorted(want - {len(p[1]) for p in points})
+        if dropped:  # e.g. 8 layers of a 24-layer target is 33%, above the default --recompute-max 0.3
+            log(f"recompute: sizes {dropped} exceed --recompute-max {args.recompute_max} of the target's "
+                f"{tmodel.config.num_hidden_layers} layers: not measured (raise --recompute-max to include them)")
         results["recompute_selection_s"] = round(time.perf_counter() - t0, 1)
         log(f"recompute: {len(points)} points selected in {results['recompute_selection_s']} s: "
             f"{[list(p[1]) for p in points]}")
