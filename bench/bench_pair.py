@@ -199,6 +199,7 @@ def main(argv=None) -> int:
     # -- fit: one pass of statistics, every grid point solved from it ---------------------------------
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
     from kvbridge.fit.pipeline import Provenance, fit as run_fit
+    from kvbridge.fit.solve import FitError
 
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
@@ -211,11 +212,20 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         alpha_v = alpha if alpha == "auto" else float(alpha)
         mdir = out / f"map-k{k}-a{alpha}"
-        mapping = run_fit(smodel, tmodel, texts, fitter="ridge", options={"top_k": min(k, smodel.config.num_hidden_layers),
-                                                                          "alpha": alpha_v},
-                          calibration=cal_cfg, tokenizer=stok, corpus_sha256=sha, corpus_path=corpus,
-                          corpus_split=split, out=mdir, overwrite=True, distributed=None,
-                          provenance=Provenance(args.source, args.target, None, None))
+        try:
+            mapping = run_fit(smodel, tmodel, texts, fitter="ridge",
+                              options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v},
+                              calibration=cal_cfg, tokenizer=stok, corpus_sha256=sha, corpus_path=corpus,
+                              corpus_split=split, out=mdir, overwrite=True, distributed=None,
+                              provenance=Provenance(args.source, args.target, None, None))
+        except FitError as e:  # e.g. top-k all of the 1.5B: more features than observations; a result, not a crash
+            if not maps:
+                raise
+            results["fits"].append({"top_k": k, "alpha": alpha, "error": str(e),
+                                    "seconds": round(time.perf_counter() - t0, 1)})
+            log(f"fit k={k} alpha={alpha}: refused: {e}")
+            save(out, results)
+            continue
         rep = mapping.report
         cal = mapping.manifest.get("calibration", {})
         summ = rep.r2_summary or {}
@@ -350,8 +360,8 @@ def variants_only(args, out: Path) -> int:
     from kvbridge.fit.artifact import load_mapping
 
     main, smodel, tmodel, _, ids, data = main_run_samples(args, out)
-    dirs = [Path(f["dir"]) for f in main["fits"][1:]
-            if not args.only or Path(f["dir"]).name in args.only.split(",")]
+    dirs = [Path(f["dir"]) for f in main["fits"][1:] if "dir" in f  # a refused fit has no folder
+            and (not args.only or Path(f["dir"]).name in args.only.split(","))]
     rows = []
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
@@ -418,6 +428,9 @@ def _ci(c: dict, name: str) -> str:
 def report(r: dict) -> str:
     out = []
     for f in r.get("fits", []):
+        if f.get("error"):
+            out.append(f"fit top-k {f['top_k']} alpha {f['alpha']}: refused: {f['error']}")
+            continue
         s = f["r2"] or {}
         out.append(f"fit top-k {f['top_k']} alpha {f['alpha']}: {f['tokens']} tokens, {f['observations_per_feature']} "
                    f"obs/feature, held-out R² mean {_f(s.get('mean'))} (K {_f(s.get('mean_k'))}, V "
