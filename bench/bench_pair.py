@@ -17,7 +17,7 @@ One run (one process: the models load once) does, on Python source code:
 3. ``eval`` of the first grid mapping on held-out files with the conditions native, source,
    transferred, no_rope_reapply, no_prefix (paired bootstrap intervals); the other grid
    mappings with native + transferred + no_prefix (the floor gap recovered needs);
-4. the layer-selective recompute curve of the first mapping (target mode, greedy group
+4. the layer-selective recompute curve (before the other grid mappings' evals) of the first mapping (target mode, greedy group
    search on calibration files; nested sets 0..30% of the target's layers).
 
 Results: ``OUT/results.json`` (updated after every step) and a markdown summary on stdout
@@ -283,15 +283,6 @@ def main(argv=None) -> int:
     log(f"eval main: {res['wall_s']} s")
     save(out, results)
 
-    if not args.skip_variants:
-        results["eval_variants"] = []
-        for mdir, mapping in maps[1:]:
-            res = run_eval(mapping, ("native", "transferred", "no_prefix"), 1)  # the floor: gap recovered needs it
-            results["eval_variants"].append({"mapping": str(mdir), "wall_s": res["wall_s"],
-                                             "transferred": pick(res["conditions"]["transferred"])})
-            log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
-            save(out, results)
-
     # -- the recompute curve -----------------------------------------------------------------------
     if not args.skip_recompute:
         from kvbridge.evaluate import windows
@@ -321,6 +312,15 @@ def main(argv=None) -> int:
                                 "layers": [list(p[1]) for p in points], "curve": curve_res}
         log(f"recompute curve: {results['recompute']['wall_s']} s")
         save(out, results)
+
+    if not args.skip_variants:  # after the recompute curve: the optional part last
+        results["eval_variants"] = []
+        for mdir, mapping in maps[1:]:
+            res = run_eval(mapping, ("native", "transferred", "no_prefix"), 1)  # the floor: gap recovered needs it
+            results["eval_variants"].append({"mapping": str(mdir), "wall_s": res["wall_s"],
+                                             "transferred": pick(res["conditions"]["transferred"])})
+            log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
+            save(out, results)
 
     results["wall_s"] = round(time.perf_counter() - t_all, 1)
     results["peak_rss_gib"] = round(peak_rss_gib(), 2)
