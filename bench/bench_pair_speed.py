@@ -32,12 +32,19 @@ import time
 from pathlib import Path
 
 
+_PEAK = [0.0]
+
+
 def rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """The process's peak so far, over every step: kept here because :func:`reset_step_peak` also resets
+    what ``getrusage`` (and ``/usr/bin/time``) report as the maximum resident set size."""
+    _PEAK[0] = max(_PEAK[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    return _PEAK[0]
 
 
 def reset_step_peak() -> bool:
     """Reset this process's resident high-water mark (``VmHWM``; Linux only): False where it cannot."""
+    rss_gib()  # fold the peak so far into the running maximum first
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
