@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--fits-from", default=None,
+                    help="skip the fits: evaluate the mappings a finished run's results.json lists (a run stopped "
+                         "after its fits); everything after the fits as usual")
     ap.add_argument("--variants-only", action="store_true",
                     help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
                          "on the same held-out samples (results_variants.json)")
@@ -208,6 +211,17 @@ def main(argv=None) -> int:
                                 seq_len=args.seq_len, tokens=args.tokens)
     results["fits"] = []
     maps = []
+    if args.fits_from:  # a run whose fits finished (its results.json and map-* folders): evaluate those
+        from kvbridge.fit.artifact import load_mapping
+
+        prior = json.loads(Path(args.fits_from).read_text())
+        results["fits"] = prior["fits"]
+        results["fits_from"] = {"file": args.fits_from, "started": prior.get("started"), "argv": prior.get("argv"),
+                                "load_s": prior.get("load_s")}
+        maps = [(Path(f["dir"]), load_mapping(f["dir"], source=smodel, target=tmodel))
+                for f in prior["fits"] if "dir" in f]
+        log(f"fits from {args.fits_from}: {[m[0].name for m in maps]}")
+        grid = []
     for k, alpha in grid:
         t0 = time.perf_counter()
         alpha_v = alpha if alpha == "auto" else float(alpha)
