@@ -1,4 +1,8 @@
-"""The paper's protocol on a real family pair: Qwen2.5-Coder 0.5B -> 1.5B (issue 20), through the library.
+"""The paper's protocol on a real family pair: Qwen2.5-Coder 0.5B -> 1.5B or back (issue 20), through the library.
+
+Either direction: nothing below depends on which model is the larger one. ``source`` is the
+model that produced the cache (its ``source`` condition is that model alone: in the reverse
+direction 1.5B -> 0.5B it is the *larger* model, so its gap recovered may exceed 1).
 
 One run (one process: the models load once) does, on Python source code:
 
@@ -12,8 +16,8 @@ One run (one process: the models load once) does, on Python source code:
    statistics, which gives the mapping a separate ``kvbridge fit`` with those options gives);
 3. ``eval`` of the first grid mapping on held-out files with the conditions native, source,
    transferred, no_rope_reapply, no_prefix (paired bootstrap intervals); the other grid
-   mappings with native + transferred only;
-4. the layer-selective recompute curve of the first mapping (target mode, greedy group
+   mappings with native + transferred + no_prefix (the floor gap recovered needs);
+4. the layer-selective recompute curve (before the other grid mappings' evals) of the first mapping (target mode, greedy group
    search on calibration files; nested sets 0..30% of the target's layers).
 
 Results: ``OUT/results.json`` (updated after every step) and a markdown summary on stdout
@@ -137,6 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--fits-from", default=None,
+                    help="skip the fits: evaluate the mappings a finished run's results.json lists (a run stopped "
+                         "after its fits); everything after the fits as usual")
     ap.add_argument("--variants-only", action="store_true",
                     help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
                          "on the same held-out samples (results_variants.json)")
@@ -195,6 +202,7 @@ def main(argv=None) -> int:
     # -- fit: one pass of statistics, every grid point solved from it ---------------------------------
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
     from kvbridge.fit.pipeline import Provenance, fit as run_fit
+    from kvbridge.fit.solve import FitError
 
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
@@ -203,15 +211,35 @@ def main(argv=None) -> int:
                                 seq_len=args.seq_len, tokens=args.tokens)
     results["fits"] = []
     maps = []
+    if args.fits_from:  # a run whose fits finished (its results.json and map-* folders): evaluate those
+        from kvbridge.fit.artifact import load_mapping
+
+        prior = json.loads(Path(args.fits_from).read_text())
+        results["fits"] = prior["fits"]
+        results["fits_from"] = {"file": args.fits_from, "started": prior.get("started"), "argv": prior.get("argv"),
+                                "load_s": prior.get("load_s")}
+        maps = [(Path(f["dir"]), load_mapping(f["dir"], source=smodel, target=tmodel))
+                for f in prior["fits"] if "dir" in f]
+        log(f"fits from {args.fits_from}: {[m[0].name for m in maps]}")
+        grid = []
     for k, alpha in grid:
         t0 = time.perf_counter()
         alpha_v = alpha if alpha == "auto" else float(alpha)
         mdir = out / f"map-k{k}-a{alpha}"
-        mapping = run_fit(smodel, tmodel, texts, fitter="ridge", options={"top_k": min(k, smodel.config.num_hidden_layers),
-                                                                          "alpha": alpha_v},
-                          calibration=cal_cfg, tokenizer=stok, corpus_sha256=sha, corpus_path=corpus,
-                          corpus_split=split, out=mdir, overwrite=True, distributed=None,
-                          provenance=Provenance(args.source, args.target, None, None))
+        try:
+            mapping = run_fit(smodel, tmodel, texts, fitter="ridge",
+                              options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v},
+                              calibration=cal_cfg, tokenizer=stok, corpus_sha256=sha, corpus_path=corpus,
+                              corpus_split=split, out=mdir, overwrite=True, distributed=None,
+                              provenance=Provenance(args.source, args.target, None, None))
+        except FitError as e:  # e.g. top-k all of the 1.5B: more features than observations; a result, not a crash
+            if not maps:
+                raise
+            results["fits"].append({"top_k": k, "alpha": alpha, "error": str(e),
+                                    "seconds": round(time.perf_counter() - t0, 1)})
+            log(f"fit k={k} alpha={alpha}: refused: {e}")
+            save(out, results)
+            continue
         rep = mapping.report
         cal = mapping.manifest.get("calibration", {})
         summ = rep.r2_summary or {}
@@ -269,15 +297,6 @@ def main(argv=None) -> int:
     log(f"eval main: {res['wall_s']} s")
     save(out, results)
 
-    if not args.skip_variants:
-        results["eval_variants"] = []
-        for mdir, mapping in maps[1:]:
-            res = run_eval(mapping, ("native", "transferred"), 1)
-            results["eval_variants"].append({"mapping": str(mdir), "wall_s": res["wall_s"],
-                                             "transferred": pick(res["conditions"]["transferred"])})
-            log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
-            save(out, results)
-
     # -- the recompute curve -----------------------------------------------------------------------
     if not args.skip_recompute:
         from kvbridge.evaluate import windows
@@ -292,6 +311,10 @@ def main(argv=None) -> int:
         sweep = curve.layer_sweep(tmodel, calib, max_share=args.recompute_max, method=args.recompute_select)
         want = {int(x) for x in args.recompute_sizes.split(",")}
         points = [p for p in sweep if len(p[1]) in want]
+        dropped = sorted(want - {len(p[1]) for p in points})
+        if dropped:  # e.g. 8 layers of a 24-layer target is 33%, above the default --recompute-max 0.3
+            log(f"recompute: sizes {dropped} exceed --recompute-max {args.recompute_max} of the target's "
+                f"{tmodel.config.num_hidden_layers} layers: not measured (raise --recompute-max to include them)")
         results["recompute_selection_s"] = round(time.perf_counter() - t0, 1)
         log(f"recompute: {len(points)} points selected in {results['recompute_selection_s']} s: "
             f"{[list(p[1]) for p in points]}")
@@ -303,6 +326,15 @@ def main(argv=None) -> int:
                                 "layers": [list(p[1]) for p in points], "curve": curve_res}
         log(f"recompute curve: {results['recompute']['wall_s']} s")
         save(out, results)
+
+    if not args.skip_variants:  # after the recompute curve: the optional part last
+        results["eval_variants"] = []
+        for mdir, mapping in maps[1:]:
+            res = run_eval(mapping, ("native", "transferred", "no_prefix"), 1)  # the floor: gap recovered needs it
+            results["eval_variants"].append({"mapping": str(mdir), "wall_s": res["wall_s"],
+                                             "transferred": pick(res["conditions"]["transferred"])})
+            log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
+            save(out, results)
 
     results["wall_s"] = round(time.perf_counter() - t_all, 1)
     results["peak_rss_gib"] = round(peak_rss_gib(), 2)
@@ -342,8 +374,8 @@ def variants_only(args, out: Path) -> int:
     from kvbridge.fit.artifact import load_mapping
 
     main, smodel, tmodel, _, ids, data = main_run_samples(args, out)
-    dirs = [Path(f["dir"]) for f in main["fits"][1:]
-            if not args.only or Path(f["dir"]).name in args.only.split(",")]
+    dirs = [Path(f["dir"]) for f in main["fits"][1:] if "dir" in f  # a refused fit has no folder
+            and (not args.only or Path(f["dir"]).name in args.only.split(","))]
     rows = []
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
@@ -410,6 +442,9 @@ def _ci(c: dict, name: str) -> str:
 def report(r: dict) -> str:
     out = []
     for f in r.get("fits", []):
+        if f.get("error"):
+            out.append(f"fit top-k {f['top_k']} alpha {f['alpha']}: refused: {f['error']}")
+            continue
         s = f["r2"] or {}
         out.append(f"fit top-k {f['top_k']} alpha {f['alpha']}: {f['tokens']} tokens, {f['observations_per_feature']} "
                    f"obs/feature, held-out R² mean {_f(s.get('mean'))} (K {_f(s.get('mean_k'))}, V "

@@ -11,7 +11,12 @@ geometry (24 x 2 x 64) with random values (the cost does not depend on them). **
 (``use_cache=True``, ``logits_to_keep=1``), random token ids. Medians of ``--repeats`` (prefill:
 one run per length; it is the slow side). Peak memory: the process's resident high-water mark
 after each step (steps run in increasing cost: every transfer first, then the prefills), and the
-bytes of the transferred cache itself.
+bytes of the transferred cache itself; on Linux also each step's own peak (``VmHWM``, reset through
+``/proc/self/clear_refs`` before the step), so a prefill's peak is not hidden by a transfer's.
+
+The prefill logs each decoder layer's time (stderr) and, after ``--probe-layers`` layers, projects
+the whole forward; where the projection exceeds ``--prefill-budget-s`` the forward is stopped and the
+row says "not measured" with the projection (the probe the 32,768-token prefill needs on 2 cores).
 """
 
 from __future__ import annotations
@@ -27,8 +32,65 @@ import time
 from pathlib import Path
 
 
+_PEAK = [0.0]
+
+
 def rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """The process's peak so far, over every step: kept here because :func:`reset_step_peak` also resets
+    what ``getrusage`` (and ``/usr/bin/time``) report as the maximum resident set size."""
+    _PEAK[0] = max(_PEAK[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    return _PEAK[0]
+
+
+def reset_step_peak() -> bool:
+    """Reset this process's resident high-water mark (``VmHWM``; Linux only): False where it cannot."""
+    rss_gib()  # fold the peak so far into the running maximum first
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def step_peak_gib() -> float | None:
+    """``VmHWM`` in GiB: the resident peak since the last :func:`reset_step_peak` (None off Linux)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+class OverBudget(Exception):
+    """Raised from a layer hook when the projected prefill time exceeds the budget."""
+
+
+def layer_clock(layers, *, probe: int, budget_s: float | None):
+    """Forward hooks on ``layers`` logging each one's time; stop once the projection passes ``budget_s``."""
+    state = {"t0": None, "last": None, "done": 0, "projected_s": None, "per_layer_s": []}
+
+    def pre(_m, _a):
+        now = time.perf_counter()
+        if state["t0"] is None:
+            state["t0"] = now
+        state["last"] = now
+
+    def post(_m, _a, _o):
+        now = time.perf_counter()
+        state["per_layer_s"].append(now - state["last"])
+        state["done"] += 1
+        elapsed = now - state["t0"]
+        state["projected_s"] = elapsed / state["done"] * len(layers)
+        print(f"  layer {state['done']}/{len(layers)}: {state['per_layer_s'][-1]:.1f} s (projected forward "
+              f"{state['projected_s']:.0f} s)", file=sys.stderr, flush=True)
+        if budget_s and state["done"] == probe and state["projected_s"] > budget_s:
+            raise OverBudget
+
+    handles = [m.register_forward_pre_hook(pre) for m in layers] + [m.register_forward_hook(post) for m in layers]
+    return state, handles
 
 
 def main(argv=None) -> int:
@@ -39,6 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--probe-layers", type=int, default=2, help="layers timed before the prefill is projected")
+    ap.add_argument("--prefill-budget-s", type=float, default=None,
+                    help="stop a prefill whose projection after --probe-layers layers exceeds this (not measured)")
     args = ap.parse_args(argv)
 
     import torch
@@ -66,6 +131,7 @@ def main(argv=None) -> int:
     with torch.no_grad():
         for n in [int(x) for x in args.lengths.split(",") if x]:
             state = random_state(mapping.source_spec, n)
+            reset_step_peak()
             times = []
             for _ in range(args.repeats):
                 t1 = time.perf_counter()
@@ -74,31 +140,53 @@ def main(argv=None) -> int:
                 times.append(time.perf_counter() - t1)
             nbytes = sum(t.numel() * t.element_size() for t in (*moved.keys, *moved.values))
             rows[n] = {"tokens": n, "transfer_s": statistics.median(times), "cache_mib": nbytes / 2**20,
-                       "peak_rss_gib_after_transfer": rss_gib()}
+                       "peak_rss_gib_after_transfer": rss_gib(), "step_peak_rss_gib_transfer": step_peak_gib()}
             del state, moved, cache
             print(f"transfer {n}: {rows[n]['transfer_s'] * 1e3:.0f} ms", file=sys.stderr, flush=True)
         for n in [int(x) for x in args.prefill_lengths.split(",") if x]:
             ids = torch.randint(0, 30000, (1, n), generator=torch.Generator().manual_seed(n))
+            row = rows.setdefault(n, {"tokens": n})
+            clock, handles = layer_clock(model.model.layers, probe=args.probe_layers, budget_s=args.prefill_budget_s)
+            reset_step_peak()
             t1 = time.perf_counter()
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            rows.setdefault(n, {"tokens": n})["prefill_s"] = time.perf_counter() - t1
-            rows[n]["peak_rss_gib_after_prefill"] = rss_gib()
-            del out
-            print(f"prefill {n}: {rows[n]['prefill_s']:.1f} s", file=sys.stderr, flush=True)
+            try:
+                out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                row["prefill_s"] = time.perf_counter() - t1
+                del out
+            except OverBudget:
+                row["prefill_projected_s"] = clock["projected_s"]
+                print(f"prefill {n}: stopped after {args.probe_layers} layers, projected {clock['projected_s']:.0f} s "
+                      f"> budget {args.prefill_budget_s:.0f} s: not measured", file=sys.stderr, flush=True)
+            finally:
+                for h in handles:
+                    h.remove()
+            row["prefill_layer_s"] = clock["per_layer_s"]
+            row["peak_rss_gib_after_prefill"] = rss_gib()
+            row["step_peak_rss_gib_prefill"] = step_peak_gib()
+            if "prefill_s" in row:
+                print(f"prefill {n}: {row['prefill_s']:.1f} s", file=sys.stderr, flush=True)
     result = {"argv": sys.argv[1:], "torch": torch.__version__, "machine": platform.machine(),
               "threads": torch.get_num_threads(), "load_s": load_s, "loadavg": os.getloadavg(),
               "rows": [rows[k] for k in sorted(rows)]}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print("| tokens | 1.5B prefill | transfer (strip + map + re-apply + inject) | prefill / transfer | "
-          "transferred cache | peak RSS after transfer / prefill |")
-    print("|---:|---:|---:|---:|---:|---|")
+          "transferred cache | peak RSS after transfer / prefill | own peak of transfer / prefill |")
+    print("|---:|---:|---:|---:|---:|---|---|")
+
+    def gib(x):
+        return "n/a" if x is None else f"{x:.2f}"
+
     for r in result["rows"]:
-        pre = r.get("prefill_s")
-        ratio = f"{pre / r['transfer_s']:.0f}x" if pre and r.get("transfer_s") else "not measured"
-        print(f"| {r['tokens']:,} | {f'{pre:.1f} s' if pre else 'not measured'} | "
-              f"{r['transfer_s'] * 1e3:,.0f} ms | {ratio} | {r['cache_mib']:.0f} MiB | "
-              f"{r['peak_rss_gib_after_transfer']:.2f} / {r.get('peak_rss_gib_after_prefill', float('nan')):.2f} GiB |")
+        pre, tr = r.get("prefill_s"), r.get("transfer_s")
+        ratio = f"{pre / tr:.0f}x" if pre and tr else "not measured"
+        pre_txt = (f"{pre:.1f} s" if pre else f"not measured (projected {r['prefill_projected_s']:.0f} s)"
+                   if r.get("prefill_projected_s") else "not measured")
+        cache = f"{r['cache_mib']:.0f} MiB" if r.get("cache_mib") else "n/a"
+        print(f"| {r['tokens']:,} | {pre_txt} | {f'{tr * 1e3:,.0f} ms' if tr else 'not measured'} | {ratio} | "
+              f"{cache} | "
+              f"{gib(r.get('peak_rss_gib_after_transfer'))} / {gib(r.get('peak_rss_gib_after_prefill'))} GiB | "
+              f"{gib(r.get('step_peak_rss_gib_transfer'))} / {gib(r.get('step_peak_rss_gib_prefill'))} GiB |")
     return 0
 
 
