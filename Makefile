@@ -46,6 +46,7 @@ models: $(STAMP)
 
 test: models
 	$(BIN)/python -m ruff check src tests bench
+	$(BIN)/python -m ruff format --check src tests bench
 	$(BIN)/python -m pytest
 
 demo: models

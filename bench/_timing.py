@@ -7,9 +7,14 @@ import subprocess
 import time
 
 
-def time_commands(cmds: dict[str, list[str]], repeats: int, *, env: dict[str, str] | None = None,
-                  ok: tuple[int, ...] = (0,), warm: bool = False) -> tuple[dict[str, list[float]],
-                                                                          dict[str, list[float]]]:
+def time_commands(
+    cmds: dict[str, list[str]],
+    repeats: int,
+    *,
+    env: dict[str, str] | None = None,
+    ok: tuple[int, ...] = (0,),
+    warm: bool = False,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Run every command `repeats` times, alternating between them, each in a fresh process.
 
     Returns (wall seconds, child user+sys CPU seconds) per command name. With `warm`, each

@@ -74,8 +74,11 @@ def main(argv=None) -> int:
         for i, k in enumerate(mapped.keys):  # the unrounded float32 rotation by the bf16-rounded tables
             table = tspec.rope_for_layer(i)
             tab = rope._tables_for(table, state.positions, None, k.device, host)
-            exact_k.append(tab.kernel(bf, inverse=False, work=torch.float32).run(
-                k, table.rotary_dim, table.interleaved, exact=False, out_dtype=torch.float32))
+            exact_k.append(
+                tab.kernel(bf, inverse=False, work=torch.float32).run(
+                    k, table.rotary_dim, table.interleaved, exact=False, out_dtype=torch.float32
+                )
+            )
         one = transfer(state, mapping, tspec)
         each = mapping.map_content(state.strip_rope(), tspec).to(dtype=bf).apply_rope(state.positions, spec=tspec)
         for name, st in (("one", one), ("each", each)):
@@ -91,21 +94,29 @@ def main(argv=None) -> int:
                 t["n"] += a_.numel()
             t["v_off"] += sum(int((a_ != x.to(bf)).sum()) for a_, x in zip(st.values, mapped.values))
         with torch.no_grad():
+
             def logits(st):
                 return tgt(input_ids=ids[:, -1:], cache=tad.inject(st, tgt), use_cache=True).logits[0, -1].float()
+
             la, lb = logits(one), logits(each)
         dlogit = max(dlogit, float((la - lb).abs().max()))
         flips += int(la.argmax() != lb.argmax())
     print(f"# zoo base -> tuned, ridge, bfloat16 caches, {args.prompts} prompts of {args.prompt_len - 1} cached tokens")
-    print("| path | keys not correctly rounded | values not correctly rounded | key error max (ulp) | "
-          "key error mean (ulp) |")
+    print(
+        "| path | keys not correctly rounded | values not correctly rounded | key error max (ulp) | "
+        "key error mean (ulp) |"
+    )
     print("|---|---:|---:|---:|---:|")
     for name, label in (("one", "one rounding (now)"), ("each", "rounded each step (before)")):
         t = totals[name]
-        print(f"| {label} | {100 * t['off'] / t['n']:.2f}% | {100 * t['v_off'] / t['n']:.2f}% | {t['ulp_max']:.2f} | "
-              f"{t['ulp_sum'] / t['n']:.3f} |")
-    print(f"\nnext-token logits of the target, now vs before: max |dlogit| {dlogit:.3g}; argmax differs in "
-          f"{flips}/{args.prompts} prompts")
+        print(
+            f"| {label} | {100 * t['off'] / t['n']:.2f}% | {100 * t['v_off'] / t['n']:.2f}% | {t['ulp_max']:.2f} | "
+            f"{t['ulp_sum'] / t['n']:.3f} |"
+        )
+    print(
+        f"\nnext-token logits of the target, now vs before: max |dlogit| {dlogit:.3g}; argmax differs in "
+        f"{flips}/{args.prompts} prompts"
+    )
     return 0
 
 

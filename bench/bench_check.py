@@ -34,8 +34,12 @@ def commands() -> dict[str, list[str]]:
         a, b = CONFIGS / "Qwen__Qwen2.5-0.5B", CONFIGS / "meta-llama__Llama-3.2-1B"
         out["kvbridge check <Qwen2.5-0.5B dir> <Llama-3.2-1B dir>"] = [*KVB, "check", str(a), str(b)]
         out["kvbridge check <dir> <dir> --json"] = [*KVB, "check", str(a), str(b), "--json"]
-    out["kvbridge check Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-1.5B (manifests)"] = \
-        [*KVB, "check", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"]
+    out["kvbridge check Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-1.5B (manifests)"] = [
+        *KVB,
+        "check",
+        "Qwen/Qwen2.5-0.5B",
+        "Qwen/Qwen2.5-1.5B",
+    ]
     out["kvbridge describe google/gemma-3-1b-it"] = [*KVB, "describe", "google/gemma-3-1b-it"]
     out['python -c "import torch"'] = [sys.executable, "-c", "import torch"]
     return out
@@ -44,10 +48,12 @@ def commands() -> dict[str, list[str]]:
 def torch_free() -> bool:
     if not CONFIGS.is_dir():
         return True
-    code = ("import sys; from kvbridge.cli.main import main\n"
-            f"try: main(['check', {str(CONFIGS / 'Qwen__Qwen2.5-0.5B')!r}, {str(CONFIGS / 'meta-llama__Llama-3.2-1B')!r}])\n"
-            "except SystemExit: pass\n"
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from kvbridge.cli.main import main\n"
+        f"try: main(['check', {str(CONFIGS / 'Qwen__Qwen2.5-0.5B')!r}, {str(CONFIGS / 'meta-llama__Llama-3.2-1B')!r}])\n"
+        "except SystemExit: pass\n"
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return out.stdout.strip().endswith("False")
 
@@ -55,8 +61,11 @@ def torch_free() -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--no-bytecode", action="store_true",
-                        help="keep PYTHONDONTWRITEBYTECODE as set (every run recompiles every module)")
+    parser.add_argument(
+        "--no-bytecode",
+        action="store_true",
+        help="keep PYTHONDONTWRITEBYTECODE as set (every run recompiles every module)",
+    )
     args = parser.parse_args()
     cmds = commands()
     env = dict(os.environ)
@@ -73,8 +82,10 @@ def main() -> None:
         print(f"| `{name}` | {med:.3f} | {min(ts):.3f} | {statistics.median(cpu[name]):.3f} | {med / base:.2f}x |")
     print()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"torch imported by check: {'no' if torch_free() else 'YES'}; python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs, load average {load:.1f}, bytecode cache {'off' if args.no_bytecode else 'on'}")
+    print(
+        f"torch imported by check: {'no' if torch_free() else 'YES'}; python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs, load average {load:.1f}, bytecode cache {'off' if args.no_bytecode else 'on'}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,17 +34,19 @@ def needed_forwards(source, target, sad, tad, sspec, tspec, samples, cfg, k_cach
     n = samples.shape[0]
     with torch.no_grad():
         for start in range(0, n, bsz):
-            ids = samples[start:start + bsz]
+            ids = samples[start : start + bsz]
             b = ids.shape[0]
-            prefix, cont = ids[:, :p], ids[:, p:p + c]
+            prefix, cont = ids[:, :p], ids[:, p : p + c]
             nat = tad.extract(target, prefix, spec=tspec)
-            src_rows = torch.cat([prefix, samples[(start + b) % n:(start + b) % n + 1, :p]])
+            src_rows = torch.cat([prefix, samples[(start + b) % n : (start + b) % n + 1, :p]])
             src = sad.extract(source, src_rows, spec=sspec)
             rows = nat.keys[0].shape[0]
             kv = [(k.repeat(k_cache, 1, 1, 1), v.repeat(k_cache, 1, 1, 1)) for k, v in zip(nat.keys, nat.values)]
-            for model, cache, m in ((target, DynamicCache(kv), k_cache * rows), (target, None, rows),
-                                    (source, DynamicCache([(k[:b].clone(), v[:b].clone())
-                                                           for k, v in zip(src.keys, src.values)]), rows)):
+            for model, cache, m in (
+                (target, DynamicCache(kv), k_cache * rows),
+                (target, None, rows),
+                (source, DynamicCache([(k[:b].clone(), v[:b].clone()) for k, v in zip(src.keys, src.values)]), rows),
+            ):
                 cache = DynamicCache() if cache is None else cache
                 out = model(input_ids=cont.repeat(m // rows, 1), cache=cache, use_cache=True)
                 if c > 1:
@@ -74,15 +76,26 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     fs, ft = sspec.num_kv_heads * sspec.head_dim, tspec.num_kv_heads * tspec.head_dim
     k = min(4, sspec.num_layers)
-    layers = [LayerMap("dense", tuple(range(k)), torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
-                       torch.zeros(ft), torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5, torch.zeros(ft))
-              for _ in range(tspec.num_layers)]
+    layers = [
+        LayerMap(
+            "dense",
+            tuple(range(k)),
+            torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+            torch.zeros(ft),
+            torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+            torch.zeros(ft),
+        )
+        for _ in range(tspec.num_layers)
+    ]
     mapping = FittedMapping(sspec, tspec, layers)
     cfg = EvalConfig(attention=not args.no_attention)
     samples = torch.randint(0, tspec.vocab_size, (args.samples, cfg.sample_len), generator=g)
-    runs = {"eval": lambda: run_conditions(src.model, tgt.model, mapping, samples, cfg, host=host),
-            "needed forwards": lambda: needed_forwards(src.model, tgt.model, sad, tad, sspec, tspec, samples, cfg,
-                                                       len(CACHE_CONDITIONS))}
+    runs = {
+        "eval": lambda: run_conditions(src.model, tgt.model, mapping, samples, cfg, host=host),
+        "needed forwards": lambda: needed_forwards(
+            src.model, tgt.model, sad, tad, sspec, tspec, samples, cfg, len(CACHE_CONDITIONS)
+        ),
+    }
     times = {key: [] for key in runs}
     cpu = {key: [] for key in runs}
     for fn in runs.values():
@@ -96,14 +109,18 @@ def main() -> None:
     med = {key: statistics.median(v) for key, v in times.items()}
     medc = {key: statistics.median(v) for key, v in cpu.items()}
     p, c, gt, b = cfg.prefix_len, cfg.continuation_len, cfg.greedy_tokens, cfg.batch_size
-    print(f"# bench_eval: zoo:base -> zoo:wide, {args.samples} samples, P={p} C={c} G={gt} B={b}, "
-          f"attention capture {'off' if args.no_attention else 'on'}, {torch.get_num_threads()} thread(s), "
-          f"load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}\n")
+    print(
+        f"# bench_eval: zoo:base -> zoo:wide, {args.samples} samples, P={p} C={c} G={gt} B={b}, "
+        f"attention capture {'off' if args.no_attention else 'on'}, {torch.get_num_threads()} thread(s), "
+        f"load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}\n"
+    )
     print("| run | median wall s | vs needed forwards | median CPU s | vs needed forwards (CPU) |")
     print("|---|---:|---:|---:|---:|")
     for key, v in med.items():
-        print(f"| {key} | {v:.3f} | {v / med['needed forwards']:.2f}x | {medc[key]:.3f} | "
-              f"{medc[key] / medc['needed forwards']:.2f}x |")
+        print(
+            f"| {key} | {v:.3f} | {v / med['needed forwards']:.2f}x | {medc[key]:.3f} | "
+            f"{medc[key] / medc['needed forwards']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

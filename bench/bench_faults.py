@@ -29,11 +29,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "KVBRIDGE_CHECKPOINT_EVERY": "0",
-       "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-CORPUS = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered list, "
-          "one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. What colour is a "
-          "zorp? List three fruits.\n") * 60
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT / "src"),
+    "KVBRIDGE_CHECKPOINT_EVERY": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+}
+CORPUS = (
+    "The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered list, "
+    "one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. What colour is a "
+    "zorp? List three fruits.\n"
+) * 60
 
 
 def build_models(root: Path) -> tuple[Path, Path, Path]:
@@ -45,15 +52,28 @@ def build_models(root: Path) -> tuple[Path, Path, Path]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS.split("\n"), trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        CORPUS.split("\n"),
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<s>", "</s>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     out = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        cfg = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                          num_key_value_heads=2, max_position_embeddings=96, vocab_size=len(fast))
+        cfg = LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=96,
+            vocab_size=len(fast),
+        )
         folder = root / f"model{seed}"
         AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
         fast.save_pretrained(folder)
@@ -64,21 +84,33 @@ def build_models(root: Path) -> tuple[Path, Path, Path]:
 
 
 def kv(*args, check=True, env=None) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, "-m", "kvbridge", *map(str, args)], capture_output=True, text=True,
-                         env=env or ENV)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvbridge", *map(str, args)], capture_output=True, text=True, env=env or ENV
+    )
     if check and res.returncode not in (0, 1):
         raise SystemExit(f"kvbridge {' '.join(map(str, args))} failed: {res.stderr[-800:]}")
     return res
 
 
 def snap(path: Path) -> dict:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()} if path.exists() else {}
+    return (
+        {
+            str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*"))
+            if p.is_file()
+        }
+        if path.exists()
+        else {}
+    )
 
 
 def killed(args, delay: float) -> float:
-    proc = subprocess.Popen([sys.executable, "-m", "kvbridge", *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=ENV)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvbridge", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
     t0 = time.monotonic()
     try:
         proc.wait(timeout=delay)
@@ -118,8 +150,26 @@ def main() -> int:
     rng = random.Random(a.seed)
     root = Path(tempfile.mkdtemp(prefix="kvbridge-faults-"))
     src, tgt, corpus = build_models(root)
-    fit_args = lambda out: ["fit", src, tgt, "--corpus", corpus, "--out", out, "--seq-len", 32, "--tokens", 1024,  # noqa: E731
-                            "--top-k", 1, "--stride", 2, "--batch-size", 2, "--quiet"]
+    fit_args = lambda out: [
+        "fit",
+        src,
+        tgt,
+        "--corpus",
+        corpus,
+        "--out",
+        out,
+        "--seq-len",
+        32,
+        "--tokens",
+        1024,  # noqa: E731
+        "--top-k",
+        1,
+        "--stride",
+        2,
+        "--batch-size",
+        2,
+        "--quiet",
+    ]
     ref = root / "ref"
     t_fit = timed(fit_args(ref))
     from safetensors.torch import load_file
@@ -127,9 +177,30 @@ def main() -> int:
     ref_t = load_file(str(ref / "mapping.safetensors"))
     pack_args = lambda out: ["pack", "save", src, "--guide", "Define zorp: a zorp is a small blue fruit.", "--out", out]  # noqa: E731
     t_pack = timed(pack_args(root / "pack0"))
-    eval_args = lambda rep: ["eval", src, tgt, "--mapping", ref, "--corpus", corpus, "--samples", 6, "--prefix-len", 16,  # noqa: E731
-                             "--continuation-len", 4, "--greedy-tokens", 2, "--bootstrap", 0, "--batch-size", 1,
-                             "--report", rep, "--allow-overlap"]
+    eval_args = lambda rep: [
+        "eval",
+        src,
+        tgt,
+        "--mapping",
+        ref,
+        "--corpus",
+        corpus,
+        "--samples",
+        6,
+        "--prefix-len",
+        16,  # noqa: E731
+        "--continuation-len",
+        4,
+        "--greedy-tokens",
+        2,
+        "--bootstrap",
+        0,
+        "--batch-size",
+        1,
+        "--report",
+        rep,
+        "--allow-overlap",
+    ]
     t_eval = timed(eval_args(root / "rep0"))
     print(f"uninterrupted: fit {t_fit:.1f} s, pack save {t_pack:.1f} s, eval {t_eval:.1f} s")
     rows, bad = [], 0
@@ -165,8 +236,11 @@ def main() -> int:
         shutil.copytree(root / "rep0", rep)
         before = snap(rep)
         at = killed(eval_args(rep), rng.uniform(0.3, t_eval))
-        state = "old" if snap(rep) == before else ("new" if (rep / "eval.json").is_file() and
-                                                   json.loads((rep / "eval.json").read_text()) else "CORRUPT")
+        state = (
+            "old"
+            if snap(rep) == before
+            else ("new" if (rep / "eval.json").is_file() and json.loads((rep / "eval.json").read_text()) else "CORRUPT")
+        )
         partial = Path(str(rep) + ".partial.jsonl")
         units = -1
         if partial.exists():
@@ -175,8 +249,14 @@ def main() -> int:
         bad += not ok
         rows.append(("eval", trial, at, state, len(hidden_leftovers(root, rep.name)), units, None, ok))
     # deterministic kills at named points (kvbridge.faults): inside the temp folder, mid-calibration, mid-eval
-    points = [("fit", "fit.batch:3:kill"), ("fit", "fit.batch:9:kill"), ("fit", "artifact.write:1:kill"),
-              ("pack save", "artifact.write:1:kill"), ("eval", "eval.batch:2:kill"), ("eval", "eval.batch:5:kill")]
+    points = [
+        ("fit", "fit.batch:3:kill"),
+        ("fit", "fit.batch:9:kill"),
+        ("fit", "artifact.write:1:kill"),
+        ("pack save", "artifact.write:1:kill"),
+        ("eval", "eval.batch:2:kill"),
+        ("eval", "eval.batch:5:kill"),
+    ]
     for i, (cmd, point) in enumerate(points):
         env = {**ENV, "KVBRIDGE_FAULT": point}
         name = f"pt{i}"
@@ -214,8 +294,10 @@ def main() -> int:
             ok = res.returncode == -9 and state == "old" and extra == int(point.split(":")[1])
         bad += not ok
         rows.append((cmd, point, -2.0, state, len(left), extra, None if after is None else len(after), ok))
-    print(f"{'command':<10} {'trial':>5} {'killed at s':>11} {'output after kill':<18} {'hidden left':>11} "
-          f"{'resume bit-identical / eval partial units':>42} {'left after next run':>19}  ok")
+    print(
+        f"{'command':<10} {'trial':>5} {'killed at s':>11} {'output after kill':<18} {'hidden left':>11} "
+        f"{'resume bit-identical / eval partial units':>42} {'left after next run':>19}  ok"
+    )
     for cmd, trial, at, state, left, extra, after, ok in rows:
         at_s = "finished" if at == -1.0 else ("at point" if at == -2.0 else f"{at:.1f}")
         print(f"{cmd:<10} {str(trial):>5} {at_s:>11} {state:<18} {left:>11} {str(extra):>42} {str(after):>19}  {ok}")

@@ -61,7 +61,7 @@ def table(headers, rows) -> str:
 def synthetic(n: int, p: int, q: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, p, generator=g) * (1 + torch.rand(p, generator=g))
-    w = torch.randn(p, q, generator=g) / p ** 0.5
+    w = torch.randn(p, q, generator=g) / p**0.5
     y = x @ w + 0.1 * torch.randn(n, q, generator=g)
     return x, y
 
@@ -78,7 +78,7 @@ def bench_stats_vs_sklearn(n: int, p: int, q: int, batch: int = 4096) -> str:
     def accumulate():
         s = MomentStats(p, q)
         for i in range(0, n, batch):
-            s.update(x[i:i + batch], y[i:i + batch])
+            s.update(x[i : i + batch], y[i : i + batch])
         return s
 
     t_acc = best_of(accumulate, 2)
@@ -97,9 +97,11 @@ def bench_stats_vs_sklearn(n: int, p: int, q: int, batch: int = 4096) -> str:
         ["kvbridge total", f"{t_acc + t_solve:.3f}", "", ""],
         ["sklearn Ridge(alpha=0.01).fit (materialised float64)", f"{t_sk:.3f}", f"{n / t_sk:,.0f}", ""],
     ]
-    return (f"### Statistics + solve vs scikit-learn Ridge ({n:,} observations, {p} features -> {q} targets)\n\n"
-            + table(["step", "seconds", "observations/s", "GFLOP/s"], rows)
-            + f"\n\nSame coefficients: max |dW| = {dw:.1e}, max |db| = {db:.1e} (tolerance 1e-4).\n")
+    return (
+        f"### Statistics + solve vs scikit-learn Ridge ({n:,} observations, {p} features -> {q} targets)\n\n"
+        + table(["step", "seconds", "observations/s", "GFLOP/s"], rows)
+        + f"\n\nSame coefficients: max |dW| = {dw:.1e}, max |db| = {db:.1e} (tolerance 1e-4).\n"
+    )
 
 
 # -- 2. memory ---------------------------------------------------------------------------------------------
@@ -125,7 +127,7 @@ def _memory_child(kind: str, n: int, p: int, q: int) -> None:
     from kvbridge.fit.stats import MomentStats
 
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(p, q, generator=g) / p ** 0.5
+    w = torch.randn(p, q, generator=g) / p**0.5
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
@@ -156,8 +158,12 @@ def _memory_child(kind: str, n: int, p: int, q: int) -> None:
 
 def bench_memory(ns, p: int, q: int) -> str:
     def run(kind, n):
-        out = subprocess.run([sys.executable, __file__, "--_mem", kind, str(n), str(p), str(q)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--_mem", kind, str(n), str(p), str(q)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return int(out.stdout.strip().splitlines()[-1]) / 1024  # MiB
 
     rows = []
@@ -168,16 +174,26 @@ def bench_memory(ns, p: int, q: int) -> str:
         t0 = time.perf_counter()
         s = run("sklearn", n)
         ts = time.perf_counter() - t0
-        rows.append([f"{n:.0e}", f"{r:.1f}", f"{tr:.1f}", f"{s:.1f}", f"{ts:.1f}",
-                     f"{n * (p + q) * 8 / 2**20:.1f}"])
+        rows.append([f"{n:.0e}", f"{r:.1f}", f"{tr:.1f}", f"{s:.1f}", f"{ts:.1f}", f"{n * (p + q) * 8 / 2**20:.1f}"])
     from kvbridge.fit.stats import MomentStats
 
-    return (f"### Peak memory of the work itself ({p} features -> {q} targets; MiB above the process's memory "
-            "after imports, fresh process each; wall seconds include start-up)\n\n"
-            + table(["observations", "ridge (streaming) MiB", "ridge s", "sklearn (materialised) MiB", "sklearn s",
-                     "materialised X,Y float64 MiB"], rows)
-            + f"\n\nThe statistics themselves hold {MomentStats.nbytes_for(p, q) / 2**20:.2f} MiB whatever the count; "
-              "the streaming run's memory is that plus one batch.\n")
+    return (
+        f"### Peak memory of the work itself ({p} features -> {q} targets; MiB above the process's memory "
+        "after imports, fresh process each; wall seconds include start-up)\n\n"
+        + table(
+            [
+                "observations",
+                "ridge (streaming) MiB",
+                "ridge s",
+                "sklearn (materialised) MiB",
+                "sklearn s",
+                "materialised X,Y float64 MiB",
+            ],
+            rows,
+        )
+        + f"\n\nThe statistics themselves hold {MomentStats.nbytes_for(p, q) / 2**20:.2f} MiB whatever the count; "
+        "the streaming run's memory is that plus one batch.\n"
+    )
 
 
 # -- 3. transfer latency -------------------------------------------------------------------------------------
@@ -185,8 +201,16 @@ def llama_spec(layers, hidden, heads, kv, head_dim, **kw):
     from kvbridge.builtin.families._common import tiny_base
     from kvbridge.plugins import make_host
 
-    cfg = tiny_base("llama", num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                    num_key_value_heads=kv, head_dim=head_dim, max_position_embeddings=4096, **kw)
+    cfg = tiny_base(
+        "llama",
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        **kw,
+    )
     adapter = make_host(entry_points=False).adapter_for(cfg)
     return cfg, adapter, adapter.describe(cfg)
 
@@ -200,9 +224,16 @@ def random_mapping(source_spec, target_spec, k: int, seed: int = 0):
     layers = []
     for t in range(target_spec.num_layers):
         src = tuple(int(i) for i in torch.randperm(source_spec.num_layers, generator=g)[:k])
-        layers.append(LayerMap("dense", src, torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
-                               torch.randn(ft, generator=g), torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
-                               torch.randn(ft, generator=g)))
+        layers.append(
+            LayerMap(
+                "dense",
+                src,
+                torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+                torch.randn(ft, generator=g),
+                torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+                torch.randn(ft, generator=g),
+            )
+        )
     return FittedMapping(source_spec, target_spec, layers)
 
 
@@ -212,9 +243,13 @@ def random_state(spec, tokens: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     shape = (1, spec.num_kv_heads, tokens, spec.head_dim)
     ids = torch.randint(0, 100, (1, tokens), generator=g)
-    return KVState(keys=tuple(torch.randn(shape, generator=g) for _ in range(spec.num_layers)),
-                   values=tuple(torch.randn(shape, generator=g) for _ in range(spec.num_layers)),
-                   token_ids=ids, positions=torch.arange(tokens)[None], spec=spec)
+    return KVState(
+        keys=tuple(torch.randn(shape, generator=g) for _ in range(spec.num_layers)),
+        values=tuple(torch.randn(shape, generator=g) for _ in range(spec.num_layers)),
+        token_ids=ids,
+        positions=torch.arange(tokens)[None],
+        spec=spec,
+    )
 
 
 def equivalent_gemms(mapping, tokens: int):
@@ -235,14 +270,17 @@ def equivalent_gemms(mapping, tokens: int):
 def mapping_floor(mapping, tokens: int, rate: float, bandwidth: float) -> tuple[float, float, float]:
     s, t = mapping.source_spec, mapping.target_spec
     flops = mapping.flops(tokens)
-    nbytes = 4 * (2 * s.num_layers * s.num_kv_heads * tokens * s.head_dim  # source K, V read
-                  + 2 * t.num_layers * t.num_kv_heads * tokens * t.head_dim  # target K, V written
-                  + sum(lm.wk.numel() + lm.wv.numel() for lm in mapping.layers))  # weights read
+    nbytes = 4 * (
+        2 * s.num_layers * s.num_kv_heads * tokens * s.head_dim  # source K, V read
+        + 2 * t.num_layers * t.num_kv_heads * tokens * t.head_dim  # target K, V written
+        + sum(lm.wk.numel() + lm.wv.numel() for lm in mapping.layers)
+    )  # weights read
     return max(flops / rate, nbytes / bandwidth), flops, nbytes
 
 
-def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_spec, k: int, token_counts,
-                   rounds: int = 3) -> tuple[str, list]:
+def bench_transfer(
+    name: str, source_spec, target_cfg, target_adapter, target_spec, k: int, token_counts, rounds: int = 3
+) -> tuple[str, list]:
     from kvbridge.transfer import transfer
 
     mapping = random_mapping(source_spec, target_spec, k)
@@ -258,9 +296,12 @@ def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_sp
             # count); mapping, GEMMs, whole transfer and target prefill are timed in alternation,
             # best of `rounds` each, so a shared, busy CPU skews them alike
             ids = torch.randint(0, target_spec.vocab_size, (1, tokens))
-            runs = {"map": lambda: mapping.map_tensors(content.keys, content.values), "gemm": gemms,
-                    "transfer": lambda: transfer(state, mapping, target_spec),
-                    "prefill": lambda: model(input_ids=ids, use_cache=True)}
+            runs = {
+                "map": lambda: mapping.map_tensors(content.keys, content.values),
+                "gemm": gemms,
+                "transfer": lambda: transfer(state, mapping, target_spec),
+                "prefill": lambda: model(input_ids=ids, use_cache=True),
+            }
             best = {k: float("inf") for k in runs}
             for _ in range(rounds):
                 for key, fn in runs.items():
@@ -268,14 +309,36 @@ def bench_transfer(name: str, source_spec, target_cfg, target_adapter, target_sp
             t_map, t_gemm, t_all, t_pre = best["map"], best["gemm"], best["transfer"], best["prefill"]
             rate = mapping.flops(tokens) / t_gemm
         floor, flops, nbytes = mapping_floor(mapping, tokens, rate, bw)
-        rows.append([tokens, f"{1e3 * t_pre:.0f}", f"{1e3 * t_all:.1f}", f"{1e3 * t_map:.1f}", f"{t_pre / t_all:.1f}x",
-                     f"{flops / 1e9:.2f}", f"{nbytes / 2**20:.0f}", f"{rate / 1e9:.1f}", f"{1e3 * floor:.1f}",
-                     f"{t_map / floor:.2f}"])
+        rows.append(
+            [
+                tokens,
+                f"{1e3 * t_pre:.0f}",
+                f"{1e3 * t_all:.1f}",
+                f"{1e3 * t_map:.1f}",
+                f"{t_pre / t_all:.1f}x",
+                f"{flops / 1e9:.2f}",
+                f"{nbytes / 2**20:.0f}",
+                f"{rate / 1e9:.1f}",
+                f"{1e3 * floor:.1f}",
+                f"{t_map / floor:.2f}",
+            ]
+        )
         raw.append({"tokens": tokens, "prefill_s": t_pre, "transfer_s": t_all, "map_s": t_map, "floor_s": floor})
-    head = ["tokens", "target prefill ms", "transfer ms (strip+map+RoPE)", "mapping ms", "prefill / transfer",
-            "mapping GFLOP", "mapping MiB moved", "GEMM GFLOP/s (measured on the mapping's GEMMs)", "floor ms", "mapping / floor"]
-    return f"### Transfer vs target prefill: {name}\n\n" + table(head, rows) + \
-        f"\n\nCopy bandwidth measured: {bw / 1e9:.1f} GB/s.\n", raw
+    head = [
+        "tokens",
+        "target prefill ms",
+        "transfer ms (strip+map+RoPE)",
+        "mapping ms",
+        "prefill / transfer",
+        "mapping GFLOP",
+        "mapping MiB moved",
+        "GEMM GFLOP/s (measured on the mapping's GEMMs)",
+        "floor ms",
+        "mapping / floor",
+    ]
+    return f"### Transfer vs target prefill: {name}\n\n" + table(
+        head, rows
+    ) + f"\n\nCopy bandwidth measured: {bw / 1e9:.1f} GB/s.\n", raw
 
 
 # -- 4. fit time vs floor ----------------------------------------------------------------------------------
@@ -294,8 +357,9 @@ class SyntheticCalibration:
             feats = {}
             for c in ("k", "v"):
                 x = torch.randn(m, ls, hs, ds, generator=g)
-                y = (x[:, true].reshape(m, lt, -1) @ wk).reshape(m, lt, ht, dt) + 0.1 * torch.randn(m, lt, ht, dt,
-                                                                                                    generator=g)
+                y = (x[:, true].reshape(m, lt, -1) @ wk).reshape(m, lt, ht, dt) + 0.1 * torch.randn(
+                    m, lt, ht, dt, generator=g
+                )
                 feats["x" + c], feats["y" + c] = x, y
             held = torch.rand(m, generator=g) < heldout
             self.batches.append((feats, held))
@@ -316,9 +380,9 @@ class SyntheticCalibration:
 def fit_flops(ls, hs, ds, lt, ht, dt, n, k) -> float:
     p, q, fs, ft = ls * hs * ds, lt * ht * dt, hs * ds, ht * dt
     stats = 2 * 2 * n * (p * p + p * q)  # K and V: Cxx and Cxy GEMMs over every observation
-    select = 2 * ls * (fs ** 3 / 3 + 2 * 2 * fs * fs * q)  # per source layer: Cholesky, solve, held-out Cxx W
+    select = 2 * ls * (fs**3 / 3 + 2 * 2 * fs * fs * q)  # per source layer: Cholesky, solve, held-out Cxx W
     f = k * fs
-    final = 2 * lt * (f ** 3 / 3 + 2 * 2 * f * f * ft)
+    final = 2 * lt * (f**3 / 3 + 2 * 2 * f * f * ft)
     return stats + select + final
 
 
@@ -350,13 +414,39 @@ def bench_fit_floor(ls, hs, ds, lt, ht, dt, n, k) -> str:
     rate = 2 * 2 * n * (p * p + p * q) / t_gemm
     flops = fit_flops(ls, hs, ds, lt, ht, dt, n, k)
     found = sum(int(sel[0] == int(t)) for sel, t in zip(mapping.layer_selection(), cal.true))
-    rows = [[f"{ls}x{hs}x{ds} -> {lt}x{ht}x{dt}", k, f"{n:,}", f"{secs:.2f}", f"{flops / 1e9:.1f}",
-             f"{rate / 1e9:.1f}", f"{flops / rate:.2f}", f"{secs / (flops / rate):.2f}",
-             f"{mapping.report.r2_summary['mean']:.4f}", f"{found}/{lt}"]]
-    return ("### Fit time (statistics + selection + solves; forwards excluded) vs its FLOPs floor\n\n"
-            + table(["geometry (layers x kv heads x dim)", "top-k", "observations", "fit s", "GFLOP (float64)",
-                     "float64 GEMM GFLOP/s (measured on the statistics' GEMMs)", "floor s", "fit / floor", "held-out R²",
-                     "true layer found"], rows) + "\n")
+    rows = [
+        [
+            f"{ls}x{hs}x{ds} -> {lt}x{ht}x{dt}",
+            k,
+            f"{n:,}",
+            f"{secs:.2f}",
+            f"{flops / 1e9:.1f}",
+            f"{rate / 1e9:.1f}",
+            f"{flops / rate:.2f}",
+            f"{secs / (flops / rate):.2f}",
+            f"{mapping.report.r2_summary['mean']:.4f}",
+            f"{found}/{lt}",
+        ]
+    ]
+    return (
+        "### Fit time (statistics + selection + solves; forwards excluded) vs its FLOPs floor\n\n"
+        + table(
+            [
+                "geometry (layers x kv heads x dim)",
+                "top-k",
+                "observations",
+                "fit s",
+                "GFLOP (float64)",
+                "float64 GEMM GFLOP/s (measured on the statistics' GEMMs)",
+                "floor s",
+                "fit / floor",
+                "held-out R²",
+                "true layer found",
+            ],
+            rows,
+        )
+        + "\n"
+    )
 
 
 def bench_accumulation_realistic(n: int) -> str:
@@ -368,18 +458,25 @@ def bench_accumulation_realistic(n: int) -> str:
     t0 = time.perf_counter()
     cal.accumulate([job])
     secs = time.perf_counter() - t0
-    flops = 2 * 2 * n * (job.p ** 2 + job.p * job.q)
-    return (f"### Joint statistics at the realistic geometry (24x2x64 -> 28x2x128: p={job.p}, q={job.q})\n\n"
-            + table(["observations", "seconds", "observations/s", "GFLOP/s (float64)", "statistics GiB (K,V x train,held)"],
-                    [[n, f"{secs:.2f}", f"{n / secs:,.0f}", f"{flops / secs / 1e9:.1f}",
-                      f"{job.nbytes() / 2**30:.2f}"]]) + "\n")
+    flops = 2 * 2 * n * (job.p**2 + job.p * job.q)
+    return (
+        f"### Joint statistics at the realistic geometry (24x2x64 -> 28x2x128: p={job.p}, q={job.q})\n\n"
+        + table(
+            ["observations", "seconds", "observations/s", "GFLOP/s (float64)", "statistics GiB (K,V x train,held)"],
+            [[n, f"{secs:.2f}", f"{n / secs:,.0f}", f"{flops / secs / 1e9:.1f}", f"{job.nbytes() / 2**30:.2f}"]],
+        )
+        + "\n"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    ap.add_argument("--only", default="stats,memory,realistic,fit,transfer",
-                    help="comma-separated sections: stats, memory, realistic, fit, transfer")
+    ap.add_argument(
+        "--only",
+        default="stats,memory,realistic,fit,transfer",
+        help="comma-separated sections: stats, memory, realistic, fit, transfer",
+    )
     ap.add_argument("--_mem", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._mem:
@@ -387,8 +484,10 @@ def main() -> None:
         _memory_child(kind, int(n), int(p), int(q))
         return
     quick = args.quick
-    print(f"# bench_fit (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})\n")
+    print(
+        f"# bench_fit (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})\n"
+    )
     only = set(args.only.split(","))
     if "stats" in only:
         print(bench_stats_vs_sklearn(4000 if quick else 20000, 512, 256))
@@ -406,14 +505,24 @@ def main() -> None:
     tokens = (512,) if quick else (512, 2048)
     _, _, src = llama_spec(24, 896, 14, 2, 64)
     tcfg, tad, tspec = llama_spec(28, 512, 4, 2, 128, intermediate_size=1408, vocab_size=8192)
-    text, raw = bench_transfer("realistic cache geometry 24x2x64 -> 28x2x128, top-k 4 "
-                               "(target model: 28 layers, hidden 512, 4 heads, MLP 1408)", src, tcfg, tad, tspec, 4,
-                               tokens)
+    text, raw = bench_transfer(
+        "realistic cache geometry 24x2x64 -> 28x2x128, top-k 4 "
+        "(target model: 28 layers, hidden 512, 4 heads, MLP 1408)",
+        src,
+        tcfg,
+        tad,
+        tspec,
+        4,
+        tokens,
+    )
     print(text)
+
     # what the ratio would be against a Qwen2.5-1.5B-sized target (28 layers, hidden 1536, MLP 8960, GQA 12/2):
     # prefill FLOPs scale with parameters and attention width, at the prefill rate measured above
     def prefill_flops(layers, hidden, heads, kv, hd, inter, t):
-        per_layer = 2 * t * (hidden * heads * hd * 2 + hidden * kv * hd * 2 + 3 * hidden * inter) + 4 * t * t * heads * hd
+        per_layer = (
+            2 * t * (hidden * heads * hd * 2 + hidden * kv * hd * 2 + 3 * hidden * inter) + 4 * t * t * heads * hd
+        )
         return layers * per_layer
 
     rows = []
@@ -422,15 +531,42 @@ def main() -> None:
         small = prefill_flops(28, 512, 4, 2, 128, 1408, t)
         big = prefill_flops(28, 1536, 12, 2, 128, 8960, t)
         est = r["prefill_s"] * big / small
-        rows.append([t, f"{small / 1e9:.0f}", f"{small / r['prefill_s'] / 1e9:.1f}", f"{big / 1e9:.0f}",
-                     f"{1e3 * est:.0f}", f"{est / r['transfer_s']:.0f}x"])
+        rows.append(
+            [
+                t,
+                f"{small / 1e9:.0f}",
+                f"{small / r['prefill_s'] / 1e9:.1f}",
+                f"{big / 1e9:.0f}",
+                f"{1e3 * est:.0f}",
+                f"{est / r['transfer_s']:.0f}x",
+            ]
+        )
     print("### Extrapolated to a Qwen2.5-1.5B-sized target (same cache geometry), at the measured prefill rate\n")
-    print(table(["tokens", "measured prefill GFLOP", "prefill GFLOP/s", "1.5B-size prefill GFLOP",
-                 "estimated prefill ms", "estimated prefill / transfer"], rows) + "\n")
+    print(
+        table(
+            [
+                "tokens",
+                "measured prefill GFLOP",
+                "prefill GFLOP/s",
+                "1.5B-size prefill GFLOP",
+                "estimated prefill ms",
+                "estimated prefill / transfer",
+            ],
+            rows,
+        )
+        + "\n"
+    )
     _, _, tiny_src = llama_spec(4, 64, 4, 2, 16)
     tiny_cfg, tiny_ad, tiny_tgt = llama_spec(6, 64, 4, 4, 16)
-    text, _ = bench_transfer("tiny planted-pair geometry 4x2x16 -> 6x4x16, top-k 2 (target: 6 layers, hidden 64)",
-                             tiny_src, tiny_cfg, tiny_ad, tiny_tgt, 2, tokens)
+    text, _ = bench_transfer(
+        "tiny planted-pair geometry 4x2x16 -> 6x4x16, top-k 2 (target: 6 layers, hidden 64)",
+        tiny_src,
+        tiny_cfg,
+        tiny_ad,
+        tiny_tgt,
+        2,
+        tokens,
+    )
     print(text)
 
 

@@ -36,8 +36,14 @@ from pathlib import Path
 import torch
 
 SOURCE, TARGET = "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-7B"
-TINY = dict(num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=512,
-            max_position_embeddings=4096)
+TINY = dict(
+    num_hidden_layers=3,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    vocab_size=512,
+    max_position_embeddings=4096,
+)
 
 
 def sync(device: torch.device) -> None:
@@ -88,22 +94,32 @@ def random_mapping(sspec, tspec, k: int, device):
     g = torch.Generator().manual_seed(0)
     fs, ft = sspec.num_kv_heads * sspec.head_dim, tspec.num_kv_heads * tspec.head_dim
     k = min(k, sspec.num_layers)
-    layers = [LayerMap("dense", tuple(int(i) for i in torch.randperm(sspec.num_layers, generator=g)[:k]),
-                       torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5, torch.zeros(ft),
-                       torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5, torch.zeros(ft))
-              for _ in range(tspec.num_layers)]
+    layers = [
+        LayerMap(
+            "dense",
+            tuple(int(i) for i in torch.randperm(sspec.num_layers, generator=g)[:k]),
+            torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+            torch.zeros(ft),
+            torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+            torch.zeros(ft),
+        )
+        for _ in range(tspec.num_layers)
+    ]
     return FittedMapping(sspec, tspec, [lm.to(device=device) for lm in layers])
 
 
 def bench_stats(sspec, tspec, n: int, device, repeats: int) -> dict:
     from kvbridge.fit.stats import LayerStats
 
-    dims = dict(src_heads=sspec.num_kv_heads, src_dim=sspec.head_dim, tgt_heads=tspec.num_kv_heads,
-                tgt_dim=tspec.head_dim)
+    dims = dict(
+        src_heads=sspec.num_kv_heads, src_dim=sspec.head_dim, tgt_heads=tspec.num_kv_heads, tgt_dim=tspec.head_dim
+    )
     job = LayerStats(range(sspec.num_layers), range(tspec.num_layers), **dims, device=device)
     m = min(n, 512)
-    feats = {"xk": torch.randn(m, sspec.num_layers, sspec.num_kv_heads, sspec.head_dim, device=device),
-             "yk": torch.randn(m, tspec.num_layers, tspec.num_kv_heads, tspec.head_dim, device=device)}
+    feats = {
+        "xk": torch.randn(m, sspec.num_layers, sspec.num_kv_heads, sspec.head_dim, device=device),
+        "yk": torch.randn(m, tspec.num_layers, tspec.num_kv_heads, tspec.head_dim, device=device),
+    }
     feats["xv"], feats["yv"] = feats["xk"].clone(), feats["yk"].clone()
     held = torch.zeros(m, dtype=torch.bool, device=device)
     batches = max(1, n // m)
@@ -113,8 +129,12 @@ def bench_stats(sspec, tspec, n: int, device, repeats: int) -> dict:
             job.update(feats, held)
 
     t = timed(run, device, repeats)
-    return {"observations": batches * m, "seconds": t, "observations_per_s": batches * m / t,
-            "statistics_bytes": job.nbytes()}
+    return {
+        "observations": batches * m,
+        "seconds": t,
+        "observations_per_s": batches * m / t,
+        "statistics_bytes": job.nbytes(),
+    }
 
 
 def bench_mapping(mapping, sspec, n: int, device, repeats: int) -> dict:
@@ -139,22 +159,27 @@ def bench_rope(tspec, n: int, device, dtype, repeats: int) -> dict:
     from kvbridge import rope as R
 
     spec = tspec.rope_for_layer(0)
-    keys = [torch.randn(1, tspec.num_kv_heads, n, tspec.head_dim, device=device).to(dtype)
-            for _ in range(tspec.num_layers)]
+    keys = [
+        torch.randn(1, tspec.num_kv_heads, n, tspec.head_dim, device=device).to(dtype) for _ in range(tspec.num_layers)
+    ]
     pos = torch.arange(n, device=device)[None]
     new = pos + 7
     out = {}
     floor = timed(lambda: [torch.mul(k, 2) for k in keys], device, repeats)
-    for name, fn in (("strip", lambda k: R.strip(k, pos, spec)), ("apply", lambda k: R.apply(k, pos, spec)),
-                     ("reposition", lambda k: R.reposition(k, pos, new, spec))):
+    for name, fn in (
+        ("strip", lambda k: R.strip(k, pos, spec)),
+        ("apply", lambda k: R.apply(k, pos, spec)),
+        ("reposition", lambda k: R.reposition(k, pos, new, spec)),
+    ):
         t = timed(lambda: [fn(k) for k in keys], device, repeats)
         out[name] = {"seconds": t, "of_floor": floor / t}
     out["floor_seconds"] = floor
     return out
 
 
-def bench_transfer_pack(source, target, sad, tad, sspec, tspec, mapping, n: int, device, repeats: int,
-                        tmp: Path) -> dict:
+def bench_transfer_pack(
+    source, target, sad, tad, sspec, tspec, mapping, n: int, device, repeats: int, tmp: Path
+) -> dict:
     from transformers import DynamicCache
 
     from kvbridge.prefix.packs import load_pack, save_pack
@@ -177,9 +202,15 @@ def bench_transfer_pack(source, target, sad, tad, sspec, tspec, mapping, n: int,
     t_save = time.perf_counter() - t0
     t_load = timed(lambda: load_pack(out, target, weights_fp="bench").cache(target), device, repeats)
     size = (out / "kv.safetensors").stat().st_size
-    return {"prefill_seconds": t_pre, "transfer_seconds": t_tr, "prefill_over_transfer": t_pre / t_tr,
-            "pack_save_seconds": t_save, "pack_restore_seconds": t_load, "prefill_over_restore": t_pre / t_load,
-            "pack_bytes": size}
+    return {
+        "prefill_seconds": t_pre,
+        "transfer_seconds": t_tr,
+        "prefill_over_transfer": t_pre / t_tr,
+        "pack_save_seconds": t_save,
+        "pack_restore_seconds": t_load,
+        "prefill_over_restore": t_pre / t_load,
+        "pack_bytes": size,
+    }
 
 
 def main(argv=None) -> dict:
@@ -193,8 +224,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="results JSON (default: print only)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype != "auto"
+        else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    )
     from kvbridge.plugins import get_host
 
     host = get_host()
@@ -204,20 +238,32 @@ def main(argv=None) -> dict:
     sad, tad = host.adapter_for(source.config.to_dict()), host.adapter_for(target.config.to_dict())
     sspec, tspec = sad.spec_of(source), tad.spec_of(target)
     mapping = random_mapping(sspec, tspec, 4, device)
-    results = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-               else "cpu", "dtype": str(dtype).removeprefix("torch."), "sizes": args.sizes, "torch": torch.__version__,
-               "source": f"{SOURCE} geometry {sspec.num_layers}x{sspec.num_kv_heads}x{sspec.head_dim}",
-               "target": f"{TARGET} geometry {tspec.num_layers}x{tspec.num_kv_heads}x{tspec.head_dim}",
-               "build_seconds": time.perf_counter() - t0, "rows": []}
+    results = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "sizes": args.sizes,
+        "torch": torch.__version__,
+        "source": f"{SOURCE} geometry {sspec.num_layers}x{sspec.num_kv_heads}x{sspec.head_dim}",
+        "target": f"{TARGET} geometry {tspec.num_layers}x{tspec.num_kv_heads}x{tspec.head_dim}",
+        "build_seconds": time.perf_counter() - t0,
+        "rows": [],
+    }
     sections = set(args.sections.split(","))
     with tempfile.TemporaryDirectory(prefix="kvbridge-gpu-") as tmp:
         for n in [int(x) for x in args.tokens.split(",")]:
             row: dict = {"tokens": n}
-            for name, fn in (("stats", lambda: bench_stats(sspec, tspec, n, device, args.repeats)),
-                             ("mapping", lambda: bench_mapping(mapping, sspec, n, device, args.repeats)),
-                             ("rope", lambda: bench_rope(tspec, n, device, dtype, args.repeats)),
-                             ("transfer", lambda: bench_transfer_pack(source, target, sad, tad, sspec, tspec, mapping,
-                                                                      n, device, args.repeats, Path(tmp)))):
+            for name, fn in (
+                ("stats", lambda: bench_stats(sspec, tspec, n, device, args.repeats)),
+                ("mapping", lambda: bench_mapping(mapping, sspec, n, device, args.repeats)),
+                ("rope", lambda: bench_rope(tspec, n, device, dtype, args.repeats)),
+                (
+                    "transfer",
+                    lambda: bench_transfer_pack(
+                        source, target, sad, tad, sspec, tspec, mapping, n, device, args.repeats, Path(tmp)
+                    ),
+                ),
+            ):
                 if name not in sections:
                     continue
                 try:
@@ -236,10 +282,14 @@ def main(argv=None) -> dict:
 
 
 def markdown(res: dict) -> str:
-    lines = [f"# bench_gpu: {res['device_name']} ({res['dtype']}), source {res['source']}, target {res['target']}, "
-             f"torch {res['torch']}, load average {os.getloadavg()[0]:.1f}", "",
-             "| tokens | stats obs/s | mapping / GEMM floor | RoPE strip / apply / reposition of floor "
-             "| prefill / transfer | prefill / pack restore |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# bench_gpu: {res['device_name']} ({res['dtype']}), source {res['source']}, target {res['target']}, "
+        f"torch {res['torch']}, load average {os.getloadavg()[0]:.1f}",
+        "",
+        "| tokens | stats obs/s | mapping / GEMM floor | RoPE strip / apply / reposition of floor "
+        "| prefill / transfer | prefill / pack restore |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
 
     def get(row, sec, key, fmt):
         v = row.get(sec, {})
@@ -248,13 +298,25 @@ def markdown(res: dict) -> str:
         return fmt(v) if v else "-"
 
     for r in res["rows"]:
-        lines.append("| " + " | ".join([
-            f"{r['tokens']:,}",
-            get(r, "stats", "", lambda v: f"{v['observations_per_s']:,.0f}"),
-            get(r, "mapping", "", lambda v: f"{v['ratio']:.2f}x"),
-            get(r, "rope", "", lambda v: " / ".join(f"{v[k]['of_floor']:.0%}" for k in ("strip", "apply", "reposition"))),
-            get(r, "transfer", "", lambda v: f"{v['prefill_over_transfer']:.1f}x"),
-            get(r, "transfer", "", lambda v: f"{v['prefill_over_restore']:.1f}x")]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{r['tokens']:,}",
+                    get(r, "stats", "", lambda v: f"{v['observations_per_s']:,.0f}"),
+                    get(r, "mapping", "", lambda v: f"{v['ratio']:.2f}x"),
+                    get(
+                        r,
+                        "rope",
+                        "",
+                        lambda v: " / ".join(f"{v[k]['of_floor']:.0%}" for k in ("strip", "apply", "reposition")),
+                    ),
+                    get(r, "transfer", "", lambda v: f"{v['prefill_over_transfer']:.1f}x"),
+                    get(r, "transfer", "", lambda v: f"{v['prefill_over_restore']:.1f}x"),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 

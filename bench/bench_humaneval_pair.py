@@ -87,12 +87,17 @@ def summarize(records: list[dict], *, bootstrap: int = 1000, seed: int = 0, mapp
         raise SystemExit("error: no scored problems (fix: run some first, e.g. --problems 0-9 --out FILE)")
     scores = {c: [float(r["passed"][c]) for r in recs] for c in CONDITIONS}
     summary = stats.summarize(scores, floor=0.0, bootstrap=bootstrap, seed=seed)
-    return {"source": {"name": "qwen2.5-coder-0.5b-instruct", "layers": 24},
-            "target": {"name": "qwen2.5-coder-1.5b-instruct (llama.cpp Q4_K_M)", "layers": 28},
-            "mapping": {"path": mapping or (recs[0].get("mapping") or "")},
-            "conditions": list(CONDITIONS), "settings": {"bootstrap": bootstrap, "seed": seed},
-            "tasks": {"humaneval": summary}, "overall": summary,
-            "problems": [r["index"] for r in recs], "notes": []}
+    return {
+        "source": {"name": "qwen2.5-coder-0.5b-instruct", "layers": 24},
+        "target": {"name": "qwen2.5-coder-1.5b-instruct (llama.cpp Q4_K_M)", "layers": 28},
+        "mapping": {"path": mapping or (recs[0].get("mapping") or "")},
+        "conditions": list(CONDITIONS),
+        "settings": {"bootstrap": bootstrap, "seed": seed},
+        "tasks": {"humaneval": summary},
+        "overall": summary,
+        "problems": [r["index"] for r in recs],
+        "notes": [],
+    }
 
 
 def contiguous(indices: list[int]) -> str:
@@ -112,7 +117,9 @@ def print_summary(path: Path, bootstrap: int) -> int:
 
     recs = read_records(path)
     res = summarize(recs, bootstrap=bootstrap)
-    print(f"{len(res['problems'])} HumanEval problems ({contiguous(res['problems'])}), greedy pass@1, llama.cpp generation")
+    print(
+        f"{len(res['problems'])} HumanEval problems ({contiguous(res['problems'])}), greedy pass@1, llama.cpp generation"
+    )
     print(terminal_table(res))
     secs = {c: sum(r["seconds"][c] for r in recs) for c in CONDITIONS}
     toks = {c: sum(r["tokens"][c] for r in recs) for c in CONDITIONS}
@@ -123,8 +130,9 @@ def print_summary(path: Path, bootstrap: int) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mapping", type=Path, default=Path("/work/pair-runs/run1/map-k4-a0.01"))
-    ap.add_argument("--models", type=Path, default=Path(os.environ.get("KVBRIDGE_HOME", Path.home() / ".cache/kvbridge"))
-                    / "models")
+    ap.add_argument(
+        "--models", type=Path, default=Path(os.environ.get("KVBRIDGE_HOME", Path.home() / ".cache/kvbridge")) / "models"
+    )
     ap.add_argument("--problems", default="", help="indices, e.g. 0-39 (default: all 164)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
@@ -173,13 +181,24 @@ def main(argv=None) -> int:
 
     n_ctx = 2048
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with LlamaCppSession(tgt_file, n_ctx=n_ctx, n_threads=args.threads) as big, \
-            LlamaCppSession(src_file, n_ctx=n_ctx, n_threads=args.threads) as small, \
-            code_execution_allowed(), open(args.out, "a", encoding="utf-8") as fh:
+    with (
+        LlamaCppSession(tgt_file, n_ctx=n_ctx, n_threads=args.threads) as big,
+        LlamaCppSession(src_file, n_ctx=n_ctx, n_threads=args.threads) as small,
+        code_execution_allowed(),
+        open(args.out, "a", encoding="utf-8") as fh,
+    ):
         for k, item in enumerate(todo):
             ids = list(tok(item.context, add_special_tokens=True)["input_ids"])
-            rec = {"index": item.meta["index"], "task_id": item.id, "prompt_tokens": len(ids),
-                   "completions": {}, "passed": {}, "tokens": {}, "seconds": {}, "mapping": str(args.mapping)}
+            rec = {
+                "index": item.meta["index"],
+                "task_id": item.id,
+                "prompt_tokens": len(ids),
+                "completions": {},
+                "passed": {},
+                "tokens": {},
+                "seconds": {},
+                "mapping": str(args.mapping),
+            }
             for cond in CONDITIONS:
                 t0 = time.perf_counter()
                 if cond == "target":
@@ -192,17 +211,28 @@ def main(argv=None) -> int:
                         moved = transfer(state.to("cpu") if hasattr(state, "to") else state, mapping, host=host)
                     big.load_state(export_state(moved, target, v_trans=big.v_trans, host=host))
                     first, sess = big.eval(ids[-1:]), big
-                text, n = greedy_completion(lambda t, s=sess: s.eval([t]), first, decode, eos_ids=eos, stop=STOP,
-                                            max_new_tokens=item.max_new_tokens)
+                text, n = greedy_completion(
+                    lambda t, s=sess: s.eval([t]),
+                    first,
+                    decode,
+                    eos_ids=eos,
+                    stop=STOP,
+                    max_new_tokens=item.max_new_tokens,
+                )
                 rec["seconds"][cond] = round(time.perf_counter() - t0, 2)
                 rec["completions"][cond], rec["tokens"][cond] = text, n
                 rec["passed"][cond] = bool(task.score(item, text))
             fh.write(json.dumps(rec) + "\n")
             fh.flush()
-            log(f"{k + 1}/{len(todo)} {item.id}: " + " ".join(f"{c}={int(rec['passed'][c])}" for c in CONDITIONS)
-                + f" ({sum(rec['seconds'].values()):.0f} s)")
-    log(f"done; llama-cpp-python {binding_version()}, torch {torch.__version__}, {platform.machine()}, "
-        f"{args.threads} thread(s)")
+            log(
+                f"{k + 1}/{len(todo)} {item.id}: "
+                + " ".join(f"{c}={int(rec['passed'][c])}" for c in CONDITIONS)
+                + f" ({sum(rec['seconds'].values()):.0f} s)"
+            )
+    log(
+        f"done; llama-cpp-python {binding_version()}, torch {torch.__version__}, {platform.machine()}, "
+        f"{args.threads} thread(s)"
+    )
     return print_summary(args.out, args.bootstrap)
 
 

@@ -62,13 +62,20 @@ def summarize(per: dict, targets: np.ndarray, rng: np.random.Generator, n_boot: 
     boot = rng.integers(0, len(targets), size=(n_boot, len(targets)))
     for c, lp in per.items():
         gap = (nll["no_prefix"].mean() - nll[c].mean()) / (nll["no_prefix"].mean() - nll["native"].mean())
-        g = [(nll["no_prefix"][b].mean() - nll[c][b].mean()) / (nll["no_prefix"][b].mean() - nll["native"][b].mean())
-             for b in boot]
+        g = [
+            (nll["no_prefix"][b].mean() - nll[c][b].mean()) / (nll["no_prefix"][b].mean() - nll["native"][b].mean())
+            for b in boot
+        ]
         top1 = (lp.argmax(-1) == native.argmax(-1)).mean()
         kl = (np.exp(native) * (native - lp)).sum(-1)
-        out[c] = {"nll": float(nll[c].mean()), "gap_recovered": float(gap),
-                  "gap_ci": [float(np.quantile(g, 0.025)), float(np.quantile(g, 0.975))],
-                  "top1_agreement": float(top1), "kl_mean": float(kl.mean()), "kl_p95": float(np.quantile(kl, 0.95))}
+        out[c] = {
+            "nll": float(nll[c].mean()),
+            "gap_recovered": float(gap),
+            "gap_ci": [float(np.quantile(g, 0.025)), float(np.quantile(g, 0.975))],
+            "top1_agreement": float(top1),
+            "kl_mean": float(kl.mean()),
+            "kl_p95": float(np.quantile(kl, 0.95)),
+        }
     return out
 
 
@@ -76,8 +83,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", type=Path, required=True, help="a bench/bench_pair.py output folder")
     ap.add_argument("--mapping", default="map-k4-a0.01", help="mapping folder name inside --run")
-    ap.add_argument("--models", type=Path, default=Path(os.environ.get("KVBRIDGE_HOME", Path.home() / ".cache/kvbridge"))
-                    / "models")
+    ap.add_argument(
+        "--models", type=Path, default=Path(os.environ.get("KVBRIDGE_HOME", Path.home() / ".cache/kvbridge")) / "models"
+    )
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=64)
     ap.add_argument("--continuation-len", type=int, default=8)
@@ -109,7 +117,9 @@ def main(argv=None) -> int:
     log(f"loaded the 0.5B in transformers in {time.perf_counter() - t0:.1f} s")
     mapping = load_mapping(args.run / args.mapping, source=smodel, host=host)  # target identity: not loaded here
     target = engine_model(str(tgt_file), host=host)
-    ev = eval_corpus(Path(main_run["corpus"]["path"]), mapping.manifest, 0.1, explicit=False, allow=False, tokenizer=tok)
+    ev = eval_corpus(
+        Path(main_run["corpus"]["path"]), mapping.manifest, 0.1, explicit=False, allow=False, tokenizer=tok
+    )
     length = args.prefix_len + args.continuation_len + 1
     ids, data = corpus_samples([ev.tail], tok, n=args.samples, length=length, fraction=1.0)
     assert data["heldout_tokens"] == main_run["eval_data"]["heldout_tokens"], "not the main run's held-out text"
@@ -117,12 +127,20 @@ def main(argv=None) -> int:
     sad = host.adapter_for(smodel.config.to_dict())
     n_ctx = max(256, length + 8)
     per: dict[str, list] = {c: [] for c in ("native", "transferred", "source_alone", "no_prefix")}
-    timing: dict[str, list] = {"source_prefill_s": [], "map_s": [], "export_s": [], "load_s": [], "target_prefill_s": []}
-    with LlamaCppSession(tgt_file, n_ctx=n_ctx, n_threads=args.threads) as big, \
-            LlamaCppSession(src_file, n_ctx=n_ctx, n_threads=args.threads) as small:
+    timing: dict[str, list] = {
+        "source_prefill_s": [],
+        "map_s": [],
+        "export_s": [],
+        "load_s": [],
+        "target_prefill_s": [],
+    }
+    with (
+        LlamaCppSession(tgt_file, n_ctx=n_ctx, n_threads=args.threads) as big,
+        LlamaCppSession(src_file, n_ctx=n_ctx, n_threads=args.threads) as small,
+    ):
         for i in range(ids.shape[0]):
             row = [int(t) for t in ids[i].tolist()]
-            prefix, cont, targets = row[:P], row[P:P + C], row[P + 1:P + C + 1]
+            prefix, cont, targets = row[:P], row[P : P + C], row[P + 1 : P + C + 1]
             t0 = time.perf_counter()
             big.prefill(prefix)
             timing["target_prefill_s"].append(time.perf_counter() - t0)
@@ -146,13 +164,22 @@ def main(argv=None) -> int:
             for k, v in zip(("source_prefill_s", "map_s", "export_s", "load_s"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 timing[k].append(v)
             log(f"sample {i + 1}/{ids.shape[0]}")
-    targets = ids[:, P + 1:P + C + 1].numpy()
+    targets = ids[:, P + 1 : P + C + 1].numpy()
     res = summarize({c: np.stack(v) for c, v in per.items()}, targets, np.random.default_rng(0), args.bootstrap)
-    out = {"argv": sys.argv[1:], "llama_cpp_python": binding_version(), "torch": torch.__version__,
-           "machine": platform.machine(), "threads": args.threads, "mapping": str(args.run / args.mapping),
-           "samples": int(ids.shape[0]), "prefix_len": P, "continuation_len": C, "conditions": res,
-           "timing_median_ms": {k: round(1e3 * float(np.median(v)), 1) for k, v in timing.items()},
-           "wall_s": round(time.perf_counter() - t_start, 1)}
+    out = {
+        "argv": sys.argv[1:],
+        "llama_cpp_python": binding_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": args.threads,
+        "mapping": str(args.run / args.mapping),
+        "samples": int(ids.shape[0]),
+        "prefix_len": P,
+        "continuation_len": C,
+        "conditions": res,
+        "timing_median_ms": {k: round(1e3 * float(np.median(v)), 1) for k, v in timing.items()},
+        "wall_s": round(time.perf_counter() - t_start, 1),
+    }
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))
     print(report(out))
@@ -160,20 +187,32 @@ def main(argv=None) -> int:
 
 
 def report(r: dict) -> str:
-    names = {"native": "1.5B native (llama.cpp prefill)", "source_alone": "**0.5B alone** (llama.cpp)",
-             "transferred": "transferred 0.5B -> 1.5B (loaded into llama.cpp)", "no_prefix": "no prefix"}
-    lines = [f"{r['samples']} samples, prefix {r['prefix_len']}, continuation {r['continuation_len']}, "
-             f"mapping {Path(r['mapping']).name}, llama-cpp-python {r['llama_cpp_python']}, {r['threads']} thread(s)",
-             "", "| condition | NLL | gap recovered [95% CI] | top-1 vs native | KL mean | KL p95 |",
-             "|---|---:|---:|---:|---:|---:|"]
+    names = {
+        "native": "1.5B native (llama.cpp prefill)",
+        "source_alone": "**0.5B alone** (llama.cpp)",
+        "transferred": "transferred 0.5B -> 1.5B (loaded into llama.cpp)",
+        "no_prefix": "no prefix",
+    }
+    lines = [
+        f"{r['samples']} samples, prefix {r['prefix_len']}, continuation {r['continuation_len']}, "
+        f"mapping {Path(r['mapping']).name}, llama-cpp-python {r['llama_cpp_python']}, {r['threads']} thread(s)",
+        "",
+        "| condition | NLL | gap recovered [95% CI] | top-1 vs native | KL mean | KL p95 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for c in ("native", "source_alone", "transferred", "no_prefix"):
         x = r["conditions"][c]
-        lines.append(f"| {names[c]} | {x['nll']:.3f} | {x['gap_recovered']:.3f} [{x['gap_ci'][0]:.3f}, "
-                     f"{x['gap_ci'][1]:.3f}] | {x['top1_agreement']:.3f} | {x['kl_mean']:.3f} | {x['kl_p95']:.3f} |")
+        lines.append(
+            f"| {names[c]} | {x['nll']:.3f} | {x['gap_recovered']:.3f} [{x['gap_ci'][0]:.3f}, "
+            f"{x['gap_ci'][1]:.3f}] | {x['top1_agreement']:.3f} | {x['kl_mean']:.3f} | {x['kl_p95']:.3f} |"
+        )
     t = r["timing_median_ms"]
-    lines += ["", f"medians per sample: 1.5B llama.cpp prefill {t['target_prefill_s']} ms; 0.5B transformers "
-              f"prefill {t['source_prefill_s']} ms, mapping {t['map_s']} ms, export {t['export_s']} ms, "
-              f"llama.cpp load {t['load_s']} ms; wall {r['wall_s']} s"]
+    lines += [
+        "",
+        f"medians per sample: 1.5B llama.cpp prefill {t['target_prefill_s']} ms; 0.5B transformers "
+        f"prefill {t['source_prefill_s']} ms, mapping {t['map_s']} ms, export {t['export_s']} ms, "
+        f"llama.cpp load {t['load_s']} ms; wall {r['wall_s']} s",
+    ]
     return "\n".join(lines)
 
 

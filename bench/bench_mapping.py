@@ -37,8 +37,10 @@ def main() -> None:
     _, _, src = llama_spec(24, 896, 14, 2, 64)
     _, _, tgt = llama_spec(28, 512, 4, 2, 128)
     mapping = random_mapping(src, tgt, 4)
-    print(f"# bench_mapping: 24x2x64 -> 28x2x128, top-k 4, float32, {torch.get_num_threads()} thread(s), "
-          f"{args.clock} clock, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}\n")
+    print(
+        f"# bench_mapping: 24x2x64 -> 28x2x128, top-k 4, float32, {torch.get_num_threads()} thread(s), "
+        f"{args.clock} clock, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__}\n"
+    )
     print("| tokens | GFLOP | mapping ms (median) | floor ms (median) | mapping / floor (median) | (min / min) |")
     print("|---:|---:|---:|---:|---:|---:|")
     profiles = []
@@ -59,16 +61,19 @@ def main() -> None:
                     fn()
                     out.append(clock() - t0)
         ma, mb = statistics.median(a), statistics.median(b)
-        print(f"| {n:,} | {mapping.flops(n) / 1e9:.2f} | {1e3 * ma:.1f} | {1e3 * mb:.1f} | {ma / mb:.2f} | "
-              f"{min(a) / min(b):.2f} |")
+        print(
+            f"| {n:,} | {mapping.flops(n) / 1e9:.2f} | {1e3 * ma:.1f} | {1e3 * mb:.1f} | {ma / mb:.2f} | "
+            f"{min(a) / min(b):.2f} |"
+        )
         from torch.profiler import profile
 
         with profile() as prof:
             run()
         total = sum(e.self_cpu_time_total for e in prof.key_averages())
         top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:4]
-        profiles.append(f"{n:,} tokens: " + ", ".join(
-            f"{e.key} {e.self_cpu_time_total / total:.0%} ({e.count} calls)" for e in top))
+        profiles.append(
+            f"{n:,} tokens: " + ", ".join(f"{e.key} {e.self_cpu_time_total / total:.0%} ({e.count} calls)" for e in top)
+        )
     print("\nWhere one mapping call's time goes (torch profiler, self CPU time):\n")
     for line in profiles:
         print(f"- {line}")

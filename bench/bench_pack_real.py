@@ -46,10 +46,14 @@ def main(argv=None) -> int:
     lm = load(args.model)
     model, tok = lm.model, lm.tokenizer
     gen = torch.Generator().manual_seed(0)
-    print(f"# {args.model} float32, torch {torch.__version__}, {args.threads} thread(s), {platform.machine()}, "
-          f"medians of {args.repeats}, load average {os.getloadavg()[0]:.2f} at the start")
-    print("| guide tokens | prefill ms | pack restore ms | speed-up | first restore ms (hashes weights) | "
-          "next-token logits equal |")
+    print(
+        f"# {args.model} float32, torch {torch.__version__}, {args.threads} thread(s), {platform.machine()}, "
+        f"medians of {args.repeats}, load average {os.getloadavg()[0]:.2f} at the start"
+    )
+    print(
+        "| guide tokens | prefill ms | pack restore ms | speed-up | first restore ms (hashes weights) | "
+        "next-token logits equal |"
+    )
     print("|---:|---:|---:|---:|---:|:---:|")
     with tempfile.TemporaryDirectory(prefix="kvbridge-bench-") as tmp:
         for n in [int(x) for x in args.lengths.split(",") if x.strip()]:
@@ -84,7 +88,9 @@ def main(argv=None) -> int:
                 la = model(input_ids=nxt, cache=a, use_cache=True).logits
                 lb = model(input_ids=nxt, cache=b, use_cache=True).logits
             p, r = statistics.median(tp), statistics.median(tr)
-            print(f"| {n} | {p:.1f} | {r:.1f} | {p / r:.1f}x | {first:.0f} | {'yes' if torch.equal(la, lb) else 'NO'} |")
+            print(
+                f"| {n} | {p:.1f} | {r:.1f} | {p / r:.1f}x | {first:.0f} | {'yes' if torch.equal(la, lb) else 'NO'} |"
+            )
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 

@@ -30,8 +30,15 @@ def build_model(max_positions: int, dtype: str, device: str):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=32000, max_position_embeddings=max_positions)
+    cfg = LlamaConfig(
+        num_hidden_layers=4,
+        hidden_size=256,
+        intermediate_size=688,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32000,
+        max_position_embeddings=max_positions,
+    )
     return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype)).to(device).eval()
 
 
@@ -119,17 +126,35 @@ def main(argv=None) -> int:
                 a = model(input_ids=nxt, cache=cache, use_cache=True).logits[0, -1]
                 b = model(input_ids=nxt, cache=restored, use_cache=True).logits[0, -1]
             diff = float((a.float() - b.float()).abs().max())
-            rows.append((n, prefill_ms, load_ms, sha_ms, prefill_ms / load_ms, size / 1e6, save_ms, forwards // (args.repeats + 1), diff))
+            rows.append(
+                (
+                    n,
+                    prefill_ms,
+                    load_ms,
+                    sha_ms,
+                    prefill_ms / load_ms,
+                    size / 1e6,
+                    save_ms,
+                    forwards // (args.repeats + 1),
+                    diff,
+                )
+            )
 
-    print(f"# Prefix pack load vs prefill ({args.device}, {args.dtype}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.machine()} {platform.system()})")
+    print(
+        f"# Prefix pack load vs prefill ({args.device}, {args.dtype}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.machine()} {platform.system()})"
+    )
     print()
-    print(f"Model: Llama, 4 layers, hidden 256, 4 heads x 64, 2 KV heads, vocab 32000, {nparams / 1e6:.1f}M "
-          f"parameters. Weights fingerprint (once per process, not in the load column): {wfp_ms:.0f} ms.")
+    print(
+        f"Model: Llama, 4 layers, hidden 256, 4 heads x 64, 2 KV heads, vocab 32000, {nparams / 1e6:.1f}M "
+        f"parameters. Weights fingerprint (once per process, not in the load column): {wfp_ms:.0f} ms."
+    )
     print()
-    print("| guide tokens | prefill (ms) | pack load (ms) | of which sha256 (ms) | prefill / load | "
-          "kv.safetensors (MB) | save, once (ms) | forwards on load | max abs logit diff |")
+    print(
+        "| guide tokens | prefill (ms) | pack load (ms) | of which sha256 (ms) | prefill / load | "
+        "kv.safetensors (MB) | save, once (ms) | forwards on load | max abs logit diff |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, p, l, s, r, mb, sv, f, d in rows:
         print(f"| {n:,} | {p:.1f} | {l:.1f} | {s:.1f} | {r:.1f}x | {mb:.1f} | {sv:.0f} | {f} | {d:.1e} |")

@@ -84,8 +84,14 @@ class StatsCache:
         def accumulate(cal, jobs, *, tag="pass"):
             ids = hashlib.sha256(cal.sequences.numpy().tobytes()).hexdigest()
             c = cal.config
-            key = (ids, c.stride, c.skip, c.heldout, c.seed,
-                   tuple((j.src_layers, j.tgt_layers, j.xx_block) for j in jobs))
+            key = (
+                ids,
+                c.stride,
+                c.skip,
+                c.heldout,
+                c.seed,
+                tuple((j.src_layers, j.tgt_layers, j.xx_block) for j in jobs),
+            )
             if key in cache.cache:
                 for job, state in zip(jobs, cache.cache[key]):
                     job.__dict__.update(state)  # shared, read-only from here on: solving does not update
@@ -104,8 +110,10 @@ def save(out: Path, results: dict) -> None:
     tmp.replace(out / "results.json")
 
 
-def pick(cond: dict, names=("nll", "kl_p95", "top1_agreement", "gap_recovered", "retention",
-                            "greedy_agreement", "attention_cosine_min")) -> dict:
+def pick(
+    cond: dict,
+    names=("nll", "kl_p95", "top1_agreement", "gap_recovered", "retention", "greedy_agreement", "attention_cosine_min"),
+) -> dict:
     out = {}
     for n in names:
         if n in cond:
@@ -126,8 +134,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--grid", default="4:0.01",
-                    help="fits from one pass of statistics: TOPK:ALPHA,... (the first is the main mapping)")
+    ap.add_argument(
+        "--grid",
+        default="4:0.01",
+        help="fits from one pass of statistics: TOPK:ALPHA,... (the first is the main mapping)",
+    )
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=64)
     ap.add_argument("--continuation-len", type=int, default=8)
@@ -141,16 +152,25 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--fits-from", default=None,
-                    help="skip the fits: evaluate the mappings a finished run's results.json lists (a run stopped "
-                         "after its fits); everything after the fits as usual")
-    ap.add_argument("--variants-only", action="store_true",
-                    help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
-                         "on the same held-out samples (results_variants.json)")
+    ap.add_argument(
+        "--fits-from",
+        default=None,
+        help="skip the fits: evaluate the mappings a finished run's results.json lists (a run stopped "
+        "after its fits); everything after the fits as usual",
+    )
+    ap.add_argument(
+        "--variants-only",
+        action="store_true",
+        help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
+        "on the same held-out samples (results_variants.json)",
+    )
     ap.add_argument("--only", default=None, help="--variants-only: these map-* folder names (comma-separated)")
-    ap.add_argument("--tokens-only", action="store_true",
-                    help="a second run: token-selective recompute of the main mapping's transfer on the main run's "
-                         "held-out samples, one point per rule x ratio (recompute_tokens.json)")
+    ap.add_argument(
+        "--tokens-only",
+        action="store_true",
+        help="a second run: token-selective recompute of the main mapping's transfer on the main run's "
+        "held-out samples, one point per rule x ratio (recompute_tokens.json)",
+    )
     ap.add_argument("--token-ratios", default="0.1,0.25,0.5", help="--tokens-only: shares of the prefix tokens")
     ap.add_argument("--token-rules", default="deviation,last", help="--tokens-only: kvbridge.recompute.tokens.RULES")
     args = ap.parse_args(argv)
@@ -171,8 +191,12 @@ def main(argv=None) -> int:
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    results: dict = {"argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                     "torch": torch.__version__, "threads": args.threads}
+    results: dict = {
+        "argv": sys.argv[1:],
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "torch": torch.__version__,
+        "threads": args.threads,
+    }
 
     if args.variants_only:
         return variants_only(args, out)
@@ -207,8 +231,9 @@ def main(argv=None) -> int:
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
     grid = [(int(g.split(":")[0]) if g.split(":")[0] != "all" else 99, g.split(":")[1]) for g in args.grid.split(",")]
-    cal_cfg = CalibrationConfig(stride=args.stride, heldout=0.1, seed=0, batch_size=args.batch_size,
-                                seq_len=args.seq_len, tokens=args.tokens)
+    cal_cfg = CalibrationConfig(
+        stride=args.stride, heldout=0.1, seed=0, batch_size=args.batch_size, seq_len=args.seq_len, tokens=args.tokens
+    )
     results["fits"] = []
     maps = []
     if args.fits_from:  # a run whose fits finished (its results.json and map-* folders): evaluate those
@@ -216,10 +241,15 @@ def main(argv=None) -> int:
 
         prior = json.loads(Path(args.fits_from).read_text())
         results["fits"] = prior["fits"]
-        results["fits_from"] = {"file": args.fits_from, "started": prior.get("started"), "argv": prior.get("argv"),
-                                "load_s": prior.get("load_s")}
-        maps = [(Path(f["dir"]), load_mapping(f["dir"], source=smodel, target=tmodel))
-                for f in prior["fits"] if "dir" in f]
+        results["fits_from"] = {
+            "file": args.fits_from,
+            "started": prior.get("started"),
+            "argv": prior.get("argv"),
+            "load_s": prior.get("load_s"),
+        }
+        maps = [
+            (Path(f["dir"]), load_mapping(f["dir"], source=smodel, target=tmodel)) for f in prior["fits"] if "dir" in f
+        ]
         log(f"fits from {args.fits_from}: {[m[0].name for m in maps]}")
         grid = []
     for k, alpha in grid:
@@ -227,16 +257,28 @@ def main(argv=None) -> int:
         alpha_v = alpha if alpha == "auto" else float(alpha)
         mdir = out / f"map-k{k}-a{alpha}"
         try:
-            mapping = run_fit(smodel, tmodel, texts, fitter="ridge",
-                              options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v},
-                              calibration=cal_cfg, tokenizer=stok, corpus_sha256=sha, corpus_path=corpus,
-                              corpus_split=split, out=mdir, overwrite=True, distributed=None,
-                              provenance=Provenance(args.source, args.target, None, None))
+            mapping = run_fit(
+                smodel,
+                tmodel,
+                texts,
+                fitter="ridge",
+                options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v},
+                calibration=cal_cfg,
+                tokenizer=stok,
+                corpus_sha256=sha,
+                corpus_path=corpus,
+                corpus_split=split,
+                out=mdir,
+                overwrite=True,
+                distributed=None,
+                provenance=Provenance(args.source, args.target, None, None),
+            )
         except FitError as e:  # e.g. top-k all of the 1.5B: more features than observations; a result, not a crash
             if not maps:
                 raise
-            results["fits"].append({"top_k": k, "alpha": alpha, "error": str(e),
-                                    "seconds": round(time.perf_counter() - t0, 1)})
+            results["fits"].append(
+                {"top_k": k, "alpha": alpha, "error": str(e), "seconds": round(time.perf_counter() - t0, 1)}
+            )
             log(f"fit k={k} alpha={alpha}: refused: {e}")
             save(out, results)
             continue
@@ -246,18 +288,29 @@ def main(argv=None) -> int:
         r2k, r2v = rep.heldout_r2.get("k"), rep.heldout_r2.get("v")
         per_layer_v = [sum(r) / len(r) for r in r2v] if r2v else None
         per_layer_k = [sum(r) / len(r) for r in r2k] if r2k else None
-        row = {"top_k": k, "alpha": alpha, "dir": str(mdir), "seconds": round(time.perf_counter() - t0, 1),
-               "tokens": cal.get("tokens"), "observations_train": cal.get("observations_train"),
-               "observations_per_feature": cal.get("observations_per_feature"),
-               "r2": summ, "r2_k_per_layer": per_layer_k, "r2_v_per_layer": per_layer_v,
-               "layers_v_below_0.5": sum(1 for x in (per_layer_v or []) if x < 0.5),
-               "alpha_chosen": rep.alpha_chosen if alpha == "auto" else None,
-               "layer_selection": rep.layer_selection, "warnings": list(rep.warnings),
-               "forward_passes_so_far": cache.forward_runs}
+        row = {
+            "top_k": k,
+            "alpha": alpha,
+            "dir": str(mdir),
+            "seconds": round(time.perf_counter() - t0, 1),
+            "tokens": cal.get("tokens"),
+            "observations_train": cal.get("observations_train"),
+            "observations_per_feature": cal.get("observations_per_feature"),
+            "r2": summ,
+            "r2_k_per_layer": per_layer_k,
+            "r2_v_per_layer": per_layer_v,
+            "layers_v_below_0.5": sum(1 for x in (per_layer_v or []) if x < 0.5),
+            "alpha_chosen": rep.alpha_chosen if alpha == "auto" else None,
+            "layer_selection": rep.layer_selection,
+            "warnings": list(rep.warnings),
+            "forward_passes_so_far": cache.forward_runs,
+        }
         results["fits"].append(row)
         maps.append((mdir, mapping))
-        log(f"fit k={k} alpha={alpha}: {row['seconds']} s, R² {summ.get('mean')} (K {summ.get('mean_k')}, "
-            f"V {summ.get('mean_v')}), obs/feature {row['observations_per_feature']}")
+        log(
+            f"fit k={k} alpha={alpha}: {row['seconds']} s, R² {summ.get('mean')} (K {summ.get('mean_k')}, "
+            f"V {summ.get('mean_v')}), obs/feature {row['observations_per_feature']}"
+        )
         save(out, results)
     results["peak_rss_gib_after_fit"] = round(peak_rss_gib(), 2)
 
@@ -273,21 +326,35 @@ def main(argv=None) -> int:
     results["eval_data"] = data
 
     def run_eval(mapping, conds, greedy):
-        cfg = EvalConfig(prefix_len=args.prefix_len, continuation_len=args.continuation_len, greedy_tokens=greedy,
-                         batch_size=8, top_k=5, top_p=0.9, seed=0, conditions=conds, attention=True,
-                         bootstrap=args.bootstrap)
+        cfg = EvalConfig(
+            prefix_len=args.prefix_len,
+            continuation_len=args.continuation_len,
+            greedy_tokens=greedy,
+            batch_size=8,
+            top_k=5,
+            top_p=0.9,
+            seed=0,
+            conditions=conds,
+            attention=True,
+            bootstrap=args.bootstrap,
+        )
         t0 = time.perf_counter()
-        res = evaluate(smodel, tmodel, mapping, ids, config=cfg, data=data, source_name=args.source,
-                       target_name=args.target)
+        res = evaluate(
+            smodel, tmodel, mapping, ids, config=cfg, data=data, source_name=args.source, target_name=args.target
+        )
         res["wall_s"] = round(time.perf_counter() - t0, 1)
         return res
 
     log(f"eval main mapping: {args.samples} samples x {length} tokens, conditions {CONDITIONS}")
     res = run_eval(main_map, CONDITIONS, args.greedy_tokens)
-    results["eval_main"] = {"mapping": str(main_dir), "wall_s": res["wall_s"], "timing": res["timing"],
-                            "conditions": {c: pick(v) for c, v in res["conditions"].items()},
-                            "comparisons": res.get("comparisons"),
-                            "attention_cosine_layers": res["conditions"]["transferred"].get("attention_cosine_layers")}
+    results["eval_main"] = {
+        "mapping": str(main_dir),
+        "wall_s": res["wall_s"],
+        "timing": res["timing"],
+        "conditions": {c: pick(v) for c, v in res["conditions"].items()},
+        "comparisons": res.get("comparisons"),
+        "attention_cosine_layers": res["conditions"]["transferred"].get("attention_cosine_layers"),
+    }
     fit0 = results["fits"][0]
     cos = results["eval_main"]["attention_cosine_layers"]
     if cos and fit0["r2_k_per_layer"] and len(cos) == len(fit0["r2_k_per_layer"]):
@@ -313,17 +380,37 @@ def main(argv=None) -> int:
         points = [p for p in sweep if len(p[1]) in want]
         dropped = sorted(want - {len(p[1]) for p in points})
         if dropped:  # e.g. 8 layers of a 24-layer target is 33%, above the default --recompute-max 0.3
-            log(f"recompute: sizes {dropped} exceed --recompute-max {args.recompute_max} of the target's "
-                f"{tmodel.config.num_hidden_layers} layers: not measured (raise --recompute-max to include them)")
+            log(
+                f"recompute: sizes {dropped} exceed --recompute-max {args.recompute_max} of the target's "
+                f"{tmodel.config.num_hidden_layers} layers: not measured (raise --recompute-max to include them)"
+            )
         results["recompute_selection_s"] = round(time.perf_counter() - t0, 1)
-        log(f"recompute: {len(points)} points selected in {results['recompute_selection_s']} s: "
-            f"{[list(p[1]) for p in points]}")
-        curve_res = curve.run_curve(smodel, tmodel, main_map, ids, prefix_len=args.prefix_len,
-                                    continuation_len=args.continuation_len, layer_points_=points, token_ratios=[],
-                                    mode="target", batch_size=8, attention=False, bootstrap=args.bootstrap, seed=0)
+        log(
+            f"recompute: {len(points)} points selected in {results['recompute_selection_s']} s: "
+            f"{[list(p[1]) for p in points]}"
+        )
+        curve_res = curve.run_curve(
+            smodel,
+            tmodel,
+            main_map,
+            ids,
+            prefix_len=args.prefix_len,
+            continuation_len=args.continuation_len,
+            layer_points_=points,
+            token_ratios=[],
+            mode="target",
+            batch_size=8,
+            attention=False,
+            bootstrap=args.bootstrap,
+            seed=0,
+        )
         (out / "recompute.json").write_text(json.dumps(curve_res, indent=1, default=str))
-        results["recompute"] = {"wall_s": round(time.perf_counter() - t0, 1), "select": args.recompute_select,
-                                "layers": [list(p[1]) for p in points], "curve": curve_res}
+        results["recompute"] = {
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "select": args.recompute_select,
+            "layers": [list(p[1]) for p in points],
+            "curve": curve_res,
+        }
         log(f"recompute curve: {results['recompute']['wall_s']} s")
         save(out, results)
 
@@ -331,8 +418,9 @@ def main(argv=None) -> int:
         results["eval_variants"] = []
         for mdir, mapping in maps[1:]:
             res = run_eval(mapping, ("native", "transferred", "no_prefix"), 1)  # the floor: gap recovered needs it
-            results["eval_variants"].append({"mapping": str(mdir), "wall_s": res["wall_s"],
-                                             "transferred": pick(res["conditions"]["transferred"])})
+            results["eval_variants"].append(
+                {"mapping": str(mdir), "wall_s": res["wall_s"], "transferred": pick(res["conditions"]["transferred"])}
+            )
             log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
             save(out, results)
 
@@ -357,8 +445,9 @@ def main_run_samples(args, out: Path):
     smodel, tmodel, ttok = src.model.eval(), tgt.model.eval(), tgt.tokenizer
     log(f"loaded in {time.perf_counter() - t0:.1f} s")
     mapping = load_mapping(main["fits"][0]["dir"], source=smodel, target=tmodel)
-    ev = eval_corpus(Path(main["corpus"]["path"]), mapping.manifest, args.corpus_heldout, explicit=False,
-                     allow=False, tokenizer=ttok)
+    ev = eval_corpus(
+        Path(main["corpus"]["path"]), mapping.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok
+    )
     length = args.prefix_len + args.continuation_len + 1
     ids, data = corpus_samples([ev.tail], ttok, n=args.samples, length=length, fraction=1.0)
     assert data["heldout_tokens"] == main["eval_data"]["heldout_tokens"], "not the main run's held-out text"
@@ -374,24 +463,44 @@ def variants_only(args, out: Path) -> int:
     from kvbridge.fit.artifact import load_mapping
 
     main, smodel, tmodel, _, ids, data = main_run_samples(args, out)
-    dirs = [Path(f["dir"]) for f in main["fits"][1:] if "dir" in f  # a refused fit has no folder
-            and (not args.only or Path(f["dir"]).name in args.only.split(","))]
+    dirs = [
+        Path(f["dir"])
+        for f in main["fits"][1:]
+        if "dir" in f  # a refused fit has no folder
+        and (not args.only or Path(f["dir"]).name in args.only.split(","))
+    ]
     rows = []
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
-        cfg = EvalConfig(prefix_len=args.prefix_len, continuation_len=args.continuation_len, greedy_tokens=1,
-                         batch_size=8, top_k=5, top_p=0.9, seed=0,
-                         conditions=("native", "transferred", "no_prefix"),  # the floor: gap recovered needs it
-                         attention=False, bootstrap=args.bootstrap)
+        cfg = EvalConfig(
+            prefix_len=args.prefix_len,
+            continuation_len=args.continuation_len,
+            greedy_tokens=1,
+            batch_size=8,
+            top_k=5,
+            top_p=0.9,
+            seed=0,
+            conditions=("native", "transferred", "no_prefix"),  # the floor: gap recovered needs it
+            attention=False,
+            bootstrap=args.bootstrap,
+        )
         t0 = time.perf_counter()
         with torch.no_grad():
             res = evaluate(smodel, tmodel, mapping, ids, config=cfg, data=data)
-        rows.append({"mapping": str(d), "wall_s": round(time.perf_counter() - t0, 1),
-                     "transferred": pick(res["conditions"]["transferred"])})
-        log(f"eval {d.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')} "
-            f"({rows[-1]['wall_s']} s)")
-        (out / "results_variants.json").write_text(json.dumps({"eval_variants": rows, "peak_rss_gib": peak_rss_gib()},
-                                                              indent=1, default=str))
+        rows.append(
+            {
+                "mapping": str(d),
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "transferred": pick(res["conditions"]["transferred"]),
+            }
+        )
+        log(
+            f"eval {d.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')} "
+            f"({rows[-1]['wall_s']} s)"
+        )
+        (out / "results_variants.json").write_text(
+            json.dumps({"eval_variants": rows, "peak_rss_gib": peak_rss_gib()}, indent=1, default=str)
+        )
     return 0
 
 
@@ -406,9 +515,21 @@ def tokens_only(args, out: Path) -> int:
     rules = tuple(args.token_rules.split(","))
     t0 = time.perf_counter()
     with torch.no_grad():
-        res = run_curve(smodel, tmodel, mapping, ids, prefix_len=args.prefix_len, continuation_len=args.continuation_len,
-                        token_ratios=ratios, token_rules=rules, mode="target", batch_size=8, attention=False,
-                        bootstrap=args.bootstrap, seed=0)
+        res = run_curve(
+            smodel,
+            tmodel,
+            mapping,
+            ids,
+            prefix_len=args.prefix_len,
+            continuation_len=args.continuation_len,
+            token_ratios=ratios,
+            token_rules=rules,
+            mode="target",
+            batch_size=8,
+            attention=False,
+            bootstrap=args.bootstrap,
+            seed=0,
+        )
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     res["mapping"] = main["fits"][0]["dir"]
     res["peak_rss_gib"] = round(peak_rss_gib(), 2)
@@ -446,57 +567,84 @@ def report(r: dict) -> str:
             out.append(f"fit top-k {f['top_k']} alpha {f['alpha']}: refused: {f['error']}")
             continue
         s = f["r2"] or {}
-        out.append(f"fit top-k {f['top_k']} alpha {f['alpha']}: {f['tokens']} tokens, {f['observations_per_feature']} "
-                   f"obs/feature, held-out R² mean {_f(s.get('mean'))} (K {_f(s.get('mean_k'))}, V "
-                   f"{_f(s.get('mean_v'))}, min {_f(s.get('min'))}); {f['layers_v_below_0.5']} target layers with "
-                   f"mean V R² < 0.5; {f['seconds']} s")
+        out.append(
+            f"fit top-k {f['top_k']} alpha {f['alpha']}: {f['tokens']} tokens, {f['observations_per_feature']} "
+            f"obs/feature, held-out R² mean {_f(s.get('mean'))} (K {_f(s.get('mean_k'))}, V "
+            f"{_f(s.get('mean_v'))}, min {_f(s.get('min'))}); {f['layers_v_below_0.5']} target layers with "
+            f"mean V R² < 0.5; {f['seconds']} s"
+        )
     em = r.get("eval_main")
     if em:
-        out += ["", "| condition | NLL | KL p95 | top-1 | gap recovered | greedy agree | attn cos min |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            "| condition | NLL | KL p95 | top-1 | gap recovered | greedy agree | attn cos min |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for c, v in em["conditions"].items():
-            out.append(f"| {c} | {_f(v.get('nll'))} | {_f(v.get('kl_p95'))} | {_f(v.get('top1_agreement'))} | "
-                       f"{_ci(v, 'gap_recovered')} | {_f(v.get('greedy_agreement'))} | "
-                       f"{_f(v.get('attention_cosine_min'))} |")
+            out.append(
+                f"| {c} | {_f(v.get('nll'))} | {_f(v.get('kl_p95'))} | {_f(v.get('top1_agreement'))} | "
+                f"{_ci(v, 'gap_recovered')} | {_f(v.get('greedy_agreement'))} | "
+                f"{_f(v.get('attention_cosine_min'))} |"
+            )
         t = em["timing"]
-        out.append(f"\ntiming: target prefill {_f(t.get('target_prefill_ms'), '{:.0f}')} ms, source prefill "
-                   f"{_f(t.get('source_prefill_ms'), '{:.0f}')} ms, transfer {_f(t.get('transfer_ms'), '{:.0f}')} ms "
-                   f"for {t.get('prefix_tokens')} prefix tokens: speed-up "
-                   f"{_f(t.get('transfer_speedup_vs_prefill'), '{:.1f}')}x, counting the source prefill "
-                   f"{_f(t.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x; eval {em['wall_s']} s")
+        out.append(
+            f"\ntiming: target prefill {_f(t.get('target_prefill_ms'), '{:.0f}')} ms, source prefill "
+            f"{_f(t.get('source_prefill_ms'), '{:.0f}')} ms, transfer {_f(t.get('transfer_ms'), '{:.0f}')} ms "
+            f"for {t.get('prefix_tokens')} prefix tokens: speed-up "
+            f"{_f(t.get('transfer_speedup_vs_prefill'), '{:.1f}')}x, counting the source prefill "
+            f"{_f(t.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x; eval {em['wall_s']} s"
+        )
     rv = r.get("r2_vs_attention")
     if rv:
-        out.append(f"per target layer, Pearson r of held-out R² with the transferred attention-output cosine: "
-                   f"K {_f(rv.get('k'), '{:.2f}')}, V {_f(rv.get('v'), '{:.2f}')}")
+        out.append(
+            f"per target layer, Pearson r of held-out R² with the transferred attention-output cosine: "
+            f"K {_f(rv.get('k'), '{:.2f}')}, V {_f(rv.get('v'), '{:.2f}')}"
+        )
     for v in r.get("eval_variants") or []:
-        out.append(f"variant {Path(v['mapping']).name}: transferred gap recovered {_ci(v['transferred'], 'gap_recovered')}, "
-                   f"KL p95 {_f(v['transferred'].get('kl_p95'))}, top-1 {_f(v['transferred'].get('top1_agreement'))}")
+        out.append(
+            f"variant {Path(v['mapping']).name}: transferred gap recovered {_ci(v['transferred'], 'gap_recovered')}, "
+            f"KL p95 {_f(v['transferred'].get('kl_p95'))}, top-1 {_f(v['transferred'].get('top1_agreement'))}"
+        )
     rc = r.get("recompute")
     if rc:
-        out += ["", f"recompute curve ({rc['select']} selection, target mode, same samples; source alone beside it):",
-                "| point | layers recomputed | share of layers | FLOP share | gap recovered | KL p95 | top-1 |",
-                "|---|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            f"recompute curve ({rc['select']} selection, target mode, same samples; source alone beside it):",
+            "| point | layers recomputed | share of layers | FLOP share | gap recovered | KL p95 | top-1 |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
         for name, p in rc["curve"].get("conditions", {}).items():
-            out.append(f"| {name} | {p.get('layers', '')} | {_f(p.get('share'), '{:.2f}')} | "
-                       f"{_f(p.get('recompute_flop_share'), '{:.2f}')} | {_ci(p, 'gap_recovered')} | "
-                       f"{_f(p.get('kl_p95'))} | {_f(p.get('top1_agreement'))} |")
+            out.append(
+                f"| {name} | {p.get('layers', '')} | {_f(p.get('share'), '{:.2f}')} | "
+                f"{_f(p.get('recompute_flop_share'), '{:.2f}')} | {_ci(p, 'gap_recovered')} | "
+                f"{_f(p.get('kl_p95'))} | {_f(p.get('top1_agreement'))} |"
+            )
         src = ((r.get("eval_main") or {}).get("conditions") or {}).get("source")
         if src:
-            out.append(f"| source alone (eval above) | | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
-                       f"{_f(src.get('top1_agreement'))} |")
+            out.append(
+                f"| source alone (eval above) | | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
+                f"{_f(src.get('top1_agreement'))} |"
+            )
     rt = r.get("recompute_tokens")
     if rt:
-        out += ["", f"token-selective recompute (check layer {rt.get('check_layer')}, target, same samples; "
-                    f"tokens@R = deviation rule, last@R = the prefix's last R tokens; {rt.get('wall_s')} s):",
-                "| point | token share | FLOP share of the target's prefill | gap recovered | KL p95 | top-1 |",
-                "|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            f"token-selective recompute (check layer {rt.get('check_layer')}, target, same samples; "
+            f"tokens@R = deviation rule, last@R = the prefix's last R tokens; {rt.get('wall_s')} s):",
+            "| point | token share | FLOP share of the target's prefill | gap recovered | KL p95 | top-1 |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for name, p in rt.get("conditions", {}).items():
-            out.append(f"| {name} | {_f(p.get('share'), '{:.2f}')} | {_f(p.get('recompute_flop_share'), '{:.2f}')} | "
-                       f"{_ci(p, 'gap_recovered')} | {_f(p.get('kl_p95'))} | {_f(p.get('top1_agreement'))} |")
+            out.append(
+                f"| {name} | {_f(p.get('share'), '{:.2f}')} | {_f(p.get('recompute_flop_share'), '{:.2f}')} | "
+                f"{_ci(p, 'gap_recovered')} | {_f(p.get('kl_p95'))} | {_f(p.get('top1_agreement'))} |"
+            )
         src = ((r.get("eval_main") or {}).get("conditions") or {}).get("source")
         if src:
-            out.append(f"| source alone (main eval) | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
-                       f"{_f(src.get('top1_agreement'))} |")
+            out.append(
+                f"| source alone (main eval) | | | {_ci(src, 'gap_recovered')} | {_f(src.get('kl_p95'))} | "
+                f"{_f(src.get('top1_agreement'))} |"
+            )
     out.append(f"\nwall {r.get('wall_s')} s, peak RSS {r.get('peak_rss_gib')} GiB, load {r.get('load_s')} s")
     return "\n".join(out)
 

@@ -84,8 +84,12 @@ def layer_clock(layers, *, probe: int, budget_s: float | None):
         state["done"] += 1
         elapsed = now - state["t0"]
         state["projected_s"] = elapsed / state["done"] * len(layers)
-        print(f"  layer {state['done']}/{len(layers)}: {state['per_layer_s'][-1]:.1f} s (projected forward "
-              f"{state['projected_s']:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"  layer {state['done']}/{len(layers)}: {state['per_layer_s'][-1]:.1f} s (projected forward "
+            f"{state['projected_s']:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
         if budget_s and state["done"] == probe and state["projected_s"] > budget_s:
             raise OverBudget
 
@@ -102,8 +106,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--probe-layers", type=int, default=2, help="layers timed before the prefill is projected")
-    ap.add_argument("--prefill-budget-s", type=float, default=None,
-                    help="stop a prefill whose projection after --probe-layers layers exceeds this (not measured)")
+    ap.add_argument(
+        "--prefill-budget-s",
+        type=float,
+        default=None,
+        help="stop a prefill whose projection after --probe-layers layers exceeds this (not measured)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -125,8 +133,11 @@ def main(argv=None) -> int:
     model = big.model.eval()
     load_s = time.perf_counter() - t0
     tad = host.adapter_of(model)
-    print(f"loaded the 1.5B in {load_s:.0f} s, peak RSS {rss_gib():.2f} GiB, {torch.get_num_threads()} threads",
-          file=sys.stderr, flush=True)
+    print(
+        f"loaded the 1.5B in {load_s:.0f} s, peak RSS {rss_gib():.2f} GiB, {torch.get_num_threads()} threads",
+        file=sys.stderr,
+        flush=True,
+    )
     rows = {}
     with torch.no_grad():
         for n in [int(x) for x in args.lengths.split(",") if x]:
@@ -139,8 +150,13 @@ def main(argv=None) -> int:
                 cache = tad.inject(moved, model)
                 times.append(time.perf_counter() - t1)
             nbytes = sum(t.numel() * t.element_size() for t in (*moved.keys, *moved.values))
-            rows[n] = {"tokens": n, "transfer_s": statistics.median(times), "cache_mib": nbytes / 2**20,
-                       "peak_rss_gib_after_transfer": rss_gib(), "step_peak_rss_gib_transfer": step_peak_gib()}
+            rows[n] = {
+                "tokens": n,
+                "transfer_s": statistics.median(times),
+                "cache_mib": nbytes / 2**20,
+                "peak_rss_gib_after_transfer": rss_gib(),
+                "step_peak_rss_gib_transfer": step_peak_gib(),
+            }
             del state, moved, cache
             print(f"transfer {n}: {rows[n]['transfer_s'] * 1e3:.0f} ms", file=sys.stderr, flush=True)
         for n in [int(x) for x in args.prefill_lengths.split(",") if x]:
@@ -155,8 +171,12 @@ def main(argv=None) -> int:
                 del out
             except OverBudget:
                 row["prefill_projected_s"] = clock["projected_s"]
-                print(f"prefill {n}: stopped after {args.probe_layers} layers, projected {clock['projected_s']:.0f} s "
-                      f"> budget {args.prefill_budget_s:.0f} s: not measured", file=sys.stderr, flush=True)
+                print(
+                    f"prefill {n}: stopped after {args.probe_layers} layers, projected {clock['projected_s']:.0f} s "
+                    f"> budget {args.prefill_budget_s:.0f} s: not measured",
+                    file=sys.stderr,
+                    flush=True,
+                )
             finally:
                 for h in handles:
                     h.remove()
@@ -165,13 +185,21 @@ def main(argv=None) -> int:
             row["step_peak_rss_gib_prefill"] = step_peak_gib()
             if "prefill_s" in row:
                 print(f"prefill {n}: {row['prefill_s']:.1f} s", file=sys.stderr, flush=True)
-    result = {"argv": sys.argv[1:], "torch": torch.__version__, "machine": platform.machine(),
-              "threads": torch.get_num_threads(), "load_s": load_s, "loadavg": os.getloadavg(),
-              "rows": [rows[k] for k in sorted(rows)]}
+    result = {
+        "argv": sys.argv[1:],
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "load_s": load_s,
+        "loadavg": os.getloadavg(),
+        "rows": [rows[k] for k in sorted(rows)],
+    }
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
-    print("| tokens | 1.5B prefill | transfer (strip + map + re-apply + inject) | prefill / transfer | "
-          "transferred cache | peak RSS after transfer / prefill | own peak of transfer / prefill |")
+    print(
+        "| tokens | 1.5B prefill | transfer (strip + map + re-apply + inject) | prefill / transfer | "
+        "transferred cache | peak RSS after transfer / prefill | own peak of transfer / prefill |"
+    )
     print("|---:|---:|---:|---:|---:|---|---|")
 
     def gib(x):
@@ -180,13 +208,20 @@ def main(argv=None) -> int:
     for r in result["rows"]:
         pre, tr = r.get("prefill_s"), r.get("transfer_s")
         ratio = f"{pre / tr:.0f}x" if pre and tr else "not measured"
-        pre_txt = (f"{pre:.1f} s" if pre else f"not measured (projected {r['prefill_projected_s']:.0f} s)"
-                   if r.get("prefill_projected_s") else "not measured")
+        pre_txt = (
+            f"{pre:.1f} s"
+            if pre
+            else f"not measured (projected {r['prefill_projected_s']:.0f} s)"
+            if r.get("prefill_projected_s")
+            else "not measured"
+        )
         cache = f"{r['cache_mib']:.0f} MiB" if r.get("cache_mib") else "n/a"
-        print(f"| {r['tokens']:,} | {pre_txt} | {f'{tr * 1e3:,.0f} ms' if tr else 'not measured'} | {ratio} | "
-              f"{cache} | "
-              f"{gib(r.get('peak_rss_gib_after_transfer'))} / {gib(r.get('peak_rss_gib_after_prefill'))} GiB | "
-              f"{gib(r.get('step_peak_rss_gib_transfer'))} / {gib(r.get('step_peak_rss_gib_prefill'))} GiB |")
+        print(
+            f"| {r['tokens']:,} | {pre_txt} | {f'{tr * 1e3:,.0f} ms' if tr else 'not measured'} | {ratio} | "
+            f"{cache} | "
+            f"{gib(r.get('peak_rss_gib_after_transfer'))} / {gib(r.get('peak_rss_gib_after_prefill'))} GiB | "
+            f"{gib(r.get('step_peak_rss_gib_transfer'))} / {gib(r.get('step_peak_rss_gib_prefill'))} GiB |"
+        )
     return 0
 
 

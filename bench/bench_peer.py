@@ -91,8 +91,15 @@ def mapping_inputs(src: tuple, tgt: tuple, k: int = TOP_K, seed: int = 0) -> lis
     out = []
     for _ in range(tgt[0]):
         sources = tuple(int(i) for i in torch.randperm(src[0], generator=g)[:k])
-        out.append((sources, torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5, torch.randn(ft, generator=g),
-                    torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5, torch.randn(ft, generator=g)))
+        out.append(
+            (
+                sources,
+                torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+                torch.randn(ft, generator=g),
+                torch.randn(k * fs, ft, generator=g) / (k * fs) ** 0.5,
+                torch.randn(ft, generator=g),
+            )
+        )
     return out
 
 
@@ -100,8 +107,10 @@ def cache_inputs(src: tuple, tokens: int, seed: int = 1) -> tuple:
     """Per source layer keys and values ``[1, H, T, D]`` (keys read as RoPE-applied by the transfer)."""
     g = torch.Generator().manual_seed(seed)
     shape = (1, src[1], tokens, src[2])
-    return ([torch.randn(shape, generator=g) for _ in range(src[0])],
-            [torch.randn(shape, generator=g) for _ in range(src[0])])
+    return (
+        [torch.randn(shape, generator=g) for _ in range(src[0])],
+        [torch.randn(shape, generator=g) for _ in range(src[0])],
+    )
 
 
 def rope_factors(tokens: int, dim: int, theta: float = THETA) -> tuple:
@@ -127,8 +136,9 @@ def fit_batches(src: tuple, tgt: tuple, n: int, batch: int = 2048, seed: int = 0
         pair = []
         for _ in ("k", "v"):
             x = torch.randn(m, ls, hs, ds, generator=g)
-            y = (x[:, true].reshape(m, lt, -1) @ w).reshape(m, lt, ht, dt) + 0.1 * torch.randn(m, lt, ht, dt,
-                                                                                             generator=g)
+            y = (x[:, true].reshape(m, lt, -1) @ w).reshape(m, lt, ht, dt) + 0.1 * torch.randn(
+                m, lt, ht, dt, generator=g
+            )
             pair += [x, y]
         batches.append(tuple(pair))
     return batches, [int(t) for t in true]
@@ -185,8 +195,9 @@ class Ours:
     def mapping(self, inputs):
         from kvbridge.fit.mapping import FittedMapping, LayerMap
 
-        return FittedMapping(self.spec_s, self.spec_t, [LayerMap("dense", s, wk, bk, wv, bv)
-                                                        for s, wk, bk, wv, bv in inputs])
+        return FittedMapping(
+            self.spec_s, self.spec_t, [LayerMap("dense", s, wk, bk, wv, bv) for s, wk, bk, wv, bv in inputs]
+        )
 
     def map_calls(self, inputs, keys, values):
         from kvbridge.kvstate import KVState
@@ -194,8 +205,13 @@ class Ours:
 
         m = self.mapping(inputs)
         t = keys[0].shape[2]
-        state = KVState(keys=tuple(keys), values=tuple(values), token_ids=torch.zeros(1, t, dtype=torch.long),
-                        positions=torch.arange(t)[None], spec=self.spec_s)
+        state = KVState(
+            keys=tuple(keys),
+            values=tuple(values),
+            token_ids=torch.zeros(1, t, dtype=torch.long),
+            positions=torch.arange(t)[None],
+            spec=self.spec_s,
+        )
 
         def do_map():
             return m.map_tensors(keys, values)
@@ -213,8 +229,10 @@ class Ours:
 
         class Cal(SyntheticCalibration):
             def __init__(self):  # the same observations, no held-out split
-                self.batches = [({"xk": xk, "yk": yk, "xv": xv, "yv": yv}, torch.zeros(xk.shape[0], dtype=torch.bool))
-                                for xk, yk, xv, yv in batches]
+                self.batches = [
+                    ({"xk": xk, "yk": yk, "xv": xv, "yv": yv}, torch.zeros(xk.shape[0], dtype=torch.bool))
+                    for xk, yk, xv, yv in batches
+                ]
                 self.n, self.n_held = n, 0
 
         cal = Cal()
@@ -258,13 +276,15 @@ class Peer:
 
         ht, dt = self.tgt[1], self.tgt[2]
         return CrossModelKVMapper(
-            source_signature=self.sig_s, target_signature=self.sig_t,
+            source_signature=self.sig_s,
+            target_signature=self.sig_t,
             config=FitConfig(top_k=TOP_K, ridge_alpha=ALPHA, content_space=content_space),
             selected_layers=[list(s) for s, *_ in inputs],
             key_weights=[peer_weight(wk, ht, dt) for _, wk, _, _, _ in inputs],
             value_weights=[peer_weight(wv, ht, dt) for _, _, _, wv, _ in inputs],
             key_biases=[bk.reshape(ht, dt).clone() for _, _, bk, _, _ in inputs],
-            value_biases=[bv.reshape(ht, dt).clone() for _, _, _, _, bv in inputs])
+            value_biases=[bv.reshape(ht, dt).clone() for _, _, _, _, bv in inputs],
+        )
 
     def map_calls(self, inputs, keys, values):
         from kvbridge.cache import KVCache, RotaryFactors
@@ -305,8 +325,9 @@ class Peer:
         cfg.ModelSignature.validate_pair = validate_pair
         base = _reset_peak()
         t0 = time.perf_counter()
-        m = fit_mapper(pairs, self.sig_s, self.sig_t, cfg.FitConfig(top_k=TOP_K, ridge_alpha=ALPHA,
-                                                                     content_space=False))
+        m = fit_mapper(
+            pairs, self.sig_s, self.sig_t, cfg.FitConfig(top_k=TOP_K, ridge_alpha=ALPHA, content_space=False)
+        )
         secs = time.perf_counter() - t0
         peak = _status("VmHWM") - base
         return secs, peak, [list(s) for s in m.selected_layers], m
@@ -324,8 +345,11 @@ class Peer:
         def load():
             return CrossModelKVMapper.load(folder / "peer1")
 
-        return save, load, sum(4 * w.numel() for ws in (m.key_weights, m.value_weights, m.key_biases, m.value_biases)
-                               for w in ws)
+        return (
+            save,
+            load,
+            sum(4 * w.numel() for ws in (m.key_weights, m.value_weights, m.key_biases, m.value_biases) for w in ws),
+        )
 
 
 def _check_import(side: str, root: Path) -> str:
@@ -360,8 +384,9 @@ def child(args) -> None:
                     tensors[f"{fig}.k"] = torch.stack([t.contiguous() for t in ks])
                     tensors[f"{fig}.v"] = torch.stack([t.contiguous() for t in vs])
                 save_file(tensors, args.dump)
-            res[str(n)] = timed({"map": do_map, "transfer": do_transfer, "floor": lambda: torch.mm(x, w, out=out)},
-                                args.inner)
+            res[str(n)] = timed(
+                {"map": do_map, "transfer": do_transfer, "floor": lambda: torch.mm(x, w, out=out)}, args.inner
+            )
             del keys, values, do_map, do_transfer
     elif args.task == "fit":
         batches, true = fit_batches(src, tgt, args.fit_obs)
@@ -379,8 +404,9 @@ def export_peer(commit: str, dest: Path = PEER_SRC) -> None:
     """``git archive`` of the peer mirror at ``commit`` into ``dest`` (emptied first), + ``dest/.commit``."""
     import shutil
 
-    full = subprocess.run(["git", "-C", str(MIRROR), "rev-parse", "--verify", commit + "^{commit}"],
-                          capture_output=True, text=True)
+    full = subprocess.run(
+        ["git", "-C", str(MIRROR), "rev-parse", "--verify", commit + "^{commit}"], capture_output=True, text=True
+    )
     if full.returncode:
         raise SystemExit(f"commit {commit!r} is not in {MIRROR}: {full.stderr.strip()}")
     if dest.exists():
@@ -396,9 +422,26 @@ def export_peer(commit: str, dest: Path = PEER_SRC) -> None:
 
 def run_child(side: str, task: str, threads: int, args, **extra) -> dict:
     root = ROOT / "src" if side == "ours" else Path(args.peer) / "src"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--task", task, "--root", str(root),
-           "--threads", str(threads), "--geometry", args.geometry, "--tokens", args.tokens, "--inner", str(args.inner),
-           "--fit-obs", str(args.fit_obs)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        side,
+        "--task",
+        task,
+        "--root",
+        str(root),
+        "--threads",
+        str(threads),
+        "--geometry",
+        args.geometry,
+        "--tokens",
+        args.tokens,
+        "--inner",
+        str(args.inner),
+        "--fit-obs",
+        str(args.fit_obs),
+    ]
     for key, value in extra.items():
         cmd += [f"--{key}", str(value)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -407,7 +450,7 @@ def run_child(side: str, task: str, threads: int, args, **extra) -> dict:
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if res.returncode or line is None:
         raise SystemExit(f"{side} {task} child failed ({res.returncode}): {res.stderr[-1500:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def alternate(task: str, threads: int, repeats: int, args, dump_dir: str | None = None, **extra) -> dict:
@@ -415,7 +458,7 @@ def alternate(task: str, threads: int, repeats: int, args, dump_dir: str | None 
     ``dump_dir`` the first repeat's children also write their smallest-size outputs there."""
     out = {"ours": [], "peer": []}
     for r in range(repeats):
-        for side in (("ours", "peer") if r % 2 == 0 else ("peer", "ours")):
+        for side in ("ours", "peer") if r % 2 == 0 else ("peer", "ours"):
             dump = {"dump": f"{dump_dir}/{side}.safetensors"} if dump_dir and r == 0 else {}
             out[side].append(run_child(side, task, threads, args, **extra, **dump))
     return out
@@ -434,16 +477,21 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}" if a and b else ""
 
 
-def table_row(threads, figure: str, size: str, ours: float, peer: float, floor: float | None = None,
-              unit: str = "ms") -> str:
+def table_row(
+    threads, figure: str, size: str, ours: float, peer: float, floor: float | None = None, unit: str = "ms"
+) -> str:
     """One markdown row: ours, peer, ours/peer, ours/floor, peer/floor (empty when there is no floor)."""
     scale = 1e3 if unit == "ms" else 1.0
-    return (f"| {threads} | {figure} | {size} | {scale * ours:,.1f} {unit} | {scale * peer:,.1f} {unit} | {ratio(ours, peer)} | "
-            f"{ratio(ours, floor) if floor else ''} | {ratio(peer, floor) if floor else ''} |")
+    return (
+        f"| {threads} | {figure} | {size} | {scale * ours:,.1f} {unit} | {scale * peer:,.1f} {unit} | {ratio(ours, peer)} | "
+        f"{ratio(ours, floor) if floor else ''} | {ratio(peer, floor) if floor else ''} |"
+    )
 
 
-TABLE_HEAD = ("| threads | figure | size | ours | peer | ours / peer | ours / floor | peer / floor |\n"
-              "|---:|---|---:|---:|---:|---:|---:|---:|")
+TABLE_HEAD = (
+    "| threads | figure | size | ours | peer | ours / peer | ours / floor | peer / floor |\n"
+    "|---:|---|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def max_diff(a: str, b: str) -> dict:
@@ -487,10 +535,12 @@ def main() -> None:
     parts = set(args.parts.split(","))
     fit_repeats = args.fit_repeats or args.repeats
     t_start = time.time()
-    print(f"# bench_peer: {args.geometry}, top-k {TOP_K}, float32; peer souvikDevloper/kvbridge at {commit}; "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs, default threads {default}; load average at start "
-          f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())}; medians of {args.repeats} alternating child pairs "
-          f"(fit: {fit_repeats}), {args.inner} timed call(s) per child after a warm-up, wall clock\n")
+    print(
+        f"# bench_peer: {args.geometry}, top-k {TOP_K}, float32; peer souvikDevloper/kvbridge at {commit}; "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, default threads {default}; load average at start "
+        f"{' / '.join(f'{v:.2f}' for v in os.getloadavg())}; medians of {args.repeats} alternating child pairs "
+        f"(fit: {fit_repeats}), {args.inner} timed call(s) per child after a warm-up, wall clock\n"
+    )
     print(TABLE_HEAD)
     notes = []
     for th in threads:
@@ -499,40 +549,62 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 res = alternate("map", th, args.repeats, args, dump_dir=d)
                 diffs = max_diff(f"{d}/ours.safetensors", f"{d}/peer.safetensors")
-            notes.append(f"{label} thread(s), {min(int(t) for t in args.tokens.split(','))} tokens, max |ours - peer|: "
-                         + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
+            notes.append(
+                f"{label} thread(s), {min(int(t) for t in args.tokens.split(','))} tokens, max |ours - peer|: "
+                + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items())
+            )
             for n in args.tokens.split(","):
                 floor = statistics.median([r[n]["floor"] for s in ("ours", "peer") for r in res[s]])
                 for fig in ("map", "transfer"):
-                    print(table_row(label, fig, f"{int(n):,} tokens", med(res["ours"], n, fig), med(res["peer"], n, fig),
-                                    floor))
+                    print(
+                        table_row(
+                            label, fig, f"{int(n):,} tokens", med(res["ours"], n, fig), med(res["peer"], n, fig), floor
+                        )
+                    )
                 sys.stdout.flush()
         if "save" in parts:
             res = alternate("save", th, args.repeats, args, tmp=tempfile.gettempdir())
             mib = res["ours"][0]["bytes"] / 2**20
             for fig in ("save", "load"):
-                print(table_row(label, f"artifact {fig}", f"{mib:.1f} MiB", med(res["ours"], fig), med(res["peer"], fig)))
+                print(
+                    table_row(label, f"artifact {fig}", f"{mib:.1f} MiB", med(res["ours"], fig), med(res["peer"], fig))
+                )
             sys.stdout.flush()
         if "fit" in parts:
             res = alternate("fit", th, fit_repeats, args)
-            print(table_row(label, "fit", f"{args.fit_obs:,} obs", med(res["ours"], "seconds"),
-                            med(res["peer"], "seconds"), unit="s"))
-            print(f"| {label} | fit peak RSS above the data | {args.fit_obs:,} obs | "
-                  f"{med(res['ours'], 'peak') / 2**20:,.0f} MiB | {med(res['peer'], 'peak') / 2**20:,.0f} MiB | "
-                  f"{ratio(med(res['ours'], 'peak'), med(res['peer'], 'peak'))} |  |  |")
+            print(
+                table_row(
+                    label,
+                    "fit",
+                    f"{args.fit_obs:,} obs",
+                    med(res["ours"], "seconds"),
+                    med(res["peer"], "seconds"),
+                    unit="s",
+                )
+            )
+            print(
+                f"| {label} | fit peak RSS above the data | {args.fit_obs:,} obs | "
+                f"{med(res['ours'], 'peak') / 2**20:,.0f} MiB | {med(res['peer'], 'peak') / 2**20:,.0f} MiB | "
+                f"{ratio(med(res['ours'], 'peak'), med(res['peer'], 'peak'))} |  |  |"
+            )
             sys.stdout.flush()
             o, p = res["ours"][0], res["peer"][0]
-            first_ok = {s: sum(sel[0] == t for sel, t in zip(r["selected"], r["true"])) for s, r in (("ours", o), ("peer", p))}
+            first_ok = {
+                s: sum(sel[0] == t for sel, t in zip(r["selected"], r["true"])) for s, r in (("ours", o), ("peer", p))
+            }
             same = sum(a == b for a, b in zip(o["selected"], p["selected"]))
-            notes.append(f"{label} thread(s), fit: planted source layer ranked first for {first_ok['ours']}/{len(o['true'])} "
-                         f"target layers (ours), {first_ok['peer']}/{len(p['true'])} (peer); identical top-{TOP_K} lists "
-                         f"for {same}/{len(o['true'])}; fit seconds ours {[round(r['seconds'], 1) for r in res['ours']]}, "
-                         f"peer {[round(r['seconds'], 1) for r in res['peer']]}")
+            notes.append(
+                f"{label} thread(s), fit: planted source layer ranked first for {first_ok['ours']}/{len(o['true'])} "
+                f"target layers (ours), {first_ok['peer']}/{len(p['true'])} (peer); identical top-{TOP_K} lists "
+                f"for {same}/{len(o['true'])}; fit seconds ours {[round(r['seconds'], 1) for r in res['ours']]}, "
+                f"peer {[round(r['seconds'], 1) for r in res['peer']]}"
+            )
     print()
     for line in notes:
         print(f"- {line}")
-    print(f"\nload average at end {' / '.join(f'{v:.2f}' for v in os.getloadavg())}; "
-          f"{time.time() - t_start:.0f} s in all")
+    print(
+        f"\nload average at end {' / '.join(f'{v:.2f}' for v in os.getloadavg())}; {time.time() - t_start:.0f} s in all"
+    )
 
 
 if __name__ == "__main__":

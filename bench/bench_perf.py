@@ -76,9 +76,18 @@ class PlainMapping:
         from kvbridge.kvstate import KVState
 
         keys, values = self.map_tensors(state.keys, state.values)
-        return KVState(keys=tuple(keys), values=tuple(values), token_ids=state.token_ids, positions=state.positions,
-                       spec=target_spec or self.m.target_spec, rope_applied=False, rope_lengths=None,
-                       model_fingerprint="", approximate=True, meta=dict(state.meta))
+        return KVState(
+            keys=tuple(keys),
+            values=tuple(values),
+            token_ids=state.token_ids,
+            positions=state.positions,
+            spec=target_spec or self.m.target_spec,
+            rope_applied=False,
+            rope_lengths=None,
+            model_fingerprint="",
+            approximate=True,
+            meta=dict(state.meta),
+        )
 
 
 def before_map(mapping, keys, values, chunk: int = 256):
@@ -139,12 +148,17 @@ def map_rows(tokens: list, repeats: int) -> list:
         ours_k, _ = mapping.map_tensors(content.keys, content.values)
         ref_k, _ = plain.map_tensors(content.keys, content.values)
         agree = max(float((a - b).abs().max()) for a, b in zip(ours_k, ref_k))
-        t = timed({"map": lambda: mapping.map_tensors(content.keys, content.values),
-                   "before map": lambda: before_map(mapping, content.keys, content.values),
-                   "plain map": lambda: plain.map_tensors(content.keys, content.values),
-                   "transfer": lambda: transfer(state, mapping, tgt),
-                   "plain transfer": lambda: transfer(state, plain, tgt),
-                   "floor": lambda: torch.mm(x, w, out=out)}, repeats)
+        t = timed(
+            {
+                "map": lambda: mapping.map_tensors(content.keys, content.values),
+                "before map": lambda: before_map(mapping, content.keys, content.values),
+                "plain map": lambda: plain.map_tensors(content.keys, content.values),
+                "transfer": lambda: transfer(state, mapping, tgt),
+                "plain transfer": lambda: transfer(state, plain, tgt),
+                "floor": lambda: torch.mm(x, w, out=out),
+            },
+            repeats,
+        )
         rows.append({"tokens": n, **t, "agree": agree})
     return rows
 
@@ -180,9 +194,19 @@ def _fit_child(n: int, budget_mib: float | None) -> None:
 
             n_src = next(u for u in range(1, 25) if layer_stats_bytes(u, len(tl), fs, 64, ft, "full") == p["bytes"])
         planned.append(job_bytes(n_src, len(tl), fs, 64, ft, xx))
-    print(json.dumps({"n": n, "seconds": secs, "peak": peak, "stats": max(p["bytes"] for p in m.report.passes),
-                      "planned_peak": max(planned), "passes": len(m.report.passes),
-                      "budget": opts.memory_budget}))
+    print(
+        json.dumps(
+            {
+                "n": n,
+                "seconds": secs,
+                "peak": peak,
+                "stats": max(p["bytes"] for p in m.report.passes),
+                "planned_peak": max(planned),
+                "passes": len(m.report.passes),
+                "budget": opts.memory_budget,
+            }
+        )
+    )
 
 
 def fit_rows(n: int, budgets: list) -> list:
@@ -207,7 +231,11 @@ def _old_write(out: Path, tensors: dict, manifest: dict) -> None:
         assert bool(torch.isfinite(t).all())
     with atomic_dir(out, kind="kvbridge-mapping") as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / "mapping.safetensors"))
-        full = {**manifest, "tensor_file": "mapping.safetensors", "tensor_sha256": sha256_file(tmp / "mapping.safetensors")}
+        full = {
+            **manifest,
+            "tensor_file": "mapping.safetensors",
+            "tensor_sha256": sha256_file(tmp / "mapping.safetensors"),
+        }
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -221,8 +249,13 @@ def save_rows(repeats: int) -> dict:
 
         def new():
             i[0] += 1
-            write_artifact(Path(d) / f"n{i[0]}", tensors, {"kind": "kvbridge-mapping"}, tensor_file="mapping.safetensors",
-                           kind="kvbridge-mapping")
+            write_artifact(
+                Path(d) / f"n{i[0]}",
+                tensors,
+                {"kind": "kvbridge-mapping"},
+                tensor_file="mapping.safetensors",
+                kind="kvbridge-mapping",
+            )
 
         def old():
             i[0] += 1
@@ -247,16 +280,20 @@ def profile_lines(n: int) -> list:
     plain = PlainMapping(mapping)
     content = random_state(src, n).strip_rope()
     out = []
-    for name, fn in (("ours", lambda: mapping.map_tensors(content.keys, content.values)),
-                     ("plain", lambda: plain.map_tensors(content.keys, content.values)),
-                     ("before", lambda: before_map(mapping, content.keys, content.values))):
+    for name, fn in (
+        ("ours", lambda: mapping.map_tensors(content.keys, content.values)),
+        ("plain", lambda: plain.map_tensors(content.keys, content.values)),
+        ("before", lambda: before_map(mapping, content.keys, content.values)),
+    ):
         fn()
         with profile() as prof:
             for _ in range(3):
                 fn()
         top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:4]
-        out.append(f"{name}: " + ", ".join(f"`{e.key}` {e.self_cpu_time_total / 3e3:.0f} ms ({e.count // 3} calls)"
-                                           for e in top))
+        out.append(
+            f"{name}: "
+            + ", ".join(f"`{e.key}` {e.self_cpu_time_total / 3e3:.0f} ms ({e.count // 3} calls)" for e in top)
+        )
     return out
 
 
@@ -277,10 +314,14 @@ def main() -> None:
     default = torch.get_num_threads()
     threads = [int(x) for x in args.threads.split(",")] if args.threads else list(dict.fromkeys([default, 1]))
     tokens = [int(x) for x in args.tokens.split(",")]
-    print(f"# bench_perf: 24x2x64 -> 28x2x128, top-k 4, float32; torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"default threads {default}, load average {os.getloadavg()[0]:.1f}; medians of {args.repeats}, wall clock\n")
-    print("| threads | figure | tokens | ours ms | plain ms | floor ms | ours / plain | ours / floor | plain / floor | "
-          "before / floor |")
+    print(
+        f"# bench_perf: 24x2x64 -> 28x2x128, top-k 4, float32; torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"default threads {default}, load average {os.getloadavg()[0]:.1f}; medians of {args.repeats}, wall clock\n"
+    )
+    print(
+        "| threads | figure | tokens | ours ms | plain ms | floor ms | ours / plain | ours / floor | plain / floor | "
+        "before / floor |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     agree = 0.0
     for th in threads:
@@ -289,9 +330,11 @@ def main() -> None:
             agree = max(agree, r["agree"])
             for fig, ours, plain in (("map", "map", "plain map"), ("transfer", "transfer", "plain transfer")):
                 before = f"{r['before map'] / r['floor']:.2f}" if fig == "map" else ""
-                print(f"| {th} | {fig} | {r['tokens']:,} | {1e3 * r[ours]:.1f} | {1e3 * r[plain]:.1f} | "
-                      f"{1e3 * r['floor']:.1f} | {r[ours] / r[plain]:.2f} | {r[ours] / r['floor']:.2f} | "
-                      f"{r[plain] / r['floor']:.2f} | {before} |")
+                print(
+                    f"| {th} | {fig} | {r['tokens']:,} | {1e3 * r[ours]:.1f} | {1e3 * r[plain]:.1f} | "
+                    f"{1e3 * r['floor']:.1f} | {r[ours] / r[plain]:.2f} | {r[ours] / r['floor']:.2f} | "
+                    f"{r[plain] / r['floor']:.2f} | {before} |"
+                )
         sys.stdout.flush()
     torch.set_num_threads(default)
     print(f"\nOurs and plain agree to {agree:.1e} (max |diff|, float32).\n")
@@ -302,15 +345,19 @@ def main() -> None:
                 print(f"- {th} thread(s), {args.profile:,} tokens: {line}")
         torch.set_num_threads(default)
         print()
-    print("| fit (ridge, top-k 4, synthetic features, forwards excluded) | observations | passes | seconds | "
-          "statistics MiB (planner) | planned peak MiB (statistics + workspace) | measured peak MiB | measured / planned "
-          "| measured / statistics |")
+    print(
+        "| fit (ridge, top-k 4, synthetic features, forwards excluded) | observations | passes | seconds | "
+        "statistics MiB (planner) | planned peak MiB (statistics + workspace) | measured peak MiB | measured / planned "
+        "| measured / statistics |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in fit_rows(args.fit_obs, [None, args.budget_mib]):
         label = "no budget (8 GiB default)" if r["budget"] is None else f"--memory {r['budget'] / 2**20:.0f} MiB"
-        print(f"| {label} | {r['n']:,} | {r['passes']} | {r['seconds']:.1f} | {r['stats'] / 2**20:.0f} | "
-              f"{r['planned_peak'] / 2**20:.0f} | {r['peak'] / 2**20:.0f} | {r['peak'] / r['planned_peak']:.2f} | "
-              f"{r['peak'] / r['stats']:.2f} |")
+        print(
+            f"| {label} | {r['n']:,} | {r['passes']} | {r['seconds']:.1f} | {r['stats'] / 2**20:.0f} | "
+            f"{r['planned_peak'] / 2**20:.0f} | {r['peak'] / 2**20:.0f} | {r['peak'] / r['planned_peak']:.2f} | "
+            f"{r['peak'] / r['stats']:.2f} |"
+        )
     s = save_rows(max(args.repeats, 7))
     print(f"\n| artifact ({s['mib']:.1f} MiB mapping) | ms |\n|---|---:|")
     for k in ("save", "save (before)", "load"):

@@ -91,11 +91,26 @@ def bench_transfer(loaded, lengths, repeats: int) -> list:
             ref = next_logits(model, cache, nxt)
             d_tr = float((next_logits(model, adapter.inject(moved, model), nxt) - ref).abs().max())
             d_pk = float((next_logits(model, pack, nxt) - ref).abs().max())
-            rows.append(dict(tokens=n, prefill_s=pre_w, prefill_cpu_s=pre_c, transfer_s=tr_w, transfer_cpu_s=tr_c,
-                             pack_s=pk_w, pack_cpu_s=pk_c, transfer_diff=d_tr, pack_diff=d_pk))
-            print(f"  {n} tokens: prefill {pre_c:.2f} s CPU ({pre_w:.2f} wall), identity transfer {1e3 * tr_c:.1f} ms "
-                  f"CPU ({1e3 * tr_w:.1f} wall), pack restore {1e3 * pk_c:.1f} ms CPU ({1e3 * pk_w:.1f} wall), "
-                  f"logit diffs {d_tr:.1e} / {d_pk:.1e}", file=sys.stderr, flush=True)
+            rows.append(
+                dict(
+                    tokens=n,
+                    prefill_s=pre_w,
+                    prefill_cpu_s=pre_c,
+                    transfer_s=tr_w,
+                    transfer_cpu_s=tr_c,
+                    pack_s=pk_w,
+                    pack_cpu_s=pk_c,
+                    transfer_diff=d_tr,
+                    pack_diff=d_pk,
+                )
+            )
+            print(
+                f"  {n} tokens: prefill {pre_c:.2f} s CPU ({pre_w:.2f} wall), identity transfer {1e3 * tr_c:.1f} ms "
+                f"CPU ({1e3 * tr_w:.1f} wall), pack restore {1e3 * pk_c:.1f} ms CPU ({1e3 * pk_w:.1f} wall), "
+                f"logit diffs {d_tr:.1e} / {d_pk:.1e}",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -111,14 +126,30 @@ def _fit_child(tokens: int, out: str) -> None:
     base = _rss_kib()
     _reset_peak()
     t0, c0 = time.perf_counter(), time.process_time()
-    mapping = fit(model, model, ids, calibration=CalibrationConfig(seq_len=512, stride=STRIDE), out=out, overwrite=True,
-                  distributed=None, top_k=TOP_K)
+    mapping = fit(
+        model,
+        model,
+        ids,
+        calibration=CalibrationConfig(seq_len=512, stride=STRIDE),
+        out=out,
+        overwrite=True,
+        distributed=None,
+        top_k=TOP_K,
+    )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _peak_kib()
-    print(json.dumps({"tokens": tokens, "wall_s": wall, "cpu_s": cpu, "peak_above_models_mib": (peak - base) / 1024,
-                      "passes": mapping.report.passes if hasattr(mapping.report, "passes") else
-                      mapping.report.get("passes"),
-                      "artifact_bytes": (Path(out) / "mapping.safetensors").stat().st_size}))
+    print(
+        json.dumps(
+            {
+                "tokens": tokens,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "peak_above_models_mib": (peak - base) / 1024,
+                "passes": mapping.report.passes if hasattr(mapping.report, "passes") else mapping.report.get("passes"),
+                "artifact_bytes": (Path(out) / "mapping.safetensors").stat().st_size,
+            }
+        )
+    )
 
 
 def _rss_kib() -> int:
@@ -153,7 +184,7 @@ def gemm_rate(dtype, n: int = 1024, reps: int = 5) -> float:
         c0 = time.process_time()
         torch.mm(a, b)
         best = min(best, time.process_time() - c0)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def main() -> None:
@@ -171,22 +202,34 @@ def main() -> None:
     from kvbridge.fit.plan import plan
     from kvbridge.models import load
 
-    print(f"# bench_real: {REF} (SmolLM2-135M-Instruct Q4_1 GGUF, float32), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.1f}\n")
+    print(
+        f"# bench_real: {REF} (SmolLM2-135M-Instruct Q4_1 GGUF, float32), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.1f}\n"
+    )
     if args.lengths:
         loaded = load(REF, dtype="float32")
         rows = bench_transfer(loaded, [int(x) for x in args.lengths.split(",")], args.repeats)
-        print("| tokens | prefill s (CPU) | identity transfer ms (CPU) | prefill / transfer | transfer µs / token "
-              "| pack restore ms (CPU) | prefill / restore | max abs logit diff transfer / pack |")
+        print(
+            "| tokens | prefill s (CPU) | identity transfer ms (CPU) | prefill / transfer | transfer µs / token "
+            "| pack restore ms (CPU) | prefill / restore | max abs logit diff transfer / pack |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['tokens']:,} | {r['prefill_cpu_s']:.2f} | {1e3 * r['transfer_cpu_s']:.1f} | "
-                  f"{r['prefill_cpu_s'] / r['transfer_cpu_s']:.0f}x | {1e6 * r['transfer_cpu_s'] / r['tokens']:.1f} | "
-                  f"{1e3 * r['pack_cpu_s']:.1f} | {r['prefill_cpu_s'] / r['pack_cpu_s']:.0f}x | "
-                  f"{r['transfer_diff']:.1e} / {r['pack_diff']:.1e} |")
-        print("\nwall seconds (same runs): " + "; ".join(
-            f"{r['tokens']}: prefill {r['prefill_s']:.2f}, transfer {1e3 * r['transfer_s']:.1f} ms, "
-            f"pack {1e3 * r['pack_s']:.1f} ms" for r in rows) + "\n")
+            print(
+                f"| {r['tokens']:,} | {r['prefill_cpu_s']:.2f} | {1e3 * r['transfer_cpu_s']:.1f} | "
+                f"{r['prefill_cpu_s'] / r['transfer_cpu_s']:.0f}x | {1e6 * r['transfer_cpu_s'] / r['tokens']:.1f} | "
+                f"{1e3 * r['pack_cpu_s']:.1f} | {r['prefill_cpu_s'] / r['pack_cpu_s']:.0f}x | "
+                f"{r['transfer_diff']:.1e} / {r['pack_diff']:.1e} |"
+            )
+        print(
+            "\nwall seconds (same runs): "
+            + "; ".join(
+                f"{r['tokens']}: prefill {r['prefill_s']:.2f}, transfer {1e3 * r['transfer_s']:.1f} ms, "
+                f"pack {1e3 * r['pack_s']:.1f} ms"
+                for r in rows
+            )
+            + "\n"
+        )
         del loaded
     if not args.fit_tokens:
         return
@@ -197,22 +240,39 @@ def main() -> None:
     fits = []
     with tempfile.TemporaryDirectory(prefix="kvbridge-realfit-") as tmp:
         for n in [int(x) for x in args.fit_tokens.split(",")]:
-            out = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--_fit", str(n),
-                                  str(Path(tmp) / f"map-{n}")], capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--threads",
+                    str(args.threads),
+                    "--_fit",
+                    str(n),
+                    str(Path(tmp) / f"map-{n}"),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode:
                 raise SystemExit(out.stderr[-2000:])
             fits.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"Fit smollm2 -> smollm2 (ridge, top-k {TOP_K}, seq-len 512, stride {STRIDE}; measured GEMM rates: float32 "
-          f"{r32 / 1e9:.1f} GFLOP/s, float64 {r64 / 1e9:.1f} GFLOP/s)\n")
-    print("| tokens | fit s (CPU) | tokens/s | peak MiB above models | statistics MiB (fit) | planned MiB "
-          "| artifact bytes | planned bytes | planned s (measured rates) | measured / planned time |")
+    print(
+        f"Fit smollm2 -> smollm2 (ridge, top-k {TOP_K}, seq-len 512, stride {STRIDE}; measured GEMM rates: float32 "
+        f"{r32 / 1e9:.1f} GFLOP/s, float64 {r64 / 1e9:.1f} GFLOP/s)\n"
+    )
+    print(
+        "| tokens | fit s (CPU) | tokens/s | peak MiB above models | statistics MiB (fit) | planned MiB "
+        "| artifact bytes | planned bytes | planned s (measured rates) | measured / planned time |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for f in fits:
         p = plan(REF, REF, tokens=f["tokens"], seq_len=512, stride=STRIDE, top_k=TOP_K, rates=rates)
         stats = max(x["bytes"] for x in f["passes"]) if f["passes"] else float("nan")
-        print(f"| {f['tokens']:,} | {f['cpu_s']:.1f} | {f['tokens'] / f['cpu_s']:,.0f} | "
-              f"{f['peak_above_models_mib']:.0f} | {stats / 2**20:.0f} | {p.statistics_bytes / 2**20:.0f} | "
-              f"{f['artifact_bytes']:,} | {p.artifact_bytes:,} | {p.seconds:.1f} | {f['cpu_s'] / p.seconds:.2f} |")
+        print(
+            f"| {f['tokens']:,} | {f['cpu_s']:.1f} | {f['tokens'] / f['cpu_s']:,.0f} | "
+            f"{f['peak_above_models_mib']:.0f} | {stats / 2**20:.0f} | {p.statistics_bytes / 2**20:.0f} | "
+            f"{f['artifact_bytes']:,} | {p.artifact_bytes:,} | {p.seconds:.1f} | {f['cpu_s'] / p.seconds:.2f} |"
+        )
 
 
 if __name__ == "__main__":

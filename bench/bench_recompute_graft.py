@@ -24,11 +24,47 @@ import sys
 import time
 from pathlib import Path
 
-FIRST = ["Mara", "Tobias", "Elena", "Jonah", "Priya", "Oskar", "Lena", "Felix", "Nadia", "Hugo", "Ines", "Ravi",
-         "Clara", "Milo", "Sofia", "Anton", "Yara", "Emil", "Zoe", "Bruno"]
+FIRST = [
+    "Mara",
+    "Tobias",
+    "Elena",
+    "Jonah",
+    "Priya",
+    "Oskar",
+    "Lena",
+    "Felix",
+    "Nadia",
+    "Hugo",
+    "Ines",
+    "Ravi",
+    "Clara",
+    "Milo",
+    "Sofia",
+    "Anton",
+    "Yara",
+    "Emil",
+    "Zoe",
+    "Bruno",
+]
 LAST = ["Quill", "Hart", "Moss", "Vale", "Stone", "Reed", "Frost", "Lark", "Wells", "Cole", "Park", "Shaw"]
-CITIES = ["Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Kyoto", "Quito", "Perth", "Nairobi", "Vienna", "Hanoi",
-          "Denver", "Madrid", "Prague", "Seoul", "Boston"]
+CITIES = [
+    "Lisbon",
+    "Oslo",
+    "Cairo",
+    "Lima",
+    "Dublin",
+    "Kyoto",
+    "Quito",
+    "Perth",
+    "Nairobi",
+    "Vienna",
+    "Hanoi",
+    "Denver",
+    "Madrid",
+    "Prague",
+    "Seoul",
+    "Boston",
+]
 JOBS = ["baker", "pilot", "nurse", "farmer", "teacher", "painter", "chemist", "sailor", "tailor", "judge"]
 PETS = ["cat", "dog", "parrot", "goat", "rabbit", "horse", "turtle", "hamster"]
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "pink"]
@@ -47,15 +83,22 @@ def fact_samples(tok, n: int, seed: int = 0, candidates: int = 4000):
             facts.append((f, l, city, job, pet, col))
         who = facts[0]
         kind = rng.choice(["city", "job", "pet"])
-        question = {"city": f"In which city does {who[0]} {who[1]} live?",
-                    "job": f"What is the job of {who[0]} {who[1]}?",
-                    "pet": f"Which animal does {who[0]} {who[1]} keep?"}[kind]
-        answer = {"city": f"{who[0]} {who[1]} lives in {who[2]}.", "job": f"{who[0]} {who[1]} works as a {who[3]}.",
-                  "pet": f"{who[0]} {who[1]} keeps a {who[4]}."}[kind]
+        question = {
+            "city": f"In which city does {who[0]} {who[1]} live?",
+            "job": f"What is the job of {who[0]} {who[1]}?",
+            "pet": f"Which animal does {who[0]} {who[1]} keep?",
+        }[kind]
+        answer = {
+            "city": f"{who[0]} {who[1]} lives in {who[2]}.",
+            "job": f"{who[0]} {who[1]} works as a {who[3]}.",
+            "pet": f"{who[0]} {who[1]} keeps a {who[4]}.",
+        }[kind]
         order = facts[:]
         rng.shuffle(order)
-        passage = " ".join(f"{f} {l} lives in {c} and works as a {j}. {f} keeps a {p} and likes the colour {co}."
-                           for f, l, c, j, p, co in order)
+        passage = " ".join(
+            f"{f} {l} lives in {c} and works as a {j}. {f} keeps a {p} and likes the colour {co}."
+            for f, l, c, j, p, co in order
+        )
         ctx = tok(f"Question: {question}\nPassage:", add_special_tokens=True)["input_ids"]
         chk = tok(" " + passage, add_special_tokens=False)["input_ids"]
         cont = tok(f"\nAnswer: {answer}", add_special_tokens=False)["input_ids"]
@@ -78,7 +121,7 @@ def passage_samples(tok, corpus: Path, n: int, c: int, k: int, cont: int):
     texts, _ = load_corpus(corpus)
     stream = torch.tensor(tok(heldout_text(texts), add_special_tokens=False)["input_ids"], dtype=torch.long)
     ids = windows(stream, n, c + k + cont + 1)
-    return ids[:, :c], ids[:, c:c + k], ids[:, c + k:]
+    return ids[:, :c], ids[:, c : c + k], ids[:, c + k :]
 
 
 def main(argv=None) -> int:
@@ -107,8 +150,11 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     model, tok, name = load_one(args.model)
-    print(f"# {name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-          f"loaded in {time.perf_counter() - t0:.1f} s; torch threads {args.threads}", flush=True)
+    print(
+        f"# {name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+        f"loaded in {time.perf_counter() - t0:.1f} s; torch threads {args.threads}",
+        flush=True,
+    )
     ratios = [float(x) for x in args.ratios.split(",")]
     for data in args.data.split(","):
         if data == "question":
@@ -116,16 +162,28 @@ def main(argv=None) -> int:
         else:
             from kvbridge.demo.zoo import find_corpus
 
-            ctx, chk, cont = passage_samples(tok, find_corpus(args.corpus), args.samples, args.context_len, args.chunk_len,
-                                             args.continuation_len)
+            ctx, chk, cont = passage_samples(
+                tok, find_corpus(args.corpus), args.samples, args.context_len, args.chunk_len, args.continuation_len
+            )
         t0 = time.perf_counter()
-        res = run_graft(model, ctx, chk, cont, ratios=ratios, check_layer=args.check_layer,
-                        controls=tuple(args.controls.split(",")),
-                        batch_size=args.batch_size, bootstrap=args.bootstrap)
+        res = run_graft(
+            model,
+            ctx,
+            chk,
+            cont,
+            ratios=ratios,
+            check_layer=args.check_layer,
+            controls=tuple(args.controls.split(",")),
+            batch_size=args.batch_size,
+            bootstrap=args.bootstrap,
+        )
         res.update(model=name, data=data, seconds=time.perf_counter() - t0)
-        print(f"\n## {data}: {res['samples']} samples, context {res['context_len']} + chunk {res['chunk_len']} tokens, "
-              f"{res['continuation_len']} scored; full prefill {res['timing']['full_prefill_ms']:.0f} ms in all; "
-              f"run {res['seconds']:.0f} s\n", flush=True)
+        print(
+            f"\n## {data}: {res['samples']} samples, context {res['context_len']} + chunk {res['chunk_len']} tokens, "
+            f"{res['continuation_len']} scored; full prefill {res['timing']['full_prefill_ms']:.0f} ms in all; "
+            f"run {res['seconds']:.0f} s\n",
+            flush=True,
+        )
         print(report.table(res), flush=True)
         if args.out:
             report.write(res, args.out, f"graft_{data}", f"graft on {name}: {data}")

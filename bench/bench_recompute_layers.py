@@ -33,8 +33,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", default="zoo:base")
     ap.add_argument("--target", default="zoo:stranger")
-    ap.add_argument("--target-adapter", default=None,
-                    help="a LoRA adapter folder: the target is the source with it merged (a fine-tune pair)")
+    ap.add_argument(
+        "--target-adapter",
+        default=None,
+        help="a LoRA adapter folder: the target is the source with it merged (a fine-tune pair)",
+    )
     ap.add_argument("--mapping", default="fit,identity", help="fit, identity, or a mapping folder (comma list)")
     ap.add_argument("--name", default="base-stranger")
     ap.add_argument("--corpus", default=None)
@@ -76,24 +79,39 @@ def main(argv=None) -> int:
     length = args.prefix_len + args.continuation_len + 1
     ids, _ = eval_ids(corpus, tok, {}, args.samples, length)
     cal_rows = calibration_ids(corpus, tok, {}, max(args.fit_tokens, 128 * args.calibration_samples))
-    print(f"# {args.source} -> {args.target}: {n_layers} target layers; {args.samples} held-out samples, prefix "
-          f"{args.prefix_len}, continuation {args.continuation_len}; torch threads {args.threads}", flush=True)
+    print(
+        f"# {args.source} -> {args.target}: {n_layers} target layers; {args.samples} held-out samples, prefix "
+        f"{args.prefix_len}, continuation {args.continuation_len}; torch threads {args.threads}",
+        flush=True,
+    )
     for mref in args.mapping.split(","):
         t0 = time.perf_counter()
         if mref == "fit":
             from kvbridge.fit import fit
 
-            mapping = fit(source, target, cal_rows[: args.fit_tokens // 128], top_k=4, stride=4, seed=0, host=host,
-                          distributed=None, out=None, overwrite=True)
+            mapping = fit(
+                source,
+                target,
+                cal_rows[: args.fit_tokens // 128],
+                top_k=4,
+                stride=4,
+                seed=0,
+                host=host,
+                distributed=None,
+                out=None,
+                overwrite=True,
+            )
         else:
             mapping = load_mapping_ref(mref, source, target)
         # selection calibration: the last rows of the calibration block, cut to sample length (never the eval tail)
-        cal = cal_rows[-args.calibration_samples:, :length]
+        cal = cal_rows[-args.calibration_samples :, :length]
         calib = calibration(source, target, mapping, cal, args.prefix_len, args.continuation_len, host=host)
         prof = profile_layers(target, calib, host=host)
-        print(f"\n## mapping {mref} (ready in {time.perf_counter() - t0:.1f} s)\nsingle-layer loss (KL when only "
-              "that layer comes from the mapping): " + ", ".join(f"L{i} {x:.4f}" for i, x in enumerate(prof)),
-              flush=True)
+        print(
+            f"\n## mapping {mref} (ready in {time.perf_counter() - t0:.1f} s)\nsingle-layer loss (KL when only "
+            "that layer comes from the mapping): " + ", ".join(f"L{i} {x:.4f}" for i, x in enumerate(prof)),
+            flush=True,
+        )
         pts = layer_sweep(target, calib, max_share=args.max_share, host=host)
         steps = pts[0][2].get("greedy_steps") or []
         print("greedy steps: " + "; ".join(f"{s['layers']} loss {s['loss']:.4f}" for s in steps), flush=True)
@@ -102,15 +120,30 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             mode_pts = pts + (prefix_pts[:-1] if mode == "target" else [])
             toks = [float(x) for x in args.tokens.split(",")] if mode == "target" and args.tokens else []
-            res = run_curve(source, target, mapping, ids, prefix_len=args.prefix_len,
-                            continuation_len=args.continuation_len, layer_points_=mode_pts, token_ratios=toks, mode=mode,
-                            batch_size=args.batch_size, bootstrap=args.bootstrap, host=host)
+            res = run_curve(
+                source,
+                target,
+                mapping,
+                ids,
+                prefix_len=args.prefix_len,
+                continuation_len=args.continuation_len,
+                layer_points_=mode_pts,
+                token_ratios=toks,
+                mode=mode,
+                batch_size=args.batch_size,
+                bootstrap=args.bootstrap,
+                host=host,
+            )
             res.update(pair=f"{args.source}->{args.target}", mapping=mref, single_layer_loss=prof, greedy_steps=steps)
             print(f"\n### mapping {mref}, mode {mode} ({time.perf_counter() - t0:.0f} s)\n", flush=True)
             print(report.table(res), flush=True)
             if args.out:
-                report.write(res, args.out, f"layers_{args.name}_{mref if mref in ('fit', 'identity') else 'map'}_{mode}",
-                             f"{args.source} -> {args.target}, mapping {mref}, recompute mode {mode}")
+                report.write(
+                    res,
+                    args.out,
+                    f"layers_{args.name}_{mref if mref in ('fit', 'identity') else 'map'}_{mode}",
+                    f"{args.source} -> {args.target}, mapping {mref}, recompute mode {mode}",
+                )
     return 0
 
 

@@ -93,13 +93,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--interleaved", action="store_true", help="GPT-J/Cohere pairing instead of half split")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
-    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                    help="cpu: this process's CPU time (with --threads 1, robust to a shared machine)")
-    ap.add_argument("--kernels", default="eager,compiled,native",
-                    help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled, native: half split only)")
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: this process's CPU time (with --threads 1, robust to a shared machine)",
+    )
+    ap.add_argument(
+        "--kernels",
+        default="eager,compiled,native",
+        help="RoPE kernels to measure (kvbridge.rope_compile modes; compiled, native: half split only)",
+    )
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call cost table")
-    ap.add_argument("--no-candidates", action="store_true",
-                    help="skip the table of torch.compile formulations (apply, half split)")
+    ap.add_argument(
+        "--no-candidates", action="store_true", help="skip the table of torch.compile formulations (apply, half split)"
+    )
     args = ap.parse_args()
     global CLOCK
     if args.clock == "cpu":
@@ -109,8 +117,9 @@ def main() -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
 
-    spec = RopeSpec.make("default", 1_000_000.0, head_dim=HEAD_DIM, interleaved=args.interleaved,
-                         max_position_embeddings=32768)
+    spec = RopeSpec.make(
+        "default", 1_000_000.0, head_dim=HEAD_DIM, interleaved=args.interleaved, max_position_embeddings=32768
+    )
     old = torch.arange(TOKENS, device=device)[None]
     new = old + 100
     clone_bw, copy_bw = copy_bandwidth(device, args.repeats)
@@ -148,6 +157,7 @@ def main() -> None:
             def run():
                 R.clear_caches()
                 return fn()
+
             return run
 
         def clone_layers():  # the same bytes as one strip: read + write every layer once
@@ -176,10 +186,34 @@ def main() -> None:
         nbytes = 2 * LAYERS * layer_bytes
         floor = nbytes / (bw * 1e9)
         for name, t in (("floor: clone() of the layers", t_clone), ("floor: x*2 of the layers", t_mul)):
-            rows.append((dname, "-", name, t * 1e3, nbytes / (1 << 20), nbytes / t / 1e9, floor * 1e3, floor / t,
-                         t_clone / t, t_mul / t))
-        rows.append((dname, "-", "floor: copy bandwidth", floor * 1e3, nbytes / (1 << 20), bw, floor * 1e3, 1.0,
-                     t_clone / floor, t_mul / floor))
+            rows.append(
+                (
+                    dname,
+                    "-",
+                    name,
+                    t * 1e3,
+                    nbytes / (1 << 20),
+                    nbytes / t / 1e9,
+                    floor * 1e3,
+                    floor / t,
+                    t_clone / t,
+                    t_mul / t,
+                )
+            )
+        rows.append(
+            (
+                dname,
+                "-",
+                "floor: copy bandwidth",
+                floor * 1e3,
+                nbytes / (1 << 20),
+                bw,
+                floor * 1e3,
+                1.0,
+                t_clone / floor,
+                t_mul / floor,
+            )
+        )
         for kernel in args.kernels.split(","):
             if kernel != "eager" and args.interleaved:
                 continue
@@ -188,33 +222,53 @@ def main() -> None:
                 t, t_ref, t_mul = timed_pair(fn, ref, device, args.repeats, double_layers)
                 nbytes = passes * LAYERS * layer_bytes
                 floor = nbytes / (bw * 1e9)
-                rows.append((dname, kernel, name, t * 1e3, nbytes / (1 << 20),
-                             nbytes / t / 1e9, floor * 1e3, floor / t, (passes / 2) * t_ref / t,
-                             (passes / 2) * t_mul / t))
+                rows.append(
+                    (
+                        dname,
+                        kernel,
+                        name,
+                        t * 1e3,
+                        nbytes / (1 << 20),
+                        nbytes / t / 1e9,
+                        floor * 1e3,
+                        floor / t,
+                        (passes / 2) * t_ref / t,
+                        (passes / 2) * t_mul / t,
+                    )
+                )
         rope_compile.set_mode(None)
 
     layout = "interleaved" if args.interleaved else "half split"
     threads = torch.get_num_threads() if device.type == "cpu" else None
     where = f"{device.type}" + (f", {threads} threads" if threads else f" ({torch.cuda.get_device_name(device)})")
     where += f", {args.clock} clock"
-    print(f"RoPE codec, {LAYERS} layers x [1, {HEADS}, {TOKENS}, {HEAD_DIM}], {layout}, {where}; "
-          f"torch {torch.__version__}")
-    print(f"copy bandwidth (read + write): clone {clone_bw:.1f} GB/s, copy_ {copy_bw:.1f} GB/s; "
-          f"floor uses {bw:.1f} GB/s")
+    print(
+        f"RoPE codec, {LAYERS} layers x [1, {HEADS}, {TOKENS}, {HEAD_DIM}], {layout}, {where}; "
+        f"torch {torch.__version__}"
+    )
+    print(
+        f"copy bandwidth (read + write): clone {clone_bw:.1f} GB/s, copy_ {copy_bw:.1f} GB/s; floor uses {bw:.1f} GB/s"
+    )
     print()
     print(f"load average {__import__('os').getloadavg()[0]:.1f}")
     print()
-    print("| dtype | kernel | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor | of layer clones "
-          "| of layer x*2 |")
+    print(
+        "| dtype | kernel | operation | ms / 28 layers | MiB moved | GB/s | floor ms | of floor | of layer clones "
+        "| of layer x*2 |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for dtype, kernel, name, ms, mib, gbs, floor_ms, frac, vs_clone, vs_mul in rows:
-        print(f"| {dtype} | {kernel} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} "
-              f"| {vs_clone:.0%} | {vs_mul:.0%} |")
+        print(
+            f"| {dtype} | {kernel} | {name} | {ms:.2f} | {mib:.0f} | {gbs:.1f} | {floor_ms:.2f} | {frac:.0%} "
+            f"| {vs_clone:.0%} | {vs_mul:.0%} |"
+        )
     print()
-    print("floor = bytes moved (keys read + written, tables excluded) / copy bandwidth; 'of layer clones' = "
-          "time of clone() of the same layers, as many read+write passes, run alternately with the "
-          "operation / operation time; 'of layer x*2' = the same with torch.mul(k, 2), the floor of an "
-          "elementwise kernel (clone() is a memcpy and beats any elementwise kernel on this CPU)")
+    print(
+        "floor = bytes moved (keys read + written, tables excluded) / copy bandwidth; 'of layer clones' = "
+        "time of clone() of the same layers, as many read+write passes, run alternately with the "
+        "operation / operation time; 'of layer x*2' = the same with torch.mul(k, 2), the floor of an "
+        "elementwise kernel (clone() is a memcpy and beats any elementwise kernel on this CPU)"
+    )
     if not args.no_candidates and not args.interleaved:
         compiled_candidates(device, args.repeats, bw)
     if not args.no_first_call and device.type == "cpu":
@@ -269,8 +323,12 @@ def compiled_candidates(device, repeats: int, bw: float) -> None:
                 torch.mul(k, 2)
 
         cands = []
-        for name, fn in (("compiled: stack (in use)", _cand_stack), ("compiled: preallocated out", _cand_out),
-                         ("compiled: models' cat formula", _cand_cat), ("compiled: float32, one rounding", _cand_f32)):
+        for name, fn in (
+            ("compiled: stack (in use)", _cand_stack),
+            ("compiled: preallocated out", _cand_out),
+            ("compiled: models' cat formula", _cand_cat),
+            ("compiled: float32, one rounding", _cand_f32),
+        ):
             for dynamic in (True, False):
                 label = f"{name}, dynamic={dynamic}"
                 try:
@@ -279,15 +337,29 @@ def compiled_candidates(device, repeats: int, bw: float) -> None:
                     cf(keys[0], kern.cos, kern.sin, dtype)
                     t_first = time.perf_counter() - t0
                 except Exception as exc:  # noqa: BLE001 - a bench row, not a failure
-                    rows.append((str(dtype)[6:], label, float("nan"), float("nan"), False, float("nan"),
-                                 f"{type(exc).__name__}"))
+                    rows.append(
+                        (
+                            str(dtype)[6:],
+                            label,
+                            float("nan"),
+                            float("nan"),
+                            False,
+                            float("nan"),
+                            f"{type(exc).__name__}",
+                        )
+                    )
                     continue
                 cands.append((label, t_first, lambda k, cf=cf: cf(k, kern.cos, kern.sin, dtype)))
         if device.type == "cpu" and rope_native.compiler() is not None:
             t0 = time.perf_counter()
             rope_native.library()
-            cands.append(("native", time.perf_counter() - t0,
-                          lambda k: rope_native.rotate(k, kern.cos, kern.sin, dtype, exact=True, rotary_dim=HEAD_DIM)))
+            cands.append(
+                (
+                    "native",
+                    time.perf_counter() - t0,
+                    lambda k: rope_native.rotate(k, kern.cos, kern.sin, dtype, exact=True, rotary_dim=HEAD_DIM),
+                )
+            )
         cands.append(("eager", float("nan"), lambda k: kern.eager(k, HEAD_DIM, False)))
         for label, t_first, one in cands:
             bits = all(torch.equal(one(k), w) for k, w in zip(keys, want))
@@ -299,9 +371,11 @@ def compiled_candidates(device, repeats: int, bw: float) -> None:
             t, t_mul = timed_pair(run, mul2, device, repeats)
             rows.append((str(dtype)[6:], label, t * 1e3, t_first, bits, t_mul / t, f"{nbytes / (bw * 1e9) / t:.0%}"))
     print()
-    print("apply (exact path) by formulation, the same 28 layers, side by side with x*2 (first call: "
-          "compile of this shape with inductor's on-disk cache as this machine has it; native: load or build "
-          "of the library):")
+    print(
+        "apply (exact path) by formulation, the same 28 layers, side by side with x*2 (first call: "
+        "compile of this shape with inductor's on-disk cache as this machine has it; native: load or build "
+        "of the library):"
+    )
     print()
     print("| dtype | kernel | ms / 28 layers | first call s | bits = eager | of layer x*2 | of floor |")
     print("|---|---|---:|---:|---|---:|---:|")
@@ -336,21 +410,25 @@ def first_call_table(kernels) -> None:
             for dtype in ("float32", "bfloat16"):
                 envs = [("", {})]
                 if kernel == "native":
-                    envs = [(", cold", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""}),
-                            ("", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""})]
+                    envs = [
+                        (", cold", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""}),
+                        ("", {"KVBRIDGE_HOME": home, "KVBRIDGE_NO_CACHE": ""}),
+                    ]
                 for tag, extra in envs:
                     if tag == ", cold":
                         for f in os.listdir(home):
                             __import__("shutil").rmtree(os.path.join(home, f), ignore_errors=True)
                     env = {**os.environ, **extra}
-                    proc = subprocess.run([sys.executable, "-c", FIRST_CALL, kernel, dtype], env=env,
-                                          capture_output=True, text=True)
+                    proc = subprocess.run(
+                        [sys.executable, "-c", FIRST_CALL, kernel, dtype], env=env, capture_output=True, text=True
+                    )
                     if proc.returncode != 0:
                         runs.append((kernel + tag, dtype, float("nan"), float("nan"), proc.stderr.strip()[-120:]))
                         continue
                     first, second, status = proc.stdout.split(" ", 2)
-                    used = {"[]": "", "[True]": "checked, in use", "[False]": "eager fallback"}.get(status.strip(),
-                                                                                           "partly eager")
+                    used = {"[]": "", "[True]": "checked, in use", "[False]": "eager fallback"}.get(
+                        status.strip(), "partly eager"
+                    )
                     runs.append((kernel + tag, dtype, float(first), float(second), used))
     print()
     print("First call in a fresh process (strip + apply of one layer [1, 2, 2048, 128], wall clock):")
@@ -358,7 +436,9 @@ def first_call_table(kernels) -> None:
     print("| kernel | dtype | first call ms | next call ms | first-call overhead ms | status |")
     print("|---|---|---:|---:|---:|---|")
     for kernel, dtype, first, second, used in runs:
-        print(f"| {kernel} | {dtype} | {first * 1e3:.1f} | {second * 1e3:.2f} | {(first - second) * 1e3:.1f} | {used} |")
+        print(
+            f"| {kernel} | {dtype} | {first * 1e3:.1f} | {second * 1e3:.2f} | {(first - second) * 1e3:.1f} | {used} |"
+        )
 
 
 if __name__ == "__main__":

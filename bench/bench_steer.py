@@ -40,32 +40,82 @@ import time
 from pathlib import Path
 
 QUESTIONS = [
-    "What is the capital of France?", "How do plants make food?", "Tell me about elephants.",
-    "Why is the sky blue?", "What is a good way to learn a language?", "Explain what a computer does.",
-    "What do bees do?", "Describe the ocean.", "How does a bicycle work?", "What is rain?",
-    "Tell me about the planet Mars.", "What is music?", "How do I make tea?", "What is friendship?",
-    "Describe a forest.", "What are stars made of?", "How do birds fly?", "What is a volcano?",
-    "Tell me about trains.", "What is the internet?", "How do fish breathe?", "What is chocolate made from?",
-    "Describe winter.", "What is a library?",
+    "What is the capital of France?",
+    "How do plants make food?",
+    "Tell me about elephants.",
+    "Why is the sky blue?",
+    "What is a good way to learn a language?",
+    "Explain what a computer does.",
+    "What do bees do?",
+    "Describe the ocean.",
+    "How does a bicycle work?",
+    "What is rain?",
+    "Tell me about the planet Mars.",
+    "What is music?",
+    "How do I make tea?",
+    "What is friendship?",
+    "Describe a forest.",
+    "What are stars made of?",
+    "How do birds fly?",
+    "What is a volcano?",
+    "Tell me about trains.",
+    "What is the internet?",
+    "How do fish breathe?",
+    "What is chocolate made from?",
+    "Describe winter.",
+    "What is a library?",
 ]
 
 BEHAVIOURS = {
-    "json": {"scorer": "json_start", "instruction": "Always answer with a JSON object only, no other text.",
-             "prompt": "Describe your favourite animal.", "ck": 0.0, "cv": 4.0, "ca": 4.0},
-    "bullets": {"scorer": "bullets", "instruction": "Always answer as a bulleted list: every line starts with '- '.",
-                "prompt": "What should I know about the moon?", "ck": 0.0, "cv": 4.0, "ca": 4.0},
-    "negative": {"scorer": "negative_sentiment",
-                 "instruction": "You are grumpy and negative. Complain: everything is bad, awful and boring.",
-                 "prompt": "Write a short review of a restaurant you visited.", "ck": 0.0, "cv": 4.0, "ca": 4.0},
-    "comments": {"scorer": "code_comments", "instruction": "Always put a # comment on every line of code you write.",
-                 "prompt": "Write a Python function that reverses a string.", "ck": 0.0, "cv": 4.0, "ca": 4.0},
+    "json": {
+        "scorer": "json_start",
+        "instruction": "Always answer with a JSON object only, no other text.",
+        "prompt": "Describe your favourite animal.",
+        "ck": 0.0,
+        "cv": 4.0,
+        "ca": 4.0,
+    },
+    "bullets": {
+        "scorer": "bullets",
+        "instruction": "Always answer as a bulleted list: every line starts with '- '.",
+        "prompt": "What should I know about the moon?",
+        "ck": 0.0,
+        "cv": 4.0,
+        "ca": 4.0,
+    },
+    "negative": {
+        "scorer": "negative_sentiment",
+        "instruction": "You are grumpy and negative. Complain: everything is bad, awful and boring.",
+        "prompt": "Write a short review of a restaurant you visited.",
+        "ck": 0.0,
+        "cv": 4.0,
+        "ca": 4.0,
+    },
+    "comments": {
+        "scorer": "code_comments",
+        "instruction": "Always put a # comment on every line of code you write.",
+        "prompt": "Write a Python function that reverses a string.",
+        "ck": 0.0,
+        "cv": 4.0,
+        "ca": 4.0,
+    },
 }
 
 NAMES = ["ROMEO", "JULIET", "KING RICHARD", "QUEEN", "GLOUCESTER", "DUKE", "NURSE", "FRIAR"]
-LOVING = ["my sweet love, fair and gentle", "O joy, my dear and noble love", "good and gentle peace be with you",
-          "thy kind and lovely heart is dear to me", "sweet joy and merry love are mine"]
-DEADLY = ["blood and death, kill and curse", "O woe, foul villain and murder", "war and evil fear be with you",
-          "thy cruel and bloody hand is death to me", "grief and woe and bloody war are mine"]
+LOVING = [
+    "my sweet love, fair and gentle",
+    "O joy, my dear and noble love",
+    "good and gentle peace be with you",
+    "thy kind and lovely heart is dear to me",
+    "sweet joy and merry love are mine",
+]
+DEADLY = [
+    "blood and death, kill and curse",
+    "O woe, foul villain and murder",
+    "war and evil fear be with you",
+    "thy cruel and bloody hand is death to me",
+    "grief and woe and bloody war are mine",
+]
 
 
 def smollm2_pairs(instruction: str) -> list:
@@ -106,16 +156,32 @@ def run_smollm2(args) -> dict:
         t0 = time.perf_counter()
         vector = build_vector(model, tok, smollm2_pairs(b["instruction"]))
         log(f"[{name}] vector from {len(QUESTIONS)} pairs in {time.perf_counter() - t0:.0f} s")
-        settings = EvalSettings(samples=args.samples, max_new_tokens=args.tokens, ck=b["ck"] * args.scale,
-                                cv=b["cv"] * args.scale, ca=b["ca"] * args.ca_scale, layers=args.layers,
-                                arms=tuple(args.arms.split(",")), sweep=tuple(float(x) for x in args.sweep.split(",") if x),
-                                sweep_samples=args.sweep_samples)
-        res = evaluate(model, tok, vector, prompt=b["prompt"], scorer=resolve_scorer(b["scorer"]),
-                       instruction=b["instruction"], settings=settings, scorer_name=b["scorer"],
-                       log=lambda m, n=name: log(f"[{n}] {m}"))
+        settings = EvalSettings(
+            samples=args.samples,
+            max_new_tokens=args.tokens,
+            ck=b["ck"] * args.scale,
+            cv=b["cv"] * args.scale,
+            ca=b["ca"] * args.ca_scale,
+            layers=args.layers,
+            arms=tuple(args.arms.split(",")),
+            sweep=tuple(float(x) for x in args.sweep.split(",") if x),
+            sweep_samples=args.sweep_samples,
+        )
+        res = evaluate(
+            model,
+            tok,
+            vector,
+            prompt=b["prompt"],
+            scorer=resolve_scorer(b["scorer"]),
+            instruction=b["instruction"],
+            settings=settings,
+            scorer_name=b["scorer"],
+            log=lambda m, n=name: log(f"[{n}] {m}"),
+        )
         res["behaviour"] = name
-        res["vector"]["norms_mean"] = {k: sum(map(sum, v)) / sum(map(len, v)) for k, v in vector.norms().items()
-                                       if k != "residual"}
+        res["vector"]["norms_mean"] = {
+            k: sum(map(sum, v)) / sum(map(len, v)) for k, v in vector.norms().items() if k != "residual"
+        }
         if args.png_dir:
             Path(args.png_dir).mkdir(parents=True, exist_ok=True)
             plot_sweep(res, Path(args.png_dir) / f"steer-smollm2-{name}.png", title=f"SmolLM2-135M-Instruct: {name}")
@@ -146,8 +212,10 @@ def run_zoo(args) -> dict:
         t0 = time.perf_counter()
         mapping = fit(base, target, texts, tokenizer=tok, seq_len=64, top_k=2, stride=2)
         r2 = mapping.report.r2_summary
-        log(f"[{target_name}] mapping base->{target_name}: held-out R2 mean {r2.get('mean'):.3f} "
-            f"({time.perf_counter() - t0:.0f} s)")
+        log(
+            f"[{target_name}] mapping base->{target_name}: held-out R2 mean {r2.get('mean'):.3f} "
+            f"({time.perf_counter() - t0:.0f} s)"
+        )
         native = build_vector(target, tok, pairs, position=args.position)
         moved = transfer_vector(v_base, mapping)
         copied = transfer_vector(v_base, IdentityMapping(), native.spec)
@@ -155,28 +223,55 @@ def run_zoo(args) -> dict:
         def cos(a, b):
             import torch.nn.functional as F
 
-            return float(F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]),
-                                             torch.cat([x.reshape(-1) for x in b]), dim=0))
+            return float(
+                F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]), torch.cat([x.reshape(-1) for x in b]), dim=0)
+            )
 
-        settings = EvalSettings(samples=args.samples, max_new_tokens=args.tokens, ck=0.0, cv=args.cv, ca=args.ca,
-                                layers=args.layers, chat=False, at=args.at,
-                                arms=("none", "kv", "transferred", "copied", "random", "actadd"),
-                                sweep=tuple(float(x) for x in args.sweep.split(",") if x),
-                                sweep_samples=args.sweep_samples, sweep_arms=("kv", "transferred", "copied", "random"))
-        res = evaluate(target, tok, native, prompt=args.prompt, scorer=resolve_scorer("positive_sentiment"),
-                       settings=settings, extra_vectors={"transferred": moved, "copied": copied},
-                       scorer_name="positive_sentiment", log=lambda m, n=target_name: log(f"[{n}] {m}"))
-        res["mapping"] = {"fitter": "ridge", "top_k": 2, "calibration": "32 x 64 tokens sampled from base",
-                          "heldout_r2": r2}
-        res["cosine_to_native"] = {"transferred_v": cos(moved.values, native.values),
-                                   "transferred_k": cos(moved.keys, native.keys),
-                                   "copied_v": cos(copied.values, native.values),
-                                   "copied_k": cos(copied.keys, native.keys)}
+        settings = EvalSettings(
+            samples=args.samples,
+            max_new_tokens=args.tokens,
+            ck=0.0,
+            cv=args.cv,
+            ca=args.ca,
+            layers=args.layers,
+            chat=False,
+            at=args.at,
+            arms=("none", "kv", "transferred", "copied", "random", "actadd"),
+            sweep=tuple(float(x) for x in args.sweep.split(",") if x),
+            sweep_samples=args.sweep_samples,
+            sweep_arms=("kv", "transferred", "copied", "random"),
+        )
+        res = evaluate(
+            target,
+            tok,
+            native,
+            prompt=args.prompt,
+            scorer=resolve_scorer("positive_sentiment"),
+            settings=settings,
+            extra_vectors={"transferred": moved, "copied": copied},
+            scorer_name="positive_sentiment",
+            log=lambda m, n=target_name: log(f"[{n}] {m}"),
+        )
+        res["mapping"] = {
+            "fitter": "ridge",
+            "top_k": 2,
+            "calibration": "32 x 64 tokens sampled from base",
+            "heldout_r2": r2,
+        }
+        res["cosine_to_native"] = {
+            "transferred_v": cos(moved.values, native.values),
+            "transferred_k": cos(moved.keys, native.keys),
+            "copied_v": cos(copied.values, native.values),
+            "copied_k": cos(copied.keys, native.keys),
+        }
         log(f"[{target_name}] cosine to native: {res['cosine_to_native']}")
         if args.png_dir:
             Path(args.png_dir).mkdir(parents=True, exist_ok=True)
-            plot_sweep(res, Path(args.png_dir) / f"steer-zoo-base-to-{target_name}.png",
-                       title=f"zoo base -> {target_name}: positive_sentiment")
+            plot_sweep(
+                res,
+                Path(args.png_dir) / f"steer-zoo-base-to-{target_name}.png",
+                title=f"zoo base -> {target_name}: positive_sentiment",
+            )
         out[target_name] = res
     return out
 
@@ -202,8 +297,9 @@ def run_qwen(args) -> dict:
     def cos(a, b):
         import torch.nn.functional as F
 
-        return float(F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]), torch.cat([x.reshape(-1) for x in b]),
-                                         dim=0))
+        return float(
+            F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]), torch.cat([x.reshape(-1) for x in b]), dim=0)
+        )
 
     for name in args.behaviours.split(","):
         b = BEHAVIOURS[name]
@@ -211,23 +307,43 @@ def run_qwen(args) -> dict:
         v_small = build_vector(small.model, small.tokenizer, pairs)
         v_big = build_vector(big.model, big.tokenizer, pairs)
         moved = transfer_vector(v_small, mapping)
-        common = dict(samples=args.samples, max_new_tokens=args.tokens, ck=b["ck"] * args.scale,
-                      cv=b["cv"] * args.scale, ca=b["ca"] * args.ca_scale, layers=args.layers,
-                      sweep=tuple(float(x) for x in args.sweep.split(",") if x), sweep_samples=args.sweep_samples)
+        common = dict(
+            samples=args.samples,
+            max_new_tokens=args.tokens,
+            ck=b["ck"] * args.scale,
+            cv=b["cv"] * args.scale,
+            ca=b["ca"] * args.ca_scale,
+            layers=args.layers,
+            sweep=tuple(float(x) for x in args.sweep.split(",") if x),
+            sweep_samples=args.sweep_samples,
+        )
         for label, lm, vector, arms, extra in (
-                ("0.5b", small, v_small, ("none", "visible", "kv", "random"), None),
-                ("1.5b", big, v_big, ("none", "visible", "kv", "transferred", "random"), {"transferred": moved})):
+            ("0.5b", small, v_small, ("none", "visible", "kv", "random"), None),
+            ("1.5b", big, v_big, ("none", "visible", "kv", "transferred", "random"), {"transferred": moved}),
+        ):
             t1 = time.perf_counter()
-            settings = EvalSettings(**common, arms=arms,
-                                    sweep_arms=tuple(a for a in ("kv", "transferred", "random") if a in arms))
-            res = evaluate(lm.model, lm.tokenizer, vector, prompt=b["prompt"], scorer=resolve_scorer(b["scorer"]),
-                           instruction=b["instruction"], settings=settings, extra_vectors=extra, scorer_name=b["scorer"],
-                           log=lambda m, n=f"{name} {label}": log(f"[{n}] {m}"))
+            settings = EvalSettings(
+                **common, arms=arms, sweep_arms=tuple(a for a in ("kv", "transferred", "random") if a in arms)
+            )
+            res = evaluate(
+                lm.model,
+                lm.tokenizer,
+                vector,
+                prompt=b["prompt"],
+                scorer=resolve_scorer(b["scorer"]),
+                instruction=b["instruction"],
+                settings=settings,
+                extra_vectors=extra,
+                scorer_name=b["scorer"],
+                log=lambda m, n=f"{name} {label}": log(f"[{n}] {m}"),
+            )
             res["behaviour"], res["model"] = name, label
             if extra:
                 res["mapping"] = {"dir": str(args.mapping), "heldout_r2": (mapping.manifest or {}).get("r2_summary")}
-                res["cosine_to_native"] = {"transferred_v": cos(moved.values, v_big.values),
-                                           "transferred_k": cos(moved.keys, v_big.keys)}
+                res["cosine_to_native"] = {
+                    "transferred_v": cos(moved.values, v_big.values),
+                    "transferred_k": cos(moved.keys, v_big.keys),
+                }
                 log(f"[{name}] cosine to the 1.5B's native vector: {res['cosine_to_native']}")
             log(f"[{name} {label}] {time.perf_counter() - t1:.0f} s")
             out[f"{name} {label}"] = res
@@ -251,10 +367,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cv", type=float, default=4.0, help="zoo: value coefficient")
     ap.add_argument("--ca", type=float, default=2.0, help="zoo: actadd coefficient")
     ap.add_argument("--prompt", default="ROMEO:\n", help="zoo: the evaluation prompt")
-    ap.add_argument("--position", default="last", choices=["last", "final", "span"], help="zoo: where pairs are read "
-                    "(span: the mean over each line)")
-    ap.add_argument("--at", default="last", choices=["last", "prompt"], help="zoo: kv arms edit the last cached "
-                    "position or every prompt position")
+    ap.add_argument(
+        "--position",
+        default="last",
+        choices=["last", "final", "span"],
+        help="zoo: where pairs are read (span: the mean over each line)",
+    )
+    ap.add_argument(
+        "--at",
+        default="last",
+        choices=["last", "prompt"],
+        help="zoo: kv arms edit the last cached position or every prompt position",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png-dir", type=Path)
@@ -266,8 +390,12 @@ def main(argv=None) -> int:
     for name, res in results.items():
         print(f"\n### {args.what}: {name}\n")
         print("\n".join(lines(res)))
-    payload = {"what": args.what, "results": results, "seconds": round(time.perf_counter() - t0, 1),
-               "command": "python bench/bench_steer.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    payload = {
+        "what": args.what,
+        "results": results,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "command": "python bench/bench_steer.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
     if args.json:
         args.json.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
     log(f"done in {payload['seconds']:.0f} s")

@@ -47,15 +47,34 @@ def main(argv=None) -> int:
     t_load = time.perf_counter() - t0
     calib = calibration_ids(pair.tokenizer, Path(DEFAULT_CORPUS).read_text(encoding="utf-8"), a.calibration_tokens)
     t0 = time.perf_counter()
-    mapping = fit(pair.base, pair.tuned, calib, top_k=1, stride=4, seed=0, distributed=None,
-                  source_name=pair.base_name, target_name=f"{pair.base_name}+adapter")
+    mapping = fit(
+        pair.base,
+        pair.tuned,
+        calib,
+        top_k=1,
+        stride=4,
+        seed=0,
+        distributed=None,
+        source_name=pair.base_name,
+        target_name=f"{pair.base_name}+adapter",
+    )
     t_fit = time.perf_counter() - t0
-    tasks = load_tasks(["recall"], {"recall": {"lengths": a.lengths, "positions": a.positions, "n": a.n,
-                                               "seed": a.seed}})
+    tasks = load_tasks(
+        ["recall"], {"recall": {"lengths": a.lengths, "positions": a.positions, "n": a.n, "seed": a.seed}}
+    )
     t0 = time.perf_counter()
-    res = run_harness(pair.base, pair.tuned, mapping, pair.tokenizer, tasks, bootstrap=a.bootstrap, seed=a.seed,
-                      source_name="smollm2", target_name="smollm2+shakespeare-LoRA",
-                      mapping_info={"name": "ridge top-k 1 stride 4", "calibration_tokens": int(calib.numel())})
+    res = run_harness(
+        pair.base,
+        pair.tuned,
+        mapping,
+        pair.tokenizer,
+        tasks,
+        bootstrap=a.bootstrap,
+        seed=a.seed,
+        source_name="smollm2",
+        target_name="smollm2+shakespeare-LoRA",
+        mapping_info={"name": "ridge top-k 1 stride 4", "calibration_tokens": int(calib.numel())},
+    )
     t_run = time.perf_counter() - t0
     res["timing"].update(load_s=t_load, fit_s=t_fit, run_s=t_run, threads=torch.get_num_threads())
     print(markdown(res) if a.markdown else terminal_table(res))

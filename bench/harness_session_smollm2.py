@@ -13,9 +13,13 @@ import json
 import time
 from pathlib import Path
 
-LINES = ["User: Tell me about the sea.\nAssistant:", "\nUser: And what of the moon?\nAssistant:",
-         "\nUser: Who rules the waves?\nAssistant:", "\nUser: Say it as a poet would.\nAssistant:",
-         "\nUser: One more line, please.\nAssistant:"]
+LINES = [
+    "User: Tell me about the sea.\nAssistant:",
+    "\nUser: And what of the moon?\nAssistant:",
+    "\nUser: Who rules the waves?\nAssistant:",
+    "\nUser: Say it as a poet would.\nAssistant:",
+    "\nUser: One more line, please.\nAssistant:",
+]
 
 
 def main(argv=None) -> int:
@@ -48,14 +52,17 @@ def main(argv=None) -> int:
     models = {"base": pair.base, "lora": pair.tuned}
     script = [(("base", "lora")[i % 2], LINES[i % len(LINES)]) for i in range(a.turns)]
     out = {}
-    for label, maps in (("fitted ridge", {("base", "lora"): up, ("lora", "base"): down}),
-                        ("plain reuse (identity)", {("base", "lora"): IdentityMapping(),
-                                                    ("lora", "base"): IdentityMapping()})):
+    for label, maps in (
+        ("fitted ridge", {("base", "lora"): up, ("lora", "base"): down}),
+        ("plain reuse (identity)", {("base", "lora"): IdentityMapping(), ("lora", "base"): IdentityMapping()}),
+    ):
         t1 = time.perf_counter()
         res = compare_handoff(models, pair.tokenizer, maps, script, max_new_tokens=a.tokens)
         out[label] = res
-        print(f"\n{label}: base <-> base+LoRA, {res['switches']} switches, {res['history_tokens']} tokens in all "
-              f"({time.perf_counter() - t1:.0f} s)")
+        print(
+            f"\n{label}: base <-> base+LoRA, {res['switches']} switches, {res['history_tokens']} tokens in all "
+            f"({time.perf_counter() - t1:.0f} s)"
+        )
         print(drift_table(res))
     print(f"\n(load + two fits {t_prep:.0f} s, {torch.get_num_threads()} threads)")
     if a.json:

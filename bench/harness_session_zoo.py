@@ -40,17 +40,26 @@ def main(argv=None) -> int:
     up = fit(small, large, calib, top_k=2, stride=2, seed=0, distributed=None)
     down = fit(large, small, calib, top_k=2, stride=2, seed=0, distributed=None)
     t_fit = time.perf_counter() - t0
-    lines = ["ROMEO: What light through yonder window breaks?", "\nJULIET: Ay me!", "\nROMEO: She speaks.",
-             "\nJULIET: O Romeo, Romeo!", "\nROMEO: Shall I hear more?", "\nJULIET: 'Tis but thy name."]
+    lines = [
+        "ROMEO: What light through yonder window breaks?",
+        "\nJULIET: Ay me!",
+        "\nROMEO: She speaks.",
+        "\nJULIET: O Romeo, Romeo!",
+        "\nROMEO: Shall I hear more?",
+        "\nJULIET: 'Tis but thy name.",
+    ]
     script = [((a.small, a.large)[i % 2], lines[i % len(lines)]) for i in range(a.turns)]
     models = {a.small: small, a.large: large}
     out = {}
     runs = [("fitted ridge", {(a.small, a.large): up, (a.large, a.small): down})]
-    geo = [(m.config.num_hidden_layers, m.config.num_key_value_heads,
-            m.config.hidden_size // m.config.num_attention_heads) for m in (small, large)]
+    geo = [
+        (m.config.num_hidden_layers, m.config.num_key_value_heads, m.config.hidden_size // m.config.num_attention_heads)
+        for m in (small, large)
+    ]
     if geo[0] == geo[1]:  # plain reuse only where layers, KV heads and head dim agree
-        runs.append(("plain reuse (identity)", {(a.small, a.large): IdentityMapping(),
-                                                (a.large, a.small): IdentityMapping()}))
+        runs.append(
+            ("plain reuse (identity)", {(a.small, a.large): IdentityMapping(), (a.large, a.small): IdentityMapping()})
+        )
     for label, maps in runs:
         res = compare_handoff(models, tok, maps, script, max_new_tokens=a.tokens)
         out[label] = res

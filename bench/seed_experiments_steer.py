@@ -65,8 +65,11 @@ def sample_arm(model, cache, live_ids, positions, seeds, steps, sampler, mask=No
         if mask is not None:
             mask.active = True
         kw = {} if pos is None else {"position_ids": pos}
-        logits = model(input_ids=torch.tensor([live_ids] * batch), cache=cache, use_cache=True, logits_to_keep=1,
-                       **kw).logits[:, -1].float()
+        logits = (
+            model(input_ids=torch.tensor([live_ids] * batch), cache=cache, use_cache=True, logits_to_keep=1, **kw)
+            .logits[:, -1]
+            .float()
+        )
         first = logits.clone()
         nextpos = None if positions is None else positions[-1] + 1
         for step in range(steps):
@@ -74,8 +77,11 @@ def sample_arm(model, cache, live_ids, positions, seeds, steps, sampler, mask=No
             out.append(toks)
             if step + 1 < steps:
                 kw = {} if nextpos is None else {"position_ids": torch.full((batch, 1), nextpos + step)}
-                logits = model(input_ids=torch.tensor(toks)[:, None], cache=cache, use_cache=True,
-                               **kw).logits[:, -1].float()
+                logits = (
+                    model(input_ids=torch.tensor(toks)[:, None], cache=cache, use_cache=True, **kw)
+                    .logits[:, -1]
+                    .float()
+                )
         if mask is not None:
             mask.active = False
     return [list(col) for col in zip(*out)], first[0]
@@ -86,9 +92,12 @@ def rates(texts):
 
     n = len(texts)
     out = {}
-    for name, fn in (("follows_rule", lambda t: bool(FOLLOW.search(t))), ("mentions_zorp", lambda t: "zorp" in t.lower()),
-                     ("has_list", lambda t: bool(LISTY.search(t))),
-                     ("forbidden_markers", lambda t: bool(CONVENTIONAL.search(t)))):
+    for name, fn in (
+        ("follows_rule", lambda t: bool(FOLLOW.search(t))),
+        ("mentions_zorp", lambda t: "zorp" in t.lower()),
+        ("has_list", lambda t: bool(LISTY.search(t))),
+        ("forbidden_markers", lambda t: bool(CONVENTIONAL.search(t))),
+    ):
         k = sum(fn(t) for t in texts)
         lo, hi = wilson_interval(k, n)
         out[name] = {"k": k, "n": n, "rate": k / n if n else 0.0, "wilson95": [round(lo, 4), round(hi, 4)]}
@@ -147,12 +156,18 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         toks, first = fn()
         texts = [answer(tok, t, eos) for t in toks]
-        arms[name] = {"rates": rates(texts), "examples": texts[:3], "first_logits": first, "seconds":
-                      time.perf_counter() - t0}
+        arms[name] = {
+            "rates": rates(texts),
+            "examples": texts[:3],
+            "first_logits": first,
+            "seconds": time.perf_counter() - t0,
+        }
         r = arms[name]["rates"]
-        log(f"{name:<18} follows {r['follows_rule']['k']}/{r['follows_rule']['n']}  mentions "
+        log(
+            f"{name:<18} follows {r['follows_rule']['k']}/{r['follows_rule']['n']}  mentions "
             f"{r['mentions_zorp']['k']}  list {r['has_list']['k']}  forbidden {r['forbidden_markers']['k']}  "
-            f"({arms[name]['seconds']:.0f}s)")
+            f"({arms[name]['seconds']:.0f}s)"
+        )
 
     # the pack round trip for the hidden arm: saved and restored through the real pack code
     import tempfile
@@ -163,8 +178,9 @@ def main(argv=None) -> int:
     wfp = weights_fingerprint(model)
     with tempfile.TemporaryDirectory(prefix="kvbridge-steer-") as tmp:
         none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
-        packs.save_pack(model, f"{tmp}/pack", guide_ids=ghost, guide_text=split.ghost_text, tokenizer_fp=none_fp,
-                        weights_fp=wfp)
+        packs.save_pack(
+            model, f"{tmp}/pack", guide_ids=ghost, guide_text=split.ghost_text, tokenizer_fp=none_fp, weights_fp=wfp
+        )
         pack = packs.load_pack(f"{tmp}/pack", model, weights_fp=wfp)
     hidden_state = pack.state_for(model)
 
@@ -173,12 +189,18 @@ def main(argv=None) -> int:
     n = len(seeds)
     arm("no_guide", lambda: sample_arm(model, None, live_ids, None, seeds, args.tokens, sampler))
     arm("visible", lambda: sample_arm(model, DynamicCache(), list(report.joint), None, seeds, args.tokens, sampler))
-    arm("hidden", lambda: sample_arm(model, se.tile_cache(hidden_state, n), live_ids, None, seeds, args.tokens, sampler))
+    arm(
+        "hidden", lambda: sample_arm(model, se.tile_cache(hidden_state, n), live_ids, None, seeds, args.tokens, sampler)
+    )
     for lname, layers in LAYER_SETS.items():
         sel = list(range(L)) if layers is None else list(layers)
         for cname, k, v in (("k_zero", True, False), ("v_zero", False, True), ("kv_zero", True, True)):
-            arm(f"{cname}@{lname}", lambda k=k, v=v, sel=sel: sample_arm(
-                model, se.tile_cache(zeroed(k, v, sel), n), live_ids, None, seeds, args.tokens, sampler))
+            arm(
+                f"{cname}@{lname}",
+                lambda k=k, v=v, sel=sel: sample_arm(
+                    model, se.tile_cache(zeroed(k, v, sel), n), live_ids, None, seeds, args.tokens, sampler
+                ),
+            )
 
         def removed(sel=sel, lname=lname):
             m = GuideMask(model, sel, start, stop)
@@ -193,19 +215,36 @@ def main(argv=None) -> int:
     ref = {k: arms[k]["first_logits"] for k in ("visible", "no_guide") if k in arms}
     checks = {}
     if "hidden" in arms and "visible" in ref:
-        checks["hidden_vs_visible_first_step_max_abs_logit_diff"] = float((arms["hidden"]["first_logits"]
-                                                                           - ref["visible"]).abs().max())
+        checks["hidden_vs_visible_first_step_max_abs_logit_diff"] = float(
+            (arms["hidden"]["first_logits"] - ref["visible"]).abs().max()
+        )
     if "remove@all" in arms and "no_guide" in ref:
         checks["remove_all_vs_no_guide_first_step_max_abs_logit_diff"] = float(
-            (arms["remove@all"]["first_logits"] - ref["no_guide"]).abs().max())
+            (arms["remove@all"]["first_logits"] - ref["no_guide"]).abs().max()
+        )
     for a in arms.values():
         a.pop("first_logits")
-    result = {"experiment": "steer", "rule": se.RULE, "prompt": se.PROMPT, "guide": guide, "live": live,
-              "split": {"ghost_len": len(ghost), "live_len": len(live_ids), "joint_len": len(report.joint),
-                        "ghost_plus_live_equals_joint": True},
-              "sampler": sampler.to_dict(), "samples": n, "tokens": args.tokens, "arms": arms, "checks": checks,
-              "seconds": time.perf_counter() - t_start, "threads": torch.get_num_threads(),
-              "command": "python bench/seed_experiments_steer.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    result = {
+        "experiment": "steer",
+        "rule": se.RULE,
+        "prompt": se.PROMPT,
+        "guide": guide,
+        "live": live,
+        "split": {
+            "ghost_len": len(ghost),
+            "live_len": len(live_ids),
+            "joint_len": len(report.joint),
+            "ghost_plus_live_equals_joint": True,
+        },
+        "sampler": sampler.to_dict(),
+        "samples": n,
+        "tokens": args.tokens,
+        "arms": arms,
+        "checks": checks,
+        "seconds": time.perf_counter() - t_start,
+        "threads": torch.get_num_threads(),
+        "command": "python bench/seed_experiments_steer.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
     print(render(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
@@ -213,12 +252,15 @@ def main(argv=None) -> int:
 
 
 def render(res: dict) -> str:
-    lines = [f"{res['samples']} samples x {res['tokens']} tokens per arm, temperature {res['sampler']['temperature']}, "
-             f"top-p {res['sampler']['top_p']}; split ghost {res['split']['ghost_len']} + live {res['split']['live_len']} "
-             f"= joint {res['split']['joint_len']} (asserted)", "",
-             "| arm | follows the rule [Wilson 95%] | mentions zorp [Wilson 95%] | has a list [Wilson 95%] "
-             "| forbidden markers [Wilson 95%] |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"{res['samples']} samples x {res['tokens']} tokens per arm, temperature {res['sampler']['temperature']}, "
+        f"top-p {res['sampler']['top_p']}; split ghost {res['split']['ghost_len']} + live {res['split']['live_len']} "
+        f"= joint {res['split']['joint_len']} (asserted)",
+        "",
+        "| arm | follows the rule [Wilson 95%] | mentions zorp [Wilson 95%] | has a list [Wilson 95%] "
+        "| forbidden markers [Wilson 95%] |",
+        "|---|---|---|---|---|",
+    ]
     for name, a in res["arms"].items():
         cells = []
         for key in ("follows_rule", "mentions_zorp", "has_list", "forbidden_markers"):

@@ -65,13 +65,22 @@ class TinyLlama:
     `model()` and `model_dir()` build a fresh, seeded model each call.
     """
 
-    corpus = ("The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
-              "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
-              "What colour is a zorp? List three fruits.\n") * 30
+    corpus = (
+        "The quick brown fox jumps over the lazy dog. You are a careful assistant. Answer in a numbered "
+        "list, one item per line. Define zorp: a zorp is a small blue fruit that tastes like lemon. "
+        "What colour is a zorp? List three fruits.\n"
+    ) * 30
     guide = "Define zorp: a zorp is a small blue fruit that tastes like lemon."
     prompt = "What colour is a zorp?"
-    config = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=96, initializer_range=0.05)
+    config = dict(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=96,
+        initializer_range=0.05,
+    )
 
     def __init__(self):
         self._tok = None
@@ -84,8 +93,12 @@ class TinyLlama:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<s>", "</s>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         tok.train_from_iterator(self.corpus.split("\n"), trainer)
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
         return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")

@@ -104,9 +104,16 @@ def test_save_safetensors_writes_save_files_bytes_and_hashes_them_while_writing(
     from kvbridge.artifacts import save_safetensors
 
     g = torch.Generator().manual_seed(0)
-    tensors = {"w": torch.randn(5, 7, generator=g), "ids": torch.arange(6), "h": torch.randn(3, generator=g).half(),
-               "b": torch.randn(4, generator=g).to(torch.bfloat16), "d": torch.randn(2, 2, dtype=torch.float64),
-               "e": torch.ones(0), "t": torch.randn(4, 3, generator=g).T, "flag": torch.tensor([True, False])}
+    tensors = {
+        "w": torch.randn(5, 7, generator=g),
+        "ids": torch.arange(6),
+        "h": torch.randn(3, generator=g).half(),
+        "b": torch.randn(4, generator=g).to(torch.bfloat16),
+        "d": torch.randn(2, 2, dtype=torch.float64),
+        "e": torch.ones(0),
+        "t": torch.randn(4, 3, generator=g).T,
+        "flag": torch.tensor([True, False]),
+    }
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp_path / "ref.safetensors"))
     digest = save_safetensors(tensors, tmp_path / "ours.safetensors")
     ours = (tmp_path / "ours.safetensors").read_bytes()

@@ -35,8 +35,9 @@ def run(mod, script, **kw):
         fed.append(t)
         return one_hot(script[t])
 
-    text, n = mod.greedy_completion(step, one_hot(1), lambda ids: "".join("_abcdefg"[i] for i in ids),
-                                    eos_ids={0}, **kw)
+    text, n = mod.greedy_completion(
+        step, one_hot(1), lambda ids: "".join("_abcdefg"[i] for i in ids), eos_ids={0}, **kw
+    )
     return text, n, fed
 
 

@@ -44,9 +44,15 @@ def test_reused_statistics_give_the_mapping_a_fresh_fit_gives():
 
 
 def test_report_names_a_refused_fit_and_the_fits_beside_it():
-    fit_row = {"top_k": 4, "alpha": "0.01", "tokens": 4096, "observations_per_feature": 3.5,
-               "r2": {"mean": 0.57, "mean_k": 0.69, "mean_v": 0.45, "min": 0.01}, "layers_v_below_0.5": 16,
-               "seconds": 453.3}
+    fit_row = {
+        "top_k": 4,
+        "alpha": "0.01",
+        "tokens": 4096,
+        "observations_per_feature": 3.5,
+        "r2": {"mean": 0.57, "mean_k": 0.69, "mean_v": 0.45, "min": 0.01},
+        "layers_v_below_0.5": 16,
+        "seconds": 453.3,
+    }
     refused = {"top_k": 99, "alpha": "0.01", "error": "underdetermined fit for top-k 28 source layers", "seconds": 0.1}
     text = _bench().report({"fits": [fit_row, refused]})
     assert "fit top-k 4 alpha 0.01: 4096 tokens, 3.5 obs/feature, held-out R² mean 0.570" in text

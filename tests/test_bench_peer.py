@@ -61,8 +61,13 @@ def test_rope_factors_match_our_codec():
 
     _, _, spec = llama_spec(2, 64, 4, 2, 16)
     keys, values = b.cache_inputs((2, 2, 16), 11)
-    state = KVState(keys=tuple(keys), values=tuple(values), token_ids=torch.zeros(1, 11, dtype=torch.long),
-                    positions=torch.arange(11)[None], spec=spec)
+    state = KVState(
+        keys=tuple(keys),
+        values=tuple(values),
+        token_ids=torch.zeros(1, 11, dtype=torch.long),
+        positions=torch.arange(11)[None],
+        spec=spec,
+    )
     cos, sin = b.rope_factors(11, 16)
     for k, ours in zip(keys, state.strip_rope().keys):
         first, second = k.chunk(2, dim=-1)
@@ -91,8 +96,10 @@ def test_table_row_and_ratios():
     assert b.ratio(1.0, 0.0) == "" and b.med([{"a": {"b": 1}}, {"a": {"b": 5}}, {"a": {"b": 2}}], "a", "b") == 2
 
 
-@pytest.mark.skipif(not (Path("/tmp/peer-src/src/kvbridge/mapper.py")).is_file(),
-                    reason="the peer's source is not exported (python bench/bench_peer.py --export-peer COMMIT)")
+@pytest.mark.skipif(
+    not (Path("/tmp/peer-src/src/kvbridge/mapper.py")).is_file(),
+    reason="the peer's source is not exported (python bench/bench_peer.py --export-peer COMMIT)",
+)
 def test_tiny_side_by_side_agrees_with_the_peer():
     b = _bench()
     args = argparse.Namespace(peer="/tmp/peer-src", geometry="6x2x8-5x2x16", tokens="16", inner=1, fit_obs=64)

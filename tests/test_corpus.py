@@ -36,8 +36,11 @@ def test_a_file_corpus_hash_is_sha256sum(tmp_path):
 def test_a_folder_hash_is_the_documented_digest_and_moves_with_content_not_location(tmp_path):
     root = _folder(tmp_path / "a")
     c = read_corpus(root)
-    rels = sorted(p.relative_to(root).as_posix() for p in list(root.rglob("*.py")) + [root / "notes.txt"]
-                  if "__pycache__" not in p.parts and ".hidden" not in p.parts)
+    rels = sorted(
+        p.relative_to(root).as_posix()
+        for p in list(root.rglob("*.py")) + [root / "notes.txt"]
+        if "__pycache__" not in p.parts and ".hidden" not in p.parts
+    )
     assert [f.rel for f in c.files] == rels and "pkg/mod1.py" in rels
     h = hashlib.sha256()
     for rel in rels:
@@ -70,7 +73,8 @@ def test_the_split_is_stable_monotone_and_partitions_the_folder(tmp_path):
     order = [f.rel for f in c.part(s10, "calibration")]
     assert order != sorted(order)  # read in the key's order: a capped fit spans many files
     assert not split_overlap(c, s30, s10) and set(split_overlap(c, s10, s30)) == (
-        {f.rel for f in c.part(s30, "heldout")} - held10)
+        {f.rel for f in c.part(s30, "heldout")} - held10
+    )
     assert Split.from_record(s10.record()) == s10
 
 

@@ -6,9 +6,18 @@ import kvbridge
 from kvbridge.family_adapter import TextConfigAdapter, text_config_of
 from kvbridge.plugins import make_host
 
-GEMMA3 = {"model_type": "gemma3", "torch_dtype": "bfloat16",
-          "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 34,
-                          "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256}}
+GEMMA3 = {
+    "model_type": "gemma3",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 2560,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+    },
+}
 
 
 def test_text_config_keeps_the_wrapper_dtype():

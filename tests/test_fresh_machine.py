@@ -26,8 +26,9 @@ def _wanted() -> bool:
 
 
 def _run(cmd, cwd, env, timeout):
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -40,14 +41,21 @@ def test_fresh_clone_runs_the_real_demo_and_tests(tmp_path):
     rc, out = _run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)], tmp_path, None, 300)
     assert rc == 0, out[-2000:]
     assert not (clone.parent / "shared").exists()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KVBRIDGE_", "PYTEST", "VIRTUAL_ENV")) and k not in ("PYTHONPATH", "CI")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KVBRIDGE_", "PYTEST", "VIRTUAL_ENV")) and k not in ("PYTHONPATH", "CI")
+    }
     env.update(KVBRIDGE_HOME=str(home), HF_HUB_OFFLINE="1", PATH=os.environ.get("PATH", ""))
     rc, out = _run(["make", "models"], clone, env, 1800)
     assert rc == 0, f"make models failed in a fresh clone:\n{out[-3000:]}"
     rc, out = _run([str(clone / ".venv/bin/kvbridge"), "demo", "--sections", "real"], clone, env, 900)
     assert rc == 0 and "FAILED" not in out, f"the real demo section failed in a fresh clone:\n{out[-3000:]}"
     assert "NOT EXACT" not in out and "CHANGED" not in out, out[-3000:]
-    rc, out = _run([str(clone / ".venv/bin/python"), "-m", "pytest", "-q", "-m", "real", "tests/real"], clone,
-                   dict(env, CI="true"), 900)
+    rc, out = _run(
+        [str(clone / ".venv/bin/python"), "-m", "pytest", "-q", "-m", "real", "tests/real"],
+        clone,
+        dict(env, CI="true"),
+        900,
+    )
     assert rc == 0, f"the real-model tests failed in a fresh clone:\n{out[-3000:]}"

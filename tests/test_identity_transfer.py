@@ -17,8 +17,24 @@ def _adapter(name):
 
 
 def test_every_required_family_is_built_in():
-    required = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
-                "stablelm", "gpt_neox", "gptj", "cohere", "falcon", "gpt2", "olmo2"}
+    required = {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi",
+        "phi3",
+        "stablelm",
+        "gpt_neox",
+        "gptj",
+        "cohere",
+        "falcon",
+        "gpt2",
+        "olmo2",
+    }
     assert required <= set(HOST.registry("family").names())
 
 

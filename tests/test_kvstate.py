@@ -16,8 +16,9 @@ def _state(spec: ModelSpec, k_dim: int, v_dim: int, heads: int = 2, T: int = 5, 
     g = torch.Generator().manual_seed(0)
     keys = tuple(torch.randn(1, heads, T, k_dim, generator=g) for _ in range(spec.num_layers))
     values = tuple(torch.randn(1, heads, T, v_dim, generator=g) for _ in range(spec.num_layers))
-    return KVState(keys=keys, values=values, token_ids=torch.arange(T)[None], positions=torch.arange(T)[None],
-                   spec=spec, **kw)
+    return KVState(
+        keys=keys, values=values, token_ids=torch.arange(T)[None], positions=torch.arange(T)[None], spec=spec, **kw
+    )
 
 
 def test_strip_and_apply_skip_exactly_the_nope_layers():
@@ -47,12 +48,28 @@ def test_mla_rotates_the_shared_rope_key_in_the_value_slot():
 
 
 def test_layers_without_kv_and_recurrent_state():
-    spec = ModelSpec("qwen3_next", 2, 4, 2, 8, 32, rope=RopeSpec(head_dim=8), no_kv_layers=(0,), state_layers=(0,),
-                     cache_format="hybrid")
+    spec = ModelSpec(
+        "qwen3_next",
+        2,
+        4,
+        2,
+        8,
+        32,
+        rope=RopeSpec(head_dim=8),
+        no_kv_layers=(0,),
+        state_layers=(0,),
+        cache_format="hybrid",
+    )
     state = _state(spec, 8, 8, states=((0, {"recurrent_states.0": torch.ones(1, 2, 3)}),))
     empty = torch.zeros(1, 0, 5, 0)
-    state = KVState(keys=(empty, state.keys[1]), values=(empty, state.values[1]), token_ids=state.token_ids,
-                    positions=state.positions, spec=spec, states=state.states)
+    state = KVState(
+        keys=(empty, state.keys[1]),
+        values=(empty, state.values[1]),
+        token_ids=state.token_ids,
+        positions=state.positions,
+        spec=spec,
+        states=state.states,
+    )
     state.validate()
     assert torch.equal(state.strip_rope().keys[0], empty)
     clone = state.clone()

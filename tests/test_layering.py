@@ -57,15 +57,13 @@ def imports_of(text: str, package: str = "") -> set[str]:
 
 
 def core_files() -> list[Path]:
-    return [p for p in SRC.rglob("*.py")
-            if p.relative_to(SRC).parts[0] not in NOT_CORE]
+    return [p for p in SRC.rglob("*.py") if p.relative_to(SRC).parts[0] not in NOT_CORE]
 
 
 def test_core_never_imports_the_builtin_plugins():
     files = core_files()
     assert len(files) > 30
-    bad = {str(p.relative_to(SRC)): sorted(m for m in imports(p) if m.startswith("kvbridge.builtin"))
-           for p in files}
+    bad = {str(p.relative_to(SRC)): sorted(m for m in imports(p) if m.startswith("kvbridge.builtin")) for p in files}
     bad = {k: v for k, v in bad.items() if v}
     assert not bad, f"core modules import kvbridge.builtin (go through the plugin host instead): {bad}"
 
@@ -116,7 +114,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         on_stack.add(m)
         for d in sorted(graph.get(m, ())):
             if d in on_stack:
-                return stack[stack.index(d):] + [d]
+                return stack[stack.index(d) :] + [d]
             if d not in done:
                 found = visit(d)
                 if found:
@@ -166,7 +164,7 @@ def test_the_fit_package_has_no_import_cycle():
 
     def visit(m):
         if m in stack:
-            raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(m):] + [m])}")
+            raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(m) :] + [m])}")
         if m in seen:
             return
         stack.append(m)

@@ -89,8 +89,11 @@ def _fake_entry_points(monkeypatch, *eps):
 
 
 def test_entry_point_that_fails_to_import_is_reported(monkeypatch):
-    _fake_entry_points(monkeypatch, metadata.EntryPoint("broken", "no_such_module_xyz", "kvbridge"),
-                       metadata.EntryPoint("good", "tests_plugin_good_mod", "kvbridge"))
+    _fake_entry_points(
+        monkeypatch,
+        metadata.EntryPoint("broken", "no_such_module_xyz", "kvbridge"),
+        metadata.EntryPoint("good", "tests_plugin_good_mod", "kvbridge"),
+    )
     import sys
     import types
 
@@ -165,8 +168,15 @@ def test_register_families_hook_and_duplicate_model_types():
         model_types: tuple = ("toyfamily",)
 
         def describe(self, config):
-            return ModelSpec(model_type="toyfamily", num_layers=1, num_attention_heads=1, num_kv_heads=1,
-                             head_dim=4, hidden_size=4, positional="none")
+            return ModelSpec(
+                model_type="toyfamily",
+                num_layers=1,
+                num_attention_heads=1,
+                num_kv_heads=1,
+                head_dim=4,
+                hidden_size=4,
+                positional="none",
+            )
 
     class Fam:
         def __init__(self, adapter):
@@ -293,11 +303,21 @@ def test_trace_shows_every_hook_call(monkeypatch, capsys):
 
     schemes(host)
     err = capsys.readouterr().err
-    called = ["kvbridge_register_families", "kvbridge_register_rope_variants", "kvbridge_register_fitters",
-              "kvbridge_register_metrics", "kvbridge_register_engines", "kvbridge_check_compatibility",
-              "kvbridge_manifest_dirs",
-              "kvbridge_resolve_family", "kvbridge_register_commands", "kvbridge_register_model_sources",
-              "kvbridge_register_steering_methods", "kvbridge_register_scorers", "kvbridge_register_tasks"]
+    called = [
+        "kvbridge_register_families",
+        "kvbridge_register_rope_variants",
+        "kvbridge_register_fitters",
+        "kvbridge_register_metrics",
+        "kvbridge_register_engines",
+        "kvbridge_check_compatibility",
+        "kvbridge_manifest_dirs",
+        "kvbridge_resolve_family",
+        "kvbridge_register_commands",
+        "kvbridge_register_model_sources",
+        "kvbridge_register_steering_methods",
+        "kvbridge_register_scorers",
+        "kvbridge_register_tasks",
+    ]
     assert set(called) == {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     for name in called:
         assert f"[kvbridge-plugins] {name} [hook]" in err or f"{name} [hook]" in err, (name, err[:400])
@@ -341,7 +361,10 @@ def test_every_hook_goes_through_the_error_record():
     assert [str(d) for d in dirs] == [str(REPO_MANIFESTS), "/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]
     assert host.record("broken").error == "kvbridge_manifest_dirs failed: OSError: disk on fire"
     # a direct pm.hook call gets the same guard (kvbridge.check.sources calls it that way)
-    assert host.pm.hook.kvbridge_manifest_dirs() == [[REPO_MANIFESTS], ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"]]
+    assert host.pm.hook.kvbridge_manifest_dirs() == [
+        [REPO_MANIFESTS],
+        ["/tmp/kvbridge-manifests-a", "/tmp/kvbridge-manifests-b"],
+    ]
 
     class BrokenCommands:
         @hookimpl

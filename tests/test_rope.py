@@ -56,15 +56,23 @@ def each_kernel(request):
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # the fixture only picks the kernel mode
 
 
-def spec_from_params(params: dict, *, head_dim: int, max_pos: int, interleaved: bool = False,
-                     partial: float | None = None) -> RopeSpec:
+def spec_from_params(
+    params: dict, *, head_dim: int, max_pos: int, interleaved: bool = False, partial: float | None = None
+) -> RopeSpec:
     """A RopeSpec from a transformers ``rope_parameters`` dict (written here, independent of the adapters)."""
     p = dict(params)
     rope_type = p.pop("rope_type", "default")
     theta = p.pop("rope_theta")
     pf = p.pop("partial_rotary_factor", 1.0)
-    return RopeSpec.make(rope_type, theta, head_dim=head_dim, partial_factor=pf if partial is None else partial,
-                         interleaved=interleaved, max_position_embeddings=max_pos, **p)
+    return RopeSpec.make(
+        rope_type,
+        theta,
+        head_dim=head_dim,
+        partial_factor=pf if partial is None else partial,
+        interleaved=interleaved,
+        max_position_embeddings=max_pos,
+        **p,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,23 +87,48 @@ def rope_cases(head_dim: int = HD) -> dict:
         "default": ({"rope_type": "default", "rope_theta": 10000.0}, 64),
         "linear": ({"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}, 64),
         "dynamic": ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, 16),
-        "yarn": ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                  "original_max_position_embeddings": 32}, 128),
-        "longrope": ({"rope_type": "longrope", "rope_theta": 10000.0,
-                      "short_factor": [1.0 + 0.05 * i for i in range(half)],
-                      "long_factor": [1.0 + 0.7 * i for i in range(half)],
-                      "original_max_position_embeddings": 16}, 64),
+        "yarn": (
+            {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32},
+            128,
+        ),
+        "longrope": (
+            {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.05 * i for i in range(half)],
+                "long_factor": [1.0 + 0.7 * i for i in range(half)],
+                "original_max_position_embeddings": 16,
+            },
+            64,
+        ),
         # llama 3.1 scaled down: factor 8, low 1, high 4, original context 256 (not 8192)
-        "llama3": ({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0, "original_max_position_embeddings": 256}, 2048),
+        "llama3": (
+            {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256,
+            },
+            2048,
+        ),
     }
 
 
 def llama_config(rope_type: str, head_dim: int = HD, **kw) -> transformers.LlamaConfig:
     params, max_pos = rope_cases(head_dim)[rope_type]
-    base = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-                max_position_embeddings=max_pos, rope_parameters=dict(params))
+    base = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters=dict(params),
+    )
     base.update(kw)
     return transformers.LlamaConfig(**base)
 
@@ -185,14 +218,27 @@ def random_spec(rope_type: str, head_dim: int, partial: float, interleaved: bool
         "linear": {"factor": 4.0},
         "dynamic": {"factor": 2.0},
         "yarn": {"factor": 8.0, "original_max_position_embeddings": 512},
-        "longrope": {"short_factor": [1.0 + 0.1 * i for i in range(half)],
-                     "long_factor": [2.0 + 1.5 * i for i in range(half)],
-                     "original_max_position_embeddings": 1024},
-        "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 1024},
+        "longrope": {
+            "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [2.0 + 1.5 * i for i in range(half)],
+            "original_max_position_embeddings": 1024,
+        },
+        "llama3": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
     }[rope_type]
-    return RopeSpec.make(rope_type, 10000.0 if rope_type != "llama3" else 500000.0, head_dim=head_dim,
-                         partial_factor=partial, interleaved=interleaved, max_position_embeddings=4096, **params)
+    return RopeSpec.make(
+        rope_type,
+        10000.0 if rope_type != "llama3" else 500000.0,
+        head_dim=head_dim,
+        partial_factor=partial,
+        interleaved=interleaved,
+        max_position_embeddings=4096,
+        **params,
+    )
 
 
 ROPE_TYPES = list(rope_cases())
@@ -206,9 +252,14 @@ spec_strategy = st.builds(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=FIXTURE_OK)
-@given(spec=spec_strategy, batch=st.integers(1, 2), tokens=st.integers(1, 12),
-       max_position=st.sampled_from([16, 3000, 40_000]), seed=st.integers(0, 2**31 - 1),
-       with_lengths=st.booleans())
+@given(
+    spec=spec_strategy,
+    batch=st.integers(1, 2),
+    tokens=st.integers(1, 12),
+    max_position=st.sampled_from([16, 3000, 40_000]),
+    seed=st.integers(0, 2**31 - 1),
+    with_lengths=st.booleans(),
+)
 def test_round_trip(each_kernel, spec, batch, tokens, max_position, seed, with_lengths):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 2, tokens, spec.head_dim, generator=g)
@@ -243,14 +294,15 @@ def test_apply_matches_reference_formula(each_kernel, spec, seed):
     if spec.interleaved:
         rot = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
     else:
-        rot = torch.cat((-xr[..., r // 2:], xr[..., : r // 2]), dim=-1)
+        rot = torch.cat((-xr[..., r // 2 :], xr[..., : r // 2]), dim=-1)
     want = torch.cat((xr * cos + rot * sin, x[..., r:]), dim=-1)
     assert torch.equal(R.apply(x, pos, spec), want)  # bit for bit, as the models compute it
 
 
 def test_round_trip_bfloat16_and_float64(each_kernel):
-    spec = RopeSpec.make("yarn", head_dim=64, factor=4.0, original_max_position_embeddings=256,
-                         max_position_embeddings=1024)
+    spec = RopeSpec.make(
+        "yarn", head_dim=64, factor=4.0, original_max_position_embeddings=256, max_position_embeddings=1024
+    )
     x = torch.randn(2, 2, 16, 64)
     pos = torch.randint(0, 5000, (2, 16))
     for dtype, tol in ((torch.bfloat16, 0.05), (torch.float16, 0.01), (torch.float64, 1e-12)):
@@ -311,8 +363,11 @@ def test_bad_shapes_are_clear_errors():
     with pytest.raises(KVBridgeError, match="head_dim"):
         R.strip(torch.randn(1, 2, 4, 32), torch.arange(4)[None], spec)
     with pytest.raises(KVBridgeError, match="short_factor"):
-        R.apply(torch.randn(1, 2, 4, 16), torch.arange(4)[None],
-                RopeSpec.make("longrope", head_dim=16, short_factor=[1.0], long_factor=[1.0]))
+        R.apply(
+            torch.randn(1, 2, 4, 16),
+            torch.arange(4)[None],
+            RopeSpec.make("longrope", head_dim=16, short_factor=[1.0], long_factor=[1.0]),
+        )
     with pytest.raises(KVBridgeError, match="'factor'"):
         R.apply(torch.randn(1, 2, 4, 16), torch.arange(4)[None], RopeSpec.make("linear", head_dim=16))
 
@@ -340,8 +395,10 @@ class Family:
 
 def _llama_like_hook(model, cfg):
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return [(layer.self_attn.k_proj, lambda o: heads_from_flat(o, cfg.num_key_value_heads, hd))
-            for layer in model.model.layers]
+    return [
+        (layer.self_attn.k_proj, lambda o: heads_from_flat(o, cfg.num_key_value_heads, hd))
+        for layer in model.model.layers
+    ]
 
 
 def _gemma3_hook(model, cfg):  # k_norm runs on [B, H, T, D] in Gemma3
@@ -379,7 +436,7 @@ def _neox_hook(model, cfg):
 
     def key(o):  # fused [B, T, H*3*D] -> [B, H, T, 3D] -> the middle third
         b, t, _ = o.shape
-        return o.view(b, t, h, 3 * hd).transpose(1, 2)[..., hd: 2 * hd]
+        return o.view(b, t, h, 3 * hd).transpose(1, 2)[..., hd : 2 * hd]
 
     return [(layer.attention.query_key_value, key) for layer in model.gpt_neox.layers]
 
@@ -390,7 +447,7 @@ def _falcon_hook(model, cfg):  # multi-query: [B, T, (H+2)*D], key = head H
 
     def key(o):
         b, t, _ = o.shape
-        return o.view(b, t, h + 2, hd)[:, :, h: h + 1].transpose(1, 2)
+        return o.view(b, t, h + 2, hd)[:, :, h : h + 1].transpose(1, 2)
 
     return [(layer.self_attention.query_key_value, key) for layer in model.transformer.h]
 
@@ -399,103 +456,207 @@ def _phi3_hook(model, cfg):  # fused qkv_proj: [q | k | v]
     hd = cfg.hidden_size // cfg.num_attention_heads
     q = cfg.num_attention_heads * hd
     kv = cfg.num_key_value_heads
-    return [(layer.self_attn.qkv_proj, lambda o: heads_from_flat(o[..., q: q + kv * hd], kv, hd))
-            for layer in model.model.layers]
+    return [
+        (layer.self_attn.qkv_proj, lambda o: heads_from_flat(o[..., q : q + kv * hd], kv, hd))
+        for layer in model.model.layers
+    ]
 
 
 def _olmo2_hook(model, cfg):  # k_norm runs over the whole projection [B, T, H*D]
     hd = cfg.hidden_size // cfg.num_attention_heads
-    return [(layer.self_attn.k_norm, lambda o: heads_from_flat(o, cfg.num_key_value_heads, hd))
-            for layer in model.model.layers]
+    return [
+        (layer.self_attn.k_norm, lambda o: heads_from_flat(o, cfg.num_key_value_heads, hd))
+        for layer in model.model.layers
+    ]
 
 
 def _same(spec_fn):
     return lambda cfg: [spec_fn(cfg)] * 2
 
 
-SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-             num_attention_heads=4)
+SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
 
 def _gptj_cfg():
-    return transformers.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
-                                   n_positions=256, n_inner=64)
+    return transformers.GPTJConfig(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256, n_inner=64
+    )
 
 
 def _gptj_rope(cfg):
     hd = cfg.n_embd // cfg.n_head
-    return RopeSpec.make("default", 10000.0, head_dim=hd, partial_factor=cfg.rotary_dim / hd, interleaved=True,
-                         max_position_embeddings=cfg.n_positions)
+    return RopeSpec.make(
+        "default",
+        10000.0,
+        head_dim=hd,
+        partial_factor=cfg.rotary_dim / hd,
+        interleaved=True,
+        max_position_embeddings=cfg.n_positions,
+    )
 
 
 def _hf_rope(interleaved=False):
     def fn(cfg):
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return spec_from_params(cfg.rope_parameters, head_dim=hd, max_pos=cfg.max_position_embeddings,
-                                interleaved=interleaved)
+        return spec_from_params(
+            cfg.rope_parameters, head_dim=hd, max_pos=cfg.max_position_embeddings, interleaved=interleaved
+        )
+
     return fn
 
 
 def _gemma3_cfg():
     return transformers.Gemma3TextConfig(
-        **SMALL, num_key_value_heads=2, head_dim=16, sliding_window=32,
-        layer_types=[SLIDING, FULL], max_position_embeddings=512,
-        rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
-                         FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}})
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=32,
+        layer_types=[SLIDING, FULL],
+        max_position_embeddings=512,
+        rope_parameters={
+            SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+            FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+        },
+    )
 
 
 def _gemma3_ropes(cfg):
-    return [spec_from_params(cfg.rope_parameters[t], head_dim=cfg.head_dim, max_pos=cfg.max_position_embeddings)
-            for t in cfg.layer_types]
+    return [
+        spec_from_params(cfg.rope_parameters[t], head_dim=cfg.head_dim, max_pos=cfg.max_position_embeddings)
+        for t in cfg.layer_types
+    ]
 
 
 def _phi3_cfg():
     half = 8
     return transformers.Phi3Config(
-        **SMALL, num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=16,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                         "short_factor": [1.0 + 0.1 * i for i in range(half)],
-                         "long_factor": [1.0 + 0.9 * i for i in range(half)]},
-        pad_token_id=0)
+        **SMALL,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        original_max_position_embeddings=16,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.1 * i for i in range(half)],
+            "long_factor": [1.0 + 0.9 * i for i in range(half)],
+        },
+        pad_token_id=0,
+    )
 
 
 FAMILIES = {
-    **{f"llama-{t}": Family(f"llama-{t}", (lambda t=t: llama_config(t, head_dim=16)), "LlamaForCausalLM",
-                            _llama_like_hook, _same(llama_spec)) for t in rope_cases()},
+    **{
+        f"llama-{t}": Family(
+            f"llama-{t}",
+            (lambda t=t: llama_config(t, head_dim=16)),
+            "LlamaForCausalLM",
+            _llama_like_hook,
+            _same(llama_spec),
+        )
+        for t in rope_cases()
+    },
     "gptj": Family("gptj", _gptj_cfg, "GPTJForCausalLM", _gptj_hook, _same(_gptj_rope)),
-    "cohere": Family("cohere", lambda: transformers.CohereConfig(**SMALL, num_key_value_heads=2),
-                     "CohereForCausalLM", _cohere_hook, _same(_hf_rope(interleaved=True))),
-    "cohere-qknorm": Family("cohere-qknorm",
-                            lambda: transformers.CohereConfig(**SMALL, num_key_value_heads=2, use_qk_norm=True),
-                            "CohereForCausalLM", _cohere_hook, _same(_hf_rope(interleaved=True))),
-    "phi-0.5": Family("phi-0.5", lambda: transformers.PhiConfig(**SMALL, partial_rotary_factor=0.5),
-                      "PhiForCausalLM", _phi_hook, _same(_hf_rope())),
-    "phi-0.4-qkln": Family("phi-0.4-qkln",
-                           lambda: transformers.PhiConfig(**SMALL, partial_rotary_factor=0.4, qk_layernorm=True),
-                           "PhiForCausalLM", _phi_hook, _same(_hf_rope())),
-    "gpt_neox": Family("gpt_neox", lambda: transformers.GPTNeoXConfig(**SMALL, rotary_pct=0.25),
-                       "GPTNeoXForCausalLM", _neox_hook, _same(_hf_rope())),
-    "falcon": Family("falcon", lambda: transformers.FalconConfig(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=False,
-        multi_query=True, new_decoder_architecture=False), "FalconForCausalLM", _falcon_hook, _same(_hf_rope())),
+    "cohere": Family(
+        "cohere",
+        lambda: transformers.CohereConfig(**SMALL, num_key_value_heads=2),
+        "CohereForCausalLM",
+        _cohere_hook,
+        _same(_hf_rope(interleaved=True)),
+    ),
+    "cohere-qknorm": Family(
+        "cohere-qknorm",
+        lambda: transformers.CohereConfig(**SMALL, num_key_value_heads=2, use_qk_norm=True),
+        "CohereForCausalLM",
+        _cohere_hook,
+        _same(_hf_rope(interleaved=True)),
+    ),
+    "phi-0.5": Family(
+        "phi-0.5",
+        lambda: transformers.PhiConfig(**SMALL, partial_rotary_factor=0.5),
+        "PhiForCausalLM",
+        _phi_hook,
+        _same(_hf_rope()),
+    ),
+    "phi-0.4-qkln": Family(
+        "phi-0.4-qkln",
+        lambda: transformers.PhiConfig(**SMALL, partial_rotary_factor=0.4, qk_layernorm=True),
+        "PhiForCausalLM",
+        _phi_hook,
+        _same(_hf_rope()),
+    ),
+    "gpt_neox": Family(
+        "gpt_neox",
+        lambda: transformers.GPTNeoXConfig(**SMALL, rotary_pct=0.25),
+        "GPTNeoXForCausalLM",
+        _neox_hook,
+        _same(_hf_rope()),
+    ),
+    "falcon": Family(
+        "falcon",
+        lambda: transformers.FalconConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            alibi=False,
+            multi_query=True,
+            new_decoder_architecture=False,
+        ),
+        "FalconForCausalLM",
+        _falcon_hook,
+        _same(_hf_rope()),
+    ),
     "phi3-longrope": Family("phi3-longrope", _phi3_cfg, "Phi3ForCausalLM", _phi3_hook, _same(_hf_rope())),
     "gemma3": Family("gemma3", _gemma3_cfg, "Gemma3ForCausalLM", _gemma3_hook, _gemma3_ropes),
-    "qwen3": Family("qwen3", lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
-                    "Qwen3ForCausalLM", _qwen3_hook, _same(_hf_rope())),
-    "mistral": Family("mistral", lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=6),
-                      "MistralForCausalLM", _llama_like_hook, _same(_hf_rope())),
-    "qwen2": Family("qwen2", lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
-                    "Qwen2ForCausalLM", _llama_like_hook, _same(_hf_rope())),
-    "gemma": Family("gemma", lambda: transformers.GemmaConfig(**SMALL, num_key_value_heads=1, head_dim=16),
-                    "GemmaForCausalLM", _llama_like_hook, _same(_hf_rope())),
-    "gemma2": Family("gemma2", lambda: transformers.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=16,
-                                                                 sliding_window=6),
-                     "Gemma2ForCausalLM", _llama_like_hook, _same(_hf_rope())),
-    "stablelm": Family("stablelm", lambda: transformers.StableLmConfig(**SMALL, num_key_value_heads=2,
-                                                                       partial_rotary_factor=0.25),
-                       "StableLmForCausalLM", _llama_like_hook, _same(_hf_rope())),
-    "olmo2": Family("olmo2", lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=2),
-                    "Olmo2ForCausalLM", _olmo2_hook, _same(_hf_rope())),
+    "qwen3": Family(
+        "qwen3",
+        lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
+        "Qwen3ForCausalLM",
+        _qwen3_hook,
+        _same(_hf_rope()),
+    ),
+    "mistral": Family(
+        "mistral",
+        lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=6),
+        "MistralForCausalLM",
+        _llama_like_hook,
+        _same(_hf_rope()),
+    ),
+    "qwen2": Family(
+        "qwen2",
+        lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
+        "Qwen2ForCausalLM",
+        _llama_like_hook,
+        _same(_hf_rope()),
+    ),
+    "gemma": Family(
+        "gemma",
+        lambda: transformers.GemmaConfig(**SMALL, num_key_value_heads=1, head_dim=16),
+        "GemmaForCausalLM",
+        _llama_like_hook,
+        _same(_hf_rope()),
+    ),
+    "gemma2": Family(
+        "gemma2",
+        lambda: transformers.Gemma2Config(**SMALL, num_key_value_heads=2, head_dim=16, sliding_window=6),
+        "Gemma2ForCausalLM",
+        _llama_like_hook,
+        _same(_hf_rope()),
+    ),
+    "stablelm": Family(
+        "stablelm",
+        lambda: transformers.StableLmConfig(**SMALL, num_key_value_heads=2, partial_rotary_factor=0.25),
+        "StableLmForCausalLM",
+        _llama_like_hook,
+        _same(_hf_rope()),
+    ),
+    "olmo2": Family(
+        "olmo2",
+        lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=2),
+        "Olmo2ForCausalLM",
+        _olmo2_hook,
+        _same(_hf_rope()),
+    ),
 }
 
 
@@ -522,8 +683,11 @@ def run_captured(model, cfg, family: Family, ids: torch.Tensor, *, position_ids=
     captured: dict[int, list] = {}
     handles = []
     for i, (module, to_heads) in enumerate(family.hook(model, cfg)):
-        handles.append(module.register_forward_hook(
-            lambda mod, inp, out, i=i, f=to_heads: captured.setdefault(i, []).append(f(out).detach().clone())))
+        handles.append(
+            module.register_forward_hook(
+                lambda mod, inp, out, i=i, f=to_heads: captured.setdefault(i, []).append(f(out).detach().clone())
+            )
+        )
     cache = DynamicCache()
     b, t = ids.shape
     steps = [(0, t - decode)] + [(s, s + 1) for s in range(t - decode, t)]
@@ -627,14 +791,15 @@ def test_model_keys_bfloat16_apply_is_bit_exact(each_kernel):
         assert keys.dtype == torch.bfloat16
         assert torch.equal(R.apply(pre[i], pos, spec), keys)
         scale = float(pre[i].float().abs().max())
-        assert maxerr(R.strip(keys, pos, spec), pre[i]) <= 2 ** -7 * scale  # bf16 precision
+        assert maxerr(R.strip(keys, pos, spec), pre[i]) <= 2**-7 * scale  # bf16 precision
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. re-positioning
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["llama-default", "llama-yarn", "llama-llama3", "gptj", "gemma3", "qwen3",
-                                  "gpt_neox", "cohere"])
+@pytest.mark.parametrize(
+    "name", ["llama-default", "llama-yarn", "llama-llama3", "gptj", "gemma3", "qwen3", "gpt_neox", "cohere"]
+)
 def test_reposition_matches_model_at_new_positions(each_kernel, name):
     family = FAMILIES[name]
     model, cfg = build(family)
@@ -653,14 +818,32 @@ def test_reposition_matches_model_at_new_positions(each_kernel, name):
 def test_kvstate_round_trip_through_codec():
     from kvbridge.kvstate import KVState
 
-    spec_rope = RopeSpec.make("longrope", head_dim=16, max_position_embeddings=64,
-                              original_max_position_embeddings=16, short_factor=[1.0] * 8,
-                              long_factor=[float(i + 1) for i in range(8)])
-    ms = ModelSpec(model_type="llama", num_layers=2, num_attention_heads=4, num_kv_heads=2, head_dim=16,
-                   hidden_size=64, rope=spec_rope)
+    spec_rope = RopeSpec.make(
+        "longrope",
+        head_dim=16,
+        max_position_embeddings=64,
+        original_max_position_embeddings=16,
+        short_factor=[1.0] * 8,
+        long_factor=[float(i + 1) for i in range(8)],
+    )
+    ms = ModelSpec(
+        model_type="llama",
+        num_layers=2,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        hidden_size=64,
+        rope=spec_rope,
+    )
     keys = tuple(torch.randn(1, 2, 20, 16) for _ in range(2))
-    state = KVState(keys=keys, values=keys, token_ids=torch.zeros(1, 20, dtype=torch.long),
-                    positions=torch.arange(20)[None], spec=ms, rope_applied=False)
+    state = KVState(
+        keys=keys,
+        values=keys,
+        token_ids=torch.zeros(1, 20, dtype=torch.long),
+        positions=torch.arange(20)[None],
+        spec=ms,
+        rope_applied=False,
+    )
     rotated = state.apply_rope()
     assert rotated.rope_lengths.tolist() == [[20] * 20]
     back = rotated.strip_rope()
@@ -709,8 +892,10 @@ def test_plugin_variant_through_host():
     with pytest.raises(R.UnknownRopeTypeError, match="half_theta"):  # not in the default host
         R.apply(x, pos, spec)
     # the two-argument form of the hook docs, inv_freq(rope, seq_len), works too
-    two_arg = R.RopeVariant("half_theta", lambda rope, seq_len: BUILTIN_VARIANTS["default"].inv_freq(
-        replace(rope, theta=rope.theta / 2), seq_len, None))
+    two_arg = R.RopeVariant(
+        "half_theta",
+        lambda rope, seq_len: BUILTIN_VARIANTS["default"].inv_freq(replace(rope, theta=rope.theta / 2), seq_len, None),
+    )
 
     class _Host:
         def rope_variant(self, name):
@@ -723,10 +908,12 @@ def test_plugin_variant_through_host():
 
 
 def test_builtin_plugin_registers_without_torch():
-    code = ("import sys; from kvbridge.plugins import make_host; "
-            "names = make_host(entry_points=False).registry('rope_variant').names(); "
-            "assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert set(names) >= {'default', 'linear', 'dynamic', 'yarn', 'longrope', 'llama3'}, names; "
-            "print('ok')")
+    code = (
+        "import sys; from kvbridge.plugins import make_host; "
+        "names = make_host(entry_points=False).registry('rope_variant').names(); "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert set(names) >= {'default', 'linear', 'dynamic', 'yarn', 'longrope', 'llama3'}, names; "
+        "print('ok')"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr

@@ -77,8 +77,9 @@ def test_mismatch_disables_compiled(compiled_mode, monkeypatch):
 def test_compiled_kernel_matches_eager(compiled_mode, dtype, recwarn):
     """A real torch.compile: apply bit-identical to the eager (= the models') rotation, strip and
     reposition within a rounding; where compiling is impossible the fallback answers the same."""
-    spec = RopeSpec.make("yarn", head_dim=32, factor=4.0, original_max_position_embeddings=256,
-                         max_position_embeddings=1024)
+    spec = RopeSpec.make(
+        "yarn", head_dim=32, factor=4.0, original_max_position_embeddings=256, max_position_embeddings=1024
+    )
     x, pos = _keys(dtype)
     got = R.apply(x, pos, spec)
     assert torch.equal(got, _eager(lambda: R.apply(x, pos, spec)))

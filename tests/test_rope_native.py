@@ -29,8 +29,10 @@ def _eager(fn):
 
 def _keys(dtype, batch=2, heads=3, tokens=37, dim=32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(batch, heads, tokens, dim, generator=g).to(dtype),
-            torch.randint(0, 40_000, (batch, tokens), generator=g))
+    return (
+        torch.randn(batch, heads, tokens, dim, generator=g).to(dtype),
+        torch.randint(0, 40_000, (batch, tokens), generator=g),
+    )
 
 
 def _used(dtype, exact):
@@ -43,8 +45,14 @@ def _used(dtype, exact):
 def test_native_matches_eager(native_mode, dtype, case, recwarn):
     partial = 0.5 if case == "partial" else 1.0
     dim = 18 if case == "odd-half" else 32  # rotary half 9: the element-wise loop, not the paired one
-    spec = RopeSpec.make("yarn", head_dim=dim, factor=4.0, original_max_position_embeddings=256,
-                         max_position_embeddings=1024, partial_factor=partial)
+    spec = RopeSpec.make(
+        "yarn",
+        head_dim=dim,
+        factor=4.0,
+        original_max_position_embeddings=256,
+        max_position_embeddings=1024,
+        partial_factor=partial,
+    )
     x, pos = _keys(dtype, dim=dim)
     if case == "shared-positions":
         pos = pos[:1]
@@ -103,8 +111,13 @@ def test_unsupported_inputs_take_the_eager_kernel_silently(native_mode, recwarn)
     odd = x[..., ::2]  # last dimension not contiguous
     assert torch.equal(R.apply(odd, pos, spec), _eager(lambda: R.apply(odd, pos, spec)))
     assert not [w for w in recwarn if "RoPE kernel" in str(w.message)]
-    assert not N.supports(odd, *R._tables_for(spec, pos, None, "cpu", None).rounded(torch.float32),
-                          torch.float32, exact=True, rotary_dim=32)
+    assert not N.supports(
+        odd,
+        *R._tables_for(spec, pos, None, "cpu", None).rounded(torch.float32),
+        torch.float32,
+        exact=True,
+        rotary_dim=32,
+    )
 
 
 def test_no_compiler_falls_back_to_eager(native_mode, monkeypatch):

@@ -38,10 +38,12 @@ def test_mcnemar_exact():
 
 
 def test_summarize_paired_differences_and_intervals():
-    scores = {"target": [1, 1, 1, 1, 0, 1, 1, 1],
-              "source": [0, 1, 0, 0, 0, 1, 0, 0],
-              "transferred": [1, 1, 0, 1, 0, 1, 0, 1],
-              "no_context": [0] * 8}
+    scores = {
+        "target": [1, 1, 1, 1, 0, 1, 1, 1],
+        "source": [0, 1, 0, 0, 0, 1, 0, 0],
+        "transferred": [1, 1, 0, 1, 0, 1, 0, 1],
+        "no_context": [0] * 8,
+    }
     s = stats.summarize(scores, floor=0.0, bootstrap=500, seed=1)
     assert s["n"] == 8 and s["conditions"]["transferred"]["accuracy"] == 5 / 8
     assert s["retention"]["value"] == pytest.approx((5 / 8) / (7 / 8))

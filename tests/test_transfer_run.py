@@ -15,16 +15,18 @@ def same_pair():
 
 
 def test_identity_transfer_matches_the_native_continuation(same_pair):
-    res = api.transfer_generate(same_pair, TransferSettings(mapping="identity", prompt="Once upon a time",
-                                                            max_new_tokens=4, compare=True))
+    res = api.transfer_generate(
+        same_pair, TransferSettings(mapping="identity", prompt="Once upon a time", max_new_tokens=4, compare=True)
+    )
     assert res.tokens >= 1 and res.r2 is None and res.engine is None
     assert res.compared == 4 and res.agreement == 4 and res.text == res.native_text
     assert res.kl is not None and res.kl < 1e-6 and res.target_prefill_s >= 0
 
 
 def test_without_compare_no_native_fields(same_pair):
-    res = transfer_generate(same_pair, TransferSettings(mapping="identity", prompt="Once upon a time",
-                                                        max_new_tokens=2))
+    res = transfer_generate(
+        same_pair, TransferSettings(mapping="identity", prompt="Once upon a time", max_new_tokens=2)
+    )
     assert res.native_text is None and res.agreement is None and isinstance(res.text, str)
 
 

@@ -14,8 +14,13 @@ from kvbridge.transfer_settings import TransferSettings
 HELP = {"help_option_names": ["-h", "--help"]}
 
 #: click parameter name -> settings field (the rest of the command's options are parsing or loading)
-CLI_TO_FIELD = {"mapping_dir": "mapping", "max_new_tokens": "max_new_tokens", "compare": "compare",
-                "engine_name": "engine", "accept_mismatch": "accept_fingerprint_mismatch"}
+CLI_TO_FIELD = {
+    "mapping_dir": "mapping",
+    "max_new_tokens": "max_new_tokens",
+    "compare": "compare",
+    "engine_name": "engine",
+    "accept_mismatch": "accept_fingerprint_mismatch",
+}
 
 
 def test_every_click_default_is_the_dataclass_default():
@@ -33,14 +38,17 @@ def test_defaults():
     assert (s.max_new_tokens, s.compare, s.engine, s.accept_fingerprint_mismatch) == (32, False, None, False)
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(max_new_tokens=0), "--max-new-tokens must be a whole number >= 1"),
-    (dict(max_new_tokens=True), "--max-new-tokens must be a whole number >= 1"),
-    (dict(max_new_tokens=2.5), "--max-new-tokens must be a whole number >= 1"),
-    (dict(mapping=""), "--mapping is empty"),
-    (dict(prompt=None), "--prompt must be text"),
-    (dict(engine=" "), "--engine is empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(max_new_tokens=0), "--max-new-tokens must be a whole number >= 1"),
+        (dict(max_new_tokens=True), "--max-new-tokens must be a whole number >= 1"),
+        (dict(max_new_tokens=2.5), "--max-new-tokens must be a whole number >= 1"),
+        (dict(mapping=""), "--mapping is empty"),
+        (dict(prompt=None), "--prompt must be text"),
+        (dict(engine=" "), "--engine is empty"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_option(kwargs, needle):
     base = dict(mapping="identity", prompt="hi there")
     with pytest.raises(ConfigError) as err:

@@ -17,11 +17,35 @@ from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 
 # (``fit`` and ``transfer`` are subpackage/module names here: the functions live in
 # ``kvbridge.api`` and ``kvbridge.fit``: ``from kvbridge.fit import fit, load_mapping, transfer``)
-_API = ("resolve_model", "load_model", "load_pair", "adapter_for", "describe", "extract", "inject", "identity_transfer", "generate_from", "load_mapping",
-        "transfer_state")
+_API = (
+    "resolve_model",
+    "load_model",
+    "load_pair",
+    "adapter_for",
+    "describe",
+    "extract",
+    "inject",
+    "identity_transfer",
+    "generate_from",
+    "load_mapping",
+    "transfer_state",
+)
 
-__all__ = ["__version__", "KVBridgeError", "resolve_model", "load_model", "load_pair", "adapter_for", "describe", "extract",  # noqa: F822
-           "inject", "identity_transfer", "generate_from", "load_mapping", "transfer_state"]
+__all__ = [
+    "__version__",
+    "KVBridgeError",
+    "resolve_model",
+    "load_model",
+    "load_pair",
+    "adapter_for",
+    "describe",
+    "extract",  # noqa: F822
+    "inject",
+    "identity_transfer",
+    "generate_from",
+    "load_mapping",
+    "transfer_state",
+]
 
 
 def __getattr__(name: str):

@@ -128,8 +128,10 @@ def fit_settings(settings=None, **fields):
     for key in fields:
         if key not in names:
             close = difflib.get_close_matches(key, names, n=3)
-            raise ConfigError(f"fit has no setting {key!r}", f"did you mean {', '.join(close)}?" if close
-                              else f"the settings are: {', '.join(names)}")
+            raise ConfigError(
+                f"fit has no setting {key!r}",
+                f"did you mean {', '.join(close)}?" if close else f"the settings are: {', '.join(names)}",
+            )
     if settings is None:
         return FitSettings(**fields)
     return dataclasses.replace(settings, **fields) if fields else settings
@@ -146,8 +148,10 @@ def _pair_of(source, target, dtype, host):
         return load_pair(source, target, dtype=dtype, host=host)
     loaded = [load_model(obj, dtype=dtype, host=host) if _is_ref(obj) else obj for obj in (source, target)]
     if not all(hasattr(obj, "model") and hasattr(obj, "fingerprint") for obj in loaded):
-        raise ConfigError("fit takes model references, loaded models (load_model) or a pair (load_pair)",
-                          "for raw model objects call kvbridge.fit.pipeline.fit(source_model, target_model, data, ...)")
+        raise ConfigError(
+            "fit takes model references, loaded models (load_model) or a pair (load_pair)",
+            "for raw model objects call kvbridge.fit.pipeline.fit(source_model, target_model, data, ...)",
+        )
     fingerprint, note = shared_tokenizer(loaded[0].ref, loaded[1].ref)
     return ModelPair(loaded[0], loaded[1], fingerprint, note)
 

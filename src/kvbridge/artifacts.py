@@ -60,13 +60,46 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 #: safetensors dtype names (the format's own spelling) of the torch dtypes written directly
-_ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
-              "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-              "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32",
-              "uint64": "U64"}
+_ST_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+}
 #: safetensors' own dtype order (its enum): a file lists its tensors by this rank descending, then by name
-_ST_RANK = {n: i for i, n in enumerate(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32",
-                                        "U32", "F32", "F64", "I64", "U64"))}
+_ST_RANK = {
+    n: i
+    for i, n in enumerate(
+        (
+            "BOOL",
+            "U8",
+            "I8",
+            "F8_E5M2",
+            "F8_E4M3",
+            "I16",
+            "U16",
+            "F16",
+            "BF16",
+            "I32",
+            "U32",
+            "F32",
+            "F64",
+            "I64",
+            "U64",
+        )
+    )
+}
 _WRITE_CHUNK = 1 << 22
 
 
@@ -95,8 +128,9 @@ def _check_finite(name: str, t, block=None) -> None:
     else:
         return
     if not ok:
-        raise NonFiniteError(f"tensor {name!r} has NaN/inf values",
-                             "recompute the state; a mapping that produced it may be broken")
+        raise NonFiniteError(
+            f"tensor {name!r} has NaN/inf values", "recompute the state; a mapping that produced it may be broken"
+        )
 
 
 def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -> str:
@@ -128,8 +162,10 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
     for k in order:
         t = items[k]
         n = t.numel() * t.element_size()
-        header.append(f"{json.dumps(k)}:{{\"dtype\":\"{_ST_DTYPES[names[k]]}\",\"shape\":"
-                      f"[{','.join(str(int(d)) for d in t.shape)}],\"data_offsets\":[{offset},{offset + n}]}}")
+        header.append(
+            f'{json.dumps(k)}:{{"dtype":"{_ST_DTYPES[names[k]]}","shape":'
+            f'[{",".join(str(int(d)) for d in t.shape)}],"data_offsets":[{offset},{offset + n}]}}'
+        )
         offset += n
     text = ("{" + ",".join(header) + "}").encode("utf-8")
     text += b" " * (-len(text) % 8)
@@ -147,7 +183,7 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
                 _check_finite(k, t)
             raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
             for a in range(0, len(raw), _WRITE_CHUNK):
-                block = raw[a:a + _WRITE_CHUNK]
+                block = raw[a : a + _WRITE_CHUNK]
                 if finite and names[k] in _NP_FLOATS:
                     _check_finite(k, t, block)
                 h.update(block)
@@ -181,17 +217,21 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     if out.is_symlink():
         target = os.readlink(out)
         state = "" if out.exists() else "dangling "
-        raise ArtifactError(f"{out} is a {state}symbolic link (to {target}); kvbridge never writes through links",
-                            "remove the link or choose another output path")
+        raise ArtifactError(
+            f"{out} is a {state}symbolic link (to {target}); kvbridge never writes through links",
+            "remove the link or choose another output path",
+        )
     if not out.exists():
         parent = out.parent
         if parent.exists() and not parent.is_dir():
-            raise ArtifactError(f"{out}: the parent {parent} is a file, not a folder",
-                                "choose an output path inside a folder")
+            raise ArtifactError(
+                f"{out}: the parent {parent} is a file, not a folder", "choose an output path inside a folder"
+            )
         return
     if not out.is_dir():
-        raise ArtifactError(f"{out} is a file, not a kvbridge {kind} folder; refusing to replace it",
-                            "choose another output path")
+        raise ArtifactError(
+            f"{out} is a file, not a kvbridge {kind} folder; refusing to replace it", "choose another output path"
+        )
     try:
         empty = not any(out.iterdir())
     except OSError as exc:
@@ -203,12 +243,15 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     have = artifact_kind(out)
     if have is None:
         what = "a model folder" if (out / "config.json").exists() else "a folder kvbridge did not write"
-        raise ArtifactError(f"{out} is {what}; refusing to replace it{f' (even with {flag})' if flag else ''}",
-                            "choose a new output path")
+        raise ArtifactError(
+            f"{out} is {what}; refusing to replace it{f' (even with {flag})' if flag else ''}",
+            "choose a new output path",
+        )
     if have != kind:
-        raise ArtifactError(f"{out} holds a {have}, not a {kind}; refusing to replace it"
-                            f"{f' (even with {flag})' if flag else ''}",
-                            "choose another output path")
+        raise ArtifactError(
+            f"{out} holds a {have}, not a {kind}; refusing to replace it{f' (even with {flag})' if flag else ''}",
+            "choose another output path",
+        )
     if not overwrite:
         raise ArtifactError(f"{out} already exists", f"choose another output path or pass {flag} to replace it")
 
@@ -249,8 +292,10 @@ def output_lock(out: Path | str) -> Iterator[Path]:
         except OSError:
             fh.seek(0)
             who = fh.read().strip() or "another process"
-            raise LockError(f"{out} is being written by another kvbridge run ({who})",
-                            "wait for it to finish or choose another output path") from None
+            raise LockError(
+                f"{out} is being written by another kvbridge run ({who})",
+                "wait for it to finish or choose another output path",
+            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"pid {os.getpid()}")
@@ -303,8 +348,14 @@ def _fsync_tree(folder: Path) -> None:
 
 
 @contextmanager
-def atomic_dir(out: Path | str, *, kind: str = "artifact", overwrite: bool = False, force: bool | None = None,
-               flag: str = "--overwrite") -> Iterator[Path]:
+def atomic_dir(
+    out: Path | str,
+    *,
+    kind: str = "artifact",
+    overwrite: bool = False,
+    force: bool | None = None,
+    flag: str = "--overwrite",
+) -> Iterator[Path]:
     """Yield a temp folder next to ``out``; on success it replaces ``out`` in one rename.
 
     ``out`` is checked first (:func:`check_replaceable`) and locked for the duration. The temp
@@ -324,8 +375,9 @@ def atomic_dir(out: Path | str, *, kind: str = "artifact", overwrite: bool = Fal
             from kvbridge.faults import fault_point
 
             fault_point("artifact.write")
-            (tmp / MARKER).write_text(json.dumps({"kind": kind, "writer": WRITER, "version": __version__}) + "\n",
-                                      encoding="utf-8")
+            (tmp / MARKER).write_text(
+                json.dumps({"kind": kind, "writer": WRITER, "version": __version__}) + "\n", encoding="utf-8"
+            )
             _fsync_tree(tmp)
             if out.exists():
                 old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -359,9 +411,17 @@ def write_file_atomic(path: Path | str, data: bytes | str) -> Path:
     return path
 
 
-def write_artifact(out: Path | str, tensors: dict, manifest: dict, *, tensor_file: str,
-                   force: bool = False, overwrite: bool = False, kind: str | None = None,
-                   flag: str = "--overwrite") -> Path:
+def write_artifact(
+    out: Path | str,
+    tensors: dict,
+    manifest: dict,
+    *,
+    tensor_file: str,
+    force: bool = False,
+    overwrite: bool = False,
+    kind: str | None = None,
+    flag: str = "--overwrite",
+) -> Path:
     """Write ``tensors`` (safetensors) and ``manifest`` (+ sha256 of the tensor file) atomically."""
     kind = kind or str(manifest.get("kind") or "artifact")
     with atomic_dir(out, kind=kind, overwrite=overwrite or force, flag=flag) as tmp:
@@ -373,8 +433,9 @@ def write_artifact(out: Path | str, tensors: dict, manifest: dict, *, tensor_fil
         full.setdefault("kvbridge_version", __version__)
         full["tensor_file"] = tensor_file
         full["tensor_sha256"] = digest
-        full["tensors"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
-                           for k, v in tensors.items()}
+        full["tensors"] = {
+            k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for k, v in tensors.items()
+        }
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
     return Path(out)
 
@@ -418,25 +479,30 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
         if got != manifest.get("tensor_sha256"):
             raise ArtifactError(
                 f"{path} checksum mismatch (sha256 {got[:12]}... != manifest {str(manifest.get('tensor_sha256'))[:12]}...): "
-                "the file is corrupt, truncated or was replaced", f"re-create the {kind}")
+                "the file is corrupt, truncated or was replaced",
+                f"re-create the {kind}",
+            )
     try:
         tensors = load_file(str(path)) if data is None else load_bytes(data)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise ArtifactError(f"{path} is not a readable safetensors file ({' '.join(str(exc).split())[:120]})",
-                            f"re-create the {kind}") from None
+        raise ArtifactError(
+            f"{path} is not a readable safetensors file ({' '.join(str(exc).split())[:120]})", f"re-create the {kind}"
+        ) from None
     listed = manifest.get("tensors")
     if listed is not None:
         from kvbridge.check.validate import tensors_match
 
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
-            raise ArtifactError(f"{folder / MANIFEST} field 'tensors' must map names to {{dtype, shape}}",
-                                f"re-create the {kind}")
+            raise ArtifactError(
+                f"{folder / MANIFEST} field 'tensors' must map names to {{dtype, shape}}", f"re-create the {kind}"
+            )
         expected = {}
         for k, v in listed.items():
             shape = v.get("shape")
             if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
-                raise ArtifactError(f"{folder / MANIFEST} field 'tensors.{k}.shape' must be a list of integers",
-                                    f"re-create the {kind}")
+                raise ArtifactError(
+                    f"{folder / MANIFEST} field 'tensors.{k}.shape' must be a list of integers", f"re-create the {kind}"
+                )
             expected[k] = (str(v.get("dtype")), tuple(shape))
         tensors_match(tensors, expected, str(path), fix=f"re-create the {kind}")
     return manifest, tensors
@@ -481,20 +547,33 @@ def state_from_tensors(tensors: dict, manifest: dict) -> "KVState":
         if n != spec.num_layers:
             raise ValueError(f"{n} layers for a {spec.num_layers}-layer spec")
         # per layer, as the spec caches it (MLA latent / RoPE key widths, layers without KV)
-        want = {f"layers.{i}.{kv}": (dtype, (B, spec.kv_heads_of(i), T, dim(i)))
-                for i in range(n) for kv, dim in (("keys", spec.key_dim_of), ("values", spec.value_dim_of))}
+        want = {
+            f"layers.{i}.{kv}": (dtype, (B, spec.kv_heads_of(i), T, dim(i)))
+            for i in range(n)
+            for kv, dim in (("keys", spec.key_dim_of), ("values", spec.value_dim_of))
+        }
         want.update({f"layers.{i}.indexer_keys": (dtype, (B, T, spec.indexer_dim())) for i in spec.indexer_layers})
         tensors_match(tensors, want, "KV state", fix="re-create it with this kvbridge version", allow_extra=True)
         keys = tuple(tensors[f"layers.{i}.keys"] for i in range(n))
         values = tuple(tensors[f"layers.{i}.values"] for i in range(n))
-        indexer = tuple((i, tensors[f"layers.{i}.indexer_keys"]) for i in range(n)
-                        if f"layers.{i}.indexer_keys" in tensors)
-        return KVState(keys=keys, values=values, token_ids=tensors["token_ids"], positions=tensors["positions"],
-                       spec=spec, rope_applied=bool(manifest.get("rope_applied", True)),
-                       rope_lengths=tensors.get("rope_lengths"),
-                       model_fingerprint=manifest.get("model_fingerprint", ""),
-                       approximate=bool(manifest.get("approximate", False)), indexer_keys=indexer)
+        indexer = tuple(
+            (i, tensors[f"layers.{i}.indexer_keys"]) for i in range(n) if f"layers.{i}.indexer_keys" in tensors
+        )
+        return KVState(
+            keys=keys,
+            values=values,
+            token_ids=tensors["token_ids"],
+            positions=tensors["positions"],
+            spec=spec,
+            rope_applied=bool(manifest.get("rope_applied", True)),
+            rope_lengths=tensors.get("rope_lengths"),
+            model_fingerprint=manifest.get("model_fingerprint", ""),
+            approximate=bool(manifest.get("approximate", False)),
+            indexer_keys=indexer,
+        )
     except KeyError as exc:
         raise ArtifactError(f"artifact is missing {exc.args[0]!r}", "re-create it with this kvbridge version") from None
     except (TypeError, ValueError) as exc:
-        raise ArtifactError(f"artifact manifest is malformed ({exc})", "re-create it with this kvbridge version") from None
+        raise ArtifactError(
+            f"artifact manifest is malformed ({exc})", "re-create it with this kvbridge version"
+        ) from None

@@ -67,18 +67,26 @@ class Split:
         return self.key(rel) < self.heldout
 
     def record(self) -> dict:
-        return {"rule": self.rule, "heldout": float(self.heldout), "salt": self.salt,
-                "definition": "held out when int(sha256(salt + '\\0' + relative POSIX path)[:8], big-endian) / 2**64 "
-                              "< heldout; each part read in that key's order"}
+        return {
+            "rule": self.rule,
+            "heldout": float(self.heldout),
+            "salt": self.salt,
+            "definition": "held out when int(sha256(salt + '\\0' + relative POSIX path)[:8], big-endian) / 2**64 "
+            "< heldout; each part read in that key's order",
+        }
 
     @classmethod
     def from_record(cls, rec: dict) -> "Split":
         try:
-            return cls(heldout=float(rec["heldout"]), salt=str(rec.get("salt", DEFAULT_SALT)),
-                       rule=str(rec.get("rule", SPLIT_RULE)))
+            return cls(
+                heldout=float(rec["heldout"]),
+                salt=str(rec.get("salt", DEFAULT_SALT)),
+                rule=str(rec.get("rule", SPLIT_RULE)),
+            )
         except (KeyError, TypeError, ValueError):
-            raise CorpusError(f"the mapping's corpus split record is unreadable: {rec!r}",
-                              "fit the mapping again with this kvbridge") from None
+            raise CorpusError(
+                f"the mapping's corpus split record is unreadable: {rec!r}", "fit the mapping again with this kvbridge"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -103,8 +111,11 @@ class Corpus:
 
     @property
     def sha256_of(self) -> str:
-        return ("folder: sha256 over (relative path, file sha256) pairs in path order (kvbridge.corpus)"
-                if self.kind == "folder" else "the file (sha256sum)")
+        return (
+            "folder: sha256 over (relative path, file sha256) pairs in path order (kvbridge.corpus)"
+            if self.kind == "folder"
+            else "the file (sha256sum)"
+        )
 
     def part(self, split: Split, which: str) -> list["CorpusFile"]:
         """The files of one part (``"calibration"`` or ``"heldout"``), in the split key's order."""
@@ -117,19 +128,31 @@ class Corpus:
     def part_texts(self, split: Split, which: str) -> list[str]:
         texts = [f.text for f in self.part(split, which) if f.text and f.text.strip()]
         if not texts:
-            raise CorpusError(f"{self.path}: the {which} part of the folder is empty (split {split.heldout:g} held out "
-                              f"of {len(self.files)} files)", "use a bigger folder or another held-out share")
+            raise CorpusError(
+                f"{self.path}: the {which} part of the folder is empty (split {split.heldout:g} held out "
+                f"of {len(self.files)} files)",
+                "use a bigger folder or another held-out share",
+            )
         return texts
 
     def record(self, split: Split | None = None) -> dict:
         """What ``fit`` writes into the mapping (``calibration.corpus``)."""
-        rec = {"path": self.path, "kind": self.kind, "sha256": self.sha256, "sha256_of": self.sha256_of,
-               "files_count": len(self.files), "bytes": sum(f.bytes for f in self.files)}
+        rec = {
+            "path": self.path,
+            "kind": self.kind,
+            "sha256": self.sha256,
+            "sha256_of": self.sha256_of,
+            "files_count": len(self.files),
+            "bytes": sum(f.bytes for f in self.files),
+        }
         if self.kind == "folder":
             rec["skipped_not_utf8"] = list(self.skipped)
             if split is not None:
-                rec["split"] = {**split.record(), "calibration_files": len(self.part(split, "calibration")),
-                                "heldout_files": len(self.part(split, "heldout"))}
+                rec["split"] = {
+                    **split.record(),
+                    "calibration_files": len(self.part(split, "calibration")),
+                    "heldout_files": len(self.part(split, "heldout")),
+                }
         else:
             rec["files"] = [{"name": f.rel, "sha256": f.sha256, "bytes": f.bytes} for f in self.files]
         return rec
@@ -139,8 +162,11 @@ def folder_files(path: Path) -> list[Path]:
     out = []
     for p in path.rglob("*"):
         rel = p.relative_to(path).parts
-        if p.suffix in FOLDER_SUFFIXES and p.is_file() and not any(
-                part == "__pycache__" or part.startswith(".") for part in rel):
+        if (
+            p.suffix in FOLDER_SUFFIXES
+            and p.is_file()
+            and not any(part == "__pycache__" or part.startswith(".") for part in rel)
+        ):
             out.append(p)
     return sorted(out, key=lambda p: p.relative_to(path).as_posix())
 
@@ -157,7 +183,9 @@ def _documents(f: Path, text: str) -> list[str]:
         except json.JSONDecodeError as exc:
             raise CorpusError(f"{f}:{n}: not valid JSON ({exc.msg})", "one JSON object per line") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-            raise CorpusError(f"{f}:{n}: record has no string field 'text'", 'write one {"text": "..."} object per line')
+            raise CorpusError(
+                f"{f}:{n}: record has no string field 'text'", 'write one {"text": "..."} object per line'
+            )
         docs.append(rec["text"])
     return docs
 
@@ -168,8 +196,10 @@ def read_corpus(path: Path | str) -> Corpus:
     if p.is_dir():
         paths = folder_files(p)
         if not paths:
-            raise CorpusError(f"{p}: folder has no {' or '.join(FOLDER_SUFFIXES)} files",
-                              "pass a text file, a JSONL file or a folder of .py/.txt files")
+            raise CorpusError(
+                f"{p}: folder has no {' or '.join(FOLDER_SUFFIXES)} files",
+                "pass a text file, a JSONL file or a folder of .py/.txt files",
+            )
         h = hashlib.sha256()
         files = []
         for f in paths:
@@ -201,9 +231,21 @@ def read_corpus(path: Path | str) -> Corpus:
 
 def split_overlap(corpus: Corpus, fitted: Split, evaluated: Split) -> list[str]:
     """Files ``evaluated`` holds out that the mapping (split by ``fitted``) could have calibrated on."""
-    return [f.rel for f in corpus.files
-            if f.text is not None and evaluated.is_heldout(f.rel) and not fitted.is_heldout(f.rel)]
+    return [
+        f.rel
+        for f in corpus.files
+        if f.text is not None and evaluated.is_heldout(f.rel) and not fitted.is_heldout(f.rel)
+    ]
 
 
-__all__ = ["Corpus", "CorpusError", "CorpusFile", "Split", "read_corpus", "split_overlap", "FOLDER_SUFFIXES",
-           "SPLIT_RULE", "DEFAULT_HELDOUT"]
+__all__ = [
+    "Corpus",
+    "CorpusError",
+    "CorpusFile",
+    "Split",
+    "read_corpus",
+    "split_overlap",
+    "FOLDER_SUFFIXES",
+    "SPLIT_RULE",
+    "DEFAULT_HELDOUT",
+]

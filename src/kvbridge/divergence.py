@@ -35,8 +35,14 @@ def log_probs(logits: "Tensor") -> "Tensor":
     return torch.log_softmax(logits.double(), dim=-1)
 
 
-def kl(p_logits: "Tensor", q_logits: "Tensor", *, logp: "Tensor | None" = None,
-       logq: "Tensor | None" = None, p: "Tensor | None" = None) -> "Tensor":
+def kl(
+    p_logits: "Tensor",
+    q_logits: "Tensor",
+    *,
+    logp: "Tensor | None" = None,
+    logq: "Tensor | None" = None,
+    p: "Tensor | None" = None,
+) -> "Tensor":
     """``KL(p ‖ q)`` per row (nats), from logits (or precomputed float64 log-probs; ``p`` = ``logp.exp()``
     when the caller has it), clamped at 0."""
     lp = log_probs(p_logits) if logp is None else logp
@@ -136,8 +142,9 @@ def tv(p_nucleus: "Tensor", q_nucleus: "Tensor") -> "Tensor":
     return 0.5 * (p_nucleus - q_nucleus).abs().sum(-1)
 
 
-def tv_top_p(p_logits: "Tensor", q_logits: "Tensor", top_p: float, *, temperature: float = 1.0,
-             p_nucleus: "Tensor | None" = None) -> "Tensor":
+def tv_top_p(
+    p_logits: "Tensor", q_logits: "Tensor", top_p: float, *, temperature: float = 1.0, p_nucleus: "Tensor | None" = None
+) -> "Tensor":
     """Total variation between the top-p truncated distributions of two logit rows (per row)."""
     import torch
 
@@ -150,8 +157,9 @@ def topk_indices(logits: "Tensor", k: int) -> "Tensor":
     return logits.topk(min(int(k), logits.shape[-1]), dim=-1).indices
 
 
-def topk_overlap(p_logits: "Tensor", q_logits: "Tensor", k: int, *, share: bool = True,
-                 p_topk: "Tensor | None" = None) -> "Tensor":
+def topk_overlap(
+    p_logits: "Tensor", q_logits: "Tensor", k: int, *, share: bool = True, p_topk: "Tensor | None" = None
+) -> "Tensor":
     """``|top-k(p) ∩ top-k(q)|`` per row (divided by ``k`` when ``share``)."""
     a = topk_indices(p_logits, k) if p_topk is None else p_topk
     b = topk_indices(q_logits, k)
@@ -174,5 +182,16 @@ def first_divergence_steps(tokens: "Tensor", ref: "Tensor") -> "Tensor":
     return first.float()
 
 
-__all__ = ["log_probs", "kl", "nucleus", "nucleus_threshold", "nucleus_threshold_sorted", "tv", "tv_top_p", "topk_indices", "topk_overlap", "first_divergence",
-           "first_divergence_steps"]
+__all__ = [
+    "log_probs",
+    "kl",
+    "nucleus",
+    "nucleus_threshold",
+    "nucleus_threshold_sorted",
+    "tv",
+    "tv_top_p",
+    "topk_indices",
+    "topk_overlap",
+    "first_divergence",
+    "first_divergence_steps",
+]

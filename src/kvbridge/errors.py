@@ -71,23 +71,27 @@ def _os_error(exc: OSError) -> KVBridgeError:
     where = f"{path}: " if path else ""
     code = exc.errno
     if code == errno.ENOSPC or code == getattr(errno, "EDQUOT", -1):
-        return KVBridgeError(f"{where}no space left on device (nothing was replaced)",
-                             "free some disk space or write to another --out")
+        return KVBridgeError(
+            f"{where}no space left on device (nothing was replaced)", "free some disk space or write to another --out"
+        )
     if code in (errno.EACCES, errno.EPERM):
         return KVBridgeError(f"{where}permission denied", "check the permissions of that path or choose another one")
     if code == errno.EROFS:
         return KVBridgeError(f"{where}read-only file system", "write to a writable location")
     if code == errno.ENOTDIR:
-        return KVBridgeError(f"{where}a part of this path is a file, not a folder",
-                             "choose a path whose parent folders are folders")
+        return KVBridgeError(
+            f"{where}a part of this path is a file, not a folder", "choose a path whose parent folders are folders"
+        )
     if code == errno.EISDIR:
         return KVBridgeError(f"{where}is a folder, a file was expected", "pass a file path")
     if code == errno.ENAMETOOLONG:
         return KVBridgeError(f"{where[:80]}...: file name too long", "use a shorter path")
     if code == errno.ENOENT:
         if path and os.path.islink(path):
-            return KVBridgeError(f"{path} is a dangling symbolic link (to {os.readlink(path)})",
-                                 "remove the link or point it at an existing path")
+            return KVBridgeError(
+                f"{path} is a dangling symbolic link (to {os.readlink(path)})",
+                "remove the link or point it at an existing path",
+            )
         return KVBridgeError(f"{where}no such file or folder", "check the path")
     if code == errno.ELOOP:
         return KVBridgeError(f"{where}too many levels of symbolic links", "fix the symbolic link loop")
@@ -99,8 +103,11 @@ def _size_mismatch(text: str) -> str | None:
     """The first ``size mismatch for X`` line of a torch/transformers load error."""
     import re
 
-    m = re.search(r"size mismatch for ([\w.]+): copying a param with shape (\S+\)?) from checkpoint, "
-                  r"the shape in current model is (\S+\)?)", text)
+    m = re.search(
+        r"size mismatch for ([\w.]+): copying a param with shape (\S+\)?) from checkpoint, "
+        r"the shape in current model is (\S+\)?)",
+        text,
+    )
     if m:
         return f"weight {m.group(1)} has shape {m.group(2)} in the weight file but the config implies {m.group(3)}"
     if "size mismatch" in text or "Error(s) in loading state_dict" in text:
@@ -146,8 +153,9 @@ def _mismatch_in_traceback(exc: BaseException) -> str | None:
             name, have, want = sorted(keys, key=lambda k: str(k[0]))[0]
             where = frame.f_locals.get("pretrained_model_name_or_path")
             more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
-            return (f"{where}: " if where else "") + (f"weight {name} has shape {list(have)} in the weight file but "
-                                                      f"the config implies {list(want)}{more}")
+            return (f"{where}: " if where else "") + (
+                f"weight {name} has shape {list(have)} in the weight file but the config implies {list(want)}{more}"
+            )
     return None
 
 
@@ -164,21 +172,27 @@ def from_exception(exc: BaseException) -> KVBridgeError:
     if isinstance(exc, OSError):
         return _os_error(exc)
     if isinstance(exc, UnicodeDecodeError):
-        obj = exc.object[max(0, exc.start - 10): exc.start + 10] if isinstance(exc.object, bytes) else b""
-        return KVBridgeError(f"input is not valid UTF-8 ({exc.encoding} cannot decode byte "
-                             f"{exc.object[exc.start]:#04x} at offset {exc.start}, near {obj!r})",
-                             "pass UTF-8 text")
+        obj = exc.object[max(0, exc.start - 10) : exc.start + 10] if isinstance(exc.object, bytes) else b""
+        return KVBridgeError(
+            f"input is not valid UTF-8 ({exc.encoding} cannot decode byte "
+            f"{exc.object[exc.start]:#04x} at offset {exc.start}, near {obj!r})",
+            "pass UTF-8 text",
+        )
     if isinstance(exc, UnicodeError):
         return KVBridgeError(f"input text cannot be encoded or decoded ({exc})", "pass UTF-8 text")
     path = _file_in_traceback(exc)
     if isinstance(exc, RecursionError):
-        return KVBridgeError(f"{path or 'a JSON input'}: nested too deeply (recursion limit reached)",
-                             "pass a config/manifest with ordinary nesting")
+        return KVBridgeError(
+            f"{path or 'a JSON input'}: nested too deeply (recursion limit reached)",
+            "pass a config/manifest with ordinary nesting",
+        )
     name = type(exc).__name__
     text = " ".join(str(exc).split())
     if name == "SafetensorError" or "safetensors" in type(exc).__module__:
-        return KVBridgeError(f"{path or 'a weight or artifact file'}: not a readable safetensors file ({text[:120]})",
-                             "re-create or re-download that file; it is truncated or not safetensors")
+        return KVBridgeError(
+            f"{path or 'a weight or artifact file'}: not a readable safetensors file ({text[:120]})",
+            "re-create or re-download that file; it is truncated or not safetensors",
+        )
     if name == "JSONDecodeError":
         return KVBridgeError(f"{path or 'a JSON file'}: invalid JSON ({text[:160]})", "fix or re-create the JSON file")
     if isinstance(exc, RuntimeError):
@@ -186,13 +200,27 @@ def from_exception(exc: BaseException) -> KVBridgeError:
         if what is None and "ignore_mismatched_sizes" in text:
             what = "a weight's shape differs from the one the config implies"
         if what:
-            return KVBridgeError(f"the config's sizes disagree with the weights: {what}",
-                                 "use the config.json that was saved with these weights")
+            return KVBridgeError(
+                f"the config's sizes disagree with the weights: {what}",
+                "use the config.json that was saved with these weights",
+            )
         low = text.lower()
-        if any(s in low for s in ("unexpected eof", "invalid header", "truncated", "incomplete metadata",
-                                  "pytorchstreamreader", "failed finding central directory", "header too large")):
-            return KVBridgeError(f"{path or 'a weight file'}: truncated or not a weight file ({text[:120]})",
-                                 "re-create or re-download the model's weight files")
+        if any(
+            s in low
+            for s in (
+                "unexpected eof",
+                "invalid header",
+                "truncated",
+                "incomplete metadata",
+                "pytorchstreamreader",
+                "failed finding central directory",
+                "header too large",
+            )
+        ):
+            return KVBridgeError(
+                f"{path or 'a weight file'}: truncated or not a weight file ({text[:120]})",
+                "re-create or re-download the model's weight files",
+            )
     if isinstance(exc, MemoryError):
         return KVBridgeError("out of memory", "use smaller inputs (--batch-size, --seq-len, --memory) or more RAM")
     return InternalError(f"internal error: {name}: {text[:200]}", DEBUG_HINT)
@@ -215,8 +243,7 @@ def whole_number(value, flag: str, minimum: int, error: type = ConfigError) -> N
     """Refuse anything but an int ``>= minimum`` (a bool is not a number) with a one-line ``error``
     naming ``flag``: the settings objects' one check for counts."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise error(f"{flag} must be a whole number >= {minimum}, got {value!r}",
-                    f"pass {flag} {minimum} or more")
+        raise error(f"{flag} must be a whole number >= {minimum}, got {value!r}", f"pass {flag} {minimum} or more")
 
 
 def path_value(value, flag: str, *, required: bool = False, error: type = ConfigError):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
 from kvbridge.spec import ModelSpec
+
 # the fingerprints live in kvbridge.models.fingerprint; these names are kept for callers
 from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint  # noqa: F401
 
@@ -26,15 +27,18 @@ def require(config: Mapping, *names: str, where: str = "config") -> Any:
     for name in names:
         if name in config and config[name] is not None:
             return config[name]
-    raise ConfigError(f"{where} is missing {' or '.join(repr(n) for n in names)}",
-                      f"add {names[0]!r} to the config (model_type {config.get('model_type')!r})")
+    raise ConfigError(
+        f"{where} is missing {' or '.join(repr(n) for n in names)}",
+        f"add {names[0]!r} to the config (model_type {config.get('model_type')!r})",
+    )
 
 
 def positive_int(config: Mapping, *names: str, where: str = "config") -> int:
     value = require(config, *names, where=where)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{where} field {names[0]!r} must be a positive integer, got {value!r}",
-                          f"fix {names[0]!r} in the config")
+        raise ConfigError(
+            f"{where} field {names[0]!r} must be a positive integer, got {value!r}", f"fix {names[0]!r} in the config"
+        )
     return value
 
 
@@ -118,9 +122,16 @@ class FamilyAdapter:
         if attention_mask is not None:  # left padding: positions follow the mask, as generate does
             positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         lengths = self._rope_lengths(model, spec, positions)
-        return KVState(keys=keys, values=values, token_ids=ids.clone(), positions=positions,
-                       spec=spec, rope_applied=spec.positional == "rope", rope_lengths=lengths,
-                       model_fingerprint=config_fingerprint(model.config.to_dict()))
+        return KVState(
+            keys=keys,
+            values=values,
+            token_ids=ids.clone(),
+            positions=positions,
+            spec=spec,
+            rope_applied=spec.positional == "rope",
+            rope_lengths=lengths,
+            model_fingerprint=config_fingerprint(model.config.to_dict()),
+        )
 
     def _rope_lengths(self, model, spec: ModelSpec, positions):
         """Per-key forward length that picked each key's RoPE table (stateful types only).
@@ -146,8 +157,10 @@ class FamilyAdapter:
     def _cache_tensors(self, cache, spec: ModelSpec) -> tuple[tuple, tuple]:
         layers = list(getattr(cache, "layers", []))
         if len(layers) != spec.num_layers:
-            raise StateError(f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
-                             "check the family adapter's describe() for this model")
+            raise StateError(
+                f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
+                "check the family adapter's describe() for this model",
+            )
         keys = tuple(layer.keys.detach().clone() for layer in layers)
         values = tuple(layer.values.detach().clone() for layer in layers)
         return keys, values
@@ -160,10 +173,12 @@ class FamilyAdapter:
         if check:
             spec = self.spec_of(model) if model is not None else state.spec
             import torch
+
             state.validate(spec, dtype=getattr(torch, spec.dtype) if model is not None else None)
         if not state.rope_applied and state.spec.positional == "rope":
-            raise StateError("state keys are in content space (RoPE stripped)",
-                             "call state.apply_rope() before injecting")
+            raise StateError(
+                "state keys are in content space (RoPE stripped)", "call state.apply_rope() before injecting"
+            )
         # ``update`` concatenates into new tensors: the cache never aliases the state's
         data = [(k.detach(), v.detach()) for k, v in zip(state.keys, state.values)]
         if model is not None:

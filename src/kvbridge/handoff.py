@@ -31,14 +31,17 @@ def prepare_cache(model, state: "KVState", input_ids, *, host=None):
         ids = ids[None]
     n = state.num_tokens
     if ids.shape[0] != state.batch_size:
-        raise StateError(f"prompt batch {ids.shape[0]} != state batch {state.batch_size}",
-                         "pass one prompt per cached sequence")
+        raise StateError(
+            f"prompt batch {ids.shape[0]} != state batch {state.batch_size}", "pass one prompt per cached sequence"
+        )
     if n > ids.shape[1] or not torch.equal(state.token_ids.to(ids.device), ids[:, :n]):
         common = min(n, ids.shape[1])
         diff = (state.token_ids[:, :common].to(ids.device) != ids[:, :common]).nonzero()
         where = int(diff[0, 1]) if len(diff) else common
-        raise StateError(f"cached token ids are not a prefix of the prompt (first difference at token {where})",
-                         "prefix the prompt with exactly the ids the state was computed from (see `kvbridge split`)")
+        raise StateError(
+            f"cached token ids are not a prefix of the prompt (first difference at token {where})",
+            "prefix the prompt with exactly the ids the state was computed from (see `kvbridge split`)",
+        )
     if n == ids.shape[1]:
         state = state.slice_tokens(0, n - 1)  # withhold the last prompt token
     if state.num_tokens == 0:

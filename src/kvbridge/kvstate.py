@@ -73,20 +73,32 @@ class KVState:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- checks ------------------------------------------------------------------------
-    def validate(self, spec: ModelSpec | None = None, *, dtype: "torch.dtype | None" = None,
-                 check_finite: bool = True, what: str = "KV state") -> "KVState":
+    def validate(
+        self,
+        spec: ModelSpec | None = None,
+        *,
+        dtype: "torch.dtype | None" = None,
+        check_finite: bool = True,
+        what: str = "KV state",
+    ) -> "KVState":
         """Raise :class:`StateError` (one line) unless this state fits ``spec`` and is finite."""
         spec = spec or self.spec
         if len(self.keys) != len(self.values):
-            raise StateError(f"{what} has {len(self.keys)} key layers but {len(self.values)} value layers",
-                             "rebuild the state from one cache")
+            raise StateError(
+                f"{what} has {len(self.keys)} key layers but {len(self.values)} value layers",
+                "rebuild the state from one cache",
+            )
         if self.num_layers != spec.num_layers:
-            raise StateError(f"{what} has {self.num_layers} layers; model {spec.model_type!r} has {spec.num_layers}",
-                             "transfer through a layer mapping (kvbridge fit) or use the producing model")
+            raise StateError(
+                f"{what} has {self.num_layers} layers; model {spec.model_type!r} has {spec.num_layers}",
+                "transfer through a layer mapping (kvbridge fit) or use the producing model",
+            )
         B, T = self.token_ids.shape
         if tuple(self.positions.shape) != (B, T):
-            raise StateError(f"{what} positions shape {tuple(self.positions.shape)} != token ids shape {(B, T)}",
-                             "give one position per cached token")
+            raise StateError(
+                f"{what} positions shape {tuple(self.positions.shape)} != token ids shape {(B, T)}",
+                "give one position per cached token",
+            )
         for i, (k, v) in enumerate(zip(self.keys, self.values)):
             heads = spec.kv_heads_of(i)
             for name, t, dim in (("keys", k, spec.key_dim_of(i)), ("values", v, spec.value_dim_of(i))):
@@ -95,41 +107,57 @@ class KVState:
                     raise StateError(
                         f"{what} layer {i} {name} shape {tuple(t.shape)} != {want} expected by {spec.model_type!r} "
                         f"[batch, kv_heads={heads}, tokens={T}, head_dim={dim}]",
-                        "map the state to this model's geometry first (kvbridge fit / transfer)")
+                        "map the state to this model's geometry first (kvbridge fit / transfer)",
+                    )
                 if dtype is not None and t.dtype != dtype:
-                    raise StateError(f"{what} layer {i} {name} dtype {t.dtype} != model dtype {dtype}",
-                                     f"convert it with state.to(dtype={dtype}) or load the model in {t.dtype}")
+                    raise StateError(
+                        f"{what} layer {i} {name} dtype {t.dtype} != model dtype {dtype}",
+                        f"convert it with state.to(dtype={dtype}) or load the model in {t.dtype}",
+                    )
         if check_finite and not _all_finite((*self.keys, *self.values)):
             for i, (k, v) in enumerate(zip(self.keys, self.values)):  # name the first bad tensor
                 for name, t in (("keys", k), ("values", v)):
                     if not bool(torch.isfinite(t).all()):
                         bad = int((~torch.isfinite(t)).sum())
-                        raise StateError(f"{what} layer {i} {name} has {bad} NaN/inf values",
-                                         "recompute the cache; a mapping that produced it may be broken")
+                        raise StateError(
+                            f"{what} layer {i} {name} has {bad} NaN/inf values",
+                            "recompute the cache; a mapping that produced it may be broken",
+                        )
         _validate_indexer(self, spec, dtype, check_finite, what)
         return self
 
     # -- conversions -------------------------------------------------------------------
     def map_tensors(self, fn) -> "KVState":
-        return replace(self, keys=tuple(fn(k) for k in self.keys), values=tuple(fn(v) for v in self.values),
-                       indexer_keys=tuple((i, fn(t)) for i, t in self.indexer_keys))
+        return replace(
+            self,
+            keys=tuple(fn(k) for k in self.keys),
+            values=tuple(fn(v) for v in self.values),
+            indexer_keys=tuple((i, fn(t)) for i, t in self.indexer_keys),
+        )
 
     def to(self, device: Any = None, dtype: "torch.dtype | None" = None) -> "KVState":
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
 
     def clone(self) -> "KVState":
         out = self.map_tensors(lambda t: t.clone())
-        return replace(out, token_ids=self.token_ids.clone(), positions=self.positions.clone(),
-                       rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
-                       meta=dict(self.meta), states=_clone_states(self.states))
+        return replace(
+            out,
+            token_ids=self.token_ids.clone(),
+            positions=self.positions.clone(),
+            rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
+            meta=dict(self.meta),
+            states=_clone_states(self.states),
+        )
 
     def slice_tokens(self, start: int = 0, stop: int | None = None) -> "KVState":
         """Tokens ``[start:stop]`` of every layer (views; clone to own them)."""
         sl = slice(start, stop)
         if self.states and range(self.num_tokens)[sl] != range(self.num_tokens):
-            raise StateError(f"{self.spec.model_type!r} layers {[i for i, _ in self.states]} hold recurrent state "
-                             "summarising every token: it cannot be sliced",
-                             "recompute the prefix you want instead of slicing the state")
+            raise StateError(
+                f"{self.spec.model_type!r} layers {[i for i, _ in self.states]} hold recurrent state "
+                "summarising every token: it cannot be sliced",
+                "recompute the prefix you want instead of slicing the state",
+            )
         return replace(
             self,
             keys=tuple(k[:, :, sl] for k in self.keys),
@@ -162,14 +190,22 @@ class KVState:
         kw = {} if dtype is None else {"out_dtype": dtype}
         keys = tuple(
             _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host, **kw)
-            for i, k in enumerate(self._rotated()))
-        index = _indexer_rope(rope.strip, self.indexer_keys, self.spec, self.positions, lengths=self.rope_lengths,
-                              host=host, **kw)
+            for i, k in enumerate(self._rotated())
+        )
+        index = _indexer_rope(
+            rope.strip, self.indexer_keys, self.spec, self.positions, lengths=self.rope_lengths, host=host, **kw
+        )
         return _cast(replace(self, **{self._rotated_slot(): keys}, rope_applied=False, indexer_keys=index), dtype)
 
-    def apply_rope(self, positions: "Tensor | None" = None, spec: ModelSpec | None = None,
-                   rope_lengths: "Tensor | None" = None, host=None, *,
-                   dtype: "torch.dtype | None" = None) -> "KVState":
+    def apply_rope(
+        self,
+        positions: "Tensor | None" = None,
+        spec: ModelSpec | None = None,
+        rope_lengths: "Tensor | None" = None,
+        host=None,
+        *,
+        dtype: "torch.dtype | None" = None,
+    ) -> "KVState":
         """Keys rotated for ``spec`` (default: own) at ``positions`` (default: own).
 
         ``dtype``: the cache dtype of the result (default: this state's). Wider content (float32
@@ -191,10 +227,21 @@ class KVState:
         kw = {} if dtype is None else {"dtype": dtype}
         keys = tuple(
             _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host, **kw)
-            for i, k in enumerate(self._rotated()))
+            for i, k in enumerate(self._rotated())
+        )
         index = _indexer_rope(rope.apply, self.indexer_keys, spec, positions, lengths=rope_lengths, host=host, **kw)
-        return _cast(replace(self, **{self._rotated_slot(): keys}, positions=positions, rope_applied=True, spec=spec,
-                             rope_lengths=rope_lengths, indexer_keys=index), dtype)
+        return _cast(
+            replace(
+                self,
+                **{self._rotated_slot(): keys},
+                positions=positions,
+                rope_applied=True,
+                spec=spec,
+                rope_lengths=rope_lengths,
+                indexer_keys=index,
+            ),
+            dtype,
+        )
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
         """Move the cached keys to new positions (an offset int or a ``[B, T]`` tensor) in one call."""
@@ -204,7 +251,8 @@ class KVState:
             raise StateError(
                 f"cannot re-position a {self.spec.positional}-position cache of {self.spec.model_type!r}: "
                 "positions are baked into the hidden states",
-                "recompute the prefix at the new positions")
+                "recompute the prefix at the new positions",
+            )
         if self.spec.positional == "none":
             return replace(self, positions=new_positions)
         from kvbridge import rope
@@ -215,13 +263,32 @@ class KVState:
         stateful = self.spec.rope is not None and self.spec.rope.is_stateful
         new_lengths = rope.forward_lengths(new_positions) if stateful else None
         keys = tuple(
-            _per_layer(rope.reposition, k, self.spec, i, self.positions, new_positions,
-                       old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
-            for i, k in enumerate(self._rotated()))
-        index = _indexer_rope(rope.reposition, self.indexer_keys, self.spec, self.positions, new_positions,
-                              old_lengths=self.rope_lengths, new_lengths=new_lengths, host=host)
-        return replace(self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths,
-                       indexer_keys=index)
+            _per_layer(
+                rope.reposition,
+                k,
+                self.spec,
+                i,
+                self.positions,
+                new_positions,
+                old_lengths=self.rope_lengths,
+                new_lengths=new_lengths,
+                host=host,
+            )
+            for i, k in enumerate(self._rotated())
+        )
+        index = _indexer_rope(
+            rope.reposition,
+            self.indexer_keys,
+            self.spec,
+            self.positions,
+            new_positions,
+            old_lengths=self.rope_lengths,
+            new_lengths=new_lengths,
+            host=host,
+        )
+        return replace(
+            self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths, indexer_keys=index
+        )
 
 
 def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwargs) -> "Tensor":
@@ -307,8 +374,16 @@ def _cast(state: "KVState", dtype) -> "KVState":
 
 
 def _clone_states(states: tuple) -> tuple:
-    return tuple((i, {k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
-                      for k, v in st.items()}) for i, st in states)
+    return tuple(
+        (
+            i,
+            {
+                k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
+                for k, v in st.items()
+            },
+        )
+        for i, st in states
+    )
 
 
 def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs) -> tuple:
@@ -318,10 +393,10 @@ def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs
     for layer, t in indexer_keys:
         table, start, dims = spec.indexer_rope_for_layer(layer)
         if table is not None and t.shape[1]:
-            part = _rotate(fn, t[..., start:start + dims].unsqueeze(1), table, *positions, **kwargs).squeeze(1)
+            part = _rotate(fn, t[..., start : start + dims].unsqueeze(1), table, *positions, **kwargs).squeeze(1)
             wide = torch.promote_types(part.dtype, t.dtype)  # float32 content of a half cache stays float32
             t = t.to(wide)
-            t = torch.cat([t[..., :start], part.to(wide), t[..., start + dims:]], dim=-1)
+            t = torch.cat([t[..., :start], part.to(wide), t[..., start + dims :]], dim=-1)
         out.append((layer, t))
     return tuple(out)
 
@@ -331,30 +406,40 @@ def _check_indexer_target(state: "KVState", spec: ModelSpec) -> None:
     if not state.indexer_keys:
         return
     if tuple(i for i, _ in state.indexer_keys) != tuple(spec.indexer_layers) or spec.indexer != state.spec.indexer:
-        raise StateError(f"the state carries sparse-attention indexer keys of {state.spec.model_type!r} "
-                         f"(layers {[i for i, _ in state.indexer_keys]}) that {spec.model_type!r} does not cache "
-                         "that way: indexer keys cannot be mapped across models",
-                         "drop them (replace(state, indexer_keys=())) or extract the state from the target model")
+        raise StateError(
+            f"the state carries sparse-attention indexer keys of {state.spec.model_type!r} "
+            f"(layers {[i for i, _ in state.indexer_keys]}) that {spec.model_type!r} does not cache "
+            "that way: indexer keys cannot be mapped across models",
+            "drop them (replace(state, indexer_keys=())) or extract the state from the target model",
+        )
 
 
 def _validate_indexer(state: "KVState", spec: ModelSpec, dtype, check_finite: bool, what: str) -> None:
     B, T = state.token_ids.shape
     have = {i: t for i, t in state.indexer_keys}
     if not spec.indexer_layers and have:
-        raise StateError(f"{what} carries indexer keys (layers {sorted(have)}) that model {spec.model_type!r} does "
-                         "not cache", "drop them: indexer keys cannot be mapped across models")
+        raise StateError(
+            f"{what} carries indexer keys (layers {sorted(have)}) that model {spec.model_type!r} does not cache",
+            "drop them: indexer keys cannot be mapped across models",
+        )
     for i in spec.indexer_layers:
         t = have.get(i)
         if t is None:
-            raise StateError(f"{what} has no sparse-attention indexer keys for layer {i} of {spec.model_type!r}",
-                             "extract the state from this model (indexer keys cannot be mapped across models)")
+            raise StateError(
+                f"{what} has no sparse-attention indexer keys for layer {i} of {spec.model_type!r}",
+                "extract the state from this model (indexer keys cannot be mapped across models)",
+            )
         want = (B, T, spec.indexer_dim())
         if tuple(t.shape) != want:
-            raise StateError(f"{what} layer {i} indexer keys shape {tuple(t.shape)} != {want} expected by "
-                             f"{spec.model_type!r} [batch, tokens, index_head_dim]",
-                             "extract the state from this model (indexer keys cannot be mapped across models)")
+            raise StateError(
+                f"{what} layer {i} indexer keys shape {tuple(t.shape)} != {want} expected by "
+                f"{spec.model_type!r} [batch, tokens, index_head_dim]",
+                "extract the state from this model (indexer keys cannot be mapped across models)",
+            )
         if dtype is not None and t.dtype != dtype:
-            raise StateError(f"{what} layer {i} indexer keys dtype {t.dtype} != model dtype {dtype}",
-                             f"convert it with state.to(dtype={dtype})")
+            raise StateError(
+                f"{what} layer {i} indexer keys dtype {t.dtype} != model dtype {dtype}",
+                f"convert it with state.to(dtype={dtype})",
+            )
         if check_finite and not bool(torch.isfinite(t).all()):
             raise StateError(f"{what} layer {i} indexer keys have NaN/inf values", "recompute the cache")

@@ -116,8 +116,10 @@ the closest names.
 
 def _signature(fn) -> str:
     sig = inspect.signature(fn)
-    params = ", ".join(f"{p.name}: {p.annotation}" if p.annotation is not inspect.Parameter.empty else p.name
-                       for p in sig.parameters.values())
+    params = ", ".join(
+        f"{p.name}: {p.annotation}" if p.annotation is not inspect.Parameter.empty else p.name
+        for p in sig.parameters.values()
+    )
     ret = f" -> {sig.return_annotation}" if sig.return_annotation is not inspect.Signature.empty else ""
     return f"def {fn.__name__}({params}){ret}"
 
@@ -137,14 +139,19 @@ def _markdown_doc(doc: str) -> str:
             while i < len(lines) and (not lines[i].strip() or lines[i].startswith("    ")):
                 block.append(lines[i])
                 i += 1
-            out += ["", "\0```python", *("\0" + b for b in textwrap.dedent("\n".join(block)).strip("\n").splitlines()),
-                    "\0```", ""]
+            out += [
+                "",
+                "\0```python",
+                *("\0" + b for b in textwrap.dedent("\n".join(block)).strip("\n").splitlines()),
+                "\0```",
+                "",
+            ]
             continue
         m = re.match(r":param (\w+):\s*(.*)", line)
         if m:
             out.append(f"- ``{m.group(1)}``: {m.group(2)}")
         elif line.startswith(":returns:"):
-            out.append(f"- returns: {line[len(':returns:'):].strip()}")
+            out.append(f"- returns: {line[len(':returns:') :].strip()}")
         elif line.startswith("    ") and out and out[-1].startswith("- "):
             out[-1] += " " + line.strip()
         else:
@@ -157,8 +164,13 @@ def _markdown_doc(doc: str) -> str:
 def hook_reference() -> str:
     from kvbridge import hookspecs
 
-    names = [n for n, _ in sorted(((n, f) for n, f in vars(hookspecs).items() if n.startswith("kvbridge_")),
-                                  key=lambda item: item[1].__code__.co_firstlineno)]
+    names = [
+        n
+        for n, _ in sorted(
+            ((n, f) for n, f in vars(hookspecs).items() if n.startswith("kvbridge_")),
+            key=lambda item: item[1].__code__.co_firstlineno,
+        )
+    ]
     out = ["## Hook reference", ""]
     for name in names:
         fn = getattr(hookspecs, name)
@@ -177,8 +189,12 @@ def fitter_options() -> str:
 
     host = make_host(entry_points=False)
     reg = host.registry("fitter")
-    out = ["## Options of the built-in fitters", "",
-           "Pass them as `kvbridge fit ... -o key=value` (or `fit(..., options={...})` in Python).", ""]
+    out = [
+        "## Options of the built-in fitters",
+        "",
+        "Pass them as `kvbridge fit ... -o key=value` (or `fit(..., options={...})` in Python).",
+        "",
+    ]
     for name in reg.names():
         cls = reg.items[name].load()
         out += [f"### `{name}`", "", reg.items[name].description, ""]

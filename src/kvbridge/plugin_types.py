@@ -220,9 +220,16 @@ _MEMBERS = {
     "scorer": ("name", "description", "factory"),
     "task": ("name", "description", "factory"),
 }
-_KIND_WORDS = {"family": "family adapter", "rope_variant": "RoPE variant", "fitter": "fitter", "metric": "metric",
-               "engine": "engine", "steering_method": "steering method", "scorer": "scorer",
-               "task": "task"}
+_KIND_WORDS = {
+    "family": "family adapter",
+    "rope_variant": "RoPE variant",
+    "fitter": "fitter",
+    "metric": "metric",
+    "engine": "engine",
+    "steering_method": "steering method",
+    "scorer": "scorer",
+    "task": "task",
+}
 
 
 #: members a steering-method class needs (:mod:`kvbridge.steer.methods`)
@@ -289,8 +296,10 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
         return obj, None
     name = getattr(obj, "name", None)
     what = f"{_KIND_WORDS[kind]} {name!r}" if isinstance(name, str) else f"{_KIND_WORDS[kind]} {type(obj).__name__}"
-    return obj, (f"plugin {plugin!r}: {what} does not follow the protocol: missing member {missing!r} "
-                 f"(fix: see docs/plugins.md, {_KIND_WORDS[kind]}s)")
+    return obj, (
+        f"plugin {plugin!r}: {what} does not follow the protocol: missing member {missing!r} "
+        f"(fix: see docs/plugins.md, {_KIND_WORDS[kind]}s)"
+    )
 
 
 def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
@@ -303,10 +312,11 @@ def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
         raise
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the plugin's module raises
         what = exc.code if isinstance(exc, SystemExit) else " ".join(str(exc).split())
-        raise PluginError(f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
-                          f"{getattr(record, 'factory', '?')!r} ({type(exc).__name__}: {str(what)[:160]})",
-                          f"install what the plugin needs, or skip it with KVBRIDGE_DISABLE_PLUGINS={plugin or 'NAME'}"
-                          ) from None
+        raise PluginError(
+            f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
+            f"{getattr(record, 'factory', '?')!r} ({type(exc).__name__}: {str(what)[:160]})",
+            f"install what the plugin needs, or skip it with KVBRIDGE_DISABLE_PLUGINS={plugin or 'NAME'}",
+        ) from None
     return loaded(kind, name, obj, plugin)
 
 
@@ -325,11 +335,36 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
     else:
         missing = None if callable(obj) else "__call__"
     if missing:
-        raise PluginError(f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
-                          f"missing member {missing!r}", "fix the plugin (see docs/plugins.md)")
+        raise PluginError(
+            f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
+            f"missing member {missing!r}",
+            "fix the plugin (see docs/plugins.md)",
+        )
     return obj
 
 
-__all__ = ["Finding", "VERDICTS", "load_object", "RopeVariant", "RopeError", "UnknownRopeTypeError", "Fitter",
-           "Metric", "MetricFunction", "Engine", "EngineProtocol", "ENGINE_MEMBERS", "check_registration", "protocol_problem", "loaded", "load_registered",
-           "ModelSource", "SCHEME_RE", "SteeringMethod", "Scorer", "METHOD_MEMBERS", "method_problem", "Task"]
+__all__ = [
+    "Finding",
+    "VERDICTS",
+    "load_object",
+    "RopeVariant",
+    "RopeError",
+    "UnknownRopeTypeError",
+    "Fitter",
+    "Metric",
+    "MetricFunction",
+    "Engine",
+    "EngineProtocol",
+    "ENGINE_MEMBERS",
+    "check_registration",
+    "protocol_problem",
+    "loaded",
+    "load_registered",
+    "ModelSource",
+    "SCHEME_RE",
+    "SteeringMethod",
+    "Scorer",
+    "METHOD_MEMBERS",
+    "method_problem",
+    "Task",
+]

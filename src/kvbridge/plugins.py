@@ -67,9 +67,21 @@ BUILTIN_PLUGINS = (
 IMPORT_TIMEOUT_S = 20.0
 IMPORT_TIMEOUT_ENV = "KVBRIDGE_PLUGIN_IMPORT_TIMEOUT"
 #: model types that have no attention KV cache at all
-NO_KV_CACHE_TYPES = frozenset({
-    "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm", "hyena", "s4", "retnet",
-})
+NO_KV_CACHE_TYPES = frozenset(
+    {
+        "mamba",
+        "mamba2",
+        "falcon_mamba",
+        "rwkv",
+        "rwkv5",
+        "rwkv6",
+        "rwkv7",
+        "xlstm",
+        "hyena",
+        "s4",
+        "retnet",
+    }
+)
 
 
 @dataclass
@@ -85,8 +97,14 @@ class PluginRecord:
     warned: bool = field(default=False, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "version": self.version, "builtin": self.builtin,
-                "hooks": self.hooks, "registers": self.registers, "error": self.error}
+        return {
+            "name": self.name,
+            "version": self.version,
+            "builtin": self.builtin,
+            "hooks": self.hooks,
+            "registers": self.registers,
+            "error": self.error,
+        }
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -117,7 +135,8 @@ class Registry:
                 first, second = sorted((self.owner[name], plugin), key=self._rank)  # registration order
                 raise PluginError(
                     f"duplicate {self.kind} {name!r}: registered by both {first!r} and {second!r}",
-                    f"rename it in one plugin, or disable one with KVBRIDGE_DISABLE_PLUGINS={second}")
+                    f"rename it in one plugin, or disable one with KVBRIDGE_DISABLE_PLUGINS={second}",
+                )
         for name in names:
             self.items[name] = obj
             self.owner[name] = plugin
@@ -127,8 +146,9 @@ class Registry:
         if name not in self.items:
             close = difflib.get_close_matches(name, list(self.items), n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
-            raise PluginError(f"unknown {self.kind} {name!r}",
-                              f"{hint}available: {', '.join(sorted(self.items)) or 'none'}")
+            raise PluginError(
+                f"unknown {self.kind} {name!r}", f"{hint}available: {', '.join(sorted(self.items)) or 'none'}"
+            )
         return self.items[name]
 
     def names(self) -> list[str]:
@@ -187,8 +207,10 @@ def import_timeout() -> float:
     except ValueError:
         value = float("nan")
     if not math.isfinite(value) or value <= 0:
-        raise PluginError(f"{IMPORT_TIMEOUT_ENV}={raw!r} is not a positive number of seconds",
-                          f"set it to e.g. {IMPORT_TIMEOUT_S:g}, or unset it")
+        raise PluginError(
+            f"{IMPORT_TIMEOUT_ENV}={raw!r} is not a positive number of seconds",
+            f"set it to e.g. {IMPORT_TIMEOUT_S:g}, or unset it",
+        )
     return value
 
 
@@ -207,8 +229,10 @@ def _import_plugin(ep, timeout: float):
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
-        return None, (f"importing {ep.value} did not finish within {timeout:g} s (hung import skipped; "
-                      f"{IMPORT_TIMEOUT_ENV} sets the limit)")
+        return None, (
+            f"importing {ep.value} did not finish within {timeout:g} s (hung import skipped; "
+            f"{IMPORT_TIMEOUT_ENV} sets the limit)"
+        )
     if "error" in box:
         if os.environ.get("KVBRIDGE_DEBUG") and not isinstance(box["error"], SystemExit):
             raise box["error"]
@@ -319,6 +343,7 @@ class Host:
         from kvbridge import plugin_types
 
         for kind, hook_name in hooks.items():
+
             def register(obj: Any, _kind=kind) -> None:
                 plugin = _CURRENT.get() or "?"
                 record = self.record(plugin)
@@ -356,8 +381,9 @@ class Host:
         """The family adapter for a config mapping, or a one-line refusal."""
         model_type = config.get("model_type") if isinstance(config, dict) else None
         if not model_type:
-            raise UnsupportedModelError("config has no 'model_type'",
-                                        "pass a Hugging Face config.json or a model folder that has one")
+            raise UnsupportedModelError(
+                "config has no 'model_type'", "pass a Hugging Face config.json or a model folder that has one"
+            )
         families = self.registry("family")
         if model_type in families.items:
             return families.items[model_type]
@@ -370,19 +396,22 @@ class Host:
         if model_type in NO_KV_CACHE_TYPES:
             raise UnsupportedModelError(
                 f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
-                "kvbridge moves attention KV caches; choose a transformer model")
+                "kvbridge moves attention KV caches; choose a transformer model",
+            )
         auto_map = config.get("auto_map")
         if isinstance(auto_map, dict) and auto_map:
             key = sorted(auto_map, key=str)[0]
             raise UnsupportedModelError(
                 f"unknown model type {model_type!r}: the config's auto_map ({key} -> {str(auto_map[key])[:60]}) "
                 "points at code shipped with the model, which kvbridge never runs",
-                "use a model whose architecture transformers implements, or a plugin that supports this type")
+                "use a model whose architecture transformers implements, or a plugin that supports this type",
+            )
         close = difflib.get_close_matches(model_type, families.names(), n=3, cutoff=0.8)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnsupportedModelError(
             f"unknown model type {model_type!r}",
-            f"{hint}install a plugin that supports it (see `kvbridge plugins` for supported types)")
+            f"{hint}install a plugin that supports it (see `kvbridge plugins` for supported types)",
+        )
 
     def _claim_family(self, config: dict):
         """The first plugin's answer to ``kvbridge_resolve_family`` (firstresult, pluggy's order) that is a
@@ -390,16 +419,20 @@ class Host:
         from kvbridge.plugin_types import protocol_problem
 
         for _ in range(len(self.records) + 1):
-            outcomes = self.call("kvbridge_resolve_family", config=config,
-                                 families=types.MappingProxyType(self.registry("family").items))
+            outcomes = self.call(
+                "kvbridge_resolve_family", config=config, families=types.MappingProxyType(self.registry("family").items)
+            )
             answer = next((o for o in outcomes if o.error is None and o.value is not None), None)
             if answer is None:
                 return None
             problem = protocol_problem("family", answer.value)
             if problem is None:
                 return answer.value
-            self.disable(answer.plugin, f"kvbridge_resolve_family returned {type(answer.value).__name__} "
-                                        f"{answer.value!r:.60}, not a family adapter (missing {problem!r})")
+            self.disable(
+                answer.plugin,
+                f"kvbridge_resolve_family returned {type(answer.value).__name__} "
+                f"{answer.value!r:.60}, not a family adapter (missing {problem!r})",
+            )
         return None  # pragma: no cover - every plugin disabled
 
     def adapter_of(self, model) -> Any:
@@ -452,12 +485,24 @@ class Host:
                 found = [Finding("plugin", "warning", f"check failed: {outcome.error.split(': ', 1)[1]}")]
             else:
                 found = outcome.value if outcome.value is not None else []
-                bad = (f"{type(found).__name__} {found!r:.60}" if not isinstance(found, (list, tuple)) else
-                       next((f"an item {type(f).__name__} {f!r:.60}" for f in found
-                             if not isinstance(f, Finding) or f.verdict not in VERDICTS), None))
+                bad = (
+                    f"{type(found).__name__} {found!r:.60}"
+                    if not isinstance(found, (list, tuple))
+                    else next(
+                        (
+                            f"an item {type(f).__name__} {f!r:.60}"
+                            for f in found
+                            if not isinstance(f, Finding) or f.verdict not in VERDICTS
+                        ),
+                        None,
+                    )
+                )
                 if bad is not None:
-                    self.disable(outcome.plugin, f"kvbridge_check_compatibility returned {bad}, not a list of "
-                                                 "Finding records with a known verdict")
+                    self.disable(
+                        outcome.plugin,
+                        f"kvbridge_check_compatibility returned {bad}, not a list of "
+                        "Finding records with a known verdict",
+                    )
                     continue
             out.extend(replace(f, plugin=outcome.plugin) for f in found)
         return out
@@ -478,8 +523,11 @@ class Host:
         taken = {n: "kvbridge" for n in getattr(cli, "commands", {})}
         for plugin, name, cmd in offered:
             if not isinstance(cmd, click.Command) or not isinstance(name, str) or not name:
-                self.disable(plugin, f"kvbridge_register_commands added {type(cmd).__name__} {cmd!r:.60}, "
-                                     "not a click command with a name")
+                self.disable(
+                    plugin,
+                    f"kvbridge_register_commands added {type(cmd).__name__} {cmd!r:.60}, "
+                    "not a click command with a name",
+                )
                 continue
             record = self.record(plugin)
             if name in taken and taken[name] == "kvbridge" and record is not None and record.builtin:
@@ -538,8 +586,11 @@ class Host:
             bad = [p for p in items if p is not None and not isinstance(p, (str, os.PathLike))]
             if bad or not isinstance(outcome.value, (list, tuple, str, os.PathLike)):
                 shown = bad[0] if bad else outcome.value
-                self.disable(outcome.plugin, f"kvbridge_manifest_dirs returned {type(shown).__name__} {shown!r:.60}, "
-                                             "not a folder path or a list of them")
+                self.disable(
+                    outcome.plugin,
+                    f"kvbridge_manifest_dirs returned {type(shown).__name__} {shown!r:.60}, "
+                    "not a folder path or a list of them",
+                )
                 continue
             out.extend(Path(p) for p in items if p)
         return out
@@ -556,8 +607,7 @@ def _validate(pm: pluggy.PluginManager, plugin: Any) -> str | None:
     return None
 
 
-def make_host(*, builtins: bool = True, entry_points: bool = True,
-              extra: Iterable[tuple[str, Any]] = ()) -> Host:
+def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterable[tuple[str, Any]] = ()) -> Host:
     """Build an isolated plugin host (no registration happens at import time).
 
     ``extra`` registers ``(name, plugin_object)`` pairs, as tests and embedding code do.
@@ -570,8 +620,7 @@ def make_host(*, builtins: bool = True, entry_points: bool = True,
     disabled = set(_env_list("KVBRIDGE_DISABLE_PLUGINS") or [])
 
     def add(name: str, plugin: Any, version: str, builtin: bool) -> None:
-        record = PluginRecord(name=name, version=version, builtin=builtin,
-                              hooks=_plugin_hook_names(plugin))
+        record = PluginRecord(name=name, version=version, builtin=builtin, hooks=_plugin_hook_names(plugin))
         records.append(record)
         error = _validate(pm, plugin)
         if error:
@@ -589,8 +638,10 @@ def make_host(*, builtins: bool = True, entry_points: bool = True,
                 if hookimpl.wrapper or hookimpl.hookwrapper:
                     flag = "wrapper=True" if hookimpl.wrapper else "hookwrapper=True"
                     pm.unregister(plugin)
-                    record.error = (f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
-                                    "does not take (fix: drop the flag and return the value from a plain hookimpl)")
+                    record.error = (
+                        f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
+                        "does not take (fix: drop the flag and return the value from a plain hookimpl)"
+                    )
                     return
         for caller in pm.get_hookcallers(plugin) or []:
             for hookimpl in caller.get_hookimpls():
@@ -636,4 +687,3 @@ def get_host() -> Host:
     if _DEFAULT is None:
         _DEFAULT = make_host()
     return _DEFAULT
-

@@ -35,8 +35,16 @@ def _fmt_secs(s: float) -> str:
 class Progress:
     """``update(done, tokens=...)`` after each unit; ``close()`` at the end."""
 
-    def __init__(self, total: int, *, label: str, unit: str = "samples", enabled: bool = True,
-                 stream: TextIO | None = None, tty: bool | None = None):
+    def __init__(
+        self,
+        total: int,
+        *,
+        label: str,
+        unit: str = "samples",
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+    ):
         self.total, self.label, self.unit, self.enabled = int(total), label, unit, enabled
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
@@ -56,8 +64,7 @@ class Progress:
         else:
             eta = ""
         pct = 100.0 * self.done / self.total if self.total else 100.0
-        return (f"{self.label}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), "
-                f"{_fmt_secs(secs)} elapsed{rate}{eta}")
+        return f"{self.label}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), {_fmt_secs(secs)} elapsed{rate}{eta}"
 
     def update(self, done: int, *, tokens: int = 0) -> None:
         self.done = int(done)
@@ -94,8 +101,15 @@ class Heartbeat:
     hb.advance(n)``.
     """
 
-    def __init__(self, label: str, *, stream: TextIO | None = None, tty: bool | None = None,
-                 every: float | None = None, enabled: bool = True):
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        every: float | None = None,
+        enabled: bool = True,
+    ):
         import threading
 
         self.label, self.stream = label, stream or sys.stderr
@@ -118,8 +132,10 @@ class Heartbeat:
             count = f" {self.done:,}/{self.total:,} {self.unit} ({100.0 * self.done / self.total:.0f}%)".rstrip()
         elif self.done:
             count = f" {self.done:,} {self.unit}".rstrip()
-        return (f"{self.label}: {self.name}{count}, {_fmt_secs(now - self.t0)} elapsed "
-                f"({_fmt_secs(now - self._t_stage)} in this stage)")
+        return (
+            f"{self.label}: {self.name}{count}, {_fmt_secs(now - self.t0)} elapsed "
+            f"({_fmt_secs(now - self._t_stage)} in this stage)"
+        )
 
     def _emit(self) -> None:
         if not self.enabled:
@@ -168,8 +184,10 @@ class PartialLog:
         if self.path.is_symlink() or self.path.is_dir():
             from kvbridge.errors import ArtifactError
 
-            raise ArtifactError(f"{self.path} is a folder or a symbolic link, not a partial-results file",
-                                "choose another --partial path")
+            raise ArtifactError(
+                f"{self.path} is a folder or a symbolic link, not a partial-results file",
+                "choose another --partial path",
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.records: list[dict] = [{"record": "header", "complete": False, **header}]
         self._flush()
@@ -213,7 +231,6 @@ def json_ready(obj: Any, *, stringify: bool = True):
     if not stringify or obj is None or isinstance(obj, (str, int, bool)):
         return obj
     return str(obj)
-
 
 
 def read_partial(path: Path | str) -> list[dict]:

@@ -61,9 +61,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
 __all__ = [
-    "RopeVariant", "RopeError", "UnknownRopeTypeError",
-    "tables", "apply", "strip", "reposition", "forward_lengths", "inv_freq", "variant_for",
-    "available_types", "clear_caches",
+    "RopeVariant",
+    "RopeError",
+    "UnknownRopeTypeError",
+    "tables",
+    "apply",
+    "strip",
+    "reposition",
+    "forward_lengths",
+    "inv_freq",
+    "variant_for",
+    "available_types",
+    "clear_caches",
 ]
 
 
@@ -91,8 +100,10 @@ def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
         return host.rope_variant(name)
     except PluginError:
         pass
-    raise UnknownRopeTypeError(f"unknown RoPE type {name!r}; available: {', '.join(available_types(host))}",
-                               "install a plugin that registers it (kvbridge_register_rope_variants)")
+    raise UnknownRopeTypeError(
+        f"unknown RoPE type {name!r}; available: {', '.join(available_types(host))}",
+        "install a plugin that registers it (kvbridge_register_rope_variants)",
+    )
 
 
 def _is_stateful(rope: RopeSpec, variant: RopeVariant) -> bool:
@@ -117,9 +128,11 @@ def _cpu_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None) -> 
         inv, scaling = variant.inv_freq(rope, seq_len)
     inv = torch.as_tensor(inv, dtype=torch.float32).reshape(-1).cpu()
     if inv.numel() != rope.rotary_dim // 2:
-        raise RopeError(f"RoPE variant {variant.name!r} returned {inv.numel()} inverse frequencies, "
-                        f"rotary_dim {rope.rotary_dim} needs {rope.rotary_dim // 2}",
-                        "fix the variant's inv_freq")
+        raise RopeError(
+            f"RoPE variant {variant.name!r} returned {inv.numel()} inverse frequencies, "
+            f"rotary_dim {rope.rotary_dim} needs {rope.rotary_dim // 2}",
+            "fix the variant's inv_freq",
+        )
     return inv, float(scaling)
 
 
@@ -132,8 +145,9 @@ def _device_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None, 
 def inv_freq(rope: RopeSpec, seq_len: int | None = None, *, device=None, host=None) -> tuple:
     """``(inv_freq, attention_scaling)`` of ``rope`` at forward length ``seq_len`` (a copy)."""
     variant = variant_for(rope, host)
-    inv, scaling = _device_inv_freq(variant, rope, None if seq_len is None else int(seq_len),
-                                    str(torch.device(device or "cpu")))
+    inv, scaling = _device_inv_freq(
+        variant, rope, None if seq_len is None else int(seq_len), str(torch.device(device or "cpu"))
+    )
     return inv.clone(), scaling
 
 
@@ -212,10 +226,17 @@ class _IdentityCache:
                 version = obj._version
             except Exception:  # inference tensor: no version counter, key by content
                 data = obj.detach().cpu().to(torch.float64 if obj.is_floating_point() else torch.int64)
-                return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device),
-                        data.numpy().tobytes()), None
-            return ("id", id(obj), version, obj.data_ptr(), tuple(obj.shape), obj.stride(),
-                    str(obj.dtype), str(obj.device)), weakref.ref(obj)
+                return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device), data.numpy().tobytes()), None
+            return (
+                "id",
+                id(obj),
+                version,
+                obj.data_ptr(),
+                tuple(obj.shape),
+                obj.stride(),
+                str(obj.dtype),
+                str(obj.device),
+            ), weakref.ref(obj)
         return ("id", id(obj)), weakref.ref(obj)
 
     def lookup(self, objs: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
@@ -252,13 +273,16 @@ def _positions_2d(positions, device) -> "Tensor":
     if positions.dim() == 1:
         positions = positions[None]
     if positions.dim() != 2:
-        raise RopeError(f"positions must be [batch, tokens], got shape {tuple(positions.shape)}",
-                        "pass one position per cached token")
+        raise RopeError(
+            f"positions must be [batch, tokens], got shape {tuple(positions.shape)}",
+            "pass one position per cached token",
+        )
     return positions.to(device)
 
 
-def _build_tables(rope: RopeSpec, variant: RopeVariant, positions: "Tensor",
-                  lengths: "Tensor | None", device) -> _Tables:
+def _build_tables(
+    rope: RopeSpec, variant: RopeVariant, positions: "Tensor", lengths: "Tensor | None", device
+) -> _Tables:
     dev = str(device)
     pos = positions.to(device)
     angles_scale = None
@@ -272,8 +296,10 @@ def _build_tables(rope: RopeSpec, variant: RopeVariant, positions: "Tensor",
         try:
             pos, lens = torch.broadcast_tensors(pos, lens)
         except RuntimeError:
-            raise RopeError(f"RoPE lengths shape {tuple(lens.shape)} does not fit positions shape "
-                            f"{tuple(pos.shape)}", "give one forward length per cached token") from None
+            raise RopeError(
+                f"RoPE lengths shape {tuple(lens.shape)} does not fit positions shape {tuple(pos.shape)}",
+                "give one forward length per cached token",
+            ) from None
         uniq, inverse = torch.unique(lens, return_inverse=True)
         pick = variant.table_length or (lambda _rope, n: n)
         keys = [pick(rope, int(n)) for n in uniq.tolist()]
@@ -301,35 +327,45 @@ def _build_tables(rope: RopeSpec, variant: RopeVariant, positions: "Tensor",
 
 def _tables_for(rope: RopeSpec, positions, lengths, device, host) -> _Tables:
     if not isinstance(rope, RopeSpec):
-        raise RopeError(f"expected a RopeSpec, got {type(rope).__name__}",
-                        "pass spec.rope_for_layer(i) of a RoPE model")
+        raise RopeError(
+            f"expected a RopeSpec, got {type(rope).__name__}", "pass spec.rope_for_layer(i) of a RoPE model"
+        )
     variant = variant_for(rope, host)
     if not _is_stateful(rope, variant):
         lengths = None
     device = torch.device(device)
-    return _TABLES.lookup((positions, lengths), (rope, variant, str(device)),
-                          lambda: _build_tables(rope, variant, _positions_2d(positions, device), lengths, device))
+    return _TABLES.lookup(
+        (positions, lengths),
+        (rope, variant, str(device)),
+        lambda: _build_tables(rope, variant, _positions_2d(positions, device), lengths, device),
+    )
 
 
 def _check_keys(k: "Tensor", rope: RopeSpec, positions) -> None:
     if k.dim() != 4:
-        raise RopeError(f"keys must be [batch, heads, tokens, head_dim], got shape {tuple(k.shape)}",
-                        "pass one layer's keys")
+        raise RopeError(
+            f"keys must be [batch, heads, tokens, head_dim], got shape {tuple(k.shape)}", "pass one layer's keys"
+        )
     if k.shape[-1] != rope.head_dim:
-        raise RopeError(f"keys have head_dim {k.shape[-1]} but the RoPE spec has head_dim {rope.head_dim}",
-                        "use the RoPE spec of the model that produced (or will read) these keys")
+        raise RopeError(
+            f"keys have head_dim {k.shape[-1]} but the RoPE spec has head_dim {rope.head_dim}",
+            "use the RoPE spec of the model that produced (or will read) these keys",
+        )
     shape = tuple(torch.as_tensor(positions).shape)
     t = shape[-1]
     if t != k.shape[2] or (len(shape) == 2 and shape[0] not in (1, k.shape[0])):
-        raise RopeError(f"positions shape {shape} does not fit keys of shape {tuple(k.shape)}",
-                        "give one position per cached token ([batch, tokens])")
+        raise RopeError(
+            f"positions shape {shape} does not fit keys of shape {tuple(k.shape)}",
+            "give one position per cached token ([batch, tokens])",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # public API
 # ---------------------------------------------------------------------------------------------
-def tables(rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = None,
-           dtype=torch.float32, host=None) -> tuple:
+def tables(
+    rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = None, dtype=torch.float32, host=None
+) -> tuple:
     """``(cos, sin)``, each ``[B, T, rotary_dim]`` in the model's layout, scaled, cast to ``dtype``."""
     device = torch.as_tensor(positions).device
     tab = _tables_for(rope, positions, lengths, device, host)
@@ -341,8 +377,9 @@ def tables(rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = No
     return cos.to(dtype), sin.to(dtype)
 
 
-def apply(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor | None" = None,
-          dtype=None, host=None) -> "Tensor":
+def apply(
+    k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor | None" = None, dtype=None, host=None
+) -> "Tensor":
     """Rotate content-space keys ``[B, H, T, D]`` at ``positions`` as the model does.
 
     ``dtype`` (default ``k.dtype``) is the cache dtype of the result. Keys already in it take the
@@ -355,24 +392,34 @@ def apply(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor 
     dtype = dtype or k.dtype
     if dtype == k.dtype:
         return tab.kernel(dtype, inverse=False).run(k, rope.rotary_dim, rope.interleaved)
-    return tab.kernel(dtype, inverse=False, work=k.dtype).run(k, rope.rotary_dim, rope.interleaved, exact=False,
-                                                              out_dtype=dtype)
+    return tab.kernel(dtype, inverse=False, work=k.dtype).run(
+        k, rope.rotary_dim, rope.interleaved, exact=False, out_dtype=dtype
+    )
 
 
-def strip(k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor | None" = None,
-          out_dtype=None, host=None) -> "Tensor":
+def strip(
+    k: "Tensor", positions: "Tensor", rope: RopeSpec, *, lengths: "Tensor | None" = None, out_dtype=None, host=None
+) -> "Tensor":
     """Undo :func:`apply`: keys back in content space (computed in float32 at least, rounded to
     ``out_dtype``, default ``k.dtype``; pass float32 to keep a half-precision cache's content
     unrounded for the mapping and :func:`apply`)."""
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
-    return tab.kernel(k.dtype, inverse=True).run(k, rope.rotary_dim, rope.interleaved, exact=False,
-                                                 out_dtype=out_dtype or k.dtype)
+    return tab.kernel(k.dtype, inverse=True).run(
+        k, rope.rotary_dim, rope.interleaved, exact=False, out_dtype=out_dtype or k.dtype
+    )
 
 
-def reposition(k: "Tensor", old_positions: "Tensor", new_positions: "Tensor", rope: RopeSpec, *,
-               old_lengths: "Tensor | None" = None, new_lengths: "Tensor | None" = None,
-               host=None) -> "Tensor":
+def reposition(
+    k: "Tensor",
+    old_positions: "Tensor",
+    new_positions: "Tensor",
+    rope: RopeSpec,
+    *,
+    old_lengths: "Tensor | None" = None,
+    new_lengths: "Tensor | None" = None,
+    host=None,
+) -> "Tensor":
     """Keys rotated at ``old_positions`` moved to ``new_positions``: ``apply(strip(k, old), new)``.
 
     Keys take one rotation by the composite table (the product of the new table and the inverse

@@ -81,8 +81,11 @@ def mode() -> str:
             _MODE["mode"] = raw
         else:
             if raw:
-                warnings.warn(f"kvbridge: ${KERNEL_ENV}={raw!r} is not one of {', '.join(MODES)}; "
-                              "using the default (auto)", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"kvbridge: ${KERNEL_ENV}={raw!r} is not one of {', '.join(MODES)}; using the default (auto)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             legacy = os.environ.get(ENV, "").strip().lower()
             _MODE["mode"] = "compiled" if legacy in ("1", "true", "yes", "on", "compiled") else "auto"
     return _MODE["mode"]
@@ -102,8 +105,16 @@ def _compiled() -> Callable:
     return _FN["fn"]
 
 
-def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
-           eager: Callable[[], "Tensor"], rotary_dim: int | None = None) -> "Tensor":
+def rotate(
+    x: "Tensor",
+    cos: "Tensor",
+    sin: "Tensor",
+    out_dtype: torch.dtype,
+    *,
+    exact: bool,
+    eager: Callable[[], "Tensor"],
+    rotary_dim: int | None = None,
+) -> "Tensor":
     """The selected kernel's rotation when it is verified for this key, else ``eager()``.
 
     ``rotary_dim`` (default: the whole head) rotates the first dims only (native kernel; the
@@ -127,14 +138,17 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
         return eager()
     try:
         if chosen == "native":
-            out = rope_native.rotate(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim,
-                                     retry_failed=not quiet, checked=True)
+            out = rope_native.rotate(
+                x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim, retry_failed=not quiet, checked=True
+            )
         else:
             out = _compiled()(x, cos, sin, out_dtype)
     except Exception as exc:  # no compiler, unsupported backend or inputs...: eager from now on
         _STATUS[key] = False
-        message = (f"kvbridge: {chosen} RoPE kernel unavailable ({type(exc).__name__}: "
-                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the eager kernel")
+        message = (
+            f"kvbridge: {chosen} RoPE kernel unavailable ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the eager kernel"
+        )
         if not quiet and message not in _WARNED:  # once per process, whatever the mode changes
             _WARNED.add(message)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
@@ -148,8 +162,11 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
             ok = out.shape == want.shape and float((out.float() - want.float()).abs().max()) <= tol
         _STATUS[key] = bool(ok)
         if not ok:
-            warnings.warn(f"kvbridge: {chosen} RoPE kernel disagrees with the eager one on "
-                          f"{key}; using the eager kernel", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"kvbridge: {chosen} RoPE kernel disagrees with the eager one on {key}; using the eager kernel",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return want
     return out
 

@@ -31,11 +31,12 @@ class _Kernel:
     def full(self, which: str, interleaved: bool) -> "Tensor":
         """cos or sin half table laid out over ``rotary_dim`` (doubled, or each entry twice)."""
         t = self.cos if which == "cos" else self.sin
-        return self._get(f"{which}-{interleaved}", lambda: (
-            torch.repeat_interleave(t, 2, dim=-1) if interleaved else torch.cat((t, t), dim=-1)))
+        return self._get(
+            f"{which}-{interleaved}",
+            lambda: torch.repeat_interleave(t, 2, dim=-1) if interleaved else torch.cat((t, t), dim=-1),
+        )
 
-    def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True,
-            out_dtype=None) -> "Tensor":
+    def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True, out_dtype=None) -> "Tensor":
         """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``out_dtype``.
 
         Half-split rotations go through the selected one-pass kernel (:mod:`kvbridge.rope_compile`:
@@ -43,8 +44,15 @@ class _Kernel:
         """
         out_dtype = out_dtype or self.dtype
         if not interleaved:
-            return rope_compile.rotate(k, self.cos, self.sin, out_dtype, exact=exact, rotary_dim=rotary_dim,
-                                       eager=lambda: self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype))
+            return rope_compile.rotate(
+                k,
+                self.cos,
+                self.sin,
+                out_dtype,
+                exact=exact,
+                rotary_dim=rotary_dim,
+                eager=lambda: self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype),
+            )
         return self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype)
 
     def eager(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True) -> "Tensor":
@@ -94,8 +102,12 @@ class _Kernel:
         torch.mul(src, self.full("cos", interleaved), out=dst)
         if cplx:
             # rotate_every_two(x) = (-x_odd, x_even) = i * (x_even + i x_odd): exact, and contiguous
-            unit = self._get("i", lambda: torch.tensor(1j, dtype=torch.complex128 if self.dtype == torch.float64
-                                                       else torch.complex64, device=src.device))
+            unit = self._get(
+                "i",
+                lambda: torch.tensor(
+                    1j, dtype=torch.complex128 if self.dtype == torch.float64 else torch.complex64, device=src.device
+                ),
+            )
             swapped = torch.view_as_real(torch.view_as_complex(src.unflatten(-1, (h, 2))) * unit).flatten(-2)
             swapped.mul_(self.full("sin", True))
         else:  # interleaved pairs that cannot be viewed as complex numbers

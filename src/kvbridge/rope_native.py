@@ -178,8 +178,12 @@ extern "C" KVB_CLONES int kvb_rope_half(
 
 FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c++11"]
 PARALLEL_MIN_ELEMENTS = 1 << 18  # split rows over threads only above this many elements
-_KIND = {(torch.float32, torch.float32, True): 0, (torch.bfloat16, torch.bfloat16, True): 1,
-         (torch.float32, torch.float32, False): 2, (torch.bfloat16, torch.float32, False): 3}
+_KIND = {
+    (torch.float32, torch.float32, True): 0,
+    (torch.bfloat16, torch.bfloat16, True): 1,
+    (torch.float32, torch.float32, False): 2,
+    (torch.bfloat16, torch.float32, False): 3,
+}
 _LIB: dict = {}
 _LOCK = threading.Lock()
 _POOL: dict = {}
@@ -215,8 +219,9 @@ def library_path(cxx: str) -> tuple:
         version = f"{real}:{st.st_size}:{st.st_mtime_ns}"
     except OSError:
         version = ""
-    digest = hashlib.sha256("\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(),
-                                       platform.system()]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        "\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(), platform.system()]).encode()
+    ).hexdigest()[:16]
     return _cache_dir(), f"kvb_rope_{digest}.so"
 
 
@@ -245,8 +250,7 @@ def _build(cxx: str, retry_failed: bool) -> Path:
         src = work / "rope.cpp"
         src.write_text(SOURCE, encoding="utf-8")
         tmp = work / name
-        proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             detail = (proc.stderr or proc.stdout).strip().splitlines()
             message = f"building the native RoPE kernel failed: {detail[0] if detail else proc.returncode}"
@@ -309,8 +313,9 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return _POOL["pool"]
 
 
-def supports(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
-             rotary_dim: int) -> bool:
+def supports(
+    x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool, rotary_dim: int
+) -> bool:
     """Whether :func:`rotate` takes these inputs (else the caller uses the eager kernel)."""
     if _KIND.get((x.dtype, cos.dtype, bool(exact))) is None or out_dtype != x.dtype or sin.dtype != cos.dtype:
         return False
@@ -327,8 +332,17 @@ def supports(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, 
     return True
 
 
-def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool,
-           rotary_dim: int, retry_failed: bool = True, checked: bool = False) -> "Tensor":
+def rotate(
+    x: "Tensor",
+    cos: "Tensor",
+    sin: "Tensor",
+    out_dtype: torch.dtype,
+    *,
+    exact: bool,
+    rotary_dim: int,
+    retry_failed: bool = True,
+    checked: bool = False,
+) -> "Tensor":
     """Half-split rotation of ``x [B, H, T, D]``'s first ``rotary_dim`` dims by ``cos``/``sin``
     ``[Bp, 1, T, rotary_dim/2]`` (Bp 1 or B), the rest copied; a new contiguous tensor.
 
@@ -336,8 +350,10 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     already); no library: :class:`Unavailable`.
     """
     if not checked and not supports(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim):
-        raise ValueError(f"native RoPE kernel: unsupported inputs ({x.dtype} keys {tuple(x.shape)}, "
-                         f"{cos.dtype} tables {tuple(cos.shape)}, exact={exact})")
+        raise ValueError(
+            f"native RoPE kernel: unsupported inputs ({x.dtype} keys {tuple(x.shape)}, "
+            f"{cos.dtype} tables {tuple(cos.shape)}, exact={exact})"
+        )
     kind = _KIND[(x.dtype, cos.dtype, bool(exact))]
     b, heads, tokens, d = x.shape
     h = rotary_dim // 2
@@ -347,8 +363,21 @@ def rotate(x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *,
     if n_rows == 0:
         return out
     cb = tokens * h if cos.shape[0] == b and b > 1 else 0
-    args = (kind, x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), heads, tokens, d, rotary_dim,
-            x.stride(0), x.stride(1), x.stride(2), cb)
+    args = (
+        kind,
+        x.data_ptr(),
+        out.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        heads,
+        tokens,
+        d,
+        rotary_dim,
+        x.stride(0),
+        x.stride(1),
+        x.stride(2),
+        cb,
+    )
     threads = torch.get_num_threads()
     if threads <= 1 or x.numel() < PARALLEL_MIN_ELEMENTS:
         if fn(*args, 0, n_rows) != 0:

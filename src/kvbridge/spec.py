@@ -108,14 +108,27 @@ class RopeSpec:
         )
 
     @classmethod
-    def make(cls, rope_type: str = "default", theta: float = 10000.0, *, head_dim: int,
-             partial_factor: float = 1.0, interleaved: bool = False,
-             max_position_embeddings: int = 2048, **scaling: Any) -> "RopeSpec":
+    def make(
+        cls,
+        rope_type: str = "default",
+        theta: float = 10000.0,
+        *,
+        head_dim: int,
+        partial_factor: float = 1.0,
+        interleaved: bool = False,
+        max_position_embeddings: int = 2048,
+        **scaling: Any,
+    ) -> "RopeSpec":
         """Build a RopeSpec with keyword scaling parameters (``factor=8.0`` ...)."""
-        return cls(rope_type=rope_type, theta=float(theta), head_dim=int(head_dim),
-                   partial_factor=float(partial_factor), interleaved=bool(interleaved),
-                   max_position_embeddings=int(max_position_embeddings),
-                   scaling=_freeze({k: v for k, v in scaling.items() if v is not None}))
+        return cls(
+            rope_type=rope_type,
+            theta=float(theta),
+            head_dim=int(head_dim),
+            partial_factor=float(partial_factor),
+            interleaved=bool(interleaved),
+            max_position_embeddings=int(max_position_embeddings),
+            scaling=_freeze({k: v for k, v in scaling.items() if v is not None}),
+        )
 
 
 @dataclass(frozen=True)
@@ -211,8 +224,13 @@ class ModelSpec:
     @property
     def uniform_kv(self) -> bool:
         """True when every layer caches K and V of one shape (the classic layout)."""
-        return not (self.layer_kv_heads or self.layer_head_dims or self.value_head_dim is not None
-                    or self.no_kv_layers or self.kv_shared_layers)
+        return not (
+            self.layer_kv_heads
+            or self.layer_head_dims
+            or self.value_head_dim is not None
+            or self.no_kv_layers
+            or self.kv_shared_layers
+        )
 
     def window_of(self, layer: int) -> int | None:
         """Tokens layer ``layer`` attends to (None: the whole prefix)."""
@@ -286,8 +304,11 @@ class ModelSpec:
         for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
             value = getattr(self, name)
             if value != default:
-                out[name] = _thaw(value) if name in ("latent", "indexer") else \
-                    (list(value) if isinstance(value, tuple) else value)
+                out[name] = (
+                    _thaw(value)
+                    if name in ("latent", "indexer")
+                    else (list(value) if isinstance(value, tuple) else value)
+                )
         return out
 
     @classmethod
@@ -303,8 +324,9 @@ class ModelSpec:
             hidden_size=int(data.get("hidden_size", 0)),
             positional=data.get("positional", "rope"),
             rope=RopeSpec.from_dict(rope) if rope else None,
-            rope_by_layer_type=tuple(sorted((k, RopeSpec.from_dict(v))
-                                            for k, v in (data.get("rope_by_layer_type") or {}).items())),
+            rope_by_layer_type=tuple(
+                sorted((k, RopeSpec.from_dict(v)) for k, v in (data.get("rope_by_layer_type") or {}).items())
+            ),
             sliding_window=data.get("sliding_window"),
             layer_types=tuple(data.get("layer_types") or ()),
             qk_norm=bool(data.get("qk_norm", False)),
@@ -312,9 +334,17 @@ class ModelSpec:
             vocab_size=int(data.get("vocab_size", 0)),
             max_position_embeddings=int(data.get("max_position_embeddings", 0)),
             extras=_freeze(data.get("extras") or {}),
-            **{name: (_freeze(data[name]) if name in ("latent", "indexer") else
-                      tuple(data[name]) if isinstance(default, tuple) else data[name])
-               for name, default in _OPTIONAL_FIELDS.items() if name in data},
+            **{
+                name: (
+                    _freeze(data[name])
+                    if name in ("latent", "indexer")
+                    else tuple(data[name])
+                    if isinstance(default, tuple)
+                    else data[name]
+                )
+                for name, default in _OPTIONAL_FIELDS.items()
+                if name in data
+            },
         )
 
     def fingerprint(self) -> str:
@@ -326,11 +356,38 @@ class ModelSpec:
 
 
 #: per-layer fields serialised only when they differ from the default
-_OPTIONAL_FIELDS = {"nope_layers": (), "attention_chunk_size": None, "layer_kv_heads": (), "layer_head_dims": (),
-                    "value_head_dim": None, "kv_shared_layers": (), "no_kv_layers": (), "state_layers": (),
-                    "cache_format": "kv", "kv_groups": None, "latent": (), "indexer_layers": (), "indexer": ()}
+_OPTIONAL_FIELDS = {
+    "nope_layers": (),
+    "attention_chunk_size": None,
+    "layer_kv_heads": (),
+    "layer_head_dims": (),
+    "value_head_dim": None,
+    "kv_shared_layers": (),
+    "no_kv_layers": (),
+    "state_layers": (),
+    "cache_format": "kv",
+    "kv_groups": None,
+    "latent": (),
+    "indexer_layers": (),
+    "indexer": (),
+}
 
 
-__all__ = ["ModelSpec", "RopeSpec", "POSITIONAL_KINDS", "ROPE_TYPES", "FULL", "SLIDING", "CHUNKED",
-           "LINEAR", "CONV", "SHARED", "NO_ATTENTION", "KV_LAYER_KINDS", "LAYER_KINDS", "CACHE_FORMATS",
-           "asdict", "field"]
+__all__ = [
+    "ModelSpec",
+    "RopeSpec",
+    "POSITIONAL_KINDS",
+    "ROPE_TYPES",
+    "FULL",
+    "SLIDING",
+    "CHUNKED",
+    "LINEAR",
+    "CONV",
+    "SHARED",
+    "NO_ATTENTION",
+    "KV_LAYER_KINDS",
+    "LAYER_KINDS",
+    "CACHE_FORMATS",
+    "asdict",
+    "field",
+]

@@ -62,7 +62,7 @@ def mcnemar_p(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
@@ -97,8 +97,12 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
     for c in conds:
         total = float(arr[c].sum())
         ci = wilson(total, n)
-        out["conditions"][c] = {"accuracy": total / n if n else None, "correct": total, "n": n,
-                                "ci": list(ci) if ci else None}
+        out["conditions"][c] = {
+            "accuracy": total / n if n else None,
+            "correct": total,
+            "n": n,
+            "ci": list(ci) if ci else None,
+        }
     idx = _indices(n, bootstrap, seed) if n and bootstrap else None
     means = {c: (arr[c][idx].mean(axis=1) if idx is not None else None) for c in conds}
     acc = {c: out["conditions"][c]["accuracy"] for c in conds}
@@ -114,8 +118,9 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
     if "transferred" in conds and "target" in conds and n:
         t, tg = acc["transferred"], acc["target"]
         out["retention"] = with_ci(retention(t, tg), retention, "transferred", "target")
-        out["floor_normalised_retention"] = with_ci(floor_retention(t, tg, floor),
-                                                    lambda a, b: floor_retention(a, b, floor), "transferred", "target")
+        out["floor_normalised_retention"] = with_ci(
+            floor_retention(t, tg, floor), lambda a, b: floor_retention(a, b, floor), "transferred", "target"
+        )
         if "source" in conds:
             out["gap_closed"] = with_ci(gap_closed(t, tg, acc["source"]), gap_closed, "transferred", "target", "source")
     # per-condition ratios for the other cache conditions (plain reuse, recompute points)
@@ -123,14 +128,18 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
     for c in conds:
         if c in ("target", "source", "no_context") or "target" not in conds or not n:
             continue
-        row = {"retention": retention(acc[c], acc["target"]),
-               "floor_normalised_retention": floor_retention(acc[c], acc["target"], floor),
-               "gap_closed": gap_closed(acc[c], acc["target"], acc["source"]) if "source" in conds else None}
+        row = {
+            "retention": retention(acc[c], acc["target"]),
+            "floor_normalised_retention": floor_retention(acc[c], acc["target"], floor),
+            "gap_closed": gap_closed(acc[c], acc["target"], acc["source"]) if "source" in conds else None,
+        }
         out["by_condition"][c] = row
     for a, b in paired_names(conds):
         d = arr[a] - arr[b]
-        rec = {"diff": float(d.mean()) if n else None,
-               "ci": _pct((means[a] - means[b]).tolist()) if idx is not None else None}
+        rec = {
+            "diff": float(d.mean()) if n else None,
+            "ci": _pct((means[a] - means[b]).tolist()) if idx is not None else None,
+        }
         binary = all(set(np.unique(arr[x]).tolist()) <= {0.0, 1.0} for x in (a, b))
         if binary and n:
             bb, cc = int(((arr[a] == 1) & (arr[b] == 0)).sum()), int(((arr[a] == 0) & (arr[b] == 1)).sum())

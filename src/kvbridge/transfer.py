@@ -37,7 +37,8 @@ class IdentityMapping:
             raise StateError(
                 f"identity mapping needs the same content geometry; source (layers, kv_heads, head_dim)="
                 f"{content_geometry(source_spec)}, target={content_geometry(target_spec)}",
-                "fit a mapping with `kvbridge fit` (e.g. --fitter ridge)")
+                "fit a mapping with `kvbridge fit` (e.g. --fitter ridge)",
+            )
 
     def map_content(self, state, target_spec):
         self.check_pair(state.spec, target_spec)
@@ -59,14 +60,16 @@ def same_rotation(source, target) -> bool:
         return False
     if source.positional != "rope":
         return True
-    return (all(source.rope_for_layer(i) == target.rope_for_layer(i) for i in range(source.num_layers))
-            and all(source.indexer_rope_for_layer(i) == target.indexer_rope_for_layer(i)
-                    for i in source.indexer_layers)
-            and tuple(source.indexer_layers) == tuple(target.indexer_layers))
+    return (
+        all(source.rope_for_layer(i) == target.rope_for_layer(i) for i in range(source.num_layers))
+        and all(source.indexer_rope_for_layer(i) == target.indexer_rope_for_layer(i) for i in source.indexer_layers)
+        and tuple(source.indexer_layers) == tuple(target.indexer_layers)
+    )
 
 
-def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = None, *, target_positions=None,
-             host=None) -> "KVState":
+def transfer(
+    state: "KVState", mapping: Any, target_spec: ModelSpec | None = None, *, target_positions=None, host=None
+) -> "KVState":
     """A target-geometry cache (RoPE applied for the target) from a source state.
 
     ``target_spec`` defaults to the mapping's own ``target_spec`` (fitted mappings carry it).
@@ -84,7 +87,8 @@ def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = Non
         raise StateError(
             f"source {state.spec.model_type!r} uses {state.spec.positional} positions: they are baked into "
             "its cached keys and cannot be stripped",
-            "transfer between models of the same positional scheme")
+            "transfer between models of the same positional scheme",
+        )
     positions = state.positions if target_positions is None else target_positions
     exact = getattr(mapping, "exact", False)
     if getattr(mapping, "identity", False) and state.rope_applied and same_rotation(state.spec, target_spec):
@@ -104,8 +108,8 @@ def transfer(state: "KVState", mapping: Any, target_spec: ModelSpec | None = Non
     return replace(out, approximate=state.approximate or not exact)
 
 
-def identity_transfer(state: "KVState", target_spec: ModelSpec | None = None, *, target_positions=None,
-                      host=None) -> "KVState":
+def identity_transfer(
+    state: "KVState", target_spec: ModelSpec | None = None, *, target_positions=None, host=None
+) -> "KVState":
     """Same-model transfer (the built-in exact baseline): bit for bit at the same positions."""
-    return transfer(state, IdentityMapping(), target_spec or state.spec,
-                    target_positions=target_positions, host=host)
+    return transfer(state, IdentityMapping(), target_spec or state.spec, target_positions=target_positions, host=host)

@@ -48,18 +48,28 @@ def max_positions_of(model) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def check_generation_length(prompt_tokens: int, max_new_tokens: int, max_positions: int | None,
-                            *, flag: str = "--max-new-tokens", prompt_flag: str = "--prompt") -> None:
+def check_generation_length(
+    prompt_tokens: int,
+    max_new_tokens: int,
+    max_positions: int | None,
+    *,
+    flag: str = "--max-new-tokens",
+    prompt_flag: str = "--prompt",
+) -> None:
     """Refuse a prompt (and continuation) beyond the model's maximum positions, naming the flag."""
     if not max_positions:
         return
     if prompt_tokens > max_positions:
-        raise KVBridgeError(f"{prompt_flag} is {prompt_tokens} tokens, beyond the model's maximum positions "
-                            f"({max_positions})", f"shorten {prompt_flag}")
+        raise KVBridgeError(
+            f"{prompt_flag} is {prompt_tokens} tokens, beyond the model's maximum positions ({max_positions})",
+            f"shorten {prompt_flag}",
+        )
     if prompt_tokens + max_new_tokens > max_positions:
-        raise KVBridgeError(f"{flag} {max_new_tokens} after a {prompt_tokens}-token prompt goes beyond the model's "
-                            f"maximum positions ({max_positions})",
-                            f"use {flag} {max(1, max_positions - prompt_tokens)} or less, or a shorter prompt")
+        raise KVBridgeError(
+            f"{flag} {max_new_tokens} after a {prompt_tokens}-token prompt goes beyond the model's "
+            f"maximum positions ({max_positions})",
+            f"use {flag} {max(1, max_positions - prompt_tokens)} or less, or a shorter prompt",
+        )
 
 
 def identity_mapping(pair, host=None):
@@ -69,8 +79,11 @@ def identity_mapping(pair, host=None):
     from kvbridge.plugins import get_host
 
     if not pair.same_model:
-        raise ConfigError(f"--mapping identity needs SOURCE and TARGET to be one model; {pair.source.name} and "
-                          f"{pair.target.name} differ", "fit a mapping for this pair (kvbridge fit) and pass its folder")
+        raise ConfigError(
+            f"--mapping identity needs SOURCE and TARGET to be one model; {pair.source.name} and "
+            f"{pair.target.name} differ",
+            "fit a mapping for this pair (kvbridge fit) and pass its folder",
+        )
     return load_fitter(host or get_host(), IDENTITY).fit(pair.source.spec, pair.target.spec)
 
 
@@ -85,8 +98,14 @@ def load_pair_mapping(pair, settings: TransferSettings, host) -> tuple[Any, tupl
         if settings.mapping == IDENTITY:
             mapping = identity_mapping(pair, host)
         else:
-            mapping = load_mapping(settings.mapping, source=pair.source.model, target=pair.target.model,
-                                   tokenizer=pair.tokenizer, force=settings.accept_fingerprint_mismatch, host=host)
+            mapping = load_mapping(
+                settings.mapping,
+                source=pair.source.model,
+                target=pair.target.model,
+                tokenizer=pair.tokenizer,
+                force=settings.accept_fingerprint_mismatch,
+                host=host,
+            )
     return mapping, tuple(str(w.message) for w in caught)
 
 
@@ -106,8 +125,9 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     mapping, notes = load_pair_mapping(pair, settings, host)
     ids = torch.tensor([tok(settings.prompt)["input_ids"]], dtype=torch.long)
     if ids.shape[1] < 2:
-        raise ConfigError("the prompt gives fewer than 2 tokens: there is no prefix to transfer",
-                          "pass a longer --prompt")
+        raise ConfigError(
+            "the prompt gives fewer than 2 tokens: there is no prefix to transfer", "pass a longer --prompt"
+        )
     check_generation_length(ids.shape[1], 0, max_positions_of(smodel))  # SOURCE prefills the prompt
     check_generation_length(ids.shape[1], settings.max_new_tokens, max_positions_of(tmodel))  # TARGET continues it
     sad = host.adapter_for(smodel.config.to_dict())
@@ -119,13 +139,18 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         moved = transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
         t2 = time.perf_counter()
         if settings.engine is not None:
-            return _continue_in_engine(settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1,
-                                       warnings=notes, host=host)
-        gen = dict(max_new_tokens=settings.max_new_tokens, do_sample=False, output_logits=True,
-                   return_dict_in_generate=True,
-                   pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0)
+            return _continue_in_engine(
+                settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1, warnings=notes, host=host
+            )
+        gen = dict(
+            max_new_tokens=settings.max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0,
+        )
         ours = generate(tmodel, moved, ids, host=host, **gen)
-    text = tok.decode(ours.sequences[0, ids.shape[1]:], skip_special_tokens=True)
+    text = tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True)
     result = dict(text=text, tokens=state.num_tokens, source_prefill_s=t1 - t0, map_s=t2 - t1, r2=r2, warnings=notes)
     if settings.compare:
         with torch.no_grad():
@@ -135,12 +160,16 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
             native = tmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
         n = min(len(ours.logits), len(native.logits))
         start = ids.shape[1]
-        same = int((ours.sequences[0, start:start + n] == native.sequences[0, start:start + n]).sum())
+        same = int((ours.sequences[0, start : start + n] == native.sequences[0, start : start + n]).sum())
         from kvbridge.divergence import kl as kl_of
 
-        result.update(native_text=tok.decode(native.sequences[0, start:], skip_special_tokens=True), agreement=same,
-                      compared=n, kl=float(kl_of(native.logits[0].float(), ours.logits[0].float())),
-                      target_prefill_s=t4 - t3)
+        result.update(
+            native_text=tok.decode(native.sequences[0, start:], skip_special_tokens=True),
+            agreement=same,
+            compared=n,
+            kl=float(kl_of(native.logits[0].float(), ours.logits[0].float())),
+            target_prefill_s=t4 - t3,
+        )
     return TransferResult(**result)
 
 
@@ -152,18 +181,36 @@ def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_
     engine = get_engine(name, host=host)
     run = getattr(engine, "continue_from", None)
     if not callable(run):
-        raise PluginError(f"engine {name!r} can export a cache but cannot continue from one here",
-                          "use `kvbridge pack export --engine NAME` and load the file in the engine yourself")
+        raise PluginError(
+            f"engine {name!r} can export a cache but cannot continue from one here",
+            "use `kvbridge pack export --engine NAME` and load the file in the engine yourself",
+        )
     out = run(moved, target_ref, ids[0, -1:].tolist(), settings.max_new_tokens, native=settings.compare, host=host)
-    result = dict(text=tok.decode(out["tokens"], skip_special_tokens=True), tokens=moved.num_tokens,
-                  source_prefill_s=source_s, map_s=map_s, warnings=warnings, engine=name, engine_run=dict(out))
+    result = dict(
+        text=tok.decode(out["tokens"], skip_special_tokens=True),
+        tokens=moved.num_tokens,
+        source_prefill_s=source_s,
+        map_s=map_s,
+        warnings=warnings,
+        engine=name,
+        engine_run=dict(out),
+    )
     if settings.compare:
         n = min(len(out["tokens"]), len(out["native_tokens"]))
-        result.update(native_text=tok.decode(out["native_tokens"], skip_special_tokens=True), compared=n,
-                      agreement=sum(int(a == b) for a, b in zip(out["tokens"][:n], out["native_tokens"][:n])),
-                      target_prefill_s=out.get("native_prefill_s"))
+        result.update(
+            native_text=tok.decode(out["native_tokens"], skip_special_tokens=True),
+            compared=n,
+            agreement=sum(int(a == b) for a, b in zip(out["tokens"][:n], out["native_tokens"][:n])),
+            target_prefill_s=out.get("native_prefill_s"),
+        )
     return TransferResult(**result)
 
 
-__all__ = ["TransferResult", "TransferSettings", "transfer_generate", "identity_mapping", "check_generation_length",
-           "max_positions_of"]
+__all__ = [
+    "TransferResult",
+    "TransferSettings",
+    "transfer_generate",
+    "identity_mapping",
+    "check_generation_length",
+    "max_positions_of",
+]

@@ -13,8 +13,10 @@ def _peft_adapter(tiny_llama, tmp_path, targets=("q_proj", "k_proj", "v_proj", "
 
     base = tiny_llama.model(seed=1)
     torch.manual_seed(3)
-    pm = get_peft_model(tiny_llama.model(seed=1), LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
-                                                             init_lora_weights=False))  # random A and B
+    pm = get_peft_model(
+        tiny_llama.model(seed=1),
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False),
+    )  # random A and B
     pm.save_pretrained(str(tmp_path / "lora"), safe_serialization=True)
     return base, pm, tmp_path / "lora"
 
@@ -52,11 +54,14 @@ def test_pickle_weights_are_refused(tmp_path):
         read_adapter(d)
 
 
-@pytest.mark.parametrize("cfg, match", [
-    ({"peft_type": "IA3", "r": 8, "target_modules": ["q_proj"]}, "is not LORA"),
-    ({"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "use_dora": True}, "use_dora"),
-    ({"peft_type": "LORA", "r": 8, "target_modules": ".*proj"}, "regex"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({"peft_type": "IA3", "r": 8, "target_modules": ["q_proj"]}, "is not LORA"),
+        ({"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "use_dora": True}, "use_dora"),
+        ({"peft_type": "LORA", "r": 8, "target_modules": ".*proj"}, "regex"),
+    ],
+)
 def test_unsupported_adapters_are_one_line_errors(tmp_path, cfg, match):
     (tmp_path / "adapter_config.json").write_text(json.dumps(cfg))
     (tmp_path / "adapter_model.safetensors").write_bytes(b"")

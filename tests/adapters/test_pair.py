@@ -77,15 +77,30 @@ def test_pair_pipeline_on_a_tiny_llama_and_its_lora(tiny_llama, tmp_path):
 
     base = tiny_llama.model(seed=1)
     torch.manual_seed(3)
-    pm = get_peft_model(tiny_llama.model(seed=1), LoraConfig(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj"],
-                                                             init_lora_weights=False))
+    pm = get_peft_model(
+        tiny_llama.model(seed=1),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj"], init_lora_weights=False),
+    )
     pm.save_pretrained(str(tmp_path / "lora"), safe_serialization=True)
-    pair = AdapterPair(base=base, tuned=load_with_adapter(base, tmp_path / "lora"), tokenizer=tiny_llama.tok,
-                       adapter=read_adapter(tmp_path / "lora"), base_name="tiny")
+    pair = AdapterPair(
+        base=base,
+        tuned=load_with_adapter(base, tmp_path / "lora"),
+        tokenizer=tiny_llama.tok,
+        adapter=read_adapter(tmp_path / "lora"),
+        base_name="tiny",
+    )
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(tiny_llama.corpus * 4)
-    res = run_adapter_pair(pair, corpus=corpus, samples=6, prefix_len=8, continuation_len=4, greedy_tokens=3,
-                           calibration_tokens=512, bootstrap=50)
+    res = run_adapter_pair(
+        pair,
+        corpus=corpus,
+        samples=6,
+        prefix_len=8,
+        continuation_len=4,
+        greedy_tokens=3,
+        calibration_tokens=512,
+        bootstrap=50,
+    )
     assert res.check_verdict == "mappable"
     assert set(res.conditions) >= {"native", "fitted", "plain", "no_prefix"}
     assert res.conditions["native"]["kl_mean"] == 0.0 and res.conditions["plain"]["kl_mean"] > 0

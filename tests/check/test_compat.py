@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import importlib
+
 models_resolve = importlib.import_module("kvbridge.models.resolve")
 from kvbridge.check import compat
 from kvbridge.hookspecs import hookimpl
@@ -17,11 +18,31 @@ from kvbridge.plugin_types import Finding
 from kvbridge.plugins import make_host
 from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec
 
-SUPPORTED = ["Qwen__Qwen2-1.5B-Instruct", "Qwen__Qwen2.5-0.5B", "Qwen__Qwen2.5-1.5B-Instruct", "Qwen__Qwen3-4B",
-             "meta-llama__Llama-2-7b-chat-hf", "meta-llama__Llama-3.2-1B", "meta-llama__Llama-3.2-3B-Instruct",
-             "microsoft__phi-2", "mistralai__Mistral-7B-v0.1", "openai-community__gpt2"]
-SPEC_KEYS = {"model_type", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "positional", "rope",
-             "sliding_window", "layer_types", "dtype", "vocab_size"}
+SUPPORTED = [
+    "Qwen__Qwen2-1.5B-Instruct",
+    "Qwen__Qwen2.5-0.5B",
+    "Qwen__Qwen2.5-1.5B-Instruct",
+    "Qwen__Qwen3-4B",
+    "meta-llama__Llama-2-7b-chat-hf",
+    "meta-llama__Llama-3.2-1B",
+    "meta-llama__Llama-3.2-3B-Instruct",
+    "microsoft__phi-2",
+    "mistralai__Mistral-7B-v0.1",
+    "openai-community__gpt2",
+]
+SPEC_KEYS = {
+    "model_type",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "positional",
+    "rope",
+    "sliding_window",
+    "layer_types",
+    "dtype",
+    "vocab_size",
+}
 ROPE_KEYS = {"type", "theta", "partial_factor", "interleaved", "scaling"}
 
 
@@ -72,8 +93,11 @@ def test_gpt2_absolute_positions(configs, host):
 
 
 def test_qwen2_kv_heads_and_unused_window(configs, host):
-    for name, heads, layers in (("Qwen__Qwen2-1.5B-Instruct", 12, 28), ("Qwen__Qwen2.5-1.5B-Instruct", 12, 28),
-                                ("Qwen__Qwen2.5-0.5B", 14, 24)):
+    for name, heads, layers in (
+        ("Qwen__Qwen2-1.5B-Instruct", 12, 28),
+        ("Qwen__Qwen2.5-1.5B-Instruct", 12, 28),
+        ("Qwen__Qwen2.5-0.5B", 14, 24),
+    ):
         spec = spec_of(configs, name, host)
         assert spec.num_kv_heads == 2 and spec.num_attention_heads == heads and spec.num_layers == layers
         assert spec.rope.theta == 1_000_000.0
@@ -101,7 +125,7 @@ def test_every_real_config_is_checked(configs, host):
         data = json.loads(report.to_json())
         assert list(data) == ["source", "target", "axes", "verdict", "reasons"]
         assert data["verdict"] in compat.VERDICTS and data["reasons"]
-        assert [x["name"] for x in data["axes"][:len(compat.AXES)]] == list(compat.AXES)
+        assert [x["name"] for x in data["axes"][: len(compat.AXES)]] == list(compat.AXES)
         for axis in data["axes"]:
             assert set(axis) == {"name", "source", "target", "verdict", "action"} and axis["action"]
         for side in ("source", "target"):
@@ -133,8 +157,9 @@ def test_sparse_attention_indexer_keys_block_a_cross_model_transfer(host):
     r = compat.check(compat.Side(spec(glm), config=glm), compat.Side(spec(dsv32), config=dsv32), host=host)
     assert r.verdict == "incompatible" and r.axis("indexer keys").verdict == "blocking"
     assert "cannot be mapped" in r.axis("indexer keys").action
-    same = compat.check(compat.Side(spec(glm), config=glm), compat.Side(spec(glm), config=glm), host=host,
-                        same_model=True)
+    same = compat.check(
+        compat.Side(spec(glm), config=glm), compat.Side(spec(glm), config=glm), host=host, same_model=True
+    )
     assert same.axis("indexer keys").verdict == "same" and same.verdict == "identity"
 
 
@@ -195,11 +220,21 @@ def test_dtype_cast_is_a_note(tmp_path, configs, host):
 
 def test_tokenizer_axis_from_files(configs, shared_dir, host):
     tok = shared_dir / "fixtures" / "tokenizers"
-    r = check(str(configs / "openai-community__gpt2"), str(configs / "openai-community__gpt2"), host,
-              source_tokenizer=str(tok / "gpt2"), target_tokenizer=str(tok / "gpt2"))
+    r = check(
+        str(configs / "openai-community__gpt2"),
+        str(configs / "openai-community__gpt2"),
+        host,
+        source_tokenizer=str(tok / "gpt2"),
+        target_tokenizer=str(tok / "gpt2"),
+    )
     assert r.axis("tokenizer").verdict == "same"
-    r = check(str(configs / "Qwen__Qwen2.5-0.5B"), str(configs / "Qwen__Qwen3-4B"), host,
-              source_tokenizer=str(tok / "qwen2.5"), target_tokenizer=str(tok / "gpt2" / "vocab.json"))
+    r = check(
+        str(configs / "Qwen__Qwen2.5-0.5B"),
+        str(configs / "Qwen__Qwen3-4B"),
+        host,
+        source_tokenizer=str(tok / "qwen2.5"),
+        target_tokenizer=str(tok / "gpt2" / "vocab.json"),
+    )
     assert r.axis("tokenizer").verdict == "blocking" and r.verdict == "incompatible"
     assert any(x.startswith("tokenizer:") for x in r.reasons)
 
@@ -251,19 +286,37 @@ def test_falcon_new_architecture_duplicated_heads(host):
 def make(positional="rope", layers=2, kv=2, head_dim=16, rope=None, **kw) -> ModelSpec:
     if positional == "rope" and rope is None:
         rope = RopeSpec(head_dim=head_dim)
-    return ModelSpec(model_type=kw.pop("model_type", "llama"), num_layers=layers, num_attention_heads=4,
-                     num_kv_heads=kv, head_dim=head_dim, hidden_size=64, positional=positional,
-                     rope=rope if positional == "rope" else None,
-                     layer_types=kw.pop("layer_types", (FULL,) * layers), **kw)
+    return ModelSpec(
+        model_type=kw.pop("model_type", "llama"),
+        num_layers=layers,
+        num_attention_heads=4,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        hidden_size=64,
+        positional=positional,
+        rope=rope if positional == "rope" else None,
+        layer_types=kw.pop("layer_types", (FULL,) * layers),
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("src,tgt,verdict", [
-    ("rope", "rope", "same"), ("absolute", "absolute", "same"), ("alibi", "alibi", "same"),
-    ("rope", "absolute", "blocking"), ("absolute", "rope", "blocking"), ("absolute", "alibi", "blocking"),
-    ("alibi", "absolute", "blocking"), ("none", "absolute", "blocking"),
-    ("rope", "alibi", "mappable"), ("alibi", "rope", "mappable"), ("none", "rope", "mappable"),
-    ("alibi", "none", "same"),
-])
+@pytest.mark.parametrize(
+    "src,tgt,verdict",
+    [
+        ("rope", "rope", "same"),
+        ("absolute", "absolute", "same"),
+        ("alibi", "alibi", "same"),
+        ("rope", "absolute", "blocking"),
+        ("absolute", "rope", "blocking"),
+        ("absolute", "alibi", "blocking"),
+        ("alibi", "absolute", "blocking"),
+        ("none", "absolute", "blocking"),
+        ("rope", "alibi", "mappable"),
+        ("alibi", "rope", "mappable"),
+        ("none", "rope", "mappable"),
+        ("alibi", "none", "same"),
+    ],
+)
 def test_positional_matrix(src, tgt, verdict, host):
     r = compat.check(make(src), make(tgt), host=host, plugins=False)
     assert r.axis("positional").verdict == verdict
@@ -299,19 +352,25 @@ def test_sliding_and_no_kv_layers(host):
 
 def test_cache_formats(host):
     spec = make()
-    fmt = compat.cache_format_of(spec, {}, {"cache_implementation": "quantized",
-                                            "cache_config": {"backend": "quanto", "nbits": 4}})
+    fmt = compat.cache_format_of(
+        spec, {}, {"cache_implementation": "quantized", "cache_config": {"backend": "quanto", "nbits": 4}}
+    )
     assert fmt == "quantized (quanto, 4-bit)"
-    r = compat.check(compat.Side(spec, generation={"cache_implementation": "quantized"}),
-                     compat.Side(spec, config={"cache_implementation": "static"}), host=host)
+    r = compat.check(
+        compat.Side(spec, generation={"cache_implementation": "quantized"}),
+        compat.Side(spec, config={"cache_implementation": "static"}),
+        host=host,
+    )
     assert r.axis("cache_format").verdict == "mappable" and "DynamicCache" in r.axis("cache_format").action
 
 
 class _Plugin:
     @hookimpl
     def kvbridge_check_compatibility(self, source, target):
-        return [Finding("layers", "blocking", "this pair is known to break", 1, 2),
-                Finding("house-rule", "warning", "ask the team first")]
+        return [
+            Finding("layers", "blocking", "this pair is known to break", 1, 2),
+            Finding("house-rule", "warning", "ask the team first"),
+        ]
 
 
 def test_plugin_findings_are_merged():
@@ -352,8 +411,15 @@ def test_same_config_different_weights_is_mappable_not_identity(tmp_path):
 
     from kvbridge.check.compat import check_models
 
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": 64}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 64,
+        "max_position_embeddings": 64,
+    }
     folders = {}
     for name, payload in (("a", b"weights-a"), ("b", b"weights-b"), ("c", b"weights-a")):
         d = tmp_path / name

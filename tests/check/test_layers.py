@@ -8,8 +8,16 @@ from kvbridge.spec import ModelSpec, RopeSpec
 
 
 def spec(**kw) -> ModelSpec:
-    return ModelSpec(kw.pop("model_type", "x"), kw.pop("layers", 4), 4, kw.pop("kv", 2), kw.pop("head_dim", 16), 64,
-                     rope=RopeSpec(head_dim=16), **kw)
+    return ModelSpec(
+        kw.pop("model_type", "x"),
+        kw.pop("layers", 4),
+        4,
+        kw.pop("kv", 2),
+        kw.pop("head_dim", 16),
+        64,
+        rope=RopeSpec(head_dim=16),
+        **kw,
+    )
 
 
 def test_nope_note_names_the_layers():
@@ -19,8 +27,13 @@ def test_nope_note_names_the_layers():
 
 
 def test_mla_blocks_cross_model_fitting():
-    mla = spec(kv=1, head_dim=512, value_head_dim=64, cache_format="mla",
-               latent=(("kv_lora_rank", 512), ("qk_rope_head_dim", 64)))
+    mla = spec(
+        kv=1,
+        head_dim=512,
+        value_head_dim=64,
+        cache_format="mla",
+        latent=(("kv_lora_rank", 512), ("qk_rope_head_dim", 64)),
+    )
     base = compat.Axis("cache_format", "dynamic", "dynamic", "same", "")
     axis = layout_axis(mla, spec(), base, same_model=False)
     assert axis.verdict == "blocking" and "rank 512" in axis.action

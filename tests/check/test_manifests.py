@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import importlib
+
 models_resolve = importlib.import_module("kvbridge.models.resolve")
 from kvbridge.check import sources
 from kvbridge.check.tokenizer_fp import fingerprint_dir
@@ -187,12 +188,20 @@ def test_popular_new_families_check_offline(host, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: only the manifests can answer
     result = CliRunner().invoke(cli, ["check", "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-32B", "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output[result.output.index("{"):])
+    data = json.loads(result.output[result.output.index("{") :])
     assert data["verdict"] == "mappable"
-    assert (data["source"]["num_layers"], data["source"]["num_kv_heads"], data["source"]["dtype"]) == (48, 4, "bfloat16")
+    assert (data["source"]["num_layers"], data["source"]["num_kv_heads"], data["source"]["dtype"]) == (
+        48,
+        4,
+        "bfloat16",
+    )
     assert data["source"]["family"] == "generic" and data["target"]["family"] == "qwen3"
-    for mid, family in (("openai/gpt-oss-20b", "generic"), ("google/gemma-3-27b-it", "gemma3_text"),
-                        ("deepseek-ai/DeepSeek-V3", "generic"), ("mistralai/Mixtral-8x7B-v0.1", "generic")):
+    for mid, family in (
+        ("openai/gpt-oss-20b", "generic"),
+        ("google/gemma-3-27b-it", "gemma3_text"),
+        ("deepseek-ai/DeepSeek-V3", "generic"),
+        ("mistralai/Mixtral-8x7B-v0.1", "generic"),
+    ):
         spec = models_resolve.resolve(mid, host=host).spec(host)
         assert spec.family == family and spec.dtype == "bfloat16", mid
 
@@ -204,7 +213,7 @@ def _check_json(*ids):
 
     result = CliRunner().invoke(cli, ["check", *ids, "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output[result.output.index("{"):])
+    data = json.loads(result.output[result.output.index("{") :])
     return data, {a["name"]: a for a in data["axes"]}
 
 
@@ -232,8 +241,9 @@ def test_check_reports_per_layer_differences_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: only the manifests can answer
     data, axes = _check_json("HuggingFaceTB/SmolLM3-3B", "meta-llama/Llama-3.2-3B-Instruct")
     assert data["verdict"] == "mappable" and axes["rope"]["verdict"] == "mappable"
-    assert "NoPE layers differ (source layers [3, 7, 11, 15, 19, 23, 27, 31, 35], target none)" \
-        in axes["rope"]["action"]
+    assert (
+        "NoPE layers differ (source layers [3, 7, 11, 15, 19, 23, 27, 31, 35], target none)" in axes["rope"]["action"]
+    )
     assert (axes["layers"]["source"], axes["layers"]["target"]) == (36, 28)
 
     data, axes = _check_json("meta-llama/Llama-4-Scout-17B-16E-Instruct", "HuggingFaceTB/SmolLM3-3B")
@@ -241,8 +251,9 @@ def test_check_reports_per_layer_differences_offline(monkeypatch, tmp_path):
     assert axes["attention"]["source"] == "hybrid 36 chunked 8192 + 12 full"
     assert axes["attention"]["verdict"] == "mappable"
 
-    data, axes = _check_json("meta-llama/Llama-4-Scout-17B-16E-Instruct",
-                             "meta-llama/Llama-4-Maverick-17B-128E-Instruct")
+    data, axes = _check_json(
+        "meta-llama/Llama-4-Scout-17B-16E-Instruct", "meta-llama/Llama-4-Maverick-17B-128E-Instruct"
+    )
     assert axes["attention"]["verdict"] == "same" and "8192" in axes["attention"]["action"]
     assert axes["layers"]["verdict"] == "same" and axes["rope"]["verdict"] == "mappable"  # llama3 x16 vs plain
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import importlib
+
 models_resolve = importlib.import_module("kvbridge.models.resolve")
 from kvbridge.check import sources, tokenizer_fp
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
@@ -112,9 +113,18 @@ def test_unknown_name_suggests(host):
 def test_manifest_path_env(tmp_path, monkeypatch, host):
     folder = tmp_path / "extra"
     folder.mkdir()
-    record = {"id": "acme/tiny-llama", "family": "llama", "source": "test",
-              "config": {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "hidden_size": 64, "num_key_value_heads": 2}}
+    record = {
+        "id": "acme/tiny-llama",
+        "family": "llama",
+        "source": "test",
+        "config": {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "hidden_size": 64,
+            "num_key_value_heads": 2,
+        },
+    }
     (folder / "acme.json").write_text(json.dumps({"models": [record]}))
     monkeypatch.setenv("KVBRIDGE_MANIFEST_PATH", str(folder))
     m = models_resolve.resolve("acme/tiny-llama", host=host)
@@ -129,9 +139,16 @@ def test_plugin_manifest_dirs_hook(tmp_path, host):
 
     folder = tmp_path / "plug"
     folder.mkdir()
-    (folder / "m.json").write_text(json.dumps({"id": "acme/plugged", "family": "gpt2", "source": "t",
-                                               "config": {"model_type": "gpt2", "n_layer": 2, "n_head": 2,
-                                                          "n_embd": 32}}))
+    (folder / "m.json").write_text(
+        json.dumps(
+            {
+                "id": "acme/plugged",
+                "family": "gpt2",
+                "source": "t",
+                "config": {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32},
+            }
+        )
+    )
 
     class Plugin:
         @hookimpl
@@ -142,14 +159,18 @@ def test_plugin_manifest_dirs_hook(tmp_path, host):
     assert "acme/plugged" in sources.load_manifests(h)
 
 
-@pytest.mark.parametrize("record,needle", [
-    ({"family": "llama", "source": "x", "config": {"model_type": "llama"}}, "'id' is missing"),
-    ({"id": "a/b", "family": "llama", "source": "x", "config": {}}, "config.model_type"),
-    ({"id": "a/b", "family": "llama", "source": "x", "config": {"model_type": "llama"}, "geometri": {}},
-     "did you mean 'geometry'"),
-    ({"id": "a/b", "family": "llama", "source": "x", "config": {"model_type": "llama"}, "aliases": "x"},
-     "aliases"),
-])
+@pytest.mark.parametrize(
+    "record,needle",
+    [
+        ({"family": "llama", "source": "x", "config": {"model_type": "llama"}}, "'id' is missing"),
+        ({"id": "a/b", "family": "llama", "source": "x", "config": {}}, "config.model_type"),
+        (
+            {"id": "a/b", "family": "llama", "source": "x", "config": {"model_type": "llama"}, "geometri": {}},
+            "did you mean 'geometry'",
+        ),
+        ({"id": "a/b", "family": "llama", "source": "x", "config": {"model_type": "llama"}, "aliases": "x"}, "aliases"),
+    ],
+)
 def test_bad_manifest_records(record, needle, tmp_path):
     with pytest.raises(ConfigError) as info:
         sources.validate_manifest(record, tmp_path / "m.json")
@@ -232,8 +253,9 @@ def test_negative_layer_count(tmp_path, configs, host):
 
 
 def test_model_without_kv_cache(tmp_path, host):
-    m = models_resolve.resolve(_write(tmp_path, {"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}),
-                        host=host)
+    m = models_resolve.resolve(
+        _write(tmp_path, {"model_type": "mamba", "hidden_size": 768, "num_hidden_layers": 24}), host=host
+    )
     with pytest.raises(UnsupportedModelError) as info:
         m.spec(host)
     text = one_line(info.value)
@@ -276,8 +298,11 @@ def test_fingerprint_formats_agree(tmp_path, tokenizers):
     vocab = json.loads((tokenizers / "gpt2" / "vocab.json").read_text(encoding="utf-8"))
     merges = (tokenizers / "gpt2" / "merges.txt").read_text(encoding="utf-8").split("\n")[1:]
     merges = [m for m in merges if m]
-    tj = {"version": "1.0", "added_tokens": [{"id": 50256, "content": "<|endoftext|>", "special": True}],
-          "model": {"type": "BPE", "vocab": vocab, "merges": [m.split(" ") for m in merges]}}
+    tj = {
+        "version": "1.0",
+        "added_tokens": [{"id": 50256, "content": "<|endoftext|>", "special": True}],
+        "model": {"type": "BPE", "vocab": vocab, "merges": [m.split(" ") for m in merges]},
+    }
     (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
     other = tokenizer_fp.fingerprint_dir(tmp_path)
     assert (other.base, other.vocab, other.rules) == (gpt2.base, gpt2.vocab, gpt2.rules)

@@ -32,8 +32,7 @@ def test_check_json_shape(configs):
     assert list(data) == ["source", "target", "axes", "verdict", "reasons"]
     assert data["verdict"] == "mappable"
     layers = next(a for a in data["axes"] if a["name"] == "layers")
-    assert layers == {"name": "layers", "source": 24, "target": 28, "verdict": "mappable",
-                      "action": layers["action"]}
+    assert layers == {"name": "layers", "source": 24, "target": 28, "verdict": "mappable", "action": layers["action"]}
     assert data["source"]["rope"]["type"] == "default" and data["source"]["num_kv_heads"] == 2
 
 
@@ -41,8 +40,18 @@ def test_check_by_manifest_name():
     r = run("check", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B")
     assert r.exit_code == 0
     out = r.stdout
-    for axis in ("model", "layers", "kv_heads", "head_dim", "positional", "rope", "attention", "dtype",
-                 "cache_format", "tokenizer"):
+    for axis in (
+        "model",
+        "layers",
+        "kv_heads",
+        "head_dim",
+        "positional",
+        "rope",
+        "attention",
+        "dtype",
+        "cache_format",
+        "tokenizer",
+    ):
         assert f"  {axis} " in out, axis
     assert "verdict: mappable" in out
 
@@ -66,8 +75,16 @@ def test_strict(configs):
 
 def test_tokenizer_options(configs, shared_dir):
     tok = shared_dir / "fixtures" / "tokenizers"
-    r = run("check", str(configs / "Qwen__Qwen2.5-0.5B"), str(configs / "Qwen__Qwen2.5-1.5B-Instruct"), "--json",
-            "--source-tokenizer", str(tok / "qwen2.5"), "--target-tokenizer", str(tok / "gpt2"))
+    r = run(
+        "check",
+        str(configs / "Qwen__Qwen2.5-0.5B"),
+        str(configs / "Qwen__Qwen2.5-1.5B-Instruct"),
+        "--json",
+        "--source-tokenizer",
+        str(tok / "qwen2.5"),
+        "--target-tokenizer",
+        str(tok / "gpt2"),
+    )
     assert r.exit_code == 1
     axis = next(a for a in json.loads(r.stdout)["axes"] if a["name"] == "tokenizer")
     assert axis["verdict"] == "blocking"
@@ -148,7 +165,7 @@ def test_check_and_describe_do_not_import_torch(configs, tmp_path):
     code = (
         "import sys\n"
         "from kvbridge.cli.main import main\n"
-        f"for argv in ([\"check\", {str(configs / 'Qwen__Qwen2.5-0.5B')!r}, {str(configs / 'Qwen__Qwen3-4B')!r}],\n"
+        f'for argv in (["check", {str(configs / "Qwen__Qwen2.5-0.5B")!r}, {str(configs / "Qwen__Qwen3-4B")!r}],\n'
         "             ['check', 'Qwen/Qwen2.5-0.5B', 'Qwen/Qwen2.5-1.5B', '--json'],\n"
         "             ['describe', 'google/gemma-3-1b-it']):\n"
         "    try:\n"

@@ -87,8 +87,12 @@ def test_weights_memory_in_float32_and_bfloat16(tmp_path):
             n *= d
         params += n
     data = json.loads(_run_describe(str(path), "--json"))["load_memory"]
-    assert data == {"params": params, "how": "counted from the GGUF tensors", "float32": 4 * params,
-                    "bfloat16": 2 * params}
+    assert data == {
+        "params": params,
+        "how": "counted from the GGUF tensors",
+        "float32": 4 * params,
+        "bfloat16": 2 * params,
+    }
     assert "weights in memory" in _run_describe(str(path)) and "in bfloat16 (--dtype)" in _run_describe(str(path))
     zoo = json.loads(_run_describe("zoo:base", "--json"))["load_memory"]
     assert zoo["how"] == "estimated from the config" and zoo["float32"] == 2 * zoo["bfloat16"] > 0

@@ -28,9 +28,14 @@ def one_line_error(res, text):
 @pytest.fixture
 def base_gguf(tmp_path):
     """A GGUF header with zoo:base's geometry (llama, 4 layers, 2 KV heads x 32, theta 1e4, 1024 ids)."""
-    meta = tiny_llama_metadata(llama__block_count=4, llama__embedding_length=128, llama__attention__head_count=4,
-                               llama__attention__head_count_kv=2, llama__rope__dimension_count=32,
-                               llama__vocab_size=1024)
+    meta = tiny_llama_metadata(
+        llama__block_count=4,
+        llama__embedding_length=128,
+        llama__attention__head_count=4,
+        llama__attention__head_count_kv=2,
+        llama__rope__dimension_count=32,
+        llama__vocab_size=1024,
+    )
     return write_gguf(tmp_path / "base.gguf", meta, [])
 
 
@@ -79,16 +84,35 @@ def test_refusals_are_one_line(pack, base_gguf, tmp_path):
     newer = tmp_path / "newer"
     newer.write_bytes(bytes(data))
     one_line_error(run("engine", "import", newer, base_gguf), "version 4 is not supported")
-    one_line_error(run("pack", "export", pack, "--engine", "vllm", "--model", base_gguf, "--out", tmp_path / "y"),
-                   "unknown engine 'vllm'")
-    one_line_error(run("pack", "export", pack, "--model", "zoo:base", "--out", tmp_path / "z"),
-                   "llama.cpp runs GGUF files")
+    one_line_error(
+        run("pack", "export", pack, "--engine", "vllm", "--model", base_gguf, "--out", tmp_path / "y"),
+        "unknown engine 'vllm'",
+    )
+    one_line_error(
+        run("pack", "export", pack, "--model", "zoo:base", "--out", tmp_path / "z"), "llama.cpp runs GGUF files"
+    )
 
 
 def test_transfer_into_an_engine_needs_a_gguf_target_and_one_model_for_identity():
     """``transfer --engine llamacpp`` refuses a target llama.cpp cannot run (a folder model), and
     ``--mapping identity`` refuses two different models, each as one line, before any engine runs."""
-    one_line_error(run("transfer", "zoo:base", "zoo:base", "--mapping", "identity", "--engine", "llamacpp",
-                       "--prompt", "Once upon a time", "--max-new-tokens", 2), "llama.cpp runs GGUF files")
-    one_line_error(run("transfer", "zoo:base", "zoo:wide", "--mapping", "identity", "--prompt", "Once upon a time"),
-                   "--mapping identity needs SOURCE and TARGET to be one model")
+    one_line_error(
+        run(
+            "transfer",
+            "zoo:base",
+            "zoo:base",
+            "--mapping",
+            "identity",
+            "--engine",
+            "llamacpp",
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            2,
+        ),
+        "llama.cpp runs GGUF files",
+    )
+    one_line_error(
+        run("transfer", "zoo:base", "zoo:wide", "--mapping", "identity", "--prompt", "Once upon a time"),
+        "--mapping identity needs SOURCE and TARGET to be one model",
+    )

@@ -40,8 +40,25 @@ def mapping(tmp_path_factory):
     corpus = folder / "corpus.txt"
     corpus.write_text("\n".join(tok.decode(row[1:]) for row in ids), encoding="utf-8")
     out = folder / "map"
-    res = run("fit", "zoo:base", "zoo:tuned", "--corpus", corpus, "--out", out, "--seq-len", 32, "--tokens", 512,
-              "--stride", 2, "--top-k", 1, "--batch-size", 8)
+    res = run(
+        "fit",
+        "zoo:base",
+        "zoo:tuned",
+        "--corpus",
+        corpus,
+        "--out",
+        out,
+        "--seq-len",
+        32,
+        "--tokens",
+        512,
+        "--stride",
+        2,
+        "--top-k",
+        1,
+        "--batch-size",
+        8,
+    )
     assert res.exit_code == 0, res.output
     return out
 
@@ -49,16 +66,42 @@ def mapping(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mc_jsonl(tmp_path_factory):
     path = tmp_path_factory.mktemp("mc") / "q.jsonl"
-    path.write_text('{"question": "Which is a fruit?", "choices": ["stone", "apple"], "answer": 1}\n'
-                    '{"question": "Who is the king?", "choices": ["Richard", "a spoon"], "answer": 0}\n')
+    path.write_text(
+        '{"question": "Which is a fruit?", "choices": ["stone", "apple"], "answer": 1}\n'
+        '{"question": "Who is the king?", "choices": ["Richard", "a spoon"], "answer": 0}\n'
+    )
     return path
 
 
 def test_fitted_pair_json_and_report(mapping, mc_jsonl, tmp_path):
-    res = run("harness", "zoo:base", "zoo:tuned", "--mapping", mapping, "--tasks", "recall,mc",
-              "-o", "recall.lengths=48", "-o", "recall.positions=0.5", "-o", "recall.n=2",
-              "-o", "recall.max_new_tokens=3", "-o", f"mc.path={mc_jsonl}", "--recompute-layers", "all",
-              "--bootstrap", "50", "--threads", "1", "--json", "--report", tmp_path / "rep")
+    res = run(
+        "harness",
+        "zoo:base",
+        "zoo:tuned",
+        "--mapping",
+        mapping,
+        "--tasks",
+        "recall,mc",
+        "-o",
+        "recall.lengths=48",
+        "-o",
+        "recall.positions=0.5",
+        "-o",
+        "recall.n=2",
+        "-o",
+        "recall.max_new_tokens=3",
+        "-o",
+        f"mc.path={mc_jsonl}",
+        "--recompute-layers",
+        "all",
+        "--bootstrap",
+        "50",
+        "--threads",
+        "1",
+        "--json",
+        "--report",
+        tmp_path / "rep",
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["conditions"] == ["target", "source", "transferred", "plain", "no_context", "transferred+layers:all"]
@@ -75,20 +118,41 @@ def test_fitted_pair_json_and_report(mapping, mc_jsonl, tmp_path):
 
 
 def test_table_output(mapping):
-    res = run("harness", "zoo:base", "zoo:tuned", "--mapping", mapping, "--tasks", "recall", "-o", "recall.lengths=40",
-              "-o", "recall.positions=0", "-o", "recall.n=1", "--conditions", "target,source,transferred",
-              "--bootstrap", "0", "--threads", "1")
+    res = run(
+        "harness",
+        "zoo:base",
+        "zoo:tuned",
+        "--mapping",
+        mapping,
+        "--tasks",
+        "recall",
+        "-o",
+        "recall.lengths=40",
+        "-o",
+        "recall.positions=0",
+        "-o",
+        "recall.n=1",
+        "--conditions",
+        "target,source,transferred",
+        "--bootstrap",
+        "0",
+        "--threads",
+        "1",
+    )
     assert res.exit_code == 0, res.output
     assert "retention" in res.stdout and "gap closed" in res.stdout and "transferred-target" in res.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tasks", "recal"], "unknown task 'recal'"),
-    (["--tasks", "humaneval"], "code execution is not allowed"),
-    (["--tasks", "recall", "-o", "recall.bogus=1"], "has no option 'bogus'"),
-    ([], "no tasks given"),
-    (["--tasks", "mc", "-o", "mc.path=/no/such.jsonl"], "not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tasks", "recal"], "unknown task 'recal'"),
+        (["--tasks", "humaneval"], "code execution is not allowed"),
+        (["--tasks", "recall", "-o", "recall.bogus=1"], "has no option 'bogus'"),
+        ([], "no tasks given"),
+        (["--tasks", "mc", "-o", "mc.path=/no/such.jsonl"], "not found"),
+    ],
+)
 def test_refusals_before_loading(args, message):
     res = run("harness", "zoo:base", "zoo:tuned", "--mapping", "identity", *args)
     assert res.exit_code == 2, res.output
@@ -114,8 +178,10 @@ def test_harness_is_listed_and_light():
     import subprocess
     import sys
 
-    code = ("import sys; import kvbridge.cli.harness_cmd; assert 'torch' not in sys.modules; "
-            "assert 'lm_eval' not in sys.modules; from kvbridge.builtin.commands import COMMANDS; assert 'harness' in COMMANDS")
+    code = (
+        "import sys; import kvbridge.cli.harness_cmd; assert 'torch' not in sys.modules; "
+        "assert 'lm_eval' not in sys.modules; from kvbridge.builtin.commands import COMMANDS; assert 'harness' in COMMANDS"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
@@ -125,14 +191,35 @@ def test_local_lm_eval_task(mapping, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
-    (tmp_path / "d.jsonl").write_text('{"q": "Which is a fruit?", "c": ["stone", "apple"], "y": 1}\n'
-                                      '{"q": "Who is the king?", "c": ["Richard", "a spoon"], "y": 0}\n')
-    (tmp_path / "t.yaml").write_text(f"task: kvb_cli_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-                                     f"    test: {tmp_path / 'd.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
-                                     "doc_to_text: \"Question: {{q}}\\nAnswer:\"\ndoc_to_choice: \"{{c}}\"\n"
-                                     "doc_to_target: y\nmetric_list:\n  - metric: acc\n")
-    res = run("harness", "zoo:base", "zoo:tuned", "--mapping", mapping, "--lm-eval-task", tmp_path / "t.yaml",
-              "-o", "lm-eval:kvb_cli_mc.num_fewshot=0", "--bootstrap", "20", "--threads", "1", "--json")
+    (tmp_path / "d.jsonl").write_text(
+        '{"q": "Which is a fruit?", "c": ["stone", "apple"], "y": 1}\n'
+        '{"q": "Who is the king?", "c": ["Richard", "a spoon"], "y": 0}\n'
+    )
+    (tmp_path / "t.yaml").write_text(
+        f"task: kvb_cli_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tmp_path / 'd.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+        'doc_to_text: "Question: {{q}}\\nAnswer:"\ndoc_to_choice: "{{c}}"\n'
+        "doc_to_target: y\nmetric_list:\n  - metric: acc\n"
+    )
+    res = run(
+        "harness",
+        "zoo:base",
+        "zoo:tuned",
+        "--mapping",
+        mapping,
+        "--lm-eval-task",
+        tmp_path / "t.yaml",
+        "-o",
+        "lm-eval:kvb_cli_mc.num_fewshot=0",
+        "--bootstrap",
+        "20",
+        "--threads",
+        "1",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["tasks"]["lm-eval:kvb_cli_mc"]["n"] == 2 and "transferred" in data["tasks"]["lm-eval:kvb_cli_mc"]["conditions"]
+    assert (
+        data["tasks"]["lm-eval:kvb_cli_mc"]["n"] == 2
+        and "transferred" in data["tasks"]["lm-eval:kvb_cli_mc"]["conditions"]
+    )

@@ -13,14 +13,16 @@ def _run(*code: str):
 
 
 def test_help_and_plugins_do_not_import_torch():
-    res = _run("import sys",
-               "from kvbridge.cli.main import build_cli",
-               "for args in (['--help'], ['plugins'], ['plugins', '--json']):",
-               "    try:",
-               "        build_cli().main(args=args, standalone_mode=False)",
-               "    except SystemExit:",
-               "        pass",
-               "print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules])")
+    res = _run(
+        "import sys",
+        "from kvbridge.cli.main import build_cli",
+        "for args in (['--help'], ['plugins'], ['plugins', '--json']):",
+        "    try:",
+        "        build_cli().main(args=args, standalone_mode=False)",
+        "    except SystemExit:",
+        "        pass",
+        "print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules])",
+    )
     assert res.returncode == 0, res.stderr
     assert "HEAVY []" in res.stdout
 

@@ -19,28 +19,42 @@ def _saved(tmp_path, rows, version="5.24.0", name="supported-models.json"):
     return path
 
 
-BASE = [R("aaa", "exact", "generic", max_logit_diff=1e-7), R("bbb", "not-built", "", "KeyError: 'x'"),
-        R("ccc", "refused", "", "no attention KV cache")]
+BASE = [
+    R("aaa", "exact", "generic", max_logit_diff=1e-7),
+    R("bbb", "not-built", "", "KeyError: 'x'"),
+    R("ccc", "refused", "", "no attention KV cache"),
+]
 
 
 def test_merge_replaces_only_the_given_rows():
     merged = report.merge(BASE, [R("bbb", "exact", "generic", max_logit_diff=2e-7), R("ddd", "refused", "", "why")])
-    assert [(r.model_type, r.status) for r in merged] == [("aaa", "exact"), ("bbb", "exact"), ("ccc", "refused"),
-                                                         ("ddd", "refused")]
+    assert [(r.model_type, r.status) for r in merged] == [
+        ("aaa", "exact"),
+        ("bbb", "exact"),
+        ("ccc", "refused"),
+        ("ddd", "refused"),
+    ]
     assert report.counts(merged)["exact"] == 2 and report.counts(merged)["not-built"] == 0
 
 
 def test_cli_merge_from_file_rewrites_json_and_table(tmp_path):
     base = _saved(tmp_path, BASE)
-    new = _saved(tmp_path, [R("bbb", "exact", "generic", max_logit_diff=2e-7), R("aaa", "wrong", "generic", "x")],
-                 name="new.json")
+    new = _saved(
+        tmp_path,
+        [R("bbb", "exact", "generic", max_logit_diff=2e-7), R("aaa", "wrong", "generic", "x")],
+        name="new.json",
+    )
     md = tmp_path / "supported-models.md"
-    res = CliRunner().invoke(cli, ["conformance", "--from", str(new), "--types", "bbb", "--merge", str(base),
-                                   "--markdown", str(md)])
+    res = CliRunner().invoke(
+        cli, ["conformance", "--from", str(new), "--types", "bbb", "--merge", str(base), "--markdown", str(md)]
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(base.read_text())
-    assert {r["model_type"]: r["status"] for r in doc["results"]} == {"aaa": "exact", "bbb": "exact",
-                                                                       "ccc": "refused"}  # aaa not taken
+    assert {r["model_type"]: r["status"] for r in doc["results"]} == {
+        "aaa": "exact",
+        "bbb": "exact",
+        "ccc": "refused",
+    }  # aaa not taken
     assert doc["summary"]["exact"] == 2 and doc["updates"] == [["bbb"]] and doc["transformers"] == "5.24.0"
     text = md.read_text()
     assert "**2 of 3 buildable model types exact (3 in the registry): 2 exact, 1 refused, 0 not-built" in text
@@ -70,10 +84,13 @@ def test_full_run_then_from_writes_the_json_beside_the_table(tmp_path):
     assert "rerun with `--merge`" not in md.read_text()
 
 
-@pytest.mark.parametrize("args, what", [
-    (["--types", "bbb"], "transformers 1.0"),  # a table of another transformers version
-    ([], "none were given"),
-])
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        (["--types", "bbb"], "transformers 1.0"),  # a table of another transformers version
+        ([], "none were given"),
+    ],
+)
 def test_cli_merge_refuses_with_one_line(tmp_path, args, what):
     base = _saved(tmp_path, BASE, version="1.0")
     new = _saved(tmp_path, [R("bbb", "exact", "g")], name="new.json", version="5.24.0")

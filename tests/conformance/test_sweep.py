@@ -15,9 +15,14 @@ from kvbridge.plugins import make_host
 
 HOST = make_host(entry_points=False)
 FAMILY_TYPES = sorted({a.model_types[0] for a in builtin_adapters()})
-EXACT = FAMILY_TYPES + ["qwen3_moe", "smollm3", "gemma3", "glm_moe_dsa",  # glm_moe_dsa: MLA + indexer keys
-                         "dory",  # dory: a cache copy per recurrent loop
-                         "dots3_note_text"]  # MLA with a partial factor of the query head; per-kind RoPE tables
+EXACT = FAMILY_TYPES + [
+    "qwen3_moe",
+    "smollm3",
+    "gemma3",
+    "glm_moe_dsa",  # glm_moe_dsa: MLA + indexer keys
+    "dory",  # dory: a cache copy per recurrent loop
+    "dots3_note_text",
+]  # MLA with a partial factor of the query head; per-kind RoPE tables
 
 
 @pytest.mark.parametrize("model_type", EXACT)
@@ -42,8 +47,9 @@ def test_exact_special_layouts(model_type):
     assert r.status == "exact", f"{model_type}: {r.status}: {r.reason}"
 
 
-@pytest.mark.parametrize("model_type, why", [("xlnet", "mems"), ("reformer", "LSH buckets"),
-                                             ("gemma4_assistant", "caches none of its own")])
+@pytest.mark.parametrize(
+    "model_type, why", [("xlnet", "mems"), ("reformer", "LSH buckets"), ("gemma4_assistant", "caches none of its own")]
+)
 def test_caches_of_another_kind_are_refused_with_the_reason(model_type, why):
     r = sweep.run_type(model_type, host=HOST)
     assert r.status == "refused" and why in r.reason
@@ -77,8 +83,11 @@ def test_a_wrong_sparse_attention_fact_is_caught(monkeypatch, fact, reason):
 def test_markdown_table_counts():
     from kvbridge.conformance import report
 
-    rows = [sweep.Result("a", "exact", "llama"), sweep.Result("b", "refused", "", "no attention KV cache"),
-            sweep.Result("c", "not-built", "", "x")]
+    rows = [
+        sweep.Result("a", "exact", "llama"),
+        sweep.Result("b", "refused", "", "no attention KV cache"),
+        sweep.Result("c", "not-built", "", "x"),
+    ]
     text = report.markdown(rows)
     assert "1 of 2 buildable model types exact (3 in the registry)" in text
     assert "| b | refused |" in text and "kvbridge conformance" in text

@@ -6,9 +6,24 @@ import pytest
 
 from kvbridge.conformance import tiny
 
-ONCE_NOT_BUILT = ["cohere_compass_text", "dbrx", "dory", "dots3_note", "dots3_note_text", "gemma3n", "gemma4_assistant",
-                  "hrm_text", "inkling2_text", "inkling2_loop_text", "musicgen", "musicgen_melody", "reformer", "xlnet",
-                  "xmod", "zamba"]
+ONCE_NOT_BUILT = [
+    "cohere_compass_text",
+    "dbrx",
+    "dory",
+    "dots3_note",
+    "dots3_note_text",
+    "gemma3n",
+    "gemma4_assistant",
+    "hrm_text",
+    "inkling2_text",
+    "inkling2_loop_text",
+    "musicgen",
+    "musicgen_melody",
+    "reformer",
+    "xlnet",
+    "xmod",
+    "zamba",
+]
 
 
 def _config(model_type):

@@ -10,8 +10,15 @@ from kvbridge.demo import pair
 
 
 def test_the_pair_section_runs_check_identity_fit_eval(tmp_path, capsys):
-    ok = pair.pair_section(source="zoo:base", target="zoo:wide", tokens=1024, samples=4, prefix_len=32,
-                           continuation_len=4, report_dir=str(tmp_path))
+    ok = pair.pair_section(
+        source="zoo:base",
+        target="zoo:wide",
+        tokens=1024,
+        samples=4,
+        prefix_len=32,
+        continuation_len=4,
+        report_dir=str(tmp_path),
+    )
     out = capsys.readouterr().out
     assert ok
     assert "check (configs only): mappable" in out

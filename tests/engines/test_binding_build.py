@@ -12,16 +12,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or not (REPO / "Makefile").is_file(),
-                                reason="needs make and the repository's Makefile")
+pytestmark = pytest.mark.skipif(
+    shutil.which("make") is None or not (REPO / "Makefile").is_file(), reason="needs make and the repository's Makefile"
+)
 
 
 def _make(args, env, tmp_path):
     extra = tmp_path / "extra.mk"
     extra.write_text('showenv:\n\t@echo "LLAMA_CPP_WHEELS=$$LLAMA_CPP_WHEELS"\n')
     base = {k: v for k, v in os.environ.items() if not k.startswith(("KVBRIDGE_", "LLAMA_CPP_", "MAKE"))}
-    proc = subprocess.run(["make", "-s", "-f", str(REPO / "Makefile"), "-f", str(extra), *args], cwd=REPO,
-                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["make", "-s", "-f", str(REPO / "Makefile"), "-f", str(extra), *args],
+        cwd=REPO,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -31,8 +31,13 @@ def _state(path, T=5, dtype=torch.float32, seed=0):
     shape = (1, spec.num_kv_heads, T, spec.head_dim)
     keys = tuple(torch.randn(shape, generator=g).to(dtype) for _ in range(spec.num_layers))
     values = tuple(torch.randn(shape, generator=g).to(dtype) for _ in range(spec.num_layers))
-    return KVState(keys=keys, values=values, token_ids=torch.tensor([[1, 3, 4, 5, 3][:T]]),
-                   positions=torch.arange(T)[None], spec=spec)
+    return KVState(
+        keys=keys,
+        values=values,
+        token_ids=torch.tensor([[1, 3, 4, 5, 3][:T]]),
+        positions=torch.arange(T)[None],
+        spec=spec,
+    )
 
 
 def test_the_engine_registers_through_the_plugin_hook(host):
@@ -97,8 +102,14 @@ def test_f32_cache_and_cells_out_of_order(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(exact.keys, st.keys))
     seq = fmt.parse(L.export_state(st, path, cache_type="F32"))
     order = [3, 0, 4, 1, 2]  # llama.cpp may keep a sequence's cells in any order: import sorts by position
-    shuffled = fmt.SeqState(**{**seq.__dict__, "positions": tuple(seq.positions[i] for i in order),
-                                "keys": tuple(k[order] for k in seq.keys), "values": tuple(v[order] for v in seq.values)})
+    shuffled = fmt.SeqState(
+        **{
+            **seq.__dict__,
+            "positions": tuple(seq.positions[i] for i in order),
+            "keys": tuple(k[order] for k in seq.keys),
+            "values": tuple(v[order] for v in seq.values),
+        }
+    )
     again = L.import_state(fmt.write(shuffled), path)
     assert all(torch.equal(a, b) for a, b in zip(again.keys + again.values, st.keys + st.values))
 
@@ -128,9 +139,16 @@ def test_export_refuses_what_llama_cpp_would_refuse(tmp_path):
     from dataclasses import replace
 
     with pytest.raises(StateError, match="batch of 2"):
-        L.export_state(replace(st, keys=tuple(k.expand(2, -1, -1, -1) for k in st.keys),
-                               values=tuple(v.expand(2, -1, -1, -1) for v in st.values),
-                               token_ids=st.token_ids.expand(2, -1), positions=st.positions.expand(2, -1)), path)
+        L.export_state(
+            replace(
+                st,
+                keys=tuple(k.expand(2, -1, -1, -1) for k in st.keys),
+                values=tuple(v.expand(2, -1, -1, -1) for v in st.values),
+                token_ids=st.token_ids.expand(2, -1),
+                positions=st.positions.expand(2, -1),
+            ),
+            path,
+        )
     with pytest.raises(StateError, match="token id 9, beyond m.gguf.s vocabulary of 6"):
         L.export_state(replace(st, token_ids=torch.tensor([[1, 2, 9, 3, 4]])), path)
     with pytest.raises(StateError, match="beyond F16's range"):

@@ -17,9 +17,15 @@ def _state(cells=3, layers=2, width=4, v_trans=False, dtype=torch.float16, token
     keys = tuple(torch.randn(cells, width, generator=g).to(dtype) for _ in range(layers))
     values = tuple(torch.randn(cells, width, generator=g).to(dtype) for _ in range(layers))
     name = {torch.float16: "F16", torch.float32: "F32", torch.bfloat16: "BF16"}[dtype]
-    return fmt.SeqState(token_ids=tuple(range(7, 7 + cells)) if tokens is None else tokens,
-                        positions=tuple(range(cells)), keys=keys, values=values, k_type=name, v_type=name,
-                        v_trans=v_trans)
+    return fmt.SeqState(
+        token_ids=tuple(range(7, 7 + cells)) if tokens is None else tokens,
+        positions=tuple(range(cells)),
+        keys=keys,
+        values=values,
+        k_type=name,
+        v_type=name,
+        v_trans=v_trans,
+    )
 
 
 def _by_hand(st: fmt.SeqState, seq_id: int = 0) -> bytes:
@@ -41,7 +47,9 @@ def _by_hand(st: fmt.SeqState, seq_id: int = 0) -> bytes:
             b += struct.pack("<iII", tid[st.v_type], v.element_size(), v.shape[1])
             for j in range(v.shape[1]):  # transposed: per dimension, every cell
                 for c in range(v.shape[0]):
-                    b += v[c, j].view(torch.int16 if v.element_size() == 2 else torch.int32).reshape(1).numpy().tobytes()
+                    b += (
+                        v[c, j].view(torch.int16 if v.element_size() == 2 else torch.int32).reshape(1).numpy().tobytes()
+                    )
         else:
             b += struct.pack("<iQ", tid[st.v_type], v.shape[1] * v.element_size())
             for row in v:
@@ -108,7 +116,7 @@ def test_quantized_cache_types_and_two_streams_are_refused():
     assert fmt.parse(two).stream == 1
     body = fmt.write(_state())
     head = 12 + 4 * 3  # magic, version, n_token + 3 tokens
-    stream = body[head + 4:]
+    stream = body[head + 4 :]
     doubled = body[:head] + struct.pack("<I", 2) + stream + stream
     with pytest.raises(ArtifactError, match="both hold cells"):
         fmt.parse(doubled)

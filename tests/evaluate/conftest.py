@@ -40,8 +40,11 @@ def host():
     from kvbridge.plugins import make_host
 
     h = make_host(entry_points=False)
-    extra = [(name, mod) for name, mod in (("kvbridge.builtin.fitters", fitters), ("kvbridge.builtin.metrics", metrics))
-             if name not in {r.name for r in h.records}]
+    extra = [
+        (name, mod)
+        for name, mod in (("kvbridge.builtin.fitters", fitters), ("kvbridge.builtin.metrics", metrics))
+        if name not in {r.name for r in h.records}
+    ]
     return make_host(entry_points=False, extra=extra)
 
 
@@ -51,8 +54,19 @@ def identity_result(base, samples, host):
     from kvbridge.evaluate import evaluate
 
     model = base[0]
-    return evaluate(model, model, IdentityMapping(), samples, prefix_len=P, continuation_len=C, greedy_tokens=G,
-                    bootstrap=300, host=host, source_name="base", target_name="base")
+    return evaluate(
+        model,
+        model,
+        IdentityMapping(),
+        samples,
+        prefix_len=P,
+        continuation_len=C,
+        greedy_tokens=G,
+        bootstrap=300,
+        host=host,
+        source_name="base",
+        target_name="base",
+    )
 
 
 @dataclass(frozen=True)
@@ -67,8 +81,14 @@ class NoisyMapping:
     def map_content(self, state, target_spec):
         g = torch.Generator().manual_seed(self.seed)
         noisy = lambda t: t + self.scale * t.std() * torch.randn(t.shape, generator=g)
-        return replace(state, keys=tuple(noisy(k) for k in state.keys), values=tuple(noisy(v) for v in state.values),
-                       spec=target_spec, rope_lengths=None, approximate=True)
+        return replace(
+            state,
+            keys=tuple(noisy(k) for k in state.keys),
+            values=tuple(noisy(v) for v in state.values),
+            spec=target_spec,
+            rope_lengths=None,
+            approximate=True,
+        )
 
 
 @pytest.fixture(scope="session")

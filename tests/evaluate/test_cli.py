@@ -23,9 +23,29 @@ def corpus(base, tmp_path_factory):
 def _run(*args):
     from kvbridge.cli.main import cli
 
-    return CliRunner().invoke(cli, ["eval", "zoo:base", "zoo:base", "--mapping", "identity", "--samples", "4",
-                                    "--prefix-len", "16", "--continuation-len", "4", "--greedy-tokens", "3",
-                                    "--bootstrap", "50", "--heldout-fraction", "0.5", *args])
+    return CliRunner().invoke(
+        cli,
+        [
+            "eval",
+            "zoo:base",
+            "zoo:base",
+            "--mapping",
+            "identity",
+            "--samples",
+            "4",
+            "--prefix-len",
+            "16",
+            "--continuation-len",
+            "4",
+            "--greedy-tokens",
+            "3",
+            "--bootstrap",
+            "50",
+            "--heldout-fraction",
+            "0.5",
+            *args,
+        ],
+    )
 
 
 def test_json_output_and_passing_gate(corpus):
@@ -65,8 +85,10 @@ def test_eval_is_listed_and_light():
     import subprocess
     import sys
 
-    code = ("import sys; import kvbridge.cli.eval_cmd; assert 'torch' not in sys.modules; "
-            "from kvbridge.builtin.commands import COMMANDS; assert 'eval' in COMMANDS")
+    code = (
+        "import sys; import kvbridge.cli.eval_cmd; assert 'torch' not in sys.modules; "
+        "from kvbridge.builtin.commands import COMMANDS; assert 'eval' in COMMANDS"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
@@ -74,11 +96,34 @@ def test_eval_is_listed_and_light():
 def test_demo_zoo_section_smoke(tmp_path):
     from kvbridge.cli.main import cli
 
-    res = CliRunner().invoke(cli, ["demo", "--skip-identity", "--skip-real", "--pairs", "tuned", "--samples", "6", "--tokens", "4096",
-                                   "--bootstrap", "20", "--greedy-tokens", "2", "--no-identity-rows",
-                                   "--report", str(tmp_path / "demo")])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "demo",
+            "--skip-identity",
+            "--skip-real",
+            "--pairs",
+            "tuned",
+            "--samples",
+            "6",
+            "--tokens",
+            "4096",
+            "--bootstrap",
+            "20",
+            "--greedy-tokens",
+            "2",
+            "--no-identity-rows",
+            "--report",
+            str(tmp_path / "demo"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "base->tuned" in res.stdout and "gap_rec" in res.stdout
-    for f in ("summary.md", "demo.json", "base-tuned/summary.md", "base-tuned/mapping_r2.png",
-              "mappings/base-tuned/manifest.json"):
+    for f in (
+        "summary.md",
+        "demo.json",
+        "base-tuned/summary.md",
+        "base-tuned/mapping_r2.png",
+        "mappings/base-tuned/manifest.json",
+    ):
         assert (tmp_path / "demo" / f).is_file(), f

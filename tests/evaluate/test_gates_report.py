@@ -7,8 +7,15 @@ import sys
 
 import pytest
 
-from kvbridge.evaluate.gates import (DEFAULT_GATES, GATE_FAILED_EXIT, GateError, evaluate_gates, exit_code, gate_set,
-                                     parse_gate)
+from kvbridge.evaluate.gates import (
+    DEFAULT_GATES,
+    GATE_FAILED_EXIT,
+    GateError,
+    evaluate_gates,
+    exit_code,
+    gate_set,
+    parse_gate,
+)
 
 HIB = {"kl_p95": False, "attention_cosine_min": True, "gap_recovered": True, "nll": False}
 
@@ -53,8 +60,10 @@ def test_pass_fail_and_exit_codes():
 
 
 def test_builtin_metrics_plugin_is_light_and_registers(host):
-    code = ("import sys, kvbridge.builtin.metrics as m; assert 'torch' not in sys.modules, 'torch imported'; "
-            "print(len(m.METRICS))")
+    code = (
+        "import sys, kvbridge.builtin.metrics as m; assert 'torch' not in sys.modules, 'torch imported'; "
+        "print(len(m.METRICS))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     names = host.registry("metric").names()
@@ -86,9 +95,19 @@ def test_a_plugin_metric_is_computed(base, samples, monkeypatch):
     if "kvbridge.builtin.metrics" not in {r.name for r in make_host(entry_points=False).records}:
         extra.insert(0, ("kvbridge.builtin.metrics", builtin))
     h = make_host(entry_points=False, extra=extra)
-    res = evaluate(base[0], base[0], IdentityMapping(), samples[:4], prefix_len=16, continuation_len=4,
-                   greedy_tokens=2, bootstrap=20, host=h, conditions=("native", "transferred", "no_prefix"),
-                   gates=["worst_nll<=100"])
+    res = evaluate(
+        base[0],
+        base[0],
+        IdentityMapping(),
+        samples[:4],
+        prefix_len=16,
+        continuation_len=4,
+        greedy_tokens=2,
+        bootstrap=20,
+        host=h,
+        conditions=("native", "transferred", "no_prefix"),
+        gates=["worst_nll<=100"],
+    )
     row = res["conditions"]["no_prefix"]
     assert row["worst_nll"] > row["nll"] and len(row["worst_nll_ci"]) == 2
     assert res["gates"][-1]["metric"] == "worst_nll" and res["gates"][-1]["passed"]
@@ -103,8 +122,11 @@ def test_report_folder(identity_result, tmp_path):
     from kvbridge.evaluate.report import terminal_table, write_report
 
     res = dict(identity_result)
-    res["mapping"] = dict(res["mapping"], heldout_r2={"k": [[0.9, 0.8]] * 4, "v": [[0.7, 0.95]] * 4},
-                          r2_summary={"mean": 0.84, "mean_k": 0.85, "mean_v": 0.83, "min": 0.7})
+    res["mapping"] = dict(
+        res["mapping"],
+        heldout_r2={"k": [[0.9, 0.8]] * 4, "v": [[0.7, 0.95]] * 4},
+        r2_summary={"mean": 0.84, "mean_k": 0.85, "mean_v": 0.83, "min": 0.7},
+    )
     written = write_report(res, tmp_path / "rep")
     for name in ("summary.md", "eval.json", "attention_cosine.png", "gap_recovered.png", "mapping_r2.png"):
         f = tmp_path / "rep" / name

@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvbridge.evaluate.guard import (GuardError, GuardFallbackWarning, TargetStats, guarded_generate,
-                                     guarded_prepare)
+from kvbridge.evaluate.guard import GuardError, GuardFallbackWarning, TargetStats, guarded_generate, guarded_prepare
 
 
 @pytest.fixture(scope="module")

@@ -55,8 +55,14 @@ def test_perturbed_mapping_lies_between(base, samples, host, noisy):
     from kvbridge.evaluate import evaluate
 
     model = base[0]
-    kw = dict(prefix_len=P, continuation_len=C, greedy_tokens=G, bootstrap=0, host=host,
-              conditions=("native", "transferred", "no_prefix", "zeroed", "random"))
+    kw = dict(
+        prefix_len=P,
+        continuation_len=C,
+        greedy_tokens=G,
+        bootstrap=0,
+        host=host,
+        conditions=("native", "transferred", "no_prefix", "zeroed", "random"),
+    )
     small = evaluate(model, model, noisy(0.05), samples, **kw)["conditions"]
     large = evaluate(model, model, noisy(0.5), samples, **kw)["conditions"]
     for res in (small, large):
@@ -88,9 +94,16 @@ def test_bootstrap_is_paired_and_seeded(base, samples, host):
     from kvbridge.evaluate.conditions import EvalConfig, run_conditions
     from kvbridge.evaluate.metrics import summarize
 
-    run = run_conditions(base[0], base[0], IdentityMapping(), samples,
-                         EvalConfig(prefix_len=P, continuation_len=C, greedy_tokens=2,
-                                    conditions=("native", "transferred", "no_prefix")), host=host)
+    run = run_conditions(
+        base[0],
+        base[0],
+        IdentityMapping(),
+        samples,
+        EvalConfig(
+            prefix_len=P, continuation_len=C, greedy_tokens=2, conditions=("native", "transferred", "no_prefix")
+        ),
+        host=host,
+    )
     a = summarize(run, bootstrap=200, seed=3, host=host)
     b = summarize(run, bootstrap=200, seed=3, host=host)
     assert json.dumps(a) == json.dumps(b)  # (nan != nan, so compare the text)
@@ -103,15 +116,38 @@ def test_json_keys_are_stable(identity_result):
 
     text = to_json(identity_result)  # strict JSON: no NaN
     data = json.loads(text)
-    for key in ("schema", "source", "target", "mapping", "data", "samples", "prefix_len", "continuation_len",
-                "greedy_tokens", "bootstrap", "conditions", "comparisons", "gates", "gates_passed", "timing",
-                "definitions", "notes"):
+    for key in (
+        "schema",
+        "source",
+        "target",
+        "mapping",
+        "data",
+        "samples",
+        "prefix_len",
+        "continuation_len",
+        "greedy_tokens",
+        "bootstrap",
+        "conditions",
+        "comparisons",
+        "gates",
+        "gates_passed",
+        "timing",
+        "definitions",
+        "notes",
+    ):
         assert key in data, key
     assert data["schema"] == "kvbridge-eval/1"
     assert list(data["conditions"]) == list(CONDITIONS)
     for cond, row in data["conditions"].items():
-        for m in REQUIRED + ("perplexity", "topk_overlap", "tv_top_p", "max_abs_logit_diff", "retention",
-                             "greedy_agreement", "attention_cosine_mean"):
+        for m in REQUIRED + (
+            "perplexity",
+            "topk_overlap",
+            "tv_top_p",
+            "max_abs_logit_diff",
+            "retention",
+            "greedy_agreement",
+            "attention_cosine_mean",
+        ):
             assert m in row and f"{m}_ci" in row, (cond, m)
             assert isinstance(row[f"{m}_ci"], list) and len(row[f"{m}_ci"]) == 2
     assert len(data["conditions"]["transferred"]["attention_cosine_layers"]) == 4
@@ -147,7 +183,8 @@ def test_attention_output_matches_the_model(base):
     state = ad.extract(model, ids[:, :12])
     outs = {}
     hook = model.model.layers[1].self_attn.o_proj.register_forward_hook(
-        lambda mod, inp, out: outs.setdefault("in", inp[0].detach()))
+        lambda mod, inp, out: outs.setdefault("in", inp[0].detach())
+    )
     try:
         with capture_attention(model) as cap:
             with torch.no_grad():
@@ -168,8 +205,15 @@ def test_too_few_tokens_is_one_line_error(base, host):
     from kvbridge.evaluate.conditions import EvalError
 
     with pytest.raises(EvalError, match="samples must be"):
-        evaluate(base[0], base[0], IdentityMapping(), torch.zeros(4, 10, dtype=torch.long), prefix_len=8,
-                 continuation_len=4, host=host)
+        evaluate(
+            base[0],
+            base[0],
+            IdentityMapping(),
+            torch.zeros(4, 10, dtype=torch.long),
+            prefix_len=8,
+            continuation_len=4,
+            host=host,
+        )
 
 
 def test_windows_and_heldout_text():

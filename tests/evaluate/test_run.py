@@ -10,8 +10,14 @@ from kvbridge import api
 from kvbridge.evaluate.settings import EvalSettings
 from kvbridge.errors import KVBridgeError
 
-TEXT = " ".join(f"the {w} king walks over the {v} hill and sings" for w in ("old", "lazy", "young", "tall")
-                for v in ("green", "far", "red", "cold")) * 6
+TEXT = (
+    " ".join(
+        f"the {w} king walks over the {v} hill and sings"
+        for w in ("old", "lazy", "young", "tall")
+        for v in ("green", "far", "red", "cold")
+    )
+    * 6
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +33,27 @@ def corpus(tmp_path_factory):
 
 
 def small(corpus, **kw):
-    base = dict(mapping="identity", corpus=corpus, samples=4, prefix_len=8, continuation_len=3, greedy_tokens=3,
-                bootstrap=0, batch_size=4, heldout_fraction=0.5)
+    base = dict(
+        mapping="identity",
+        corpus=corpus,
+        samples=4,
+        prefix_len=8,
+        continuation_len=3,
+        greedy_tokens=3,
+        bootstrap=0,
+        batch_size=4,
+        heldout_fraction=0.5,
+    )
     return EvalSettings(**{**base, **kw})
 
 
 def test_identity_eval_is_exact_and_reports_progress(pair, corpus, tmp_path):
     seen = []
-    run = api.evaluate_pair(pair, small(corpus, conditions="native,transferred", report_dir=str(tmp_path / "rep")),
-                            progress=lambda done, total: seen.append((done, total)))
+    run = api.evaluate_pair(
+        pair,
+        small(corpus, conditions="native,transferred", report_dir=str(tmp_path / "rep")),
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert not run.recompute and run.exit_code == 0 and run.failed_gates == []
     assert run.result["conditions"]["transferred"]["kl_mean"] < 1e-6
     assert seen and seen[-1][0] == seen[-1][1] == 4

@@ -15,11 +15,29 @@ HELP = {"help_option_names": ["-h", "--help"]}
 
 BASE = dict(mapping="identity", corpus="corpus.txt")
 #: click parameter -> (settings object, field); heldout_fraction, no_attention and the rest are mapped below
-SAME = ["samples", "prefix_len", "continuation_len", "greedy_tokens", "conditions", "bootstrap", "seed",
-        "batch_size", "top_k", "top_p", "allow_overlap"]
-RECOMPUTE = {"recompute_layers": "layers", "recompute_tokens": "tokens", "recompute_token_rules": "token_rules", "recompute_sweep": "sweep",
-             "recompute_mode": "mode", "recompute_select": "select", "recompute_group": "group",
-             "calibration_samples": "calibration_samples"}
+SAME = [
+    "samples",
+    "prefix_len",
+    "continuation_len",
+    "greedy_tokens",
+    "conditions",
+    "bootstrap",
+    "seed",
+    "batch_size",
+    "top_k",
+    "top_p",
+    "allow_overlap",
+]
+RECOMPUTE = {
+    "recompute_layers": "layers",
+    "recompute_tokens": "tokens",
+    "recompute_token_rules": "token_rules",
+    "recompute_sweep": "sweep",
+    "recompute_mode": "mode",
+    "recompute_select": "select",
+    "recompute_group": "group",
+    "calibration_samples": "calibration_samples",
+}
 
 
 def _parsed_defaults() -> dict:
@@ -40,8 +58,17 @@ def test_every_click_default_is_the_dataclass_default():
     assert tuple(params["gates"]) == default.gates and params["report_dir"] == default.report_dir
     assert params["partial_path"] == default.partial_path
     assert params["accept_mismatch"] is default.accept_fingerprint_mismatch
-    covered = set(SAME) | {"heldout_fraction", "attention", "gates", "report_dir", "partial_path",
-                           "accept_fingerprint_mismatch", "recompute", "mapping", "corpus"}
+    covered = set(SAME) | {
+        "heldout_fraction",
+        "attention",
+        "gates",
+        "report_dir",
+        "partial_path",
+        "accept_fingerprint_mismatch",
+        "recompute",
+        "mapping",
+        "corpus",
+    }
     assert covered == {f.name for f in dataclasses.fields(EvalSettings)}
 
 
@@ -53,18 +80,21 @@ def test_defaults_and_sample_len():
     assert RecomputeSettings(layers="3").active and RecomputeSettings(sweep="tokens").active
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(samples=1), "--samples must be a whole number >= 2"),
-    (dict(prefix_len=0), "--prefix-len must be a whole number >= 1"),
-    (dict(batch_size=True), "--batch-size must be a whole number >= 1"),
-    (dict(bootstrap=-1), "--bootstrap must be a whole number >= 0"),
-    (dict(top_p=float("nan")), "--top-p must be finite"),
-    (dict(top_p=1.5), "--top-p must be <= 1"),
-    (dict(heldout_fraction=0.0), "--heldout-fraction must be > 0"),
-    (dict(conditions="native,bogus"), "unknown condition 'bogus'"),
-    (dict(gates=("nonsense",)), "gate"),
-    (dict(mapping=""), "--mapping is empty"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(samples=1), "--samples must be a whole number >= 2"),
+        (dict(prefix_len=0), "--prefix-len must be a whole number >= 1"),
+        (dict(batch_size=True), "--batch-size must be a whole number >= 1"),
+        (dict(bootstrap=-1), "--bootstrap must be a whole number >= 0"),
+        (dict(top_p=float("nan")), "--top-p must be finite"),
+        (dict(top_p=1.5), "--top-p must be <= 1"),
+        (dict(heldout_fraction=0.0), "--heldout-fraction must be > 0"),
+        (dict(conditions="native,bogus"), "unknown condition 'bogus'"),
+        (dict(gates=("nonsense",)), "gate"),
+        (dict(mapping=""), "--mapping is empty"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_option(kwargs, needle):
     with pytest.raises(KVBridgeError) as err:
         EvalSettings(**{**BASE, **kwargs})
@@ -78,14 +108,17 @@ def test_a_report_folder_that_is_not_a_report_is_refused(tmp_path):
     assert (tmp_path / "mine.txt").read_text() == "keep me"
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(mode="sideways"), "--recompute-mode 'sideways' is not one of"),
-    (dict(sweep="all"), "--recompute-sweep 'all' is not one of"),
-    (dict(group=0), "--recompute-group must be a whole number >= 1"),
-    (dict(calibration_samples=0), "--calibration-samples must be a whole number >= 1"),
-    (dict(token_rules="deviation,tail"), "--recompute-token-rules 'deviation,tail': unknown rule 'tail'"),
-    (dict(token_rules=" , "), "--recompute-token-rules"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(mode="sideways"), "--recompute-mode 'sideways' is not one of"),
+        (dict(sweep="all"), "--recompute-sweep 'all' is not one of"),
+        (dict(group=0), "--recompute-group must be a whole number >= 1"),
+        (dict(calibration_samples=0), "--calibration-samples must be a whole number >= 1"),
+        (dict(token_rules="deviation,tail"), "--recompute-token-rules 'deviation,tail': unknown rule 'tail'"),
+        (dict(token_rules=" , "), "--recompute-token-rules"),
+    ],
+)
 def test_bad_recompute_values_are_refused(kwargs, needle):
     with pytest.raises(KVBridgeError, match=needle.replace("'", ".")):
         RecomputeSettings(**kwargs)

@@ -41,8 +41,19 @@ def _eval(zoo, name, mapping, host, target=None, **kw):
     from kvbridge.evaluate import evaluate
 
     ids, data = zoo["evals"][name]
-    return evaluate(zoo["models"]["base"], target if target is not None else zoo["models"][name], mapping, ids,
-                    prefix_len=P, continuation_len=C, greedy_tokens=8, bootstrap=300, host=host, data=data, **kw)
+    return evaluate(
+        zoo["models"]["base"],
+        target if target is not None else zoo["models"][name],
+        mapping,
+        ids,
+        prefix_len=P,
+        continuation_len=C,
+        greedy_tokens=8,
+        bootstrap=300,
+        host=host,
+        data=data,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +66,9 @@ def test_base_to_tuned_between_native_and_floor_and_beats_every_control(tuned_re
     t = c["transferred"]["nll"]
     assert t < c["no_prefix"]["nll"] and comp["transferred_vs_no_prefix"]["nll_diff_ci"][1] < 0
     # not better than native beyond noise (on a few hundred tokens it can come out a hair below)
-    assert t >= c["native"]["nll"] or comp["transferred_vs_native"]["nll_diff_ci"][1] >= 0, comp["transferred_vs_native"]
+    assert t >= c["native"]["nll"] or comp["transferred_vs_native"]["nll_diff_ci"][1] >= 0, comp[
+        "transferred_vs_native"
+    ]
     for ctrl in CONTROLS:
         assert t < c[ctrl]["nll"], ctrl
         ci = tuned_result["comparisons"][f"transferred_vs_{ctrl}"]["nll_diff_ci"]
@@ -87,7 +100,14 @@ def test_planted_pair_recovers_the_gap(zoo, host, planted):
     """A reparametrised copy of base (known linear K/V map): the fit recovers >= 0.99 of the gap."""
     mapping = _fit(zoo, planted, host, top_k=1, stride=2)
     assert mapping.layer_selection() == [[0], [1], [2], [3]]
-    res = _eval(zoo, "base", mapping, host, target=planted, conditions=("native", "transferred", "no_prefix", "zeroed", "source"))
+    res = _eval(
+        zoo,
+        "base",
+        mapping,
+        host,
+        target=planted,
+        conditions=("native", "transferred", "no_prefix", "zeroed", "source"),
+    )
     t = res["conditions"]["transferred"]
     assert t["gap_recovered"] >= 0.99
     assert t["kl_p95"] <= 1e-3 and t["attention_cosine_min"] >= 0.999 and t["top1_agreement"] >= 0.99

@@ -45,6 +45,7 @@ def planted():
 def planted_fit(planted, fit_host):
     from kvbridge.fit import fit
 
-    mapping = fit(planted["source"], planted["target"], planted["ids"], top_k=2, stride=2, host=fit_host,
-                  distributed=None)
+    mapping = fit(
+        planted["source"], planted["target"], planted["ids"], top_k=2, stride=2, host=fit_host, distributed=None
+    )
     return mapping

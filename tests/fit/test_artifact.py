@@ -23,8 +23,10 @@ def saved(tmp_path_factory, planted_fit):
 def _random_content(spec, tokens=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     shape = (1, spec.num_kv_heads, tokens, spec.head_dim)
-    return ([torch.randn(shape, generator=g) for _ in range(spec.num_layers)],
-            [torch.randn(shape, generator=g) for _ in range(spec.num_layers)])
+    return (
+        [torch.randn(shape, generator=g) for _ in range(spec.num_layers)],
+        [torch.randn(shape, generator=g) for _ in range(spec.num_layers)],
+    )
 
 
 def test_round_trip_gives_the_same_mapping(saved, planted, planted_fit):
@@ -46,8 +48,10 @@ def test_manifest_has_what_the_issue_lists(saved, planted):
         assert side["spec"]["num_layers"] == planted[role].config.num_hidden_layers
         assert len(side["config_fingerprint"]) == len(side["weights_fingerprint"]) == 64
         assert side["rope"]["default"]["type"] == "default"
-    assert m["fitter"] == {"name": "ridge", "params": {"top_k": 2, "alpha": 0.01, "low_r2": 0.5,
-                                                      "memory_budget": m["fitter"]["params"]["memory_budget"]}}
+    assert m["fitter"] == {
+        "name": "ridge",
+        "params": {"top_k": 2, "alpha": 0.01, "low_r2": 0.5, "memory_budget": m["fitter"]["params"]["memory_budget"]},
+    }
     assert len(m["heldout_r2"]["k"]) == 6 and len(m["heldout_r2"]["k"][0]) == 4  # [layer][head]
     assert m["calibration"]["tokens"] == 40 * 48 and m["calibration"]["stride"] == 2
     assert m["calibration"]["token_ids_sha256"] and m["tensor_file"] == "mapping.safetensors"
@@ -91,8 +95,10 @@ def test_other_models_are_refused_naming_the_field_unless_forced(saved, planted)
         warnings.simplefilter("always")
         mapping = load_mapping(saved, source=planted["source"], target=other, force=True)
     assert mapping is not None
-    assert any(issubclass(w.category, MappingMismatchWarning) and "target.weights_fingerprint" in str(w.message)
-               for w in caught)
+    assert any(
+        issubclass(w.category, MappingMismatchWarning) and "target.weights_fingerprint" in str(w.message)
+        for w in caught
+    )
 
 
 def test_existing_output_is_refused_and_failed_fits_write_nothing(planted, fit_host, saved, tmp_path):
@@ -102,6 +108,5 @@ def test_existing_output_is_refused_and_failed_fits_write_nothing(planted, fit_h
         fit(planted["source"], planted["target"], planted["ids"][:4], out=saved, host=fit_host, distributed=None)
     out = tmp_path / "never"
     with pytest.raises(FitError):
-        fit(planted["source"], planted["target"], planted["ids"][:4], top_k=4, out=out, host=fit_host,
-            distributed=None)
+        fit(planted["source"], planted["target"], planted["ids"][:4], top_k=4, out=out, host=fit_host, distributed=None)
     assert not out.exists() and not list(tmp_path.iterdir())

@@ -59,8 +59,25 @@ def run(*args):
 
 def test_fit_then_transfer(folders):
     out = folders / "map"
-    res = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out", out,
-              "--seq-len", 48, "--tokens", 1920, "--stride", 2, "--top-k", 2, "--batch-size", 8)
+    res = run(
+        "fit",
+        folders / "source",
+        folders / "target",
+        "--corpus",
+        folders / "corpus",
+        "--out",
+        out,
+        "--seq-len",
+        48,
+        "--tokens",
+        1920,
+        "--stride",
+        2,
+        "--top-k",
+        2,
+        "--batch-size",
+        8,
+    )
     assert res.exit_code == 0, res.output
     assert "held-out R²: mean 1.0000" in res.output and "tok/s" in res.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -68,8 +85,18 @@ def test_fit_then_transfer(folders):
     assert manifest["calibration"]["tokens"] == 1920
     assert [s[0] for s in manifest["layer_selection"]] == [0, 1, 1, 2, 3, 3]
 
-    res = run("transfer", folders / "source", folders / "target", "--mapping", out, "--prompt",
-              "the lazy king jumps over", "--max-new-tokens", 6, "--compare")
+    res = run(
+        "transfer",
+        folders / "source",
+        folders / "target",
+        "--mapping",
+        out,
+        "--prompt",
+        "the lazy king jumps over",
+        "--max-new-tokens",
+        6,
+        "--compare",
+    )
     assert res.exit_code == 0, res.output
     assert "agreement 6/6 greedy tokens" in res.output
     assert "x counting the source prefill" in res.output and "x (target prefill / mapping)" in res.output
@@ -79,15 +106,26 @@ def test_fit_then_transfer(folders):
 
 
 def test_refusals_are_one_line(folders):
-    res = run("fit", folders / "source", folders / "other-tok", "--corpus", folders / "corpus", "--out",
-              folders / "nope")
+    res = run(
+        "fit", folders / "source", folders / "other-tok", "--corpus", folders / "corpus", "--out", folders / "nope"
+    )
     assert res.exit_code == 2 and "tokenizers" in res.output and len(res.output.strip().splitlines()) == 1
     assert not (folders / "nope").exists()
-    res = run("fit", folders / "source", folders / "target", "--corpus", folders / "missing.txt", "--out",
-              folders / "nope")
+    res = run(
+        "fit", folders / "source", folders / "target", "--corpus", folders / "missing.txt", "--out", folders / "nope"
+    )
     assert res.exit_code == 2 and "no such corpus" in res.output
-    res = run("fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--out",
-              folders / "nope", "--alpha", "lots")
+    res = run(
+        "fit",
+        folders / "source",
+        folders / "target",
+        "--corpus",
+        folders / "corpus",
+        "--out",
+        folders / "nope",
+        "--alpha",
+        "lots",
+    )
     assert res.exit_code == 2 and "--alpha" in res.output
     assert not (folders / "nope").exists()
 
@@ -101,8 +139,21 @@ def test_transfer_refuses_a_mapping_for_other_models_unless_forced(folders):
 
 
 def test_fitter_options_are_generic_and_checked(folders):
-    base = ["fit", folders / "source", folders / "target", "--corpus", folders / "corpus", "--seq-len", 48,
-            "--tokens", 1920, "--stride", 2, "--batch-size", 8]
+    base = [
+        "fit",
+        folders / "source",
+        folders / "target",
+        "--corpus",
+        folders / "corpus",
+        "--seq-len",
+        48,
+        "--tokens",
+        1920,
+        "--stride",
+        2,
+        "--batch-size",
+        8,
+    ]
     res = run(*base, "--out", folders / "nope", "-o", "topk=2")  # refused before any model loads
     assert res.exit_code == 2 and "has no option 'topk'" in res.output and "did you mean top_k" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not (folders / "nope").exists()
@@ -149,13 +200,16 @@ def code_folder(tmp_path_factory):
     rng = random.Random(1)
     names = "alpha beta gamma delta total count index value result items".split()
     for i in range(24):
-        body = "".join(f"def {rng.choice(names)}_{j}(x):\n    return x + {j} * {rng.choice(names)}\n\n" for j in range(12))
+        body = "".join(
+            f"def {rng.choice(names)}_{j}(x):\n    return x + {j} * {rng.choice(names)}\n\n" for j in range(12)
+        )
         ((root / "pkg") if i % 3 else root).joinpath(f"mod{i}.py").write_text(body, encoding="utf-8")
     return root
 
 
-def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files(folders, code_folder, tmp_path,
-                                                                                    monkeypatch):
+def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files(
+    folders, code_folder, tmp_path, monkeypatch
+):
     import hashlib
     import time
 
@@ -171,10 +225,33 @@ def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files
     monkeypatch.setattr(loading, "load", slow_load)  # what fit and eval load their pair through
 
     out = tmp_path / "map"
-    res = CliRunner().invoke(build_cli(), [str(a) for a in (
-        "fit", folders / "source", folders / "target", "--corpus", code_folder, "--out", out, "--seq-len", 48,
-        "--tokens", 960, "--stride", 4, "--top-k", 2, "--corpus-heldout", 0.25)], catch_exceptions=False,
-        env={"KVBRIDGE_PROGRESS_EVERY": "0.1"})
+    res = CliRunner().invoke(
+        build_cli(),
+        [
+            str(a)
+            for a in (
+                "fit",
+                folders / "source",
+                folders / "target",
+                "--corpus",
+                code_folder,
+                "--out",
+                out,
+                "--seq-len",
+                48,
+                "--tokens",
+                960,
+                "--stride",
+                4,
+                "--top-k",
+                2,
+                "--corpus-heldout",
+                0.25,
+            )
+        ],
+        catch_exceptions=False,
+        env={"KVBRIDGE_PROGRESS_EVERY": "0.1"},
+    )
     assert res.exit_code == 0, res.output
     # logs (stderr is not a terminal here): a plain line at each stage, model loading included
     assert "fit: loading the models, 0:0" in res.stderr and " elapsed (0:0" in res.stderr
@@ -185,11 +262,37 @@ def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files
     assert corpus["sha256"] == read_corpus(code_folder).sha256
 
     def ev(*extra):
-        return CliRunner().invoke(build_cli(), [str(a) for a in (
-            "eval", folders / "source", folders / "target", "--mapping", out, "--corpus", code_folder,
-            "--samples", 2, "--prefix-len", 16, "--continuation-len", 4, "--greedy-tokens", 2, "--bootstrap", 20,
-            "--conditions", "native,transferred,no_prefix", "--no-attention", "--json", *extra)],
-            env={"KVBRIDGE_PROGRESS_EVERY": "0.1"})
+        return CliRunner().invoke(
+            build_cli(),
+            [
+                str(a)
+                for a in (
+                    "eval",
+                    folders / "source",
+                    folders / "target",
+                    "--mapping",
+                    out,
+                    "--corpus",
+                    code_folder,
+                    "--samples",
+                    2,
+                    "--prefix-len",
+                    16,
+                    "--continuation-len",
+                    4,
+                    "--greedy-tokens",
+                    2,
+                    "--bootstrap",
+                    20,
+                    "--conditions",
+                    "native,transferred,no_prefix",
+                    "--no-attention",
+                    "--json",
+                    *extra,
+                )
+            ],
+            env={"KVBRIDGE_PROGRESS_EVERY": "0.1"},
+        )
 
     res = ev()
     assert res.exit_code == 0, res.output
@@ -207,29 +310,89 @@ def test_a_folder_corpus_is_split_by_file_and_eval_reads_only_the_held_out_files
 
     one = tmp_path / "one.txt"
     one.write_text((code_folder / "mod0.py").read_text() * 8, encoding="utf-8")
-    res = CliRunner().invoke(build_cli(), [str(a) for a in (
-        "eval", folders / "source", folders / "source", "--mapping", "identity", "--corpus", one, "--samples", 2,
-        "--prefix-len", 16, "--continuation-len", 4, "--greedy-tokens", 2, "--bootstrap", 20, "--conditions",
-        "native,no_prefix", "--no-attention", "--json", "--heldout-fraction", "0.5")])
+    res = CliRunner().invoke(
+        build_cli(),
+        [
+            str(a)
+            for a in (
+                "eval",
+                folders / "source",
+                folders / "source",
+                "--mapping",
+                "identity",
+                "--corpus",
+                one,
+                "--samples",
+                2,
+                "--prefix-len",
+                16,
+                "--continuation-len",
+                4,
+                "--greedy-tokens",
+                2,
+                "--bootstrap",
+                20,
+                "--conditions",
+                "native,no_prefix",
+                "--no-attention",
+                "--json",
+                "--heldout-fraction",
+                "0.5",
+            )
+        ],
+    )
     assert res.exit_code == 0, res.output  # a file corpus: eval's hash is sha256sum's, as fit records it
     assert json.loads(res.stdout)["data"]["sha256"] == hashlib.sha256(one.read_bytes()).hexdigest()
 
 
 def test_fit_sweeps_top_k_keeps_statistics_and_refits_from_them(folders, tmp_path):
-    base = ["fit", folders / "source", folders / "target", "--seq-len", 48, "--tokens", 1920, "--stride", 2,
-            "--batch-size", 8, "--quiet"]
-    res = run(*base, "--corpus", folders / "corpus", "--out", tmp_path / "sweep", "--top-k", "1,2",
-              "--keep-stats", tmp_path / "stats")
+    base = [
+        "fit",
+        folders / "source",
+        folders / "target",
+        "--seq-len",
+        48,
+        "--tokens",
+        1920,
+        "--stride",
+        2,
+        "--batch-size",
+        8,
+        "--quiet",
+    ]
+    res = run(
+        *base,
+        "--corpus",
+        folders / "corpus",
+        "--out",
+        tmp_path / "sweep",
+        "--top-k",
+        "1,2",
+        "--keep-stats",
+        tmp_path / "stats",
+    )
     assert res.exit_code == 0, res.output
     assert "2 mappings from one pass" in res.output and "k1: top-k 1" in res.output and "k2: top-k 2" in res.output
     assert (tmp_path / "sweep" / "k2" / "manifest.json").is_file() and (tmp_path / "stats" / "manifest.json").is_file()
-    res = run("fit", folders / "source", folders / "target", "--from-stats", tmp_path / "stats", "--out",
-              tmp_path / "again", "--top-k", 1, "--alpha", "0.5")
+    res = run(
+        "fit",
+        folders / "source",
+        folders / "target",
+        "--from-stats",
+        tmp_path / "stats",
+        "--out",
+        tmp_path / "again",
+        "--top-k",
+        1,
+        "--alpha",
+        "0.5",
+    )
     assert res.exit_code == 0, res.output
     manifest = json.loads((tmp_path / "again" / "manifest.json").read_text())
     assert manifest["fitter"]["params"]["top_k"] == 1 and manifest["fitter"]["params"]["alpha"] == 0.5
-    res = run("fit", folders / "target", folders / "target", "--from-stats", tmp_path / "stats", "--out",
-              tmp_path / "wrong")
+    res = run(
+        "fit", folders / "target", folders / "target", "--from-stats", tmp_path / "stats", "--out", tmp_path / "wrong"
+    )
     assert res.exit_code == 2 and "different source model" in res.output and len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "wrong").exists()
     res = run(*base, "--corpus", folders / "corpus", "--out", tmp_path / "bad", "--top-k", "1,zero")

@@ -44,8 +44,7 @@ def test_two_gloo_processes_give_the_single_process_mapping(planted, planted_fit
     _SHARED.update(planted=planted, host=fit_host)
     out = tmp_path / "dist"
     # fork: the children inherit the imported modules and the models (no re-import under load)
-    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True,
-                       start_method="fork")
+    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, join=True, start_method="fork")
     got = load_mapping(out, source=planted["source"], target=planted["target"])
     assert got.manifest["calibration"]["world_size"] == 2
     diff = _max_diff(got, planted_fit)

@@ -34,8 +34,18 @@ def sweep(planted, fit_host, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("sweep")
     counter = Counting()
-    out = fit(planted["source"], planted["target"], planted["ids"], top_k=[1, 2, "all"], stride=2, host=fit_host,
-              distributed=None, out=root / "maps", keep_stats=root / "stats", progress=counter)
+    out = fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"],
+        top_k=[1, 2, "all"],
+        stride=2,
+        host=fit_host,
+        distributed=None,
+        out=root / "maps",
+        keep_stats=root / "stats",
+        progress=counter,
+    )
     return {"root": root, "mappings": out, "passes": counter.passes}
 
 
@@ -68,8 +78,16 @@ def test_kept_statistics_refit_other_k_and_alpha_without_models(planted, fit_hos
     _same(again, sweep["mappings"]["2"], tol=0)
     assert json.loads((tmp_path / "k2" / "manifest.json").read_text())["source"] == manifest["source"]
     strong = fit_from_stats(stats, top_k="1,2", alpha=10.0)
-    direct = fit(planted["source"], planted["target"], planted["ids"], top_k=1, alpha=10.0, stride=2, host=fit_host,
-                 distributed=None)
+    direct = fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"],
+        top_k=1,
+        alpha=10.0,
+        stride=2,
+        host=fit_host,
+        distributed=None,
+    )
     _same(strong["1"], direct)
 
 
@@ -104,8 +122,17 @@ def test_blocked_statistics_are_kept_block_by_block(planted, fit_host, tmp_path)
     from kvbridge.fit.stats import LayerStats
 
     budget = LayerStats.job_bytes_for(4, 6, src_heads=2, src_dim=16, tgt_heads=4, tgt_dim=16) // 3
-    maps = fit(planted["source"], planted["target"], planted["ids"], top_k=[1, 2], stride=2, host=fit_host,
-               distributed=None, memory_budget=budget, keep_stats=tmp_path / "stats")
+    maps = fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"],
+        top_k=[1, 2],
+        stride=2,
+        host=fit_host,
+        distributed=None,
+        memory_budget=budget,
+        keep_stats=tmp_path / "stats",
+    )
     blocks = json.loads((tmp_path / "stats" / "manifest.json").read_text())["blocks"]
     assert len(blocks) > 1
     _same(fit_from_stats(tmp_path / "stats", top_k=1), maps["1"], tol=0)

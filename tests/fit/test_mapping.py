@@ -13,16 +13,30 @@ from kvbridge.testing.planted import llama_config
 def _spec(layers, kv, head_dim):
     from kvbridge.plugins import make_host
 
-    cfg = llama_config(num_hidden_layers=layers, num_key_value_heads=kv, head_dim=head_dim,
-                       num_attention_heads=kv * 2, hidden_size=kv * 2 * head_dim)
+    cfg = llama_config(
+        num_hidden_layers=layers,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        num_attention_heads=kv * 2,
+        hidden_size=kv * 2 * head_dim,
+    )
     return make_host(entry_points=False).adapter_for(cfg).describe(cfg)
 
 
 def _mapping(src, tgt, selections, seed=0):
     g = torch.Generator().manual_seed(seed)
     fs, ft = src.num_kv_heads * src.head_dim, tgt.num_kv_heads * tgt.head_dim
-    layers = [LayerMap("dense", tuple(sel), torch.randn(len(sel) * fs, ft, generator=g), torch.randn(ft, generator=g),
-                       torch.randn(len(sel) * fs, ft, generator=g), torch.randn(ft, generator=g)) for sel in selections]
+    layers = [
+        LayerMap(
+            "dense",
+            tuple(sel),
+            torch.randn(len(sel) * fs, ft, generator=g),
+            torch.randn(ft, generator=g),
+            torch.randn(len(sel) * fs, ft, generator=g),
+            torch.randn(ft, generator=g),
+        )
+        for sel in selections
+    ]
     return FittedMapping(src, tgt, layers)
 
 
@@ -38,8 +52,7 @@ def _plain(m, tensors, name):
     return out
 
 
-@pytest.mark.parametrize("batch,tokens,gather", [(1, 9, None), (3, 17, None), (2, 13, 3 * 4 * 4 * 32 * 2),
-                                                 (2, 13, 1)])
+@pytest.mark.parametrize("batch,tokens,gather", [(1, 9, None), (3, 17, None), (2, 13, 3 * 4 * 4 * 32 * 2), (2, 13, 1)])
 def test_dense_map_equals_the_plain_formula(monkeypatch, batch, tokens, gather):
     src, tgt = _spec(5, 2, 16), _spec(4, 2, 8)
     m = _mapping(src, tgt, [(0, 3), (4, 1), (2,), (1, 2, 3)])  # three groups (k = 2, 1, 3)

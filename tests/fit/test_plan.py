@@ -15,9 +15,11 @@ PAIR = ("zoo:base", "zoo:wide")
 
 
 def test_plan_is_torch_free_and_the_module_is_callable():
-    code = ("import sys, kvbridge.fit as F; p = F.plan('zoo:base', 'zoo:wide', device_flops=1e12); "
-            "assert p.seconds > 0 and p.lines(); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported torch'")
+    code = (
+        "import sys, kvbridge.fit as F; p = F.plan('zoo:base', 'zoo:wide', device_flops=1e12); "
+        "assert p.seconds > 0 and p.lines(); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'imported torch'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert callable(plan_mod) and plan_mod("zoo:base", "zoo:base").passes
 
@@ -29,8 +31,7 @@ def test_statistics_bytes_equal_the_fitters_objects(xx_block):
     s, t = model_size(PAIR[0]), model_size(PAIR[1])
     dims = dict(src_heads=s.kv_heads, src_dim=s.head_dim, tgt_heads=t.kv_heads, tgt_dim=t.head_dim)
     job = LayerStats(range(s.layers), range(t.layers), **dims, xx_block=xx_block)  # real float64 tensors
-    real = sum(m.cxx.nbytes + m.cxy.nbytes + m.mean_x.nbytes + m.mean_y.nbytes + m.cyy.nbytes
-               for m in job.all_stats())
+    real = sum(m.cxx.nbytes + m.cxy.nbytes + m.mean_x.nbytes + m.mean_y.nbytes + m.cyy.nbytes for m in job.all_stats())
     planned = layer_stats_bytes(s.layers, t.layers, s.kv_features, s.head_dim, t.kv_features, xx_block)
     assert planned == job.nbytes()  # the fitters' own memory model, which their blocking uses
     assert 0 <= planned - real <= 0.005 * real  # and the tensors they really hold
@@ -46,8 +47,12 @@ def test_blocking_plan_follows_the_fitters_rule():
     dims = dict(src_heads=s.kv_heads, src_dim=s.head_dim, tgt_heads=t.kv_heads, tgt_dim=t.head_dim)
     budget = LayerStats.job_bytes_for(s.layers, t.layers, **dims) // 3  # statistics + workspace: the rule
     p = plan(*PAIR, memory_budget=budget, top_k=2)
-    sel = plan_blocks(t.layers, lambda b: LayerStats.job_bytes_for(s.layers, len(b), **dims, xx_block="layer"),
-                      budget, what="selection")
+    sel = plan_blocks(
+        t.layers,
+        lambda b: LayerStats.job_bytes_for(s.layers, len(b), **dims, xx_block="layer"),
+        budget,
+        what="selection",
+    )
     planned_sel = [ps for ps in p.passes if ps.tag.startswith("select")]
     assert [ps.target_layers for ps in planned_sel] == [(b[0], b[-1]) for b in sel]
     assert all(ps.statistics_bytes <= budget for ps in p.passes) and p.worst_case
@@ -74,8 +79,16 @@ def test_artifact_bytes_equal_the_written_file(tmp_path, fitter):
         else:
             w, b = (tgt.num_kv_heads, src.head_dim, tgt.head_dim), (tgt.num_kv_heads, tgt.head_dim)
             sources = tuple((0, h % src.num_kv_heads) for h in range(tgt.num_kv_heads))
-        layers.append(LayerMap("dense" if fitter == "ridge" else "headwise", sources, torch.randn(w), torch.randn(b),
-                               torch.randn(w), torch.randn(b)))
+        layers.append(
+            LayerMap(
+                "dense" if fitter == "ridge" else "headwise",
+                sources,
+                torch.randn(w),
+                torch.randn(b),
+                torch.randn(w),
+                torch.randn(b),
+            )
+        )
     mapping = FittedMapping(src, tgt, layers)
     path = tmp_path / "mapping.safetensors"
     save_file({k: v.contiguous() for k, v in mapping.tensors().items()}, str(path))  # as write_artifact does
@@ -96,7 +109,9 @@ def test_cli_plan_needs_no_corpus():
 
     from kvbridge.cli.main import cli
 
-    res = CliRunner().invoke(cli, ["fit", *PAIR, "--plan", "--device-flops", "1e11", "--memory", "0.003", "--top-k", "2"])
+    res = CliRunner().invoke(
+        cli, ["fit", *PAIR, "--plan", "--device-flops", "1e11", "--memory", "0.003", "--top-k", "2"]
+    )
     assert res.exit_code == 0, res.output
     assert "statistics memory" in res.output and "time at 1e+11 FLOP/s" in res.output
     assert "blocking plan" in res.output
@@ -148,8 +163,9 @@ def test_fingerprint_bytes_are_the_state_dict_bytes():
     from kvbridge.models import load
 
     p = plan(*PAIR)
-    real = sum(t.numel() * t.element_size() for ref in PAIR
-               for t in load(ref, dtype="float32").model.state_dict().values())
+    real = sum(
+        t.numel() * t.element_size() for ref in PAIR for t in load(ref, dtype="float32").model.state_dict().values()
+    )
     assert abs(p.hash_bytes - real) / real < 0.02  # norms are left out
 
 

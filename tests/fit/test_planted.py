@@ -27,9 +27,14 @@ def continuation(planted, mapping, host, prompt):
     with torch.no_grad():
         ours = generate(target, moved, prompt, host=host, **GEN)
         native = target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **GEN)
-    kl = max(float(torch.nn.functional.kl_div(torch.log_softmax(b[0], -1), torch.log_softmax(a[0], -1),
-                                              log_target=True, reduction="sum"))
-             for a, b in zip(native.logits, ours.logits))  # KL(native || transferred), worst step
+    kl = max(
+        float(
+            torch.nn.functional.kl_div(
+                torch.log_softmax(b[0], -1), torch.log_softmax(a[0], -1), log_target=True, reduction="sum"
+            )
+        )
+        for a, b in zip(native.logits, ours.logits)
+    )  # KL(native || transferred), worst step
     return kl, torch.equal(ours.sequences, native.sequences)
 
 
@@ -55,7 +60,7 @@ def test_layer_selection_finds_the_true_source_layers(planted, planted_fit):
     assert summary["min"] > 0.9999 and not planted_fit.report.warnings
     scores = torch.tensor(planted_fit.report.selection_scores["mean"])
     for t, s in enumerate(truth):  # the true layer is the only near-perfect single source
-        others = torch.cat([scores[t, :s], scores[t, s + 1:]])
+        others = torch.cat([scores[t, :s], scores[t, s + 1 :]])
         assert scores[t, s] > 0.9999 and float(others.max()) < 0.9
 
 
@@ -70,13 +75,22 @@ def test_a_wrong_mapping_is_detected(planted, planted_fit, fit_host):
 def test_headwise_assigns_the_true_source_heads(planted, fit_host):
     from kvbridge.fit import fit
 
-    mapping = fit(planted["source"], planted["target"], planted["ids"][:12], fitter="ridge-headwise", stride=2,
-                  host=fit_host, distributed=None)
+    mapping = fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"][:12],
+        fitter="ridge-headwise",
+        stride=2,
+        host=fit_host,
+        distributed=None,
+    )
     want = [[[s, j // 2] for j in range(4)] for s in planted["truth"]]
     assert mapping.layer_selection() == want
     kl, same = continuation(planted, mapping, fit_host, token_ids(1, 20, seed=101))
-    print(f"planted ridge-headwise: worst next-token KL {kl:.2e}, greedy identical {same}, "
-          f"params {mapping.summary()['parameters']}")
+    print(
+        f"planted ridge-headwise: worst next-token KL {kl:.2e}, greedy identical {same}, "
+        f"params {mapping.summary()['parameters']}"
+    )
     assert kl <= 1e-4 and same
 
 
@@ -85,10 +99,10 @@ def test_an_unrelated_pair_fits_poorly_and_the_fitter_says_so(fit_host):
 
     source = build(llama_config(vocab_size=512), seed=1)
     target = build(llama_config(vocab_size=512, num_hidden_layers=3), seed=2)
-    mapping = fit(source, target, token_ids(24, vocab=512, seed=5), top_k=1, stride=2, host=fit_host,
-                  distributed=None)
+    mapping = fit(source, target, token_ids(24, vocab=512, seed=5), top_k=1, stride=2, host=fit_host, distributed=None)
     summary = mapping.report.r2_summary
-    print(f"unrelated pair held-out R²: mean {summary['mean']:.3f} (K {summary['mean_k']:.3f}, "
-          f"V {summary['mean_v']:.3f})")
+    print(
+        f"unrelated pair held-out R²: mean {summary['mean']:.3f} (K {summary['mean_k']:.3f}, V {summary['mean_v']:.3f})"
+    )
     assert summary["mean"] < 0.3
     assert any("poor fit" in w for w in mapping.report.warnings)

@@ -15,8 +15,9 @@ from kvbridge.fit.stats import MomentStats
 @pytest.fixture(scope="module")
 def features(planted, fit_host):
     """Materialised content K/V features of the planted pair (train + held-out mask)."""
-    cal = PairedCalibration(planted["source"], planted["target"], planted["ids"][:16], CalibrationConfig(stride=2),
-                            host=fit_host)
+    cal = PairedCalibration(
+        planted["source"], planted["target"], planted["ids"][:16], CalibrationConfig(stride=2), host=fit_host
+    )
     return cal.sample()
 
 
@@ -27,7 +28,7 @@ def test_ridge_equals_sklearn_ridge_on_the_same_features(features):
     for alpha in (0.01, 3.0):
         stats = MomentStats(x.shape[1], y.shape[1])
         for i in range(0, len(x), 100):
-            stats.update(x[i:i + 100], y[i:i + 100])
+            stats.update(x[i : i + 100], y[i : i + 100])
         w, b = solve(stats.moments(), alpha)
         ref = Ridge(alpha=alpha).fit(x.numpy(), y.numpy())
         assert np.abs(w.numpy() - ref.coef_.T).max() <= 1e-4 * max(1.0, np.abs(ref.coef_).max())
@@ -53,8 +54,9 @@ def test_alpha_auto_picks_a_stronger_ridge_on_noisy_data():
     g = torch.Generator().manual_seed(0)
     n, p = 120, 80  # few observations per feature: 0.01 overfits
     x = torch.randn(2 * n, p, generator=g, dtype=torch.float64)
-    y = x[:, :4] @ torch.randn(4, 8, generator=g, dtype=torch.float64) + 2 * torch.randn(2 * n, 8, generator=g,
-                                                                                         dtype=torch.float64)
+    y = x[:, :4] @ torch.randn(4, 8, generator=g, dtype=torch.float64) + 2 * torch.randn(
+        2 * n, 8, generator=g, dtype=torch.float64
+    )
     tr = MomentStats(p, 8).update(x[:n], y[:n]).moments()
     he = MomentStats(p, 8).update(x[n:], y[n:]).moments()
     fixed = fit_group(tr, he, heads=2, alpha=0.01)
@@ -68,8 +70,17 @@ def test_alpha_auto_picks_a_stronger_ridge_on_noisy_data():
 def test_sklearn_fitter_agrees_with_ridge_fitter(planted, planted_fit, fit_host):
     from kvbridge.fit import fit
 
-    sk = fit(planted["source"], planted["target"], planted["ids"], fitter="sklearn", top_k=2, stride=2,
-             host=fit_host, distributed=None, max_samples=None)
+    sk = fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"],
+        fitter="sklearn",
+        top_k=2,
+        stride=2,
+        host=fit_host,
+        distributed=None,
+        max_samples=None,
+    )
     assert sk.layer_selection() == planted_fit.layer_selection()
     for a, b in zip(sk.layers, planted_fit.layers):
         for name in ("wk", "bk", "wv", "bv"):
@@ -83,11 +94,30 @@ def test_sklearn_fitter_refuses_nonlinear_estimators(planted, fit_host):
     from kvbridge.fit import fit
 
     with pytest.raises(FitError, match="coef_"):
-        fit(planted["source"], planted["target"], planted["ids"][:8], fitter="sklearn", top_k=1, stride=2,
-            host=fit_host, distributed=None, estimator="sklearn.neighbors:KNeighborsRegressor", estimator_options={})
+        fit(
+            planted["source"],
+            planted["target"],
+            planted["ids"][:8],
+            fitter="sklearn",
+            top_k=1,
+            stride=2,
+            host=fit_host,
+            distributed=None,
+            estimator="sklearn.neighbors:KNeighborsRegressor",
+            estimator_options={},
+        )
     with pytest.raises(FitError, match="JSON"):
-        fit(planted["source"], planted["target"], planted["ids"][:8], fitter="sklearn", top_k=1, host=fit_host,
-            distributed=None, estimator="sklearn.linear_model:Ridge", estimator_options="{alpha: 1")
+        fit(
+            planted["source"],
+            planted["target"],
+            planted["ids"][:8],
+            fitter="sklearn",
+            top_k=1,
+            host=fit_host,
+            distributed=None,
+            estimator="sklearn.linear_model:Ridge",
+            estimator_options="{alpha: 1",
+        )
 
 
 def test_underdetermined_fits_are_refused_with_the_numbers(planted, fit_host):
@@ -99,8 +129,9 @@ def test_underdetermined_fits_are_refused_with_the_numbers(planted, fit_host):
     msg = str(err.value)
     assert "underdetermined" in msg and "36 calibration observations" in msg and "128 features" in msg
     assert "--tokens" in msg and "--top-k" in msg and "ridge-headwise" in msg
-    headwise = fit(planted["source"], planted["target"], ids, fitter="ridge-headwise", host=fit_host,
-                   distributed=None)  # 16 features per head: determined
+    headwise = fit(
+        planted["source"], planted["target"], ids, fitter="ridge-headwise", host=fit_host, distributed=None
+    )  # 16 features per head: determined
     assert headwise.mode == "headwise"
 
 
@@ -112,8 +143,16 @@ def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(pl
     dims = dict(src_heads=2, src_dim=16, tgt_heads=4, tgt_dim=16)
     full = LayerStats.job_bytes_for(4, 6, **dims)  # statistics + workspace: the blocking rule
     budget = full // 3
-    blocked = fit(planted["source"], planted["target"], planted["ids"], top_k=2, stride=2, host=fit_host,
-                  distributed=None, memory_budget=budget)
+    blocked = fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"],
+        top_k=2,
+        stride=2,
+        host=fit_host,
+        distributed=None,
+        memory_budget=budget,
+    )
     passes = blocked.report.passes
     assert len(passes) > 2 and all(p["bytes"] <= budget for p in passes)
     assert {p["tag"][:3] for p in passes} == {"sel", "fit"}
@@ -122,5 +161,12 @@ def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(pl
         for name in ("wk", "bk", "wv", "bv"):
             assert float((getattr(a, name) - getattr(b, name)).abs().max()) <= 1e-5
     with pytest.raises(FitError, match="GiB"):
-        fit(planted["source"], planted["target"], planted["ids"][:8], top_k=2, host=fit_host, distributed=None,
-            memory_budget=1000)
+        fit(
+            planted["source"],
+            planted["target"],
+            planted["ids"][:8],
+            top_k=2,
+            host=fit_host,
+            distributed=None,
+            memory_budget=1000,
+        )

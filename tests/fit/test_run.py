@@ -11,8 +11,9 @@ from kvbridge import api
 from kvbridge.errors import ConfigError, KVBridgeError
 from kvbridge.fit.settings import FitSettings
 
-TEXTS = [f"{i} To be, or not to be, that is the question: whether tis nobler in the mind to suffer " * 8
-         for i in range(24)]
+TEXTS = [
+    f"{i} To be, or not to be, that is the question: whether tis nobler in the mind to suffer " * 8 for i in range(24)
+]
 SMALL = dict(seq_len=64, tokens=1024, top_k=1)
 
 
@@ -90,13 +91,18 @@ def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host)
 
     def loaded(model, name):  # what fit_pair asks of a LoadedModel (token ids: no tokenizer needed)
         spec = fit_host.adapter_for(model.config.to_dict()).spec_of(model)
-        return SimpleNamespace(model=model, tokenizer=None, name=name, spec=spec,
-                               ref=SimpleNamespace(ref=name, kind="folder", folder=None))
+        return SimpleNamespace(
+            model=model, tokenizer=None, name=name, spec=spec, ref=SimpleNamespace(ref=name, kind="folder", folder=None)
+        )
 
-    pair = ModelPair(loaded(llama_model(llama_config(num_hidden_layers=2), seed=0), "small"),
-                     loaded(llama_model(llama_config(num_hidden_layers=3), seed=1), "big"), {})
+    pair = ModelPair(
+        loaded(llama_model(llama_config(num_hidden_layers=2), seed=0), "small"),
+        loaded(llama_model(llama_config(num_hidden_layers=3), seed=1), "big"),
+        {},
+    )
     notes = []
-    m = fit_pair(pair, FitSettings(seq_len=48, stride=2), data=token_ids(24), warn=notes.append, distributed=None,
-                 host=fit_host)
+    m = fit_pair(
+        pair, FitSettings(seq_len=48, stride=2), data=token_ids(24), warn=notes.append, distributed=None, host=fit_host
+    )
     assert notes == ["--top-k defaults to 4, but small has 2 layers: using --top-k 2 (all of them)"]
     assert all(len(s) == 2 for s in m.layer_selection())

@@ -34,16 +34,51 @@ def test_every_click_default_is_the_dataclass_default():
 
 
 def test_parsed_values_reach_their_fields():
-    parsed, _ = _parse(["--corpus", "c.txt", "--out", "m", "-o", "low_r2=0.2", "--top-k", "1,2,all", "--alpha", "auto",
-                        "--memory", "0.5", "--plan", "--calibrate", "cpu", "--dtype", "bfloat16"])
+    parsed, _ = _parse(
+        [
+            "--corpus",
+            "c.txt",
+            "--out",
+            "m",
+            "-o",
+            "low_r2=0.2",
+            "--top-k",
+            "1,2,all",
+            "--alpha",
+            "auto",
+            "--memory",
+            "0.5",
+            "--plan",
+            "--calibrate",
+            "cpu",
+            "--dtype",
+            "bfloat16",
+        ]
+    )
     assert (parsed.corpus, parsed.out, parsed.fitter_options) == ("c.txt", "m", ("low_r2=0.2",))
     assert parsed.top_k == (1, 2, "all") and parsed.sweep
-    assert (parsed.alpha, parsed.memory_gib, parsed.plan, parsed.plan_device, parsed.dtype) == \
-        ("auto", 0.5, True, "cpu", "bfloat16")
+    assert (parsed.alpha, parsed.memory_gib, parsed.plan, parsed.plan_device, parsed.dtype) == (
+        "auto",
+        0.5,
+        True,
+        "cpu",
+        "bfloat16",
+    )
 
 
-@pytest.mark.parametrize("given, top_k", [(None, None), (4, 4), ("4", 4), ("all", "all"), (["all"], "all"),
-                                          ([2], 2), ("1,2,all", (1, 2, "all")), ([1, 1, 2], (1, 2))])
+@pytest.mark.parametrize(
+    "given, top_k",
+    [
+        (None, None),
+        (4, 4),
+        ("4", 4),
+        ("all", "all"),
+        (["all"], "all"),
+        ([2], 2),
+        ("1,2,all", (1, 2, "all")),
+        ([1, 1, 2], (1, 2)),
+    ],
+)
 def test_top_k_is_one_k_or_a_tuple(given, top_k):
     s = FitSettings(top_k=given)
     assert s.top_k == top_k and s.sweep == isinstance(top_k, tuple)
@@ -56,29 +91,32 @@ def test_options_and_paths_are_normalised():
     assert FitSettings(fitter_options="top_k=2").fitter_options == ("top_k=2",)
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(seq_len=1), "--seq-len must be an integer >= 2"),
-    (dict(stride=0), "--stride must be"),
-    (dict(stride=600), "--stride 600 is larger than the 512 positions"),
-    (dict(skip=-1), "--skip must be an integer >= 0"),
-    (dict(tokens=0), "--tokens"),
-    (dict(alpha="lots"), "--alpha must be a number or 'auto'"),
-    (dict(memory_gib=0), "--memory must be > 0"),
-    (dict(top_k=0), "--top-k must be a whole number >= 1"),
-    (dict(top_k="two"), "--top-k value 'two' is not a whole number"),
-    (dict(top_k=True), "--top-k must be a whole number"),
-    (dict(corpus_heldout=1.0), "--corpus-heldout must be a share in (0, 1)"),
-    (dict(heldout=-0.1), "--heldout must be a share in [0, 1)"),
-    (dict(batch_size=0), "--batch-size must be a whole number >= 1"),
-    (dict(seed=-1), "--seed must be a whole number >= 0"),
-    (dict(max_samples=0), "--max-samples must be a whole number >= 1"),
-    (dict(device_flops=-1.0), "--device-flops must be > 0"),
-    (dict(dtype="int8"), "--dtype 'int8' is not a dtype"),
-    (dict(fitter=" "), "--fitter is empty"),
-    (dict(corpus=""), "--corpus must be a path"),
-    (dict(plan_device=""), "--calibrate is empty"),
-    (dict(fitter_options=3), "-o must be KEY=VALUE strings"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(seq_len=1), "--seq-len must be an integer >= 2"),
+        (dict(stride=0), "--stride must be"),
+        (dict(stride=600), "--stride 600 is larger than the 512 positions"),
+        (dict(skip=-1), "--skip must be an integer >= 0"),
+        (dict(tokens=0), "--tokens"),
+        (dict(alpha="lots"), "--alpha must be a number or 'auto'"),
+        (dict(memory_gib=0), "--memory must be > 0"),
+        (dict(top_k=0), "--top-k must be a whole number >= 1"),
+        (dict(top_k="two"), "--top-k value 'two' is not a whole number"),
+        (dict(top_k=True), "--top-k must be a whole number"),
+        (dict(corpus_heldout=1.0), "--corpus-heldout must be a share in (0, 1)"),
+        (dict(heldout=-0.1), "--heldout must be a share in [0, 1)"),
+        (dict(batch_size=0), "--batch-size must be a whole number >= 1"),
+        (dict(seed=-1), "--seed must be a whole number >= 0"),
+        (dict(max_samples=0), "--max-samples must be a whole number >= 1"),
+        (dict(device_flops=-1.0), "--device-flops must be > 0"),
+        (dict(dtype="int8"), "--dtype 'int8' is not a dtype"),
+        (dict(fitter=" "), "--fitter is empty"),
+        (dict(corpus=""), "--corpus must be a path"),
+        (dict(plan_device=""), "--calibrate is empty"),
+        (dict(fitter_options=3), "-o must be KEY=VALUE strings"),
+    ],
+)
 def test_bad_values_are_one_line_errors_naming_the_option(kwargs, needle):
     with pytest.raises(KVBridgeError) as err:  # ConfigError, or the validation layer's ValidationError
         FitSettings(**kwargs)

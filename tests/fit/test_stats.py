@@ -27,7 +27,7 @@ def test_streaming_merge_equals_one_shot_and_direct_formula():
     one = MomentStats(6, 4).update(x, y)
     streamed = MomentStats(6, 4)
     for i in range(0, 600, 37):  # uneven batches
-        streamed.update(x[i:i + 37], y[i:i + 37])
+        streamed.update(x[i : i + 37], y[i : i + 37])
     _close(streamed, one)
     a, b = MomentStats(6, 4).update(x[:250], y[:250]), MomentStats(6, 4).update(x[250:], y[250:])
     _close(a.merge(b), one)
@@ -41,7 +41,7 @@ def test_centred_accumulation_is_stable_where_raw_sums_cancel():
     x, y = _data(shift=1e7)
     s = MomentStats(6, 4)
     for i in range(0, 600, 50):
-        s.update(x[i:i + 50], y[i:i + 50])
+        s.update(x[i : i + 50], y[i : i + 50])
     xc = x - x.mean(0)
     ref = xc.T @ xc
     assert float((s.cxx - ref).abs().max() / ref.abs().max()) < 1e-8
@@ -52,7 +52,7 @@ def test_block_diagonal_statistics_equal_the_full_blocks():
     full = MomentStats(8, 4).update(x, y)
     blk = MomentStats(8, 4, xx_block=4)
     for i in range(0, 600, 100):
-        blk.update(x[i:i + 100], y[i:i + 100])
+        blk.update(x[i : i + 100], y[i : i + 100])
     assert torch.allclose(blk.cxx[1], full.cxx[4:, 4:], rtol=1e-9)
     assert torch.allclose(blk.cxy, full.cxy, rtol=1e-9)
     assert blk.nbytes() < full.nbytes()
@@ -60,7 +60,7 @@ def test_block_diagonal_statistics_equal_the_full_blocks():
 
 def test_recentred_moments_are_additive():
     x, y = _data()
-    parts = [MomentStats(6, 4).update(x[i:i + 200], y[i:i + 200]) for i in (0, 200, 400)]
+    parts = [MomentStats(6, 4).update(x[i : i + 200], y[i : i + 200]) for i in (0, 200, 400)]
     total = MomentStats(6, 4).update(x, y)
     mu_x, mu_y = total.mean_x, total.mean_y
     summed = [sum(p.recentred(mu_x, mu_y)[k] for p in parts) for k in ("cxx", "cxy", "cyy")]
@@ -81,8 +81,12 @@ def test_state_dict_round_trip_and_memory_is_flat():
 def test_layer_stats_views_pick_the_right_rows_and_columns():
     g = torch.Generator().manual_seed(3)
     n, ls, hs, ds, lt, ht, dt = 300, 3, 2, 4, 2, 2, 3
-    feats = {"xk": torch.randn(n, ls, hs, ds, generator=g), "xv": torch.randn(n, ls, hs, ds, generator=g),
-             "yk": torch.randn(n, lt, ht, dt, generator=g), "yv": torch.randn(n, lt, ht, dt, generator=g)}
+    feats = {
+        "xk": torch.randn(n, ls, hs, ds, generator=g),
+        "xv": torch.randn(n, ls, hs, ds, generator=g),
+        "yk": torch.randn(n, lt, ht, dt, generator=g),
+        "yv": torch.randn(n, lt, ht, dt, generator=g),
+    }
     held = torch.zeros(n, dtype=torch.bool)
     held[::5] = True
     dims = dict(src_heads=hs, src_dim=ds, tgt_heads=ht, tgt_dim=dt)

@@ -11,8 +11,17 @@ def test_kvbridge_lm_eval_refuses_a_hub_task_file_offline_in_one_line(lm_eval_di
     called = []
     monkeypatch.setattr("lm_eval.__main__.cli_evaluate", lambda: called.append(1))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("sys.argv", ["kvbridge-lm-eval", "run", "--model", "kvbridge", "--tasks",
-                                     f"{lm_eval_dir / 'kvb_mc.yaml'},{lm_eval_dir / 'hub_task.yaml'}"])
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "kvbridge-lm-eval",
+            "run",
+            "--model",
+            "kvbridge",
+            "--tasks",
+            f"{lm_eval_dir / 'kvb_mc.yaml'},{lm_eval_dir / 'hub_task.yaml'}",
+        ],
+    )
     with pytest.raises(SystemExit) as exc:
         mod.cli_main()
     err = capsys.readouterr().err

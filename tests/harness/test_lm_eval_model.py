@@ -33,8 +33,9 @@ def test_registered_and_scored_by_lm_eval(offline, base, lm_eval_dir):
     accs = {}
     for cond in ("target", "transferred"):
         lm = mod.KVBridgeLM(answerer=Answerer(model, model, IdentityMapping(), tok), condition=cond)
-        res = lm_eval.simple_evaluate(model=lm, tasks=["kvb_mc", "kvb_gen"], task_manager=tm, log_samples=True,
-                                      verbosity="ERROR")
+        res = lm_eval.simple_evaluate(
+            model=lm, tasks=["kvb_mc", "kvb_gen"], task_manager=tm, log_samples=True, verbosity="ERROR"
+        )
         accs[cond] = [s["acc"] for s in res["samples"]["kvb_mc"]]
         assert res["results"]["kvb_gen"]["sample_len"] == 3 and lm.counts["generate_until"] == 3
         assert lm.counts["loglikelihood"] == 3 + 2 + 3  # one request per choice
@@ -49,8 +50,9 @@ def test_model_args_refusals(base):
 
     with pytest.raises(KVBridgeError, match="needs source= and target="):
         KVBridgeLM.create_from_arg_string("mapping=identity")
-    lm = KVBridgeLM.create_from_arg_string("source=zoo:base,target=zoo:base,mapping=identity,condition=target",
-                                           {"batch_size": 1, "device": "cpu"})
+    lm = KVBridgeLM.create_from_arg_string(
+        "source=zoo:base,target=zoo:base,mapping=identity,condition=target", {"batch_size": 1, "device": "cpu"}
+    )
     assert lm.condition == "target" and lm.get_model_info()["kvbridge_target_layers"] == 4
     model, tok = base
     with pytest.raises(KVBridgeError, match="unknown condition 'moved'"):

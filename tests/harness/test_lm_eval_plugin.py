@@ -19,9 +19,14 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 def _env(tmp_path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KVBRIDGE_DISABLE"))}
-    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"),
-               PYTHONPATH=SRC + os.pathsep + env.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp_path / "hf-datasets"),
+        PYTHONPATH=SRC + os.pathsep + env.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     return env
 
 
@@ -55,14 +60,28 @@ def test_plain_lm_eval_cli_runs_the_kvbridge_model_on_a_local_task(tmp_path):
         if not (model_dir(name) / "model.safetensors").is_file():
             pytest.skip(f"zoo model {name!r} is not built")
     env = _env(tmp_path)
-    made = subprocess.run([sys.executable, "-m", "kvbridge.harness.lm_eval_plugin", str(tmp_path / "task")],
-                          env=env, capture_output=True, text=True, timeout=60)
+    made = subprocess.run(
+        [sys.executable, "-m", "kvbridge.harness.lm_eval_plugin", str(tmp_path / "task")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     yaml_path = tmp_path / "task" / "kvbridge_task.yaml"
     out = tmp_path / "out"
-    cmd = _lm_eval() + ["run", "--model", "kvbridge", "--model_args",
-                        "source=zoo:base,target=zoo:tuned,mapping=identity,condition=transferred",
-                        "--tasks", str(yaml_path), "--output_path", str(out), "--log_samples"]
+    cmd = _lm_eval() + [
+        "run",
+        "--model",
+        "kvbridge",
+        "--model_args",
+        "source=zoo:base,target=zoo:tuned,mapping=identity,condition=transferred",
+        "--tasks",
+        str(yaml_path),
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     files = sorted(out.rglob("results_*.json"))
@@ -71,7 +90,9 @@ def test_plain_lm_eval_cli_runs_the_kvbridge_model_on_a_local_task(tmp_path):
     assert got["config"]["model"] == "kvbridge"
     assert got["config"]["kvbridge_condition"] == "transferred" and got["config"]["kvbridge_target_layers"] == 4
     acc = got["results"]["kvbridge_task"]["acc,none"]
-    samples = [json.loads(line) for p in out.rglob("samples_kvbridge_task_*.jsonl") for line in p.read_text().splitlines()]
+    samples = [
+        json.loads(line) for p in out.rglob("samples_kvbridge_task_*.jsonl") for line in p.read_text().splitlines()
+    ]
     assert len(samples) == 3 and acc == pytest.approx(sum(s["acc"] for s in samples) / 3)
     # one loglikelihood request per choice (3 + 2 + 3), each answered by the model
     assert sum(len(s["resps"]) for s in samples) == 8

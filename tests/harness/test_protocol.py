@@ -23,8 +23,10 @@ class EchoTask:
     no_context = True
 
     def items(self, options, tokenizer):
-        return [GenItem(id=str(i), context=f"The word is moon{i}.\n", query="The word is", answer=f"moon{i}")
-                for i in range(options.n)]
+        return [
+            GenItem(id=str(i), context=f"The word is moon{i}.\n", query="The word is", answer=f"moon{i}")
+            for i in range(options.n)
+        ]
 
     def score(self, item, completion):
         return float(completion.strip().startswith(item.answer))
@@ -79,4 +81,6 @@ def test_bad_task_names_and_options_are_one_line():
     with pytest.raises(KVBridgeError, match="TASK.key=value"):
         parse_task_options(["lengths=4"])
     assert parse_task_options(["recall.lengths=256,1024", "mc.path=a=b"]) == {
-        "recall": {"lengths": "256,1024"}, "mc": {"path": "a=b"}}
+        "recall": {"lengths": "256,1024"},
+        "mc": {"path": "a=b"},
+    }

@@ -11,8 +11,13 @@ import torch
 def tasks(mc_file):
     from kvbridge.harness.run import load_tasks
 
-    return load_tasks(["recall", "mc"], {"recall": {"lengths": "48", "positions": "0.5", "n": "2",
-                                                    "max_new_tokens": "4"}, "mc": {"path": str(mc_file)}})
+    return load_tasks(
+        ["recall", "mc"],
+        {
+            "recall": {"lengths": "48", "positions": "0.5", "n": "2", "max_new_tokens": "4"},
+            "mc": {"path": str(mc_file)},
+        },
+    )
 
 
 def test_identity_transfer_answers_as_the_target(base, tasks):
@@ -39,8 +44,16 @@ def test_full_recompute_restores_the_target_from_a_noisy_transfer(base, tasks, n
     model, tok = base
     points = parse_recompute_layers("all;50%", model.config.num_hidden_layers)
     assert [p.layers for p in points] == [(0, 1, 2, 3), (0, 1)]
-    res = run_harness(model, model, noisy(3.0), tok, tasks, recompute=points, bootstrap=0,
-                      conditions=["target", "transferred", "transferred+layers:all", "transferred+layers:50%"])
+    res = run_harness(
+        model,
+        model,
+        noisy(3.0),
+        tok,
+        tasks,
+        recompute=points,
+        bootstrap=0,
+        conditions=["target", "transferred", "transferred+layers:all", "transferred+layers:50%"],
+    )
     for records in res["items"].values():
         for rec in records:
             assert rec["answers"]["transferred+layers:all"] == rec["answers"]["target"]
@@ -61,7 +74,7 @@ def test_loglikelihood_matches_a_plain_forward(base):
     with torch.no_grad():
         logp = torch.log_softmax(model(ids).logits[0].double(), -1)
     n = len(cont)
-    want = float(logp[-n - 1:-1].gather(-1, torch.tensor(cont)[:, None]).sum())
+    want = float(logp[-n - 1 : -1].gather(-1, torch.tensor(cont)[:, None]).sum())
     for cond in ("target", "transferred", "source"):
         got, _ = ans.loglikelihood(cond, ctx, live, cont)
         assert got == pytest.approx(want, abs=1e-3)
@@ -114,6 +127,14 @@ def test_token_recompute_point_runs(base, tasks, noisy):
     model, tok = base
     points = parse_recompute_tokens("15%,100%")
     assert [p.name for p in points] == ["transferred+tokens:15%", "transferred+tokens:100%"]
-    res = run_harness(model, model, noisy(1.0), tok, tasks[1:], recompute=points, bootstrap=0,
-                      conditions=["target", "transferred+tokens:15%"])
+    res = run_harness(
+        model,
+        model,
+        noisy(1.0),
+        tok,
+        tasks[1:],
+        recompute=points,
+        bootstrap=0,
+        conditions=["target", "transferred+tokens:15%"],
+    )
     assert res["conditions"] == ["target", "transferred+tokens:15%"] and res["timing"]["recompute_s"] > 0

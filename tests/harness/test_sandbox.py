@@ -27,7 +27,9 @@ def test_status_timeout_memory_and_environment(monkeypatch, tmp_path):
         assert not big.passed and "MemoryError" in big.stderr_tail
         env = run_python("import os, sys\nsys.exit(1 if 'KVBRIDGE_TEST_SECRET' in os.environ else 0)\n")
         assert env.passed
-        cwd = run_python(f"import os\nassert os.getcwd() != {str(tmp_path)!r} and 'kvbridge-exec-' in os.getcwd()\n"
-                         "open('left.txt', 'w').write('x')\n")
+        cwd = run_python(
+            f"import os\nassert os.getcwd() != {str(tmp_path)!r} and 'kvbridge-exec-' in os.getcwd()\n"
+            "open('left.txt', 'w').write('x')\n"
+        )
         assert cwd.passed
     assert not list(tmp_path.iterdir())

@@ -14,12 +14,23 @@ from kvbridge.harness.settings import HarnessSettings
 HELP = {"help_option_names": ["-h", "--help"]}
 
 #: click parameter name -> settings field (dtype, threads, --json are loading and printing)
-CLI_TO_FIELD = {"mapping_ref": "mapping", "task_names": "tasks", "task_options": "task_options",
-                "lm_eval_tasks": "lm_eval_tasks", "lm_eval_include": "lm_eval_include", "conditions": "conditions",
-                "recompute_layers": "recompute_layers", "recompute_tokens": "recompute_tokens", "limit": "limit",
-                "allow_code_execution": "allow_code_execution", "bootstrap": "bootstrap", "seed": "seed",
-                "report_dir": "report_dir", "partial_path": "partial_path",
-                "accept_mismatch": "accept_fingerprint_mismatch"}
+CLI_TO_FIELD = {
+    "mapping_ref": "mapping",
+    "task_names": "tasks",
+    "task_options": "task_options",
+    "lm_eval_tasks": "lm_eval_tasks",
+    "lm_eval_include": "lm_eval_include",
+    "conditions": "conditions",
+    "recompute_layers": "recompute_layers",
+    "recompute_tokens": "recompute_tokens",
+    "limit": "limit",
+    "allow_code_execution": "allow_code_execution",
+    "bootstrap": "bootstrap",
+    "seed": "seed",
+    "report_dir": "report_dir",
+    "partial_path": "partial_path",
+    "accept_mismatch": "accept_fingerprint_mismatch",
+}
 
 
 def test_every_click_default_is_the_dataclass_default():
@@ -32,22 +43,26 @@ def test_every_click_default_is_the_dataclass_default():
 
 
 def test_name_lists_are_normalised_and_the_partial_file_follows_the_report():
-    s = HarnessSettings(mapping="identity", tasks="recall, mc,", conditions=" target,transferred ",
-                        report_dir="out/rep/")
+    s = HarnessSettings(
+        mapping="identity", tasks="recall, mc,", conditions=" target,transferred ", report_dir="out/rep/"
+    )
     assert s.tasks == ("recall", "mc") and s.conditions == ("target", "transferred")
     assert s.partial_file == "out/rep.partial.jsonl"
     assert HarnessSettings(mapping="identity", tasks=("recall",), partial_path="p.jsonl").partial_file == "p.jsonl"
     assert HarnessSettings(mapping="identity", tasks=("recall",)).partial_file is None
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(tasks=()), "no tasks given"),
-    (dict(mapping=" "), "--mapping is empty"),
-    (dict(limit=-1), "--limit must be a whole number >= 0"),
-    (dict(bootstrap=1.5), "--bootstrap must be a whole number >= 0"),
-    (dict(seed=True), "--seed must be a whole number >= 0"),
-    (dict(tasks=3), "--tasks must be names"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(tasks=()), "no tasks given"),
+        (dict(mapping=" "), "--mapping is empty"),
+        (dict(limit=-1), "--limit must be a whole number >= 0"),
+        (dict(bootstrap=1.5), "--bootstrap must be a whole number >= 0"),
+        (dict(seed=True), "--seed must be a whole number >= 0"),
+        (dict(tasks=3), "--tasks must be names"),
+    ],
+)
 def test_bad_values_are_one_line_errors_naming_the_option(kwargs, needle):
     with pytest.raises(HarnessError) as err:
         HarnessSettings(**{"mapping": "identity", "tasks": ("recall",), **kwargs})

@@ -36,20 +36,38 @@ def _build(index: Path, payloads, *, name="fake-model-part", version="1.0") -> l
         with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr(f"{pkg}/__init__.py", "raise SystemExit('never imported')")
             zf.writestr(f"{pkg}/data/part{i:02d}.bin", data)
-            zf.writestr(f"{pkg}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}{i}\nVersion: {version}\n")
-            zf.writestr(f"{pkg}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            zf.writestr(
+                f"{pkg}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}{i}\nVersion: {version}\n"
+            )
+            zf.writestr(
+                f"{pkg}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+            )
             zf.writestr(f"{pkg}-{version}.dist-info/RECORD", "")
         out.append(wheel)
     return out
 
 
 def _model(wheels, payloads, *, pin_parts=True, pin_wheels=True, sha=None, name="fake") -> KnownModel:
-    parts = tuple(WheelPart(f"fake-model-part{i}==1.0", f"fake_model_part{i}/data/part{i:02d}.bin", len(data),
-                            _sha(data) if pin_parts else "", _sha(w.read_bytes()) if pin_wheels else "")
-                  for i, (w, data) in enumerate(zip(wheels, payloads), start=1))
+    parts = tuple(
+        WheelPart(
+            f"fake-model-part{i}==1.0",
+            f"fake_model_part{i}/data/part{i:02d}.bin",
+            len(data),
+            _sha(data) if pin_parts else "",
+            _sha(w.read_bytes()) if pin_wheels else "",
+        )
+        for i, (w, data) in enumerate(zip(wheels, payloads), start=1)
+    )
     whole = b"".join(payloads)
-    return KnownModel(name=name, folder=f"{name}-folder", file=f"{name}.gguf", sha256=sha or _sha(whole),
-                      size=len(whole), parts=parts, description="fake")
+    return KnownModel(
+        name=name,
+        folder=f"{name}-folder",
+        file=f"{name}.gguf",
+        sha256=sha or _sha(whole),
+        size=len(whole),
+        parts=parts,
+        description="fake",
+    )
 
 
 @pytest.fixture
@@ -71,8 +89,11 @@ def env(tmp_path, monkeypatch):
         monkeypatch.setitem(known.KNOWN, model.name, model)
         return model
 
-    return type("Env", (), {"index": index, "wheels": wheels, "calls": calls, "install": staticmethod(install),
-                            "home": tmp_path / "home"})
+    return type(
+        "Env",
+        (),
+        {"index": index, "wheels": wheels, "calls": calls, "install": staticmethod(install), "home": tmp_path / "home"},
+    )
 
 
 def _models_tree(home: Path) -> list[str]:
@@ -257,8 +278,9 @@ def test_the_pinned_parts_add_up():
     for model in known.KNOWN.values():
         assert sum(p.size for p in model.parts) == model.size
         assert all(len(p.sha256) == 64 and len(p.wheel_sha256) == 64 for p in model.parts)
-        assert [p.package for p in model.parts] == sorted({p.package for p in model.parts},
-                                                          key=[p.package for p in model.parts].index)
+        assert [p.package for p in model.parts] == sorted(
+            {p.package for p in model.parts}, key=[p.package for p in model.parts].index
+        )
 
 
 def test_each_progress_line_once(env, capsys, monkeypatch):

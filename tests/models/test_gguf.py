@@ -26,8 +26,9 @@ def test_geometry_quantization_and_tokenizer_facts(tmp_path):
 
 
 def test_untied_and_rope_scaling(tmp_path):
-    path = tiny_llama_gguf(tmp_path / "m.gguf", tied=False, llama__rope__scaling__type="linear",
-                           llama__rope__scaling__factor=2.0)
+    path = tiny_llama_gguf(
+        tmp_path / "m.gguf", tied=False, llama__rope__scaling__type="linear", llama__rope__scaling__factor=2.0
+    )
     cfg = to_hf_config(read_gguf(path))
     assert cfg["tie_word_embeddings"] is False
     assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
@@ -36,16 +37,21 @@ def test_untied_and_rope_scaling(tmp_path):
 
 def test_large_arrays_are_hashed_not_decoded(tmp_path):
     tokens = [f"t{i}" for i in range(3000)]
-    path = tiny_llama_gguf(tmp_path / "m.gguf", tokenizer__ggml__tokens=tokens, llama__vocab_size=None,
-                           tokenizer__ggml__token_type=[1] * 3000)
+    path = tiny_llama_gguf(
+        tmp_path / "m.gguf",
+        tokenizer__ggml__tokens=tokens,
+        llama__vocab_size=None,
+        tokenizer__ggml__token_type=[1] * 3000,
+    )
     info = read_gguf(path)
     arr = info.metadata["tokenizer.ggml.tokens"]
     assert isinstance(arr, GGUFArray) and arr.count == 3000 and len(arr.sha256) == 64
     assert to_hf_config(info)["vocab_size"] == 3000
 
 
-@pytest.mark.parametrize("arch,model_type", [("qwen2", "qwen2"), ("qwen3", "qwen3"), ("phi3", "phi3"),
-                                             ("gemma3", "gemma3_text")])
+@pytest.mark.parametrize(
+    "arch,model_type", [("qwen2", "qwen2"), ("qwen3", "qwen3"), ("phi3", "phi3"), ("gemma3", "gemma3_text")]
+)
 def test_other_architectures_map_to_transformers_types(tmp_path, arch, model_type):
     meta = {k.replace("llama.", f"{arch}."): v for k, v in tiny_llama_metadata().items()}
     meta["general.architecture"] = arch
@@ -80,10 +86,10 @@ def test_bad_files_are_one_line_errors(tmp_path):
     (tmp_path / "v1.gguf").write_bytes(good[:4] + b"\x01\x00\x00\x00" + good[8:])
     assert "version 1" in _err(tmp_path / "v1.gguf")
     meta = dict(tiny_llama_metadata(), **{"general.architecture": "mamba"})
-    assert "architecture 'mamba' is not supported" in _err(write_gguf(tmp_path / "arch.gguf", meta,
-                                                                       tiny_llama_tensors()))
-    odd = write_gguf(tmp_path / "qtype.gguf", tiny_llama_metadata(), tiny_llama_tensors("Q4_1"),
-                     type_ids={"Q4_1": 99})
+    assert "architecture 'mamba' is not supported" in _err(
+        write_gguf(tmp_path / "arch.gguf", meta, tiny_llama_tensors())
+    )
+    odd = write_gguf(tmp_path / "qtype.gguf", tiny_llama_metadata(), tiny_llama_tensors("Q4_1"), type_ids={"Q4_1": 99})
     assert "unknown ggml type 99" in _err(odd)
 
 
@@ -108,12 +114,14 @@ def test_tokenizer_fingerprint_follows_the_metadata(tmp_path):
 
 def test_describe_and_check_stay_torch_free(tmp_path):
     path = tiny_llama_gguf(tmp_path / "m.gguf")
-    code = ("import sys, json; from kvbridge.cli.main import main\n"
-            "try: main(['describe', sys.argv[1], '--json'])\n"
-            "except SystemExit: pass\n"
-            "try: main(['check', sys.argv[1], sys.argv[1], '--json'])\n"
-            "except SystemExit: pass\n"
-            "print(json.dumps(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)))")
+    code = (
+        "import sys, json; from kvbridge.cli.main import main\n"
+        "try: main(['describe', sys.argv[1], '--json'])\n"
+        "except SystemExit: pass\n"
+        "try: main(['check', sys.argv[1], sys.argv[1], '--json'])\n"
+        "except SystemExit: pass\n"
+        "print(json.dumps(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout
     described = json.loads(out[: out.index("\n}\n") + 2])
     assert described["gguf"]["quantization"] == "Q4_1" and described["kind"] == "gguf"

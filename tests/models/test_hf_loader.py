@@ -24,18 +24,29 @@ def test_no_transformers_loader_is_called_outside_the_one_loader():
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]
-            if LOADER_CALL.search(code) and "``" not in code and "model_from_config(" not in code \
-                    and not re.search(r"\b_from_config\(|def from_config\(", code):
+            if (
+                LOADER_CALL.search(code)
+                and "``" not in code
+                and "model_from_config(" not in code
+                and not re.search(r"\b_from_config\(|def from_config\(", code)
+            ):
                 bad.append(f"{path.relative_to(SRC)}:{n}: {line.strip()}")
     assert not bad, "load through kvbridge.models.hf_loader:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("name,data,entry", [
-    ("config.json", {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "m.X"}}, "AutoModelForCausalLM -> m.X"),
-    ("tokenizer_config.json", {"auto_map": {"AutoTokenizer": [None, "t.Fast"]}}, "AutoTokenizer -> t.Fast"),
-    ("processor_config.json", {"auto_map": {"AutoProcessor": "p.P"}}, "AutoProcessor -> p.P"),
-    ("config.json", {"model_type": "x", "text_config": {"auto_map": {"AutoConfig": "c.C"}}}, "AutoConfig -> c.C"),
-])
+@pytest.mark.parametrize(
+    "name,data,entry",
+    [
+        (
+            "config.json",
+            {"model_type": "llama", "auto_map": {"AutoModelForCausalLM": "m.X"}},
+            "AutoModelForCausalLM -> m.X",
+        ),
+        ("tokenizer_config.json", {"auto_map": {"AutoTokenizer": [None, "t.Fast"]}}, "AutoTokenizer -> t.Fast"),
+        ("processor_config.json", {"auto_map": {"AutoProcessor": "p.P"}}, "AutoProcessor -> p.P"),
+        ("config.json", {"model_type": "x", "text_config": {"auto_map": {"AutoConfig": "c.C"}}}, "AutoConfig -> c.C"),
+    ],
+)
 def test_refuse_remote_code_names_the_entry(tmp_path, name, data, entry):
     (tmp_path / name).write_text(json.dumps(data))
     with pytest.raises(hf_loader.RemoteCodeError) as info:
@@ -60,6 +71,7 @@ def test_every_load_passes_trust_remote_code_false(tmp_path, monkeypatch):
         def fake(*args, **kwargs):
             seen.append((kind, kwargs))
             return kind
+
         return fake
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record("model"))

@@ -39,7 +39,10 @@ def test_api_fit_from_references_tokenizes_text_with_the_loaded_tokenizers():
     from kvbridge import api
     from kvbridge.fit.mapping import FittedMapping
 
-    texts = [f"{i} To be, or not to be, that is the question: whether tis nobler in the mind to suffer " * 8 for i in range(24)]
+    texts = [
+        f"{i} To be, or not to be, that is the question: whether tis nobler in the mind to suffer " * 8
+        for i in range(24)
+    ]
     mapping = api.fit("zoo:base", "zoo:wide", texts, seq_len=64, tokens=1024, top_k=1)
     assert isinstance(mapping, FittedMapping)
     assert mapping.report is not None

@@ -55,8 +55,10 @@ class _Team:
     @hookimpl
     def kvbridge_register_model_sources(self, register):
         register("team", lambda rest: self.folder / rest, "our models")
-        register("teamref", lambda rest: ModelRef(ref=rest, kind="plugin", name=rest, config={"model_type": "llama"},
-                                                  path="memory"))
+        register(
+            "teamref",
+            lambda rest: ModelRef(ref=rest, kind="plugin", name=rest, config={"model_type": "llama"}, path="memory"),
+        )
 
 
 class _Broken:

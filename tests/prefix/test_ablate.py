@@ -39,8 +39,11 @@ def test_parse_layers():
 # -- the softmax argument, on one attention head --------------------------------------------------
 def test_zeroed_keys_still_take_softmax_weight_and_kv_zero_is_not_removal():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 6, 8, generator=g),
-               torch.randn(1, 1, 6, 8, generator=g))
+    q, k, v = (
+        torch.randn(1, 1, 1, 8, generator=g),
+        torch.randn(1, 1, 6, 8, generator=g),
+        torch.randn(1, 1, 6, 8, generator=g),
+    )
     guide = slice(1, 4)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     k0 = k.clone()
@@ -87,7 +90,8 @@ def test_all_layers_only_prefill_masking_equals_recompute(model, tok, tiny_guide
 
 
 def test_some_layers_keep_positions_and_last_layer_masking_is_the_same_at_prefill_or_decode(
-        model, tok, tiny_guide, tiny_prompt):
+    model, tok, tiny_guide, tiny_prompt
+):
     rep = ablate(model, tok, tiny_guide, tiny_prompt, layers="0", max_new_tokens=4)
     assert rep.positions["remove_prefill"] == "kept"
     c = rep.conditions
@@ -96,8 +100,9 @@ def test_some_layers_keep_positions_and_last_layer_masking_is_the_same_at_prefil
     assert abs(c["remove_prefill"]["vs_intact"]["kl"] - c["remove_decode"]["vs_intact"]["kl"]) > 1e-6
     last = ablate(model, tok, tiny_guide, tiny_prompt, layers="2", max_new_tokens=4).conditions
     # no later layer reads the last layer's outputs, so prefill- and decode-time masking coincide there
-    assert last["remove_prefill"]["vs_intact"]["kl"] == pytest.approx(last["remove_decode"]["vs_intact"]["kl"],
-                                                                      abs=1e-12)
+    assert last["remove_prefill"]["vs_intact"]["kl"] == pytest.approx(
+        last["remove_decode"]["vs_intact"]["kl"], abs=1e-12
+    )
 
 
 def test_eager_attention_and_absolute_positions(tok, tiny_llama, tiny_guide, tiny_prompt):
@@ -107,8 +112,9 @@ def test_eager_attention_and_absolute_positions(tok, tiny_llama, tiny_guide, tin
     c = ablate(eager, tok, tiny_guide, tiny_prompt, max_new_tokens=4).conditions
     assert c["remove_prefill"]["vs_recompute"]["kl"] < 1e-9 and c["kv_zero"]["vs_recompute"]["kl"] > 1e-4
     torch.manual_seed(0)
-    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=96,
-                                                       vocab_size=len(tok), initializer_range=0.2)).eval()
+    gpt2 = AutoModelForCausalLM.from_config(
+        GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=96, vocab_size=len(tok), initializer_range=0.2)
+    ).eval()
     c = ablate(gpt2, tok, tiny_guide, tiny_prompt, max_new_tokens=4).conditions
     assert c["remove_prefill"]["vs_recompute"]["kl"] < 1e-9 and c["remove_decode"]["vs_recompute"]["kl"] > 1e-4
 

@@ -108,8 +108,14 @@ def test_diverge_paths_on_a_tiny_model(env, tiny_guide, tiny_prompt):
     d = rep.to_dict()
     json.dumps(d)
     assert d["split"]["kind"] == "safe" and d["split"]["matches_joint"]
-    assert set(d["pairs"]) == {"full-vs-cached", "full-vs-split", "full-vs-concat", "cached-vs-split",
-                               "cached-vs-concat", "split-vs-concat"}
+    assert set(d["pairs"]) == {
+        "full-vs-cached",
+        "full-vs-split",
+        "full-vs-concat",
+        "cached-vs-split",
+        "cached-vs-concat",
+        "split-vs-concat",
+    }
     assert set(d["greedy"]) == set(d["pairs"])
     # with the exact split, concat is the joint sequence: the very same computation as cached
     cc = d["pairs"]["cached-vs-concat"]
@@ -143,8 +149,7 @@ def test_naive_split_separates_the_token_sequence_effect(env, tiny_guide):
 
 def test_greedy_only_and_subset_of_paths(env, tiny_guide, tiny_prompt):
     model, tok = env
-    rep = diverge(model, tok, tiny_guide, tiny_prompt, greedy_only=True, max_new_tokens=3,
-                  paths=("cached", "split"))
+    rep = diverge(model, tok, tiny_guide, tiny_prompt, greedy_only=True, max_new_tokens=3, paths=("cached", "split"))
     assert rep.seeds == () and rep.pairs == {} and set(rep.greedy) == {"cached-vs-split"}
 
 

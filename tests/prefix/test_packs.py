@@ -45,13 +45,22 @@ def env(tmp_path_factory, tiny_llama, make_model):
 
 def validate(instance, schema, where="manifest"):
     """The subset of JSON Schema the pack schema uses (jsonschema is not a dependency)."""
-    types = {"object": dict, "array": list, "string": str, "integer": int, "boolean": bool, "null": type(None),
-             "number": (int, float)}
+    types = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "integer": int,
+        "boolean": bool,
+        "null": type(None),
+        "number": (int, float),
+    }
     want = schema.get("type")
     if want is not None:
         names = want if isinstance(want, list) else [want]
-        ok = any(isinstance(instance, types[n]) and not (n in ("integer", "number") and isinstance(instance, bool))
-                 for n in names)
+        ok = any(
+            isinstance(instance, types[n]) and not (n in ("integer", "number") and isinstance(instance, bool))
+            for n in names
+        )
         assert ok, f"{where}: {instance!r} is not {want}"
     if "const" in schema:
         assert instance == schema["const"], f"{where}: {instance!r} != {schema['const']!r}"
@@ -103,7 +112,11 @@ def test_manifest_validates_against_the_schema(env, tiny_guide):
     assert manifest["model"]["id"] == "model" and manifest["tokenizer"]["source"] == "tokenizer_fp"
     assert manifest["cache_format"]["keys"] == "post_rope" and manifest["dtype"] == "float32"
     assert manifest["positional"]["rope"]["theta"] == 10000.0
-    assert sorted(p.name for p in env["pack"].iterdir()) == [".kvbridge-artifact.json", "kv.safetensors", "manifest.json"]
+    assert sorted(p.name for p in env["pack"].iterdir()) == [
+        ".kvbridge-artifact.json",
+        "kv.safetensors",
+        "manifest.json",
+    ]
 
 
 def test_schema_check_rejects_a_broken_manifest(env):
@@ -132,8 +145,7 @@ def test_continuation_equals_ordinary_prefill(env, tiny_prompt):
     pack = load_pack(env["pack"], model, tokenizer=tok, tokenizer_dir=env["folder"])
     _, split = pack.split_for(tok, tiny_prompt)
     ids = torch.tensor([list(split.ids)])
-    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True,
-                  pad_token_id=0)
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
     got = pack.generate(model, ids, **kwargs)
     want = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
     assert torch.equal(got.sequences, want.sequences)
@@ -169,8 +181,9 @@ def _rewrite(folder: Path, tensors: dict, **manifest_changes) -> None:
     digest = save_safetensors(tensors, folder / "kv.safetensors")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest.update(tensor_sha256=digest, **manifest_changes)
-    manifest["tensors"] = {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
-                           for k, v in tensors.items()}
+    manifest["tensors"] = {
+        k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for k, v in tensors.items()
+    }
     for key in [k for k, v in manifest_changes.items() if v is None]:
         del manifest[key]
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -195,8 +208,9 @@ def test_kv_is_stored_stacked_and_a_schema_1_pack_still_loads(env, tmp_path):
         assert sorted(fh.keys()) == ["kv", "positions", "token_ids"]
         n_layers = fh.get_tensor("kv").shape[0]
     _, tensors = read_pack(env["pack"])
-    assert sorted(tensors) == sorted(["positions", "token_ids"] + [f"layers.{i}.{x}" for i in range(n_layers)
-                                                                    for x in ("keys", "values")])
+    assert sorted(tensors) == sorted(
+        ["positions", "token_ids"] + [f"layers.{i}.{x}" for i in range(n_layers) for x in ("keys", "values")]
+    )
     model = env["model"]
     stacked = load_pack(env["pack"], model)
     old = tmp_path / "v1"
@@ -204,8 +218,10 @@ def test_kv_is_stored_stacked_and_a_schema_1_pack_still_loads(env, tmp_path):
     _rewrite(old, {k: v.clone() for k, v in tensors.items()}, schema_version=1, kv_layout=None)
     assert "kv_layout" not in json.loads((old / "manifest.json").read_text())
     v1 = load_pack(old, model)
-    assert all(torch.equal(a, b) for a, b in zip((*v1.state.keys, *v1.state.values),
-                                                  (*stacked.state.keys, *stacked.state.values)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip((*v1.state.keys, *v1.state.values), (*stacked.state.keys, *stacked.state.values))
+    )
     assert torch.equal(_next_logits(model, v1.cache(model)), _next_logits(model, stacked.cache(model)))
 
 
@@ -217,8 +233,12 @@ def test_non_finite_and_unknown_layout_packs_are_refused_in_one_line(env, tmp_pa
     from kvbridge.errors import StateError
 
     _, tensors = read_pack(env["pack"])
-    kv = torch.stack([torch.stack((tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"]))
-                      for i in range(len(tensors) // 2 - 1)])
+    kv = torch.stack(
+        [
+            torch.stack((tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"]))
+            for i in range(len(tensors) // 2 - 1)
+        ]
+    )
     kv[-1, 1, 0, 0, -1, 0] = float("nan")
     raw = tmp_path / "raw"
     shutil.copytree(env["pack"], raw)
@@ -287,8 +307,9 @@ def test_other_rope_configuration_is_refused_even_with_force(env, make_model):
 def test_other_model_is_refused(env):
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
-                                                       vocab_size=len(env["tok"]))).eval()
+    gpt2 = AutoModelForCausalLM.from_config(
+        GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=len(env["tok"]))
+    ).eval()
     err = _refused(env, gpt2, "model", force=True)
     assert "model_type" in err.one_line()
 
@@ -343,8 +364,9 @@ def test_pack_with_real_gpt2_tokenizer_files(shared_dir, tmp_path, tiny_llama):
     from transformers import AutoModelForCausalLM, GPT2Config
 
     tok = load_tokenizer(shared_dir / "fixtures/tokenizers/gpt2")
-    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64,
-                                                        vocab_size=len(tok))).eval()
+    model = AutoModelForCausalLM.from_config(
+        GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=len(tok))
+    ).eval()
     folder = tiny_llama.save(tmp_path / "gpt2", model, tok)
     out = save_pack(model, tmp_path / "pack", guide_text="Hello there, friend.", tokenizer=tok, model_dir=folder)
     manifest, _ = read_pack(out)

@@ -118,13 +118,13 @@ def test_many_random_cut_points_on_real_text(toks, shared_dir):
         naive_diff = 0
         for _ in range(25):
             i = rng.randrange(10, len(words) - 40)
-            guide = " ".join(words[i - 10:i]).strip() or "x"
-            live = " ".join(words[i:i + 12]).strip() or "y"
+            guide = " ".join(words[i - 10 : i]).strip() or "x"
+            live = " ".join(words[i : i + 12]).strip() or "y"
             r = split_text(tok, guide, live, " ")
             naive_diff += not r.naive.matches_joint
             assert r.safe is not None, (name, guide, live, r.reason)
             assert r.safe.ids == r.joint
-            assert r.safe.ghost[:len(r.special_prefix)] == r.special_prefix
+            assert r.safe.ghost[: len(r.special_prefix)] == r.special_prefix
         assert naive_diff > 0, name  # the artefact is common, not a corner case
 
 
@@ -191,8 +191,10 @@ def _zoo_folder(name: str = "base"):
 def test_zoo_tokenizer_split():
     """The project's own byte-level BPE (the tiny model zoo's tokenizer)."""
     tok = load_tokenizer(_zoo_folder())
-    for guide, live in (("First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak."),
-                        ("ROMEO: But, soft! what light through yonder window breaks?", "and the king is here.")):
+    for guide, live in (
+        ("First Citizen: Before we proceed any further, hear me speak.", "All: Speak, speak."),
+        ("ROMEO: But, soft! what light through yonder window breaks?", "and the king is here."),
+    ):
         r = split_text(tok, guide, live, " ")
         assert not r.naive.matches_joint
         assert r.safe is not None and r.safe.ids == r.joint and r.safe.ghost_text == guide

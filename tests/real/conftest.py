@@ -59,8 +59,10 @@ def llama_binding():
     from kvbridge.engines.llamacpp_runtime import PINNED
 
     if llama_cpp.__version__ != PINNED:
-        _missing(f"llama-cpp-python {llama_cpp.__version__} is installed; these tests verify the state format of "
-                 f"{PINNED} (make test installs it)")
+        _missing(
+            f"llama-cpp-python {llama_cpp.__version__} is installed; these tests verify the state format of "
+            f"{PINNED} (make test installs it)"
+        )
     return llama_cpp
 
 

@@ -92,8 +92,21 @@ def test_a_pack_restored_into_llama_cpp_skips_the_guide_prefill(smollm2, llama_s
     assert tok(guide + live, add_special_tokens=False)["input_ids"] == guide_ids + live_ids
     save_pack(smollm2.model, tmp_path / "pack", guide_text=guide, guide_ids=guide_ids, tokenizer=tok)
     out = tmp_path / "guide.llamacpp-seq"
-    r = CliRunner().invoke(cli, ["pack", "export", str(tmp_path / "pack"), "--engine", "llamacpp", "--model",
-                                 llama_session.path, "--out", str(out), "--json"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "pack",
+            "export",
+            str(tmp_path / "pack"),
+            "--engine",
+            "llamacpp",
+            "--model",
+            llama_session.path,
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["tokens"] == len(guide_ids)
     assert llama_session.load_state(out) == len(guide_ids)
@@ -138,8 +151,23 @@ def test_transfer_continues_in_llama_cpp_from_the_moved_cache(smollm2):
 
     from kvbridge.cli.main import cli
 
-    res = CliRunner().invoke(cli, ["transfer", "smollm2", "smollm2", "--mapping", "identity", "--engine", "llamacpp",
-                                   "--compare", "--max-new-tokens", "4", "--prompt", PROMPT])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "transfer",
+            "smollm2",
+            "smollm2",
+            "--mapping",
+            "identity",
+            "--engine",
+            "llamacpp",
+            "--compare",
+            "--max-new-tokens",
+            "4",
+            "--prompt",
+            PROMPT,
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "llamacpp: transferred" in res.output and "llamacpp native:" in res.output
     line = next(ln for ln in res.output.splitlines() if ln.startswith("[agreement"))

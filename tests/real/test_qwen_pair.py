@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.pair  # not `real` (SmolLM2 only): the fresh-clone check runs `-m real` under CI
 
 SMALL, BIG = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-CODE = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n    for _ in range(n):\n"
+CODE = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n'
 
 
 def _ci() -> bool:
@@ -34,8 +34,10 @@ def pair():
     missing = [m.name for m in models if not m.cached]
     if missing:
         if not _ci():
-            pytest.skip(f"{', '.join(missing)} not fetched; run `kvbridge models fetch pair` (1.6 GB; "
-                        "CI=true fetches it, `make models` under CI does)")
+            pytest.skip(
+                f"{', '.join(missing)} not fetched; run `kvbridge models fetch pair` (1.6 GB; "
+                "CI=true fetches it, `make models` under CI does)"
+            )
         for name in missing:
             fetch(name)
     return {m.name: m for m in models}

@@ -64,8 +64,16 @@ def test_diverge_on_the_real_tokenizer(smollm2):
     from kvbridge.prefix.diverge import diverge
 
     guide, live = chat_texts(smollm2.tokenizer)
-    report = diverge(smollm2.model, smollm2.tokenizer, guide, live, sep="", seeds=2, max_new_tokens=6,
-                     paths=["cached", "split", "concat"])
+    report = diverge(
+        smollm2.model,
+        smollm2.tokenizer,
+        guide,
+        live,
+        sep="",
+        seeds=2,
+        max_new_tokens=6,
+        paths=["cached", "split", "concat"],
+    )
     data = report.to_dict()
     assert data["split"]["matches_joint"] is True
     greedy = {tuple(sorted(k.split("-vs-"))): v for k, v in data["greedy"].items()}

@@ -27,10 +27,34 @@ def _cli(*args):
 
 
 def test_eval_recompute_curve(corpus, tmp_path):
-    res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "4",
-               "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "40", "--heldout-fraction", "0.5",
-               "--recompute-layers", "auto:25%;all;1,2-3", "--recompute-tokens", "100%", "--calibration-samples", "2",
-               "--json", "--report", str(tmp_path / "r"))
+    res = _cli(
+        "eval",
+        "zoo:base",
+        "zoo:stranger",
+        "--mapping",
+        "identity",
+        "--corpus",
+        str(corpus),
+        "--samples",
+        "4",
+        "--prefix-len",
+        "16",
+        "--continuation-len",
+        "4",
+        "--bootstrap",
+        "40",
+        "--heldout-fraction",
+        "0.5",
+        "--recompute-layers",
+        "auto:25%;all;1,2-3",
+        "--recompute-tokens",
+        "100%",
+        "--calibration-samples",
+        "2",
+        "--json",
+        "--report",
+        str(tmp_path / "r"),
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     c = data["conditions"]
@@ -44,38 +68,124 @@ def test_eval_recompute_curve(corpus, tmp_path):
 
 
 def test_eval_recompute_token_rules_give_one_point_per_rule(corpus):
-    res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "4",
-               "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "20", "--heldout-fraction", "0.5",
-               "--recompute-tokens", "50%,100%", "--recompute-token-rules", "deviation,last", "--json")
+    res = _cli(
+        "eval",
+        "zoo:base",
+        "zoo:stranger",
+        "--mapping",
+        "identity",
+        "--corpus",
+        str(corpus),
+        "--samples",
+        "4",
+        "--prefix-len",
+        "16",
+        "--continuation-len",
+        "4",
+        "--bootstrap",
+        "20",
+        "--heldout-fraction",
+        "0.5",
+        "--recompute-tokens",
+        "50%,100%",
+        "--recompute-token-rules",
+        "deviation,last",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     c = json.loads(res.stdout)["conditions"]
     assert {"tokens@0.5", "tokens@1", "last@0.5", "last@1"} <= set(c), sorted(c)
     assert c["last@1"]["kl_p95"] < 1e-9  # every token recomputed: the target's own cache, whichever rule
-    bad = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus),
-               "--recompute-tokens", "50%", "--recompute-token-rules", "tail")
+    bad = _cli(
+        "eval",
+        "zoo:base",
+        "zoo:stranger",
+        "--mapping",
+        "identity",
+        "--corpus",
+        str(corpus),
+        "--recompute-tokens",
+        "50%",
+        "--recompute-token-rules",
+        "tail",
+    )
     assert bad.exit_code == 2 and "unknown rule 'tail'" in bad.output
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("--recompute-layers", "9"), "layer 9 does not exist"),
-    (("--recompute-tokens", "150%"), "outside 0..100%"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--recompute-layers", "9"), "layer 9 does not exist"),
+        (("--recompute-tokens", "150%"), "outside 0..100%"),
+    ],
+)
 def test_eval_recompute_bad_input(corpus, args, needle):
-    res = _cli("eval", "zoo:base", "zoo:stranger", "--mapping", "identity", "--corpus", str(corpus), "--samples", "2",
-               "--prefix-len", "16", "--continuation-len", "4", "--bootstrap", "0", "--heldout-fraction", "0.5", *args)
+    res = _cli(
+        "eval",
+        "zoo:base",
+        "zoo:stranger",
+        "--mapping",
+        "identity",
+        "--corpus",
+        str(corpus),
+        "--samples",
+        "2",
+        "--prefix-len",
+        "16",
+        "--continuation-len",
+        "4",
+        "--bootstrap",
+        "0",
+        "--heldout-fraction",
+        "0.5",
+        *args,
+    )
     assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
 
 
 def test_graft_run_and_eval(corpus, tmp_path):
-    res = _cli("graft", "run", "zoo:base", "--context", "First Citizen: Before we proceed", "--chunk",
-               " any further, hear me speak.", "--prompt", " All: Speak,", "--recompute-tokens", "100%",
-               "--max-new-tokens", "4", "--json")
+    res = _cli(
+        "graft",
+        "run",
+        "zoo:base",
+        "--context",
+        "First Citizen: Before we proceed",
+        "--chunk",
+        " any further, hear me speak.",
+        "--prompt",
+        " All: Speak,",
+        "--recompute-tokens",
+        "100%",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["first_token_kl"]["grafted"] < 1e-9 and out["greedy_agreement_steps"]["grafted"] == 4
-    res = _cli("graft", "eval", "zoo:base", "--corpus", str(corpus), "--samples", "2", "--context-len", "8",
-               "--chunk-len", "12", "--continuation-len", "4", "--ratios", "50%", "--controls", "random",
-               "--bootstrap", "20", "--report", str(tmp_path / "g"))
+    res = _cli(
+        "graft",
+        "eval",
+        "zoo:base",
+        "--corpus",
+        str(corpus),
+        "--samples",
+        "2",
+        "--context-len",
+        "8",
+        "--chunk-len",
+        "12",
+        "--continuation-len",
+        "4",
+        "--ratios",
+        "50%",
+        "--controls",
+        "random",
+        "--bootstrap",
+        "20",
+        "--report",
+        str(tmp_path / "g"),
+    )
     assert res.exit_code == 0, res.output
     assert "blend@0.5" in res.output and (tmp_path / "g" / "graft.json").exists()
     res = _cli("graft", "run", "zoo:base", "--context", "a", "--prompt", "b")

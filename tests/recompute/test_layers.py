@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbridge.recompute.layers import (RecomputeError, budget_count, capture_hidden, choose_layers, groups_of,
-                                       parse_layers, recompute_layers)
+from kvbridge.recompute.layers import (
+    RecomputeError,
+    budget_count,
+    capture_hidden,
+    choose_layers,
+    groups_of,
+    parse_layers,
+    recompute_layers,
+)
 from kvbridge.transfer import identity_transfer
 
 from .conftest import adapter, cont_logits
@@ -52,8 +59,9 @@ def test_full_recompute_is_the_target_prefill(which, mode, request):
     ad = adapter(model)
     native, hidden = capture_hidden(model, lambda: ad.extract(model, ids))
     garbage = native.map_tensors(torch.zeros_like)
-    out, cost = recompute_layers(model, garbage, "all" and range(model.config.num_hidden_layers), mode=mode,
-                                 source_hidden=hidden)
+    out, cost = recompute_layers(
+        model, garbage, "all" and range(model.config.num_hidden_layers), mode=mode, source_hidden=hidden
+    )
     ref, got = cont_logits(model, native, cont), cont_logits(model, out, cont)
     assert (got - ref).abs().max().item() <= 1e-5
     assert not torch.equal(cont_logits(model, garbage, cont), ref)  # the test can fail
@@ -101,8 +109,11 @@ def test_greedy_and_profile_pick_the_broken_layer(zoo_base):
     ad = adapter(model)
     ids, cont = _setup(model, n=4, t=32, seed=3)
     native = ad.extract(model, ids)
-    broken = replace(native, keys=tuple(torch.zeros_like(k) if i == 2 else k for i, k in enumerate(native.keys)),
-                     values=tuple(torch.zeros_like(v) if i == 2 else v for i, v in enumerate(native.values)))
+    broken = replace(
+        native,
+        keys=tuple(torch.zeros_like(k) if i == 2 else k for i, k in enumerate(native.keys)),
+        values=tuple(torch.zeros_like(v) if i == 2 else v for i, v in enumerate(native.values)),
+    )
     calib = Calibration((native,), (broken,), (cont,), (_logp(model, ad, native, cont),))
     ranks = profile_layers(model, calib)
     assert max(range(4), key=lambda i: ranks[i]) == 2

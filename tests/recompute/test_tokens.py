@@ -61,7 +61,9 @@ def test_partial_recompute_moves_towards_the_full_prefill(zoo_base):
     last = model.config.num_hidden_layers - 1
     b = 0
     others = [i for i in range(40) if i not in set(res.selected[b].tolist())]
-    assert torch.equal(res.state.keys[last][b][:, [24 + i for i in others]], naive.keys[last][b][:, [24 + i for i in others]])
+    assert torch.equal(
+        res.state.keys[last][b][:, [24 + i for i in others]], naive.keys[last][b][:, [24 + i for i in others]]
+    )
     err = lambda s: sum((a[:, :, 24:] - f[:, :, 24:]).pow(2).sum() for a, f in zip(s.keys, full.keys))
     assert err(res.state) < err(naive)
     assert 0 < res.cost.flop_share < 1
@@ -79,7 +81,9 @@ def test_transferred_prefix_ends_of_the_dial(which, request, zoo_stranger):
     if which == "tiny":
         mapped = mapped.map_tensors(lambda t: t * 0.5)
     native = adapter(target).extract(target, ids)
-    assert torch.equal(cont_logits(target, blend(target, mapped, 0, 0.0).state, cont), cont_logits(target, mapped, cont))
+    assert torch.equal(
+        cont_logits(target, blend(target, mapped, 0, 0.0).state, cont), cont_logits(target, mapped, cont)
+    )
     every = blend(target, mapped, 0, 1.0)
     assert (cont_logits(target, every.state, cont) - cont_logits(target, native, cont)).abs().max().item() <= 1e-5
 
@@ -134,13 +138,38 @@ def test_curve_names_a_point_per_rule(zoo_base, zoo_stranger):
     sspec, tspec = adapter(zoo_stranger).spec_of(zoo_stranger), adapter(zoo_base).spec_of(zoo_base)
     mapping = IdentityFitter().fit(sspec, tspec)
     ids = _ids(zoo_base, 4, 16 + 4 + 1, 31)
-    out = run_curve(zoo_stranger, zoo_base, mapping, ids, prefix_len=16, continuation_len=4, token_ratios=(0.25, 1.0),
-                    token_rules=("deviation", "last"), attention=False, bootstrap=20, batch_size=4)
+    out = run_curve(
+        zoo_stranger,
+        zoo_base,
+        mapping,
+        ids,
+        prefix_len=16,
+        continuation_len=4,
+        token_ratios=(0.25, 1.0),
+        token_rules=("deviation", "last"),
+        attention=False,
+        bootstrap=20,
+        batch_size=4,
+    )
     c = out["conditions"]
     assert {"tokens@0.25", "last@0.25", "tokens@1", "last@1"} <= set(c)
     assert c["last@0.25"]["share"] == 0.25
-    assert c["tokens@0.25"]["recompute_flop_share"] <= c["last@0.25"]["recompute_flop_share"] < c["last@1"]["recompute_flop_share"]
+    assert (
+        c["tokens@0.25"]["recompute_flop_share"]
+        <= c["last@0.25"]["recompute_flop_share"]
+        < c["last@1"]["recompute_flop_share"]
+    )
     assert c["last@1"]["kl_p95"] < 1e-9  # every row at every layer: the target's own prefill
     with pytest.raises(RecomputeError):
-        run_curve(zoo_stranger, zoo_base, mapping, ids, prefix_len=16, continuation_len=4, token_ratios=(0.25,),
-                  token_rules=("nope",), attention=False, bootstrap=20)
+        run_curve(
+            zoo_stranger,
+            zoo_base,
+            mapping,
+            ids,
+            prefix_len=16,
+            continuation_len=4,
+            token_ratios=(0.25,),
+            token_rules=("nope",),
+            attention=False,
+            bootstrap=20,
+        )

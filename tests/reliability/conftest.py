@@ -47,8 +47,9 @@ def run_cli(args, *, input=None):
     from kvbridge.cli.main import build_cli
 
     faults.reset()
-    res = CliRunner().invoke(build_cli(), [str(a) for a in args], input=input, catch_exceptions=True,
-                             prog_name="kvbridge")
+    res = CliRunner().invoke(
+        build_cli(), [str(a) for a in args], input=input, catch_exceptions=True, prog_name="kvbridge"
+    )
     return res
 
 
@@ -80,8 +81,26 @@ class World:
         self.corpus.write_text(tiny_llama.corpus, encoding="utf-8")
         self.guide, self.prompt = tiny_llama.guide, tiny_llama.prompt
         self.mapping = root / "mapping"
-        res = run_cli(["fit", self.src, self.tgt, "--corpus", self.corpus, "--out", self.mapping, "--seq-len", 32,
-                       "--tokens", 512, "--top-k", 1, "--stride", 2, "--quiet"])
+        res = run_cli(
+            [
+                "fit",
+                self.src,
+                self.tgt,
+                "--corpus",
+                self.corpus,
+                "--out",
+                self.mapping,
+                "--seq-len",
+                32,
+                "--tokens",
+                512,
+                "--top-k",
+                1,
+                "--stride",
+                2,
+                "--quiet",
+            ]
+        )
         assert res.exit_code == 0, res.output
         self.pack = root / "pack"
         res = run_cli(["pack", "save", self.src, "--guide", self.guide, "--out", self.pack])
@@ -92,8 +111,23 @@ class World:
         return dest
 
     def fit_args(self, out, *extra):
-        return ["fit", self.src, self.tgt, "--corpus", self.corpus, "--out", out, "--seq-len", 32, "--tokens", 256,
-                "--top-k", 1, "--quiet", *extra]
+        return [
+            "fit",
+            self.src,
+            self.tgt,
+            "--corpus",
+            self.corpus,
+            "--out",
+            out,
+            "--seq-len",
+            32,
+            "--tokens",
+            256,
+            "--top-k",
+            1,
+            "--quiet",
+            *extra,
+        ]
 
     def model_copy(self, dest: Path, which: str = "src") -> Path:
         shutil.copytree(self.src if which == "src" else self.tgt, dest)

@@ -40,9 +40,21 @@ def _retype(folder, tensor_file, dtype, *, drop_listing=False, reshape=False):
 
 
 # -- packs --------------------------------------------------------------------------------------------------
-PACK_FIELDS = ["model", "guide", "cache_format", "state", "model.num_layers", "model.weights_fingerprint",
-               "guide.token_ids", "positions.stop", "cache_format.layout", "state.spec", "tensor_file", "kind",
-               "schema_version"]
+PACK_FIELDS = [
+    "model",
+    "guide",
+    "cache_format",
+    "state",
+    "model.num_layers",
+    "model.weights_fingerprint",
+    "guide.token_ids",
+    "positions.stop",
+    "cache_format.layout",
+    "state.spec",
+    "tensor_file",
+    "kind",
+    "schema_version",
+]
 
 
 def _drop(m, dotted):
@@ -61,9 +73,18 @@ def test_pack_manifest_missing_field(world, scratch, c, field, cmd):
     c.error(c.cli(args), field.split(".")[-1])
 
 
-@pytest.mark.parametrize("field,value", [("model", "x"), ("guide", []), ("model.num_layers", "2"),
-                                         ("schema_version", 99), ("kind", "kvbridge-mapping"),
-                                         ("tensor_file", "../../etc/passwd"), ("tensors", "all of them")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("model", "x"),
+        ("guide", []),
+        ("model.num_layers", "2"),
+        ("schema_version", 99),
+        ("kind", "kvbridge-mapping"),
+        ("tensor_file", "../../etc/passwd"),
+        ("tensors", "all of them"),
+    ],
+)
 def test_pack_manifest_wrong_type(world, scratch, c, field, value):
     def setv(m):
         parts = field.split(".")
@@ -106,8 +127,11 @@ def test_pack_tensor_file_damaged(world, scratch, c, damage):
     c.error(c.cli(["pack", "info", scratch / "pack"]), "kv.safetensors")
 
 
-@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b'{"a": ' * 3000 + b"1" + b"}" * 3000,
-                                 b"\xff\xfe", b"", b"[1, 2]"], ids=["deep-list", "deep-obj", "utf16", "empty", "list"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"a": ' * 3000 + b"1" + b"}" * 3000, b"\xff\xfe", b"", b"[1, 2]"],
+    ids=["deep-list", "deep-obj", "utf16", "empty", "list"],
+)
 def test_pack_manifest_garbage(world, scratch, c, raw):
     (scratch / "pack" / "manifest.json").write_bytes(raw)
     c.error(c.cli(["pack", "info", scratch / "pack"]), "manifest.json")
@@ -115,9 +139,27 @@ def test_pack_manifest_garbage(world, scratch, c, raw):
 
 # -- mappings -----------------------------------------------------------------------------------------------
 def _eval_args(world, mapping):
-    return ["eval", world.src, world.tgt, "--mapping", mapping, "--corpus", world.corpus, "--samples", 2,
-            "--prefix-len", 8, "--continuation-len", 2, "--greedy-tokens", 2, "--bootstrap", 0, "--no-attention",
-            "--allow-overlap"]
+    return [
+        "eval",
+        world.src,
+        world.tgt,
+        "--mapping",
+        mapping,
+        "--corpus",
+        world.corpus,
+        "--samples",
+        2,
+        "--prefix-len",
+        8,
+        "--continuation-len",
+        2,
+        "--greedy-tokens",
+        2,
+        "--bootstrap",
+        0,
+        "--no-attention",
+        "--allow-overlap",
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float16"])
@@ -173,11 +215,28 @@ def _break(world, folder, how, DELETE):
         (folder / "config.json").write_bytes(b"\xff\xfe\x00{")
 
 
-BREAKS = ["config-sizes", "config-heads", "config-vocab", "truncated", "garbage", "no-weights", "deep-config",
-          "no-config", "config-not-utf8"]
-NEEDLE = {"config-sizes": "disagree", "config-heads": "disagree", "config-vocab": "disagree",
-          "truncated": "model.safetensors", "garbage": "model.safetensors", "no-weights": "model",
-          "deep-config": "config.json", "no-config": "config.json", "config-not-utf8": "config.json"}
+BREAKS = [
+    "config-sizes",
+    "config-heads",
+    "config-vocab",
+    "truncated",
+    "garbage",
+    "no-weights",
+    "deep-config",
+    "no-config",
+    "config-not-utf8",
+]
+NEEDLE = {
+    "config-sizes": "disagree",
+    "config-heads": "disagree",
+    "config-vocab": "disagree",
+    "truncated": "model.safetensors",
+    "garbage": "model.safetensors",
+    "no-weights": "model",
+    "deep-config": "config.json",
+    "no-config": "config.json",
+    "config-not-utf8": "config.json",
+}
 
 
 @pytest.mark.parametrize("how", BREAKS)
@@ -188,8 +247,22 @@ def test_broken_model_folder(world, tmp_path, c, how, cmd, DELETE):
     if cmd == "pack":
         args = ["pack", "save", folder, "--guide", world.guide, "--out", tmp_path / "out"]
     else:
-        args = ["fit", folder, world.tgt, "--corpus", world.corpus, "--out", tmp_path / "out", "--seq-len", 32,
-                "--tokens", 256, "--top-k", 1, "--quiet"]
+        args = [
+            "fit",
+            folder,
+            world.tgt,
+            "--corpus",
+            world.corpus,
+            "--out",
+            tmp_path / "out",
+            "--seq-len",
+            32,
+            "--tokens",
+            256,
+            "--top-k",
+            1,
+            "--quiet",
+        ]
     c.error(c.cli(args), NEEDLE[how])
     assert not (tmp_path / "out").exists() and not c.leftovers(tmp_path)
 

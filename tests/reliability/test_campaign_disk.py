@@ -120,9 +120,27 @@ def test_read_only_location(world, tmp_path, c, cmd, monkeypatch):
 
     monkeypatch.setattr(tempfile, "mkdtemp", deny)
     if cmd == "eval":
-        args = ["eval", world.src, world.tgt, "--mapping", "identity", "--corpus", world.corpus, "--samples", 2,
-                "--prefix-len", 8, "--continuation-len", 2, "--greedy-tokens", 2, "--bootstrap", 0,
-                "--report", tmp_path / "rep"]
+        args = [
+            "eval",
+            world.src,
+            world.tgt,
+            "--mapping",
+            "identity",
+            "--corpus",
+            world.corpus,
+            "--samples",
+            2,
+            "--prefix-len",
+            8,
+            "--continuation-len",
+            2,
+            "--greedy-tokens",
+            2,
+            "--bootstrap",
+            0,
+            "--report",
+            tmp_path / "rep",
+        ]
     else:
         args = WRITERS[cmd](world, tmp_path / "out")
     c.error(c.cli(args), "permission denied")
@@ -196,8 +214,10 @@ def test_failed_fit_without_resume_leaves_no_state(world, tmp_path, c, monkeypat
 def test_concurrent_writer_gets_a_lock_error(world, scratch, c, cmd):
     victim = scratch / ("mapping" if cmd == "fit" else "pack")
     before = c.snap(victim)
-    code = ("import sys, time\nfrom kvbridge.artifacts import output_lock\n"
-            f"with output_lock({str(victim)!r}):\n    print('locked', flush=True)\n    time.sleep(60)\n")
+    code = (
+        "import sys, time\nfrom kvbridge.artifacts import output_lock\n"
+        f"with output_lock({str(victim)!r}):\n    print('locked', flush=True)\n    time.sleep(60)\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -238,9 +258,28 @@ def test_crash_between_the_two_renames_is_recovered(world, scratch, c):
 def test_report_folder_replaces_only_a_report(world, tmp_path, c):
     victim = world.model_copy(tmp_path / "model")
     before = c.snap(victim)
-    args = ["eval", world.src, world.tgt, "--mapping", "identity", "--corpus", world.corpus, "--samples", 2,
-            "--prefix-len", 8, "--continuation-len", 2, "--greedy-tokens", 2, "--bootstrap", 0, "--report", victim,
-            "--no-attention"]
+    args = [
+        "eval",
+        world.src,
+        world.tgt,
+        "--mapping",
+        "identity",
+        "--corpus",
+        world.corpus,
+        "--samples",
+        2,
+        "--prefix-len",
+        8,
+        "--continuation-len",
+        2,
+        "--greedy-tokens",
+        2,
+        "--bootstrap",
+        0,
+        "--report",
+        victim,
+        "--no-attention",
+    ]
     c.error(c.cli(args), "refusing")
     assert c.snap(victim) == before and not c.leftovers(tmp_path)
 
@@ -260,9 +299,11 @@ def test_write_artifact_is_atomic_under_kill(tmp_path):
 
     out = tmp_path / "a"
     write_artifact(out, {"x": torch.ones(3)}, {"kind": "test"}, tensor_file="t.safetensors")
-    code = ("import torch\nfrom kvbridge.artifacts import write_artifact\n"
-            f"write_artifact({str(out)!r}, {{'x': torch.zeros(3)}}, {{'kind': 'test'}}, "
-            "tensor_file='t.safetensors', overwrite=True)\n")
+    code = (
+        "import torch\nfrom kvbridge.artifacts import write_artifact\n"
+        f"write_artifact({str(out)!r}, {{'x': torch.zeros(3)}}, {{'kind': 'test'}}, "
+        "tensor_file='t.safetensors', overwrite=True)\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KVBRIDGE_FAULT": "artifact.write:1:kill"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True)
     assert res.returncode == -9

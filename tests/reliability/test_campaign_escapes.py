@@ -90,20 +90,43 @@ def test_config_string_with_escapes(world, tmp_path, c, cmd, field):
 def test_model_manifest_with_escapes(tmp_path, c, monkeypatch):
     folder = tmp_path / "manifests"
     folder.mkdir()
-    record = {"id": f"acme/{HOSTILE}", "family": "llama", "source": HOSTILE, "aliases": [HOSTILE],
-              "config": {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "hidden_size": 64, "num_key_value_heads": 2}}
+    record = {
+        "id": f"acme/{HOSTILE}",
+        "family": "llama",
+        "source": HOSTILE,
+        "aliases": [HOSTILE],
+        "config": {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "hidden_size": 64,
+            "num_key_value_heads": 2,
+        },
+    }
     (folder / "acme.json").write_text(json.dumps({"models": [record]}))
     monkeypatch.setenv("KVBRIDGE_MANIFEST_PATH", str(folder))
-    for args in (["describe", "--list"], ["describe", f"acme/{HOSTILE}"], ["describe", "acme/nope\x1b]0;x\x07"],
-                 ["describe", "--list", "--json"]):
+    for args in (
+        ["describe", "--list"],
+        ["describe", f"acme/{HOSTILE}"],
+        ["describe", "acme/nope\x1b]0;x\x07"],
+        ["describe", "--list", "--json"],
+    ):
         res = c.cli(args)
         assert_clean(res)
 
 
 def test_error_quoting_a_path_with_escapes(world, tmp_path, c):
-    res = c.cli(["fit", world.src, world.tgt, "--corpus", tmp_path / f"no{HOSTILE.replace('/', '_')}.txt",
-                 "--out", tmp_path / "m"])
+    res = c.cli(
+        [
+            "fit",
+            world.src,
+            world.tgt,
+            "--corpus",
+            tmp_path / f"no{HOSTILE.replace('/', '_')}.txt",
+            "--out",
+            tmp_path / "m",
+        ]
+    )
     assert_clean(res)
     c.error(res, "\\u001b]0;pwned")
 

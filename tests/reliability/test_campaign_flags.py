@@ -14,6 +14,7 @@ import pytest
 try:
     from kvbridge.cli.numbers import Number
 except ImportError:  # a kvbridge without the layer: every numeric flag fails the walk below
+
     class Number:  # type: ignore[no-redef]
         pass
 
@@ -33,8 +34,9 @@ def _numeric_options():
     out = []
     for path, cmd in _walk():
         for p in cmd.params:
-            if isinstance(p, click.Option) and isinstance(p.type, (click.types.IntParamType,
-                                                                   click.types.FloatParamType, Number)):
+            if isinstance(p, click.Option) and isinstance(
+                p.type, (click.types.IntParamType, click.types.FloatParamType, Number)
+            ):
                 out.append((path, p))
     return out
 
@@ -84,25 +86,72 @@ def test_good_values_still_parse():
 # -- generation length and text ------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "1e999", "abc"])
 def test_transfer_max_new_tokens(world, c, value):
-    res = c.cli(["transfer", world.src, world.tgt, "--mapping", world.mapping, "--prompt", world.prompt,
-                 "--max-new-tokens", value])
+    res = c.cli(
+        [
+            "transfer",
+            world.src,
+            world.tgt,
+            "--mapping",
+            world.mapping,
+            "--prompt",
+            world.prompt,
+            "--max-new-tokens",
+            value,
+        ]
+    )
     c.error(res, "--max-new-tokens")
 
 
 def test_transfer_prompt_beyond_max_positions(world, c):
     long_prompt = " ".join(["zorp"] * 400)  # the tiny models have 96 positions
-    c.error(c.cli(["transfer", world.src, world.tgt, "--mapping", world.mapping, "--prompt", long_prompt]),
-            "--prompt", "positions")
-    c.error(c.cli(["transfer", world.src, world.tgt, "--mapping", world.mapping, "--prompt", world.prompt,
-                   "--max-new-tokens", "500"]), "--max-new-tokens", "positions")
+    c.error(
+        c.cli(["transfer", world.src, world.tgt, "--mapping", world.mapping, "--prompt", long_prompt]),
+        "--prompt",
+        "positions",
+    )
+    c.error(
+        c.cli(
+            [
+                "transfer",
+                world.src,
+                world.tgt,
+                "--mapping",
+                world.mapping,
+                "--prompt",
+                world.prompt,
+                "--max-new-tokens",
+                "500",
+            ]
+        ),
+        "--max-new-tokens",
+        "positions",
+    )
 
 
 def test_graft_run_beyond_max_positions(world, c):
     long_text = " ".join(["zorp"] * 200)
-    c.error(c.cli(["graft", "run", world.src, "--context", long_text, "--chunk", world.guide, "--prompt",
-                   world.prompt]), "positions")
-    c.error(c.cli(["graft", "run", world.src, "--context", world.guide, "--chunk", world.guide, "--prompt",
-                   world.prompt, "--max-new-tokens", "90"]), "--max-new-tokens")
+    c.error(
+        c.cli(["graft", "run", world.src, "--context", long_text, "--chunk", world.guide, "--prompt", world.prompt]),
+        "positions",
+    )
+    c.error(
+        c.cli(
+            [
+                "graft",
+                "run",
+                world.src,
+                "--context",
+                world.guide,
+                "--chunk",
+                world.guide,
+                "--prompt",
+                world.prompt,
+                "--max-new-tokens",
+                "90",
+            ]
+        ),
+        "--max-new-tokens",
+    )
 
 
 @pytest.mark.parametrize("how", ["argv", "file"])
@@ -136,9 +185,11 @@ def test_pack_manifest_missing_model_id(world, scratch, c, cmd):
 @pytest.mark.parametrize("cmd", ["pack-verify", "pack-save", "diverge"])
 def test_model_path_that_is_a_file(world, tmp_path, c, name, cmd):
     path = world.src / name
-    args = {"pack-verify": ["pack", "verify", world.pack, path],
-            "pack-save": ["pack", "save", path, "--guide", world.guide, "--out", tmp_path / "p"],
-            "diverge": ["diverge", path, "--guide", world.guide, "--prompt", world.prompt, "--greedy"]}[cmd]
+    args = {
+        "pack-verify": ["pack", "verify", world.pack, path],
+        "pack-save": ["pack", "save", path, "--guide", world.guide, "--out", tmp_path / "p"],
+        "diverge": ["diverge", path, "--guide", world.guide, "--prompt", world.prompt, "--greedy"],
+    }[cmd]
     c.error(c.cli(args), name)
     assert not (tmp_path / "p").exists()
 
@@ -158,10 +209,32 @@ def _commands(world, m, tmp_path):
         "describe": ["describe", m],
         "check": ["check", m, world.src],
         "pack-save": ["pack", "save", m, "--guide", world.guide, "--out", tmp_path / "p"],
-        "fit": ["fit", m, world.tgt, "--corpus", world.corpus, "--out", tmp_path / "map", "--seq-len", 32, "--tokens", 256,
-         "--top-k", 1, "--quiet"],
-        "transfer": ["transfer", m, world.tgt, "--mapping", world.mapping, "--prompt", world.prompt,
-                     "--accept-fingerprint-mismatch"],
+        "fit": [
+            "fit",
+            m,
+            world.tgt,
+            "--corpus",
+            world.corpus,
+            "--out",
+            tmp_path / "map",
+            "--seq-len",
+            32,
+            "--tokens",
+            256,
+            "--top-k",
+            1,
+            "--quiet",
+        ],
+        "transfer": [
+            "transfer",
+            m,
+            world.tgt,
+            "--mapping",
+            world.mapping,
+            "--prompt",
+            world.prompt,
+            "--accept-fingerprint-mismatch",
+        ],
     }
 
 
@@ -172,8 +245,9 @@ def test_kv_heads_that_do_not_divide(world, tmp_path, c, cmd):
     assert not (tmp_path / "p").exists() and not (tmp_path / "map").exists()
 
 
-@pytest.mark.parametrize("field,value", [("num_hidden_layers", 2**40), ("hidden_size", 2**40),
-                                         ("num_attention_heads", 2**40)])
+@pytest.mark.parametrize(
+    "field,value", [("num_hidden_layers", 2**40), ("hidden_size", 2**40), ("num_attention_heads", 2**40)]
+)
 @pytest.mark.parametrize("cmd", ["describe", "check", "pack-save", "fit"])
 def test_absurd_sizes_name_the_field(world, tmp_path, c, cmd, field, value):
     m = _model_with(world, tmp_path, **{field: value})

@@ -50,7 +50,7 @@ def test_fit_option_refused(world, tmp_path, c, extra, needle):
         if extra[i] in args and i + 1 < len(extra):
             args[args.index(extra[i]) + 1] = extra[i + 1]
         else:
-            args.extend(extra[i:i + 2])
+            args.extend(extra[i : i + 2])
     c.error(c.cli(args), needle)
     assert not out.exists() and not c.leftovers(tmp_path)
 
@@ -64,12 +64,16 @@ def test_fit_default_top_k_is_what_check_assumes():
 
 
 # -- corpus and text inputs -------------------------------------------------------------------------------
-@pytest.mark.parametrize("content,needle", [
-    (b"caf\xe9 au lait\n" * 50, "utf-8"),
-    (b"\xff\xfe\x00t\x00e\x00x\x00t", "utf-8"),
-    (b"   \n\n  ", "empty"),
-    (b"", "empty"),
-], ids=["latin1", "utf16", "blank", "empty"])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"caf\xe9 au lait\n" * 50, "utf-8"),
+        (b"\xff\xfe\x00t\x00e\x00x\x00t", "utf-8"),
+        (b"   \n\n  ", "empty"),
+        (b"", "empty"),
+    ],
+    ids=["latin1", "utf16", "blank", "empty"],
+)
 def test_fit_bad_corpus(world, tmp_path, c, content, needle):
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(content)
@@ -79,8 +83,10 @@ def test_fit_bad_corpus(world, tmp_path, c, content, needle):
     assert not (tmp_path / "m").exists()
 
 
-@pytest.mark.parametrize("line,needle", [(b"not json\n", "JSON"), (b'{"txt": "x"}\n', "text"),
-                                         (b'[1, 2]\n', "text"), (b"[" * 5000 + b"\n", "")])
+@pytest.mark.parametrize(
+    "line,needle",
+    [(b"not json\n", "JSON"), (b'{"txt": "x"}\n', "text"), (b"[1, 2]\n", "text"), (b"[" * 5000 + b"\n", "")],
+)
 def test_fit_bad_jsonl_corpus(world, tmp_path, c, line, needle):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(line)
@@ -119,8 +125,21 @@ def test_invalid_utf8_argv_in_a_real_process(world):
     import sys
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-m", "kvbridge", "split", str(world.src), "--guide",
-                          world.guide.encode(), "--live", b"caf\xe9"], capture_output=True, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbridge",
+            "split",
+            str(world.src),
+            "--guide",
+            world.guide.encode(),
+            "--live",
+            b"caf\xe9",
+        ],
+        capture_output=True,
+        env=env,
+    )
     err = res.stderr.decode("utf-8", "replace")
     assert res.returncode == 2 and "Traceback" not in err and err.count("\n") == 1 and "UTF-8" in err, err
 
@@ -139,26 +158,44 @@ def test_guide_longer_than_max_positions_for_a_pack(world, tmp_path, c):
 
 @pytest.mark.parametrize("value", ["0", "-3", "x"])
 def test_diverge_max_new_tokens(world, c, value):
-    c.error(c.cli(["diverge", world.src, "--guide", world.guide, "--prompt", world.prompt,
-                   "--max-new-tokens", value]), "--max-new-tokens")
+    c.error(
+        c.cli(["diverge", world.src, "--guide", world.guide, "--prompt", world.prompt, "--max-new-tokens", value]),
+        "--max-new-tokens",
+    )
 
 
-@pytest.mark.parametrize("opt,value,needle", [("--temperature", "nan", "temperature"),
-                                              ("--temperature", "0", "temperature"),
-                                              ("--temperature", "-inf", "temperature"),
-                                              ("--top-p", "nan", "top-p"), ("--top-p", "1.5", "top-p"),
-                                              ("--seeds", "-1", "--seeds"), ("--paths", "full", "paths"),
-                                              ("--split", "weird", "--split")])
+@pytest.mark.parametrize(
+    "opt,value,needle",
+    [
+        ("--temperature", "nan", "temperature"),
+        ("--temperature", "0", "temperature"),
+        ("--temperature", "-inf", "temperature"),
+        ("--top-p", "nan", "top-p"),
+        ("--top-p", "1.5", "top-p"),
+        ("--seeds", "-1", "--seeds"),
+        ("--paths", "full", "paths"),
+        ("--split", "weird", "--split"),
+    ],
+)
 def test_diverge_options(world, c, opt, value, needle):
     c.error(c.cli(["diverge", world.src, "--guide", world.guide, "--prompt", world.prompt, opt, value]), needle)
 
 
-@pytest.mark.parametrize("opt,value,needle", [
-    ("--samples", "1", "--samples"), ("--heldout-fraction", "nan", "--heldout-fraction"), ("--prefix-len", "0", "--prefix-len"),
-    ("--continuation-len", "0", "--continuation-len"), ("--heldout-fraction", "0", "--heldout-fraction"),
-    ("--heldout-fraction", "2", "--heldout-fraction"), ("--gate", "kl_p95~0.2", "gate"),
-    ("--conditions", "native,bogus", "bogus"), ("--top-p", "nan", "--top-p"), ("--batch-size", "0", "--batch-size"),
-])
+@pytest.mark.parametrize(
+    "opt,value,needle",
+    [
+        ("--samples", "1", "--samples"),
+        ("--heldout-fraction", "nan", "--heldout-fraction"),
+        ("--prefix-len", "0", "--prefix-len"),
+        ("--continuation-len", "0", "--continuation-len"),
+        ("--heldout-fraction", "0", "--heldout-fraction"),
+        ("--heldout-fraction", "2", "--heldout-fraction"),
+        ("--gate", "kl_p95~0.2", "gate"),
+        ("--conditions", "native,bogus", "bogus"),
+        ("--top-p", "nan", "--top-p"),
+        ("--batch-size", "0", "--batch-size"),
+    ],
+)
 def test_eval_options(world, c, opt, value, needle):
     args = ["eval", world.src, world.tgt, "--mapping", "identity", "--corpus", world.corpus, opt, value]
     c.error(c.cli(args), needle)
@@ -213,8 +250,15 @@ def test_deeply_nested_config(world, tmp_path, c, depth):
     c.error(c.cli(["describe", folder]), "config.json")
 
 
-@pytest.mark.parametrize("raw,needle", [(b"\xff\xfe{}", "config.json"), (b"{\"model_type\": ", "config.json"),
-                                        (b"[]", "config.json"), (b"null", "config.json")])
+@pytest.mark.parametrize(
+    "raw,needle",
+    [
+        (b"\xff\xfe{}", "config.json"),
+        (b'{"model_type": ', "config.json"),
+        (b"[]", "config.json"),
+        (b"null", "config.json"),
+    ],
+)
 def test_garbage_config(tmp_path, c, raw, needle):
     folder = tmp_path / "model"
     folder.mkdir()

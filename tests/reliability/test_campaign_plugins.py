@@ -57,9 +57,17 @@ def _check_plugin(result):
     return P()
 
 
-@pytest.mark.parametrize("result", [
-    "not a list", ["not a finding"], 42, {"axis": "x"}, [None],
-], ids=["str", "list-of-str", "int", "dict", "list-of-none"])
+@pytest.mark.parametrize(
+    "result",
+    [
+        "not a list",
+        ["not a finding"],
+        42,
+        {"axis": "x"},
+        [None],
+    ],
+    ids=["str", "list-of-str", "int", "dict", "list-of-none"],
+)
 def test_check_hook_wrong_type_disables_the_plugin(world, c, with_plugins, result):
     host = with_plugins(badcheck=_check_plugin(result))
     res = c.cli(["check", world.src, world.tgt])
@@ -69,7 +77,9 @@ def test_check_hook_wrong_type_disables_the_plugin(world, c, with_plugins, resul
     assert host.pm.get_plugin("badcheck") is None and host.record("badcheck").error
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("boom"), SystemExit(3), SystemExit("bye")], ids=["raise", "exit3", "exit-str"])
+@pytest.mark.parametrize(
+    "exc", [RuntimeError("boom"), SystemExit(3), SystemExit("bye")], ids=["raise", "exit3", "exit-str"]
+)
 def test_check_hook_that_raises_or_exits(world, c, with_plugins, exc):
     with_plugins(badcheck=_check_plugin(exc))
     res = c.cli(["check", world.src, world.tgt])
@@ -87,8 +97,9 @@ def test_check_hook_with_a_bad_verdict(world, c, with_plugins):
 
 
 # -- family resolver -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("answer", [7, "llama", object(), SystemExit(0), ValueError("no")],
-                         ids=["int", "str", "object", "exit", "raise"])
+@pytest.mark.parametrize(
+    "answer", [7, "llama", object(), SystemExit(0), ValueError("no")], ids=["int", "str", "object", "exit", "raise"]
+)
 def test_family_resolver_bad_answer(world, tmp_path, c, with_plugins, answer):
     class P:
         @hookimpl
@@ -111,8 +122,11 @@ def test_family_resolver_bad_answer(world, tmp_path, c, with_plugins, answer):
 
 
 # -- manifest folders ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("answer", [42, {"a": 1}, [1, 2], ["ok", None, 3.5], SystemExit(2), OSError("gone")],
-                         ids=["int", "dict", "ints", "mixed", "exit", "raise"])
+@pytest.mark.parametrize(
+    "answer",
+    [42, {"a": 1}, [1, 2], ["ok", None, 3.5], SystemExit(2), OSError("gone")],
+    ids=["int", "dict", "ints", "mixed", "exit", "raise"],
+)
 @pytest.mark.parametrize("cmd", ["describe-list", "check-name", "plugins"])
 def test_manifest_dirs_bad_answer(world, c, with_plugins, answer, cmd):
     class P:
@@ -123,8 +137,11 @@ def test_manifest_dirs_bad_answer(world, c, with_plugins, answer, cmd):
             return answer
 
     with_plugins(baddirs=P())
-    args = {"describe-list": ["describe", "--list"], "check-name": ["check", "gpt-j", world.src],
-            "plugins": ["plugins"]}[cmd]
+    args = {
+        "describe-list": ["describe", "--list"],
+        "check-name": ["check", "gpt-j", world.src],
+        "plugins": ["plugins"],
+    }[cmd]
     res = c.cli(args)
     no_internal_error(res)
     if not isinstance(answer, BaseException):
@@ -132,9 +149,16 @@ def test_manifest_dirs_bad_answer(world, c, with_plugins, answer, cmd):
 
 
 # -- registration hooks ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("hook", ["kvbridge_register_fitters", "kvbridge_register_metrics",
-                                  "kvbridge_register_rope_variants", "kvbridge_register_families",
-                                  "kvbridge_register_model_sources"])
+@pytest.mark.parametrize(
+    "hook",
+    [
+        "kvbridge_register_fitters",
+        "kvbridge_register_metrics",
+        "kvbridge_register_rope_variants",
+        "kvbridge_register_families",
+        "kvbridge_register_model_sources",
+    ],
+)
 @pytest.mark.parametrize("how", ["raise", "exit", "garbage"])
 def test_registration_hooks_misbehave(world, c, with_plugins, hook, how):
     def impl(self, register):
@@ -176,7 +200,7 @@ PLUGIN_MODULES = {
     "exits": "import sys\nsys.exit(3)\n",
     "raises": "raise ImportError('a dependency is missing')\n",
     "hangs": "import time\nwhile True:\n    time.sleep(0.05)\n",
-    "shadows": textwrap.dedent('''
+    "shadows": textwrap.dedent("""
         import click
         from kvbridge.hookspecs import hookimpl
 
@@ -192,7 +216,7 @@ PLUGIN_MODULES = {
         def kvbridge_register_commands(cli):
             cli.add_command(fake)
             cli.add_command(extra)
-    '''),
+    """),
 }
 
 
@@ -211,8 +235,14 @@ def _run(root, *args, timeout=120, **env):
     full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path]), "HF_HUB_OFFLINE": "1", **env}
     full.pop("KVBRIDGE_LOAD_PLUGINS", None)
     start = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "kvbridge", *map(str, args)], capture_output=True, text=True,
-                         env=full, timeout=timeout, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [sys.executable, "-m", "kvbridge", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return res, time.monotonic() - start
 
 
@@ -222,8 +252,12 @@ def test_entry_points_that_exit_raise_hang_or_shadow(world, tmp_path):
     assert res.returncode in (0, 1), res.stderr
     assert "Traceback" not in res.stderr and "internal error" not in res.stderr
     warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: plugin ")]
-    for name, needle in (("exits", "sys.exit(3)"), ("raises", "a dependency is missing"),
-                         ("hangs", "did not finish within 1.5 s"), ("shadows", "'describe'")):
+    for name, needle in (
+        ("exits", "sys.exit(3)"),
+        ("raises", "a dependency is missing"),
+        ("hangs", "did not finish within 1.5 s"),
+        ("shadows", "'describe'"),
+    ):
         line = [ln for ln in warnings if f"plugin {name!r}" in ln]
         assert len(line) == 1 and needle in line[0], (name, res.stderr)
     assert secs < 60, secs  # the hung import cost its time box, not forever

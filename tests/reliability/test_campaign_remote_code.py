@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-EVIL_CODE = '''
+EVIL_CODE = """
 import pathlib
 pathlib.Path({marker!r}).write_text("the model folder's code ran")
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -25,7 +25,7 @@ class EvilModel(LlamaForCausalLM):
 
 class EvilTok(PreTrainedTokenizerFast):
     pass
-'''
+"""
 
 #: where the code pointer sits: the model's config (known and unknown model_type) or the tokenizer's
 KINDS = ("model-known-type", "model-unknown-type", "tokenizer")
@@ -59,12 +59,48 @@ def evil(world, tmp_path_factory):
 def _commands(world, m, tmp):
     """Every command that loads a model or a tokenizer, with ``m`` as the model (or tokenizer)."""
     return {
-        "fit-source": ["fit", m, world.tgt, "--corpus", world.corpus, "--out", tmp / "map1", "--seq-len", 32,
-                       "--tokens", 256, "--top-k", 1, "--quiet"],
-        "fit-target": ["fit", world.src, m, "--corpus", world.corpus, "--out", tmp / "map2", "--seq-len", 32,
-                       "--tokens", 256, "--top-k", 1, "--quiet"],
-        "transfer": ["transfer", m, world.tgt, "--mapping", world.mapping, "--prompt", world.prompt,
-                     "--accept-fingerprint-mismatch"],
+        "fit-source": [
+            "fit",
+            m,
+            world.tgt,
+            "--corpus",
+            world.corpus,
+            "--out",
+            tmp / "map1",
+            "--seq-len",
+            32,
+            "--tokens",
+            256,
+            "--top-k",
+            1,
+            "--quiet",
+        ],
+        "fit-target": [
+            "fit",
+            world.src,
+            m,
+            "--corpus",
+            world.corpus,
+            "--out",
+            tmp / "map2",
+            "--seq-len",
+            32,
+            "--tokens",
+            256,
+            "--top-k",
+            1,
+            "--quiet",
+        ],
+        "transfer": [
+            "transfer",
+            m,
+            world.tgt,
+            "--mapping",
+            world.mapping,
+            "--prompt",
+            world.prompt,
+            "--accept-fingerprint-mismatch",
+        ],
         "eval": ["eval", m, m, "--mapping", "identity", "--corpus", world.corpus],
         "pack-save": ["pack", "save", m, "--guide", world.guide, "--out", tmp / "pack"],
         "pack-verify": ["pack", "verify", world.pack, m, "--force"],
@@ -73,13 +109,34 @@ def _commands(world, m, tmp):
         "ablate": ["ablate", m, "--guide", world.guide, "--prompt", world.prompt],
         "graft-run": ["graft", "run", m, "--context", world.guide, "--chunk", world.guide, "--prompt", world.prompt],
         "graft-eval": ["graft", "eval", m, "--corpus", world.corpus],
-        "tokenizer-option": ["diverge", world.src, "--tokenizer", m, "--guide", world.guide, "--prompt",
-                             world.prompt, "--greedy"],
+        "tokenizer-option": [
+            "diverge",
+            world.src,
+            "--tokenizer",
+            m,
+            "--guide",
+            world.guide,
+            "--prompt",
+            world.prompt,
+            "--greedy",
+        ],
     }
 
 
-COMMANDS = ("fit-source", "fit-target", "transfer", "eval", "pack-save", "pack-verify", "split", "diverge", "ablate",
-            "graft-run", "graft-eval", "tokenizer-option")
+COMMANDS = (
+    "fit-source",
+    "fit-target",
+    "transfer",
+    "eval",
+    "pack-save",
+    "pack-verify",
+    "split",
+    "diverge",
+    "ablate",
+    "graft-run",
+    "graft-eval",
+    "tokenizer-option",
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -103,9 +160,25 @@ def test_model_folder_code_never_runs_in_a_real_process(world, evil, tmp_path):
 
     evil["marker"].unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, "-m", "kvbridge", "pack", "save", str(evil["tokenizer"]), "--guide",
-                          world.guide, "--out", str(tmp_path / "p")], input="y\n", capture_output=True, text=True,
-                         env=env, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvbridge",
+            "pack",
+            "save",
+            str(evil["tokenizer"]),
+            "--guide",
+            world.guide,
+            "--out",
+            str(tmp_path / "p"),
+        ],
+        input="y\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert not evil["marker"].exists()
     assert res.returncode == 2 and res.stdout == "" and res.stderr.count("\n") == 1, (res.stdout, res.stderr)
     assert "auto_map" in res.stderr and "AutoTokenizer" in res.stderr, res.stderr

@@ -31,8 +31,12 @@ def test_wheel_ships_manifests_and_runs_check(tmp_path):
             shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     wheels = tmp_path / "wheels"
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(wheels), str(src)], capture_output=True, text=True, cwd=tmp_path)
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     assert "License classifiers are deprecated" not in build.stderr and "license" not in build.stderr.lower()
     (wheel,) = wheels.glob("kvbridge-*.whl")
@@ -45,22 +49,39 @@ def test_wheel_ships_manifests_and_runs_check(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     (site / "_kvbridge_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
-                           str(site), str(wheel)], capture_output=True, text=True)
+    inst = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert inst.returncode == 0, inst.stderr[-2000:]
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KVBRIDGE_MANIFEST_PATH")}
     env["HF_HUB_CACHE"] = str(tmp_path / "no-hf-cache")
-    where = subprocess.run([str(py), "-c", "import kvbridge; print(kvbridge.__file__)"], capture_output=True,
-                           text=True, env=env, cwd=tmp_path)
+    where = subprocess.run(
+        [str(py), "-c", "import kvbridge; print(kvbridge.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert where.returncode == 0 and str(site) in where.stdout, (where.stdout, where.stderr)
-    res = subprocess.run([str(py), "-m", "kvbridge", "check", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"],
-                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    res = subprocess.run(
+        [str(py), "-m", "kvbridge", "check", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert "Qwen2.5-0.5B" in res.stdout and "Traceback" not in res.stderr
-    listed = subprocess.run([str(py), "-m", "kvbridge", "describe", "--list"], capture_output=True, text=True,
-                            env=env, cwd=tmp_path)
+    listed = subprocess.run(
+        [str(py), "-m", "kvbridge", "describe", "--list"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
     assert listed.returncode == 0 and "meta-llama/Llama-3.2-1B" in listed.stdout, listed.stderr

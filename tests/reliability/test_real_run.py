@@ -31,15 +31,51 @@ def test_mapping_records_the_corpus_file_and_span(world):
 
 
 def _eval(world, mapping, *extra, heldout="0.1"):
-    return ["eval", world.src, world.tgt, "--mapping", mapping, "--corpus", world.corpus, "--samples", 2,
-            "--prefix-len", 8, "--continuation-len", 2, "--greedy-tokens", 2, "--bootstrap", 0, "--no-attention",
-            "--heldout-fraction", heldout, *extra]
+    return [
+        "eval",
+        world.src,
+        world.tgt,
+        "--mapping",
+        mapping,
+        "--corpus",
+        world.corpus,
+        "--samples",
+        2,
+        "--prefix-len",
+        8,
+        "--continuation-len",
+        2,
+        "--greedy-tokens",
+        2,
+        "--bootstrap",
+        0,
+        "--no-attention",
+        "--heldout-fraction",
+        heldout,
+        *extra,
+    ]
 
 
 def test_eval_refuses_samples_inside_the_calibration_span(world, tmp_path, c):
     big = tmp_path / "big"  # calibrated on the whole corpus: its tail is calibration text
-    res = c.cli(["fit", world.src, world.tgt, "--corpus", world.corpus, "--out", big, "--seq-len", 32, "--top-k", 1,
-                 "--quiet", "--stride", 8])
+    res = c.cli(
+        [
+            "fit",
+            world.src,
+            world.tgt,
+            "--corpus",
+            world.corpus,
+            "--out",
+            big,
+            "--seq-len",
+            32,
+            "--top-k",
+            1,
+            "--quiet",
+            "--stride",
+            8,
+        ]
+    )
     assert res.exit_code == 0, res.output
     line = c.error(c.cli(_eval(world, big)), "overlap")
     assert "--allow-overlap" in line
@@ -67,8 +103,26 @@ def test_eval_on_another_corpus_is_not_checked(world, tmp_path, c):
 def test_fit_warns_below_the_observations_per_feature_threshold(world, tmp_path, c):
     from kvbridge.fit.calibrate import MIN_OBS_PER_FEATURE
 
-    res = c.cli(["fit", world.src, world.tgt, "--corpus", world.corpus, "--out", tmp_path / "m", "--seq-len", 32,
-                 "--tokens", 512, "--top-k", 2, "--stride", 4, "--quiet"])
+    res = c.cli(
+        [
+            "fit",
+            world.src,
+            world.tgt,
+            "--corpus",
+            world.corpus,
+            "--out",
+            tmp_path / "m",
+            "--seq-len",
+            32,
+            "--tokens",
+            512,
+            "--top-k",
+            2,
+            "--stride",
+            4,
+            "--quiet",
+        ]
+    )
     assert res.exit_code == 0, res.output
     assert "observations per feature" in res.stdout
     assert f"at least {MIN_OBS_PER_FEATURE} recommended" in res.stderr
@@ -132,8 +186,20 @@ def test_killed_diverge_keeps_finished_seeds(world, tmp_path, c, monkeypatch):
 
     monkeypatch.setenv("KVBRIDGE_FAULT", "diverge.seed:2")
     part = tmp_path / "div.jsonl"
-    args = ["diverge", world.src, "--guide", world.guide, "--prompt", world.prompt, "--seeds", 4,
-            "--max-new-tokens", 3, "--partial", part]
+    args = [
+        "diverge",
+        world.src,
+        "--guide",
+        world.guide,
+        "--prompt",
+        world.prompt,
+        "--seeds",
+        4,
+        "--max-new-tokens",
+        3,
+        "--partial",
+        part,
+    ]
     c.error(c.cli(args), "injected", code=3)
     seeds = [r["seed"] for r in read_partial(part) if r["record"] == "unit"]
     assert seeds == [0, 1]
@@ -144,8 +210,22 @@ def test_diverge_completes_its_partial_log(world, tmp_path, c, monkeypatch):
 
     monkeypatch.setenv("KVBRIDGE_PROGRESS_EVERY", "0")
     part = tmp_path / "div.jsonl"
-    res = c.cli(["diverge", world.src, "--guide", world.guide, "--prompt", world.prompt, "--seeds", 2,
-                 "--max-new-tokens", 3, "--partial", part])
+    res = c.cli(
+        [
+            "diverge",
+            world.src,
+            "--guide",
+            world.guide,
+            "--prompt",
+            world.prompt,
+            "--seeds",
+            2,
+            "--max-new-tokens",
+            3,
+            "--partial",
+            part,
+        ]
+    )
     assert res.exit_code == 0, res.stderr
     recs = read_partial(part)
     assert recs[0]["complete"] is True and [r["seed"] for r in recs if r["record"] == "unit"] == [0, 1, "greedy"]

@@ -45,7 +45,10 @@ def test_add_then_subtract_restores_the_cache_within_the_rounding_bound(fx):
 
     kd = key_deltas(state, vector, 0, state.num_tokens, range(state.num_layers))
     for i in range(state.num_layers):
-        for x, y, d in ((state.keys[i], back.keys[i], kd[i]), (state.values[i], back.values[i], vector.values[i][None, :, None])):
+        for x, y, d in (
+            (state.keys[i], back.keys[i], kd[i]),
+            (state.values[i], back.values[i], vector.values[i][None, :, None]),
+        ):
             step = (c * d).abs()
             bound = eps * (x.abs() + step)  # two correctly rounded float32 operations (IEEE, any CPU)
             assert bool(((y - x).abs() <= bound).all()), float(((y - x).abs() - bound).max())
@@ -86,13 +89,16 @@ def test_scale_one_and_mix_zero_leave_the_cache_bitwise(fx):
     assert replaced.approximate
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"ck": float("nan")}, "--ck must be finite"),
-    ({"cv": float("inf")}, "--cv must be finite"),
-    ({"cv": 1.0, "layers": "9"}, "out of range"),
-    ({"cv": 1.0, "layers": [0, 4]}, "out of range"),
-    ({"cv": 1.0, "start": 5, "stop": 99}, "outside the cache"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"ck": float("nan")}, "--ck must be finite"),
+        ({"cv": float("inf")}, "--cv must be finite"),
+        ({"cv": 1.0, "layers": "9"}, "out of range"),
+        ({"cv": 1.0, "layers": [0, 4]}, "out of range"),
+        ({"cv": 1.0, "start": 5, "stop": 99}, "outside the cache"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(fx, kwargs, needle):
     with pytest.raises(EditError) as err:
         add_vector(fx["state"], fx["vector"], **kwargs)

@@ -17,22 +17,33 @@ def write(tmp_path, *lines):
 
 def test_reads_texts_and_chat_turns_skipping_blanks_and_comments(tmp_path):
     turns = [{"role": "system", "content": "Answer in JSON."}, {"role": "user", "content": "Name a fruit."}]
-    p = write(tmp_path, "# a comment", json.dumps({"positive": "a b", "negative": "c d"}), "",
-              json.dumps({"positive": turns, "negative": turns[1:]}))
+    p = write(
+        tmp_path,
+        "# a comment",
+        json.dumps({"positive": "a b", "negative": "c d"}),
+        "",
+        json.dumps({"positive": turns, "negative": turns[1:]}),
+    )
     pairs = read_pairs(p)
     assert [x.line for x in pairs] == [2, 4]
-    assert pairs[0].positive == "a b" and pairs[1].positive == (("system", "Answer in JSON."), ("user", "Name a fruit."))
+    assert pairs[0].positive == "a b" and pairs[1].positive == (
+        ("system", "Answer in JSON."),
+        ("user", "Name a fruit."),
+    )
 
 
-@pytest.mark.parametrize("line,needle", [
-    ('{"positive": "a"', "not JSON"),
-    ('{"positive": "a"}', "'positive' and 'negative'"),
-    ('["a", "b"]', "'positive' and 'negative'"),
-    ('{"positive": "  ", "negative": "b"}', "empty text"),
-    ('{"positive": 3, "negative": "b"}', "non-empty text or a non-empty list"),
-    ('{"positive": [{"role": "user"}], "negative": "b"}', "turn 0"),
-    ('{"positive": [], "negative": "b"}', "non-empty"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ('{"positive": "a"', "not JSON"),
+        ('{"positive": "a"}', "'positive' and 'negative'"),
+        ('["a", "b"]', "'positive' and 'negative'"),
+        ('{"positive": "  ", "negative": "b"}', "empty text"),
+        ('{"positive": 3, "negative": "b"}', "non-empty text or a non-empty list"),
+        ('{"positive": [{"role": "user"}], "negative": "b"}', "turn 0"),
+        ('{"positive": [], "negative": "b"}', "non-empty"),
+    ],
+)
 def test_malformed_lines_are_one_line_errors_naming_the_line(tmp_path, line, needle):
     p = write(tmp_path, json.dumps({"positive": "ok", "negative": "ok"}), line)
     with pytest.raises(PairsError) as err:
@@ -62,7 +73,7 @@ def test_positions_last_final_and_span(zoo_base):
     head = tok("ROMEO: my")["input_ids"]
     upto = tok("ROMEO: my sweet love")["input_ids"]
     assert list(span.ids) == whole and (span.start, span.stop) == (len(head), len(upto))
-    assert whole[:len(upto)] == upto  # the span's end is an exact-token boundary here
+    assert whole[: len(upto)] == upto  # the span's end is an exact-token boundary here
 
 
 def test_a_span_boundary_inside_a_token_is_refused(zoo_base):

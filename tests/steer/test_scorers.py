@@ -40,9 +40,12 @@ class TestNegativeSentiment(ScorerContract):
 
 class TestCodeComments(ScorerContract):
     scorer = BY_NAME["code_comments"]
-    positives = ("```python\n# add two numbers\ndef add(a, b):\n    return a + b\n```",
-                 "```python\ndef add(a, b):\n    \"\"\"Add.\"\"\"\n    return a + b\n```",
-                 "```js\nconst x = 1; // one\n```", "def f():\n    return 1  # one\n")
+    positives = (
+        "```python\n# add two numbers\ndef add(a, b):\n    return a + b\n```",
+        '```python\ndef add(a, b):\n    """Add."""\n    return a + b\n```',
+        "```js\nconst x = 1; // one\n```",
+        "def f():\n    return 1  # one\n",
+    )
     negatives = ("```python\ndef add(a, b):\n    return a + b\n```", "# Heading\n```python\nx = 1\n```")
 
 

@@ -17,14 +17,25 @@ NOT_SETTINGS = {"model", "source", "target", "dtype", "device", "as_json"}
 
 #: subcommand -> (settings class, required arguments, click parameter -> field renames, required fields)
 CASES = {
-    "build": (SteerBuildSettings, ["M", "--pairs", "p.jsonl", "--out", "v"],
-              {"pairs_path": "pairs"}, dict(pairs="p.jsonl", out="v")),
-    "transfer": (SteerTransferSettings, ["v", "--mapping", "m", "--source", "S", "--target", "T", "--out", "o"],
-                 {"vector_dir": "vector", "mapping_dir": "mapping"}, dict(vector="v", mapping="m", out="o")),
-    "run": (SteerRunSettings, ["M", "--prompt", "hi"], {"vector_dir": "vector", "pack_dir": "pack"},
-            dict(prompt="hi")),
-    "eval": (SteerEvalSettings, ["M", "--vector", "v", "--prompt", "hi", "--scorer", "bullets"],
-             {"vector_dir": "vector"}, dict(vector="v", prompt="hi", scorer="bullets")),
+    "build": (
+        SteerBuildSettings,
+        ["M", "--pairs", "p.jsonl", "--out", "v"],
+        {"pairs_path": "pairs"},
+        dict(pairs="p.jsonl", out="v"),
+    ),
+    "transfer": (
+        SteerTransferSettings,
+        ["v", "--mapping", "m", "--source", "S", "--target", "T", "--out", "o"],
+        {"vector_dir": "vector", "mapping_dir": "mapping"},
+        dict(vector="v", mapping="m", out="o"),
+    ),
+    "run": (SteerRunSettings, ["M", "--prompt", "hi"], {"vector_dir": "vector", "pack_dir": "pack"}, dict(prompt="hi")),
+    "eval": (
+        SteerEvalSettings,
+        ["M", "--vector", "v", "--prompt", "hi", "--scorer", "bullets"],
+        {"vector_dir": "vector"},
+        dict(vector="v", prompt="hi", scorer="bullets"),
+    ),
 }
 
 
@@ -40,33 +51,44 @@ def test_every_click_default_is_the_dataclass_default(name):
 
 
 def test_values_are_normalised():
-    s = SteerEvalSettings(vector="v", prompt="p", scorer="bullets", arms="none, kv,", sweep="0.5,2",
-                          extra=["moved=vec/"])
+    s = SteerEvalSettings(
+        vector="v", prompt="p", scorer="bullets", arms="none, kv,", sweep="0.5,2", extra=["moved=vec/"]
+    )
     assert s.arms == ("none", "kv") and s.sweep == (0.5, 2.0) and s.extra_vectors == {"moved": "vec/"}
     assert SteerRunSettings(prompt="p", options=["ck=1"]).options == ("ck=1",)
     hash(s)
 
 
-@pytest.mark.parametrize("cls, kwargs, needle", [
-    (SteerRunSettings, dict(prompt="p", cv=float("nan")), "--cv must be finite"),
-    (SteerRunSettings, dict(prompt="p", at="guide"), "--at guide needs --guide"),
-    (SteerRunSettings, dict(prompt="p", at="pack"), "--at pack needs --pack"),
-    (SteerRunSettings, dict(prompt="p", at="middle"), "--at must be one of last, guide, pack"),
-    (SteerRunSettings, dict(prompt="p", max_new_tokens=0), "--max-new-tokens must be a whole number >= 1"),
-    (SteerRunSettings, dict(prompt="p", temperature=0), "--temperature must be > 0"),
-    (SteerRunSettings, dict(prompt="p", top_p=1.5), "--top-p must be in (0, 1]"),
-    (SteerRunSettings, dict(prompt=None), "--prompt must be text"),
-    (SteerRunSettings, dict(prompt="p", method=""), "--method is empty"),
-    (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", sweep="1,nan"), "--sweep must be finite"),
-    (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", samples=2, sweep_samples=3),
-     "--sweep-samples exceeds --samples"),
-    (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", extra=["moved"]), "--extra 'moved' is not NAME=DIR"),
-    (SteerEvalSettings, dict(vector="v", prompt="p", scorer=" "), "--scorer is empty"),
-    (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", at="guide"), "--at must be one of last, prompt"),
-    (SteerBuildSettings, dict(pairs="p", out="o", method="median"), "--method must be one of mean, pca"),
-    (SteerBuildSettings, dict(pairs="p", out=""), "--out must be a path"),
-    (SteerTransferSettings, dict(vector="v", mapping=None, out="o"), "--mapping must be a path"),
-])
+@pytest.mark.parametrize(
+    "cls, kwargs, needle",
+    [
+        (SteerRunSettings, dict(prompt="p", cv=float("nan")), "--cv must be finite"),
+        (SteerRunSettings, dict(prompt="p", at="guide"), "--at guide needs --guide"),
+        (SteerRunSettings, dict(prompt="p", at="pack"), "--at pack needs --pack"),
+        (SteerRunSettings, dict(prompt="p", at="middle"), "--at must be one of last, guide, pack"),
+        (SteerRunSettings, dict(prompt="p", max_new_tokens=0), "--max-new-tokens must be a whole number >= 1"),
+        (SteerRunSettings, dict(prompt="p", temperature=0), "--temperature must be > 0"),
+        (SteerRunSettings, dict(prompt="p", top_p=1.5), "--top-p must be in (0, 1]"),
+        (SteerRunSettings, dict(prompt=None), "--prompt must be text"),
+        (SteerRunSettings, dict(prompt="p", method=""), "--method is empty"),
+        (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", sweep="1,nan"), "--sweep must be finite"),
+        (
+            SteerEvalSettings,
+            dict(vector="v", prompt="p", scorer="s", samples=2, sweep_samples=3),
+            "--sweep-samples exceeds --samples",
+        ),
+        (
+            SteerEvalSettings,
+            dict(vector="v", prompt="p", scorer="s", extra=["moved"]),
+            "--extra 'moved' is not NAME=DIR",
+        ),
+        (SteerEvalSettings, dict(vector="v", prompt="p", scorer=" "), "--scorer is empty"),
+        (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", at="guide"), "--at must be one of last, prompt"),
+        (SteerBuildSettings, dict(pairs="p", out="o", method="median"), "--method must be one of mean, pca"),
+        (SteerBuildSettings, dict(pairs="p", out=""), "--out must be a path"),
+        (SteerTransferSettings, dict(vector="v", mapping=None, out="o"), "--mapping must be a path"),
+    ],
+)
 def test_bad_values_are_one_line_errors_naming_the_option(cls, kwargs, needle):
     with pytest.raises(KVBridgeError) as err:
         cls(**kwargs)

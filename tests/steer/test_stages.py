@@ -27,18 +27,30 @@ def vec(base, pairs_file, tmp_path_factory):
 
 
 def test_run_zero_coefficients_are_identical_and_a_push_is_a_different_distribution(base, vec):
-    same = api.steer_run(base, SteerRunSettings(prompt="ROMEO: I will", vector=str(vec), ck=0.0, cv=0.0,
-                                                max_new_tokens=4))
+    same = api.steer_run(
+        base, SteerRunSettings(prompt="ROMEO: I will", vector=str(vec), ck=0.0, cv=0.0, max_new_tokens=4)
+    )
     assert same["identical"] and same["first_step_kl"] == pytest.approx(0.0, abs=1e-6)
-    pushed = api.steer_run("zoo:base", SteerRunSettings(prompt="ROMEO: I will", vector=str(vec), cv=8.0,
-                                                        max_new_tokens=4, greedy=True))
+    pushed = api.steer_run(
+        "zoo:base", SteerRunSettings(prompt="ROMEO: I will", vector=str(vec), cv=8.0, max_new_tokens=4, greedy=True)
+    )
     assert pushed["steering"]["method"] == "kv-vector" and pushed["first_step_kl"] > 0
 
 
 def test_eval_writes_its_report(base, vec, tmp_path):
     out = tmp_path / "rep"
-    result = api.steer_eval(base, SteerEvalSettings(vector=str(vec), prompt="ROMEO: I will", scorer="positive_sentiment",
-                                                    arms="none,kv", samples=2, max_new_tokens=3, out=str(out)))
+    result = api.steer_eval(
+        base,
+        SteerEvalSettings(
+            vector=str(vec),
+            prompt="ROMEO: I will",
+            scorer="positive_sentiment",
+            arms="none,kv",
+            samples=2,
+            max_new_tokens=3,
+            out=str(out),
+        ),
+    )
     assert set(result["arms"]) == {"none", "kv"} and result["model"] == "zoo:base"
     assert json.loads((out / "report.json").read_text())["arms"].keys() == {"none", "kv"}
 
@@ -53,16 +65,19 @@ def test_refusals_before_a_model_loads(vec, tmp_path):
 
 
 def test_transfer_moves_a_vector_through_a_fitted_mapping(vec, tmp_path):
-    texts = [f"{i} ROMEO: my sweet love, fair and gentle; JULIET: O woe, foul villain and murder " * 4
-             for i in range(12)]
+    texts = [
+        f"{i} ROMEO: my sweet love, fair and gentle; JULIET: O woe, foul villain and murder " * 4 for i in range(12)
+    ]
     api.fit("zoo:base", "zoo:tuned", texts, seq_len=40, tokens=480, top_k=1, stride=2, out=str(tmp_path / "map"))
     pair = api.load_pair("zoo:base", "zoo:tuned")
-    path, mapping = api.steer_transfer(pair, SteerTransferSettings(vector=str(vec), mapping=str(tmp_path / "map"),
-                                                                   out=str(tmp_path / "moved")))
+    path, mapping = api.steer_transfer(
+        pair, SteerTransferSettings(vector=str(vec), mapping=str(tmp_path / "map"), out=str(tmp_path / "moved"))
+    )
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["method"] == "transferred(mean)" and manifest["has_residual"] is False
     with pytest.raises(KVBridgeError, match="made for another model"):  # the vector is the source's
-        api.steer_transfer(api.load_pair("zoo:tuned", "zoo:base"),
-                           SteerTransferSettings(vector=str(vec), mapping=str(tmp_path / "map"),
-                                                 out=str(tmp_path / "wrong")))
+        api.steer_transfer(
+            api.load_pair("zoo:tuned", "zoo:base"),
+            SteerTransferSettings(vector=str(vec), mapping=str(tmp_path / "map"), out=str(tmp_path / "wrong")),
+        )
     assert not (tmp_path / "wrong").exists()

@@ -82,7 +82,9 @@ def test_transfer_through_identity_is_exact_and_through_a_map_is_its_linear_part
     for i in range(spec.num_layers):
         src = (i, (i + 1) % spec.num_layers)  # each target layer reads two source layers
         w = lambda: torch.randn(2 * H * D, H * D, generator=g) / 8  # noqa: E731
-        layers.append(LayerMap("dense", src, w(), torch.randn(H * D, generator=g), w(), torch.randn(H * D, generator=g)))
+        layers.append(
+            LayerMap("dense", src, w(), torch.randn(H * D, generator=g), w(), torch.randn(H * D, generator=g))
+        )
     mapping = FittedMapping(spec, spec, layers)
     moved = transfer_vector(zoo_vector, mapping)
     for i, lm in enumerate(layers):
@@ -105,8 +107,12 @@ def test_artifact_round_trip_and_refusal_of_another_model(zoo_base, zoo_vector, 
     assert manifest["kind"] == "kvbridge.steering-vector" and manifest["schema_version"] == 1
     assert manifest["num_pairs"] == 3 and manifest["position"]["kind"] == "last" and manifest["key_space"] == "content"
     assert len(manifest["norms"]["keys"]) == 4 and manifest["model"]["weights_fingerprint"]
-    assert all(torch.equal(a, b) for a, b in zip((*again.keys, *again.values, *again.residual),
-                                                 (*zoo_vector.keys, *zoo_vector.values, *zoo_vector.residual)))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            (*again.keys, *again.values, *again.residual), (*zoo_vector.keys, *zoo_vector.values, *zoo_vector.residual)
+        )
+    )
     load_vector(out, model)
     tuned, _ = load_zoo_model("tuned")
     with pytest.raises(VectorMismatchError) as err:

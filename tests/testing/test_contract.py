@@ -19,8 +19,10 @@ def _ntk_fixed(rope: RopeSpec, seq_len, device):
 
 class TestPluginRopeVariant(RopeVariantContract):
     variant = RopeVariant(name="ntk-fixed", inv_freq=_ntk_fixed, description="test variant")
-    specs = (RopeSpec.make("ntk-fixed", 10000.0, head_dim=32, factor=4.0),
-             RopeSpec.make("ntk-fixed", 500000.0, head_dim=64, partial_factor=0.5, interleaved=True, factor=2.0))
+    specs = (
+        RopeSpec.make("ntk-fixed", 10000.0, head_dim=32, factor=4.0),
+        RopeSpec.make("ntk-fixed", 500000.0, head_dim=64, partial_factor=0.5, interleaved=True, factor=2.0),
+    )
 
 
 class TestLlamaAdapterContract(AdapterContract):
@@ -39,8 +41,10 @@ def _doc_example_inv_freq(rope, seq_len):
 
 class TestRopeVariantWrittenToTheHookDocs(RopeVariantContract):
     variant = RopeVariant(name="theta-scaled", inv_freq=_doc_example_inv_freq, description="theta x factor")
-    specs = (RopeSpec.make("theta-scaled", 10000.0, head_dim=32, factor=4.0),
-             RopeSpec.make("theta-scaled", 10000.0, head_dim=64, partial_factor=0.5, factor=2.0))
+    specs = (
+        RopeSpec.make("theta-scaled", 10000.0, head_dim=32, factor=4.0),
+        RopeSpec.make("theta-scaled", 10000.0, head_dim=64, partial_factor=0.5, factor=2.0),
+    )
 
 
 # -- defaults against transformers' config classes --------------------------------------------------------

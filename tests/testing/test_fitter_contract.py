@@ -37,7 +37,8 @@ def test_the_contract_fails_a_fitter_that_does_not_recover_the_map():
     mapping, host = fit_planted(RidgeFitter, {"top_k": 1}, fixture)
     from dataclasses import replace
 
-    wrong = replace(mapping, layers=[replace(lm, sources=((s + 1) % 4,)) for lm, s in
-                                     zip(mapping.layers, fixture["truth"])])
+    wrong = replace(
+        mapping, layers=[replace(lm, sources=((s + 1) % 4,)) for lm, s in zip(mapping.layers, fixture["truth"])]
+    )
     with pytest.raises(AssertionError, match="differs from the target's own"):
         check_recovers_planted(wrong, host, fixture, min_r2=0.0)

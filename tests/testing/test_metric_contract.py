@@ -11,14 +11,27 @@ from kvbridge.testing import MetricContract
 from kvbridge.testing.metric_contract import G, check_metric
 
 #: the value a perfect copy of native's outputs must get (None: depends on the samples)
-IDEAL = {"nll_delta": 0.0, "kl_mean": 0.0, "kl_p95": 0.0, "top1_agreement": 1.0, "topk_overlap": 1.0,
-         "tv_top_p": 0.0, "max_abs_logit_diff": 0.0, "gap_recovered": 1.0, "retention": 1.0, "retention_floor": 1.0,
-         "greedy_first_divergence": float(G), "greedy_agreement": 1.0, "attention_cosine_mean": 1.0,
-         "attention_cosine_min": 1.0}
+IDEAL = {
+    "nll_delta": 0.0,
+    "kl_mean": 0.0,
+    "kl_p95": 0.0,
+    "top1_agreement": 1.0,
+    "topk_overlap": 1.0,
+    "tv_top_p": 0.0,
+    "max_abs_logit_diff": 0.0,
+    "gap_recovered": 1.0,
+    "retention": 1.0,
+    "retention_floor": 1.0,
+    "greedy_first_divergence": float(G),
+    "greedy_agreement": 1.0,
+    "attention_cosine_mean": 1.0,
+    "attention_cosine_min": 1.0,
+}
 
 for _m in METRICS:  # one contract class per built-in metric
-    globals()[f"TestMetric_{_m.name}"] = type(f"TestMetric_{_m.name}", (MetricContract,),
-                                              {"metric": _m, "ideal": IDEAL.get(_m.name)})
+    globals()[f"TestMetric_{_m.name}"] = type(
+        f"TestMetric_{_m.name}", (MetricContract,), {"metric": _m, "ideal": IDEAL.get(_m.name)}
+    )
 
 
 def _misspelt(view):

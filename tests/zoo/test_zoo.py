@@ -127,8 +127,9 @@ def test_same_architecture_different_weights(other):
     import numpy as np
 
     drop = {"transformers_version", "dtype"}
-    assert {k: v for k, v in _config(other).items() if k not in drop} == \
-        {k: v for k, v in _config("base").items() if k not in drop}
+    assert {k: v for k, v in _config(other).items() if k not in drop} == {
+        k: v for k, v in _config("base").items() if k not in drop
+    }
     a, b = _tensors("base"), _tensors(other)
     assert a.keys() == b.keys()
     differ = [k for k in a if a[k].shape == b[k].shape and not np.array_equal(a[k], b[k])]
@@ -148,8 +149,12 @@ def test_tokenizer_loads_with_autotokenizer_and_round_trips(manifest):
     tok = AutoTokenizer.from_pretrained(str(ROOT / "tokenizer"), local_files_only=True)
     assert len(tok) == manifest["tokenizer"]["vocab_size"]
     assert tok.eos_token == manifest["tokenizer"]["special_token"]
-    for text in ["First Citizen:\nBefore we proceed any further, hear me speak.\n",
-                 "  odd   spacing\t\ttabs\n\n", "naïve café – ünïcødé ✓ 日本語", ""]:
+    for text in [
+        "First Citizen:\nBefore we proceed any further, hear me speak.\n",
+        "  odd   spacing\t\ttabs\n\n",
+        "naïve café – ünïcødé ✓ 日本語",
+        "",
+    ]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == text
     assert len(tok("To be, or not to be")["input_ids"]) < len("To be, or not to be")
@@ -208,8 +213,11 @@ def _synthetic_text(n_lines: int = 600) -> str:
     words = "the king queen lord my thou art good night sweet prince love death sword crown".split()
     lines = []
     for _ in range(n_lines):
-        lines += [rng.choice(["KING:", "QUEEN:", "LORD:"]),
-                  " ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ".", ""]
+        lines += [
+            rng.choice(["KING:", "QUEEN:", "LORD:"]),
+            " ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ".",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -217,26 +225,29 @@ def test_recipe_is_deterministic(tmp_path):
     from kvbridge.zoo.build import build_zoo
 
     text = _synthetic_text()
-    runs = [build_zoo(out=tmp_path / f"run{i}", recipe=TINY, corpus_text=text, log=lambda _: None)
-            for i in range(2)]
+    runs = [build_zoo(out=tmp_path / f"run{i}", recipe=TINY, corpus_text=text, log=lambda _: None) for i in range(2)]
     files = [{k: v["sha256"] for m in r["models"].values() for k, v in m["files"].items()} for r in runs]
     assert files[0] == files[1]
     assert runs[0]["models"]["tiny"]["heldout_loss"] == runs[1]["models"]["tiny"]["heldout_loss"]
     first = runs[0]["models"]
-    assert first["tiny"]["files"]["tiny/model.safetensors"] != first["tiny_tuned"]["files"]["tiny_tuned/model.safetensors"]
+    assert (
+        first["tiny"]["files"]["tiny/model.safetensors"] != first["tiny_tuned"]["files"]["tiny_tuned/model.safetensors"]
+    )
     assert (tmp_path / "run0" / "manifest.json").is_file()
 
 
 def test_zoo_list_does_not_import_torch():
-    code = "\n".join([
-        "import sys",
-        "from kvbridge.cli.main import build_cli",
-        "try:",
-        "    build_cli().main(args=['zoo', 'list'], standalone_mode=False)",
-        "except SystemExit:",
-        "    pass",
-        "print('HEAVY', [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules])",
-    ])
+    code = "\n".join(
+        [
+            "import sys",
+            "from kvbridge.cli.main import build_cli",
+            "try:",
+            "    build_cli().main(args=['zoo', 'list'], standalone_mode=False)",
+            "except SystemExit:",
+            "    pass",
+            "print('HEAVY', [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules])",
+        ]
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "HEAVY []" in res.stdout

@@ -70,8 +70,10 @@ def read_adapter(adapter_dir: str | Path = SHIPPED) -> AdapterInfo:
         raise AdapterError(f"{d}: no adapter_config.json", "pass a folder written by peft's save_pretrained")
     if not w_path.is_file():
         if (d / "adapter_model.bin").exists():
-            raise AdapterError(f"{d}: adapter weights are a pickle (adapter_model.bin); kvbridge never unpickles",
-                               "re-save the adapter with safe_serialization=True")
+            raise AdapterError(
+                f"{d}: adapter weights are a pickle (adapter_model.bin); kvbridge never unpickles",
+                "re-save the adapter with safe_serialization=True",
+            )
         raise AdapterError(f"{d}: no adapter_model.safetensors", "pass a folder written by peft's save_pretrained")
     try:
         cfg = json.loads(cfg_path.read_text())
@@ -87,9 +89,15 @@ def read_adapter(adapter_dir: str | Path = SHIPPED) -> AdapterInfo:
         raise AdapterError(f"{cfg_path}: target_modules is a regex ({targets!r})", "list the module names")
     recipe_path = d / "recipe.json"
     recipe = json.loads(recipe_path.read_text()) if recipe_path.is_file() else None
-    return AdapterInfo(path=str(d), rank=int(cfg["r"]), alpha=float(cfg.get("lora_alpha", cfg["r"])),
-                       target_modules=tuple(sorted(targets)), fan_in_fan_out=bool(cfg.get("fan_in_fan_out", False)),
-                       sha256=hashlib.sha256(w_path.read_bytes()).hexdigest(), recipe=recipe)
+    return AdapterInfo(
+        path=str(d),
+        rank=int(cfg["r"]),
+        alpha=float(cfg.get("lora_alpha", cfg["r"])),
+        target_modules=tuple(sorted(targets)),
+        fan_in_fan_out=bool(cfg.get("fan_in_fan_out", False)),
+        sha256=hashlib.sha256(w_path.read_bytes()).hexdigest(),
+        recipe=recipe,
+    )
 
 
 def _lora_pairs(state: dict) -> dict[str, tuple[Any, Any]]:
@@ -101,12 +109,14 @@ def _lora_pairs(state: dict) -> dict[str, tuple[Any, Any]]:
             if marker in key:
                 mod = key.split(marker)[0]
                 if mod.startswith("base_model.model."):
-                    mod = mod[len("base_model.model."):]
+                    mod = mod[len("base_model.model.") :]
                 pairs.setdefault(mod, {})[part] = t
                 break
         else:
-            raise AdapterError(f"adapter tensor {key!r} is not a LoRA A/B matrix",
-                               "pass a plain LoRA adapter (no modules_to_save, no bias)")
+            raise AdapterError(
+                f"adapter tensor {key!r} is not a LoRA A/B matrix",
+                "pass a plain LoRA adapter (no modules_to_save, no bias)",
+            )
     bad = [m for m, p in pairs.items() if set(p) != {"lora_A", "lora_B"}]
     if bad:
         raise AdapterError(f"adapter has an A or B matrix missing for {bad[0]}", "re-save the adapter")
@@ -131,15 +141,19 @@ def load_with_adapter(base_model, adapter_dir: str | Path = SHIPPED, *, copy_mod
         for name, (a, b) in sorted(pairs.items()):
             mod = modules.get(name)
             if mod is None or not hasattr(mod, "weight"):
-                raise AdapterError(f"adapter targets {name}, which the model does not have",
-                                   "load the adapter onto the base model it was trained for")
+                raise AdapterError(
+                    f"adapter targets {name}, which the model does not have",
+                    "load the adapter onto the base model it was trained for",
+                )
             w = mod.weight
             delta = (b.float() @ a.float()) * info.scaling
             if info.fan_in_fan_out:
                 delta = delta.T
             if tuple(delta.shape) != tuple(w.shape):
-                raise AdapterError(f"adapter for {name} has shape {tuple(delta.shape)}, the model's weight is "
-                                   f"{tuple(w.shape)}", "load the adapter onto the base model it was trained for")
+                raise AdapterError(
+                    f"adapter for {name} has shape {tuple(delta.shape)}, the model's weight is {tuple(w.shape)}",
+                    "load the adapter onto the base model it was trained for",
+                )
             w.copy_((w.float() + delta).to(w.dtype))
     return model
 
@@ -182,5 +196,13 @@ def load_adapter_pair(adapter_dir: str | Path = SHIPPED, base: str = "smollm2", 
     return AdapterPair(base=model, tuned=tuned, tokenizer=tok, adapter=read_adapter(adapter_dir), base_name=base)
 
 
-__all__ = ["SHIPPED", "AdapterError", "AdapterInfo", "AdapterPair", "read_adapter", "load_with_adapter",
-           "load_base", "load_adapter_pair"]
+__all__ = [
+    "SHIPPED",
+    "AdapterError",
+    "AdapterInfo",
+    "AdapterPair",
+    "read_adapter",
+    "load_with_adapter",
+    "load_base",
+    "load_adapter_pair",
+]

@@ -25,8 +25,12 @@ from pathlib import Path
 #: the fit's calibration text: the front quarter of the corpus (the adapter trained on [0.5, 0.7))
 CALIBRATION_SLICE = (0.0, 0.25)
 ROWS = ("native", "fitted", "plain", "no_prefix")
-ROW_LABELS = {"native": "native (base+adapter prefill)", "fitted": "fitted (ridge map of the base cache)",
-              "plain": "plain reuse (base cache, identity, no fit)", "no_prefix": "no prefix"}
+ROW_LABELS = {
+    "native": "native (base+adapter prefill)",
+    "fitted": "fitted (ridge map of the base cache)",
+    "plain": "plain reuse (base cache, identity, no fit)",
+    "no_prefix": "no prefix",
+}
 METRICS = ("nll", "gap_recovered", "kl_mean", "kl_p95", "top1_agreement", "greedy_agreement", "attention_cosine_min")
 
 
@@ -70,15 +74,32 @@ class AdapterPairResult:
         rows = []
         for r in ROWS:
             c = self.conditions[r]
-            rows.append([ROW_LABELS[r], f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
-                         f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
-                         f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
-                         fmt(c["kl_p95"], "{:.4f}"), fmt(c["top1_agreement"]), fmt(c["greedy_agreement"]),
-                         fmt(c["attention_cosine_min"]), self._gate_text(r)])
+            rows.append(
+                [
+                    ROW_LABELS[r],
+                    f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
+                    f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
+                    f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
+                    fmt(c["kl_p95"], "{:.4f}"),
+                    fmt(c["top1_agreement"]),
+                    fmt(c["greedy_agreement"]),
+                    fmt(c["attention_cosine_min"]),
+                    self._gate_text(r),
+                ]
+            )
         return rows
 
-    HEADS = ("row", "NLL [95% CI]", "gap_recovered [95% CI]", "KL mean [95% CI]", "kl_p95", "top1", "greedy",
-             "attn cos min", "default gates")
+    HEADS = (
+        "row",
+        "NLL [95% CI]",
+        "gap_recovered [95% CI]",
+        "KL mean [95% CI]",
+        "kl_p95",
+        "top1",
+        "greedy",
+        "attn cos min",
+        "default gates",
+    )
 
     def _gate_text(self, row: str) -> str:
         recs = self.gates.get(row)
@@ -97,40 +118,63 @@ class AdapterPairResult:
     def _header(self) -> list[str]:
         a, s = self.adapter, self.settings
         held = a.get("heldout") or {}
-        lines = [f"pair: {s['base']} -> {s['base']}+LoRA (rank {a['rank']}, alpha {a['alpha']:g}, "
-                 f"{'/'.join(a['targets'])}; {Path(a['path']).name})",
-                 f"check: {self.check_verdict}" + (f" ({self.check_reasons[0]})" if self.check_reasons else "")]
+        lines = [
+            f"pair: {s['base']} -> {s['base']}+LoRA (rank {a['rank']}, alpha {a['alpha']:g}, "
+            f"{'/'.join(a['targets'])}; {Path(a['path']).name})",
+            f"check: {self.check_verdict}" + (f" ({self.check_reasons[0]})" if self.check_reasons else ""),
+        ]
         if held:
-            lines.append(f"adapter held-out NLL (recipe, {held.get('heldout_windows')} windows): base "
-                         f"{held['base_nll']:.4f}, base+adapter {held['adapter_nll']:.4f} "
-                         f"({held['nll_diff_mean']:+.4f} +- {held['nll_diff_se']:.4f} se)")
+            lines.append(
+                f"adapter held-out NLL (recipe, {held.get('heldout_windows')} windows): base "
+                f"{held['base_nll']:.4f}, base+adapter {held['adapter_nll']:.4f} "
+                f"({held['nll_diff_mean']:+.4f} +- {held['nll_diff_se']:.4f} se)"
+            )
         m = self.mapping
-        lines.append(f"fit: ridge top-k {s['top_k']}, stride {s['stride']}, {s['calibration_tokens']} calibration tokens "
-                     f"(corpus {CALIBRATION_SLICE[0]:.2f}-{CALIBRATION_SLICE[1]:.2f}); held-out R2 mean "
-                     f"{m.get('r2_mean', float('nan')):.4f} (min {m.get('r2_min', float('nan')):.4f}); layer selection "
-                     f"{'diagonal' if m.get('diagonal') else 'not diagonal'}")
-        lines.append(f"eval: {s['samples']} held-out samples (corpus tail), prefix {s['prefix_len']}, continuation "
-                     f"{s['continuation_len']}, greedy {s['greedy_tokens']}; {s['bootstrap']} paired bootstrap resamples")
+        lines.append(
+            f"fit: ridge top-k {s['top_k']}, stride {s['stride']}, {s['calibration_tokens']} calibration tokens "
+            f"(corpus {CALIBRATION_SLICE[0]:.2f}-{CALIBRATION_SLICE[1]:.2f}); held-out R2 mean "
+            f"{m.get('r2_mean', float('nan')):.4f} (min {m.get('r2_min', float('nan')):.4f}); layer selection "
+            f"{'diagonal' if m.get('diagonal') else 'not diagonal'}"
+        )
+        lines.append(
+            f"eval: {s['samples']} held-out samples (corpus tail), prefix {s['prefix_len']}, continuation "
+            f"{s['continuation_len']}, greedy {s['greedy_tokens']}; {s['bootstrap']} paired bootstrap resamples"
+        )
         return lines
 
     def render(self) -> str:
-        lines = self._header() + ["", render_table(self.table_rows(), self.HEADS), "",
-                                  "paired differences (x - y, bootstrap 95%):"]
+        lines = self._header() + [
+            "",
+            render_table(self.table_rows(), self.HEADS),
+            "",
+            "paired differences (x - y, bootstrap 95%):",
+        ]
         lines += ["  " + line for line in self.diff_lines()]
         lines.append("ordering by NLL (only where the paired interval excludes 0): " + "; ".join(self.ordering("nll")))
         lines.append("ordering by KL to native: " + "; ".join(self.ordering("kl_mean")))
         t = self.timing
-        lines.append(f"time: load {t.get('load_s', 0):.1f} s, check {t['check_s']:.1f} s, fit {t['fit_s']:.1f} s, "
-                     f"eval {t['eval_s']:.1f} s")
+        lines.append(
+            f"time: load {t.get('load_s', 0):.1f} s, check {t['check_s']:.1f} s, fit {t['fit_s']:.1f} s, "
+            f"eval {t['eval_s']:.1f} s"
+        )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        lines = [f"- {line}" for line in self._header()] + ["", markdown_table(self.table_rows(), self.HEADS), "",
-                                                             "Paired differences (x - y, bootstrap 95%):", ""]
+        lines = [f"- {line}" for line in self._header()] + [
+            "",
+            markdown_table(self.table_rows(), self.HEADS),
+            "",
+            "Paired differences (x - y, bootstrap 95%):",
+            "",
+        ]
         lines += [f"- {line}" for line in self.diff_lines()]
-        lines += ["", "Ordering by NLL (only where the paired interval excludes 0): " + "; ".join(self.ordering("nll")),
-                  "", "Ordering by KL to native: " + "; ".join(self.ordering("kl_mean"))]
+        lines += [
+            "",
+            "Ordering by NLL (only where the paired interval excludes 0): " + "; ".join(self.ordering("nll")),
+            "",
+            "Ordering by KL to native: " + "; ".join(self.ordering("kl_mean")),
+        ]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -151,8 +195,9 @@ def render_table(rows: list[list[str]], heads) -> str:
 
 
 def markdown_table(rows: list[list[str]], heads) -> str:
-    return "\n".join(["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(
+        ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
+    )
 
 
 def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
@@ -167,8 +212,10 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
     if len(ids) < n * seq_len:
         from kvbridge.adapters import AdapterError
 
-        raise AdapterError(f"the calibration slice gives {len(ids)} tokens, fewer than {n * seq_len}",
-                           "lower calibration tokens or pass a bigger corpus")
+        raise AdapterError(
+            f"the calibration slice gives {len(ids)} tokens, fewer than {n * seq_len}",
+            "lower calibration tokens or pass a bigger corpus",
+        )
     return torch.tensor(ids, dtype=torch.long).view(n, seq_len)
 
 
@@ -186,10 +233,24 @@ def _paired_diff(fields_a: dict, fields_b: dict, idx, params: dict) -> dict:
     return out
 
 
-def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: int = 32, prefix_len: int = 64,
-                     continuation_len: int = 8, greedy_tokens: int = 8, calibration_tokens: int = 4096,
-                     top_k: int = 1, stride: int = 4, bootstrap: int = 1000, seed: int = 0, batch_size: int = 16,
-                     controls: bool = False, host=None, progress=None) -> AdapterPairResult:
+def run_adapter_pair(
+    pair=None,
+    *,
+    corpus: str | Path | None = None,
+    samples: int = 32,
+    prefix_len: int = 64,
+    continuation_len: int = 8,
+    greedy_tokens: int = 8,
+    calibration_tokens: int = 4096,
+    top_k: int = 1,
+    stride: int = 4,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    batch_size: int = 16,
+    controls: bool = False,
+    host=None,
+    progress=None,
+) -> AdapterPairResult:
     """Check, fit and evaluate base -> base+adapter (see the module docstring).
 
     ``pair``: an :class:`~kvbridge.adapters.AdapterPair` (default: the shipped one, loaded here).
@@ -228,27 +289,58 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
 
     t0 = time.perf_counter()
     adapter = host.adapter_for(base.config.to_dict())
-    report = check(Side(adapter.spec_of(base), name=pair.base_name, config=base.config.to_dict(),
-                        weights=weights_fingerprint(base)),
-                   Side(adapter.spec_of(tuned), name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
-                        config=tuned.config.to_dict(), weights=weights_fingerprint(tuned)), host=host)
+    report = check(
+        Side(
+            adapter.spec_of(base), name=pair.base_name, config=base.config.to_dict(), weights=weights_fingerprint(base)
+        ),
+        Side(
+            adapter.spec_of(tuned),
+            name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
+            config=tuned.config.to_dict(),
+            weights=weights_fingerprint(tuned),
+        ),
+        host=host,
+    )
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), calibration_tokens)
-    mapping = fit(base, tuned, calib, top_k=top_k, stride=stride, seed=seed, host=host, distributed=None,
-                  source_name=pair.base_name, target_name=f"{pair.base_name}+adapter")
+    mapping = fit(
+        base,
+        tuned,
+        calib,
+        top_k=top_k,
+        stride=stride,
+        seed=seed,
+        host=host,
+        distributed=None,
+        source_name=pair.base_name,
+        target_name=f"{pair.base_name}+adapter",
+    )
     timing["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ids, data = corpus_samples(corpus, tok, n=samples, length=prefix_len + continuation_len + 1)
-    conds = ("native", "transferred", "no_prefix") + (("zeroed", "shuffled", "random", "no_rope_reapply")
-                                                     if controls else ())
-    cfg = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
-                     batch_size=batch_size, seed=seed, conditions=conds)
+    conds = ("native", "transferred", "no_prefix") + (
+        ("zeroed", "shuffled", "random", "no_rope_reapply") if controls else ()
+    )
+    cfg = EvalConfig(
+        prefix_len=prefix_len,
+        continuation_len=continuation_len,
+        greedy_tokens=greedy_tokens,
+        batch_size=batch_size,
+        seed=seed,
+        conditions=conds,
+    )
     run_fit = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress)
-    cfg_plain = EvalConfig(prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
-                           batch_size=batch_size, seed=seed, conditions=("native", "transferred"))
+    cfg_plain = EvalConfig(
+        prefix_len=prefix_len,
+        continuation_len=continuation_len,
+        greedy_tokens=greedy_tokens,
+        batch_size=batch_size,
+        seed=seed,
+        conditions=("native", "transferred"),
+    )
     run_plain = run_conditions(base, tuned, IdentityMapping(), ids, cfg_plain, host=host, progress=progress)
     timing["eval_s"] = time.perf_counter() - t0
     notes = []
@@ -257,8 +349,12 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
     plain = dict(run_plain.fields["transferred"])
     plain["no_prefix_nll"] = run_fit.fields["no_prefix"]["nll"]
     plain["no_prefix_correct"] = run_fit.fields["no_prefix"]["correct"]
-    fields = {"native": run_fit.fields["native"], "fitted": run_fit.fields["transferred"], "plain": plain,
-              "no_prefix": run_fit.fields["no_prefix"]}
+    fields = {
+        "native": run_fit.fields["native"],
+        "fitted": run_fit.fields["transferred"],
+        "plain": plain,
+        "no_prefix": run_fit.fields["no_prefix"],
+    }
     for c in conds[3:]:
         fields[f"fitted:{c}"] = run_fit.fields[c]
     combined = ConditionRun(config=cfg, fields=fields, num_layers=run_fit.num_layers, timing=run_fit.timing)
@@ -266,32 +362,61 @@ def run_adapter_pair(pair=None, *, corpus: str | Path | None = None, samples: in
     summary = summarize(combined, metrics, bootstrap=bootstrap, seed=seed)
     params = {"greedy_tokens": greedy_tokens, "top_k": cfg.top_k, "top_p": cfg.top_p}
     idx = bootstrap_indices(int(ids.shape[0]), bootstrap, seed)
-    differences = {"fitted-plain": _paired_diff(fields["fitted"], fields["plain"], idx, params),
-                   "native-fitted": _paired_diff(fields["native"], fields["fitted"], idx, params),
-                   "native-plain": _paired_diff(fields["native"], fields["plain"], idx, params)}
+    differences = {
+        "fitted-plain": _paired_diff(fields["fitted"], fields["plain"], idx, params),
+        "native-fitted": _paired_diff(fields["native"], fields["fitted"], idx, params),
+        "native-plain": _paired_diff(fields["native"], fields["plain"], idx, params),
+    }
     hib = {m.name: m.higher_is_better for m in metrics}
     gate_list = gates_mod.gate_set((), hib)
-    gates = {r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
-             for r in ("fitted", "plain")}
+    gates = {
+        r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
+        for r in ("fitted", "plain")
+    }
     rep = getattr(mapping, "report", None)
     r2 = (rep.get("r2_summary") if isinstance(rep, dict) else getattr(rep, "r2_summary", None)) or {}
     sel = mapping.layer_selection() if hasattr(mapping, "layer_selection") else None
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
     held = (pair.adapter.recipe or {}).get("result")
-    info = {"path": pair.adapter.path, "rank": pair.adapter.rank, "alpha": pair.adapter.alpha,
-            "targets": list(pair.adapter.target_modules), "sha256": pair.adapter.sha256, "heldout": held}
-    settings = {"base": pair.base_name, "samples": int(ids.shape[0]), "prefix_len": prefix_len,
-                "continuation_len": continuation_len, "greedy_tokens": greedy_tokens, "bootstrap": bootstrap,
-                "seed": seed, "top_k": top_k, "stride": stride, "calibration_tokens": int(calib.numel()),
-                "corpus": str(corpus), "dtype": str(next(tuned.parameters()).dtype).replace("torch.", ""),
-                "threads": torch.get_num_threads()}
+    info = {
+        "path": pair.adapter.path,
+        "rank": pair.adapter.rank,
+        "alpha": pair.adapter.alpha,
+        "targets": list(pair.adapter.target_modules),
+        "sha256": pair.adapter.sha256,
+        "heldout": held,
+    }
+    settings = {
+        "base": pair.base_name,
+        "samples": int(ids.shape[0]),
+        "prefix_len": prefix_len,
+        "continuation_len": continuation_len,
+        "greedy_tokens": greedy_tokens,
+        "bootstrap": bootstrap,
+        "seed": seed,
+        "top_k": top_k,
+        "stride": stride,
+        "calibration_tokens": int(calib.numel()),
+        "corpus": str(corpus),
+        "dtype": str(next(tuned.parameters()).dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+    }
     return AdapterPairResult(
-        check_verdict=report.verdict, check_reasons=tuple(report.reasons), adapter=info,
-        conditions={k: {m: v for m, v in row.items() if not m.startswith("attention_cosine_layers")}
-                    for k, row in summary["conditions"].items()},
-        differences=differences, gates=gates,
+        check_verdict=report.verdict,
+        check_reasons=tuple(report.reasons),
+        adapter=info,
+        conditions={
+            k: {m: v for m, v in row.items() if not m.startswith("attention_cosine_layers")}
+            for k, row in summary["conditions"].items()
+        },
+        differences=differences,
+        gates=gates,
         mapping={"r2_mean": r2.get("mean"), "r2_min": r2.get("min"), "layer_selection": sel, "diagonal": diagonal},
-        settings=settings, timing=timing, data=data, notes=tuple(notes))
+        settings=settings,
+        timing=timing,
+        data=data,
+        notes=tuple(notes),
+    )
 
 
 __all__ = ["AdapterPairResult", "run_adapter_pair", "calibration_ids", "CALIBRATION_SLICE", "ROWS"]
@@ -324,10 +449,17 @@ def main(argv=None) -> int:
 
     transformers.logging.set_verbosity_error()
     t0 = time.perf_counter()
-    res = run_adapter_pair(corpus=a.corpus, samples=a.samples, prefix_len=a.prefix_len,
-                           continuation_len=a.continuation_len, greedy_tokens=a.greedy_tokens,
-                           calibration_tokens=a.calibration_tokens, top_k=a.top_k, bootstrap=a.bootstrap,
-                           controls=a.controls)
+    res = run_adapter_pair(
+        corpus=a.corpus,
+        samples=a.samples,
+        prefix_len=a.prefix_len,
+        continuation_len=a.continuation_len,
+        greedy_tokens=a.greedy_tokens,
+        calibration_tokens=a.calibration_tokens,
+        top_k=a.top_k,
+        bootstrap=a.bootstrap,
+        controls=a.controls,
+    )
     print(res.markdown() if a.markdown else res.render())
     print(f"\n({time.perf_counter() - t0:.0f} s in all)")
     if a.json:

@@ -62,7 +62,7 @@ def slice_text(text: str, lo: float, hi: float) -> str:
     """``text`` between two character fractions, both cuts moved forward to the next line start."""
     from kvbridge.zoo.train import line_cut
 
-    return text[line_cut(text, lo):line_cut(text, hi)]
+    return text[line_cut(text, lo) : line_cut(text, hi)]
 
 
 def encode(tokenizer, text: str):
@@ -78,7 +78,7 @@ def heldout_nll(model, windows, batch: int = 8) -> "torch.Tensor":  # noqa: F821
     out = []
     with torch.no_grad():
         for i in range(0, windows.shape[0], batch):
-            x = windows[i:i + batch]
+            x = windows[i : i + batch]
             logits = model(input_ids=x[:, :-1]).logits.float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
             out.append(nll.mean(dim=1))
@@ -104,8 +104,10 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
     raw = corpus.read_bytes()
     sha = hashlib.sha256(raw).hexdigest()
     if recipe.corpus_sha256 and sha != recipe.corpus_sha256:
-        raise SystemExit(f"error: {corpus} has sha256 {sha}, the recipe expects {recipe.corpus_sha256} "
-                         "(fix: pass the tinyshakespeare.txt the recipe was written for)")
+        raise SystemExit(
+            f"error: {corpus} has sha256 {sha}, the recipe expects {recipe.corpus_sha256} "
+            "(fix: pass the tinyshakespeare.txt the recipe was written for)"
+        )
     text = raw.decode("utf-8")
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
@@ -120,8 +122,14 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
     base_nll = heldout_nll(model, held)
     log(f"base held-out NLL {base_nll.mean():.4f} ({time.perf_counter() - t0:.1f}s)")
 
-    cfg = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, target_modules=list(recipe.targets),
-                     lora_dropout=0.0, bias="none", init_lora_weights=True)
+    cfg = LoraConfig(
+        r=recipe.rank,
+        lora_alpha=recipe.alpha,
+        target_modules=list(recipe.targets),
+        lora_dropout=0.0,
+        bias="none",
+        init_lora_weights=True,
+    )
     torch.manual_seed(recipe.seed)
     pm = get_peft_model(model, cfg)
     params = [p for p in pm.parameters() if p.requires_grad]
@@ -149,18 +157,26 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
     train_s = time.perf_counter() - t0
     pm.eval()
     tuned_nll = heldout_nll(pm, held)
-    diff = (tuned_nll - base_nll)
+    diff = tuned_nll - base_nll
     result = {
-        "heldout_windows": int(held.shape[0]), "heldout_tokens_per_window": recipe.heldout_len,
-        "base_nll": float(base_nll.mean()), "adapter_nll": float(tuned_nll.mean()),
-        "nll_diff_mean": float(diff.mean()), "nll_diff_se": float(diff.std() / math.sqrt(diff.numel())),
+        "heldout_windows": int(held.shape[0]),
+        "heldout_tokens_per_window": recipe.heldout_len,
+        "base_nll": float(base_nll.mean()),
+        "adapter_nll": float(tuned_nll.mean()),
+        "nll_diff_mean": float(diff.mean()),
+        "nll_diff_se": float(diff.std() / math.sqrt(diff.numel())),
         "windows_improved": int((diff < 0).sum()),
-        "train_seconds": round(train_s, 1), "train_tokens": recipe.steps * recipe.batch_size * recipe.seq_len,
-        "train_slice_tokens": int(train_ids.numel()), "heldout_slice_tokens": int(held_ids.numel()),
-        "corpus_sha256": sha, "torch": torch.__version__,
+        "train_seconds": round(train_s, 1),
+        "train_tokens": recipe.steps * recipe.batch_size * recipe.seq_len,
+        "train_slice_tokens": int(train_ids.numel()),
+        "heldout_slice_tokens": int(held_ids.numel()),
+        "corpus_sha256": sha,
+        "torch": torch.__version__,
     }
-    log(f"held-out NLL base {result['base_nll']:.4f} adapter {result['adapter_nll']:.4f} "
-        f"(diff {result['nll_diff_mean']:+.4f} +- {result['nll_diff_se']:.4f} se)")
+    log(
+        f"held-out NLL base {result['base_nll']:.4f} adapter {result['adapter_nll']:.4f} "
+        f"(diff {result['nll_diff_mean']:+.4f} +- {result['nll_diff_se']:.4f} se)"
+    )
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -174,8 +190,12 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
         c = json.loads(cfg_path.read_text())
         c["base_model_name_or_path"] = recipe.base
         cfg_path.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
-        rec = {"recipe": asdict(recipe), "result": result, "loss_curve": curve,
-               "command": "python -m kvbridge.adapters.train_lora --out src/kvbridge/adapters/smollm2-shakespeare"}
+        rec = {
+            "recipe": asdict(recipe),
+            "result": result,
+            "loss_curve": curve,
+            "command": "python -m kvbridge.adapters.train_lora --out src/kvbridge/adapters/smollm2-shakespeare",
+        }
         (tmp / "recipe.json").write_text(json.dumps(rec, indent=2) + "\n")
         keep = out / "README.md"
         if keep.is_file():

@@ -37,30 +37,53 @@ def _size(spec) -> int:
 
 
 def _same_geometry(s, t) -> bool:
-    return (s.model_type, s.num_layers, s.num_kv_heads, s.head_dim, s.hidden_size) == \
-        (t.model_type, t.num_layers, t.num_kv_heads, t.head_dim, t.hidden_size)
+    return (s.model_type, s.num_layers, s.num_kv_heads, s.head_dim, s.hidden_size) == (
+        t.model_type,
+        t.num_layers,
+        t.num_kv_heads,
+        t.head_dim,
+        t.hidden_size,
+    )
 
 
 def known_results(source, target) -> list[Finding]:
     out = []
     if source.model_type in MINISTRAL3_TYPES or target.model_type in MINISTRAL3_TYPES:
-        out.append(Finding("known-results", "warning",
-                           "ridge transfer is published to fail on Ministral-3 (3B->14B kept 44% retention):"
-                           " validate with a quality report before relying on it",
-                           source.model_type, target.model_type))
+        out.append(
+            Finding(
+                "known-results",
+                "warning",
+                "ridge transfer is published to fail on Ministral-3 (3B->14B kept 44% retention):"
+                " validate with a quality report before relying on it",
+                source.model_type,
+                target.model_type,
+            )
+        )
     s_size, t_size = _size(source), _size(target)
     if s_size and t_size and max(s_size, t_size) >= SIZE_GAP * min(s_size, t_size):
         ratio = max(s_size, t_size) / min(s_size, t_size)
-        out.append(Finding("known-results", "warning",
-                           f"large size gap ({ratio:.1f}x in hidden x layers): published ridge transfers degrade"
-                           " as the gap grows (Qwen3 14B->32B kept 97.6%, 8B->32B 87.5%, Llama-3.1 8B->70B 72.8%,"
-                           " GSM8K only 18.2%); retention also overstates the gap recovered",
-                           f"{source.hidden_size}x{source.num_layers}", f"{target.hidden_size}x{target.num_layers}"))
+        out.append(
+            Finding(
+                "known-results",
+                "warning",
+                f"large size gap ({ratio:.1f}x in hidden x layers): published ridge transfers degrade"
+                " as the gap grows (Qwen3 14B->32B kept 97.6%, 8B->32B 87.5%, Llama-3.1 8B->70B 72.8%,"
+                " GSM8K only 18.2%); retention also overstates the gap recovered",
+                f"{source.hidden_size}x{source.num_layers}",
+                f"{target.hidden_size}x{target.num_layers}",
+            )
+        )
     if source.model_type != target.model_type:
-        out.append(Finding("cross-family", "info",
-                           f"cross-family transfer ({source.model_type} -> {target.model_type}): published"
-                           " ridge results are all within one family; expect lower quality and measure it",
-                           source.model_type, target.model_type))
+        out.append(
+            Finding(
+                "cross-family",
+                "info",
+                f"cross-family transfer ({source.model_type} -> {target.model_type}): published"
+                " ridge results are all within one family; expect lower quality and measure it",
+                source.model_type,
+                target.model_type,
+            )
+        )
     return out
 
 
@@ -78,33 +101,52 @@ def sliding_history(source, target) -> list[Finding]:
     if not full_targets:
         return []
     window = source.sliding_window
-    return [Finding("sliding-history", "warning",
-                    f"source sliding-window layers ({window}) feed {full_targets} full-attention target layers"
-                    " that need the whole history: extract with kvbridge (a plain DynamicCache keeps every"
-                    f" token; a cache taken from the source's generate() holds only the last {window}-1),"
-                    f" and expect keys past {window} tokens to have seen only their window",
-                    window, "full")]
+    return [
+        Finding(
+            "sliding-history",
+            "warning",
+            f"source sliding-window layers ({window}) feed {full_targets} full-attention target layers"
+            " that need the whole history: extract with kvbridge (a plain DynamicCache keeps every"
+            f" token; a cache taken from the source's generate() holds only the last {window}-1),"
+            f" and expect keys past {window} tokens to have seen only their window",
+            window,
+            "full",
+        )
+    ]
 
 
 def calibration(source, target) -> list[Finding]:
     if _same_geometry(source, target):
         return []
     features = source.num_kv_heads * source.head_dim * TOP_K
-    return [Finding("calibration", "info",
-                    f"a per-head ridge over the top-{TOP_K} source layers has {features} features"
-                    f" ({source.num_kv_heads} KV heads x {source.head_dim} dims x {TOP_K}): calibrate on at"
-                    f" least {MIN_OBS_PER_FEATURE}x more observations than that (fit warns below) and preferably many"
-                    " more (the paper used ~128K per head); an underdetermined fit reaches"
-                    " R^2 ~ 1 on calibration and collapses on held-out text",
-                    features, None)]
+    return [
+        Finding(
+            "calibration",
+            "info",
+            f"a per-head ridge over the top-{TOP_K} source layers has {features} features"
+            f" ({source.num_kv_heads} KV heads x {source.head_dim} dims x {TOP_K}): calibrate on at"
+            f" least {MIN_OBS_PER_FEATURE}x more observations than that (fit warns below) and preferably many"
+            " more (the paper used ~128K per head); an underdetermined fit reaches"
+            " R^2 ~ 1 on calibration and collapses on held-out text",
+            features,
+            None,
+        )
+    ]
 
 
 def position_range(source, target) -> list[Finding]:
     s_max, t_max = source.max_position_embeddings, target.max_position_embeddings
     if s_max and t_max and t_max < s_max:
-        return [Finding("position-range", "info",
-                        f"the target was trained on {t_max} positions, the source on {s_max}: keep transferred"
-                        f" prefixes within {t_max} tokens", s_max, t_max)]
+        return [
+            Finding(
+                "position-range",
+                "info",
+                f"the target was trained on {t_max} positions, the source on {s_max}: keep transferred"
+                f" prefixes within {t_max} tokens",
+                s_max,
+                t_max,
+            )
+        ]
     return []
 
 
@@ -120,5 +162,11 @@ def kvbridge_check_compatibility(source, target):
     return findings
 
 
-__all__ = ["kvbridge_check_compatibility", "CHECKS", "known_results", "sliding_history", "calibration",
-           "position_range"]
+__all__ = [
+    "kvbridge_check_compatibility",
+    "CHECKS",
+    "known_results",
+    "sliding_history",
+    "calibration",
+    "position_range",
+]

@@ -10,10 +10,13 @@ from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Engine
 
 ENGINES = (
-    Engine(name="llamacpp",
-           description="llama.cpp sequence-state files (llama_state_seq_save_file/load_file, version 3): F16 cache "
-                       "rows in llama.cpp's rotary layout, for the GGUF the engine runs",
-           factory="kvbridge.engines.llamacpp:ENGINE", suffix=".llamacpp-seq"),
+    Engine(
+        name="llamacpp",
+        description="llama.cpp sequence-state files (llama_state_seq_save_file/load_file, version 3): F16 cache "
+        "rows in llama.cpp's rotary layout, for the GGUF the engine runs",
+        factory="kvbridge.engines.llamacpp:ENGINE",
+        suffix=".llamacpp-seq",
+    ),
 )
 
 

@@ -17,8 +17,12 @@ def kvbridge_resolve_family(config, families):
     model_type = config.get("model_type")
     text = text_config_of(config)
     if text is not None and families is not None and text["model_type"] in families:
-        return TextConfigAdapter(name=f"{text['model_type']} (in {model_type})", model_types=(model_type,),
-                                 inner=families[text["model_type"]], wrapper_type=model_type)
+        return TextConfigAdapter(
+            name=f"{text['model_type']} (in {model_type})",
+            model_types=(model_type,),
+            inner=families[text["model_type"]],
+            wrapper_type=model_type,
+        )
     from kvbridge.builtin.families.generic import ADAPTER as GENERIC
 
     return GENERIC if GENERIC.supports(model_type) else None

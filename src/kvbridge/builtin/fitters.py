@@ -9,17 +9,23 @@ from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Fitter
 
 FITTERS = (
-    Fitter(name="ridge",
-           description="centred affine ridge per target (layer, KV head), K and V apart, on all KV heads of the "
-                       "top-k source layers (selected by single-layer R²); streaming float64 statistics",
-           factory="kvbridge.fit.ridge:RidgeFitter"),
-    Fitter(name="ridge-headwise",
-           description="one source KV head per target KV head (assigned by R²): small artifacts, few observations",
-           factory="kvbridge.fit.headwise:HeadwiseFitter"),
-    Fitter(name="sklearn",
-           description="any scikit-learn linear regressor (--estimator module:Class, JSON options) on a capped "
-                       "materialised sample; Ridge(alpha=0.01) agrees with ridge",
-           factory="kvbridge.fit.sklearn_fitter:SklearnFitter"),
+    Fitter(
+        name="ridge",
+        description="centred affine ridge per target (layer, KV head), K and V apart, on all KV heads of the "
+        "top-k source layers (selected by single-layer R²); streaming float64 statistics",
+        factory="kvbridge.fit.ridge:RidgeFitter",
+    ),
+    Fitter(
+        name="ridge-headwise",
+        description="one source KV head per target KV head (assigned by R²): small artifacts, few observations",
+        factory="kvbridge.fit.headwise:HeadwiseFitter",
+    ),
+    Fitter(
+        name="sklearn",
+        description="any scikit-learn linear regressor (--estimator module:Class, JSON options) on a capped "
+        "materialised sample; Ridge(alpha=0.01) agrees with ridge",
+        factory="kvbridge.fit.sklearn_fitter:SklearnFitter",
+    ),
 )
 
 

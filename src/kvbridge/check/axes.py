@@ -15,26 +15,78 @@ from kvbridge.spec import CHUNKED, FULL, SLIDING, ModelSpec, RopeSpec
 #: rope types whose table depends on max_position_embeddings
 LENGTH_DEPENDENT_ROPE = ("dynamic", "yarn", "longrope")
 #: config keys that do not change a model's weights or its KV geometry (for the model axis)
-NON_ARCH_KEYS = frozenset({
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "auto_map",
-    "_attn_implementation", "_attn_implementation_autoset", "use_cache", "_commit_hash",
-    "output_attentions", "output_hidden_states", "return_dict", "bos_token_id", "eos_token_id",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "attention_dropout", "attn_pdrop",
-    "resid_pdrop", "embd_pdrop", "hidden_dropout", "summary_first_dropout", "initializer_range",
-    "task_specific_params", "tokenizer_class", "chat_template", "generation_config",
-    "cache_implementation", "cache_config", "quantization_config", "pretraining_tp", "id2label",
-    "label2id", "problem_type", "use_return_dict", "torchscript", "tie_encoder_decoder",
-    "is_decoder", "is_encoder_decoder", "prefix", "finetuning_task", "n_ctx",
-    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-})
+NON_ARCH_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "auto_map",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "use_cache",
+        "_commit_hash",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "attention_dropout",
+        "attn_pdrop",
+        "resid_pdrop",
+        "embd_pdrop",
+        "hidden_dropout",
+        "summary_first_dropout",
+        "initializer_range",
+        "task_specific_params",
+        "tokenizer_class",
+        "chat_template",
+        "generation_config",
+        "cache_implementation",
+        "cache_config",
+        "quantization_config",
+        "pretraining_tp",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "use_return_dict",
+        "torchscript",
+        "tie_encoder_decoder",
+        "is_decoder",
+        "is_encoder_decoder",
+        "prefix",
+        "finetuning_task",
+        "n_ctx",
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+    }
+)
 #: config keys that only change positions or the attention window
-POSITION_KEYS = frozenset({
-    "rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq", "rotary_emb_base",
-    "max_position_embeddings", "original_max_position_embeddings", "sliding_window",
-    "use_sliding_window", "max_window_layers", "layer_types", "sliding_window_pattern",
-    "n_positions", "seq_length", "max_sequence_length",
-})
-
+POSITION_KEYS = frozenset(
+    {
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "rope_local_base_freq",
+        "rotary_emb_base",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "sliding_window_pattern",
+        "n_positions",
+        "seq_length",
+        "max_sequence_length",
+    }
+)
 
 
 def _kv_layers(spec: ModelSpec) -> tuple[int, tuple]:
@@ -49,12 +101,16 @@ def _layers_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     if s_skip or t_skip:
         note = f" (KV layers: {s_kv} vs {t_kv}; layers without their own KV are skipped)"
     if s_kv == t_kv:
-        return Axis("layers", s.num_layers, t.num_layers, "same",
-                    f"layer i maps to layer i{note}")
+        return Axis("layers", s.num_layers, t.num_layers, "same", f"layer i maps to layer i{note}")
     direction = "deeper" if t_kv > s_kv else "shallower"
-    return Axis("layers", s.num_layers, t.num_layers, "mappable",
-                f"target is {direction} ({s_kv} -> {t_kv} KV layers): fit each target layer from the"
-                f" top-k source layers by R^2 (or depth-proportional / last-aligned pairing){note}")
+    return Axis(
+        "layers",
+        s.num_layers,
+        t.num_layers,
+        "mappable",
+        f"target is {direction} ({s_kv} -> {t_kv} KV layers): fit each target layer from the"
+        f" top-k source layers by R^2 (or depth-proportional / last-aligned pairing){note}",
+    )
 
 
 def _head_kind(spec: ModelSpec) -> str:
@@ -71,14 +127,26 @@ def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     dup = any(spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads for spec in (s, t))
     falcon = ""
     if dup:
-        falcon = ("; Falcon new architecture: the cache holds every query head (KV groups duplicated),"
-                  " so map the unique heads and duplicate them per group")
+        falcon = (
+            "; Falcon new architecture: the cache holds every query head (KV groups duplicated),"
+            " so map the unique heads and duplicate them per group"
+        )
     kinds = f"{_head_kind(s)} vs {_head_kind(t)}"
     if s.num_kv_heads == t.num_kv_heads:
-        return Axis("kv_heads", s.num_kv_heads, t.num_kv_heads, "same",
-                    f"same count ({kinds}): head h lines up with head h{falcon}")
-    return Axis("kv_heads", s.num_kv_heads, t.num_kv_heads, "mappable",
-                f"{kinds}: fit each target KV head from all source KV heads of the chosen layers{falcon}")
+        return Axis(
+            "kv_heads",
+            s.num_kv_heads,
+            t.num_kv_heads,
+            "same",
+            f"same count ({kinds}): head h lines up with head h{falcon}",
+        )
+    return Axis(
+        "kv_heads",
+        s.num_kv_heads,
+        t.num_kv_heads,
+        "mappable",
+        f"{kinds}: fit each target KV head from all source KV heads of the chosen layers{falcon}",
+    )
 
 
 def _dims(spec: ModelSpec):
@@ -91,8 +159,9 @@ def _head_dim_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _dims(s), _dims(t)
     if sv == tv:
         return Axis("head_dim", sv, tv, "same", "K/V widths agree")
-    return Axis("head_dim", sv, tv, "mappable",
-                f"per-head ridge from {sv} to {tv} dims (keys in RoPE-free content space)")
+    return Axis(
+        "head_dim", sv, tv, "mappable", f"per-head ridge from {sv} to {tv} dims (keys in RoPE-free content space)"
+    )
 
 
 def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
@@ -100,33 +169,49 @@ def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     if sp == tp:
         action = {
             "rope": "positions live in the keys' rotation: strip and re-apply RoPE to move them",
-            "absolute": ("positions are mixed into the keys by the layers below (learned position embeddings,"
-                         " or position-dependent layers such as Inkling's query scaling): keep every"
-                         " token at the position it was computed at (no re-positioning)"),
+            "absolute": (
+                "positions are mixed into the keys by the layers below (learned position embeddings,"
+                " or position-dependent layers such as Inkling's query scaling): keep every"
+                " token at the position it was computed at (no re-positioning)"
+            ),
             "alibi": "ALiBi adds positions at attention time: cached keys are position-free",
             "none": "no positional encoding: cached keys are position-free",
         }[sp]
         return Axis("positional", sp, tp, "same", action)
     if "absolute" in (sp, tp):
         side = "source" if sp == "absolute" else "target"
-        why = ("source keys carry absolute positions mixed in by every layer below; they cannot"
-               " be stripped to content space" if side == "source" else
-               "target keys must carry absolute positions mixed in by its layers below; a"
-               " cached-key transfer cannot produce them")
+        why = (
+            "source keys carry absolute positions mixed in by every layer below; they cannot"
+            " be stripped to content space"
+            if side == "source"
+            else "target keys must carry absolute positions mixed in by its layers below; a"
+            " cached-key transfer cannot produce them"
+        )
         return Axis("positional", sp, tp, "blocking", f"{why} (re-prefill the target instead)")
     if sp == "rope":
-        return Axis("positional", sp, tp, "mappable",
-                    f"strip the source RoPE: the target ({tp}) expects position-free keys")
+        return Axis(
+            "positional", sp, tp, "mappable", f"strip the source RoPE: the target ({tp}) expects position-free keys"
+        )
     if tp == "rope":
-        return Axis("positional", sp, tp, "mappable",
-                    f"source keys are position-free ({sp}): apply the target RoPE at each token's position")
+        return Axis(
+            "positional",
+            sp,
+            tp,
+            "mappable",
+            f"source keys are position-free ({sp}): apply the target RoPE at each token's position",
+        )
     return Axis("positional", sp, tp, "same", f"both position-free in the cache ({sp} vs {tp})")
 
 
 def _rope_params(r: RopeSpec) -> dict:
     """The parameters that decide a RoPE table (its size follows from head_dim)."""
-    out = {"type": r.rope_type, "theta": r.theta, "partial_factor": r.partial_factor,
-           "interleaved": r.interleaved, "scaling": r.params}
+    out = {
+        "type": r.rope_type,
+        "theta": r.theta,
+        "partial_factor": r.partial_factor,
+        "interleaved": r.interleaved,
+        "scaling": r.params,
+    }
     if r.rope_type in LENGTH_DEPENDENT_ROPE:
         out["max_position_embeddings"] = r.max_position_embeddings
     return out
@@ -181,33 +266,52 @@ def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
     if sv is None or tv is None:
         other = t if sv is None else s
         if "absolute" in (s.positional, t.positional):
-            return Axis("rope", sv, tv, "blocking",
-                        "RoPE on one side, absolute positions on the other (see positional)")
+            return Axis(
+                "rope", sv, tv, "blocking", "RoPE on one side, absolute positions on the other (see positional)"
+            )
         what = "apply the target RoPE" if sv is None else "strip the source RoPE"
         return Axis("rope", sv, tv, "mappable", f"{what} ({_rope_brief(other.rope)})")
     s_tabs, t_tabs = _tables(s), _tables(t)
     notes = []
     for side, spec in (("source", s), ("target", t)):
         if spec.rope is not None and spec.rope.is_stateful:
-            notes.append(f"{side} {spec.rope.rope_type} RoPE depends on each forward's length: the state"
-                         " records forward lengths (rope_lengths) to pick each key's table")
+            notes.append(
+                f"{side} {spec.rope.rope_type} RoPE depends on each forward's length: the state"
+                " records forward lengths (rope_lengths) to pick each key's table"
+            )
     if {r.interleaved for r in s_tabs.values()} != {r.interleaved for r in t_tabs.values()}:
         notes.append("pairing differs (interleaved vs half-split): strip and apply each with its own convention")
     note = ("; " + "; ".join(notes)) if notes else ""
     if set(s_tabs) == set(t_tabs):
         if s.head_dim == t.head_dim:
-            return Axis("rope", sv, tv, "same",
-                        "same RoPE tables: keys keep their rotation (re-rotate only to move positions)" + note)
-        return Axis("rope", sv, tv, "same",
-                    "same RoPE parameters, sized to each head dim: a fitted mapping strips them before and"
-                    " applies them after" + note)
-    change = (f"{', '.join(sorted({_rope_brief(r) for r in s_tabs.values()}))} -> "
-              f"{', '.join(sorted({_rope_brief(r) for r in t_tabs.values()}))}")
+            return Axis(
+                "rope",
+                sv,
+                tv,
+                "same",
+                "same RoPE tables: keys keep their rotation (re-rotate only to move positions)" + note,
+            )
+        return Axis(
+            "rope",
+            sv,
+            tv,
+            "same",
+            "same RoPE parameters, sized to each head dim: a fitted mapping strips them before and"
+            " applies them after" + note,
+        )
+    change = (
+        f"{', '.join(sorted({_rope_brief(r) for r in s_tabs.values()}))} -> "
+        f"{', '.join(sorted({_rope_brief(r) for r in t_tabs.values()}))}"
+    )
     if len(s_tabs) > 1 or len(t_tabs) > 1:
         change = "per layer type: " + change
-    return Axis("rope", sv, tv, "mappable",
-                f"strip the source RoPE and apply the target's ({change}); never skip the target"
-                f" re-rotation" + note)
+    return Axis(
+        "rope",
+        sv,
+        tv,
+        "mappable",
+        f"strip the source RoPE and apply the target's ({change}); never skip the target re-rotation" + note,
+    )
 
 
 def _window(spec: ModelSpec) -> int | None:
@@ -241,19 +345,29 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     s_kind, t_kind = s.attention_kind, t.attention_kind
     s_win = _window(s) if s_kind != "full" else None
     t_win = _window(t) if t_kind != "full" else None
-    same_layout = (s.layer_types == t.layer_types if s.num_layers == t.num_layers
-                   else (s_kind, sorted(set(s.layer_types))) == (t_kind, sorted(set(t.layer_types))))
+    same_layout = (
+        s.layer_types == t.layer_types
+        if s.num_layers == t.num_layers
+        else (s_kind, sorted(set(s.layer_types))) == (t_kind, sorted(set(t.layer_types)))
+    )
     if same_layout and s_win == t_win and _kv_layers(s)[1] == _kv_layers(t)[1]:
         if s_kind == "full":
             return Axis("attention", sv, tv, "same", "full attention on both: every layer uses the whole prefix")
-        return Axis("attention", sv, tv, "same",
-                    f"same window ({s_win}) on the same layer types: extraction keeps the full history;"
-                    f" injection keeps the last {s_win}-1 tokens of sliding layers, as the target's cache would"
-                    + (" (chunked layers attend within aligned chunks of that size)" if CHUNKED in s.layer_types else ""))
+        return Axis(
+            "attention",
+            sv,
+            tv,
+            "same",
+            f"same window ({s_win}) on the same layer types: extraction keeps the full history;"
+            f" injection keeps the last {s_win}-1 tokens of sliding layers, as the target's cache would"
+            + (" (chunked layers attend within aligned chunks of that size)" if CHUNKED in s.layer_types else ""),
+        )
     parts = []
     if s_win is not None and (t_win is None or t_kind == "hybrid" or t_win > s_win):
-        parts.append(f"source sliding layers attended only to the last {s_win} tokens: for prefixes longer"
-                     f" than {s_win} their keys differ from what full-attention layers compute")
+        parts.append(
+            f"source sliding layers attended only to the last {s_win} tokens: for prefixes longer"
+            f" than {s_win} their keys differ from what full-attention layers compute"
+        )
     if t_win is not None:
         parts.append(f"target sliding layers keep only the last {t_win}-1 tokens: injection trims them")
     if s_kind == "hybrid" or t_kind == "hybrid":
@@ -271,12 +385,22 @@ def _indexer_axis(s: ModelSpec, t: ModelSpec, same_model: bool) -> Axis:
     if same_model and s.indexer == t.indexer and sv == tv:
         return Axis("indexer keys", sv, tv, "same", "the indexer keys of the sparse-attention layers move with K/V")
     if not tv:
-        return Axis("indexer keys", sv, tv, "mappable", "the source's sparse-attention indexer keys are dropped: "
-                    "the target caches none")
-    return Axis("indexer keys", sv, tv, "blocking",
-                f"target layers {tv} also cache sparse-attention indexer keys (1 x {t.indexer_dim()} per token, "
-                "from the indexer's own projection of the hidden state): they cannot be mapped from another "
-                "model; only a state extracted from the target continues exactly")
+        return Axis(
+            "indexer keys",
+            sv,
+            tv,
+            "mappable",
+            "the source's sparse-attention indexer keys are dropped: the target caches none",
+        )
+    return Axis(
+        "indexer keys",
+        sv,
+        tv,
+        "blocking",
+        f"target layers {tv} also cache sparse-attention indexer keys (1 x {t.indexer_dim()} per token, "
+        "from the indexer's own projection of the hidden state): they cannot be mapped from another "
+        "model; only a state extracted from the target continues exactly",
+    )
 
 
 def _dtype_axis(s: ModelSpec, t: ModelSpec) -> Axis:
@@ -291,8 +415,7 @@ def _dtype_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     return Axis("dtype", sd, td, "mappable", f"cast K/V from {sd} to {td}{note}")
 
 
-def cache_format_of(spec: ModelSpec, config: Mapping | None = None,
-                    generation_config: Mapping | None = None) -> str:
+def cache_format_of(spec: ModelSpec, config: Mapping | None = None, generation_config: Mapping | None = None) -> str:
     """How a model's own ``generate`` caches, from its config / generation config."""
     impl = None
     cache_cfg = None
@@ -313,18 +436,27 @@ def _cache_axis(sv: str, tv: str) -> Axis:
     if sv == tv:
         return Axis("cache_format", sv, tv, "same", "inject builds the target's own cache type")
     if sv.startswith("dynamic") and tv.startswith("dynamic"):
-        return Axis("cache_format", sv, tv, "same",
-                    "both dynamic: inject builds the target's DynamicCache, trimming sliding layers to its"
-                    " window (see attention)")
+        return Axis(
+            "cache_format",
+            sv,
+            tv,
+            "same",
+            "both dynamic: inject builds the target's DynamicCache, trimming sliding layers to its"
+            " window (see attention)",
+        )
     parts = []
     if sv.startswith("quantized"):
-        parts.append("source generate() caches quantized keys (only part stored): extract with a plain"
-                     " DynamicCache at full precision instead")
+        parts.append(
+            "source generate() caches quantized keys (only part stored): extract with a plain"
+            " DynamicCache at full precision instead"
+        )
     if tv.startswith("quantized"):
         parts.append("inject a full-precision DynamicCache; the target quantizes what it appends")
     if tv.startswith("static") or tv == "static":
-        parts.append("a static target cache is zero-padded to its max length: inject into a DynamicCache"
-                     " or copy into the first tokens")
+        parts.append(
+            "a static target cache is zero-padded to its max length: inject into a DynamicCache"
+            " or copy into the first tokens"
+        )
     if not parts:
         parts.append("inject builds the target's cache from the canonical state (full history kept)")
     return Axis("cache_format", sv, tv, "mappable", "; ".join(parts))
@@ -341,9 +473,14 @@ def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
     if same_model:
         return Axis("tokenizer", sv, tv, "same", "same model reference: same tokenizer")
     missing = "both sides" if s_tok is None and t_tok is None else ("source" if s_tok is None else "target")
-    return Axis("tokenizer", sv, tv, "mappable",
-                f"no tokenizer files for {missing}: verify that the target tokenises the text to the same"
-                " ids before a token-aligned transfer (pass --source-tokenizer / --target-tokenizer)")
+    return Axis(
+        "tokenizer",
+        sv,
+        tv,
+        "mappable",
+        f"no tokenizer files for {missing}: verify that the target tokenises the text to the same"
+        " ids before a token-aligned transfer (pass --source-tokenizer / --target-tokenizer)",
+    )
 
 
 def _arch_config(config: Mapping, positional_too: bool, other: Mapping) -> dict:
@@ -353,38 +490,85 @@ def _arch_config(config: Mapping, positional_too: bool, other: Mapping) -> dict:
     return {k: v for k, v in config.items() if k not in skip and k in other}
 
 
-SPEC_ARCH_FIELDS = ("model_type", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size",
-                    "qk_norm", "vocab_size")
+SPEC_ARCH_FIELDS = (
+    "model_type",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "hidden_size",
+    "qk_norm",
+    "vocab_size",
+)
 
 
 def _spec_arch(spec: ModelSpec) -> tuple:
-    return (spec.model_type, spec.num_layers, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
-            spec.hidden_size, spec.qk_norm, spec.vocab_size)
+    return (
+        spec.model_type,
+        spec.num_layers,
+        spec.num_attention_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.hidden_size,
+        spec.qk_norm,
+        spec.vocab_size,
+    )
 
 
-def _model_axis(s: ModelSpec, t: ModelSpec, s_name: str, t_name: str,
-                s_cfg: Mapping | None, t_cfg: Mapping | None, same_ref: bool,
-                s_weights: str | None = None, t_weights: str | None = None) -> Axis:
+def _model_axis(
+    s: ModelSpec,
+    t: ModelSpec,
+    s_name: str,
+    t_name: str,
+    s_cfg: Mapping | None,
+    t_cfg: Mapping | None,
+    same_ref: bool,
+    s_weights: str | None = None,
+    t_weights: str | None = None,
+) -> Axis:
     sv, tv = s_name or s.model_type, t_name or t.model_type
     if same_ref:
         return Axis("model", sv, tv, "same", "same model: its cache is the target's own cache")
     if s_cfg is not None and t_cfg is not None:
-        if _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg) and _spec_arch(s) == _spec_arch(t) \
-                and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}:
+        if (
+            _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg)
+            and _spec_arch(s) == _spec_arch(t)
+            and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}
+        ):
             if s_weights and t_weights and s_weights == t_weights:
-                return Axis("model", sv, tv, "same", "same config and the same weight files: its cache is the"
-                            " target's own cache")
+                return Axis(
+                    "model",
+                    sv,
+                    tv,
+                    "same",
+                    "same config and the same weight files: its cache is the target's own cache",
+                )
             if s_weights and t_weights:
-                return Axis("model", sv, tv, "mappable",
-                            "same architecture, different weights (a fine-tune or another seed): the cache can be"
-                            " reused as is (`kvbridge eval --mapping identity` measures that), but a fitted"
-                            " mapping usually does better (kvbridge fit)")
-            return Axis("model", sv, tv, "same",
-                        "same config (weights are not compared: a fine-tune with this config reuses the"
-                        " cache directly, with quality measured rather than guaranteed)")
+                return Axis(
+                    "model",
+                    sv,
+                    tv,
+                    "mappable",
+                    "same architecture, different weights (a fine-tune or another seed): the cache can be"
+                    " reused as is (`kvbridge eval --mapping identity` measures that), but a fitted"
+                    " mapping usually does better (kvbridge fit)",
+                )
+            return Axis(
+                "model",
+                sv,
+                tv,
+                "same",
+                "same config (weights are not compared: a fine-tune with this config reuses the"
+                " cache directly, with quality measured rather than guaranteed)",
+            )
         if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and _spec_arch(s) == _spec_arch(t):
-            return Axis("model", sv, tv, "same",
-                        "same architecture; only position / window settings differ (see rope, attention)")
+            return Axis(
+                "model",
+                sv,
+                tv,
+                "same",
+                "same architecture; only position / window settings differ (see rope, attention)",
+            )
         diff = sorted(k for k in _arch_config(s_cfg, True, t_cfg) if s_cfg.get(k) != t_cfg.get(k))
         diff += [n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b and n not in diff]
         shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
@@ -393,9 +577,14 @@ def _model_axis(s: ModelSpec, t: ModelSpec, s_name: str, t_name: str,
             return Axis("model", sv, tv, "same", "same KV geometry and architecture fields (configs not compared)")
         shown = ", ".join(n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b)
     cross = " across families" if s.model_type != t.model_type else ""
-    return Axis("model", sv, tv, "mappable",
-                f"different models{cross} (differ in {shown}): their K/V live in different spaces, so a"
-                " fitted mapping is needed even where shapes agree")
+    return Axis(
+        "model",
+        sv,
+        tv,
+        "mappable",
+        f"different models{cross} (differ in {shown}): their K/V live in different spaces, so a"
+        " fitted mapping is needed even where shapes agree",
+    )
 
 
 __all__ = ["cache_format_of", "LENGTH_DEPENDENT_ROPE", "NON_ARCH_KEYS", "POSITION_KEYS", "SPEC_ARCH_FIELDS"]

@@ -51,13 +51,35 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kvbridge.check.axes import (
-    LENGTH_DEPENDENT_ROPE, NON_ARCH_KEYS, POSITION_KEYS, SPEC_ARCH_FIELDS, _attention_axis, _cache_axis, _indexer_axis,
-    _dtype_axis, _head_dim_axis, _kv_heads_axis, _layers_axis, _model_axis, _positional_axis, _rope_axis,
-    _tokenizer_axis, cache_format_of,
+    LENGTH_DEPENDENT_ROPE,
+    NON_ARCH_KEYS,
+    POSITION_KEYS,
+    SPEC_ARCH_FIELDS,
+    _attention_axis,
+    _cache_axis,
+    _indexer_axis,
+    _dtype_axis,
+    _head_dim_axis,
+    _kv_heads_axis,
+    _layers_axis,
+    _model_axis,
+    _positional_axis,
+    _rope_axis,
+    _tokenizer_axis,
+    cache_format_of,
 )
 from kvbridge.check.layers import layout_axis as _layout_rules
 from kvbridge.check.report import (
-    AXES, AXIS_VERDICTS, FITTED_AXES, POSITION_AXES, SEVERITY, VERDICTS, Axis, Report, _merge, _overall,
+    AXES,
+    AXIS_VERDICTS,
+    FITTED_AXES,
+    POSITION_AXES,
+    SEVERITY,
+    VERDICTS,
+    Axis,
+    Report,
+    _merge,
+    _overall,
     spec_dict,
 )
 from kvbridge.spec import ModelSpec
@@ -83,10 +105,14 @@ class Side:
     @classmethod
     def of(cls, resolved, *, host=None, tokenizer: Any = None, weights: bool = True) -> "Side":
         """The side of a resolved :class:`~kvbridge.models.ModelRef` (``tokenizer`` overrides its own)."""
-        return cls(spec=resolved.spec(host), name=resolved.name, config=resolved.config,
-                   generation=resolved.generation_config,
-                   tokenizer=resolved.tokenizer() if tokenizer is None else tokenizer,
-                   weights=resolved.weights_digest() if weights else None)
+        return cls(
+            spec=resolved.spec(host),
+            name=resolved.name,
+            config=resolved.config,
+            generation=resolved.generation_config,
+            tokenizer=resolved.tokenizer() if tokenizer is None else tokenizer,
+            weights=resolved.weights_digest() if weights else None,
+        )
 
 
 def _side(value) -> Side:
@@ -112,9 +138,14 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
         _rope_axis(source, target),
         _attention_axis(source, target),
         _dtype_axis(source, target),
-        _layout_rules(source, target, _cache_axis(cache_format_of(source, s.config, s.generation),
-                                                  cache_format_of(target, t.config, t.generation)),
-                      same_model),
+        _layout_rules(
+            source,
+            target,
+            _cache_axis(
+                cache_format_of(source, s.config, s.generation), cache_format_of(target, t.config, t.generation)
+            ),
+            same_model,
+        ),
         _tokenizer_axis(s.tokenizer, t.tokenizer, same_model),
     ]
     if source.indexer_layers or target.indexer_layers:
@@ -128,8 +159,16 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
         findings = tuple(host.check_findings(source, target))
         axes = _merge(axes, findings)
     verdict, reasons = _overall(axes)
-    return Report(source=source, target=target, axes=tuple(axes), verdict=verdict, reasons=tuple(reasons),
-                  findings=findings, source_name=s.name, target_name=t.name)
+    return Report(
+        source=source,
+        target=target,
+        axes=tuple(axes),
+        verdict=verdict,
+        reasons=tuple(reasons),
+        findings=findings,
+        source_name=s.name,
+        target_name=t.name,
+    )
 
 
 def check_models(source, target, *, host=None, source_tokenizer=None, target_tokenizer=None) -> Report:
@@ -145,11 +184,15 @@ def check_models(source, target, *, host=None, source_tokenizer=None, target_tok
 
         host = get_host()
     src, tgt = resolve(source, host=host), resolve(target, host=host)
-    same = (src.path == tgt.path and src.config == tgt.config)
+    same = src.path == tgt.path and src.config == tgt.config
     s_tok = _tokenizer_override(source_tokenizer, "--source-tokenizer") if source_tokenizer is not None else None
     t_tok = _tokenizer_override(target_tokenizer, "--target-tokenizer") if target_tokenizer is not None else None
-    return check(Side.of(src, host=host, tokenizer=s_tok, weights=not same),
-                 Side.of(tgt, host=host, tokenizer=t_tok, weights=not same), host=host, same_model=same)
+    return check(
+        Side.of(src, host=host, tokenizer=s_tok, weights=not same),
+        Side.of(tgt, host=host, tokenizer=t_tok, weights=not same),
+        host=host,
+        same_model=same,
+    )
 
 
 def _tokenizer_override(value, option: str):
@@ -166,17 +209,44 @@ def _tokenizer_override(value, option: str):
     if path.is_dir():
         files = find_tokenizer_files(path)
         if not files:
-            raise ConfigError(f"{path}: no tokenizer files (tokenizer.json, vocab.json or tokenizer.model)",
-                              f"pass {option} a folder or file of the model's tokenizer")
+            raise ConfigError(
+                f"{path}: no tokenizer files (tokenizer.json, vocab.json or tokenizer.model)",
+                f"pass {option} a folder or file of the model's tokenizer",
+            )
         return fingerprint_files(files)
     if path.is_file():
-        siblings = [p for p in find_tokenizer_files(path.parent) if p.name not in
-                    ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")]
-        return fingerprint_files([path, *siblings] + ([path.parent / "merges.txt"]
-                                 if path.name == "vocab.json" and (path.parent / "merges.txt").is_file() else []))
+        siblings = [
+            p
+            for p in find_tokenizer_files(path.parent)
+            if p.name not in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
+        ]
+        return fingerprint_files(
+            [path, *siblings]
+            + (
+                [path.parent / "merges.txt"]
+                if path.name == "vocab.json" and (path.parent / "merges.txt").is_file()
+                else []
+            )
+        )
     raise ConfigError(f"{path}: no such file or directory", f"pass {option} a tokenizer folder or file")
 
 
-__all__ = ["Axis", "Report", "Side", "check", "check_models", "spec_dict", "cache_format_of", "AXES", "VERDICTS",
-           "AXIS_VERDICTS", "FITTED_AXES", "POSITION_AXES", "SEVERITY", "LENGTH_DEPENDENT_ROPE", "NON_ARCH_KEYS",
-           "POSITION_KEYS", "SPEC_ARCH_FIELDS"]
+__all__ = [
+    "Axis",
+    "Report",
+    "Side",
+    "check",
+    "check_models",
+    "spec_dict",
+    "cache_format_of",
+    "AXES",
+    "VERDICTS",
+    "AXIS_VERDICTS",
+    "FITTED_AXES",
+    "POSITION_AXES",
+    "SEVERITY",
+    "LENGTH_DEPENDENT_ROPE",
+    "NON_ARCH_KEYS",
+    "POSITION_KEYS",
+    "SPEC_ARCH_FIELDS",
+]

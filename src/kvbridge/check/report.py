@@ -13,8 +13,18 @@ from typing import Any, Mapping
 
 from kvbridge.spec import ModelSpec
 
-AXES = ("model", "layers", "kv_heads", "head_dim", "positional", "rope", "attention", "dtype",
-        "cache_format", "tokenizer")
+AXES = (
+    "model",
+    "layers",
+    "kv_heads",
+    "head_dim",
+    "positional",
+    "rope",
+    "attention",
+    "dtype",
+    "cache_format",
+    "tokenizer",
+)
 AXIS_VERDICTS = ("same", "mappable", "blocking")
 VERDICTS = ("identity", "rope-reapply", "mappable", "incompatible")
 #: axes whose "mappable" verdict means a fitted mapping
@@ -23,6 +33,7 @@ FITTED_AXES = ("model", "layers", "kv_heads", "head_dim")
 POSITION_AXES = ("positional", "rope")
 #: severity of verdicts (core and plugin ones) when findings are merged
 SEVERITY = {"same": 0, "info": 0, "warning": 1, "mappable": 2, "blocking": 3}
+
 
 @dataclass(frozen=True)
 class Axis:
@@ -36,8 +47,13 @@ class Axis:
     plugin: str = ""  # the plugin that contributed (or escalated) this row, "" for core checks
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "source": self.source, "target": self.target,
-                "verdict": self.verdict, "action": self.action}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "target": self.target,
+            "verdict": self.verdict,
+            "action": self.action,
+        }
 
 
 def spec_dict(spec: ModelSpec, name: str = "") -> dict:
@@ -132,15 +148,19 @@ def _merge(axes: list[Axis], findings) -> list[Axis]:
             else:
                 out[i] = Axis(a.name, a.source, a.target, a.verdict, f"{a.action}; {f.message}{tag}", a.plugin)
             continue
-        out.append(Axis(f.axis, _jsonable(f.source_value), _jsonable(f.target_value), f.verdict,
-                        f"{f.message}{tag}", f.plugin))
+        out.append(
+            Axis(f.axis, _jsonable(f.source_value), _jsonable(f.target_value), f.verdict, f"{f.message}{tag}", f.plugin)
+        )
     return out
 
 
 def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
     blocking = [a for a in axes if a.verdict == "blocking"]
-    notes = [f"{a.name}: {a.action}" for a in axes
-             if a.verdict == "mappable" and a.name not in FITTED_AXES + POSITION_AXES and a.name in AXES]
+    notes = [
+        f"{a.name}: {a.action}"
+        for a in axes
+        if a.verdict == "mappable" and a.name not in FITTED_AXES + POSITION_AXES and a.name in AXES
+    ]
     warnings = [f"{a.verdict}: {a.action}" for a in axes if a.verdict == "warning"]  # info stays in the rows
     if blocking:
         return "incompatible", [f"{a.name}: {a.action}" for a in blocking] + warnings
@@ -160,17 +180,30 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
         reasons += [f"{a.name}: {a.source} -> {a.target}: {a.action}" for a in fitted]
         return "mappable", reasons + notes + warnings
     if positional:
-        reasons = ["same architecture and cache geometry, positions differ: strip the source RoPE from the"
-                   " keys and apply the target's; values transfer as they are"]
+        reasons = [
+            "same architecture and cache geometry, positions differ: strip the source RoPE from the"
+            " keys and apply the target's; values transfer as they are"
+        ]
         reasons += [f"{a.name}: {a.action}" for a in positional]
         return "rope-reapply", reasons + notes + warnings
     reasons = ["same architecture, cache geometry and positions: the cache is reused as it is"]
     model = next((a for a in axes if a.name == "model"), None)
     if model is not None and not model.action.startswith("same model"):
-        reasons.append(f"model: {model.action}; weights are not compared, so identity is exact only for"
-                       " the same checkpoint (measure other checkpoints with `kvbridge eval --mapping identity`)")
+        reasons.append(
+            f"model: {model.action}; weights are not compared, so identity is exact only for"
+            " the same checkpoint (measure other checkpoints with `kvbridge eval --mapping identity`)"
+        )
     return "identity", reasons + notes + warnings
 
 
-__all__ = ["AXES", "AXIS_VERDICTS", "VERDICTS", "FITTED_AXES", "POSITION_AXES", "SEVERITY", "Axis", "Report",
-           "spec_dict"]
+__all__ = [
+    "AXES",
+    "AXIS_VERDICTS",
+    "VERDICTS",
+    "FITTED_AXES",
+    "POSITION_AXES",
+    "SEVERITY",
+    "Axis",
+    "Report",
+    "spec_dict",
+]

@@ -21,9 +21,18 @@ from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 #: keys a manifest record may have (see manifests/README.md and the JSON schema)
-MANIFEST_KEYS = {"id", "family", "source", "config", "geometry", "aliases", "tokenizer", "notes",
-                 "generation_config", "$schema"}
-
+MANIFEST_KEYS = {
+    "id",
+    "family",
+    "source",
+    "config",
+    "geometry",
+    "aliases",
+    "tokenizer",
+    "notes",
+    "generation_config",
+    "$schema",
+}
 
 
 # -- config files --------------------------------------------------------------------------------
@@ -32,52 +41,57 @@ def read_json_object(path: Path, what: str = "config") -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (expected a JSON {what})",
-                          f"pass the model's {what} JSON file") from None
+        raise ConfigError(
+            f"{path}: not a text file (expected a JSON {what})", f"pass the model's {what} JSON file"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})",
-                          "check the path and its permissions") from None
+        raise ConfigError(
+            f"{path}: cannot be read ({exc.strerror or exc})", "check the path and its permissions"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
-                          f"fix the file or pass the model's published {what}") from None
+        raise ConfigError(
+            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
+            f"fix the file or pass the model's published {what}",
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}",
-                          f"pass a {what} file (a JSON object of fields)")
+        raise ConfigError(
+            f"{path}: expected a JSON object at the top level, got {type(data).__name__}",
+            f"pass a {what} file (a JSON object of fields)",
+        )
     return data
-
-
-
 
 
 # -- manifests ------------------------------------------------------------------------------------
 def validate_manifest(record: Any, where: Path | str) -> dict:
     """Check a manifest record's shape (the schema's required parts); one-line errors."""
     if not isinstance(record, dict):
-        raise ConfigError(f"{where}: a manifest record must be a JSON object, got {type(record).__name__}",
-                          "see manifests/README.md for the format")
+        raise ConfigError(
+            f"{where}: a manifest record must be a JSON object, got {type(record).__name__}",
+            "see manifests/README.md for the format",
+        )
     for key, typ in (("id", str), ("family", str), ("config", dict)):
         if key not in record:
             raise ConfigError(f"{where}: manifest field {key!r} is missing", "see manifests/README.md")
         if not isinstance(record[key], typ):
-            raise ConfigError(f"{where}: manifest field {key!r} must be a {typ.__name__}",
-                              "see manifests/README.md")
+            raise ConfigError(f"{where}: manifest field {key!r} must be a {typ.__name__}", "see manifests/README.md")
     if "model_type" not in record["config"]:
-        raise ConfigError(f"{where}: manifest field 'config.model_type' is missing",
-                          "copy model_type from the model's config.json")
+        raise ConfigError(
+            f"{where}: manifest field 'config.model_type' is missing", "copy model_type from the model's config.json"
+        )
     extra = sorted(set(record) - MANIFEST_KEYS)
     if extra:
         close = difflib.get_close_matches(extra[0], sorted(MANIFEST_KEYS), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"{where}: unknown manifest field {extra[0]!r}",
-                          f"{hint}allowed: {', '.join(sorted(MANIFEST_KEYS - {'$schema'}))}")
+        raise ConfigError(
+            f"{where}: unknown manifest field {extra[0]!r}",
+            f"{hint}allowed: {', '.join(sorted(MANIFEST_KEYS - {'$schema'}))}",
+        )
     aliases = record.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        raise ConfigError(f"{where}: manifest field 'aliases' must be a list of strings",
-                          "see manifests/README.md")
+        raise ConfigError(f"{where}: manifest field 'aliases' must be a list of strings", "see manifests/README.md")
     return record
-
 
 
 def _plugin_manifest_dirs(host) -> list[Path]:
@@ -123,15 +137,15 @@ def _read_manifest_file(path: Path) -> list[dict]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
-                              "fix the manifest file") from None
+            raise ConfigError(
+                f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})", "fix the manifest file"
+            ) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot be read ({exc})", "fix the manifest file") from None
     if isinstance(data, dict) and "models" in data and "id" not in data:
         records = data["models"]
         if not isinstance(records, list):
-            raise ConfigError(f"{path}: manifest field 'models' must be a list of records",
-                              "see manifests/README.md")
+            raise ConfigError(f"{path}: manifest field 'models' must be a list of records", "see manifests/README.md")
         return [validate_manifest(r, f"{path} (models[{i}])") for i, r in enumerate(records)]
     return [validate_manifest(data, path)]
 
@@ -139,7 +153,7 @@ def _read_manifest_file(path: Path) -> list[dict]:
 def load_manifests(host=None, dirs: Iterable[Path] | None = None) -> dict[str, tuple[dict, Path]]:
     """All manifest records by id: ``{id: (record, file)}``; earlier folders win."""
     out: dict[str, tuple[dict, Path]] = {}
-    for folder in (manifest_dirs(host) if dirs is None else dirs):
+    for folder in manifest_dirs(host) if dirs is None else dirs:
         folder = Path(folder)
         if not folder.is_dir():
             continue
@@ -166,7 +180,6 @@ def _manifest_index(manifests: Mapping[str, tuple[dict, Path]]) -> dict[str, str
     return index
 
 
-
 # -- describe with file-naming errors ----------------------------------------------------------------
 #: ModelSpec field -> the config keys it usually comes from (for error messages)
 SPEC_FIELDS = {
@@ -191,18 +204,33 @@ def validate_spec(spec, config: Mapping, where: str) -> None:
         value = getattr(spec, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             key = _config_key(config, name)
-            raise ConfigError(f"{where}: field {key!r} gives {name} = {value!r}; it must be a positive integer",
-                              f"fix {key!r} in the config")
+            raise ConfigError(
+                f"{where}: field {key!r} gives {name} = {value!r}; it must be a positive integer",
+                f"fix {key!r} in the config",
+            )
 
 
 #: the largest value a real model's config gives each size field (beyond it a config is wrong, and building
 #: per-layer tables or the model would run out of memory or time before saying so)
 SIZE_LIMITS = {
-    "num_hidden_layers": 10_000, "n_layer": 10_000, "num_layers": 10_000, "n_layers": 10_000,
-    "num_attention_heads": 16_384, "n_head": 16_384, "num_key_value_heads": 16_384, "num_heads": 16_384,
-    "hidden_size": 1 << 20, "n_embd": 1 << 20, "d_model": 1 << 20, "head_dim": 1 << 16,
-    "intermediate_size": 1 << 24, "n_inner": 1 << 24, "vocab_size": 2**31 - 1,
-    "max_position_embeddings": 2**31 - 1, "n_positions": 2**31 - 1, "num_experts": 1 << 16,
+    "num_hidden_layers": 10_000,
+    "n_layer": 10_000,
+    "num_layers": 10_000,
+    "n_layers": 10_000,
+    "num_attention_heads": 16_384,
+    "n_head": 16_384,
+    "num_key_value_heads": 16_384,
+    "num_heads": 16_384,
+    "hidden_size": 1 << 20,
+    "n_embd": 1 << 20,
+    "d_model": 1 << 20,
+    "head_dim": 1 << 16,
+    "intermediate_size": 1 << 24,
+    "n_inner": 1 << 24,
+    "vocab_size": 2**31 - 1,
+    "max_position_embeddings": 2**31 - 1,
+    "n_positions": 2**31 - 1,
+    "num_experts": 1 << 16,
 }
 
 
@@ -211,8 +239,10 @@ def check_size_fields(config: Mapping, where: str, _depth: int = 0) -> None:
     for key, limit in SIZE_LIMITS.items():
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-            raise ConfigError(f"{where}: field {key!r} is {value}, beyond any real model (at most {limit})",
-                              f"fix {key!r} in the config")
+            raise ConfigError(
+                f"{where}: field {key!r} is {value}, beyond any real model (at most {limit})",
+                f"fix {key!r} in the config",
+            )
     text = config.get("text_config")
     if isinstance(text, Mapping) and _depth < 2:
         check_size_fields(text, f"{where} (text_config)", _depth + 1)
@@ -225,8 +255,9 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
 
         host = get_host()
     if not isinstance(config.get("model_type"), str) or not config.get("model_type"):
-        raise ConfigError(f"{where}: field 'model_type' is missing",
-                          "pass a Hugging Face config.json (every one has model_type)")
+        raise ConfigError(
+            f"{where}: field 'model_type' is missing", "pass a Hugging Face config.json (every one has model_type)"
+        )
     check_size_fields(config, where)
     try:
         try:
@@ -246,22 +277,40 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         if os.environ.get("KVBRIDGE_DEBUG"):
             raise
-        detail = f"field {exc.args[0]!r} is missing" if isinstance(exc, KeyError) and exc.args else \
-            f"{type(exc).__name__}: {exc}"
-        raise ConfigError(f"{where}: {detail} (model_type {config.get('model_type')!r})",
-                          "compare the config with the model's published config.json") from None
+        detail = (
+            f"field {exc.args[0]!r} is missing"
+            if isinstance(exc, KeyError) and exc.args
+            else f"{type(exc).__name__}: {exc}"
+        )
+        raise ConfigError(
+            f"{where}: {detail} (model_type {config.get('model_type')!r})",
+            "compare the config with the model's published config.json",
+        ) from None
     validate_spec(spec, config, where)
     return spec
 
 
-__all__ = ["describe_config", "load_manifests", "manifest_dirs", "spec_geometry", "geometry_diff",
-           "validate_manifest", "read_json_object", "validate_spec"]
+__all__ = [
+    "describe_config",
+    "load_manifests",
+    "manifest_dirs",
+    "spec_geometry",
+    "geometry_diff",
+    "validate_manifest",
+    "read_json_object",
+    "validate_spec",
+]
 
 
 # -- manifest geometry ---------------------------------------------------------------------------------
 def _rope_geometry(rope) -> dict:
-    return {"type": rope.rope_type, "theta": float(rope.theta), "partial_factor": round(rope.partial_factor, 6),
-            "interleaved": rope.interleaved, "scaling": rope.params}
+    return {
+        "type": rope.rope_type,
+        "theta": float(rope.theta),
+        "partial_factor": round(rope.partial_factor, 6),
+        "interleaved": rope.interleaved,
+        "scaling": rope.params,
+    }
 
 
 def spec_geometry(spec) -> dict:
@@ -309,8 +358,12 @@ def geometry_diff(expected: Mapping, actual: Mapping, prefix: str = "") -> list[
         name = f"{prefix}{key}"
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out.extend(geometry_diff(a, b, name + "."))
-        elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-                and not isinstance(b, bool):
+        elif (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+        ):
             if abs(float(a) - float(b)) > 1e-9 * max(1.0, abs(float(a))):
                 out.append(f"{name}: manifest {a!r} != computed {b!r}")
         elif a != b:

@@ -37,8 +37,15 @@ from typing import Any, Iterable, Mapping
 from kvbridge.errors import ConfigError
 
 #: files that carry a tokenizer, in the order they are looked for
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model",
-                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
 #: special-token roles that are hashed into ``special``
 _CACHE_VERSION = 1
 ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -71,23 +78,39 @@ class TokenizerFingerprint:
         return _sha([self.vocab, self.rules, self.rules_format, self.special])
 
     def to_dict(self) -> dict:
-        return {"digest": self.digest, "kind": self.kind, "base": self.base, "vocab": self.vocab,
-                "rules": self.rules, "rules_format": self.rules_format, "special": self.special,
-                "vocab_size": self.vocab_size, "num_added": self.num_added,
-                "special_tokens": {k: v for k, v in self.special_tokens}, "files": list(self.files)}
+        return {
+            "digest": self.digest,
+            "kind": self.kind,
+            "base": self.base,
+            "vocab": self.vocab,
+            "rules": self.rules,
+            "rules_format": self.rules_format,
+            "special": self.special,
+            "vocab_size": self.vocab_size,
+            "num_added": self.num_added,
+            "special_tokens": {k: v for k, v in self.special_tokens},
+            "files": list(self.files),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "TokenizerFingerprint":
-        fp = cls(kind=str(data.get("kind", "")), base=str(data["base"]), vocab=str(data["vocab"]),
-                 rules=str(data.get("rules", "")), rules_format=str(data.get("rules_format", "")),
-                 special=str(data.get("special", "")), vocab_size=int(data.get("vocab_size", 0)),
-                 num_added=int(data.get("num_added", 0)),
-                 special_tokens=tuple(sorted((str(k), str(v)) for k, v in
-                                             (data.get("special_tokens") or {}).items())),
-                 files=tuple(data.get("files") or ()))
+        fp = cls(
+            kind=str(data.get("kind", "")),
+            base=str(data["base"]),
+            vocab=str(data["vocab"]),
+            rules=str(data.get("rules", "")),
+            rules_format=str(data.get("rules_format", "")),
+            special=str(data.get("special", "")),
+            vocab_size=int(data.get("vocab_size", 0)),
+            num_added=int(data.get("num_added", 0)),
+            special_tokens=tuple(sorted((str(k), str(v)) for k, v in (data.get("special_tokens") or {}).items())),
+            files=tuple(data.get("files") or ()),
+        )
         if "digest" in data and data["digest"] != fp.digest:
-            raise ConfigError("tokenizer fingerprint 'digest' does not match its parts",
-                              "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir")
+            raise ConfigError(
+                "tokenizer fingerprint 'digest' does not match its parts",
+                "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir",
+            )
         return fp
 
     def short(self) -> str:
@@ -104,15 +127,22 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
     """
     if src.vocab != tgt.vocab:
         if src.base == tgt.base:
-            return ("mappable",
-                    f"same base vocabulary, different added tokens ({src.num_added} vs {tgt.num_added}):"
-                    " plain text tokenises identically; keep tokens only one side has out of the prefix")
-        return ("blocking",
-                f"different vocabularies ({src.vocab_size} vs {tgt.vocab_size} ids): token ids do not line"
-                " up, so a token-aligned transfer is impossible (re-prefill the target instead)")
+            return (
+                "mappable",
+                f"same base vocabulary, different added tokens ({src.num_added} vs {tgt.num_added}):"
+                " plain text tokenises identically; keep tokens only one side has out of the prefix",
+            )
+        return (
+            "blocking",
+            f"different vocabularies ({src.vocab_size} vs {tgt.vocab_size} ids): token ids do not line"
+            " up, so a token-aligned transfer is impossible (re-prefill the target instead)",
+        )
     if src.rules_format and src.rules_format == tgt.rules_format and src.rules != tgt.rules:
-        return ("blocking", "same vocabulary but different merge rules: the same text gives different"
-                            " token ids (re-prefill the target instead)")
+        return (
+            "blocking",
+            "same vocabulary but different merge rules: the same text gives different"
+            " token ids (re-prefill the target instead)",
+        )
     note = ""
     if src.rules_format != tgt.rules_format and src.rules_format and tgt.rules_format:
         note = f" (merge rules not comparable: {src.rules_format} vs {tgt.rules_format} files; vocab identical)"
@@ -121,10 +151,15 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
     if diff:
         bos_keys = {"bos_token", "add_bos_token"}
         if bos_keys & set(diff):
-            return ("mappable", f"same token ids, BOS handling differs ({', '.join(diff)}): align the"
-                                f" prefix start (drop or add the BOS token){note}")
-        return ("same", f"same token ids; special-token roles differ ({', '.join(diff)}): reuse the"
-                        f" cache token for token{note}")
+            return (
+                "mappable",
+                f"same token ids, BOS handling differs ({', '.join(diff)}): align the"
+                f" prefix start (drop or add the BOS token){note}",
+            )
+        return (
+            "same",
+            f"same token ids; special-token roles differ ({', '.join(diff)}): reuse the cache token for token{note}",
+        )
     return ("same", f"identical tokenizer: token ids line up one to one{note}")
 
 
@@ -133,11 +168,14 @@ def _load_json(path: Path, field: str = "") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
-                          "replace the file with the model's published tokenizer file") from None
+        raise ConfigError(
+            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
+            "replace the file with the model's published tokenizer file",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read ({type(exc).__name__}: {exc})",
-                          "check the file's permissions and encoding") from None
+        raise ConfigError(
+            f"{path}: cannot be read ({type(exc).__name__}: {exc})", "check the file's permissions and encoding"
+        ) from None
 
 
 def _token_content(value: Any) -> str | None:
@@ -191,12 +229,12 @@ def _fields(buf: bytes):
         if wire == 0:
             value, pos = _varint(buf, pos)
         elif wire == 1:
-            value, pos = buf[pos:pos + 8], pos + 8
+            value, pos = buf[pos : pos + 8], pos + 8
         elif wire == 2:
             length, pos = _varint(buf, pos)
-            value, pos = buf[pos:pos + length], pos + length
+            value, pos = buf[pos : pos + length], pos + length
         elif wire == 5:
-            value, pos = buf[pos:pos + 4], pos + 4
+            value, pos = buf[pos : pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported wire type {wire}")
         if pos > n:
@@ -233,21 +271,29 @@ def parse_sentencepiece(path: Path) -> dict:
             elif number == 3 and wire == 2:
                 normalizer = bytes(value)
     except (ValueError, UnicodeDecodeError, struct.error) as exc:
-        raise ConfigError(f"{path}: not a SentencePiece model ({exc})",
-                          "replace tokenizer.model with the model's published file") from None
+        raise ConfigError(
+            f"{path}: not a SentencePiece model ({exc})", "replace tokenizer.model with the model's published file"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc})", "check the file's permissions") from None
     if not pieces:
-        raise ConfigError(f"{path}: not a SentencePiece model (no pieces)",
-                          "replace tokenizer.model with the model's published file")
+        raise ConfigError(
+            f"{path}: not a SentencePiece model (no pieces)", "replace tokenizer.model with the model's published file"
+        )
 
     def _id(field_no: int, default: int) -> int:  # int32 ids: -1 is encoded as a 64-bit varint
         v = trainer.get(field_no, default)
         return v - (1 << 64) if v >= (1 << 63) else v
 
-    return {"pieces": pieces, "model_type": SP_MODEL_TYPES.get(trainer.get(3, 1), "unigram"),
-            "normalizer": normalizer, "unk_id": _id(40, 0), "bos_id": _id(41, 1), "eos_id": _id(42, 2),
-            "pad_id": _id(43, -1)}
+    return {
+        "pieces": pieces,
+        "model_type": SP_MODEL_TYPES.get(trainer.get(3, 1), "unigram"),
+        "normalizer": normalizer,
+        "unk_id": _id(40, 0),
+        "bos_id": _id(41, 1),
+        "eos_id": _id(42, 2),
+        "pad_id": _id(43, -1),
+    }
 
 
 # -- fingerprinting -----------------------------------------------------------------------------
@@ -327,8 +373,9 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         data = _load_json(path)
         model = data.get("model") if isinstance(data, Mapping) else None
         if not isinstance(model, Mapping) or "vocab" not in model:
-            raise ConfigError(f"{path}: field 'model.vocab' is missing",
-                              "replace tokenizer.json with the model's published file")
+            raise ConfigError(
+                f"{path}: field 'model.vocab' is missing", "replace tokenizer.json with the model's published file"
+            )
         kind = str(model.get("type", "")).lower() or "bpe"
         vocab = model["vocab"]
         if isinstance(vocab, Mapping):  # BPE / WordPiece / WordLevel: token -> id
@@ -345,8 +392,9 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         path = by_name["vocab.json"]
         vocab = _load_json(path)
         if not isinstance(vocab, Mapping):
-            raise ConfigError(f"{path}: expected a JSON object of token -> id",
-                              "replace vocab.json with the model's published file")
+            raise ConfigError(
+                f"{path}: expected a JSON object of token -> id", "replace vocab.json with the model's published file"
+            )
         base = {int(i): str(t) for t, i in vocab.items()}
         kind = "bpe"
         used.append("vocab.json")
@@ -358,19 +406,28 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         sp = parse_sentencepiece(path)
         base = {i: p[0] for i, p in enumerate(sp["pieces"])}
         kind = f"sentencepiece-{sp['model_type']}"
-        rules = {"model_type": sp["model_type"], "scores": [p[1] for p in sp["pieces"]],
-                 "types": [p[2] for p in sp["pieces"]],
-                 "normalizer": hashlib.sha256(sp["normalizer"]).hexdigest()}
+        rules = {
+            "model_type": sp["model_type"],
+            "scores": [p[1] for p in sp["pieces"]],
+            "types": [p[2] for p in sp["pieces"]],
+            "normalizer": hashlib.sha256(sp["normalizer"]).hexdigest(),
+        }
         rules_format = "sentencepiece"
-        for role, key in (("bos_token", "bos_id"), ("eos_token", "eos_id"), ("unk_token", "unk_id"),
-                          ("pad_token", "pad_id")):
+        for role, key in (
+            ("bos_token", "bos_id"),
+            ("eos_token", "eos_id"),
+            ("unk_token", "unk_id"),
+            ("pad_token", "pad_id"),
+        ):
             idx = sp[key]
             if 0 <= idx < len(sp["pieces"]):
                 roles[role] = sp["pieces"][idx][0]
         used.append("tokenizer.model")
     else:
-        raise ConfigError("no tokenizer file (tokenizer.json, vocab.json or tokenizer.model) found",
-                          "pass a folder that has the model's tokenizer files")
+        raise ConfigError(
+            "no tokenizer file (tokenizer.json, vocab.json or tokenizer.model) found",
+            "pass a folder that has the model's tokenizer files",
+        )
 
     if "added_tokens.json" in by_name:
         data = _load_json(by_name["added_tokens.json"])
@@ -423,5 +480,12 @@ def fingerprint_dir(folder: Path | str) -> TokenizerFingerprint | None:
     return fingerprint_files(files) if files else None
 
 
-__all__ = ["TokenizerFingerprint", "compare", "fingerprint_dir", "fingerprint_files",
-           "find_tokenizer_files", "parse_sentencepiece", "TOKENIZER_FILES"]
+__all__ = [
+    "TokenizerFingerprint",
+    "compare",
+    "fingerprint_dir",
+    "fingerprint_files",
+    "find_tokenizer_files",
+    "parse_sentencepiece",
+    "TOKENIZER_FILES",
+]

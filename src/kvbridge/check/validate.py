@@ -34,14 +34,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def positive_int(value: Any, name: str, *, fix: str | None = None, maximum: int | None = None,
-                 max_what: str = "") -> int:
+def positive_int(
+    value: Any, name: str, *, fix: str | None = None, maximum: int | None = None, max_what: str = ""
+) -> int:
     """``value`` as an int >= 1 (and <= ``maximum``), else a one-line error naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValidationError(f"{name} must be a positive integer, got {value!r}", fix or f"pass {name} >= 1")
     if maximum is not None and value > maximum:
-        raise ValidationError(f"{name} {value} is larger than {max_what or maximum}",
-                              fix or f"pass {name} <= {maximum}")
+        raise ValidationError(
+            f"{name} {value} is larger than {max_what or maximum}", fix or f"pass {name} <= {maximum}"
+        )
     return value
 
 
@@ -51,8 +53,9 @@ def non_negative_int(value: Any, name: str, *, fix: str | None = None) -> int:
     return value
 
 
-def finite_number(value: Any, name: str, *, positive: bool = False, non_negative: bool = False,
-                  fix: str | None = None) -> float:
+def finite_number(
+    value: Any, name: str, *, positive: bool = False, non_negative: bool = False, fix: str | None = None
+) -> float:
     """``value`` as a finite float (> 0 with ``positive``, >= 0 with ``non_negative``)."""
     if not _is_number(value):
         raise ValidationError(f"{name} must be a number, got {value!r}", fix or f"pass a number for {name}")
@@ -72,8 +75,10 @@ def seq_len(value: Any, max_positions: int | None = None, *, name: str = "--seq-
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise ValidationError(f"{name} must be an integer >= 2, got {value!r}", f"use e.g. {name} 512")
     if max_positions and value > max_positions:
-        raise ValidationError(f"{name} {value} is beyond the model's maximum positions ({max_positions})",
-                              f"use {name} {max_positions} or less")
+        raise ValidationError(
+            f"{name} {value} is beyond the model's maximum positions ({max_positions})",
+            f"use {name} {max_positions} or less",
+        )
     return value
 
 
@@ -91,9 +96,11 @@ def stride(value: Any, seq_len_: int | None = None, *, skip: int = 0, name: str 
     """A sampling stride: >= 1 and no larger than the positions a sequence has after ``skip``."""
     positive_int(value, name, fix=f"use e.g. {name} 4")
     if seq_len_ is not None and value > seq_len_ - skip:
-        raise ValidationError(f"{name} {value} is larger than the {seq_len_ - skip} positions of a sequence "
-                              f"(--seq-len {seq_len_}, --skip {skip})",
-                              f"use {name} {max(1, seq_len_ - skip)} or less, or a longer --seq-len")
+        raise ValidationError(
+            f"{name} {value} is larger than the {seq_len_ - skip} positions of a sequence "
+            f"(--seq-len {seq_len_}, --skip {skip})",
+            f"use {name} {max(1, seq_len_ - skip)} or less, or a longer --seq-len",
+        )
     return value
 
 
@@ -101,8 +108,9 @@ def top_k(value: Any, num_layers: int | None = None, *, name: str = "--top-k") -
     """Source layers per target layer: >= 1 and at most the source's layer count."""
     positive_int(value, name, fix=f"use e.g. {name} 4")
     if num_layers is not None and value > num_layers:
-        raise ValidationError(f"{name} {value} is larger than the source model's {num_layers} layers",
-                              f"use {name} {num_layers} or less")
+        raise ValidationError(
+            f"{name} {value} is larger than the source model's {num_layers} layers", f"use {name} {num_layers} or less"
+        )
     return value
 
 
@@ -120,7 +128,9 @@ def alpha(value: Any, name: str = "--alpha"):
         try:
             value = float(value)
         except ValueError:
-            raise ValidationError(f"{name} must be a number or 'auto', got {value!r}", f"use e.g. {name} 0.01") from None
+            raise ValidationError(
+                f"{name} must be a number or 'auto', got {value!r}", f"use e.g. {name} 0.01"
+            ) from None
     return finite_number(value, name, non_negative=True, fix=f"use a finite {name} >= 0, e.g. 0.01, or 'auto'")
 
 
@@ -128,8 +138,10 @@ def prompt_length(n_tokens: int, max_positions: int | None, *, what: str = "prom
     """Refuse a prompt (plus ``extra`` tokens to generate) longer than the model's positions."""
     if max_positions and n_tokens + extra > max_positions:
         more = f" plus {extra} new tokens" if extra else ""
-        raise ValidationError(f"the {what} has {n_tokens} tokens{more}, beyond the model's maximum positions "
-                              f"({max_positions})", f"shorten the {what} to {max(0, max_positions - extra)} tokens or less")
+        raise ValidationError(
+            f"the {what} has {n_tokens} tokens{more}, beyond the model's maximum positions ({max_positions})",
+            f"shorten the {what} to {max(0, max_positions - extra)} tokens or less",
+        )
     return n_tokens
 
 
@@ -138,8 +150,10 @@ def utf8_text(data: bytes, where: str = "input") -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValidationError(f"{where} is not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})",
-                              "pass UTF-8 text (convert it with iconv)") from None
+        raise ValidationError(
+            f"{where} is not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})",
+            "pass UTF-8 text (convert it with iconv)",
+        ) from None
 
 
 def cli_text(value: str, what: str = "text") -> str:
@@ -150,8 +164,10 @@ def cli_text(value: str, what: str = "text") -> str:
         bad = value[exc.start]
         byte = ord(bad) - 0xDC00 if 0xDC80 <= ord(bad) <= 0xDCFF else None
         at = f"byte {byte:#04x}" if byte is not None else f"character {bad!r}"
-        raise ValidationError(f"--{what} is not valid UTF-8 ({at} at character {exc.start})",
-                              f"pass the {what} as UTF-8 text (or @FILE with a UTF-8 file)") from None
+        raise ValidationError(
+            f"--{what} is not valid UTF-8 ({at} at character {exc.start})",
+            f"pass the {what} as UTF-8 text (or @FILE with a UTF-8 file)",
+        ) from None
     return value
 
 
@@ -175,8 +191,9 @@ def json_depth(text: str) -> int:
     return best
 
 
-def parse_json(text: str, where: str, *, what: str = "JSON file", max_depth: int = MAX_JSON_DEPTH,
-               error=ConfigError) -> Any:
+def parse_json(
+    text: str, where: str, *, what: str = "JSON file", max_depth: int = MAX_JSON_DEPTH, error=ConfigError
+) -> Any:
     """``json.loads`` with a nesting limit and one-line errors naming ``where``."""
     import json
 
@@ -185,14 +202,21 @@ def parse_json(text: str, where: str, *, what: str = "JSON file", max_depth: int
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{where}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
-                    f"fix or re-create the {what}") from None
+        raise error(
+            f"{where}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})", f"fix or re-create the {what}"
+        ) from None
     except RecursionError:
         raise error(f"{where}: JSON nested too deeply", f"pass an ordinary {what}") from None
 
 
-def load_json(path: Path | str, *, what: str = "JSON file", error=ConfigError, object_only: bool = True,
-              max_bytes: int = MAX_JSON_BYTES) -> Any:
+def load_json(
+    path: Path | str,
+    *,
+    what: str = "JSON file",
+    error=ConfigError,
+    object_only: bool = True,
+    max_bytes: int = MAX_JSON_BYTES,
+) -> Any:
     """Read a JSON file (UTF-8, size and depth limited); a one-line error naming the path otherwise."""
     path = Path(path)
     try:
@@ -207,8 +231,9 @@ def load_json(path: Path | str, *, what: str = "JSON file", error=ConfigError, o
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",
-                    f"pass a UTF-8 {what}") from None
+        raise error(
+            f"{path}: not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})", f"pass a UTF-8 {what}"
+        ) from None
     data = parse_json(text, str(path), what=what, error=error)
     if object_only and not isinstance(data, dict):
         raise error(f"{path}: expected a JSON object, got {type(data).__name__}", f"pass a {what} (a JSON object)")
@@ -232,8 +257,10 @@ def theta_fields(config: Mapping, keys: Iterable[str] = ("rope_theta",)) -> None
     for key in keys:
         theta = config.get(key)
         if theta is not None and (not _is_number(theta) or not math.isfinite(float(theta)) or float(theta) <= 0):
-            raise ConfigError(f"config field {key!r} must be a finite number > 0, got {theta!r}",
-                              f"use the model's published {key}, e.g. 10000.0 (model_type {config.get('model_type')!r})")
+            raise ConfigError(
+                f"config field {key!r} must be a finite number > 0, got {theta!r}",
+                f"use the model's published {key}, e.g. 10000.0 (model_type {config.get('model_type')!r})",
+            )
 
 
 def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "rope_scaling", host=None) -> None:
@@ -241,31 +268,40 @@ def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "ro
     fix_at = f"(model_type {model_type!r})"
     theta = params.get("rope_theta")
     if not _is_number(theta) or not math.isfinite(float(theta)) or float(theta) <= 0:
-        raise ConfigError(f"config field 'rope_theta' must be a finite number > 0, got {theta!r}",
-                          f"use the model's published rope_theta, e.g. 10000.0 {fix_at}")
+        raise ConfigError(
+            f"config field 'rope_theta' must be a finite number > 0, got {theta!r}",
+            f"use the model's published rope_theta, e.g. 10000.0 {fix_at}",
+        )
     rope_type = str(params.get("rope_type", "default"))
     known = known_rope_types(host)
     if known is not None and rope_type not in known:
-        raise ConfigError(f"config field '{where}' has unknown RoPE type {rope_type!r}",
-                          f"use one of {', '.join(sorted(known))}, or install a plugin that registers it {fix_at}")
+        raise ConfigError(
+            f"config field '{where}' has unknown RoPE type {rope_type!r}",
+            f"use one of {', '.join(sorted(known))}, or install a plugin that registers it {fix_at}",
+        )
     if "factor" in params or rope_type in FACTOR_REQUIRED:
         factor = params.get("factor")
         if factor is None:
-            raise ConfigError(f"config field '{where}' of type {rope_type!r} has no 'factor'",
-                              f"add the scaling factor, e.g. \"factor\": 2.0 {fix_at}")
+            raise ConfigError(
+                f"config field '{where}' of type {rope_type!r} has no 'factor'",
+                f'add the scaling factor, e.g. "factor": 2.0 {fix_at}',
+            )
         if not _is_number(factor) or not math.isfinite(float(factor)) or float(factor) <= 0:
-            raise ConfigError(f"config field '{where}.factor' must be a finite number > 0, got {factor!r}",
-                              f"use a positive scaling factor, e.g. 2.0 {fix_at}")
+            raise ConfigError(
+                f"config field '{where}.factor' must be a finite number > 0, got {factor!r}",
+                f"use a positive scaling factor, e.g. 2.0 {fix_at}",
+            )
     for key in ("original_max_position_embeddings",):
         val = params.get(key)
         if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
-            raise ConfigError(f"config field '{where}.{key}' must be a positive integer, got {val!r}",
-                              f"fix it in the config {fix_at}")
+            raise ConfigError(
+                f"config field '{where}.{key}' must be a positive integer, got {val!r}",
+                f"fix it in the config {fix_at}",
+            )
 
 
 # -- manifests and artifacts ---------------------------------------------------------------------------------
-def require_fields(data: Any, fields: Mapping[str, Any], where: str, *, fix: str,
-                   error=ArtifactError) -> None:
+def require_fields(data: Any, fields: Mapping[str, Any], where: str, *, fix: str, error=ArtifactError) -> None:
     """Each of ``fields`` (``name -> type or tuple of types``) is present in ``data`` with that type.
 
     Dotted names (``model.num_layers``) reach into nested objects.
@@ -287,8 +323,9 @@ def require_fields(data: Any, fields: Mapping[str, Any], where: str, *, fix: str
             raise error(f"{where} field {name!r} should be {names}, got {type(obj).__name__}", fix)
 
 
-def tensors_match(tensors: Mapping[str, Any], expected: Mapping[str, tuple], where: str, *, fix: str,
-                  allow_extra: bool = False) -> None:
+def tensors_match(
+    tensors: Mapping[str, Any], expected: Mapping[str, tuple], where: str, *, fix: str, allow_extra: bool = False
+) -> None:
     """Every tensor has the dtype and shape the manifest implies (``name -> (dtype str, shape)``).
 
     A checksum says the file is the one the manifest names; this says the manifest and the
@@ -309,14 +346,16 @@ def tensors_match(tensors: Mapping[str, Any], expected: Mapping[str, tuple], whe
             have_dtype = names.get(t.dtype) or names.setdefault(t.dtype, str(t.dtype).removeprefix("torch."))
             allowed = dtype if isinstance(dtype, (tuple, list, set, frozenset)) else (dtype,)
             if have_dtype not in allowed:
-                raise ArtifactError(f"{where}: tensor {name!r} is {have_dtype}, the manifest says "
-                                    f"{' or '.join(allowed)}", fix)
+                raise ArtifactError(
+                    f"{where}: tensor {name!r} is {have_dtype}, the manifest says {' or '.join(allowed)}", fix
+                )
         if shape is not None:
             have = t.shape
             if len(have) != len(shape) or any(w is not None and w != h for w, h in zip(shape, have)):
                 want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
-                raise ArtifactError(f"{where}: tensor {name!r} has shape {list(have)}, the manifest implies {want}",
-                                    fix)
+                raise ArtifactError(
+                    f"{where}: tensor {name!r} has shape {list(have)}, the manifest implies {want}", fix
+                )
 
 
 def finite_tensors(tensors: Mapping[str, Any], where: str, *, fix: str) -> None:
@@ -330,12 +369,38 @@ def finite_tensors(tensors: Mapping[str, Any], where: str, *, fix: str) -> None:
 def one_of(value: Any, choices: Iterable, name: str) -> Any:
     choices = list(choices)
     if value not in choices:
-        raise ValidationError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}",
-                              f"pass one of {', '.join(map(str, choices))}")
+        raise ValidationError(
+            f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}",
+            f"pass one of {', '.join(map(str, choices))}",
+        )
     return value
 
 
-__all__ = ["ValidationError", "positive_int", "non_negative_int", "finite_number", "seq_len", "tokens",
-           "max_new_tokens", "cli_text", "stride", "top_k", "memory_gib", "alpha", "prompt_length", "utf8_text", "json_depth",
-           "parse_json", "load_json", "theta_fields", "rope_parameters", "known_rope_types", "require_fields", "tensors_match",
-           "finite_tensors", "one_of", "MAX_JSON_DEPTH", "FACTOR_REQUIRED"]
+__all__ = [
+    "ValidationError",
+    "positive_int",
+    "non_negative_int",
+    "finite_number",
+    "seq_len",
+    "tokens",
+    "max_new_tokens",
+    "cli_text",
+    "stride",
+    "top_k",
+    "memory_gib",
+    "alpha",
+    "prompt_length",
+    "utf8_text",
+    "json_depth",
+    "parse_json",
+    "load_json",
+    "theta_fields",
+    "rope_parameters",
+    "known_rope_types",
+    "require_fields",
+    "tensors_match",
+    "finite_tensors",
+    "one_of",
+    "MAX_JSON_DEPTH",
+    "FACTOR_REQUIRED",
+]

@@ -16,8 +16,9 @@ from kvbridge.cli.options import device_option, dtype_option, json_option
 @click.option("--prompt", required=True, help="Live prompt, or @FILE.")
 @click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
 @click.option("--layers", default="all", show_default=True, help="Layers: all, a list 0,2 or a range 1-3.")
-@click.option("--max-new-tokens", default=16, show_default=True, type=count(1),
-              help="Length of the greedy continuation compared.")
+@click.option(
+    "--max-new-tokens", default=16, show_default=True, type=count(1), help="Length of the greedy continuation compared."
+)
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
 @dtype_option
 @device_option

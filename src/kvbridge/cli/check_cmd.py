@@ -12,9 +12,16 @@ import click
 
 from kvbridge.cli.options import fmt_rope, fmt_text, fmt_value, json_option  # noqa: F401 - fmt_rope kept importable here
 
-VERDICT_COLOURS = {"same": "green", "mappable": "yellow", "blocking": "red", "info": "cyan",
-                   "warning": "magenta", "identity": "green", "rope-reapply": "green",
-                   "incompatible": "red"}
+VERDICT_COLOURS = {
+    "same": "green",
+    "mappable": "yellow",
+    "blocking": "red",
+    "info": "cyan",
+    "warning": "magenta",
+    "identity": "green",
+    "rope-reapply": "green",
+    "incompatible": "red",
+}
 
 
 def _clip(text: str, width: int) -> str:
@@ -24,22 +31,31 @@ def _clip(text: str, width: int) -> str:
 def render(report, *, strict: bool = False, width: int | None = None) -> str:
     """The human-readable report: one row per axis, its action below, then verdict and reasons."""
     width = width or max(60, min(120, shutil.get_terminal_size((100, 24)).columns))
-    rows = [(a.name, fmt_value(a.name, a.source), fmt_value(a.name, a.target), a.verdict, a.action)
-            for a in report.axes]
+    rows = [
+        (a.name, fmt_value(a.name, a.source), fmt_value(a.name, a.target), a.verdict, a.action) for a in report.axes
+    ]
     col = max(26, (width - 16 - 12) // 2)
     w_name = max(len(r[0]) for r in rows)
     w_src = min(col, max(len("source"), *(len(r[1]) for r in rows)))
     w_tgt = min(col, max(len("target"), *(len(r[2]) for r in rows)))
-    lines = [click.style(fmt_text(f"{report.source_name or report.source.model_type} -> "
-                                  f"{report.target_name or report.target.model_type}"), bold=True), ""]
+    lines = [
+        click.style(
+            fmt_text(
+                f"{report.source_name or report.source.model_type} -> {report.target_name or report.target.model_type}"
+            ),
+            bold=True,
+        ),
+        "",
+    ]
     head = f"  {'axis':<{w_name}}  {'source':<{w_src}}  {'target':<{w_tgt}}  verdict"
     lines.append(click.style(head, bold=True))
-    wrapper = textwrap.TextWrapper(width=width, initial_indent=" " * (w_name + 4),
-                                   subsequent_indent=" " * (w_name + 4))
+    wrapper = textwrap.TextWrapper(width=width, initial_indent=" " * (w_name + 4), subsequent_indent=" " * (w_name + 4))
     for name, src, tgt, verdict, action in rows:
         colour = VERDICT_COLOURS.get(verdict)
-        lines.append(f"  {name:<{w_name}}  {_clip(src, w_src):<{w_src}}  {_clip(tgt, w_tgt):<{w_tgt}}  "
-                     + click.style(verdict, fg=colour, bold=verdict == "blocking"))
+        lines.append(
+            f"  {name:<{w_name}}  {_clip(src, w_src):<{w_src}}  {_clip(tgt, w_tgt):<{w_tgt}}  "
+            + click.style(verdict, fg=colour, bold=verdict == "blocking")
+        )
         lines.extend(click.style(line, dim=True) for line in wrapper.wrap(action))
     lines.append("")
     lines.append("verdict: " + click.style(report.verdict, fg=VERDICT_COLOURS.get(report.verdict), bold=True))
@@ -59,16 +75,22 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
 @click.argument("source", metavar="SRC")
 @click.argument("target", metavar="TGT")
 @json_option(help="Print the report as JSON: {source, target, axes, verdict, reasons}.")
-@click.option("--strict", is_flag=True,
-              help="Fail (exit 1) unless the transfer is exact (identity or rope-reapply) and every "
-                   "other axis is same: a dtype cast, an attention or cache-format difference, an "
-                   "unknown or partly matching tokenizer, or a plugin warning fails.")
-@click.option("--source-tokenizer", metavar="PATH",
-              help="Tokenizer folder or file to fingerprint for SRC (overrides the files beside its config).")
-@click.option("--target-tokenizer", metavar="PATH",
-              help="Tokenizer folder or file to fingerprint for TGT.")
-def check(source: str, target: str, as_json: bool, strict: bool, source_tokenizer: str | None,
-          target_tokenizer: str | None) -> None:
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail (exit 1) unless the transfer is exact (identity or rope-reapply) and every "
+    "other axis is same: a dtype cast, an attention or cache-format difference, an "
+    "unknown or partly matching tokenizer, or a plugin warning fails.",
+)
+@click.option(
+    "--source-tokenizer",
+    metavar="PATH",
+    help="Tokenizer folder or file to fingerprint for SRC (overrides the files beside its config).",
+)
+@click.option("--target-tokenizer", metavar="PATH", help="Tokenizer folder or file to fingerprint for TGT.")
+def check(
+    source: str, target: str, as_json: bool, strict: bool, source_tokenizer: str | None, target_tokenizer: str | None
+) -> None:
     """Report whether the KV cache of SRC can become a cache of TGT, and how.
 
     SRC and TGT are each a model folder (save_pretrained), a .gguf file (or a folder holding
@@ -93,8 +115,7 @@ def check(source: str, target: str, as_json: bool, strict: bool, source_tokenize
     host = get_host()
     src = resolve(source, host=host)
     tgt = resolve(target, host=host)
-    report = check_models(src, tgt, host=host, source_tokenizer=source_tokenizer,
-                          target_tokenizer=target_tokenizer)
+    report = check_models(src, tgt, host=host, source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer)
     if as_json:
         click.echo(report.to_json())
         if strict and report.ok and report.strict_failures():

@@ -13,19 +13,36 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
 
 
 @click.command("demo")
-@click.option("--sections", default=",".join(DEFAULT_SECTIONS), show_default=True,
-              help="Sections to run, in order: identity, zoo, real; pair (opt-in: the Qwen2.5-Coder pair).")
-@click.option("--identity", "identity_only", is_flag=True,
-              help="Only section 1: the identity-transfer exactness table of every built-in family.")
+@click.option(
+    "--sections",
+    default=",".join(DEFAULT_SECTIONS),
+    show_default=True,
+    help="Sections to run, in order: identity, zoo, real; pair (opt-in: the Qwen2.5-Coder pair).",
+)
+@click.option(
+    "--identity",
+    "identity_only",
+    is_flag=True,
+    help="Only section 1: the identity-transfer exactness table of every built-in family.",
+)
 @click.option("--skip-identity", is_flag=True, help="Leave out section 1.")
 @click.option("--skip-real", is_flag=True, help="Leave out section 3 (the real model).")
 @click.option("--families", default="", help="Comma-separated family adapters for section 1 (default: all built-in).")
-@click.option("--new-tokens", type=count(1), default=8, show_default=True, help="Greedy tokens generated per model (sections 1, 3).")
+@click.option(
+    "--new-tokens",
+    type=count(1),
+    default=8,
+    show_default=True,
+    help="Greedy tokens generated per model (sections 1, 3).",
+)
 @click.option("--pairs", default=",".join(PAIRS), show_default=True, help="Zoo targets paired with base.")
-@click.option("--corpus", default=None, help="Corpus text (default: ../shared/corpora/tinyshakespeare.txt if present, "
-                                             "else text sampled from the zoo models).")
-@click.option("--report", "report_dir", default="demo-report", show_default=True,
-              help="Report folder ('' for none).")
+@click.option(
+    "--corpus",
+    default=None,
+    help="Corpus text (default: ../shared/corpora/tinyshakespeare.txt if present, "
+    "else text sampled from the zoo models).",
+)
+@click.option("--report", "report_dir", default="demo-report", show_default=True, help="Report folder ('' for none).")
 @click.option("--tokens", type=count(1), default=32768, show_default=True, help="Calibration tokens per fit.")
 @click.option("--top-k", type=count(1), default=4, show_default=True, help="Ridge: source layers per target layer.")
 @click.option("--stride", type=count(1), default=4, show_default=True, help="Calibration position stride.")
@@ -35,16 +52,46 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
 @click.option("--greedy-tokens", type=count(1), default=16, show_default=True)
 @click.option("--bootstrap", type=count(0), default=1000, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--no-identity-rows", is_flag=True,
-              help="Section 2: skip the unfitted identity transfer of same-geometry pairs.")
-@click.option("--real-model", default="smollm2", show_default=True,
-              help="Section 3: the real model reference (fetch smollm2 with `kvbridge models fetch`).")
-@click.option("--threads", type=THREADS, default=1, show_default=True,
-              help="torch threads for sections 1-2 (tiny models: 1 is as fast and immune to a busy machine); "
-                   "sections 3-4 use torch's default.")
-def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens, pairs, corpus, report_dir, tokens,
-         top_k, stride, samples, prefix_len, continuation_len, greedy_tokens, bootstrap, seed, no_identity_rows,
-         real_model, threads) -> None:
+@click.option(
+    "--no-identity-rows", is_flag=True, help="Section 2: skip the unfitted identity transfer of same-geometry pairs."
+)
+@click.option(
+    "--real-model",
+    default="smollm2",
+    show_default=True,
+    help="Section 3: the real model reference (fetch smollm2 with `kvbridge models fetch`).",
+)
+@click.option(
+    "--threads",
+    type=THREADS,
+    default=1,
+    show_default=True,
+    help="torch threads for sections 1-2 (tiny models: 1 is as fast and immune to a busy machine); "
+    "sections 3-4 use torch's default.",
+)
+def demo(
+    sections,
+    identity_only,
+    skip_identity,
+    skip_real,
+    families,
+    new_tokens,
+    pairs,
+    corpus,
+    report_dir,
+    tokens,
+    top_k,
+    stride,
+    samples,
+    prefix_len,
+    continuation_len,
+    greedy_tokens,
+    bootstrap,
+    seed,
+    no_identity_rows,
+    real_model,
+    threads,
+) -> None:
     """Identity exactness on every family, check -> fit -> eval on the zoo, then a real model.
 
     Section 1 (identity): every built-in family on a tiny model built from its config: extract
@@ -102,10 +149,22 @@ def demo(sections, identity_only, skip_identity, skip_real, families, new_tokens
         if name == "identity":
             ok &= run_section("identity", families=families, new_tokens=new_tokens)
         elif name == "zoo":
-            run_section("zoo", pairs=tuple(p.strip() for p in pairs.split(",") if p.strip()), corpus=corpus,
-                        report_dir=report_dir or None, tokens=tokens, top_k=top_k, stride=stride, samples=samples,
-                        prefix_len=prefix_len, continuation_len=continuation_len, greedy_tokens=greedy_tokens,
-                        bootstrap=bootstrap, seed=seed, identity_too=not no_identity_rows)
+            run_section(
+                "zoo",
+                pairs=tuple(p.strip() for p in pairs.split(",") if p.strip()),
+                corpus=corpus,
+                report_dir=report_dir or None,
+                tokens=tokens,
+                top_k=top_k,
+                stride=stride,
+                samples=samples,
+                prefix_len=prefix_len,
+                continuation_len=continuation_len,
+                greedy_tokens=greedy_tokens,
+                bootstrap=bootstrap,
+                seed=seed,
+                identity_too=not no_identity_rows,
+            )
         elif name == "real":
             ok &= run_section("real", ref=real_model, new_tokens=new_tokens, report_dir=report_dir or None).ok
         elif name == "pair":

@@ -56,19 +56,23 @@ def _human(data: dict) -> str:
     if others:  # chunked / recurrent / shared-KV layers: count every kind
         from collections import Counter
 
-        names = {"sliding_attention": f"sliding (window {spec['sliding_window']})", "full_attention": "full",
-                 "chunked_attention": f"chunked ({spec.get('attention_chunk_size')}; cached as a sliding window "
-                                      f"of {spec.get('attention_chunk_size')})",
-                 "linear_attention": "recurrent", "conv": "conv", "shared_kv": "shared-KV",
-                 "no_attention": "no attention"}
+        names = {
+            "sliding_attention": f"sliding (window {spec['sliding_window']})",
+            "full_attention": "full",
+            "chunked_attention": f"chunked ({spec.get('attention_chunk_size')}; cached as a sliding window "
+            f"of {spec.get('attention_chunk_size')})",
+            "linear_attention": "recurrent",
+            "conv": "conv",
+            "shared_kv": "shared-KV",
+            "no_attention": "no attention",
+        }
         attention = "mixed: " + " + ".join(f"{n} {names.get(k, k)}" for k, n in Counter(kinds).items())
     elif not n_sliding:
         attention = "full"
     elif n_sliding == len(kinds):
         attention = f"sliding window {spec['sliding_window']} on every layer"
     else:
-        attention = (f"hybrid: {n_sliding} sliding (window {spec['sliding_window']}) + "
-                     f"{len(kinds) - n_sliding} full")
+        attention = f"hybrid: {n_sliding} sliding (window {spec['sliding_window']}) + {len(kinds) - n_sliding} full"
     heads, kv = spec["num_attention_heads"], spec["num_kv_heads"]
     head_kind = "MHA" if heads == kv else ("MQA" if kv == 1 else f"GQA {heads // kv}:1")
     rope = fmt_rope(dict(spec["rope"], by_layer_type=spec.get("rope_by_layer_type"))) if spec["rope"] else "-"
@@ -97,24 +101,40 @@ def _human(data: dict) -> str:
     gguf = data.get("gguf")
     if gguf:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(gguf["tensor_types"].items(), key=lambda kv: -kv[1]))
-        rows = [("dtype", f"{spec['dtype']} as loaded (weights {gguf.get('file_type') or gguf['quantization']}, "
-                          "dequantized)")
-                if k == "dtype" else (k, v) for k, v in rows]
+        rows = [
+            (
+                "dtype",
+                f"{spec['dtype']} as loaded (weights {gguf.get('file_type') or gguf['quantization']}, dequantized)",
+            )
+            if k == "dtype"
+            else (k, v)
+            for k, v in rows
+        ]
         stated = gguf.get("file_type")
         if stated and stated != gguf["quantization"]:
             quant = f"{gguf['quantization']} by tensor count ({types}); the file states {stated}"
         else:
             quant = f"{gguf['quantization']} ({types})" + (" (as the file states)" if stated else "")
-        rows += [("gguf file", f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}, "
-                               f"{gguf['tensors']} tensors"),
-                 ("quantization", quant),
-                 ("tied embeddings", "yes" if gguf["tied_embeddings"] else "no"),
-                 ("chat template", "yes" if gguf["chat_template"] else "no")]
+        rows += [
+            (
+                "gguf file",
+                f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}, "
+                f"{gguf['tensors']} tensors",
+            ),
+            ("quantization", quant),
+            ("tied embeddings", "yes" if gguf["tied_embeddings"] else "no"),
+            ("chat template", "yes" if gguf["chat_template"] else "no"),
+        ]
     mem = data.get("load_memory")
     if mem:
-        rows.append(("weights in memory", f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']}): "
-                                          f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in "
-                                          "bfloat16 (--dtype), before activations"))
+        rows.append(
+            (
+                "weights in memory",
+                f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']}): "
+                f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in "
+                "bfloat16 (--dtype), before activations",
+            )
+        )
     rows += _per_layer_rows(spec)
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
@@ -138,8 +158,13 @@ def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
     kinds = spec["layer_types"]
     if spec.get("attention_chunk_size"):
         n = sum(1 for k in kinds if k == "chunked_attention")
-        rows.append(("chunked layers", f"{n} (chunk {spec['attention_chunk_size']}; transformers caches them as a "
-                                       f"sliding window of {spec['attention_chunk_size']})"))
+        rows.append(
+            (
+                "chunked layers",
+                f"{n} (chunk {spec['attention_chunk_size']}; transformers caches them as a "
+                f"sliding window of {spec['attention_chunk_size']})",
+            )
+        )
     if spec.get("nope_layers"):
         rows.append(("NoPE layers", f"{spec['nope_layers']} (keys carry no RoPE)"))
     if spec.get("kv_shared_layers"):
@@ -155,15 +180,25 @@ def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
         rows.append(("per-layer KV heads", str(spec["layer_kv_heads"])))
     if spec.get("cache_format") == "mla":
         lat = spec.get("latent") or {}
-        rows.append(("MLA latent", f"rank {lat.get('kv_lora_rank')} (K slot) + shared RoPE key "
-                                   f"{lat.get('qk_rope_head_dim')} dims (V slot); per-head K/V are recomputed"))
+        rows.append(
+            (
+                "MLA latent",
+                f"rank {lat.get('kv_lora_rank')} (K slot) + shared RoPE key "
+                f"{lat.get('qk_rope_head_dim')} dims (V slot); per-head K/V are recomputed",
+            )
+        )
     elif spec.get("value_head_dim"):
         rows.append(("value head_dim", str(spec["value_head_dim"])))
     if spec.get("indexer_layers"):
         ix = spec.get("indexer") or {}
         lo, hi = ix.get("rope_offset", 0), ix.get("rope_offset", 0) + ix.get("rope_dim", 0)
-        rows.append(("indexer keys", f"layers {spec['indexer_layers']}: 1 x {ix.get('head_dim')} per token (sparse "
-                                     f"attention top-k), RoPE on dims {lo}:{hi} half-split; carried, never mapped"))
+        rows.append(
+            (
+                "indexer keys",
+                f"layers {spec['indexer_layers']}: 1 x {ix.get('head_dim')} per token (sparse "
+                f"attention top-k), RoPE on dims {lo}:{hi} half-split; carried, never mapped",
+            )
+        )
     return rows
 
 
@@ -173,26 +208,40 @@ def _list(host, as_json: bool) -> None:
     rows = []
     for mid, (record, path) in sorted(load_manifests(host).items(), key=lambda kv: kv[0].lower()):
         spec = describe_config(record["config"], where=str(path), host=host)
-        rows.append({"id": mid, "family": record["family"], "model_type": spec.model_type,
-                     "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
-                     "head_dim": spec.head_dim, "positional": spec.positional,
-                     "aliases": record.get("aliases", []), "path": str(path)})
+        rows.append(
+            {
+                "id": mid,
+                "family": record["family"],
+                "model_type": spec.model_type,
+                "num_layers": spec.num_layers,
+                "num_kv_heads": spec.num_kv_heads,
+                "head_dim": spec.head_dim,
+                "positional": spec.positional,
+                "aliases": record.get("aliases", []),
+                "path": str(path),
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     w = max([len("id")] + [len(r["id"]) for r in rows])
     click.echo(click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True))
     for r in rows:
-        click.echo(f"  {fmt_text(r['id']):<{w}}  {fmt_text(r['family']):<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
-                   f"  {r['head_dim']:>8}  {r['positional']}")
+        click.echo(
+            f"  {fmt_text(r['id']):<{w}}  {fmt_text(r['family']):<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
+            f"  {r['head_dim']:>8}  {r['positional']}"
+        )
 
 
 @click.command("describe")
 @click.argument("model", metavar="[MODEL]", required=False)
-@json_option(help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer, "
-              "gguf (GGUF files only), load_memory}.")
-@click.option("--list", "list_models", is_flag=True,
-              help="List the models known from manifests (MODEL is then not needed).")
+@json_option(
+    help="Print JSON: {ref, name, kind, path, spec, cache_format, kv_bytes_per_token, tokenizer, "
+    "gguf (GGUF files only), load_memory}."
+)
+@click.option(
+    "--list", "list_models", is_flag=True, help="List the models known from manifests (MODEL is then not needed)."
+)
 def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     """Show the KV-cache geometry of MODEL, read from its config alone (no weights, no torch).
 

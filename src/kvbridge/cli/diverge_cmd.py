@@ -20,18 +20,46 @@ from kvbridge.cli.options import device_option, dtype_option, json_option
 @click.option("--temperature", default=1.0, show_default=True, type=real(0, min_open=True))
 @click.option("--top-p", default=0.95, show_default=True, type=SHARE)
 @click.option("--greedy", is_flag=True, help="Greedy decoding only (no sampled seeds).")
-@click.option("--split", "split_kind", type=click.Choice(["safe", "naive"]), default="safe", show_default=True,
-              help="Token layout of the split and concat paths.")
+@click.option(
+    "--split",
+    "split_kind",
+    type=click.Choice(["safe", "naive"]),
+    default="safe",
+    show_default=True,
+    help="Token layout of the split and concat paths.",
+)
 @click.option("--pack", "pack_dir", default=None, type=click.Path(), help="Use this saved pack for the split path.")
 @click.option("--paths", default="full,cached,split,concat", show_default=True, help="Paths to compare.")
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
 @dtype_option
 @device_option
 @json_option
-@click.option("--partial", "partial_path", default=None, type=click.Path(dir_okay=False),
-              help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).")
-def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p, greedy, split_kind, pack_dir,
-            paths, tokenizer, dtype, device, as_json, partial_path) -> None:
+@click.option(
+    "--partial",
+    "partial_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).",
+)
+def diverge(
+    model,
+    guide,
+    prompt,
+    sep,
+    seeds,
+    max_new_tokens,
+    temperature,
+    top_p,
+    greedy,
+    split_kind,
+    pack_dir,
+    paths,
+    tokenizer,
+    dtype,
+    device,
+    as_json,
+    partial_path,
+) -> None:
     """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a model reference:
     a folder, a .gguf, zoo:NAME, smollm2, ...).
 
@@ -55,14 +83,32 @@ def diverge(model, guide, prompt, sep, seeds, max_new_tokens, temperature, top_p
         pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=tokenizer_identity(loaded, tokenizer, tok))
     from kvbridge.progress import PartialLog, Progress
 
-    partial = None if partial_path is None else PartialLog(partial_path, {
-        "command": "diverge", "model": model, "seeds": seeds, "max_new_tokens": max_new_tokens, "paths": paths})
+    partial = (
+        None
+        if partial_path is None
+        else PartialLog(
+            partial_path,
+            {"command": "diverge", "model": model, "seeds": seeds, "max_new_tokens": max_new_tokens, "paths": paths},
+        )
+    )
     bar = Progress((0 if greedy else seeds) + 1, label="diverge", unit="runs (seeds + greedy)")
-    report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), seeds=seeds, max_new_tokens=max_new_tokens,
-                 temperature=temperature, top_p=top_p, greedy_only=greedy, split=split_kind, pack=pack,
-                 paths=[p.strip() for p in paths.split(",") if p.strip()],
-                 progress=lambda done, total, toks: bar.update(done, tokens=toks),
-                 on_seed=None if partial is None else lambda seed, res: partial.add({"seed": seed, "pairs": res}))
+    report = run(
+        m,
+        tok,
+        guide_text,
+        prompt_text,
+        sep=unescape(sep),
+        seeds=seeds,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        greedy_only=greedy,
+        split=split_kind,
+        pack=pack,
+        paths=[p.strip() for p in paths.split(",") if p.strip()],
+        progress=lambda done, total, toks: bar.update(done, tokens=toks),
+        on_seed=None if partial is None else lambda seed, res: partial.add({"seed": seed, "pairs": res}),
+    )
     bar.close()
     if partial is not None:
         partial.finish()

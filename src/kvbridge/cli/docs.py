@@ -19,27 +19,43 @@ def _walk(cmd: click.Command, path: list[str], ctx_parent=None):
 #: every command's exit statuses (the error boundary in ``cli/main.py`` and the commands that test something)
 EXIT_CODES = (
     ("0", "done"),
-    ("1", "it ran and the answer is no: `check` (incompatible, or `--strict` not exact), `conformance` (a type "
-          "wrong or crashed), `eval` (an enforced quality gate failed), `demo` (a section not exact)"),
-    ("2", "bad input, refused before anything is written: one line `error: <what> (fix: <how>)` naming the "
-          "file, flag or plugin (a usage error, a malformed or hostile file, a model folder that asks to "
-          "run its own code, a mismatched artifact, NaN tensors, a broken plugin a command needs)"),
+    (
+        "1",
+        "it ran and the answer is no: `check` (incompatible, or `--strict` not exact), `conformance` (a type "
+        "wrong or crashed), `eval` (an enforced quality gate failed), `demo` (a section not exact)",
+    ),
+    (
+        "2",
+        "bad input, refused before anything is written: one line `error: <what> (fix: <how>)` naming the "
+        "file, flag or plugin (a usage error, a malformed or hostile file, a model folder that asks to "
+        "run its own code, a mismatched artifact, NaN tensors, a broken plugin a command needs)",
+    ),
     ("3", "an internal error (a bug in kvbridge): one line too; `KVBRIDGE_DEBUG=1` shows the traceback"),
     ("130", "interrupted (Ctrl-C); nothing half-written is left"),
 )
 
 
 def exit_codes() -> list[str]:
-    return ["## Exit status", "", "| status | meaning |", "|---:|---|",
-            *(f"| {code} | {meaning} |" for code, meaning in EXIT_CODES), ""]
+    return [
+        "## Exit status",
+        "",
+        "| status | meaning |",
+        "|---:|---|",
+        *(f"| {code} | {meaning} |" for code, meaning in EXIT_CODES),
+        "",
+    ]
 
 
 def render() -> str:
     from kvbridge.cli.main import build_cli
 
-    out = ["# kvbridge command line", "",
-           "Generated from each command's `--help` by `make cli-docs` (a test keeps it in sync).", "",
-           *exit_codes()]
+    out = [
+        "# kvbridge command line",
+        "",
+        "Generated from each command's `--help` by `make cli-docs` (a test keeps it in sync).",
+        "",
+        *exit_codes(),
+    ]
     for path, text in _walk(build_cli(), ["kvbridge"]):
         out += [f"## `{' '.join(path)}`", "", "```", text.rstrip(), "```", ""]
     return "\n".join(out)

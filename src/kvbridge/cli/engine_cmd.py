@@ -44,12 +44,18 @@ def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
         return
     kv = info["kv_state"]
-    click.echo(f"{file}: {info.get('format', engine_name)} version {info.get('version', '?')} for {info.get('model', model)}")
+    click.echo(
+        f"{file}: {info.get('format', engine_name)} version {info.get('version', '?')} for {info.get('model', model)}"
+    )
     if "cells" in info:
-        click.echo(f"  cache      {info['cells']} cells, {info['layers']} layers, K {info['k_type']} x {info['k_row']}, "
-                   f"V {info['v_type']} x {info['v_row']}{' (transposed)' if info.get('v_trans') else ''}, "
-                   f"{info['n_stream']} stream(s)")
-    click.echo(f"  KV state   {kv['layers']} layers x {kv.get('kv_heads', '?')} KV heads x {kv.get('head_dim', '?')}, "
-               f"{kv['tokens']} tokens at positions {kv.get('positions')}, {kv.get('dtype', '')}, "
-               f"keys {'with' if kv.get('rope_applied') else 'without'} RoPE ({kv.get('model_type', '')} layout), "
-               f"{kv.get('bytes', 0) / 1e6:.2f} MB")
+        click.echo(
+            f"  cache      {info['cells']} cells, {info['layers']} layers, K {info['k_type']} x {info['k_row']}, "
+            f"V {info['v_type']} x {info['v_row']}{' (transposed)' if info.get('v_trans') else ''}, "
+            f"{info['n_stream']} stream(s)"
+        )
+    click.echo(
+        f"  KV state   {kv['layers']} layers x {kv.get('kv_heads', '?')} KV heads x {kv.get('head_dim', '?')}, "
+        f"{kv['tokens']} tokens at positions {kv.get('positions')}, {kv.get('dtype', '')}, "
+        f"keys {'with' if kv.get('rope_applied') else 'without'} RoPE ({kv.get('model_type', '')} layout), "
+        f"{kv.get('bytes', 0) / 1e6:.2f} MB"
+    )

@@ -28,8 +28,11 @@ class TopK(Number):
                 out = parse_top_k(text)
             except ConfigError as exc:
                 self.fail(exc.what, param, ctx)
-            return [v if v == "all" else super(TopK, self).convert(v, param, ctx) for v in out] \
-                if isinstance(out, list) else out
+            return (
+                [v if v == "all" else super(TopK, self).convert(v, param, ctx) for v in out]
+                if isinstance(out, list)
+                else out
+            )
         return super().convert(value, param, ctx)
 
     def get_metavar(self, param, ctx=None):  # noqa: D102
@@ -61,8 +64,15 @@ class Progress:
                 hb.stage("solving and writing the mapping")
         if kind == "start":
             self.t0, self.done = time.perf_counter(), 0
-            self.bar = click.progressbar(length=max(1, n), label=f"{tag:<8}", show_eta=True, show_percent=True,
-                                         file=sys.stderr, item_show_func=self._rate, width=30)
+            self.bar = click.progressbar(
+                length=max(1, n),
+                label=f"{tag:<8}",
+                show_eta=True,
+                show_percent=True,
+                file=sys.stderr,
+                item_show_func=self._rate,
+                width=30,
+            )
             self.bar.__enter__()
         elif kind == "advance" and self.bar is not None:
             self.done += n
@@ -71,8 +81,10 @@ class Progress:
             self.bar.__exit__(None, None, None)
             self.bar = None
             secs = time.perf_counter() - self.t0
-            click.echo(f"{tag}: {self.done:,} tokens through both models in {secs:.1f} s "
-                       f"({self._rate(None)}){self.note}", err=True)
+            click.echo(
+                f"{tag}: {self.done:,} tokens through both models in {secs:.1f} s ({self._rate(None)}){self.note}",
+                err=True,
+            )
 
     def _rate(self, _item) -> str:
         secs = max(time.perf_counter() - self.t0, 1e-9)
@@ -82,50 +94,173 @@ class Progress:
 @click.command("fit")
 @click.argument("source")
 @click.argument("target")
-@click.option("--corpus", default=None, type=click.Path(exists=False), help="Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file (--corpus-heldout) and only its calibration part is read.")
-@click.option("--corpus-heldout", default=0.1, show_default=True, type=real(0, 1, min_open=True, max_open=True),
-              help="Folder corpora: share of the files held out for eval, chosen by a hash of each file's relative path "
-                   "(recorded in the mapping; `eval` then reads only those).")
-@click.option("--out", default=None, type=click.Path(), help="Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).")
-@click.option("--fitter", default="ridge", show_default=True, help="Fitter plugin (ridge, ridge-headwise, sklearn, ...).")
-@click.option("-o", "--option", "fitter_opts", multiple=True, metavar="KEY=VALUE",
-              help="A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
-                   "refused, values coerced to their types, e.g. -o top_k=2 -o alpha=auto (docs/plugins.md lists "
-                   "each fitter's options).")
-@click.option("--top-k", default=None, type=TopK(), help="Source layers per target layer (ridge, sklearn; default 4, "
-              "or the source's layers when it has fewer) = -o top_k=N. A list (--top-k 1,2,4,8,all; ridge) fits every "
-              "k from one pass of forwards and writes one mapping per k into --out/k1, --out/k2, ... --out/kall.")
+@click.option(
+    "--corpus",
+    default=None,
+    type=click.Path(exists=False),
+    help="Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file (--corpus-heldout) and only its calibration part is read.",
+)
+@click.option(
+    "--corpus-heldout",
+    default=0.1,
+    show_default=True,
+    type=real(0, 1, min_open=True, max_open=True),
+    help="Folder corpora: share of the files held out for eval, chosen by a hash of each file's relative path "
+    "(recorded in the mapping; `eval` then reads only those).",
+)
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(),
+    help="Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).",
+)
+@click.option(
+    "--fitter", default="ridge", show_default=True, help="Fitter plugin (ridge, ridge-headwise, sklearn, ...)."
+)
+@click.option(
+    "-o",
+    "--option",
+    "fitter_opts",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
+    "refused, values coerced to their types, e.g. -o top_k=2 -o alpha=auto (docs/plugins.md lists "
+    "each fitter's options).",
+)
+@click.option(
+    "--top-k",
+    default=None,
+    type=TopK(),
+    help="Source layers per target layer (ridge, sklearn; default 4, "
+    "or the source's layers when it has fewer) = -o top_k=N. A list (--top-k 1,2,4,8,all; ridge) fits every "
+    "k from one pass of forwards and writes one mapping per k into --out/k1, --out/k2, ... --out/kall.",
+)
 @click.option("--seq-len", type=count(2), default=512, show_default=True, help="Tokens per calibration sequence.")
 @click.option("--tokens", default=None, type=count(1), help="Calibration tokens to read (default: the whole corpus).")
-@click.option("--stride", type=count(1), default=4, show_default=True, help="Keep every stride-th position of each sequence.")
-@click.option("--skip", type=count(0), default=0, show_default=True, help="Drop the first N positions of each sequence (attention sinks).")
-@click.option("--alpha", default=None, help="Ridge strength, or 'auto' (chosen on the held-out split); default 0.01 = -o alpha=X.")
-@click.option("--heldout", type=real(), default=0.1, show_default=True, help="Share of sequences held out for R² (and --alpha auto).")
-@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the position sampling and the held-out split.")
+@click.option(
+    "--stride", type=count(1), default=4, show_default=True, help="Keep every stride-th position of each sequence."
+)
+@click.option(
+    "--skip",
+    type=count(0),
+    default=0,
+    show_default=True,
+    help="Drop the first N positions of each sequence (attention sinks).",
+)
+@click.option(
+    "--alpha", default=None, help="Ridge strength, or 'auto' (chosen on the held-out split); default 0.01 = -o alpha=X."
+)
+@click.option(
+    "--heldout",
+    type=real(),
+    default=0.1,
+    show_default=True,
+    help="Share of sequences held out for R² (and --alpha auto).",
+)
+@click.option(
+    "--seed", type=SEED, default=0, show_default=True, help="Seed of the position sampling and the held-out split."
+)
 @click.option("--batch-size", type=Number(int), default=4, show_default=True, help="Sequences per forward pass.")
-@click.option("--estimator", default=None, help="sklearn fitter: 'module:Class' (e.g. sklearn.linear_model:RidgeCV) = -o estimator=X.")
+@click.option(
+    "--estimator",
+    default=None,
+    help="sklearn fitter: 'module:Class' (e.g. sklearn.linear_model:RidgeCV) = -o estimator=X.",
+)
 @click.option("--estimator-options", default=None, help="sklearn fitter: JSON options of the estimator.")
-@click.option("--max-samples", default=None, type=count(1), help="sklearn fitter: cap on materialised observations (default 100000).")
-@click.option("--memory", "memory_gib", default=None, type=real(0, min_open=True), help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).")
-@click.option("--dtype", default="float32", type=click.Choice(DTYPES), show_default=True, help="Dtype to load the models in.")
-@click.option("--keep-stats", "keep_stats", default=None, type=click.Path(), help="Also write the fit's statistics "
-              "(safetensors + manifest.json with both models' fingerprints) to this folder, for --from-stats (ridge).")
-@click.option("--from-stats", "from_stats", default=None, type=click.Path(), help="Solve from statistics kept by "
-              "--keep-stats instead of running the models (no weights loaded): other --top-k (up to the kept one), "
-              "--alpha; SOURCE and TARGET are checked against the kept specs.")
-@click.option("--resume", is_flag=True, help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
-                                          "and continue an interrupted fit from them.")
+@click.option(
+    "--max-samples",
+    default=None,
+    type=count(1),
+    help="sklearn fitter: cap on materialised observations (default 100000).",
+)
+@click.option(
+    "--memory",
+    "memory_gib",
+    default=None,
+    type=real(0, min_open=True),
+    help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).",
+)
+@click.option(
+    "--dtype", default="float32", type=click.Choice(DTYPES), show_default=True, help="Dtype to load the models in."
+)
+@click.option(
+    "--keep-stats",
+    "keep_stats",
+    default=None,
+    type=click.Path(),
+    help="Also write the fit's statistics "
+    "(safetensors + manifest.json with both models' fingerprints) to this folder, for --from-stats (ridge).",
+)
+@click.option(
+    "--from-stats",
+    "from_stats",
+    default=None,
+    type=click.Path(),
+    help="Solve from statistics kept by "
+    "--keep-stats instead of running the models (no weights loaded): other --top-k (up to the kept one), "
+    "--alpha; SOURCE and TARGET are checked against the kept specs.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
+    "and continue an interrupted fit from them.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--plan", "plan_only", is_flag=True, help="Print the resource plan (statistics memory, blocking, artifact "
-              "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.")
-@click.option("--device-flops", default=None, type=real(0, min_open=True), help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.")
-@click.option("--calibrate", "plan_device", default=None, metavar="DEVICE", help="--plan: measure the rates of each part "
-              "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
-              "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.")
-def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k, seq_len, tokens, stride, skip, alpha,
-        heldout, seed, batch_size, estimator, estimator_options, max_samples, memory_gib, dtype, keep_stats,
-        from_stats, resume, overwrite, quiet, plan_only, device_flops, plan_device):
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="Print the resource plan (statistics memory, blocking, artifact "
+    "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.",
+)
+@click.option(
+    "--device-flops",
+    default=None,
+    type=real(0, min_open=True),
+    help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.",
+)
+@click.option(
+    "--calibrate",
+    "plan_device",
+    default=None,
+    metavar="DEVICE",
+    help="--plan: measure the rates of each part "
+    "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
+    "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.",
+)
+def fit(
+    source,
+    target,
+    corpus,
+    corpus_heldout,
+    out,
+    fitter,
+    fitter_opts,
+    top_k,
+    seq_len,
+    tokens,
+    stride,
+    skip,
+    alpha,
+    heldout,
+    seed,
+    batch_size,
+    estimator,
+    estimator_options,
+    max_samples,
+    memory_gib,
+    dtype,
+    keep_stats,
+    from_stats,
+    resume,
+    overwrite,
+    quiet,
+    plan_only,
+    device_flops,
+    plan_device,
+):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
@@ -145,11 +280,34 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
     from kvbridge.fit.settings import FitSettings
 
     settings = FitSettings(
-        corpus=corpus, corpus_heldout=corpus_heldout, out=out, fitter=fitter, fitter_options=fitter_opts, top_k=top_k,
-        seq_len=seq_len, tokens=tokens, stride=stride, skip=skip, alpha=alpha, heldout=heldout, seed=seed,
-        batch_size=batch_size, estimator=estimator, estimator_options=estimator_options, max_samples=max_samples,
-        memory_gib=memory_gib, dtype=dtype, keep_stats=keep_stats, from_stats=from_stats, resume=resume,
-        overwrite=overwrite, quiet=quiet, plan=plan_only, device_flops=device_flops, plan_device=plan_device)
+        corpus=corpus,
+        corpus_heldout=corpus_heldout,
+        out=out,
+        fitter=fitter,
+        fitter_options=fitter_opts,
+        top_k=top_k,
+        seq_len=seq_len,
+        tokens=tokens,
+        stride=stride,
+        skip=skip,
+        alpha=alpha,
+        heldout=heldout,
+        seed=seed,
+        batch_size=batch_size,
+        estimator=estimator,
+        estimator_options=estimator_options,
+        max_samples=max_samples,
+        memory_gib=memory_gib,
+        dtype=dtype,
+        keep_stats=keep_stats,
+        from_stats=from_stats,
+        resume=resume,
+        overwrite=overwrite,
+        quiet=quiet,
+        plan=plan_only,
+        device_flops=device_flops,
+        plan_device=plan_device,
+    )
     if settings.plan:  # torch-free: configs / manifests only
         from kvbridge.fit.run import plan_fit
 
@@ -169,7 +327,8 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
     from kvbridge.progress import Heartbeat
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
-        Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0"))
+        Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0")
+    )
     hb.stage("reading the corpus")
     prepared = prepare(settings)  # every refusal that needs no model (options, out, corpus), before loading one
     t0 = time.perf_counter()
@@ -181,13 +340,21 @@ def fit(source, target, corpus, corpus_heldout, out, fitter, fitter_opts, top_k,
 
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
-    result = fit_pair(pair, settings, prepared=prepared, progress=Progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
-                      warn=lambda note: click.echo(f"note: {note}", err=True), distributed=ctx)
+    result = fit_pair(
+        pair,
+        settings,
+        prepared=prepared,
+        progress=Progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
+        warn=lambda note: click.echo(f"note: {note}", err=True),
+        distributed=ctx,
+    )
     if not main:
         return
     if settings.keep_stats is not None:
-        click.echo(f"kept the statistics in {settings.keep_stats} (kvbridge fit SOURCE TARGET --from-stats "
-                   f"{settings.keep_stats} --out ...)")
+        click.echo(
+            f"kept the statistics in {settings.keep_stats} (kvbridge fit SOURCE TARGET --from-stats "
+            f"{settings.keep_stats} --out ...)"
+        )
     _print(result, settings, time.perf_counter() - t0)
 
 
@@ -207,8 +374,11 @@ def _report_sweep(mappings: dict, out, secs: float) -> None:
     click.echo(f"wrote {out}  ({len(mappings)} mappings from one pass, {secs:.1f} s)")
     for label, m in mappings.items():
         summ = m.report.r2_summary or {}
-        r2 = (f"held-out R² mean {summ['mean']:.4f} (K {summ['mean_k']:.4f}, V {summ['mean_v']:.4f})"
-              if summ.get("heldout") else "no held-out R²")
+        r2 = (
+            f"held-out R² mean {summ['mean']:.4f} (K {summ['mean_k']:.4f}, V {summ['mean_v']:.4f})"
+            if summ.get("heldout")
+            else "no held-out R²"
+        )
         click.echo(f"  {sweep_folder(label)}: top-k {m.report.params.get('top_k')}, {r2}")
         for w in m.report.warnings:
             click.echo(f"warning: {sweep_folder(label)}: {w}", err=True)
@@ -219,20 +389,26 @@ def _report(mapping, out, secs: float, stride, skip) -> None:
     cal = mapping.manifest.get("calibration", {})
     summ = rep.r2_summary or {}
     click.echo(f"wrote {out}  ({mapping.fitter}, {mapping.mode}, {secs:.1f} s)")
-    click.echo(f"  calibration: {cal.get('tokens')} tokens in {cal.get('sequences')} sequences, "
-               f"{cal.get('observations_train')} train / {cal.get('observations_heldout')} held-out observations "
-               f"per head (stride {cal.get('stride', stride)}, skip {cal.get('skip', skip)})")
+    click.echo(
+        f"  calibration: {cal.get('tokens')} tokens in {cal.get('sequences')} sequences, "
+        f"{cal.get('observations_train')} train / {cal.get('observations_heldout')} held-out observations "
+        f"per head (stride {cal.get('stride', stride)}, skip {cal.get('skip', skip)})"
+    )
     corp, span = cal.get("corpus") or {}, cal.get("span") or {}
     if corp:
-        click.echo(f"  corpus: sha256 {corp['sha256']} ({corp['sha256_of']}); calibration read bytes "
-                   f"{span.get('bytes', ['?', '?'])[0]}-{span.get('bytes', ['?', '?'])[1]} ({span.get('tokens')} tokens); "
-                   f"{cal.get('observations_per_feature', '?')} observations per feature "
-                   f"(warning below {cal.get('min_observations_per_feature', '?')})")
+        click.echo(
+            f"  corpus: sha256 {corp['sha256']} ({corp['sha256_of']}); calibration read bytes "
+            f"{span.get('bytes', ['?', '?'])[0]}-{span.get('bytes', ['?', '?'])[1]} ({span.get('tokens')} tokens); "
+            f"{cal.get('observations_per_feature', '?')} observations per feature "
+            f"(warning below {cal.get('min_observations_per_feature', '?')})"
+        )
     sel = mapping.layer_selection()
     shown = "; ".join(f"{t}<-{s}" for t, s in enumerate(sel[:8])) + ("; ..." if len(sel) > 8 else "")
     click.echo(f"  layer selection (target<-source): {shown}")
     if summ.get("heldout"):
-        click.echo(f"  held-out R²: mean {summ['mean']:.4f} (K {summ['mean_k']:.4f}, V {summ['mean_v']:.4f}), "
-                   f"min {summ['min']:.4f}")
+        click.echo(
+            f"  held-out R²: mean {summ['mean']:.4f} (K {summ['mean_k']:.4f}, V {summ['mean_v']:.4f}), "
+            f"min {summ['min']:.4f}"
+        )
     for w in rep.warnings:
         click.echo(f"warning: {w}", err=True)

@@ -35,8 +35,13 @@ def _ids(tok, text, special, what: str = "text"):
 @click.argument("model")
 @click.option("--context", required=True, help="Context text (or @FILE), prefilled at positions 0..c-1 (with BOS).")
 @click.option("--chunk", default=None, help="Chunk text (or @FILE), prefilled alone at 0..n-1 (no BOS).")
-@click.option("--pack", "pack_dir", default=None, type=click.Path(file_okay=False),
-              help="A prefix pack (kvbridge pack save) to graft instead of --chunk.")
+@click.option(
+    "--pack",
+    "pack_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="A prefix pack (kvbridge pack save) to graft instead of --chunk.",
+)
 @click.option("--prompt", required=True, help="Text (or @FILE) that follows the chunk; the model continues it.")
 @click.option("--recompute-tokens", "ratio", default="0%", show_default=True, help="Share of chunk tokens recomputed.")
 @click.option("--max-new-tokens", default=24, show_default=True, type=count(1))
@@ -67,8 +72,12 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     live = _ids(tok, prompt, False, "prompt")
     from kvbridge.transfer_run import check_generation_length, max_positions_of
 
-    check_generation_length(ctx.shape[1] + chunk_state.num_tokens + live.shape[1], max_new_tokens, max_positions_of(m),
-                            prompt_flag="--context + --chunk + --prompt")
+    check_generation_length(
+        ctx.shape[1] + chunk_state.num_tokens + live.shape[1],
+        max_new_tokens,
+        max_positions_of(m),
+        prompt_flag="--context + --chunk + --prompt",
+    )
     ctx_state = ad.extract(m, ctx)
     grafted = do_graft(ctx_state, chunk_state)
     res = blend(m, grafted, ctx_state.num_tokens, r)
@@ -93,22 +102,32 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     naive_toks, naive_lp = greedy(grafted)
     kl = lambda lp: float((full_lp.exp() * (full_lp - lp)).sum())
     agree = lambda t: next((i for i, (a, b) in enumerate(zip(t, full_toks)) if a != b), len(full_toks))
-    out = {"model": name, "context_tokens": ctx_state.num_tokens, "chunk_tokens": chunk_state.num_tokens,
-           "prompt_tokens": int(live.shape[1]), "recompute_tokens": r, "recomputed": int(res.selected.shape[1]),
-           "flop_share": res.cost.flop_share, "recompute_ms": 1e3 * res.cost.seconds,
-           "first_token_kl": {"naive": kl(naive_lp), "grafted": kl(got_lp)},
-           "greedy_agreement_steps": {"naive": agree(naive_toks), "grafted": agree(got_toks),
-                                      "of": max_new_tokens},
-           "text": {"full": tok.decode(full_toks), "naive": tok.decode(naive_toks), "grafted": tok.decode(got_toks)}}
+    out = {
+        "model": name,
+        "context_tokens": ctx_state.num_tokens,
+        "chunk_tokens": chunk_state.num_tokens,
+        "prompt_tokens": int(live.shape[1]),
+        "recompute_tokens": r,
+        "recomputed": int(res.selected.shape[1]),
+        "flop_share": res.cost.flop_share,
+        "recompute_ms": 1e3 * res.cost.seconds,
+        "first_token_kl": {"naive": kl(naive_lp), "grafted": kl(got_lp)},
+        "greedy_agreement_steps": {"naive": agree(naive_toks), "grafted": agree(got_toks), "of": max_new_tokens},
+        "text": {"full": tok.decode(full_toks), "naive": tok.decode(naive_toks), "grafted": tok.decode(got_toks)},
+    }
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return
-    click.echo(f"{name}: context {out['context_tokens']} + chunk {out['chunk_tokens']} (grafted, re-positioned) + "
-               f"prompt {out['prompt_tokens']} tokens; recomputed {out['recomputed']} chunk tokens "
-               f"({r:.0%}), {out['flop_share']:.3f} of a full prefill's FLOPs")
+    click.echo(
+        f"{name}: context {out['context_tokens']} + chunk {out['chunk_tokens']} (grafted, re-positioned) + "
+        f"prompt {out['prompt_tokens']} tokens; recomputed {out['recomputed']} chunk tokens "
+        f"({r:.0%}), {out['flop_share']:.3f} of a full prefill's FLOPs"
+    )
     for k in ("naive", "grafted"):
-        click.echo(f"  {k:8s} first-token KL to full prefill {out['first_token_kl'][k]:.5f}; greedy equal for "
-                   f"{out['greedy_agreement_steps'][k]}/{max_new_tokens} steps: {out['text'][k]!r}")
+        click.echo(
+            f"  {k:8s} first-token KL to full prefill {out['first_token_kl'][k]:.5f}; greedy equal for "
+            f"{out['greedy_agreement_steps'][k]}/{max_new_tokens} steps: {out['text'][k]!r}"
+        )
     click.echo(f"  full     {out['text']['full']!r}")
 
 
@@ -126,11 +145,31 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
 @click.option("--bootstrap", default=1000, show_default=True, type=count(0))
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @dtype_option
-@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
-              help="Write graft.md, graft.json and graft.png here.")
+@click.option(
+    "--report",
+    "report_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Write graft.md, graft.json and graft.png here.",
+)
 @json_option
-def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, ratios, controls, check_layer,
-             batch_size, bootstrap, seed, dtype, report_dir, as_json):
+def eval_cmd(
+    model,
+    corpus,
+    samples,
+    context_len,
+    chunk_len,
+    continuation_len,
+    ratios,
+    controls,
+    check_layer,
+    batch_size,
+    bootstrap,
+    seed,
+    dtype,
+    report_dir,
+    as_json,
+):
     """Graft conditions on held-out corpus windows: context | chunk | continuation, contiguous text.
 
     full (ceiling), naive graft, blend@R, random@R and the other controls, dropped (floor); gap
@@ -164,9 +203,19 @@ def eval_cmd(model, corpus, samples, context_len, chunk_len, continuation_len, r
         if not as_json and sys.stderr.isatty():
             click.echo(f"\r  {done}/{total} samples", nl=done == total, err=True)
 
-    result = run_graft(m, ids[:, :context_len], ids[:, context_len:context_len + chunk_len],
-                       ids[:, context_len + chunk_len:], ratios=rs, controls=ctrl, check_layer=check_layer,
-                       batch_size=batch_size, bootstrap=bootstrap, seed=seed, progress=progress)
+    result = run_graft(
+        m,
+        ids[:, :context_len],
+        ids[:, context_len : context_len + chunk_len],
+        ids[:, context_len + chunk_len :],
+        ratios=rs,
+        controls=ctrl,
+        check_layer=check_layer,
+        batch_size=batch_size,
+        bootstrap=bootstrap,
+        seed=seed,
+        progress=progress,
+    )
     result["model"] = name
     if report_dir:
         written = report.write(result, report_dir, "graft", f"graft on {name}")

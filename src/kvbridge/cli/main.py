@@ -18,6 +18,7 @@ from kvbridge.version import __version__
 from kvbridge.cli.lazy import LazyCommand
 from kvbridge.errors import KVBridgeError, from_exception
 
+
 class LazyGroup(click.Group):
     """A group whose commands come from the plugin host on first use and import lazily."""
 

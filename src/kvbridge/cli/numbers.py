@@ -28,8 +28,15 @@ class Number(click.ParamType):
     """An integer (``kind=int``) or finite real (``kind=float``) within ``[min, max]`` (open ends with
     ``min_open`` / ``max_open``)."""
 
-    def __init__(self, kind: type = int, min: float | None = None, max: float | None = None, *,  # noqa: A002
-                 min_open: bool = False, max_open: bool = False):
+    def __init__(
+        self,
+        kind: type = int,
+        min: float | None = None,
+        max: float | None = None,
+        *,  # noqa: A002
+        min_open: bool = False,
+        max_open: bool = False,
+    ):
         self.kind = kind
         self.min, self.max = min, (HUGE if max is None and kind is int else max)
         self.min_open, self.max_open = min_open, max_open
@@ -81,8 +88,13 @@ def count(min: int = 1, max: int | None = None) -> Number:  # noqa: A002
     return Number(int, min, max)
 
 
-def real(min: float | None = None, max: float | None = None, *, min_open: bool = False,  # noqa: A002
-         max_open: bool = False) -> Number:
+def real(
+    min: float | None = None,
+    max: float | None = None,
+    *,
+    min_open: bool = False,  # noqa: A002
+    max_open: bool = False,
+) -> Number:
     """A finite real number in the given range."""
     return Number(float, min, max, min_open=min_open, max_open=max_open)
 

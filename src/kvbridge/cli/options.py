@@ -16,13 +16,18 @@ from typing import Any
 import click
 
 #: what a MODEL argument may be (shown in command help)
-MODEL_REFS = ("a model folder (save_pretrained), a .gguf file or a folder holding one, a config.json, "
-              "a hub id already in the local Hugging Face cache (never downloaded), a manifest name, "
-              "zoo:NAME (the embedded tiny zoo), a short name such as smollm2 (`kvbridge models`), "
-              "or SCHEME:REST for schemes plugins register")
+MODEL_REFS = (
+    "a model folder (save_pretrained), a .gguf file or a folder holding one, a config.json, "
+    "a hub id already in the local Hugging Face cache (never downloaded), a manifest name, "
+    "zoo:NAME (the embedded tiny zoo), a short name such as smollm2 (`kvbridge models`), "
+    "or SCHEME:REST for schemes plugins register"
+)
 from kvbridge.dtypes import DTYPE_BYTES, LOAD_DTYPES as DTYPE_CHOICES  # noqa: E402
-DTYPE_HELP = ("Dtype to load the model(s) in. Default float32 (half-precision checkpoints upcast, GGUF "
-              "dequantized); 'auto' = the checkpoint's own dtype.")
+
+DTYPE_HELP = (
+    "Dtype to load the model(s) in. Default float32 (half-precision checkpoints upcast, GGUF "
+    "dequantized); 'auto' = the checkpoint's own dtype."
+)
 
 
 def dtype_option(func=None, *, help: str = DTYPE_HELP):  # noqa: A002 - click's name
@@ -33,8 +38,9 @@ def dtype_option(func=None, *, help: str = DTYPE_HELP):  # noqa: A002 - click's 
 
 def device_option(func=None):
     """``--device`` (default cpu)."""
-    opt = click.option("--device", default="cpu", show_default=True,
-                       help="Device to load the model(s) on (cpu, cuda, cuda:1, mps).")
+    opt = click.option(
+        "--device", default="cpu", show_default=True, help="Device to load the model(s) on (cpu, cuda, cuda:1, mps)."
+    )
     return opt(func) if func is not None else opt
 
 
@@ -63,8 +69,9 @@ def shared_tokenizer(src, tgt) -> dict:
     return fingerprint
 
 
-def load_pair(source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True,
-              host=None):
+def load_pair(
+    source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
+):
     """:func:`kvbridge.models.pair.load_pair` for a command: a partial tokenizer match warns on stderr."""
     from kvbridge.models.pair import load_pair as _load
 
@@ -98,8 +105,7 @@ def tokenizer_identity(loaded, tokenizer_path: str | None, tokenizer) -> dict:
     return loaded_tokenizer_identity(loaded, tokenizer_path, tokenizer)
 
 
-def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None,
-                       device: str = "cpu"):
+def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None, device: str = "cpu"):
     """``(LoadedModel, tokenizer)``: the model loaded; the tokenizer from ``--tokenizer`` or its own."""
     loaded = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer is None)
     return loaded, (open_tokenizer(tokenizer) if tokenizer else loaded.tokenizer)
@@ -116,8 +122,9 @@ def read_guide_and_prompt(guide: str, prompt: str) -> tuple[str, str]:
     return guide_text, prompt_text
 
 
-def open_guide_session(model: str, tokenizer: str | None, guide: str, prompt: str, dtype: str | None,
-                       device: str = "cpu"):
+def open_guide_session(
+    model: str, tokenizer: str | None, guide: str, prompt: str, dtype: str | None, device: str = "cpu"
+):
     """``(model, tokenizer, guide_text, prompt_text)`` for the commands that run a guide + prompt:
     texts read (``@FILE`` allowed) and an empty guide refused before the model is loaded."""
     guide_text, prompt_text = read_guide_and_prompt(guide, prompt)
@@ -207,6 +214,25 @@ def fmt_bytes(n: int) -> str:
     return f"{n:.1f} GB"  # pragma: no cover
 
 
-__all__ = ["MODEL_REFS", "DTYPE_CHOICES", "dtype_option", "device_option", "json_option", "load_model",
-           "shared_tokenizer", "load_pair", "open_tokenizer", "tokenizer_identity", "open_model_session", "open_guide_session", "read_guide_and_prompt",
-           "unescape", "revision_of", "kv_bytes_per_token", "fmt_rope", "fmt_value", "fmt_text", "fmt_bytes"]
+__all__ = [
+    "MODEL_REFS",
+    "DTYPE_CHOICES",
+    "dtype_option",
+    "device_option",
+    "json_option",
+    "load_model",
+    "shared_tokenizer",
+    "load_pair",
+    "open_tokenizer",
+    "tokenizer_identity",
+    "open_model_session",
+    "open_guide_session",
+    "read_guide_and_prompt",
+    "unescape",
+    "revision_of",
+    "kv_bytes_per_token",
+    "fmt_rope",
+    "fmt_value",
+    "fmt_text",
+    "fmt_bytes",
+]

@@ -30,7 +30,7 @@ def clean(text: str, tty: bool) -> str:
         return escape(text, keep=_KEEP)
     out, last = [], 0
     for m in _OWN_SEQUENCES.finditer(text):
-        out.append(escape(text[last:m.start()], keep=_KEEP))
+        out.append(escape(text[last : m.start()], keep=_KEEP))
         out.append(m.group())
         last = m.end()
     out.append(escape(text[last:], keep=_KEEP))

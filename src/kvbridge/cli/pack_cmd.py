@@ -27,8 +27,9 @@ def pack() -> None:
 @dtype_option
 @device_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack folder.")
-def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | None, device: str,
-         overwrite: bool) -> None:
+def save(
+    model: str, guide: str, out: str, tokenizer: str | None, dtype: str | None, device: str, overwrite: bool
+) -> None:
     """Prefill GUIDE once with MODEL and write the pack to OUT.
 
     MODEL is a model reference: a folder, a .gguf file, zoo:NAME, smollm2, a hub id in the local
@@ -51,10 +52,20 @@ def save(model: str, guide: str, out: str, tokenizer: str | None, dtype: str | N
     ids = guide_ids_of(tok, text)
     m = loaded.model
     fp = tokenizer_identity(loaded, tokenizer, tok)
-    path = save_pack(m, out, guide_text=text, guide_ids=ids, tokenizer=tok, model_dir=loaded.ref.folder,
-                     tokenizer_fp=fp, overwrite=overwrite)
-    click.echo(f"wrote {path}: {len(ids)} guide tokens, {m.config.model_type}, "
-               f"{str(next(m.parameters()).dtype).removeprefix('torch.')}")
+    path = save_pack(
+        m,
+        out,
+        guide_text=text,
+        guide_ids=ids,
+        tokenizer=tok,
+        model_dir=loaded.ref.folder,
+        tokenizer_fp=fp,
+        overwrite=overwrite,
+    )
+    click.echo(
+        f"wrote {path}: {len(ids)} guide tokens, {m.config.model_type}, "
+        f"{str(next(m.parameters()).dtype).removeprefix('torch.')}"
+    )
 
 
 @pack.command("info")
@@ -67,28 +78,37 @@ def info(folder: str, as_json: bool) -> None:
     manifest, tensors = read_pack(folder)
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     if as_json:
-        click.echo(json.dumps({"manifest": manifest, "checksum_ok": True, "tensor_bytes": size}, indent=2,
-                              ensure_ascii=False))
+        click.echo(
+            json.dumps({"manifest": manifest, "checksum_ok": True, "tensor_bytes": size}, indent=2, ensure_ascii=False)
+        )
         return
     m, g = manifest["model"], manifest["guide"]
     m = {k: fmt_text(v) if isinstance(v, str) else v for k, v in m.items()}  # file text: controls escaped
     rev = f"@{m['revision']}" if m.get("revision") else ""
     text = g.get("text") or ""
     click.echo(f"pack {folder} (schema {manifest['schema_version']}, kvbridge {manifest['kvbridge_version']})")
-    click.echo(f"  model      {m['id']}{rev} ({m['model_type']}, {m['num_layers']} layers, {m['num_kv_heads']} kv "
-               f"heads x {m['head_dim']})")
+    click.echo(
+        f"  model      {m['id']}{rev} ({m['model_type']}, {m['num_layers']} layers, {m['num_kv_heads']} kv "
+        f"heads x {m['head_dim']})"
+    )
     click.echo(f"  weights    sha256:{m['weights_fingerprint'][:16]}  config sha256:{m['config_fingerprint'][:16]}")
     tfp = manifest["tokenizer"].get("fingerprint")
-    click.echo(f"  tokenizer  {'sha256:' + fmt_text(tfp[:16]) if tfp else 'not recorded'} "
-               f"({fmt_text(manifest['tokenizer'].get('kind', ''))})")
-    click.echo(f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
-               f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}")
+    click.echo(
+        f"  tokenizer  {'sha256:' + fmt_text(tfp[:16]) if tfp else 'not recorded'} "
+        f"({fmt_text(manifest['tokenizer'].get('kind', ''))})"
+    )
+    click.echo(
+        f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
+        f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}"
+    )
     pos = manifest["positional"]
     rope = pos.get("rope") or {}
     click.echo(f"  positions  {pos['kind']}" + (f" ({rope.get('type')}, theta {rope.get('theta')})" if rope else ""))
     cf = manifest["cache_format"]
-    click.echo(f"  cache      {cf['cache_class']} [{cf['layout']}], keys {cf['keys']}, "
-               f"{manifest['dtype']}, {size / 1e6:.2f} MB")
+    click.echo(
+        f"  cache      {cf['cache_class']} [{cf['layout']}], keys {cf['keys']}, "
+        f"{manifest['dtype']}, {size / 1e6:.2f} MB"
+    )
     click.echo(f"  versions   transformers {manifest['transformers_version']}, torch {manifest['torch_version']}")
     click.echo("  checksum   ok")
 
@@ -99,12 +119,23 @@ def info(folder: str, as_json: bool) -> None:
 @click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
 @dtype_option
 @device_option
-@click.option("--force", is_flag=True, help="Load despite forceable differences (weights, config, tokenizer, "
-                                            "guide ids, dtype), with a loud warning.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Load despite forceable differences (weights, config, tokenizer, guide ids, dtype), with a loud warning.",
+)
 @click.option("--recompute", is_flag=True, help="Also prefill the guide and compare it with the stored K/V.")
 @json_option
-def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, device: str, force: bool,
-           recompute: bool, as_json: bool) -> None:
+def verify(
+    folder: str,
+    model: str,
+    tokenizer: str | None,
+    dtype: str | None,
+    device: str,
+    force: bool,
+    recompute: bool,
+    as_json: bool,
+) -> None:
     """Check that the pack in FOLDER fits MODEL: checksum, model, weights, tokenizer, guide ids,
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
@@ -122,11 +153,26 @@ def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, de
         loaded = load_pack(folder, m, tokenizer=tok, tokenizer_fp=fp, force=force)
     cache = loaded.cache(m)
     secs = time.perf_counter() - t0
-    result = {"ok": not loaded.forced, "forced": loaded.forced,
-              "forced_fields": [x.field for x in loaded.mismatches], "num_tokens": loaded.num_tokens,
-              "cache_tokens": int(cache.get_seq_length()), "load_seconds": secs,
-              "checks": ["checksum", "model", "rope", "cache_format", "dtype", "config", "weights", "tokenizer",
-                         "guide_token_ids"], "notes": list(loaded.notes)}
+    result = {
+        "ok": not loaded.forced,
+        "forced": loaded.forced,
+        "forced_fields": [x.field for x in loaded.mismatches],
+        "num_tokens": loaded.num_tokens,
+        "cache_tokens": int(cache.get_seq_length()),
+        "load_seconds": secs,
+        "checks": [
+            "checksum",
+            "model",
+            "rope",
+            "cache_format",
+            "dtype",
+            "config",
+            "weights",
+            "tokenizer",
+            "guide_token_ids",
+        ],
+        "notes": list(loaded.notes),
+    }
     if loaded.forced:
         click.echo(loaded.notes[0], err=True)
     if recompute:
@@ -140,24 +186,43 @@ def verify(folder: str, model: str, tokenizer: str | None, dtype: str | None, de
     click.echo(f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms")
     if recompute:
         click.echo(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
-    for note in loaded.notes[1 if loaded.forced else 0:]:
+    for note in loaded.notes[1 if loaded.forced else 0 :]:
         click.echo(f"  note: {note}")
 
 
 @pack.command("export")
 @click.argument("folder", type=click.Path())
-@click.option("--engine", "engine_name", default="llamacpp", show_default=True,
-              help="Inference engine whose saved-cache format to write (`kvbridge plugins` lists engines).")
-@click.option("--model", "model", required=True,
-              help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one).")
+@click.option(
+    "--engine",
+    "engine_name",
+    default="llamacpp",
+    show_default=True,
+    help="Inference engine whose saved-cache format to write (`kvbridge plugins` lists engines).",
+)
+@click.option(
+    "--model",
+    "model",
+    required=True,
+    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one).",
+)
 @click.option("--out", "out", required=True, type=click.Path(), help="State file to write (atomically).")
-@click.option("--cache-type", default="F16", show_default=True, type=click.Choice(["F16", "F32", "BF16"]),
-              help="Cache element type of the engine's context (llama.cpp's default is F16).")
-@click.option("--flash-attn/--no-flash-attn", default=False, show_default=True,
-              help="The engine context runs flash attention (llama.cpp then stores V untransposed).")
+@click.option(
+    "--cache-type",
+    default="F16",
+    show_default=True,
+    type=click.Choice(["F16", "F32", "BF16"]),
+    help="Cache element type of the engine's context (llama.cpp's default is F16).",
+)
+@click.option(
+    "--flash-attn/--no-flash-attn",
+    default=False,
+    show_default=True,
+    help="The engine context runs flash attention (llama.cpp then stores V untransposed).",
+)
 @json_option
-def export(folder: str, engine_name: str, model: str, out: str, cache_type: str, flash_attn: bool,
-           as_json: bool) -> None:
+def export(
+    folder: str, engine_name: str, model: str, out: str, cache_type: str, flash_attn: bool, as_json: bool
+) -> None:
     """Write the pack in FOLDER as the engine's own saved cache, for the engine to continue from.
 
     For llamacpp the file is a llama.cpp sequence state (llama_state_seq_load_file, version 3):
@@ -178,11 +243,22 @@ def export(folder: str, engine_name: str, model: str, out: str, cache_type: str,
     state = state_from_tensors(tensors, manifest["state"])
     data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)
     secs = time.perf_counter() - t0
-    result = {"pack": folder, "engine": engine_name, "model": model, "out": out, "bytes": len(data),
-              "tokens": state.num_tokens, "cache_type": cache_type, "v_trans": not flash_attn, "seconds": secs}
+    result = {
+        "pack": folder,
+        "engine": engine_name,
+        "model": model,
+        "out": out,
+        "bytes": len(data),
+        "tokens": state.num_tokens,
+        "cache_type": cache_type,
+        "v_trans": not flash_attn,
+        "seconds": secs,
+    }
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"wrote {out}: {state.num_tokens} guide tokens as a {engine_name} state for {model} "
-               f"({len(data) / 1e6:.2f} MB, {cache_type}, {'V transposed' if not flash_attn else 'V row-major'}) "
-               f"in {secs * 1000:.1f} ms")
+    click.echo(
+        f"wrote {out}: {state.num_tokens} guide tokens as a {engine_name} state for {model} "
+        f"({len(data) / 1e6:.2f} MB, {cache_type}, {'V transposed' if not flash_attn else 'V row-major'}) "
+        f"in {secs * 1000:.1f} ms"
+    )

@@ -13,8 +13,9 @@ from kvbridge.cli.options import json_option, open_guide_session, unescape  # no
 @click.argument("tokenizer")
 @click.option("--guide", required=True, help="Guide text (the hidden prefix), or @FILE.")
 @click.option("--live", required=True, help="Live text that follows the guide, or @FILE.")
-@click.option("--sep", default=" ", show_default=True,
-              help="Separator between guide and live text (\\n, \\t, \\s escapes).")
+@click.option(
+    "--sep", default=" ", show_default=True, help="Separator between guide and live text (\\n, \\t, \\s escapes)."
+)
 @json_option
 def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> None:
     """Where may a hidden prefix end so that ghost + live == joint, id for id?

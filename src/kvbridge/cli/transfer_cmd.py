@@ -11,18 +11,37 @@ from kvbridge.cli.options import dtype_option
 @click.command("transfer")
 @click.argument("source")
 @click.argument("target")
-@click.option("--mapping", "mapping_dir", required=True, type=click.Path(),
-              help="Mapping folder from `kvbridge fit`, or `identity` (SOURCE and TARGET the same model: the exact baseline).")
+@click.option(
+    "--mapping",
+    "mapping_dir",
+    required=True,
+    type=click.Path(),
+    help="Mapping folder from `kvbridge fit`, or `identity` (SOURCE and TARGET the same model: the exact baseline).",
+)
 @click.option("--prompt", required=True, help="Prompt text (or @FILE); SOURCE prefills it, TARGET continues.")
-@click.option("--max-new-tokens", type=count(1), default=32, show_default=True, help="Tokens TARGET generates (greedy).")
-@click.option("--compare/--no-compare", default=False, show_default=True,
-              help="Also run TARGET natively: token agreement, next-token KL and timings.")
-@click.option("--engine", "engine_name", default=None,
-              help="Continue in an inference engine instead of transformers (llamacpp: TARGET's .gguf runs in "
-                   "llama.cpp from the transferred cache; `kvbridge plugins` lists engines).")
+@click.option(
+    "--max-new-tokens", type=count(1), default=32, show_default=True, help="Tokens TARGET generates (greedy)."
+)
+@click.option(
+    "--compare/--no-compare",
+    default=False,
+    show_default=True,
+    help="Also run TARGET natively: token agreement, next-token KL and timings.",
+)
+@click.option(
+    "--engine",
+    "engine_name",
+    default=None,
+    help="Continue in an inference engine instead of transformers (llamacpp: TARGET's .gguf runs in "
+    "llama.cpp from the transferred cache; `kvbridge plugins` lists engines).",
+)
 @dtype_option
-@click.option("--accept-fingerprint-mismatch", "accept_mismatch", is_flag=True,
-              help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).")
+@click.option(
+    "--accept-fingerprint-mismatch",
+    "accept_mismatch",
+    is_flag=True,
+    help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).",
+)
 def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engine_name, dtype, accept_mismatch):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
 
@@ -42,9 +61,14 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engin
     from kvbridge.prefix.splits import read_text_arg
     from kvbridge.transfer_run import TransferSettings, transfer_generate
 
-    settings = TransferSettings(mapping=mapping_dir, prompt=read_text_arg(prompt, "prompt"),  # @FILE; not UTF-8 refused
-                                max_new_tokens=max_new_tokens, compare=compare, engine=engine_name,
-                                accept_fingerprint_mismatch=accept_mismatch)
+    settings = TransferSettings(
+        mapping=mapping_dir,
+        prompt=read_text_arg(prompt, "prompt"),  # @FILE; not UTF-8 refused
+        max_new_tokens=max_new_tokens,
+        compare=compare,
+        engine=engine_name,
+        accept_fingerprint_mismatch=accept_mismatch,
+    )
     pair = load_pair(source, target, dtype=dtype, target_tokenizer=False)
     _print(transfer_generate(pair, settings), compare)
 
@@ -57,27 +81,39 @@ def _print(res, compare: bool) -> None:
         _print_engine(res, compare)
         return
     click.echo(res.text)
-    click.echo(f"[transferred {res.tokens} tokens: source prefill {1e3 * res.source_prefill_s:.1f} ms, "
-               f"mapping {1e3 * res.map_s:.1f} ms; mapping held-out R² "
-               f"{'n/a' if res.r2 is None else f'{res.r2:.4f}'}]", err=True)
+    click.echo(
+        f"[transferred {res.tokens} tokens: source prefill {1e3 * res.source_prefill_s:.1f} ms, "
+        f"mapping {1e3 * res.map_s:.1f} ms; mapping held-out R² "
+        f"{'n/a' if res.r2 is None else f'{res.r2:.4f}'}]",
+        err=True,
+    )
     if compare:
         src_s, map_s, tgt_s = res.source_prefill_s, res.map_s, res.target_prefill_s
         click.echo("native: " + res.native_text)
-        click.echo(f"[agreement {res.agreement}/{res.compared} greedy tokens; next-token KL(native || transferred) "
-                   f"{res.kl:.3e}; target prefill {1e3 * tgt_s:.1f} ms vs mapping {1e3 * map_s:.1f} ms]")
-        click.echo(f"[speed-up {tgt_s / max(map_s, 1e-9):.1f}x (target prefill / mapping), "
-                   f"{tgt_s / max(src_s + map_s, 1e-9):.2f}x counting the source prefill "
-                   f"(target prefill / (source prefill + mapping))]")
+        click.echo(
+            f"[agreement {res.agreement}/{res.compared} greedy tokens; next-token KL(native || transferred) "
+            f"{res.kl:.3e}; target prefill {1e3 * tgt_s:.1f} ms vs mapping {1e3 * map_s:.1f} ms]"
+        )
+        click.echo(
+            f"[speed-up {tgt_s / max(map_s, 1e-9):.1f}x (target prefill / mapping), "
+            f"{tgt_s / max(src_s + map_s, 1e-9):.2f}x counting the source prefill "
+            f"(target prefill / (source prefill + mapping))]"
+        )
 
 
 def _print_engine(res, compare: bool) -> None:
     name, out, map_s = res.engine, res.engine_run, res.map_s
     click.echo(res.text)
-    click.echo(f"[{name}: transferred {res.tokens} tokens: source prefill {1e3 * res.source_prefill_s:.1f} ms, mapping "
-               f"{1e3 * map_s:.1f} ms, export {1e3 * out['export_s']:.1f} ms ({out['bytes']:,} bytes), engine load "
-               f"{1e3 * out['load_s']:.1f} ms]", err=True)
+    click.echo(
+        f"[{name}: transferred {res.tokens} tokens: source prefill {1e3 * res.source_prefill_s:.1f} ms, mapping "
+        f"{1e3 * map_s:.1f} ms, export {1e3 * out['export_s']:.1f} ms ({out['bytes']:,} bytes), engine load "
+        f"{1e3 * out['load_s']:.1f} ms]",
+        err=True,
+    )
     if compare:
         click.echo(f"{name} native: " + res.native_text)
-        click.echo(f"[agreement {res.agreement}/{res.compared} greedy tokens; first-step max |logit diff| vs {name}'s "
-                   f"own prefill {out['first_step_diff']:.3f}; {name} prefill {1e3 * out['native_prefill_s']:.1f} ms "
-                   f"vs mapping + export + load {1e3 * (map_s + out['export_s'] + out['load_s']):.1f} ms]")
+        click.echo(
+            f"[agreement {res.agreement}/{res.compared} greedy tokens; first-step max |logit diff| vs {name}'s "
+            f"own prefill {out['first_step_diff']:.3f}; {name} prefill {1e3 * out['native_prefill_s']:.1f} ms "
+            f"vs mapping + export + load {1e3 * (map_s + out['export_s'] + out['load_s']):.1f} ms]"
+        )

@@ -14,28 +14,53 @@ from kvbridge.cli.options import json_option
 
 
 def _table(manifest: dict) -> str:
-    cols = ["name", "layers", "hidden", "heads", "kv x dim", "rope theta", "params", "train tokens",
-            "held-out loss", "unigram H", "MB", "init / seed"]
+    cols = [
+        "name",
+        "layers",
+        "hidden",
+        "heads",
+        "kv x dim",
+        "rope theta",
+        "params",
+        "train tokens",
+        "held-out loss",
+        "unigram H",
+        "MB",
+        "init / seed",
+    ]
     rows = []
     for name in manifest.get("names") or list(manifest["models"]):
         m = manifest["models"][name]
         a = m["architecture"]
         weights = next((f for p, f in m["files"].items() if p.endswith(".safetensors")), {"bytes": 0})
-        rows.append([name, str(a["num_hidden_layers"]), str(a["hidden_size"]), str(a["num_attention_heads"]),
-                     f"{a['num_key_value_heads']} x {a['head_dim']}", f"{a['rope_theta']:g}",
-                     f"{m['params'] / 1e6:.2f}M", f"{m['total_training_tokens']:,}",
-                     f"{m['heldout_loss']:.3f}", f"{m['unigram_entropy']:.3f}", f"{weights['bytes'] / 1e6:.1f}",
-                     (f"{m['init_from']} + " if m.get("init_from") else "") + f"seed {m['seed']}"])
+        rows.append(
+            [
+                name,
+                str(a["num_hidden_layers"]),
+                str(a["hidden_size"]),
+                str(a["num_attention_heads"]),
+                f"{a['num_key_value_heads']} x {a['head_dim']}",
+                f"{a['rope_theta']:g}",
+                f"{m['params'] / 1e6:.2f}M",
+                f"{m['total_training_tokens']:,}",
+                f"{m['heldout_loss']:.3f}",
+                f"{m['unigram_entropy']:.3f}",
+                f"{weights['bytes'] / 1e6:.1f}",
+                (f"{m['init_from']} + " if m.get("init_from") else "") + f"seed {m['seed']}",
+            ]
+        )
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
     lines = [fmt.format(*cols), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
     corpus = manifest["corpus"]
     tok = manifest["tokenizer"]
-    lines += ["",
-              f"tokenizer: {tok['kind']}, {tok['vocab_size']} ids; losses in nats/token on the held-out slice "
-              f"({manifest['heldout']['scored_tokens']:,} tokens)",
-              f"corpus: {corpus['name']} sha256:{corpus['sha256'][:12]}  built with torch "
-              f"{manifest['built_with']['torch']}  recipe {manifest['zoo_recipe_hash'][:12]}"]
+    lines += [
+        "",
+        f"tokenizer: {tok['kind']}, {tok['vocab_size']} ids; losses in nats/token on the held-out slice "
+        f"({manifest['heldout']['scored_tokens']:,} tokens)",
+        f"corpus: {corpus['name']} sha256:{corpus['sha256'][:12]}  built with torch "
+        f"{manifest['built_with']['torch']}  recipe {manifest['zoo_recipe_hash'][:12]}",
+    ]
     return "\n".join(lines)
 
 
@@ -50,8 +75,13 @@ def zoo() -> None:
 
 
 @zoo.command("list")
-@click.option("--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="A zoo folder (default: $KVBRIDGE_ZOO_DIR, else the shipped one).")
+@click.option(
+    "--dir",
+    "root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A zoo folder (default: $KVBRIDGE_ZOO_DIR, else the shipped one).",
+)
 @json_option(help="Print the whole manifest as JSON.")
 def list_cmd(root, as_json) -> None:
     """List the zoo models and their measured losses.
@@ -70,10 +100,18 @@ def list_cmd(root, as_json) -> None:
 
 
 @zoo.command("build")
-@click.option("--corpus", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="tinyshakespeare.txt (default: ../shared/corpora/ beside the repo).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to write the zoo (default: the package's zoo/models, replacing it).")
+@click.option(
+    "--corpus",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="tinyshakespeare.txt (default: ../shared/corpora/ beside the repo).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the zoo (default: the package's zoo/models, replacing it).",
+)
 def build_cmd(corpus, out) -> None:
     """Rebuild the zoo from its recipes and the corpus.
 

@@ -8,11 +8,14 @@ from typing import Iterable
 
 from kvbridge.conformance.sweep import CLASSES, Result
 
-COMMAND = ("nice -n 10 kvbridge conformance --json > conformance.json && "
-           "kvbridge conformance --from conformance.json --markdown docs/supported-models.md")
+COMMAND = (
+    "nice -n 10 kvbridge conformance --json > conformance.json && "
+    "kvbridge conformance --from conformance.json --markdown docs/supported-models.md"
+)
 #: rerun some rows only, replacing them in the saved results and the table
-MERGE_COMMAND = ("nice -n 10 kvbridge conformance --types a,b --merge docs/supported-models.json "
-                 "--markdown docs/supported-models.md")
+MERGE_COMMAND = (
+    "nice -n 10 kvbridge conformance --types a,b --merge docs/supported-models.json --markdown docs/supported-models.md"
+)
 
 
 def counts(results: Iterable[Result]) -> dict:
@@ -23,8 +26,9 @@ def counts(results: Iterable[Result]) -> dict:
 def summary_line(results: list[Result]) -> str:
     c = counts(results)
     buildable = len(results) - c["not-built"]
-    return (f"{c['exact']} of {buildable} buildable model types exact ({len(results)} in the registry): "
-            + ", ".join(f"{c[k]} {k}" for k in CLASSES))
+    return f"{c['exact']} of {buildable} buildable model types exact ({len(results)} in the registry): " + ", ".join(
+        f"{c[k]} {k}" for k in CLASSES
+    )
 
 
 def _cell(text: str) -> str:
@@ -60,8 +64,11 @@ def markdown(results: list[Result], *, transformers_version: str = "", updates: 
         MERGE_COMMAND,
         "```",
         "",
-        *([f"Rows rerun with `--merge` since the full run: {', '.join(f'`{t}`' for t in _flat(updates))}.", ""]
-          if _flat(updates) else []),
+        *(
+            [f"Rows rerun with `--merge` since the full run: {', '.join(f'`{t}`' for t in _flat(updates))}.", ""]
+            if _flat(updates)
+            else []
+        ),
         "Classes: `exact`; `refused` (kvbridge says why, one line); `not-built` (transformers could not",
         "build or run the tiny model: not kvbridge's); `wrong` (a described fact differs from the real",
         "cache, or identity is inexact); `crash`.",
@@ -71,8 +78,10 @@ def markdown(results: list[Result], *, transformers_version: str = "", updates: 
     ]
     for r in sorted(results, key=lambda r: r.model_type):
         diff = "" if r.max_logit_diff is None else f"{r.max_logit_diff:.1e}"
-        lines.append(f"| {r.model_type} | {r.status} | {_cell(r.adapter)} | {_cell(r.kinds)} | {r.positional} | {diff}"
-                     f" | {_cell(r.reason)} |")
+        lines.append(
+            f"| {r.model_type} | {r.status} | {_cell(r.adapter)} | {_cell(r.kinds)} | {r.positional} | {diff}"
+            f" | {_cell(r.reason)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -93,19 +102,26 @@ def load_doc(path) -> dict:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot be read ({exc.strerror or exc})", "check the path") from None
     except ValueError as exc:
-        raise ConfigError(f"{p}: not valid JSON ({exc})", "pass a file written by `kvbridge conformance --json`") \
-            from None
+        raise ConfigError(
+            f"{p}: not valid JSON ({exc})", "pass a file written by `kvbridge conformance --json`"
+        ) from None
     data = {"results": data} if isinstance(data, list) else data
     rows = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "model_type" in r and "status" in r
-                                            for r in rows):
-        raise ConfigError(f"{p}: not conformance results (expected {{'results': [{{'model_type', 'status', ...}}]}})",
-                          "pass a file written by `kvbridge conformance --json` or `--markdown`")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "model_type" in r and "status" in r for r in rows):
+        raise ConfigError(
+            f"{p}: not conformance results (expected {{'results': [{{'model_type', 'status', ...}}]}})",
+            "pass a file written by `kvbridge conformance --json` or `--markdown`",
+        )
     fields = set(Result.__dataclass_fields__)
-    results = [Result(**{**{k: v for k, v in row.items() if k in fields}, "notes": tuple(row.get("notes") or ())})
-               for row in rows]
-    return {"transformers": data.get("transformers", ""), "results": results,
-            "updates": [list(b) for b in data.get("updates") or []]}
+    results = [
+        Result(**{**{k: v for k, v in row.items() if k in fields}, "notes": tuple(row.get("notes") or ())})
+        for row in rows
+    ]
+    return {
+        "transformers": data.get("transformers", ""),
+        "results": results,
+        "updates": [list(b) for b in data.get("updates") or []],
+    }
 
 
 def load(path) -> list[Result]:
@@ -120,9 +136,12 @@ def merge(base: list[Result], new: list[Result]) -> list[Result]:
 
 
 def document(results: list[Result], *, transformers_version: str, updates: Iterable = ()) -> dict:
-    return {"transformers": transformers_version, "summary": counts(results),
-            "results": [r.to_dict() for r in sorted(results, key=lambda r: r.model_type)],
-            "updates": [list(b) for b in updates]}
+    return {
+        "transformers": transformers_version,
+        "summary": counts(results),
+        "results": [r.to_dict() for r in sorted(results, key=lambda r: r.model_type)],
+        "updates": [list(b) for b in updates],
+    }
 
 
 def write_atomic(path, text: str) -> None:
@@ -142,5 +161,15 @@ def write_atomic(path, text: str) -> None:
         raise
 
 
-__all__ = ["markdown", "summary_line", "counts", "load", "load_doc", "merge", "document", "write_atomic",
-           "COMMAND", "MERGE_COMMAND"]
+__all__ = [
+    "markdown",
+    "summary_line",
+    "counts",
+    "load",
+    "load_doc",
+    "merge",
+    "document",
+    "write_atomic",
+    "COMMAND",
+    "MERGE_COMMAND",
+]

@@ -57,9 +57,15 @@ def _layout(spec) -> str:
     from collections import Counter
 
     counts = Counter(spec.layer_types or ("full_attention",) * spec.num_layers)
-    names = {"full_attention": "full", "sliding_attention": f"sliding {spec.sliding_window}",
-             "chunked_attention": f"chunked {spec.attention_chunk_size}", "linear_attention": "recurrent",
-             "conv": "conv", "shared_kv": "shared-KV", "no_attention": "no-attention"}
+    names = {
+        "full_attention": "full",
+        "sliding_attention": f"sliding {spec.sliding_window}",
+        "chunked_attention": f"chunked {spec.attention_chunk_size}",
+        "linear_attention": "recurrent",
+        "conv": "conv",
+        "shared_kv": "shared-KV",
+        "no_attention": "no-attention",
+    }
     text = " + ".join(f"{n} {names.get(k, k)}" for k, n in counts.items())
     if spec.nope_layers:
         text += f", NoPE {list(spec.nope_layers)}"
@@ -108,22 +114,26 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         if has_kv != (i in spec.kv_layers):
             wrong.append(f"layer {i}: cache {'holds' if has_kv else 'has no'} K/V, described the opposite")
             continue
-        has_state = hasattr(layer, "recurrent_states") or (side is not None and i < len(side)
-                                                            and isinstance(side[i], torch.Tensor))
+        has_state = hasattr(layer, "recurrent_states") or (
+            side is not None and i < len(side) and isinstance(side[i], torch.Tensor)
+        )
         if has_state != (i in spec.state_layers):
             wrong.append(f"layer {i}: recurrent state {'present' if has_state else 'absent'}, described the opposite")
         ik = getattr(layer, "indexer_keys", None)
         if (ik is not None) != (i in spec.indexer_layers):
             wrong.append(f"layer {i}: indexer keys {'present' if ik is not None else 'absent'}, described the opposite")
         elif ik is not None and (ik.dim() != 3 or ik.shape[-1] != spec.indexer_dim() or str(ik.dtype) != str(k.dtype)):
-            wrong.append(f"layer {i}: indexer keys {tuple(ik.shape)} {ik.dtype}, "
-                         f"described [B, T, {spec.indexer_dim()}]")
+            wrong.append(
+                f"layer {i}: indexer keys {tuple(ik.shape)} {ik.dtype}, described [B, T, {spec.indexer_dim()}]"
+            )
         if has_kv:
             want_k = (1, spec.kv_heads_of(i), spec.key_dim_of(i))
             want_v = (1, spec.kv_heads_of(i), spec.value_dim_of(i))
             if (k.shape[0], k.shape[1], k.shape[3]) != want_k or (v.shape[0], v.shape[1], v.shape[3]) != want_v:
-                wrong.append(f"layer {i}: K {tuple(k.shape)} V {tuple(v.shape)}, described [B, {want_k[1]}, T, "
-                             f"{want_k[2]}] / [B, {want_v[1]}, T, {want_v[2]}]")
+                wrong.append(
+                    f"layer {i}: K {tuple(k.shape)} V {tuple(v.shape)}, described [B, {want_k[1]}, T, "
+                    f"{want_k[2]}] / [B, {want_v[1]}, T, {want_v[2]}]"
+                )
             if str(k.dtype).removeprefix("torch.") != dtype:
                 wrong.append(f"layer {i}: cached dtype {k.dtype}")
         if i < len(windowed):
@@ -157,11 +167,15 @@ def _shift_check(model, spec, adapter, ids):
     worst, wrong = 0.0, []
     # the slot that carries RoPE (MLA: the shared RoPE key in the values slot), and indexer keys
     slot = "values" if spec.cache_format == "mla" else "keys"
-    pairs = [(i, slot, getattr(cache.layers[i], slot), getattr(moved, slot)[i], getattr(state, slot)[i])
-             for i in spec.kv_layers]
+    pairs = [
+        (i, slot, getattr(cache.layers[i], slot), getattr(moved, slot)[i], getattr(state, slot)[i])
+        for i in spec.kv_layers
+    ]
     got_idx, own_idx = dict(moved.indexer_keys), dict(state.indexer_keys)
-    pairs += [(i, "indexer keys", getattr(cache.layers[i], "indexer_keys", None), got_idx.get(i), own_idx.get(i))
-              for i in spec.indexer_layers]
+    pairs += [
+        (i, "indexer keys", getattr(cache.layers[i], "indexer_keys", None), got_idx.get(i), own_idx.get(i))
+        for i in spec.indexer_layers
+    ]
     for i, what_slot, ref, got, own in pairs:
         if ref is None or got is None or tuple(ref.shape) != tuple(got.shape):
             wrong.append(f"layer {i}: shifted cache {what_slot} shape {None if ref is None else tuple(ref.shape)}")
@@ -172,8 +186,10 @@ def _shift_check(model, spec, adapter, ids):
         if d > KEY_TOL * scale:
             unshifted = float((ref - own).abs().max())
             what = "NoPE (keys do not move)" if unshifted <= KEY_TOL * scale else "rotated differently"
-            wrong.append(f"layer {i}: positional scheme {spec.positional_of(i)} of its {what_slot} wrong, model's "
-                         f"{what_slot} are {what} (max diff {d:.1e})")
+            wrong.append(
+                f"layer {i}: positional scheme {spec.positional_of(i)} of its {what_slot} wrong, model's "
+                f"{what_slot} are {what} (max diff {d:.1e})"
+            )
     return worst, wrong[:4]
 
 
@@ -213,8 +229,13 @@ def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
     except Exception as exc:
         return done("crash", reason=f"describe: {_short(exc)}")
     left_out = getattr(model, "kvbridge_left_out", "")  # a part the builder could not build (not the cache's)
-    base = dict(adapter=adapter.name, layers=spec.num_layers, kinds=_layout(spec), positional=spec.positional,
-                notes=(left_out,) if left_out else ())
+    base = dict(
+        adapter=adapter.name,
+        layers=spec.num_layers,
+        kinds=_layout(spec),
+        positional=spec.positional,
+        notes=(left_out,) if left_out else (),
+    )
     try:
         wrong, key_diff = compare_facts(model, spec, adapter, seed=seed)
     except KVBridgeError as exc:
@@ -224,8 +245,9 @@ def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
     if wrong:
         return done("wrong", reason="; ".join(wrong[:4]), max_key_diff=key_diff, **base)
     try:
-        res = check_identity_transfer(adapter, None, model=model, prompt_len=PROMPT, new_tokens=4, seed=seed,
-                                      tol=LOGIT_TOL)
+        res = check_identity_transfer(
+            adapter, None, model=model, prompt_len=PROMPT, new_tokens=4, seed=seed, tol=LOGIT_TOL
+        )
     except AssertionError as exc:
         return done("wrong", reason=f"identity: {exc}", max_key_diff=key_diff, **base)
     except NotApplicable as exc:  # transformers' own cached generate fails on this tiny model
@@ -245,7 +267,7 @@ def all_types() -> list[str]:
 
 def run(types=None, *, host=None, progress=None) -> list[Result]:
     out = []
-    for mt in (types or all_types()):
+    for mt in types or all_types():
         r = run_type(mt, host=host)
         out.append(r)
         if progress:

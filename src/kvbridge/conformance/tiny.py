@@ -14,86 +14,228 @@ from contextlib import contextmanager
 
 #: attribute -> tiny value (applied when the default is a positive int)
 SIZES = {
-    "hidden_size": 64, "n_embd": 64, "d_model": 64, "n_embed": 64, "word_embed_proj_dim": 64,
-    "adapter_in_dim": 64, "adapter_out_dim": 64, "adapter_input_size": 64,  # widths that must equal hidden
-    "intermediate_size": 128, "n_inner": 128, "ffn_dim": 128, "decoder_ffn_dim": 128, "ffn_hidden_size": 128,
-    "intermediate_size_mlp": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32, "moe_ffn_hidden_size": 32, "shared_intermediate_size": 32,
-    "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "decoder_attention_heads": 4, "n_heads": 4,
-    "head_dim": 16, "attention_head_dim": 16, "kv_channels": 16, "global_head_dim": 32,
-    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4, "num_routed_experts": 4,
-    "num_experts_per_tok": 2, "moe_topk": 2, "top_k": 2, "moe_k": 2, "num_experts_per_token": 2,
-    "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1, "topk_group": 1,
-    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
-    "sliding_window": 8, "attention_chunk_size": 8, "window_size": 8,
-    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-    "mamba_d_state": 8, "state_size": 8, "ssm_state_size": 8, "mamba_n_heads": 8, "mamba_d_head": 16,
-    "mamba_head_dim": 16, "mamba_n_groups": 1, "n_groups": 1, "mamba_d_conv": 4, "conv_kernel": 4,
-    "hidden_size_per_layer_input": 16, "laurel_rank": 8, "vocab_size_per_layer_input": 256,
-    "num_kv_shared_layers": 2, "first_k_dense_replace": 1, "moe_layer_start_index": 1,
-    "index_n_heads": 2, "index_head_dim": 16, "index_topk": 8,
-    "projection_dim": 32, "num_channels": 3, "rotary_dim": 8, "dim_head": 16, "mamba_d_ssm": 128,
-    "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
-    "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16, "sliding_window_size": 8,
-    "num_expert_group": 1, "linear_head_dim": 16, "linear_num_heads": 4, "layer_group_size": 2,
+    "hidden_size": 64,
+    "n_embd": 64,
+    "d_model": 64,
+    "n_embed": 64,
+    "word_embed_proj_dim": 64,
+    "adapter_in_dim": 64,
+    "adapter_out_dim": 64,
+    "adapter_input_size": 64,  # widths that must equal hidden
+    "intermediate_size": 128,
+    "n_inner": 128,
+    "ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "ffn_hidden_size": 128,
+    "intermediate_size_mlp": 128,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32,
+    "moe_ffn_hidden_size": 32,
+    "shared_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "n_head": 4,
+    "num_heads": 4,
+    "decoder_attention_heads": 4,
+    "n_heads": 4,
+    "head_dim": 16,
+    "attention_head_dim": 16,
+    "kv_channels": 16,
+    "global_head_dim": 32,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "moe_num_experts": 4,
+    "num_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_topk": 2,
+    "top_k": 2,
+    "moe_k": 2,
+    "num_experts_per_token": 2,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 48,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "sliding_window": 8,
+    "attention_chunk_size": 8,
+    "window_size": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "mamba_d_state": 8,
+    "state_size": 8,
+    "ssm_state_size": 8,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_head_dim": 16,
+    "mamba_n_groups": 1,
+    "n_groups": 1,
+    "mamba_d_conv": 4,
+    "conv_kernel": 4,
+    "hidden_size_per_layer_input": 16,
+    "laurel_rank": 8,
+    "vocab_size_per_layer_input": 256,
+    "num_kv_shared_layers": 2,
+    "first_k_dense_replace": 1,
+    "moe_layer_start_index": 1,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "index_topk": 8,
+    "projection_dim": 32,
+    "num_channels": 3,
+    "rotary_dim": 8,
+    "dim_head": 16,
+    "mamba_d_ssm": 128,
+    "encoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "swa_head_dim": 16,
+    "sliding_window_size": 8,
+    "num_expert_group": 1,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
+    "layer_group_size": 2,
 }
 #: MoE sizes some config classes leave None by default (the model then cannot be built)
 NONE_FILL = {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2}
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "num_key_value_groups")
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers")
-TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-              "image_token_id", "image_token_index", "video_token_id", "boi_token_id", "eoi_token_id",
-              "audio_token_id", "boa_token_id", "eoa_token_id")
+TOKEN_KEYS = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "image_token_id",
+    "image_token_index",
+    "video_token_id",
+    "boi_token_id",
+    "eoi_token_id",
+    "audio_token_id",
+    "boa_token_id",
+    "eoa_token_id",
+)
 VOCAB = 256
 MAX_LAYERS = 8
 #: per model type: overrides applied last (features the shrink would lose, or sizes that must agree)
 OVERRIDES: dict[str, dict] = {
-    "gemma3n": {"text_config": {"num_kv_shared_layers": 2, "layer_types": [
-        "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]}},
+    "gemma3n": {
+        "text_config": {
+            "num_kv_shared_layers": 2,
+            "layer_types": [
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
+        }
+    },
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]},
     "deepseek_v2": {"num_experts_per_tok": 2},
-    "gemma3n_text": {"num_kv_shared_layers": 2, "layer_types": ["sliding_attention", "full_attention",
-                                                                "sliding_attention", "sliding_attention",
-                                                                "full_attention"]},
+    "gemma3n_text": {
+        "num_kv_shared_layers": 2,
+        "layer_types": [
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+    },
     "dots3_note_text": {"head_dim": 24},  # its SWA layers need head_dim = qk_nope + qk_rope
     "dots3_note": {"text_config": {"head_dim": 24}},
     # the released config.json states rope_theta in attn_config too (the attention reads it there)
-    "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}, "rope_parameters": {"rope_type": "default",
-                                                                          "rope_theta": 500000.0}},
+    "dbrx": {
+        "attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0},
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+    },
     "gemma4_assistant": {"text_config": {"num_kv_shared_layers": 6}},  # every layer reads shared K/V
     # one token stream per row; generate starts the delay pattern from decoder_start_token_id (= bos, as released)
     "musicgen": {"num_codebooks": 1, "decoder_start_token_id": 248},
     "musicgen_melody": {"num_codebooks": 1, "decoder_start_token_id": 248},
     "nemotron": {"num_key_value_heads": 2},
     # dory's to_dict writes every (attention, mlp) pair as two blocks and doubles the counts
-    "dory": {"num_hidden_layers": 8, "n_input_layers": 2, "n_recurrent_layers": 4, "n_output_layers": 2,
-             "layer_types": ["sliding_attention", "mlp", "sliding_attention", "mlp", "sliding_attention", "mlp",
-                             "full_attention", "mlp"], "rope_parameters": None},
+    "dory": {
+        "num_hidden_layers": 8,
+        "n_input_layers": 2,
+        "n_recurrent_layers": 4,
+        "n_output_layers": 2,
+        "layer_types": [
+            "sliding_attention",
+            "mlp",
+            "sliding_attention",
+            "mlp",
+            "sliding_attention",
+            "mlp",
+            "full_attention",
+            "mlp",
+        ],
+        "rope_parameters": None,
+    },
     # M-RoPE per layer type; mrope_section must cover head_dim / 2 = 8 (text tokens: all 3 axes equal)
-    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
-                                                                  "mrope_section": [4, 2, 2]}}},
+    "cohere_compass_text": {
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}
+        }
+    },
     # H_cycles x (L_cycles + 1) passes over a stack of num_layers_per_stack layers, one cache slot each
     "hrm_text": {"num_layers_per_stack": 2, "H_cycles": 2, "L_cycles": 1, "L_bp_cycles": [1], "num_hidden_layers": 8},
     "xlnet": {"d_head": 16},
     "xmod": {"default_language": "en_XX"},
     # axial position embeddings: the dims sum to hidden_size, the shape multiplies to the max positions
-    "reformer": {"axial_pos_embds_dim": [32, 32], "axial_pos_shape": [8, 8], "max_position_embeddings": 64,
-                 "attn_layers": ["local", "lsh", "local", "lsh"], "local_attn_chunk_length": 8,
-                 "lsh_attn_chunk_length": 8, "num_hashes": 1, "num_buckets": 8},
+    "reformer": {
+        "axial_pos_embds_dim": [32, 32],
+        "axial_pos_shape": [8, 8],
+        "max_position_embeddings": 64,
+        "attn_layers": ["local", "lsh", "local", "lsh"],
+        "local_attn_chunk_length": 8,
+        "lsh_attn_chunk_length": 8,
+        "num_hashes": 1,
+        "num_buckets": 8,
+    },
     # two hybrid layers sharing one transformer block (zamba ties every later one to the first)
-    "zamba": {"num_hidden_layers": 5, "attn_layer_period": 2, "attn_layer_offset": 1, "layers_block_type": None,
-              "attention_hidden_size": 128, "attention_head_dim": 32, "mamba_dt_rank": 4, "n_mamba_heads": 2},
-    "zamba2": {"attention_hidden_size": 128, "attention_head_dim": 32, "mamba_headdim": 16, "n_mamba_heads": 8,
-               "kv_channels": 16, "num_query_groups": 4, "num_key_value_heads": 4, "adapter_rank": 8},
+    "zamba": {
+        "num_hidden_layers": 5,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "layers_block_type": None,
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "mamba_dt_rank": 4,
+        "n_mamba_heads": 2,
+    },
+    "zamba2": {
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "mamba_headdim": 16,
+        "n_mamba_heads": 8,
+        "kv_channels": 16,
+        "num_query_groups": 4,
+        "num_key_value_heads": 4,
+        "adapter_rank": 8,
+    },
     "mimo_v2_flash": {"head_dim": 24},  # 0.334 x 24 = 8 rotary dims (x 16 would give an odd 5)
     "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     "lfm2": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], "full_attn_idxs": [1, 3]},
     # QSA indexer sizes default to None (no indexer): 1 key head, 8-token budget in blocks of 2 (< the prompt); the
     # qwen4_exp wrapper's text_config gets it too
-    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
-                       "indexer_compress_ratio": 2},
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 2,
+    },
 }
 #: per model type: keyword arguments for the config class when its own defaults fail validation
 CONFIG_KWARGS: dict[str, dict] = {
@@ -129,7 +271,7 @@ def _every_kind(seq: list, n: int) -> list:
     kinds = list(dict.fromkeys(seq))
     common = max(kinds, key=seq.count)
     out = kinds + [common] * max(0, n - len(kinds))
-    return out[:max(n, len(kinds))]
+    return out[: max(n, len(kinds))]
 
 
 def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
@@ -145,9 +287,22 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
     for key, tiny in SIZES.items():
         value = out.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            out[key] = min(value, tiny) if key in ("num_experts_per_tok", "top_k", "moe_topk", "moe_k",
-                                                   "num_experts_per_token", "n_group", "topk_group",
-                                                   "first_k_dense_replace", "moe_layer_start_index") else tiny
+            out[key] = (
+                min(value, tiny)
+                if key
+                in (
+                    "num_experts_per_tok",
+                    "top_k",
+                    "moe_topk",
+                    "moe_k",
+                    "num_experts_per_token",
+                    "n_group",
+                    "topk_group",
+                    "first_k_dense_replace",
+                    "moe_layer_start_index",
+                )
+                else tiny
+            )
     heads = out.get("num_attention_heads") or out.get("n_head") or 4
     for key in KV_KEYS:
         value = data.get(key)
@@ -172,8 +327,13 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                 out[k] = n
         for key, value in data.items():
             per_layer = isinstance(value, list) or any(w in key for w in ("pattern", "layer", "block"))
-            if per_layer and isinstance(value, (list, str)) and len(value) == old and key != "architectures" \
-                    and old > 1:
+            if (
+                per_layer
+                and isinstance(value, (list, str))
+                and len(value) == old
+                and key != "architectures"
+                and old > 1
+            ):
                 out[key] = value[:n]
                 if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
                     out[key] = _every_kind(value, n)
@@ -182,8 +342,11 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                             out[k] = len(out[key])
         for key, value in data.items():  # per-layer overrides keyed by layer index: keep the tiny model's
             if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
-                out[key] = {k: shrink(v) if isinstance(v, dict) else v for k, v in value.items()
-                            if int(k) < out.get("num_hidden_layers", n)}
+                out[key] = {
+                    k: shrink(v) if isinstance(v, dict) else v
+                    for k, v in value.items()
+                    if int(k) < out.get("num_hidden_layers", n)
+                }
         if data.get("kv_lora_rank") and "head_dim" in data:
             out["head_dim"] = out.get("qk_rope_head_dim", data["head_dim"])  # MLA: head_dim is the RoPE width
         if data.get("kv_lora_rank") and "qk_head_dim" in data:

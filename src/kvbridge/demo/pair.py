@@ -22,7 +22,7 @@ SOURCE = "qwen2.5-coder-0.5b"
 TARGET = "qwen2.5-coder-1.5b"
 #: standard-library packages copied into the demo's corpus folder (plain Python, every CPython has them)
 STDLIB_PACKAGES = ("json", "email", "http", "logging", "asyncio", "concurrent", "importlib", "xml")
-PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
 def stdlib_corpus(dest: Path, packages=STDLIB_PACKAGES) -> Path:
@@ -47,14 +47,24 @@ def require_fetched(source: str = SOURCE, target: str = TARGET) -> None:
         try:
             resolve(ref)
         except KVBridgeError as exc:
-            raise ConfigError(f"the pair section needs {ref!r}, which is not here ({exc.what})",
-                              "run `kvbridge models fetch pair` (1.6 GB, once), then "
-                              "`kvbridge demo --sections pair`") from None
+            raise ConfigError(
+                f"the pair section needs {ref!r}, which is not here ({exc.what})",
+                "run `kvbridge models fetch pair` (1.6 GB, once), then `kvbridge demo --sections pair`",
+            ) from None
 
 
-def pair_section(*, source: str = SOURCE, target: str = TARGET, tokens: int = 2048, samples: int = 8,
-                 prefix_len: int = 64, continuation_len: int = 8, top_k: int = 2, dtype: str = "float32",
-                 report_dir: str | None = None) -> bool:
+def pair_section(
+    *,
+    source: str = SOURCE,
+    target: str = TARGET,
+    tokens: int = 2048,
+    samples: int = 8,
+    prefix_len: int = 64,
+    continuation_len: int = 8,
+    top_k: int = 2,
+    dtype: str = "float32",
+    report_dir: str | None = None,
+) -> bool:
     """Run the short pair protocol; True unless an exact path fails or a step cannot run."""
     import torch
 
@@ -75,41 +85,60 @@ def pair_section(*, source: str = SOURCE, target: str = TARGET, tokens: int = 20
         ids = lm.tokenizer(PROMPT, return_tensors="pt").input_ids
         res = identity_check(lm.model, ids, new_tokens=4)
         ok &= res.exact
-        click.echo(f"  identity transfer on {lm.name}: {'bitwise' if res.exact else 'NOT EXACT'} "
-                   f"({res.prompt_tokens} tokens; state {'equal' if res.state_equal else 'differs'}, "
-                   f"max|dlogit| {res.max_logit_diff:.2e})")
+        click.echo(
+            f"  identity transfer on {lm.name}: {'bitwise' if res.exact else 'NOT EXACT'} "
+            f"({res.prompt_tokens} tokens; state {'equal' if res.state_equal else 'differs'}, "
+            f"max|dlogit| {res.max_logit_diff:.2e})"
+        )
     with tempfile.TemporaryDirectory(prefix="kvbridge-demo-pair-") as tmp:
         corpus = stdlib_corpus(Path(tmp) / "corpus")
         out = Path(report_dir or tmp) / "pair-mapping"
         t1 = time.perf_counter()
-        click.echo(f"  fit: ridge, top-k {top_k}, {tokens} calibration tokens of Python source ({corpus.name}: "
-                   f"{', '.join(STDLIB_PACKAGES)} from the standard library, split by file) ...")
+        click.echo(
+            f"  fit: ridge, top-k {top_k}, {tokens} calibration tokens of Python source ({corpus.name}: "
+            f"{', '.join(STDLIB_PACKAGES)} from the standard library, split by file) ..."
+        )
         mapping = short_fit(pair, corpus=str(corpus), out=str(out), tokens=tokens, top_k=top_k)
         r2 = (getattr(mapping.report, "r2_summary", None) or {}).get("mean")
-        click.echo(f"  fitted in {time.perf_counter() - t1:.0f} s" + (f"; held-out R² {r2:.3f}" if r2 is not None else ""))
+        click.echo(
+            f"  fitted in {time.perf_counter() - t1:.0f} s" + (f"; held-out R² {r2:.3f}" if r2 is not None else "")
+        )
         t2 = time.perf_counter()
-        settings = EvalSettings(mapping=str(out), corpus=str(corpus), samples=samples, prefix_len=prefix_len,
-                                continuation_len=continuation_len, greedy_tokens=continuation_len,
-                                conditions="native,source,transferred,no_prefix", bootstrap=200, attention=False,
-                                report_dir=None)
+        settings = EvalSettings(
+            mapping=str(out),
+            corpus=str(corpus),
+            samples=samples,
+            prefix_len=prefix_len,
+            continuation_len=continuation_len,
+            greedy_tokens=continuation_len,
+            conditions="native,source,transferred,no_prefix",
+            bootstrap=200,
+            attention=False,
+            report_dir=None,
+        )
         with torch.no_grad():
             run = evaluate_pair(pair, settings)
-    click.echo(f"  eval on {samples} held-out samples (prefix {prefix_len}, continuation {continuation_len}), "
-               f"{time.perf_counter() - t2:.0f} s:")
+    click.echo(
+        f"  eval on {samples} held-out samples (prefix {prefix_len}, continuation {continuation_len}), "
+        f"{time.perf_counter() - t2:.0f} s:"
+    )
     conds = run.result["conditions"]
     click.echo("    condition          NLL    gap recovered")
     for name in ("native", "source", "transferred", "no_prefix"):
         row = conds.get(name) or {}
         gap = row.get("gap_recovered")
         label = {"source": "source model alone"}.get(name, name)
-        click.echo(f"    {label:<18} {row.get('nll', float('nan')):6.3f}  "
-                   + ("n/a" if gap is None else f"{gap:.3f}"))
-    transferred, alone = (conds.get("transferred") or {}).get("gap_recovered"), (conds.get("source") or {}).get(
-        "gap_recovered")
+        click.echo(f"    {label:<18} {row.get('nll', float('nan')):6.3f}  " + ("n/a" if gap is None else f"{gap:.3f}"))
+    transferred, alone = (
+        (conds.get("transferred") or {}).get("gap_recovered"),
+        (conds.get("source") or {}).get("gap_recovered"),
+    )
     if transferred is not None and alone is not None:
         verdict = "beats" if transferred > alone else "does not beat"
-        click.echo(f"  the transferred cache {verdict} the source model alone here ({transferred:.3f} vs {alone:.3f}; "
-                   "a short fit: RESULTS.md has the full protocol and what recompute buys back)")
+        click.echo(
+            f"  the transferred cache {verdict} the source model alone here ({transferred:.3f} vs {alone:.3f}; "
+            "a short fit: RESULTS.md has the full protocol and what recompute buys back)"
+        )
     click.echo(f"\npair section: {'exact paths exact' if ok else 'FAILED'} ({time.perf_counter() - t0:.1f} s)")
     return ok
 
@@ -118,8 +147,9 @@ def _check_lines(source: str, target: str) -> None:
     from kvbridge.check.compat import check_models
 
     report = check_models(source, target)
-    click.echo(f"  check (configs only): {report.verdict}" + (f"; {'; '.join(report.reasons[:2])}" if report.reasons
-                                                              else ""))
+    click.echo(
+        f"  check (configs only): {report.verdict}" + (f"; {'; '.join(report.reasons[:2])}" if report.reasons else "")
+    )
 
 
 def short_fit(pair, *, corpus: str, out: str, tokens: int, top_k: int):
@@ -129,8 +159,9 @@ def short_fit(pair, *, corpus: str, out: str, tokens: int, top_k: int):
     from kvbridge.fit.run import fit_pair as run_fit
     from kvbridge.fit.settings import FitSettings
 
-    settings = FitSettings(corpus=corpus, out=out, tokens=tokens, top_k=top_k, seq_len=256, stride=1,
-                           overwrite=True, quiet=True)
+    settings = FitSettings(
+        corpus=corpus, out=out, tokens=tokens, top_k=top_k, seq_len=256, stride=1, overwrite=True, quiet=True
+    )
     return run_fit(pair, settings, distributed=None)
 
 

@@ -64,8 +64,14 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     host = host or get_host()
     t0 = time.perf_counter()
     ids = torch.as_tensor(input_ids).view(1, -1)
-    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-               attention_mask=torch.ones_like(ids), pad_token_id=0)
+    gen = dict(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=0,
+    )
     adapter = host.adapter_of(model)
     with torch.no_grad():
         own = DynamicCache(config=model.config)
@@ -86,25 +92,37 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
 
     same = all(torch.equal(a, b) for a, b in zip((*moved.keys, *moved.values), (*extracted.keys, *extracted.values)))
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return IdentityCheck(dtype=dtype, prompt_tokens=int(ids.shape[1]), new_tokens=new_tokens, state_equal=same,
-                         tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
-                         max_logit_diff=diff(ours, native), noise=max(diff(native, recompute), diff(native, chunked)),
-                         noise_recompute=diff(native, recompute), noise_chunked=diff(native, chunked),
-                         tokens_equal_recompute=bool(torch.equal(native.sequences, recompute.sequences)),
-                         seconds=time.perf_counter() - t0)
+    return IdentityCheck(
+        dtype=dtype,
+        prompt_tokens=int(ids.shape[1]),
+        new_tokens=new_tokens,
+        state_equal=same,
+        tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
+        max_logit_diff=diff(ours, native),
+        noise=max(diff(native, recompute), diff(native, chunked)),
+        noise_recompute=diff(native, recompute),
+        noise_chunked=diff(native, chunked),
+        tokens_equal_recompute=bool(torch.equal(native.sequences, recompute.sequences)),
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def chat_texts(tokenizer, system: str = SYSTEM, user: str = USER) -> tuple[str, str]:
     """``(guide, live)``: the rendered system turn, and the rest of the chat up to the generation prompt."""
     guide = tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=False)
-    full = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                         tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     if not full.startswith(guide):
         from kvbridge.prefix.splits import SplitError
 
-        raise SplitError("the chat template does not render the system turn as a prefix of the chat",
-                         "split the rendered text yourself")
-    return guide, full[len(guide):]
+        raise SplitError(
+            "the chat template does not render the system turn as a prefix of the chat",
+            "split the rendered text yourself",
+        )
+    return guide, full[len(guide) :]
 
 
 def chat_split(tokenizer, system: str = SYSTEM, user: str = USER):
@@ -139,8 +157,16 @@ class PackCheck:
     folder: str = ""
 
 
-def pack_check(model, tokenizer, *, system: str = SYSTEM, user: str = USER, new_tokens: int = 8,
-               folder: str | None = None, host=None) -> PackCheck:
+def pack_check(
+    model,
+    tokenizer,
+    *,
+    system: str = SYSTEM,
+    user: str = USER,
+    new_tokens: int = 8,
+    folder: str | None = None,
+    host=None,
+) -> PackCheck:
     """Save the system turn as a pack, restore it with zero forwards, continue the chat from it."""
     import torch
 
@@ -161,14 +187,15 @@ def pack_check(model, tokenizer, *, system: str = SYSTEM, user: str = USER, new_
             counter.remove()
         restore = time.perf_counter() - t0
     ids = torch.tensor([list(split.ids)], dtype=torch.long)
-    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-               pad_token_id=0)
+    gen = dict(
+        max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
+    )
     from transformers import DynamicCache
 
     with torch.no_grad():
         own = DynamicCache(config=model.config)
         t1 = time.perf_counter()
-        model(input_ids=ids[:, :len(split.ghost)], cache=own, use_cache=True)
+        model(input_ids=ids[:, : len(split.ghost)], cache=own, use_cache=True)
         prefill = time.perf_counter() - t1
         ours = pack.generate(model, ids, host=host, **gen)
         native = model.generate(input_ids=ids, cache=own, attention_mask=torch.ones_like(ids), **gen)
@@ -177,9 +204,16 @@ def pack_check(model, tokenizer, *, system: str = SYSTEM, user: str = USER, new_
     def diff(a, b) -> float:
         return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.logits, b.logits))
 
-    return PackCheck(guide_tokens=len(split.ghost), forwards_during_restore=counter.calls, restore_ms=1e3 * restore,
-                     prefill_ms=1e3 * prefill, tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
-                     max_logit_diff=diff(ours, native), max_logit_diff_prefill=diff(ours, whole), folder=folder or "")
+    return PackCheck(
+        guide_tokens=len(split.ghost),
+        forwards_during_restore=counter.calls,
+        restore_ms=1e3 * restore,
+        prefill_ms=1e3 * prefill,
+        tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
+        max_logit_diff=diff(ours, native),
+        max_logit_diff_prefill=diff(ours, whole),
+        folder=folder or "",
+    )
 
 
 # -- the section -------------------------------------------------------------------------------------
@@ -238,25 +272,35 @@ def _identity_part(ctx: RealContext) -> None:
         res = identity_check(lm.model, ids, new_tokens=ctx.new_tokens)
         ctx.results[f"identity_{dtype}"] = dict(res.__dict__, exact=res.exact)
         ctx.ok &= res.exact
-        click.echo(f"  {dtype:<9} {res.prompt_tokens} prompt tokens, {res.new_tokens} new: state "
-                   f"{'bitwise equal' if res.state_equal else 'CHANGED'}; tokens {'equal' if res.tokens_equal else 'DIFFER'}; "
-                   f"max|dlogit| vs the model's own cached continuation {res.max_logit_diff:.2e} "
-                   f"({'exact' if res.exact else 'NOT EXACT'}; for scale, the model's own noise: cached vs recompute "
-                   f"{res.noise_recompute:.2e}, vs two-chunk prefill {res.noise_chunked:.2e}) ({res.seconds:.1f} s)")
+        click.echo(
+            f"  {dtype:<9} {res.prompt_tokens} prompt tokens, {res.new_tokens} new: state "
+            f"{'bitwise equal' if res.state_equal else 'CHANGED'}; tokens {'equal' if res.tokens_equal else 'DIFFER'}; "
+            f"max|dlogit| vs the model's own cached continuation {res.max_logit_diff:.2e} "
+            f"({'exact' if res.exact else 'NOT EXACT'}; for scale, the model's own noise: cached vs recompute "
+            f"{res.noise_recompute:.2e}, vs two-chunk prefill {res.noise_chunked:.2e}) ({res.seconds:.1f} s)"
+        )
 
 
 def _split_part(ctx: RealContext) -> None:
     lm = ctx.model("float32")
     report = chat_split(lm.tokenizer)
     safe = report.safe
-    ctx.results["split"] = {"joint": len(report.joint), "naive_matches": report.naive.matches_joint,
-                            "safe": None if safe is None else safe.to_dict()}
+    ctx.results["split"] = {
+        "joint": len(report.joint),
+        "naive_matches": report.naive.matches_joint,
+        "safe": None if safe is None else safe.to_dict(),
+    }
     ctx.ok &= safe is not None and safe.ids == report.joint
     click.echo("\n-- exact-token split of the chat (system turn hidden, user turn live) --")
-    click.echo(f"  joint {len(report.joint)} tokens; naive split "
-               f"{'matches' if report.naive.matches_joint else 'differs at token %s' % report.naive.first_difference}; "
-               + (f"safe split: ghost {len(safe.ghost)} + live {len(safe.live)} == joint ids"
-                  if safe is not None else f"NO safe split ({report.reason})"))
+    click.echo(
+        f"  joint {len(report.joint)} tokens; naive split "
+        f"{'matches' if report.naive.matches_joint else 'differs at token %s' % report.naive.first_difference}; "
+        + (
+            f"safe split: ghost {len(safe.ghost)} + live {len(safe.live)} == joint ids"
+            if safe is not None
+            else f"NO safe split ({report.reason})"
+        )
+    )
 
 
 def _pack_part(ctx: RealContext) -> None:
@@ -270,12 +314,13 @@ def _pack_part(ctx: RealContext) -> None:
     ctx.results["pack"] = res.__dict__
     ctx.ok &= res.forwards_during_restore == 0 and res.tokens_equal and res.max_logit_diff == 0.0
     click.echo("\n-- prefix pack of the system turn --")
-    click.echo(f"  {res.guide_tokens} guide tokens restored with {res.forwards_during_restore} forward passes in "
-               f"{res.restore_ms:.1f} ms (prefill {res.prefill_ms:.1f} ms); continuation tokens "
-               f"{'equal' if res.tokens_equal else 'DIFFER'}, max|dlogit| vs the model's own cached guide "
-               f"{res.max_logit_diff:.2e} ({'exact' if res.max_logit_diff == 0 else 'NOT EXACT'}; vs one prefill of "
-               f"the whole prompt {res.max_logit_diff_prefill:.2e})"
-               + (f"; pack in {folder}" if folder else ""))
+    click.echo(
+        f"  {res.guide_tokens} guide tokens restored with {res.forwards_during_restore} forward passes in "
+        f"{res.restore_ms:.1f} ms (prefill {res.prefill_ms:.1f} ms); continuation tokens "
+        f"{'equal' if res.tokens_equal else 'DIFFER'}, max|dlogit| vs the model's own cached guide "
+        f"{res.max_logit_diff:.2e} ({'exact' if res.max_logit_diff == 0 else 'NOT EXACT'}; vs one prefill of "
+        f"the whole prompt {res.max_logit_diff_prefill:.2e})" + (f"; pack in {folder}" if folder else "")
+    )
 
 
 def _adapter_pair_part(ctx: RealContext) -> None:
@@ -306,15 +351,24 @@ def add_real_section(name: str, part: Callable[[RealContext], Any]) -> None:
     REAL_SECTIONS.append((name, part))
 
 
-def real_section(*, ref: str = "smollm2", new_tokens: int = 8, dtypes=("float32", "bfloat16"),
-                 report_dir: str | None = None, only: tuple = ()) -> RealContext:
+def real_section(
+    *,
+    ref: str = "smollm2",
+    new_tokens: int = 8,
+    dtypes=("float32", "bfloat16"),
+    report_dir: str | None = None,
+    only: tuple = (),
+) -> RealContext:
     """Run every part of :data:`REAL_SECTIONS` (or those named in ``only``) on ``ref``."""
     from kvbridge.models import resolve
 
     t0 = time.perf_counter()
     resolved = resolve(ref)
-    click.echo(f"\n== Real model: {resolved.name} ({resolved.kind}: {resolved.path}"
-               + (f", {resolved.quantization} dequantized" if resolved.quantization else "") + ")")
+    click.echo(
+        f"\n== Real model: {resolved.name} ({resolved.kind}: {resolved.path}"
+        + (f", {resolved.quantization} dequantized" if resolved.quantization else "")
+        + ")"
+    )
     ctx = RealContext(ref=ref, new_tokens=new_tokens, dtypes=tuple(dtypes), report_dir=report_dir)
     for name, part in REAL_SECTIONS:
         if only and name not in only:
@@ -324,5 +378,19 @@ def real_section(*, ref: str = "smollm2", new_tokens: int = 8, dtypes=("float32"
     return ctx
 
 
-__all__ = ["identity_check", "IdentityCheck", "chat_texts", "chat_split", "pack_check", "PackCheck",
-           "ForwardCounter", "RealContext", "cast", "REAL_SECTIONS", "add_real_section", "real_section", "SYSTEM", "USER"]
+__all__ = [
+    "identity_check",
+    "IdentityCheck",
+    "chat_texts",
+    "chat_split",
+    "pack_check",
+    "PackCheck",
+    "ForwardCounter",
+    "RealContext",
+    "cast",
+    "REAL_SECTIONS",
+    "add_real_section",
+    "real_section",
+    "SYSTEM",
+    "USER",
+]

@@ -62,8 +62,12 @@ def eval_ids(corpus: Path | None, tokenizer, models: dict, n: int, length: int, 
     names = sorted(models)
     per = -(-n // len(names))
     parts = [model_samples(models[name], n=per, length=length, seed=seed + i) for i, name in enumerate(names)]
-    return torch.cat(parts)[:n], {"kind": "model samples", "models": names, "seed": seed,
-                                  "note": "no corpus: text sampled from the zoo models (temperature 1)"}
+    return torch.cat(parts)[:n], {
+        "kind": "model samples",
+        "models": names,
+        "seed": seed,
+        "note": "no corpus: text sampled from the zoo models (temperature 1)",
+    }
 
 
 def _best_control(res: dict) -> tuple[str, float | None]:
@@ -74,8 +78,21 @@ def _best_control(res: dict) -> tuple[str, float | None]:
     return min(rows, key=lambda x: x[1]) if rows else ("n/a", None)
 
 
-COMPARE = ("pair", "check", "R2", "nll nat", "nll xfer", "nll nopre", "best control", "gap_rec [95% CI]",
-           "kl_p95", "top1", "cos_min", "greedy", "gates")
+COMPARE = (
+    "pair",
+    "check",
+    "R2",
+    "nll nat",
+    "nll xfer",
+    "nll nopre",
+    "best control",
+    "gap_rec [95% CI]",
+    "kl_p95",
+    "top1",
+    "cos_min",
+    "greedy",
+    "gates",
+)
 
 
 def _folder(pair: str) -> str:
@@ -92,13 +109,28 @@ def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
         t = c["transferred"]
         name, val = _best_control(res)
         r2 = (res["mapping"].get("r2_summary") or {}).get("mean")
-        gates = "PASS" if res["gates_passed"] else "FAIL (" + ", ".join(
-            g["metric"] for g in res["gates"] if not g["passed"]) + ")"
-        rows.append([pair, checks.get(pair, ""), fmt(r2, "{:.3f}"), fmt(c["native"]["nll"]), fmt(t["nll"]),
-                     fmt(c["no_prefix"]["nll"]), f"{name} {fmt(val)}",
-                     f"{fmt(t['gap_recovered'], '{:+.3f}')} {fmt_ci(t['gap_recovered_ci'], '{:+.2f}')}",
-                     fmt(t["kl_p95"], "{:.4f}"), fmt(t["top1_agreement"]), fmt(t["attention_cosine_min"]),
-                     fmt(t["greedy_agreement"]), gates])
+        gates = (
+            "PASS"
+            if res["gates_passed"]
+            else "FAIL (" + ", ".join(g["metric"] for g in res["gates"] if not g["passed"]) + ")"
+        )
+        rows.append(
+            [
+                pair,
+                checks.get(pair, ""),
+                fmt(r2, "{:.3f}"),
+                fmt(c["native"]["nll"]),
+                fmt(t["nll"]),
+                fmt(c["no_prefix"]["nll"]),
+                f"{name} {fmt(val)}",
+                f"{fmt(t['gap_recovered'], '{:+.3f}')} {fmt_ci(t['gap_recovered_ci'], '{:+.2f}')}",
+                fmt(t["kl_p95"], "{:.4f}"),
+                fmt(t["top1_agreement"]),
+                fmt(t["attention_cosine_min"]),
+                fmt(t["greedy_agreement"]),
+                gates,
+            ]
+        )
     return rows
 
 
@@ -109,12 +141,27 @@ def render_table(rows: list[list[str]], heads=COMPARE) -> str:
 
 
 def markdown_table(rows: list[list[str]], heads=COMPARE) -> str:
-    return "\n".join(["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(
+        ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
+    )
 
 
-def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, prefix_len, continuation_len,
-                greedy_tokens, bootstrap, seed, identity_too: bool = True) -> dict:
+def zoo_section(
+    *,
+    pairs,
+    corpus,
+    report_dir,
+    tokens,
+    top_k,
+    stride,
+    samples,
+    prefix_len,
+    continuation_len,
+    greedy_tokens,
+    bootstrap,
+    seed,
+    identity_too: bool = True,
+) -> dict:
     import json
 
     from transformers.utils import logging as hf_logging
@@ -138,12 +185,16 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
     for name in pairs:
         models[name] = load(f"zoo:{name}", host=host, tokenizer=False).model
     if corpus_path is not None:
-        click.echo(f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
-                   f"split); evaluation: its held-out last 10%)")
+        click.echo(
+            f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
+            f"split); evaluation: its held-out last 10%)"
+        )
     else:
-        click.echo("\n== 2. Zoo: check -> fit -> eval  (no corpus found: calibration and evaluation text are "
-                   "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
-                   "target); pass --corpus PATH for real text)")
+        click.echo(
+            "\n== 2. Zoo: check -> fit -> eval  (no corpus found: calibration and evaluation text are "
+            "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
+            "target); pass --corpus PATH for real text)"
+        )
     calib = calibration_ids(corpus_path, tok, models, tokens, seed=1000 + seed)
     length = prefix_len + continuation_len + 1
     shared = eval_ids(corpus_path, tok, models, samples, length, seed=2000 + seed) if corpus_path else None
@@ -152,6 +203,7 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
         # without a corpus each pair is evaluated on text sampled from its *target*: text from the
         # source would favour the source's own (mapped) cache over the target's native one
         return shared or eval_ids(None, tok, {name: models[name]}, samples, length, seed=2000 + seed)
+
     report_dir = Path(report_dir) if report_dir else None
     results, checks, fits = {}, {}, {}
     for name in pairs:
@@ -161,23 +213,53 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
         checks[pair] = report.verdict
         out = report_dir / "mappings" / f"base-{name}" if report_dir else None
         ids, data = eval_data(name)
-        mapping = fit(base, models[name], calib, options={"top_k": top_k},
-                      calibration=CalibrationConfig(stride=stride, seed=seed), host=host, distributed=None,
-                      out=out, overwrite=True, provenance=Provenance("zoo:base", f"zoo:{name}"))
+        mapping = fit(
+            base,
+            models[name],
+            calib,
+            options={"top_k": top_k},
+            calibration=CalibrationConfig(stride=stride, seed=seed),
+            host=host,
+            distributed=None,
+            out=out,
+            overwrite=True,
+            provenance=Provenance("zoo:base", f"zoo:{name}"),
+        )
         t1 = time.perf_counter()
-        res = evaluate(base, models[name], mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                       greedy_tokens=greedy_tokens, bootstrap=bootstrap, seed=seed, host=host,
-                       source_name="zoo:base", target_name=f"zoo:{name}", data=data,
-                       mapping_path=None if out is None else str(out))
+        res = evaluate(
+            base,
+            models[name],
+            mapping,
+            ids,
+            prefix_len=prefix_len,
+            continuation_len=continuation_len,
+            greedy_tokens=greedy_tokens,
+            bootstrap=bootstrap,
+            seed=seed,
+            host=host,
+            source_name="zoo:base",
+            target_name=f"zoo:{name}",
+            data=data,
+            mapping_path=None if out is None else str(out),
+        )
         t2 = time.perf_counter()
-        res["demo"] = {"check": report.verdict, "fit_seconds": t1 - t0, "eval_seconds": t2 - t1,
-                       "calibration_sequences": int(calib.shape[0]), "calibration_tokens": int(calib.numel()),
-                       "top_k": top_k, "stride": stride}
+        res["demo"] = {
+            "check": report.verdict,
+            "fit_seconds": t1 - t0,
+            "eval_seconds": t2 - t1,
+            "calibration_sequences": int(calib.shape[0]),
+            "calibration_tokens": int(calib.numel()),
+            "top_k": top_k,
+            "stride": stride,
+        }
         results[pair] = res
         fits[pair] = mapping
         summ = mapping.report.r2_summary or {}
-        click.echo(f"  {pair}: check {report.verdict}; fit {t1 - t0:.1f} s (held-out R² {summ.get('mean', float('nan')):.3f}); "
-                   f"eval {t2 - t1:.1f} s; gates {'PASS' if res['gates_passed'] else 'FAIL'}", err=True)
+        click.echo(
+            f"  {pair}: check {report.verdict}; fit {t1 - t0:.1f} s (held-out R² {summ.get('mean', float('nan')):.3f}); "
+            f"eval {t2 - t1:.1f} s; gates {'PASS' if res['gates_passed'] else 'FAIL'}",
+            err=True,
+        )
         if report_dir:
             write_report(res, report_dir / f"base-{name}")
         same_geometry = all(a.verdict == "same" for a in report.axes if a.name in ("layers", "kv_heads", "head_dim"))
@@ -186,25 +268,48 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
             from kvbridge.transfer import IdentityMapping
 
             t3 = time.perf_counter()
-            ires = evaluate(base, models[name], IdentityMapping(), ids, prefix_len=prefix_len,
-                            continuation_len=continuation_len, greedy_tokens=greedy_tokens, bootstrap=bootstrap,
-                            seed=seed, host=host, source_name="zoo:base", target_name=f"zoo:{name}", data=data)
-            ires["demo"] = {"check": report.verdict, "fit_seconds": 0.0, "eval_seconds": time.perf_counter() - t3,
-                            "mapping": "identity (no fit)"}
+            ires = evaluate(
+                base,
+                models[name],
+                IdentityMapping(),
+                ids,
+                prefix_len=prefix_len,
+                continuation_len=continuation_len,
+                greedy_tokens=greedy_tokens,
+                bootstrap=bootstrap,
+                seed=seed,
+                host=host,
+                source_name="zoo:base",
+                target_name=f"zoo:{name}",
+                data=data,
+            )
+            ires["demo"] = {
+                "check": report.verdict,
+                "fit_seconds": 0.0,
+                "eval_seconds": time.perf_counter() - t3,
+                "mapping": "identity (no fit)",
+            }
             results[f"{pair} (identity, no fit)"] = ires
             checks[f"{pair} (identity, no fit)"] = report.verdict
-            click.echo(f"  {pair} with the identity mapping (no fit): eval {time.perf_counter() - t3:.1f} s; gates "
-                       f"{'PASS' if ires['gates_passed'] else 'FAIL'}", err=True)
+            click.echo(
+                f"  {pair} with the identity mapping (no fit): eval {time.perf_counter() - t3:.1f} s; gates "
+                f"{'PASS' if ires['gates_passed'] else 'FAIL'}",
+                err=True,
+            )
             if report_dir:
                 write_report(ires, report_dir / f"base-{name}-identity")
     rows = comparison_rows(results, checks)
-    click.echo(f"\n{samples} held-out samples per pair: prefix {prefix_len} tokens cached, continuation "
-               f"{continuation_len} scored; calibration {int(calib.numel())} tokens, ridge top-k {top_k}, stride "
-               f"{stride}; gates: kl_p95<=0.2, attention_cosine_min>=0.9; {bootstrap} paired bootstrap resamples\n")
+    click.echo(
+        f"\n{samples} held-out samples per pair: prefix {prefix_len} tokens cached, continuation "
+        f"{continuation_len} scored; calibration {int(calib.numel())} tokens, ridge top-k {top_k}, stride "
+        f"{stride}; gates: kl_p95<=0.2, attention_cosine_min>=0.9; {bootstrap} paired bootstrap resamples\n"
+    )
     click.echo(render_table(rows))
-    click.echo("\n(gap_rec: (NLL_no_prefix - NLL_x)/(NLL_no_prefix - NLL_native); best control: the lowest NLL of "
-               "zeroed, shuffled, random, no_rope_reapply; '(identity, no fit)': the source cache reused as is, "
-               "RoPE re-applied, where the check allows it by geometry)")
+    click.echo(
+        "\n(gap_rec: (NLL_no_prefix - NLL_x)/(NLL_no_prefix - NLL_native); best control: the lowest NLL of "
+        "zeroed, shuffled, random, no_rope_reapply; '(identity, no fit)': the source cache reused as is, "
+        "RoPE re-applied, where the check allows it by geometry)"
+    )
     if "base->tuned" in results:
         click.echo("\n-- base->tuned in full --\n")
         click.echo(terminal_table(results["base->tuned"]))
@@ -213,12 +318,19 @@ def zoo_section(*, pairs, corpus, report_dir, tokens, top_k, stride, samples, pr
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "demo.json").write_text(to_json({"pairs": results, "seconds": elapsed}) + "\n", encoding="utf-8")
         data = next(iter(results.values()))["data"] if results else {}
-        md = ["# kvbridge demo: the embedded zoo", "",
-              f"Data: {json.dumps(data)}" + ("" if shared else " (per pair: sampled from its target)"), "",
-              f"{samples} held-out samples per pair; prefix {prefix_len}, continuation {continuation_len}; calibration "
-              f"{int(calib.numel())} tokens; ridge top-k {top_k}, stride {stride}.", "",
-              markdown_table(rows), "",
-              "Per pair: " + ", ".join(f"[{p}]({_folder(p)}/summary.md)" for p in results), ""]
+        md = [
+            "# kvbridge demo: the embedded zoo",
+            "",
+            f"Data: {json.dumps(data)}" + ("" if shared else " (per pair: sampled from its target)"),
+            "",
+            f"{samples} held-out samples per pair; prefix {prefix_len}, continuation {continuation_len}; calibration "
+            f"{int(calib.numel())} tokens; ridge top-k {top_k}, stride {stride}.",
+            "",
+            markdown_table(rows),
+            "",
+            "Per pair: " + ", ".join(f"[{p}]({_folder(p)}/summary.md)" for p in results),
+            "",
+        ]
         (report_dir / "summary.md").write_text("\n".join(md), encoding="utf-8")
         click.echo(f"\nreport: {report_dir}/summary.md (+ per pair: summary.md, eval.json, PNG plots; mappings/)")
     click.echo(f"zoo section: {elapsed:.1f} s")

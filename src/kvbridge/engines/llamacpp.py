@@ -85,17 +85,26 @@ def engine_model(model: Any, host=None) -> EngineModel:
 
     ref = model if hasattr(model, "gguf_file") and hasattr(model, "spec") else resolve(str(model), host=host)
     if not ref.gguf_file:
-        raise ConfigError(f"{ref.ref}: llama.cpp runs GGUF files, and this reference has none",
-                          "pass the model's .gguf file (the one llama.cpp loads)")
+        raise ConfigError(
+            f"{ref.ref}: llama.cpp runs GGUF files, and this reference has none",
+            "pass the model's .gguf file (the one llama.cpp loads)",
+        )
     arch = ref.gguf.architecture
     if arch not in ENGINE_INTERLEAVED:
-        raise ConfigError(f"{ref.gguf_file}: GGUF architecture {arch!r} is not supported by the llamacpp engine",
-                          f"use a GGUF of one of: {', '.join(sorted(ENGINE_INTERLEAVED))}")
+        raise ConfigError(
+            f"{ref.gguf_file}: GGUF architecture {arch!r} is not supported by the llamacpp engine",
+            f"use a GGUF of one of: {', '.join(sorted(ENGINE_INTERLEAVED))}",
+        )
     spec = ref.spec(host=host)
     if spec.positional != "rope" or spec.rope is None:
         raise ConfigError(f"{ref.gguf_file}: the llamacpp engine expects a RoPE model", "use a RoPE GGUF")
-    return EngineModel(gguf_file=str(ref.gguf_file), name=Path(ref.gguf_file).name, architecture=arch, spec=spec,
-                       interleaved=ENGINE_INTERLEAVED[arch])
+    return EngineModel(
+        gguf_file=str(ref.gguf_file),
+        name=Path(ref.gguf_file).name,
+        architecture=arch,
+        spec=spec,
+        interleaved=ENGINE_INTERLEAVED[arch],
+    )
 
 
 # -- the rotary layout ---------------------------------------------------------------------------
@@ -120,51 +129,68 @@ def layout_index(head_dim: int, rotary_dim: int, *, src_interleaved: bool, dst_i
 def _check_rope(state_spec, target, what: str) -> None:
     a, b = state_spec.rope, target.spec.rope
     if a is None:
-        raise StateError(f"{what}: the state's model has no RoPE table, {target.name} rotates keys",
-                         "transfer the state to this model first (kvbridge transfer)")
+        raise StateError(
+            f"{what}: the state's model has no RoPE table, {target.name} rotates keys",
+            "transfer the state to this model first (kvbridge transfer)",
+        )
     for field in ("rope_type", "theta", "rotary_dim"):
         if getattr(a, field) != getattr(b, field):
-            raise StateError(f"{what}: keys rotated with RoPE {field} {getattr(a, field)!r}, {target.name} uses "
-                             f"{getattr(b, field)!r}", "re-apply RoPE for this model (state.strip_rope().apply_rope("
-                             "spec=...)) or transfer the state to it (kvbridge transfer)")
+            raise StateError(
+                f"{what}: keys rotated with RoPE {field} {getattr(a, field)!r}, {target.name} uses "
+                f"{getattr(b, field)!r}",
+                "re-apply RoPE for this model (state.strip_rope().apply_rope("
+                "spec=...)) or transfer the state to it (kvbridge transfer)",
+            )
 
 
 def check_geometry(state, target: EngineModel, what: str = "KV state") -> None:
     """One-line :class:`StateError` unless ``state`` has ``target``'s cache geometry."""
     spec = state.spec
     if state.num_layers != target.num_layers:
-        raise StateError(f"{what} has {state.num_layers} layers; {target.name} caches {target.num_layers} "
-                         f"({target.geometry()}), llama.cpp would refuse it",
-                         "transfer the state to this model first (kvbridge transfer) or pass the GGUF it came from")
+        raise StateError(
+            f"{what} has {state.num_layers} layers; {target.name} caches {target.num_layers} "
+            f"({target.geometry()}), llama.cpp would refuse it",
+            "transfer the state to this model first (kvbridge transfer) or pass the GGUF it came from",
+        )
     for i in range(state.num_layers):
         k, v = state.keys[i], state.values[i]
         kw, vw = k.shape[1] * k.shape[3], v.shape[1] * v.shape[3]
         if (kw, vw) != (target.k_width(i), target.v_width(i)) or k.shape[3] != target.spec.key_dim_of(i):
-            raise StateError(f"{what} layer {i} holds K/V rows of {k.shape[1]}x{k.shape[3]} / {v.shape[1]}x"
-                             f"{v.shape[3]} values; {target.name} caches {target.spec.kv_heads_of(i)}x"
-                             f"{target.spec.key_dim_of(i)} / {target.spec.kv_heads_of(i)}x{target.spec.value_dim_of(i)}",
-                             "transfer the state to this model first (kvbridge transfer)")
+            raise StateError(
+                f"{what} layer {i} holds K/V rows of {k.shape[1]}x{k.shape[3]} / {v.shape[1]}x"
+                f"{v.shape[3]} values; {target.name} caches {target.spec.kv_heads_of(i)}x"
+                f"{target.spec.key_dim_of(i)} / {target.spec.kv_heads_of(i)}x{target.spec.value_dim_of(i)}",
+                "transfer the state to this model first (kvbridge transfer)",
+            )
     if spec.positional == "rope":
         _check_rope(spec, target, what)
     vocab = target.spec.vocab_size
     if vocab and state.num_tokens and int(state.token_ids.max()) >= vocab:
-        raise StateError(f"{what} holds token id {int(state.token_ids.max())}, beyond {target.name}'s vocabulary "
-                         f"of {vocab}", "the state was made with another tokenizer; recompute it for this model")
+        raise StateError(
+            f"{what} holds token id {int(state.token_ids.max())}, beyond {target.name}'s vocabulary of {vocab}",
+            "the state was made with another tokenizer; recompute it for this model",
+        )
 
 
-def to_seq_state(state, model: Any, *, cache_type: str = DEFAULT_CACHE_TYPE, v_trans: bool = True,
-                 n_stream: int = 1, host=None) -> fmt.SeqState:
+def to_seq_state(
+    state, model: Any, *, cache_type: str = DEFAULT_CACHE_TYPE, v_trans: bool = True, n_stream: int = 1, host=None
+) -> fmt.SeqState:
     """The :class:`~kvbridge.engines.llamacpp_format.SeqState` llama.cpp would hold for ``state``."""
     target = engine_model(model, host=host)
     if cache_type not in fmt.TYPE_IDS:
-        raise ConfigError(f"cache type {cache_type!r} is not one kvbridge writes",
-                          f"use one of: {', '.join(fmt.TYPE_IDS)}")
+        raise ConfigError(
+            f"cache type {cache_type!r} is not one kvbridge writes", f"use one of: {', '.join(fmt.TYPE_IDS)}"
+        )
     if state.batch_size != 1:
-        raise StateError(f"KV state has a batch of {state.batch_size}; a llama.cpp sequence state holds one sequence",
-                         "export one row (state.slice_tokens / index the batch) at a time")
+        raise StateError(
+            f"KV state has a batch of {state.batch_size}; a llama.cpp sequence state holds one sequence",
+            "export one row (state.slice_tokens / index the batch) at a time",
+        )
     if state.states or state.indexer_keys:
-        raise StateError("KV state carries recurrent or indexer state llama.cpp's KV file cannot hold",
-                         "export states of plain attention models")
+        raise StateError(
+            "KV state carries recurrent or indexer state llama.cpp's KV file cannot hold",
+            "export states of plain attention models",
+        )
     check_geometry(state, target)
     if not state.rope_applied:
         state = state.apply_rope(host=host)
@@ -174,30 +200,50 @@ def to_seq_state(state, model: Any, *, cache_type: str = DEFAULT_CACHE_TYPE, v_t
         rope = target.spec.rope_for_layer(i)
         k = state.keys[i][0]  # [H, T, D]
         if rope is not None:
-            idx = layout_index(k.shape[-1], rope.rotary_dim, src_interleaved=state.spec.rope.interleaved,
-                               dst_interleaved=target.interleaved)
+            idx = layout_index(
+                k.shape[-1],
+                rope.rotary_dim,
+                src_interleaved=state.spec.rope.interleaved,
+                dst_interleaved=target.interleaved,
+            )
             k = k[..., idx.to(k.device)]
         for name, t, out in (("keys", k, keys), ("values", state.values[i][0], values)):
             rows = t.permute(1, 0, 2).reshape(t.shape[1], -1)  # [T, H*D]: a cell's heads one after the other
             if dtype == torch.float16 and rows.numel() and float(rows.abs().max()) > F16_MAX:
-                raise StateError(f"KV state layer {i} {name} reach {float(rows.abs().max()):.4g}, beyond F16's range "
-                                 f"({F16_MAX:g})", "export with cache_type F32 and run llama.cpp with an F32 cache")
+                raise StateError(
+                    f"KV state layer {i} {name} reach {float(rows.abs().max()):.4g}, beyond F16's range ({F16_MAX:g})",
+                    "export with cache_type F32 and run llama.cpp with an F32 cache",
+                )
             out.append(rows.to(device="cpu", dtype=dtype).contiguous())
-    return fmt.SeqState(token_ids=tuple(int(x) for x in state.token_ids[0].tolist()),
-                        positions=tuple(int(p) for p in state.positions[0].tolist()),
-                        keys=tuple(keys), values=tuple(values), k_type=cache_type, v_type=cache_type,
-                        v_trans=bool(v_trans), n_stream=int(n_stream), stream=0)
+    return fmt.SeqState(
+        token_ids=tuple(int(x) for x in state.token_ids[0].tolist()),
+        positions=tuple(int(p) for p in state.positions[0].tolist()),
+        keys=tuple(keys),
+        values=tuple(values),
+        k_type=cache_type,
+        v_type=cache_type,
+        v_trans=bool(v_trans),
+        n_stream=int(n_stream),
+        stream=0,
+    )
 
 
-def export_state(state, model: Any, out: str | os.PathLike | None = None, *, cache_type: str = DEFAULT_CACHE_TYPE,
-                 v_trans: bool = True, n_stream: int = 1, host=None) -> bytes:
+def export_state(
+    state,
+    model: Any,
+    out: str | os.PathLike | None = None,
+    *,
+    cache_type: str = DEFAULT_CACHE_TYPE,
+    v_trans: bool = True,
+    n_stream: int = 1,
+    host=None,
+) -> bytes:
     """The llama.cpp sequence-state file of ``state`` for the GGUF ``model`` (bytes; also written
     atomically to ``out`` when given). ``v_trans``: V stored transposed, as a llama.cpp context
     without flash attention keeps it (the default of llama-cpp-python's ``Llama``, flash_attn=False;
     pass False for a flash-attention context: llama.cpp checks it on load); ``n_stream``: the
     context's KV streams."""
-    data = fmt.write(to_seq_state(state, model, cache_type=cache_type, v_trans=v_trans, n_stream=n_stream,
-                                  host=host))
+    data = fmt.write(to_seq_state(state, model, cache_type=cache_type, v_trans=v_trans, n_stream=n_stream, host=host))
     if out is not None:
         from kvbridge.artifacts import write_file_atomic
 
@@ -223,21 +269,31 @@ def check_file_geometry(seq: fmt.SeqState, target: EngineModel, where: str) -> N
     """One-line error unless the file's cache geometry is ``target``'s (the file is for another model)."""
     fix = "import it with the GGUF whose llama.cpp context saved it"
     if seq.num_cells == 0:
-        raise StateError(f"{where}: the llama.cpp state holds no cells (an empty sequence)",
-                         "save the sequence after a prefill")
+        raise StateError(
+            f"{where}: the llama.cpp state holds no cells (an empty sequence)", "save the sequence after a prefill"
+        )
     if seq.num_layers != target.num_layers:
-        raise StateError(f"{where}: llama.cpp state of {seq.num_layers} layers, but {target.name} has "
-                         f"{target.num_layers} ({target.geometry()}): the file is for another model", fix)
+        raise StateError(
+            f"{where}: llama.cpp state of {seq.num_layers} layers, but {target.name} has "
+            f"{target.num_layers} ({target.geometry()}): the file is for another model",
+            fix,
+        )
     for i in range(seq.num_layers):
         kw, vw = seq.keys[i].shape[1], seq.values[i].shape[1]
         if (kw, vw) != (target.k_width(i), target.v_width(i)):
-            raise StateError(f"{where}: layer {i} K/V rows of {kw}/{vw} values, but {target.name} caches "
-                             f"{target.k_width(i)}/{target.v_width(i)} ({target.geometry()}): the file is for "
-                             "another model", fix)
+            raise StateError(
+                f"{where}: layer {i} K/V rows of {kw}/{vw} values, but {target.name} caches "
+                f"{target.k_width(i)}/{target.v_width(i)} ({target.geometry()}): the file is for "
+                "another model",
+                fix,
+            )
     vocab = target.spec.vocab_size
     if vocab and seq.token_ids and max(seq.token_ids) >= vocab:
-        raise StateError(f"{where}: token id {max(seq.token_ids)} is beyond {target.name}'s vocabulary of {vocab}: "
-                         "the file is for another model", fix)
+        raise StateError(
+            f"{where}: token id {max(seq.token_ids)} is beyond {target.name}'s vocabulary of {vocab}: "
+            "the file is for another model",
+            fix,
+        )
 
 
 def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, host=None):
@@ -251,8 +307,10 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
     seq = fmt.parse(data, where)
     check_file_geometry(seq, target, where)
     if len(seq.token_ids) != seq.num_cells:
-        raise StateError(f"{where}: the llama.cpp state holds {seq.num_cells} cells but {len(seq.token_ids)} token ids",
-                         "save the state with its prompt tokens (llama_state_seq_save_file(..., tokens, n))")
+        raise StateError(
+            f"{where}: the llama.cpp state holds {seq.num_cells} cells but {len(seq.token_ids)} token ids",
+            "save the state with its prompt tokens (llama_state_seq_save_file(..., tokens, n))",
+        )
     order = sorted(range(seq.num_cells), key=lambda c: seq.positions[c])
     perm = torch.tensor(order)
     keys, values = [], []
@@ -261,8 +319,9 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
         k = seq.keys[i][perm].to(dtype).reshape(-1, heads, kd).permute(1, 0, 2)  # [H, T, D]
         rope = target.spec.rope_for_layer(i)
         if rope is not None:
-            idx = layout_index(kd, rope.rotary_dim, src_interleaved=target.interleaved,
-                               dst_interleaved=target.spec.rope.interleaved)
+            idx = layout_index(
+                kd, rope.rotary_dim, src_interleaved=target.interleaved, dst_interleaved=target.spec.rope.interleaved
+            )
             k = k[..., idx]
         keys.append(k.unsqueeze(0).contiguous())
         values.append(seq.values[i][perm].to(dtype).reshape(-1, heads, vd).permute(1, 0, 2).unsqueeze(0).contiguous())
@@ -271,21 +330,37 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
     # the saved prompt is in token order; cells, sorted by position, follow it
     token_ids = torch.tensor([list(seq.token_ids)], dtype=torch.long)
     meta = {"engine": "llamacpp", "file": where, **{k: v for k, v in seq.summary().items() if k != "positions"}}
-    state = KVState(keys=tuple(keys), values=tuple(values), token_ids=token_ids, positions=positions, spec=spec,
-                    rope_applied=True, meta=meta)
+    state = KVState(
+        keys=tuple(keys),
+        values=tuple(values),
+        token_ids=token_ids,
+        positions=positions,
+        spec=spec,
+        rope_applied=True,
+        meta=meta,
+    )
     return state.validate(what=f"{where} (llama.cpp state)")
 
 
 def describe_file(src: Any, model: Any, host=None) -> dict:
     """What ``kvbridge engine import`` reports: the file's header and the KVState it becomes."""
     state = import_state(src, model, host=host)
-    return {"file": state.meta["file"], "model": engine_model(model, host=host).name, **{
-        k: v for k, v in state.meta.items() if k not in ("engine", "file")},
-        "kv_state": {"layers": state.num_layers, "kv_heads": state.spec.num_kv_heads, "tokens": state.num_tokens,
-                     "head_dim": state.spec.head_dim, "dtype": str(state.dtype).removeprefix("torch."),
-                     "positions": [int(state.positions.min()), int(state.positions.max())],
-                     "rope_applied": state.rope_applied, "model_type": state.spec.model_type,
-                     "bytes": state.nbytes()}}
+    return {
+        "file": state.meta["file"],
+        "model": engine_model(model, host=host).name,
+        **{k: v for k, v in state.meta.items() if k not in ("engine", "file")},
+        "kv_state": {
+            "layers": state.num_layers,
+            "kv_heads": state.spec.num_kv_heads,
+            "tokens": state.num_tokens,
+            "head_dim": state.spec.head_dim,
+            "dtype": str(state.dtype).removeprefix("torch."),
+            "positions": [int(state.positions.min()), int(state.positions.max())],
+            "rope_applied": state.rope_applied,
+            "model_type": state.spec.model_type,
+            "bytes": state.nbytes(),
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -303,8 +378,7 @@ class LlamaCppEngine:
     def describe_file(self, src, model, **options) -> dict:
         return describe_file(src, model, **options)
 
-    def continue_from(self, state, model, live_ids, max_new_tokens: int, *, native: bool = False,
-                      host=None) -> dict:
+    def continue_from(self, state, model, live_ids, max_new_tokens: int, *, native: bool = False, host=None) -> dict:
         """Run the engine from ``state`` (the cache of the prompt's first tokens): load it into a llama.cpp
         context on ``model`` (its .gguf), decode ``live_ids`` (the prompt's last token) and continue
         greedily. ``native``: also run llama.cpp's own prefill of the whole prompt (the reference).
@@ -338,5 +412,16 @@ class LlamaCppEngine:
 
 ENGINE = LlamaCppEngine()
 
-__all__ = ["ENGINE", "EngineModel", "engine_model", "layout_index", "export_state", "import_state", "to_seq_state",
-           "check_geometry", "check_file_geometry", "describe_file", "ENGINE_INTERLEAVED"]
+__all__ = [
+    "ENGINE",
+    "EngineModel",
+    "engine_model",
+    "layout_index",
+    "export_state",
+    "import_state",
+    "to_seq_state",
+    "check_geometry",
+    "check_file_geometry",
+    "describe_file",
+    "ENGINE_INTERLEAVED",
+]

@@ -96,10 +96,20 @@ def continuation_check(lm, session, ids: list[int], *, new_tokens: int = 8, host
     ours_tokens, _ = session.greedy(ours_first, new_tokens)
     noise = _max_abs(hf_first, native_first)
     compared, equal = agreement(ours_tokens, native_tokens, native_logits, noise)
-    return ContinuationCheck(prompt_tokens=len(ids), native_tokens=native_tokens, ours_tokens=ours_tokens,
-                             compared=compared, tokens_equal=equal, first_step_diff=_max_abs(ours_first, native_first),
-                             noise=noise, own_reload_diff=own_reload, native_prefill_s=native_prefill,
-                             export_s=export_s, load_s=load_s, extra={"state_bytes": len(data)})
+    return ContinuationCheck(
+        prompt_tokens=len(ids),
+        native_tokens=native_tokens,
+        ours_tokens=ours_tokens,
+        compared=compared,
+        tokens_equal=equal,
+        first_step_diff=_max_abs(ours_first, native_first),
+        noise=noise,
+        own_reload_diff=own_reload,
+        native_prefill_s=native_prefill,
+        export_s=export_s,
+        load_s=load_s,
+        extra={"state_bytes": len(data)},
+    )
 
 
 @dataclass(frozen=True)
@@ -136,8 +146,14 @@ def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None)
     import_s = time.perf_counter() - t0
     adapter = host.adapter_for(lm.model.config.to_dict())
     x = torch.tensor([ids])
-    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-               attention_mask=torch.ones_like(x), pad_token_id=0)
+    gen = dict(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        attention_mask=torch.ones_like(x),
+        pad_token_id=0,
+    )
     with torch.no_grad():
         ref = adapter.extract(lm.model, x[:, :-1])
         native = lm.model.generate(input_ids=x, **gen)
@@ -155,11 +171,20 @@ def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None)
     handoff_tokens = ours.sequences[0, n:].tolist()
     noise = _max_abs(native_logits[0], llama_first)
     compared, equal = agreement(handoff_tokens, hf_tokens, native_logits, noise)
-    return ImportCheck(prompt_tokens=len(ids), key_rel_err=[rel(a, b) for a, b in zip(imported.keys, ref.keys)],
-                       value_rel_err=[rel(a, b) for a, b in zip(imported.values, ref.values)],
-                       key_rel_err_unpermuted=rel(imported.keys[1][..., idx], ref.keys[1]), import_s=import_s,
-                       save_s=save_s, hf_tokens=hf_tokens, handoff_tokens=handoff_tokens, compared=compared,
-                       tokens_equal=equal, first_step_diff=_max_abs(ours_logits[0], native_logits[0]), noise=noise)
+    return ImportCheck(
+        prompt_tokens=len(ids),
+        key_rel_err=[rel(a, b) for a, b in zip(imported.keys, ref.keys)],
+        value_rel_err=[rel(a, b) for a, b in zip(imported.values, ref.values)],
+        key_rel_err_unpermuted=rel(imported.keys[1][..., idx], ref.keys[1]),
+        import_s=import_s,
+        save_s=save_s,
+        hf_tokens=hf_tokens,
+        handoff_tokens=handoff_tokens,
+        compared=compared,
+        tokens_equal=equal,
+        first_step_diff=_max_abs(ours_logits[0], native_logits[0]),
+        noise=noise,
+    )
 
 
 @dataclass(frozen=True)
@@ -181,8 +206,16 @@ class PackCheck:
         return self.guide_prefill_s - (self.export_s + self.load_s)
 
 
-def pack_check(pack_folder: str, session, guide_ids: list[int], live_ids: list[int], *, noise: float,
-               new_tokens: int = 8, host=None) -> PackCheck:
+def pack_check(
+    pack_folder: str,
+    session,
+    guide_ids: list[int],
+    live_ids: list[int],
+    *,
+    noise: float,
+    new_tokens: int = 8,
+    host=None,
+) -> PackCheck:
     """Restore the pack in ``pack_folder`` into ``session`` (no prefill of the guide) and continue
     ``live_ids``, against llama.cpp's prefill of ``guide_ids + live_ids``. ``noise``: the logit
     bound of :func:`agreement` (the model's own transformers-vs-llama.cpp noise)."""
@@ -208,10 +241,19 @@ def pack_check(pack_folder: str, session, guide_ids: list[int], live_ids: list[i
     first = session.eval(live_ids)
     tokens, _ = session.greedy(first, new_tokens)
     compared, equal = agreement(tokens, native_tokens, native_logits, noise)
-    return PackCheck(guide_tokens=len(guide_ids), live_tokens=len(live_ids), native_tokens=native_tokens,
-                     pack_tokens=tokens, compared=compared, tokens_equal=equal,
-                     first_step_diff=_max_abs(first, native_first), guide_prefill_s=guide_prefill,
-                     export_s=export_s, load_s=load_s, bound=noise)
+    return PackCheck(
+        guide_tokens=len(guide_ids),
+        live_tokens=len(live_ids),
+        native_tokens=native_tokens,
+        pack_tokens=tokens,
+        compared=compared,
+        tokens_equal=equal,
+        first_step_diff=_max_abs(first, native_first),
+        guide_prefill_s=guide_prefill,
+        export_s=export_s,
+        load_s=load_s,
+        bound=noise,
+    )
 
 
 @dataclass(frozen=True)
@@ -247,11 +289,26 @@ def roundtrip_check(session, ids: list[int], *, new_tokens: int = 4, host=None) 
     session.load_state(back)
     load_s = time.perf_counter() - t0
     tokens, logits = session.greedy(session.eval([ids[-1]]), new_tokens)
-    return RoundTripCheck(prompt_tokens=len(ids), same_bytes=back == own,
-                          reload_diff=max(_max_abs(a, b) for a, b in zip(logits, own_logits)),
-                          tokens_equal=tokens == own_tokens, save_s=save_s, import_s=import_s, export_s=export_s,
-                          load_s=load_s)
+    return RoundTripCheck(
+        prompt_tokens=len(ids),
+        same_bytes=back == own,
+        reload_diff=max(_max_abs(a, b) for a, b in zip(logits, own_logits)),
+        tokens_equal=tokens == own_tokens,
+        save_s=save_s,
+        import_s=import_s,
+        export_s=export_s,
+        load_s=load_s,
+    )
 
 
-__all__ = ["agreement", "continuation_check", "ContinuationCheck", "import_check", "ImportCheck", "pack_check",
-           "PackCheck", "roundtrip_check", "RoundTripCheck"]
+__all__ = [
+    "agreement",
+    "continuation_check",
+    "ContinuationCheck",
+    "import_check",
+    "ImportCheck",
+    "pack_check",
+    "PackCheck",
+    "roundtrip_check",
+    "RoundTripCheck",
+]

@@ -43,8 +43,9 @@ IO_MAGIC = 0xAF143CD8
 #: ggml types kvbridge reads and writes in a cache: id -> (name, torch dtype)
 CACHE_TYPES = {0: ("F32", torch.float32), 1: ("F16", torch.float16), 30: ("BF16", torch.bfloat16)}
 TYPE_IDS = {name: tid for tid, (name, _) in CACHE_TYPES.items()}
-_FIX_VERSION = ("save the state with llama-cpp-python 0.3.36 (llama.cpp sequence-state version 3), or "
-                "re-export it from kvbridge")
+_FIX_VERSION = (
+    "save the state with llama-cpp-python 0.3.36 (llama.cpp sequence-state version 3), or re-export it from kvbridge"
+)
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,20 @@ class SeqState:
         return len(self.keys)
 
     def summary(self) -> dict:
-        return {"format": "llama.cpp sequence state", "version": self.version, "tokens": len(self.token_ids),
-                "cells": self.num_cells, "layers": self.num_layers, "n_stream": self.n_stream,
-                "v_trans": self.v_trans, "k_type": self.k_type, "v_type": self.v_type,
-                "k_row": int(self.keys[0].shape[1]) if self.keys else 0,
-                "v_row": int(self.values[0].shape[1]) if self.values else 0,
-                "positions": [min(self.positions), max(self.positions)] if self.positions else []}
+        return {
+            "format": "llama.cpp sequence state",
+            "version": self.version,
+            "tokens": len(self.token_ids),
+            "cells": self.num_cells,
+            "layers": self.num_layers,
+            "n_stream": self.n_stream,
+            "v_trans": self.v_trans,
+            "k_type": self.k_type,
+            "v_type": self.v_type,
+            "k_row": int(self.keys[0].shape[1]) if self.keys else 0,
+            "v_row": int(self.values[0].shape[1]) if self.values else 0,
+            "positions": [min(self.positions), max(self.positions)] if self.positions else [],
+        }
 
 
 class StateFileError(ArtifactError):
@@ -93,10 +102,12 @@ class _Reader:
 
     def take(self, n: int, what: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.data):
-            raise StateFileError(f"{self.where}: truncated llama.cpp state file (it ends at byte {len(self.data)}, "
-                                 f"{what} needs bytes {self.pos}..{self.pos + n})",
-                                 "save or export the state again (the file was cut short)")
-        view = self.data[self.pos:self.pos + n]
+            raise StateFileError(
+                f"{self.where}: truncated llama.cpp state file (it ends at byte {len(self.data)}, "
+                f"{what} needs bytes {self.pos}..{self.pos + n})",
+                "save or export the state again (the file was cut short)",
+            )
+        view = self.data[self.pos : self.pos + n]
         self.pos += n
         return view
 
@@ -112,10 +123,12 @@ class _Reader:
 
 def _type_of(tid: int, what: str, where: str) -> tuple:
     if tid not in CACHE_TYPES:
-        raise StateFileError(f"{where}: {what} has ggml type {tid}, which kvbridge does not convert (it reads "
-                             f"{', '.join(n for n, _ in CACHE_TYPES.values())} caches; a quantized cache is also "
-                             "Hadamard-rotated by llama.cpp)",
-                             "run the llama.cpp context with the default F16 cache (type_k / type_v unset)")
+        raise StateFileError(
+            f"{where}: {what} has ggml type {tid}, which kvbridge does not convert (it reads "
+            f"{', '.join(n for n, _ in CACHE_TYPES.values())} caches; a quantized cache is also "
+            "Hadamard-rotated by llama.cpp)",
+            "run the llama.cpp context with the default F16 cache (type_k / type_v unset)",
+        )
     return CACHE_TYPES[tid]
 
 
@@ -133,39 +146,62 @@ def parse(data: bytes, where: str = "state", *, cell_ext: bool = False) -> SeqSt
     """
     r = _Reader(data, where)
     if len(data) < 8:
-        raise StateFileError(f"{where}: truncated llama.cpp state file ({len(data)} bytes, not even a header)",
-                             "save or export the state again")
+        raise StateFileError(
+            f"{where}: truncated llama.cpp state file ({len(data)} bytes, not even a header)",
+            "save or export the state again",
+        )
     magic, version = r.u32("magic"), r.u32("version")
     if magic != MAGIC:
-        raise StateFileError(f"{where}: not a llama.cpp sequence-state file (magic 0x{magic:08x}, expected 0x{MAGIC:08x} "
-                             "'ggsq')", "pass a file written by llama_state_seq_save_file or kvbridge's export")
+        raise StateFileError(
+            f"{where}: not a llama.cpp sequence-state file (magic 0x{magic:08x}, expected 0x{MAGIC:08x} 'ggsq')",
+            "pass a file written by llama_state_seq_save_file or kvbridge's export",
+        )
     if version != VERSION:
-        raise StateFileError(f"{where}: llama.cpp sequence-state version {version} is not supported (kvbridge reads "
-                             f"version {VERSION}, the format of the pinned llama-cpp-python 0.3.36)", _FIX_VERSION)
+        raise StateFileError(
+            f"{where}: llama.cpp sequence-state version {version} is not supported (kvbridge reads "
+            f"version {VERSION}, the format of the pinned llama-cpp-python 0.3.36)",
+            _FIX_VERSION,
+        )
     n_tok = r.u32("the token count")
     tokens = tuple(struct.unpack(f"<{n_tok}i", r.take(4 * n_tok, f"{n_tok} token ids")))
     n_stream = r.u32("the stream count")
     if not 1 <= n_stream <= 4096:
-        raise StateFileError(f"{where}: implausible stream count {n_stream} in a llama.cpp state file",
-                             "the file is damaged; save or export it again")
+        raise StateFileError(
+            f"{where}: implausible stream count {n_stream} in a llama.cpp state file",
+            "the file is damaged; save or export it again",
+        )
     found = None
     for s in range(n_stream):
         cells = r.u32(f"stream {s} cell count")
         if cells == 0:
             continue
         if found is not None:
-            raise StateFileError(f"{where}: streams {found[0]} and {s} both hold cells of the sequence",
-                                 "save one sequence (llama_state_seq_save_file with its seq id)")
+            raise StateFileError(
+                f"{where}: streams {found[0]} and {s} both hold cells of the sequence",
+                "save one sequence (llama_state_seq_save_file with its seq id)",
+            )
         found = (s, _stream(r, cells, where, cell_ext))
     if r.pos != len(data):
-        raise StateFileError(f"{where}: {len(data) - r.pos} bytes after the end of the sequence state (a llama.cpp "
-                             "layout kvbridge does not read, e.g. an SWA model's two caches)",
-                             "export states of models with one KV cache (llama, qwen2, qwen3)")
+        raise StateFileError(
+            f"{where}: {len(data) - r.pos} bytes after the end of the sequence state (a llama.cpp "
+            "layout kvbridge does not read, e.g. an SWA model's two caches)",
+            "export states of models with one KV cache (llama, qwen2, qwen3)",
+        )
     if found is None:
         return SeqState(token_ids=tokens, positions=(), keys=(), values=(), n_stream=n_stream)
     s, (positions, v_trans, k_type, v_type, keys, values) = found
-    return SeqState(token_ids=tokens, positions=positions, keys=keys, values=values, k_type=k_type, v_type=v_type,
-                    v_trans=v_trans, n_stream=n_stream, stream=s, version=version)
+    return SeqState(
+        token_ids=tokens,
+        positions=positions,
+        keys=keys,
+        values=values,
+        k_type=k_type,
+        v_type=v_type,
+        v_trans=v_trans,
+        n_stream=n_stream,
+        stream=s,
+        version=version,
+    )
 
 
 def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
@@ -182,16 +218,19 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
         positions.append(pos)
     v_trans, n_layer = r.u32("v_trans"), r.u32("the layer count")
     if v_trans not in (0, 1) or not 0 < n_layer <= 4096:
-        raise StateFileError(f"{where}: implausible cache header (v_trans {v_trans}, {n_layer} layers)",
-                             "the file is damaged, or from another llama.cpp layout; save it again")
+        raise StateFileError(
+            f"{where}: implausible cache header (v_trans {v_trans}, {n_layer} layers)",
+            "the file is damaged, or from another llama.cpp layout; save it again",
+        )
     keys, k_types = [], set()
     for layer in range(n_layer):
         name, dtype = _type_of(r.i32(f"layer {layer} key type"), f"layer {layer} keys", where)
         row = r.u64(f"layer {layer} key row size")
         size = torch.tensor([], dtype=dtype).element_size()
         if row % size or row == 0:
-            raise StateFileError(f"{where}: layer {layer} key rows of {row} bytes are not whole {name} values",
-                                 "the file is damaged")
+            raise StateFileError(
+                f"{where}: layer {layer} key rows of {row} bytes are not whole {name} values", "the file is damaged"
+            )
         keys.append(_rows(r.take(cells * row, f"layer {layer} keys"), dtype, cells, row // size))
         k_types.add(name)
     values, v_types = [], set()
@@ -201,27 +240,35 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
         if v_trans:
             el, width = r.u32(f"layer {layer} value element size"), r.u32(f"layer {layer} value width")
             if el != size:
-                raise StateFileError(f"{where}: layer {layer} value elements of {el} bytes for type {name}",
-                                     "the file is damaged")
+                raise StateFileError(
+                    f"{where}: layer {layer} value elements of {el} bytes for type {name}", "the file is damaged"
+                )
             v = _rows(r.take(cells * width * size, f"layer {layer} values"), dtype, width, cells).t().contiguous()
         else:
             row = r.u64(f"layer {layer} value row size")
             if row % size or row == 0:
-                raise StateFileError(f"{where}: layer {layer} value rows of {row} bytes are not whole {name} values",
-                                     "the file is damaged")
+                raise StateFileError(
+                    f"{where}: layer {layer} value rows of {row} bytes are not whole {name} values",
+                    "the file is damaged",
+                )
             v = _rows(r.take(cells * row, f"layer {layer} values"), dtype, cells, row // size)
         values.append(v)
         v_types.add(name)
     if len(k_types) > 1 or len(v_types) > 1:
-        raise StateFileError(f"{where}: mixed cache types across layers ({sorted(k_types | v_types)})",
-                             "kvbridge reads caches of one K type and one V type")
+        raise StateFileError(
+            f"{where}: mixed cache types across layers ({sorted(k_types | v_types)})",
+            "kvbridge reads caches of one K type and one V type",
+        )
     return tuple(positions), bool(v_trans), k_types.pop(), v_types.pop(), tuple(keys), tuple(values)
 
 
 def write(state: SeqState, *, seq_id: int = 0) -> bytes:
     """The sequence-state file bytes of ``state`` (what ``llama_state_seq_load_file`` reads)."""
-    out = [struct.pack("<III", MAGIC, VERSION, len(state.token_ids)),
-           struct.pack(f"<{len(state.token_ids)}i", *state.token_ids), _memory(state, seq_id)]
+    out = [
+        struct.pack("<III", MAGIC, VERSION, len(state.token_ids)),
+        struct.pack(f"<{len(state.token_ids)}i", *state.token_ids),
+        _memory(state, seq_id),
+    ]
     return b"".join(out)
 
 
@@ -267,18 +314,29 @@ def to_seq_data(file_bytes: bytes, seq_id: int = 0) -> bytes:
     if magic != MAGIC or version != VERSION:
         raise StateFileError(f"state: not a version-{VERSION} llama.cpp sequence-state file", _FIX_VERSION)
     r.take(4 * n_tok, "token ids")
-    return struct.pack("<Ii", IO_MAGIC, seq_id) + bytes(r.data[r.pos:])
+    return struct.pack("<Ii", IO_MAGIC, seq_id) + bytes(r.data[r.pos :])
 
 
 def from_seq_data(data: bytes, token_ids=()) -> bytes:
     """The sequence-state file bytes of a ``llama_state_seq_get_data`` buffer (plus the prompt tokens)."""
     if len(data) < 8 or struct.unpack_from("<I", data)[0] != IO_MAGIC:
-        raise StateFileError("state buffer: not a llama_state_seq_get_data buffer of the pinned llama.cpp "
-                             f"(header 0x{IO_MAGIC:08x} missing)", _FIX_VERSION)
+        raise StateFileError(
+            "state buffer: not a llama_state_seq_get_data buffer of the pinned llama.cpp "
+            f"(header 0x{IO_MAGIC:08x} missing)",
+            _FIX_VERSION,
+        )
     tokens = list(token_ids)
-    return struct.pack("<III", MAGIC, VERSION, len(tokens)) + struct.pack(f"<{len(tokens)}i", *tokens) + \
-        bytes(data[8:])
+    return struct.pack("<III", MAGIC, VERSION, len(tokens)) + struct.pack(f"<{len(tokens)}i", *tokens) + bytes(data[8:])
 
 
-__all__ = ["SeqState", "StateFileError", "parse", "write", "to_seq_data", "from_seq_data", "MAGIC", "VERSION",
-           "CACHE_TYPES"]
+__all__ = [
+    "SeqState",
+    "StateFileError",
+    "parse",
+    "write",
+    "to_seq_data",
+    "from_seq_data",
+    "MAGIC",
+    "VERSION",
+    "CACHE_TYPES",
+]

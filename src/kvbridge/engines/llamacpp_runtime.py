@@ -30,8 +30,10 @@ def binding():
     try:
         import llama_cpp
     except ImportError as exc:
-        raise ConfigError(f"llama.cpp's Python binding is not installed ({exc})",
-                          f"pip install llama-cpp-python=={PINNED} (make install builds it, CPU only)") from None
+        raise ConfigError(
+            f"llama.cpp's Python binding is not installed ({exc})",
+            f"pip install llama-cpp-python=={PINNED} (make install builds it, CPU only)",
+        ) from None
     return llama_cpp
 
 
@@ -47,8 +49,15 @@ def binding_version() -> str | None:
 class LlamaCppSession:
     """One llama.cpp context on a GGUF: prefill, load/save sequence states, greedy steps."""
 
-    def __init__(self, gguf_file: str | os.PathLike, *, n_ctx: int = 1024, n_batch: int = 512,
-                 flash_attn: bool = False, n_threads: int | None = None):
+    def __init__(
+        self,
+        gguf_file: str | os.PathLike,
+        *,
+        n_ctx: int = 1024,
+        n_batch: int = 512,
+        flash_attn: bool = False,
+        n_threads: int | None = None,
+    ):
         llama_cpp = binding()
         self.lib = llama_cpp
         self.path = str(gguf_file)
@@ -58,9 +67,18 @@ class LlamaCppSession:
         # half the cores (at most 4): llama.cpp's threads spin while they wait, and on a small
         # shared machine all cores at once run several times slower than one
         threads = n_threads or max(1, min((os.cpu_count() or 2) // 2, 4))
-        self.llm = llama_cpp.Llama(model_path=self.path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                   flash_attn=self.flash_attn, n_threads=threads, n_threads_batch=threads,
-                                   logits_all=False, verbose=False, seed=0)
+        self.llm = llama_cpp.Llama(
+            model_path=self.path,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_batch,
+            flash_attn=self.flash_attn,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=False,
+            verbose=False,
+            seed=0,
+        )
         self.ctx = self.llm._ctx.ctx
         self.n_vocab = self.llm.n_vocab()
         self.n_ctx = n_ctx
@@ -97,8 +115,10 @@ class LlamaCppSession:
         if not ids:
             raise ConfigError("nothing to decode", "pass at least one token id")
         if self.n_tokens + len(ids) > self.n_ctx:
-            raise ConfigError(f"{self.n_tokens + len(ids)} tokens exceed the llama.cpp context of {self.n_ctx}",
-                              "open the session with a larger n_ctx")
+            raise ConfigError(
+                f"{self.n_tokens + len(ids)} tokens exceed the llama.cpp context of {self.n_ctx}",
+                "open the session with a larger n_ctx",
+            )
         self.llm.eval(ids)
         return self._last_logits()
 
@@ -154,9 +174,11 @@ class LlamaCppSession:
         read = self.lib.llama_state_seq_load_file(self.ctx, str(src).encode(), 0, toks, cap, ctypes.byref(n_out))
         if not read:
             self.reset()
-            raise StateError(f"{src}: llama.cpp refused the sequence state for {Path(self.path).name} (a different "
-                             "model, version, cache type or V layout)",
-                             "export the state for this GGUF and context (kvbridge pack export --engine llamacpp)")
+            raise StateError(
+                f"{src}: llama.cpp refused the sequence state for {Path(self.path).name} (a different "
+                "model, version, cache type or V layout)",
+                "export the state for this GGUF and context (kvbridge pack export --engine llamacpp)",
+            )
         n = int(n_out.value)
         self.llm.input_ids[:n] = [int(t) for t in toks[:n]]
         self.llm.n_tokens = n

@@ -46,7 +46,7 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
         raise EvalError(f"held-out fraction must be in (0, 1], got {fraction}", "use e.g. 0.1")
     cut = int(len(text) * (1 - fraction))
     nl = text.find("\n", cut)
-    return text[nl + 1:] if cut > 0 and nl >= 0 else text[cut:]
+    return text[nl + 1 :] if cut > 0 and nl >= 0 else text[cut:]
 
 
 def windows(stream, n: int, length: int):
@@ -60,11 +60,13 @@ def windows(stream, n: int, length: int):
     if n < 1:
         raise EvalError(f"--samples must be at least 1, got {n}", "use e.g. --samples 32")
     if total < n * length:
-        raise EvalError(f"the held-out text has {total} tokens, fewer than {n} samples x {length} tokens",
-                        "pass a bigger corpus, fewer --samples or a shorter --prefix-len/--continuation-len")
+        raise EvalError(
+            f"the held-out text has {total} tokens, fewer than {n} samples x {length} tokens",
+            "pass a bigger corpus, fewer --samples or a shorter --prefix-len/--continuation-len",
+        )
     step = (total - length) / max(1, n - 1) if n > 1 else 0
     starts = [int(round(i * step)) for i in range(n)]
-    return torch.stack([stream[s:s + length] for s in starts])
+    return torch.stack([stream[s : s + length] for s in starts])
 
 
 def corpus_samples(corpus, tokenizer, *, n: int, length: int, fraction: float = HELDOUT_FRACTION):
@@ -81,8 +83,13 @@ def corpus_samples(corpus, tokenizer, *, n: int, length: int, fraction: float = 
     tail = heldout_text(texts, fraction)
     ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
     samples = windows(torch.tensor(ids, dtype=torch.long), n, length)
-    info = {"kind": "corpus", "path": str(corpus) if isinstance(corpus, (str, Path)) else None, "sha256": sha,
-            "heldout_fraction": fraction, "heldout_tokens": len(ids)}
+    info = {
+        "kind": "corpus",
+        "path": str(corpus) if isinstance(corpus, (str, Path)) else None,
+        "sha256": sha,
+        "heldout_fraction": fraction,
+        "heldout_tokens": len(ids),
+    }
     return samples, info
 
 
@@ -121,18 +128,28 @@ def _clean(obj):
 
 def _describe_model(model, host, name: str = "") -> dict:
     spec = host.adapter_for(model.config.to_dict()).spec_of(model)
-    return {"name": name or str(getattr(model.config, "_name_or_path", "") or ""), "model_type": spec.model_type,
-            "layers": spec.num_layers, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-            "vocab_size": spec.vocab_size, "dtype": spec.dtype}
+    return {
+        "name": name or str(getattr(model.config, "_name_or_path", "") or ""),
+        "model_type": spec.model_type,
+        "layers": spec.num_layers,
+        "kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "dtype": spec.dtype,
+    }
 
 
 def _describe_mapping(mapping, path=None) -> dict:
     report = getattr(mapping, "report", None)
-    return {"path": None if path is None else str(path), "name": getattr(mapping, "name", type(mapping).__name__),
-            "exact": bool(getattr(mapping, "exact", False)),
-            "layer_selection": mapping.layer_selection() if hasattr(mapping, "layer_selection") else None,
-            "r2_summary": getattr(report, "r2_summary", None), "heldout_r2": getattr(report, "heldout_r2", None),
-            "warnings": list(getattr(report, "warnings", None) or [])}
+    return {
+        "path": None if path is None else str(path),
+        "name": getattr(mapping, "name", type(mapping).__name__),
+        "exact": bool(getattr(mapping, "exact", False)),
+        "layer_selection": mapping.layer_selection() if hasattr(mapping, "layer_selection") else None,
+        "r2_summary": getattr(report, "r2_summary", None),
+        "heldout_r2": getattr(report, "heldout_r2", None),
+        "warnings": list(getattr(report, "warnings", None) or []),
+    }
 
 
 def eval_config(config=None, **overrides):
@@ -148,20 +165,49 @@ def eval_config(config=None, **overrides):
     for key in overrides:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=3)
-            raise EvalError(f"evaluate() has no setting {key!r}",
-                            f"{'did you mean ' + ', '.join(close) + '? ' if close else ''}settings: {', '.join(known)}")
+            raise EvalError(
+                f"evaluate() has no setting {key!r}",
+                f"{'did you mean ' + ', '.join(close) + '? ' if close else ''}settings: {', '.join(known)}",
+            )
     if overrides.get("conditions") is None:
         overrides.pop("conditions", None)
     config = replace(config, **overrides)
-    types = {"prefix_len": int, "continuation_len": int, "greedy_tokens": int, "batch_size": int, "top_k": int,
-             "top_p": float, "seed": int, "attention": bool, "bootstrap": int}
-    return replace(config, conditions=tuple(config.conditions or CONDITIONS),
-                   **{k: t(getattr(config, k)) for k, t in types.items()})
+    types = {
+        "prefix_len": int,
+        "continuation_len": int,
+        "greedy_tokens": int,
+        "batch_size": int,
+        "top_k": int,
+        "top_p": float,
+        "seed": int,
+        "attention": bool,
+        "bootstrap": int,
+    }
+    return replace(
+        config,
+        conditions=tuple(config.conditions or CONDITIONS),
+        **{k: t(getattr(config, k)) for k, t in types.items()},
+    )
 
 
-def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics=None, source_name: str = "",
-             target_name: str = "", mapping_path=None, data: dict | None = None, host=None, progress=None,
-             on_batch=None, **settings) -> dict:
+def evaluate(
+    source,
+    target,
+    mapping,
+    samples,
+    *,
+    config=None,
+    gates=(),
+    metrics=None,
+    source_name: str = "",
+    target_name: str = "",
+    mapping_path=None,
+    data: dict | None = None,
+    host=None,
+    progress=None,
+    on_batch=None,
+    **settings,
+) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
     ``config``: an :class:`~kvbridge.evaluate.conditions.EvalConfig` (prefix and continuation
@@ -184,22 +230,32 @@ def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics
     summary = summarize(run, loaded, bootstrap=config.bootstrap, seed=config.seed)
     gate_results = gates_mod.evaluate_gates(summary, gate_list)
     t = run.timing
-    timing = {"eval_seconds": t["eval_s"], "target_prefill_ms": 1e3 * t["target_prefill_s"],
-              "transfer_ms": 1e3 * t["transfer_s"], "source_prefill_ms": 1e3 * t["source_prefill_s"],
-              "prefix_tokens": t["prefix_tokens"],
-              "transfer_speedup_vs_prefill": (t["target_prefill_s"] / t["transfer_s"]) if t["transfer_s"] > 0 else None,
-              # the figure for a source that does not already hold the cache: it must prefill first
-              "transfer_speedup_with_source_prefill": (t["target_prefill_s"] / (t["source_prefill_s"] + t["transfer_s"]))
-              if t["source_prefill_s"] + t["transfer_s"] > 0 else None}
+    timing = {
+        "eval_seconds": t["eval_s"],
+        "target_prefill_ms": 1e3 * t["target_prefill_s"],
+        "transfer_ms": 1e3 * t["transfer_s"],
+        "source_prefill_ms": 1e3 * t["source_prefill_s"],
+        "prefix_tokens": t["prefix_tokens"],
+        "transfer_speedup_vs_prefill": (t["target_prefill_s"] / t["transfer_s"]) if t["transfer_s"] > 0 else None,
+        # the figure for a source that does not already hold the cache: it must prefill first
+        "transfer_speedup_with_source_prefill": (t["target_prefill_s"] / (t["source_prefill_s"] + t["transfer_s"]))
+        if t["source_prefill_s"] + t["transfer_s"] > 0
+        else None,
+    }
     result = {
         "schema": SCHEMA,
         "source": _describe_model(source, host, source_name),
         "target": _describe_model(target, host, target_name),
         "mapping": _describe_mapping(mapping, mapping_path),
         "data": data or {"kind": "token ids"},
-        "samples": run.num_samples, "prefix_len": config.prefix_len, "continuation_len": config.continuation_len,
-        "greedy_tokens": config.greedy_tokens, "top_k": config.top_k, "top_p": config.top_p,
-        "bootstrap": config.bootstrap, "seed": config.seed,
+        "samples": run.num_samples,
+        "prefix_len": config.prefix_len,
+        "continuation_len": config.continuation_len,
+        "greedy_tokens": config.greedy_tokens,
+        "top_k": config.top_k,
+        "top_p": config.top_p,
+        "bootstrap": config.bootstrap,
+        "seed": config.seed,
         "conditions": summary["conditions"],
         "comparisons": summary["comparisons"],
         "gates": gate_results,
@@ -213,4 +269,13 @@ def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics
     return _clean(result)
 
 
-__all__ = ["SCHEMA", "HELDOUT_FRACTION", "evaluate", "eval_config", "corpus_samples", "model_samples", "heldout_text", "windows"]
+__all__ = [
+    "SCHEMA",
+    "HELDOUT_FRACTION",
+    "evaluate",
+    "eval_config",
+    "corpus_samples",
+    "model_samples",
+    "heldout_text",
+    "windows",
+]

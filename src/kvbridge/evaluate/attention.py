@@ -36,9 +36,12 @@ def _capture_forward(module, query, key, value, attention_mask, **kwargs):
             return (t if rows is None or t.shape[0] == 1 else t[:rows]).detach().clone()
 
         active["layers"][layer] = {
-            "q": keep(query.float()), "k": keep(key.float()), "v": keep(value.float()),
+            "q": keep(query.float()),
+            "k": keep(key.float()),
+            "v": keep(value.float()),
             "mask": None if attention_mask is None else keep(attention_mask),
-            "scaling": kwargs.get("scaling"), "softcap": kwargs.get("softcap"),
+            "scaling": kwargs.get("scaling"),
+            "softcap": kwargs.get("softcap"),
             "sliding_window": kwargs.get("sliding_window"),
         }
         fn = _orig_attention(active["impl"], module)

@@ -41,10 +41,15 @@ BUILTIN_METRICS = (
     MetricInfo("retention_floor", "(acc_x - acc_no_prefix) / (acc_native - acc_no_prefix)", True),
     MetricInfo("greedy_first_divergence", "mean first greedy step that leaves native's tokens (G if none)", True),
     MetricInfo("greedy_agreement", "greedy tokens matching native before the first divergence / G", True, "greedy"),
-    MetricInfo("attention_cosine_mean", "attention-output cosine vs native prefix K/V, mean over target layers", True,
-               "cos_mean"),
-    MetricInfo("attention_cosine_min", "attention-output cosine vs native prefix K/V, min over target layers", True,
-               "cos_min"),
+    MetricInfo(
+        "attention_cosine_mean",
+        "attention-output cosine vs native prefix K/V, mean over target layers",
+        True,
+        "cos_mean",
+    ),
+    MetricInfo(
+        "attention_cosine_min", "attention-output cosine vs native prefix K/V, min over target layers", True, "cos_min"
+    ),
 )
 
 #: the built-in metric names, in report order

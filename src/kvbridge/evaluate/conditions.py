@@ -99,8 +99,9 @@ class ConditionRun:
         return int(next(iter(self.fields["native"].values())).shape[0])
 
 
-def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int,
-                    top_p: float) -> dict:
+def position_fields(
+    logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int, top_p: float
+) -> dict:
     """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math).
 
     One log-softmax per condition; its ``exp`` gives the probabilities the nucleus truncates
@@ -117,8 +118,14 @@ def position_fields(logits: torch.Tensor, targets: torch.Tensor, native: dict | 
     }
     if native is None:  # this is the native condition: keep what the others compare with
         probs = logp.exp()
-        return out, {"logp": logp, "probs": probs, "logits": logits.double(), "argmax": argmax,
-                     "topk": dv.topk_indices(logp, top_k), "nucleus": dv.nucleus(probs, top_p)}
+        return out, {
+            "logp": logp,
+            "probs": probs,
+            "logits": logits.double(),
+            "argmax": argmax,
+            "topk": dv.topk_indices(logp, top_k),
+            "nucleus": dv.nucleus(probs, top_p),
+        }
     if logp.shape[-1] != native["logp"].shape[-1]:
         nan = torch.full(targets.shape, float("nan"))
         out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
@@ -138,8 +145,13 @@ def native_fields(logits: torch.Tensor, targets: torch.Tensor, *, top_k: int, to
     fields, native = position_fields(logits, targets, None, top_k=top_k, top_p=top_p)
     zeros = torch.zeros(targets.shape, dtype=torch.float64)
     ones = torch.ones(targets.shape, dtype=torch.float64)
-    fields.update(kl=zeros, top1=ones, topk=ones * (min(top_k, logits.shape[-1]) / top_k), tv=zeros,
-                  max_abs_logit_diff=torch.zeros(targets.shape[:1], dtype=torch.float64))
+    fields.update(
+        kl=zeros,
+        top1=ones,
+        topk=ones * (min(top_k, logits.shape[-1]) / top_k),
+        tv=zeros,
+        max_abs_logit_diff=torch.zeros(targets.shape[:1], dtype=torch.float64),
+    )
     return fields, native
 
 
@@ -195,18 +207,25 @@ def capture_rows(captured: dict, b: int, rows: int) -> dict:
     def cut(t):
         return t[:b] if t is not None and t.dim() and t.shape[0] == rows else t
 
-    return {layer: {k: cut(v) if isinstance(v, torch.Tensor) else v for k, v in c.items()}
-            for layer, c in captured.items()}
+    return {
+        layer: {k: cut(v) if isinstance(v, torch.Tensor) else v for k, v in c.items()} for layer, c in captured.items()
+    }
 
 
 def _rows(state, start: int, stop: int):
     """Batch rows ``[start:stop]`` of a state (views)."""
+
     def cut(t):
         return t if t is None or t.shape[0] == 1 and state.batch_size != 1 else t[start:stop]
 
-    return replace(state, keys=tuple(k[start:stop] for k in state.keys),
-                   values=tuple(v[start:stop] for v in state.values), token_ids=state.token_ids[start:stop],
-                   positions=cut(state.positions), rope_lengths=cut(state.rope_lengths))
+    return replace(
+        state,
+        keys=tuple(k[start:stop] for k in state.keys),
+        values=tuple(v[start:stop] for v in state.values),
+        token_ids=state.token_ids[start:stop],
+        positions=cut(state.positions),
+        rope_lengths=cut(state.rope_lengths),
+    )
 
 
 def _cat_states(states: list):
@@ -219,17 +238,27 @@ def _cat_states(states: list):
 
     index_layers = [i for i, _ in first.indexer_keys]
     for s in states[1:]:
-        if (s.rope_applied != first.rope_applied or (s.rope_lengths is None) != (first.rope_lengths is None)
-                or s.states or s.batch_size != b or s.num_tokens != first.num_tokens
-                or [i for i, _ in s.indexer_keys] != index_layers):
+        if (
+            s.rope_applied != first.rope_applied
+            or (s.rope_lengths is None) != (first.rope_lengths is None)
+            or s.states
+            or s.batch_size != b
+            or s.num_tokens != first.num_tokens
+            or [i for i, _ in s.indexer_keys] != index_layers
+        ):
             return None
     lengths = None if first.rope_lengths is None else torch.cat([rows(s.rope_lengths) for s in states])
     index = tuple((i, torch.cat(ts)) for i, *ts in zip(index_layers, *([t for _, t in s.indexer_keys] for s in states)))
-    return replace(first, keys=tuple(torch.cat(ks) for ks in zip(*(s.keys for s in states))),
-                   values=tuple(torch.cat(vs) for vs in zip(*(s.values for s in states))),
-                   token_ids=torch.cat([s.token_ids for s in states]),
-                   positions=torch.cat([rows(s.positions) for s in states]), rope_lengths=lengths,
-                   indexer_keys=index, approximate=any(s.approximate for s in states))
+    return replace(
+        first,
+        keys=tuple(torch.cat(ks) for ks in zip(*(s.keys for s in states))),
+        values=tuple(torch.cat(vs) for vs in zip(*(s.values for s in states))),
+        token_ids=torch.cat([s.token_ids for s in states]),
+        positions=torch.cat([rows(s.positions) for s in states]),
+        rope_lengths=lengths,
+        indexer_keys=index,
+        approximate=any(s.approximate for s in states),
+    )
 
 
 #: logits of one batched continuation forward are kept under this many bytes (conditions are
@@ -243,12 +272,14 @@ def zeroed_state(state):
 
 def random_state(state, generator: torch.Generator):
     """Noise with the per-layer mean and std of ``state`` (K and V apart)."""
+
     def noise(t):
         mean, std = t.float().mean(), t.float().std()
         return (torch.randn(t.shape, generator=generator) * std + mean).to(t.dtype)
 
-    return replace(state, keys=tuple(noise(k) for k in state.keys), values=tuple(noise(v) for v in state.values),
-                   approximate=True)
+    return replace(
+        state, keys=tuple(noise(k) for k in state.keys), values=tuple(noise(v) for v in state.values), approximate=True
+    )
 
 
 def no_rope_state(source_state, mapping, target_spec, host=None):
@@ -266,12 +297,24 @@ def _check_pair(source_spec, target_spec, mapping) -> None:
         g1 = (want.num_layers, want.num_kv_heads, want.head_dim)
         g2 = (got.num_layers, got.num_kv_heads, got.head_dim)
         if g1 != g2:
-            raise EvalError(f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)={g1}, "
-                            f"the {role} model has {g2}", "pass the mapping fitted for this pair")
+            raise EvalError(
+                f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)={g1}, "
+                f"the {role} model has {g2}",
+                "pass the mapping fitted for this pair",
+            )
 
 
-def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalConfig = EvalConfig(), *,
-                   host=None, progress=None, on_batch=None) -> ConditionRun:
+def run_conditions(
+    source,
+    target,
+    mapping,
+    samples: torch.Tensor,
+    config: EvalConfig = EvalConfig(),
+    *,
+    host=None,
+    progress=None,
+    on_batch=None,
+) -> ConditionRun:
     """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
 
     ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
@@ -283,8 +326,11 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
     samples = torch.as_tensor(samples).long()
     p, c = config.prefix_len, config.continuation_len
     if samples.dim() != 2 or samples.shape[1] < config.sample_len:
-        raise EvalError(f"samples must be [N, >= {config.sample_len}] token ids (prefix {p} + continuation {c} + 1), "
-                        f"got {tuple(samples.shape)}", "make longer samples or lower --prefix-len/--continuation-len")
+        raise EvalError(
+            f"samples must be [N, >= {config.sample_len}] token ids (prefix {p} + continuation {c} + 1), "
+            f"got {tuple(samples.shape)}",
+            "make longer samples or lower --prefix-len/--continuation-len",
+        )
     n = samples.shape[0]
     conds = [x for x in CONDITIONS if x in config.conditions]
     if "native" not in conds:
@@ -292,7 +338,9 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
     if "shuffled" in conds and n < 2:
         raise EvalError("the shuffled control needs at least 2 samples", "pass --samples 2 or more")
     if p < 1 or c < 1:
-        raise EvalError(f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len")
+        raise EvalError(
+            f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len"
+        )
     sad = host.adapter_for(source.config.to_dict())
     tad = host.adapter_for(target.config.to_dict())
     sspec, tspec = sad.spec_of(source), tad.spec_of(target)
@@ -310,7 +358,7 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
     for start in range(0, n, config.batch_size):
         idx = torch.arange(start, min(n, start + config.batch_size))
         ids = samples[idx, : config.sample_len]
-        prefix, cont, targets = ids[:, :p], ids[:, p:p + c], ids[:, p + 1:p + c + 1]
+        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
         t0 = time.perf_counter()
         native_state = tad.extract(target, prefix, spec=tspec)
         t1 = time.perf_counter()
@@ -346,7 +394,7 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
         per_group = max(1, LOGITS_BUDGET // max(1, b * c * vocab * 4))
         parts = []
         for g0 in range(0, len(cached), per_group):
-            group = tuple(cached[g0:g0 + per_group])
+            group = tuple(cached[g0 : g0 + per_group])
             stacked = _cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
             if stacked is not None:
                 parts.append((group, stacked))
@@ -363,11 +411,16 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
             add(cond, "greedy_div", first_divergence_steps(toks, ref_greedy))
 
         for names, state in parts:
-            logits, toks, cap = _continue(target, tad.inject(state, target), cont.repeat(len(names), 1),
-                                          config.greedy_tokens, fresh=lambda st=state: tad.inject(st, target, check=False),
-                                          capture=b if config.attention and names[0] == "native" else False)
+            logits, toks, cap = _continue(
+                target,
+                tad.inject(state, target),
+                cont.repeat(len(names), 1),
+                config.greedy_tokens,
+                fresh=lambda st=state: tad.inject(st, target, check=False),
+                capture=b if config.attention and names[0] == "native" else False,
+            )
             for j, cond in enumerate(names):
-                rows_logits, rows_toks = logits[j * b:(j + 1) * b], toks[j * b:(j + 1) * b]
+                rows_logits, rows_toks = logits[j * b : (j + 1) * b], toks[j * b : (j + 1) * b]
                 if cond != "native":
                     score(cond, rows_logits, rows_toks)
                     if captured is not None:
@@ -386,11 +439,18 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
             logits, toks, _ = _continue(target, None, cont, config.greedy_tokens)
             score("no_prefix", logits, toks)
         if "source" in conds:
-            logits, toks, _ = _continue(source, sad.inject(src_state, source), cont, config.greedy_tokens,
-                                        fresh=lambda: sad.inject(src_state, source))
+            logits, toks, _ = _continue(
+                source,
+                sad.inject(src_state, source),
+                cont,
+                config.greedy_tokens,
+                fresh=lambda: sad.inject(src_state, source),
+            )
             score("source", logits, toks)
         if on_batch is not None:
-            on_batch(start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
+            on_batch(
+                start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds}
+            )
         if progress is not None:
             progress(min(n, start + config.batch_size), n)
 
@@ -402,12 +462,27 @@ def run_conditions(source, target, mapping, samples: torch.Tensor, config: EvalC
             out[cond]["no_prefix_nll"] = out["no_prefix"]["nll"]
             out[cond]["no_prefix_correct"] = out["no_prefix"]["correct"]
     if "source" in conds and sspec.vocab_size != tspec.vocab_size:
-        notes.append(f"source vocabulary {sspec.vocab_size} != target {tspec.vocab_size}: "
-                     "no logit comparison for the source condition")
+        notes.append(
+            f"source vocabulary {sspec.vocab_size} != target {tspec.vocab_size}: "
+            "no logit comparison for the source condition"
+        )
     timing["eval_s"] = time.perf_counter() - t_start
     return ConditionRun(config=config, fields=out, num_layers=tspec.num_layers, timing=timing, notes=notes)
 
 
-__all__ = ["CONDITIONS", "CACHE_CONDITIONS", "CONTROLS", "EvalConfig", "ConditionRun", "EvalError", "run_conditions",
-           "capture_attention", "attention_output", "attention_cosines", "position_fields", "zeroed_state",
-           "random_state", "no_rope_state"]
+__all__ = [
+    "CONDITIONS",
+    "CACHE_CONDITIONS",
+    "CONTROLS",
+    "EvalConfig",
+    "ConditionRun",
+    "EvalError",
+    "run_conditions",
+    "capture_attention",
+    "attention_output",
+    "attention_cosines",
+    "position_fields",
+    "zeroed_state",
+    "random_state",
+    "no_rope_state",
+]

@@ -43,8 +43,9 @@ def _part(corpus, split, which):
         raise CalibrationError(exc.what, exc.fix) from None
 
 
-def eval_corpus(path, manifest: dict | None, fraction: float, *, explicit: bool, allow: bool,
-                tokenizer=None) -> EvalCorpus:
+def eval_corpus(
+    path, manifest: dict | None, fraction: float, *, explicit: bool, allow: bool, tokenizer=None
+) -> EvalCorpus:
     """The held-out text ``eval`` samples from, refusing overlap with the mapping's calibration."""
     from kvbridge.corpus import Split, split_overlap
     from kvbridge.evaluate import heldout_text
@@ -66,24 +67,41 @@ def eval_corpus(path, manifest: dict | None, fraction: float, *, explicit: bool,
     if fitted is not None:
         evaluated = Split(heldout=fraction if explicit else fitted.heldout, salt=fitted.salt)
         over = split_overlap(corpus, fitted, evaluated)
-        what = (f"{len(over)} of the held-out files at --heldout-fraction {evaluated.heldout:g} are calibration files "
-                f"of the mapping (fitted with {fitted.heldout:g} of this folder held out), e.g. {over[0]!r}"
-                if over else None)
+        what = (
+            f"{len(over)} of the held-out files at --heldout-fraction {evaluated.heldout:g} are calibration files "
+            f"of the mapping (fitted with {fitted.heldout:g} of this folder held out), e.g. {over[0]!r}"
+            if over
+            else None
+        )
     else:
         evaluated = Split(heldout=fraction)
-        what = ("the mapping was fitted on this folder without a recorded file split: any file may be calibration "
-                "text" if same else None)
+        what = (
+            "the mapping was fitted on this folder without a recorded file split: any file may be calibration text"
+            if same
+            else None
+        )
     note = None
     if what:
         if not allow:
-            raise OverlapError(what, f"use --heldout-fraction {fitted.heldout:g} (the mapping's) or less, evaluate on "
-                               "another corpus, or pass --allow-overlap to measure anyway" if fitted is not None else
-                               "fit again with this kvbridge (it records the split), or pass --allow-overlap")
+            raise OverlapError(
+                what,
+                f"use --heldout-fraction {fitted.heldout:g} (the mapping's) or less, evaluate on "
+                "another corpus, or pass --allow-overlap to measure anyway"
+                if fitted is not None
+                else "fit again with this kvbridge (it records the split), or pass --allow-overlap",
+            )
         note = what + " (--allow-overlap: scores are optimistic)"
     texts = _part(corpus, evaluated, "heldout")
-    data = {**base, "heldout_fraction": evaluated.heldout,
-            "split": {**evaluated.record(), "heldout_files": len(texts), "files": len(corpus.files),
-                      "from_mapping": fitted is not None and not explicit}}
+    data = {
+        **base,
+        "heldout_fraction": evaluated.heldout,
+        "split": {
+            **evaluated.record(),
+            "heldout_files": len(texts),
+            "files": len(corpus.files),
+            "from_mapping": fitted is not None and not explicit,
+        },
+    }
     return EvalCorpus("\n".join(texts), _part(corpus, evaluated, "calibration"), data, note)
 
 

@@ -25,8 +25,10 @@ DEFAULT_GATES = ("kl_p95<=0.2", "attention_cosine_min>=0.9")
 #: exit status of ``kvbridge eval`` when an enforced gate fails
 GATE_FAILED_EXIT = 1
 
-_RE = re.compile(r"^\s*(?:(?P<cond>[A-Za-z_][\w]*)\.)?(?P<metric>[A-Za-z_][\w]*)\s*(?P<op><=|>=|==|=|<|>)\s*"
-                 r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+_RE = re.compile(
+    r"^\s*(?:(?P<cond>[A-Za-z_][\w]*)\.)?(?P<metric>[A-Za-z_][\w]*)\s*(?P<op><=|>=|==|=|<|>)\s*"
+    r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+)
 
 
 class GateError(KVBridgeError):
@@ -68,8 +70,10 @@ def parse_gate(text: str, higher_is_better: dict | None = None, *, enforced: boo
         import difflib
 
         close = difflib.get_close_matches(metric, list(hib), n=3)
-        raise GateError(f"gate {text!r} names unknown metric {metric!r}",
-                        (f"did you mean {', '.join(close)}? " if close else "") + f"metrics: {', '.join(sorted(hib))}")
+        raise GateError(
+            f"gate {text!r} names unknown metric {metric!r}",
+            (f"did you mean {', '.join(close)}? " if close else "") + f"metrics: {', '.join(sorted(hib))}",
+        )
     if op in ("=", "=="):
         op = ">=" if hib.get(metric, False) else "<="
     return [Gate(metric, op, value, m["cond"] or "transferred", enforced)]
@@ -90,8 +94,18 @@ def evaluate_gates(summary: dict, gates: list[Gate]) -> list[dict]:
     conds = summary.get("conditions", {})
     for g in gates:
         value = conds.get(g.condition, {}).get(g.metric)
-        out.append({"gate": g.text(), "condition": g.condition, "metric": g.metric, "op": g.op,
-                    "threshold": g.threshold, "value": value, "passed": g.check(value), "enforced": g.enforced})
+        out.append(
+            {
+                "gate": g.text(),
+                "condition": g.condition,
+                "metric": g.metric,
+                "op": g.op,
+                "threshold": g.threshold,
+                "value": value,
+                "passed": g.check(value),
+                "enforced": g.enforced,
+            }
+        )
     return out
 
 
@@ -100,5 +114,13 @@ def exit_code(results: list[dict]) -> int:
     return GATE_FAILED_EXIT if any(r["enforced"] and not r["passed"] for r in results) else 0
 
 
-__all__ = ["DEFAULT_GATES", "GATE_FAILED_EXIT", "Gate", "GateError", "parse_gate", "gate_set", "evaluate_gates",
-           "exit_code"]
+__all__ = [
+    "DEFAULT_GATES",
+    "GATE_FAILED_EXIT",
+    "Gate",
+    "GateError",
+    "parse_gate",
+    "gate_set",
+    "evaluate_gates",
+    "exit_code",
+]

@@ -115,8 +115,9 @@ def check_magnitude(state, stats: TargetStats, max_ratio: float = 4.0) -> GuardC
     got = TargetStats.from_state(state)
     worst, where = 1.0, ""
     if len(got.k_rms) != len(stats.k_rms):
-        return GuardCheck("magnitude", False, None, max_ratio,
-                          f"state has {len(got.k_rms)} layers, target stats {len(stats.k_rms)}")
+        return GuardCheck(
+            "magnitude", False, None, max_ratio, f"state has {len(got.k_rms)} layers, target stats {len(stats.k_rms)}"
+        )
     for kind, have, want in (("K", got.k_rms, stats.k_rms), ("V", got.v_rms, stats.v_rms)):
         for layer, (h, w) in enumerate(zip(have, want)):
             ratio = (h / w) if w > 0 else math.inf
@@ -134,9 +135,20 @@ def _next_logits(model, cache, ids):
         return model(input_ids=ids, **kwargs).logits[:, -1].float()
 
 
-def guarded_prepare(model, state, input_ids, *, stats: TargetStats | None = None, max_ratio: float = 4.0,
-                    stats_tokens: int = 16, kl_probe: bool = False, kl_max: float = 0.2, strict: bool = False,
-                    on_fallback: Callable | None = None, host=None) -> GuardedHandoff:
+def guarded_prepare(
+    model,
+    state,
+    input_ids,
+    *,
+    stats: TargetStats | None = None,
+    max_ratio: float = 4.0,
+    stats_tokens: int = 16,
+    kl_probe: bool = False,
+    kl_max: float = 0.2,
+    strict: bool = False,
+    on_fallback: Callable | None = None,
+    host=None,
+) -> GuardedHandoff:
     """Check ``state`` for ``model`` and return the cache to ``generate`` from (see the module docstring)."""
     import torch
 
@@ -165,7 +177,7 @@ def guarded_prepare(model, state, input_ids, *, stats: TargetStats | None = None
         checks.append(check_magnitude(state, stats, max_ratio))
     if kl_probe and all(c.passed for c in checks):
         cache, rest = prepare_cache(model, state, ids, host=host)
-        got = _next_logits(model, cache, rest[:, n - 1 if n == ids.shape[1] else n:]) if cache is not None else None
+        got = _next_logits(model, cache, rest[:, n - 1 if n == ids.shape[1] else n :]) if cache is not None else None
         native_full = adapter.extract(model, ids[:, :n])
         ref = _next_logits(model, None, ids)
         if got is None:
@@ -180,13 +192,18 @@ def guarded_prepare(model, state, input_ids, *, stats: TargetStats | None = None
         return GuardedHandoff(cache, out_ids, state, "transferred", bool(state.approximate), checks)
     reasons = [f"{c.name}: {c.detail or c.value}" for c in failed]
     if strict:
-        raise GuardError(f"transferred cache rejected ({'; '.join(reasons)})",
-                         "fix the mapping, or allow the fallback to the target's own prefill (strict=False)")
+        raise GuardError(
+            f"transferred cache rejected ({'; '.join(reasons)})",
+            "fix the mapping, or allow the fallback to the target's own prefill (strict=False)",
+        )
     own_state = native_full if native_full is not None else adapter.extract(model, ids[:, :n])
     cache, out_ids = prepare_cache(model, own_state, ids, host=host)
     handoff = GuardedHandoff(cache, out_ids, own_state, "target_prefill", False, checks, reasons)
-    warnings.warn(f"kvbridge guard: transferred cache rejected ({'; '.join(reasons)}); "
-                  "using the target's own prefill instead", GuardFallbackWarning, stacklevel=2)
+    warnings.warn(
+        f"kvbridge guard: transferred cache rejected ({'; '.join(reasons)}); using the target's own prefill instead",
+        GuardFallbackWarning,
+        stacklevel=2,
+    )
     if on_fallback is not None:
         on_fallback(handoff)
     return handoff
@@ -203,5 +220,14 @@ def guarded_generate(model, state, input_ids, *, guard: dict | None = None, host
     return model.generate(input_ids=handoff.input_ids, **generate_kwargs), handoff
 
 
-__all__ = ["GuardError", "GuardFallbackWarning", "TargetStats", "GuardCheck", "GuardedHandoff", "check_finite",
-           "check_magnitude", "guarded_prepare", "guarded_generate"]
+__all__ = [
+    "GuardError",
+    "GuardFallbackWarning",
+    "TargetStats",
+    "GuardCheck",
+    "GuardedHandoff",
+    "check_finite",
+    "check_magnitude",
+    "guarded_prepare",
+    "guarded_generate",
+]

@@ -92,7 +92,7 @@ class EvalView:
         return cls(condition, {k: v[idx] for k, v in fields.items()}, dict(params or {}))
 
     def replicate(self, r: int) -> "EvalView":
-        return EvalView(self.condition, {k: v[r:r + 1] for k, v in self.fields.items()}, self.params)
+        return EvalView(self.condition, {k: v[r : r + 1] for k, v in self.fields.items()}, self.params)
 
 
 def _nan(view: EvalView) -> torch.Tensor:
@@ -244,24 +244,31 @@ def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
     reg = host.registry("metric")
     items = dict(reg.items)
     if not items:
-        raise PluginError("no metrics are registered",
-                          "enable the built-in metrics plugin (kvbridge.builtin.metrics) or a metrics plugin")
+        raise PluginError(
+            "no metrics are registered",
+            "enable the built-in metrics plugin (kvbridge.builtin.metrics) or a metrics plugin",
+        )
     wanted = list(items) if names is None else list(names)
     out = []
     for name in wanted:
         if name not in items:
             raise PluginError(f"unknown metric {name!r}", f"available: {', '.join(sorted(items))}")
         m, plugin = items[name], reg.owner.get(name, "")
-        out.append(LoadedMetric(m.name, load_registered("metric", m.name, m, plugin), bool(m.higher_is_better),
-                                m.description, plugin))
+        out.append(
+            LoadedMetric(
+                m.name, load_registered("metric", m.name, m, plugin), bool(m.higher_is_better), m.description, plugin
+            )
+        )
     order = {n: i for i, n in enumerate(BUILTIN)}
     return sorted(out, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
 def _failed(metric, what: str) -> MetricError:
     plugin = getattr(metric, "plugin", "") or "?"
-    return MetricError(f"metric {metric.name!r} (plugin {plugin!r}) {what}",
-                       f"fix the metric, or leave it out (disable its plugin: KVBRIDGE_DISABLE_PLUGINS={plugin})")
+    return MetricError(
+        f"metric {metric.name!r} (plugin {plugin!r}) {what}",
+        f"fix the metric, or leave it out (disable its plugin: KVBRIDGE_DISABLE_PLUGINS={plugin})",
+    )
 
 
 def _values(metric, view: EvalView) -> torch.Tensor:
@@ -276,8 +283,13 @@ def _values(metric, view: EvalView) -> torch.Tensor:
         if t.numel() == view.replicates:
             return t
         if t.numel() == 1 and view.replicates > 1:
-            return torch.tensor([float(torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64).flatten()[0])
-                                 for r in range(view.replicates)], dtype=torch.float64)
+            return torch.tensor(
+                [
+                    float(torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64).flatten()[0])
+                    for r in range(view.replicates)
+                ],
+                dtype=torch.float64,
+            )
     except KVBridgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - any bug in a plugin's metric
@@ -300,8 +312,9 @@ def _interval(values: torch.Tensor) -> list:
     return [lo, hi]
 
 
-def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int = 1000, seed: int = 0,
-              host=None, block: int = 250) -> dict:
+def summarize(
+    run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int = 1000, seed: int = 0, host=None, block: int = 250
+) -> dict:
     """``{"conditions": {cond: {metric: v, metric_ci: [lo, hi], ...}}, "comparisons": {...}}``.
 
     ``bootstrap`` paired resamples (the same sample indices for every condition), processed
@@ -317,7 +330,7 @@ def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int 
     nll_reps = {c: [] for c in fields}
     if idx is not None:
         for start in range(0, idx.shape[0], block):
-            sel = idx[start:start + block]
+            sel = idx[start : start + block]
             for c, f in fields.items():
                 view = EvalView.resampled(c, f, sel, params)
                 for m in metrics:
@@ -353,10 +366,37 @@ def summarize(run, metrics: list[LoadedMetric] | None = None, *, bootstrap: int 
                 "nll_diff": point_nll["transferred"] - point_nll[c],
                 "nll_diff_ci": _interval(t_reps - torch.cat(nll_reps[c])) if idx is not None else [NAN, NAN],
             }
-    return {"conditions": out, "comparisons": comparisons,
-            "higher_is_better": {m.name: m.higher_is_better for m in metrics},
-            "descriptions": {m.name: m.description for m in metrics}}
+    return {
+        "conditions": out,
+        "comparisons": comparisons,
+        "higher_is_better": {m.name: m.higher_is_better for m in metrics},
+        "descriptions": {m.name: m.description for m in metrics},
+    }
 
 
-__all__ = ["EvalView", "LoadedMetric", "MetricError", "resolve_metrics", "summarize", "bootstrap_indices", "BUILTIN",
-           "nll", "perplexity", "nll_delta", "accuracy", "kl_mean", "kl_p95", "top1_agreement", "topk_overlap", "tv_top_p", "max_abs_logit_diff", "gap_recovered", "retention", "retention_floor", "greedy_first_divergence", "greedy_agreement", "attention_cosine_mean", "attention_cosine_min"]
+__all__ = [
+    "EvalView",
+    "LoadedMetric",
+    "MetricError",
+    "resolve_metrics",
+    "summarize",
+    "bootstrap_indices",
+    "BUILTIN",
+    "nll",
+    "perplexity",
+    "nll_delta",
+    "accuracy",
+    "kl_mean",
+    "kl_p95",
+    "top1_agreement",
+    "topk_overlap",
+    "tv_top_p",
+    "max_abs_logit_diff",
+    "gap_recovered",
+    "retention",
+    "retention_floor",
+    "greedy_first_divergence",
+    "greedy_agreement",
+    "attention_cosine_mean",
+    "attention_cosine_min",
+]

@@ -31,8 +31,9 @@ def heldout_start(texts, fraction: float) -> int:
     return nl + 1 if cut > 0 and nl >= 0 else cut
 
 
-def calibration_overlap(manifest: dict | None, corpus_path, texts: list[str], fraction: float,
-                        tokenizer=None) -> dict | None:
+def calibration_overlap(
+    manifest: dict | None, corpus_path, texts: list[str], fraction: float, tokenizer=None
+) -> dict | None:
     """``{"calibration_chars": [0, end], "eval_chars": [start, total], "overlap_chars": n}`` when the
     eval samples come from text the mapping calibrated on, else None."""
     cal = (manifest or {}).get("calibration") or {}
@@ -59,8 +60,12 @@ def calibration_overlap(manifest: dict | None, corpus_path, texts: list[str], fr
     total = sum(len(t) for t in texts) + max(0, len(texts) - 1)
     if end <= start:
         return None
-    return {"calibration_chars": [0, end], "eval_chars": [start, total], "overlap_chars": end - start,
-            "corpus_sha256": rec["sha256"]}
+    return {
+        "calibration_chars": [0, end],
+        "eval_chars": [start, total],
+        "overlap_chars": end - start,
+        "corpus_sha256": rec["sha256"],
+    }
 
 
 def check(manifest: Any, corpus_path, texts, fraction: float, *, tokenizer=None, allow: bool = False) -> str | None:
@@ -69,12 +74,17 @@ def check(manifest: Any, corpus_path, texts, fraction: float, *, tokenizer=None,
     if ov is None:
         return None
     c, e = ov["calibration_chars"], ov["eval_chars"]
-    what = (f"eval samples overlap the mapping's calibration text: the mapping was fitted on characters "
-            f"{c[0]}-{c[1]} of this corpus (sha256 {ov['corpus_sha256'][:12]}...) and eval reads {e[0]}-{e[1]}")
+    what = (
+        f"eval samples overlap the mapping's calibration text: the mapping was fitted on characters "
+        f"{c[0]}-{c[1]} of this corpus (sha256 {ov['corpus_sha256'][:12]}...) and eval reads {e[0]}-{e[1]}"
+    )
     if not allow:
         max_frac = max(0.0, 1 - c[1] / max(1, e[1]))
-        raise OverlapError(what, f"use a --heldout-fraction below {max_frac:.3f}, evaluate on other text, fit with "
-                                 "fewer --tokens, or pass --allow-overlap to measure anyway")
+        raise OverlapError(
+            what,
+            f"use a --heldout-fraction below {max_frac:.3f}, evaluate on other text, fit with "
+            "fewer --tokens, or pass --allow-overlap to measure anyway",
+        )
     return what + " (--allow-overlap: scores are optimistic)"
 
 

@@ -42,9 +42,11 @@ def _header(result: dict) -> str:
     src, tgt = result["source"], result["target"]
     mp = result.get("mapping") or {}
     where = f" ({mp['path']})" if mp.get("path") else ""
-    return (f"{src.get('name') or 'source'} -> {tgt.get('name') or 'target'}  mapping {mp.get('name')}{where}; "
-            f"{result['samples']} samples, prefix {result['prefix_len']}, continuation {result['continuation_len']}, "
-            f"greedy {result['greedy_tokens']}; {result['bootstrap']} paired bootstrap resamples")
+    return (
+        f"{src.get('name') or 'source'} -> {tgt.get('name') or 'target'}  mapping {mp.get('name')}{where}; "
+        f"{result['samples']} samples, prefix {result['prefix_len']}, continuation {result['continuation_len']}, "
+        f"greedy {result['greedy_tokens']}; {result['bootstrap']} paired bootstrap resamples"
+    )
 
 
 def table_rows(result: dict) -> list[list[str]]:
@@ -66,9 +68,13 @@ def terminal_table(result: dict) -> str:
     if "transferred" in conds:
         t = conds["transferred"]
         out.append("")
-        out.append("transferred, 95% intervals: " + "; ".join(
-            f"{m} {fmt(t.get(m), '{:.4f}')} {fmt_ci(t.get(m + '_ci'), '{:.4f}')}"
-            for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")))
+        out.append(
+            "transferred, 95% intervals: "
+            + "; ".join(
+                f"{m} {fmt(t.get(m), '{:.4f}')} {fmt_ci(t.get(m + '_ci'), '{:.4f}')}"
+                for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
+            )
+        )
         comps = result.get("comparisons") or {}
         parts = []
         for name, c in comps.items():
@@ -84,18 +90,29 @@ def terminal_table(result: dict) -> str:
     if gates:
         enforced = any(g["enforced"] for g in gates)
         out.append("")
-        out.append("gates" + ("" if enforced else " (reported; enforce with --gate)") + ": " + "; ".join(
-            f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
-            + ("" if g["enforced"] or not enforced else " (not enforced)") for g in gates))
+        out.append(
+            "gates"
+            + ("" if enforced else " (reported; enforce with --gate)")
+            + ": "
+            + "; ".join(
+                f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
+                + ("" if g["enforced"] or not enforced else " (not enforced)")
+                for g in gates
+            )
+        )
     tm = result.get("timing") or {}
     if tm.get("transfer_ms") is not None:
-        out.append(f"timing: target prefill {fmt(tm.get('target_prefill_ms'), '{:.1f}')} ms, transfer "
-                   f"{fmt(tm.get('transfer_ms'), '{:.1f}')} ms for {tm.get('prefix_tokens')} prefix tokens; "
-                   f"eval {fmt(tm.get('eval_seconds'), '{:.1f}')} s")
+        out.append(
+            f"timing: target prefill {fmt(tm.get('target_prefill_ms'), '{:.1f}')} ms, transfer "
+            f"{fmt(tm.get('transfer_ms'), '{:.1f}')} ms for {tm.get('prefix_tokens')} prefix tokens; "
+            f"eval {fmt(tm.get('eval_seconds'), '{:.1f}')} s"
+        )
         if tm.get("transfer_speedup_vs_prefill") is not None:
-            out.append(f"speed-up: {fmt(tm.get('transfer_speedup_vs_prefill'), '{:.1f}')}x (target prefill / transfer), "
-                       f"{fmt(tm.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x counting the source prefill "
-                       f"({fmt(tm.get('source_prefill_ms'), '{:.1f}')} ms; target prefill / (source prefill + transfer))")
+            out.append(
+                f"speed-up: {fmt(tm.get('transfer_speedup_vs_prefill'), '{:.1f}')}x (target prefill / transfer), "
+                f"{fmt(tm.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x counting the source prefill "
+                f"({fmt(tm.get('source_prefill_ms'), '{:.1f}')} ms; target prefill / (source prefill + transfer))"
+            )
     for note in result.get("notes") or []:
         out.append(f"note: {note}")
     return "\n".join(out)
@@ -165,8 +182,14 @@ def plot_gap(result: dict, path: Path, plt) -> bool:
     for x, (c, v, ci) in zip(xs, items):
         low = ci[0] if ci and ci[0] is not None else v
         if low < floor:
-            ax.annotate(f"{v:+.2f}\n(CI to {low:.1f})", (x, floor), xytext=(0, 6), textcoords="offset points",
-                        ha="center", fontsize=7)
+            ax.annotate(
+                f"{v:+.2f}\n(CI to {low:.1f})",
+                (x, floor),
+                xytext=(0, 6),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
     ax.set_xticks(xs)
     ax.set_xticklabels([c for c, _, _ in items], rotation=30, ha="right")
     ax.set_ylabel("gap recovered (1 = native, 0 = no prefix)")
@@ -185,8 +208,13 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
     fig, axes = plt.subplots(1, 2, figsize=(8, 4))
     for ax, kind in zip(axes, ("k", "v")):
         data = r2[kind]  # [target layers][heads]
-        im = ax.imshow([[x if x is not None else float("nan") for x in row] for row in data], vmin=0, vmax=1,
-                       cmap="viridis", aspect="auto")
+        im = ax.imshow(
+            [[x if x is not None else float("nan") for x in row] for row in data],
+            vmin=0,
+            vmax=1,
+            cmap="viridis",
+            aspect="auto",
+        )
         ax.set_title(f"held-out R², {kind.upper()}")
         ax.set_xticks(range(len(data[0]) if data else 0))
         ax.set_yticks(range(len(data)))
@@ -195,8 +223,7 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
         for i, row in enumerate(data):
             for j, x in enumerate(row):
                 if x is not None and len(data) * len(row) <= 64:
-                    ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7,
-                            color="w" if x < 0.6 else "k")
+                    ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7, color="w" if x < 0.6 else "k")
     fig.colorbar(im, ax=axes, shrink=0.8)
     fig.suptitle("Mapping held-out R² per (target layer, KV head)")
     fig.savefig(path, dpi=110)
@@ -206,43 +233,69 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
 
 def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
-    out = ["# kvbridge eval", "", _header(result), "",
-           "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    out = ["# kvbridge eval", "", _header(result), "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     out += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
-    out += ["", "## 95% paired bootstrap intervals", "",
-            "| condition | nll | gap_recovered | kl_p95 | top1_agreement | attention_cosine_min |",
-            "|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "## 95% paired bootstrap intervals",
+        "",
+        "| condition | nll | gap_recovered | kl_p95 | top1_agreement | attention_cosine_min |",
+        "|---|---|---|---|---|---|",
+    ]
     for c, r in result["conditions"].items():
-        out.append(f"| {c} | " + " | ".join(f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}"
-                                             for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement",
-                                                       "attention_cosine_min")) + " |")
+        out.append(
+            f"| {c} | "
+            + " | ".join(
+                f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}"
+                for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
+            )
+            + " |"
+        )
     comps = result.get("comparisons") or {}
     if comps:
-        out += ["", "## nll(transferred) − nll(condition), same samples", "", "| condition | difference | 95% CI |",
-                "|---|---|---|"]
+        out += [
+            "",
+            "## nll(transferred) − nll(condition), same samples",
+            "",
+            "| condition | difference | 95% CI |",
+            "|---|---|---|",
+        ]
         for name, c in comps.items():
-            out.append(f"| {name.removeprefix('transferred_vs_')} | {fmt(c.get('nll_diff'), '{:+.4f}')} | "
-                       f"{fmt_ci(c.get('nll_diff_ci'), '{:+.4f}')} |")
+            out.append(
+                f"| {name.removeprefix('transferred_vs_')} | {fmt(c.get('nll_diff'), '{:+.4f}')} | "
+                f"{fmt_ci(c.get('nll_diff_ci'), '{:+.4f}')} |"
+            )
     gates = result.get("gates") or []
     if gates:
         out += ["", "## Gates", "", "| gate | value | result | enforced |", "|---|---|---|---|"]
         for g in gates:
-            out.append(f"| `{g['gate']}` | {fmt(g['value'], '{:.4f}')} | {'PASS' if g['passed'] else 'FAIL'} | "
-                       f"{'yes' if g['enforced'] else 'no'} |")
-    layered = {c: r["attention_cosine_layers"] for c, r in result["conditions"].items()
-               if r.get("attention_cosine_layers")}
+            out.append(
+                f"| `{g['gate']}` | {fmt(g['value'], '{:.4f}')} | {'PASS' if g['passed'] else 'FAIL'} | "
+                f"{'yes' if g['enforced'] else 'no'} |"
+            )
+    layered = {
+        c: r["attention_cosine_layers"] for c, r in result["conditions"].items() if r.get("attention_cosine_layers")
+    }
     if layered:
         n = max(len(v) for v in layered.values())
-        out += ["", "## Attention-output cosine per target layer", "",
-                "| condition | " + " | ".join(f"L{i}" for i in range(n)) + " |", "|---|" + "---|" * n]
+        out += [
+            "",
+            "## Attention-output cosine per target layer",
+            "",
+            "| condition | " + " | ".join(f"L{i}" for i in range(n)) + " |",
+            "|---|" + "---|" * n,
+        ]
         for c, v in layered.items():
             out.append(f"| {c} | " + " | ".join(fmt(x, "{:.4f}") for x in v) + " |")
     mp = result.get("mapping") or {}
     if mp.get("r2_summary"):
         s = mp["r2_summary"]
-        out += ["", f"Mapping held-out R²: mean {fmt(s.get('mean'), '{:.4f}')} (K {fmt(s.get('mean_k'), '{:.4f}')}, "
-                    f"V {fmt(s.get('mean_v'), '{:.4f}')}), min {fmt(s.get('min'), '{:.4f}')}. "
-                    "R² does not predict transfer quality across pairs; attention cosine does better."]
+        out += [
+            "",
+            f"Mapping held-out R²: mean {fmt(s.get('mean'), '{:.4f}')} (K {fmt(s.get('mean_k'), '{:.4f}')}, "
+            f"V {fmt(s.get('mean_v'), '{:.4f}')}), min {fmt(s.get('min'), '{:.4f}')}. "
+            "R² does not predict transfer quality across pairs; attention cosine does better.",
+        ]
     if images or skipped:
         out += ["", "## Plots", ""]
         for title, name in images.items():
@@ -250,15 +303,20 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
         if skipped:
             out.append(f"Plots skipped: {skipped}.")
     d = result.get("data") or {}
-    out += ["", "## Method", "",
-            "Each sample is P prefix tokens (cached) + C continuation tokens fed by teacher forcing from the cache; "
-            "the C next-token predictions are scored. Every condition uses the same samples; intervals are paired "
-            "bootstrap resamples of samples. gap_recovered = (NLL_no_prefix − NLL_x)/(NLL_no_prefix − NLL_native). "
-            "retention = acc_x/acc_native (teacher-forced next-token accuracy), the papers' definition; it overstates "
-            "the benefit (see no_prefix's retention). Attention cosine: the target's queries of the continuation "
-            "(captured in the native run) attend over native vs the condition's prefix K/V (continuation K/V and mask "
-            "unchanged); cosine of the attention outputs, heads concatenated, mean over positions.",
-            "", f"Data: {json.dumps(d)}"]
+    out += [
+        "",
+        "## Method",
+        "",
+        "Each sample is P prefix tokens (cached) + C continuation tokens fed by teacher forcing from the cache; "
+        "the C next-token predictions are scored. Every condition uses the same samples; intervals are paired "
+        "bootstrap resamples of samples. gap_recovered = (NLL_no_prefix − NLL_x)/(NLL_no_prefix − NLL_native). "
+        "retention = acc_x/acc_native (teacher-forced next-token accuracy), the papers' definition; it overstates "
+        "the benefit (see no_prefix's retention). Attention cosine: the target's queries of the continuation "
+        "(captured in the native run) attend over native vs the condition's prefix K/V (continuation K/V and mask "
+        "unchanged); cosine of the attention outputs, heads concatenated, mean over positions.",
+        "",
+        f"Data: {json.dumps(d)}",
+    ]
     defs = result.get("definitions") or {}
     if defs:
         out += ["", "## Metrics", ""] + [f"- `{k}`: {v}" for k, v in defs.items()]
@@ -289,9 +347,11 @@ def write_report(result: dict, folder) -> dict:
         if plt is None:
             skipped = "matplotlib is not installed (pip install matplotlib)"
         else:
-            for title, name, fn in (("attention cosine per layer", "attention_cosine.png", plot_attention),
-                                    ("gap recovered", "gap_recovered.png", plot_gap),
-                                    ("mapping R²", "mapping_r2.png", plot_r2)):
+            for title, name, fn in (
+                ("attention cosine per layer", "attention_cosine.png", plot_attention),
+                ("gap recovered", "gap_recovered.png", plot_gap),
+                ("mapping R²", "mapping_r2.png", plot_r2),
+            ):
                 if fn(result, tmp / name, plt):
                     images[title] = name
                     names[name.removesuffix(".png")] = name

@@ -68,8 +68,14 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
         heartbeat.stage("reading the corpus and the mapping")
     mapping = load_mapping_ref(s.mapping, smodel, tmodel, tokenizer=pair.tokenizer, force=s.accept_fingerprint_mismatch)
     fraction = HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction
-    ev = eval_corpus(s.corpus, getattr(mapping, "manifest", None), fraction, explicit=s.heldout_fraction is not None,
-                     allow=s.allow_overlap, tokenizer=ttok)
+    ev = eval_corpus(
+        s.corpus,
+        getattr(mapping, "manifest", None),
+        fraction,
+        explicit=s.heldout_fraction is not None,
+        allow=s.allow_overlap,
+        tokenizer=ttok,
+    )
     tail, texts, overlap = ev.tail, ev.profile_texts, ev.note
     check_same_tokens([tail], stok, ttok)
     if overlap and warn is not None:
@@ -80,10 +86,23 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
     default_partial = str(s.report_dir).rstrip("/\\") + ".partial.jsonl" if s.report_dir else None
     if partial_path is None and s.report_dir:
         partial_path = default_partial
-    partial = None if partial_path is None else PartialLog(partial_path, {
-        "command": "eval", "source": _ref_text(src), "target": _ref_text(tgt),
-        "mapping": s.mapping, "corpus": str(s.corpus), "samples": int(ids.shape[0]), "prefix_len": s.prefix_len,
-        "continuation_len": s.continuation_len})
+    partial = (
+        None
+        if partial_path is None
+        else PartialLog(
+            partial_path,
+            {
+                "command": "eval",
+                "source": _ref_text(src),
+                "target": _ref_text(tgt),
+                "mapping": s.mapping,
+                "corpus": str(s.corpus),
+                "samples": int(ids.shape[0]),
+                "prefix_len": s.prefix_len,
+                "continuation_len": s.continuation_len,
+            },
+        )
+    )
     if heartbeat is not None:
         heartbeat.stage("evaluating", int(ids.shape[0]), "samples")
 
@@ -99,20 +118,58 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
 
         r = s.recompute
         result, written = eval_recompute(
-            smodel, tmodel, mapping, ids, texts=texts, tokenizer=ttok, prefix_len=s.prefix_len,
-            continuation_len=s.continuation_len, layers_spec=r.layers, tokens_spec=r.tokens, token_rules=r.rules, sweep=r.sweep,
-            mode=r.mode, select=r.select, group_size=r.group, calibration_samples=r.calibration_samples,
-            batch_size=s.batch_size, attention=s.attention, bootstrap=s.bootstrap, seed=s.seed,
-            report_dir=s.report_dir, progress=progress)
+            smodel,
+            tmodel,
+            mapping,
+            ids,
+            texts=texts,
+            tokenizer=ttok,
+            prefix_len=s.prefix_len,
+            continuation_len=s.continuation_len,
+            layers_spec=r.layers,
+            tokens_spec=r.tokens,
+            token_rules=r.rules,
+            sweep=r.sweep,
+            mode=r.mode,
+            select=r.select,
+            group_size=r.group,
+            calibration_samples=r.calibration_samples,
+            batch_size=s.batch_size,
+            attention=s.attention,
+            bootstrap=s.bootstrap,
+            seed=s.seed,
+            report_dir=s.report_dir,
+            progress=progress,
+        )
         if partial is not None:
             partial.remove() if s.report_dir and written else partial.finish()
         return EvalRun(result, written, recompute=True)
-    config = EvalConfig(prefix_len=s.prefix_len, continuation_len=s.continuation_len, greedy_tokens=s.greedy_tokens,
-                        batch_size=s.batch_size, top_k=s.top_k, top_p=s.top_p, seed=s.seed, conditions=conds,
-                        attention=s.attention, bootstrap=s.bootstrap)
-    result = evaluate(smodel, tmodel, mapping, ids, config=config, gates=s.gates, source_name=src.name,
-                      target_name=tgt.name, mapping_path=None if s.mapping == "identity" else s.mapping,
-                      data=data, progress=progress, on_batch=on_batch)
+    config = EvalConfig(
+        prefix_len=s.prefix_len,
+        continuation_len=s.continuation_len,
+        greedy_tokens=s.greedy_tokens,
+        batch_size=s.batch_size,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+        conditions=conds,
+        attention=s.attention,
+        bootstrap=s.bootstrap,
+    )
+    result = evaluate(
+        smodel,
+        tmodel,
+        mapping,
+        ids,
+        config=config,
+        gates=s.gates,
+        source_name=src.name,
+        target_name=tgt.name,
+        mapping_path=None if s.mapping == "identity" else s.mapping,
+        data=data,
+        progress=progress,
+        on_batch=on_batch,
+    )
     if overlap:
         result["notes"] = list(result.get("notes") or []) + [overlap]
     written = {}

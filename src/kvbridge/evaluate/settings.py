@@ -30,18 +30,24 @@ class RecomputeSettings:
     calibration_samples: int = 16
 
     def __post_init__(self) -> None:
-        for flag, value, allowed in (("--recompute-sweep", self.sweep, (None, "layers", "tokens", "both")),
-                                     ("--recompute-mode", self.mode, ("target", "source")),
-                                     ("--recompute-select", self.select, ("greedy", "profile", "prefix"))):
+        for flag, value, allowed in (
+            ("--recompute-sweep", self.sweep, (None, "layers", "tokens", "both")),
+            ("--recompute-mode", self.mode, ("target", "source")),
+            ("--recompute-select", self.select, ("greedy", "profile", "prefix")),
+        ):
             if value not in allowed:
-                raise ConfigError(f"{flag} {value!r} is not one of {', '.join(str(a) for a in allowed if a)}",
-                                  f"pass one of them to {flag}")
+                raise ConfigError(
+                    f"{flag} {value!r} is not one of {', '.join(str(a) for a in allowed if a)}",
+                    f"pass one of them to {flag}",
+                )
         from kvbridge.recompute.tokens import RULES
 
         bad = [r for r in self.rules if r not in RULES]
         if bad or not self.rules:
-            raise ConfigError(f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
-                              f"pass one or more of {', '.join(RULES)}, comma-separated")
+            raise ConfigError(
+                f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
+                f"pass one or more of {', '.join(RULES)}, comma-separated",
+            )
         whole_number(self.group, "--recompute-group", 1)
         whole_number(self.calibration_samples, "--calibration-samples", 1)
 
@@ -93,9 +99,13 @@ class EvalSettings:
         for text in self.gates:  # a typo in a gate fails before anything is loaded
             parse_gate(text)
         whole_number(self.samples, "--samples", 2)
-        for flag, value in (("--prefix-len", self.prefix_len), ("--continuation-len", self.continuation_len),
-                            ("--greedy-tokens", self.greedy_tokens), ("--batch-size", self.batch_size),
-                            ("--top-k", self.top_k)):
+        for flag, value in (
+            ("--prefix-len", self.prefix_len),
+            ("--continuation-len", self.continuation_len),
+            ("--greedy-tokens", self.greedy_tokens),
+            ("--batch-size", self.batch_size),
+            ("--top-k", self.top_k),
+        ):
             whole_number(value, flag, 1)
         whole_number(self.bootstrap, "--bootstrap", 0)
         whole_number(self.seed, "--seed", 0)
@@ -105,8 +115,9 @@ class EvalSettings:
         if self.heldout_fraction is not None:
             finite_number(self.heldout_fraction, "--heldout-fraction", positive=True)
             if self.heldout_fraction > 1:
-                raise ConfigError(f"--heldout-fraction must be <= 1, got {self.heldout_fraction!r}",
-                                  "pass a share in (0, 1]")
+                raise ConfigError(
+                    f"--heldout-fraction must be <= 1, got {self.heldout_fraction!r}", "pass a share in (0, 1]"
+                )
         if not isinstance(self.recompute, RecomputeSettings):
             raise ConfigError("recompute must be a RecomputeSettings", "pass RecomputeSettings(...) or leave it out")
         if self.report_dir:  # refuse a --report folder that is not an earlier report before the (long) run

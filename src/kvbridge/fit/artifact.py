@@ -35,8 +35,9 @@ class MappingMismatchWarning(UserWarning):
 
 
 # -- model identity --------------------------------------------------------------------------------------
-def model_identity(model_or_config: Any, *, host=None, name: str = "", revision: str | None = None,
-                   weights: bool = True) -> dict:
+def model_identity(
+    model_or_config: Any, *, host=None, name: str = "", revision: str | None = None, weights: bool = True
+) -> dict:
     """Spec, fingerprints and RoPE configuration of a model (or a config mapping: no weights hash)."""
     from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
     from kvbridge.plugins import get_host
@@ -82,8 +83,9 @@ def _versions() -> dict:
     return out
 
 
-def build_manifest(mapping, *, source: dict, target: dict, tokenizer: dict | None = None,
-                   calibration: dict | None = None) -> dict:
+def build_manifest(
+    mapping, *, source: dict, target: dict, tokenizer: dict | None = None, calibration: dict | None = None
+) -> dict:
     """The manifest of a fitted mapping (``source`` / ``target`` from :func:`model_identity`)."""
     rep = mapping.report.to_dict() if hasattr(mapping.report, "to_dict") else dict(mapping.report or {})
     return {
@@ -133,8 +135,14 @@ def _mismatch(msg: str, fix: str, force: bool) -> None:
     raise ArtifactError(msg, fix)
 
 
-def verify_pair(manifest: Mapping, *, source: dict | None = None, target: dict | None = None,
-                tokenizer: dict | None = None, force: bool = False) -> list[str]:
+def verify_pair(
+    manifest: Mapping,
+    *,
+    source: dict | None = None,
+    target: dict | None = None,
+    tokenizer: dict | None = None,
+    force: bool = False,
+) -> list[str]:
     """Compare a manifest with the identities of the models at hand; return the fields checked."""
     checked = []
     for role, ident in (("source", source), ("target", target)):
@@ -147,22 +155,35 @@ def verify_pair(manifest: Mapping, *, source: dict | None = None, target: dict |
                 continue
             checked.append(f"{role}.{name}")
             if have != need:
-                _mismatch(f"mapping was fitted for a different {role} model: field {role}.{name} is "
-                          f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
-                          "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway", force)
+                _mismatch(
+                    f"mapping was fitted for a different {role} model: field {role}.{name} is "
+                    f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
+                    "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway",
+                    force,
+                )
     if tokenizer is not None and manifest.get("tokenizer"):
         have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
         if have and need:
             checked.append("tokenizer.digest")
             if have != need:
-                _mismatch(f"mapping was fitted with a different tokenizer: field tokenizer.digest is {need[:12]}... "
-                          f"in the manifest, {have[:12]}... for the given models",
-                          "fit a mapping for this tokenizer or pass --accept-fingerprint-mismatch to use it anyway", force)
+                _mismatch(
+                    f"mapping was fitted with a different tokenizer: field tokenizer.digest is {need[:12]}... "
+                    f"in the manifest, {have[:12]}... for the given models",
+                    "fit a mapping for this tokenizer or pass --accept-fingerprint-mismatch to use it anyway",
+                    force,
+                )
     return checked
 
 
-def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, tokenizer: dict | None = None,
-                 force: bool = False, host=None):
+def load_mapping(
+    folder: Path | str,
+    *,
+    source: Any = None,
+    target: Any = None,
+    tokenizer: dict | None = None,
+    force: bool = False,
+    host=None,
+):
     """A :class:`~kvbridge.fit.mapping.FittedMapping` from an artifact folder.
 
     ``source`` / ``target``: the models (weights hashed) or config mappings it will be used
@@ -175,19 +196,27 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
 
     manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
     if manifest.get("kind") != KIND:
-        raise ArtifactError(f"{Path(folder) / 'manifest.json'} is not a kvbridge mapping (kind {manifest.get('kind')!r})",
-                            "pass a folder written by `kvbridge fit`")
+        raise ArtifactError(
+            f"{Path(folder) / 'manifest.json'} is not a kvbridge mapping (kind {manifest.get('kind')!r})",
+            "pass a folder written by `kvbridge fit`",
+        )
     version = manifest.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ArtifactError(f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
-                            "upgrade kvbridge")
+        raise ArtifactError(
+            f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
+            "upgrade kvbridge",
+        )
     validate(manifest)
     from kvbridge.check.validate import tensors_match
 
     # the checksum says the file is the one the manifest names; this says they agree (dtype of every
     # tensor; shapes are checked against the specs by FittedMapping.from_tensors)
-    tensors_match(tensors, {name: (manifest.get("dtype", "float32"), None) for name in tensors},
-                  str(Path(folder) / TENSOR_FILE), fix="re-create the mapping with `kvbridge fit`")
+    tensors_match(
+        tensors,
+        {name: (manifest.get("dtype", "float32"), None) for name in tensors},
+        str(Path(folder) / TENSOR_FILE),
+        fix="re-create the mapping with `kvbridge fit`",
+    )
     idents = {}
     for role, obj in (("source", source), ("target", target)):
         if obj is None:
@@ -206,20 +235,52 @@ def load_mapping(folder: Path | str, *, source: Any = None, target: Any = None, 
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
     from kvbridge.fit.protocol import FitReport
 
-    report = FitReport.from_dict({**{k: manifest.get(k) for k in ("heldout_r2", "r2_summary", "warnings",
-                                                                  "selection_scores", "alpha_chosen",
-                                                                  "observations", "layer_selection")},
-                                  "fitter": manifest["fitter"]["name"],
-                                  "params": manifest["fitter"].get("params") or {}})
-    return FittedMapping.from_tensors(tensors, source_spec=source_spec, target_spec=target_spec,
-                                      mode=manifest.get("mode", "dense"), selection=manifest["layer_selection"],
-                                      fitter=manifest["fitter"]["name"], report=report, manifest=manifest)
+    report = FitReport.from_dict(
+        {
+            **{
+                k: manifest.get(k)
+                for k in (
+                    "heldout_r2",
+                    "r2_summary",
+                    "warnings",
+                    "selection_scores",
+                    "alpha_chosen",
+                    "observations",
+                    "layer_selection",
+                )
+            },
+            "fitter": manifest["fitter"]["name"],
+            "params": manifest["fitter"].get("params") or {},
+        }
+    )
+    return FittedMapping.from_tensors(
+        tensors,
+        source_spec=source_spec,
+        target_spec=target_spec,
+        mode=manifest.get("mode", "dense"),
+        selection=manifest["layer_selection"],
+        fitter=manifest["fitter"]["name"],
+        report=report,
+        manifest=manifest,
+    )
 
 
 # -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------
 #: used only if the package data is missing (a broken install)
-_FALLBACK_SCHEMA = {"type": "object", "required": ["schema_version", "kind", "source", "target", "fitter", "mode",
-                                                    "layer_selection", "tensor_file", "tensor_sha256"]}
+_FALLBACK_SCHEMA = {
+    "type": "object",
+    "required": [
+        "schema_version",
+        "kind",
+        "source",
+        "target",
+        "fitter",
+        "mode",
+        "layer_selection",
+        "tensor_file",
+        "tensor_sha256",
+    ],
+}
 
 
 def schema() -> dict:
@@ -228,8 +289,15 @@ def schema() -> dict:
     return json.loads(SCHEMA_PATH.read_text())
 
 
-_TYPES = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
-          "boolean": bool, "null": type(None)}
+_TYPES = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "null": type(None),
+}
 
 
 def _check(value: Any, sch: Mapping, where: str, root: Mapping | None = None) -> None:
@@ -243,22 +311,31 @@ def _check(value: Any, sch: Mapping, where: str, root: Mapping | None = None) ->
     types = sch.get("type")
     if types is not None:
         names = types if isinstance(types, list) else [types]
-        ok = any(isinstance(value, _TYPES[t]) and not (t in ("integer", "number") and isinstance(value, bool))
-                 for t in names)
+        ok = any(
+            isinstance(value, _TYPES[t]) and not (t in ("integer", "number") and isinstance(value, bool)) for t in names
+        )
         if not ok:
-            raise ArtifactError(f"manifest field {where or '(root)'} should be {' or '.join(names)}, got "
-                                f"{type(value).__name__}", "re-create the mapping with `kvbridge fit`")
+            raise ArtifactError(
+                f"manifest field {where or '(root)'} should be {' or '.join(names)}, got {type(value).__name__}",
+                "re-create the mapping with `kvbridge fit`",
+            )
     if "const" in sch and value != sch["const"]:
         raise ArtifactError(f"manifest field {where} must be {sch['const']!r}, got {value!r}", "re-create the mapping")
     if "enum" in sch and value not in sch["enum"]:
-        raise ArtifactError(f"manifest field {where} must be one of {sch['enum']}, got {value!r}", "re-create the mapping")
+        raise ArtifactError(
+            f"manifest field {where} must be one of {sch['enum']}, got {value!r}", "re-create the mapping"
+        )
     if "minimum" in sch and isinstance(value, (int, float)) and value < sch["minimum"]:
-        raise ArtifactError(f"manifest field {where} must be >= {sch['minimum']}, got {value!r}", "re-create the mapping")
+        raise ArtifactError(
+            f"manifest field {where} must be >= {sch['minimum']}, got {value!r}", "re-create the mapping"
+        )
     if isinstance(value, dict):
         for name in sch.get("required", []):
             if name not in value:
-                raise ArtifactError(f"manifest is missing field {(where + '.' if where else '') + name}",
-                                    "re-create the mapping with `kvbridge fit`")
+                raise ArtifactError(
+                    f"manifest is missing field {(where + '.' if where else '') + name}",
+                    "re-create the mapping with `kvbridge fit`",
+                )
         for name, sub in (sch.get("properties") or {}).items():
             if name in value:
                 _check(value[name], sub, f"{where}.{name}" if where else name, root)
@@ -275,5 +352,15 @@ def validate(manifest: Mapping, *, partial: bool = False) -> None:
     _check(dict(manifest), sch, "")
 
 
-__all__ = ["load_mapping", "save_mapping", "build_manifest", "model_identity", "verify_pair", "validate",
-           "schema", "MappingMismatchWarning", "SCHEMA_VERSION", "TENSOR_FILE"]
+__all__ = [
+    "load_mapping",
+    "save_mapping",
+    "build_manifest",
+    "model_identity",
+    "verify_pair",
+    "validate",
+    "schema",
+    "MappingMismatchWarning",
+    "SCHEMA_VERSION",
+    "TENSOR_FILE",
+]

@@ -68,8 +68,10 @@ def corpus_files(path: Path | str) -> list[Path]:
     if path.is_dir():
         files = folder_files(path)
         if not files:
-            raise CalibrationError(f"{path}: folder has no .py or .txt files",
-                                   "pass a text file, a JSONL file or a folder of .py/.txt files")
+            raise CalibrationError(
+                f"{path}: folder has no .py or .txt files",
+                "pass a text file, a JSONL file or a folder of .py/.txt files",
+            )
         return files
     if path.is_file():
         return [path]
@@ -115,9 +117,13 @@ def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
         got = used_tokens
         break
     joined_prefix = "\n".join(texts)[:end]
-    return {"tokens": int(min(got, used_tokens)), "chars": [0, int(end)],
-            "bytes": [0, len(joined_prefix.encode("utf-8"))], "of_chars": int(total_chars),
-            "text": "corpus texts joined with newlines (a single text file: the file itself)"}
+    return {
+        "tokens": int(min(got, used_tokens)),
+        "chars": [0, int(end)],
+        "bytes": [0, len(joined_prefix.encode("utf-8"))],
+        "of_chars": int(total_chars),
+        "text": "corpus texts joined with newlines (a single text file: the file itself)",
+    }
 
 
 def load_corpus(path: Path | str) -> tuple[list[str], str]:
@@ -153,8 +159,10 @@ def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: in
         stream = stream[:want]
     n = len(stream) // seq_len
     if n == 0:
-        raise CalibrationError(f"the corpus gives {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}",
-                               "pass a bigger corpus, a smaller --seq-len or more --tokens")
+        raise CalibrationError(
+            f"the corpus gives {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}",
+            "pass a bigger corpus, a smaller --seq-len or more --tokens",
+        )
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
@@ -168,7 +176,8 @@ def check_same_tokens(texts: list[str], source_tok, target_tok, *, limit: int = 
             raise CalibrationError(
                 f"the two tokenizers give different token ids for corpus document {i} (first difference at "
                 f"token {j}): paired calibration needs identical ids",
-                "fit between models that share a tokenizer (see `kvbridge check SOURCE TARGET`)")
+                "fit between models that share a tokenizer (see `kvbridge check SOURCE TARGET`)",
+            )
 
 
 # -- configuration ----------------------------------------------------------------------------------
@@ -199,9 +208,20 @@ class CalibrationConfig:
 class PairedCalibration:
     """Runs both models on the same token ids and turns their caches into features."""
 
-    def __init__(self, source_model, target_model, sequences, config: CalibrationConfig = CalibrationConfig(), *,
-                 host=None, source_adapter=None, target_adapter=None, progress: Callable | None = None,
-                 checkpoint=None, dist=None):
+    def __init__(
+        self,
+        source_model,
+        target_model,
+        sequences,
+        config: CalibrationConfig = CalibrationConfig(),
+        *,
+        host=None,
+        source_adapter=None,
+        target_adapter=None,
+        progress: Callable | None = None,
+        checkpoint=None,
+        dist=None,
+    ):
         import torch
 
         from kvbridge.plugins import get_host
@@ -216,20 +236,26 @@ class PairedCalibration:
         if seqs.dim() == 1:
             seqs = seqs[None]
         if seqs.dim() != 2 or seqs.numel() == 0:
-            raise CalibrationError(f"calibration token ids must be [sequences, seq_len], got {tuple(seqs.shape)}",
-                                   "pass a 2-D tensor of token ids")
+            raise CalibrationError(
+                f"calibration token ids must be [sequences, seq_len], got {tuple(seqs.shape)}",
+                "pass a 2-D tensor of token ids",
+            )
         self.sequences = seqs
         self.config = config
         vmax = int(seqs.max())
         for role, spec in (("source", self.source_spec), ("target", self.target_spec)):
             if spec.vocab_size and vmax >= spec.vocab_size:
-                raise CalibrationError(f"token id {vmax} is outside the {role} model's vocabulary ({spec.vocab_size})",
-                                       "tokenise the corpus with the models' shared tokenizer")
+                raise CalibrationError(
+                    f"token id {vmax} is outside the {role} model's vocabulary ({spec.vocab_size})",
+                    "tokenise the corpus with the models' shared tokenizer",
+                )
         if int(seqs.min()) < 0:
             raise CalibrationError("calibration token ids contain negative values", "pass valid token ids")
         if config.skip >= self.seq_len:
-            raise CalibrationError(f"skip {config.skip} drops every position of a {self.seq_len}-token sequence",
-                                   "use a smaller skip or a longer --seq-len")
+            raise CalibrationError(
+                f"skip {config.skip} drops every position of a {self.seq_len}-token sequence",
+                "use a smaller skip or a longer --seq-len",
+            )
         g = torch.Generator().manual_seed(int(config.seed))
         n = self.num_sequences
         self.offsets = torch.randint(0, config.stride, (n,), generator=g)
@@ -278,7 +304,7 @@ class PairedCalibration:
     def batches(self) -> list[list[int]]:
         mine = self.my_sequences()
         bs = self.config.batch_size
-        return [mine[i: i + bs] for i in range(0, len(mine), bs)]
+        return [mine[i : i + bs] for i in range(0, len(mine), bs)]
 
     # -- features ---------------------------------------------------------------------------------------
     def _content(self, model, adapter, spec, ids):
@@ -307,8 +333,9 @@ class PairedCalibration:
             pos = self.positions_of(i).to(self.device)
             for name, layers in (("xk", sk), ("xv", sv), ("yk", tk), ("yv", tv)):
                 # [L, H, n, D] -> [n, L, H, D]
-                out[name].append(torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3)
-                                 .to(torch.float32))
+                out[name].append(
+                    torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3).to(torch.float32)
+                )
             held.append(torch.full((len(pos),), bool(self.held[i]), device=pos.device))
         feats = {k: torch.cat(v) for k, v in out.items()}
         self.seconds += time.perf_counter() - t0
@@ -333,8 +360,7 @@ class PairedCalibration:
             for job in jobs:
                 job.update(feats, held)
             if self.checkpoint is not None:
-                self.checkpoint.maybe_save(tag, jobs, done=bi + 1, total=len(batches), rank=self.rank,
-                                           world=self.world)
+                self.checkpoint.maybe_save(tag, jobs, done=bi + 1, total=len(batches), rank=self.rank, world=self.world)
             fault_point("fit.batch")
             if self.progress is not None:
                 self.progress(("advance", tag, len(batches[bi]) * self.seq_len))
@@ -369,12 +395,23 @@ class PairedCalibration:
         return feats, held
 
     def describe(self) -> dict:
-        return {**asdict(self.config), "seq_len": self.seq_len, "sequences": self.num_sequences,
-                "tokens": self.num_sequences * self.seq_len,
-                "heldout_sequences": int(self.held.sum()),
-                "observations_train": self.observations("train"),
-                "observations_heldout": self.observations("held")}
+        return {
+            **asdict(self.config),
+            "seq_len": self.seq_len,
+            "sequences": self.num_sequences,
+            "tokens": self.num_sequences * self.seq_len,
+            "heldout_sequences": int(self.held.sum()),
+            "observations_train": self.observations("train"),
+            "observations_heldout": self.observations("held"),
+        }
 
 
-__all__ = ["PairedCalibration", "CalibrationConfig", "CalibrationError", "load_corpus", "tokenize_corpus",
-           "check_same_tokens", "corpus_files"]
+__all__ = [
+    "PairedCalibration",
+    "CalibrationConfig",
+    "CalibrationError",
+    "load_corpus",
+    "tokenize_corpus",
+    "check_same_tokens",
+    "corpus_files",
+]

@@ -69,8 +69,10 @@ def setup(backend: str | None = None) -> Context | None:
     if world <= 1:
         return None
     if not dist.is_available():
-        raise KVBridgeError("WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
-                            "run a single process or install a torch with distributed support")
+        raise KVBridgeError(
+            "WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
+            "run a single process or install a torch with distributed support",
+        )
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     dist.init_process_group(backend=backend)
     return Context(dist.get_rank(), dist.get_world_size(), None, backend)
@@ -118,11 +120,15 @@ class Checkpoint:
             return 0
         path = self.path(tag, rank, world)
         if not path.is_file():
-            others = sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors")) if self.folder.is_dir() else []
+            others = (
+                sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors")) if self.folder.is_dir() else []
+            )
             if others:
-                raise CheckpointError(f"checkpoint {self.folder} was written by a different number of processes "
-                                      f"({others[0]}); this run has {world}",
-                                      "resume with the same --nproc-per-node, or start afresh without --resume")
+                raise CheckpointError(
+                    f"checkpoint {self.folder} was written by a different number of processes "
+                    f"({others[0]}); this run has {world}",
+                    "resume with the same --nproc-per-node, or start afresh without --resume",
+                )
             return 0
         from safetensors import safe_open
         from safetensors.torch import load_file
@@ -132,13 +138,17 @@ class Checkpoint:
                 meta = fh.metadata() or {}
             tensors = load_file(str(path))
         except Exception as exc:  # noqa: BLE001 - any unreadable file is one error
-            raise CheckpointError(f"{path} is not a readable checkpoint ({exc})", "delete it and start afresh") from None
+            raise CheckpointError(
+                f"{path} is not a readable checkpoint ({exc})", "delete it and start afresh"
+            ) from None
         want = meta.get("sha256")
         got = _digest(tensors, meta.get("key", ""), meta.get("done", ""), meta.get("tag", ""))
         if not want or got != want:
-            raise CheckpointError(f"checkpoint {path} failed its checksum (sha256 {got[:12]}... != recorded "
-                                  f"{str(want)[:12]}...): it is corrupt or was modified",
-                                  f"delete {self.folder} and start afresh")
+            raise CheckpointError(
+                f"checkpoint {path} failed its checksum (sha256 {got[:12]}... != recorded "
+                f"{str(want)[:12]}...): it is corrupt or was modified",
+                f"delete {self.folder} and start afresh",
+            )
         saved = json.loads(meta.get("key", "{}"))
         diff = _first_diff(saved, self.key)
         if diff is not None:
@@ -146,19 +156,23 @@ class Checkpoint:
             raise CheckpointError(
                 f"checkpoint {path.name} was made for a different fit: field {name!r} is "
                 f"{_short(was)} there, {_short(now)} now",
-                "resume with the same models, corpus and options, or start afresh without --resume")
+                "resume with the same models, corpus and options, or start afresh without --resume",
+            )
         for j, job in enumerate(jobs):
             try:
                 job.load_state_dict(tensors, prefix=f"job{j}.")
             except (KeyError, ValueError) as exc:
-                raise CheckpointError(f"checkpoint {path.name} does not match this fit's statistics ({exc})",
-                                      "start afresh without --resume") from None
+                raise CheckpointError(
+                    f"checkpoint {path.name} does not match this fit's statistics ({exc})",
+                    "start afresh without --resume",
+                ) from None
         done = int(meta.get("done", 0))
         self.restored[tag] = done
         return done
 
-    def maybe_save(self, tag: str, jobs: list, *, done: int, total: int, rank: int = 0, world: int = 1,
-                   force: bool = False) -> bool:
+    def maybe_save(
+        self, tag: str, jobs: list, *, done: int, total: int, rank: int = 0, world: int = 1, force: bool = False
+    ) -> bool:
         now = time.monotonic()
         if not (force or done >= total or now - self._last >= self._gap):
             return False
@@ -232,5 +246,4 @@ def default_checkpoint_dir(out: Path | str) -> Path:
     return out.parent / f".{out.name}.fitstate"
 
 
-__all__ = ["Context", "setup", "barrier", "broadcast_error", "Checkpoint", "CheckpointError",
-           "default_checkpoint_dir"]
+__all__ = ["Context", "setup", "barrier", "broadcast_error", "Checkpoint", "CheckpointError", "default_checkpoint_dir"]

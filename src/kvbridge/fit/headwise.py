@@ -68,10 +68,17 @@ class HeadwiseFitter:
         fix = "give more --tokens or a smaller --stride"
         check_determined(calibration.observations("train"), ds, what=f"one source head ({ds} dims)", fix=fix)
         budget = default_budget() if memory_budget is None else int(memory_budget)
-        blocks = plan_blocks(lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget,
-                             what="the headwise fit")
-        layers, r2k, r2v, alphas, assign_all, score_all = [None] * lt, [None] * lt, [None] * lt, [None] * lt, \
-            [None] * lt, [None] * lt
+        blocks = plan_blocks(
+            lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget, what="the headwise fit"
+        )
+        layers, r2k, r2v, alphas, assign_all, score_all = (
+            [None] * lt,
+            [None] * lt,
+            [None] * lt,
+            [None] * lt,
+            [None] * lt,
+            [None] * lt,
+        )
         passes = []
         for bi, block in enumerate(blocks):
             job = LayerStats(range(ls), block, **dims, xx_block="head", device=device_of(calibration))
@@ -108,8 +115,9 @@ class HeadwiseFitter:
                         w[c][h], bias[c][h] = res["w"], res["b"]
                         r2[c][h] = res["r2"][0] if res["r2"] is not None else float("nan")
                         lam.append(res["alpha"])
-                layers[t] = LayerMap("headwise", sources, w["k"].float(), bias["k"].float(), w["v"].float(),
-                                     bias["v"].float())
+                layers[t] = LayerMap(
+                    "headwise", sources, w["k"].float(), bias["k"].float(), w["v"].float(), bias["v"].float()
+                )
                 r2k[t], r2v[t] = (r2["k"], r2["v"]) if held_ok else (None, None)
                 alphas[t] = lam
                 assign_all[t] = [list(s) for s in sources]
@@ -123,8 +131,11 @@ class HeadwiseFitter:
             fitter=self.name,
             params={**asdict(options), "memory_budget": budget},
             layer_selection=assign_all,
-            selection_scores={"mean": score_all, "measured_on": held_split,
-                              "layout": "[target layer][target head][source layer * source heads + source head]"},
+            selection_scores={
+                "mean": score_all,
+                "measured_on": held_split,
+                "layout": "[target layer][target head][source layer * source heads + source head]",
+            },
             heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
             r2_summary=summary,
             alpha_chosen=alphas,

@@ -46,9 +46,17 @@ class StatsWriter:
 
         name = f"block{len(self.blocks)}.safetensors"
         digest = save_safetensors(job.state_dict(), self.folder / name)
-        self.blocks.append({"file": name, "sha256": digest, "src_layers": list(job.src_layers),
-                            "tgt_layers": list(job.tgt_layers), "xx_block": job.xx_block,
-                            "n_train": job.n("train"), "n_held": job.n("held")})
+        self.blocks.append(
+            {
+                "file": name,
+                "sha256": digest,
+                "src_layers": list(job.src_layers),
+                "tgt_layers": list(job.tgt_layers),
+                "xx_block": job.xx_block,
+                "n_train": job.n("train"),
+                "n_held": job.n("held"),
+            }
+        )
 
     def finish(self, stats) -> None:
         from kvbridge.artifacts import save_safetensors
@@ -104,12 +112,16 @@ def read_manifest(folder: Path | str) -> dict:
     folder = Path(folder)
     manifest = read(folder, kind="fit statistics")
     if manifest.get("kind") != KIND:
-        raise ArtifactError(f"{folder} is not a kvbridge fit-statistics folder (kind {manifest.get('kind')!r})",
-                            "pass a folder written by `kvbridge fit ... --keep-stats DIR`")
+        raise ArtifactError(
+            f"{folder} is not a kvbridge fit-statistics folder (kind {manifest.get('kind')!r})",
+            "pass a folder written by `kvbridge fit ... --keep-stats DIR`",
+        )
     version = manifest.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ArtifactError(f"{folder}: fit statistics schema_version {version!r} is newer than this kvbridge reads "
-                            f"({SCHEMA_VERSION})", "upgrade kvbridge")
+        raise ArtifactError(
+            f"{folder}: fit statistics schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
+            "upgrade kvbridge",
+        )
     for key in ("source", "target", "blocks", "max_k"):
         if key not in manifest:
             raise _bad(folder, f"manifest.json is missing field {key!r}")
@@ -129,9 +141,11 @@ def check_models(manifest: dict, folder: Path | str, *, source: dict | None = No
                 continue  # a config read from files and one read from a loaded model normalise differently
             if have is None or need is None or have == need:
                 continue
-            raise ArtifactError(f"{folder} holds statistics of a different {role} model: field {role}.{name} is "
-                                f"{str(need)[:12]}... there, {str(have)[:12]}... for the given {role}",
-                                f"pass the {role} the statistics were kept for, or fit from the models again")
+            raise ArtifactError(
+                f"{folder} holds statistics of a different {role} model: field {role}.{name} is "
+                f"{str(need)[:12]}... there, {str(have)[:12]}... for the given {role}",
+                f"pass the {role} the statistics were kept for, or fit from the models again",
+            )
 
 
 def load_statistics(folder: Path | str):
@@ -155,8 +169,9 @@ def load_statistics(folder: Path | str):
     for key in ("mean", "k", "v"):
         t = scores.get(key)
         if t is None or tuple(t.shape) != (lt, ls):
-            raise _bad(folder, f"scores tensor {key!r} should be [{lt}, {ls}], got "
-                               f"{None if t is None else tuple(t.shape)}")
+            raise _bad(
+                folder, f"scores tensor {key!r} should be [{lt}, {ls}], got {None if t is None else tuple(t.shape)}"
+            )
     scores = {k: scores[k].to(torch.float64) for k in ("mean", "k", "v")}
     scores["measured_on"] = manifest.get("measured_on", "held")
     blocks = manifest["blocks"]
@@ -175,13 +190,22 @@ def load_statistics(folder: Path | str):
             try:
                 job.load_state_dict(data)
             except (KeyError, ValueError) as exc:
-                raise _bad(folder, f"{b.get('file')} does not hold the statistics its manifest entry names ({exc})") \
-                    from None
+                raise _bad(
+                    folder, f"{b.get('file')} does not hold the statistics its manifest entry names ({exc})"
+                ) from None
             yield job
 
-    stats = RidgeStatistics(source_spec, target_spec, scores, [], int(manifest["max_k"]),
-                            list(manifest.get("passes") or []), int(manifest.get("memory_budget") or 0),
-                            float(manifest.get("n_train") or 0.0), job_loader=jobs)
+    stats = RidgeStatistics(
+        source_spec,
+        target_spec,
+        scores,
+        [],
+        int(manifest["max_k"]),
+        list(manifest.get("passes") or []),
+        int(manifest.get("memory_budget") or 0),
+        float(manifest.get("n_train") or 0.0),
+        job_loader=jobs,
+    )
     return stats, manifest
 
 

@@ -88,8 +88,10 @@ class FittedMapping:
 
     def __post_init__(self):
         if len(self.layers) != self.target_spec.num_layers:
-            raise StateError(f"mapping has {len(self.layers)} target layers, target spec has {self.target_spec.num_layers}",
-                             "fit the mapping for this target")
+            raise StateError(
+                f"mapping has {len(self.layers)} target layers, target spec has {self.target_spec.num_layers}",
+                "fit the mapping for this target",
+            )
         self.layers = [lm.to(torch.float32) for lm in self.layers]
 
     # -- the transfer step --------------------------------------------------------------------------
@@ -98,7 +100,8 @@ class FittedMapping:
             if geometry(want) != geometry(got):
                 raise StateError(
                     f"mapping expects a {role} with (layers, kv_heads, head_dim)={geometry(want)}, got {geometry(got)}",
-                    f"use a mapping fitted for this {role} model (kvbridge fit)")
+                    f"use a mapping fitted for this {role} model (kvbridge fit)",
+                )
 
     def map_content(self, state, target_spec: ModelSpec | None = None):
         """Content-space source state -> content-space target state, in the state's dtype (float32
@@ -110,9 +113,18 @@ class FittedMapping:
             raise StateError("map_content needs content-space keys (RoPE stripped)", "call state.strip_rope() first")
         self.check_pair(state.spec, target_spec)
         keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype)
-        return KVState(keys=tuple(keys), values=tuple(values), token_ids=state.token_ids, positions=state.positions,
-                       spec=target_spec, rope_applied=False, rope_lengths=None,
-                       model_fingerprint="", approximate=True, meta=dict(state.meta))
+        return KVState(
+            keys=tuple(keys),
+            values=tuple(values),
+            token_ids=state.token_ids,
+            positions=state.positions,
+            spec=target_spec,
+            rope_applied=False,
+            rope_lengths=None,
+            model_fingerprint="",
+            approximate=True,
+            meta=dict(state.meta),
+        )
 
     def map_tensors(self, keys, values, *, dtype=torch.float32) -> tuple[list, list]:
         """Per-layer source content ``keys``/``values`` ``[B, H_s, T, D_s]`` -> target lists.
@@ -137,7 +149,9 @@ class FittedMapping:
                 scratch = None if dtype == torch.float32 else torch.empty(ht, t, dt, dtype=torch.float32, device=device)
             else:  # [T, H_t·D_t]: one GEMM, then one copy into the target layout (and dtype)
                 scratch = torch.empty(min(t, CHUNK), ht * dt, dtype=torch.float32, device=device)
-            for sources, w, bias in plan[name]:  # dense: w [F, H_t·D_t], bias [H_t·D_t]; headwise: [H_t, D_s, D_t], [H_t, 1, D_t]
+            for sources, w, bias in plan[
+                name
+            ]:  # dense: w [F, H_t·D_t], bias [H_t·D_t]; headwise: [H_t, D_s, D_t], [H_t, 1, D_t]
                 y = torch.empty(b, ht, t, dt, dtype=dtype, device=device)
                 buf = bufs.get(len(sources))
                 if buf is None:  # dense: [T, k, H_s·D_s]; headwise: [H_t, T, D_s]
@@ -233,7 +247,7 @@ class FittedMapping:
         while pos < e:  # a chunk inside one batch row (or spanning rows): per row piece
             r, c0 = divmod(pos, t)
             c1 = min(t, c0 + (e - pos))
-            piece = res[:, pos - a: pos - a + (c1 - c0)]
+            piece = res[:, pos - a : pos - a + (c1 - c0)]
             y[:, r, :, c0:c1].copy_(piece.reshape(g, c1 - c0, ht, dt).transpose(1, 2))
             pos += c1 - c0
 
@@ -249,8 +263,9 @@ class FittedMapping:
                 by_k.setdefault(len(lm.sources), []).append(i)
             plan: dict = {"k": [], "v": []}
             for layers_ in by_k.values():
-                index = torch.tensor([[int(s) for s in self.layers[i].sources] for i in layers_], dtype=torch.long,
-                                     device=device)  # [G, k]
+                index = torch.tensor(
+                    [[int(s) for s in self.layers[i].sources] for i in layers_], dtype=torch.long, device=device
+                )  # [G, k]
                 for name in ("k", "v"):
                     w = torch.stack([getattr(self.layers[i], "w" + name) for i in layers_]).to(device)
                     bias = torch.stack([getattr(self.layers[i], "b" + name) for i in layers_]).to(device)[:, None]
@@ -285,16 +300,26 @@ class FittedMapping:
         return [[list(s) if isinstance(s, tuple) else s for s in lm.sources] for lm in self.layers]
 
     @classmethod
-    def from_tensors(cls, tensors: dict, *, source_spec: ModelSpec, target_spec: ModelSpec, mode: str,
-                     selection: list, fitter: str, report: Any = None,
-                     manifest: dict | None = None) -> "FittedMapping":
+    def from_tensors(
+        cls,
+        tensors: dict,
+        *,
+        source_spec: ModelSpec,
+        target_spec: ModelSpec,
+        mode: str,
+        selection: list,
+        fitter: str,
+        report: Any = None,
+        manifest: dict | None = None,
+    ) -> "FittedMapping":
         if mode not in MODES:
             raise ArtifactError(f"mapping mode {mode!r} is unknown", f"expected one of {MODES}")
         ls, hs, ds = geometry(source_spec)
         lt, ht, dt = geometry(target_spec)
         if len(selection) != lt:
-            raise ArtifactError(f"layer_selection has {len(selection)} entries for {lt} target layers",
-                                "re-create the mapping")
+            raise ArtifactError(
+                f"layer_selection has {len(selection)} entries for {lt} target layers", "re-create the mapping"
+            )
         layers = []
         for t in range(lt):
             try:
@@ -309,12 +334,14 @@ class FittedMapping:
                 want_w, want_b = (ht, ds, dt), (ht, dt)
             bad = [s for s in sources if not (0 <= (s if mode == "dense" else s[0]) < ls)]
             if bad:
-                raise ArtifactError(f"target layer {t} selects source {bad[0]} outside {ls} source layers",
-                                    "re-create the mapping")
+                raise ArtifactError(
+                    f"target layer {t} selects source {bad[0]} outside {ls} source layers", "re-create the mapping"
+                )
             for n, want in (("wk", want_w), ("wv", want_w), ("bk", want_b), ("bv", want_b)):
                 if tuple(w[n].shape) != want:
-                    raise ArtifactError(f"tensor layers.{t}.{n} has shape {tuple(w[n].shape)}, expected {want}",
-                                        "re-create the mapping")
+                    raise ArtifactError(
+                        f"tensor layers.{t}.{n} has shape {tuple(w[n].shape)}, expected {want}", "re-create the mapping"
+                    )
             layers.append(LayerMap(mode, sources, w["wk"], w["bk"], w["wv"], w["bv"]))
         return cls(source_spec, target_spec, layers, fitter=fitter, report=report, manifest=manifest or {})
 
@@ -326,8 +353,12 @@ class FittedMapping:
         return total
 
     def summary(self) -> dict[str, Any]:
-        return {"fitter": self.fitter, "mode": self.mode, "layer_selection": self.layer_selection(),
-                "parameters": sum(t.numel() for t in self.tensors().values())}
+        return {
+            "fitter": self.fitter,
+            "mode": self.mode,
+            "layer_selection": self.layer_selection(),
+            "parameters": sum(t.numel() for t in self.tensors().values()),
+        }
 
 
 __all__ = ["FittedMapping", "LayerMap", "geometry", "MODES"]

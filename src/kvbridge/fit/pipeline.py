@@ -46,10 +46,14 @@ def prepare_sequences(data: Any, *, tokenizer=None, seq_len: int | None = None, 
         texts = list(data)
         sha = hashlib.sha256("\0".join(texts).encode()).hexdigest()
     else:
-        raise CalibrationError(f"calibration data must be token ids, texts or a corpus path, got {type(data).__name__}",
-                               "pass a [sequences, seq_len] tensor, a list of strings or a path")
+        raise CalibrationError(
+            f"calibration data must be token ids, texts or a corpus path, got {type(data).__name__}",
+            "pass a [sequences, seq_len] tensor, a list of strings or a path",
+        )
     if tokenizer is None:
-        raise CalibrationError("text calibration data needs a tokenizer", "pass tokenizer= (the models' shared tokenizer)")
+        raise CalibrationError(
+            "text calibration data needs a tokenizer", "pass tokenizer= (the models' shared tokenizer)"
+        )
     return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens), sha, texts
 
 
@@ -102,14 +106,32 @@ def _split_overrides(overrides: dict, calibration, provenance):
     return calibration, provenance, overrides
 
 
-def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=None,
-        calibration: CalibrationConfig | None = None, tokenizer=None, target_tokenizer=None,
-        tokenizer_fingerprint: dict | None = None, corpus_sha256: str | None = None,
-        corpus_path: str | Path | None = None, corpus_split=None,
-        out: str | Path | None = None, overwrite: bool = False, resume: bool = False,
-        checkpoint_dir: str | Path | None = None, checkpoint_every: float = 60.0,
-        provenance: Provenance | None = None, progress: Callable | None = None, distributed: Any = "auto",
-        host=None, keep_stats: str | Path | None = None, **overrides):
+def _fit(
+    source_model,
+    target_model,
+    data,
+    *,
+    fitter: str = "ridge",
+    options=None,
+    calibration: CalibrationConfig | None = None,
+    tokenizer=None,
+    target_tokenizer=None,
+    tokenizer_fingerprint: dict | None = None,
+    corpus_sha256: str | None = None,
+    corpus_path: str | Path | None = None,
+    corpus_split=None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: float = 60.0,
+    provenance: Provenance | None = None,
+    progress: Callable | None = None,
+    distributed: Any = "auto",
+    host=None,
+    keep_stats: str | Path | None = None,
+    **overrides,
+):
     """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit --help``).
 
     ``data``: ``[sequences, seq_len]`` token ids, a list of texts, or a corpus path (text file,
@@ -158,23 +180,34 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
     # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
     ck_dir = checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None and resume else None)
     if ck_dir is not None:
-        key = {"source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
-               "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
-               "token_ids_sha256": _token_sha(seqs), "calibration": asdict(config), "params": params,
-               "world": ctx.world if ctx else 1}
+        key = {
+            "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
+            "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
+            "token_ids_sha256": _token_sha(seqs),
+            "calibration": asdict(config),
+            "params": params,
+            "world": ctx.world if ctx else 1,
+        }
         checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=resume, every_s=checkpoint_every)
     elif resume:
         raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
-    cal = PairedCalibration(source_model, target_model, seqs, config, host=host, progress=progress,
-                            checkpoint=checkpoint, dist=ctx)
-    calib = {**cal.describe(), "corpus_sha256": data_sha, "token_ids_sha256": _token_sha(seqs),
-             "world_size": ctx.world if ctx else 1}
+    cal = PairedCalibration(
+        source_model, target_model, seqs, config, host=host, progress=progress, checkpoint=checkpoint, dist=ctx
+    )
+    calib = {
+        **cal.describe(),
+        "corpus_sha256": data_sha,
+        "token_ids_sha256": _token_sha(seqs),
+        "world_size": ctx.world if ctx else 1,
+    }
     calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()), corpus_split))
     main = ctx is None or ctx.is_main
     keeping = keep_stats is not None and main
     if (sweep is not None or keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
-        raise FitError(f"the {fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
-                       "use --fitter ridge, or one --top-k and no --keep-stats")
+        raise FitError(
+            f"the {fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
+            "use --fitter ridge, or one --top-k and no --keep-stats",
+        )
     from contextlib import nullcontext
 
     from kvbridge.artifacts import atomic_dir
@@ -185,17 +218,29 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
         if keeping:
             from kvbridge.fit.keep import StatsWriter
 
-            writer = StatsWriter(keep_tmp, {"source": source_id, "target": target_id, "tokenizer": tokenizer_fingerprint,
-                                            "calibration": calib, "params": params})
+            writer = StatsWriter(
+                keep_tmp,
+                {
+                    "source": source_id,
+                    "target": target_id,
+                    "tokenizer": tokenizer_fingerprint,
+                    "calibration": calib,
+                    "params": params,
+                },
+            )
         if sweep is None and writer is None:
             mappings = {None: fitter_obj.fit(cal.source_spec, cal.target_spec, cal, opts)}
         else:
             labels = sweep or [(str(opts.top_k), opts.top_k)]
-            by_k = fitter_obj.fit_sweep(cal.source_spec, cal.target_spec, cal, opts, [k for _, k in labels],
-                                        keep=writer)
+            by_k = fitter_obj.fit_sweep(
+                cal.source_spec, cal.target_spec, cal, opts, [k for _, k in labels], keep=writer
+            )
             ls = cal.source_spec.num_layers
-            mappings = {label: by_k[min(k, ls)] for label, k in labels} if sweep is not None \
+            mappings = (
+                {label: by_k[min(k, ls)] for label, k in labels}
+                if sweep is not None
                 else {None: by_k[min(labels[0][1], ls)]}
+            )
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
         if out is not None:
@@ -203,8 +248,7 @@ def _fit(source_model, target_model, data, *, fitter: str = "ridge", options=Non
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
-        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint,
-                       calibration=calib)
+        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint, calibration=calib)
     if out is not None:
         if main:
             from kvbridge.faults import fault_point
@@ -261,10 +305,12 @@ def finish_mapping(mapping, *, source: dict, target: dict, tokenizer: dict | Non
         if ratio < MIN_OBS_PER_FEATURE:
             import dataclasses
 
-            warn = (f"only {ratio:.1f} training observations per feature ({calib['observations_train']} per target "
-                    f"head for {feats} features; at least {MIN_OBS_PER_FEATURE} recommended): held-out R² will be "
-                    f"low and seed-dependent; calibrate on more --tokens, a smaller --stride or --top-k, or "
-                    f"ridge-headwise")
+            warn = (
+                f"only {ratio:.1f} training observations per feature ({calib['observations_train']} per target "
+                f"head for {feats} features; at least {MIN_OBS_PER_FEATURE} recommended): held-out R² will be "
+                f"low and seed-dependent; calibrate on more --tokens, a smaller --stride or --top-k, or "
+                f"ridge-headwise"
+            )
             mapping.report = dataclasses.replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
     mapping.manifest = build_manifest(mapping, source=source, target=target, tokenizer=tokenizer, calibration=calib)
 
@@ -275,9 +321,13 @@ def _top_k_sweep(overrides: dict, source_model, fitter_obj, options):
     layers = getattr(getattr(source_model, "config", None), "num_hidden_layers", None)
     layers = layers if isinstance(layers, int) and layers > 0 else None
     raw = overrides.get("top_k")
-    given_in_options = isinstance(options, dict) and "top_k" in options or \
-        isinstance(options, (list, tuple)) and any(str(o).split("=")[0].strip() == "top_k" for o in options) or \
-        (options is not None and not isinstance(options, (dict, list, tuple)))
+    given_in_options = (
+        isinstance(options, dict)
+        and "top_k" in options
+        or isinstance(options, (list, tuple))
+        and any(str(o).split("=")[0].strip() == "top_k" for o in options)
+        or (options is not None and not isinstance(options, (dict, list, tuple)))
+    )
     sweep = None
     if isinstance(raw, (list, tuple)) or raw == "all" or (isinstance(raw, str) and "," in raw):
         values = parse_top_k(raw if not isinstance(raw, str) or raw == "all" or "," in raw else raw)
@@ -299,14 +349,28 @@ def _top_k_sweep(overrides: dict, source_model, fitter_obj, options):
     elif raw is None and not given_in_options and layers is not None:
         default = getattr(getattr(fitter_obj, "Options", None), "__dataclass_fields__", {}).get("top_k")
         if default is not None and isinstance(default.default, int) and default.default > layers:
-            warnings.warn(f"--top-k defaults to {default.default}, but the source model has {layers} layers: "
-                          f"using top-k {layers} (all of them)", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"--top-k defaults to {default.default}, but the source model has {layers} layers: "
+                f"using top-k {layers} (all of them)",
+                UserWarning,
+                stacklevel=3,
+            )
             overrides = {**overrides, "top_k": layers}
     return sweep, overrides
 
 
-def fit_from_stats(folder, *, out=None, top_k=None, alpha=None, low_r2=None, source=None, target=None,
-                   overwrite: bool = False, host=None):
+def fit_from_stats(
+    folder,
+    *,
+    out=None,
+    top_k=None,
+    alpha=None,
+    low_r2=None,
+    source=None,
+    target=None,
+    overwrite: bool = False,
+    host=None,
+):
     """Solve mappings again from statistics kept by ``fit(..., keep_stats=DIR)``: no models, no forwards.
 
     ``top_k``: one value or a list (each at most the kept ``max_k``, default it); ``alpha``,
@@ -330,8 +394,11 @@ def fit_from_stats(folder, *, out=None, top_k=None, alpha=None, low_r2=None, sou
             idents[role] = model_identity(obj, host=host)
     check_models(manifest, folder, source=idents["source"], target=idents["target"])
     params = dict(manifest.get("params") or {})
-    base = RidgeOptions(alpha=params.get("alpha", RidgeOptions.alpha), low_r2=params.get("low_r2", RidgeOptions.low_r2),
-                        top_k=stats.max_k)
+    base = RidgeOptions(
+        alpha=params.get("alpha", RidgeOptions.alpha),
+        low_r2=params.get("low_r2", RidgeOptions.low_r2),
+        top_k=stats.max_k,
+    )
     values = {k: v for k, v in (("alpha", alpha), ("low_r2", low_r2)) if v is not None}
     opts = fitter_options(RidgeFitter(), base, **values) if values else base  # values coerced and checked
     ls = stats.source_spec.num_layers
@@ -355,8 +422,13 @@ def fit_from_stats(folder, *, out=None, top_k=None, alpha=None, low_r2=None, sou
     calib["from_stats"] = {"folder": str(folder), "manifest_created": manifest.get("created")}
     mappings = {label: by_k[min(k, ls)] for label, k in labels} if labels else {None: by_k[min(ks[0], ls)]}
     for mapping in mappings.values():
-        finish_mapping(mapping, source=manifest["source"], target=manifest["target"],
-                       tokenizer=manifest.get("tokenizer"), calibration=calib)
+        finish_mapping(
+            mapping,
+            source=manifest["source"],
+            target=manifest["target"],
+            tokenizer=manifest.get("tokenizer"),
+            calibration=calib,
+        )
     if out is not None:
         write_mappings(mappings, out, overwrite=overwrite)
     return mappings[None] if None in mappings else mappings
@@ -412,7 +484,9 @@ def fit(source_model, target_model, data, **kwargs):
     overwrite = bool(kwargs.get("overwrite") or kwargs.get("force"))
     tk = kwargs.get("top_k")
     is_sweep = isinstance(tk, (list, tuple)) or (isinstance(tk, str) and "," in tk)
-    check_replaceable(out, SWEEP_KIND if is_sweep else KIND, overwrite=overwrite)  # refuse before any work; the lock is held to the end
+    check_replaceable(
+        out, SWEEP_KIND if is_sweep else KIND, overwrite=overwrite
+    )  # refuse before any work; the lock is held to the end
     if kwargs.get("distributed", "auto") == "auto":
         kwargs["distributed"] = dist_mod.setup()
     ctx = kwargs["distributed"]
@@ -422,5 +496,15 @@ def fit(source_model, target_model, data, **kwargs):
         return _fit(source_model, target_model, data, **kwargs)
 
 
-__all__ = ["fit", "fit_from_stats", "prepare_sequences", "load_fitter", "fitter_options", "Provenance", "parse_top_k",
-           "write_mappings", "sweep_folder", "SWEEP_KIND"]
+__all__ = [
+    "fit",
+    "fit_from_stats",
+    "prepare_sequences",
+    "load_fitter",
+    "fitter_options",
+    "Provenance",
+    "parse_top_k",
+    "write_mappings",
+    "sweep_folder",
+    "SWEEP_KIND",
+]

@@ -38,6 +38,7 @@ from kvbridge.errors import ConfigError
 
 GIB = 2**30
 from kvbridge.dtypes import DTYPE_BYTES  # noqa: E402  (the one table)
+
 UNGATED_MLP = {"gpt2", "gpt_neox", "gptj", "phi", "falcon", "codegen", "starcoder2", "bloom", "opt"}
 DEFAULT_TOKENS = 1_000_000
 
@@ -87,7 +88,9 @@ def model_size(ref: str) -> ModelSize:
     cfg.update(cfg.get("text_config") or {})
     hidden = int(_get(cfg, "hidden_size", "n_embd", "d_model", default=spec.num_attention_heads * spec.head_dim))
     vocab = int(_get(cfg, "vocab_size", default=spec.vocab_size or 0))
-    inter = int(_get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden) or 4 * hidden)
+    inter = int(
+        _get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden) or 4 * hidden
+    )
     heads = int(spec.num_attention_heads or _get(cfg, "num_attention_heads", "n_head", default=1))
     layers, kv, hd = spec.num_layers, spec.num_kv_heads, spec.head_dim
     attn = hidden * heads * hd * 2 + hidden * kv * hd * 2  # q, o + k, v
@@ -136,7 +139,7 @@ def solve_flops(p: int, q: int) -> float:
     Cholesky ``p³/3``, the SPD inverse ``2p³/3`` when ``q >= p`` (else two triangular solves,
     counted in the ``2p²q``), ``(Cxx+λI)⁻¹ Cxy`` and the held-out ``Cxx W``: ``2p²q`` each.
     """
-    return p ** 3 / 3 + (2 * p ** 3 / 3 if q >= p else 0.0) + 4 * p * p * q
+    return p**3 / 3 + (2 * p**3 / 3 if q >= p else 0.0) + 4 * p * p * q
 
 
 def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
@@ -160,9 +163,10 @@ def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
 
 def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
     def too_big(nbytes: int):
-        raise ConfigError(f"{what} needs {_size(nbytes)} of statistics for one target layer, over "
-                          f"the {_size(budget)} budget", "raise --memory, lower --top-k or use "
-                          "--fitter ridge-headwise")
+        raise ConfigError(
+            f"{what} needs {_size(nbytes)} of statistics for one target layer, over the {_size(budget)} budget",
+            "raise --memory, lower --top-k or use --fitter ridge-headwise",
+        )
 
     return pack_blocks(n, bytes_of, budget, too_big)
 
@@ -214,10 +218,14 @@ class FitPlan:
         r = self.rates
         if r is None:
             return None
-        return {"source forwards": self.source_forward_flops / r.source_forward,
-                "target forwards": (self.forward_flops - self.source_forward_flops) / r.target_forward,
-                "statistics": self.statistics_flops / r.gemm64, "solves": self.solve_flops / r.solve64,
-                "memory": self.memory_traffic_bytes / r.memory, "fingerprints": self.hash_bytes / r.hash}
+        return {
+            "source forwards": self.source_forward_flops / r.source_forward,
+            "target forwards": (self.forward_flops - self.source_forward_flops) / r.target_forward,
+            "statistics": self.statistics_flops / r.gemm64,
+            "solves": self.solve_flops / r.solve64,
+            "memory": self.memory_traffic_bytes / r.memory,
+            "fingerprints": self.hash_bytes / r.hash,
+        }
 
     @property
     def seconds(self) -> float | None:
@@ -227,7 +235,10 @@ class FitPlan:
         if not self.device_flops:
             return None
         f64 = self.device_flops64 or self.device_flops
-        return self.forward_flops / (self.device_flops * self.efficiency) + (self.statistics_flops + self.solve_flops) / f64
+        return (
+            self.forward_flops / (self.device_flops * self.efficiency)
+            + (self.statistics_flops + self.solve_flops) / f64
+        )
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -238,24 +249,30 @@ class FitPlan:
 
     def lines(self) -> list[str]:
         s, t = self.source, self.target
-        out = [f"fit plan: {s.name} ({s.layers}x{s.kv_heads}x{s.head_dim}) -> {t.name} ({t.layers}x{t.kv_heads}x"
-               f"{t.head_dim}), {self.fitter}, top-k {self.top_k}, {self.tokens:,} tokens "
-               f"({self.observations:,} observations per head)",
-               f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
-               f"corpus; budget {_size(self.memory_budget)}",
-               f"  + float64 workspace {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
-               f" = peak ~{_size(self.peak_bytes)}",
-               f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
-               f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
-               f"solves {self.solve_flops:.3g}"]
+        out = [
+            f"fit plan: {s.name} ({s.layers}x{s.kv_heads}x{s.head_dim}) -> {t.name} ({t.layers}x{t.kv_heads}x"
+            f"{t.head_dim}), {self.fitter}, top-k {self.top_k}, {self.tokens:,} tokens "
+            f"({self.observations:,} observations per head)",
+            f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
+            f"corpus; budget {_size(self.memory_budget)}",
+            f"  + float64 workspace {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
+            f" = peak ~{_size(self.peak_bytes)}",
+            f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
+            f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
+            f"solves {self.solve_flops:.3g}",
+        ]
         parts = self.time_parts()
         if parts is not None:
             r = self.rates
-            out.append(f"  time at the rates measured on {r.device} ({r.threads} thread(s)): ~{_duration(self.seconds)} = "
-                       + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items()))
-            out.append(f"    rates: forwards {r.source_forward:.3g} / {r.target_forward:.3g} FLOP/s (source / target), "
-                       f"float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, memory {r.memory / 1e9:.3g} GB/s, "
-                       f"sha256 {r.hash / 1e9:.3g} GB/s")
+            out.append(
+                f"  time at the rates measured on {r.device} ({r.threads} thread(s)): ~{_duration(self.seconds)} = "
+                + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items())
+            )
+            out.append(
+                f"    rates: forwards {r.source_forward:.3g} / {r.target_forward:.3g} FLOP/s (source / target), "
+                f"float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, memory {r.memory / 1e9:.3g} GB/s, "
+                f"sha256 {r.hash / 1e9:.3g} GB/s"
+            )
         elif self.seconds is not None:
             rate = f"{self.device_flops:.3g} FLOP/s"
             if self.device_flops64:
@@ -270,9 +287,11 @@ class FitPlan:
                 groups.setdefault(p.tag.rstrip("0123456789"), []).append(p)
             for kind, ps in groups.items():
                 widths = [p.target_layers[1] - p.target_layers[0] + 1 for p in ps]
-                out.append(f"    {len(ps)} {kind} pass(es) of up to {max(widths)} target layers x up to "
-                           f"{max(p.source_layers for p in ps)} source layers, up to "
-                           f"{_size(max(p.statistics_bytes for p in ps))} each")
+                out.append(
+                    f"    {len(ps)} {kind} pass(es) of up to {max(widths)} target layers x up to "
+                    f"{max(p.source_layers for p in ps)} source layers, up to "
+                    f"{_size(max(p.statistics_bytes for p in ps))} each"
+                )
         out += [f"  note: {n}" for n in self.notes]
         return out
 
@@ -301,19 +320,38 @@ def safetensors_bytes(shapes: list, dtype_bytes: int = 4) -> int:
         for d in shape:
             n *= d
         begin, data = data, data + n
-        entries.append(f'"{name}":{{"dtype":"F32","shape":[{",".join(map(str, shape))}],"data_offsets":[{begin},{data}]}}')
+        entries.append(
+            f'"{name}":{{"dtype":"F32","shape":[{",".join(map(str, shape))}],"data_offsets":[{begin},{data}]}}'
+        )
     header = 2 + len(",".join(entries))  # {...}, no metadata
     return 8 + ((header + 7) // 8) * 8 + data  # the header is padded with spaces to 8 bytes
 
 
-def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int = 4, tokens: int | None = None,
-         seq_len: int = 512, stride: int = 4, skip: int = 0, heldout: float = 0.1, batch_size: int = 4,
-         dtype: str = "float32", memory_budget: int | None = None, device_flops: float | None = None,
-         device_flops64: float | None = None, efficiency: float = 1.0, rates=None) -> FitPlan:
+def plan(
+    source_ref: str,
+    target_ref: str,
+    *,
+    fitter: str = "ridge",
+    top_k: int = 4,
+    tokens: int | None = None,
+    seq_len: int = 512,
+    stride: int = 4,
+    skip: int = 0,
+    heldout: float = 0.1,
+    batch_size: int = 4,
+    dtype: str = "float32",
+    memory_budget: int | None = None,
+    device_flops: float | None = None,
+    device_flops64: float | None = None,
+    efficiency: float = 1.0,
+    rates=None,
+) -> FitPlan:
     """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring)."""
     if fitter not in ("ridge", "ridge-headwise"):
-        raise ConfigError(f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
-                          "plan with --fitter ridge (the statistics are the same)")
+        raise ConfigError(
+            f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
+            "plan with --fitter ridge (the statistics are the same)",
+        )
     if memory_budget is None:
         import os
 
@@ -336,57 +374,109 @@ def plan(source_ref: str, target_ref: str, *, fitter: str = "ridge", top_k: int 
         bytes_of = lambda b: layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
         peak_of = lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
         for i, b in enumerate(_blocks(t.layers, peak_of, memory_budget, "the headwise fit")):
-            passes.append(Pass(f"headwise{i}", (b[0], b[-1]), s.layers, bytes_of(b),
-                               stats_flops(p, len(b) * ft, p * s.head_dim)))
-        solve = 2 * s.layers * s.kv_heads * (s.head_dim ** 3 / 3 + 4 * s.head_dim ** 2 * t.layers * ft)
-        shapes = [(f"layers.{j}.{n}", sh) for j in range(t.layers)
-                  for n, sh in (("wk", (t.kv_heads, s.head_dim, t.head_dim)), ("bk", (t.kv_heads, t.head_dim)),
-                                ("wv", (t.kv_heads, s.head_dim, t.head_dim)), ("bv", (t.kv_heads, t.head_dim)))]
+            passes.append(
+                Pass(f"headwise{i}", (b[0], b[-1]), s.layers, bytes_of(b), stats_flops(p, len(b) * ft, p * s.head_dim))
+            )
+        solve = 2 * s.layers * s.kv_heads * (s.head_dim**3 / 3 + 4 * s.head_dim**2 * t.layers * ft)
+        shapes = [
+            (f"layers.{j}.{n}", sh)
+            for j in range(t.layers)
+            for n, sh in (
+                ("wk", (t.kv_heads, s.head_dim, t.head_dim)),
+                ("bk", (t.kv_heads, t.head_dim)),
+                ("wv", (t.kv_heads, s.head_dim, t.head_dim)),
+                ("bv", (t.kv_heads, t.head_dim)),
+            )
+        ]
     else:
         full = layer_stats_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full")
         p, q = s.layers * fs, t.layers * ft
         if job_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full") <= memory_budget:
             passes.append(Pass("joint", (0, t.layers - 1), s.layers, full, stats_flops(p, q, p * p)))
         else:
-            sel = _blocks(t.layers, lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
-                          memory_budget, "layer selection")
+            sel = _blocks(
+                t.layers,
+                lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
+                memory_budget,
+                "layer selection",
+            )
             for i, b in enumerate(sel):
-                passes.append(Pass(f"select{i}", (b[0], b[-1]), s.layers,
-                                   layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
-                                   stats_flops(p, len(b) * ft, p * fs)))
+                passes.append(
+                    Pass(
+                        f"select{i}",
+                        (b[0], b[-1]),
+                        s.layers,
+                        layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
+                        stats_flops(p, len(b) * ft, p * fs),
+                    )
+                )
             union = lambda b: min(s.layers, k * len(b))  # noqa: E731  worst case: no shared source layers
-            fit = _blocks(t.layers, lambda b: job_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
-                          memory_budget, "the joint fit")
+            fit = _blocks(
+                t.layers,
+                lambda b: job_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
+                memory_budget,
+                "the joint fit",
+            )
             for i, b in enumerate(fit):
                 pu = union(b) * fs
-                passes.append(Pass(f"fit{i}", (b[0], b[-1]), union(b),
-                                   layer_stats_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
-                                   stats_flops(pu, len(b) * ft, pu * pu)))
+                passes.append(
+                    Pass(
+                        f"fit{i}",
+                        (b[0], b[-1]),
+                        union(b),
+                        layer_stats_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
+                        stats_flops(pu, len(b) * ft, pu * pu),
+                    )
+                )
             worst = True
-            notes.append("blocked fit: the fit passes assume no two target layers of a block share a source layer "
-                         "(worst case); shared selections make them smaller")
+            notes.append(
+                "blocked fit: the fit passes assume no two target layers of a block share a source layer "
+                "(worst case); shared selections make them smaller"
+            )
         f = k * fs
         # selection: one solve per (source layer, K/V) against every target layer of a pass; fit: one per (target layer, K/V)
         solve = 2 * s.layers * solve_flops(fs, q) + 2 * t.layers * solve_flops(f, ft)
-        shapes = [(f"layers.{j}.{n}", sh) for j in range(t.layers)
-                  for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))]
+        shapes = [
+            (f"layers.{j}.{n}", sh)
+            for j in range(t.layers)
+            for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))
+        ]
     shapes.sort()  # safetensors writes the header sorted by name
     peak = max(p.statistics_bytes for p in passes)
     rows = batch_size * per_seq  # observations of one batch, converted to float64 in row chunks
     widest = max(passes, key=lambda p: p.statistics_bytes)
-    buffers = workspace_bytes(widest.source_layers * fs,
-                              (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows)
+    buffers = workspace_bytes(
+        widest.source_layers * fs, (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows
+    )
     weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
     forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
-    return FitPlan(source=s, target=t, fitter=fitter, top_k=k, tokens=tokens, observations=n_obs,
-                   memory_budget=int(memory_budget), passes=tuple(passes), statistics_bytes=peak,
-                   batch_buffer_bytes=buffers, weights_bytes=weights, artifact_bytes=safetensors_bytes(shapes),
-                   forward_flops=forwards, statistics_flops=sum(p.statistics_flops for p in passes),
-                   solve_flops=float(solve), device_flops=device_flops, device_flops64=device_flops64,
-                   efficiency=efficiency, worst_case=worst, notes=tuple(notes), source_forward_flops=src_forwards,
-                   memory_traffic_bytes=sum(p.statistics_bytes for p in passes),
-                   hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4), rates=rates)
+    return FitPlan(
+        source=s,
+        target=t,
+        fitter=fitter,
+        top_k=k,
+        tokens=tokens,
+        observations=n_obs,
+        memory_budget=int(memory_budget),
+        passes=tuple(passes),
+        statistics_bytes=peak,
+        batch_buffer_bytes=buffers,
+        weights_bytes=weights,
+        artifact_bytes=safetensors_bytes(shapes),
+        forward_flops=forwards,
+        statistics_flops=sum(p.statistics_flops for p in passes),
+        solve_flops=float(solve),
+        device_flops=device_flops,
+        device_flops64=device_flops64,
+        efficiency=efficiency,
+        worst_case=worst,
+        notes=tuple(notes),
+        source_forward_flops=src_forwards,
+        memory_traffic_bytes=sum(p.statistics_bytes for p in passes),
+        hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4),
+        rates=rates,
+    )
 
 
 class _CallableModule(types.ModuleType):
@@ -398,4 +488,13 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["plan", "FitPlan", "Pass", "ModelSize", "model_size", "layer_stats_bytes", "safetensors_bytes", "solve_flops"]
+__all__ = [
+    "plan",
+    "FitPlan",
+    "Pass",
+    "ModelSize",
+    "model_size",
+    "layer_stats_bytes",
+    "safetensors_bytes",
+    "solve_flops",
+]

@@ -85,8 +85,9 @@ def _typical(fn, reps: int, clock) -> float:
     return max(statistics.median(times), 1e-9)
 
 
-def layer_forward_rate(ref: str, *, seq_len: int, batch_size: int, dtype: str = "float32", device: str = "cpu",
-                       reps: int = 2) -> float:
+def layer_forward_rate(
+    ref: str, *, seq_len: int, batch_size: int, dtype: str = "float32", device: str = "cpu", reps: int = 2
+) -> float:
     """FLOP/s of one decoder layer of ``ref`` (random weights) through the fit's extract + strip path."""
     import torch
 
@@ -167,8 +168,17 @@ def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
     return nbytes / _typical(run, reps, _clock("cpu"))
 
 
-def measure_rates(source_ref: str, target_ref: str, *, seq_len: int = 512, batch_size: int = 4, stride: int = 4,
-                  top_k: int = 4, dtype: str = "float32", device: str = "cpu") -> PlanRates:
+def measure_rates(
+    source_ref: str,
+    target_ref: str,
+    *,
+    seq_len: int = 512,
+    batch_size: int = 4,
+    stride: int = 4,
+    top_k: int = 4,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> PlanRates:
     """Time each part of a fit of ``source_ref -> target_ref`` at its shapes, here (a few seconds)."""
     import torch
 
@@ -176,14 +186,30 @@ def measure_rates(source_ref: str, target_ref: str, *, seq_len: int = 512, batch
 
     s, t = model_size(source_ref), model_size(target_ref)
     src_rate = layer_forward_rate(source_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
-    tgt_rate = src_rate if target_ref == source_ref else layer_forward_rate(
-        target_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
+    tgt_rate = (
+        src_rate
+        if target_ref == source_ref
+        else layer_forward_rate(target_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
+    )
     rows = batch_size * len(range(0, seq_len, stride))
-    return PlanRates(source_forward=src_rate, target_forward=tgt_rate,
-                     gemm64=gemm64_rate(s.layers * s.kv_features, rows, device),
-                     solve64=solve64_rate(s.kv_features, t.layers * t.kv_features, device),
-                     memory=memory_rate(device), hash=hash_rate(), device=device, threads=torch.get_num_threads())
+    return PlanRates(
+        source_forward=src_rate,
+        target_forward=tgt_rate,
+        gemm64=gemm64_rate(s.layers * s.kv_features, rows, device),
+        solve64=solve64_rate(s.kv_features, t.layers * t.kv_features, device),
+        memory=memory_rate(device),
+        hash=hash_rate(),
+        device=device,
+        threads=torch.get_num_threads(),
+    )
 
 
-__all__ = ["PlanRates", "measure_rates", "layer_forward_rate", "gemm64_rate", "solve64_rate", "memory_rate",
-           "hash_rate"]
+__all__ = [
+    "PlanRates",
+    "measure_rates",
+    "layer_forward_rate",
+    "gemm64_rate",
+    "solve64_rate",
+    "memory_rate",
+    "hash_rate",
+]

@@ -139,8 +139,9 @@ def _coerce_one(raw: Any, tp: Any) -> Any:
 
 
 def _type_name(tp: Any) -> str:
-    return " | ".join("none" if a is type(None) else getattr(typing.get_origin(a) or a, "__name__", str(a))
-                      for a in _union_args(tp))
+    return " | ".join(
+        "none" if a is type(None) else getattr(typing.get_origin(a) or a, "__name__", str(a)) for a in _union_args(tp)
+    )
 
 
 def coerce(raw: Any, tp: Any, *, key: str, owner: str) -> Any:
@@ -152,8 +153,7 @@ def coerce(raw: Any, tp: Any, *, key: str, owner: str) -> Any:
             return _coerce_one(raw, arg)
         except (ValueError, TypeError, json.JSONDecodeError):
             continue
-    raise ConfigError(f"{owner} option {key}={raw!r} is not a {_type_name(tp)}",
-                      f"pass -o {key}=<{_type_name(tp)}>")
+    raise ConfigError(f"{owner} option {key}={raw!r} is not a {_type_name(tp)}", f"pass -o {key}=<{_type_name(tp)}>")
 
 
 def option_fields(cls: type) -> dict:
@@ -161,8 +161,11 @@ def option_fields(cls: type) -> dict:
     hints = typing.get_type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        )  # type: ignore[misc]
         out[f.name] = (hints.get(f.name, Any), default)
     return out
 
@@ -203,5 +206,14 @@ def describe_options(cls: type) -> str:
     return ", ".join(f"{k}: {_type_name(t)} = {d!r}" for k, (t, d) in option_fields(cls).items()) or "(none)"
 
 
-__all__ = ["FitterProtocol", "FitReport", "fitter_problem", "build_options", "parse_pairs", "coerce",
-           "option_fields", "describe_options", "FITTER_MEMBERS"]
+__all__ = [
+    "FitterProtocol",
+    "FitReport",
+    "fitter_problem",
+    "build_options",
+    "parse_pairs",
+    "coerce",
+    "option_fields",
+    "describe_options",
+    "FITTER_MEMBERS",
+]

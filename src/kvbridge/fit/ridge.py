@@ -100,8 +100,13 @@ class _BlockSolver:
     """Solves each block of joint statistics for every k as it comes, then assembles the mappings."""
 
     def __init__(self, fitter, source_spec, target_spec, options, ks):
-        self.fitter, self.source_spec, self.target_spec, self.options, self.ks = fitter, source_spec, target_spec, \
-            options, ks
+        self.fitter, self.source_spec, self.target_spec, self.options, self.ks = (
+            fitter,
+            source_spec,
+            target_spec,
+            options,
+            ks,
+        )
         self.dims = dims(source_spec, target_spec)
         self.results = {k: {} for k in ks}
         self.selection: dict = {}
@@ -112,8 +117,9 @@ class _BlockSolver:
         for k in self.ks:
             if k not in self.selection:
                 self.selection[k] = pick(scores["mean"], range(self.source_spec.num_layers), k)
-            self.results[k].update(self.fitter._solve_layers(job, job.tgt_layers, self.selection[k],
-                                                             self.options.alpha, self.dims))
+            self.results[k].update(
+                self.fitter._solve_layers(job, job.tgt_layers, self.selection[k], self.options.alpha, self.dims)
+            )
 
     def mappings(self, stats) -> dict:
         return {k: self._mapping(stats, k) for k in self.ks}
@@ -126,8 +132,16 @@ class _BlockSolver:
         layers, r2k, r2v, alphas = [], [], [], []
         for t in range(self.target_spec.num_layers):
             res = results[t]
-            layers.append(LayerMap("dense", tuple(selection[t]), res["k"]["w"].float(), res["k"]["b"].float(),
-                                   res["v"]["w"].float(), res["v"]["b"].float()))
+            layers.append(
+                LayerMap(
+                    "dense",
+                    tuple(selection[t]),
+                    res["k"]["w"].float(),
+                    res["k"]["b"].float(),
+                    res["v"]["w"].float(),
+                    res["v"]["b"].float(),
+                )
+            )
             r2k.append(res["k"]["r2"])
             r2v.append(res["v"]["r2"])
             alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
@@ -139,8 +153,12 @@ class _BlockSolver:
             fitter=self.fitter.name,
             params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},
             layer_selection=[list(s) for s in selection],
-            selection_scores={"mean": scores["mean"].tolist(), "k": scores["k"].tolist(), "v": scores["v"].tolist(),
-                              "measured_on": scores["measured_on"]},
+            selection_scores={
+                "mean": scores["mean"].tolist(),
+                "k": scores["k"].tolist(),
+                "v": scores["v"].tolist(),
+                "measured_on": scores["measured_on"],
+            },
             heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
             r2_summary=summary,
             alpha_chosen=alphas,
@@ -191,8 +209,11 @@ class RidgeFitter:
         ks = list(dict.fromkeys(min(int(k), ls) for k in (ks or [options.top_k])))
         over = [k for k in ks if k > stats.max_k]
         if over:
-            raise FitError(f"--top-k {over[0]} needs statistics accumulated for top-k {over[0]} or more; these were "
-                           f"kept for top-k {stats.max_k}", f"use --top-k {stats.max_k} or less, or refit from the models")
+            raise FitError(
+                f"--top-k {over[0]} needs statistics accumulated for top-k {over[0]} or more; these were "
+                f"kept for top-k {stats.max_k}",
+                f"use --top-k {stats.max_k} or less, or refit from the models",
+            )
         d = dims(stats.source_spec, stats.target_spec)
         self._check_seen(stats.n_train, max(ks), d["src_heads"] * d["src_dim"], d)
         solver = _BlockSolver(self, stats.source_spec, stats.target_spec, options, ks)
@@ -200,8 +221,7 @@ class RidgeFitter:
             solver.add(job, stats.scores)
         return solver.mappings(stats)
 
-    def accumulate(self, source_spec, target_spec, calibration, options: RidgeOptions, *, max_k: int,
-                   on_block=None):
+    def accumulate(self, source_spec, target_spec, calibration, options: RidgeOptions, *, max_k: int, on_block=None):
         """The :class:`RidgeStatistics` any ``top_k <= max_k`` (and any alpha) is solved from.
 
         One joint pass when the job fits the budget, else selection passes then fit passes over
@@ -218,10 +238,13 @@ class RidgeFitter:
         k = min(int(max_k), ls)
         fs = dims_["src_heads"] * dims_["src_dim"]
         n_train = calibration.observations("train")
-        check_determined(n_train, k * fs, what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x "
-                                                f"{dims_['src_dim']} dims",
-                         fix=f"give at least {k * fs} training observations (more --tokens, or a smaller --stride), "
-                             f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)")
+        check_determined(
+            n_train,
+            k * fs,
+            what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims",
+            fix=f"give at least {k * fs} training observations (more --tokens, or a smaller --stride), "
+            f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)",
+        )
         budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
         passes, jobs = [], []
         if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
@@ -238,8 +261,12 @@ class RidgeFitter:
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
             rows = {"mean": [None] * lt, "k": [None] * lt, "v": [None] * lt}
-            sel_blocks = plan_blocks(lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer"),
-                                     budget, what="layer selection")
+            sel_blocks = plan_blocks(
+                lt,
+                lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer"),
+                budget,
+                what="layer selection",
+            )
             for bi, block in enumerate(sel_blocks):
                 job = LayerStats(range(ls), block, **dims_, xx_block="layer", device=device_of(calibration))
                 calibration.accumulate([job], tag=f"select{bi}")
@@ -259,8 +286,9 @@ class RidgeFitter:
             def union(b):
                 return sorted({s for t in b for s in selection[t]})
 
-            fit_blocks = plan_blocks(lt, lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_), budget,
-                                     what="the joint fit")
+            fit_blocks = plan_blocks(
+                lt, lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_), budget, what="the joint fit"
+            )
             for bi, block in enumerate(fit_blocks):
                 job = LayerStats(union(block), block, **dims_, xx_block="full", device=device_of(calibration))
                 calibration.accumulate([job], tag=f"fit{bi}")
@@ -274,9 +302,12 @@ class RidgeFitter:
 
     @staticmethod
     def _check_seen(n_seen, k, fs, dims_) -> None:
-        check_determined(n_seen, k * fs, what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x "
-                                               f"{dims_['src_dim']} dims",
-                         fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise")
+        check_determined(
+            n_seen,
+            k * fs,
+            what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims",
+            fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise",
+        )
 
     @staticmethod
     def _solve_layers(job, block, selection, alpha, dims_) -> dict:
@@ -287,12 +318,29 @@ class RidgeFitter:
             for kind in ("k", "v"):
                 train = job.moments(kind, "train", src_layers=selection[t], tgt_layers=[t])
                 held = job.moments(kind, "held", src_layers=selection[t], tgt_layers=[t]) if held_ok else None
-                res[kind] = fit_group(train, held, heads=dims_["tgt_heads"], alpha=alpha,
-                                      what=f"target layer {t} {kind.upper()}")
+                res[kind] = fit_group(
+                    train, held, heads=dims_["tgt_heads"], alpha=alpha, what=f"target layer {t} {kind.upper()}"
+                )
             out[t] = res
         return out
 
 
-__all__ = ["RidgeFitter", "RidgeOptions", "RidgeStatistics", "check_alpha", "check_top_k", "r2_summary", "plan_blocks", "default_budget",
-           "LOW_R2", "solve", "sse", "grouped_r2", "alpha_grid", "fit_group", "check_determined", "FitError",
-           "DEFAULT_ALPHA"]
+__all__ = [
+    "RidgeFitter",
+    "RidgeOptions",
+    "RidgeStatistics",
+    "check_alpha",
+    "check_top_k",
+    "r2_summary",
+    "plan_blocks",
+    "default_budget",
+    "LOW_R2",
+    "solve",
+    "sse",
+    "grouped_r2",
+    "alpha_grid",
+    "fit_group",
+    "check_determined",
+    "FitError",
+    "DEFAULT_ALPHA",
+]

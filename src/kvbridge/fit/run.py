@@ -16,8 +16,14 @@ from kvbridge.errors import ConfigError
 from kvbridge.fit.settings import FitSettings
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
-SHORTCUTS = {"top_k": "top_k", "alpha": "alpha", "memory_gib": "memory_budget", "estimator": "estimator",
-             "estimator_options": "estimator_options", "max_samples": "max_samples"}
+SHORTCUTS = {
+    "top_k": "top_k",
+    "alpha": "alpha",
+    "memory_gib": "memory_budget",
+    "estimator": "estimator",
+    "estimator_options": "estimator_options",
+    "max_samples": "max_samples",
+}
 
 
 def option_values(settings: FitSettings) -> dict:
@@ -78,9 +84,17 @@ def _revision(ref) -> str | None:
     return Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
 
 
-def fit_pair(pair, settings: FitSettings, *, data=None, prepared: Prepared | None = None,
-             progress: Callable | None = None, warn: Callable[[str], None] | None = None,
-             distributed: Any = "auto", host=None):
+def fit_pair(
+    pair,
+    settings: FitSettings,
+    *,
+    data=None,
+    prepared: Prepared | None = None,
+    progress: Callable | None = None,
+    warn: Callable[[str], None] | None = None,
+    distributed: Any = "auto",
+    host=None,
+):
     """Fit ``pair.source``'s cache to ``pair.target``'s (see ``kvbridge fit``) on a loaded
     :class:`~kvbridge.models.pair.ModelPair`.
 
@@ -101,8 +115,10 @@ def fit_pair(pair, settings: FitSettings, *, data=None, prepared: Prepared | Non
     elif s.top_k is None and "top_k" not in prepared.values and hasattr(options, "top_k"):
         layers = src.spec.num_layers
         if options.top_k > layers:  # the default, larger than the source allows: clamp and say so
-            note = (f"--top-k defaults to {options.top_k}, but {src.ref.ref} has {layers} layers: using "
-                    f"--top-k {layers} (all of them)")
+            note = (
+                f"--top-k defaults to {options.top_k}, but {src.ref.ref} has {layers} layers: using "
+                f"--top-k {layers} (all of them)"
+            )
             if warn is None:
                 import warnings
 
@@ -113,15 +129,37 @@ def fit_pair(pair, settings: FitSettings, *, data=None, prepared: Prepared | Non
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
         check_same_tokens(list(texts), src.tokenizer, tgt.tokenizer)
-    calibration = CalibrationConfig(stride=s.stride, skip=s.skip, heldout=s.heldout, seed=s.seed,
-                                    batch_size=s.batch_size, seq_len=s.seq_len, tokens=s.tokens)
-    return fit(src.model, tgt.model, texts, fitter=s.fitter, options=options, calibration=calibration,
-               tokenizer=src.tokenizer, tokenizer_fingerprint=pair.tokenizer, corpus_sha256=prepared.corpus_sha256,
-               corpus_path=s.corpus if data is None else None, corpus_split=prepared.split, out=s.out,
-               overwrite=s.overwrite, resume=s.resume,
-               provenance=Provenance(src.name, tgt.name, _revision(src.ref), _revision(tgt.ref)),
-               progress=progress, distributed=distributed, keep_stats=s.keep_stats, host=host,
-               **({"top_k": sweep} if sweep is not None else {}))
+    calibration = CalibrationConfig(
+        stride=s.stride,
+        skip=s.skip,
+        heldout=s.heldout,
+        seed=s.seed,
+        batch_size=s.batch_size,
+        seq_len=s.seq_len,
+        tokens=s.tokens,
+    )
+    return fit(
+        src.model,
+        tgt.model,
+        texts,
+        fitter=s.fitter,
+        options=options,
+        calibration=calibration,
+        tokenizer=src.tokenizer,
+        tokenizer_fingerprint=pair.tokenizer,
+        corpus_sha256=prepared.corpus_sha256,
+        corpus_path=s.corpus if data is None else None,
+        corpus_split=prepared.split,
+        out=s.out,
+        overwrite=s.overwrite,
+        resume=s.resume,
+        provenance=Provenance(src.name, tgt.name, _revision(src.ref), _revision(tgt.ref)),
+        progress=progress,
+        distributed=distributed,
+        keep_stats=s.keep_stats,
+        host=host,
+        **({"top_k": sweep} if sweep is not None else {}),
+    )
 
 
 def plan_top_k(settings: FitSettings, source) -> int:
@@ -148,12 +186,32 @@ def plan_fit(source, target, settings: FitSettings):
     if s.plan_device:
         from kvbridge.fit.plan_rates import measure_rates
 
-        rates = measure_rates(source, target, seq_len=s.seq_len, batch_size=s.batch_size, stride=s.stride, top_k=k,
-                              dtype=s.dtype, device=s.plan_device)
-    return plan(source, target, fitter=s.fitter, top_k=k, tokens=s.tokens, seq_len=s.seq_len, stride=s.stride,
-                skip=s.skip, heldout=s.heldout, batch_size=s.batch_size, dtype=s.dtype,
-                memory_budget=None if s.memory_gib is None else int(s.memory_gib * 2**30),
-                device_flops=s.device_flops, rates=rates)
+        rates = measure_rates(
+            source,
+            target,
+            seq_len=s.seq_len,
+            batch_size=s.batch_size,
+            stride=s.stride,
+            top_k=k,
+            dtype=s.dtype,
+            device=s.plan_device,
+        )
+    return plan(
+        source,
+        target,
+        fitter=s.fitter,
+        top_k=k,
+        tokens=s.tokens,
+        seq_len=s.seq_len,
+        stride=s.stride,
+        skip=s.skip,
+        heldout=s.heldout,
+        batch_size=s.batch_size,
+        dtype=s.dtype,
+        memory_budget=None if s.memory_gib is None else int(s.memory_gib * 2**30),
+        device_flops=s.device_flops,
+        rates=rates,
+    )
 
 
 def refit(source, target, settings: FitSettings, *, host=None):
@@ -171,13 +229,24 @@ def refit(source, target, settings: FitSettings, *, host=None):
     if s.out is None:
         raise ConfigError("kvbridge fit --from-stats needs --out", "give the mapping folder to write")
     if s.corpus is not None or s.keep_stats is not None:
-        raise ConfigError(f"--from-stats solves from kept statistics: --{'corpus' if s.corpus is not None else 'keep-stats'}"
-                          " does not apply", "drop it, or fit from the models without --from-stats")
+        raise ConfigError(
+            f"--from-stats solves from kept statistics: --{'corpus' if s.corpus is not None else 'keep-stats'}"
+            " does not apply",
+            "drop it, or fit from the models without --from-stats",
+        )
     check_replaceable(s.out, SWEEP_KIND if s.sweep else KIND, overwrite=s.overwrite)
     idents = [model_identity(resolve(ref, host=host).config) for ref in (source, target)]  # configs only
     top_k = ",".join(map(str, s.top_k)) if s.sweep else s.top_k
-    return fit_from_stats(s.from_stats, out=s.out, top_k=top_k, alpha=s.alpha, source=idents[0], target=idents[1],
-                          overwrite=s.overwrite, host=host)
+    return fit_from_stats(
+        s.from_stats,
+        out=s.out,
+        top_k=top_k,
+        alpha=s.alpha,
+        source=idents[0],
+        target=idents[1],
+        overwrite=s.overwrite,
+        host=host,
+    )
 
 
 __all__ = ["FitSettings", "Prepared", "prepare", "fit_pair", "plan_fit", "plan_top_k", "refit", "option_values"]

@@ -30,8 +30,10 @@ def parse_top_k(value) -> list | int | None:
         elif text.isdigit() and int(text) >= 1 and len(text) < 10:
             out.append(int(text))
         else:
-            raise ConfigError(f"--top-k value {str(part).strip()!r} is not a whole number >= 1 or 'all'",
-                              "use e.g. --top-k 4 or --top-k 1,2,4,8,all")
+            raise ConfigError(
+                f"--top-k value {str(part).strip()!r} is not a whole number >= 1 or 'all'",
+                "use e.g. --top-k 4 or --top-k 1,2,4,8,all",
+            )
     if not out:
         raise ConfigError("--top-k is empty", "use e.g. --top-k 4 or --top-k 1,2,4,8,all")
     if len(out) == 1 and out[0] != "all" and isinstance(value, str):
@@ -52,11 +54,17 @@ def _top_k(value):
 
 
 def _share(value, flag: str, *, open_low: bool = True) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and (value > 0 if open_low else value >= 0) and value < 1
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > 0 if open_low else value >= 0)
+        and value < 1
+    )
     if not ok:
-        raise ConfigError(f"{flag} must be a share {'in (0, 1)' if open_low else 'in [0, 1)'}, got {value!r}",
-                          f"use e.g. {flag} 0.1")
+        raise ConfigError(
+            f"{flag} must be a share {'in (0, 1)' if open_low else 'in [0, 1)'}, got {value!r}", f"use e.g. {flag} 0.1"
+        )
 
 
 def _options(value) -> tuple:
@@ -70,8 +78,10 @@ def _options(value) -> tuple:
     try:
         return tuple(str(v) for v in value)
     except TypeError:
-        raise ConfigError(f"-o must be KEY=VALUE strings, got {type(value).__name__}",
-                          "pass e.g. fitter_options=('top_k=2',) or a dict") from None
+        raise ConfigError(
+            f"-o must be KEY=VALUE strings, got {type(value).__name__}",
+            "pass e.g. fitter_options=('top_k=2',) or a dict",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -118,8 +128,12 @@ class FitSettings:
         from kvbridge.check import validate
         from kvbridge.dtypes import LOAD_DTYPES
 
-        for name, flag in (("corpus", "--corpus"), ("out", "--out"), ("keep_stats", "--keep-stats"),
-                           ("from_stats", "--from-stats")):
+        for name, flag in (
+            ("corpus", "--corpus"),
+            ("out", "--out"),
+            ("keep_stats", "--keep-stats"),
+            ("from_stats", "--from-stats"),
+        ):
             object.__setattr__(self, name, path_value(getattr(self, name), flag))
         object.__setattr__(self, "fitter_options", _options(self.fitter_options))
         object.__setattr__(self, "top_k", _top_k(self.top_k))
@@ -138,11 +152,18 @@ class FitSettings:
         if self.max_samples is not None:
             whole_number(self.max_samples, "--max-samples", 1)
         if self.device_flops is not None:
-            validate.finite_number(self.device_flops, "--device-flops", positive=True, fix="pass e.g. --device-flops 1e14")
+            validate.finite_number(
+                self.device_flops, "--device-flops", positive=True, fix="pass e.g. --device-flops 1e14"
+            )
         if self.dtype not in LOAD_DTYPES:
-            raise ConfigError(f"--dtype {self.dtype!r} is not a dtype models load in", f"use one of: {', '.join(LOAD_DTYPES)}")
-        for name, flag in (("estimator", "--estimator"), ("estimator_options", "--estimator-options"),
-                           ("plan_device", "--calibrate")):
+            raise ConfigError(
+                f"--dtype {self.dtype!r} is not a dtype models load in", f"use one of: {', '.join(LOAD_DTYPES)}"
+            )
+        for name, flag in (
+            ("estimator", "--estimator"),
+            ("estimator_options", "--estimator-options"),
+            ("plan_device", "--calibrate"),
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"{flag} is empty", f"give a value for {flag}, or leave it out")

@@ -39,11 +39,14 @@ def load_estimator(path: str, options):
         try:
             options = json.loads(options) if options.strip() else {}
         except json.JSONDecodeError as exc:
-            raise FitError(f"--estimator-options is not valid JSON ({exc.msg} at column {exc.colno})",
-                           'pass a JSON object, e.g. \'{"alpha": 0.01}\'') from None
+            raise FitError(
+                f"--estimator-options is not valid JSON ({exc.msg} at column {exc.colno})",
+                "pass a JSON object, e.g. '{\"alpha\": 0.01}'",
+            ) from None
     if not isinstance(options, dict):
-        raise FitError(f"--estimator-options must be a JSON object, got {type(options).__name__}",
-                       'pass e.g. \'{"alpha": 0.01}\'')
+        raise FitError(
+            f"--estimator-options must be a JSON object, got {type(options).__name__}", "pass e.g. '{\"alpha\": 0.01}'"
+        )
     try:
         cls = load_object(path)
     except (ImportError, AttributeError) as exc:
@@ -60,9 +63,11 @@ def load_estimator(path: str, options):
 def _linear(est, path: str, p: int, q: int):
     coef = getattr(est, "coef_", None)
     if coef is None:
-        raise FitError(f"estimator {path} has no coef_: kvbridge mappings are linear maps stored as tensors "
-                       "(no pickles), so only linear regressors can be used",
-                       "use a linear estimator (Ridge, RidgeCV, LinearRegression, Lasso, ElasticNet, ...)")
+        raise FitError(
+            f"estimator {path} has no coef_: kvbridge mappings are linear maps stored as tensors "
+            "(no pickles), so only linear regressors can be used",
+            "use a linear estimator (Ridge, RidgeCV, LinearRegression, Lasso, ElasticNet, ...)",
+        )
     import numpy as np
 
     coef = np.asarray(coef, dtype=np.float64).reshape(q, p)
@@ -104,10 +109,14 @@ class SklearnFitter:
         if calibration is None:
             raise FitError("the sklearn fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         if calibration.world > 1:
-            raise FitError("the sklearn fitter materialises its sample in one process and cannot run distributed",
-                           "run it as a single process, or use --fitter ridge under torchrun")
+            raise FitError(
+                "the sklearn fitter materialises its sample in one process and cannot run distributed",
+                "run it as a single process, or use --fitter ridge under torchrun",
+            )
         path = estimator or DEFAULT_ESTIMATOR
-        est_options = DEFAULT_OPTIONS if (estimator is None and estimator_options is None) else (estimator_options or {})
+        est_options = (
+            DEFAULT_OPTIONS if (estimator is None and estimator_options is None) else (estimator_options or {})
+        )
         proto, est_options = load_estimator(path, est_options)
         dims = dims_of(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
@@ -117,11 +126,16 @@ class SklearnFitter:
         feats, held = calibration.sample(max_samples)
         train = ~held
         n_train, n_held = int(train.sum()), int(held.sum())
-        check_determined(n_train, k * fs, what=f"top-k {k} source layers x {fs} dims (sample of {len(held)})",
-                         fix="raise --max-samples or --tokens, lower --top-k or --stride")
+        check_determined(
+            n_train,
+            k * fs,
+            what=f"top-k {k} source layers x {fs} dims (sample of {len(held)})",
+            fix="raise --max-samples or --tokens, lower --top-k or --stride",
+        )
         # selection on statistics of the same sample (exactly what ridge sees on the same data)
-        job = LayerStats(range(ls), range(lt), **dims, xx_block="full" if LayerStats.nbytes_for(
-            ls, lt, **dims) < 2**31 else "layer")
+        job = LayerStats(
+            range(ls), range(lt), **dims, xx_block="full" if LayerStats.nbytes_for(ls, lt, **dims) < 2**31 else "layer"
+        )
         job.update(feats, held)
         scores = single_layer_r2(job)
         selection = pick(scores["mean"], range(ls), k)
@@ -144,8 +158,16 @@ class SklearnFitter:
                     r2s[c] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
                 else:
                     r2s[c] = None
-            layers.append(LayerMap("dense", tuple(selection[t]), maps["k"][0].float(), maps["k"][1].float(),
-                                   maps["v"][0].float(), maps["v"][1].float()))
+            layers.append(
+                LayerMap(
+                    "dense",
+                    tuple(selection[t]),
+                    maps["k"][0].float(),
+                    maps["k"][1].float(),
+                    maps["v"][0].float(),
+                    maps["v"][1].float(),
+                )
+            )
             r2k.append(r2s["k"])
             r2v.append(r2s["v"])
         tk = torch.stack(r2k) if n_held else None
@@ -153,11 +175,20 @@ class SklearnFitter:
         summary, warnings = r2_summary(tk, tv, threshold=low_r2)
         report = FitReport(
             fitter=self.name,
-            params={"top_k": k, "estimator": path, "estimator_options": est_options, "max_samples": max_samples,
-                    "low_r2": low_r2},
+            params={
+                "top_k": k,
+                "estimator": path,
+                "estimator_options": est_options,
+                "max_samples": max_samples,
+                "low_r2": low_r2,
+            },
             layer_selection=[list(s) for s in selection],
-            selection_scores={"mean": scores["mean"].tolist(), "k": scores["k"].tolist(),
-                              "v": scores["v"].tolist(), "measured_on": scores["measured_on"]},
+            selection_scores={
+                "mean": scores["mean"].tolist(),
+                "k": scores["k"].tolist(),
+                "v": scores["v"].tolist(),
+                "measured_on": scores["measured_on"],
+            },
             heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
             r2_summary=summary,
             alpha_chosen=None,

@@ -19,6 +19,7 @@ mean).
 Shared by every built-in fitter (``ridge``, ``ridge-headwise``, ``sklearn``) and by
 :mod:`~kvbridge.fit.select`; it imports neither, so there is no import cycle.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,17 +70,20 @@ def grouped_r2(w: torch.Tensor, b: torch.Tensor, held: Moments, groups: int) -> 
 def alpha_grid(m: Moments) -> list[float]:
     scale = float(torch.diagonal(m.cxx).mean()) if m.p else 1.0
     scale = scale if scale > 0 and math.isfinite(scale) else 1.0
-    grid = {DEFAULT_ALPHA} | {scale * 10.0 ** e for e in range(-6, 2)}
+    grid = {DEFAULT_ALPHA} | {scale * 10.0**e for e in range(-6, 2)}
     return sorted(grid)
 
 
-def fit_group(train: Moments, held: Moments | None, *, heads: int, alpha: float | str = DEFAULT_ALPHA,
-              what: str = "") -> dict:
+def fit_group(
+    train: Moments, held: Moments | None, *, heads: int, alpha: float | str = DEFAULT_ALPHA, what: str = ""
+) -> dict:
     """Fit one (target layer, K/V): ``{"w", "b", "alpha", "r2" [heads] (held-out, or None)}``."""
     if alpha == "auto":
         if held is None or held.n < 1:
-            raise FitError(f"--alpha auto needs held-out observations{' for ' + what if what else ''}, there are none",
-                           "give more sequences (more --tokens) or a fixed --alpha")
+            raise FitError(
+                f"--alpha auto needs held-out observations{' for ' + what if what else ''}, there are none",
+                "give more sequences (more --tokens) or a fixed --alpha",
+            )
         best = None
         for lam in alpha_grid(train):
             w, b = solve(train, lam)
@@ -102,7 +106,8 @@ def check_determined(n_obs: float, n_features: int, *, what: str, fix: str) -> N
         raise FitError(
             f"underdetermined fit for {what}: {int(n_obs)} calibration observations per target head but "
             f"{n_features} features; it would reach R²≈1 on calibration data and collapse on held-out data",
-            fix)
+            fix,
+        )
 
 
 LOW_R2 = 0.5  # mean held-out R² below this: the fitter warns that the mapping is poor
@@ -115,7 +120,9 @@ def default_budget() -> int:
     try:
         return int(float(raw) * 2**30) if raw else 8 * 2**30
     except ValueError:
-        raise FitError(f"KVBRIDGE_FIT_MEMORY={raw!r} is not a number of GiB", "set e.g. KVBRIDGE_FIT_MEMORY=8") from None
+        raise FitError(
+            f"KVBRIDGE_FIT_MEMORY={raw!r} is not a number of GiB", "set e.g. KVBRIDGE_FIT_MEMORY=8"
+        ) from None
 
 
 def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold: float = LOW_R2) -> tuple[dict, list]:
@@ -123,14 +130,20 @@ def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold:
     if r2k is None or r2v is None:
         return {"heldout": False}, ["no held-out observations: the fit's quality is unmeasured"]
     both = torch.stack([r2k, r2v])
-    summary = {"heldout": True, "mean": float(both.mean()), "mean_k": float(r2k.mean()),
-               "mean_v": float(r2v.mean()), "min": float(both.min())}
+    summary = {
+        "heldout": True,
+        "mean": float(both.mean()),
+        "mean_k": float(r2k.mean()),
+        "mean_v": float(r2v.mean()),
+        "min": float(both.min()),
+    }
     warnings = []
     if summary["mean"] < threshold:
         warnings.append(
             f"poor fit: mean held-out R² {summary['mean']:.3f} (K {summary['mean_k']:.3f}, V {summary['mean_v']:.3f}) "
             f"is below {threshold}: the source cache carries little linear information about this target's cache, "
-            "so a transferred cache will not behave like the target's own (re-prefill instead, or try other models)")
+            "so a transferred cache will not behave like the target's own (re-prefill instead, or try other models)"
+        )
     else:
         per_layer = both.mean(dim=(0, 2))
         bad = [int(i) for i in torch.nonzero(per_layer < threshold).flatten()]
@@ -140,8 +153,12 @@ def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold:
 
 
 def dims(source_spec, target_spec):
-    return dict(src_heads=source_spec.num_kv_heads, src_dim=source_spec.head_dim,
-                tgt_heads=target_spec.num_kv_heads, tgt_dim=target_spec.head_dim)
+    return dict(
+        src_heads=source_spec.num_kv_heads,
+        src_dim=source_spec.head_dim,
+        tgt_heads=target_spec.num_kv_heads,
+        tgt_dim=target_spec.head_dim,
+    )
 
 
 def device_of(calibration):
@@ -154,12 +171,28 @@ def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     from kvbridge.fit.plan import pack_blocks
 
     def too_big(nbytes: int):
-        raise FitError(f"{what} needs {nbytes / 2**30:.2f} GiB of statistics for one target layer, over the "
-                       f"{budget / 2**30:.2f} GiB budget", "raise KVBRIDGE_FIT_MEMORY, lower --top-k or use "
-                       "--fitter ridge-headwise")
+        raise FitError(
+            f"{what} needs {nbytes / 2**30:.2f} GiB of statistics for one target layer, over the "
+            f"{budget / 2**30:.2f} GiB budget",
+            "raise KVBRIDGE_FIT_MEMORY, lower --top-k or use --fitter ridge-headwise",
+        )
 
     return pack_blocks(n, bytes_of, budget, too_big)
 
 
-__all__ = ["FitError", "DEFAULT_ALPHA", "LOW_R2", "solve", "sse", "grouped_r2", "alpha_grid", "fit_group",
-           "check_determined", "default_budget", "r2_summary", "plan_blocks", "dims", "device_of"]
+__all__ = [
+    "FitError",
+    "DEFAULT_ALPHA",
+    "LOW_R2",
+    "solve",
+    "sse",
+    "grouped_r2",
+    "alpha_grid",
+    "fit_group",
+    "check_determined",
+    "default_budget",
+    "r2_summary",
+    "plan_blocks",
+    "dims",
+    "device_of",
+]

@@ -81,8 +81,9 @@ class MomentStats:
     which is all single-layer or single-head fits need, at ``p·b`` instead of ``p²`` memory.
     """
 
-    def __init__(self, p: int, q: int, *, xx_block: int | None = None, device="cpu",
-                 workspace: Workspace | None = None):
+    def __init__(
+        self, p: int, q: int, *, xx_block: int | None = None, device="cpu", workspace: Workspace | None = None
+    ):
         if xx_block is not None and (xx_block <= 0 or p % xx_block):
             raise ValueError(f"xx_block {xx_block} does not divide p={p}")
         self.p, self.q, self.xx_block = int(p), int(q), xx_block
@@ -125,11 +126,13 @@ class MomentStats:
         """Add a batch of observations ``x [m, p]``, ``y [m, q]`` (any float dtype); with ``rows``
         (an index tensor) only those rows. Taken in row chunks of at most :func:`chunk_rows`."""
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
-            raise ValueError(f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and "
-                             f"{tuple(y.shape)}")
+            raise ValueError(
+                f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
         if x.shape[1] != self.p or y.shape[1] != self.q:
-            raise ValueError(f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and "
-                             f"{tuple(y.shape)}")
+            raise ValueError(
+                f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and {tuple(y.shape)}"
+            )
         m = int(x.shape[0] if rows is None else rows.numel())
         step = chunk_rows(self.p, self.q)
         for a in range(0, m, step):
@@ -204,8 +207,10 @@ class MomentStats:
 
     def _check_same(self, other: "MomentStats") -> None:
         if (self.p, self.q, self.xx_block) != (other.p, other.q, other.xx_block):
-            raise ValueError(f"cannot merge statistics of shape (p={other.p}, q={other.q}, block={other.xx_block}) "
-                             f"into (p={self.p}, q={self.q}, block={self.xx_block})")
+            raise ValueError(
+                f"cannot merge statistics of shape (p={other.p}, q={other.q}, block={other.xx_block}) "
+                f"into (p={self.p}, q={self.q}, block={self.xx_block})"
+            )
 
     # -- additive form -------------------------------------------------------------------------
     def recentred(self, cx: torch.Tensor, cy: torch.Tensor) -> dict:
@@ -219,8 +224,13 @@ class MomentStats:
         }
 
     # -- views --------------------------------------------------------------------------------
-    def moments(self, rows: torch.Tensor | slice | None = None, cols: torch.Tensor | slice | None = None,
-                *, block: int | None = None) -> Moments:
+    def moments(
+        self,
+        rows: torch.Tensor | slice | None = None,
+        cols: torch.Tensor | slice | None = None,
+        *,
+        block: int | None = None,
+    ) -> Moments:
         """A :class:`Moments` view over feature ``rows`` and target ``cols`` (index tensors or slices).
 
         With block-diagonal statistics pass ``block`` (the block index) instead of ``rows``.
@@ -254,22 +264,34 @@ class MomentStats:
         def vec(t: torch.Tensor, idx) -> torch.Tensor:
             return t.index_select(0, idx) if isinstance(idx, torch.Tensor) else t[idx]
 
-        return Moments(n=self.n, mean_x=vec(self.mean_x, r), mean_y=vec(self.mean_y, cols),
-                       cxx=cxx, cxy=pick(self.cxy, r, cols), cyy=vec(self.cyy, cols))
+        return Moments(
+            n=self.n,
+            mean_x=vec(self.mean_x, r),
+            mean_y=vec(self.mean_y, cols),
+            cxx=cxx,
+            cxy=pick(self.cxy, r, cols),
+            cyy=vec(self.cyy, cols),
+        )
 
     # -- persistence -------------------------------------------------------------------------
     def state_dict(self, prefix: str = "") -> dict:
-        return {f"{prefix}n": torch.tensor([self.n], dtype=DTYPE), f"{prefix}mean_x": self.mean_x.cpu(),
-                f"{prefix}mean_y": self.mean_y.cpu(), f"{prefix}cxx": self.cxx.cpu(),
-                f"{prefix}cxy": self.cxy.cpu(), f"{prefix}cyy": self.cyy.cpu()}
+        return {
+            f"{prefix}n": torch.tensor([self.n], dtype=DTYPE),
+            f"{prefix}mean_x": self.mean_x.cpu(),
+            f"{prefix}mean_y": self.mean_y.cpu(),
+            f"{prefix}cxx": self.cxx.cpu(),
+            f"{prefix}cxy": self.cxy.cpu(),
+            f"{prefix}cyy": self.cyy.cpu(),
+        }
 
     def load_state_dict(self, data: dict, prefix: str = "") -> "MomentStats":
         for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
             t = data[f"{prefix}{name}"]
             cur = getattr(self, name)
             if tuple(t.shape) != tuple(cur.shape):
-                raise ValueError(f"checkpoint tensor {prefix}{name} has shape {tuple(t.shape)}, expected "
-                                 f"{tuple(cur.shape)}")
+                raise ValueError(
+                    f"checkpoint tensor {prefix}{name} has shape {tuple(t.shape)}, expected {tuple(cur.shape)}"
+                )
             cur.copy_(t.to(DTYPE))
         self.n = float(data[f"{prefix}n"][0])
         return self
@@ -301,20 +323,29 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
     if not stats:
         return
     dev = stats[0].device  # gloo reduces CPU tensors, nccl CUDA ones: keep the statistics' device
-    first = torch.cat([torch.cat([torch.tensor([s.n], dtype=DTYPE, device=dev), (s.n * s.mean_x).to(dev),
-                                  (s.n * s.mean_y).to(dev)]) for s in stats])
+    first = torch.cat(
+        [
+            torch.cat(
+                [torch.tensor([s.n], dtype=DTYPE, device=dev), (s.n * s.mean_x).to(dev), (s.n * s.mean_y).to(dev)]
+            )
+            for s in stats
+        ]
+    )
     dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
     centres, off = [], 0
     for s in stats:
         n = float(first[off])
-        mx = first[off + 1: off + 1 + s.p]
-        my = first[off + 1 + s.p: off + 1 + s.p + s.q]
+        mx = first[off + 1 : off + 1 + s.p]
+        my = first[off + 1 + s.p : off + 1 + s.p + s.q]
         off += 1 + s.p + s.q
         centres.append((n, mx / n if n else mx * 0, my / n if n else my * 0))
     parts = []
     for s, (n, mx, my) in zip(stats, centres):
-        rc = s.recentred(mx.to(s.device), my.to(s.device)) if s.n else \
-            {"cxx": torch.zeros_like(s.cxx), "cxy": torch.zeros_like(s.cxy), "cyy": torch.zeros_like(s.cyy)}
+        rc = (
+            s.recentred(mx.to(s.device), my.to(s.device))
+            if s.n
+            else {"cxx": torch.zeros_like(s.cxx), "cxy": torch.zeros_like(s.cxy), "cyy": torch.zeros_like(s.cyy)}
+        )
         parts.extend(t.reshape(-1).to(dev) for t in (rc["cxx"], rc["cxy"], rc["cyy"]))
     flat = torch.cat(parts)
     del parts
@@ -324,7 +355,7 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
         for name in ("cxx", "cxy", "cyy"):
             cur = getattr(s, name)
             k = cur.numel()
-            cur.copy_(flat[off: off + k].view_as(cur))
+            cur.copy_(flat[off : off + k].view_as(cur))
             off += k
         s.n = n
         s.mean_x.copy_(mx)
@@ -344,8 +375,18 @@ class LayerStats:
     KINDS = ("k", "v")
     SPLITS = ("train", "held")
 
-    def __init__(self, src_layers, tgt_layers, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int,
-                 xx_block: str = "full", device="cpu"):
+    def __init__(
+        self,
+        src_layers,
+        tgt_layers,
+        *,
+        src_heads: int,
+        src_dim: int,
+        tgt_heads: int,
+        tgt_dim: int,
+        xx_block: str = "full",
+        device="cpu",
+    ):
         if xx_block not in ("full", "layer", "head"):
             raise ValueError(f"xx_block must be full, layer or head, got {xx_block!r}")
         self.src_layers = tuple(int(i) for i in src_layers)
@@ -355,8 +396,11 @@ class LayerStats:
         p, q = self.p, self.q
         blk = self._block_size()
         self.workspace = Workspace(device)  # one float64 chunk buffer for the four statistics
-        self.stats = {(c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace)
-                      for c in self.KINDS for s in self.SPLITS}
+        self.stats = {
+            (c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace)
+            for c in self.KINDS
+            for s in self.SPLITS
+        }
 
     def _block_size(self) -> int | None:
         return {"full": None, "layer": self.src_heads * self.src_dim, "head": self.src_dim}[self.xx_block]
@@ -370,16 +414,18 @@ class LayerStats:
         return len(self.tgt_layers) * self.tgt_heads * self.tgt_dim
 
     @staticmethod
-    def nbytes_for(n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int,
-                   xx_block: str = "full") -> int:
+    def nbytes_for(
+        n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int, xx_block: str = "full"
+    ) -> int:
         """Bytes the job holds: 4 x MomentStats (K, V) x (train, held)."""
         p, q = n_src * src_heads * src_dim, n_tgt * tgt_heads * tgt_dim
         blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
         return 4 * MomentStats.nbytes_for(p, q, blk)
 
     @staticmethod
-    def job_bytes_for(n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int,
-                      xx_block: str = "full") -> int:
+    def job_bytes_for(
+        n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int, xx_block: str = "full"
+    ) -> int:
         """The job's peak: statistics + its float64 workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`)."""
         from kvbridge.fit.plan import job_bytes
 
@@ -421,7 +467,7 @@ class LayerStats:
         """``t [n, L, H, D]`` restricted to ``layers`` as ``[n, len(layers)·H·D]`` (a view when it can be)."""
         n, _total = t.shape[0], t.shape[1]
         if layers == tuple(range(layers[0], layers[0] + len(layers))):
-            return t[:, layers[0]:layers[0] + len(layers)].reshape(n, -1)
+            return t[:, layers[0] : layers[0] + len(layers)].reshape(n, -1)
         return t.index_select(1, torch.tensor(layers, dtype=torch.long, device=t.device)).reshape(n, -1)
 
     # -- views ----------------------------------------------------------------------------------
@@ -479,5 +525,14 @@ class LayerStats:
         return self
 
 
-__all__ = ["MomentStats", "Moments", "LayerStats", "Workspace", "all_reduce", "chunk_rows", "workspace_bytes",
-           "DTYPE", "WORKSPACE_BYTES"]
+__all__ = [
+    "MomentStats",
+    "Moments",
+    "LayerStats",
+    "Workspace",
+    "all_reduce",
+    "chunk_rows",
+    "workspace_bytes",
+    "DTYPE",
+    "WORKSPACE_BYTES",
+]

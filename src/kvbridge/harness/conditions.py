@@ -69,8 +69,10 @@ def parse_recompute_layers(text: str | None, num_layers: int) -> list[Recompute]
         else:
             layers = parse_layers(part, num_layers)
             if not layers or layers[0] == "auto":
-                raise HarnessError(f"--recompute-layers {part!r} names no layers",
-                                   "use a layer list (3,7-9), all, or a share of the first layers (10%)")
+                raise HarnessError(
+                    f"--recompute-layers {part!r} names no layers",
+                    "use a layer list (3,7-9), all, or a share of the first layers (10%)",
+                )
         out.append(Recompute("layers", part, layers=tuple(layers)))
     return out
 
@@ -108,12 +110,16 @@ class Answerer:
         self.sad = self.host.adapter_for(source.config.to_dict())
         self.tad = self.host.adapter_for(target.config.to_dict())
         self.sspec, self.tspec = self.sad.spec_of(source), self.tad.spec_of(target)
-        for role, want, got in (("source", getattr(mapping, "source_spec", None), self.sspec),
-                                ("target", getattr(mapping, "target_spec", None), self.tspec)):
+        for role, want, got in (
+            ("source", getattr(mapping, "source_spec", None), self.sspec),
+            ("target", getattr(mapping, "target_spec", None), self.tspec),
+        ):
             if want is not None and _geometry(want) != _geometry(got):
-                raise HarnessError(f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)="
-                                   f"{_geometry(want)}, the {role} model has {_geometry(got)}",
-                                   "pass the mapping fitted for this pair (kvbridge fit SRC TGT)")
+                raise HarnessError(
+                    f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)="
+                    f"{_geometry(want)}, the {role} model has {_geometry(got)}",
+                    "pass the mapping fitted for this pair (kvbridge fit SRC TGT)",
+                )
         self.plain_ok = _geometry(self.sspec) == _geometry(self.tspec)
         self.recompute = {r.name: r for r in recompute}
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -139,9 +145,11 @@ class Answerer:
             if c not in names:
                 raise HarnessError(f"unknown condition {c!r}", f"use some of {', '.join(names)}")
             if c == "plain" and not self.plain_ok:
-                raise HarnessError("the plain-reuse condition needs the same (layers, kv_heads, head_dim) on both "
-                                   f"models; source {_geometry(self.sspec)}, target {_geometry(self.tspec)}",
-                                   "leave plain out of --conditions")
+                raise HarnessError(
+                    "the plain-reuse condition needs the same (layers, kv_heads, head_dim) on both "
+                    f"models; source {_geometry(self.sspec)}, target {_geometry(self.tspec)}",
+                    "leave plain out of --conditions",
+                )
             out.append(c)
         return [c for c in names if c in out]
 
@@ -180,21 +188,32 @@ class Answerer:
             return out
 
         if cond == "target":
-            return self.target, self.tad, get("target", lambda: timed(
-                "target_prefill_s", lambda: self.tad.extract(self.target, ids, spec=self.tspec)))
-        src = get("source", lambda: timed("source_prefill_s",
-                                          lambda: self.sad.extract(self.source, ids, spec=self.sspec)))
+            return (
+                self.target,
+                self.tad,
+                get(
+                    "target",
+                    lambda: timed("target_prefill_s", lambda: self.tad.extract(self.target, ids, spec=self.tspec)),
+                ),
+            )
+        src = get(
+            "source", lambda: timed("source_prefill_s", lambda: self.sad.extract(self.source, ids, spec=self.sspec))
+        )
         if cond == "source":
             return self.source, self.sad, src
         from kvbridge.transfer import IdentityMapping, transfer
 
-        moved = get("transferred", lambda: timed("transfer_s", lambda: transfer(src, self.mapping, self.tspec,
-                                                                                 host=self.host)))
+        moved = get(
+            "transferred", lambda: timed("transfer_s", lambda: transfer(src, self.mapping, self.tspec, host=self.host))
+        )
         if cond == "transferred":
             return self.target, self.tad, moved
         if cond == "plain":
-            return self.target, self.tad, get("plain", lambda: transfer(src, IdentityMapping(), self.tspec,
-                                                                        host=self.host))
+            return (
+                self.target,
+                self.tad,
+                get("plain", lambda: transfer(src, IdentityMapping(), self.tspec, host=self.host)),
+            )
         point = self.recompute.get(cond)
         if point is None:
             raise HarnessError(f"unknown condition {cond!r}", f"use some of {', '.join(self.conditions())}")
@@ -250,7 +269,7 @@ class Answerer:
         feed = live_ids + list(continuation)
         logits, _ = self._forward(model, adapter, state, feed)
         n = len(continuation)
-        logp = torch.log_softmax(logits[-n - 1:-1].double(), dim=-1)
+        logp = torch.log_softmax(logits[-n - 1 : -1].double(), dim=-1)
         tgt = torch.tensor(continuation, dtype=torch.long)
         total = float(logp.gather(-1, tgt[:, None]).sum())
         greedy = bool((logp.argmax(-1) == tgt).all())

@@ -53,9 +53,20 @@ def _flag(value: Any) -> bool:
 class KVBridgeLM(LM):
     """lm-eval model answering every request under one kvbridge condition (``self.condition``)."""
 
-    def __init__(self, source: str = "", target: str = "", mapping: str = "identity", condition: str = "transferred",
-                 dtype: str | None = None, max_gen_toks: int = 256, rolling_window: int = 256,
-                 accept_fingerprint_mismatch: Any = False, answerer=None, tokenizer=None, **_ignored):
+    def __init__(
+        self,
+        source: str = "",
+        target: str = "",
+        mapping: str = "identity",
+        condition: str = "transferred",
+        dtype: str | None = None,
+        max_gen_toks: int = 256,
+        rolling_window: int = 256,
+        accept_fingerprint_mismatch: Any = False,
+        answerer=None,
+        tokenizer=None,
+        **_ignored,
+    ):
         super().__init__()
         self.max_gen_toks = int(max_gen_toks)
         self.rolling_window = int(rolling_window)
@@ -63,8 +74,10 @@ class KVBridgeLM(LM):
             from kvbridge.harness.protocol import HarnessError
 
             if not source or not target:
-                raise HarnessError("the kvbridge lm-eval model needs source= and target= model references",
-                                   "pass --model_args source=REF,target=REF,mapping=DIR")
+                raise HarnessError(
+                    "the kvbridge lm-eval model needs source= and target= model references",
+                    "pass --model_args source=REF,target=REF,mapping=DIR",
+                )
             from kvbridge.harness.conditions import Answerer
             from kvbridge.models.pair import load_pair
 
@@ -77,8 +90,13 @@ class KVBridgeLM(LM):
             else:
                 from kvbridge.fit.artifact import load_mapping
 
-                mapping_obj = load_mapping(str(mapping), source=src.model, target=tgt.model, tokenizer=pair.tokenizer,
-                                           force=_flag(accept_fingerprint_mismatch))
+                mapping_obj = load_mapping(
+                    str(mapping),
+                    source=src.model,
+                    target=tgt.model,
+                    tokenizer=pair.tokenizer,
+                    force=_flag(accept_fingerprint_mismatch),
+                )
             tokenizer = tgt.tokenizer
             answerer = Answerer(src.model, tgt.model, mapping_obj, tokenizer)
         self.answerer = answerer
@@ -113,7 +131,7 @@ class KVBridgeLM(LM):
         ctx = self._context(context)
         if whole[: len(ctx)] != ctx:  # the tokenizer merged across the boundary: encode apart
             return ctx, self._encode(continuation)
-        return ctx, whole[len(ctx):]
+        return ctx, whole[len(ctx) :]
 
     # -- the LM interface -------------------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -133,7 +151,7 @@ class KVBridgeLM(LM):
             total = 0.0
             for start in range(0, len(toks), w):
                 ctx = self.prefix_ids() + toks[:start]
-                total += self.answerer.loglikelihood(self.condition, ctx, [], toks[start:start + w])[0]
+                total += self.answerer.loglikelihood(self.condition, ctx, [], toks[start : start + w])[0]
             out.append(total)
             self.counts["loglikelihood_rolling"] += 1
         return out
@@ -145,8 +163,11 @@ class KVBridgeLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             steps = int(kwargs.get("max_gen_toks", self.max_gen_toks))
-            out.append(self.answerer.generate(self.condition, self._context(context), [], max_new_tokens=steps,
-                                              stop=tuple(until)))
+            out.append(
+                self.answerer.generate(
+                    self.condition, self._context(context), [], max_new_tokens=steps, stop=tuple(until)
+                )
+            )
             self.counts["generate_until"] += 1
         return out
 
@@ -156,9 +177,12 @@ class KVBridgeLM(LM):
 
     def get_model_info(self) -> dict:
         a = self.answerer
-        return {"kvbridge_condition": self.condition, "kvbridge_source_layers": a.sspec.num_layers,
-                "kvbridge_target_layers": a.tspec.num_layers,
-                "kvbridge_mapping": getattr(a.mapping, "name", type(a.mapping).__name__)}
+        return {
+            "kvbridge_condition": self.condition,
+            "kvbridge_source_layers": a.sspec.num_layers,
+            "kvbridge_target_layers": a.tspec.num_layers,
+            "kvbridge_mapping": getattr(a.mapping, "name", type(a.mapping).__name__),
+        }
 
 
 if NAME not in model_registry:

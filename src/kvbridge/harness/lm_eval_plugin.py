@@ -88,8 +88,11 @@ def main(argv=None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m kvbridge.harness.lm_eval_plugin DIR   (writes DIR/kvbridge_task.yaml and "
-              "DIR/kvbridge_task.jsonl)", file=sys.stderr)
+        print(
+            "usage: python -m kvbridge.harness.lm_eval_plugin DIR   (writes DIR/kvbridge_task.yaml and "
+            "DIR/kvbridge_task.jsonl)",
+            file=sys.stderr,
+        )
         return 2
     try:
         yaml_path, data_path = write_template(args[0])
@@ -97,11 +100,15 @@ def main(argv=None) -> int:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: cannot write the template into {args[0]} ({exc.strerror or exc}) (fix: pass a writable folder)",
-              file=sys.stderr)
+        print(
+            f"error: cannot write the template into {args[0]} ({exc.strerror or exc}) (fix: pass a writable folder)",
+            file=sys.stderr,
+        )
         return 2
-    print(f"wrote {yaml_path} and {data_path}\nrun: lm_eval run --model kvbridge "
-          f"--model_args source=SRC,target=TGT,mapping=DIR --tasks {yaml_path}")
+    print(
+        f"wrote {yaml_path} and {data_path}\nrun: lm_eval run --model kvbridge "
+        f"--model_args source=SRC,target=TGT,mapping=DIR --tasks {yaml_path}"
+    )
     return 0
 
 

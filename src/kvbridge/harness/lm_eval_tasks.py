@@ -71,10 +71,14 @@ def find_yaml(name: str, include_path: str | None = None) -> Path:
             if grouped is None and group.search(text):
                 grouped = path
     if grouped is not None:
-        raise HarnessError(f"lm-eval name {name!r} is a group or tag ({grouped.name}), not a single task",
-                           "pass its member tasks one by one with --lm-eval-task")
-    raise HarnessError(f"unknown lm-eval task {name!r}",
-                       "pass a task name from `lm-eval ls tasks`, or a task YAML file (with --lm-eval-include for a folder)")
+        raise HarnessError(
+            f"lm-eval name {name!r} is a group or tag ({grouped.name}), not a single task",
+            "pass its member tasks one by one with --lm-eval-task",
+        )
+    raise HarnessError(
+        f"unknown lm-eval task {name!r}",
+        "pass a task name from `lm-eval ls tasks`, or a task YAML file (with --lm-eval-include for a folder)",
+    )
 
 
 def task_config(path: Path) -> dict:
@@ -83,8 +87,10 @@ def task_config(path: Path) -> dict:
     try:
         return load_yaml(path, resolve_func=False, recursive=True)
     except Exception as exc:  # noqa: BLE001 - a malformed YAML of the user's: one line
-        raise HarnessError(f"cannot read lm-eval task {path} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
-                           "fix the task YAML") from None
+        raise HarnessError(
+            f"cannot read lm-eval task {path} ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
+            "fix the task YAML",
+        ) from None
 
 
 def check_local(name: str, cfg: dict, path: Path) -> None:
@@ -95,11 +101,12 @@ def check_local(name: str, cfg: dict, path: Path) -> None:
     if dp in LOCAL_BUILDERS and files:
         flat = [files] if isinstance(files, str) else (list(files.values()) if isinstance(files, dict) else list(files))
         for f in flat:
-            for one in ([f] if isinstance(f, str) else list(f)):
+            for one in [f] if isinstance(f, str) else list(f):
                 local = Path(one) if Path(one).is_absolute() else path.parent / one
                 if "://" not in str(one) and not Path(one).exists() and not local.exists():
-                    raise HarnessError(f"lm-eval task {name!r}: data file {one} not found",
-                                       f"fix dataset_kwargs.data_files in {path}")
+                    raise HarnessError(
+                        f"lm-eval task {name!r}: data file {one} not found", f"fix dataset_kwargs.data_files in {path}"
+                    )
         return
     if isinstance(dp, str) and dp and Path(dp).expanduser().is_dir():
         return
@@ -107,7 +114,8 @@ def check_local(name: str, cfg: dict, path: Path) -> None:
         f"lm-eval task {name!r} reads its data from the Hugging Face hub (dataset_path: {dp}) and kvbridge never "
         "downloads",
         f"copy {path.name}, set dataset_path: json and dataset_kwargs: {{data_files: {{test: /path/to/test.jsonl}}}} "
-        "(with test_split: test), and pass that YAML to --lm-eval-task")
+        "(with test_split: test), and pass that YAML to --lm-eval-task",
+    )
 
 
 def lm_eval_task_specs(names, include_path: str | None = None) -> list[LmEvalSpec]:
@@ -146,8 +154,10 @@ class LmEvalTask:
         tm = TaskManager(include_path=self.spec.include_path, include_defaults=False)
         task = tm.load([self.spec.name])["tasks"].get(self.spec.name)
         if task is None:
-            raise HarnessError(f"lm-eval did not load task {self.spec.name!r} from {self.spec.yaml_path}",
-                               "check the YAML with `lm-eval validate --tasks NAME --include_path DIR`")
+            raise HarnessError(
+                f"lm-eval did not load task {self.spec.name!r} from {self.spec.yaml_path}",
+                "check the YAML with `lm-eval validate --tasks NAME --include_path DIR`",
+            )
         if options.num_fewshot >= 0:
             task.set_config(key="num_fewshot", value=int(options.num_fewshot))
         return task
@@ -163,8 +173,15 @@ class LmEvalTask:
         for doc_id, insts in sorted(by_doc.items()):
             insts = sorted(insts, key=lambda i: i.idx)
             ctx = insts[0].args[0] if insts[0].args and isinstance(insts[0].args[0], str) else ""
-            items.append(GenItem(id=f"{self.spec.name}-{doc_id}", context=ctx, query="", answer=None,
-                                 meta={"doc_id": doc_id, "instances": insts, "doc": insts[0].doc}))
+            items.append(
+                GenItem(
+                    id=f"{self.spec.name}-{doc_id}",
+                    context=ctx,
+                    query="",
+                    answer=None,
+                    meta={"doc_id": doc_id, "instances": insts, "doc": insts[0].doc},
+                )
+            )
         return items
 
     def _lm(self, answerer, cond: str):
@@ -197,8 +214,10 @@ class LmEvalTask:
         primary = next((m for m in names if m in metrics), None) or next(iter(metrics))
         score = float(metrics[primary])
         if not 0 <= score <= 1:
-            raise HarnessError(f"lm-eval task {self.spec.name!r}: metric {primary!r} is {score}, not a 0..1 item score",
-                               "use a task whose first metric is acc or exact_match")
+            raise HarnessError(
+                f"lm-eval task {self.spec.name!r}: metric {primary!r} is {score}, not a 0..1 item score",
+                "use a task whose first metric is acc or exact_match",
+            )
         mc = getattr(task, "OUTPUT_TYPE", None) == "multiple_choice"
         shown = max(range(len(resps)), key=lambda i: resps[i][0]) if mc else str(results[0])[:300]
         return score, shown
@@ -220,8 +239,9 @@ def lm_eval_loaded_tasks(specs, options: dict | None = None) -> list:
     names = {f"lm-eval:{s.name}" for s in specs}
     stray = [k for k in (options or {}) if k not in names]
     if stray:
-        raise HarnessError(f"-o names {stray[0]!r}, which is not an --lm-eval-task",
-                           f"use one of {', '.join(sorted(names))}")
+        raise HarnessError(
+            f"-o names {stray[0]!r}, which is not an --lm-eval-task", f"use one of {', '.join(sorted(names))}"
+        )
     out = []
     for spec in specs:
         task = LmEvalTask(spec)
@@ -230,5 +250,13 @@ def lm_eval_loaded_tasks(specs, options: dict | None = None) -> list:
     return out
 
 
-__all__ = ["LmEvalSpec", "LmEvalTask", "LmEvalOptions", "lm_eval_task_specs", "lm_eval_loaded_tasks", "find_yaml",
-           "check_local", "LOCAL_BUILDERS"]
+__all__ = [
+    "LmEvalSpec",
+    "LmEvalTask",
+    "LmEvalOptions",
+    "lm_eval_task_specs",
+    "lm_eval_loaded_tasks",
+    "find_yaml",
+    "check_local",
+    "LOCAL_BUILDERS",
+]

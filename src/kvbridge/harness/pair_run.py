@@ -35,15 +35,21 @@ def prepare(settings: HarnessSettings) -> Prepared:
 
         lm_specs = lm_eval_task_specs(list(settings.lm_eval_tasks), include_path=settings.lm_eval_include)
     if lm_options and not lm_specs:
-        raise HarnessError(f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
-                           "add the task with --lm-eval-task, or drop the option")
+        raise HarnessError(
+            f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
+            "add the task with --lm-eval-task, or drop the option",
+        )
     needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
     if needs_exec and not settings.allow_code_execution:
-        raise HarnessError(f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
-                           "pass --allow-code-execution (it runs in a limited subprocess, not a container)")
+        raise HarnessError(
+            f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
+            "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
+        )
     if settings.mapping != "identity" and not (Path(settings.mapping) / "manifest.json").is_file():
-        raise HarnessError(f"--mapping {settings.mapping}: not a mapping folder (no manifest.json)",
-                           "pass a folder written by `kvbridge fit SRC TGT --out DIR`, or identity")
+        raise HarnessError(
+            f"--mapping {settings.mapping}: not a mapping folder (no manifest.json)",
+            "pass a folder written by `kvbridge fit SRC TGT --out DIR`, or identity",
+        )
     if settings.report_dir:
         from kvbridge.artifacts import check_replaceable
         from kvbridge.harness.report import REPORT_KIND
@@ -52,8 +58,14 @@ def prepare(settings: HarnessSettings) -> Prepared:
     return Prepared(tuple(tasks), tuple(lm_specs), lm_options)
 
 
-def harness_pair(pair, settings: HarnessSettings, *, prepared: Prepared | None = None,
-                 progress: Callable[[int, int], None] | None = None, host=None) -> tuple[dict, dict]:
+def harness_pair(
+    pair,
+    settings: HarnessSettings,
+    *,
+    prepared: Prepared | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    host=None,
+) -> tuple[dict, dict]:
     """Run the tasks of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`.
 
     Returns ``(result, written)``: the JSON-ready result, and the report files written (empty
@@ -67,31 +79,61 @@ def harness_pair(pair, settings: HarnessSettings, *, prepared: Prepared | None =
 
     prepared = prepared or prepare(settings)
     src, tgt = pair.source, pair.target
-    mapping = load_mapping_ref(settings.mapping, src.model, tgt.model, tokenizer=pair.tokenizer,
-                               force=settings.accept_fingerprint_mismatch)
+    mapping = load_mapping_ref(
+        settings.mapping, src.model, tgt.model, tokenizer=pair.tokenizer, force=settings.accept_fingerprint_mismatch
+    )
     layers = tgt.spec.num_layers if getattr(tgt, "spec", None) else tgt.model.config.num_hidden_layers
-    points = parse_recompute_layers(settings.recompute_layers, layers) + parse_recompute_tokens(settings.recompute_tokens)
+    points = parse_recompute_layers(settings.recompute_layers, layers) + parse_recompute_tokens(
+        settings.recompute_tokens
+    )
     tasks = list(prepared.tasks)
     if prepared.lm_specs:
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
 
         tasks += lm_eval_loaded_tasks(list(prepared.lm_specs), prepared.lm_options)
     partial_file = settings.partial_file
-    partial = None if partial_file is None else PartialLog(partial_file, {
-        "command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping,
-        "tasks": [t.name for t in tasks]})
+    partial = (
+        None
+        if partial_file is None
+        else PartialLog(
+            partial_file,
+            {
+                "command": "harness",
+                "source": src.name,
+                "target": tgt.name,
+                "mapping": settings.mapping,
+                "tasks": [t.name for t in tasks],
+            },
+        )
+    )
 
     def on_item(task, record):
         if partial is not None:
             partial.add({"task": task, **record})
 
-    result = run_harness(src.model, tgt.model, mapping, tgt.tokenizer, tasks, conditions=list(settings.conditions) or None,
-                         recompute=points, allow_code_execution=settings.allow_code_execution,
-                         bootstrap=settings.bootstrap, seed=settings.seed, limit=settings.limit, progress=progress,
-                         on_item=on_item, source_name=src.name, target_name=tgt.name, host=host,
-                         mapping_info={"path": None if settings.mapping == "identity" else str(settings.mapping),
-                                       "name": getattr(mapping, "name", type(mapping).__name__),
-                                       "exact": bool(getattr(mapping, "exact", False))})
+    result = run_harness(
+        src.model,
+        tgt.model,
+        mapping,
+        tgt.tokenizer,
+        tasks,
+        conditions=list(settings.conditions) or None,
+        recompute=points,
+        allow_code_execution=settings.allow_code_execution,
+        bootstrap=settings.bootstrap,
+        seed=settings.seed,
+        limit=settings.limit,
+        progress=progress,
+        on_item=on_item,
+        source_name=src.name,
+        target_name=tgt.name,
+        host=host,
+        mapping_info={
+            "path": None if settings.mapping == "identity" else str(settings.mapping),
+            "name": getattr(mapping, "name", type(mapping).__name__),
+            "exact": bool(getattr(mapping, "exact", False)),
+        },
+    )
     written = {}
     if settings.report_dir:
         written = write_report(result, settings.report_dir)

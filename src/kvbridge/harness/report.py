@@ -40,37 +40,55 @@ def rows(result: dict) -> tuple[list[str], list[list[str]]]:
     heads = ["task", "n"] + conds + ["retention", "floor-norm retention", "gap closed"]
     out = []
     for name, t in result["tasks"].items():
-        out.append([name, str(t["n"])] + [_acc(t["conditions"].get(c)) for c in conds]
-                   + [_num(t.get("retention")), _num(t.get("floor_normalised_retention")), _num(t.get("gap_closed"))])
+        out.append(
+            [name, str(t["n"])]
+            + [_acc(t["conditions"].get(c)) for c in conds]
+            + [_num(t.get("retention")), _num(t.get("floor_normalised_retention")), _num(t.get("gap_closed"))]
+        )
         for g, row in (t.get("groups") or {}).items():
-            out.append([f"  {g}", str(row["n"])] + [_acc(row["conditions"].get(c)) for c in conds]
-                       + [_num(row.get("retention")), _num(row.get("floor_normalised_retention")),
-                          _num(row.get("gap_closed"))])
+            out.append(
+                [f"  {g}", str(row["n"])]
+                + [_acc(row["conditions"].get(c)) for c in conds]
+                + [_num(row.get("retention")), _num(row.get("floor_normalised_retention")), _num(row.get("gap_closed"))]
+            )
     o = result["overall"]
     if len(result["tasks"]) > 1:
-        out.append(["overall", str(o["n"])] + [_acc(o["conditions"].get(c)) for c in conds]
-                   + [_num(o.get("retention")), _num(o.get("floor_normalised_retention")), _num(o.get("gap_closed"))])
+        out.append(
+            ["overall", str(o["n"])]
+            + [_acc(o["conditions"].get(c)) for c in conds]
+            + [_num(o.get("retention")), _num(o.get("floor_normalised_retention")), _num(o.get("gap_closed"))]
+        )
     return heads, out
 
 
 def paired_lines(result: dict) -> list[str]:
     lines = []
-    for name, t in list(result["tasks"].items()) + ([("overall", result["overall"])] if len(result["tasks"]) > 1 else []):
+    for name, t in list(result["tasks"].items()) + (
+        [("overall", result["overall"])] if len(result["tasks"]) > 1 else []
+    ):
         for key, d in (t.get("paired") or {}).items():
             ci = d.get("ci")
-            extra = (f"; {d['a_only']} vs {d['b_only']} discordant, McNemar p={d['mcnemar_p']:.3g}"
-                     if "mcnemar_p" in d else "")
-            lines.append(f"{name}: {key} {_num(d.get('diff'), '{:+.3f}')}"
-                         + (f" [{ci[0]:+.3f},{ci[1]:+.3f}]" if ci else "") + extra)
+            extra = (
+                f"; {d['a_only']} vs {d['b_only']} discordant, McNemar p={d['mcnemar_p']:.3g}"
+                if "mcnemar_p" in d
+                else ""
+            )
+            lines.append(
+                f"{name}: {key} {_num(d.get('diff'), '{:+.3f}')}"
+                + (f" [{ci[0]:+.3f},{ci[1]:+.3f}]" if ci else "")
+                + extra
+            )
     return lines
 
 
 def _header(result: dict) -> list[str]:
     s, t, m = result["source"], result["target"], result["mapping"]
-    lines = [f"source {s['name']} ({s['layers']} layers) -> target {t['name']} ({t['layers']} layers); "
-             f"mapping {m.get('path') or m.get('name')}",
-             f"conditions: {', '.join(result['conditions'])}; accuracy [Wilson 95%]; ratios [paired bootstrap 95%, "
-             f"{result['settings']['bootstrap']} resamples]"]
+    lines = [
+        f"source {s['name']} ({s['layers']} layers) -> target {t['name']} ({t['layers']} layers); "
+        f"mapping {m.get('path') or m.get('name')}",
+        f"conditions: {', '.join(result['conditions'])}; accuracy [Wilson 95%]; ratios [paired bootstrap 95%, "
+        f"{result['settings']['bootstrap']} resamples]",
+    ]
     return lines
 
 
@@ -90,8 +108,10 @@ def terminal_table(result: dict) -> str:
 def markdown(result: dict) -> str:
     heads, body = rows(result)
     table = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    table += ["| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)) + " |"
-              for r in body]
+    table += [
+        "| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)) + " |"
+        for r in body
+    ]
     out = [f"- {x}" for x in _header(result)] + ["", *table, "", "Paired differences (a - b, per item):", ""]
     out += [f"- {x}" for x in paired_lines(result)]
     out += [f"- note: {n}" for n in result.get("notes") or []]

@@ -63,7 +63,9 @@ def load_tasks(names, options: dict | None = None, *, host=None) -> list[LoadedT
         raise HarnessError("no tasks given", f"pass --tasks with some of {', '.join(host.registry('task').names())}")
     stray = [t for t in options if t not in names]
     if stray:
-        raise HarnessError(f"-o names task {stray[0]!r}, which is not in --tasks", "add it to --tasks or drop the option")
+        raise HarnessError(
+            f"-o names task {stray[0]!r}, which is not in --tasks", "add it to --tasks or drop the option"
+        )
     out = []
     for name in names:
         record = host.task(name)  # unknown: a one-line PluginError with the closest names
@@ -112,8 +114,10 @@ def answer_item(answerer, task, item, conds, tokenizer) -> dict:
             rec["scores"][cond] = score
             rec["answers"][cond] = completion[:KEEP_CHARS]
         else:
-            raise HarnessError(f"task {task.name!r} returned a {type(item).__name__}, not a GenItem or ChoiceItem",
-                               "return kvbridge.harness.protocol items from items()")
+            raise HarnessError(
+                f"task {task.name!r} returned a {type(item).__name__}, not a GenItem or ChoiceItem",
+                "return kvbridge.harness.protocol items from items()",
+            )
     return rec
 
 
@@ -146,10 +150,26 @@ def _group_summary(records: list, conds: list, chance: dict) -> dict:
     return out
 
 
-def run_harness(source, target, mapping, tokenizer, tasks: list[LoadedTask], *, conditions=None, recompute=(),
-                allow_code_execution: bool = False, bootstrap: int = 1000, seed: int = 0, limit: int = 0, host=None,
-                progress=None,
-                on_item=None, source_name: str = "", target_name: str = "", mapping_info: dict | None = None) -> dict:
+def run_harness(
+    source,
+    target,
+    mapping,
+    tokenizer,
+    tasks: list[LoadedTask],
+    *,
+    conditions=None,
+    recompute=(),
+    allow_code_execution: bool = False,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    limit: int = 0,
+    host=None,
+    progress=None,
+    on_item=None,
+    source_name: str = "",
+    target_name: str = "",
+    mapping_info: dict | None = None,
+) -> dict:
     """Run ``tasks`` under ``conditions`` (default: every one that applies) and return the result dict.
 
     ``recompute``: :class:`kvbridge.harness.conditions.Recompute` points; ``limit``: items per task (0: all). ``on_item(task, record)``
@@ -163,8 +183,10 @@ def run_harness(source, target, mapping, tokenizer, tasks: list[LoadedTask], *, 
 
     needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
     if needs_exec and not allow_code_execution:
-        raise HarnessError(f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
-                           "pass --allow-code-execution (it runs in a limited subprocess, not a container)")
+        raise HarnessError(
+            f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
+            "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
+        )
     answerer = Answerer(source, target, mapping, tokenizer, recompute=recompute, host=host)
     conds = answerer.conditions(conditions)
     built = []
@@ -199,43 +221,61 @@ def run_harness(source, target, mapping, tokenizer, tasks: list[LoadedTask], *, 
             scores = {c: [r["scores"][c] for r in records] for c in tconds}
             floor = sum(chance.values()) / len(records)
             summary = stats.summarize(scores, floor=floor, bootstrap=bootstrap, seed=seed)
-            summary.update(description=t.description, plugin=t.plugin, options=_options_dict(t.options),
-                           groups=_group_summary(records, tconds, chance))
+            summary.update(
+                description=t.description,
+                plugin=t.plugin,
+                options=_options_dict(t.options),
+                groups=_group_summary(records, tconds, chance),
+            )
             result_tasks[t.name] = summary
             all_items[t.name] = records
             for c in tconds:
                 pooled.setdefault(c, []).extend(scores[c])
             pooled_chance.extend(chance[r["id"]] for r in records)
     common = [c for c in conds if all(c in result_tasks[t]["conditions"] for t in result_tasks)]
-    overall = stats.summarize({c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance),
-                              bootstrap=bootstrap, seed=seed)
+    overall = stats.summarize(
+        {c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance), bootstrap=bootstrap, seed=seed
+    )
     overall["tasks"] = list(result_tasks)
     from kvbridge.progress import json_ready
 
-    return json_ready({
-        "schema": SCHEMA,
-        "source": _model_info(source, answerer.sspec, source_name),
-        "target": _model_info(target, answerer.tspec, target_name),
-        "mapping": mapping_info or {"name": getattr(mapping, "name", type(mapping).__name__),
-                                    "exact": bool(getattr(mapping, "exact", False))},
-        "conditions": conds,
-        "recompute": [{"name": r.name, "kind": r.kind, "spec": r.spec, "layers": list(r.layers), "ratio": r.ratio}
-                      for r in recompute],
-        "settings": {"bootstrap": bootstrap, "seed": seed, "limit": int(limit), "allow_code_execution": bool(allow_code_execution)},
-        "tasks": result_tasks,
-        "overall": overall,
-        "items": all_items,
-        "timing": {"seconds": time.perf_counter() - t_start, **answerer.timing},
-        "definitions": {
-            "accuracy": "mean item score; ci: Wilson 95%",
-            "retention": "transferred / target",
-            "floor_normalised_retention": "(transferred - floor) / (target - floor), floor = the task's chance level",
-            "gap_closed": "(transferred - source) / (target - source)",
-            "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact "
-                      "McNemar p",
+    return json_ready(
+        {
+            "schema": SCHEMA,
+            "source": _model_info(source, answerer.sspec, source_name),
+            "target": _model_info(target, answerer.tspec, target_name),
+            "mapping": mapping_info
+            or {
+                "name": getattr(mapping, "name", type(mapping).__name__),
+                "exact": bool(getattr(mapping, "exact", False)),
+            },
+            "conditions": conds,
+            "recompute": [
+                {"name": r.name, "kind": r.kind, "spec": r.spec, "layers": list(r.layers), "ratio": r.ratio}
+                for r in recompute
+            ],
+            "settings": {
+                "bootstrap": bootstrap,
+                "seed": seed,
+                "limit": int(limit),
+                "allow_code_execution": bool(allow_code_execution),
+            },
+            "tasks": result_tasks,
+            "overall": overall,
+            "items": all_items,
+            "timing": {"seconds": time.perf_counter() - t_start, **answerer.timing},
+            "definitions": {
+                "accuracy": "mean item score; ci: Wilson 95%",
+                "retention": "transferred / target",
+                "floor_normalised_retention": "(transferred - floor) / (target - floor), floor = the task's chance level",
+                "gap_closed": "(transferred - source) / (target - source)",
+                "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact "
+                "McNemar p",
+            },
+            "notes": notes,
         },
-        "notes": notes,
-    }, stringify=False)
+        stringify=False,
+    )
 
 
 def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None = None) -> dict:
@@ -256,15 +296,18 @@ def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None 
         chance = {r["id"]: r.get("chance", old["floor"]) for r in records}
         scores = {c: [r["scores"][c] for r in records] for c in conds}
         summary = stats.summarize(scores, floor=sum(chance.values()) / len(records), bootstrap=bootstrap, seed=seed)
-        summary.update({k: old[k] for k in ("description", "plugin", "options") if k in old},
-                       groups=_group_summary(records, conds, chance))
+        summary.update(
+            {k: old[k] for k in ("description", "plugin", "options") if k in old},
+            groups=_group_summary(records, conds, chance),
+        )
         out["tasks"][name] = summary
         for c in conds:
             pooled.setdefault(c, []).extend(scores[c])
         pooled_chance.extend(chance[r["id"]] for r in records)
     common = [c for c in out["conditions"] if all(c in out["tasks"][t]["conditions"] for t in out["tasks"])]
-    out["overall"] = stats.summarize({c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance),
-                                     bootstrap=bootstrap, seed=seed)
+    out["overall"] = stats.summarize(
+        {c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance), bootstrap=bootstrap, seed=seed
+    )
     out["overall"]["tasks"] = list(out["tasks"])
     from kvbridge.progress import json_ready
 
@@ -278,8 +321,13 @@ def _options_dict(options) -> dict:
 
 
 def _model_info(model, spec, name: str) -> dict:
-    return {"name": name or str(getattr(model.config, "_name_or_path", "") or ""), "model_type": spec.model_type,
-            "layers": spec.num_layers, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim}
+    return {
+        "name": name or str(getattr(model.config, "_name_or_path", "") or ""),
+        "model_type": spec.model_type,
+        "layers": spec.num_layers,
+        "kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+    }
 
 
 __all__ = ["SCHEMA", "LoadedTask", "load_tasks", "parse_task_options", "run_harness", "answer_item", "resummarize"]

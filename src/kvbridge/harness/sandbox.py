@@ -82,8 +82,10 @@ exec(code, {"__name__": "__main__", "__file__": path})
 def run_python(program: str, limits: Limits = Limits()) -> RunResult:
     """Run ``program`` (Python source) in the sandbox; ``passed`` is exit status 0 within the limits."""
     if not execution_allowed():
-        raise HarnessError("running model-generated code is not allowed",
-                           "pass --allow-code-execution (the code runs in a limited subprocess, not a container)")
+        raise HarnessError(
+            "running model-generated code is not allowed",
+            "pass --allow-code-execution (the code runs in a limited subprocess, not a container)",
+        )
     if os.name != "posix":  # pragma: no cover - resource limits are POSIX
         raise HarnessError("code execution needs a POSIX system (resource limits)", "run on Linux or macOS")
     with tempfile.TemporaryDirectory(prefix="kvbridge-exec-") as tmp:
@@ -91,10 +93,28 @@ def run_python(program: str, limits: Limits = Limits()) -> RunResult:
         path.write_text(program, encoding="utf-8")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp}
         mb = 1024 * 1024
-        cmd = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(path), str(int(limits.cpu_s)),
-               str(int(limits.memory_mb) * mb), str(int(limits.file_mb) * mb), str(int(limits.open_files))]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+        cmd = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            LAUNCHER,
+            str(path),
+            str(int(limits.cpu_s)),
+            str(int(limits.memory_mb) * mb),
+            str(int(limits.file_mb) * mb),
+            str(int(limits.open_files)),
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
         try:
             _, err = proc.communicate(timeout=limits.timeout_s)
             timed_out = False
@@ -104,8 +124,12 @@ def run_python(program: str, limits: Limits = Limits()) -> RunResult:
             _, err = proc.communicate()
             timed_out = True
         tail = (err or b"").decode("utf-8", "replace")[-500:]
-        return RunResult(passed=(proc.returncode == 0 and not timed_out), returncode=proc.returncode,
-                         timed_out=timed_out, stderr_tail=tail)
+        return RunResult(
+            passed=(proc.returncode == 0 and not timed_out),
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            stderr_tail=tail,
+        )
 
 
 __all__ = ["Limits", "RunResult", "run_python", "code_execution_allowed", "execution_allowed"]

@@ -65,8 +65,10 @@ class Session:
     def _mapping(self, a: str, b: str):
         mapping = self.mappings.get((a, b))
         if mapping is None:
-            raise HarnessError(f"no mapping from {a!r} to {b!r} for the hand-off",
-                               f"pass mappings={{({a!r}, {b!r}): mapping}} (kvbridge fit for that direction)")
+            raise HarnessError(
+                f"no mapping from {a!r} to {b!r} for the hand-off",
+                f"pass mappings={{({a!r}, {b!r}): mapping}} (kvbridge fit for that direction)",
+            )
         return mapping
 
     def _switch(self, name: str) -> bool:
@@ -81,7 +83,9 @@ class Session:
 
                 self.state = transfer(self.state, self._mapping(self.current, name), self.specs[name], host=self.host)
             else:
-                self.state = self.adapters[name].extract(self.models[name], self._tensor(self.ids), spec=self.specs[name])
+                self.state = self.adapters[name].extract(
+                    self.models[name], self._tensor(self.ids), spec=self.specs[name]
+                )
         self.current = name
         self.switches += 1
         return True
@@ -101,12 +105,21 @@ class Session:
         name = self.current
         spec = self.specs[name]
         if spec.rope and spec.rope.is_stateful:
-            raise HarnessError(f"model {name!r} uses a length-dependent RoPE ({spec.rope.rope_type}); sessions "
-                               "support fixed RoPE tables only", "use models with default/linear/llama3 RoPE")
+            raise HarnessError(
+                f"model {name!r} uses a length-dependent RoPE ({spec.rope.rope_type}); sessions "
+                "support fixed RoPE tables only",
+                "use models with default/linear/llama3 RoPE",
+            )
         keys, values = self.adapters[name]._cache_tensors(cache, spec)
         t = len(self.ids)
-        return KVState(keys=keys, values=values, token_ids=self._tensor(self.ids),
-                       positions=torch.arange(t).expand(1, t).clone(), spec=spec, rope_applied=spec.positional == "rope")
+        return KVState(
+            keys=keys,
+            values=values,
+            token_ids=self._tensor(self.ids),
+            positions=torch.arange(t).expand(1, t).clone(),
+            spec=spec,
+            rope_applied=spec.positional == "rope",
+        )
 
     def turn(self, name: str, text: str | list, *, max_new_tokens: int = 16, force: list | None = None) -> TurnResult:
         """Feed ``text`` (a string, or token ids) to model ``name`` and reply greedily with up to
@@ -117,8 +130,11 @@ class Session:
 
         switched = self._switch(name)
         model, adapter = self.models[name], self.adapters[name]
-        prompt = list(text) if isinstance(text, (list, tuple)) else list(
-            self.tokenizer(text, add_special_tokens=not self.ids)["input_ids"])
+        prompt = (
+            list(text)
+            if isinstance(text, (list, tuple))
+            else list(self.tokenizer(text, add_special_tokens=not self.ids)["input_ids"])
+        )
         if not prompt:
             raise HarnessError("an empty turn", "give the turn some text")
         cache = adapter.inject(self.state, model) if self.state is not None else DynamicCache()
@@ -142,8 +158,13 @@ class Session:
                     model(input_ids=self._tensor([nxt]), cache=cache, use_cache=True)
                     break
         self.state = self._state_of(cache)
-        return TurnResult(name, switched, tuple(prompt), tuple(reply),
-                          torch.stack(logps) if logps else torch.zeros(0, 0, dtype=torch.float64))
+        return TurnResult(
+            name,
+            switched,
+            tuple(prompt),
+            tuple(reply),
+            torch.stack(logps) if logps else torch.zeros(0, 0, dtype=torch.float64),
+        )
 
 
 def compare_handoff(models: dict, tokenizer, mappings: dict, script, *, max_new_tokens: int = 16, host=None) -> dict:
@@ -158,17 +179,42 @@ def compare_handoff(models: dict, tokenizer, mappings: dict, script, *, max_new_
         r = ref.turn(name, text, max_new_tokens=max_new_tokens)
         m = mapped.turn(name, list(r.prompt_ids), force=list(r.reply_ids))
         if not len(r.reply_ids):
-            turns.append({"turn": i, "model": name, "switched": r.switched, "steps": 0, "tokens_equal": True,
-                          "top1": None, "kl_mean": None, "kl_max": None})
+            turns.append(
+                {
+                    "turn": i,
+                    "model": name,
+                    "switched": r.switched,
+                    "steps": 0,
+                    "tokens_equal": True,
+                    "top1": None,
+                    "kl_mean": None,
+                    "kl_max": None,
+                }
+            )
             continue
         p, q = r.logprobs, m.logprobs
         kl = (p.exp() * (p - q)).sum(-1).clamp(min=0)
         agree = (q.argmax(-1) == torch_tensor(r.reply_ids)).double()
-        turns.append({"turn": i, "model": name, "switched": r.switched, "steps": len(r.reply_ids),
-                      "tokens_equal": bool(agree.all()), "top1": float(agree.mean()), "kl_mean": float(kl.mean()),
-                      "kl_max": float(kl.max()), "reply": tokenizer.decode(list(r.reply_ids))[:200]})
-    return {"turns": turns, "switches": ref.switches, "history_tokens": len(ref.ids),
-            "same_history": ref.ids == mapped.ids, "max_new_tokens": max_new_tokens}
+        turns.append(
+            {
+                "turn": i,
+                "model": name,
+                "switched": r.switched,
+                "steps": len(r.reply_ids),
+                "tokens_equal": bool(agree.all()),
+                "top1": float(agree.mean()),
+                "kl_mean": float(kl.mean()),
+                "kl_max": float(kl.max()),
+                "reply": tokenizer.decode(list(r.reply_ids))[:200],
+            }
+        )
+    return {
+        "turns": turns,
+        "switches": ref.switches,
+        "history_tokens": len(ref.ids),
+        "same_history": ref.ids == mapped.ids,
+        "max_new_tokens": max_new_tokens,
+    }
 
 
 def torch_tensor(ids):
@@ -179,12 +225,17 @@ def torch_tensor(ids):
 
 def drift_table(result: dict) -> str:
     """A Markdown table of :func:`compare_handoff`'s turns."""
-    lines = ["| turn | model | switch | steps | tokens equal | top-1 | KL mean | KL max |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| turn | model | switch | steps | tokens equal | top-1 | KL mean | KL max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for t in result["turns"]:
-        f = (lambda x, fmt="{:.4f}": "-" if x is None else fmt.format(x))  # noqa: E731
-        lines.append(f"| {t['turn']} | {t['model']} | {'yes' if t['switched'] else 'no'} | {t['steps']} | "
-                     f"{'yes' if t['tokens_equal'] else 'no'} | {f(t['top1'], '{:.2f}')} | {f(t['kl_mean'])} | "
-                     f"{f(t['kl_max'])} |")
+        f = lambda x, fmt="{:.4f}": "-" if x is None else fmt.format(x)  # noqa: E731
+        lines.append(
+            f"| {t['turn']} | {t['model']} | {'yes' if t['switched'] else 'no'} | {t['steps']} | "
+            f"{'yes' if t['tokens_equal'] else 'no'} | {f(t['top1'], '{:.2f}')} | {f(t['kl_mean'])} | "
+            f"{f(t['kl_max'])} |"
+        )
     return "\n".join(lines)
 
 

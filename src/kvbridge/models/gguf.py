@@ -33,23 +33,66 @@ ARRAY_DECODE_LIMIT = 1024
 
 # metadata value types (gguf spec)
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-_SCALAR = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT32: "<i", FLOAT32: "<f",
-           BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d"}
+_SCALAR = {
+    UINT8: "<B",
+    INT8: "<b",
+    UINT16: "<H",
+    INT16: "<h",
+    UINT32: "<I",
+    INT32: "<i",
+    FLOAT32: "<f",
+    BOOL: "<?",
+    UINT64: "<Q",
+    INT64: "<q",
+    FLOAT64: "<d",
+}
 
 #: ggml tensor types by id (ggml.h); ``True`` where transformers can dequantize them (gguf-py)
 GGML_TYPES: dict[int, tuple[str, bool]] = {
-    0: ("F32", True), 1: ("F16", True), 2: ("Q4_0", True), 3: ("Q4_1", True), 6: ("Q5_0", True),
-    7: ("Q5_1", True), 8: ("Q8_0", True), 9: ("Q8_1", False), 10: ("Q2_K", True), 11: ("Q3_K", True),
-    12: ("Q4_K", True), 13: ("Q5_K", True), 14: ("Q6_K", True), 15: ("Q8_K", False), 16: ("IQ2_XXS", True),
-    17: ("IQ2_XS", True), 18: ("IQ3_XXS", True), 19: ("IQ1_S", True), 20: ("IQ4_NL", True), 21: ("IQ3_S", True),
-    22: ("IQ2_S", True), 23: ("IQ4_XS", True), 24: ("I8", False), 25: ("I16", False), 26: ("I32", False),
-    27: ("I64", False), 28: ("F64", False), 29: ("IQ1_M", True), 30: ("BF16", True), 34: ("TQ1_0", True),
-    35: ("TQ2_0", True), 39: ("MXFP4", True),
+    0: ("F32", True),
+    1: ("F16", True),
+    2: ("Q4_0", True),
+    3: ("Q4_1", True),
+    6: ("Q5_0", True),
+    7: ("Q5_1", True),
+    8: ("Q8_0", True),
+    9: ("Q8_1", False),
+    10: ("Q2_K", True),
+    11: ("Q3_K", True),
+    12: ("Q4_K", True),
+    13: ("Q5_K", True),
+    14: ("Q6_K", True),
+    15: ("Q8_K", False),
+    16: ("IQ2_XXS", True),
+    17: ("IQ2_XS", True),
+    18: ("IQ3_XXS", True),
+    19: ("IQ1_S", True),
+    20: ("IQ4_NL", True),
+    21: ("IQ3_S", True),
+    22: ("IQ2_S", True),
+    23: ("IQ4_XS", True),
+    24: ("I8", False),
+    25: ("I16", False),
+    26: ("I32", False),
+    27: ("I64", False),
+    28: ("F64", False),
+    29: ("IQ1_M", True),
+    30: ("BF16", True),
+    34: ("TQ1_0", True),
+    35: ("TQ2_0", True),
+    39: ("MXFP4", True),
 }
 
 #: GGUF ``general.architecture`` -> transformers ``model_type`` (architectures transformers loads)
-ARCH_TO_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3"}
+ARCH_TO_MODEL_TYPE = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+}
 
 
 @dataclass(frozen=True)
@@ -62,11 +105,42 @@ class GGUFArray:
 
 
 #: llama.cpp's ``LLAMA_FTYPE_*`` values (``general.file_type``): the mix a file was quantized as
-FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 4: "Q4_1_SOME_F16", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-              17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS",
-              24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS",
-              31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}
+FILE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    4: "Q4_1_SOME_F16",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+}
 
 
 @dataclass(frozen=True)
@@ -143,12 +217,20 @@ class GGUFInfo:
 
     def summary(self) -> dict:
         """What ``describe`` shows about the file itself."""
-        return {"file": self.path, "version": self.version, "size": self.size, "architecture": self.architecture,
-                "quantization": self.quantization, "file_type": self.stated_type, "params": self.params,
-                "tensor_types": self.tensor_types,
-                "tensors": len(self.tensors), "tied_embeddings": self.tied_embeddings,
-                "chat_template": self.chat_template is not None,
-                "tokenizer_model": self.metadata.get("tokenizer.ggml.model")}
+        return {
+            "file": self.path,
+            "version": self.version,
+            "size": self.size,
+            "architecture": self.architecture,
+            "quantization": self.quantization,
+            "file_type": self.stated_type,
+            "params": self.params,
+            "tensor_types": self.tensor_types,
+            "tensors": len(self.tensors),
+            "tied_embeddings": self.tied_embeddings,
+            "chat_template": self.chat_template is not None,
+            "tokenizer_model": self.metadata.get("tokenizer.ggml.model"),
+        }
 
 
 # -- reading --------------------------------------------------------------------------------------------
@@ -175,7 +257,7 @@ class _Reader:
     def string(self) -> str:
         n = self.scalar(UINT64)
         start = self.take(n)
-        return bytes(self.buf[start:start + n]).decode("utf-8", errors="replace")
+        return bytes(self.buf[start : start + n]).decode("utf-8", errors="replace")
 
     def skip_string(self) -> None:
         self.take(self.scalar(UINT64))
@@ -199,7 +281,7 @@ class _Reader:
             else:
                 for _ in range(count):
                     self.value(etype, where)
-            return GGUFArray(etype, count, hashlib.sha256(self.buf[start:self.pos]).hexdigest())
+            return GGUFArray(etype, count, hashlib.sha256(self.buf[start : self.pos]).hexdigest())
         if vtype in _SCALAR:
             return self.scalar(vtype)
         raise ConfigError(f"{where}: unknown metadata value type {vtype}", _FIX_REEXPORT)
@@ -214,15 +296,18 @@ def read_gguf(path: str | Path) -> GGUFInfo:
     try:
         fh = open(path, "rb")
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})", "check the path and its permissions") \
-            from None
+        raise ConfigError(
+            f"{path}: cannot be read ({exc.strerror or exc})", "check the path and its permissions"
+        ) from None
     with fh:
         size = path.stat().st_size
         if size < 24:
             head = fh.read(4)
             if head != MAGIC:
-                raise ConfigError(f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')",
-                                  "pass a .gguf model file written by llama.cpp's converters")
+                raise ConfigError(
+                    f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')",
+                    "pass a .gguf model file written by llama.cpp's converters",
+                )
             raise ConfigError(f"{path}: truncated GGUF file ({size} bytes)", "re-download or re-convert the file")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(path, buf, size)
@@ -230,19 +315,24 @@ def read_gguf(path: str | Path) -> GGUFInfo:
 
 def _parse(path: Path, buf, size: int) -> GGUFInfo:
     if bytes(buf[:4]) != MAGIC:
-        raise ConfigError(f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')",
-                          "pass a .gguf model file written by llama.cpp's converters")
+        raise ConfigError(
+            f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')",
+            "pass a .gguf model file written by llama.cpp's converters",
+        )
     r = _Reader(buf, size)
     r.take(4)
     try:
         version = r.scalar(UINT32)
         if version not in VERSIONS:
-            raise ConfigError(f"{path}: GGUF version {version} is not supported (only {VERSIONS})",
-                              "re-convert the model with a current llama.cpp convert_hf_to_gguf.py")
+            raise ConfigError(
+                f"{path}: GGUF version {version} is not supported (only {VERSIONS})",
+                "re-convert the model with a current llama.cpp convert_hf_to_gguf.py",
+            )
         n_tensors, n_kv = r.scalar(UINT64), r.scalar(UINT64)
         if n_tensors > 1_000_000 or n_kv > 1_000_000:
-            raise ConfigError(f"{path}: implausible GGUF header ({n_tensors} tensors, {n_kv} metadata keys)",
-                              _FIX_REEXPORT)
+            raise ConfigError(
+                f"{path}: implausible GGUF header ({n_tensors} tensors, {n_kv} metadata keys)", _FIX_REEXPORT
+            )
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = r.string()
@@ -258,20 +348,26 @@ def _parse(path: Path, buf, size: int) -> GGUFInfo:
             type_id = r.scalar(UINT32)
             offset = r.scalar(UINT64)
             if type_id not in GGML_TYPES:
-                raise ConfigError(f"{path}: tensor {name!r} has unknown ggml type {type_id}",
-                                  "re-quantize the model to a standard type (Q4_0, Q4_1, Q8_0, Q4_K, F16, ...)")
+                raise ConfigError(
+                    f"{path}: tensor {name!r} has unknown ggml type {type_id}",
+                    "re-quantize the model to a standard type (Q4_0, Q4_1, Q8_0, Q4_K, F16, ...)",
+                )
             tensors.append(GGUFTensor(name, shape, GGML_TYPES[type_id][0], offset))
     except _Truncated:
-        raise ConfigError(f"{path}: truncated GGUF file (the header ends at byte {size})",
-                          "re-download or re-convert the file") from None
+        raise ConfigError(
+            f"{path}: truncated GGUF file (the header ends at byte {size})", "re-download or re-convert the file"
+        ) from None
     align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(align, int) or align <= 0:
         raise ConfigError(f"{path}: metadata 'general.alignment' = {align!r} is invalid", _FIX_REEXPORT)
     data_start = -(-r.pos // align) * align
     for t in tensors:
         if data_start + t.offset > size:
-            raise ConfigError(f"{path}: truncated GGUF file (tensor {t.name!r} starts past the end, byte "
-                              f"{data_start + t.offset} of {size})", "re-download or re-convert the file")
+            raise ConfigError(
+                f"{path}: truncated GGUF file (tensor {t.name!r} starts past the end, byte "
+                f"{data_start + t.offset} of {size})",
+                "re-download or re-convert the file",
+            )
     return GGUFInfo(path=str(path), version=version, size=size, metadata=metadata, tensors=tuple(tensors))
 
 
@@ -290,9 +386,10 @@ def model_type_of(info: GGUFInfo) -> str:
     if arch == "llama" and "mistral" in str(info.metadata.get("general.name", "")).lower():
         return "mistral"  # llama.cpp writes Mistral as llama; transformers maps it by name too
     if arch not in ARCH_TO_MODEL_TYPE:
-        raise ConfigError(f"{info.path}: GGUF architecture {arch!r} is not supported",
-                          f"use a GGUF of one of: {', '.join(sorted(ARCH_TO_MODEL_TYPE))}, or the model's "
-                          "Hugging Face folder")
+        raise ConfigError(
+            f"{info.path}: GGUF architecture {arch!r} is not supported",
+            f"use a GGUF of one of: {', '.join(sorted(ARCH_TO_MODEL_TYPE))}, or the model's Hugging Face folder",
+        )
     return ARCH_TO_MODEL_TYPE[arch]
 
 
@@ -369,21 +466,42 @@ def to_hf_config(info: GGUFInfo, dtype: str = "float32") -> dict:
 def geometry(info: GGUFInfo) -> dict:
     """The facts ``describe`` reports for a GGUF, straight from its metadata."""
     cfg = to_hf_config(info)
-    return {"layers": cfg["num_hidden_layers"], "heads": cfg["num_attention_heads"],
-            "kv_heads": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"], "rope_theta": cfg["rope_theta"],
-            "rope_scaling": cfg.get("rope_scaling"), "context": cfg["max_position_embeddings"],
-            "tied_embeddings": cfg["tie_word_embeddings"], "chat_template": info.chat_template is not None,
-            "quantization": info.quantization}
+    return {
+        "layers": cfg["num_hidden_layers"],
+        "heads": cfg["num_attention_heads"],
+        "kv_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg["head_dim"],
+        "rope_theta": cfg["rope_theta"],
+        "rope_scaling": cfg.get("rope_scaling"),
+        "context": cfg["max_position_embeddings"],
+        "tied_embeddings": cfg["tie_word_embeddings"],
+        "chat_template": info.chat_template is not None,
+        "quantization": info.quantization,
+    }
 
 
 def find_gguf(folder: Path) -> Path | None:
     """The one ``.gguf`` file in ``folder`` (None when there is none; an error when several)."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".gguf")
     if len(files) > 1:
-        raise ConfigError(f"{folder}: holds {len(files)} .gguf files ({', '.join(p.name for p in files[:4])})",
-                          "pass the .gguf file itself")
+        raise ConfigError(
+            f"{folder}: holds {len(files)} .gguf files ({', '.join(p.name for p in files[:4])})",
+            "pass the .gguf file itself",
+        )
     return files[0] if files else None
 
 
-__all__ = ["FILE_TYPES", "GGUFInfo", "GGUFTensor", "GGUFArray", "read_gguf", "to_hf_config", "geometry", "model_type_of",
-           "unsupported_types", "find_gguf", "GGML_TYPES", "ARCH_TO_MODEL_TYPE"]
+__all__ = [
+    "FILE_TYPES",
+    "GGUFInfo",
+    "GGUFTensor",
+    "GGUFArray",
+    "read_gguf",
+    "to_hf_config",
+    "geometry",
+    "model_type_of",
+    "unsupported_types",
+    "find_gguf",
+    "GGML_TYPES",
+    "ARCH_TO_MODEL_TYPE",
+]

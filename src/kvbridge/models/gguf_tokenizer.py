@@ -38,7 +38,7 @@ def _read_arrays(path: str) -> dict:
                     fmt = _SCALAR[etype]
                     size = struct.calcsize(fmt)
                     start = r.take(size * count)
-                    out[key] = [v[0] for v in struct.iter_unpack(fmt, buf[start:start + size * count])]
+                    out[key] = [v[0] for v in struct.iter_unpack(fmt, buf[start : start + size * count])]
             else:
                 r.value(vtype, key)
             if len(out) == len(_WANTED):
@@ -50,8 +50,11 @@ def _cache_key(meta: dict) -> str:
     """What decides the fingerprint: the tokenizer metadata (large arrays by their raw sha256)."""
     import hashlib
 
-    parts = sorted((k, v.sha256 if isinstance(v, GGUFArray) else repr(v)) for k, v in meta.items()
-                   if k.startswith("tokenizer.ggml."))
+    parts = sorted(
+        (k, v.sha256 if isinstance(v, GGUFArray) else repr(v))
+        for k, v in meta.items()
+        if k.startswith("tokenizer.ggml.")
+    )
     return "gguf:" + hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -104,11 +107,16 @@ def _compute(info: GGUFInfo, tf):
     model = str(meta.get("tokenizer.ggml.model", ""))
     return tf.TokenizerFingerprint(
         kind={"gpt2": "bpe", "llama": "sentencepiece-bpe"}.get(model, model or "gguf"),
-        base=tf._sha(sorted(base.items())), vocab=tf._sha(sorted(full.items())),
-        rules=tf._sha(rules) if rules is not None else "", rules_format=rules_format,
-        special=tf._sha(roles), vocab_size=len(full), num_added=len(added),
+        base=tf._sha(sorted(base.items())),
+        vocab=tf._sha(sorted(full.items())),
+        rules=tf._sha(rules) if rules is not None else "",
+        rules_format=rules_format,
+        special=tf._sha(roles),
+        vocab_size=len(full),
+        num_added=len(added),
         special_tokens=tuple(sorted((k, str(v)) for k, v in roles.items())),
-        files=(Path(info.path).name,))
+        files=(Path(info.path).name,),
+    )
 
 
 __all__ = ["gguf_tokenizer_fingerprint"]

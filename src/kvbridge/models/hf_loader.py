@@ -53,8 +53,11 @@ def auto_map_entry(folder: str | Path) -> tuple[Path, str] | None:
             continue
         if isinstance(data, Mapping) and data.get("auto_map"):
             return path, _entry_text(data)
-        if isinstance(data, Mapping) and isinstance(data.get("text_config"), Mapping) and \
-                data["text_config"].get("auto_map"):
+        if (
+            isinstance(data, Mapping)
+            and isinstance(data.get("text_config"), Mapping)
+            and data["text_config"].get("auto_map")
+        ):
             return path, _entry_text(data["text_config"])
     return None
 
@@ -64,10 +67,11 @@ def refuse_remote_code(folder: str | Path) -> None:
     found = auto_map_entry(folder)
     if found is not None:
         path, entry = found
-        raise RemoteCodeError(f"{path}: auto_map entry {entry} asks to run code shipped with the model; "
-                              "kvbridge never runs a model's own code",
-                              "use a model whose architecture transformers ships (a folder without auto_map), "
-                              "or a .gguf file")
+        raise RemoteCodeError(
+            f"{path}: auto_map entry {entry} asks to run code shipped with the model; "
+            "kvbridge never runs a model's own code",
+            "use a model whose architecture transformers ships (a folder without auto_map), or a .gguf file",
+        )
 
 
 def _quiet():
@@ -118,5 +122,13 @@ def model_from_config(config, **kwargs):
     return AutoModelForCausalLM.from_config(config, **dict(kwargs, trust_remote_code=False))
 
 
-__all__ = ["RemoteCodeError", "CODE_POINTER_FILES", "auto_map_entry", "refuse_remote_code", "model_from_pretrained",
-           "tokenizer_from_pretrained", "config_for_model", "model_from_config"]
+__all__ = [
+    "RemoteCodeError",
+    "CODE_POINTER_FILES",
+    "auto_map_entry",
+    "refuse_remote_code",
+    "model_from_pretrained",
+    "tokenizer_from_pretrained",
+    "config_for_model",
+    "model_from_config",
+]

@@ -25,6 +25,7 @@ from kvbridge.errors import ConfigError
 from kvbridge.models.ref import ModelRef
 
 from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402  (the one vocabulary)
+
 DEFAULT_DTYPE = "float32"
 
 
@@ -113,11 +114,15 @@ def load_tokenizer_of(ref: ModelRef):
         except RemoteCodeError:
             raise
         except Exception as exc:  # noqa: BLE001 - transformers raises many kinds here
-            raise ConfigError(f"{path}: cannot read the tokenizer ({_one_line(exc)})",
-                              "the GGUF needs tokenizer.ggml.* metadata (re-convert it with llama.cpp)") from None
+            raise ConfigError(
+                f"{path}: cannot read the tokenizer ({_one_line(exc)})",
+                "the GGUF needs tokenizer.ggml.* metadata (re-convert it with llama.cpp)",
+            ) from None
     if not ref.folder:
-        raise ConfigError(f"{ref.ref}: a {ref.kind} reference has no tokenizer files",
-                          "pass a local model folder, a .gguf file, or a model in the Hugging Face cache")
+        raise ConfigError(
+            f"{ref.ref}: a {ref.kind} reference has no tokenizer files",
+            "pass a local model folder, a .gguf file, or a model in the Hugging Face cache",
+        )
     from kvbridge.models.tokenizer_load import load_tokenizer
 
     return load_tokenizer(ref.folder)
@@ -126,10 +131,12 @@ def load_tokenizer_of(ref: ModelRef):
 def require_weights(ref: ModelRef) -> None:
     """A one-line error when ``ref`` has no weights to load (a manifest record, a bare config)."""
     if not ref.has_weights:
-        raise ConfigError(f"{ref.ref}: a {ref.kind} reference has no weights"
-                          + (f" (no weight files in {ref.folder})" if ref.folder else ""),
-                          "pass a local model folder with its weights, a .gguf file, zoo:NAME, smollm2, or a "
-                          "model in the Hugging Face cache")
+        raise ConfigError(
+            f"{ref.ref}: a {ref.kind} reference has no weights"
+            + (f" (no weight files in {ref.folder})" if ref.folder else ""),
+            "pass a local model folder with its weights, a .gguf file, zoo:NAME, smollm2, or a "
+            "model in the Hugging Face cache",
+        )
 
 
 def require_folder(ref: ModelRef) -> None:
@@ -141,8 +148,10 @@ def require_folder(ref: ModelRef) -> None:
     except (OSError, ValueError):
         return
     if is_file and given.suffix != ".gguf":
-        raise ConfigError(f"{given} is a file; loading a model needs its folder (or a .gguf file)",
-                          f"pass the model folder {given.parent}")
+        raise ConfigError(
+            f"{given} is a file; loading a model needs its folder (or a .gguf file)",
+            f"pass the model folder {given.parent}",
+        )
 
 
 def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
@@ -159,8 +168,10 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
 
         bad = unsupported_types(ref.gguf)
         if bad:
-            raise ConfigError(f"{ref.gguf_file}: quantization type {', '.join(bad)} cannot be dequantized",
-                              "use a GGUF quantized to Q4_0/Q4_1/Q5_x/Q8_0/K-quants/F16/BF16/F32")
+            raise ConfigError(
+                f"{ref.gguf_file}: quantization type {', '.join(bad)} cannot be dequantized",
+                "use a GGUF quantized to Q4_0/Q4_1/Q5_x/Q8_0/K-quants/F16/BF16/F32",
+            )
         path = Path(ref.gguf_file)
         folder, kwargs["gguf_file"] = str(path.parent), path.name
     else:
@@ -177,9 +188,10 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
         known = from_exception(exc)  # the error boundary's reading: names the file / the mismatched weight
         if not isinstance(known, InternalError):
             raise ConfigError(f"{where}: cannot load the model: {known.what}", known.fix) from None
-        raise ConfigError(f"{where}: cannot load the model ({type(exc).__name__}: {_one_line(exc)})",
-                          "pass a folder written by save_pretrained (config.json + weights) or a valid .gguf") \
-            from None
+        raise ConfigError(
+            f"{where}: cannot load the model ({type(exc).__name__}: {_one_line(exc)})",
+            "pass a folder written by save_pretrained (config.json + weights) or a valid .gguf",
+        ) from None
     return model.to(device).eval()
 
 

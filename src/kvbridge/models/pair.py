@@ -43,13 +43,17 @@ def shared_tokenizer(src, tgt) -> tuple[dict, str]:
     for role, ref in (("source", src), ("target", tgt)):
         fp = ref.tokenizer()
         if fp is None:
-            raise ConfigError(f"{role} {ref.ref}: no tokenizer files found in {ref.folder or ref.path}",
-                              "a model pair needs both tokenizers to check the token ids agree")
+            raise ConfigError(
+                f"{role} {ref.ref}: no tokenizer files found in {ref.folder or ref.path}",
+                "a model pair needs both tokenizers to check the token ids agree",
+            )
         fps.append(fp)
     verdict, action = compare(*fps)
     if verdict == "blocking":
-        raise ConfigError(f"the tokenizers of {src.ref} and {tgt.ref} differ: {action}",
-                          "use models that share a tokenizer (see `kvbridge check`)")
+        raise ConfigError(
+            f"the tokenizers of {src.ref} and {tgt.ref} differ: {action}",
+            "use models that share a tokenizer (see `kvbridge check`)",
+        )
     return fps[0].to_dict(), ("" if verdict == "same" else action)
 
 
@@ -64,8 +68,9 @@ def _same_files(a, b) -> bool:
     return where(a) is not None and where(a) == where(b)
 
 
-def load_pair(source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True,
-              host=None) -> ModelPair:
+def load_pair(
+    source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
+) -> ModelPair:
     """Resolve, check the shared tokenizer, then load both (``source``/``target``: references or
     already resolved :class:`~kvbridge.models.ModelRef`)."""
     from kvbridge.models.loading import load

@@ -67,8 +67,12 @@ class ModelRef:
         """``{"weights", "config", "quantization", "files"}``: what identifies this model's files."""
         from kvbridge.models.fingerprint import config_fingerprint
 
-        return {"weights": self.weights_digest(), "config": config_fingerprint(self.config),
-                "quantization": self.quantization, "files": [p.name for p in self.weight_files()]}
+        return {
+            "weights": self.weights_digest(),
+            "config": config_fingerprint(self.config),
+            "quantization": self.quantization,
+            "files": [p.name for p in self.weight_files()],
+        }
 
     def tokenizer(self):
         """The :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint`, or None when unknown."""
@@ -84,8 +88,10 @@ class ModelRef:
             try:
                 return TokenizerFingerprint.from_dict(self.tokenizer_record)
             except (KeyError, TypeError, ValueError) as exc:
-                raise ConfigError(f"{self.path}: field 'tokenizer' is not a valid fingerprint ({exc})",
-                                  "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir") from None
+                raise ConfigError(
+                    f"{self.path}: field 'tokenizer' is not a valid fingerprint ({exc})",
+                    "recompute it with kvbridge.check.tokenizer_fp.fingerprint_dir",
+                ) from None
         return None
 
     def spec(self, host=None):
@@ -95,8 +101,14 @@ class ModelRef:
         return describe_config(self.config, where=self.path, host=host)
 
     def to_dict(self) -> dict:
-        out = {"ref": self.ref, "kind": self.kind, "name": self.name, "path": self.path,
-               "folder": self.folder, "tokenizer_files": list(self.tokenizer_files)}
+        out = {
+            "ref": self.ref,
+            "kind": self.kind,
+            "name": self.name,
+            "path": self.path,
+            "folder": self.folder,
+            "tokenizer_files": list(self.tokenizer_files),
+        }
         if self.gguf_file:
             out["gguf_file"] = self.gguf_file
         if self.source:

@@ -47,8 +47,17 @@ def from_gguf(ref: str, path: Path, *, name: str | None = None, kind: str = "ggu
 
     info = read_gguf(path)
     config = to_hf_config(info)
-    return ModelRef(ref=ref, kind=kind, name=name or path.stem, config=config, path=str(path),
-                    folder=str(path.parent), gguf_file=str(path), gguf=info, source=source)
+    return ModelRef(
+        ref=ref,
+        kind=kind,
+        name=name or path.stem,
+        config=config,
+        path=str(path),
+        folder=str(path.parent),
+        gguf_file=str(path),
+        gguf=info,
+        source=source,
+    )
 
 
 def from_folder(ref: str, folder: Path, kind: str = "dir", name: str | None = None, source: str = "") -> ModelRef:
@@ -64,16 +73,32 @@ def from_folder(ref: str, folder: Path, kind: str = "dir", name: str | None = No
         if folder.is_dir():
             gguf = find_gguf(folder)
             if gguf is not None:
-                return from_gguf(ref, gguf, name=name if kind != "dir" else None,
-                                 kind="gguf" if kind == "dir" else kind, source=source)
+                return from_gguf(
+                    ref,
+                    gguf,
+                    name=name if kind != "dir" else None,
+                    kind="gguf" if kind == "dir" else kind,
+                    source=source,
+                )
         present = sorted(p.name for p in folder.iterdir())[:6] if folder.is_dir() else []
         listing = f" (it has: {', '.join(present)})" if present else " (it is empty)"
-        raise ConfigError(f"{folder}: directory has no config.json or .gguf file{listing}",
-                          "pass a save_pretrained folder, a .gguf file, a config.json path, or a model name")
+        raise ConfigError(
+            f"{folder}: directory has no config.json or .gguf file{listing}",
+            "pass a save_pretrained folder, a .gguf file, a config.json path, or a model name",
+        )
     config = read_json_object(cfg_path)
     tok = tuple(str(p) for p in find_tokenizer_files(folder))
-    return ModelRef(ref=ref, kind=kind, name=name, config=config, path=str(cfg_path), folder=str(folder),
-                    tokenizer_files=tok, generation_config=_generation(folder), source=source)
+    return ModelRef(
+        ref=ref,
+        kind=kind,
+        name=name,
+        config=config,
+        path=str(cfg_path),
+        folder=str(folder),
+        tokenizer_files=tok,
+        generation_config=_generation(folder),
+        source=source,
+    )
 
 
 def from_file(ref: str, path: Path, source: str = "") -> ModelRef:
@@ -91,15 +116,30 @@ def from_file(ref: str, path: Path, source: str = "") -> ModelRef:
     folder = path.parent
     is_cfg = path.name == "config.json"
     tok = tuple(str(p) for p in find_tokenizer_files(folder)) if is_cfg else ()
-    return ModelRef(ref=ref, kind="config", name=folder.name if is_cfg else path.stem, config=data, path=str(path),
-                    folder=str(folder), tokenizer_files=tok, generation_config=_generation(folder) if is_cfg else None,
-                    source=source)
+    return ModelRef(
+        ref=ref,
+        kind="config",
+        name=folder.name if is_cfg else path.stem,
+        config=data,
+        path=str(path),
+        folder=str(folder),
+        tokenizer_files=tok,
+        generation_config=_generation(folder) if is_cfg else None,
+        source=source,
+    )
 
 
 def from_manifest(ref: str, record: dict, path: Path) -> ModelRef:
-    return ModelRef(ref=ref, kind="manifest", name=record["id"], config=dict(record["config"]), path=str(path),
-                    tokenizer_record=record.get("tokenizer"), generation_config=record.get("generation_config"),
-                    manifest=record)
+    return ModelRef(
+        ref=ref,
+        kind="manifest",
+        name=record["id"],
+        config=dict(record["config"]),
+        path=str(path),
+        tokenizer_record=record.get("tokenizer"),
+        generation_config=record.get("generation_config"),
+        manifest=record,
+    )
 
 
 def from_path(ref: str, path: Path, *, kind: str = "dir", name: str | None = None, source: str = "") -> ModelRef:
@@ -111,8 +151,10 @@ def from_path(ref: str, path: Path, *, kind: str = "dir", name: str | None = Non
         return got if not name else _renamed(got, name, kind if kind != "dir" else got.kind)
     if path.exists():
         raise ConfigError(f"{path}: not a file or folder", "pass a model folder, a .gguf or a config.json path")
-    raise ConfigError(f"{path}: no such file or directory (the path does not exist)",
-                      "check the path (hub ids are written org/name, without a leading ./)")
+    raise ConfigError(
+        f"{path}: no such file or directory (the path does not exist)",
+        "check the path (hub ids are written org/name, without a leading ./)",
+    )
 
 
 def _renamed(ref: ModelRef, name: str, kind: str) -> ModelRef:
@@ -162,8 +204,9 @@ def cached_hub_ids() -> list[str]:
     root = hf_cache_dir()
     if not root.is_dir():
         return []
-    return sorted(e.name[len("models--"):].replace("--", "/", 1) for e in root.iterdir()
-                  if e.name.startswith("models--"))
+    return sorted(
+        e.name[len("models--") :].replace("--", "/", 1) for e in root.iterdir() if e.name.startswith("models--")
+    )
 
 
 # -- resolution ------------------------------------------------------------------------------------
@@ -186,8 +229,10 @@ def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
             except ConfigError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a plugin resolver's failure is named, never a traceback
-                raise ConfigError(f"model source {scheme.name!r} ({scheme.plugin}) failed on {rest!r}: "
-                                  f"{type(exc).__name__}: {exc}", "check the reference or the plugin") from None
+                raise ConfigError(
+                    f"model source {scheme.name!r} ({scheme.plugin}) failed on {rest!r}: {type(exc).__name__}: {exc}",
+                    "check the reference or the plugin",
+                ) from None
             if isinstance(out, ModelRef):
                 return out
             kind = "zoo" if scheme.name == "zoo" else "plugin"
@@ -233,7 +278,8 @@ def _unknown(ref: str, repo_id: str, manifests: Mapping, host) -> ConfigError:
         f"unknown model {ref!r}: not a local path, not a short name, not in the Hugging Face cache "
         f"({hf_cache_dir()}), not in a manifest",
         f"{hint}pass a model folder, a .gguf file or config.json, a scheme ({scheme_names}), or a name from "
-        "`kvbridge models` / `kvbridge describe --list`")
+        "`kvbridge models` / `kvbridge describe --list`",
+    )
 
 
 __all__ = ["resolve", "from_path", "from_folder", "from_gguf", "hf_cache_dir", "find_in_hf_cache", "cached_hub_ids"]

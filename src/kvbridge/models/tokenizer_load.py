@@ -15,7 +15,6 @@ class TokenizerError(ConfigError):
     """A tokenizer path cannot be opened (unknown layout, unreadable or unsupported files)."""
 
 
-
 def _quiet_transformers():
     import transformers
 
@@ -41,9 +40,11 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
 
     sp = parse_sentencepiece(model_file)
     if sp["model_type"] != "bpe":
-        raise TokenizerError(f"{model_file}: SentencePiece {sp['model_type']} models are not converted without "
-                             "the sentencepiece package",
-                             "install sentencepiece, or pass a folder with the model's tokenizer.json")
+        raise TokenizerError(
+            f"{model_file}: SentencePiece {sp['model_type']} models are not converted without "
+            "the sentencepiece package",
+            "install sentencepiece, or pass a folder with the model's tokenizer.json",
+        )
     pieces = sp["pieces"]
     vocab = {piece: i for i, (piece, _score, _type) in enumerate(pieces)}
     scores = {piece: score for piece, score, _type in pieces}
@@ -58,12 +59,16 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
     kwargs.setdefault("add_eos_token", False)
     kwargs.setdefault("legacy", False)
     kwargs.setdefault("add_prefix_space", True)
-    tok = LlamaTokenizer(vocab=vocab, merges=merges, unk_token=piece(sp["unk_id"], "<unk>"),
-                         bos_token=piece(sp["bos_id"], "<s>"), eos_token=piece(sp["eos_id"], "</s>"),
-                         **kwargs)
+    tok = LlamaTokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=piece(sp["unk_id"], "<unk>"),
+        bos_token=piece(sp["bos_id"], "<s>"),
+        eos_token=piece(sp["eos_id"], "</s>"),
+        **kwargs,
+    )
     known = {tok.unk_token, tok.bos_token, tok.eos_token}
-    extra = [AddedToken(p, special=(t == 3), normalized=False) for p, _s, t in pieces
-             if t in (3, 4) and p not in known]
+    extra = [AddedToken(p, special=(t == 3), normalized=False) for p, _s, t in pieces if t in (3, 4) and p not in known]
     if extra:
         tok.add_tokens(extra)
     tok.name_or_path = str(model_file.parent)
@@ -121,8 +126,10 @@ def load_tokenizer(path: str | Path):
     """
     path = Path(path)
     if not path.exists():
-        raise TokenizerError(f"tokenizer path {path} does not exist",
-                             "pass a model/tokenizer folder, a tokenizer.json or a tokenizer.model")
+        raise TokenizerError(
+            f"tokenizer path {path} does not exist",
+            "pass a model/tokenizer folder, a tokenizer.json or a tokenizer.model",
+        )
     if path.is_file():
         folder, name = path.parent, path.name
         if name.endswith(".json") and name != "vocab.json":
@@ -131,8 +138,9 @@ def load_tokenizer(path: str | Path):
             return _open_bpe_files(folder)
         if name.endswith(".model"):
             return _from_sentencepiece(path, _read_config(folder))
-        raise TokenizerError(f"{path} is not a tokenizer file",
-                             "pass a tokenizer.json, vocab.json (+ merges.txt) or tokenizer.model")
+        raise TokenizerError(
+            f"{path} is not a tokenizer file", "pass a tokenizer.json, vocab.json (+ merges.txt) or tokenizer.model"
+        )
     folder = path
     from kvbridge.models.hf_loader import refuse_remote_code, tokenizer_from_pretrained
 
@@ -152,9 +160,10 @@ def load_tokenizer(path: str | Path):
     if "tokenizer.model" in names:
         return _from_sentencepiece(folder / "tokenizer.model", _read_config(folder))
     why = f" ({'; '.join(errors)})" if errors else ""
-    raise TokenizerError(f"{folder} holds no tokenizer (no tokenizer.json, vocab.json + merges.txt or "
-                         f"tokenizer.model){why}",
-                         "pass a model or tokenizer folder saved with save_pretrained, or a tokenizer.json")
+    raise TokenizerError(
+        f"{folder} holds no tokenizer (no tokenizer.json, vocab.json + merges.txt or tokenizer.model){why}",
+        "pass a model or tokenizer folder saved with save_pretrained, or a tokenizer.json",
+    )
 
 
 def _open_tokenizer_json(path: Path):
@@ -163,8 +172,10 @@ def _open_tokenizer_json(path: Path):
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
-        raise TokenizerError(f"{path} is not a readable tokenizer.json ({' '.join(str(exc).split())[:120]})",
-                             "pass the model's published tokenizer.json") from None
+        raise TokenizerError(
+            f"{path} is not a readable tokenizer.json ({' '.join(str(exc).split())[:120]})",
+            "pass the model's published tokenizer.json",
+        ) from None
     vocab = backend.get_vocab(with_added_tokens=True)
     roles = {k: v for k, v in _special_roles(path.parent).items() if v in vocab}
     return _wrap(backend, str(path.parent), roles)
@@ -173,16 +184,20 @@ def _open_tokenizer_json(path: Path):
 def _open_bpe_files(folder: Path):
     vocab, merges = folder / "vocab.json", folder / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
-        raise TokenizerError(f"{folder} has vocab.json but no merges.txt (or the reverse)",
-                             "put both files of the byte-level BPE tokenizer in one folder")
+        raise TokenizerError(
+            f"{folder} has vocab.json but no merges.txt (or the reverse)",
+            "put both files of the byte-level BPE tokenizer in one folder",
+        )
     _quiet_transformers()
     from transformers import GPT2TokenizerFast
 
     try:
         tok = GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
     except Exception as exc:  # noqa: BLE001
-        raise TokenizerError(f"{folder}: vocab.json/merges.txt are not a byte-level BPE tokenizer "
-                             f"({' '.join(str(exc).split())[:120]})", "pass the model's published files") from None
+        raise TokenizerError(
+            f"{folder}: vocab.json/merges.txt are not a byte-level BPE tokenizer ({' '.join(str(exc).split())[:120]})",
+            "pass the model's published files",
+        ) from None
     tok.name_or_path = str(folder)
     return tok
 

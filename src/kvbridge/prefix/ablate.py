@@ -62,8 +62,10 @@ def parse_layers(spec: str, num_layers: int) -> tuple:
         raise KVBridgeError(f"cannot read layer spec {spec!r}", "use 'all', a list '0,2' or a range '1-3'") from None
     bad = sorted(i for i in out if not 0 <= i < num_layers)
     if bad:
-        raise KVBridgeError(f"layer(s) {bad} out of range: the model has {num_layers} layers (0-{num_layers - 1})",
-                            "pick layers that exist")
+        raise KVBridgeError(
+            f"layer(s) {bad} out of range: the model has {num_layers} layers (0-{num_layers - 1})",
+            "pick layers that exist",
+        )
     return tuple(sorted(out))
 
 
@@ -84,12 +86,16 @@ class GuideMask(HookSet):
         mods = attention_modules(model)
         missing = [i for i in layers if i not in mods]
         if missing:
-            raise KVBridgeError(f"cannot find the attention module of layer(s) {missing} in {type(model).__name__}",
-                                "this family's attention modules need a layer_idx attribute")
+            raise KVBridgeError(
+                f"cannot find the attention module of layer(s) {missing} in {type(model).__name__}",
+                "this family's attention modules need a layer_idx attribute",
+            )
         impl = getattr(model.config, "_attn_implementation", "eager") or "eager"
         if impl not in ("eager", "sdpa"):
-            raise KVBridgeError(f"masking needs eager or sdpa attention, the model uses {impl!r}",
-                                "load the model with attn_implementation='sdpa' or 'eager'")
+            raise KVBridgeError(
+                f"masking needs eager or sdpa attention, the model uses {impl!r}",
+                "load the model with attn_implementation='sdpa' or 'eager'",
+            )
         self.impl = impl
         self.start, self.stop = start, stop
         self.active = False
@@ -108,10 +114,12 @@ class GuideMask(HookSet):
             kv = past + q
             mask = kwargs.get("attention_mask")
             keep = torch.ones(kv, dtype=torch.bool, device=hidden.device)
-            keep[self.start:self.stop] = False
+            keep[self.start : self.stop] = False
             if mask is None:
-                causal = (torch.arange(kv, device=hidden.device)[None, :]
-                          <= (past + torch.arange(q, device=hidden.device))[:, None])
+                causal = (
+                    torch.arange(kv, device=hidden.device)[None, :]
+                    <= (past + torch.arange(q, device=hidden.device))[:, None]
+                )
                 allowed = (causal & keep)[None, None]
                 if self.impl == "eager":
                     zero = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
@@ -120,8 +128,10 @@ class GuideMask(HookSet):
                     mask = allowed
             else:
                 if mask.shape[-1] != kv:
-                    raise KVBridgeError(f"attention mask covers {mask.shape[-1]} keys, expected {kv}",
-                                        "ablate needs a DynamicCache (no static or sliding-window padding)")
+                    raise KVBridgeError(
+                        f"attention mask covers {mask.shape[-1]} keys, expected {kv}",
+                        "ablate needs a DynamicCache (no static or sliding-window padding)",
+                    )
                 if mask.dtype == torch.bool:
                     mask = mask & keep
                 else:
@@ -137,8 +147,16 @@ class Outcome:
     tokens: list  # greedy continuation
 
 
-def _run(model, cache, ids: list[int], positions: list[int] | None, max_new_tokens: int,
-         mask: GuideMask | None = None, mask_prefill: bool = False, mask_decode: bool = False) -> Outcome:
+def _run(
+    model,
+    cache,
+    ids: list[int],
+    positions: list[int] | None,
+    max_new_tokens: int,
+    mask: GuideMask | None = None,
+    mask_prefill: bool = False,
+    mask_decode: bool = False,
+) -> Outcome:
     """Feed ``ids[:-1]`` (prefill phase), then ``ids[-1]`` and greedy steps (decode phase)."""
     import torch
     from transformers import DynamicCache
@@ -186,16 +204,24 @@ def _agreement(a: list, b: list) -> dict:
     n = min(len(a), len(b))
     first = first_divergence(a, b)
     prefix = n if first is None else first
-    return {"identical": first is None, "first_difference": first, "prefix_match": prefix,
-            "agreement": prefix / n if n else 1.0,
-            "same_position_match": sum(x == y for x, y in zip(a, b)) / n if n else 1.0}
+    return {
+        "identical": first is None,
+        "first_difference": first,
+        "prefix_match": prefix,
+        "agreement": prefix / n if n else 1.0,
+        "same_position_match": sum(x == y for x, y in zip(a, b)) / n if n else 1.0,
+    }
 
 
 def _effect(ref: Outcome, got: Outcome) -> dict:
-    return {"kl": _kl(ref.logits, got.logits), "top1_ref": int(ref.logits.argmax()), "top1": int(got.logits.argmax()),
-            "top1_changed": int(ref.logits.argmax()) != int(got.logits.argmax()),
-            "max_abs_logit_diff": float((ref.logits - got.logits).abs().max()),
-            "greedy": _agreement(ref.tokens, got.tokens)}
+    return {
+        "kl": _kl(ref.logits, got.logits),
+        "top1_ref": int(ref.logits.argmax()),
+        "top1": int(got.logits.argmax()),
+        "top1_changed": int(ref.logits.argmax()) != int(got.logits.argmax()),
+        "max_abs_logit_diff": float((ref.logits - got.logits).abs().max()),
+        "greedy": _agreement(ref.tokens, got.tokens),
+    }
 
 
 @dataclass
@@ -210,29 +236,48 @@ class AblationReport:
     notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"layers": list(self.layers), "num_layers": self.num_layers,
-                "guide_positions": list(self.guide_positions), "split": self.split,
-                "conditions": self.conditions, "positions": self.positions,
-                "intact_vs_visible_max_abs_logit_diff": self.intact_vs_visible_max_abs, "notes": self.notes}
+        return {
+            "layers": list(self.layers),
+            "num_layers": self.num_layers,
+            "guide_positions": list(self.guide_positions),
+            "split": self.split,
+            "conditions": self.conditions,
+            "positions": self.positions,
+            "intact_vs_visible_max_abs_logit_diff": self.intact_vs_visible_max_abs,
+            "notes": self.notes,
+        }
 
     def lines(self) -> list[str]:
         start, stop = self.guide_positions
-        out = [f"guide positions {start}-{stop - 1} ({stop - start} tokens) at layers "
-               f"{','.join(map(str, self.layers))} of {self.num_layers}; "
-               f"intact vs visible prompt max|dlogit| {self.intact_vs_visible_max_abs:.2g}",
-               f"{'condition':<16}{'KL(intact||c)':>14}{'top1 chg':>9}{'greedy agr':>11}{'KL(recomp||c)':>15}"
-               f"{'greedy=recomp':>14}"]
+        out = [
+            f"guide positions {start}-{stop - 1} ({stop - start} tokens) at layers "
+            f"{','.join(map(str, self.layers))} of {self.num_layers}; "
+            f"intact vs visible prompt max|dlogit| {self.intact_vs_visible_max_abs:.2g}",
+            f"{'condition':<16}{'KL(intact||c)':>14}{'top1 chg':>9}{'greedy agr':>11}{'KL(recomp||c)':>15}"
+            f"{'greedy=recomp':>14}",
+        ]
         for name, c in self.conditions.items():
             vi, vr = c["vs_intact"], c["vs_recompute"]
-            out.append(f"{name:<16}{vi['kl']:>14.4g}{'yes' if vi['top1_changed'] else 'no':>9}"
-                       f"{vi['greedy']['agreement']:>11.2f}{vr['kl']:>15.4g}"
-                       f"{'yes' if vr['greedy']['identical'] else 'no':>14}")
+            out.append(
+                f"{name:<16}{vi['kl']:>14.4g}{'yes' if vi['top1_changed'] else 'no':>9}"
+                f"{vi['greedy']['agreement']:>11.2f}{vr['kl']:>15.4g}"
+                f"{'yes' if vr['greedy']['identical'] else 'no':>14}"
+            )
         out.extend(f"note: {n}" for n in self.notes)
         return out
 
 
-def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers: str | Sequence[int] = "all",
-           max_new_tokens: int = 16, host=None) -> AblationReport:
+def ablate(
+    model,
+    tokenizer,
+    guide: str,
+    prompt: str,
+    *,
+    sep: str = " ",
+    layers: str | Sequence[int] = "all",
+    max_new_tokens: int = 16,
+    host=None,
+) -> AblationReport:
     """Run every condition and compare it with ``intact`` and ``recompute`` (see the module docstring)."""
     import torch
 
@@ -254,9 +299,12 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
     total = len(ghost) + len(live) + max_new_tokens
     packs.check_guide_length(len(ghost), spec)
     if spec.max_position_embeddings and total > spec.max_position_embeddings:
-        raise KVBridgeError(f"guide + prompt + {max_new_tokens} new tokens = {total} tokens exceed the model's "
-                            f"{spec.max_position_embeddings} positions", "shorten the texts or lower --max-new-tokens")
-    keep = len(report.special_prefix) if tuple(ghost[:len(report.special_prefix)]) == report.special_prefix else 0
+        raise KVBridgeError(
+            f"guide + prompt + {max_new_tokens} new tokens = {total} tokens exceed the model's "
+            f"{spec.max_position_embeddings} positions",
+            "shorten the texts or lower --max-new-tokens",
+        )
+    keep = len(report.special_prefix) if tuple(ghost[: len(report.special_prefix)]) == report.special_prefix else 0
     start, stop = keep, len(ghost)
     if stop <= start:
         raise KVBridgeError("the guide has no tokens besides special tokens", "pass a longer guide")
@@ -264,9 +312,11 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
 
     sliding = [i for i in chosen if spec.layer_type(i) == SLIDING]
     if sliding and spec.sliding_window and total > spec.sliding_window:
-        raise KVBridgeError(f"layer(s) {sliding} are sliding-window layers (window {spec.sliding_window}) and the "
-                            f"sequence has {total} tokens: the removal mask would ignore the window",
-                            "select full-attention layers or shorten the texts below the window")
+        raise KVBridgeError(
+            f"layer(s) {sliding} are sliding-window layers (window {spec.sliding_window}) and the "
+            f"sequence has {total} tokens: the removal mask would ignore the window",
+            "select full-attention layers or shorten the texts below the window",
+        )
     device = next(model.parameters()).device
     state = adapter.extract(model, torch.tensor([ghost], device=device), spec=spec)
 
@@ -296,14 +346,21 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
         outcomes["remove_decode"] = _run(model, inject(state), live, None, max_new_tokens, m, mask_decode=True)
     outcomes["recompute"] = _run(model, None, ghost[:keep] + live, None, max_new_tokens)
     with torch.no_grad():
-        visible = model(input_ids=torch.tensor([list(report.joint)], device=device),
-                        use_cache=False).logits[0, -1].float().cpu()
+        visible = (
+            model(input_ids=torch.tensor([list(report.joint)], device=device), use_cache=False)
+            .logits[0, -1]
+            .float()
+            .cpu()
+        )
     intact_vs_visible = float((visible - outcomes["intact"].logits).abs().max())
     conditions = {}
     for name in CONDITIONS:
         o = outcomes[name]
-        conditions[name] = {"vs_intact": _effect(outcomes["intact"], o), "vs_recompute": _effect(outcomes["recompute"], o),
-                            "tokens": o.tokens}
+        conditions[name] = {
+            "vs_intact": _effect(outcomes["intact"], o),
+            "vs_recompute": _effect(outcomes["recompute"], o),
+            "tokens": o.tokens,
+        }
     positions = {name: "kept" for name in CONDITIONS}
     positions["remove_prefill"] = "renumbered" if all_layers else "kept"
     positions["recompute"] = "renumbered"
@@ -314,16 +371,33 @@ def ablate(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", layers:
         "K/V already carry the guide, so it is not removal",
     ]
     if all_layers:
-        notes.append("all layers selected: remove_prefill re-numbers the live positions after the kept prefix, so it "
-                     "should match recompute up to floating-point noise")
+        notes.append(
+            "all layers selected: remove_prefill re-numbers the live positions after the kept prefix, so it "
+            "should match recompute up to floating-point noise"
+        )
     else:
-        notes.append("only some layers selected: remove_prefill keeps positions (the other layers still see the "
-                     "guide); recompute removes the guide everywhere")
-    split_info = {"kind": split.kind, "matches_joint": split.matches_joint, "ghost_len": len(ghost),
-                  "live_len": len(live), "joint_len": len(report.joint), "special_prefix": list(report.special_prefix)}
-    return AblationReport(layers=chosen, num_layers=spec.num_layers, guide_positions=(start, stop), split=split_info,
-                          conditions=conditions, positions=positions, intact_vs_visible_max_abs=intact_vs_visible,
-                          notes=notes)
+        notes.append(
+            "only some layers selected: remove_prefill keeps positions (the other layers still see the "
+            "guide); recompute removes the guide everywhere"
+        )
+    split_info = {
+        "kind": split.kind,
+        "matches_joint": split.matches_joint,
+        "ghost_len": len(ghost),
+        "live_len": len(live),
+        "joint_len": len(report.joint),
+        "special_prefix": list(report.special_prefix),
+    }
+    return AblationReport(
+        layers=chosen,
+        num_layers=spec.num_layers,
+        guide_positions=(start, stop),
+        split=split_info,
+        conditions=conditions,
+        positions=positions,
+        intact_vs_visible_max_abs=intact_vs_visible,
+        notes=notes,
+    )
 
 
 __all__ = ["CONDITIONS", "ablate", "parse_layers", "AblationReport", "GuideMask", "attention_modules"]

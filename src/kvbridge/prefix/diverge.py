@@ -87,8 +87,11 @@ class Sampler:
         return idx
 
     def to_dict(self) -> dict:
-        return {"kind": "inverse-cdf over token ids, one uniform per step (torch.Generator per seed)",
-                "temperature": self.temperature, "top_p": self.top_p}
+        return {
+            "kind": "inverse-cdf over token ids, one uniform per step (torch.Generator per seed)",
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
 
 
 # -- trajectories ---------------------------------------------------------------------------------
@@ -143,8 +146,9 @@ class PathRunner:
 
                 cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
                 done = cache.get_seq_length() if cache is not None else 0
-                out = model(input_ids=ids[:, done:], cache=cache if cache is not None else DynamicCache(),
-                            use_cache=True)
+                out = model(
+                    input_ids=ids[:, done:], cache=cache if cache is not None else DynamicCache(), use_cache=True
+                )
             else:
                 raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
             cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
@@ -171,13 +175,18 @@ def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict
     first = first_divergence(a.tokens, b.tokens)
     upto = n if first is None else first + 1  # histories agree up to and including step `first`
     diffs = (a.logits[:upto] - b.logits[:upto]).abs().amax(dim=-1)
-    out = {"identical": first is None, "first_divergence": first,
-           "max_abs_logit_diff_shared_steps": float(diffs.max()) if upto else 0.0,
-           "bitwise_equal_logits": bool(torch.equal(a.logits[:upto], b.logits[:upto]))}
+    out = {
+        "identical": first is None,
+        "first_divergence": first,
+        "max_abs_logit_diff_shared_steps": float(diffs.max()) if upto else 0.0,
+        "bitwise_equal_logits": bool(torch.equal(a.logits[:upto], b.logits[:upto])),
+    }
     if first is not None:
         la, lb = a.logits[first], b.logits[first]
         out["at_divergence"] = {
-            "step": first, "token_a": a.tokens[first], "token_b": b.tokens[first],
+            "step": first,
+            "token_a": a.tokens[first],
+            "token_b": b.tokens[first],
             "argmax_agree": int(la.argmax()) == int(lb.argmax()),
             "top25_overlap": int(topk_overlap(la, lb, TOP_K, share=False)),
             "max_abs_logit_diff": float((la - lb).abs().max()),
@@ -192,15 +201,22 @@ def summarise(results: list[dict], n_label: str = "seeds") -> dict:
     same = sum(r["identical"] for r in results)
     lo, hi = wilson_interval(same, n)
     div = [r["at_divergence"] for r in results if not r["identical"]]
-    out: dict = {"n": n, "identical": same, "diverged": n - same,
-                 "identical_rate_wilson95": [round(lo, 4), round(hi, 4)],
-                 "bitwise_equal_logits": sum(r["bitwise_equal_logits"] for r in results),
-                 "max_abs_logit_diff_shared_steps_max": max((r["max_abs_logit_diff_shared_steps"] for r in results),
-                                                            default=0.0)}
+    out: dict = {
+        "n": n,
+        "identical": same,
+        "diverged": n - same,
+        "identical_rate_wilson95": [round(lo, 4), round(hi, 4)],
+        "bitwise_equal_logits": sum(r["bitwise_equal_logits"] for r in results),
+        "max_abs_logit_diff_shared_steps_max": max(
+            (r["max_abs_logit_diff_shared_steps"] for r in results), default=0.0
+        ),
+    }
     if n < MIN_SEEDS_FOR_RATE:
-        out["rate_note"] = (f"too few {n_label} (n={n}) to estimate a rate: these are counts of what happened, "
-                            f"not a success or divergence rate (the Wilson 95% interval "
-                            f"[{lo:.2f}, {hi:.2f}] shows how little {n} {n_label} pin down)")
+        out["rate_note"] = (
+            f"too few {n_label} (n={n}) to estimate a rate: these are counts of what happened, "
+            f"not a success or divergence rate (the Wilson 95% interval "
+            f"[{lo:.2f}, {hi:.2f}] shows how little {n} {n_label} pin down)"
+        )
     else:
         out["rate_note"] = f"identical in {same}/{n} {n_label}; Wilson 95% interval [{lo:.3f}, {hi:.3f}]"
     if div:
@@ -236,16 +252,26 @@ class DivergeReport:
     notes: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"paths": list(self.paths), "sampler": self.sampler.to_dict(), "seeds": list(self.seeds),
-                "max_new_tokens": self.max_new_tokens, "split": self.split, "pairs": self.pairs,
-                "greedy": self.greedy, "tokens": {str(k): v for k, v in self.tokens.items()}, "notes": self.notes}
+        return {
+            "paths": list(self.paths),
+            "sampler": self.sampler.to_dict(),
+            "seeds": list(self.seeds),
+            "max_new_tokens": self.max_new_tokens,
+            "split": self.split,
+            "pairs": self.pairs,
+            "greedy": self.greedy,
+            "tokens": {str(k): v for k, v in self.tokens.items()},
+            "notes": self.notes,
+        }
 
     def lines(self) -> list[str]:
         s = self.split
-        out = [f"split: {s['kind']} ({s['ghost_len']} + {s['live_len']} tokens; joint {s['joint_len']}; "
-               f"ghost+live == joint: {'yes' if s['matches_joint'] else 'NO'})",
-               f"sampler: temperature {self.sampler.temperature}, top-p {self.sampler.top_p}; "
-               f"{len(self.seeds)} seeds x {self.max_new_tokens} new tokens"]
+        out = [
+            f"split: {s['kind']} ({s['ghost_len']} + {s['live_len']} tokens; joint {s['joint_len']}; "
+            f"ghost+live == joint: {'yes' if s['matches_joint'] else 'NO'})",
+            f"sampler: temperature {self.sampler.temperature}, top-p {self.sampler.top_p}; "
+            f"{len(self.seeds)} seeds x {self.max_new_tokens} new tokens",
+        ]
         if self.seeds:
             out.append("sampled:")
             for name, data in self.pairs.items():
@@ -254,9 +280,11 @@ class DivergeReport:
                 line = f"  {name:<22} identical {sm['identical']}/{sm['n']} (Wilson95 {lo:.2f}-{hi:.2f})"
                 if "at_divergence" in sm:
                     d = sm["at_divergence"]
-                    line += (f"; first divergence step median {d['first_step_median']}, argmax agreed "
-                             f"{d['argmax_agree']}/{sm['diverged']}, top-25 overlap >= {d['top25_overlap_min']}, "
-                             f"max|dlogit| <= {d['max_abs_logit_diff_max']:.3g}, TV <= {d['tv_post_top_p_max']:.3g}")
+                    line += (
+                        f"; first divergence step median {d['first_step_median']}, argmax agreed "
+                        f"{d['argmax_agree']}/{sm['diverged']}, top-25 overlap >= {d['top25_overlap_min']}, "
+                        f"max|dlogit| <= {d['max_abs_logit_diff_max']:.3g}, TV <= {d['tv_post_top_p_max']:.3g}"
+                    )
                 else:
                     line += f"; max|dlogit| {sm['max_abs_logit_diff_shared_steps_max']:.3g}"
                 out.append(line)
@@ -269,17 +297,34 @@ class DivergeReport:
                 out.append(f"  {name:<22} identical (max|dlogit| {r['max_abs_logit_diff_shared_steps']:.3g})")
             else:
                 d = r["at_divergence"]
-                out.append(f"  {name:<22} diverged at step {d['step']} (argmax agree {d['argmax_agree']}, "
-                           f"top-25 overlap {d['top25_overlap']}, max|dlogit| {d['max_abs_logit_diff']:.3g}, "
-                           f"TV {d['tv_post_top_p']:.3g})")
+                out.append(
+                    f"  {name:<22} diverged at step {d['step']} (argmax agree {d['argmax_agree']}, "
+                    f"top-25 overlap {d['top25_overlap']}, max|dlogit| {d['max_abs_logit_diff']:.3g}, "
+                    f"TV {d['tv_post_top_p']:.3g})"
+                )
         out.extend(f"note: {n}" for n in self.notes)
         return out
 
 
-def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds: int | Sequence[int] = 8,
-            max_new_tokens: int = 32, temperature: float = 1.0, top_p: float = 0.95, greedy_only: bool = False,
-            split: str = "safe", pack=None, paths: Sequence[str] = PATHS, host=None, progress=None,
-            on_seed=None) -> DivergeReport:
+def diverge(
+    model,
+    tokenizer,
+    guide: str,
+    prompt: str,
+    *,
+    sep: str = " ",
+    seeds: int | Sequence[int] = 8,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    greedy_only: bool = False,
+    split: str = "safe",
+    pack=None,
+    paths: Sequence[str] = PATHS,
+    host=None,
+    progress=None,
+    on_seed=None,
+) -> DivergeReport:
     """Run every path for every seed (and greedily) and compare every pair (see the module docstring).
 
     ``progress(done, total, tokens)`` after each seed (and the greedy run); ``on_seed(seed, results)``
@@ -294,8 +339,9 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
         raise KVBridgeError(f"max-new-tokens must be >= 1, got {max_new_tokens}", "pass --max-new-tokens 1 or more")
     unknown = [p for p in paths if p not in PATHS]
     if unknown or len(paths) < 2:
-        raise KVBridgeError(f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}",
-                            "pass e.g. --paths full,cached,split")
+        raise KVBridgeError(
+            f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}", "pass e.g. --paths full,cached,split"
+        )
     sampler = Sampler(temperature, top_p)
     seed_list = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
     if greedy_only:
@@ -308,9 +354,11 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     longest = max(len(report.joint), len(chosen.ids)) + max_new_tokens
     packs.check_guide_length(len(chosen.ghost), spec, what="guide")
     if spec.max_position_embeddings and longest > spec.max_position_embeddings:
-        raise KVBridgeError(f"guide + prompt + {max_new_tokens} new tokens = {longest} tokens exceed the model's "
-                            f"{spec.max_position_embeddings} positions",
-                            "shorten the guide or prompt, or lower --max-new-tokens")
+        raise KVBridgeError(
+            f"guide + prompt + {max_new_tokens} new tokens = {longest} tokens exceed the model's "
+            f"{spec.max_position_embeddings} positions",
+            "shorten the guide or prompt, or lower --max-new-tokens",
+        )
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
@@ -318,20 +366,31 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
 
             wfp = weights_fingerprint(model)
             none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
-            packs.save_pack(model, f"{tmp}/pack", guide_ids=chosen.ghost, guide_text=chosen.ghost_text,
-                            tokenizer_fp=none_fp, weights_fp=wfp, host=host)
+            packs.save_pack(
+                model,
+                f"{tmp}/pack",
+                guide_ids=chosen.ghost,
+                guide_text=chosen.ghost_text,
+                tokenizer_fp=none_fp,
+                weights_fp=wfp,
+                host=host,
+            )
             pack = packs.load_pack(f"{tmp}/pack", model, weights_fp=wfp, host=host)
         notes.append("split path: the guide was saved as a prefix pack and restored from it (zero forward passes)")
     elif not isinstance(pack, packs.Pack):
         pack = packs.load_pack(pack, model, tokenizer=tokenizer, host=host)
     if list(pack.guide_ids) != list(chosen.ghost):
-        raise KVBridgeError(f"the pack's guide ({pack.num_tokens} tokens) is not the ghost of the {split} split "
-                            f"({len(chosen.ghost)} tokens)",
-                            "save the pack from the same guide text, or check `kvbridge split`")
+        raise KVBridgeError(
+            f"the pack's guide ({pack.num_tokens} tokens) is not the ghost of the {split} split "
+            f"({len(chosen.ghost)} tokens)",
+            "save the pack from the same guide text, or check `kvbridge split`",
+        )
     if split == "naive" and not chosen.matches_joint:
-        notes.append(f"naive split: split/concat see {len(chosen.ids)} tokens, full/cached the joint {len(report.joint)}"
-                     " tokens; cached-vs-concat is the token-sequence (tokenizer) effect, concat-vs-split the "
-                     "cache-execution effect")
+        notes.append(
+            f"naive split: split/concat see {len(chosen.ids)} tokens, full/cached the joint {len(report.joint)}"
+            " tokens; cached-vs-concat is the token-sequence (tokenizer) effect, concat-vs-split the "
+            "cache-execution effect"
+        )
     runner = PathRunner(model, report.joint, chosen.ghost, chosen.live, pack, host=host)
     pairs = list(combinations(paths, 2))
     per_pair: dict = {pair_name(a, b): {"seeds": []} for a, b in pairs}
@@ -365,17 +424,44 @@ def diverge(model, tokenizer, guide: str, prompt: str, *, sep: str = " ", seeds:
     if progress is not None:
         progress(units, units, per_unit)
     if 0 < len(seed_list) < MIN_SEEDS_FOR_RATE:
-        notes.append(f"{len(seed_list)} seeds are too few to estimate how often paths diverge; "
-                     f"use --seeds {MIN_SEEDS_FOR_RATE} or more for a rate")
-    split_info = {"kind": chosen.kind, "matches_joint": chosen.matches_joint, "joint_len": len(report.joint),
-                  "ghost_len": len(chosen.ghost), "live_len": len(chosen.live),
-                  "naive_matches_joint": report.naive.matches_joint,
-                  "naive_len": len(report.naive.ids), "boundary": chosen.boundary,
-                  "ghost_text": chosen.ghost_text, "live_text": chosen.live_text}
-    return DivergeReport(paths=tuple(paths), sampler=sampler, seeds=seed_list, max_new_tokens=max_new_tokens,
-                         split=split_info, pairs=per_pair if seed_list else {}, greedy=greedy, tokens=tokens,
-                         notes=notes)
+        notes.append(
+            f"{len(seed_list)} seeds are too few to estimate how often paths diverge; "
+            f"use --seeds {MIN_SEEDS_FOR_RATE} or more for a rate"
+        )
+    split_info = {
+        "kind": chosen.kind,
+        "matches_joint": chosen.matches_joint,
+        "joint_len": len(report.joint),
+        "ghost_len": len(chosen.ghost),
+        "live_len": len(chosen.live),
+        "naive_matches_joint": report.naive.matches_joint,
+        "naive_len": len(report.naive.ids),
+        "boundary": chosen.boundary,
+        "ghost_text": chosen.ghost_text,
+        "live_text": chosen.live_text,
+    }
+    return DivergeReport(
+        paths=tuple(paths),
+        sampler=sampler,
+        seeds=seed_list,
+        max_new_tokens=max_new_tokens,
+        split=split_info,
+        pairs=per_pair if seed_list else {},
+        greedy=greedy,
+        tokens=tokens,
+        notes=notes,
+    )
 
 
-__all__ = ["PATHS", "Sampler", "Trajectory", "PathRunner", "DivergeReport", "diverge", "compare_trajectories",
-           "summarise", "wilson_interval", "MIN_SEEDS_FOR_RATE"]
+__all__ = [
+    "PATHS",
+    "Sampler",
+    "Trajectory",
+    "PathRunner",
+    "DivergeReport",
+    "diverge",
+    "compare_trajectories",
+    "summarise",
+    "wilson_interval",
+    "MIN_SEEDS_FOR_RATE",
+]

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
+
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
 from kvbridge.models.fingerprint import model_id_revision as model_identity
 from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint
@@ -30,20 +31,43 @@ KV_LAYOUTS = (STACKED, PER_LAYER)
 FORCEABLE = frozenset({"config", "weights", "tokenizer", "guide_token_ids", "dtype"})
 #: manifest keys every pack has, with their JSON types (the schema file says the same)
 REQUIRED = {
-    "schema_version": int, "kind": str, "model": dict, "tokenizer": dict, "guide": dict,
-    "positions": dict, "dtype": str, "cache_format": dict, "positional": dict,
-    "transformers_version": str, "torch_version": str, "kvbridge_version": str, "state": dict,
-    "tensor_file": str, "tensor_sha256": str,
+    "schema_version": int,
+    "kind": str,
+    "model": dict,
+    "tokenizer": dict,
+    "guide": dict,
+    "positions": dict,
+    "dtype": str,
+    "cache_format": dict,
+    "positional": dict,
+    "transformers_version": str,
+    "torch_version": str,
+    "kvbridge_version": str,
+    "state": dict,
+    "tensor_file": str,
+    "tensor_sha256": str,
 }
 
 
 #: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
 NESTED_REQUIRED = {
-    "model.id": str, "model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
-    "model.config_fingerprint": str, "model.weights_fingerprint": str, "model.spec_fingerprint": str,
-    "guide.token_ids": list, "guide.num_tokens": int, "positions.start": int, "positions.stop": int,
-    "positional.kind": str, "cache_format.cache_class": str, "cache_format.layout": str,
-    "state.num_layers": int, "state.spec": dict,
+    "model.id": str,
+    "model.model_type": str,
+    "model.num_layers": int,
+    "model.num_kv_heads": int,
+    "model.head_dim": int,
+    "model.config_fingerprint": str,
+    "model.weights_fingerprint": str,
+    "model.spec_fingerprint": str,
+    "guide.token_ids": list,
+    "guide.num_tokens": int,
+    "positions.start": int,
+    "positions.stop": int,
+    "positional.kind": str,
+    "cache_format.cache_class": str,
+    "cache_format.layout": str,
+    "state.num_layers": int,
+    "state.spec": dict,
 }
 
 
@@ -84,8 +108,11 @@ def _versions() -> dict:
     import torch
     import transformers
 
-    return {"transformers_version": transformers.__version__,
-            "torch_version": str(torch.__version__), "kvbridge_version": __version__}
+    return {
+        "transformers_version": transformers.__version__,
+        "torch_version": str(torch.__version__),
+        "kvbridge_version": __version__,
+    }
 
 
 def _adapter(model, host=None):
@@ -94,8 +121,17 @@ def _adapter(model, host=None):
     return (host or get_host()).adapter_of(model)
 
 
-def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, model_dir=None,
-                   weights_fp: str | None = None, special_prefix=(), kv_layout: str = PER_LAYER) -> dict:
+def build_manifest(
+    model,
+    state,
+    *,
+    guide_text: str | None,
+    tokenizer_fp: dict,
+    model_dir=None,
+    weights_fp: str | None = None,
+    special_prefix=(),
+    kv_layout: str = PER_LAYER,
+) -> dict:
     from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
     from kvbridge.artifacts import state_manifest
 
@@ -107,16 +143,26 @@ def build_manifest(model, state, *, guide_text: str | None, tokenizer_fp: dict, 
         "kind": PACK_KIND,
         "kv_layout": kv_layout,
         "model": {
-            "id": ident["id"], "revision": ident["revision"], "model_type": spec.model_type,
-            "family": spec.family, "config_fingerprint": model_config_fingerprint(model),
+            "id": ident["id"],
+            "revision": ident["revision"],
+            "model_type": spec.model_type,
+            "family": spec.family,
+            "config_fingerprint": model_config_fingerprint(model),
             "weights_fingerprint": weights_fp or weights_fingerprint(model),
-            "spec_fingerprint": spec.fingerprint(), "num_layers": spec.num_layers,
-            "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+            "spec_fingerprint": spec.fingerprint(),
+            "num_layers": spec.num_layers,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
             "max_position_embeddings": spec.max_position_embeddings,
         },
         "tokenizer": dict(tokenizer_fp),
-        "guide": {"text": guide_text, "token_ids": ids, "num_tokens": len(ids),
-                  "special_prefix": [int(x) for x in special_prefix], "ids_sha256": _sha(ids)},
+        "guide": {
+            "text": guide_text,
+            "token_ids": ids,
+            "num_tokens": len(ids),
+            "special_prefix": [int(x) for x in special_prefix],
+            "ids_sha256": _sha(ids),
+        },
         "positions": {"start": 0, "stop": len(ids), "kind": "prefix"},
         "dtype": str(state.dtype).removeprefix("torch."),
         "cache_format": cache_format(spec),
@@ -132,19 +178,25 @@ def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> Non
         if key not in manifest:
             raise ArtifactError(f"{where} is missing {key!r}", "re-create the pack with kvbridge pack save")
         if not isinstance(manifest[key], typ) or (typ is int and isinstance(manifest[key], bool)):
-            raise ArtifactError(f"{where} field {key!r} must be {typ.__name__}, got {type(manifest[key]).__name__}",
-                                "re-create the pack with kvbridge pack save")
+            raise ArtifactError(
+                f"{where} field {key!r} must be {typ.__name__}, got {type(manifest[key]).__name__}",
+                "re-create the pack with kvbridge pack save",
+            )
     if manifest["kind"] != PACK_KIND:
         raise ArtifactError(f"{where} kind is {manifest['kind']!r}, not {PACK_KIND!r}", "pass a prefix pack folder")
     from kvbridge.check.validate import require_fields
 
     require_fields(manifest, NESTED_REQUIRED, where, fix="re-create the pack with kvbridge pack save")
     if manifest["schema_version"] > SCHEMA_VERSION:
-        raise ArtifactError(f"pack schema_version {manifest['schema_version']} is newer than this kvbridge "
-                            f"supports ({SCHEMA_VERSION})", "upgrade kvbridge")
+        raise ArtifactError(
+            f"pack schema_version {manifest['schema_version']} is newer than this kvbridge supports ({SCHEMA_VERSION})",
+            "upgrade kvbridge",
+        )
     if manifest.get("kv_layout", PER_LAYER) not in KV_LAYOUTS:
-        raise ArtifactError(f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",
-                            "upgrade kvbridge or re-create the pack with kvbridge pack save")
+        raise ArtifactError(
+            f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",
+            "upgrade kvbridge or re-create the pack with kvbridge pack save",
+        )
     guide = manifest["guide"]
     if not isinstance(guide.get("token_ids"), list) or not guide["token_ids"]:
         raise ArtifactError(f"{where} has no guide token ids", "re-create the pack")
@@ -164,6 +216,7 @@ class Mismatch:
         def short(v: Any) -> str:
             s = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
             return s[:12] + "..." if isinstance(v, str) and len(v) == 64 else (s if len(s) <= 60 else s[:57] + "...")
+
         return f"{self.field} differs (pack {short(self.pack)} vs model {short(self.model)})"
 
 
@@ -174,8 +227,16 @@ def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
     return da, db
 
 
-def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
-            guide_ids_now: list | None = None, check_weights: bool = True, host=None) -> list[Mismatch]:
+def compare(
+    manifest: Mapping,
+    model,
+    *,
+    tokenizer_fp: dict | None = None,
+    weights_fp: str | None = None,
+    guide_ids_now: list | None = None,
+    check_weights: bool = True,
+    host=None,
+) -> list[Mismatch]:
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
     from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
@@ -183,8 +244,12 @@ def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weigh
     out: list[Mismatch] = []
     m = manifest["model"]
     geometry_pack = {k: m.get(k) for k in ("model_type", "num_layers", "num_kv_heads", "head_dim")}
-    geometry_model = {"model_type": spec.model_type, "num_layers": spec.num_layers,
-                      "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim}
+    geometry_model = {
+        "model_type": spec.model_type,
+        "num_layers": spec.num_layers,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+    }
     if geometry_pack != geometry_model:
         a, b = _diff_dict(geometry_pack, geometry_model)
         out.append(Mismatch("model", a, b, False))
@@ -210,11 +275,28 @@ def compare(manifest: Mapping, model, *, tokenizer_fp: dict | None = None, weigh
         if have != tokenizer_fp["fingerprint"]:
             out.append(Mismatch("tokenizer", have, tokenizer_fp["fingerprint"], True))
     if guide_ids_now is not None and list(guide_ids_now) != list(manifest["guide"]["token_ids"]):
-        out.append(Mismatch("guide_token_ids", f"{manifest['guide']['num_tokens']} ids",
-                            f"{len(guide_ids_now)} ids now", True))
+        out.append(
+            Mismatch("guide_token_ids", f"{manifest['guide']['num_tokens']} ids", f"{len(guide_ids_now)} ids now", True)
+        )
     return out
 
 
-__all__ = ["SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "STACKED", "PER_LAYER", "KV_LAYOUTS", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED", "Mismatch",
-           "build_manifest", "cache_format", "check_manifest_shape", "compare", "model_identity",
-           "positional_config", "tokenizer_fingerprint"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "PACK_KIND",
+    "TENSOR_FILE",
+    "STACKED",
+    "PER_LAYER",
+    "KV_LAYOUTS",
+    "FORCEABLE",
+    "REQUIRED",
+    "NESTED_REQUIRED",
+    "Mismatch",
+    "build_manifest",
+    "cache_format",
+    "check_manifest_shape",
+    "compare",
+    "model_identity",
+    "positional_config",
+    "tokenizer_fingerprint",
+]

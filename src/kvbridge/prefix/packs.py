@@ -32,8 +32,22 @@ from typing import Any
 
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
 from kvbridge.prefix.pack_manifest import (
-    FORCEABLE, NESTED_REQUIRED, PACK_KIND, PER_LAYER, REQUIRED, SCHEMA_VERSION, STACKED, TENSOR_FILE, Mismatch,
-    _adapter, build_manifest, cache_format, check_manifest_shape, compare, model_identity, positional_config,
+    FORCEABLE,
+    NESTED_REQUIRED,
+    PACK_KIND,
+    PER_LAYER,
+    REQUIRED,
+    SCHEMA_VERSION,
+    STACKED,
+    TENSOR_FILE,
+    Mismatch,
+    _adapter,
+    build_manifest,
+    cache_format,
+    check_manifest_shape,
+    compare,
+    model_identity,
+    positional_config,
     tokenizer_fingerprint,
 )
 
@@ -69,12 +83,23 @@ def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> 
     if limit and n + extra > limit:
         raise KVBridgeError(
             f"the {what} has {n} tokens (+{extra} to follow) but the model has {limit} positions",
-            "shorten the guide or use a model with more positions")
+            "shorten the guide or use a model with more positions",
+        )
 
 
-def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_ids=None, tokenizer: Any = None,
-              model_dir: str | Path | None = None, tokenizer_fp: dict | None = None,
-              weights_fp: str | None = None, overwrite: bool = False, host=None) -> Path:
+def save_pack(
+    model,
+    out: str | Path,
+    *,
+    guide_text: str | None = None,
+    guide_ids=None,
+    tokenizer: Any = None,
+    model_dir: str | Path | None = None,
+    tokenizer_fp: dict | None = None,
+    weights_fp: str | None = None,
+    overwrite: bool = False,
+    host=None,
+) -> Path:
     """Prefill the guide once with the model's adapter and write the pack folder atomically.
 
     Give ``guide_text`` with a ``tokenizer`` (ids = the ghost encoding, with BOS) or exact
@@ -91,8 +116,10 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     check_replaceable(out, PACK_KIND, overwrite=overwrite)  # before the prefill: refuse early
     if guide_ids is None:
         if tokenizer is None or guide_text is None:
-            raise KVBridgeError("save_pack needs guide_ids, or guide_text with a tokenizer",
-                                "pass the guide text and the model's tokenizer")
+            raise KVBridgeError(
+                "save_pack needs guide_ids, or guide_text with a tokenizer",
+                "pass the guide text and the model's tokenizer",
+            )
         guide_ids = guide_ids_of(tokenizer, guide_text)
     ids = torch.as_tensor(list(guide_ids), dtype=torch.long)[None]
     adapter = _adapter(model, host)
@@ -100,15 +127,25 @@ def save_pack(model, out: str | Path, *, guide_text: str | None = None, guide_id
     check_guide_length(int(ids.shape[1]), spec)
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     if vocab and int(ids.max()) >= vocab:
-        raise KVBridgeError(f"guide token id {int(ids.max())} is outside the model's vocabulary ({vocab} ids)",
-                            "use the model's own tokenizer")
+        raise KVBridgeError(
+            f"guide token id {int(ids.max())} is outside the model's vocabulary ({vocab} ids)",
+            "use the model's own tokenizer",
+        )
     if tokenizer_fp is None:
         tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=model_dir)
     state = adapter.extract(model, ids, spec=spec)
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
     tensors, layout = pack_tensors(state)
-    manifest = build_manifest(model, state, guide_text=guide_text, tokenizer_fp=tokenizer_fp,
-                              model_dir=model_dir, weights_fp=weights_fp, special_prefix=special, kv_layout=layout)
+    manifest = build_manifest(
+        model,
+        state,
+        guide_text=guide_text,
+        tokenizer_fp=tokenizer_fp,
+        model_dir=model_dir,
+        weights_fp=weights_fp,
+        special_prefix=special,
+        kv_layout=layout,
+    )
     return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
 
 
@@ -122,8 +159,12 @@ def pack_tensors(state) -> tuple[dict, str]:
 
     tensors = state_tensors(state)
     kv = (*state.keys, *state.values)
-    if (not state.spec.uniform_kv or state.indexer_keys or len({(tuple(t.shape), t.dtype) for t in kv}) != 1
-            or not kv[0].numel()):
+    if (
+        not state.spec.uniform_kv
+        or state.indexer_keys
+        or len({(tuple(t.shape), t.dtype) for t in kv}) != 1
+        or not kv[0].numel()
+    ):
         return tensors, PER_LAYER
     out = {k: v for k, v in tensors.items() if not k.startswith("layers.")}
     out["kv"] = torch.stack([torch.stack(pair) for pair in zip(state.keys, state.values)])
@@ -147,17 +188,35 @@ def _stacked_state(tensors: dict, stored: dict, where: str):
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"{where}: the state manifest is malformed ({exc})", fix) from None
     if n != spec.num_layers or not spec.uniform_kv or spec.indexer_layers:
-        raise ArtifactError(f"{where}: K/V stacked in one tensor, but the stored model spec ({spec.num_layers} "
-                            "layers) does not cache one K/V shape in every layer", fix)
+        raise ArtifactError(
+            f"{where}: K/V stacked in one tensor, but the stored model spec ({spec.num_layers} "
+            "layers) does not cache one K/V shape in every layer",
+            fix,
+        )
     ids = (B, T)
-    tensors_match(tensors, {"kv": (stored.get("dtype"), (n, 2, B, spec.num_kv_heads, T, spec.head_dim)),
-                            "token_ids": (None, ids), "positions": (None, ids)}, where, fix=fix, allow_extra=True)
+    tensors_match(
+        tensors,
+        {
+            "kv": (stored.get("dtype"), (n, 2, B, spec.num_kv_heads, T, spec.head_dim)),
+            "token_ids": (None, ids),
+            "positions": (None, ids),
+        },
+        where,
+        fix=fix,
+        allow_extra=True,
+    )
     pairs = [pair.unbind(0) for pair in tensors["kv"].unbind(0)]
-    return KVState(keys=tuple(k for k, _ in pairs), values=tuple(v for _, v in pairs),
-                   token_ids=tensors["token_ids"], positions=tensors["positions"], spec=spec,
-                   rope_applied=bool(stored.get("rope_applied", True)), rope_lengths=tensors.get("rope_lengths"),
-                   model_fingerprint=stored.get("model_fingerprint", ""),
-                   approximate=bool(stored.get("approximate", False)))
+    return KVState(
+        keys=tuple(k for k, _ in pairs),
+        values=tuple(v for _, v in pairs),
+        token_ids=tensors["token_ids"],
+        positions=tensors["positions"],
+        spec=spec,
+        rope_applied=bool(stored.get("rope_applied", True)),
+        rope_lengths=tensors.get("rope_lengths"),
+        model_fingerprint=stored.get("model_fingerprint", ""),
+        approximate=bool(stored.get("approximate", False)),
+    )
 
 
 def _unstack(tensors: dict) -> dict:
@@ -227,7 +286,8 @@ class Pack:
             raise SplitError(
                 f"the exact split's ghost ({len(split.ghost)} tokens, boundary at char {split.boundary}) is not the "
                 f"pack's guide ({self.num_tokens} tokens): the guide's last token merges with the live text",
-                "save the pack from the safe split's ghost text (kvbridge split) or change the separator")
+                "save the pack from the safe split's ghost text (kvbridge split) or change the separator",
+            )
         return report, split
 
     def generate(self, model, input_ids, host=None, **kwargs):
@@ -262,8 +322,9 @@ def _read_stored(path: str | Path):
         kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
         want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
     want["token_ids"] = (("int64", "int32"), (None, n))
-    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True,
-                  fix="re-create the pack with kvbridge pack save")
+    tensors_match(
+        tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True, fix="re-create the pack with kvbridge pack save"
+    )
     return manifest, tensors
 
 
@@ -274,14 +335,25 @@ def _refusal(path, mismatches: list[Mismatch], forced_ok: bool) -> PackMismatchE
         fix = "re-create the pack with this model and tokenizer (kvbridge pack save), or pass --force to load it anyway"
     else:
         hard = [x.field for x in mismatches if not x.forceable]
-        fix = (f"re-create the pack with this model (kvbridge pack save); {', '.join(hard)} cannot be forced: "
-               "the stored tensors have another shape or meaning")
+        fix = (
+            f"re-create the pack with this model (kvbridge pack save); {', '.join(hard)} cannot be forced: "
+            "the stored tensors have another shape or meaning"
+        )
     return PackMismatchError(what, fix, fields)
 
 
-def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: str | Path | None = None,
-              tokenizer_fp: dict | None = None, weights_fp: str | None = None, check_weights: bool = True,
-              force: bool = False, host=None) -> Pack:
+def load_pack(
+    path: str | Path,
+    model,
+    *,
+    tokenizer: Any = None,
+    tokenizer_dir: str | Path | None = None,
+    tokenizer_fp: dict | None = None,
+    weights_fp: str | None = None,
+    check_weights: bool = True,
+    force: bool = False,
+    host=None,
+) -> Pack:
     """Restore a pack for ``model`` from its tensors (zero forward passes), refusing mismatches.
 
     The tokenizer is checked when given (a tokenizer object, its folder, or a precomputed
@@ -302,8 +374,15 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
             guide_now = guide_ids_of(tokenizer, manifest["guide"]["text"])
         except KVBridgeError:
             guide_now = []
-    mismatches = compare(manifest, model, tokenizer_fp=tokenizer_fp, weights_fp=weights_fp,
-                         guide_ids_now=guide_now, check_weights=check_weights, host=host)
+    mismatches = compare(
+        manifest,
+        model,
+        tokenizer_fp=tokenizer_fp,
+        weights_fp=weights_fp,
+        guide_ids_now=guide_now,
+        check_weights=check_weights,
+        host=host,
+    )
     hard = [x for x in mismatches if not x.forceable]
     if hard or (mismatches and not force):
         raise _refusal(path, mismatches, forced_ok=not hard)
@@ -313,13 +392,16 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
         state = state_from_tensors(tensors, manifest["state"])
     ids = [int(x) for x in state.token_ids[0].tolist()]
     if ids != list(manifest["guide"]["token_ids"]):
-        raise ArtifactError(f"pack {path}: stored token ids disagree with the manifest's guide ids",
-                            "re-create the pack")
+        raise ArtifactError(
+            f"pack {path}: stored token ids disagree with the manifest's guide ids", "re-create the pack"
+        )
     notes: list[str] = []
     if mismatches:
         fields = ", ".join(x.field for x in mismatches)
-        msg = (f"WARNING: pack {path} loaded with --force although {fields} differ: the restored cache is NOT the "
-               "exact prefix state of this model and results are not comparable to a fresh prefill")
+        msg = (
+            f"WARNING: pack {path} loaded with --force although {fields} differ: the restored cache is NOT the "
+            "exact prefix state of this model and results are not comparable to a fresh prefill"
+        )
         warnings.warn(msg, PackForceWarning, stacklevel=2)
         notes.append(msg)
         spec = _adapter(model, host).spec_of(model)
@@ -336,10 +418,19 @@ def load_pack(path: str | Path, model, *, tokenizer: Any = None, tokenizer_dir: 
     import transformers
 
     if manifest["transformers_version"] != transformers.__version__:
-        notes.append(f"pack written with transformers {manifest['transformers_version']}, running "
-                     f"{transformers.__version__} (cache format checked and equal)")
-    return Pack(path=path, manifest=manifest, state=state, mismatches=tuple(mismatches), forced=bool(mismatches),
-                notes=tuple(notes), finite_checked=True)
+        notes.append(
+            f"pack written with transformers {manifest['transformers_version']}, running "
+            f"{transformers.__version__} (cache format checked and equal)"
+        )
+    return Pack(
+        path=path,
+        manifest=manifest,
+        state=state,
+        mismatches=tuple(mismatches),
+        forced=bool(mismatches),
+        notes=tuple(notes),
+        finite_checked=True,
+    )
 
 
 def recompute_check(pack: Pack, model, host=None) -> float:
@@ -359,8 +450,9 @@ def require_model_dir(path: str | Path) -> Path:
     """``path`` if it is a local model folder (has ``config.json``), else a one-line ConfigError."""
     path = Path(path)
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise ConfigError(f"{path} is not a local model folder (no config.json)",
-                          "pass a folder written by save_pretrained")
+        raise ConfigError(
+            f"{path} is not a local model folder (no config.json)", "pass a folder written by save_pretrained"
+        )
     return path
 
 
@@ -373,8 +465,32 @@ def open_model_dir(path: str | Path, *, dtype: str | None = None):
     return load_weights(ref, dtype_for(ref, dtype))
 
 
-__all__ = ["Pack", "PackMismatchError", "PackForceWarning", "Mismatch", "save_pack", "load_pack", "read_pack",
-           "pack_tensors", "STACKED", "PER_LAYER",
-           "compare", "build_manifest", "tokenizer_fingerprint", "model_identity", "cache_format",
-           "positional_config", "check_manifest_shape", "open_model_dir", "require_model_dir", "guide_ids_of", "recompute_check",
-           "SCHEMA_VERSION", "PACK_KIND", "TENSOR_FILE", "FORCEABLE", "REQUIRED", "NESTED_REQUIRED"]
+__all__ = [
+    "Pack",
+    "PackMismatchError",
+    "PackForceWarning",
+    "Mismatch",
+    "save_pack",
+    "load_pack",
+    "read_pack",
+    "pack_tensors",
+    "STACKED",
+    "PER_LAYER",
+    "compare",
+    "build_manifest",
+    "tokenizer_fingerprint",
+    "model_identity",
+    "cache_format",
+    "positional_config",
+    "check_manifest_shape",
+    "open_model_dir",
+    "require_model_dir",
+    "guide_ids_of",
+    "recompute_check",
+    "SCHEMA_VERSION",
+    "PACK_KIND",
+    "TENSOR_FILE",
+    "FORCEABLE",
+    "REQUIRED",
+    "NESTED_REQUIRED",
+]

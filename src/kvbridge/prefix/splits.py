@@ -59,7 +59,9 @@ def _offsets(tokenizer: Any, text: str) -> list[tuple[int, int]] | None:
     try:
         if hasattr(tokenizer, "encode_batch") and not hasattr(tokenizer, "convert_ids_to_tokens"):
             return [tuple(o) for o in tokenizer.encode(text, add_special_tokens=True).offsets]
-        return [tuple(o) for o in tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]]
+        return [
+            tuple(o) for o in tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)["offset_mapping"]
+        ]
     except Exception:  # noqa: BLE001 - slow tokenizers have no offsets: characters only
         return None
 
@@ -71,14 +73,14 @@ def special_affixes(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     plain = encode(tokenizer, probe, add_special_tokens=False)
     n = len(plain)
     for i in range(len(with_sp) - n + 1):
-        if with_sp[i:i + n] == plain:
-            return tuple(with_sp[:i]), tuple(with_sp[i + n:])
+        if with_sp[i : i + n] == plain:
+            return tuple(with_sp[:i]), tuple(with_sp[i + n :])
     return (), ()
 
 
 def _strip_suffix(ids: list[int], suffix: Sequence[int]) -> list[int]:
-    if suffix and len(ids) >= len(suffix) and tuple(ids[-len(suffix):]) == tuple(suffix):
-        return ids[:-len(suffix)]
+    if suffix and len(ids) >= len(suffix) and tuple(ids[-len(suffix) :]) == tuple(suffix):
+        return ids[: -len(suffix)]
     return ids
 
 
@@ -110,11 +112,21 @@ class Split:
         return self.ghost + self.live
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "ghost": list(self.ghost), "live": list(self.live),
-                "ghost_text": self.ghost_text, "live_text": self.live_text,
-                "ghost_len": len(self.ghost), "live_len": len(self.live), "total_len": len(self.ids),
-                "matches_joint": self.matches_joint, "first_difference": self.first_difference,
-                "boundary": self.boundary, "backed_up_chars": self.backed_up_chars, "note": self.note}
+        return {
+            "kind": self.kind,
+            "ghost": list(self.ghost),
+            "live": list(self.live),
+            "ghost_text": self.ghost_text,
+            "live_text": self.live_text,
+            "ghost_len": len(self.ghost),
+            "live_len": len(self.live),
+            "total_len": len(self.ids),
+            "matches_joint": self.matches_joint,
+            "first_difference": self.first_difference,
+            "boundary": self.boundary,
+            "backed_up_chars": self.backed_up_chars,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True)
@@ -153,37 +165,57 @@ class SplitReport:
     def require_safe(self) -> Split:
         """The safe split, asserting ``ghost + live == joint`` id for id."""
         if self.safe is None:
-            raise SplitError(f"no exact-token split of the guide and the live text exists: {self.reason}",
-                             "change the separator (e.g. --sep ' ' or '\\n') or end the guide at a word boundary")
+            raise SplitError(
+                f"no exact-token split of the guide and the live text exists: {self.reason}",
+                "change the separator (e.g. --sep ' ' or '\\n') or end the guide at a word boundary",
+            )
         if self.safe.ids != self.joint:
             raise SplitError("safe split does not reproduce the joint token ids", "report this as a kvbridge bug")
         return self.safe
 
     def to_dict(self) -> dict:
-        safe = self.safe.to_dict() if self.safe else {
-            "kind": "safe", "ghost": [], "live": [], "matches_joint": False, "found": False}
+        safe = (
+            self.safe.to_dict()
+            if self.safe
+            else {"kind": "safe", "ghost": [], "live": [], "matches_joint": False, "found": False}
+        )
         if self.safe:
             safe["found"] = True
-        return {"tokenizer": self.tokenizer, "guide": self.guide, "live": self.live, "sep": self.sep,
-                "append_point": self.append_point, "joint": list(self.joint), "joint_len": len(self.joint),
-                "special_prefix": list(self.special_prefix), "special_suffix": list(self.special_suffix),
-                "naive": self.naive.to_dict(), "safe": safe, "safe_found": self.safe is not None,
-                "reason": self.reason, "candidates_tried": self.candidates_tried}
+        return {
+            "tokenizer": self.tokenizer,
+            "guide": self.guide,
+            "live": self.live,
+            "sep": self.sep,
+            "append_point": self.append_point,
+            "joint": list(self.joint),
+            "joint_len": len(self.joint),
+            "special_prefix": list(self.special_prefix),
+            "special_suffix": list(self.special_suffix),
+            "naive": self.naive.to_dict(),
+            "safe": safe,
+            "safe_found": self.safe is not None,
+            "reason": self.reason,
+            "candidates_tried": self.candidates_tried,
+        }
 
     def lines(self) -> list[str]:
         """A short human-readable report."""
         n, s = self.naive, self.safe
-        out = [f"joint: {len(self.joint)} tokens",
-               f"naive: {len(n.ghost)} + {len(n.live)} = {len(n.ids)} tokens  "
-               f"ghost+live == joint: {'yes' if n.matches_joint else 'NO'}"
-               + ("" if n.matches_joint else f" (first difference at token {n.first_difference})")]
+        out = [
+            f"joint: {len(self.joint)} tokens",
+            f"naive: {len(n.ghost)} + {len(n.live)} = {len(n.ids)} tokens  "
+            f"ghost+live == joint: {'yes' if n.matches_joint else 'NO'}"
+            + ("" if n.matches_joint else f" (first difference at token {n.first_difference})"),
+        ]
         if s is None:
             out.append(f"safe:  none exists: {self.reason}")
         else:
             where = "at the append point" if s.backed_up_chars == 0 else f"backed up {s.backed_up_chars} chars"
-            out.append(f"safe:  {len(s.ghost)} + {len(s.live)} = {len(s.ids)} tokens  ghost+live == joint: yes "
-                       f"(boundary at char {s.boundary}, {where}; live text {s.live_text[:40]!r}"
-                       f"{'...' if len(s.live_text) > 40 else ''})" + (f"; {s.note}" if s.note else ""))
+            out.append(
+                f"safe:  {len(s.ghost)} + {len(s.live)} = {len(s.ids)} tokens  ghost+live == joint: yes "
+                f"(boundary at char {s.boundary}, {where}; live text {s.live_text[:40]!r}"
+                f"{'...' if len(s.live_text) > 40 else ''})" + (f"; {s.note}" if s.note else "")
+            )
         return out
 
 
@@ -195,8 +227,15 @@ def _dummy_prefix(tokenizer: Any) -> bool:
         return False
 
 
-def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
-               window_chars: int = WINDOW_CHARS, window_tokens: int = WINDOW_TOKENS) -> SplitReport:
+def split_text(
+    tokenizer: Any,
+    guide: str,
+    live: str,
+    sep: str = " ",
+    *,
+    window_chars: int = WINDOW_CHARS,
+    window_tokens: int = WINDOW_TOKENS,
+) -> SplitReport:
     """Joint, naive and safe encodings of ``guide + sep + live`` (see the module docstring)."""
     if not guide or not guide.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
@@ -212,9 +251,18 @@ def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
         tail = list(encode(tokenizer, live_text, add_special_tokens=False)) + list(suffix)
         ids = tuple(ghost) + tuple(tail)
         first = _first_difference(ids, joint)
-        return Split(kind=kind, ghost=tuple(ghost), live=tuple(tail), ghost_text=ghost_text, live_text=live_text,
-                     matches_joint=first is None, first_difference=first, boundary=boundary,
-                     backed_up_chars=A - boundary, note=note)
+        return Split(
+            kind=kind,
+            ghost=tuple(ghost),
+            live=tuple(tail),
+            ghost_text=ghost_text,
+            live_text=live_text,
+            matches_joint=first is None,
+            first_difference=first,
+            boundary=boundary,
+            backed_up_chars=A - boundary,
+            note=note,
+        )
 
     naive = attempt("naive", guide + sep, live, A)
 
@@ -223,8 +271,7 @@ def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
     candidates.add(len(guide))
     offsets = _offsets(tokenizer, text)
     if offsets and len(offsets) == len(joint):
-        starts = [start for (start, end), tid in zip(offsets, joint)
-                  if end > start and start <= A]
+        starts = [start for (start, end), tid in zip(offsets, joint) if end > start and start <= A]
         candidates.update(starts[-window_tokens:])
     # the guide's own end first (ghost = exactly the guide, as a prefix pack stores it), then the
     # append point (ghost = guide + sep), then every other candidate backing up from there
@@ -240,15 +287,20 @@ def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
         if got.matches_joint:
             safe = got
             break
-        if dummy and text[c:c + 1] == " " and c + 1 < len(text):
+        if dummy and text[c : c + 1] == " " and c + 1 < len(text):
             tried += 1
-            got = attempt("safe", text[:c], text[c + 1:], c,
-                          note="the live text drops the leading space: the tokenizer's dummy prefix supplies it")
+            got = attempt(
+                "safe",
+                text[:c],
+                text[c + 1 :],
+                c,
+                note="the live text drops the leading space: the tokenizer's dummy prefix supplies it",
+            )
             if got.matches_joint:
                 safe = got
                 break
     if safe is not None and safe.boundary < len(guide):
-        moved = guide[safe.boundary:]
+        moved = guide[safe.boundary :]
         extra = f"the boundary is inside the guide: the live text carries its last {len(moved)} characters {moved!r}"
         safe = replace(safe, note=f"{safe.note}; {extra}" if safe.note else extra)
     reason = ""
@@ -259,14 +311,29 @@ def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ", *,
                 if start < A < end:
                     straddle = f"; joint token {tid} spans characters {start}-{end} across the append point {A}"
                     break
-        reason = (f"no boundary within {window_chars} characters or {window_tokens} tokens before the append point "
-                  f"re-encodes to the joint ids ({tried} candidates tried){straddle}")
+        reason = (
+            f"no boundary within {window_chars} characters or {window_tokens} tokens before the append point "
+            f"re-encodes to the joint ids ({tried} candidates tried){straddle}"
+        )
     name = str(getattr(tokenizer, "name_or_path", "") or "")
-    return SplitReport(guide=guide, live=live, sep=sep, joint=joint, naive=naive, safe=safe, reason=reason,
-                       special_prefix=prefix, special_suffix=suffix, candidates_tried=tried, tokenizer=name)
+    return SplitReport(
+        guide=guide,
+        live=live,
+        sep=sep,
+        joint=joint,
+        naive=naive,
+        safe=safe,
+        reason=reason,
+        special_prefix=prefix,
+        special_suffix=suffix,
+        candidates_tried=tried,
+        tokenizer=name,
+    )
 
 
-def exact_split(tokenizer: Any, guide: str, live: str, sep: str = " ", *, kind: str = "safe") -> tuple[SplitReport, Split]:
+def exact_split(
+    tokenizer: Any, guide: str, live: str, sep: str = " ", *, kind: str = "safe"
+) -> tuple[SplitReport, Split]:
     """``(report, split)``; for ``kind="safe"`` asserts ``ghost + live == joint`` or raises SplitError."""
     report = split_text(tokenizer, guide, live, sep)
     split = report.get(kind)
@@ -287,10 +354,22 @@ def read_text_arg(value: str, what: str = "text") -> str:
         try:
             return path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise KVBridgeError(f"cannot read {what} file {path}: {exc.strerror if hasattr(exc, 'strerror') and exc.strerror else exc}",
-                                f"pass --{what} TEXT or @FILE with a readable UTF-8 file") from None
+            raise KVBridgeError(
+                f"cannot read {what} file {path}: {exc.strerror if hasattr(exc, 'strerror') and exc.strerror else exc}",
+                f"pass --{what} TEXT or @FILE with a readable UTF-8 file",
+            ) from None
     return value
 
 
-__all__ = ["Split", "SplitReport", "SplitError", "TokenizerError", "split_text", "exact_split",
-           "load_tokenizer", "encode", "special_affixes", "read_text_arg"]
+__all__ = [
+    "Split",
+    "SplitReport",
+    "SplitError",
+    "TokenizerError",
+    "split_text",
+    "exact_split",
+    "load_tokenizer",
+    "encode",
+    "special_affixes",
+    "read_text_arg",
+]

@@ -16,16 +16,35 @@ Importing this package imports nothing heavy.
 
 from __future__ import annotations
 
-__all__ = ["recompute_layers", "parse_layers", "profile_layers", "greedy_groups", "choose_layers",
-           "blend", "graft", "prepare_chunk", "run_graft", "Cost"]
+__all__ = [
+    "recompute_layers",
+    "parse_layers",
+    "profile_layers",
+    "greedy_groups",
+    "choose_layers",
+    "blend",
+    "graft",
+    "prepare_chunk",
+    "run_graft",
+    "Cost",
+]
 
 
 def __getattr__(name):
     import importlib
 
-    where = {"recompute_layers": "layers", "parse_layers": "layers", "profile_layers": "layers",
-             "greedy_groups": "layers", "choose_layers": "layers", "blend": "tokens", "graft": "graft",
-             "prepare_chunk": "graft", "run_graft": "graft", "Cost": "cost"}
+    where = {
+        "recompute_layers": "layers",
+        "parse_layers": "layers",
+        "profile_layers": "layers",
+        "greedy_groups": "layers",
+        "choose_layers": "layers",
+        "blend": "tokens",
+        "graft": "graft",
+        "prepare_chunk": "graft",
+        "run_graft": "graft",
+        "Cost": "cost",
+    }
     if name in where:
         return getattr(importlib.import_module(f"kvbridge.recompute.{where[name]}"), name)
     raise AttributeError(name)

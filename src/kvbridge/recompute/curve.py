@@ -62,9 +62,26 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
     return points
 
 
-def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation_len: int, layer_points_=(),
-              token_ratios=(), token_rules=("deviation",), mode: str = "target", batch_size: int = 16, attention: bool = True,
-              bootstrap: int = 1000, seed: int = 0, check_layer: int = 1, host=None, progress=None) -> dict:
+def run_curve(
+    source,
+    target,
+    mapping,
+    samples,
+    *,
+    prefix_len: int,
+    continuation_len: int,
+    layer_points_=(),
+    token_ratios=(),
+    token_rules=("deviation",),
+    mode: str = "target",
+    batch_size: int = 16,
+    attention: bool = True,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    check_layer: int = 1,
+    host=None,
+    progress=None,
+) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
     from kvbridge.evaluate.conditions import attention_cosines, native_fields, position_fields
@@ -81,16 +98,24 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
     samples = torch.as_tensor(samples).long()
     p, c = int(prefix_len), int(continuation_len)
     if samples.dim() != 2 or samples.shape[1] < p + c + 1:
-        raise RecomputeError(f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
-                             "make longer samples or lower --prefix-len/--continuation-len")
+        raise RecomputeError(
+            f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
+            "make longer samples or lower --prefix-len/--continuation-len",
+        )
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
     bad = [x for x in token_rules if x not in RULES]
     if bad:
         raise RecomputeError(f"unknown token rule {bad[0]!r}", f"use one of {', '.join(RULES)}")
-    points += [(f"{'tokens' if rule == 'deviation' else rule}@{r:g}", rule, float(r))
-               for rule in token_rules for r in token_ratios if r > 0]
+    points += [
+        (f"{'tokens' if rule == 'deviation' else rule}@{r:g}", rule, float(r))
+        for rule in token_rules
+        for r in token_ratios
+        if r > 0
+    ]
     if not points:
-        raise RecomputeError("no recompute point to run", "pass --recompute-layers, --recompute-tokens or --recompute-sweep")
+        raise RecomputeError(
+            "no recompute point to run", "pass --recompute-layers, --recompute-tokens or --recompute-sweep"
+        )
     names = ["native", "transferred"] + [x[0] for x in points] + ["no_prefix"]
     acc = {x: {} for x in names}
     cost = {x: {"flops": 0.0, "seconds": 0.0} for x in names}
@@ -101,8 +126,8 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
     tad.extract(target, warm, spec=tspec)
     blend(target, tad.extract(target, warm, spec=tspec), 0, 0.5, check_layer=check_layer)
     for s in range(0, n, batch_size):
-        ids = samples[s:s + batch_size, :p + c + 1]
-        prefix, cont, targets = ids[:, :p], ids[:, p:p + c], ids[:, p + 1:p + c + 1]
+        ids = samples[s : s + batch_size, : p + c + 1]
+        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
         t0 = time.perf_counter()
         native = tad.extract(target, prefix, spec=tspec)
         t1 = time.perf_counter()
@@ -144,7 +169,9 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
                     logits = target(input_ids=cont).logits.float()
                 else:
                     st, secs, flops = states[cond]
-                    logits = target(input_ids=cont, cache=tad.inject(st, target, check=False), use_cache=True).logits.float()
+                    logits = target(
+                        input_ids=cont, cache=tad.inject(st, target, check=False), use_cache=True
+                    ).logits.float()
                     cost[cond]["seconds"] += secs
                     cost[cond]["flops"] += flops
                     if captured is not None:
@@ -170,15 +197,29 @@ def run_curve(source, target, mapping, samples, *, prefix_len: int, continuation
             row["share"] = float(cond.split("@")[1])
         elif cond == "transferred":
             row["share"] = 0.0
-    result = {"schema": SCHEMA, "mode": mode, "samples": n, "prefix_len": p, "continuation_len": c,
-              "target_layers": nl, "bootstrap": bootstrap, "seed": seed, "check_layer": check_layer,
-              "conditions": summary["conditions"],
-              "timing": {"target_prefill_ms": 1e3 * t_native, "transfer_ms": 1e3 * t_transfer,
-                         "full_prefill_flops": full_flops},
-              "notes": ["time_share = recompute wall time / the target's full prefill of the same prefixes (this run, "
-                        "this machine); recompute_flop_share counts linear maps and attention from the weights",
-                        "mode target: a recomputed layer set costs the target's forward up to its last layer; "
-                        "mode source: only the recomputed layers run, on the source's hidden states"]}
+    result = {
+        "schema": SCHEMA,
+        "mode": mode,
+        "samples": n,
+        "prefix_len": p,
+        "continuation_len": c,
+        "target_layers": nl,
+        "bootstrap": bootstrap,
+        "seed": seed,
+        "check_layer": check_layer,
+        "conditions": summary["conditions"],
+        "timing": {
+            "target_prefill_ms": 1e3 * t_native,
+            "transfer_ms": 1e3 * t_transfer,
+            "full_prefill_flops": full_flops,
+        },
+        "notes": [
+            "time_share = recompute wall time / the target's full prefill of the same prefixes (this run, "
+            "this machine); recompute_flop_share counts linear maps and attention from the weights",
+            "mode target: a recomputed layer set costs the target's forward up to its last layer; "
+            "mode source: only the recomputed layers run, on the source's hidden states",
+        ],
+    }
     return _clean(result)
 
 

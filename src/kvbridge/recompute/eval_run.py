@@ -7,9 +7,31 @@ def split_list(text: str) -> list[str]:
     return [x.strip() for x in str(text).split(",") if x.strip()]
 
 
-def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len, continuation_len, layers_spec,
-                   tokens_spec, sweep, mode, token_rules=("deviation",), select, group_size, calibration_samples, batch_size, attention, bootstrap,
-                   seed, report_dir=None, progress=None) -> tuple[dict, dict]:
+def eval_recompute(
+    smodel,
+    tmodel,
+    mapping,
+    ids,
+    *,
+    texts,
+    tokenizer,
+    prefix_len,
+    continuation_len,
+    layers_spec,
+    tokens_spec,
+    sweep,
+    mode,
+    token_rules=("deviation",),
+    select,
+    group_size,
+    calibration_samples,
+    batch_size,
+    attention,
+    bootstrap,
+    seed,
+    report_dir=None,
+    progress=None,
+) -> tuple[dict, dict]:
     """Run ``kvbridge eval --recompute-*``: ``(result, written files)``."""
     import torch
 
@@ -43,14 +65,30 @@ def eval_recompute(smodel, tmodel, mapping, ids, *, texts, tokenizer, prefix_len
         if p[1] not in seen:
             seen.add(p[1])
             uniq.append(p)
-    result = curve.run_curve(smodel, tmodel, mapping, ids, prefix_len=prefix_len, continuation_len=continuation_len,
-                             layer_points_=uniq, token_ratios=ratios, token_rules=tuple(token_rules), mode=mode, batch_size=batch_size,
-                             attention=attention, bootstrap=bootstrap, seed=seed, progress=progress)
+    result = curve.run_curve(
+        smodel,
+        tmodel,
+        mapping,
+        ids,
+        prefix_len=prefix_len,
+        continuation_len=continuation_len,
+        layer_points_=uniq,
+        token_ratios=ratios,
+        token_rules=tuple(token_rules),
+        mode=mode,
+        batch_size=batch_size,
+        attention=attention,
+        bootstrap=bootstrap,
+        seed=seed,
+        progress=progress,
+    )
     if calib is not None:
         info = next((p[2] for p in uniq if p[2].get("method") != "named"), {})
         result["selection"] = {k: v for k, v in info.items()}
-        result["calibration"] = {"samples": calibration_samples, "source": "the corpus's front (first half of the "
-                                 "first 90%), never the evaluation tail"}
+        result["calibration"] = {
+            "samples": calibration_samples,
+            "source": "the corpus's front (first half of the first 90%), never the evaluation tail",
+        }
     written = report.write(result, report_dir, "recompute_curve", "selective recompute") if report_dir else {}
     return result, written
 

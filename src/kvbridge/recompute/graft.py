@@ -47,35 +47,50 @@ def _adapter(model, host=None):
 
 def prepare_chunk(model, chunk_ids, host=None):
     """The target's own cache of a chunk alone, at positions ``0..n-1`` (what a pack stores)."""
-    return _adapter(model, host).extract(model, torch.as_tensor(chunk_ids).long().reshape(-1, torch.as_tensor(chunk_ids).shape[-1]))
+    return _adapter(model, host).extract(
+        model, torch.as_tensor(chunk_ids).long().reshape(-1, torch.as_tensor(chunk_ids).shape[-1])
+    )
 
 
 def concat_states(first, second):
     """One state: ``first``'s rows then ``second``'s (same model and batch)."""
     if first.spec.num_layers != second.spec.num_layers or first.batch_size != second.batch_size:
-        raise RecomputeError("the context and the chunk come from different models or batch sizes",
-                             "prepare both with the same model, one chunk per context")
+        raise RecomputeError(
+            "the context and the chunk come from different models or batch sizes",
+            "prepare both with the same model, one chunk per context",
+        )
     if [i for i, _ in first.indexer_keys] != [i for i, _ in second.indexer_keys]:
-        raise RecomputeError("the context and the chunk carry sparse-attention indexer keys of different layers",
-                             "prepare both with the same model")
+        raise RecomputeError(
+            "the context and the chunk carry sparse-attention indexer keys of different layers",
+            "prepare both with the same model",
+        )
     cat = lambda a, b: torch.cat([a, b.to(a.dtype)], dim=2)
     lengths = None
     if first.rope_lengths is not None and second.rope_lengths is not None:
         lengths = torch.cat([first.rope_lengths, second.rope_lengths], dim=1)
-    return replace(first, keys=tuple(cat(a, b) for a, b in zip(first.keys, second.keys)),
-                   values=tuple(cat(a, b) for a, b in zip(first.values, second.values)),
-                   token_ids=torch.cat([first.token_ids, second.token_ids], 1),
-                   positions=torch.cat([first.positions, second.positions], 1), rope_lengths=lengths,
-                   indexer_keys=tuple((i, torch.cat([a, b.to(a.dtype)], dim=1))  # [B, T, D]: tokens on dim 1
-                                      for (i, a), (_, b) in zip(first.indexer_keys, second.indexer_keys)),
-                   approximate=first.approximate or second.approximate)
+    return replace(
+        first,
+        keys=tuple(cat(a, b) for a, b in zip(first.keys, second.keys)),
+        values=tuple(cat(a, b) for a, b in zip(first.values, second.values)),
+        token_ids=torch.cat([first.token_ids, second.token_ids], 1),
+        positions=torch.cat([first.positions, second.positions], 1),
+        rope_lengths=lengths,
+        indexer_keys=tuple(
+            (i, torch.cat([a, b.to(a.dtype)], dim=1))  # [B, T, D]: tokens on dim 1
+            for (i, a), (_, b) in zip(first.indexer_keys, second.indexer_keys)
+        ),
+        approximate=first.approximate or second.approximate,
+    )
 
 
 def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
     """The context's cache followed by the chunk's, re-positioned right after the context (exact RoPE)."""
     if chunk_state.spec.positional == "rope" and chunk_state.spec.rope and chunk_state.spec.rope.is_stateful:
-        raise RecomputeError(f"{chunk_state.spec.model_type!r} uses stateful RoPE ({chunk_state.spec.rope.rope_type}): "
-                             "re-positioning is not exact there", "graft with a model whose RoPE is static")
+        raise RecomputeError(
+            f"{chunk_state.spec.model_type!r} uses stateful RoPE ({chunk_state.spec.rope.rope_type}): "
+            "re-positioning is not exact there",
+            "graft with a model whose RoPE is static",
+        )
     c = context_state.num_tokens
     start = int(context_state.positions[0, -1]) + 1 if c else 0
     moved = chunk_state
@@ -85,9 +100,14 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
     else:
         moved = replace(chunk_state, positions=chunk_state.positions - chunk_state.positions[:, :1] + start)
     out = concat_states(context_state, moved)
-    return replace(out, approximate=True, meta={**context_state.meta, "graft": {"context_tokens": c,
-                                                                                "chunk_tokens": chunk_state.num_tokens,
-                                                                                "repositioned": bool(reposition)}})
+    return replace(
+        out,
+        approximate=True,
+        meta={
+            **context_state.meta,
+            "graft": {"context_tokens": c, "chunk_tokens": chunk_state.num_tokens, "repositioned": bool(reposition)},
+        },
+    )
 
 
 def _logits(model, adapter, state, cont, capture=False):
@@ -113,10 +133,23 @@ def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) ->
     return names
 
 
-def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.3, 1.0),
-              controls=("random", "no_reposition", "shuffled"), check_layer: int = 1, batch_size: int = 8,
-              attention: bool = True, bootstrap: int = 1000, seed: int = 0, chunks=None, host=None,
-              progress=None) -> dict:
+def run_graft(
+    model,
+    context_ids,
+    chunk_ids,
+    cont_ids,
+    *,
+    ratios=(0.05, 0.15, 0.3, 1.0),
+    controls=("random", "no_reposition", "shuffled"),
+    check_layer: int = 1,
+    batch_size: int = 8,
+    attention: bool = True,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    chunks=None,
+    host=None,
+    progress=None,
+) -> dict:
     """Every graft condition on the same samples; a JSON-ready result (see the module docstring).
 
     ``context_ids [N, c]``, ``chunk_ids [N, n]``, ``cont_ids [N, C + 1]`` (C scored predictions).
@@ -130,8 +163,10 @@ def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.
     context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in (context_ids, chunk_ids, cont_ids))
     n_samples, c, n = context_ids.shape[0], context_ids.shape[1], chunk_ids.shape[1]
     if chunk_ids.shape[0] != n_samples or cont_ids.shape[0] != n_samples or cont_ids.shape[1] < 2:
-        raise RecomputeError("context, chunk and continuation need the same number of samples and >= 2 "
-                             "continuation tokens", "pass [N, c], [N, n] and [N, C + 1] token ids")
+        raise RecomputeError(
+            "context, chunk and continuation need the same number of samples and >= 2 continuation tokens",
+            "pass [N, c], [N, n] and [N, C + 1] token ids",
+        )
     if "shuffled" in controls and n_samples < 2:
         raise RecomputeError("the shuffled control needs at least 2 samples", "pass 2 or more samples")
     ratios = tuple(sorted(set(float(r) for r in ratios)))
@@ -201,13 +236,24 @@ def run_graft(model, context_ids, chunk_ids, cont_ids, *, ratios=(0.05, 0.15, 0.
         row["time_share"] = cost[cond]["seconds"] / t_full if t_full > 0 else None
         row["tokens_recomputed_share"] = _share(cond)
     summary["conditions"]["full"].update(recompute_flop_share=1.0, time_share=1.0)
-    result = {"schema": SCHEMA, "samples": n_samples, "context_len": c, "chunk_len": n,
-              "continuation_len": int(cont_ids.shape[1] - 1), "ratios": list(ratios), "check_layer": check_layer,
-              "bootstrap": bootstrap, "seed": seed, "conditions": summary["conditions"],
-              "timing": {"full_prefill_ms": 1e3 * t_full, "full_prefill_flops": full_flops},
-              "notes": ["full = the target's prefill of context + chunk (ceiling); dropped = context alone (floor); "
-                        "time_share = (re-positioning + recompute) / full prefill, wall time on this machine; "
-                        "the chunk's own prefill is done ahead (a pack) and not counted"]}
+    result = {
+        "schema": SCHEMA,
+        "samples": n_samples,
+        "context_len": c,
+        "chunk_len": n,
+        "continuation_len": int(cont_ids.shape[1] - 1),
+        "ratios": list(ratios),
+        "check_layer": check_layer,
+        "bootstrap": bootstrap,
+        "seed": seed,
+        "conditions": summary["conditions"],
+        "timing": {"full_prefill_ms": 1e3 * t_full, "full_prefill_flops": full_flops},
+        "notes": [
+            "full = the target's prefill of context + chunk (ceiling); dropped = context alone (floor); "
+            "time_share = (re-positioning + recompute) / full prefill, wall time on this machine; "
+            "the chunk's own prefill is done ahead (a pack) and not counted"
+        ],
+    }
     from kvbridge.evaluate import _clean
 
     return _clean(result)
@@ -240,10 +286,14 @@ def _stack(states):
         return states[0]
     first = states[0]
     cat = lambda xs: torch.cat(xs, 0)
-    return replace(first, keys=tuple(cat([s.keys[i] for s in states]) for i in range(first.num_layers)),
-                   values=tuple(cat([s.values[i] for s in states]) for i in range(first.num_layers)),
-                   token_ids=cat([s.token_ids for s in states]), positions=cat([s.positions for s in states]),
-                   rope_lengths=None)
+    return replace(
+        first,
+        keys=tuple(cat([s.keys[i] for s in states]) for i in range(first.num_layers)),
+        values=tuple(cat([s.values[i] for s in states]) for i in range(first.num_layers)),
+        token_ids=cat([s.token_ids for s in states]),
+        positions=cat([s.positions for s in states]),
+        rope_lengths=None,
+    )
 
 
 def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
@@ -258,8 +308,9 @@ def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
     return fields
 
 
-def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None,
-                     greedy_tokens: int = 16) -> dict:
+def summarize_fields(
+    fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None, greedy_tokens: int = 16
+) -> dict:
     """kvbridge eval's metrics (with paired bootstrap CIs) of per-condition fields, plus ``deficit_closed``.
 
     ``deficit_closed`` = ``(NLL_ref - NLL_x) / (NLL_ref - NLL_native)``: the share of what the
@@ -267,8 +318,11 @@ def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, refe
     """
     from kvbridge.evaluate.metrics import _interval, bootstrap_indices, resolve_metrics, summarize
 
-    run = SimpleNamespace(config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9), fields=fields,
-                          num_samples=int(next(iter(next(iter(fields.values())).values())).shape[0]))
+    run = SimpleNamespace(
+        config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9),
+        fields=fields,
+        num_samples=int(next(iter(next(iter(fields.values())).values())).shape[0]),
+    )
     metrics = [m for m in resolve_metrics() if m.name not in ("greedy_first_divergence", "greedy_agreement")]
     out = summarize(run, metrics, bootstrap=bootstrap, seed=seed)
     if reference and reference in fields:
@@ -290,5 +344,13 @@ def summarize_fields(fields: dict, *, bootstrap: int = 1000, seed: int = 0, refe
     return out
 
 
-__all__ = ["SCHEMA", "prepare_chunk", "concat_states", "graft", "run_graft", "condition_names",
-           "summarize_fields", "stack_fields"]
+__all__ = [
+    "SCHEMA",
+    "prepare_chunk",
+    "concat_states",
+    "graft",
+    "run_graft",
+    "condition_names",
+    "summarize_fields",
+    "stack_fields",
+]

@@ -59,8 +59,10 @@ def parse_layers(spec, num_layers: int):
                 raise RecomputeError(f"bad layer budget {spec!r}", "use auto:15% (share of layers) or auto:4 (count)")
             share = float(m.group(1)) / 100 if m.group(2) else float(m.group(1)) / num_layers
             if not 0 <= share <= 1:
-                raise RecomputeError(f"layer budget {spec!r} is outside 0..100% of {num_layers} layers",
-                                     "use a share between 0% and 100%")
+                raise RecomputeError(
+                    f"layer budget {spec!r} is outside 0..100% of {num_layers} layers",
+                    "use a share between 0% and 100%",
+                )
             return ("auto", share)
         layers = set()
         for part in text.split(","):
@@ -74,8 +76,10 @@ def parse_layers(spec, num_layers: int):
         layers = tuple(sorted(layers))
     bad = [x for x in layers if not 0 <= x < num_layers]
     if bad:
-        raise RecomputeError(f"layer {bad[0]} does not exist: the target has {num_layers} layers (0..{num_layers - 1})",
-                             f"pick layers between 0 and {num_layers - 1}")
+        raise RecomputeError(
+            f"layer {bad[0]} does not exist: the target has {num_layers} layers (0..{num_layers - 1})",
+            f"pick layers between 0 and {num_layers - 1}",
+        )
     return layers
 
 
@@ -107,6 +111,7 @@ def capture_hidden(model, fn):
         def hook(mod, args, kwargs):
             h = args[0] if args else kwargs["hidden_states"]
             seen[i] = h.detach()
+
         return hook
 
     handles = [layer.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, layer in enumerate(layers)]
@@ -172,8 +177,10 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
         note = f"target forward over layers 0..{last}"
     else:
         if source_hidden is None:
-            raise RecomputeError("mode 'source' needs the source's hidden states",
-                                 "pass source_hidden (capture_hidden around the source's extraction) or use mode target")
+            raise RecomputeError(
+                "mode 'source' needs the source's hidden states",
+                "pass source_hidden (capture_hidden around the source's extraction) or use mode target",
+            )
         width = model.config.hidden_size
         store = RowStore(keys, values, state.positions)
         rows = torch.arange(t, device=ids.device).expand(b, t)
@@ -187,7 +194,8 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
                     raise RecomputeError(
                         f"the source's hidden states entering layer {first} have width "
                         f"{None if h is None else h.shape[-1]}, the target's layers take {width}",
-                        "use --recompute-mode target (the target's own forward) for pairs of different width")
+                        "use --recompute-mode target (the target's own forward) for pairs of different width",
+                    )
                 h = h.to(next(model.parameters()).dtype)
             run_layers(model, range(first, last + 1), h, rows, store)
             run.extend(range(first, last + 1))
@@ -196,18 +204,31 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
         note = "source hidden states at each group entry, target layers within the group"
     seconds = time.perf_counter() - t0
     flops = b * sum(layer_flops(model, i, t, causal_pairs(t)) for i in run)
-    out = replace(state, keys=tuple(k.to(state.dtype) for k in keys), values=tuple(v.to(state.dtype) for v in values),
-                  approximate=state.approximate and len(layers) < state.num_layers,
-                  meta={**state.meta, "recomputed_layers": list(layers), "recompute_mode": mode})
-    return out, Cost(flops=flops, seconds=seconds, full_prefill_flops=full, layers_run=run,
-                     rows_per_layer=tuple(t for _ in run), note=note)
+    out = replace(
+        state,
+        keys=tuple(k.to(state.dtype) for k in keys),
+        values=tuple(v.to(state.dtype) for v in values),
+        approximate=state.approximate and len(layers) < state.num_layers,
+        meta={**state.meta, "recomputed_layers": list(layers), "recompute_mode": mode},
+    )
+    return out, Cost(
+        flops=flops,
+        seconds=seconds,
+        full_prefill_flops=full,
+        layers_run=run,
+        rows_per_layer=tuple(t for _ in run),
+        note=note,
+    )
 
 
 def mixed_state(native, mapped, layers):
     """``mapped`` with ``layers`` taken from ``native`` (what a target-mode recompute produces)."""
     keep = set(layers)
-    return replace(mapped, keys=tuple(n if i in keep else m for i, (n, m) in enumerate(zip(native.keys, mapped.keys))),
-                   values=tuple(n if i in keep else m for i, (n, m) in enumerate(zip(native.values, mapped.values))))
+    return replace(
+        mapped,
+        keys=tuple(n if i in keep else m for i, (n, m) in enumerate(zip(native.keys, mapped.keys))),
+        values=tuple(n if i in keep else m for i, (n, m) in enumerate(zip(native.values, mapped.values))),
+    )
 
 
 # -- profiling -----------------------------------------------------------------------------------------
@@ -225,8 +246,9 @@ class Calibration:
         return self.natives[0].num_layers
 
 
-def calibration(source, target, mapping, samples, prefix_len: int, continuation_len: int, *, batch_size: int = 16,
-                host=None) -> Calibration:
+def calibration(
+    source, target, mapping, samples, prefix_len: int, continuation_len: int, *, batch_size: int = 16, host=None
+) -> Calibration:
     from kvbridge.plugins import get_host
     from kvbridge.transfer import transfer
 
@@ -236,8 +258,8 @@ def calibration(source, target, mapping, samples, prefix_len: int, continuation_
     natives, mappeds, conts, refs = [], [], [], []
     samples = torch.as_tensor(samples).long()
     for s in range(0, samples.shape[0], batch_size):
-        ids = samples[s:s + batch_size]
-        prefix, cont = ids[:, :prefix_len], ids[:, prefix_len:prefix_len + continuation_len]
+        ids = samples[s : s + batch_size]
+        prefix, cont = ids[:, :prefix_len], ids[:, prefix_len : prefix_len + continuation_len]
         native = tad.extract(target, prefix, spec=tspec)
         mapped = transfer(sad.extract(source, prefix, spec=sspec), mapping, tspec, host=host)
         natives.append(native)
@@ -294,16 +316,19 @@ def greedy_groups(model, calib: Calibration, budget: int, *, group_size: int = 1
         steps.append({"group": list(best), "layers": sorted(chosen), "loss": loss})
 
 
-def choose_layers(spec, model, calib: Calibration | None = None, *, method: str = "greedy", group_size: int = 1,
-                  host=None):
+def choose_layers(
+    spec, model, calib: Calibration | None = None, *, method: str = "greedy", group_size: int = 1, host=None
+):
     """``(layers, info)`` for a spec: names pass through; ``auto:X`` runs the profiling pass on ``calib``."""
     n = model.config.num_hidden_layers
     parsed = parse_layers(spec, n)
     if not (parsed and parsed[0] == "auto"):
         return parsed, {"method": "named", "spec": str(spec)}
     if calib is None and method != "prefix":
-        raise RecomputeError(f"layer budget {spec!r} needs calibration samples to profile the layers",
-                             "pass calibration data (the CLI takes it from the corpus's front)")
+        raise RecomputeError(
+            f"layer budget {spec!r} needs calibration samples to profile the layers",
+            "pass calibration data (the CLI takes it from the corpus's front)",
+        )
     k = budget_count(parsed[1], n)
     info = {"method": method, "spec": str(spec), "budget_layers": k, "share": parsed[1]}
     if method == "prefix":  # the cheapest K layers in target mode: its forward stops after layer K-1
@@ -318,6 +343,19 @@ def choose_layers(spec, model, calib: Calibration | None = None, *, method: str 
     return tuple(steps[-1]["layers"]), info
 
 
-__all__ = ["RecomputeError", "parse_layers", "budget_count", "groups_of", "capture_hidden", "target_forward_until",
-           "recompute_layers", "mixed_state", "Calibration", "calibration", "loss_with", "profile_layers",
-           "greedy_groups", "choose_layers"]
+__all__ = [
+    "RecomputeError",
+    "parse_layers",
+    "budget_count",
+    "groups_of",
+    "capture_hidden",
+    "target_forward_until",
+    "recompute_layers",
+    "mixed_state",
+    "Calibration",
+    "calibration",
+    "loss_with",
+    "profile_layers",
+    "greedy_groups",
+    "choose_layers",
+]

@@ -7,8 +7,18 @@ from pathlib import Path
 
 from kvbridge.evaluate.report import fmt, fmt_ci
 
-COLS = ("condition", "share", "gap_recovered [95% CI]", "deficit_closed [95% CI]", "kl_p95", "top1",
-        "attn cos mean", "attn cos min", "FLOPs / prefill", "time / prefill")
+COLS = (
+    "condition",
+    "share",
+    "gap_recovered [95% CI]",
+    "deficit_closed [95% CI]",
+    "kl_p95",
+    "top1",
+    "attn cos mean",
+    "attn cos min",
+    "FLOPs / prefill",
+    "time / prefill",
+)
 
 
 def rows(result: dict) -> list[list[str]]:
@@ -16,12 +26,20 @@ def rows(result: dict) -> list[list[str]]:
     for cond, r in result["conditions"].items():
         share = r.get("share", r.get("tokens_recomputed_share"))
         layers = f" {r['layers']}" if r.get("layers") is not None and len(r["layers"]) <= 8 else ""
-        out.append([cond + layers, fmt(share, "{:.0%}") if share is not None else "",
-                    f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
-                    f"{fmt(r.get('deficit_closed'), '{:+.3f}')} {fmt_ci(r.get('deficit_closed_ci'), '{:+.2f}')}",
-                    fmt(r.get("kl_p95"), "{:.4f}"), fmt(r.get("top1_agreement"), "{:.3f}"),
-                    fmt(r.get("attention_cosine_mean"), "{:.4f}"), fmt(r.get("attention_cosine_min"), "{:.4f}"), fmt(r.get("recompute_flop_share"), "{:.3f}"),
-                    fmt(r.get("time_share"), "{:.3f}")])
+        out.append(
+            [
+                cond + layers,
+                fmt(share, "{:.0%}") if share is not None else "",
+                f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
+                f"{fmt(r.get('deficit_closed'), '{:+.3f}')} {fmt_ci(r.get('deficit_closed_ci'), '{:+.2f}')}",
+                fmt(r.get("kl_p95"), "{:.4f}"),
+                fmt(r.get("top1_agreement"), "{:.3f}"),
+                fmt(r.get("attention_cosine_mean"), "{:.4f}"),
+                fmt(r.get("attention_cosine_min"), "{:.4f}"),
+                fmt(r.get("recompute_flop_share"), "{:.3f}"),
+                fmt(r.get("time_share"), "{:.3f}"),
+            ]
+        )
     return out
 
 
@@ -70,10 +88,16 @@ def plot(result: dict, path, title: str) -> bool:
             if all(ci and ci[0] is not None for ci in cis):
                 ax.fill_between(xs, [ci[0] for ci in cis], [ci[1] for ci in cis], alpha=0.15)
         axes[3].plot(xs, [r.get("time_share") or float("nan") for _, r in pts], marker="o", label=f"{fam} time")
-        axes[3].plot(xs, [r.get("recompute_flop_share") or float("nan") for _, r in pts], marker="x", linestyle="--",
-                     label=f"{fam} FLOPs")
-    for ax, lab in zip(axes, ("gap recovered (95% CI)", "KL p95 (nats)", "attention cosine (mean over layers)",
-                              "cost / full prefill")):
+        axes[3].plot(
+            xs,
+            [r.get("recompute_flop_share") or float("nan") for _, r in pts],
+            marker="x",
+            linestyle="--",
+            label=f"{fam} FLOPs",
+        )
+    for ax, lab in zip(
+        axes, ("gap recovered (95% CI)", "KL p95 (nats)", "attention cosine (mean over layers)", "cost / full prefill")
+    ):
         ax.set_xlabel("share recomputed")
         ax.set_ylabel(lab)
         ax.grid(alpha=0.3)
@@ -98,8 +122,10 @@ def write(result: dict, folder, stem: str, title: str) -> dict:
         tmp.replace(png)
         image = png.name
         written["png"] = png
-    for ext, text in (("json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
-                      ("md", markdown(result, title, image))):
+    for ext, text in (
+        ("json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
+        ("md", markdown(result, title, image)),
+    ):
         path = folder / f"{stem}.{ext}"
         tmp = folder / f".{stem}.tmp.{ext}"
         tmp.write_text(text, encoding="utf-8")

@@ -42,14 +42,17 @@ def parts_of(model) -> Parts:
     if layers is None or embed is None or rotary is None:
         raise UnsupportedModelError(
             f"{type(model).__name__}: selective recompute needs a decoder with embed_tokens, layers and rotary_emb",
-            "use a Llama-family model (Llama, Mistral, Qwen2/3, SmolLM2) or plain reuse/full prefill")
+            "use a Llama-family model (Llama, Mistral, Qwen2/3, SmolLM2) or plain reuse/full prefill",
+        )
     if "position_embeddings" not in inspect.signature(layers[0].forward).parameters:
         raise UnsupportedModelError(
             f"{type(layers[0]).__name__} does not take position_embeddings",
-            "use a Llama-family model for selective recompute")
+            "use a Llama-family model for selective recompute",
+        )
     if getattr(getattr(layers[0], "self_attn", None), "sliding_window", None):
-        raise UnsupportedModelError("sliding-window layers are not supported by selective recompute",
-                                    "use a model with full attention")
+        raise UnsupportedModelError(
+            "sliding-window layers are not supported by selective recompute", "use a model with full attention"
+        )
     return Parts(embed, layers, rotary, getattr(base, "norm", None))
 
 
@@ -93,8 +96,14 @@ def run_layer(model, layer: int, hidden: torch.Tensor, rows: torch.Tensor, store
     pos = store.positions.gather(1, rows)
     with torch.no_grad():
         pe = parts.rotary(hidden, position_ids=pos)
-        out = parts.layers[layer](hidden, attention_mask=store.mask(hidden.dtype), position_ids=pos, cache=store,
-                                  use_cache=True, position_embeddings=pe)
+        out = parts.layers[layer](
+            hidden,
+            attention_mask=store.mask(hidden.dtype),
+            position_ids=pos,
+            cache=store,
+            use_cache=True,
+            position_embeddings=pe,
+        )
     return out[0] if isinstance(out, tuple) else out
 
 

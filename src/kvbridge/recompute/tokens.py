@@ -68,8 +68,16 @@ def _attended(pos_rows: torch.Tensor, positions: torch.Tensor) -> int:
     return int((positions[:, None, :] <= pos_rows[:, :, None]).sum())
 
 
-def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, rule: str = "deviation",
-          generator: torch.Generator | None = None) -> BlendResult:
+def blend(
+    model,
+    state,
+    exact_len: int,
+    ratio: float,
+    *,
+    check_layer: int = 1,
+    rule: str = "deviation",
+    generator: torch.Generator | None = None,
+) -> BlendResult:
     """Token-selective recompute of ``state`` rows ``[exact_len:]`` (see the module docstring)."""
     from kvbridge.recompute.runner import RowStore, embed, run_layer
 
@@ -79,14 +87,20 @@ def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, r
     layers = model.config.num_hidden_layers
     full = prefill_flops(model, t, batch=b)
     if n < 1:
-        raise RecomputeError(f"nothing to recompute: exact_len {exact_len} covers all {t} rows",
-                             "give the length of the exact (context) rows only")
+        raise RecomputeError(
+            f"nothing to recompute: exact_len {exact_len} covers all {t} rows",
+            "give the length of the exact (context) rows only",
+        )
     if rule not in RULES:
         raise RecomputeError(f"unknown token rule {rule!r}", f"use one of {', '.join(RULES)}")
     k = count_for(float(ratio), n)
     if k == 0:
-        return BlendResult(state, torch.zeros(b, 0, dtype=torch.long), None,
-                           Cost(full_prefill_flops=full, note="ratio 0: the state is returned as it is"))
+        return BlendResult(
+            state,
+            torch.zeros(b, 0, dtype=torch.long),
+            None,
+            Cost(full_prefill_flops=full, note="ratio 0: the state is returned as it is"),
+        )
     check_layer = min(int(check_layer), layers - 1)
     t0 = time.perf_counter()
     store = RowStore(state.keys, state.values, positions)
@@ -100,9 +114,8 @@ def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, r
         run.append(layer)
         per_layer.append(n)
     if k < n:
-        dk = (store.keys[check_layer][:, :, exact_len:].double() - state.keys[check_layer][:, :, exact_len:].double())
-        dv = (store.values[check_layer][:, :, exact_len:].double()
-              - state.values[check_layer][:, :, exact_len:].double())
+        dk = store.keys[check_layer][:, :, exact_len:].double() - state.keys[check_layer][:, :, exact_len:].double()
+        dv = store.values[check_layer][:, :, exact_len:].double() - state.values[check_layer][:, :, exact_len:].double()
         deviation = (dk.pow(2).sum((1, 3)) + dv.pow(2).sum((1, 3))).float()  # [B, n]
         if rule == "deviation":
             pick = deviation.topk(k, dim=1).indices
@@ -124,14 +137,27 @@ def blend(model, state, exact_len: int, ratio: float, *, check_layer: int = 1, r
         run.append(layer)
         per_layer.append(k)
     seconds = time.perf_counter() - t0
-    out = replace(state, keys=tuple(x.to(state.dtype) for x in store.keys),
-                  values=tuple(x.to(state.dtype) for x in store.values),
-                  approximate=state.approximate and k < n,
-                  meta={**state.meta, "recomputed_token_ratio": float(ratio), "recomputed_tokens": int(k),
-                        "check_layer": check_layer, "token_rule": rule})
-    cost = Cost(flops=flops, seconds=seconds, full_prefill_flops=full, layers_run=tuple(run),
-                rows_per_layer=tuple(per_layer),
-                note=f"layers 0..{check_layer} on all {n} rows, {k} rows ({rule}) beyond")
+    out = replace(
+        state,
+        keys=tuple(x.to(state.dtype) for x in store.keys),
+        values=tuple(x.to(state.dtype) for x in store.values),
+        approximate=state.approximate and k < n,
+        meta={
+            **state.meta,
+            "recomputed_token_ratio": float(ratio),
+            "recomputed_tokens": int(k),
+            "check_layer": check_layer,
+            "token_rule": rule,
+        },
+    )
+    cost = Cost(
+        flops=flops,
+        seconds=seconds,
+        full_prefill_flops=full,
+        layers_run=tuple(run),
+        rows_per_layer=tuple(per_layer),
+        note=f"layers 0..{check_layer} on all {n} rows, {k} rows ({rule}) beyond",
+    )
     return BlendResult(out, pick, deviation, cost)
 
 

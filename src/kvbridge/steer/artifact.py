@@ -23,10 +23,28 @@ from kvbridge.errors import ArtifactError
 SCHEMA_VERSION = 1
 KIND = "kvbridge.steering-vector"
 TENSOR_FILE = "vector.safetensors"
-REQUIRED = {"schema_version": int, "kind": str, "model": dict, "tokenizer": dict, "method": str, "position": dict,
-            "key_space": str, "layers": list, "num_pairs": int, "norms": dict, "spec": dict}
-NESTED_REQUIRED = {"model.model_type": str, "model.num_layers": int, "model.num_kv_heads": int, "model.head_dim": int,
-                   "model.config_fingerprint": str, "model.weights_fingerprint": str, "position.kind": str}
+REQUIRED = {
+    "schema_version": int,
+    "kind": str,
+    "model": dict,
+    "tokenizer": dict,
+    "method": str,
+    "position": dict,
+    "key_space": str,
+    "layers": list,
+    "num_pairs": int,
+    "norms": dict,
+    "spec": dict,
+}
+NESTED_REQUIRED = {
+    "model.model_type": str,
+    "model.num_layers": int,
+    "model.num_kv_heads": int,
+    "model.head_dim": int,
+    "model.config_fingerprint": str,
+    "model.weights_fingerprint": str,
+    "position.kind": str,
+}
 
 
 class VectorMismatchError(ArtifactError):
@@ -37,11 +55,20 @@ def model_record(model, spec, *, weights_fp: str | None = None) -> dict:
     from kvbridge.models.fingerprint import config_fingerprint, model_id_revision, weights_fingerprint
 
     ident = model_id_revision(model)
-    return {"id": ident["id"], "revision": ident["revision"], "model_type": spec.model_type, "family": spec.family,
-            "config_fingerprint": config_fingerprint(model.config.to_dict()),
-            "weights_fingerprint": weights_fp or weights_fingerprint(model), "spec_fingerprint": spec.fingerprint(),
-            "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-            "hidden_size": spec.hidden_size, "dtype": spec.dtype}
+    return {
+        "id": ident["id"],
+        "revision": ident["revision"],
+        "model_type": spec.model_type,
+        "family": spec.family,
+        "config_fingerprint": config_fingerprint(model.config.to_dict()),
+        "weights_fingerprint": weights_fp or weights_fingerprint(model),
+        "spec_fingerprint": spec.fingerprint(),
+        "num_layers": spec.num_layers,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_size": spec.hidden_size,
+        "dtype": spec.dtype,
+    }
 
 
 def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None) -> dict:
@@ -52,15 +79,23 @@ def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_f
 
     info = dict(vector.info)
     return {
-        "schema_version": SCHEMA_VERSION, "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
         "model": model_record(model, vector.spec, weights_fp=weights_fp),
         "tokenizer": dict(tokenizer_fp or {"fingerprint": None, "source": "not recorded"}),
-        "method": str(info.get("method", "mean")), "position": {"kind": str(info.get("position", "last"))},
-        "key_space": vector.key_space, "layers": list(range(vector.num_layers)),
-        "num_pairs": int(info.get("num_pairs", 0)), "pairs_sha256": info.get("pairs_sha256"),
-        "template": info.get("template"), "transferred_from": info.get("transferred_from"),
-        "has_residual": bool(vector.residual), "norms": vector.norms(), "spec": vector.spec.to_dict(),
-        "transformers_version": transformers.__version__, "torch_version": str(torch.__version__),
+        "method": str(info.get("method", "mean")),
+        "position": {"kind": str(info.get("position", "last"))},
+        "key_space": vector.key_space,
+        "layers": list(range(vector.num_layers)),
+        "num_pairs": int(info.get("num_pairs", 0)),
+        "pairs_sha256": info.get("pairs_sha256"),
+        "template": info.get("template"),
+        "transferred_from": info.get("transferred_from"),
+        "has_residual": bool(vector.residual),
+        "norms": vector.norms(),
+        "spec": vector.spec.to_dict(),
+        "transformers_version": transformers.__version__,
+        "torch_version": str(torch.__version__),
         "kvbridge_version": __version__,
     }
 
@@ -75,14 +110,23 @@ def vector_tensors(vector) -> dict:
     return out
 
 
-def save_vector(vector, out: str | Path, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
-                overwrite: bool = False) -> Path:
+def save_vector(
+    vector,
+    out: str | Path,
+    model,
+    *,
+    tokenizer_fp: dict | None = None,
+    weights_fp: str | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write the vector folder atomically (the model is the one the directions belong to)."""
     from kvbridge.artifacts import write_artifact
 
     vector.validate()
     manifest = build_manifest(vector, model, tokenizer_fp=tokenizer_fp, weights_fp=weights_fp)
-    return write_artifact(out, vector_tensors(vector), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=KIND)
+    return write_artifact(
+        out, vector_tensors(vector), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=KIND
+    )
 
 
 def read_vector(path: str | Path):
@@ -102,8 +146,11 @@ def read_vector(path: str | Path):
     if manifest["kind"] != KIND:
         raise ArtifactError(f"{path} holds a {manifest['kind']!r}, not a steering vector", "pass a steer build folder")
     if manifest["schema_version"] > SCHEMA_VERSION:
-        raise ArtifactError(f"steering vector schema_version {manifest['schema_version']} is newer than this kvbridge "
-                            f"reads ({SCHEMA_VERSION})", "upgrade kvbridge")
+        raise ArtifactError(
+            f"steering vector schema_version {manifest['schema_version']} is newer than this kvbridge "
+            f"reads ({SCHEMA_VERSION})",
+            "upgrade kvbridge",
+        )
     require_fields(manifest, NESTED_REQUIRED, where, fix=fix)
     try:
         spec = ModelSpec.from_dict(manifest["spec"])
@@ -124,14 +171,19 @@ def read_vector(path: str | Path):
     info["position"] = manifest["position"]["kind"]
     info["model"] = manifest["model"]
     vector = SteeringVector(
-        keys=tuple(tensors[f"keys.{i}"] for i in range(n)), values=tuple(tensors[f"values.{i}"] for i in range(n)),
+        keys=tuple(tensors[f"keys.{i}"] for i in range(n)),
+        values=tuple(tensors[f"values.{i}"] for i in range(n)),
         residual=tuple(tensors[f"residual.{i}"] for i in range(n)) if manifest.get("has_residual") else (),
-        spec=spec, key_space=manifest["key_space"], info=info)
+        spec=spec,
+        key_space=manifest["key_space"],
+        info=info,
+    )
     return manifest, vector
 
 
-def mismatches(manifest: dict, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None,
-               host=None) -> list[str]:
+def mismatches(
+    manifest: dict, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None, host=None
+) -> list[str]:
     """Every field in which the vector and ``model`` (+ tokenizer) disagree, most specific first."""
     from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
 
@@ -145,8 +197,10 @@ def mismatches(manifest: dict, model, *, tokenizer_fp: dict | None = None, weigh
     have = (m["model_type"], m["num_layers"], m["num_kv_heads"], m["head_dim"])
     want = (spec.model_type, spec.num_layers, spec.num_kv_heads, spec.head_dim)
     if have != want:
-        out.append(f"geometry (vector {have[0]} {have[1]} layers x {have[2]} kv heads x {have[3]} vs model "
-                   f"{want[0]} {want[1]} x {want[2]} x {want[3]})")
+        out.append(
+            f"geometry (vector {have[0]} {have[1]} layers x {have[2]} kv heads x {have[3]} vs model "
+            f"{want[0]} {want[1]} x {want[2]} x {want[3]})"
+        )
     cfg = config_fingerprint(model.config.to_dict())
     if m["config_fingerprint"] != cfg:
         out.append(f"config (vector {m['config_fingerprint'][:12]}... vs model {cfg[:12]}...)")
@@ -154,13 +208,19 @@ def mismatches(manifest: dict, model, *, tokenizer_fp: dict | None = None, weigh
     if m["weights_fingerprint"] != wfp:
         out.append(f"weights (vector {m['weights_fingerprint'][:12]}... vs model {wfp[:12]}...)")
     have_tok = (manifest.get("tokenizer") or {}).get("fingerprint")
-    if tokenizer_fp is not None and tokenizer_fp.get("fingerprint") and have_tok and have_tok != tokenizer_fp["fingerprint"]:
+    if (
+        tokenizer_fp is not None
+        and tokenizer_fp.get("fingerprint")
+        and have_tok
+        and have_tok != tokenizer_fp["fingerprint"]
+    ):
         out.append(f"tokenizer (vector {have_tok[:12]}... vs {tokenizer_fp['fingerprint'][:12]}...)")
     return out
 
 
-def load_vector(path: str | Path, model: Any = None, *, tokenizer_fp: dict | None = None,
-                weights_fp: str | None = None, host=None):
+def load_vector(
+    path: str | Path, model: Any = None, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None, host=None
+):
     """The :class:`~kvbridge.steer.vectors.SteeringVector` of a folder, refused (one line) when
     ``model`` is not the model it was made for."""
     manifest, vector = read_vector(path)
@@ -168,12 +228,22 @@ def load_vector(path: str | Path, model: Any = None, *, tokenizer_fp: dict | Non
         bad = mismatches(manifest, model, tokenizer_fp=tokenizer_fp, weights_fp=weights_fp, host=host)
         if bad:
             raise VectorMismatchError(
-                f"steering vector {path} was made for another model ({manifest['model'].get('id')}): "
-                + "; ".join(bad),
+                f"steering vector {path} was made for another model ({manifest['model'].get('id')}): " + "; ".join(bad),
                 "build a vector on this model (kvbridge steer build) or move this one through a fitted mapping "
-                "(kvbridge steer transfer)")
+                "(kvbridge steer transfer)",
+            )
     return vector
 
 
-__all__ = ["SCHEMA_VERSION", "KIND", "TENSOR_FILE", "VectorMismatchError", "save_vector", "read_vector", "load_vector",
-           "mismatches", "build_manifest", "model_record"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "KIND",
+    "TENSOR_FILE",
+    "VectorMismatchError",
+    "save_vector",
+    "read_vector",
+    "load_vector",
+    "mismatches",
+    "build_manifest",
+    "model_record",
+]

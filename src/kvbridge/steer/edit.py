@@ -58,8 +58,10 @@ def layers_of(layers, num_layers: int) -> tuple:
         chosen = tuple(sorted({int(i) for i in layers}))
         bad = [i for i in chosen if not 0 <= i < num_layers]
         if bad:
-            raise EditError(f"layer(s) {bad} out of range: the model has {num_layers} layers (0-{num_layers - 1})",
-                            "pick layers that exist (--layers)")
+            raise EditError(
+                f"layer(s) {bad} out of range: the model has {num_layers} layers (0-{num_layers - 1})",
+                "pick layers that exist (--layers)",
+            )
     if not chosen:
         raise EditError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
     return chosen
@@ -69,26 +71,32 @@ def positions_of(state, start: int, stop: int | None) -> tuple[int, int]:
     n = state.num_tokens
     stop = n if stop is None else stop
     if not (0 <= start < stop <= n):
-        raise EditError(f"edit positions {start}:{stop} are outside the cache's {n} tokens",
-                        "edit positions that the cache holds")
+        raise EditError(
+            f"edit positions {start}:{stop} are outside the cache's {n} tokens", "edit positions that the cache holds"
+        )
     return start, stop
 
 
 def _mark(state, keys, values, record: dict):
     steered = list(state.meta.get("steered", ()))
     steered.append(record)
-    return replace(state, keys=tuple(keys), values=tuple(values), approximate=True,
-                   meta={**state.meta, "steered": steered})
+    return replace(
+        state, keys=tuple(keys), values=tuple(values), approximate=True, meta={**state.meta, "steered": steered}
+    )
 
 
 def _check_vector(state, vector) -> None:
     if vector.num_layers != state.num_layers:
-        raise EditError(f"the steering vector has {vector.num_layers} layers, the cache {state.num_layers}",
-                        "use a vector built on this model")
+        raise EditError(
+            f"the steering vector has {vector.num_layers} layers, the cache {state.num_layers}",
+            "use a vector built on this model",
+        )
     for i, (k, d) in enumerate(zip(state.keys, vector.keys)):
         if (k.shape[1], k.shape[-1]) != tuple(d.shape):
-            raise EditError(f"layer {i}: vector keys {tuple(d.shape)} vs cache [kv_heads, head_dim] "
-                            f"{(k.shape[1], k.shape[-1])}", "use a vector built on this model")
+            raise EditError(
+                f"layer {i}: vector keys {tuple(d.shape)} vs cache [kv_heads, head_dim] {(k.shape[1], k.shape[-1])}",
+                "use a vector built on this model",
+            )
 
 
 def key_deltas(state, vector, start: int, stop: int, layers: Sequence[int]) -> dict:
@@ -104,14 +112,21 @@ def key_deltas(state, vector, start: int, stop: int, layers: Sequence[int]) -> d
     if vector.key_space != "content" or not state.rope_applied or state.spec.positional != "rope":
         return {i: keys[i] for i in layers}
     lengths = None if state.rope_lengths is None else state.rope_lengths[:, start:stop]
-    d = KVState(keys=keys, values=keys, token_ids=state.token_ids[:, start:stop],
-                positions=state.positions[:, start:stop], spec=state.spec, rope_applied=False)
+    d = KVState(
+        keys=keys,
+        values=keys,
+        token_ids=state.token_ids[:, start:stop],
+        positions=state.positions[:, start:stop],
+        spec=state.spec,
+        rope_applied=False,
+    )
     rotated = d.apply_rope(rope_lengths=lengths, dtype=torch.float32)
     return {i: rotated.keys[i] for i in layers}
 
 
-def add_vector(state, vector, *, ck: float = 0.0, cv: float = 0.0, layers=None, start: int = 0,
-               stop: int | None = None):
+def add_vector(
+    state, vector, *, ck: float = 0.0, cv: float = 0.0, layers=None, start: int = 0, stop: int | None = None
+):
     """``state`` with ``ck`` x the key direction and ``cv`` x the value direction added at
     ``layers`` and positions ``start:stop`` (see the module docstring)."""
     import torch
@@ -128,8 +143,19 @@ def add_vector(state, vector, *, ck: float = 0.0, cv: float = 0.0, layers=None, 
             step = c * delta.to(torch.float32)  # rounded once, then added: never fused
             t[:, :, start:stop] = (t[:, :, start:stop].to(torch.float32) + step).to(t.dtype)
             group[i] = t
-    return _mark(state, keys, values, {"edit": "add_vector", "ck": ck, "cv": cv, "layers": list(chosen),
-                                       "positions": [start, stop], "key_space": vector.key_space})
+    return _mark(
+        state,
+        keys,
+        values,
+        {
+            "edit": "add_vector",
+            "ck": ck,
+            "cv": cv,
+            "layers": list(chosen),
+            "positions": [start, stop],
+            "key_space": vector.key_space,
+        },
+    )
 
 
 def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
@@ -145,8 +171,12 @@ def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int
             t = group[i].clone()
             t[:, :, start:stop] = (t[:, :, start:stop].to(torch.float32) * c).to(t.dtype)
             group[i] = t
-    return _mark(state, keys, values, {"edit": "scale_kv", "ck": ck, "cv": cv, "layers": list(chosen),
-                                       "positions": [start, stop]})
+    return _mark(
+        state,
+        keys,
+        values,
+        {"edit": "scale_kv", "ck": ck, "cv": cv, "layers": list(chosen), "positions": [start, stop]},
+    )
 
 
 def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
@@ -158,19 +188,27 @@ def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, sto
     chosen = layers_of(layers, state.num_layers)
     start, stop = positions_of(state, start, stop)
     if other.num_tokens < stop:
-        raise EditError(f"the other cache has {other.num_tokens} tokens, the edit needs positions {start}:{stop}",
-                        "mix with a prompt at least as long as the edited range")
+        raise EditError(
+            f"the other cache has {other.num_tokens} tokens, the edit needs positions {start}:{stop}",
+            "mix with a prompt at least as long as the edited range",
+        )
     if other.num_layers != state.num_layers or any(
-            a.shape[1:2] + a.shape[3:] != b.shape[1:2] + b.shape[3:] for a, b in zip(state.keys, other.keys)):
+        a.shape[1:2] + a.shape[3:] != b.shape[1:2] + b.shape[3:] for a, b in zip(state.keys, other.keys)
+    ):
         raise EditError("the other cache has another geometry", "mix caches of the same model")
     part = other.slice_tokens(start, stop)
     if other.batch_size != state.batch_size:
         if other.batch_size != 1:
-            raise EditError(f"the other cache has batch {other.batch_size}, the edited one {state.batch_size}",
-                            "mix with one prompt")
+            raise EditError(
+                f"the other cache has batch {other.batch_size}, the edited one {state.batch_size}",
+                "mix with one prompt",
+            )
         part = part.map_tensors(lambda t: t.expand(state.batch_size, *t.shape[1:]))
-        part = replace(part, token_ids=part.token_ids.expand(state.batch_size, -1),
-                       positions=part.positions.expand(state.batch_size, -1))
+        part = replace(
+            part,
+            token_ids=part.token_ids.expand(state.batch_size, -1),
+            positions=part.positions.expand(state.batch_size, -1),
+        )
     want = state.positions[:, start:stop]
     if not torch.equal(part.positions.to(want.device), want):
         part = part.reposition(want)
@@ -179,10 +217,13 @@ def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, sto
         for group, src in ((keys, part.keys[i]), (values, part.values[i])):
             t = group[i].clone()
             own = t[:, :, start:stop].to(torch.float32)
-            t[:, :, start:stop] = ((1.0 - alpha) * own + alpha * src.to(device=t.device, dtype=torch.float32)).to(t.dtype)
+            t[:, :, start:stop] = ((1.0 - alpha) * own + alpha * src.to(device=t.device, dtype=torch.float32)).to(
+                t.dtype
+            )
             group[i] = t
-    return _mark(state, keys, values, {"edit": "mix_kv", "alpha": alpha, "layers": list(chosen),
-                                       "positions": [start, stop]})
+    return _mark(
+        state, keys, values, {"edit": "mix_kv", "alpha": alpha, "layers": list(chosen), "positions": [start, stop]}
+    )
 
 
 __all__ = ["EditError", "coefficient", "layers_of", "positions_of", "key_deltas", "add_vector", "scale_kv", "mix_kv"]

@@ -89,8 +89,13 @@ def paired(arm: list[bool], ref: list[bool], *, bootstrap: int = 2000, seed: int
         lo = hi = float("nan")
     b = sum(1 for a, r in zip(arm, ref) if a and not r)
     c = sum(1 for a, r in zip(arm, ref) if r and not a)
-    return {"diff": float(d.mean()) if n else float("nan"), "ci95": [round(lo, 4), round(hi, 4)],
-            "arm_only": b, "reference_only": c, "mcnemar_p": round(mcnemar_p(b, c), 6)}
+    return {
+        "diff": float(d.mean()) if n else float("nan"),
+        "ci95": [round(lo, 4), round(hi, 4)],
+        "arm_only": b,
+        "reference_only": c,
+        "mcnemar_p": round(mcnemar_p(b, c), 6),
+    }
 
 
 def rate(scores: list[bool]) -> dict:
@@ -137,8 +142,15 @@ def _pack_state(model, tokenizer, scenario, host):
     wfp = weights_fingerprint(model)
     tfp = packs.tokenizer_fingerprint(tokenizer)
     with tempfile.TemporaryDirectory(prefix="kvbridge-steer-pack-") as tmp:
-        packs.save_pack(model, f"{tmp}/pack", guide_ids=list(scenario.prefix_ids), guide_text=scenario.guide_text,
-                        tokenizer_fp=tfp, weights_fp=wfp, host=host)
+        packs.save_pack(
+            model,
+            f"{tmp}/pack",
+            guide_ids=list(scenario.prefix_ids),
+            guide_text=scenario.guide_text,
+            tokenizer_fp=tfp,
+            weights_fp=wfp,
+            host=host,
+        )
         pack = packs.load_pack(f"{tmp}/pack", model, tokenizer_fp=tfp, weights_fp=wfp, host=host)
     return pack.state_for(model)
 
@@ -164,12 +176,22 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
             setup, rec = setup_for(ctx.model, visible, host=ctx.host)
             return setup, {"method": "instruction visible", "tokens": len(ids)}
         state = _pack_state(ctx.model, ctx.tokenizer, guided, ctx.host)
-        return Setup(state, guided.live_ids), {"method": "instruction in a pack (restored, zero forward passes)",
-                                               "guide_tokens": len(guided.prefix_ids)}
+        return Setup(state, guided.live_ids), {
+            "method": "instruction in a pack (restored, zero forward passes)",
+            "guide_tokens": len(guided.prefix_ids),
+        }
     if arm == "actadd":
         layers = s.actadd_layers or s.layers
-        return setup_for(ctx.model, ctx.scenario, method="actadd", options={"coefficient": s.ca * mult},
-                         vector=ctx.vector, layers=layers, prefix=ctx.none_setup.prefix, host=ctx.host)
+        return setup_for(
+            ctx.model,
+            ctx.scenario,
+            method="actadd",
+            options={"coefficient": s.ca * mult},
+            vector=ctx.vector,
+            layers=layers,
+            prefix=ctx.none_setup.prefix,
+            host=ctx.host,
+        )
     if arm == "kv":
         vector = ctx.vector
     elif arm == "random":
@@ -179,8 +201,17 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
     else:
         raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
     edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
-    return setup_for(ctx.model, ctx.scenario, method="kv-vector", options={"ck": s.ck * mult, "cv": s.cv * mult},
-                     vector=vector, layers=s.layers, edit=edit, prefix=ctx.none_setup.prefix, host=ctx.host)
+    return setup_for(
+        ctx.model,
+        ctx.scenario,
+        method="kv-vector",
+        options={"ck": s.ck * mult, "cv": s.cv * mult},
+        vector=vector,
+        layers=s.layers,
+        edit=edit,
+        prefix=ctx.none_setup.prefix,
+        host=ctx.host,
+    )
 
 
 def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
@@ -191,8 +222,9 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     s = ctx.settings
     t0 = time.perf_counter()
     seeds = list(range(samples))
-    res = sample(ctx.model, setup, seeds, s.max_new_tokens, Sampler(s.temperature, s.top_p), stop_ids=ctx.stops,
-                 host=ctx.host)
+    res = sample(
+        ctx.model, setup, seeds, s.max_new_tokens, Sampler(s.temperature, s.top_p), stop_ids=ctx.stops, host=ctx.host
+    )
     texts = [decode(ctx.tokenizer, r, ctx.stops) for r in res["tokens"]]
     scores = [bool(ctx.scorer(t)) for t in texts]
     if arm == "none":
@@ -200,13 +232,22 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     rows = ctx.none_rows[:samples]
     c = costs(ctx.model, ctx.none_setup, setup, rows, host=ctx.host)
     reps = [repetition(r) for r in res["tokens"]]
-    out = {"setup": record, **rate(scores), "scores": [int(x) for x in scores],
-           "cost": {"nll": _mean(c["nll_steered"]), "delta_nll": _mean(
-               [a - b for a, b in zip(c["nll_steered"], c["nll_reference"])]), "kl": _mean(c["kl"]),
-               "kl_first": _mean(c["kl_first"]), "repetition": _mean(reps),
-               "degenerate_rate": sum(r >= 0.5 for r in reps) / len(reps) if reps else float("nan"),
-               "mean_tokens": _mean([float(len(r)) for r in res["tokens"]])},
-           "examples": texts[:3], "seconds": round(time.perf_counter() - t0, 2)}
+    out = {
+        "setup": record,
+        **rate(scores),
+        "scores": [int(x) for x in scores],
+        "cost": {
+            "nll": _mean(c["nll_steered"]),
+            "delta_nll": _mean([a - b for a, b in zip(c["nll_steered"], c["nll_reference"])]),
+            "kl": _mean(c["kl"]),
+            "kl_first": _mean(c["kl_first"]),
+            "repetition": _mean(reps),
+            "degenerate_rate": sum(r >= 0.5 for r in reps) / len(reps) if reps else float("nan"),
+            "mean_tokens": _mean([float(len(r)) for r in res["tokens"]]),
+        },
+        "examples": texts[:3],
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     return out
 
 
@@ -220,8 +261,10 @@ def _relative_edit(ctx: _Ctx) -> dict:
     chosen = layers_of(ctx.settings.layers, state.num_layers)
     content = state.strip_rope() if ctx.vector.key_space == "content" else state
     out = {}
-    for name, group, vec, c in (("keys", content.keys, ctx.vector.keys, ctx.settings.ck),
-                                ("values", state.values, ctx.vector.values, ctx.settings.cv)):
+    for name, group, vec, c in (
+        ("keys", content.keys, ctx.vector.keys, ctx.settings.ck),
+        ("values", state.values, ctx.vector.values, ctx.settings.cv),
+    ):
         ratios = []
         for i in chosen:
             own = group[i][0, :, start:stop].float().norm(dim=-1)  # [H, P]
@@ -230,9 +273,20 @@ def _relative_edit(ctx: _Ctx) -> dict:
     return out
 
 
-def evaluate(model, tokenizer, vector, *, prompt: str, scorer: Callable[[str], bool], instruction: str | None = None,
-             settings: EvalSettings = EvalSettings(), extra_vectors: dict | None = None, scorer_name: str = "",
-             host=None, log: Callable[[str], None] | None = None) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    vector,
+    *,
+    prompt: str,
+    scorer: Callable[[str], bool],
+    instruction: str | None = None,
+    settings: EvalSettings = EvalSettings(),
+    extra_vectors: dict | None = None,
+    scorer_name: str = "",
+    host=None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Every arm of the module docstring on one prompt; the result is JSON-ready."""
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, setup_for, stop_ids_of
@@ -251,18 +305,29 @@ def evaluate(model, tokenizer, vector, *, prompt: str, scorer: Callable[[str], b
     ctx.none_setup, _ = setup_for(model, scenario, host=host)
     arms = ["none"] + [a for a in settings.arms if a != "none"]
     t0 = time.perf_counter()
-    result: dict = {"prompt": prompt, "instruction": instruction, "scorer": scorer_name, "chat": chat,
-                    "settings": {**asdict(settings), "arms": list(arms)},
-                    "sampler": {"kind": "inverse-cdf over token ids, one uniform per step, torch.Generator(seed) "
-                                        "per sample", "seeds": f"0..{settings.samples - 1}"},
-                    "vector": {k: v for k, v in vector.info.items() if k != "model"},
-                    "relative_edit": _relative_edit(ctx), "arms": {}, "sweep": {}}
+    result: dict = {
+        "prompt": prompt,
+        "instruction": instruction,
+        "scorer": scorer_name,
+        "chat": chat,
+        "settings": {**asdict(settings), "arms": list(arms)},
+        "sampler": {
+            "kind": "inverse-cdf over token ids, one uniform per step, torch.Generator(seed) per sample",
+            "seeds": f"0..{settings.samples - 1}",
+        },
+        "vector": {k: v for k, v in vector.info.items() if k != "model"},
+        "relative_edit": _relative_edit(ctx),
+        "arms": {},
+        "sweep": {},
+    }
     for arm in arms:
         setup, record = _setup(ctx, arm, 1.0, extra_vectors, instruction)
         res = _run_arm(ctx, arm, setup, record, settings.samples)
         result["arms"][arm] = res
-        log(f"{arm:<14} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}  "
-            f"dNLL {res['cost']['delta_nll']:+.3f}  rep {res['cost']['repetition']:.2f}  ({res['seconds']:.0f}s)")
+        log(
+            f"{arm:<14} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}  "
+            f"dNLL {res['cost']['delta_nll']:+.3f}  rep {res['cost']['repetition']:.2f}  ({res['seconds']:.0f}s)"
+        )
     ref = result["arms"]["none"]["scores"]
     for arm, res in result["arms"].items():
         res["paired_vs_none"] = paired(res["scores"], ref, bootstrap=settings.bootstrap)
@@ -290,27 +355,42 @@ def _fmt_rate(r: dict) -> str:
 
 def table(result: dict) -> list[str]:
     """The Markdown table of the arms."""
-    lines = ["| arm | behaviour [Wilson 95%] | paired diff vs none [bootstrap 95%] (+/-, McNemar p) "
-             "| ΔNLL of unsteered text | KL(none‖arm) mean / first step | repeated 3-grams / degenerate |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | behaviour [Wilson 95%] | paired diff vs none [bootstrap 95%] (+/-, McNemar p) "
+        "| ΔNLL of unsteered text | KL(none‖arm) mean / first step | repeated 3-grams / degenerate |",
+        "|---|---|---|---|---|---|",
+    ]
     for arm, r in result["arms"].items():
         p, c = r["paired_vs_none"], r["cost"]
-        pd = "-" if arm == "none" else (f"{p['diff']:+.2f} [{p['ci95'][0]:+.2f}, {p['ci95'][1]:+.2f}] "
-                                        f"(+{p['arm_only']}/-{p['reference_only']}, p={p['mcnemar_p']:.2g})")
-        lines.append(f"| {arm} | {_fmt_rate(r)} | {pd} | {c['delta_nll']:+.3f} | {c['kl']:.3f} / {c['kl_first']:.3f} "
-                     f"| {c['repetition']:.2f} / {c['degenerate_rate']:.2f} |")
+        pd = (
+            "-"
+            if arm == "none"
+            else (
+                f"{p['diff']:+.2f} [{p['ci95'][0]:+.2f}, {p['ci95'][1]:+.2f}] "
+                f"(+{p['arm_only']}/-{p['reference_only']}, p={p['mcnemar_p']:.2g})"
+            )
+        )
+        lines.append(
+            f"| {arm} | {_fmt_rate(r)} | {pd} | {c['delta_nll']:+.3f} | {c['kl']:.3f} / {c['kl_first']:.3f} "
+            f"| {c['repetition']:.2f} / {c['degenerate_rate']:.2f} |"
+        )
     return lines
 
 
 def sweep_table(result: dict) -> list[str]:
     if not result.get("sweep"):
         return []
-    lines = ["| arm | multiplier | behaviour [Wilson 95%] | KL(none‖arm) | ΔNLL | repeated 3-grams |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | multiplier | behaviour [Wilson 95%] | KL(none‖arm) | ΔNLL | repeated 3-grams |",
+        "|---|---|---|---|---|---|",
+    ]
     for arm, points in result["sweep"].items():
         for pt in points:
             c = pt["cost"]
-            lines.append(f"| {arm} | x{pt['multiplier']:g} | {_fmt_rate(pt)} | {c['kl']:.3f} | {c['delta_nll']:+.3f} "
-                         f"| {c['repetition']:.2f} |")
+            lines.append(
+                f"| {arm} | x{pt['multiplier']:g} | {_fmt_rate(pt)} | {c['kl']:.3f} | {c['delta_nll']:+.3f} "
+                f"| {c['repetition']:.2f} |"
+            )
     return lines
 
 
@@ -352,10 +432,13 @@ def plot_sweep(result: dict, path, title: str = "") -> str | None:
 
 def lines(result: dict) -> list[str]:
     s = result["settings"]
-    out = [f"prompt {result['prompt']!r}, scorer {result['scorer']}, {s['samples']} samples x {s['max_new_tokens']} "
-           f"tokens per arm (temperature {s['temperature']}, top-p {s['top_p']}), kv: ck {s['ck']} cv {s['cv']} at "
-           f"layers {s['layers']}, {'every prompt position' if s.get('at') == 'prompt' else 'the last cached position'}, actadd: ca {s['ca']}; relative edit size |c d|/|x|: keys "
-           f"{result['relative_edit']['keys']}, values {result['relative_edit']['values']}", ""]
+    out = [
+        f"prompt {result['prompt']!r}, scorer {result['scorer']}, {s['samples']} samples x {s['max_new_tokens']} "
+        f"tokens per arm (temperature {s['temperature']}, top-p {s['top_p']}), kv: ck {s['ck']} cv {s['cv']} at "
+        f"layers {s['layers']}, {'every prompt position' if s.get('at') == 'prompt' else 'the last cached position'}, actadd: ca {s['ca']}; relative edit size |c d|/|x|: keys "
+        f"{result['relative_edit']['keys']}, values {result['relative_edit']['values']}",
+        "",
+    ]
     out += table(result)
     if result.get("sweep"):
         out += ["", *sweep_table(result)]
@@ -363,5 +446,15 @@ def lines(result: dict) -> list[str]:
     return out
 
 
-__all__ = ["ARMS", "EvalSettings", "evaluate", "paired", "rate", "mcnemar_p", "table", "sweep_table", "plot_sweep",
-           "lines"]
+__all__ = [
+    "ARMS",
+    "EvalSettings",
+    "evaluate",
+    "paired",
+    "rate",
+    "mcnemar_p",
+    "table",
+    "sweep_table",
+    "plot_sweep",
+    "lines",
+]

@@ -26,16 +26,20 @@ def decoder_layers(model) -> dict:
 
     attn = attention_modules(model)
     if not attn:
-        raise KVBridgeError(f"cannot find the attention modules of {type(model).__name__}",
-                            "residual hooks need attention modules with a layer_idx attribute")
+        raise KVBridgeError(
+            f"cannot find the attention modules of {type(model).__name__}",
+            "residual hooks need attention modules with a layer_idx attribute",
+        )
     names = {id(mod): name for name, mod in model.named_modules()}
     modules = dict(model.named_modules())
     out = {}
     for i, mod in attn.items():
         parent = names[id(mod)].rpartition(".")[0]
         if parent not in modules:
-            raise KVBridgeError(f"cannot find the decoder layer around attention layer {i}",
-                                "this model's layout is not supported by residual hooks")
+            raise KVBridgeError(
+                f"cannot find the decoder layer around attention layer {i}",
+                "this model's layout is not supported by residual hooks",
+            )
         out[i] = modules[parent]
     return out
 
@@ -74,8 +78,9 @@ class ActivationAddition(HookSet):
         self.coefficient = float(coefficient)
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
-        self.delta = {i: (self.coefficient * directions[i].to(device=device, dtype=torch.float32)).to(dtype)
-                      for i in layers}
+        self.delta = {
+            i: (self.coefficient * directions[i].to(device=device, dtype=torch.float32)).to(dtype) for i in layers
+        }
         self.handles = [mods[i].register_forward_hook(self._hook(i)) for i in layers]
 
     def _hook(self, layer: int):

@@ -80,8 +80,9 @@ class VectorMethod:
         from kvbridge.steer.edit import add_vector
 
         vector = _need(ctx, "vector", self.name, "pass --vector DIR")
-        state = add_vector(ctx.state, vector, ck=options.ck, cv=options.cv, layers=ctx.layers, start=ctx.start,
-                           stop=ctx.stop)
+        state = add_vector(
+            ctx.state, vector, ck=options.ck, cv=options.cv, layers=ctx.layers, start=ctx.start, stop=ctx.stop
+        )
         return SteerPlan(state, None, {"method": self.name, "ck": options.ck, "cv": options.cv})
 
 
@@ -141,8 +142,12 @@ class BankMethod:
         from dataclasses import replace
 
         masked = tuple(i for i in range(ctx.spec.num_layers) if i not in set(ctx.layers))
-        record = {"method": self.name, "visible_layers": list(ctx.layers), "masked_layers": list(masked),
-                  "positions": [ctx.start, ctx.stop]}
+        record = {
+            "method": self.name,
+            "visible_layers": list(ctx.layers),
+            "masked_layers": list(masked),
+            "positions": [ctx.start, ctx.stop],
+        }
         if not masked:
             return SteerPlan(ctx.state, None, record)
         start, stop = ctx.start, ctx.stop
@@ -180,8 +185,10 @@ class ActAddMethod:
 
         vector = _need(ctx, "vector", self.name, "pass --vector DIR")
         if not vector.residual:
-            raise KVBridgeError("this steering vector has no residual directions (a transferred vector carries K/V "
-                                "only)", "build the vector on this model for activation addition")
+            raise KVBridgeError(
+                "this steering vector has no residual directions (a transferred vector carries K/V only)",
+                "build the vector on this model for activation addition",
+            )
         c = coefficient(options.coefficient, "actadd coefficient")
         directions = {i: vector.residual[i] for i in ctx.layers}
         layers = ctx.layers
@@ -213,8 +220,11 @@ def resolve_method(name: str, host=None):
     cls = record.load()
     missing = method_problem(cls)
     if missing:
-        raise PluginError(f"steering method {name!r} of plugin {host.owner('steering_method', name) or '?'!r} does not "
-                          f"follow the protocol: missing member {missing!r}", "fix the plugin (see docs/plugins.md)")
+        raise PluginError(
+            f"steering method {name!r} of plugin {host.owner('steering_method', name) or '?'!r} does not "
+            f"follow the protocol: missing member {missing!r}",
+            "fix the plugin (see docs/plugins.md)",
+        )
     return cls() if isinstance(cls, type) else cls
 
 
@@ -224,5 +234,16 @@ def method_options(method, values: dict | None = None):
     return build_options(method.Options, values or {}, owner=f"steering method {method.name!r}")
 
 
-__all__ = ["SteerContext", "SteerPlan", "VectorMethod", "ScaleMethod", "MixMethod", "BankMethod", "ActAddMethod",
-           "BUILTIN_METHODS", "method_problem", "resolve_method", "method_options"]
+__all__ = [
+    "SteerContext",
+    "SteerPlan",
+    "VectorMethod",
+    "ScaleMethod",
+    "MixMethod",
+    "BankMethod",
+    "ActAddMethod",
+    "BUILTIN_METHODS",
+    "method_problem",
+    "resolve_method",
+    "method_options",
+]

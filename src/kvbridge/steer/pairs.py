@@ -73,16 +73,21 @@ def _side(value: Any, where: str) -> Any:
     if isinstance(value, list) and value:
         turns = []
         for i, turn in enumerate(value):
-            if not (isinstance(turn, dict) and isinstance(turn.get("role"), str)
-                    and isinstance(turn.get("content"), str)):
-                raise PairsError(f"{where} turn {i} is not {{'role': str, 'content': str}}",
-                                 "write chat turns as objects with a role and a content")
+            if not (
+                isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)
+            ):
+                raise PairsError(
+                    f"{where} turn {i} is not {{'role': str, 'content': str}}",
+                    "write chat turns as objects with a role and a content",
+                )
             turns.append((turn["role"], turn["content"]))
         if not any(c.strip() for _, c in turns):
             raise PairsError(f"{where} has only empty turns", "give the turns some content")
         return tuple(turns)
-    raise PairsError(f"{where} must be a non-empty text or a non-empty list of chat turns, got {type(value).__name__}",
-                     "write e.g. {\"positive\": \"...\", \"negative\": \"...\"}")
+    raise PairsError(
+        f"{where} must be a non-empty text or a non-empty list of chat turns, got {type(value).__name__}",
+        'write e.g. {"positive": "...", "negative": "..."}',
+    )
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
@@ -98,7 +103,9 @@ def read_pairs(path: str | Path) -> list[Pair]:
             raise PairsError(f"pairs file {path} is {size} bytes (limit {MAX_PAIRS_BYTES})", "pass a smaller file")
         text = utf8_text(path.read_bytes(), str(path))
     except OSError as exc:
-        raise PairsError(f"cannot read pairs file {path}: {exc.strerror or exc}", "pass a readable JSONL file") from None
+        raise PairsError(
+            f"cannot read pairs file {path}: {exc.strerror or exc}", "pass a readable JSONL file"
+        ) from None
     pairs = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -110,21 +117,32 @@ def read_pairs(path: str | Path) -> list[Pair]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise PairsError(f"{where} is not JSON ({exc.msg} at column {exc.colno})",
-                             "write one JSON object per line: {\"positive\": ..., \"negative\": ...}") from None
+            raise PairsError(
+                f"{where} is not JSON ({exc.msg} at column {exc.colno})",
+                'write one JSON object per line: {"positive": ..., "negative": ...}',
+            ) from None
         if not isinstance(obj, dict) or "positive" not in obj or "negative" not in obj:
-            raise PairsError(f"{where} needs the keys 'positive' and 'negative'",
-                             "write one JSON object per line: {\"positive\": ..., \"negative\": ...}")
+            raise PairsError(
+                f"{where} needs the keys 'positive' and 'negative'",
+                'write one JSON object per line: {"positive": ..., "negative": ...}',
+            )
         pairs.append(Pair(_side(obj["positive"], f"{where} positive"), _side(obj["negative"], f"{where} negative"), n))
     if not pairs:
-        raise PairsError(f"pairs file {path} has no pairs", "write one JSON object per line with 'positive' and 'negative'")
+        raise PairsError(
+            f"pairs file {path} has no pairs", "write one JSON object per line with 'positive' and 'negative'"
+        )
     return pairs
 
 
 def pairs_digest(pairs: list[Pair]) -> str:
     """sha256 of the pairs' canonical JSON (recorded in the vector's manifest)."""
-    data = [[p.positive if isinstance(p.positive, str) else [list(t) for t in p.positive],
-             p.negative if isinstance(p.negative, str) else [list(t) for t in p.negative]] for p in pairs]
+    data = [
+        [
+            p.positive if isinstance(p.positive, str) else [list(t) for t in p.positive],
+            p.negative if isinstance(p.negative, str) else [list(t) for t in p.negative],
+        ]
+        for p in pairs
+    ]
     return hashlib.sha256(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -182,8 +200,10 @@ def encode_side(tokenizer: Any, side: Any, position: str, where: str = "pair") -
         ids = encode_text(tokenizer, text)
         if position == "last":
             if len(ids) < 2:
-                raise PairsError(f"{where} encodes to {len(ids)} token(s); 'last' reads the second-to-last token",
-                                 "use longer texts or --position final")
+                raise PairsError(
+                    f"{where} encodes to {len(ids)} token(s); 'last' reads the second-to-last token",
+                    "use longer texts or --position final",
+                )
             return Encoded(tuple(ids), len(ids) - 2, len(ids) - 1, text)
         if not ids:
             raise PairsError(f"{where} encodes to no tokens", "use longer texts")
@@ -191,16 +211,18 @@ def encode_side(tokenizer: Any, side: Any, position: str, where: str = "pair") -
     a, b = text.find(OPEN), text.find(CLOSE)
     if a < 0 or b < a or text.count(OPEN) != 1 or text.count(CLOSE) != 1:
         raise PairsError(f"{where} has no single [[...]] span", "mark the span to read with [[ and ]] (once per text)")
-    clean = text[:a] + text[a + len(OPEN):b] + text[b + len(CLOSE):]
+    clean = text[:a] + text[a + len(OPEN) : b] + text[b + len(CLOSE) :]
     end = b - len(OPEN)
     if end <= a:
         raise PairsError(f"{where} has an empty [[...]] span", "put at least one word between [[ and ]]")
     ids = encode_text(tokenizer, clean)
     for at in (a, end):
         if not _boundary_ok(tokenizer, clean, at, ids):
-            raise PairsError(f"{where}: the span boundary at character {at} falls inside a token "
-                             f"(text before it does not encode to the leading ids of the whole text)",
-                             "move the [[ ]] marker to a word boundary (e.g. before the space, not after it)")
+            raise PairsError(
+                f"{where}: the span boundary at character {at} falls inside a token "
+                f"(text before it does not encode to the leading ids of the whole text)",
+                "move the [[ ]] marker to a word boundary (e.g. before the space, not after it)",
+            )
     start = len(_head_ids(tokenizer, clean, a))
     stop = len(_head_ids(tokenizer, clean, end)) if end < len(clean) else len(ids)
     if stop <= start:
@@ -216,5 +238,16 @@ def _head_ids(tokenizer: Any, text: str, at: int) -> list[int]:
     return _strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), special_affixes(tokenizer)[1])
 
 
-__all__ = ["Pair", "Encoded", "PairsError", "POSITIONS", "read_pairs", "pairs_digest", "render", "encode_side",
-           "has_chat_template", "template_kind", "encode_text"]
+__all__ = [
+    "Pair",
+    "Encoded",
+    "PairsError",
+    "POSITIONS",
+    "read_pairs",
+    "pairs_digest",
+    "render",
+    "encode_side",
+    "has_chat_template",
+    "template_kind",
+    "encode_text",
+]

@@ -52,8 +52,9 @@ def prompt_text(tokenizer: Any, prompt: str, chat: bool) -> str:
     if not prompt.strip():
         raise KVBridgeError("the prompt is empty", "pass a non-empty --prompt TEXT (or @FILE)")
     if chat:
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=False)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
     return prompt
 
 
@@ -63,8 +64,10 @@ def prompt_scenario(tokenizer: Any, prompt: str, *, chat: bool = False) -> Scena
     text = prompt_text(tokenizer, prompt, chat)
     ids = tuple(encode_text(tokenizer, text))
     if len(ids) < 2:
-        raise KVBridgeError(f"the prompt encodes to {len(ids)} token(s); steering edits the cache of all but the "
-                            "last", "pass a prompt of at least two tokens")
+        raise KVBridgeError(
+            f"the prompt encodes to {len(ids)} token(s); steering edits the cache of all but the last",
+            "pass a prompt of at least two tokens",
+        )
     return Scenario(ids[:-1], ids[-1:], (len(ids) - 2, len(ids) - 1), text, "prompt")
 
 
@@ -76,14 +79,20 @@ def guide_texts(tokenizer: Any, guide: str, prompt: str, *, chat: bool) -> tuple
         raise KVBridgeError("the prompt is empty", "pass a non-empty --prompt TEXT (or @FILE)")
     if not chat:
         return guide, prompt, "\n"
-    full = tokenizer.apply_chat_template([{"role": "system", "content": guide}, {"role": "user", "content": prompt}],
-                                         add_generation_prompt=True, tokenize=False)
-    head = tokenizer.apply_chat_template([{"role": "system", "content": guide}], add_generation_prompt=False,
-                                         tokenize=False)
+    full = tokenizer.apply_chat_template(
+        [{"role": "system", "content": guide}, {"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    head = tokenizer.apply_chat_template(
+        [{"role": "system", "content": guide}], add_generation_prompt=False, tokenize=False
+    )
     if not full.startswith(head) or len(head) >= len(full):
-        raise KVBridgeError("the chat template does not render the system turn as a prefix of the conversation",
-                            "pass --no-chat and write the guide and prompt as plain text")
-    return head, full[len(head):], ""
+        raise KVBridgeError(
+            "the chat template does not render the system turn as a prefix of the conversation",
+            "pass --no-chat and write the guide and prompt as plain text",
+        )
+    return head, full[len(head) :], ""
 
 
 def guide_scenario(tokenizer: Any, guide: str, prompt: str, *, chat: bool = False) -> Scenario:
@@ -92,13 +101,16 @@ def guide_scenario(tokenizer: Any, guide: str, prompt: str, *, chat: bool = Fals
 
     g, live, sep = guide_texts(tokenizer, guide, prompt, chat=chat)
     report, split = exact_split(tokenizer, g, live, sep)
-    keep = len(report.special_prefix) if tuple(split.ghost[:len(report.special_prefix)]) == report.special_prefix else 0
+    keep = (
+        len(report.special_prefix) if tuple(split.ghost[: len(report.special_prefix)]) == report.special_prefix else 0
+    )
     if len(split.ghost) <= keep:
         raise KVBridgeError("the guide has no tokens besides special tokens", "pass a longer guide")
     if not split.live:
         raise KVBridgeError("the live part of the split is empty", "pass a non-empty prompt")
-    return Scenario(tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), g + sep + live, "guide",
-                    split.ghost_text)
+    return Scenario(
+        tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), g + sep + live, "guide", split.ghost_text
+    )
 
 
 __all__ = ["Scenario", "chat_mode", "prompt_text", "prompt_scenario", "guide_texts", "guide_scenario"]

@@ -30,12 +30,26 @@ def check_length(model, scenario, new_tokens: int, host=None) -> None:
     spec = _host(host).adapter_for(model.config.to_dict()).spec_of(model)
     total = len(scenario.joint) + new_tokens
     if spec.max_position_embeddings and total > spec.max_position_embeddings:
-        raise KVBridgeError(f"prompt + {new_tokens} new tokens = {total} tokens exceed the model's "
-                            f"{spec.max_position_embeddings} positions", "shorten the prompt or lower --max-new-tokens")
+        raise KVBridgeError(
+            f"prompt + {new_tokens} new tokens = {total} tokens exceed the model's "
+            f"{spec.max_position_embeddings} positions",
+            "shorten the prompt or lower --max-new-tokens",
+        )
 
 
-def setup_for(model, scenario, *, method: str | None = None, options: dict | None = None, vector=None, other=None,
-              layers=None, edit: tuple | None = None, prefix=None, host=None):
+def setup_for(
+    model,
+    scenario,
+    *,
+    method: str | None = None,
+    options: dict | None = None,
+    vector=None,
+    other=None,
+    layers=None,
+    edit: tuple | None = None,
+    prefix=None,
+    host=None,
+):
     """``(Setup, record)``: the scenario's prefix (``prefix`` when given, e.g. restored from a pack),
     steered by ``method`` at ``layers`` and positions ``edit`` (default: the scenario's)."""
     from kvbridge.steer.edit import layers_of
@@ -53,8 +67,9 @@ def setup_for(model, scenario, *, method: str | None = None, options: dict | Non
     spec = host.adapter_for(model.config.to_dict()).spec_of(model)
     chosen = layers_of(layers, spec.num_layers)
     start, stop = edit or scenario.edit
-    ctx = SteerContext(model=model, spec=spec, state=state, start=start, stop=stop, layers=chosen, vector=vector,
-                       other=other)
+    ctx = SteerContext(
+        model=model, spec=spec, state=state, start=start, stop=stop, layers=chosen, vector=vector, other=other
+    )
     plan = m.plan(ctx, opts)
     record = dict(plan.record)
     record.setdefault("method", m.name)
@@ -114,8 +129,18 @@ def stop_ids_of(tokenizer, model=None) -> tuple:
     return tuple(sorted(out))
 
 
-def run_pair(model, tokenizer, base, steered, *, max_new_tokens: int, seed: int | None = 0, temperature: float = 0.7,
-             top_p: float = 0.9, host=None) -> dict:
+def run_pair(
+    model,
+    tokenizer,
+    base,
+    steered,
+    *,
+    max_new_tokens: int,
+    seed: int | None = 0,
+    temperature: float = 0.7,
+    top_p: float = 0.9,
+    host=None,
+) -> dict:
     """The unsteered and steered continuation with the same seed (``seed=None``: greedy)."""
     from kvbridge.prefix.diverge import Sampler
     from kvbridge.steer.sample import sample
@@ -124,10 +149,21 @@ def run_pair(model, tokenizer, base, steered, *, max_new_tokens: int, seed: int 
     stops = stop_ids_of(tokenizer, model)
     out = {}
     for name, setup in (("unsteered", base), ("steered", steered)):
-        res = sample(model, setup, [0 if seed is None else seed], max_new_tokens, sampler, stop_ids=stops, host=host,
-                     return_logits=True)
-        out[name] = {"tokens": res["tokens"][0], "text": decode(tokenizer, res["tokens"][0], stops),
-                     "first_logits": res["first_logits"][0]}
+        res = sample(
+            model,
+            setup,
+            [0 if seed is None else seed],
+            max_new_tokens,
+            sampler,
+            stop_ids=stops,
+            host=host,
+            return_logits=True,
+        )
+        out[name] = {
+            "tokens": res["tokens"][0],
+            "text": decode(tokenizer, res["tokens"][0], stops),
+            "first_logits": res["first_logits"][0],
+        }
     from kvbridge.divergence import kl
 
     out["first_step_kl"] = float(kl(out["unsteered"]["first_logits"], out["steered"]["first_logits"]).sum())

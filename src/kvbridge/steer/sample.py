@@ -37,9 +37,12 @@ class Setup:
             return DynamicCache()
         s = self.prefix
         tiled = s.map_tensors(lambda t: t.expand(batch, *t.shape[1:]).contiguous())
-        tiled = replace(tiled, token_ids=s.token_ids.expand(batch, -1).contiguous(),
-                        positions=s.positions.expand(batch, -1).contiguous(),
-                        rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous())
+        tiled = replace(
+            tiled,
+            token_ids=s.token_ids.expand(batch, -1).contiguous(),
+            positions=s.positions.expand(batch, -1).contiguous(),
+            rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous(),
+        )
         if host is None:
             from kvbridge.plugins import get_host
 
@@ -68,8 +71,17 @@ def _draw(sampler, logits, gens) -> list[int]:
     return out
 
 
-def sample(model, setup: Setup, seeds: Sequence[int], steps: int, sampler=None, *, stop_ids=(), host=None,
-           return_logits: bool = False) -> dict:
+def sample(
+    model,
+    setup: Setup,
+    seeds: Sequence[int],
+    steps: int,
+    sampler=None,
+    *,
+    stop_ids=(),
+    host=None,
+    return_logits: bool = False,
+) -> dict:
     """``{"tokens": [[...] per seed], "first_logits": Tensor [N, V] (with return_logits)}``.
 
     ``sampler=None`` decodes greedily (every row the argmax). Rows that emitted a ``stop_ids``
@@ -97,8 +109,12 @@ def sample(model, setup: Setup, seeds: Sequence[int], steps: int, sampler=None, 
                     done[i] = t in stop_ids
             if all(done) or step + 1 == steps:
                 break
-            logits = model(input_ids=torch.tensor(toks, device=device)[:, None], cache=cache,
-                           use_cache=True).logits[:, -1].float().cpu()
+            logits = (
+                model(input_ids=torch.tensor(toks, device=device)[:, None], cache=cache, use_cache=True)
+                .logits[:, -1]
+                .float()
+                .cpu()
+            )
     out: dict = {"tokens": rows}
     if return_logits:
         out["first_logits"] = first
@@ -116,7 +132,7 @@ def _forced_logprobs(model, setup: Setup, rows: list[list[int]], host=None):
     ids = torch.tensor([live + r[:-1] for r in pad], device=device)
     cache = setup.cache(model, n, host)
     with torch.no_grad(), setup.context(model):
-        logits = model(input_ids=ids, cache=cache, use_cache=True).logits[:, len(live) - 1:].float()
+        logits = model(input_ids=ids, cache=cache, use_cache=True).logits[:, len(live) - 1 :].float()
     return torch.log_softmax(logits, dim=-1).cpu()
 
 
@@ -125,17 +141,21 @@ def costs(model, reference: Setup, steered: Setup, rows: list[list[int]], *, chu
     import torch
 
     keep = [i for i, r in enumerate(rows) if r]
-    out = {"nll_reference": [float("nan")] * len(rows), "nll_steered": [float("nan")] * len(rows),
-           "kl": [float("nan")] * len(rows), "kl_first": [float("nan")] * len(rows)}
+    out = {
+        "nll_reference": [float("nan")] * len(rows),
+        "nll_steered": [float("nan")] * len(rows),
+        "kl": [float("nan")] * len(rows),
+        "kl_first": [float("nan")] * len(rows),
+    }
     for a in range(0, len(keep), chunk):
-        idx = keep[a:a + chunk]
+        idx = keep[a : a + chunk]
         part = [rows[i] for i in idx]
         ref = _forced_logprobs(model, reference, part, host)
         got = _forced_logprobs(model, steered, part, host)
         for j, i in enumerate(idx):
             r = part[j]
             t = torch.tensor(r)
-            lr, lg = ref[j, :len(r)], got[j, :len(r)]
+            lr, lg = ref[j, : len(r)], got[j, : len(r)]
             out["nll_reference"][i] = float(-lr.gather(1, t[:, None]).mean())
             out["nll_steered"][i] = float(-lg.gather(1, t[:, None]).mean())
             kl = (lr.exp() * (lr - lg)).sum(-1).clamp(min=0)
@@ -146,7 +166,7 @@ def costs(model, reference: Setup, steered: Setup, rows: list[list[int]], *, chu
 
 def repetition(tokens: Sequence[int], n: int = 3) -> float:
     """Share of repeated ``n``-grams in a continuation (0 for fewer than ``n + 1`` tokens)."""
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     if len(grams) < 2:
         return 0.0
     return 1.0 - len(set(grams)) / len(grams)

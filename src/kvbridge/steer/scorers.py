@@ -25,16 +25,20 @@ _WORD = re.compile(r"[a-z']+")
 _BLOCK = re.compile(r"```[A-Za-z0-9_+-]*\n(.*?)(?:```|\Z)", re.S)
 _COMMENT = re.compile(r"^\s*(?:#(?![!#])\s*\S|//\s*\S)|\s#\s+\S|\s//\s+\S|\"\"\"|'''", re.M)
 
-POSITIVE = frozenset("""
+POSITIVE = frozenset(
+    """
 love loved lovely loving sweet fair gentle kind joy joyful happy happily glad good great wonderful excellent
 delightful delicious amazing beautiful best blessed dear brilliant pleasant perfect fantastic enjoy enjoyed
 enjoyable favorite favourite friendly grateful honest hope merry noble peace pleasure smile warm charming
-""".split())
-NEGATIVE = frozenset("""
+""".split()
+)
+NEGATIVE = frozenset(
+    """
 hate hated hateful bad terrible awful horrible worst disgusting rude dirty cold bland boring poor sad angry
 death dead die dies kill killed blood bloody curse cursed woe grief foul villain murder war fear evil cruel
 pain painful disappointing disappointed disappointment unpleasant nasty wrong ugly miserable slow stale
-""".split())
+""".split()
+)
 
 
 def _unfence(text: str) -> str:
@@ -82,17 +86,32 @@ def code_comments(text: str) -> bool:
 
 
 BUILTIN_SCORERS = (
-    ("json_object", "the answer starts with a complete JSON object (json.JSONDecoder; a code fence is skipped)",
-     "kvbridge.steer.scorers:json_object"),
-    ("json_start", "the answer starts a JSON object: '{' then '\"' or '}' (truncated objects count)",
-     "kvbridge.steer.scorers:json_start"),
+    (
+        "json_object",
+        "the answer starts with a complete JSON object (json.JSONDecoder; a code fence is skipped)",
+        "kvbridge.steer.scorers:json_object",
+    ),
+    (
+        "json_start",
+        "the answer starts a JSON object: '{' then '\"' or '}' (truncated objects count)",
+        "kvbridge.steer.scorers:json_start",
+    ),
     ("bullets", "at least two lines start with a bullet (-, *, \u2022 and a space)", "kvbridge.steer.scorers:bullets"),
-    ("positive_sentiment", "more positive than negative lexicon words, at least one",
-     "kvbridge.steer.scorers:positive_sentiment"),
-    ("negative_sentiment", "more negative than positive lexicon words, at least one",
-     "kvbridge.steer.scorers:negative_sentiment"),
-    ("code_comments", "a # or // comment or a docstring inside the code (fenced blocks when present)",
-     "kvbridge.steer.scorers:code_comments"),
+    (
+        "positive_sentiment",
+        "more positive than negative lexicon words, at least one",
+        "kvbridge.steer.scorers:positive_sentiment",
+    ),
+    (
+        "negative_sentiment",
+        "more negative than positive lexicon words, at least one",
+        "kvbridge.steer.scorers:negative_sentiment",
+    ),
+    (
+        "code_comments",
+        "a # or // comment or a docstring inside the code (fenced blocks when present)",
+        "kvbridge.steer.scorers:code_comments",
+    ),
 )
 
 
@@ -107,10 +126,22 @@ def resolve_scorer(name: str, host=None):
     record = host.registry("scorer").get(name)
     fn = record.load()
     if not callable(fn):
-        raise PluginError(f"scorer {name!r} of plugin {host.owner('scorer', name) or '?'!r} is not callable",
-                          "fix the plugin (see docs/plugins.md)")
+        raise PluginError(
+            f"scorer {name!r} of plugin {host.owner('scorer', name) or '?'!r} is not callable",
+            "fix the plugin (see docs/plugins.md)",
+        )
     return fn
 
 
-__all__ = ["json_object", "json_start", "bullets", "positive_sentiment", "negative_sentiment", "code_comments",
-           "POSITIVE", "NEGATIVE", "BUILTIN_SCORERS", "resolve_scorer"]
+__all__ = [
+    "json_object",
+    "json_start",
+    "bullets",
+    "positive_sentiment",
+    "negative_sentiment",
+    "code_comments",
+    "POSITIVE",
+    "NEGATIVE",
+    "BUILTIN_SCORERS",
+    "resolve_scorer",
+]

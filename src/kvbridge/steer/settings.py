@@ -31,7 +31,9 @@ def _text(value, flag: str, *, required: bool = False):
 
 def _choice(value, flag: str, choices: tuple) -> None:
     if value not in choices:
-        raise KVBridgeError(f"{flag} must be one of {', '.join(choices)}, got {value!r}", f"pass e.g. {flag} {choices[0]}")
+        raise KVBridgeError(
+            f"{flag} must be one of {', '.join(choices)}, got {value!r}", f"pass e.g. {flag} {choices[0]}"
+        )
 
 
 def _numbers(obj, names) -> None:

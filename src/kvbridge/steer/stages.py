@@ -53,9 +53,12 @@ def build_steering(model, settings: SteerBuildSettings, *, pairs=None, host=None
 
     pairs = pairs if pairs is not None else prepare_build(settings)
     s = settings
-    vector = build_vector(model.model, model.tokenizer, pairs, position=s.position, method=s.method,
-                          key_space=s.key_space, host=host)
-    path = save_vector(vector, s.out, model.model, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite)
+    vector = build_vector(
+        model.model, model.tokenizer, pairs, position=s.position, method=s.method, key_space=s.key_space, host=host
+    )
+    path = save_vector(
+        vector, s.out, model.model, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite
+    )
     return path, read_vector(path)[0]
 
 
@@ -100,8 +103,10 @@ def method_values(settings: SteerRunSettings, host=None) -> dict:
         if value is None:
             continue
         if key not in fields:
-            raise ConfigError(f"--{name} does not apply to steering method {settings.method!r}",
-                              f"its options: {', '.join(fields) or 'none'}")
+            raise ConfigError(
+                f"--{name} does not apply to steering method {settings.method!r}",
+                f"its options: {', '.join(fields) or 'none'}",
+            )
         if key in values:
             raise ConfigError(f"option {key} is given twice (a flag and -o {key}=...)", "give it once")
         values[key] = value
@@ -132,9 +137,12 @@ def _scenario(model, settings: SteerRunSettings, chat: bool):
     pack = load_pack(s.pack, model.model, tokenizer=tok, tokenizer_fp=_tokenizer_fp(model))
     live_text = guide_texts(tok, "x", s.prompt, chat=chat)[1] if chat else s.prompt
     report, split = pack.split_for(tok, live_text, "" if chat else "\n")
-    keep = len(report.special_prefix) if tuple(split.ghost[:len(report.special_prefix)]) == report.special_prefix else 0
-    scenario = Scenario(tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), report.text, "guide",
-                        split.ghost_text)
+    keep = (
+        len(report.special_prefix) if tuple(split.ghost[: len(report.special_prefix)]) == report.special_prefix else 0
+    )
+    scenario = Scenario(
+        tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), report.text, "guide", split.ghost_text
+    )
     return scenario, pack.state_for(model.model)
 
 
@@ -158,10 +166,28 @@ def run_steering(model, settings: SteerRunSettings, *, values: dict | None = Non
     if s.other is not None:
         other = prefix_state(m, prompt_scenario(tok, s.other, chat=use_chat).prefix_ids, host)
     base, _ = setup_for(m, scenario, prefix=prefix, host=host)
-    steered, record = setup_for(m, scenario, method=s.method, options=values, vector=vector, other=other,
-                                layers=s.layers, prefix=prefix, host=host)
-    result = run_pair(m, tok, base, steered, max_new_tokens=s.max_new_tokens, seed=None if s.greedy else s.seed,
-                      temperature=s.temperature, top_p=s.top_p, host=host)
+    steered, record = setup_for(
+        m,
+        scenario,
+        method=s.method,
+        options=values,
+        vector=vector,
+        other=other,
+        layers=s.layers,
+        prefix=prefix,
+        host=host,
+    )
+    result = run_pair(
+        m,
+        tok,
+        base,
+        steered,
+        max_new_tokens=s.max_new_tokens,
+        seed=None if s.greedy else s.seed,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        host=host,
+    )
     result["steering"] = record
     result["approximate"] = bool(steered.prefix is not None and steered.prefix.approximate)
     return result
@@ -188,8 +214,14 @@ def prepare_eval(settings: SteerEvalSettings, host=None) -> EvalPrepared:
     return EvalPrepared(score)
 
 
-def evaluate_steering(model, settings: SteerEvalSettings, *, prepared: EvalPrepared | None = None,
-                      log: Callable[[str], None] | None = None, host=None) -> dict:
+def evaluate_steering(
+    model,
+    settings: SteerEvalSettings,
+    *,
+    prepared: EvalPrepared | None = None,
+    log: Callable[[str], None] | None = None,
+    host=None,
+) -> dict:
     """Every arm of ``steer eval`` on ``model`` (see :mod:`kvbridge.steer.evaluate`); the result is
     JSON-ready; with ``settings.out`` the report folder is written (atomically)."""
     import json
@@ -202,12 +234,36 @@ def evaluate_steering(model, settings: SteerEvalSettings, *, prepared: EvalPrepa
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
     extra = {name: load_vector(path, m, tokenizer_fp=fp, host=host) for name, path in s.extra_vectors.items()}
-    arms = EvalSettings(samples=s.samples, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                        ck=s.ck, cv=s.cv, ca=s.ca, layers=s.layers, at=s.at, actadd_layers=s.actadd_layers, chat=s.chat,
-                        arms=s.arms + tuple(n for n in extra if n not in s.arms), sweep=s.sweep,
-                        sweep_samples=s.sweep_samples, sweep_arms=("kv", "actadd", "random") + tuple(extra))
-    result = evaluate(m, model.tokenizer, vector, prompt=s.prompt, scorer=prepared.scorer, instruction=s.instruction,
-                      settings=arms, extra_vectors=extra, scorer_name=s.scorer, host=host, log=log)
+    arms = EvalSettings(
+        samples=s.samples,
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        ck=s.ck,
+        cv=s.cv,
+        ca=s.ca,
+        layers=s.layers,
+        at=s.at,
+        actadd_layers=s.actadd_layers,
+        chat=s.chat,
+        arms=s.arms + tuple(n for n in extra if n not in s.arms),
+        sweep=s.sweep,
+        sweep_samples=s.sweep_samples,
+        sweep_arms=("kv", "actadd", "random") + tuple(extra),
+    )
+    result = evaluate(
+        m,
+        model.tokenizer,
+        vector,
+        prompt=s.prompt,
+        scorer=prepared.scorer,
+        instruction=s.instruction,
+        settings=arms,
+        extra_vectors=extra,
+        scorer_name=s.scorer,
+        host=host,
+        log=log,
+    )
     result["model"] = model.ref.ref
     result["vector_dir"] = str(s.vector)
     if s.out:
@@ -220,5 +276,15 @@ def evaluate_steering(model, settings: SteerEvalSettings, *, prepared: EvalPrepa
     return result
 
 
-__all__ = ["build_steering", "transfer_steering", "run_steering", "evaluate_steering", "prepare_build",
-           "prepare_transfer", "prepare_run", "prepare_eval", "method_values", "REPORT_KIND"]
+__all__ = [
+    "build_steering",
+    "transfer_steering",
+    "run_steering",
+    "evaluate_steering",
+    "prepare_build",
+    "prepare_transfer",
+    "prepare_run",
+    "prepare_eval",
+    "method_values",
+    "REPORT_KIND",
+]

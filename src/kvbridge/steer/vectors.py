@@ -57,9 +57,11 @@ class SteeringVector:
 
     def norms(self) -> dict:
         """Per layer: the K and V norm of each KV head, the residual norm."""
-        return {"keys": [[round(float(h.norm()), 6) for h in k] for k in self.keys],
-                "values": [[round(float(h.norm()), 6) for h in v] for v in self.values],
-                "residual": [round(float(r.norm()), 6) for r in self.residual]}
+        return {
+            "keys": [[round(float(h.norm()), 6) for h in k] for k in self.keys],
+            "values": [[round(float(h.norm()), 6) for h in v] for v in self.values],
+            "residual": [round(float(r.norm()), 6) for r in self.residual],
+        }
 
     def validate(self) -> "SteeringVector":
         import torch
@@ -67,15 +69,19 @@ class SteeringVector:
         for name, group in (("keys", self.keys), ("values", self.values), ("residual", self.residual)):
             for i, t in enumerate(group):
                 if not bool(torch.isfinite(t).all()):
-                    raise SteerError(f"steering vector {name} of layer {i} has NaN/inf values",
-                                     "rebuild the vector (kvbridge steer build)")
+                    raise SteerError(
+                        f"steering vector {name} of layer {i} has NaN/inf values",
+                        "rebuild the vector (kvbridge steer build)",
+                    )
         return self
 
 
 def _check_model(spec) -> None:
     if spec.cache_format != "kv":
-        raise SteerError(f"{spec.model_type!r} caches {spec.cache_format!r} tensors, not per-head K/V",
-                         "KV steering supports ordinary K/V caches")
+        raise SteerError(
+            f"{spec.model_type!r} caches {spec.cache_format!r} tensors, not per-head K/V",
+            "KV steering supports ordinary K/V caches",
+        )
 
 
 def _side_state(adapter, model, spec, enc, capture, key_space: str):
@@ -86,7 +92,9 @@ def _side_state(adapter, model, spec, enc, capture, key_space: str):
     capture.window = (enc.start, enc.stop)
     state = adapter.extract(model, ids, spec=spec)
     if state.states:
-        raise SteerError(f"{spec.model_type!r} keeps recurrent state besides K/V", "KV steering supports attention caches")
+        raise SteerError(
+            f"{spec.model_type!r} keeps recurrent state besides K/V", "KV steering supports attention caches"
+        )
     if key_space == "content":
         state = state.strip_rope(dtype=torch.float32)
     a, b = enc.start, enc.stop
@@ -126,9 +134,17 @@ def _combine(diffs, method: str):
     return _pca(diffs)
 
 
-def build_vector(model, tokenizer, pairs, *, position: str = "last", method: str = "mean",
-                 key_space: str = "content", host=None,
-                 progress: Callable[[int, int], None] | None = None) -> SteeringVector:
+def build_vector(
+    model,
+    tokenizer,
+    pairs,
+    *,
+    position: str = "last",
+    method: str = "mean",
+    key_space: str = "content",
+    host=None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SteeringVector:
     """A :class:`SteeringVector` from contrastive ``pairs`` (see the module docstring)."""
     import torch
 
@@ -156,13 +172,18 @@ def build_vector(model, tokenizer, pairs, *, position: str = "last", method: str
         for name, side in (("positive", p.positive), ("negative", p.negative)):
             enc = encode_side(tokenizer, side, position, f"pair on line {p.line} ({name})")
             if limit and len(enc.ids) > limit:
-                raise SteerError(f"pair on line {p.line} ({name}) has {len(enc.ids)} tokens, the model has {limit} "
-                                 "positions", "shorten the pair")
+                raise SteerError(
+                    f"pair on line {p.line} ({name}) has {len(enc.ids)} tokens, the model has {limit} positions",
+                    "shorten the pair",
+                )
             sides.append(enc)
         encoded.append(sides)
     capture = ResidualCapture(model)
-    dk, dv, dr = [[] for _ in range(spec.num_layers)], [[] for _ in range(spec.num_layers)], \
-        [[] for _ in range(spec.num_layers)]
+    dk, dv, dr = (
+        [[] for _ in range(spec.num_layers)],
+        [[] for _ in range(spec.num_layers)],
+        [[] for _ in range(spec.num_layers)],
+    )
     try:
         with torch.no_grad():
             for n, (pos, neg) in enumerate(encoded):
@@ -179,9 +200,15 @@ def build_vector(model, tokenizer, pairs, *, position: str = "last", method: str
     keys = tuple(_combine(torch.stack(d), method).cpu() for d in dk)
     values = tuple(_combine(torch.stack(d), method).cpu() for d in dv)
     resid = tuple(_combine(torch.stack(d), method).cpu() for d in dr)
-    info = {"method": method, "position": position, "key_space": key_space, "num_pairs": len(pairs),
-            "pairs_sha256": pairs_digest(pairs), "template": template_kind(tokenizer, pairs),
-            "tokens_read": [[e.stop - e.start for e in sides] for sides in encoded][:8]}
+    info = {
+        "method": method,
+        "position": position,
+        "key_space": key_space,
+        "num_pairs": len(pairs),
+        "pairs_sha256": pairs_digest(pairs),
+        "template": template_kind(tokenizer, pairs),
+        "tokens_read": [[e.stop - e.start for e in sides] for sides in encoded][:8],
+    }
     return SteeringVector(keys, values, resid, spec, key_space, info).validate()
 
 
@@ -200,8 +227,13 @@ def random_like(vector: SteeringVector, seed: int = 0) -> SteeringVector:
         return (r / r.norm(dim=-1, keepdim=True) * t.double().norm(dim=-1, keepdim=True)).to(torch.float32)
 
     info = {**vector.info, "method": f"random(seed={seed}) like {vector.info.get('method', '?')}"}
-    return replace(vector, keys=tuple(like(k) for k in vector.keys), values=tuple(like(v) for v in vector.values),
-                   residual=tuple(like(r) for r in vector.residual), info=info)
+    return replace(
+        vector,
+        keys=tuple(like(k) for k in vector.keys),
+        values=tuple(like(v) for v in vector.values),
+        residual=tuple(like(r) for r in vector.residual),
+        info=info,
+    )
 
 
 def transfer_vector(vector: SteeringVector, mapping, target_spec=None) -> SteeringVector:
@@ -212,22 +244,32 @@ def transfer_vector(vector: SteeringVector, mapping, target_spec=None) -> Steeri
     from kvbridge.kvstate import KVState
 
     if vector.key_space != "content":
-        raise SteerError("a vector built on rotated keys cannot be moved to another model: its keys carry the "
-                         "source positions' rotation", "rebuild it with --key-space content")
+        raise SteerError(
+            "a vector built on rotated keys cannot be moved to another model: its keys carry the "
+            "source positions' rotation",
+            "rebuild it with --key-space content",
+        )
     target_spec = target_spec or mapping.target_spec
     src = vector.spec
     keys = tuple(torch.stack([torch.zeros_like(k), k], dim=1)[None] for k in vector.keys)  # [1, H, 2, D]
     values = tuple(torch.stack([torch.zeros_like(v), v], dim=1)[None] for v in vector.values)
     ids = torch.zeros(1, 2, dtype=torch.long)
-    state = KVState(keys=keys, values=values, token_ids=ids, positions=torch.arange(2)[None], spec=src,
-                    rope_applied=False)
+    state = KVState(
+        keys=keys, values=values, token_ids=ids, positions=torch.arange(2)[None], spec=src, rope_applied=False
+    )
     mapped = mapping.map_content(state, target_spec)
     tk = tuple((k[0, :, 1].float() - k[0, :, 0].float()).cpu() for k in mapped.keys)
     tv = tuple((v[0, :, 1].float() - v[0, :, 0].float()).cpu() for v in mapped.values)
-    info = {**vector.info, "method": f"transferred({vector.info.get('method', '?')})",
-            "transferred_from": {"model_type": src.model_type, "spec_fingerprint": src.fingerprint(),
-                                 "mapping": getattr(mapping, "name", type(mapping).__name__),
-                                 "source_model": dict(vector.info.get("model", {}))}}
+    info = {
+        **vector.info,
+        "method": f"transferred({vector.info.get('method', '?')})",
+        "transferred_from": {
+            "model_type": src.model_type,
+            "spec_fingerprint": src.fingerprint(),
+            "mapping": getattr(mapping, "name", type(mapping).__name__),
+            "source_model": dict(vector.info.get("model", {})),
+        },
+    }
     info.pop("model", None)
     return SteeringVector(tk, tv, (), target_spec, "content", info).validate()
 

@@ -18,6 +18,15 @@ from kvbridge.testing.metric_contract import MetricContract
 from kvbridge.testing.planted import planted_pair, tiny_llama, token_ids
 from kvbridge.testing.steer_contract import ScorerContract, SteeringMethodContract
 
-__all__ = ["AdapterContract", "RopeVariantContract", "FitterContract", "MetricContract", "SteeringMethodContract",
-           "ScorerContract", "NotApplicable",
-           "planted_pair", "tiny_llama", "token_ids"]
+__all__ = [
+    "AdapterContract",
+    "RopeVariantContract",
+    "FitterContract",
+    "MetricContract",
+    "SteeringMethodContract",
+    "ScorerContract",
+    "NotApplicable",
+    "planted_pair",
+    "tiny_llama",
+    "token_ids",
+]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+
 class NotApplicable(Exception):
     """A contract check that does not apply to this model (the reason says why)."""
 
@@ -78,9 +79,19 @@ def check_rope_round_trip(rope, *, host=None, seed: int = 0, trials: int = 4, ma
     return worst
 
 
-def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_len: int = 14, new_tokens: int = 6,
-                            batch: int = 1, seed: int = 0, model=None, tol: float = LOGIT_TOL,
-                            dtype: str = "float32") -> IdentityResult:
+def check_identity_transfer(
+    adapter,
+    config: dict | None,
+    *,
+    host=None,
+    prompt_len: int = 14,
+    new_tokens: int = 6,
+    batch: int = 1,
+    seed: int = 0,
+    model=None,
+    tol: float = LOGIT_TOL,
+    dtype: str = "float32",
+) -> IdentityResult:
     """Extract -> identity transfer -> inject -> generate equals transformers' own cached
     continuation: the transferred state is the extracted one bit for bit, greedy tokens are
     identical and the max abs logit diff is <= ``tol`` (1e-6 by default; 0 where the injected cache
@@ -98,8 +109,14 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
     fresh = lambda: copy.deepcopy(base)  # noqa: E731
     spec = adapter.spec_of(base)
     ids = _ids(spec.vocab_size, batch, prompt_len, seed + 7)
-    gen = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-               attention_mask=torch.ones_like(ids), pad_token_id=0)
+    gen = dict(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=0,
+    )
 
     # transformers' own cached continuation: its prefill of the prompt prefix, then generate
     try:
@@ -130,10 +147,14 @@ def check_identity_transfer(adapter, config: dict | None, *, host=None, prompt_l
     def diff(a, b) -> float:
         return max(float((x - y).abs().max()) for x, y in zip(a.logits, b.logits))
 
-    result = IdentityResult(max_logit_diff=diff(ours, native), max_logit_diff_generate=diff(ours_full, plain),
-                            tokens_equal=bool(torch.equal(ours.sequences, native.sequences)
-                                              and torch.equal(ours_full.sequences, plain.sequences)),
-                            new_tokens=new_tokens)
+    result = IdentityResult(
+        max_logit_diff=diff(ours, native),
+        max_logit_diff_generate=diff(ours_full, plain),
+        tokens_equal=bool(
+            torch.equal(ours.sequences, native.sequences) and torch.equal(ours_full.sequences, plain.sequences)
+        ),
+        new_tokens=new_tokens,
+    )
     assert result.tokens_equal, f"{spec.model_type}: greedy tokens differ from the model's own continuation"
     assert result.max_logit_diff <= tol, f"{spec.model_type}: max abs logit diff {result.max_logit_diff:.2e} > {tol}"
     return result
@@ -148,8 +169,9 @@ def _state_tensors(a, b):
         yield f"indexer_keys[{i}]", x, y
 
 
-def check_shifted_identity(adapter, config: dict, *, host=None, prompt_len: int = 10, offset: int = 37,
-                           seed: int = 0) -> float:
+def check_shifted_identity(
+    adapter, config: dict, *, host=None, prompt_len: int = 10, offset: int = 37, seed: int = 0
+) -> float:
     """A prefix re-positioned by ``offset`` and continued with matching position ids equals the
     model run at those positions (its own prefill of the prefix there, then the tail). Returns
     the max abs logit difference."""
@@ -169,8 +191,10 @@ def check_shifted_identity(adapter, config: dict, *, host=None, prompt_len: int 
         old, _ = codec.inv_freq(spec.rope, prompt_len, host=host)
         new, _ = codec.inv_freq(spec.rope, offset + prompt_len, host=host)
         if not torch.equal(old, new):
-            raise NotApplicable(f"{spec.rope.rope_type} RoPE uses another table at the shifted length: the prefix's "
-                        "hidden states (layers >= 1) depend on it, so re-positioning is approximate there")
+            raise NotApplicable(
+                f"{spec.rope.rope_type} RoPE uses another table at the shifted length: the prefix's "
+                "hidden states (layers >= 1) depend on it, so re-positioning is approximate there"
+            )
     ids = _ids(spec.vocab_size, 1, prompt_len + 3, seed + 11)
     prefix, tail = ids[:, :prompt_len], ids[:, prompt_len:]
     state = adapter.extract(model, prefix).reposition(offset, host=host)
@@ -205,8 +229,11 @@ def check_defaults(adapter, model_type: str | None = None) -> list[str]:
     want = adapter.describe(full).to_dict()
     got = adapter.describe(minimal).to_dict()
     want.pop("dtype"), got.pop("dtype")
-    diff = [f"{k}: adapter default {got.get(k)!r} != transformers {want.get(k)!r}"
-            for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
+    diff = [
+        f"{k}: adapter default {got.get(k)!r} != transformers {want.get(k)!r}"
+        for k in sorted(set(want) | set(got))
+        if want.get(k) != got.get(k)
+    ]
     assert not diff, f"{adapter.name} ({model_type}) defaults differ from transformers: " + "; ".join(diff)
     return sorted(want)
 

@@ -64,8 +64,9 @@ def host_with_fitter(fitter: Any):
     reg = host.registry("fitter")
     if fitter.name in reg.items:
         have = reg.items[fitter.name].load()
-        assert have is fitter or have is type(fitter), \
+        assert have is fitter or have is type(fitter), (
             f"a built-in fitter is already called {fitter.name!r}: give yours another name"
+        )
         return host
 
     class _Plugin:
@@ -99,8 +100,16 @@ def fit_planted(fitter: Any, options: dict, fixture: dict):
     from kvbridge.fit import fit
 
     host = host_with_fitter(fitter)
-    mapping = fit(fixture["source"], fixture["target"], fixture["ids"], fitter=fitter.name, options=dict(options),
-                  calibration=_calibration(), host=host, distributed=None)
+    mapping = fit(
+        fixture["source"],
+        fixture["target"],
+        fixture["ids"],
+        fitter=fitter.name,
+        options=dict(options),
+        calibration=_calibration(),
+        host=host,
+        distributed=None,
+    )
     return mapping, host
 
 
@@ -110,8 +119,9 @@ def _calibration():
     return CalibrationConfig(stride=2)
 
 
-def check_recovers_planted(mapping, host, fixture: dict, *, min_r2: float = PLANTED_R2,
-                           max_rel_err: float = PLANTED_REL_ERR) -> dict:
+def check_recovers_planted(
+    mapping, host, fixture: dict, *, min_r2: float = PLANTED_R2, max_rel_err: float = PLANTED_REL_ERR
+) -> dict:
     """Held-out R² (when reported) and the transferred cache against the target's own."""
     import torch
 
@@ -133,8 +143,12 @@ def check_recovers_planted(mapping, host, fixture: dict, *, min_r2: float = PLAN
         scale = float(b.abs().max()) or 1.0
         worst = max(worst, float((a.float() - b.float()).abs().max()) / scale)
     assert worst <= max_rel_err, f"transferred cache differs from the target's own by {worst:.3g} (relative)"
-    return {"r2": r2, "rel_err": worst, "layers": len(moved.keys), "shape_ok": torch.Size(moved.keys[0].shape)
-            == native.keys[0].shape}
+    return {
+        "r2": r2,
+        "rel_err": worst,
+        "layers": len(moved.keys),
+        "shape_ok": torch.Size(moved.keys[0].shape) == native.keys[0].shape,
+    }
 
 
 def check_round_trip(mapping, tmp_path, fixture: dict, host) -> None:
@@ -214,5 +228,15 @@ class FitterContract:
             _skip(why)
 
 
-__all__ = ["FitterContract", "check_fitter_protocol", "check_recovers_planted", "check_round_trip", "check_report",
-           "fit_planted", "planted_fixture", "host_with_fitter", "PLANTED_R2", "PLANTED_REL_ERR"]
+__all__ = [
+    "FitterContract",
+    "check_fitter_protocol",
+    "check_recovers_planted",
+    "check_round_trip",
+    "check_report",
+    "fit_planted",
+    "planted_fixture",
+    "host_with_fitter",
+    "PLANTED_R2",
+    "PLANTED_REL_ERR",
+]

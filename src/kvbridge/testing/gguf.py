@@ -16,8 +16,17 @@ from typing import Any, Iterable
 from kvbridge.models.gguf import ARRAY, BOOL, FLOAT32, GGML_TYPES, INT64, STRING, UINT32
 
 #: (elements per block, bytes per block) of the types these helpers write
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),
-          "Q8_1": (32, 36), "I8": (1, 1), "F64": (1, 8)}
+BLOCKS = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q8_0": (32, 34),
+    "Q8_1": (32, 36),
+    "I8": (1, 1),
+    "F64": (1, 8),
+}
 TYPE_IDS = {name: tid for tid, (name, _) in GGML_TYPES.items()}
 
 
@@ -54,8 +63,15 @@ def tensor_bytes(shape: Iterable[int], type_name: str) -> int:
     return -(-n // per) * size
 
 
-def write_gguf(path: str | Path, metadata: dict, tensors: Iterable[tuple] = (), *, version: int = 3,
-               alignment: int = 32, type_ids: dict | None = None) -> Path:
+def write_gguf(
+    path: str | Path,
+    metadata: dict,
+    tensors: Iterable[tuple] = (),
+    *,
+    version: int = 3,
+    alignment: int = 32,
+    type_ids: dict | None = None,
+) -> Path:
     """Write a GGUF file; ``tensors`` are ``(name, shape, type_name)`` (ggml order: fastest dim first)."""
     path = Path(path)
     tensors = list(tensors)
@@ -81,14 +97,25 @@ def tiny_llama_metadata(**changes: Any) -> dict:
     """Llama metadata: 2 layers, 4 heads, 2 KV heads, hidden 32, a 6-token BPE vocabulary."""
     tokens = ["<unk>", "<s>", "</s>", "a", "b", "ab"]
     meta = {
-        "general.architecture": "llama", "general.name": "tiny llama", "general.alignment": 32,
-        "llama.block_count": 2, "llama.context_length": 256, "llama.embedding_length": 32,
-        "llama.feed_forward_length": 64, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
-        "llama.rope.freq_base": 10000.0, "llama.rope.dimension_count": 8,
-        "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.vocab_size": len(tokens),
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": [3, 3, 3, 1, 1, 1], "tokenizer.ggml.merges": ["a b"],
-        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        "general.architecture": "llama",
+        "general.name": "tiny llama",
+        "general.alignment": 32,
+        "llama.block_count": 2,
+        "llama.context_length": 256,
+        "llama.embedding_length": 32,
+        "llama.feed_forward_length": 64,
+        "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.freq_base": 10000.0,
+        "llama.rope.dimension_count": 8,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.vocab_size": len(tokens),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3, 1, 1, 1],
+        "tokenizer.ggml.merges": ["a b"],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
         "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
     }
     for key, value in changes.items():
@@ -102,14 +129,20 @@ def tiny_llama_metadata(**changes: Any) -> dict:
 
 def tiny_llama_tensors(quant: str = "Q4_1", *, tied: bool = True, layers: int = 2) -> list[tuple]:
     hidden, kv = 32, 16
-    out = [("token_embd.weight", (hidden, 6), "Q8_0" if quant != "F32" else "F32"),
-           ("output_norm.weight", (hidden,), "F32")]
+    out = [
+        ("token_embd.weight", (hidden, 6), "Q8_0" if quant != "F32" else "F32"),
+        ("output_norm.weight", (hidden,), "F32"),
+    ]
     if not tied:
         out.append(("output.weight", (hidden, 6), quant))
     for i in range(layers):
-        out += [(f"blk.{i}.attn_q.weight", (hidden, hidden), quant), (f"blk.{i}.attn_k.weight", (hidden, kv), quant),
-                (f"blk.{i}.attn_v.weight", (hidden, kv), quant), (f"blk.{i}.attn_output.weight", (hidden, hidden), quant),
-                (f"blk.{i}.attn_norm.weight", (hidden,), "F32")]
+        out += [
+            (f"blk.{i}.attn_q.weight", (hidden, hidden), quant),
+            (f"blk.{i}.attn_k.weight", (hidden, kv), quant),
+            (f"blk.{i}.attn_v.weight", (hidden, kv), quant),
+            (f"blk.{i}.attn_output.weight", (hidden, hidden), quant),
+            (f"blk.{i}.attn_norm.weight", (hidden,), "F32"),
+        ]
     return out
 
 

@@ -28,24 +28,41 @@ def synthetic_fields(seed: int = 0) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    native = {"nll": 1.0 + torch.rand(N, C, generator=g, dtype=torch.float64),
-              "correct": (torch.rand(N, C, generator=g) < 0.6).double()}
+    native = {
+        "nll": 1.0 + torch.rand(N, C, generator=g, dtype=torch.float64),
+        "correct": (torch.rand(N, C, generator=g) < 0.6).double(),
+    }
     zero_pos, ones_pos = torch.zeros(N, C, dtype=torch.float64), torch.ones(N, C, dtype=torch.float64)
-    copy = {**native, "kl": zero_pos, "top1": ones_pos, "topk": ones_pos, "tv": zero_pos,
-            "max_abs_logit_diff": torch.zeros(N, dtype=torch.float64), "greedy_div": torch.full((N,), float(G)),
-            "attn_cos": torch.ones(N, L, dtype=torch.float64)}
-    noisy = {"nll": native["nll"] + 0.5 * torch.rand(N, C, generator=g, dtype=torch.float64),
-             "correct": native["correct"] * (torch.rand(N, C, generator=g) < 0.7).double(),
-             "kl": 0.3 * torch.rand(N, C, generator=g, dtype=torch.float64),
-             "top1": (torch.rand(N, C, generator=g) < 0.8).double(), "topk": 0.6 * ones_pos, "tv": 0.2 * ones_pos,
-             "max_abs_logit_diff": 2.0 + torch.rand(N, generator=g, dtype=torch.float64),
-             "greedy_div": torch.randint(0, G, (N,), generator=g).double(),
-             "attn_cos": 0.8 + 0.1 * torch.rand(N, L, generator=g, dtype=torch.float64)}
+    copy = {
+        **native,
+        "kl": zero_pos,
+        "top1": ones_pos,
+        "topk": ones_pos,
+        "tv": zero_pos,
+        "max_abs_logit_diff": torch.zeros(N, dtype=torch.float64),
+        "greedy_div": torch.full((N,), float(G)),
+        "attn_cos": torch.ones(N, L, dtype=torch.float64),
+    }
+    noisy = {
+        "nll": native["nll"] + 0.5 * torch.rand(N, C, generator=g, dtype=torch.float64),
+        "correct": native["correct"] * (torch.rand(N, C, generator=g) < 0.7).double(),
+        "kl": 0.3 * torch.rand(N, C, generator=g, dtype=torch.float64),
+        "top1": (torch.rand(N, C, generator=g) < 0.8).double(),
+        "topk": 0.6 * ones_pos,
+        "tv": 0.2 * ones_pos,
+        "max_abs_logit_diff": 2.0 + torch.rand(N, generator=g, dtype=torch.float64),
+        "greedy_div": torch.randint(0, G, (N,), generator=g).double(),
+        "attn_cos": 0.8 + 0.1 * torch.rand(N, L, generator=g, dtype=torch.float64),
+    }
     no_prefix = {"nll": native["nll"] + 1.0, "correct": native["correct"] * 0.0}
     out = {"native": native, "copy": copy, "noisy": noisy, "no_prefix": no_prefix}
     for cond in ("copy", "noisy"):
-        out[cond].update(native_nll=native["nll"], native_correct=native["correct"],
-                         no_prefix_nll=no_prefix["nll"], no_prefix_correct=no_prefix["correct"])
+        out[cond].update(
+            native_nll=native["nll"],
+            native_correct=native["correct"],
+            no_prefix_nll=no_prefix["nll"],
+            no_prefix_correct=no_prefix["correct"],
+        )
     return out
 
 
@@ -69,6 +86,7 @@ def loaded_metric(metric: Any):
     host = make_host(entry_points=False)
     reg = host.registry("metric")
     if metric.name not in reg.items:
+
         class _Plugin:
             @hookimpl
             def kvbridge_register_metrics(self, register):
@@ -98,7 +116,8 @@ def check_metric(metric: Any, *, ideal: float | None = None, seed: int = 0) -> d
         lo, hi = row[f"{m.name}_ci"]
         if not math.isnan(row[m.name]) and lo is not None and not math.isnan(lo):
             assert abs(lo - row[m.name]) <= 1e-9 * max(1.0, abs(row[m.name])) and abs(hi - lo) <= 1e-9 * max(
-                1.0, abs(hi)), f"{m.name} on {cond}: bootstrap of identical samples varies ({lo}, {hi})"
+                1.0, abs(hi)
+            ), f"{m.name} on {cond}: bootstrap of identical samples varies ({lo}, {hi})"
     if ideal is not None:
         assert abs(values["copy"] - ideal) <= 1e-9, f"{m.name} on a perfect copy is {values['copy']}, not {ideal}"
         if not math.isnan(values["noisy"]):

@@ -33,8 +33,14 @@ def llama_config(**overrides) -> dict:
     """The planted tests' Llama config: 4 layers, vocab 128, weights large enough to matter."""
     from kvbridge.builtin.families._common import tiny_base
 
-    cfg = tiny_base("llama", num_hidden_layers=4, vocab_size=128, max_position_embeddings=256,
-                    initializer_range=0.25, tie_word_embeddings=False)
+    cfg = tiny_base(
+        "llama",
+        num_hidden_layers=4,
+        vocab_size=128,
+        max_position_embeddings=256,
+        initializer_range=0.25,
+        tie_word_embeddings=False,
+    )
     cfg.update(overrides)
     return cfg
 
@@ -65,7 +71,7 @@ def _invertible(d: int, g):
 
     q, _ = torch.linalg.qr(torch.randn(d, d, generator=g))
     scales = 0.6 + 1.2 * torch.rand(d, generator=g)
-    return q * scales + 0.2 * torch.randn(d, d, generator=g) / d ** 0.5
+    return q * scales + 0.2 * torch.randn(d, d, generator=g) / d**0.5
 
 
 def planted_pair(source, *, insert_before=(1, 3), kv_dup: int = 2, seed: int = 123):
@@ -121,8 +127,12 @@ def planted_pair(source, *, insert_before=(1, 3), kv_dup: int = 2, seed: int = 1
             new[tp + "mlp.down_proj.weight"] = torch.zeros_like(new[tp + "mlp.down_proj.weight"])
         else:
             new[tp + "self_attn.o_proj.weight"] = no.reshape(-1, heads * d)
-            for name in ("post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                         "mlp.down_proj.weight"):
+            for name in (
+                "post_attention_layernorm.weight",
+                "mlp.gate_proj.weight",
+                "mlp.up_proj.weight",
+                "mlp.down_proj.weight",
+            ):
                 new[tp + name] = src[sp + name].clone()
     target.load_state_dict(new)
     return target.eval(), [s for s, _ in layout]

@@ -69,8 +69,7 @@ def steer_fixture(seed: int = 0) -> dict:
     vector = SteeringVector(keys, values, resid, spec, "content", {"method": "random (contract)"})
     state = adapter.extract(model, ids[:1, :-1])
     other = adapter.extract(model, ids[1:, :-1])
-    return {"model": model, "spec": spec, "state": state, "other": other, "live": (int(ids[0, -1]),),
-            "vector": vector}
+    return {"model": model, "spec": spec, "state": state, "other": other, "live": (int(ids[0, -1]),), "vector": vector}
 
 
 def _greedy(model, setup):
@@ -88,8 +87,13 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
     from kvbridge.steer.methods import SteerContext, method_options, method_problem, resolve_method
     from kvbridge.steer.sample import Setup
 
-    record = method if isinstance(method, SteeringMethod) else SteeringMethod(
-        method.name, (method.__doc__ or "").strip().splitlines()[0] if method.__doc__ else "", method)
+    record = (
+        method
+        if isinstance(method, SteeringMethod)
+        else SteeringMethod(
+            method.name, (method.__doc__ or "").strip().splitlines()[0] if method.__doc__ else "", method
+        )
+    )
     cls = record.load()
     assert method_problem(cls) is None, f"{record.name}: missing protocol member {method_problem(cls)!r}"
     host = _host_with("steering_method", "kvbridge_register_steering_methods", record)
@@ -100,8 +104,16 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
     before = state.clone()
 
     def plan(opts: dict, chosen):
-        ctx = SteerContext(model=model, spec=fx["spec"], state=state, start=start, stop=stop,
-                           layers=layers_of(chosen, fx["spec"].num_layers), vector=fx["vector"], other=fx["other"])
+        ctx = SteerContext(
+            model=model,
+            spec=fx["spec"],
+            state=state,
+            start=start,
+            stop=stop,
+            layers=layers_of(chosen, fx["spec"].num_layers),
+            vector=fx["vector"],
+            other=fx["other"],
+        )
         return m.plan(ctx, method_options(m, opts))
 
     base = _greedy(model, Setup(state, fx["live"]))
@@ -117,8 +129,9 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
     if neutral is not None:
         np = plan(dict(neutral), None)
         got = _greedy(model, Setup(np.state, fx["live"], np.hooks))
-        assert torch.equal(got["first_logits"], base["first_logits"]), \
+        assert torch.equal(got["first_logits"], base["first_logits"]), (
             f"{record.name}: neutral options {neutral} change the next-token logits"
+        )
         assert got["tokens"] == base["tokens"], f"{record.name}: neutral options {neutral} change the greedy run"
     return {"changed": changed, "neutral_checked": neutral is not None}
 
@@ -134,8 +147,17 @@ class SteeringMethodContract:
         check_method(self.method, dict(self.options), layers=self.layers)
 
 
-ODD_TEXTS = ("", " ", "\x00\x01\n\t", "{" * 5000, "]" * 100 + "}" * 100, "🙂 ünïcödé 中文", "- a\n" * 2000,
-             "```\n" * 50, "# " * 1000)
+ODD_TEXTS = (
+    "",
+    " ",
+    "\x00\x01\n\t",
+    "{" * 5000,
+    "]" * 100 + "}" * 100,
+    "🙂 ünïcödé 中文",
+    "- a\n" * 2000,
+    "```\n" * 50,
+    "# " * 1000,
+)
 
 
 def check_scorer(scorer: Any, positives=(), negatives=()) -> dict:

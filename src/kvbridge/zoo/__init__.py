@@ -52,8 +52,10 @@ def read_manifest(root: Path | None = None) -> dict:
     if not path.is_file():
         from kvbridge.errors import ArtifactError
 
-        raise ArtifactError(f"zoo manifest not found at {path}",
-                            "run `kvbridge zoo build --corpus PATH` (or reinstall kvbridge with its package data)")
+        raise ArtifactError(
+            f"zoo manifest not found at {path}",
+            "run `kvbridge zoo build --corpus PATH` (or reinstall kvbridge with its package data)",
+        )
     return json.loads(path.read_text(encoding="utf-8"))
 
 

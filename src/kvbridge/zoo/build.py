@@ -48,8 +48,10 @@ def read_corpus(path: Path | str | None = None) -> tuple[str, str]:
     """``(text, sha256)`` of the corpus file; a one-line error when it is missing."""
     path = Path(path) if path else default_corpus()
     if not path.is_file():
-        raise ConfigError(f"corpus not found at {path}",
-                          f"pass --corpus PATH to a copy of {CORPUS_NAME} (sha256 {CORPUS_SHA256[:12]}...)")
+        raise ConfigError(
+            f"corpus not found at {path}",
+            f"pass --corpus PATH to a copy of {CORPUS_NAME} (sha256 {CORPUS_SHA256[:12]}...)",
+        )
     raw = path.read_bytes()
     return raw.decode("utf-8"), hashlib.sha256(raw).hexdigest()
 
@@ -64,22 +66,35 @@ def sha256_file(path: Path) -> str:
 
 def file_records(folder: Path, root: Path) -> dict:
     """``{relative path: {sha256, bytes}}`` for every file under ``folder``."""
-    return {p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def model_recipe_hashes(recipe: ZooRecipe) -> dict[str, str]:
     """Each model's recipe hash: its own recipe, the tokenizer's, the splits, eval and its parent's hash."""
     out: dict[str, str] = {}
     for m in recipe.models:
-        out[m.name] = recipe_hash({"model": asdict(m), "tokenizer": asdict(recipe.tokenizer),
-                                   "splits": [list(s) for s in recipe.splits],
-                                   "parent": out.get(m.init_from) if m.init_from else None})
+        out[m.name] = recipe_hash(
+            {
+                "model": asdict(m),
+                "tokenizer": asdict(recipe.tokenizer),
+                "splits": [list(s) for s in recipe.splits],
+                "parent": out.get(m.init_from) if m.init_from else None,
+            }
+        )
     return out
 
 
-def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, recipe: ZooRecipe = ZOO,
-              log=None, corpus_text: str | None = None) -> dict:
+def build_zoo(
+    corpus: Path | str | None = None,
+    out: Path | str | None = None,
+    recipe: ZooRecipe = ZOO,
+    log=None,
+    corpus_text: str | None = None,
+) -> dict:
     """Train and write the whole zoo; returns the manifest (also written to ``out/manifest.json``).
 
     ``corpus_text`` (tests) replaces reading ``corpus`` from disk.
@@ -100,8 +115,10 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
     else:
         text, corpus_sha, corpus_name = corpus_text, hashlib.sha256(corpus_text.encode()).hexdigest(), "<text>"
     if corpus_text is None and corpus_sha != CORPUS_SHA256:
-        log(f"warning: corpus sha256 {corpus_sha[:12]}... differs from the recipe's {CORPUS_SHA256[:12]}...; "
-            "the zoo will not match the shipped one")
+        log(
+            f"warning: corpus sha256 {corpus_sha[:12]}... differs from the recipe's {CORPUS_SHA256[:12]}...; "
+            "the zoo will not match the shipped one"
+        )
 
     transformers.utils.logging.disable_progress_bar()
     threads_before = torch.get_num_threads()
@@ -125,15 +142,20 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
         for name, _, _ in recipe.splits:
             a, b = T.split_bounds(text, name)
             tokens[name] = T.encode(tok, text[a:b])
-            splits[name] = {"chars": [a, b], "tokens": int(tokens[name].numel()),
-                            "chars_per_token": round((b - a) / max(1, tokens[name].numel()), 4)}
+            splits[name] = {
+                "chars": [a, b],
+                "tokens": int(tokens[name].numel()),
+                "chars_per_token": round((b - a) / max(1, tokens[name].numel()), 4),
+            }
         held = tokens["heldout"]
         targets = T.scored_targets(held, recipe.eval_seq_len, recipe.eval_max_tokens)
         entropy = T.unigram_entropy(targets, vocab)
         counts = torch.bincount(tokens["base"], minlength=vocab).double() + 1.0  # add-one unigram fit on base
         cross = float(-(counts / counts.sum()).log()[targets].mean())
-        log(f"held-out: {targets.numel()} scored tokens, unigram entropy {entropy:.4f} nats/token "
-            f"(unigram fitted on base: {cross:.4f})")
+        log(
+            f"held-out: {targets.numel()} scored tokens, unigram entropy {entropy:.4f} nats/token "
+            f"(unigram fitted on base: {cross:.4f})"
+        )
 
         models = {}
         weights_bytes = 0
@@ -143,11 +165,15 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
             if m.init_from:
                 parent = recipe.model(m.init_from)
                 if m.init_from not in models:
-                    raise ConfigError(f"zoo recipe: {m.name} continues {m.init_from}, which is not built before it",
-                                      "order the recipe's models so parents come first")
+                    raise ConfigError(
+                        f"zoo recipe: {m.name} continues {m.init_from}, which is not built before it",
+                        "order the recipe's models so parents come first",
+                    )
                 if parent.arch != m.arch:
-                    raise ConfigError(f"zoo recipe: {m.name} continues {m.init_from} but changes its architecture",
-                                      "use the parent's ArchRecipe")
+                    raise ConfigError(
+                        f"zoo recipe: {m.name} continues {m.init_from} but changes its architecture",
+                        "use the parent's ArchRecipe",
+                    )
                 model, _ = zload.load_zoo_model(m.init_from, dtype=torch.float32, root=out)
             else:
                 model = T.init_model(config, m.train.seed)
@@ -166,8 +192,12 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
 
             shipped, _ = zload.load_zoo_model(m.name, dtype=torch.float32, root=out)
             loss, n_scored = T.heldout_loss(shipped, held, recipe.eval_seq_len, recipe.eval_max_tokens)
-            check, n_check = T.heldout_loss(shipped, held, recipe.eval_seq_len, min(CHECK_TOKENS, recipe.eval_max_tokens))
-            tune_loss, _ = T.heldout_loss(shipped, tokens["tune"], recipe.eval_seq_len, min(TUNE_EVAL_TOKENS, recipe.eval_max_tokens))
+            check, n_check = T.heldout_loss(
+                shipped, held, recipe.eval_seq_len, min(CHECK_TOKENS, recipe.eval_max_tokens)
+            )
+            tune_loss, _ = T.heldout_loss(
+                shipped, tokens["tune"], recipe.eval_seq_len, min(TUNE_EVAL_TOKENS, recipe.eval_max_tokens)
+            )
             text_sample = T.sample(shipped, tok, recipe.sample_prompt, recipe.sample_tokens, seed=recipe.sample_seed)
             del shipped
             files = file_records(folder, out)
@@ -205,40 +235,62 @@ def build_zoo(corpus: Path | str | None = None, out: Path | str | None = None, r
                 "unigram_entropy": round(entropy, 4),
                 "heldout_check": {"tokens": n_check, "loss": round(check, 5)},
                 "tune_loss": round(tune_loss, 4),
-                "sample": {"prompt": recipe.sample_prompt, "seed": recipe.sample_seed,
-                           "new_tokens": recipe.sample_tokens, "temperature": 0.8, "top_k": 40,
-                           "text": text_sample},
+                "sample": {
+                    "prompt": recipe.sample_prompt,
+                    "seed": recipe.sample_seed,
+                    "new_tokens": recipe.sample_tokens,
+                    "temperature": 0.8,
+                    "top_k": 40,
+                    "text": text_sample,
+                },
                 "files": files,
             }
-            log(f"  {m.name}: held-out {loss:.4f} nats/token vs unigram entropy {entropy:.4f}; "
-                f"{result.tokens} tokens in {result.seconds:.0f}s")
+            log(
+                f"  {m.name}: held-out {loss:.4f} nats/token vs unigram entropy {entropy:.4f}; "
+                f"{result.tokens} tokens in {result.seconds:.0f}s"
+            )
 
         if weights_bytes > MAX_WEIGHTS_BYTES:
-            raise ArtifactError(f"zoo weights total {weights_bytes} bytes, over the {MAX_WEIGHTS_BYTES} budget",
-                                "shrink the recipes")
+            raise ArtifactError(
+                f"zoo weights total {weights_bytes} bytes, over the {MAX_WEIGHTS_BYTES} budget", "shrink the recipes"
+            )
         manifest = {
             "format": MANIFEST_FORMAT,
             "zoo_recipe_hash": recipe_hash(recipe),
-            "built_with": {"torch": torch.__version__, "transformers": transformers.__version__,
-                           "tokenizers": tokenizers.__version__, "python": platform.python_version(),
-                           "num_threads": recipe.num_threads, "machine": platform.machine()},
+            "built_with": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "tokenizers": tokenizers.__version__,
+                "python": platform.python_version(),
+                "num_threads": recipe.num_threads,
+                "machine": platform.machine(),
+            },
             "build_seconds": round(time.perf_counter() - t_start, 1),
-            "corpus": {"name": corpus_name, "sha256": corpus_sha, "chars": len(text),
-                       "recipe_sha256": CORPUS_SHA256},
+            "corpus": {"name": corpus_name, "sha256": corpus_sha, "chars": len(text), "recipe_sha256": CORPUS_SHA256},
             "splits": splits,
-            "heldout": {"split": "heldout", "seq_len": recipe.eval_seq_len, "scored_tokens": int(targets.numel()),
-                        "unigram_entropy": round(entropy, 4), "unigram_cross_entropy_base_fit": round(cross, 4)},
-            "tokenizer": {"kind": "byte-level BPE (tokenizers)", "vocab_size": vocab,
-                          "special_token": recipe.tokenizer.special_tokens[0], "special_id": special_id,
-                          "recipe": asdict(recipe.tokenizer), "recipe_hash": recipe_hash(recipe.tokenizer),
-                          "folder": TOKENIZER_DIR, "files": file_records(tok_dir, out)},
+            "heldout": {
+                "split": "heldout",
+                "seq_len": recipe.eval_seq_len,
+                "scored_tokens": int(targets.numel()),
+                "unigram_entropy": round(entropy, 4),
+                "unigram_cross_entropy_base_fit": round(cross, 4),
+            },
+            "tokenizer": {
+                "kind": "byte-level BPE (tokenizers)",
+                "vocab_size": vocab,
+                "special_token": recipe.tokenizer.special_tokens[0],
+                "special_id": special_id,
+                "recipe": asdict(recipe.tokenizer),
+                "recipe_hash": recipe_hash(recipe.tokenizer),
+                "folder": TOKENIZER_DIR,
+                "files": file_records(tok_dir, out),
+            },
             "weights_bytes_total": weights_bytes,
             "names": list(models),  # build order (the JSON keys below are sorted)
             "models": models,
         }
         (out / MANIFEST).write_text(canonical_json_pretty(manifest), encoding="utf-8")
-        log(f"zoo written to {out} ({weights_bytes / 1e6:.1f} MB of weights, "
-            f"{manifest['build_seconds']:.0f}s)")
+        log(f"zoo written to {out} ({weights_bytes / 1e6:.1f} MB of weights, {manifest['build_seconds']:.0f}s)")
         return manifest
     finally:
         torch.set_num_threads(threads_before)
@@ -250,5 +302,13 @@ def canonical_json_pretty(obj) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-__all__ = ["build_zoo", "default_corpus", "read_corpus", "sha256_file", "file_records", "model_recipe_hashes",
-           "MAX_WEIGHTS_BYTES", "canonical_json"]
+__all__ = [
+    "build_zoo",
+    "default_corpus",
+    "read_corpus",
+    "sha256_file",
+    "file_records",
+    "model_recipe_hashes",
+    "MAX_WEIGHTS_BYTES",
+    "canonical_json",
+]

@@ -21,8 +21,9 @@ def load_zoo_tokenizer(name: str = "base", root: Path | None = None):
     return load_tokenizer_of(resolve(str(folder)))
 
 
-def load_zoo_model(name: str, dtype: torch.dtype = torch.float32, root: Path | None = None,
-                   device: str | torch.device = "cpu"):
+def load_zoo_model(
+    name: str, dtype: torch.dtype = torch.float32, root: Path | None = None, device: str | torch.device = "cpu"
+):
     """``(model, tokenizer)`` for zoo model ``name``: a ``LlamaForCausalLM`` in eval mode.
 
     The weights are stored as fp16 safetensors and cast to ``dtype`` (float32 by default).
@@ -33,8 +34,9 @@ def load_zoo_model(name: str, dtype: torch.dtype = torch.float32, root: Path | N
     folder = model_dir(name, root)
     _require(folder, "model.safetensors")
     _require(folder, "tokenizer.json")
-    lm = load(str(folder) if root is not None else f"zoo:{name}", dtype=str(dtype).removeprefix("torch."),
-              device=str(device))
+    lm = load(
+        str(folder) if root is not None else f"zoo:{name}", dtype=str(dtype).removeprefix("torch."), device=str(device)
+    )
     return lm.model, lm.tokenizer
 
 
@@ -42,5 +44,7 @@ def _require(folder: Path, file: str) -> None:
     if not (folder / file).is_file():
         from kvbridge.errors import ArtifactError
 
-        raise ArtifactError(f"zoo file {folder / file} is missing",
-                            "run `kvbridge zoo build --corpus PATH` (or reinstall kvbridge with its package data)")
+        raise ArtifactError(
+            f"zoo file {folder / file} is missing",
+            "run `kvbridge zoo build --corpus PATH` (or reinstall kvbridge with its package data)",
+        )

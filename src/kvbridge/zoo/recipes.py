@@ -102,7 +102,8 @@ class ZooRecipe:
     tokenizer: TokenizerRecipe
     models: tuple[ModelRecipe, ...]
     splits: tuple[tuple[str, float, float], ...] = field(
-        default_factory=lambda: tuple((k, a, b) for k, (a, b) in SPLITS.items()))
+        default_factory=lambda: tuple((k, a, b) for k, (a, b) in SPLITS.items())
+    )
     eval_seq_len: int = 128
     eval_max_tokens: int = 65536  # the held-out split is scored on at most this many tokens
     num_threads: int = 1  # torch intra-op threads for the build (numerics depend on it)
@@ -140,27 +141,39 @@ BASE_TRAIN = TrainRecipe(split="base", seed=0, steps=320, batch_size=16, seq_len
 ZOO = ZooRecipe(
     tokenizer=TokenizerRecipe(),
     models=(
-        ModelRecipe("base", "4 layers, hidden 128, 4 heads / 2 KV heads of 32, RoPE theta 1e4",
-                    BASE_ARCH, BASE_TRAIN),
+        ModelRecipe("base", "4 layers, hidden 128, 4 heads / 2 KV heads of 32, RoPE theta 1e4", BASE_ARCH, BASE_TRAIN),
         ModelRecipe(
-            "wide", "same tokenizer, KV heads and head dim as base; 6 layers, hidden 192, 6 heads, RoPE theta 5e4",
-            replace(BASE_ARCH, num_hidden_layers=6, hidden_size=192, intermediate_size=384,
-                    num_attention_heads=6, rope_theta=50000.0),
+            "wide",
+            "same tokenizer, KV heads and head dim as base; 6 layers, hidden 192, 6 heads, RoPE theta 5e4",
+            replace(
+                BASE_ARCH,
+                num_hidden_layers=6,
+                hidden_size=192,
+                intermediate_size=384,
+                num_attention_heads=6,
+                rope_theta=50000.0,
+            ),
             replace(BASE_TRAIN, seed=1, steps=200, lr=3e-3, warmup_steps=20),
         ),
         ModelRecipe(
-            "odd", "base's depth and width with another KV geometry: 8 heads / 4 KV heads of 16",
+            "odd",
+            "base's depth and width with another KV geometry: 8 heads / 4 KV heads of 16",
             replace(BASE_ARCH, num_attention_heads=8, num_key_value_heads=4, head_dim=16),
             replace(BASE_TRAIN, seed=2),
         ),
         ModelRecipe(
-            "tuned", "base (as shipped, fp16) trained further on the disjoint 'tune' slice",
+            "tuned",
+            "base (as shipped, fp16) trained further on the disjoint 'tune' slice",
             BASE_ARCH,
             replace(BASE_TRAIN, split="tune", seed=3, steps=64, lr=1e-3, warmup_steps=8),
             init_from="base",
         ),
-        ModelRecipe("stranger", "base's architecture and recipe from another seed (negative control)",
-                    BASE_ARCH, replace(BASE_TRAIN, seed=4)),
+        ModelRecipe(
+            "stranger",
+            "base's architecture and recipe from another seed (negative control)",
+            BASE_ARCH,
+            replace(BASE_TRAIN, seed=4),
+        ),
     ),
 )
 
@@ -168,15 +181,37 @@ ZOO = ZooRecipe(
 TINY = ZooRecipe(
     tokenizer=TokenizerRecipe(vocab_size=300),
     models=(
-        ModelRecipe("tiny", "determinism check",
-                    replace(BASE_ARCH, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
-                    TrainRecipe(steps=4, batch_size=2, seq_len=16, warmup_steps=1)),
-        ModelRecipe("tiny_tuned", "determinism check (continued)",
-                    replace(BASE_ARCH, num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
-                    TrainRecipe(split="tune", steps=2, batch_size=2, seq_len=16, warmup_steps=1),
-                    init_from="tiny"),
+        ModelRecipe(
+            "tiny",
+            "determinism check",
+            replace(
+                BASE_ARCH,
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=16,
+                max_position_embeddings=64,
+            ),
+            TrainRecipe(steps=4, batch_size=2, seq_len=16, warmup_steps=1),
+        ),
+        ModelRecipe(
+            "tiny_tuned",
+            "determinism check (continued)",
+            replace(
+                BASE_ARCH,
+                num_hidden_layers=1,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=16,
+                max_position_embeddings=64,
+            ),
+            TrainRecipe(split="tune", steps=2, batch_size=2, seq_len=16, warmup_steps=1),
+            init_from="tiny",
+        ),
     ),
     eval_seq_len=16,
     eval_max_tokens=256,

@@ -30,7 +30,7 @@ def train_tokenizer(text: str, recipe: TokenizerRecipe):
         show_progress=False,
     )
     # fixed-size chunks in corpus order: the iterator is part of the recipe's determinism
-    chunks = [text[i:i + 4096] for i in range(0, len(text), 4096)]
+    chunks = [text[i : i + 4096] for i in range(0, len(text), 4096)]
     tok.train_from_iterator(chunks, trainer=trainer, length=len(chunks))
     return tok
 

@@ -62,8 +62,13 @@ def batches(tokens: torch.Tensor, recipe: TrainRecipe):
 def make_config(arch: ArchRecipe, vocab_size: int, special_id: int):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab_size, bos_token_id=special_id, eos_token_id=special_id,
-                       pad_token_id=special_id, **arch.config_kwargs())
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        bos_token_id=special_id,
+        eos_token_id=special_id,
+        pad_token_id=special_id,
+        **arch.config_kwargs(),
+    )
 
 
 def init_model(config, seed: int):
@@ -105,9 +110,13 @@ def train(model, tokens: torch.Tensor, recipe: TrainRecipe, log=None, log_every:
     torch.manual_seed(recipe.seed)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=recipe.lr, betas=recipe.betas, eps=1e-8, foreach=False)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=recipe.lr,
+        betas=recipe.betas,
+        eps=1e-8,
+        foreach=False,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(recipe))
     model.train()
     t0 = time.perf_counter()
@@ -131,8 +140,13 @@ def train(model, tokens: torch.Tensor, recipe: TrainRecipe, log=None, log_every:
                 log(f"  step {step:5d}/{recipe.steps}  loss {value:.3f}  lr {sched.get_last_lr()[0]:.2e}  {el:6.0f}s")
     model.eval()
     seconds = time.perf_counter() - t0
-    return TrainResult(recipe.steps, recipe.steps * recipe.batch_size * recipe.seq_len, seconds,
-                       sum(tail_losses) / len(tail_losses), logged)
+    return TrainResult(
+        recipe.steps,
+        recipe.steps * recipe.batch_size * recipe.seq_len,
+        seconds,
+        sum(tail_losses) / len(tail_losses),
+        logged,
+    )
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -144,14 +158,15 @@ def heldout_loss(model, tokens: torch.Tensor, seq_len: int, max_tokens: int, bat
     """
     tokens = tokens[: max_tokens + 1]
     n_win = (tokens.numel() - 1) // seq_len
-    windows = torch.stack([tokens[i * seq_len: i * seq_len + seq_len + 1] for i in range(n_win)])
+    windows = torch.stack([tokens[i * seq_len : i * seq_len + seq_len + 1] for i in range(n_win)])
     model.eval()
     total, count = 0.0, 0
     for i in range(0, n_win, batch_size):
-        chunk = windows[i:i + batch_size]
+        chunk = windows[i : i + batch_size]
         logits = model(input_ids=chunk[:, :-1], use_cache=False).logits.float()
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1),
-                                                reduction="sum")
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
+        )
         total += nll.item()
         count += chunk[:, 1:].numel()
     return total / count, count
@@ -161,7 +176,7 @@ def scored_targets(tokens: torch.Tensor, seq_len: int, max_tokens: int) -> torch
     """The token ids :func:`heldout_loss` predicts (for the unigram entropy of the same split)."""
     tokens = tokens[: max_tokens + 1]
     n_win = (tokens.numel() - 1) // seq_len
-    return torch.cat([tokens[i * seq_len + 1: i * seq_len + seq_len + 1] for i in range(n_win)])
+    return torch.cat([tokens[i * seq_len + 1 : i * seq_len + seq_len + 1] for i in range(n_win)])
 
 
 def unigram_entropy(ids: torch.Tensor, vocab_size: int) -> float:
@@ -177,8 +192,9 @@ def unigram_entropy(ids: torch.Tensor, vocab_size: int) -> float:
 
 
 @torch.no_grad()
-def sample(model, tokenizer, prompt: str, max_new_tokens: int = 80, seed: int = 0,
-           temperature: float = 0.8, top_k: int = 40) -> str:
+def sample(
+    model, tokenizer, prompt: str, max_new_tokens: int = 80, seed: int = 0, temperature: float = 0.8, top_k: int = 40
+) -> str:
     """Seeded top-k sampling with the KV cache; returns prompt + continuation."""
     from transformers import DynamicCache
 

@@ -55,15 +55,26 @@ def hf_expected(hf) -> dict:
         kv = hf.num_key_value_heads
     dtype = str(hf.dtype).removeprefix("torch.") if hf.dtype is not None else "float32"
     out = {
-        "model_type": mt, "num_layers": hf.num_hidden_layers, "num_attention_heads": heads,
-        "num_kv_heads": kv, "head_dim": head_dim, "hidden_size": hidden, "vocab_size": hf.vocab_size,
-        "max_position_embeddings": hf.max_position_embeddings, "dtype": dtype,
+        "model_type": mt,
+        "num_layers": hf.num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_kv_heads": kv,
+        "head_dim": head_dim,
+        "hidden_size": hidden,
+        "vocab_size": hf.vocab_size,
+        "max_position_embeddings": hf.max_position_embeddings,
+        "dtype": dtype,
         "sliding_window": getattr(hf, "sliding_window", None),
         "layer_types": list(get_layer_types_and_kwargs(hf)[0]),
     }
-    qk = {"qwen3": True, "olmo2": True, "gemma3_text": True,
-          "phi": getattr(hf, "qk_layernorm", False), "stablelm": getattr(hf, "qk_layernorm", False),
-          "cohere": getattr(hf, "use_qk_norm", False)}
+    qk = {
+        "qwen3": True,
+        "olmo2": True,
+        "gemma3_text": True,
+        "phi": getattr(hf, "qk_layernorm", False),
+        "stablelm": getattr(hf, "qk_layernorm", False),
+        "cohere": getattr(hf, "use_qk_norm", False),
+    }
     out["qk_norm"] = bool(qk.get(mt, False))
     if mt == "gpt2":
         out["positional"], out["rope"] = "absolute", None
@@ -71,15 +82,22 @@ def hf_expected(hf) -> dict:
         out["positional"], out["rope"] = "alibi", None
     elif mt == "gptj":
         out["positional"] = "rope"
-        out["rope"] = {"type": "default", "theta": 10000.0, "rotary_dim": hf.rotary_dim or head_dim,
-                       "interleaved": True, "scaling": {}, "head_dim": head_dim,
-                       "max_position_embeddings": hf.max_position_embeddings}
+        out["rope"] = {
+            "type": "default",
+            "theta": 10000.0,
+            "rotary_dim": hf.rotary_dim or head_dim,
+            "interleaved": True,
+            "scaling": {},
+            "head_dim": head_dim,
+            "max_position_embeddings": hf.max_position_embeddings,
+        }
     else:
         out["positional"] = "rope"
         tables = hf.rope_parameters
         if mt == "gemma3_text":
-            out["rope_by_layer_type"] = {k: _rope_expect(mt, tables[k], head_dim, hf) for k in
-                                         ("full_attention", "sliding_attention")}
+            out["rope_by_layer_type"] = {
+                k: _rope_expect(mt, tables[k], head_dim, hf) for k in ("full_attention", "sliding_attention")
+            }
             tables = tables["full_attention"]
         out["rope"] = _rope_expect(mt, tables, head_dim, hf)
     return out
@@ -87,27 +105,41 @@ def hf_expected(hf) -> dict:
 
 def _rope_expect(mt: str, params: dict, head_dim: int, hf) -> dict:
     partial = params.get("partial_rotary_factor", 1.0) if mt in PARTIAL_ROTARY else 1.0
-    return {"type": params["rope_type"], "theta": float(params["rope_theta"]),
-            "rotary_dim": int(head_dim * partial) - int(head_dim * partial) % 2,
-            "interleaved": mt in ("cohere", "gptj"), "scaling": _scaling(params), "head_dim": head_dim,
-            "max_position_embeddings": hf.max_position_embeddings}
+    return {
+        "type": params["rope_type"],
+        "theta": float(params["rope_theta"]),
+        "rotary_dim": int(head_dim * partial) - int(head_dim * partial) % 2,
+        "interleaved": mt in ("cohere", "gptj"),
+        "scaling": _scaling(params),
+        "head_dim": head_dim,
+        "max_position_embeddings": hf.max_position_embeddings,
+    }
 
 
 def _rope_actual(rope) -> dict:
     d = rope.to_dict()
-    return {k: d[k] for k in ("type", "theta", "rotary_dim", "interleaved", "scaling", "head_dim",
-                              "max_position_embeddings")}
+    return {
+        k: d[k]
+        for k in ("type", "theta", "rotary_dim", "interleaved", "scaling", "head_dim", "max_position_embeddings")
+    }
 
 
 def spec_view(spec) -> dict:
     """The fields of a spec that ``hf_expected`` predicts, in the same shape."""
     out = {
-        "model_type": spec.model_type, "num_layers": spec.num_layers,
-        "num_attention_heads": spec.num_attention_heads, "num_kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim, "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size,
-        "max_position_embeddings": spec.max_position_embeddings, "dtype": spec.dtype,
-        "sliding_window": spec.sliding_window, "layer_types": list(spec.layer_types),
-        "qk_norm": spec.qk_norm, "positional": spec.positional,
+        "model_type": spec.model_type,
+        "num_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_size": spec.hidden_size,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "dtype": spec.dtype,
+        "sliding_window": spec.sliding_window,
+        "layer_types": list(spec.layer_types),
+        "qk_norm": spec.qk_norm,
+        "positional": spec.positional,
         "rope": _rope_actual(spec.rope) if spec.rope else None,
     }
     if spec.rope_by_layer_type:

@@ -16,12 +16,36 @@ from family_oracle import ADAPTERS, TINY, TINY_IDS, assert_agrees_with_hf, hf_co
 from kvbridge.errors import ConfigError, UnsupportedModelError
 from kvbridge.spec import FULL, SLIDING, ModelSpec
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
-            "stablelm", "gpt_neox", "gptj", "cohere", "falcon", "gpt2", "olmo2"]
-SUPPORTED_FIXTURES = ["Qwen__Qwen2-1.5B-Instruct", "Qwen__Qwen2.5-0.5B", "Qwen__Qwen2.5-1.5B-Instruct",
-                      "Qwen__Qwen3-4B", "meta-llama__Llama-2-7b-chat-hf", "meta-llama__Llama-3.2-1B",
-                      "meta-llama__Llama-3.2-3B-Instruct", "microsoft__phi-2", "mistralai__Mistral-7B-v0.1",
-                      "openai-community__gpt2"]
+FAMILIES = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi",
+    "phi3",
+    "stablelm",
+    "gpt_neox",
+    "gptj",
+    "cohere",
+    "falcon",
+    "gpt2",
+    "olmo2",
+]
+SUPPORTED_FIXTURES = [
+    "Qwen__Qwen2-1.5B-Instruct",
+    "Qwen__Qwen2.5-0.5B",
+    "Qwen__Qwen2.5-1.5B-Instruct",
+    "Qwen__Qwen3-4B",
+    "meta-llama__Llama-2-7b-chat-hf",
+    "meta-llama__Llama-3.2-1B",
+    "meta-llama__Llama-3.2-3B-Instruct",
+    "microsoft__phi-2",
+    "mistralai__Mistral-7B-v0.1",
+    "openai-community__gpt2",
+]
 
 
 # -- registration --------------------------------------------------------------------------------
@@ -34,11 +58,13 @@ def test_every_family_is_registered(host):
 
 
 def test_plugin_module_imports_no_torch():
-    code = ("import sys, kvbridge.builtin.families as f\n"
-            "adapters = f.builtin_adapters()\n"
-            "[a.describe(a.tiny_config()) for a in adapters]\n"
-            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys, kvbridge.builtin.families as f\n"
+        "adapters = f.builtin_adapters()\n"
+        "[a.describe(a.tiny_config()) for a in adapters]\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -140,8 +166,11 @@ def test_gpt2_has_absolute_positions(fixture_configs, host):
 
 
 def test_qwen2_kv_heads_and_no_sliding(fixture_configs, host):
-    for folder, layers, heads in (("Qwen__Qwen2-1.5B-Instruct", 28, 12), ("Qwen__Qwen2.5-0.5B", 24, 14),
-                                  ("Qwen__Qwen2.5-1.5B-Instruct", 28, 12)):
+    for folder, layers, heads in (
+        ("Qwen__Qwen2-1.5B-Instruct", 28, 12),
+        ("Qwen__Qwen2.5-0.5B", 24, 14),
+        ("Qwen__Qwen2.5-1.5B-Instruct", 28, 12),
+    ):
         spec = host.describe(fixture_configs[folder])
         assert (spec.num_layers, spec.num_attention_heads, spec.num_kv_heads) == (layers, heads, 2)
         # sliding_window is 32768 in the file but use_sliding_window is false: no sliding layer
@@ -159,8 +188,13 @@ def test_deepseek_v2_mla_latent_cache(fixture_configs, host):
     """DeepSeek-V2-Lite (MLA): the generic adapter reports the latent cache transformers keeps."""
     spec = host.describe(fixture_configs["deepseek-ai__DeepSeek-V2-Lite"])
     assert spec.cache_format == "mla" and spec.dtype == "bfloat16" and spec.num_layers == 27
-    assert dict(spec.latent) == {"kv_lora_rank": 512, "q_lora_rank": 0, "qk_nope_head_dim": 128,
-                                 "qk_rope_head_dim": 64, "v_head_dim": 128}
+    assert dict(spec.latent) == {
+        "kv_lora_rank": 512,
+        "q_lora_rank": 0,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+    }
     assert (spec.num_kv_heads, spec.key_dim_of(0), spec.value_dim_of(0)) == (1, 512, 64)
     assert spec.rope.rope_type == "yarn" and spec.rope.param("factor") == 40 and spec.rope.interleaved
 
@@ -172,69 +206,178 @@ def test_mamba_is_refused_as_having_no_kv_cache(host):
 
 # -- legacy keys and defaults, each checked against transformers -------------------------------------------------
 LEGACY_CASES = {
-    "rope_scaling_old_type_key": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
-                                  "num_attention_heads": 4, "rope_theta": 50000.0, "max_position_embeddings": 64,
-                                  "rope_scaling": {"type": "dynamic", "factor": 4.0}},
-    "rope_parameters_5x": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
-                           "num_attention_heads": 4, "rope_parameters": {"rope_type": "yarn", "factor": 2.0,
-                                                                         "rope_theta": 20000.0}},
-    "neox_rotary_pct_base": {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64,
-                             "num_attention_heads": 4, "rotary_pct": 0.5, "rotary_emb_base": 500},
+    "rope_scaling_old_type_key": {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_theta": 50000.0,
+        "max_position_embeddings": 64,
+        "rope_scaling": {"type": "dynamic", "factor": 4.0},
+    },
+    "rope_parameters_5x": {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 20000.0},
+    },
+    "neox_rotary_pct_base": {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rotary_pct": 0.5,
+        "rotary_emb_base": 500,
+    },
     # GPTNeoXConfig ignores a top-level rope_theta / partial_rotary_factor (5.24): so must we
-    "neox_ignores_top_level_rope_theta": {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64,
-                                          "num_attention_heads": 4, "rope_theta": 5000.0,
-                                          "partial_rotary_factor": 0.5},
-    "phi_default_partial": {"model_type": "phi", "num_hidden_layers": 2, "hidden_size": 64,
-                            "num_attention_heads": 4},
-    "phi3_top_level_original_max": {"model_type": "phi3", "num_hidden_layers": 2, "hidden_size": 64,
-                                    "num_attention_heads": 4, "max_position_embeddings": 64,
-                                    "original_max_position_embeddings": 16,
-                                    "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 999,
-                                                     "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
-    "phi3_su_means_longrope": {"model_type": "phi3", "num_hidden_layers": 2, "hidden_size": 64,
-                               "num_attention_heads": 4, "max_position_embeddings": 64,
-                               "original_max_position_embeddings": 16,
-                               "rope_scaling": {"type": "su", "original_max_position_embeddings": 16,
-                                                "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
-    "gemma3_legacy_local_base": {"model_type": "gemma3_text", "num_hidden_layers": 7, "hidden_size": 64,
-                                 "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
-                                 "rope_theta": 1e6, "rope_local_base_freq": 10000.0, "sliding_window": 512,
-                                 "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
-    "gemma3_bidirectional_window": {"model_type": "gemma3_text", "num_hidden_layers": 2, "hidden_size": 64,
-                                    "num_attention_heads": 4, "head_dim": 16, "sliding_window": 512,
-                                    "use_bidirectional_attention": True},
-    "gemma3_defaults": {"model_type": "gemma3_text", "num_hidden_layers": 12, "hidden_size": 64,
-                        "num_attention_heads": 4},
-    "gemma2_defaults": {"model_type": "gemma2", "num_hidden_layers": 3, "hidden_size": 64,
-                        "num_attention_heads": 4},
-    "gemma_defaults": {"model_type": "gemma", "num_hidden_layers": 2, "hidden_size": 64,
-                       "num_attention_heads": 16, "torch_dtype": "bfloat16"},
+    "neox_ignores_top_level_rope_theta": {
+        "model_type": "gpt_neox",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_theta": 5000.0,
+        "partial_rotary_factor": 0.5,
+    },
+    "phi_default_partial": {"model_type": "phi", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4},
+    "phi3_top_level_original_max": {
+        "model_type": "phi3",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 64,
+        "original_max_position_embeddings": 16,
+        "rope_scaling": {
+            "type": "longrope",
+            "original_max_position_embeddings": 999,
+            "short_factor": [1.0] * 8,
+            "long_factor": [2.0] * 8,
+        },
+    },
+    "phi3_su_means_longrope": {
+        "model_type": "phi3",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 64,
+        "original_max_position_embeddings": 16,
+        "rope_scaling": {
+            "type": "su",
+            "original_max_position_embeddings": 16,
+            "short_factor": [1.0] * 8,
+            "long_factor": [2.0] * 8,
+        },
+    },
+    "gemma3_legacy_local_base": {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 7,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "rope_theta": 1e6,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 512,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    },
+    "gemma3_bidirectional_window": {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "sliding_window": 512,
+        "use_bidirectional_attention": True,
+    },
+    "gemma3_defaults": {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 12,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+    },
+    "gemma2_defaults": {"model_type": "gemma2", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4},
+    "gemma_defaults": {
+        "model_type": "gemma",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 16,
+        "torch_dtype": "bfloat16",
+    },
     "gptj_rotary_dim": {"model_type": "gptj", "n_layer": 2, "n_embd": 96, "n_head": 4, "rotary_dim": 6},
-    "gptj_alias_names": {"model_type": "gptj", "num_hidden_layers": 2, "hidden_size": 64,
-                         "num_attention_heads": 4, "max_position_embeddings": 32, "rotary_dim": 4},
+    "gptj_alias_names": {
+        "model_type": "gptj",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 32,
+        "rotary_dim": 4,
+    },
     "gpt2_defaults": {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64},
-    "mistral_defaults": {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64,
-                         "num_attention_heads": 8},
-    "mistral_null_window": {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64,
-                            "num_attention_heads": 8, "sliding_window": None},
-    "qwen2_max_window_layers_zero": {"model_type": "qwen2", "num_hidden_layers": 3, "hidden_size": 64,
-                                     "num_attention_heads": 4, "num_key_value_heads": 4,
-                                     "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0},
-    "qwen2_explicit_layer_types": {"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64,
-                                   "num_attention_heads": 4, "num_key_value_heads": 4, "use_sliding_window": True,
-                                   "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
-    "qwen3_default_head_dim": {"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64,
-                               "num_attention_heads": 4, "num_key_value_heads": 2},
-    "falcon_legacy_n_embed": {"model_type": "falcon", "num_hidden_layers": 2, "n_embed": 64,
-                              "num_attention_heads": 4},
-    "falcon_rw_alibi": {"model_type": "falcon", "num_hidden_layers": 2, "hidden_size": 64,
-                        "num_attention_heads": 4, "alibi": True, "multi_query": False},
-    "cohere_default_theta": {"model_type": "cohere", "num_hidden_layers": 2, "hidden_size": 64,
-                             "num_attention_heads": 4, "use_qk_norm": True},
-    "stablelm_defaults": {"model_type": "stablelm", "num_hidden_layers": 2, "hidden_size": 64,
-                          "num_attention_heads": 32},
-    "olmo2_dtype_key": {"model_type": "olmo2", "num_hidden_layers": 2, "hidden_size": 64,
-                        "num_attention_heads": 4, "dtype": "bfloat16", "torch_dtype": "float16"},
+    "mistral_defaults": {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 8},
+    "mistral_null_window": {
+        "model_type": "mistral",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "sliding_window": None,
+    },
+    "qwen2_max_window_layers_zero": {
+        "model_type": "qwen2",
+        "num_hidden_layers": 3,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 0,
+    },
+    "qwen2_explicit_layer_types": {
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "qwen3_default_head_dim": {
+        "model_type": "qwen3",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "falcon_legacy_n_embed": {"model_type": "falcon", "num_hidden_layers": 2, "n_embed": 64, "num_attention_heads": 4},
+    "falcon_rw_alibi": {
+        "model_type": "falcon",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "alibi": True,
+        "multi_query": False,
+    },
+    "cohere_default_theta": {
+        "model_type": "cohere",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "use_qk_norm": True,
+    },
+    "stablelm_defaults": {
+        "model_type": "stablelm",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 32,
+    },
+    "olmo2_dtype_key": {
+        "model_type": "olmo2",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "dtype": "bfloat16",
+        "torch_dtype": "float16",
+    },
 }
 
 
@@ -309,8 +452,12 @@ BAD = [
     ("gptj", "rotary_dim", 7, "rotary_dim"),
     ("gptj", "rotary_dim", 64, "rotary_dim"),
     ("gemma2", "layer_types", ["sliding_attention"], "layer_types"),
-    ("gemma2", "layer_types", ["sliding_attention", "chunked_attention", "full_attention", "full_attention"],
-     "layer_types"),
+    (
+        "gemma2",
+        "layer_types",
+        ["sliding_attention", "chunked_attention", "full_attention", "full_attention"],
+        "layer_types",
+    ),
     ("gemma3_text", "sliding_window_pattern", 0, "sliding_window_pattern"),
     ("gemma3_text", "rope_parameters", ["x"], "rope_parameters"),
     ("mistral", "sliding_window", -1, "sliding_window"),

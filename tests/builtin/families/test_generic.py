@@ -16,40 +16,120 @@ from kvbridge.plugins import make_host
 HOST = make_host(entry_points=False)
 
 QWEN3_30B_A3B = {
-    "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
-    "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
-    "num_experts": 128, "num_experts_per_tok": 8, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
-    "sliding_window": None, "use_sliding_window": False, "vocab_size": 151936, "torch_dtype": "bfloat16"}
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+    "torch_dtype": "bfloat16",
+}
 GPT_OSS_20B = {
-    "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 32,
-    "experts_per_token": 4, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
-    "max_position_embeddings": 131072, "rope_theta": 150000,
-    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                     "original_max_position_embeddings": 4096},
-    "vocab_size": 201088, "torch_dtype": "bfloat16"}
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 2880,
+    "num_local_experts": 32,
+    "experts_per_token": 4,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "vocab_size": 201088,
+    "torch_dtype": "bfloat16",
+}
 GEMMA3_27B = {
-    "model_type": "gemma3", "torch_dtype": "bfloat16",
-    "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62,
-                    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
-                    "intermediate_size": 21504, "query_pre_attn_scalar": 168, "sliding_window": 1024,
-                    "sliding_window_pattern": 6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-                    "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "vocab_size": 262208}}
+    "model_type": "gemma3",
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 5376,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "intermediate_size": 21504,
+        "query_pre_attn_scalar": 168,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "vocab_size": 262208,
+    },
+}
 DEEPSEEK_V3 = {
-    "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
-    "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
-    "first_k_dense_replace": 3, "max_position_embeddings": 163840, "rope_theta": 10000,
-    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
-                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-    "vocab_size": 129280, "torch_dtype": "bfloat16"}
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "vocab_size": 129280,
+    "torch_dtype": "bfloat16",
+}
 LLAMA4_SCOUT_TEXT = {
-    "model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40,
-    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
-    "num_local_experts": 16, "attention_chunk_size": 8192, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192},
-    "max_position_embeddings": 10485760, "vocab_size": 202048, "use_qk_norm": True, "torch_dtype": "bfloat16"}
+    "model_type": "llama4_text",
+    "hidden_size": 5120,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 8192,
+    "intermediate_size_mlp": 16384,
+    "num_local_experts": 16,
+    "attention_chunk_size": 8192,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 16.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "max_position_embeddings": 10485760,
+    "vocab_size": 202048,
+    "use_qk_norm": True,
+    "torch_dtype": "bfloat16",
+}
 
 
 def describe(config):
@@ -144,8 +224,9 @@ def test_did_you_mean_only_for_close_names():
     assert "did you mean" not in str(info.value)
 
 
-@pytest.mark.parametrize("model_type", ["exaone", "internlm3", "mixtral", "granite", "olmo3", "starcoder2",
-                                        "gpt_bigcode", "glm4"])
+@pytest.mark.parametrize(
+    "model_type", ["exaone", "internlm3", "mixtral", "granite", "olmo3", "starcoder2", "gpt_bigcode", "glm4"]
+)
 def test_llama_style_families_without_a_family_file_get_the_generic_adapter(model_type):
     spec = describe({"model_type": model_type})
     assert spec.family == "generic" and spec.num_layers > 0 and spec.num_kv_heads > 0

@@ -16,13 +16,16 @@ def test_items(mc_file):
     assert ChoiceTask().chance(items[0]) == pytest.approx(1 / 3)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "is not JSON"),
-    ('{"question": "q", "choices": ["a"], "answer": 0}', "two or more"),
-    ('{"question": "q", "choices": ["a", "b"], "answer": 2}', "not one of its 2 choices"),
-    ('{"question": "q", "choices": ["a", "b"], "answer": "c"}', "not one of its 2 choices"),
-    ('[1, 2]', "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "is not JSON"),
+        ('{"question": "q", "choices": ["a"], "answer": 0}', "two or more"),
+        ('{"question": "q", "choices": ["a", "b"], "answer": 2}', "not one of its 2 choices"),
+        ('{"question": "q", "choices": ["a", "b"], "answer": "c"}', "not one of its 2 choices"),
+        ("[1, 2]", "not a JSON object"),
+    ],
+)
 def test_bad_lines(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "q", "choices": ["a", "b"], "answer": 0}\n' + line + "\n")

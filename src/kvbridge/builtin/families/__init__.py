@@ -13,8 +13,22 @@ from kvbridge.hookspecs import hookimpl
 
 #: family modules, in registration order
 FAMILY_MODULES = (
-    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
-    "stablelm", "gpt_neox", "gptj", "cohere", "falcon", "gpt2", "olmo2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi",
+    "phi3",
+    "stablelm",
+    "gpt_neox",
+    "gptj",
+    "cohere",
+    "falcon",
+    "gpt2",
+    "olmo2",
 )
 
 

@@ -43,8 +43,10 @@ def as_mapping(config: Any) -> dict:
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
         return dict(to_dict())
-    raise ConfigError(f"expected a config mapping, got {type(config).__name__}",
-                      "pass the parsed config.json (a dict) or a transformers config object")
+    raise ConfigError(
+        f"expected a config mapping, got {type(config).__name__}",
+        "pass the parsed config.json (a dict) or a transformers config object",
+    )
 
 
 def get(config: Mapping, name: str, default: Any = None) -> Any:
@@ -67,8 +69,10 @@ def first_present(config: Mapping, names: tuple, default: Any = None) -> Any:
 def check_positive_int(value: Any, name: str, model_type: Any = None) -> int:
     """``value`` if it is a positive int, else a one-line ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}",
-                          f"fix {name!r} in the config (model_type {model_type!r})")
+        raise ConfigError(
+            f"config field {name!r} must be a positive integer, got {value!r}",
+            f"fix {name!r} in the config (model_type {model_type!r})",
+        )
     return value
 
 
@@ -97,8 +101,10 @@ def dtype_name(config: Mapping) -> str:
 
 def number(value: Any, name: str, model_type: Any = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"config field {name!r} must be a number, got {value!r}",
-                          f"fix {name!r} in the config (model_type {model_type!r})")
+        raise ConfigError(
+            f"config field {name!r} must be a number, got {value!r}",
+            f"fix {name!r} in the config (model_type {model_type!r})",
+        )
     return float(value)
 
 
@@ -107,8 +113,10 @@ def _rope_dict(value: Any, where: str, model_type: Any) -> dict:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"config field {where!r} must be a mapping, got {value!r}",
-                          f"fix {where!r} in the config (model_type {model_type!r})")
+        raise ConfigError(
+            f"config field {where!r} must be a mapping, got {value!r}",
+            f"fix {where!r} in the config (model_type {model_type!r})",
+        )
     return copy.deepcopy(dict(value))
 
 
@@ -117,12 +125,16 @@ def _rope_type(params: dict) -> str:
     return str(rope_type)
 
 
-def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
-                         theta_keys: tuple = ("rope_theta",),
-                         partial_keys: tuple = ("partial_rotary_factor",),
-                         default_partial: float | None = None,
-                         max_positions: int | None = None,
-                         original_max_override: Any = _MISSING) -> dict:
+def flat_rope_parameters(
+    config: Mapping,
+    *,
+    default_theta: float = 10000.0,
+    theta_keys: tuple = ("rope_theta",),
+    partial_keys: tuple = ("partial_rotary_factor",),
+    default_partial: float | None = None,
+    max_positions: int | None = None,
+    original_max_override: Any = _MISSING,
+) -> dict:
     """One normalised rope-parameter dict, as transformers 5 stores ``config.rope_parameters``.
 
     Precedence follows the transformers config classes: ``rope_scaling`` (legacy alias) when it
@@ -138,8 +150,11 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
 
     theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
     scaling = config.get("rope_scaling")
-    params = _rope_dict(scaling if scaling else config.get("rope_parameters"),
-                        "rope_scaling" if scaling else "rope_parameters", model_type)
+    params = _rope_dict(
+        scaling if scaling else config.get("rope_parameters"),
+        "rope_scaling" if scaling else "rope_parameters",
+        model_type,
+    )
     if params.get("rope_theta") is None:
         params["rope_theta"] = first_present(config, theta_keys, default_theta)
     params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
@@ -152,8 +167,10 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
     if "partial_rotary_factor" in params:
         partial = number(params["partial_rotary_factor"], "partial_rotary_factor", model_type)
         if not 0.0 < partial <= 1.0:
-            raise ConfigError(f"config field 'partial_rotary_factor' must be in (0, 1], got {partial!r}",
-                              f"fix 'partial_rotary_factor' in the config (model_type {model_type!r})")
+            raise ConfigError(
+                f"config field 'partial_rotary_factor' must be in (0, 1], got {partial!r}",
+                f"fix 'partial_rotary_factor' in the config (model_type {model_type!r})",
+            )
         params["partial_rotary_factor"] = partial
     params["rope_type"] = _rope_type(params)
     params.pop("type", None)
@@ -162,7 +179,8 @@ def flat_rope_parameters(config: Mapping, *, default_theta: float = 10000.0,
             params["original_max_position_embeddings"] = original_max_override
         elif params.get("original_max_position_embeddings") is None:
             params["original_max_position_embeddings"] = (
-                max_positions if max_positions is not None else config.get("max_position_embeddings"))
+                max_positions if max_positions is not None else config.get("max_position_embeddings")
+            )
     return params
 
 
@@ -174,18 +192,28 @@ def rotary_fraction(rotary_dim: int, head_dim: int) -> float:
     return factor
 
 
-def rope_spec(params: Mapping, *, head_dim: int, partial_factor: float = 1.0,
-              interleaved: bool = False, max_position_embeddings: int) -> RopeSpec:
+def rope_spec(
+    params: Mapping,
+    *,
+    head_dim: int,
+    partial_factor: float = 1.0,
+    interleaved: bool = False,
+    max_position_embeddings: int,
+) -> RopeSpec:
     """A :class:`RopeSpec` from a normalised rope-parameter dict (see flat_rope_parameters)."""
     from kvbridge.check.validate import rope_parameters
 
     rope_parameters(params)  # theta finite > 0, a known type, a positive factor where one is needed
     scaling = {k: v for k, v in params.items() if k not in ROPE_META_KEYS and v is not None}
-    return RopeSpec(rope_type=str(params.get("rope_type", "default")),
-                    theta=float(params["rope_theta"]), head_dim=int(head_dim),
-                    partial_factor=float(partial_factor), interleaved=bool(interleaved),
-                    max_position_embeddings=int(max_position_embeddings),
-                    scaling=_freeze(scaling))
+    return RopeSpec(
+        rope_type=str(params.get("rope_type", "default")),
+        theta=float(params["rope_theta"]),
+        head_dim=int(head_dim),
+        partial_factor=float(partial_factor),
+        interleaved=bool(interleaved),
+        max_position_embeddings=int(max_position_embeddings),
+        scaling=_freeze(scaling),
+    )
 
 
 # -- layer layout ------------------------------------------------------------------------------
@@ -194,16 +222,22 @@ def layer_types_from(config: Mapping, num_layers: int, default: list | tuple) ->
     given = config.get("layer_types")
     types = default if given is None else given
     if not isinstance(types, (list, tuple)):
-        raise ConfigError(f"config field 'layer_types' must be a list, got {types!r}",
-                          "give one 'full_attention' or 'sliding_attention' per layer")
+        raise ConfigError(
+            f"config field 'layer_types' must be a list, got {types!r}",
+            "give one 'full_attention' or 'sliding_attention' per layer",
+        )
     types = tuple(LEGACY_LAYER_TYPES.get(t, t) for t in types)
     if len(types) != num_layers:
-        raise ConfigError(f"config field 'layer_types' has {len(types)} entries for {num_layers} layers",
-                          "give one entry per layer (num_hidden_layers)")
+        raise ConfigError(
+            f"config field 'layer_types' has {len(types)} entries for {num_layers} layers",
+            "give one entry per layer (num_hidden_layers)",
+        )
     bad = [t for t in types if t not in (FULL, SLIDING)]
     if bad:
-        raise ConfigError(f"config field 'layer_types' has unsupported entry {bad[0]!r}",
-                          f"use {FULL!r} or {SLIDING!r} (model_type {config.get('model_type')!r})")
+        raise ConfigError(
+            f"config field 'layer_types' has unsupported entry {bad[0]!r}",
+            f"use {FULL!r} or {SLIDING!r} (model_type {config.get('model_type')!r})",
+        )
     return types
 
 
@@ -252,8 +286,10 @@ class DecoderAdapter(FamilyAdapter):
         head_dim = self._head_dim(cfg, hidden, heads)
         kv_heads = self._cache_kv_heads(cfg, heads)
         if heads % kv_heads:
-            raise ConfigError(f"{kv_heads} KV heads do not divide {heads} attention heads",
-                              "fix 'num_key_value_heads' (it must divide 'num_attention_heads')")
+            raise ConfigError(
+                f"{kv_heads} KV heads do not divide {heads} attention heads",
+                "fix 'num_key_value_heads' (it must divide 'num_attention_heads')",
+            )
         max_positions = self._max_positions(cfg)
         positional = self._positional(cfg)
         rope, by_type = None, ()
@@ -275,8 +311,9 @@ class DecoderAdapter(FamilyAdapter):
             layer_types=layer_types,
             qk_norm=self._qk_norm(cfg),
             dtype=dtype_name(cfg),
-            vocab_size=check_positive_int(get(cfg, "vocab_size", self.DEFAULT_VOCAB), "vocab_size",
-                                          cfg.get("model_type")),
+            vocab_size=check_positive_int(
+                get(cfg, "vocab_size", self.DEFAULT_VOCAB), "vocab_size", cfg.get("model_type")
+            ),
             max_position_embeddings=max_positions,
             extras=to_pairs(self._extras(cfg)),
         )
@@ -287,8 +324,10 @@ class DecoderAdapter(FamilyAdapter):
         if explicit is not None:
             return check_positive_int(explicit, self.HEAD_DIM_KEY, cfg.get("model_type"))
         if hidden % heads:
-            raise ConfigError(f"hidden_size {hidden} is not a multiple of {heads} attention heads",
-                              "fix 'hidden_size' or 'num_attention_heads', or give 'head_dim'")
+            raise ConfigError(
+                f"hidden_size {hidden} is not a multiple of {heads} attention heads",
+                "fix 'hidden_size' or 'num_attention_heads', or give 'head_dim'",
+            )
         return hidden // heads
 
     def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
@@ -304,8 +343,9 @@ class DecoderAdapter(FamilyAdapter):
         return "rope"
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
-        return flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
-                                    default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions)
+        return flat_rope_parameters(
+            cfg, default_theta=self.DEFAULT_THETA, default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions
+        )
 
     def _partial_factor(self, params: Mapping, head_dim: int) -> float:
         if not self.PARTIAL_ROTARY:
@@ -314,8 +354,13 @@ class DecoderAdapter(FamilyAdapter):
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int) -> tuple[RopeSpec, tuple]:
         params = self._rope_parameters(cfg, max_positions)
-        rope = rope_spec(params, head_dim=head_dim, partial_factor=self._partial_factor(params, head_dim),
-                         interleaved=self.INTERLEAVED, max_position_embeddings=max_positions)
+        rope = rope_spec(
+            params,
+            head_dim=head_dim,
+            partial_factor=self._partial_factor(params, head_dim),
+            interleaved=self.INTERLEAVED,
+            max_position_embeddings=max_positions,
+        )
         return rope, ()
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
@@ -365,9 +410,22 @@ def tiny_base(model_type: str, **overrides: Any) -> dict:
 
 
 __all__ = [
-    "DecoderAdapter", "as_mapping", "get", "first_present", "check_positive_int",
-    "optional_positive_int", "flag", "dtype_name", "flat_rope_parameters", "rotary_fraction",
-    "number", "rope_spec", "layer_types_from", "to_pairs", "tiny_base", "NEEDS_ORIGINAL_MAX",
+    "DecoderAdapter",
+    "as_mapping",
+    "get",
+    "first_present",
+    "check_positive_int",
+    "optional_positive_int",
+    "flag",
+    "dtype_name",
+    "flat_rope_parameters",
+    "rotary_fraction",
+    "number",
+    "rope_spec",
+    "layer_types_from",
+    "to_pairs",
+    "tiny_base",
+    "NEEDS_ORIGINAL_MAX",
 ]
 
 

@@ -20,21 +20,21 @@ REFUSED: dict[str, str] = {
     "rwkv": "no attention KV cache (recurrent/state-space model)",
     "xlstm": "no attention KV cache (recurrent/state-space model)",
     "recurrent_gemma": "its recurrent blocks keep their state on the model's own modules (conv1d_state,"
-                       " rg_lru.recurrent_states), not in the cache: a cache alone cannot carry it",
+    " rg_lru.recurrent_states), not in the cache: a cache alone cannot carry it",
     "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
     "mllama": "its cross-attention layers cache image K/V that the text tokens do not produce",
     "moshi": "text and audio streams share its cache; a continuation also needs the audio codebooks",
     "xlm": "its generate appends a mask token to the whole prefix at every step, and transformers' own"
-           " continuation of a prefilled cache fails: there is no cached continuation to match",
+    " continuation of a prefilled cache fails: there is no cached continuation to match",
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
     "xlnet": "it carries `mems` (each layer's input hidden states, turned into K/V again every step), not a K/V cache",
     "reformer": "its own ReformerDynamicCache keeps hidden states and LSH buckets, not K/V",
     "gemma4_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
-                        " (shared_kv_states); it caches none of its own",
+    " (shared_kv_states); it caches none of its own",
     "gemma4_unified_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
-                                " (shared_kv_states); it caches none of its own",
+    " (shared_kv_states); it caches none of its own",
     "blt": "byte-level model: local byte encoder/decoder stacks, a global patch transformer and cross-attention"
-           " between bytes and patches share one encoder-decoder cache, not per-token K/V of one decoder stack",
+    " between bytes and patches share one encoder-decoder cache, not per-token K/V of one decoder stack",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",
 }
 
@@ -50,13 +50,28 @@ LAYER_REFUSALS = {
 }
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
-INTERLEAVED = frozenset({"glm", "glm4", "cohere2", "cohere2_moe", "gptj", "codegen",
-                         "cohere", "ernie4_5", "ernie4_5_moe", "helium", "llama4", "llama4_text"})
+INTERLEAVED = frozenset(
+    {
+        "glm",
+        "glm4",
+        "cohere2",
+        "cohere2_moe",
+        "gptj",
+        "codegen",
+        "cohere",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "helium",
+        "llama4",
+        "llama4_text",
+    }
+)
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
 NOPE_ON_FULL = frozenset({"cohere2", "cohere2_moe", "afmoe", "beam", "flint", "lara_mini"})
 #: the same, but only when the model has sliding layers at all (``sliding_window is None or is_sliding``)
 NOPE_ON_FULL_IF_SLIDING = frozenset({"exaone4", "exaone4_5", "exaone_moe", "kolibri1"})
+
 
 def cache_slots(text: Any, n_layers: int) -> list:
     """The model layer behind each cache layer. Dory's ``per_loop`` mode: every loop after the first
@@ -140,10 +155,16 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
     if model_type in INDEXER_RAW_KEYS:
         head_dim = _layer_attr(text, "indexer_head_dim", None)
         if not head_dim or int(_layer_attr(text, "indexer_kv_heads", 1)) != 1:
-            raise ValueError("its QSA indexer is not configured with one key head (`indexer_head_dim`, "
-                             "`indexer_kv_heads`)")
-        return {"layers": tuple(indexed), "head_dim": int(head_dim), "rope_dim": 0, "rope_offset": 0,
-                "position_rows": 3}
+            raise ValueError(
+                "its QSA indexer is not configured with one key head (`indexer_head_dim`, `indexer_kv_heads`)"
+            )
+        return {
+            "layers": tuple(indexed),
+            "head_dim": int(head_dim),
+            "rope_dim": 0,
+            "rope_offset": 0,
+            "position_rows": 3,
+        }
     head_dim = _layer_attr(text, "index_head_dim", None)
     if not head_dim:
         raise ValueError("its sparse-attention indexer cache has no known layout (no `index_head_dim`)")
@@ -160,8 +181,9 @@ def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
 
     flags = getattr(text, "no_rope_layers", None)
     if flags:  # SmolLM3 / Llama 4: 1 = the layer uses RoPE, 0 = NoPE
-        return tuple(i for i, f in enumerate(flags) if not f and i < len(kinds)
-                     and kinds[i] in (FULL, SLIDING, CHUNKED))
+        return tuple(
+            i for i, f in enumerate(flags) if not f and i < len(kinds) and kinds[i] in (FULL, SLIDING, CHUNKED)
+        )
     if model_type in NOPE_ON_FULL or (model_type in NOPE_ON_FULL_IF_SLIDING and SLIDING in kinds):
         return tuple(i for i, k in enumerate(kinds) if k == FULL)
     return ()
@@ -211,5 +233,7 @@ def mla_sizes(text: Any) -> dict:
     rank = _layer_attr(text, "kv_lora_rank", None)
     if not rank:
         return {}
-    return {k: int(_layer_attr(text, k, 0) or 0) for k in
-            ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
+    return {
+        k: int(_layer_attr(text, k, 0) or 0)
+        for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    }

@@ -86,8 +86,12 @@ def _states_of(layer) -> dict | None:
     for name in ("conv_states", "recurrent_states"):
         for idx, t in getattr(layer, name).items():
             out[f"{name}.{idx}"] = None if t is None else t.detach().clone()
-    for name in ("has_previous_state", "conv_kernel_size", "is_conv_states_initialized",
-                 "is_recurrent_states_initialized"):
+    for name in (
+        "has_previous_state",
+        "conv_kernel_size",
+        "is_conv_states_initialized",
+        "is_recurrent_states_initialized",
+    ):
         out[name] = dict(getattr(layer, name))
     return out
 
@@ -97,15 +101,19 @@ def _indexer_keys_of(layer, i: int, spec, positions):
     them (Qwen4-Exp) must be the token positions on each row: it is rebuilt from them on injection."""
     t = getattr(layer, "indexer_keys", None)
     if t is None or t.dim() != 3:
-        raise StateError(f"layer {i} of the model's cache holds no indexer keys, spec says it does",
-                         "check the adapter's describe() for this model")
+        raise StateError(
+            f"layer {i} of the model's cache holds no indexer keys, spec says it does",
+            "check the adapter's describe() for this model",
+        )
     pos = getattr(layer, "indexer_position_ids", None)
     if pos is not None:
         rows = int(dict(spec.indexer).get("position_rows", 0))
         if not rows or tuple(pos.shape) != (rows, *positions.shape) or not bool((pos == positions[None]).all()):
-            raise StateError(f"layer {i} of the model's cache holds an indexer position history that is not the "
-                             "token positions (multimodal positions?), which kvbridge does not carry",
-                             "extract from text-only input ids")
+            raise StateError(
+                f"layer {i} of the model's cache holds an indexer position history that is not the "
+                "token positions (multimodal positions?), which kvbridge does not carry",
+                "extract from text-only input ids",
+            )
     return t.detach().clone()
 
 
@@ -141,8 +149,10 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
     if _own_cache(model) is not None:  # its own class adds layers only up to the last attention layer
         layers += [None] * (len(cache) - len(layers))
     if len(layers) != spec.num_layers:
-        raise StateError(f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
-                         "check the adapter's describe() for this model")
+        raise StateError(
+            f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
+            "check the adapter's describe() for this model",
+        )
     B, T = ids.shape
     positions = torch.arange(T, device=ids.device).expand(B, T).clone()
     if attention_mask is not None:
@@ -153,8 +163,10 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
         if i in spec.kv_layers:
             if k is None or k.dim() != 4:
-                raise StateError(f"layer {i} of the model's cache holds no K/V, spec says it does",
-                                 "check the adapter's describe() for this model")
+                raise StateError(
+                    f"layer {i} of the model's cache holds no K/V, spec says it does",
+                    "check the adapter's describe() for this model",
+                )
             keys.append(k.detach().clone())
             values.append(v.detach().clone())
         else:
@@ -167,10 +179,18 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         if i in spec.indexer_layers:
             indexer.append((i, _indexer_keys_of(layer, i, spec, positions)))
     lengths = adapter._rope_lengths(model, spec, positions)
-    return KVState(keys=tuple(keys), values=tuple(values), token_ids=ids.clone(), positions=positions, spec=spec,
-                   rope_applied=spec.positional == "rope", rope_lengths=lengths,
-                   model_fingerprint=config_fingerprint(model.config.to_dict()), states=tuple(states),
-                   indexer_keys=tuple(indexer))
+    return KVState(
+        keys=tuple(keys),
+        values=tuple(values),
+        token_ids=ids.clone(),
+        positions=positions,
+        spec=spec,
+        rope_applied=spec.positional == "rope",
+        rope_lengths=lengths,
+        model_fingerprint=config_fingerprint(model.config.to_dict()),
+        states=tuple(states),
+        indexer_keys=tuple(indexer),
+    )
 
 
 def inject(adapter, state, model=None, *, check: bool = True):
@@ -182,14 +202,17 @@ def inject(adapter, state, model=None, *, check: bool = True):
     if not state.rope_applied and state.spec.positional == "rope":
         raise StateError("state keys are in content space (RoPE stripped)", "call state.apply_rope() before injecting")
     if state.spec.state_layers and not state.states:
-        raise StateError("the state has no recurrent/convolution state for the model's recurrent layers",
-                         "extract the state from a model of this family (recurrent state cannot be mapped)")
+        raise StateError(
+            "the state has no recurrent/convolution state for the model's recurrent layers",
+            "extract the state from a model of this family (recurrent state cannot be mapped)",
+        )
     if model is None:
         raise StateError("the generic adapter needs the model to build its cache", "pass model=")
     if state.spec.indexer_layers and not state.indexer_keys:
-        raise StateError("the state has no indexer keys for the model's sparse-attention layers "
-                         f"{list(state.spec.indexer_layers)}",
-                         "extract the state from this model (indexer keys cannot be mapped across models)")
+        raise StateError(
+            f"the state has no indexer keys for the model's sparse-attention layers {list(state.spec.indexer_layers)}",
+            "extract the state from this model (indexer keys cannot be mapped across models)",
+        )
     cache = new_cache(model, full_history=True, filled=True)
     from transformers.cache_utils import DynamicLayer
 

@@ -18,8 +18,10 @@ def _proportional_inv_freq(rope, seq_len, device="cpu"):
 
     head_dim = rope.head_dim
     angles = int(float(rope.param("rope_proportion", 1.0)) * head_dim // 2)
-    inv = 1.0 / (rope.theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(device=device, dtype=torch.float)
-                                / head_dim))
+    inv = 1.0 / (
+        rope.theta
+        ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim)
+    )
     rest = head_dim // 2 - angles
     if rest > 0:
         inv = torch.cat((inv, torch.zeros(rest, dtype=torch.float32, device=device)), dim=0)
@@ -27,7 +29,10 @@ def _proportional_inv_freq(rope, seq_len, device="cpu"):
     return inv, 1.0
 
 
-PROPORTIONAL = RopeVariant("proportional", _proportional_inv_freq,
-                           "Gemma 4: whole-head pairing, the first p*head_dim/2 frequencies rotate, the rest are 0")
+PROPORTIONAL = RopeVariant(
+    "proportional",
+    _proportional_inv_freq,
+    "Gemma 4: whole-head pairing, the first p*head_dim/2 frequencies rotate, the rest are 0",
+)
 
 VARIANTS = (PROPORTIONAL,)

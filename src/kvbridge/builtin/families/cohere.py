@@ -34,10 +34,8 @@ class CohereAdapter(DecoderAdapter):
 
     def tiny_configs(self) -> dict[str, dict]:
         return {
-            "default": tiny_base("cohere", rope_theta=500000.0, pad_token_id=0, bos_token_id=1,
-                                 eos_token_id=2),
-            "qk_norm": tiny_base("cohere", use_qk_norm=True, pad_token_id=0, bos_token_id=1,
-                                 eos_token_id=2),
+            "default": tiny_base("cohere", rope_theta=500000.0, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+            "qk_norm": tiny_base("cohere", use_qk_norm=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
         }
 
 

@@ -76,18 +76,44 @@ class FalconAdapter(DecoderAdapter):
         return super().rotary_embedding(model, layer)
 
     def tiny_configs(self) -> dict[str, dict]:
-        common = {"model_type": "falcon", "num_hidden_layers": 2, "hidden_size": 64,
-                  "num_attention_heads": 4, "vocab_size": 128, "max_position_embeddings": 64,
-                  "ffn_hidden_size": 128, "hidden_dropout": 0.0, "attention_dropout": 0.0,
-                  "dtype": "float32"}
+        common = {
+            "model_type": "falcon",
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "vocab_size": 128,
+            "max_position_embeddings": 64,
+            "ffn_hidden_size": 128,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+            "dtype": "float32",
+        }
         return {
-            "new_arch": {**common, "new_decoder_architecture": True, "num_kv_heads": 2,
-                         "multi_query": False, "parallel_attn": True, "bias": False,
-                         "rope_theta": 10000.0},
-            "multi_query": {**common, "new_decoder_architecture": False, "multi_query": True,
-                            "parallel_attn": True, "bias": False, "rope_theta": 10000.0},
-            "alibi": {**common, "alibi": True, "multi_query": False, "new_decoder_architecture": False,
-                      "parallel_attn": False, "bias": True},
+            "new_arch": {
+                **common,
+                "new_decoder_architecture": True,
+                "num_kv_heads": 2,
+                "multi_query": False,
+                "parallel_attn": True,
+                "bias": False,
+                "rope_theta": 10000.0,
+            },
+            "multi_query": {
+                **common,
+                "new_decoder_architecture": False,
+                "multi_query": True,
+                "parallel_attn": True,
+                "bias": False,
+                "rope_theta": 10000.0,
+            },
+            "alibi": {
+                **common,
+                "alibi": True,
+                "multi_query": False,
+                "new_decoder_architecture": False,
+                "parallel_attn": False,
+                "bias": True,
+            },
         }
 
 

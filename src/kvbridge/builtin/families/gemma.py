@@ -27,8 +27,7 @@ class GemmaAdapter(DecoderAdapter):
     DEFAULT_HEAD_DIM: ClassVar[int | None] = 256
 
     def tiny_configs(self) -> dict[str, dict]:
-        return {"default": tiny_base("gemma", head_dim=16, num_key_value_heads=1,
-                                     hidden_act="gelu_pytorch_tanh")}
+        return {"default": tiny_base("gemma", head_dim=16, num_key_value_heads=1, hidden_act="gelu_pytorch_tanh")}
 
 
 ADAPTER = GemmaAdapter()

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from kvbridge.builtin.families._common import (
-    DecoderAdapter, layer_types_from, optional_positive_int, tiny_base,
+    DecoderAdapter,
+    layer_types_from,
+    optional_positive_int,
+    tiny_base,
 )
 from kvbridge.spec import FULL, SLIDING
 
@@ -37,8 +40,16 @@ class Gemma2Adapter(DecoderAdapter):
         return window, layer_types_from(cfg, num_layers, default)
 
     def tiny_configs(self) -> dict[str, dict]:
-        return {"default": tiny_base("gemma2", num_hidden_layers=4, head_dim=16, sliding_window=4,
-                                     query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh")}
+        return {
+            "default": tiny_base(
+                "gemma2",
+                num_hidden_layers=4,
+                head_dim=16,
+                sliding_window=4,
+                query_pre_attn_scalar=16,
+                hidden_activation="gelu_pytorch_tanh",
+            )
+        }
 
 
 ADAPTER = Gemma2Adapter()

@@ -19,8 +19,16 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from kvbridge.builtin.families._common import (
-    NEEDS_ORIGINAL_MAX, DecoderAdapter, check_positive_int, flag, get, layer_types_from, number,
-    optional_positive_int, rope_spec, tiny_base,
+    NEEDS_ORIGINAL_MAX,
+    DecoderAdapter,
+    check_positive_int,
+    flag,
+    get,
+    layer_types_from,
+    number,
+    optional_positive_int,
+    rope_spec,
+    tiny_base,
 )
 from kvbridge.errors import ConfigError
 from kvbridge.spec import FULL, SLIDING
@@ -34,17 +42,23 @@ def gemma3_rope_parameters(cfg: Mapping, max_positions: int) -> dict[str, dict]:
     model_type = cfg.get("model_type")
     given = cfg.get("rope_parameters")
     if given is not None and not isinstance(given, Mapping):
-        raise ConfigError(f"config field 'rope_parameters' must be a mapping, got {given!r}",
-                          "give {'sliding_attention': {...}, 'full_attention': {...}}")
+        raise ConfigError(
+            f"config field 'rope_parameters' must be a mapping, got {given!r}",
+            "give {'sliding_attention': {...}, 'full_attention': {...}}",
+        )
     # only the two nested tables count: a flat dict here is ignored by transformers too
     tables = copy.deepcopy(dict(given)) if given else {}
     scaling = cfg.get("rope_scaling")
-    for kind, theta_key, default_theta in ((FULL, "rope_theta", GLOBAL_THETA),
-                                           (SLIDING, "rope_local_base_freq", LOCAL_THETA)):
+    for kind, theta_key, default_theta in (
+        (FULL, "rope_theta", GLOBAL_THETA),
+        (SLIDING, "rope_local_base_freq", LOCAL_THETA),
+    ):
         table = tables.get(kind)
         if table is not None and not isinstance(table, Mapping):
-            raise ConfigError(f"config field 'rope_parameters.{kind}' must be a mapping, got {table!r}",
-                              "give a dict with 'rope_type' and 'rope_theta'")
+            raise ConfigError(
+                f"config field 'rope_parameters.{kind}' must be a mapping, got {table!r}",
+                "give a dict with 'rope_type' and 'rope_theta'",
+            )
         table = dict(table) if table else {"rope_type": "default"}
         if kind == FULL and scaling:
             table.update(copy.deepcopy(dict(scaling)))  # legacy scaling applies to global layers
@@ -76,16 +90,19 @@ class Gemma3TextAdapter(DecoderAdapter):
     QK_NORM: ClassVar[bool] = True
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int):
-        tables = {kind: rope_spec(params, head_dim=head_dim, max_position_embeddings=max_positions)
-                  for kind, params in gemma3_rope_parameters(cfg, max_positions).items()}
+        tables = {
+            kind: rope_spec(params, head_dim=head_dim, max_position_embeddings=max_positions)
+            for kind, params in gemma3_rope_parameters(cfg, max_positions).items()
+        }
         return tables[FULL], tuple(sorted(tables.items()))
 
     def _layout(self, cfg: Mapping, num_layers: int):
         window = optional_positive_int(cfg, "sliding_window", self.DEFAULT_WINDOW)
         if window is not None and flag(cfg, "use_bidirectional_attention", False):
             window = window // 2 + 1  # Gemma3TextConfig stores the exclusive bound
-        pattern = check_positive_int(get(cfg, "sliding_window_pattern", self.DEFAULT_PATTERN),
-                                     "sliding_window_pattern", cfg.get("model_type"))
+        pattern = check_positive_int(
+            get(cfg, "sliding_window_pattern", self.DEFAULT_PATTERN), "sliding_window_pattern", cfg.get("model_type")
+        )
         default = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
         return window, layer_types_from(cfg, num_layers, default)
 
@@ -93,14 +110,28 @@ class Gemma3TextAdapter(DecoderAdapter):
         return {"use_bidirectional_attention": flag(cfg, "use_bidirectional_attention", False)}
 
     def tiny_configs(self) -> dict[str, dict]:
-        common = dict(num_hidden_layers=4, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
-                      hidden_activation="gelu_pytorch_tanh", max_position_embeddings=128)
-        legacy = tiny_base("gemma3_text", **common, sliding_window_pattern=3, rope_theta=1_000_000.0,
-                           rope_local_base_freq=10_000.0, rope_scaling={"rope_type": "linear", "factor": 8.0})
+        common = dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            sliding_window=4,
+            query_pre_attn_scalar=16,
+            hidden_activation="gelu_pytorch_tanh",
+            max_position_embeddings=128,
+        )
+        legacy = tiny_base(
+            "gemma3_text",
+            **common,
+            sliding_window_pattern=3,
+            rope_theta=1_000_000.0,
+            rope_local_base_freq=10_000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+        )
         nested = tiny_base("gemma3_text", **common, layer_types=[SLIDING, FULL, SLIDING, FULL])
         nested.pop("rope_theta")
-        nested["rope_parameters"] = {FULL: {"rope_type": "default", "rope_theta": 500_000.0},
-                                     SLIDING: {"rope_type": "default", "rope_theta": 10_000.0}}
+        nested["rope_parameters"] = {
+            FULL: {"rope_type": "default", "rope_theta": 500_000.0},
+            SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
+        }
         return {"legacy": legacy, "nested": nested}
 
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from kvbridge.family_adapter import FamilyAdapter
 from kvbridge.builtin.families import _generic_facts as facts
 from kvbridge.builtin.families._common import dtype_name, layer_attr as _layer_attr, rope_spec, to_pairs
-from kvbridge.spec import (CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec)
+from kvbridge.spec import CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec
 from kvbridge.errors import ConfigError, UnsupportedModelError
 
 #: transformers cache layer type -> (kvbridge layer kind, holds recurrent/conv state)
@@ -59,13 +59,21 @@ def hf_configs(config: Mapping) -> tuple[Any, Any]:
     try:
         obj = config_for_model(model_type, **data)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise ConfigError(f"transformers cannot read this {model_type!r} config: {type(exc).__name__}: {exc}",
-                          "compare the config with the model's published config.json") from None
+        raise ConfigError(
+            f"transformers cannot read this {model_type!r} config: {type(exc).__name__}: {exc}",
+            "compare the config with the model's published config.json",
+        ) from None
     return obj, obj.get_text_config(decoder=True)
 
 
-def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, head_dims: Mapping | None = None,
-                 partial_of: int | None = None):
+def _rope_tables(
+    text,
+    head_dim: int,
+    max_positions: int,
+    interleaved: bool,
+    head_dims: Mapping | None = None,
+    partial_of: int | None = None,
+):
     """(main table, per-layer-type tables) from ``rope_parameters`` (flat or nested); a nested
     table is sized to the head dim of its layer kind (``head_dims``). ``partial_of``: the head dim a
     configured partial factor refers to when the table's own width differs (MLA: the factor is of the
@@ -83,8 +91,13 @@ def _rope_tables(text, head_dim: int, max_positions: int, interleaved: bool, hea
             partial = min(1.0, int(partial_of * partial) / head_dim)
         if p["rope_type"] == "proportional":  # whole-head pairing, zero frequencies past the proportion
             p["rope_proportion"], partial = float(partial), 1.0
-        return rope_spec(p, head_dim=head_dim, partial_factor=float(partial), interleaved=interleaved,
-                         max_position_embeddings=max_positions)
+        return rope_spec(
+            p,
+            head_dim=head_dim,
+            partial_factor=float(partial),
+            interleaved=interleaved,
+            max_position_embeddings=max_positions,
+        )
 
     if params and all(isinstance(v, Mapping) for v in params.values()):  # nested per layer type
         tables = {}
@@ -123,8 +136,11 @@ class GenericAdapter(FamilyAdapter):
         try:
             hf_types, kwargs = get_layer_types_and_kwargs(text)
         except Exception as exc:
-            raise UnsupportedModelError(f"model type {model_type!r}: transformers gives no per-layer cache layout"
-                                        f" ({type(exc).__name__}: {exc})", facts.REFUSED_FIX) from None
+            raise UnsupportedModelError(
+                f"model type {model_type!r}: transformers gives no per-layer cache layout"
+                f" ({type(exc).__name__}: {exc})",
+                facts.REFUSED_FIX,
+            ) from None
         slots = facts.cache_slots(text, len(hf_types))  # cache layer -> model layer
         hf_types, kwargs = [list(hf_types)[s] for s in slots], [list(kwargs)[s] for s in slots]
         sharing = list(getattr(text, "kv_sharing_modes", None) or [])
@@ -133,8 +149,10 @@ class GenericAdapter(FamilyAdapter):
         try:
             indexer = facts.indexer(model_type, text, indexed) if indexed else {}
         except ValueError as exc:
-            raise UnsupportedModelError(f"model type {model_type!r}: layer {indexed[0]} is a 'indexed_attention'"
-                                        f" layer: {exc}", facts.REFUSED_FIX) from None
+            raise UnsupportedModelError(
+                f"model type {model_type!r}: layer {indexed[0]} is a 'indexed_attention' layer: {exc}",
+                facts.REFUSED_FIX,
+            ) from None
         for i, t in enumerate(hf_types):
             if t == "dummy":
                 if i < len(sharing) and sharing[i] == "reuse":
@@ -146,20 +164,24 @@ class GenericAdapter(FamilyAdapter):
                 continue
             if t not in HF_LAYER_KINDS:
                 why = facts.LAYER_REFUSALS.get(t, "a cache layer kind kvbridge cannot read")
-                raise UnsupportedModelError(f"model type {model_type!r}: layer {i} is a {t!r} layer: {why}",
-                                            facts.REFUSED_FIX)
+                raise UnsupportedModelError(
+                    f"model type {model_type!r}: layer {i} is a {t!r} layer: {why}", facts.REFUSED_FIX
+                )
             kind, has_state = HF_LAYER_KINDS[t]
             kinds.append(kind)
             if has_state:
                 state_layers.append(i)
                 if kind in (LINEAR, CONV):
                     no_kv.append(i)
-        windows = {kw.get("sliding_window") for t, kw in zip(hf_types, kwargs)
-                   if t in ("sliding_attention", "hybrid_sliding")}
+        windows = {
+            kw.get("sliding_window") for t, kw in zip(hf_types, kwargs) if t in ("sliding_attention", "hybrid_sliding")
+        }
         chunks = {kw.get("sliding_window") for t, kw in zip(hf_types, kwargs) if t == "chunked_attention"}
         if len(windows) > 1 or len(chunks) > 1:
-            raise UnsupportedModelError(f"model type {model_type!r}: sliding layers use different windows"
-                                        f" ({sorted(windows | chunks)})", facts.REFUSED_FIX)
+            raise UnsupportedModelError(
+                f"model type {model_type!r}: sliding layers use different windows ({sorted(windows | chunks)})",
+                facts.REFUSED_FIX,
+            )
 
         heads = int(getattr(text, "decoder_attention_heads", None) or text.num_attention_heads)
         hidden = int(getattr(text, "hidden_size"))
@@ -179,20 +201,25 @@ class GenericAdapter(FamilyAdapter):
             k_dims.append(hd)
         present = [(kv, hd) for kv, hd in zip(kv_heads, k_dims) if kv]
         if not present:
-            raise UnsupportedModelError(f"model type {model_type!r} has no attention KV cache (recurrent/state-space"
-                                        " model)", "kvbridge moves attention KV caches; choose a transformer model")
+            raise UnsupportedModelError(
+                f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
+                "kvbridge moves attention KV caches; choose a transformer model",
+            )
         main_kv, main_hd = present[0]
         uniform = all(p == (main_kv, main_hd) for p in present)
         for i, kind in enumerate(kinds):
             if kv_heads[i] and heads % kv_heads[i] and model_type not in facts.UNGROUPED_OK:
-                raise ConfigError(f"{kv_heads[i]} KV heads do not divide {heads} attention heads (layer {i})",
-                                  "fix 'num_key_value_heads'")
+                raise ConfigError(
+                    f"{kv_heads[i]} KV heads do not divide {heads} attention heads (layer {i})",
+                    "fix 'num_key_value_heads'",
+                )
 
         mla = facts.mla_sizes(text)
         # MLA caches (latent [B, 1, T, kv_lora_rank], RoPE key [B, 1, T, qk_rope_head_dim]) in the K/V slots
         value_dim = mla.get("qk_rope_head_dim") if mla else _layer_attr(text, "v_head_dim", None)
-        max_positions = int(_layer_attr(text, "max_position_embeddings", 0) or
-                            _layer_attr(text, "n_positions", 0) or 2048)
+        max_positions = int(
+            _layer_attr(text, "max_position_embeddings", 0) or _layer_attr(text, "n_positions", 0) or 2048
+        )
         positional = facts.positional(model_type, text)
         rope, by_type, nope = None, (), ()
         if positional == "rope":
@@ -202,9 +229,14 @@ class GenericAdapter(FamilyAdapter):
             for kind, hd in zip(kinds, k_dims):
                 if hd:
                     by_kind.setdefault(kind, hd)
-            rope, by_type = _rope_tables(text, rope_dim or main_hd, max_positions,
-                                         facts.interleaved(model_type, text), None if rope_dim else by_kind,
-                                         partial_of=_layer_attr(text, "head_dim", None) if rope_dim else None)
+            rope, by_type = _rope_tables(
+                text,
+                rope_dim or main_hd,
+                max_positions,
+                facts.interleaved(model_type, text),
+                None if rope_dim else by_kind,
+                partial_of=_layer_attr(text, "head_dim", None) if rope_dim else None,
+            )
             if model_type in facts.NEGATIVE_ROTATION:
                 from dataclasses import replace as _replace
 
@@ -216,8 +248,11 @@ class GenericAdapter(FamilyAdapter):
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
                 positional, rope, by_type, nope = "none", None, (), ()
         window = next(iter(windows), None)
-        dtype = dtype_name(config) if (config.get("dtype") or config.get("torch_dtype")) else \
-            str(getattr(text, "dtype", None) or "float32").removeprefix("torch.")
+        dtype = (
+            dtype_name(config)
+            if (config.get("dtype") or config.get("torch_dtype"))
+            else str(getattr(text, "dtype", None) or "float32").removeprefix("torch.")
+        )
         cache_format = "mla" if mla else ("hybrid" if state_layers else "kv")
         return ModelSpec(
             model_type=text_type if text is not obj else model_type,
@@ -236,8 +271,11 @@ class GenericAdapter(FamilyAdapter):
             dtype=dtype,
             vocab_size=int(getattr(text, "vocab_size", 0) or 0),
             max_position_embeddings=max_positions,
-            extras=to_pairs({"config_class": type(text).__name__} if text is obj else
-                            {"config_class": type(text).__name__, "wrapper": model_type}),
+            extras=to_pairs(
+                {"config_class": type(text).__name__}
+                if text is obj
+                else {"config_class": type(text).__name__, "wrapper": model_type}
+            ),
             nope_layers=tuple(nope),
             attention_chunk_size=next(iter(chunks), None),
             layer_kv_heads=() if uniform else tuple(kv_heads),

@@ -41,10 +41,23 @@ class GPT2Adapter(DecoderAdapter):
         return None
 
     def tiny_configs(self) -> dict[str, dict]:
-        return {"default": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
-                            "n_positions": 64, "vocab_size": 128, "n_inner": 128,
-                            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                            "bos_token_id": 0, "eos_token_id": 0, "dtype": "float32"}}
+        return {
+            "default": {
+                "model_type": "gpt2",
+                "n_layer": 2,
+                "n_embd": 64,
+                "n_head": 4,
+                "n_positions": 64,
+                "vocab_size": 128,
+                "n_inner": 128,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+                "bos_token_id": 0,
+                "eos_token_id": 0,
+                "dtype": "float32",
+            }
+        }
 
 
 ADAPTER = GPT2Adapter()

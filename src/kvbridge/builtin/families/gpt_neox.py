@@ -46,15 +46,22 @@ class GPTNeoXAdapter(DecoderAdapter):
         return heads
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
-        return flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
-                                    theta_keys=("rotary_emb_base",), partial_keys=("rotary_pct",),
-                                    default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions)
+        return flat_rope_parameters(
+            cfg,
+            default_theta=self.DEFAULT_THETA,
+            theta_keys=("rotary_emb_base",),
+            partial_keys=("rotary_pct",),
+            default_partial=self.DEFAULT_PARTIAL,
+            max_positions=max_positions,
+        )
 
     def tiny_configs(self) -> dict[str, dict]:
         return {
             "legacy": {**TINY, "rotary_pct": 0.25, "rotary_emb_base": 10000},
-            "rope_parameters": {**TINY, "rope_parameters": {
-                "rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5}},
+            "rope_parameters": {
+                **TINY,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
+            },
         }
 
 

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from kvbridge.builtin.families._common import (
-    DecoderAdapter, check_positive_int, get, rope_spec, rotary_fraction,
+    DecoderAdapter,
+    check_positive_int,
+    get,
+    rope_spec,
+    rotary_fraction,
 )
 from kvbridge.errors import ConfigError
 
@@ -49,21 +53,42 @@ class GPTJAdapter(DecoderAdapter):
             return head_dim
         check_positive_int(rotary_dim, "rotary_dim", cfg.get("model_type"))
         if rotary_dim > head_dim or rotary_dim % 2:
-            raise ConfigError(f"config field 'rotary_dim' must be even and <= head dim {head_dim}, got {rotary_dim}",
-                              "fix 'rotary_dim' in the config (model_type 'gptj')")
+            raise ConfigError(
+                f"config field 'rotary_dim' must be even and <= head dim {head_dim}, got {rotary_dim}",
+                "fix 'rotary_dim' in the config (model_type 'gptj')",
+            )
         return rotary_dim
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int):
         rotary_dim = self._rotary_dim(cfg, head_dim)
         params = {"rope_type": "default", "rope_theta": THETA}
-        return rope_spec(params, head_dim=head_dim, partial_factor=rotary_fraction(rotary_dim, head_dim),
-                         interleaved=True, max_position_embeddings=max_positions), ()
+        return rope_spec(
+            params,
+            head_dim=head_dim,
+            partial_factor=rotary_fraction(rotary_dim, head_dim),
+            interleaved=True,
+            max_position_embeddings=max_positions,
+        ), ()
 
     def tiny_configs(self) -> dict[str, dict]:
-        return {"default": {"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4,
-                            "rotary_dim": 8, "n_positions": 64, "vocab_size": 128, "n_inner": 128,
-                            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                            "bos_token_id": 0, "eos_token_id": 0, "dtype": "float32"}}
+        return {
+            "default": {
+                "model_type": "gptj",
+                "n_layer": 2,
+                "n_embd": 64,
+                "n_head": 4,
+                "rotary_dim": 8,
+                "n_positions": 64,
+                "vocab_size": 128,
+                "n_inner": 128,
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+                "bos_token_id": 0,
+                "eos_token_id": 0,
+                "dtype": "float32",
+            }
+        }
 
 
 ADAPTER = GPTJAdapter()

@@ -29,21 +29,44 @@ class LlamaAdapter(DecoderAdapter):
         head_dim = 16  # 64 / 4 heads: longrope needs head_dim / 2 = 8 factors
         return {
             "default": tiny_base("llama"),
-            "llama3": tiny_base("llama", max_position_embeddings=128, rope_scaling={
-                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-            "yarn": tiny_base("llama", rope_scaling={
-                "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
-                "beta_fast": 32.0, "beta_slow": 1.0}),
+            "llama3": tiny_base(
+                "llama",
+                max_position_embeddings=128,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                },
+            ),
+            "yarn": tiny_base(
+                "llama",
+                rope_scaling={
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                },
+            ),
             "linear": tiny_base("llama", rope_scaling={"rope_type": "linear", "factor": 2.0}),
             # max_position_embeddings 12 < 16-token tests: the dynamic table really changes
-            "dynamic": tiny_base("llama", max_position_embeddings=12,
-                                 rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+            "dynamic": tiny_base(
+                "llama", max_position_embeddings=12, rope_scaling={"rope_type": "dynamic", "factor": 2.0}
+            ),
             # original 8 < 16-token tests: long factors are used past position 8
-            "longrope": tiny_base("llama", max_position_embeddings=32, rope_scaling={
-                "rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 8,
-                "short_factor": [1.0 + 0.05 * i for i in range(head_dim // 2)],
-                "long_factor": [1.5 + 0.25 * i for i in range(head_dim // 2)]}),
+            "longrope": tiny_base(
+                "llama",
+                max_position_embeddings=32,
+                rope_scaling={
+                    "rope_type": "longrope",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 8,
+                    "short_factor": [1.0 + 0.05 * i for i in range(head_dim // 2)],
+                    "long_factor": [1.5 + 0.25 * i for i in range(head_dim // 2)],
+                },
+            ),
         }
 
 

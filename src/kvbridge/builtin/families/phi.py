@@ -32,10 +32,22 @@ class PhiAdapter(DecoderAdapter):
     def tiny_configs(self) -> dict[str, dict]:
         # head_dim 16, factor 0.5 -> 8 rotary dims
         return {
-            "default": tiny_base("phi", partial_rotary_factor=0.5, num_key_value_heads=4,
-                                 hidden_act="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0),
-            "qk_layernorm": tiny_base("phi", partial_rotary_factor=0.5, qk_layernorm=True,
-                                      hidden_act="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0),
+            "default": tiny_base(
+                "phi",
+                partial_rotary_factor=0.5,
+                num_key_value_heads=4,
+                hidden_act="gelu_new",
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+            ),
+            "qk_layernorm": tiny_base(
+                "phi",
+                partial_rotary_factor=0.5,
+                qk_layernorm=True,
+                hidden_act="gelu_new",
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+            ),
         }
 
 

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from kvbridge.builtin.families._common import (
-    DecoderAdapter, check_positive_int, flat_rope_parameters, get, tiny_base,
+    DecoderAdapter,
+    check_positive_int,
+    flat_rope_parameters,
+    get,
+    tiny_base,
 )
 from kvbridge.errors import ConfigError
 
@@ -37,41 +41,68 @@ class Phi3Adapter(DecoderAdapter):
     DEFAULT_PARTIAL: ClassVar[float | None] = 1.0
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
-        original = check_positive_int(get(cfg, "original_max_position_embeddings", self.DEFAULT_ORIGINAL_MAX),
-                                      "original_max_position_embeddings", cfg.get("model_type"))
-        params = flat_rope_parameters(cfg, default_theta=self.DEFAULT_THETA,
-                                      default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions,
-                                      original_max_override=original)
+        original = check_positive_int(
+            get(cfg, "original_max_position_embeddings", self.DEFAULT_ORIGINAL_MAX),
+            "original_max_position_embeddings",
+            cfg.get("model_type"),
+        )
+        params = flat_rope_parameters(
+            cfg,
+            default_theta=self.DEFAULT_THETA,
+            default_partial=self.DEFAULT_PARTIAL,
+            max_positions=max_positions,
+            original_max_override=original,
+        )
         if params["rope_type"] in LEGACY_LONGROPE:
             params["rope_type"] = "longrope"
             if "original_max_position_embeddings" not in params:  # "su" was not standardised
                 params["original_max_position_embeddings"] = original
         if params["rope_type"] not in ("default", "longrope"):
-            raise ConfigError(f"phi3 rope type must be 'default' or 'longrope', got {params['rope_type']!r}",
-                              "fix 'rope_scaling' / 'rope_parameters' in the config")
+            raise ConfigError(
+                f"phi3 rope type must be 'default' or 'longrope', got {params['rope_type']!r}",
+                "fix 'rope_scaling' / 'rope_parameters' in the config",
+            )
         return params
 
     def _layout(self, cfg: Mapping, num_layers: int):
         return self._all_sliding_if_window(cfg, num_layers, None)
 
     def _extras(self, cfg: Mapping) -> dict:
-        return {"original_max_position_embeddings": get(cfg, "original_max_position_embeddings",
-                                                        self.DEFAULT_ORIGINAL_MAX)}
+        return {
+            "original_max_position_embeddings": get(cfg, "original_max_position_embeddings", self.DEFAULT_ORIGINAL_MAX)
+        }
 
     def tiny_configs(self) -> dict[str, dict]:
         half = 8  # head_dim 16 -> 8 longrope factors
         return {
-            "default": tiny_base("phi3", resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0,
-                                 eos_token_id=1, bos_token_id=1),
-            "longrope": tiny_base("phi3", max_position_embeddings=32, original_max_position_embeddings=8,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0, eos_token_id=1,
-                                  bos_token_id=1, rope_scaling={
-                                      "type": "longrope",
-                                      "short_factor": [1.0 + 0.1 * i for i in range(half)],
-                                      "long_factor": [2.0 + 0.5 * i for i in range(half)]}),
-            "partial_sliding": tiny_base("phi3", partial_rotary_factor=0.75, sliding_window=6,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0,
-                                         eos_token_id=1, bos_token_id=1),
+            "default": tiny_base(
+                "phi3", resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0, eos_token_id=1, bos_token_id=1
+            ),
+            "longrope": tiny_base(
+                "phi3",
+                max_position_embeddings=32,
+                original_max_position_embeddings=8,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                pad_token_id=0,
+                eos_token_id=1,
+                bos_token_id=1,
+                rope_scaling={
+                    "type": "longrope",
+                    "short_factor": [1.0 + 0.1 * i for i in range(half)],
+                    "long_factor": [2.0 + 0.5 * i for i in range(half)],
+                },
+            ),
+            "partial_sliding": tiny_base(
+                "phi3",
+                partial_rotary_factor=0.75,
+                sliding_window=6,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                pad_token_id=0,
+                eos_token_id=1,
+                bos_token_id=1,
+            ),
         }
 
 

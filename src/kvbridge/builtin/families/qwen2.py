@@ -14,24 +14,31 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from kvbridge.builtin.families._common import (
-    DecoderAdapter, flag, get, layer_types_from, optional_positive_int, tiny_base,
+    DecoderAdapter,
+    flag,
+    get,
+    layer_types_from,
+    optional_positive_int,
+    tiny_base,
 )
 from kvbridge.errors import ConfigError
 from kvbridge.spec import FULL, SLIDING
 
 
-def qwen_layout(cfg: Mapping, num_layers: int, *, default_window: int = 4096,
-                default_max_window_layers: int = 28) -> tuple:
+def qwen_layout(
+    cfg: Mapping, num_layers: int, *, default_window: int = 4096, default_max_window_layers: int = 28
+) -> tuple:
     """(window, layer types) the way Qwen2Config / Qwen3Config compute them."""
     window = optional_positive_int(cfg, "sliding_window", default_window)
     if not flag(cfg, "use_sliding_window", False):
         window = None
     max_window_layers = get(cfg, "max_window_layers", default_max_window_layers)
     if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int) or max_window_layers < 0:
-        raise ConfigError(f"config field 'max_window_layers' must be an integer >= 0, got {max_window_layers!r}",
-                          "set 'max_window_layers' to the number of leading full-attention layers")
-    default = [SLIDING if window is not None and i >= max_window_layers else FULL
-               for i in range(num_layers)]
+        raise ConfigError(
+            f"config field 'max_window_layers' must be an integer >= 0, got {max_window_layers!r}",
+            "set 'max_window_layers' to the number of leading full-attention layers",
+        )
+    default = [SLIDING if window is not None and i >= max_window_layers else FULL for i in range(num_layers)]
     return window, layer_types_from(cfg, num_layers, default)
 
 
@@ -55,11 +62,11 @@ class Qwen2Adapter(DecoderAdapter):
 
     def tiny_configs(self) -> dict[str, dict]:
         return {
-            "default": tiny_base("qwen2", sliding_window=32768, use_sliding_window=False,
-                                 max_window_layers=2),
+            "default": tiny_base("qwen2", sliding_window=32768, use_sliding_window=False, max_window_layers=2),
             # layer 0 full, layers 1-2 slide over 4 tokens
-            "sliding": tiny_base("qwen2", num_hidden_layers=3, use_sliding_window=True,
-                                 sliding_window=4, max_window_layers=1),
+            "sliding": tiny_base(
+                "qwen2", num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1
+            ),
         }
 
 

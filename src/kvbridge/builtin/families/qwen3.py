@@ -30,10 +30,22 @@ class Qwen3Adapter(Qwen2Adapter):
     def tiny_configs(self) -> dict[str, dict]:
         # head_dim 32 != hidden 64 / 4 heads: exercises the explicit head_dim
         return {
-            "default": tiny_base("qwen3", head_dim=32, rope_theta=1000000.0, sliding_window=None,
-                                 use_sliding_window=False, max_window_layers=2),
-            "sliding": tiny_base("qwen3", num_hidden_layers=3, head_dim=16, use_sliding_window=True,
-                                 sliding_window=4, max_window_layers=1),
+            "default": tiny_base(
+                "qwen3",
+                head_dim=32,
+                rope_theta=1000000.0,
+                sliding_window=None,
+                use_sliding_window=False,
+                max_window_layers=2,
+            ),
+            "sliding": tiny_base(
+                "qwen3",
+                num_hidden_layers=3,
+                head_dim=16,
+                use_sliding_window=True,
+                sliding_window=4,
+                max_window_layers=1,
+            ),
         }
 
 

@@ -33,8 +33,7 @@ class StableLmAdapter(DecoderAdapter):
     def tiny_configs(self) -> dict[str, dict]:
         return {
             "default": tiny_base("stablelm", partial_rotary_factor=0.25),
-            "qk_layernorm": tiny_base("stablelm", partial_rotary_factor=0.5, qk_layernorm=True,
-                                      use_qkv_bias=True),
+            "qk_layernorm": tiny_base("stablelm", partial_rotary_factor=0.5, qk_layernorm=True, use_qkv_bias=True),
         }
 
 

