@@ -32,12 +32,12 @@ FIT_OPTIONS = [
     (["--memory", "inf"], "--memory"),
     (["--memory", "-1"], "--memory"),
     (["--memory", "0"], "--memory"),
-    (["--batch-size", "0"], "batch size"),
+    (["--batch-size", "0"], "--batch-size"),
     (["--seq-len", "abc"], "--seq-len"),
     (["--tokens", "1.5"], "--tokens"),
     (["--bogus-option"], "bogus"),
     (["--dtype", "float8"], "--dtype"),
-    (["--heldout", "1.5"], "held-out"),
+    (["--heldout", "1.5"], "--heldout"),
     (["--fitter", "no-such-fitter"], "no-such-fitter"),
 ]
 
