@@ -9,6 +9,7 @@ modules import no torch or transformers at module level).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
