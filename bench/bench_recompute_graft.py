@@ -145,11 +145,12 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from kvbridge.recompute import report
-    from kvbridge.recompute.cli_support import load_one
+    from kvbridge.models import load
     from kvbridge.recompute.graft import run_graft
 
     t0 = time.perf_counter()
-    model, tok, name = load_one(args.model)
+    loaded = load(args.model)
+    model, tok, name = loaded.model, loaded.tokenizer, loaded.name
     print(
         f"# {name}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
         f"loaded in {time.perf_counter() - t0:.1f} s; torch threads {args.threads}",

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from kvbridge.cli.eval_cmd import load_mapping_ref
     from kvbridge.plugins import get_host
     from kvbridge.recompute import report
-    from kvbridge.recompute.cli_support import load_one
+    from kvbridge.models import load
     from kvbridge.recompute.curve import layer_sweep, run_curve
     from kvbridge.recompute.layers import calibration, profile_layers
 
@@ -69,12 +69,13 @@ def main(argv=None) -> int:
     corpus = find_corpus(args.corpus)
     if corpus is None:
         raise SystemExit("no corpus found: pass --corpus ../shared/corpora/tinyshakespeare.txt")
-    source, tok, _ = load_one(args.source)
+    loaded = load(args.source)
+    source, tok = loaded.model, loaded.tokenizer
     if args.target_adapter:
         target = lora_target(source, args.target_adapter)
         args.target = f"{args.source}+{args.target_adapter}"
     else:
-        target, _, _ = load_one(args.target)
+        target = load(args.target, tokenizer=False).model
     n_layers = target.config.num_hidden_layers
     length = args.prefix_len + args.continuation_len + 1
     ids, _ = eval_ids(corpus, tok, {}, args.samples, length)
