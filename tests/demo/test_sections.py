@@ -9,7 +9,7 @@ from kvbridge.demo import real
 
 
 def test_sections_are_listed_in_order():
-    assert list(SECTIONS) == ["identity", "zoo", "real", "pair"]
+    assert list(SECTIONS) == ["identity", "zoo", "real", "adapter", "pair"]
     assert DEFAULT_SECTIONS == ("identity", "zoo", "real")  # the pair is opt-in
 
 
