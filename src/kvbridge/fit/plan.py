@@ -179,8 +179,8 @@ def budget_refusal(what: str, budget: int, minimum: int, fix: str = "") -> tuple
     """``(what, fix)`` of a refused ``--memory``: the sizes in units that show, and the smallest
     workable budget as the flag's value (rounded up, so passing it is enough)."""
     return (
-        f"{what} needs at least {_size(minimum)} of statistics (its largest one-target-layer pass), over the "
-        f"{_size(budget)} budget",
+        f"{what} needs at least {_size(minimum)} (statistics + float64 workspace of its largest one-target-layer "
+        f"pass), over the {_size(budget)} budget",
         f"pass --memory {gib_flag(minimum)} or more (the smallest workable budget, GiB)"
         + (f", {fix}" if fix else ", lower --top-k or use --fitter ridge-headwise"),
     )
