@@ -68,8 +68,8 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
     type=THREADS,
     default=1,
     show_default=True,
-    help="torch threads for sections 1-2 (tiny models: 1 is as fast and immune to a busy machine); "
-    "sections 3-4 use torch's default.",
+    help="torch threads for the default sections (small models: 1 is nearly as fast on idle cores, and "
+    "immune to a busy machine, where a second thread waits for the first); adapter and pair use torch's default.",
 )
 def demo(
     sections,
@@ -155,7 +155,7 @@ def demo(
     ok = True
     times: dict[str, tuple] = {}  # section -> (wall s, process cpu s)
     for name in wanted:
-        torch.set_num_threads(int(threads) if threads and name not in ("real", "adapter", "pair") else default_threads)
+        torch.set_num_threads(int(threads) if threads and name not in ("adapter", "pair") else default_threads)
         t_section, c_section = time.perf_counter(), time.process_time()
         if name == "identity":
             ok &= run_section("identity", families=families, new_tokens=new_tokens)
