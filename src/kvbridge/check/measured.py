@@ -35,7 +35,7 @@ RECORD_KEYS = {
     "measurements",
     "notes",
 }
-MEASUREMENT_KEYS = {"metric", "transferred", "source_alone", "detail", "command"}
+MEASUREMENT_KEYS = {"metric", "transferred", "source_alone", "detail", "command", "results"}
 
 
 @dataclass(frozen=True)
@@ -68,19 +68,27 @@ class Measured:
     def lines(self, width: int = 100, commands: bool = True) -> list[str]:
         """The record as text: the verdict, one line per measurement (transfer vs the source alone),
         each with the command that produced it."""
-        wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="      ")
-        out = [f"measured by kvbridge on this pair: {self.verdict} ({self.source} -> {self.target})"]
-        out += textwrap.wrap(self.summary, width=width, initial_indent="  ", subsequent_indent="  ")
-        for m in self.measurements:
-            out.append(
-                f"  - {m['metric']}: transferred {m['transferred']:.3f} vs source alone {m['source_alone']:.3f}"
-                + (f" ({m['detail']})" if m.get("detail") else "")
+
+        def wrap(text: str, first: str, rest: str) -> list[str]:  # paths and flags are never cut
+            return textwrap.wrap(
+                text,
+                width=width,
+                initial_indent=first,
+                subsequent_indent=rest,
+                break_on_hyphens=False,
+                break_long_words=False,
             )
+
+        out = [f"measured by kvbridge on this pair: {self.verdict} ({self.source} -> {self.target})"]
+        out += wrap(self.summary, "  ", "  ")
+        for m in self.measurements:
+            line = f"{m['metric']}: transferred {m['transferred']:.3f} vs source alone {m['source_alone']:.3f}"
+            out += wrap(line + (f" ({m['detail']})" if m.get("detail") else ""), "  - ", "    ")
             if commands and m.get("command"):
-                out += wrap.wrap("command: " + m["command"])
-        out.append(f"  ({self.results}; record {Path(self.path).name})")
+                out += wrap("command: " + m["command"], "    ", "      ")
+        out += wrap(f"({self.results}; record {Path(self.path).name})", "  ", "  ")
         if self.notes:
-            out += textwrap.wrap(self.notes, width=width, initial_indent="  ", subsequent_indent="  ")
+            out += wrap(self.notes, "  ", "  ")
         return out
 
 
@@ -136,9 +144,9 @@ def validate_record(record: Any, path) -> Measured:
     )
 
 
-def load_records(folder: Path | str = REPO_RESULTS) -> list[tuple[dict, Measured]]:
-    """Every record in ``folder``: ``(raw record, Measured)``, by file name."""
-    folder = Path(folder)
+def load_records(folder: Path | str | None = None) -> list[tuple[dict, Measured]]:
+    """Every record in ``folder`` (default :data:`REPO_RESULTS`): ``(raw record, Measured)``, by file name."""
+    folder = Path(REPO_RESULTS if folder is None else folder)
     out = []
     if not folder.is_dir():
         return out
@@ -162,7 +170,7 @@ def names_of(resolved) -> set[str]:
     return {n.strip().lower() for n in names if n and n.strip()}
 
 
-def measured_for(source: Iterable[str], target: Iterable[str], folder: Path | str = REPO_RESULTS) -> list[Measured]:
+def measured_for(source: Iterable[str], target: Iterable[str], folder: Path | str | None = None) -> list[Measured]:
     """The records whose source matches a name in ``source`` and target one in ``target``
     (each a set of names, e.g. :func:`names_of` a resolved reference)."""
     src, tgt = {n.lower() for n in source}, {n.lower() for n in target}
