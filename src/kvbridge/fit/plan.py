@@ -175,20 +175,20 @@ def minimum_budget(fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft
     return max(job_bytes(n_src, 1, fs, hs_dim, ft, "layer"), job_bytes(k, 1, fs, hs_dim, ft, "full"))
 
 
-def budget_refusal(what: str, budget: int, minimum: int, fix: str = "") -> tuple[str, str]:
+def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
     """``(what, fix)`` of a refused ``--memory``: the sizes in units that show, and the smallest
     workable budget as the flag's value (rounded up, so passing it is enough)."""
     return (
         f"{what} needs at least {_size(minimum)} (statistics + float64 workspace of its largest one-target-layer "
         f"pass), over the {_size(budget)} budget",
-        f"pass --memory {gib_flag(minimum)} or more (the smallest workable budget, GiB)"
-        + (f", {fix}" if fix else ", lower --top-k or use --fitter ridge-headwise"),
+        f"pass --memory {gib_flag(minimum)} or more (the smallest workable budget, GiB), lower --top-k or use "
+        "--fitter ridge-headwise",
     )
 
 
-def _blocks(n: int, bytes_of, budget: int, what: str, minimum: int | None = None) -> list:
+def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
     def too_big(nbytes: int):
-        raise ConfigError(*budget_refusal(what, budget, max(nbytes, minimum or 0)))
+        raise ConfigError(*budget_refusal(what, budget, nbytes))
 
     return pack_blocks(n, bytes_of, budget, too_big)
 
