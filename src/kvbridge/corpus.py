@@ -8,6 +8,11 @@ One corpus, one hash (``fit`` records it in the mapping, ``eval`` in its ``data.
   ``relative_path (UTF-8) + b"\\0" + sha256(file bytes)`` (32 raw bytes) per file. Renaming,
   adding, removing or editing a file changes it; where the folder lies does not.
 
+A text or JSONL file is split **by position** (:class:`Tail`, recorded in the mapping): ``eval``
+samples from its last ``heldout`` of the characters (from a line start, :func:`heldout_start`),
+so ``fit`` reads only the text before that point, and the two commands work on one file with no
+flag (``fit --corpus-heldout``, ``eval --heldout-fraction``; 10% by default).
+
 A folder is split into a calibration part and a held-out part **by file**, with a stable rule
 (:class:`Split`, recorded in the mapping): a file is held out when
 ``int(sha256(salt + "\\0" + relative_path)[:8 bytes]) / 2**64 < heldout``. The rule depends on
@@ -89,6 +94,53 @@ class Split:
             ) from None
 
 
+def heldout_start(texts, fraction: float) -> int:
+    """Character offset (in the newline-joined corpus text) where the held-out tail of a file starts:
+    the first line start at or after ``(1 - fraction)`` of its characters."""
+    text = texts if isinstance(texts, str) else "\n".join(texts)
+    cut = int(len(text) * (1 - fraction))
+    nl = text.find("\n", cut)
+    return nl + 1 if cut > 0 and nl >= 0 else cut
+
+
+@dataclass(frozen=True)
+class Tail:
+    """A file corpus's held-out tail (the last ``heldout`` of its characters, from a line start):
+    ``fit`` calibrates on :meth:`front`, ``eval`` samples from the tail; recorded in the mapping."""
+
+    heldout: float = DEFAULT_HELDOUT
+
+    def __post_init__(self):
+        h = self.heldout
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1 or h != h:
+            raise CorpusError(f"corpus held-out share must be in [0, 1), got {h!r}", "use e.g. 0.1")
+
+    def start(self, texts) -> int:
+        return heldout_start(texts, self.heldout) if self.heldout > 0 else sum(map(len, texts)) + len(texts) - 1
+
+    def front(self, texts: list[str]) -> list[str]:
+        """The documents (the last one cut) before the tail: a prefix of their newline-joined text."""
+        end, out, base = self.start(texts), [], 0
+        for text in texts:
+            if base >= end:
+                break
+            piece = text[: end - base]
+            if piece.strip():
+                out.append(piece)
+            base += len(text) + 1
+        return out
+
+    def record(self, texts) -> dict:
+        total = sum(len(t) for t in texts) + max(0, len(texts) - 1)
+        return {
+            "rule": "tail",
+            "heldout": float(self.heldout),
+            "chars": [self.start(texts), total],
+            "definition": "eval's held-out tail: from the first line start at or after (1 - heldout) of the "
+            "characters of the corpus texts joined with newlines; fit reads only the text before it",
+        }
+
+
 @dataclass(frozen=True)
 class CorpusFile:
     rel: str  # relative POSIX path (a file corpus: its name)
@@ -155,6 +207,8 @@ class Corpus:
                 }
         else:
             rec["files"] = [{"name": f.rel, "sha256": f.sha256, "bytes": f.bytes} for f in self.files]
+            if isinstance(split, Tail):
+                rec["heldout_tail"] = split.record(list(self.texts))
         return rec
 
 
@@ -243,6 +297,8 @@ __all__ = [
     "CorpusError",
     "CorpusFile",
     "Split",
+    "Tail",
+    "heldout_start",
     "read_corpus",
     "split_overlap",
     "FOLDER_SUFFIXES",

@@ -123,7 +123,7 @@ def test_every_real_config_is_checked(configs, host):
     for a, b in itertools.product(SUPPORTED, repeat=2):
         report = check(str(configs / a), str(configs / b), host)
         data = json.loads(report.to_json())
-        assert list(data) == ["source", "target", "axes", "verdict", "reasons"]
+        assert list(data) == ["source", "target", "axes", "verdict", "reasons", "measured"]
         assert data["verdict"] in compat.VERDICTS and data["reasons"]
         assert [x["name"] for x in data["axes"][: len(compat.AXES)]] == list(compat.AXES)
         for axis in data["axes"]:

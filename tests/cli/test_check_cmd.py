@@ -29,7 +29,7 @@ def test_check_json_shape(configs):
     r = run("check", str(configs / "Qwen__Qwen2.5-0.5B"), str(configs / "Qwen__Qwen2.5-1.5B-Instruct"), "--json")
     assert r.exit_code == 0, r.stderr
     data = json.loads(r.stdout)
-    assert list(data) == ["source", "target", "axes", "verdict", "reasons"]
+    assert list(data) == ["source", "target", "axes", "verdict", "reasons", "measured"]
     assert data["verdict"] == "mappable"
     layers = next(a for a in data["axes"] if a["name"] == "layers")
     assert layers == {"name": "layers", "source": 24, "target": 28, "verdict": "mappable", "action": layers["action"]}

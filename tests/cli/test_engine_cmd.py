@@ -93,6 +93,28 @@ def test_refusals_are_one_line(pack, base_gguf, tmp_path):
     )
 
 
+def test_pack_export_defaults_the_model_to_the_packs_own(pack, base_gguf, tmp_path):
+    """Without --model the export runs on the model the pack was saved with, when it resolves to a file
+    the engine runs; --model still picks another file of the same weights; a recorded model the engine
+    cannot run is one line naming it."""
+    manifest = json.loads((pack / "manifest.json").read_text())
+    assert manifest["model"]["reference"] == "zoo:base"  # what `pack save` was given
+    one_line_error(
+        run("pack", "export", pack, "--out", tmp_path / "z"),
+        "was saved with model 'zoo:base', which llamacpp cannot run",
+    )
+    assert not (tmp_path / "z").exists()
+    explicit = tmp_path / "explicit.llamacpp-seq"
+    assert run("pack", "export", pack, "--model", base_gguf, "--out", explicit).exit_code == 0
+    manifest["model"]["reference"] = str(base_gguf)  # a pack saved from that GGUF records its path
+    (pack / "manifest.json").write_text(json.dumps(manifest))
+    default = tmp_path / "default.llamacpp-seq"
+    res = run("pack", "export", pack, "--out", default, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["model"] == str(base_gguf)
+    assert default.read_bytes() == explicit.read_bytes()
+
+
 def test_transfer_into_an_engine_needs_a_gguf_target_and_one_model_for_identity():
     """``transfer --engine llamacpp`` refuses a target llama.cpp cannot run (a folder model), and
     ``--mapping identity`` refuses two different models, each as one line, before any engine runs."""

@@ -9,7 +9,7 @@ from kvbridge.demo import real
 
 
 def test_sections_are_listed_in_order():
-    assert list(SECTIONS) == ["identity", "zoo", "real", "pair"]
+    assert list(SECTIONS) == ["identity", "zoo", "real", "adapter", "pair"]
     assert DEFAULT_SECTIONS == ("identity", "zoo", "real")  # the pair is opt-in
 
 
@@ -33,3 +33,23 @@ def test_unknown_section_is_a_one_line_error():
 
     res = CliRunner().invoke(cli, ["demo", "--sections", "zoo,bogus"])
     assert res.exit_code == 2 and res.stderr.startswith("error: unknown demo section 'bogus'")
+
+
+def test_each_section_prints_its_time_and_the_bench_reads_it():
+    """`kvbridge demo` prints each section's wall and CPU time as it ends and the total with the load
+    average; bench/bench_demo.py (the 3-minute check of the default) parses those lines."""
+    import importlib.util
+    from pathlib import Path
+
+    from kvbridge.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["demo", "--sections", "identity", "--families", "llama", "--new-tokens", "2"])
+    assert res.exit_code == 0, res.output
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_demo.py"
+    spec = importlib.util.spec_from_file_location("bench_demo", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    found = [m.groups() for m in map(bench.SECTION.match, res.stdout.splitlines()) if m]
+    assert [name for name, _, _ in found] == ["identity"] and float(found[0][1]) > 0
+    summary = [line for line in res.stdout.splitlines() if line.startswith("demo: ")]
+    assert len(summary) == 1 and "identity " in summary[0] and "load average" in summary[0]

@@ -397,3 +397,43 @@ def test_fit_sweeps_top_k_keeps_statistics_and_refits_from_them(folders, tmp_pat
     assert not (tmp_path / "wrong").exists()
     res = run(*base, "--corpus", folders / "corpus", "--out", tmp_path / "bad", "--top-k", "1,zero")
     assert res.exit_code == 2 and "--top-k" in res.output and "'zero'" in res.output
+
+
+def _verses(n_lines: int, seed: int = 0) -> str:
+    import random
+
+    rng = random.Random(seed)
+    words = "the king and queen of all my heart shall speak to thee good lord what is this night".split()
+    return "".join(
+        " ".join(rng.choice(words) for _ in range(rng.randint(5, 10))).capitalize() + ".\n" for _ in range(n_lines)
+    )
+
+
+def test_fit_then_eval_on_one_text_file_with_default_flags(tmp_path):
+    """The two commands a user runs first: `fit --corpus F` (no --tokens) reads the file but its last
+    10%, which eval reads, and records that tail; `eval --corpus F` then samples from it, no flag needed."""
+    from kvbridge.corpus import heldout_start
+
+    text = tmp_path / "small.txt"
+    text.write_text(_verses(400), encoding="utf-8")
+    out = tmp_path / "m"
+    run = lambda *args: CliRunner().invoke(build_cli(), [str(a) for a in args])  # noqa: E731
+    res = run("fit", "zoo:base", "zoo:tuned", "--corpus", text, "--out", out, "--quiet")
+    assert res.exit_code == 0, res.output
+    cal = json.loads((out / "manifest.json").read_text())["calibration"]
+    body = text.read_text(encoding="utf-8")
+    start = heldout_start(body, 0.1)
+    assert (
+        cal["corpus"]["heldout_tail"]["chars"] == [start, len(body)] and cal["corpus"]["heldout_tail"]["heldout"] == 0.1
+    )
+    assert 0 < cal["span"]["chars"][1] <= start  # the fit read nothing of the tail
+    assert "held out for eval (not read): the last 0.1 of the file" in res.output
+    args = ("eval", "zoo:base", "zoo:tuned", "--mapping", out, "--corpus", text, "--samples", 4, "--prefix-len", 32)
+    res = run(*args, "--continuation-len", 4, "--greedy-tokens", 2, "--bootstrap", 20, "--no-attention", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["data"]["heldout_fraction"] == 0.1
+    whole = tmp_path / "whole"  # --corpus-heldout 0: the whole file, as before; eval on it then refuses
+    res = run("fit", "zoo:base", "zoo:tuned", "--corpus", text, "--out", whole, "--corpus-heldout", 0, "--seq-len", 64)
+    assert res.exit_code == 0, res.output
+    res = run("eval", "zoo:base", "zoo:tuned", "--mapping", whole, "--corpus", text, "--samples", 4, "--prefix-len", 32)
+    assert res.exit_code == 2 and "overlap the mapping's calibration text" in res.stderr

@@ -62,6 +62,29 @@ def test_blocking_plan_follows_the_fitters_rule():
         plan(*PAIR, memory_budget=1000)
 
 
+@pytest.mark.parametrize("fitter, top_k", [("ridge", 4), ("ridge", 1), ("ridge-headwise", 4)])
+def test_the_smallest_workable_budget_is_named_and_works(fitter, top_k):
+    from kvbridge.errors import ConfigError
+    from kvbridge.fit.plan import minimum_budget
+    from kvbridge.sizes import GIB
+
+    s, t = model_size(PAIR[0]), model_size(PAIR[1])
+    least = minimum_budget(fitter, s.layers, t.layers, s.kv_features, s.head_dim, t.kv_features, top_k)
+    p = plan(*PAIR, fitter=fitter, top_k=top_k, memory_budget=least)  # exactly the minimum: a (blocked) plan
+    assert p.passes and all(ps.statistics_bytes <= least for ps in p.passes)
+    with pytest.raises(ConfigError) as err:
+        plan(*PAIR, fitter=fitter, top_k=top_k, memory_budget=least - 1)
+    text = str(err.value)
+    assert "0.00 GiB" not in text and "MiB budget" in text  # sizes in a unit that shows them
+    flag = text.split("pass --memory ")[1].split()[0]
+    assert int(float(flag) * GIB) >= least  # passing the named value is enough ...
+    plan(*PAIR, fitter=fitter, top_k=top_k, memory_budget=int(float(flag) * GIB))  # ... and plans
+    # the budget a small zoo fit ran in before the workspace joined the blocking rule: refused, naming the minimum
+    if fitter == "ridge" and top_k == 4:
+        with pytest.raises(ConfigError, match=r"over the 1\.23 MiB budget .*pass --memory 0\.00"):
+            plan(*PAIR, fitter=fitter, top_k=top_k, memory_budget=int(0.0012 * GIB))
+
+
 @pytest.mark.parametrize("fitter", ["ridge", "ridge-headwise"])
 def test_artifact_bytes_equal_the_written_file(tmp_path, fitter):
     from safetensors.torch import save_file
@@ -180,3 +203,16 @@ def test_measured_rates_are_positive_and_cover_every_part():
     assert r.device == "cpu" and r.threads >= 1
     p = plan("zoo:base", "zoo:wide", tokens=4096, rates=r)
     assert all(v > 0 for v in p.time_parts().values())
+
+
+def test_the_fitters_own_refusal_shows_sizes_and_the_largest_layer():
+    from kvbridge.fit.solve import FitError, plan_blocks
+    from kvbridge.sizes import fmt_size, gib_flag
+
+    need = [1000, 3_000_000, 2_000_000]  # bytes of one target layer each; the second is the largest
+    with pytest.raises(FitError) as err:
+        plan_blocks(3, lambda b: sum(need[i] for i in b), 2_500_000, what="layer selection")
+    text = str(err.value)
+    assert f"needs at least {fmt_size(3_000_000)}" in text and f"over the {fmt_size(2_500_000)} budget" in text
+    assert f"--memory {gib_flag(3_000_000)}" in text and "0.00 GiB" not in text
+    assert plan_blocks(3, lambda b: sum(need[i] for i in b), 3_000_000, what="layer selection") == [[0], [1], [2]]

@@ -104,7 +104,7 @@ def test_options_and_paths_are_normalised():
         (dict(top_k=0), "--top-k must be a whole number >= 1"),
         (dict(top_k="two"), "--top-k value 'two' is not a whole number"),
         (dict(top_k=True), "--top-k must be a whole number"),
-        (dict(corpus_heldout=1.0), "--corpus-heldout must be a share in (0, 1)"),
+        (dict(corpus_heldout=1.0), "--corpus-heldout must be a share in [0, 1)"),
         (dict(heldout=-0.1), "--heldout must be a share in [0, 1)"),
         (dict(batch_size=0), "--batch-size must be a whole number >= 1"),
         (dict(seed=-1), "--seed must be a whole number >= 0"),

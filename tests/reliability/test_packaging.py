@@ -45,6 +45,7 @@ def test_wheel_ships_manifests_and_runs_check(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvbridge/manifests/models/Qwen__Qwen2.5-0.5B.json" in names
     assert "kvbridge/manifests/schemas/mapping.schema.json" in names
+    assert "kvbridge/manifests/results/qwen2.5-coder-0.5b__qwen2.5-coder-1.5b.json" in names  # measured verdicts
 
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)

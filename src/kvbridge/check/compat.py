@@ -36,6 +36,9 @@ The overall verdict:
   or RoPE vs position-free): strip the source RoPE and apply the target's; values as they are;
 - ``identity``: same architecture, geometry and positions: the cache is reused as it is.
 
+:func:`check_models` (two model references) adds kvbridge's own measured verdicts on that very
+pair (:mod:`kvbridge.check.measured`, ``manifests/results/``) as ``Report.measured``.
+
 ``mappable`` notes on ``attention``, ``dtype``, ``cache_format`` and ``tokenizer`` are listed in the
 reasons but do not change the overall verdict. ``Report.strict_failures`` lists what
 ``kvbridge check --strict`` refuses (see there).
@@ -187,12 +190,17 @@ def check_models(source, target, *, host=None, source_tokenizer=None, target_tok
     same = src.path == tgt.path and src.config == tgt.config
     s_tok = _tokenizer_override(source_tokenizer, "--source-tokenizer") if source_tokenizer is not None else None
     t_tok = _tokenizer_override(target_tokenizer, "--target-tokenizer") if target_tokenizer is not None else None
-    return check(
+    report = check(
         Side.of(src, host=host, tokenizer=s_tok, weights=not same),
         Side.of(tgt, host=host, tokenizer=t_tok, weights=not same),
         host=host,
         same_model=same,
     )
+    from dataclasses import replace
+
+    from kvbridge.check.measured import measured_for, names_of
+
+    return replace(report, measured=tuple(measured_for(names_of(src), names_of(tgt))))
 
 
 def _tokenizer_override(value, option: str):

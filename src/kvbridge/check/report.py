@@ -76,6 +76,7 @@ class Report:
     findings: tuple = ()  # the plugin findings as returned (Finding objects)
     source_name: str = ""
     target_name: str = ""
+    measured: tuple = ()  # kvbridge's own measured verdicts on this very pair (kvbridge.check.measured)
 
     @property
     def ok(self) -> bool:
@@ -118,6 +119,7 @@ class Report:
             "axes": [a.to_dict() for a in self.axes],
             "verdict": self.verdict,
             "reasons": list(self.reasons),
+            "measured": [m.to_dict() for m in self.measured],
         }
 
     def to_json(self, indent: int | None = 2) -> str:

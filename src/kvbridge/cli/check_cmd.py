@@ -62,6 +62,11 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
     reason_wrap = textwrap.TextWrapper(width=width, initial_indent="  - ", subsequent_indent="    ")
     for reason in report.reasons:
         lines.extend(reason_wrap.wrap(reason))
+    for measured in report.measured:  # kvbridge's own results on this very pair
+        lines.append("")
+        head, *rest = measured.lines(width)
+        lines.append(click.style(head, fg="magenta", bold=True))
+        lines.extend(rest)
     if strict:
         failures = report.strict_failures()
         if failures:
@@ -74,7 +79,7 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
 @click.command("check")
 @click.argument("source", metavar="SRC")
 @click.argument("target", metavar="TGT")
-@json_option(help="Print the report as JSON: {source, target, axes, verdict, reasons}.")
+@json_option(help="Print the report as JSON: {source, target, axes, verdict, reasons, measured}.")
 @click.option(
     "--strict",
     is_flag=True,
@@ -103,7 +108,9 @@ def check(
     dtype, cache_format, tokenizer, then plugin findings), each with a verdict
     (same / mappable / blocking) and what a transfer must do. The overall verdict is
     identity (reuse as is), rope-reapply (strip the source RoPE, apply the target's),
-    mappable (a fitted mapping is needed) or incompatible.
+    mappable (a fitted mapping is needed) or incompatible. Where kvbridge has measured a transfer on
+    this very pair (manifests/results/), its verdict follows: each number beside the source model
+    alone and the command that produced it.
 
     Exit status: 0 when a transfer is possible, 1 when incompatible (or --strict fails),
     2 on bad input (unreadable config, unknown model, no KV cache).

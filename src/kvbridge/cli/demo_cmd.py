@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
@@ -17,7 +18,8 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
     "--sections",
     default=",".join(DEFAULT_SECTIONS),
     show_default=True,
-    help="Sections to run, in order: identity, zoo, real; pair (opt-in: the Qwen2.5-Coder pair).",
+    help="Sections to run, in order: identity, zoo, real (the default, within 3 minutes on 2 cores); "
+    "adapter (opt-in: the real SmolLM2 LoRA pair, fit and eval), pair (opt-in: the Qwen2.5-Coder pair).",
 )
 @click.option(
     "--identity",
@@ -66,8 +68,8 @@ PAIRS = ("tuned", "wide", "odd", "stranger")
     type=THREADS,
     default=1,
     show_default=True,
-    help="torch threads for sections 1-2 (tiny models: 1 is as fast and immune to a busy machine); "
-    "sections 3-4 use torch's default.",
+    help="torch threads for the default sections (small models: 1 is nearly as fast on idle cores, and "
+    "immune to a busy machine, where a second thread waits for the first); adapter and pair use torch's default.",
 )
 def demo(
     sections,
@@ -114,9 +116,16 @@ def demo(
     continuation; its own cached-vs-recompute noise shown for scale), the exact-token split of
     its chat template (system turn hidden), and the system turn saved as a prefix pack,
     restored with zero forward passes and continued bitwise. No network (`make demo` fetches the
-    model once beforehand). Takes a few minutes on 2 CPU cores.
+    model once beforehand).
 
-    Section 4 (pair, opt-in: `--sections pair`): the real family pair Qwen2.5-Coder 0.5B -> 1.5B
+    The default (identity, zoo, real) ends within 3 minutes on 2 CPU cores; each section's wall
+    and CPU time is printed as it ends, and the total with the machine's load average.
+
+    Section 4 (adapter, opt-in: `--sections adapter`): the real adapter pair, SmolLM2 -> SmolLM2
+    + the shipped Shakespeare LoRA: check, a ridge fit and eval, plain reuse against the fitted
+    mapping (RESULTS.md; a few minutes on 2 CPU cores).
+
+    Section 5 (pair, opt-in: `--sections pair`): the real family pair Qwen2.5-Coder 0.5B -> 1.5B
     (`kvbridge models fetch pair` first): the check, identity bitwise on each model, a short
     ridge fit on standard-library Python source and the transfer against the 0.5B alone on
     held-out files (6 minutes and 11.6 GB on 2 cores; RESULTS.md has the full protocol).
@@ -133,7 +142,7 @@ def demo(
     if identity_only:
         wanted = ["identity"]
     wanted = [s for s in wanted if not (s == "identity" and skip_identity) and not (s == "real" and skip_real)]
-    if "real" in wanted:
+    if "real" in wanted or "adapter" in wanted:
         from kvbridge.models import resolve
 
         resolve(real_model)  # a model that is not fetched fails before minutes of other sections
@@ -144,8 +153,10 @@ def demo(
     default_threads = torch.get_num_threads()
     t0 = time.perf_counter()
     ok = True
+    times: dict[str, tuple] = {}  # section -> (wall s, process cpu s)
     for name in wanted:
-        torch.set_num_threads(int(threads) if threads and name not in ("real", "pair") else default_threads)
+        torch.set_num_threads(int(threads) if threads and name not in ("adapter", "pair") else default_threads)
+        t_section, c_section = time.perf_counter(), time.process_time()
         if name == "identity":
             ok &= run_section("identity", families=families, new_tokens=new_tokens)
         elif name == "zoo":
@@ -167,8 +178,14 @@ def demo(
             )
         elif name == "real":
             ok &= run_section("real", ref=real_model, new_tokens=new_tokens, report_dir=report_dir or None).ok
+        elif name == "adapter":
+            ok &= run_section("adapter", ref=real_model, report_dir=report_dir or None)
         elif name == "pair":
             ok &= run_section("pair", report_dir=report_dir or None)
-    click.echo(f"demo: {time.perf_counter() - t0:.1f} s")
+        times[name] = (time.perf_counter() - t_section, time.process_time() - c_section)
+        click.echo(f"[section {name}: {times[name][0]:.1f} s, cpu {times[name][1]:.1f} s]")
+    parts = ", ".join(f"{name} {wall:.1f} s (cpu {cpu:.1f} s)" for name, (wall, cpu) in times.items())
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    click.echo(f"demo: {time.perf_counter() - t0:.1f} s: {parts}; load average {load:.2f} on {os.cpu_count()} cores")
     if not ok:
         raise SystemExit(1)

@@ -55,8 +55,9 @@ def metric_help() -> str:
     default=0.1,
     show_default=True,
     type=SHARE,
-    help="Share of the corpus (its end) that samples come from; fit on the rest. A folder: the share of "
-    "files held out (default: the one the mapping records).",
+    help="Share of the corpus (its end) that samples come from; fit on the rest (`fit` leaves it out by "
+    "default: --corpus-heldout). A folder: the share of files held out. Default: the share the mapping "
+    "records for this corpus, else 0.1.",
 )
 @click.option(
     "--conditions", default="all", show_default=True, help="Comma-separated conditions (native is always run)."

@@ -98,15 +98,16 @@ class Progress:
     "--corpus",
     default=None,
     type=click.Path(exists=False),
-    help="Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file (--corpus-heldout) and only its calibration part is read.",
+    help="Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file, a file by position (--corpus-heldout), and only the calibration part is read.",
 )
 @click.option(
     "--corpus-heldout",
     default=0.1,
     show_default=True,
-    type=real(0, 1, min_open=True, max_open=True),
-    help="Folder corpora: share of the files held out for eval, chosen by a hash of each file's relative path "
-    "(recorded in the mapping; `eval` then reads only those).",
+    type=real(0, 1, max_open=True),
+    help="Share of the corpus held out for eval and not read by the fit (recorded in the mapping; `eval` "
+    "then reads only it): a folder's files chosen by a hash of each file's relative path, or a file's "
+    "last share of characters (from a line start: the tail `eval --heldout-fraction` reads). 0: none.",
 )
 @click.option(
     "--out",
@@ -402,6 +403,12 @@ def _report(mapping, out, secs: float, stride, skip) -> None:
             f"{cal.get('observations_per_feature', '?')} observations per feature "
             f"(warning below {cal.get('min_observations_per_feature', '?')})"
         )
+        tail = corp.get("heldout_tail") or {}
+        if tail.get("heldout"):
+            click.echo(
+                f"  held out for eval (not read): the last {tail['heldout']:g} of the file, characters "
+                f"{tail['chars'][0]}-{tail['chars'][1]} (`kvbridge eval --corpus` reads them)"
+            )
     sel = mapping.layer_selection()
     shown = "; ".join(f"{t}<-{s}" for t, s in enumerate(sel[:8])) + ("; ..." if len(sel) > 8 else "")
     click.echo(f"  layer selection (target<-source): {shown}")

@@ -42,7 +42,7 @@ def save(
     from kvbridge.artifacts import check_replaceable
     from kvbridge.cli.options import open_model_session, tokenizer_identity
     from kvbridge.models import resolve
-    from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, save_pack
+    from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, model_reference, save_pack
     from kvbridge.prefix.splits import read_text_arg
 
     text = read_text_arg(guide, "guide")
@@ -61,6 +61,7 @@ def save(
         model_dir=loaded.ref.folder,
         tokenizer_fp=fp,
         overwrite=overwrite,
+        reference=model_reference(loaded.ref),
     )
     click.echo(
         f"wrote {path}: {len(ids)} guide tokens, {m.config.model_type}, "
@@ -202,8 +203,10 @@ def verify(
 @click.option(
     "--model",
     "model",
-    required=True,
-    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one).",
+    default=None,
+    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one); "
+    "default: the model the pack was saved with, when the engine runs it. Give it for another file of "
+    "the same weights.",
 )
 @click.option("--out", "out", required=True, type=click.Path(), help="State file to write (atomically).")
 @click.option(
@@ -229,7 +232,8 @@ def export(
     rows rounded once to --cache-type, keys in llama.cpp's rotary layout, the guide's token ids and
     positions. The pack's checksum is verified; its geometry, RoPE table and token ids are checked
     against MODEL (llama.cpp's state holds no weights identity: `kvbridge pack verify` checks those).
-    No model weights are loaded and no forward pass runs.
+    Without --model, MODEL is the model the pack was saved with (as `pack save` recorded it), when it
+    resolves here to a file the engine runs. No model weights are loaded and no forward pass runs.
     """
     import time
 
@@ -241,6 +245,18 @@ def export(
     t0 = time.perf_counter()
     manifest, tensors = read_pack(folder)
     state = state_from_tensors(tensors, manifest["state"])
+    if model is None:  # the pack's own model, when the engine runs it
+        from kvbridge.errors import ConfigError, KVBridgeError
+        from kvbridge.prefix.packs import recorded_model
+
+        model = recorded_model(manifest, folder)
+        try:
+            engine.export_state(state, model, cache_type=cache_type, v_trans=not flash_attn)
+        except KVBridgeError as exc:
+            raise ConfigError(
+                f"pack {folder} was saved with model {model!r}, which {engine_name} cannot run ({exc.what})",
+                "pass --model: the same weights as the file the engine runs (for llamacpp: its .gguf)",
+            ) from None
     data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)
     secs = time.perf_counter() - t0
     result = {

@@ -4,8 +4,10 @@ A folder corpus is split by :class:`kvbridge.corpus.Split` (a hash of each file'
 path): ``fit`` reads the calibration part and records the split in the mapping; ``eval`` reads
 the held-out part, with the mapping's split unless ``--heldout-fraction`` is given, and refuses
 (one line, exit 2) a split whose held-out files include files the mapping could have calibrated
-on, unless ``--allow-overlap``. A file corpus keeps its front/tail rule
-(:mod:`kvbridge.evaluate.overlap`). Both record the same corpus hash.
+on, unless ``--allow-overlap``. A file corpus is split by position (:class:`kvbridge.corpus.Tail`):
+``fit`` reads the text before the held-out tail and records it; ``eval`` reads the tail, with the
+mapping's share unless ``--heldout-fraction`` is given, and refuses a tail that reaches into the
+text the mapping calibrated on (:mod:`kvbridge.evaluate.overlap`). Both record the same corpus hash.
 """
 
 from __future__ import annotations
@@ -22,15 +24,37 @@ class EvalCorpus:
 
 
 def calibration_texts(path, heldout: float):
-    """``(texts, sha256, split or None)`` that ``fit`` calibrates on."""
-    from kvbridge.corpus import Split
-    from kvbridge.fit.calibrate import _read
+    """``(texts, sha256, split)`` that ``fit`` calibrates on: a folder's calibration files (``split`` a
+    :class:`~kvbridge.corpus.Split`), or a file's text before its held-out tail (a :class:`~kvbridge.corpus.Tail`)."""
+    from kvbridge.corpus import Split, Tail
+    from kvbridge.fit.calibrate import CalibrationError, _read
 
     corpus = _read(path)
     if corpus.kind == "file":
-        return list(corpus.texts), corpus.sha256, None
+        tail = Tail(heldout=heldout)
+        front = tail.front(list(corpus.texts))
+        if not front:
+            raise CalibrationError(
+                f"{path}: nothing is left to calibrate on before the held-out last {heldout:g} of the file",
+                "use a bigger corpus or a smaller --corpus-heldout",
+            )
+        return front, corpus.sha256, tail
     split = Split(heldout=heldout)
     return _part(corpus, split, "calibration"), corpus.sha256, split
+
+
+def _recorded_tail(manifest: dict | None, sha256: str) -> float | None:
+    """The held-out share a mapping fitted on this file recorded (``calibration.corpus.heldout_tail``)."""
+    cal = (manifest or {}).get("calibration") or {}
+    rec = cal.get("corpus") or {}
+    tail = rec.get("heldout_tail") or {}
+    if rec.get("sha256") != sha256 or not tail.get("heldout"):
+        return None
+    try:
+        share = float(tail["heldout"])
+    except (TypeError, ValueError):
+        return None
+    return share if 0 < share < 1 else None
 
 
 def _part(corpus, split, which):
@@ -58,6 +82,8 @@ def eval_corpus(
         from kvbridge.evaluate.overlap import check
 
         texts = list(corpus.texts)
+        if not explicit:  # the share the mapping held out of this very file, when it recorded one
+            fraction = _recorded_tail(manifest, corpus.sha256) or fraction
         note = check(manifest, path, texts, fraction, tokenizer=tokenizer, allow=allow)
         return EvalCorpus(heldout_text(texts, fraction), texts, {**base, "heldout_fraction": fraction}, note)
     cal = (manifest or {}).get("calibration") or {}

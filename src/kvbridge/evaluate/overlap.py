@@ -16,19 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbridge.corpus import heldout_start  # noqa: F401  (the one rule; re-exported here)
 from kvbridge.errors import KVBridgeError
 
 
 class OverlapError(KVBridgeError):
     """Evaluation samples overlap the mapping's calibration text."""
-
-
-def heldout_start(texts, fraction: float) -> int:
-    """Character offset (in the newline-joined corpus text) where the held-out tail starts."""
-    text = texts if isinstance(texts, str) else "\n".join(texts)
-    cut = int(len(text) * (1 - fraction))
-    nl = text.find("\n", cut)
-    return nl + 1 if cut > 0 and nl >= 0 else cut
 
 
 def calibration_overlap(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from kvbridge.errors import ConfigError, whole_number
 
-#: the held-out share of a file corpus when ``heldout_fraction`` is None (a folder: the mapping's)
+#: the held-out share when ``heldout_fraction`` is None and the mapping records none for the corpus
 HELDOUT_FRACTION = 0.1
 
 
@@ -64,7 +64,8 @@ class RecomputeSettings:
 @dataclass(frozen=True)
 class EvalSettings:
     """One ``kvbridge eval`` run; fields are the command's options (``attention`` = not ``--no-attention``,
-    ``heldout_fraction=None`` = the mapping's split for a folder corpus, else :data:`HELDOUT_FRACTION`)."""
+    ``heldout_fraction=None`` = the share the mapping records for the corpus (a folder's split, a file's
+    held-out tail), else :data:`HELDOUT_FRACTION`)."""
 
     mapping: str
     corpus: str

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 
 from kvbridge.errors import ConfigError
 
-GIB = 2**30
 from kvbridge.dtypes import DTYPE_BYTES  # noqa: E402  (the one table)
+from kvbridge.sizes import GIB, fmt_size as _size, gib_flag  # noqa: E402  (the one size format)
 
 UNGATED_MLP = {"gpt2", "gpt_neox", "gptj", "phi", "falcon", "codegen", "starcoder2", "bloom", "opt"}
 DEFAULT_TOKENS = 1_000_000
@@ -146,7 +146,8 @@ def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
     """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``.
 
     The one blocking rule of the planner and the fitters (:func:`kvbridge.fit.solve.plan_blocks`);
-    ``too_big(nbytes)`` raises when a single target layer alone is over the budget.
+    ``too_big(nbytes)`` raises when a single target layer alone is over the budget; ``nbytes`` is
+    then the largest single target layer's need (the smallest budget this blocking works in).
     """
     blocks, cur = [], []
     for i in range(n):
@@ -155,18 +156,39 @@ def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
             cur = []
         cur.append(i)
         if bytes_of(cur) > budget:
-            too_big(bytes_of(cur))
+            too_big(max(bytes_of([j]) for j in range(n)))
     if cur:
         blocks.append(cur)
     return blocks
 
 
+def minimum_budget(fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int) -> int:
+    """The smallest statistics budget (bytes) a ``ridge`` / ``ridge-headwise`` fit of these shapes runs
+    in: its largest one-target-layer job. Ridge: the layer selection of one target layer (every
+    source layer, per-layer blocks) or the fit of one target layer (its ``top_k`` source layers,
+    full), whichever is larger; headwise: one target layer against every source head."""
+    if fitter == "ridge-headwise":
+        return job_bytes(n_src, 1, fs, hs_dim, ft, "head")
+    k = min(int(top_k), n_src)
+    if k >= n_src:  # every source layer: one target layer's fit is the joint job's smallest block
+        return job_bytes(n_src, 1, fs, hs_dim, ft, "full")
+    return max(job_bytes(n_src, 1, fs, hs_dim, ft, "layer"), job_bytes(k, 1, fs, hs_dim, ft, "full"))
+
+
+def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
+    """``(what, fix)`` of a refused ``--memory``: the sizes in units that show, and the smallest
+    workable budget as the flag's value (rounded up, so passing it is enough)."""
+    return (
+        f"{what} needs at least {_size(minimum)} (statistics + float64 workspace of its largest one-target-layer "
+        f"pass), over the {_size(budget)} budget",
+        f"pass --memory {gib_flag(minimum)} or more (the smallest workable budget, GiB), lower --top-k or use "
+        "--fitter ridge-headwise",
+    )
+
+
 def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
     def too_big(nbytes: int):
-        raise ConfigError(
-            f"{what} needs {_size(nbytes)} of statistics for one target layer, over the {_size(budget)} budget",
-            "raise --memory, lower --top-k or use --fitter ridge-headwise",
-        )
+        raise ConfigError(*budget_refusal(what, budget, nbytes))
 
     return pack_blocks(n, bytes_of, budget, too_big)
 
@@ -208,6 +230,7 @@ class FitPlan:
     memory_traffic_bytes: int = 0  # memory-bound work: the statistics zero-filled (first touch), every pass
     hash_bytes: int = 0  # weights fingerprinted (both models, state-dict bytes)
     rates: object = None  # a kvbridge.fit.plan_rates.PlanRates (measured), or None
+    measured: tuple = ()  # kvbridge's own measured verdicts on this pair (kvbridge.check.measured)
 
     @property
     def peak_bytes(self) -> int:
@@ -244,6 +267,7 @@ class FitPlan:
         out = asdict(self)
         out["passes"] = [asdict(p) for p in self.passes]
         out["rates"] = None if self.rates is None else self.rates.to_dict()
+        out["measured"] = [m.to_dict() for m in self.measured]
         out.update(peak_bytes=self.peak_bytes, seconds=self.seconds, time_parts=self.time_parts())
         return out
 
@@ -293,14 +317,9 @@ class FitPlan:
                     f"{_size(max(p.statistics_bytes for p in ps))} each"
                 )
         out += [f"  note: {n}" for n in self.notes]
+        for m in self.measured:  # what a fit of this very pair did when kvbridge measured it
+            out += ["  " + line for line in m.lines(98)]
         return out
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _duration(s: float) -> str:
@@ -363,6 +382,10 @@ def plan(
     n_obs = (tokens // seq_len) * per_seq + len(range(skip, tokens % seq_len, stride))
     fs, ft = s.kv_features, t.kv_features
     k = min(int(top_k), s.layers)
+    minimum = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k)
+    if minimum > memory_budget:
+        what = f"the {fitter} fit" + (f" (top-k {k})" if fitter == "ridge" else "")
+        raise ConfigError(*budget_refusal(what, memory_budget, minimum))
     notes, worst = [], False
     passes = []
 
@@ -494,6 +517,8 @@ __all__ = [
     "Pass",
     "ModelSize",
     "model_size",
+    "minimum_budget",
+    "budget_refusal",
     "layer_stats_bytes",
     "safetensors_bytes",
     "solve_flops",

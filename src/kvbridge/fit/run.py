@@ -126,6 +126,7 @@ def fit_pair(
             else:
                 warn(note)
             options = replace(options, top_k=layers)
+    check_budget(s.fitter, options, src.spec, tgt.spec, sweep)
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
         check_same_tokens(list(texts), src.tokenizer, tgt.tokenizer)
@@ -162,6 +163,24 @@ def fit_pair(
     )
 
 
+def check_budget(fitter: str, options, source_spec, target_spec, sweep=None) -> None:
+    """Refuse, before any pass over the corpus, a statistics budget (``--memory``) below the smallest
+    one the ridge fitters can block the fit into (:func:`kvbridge.fit.plan.minimum_budget`), naming it."""
+    budget = getattr(options, "memory_budget", None)
+    if fitter not in ("ridge", "ridge-headwise") or budget is None:
+        return
+    from kvbridge.fit.plan import budget_refusal, minimum_budget
+
+    layers = source_spec.num_layers
+    ks = [layers if k == "all" else int(k) for k in (sweep if isinstance(sweep, list) else [])]
+    k = max(ks) if ks else (layers if sweep == "all" else int(getattr(options, "top_k", layers) or layers))
+    fs, ft = source_spec.num_kv_heads * source_spec.head_dim, target_spec.num_kv_heads * target_spec.head_dim
+    minimum = minimum_budget(fitter, layers, target_spec.num_layers, fs, source_spec.head_dim, ft, k)
+    if minimum > int(budget):
+        what = f"the {fitter} fit" + (f" (top-k {min(k, layers)})" if fitter == "ridge" else "")
+        raise ConfigError(*budget_refusal(what, int(budget), minimum))
+
+
 def plan_top_k(settings: FitSettings, source) -> int:
     """The top-k the plan is made for: the largest of a sweep; ``all`` and a default over the source's
     layers become the source's layer count (the plan of a k sweep is the plan of its largest k)."""
@@ -196,7 +215,7 @@ def plan_fit(source, target, settings: FitSettings):
             dtype=s.dtype,
             device=s.plan_device,
         )
-    return plan(
+    fit_plan = plan(
         source,
         target,
         fitter=s.fitter,
@@ -212,6 +231,11 @@ def plan_fit(source, target, settings: FitSettings):
         device_flops=s.device_flops,
         rates=rates,
     )
+    from kvbridge.check.measured import measured_for, names_of
+    from kvbridge.models import resolve
+
+    measured = measured_for(names_of(resolve(source)), names_of(resolve(target)))
+    return replace(fit_plan, measured=tuple(measured)) if measured else fit_plan
 
 
 def refit(source, target, settings: FitSettings, *, host=None):
@@ -249,4 +273,14 @@ def refit(source, target, settings: FitSettings, *, host=None):
     )
 
 
-__all__ = ["FitSettings", "Prepared", "prepare", "fit_pair", "plan_fit", "plan_top_k", "refit", "option_values"]
+__all__ = [
+    "FitSettings",
+    "Prepared",
+    "prepare",
+    "fit_pair",
+    "check_budget",
+    "plan_fit",
+    "plan_top_k",
+    "refit",
+    "option_values",
+]

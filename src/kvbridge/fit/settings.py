@@ -87,7 +87,8 @@ def _options(value) -> tuple:
 @dataclass(frozen=True)
 class FitSettings:
     """Every ``kvbridge fit`` option (see ``kvbridge fit --help``). ``corpus``: calibration text (file,
-    JSONL, folder; ``corpus_heldout`` of a folder's files is held out for eval); ``out``: the mapping
+    JSONL, folder; ``corpus_heldout`` of a folder's files, or the last ``corpus_heldout`` of a file's
+    text, is held out for eval and not read; 0: none); ``out``: the mapping
     folder (None: return the mapping unwritten; the command requires it); ``fitter`` and its
     ``fitter_options`` (``-o key=value``; ``top_k``, ``alpha``, ``estimator``, ``estimator_options``,
     ``max_samples`` and ``memory_gib`` are shortcuts for them, applied only when given); ``top_k``
@@ -139,7 +140,7 @@ class FitSettings:
         object.__setattr__(self, "top_k", _top_k(self.top_k))
         if not isinstance(self.fitter, str) or not self.fitter.strip():
             raise ConfigError("--fitter is empty", "name a fitter (`kvbridge plugins` lists them), e.g. ridge")
-        _share(self.corpus_heldout, "--corpus-heldout")
+        _share(self.corpus_heldout, "--corpus-heldout", open_low=False)
         _share(self.heldout, "--heldout", open_low=False)
         validate.seq_len(self.seq_len)
         validate.tokens(self.tokens)

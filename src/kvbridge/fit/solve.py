@@ -171,11 +171,9 @@ def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     from kvbridge.fit.plan import pack_blocks
 
     def too_big(nbytes: int):
-        raise FitError(
-            f"{what} needs {nbytes / 2**30:.2f} GiB of statistics for one target layer, over the "
-            f"{budget / 2**30:.2f} GiB budget",
-            "raise KVBRIDGE_FIT_MEMORY, lower --top-k or use --fitter ridge-headwise",
-        )
+        from kvbridge.fit.plan import budget_refusal
+
+        raise FitError(*budget_refusal(what, budget, nbytes))
 
     return pack_blocks(n, bytes_of, budget, too_big)
 

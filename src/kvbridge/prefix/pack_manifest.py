@@ -131,6 +131,7 @@ def build_manifest(
     weights_fp: str | None = None,
     special_prefix=(),
     kv_layout: str = PER_LAYER,
+    reference: str | None = None,
 ) -> dict:
     from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
     from kvbridge.artifacts import state_manifest
@@ -138,7 +139,7 @@ def build_manifest(
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
     ident = model_identity(model, model_dir)
-    return {
+    manifest = {
         "schema_version": SCHEMA_VERSION,
         "kind": PACK_KIND,
         "kv_layout": kv_layout,
@@ -170,6 +171,43 @@ def build_manifest(
         **_versions(),
         "state": state_manifest(state),
     }
+    if reference:  # the model reference it was saved with (``pack export`` defaults --model to it)
+        manifest["model"]["reference"] = str(reference)
+    return manifest
+
+
+def model_reference(ref) -> str:
+    """What a pack records as its model's reference (a resolved :class:`~kvbridge.models.ModelRef`):
+    a short name or scheme reference as given (``smollm2``, ``zoo:base``), else the absolute path of
+    the file or folder, so it resolves from any working directory."""
+    if ref.source:
+        return ref.ref
+    from pathlib import Path
+
+    return str(Path(ref.gguf_file or ref.folder or ref.path).resolve())
+
+
+def recorded_model(manifest: Mapping, where: str) -> str:
+    """The model reference a pack was saved with, resolved here (``kvbridge pack export`` without
+    ``--model``); a one-line error when the pack records none or it does not resolve."""
+    from kvbridge.errors import ConfigError, KVBridgeError
+    from kvbridge.models import resolve
+
+    m = manifest.get("model") or {}
+    ref = m.get("reference")
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(
+            f"pack {where} records no model reference (model id {m.get('id')!r}; saved before packs recorded one)",
+            "pass --model (the file the engine runs), or save the pack again with this kvbridge",
+        )
+    try:
+        resolve(ref)
+    except KVBridgeError as exc:
+        raise ConfigError(
+            f"pack {where} was saved with model {ref!r}, which does not resolve here ({exc.what})",
+            "pass --model (the same weights as the file the engine runs), or fetch the model",
+        ) from None
+    return ref
 
 
 def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> None:
@@ -297,6 +335,8 @@ __all__ = [
     "check_manifest_shape",
     "compare",
     "model_identity",
+    "model_reference",
+    "recorded_model",
     "positional_config",
     "tokenizer_fingerprint",
 ]

@@ -47,7 +47,9 @@ from kvbridge.prefix.pack_manifest import (
     check_manifest_shape,
     compare,
     model_identity,
+    model_reference,
     positional_config,
+    recorded_model,
     tokenizer_fingerprint,
 )
 
@@ -99,11 +101,13 @@ def save_pack(
     weights_fp: str | None = None,
     overwrite: bool = False,
     host=None,
+    reference: str | None = None,
 ) -> Path:
     """Prefill the guide once with the model's adapter and write the pack folder atomically.
 
     Give ``guide_text`` with a ``tokenizer`` (ids = the ghost encoding, with BOS) or exact
-    ``guide_ids``. Nothing is written when anything is wrong.
+    ``guide_ids``. ``reference``: the model reference to record (:func:`model_reference`;
+    ``kvbridge pack export`` defaults ``--model`` to it). Nothing is written when anything is wrong.
     """
     import torch
 
@@ -145,6 +149,7 @@ def save_pack(
         weights_fp=weights_fp,
         special_prefix=special,
         kv_layout=layout,
+        reference=reference,
     )
     return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
 
@@ -480,6 +485,8 @@ __all__ = [
     "build_manifest",
     "tokenizer_fingerprint",
     "model_identity",
+    "model_reference",
+    "recorded_model",
     "cache_format",
     "positional_config",
     "check_manifest_shape",
