@@ -196,6 +196,7 @@ def main() -> int:
             kv_connector="KVBridgeConnector",
             kv_connector_module_path="kvbridge_vllm.connector",
             kv_role="kv_both",
+            kv_load_failure_policy="recompute",
             kv_connector_extra_config={
                 "kvbridge_store": str(store_dir),
                 "kvbridge_save": str(save_dir),

@@ -203,9 +203,12 @@ def verify(
     "--model",
     "model",
     required=True,
-    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one).",
+    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one; for vllm: the "
+    "safetensors folder vLLM serves).",
 )
-@click.option("--out", "out", required=True, type=click.Path(), help="State file to write (atomically).")
+@click.option(
+    "--out", "out", required=True, type=click.Path(), help="State file to write (atomically); vllm: the store folder."
+)
 @click.option(
     "--cache-type",
     default="F16",
@@ -229,7 +232,8 @@ def export(
     rows rounded once to --cache-type, keys in llama.cpp's rotary layout, the guide's token ids and
     positions. The pack's checksum is verified; its geometry, RoPE table and token ids are checked
     against MODEL (llama.cpp's state holds no weights identity: `kvbridge pack verify` checks those).
-    No model weights are loaded and no forward pass runs.
+    No model weights are loaded and no forward pass runs. For vllm (plugin kvbridge-vllm) OUT is the
+    prefix store folder the KVBridgeConnector reads (--cache-type and --flash-attn do not apply).
     """
     import time
 

@@ -172,16 +172,25 @@ class KVBridgeConnector(KVConnectorBase_V1):
         return n - num_computed_tokens, False
 
     def _log_refusal(self, request, prompt, refused, closest, k) -> None:
+        """One line per request that loads nothing while the store holds entries: the entry of its
+        tokens that was refused and why, or that none matches (naming unreadable files)."""
         rid = request.request_id
-        for e, why in refused:  # an entry of the right tokens, wrong model / file: say so once per request
-            if e is None or store.common_prefix(prompt, e.token_ids) == e.num_tokens:
+        for e, why in refused:
+            if e is not None and store.common_prefix(prompt, e.token_ids) == e.num_tokens:
                 logger.warning("kvbridge: request %s: stored prefix not loaded, vLLM prefills: %s", rid, why)
                 self._event("refused", request=rid, reason=why)
                 return
+        unreadable = [why for e, why in refused if e is None]
+        if closest is None and not unreadable:
+            return
+        why = "no stored prefix matches its first tokens"
         if closest is not None:
-            why = f"no stored prefix matches its first tokens (closest {closest.name}: {k} of {closest.num_tokens})"
-            logger.info("kvbridge: request %s: %s; vLLM prefills", rid, why)
-            self._event("refused", request=rid, reason=why)
+            why += f" (closest {closest.name}: {k} of {closest.num_tokens})"
+        if unreadable:
+            more = f" (+{len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
+            why += f"; unreadable entry {unreadable[0]}{more}"
+        logger.warning("kvbridge: request %s: %s; vLLM prefills", rid, why)
+        self._event("refused", request=rid, reason=why)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         pending = self._pending.pop(request.request_id, None)
