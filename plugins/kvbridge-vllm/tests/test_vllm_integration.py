@@ -106,3 +106,34 @@ def test_cli_pack_export(result):
     c = result["cli_export"]
     assert c["rc"] == 0, c["stderr"]
     assert json.loads(c["stdout"])["tokens"] == 100
+
+
+@pytest.fixture(scope="module")
+def served(result, tmp_path_factory):
+    work = Path(result["work"])
+    proc = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(DRIVER.with_name("vllm_serve.py")),
+            "--work",
+            str(work),
+            "--model-dir",
+            result["model_dir"],
+            "--pack",
+            str(work / "packs" / "g128"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0"),
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"vllm_serve.py failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads((work / "serve.json").read_text())
+
+
+def test_vllm_serve_two_requests_over_localhost(served):
+    """Request 1 prefilled by vLLM (empty store), request 2 from the exported pack: same greedy text."""
+    assert served["prefilled"] == served["from_pack"]
+    loaded = [e for e in served["events"] if e["event"] == "loaded"]
+    assert len(loaded) == 1 and loaded[0]["tokens"] == served["guide_tokens"] == 128

@@ -272,6 +272,8 @@ def main() -> int:
         }
 
     result = {
+        "work": str(work),
+        "model_dir": str(model_dir),
         "guides": {n: len(g) for n, g in guides.items()},
         "live_tokens": len(live),
         "timings": timings,

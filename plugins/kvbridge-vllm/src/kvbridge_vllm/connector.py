@@ -184,7 +184,7 @@ class KVBridgeConnector(KVConnectorBase_V1):
         if closest is None and not unreadable:
             return
         why = "no stored prefix matches its first tokens"
-        if closest is not None:
+        if closest is not None and k > 0:
             why += f" (closest {closest.name}: {k} of {closest.num_tokens})"
         if unreadable:
             more = f" (+{len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
