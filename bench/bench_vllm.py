@@ -131,8 +131,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"# bench_vllm: {args.prefix}-token prefix + 16 live tokens, 1 output token, SmolLM2-135M float32, "
-          f"1 thread, medians of {args.repeats}, load average {result['load_average']:.1f}")
+    print(
+        f"# bench_vllm: {args.prefix}-token prefix + 16 live tokens, 1 output token, SmolLM2-135M float32, "
+        f"1 thread, medians of {args.repeats}, load average {result['load_average']:.1f}"
+    )
     print("| path | request wall s | tokens vLLM computed | note |")
     print("|---|---|---|---|")
     print(f"| vLLM's own prefill | {result['prefill_s']:.2f} | {args.prefix + 16} | |")

@@ -28,6 +28,14 @@ def result(tmp_path_factory):
         if CI:
             pytest.fail(".venv-vllm is missing under CI=true: `make vllm` should have built it")
         pytest.skip(".venv-vllm is absent (make vllm)")
+    try:
+        from kvbridge.models import resolve
+
+        resolve("smollm2")
+    except Exception as exc:  # noqa: BLE001 - not fetched
+        if CI:
+            pytest.fail(f"smollm2 is not fetched under CI=true ({exc})")
+        pytest.skip("smollm2 is not fetched (kvbridge models fetch smollm2)")
     work = tmp_path_factory.mktemp("vllm")
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0", VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(

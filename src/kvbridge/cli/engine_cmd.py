@@ -65,7 +65,9 @@ def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
 
 @engine.command("export")
 @click.argument("src", type=click.Path())
-@click.option("--engine", "engine_name", required=True, help="The engine to write for (`kvbridge plugins` lists engines).")
+@click.option(
+    "--engine", "engine_name", required=True, help="The engine to write for (`kvbridge plugins` lists engines)."
+)
 @click.option("--model", "model", required=True, help="The model the engine runs (vllm: the folder it serves).")
 @click.option("--out", "out", required=True, type=click.Path(), help="Where to write (vllm: the store folder).")
 @click.option(
