@@ -49,6 +49,11 @@ def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
     click.echo(
         f"{file}: {info.get('format', engine_name)} version {info.get('version', '?')} for {info.get('model', model)}"
     )
+    if "approximate" in info:
+        origin = (
+            "approximate (transferred or steered: not the model's own exact cache)" if info["approximate"] else "exact"
+        )
+        click.echo(f"  origin     {info.get('provenance') or 'unknown'}, {origin}")
     if "cells" in info:
         click.echo(
             f"  cache      {info['cells']} cells, {info['layers']} layers, K {info['k_type']} x {info['k_row']}, "
