@@ -145,3 +145,22 @@ def test_vllm_serve_two_requests_over_localhost(served):
     assert served["prefilled"] == served["from_pack"]
     loaded = [e for e in served["events"] if e["event"] == "loaded"]
     assert len(loaded) == 1 and loaded[0]["tokens"] == served["guide_tokens"] == 128
+
+
+def test_tensor_parallel_2_each_rank_loads_its_kv_heads(result):
+    """vLLM's CPU backend runs tensor_parallel_size=2 (the zoo's base model: 2 KV heads; SmolLM2's 9
+    query heads do not split over 2 ranks); each rank writes only its own KV head."""
+    work = Path(result["work"])
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), str(DRIVER.with_name("vllm_tp.py")), "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tp = json.loads((work / "tp.json").read_text())
+    assert "refused" not in tp, tp.get("refused")
+    assert tp["own"] == tp["from_store"] and tp["cached"] == [0, 40]
+    heads = sorted(tuple(e["heads"]) for e in tp["events"] if e["event"] == "loaded")
+    assert heads == [(0,), (1,)]
