@@ -186,8 +186,8 @@ def _cpu_like_writer(block_size):
             b, o = divmod(s, block_size)
             page = cache[b].reshape(k.shape[1], -1)
             for h in range(k.shape[1]):
-                page[h, :D * block_size].view(D, block_size)[:, o] = k[t, h]
-                page[h, D * block_size:].view(block_size, D)[o] = v[t, h]
+                page[h, : D * block_size].view(D, block_size)[:, o] = k[t, h]
+                page[h, D * block_size :].view(block_size, D)[o] = v[t, h]
 
     return write
 

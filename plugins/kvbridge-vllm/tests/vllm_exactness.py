@@ -139,13 +139,29 @@ def main() -> int:
     t0 = time.perf_counter()
     packs = {}
     for n in ("g100", "g128", "g250", "noise", "wrong", "trunc", "mismatch"):
-        packs[n] = save_pack(model, work / "packs" / n, guide_ids=guides[n], tokenizer=tok, model_dir=str(model_dir), overwrite=True)
+        packs[n] = save_pack(
+            model, work / "packs" / n, guide_ids=guides[n], tokenizer=tok, model_dir=str(model_dir), overwrite=True
+        )
     timings["packs_s"] = time.perf_counter() - t0
     # the CLI for one pack, the Python API for the rest
     cli = subprocess.run(
-        [sys.executable, "-m", "kvbridge", "pack", "export", str(packs["g100"]), "--engine", "vllm", "--model",
-         str(model_dir), "--out", str(staged), "--json"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvbridge",
+            "pack",
+            "export",
+            str(packs["g100"]),
+            "--engine",
+            "vllm",
+            "--model",
+            str(model_dir),
+            "--out",
+            str(staged),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
     )
     cli_result = {"rc": cli.returncode, "stdout": cli.stdout[-2000:], "stderr": cli.stderr[-2000:]}
     ident = st.model_identity(str(model_dir))
@@ -256,16 +272,27 @@ def main() -> int:
         state = engine.import_state(ref_saved / st.entry_name(prompts[n], ident), str(model_dir))
         ids_t = torch.tensor([prompts[n]])
         own = model.generate(
-            ids_t, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False, attention_mask=torch.ones_like(ids_t)
+            ids_t,
+            max_new_tokens=MAX_TOKENS,
+            min_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            attention_mask=torch.ones_like(ids_t),
         )
-        cont = generate(model, state.slice_tokens(0, len(prompts[n]) - 1), ids_t, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False)
+        cont = generate(
+            model,
+            state.slice_tokens(0, len(prompts[n]) - 1),
+            ids_t,
+            max_new_tokens=MAX_TOKENS,
+            min_new_tokens=MAX_TOKENS,
+            do_sample=False,
+        )
         hf = get_host().adapter_for(loaded.config).extract(model, ids_t)
         rel = [float((k - hk).norm() / hk.norm()) for k, hk in zip(state.keys, hf.keys)]
         relv = [float((v - hv).norm() / hv.norm()) for v, hv in zip(state.values, hf.values)]
         roundtrip[n] = {
-            "same": own[0, ids_t.shape[1]:].tolist() == cont[0, ids_t.shape[1]:].tolist(),
-            "transformers": own[0, ids_t.shape[1]:].tolist(),
-            "from_vllm": cont[0, ids_t.shape[1]:].tolist(),
+            "same": own[0, ids_t.shape[1] :].tolist() == cont[0, ids_t.shape[1] :].tolist(),
+            "transformers": own[0, ids_t.shape[1] :].tolist(),
+            "from_vllm": cont[0, ids_t.shape[1] :].tolist(),
             "key_rel_err": rel,
             "value_rel_err": relv,
             "vllm_ref_tokens": phase1["outputs"][n]["tokens"],

