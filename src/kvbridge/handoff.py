@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvbridge.errors import StateError
+from kvbridge.hf_compat import cache_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
@@ -57,5 +58,5 @@ def generate(model, state: "KVState", input_ids, *, host=None, **generate_kwargs
     cache, ids = prepare_cache(model, state, input_ids, host=host)
     generate_kwargs.setdefault("attention_mask", torch.ones_like(ids))
     if cache is not None:
-        generate_kwargs["cache"] = cache
+        generate_kwargs.update(cache_kwargs(model, cache))
     return model.generate(input_ids=ids, **generate_kwargs)

@@ -85,8 +85,8 @@ def test_refusals_are_one_line(pack, base_gguf, tmp_path):
     newer.write_bytes(bytes(data))
     one_line_error(run("engine", "import", newer, base_gguf), "version 4 is not supported")
     one_line_error(
-        run("pack", "export", pack, "--engine", "vllm", "--model", base_gguf, "--out", tmp_path / "y"),
-        "unknown engine 'vllm'",
+        run("pack", "export", pack, "--engine", "nosuch", "--model", base_gguf, "--out", tmp_path / "y"),
+        "unknown engine 'nosuch'",
     )
     one_line_error(
         run("pack", "export", pack, "--model", "zoo:base", "--out", tmp_path / "z"), "llama.cpp runs GGUF files"

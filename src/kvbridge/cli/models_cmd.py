@@ -124,3 +124,34 @@ def fetch(names: tuple, quiet: bool) -> None:
     for name in wanted:
         path = run(name, quiet=quiet)
         click.echo(f"{name}: {path}")
+
+
+@models.command("materialize")
+@click.argument("model")
+@click.option("--out", "out", required=True, type=click.Path(), help="Folder to write (config, tokenizer, weights).")
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    type=click.Choice(["float32", "bfloat16", "float16", "auto"]),
+    help="Weight dtype written ('auto': the checkpoint's own).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a folder kvbridge wrote before.")
+@json_option
+def materialize(model: str, out: str, dtype: str, overwrite: bool, as_json: bool) -> None:
+    """Write MODEL as a safetensors folder (config.json, tokenizer, model.safetensors) that
+    transformers and vLLM load.
+
+    MODEL is any model reference (a folder, a .gguf file, smollm2, zoo:NAME, ...). A GGUF is
+    dequantized (to --dtype) and the model rebuilt from its config and state dict, since
+    transformers will not save a GGUF-loaded model as it is. Serve the folder with
+    `vllm serve OUT` and export packs for it with `kvbridge pack export PACK --engine vllm
+    --model OUT --out STORE`.
+    """
+    from kvbridge.models.materialize import materialize as run
+
+    info = run(model, out, dtype=dtype, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"wrote {info['out']}: {info['model_type']}, {info['dtype']}, {', '.join(info['files'])}")

@@ -204,11 +204,13 @@ def verify(
     "--model",
     "model",
     default=None,
-    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one); "
-    "default: the model the pack was saved with, when the engine runs it. Give it for another file of "
-    "the same weights.",
+    help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one; for vllm: the "
+    "safetensors folder vLLM serves); default: the model the pack was saved with, when the engine runs it. Give it "
+    "for another file of the same weights.",
 )
-@click.option("--out", "out", required=True, type=click.Path(), help="State file to write (atomically).")
+@click.option(
+    "--out", "out", required=True, type=click.Path(), help="State file to write (atomically); vllm: the store folder."
+)
 @click.option(
     "--cache-type",
     default="F16",
@@ -233,7 +235,9 @@ def export(
     positions. The pack's checksum is verified; its geometry, RoPE table and token ids are checked
     against MODEL (llama.cpp's state holds no weights identity: `kvbridge pack verify` checks those).
     Without --model, MODEL is the model the pack was saved with (as `pack save` recorded it), when it
-    resolves here to a file the engine runs. No model weights are loaded and no forward pass runs.
+    resolves here to a file the engine runs. No model weights are loaded and no forward pass runs. For
+    vllm (plugin kvbridge-vllm) OUT is the prefix store folder the KVBridgeConnector reads (--cache-type
+    and --flash-attn do not apply).
     """
     import time
 
@@ -245,19 +249,22 @@ def export(
     t0 = time.perf_counter()
     manifest, tensors = read_pack(folder)
     state = state_from_tensors(tensors, manifest["state"])
-    if model is None:  # the pack's own model, when the engine runs it
-        from kvbridge.errors import ConfigError, KVBridgeError
+    from kvbridge.errors import ConfigError, KVBridgeError
+
+    recorded = model is None
+    if recorded:  # the pack's own model, when the engine runs it
         from kvbridge.prefix.packs import recorded_model
 
         model = recorded_model(manifest, folder)
-        try:
-            engine.export_state(state, model, cache_type=cache_type, v_trans=not flash_attn)
-        except KVBridgeError as exc:
-            raise ConfigError(
-                f"pack {folder} was saved with model {model!r}, which {engine_name} cannot run ({exc.what})",
-                "pass --model: the same weights as the file the engine runs (for llamacpp: its .gguf)",
-            ) from None
-    data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)
+    try:
+        data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)
+    except KVBridgeError as exc:
+        if not recorded:
+            raise
+        raise ConfigError(
+            f"pack {folder} was saved with model {model!r}, which {engine_name} cannot run ({exc.what})",
+            "pass --model: the same weights as the file the engine runs (for llamacpp: its .gguf)",
+        ) from None
     secs = time.perf_counter() - t0
     result = {
         "pack": folder,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.hf_compat import cache_kwargs
 
 
 class GuardError(KVBridgeError):
@@ -216,7 +217,7 @@ def guarded_generate(model, state, input_ids, *, guard: dict | None = None, host
     handoff = guarded_prepare(model, state, input_ids, host=host, **(guard or {}))
     generate_kwargs.setdefault("attention_mask", torch.ones_like(handoff.input_ids))
     if handoff.cache is not None:
-        generate_kwargs["cache"] = handoff.cache
+        generate_kwargs.update(cache_kwargs(model, handoff.cache))
     return model.generate(input_ids=handoff.input_ids, **generate_kwargs), handoff
 
 
