@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -103,8 +104,8 @@ _ST_RANK = {
     )
 }
 _WRITE_CHUNK = 1 << 22
-#: blocks at least this big are hashed on the worker thread while the previous one is written
-_THREAD_BYTES = 1 << 18
+#: bytes per hand-off to the checksum thread, and per request to start writing out (durable.start_writeback)
+_BATCH_BYTES = 8 << 20
 
 
 class NonFiniteError(ArtifactError):
@@ -177,14 +178,14 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
     head = len(text).to_bytes(8, "little") + text
     h.update(head)
 
-    def digest(k, t, block) -> None:  # hashlib and numpy release the GIL: runs beside the write
-        if finite and names[k] in _NP_FLOATS:
-            _check_finite(k, t, block)
-        h.update(block)
+    def digest(batch) -> None:  # hashlib and numpy release the GIL: runs beside the writes
+        for k, t, block in batch:
+            if finite and names[k] in _NP_FLOATS:
+                _check_finite(k, t, block)
+            h.update(block)
 
-    with open(path, "wb", buffering=0) as fh, _hasher() as pool:
-        _write_all(fh, head)
-        pos, pending = len(head), None
+    def batches():  # (name, tensor, bytes) blocks, about _BATCH_BYTES a batch, in file order
+        batch, size = [], 0
         for k in order:
             t = items[k]
             if t.numel() == 0:
@@ -194,17 +195,26 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
                 _check_finite(k, t)
             raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
             for a in range(0, len(raw), _WRITE_CHUNK):
-                block = raw[a : a + _WRITE_CHUNK]
-                if pending is not None:
-                    pending.result()  # blocks are hashed in order
-                    pending = None
-                if pool is not None and len(block) >= _THREAD_BYTES:
-                    pending = pool.submit(digest, k, t, block)
-                else:
-                    digest(k, t, block)
+                batch.append((k, t, raw[a : a + _WRITE_CHUNK]))
+                size += len(batch[-1][2])
+                if size >= _BATCH_BYTES:
+                    yield batch
+                    batch, size = [], 0
+        if batch:
+            yield batch
+
+    with open(path, "wb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256") as pool:
+        _write_all(fh, head)
+        pos, pending = len(head), None
+        for batch in batches():
+            if pending is not None:
+                pending.result()  # batches are hashed in order
+            pending = pool.submit(digest, batch)  # one hand-off per batch: cheap on a busy machine
+            start = pos
+            for _, _, block in batch:
                 _write_all(fh, block)
-                start_writeback(fh.fileno(), pos, len(block))  # the final flush then has little left
                 pos += len(block)
+            start_writeback(fh.fileno(), start, pos - start)  # the final flush then has little left
         if pending is not None:
             pending.result()
     return h.hexdigest()
@@ -214,22 +224,6 @@ def _write_all(fh, data) -> None:
     view = memoryview(data)
     while view:
         view = view[fh.write(view) :]
-
-
-@contextmanager
-def _hasher():
-    """One worker thread for the checksum (None where threads are unavailable: hashed inline)."""
-    try:
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256")
-    except (ImportError, RuntimeError):  # pragma: no cover
-        yield None
-        return
-    try:
-        yield pool
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # -- ownership ---------------------------------------------------------------------------------------
