@@ -80,3 +80,30 @@ def test_fs_type_names_the_mount_of_a_path(tmp_path):
         pytest.skip("no /proc/self/mountinfo")
     assert durable.fs_type(tmp_path)  # e.g. ext4, xfs, tmpfs, overlay
     assert durable.fs_type(tmp_path / "missing") == ""
+
+
+def _save_in_child(path, queue):
+    from kvbridge.artifacts import save_safetensors
+
+    queue.put(save_safetensors({"x": torch.arange(4.0)}, path))
+
+
+def test_a_forked_child_saves_with_its_own_checksum_thread(tmp_path):
+    import multiprocessing
+
+    from kvbridge.artifacts import save_safetensors, sha256_file
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    save_safetensors({"x": torch.arange(4.0)}, tmp_path / "parent.safetensors")  # the parent's thread exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_save_in_child, args=(str(tmp_path / "child.safetensors"), queue))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "the child hung or failed saving"
+    assert (
+        queue.get(timeout=5)
+        == sha256_file(tmp_path / "child.safetensors")
+        == sha256_file(tmp_path / "parent.safetensors")
+    )

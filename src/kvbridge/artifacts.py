@@ -203,7 +203,8 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         if batch:
             yield batch
 
-    with open(path, "wb", buffering=0) as fh, ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256") as pool:
+    pool = _hash_pool()
+    with open(path, "wb", buffering=0) as fh:
         _write_all(fh, head)
         pos, pending = len(head), None
         for batch in batches():
@@ -218,6 +219,19 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         if pending is not None:
             pending.result()
     return h.hexdigest()
+
+
+_POOL: dict = {}
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The checksum worker, started once per process (a thread start per save cost ~50 ms on a busy
+    machine); a forked child, which has no copy of the thread, starts its own."""
+    pool = _POOL.get(os.getpid())
+    if pool is None:
+        _POOL.clear()
+        pool = _POOL[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256")
+    return pool
 
 
 def _write_all(fh, data) -> None:
