@@ -421,7 +421,7 @@ def export_peer(commit: str, dest: Path = PEER_SRC) -> None:
 
 
 def run_child(side: str, task: str, threads: int, args, **extra) -> dict:
-    root = ROOT / "src" if side == "ours" else Path(args.peer) / "src"
+    root = Path(args.ours or ROOT / "src") if side == "ours" else Path(args.peer) / "src"
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -512,6 +512,9 @@ def main() -> None:
     ap.add_argument("--parts", default="map,save,fit")
     ap.add_argument("--geometry", default=GEOMETRY)
     ap.add_argument("--peer", default=str(PEER_SRC), help="the exported peer source (with src/kvbridge)")
+    ap.add_argument(
+        "--ours", default=None, help="our source folder (default: this checkout's src; e.g. an exported older commit)"
+    )
     ap.add_argument("--export-peer", metavar="COMMIT", default=None, help="export the peer at COMMIT and exit")
     ap.add_argument("--child", choices=("ours", "peer"), help=argparse.SUPPRESS)
     ap.add_argument("--task", help=argparse.SUPPRESS)

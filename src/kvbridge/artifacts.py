@@ -2,8 +2,9 @@
 
 The one write path of kvbridge (mappings, packs, eval reports all go through it):
 
-- **atomic**: everything goes into a temporary sibling folder ``.<name>.tmp-*``; every file
-  is fsynced, then the folder is renamed into place (and the parent fsynced). A killed or
+- **atomic**: everything goes into a temporary sibling folder ``.<name>.tmp-*``; every file's
+  data is made durable, then the folder is renamed into place, and the parent fsynced
+  (:mod:`kvbridge.durable`: one journal commit on ext4/XFS, an fsync per file elsewhere). A killed or
   failed write leaves the previous artifact as it was; a replaced artifact is moved aside
   (``.<name>.old-*``) only for the instant between two renames, and the next writer restores
   it if a crash hit exactly there.
@@ -29,12 +30,14 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from kvbridge.version import __version__
+from kvbridge.durable import commit_file, commit_tree, start_writeback
 from kvbridge.errors import ArtifactError
+from kvbridge.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
@@ -101,6 +104,8 @@ _ST_RANK = {
     )
 }
 _WRITE_CHUNK = 1 << 22
+#: bytes per hand-off to the checksum thread, and per request to start writing out (durable.start_writeback)
+_BATCH_BYTES = 8 << 20
 
 
 class NonFiniteError(ArtifactError):
@@ -170,10 +175,17 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
     text = ("{" + ",".join(header) + "}").encode("utf-8")
     text += b" " * (-len(text) % 8)
     h = hashlib.sha256()
-    with open(path, "wb") as fh:
-        head = len(text).to_bytes(8, "little") + text
-        h.update(head)
-        fh.write(head)
+    head = len(text).to_bytes(8, "little") + text
+    h.update(head)
+
+    def digest(batch) -> None:  # hashlib and numpy release the GIL: runs beside the writes
+        for k, t, block in batch:
+            if finite and names[k] in _NP_FLOATS:
+                _check_finite(k, t, block)
+            h.update(block)
+
+    def batches():  # (name, tensor, bytes) blocks, about _BATCH_BYTES a batch, in file order
+        batch, size = [], 0
         for k in order:
             t = items[k]
             if t.numel() == 0:
@@ -183,12 +195,49 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
                 _check_finite(k, t)
             raw = memoryview(t.reshape(-1).view(torch.uint8).numpy())
             for a in range(0, len(raw), _WRITE_CHUNK):
-                block = raw[a : a + _WRITE_CHUNK]
-                if finite and names[k] in _NP_FLOATS:
-                    _check_finite(k, t, block)
-                h.update(block)
-                fh.write(block)
+                batch.append((k, t, raw[a : a + _WRITE_CHUNK]))
+                size += len(batch[-1][2])
+                if size >= _BATCH_BYTES:
+                    yield batch
+                    batch, size = [], 0
+        if batch:
+            yield batch
+
+    pool = _hash_pool()
+    with open(path, "wb", buffering=0) as fh:
+        _write_all(fh, head)
+        pos, pending = len(head), None
+        for batch in batches():
+            if pending is not None:
+                pending.result()  # batches are hashed in order
+            pending = pool.submit(digest, batch)  # one hand-off per batch: cheap on a busy machine
+            start = pos
+            for _, _, block in batch:
+                _write_all(fh, block)
+                pos += len(block)
+            start_writeback(fh.fileno(), start, pos - start)  # the final flush then has little left
+        if pending is not None:
+            pending.result()
     return h.hexdigest()
+
+
+_POOL: dict = {}
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The checksum worker, started once per process (a thread start per save cost ~50 ms on a busy
+    machine); a forked child, which has no copy of the thread, starts its own."""
+    pool = _POOL.get(os.getpid())
+    if pool is None:
+        _POOL.clear()
+        pool = _POOL[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256")
+    return pool
+
+
+def _write_all(fh, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[fh.write(view) :]
 
 
 # -- ownership ---------------------------------------------------------------------------------------
@@ -327,26 +376,6 @@ def recover(out: Path | str) -> None:
 
 
 # -- atomic writes --------------------------------------------------------------------------------------
-def _fsync_path(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - some file systems refuse opening folders
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(folder: Path) -> None:
-    for p in folder.rglob("*"):
-        if p.is_file():
-            _fsync_path(p)
-    _fsync_path(folder)
-
-
 @contextmanager
 def atomic_dir(
     out: Path | str,
@@ -378,15 +407,17 @@ def atomic_dir(
             (tmp / MARKER).write_text(
                 json.dumps({"kind": kind, "writer": WRITER, "version": __version__}) + "\n", encoding="utf-8"
             )
-            _fsync_tree(tmp)
-            if out.exists():
-                old = out.with_name(f".{out.name}.old-{os.getpid()}")
-                out.rename(old)
-                tmp.rename(out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(out)
-            _fsync_path(out.parent)
+
+            def rename() -> None:
+                if out.exists():
+                    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                    out.rename(old)
+                    tmp.rename(out)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    tmp.rename(out)
+
+            commit_tree(tmp, rename)  # data of every file durable before the rename is (one commit)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -400,14 +431,11 @@ def write_file_atomic(path: Path | str, data: bytes | str) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        commit_file(Path(tmp), lambda: os.replace(tmp, path))
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_path(path.parent)
     return path
 
 

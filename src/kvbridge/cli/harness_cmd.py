@@ -142,6 +142,9 @@ def harness(
     \b
     TASKS
     """
+    from kvbridge.threads import passive_omp_wait
+
+    passive_omp_wait()  # before torch loads: waiting threads sleep (a shared machine, BENCHMARKS.md)
     from kvbridge.harness.pair_run import harness_pair, prepare
     from kvbridge.harness.settings import HarnessSettings
 

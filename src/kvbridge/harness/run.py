@@ -263,7 +263,7 @@ def run_harness(
             "tasks": result_tasks,
             "overall": overall,
             "items": all_items,
-            "timing": {"seconds": time.perf_counter() - t_start, **answerer.timing},
+            "timing": {"seconds": time.perf_counter() - t_start, **answerer.timing, "reused": dict(answerer.reused)},
             "definitions": {
                 "accuracy": "mean item score; ci: Wilson 95%",
                 "retention": "transferred / target",

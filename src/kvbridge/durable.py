@@ -1,0 +1,143 @@
+"""Durable writes with one journal commit per artifact (the flush half of ``artifacts.py``).
+
+An artifact is a temporary folder renamed into place. For the rename to never expose a half-written
+file after a crash, every file's data must reach the disk before the rename is committed. The plain
+way is one ``fsync`` per file, then one for the folder and one for its parent: each is a journal
+commit and a disk-cache flush (~4 ms for a small file on the project's machine).
+
+On Linux, where the file system keeps one ordered journal (ext4, XFS; :data:`ONE_COMMIT_FS`), it is
+done with ONE ``fsync``:
+
+1. the data of each file is written out and waited for with ``sync_file_range`` (no journal commit,
+   no cache flush; while a big file is being written, :func:`start_writeback` starts this early, so
+   the wait at the end is short);
+2. the folder is renamed into place;
+3. the parent folder is ``fsync``-ed: one commit, preceded by a cache flush, that makes durable the
+   files' metadata (their sizes and extents, logged when their write-out finished, so in this or an
+   earlier transaction) together with the rename. A crash before it leaves the old state.
+
+Anywhere else (another OS, another file system, no ``sync_file_range``) :func:`commit_tree` falls
+back to an ``fsync`` per file and per folder, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+#: file systems whose directory fsync commits a journal that orders every earlier metadata change
+ONE_COMMIT_FS = frozenset({"ext4", "xfs"})
+_WRITE = 2  # SYNC_FILE_RANGE_WRITE
+_WAIT_ALL = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
+_SFR: list = []  # [function or None], looked up once
+_FS_OF_DEV: dict[int, str] = {}
+
+
+def _sync_file_range():
+    if not _SFR:
+        fn = None
+        if os.name == "posix" and os.uname().sysname == "Linux":
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+                fn = libc.sync_file_range
+                fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):  # pragma: no cover - no such libc function
+                fn = None
+        _SFR.append(fn)
+    return _SFR[0]
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes at ``offset`` of ``fd`` out now (returns at once)."""
+    fn = _sync_file_range()
+    if fn is not None:
+        fn(fd, offset, length, _WRITE)
+
+
+def fs_type(path: Path | str) -> str:
+    """The file system type of ``path`` (``/proc/self/mountinfo``), or ``""`` where unknown."""
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        return ""
+    if dev in _FS_OF_DEV:
+        return _FS_OF_DEV[dev]
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    kind = ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == want and " - " in line:
+                    kind = line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        pass
+    _FS_OF_DEV[dev] = kind
+    return kind
+
+
+def one_commit(folder: Path | str) -> bool:
+    """Whether :func:`commit_tree` can make ``folder`` durable with one journal commit."""
+    return _sync_file_range() is not None and fs_type(folder) in ONE_COMMIT_FS
+
+
+def fsync_path(path: Path | str) -> None:
+    """``fsync`` a file or folder (best effort where a file system refuses to open folders)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - some file systems refuse opening folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _flush_data(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _sync_file_range()(fd, 0, 0, _WAIT_ALL) != 0:  # 0, 0: the whole file
+            err = ctypes.get_errno()
+            raise OSError(err, f"sync_file_range: {os.strerror(err)}", str(path))
+    finally:
+        os.close(fd)
+
+
+def commit_tree(tmp: Path, rename) -> None:
+    """Make the folder ``tmp`` durable and call ``rename()`` (which moves it into place).
+
+    One journal commit where :func:`one_commit` holds (data of every file written out and waited
+    for, rename, ``fsync`` of the parent); else ``fsync`` of every file and folder, rename, ``fsync``
+    of the parent. A failure before ``rename()`` leaves ``tmp`` as it is (the caller removes it).
+    """
+    tmp = Path(tmp)
+    if one_commit(tmp):
+        for p in sorted(tmp.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                _flush_data(p)
+    else:
+        for p in sorted(tmp.rglob("*")):
+            if p.is_file() or p.is_dir():
+                fsync_path(p)
+        fsync_path(tmp)
+    rename()
+    fsync_path(tmp.parent)
+
+
+def commit_file(tmp: Path, rename) -> None:
+    """:func:`commit_tree` for a single temporary file ``tmp`` (renamed by ``rename()``)."""
+    tmp = Path(tmp)
+    if one_commit(tmp):
+        _flush_data(tmp)
+    else:
+        fsync_path(tmp)
+    rename()
+    fsync_path(tmp.parent)
+
+
+__all__ = ["ONE_COMMIT_FS", "commit_file", "commit_tree", "fs_type", "fsync_path", "one_commit", "start_writeback"]
