@@ -109,6 +109,8 @@ def build_manifest(
         "dtype": "float32",
         "compute_dtype": "float32",
         "exact": False,
+        **({"training": rep["training"]} if rep.get("training") else {}),
+        **(mapping.manifest_fields() if hasattr(mapping, "manifest_fields") else {}),
     }
 
 
@@ -247,13 +249,14 @@ def load_mapping(
                     "alpha_chosen",
                     "observations",
                     "layer_selection",
+                    "training",
                 )
             },
             "fitter": manifest["fitter"]["name"],
             "params": manifest["fitter"].get("params") or {},
         }
     )
-    return FittedMapping.from_tensors(
+    mapping = FittedMapping.from_tensors(
         tensors,
         source_spec=source_spec,
         target_spec=target_spec,
@@ -263,6 +266,11 @@ def load_mapping(
         report=report,
         manifest=manifest,
     )
+    if manifest.get("residual") is not None:  # a trained residual on the ridge map (fitter translator)
+        from kvbridge.fit.translator_mapping import with_residual
+
+        mapping = with_residual(mapping, tensors, manifest["residual"])
+    return mapping
 
 
 # -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------
