@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mapping", default=None, help="a translator mapping folder already fitted: skip the fit")
     args = ap.parse_args(argv)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -104,31 +105,36 @@ def main(argv=None) -> int:
                 log(f"calibration pass {tag}: {n} tokens")
 
     t0 = time.perf_counter()
-    mdir = out / "translator"
-    mapping = run_fit(
-        smodel,
-        tmodel,
-        texts,
-        fitter="translator",
-        options=parse_pairs(args.options),
-        calibration=CalibrationConfig(
-            stride=args.stride,
-            heldout=0.1,
-            seed=0,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            tokens=args.tokens,
-        ),
-        tokenizer=stok,
-        corpus_sha256=sha,
-        corpus_path=corpus,
-        corpus_split=split,
-        out=mdir,
-        overwrite=True,
-        distributed=None,
-        provenance=Provenance(args.source, args.target, None, None),
-        progress=_Bar(),
-    )
+    mdir = Path(args.mapping) if args.mapping else out / "translator"
+    if args.mapping:
+        from kvbridge.fit.artifact import load_mapping
+
+        mapping = load_mapping(mdir, source=smodel, target=tmodel)
+    else:
+        mapping = run_fit(
+            smodel,
+            tmodel,
+            texts,
+            fitter="translator",
+            options=parse_pairs(args.options),
+            calibration=CalibrationConfig(
+                stride=args.stride,
+                heldout=0.1,
+                seed=0,
+                batch_size=args.batch_size,
+                seq_len=args.seq_len,
+                tokens=args.tokens,
+            ),
+            tokenizer=stok,
+            corpus_sha256=sha,
+            corpus_path=corpus,
+            corpus_split=split,
+            out=mdir,
+            overwrite=True,
+            distributed=None,
+            provenance=Provenance(args.source, args.target, None, None),
+            progress=_Bar(),
+        )
     results["fit_s"] = round(time.perf_counter() - t0, 1)
     rep = mapping.report
     results["fit"] = {

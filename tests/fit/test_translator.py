@@ -120,7 +120,7 @@ def test_the_artifact_loads_as_a_translator_and_transfers_like_the_fitted_one(pl
 def test_what_training_sees_is_what_a_transfer_gives(planted, fit_host, trained):
     """The training's mapped K/V (ridge cache + rotated residual) equal the transfer of the fitted
     mapping: RoPE is re-applied as the target uses it."""
-    from kvbridge.fit.translator_data import collect, mapped_layer
+    from kvbridge.fit.translator_data import collect, mapped
     from kvbridge.transfer import transfer
 
     mapping, _ = trained
@@ -130,17 +130,17 @@ def test_what_training_sees_is_what_a_transfer_gives(planted, fit_host, trained)
     )
     data = collect(cal, ridge, queries=8)
     params = {}
-    for layer in range(len(mapping.layers)):
-        for c in ("k", "v"):
-            params[(layer, c)] = mapping.layer_params(layer, c)
+    for c in ("k", "v"):
+        per = [mapping.layer_params(layer, c) for layer in range(len(mapping.layers))]
+        params[c] = {n: torch.stack([p[n] for p in per]) for n in per[0]}
+        data.x[c] = (data.x[c] - params[c]["mu"][:, None]) * params[c]["inv"][:, None]
     src = planted["source"]
     state = fit_host.adapter_of(src).extract(src, planted["ids"][:2])
     moved = transfer(state, mapping, cal.target_spec, host=fit_host)
-    rows = torch.arange(2)
-    for layer, lm in enumerate(mapping.layers):
-        k, v = mapped_layer(data, params, "lowrank", layer, lm.sources, rows)
-        assert torch.allclose(k, moved.keys[layer], atol=1e-4, rtol=1e-4)
-        assert torch.allclose(v, moved.values[layer], atol=1e-4, rtol=1e-4)
+    k, v = mapped(data, params, "lowrank", torch.arange(2))
+    for layer in range(len(mapping.layers)):
+        assert torch.allclose(k[:, layer], moved.keys[layer], atol=1e-4, rtol=1e-4)
+        assert torch.allclose(v[:, layer], moved.values[layer], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

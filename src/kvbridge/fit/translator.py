@@ -106,34 +106,36 @@ class TranslatorOptions:
 
 
 # -- the residual's parameters and a deterministic AdamW ------------------------------------------------
-def init_params(data, selection, options: TranslatorOptions, out_dim: int) -> tuple[dict, dict]:
-    """``(params, fixed)``: per ``(layer, "k"|"v")`` the trainable tensors (output layer zero) and the
-    fixed normalisation (``mu``, ``inv``) from the training sequences' features."""
+def init_params(data, options: TranslatorOptions, out_dim: int) -> tuple[dict, dict]:
+    """``(params, fixed)``: per ``"k"|"v"`` the trainable tensors stacked over target layers (output
+    layer zero) and the fixed normalisation (``mu``, ``inv`` ``[L, F]``) from the training
+    sequences' features; ``data.x`` is normalised in place."""
     g = torch.Generator().manual_seed(int(options.seed))
     train = data.train_index
     params, fixed = {}, {}
-    for layer, sources in enumerate(selection):
-        idx = torch.as_tensor([int(s) for s in sources])
-        for name, src in (("k", data.src_k), ("v", data.src_v)):
-            x = src[train].index_select(2, idx).reshape(-1, len(sources) * src.shape[-1]).double()
-            mu = x.mean(0)
-            sd = x.std(0, unbiased=False)
-            inv = 1.0 / sd.clamp_min(1e-6 * float(sd.max().clamp_min(1e-30)))
-            fixed[(layer, name)] = {"mu": mu.float(), "inv": inv.float()}
-            f = x.shape[1]
-            if options.kind == "lowrank":
-                p = {
-                    "a": torch.randn(f, options.rank, generator=g) / math.sqrt(f),
-                    "b": torch.zeros(options.rank, out_dim),
-                }
-            else:
-                p = {
-                    "w1": torch.randn(f, options.hidden, generator=g) / math.sqrt(f),
-                    "b1": torch.zeros(options.hidden),
-                    "w2": torch.zeros(options.hidden, out_dim),
-                    "b2": torch.zeros(out_dim),
-                }
-            params[(layer, name)] = p
+    for name in ("k", "v"):
+        x = data.x[name]
+        xt = x[train].double()
+        mu = xt.mean((0, 2))  # [L, F]
+        sd = xt.var((0, 2), unbiased=False).sqrt()
+        del xt
+        inv = 1.0 / torch.maximum(sd, 1e-6 * sd.amax(1, keepdim=True).clamp_min(1e-30))
+        mu, inv = mu.float(), inv.float()
+        x.sub_(mu[:, None]).mul_(inv[:, None])
+        fixed[name] = {"mu": mu, "inv": inv}
+        lt, f = mu.shape
+        if options.kind == "lowrank":
+            params[name] = {
+                "a": torch.randn(lt, f, options.rank, generator=g) / math.sqrt(f),
+                "b": torch.zeros(lt, options.rank, out_dim),
+            }
+        else:
+            params[name] = {
+                "w1": torch.randn(lt, f, options.hidden, generator=g) / math.sqrt(f),
+                "b1": torch.zeros(lt, options.hidden),
+                "w2": torch.zeros(lt, options.hidden, out_dim),
+                "b2": torch.zeros(lt, out_dim),
+            }
     return params, fixed
 
 
@@ -223,7 +225,7 @@ class TranslatorFitter:
     Options = TranslatorOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: TranslatorOptions = TranslatorOptions()):
-        from kvbridge.fit.translator_data import collect, cosines, kl_loss, layer_losses
+        from kvbridge.fit.translator_data import collect, kl_loss, layer_losses, measure
         from kvbridge.fit.translator_mapping import TranslatorMapping, tensor_name
         from kvbridge.progress import Progress
 
@@ -237,7 +239,6 @@ class TranslatorFitter:
         if options.kl_steps and options.kl_suffix >= calibration.seq_len:
             raise _bad("kl_suffix", options.kl_suffix, f"must be below --seq-len {calibration.seq_len}", 16)
         ridge = RidgeFitter().fit(source_spec, target_spec, calibration, options.ridge())
-        selection = [list(lm.sources) for lm in ridge.layers]
         seq_len = calibration.seq_len
         show = calibration.progress is not None and getattr(calibration.progress, "enabled", True)
         t0 = time.perf_counter()
@@ -261,11 +262,10 @@ class TranslatorFitter:
         if len(train) == 0:
             raise FitError("the translator needs training sequences (all are held out)", "lower --heldout")
         out_dim = target_spec.num_kv_heads * target_spec.head_dim
-        params, fixed = init_params(data, selection, options, out_dim)
+        params, fixed = init_params(data, options, out_dim)
         for p in params.values():
             for t in p.values():
                 t.requires_grad_(True)
-        full = {key: {**fixed[key], **params[key]} for key in params}
         kind = options.kind
         opt = AdamW(_flat(params), options.lr, options.weight_decay)
         key = _run_key(options, data, ridge)
@@ -275,21 +275,7 @@ class TranslatorFitter:
             folder = Path(ck.folder) / "translator"
         resume_from = getattr(ck, "resume", True) if options.resume is None else True
 
-        def measure(rows) -> dict | None:
-            if len(rows) == 0:
-                return None
-            with torch.no_grad():
-                losses = layer_losses(data, full, kind, selection, rows)
-            cos = cosines(data, full, kind, selection, rows)
-            return {
-                "loss": float(losses.mean()),
-                "loss_layers": [round(float(x), 6) for x in losses],
-                "attention_cosine_mean": float(cos.mean()),
-                "attention_cosine_min": float(cos.min()),
-                "attention_cosine_layers": [round(float(x), 6) for x in cos],
-            }
-
-        before = {"train": measure(train), "heldout": measure(held)}
+        before = {"train": measure(data, params, kind, train), "heldout": measure(data, params, kind, held)}
         start, curve = 0, []
         if folder is not None and resume_from:
             got = load_state(folder, key, opt)
@@ -310,9 +296,9 @@ class TranslatorFitter:
                     g = torch.Generator().manual_seed(int(options.seed) * 1_000_003 + step)
                     rows = train[torch.randperm(len(train), generator=g)[: options.batch]]
                     if step < options.steps:
-                        loss = layer_losses(data, full, kind, selection, rows).mean()
+                        loss = layer_losses(data, params, kind, rows).mean()
                     else:
-                        loss = kl_loss(data, full, kind, selection, rows, calibration.target_model)
+                        loss = kl_loss(data, params, kind, rows, calibration.target_model)
                     loss.backward()
                     opt.step()
                     if step % max(1, total // 20) == 0 or step == total - 1:
@@ -331,9 +317,12 @@ class TranslatorFitter:
         train_s = time.perf_counter() - t_train
         for t in opt.tensors:
             t.requires_grad_(False)
-        after = {"train": measure(train), "heldout": measure(held)}
+        after = {"train": measure(data, params, kind, train), "heldout": measure(data, params, kind, held)}
         residual = {
-            tensor_name(layer, name, n): t.detach().clone() for (layer, name), p in full.items() for n, t in p.items()
+            tensor_name(layer, name, n): t[layer].detach().clone()
+            for name in ("k", "v")
+            for n, t in {**fixed[name], **params[name]}.items()
+            for layer in range(target_spec.num_layers)
         }
         run_steps = max(1, total - start)
         training = {
