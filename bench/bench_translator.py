@@ -63,13 +63,17 @@ def main(argv=None) -> int:
     ap.add_argument("-o", dest="options", action="append", default=[], help="translator option key=value")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--prefix-len", type=int, default=512)
-    ap.add_argument("--continuation-len", type=int, default=16)
+    ap.add_argument("--continuation-len", type=int, default=8)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--report-only", action="store_true", help="print the table of OUT/results.json")
     ap.add_argument("--mapping", default=None, help="a translator mapping folder already fitted: skip the fit")
     args = ap.parse_args(argv)
     out = args.out
+    if args.report_only:
+        print(report(json.loads((out / "results.json").read_text())))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -184,9 +188,9 @@ def main(argv=None) -> int:
         return res
 
     evals = {}
-    for name, m, conds in (
-        ("ridge", ridge, ("native", "source", "transferred", "no_prefix")),
-        ("translator", mapping, ("native", "transferred", "no_prefix")),
+    for name, m, conds in (  # the translator first: a run cut short still has its row and the source line
+        ("translator", mapping, ("native", "source", "transferred", "no_prefix")),
+        ("ridge", ridge, ("native", "transferred", "no_prefix")),
     ):
         res = run_eval(m, conds)
         evals[name] = res
@@ -242,11 +246,11 @@ def report(r: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     rows = [
-        ("target native", r["eval_ridge"]["conditions"]["native"]),
-        ("source model alone", r["eval_ridge"]["conditions"].get("source", {})),
-        ("ridge (the translator's start)", r["eval_ridge"]["conditions"]["transferred"]),
+        ("target native", r["eval_translator"]["conditions"]["native"]),
+        ("source model alone", r["eval_translator"]["conditions"].get("source", {})),
+        ("ridge (the translator's start)", (r.get("eval_ridge") or {}).get("conditions", {}).get("transferred", {})),
         ("translator", r["eval_translator"]["conditions"]["transferred"]),
-        ("no prefix", r["eval_ridge"]["conditions"]["no_prefix"]),
+        ("no prefix", r["eval_translator"]["conditions"]["no_prefix"]),
     ]
     for name, c in rows:
         ci = c.get("gap_recovered_ci")
