@@ -59,6 +59,7 @@ def test_training_lowers_the_attention_error_and_the_manifest_records_it(trained
     assert tr["after"]["heldout"]["loss"] < tr["before"]["heldout"]["loss"]
     assert mapping.manifest["training"]["after"] == tr["after"]
     assert mapping.manifest["residual"] == {"kind": "lowrank", "size": 4, "space": "content"}
+    assert mapping.manifest["mode"] == "dense+residual"  # a reader without the residual refuses the mode
     assert tr["steps"] == 8 and len(tr["curve"]) >= 2 and tr["seconds_per_step"] > 0
 
 
@@ -96,7 +97,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_result(planted, fit_hos
         _fit(planted, fit_host, resume=str(state), **other)
 
 
-def test_the_artifact_loads_as_a_translator_and_transfers_like_the_fitted_one(planted, fit_host, trained):
+def test_the_artifact_loads_as_a_translator_and_transfers_like_the_fitted_one(planted, fit_host, trained, tmp_path):
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.testing.planted import token_ids
     from kvbridge.transfer import transfer
@@ -104,6 +105,18 @@ def test_the_artifact_loads_as_a_translator_and_transfers_like_the_fitted_one(pl
     mapping, folder = trained
     back = load_mapping(folder, source=planted["source"], target=planted["target"], host=fit_host)
     assert isinstance(back, TranslatorMapping) and back.residual_kind == "lowrank"
+    import json
+
+    from kvbridge.errors import ArtifactError
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    bad = tmp_path / "bad"
+    import shutil
+
+    shutil.copytree(folder, bad)
+    (bad / "manifest.json").write_text(json.dumps({**manifest, "mode": "dense"}))
+    with pytest.raises(ArtifactError, match="disagree"):
+        load_mapping(bad, host=fit_host)
     assert back.report.training["after"] == mapping.report.training["after"]
     src, tgt = planted["source"], planted["target"]
     state = fit_host.adapter_of(src).extract(src, token_ids(2, 24, seed=5))

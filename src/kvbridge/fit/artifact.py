@@ -256,20 +256,26 @@ def load_mapping(
             "params": manifest["fitter"].get("params") or {},
         }
     )
+    mode = manifest.get("mode", "dense")
+    residual = manifest.get("residual")
+    if (mode == "dense+residual") != (residual is not None):
+        raise ArtifactError(
+            f"manifest mode {mode!r} and field residual disagree", "re-create the mapping with `kvbridge fit`"
+        )
     mapping = FittedMapping.from_tensors(
         tensors,
         source_spec=source_spec,
         target_spec=target_spec,
-        mode=manifest.get("mode", "dense"),
+        mode="dense" if residual is not None else mode,
         selection=manifest["layer_selection"],
         fitter=manifest["fitter"]["name"],
         report=report,
         manifest=manifest,
     )
-    if manifest.get("residual") is not None:  # a trained residual on the ridge map (fitter translator)
+    if residual is not None:  # a trained residual on the ridge map (fitter translator)
         from kvbridge.fit.translator_mapping import with_residual
 
-        mapping = with_residual(mapping, tensors, manifest["residual"])
+        mapping = with_residual(mapping, tensors, residual)
     return mapping
 
 

@@ -29,6 +29,8 @@ KINDS = ("lowrank", "mlp")
 TRAINED = {"lowrank": ("a", "b"), "mlp": ("w1", "b1", "w2", "b2")}
 FIXED = ("mu", "inv")
 PREFIX = "residual"
+#: the manifest ``mode`` of a translator mapping (its layers are ``dense``)
+RESIDUAL_MODE = "dense+residual"
 
 
 def tensor_name(layer: int, kind: str, name: str) -> str:
@@ -113,7 +115,12 @@ class TranslatorMapping(FittedMapping):
 
     def manifest_fields(self) -> dict:
         """Fields :func:`kvbridge.fit.artifact.build_manifest` adds to the manifest."""
-        return {"residual": {"kind": self.residual_kind, "size": int(self.residual_size), "space": "content"}}
+        # the manifest's mode says "residual" too: a kvbridge without the translator refuses the mapping
+        # (an unknown mode) rather than loading its ridge part as if it were the whole map
+        return {
+            "mode": RESIDUAL_MODE,
+            "residual": {"kind": self.residual_kind, "size": int(self.residual_size), "space": "content"},
+        }
 
     def flops(self, tokens: int) -> int:
         extra = sum(
@@ -142,4 +149,13 @@ def with_residual(mapping: FittedMapping, tensors: dict, record: dict) -> Transl
     )
 
 
-__all__ = ["TranslatorMapping", "with_residual", "residual_delta", "rotate", "features", "tensor_name", "KINDS"]
+__all__ = [
+    "RESIDUAL_MODE",
+    "TranslatorMapping",
+    "with_residual",
+    "residual_delta",
+    "rotate",
+    "features",
+    "tensor_name",
+    "KINDS",
+]
