@@ -197,3 +197,26 @@ def test_bad_options_are_refused_in_one_line(values, words):
     with pytest.raises(FitError) as err:
         build_options(TranslatorOptions, values)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_it_can_start_from_a_ridge_mapping_folder(planted, fit_host, tmp_path, trained):
+    from kvbridge.fit import fit
+
+    ridge_dir = tmp_path / "ridge"
+    fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"],
+        fitter="ridge",
+        options={"top_k": 1, "alpha": 300.0},
+        calibration=CalibrationConfig(stride=2, heldout=0.25),
+        host=fit_host,
+        distributed=None,
+        out=ridge_dir,
+    )
+    whole, folder = trained
+    again = _fit(planted, fit_host, init=str(ridge_dir), **MISFIT)
+    assert _equal(whole, again)  # the same ridge start, the same training
+    assert again.report.training["ridge_from"] == str(ridge_dir)
+    with pytest.raises(FitError, match="not a ridge one"):
+        _fit(planted, fit_host, init=str(folder), **MISFIT)

@@ -62,6 +62,7 @@ class TranslatorOptions:
     queries: int = 64  # query positions per sequence in the loss (0: every position)
     kl_steps: int = 0  # then this many steps on next-token KL to the native logits
     kl_suffix: int = 16  # tokens at the end of each sequence the KL stage scores
+    init: str | None = None  # start from this ridge mapping folder (kvbridge fit --fitter ridge) instead of fitting one
     resume: str | None = None  # folder of the training checkpoint (continue from it when present)
     checkpoint_every: int = 50  # steps between checkpoints (with resume)
 
@@ -224,6 +225,22 @@ class TranslatorFitter:
     name = "translator"
     Options = TranslatorOptions
 
+    @staticmethod
+    def _start(source_spec, target_spec, calibration, options: TranslatorOptions):
+        """The ridge map the residual starts from: fitted here, or loaded from ``options.init`` (a
+        ``ridge`` mapping of these very models, fingerprints checked)."""
+        if options.init is None:
+            return RidgeFitter().fit(source_spec, target_spec, calibration, options.ridge())
+        from kvbridge.fit.artifact import load_mapping
+
+        ridge = load_mapping(options.init, source=calibration.source_model, target=calibration.target_model)
+        if ridge.fitter != "ridge" or ridge.mode != "dense" or type(ridge).__name__ != "FittedMapping":
+            raise FitError(
+                f"translator option init={options.init!r} is a {ridge.fitter} ({ridge.mode}) mapping, not a ridge one",
+                "pass a folder written by `kvbridge fit --fitter ridge`, or leave init out",
+            )
+        return ridge
+
     def fit(self, source_spec, target_spec, calibration=None, options: TranslatorOptions = TranslatorOptions()):
         from kvbridge.fit.translator_data import collect, kl_loss, layer_losses, measure
         from kvbridge.fit.translator_mapping import TranslatorMapping, tensor_name
@@ -238,7 +255,7 @@ class TranslatorFitter:
             )
         if options.kl_steps and options.kl_suffix >= calibration.seq_len:
             raise _bad("kl_suffix", options.kl_suffix, f"must be below --seq-len {calibration.seq_len}", 16)
-        ridge = RidgeFitter().fit(source_spec, target_spec, calibration, options.ridge())
+        ridge = self._start(source_spec, target_spec, calibration, options)
         seq_len = calibration.seq_len
         show = calibration.progress is not None and getattr(calibration.progress, "enabled", True)
         t0 = time.perf_counter()
@@ -333,6 +350,8 @@ class TranslatorFitter:
             "steps": options.steps,
             "kl_steps": options.kl_steps,
             "resumed_at_step": start,
+            "ridge_from": options.init,
+            "ridge_calibration": (ridge.manifest or {}).get("calibration") if options.init else None,
             "query_positions": int(len(data.qpos)),
             "train_sequences": int(len(train)),
             "heldout_sequences": int(len(held)),
