@@ -220,3 +220,22 @@ def test_it_can_start_from_a_ridge_mapping_folder(planted, fit_host, tmp_path, t
     assert again.report.training["ridge_from"] == str(ridge_dir)
     with pytest.raises(FitError, match="not a ridge one"):
         _fit(planted, fit_host, init=str(folder), **MISFIT)
+
+
+def test_progress_lines_carry_an_eta(planted, fit_host, capsys, monkeypatch):
+    from kvbridge.fit import fit
+
+    monkeypatch.setenv("KVBRIDGE_PROGRESS_EVERY", "0")  # a line per update
+    fit(
+        planted["source"],
+        planted["target"],
+        planted["ids"][:8],
+        fitter="translator",
+        options={**MISFIT, "steps": 3},
+        calibration=CalibrationConfig(stride=2, heldout=0.25),
+        host=fit_host,
+        distributed=None,
+        progress=lambda event: None,
+    )
+    err = capsys.readouterr().err
+    assert "translator: 1/3 steps" in err and "ETA" in err and "translator data:" in err

@@ -171,13 +171,10 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
 
 
 def delta(x: torch.Tensor, params: dict, kind: str) -> torch.Tensor:
-    """Every layer's residual at once: ``x [B, L, T, F]`` (normalised) -> ``[B, L, T, O]``;
-    ``params`` stacked over layers (lowrank ``a [L, F, r]``, ``b [L, r, O]``; mlp ``w1 [L, F, h]``,
-    ``b1 [L, h]``, ``w2 [L, h, O]``, ``b2 [L, O]``)."""
-    if kind == "lowrank":
-        return (x @ params["a"]) @ params["b"]
-    hidden = torch.nn.functional.gelu(x @ params["w1"] + params["b1"][:, None])
-    return hidden @ params["w2"] + params["b2"][:, None]
+    """Every layer's residual at once (:func:`kvbridge.fit.translator_mapping.stacked_delta`)."""
+    from kvbridge.fit.translator_mapping import stacked_delta
+
+    return stacked_delta(x, params, kind)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rdim: int, interleaved: bool) -> torch.Tensor:

@@ -37,20 +37,14 @@ def tensor_name(layer: int, kind: str, name: str) -> str:
     return f"{PREFIX}.{layer}.{kind}.{name}"
 
 
-def residual_delta(x: torch.Tensor, params: dict, kind: str) -> torch.Tensor:
-    """``delta [.., H_t·D_t]`` of the residual ``kind`` with ``params`` on features ``x [.., F]``."""
-    xn = (x - params["mu"]) * params["inv"]
+def stacked_delta(x: torch.Tensor, params: dict, kind: str) -> torch.Tensor:
+    """Every layer's residual at once: ``x [B, L, T, F]`` (normalised) -> ``[B, L, T, O]``;
+    ``params`` stacked over layers (lowrank ``a [L, F, r]``, ``b [L, r, O]``; mlp ``w1 [L, F, h]``,
+    ``b1 [L, h]``, ``w2 [L, h, O]``, ``b2 [L, O]``)."""
     if kind == "lowrank":
-        return (xn @ params["a"]) @ params["b"]
-    hidden = torch.nn.functional.gelu(xn @ params["w1"] + params["b1"])
-    return hidden @ params["w2"] + params["b2"]
-
-
-def features(tensors, sources, batch: int, tokens: int) -> torch.Tensor:
-    """``[B, T, k·H_s·D_s]`` float32 features of the selected ``sources`` from per-layer source
-    content tensors ``[B, H_s, T, D_s]`` (the dense ridge layout: layer, head, dim)."""
-    x = torch.stack([tensors[int(s)].float().transpose(1, 2) for s in sources], dim=2)
-    return x.reshape(batch, tokens, -1)
+        return (x @ params["a"]) @ params["b"]
+    hidden = torch.nn.functional.gelu(x @ params["w1"] + params["b1"][:, None])
+    return hidden @ params["w2"] + params["b2"][:, None]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
@@ -98,16 +92,38 @@ class TranslatorMapping(FittedMapping):
         names = FIXED + TRAINED[self.residual_kind]
         return {n: self.residual[tensor_name(layer, kind, n)] for n in names}
 
+    def stacked(self, device=None) -> dict:
+        """Per K / V: the residual's tensors stacked over target layers (``[L, ...]``), cached."""
+        cache = self.__dict__.setdefault("_stacked", {})
+        key = str(device)
+        if key not in cache:
+            names = FIXED + TRAINED[self.residual_kind]
+            cache[key] = {
+                c: {
+                    n: torch.stack([self.residual[tensor_name(t, c, n)] for t in range(len(self.layers))]).to(device)
+                    for n in names
+                }
+                for c in ("k", "v")
+            }
+        return cache[key]
+
     def map_tensors(self, keys, values, *, dtype=torch.float32) -> tuple[list, list]:
-        """The ridge map (float32), plus each layer's residual, then cast to ``dtype``."""
+        """The ridge map (float32), plus every layer's residual (one batched product), cast to ``dtype``."""
         out_k, out_v = super().map_tensors(keys, values, dtype=torch.float32)
         b, _, t, _ = keys[0].shape
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
-        for layer, lm in enumerate(self.layers):
-            for kind, src, out in (("k", keys, out_k), ("v", values, out_v)):
-                params = {n: p.to(src[0].device) for n, p in self.layer_params(layer, kind).items()}
-                delta = residual_delta(features(src, lm.sources, b, t), params, self.residual_kind)
-                out[layer] = (out[layer] + delta.view(b, t, ht, dt).transpose(1, 2)).to(dtype)
+        device = keys[0].device
+        index = torch.tensor([[int(s) for s in lm.sources] for lm in self.layers], device=device)  # [L, k]
+        params = self.stacked(device)
+        for kind, src, out in (("k", keys, out_k), ("v", values, out_v)):
+            stacked = torch.stack([x.float().transpose(1, 2).flatten(2) for x in src], 1)  # [B, Ls, T, fs]
+            x = stacked[:, index].permute(0, 1, 3, 2, 4).flatten(3)  # [B, L, T, k·fs]
+            del stacked
+            p = params[kind]
+            x = (x - p["mu"][:, None]) * p["inv"][:, None]
+            delta = stacked_delta(x, p, self.residual_kind).view(b, len(self.layers), t, ht, dt).transpose(2, 3)
+            for layer in range(len(self.layers)):
+                out[layer] = (out[layer] + delta[:, layer]).to(dtype)
         return out_k, out_v
 
     def tensors(self) -> dict:
@@ -151,11 +167,10 @@ def with_residual(mapping: FittedMapping, tensors: dict, record: dict) -> Transl
 
 __all__ = [
     "RESIDUAL_MODE",
+    "stacked_delta",
     "TranslatorMapping",
     "with_residual",
-    "residual_delta",
     "rotate",
-    "features",
     "tensor_name",
     "KINDS",
 ]
