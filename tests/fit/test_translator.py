@@ -21,7 +21,7 @@ class TestTranslatorContract(FitterContract):
     options = QUICK
 
 
-def _fit(planted, fit_host, *, out=None, **opts):
+def _fit(planted, fit_host, *, out=None, fit_resume=False, **opts):
     from kvbridge.fit import fit
 
     return fit(
@@ -34,6 +34,7 @@ def _fit(planted, fit_host, *, out=None, **opts):
         host=fit_host,
         distributed=None,
         out=out,
+        **({"resume": True} if fit_resume else {}),
     )
 
 
@@ -239,3 +240,22 @@ def test_progress_lines_carry_an_eta(planted, fit_host, capsys, monkeypatch):
     )
     err = capsys.readouterr().err
     assert "translator: 1/3 steps" in err and "ETA" in err and "translator data:" in err
+
+
+def test_fit_resume_continues_the_training_too(planted, fit_host, tmp_path, monkeypatch, trained):
+    """``kvbridge fit --resume`` (``fit(..., resume=True)``): the training state lives beside the
+    calibration checkpoint (``.<out>.fitstate/translator/``) and the resumed fit equals a whole one."""
+    from kvbridge import faults
+
+    whole, _ = trained
+    out = tmp_path / "m"
+    opts = {**MISFIT, "checkpoint_every": 2}
+    monkeypatch.setenv("KVBRIDGE_FAULT", "translator.step:5")
+    faults.reset()
+    with pytest.raises(faults.InjectedFault):
+        _fit(planted, fit_host, out=out, fit_resume=True, **opts)
+    monkeypatch.delenv("KVBRIDGE_FAULT")
+    faults.reset()
+    again = _fit(planted, fit_host, out=out, fit_resume=True, **opts)
+    assert again.report.training["resumed_at_step"] == 4
+    assert _equal(whole, again)
