@@ -62,6 +62,7 @@ class TranslatorOptions:
     queries: int = 64  # query positions per sequence in the loss (0: every position)
     kl_steps: int = 0  # then this many steps on next-token KL to the native logits
     kl_suffix: int = 16  # tokens at the end of each sequence the KL stage scores
+    kl_lr: float | None = None  # learning rate of the KL stage (None: lr)
     init: str | None = None  # start from this ridge mapping folder (kvbridge fit --fitter ridge) instead of fitting one
     resume: str | None = None  # folder of the training checkpoint (continue from it when present)
     checkpoint_every: int = 50  # steps between checkpoints (with resume)
@@ -82,8 +83,10 @@ class TranslatorOptions:
             raise FitError(
                 "translator options rank=0 and hidden=0 leave no residual", "pass -o rank=16 or -o hidden=64"
             )
-        for name in ("lr",):
+        for name in ("lr", "kl_lr"):
             v = getattr(self, name)
+            if name == "kl_lr" and v is None:
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise _bad(name, v, "must be a positive number", "1e-3")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
@@ -317,7 +320,7 @@ class TranslatorFitter:
                     else:
                         loss = kl_loss(data, params, kind, rows, calibration.target_model)
                     loss.backward()
-                    opt.step()
+                    opt.step(lr=options.lr if step < options.steps or options.kl_lr is None else options.kl_lr)
                     if step % max(1, total // 20) == 0 or step == total - 1:
                         curve.append(
                             [step, "attention" if step < options.steps else "kl", round(float(loss.detach()), 6)]
