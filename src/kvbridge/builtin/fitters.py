@@ -1,4 +1,4 @@
-"""Built-in fitters: ``ridge`` (default), ``ridge-headwise`` and ``sklearn``.
+"""Built-in fitters: ``ridge`` (default), ``ridge-headwise``, ``sklearn`` and ``translator``.
 
 Registration imports nothing heavy: each factory is loaded when its fitter is used.
 """
@@ -25,6 +25,12 @@ FITTERS = (
         description="any scikit-learn linear regressor (--estimator module:Class, JSON options) on a capped "
         "materialised sample; Ridge(alpha=0.01) agrees with ridge",
         factory="kvbridge.fit.sklearn_fitter:SklearnFitter",
+    ),
+    Fitter(
+        name="translator",
+        description="the ridge map plus a trained residual per target layer (low rank, or a small MLP) on the "
+        "target's attention-output error from its stored queries; optional KL stage; seeded, resumable",
+        factory="kvbridge.fit.translator:TranslatorFitter",
     ),
 )
 

@@ -109,6 +109,8 @@ def build_manifest(
         "dtype": "float32",
         "compute_dtype": "float32",
         "exact": False,
+        **({"training": rep["training"]} if rep.get("training") else {}),
+        **(mapping.manifest_fields() if hasattr(mapping, "manifest_fields") else {}),
     }
 
 
@@ -247,22 +249,34 @@ def load_mapping(
                     "alpha_chosen",
                     "observations",
                     "layer_selection",
+                    "training",
                 )
             },
             "fitter": manifest["fitter"]["name"],
             "params": manifest["fitter"].get("params") or {},
         }
     )
-    return FittedMapping.from_tensors(
+    mode = manifest.get("mode", "dense")
+    residual = manifest.get("residual")
+    if (mode == "dense+residual") != (residual is not None):
+        raise ArtifactError(
+            f"manifest mode {mode!r} and field residual disagree", "re-create the mapping with `kvbridge fit`"
+        )
+    mapping = FittedMapping.from_tensors(
         tensors,
         source_spec=source_spec,
         target_spec=target_spec,
-        mode=manifest.get("mode", "dense"),
+        mode="dense" if residual is not None else mode,
         selection=manifest["layer_selection"],
         fitter=manifest["fitter"]["name"],
         report=report,
         manifest=manifest,
     )
+    if residual is not None:  # a trained residual on the ridge map (fitter translator)
+        from kvbridge.fit.translator_mapping import with_residual
+
+        mapping = with_residual(mapping, tensors, residual)
+    return mapping
 
 
 # -- schema (a small JSON Schema subset: type, required, properties, items, enum, minimum, const) ----------

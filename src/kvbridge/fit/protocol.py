@@ -80,6 +80,7 @@ class FitReport:
     observations: dict = field(default_factory=dict)  # train (and heldout) observations, features per head
     passes: list = field(default_factory=list)  # one record per pass over the corpus
     warnings: tuple = ()  # poor fits, unmeasured quality
+    training: dict = field(default_factory=dict)  # a trained fitter's losses (before/after, held-out)
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
