@@ -34,3 +34,26 @@ def test_installed_transformers_takes_the_name_given():
 
     name = cache_name(LlamaForCausalLM.__new__(LlamaForCausalLM))
     assert name in inspect.signature(LlamaForCausalLM.forward).parameters
+
+
+class OldModule:
+    def forward(self, input_ids=None, past_key_values=None, **kwargs):
+        return {"input_ids": input_ids, "past_key_values": past_key_values, "rest": kwargs}
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+def test_an_old_release_model_takes_cache_as_past_key_values():
+    import pytest
+
+    from kvbridge.hf_compat import accept_cache_keyword
+
+    old = accept_cache_keyword(OldModule())
+    got = old(input_ids=3, cache="C", use_cache=True)
+    assert got == {"input_ids": 3, "past_key_values": "C", "rest": {"use_cache": True}}
+    assert old(input_ids=3, past_key_values="P")["past_key_values"] == "P"
+    with pytest.raises(TypeError, match="both"):
+        old(cache="C", past_key_values="P")
+    new = New()
+    assert accept_cache_keyword(new) is new and "forward" not in vars(new)

@@ -192,7 +192,9 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
             f"{where}: cannot load the model ({type(exc).__name__}: {_one_line(exc)})",
             "pass a folder written by save_pretrained (config.json + weights) or a valid .gguf",
         ) from None
-    return model.to(device).eval()
+    from kvbridge.hf_compat import accept_cache_keyword
+
+    return accept_cache_keyword(model.to(device).eval())
 
 
 def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, tokenizer: bool = True) -> LoadedModel:
