@@ -317,17 +317,54 @@ class PairedCalibration:
             return [k.to(self.device) for k in state.keys], [v.to(self.device) for v in state.values]
         return state.keys, state.values
 
-    def features(self, seq_idx: list[int]) -> tuple[dict, Any]:
-        """``({"xk","xv","yk","yv": [n, layers, heads, dim] float32}, held_mask [n])`` for sequences."""
+    def _target_with_repair(self, ids):
+        """The target's content K/V and its attention-repair scores ``(r_K, r_V)`` ``[B, L, H_kv, T]``
+        (:mod:`kvbridge.fit.repair`), recorded during the same forward with bounded memory."""
         import torch
+
+        from kvbridge.evaluate.attention import capture_attention
+        from kvbridge.fit.repair import boundaries, repair_scores
+
+        bnd = boundaries(self.seq_len)
+        idx = torch.tensor(bnd, dtype=torch.long)
+
+        def reduce(q, k, v, scaling, softcap):
+            rk, rv = repair_scores(q.index_select(2, idx.to(q.device)), k, v, bnd, scaling=scaling, softcap=softcap)
+            return rk.to(self.device), rv.to(self.device)
+
+        with capture_attention(self.target_model, reduce=reduce) as layers:
+            tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
+        n = self.target_spec.num_layers
+        if len(layers) != n:
+            raise CalibrationError(
+                f"weighting=attention recorded the attention of {len(layers)} of the target's {n} layers",
+                "use weighting=uniform for this model (its attention does not run through transformers' interface)",
+            )
+        rk = torch.stack([layers[i][0] for i in range(n)], dim=1)
+        rv = torch.stack([layers[i][1] for i in range(n)], dim=1)
+        return tk, tv, rk, rv
+
+    def features(self, seq_idx: list[int], *, attention: bool = False) -> tuple[dict, Any]:
+        """``({"xk","xv","yk","yv": [n, layers, heads, dim] float32}, held_mask [n])`` for sequences.
+
+        ``attention``: also ``"rk"``, ``"rv"`` ``[n, target layers, target KV heads]`` (the
+        attention-repair scores of :mod:`kvbridge.fit.repair`, mean 1 per sequence and head) and
+        ``"seq"`` ``[n]`` (each row's sequence index)."""
+        import torch
+
+        from kvbridge.fit.repair import normalise
 
         t0 = time.perf_counter()
         # train sequences first, held-out last: each split is a contiguous block of rows
         seq_idx = sorted(seq_idx, key=lambda i: bool(self.held[i]))
         ids = self.sequences[seq_idx]
         sk, sv = self._content(self.source_model, self.source_adapter, self.source_spec, ids)
-        tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
-        out = {name: [] for name in ("xk", "xv", "yk", "yv")}
+        if attention:
+            tk, tv, rk, rv = self._target_with_repair(ids)
+        else:
+            tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
+        names = ("xk", "xv", "yk", "yv") + (("rk", "rv", "seq") if attention else ())
+        out = {name: [] for name in names}
         held = []
         for b, i in enumerate(seq_idx):
             pos = self.positions_of(i).to(self.device)
@@ -336,6 +373,10 @@ class PairedCalibration:
                 out[name].append(
                     torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3).to(torch.float32)
                 )
+            if attention:
+                for name, r in (("rk", rk), ("rv", rv)):  # [L, H, T] -> sampled, mean 1 -> [n, L, H]
+                    out[name].append(normalise(r[b].index_select(2, pos)).permute(2, 0, 1).to(torch.float32))
+                out["seq"].append(torch.full((len(pos),), int(i), dtype=torch.long, device=pos.device))
             held.append(torch.full((len(pos),), bool(self.held[i]), device=pos.device))
         feats = {k: torch.cat(v) for k, v in out.items()}
         self.seconds += time.perf_counter() - t0
@@ -355,8 +396,9 @@ class PairedCalibration:
             done = self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
         if self.progress is not None:
             self.progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
+        attention = any(getattr(job, "needs_attention", False) for job in jobs)
         for bi in range(done, len(batches)):
-            feats, held = self.features(batches[bi])
+            feats, held = self.features(batches[bi], attention=attention)
             for job in jobs:
                 job.update(feats, held)
             if self.checkpoint is not None:
