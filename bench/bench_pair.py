@@ -90,7 +90,10 @@ class StatsCache:
                 c.skip,
                 c.heldout,
                 c.seed,
-                tuple((j.src_layers, j.tgt_layers, j.xx_block) for j in jobs),
+                tuple(
+                    (j.src_layers, j.tgt_layers, j.xx_block, repr(getattr(j, "supports", None)), getattr(j, "weighted", 0))
+                    for j in jobs
+                ),
             )
             if key in cache.cache:
                 for job, state in zip(jobs, cache.cache[key]):
@@ -335,7 +338,7 @@ def main(argv=None) -> int:
         results["fits"].append(row)
         maps.append((mdir, mapping))
         log(
-            f"fit k={k} alpha={alpha}: {row['seconds']} s, R² {summ.get('mean')} (K {summ.get('mean_k')}, "
+            f"fit k={k} alpha={alpha} {extra}: {row['seconds']} s, R² {summ.get('mean')} (K {summ.get('mean_k')}, "
             f"V {summ.get('mean_v')}), obs/feature {row['observations_per_feature']}"
         )
         save(out, results)
