@@ -593,12 +593,13 @@ def _ci(c: dict, name: str) -> str:
 def setting_name(f: dict) -> str:
     opts = f.get("options") or {}
     sel = (f.get("selection") or {}).get("chosen")
-    name = f"ridge k={f['top_k']} alpha={f['alpha']} support={opts.get('support', 'layers')} " + (
-        f"weighting={opts.get('weighting', 'uniform')}"
-    )
+    weighting = f"weighting={opts.get('weighting', 'uniform')}"
     if sel:
-        name += f" (select=kl chose support={sel['support']} k={sel['top_k']} alpha={sel['alpha']})"
-    return name
+        return (
+            f"ridge select=kl (k <= {f['top_k']}, {weighting}): chose support={sel['support']} k={sel['top_k']} "
+            f"alpha={sel['alpha']}"
+        )
+    return f"ridge k={f['top_k']} alpha={f['alpha']} support={opts.get('support', 'layers')} {weighting}"
 
 
 def fitter_table(r: dict) -> list:

@@ -139,15 +139,20 @@ def load_corpus(path: Path | str) -> tuple[list[str], str]:
     return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
 
 
-def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None):
-    """``[N, seq_len]`` token ids: the documents concatenated (EOS between them) and cut."""
+def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None, offset: int = 0):
+    """``[N, seq_len]`` token ids: the documents concatenated (EOS between them) and cut.
+
+    ``offset``: skip that many tokens of the stream first (a later chunk of the corpus: runs
+    with offsets 0, T, 2T, ... and ``tokens=T`` read disjoint chunks whose kept statistics
+    ``kvbridge fit --from-stats A,B,...`` merges)."""
     import torch
 
     if seq_len < 2:
         raise CalibrationError(f"--seq-len must be at least 2, got {seq_len}", "use e.g. --seq-len 512")
     eos = getattr(tokenizer, "eos_token_id", None)
     stream: list[int] = []
-    want = None if tokens is None else int(tokens)
+    offset = max(0, int(offset))
+    want = None if tokens is None else int(tokens) + offset
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         stream.extend(ids)
@@ -157,11 +162,13 @@ def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: in
             break
     if want is not None:
         stream = stream[:want]
+    stream = stream[offset:]
     n = len(stream) // seq_len
     if n == 0:
         raise CalibrationError(
-            f"the corpus gives {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}",
-            "pass a bigger corpus, a smaller --seq-len or more --tokens",
+            f"the corpus gives {len(stream)} tokens after --tokens-offset {offset}, fewer than one sequence of "
+            f"--seq-len {seq_len}",
+            "pass a bigger corpus, a smaller --seq-len or --tokens-offset, or more --tokens",
         )
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
@@ -192,8 +199,11 @@ class CalibrationConfig:
     batch_size: int = 4  # sequences per forward pass
     seq_len: int | None = None  # tokens per sequence cut from texts / 1-D ids (None: 512 for texts)
     tokens: int | None = None  # calibration tokens to read (None: all)
+    offset: int = 0  # calibration tokens to skip first (a later chunk of the corpus; --tokens-offset)
 
     def __post_init__(self):
+        if self.offset < 0:
+            raise ConfigError(f"--tokens-offset must be >= 0, got {self.offset}", "use e.g. --tokens-offset 8192")
         if self.stride < 1:
             raise ConfigError(f"--stride must be >= 1, got {self.stride}", "use e.g. --stride 4")
         if self.skip < 0:

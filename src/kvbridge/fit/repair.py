@@ -19,7 +19,8 @@ with ``fraction = min(1, 2p / n)`` the whole fit keeps ``ESS >= min(n, 2p)`` (p 
 observations), because every sequence's weights have mean 1.
 
 Memory: only the per-layer weights ``[B, H_kv, T]`` are kept; the queries and attention of one
-layer live for the duration of that layer's hook (``[B, H_q, 32, T]`` scores).
+layer live for the duration of that layer's hook (``[B, H_q, 32, T]`` scores); the bound is
+:func:`kvbridge.fit.plan.attention_record_bytes`, which ``kvbridge fit --plan`` states.
 """
 
 from __future__ import annotations
@@ -100,14 +101,4 @@ def ess(w: torch.Tensor) -> torch.Tensor:
     return w.sum(-1).square() / w.square().sum(-1).clamp(min=1e-300)
 
 
-def record_bytes(batch: int, seq_len: int, *, q_heads: int, kv_heads: int, head_dim: int, layers: int) -> int:
-    """Peak bytes the weight recording adds to a calibration forward (float32): one layer's
-    boundary scores, attention and distances ``3 x [B, H_q, U, T]``, its boundary queries and
-    outputs, and the kept weights ``2 x [B, L, H_kv, T]``."""
-    u = len(boundaries(seq_len))
-    per_layer = 3 * batch * q_heads * u * seq_len + 2 * batch * q_heads * u * head_dim
-    kept = 2 * batch * layers * kv_heads * seq_len
-    return 4 * (per_layer + kept)
-
-
-__all__ = ["BOUNDARIES", "boundaries", "repair_scores", "normalise", "shrink", "ess", "record_bytes"]
+__all__ = ["BOUNDARIES", "boundaries", "repair_scores", "normalise", "shrink", "ess"]

@@ -137,6 +137,7 @@ def fit_pair(
         batch_size=s.batch_size,
         seq_len=s.seq_len,
         tokens=s.tokens,
+        offset=s.tokens_offset,
     )
     return fit(
         src.model,
@@ -211,7 +212,14 @@ def plan_fit(source, target, settings: FitSettings):
         memory_budget=None if s.memory_gib is None else int(s.memory_gib * 2**30),
         device_flops=s.device_flops,
         rates=rates,
+        **_plan_options(s),
     )
+
+
+def _plan_options(settings: FitSettings) -> dict:
+    """The ridge options the plan depends on (``-o support=``, ``-o weighting=``)."""
+    opts = dict(o.split("=", 1) for o in settings.fitter_options if "=" in o)
+    return {k: opts[k] for k in ("support", "weighting") if k in opts}
 
 
 def refit(source, target, settings: FitSettings, *, host=None):
