@@ -91,7 +91,13 @@ class StatsCache:
                 c.heldout,
                 c.seed,
                 tuple(
-                    (j.src_layers, j.tgt_layers, j.xx_block, repr(getattr(j, "supports", None)), getattr(j, "weighted", 0))
+                    (
+                        j.src_layers,
+                        j.tgt_layers,
+                        j.xx_block,
+                        repr(getattr(j, "supports", None)),
+                        getattr(j, "weighted", 0),
+                    )
                     for j in jobs
                 ),
             )

@@ -180,3 +180,14 @@ def test_measured_rates_are_positive_and_cover_every_part():
     assert r.device == "cpu" and r.threads >= 1
     p = plan("zoo:base", "zoo:wide", tokens=4096, rates=r)
     assert all(v > 0 for v in p.time_parts().values())
+
+
+def test_plan_states_the_attention_recording_and_the_weighted_pass():
+    from kvbridge.fit.plan import attention_record_bytes, plan
+
+    plain = plan("zoo:base", "zoo:wide", tokens=4096, seq_len=256)
+    weighted = plan("zoo:base", "zoo:wide", tokens=4096, seq_len=256, support="head-local", weighting="attention")
+    assert len(weighted.passes) == len(plain.passes) + 1 and weighted.passes[-1].tag == "heads-weighted"
+    rec = attention_record_bytes(4, 256, q_heads=6, kv_heads=2, head_dim=32, layers=6)
+    assert weighted.batch_buffer_bytes == plain.batch_buffer_bytes + rec
+    assert any("recording the target's boundary queries" in n for n in weighted.notes)

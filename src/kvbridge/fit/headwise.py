@@ -31,10 +31,8 @@ from kvbridge.fit.solve import (
     dims as dims_of,
     default_budget,
     fit_group,
-    grouped_r2,
     plan_blocks,
     r2_summary,
-    solve,
 )
 
 

@@ -43,7 +43,9 @@ def prepare_sequences(
         if offset:
             seqs = seqs[int(offset) // seqs.shape[1] :]
             if seqs.shape[0] == 0:
-                raise CalibrationError(f"--tokens-offset {offset} skips every calibration sequence", "use a smaller one")
+                raise CalibrationError(
+                    f"--tokens-offset {offset} skips every calibration sequence", "use a smaller one"
+                )
         if tokens is not None:
             seqs = seqs[: max(1, int(tokens) // seqs.shape[1])]
         return seqs, None, None

@@ -450,7 +450,9 @@ def plan(
     record = 0
     if fitter == "ridge" and weighting == "attention":
         p_head = k * (s.head_dim if support == "head-local" else fs)
-        head_bytes = t.layers * t.kv_heads * 4 * 8 * (p_head * p_head + p_head * t.head_dim + 2 * p_head + 2 * t.head_dim)
+        head_bytes = (
+            t.layers * t.kv_heads * 4 * 8 * (p_head * p_head + p_head * t.head_dim + 2 * p_head + 2 * t.head_dim)
+        )
         passes.append(
             Pass(
                 "heads-weighted",

@@ -104,7 +104,9 @@ class RidgeOptions:
     alpha: float | str = DEFAULT_ALPHA  # ridge strength, or "auto" (chosen on the held-out split)
     memory_budget: int | None = None  # statistics bytes (None: 8 GiB or $KVBRIDGE_FIT_MEMORY)
     low_r2: float = LOW_R2  # warn below this mean held-out R²
-    support: str = "layers"  # "layers": all heads of the top-k source layers; "head-local": each head's top-k source heads
+    support: str = (
+        "layers"  # "layers": all heads of the top-k source layers; "head-local": each head's top-k source heads
+    )
     weighting: str = "uniform"  # "uniform", or "attention": attention-repair observation weights (a second pass)
     select: str = "r2"  # "r2": top_k/alpha/support as given; "kl": chosen by held-out suffix KL to native
     select_prefix: float = 0.5  # select=kl: share of each held-out sequence used as the mapped prefix

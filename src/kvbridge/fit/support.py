@@ -86,11 +86,10 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     from kvbridge.fit.headstats import HeadStats
 
     d = dims(source_spec, target_spec)
-    hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
+    hs, ds, ht = d["src_heads"], d["src_dim"], d["tgt_heads"]
     ls, lt = source_spec.num_layers, target_spec.num_layers
     cands = candidates(options, ks)
     need_head = any(c[0] == "head-local" for c in cands)
-    max_k = max(c[1] for c in cands)
     stats = fitter.accumulate(
         source_spec,
         target_spec,
@@ -139,8 +138,10 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         passes.append({"tag": tag, "bytes": job.nbytes(), "weighted": job.weighted, "ess_fraction": job.ess_fraction})
         source = _HeadSource(job)
     held_ok = source.n("held") >= 1
-    solved = [_solve(fitter, source, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
-              for cand in cands]
+    solved = [
+        _solve(fitter, source, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
+        for cand in cands
+    ]
     values = None
     if options.select == "kl":
         from kvbridge.fit.select_kl import suffix_kl
@@ -206,9 +207,7 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
                 b[c][cols] = res["b"]
                 r2[c][h] = res["r2"][0] if res["r2"] is not None else float("nan")
                 lam[c].append(res["alpha"])
-        layers.append(
-            LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float())
-        )
+        layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
         r2k.append(r2["k"])
         r2v.append(r2["v"])
         alphas.append([lam["k"], lam["v"]])
