@@ -90,7 +90,16 @@ class StatsCache:
                 c.skip,
                 c.heldout,
                 c.seed,
-                tuple((j.src_layers, j.tgt_layers, j.xx_block) for j in jobs),
+                tuple(
+                    (
+                        j.src_layers,
+                        j.tgt_layers,
+                        j.xx_block,
+                        repr(getattr(j, "supports", None)),
+                        getattr(j, "weighted", 0),
+                    )
+                    for j in jobs
+                ),
             )
             if key in cache.cache:
                 for job, state in zip(jobs, cache.cache[key]):
@@ -104,6 +113,14 @@ class StatsCache:
         PairedCalibration.accumulate = accumulate
 
 
+def parse_grid(item: str) -> tuple:
+    """``TOPK:ALPHA[:KEY=VALUE+KEY=VALUE]`` -> ``(k, alpha, {key: value})`` (``all``: every source layer)."""
+    parts = item.split(":")
+    k = 99 if parts[0] == "all" else int(parts[0])
+    extra = dict(kv.split("=", 1) for kv in parts[2].split("+")) if len(parts) > 2 and parts[2] else {}
+    return k, parts[1], extra
+
+
 def save(out: Path, results: dict) -> None:
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, default=str))
@@ -112,7 +129,16 @@ def save(out: Path, results: dict) -> None:
 
 def pick(
     cond: dict,
-    names=("nll", "kl_p95", "top1_agreement", "gap_recovered", "retention", "greedy_agreement", "attention_cosine_min"),
+    names=(
+        "nll",
+        "kl_p95",
+        "top1_agreement",
+        "gap_recovered",
+        "retention",
+        "greedy_agreement",
+        "attention_cosine_min",
+        "attention_cosine_mean",
+    ),
 ) -> dict:
     out = {}
     for n in names:
@@ -137,7 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--grid",
         default="4:0.01",
-        help="fits from one pass of statistics: TOPK:ALPHA,... (the first is the main mapping)",
+        help="fits from one pass of statistics: TOPK:ALPHA[:KEY=VALUE+KEY=VALUE],... (the first is the main "
+        "mapping; the third field: more ridge options, e.g. 4:0.01:support=head-local+weighting=attention)",
     )
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--prefix-len", type=int, default=64)
@@ -230,7 +257,7 @@ def main(argv=None) -> int:
 
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
-    grid = [(int(g.split(":")[0]) if g.split(":")[0] != "all" else 99, g.split(":")[1]) for g in args.grid.split(",")]
+    grid = [parse_grid(g) for g in args.grid.split(",")]
     cal_cfg = CalibrationConfig(
         stride=args.stride, heldout=0.1, seed=0, batch_size=args.batch_size, seq_len=args.seq_len, tokens=args.tokens
     )
@@ -252,17 +279,17 @@ def main(argv=None) -> int:
         ]
         log(f"fits from {args.fits_from}: {[m[0].name for m in maps]}")
         grid = []
-    for k, alpha in grid:
+    for k, alpha, extra in grid:
         t0 = time.perf_counter()
         alpha_v = alpha if alpha == "auto" else float(alpha)
-        mdir = out / f"map-k{k}-a{alpha}"
+        mdir = out / (f"map-k{k}-a{alpha}" + "".join(f"-{v}" for v in extra.values()))
         try:
             mapping = run_fit(
                 smodel,
                 tmodel,
                 texts,
                 fitter="ridge",
-                options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v},
+                options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v, **extra},
                 calibration=cal_cfg,
                 tokenizer=stok,
                 corpus_sha256=sha,
@@ -277,7 +304,13 @@ def main(argv=None) -> int:
             if not maps:
                 raise
             results["fits"].append(
-                {"top_k": k, "alpha": alpha, "error": str(e), "seconds": round(time.perf_counter() - t0, 1)}
+                {
+                    "top_k": k,
+                    "alpha": alpha,
+                    "options": extra,
+                    "error": str(e),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
             )
             log(f"fit k={k} alpha={alpha}: refused: {e}")
             save(out, results)
@@ -291,6 +324,9 @@ def main(argv=None) -> int:
         row = {
             "top_k": k,
             "alpha": alpha,
+            "options": extra,
+            "selection": rep.params.get("selection"),
+            "passes": rep.passes,
             "dir": str(mdir),
             "seconds": round(time.perf_counter() - t0, 1),
             "tokens": cal.get("tokens"),
@@ -308,7 +344,7 @@ def main(argv=None) -> int:
         results["fits"].append(row)
         maps.append((mdir, mapping))
         log(
-            f"fit k={k} alpha={alpha}: {row['seconds']} s, R² {summ.get('mean')} (K {summ.get('mean_k')}, "
+            f"fit k={k} alpha={alpha} {extra}: {row['seconds']} s, R² {summ.get('mean')} (K {summ.get('mean_k')}, "
             f"V {summ.get('mean_v')}), obs/feature {row['observations_per_feature']}"
         )
         save(out, results)
@@ -560,6 +596,52 @@ def _ci(c: dict, name: str) -> str:
     return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci and None not in ci else "")
 
 
+def setting_name(f: dict) -> str:
+    opts = f.get("options") or {}
+    sel = (f.get("selection") or {}).get("chosen")
+    weighting = f"weighting={opts.get('weighting', 'uniform')}"
+    if sel:
+        return (
+            f"ridge select=kl (k <= {f['top_k']}, {weighting}): chose support={sel['support']} k={sel['top_k']} "
+            f"alpha={sel['alpha']}"
+        )
+    return f"ridge k={f['top_k']} alpha={f['alpha']} support={opts.get('support', 'layers')} {weighting}"
+
+
+def fitter_table(r: dict) -> list:
+    """One row per fitter setting (main eval for the first, the variant evals for the others) with the
+    source-alone and native lines of the main eval (same samples)."""
+    em = r.get("eval_main")
+    if not em:
+        return []
+    evals = {em["mapping"]: em["conditions"]["transferred"]}
+    evals.update({v["mapping"]: v["transferred"] for v in r.get("eval_variants") or []})
+    rows = [
+        "",
+        "| fitter setting | held-out R² (K / V) | gap recovered [95% CI] | KL p95 | attn-output cos mean / min |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for f in r.get("fits", []):
+        c = evals.get(f.get("dir"))
+        s = f.get("r2") or {}
+        if f.get("error") or c is None:
+            continue
+        rows.append(
+            f"| {setting_name(f)} | {_f(s.get('mean'))} ({_f(s.get('mean_k'))} / {_f(s.get('mean_v'))}) | "
+            f"{_ci(c, 'gap_recovered')} | {_f(c.get('kl_p95'))} | {_f(c.get('attention_cosine_mean'))} / "
+            f"{_f(c.get('attention_cosine_min'))} |"
+        )
+    for name in ("source", "native"):
+        c = em["conditions"].get(name)
+        if c:
+            label = "source model alone" if name == "source" else "target native"
+            rows.append(
+                f"| {label} | | {_ci(c, 'gap_recovered')} | {_f(c.get('kl_p95'))} | "
+                f"{_f(c.get('attention_cosine_mean'))} / {_f(c.get('attention_cosine_min'))} |"
+            )
+    return rows
+
+
 def report(r: dict) -> str:
     out = []
     for f in r.get("fits", []):
@@ -605,6 +687,7 @@ def report(r: dict) -> str:
             f"variant {Path(v['mapping']).name}: transferred gap recovered {_ci(v['transferred'], 'gap_recovered')}, "
             f"KL p95 {_f(v['transferred'].get('kl_p95'))}, top-1 {_f(v['transferred'].get('top1_agreement'))}"
         )
+    out += fitter_table(r)
     rc = r.get("recompute")
     if rc:
         out += [

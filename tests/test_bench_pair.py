@@ -57,3 +57,36 @@ def test_report_names_a_refused_fit_and_the_fits_beside_it():
     text = _bench().report({"fits": [fit_row, refused]})
     assert "fit top-k 4 alpha 0.01: 4096 tokens, 3.5 obs/feature, held-out R² mean 0.570" in text
     assert "fit top-k 99 alpha 0.01: refused: underdetermined fit for top-k 28 source layers" in text
+
+
+def test_grid_options_and_the_fitter_table():
+    bench = _bench()
+    assert bench.parse_grid("4:0.01") == (4, "0.01", {})
+    assert bench.parse_grid("all:auto:support=head-local+weighting=attention") == (
+        99,
+        "auto",
+        {"support": "head-local", "weighting": "attention"},
+    )
+    fits = [
+        {"top_k": 4, "alpha": "0.01", "options": {}, "dir": "a", "r2": {"mean": 0.5, "mean_k": 0.6, "mean_v": 0.4}},
+        {
+            "top_k": 4,
+            "alpha": "0.01",
+            "options": {"support": "head-local", "weighting": "attention"},
+            "dir": "b",
+            "r2": {"mean": 0.45, "mean_k": 0.5, "mean_v": 0.4},
+        },
+    ]
+    cond = {"gap_recovered": 0.7, "gap_recovered_ci": [0.6, 0.8], "kl_p95": 5.0, "attention_cosine_mean": 0.9}
+    r = {
+        "fits": fits,
+        "eval_main": {
+            "mapping": "a",
+            "conditions": {"transferred": cond, "source": {"gap_recovered": 0.9}, "native": {"gap_recovered": 1.0}},
+        },
+        "eval_variants": [{"mapping": "b", "transferred": {**cond, "gap_recovered": 0.75}}],
+    }
+    rows = bench.fitter_table(r)
+    assert any("support=layers weighting=uniform | 0.500 (0.600 / 0.400) | 0.700 [0.600, 0.800]" in x for x in rows)
+    assert any("support=head-local weighting=attention" in x and "| 0.750 [0.600, 0.800]" in x for x in rows)
+    assert any(x.startswith("| source model alone |") and "0.900" in x for x in rows)

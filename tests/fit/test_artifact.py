@@ -50,7 +50,17 @@ def test_manifest_has_what_the_issue_lists(saved, planted):
         assert side["rope"]["default"]["type"] == "default"
     assert m["fitter"] == {
         "name": "ridge",
-        "params": {"top_k": 2, "alpha": 0.01, "low_r2": 0.5, "memory_budget": m["fitter"]["params"]["memory_budget"]},
+        "params": {
+            "top_k": 2,
+            "alpha": 0.01,
+            "low_r2": 0.5,
+            "memory_budget": m["fitter"]["params"]["memory_budget"],
+            "support": "layers",
+            "weighting": "uniform",
+            "select": "r2",
+            "select_prefix": 0.5,
+            "select_suffix": 32,
+        },
     }
     assert len(m["heldout_r2"]["k"]) == 6 and len(m["heldout_r2"]["k"][0]) == 4  # [layer][head]
     assert m["calibration"]["tokens"] == 40 * 48 and m["calibration"]["stride"] == 2

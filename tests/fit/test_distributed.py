@@ -87,3 +87,38 @@ def test_resume_continues_an_interrupted_fit(planted, planted_fit, fit_host, tmp
     assert batches == 10 - 3  # 40 sequences / batch 4 = 10 batches, 3 were done
     assert _max_diff(mapping, planted_fit) <= 1e-9
     assert out.exists() and not ck.exists()
+
+
+def test_resume_continues_an_interrupted_attention_weighted_pass(planted, fit_host, tmp_path):
+    """The weighted per-head pass (ridge -o weighting=attention) checkpoints and resumes like the joint one."""
+    from kvbridge.fit import fit
+
+    opts = {"top_k": 1, "support": "head-local", "weighting": "attention"}
+    kw = dict(stride=2, host=fit_host, distributed=None, checkpoint_every=0, options=opts)
+    whole = fit(planted["source"], planted["target"], planted["ids"], **kw)
+    out = tmp_path / "w"
+    seen = []
+
+    def stop_in_the_weighted_pass(event):
+        if event[0] == "advance" and event[1] == "heads-weighted":
+            seen.append(event)
+            if len(seen) == 2:
+                raise Interrupted
+
+    with pytest.raises(Interrupted):
+        fit(
+            planted["source"],
+            planted["target"],
+            planted["ids"],
+            out=out,
+            resume=True,
+            progress=stop_in_the_weighted_pass,
+            **kw,
+        )
+    assert list(default_checkpoint_dir(out).glob("heads-weighted.rank0of1.safetensors"))
+    events = []
+    mapping = fit(
+        planted["source"], planted["target"], planted["ids"], out=out, resume=True, progress=events.append, **kw
+    )
+    assert sum(1 for e in events if e[0] == "advance" and e[1] == "heads-weighted") == 10 - 2
+    assert _max_diff(mapping, whole) <= 1e-9

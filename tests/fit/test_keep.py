@@ -163,3 +163,34 @@ def test_top_k_lists_are_parsed_or_refused_by_name():
     for bad in ("0,1", "1,,2", "two", "1,-3", ""):
         with pytest.raises(KVBridgeError, match="--top-k"):
             parse_top_k(bad)
+
+
+def test_chunks_kept_by_separate_runs_merge_into_the_fit_of_all_of_them(planted, fit_host, tmp_path):
+    """Calibration volume across runs: two runs on disjoint chunks (--tokens-offset), their kept
+    statistics merged (--from-stats A,B), equal one run over both chunks (stride 1, no held-out split:
+    the same observations either way); the manifest sums the tokens and names the chunks."""
+    from kvbridge.fit import fit
+    from kvbridge.fit.pipeline import fit_from_stats
+
+    ids = planted["ids"]
+    seq = ids.shape[1]
+    half = (ids.shape[0] // 2) * seq
+    common = dict(top_k=2, stride=1, heldout=0.0, host=fit_host, distributed=None)
+    for name, offset in (("a", 0), ("b", half)):
+        fit(
+            planted["source"],
+            planted["target"],
+            ids,
+            tokens=half,
+            offset=offset,
+            keep_stats=tmp_path / name,
+            **common,
+        )
+    merged = fit_from_stats(f"{tmp_path / 'a'},{tmp_path / 'b'}", top_k=2)
+    whole = fit(planted["source"], planted["target"], ids, tokens=2 * half, **common)
+    _same(merged, whole, tol=1e-4)
+    cal = merged.manifest["calibration"]
+    assert cal["tokens"] == 2 * half and [m["offset"] for m in cal["merged_from"]] == [0, half]
+    assert cal["observations_per_feature"] == round(cal["observations_train"] / cal["features_per_head"], 3)
+    with pytest.raises(ArtifactError, match="same calibration tokens"):
+        fit_from_stats(f"{tmp_path / 'a'},{tmp_path / 'a'}", top_k=2)

@@ -216,3 +216,14 @@ def test_the_fitters_own_refusal_shows_sizes_and_the_largest_layer():
     assert f"needs at least {fmt_size(3_000_000)}" in text and f"over the {fmt_size(2_500_000)} budget" in text
     assert f"--memory {gib_flag(3_000_000)}" in text and "0.00 GiB" not in text
     assert plan_blocks(3, lambda b: sum(need[i] for i in b), 3_000_000, what="layer selection") == [[0], [1], [2]]
+
+
+def test_plan_states_the_attention_recording_and_the_weighted_pass():
+    from kvbridge.fit.plan import attention_record_bytes, plan
+
+    plain = plan("zoo:base", "zoo:wide", tokens=4096, seq_len=256)
+    weighted = plan("zoo:base", "zoo:wide", tokens=4096, seq_len=256, support="head-local", weighting="attention")
+    assert len(weighted.passes) == len(plain.passes) + 1 and weighted.passes[-1].tag == "heads-weighted"
+    rec = attention_record_bytes(4, 256, q_heads=6, kv_heads=2, head_dim=32, layers=6)
+    assert weighted.batch_buffer_bytes == plain.batch_buffer_bytes + rec
+    assert any("recording the target's boundary queries" in n for n in weighted.notes)

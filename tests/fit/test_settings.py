@@ -30,7 +30,7 @@ def test_every_click_default_is_the_dataclass_default():
     parsed, params = _parse([])
     assert parsed == FitSettings()
     assert {RENAMED.get(k, k) for k in params} == {f.name for f in dataclasses.fields(FitSettings)}
-    assert len(params) == 27
+    assert len(params) == 28
 
 
 def test_parsed_values_reach_their_fields():

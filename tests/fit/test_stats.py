@@ -102,3 +102,18 @@ def test_layer_stats_views_pick_the_right_rows_and_columns():
     for o in one[1:]:
         assert torch.allclose(o.cxx, one[0].cxx) and torch.allclose(o.cxy, one[0].cxy)
     assert jobs["layer"].n("held") == int(held.sum())
+
+
+def test_weighted_moments_match_repeated_rows_and_constant_weights_change_nothing():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(50, 6, generator=g), torch.randn(50, 3, generator=g)
+    w = torch.randint(0, 4, (50,), generator=g).double()
+    weighted = MomentStats(6, 3).update(x, y, weights=w)
+    rep = torch.repeat_interleave(torch.arange(50), w.long())
+    repeated = MomentStats(6, 3).update(x[rep], y[rep])
+    for name in ("n", "mean_x", "mean_y", "cxx", "cxy", "cyy"):
+        a, b = getattr(weighted, name), getattr(repeated, name)
+        assert torch.allclose(torch.as_tensor(a), torch.as_tensor(b), atol=1e-9), name
+    ones = MomentStats(6, 3).update(x, y, weights=torch.ones(50))
+    plain = MomentStats(6, 3).update(x, y)
+    assert torch.allclose(ones.cxx, plain.cxx) and torch.allclose(ones.cxy, plain.cxy)

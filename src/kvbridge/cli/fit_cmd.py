@@ -139,6 +139,15 @@ class Progress:
 @click.option("--seq-len", type=count(2), default=512, show_default=True, help="Tokens per calibration sequence.")
 @click.option("--tokens", default=None, type=count(1), help="Calibration tokens to read (default: the whole corpus).")
 @click.option(
+    "--tokens-offset",
+    "tokens_offset",
+    default=0,
+    type=count(0),
+    show_default=True,
+    help="Skip this many calibration tokens first: runs with offsets 0, T, 2T, ... and --tokens T read disjoint "
+    "chunks; --from-stats A,B,... merges their kept statistics.",
+)
+@click.option(
     "--stride", type=count(1), default=4, show_default=True, help="Keep every stride-th position of each sequence."
 )
 @click.option(
@@ -199,7 +208,8 @@ class Progress:
     type=click.Path(),
     help="Solve from statistics kept by "
     "--keep-stats instead of running the models (no weights loaded): other --top-k (up to the kept one), "
-    "--alpha; SOURCE and TARGET are checked against the kept specs.",
+    "--alpha; SOURCE and TARGET are checked against the kept specs. Several folders (DIR1,DIR2,...: runs on "
+    "disjoint chunks, --tokens-offset) are merged into one fit.",
 )
 @click.option(
     "--resume",
@@ -242,6 +252,7 @@ def fit(
     top_k,
     seq_len,
     tokens,
+    tokens_offset,
     stride,
     skip,
     alpha,
@@ -289,6 +300,7 @@ def fit(
         top_k=top_k,
         seq_len=seq_len,
         tokens=tokens,
+        tokens_offset=tokens_offset,
         stride=stride,
         skip=skip,
         alpha=alpha,

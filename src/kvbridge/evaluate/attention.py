@@ -30,6 +30,11 @@ def _capture_forward(module, query, key, value, attention_mask, **kwargs):
     active = _STORE["active"]
     if active is not None:
         layer = int(getattr(module, "layer_idx", len(active["layers"])))
+        if active.get("reduce") is not None:  # keep only what the caller reduces the layer to
+            active["layers"][layer] = active["reduce"](
+                query.detach(), key.detach(), value.detach(), kwargs.get("scaling"), kwargs.get("softcap")
+            )
+            return _orig_attention(active["impl"], module)(module, query, key, value, attention_mask, **kwargs)
         rows = active["rows"]  # keep the first `rows` batch rows only (None: all)
 
         def keep(t):
@@ -60,17 +65,19 @@ def _register_capture(impl: str) -> None:
 
 
 @contextlib.contextmanager
-def capture_attention(model, rows: int | None = None):
+def capture_attention(model, rows: int | None = None, reduce=None):
     """Record every layer's queries, keys, values and mask during forwards inside the block.
 
     The model's own attention implementation still computes the output (logits unchanged);
     the capturing function is installed by name for the block only and removed after.
     ``rows``: record only the first ``rows`` batch rows (the native ones of a stacked forward).
+    ``reduce(query, key, value, scaling, softcap)``: record its result per layer instead of the
+    tensors (bounded memory: e.g. the attention-repair weights of :mod:`kvbridge.fit.repair`).
     """
     config = model.config
     impl = getattr(config, "_attn_implementation", None) or "eager"
     _register_capture(impl)
-    store = {"impl": impl, "layers": {}, "rows": rows}
+    store = {"impl": impl, "layers": {}, "rows": rows, "reduce": reduce}
     prev = _STORE["active"]
     _STORE["active"] = store
     config._attn_implementation = _CAPTURE_NAME

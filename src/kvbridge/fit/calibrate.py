@@ -139,15 +139,20 @@ def load_corpus(path: Path | str) -> tuple[list[str], str]:
     return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
 
 
-def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None):
-    """``[N, seq_len]`` token ids: the documents concatenated (EOS between them) and cut."""
+def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None, offset: int = 0):
+    """``[N, seq_len]`` token ids: the documents concatenated (EOS between them) and cut.
+
+    ``offset``: skip that many tokens of the stream first (a later chunk of the corpus: runs
+    with offsets 0, T, 2T, ... and ``tokens=T`` read disjoint chunks whose kept statistics
+    ``kvbridge fit --from-stats A,B,...`` merges)."""
     import torch
 
     if seq_len < 2:
         raise CalibrationError(f"--seq-len must be at least 2, got {seq_len}", "use e.g. --seq-len 512")
     eos = getattr(tokenizer, "eos_token_id", None)
     stream: list[int] = []
-    want = None if tokens is None else int(tokens)
+    offset = max(0, int(offset))
+    want = None if tokens is None else int(tokens) + offset
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         stream.extend(ids)
@@ -157,11 +162,13 @@ def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: in
             break
     if want is not None:
         stream = stream[:want]
+    stream = stream[offset:]
     n = len(stream) // seq_len
     if n == 0:
         raise CalibrationError(
-            f"the corpus gives {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}",
-            "pass a bigger corpus, a smaller --seq-len or more --tokens",
+            f"the corpus gives {len(stream)} tokens after --tokens-offset {offset}, fewer than one sequence of "
+            f"--seq-len {seq_len}",
+            "pass a bigger corpus, a smaller --seq-len or --tokens-offset, or more --tokens",
         )
     return torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
@@ -192,8 +199,11 @@ class CalibrationConfig:
     batch_size: int = 4  # sequences per forward pass
     seq_len: int | None = None  # tokens per sequence cut from texts / 1-D ids (None: 512 for texts)
     tokens: int | None = None  # calibration tokens to read (None: all)
+    offset: int = 0  # calibration tokens to skip first (a later chunk of the corpus; --tokens-offset)
 
     def __post_init__(self):
+        if self.offset < 0:
+            raise ConfigError(f"--tokens-offset must be >= 0, got {self.offset}", "use e.g. --tokens-offset 8192")
         if self.stride < 1:
             raise ConfigError(f"--stride must be >= 1, got {self.stride}", "use e.g. --stride 4")
         if self.skip < 0:
@@ -317,17 +327,54 @@ class PairedCalibration:
             return [k.to(self.device) for k in state.keys], [v.to(self.device) for v in state.values]
         return state.keys, state.values
 
-    def features(self, seq_idx: list[int]) -> tuple[dict, Any]:
-        """``({"xk","xv","yk","yv": [n, layers, heads, dim] float32}, held_mask [n])`` for sequences."""
+    def _target_with_repair(self, ids):
+        """The target's content K/V and its attention-repair scores ``(r_K, r_V)`` ``[B, L, H_kv, T]``
+        (:mod:`kvbridge.fit.repair`), recorded during the same forward with bounded memory."""
         import torch
+
+        from kvbridge.evaluate.attention import capture_attention
+        from kvbridge.fit.repair import boundaries, repair_scores
+
+        bnd = boundaries(self.seq_len)
+        idx = torch.tensor(bnd, dtype=torch.long)
+
+        def reduce(q, k, v, scaling, softcap):
+            rk, rv = repair_scores(q.index_select(2, idx.to(q.device)), k, v, bnd, scaling=scaling, softcap=softcap)
+            return rk.to(self.device), rv.to(self.device)
+
+        with capture_attention(self.target_model, reduce=reduce) as layers:
+            tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
+        n = self.target_spec.num_layers
+        if len(layers) != n:
+            raise CalibrationError(
+                f"weighting=attention recorded the attention of {len(layers)} of the target's {n} layers",
+                "use weighting=uniform for this model (its attention does not run through transformers' interface)",
+            )
+        rk = torch.stack([layers[i][0] for i in range(n)], dim=1)
+        rv = torch.stack([layers[i][1] for i in range(n)], dim=1)
+        return tk, tv, rk, rv
+
+    def features(self, seq_idx: list[int], *, attention: bool = False) -> tuple[dict, Any]:
+        """``({"xk","xv","yk","yv": [n, layers, heads, dim] float32}, held_mask [n])`` for sequences.
+
+        ``attention``: also ``"rk"``, ``"rv"`` ``[n, target layers, target KV heads]`` (the
+        attention-repair scores of :mod:`kvbridge.fit.repair`, mean 1 per sequence and head) and
+        ``"seq"`` ``[n]`` (each row's sequence index)."""
+        import torch
+
+        from kvbridge.fit.repair import normalise
 
         t0 = time.perf_counter()
         # train sequences first, held-out last: each split is a contiguous block of rows
         seq_idx = sorted(seq_idx, key=lambda i: bool(self.held[i]))
         ids = self.sequences[seq_idx]
         sk, sv = self._content(self.source_model, self.source_adapter, self.source_spec, ids)
-        tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
-        out = {name: [] for name in ("xk", "xv", "yk", "yv")}
+        if attention:
+            tk, tv, rk, rv = self._target_with_repair(ids)
+        else:
+            tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
+        names = ("xk", "xv", "yk", "yv") + (("rk", "rv", "seq") if attention else ())
+        out = {name: [] for name in names}
         held = []
         for b, i in enumerate(seq_idx):
             pos = self.positions_of(i).to(self.device)
@@ -336,6 +383,10 @@ class PairedCalibration:
                 out[name].append(
                     torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3).to(torch.float32)
                 )
+            if attention:
+                for name, r in (("rk", rk), ("rv", rv)):  # [L, H, T] -> sampled, mean 1 -> [n, L, H]
+                    out[name].append(normalise(r[b].index_select(2, pos)).permute(2, 0, 1).to(torch.float32))
+                out["seq"].append(torch.full((len(pos),), int(i), dtype=torch.long, device=pos.device))
             held.append(torch.full((len(pos),), bool(self.held[i]), device=pos.device))
         feats = {k: torch.cat(v) for k, v in out.items()}
         self.seconds += time.perf_counter() - t0
@@ -355,8 +406,9 @@ class PairedCalibration:
             done = self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
         if self.progress is not None:
             self.progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
+        attention = any(getattr(job, "needs_attention", False) for job in jobs)
         for bi in range(done, len(batches)):
-            feats, held = self.features(batches[bi])
+            feats, held = self.features(batches[bi], attention=attention)
             for job in jobs:
                 job.update(feats, held)
             if self.checkpoint is not None:

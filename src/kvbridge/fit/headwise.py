@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.ridge import check_alpha
+from kvbridge.fit.select import single_head_r2
 from kvbridge.fit.solve import (
     DEFAULT_ALPHA,
     LOW_R2,
@@ -30,10 +31,8 @@ from kvbridge.fit.solve import (
     dims as dims_of,
     default_budget,
     fit_group,
-    grouped_r2,
     plan_blocks,
     r2_summary,
-    solve,
 )
 
 
@@ -87,17 +86,9 @@ class HeadwiseFitter:
             passes.append({"tag": tag, "bytes": job.nbytes(), "target_layers": list(block)})
             n_seen = job.n("train")
             check_determined(n_seen, ds, what=f"one source head ({ds} dims)", fix=fix)
-            held_split = "held" if job.n("held") >= 1 else "train"
             # scores[target layer in block, target head, source layer * H_s + source head]
-            scores = {c: torch.zeros(len(block), ht, ls * hs, dtype=torch.float64) for c in ("k", "v")}
-            for c in ("k", "v"):
-                for s in range(ls):
-                    for h in range(hs):
-                        tr = job.moments(c, "train", src_head=(s, h), tgt_layers=block)
-                        he = job.moments(c, held_split, src_head=(s, h), tgt_layers=block)
-                        w, b = solve(tr, DEFAULT_ALPHA)
-                        scores[c][:, :, s * hs + h] = grouped_r2(w, b, he, len(block) * ht).view(len(block), ht)
-            mean = (scores["k"] + scores["v"]) / 2
+            scores = single_head_r2(job, block)
+            held_split, mean = scores["measured_on"], scores["mean"]
             best = mean.argmax(dim=2)
             held_ok = job.n("held") >= 1
             for j, t in enumerate(block):

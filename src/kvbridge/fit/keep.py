@@ -209,4 +209,90 @@ def load_statistics(folder: Path | str):
     return stats, manifest
 
 
-__all__ = ["StatsWriter", "load_statistics", "read_manifest", "check_models", "KIND", "SCORES_FILE"]
+def merge_statistics(folders: list):
+    """``(RidgeStatistics, manifest)`` of several kept folders merged into one fit's statistics.
+
+    Each folder must hold the **joint** statistics (one block over every source and target layer:
+    the fit's one-pass case) of the same models and tokenizer with the same sampling (stride, skip,
+    held-out share, seed, sequence length) and **different** calibration tokens (runs over disjoint
+    chunks: ``--tokens-offset``); the moments are merged exactly (Chan's pairwise update, train and
+    held-out apart) and the selection scores recomputed from the merged statistics. The manifest is
+    the first folder's with the calibration summed (``tokens``, ``sequences``, observations) and
+    ``merged_from`` listing each folder.
+    """
+    from kvbridge.fit.select import single_layer_r2
+
+    folders = [Path(f) for f in folders]
+    loaded = [load_statistics(f) for f in folders]
+    stats0, man0 = loaded[0]
+    same = ("stride", "skip", "heldout", "seed", "seq_len")
+    cal0 = man0.get("calibration") or {}
+    seen_tokens = {}
+    merged = None
+    for folder, (stats, man) in zip(folders, loaded):
+        blocks = man["blocks"]
+        if len(blocks) != 1 or blocks[0].get("xx_block") != "full":
+            raise _bad(
+                folder,
+                f"holds {len(blocks)} blocked pass(es), not one joint block: only joint statistics merge across runs",
+            )
+        for role in ("source", "target"):
+            a, b = (man0.get(role) or {}).get("spec_fingerprint"), (man.get(role) or {}).get("spec_fingerprint")
+            if a != b:
+                raise ArtifactError(
+                    f"{folder} holds statistics of a different {role} model than {folders[0]}",
+                    "merge statistics kept for the same pair only",
+                )
+        cal = man.get("calibration") or {}
+        for key in same:
+            if cal.get(key) != cal0.get(key):
+                raise ArtifactError(
+                    f"{folder} was calibrated with {key}={cal.get(key)!r}, {folders[0]} with {cal0.get(key)!r}",
+                    f"keep every chunk with the same --{key.replace('_', '-')}",
+                )
+        sha = cal.get("token_ids_sha256")
+        if sha is not None and sha in seen_tokens:
+            raise ArtifactError(
+                f"{folder} and {seen_tokens[sha]} hold statistics of the same calibration tokens",
+                "keep each chunk once (runs with different --tokens-offset)",
+            )
+        seen_tokens[sha] = folder
+        job = next(iter(stats.iter_jobs()))
+        if merged is None:
+            merged = job
+        else:
+            for key, st in merged.stats.items():
+                st.merge(job.stats[key])
+    scores = single_layer_r2(merged)
+    manifest = dict(man0)
+    calib = dict(cal0)
+    for key in ("tokens", "sequences", "heldout_sequences", "observations_train", "observations_heldout"):
+        vals = [(m.get("calibration") or {}).get(key) for _, m in loaded]
+        if all(isinstance(v, (int, float)) for v in vals):
+            calib[key] = sum(vals)
+    calib["merged_from"] = [
+        {
+            "folder": str(f),
+            "tokens": (m.get("calibration") or {}).get("tokens"),
+            "offset": (m.get("calibration") or {}).get("offset", 0),
+            "token_ids_sha256": (m.get("calibration") or {}).get("token_ids_sha256"),
+        }
+        for f, (_, m) in zip(folders, loaded)
+    ]
+    manifest["calibration"] = calib
+    from kvbridge.fit.ridge import RidgeStatistics
+
+    out = RidgeStatistics(
+        stats0.source_spec,
+        stats0.target_spec,
+        scores,
+        [merged],
+        min(s.max_k for s, _ in loaded),
+        [p for s, _ in loaded for p in s.passes],
+        stats0.budget,
+        float(merged.n("train")),
+    )
+    return out, manifest
+
+
+__all__ = ["StatsWriter", "load_statistics", "merge_statistics", "read_manifest", "check_models", "KIND", "SCORES_FILE"]

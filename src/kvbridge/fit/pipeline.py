@@ -24,8 +24,11 @@ def _token_sha(seqs) -> str:
     return hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()
 
 
-def prepare_sequences(data: Any, *, tokenizer=None, seq_len: int | None = None, tokens: int | None = None):
-    """``(sequences [N, L], corpus_sha256 or None, texts or None)`` from ids, texts or a corpus path."""
+def prepare_sequences(
+    data: Any, *, tokenizer=None, seq_len: int | None = None, tokens: int | None = None, offset: int = 0
+):
+    """``(sequences [N, L], corpus_sha256 or None, texts or None)`` from ids, texts or a corpus path
+    (``offset``: tokens skipped first; for ids, whole sequences: ``offset // L`` of them)."""
     import torch
 
     from kvbridge.fit.calibrate import CalibrationError, load_corpus, tokenize_corpus
@@ -37,6 +40,12 @@ def prepare_sequences(data: Any, *, tokenizer=None, seq_len: int | None = None, 
                 raise CalibrationError("1-D token ids need seq_len to cut them into sequences", "pass seq_len=")
             n = seqs.numel() // seq_len
             seqs = seqs[: n * seq_len].view(n, seq_len)
+        if offset:
+            seqs = seqs[int(offset) // seqs.shape[1] :]
+            if seqs.shape[0] == 0:
+                raise CalibrationError(
+                    f"--tokens-offset {offset} skips every calibration sequence", "use a smaller one"
+                )
         if tokens is not None:
             seqs = seqs[: max(1, int(tokens) // seqs.shape[1])]
         return seqs, None, None
@@ -54,7 +63,7 @@ def prepare_sequences(data: Any, *, tokenizer=None, seq_len: int | None = None, 
         raise CalibrationError(
             "text calibration data needs a tokenizer", "pass tokenizer= (the models' shared tokenizer)"
         )
-    return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens), sha, texts
+    return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens, offset=offset), sha, texts
 
 
 @dataclass(frozen=True)
@@ -167,7 +176,9 @@ def _fit(
     opts = fitter_options(fitter_obj, options, **overrides)
     _validate(source_model, target_model, config, opts)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
-    seqs, sha, texts = prepare_sequences(data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens)
+    seqs, sha, texts = prepare_sequences(
+        data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
+    )
     if texts is not None and target_tokenizer is not None and target_tokenizer is not tokenizer:
         from kvbridge.fit.calibrate import check_same_tokens
 
@@ -200,7 +211,8 @@ def _fit(
         "token_ids_sha256": _token_sha(seqs),
         "world_size": ctx.world if ctx else 1,
     }
-    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()), corpus_split))
+    # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
+    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()) + config.offset, corpus_split))
     main = ctx is None or ctx.is_main
     keeping = keep_stats is not None and main
     if (sweep is not None or keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
@@ -385,14 +397,22 @@ def fit_from_stats(
     from kvbridge.plugins import get_host
 
     host = host or get_host()
-    stats, manifest = load_statistics(folder)
+    folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
+    if isinstance(folder, (list, tuple)):
+        folders = list(folder)
+    if len(folders) > 1:  # kept chunks of several runs (--tokens-offset): merged into one fit
+        from kvbridge.fit.keep import merge_statistics
+
+        stats, manifest = merge_statistics(folders)
+    else:
+        stats, manifest = load_statistics(folders[0])
     idents = {}
     for role, obj in (("source", source), ("target", target)):
         if obj is None or (isinstance(obj, dict) and "spec_fingerprint" in obj):
             idents[role] = obj
         else:
             idents[role] = model_identity(obj, host=host)
-    check_models(manifest, folder, source=idents["source"], target=idents["target"])
+    check_models(manifest, folders[0], source=idents["source"], target=idents["target"])
     params = dict(manifest.get("params") or {})
     base = RidgeOptions(
         alpha=params.get("alpha", RidgeOptions.alpha),
@@ -419,7 +439,10 @@ def fit_from_stats(
         v.top_k(k, ls)
     by_k = RidgeFitter().solve(stats, opts, ks)
     calib = dict(manifest.get("calibration") or {})
-    calib["from_stats"] = {"folder": str(folder), "manifest_created": manifest.get("created")}
+    calib["from_stats"] = {
+        "folder": ",".join(str(f) for f in folders),
+        "manifest_created": manifest.get("created"),
+    }
     mappings = {label: by_k[min(k, ls)] for label, k in labels} if labels else {None: by_k[min(ks[0], ls)]}
     for mapping in mappings.values():
         finish_mapping(

@@ -304,7 +304,7 @@ class FitPlan:
             if self.efficiency != 1.0:
                 rate += f", forward efficiency {self.efficiency:g}"
             out.append(f"  time at {rate}: ~{_duration(self.seconds)}")
-        if len(self.passes) > 1:
+        if len([p for p in self.passes if p.tag != "heads-weighted"]) > 1:
             out.append("  blocking plan (one joint pass does not fit the budget):")
             groups: dict = {}
             for p in self.passes:
@@ -364,8 +364,14 @@ def plan(
     device_flops64: float | None = None,
     efficiency: float = 1.0,
     rates=None,
+    support: str = "layers",
+    weighting: str = "uniform",
 ) -> FitPlan:
-    """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring)."""
+    """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring).
+
+    ``support`` / ``weighting``: the ``ridge`` options of those names. ``weighting="attention"``
+    adds the weighted per-head pass (:class:`~kvbridge.fit.headstats.HeadStats`: one more forward
+    of both models) and the attention recording's memory (:func:`attention_record_bytes`)."""
     if fitter not in ("ridge", "ridge-headwise"):
         raise ConfigError(
             f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
@@ -464,12 +470,46 @@ def plan(
             for j in range(t.layers)
             for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))
         ]
+    record = 0
+    if fitter == "ridge" and weighting == "attention":
+        p_head = k * (s.head_dim if support == "head-local" else fs)
+        head_bytes = (
+            t.layers * t.kv_heads * 4 * 8 * (p_head * p_head + p_head * t.head_dim + 2 * p_head + 2 * t.head_dim)
+        )
+        passes.append(
+            Pass(
+                "heads-weighted",
+                (0, t.layers - 1),
+                s.layers,
+                head_bytes,
+                2 * 2 * n_obs * t.layers * t.kv_heads * (p_head * p_head + p_head * t.head_dim),
+            )
+        )
+        record = attention_record_bytes(
+            batch_size,
+            seq_len,
+            q_heads=max(1, t.attn_width // t.head_dim),
+            kv_heads=t.kv_heads,
+            head_dim=t.head_dim,
+            layers=t.layers,
+        )
+        notes.append(
+            f"weighting=attention: a second pass of both models (per target head, {p_head} features, weighted); "
+            f"recording the target's boundary queries and attention adds {_size(record)} per batch of "
+            f"{batch_size} (one layer's [batch, query heads, 32, seq_len] scores at a time + the kept weights)"
+        )
+    elif fitter == "ridge" and support == "head-local":
+        notes.append(
+            f"support=head-local: each target head reads its top-{k} source heads ({k * s.head_dim} features); "
+            "solved from the joint statistics (a second, per-head pass when the joint pass does not fit)"
+        )
     shapes.sort()  # safetensors writes the header sorted by name
     peak = max(p.statistics_bytes for p in passes)
     rows = batch_size * per_seq  # observations of one batch, converted to float64 in row chunks
     widest = max(passes, key=lambda p: p.statistics_bytes)
-    buffers = workspace_bytes(
-        widest.source_layers * fs, (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows
+    buffers = (
+        workspace_bytes(widest.source_layers * fs, (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows)
+        + record
     )
     weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
@@ -502,6 +542,16 @@ def plan(
     )
 
 
+def attention_record_bytes(batch: int, seq_len: int, *, q_heads: int, kv_heads: int, head_dim: int, layers: int) -> int:
+    """Peak bytes the attention-repair recording (:mod:`kvbridge.fit.repair`) adds to a calibration
+    forward (float32): one layer's boundary scores, attention and distances ``3 x [B, H_q, U, T]``
+    (``U`` <= 32 boundaries), its boundary queries and outputs, and the kept weights ``2 x [B, L, H_kv, T]``."""
+    u = min(32, max(0, seq_len - 1))
+    per_layer = 3 * batch * q_heads * u * seq_len + 2 * batch * q_heads * u * head_dim
+    kept = 2 * batch * layers * kv_heads * seq_len
+    return 4 * (per_layer + kept)
+
+
 class _CallableModule(types.ModuleType):
     """``kvbridge.fit.plan`` is this module once imported: calling it calls :func:`plan`."""
 
@@ -513,6 +563,7 @@ sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = [
     "plan",
+    "attention_record_bytes",
     "FitPlan",
     "Pass",
     "ModelSize",

@@ -17,6 +17,34 @@ budget. Each pass re-runs both models over the corpus: memory is traded for forw
 ``alpha="auto"`` picks λ per (target layer, K/V) on the held-out statistics from
 :func:`alpha_grid`: 0.01 and ``s · 10^e`` for ``e`` in -6..1, ``s`` the mean diagonal of
 ``Cxx`` (so the grid follows the features' scale).
+
+**Support** (``-o support=``). ``layers`` (the default): every KV head of the top-k source
+layers (ranked per target layer by single-layer R²) feeds every head of the target layer,
+``k·H_s·D_s`` features. ``head-local``: target head ``(t, h)`` reads only its own top-k source
+KV heads, ranked for that head by the held-out R² of a single-head ridge
+(:func:`kvbridge.fit.select.single_head_r2`, the assignment ``ridge-headwise`` makes; with
+``top_k=1`` it is exactly that assignment, CacheBridge's "matching head"), ``k·D_s``
+features. The matching is by R², not by index or relative depth: index matching is
+meaningless when the two models' head counts differ, and R² is measured on held-out text.
+The head-local map is stored in the ``dense`` layout over the union of its heads' source
+layers, with zero rows for the slots a head does not read.
+
+**Weights** (``-o weighting=``). ``uniform``: every observation counts once. ``attention``:
+each observation of target head ``(t, h)`` is weighted by how much later target queries read
+that position (:mod:`kvbridge.fit.repair`: CacheBridge's attention repair, r_V and r_K at ~32
+log-spaced query boundaries per sequence, shrunk toward uniform so ``ESS >= min(n, 2p)``). The
+weights differ per target head, so the weighted co-moments are per head
+(:class:`~kvbridge.fit.headstats.HeadStats`): a second pass over the corpus, after the selection
+pass fixed each head's support. Held-out statistics stay unweighted, so held-out R² compares
+across weightings.
+
+**Selection** (``-o select=``). ``r2``: top-k, alpha and support as given. ``kl``: every ``k``
+of the sweep up to ``top_k``, alpha in (the given alpha, ``auto``) and support in (``layers``,
+``head-local``) is solved from the same statistics and scored by the mean KL divergence of the
+target's next-token distribution over a suffix when it continues from the mapped cache of the
+prefix vs from its own cache, on the calibration's held-out sequences
+(:func:`kvbridge.fit.select_kl.suffix_kl`); the best one is returned and the manifest records
+the criterion and every candidate's value (``selection.candidates``).
 """
 
 from __future__ import annotations
@@ -58,6 +86,16 @@ def check_top_k(top_k) -> None:
         raise FitError(f"--top-k must be >= 1, got {top_k}", "use e.g. --top-k 4")
 
 
+SUPPORTS = ("layers", "head-local")
+WEIGHTINGS = ("uniform", "attention")
+SELECTS = ("r2", "kl")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise FitError(f"-o {name}={value!r} is not one of {', '.join(choices)}", f"use e.g. -o {name}={choices[0]}")
+
+
 @dataclass(frozen=True)
 class RidgeOptions:
     """Options of ``ridge`` (``-o key=value``)."""
@@ -66,10 +104,29 @@ class RidgeOptions:
     alpha: float | str = DEFAULT_ALPHA  # ridge strength, or "auto" (chosen on the held-out split)
     memory_budget: int | None = None  # statistics bytes (None: 8 GiB or $KVBRIDGE_FIT_MEMORY)
     low_r2: float = LOW_R2  # warn below this mean held-out R²
+    support: str = (
+        "layers"  # "layers": all heads of the top-k source layers; "head-local": each head's top-k source heads
+    )
+    weighting: str = "uniform"  # "uniform", or "attention": attention-repair observation weights (a second pass)
+    select: str = "r2"  # "r2": top_k/alpha/support as given; "kl": chosen by held-out suffix KL to native
+    select_prefix: float = 0.5  # select=kl: share of each held-out sequence used as the mapped prefix
+    select_suffix: int = 32  # select=kl: suffix tokens scored after the prefix
 
     def __post_init__(self):
         check_top_k(self.top_k)
         check_alpha(self.alpha)
+        check_choice("support", self.support, SUPPORTS)
+        check_choice("weighting", self.weighting, WEIGHTINGS)
+        check_choice("select", self.select, SELECTS)
+        if not 0.0 < float(self.select_prefix) < 1.0:
+            raise FitError(f"-o select_prefix must be in (0, 1), got {self.select_prefix}", "use e.g. 0.5")
+        if int(self.select_suffix) < 1:
+            raise FitError(f"-o select_suffix must be >= 1, got {self.select_suffix}", "use e.g. 32")
+
+    @property
+    def plain(self) -> bool:
+        """Today's ridge: layer support, uniform weights, selection by R²."""
+        return self.support == "layers" and self.weighting == "uniform" and self.select == "r2"
 
 
 @dataclass
@@ -191,6 +248,15 @@ class RidgeFitter:
         if calibration is None:
             raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         ks = list(dict.fromkeys(min(int(k), source_spec.num_layers) for k in ks))
+        if not options.plain:  # head-local support, attention weights or selection by KL: the per-head path
+            from kvbridge.fit.support import fit_heads
+
+            if keep is not None:
+                raise FitError(
+                    "--keep-stats keeps the joint statistics of -o support=layers weighting=uniform select=r2 only",
+                    "drop --keep-stats, or keep them with the default options and solve those with --from-stats",
+                )
+            return fit_heads(self, source_spec, target_spec, calibration, options, ks)
         solver = _BlockSolver(self, source_spec, target_spec, options, ks)
 
         def on_block(job, scores):
@@ -205,6 +271,12 @@ class RidgeFitter:
 
     def solve(self, stats: "RidgeStatistics", options: RidgeOptions, ks=None) -> dict:
         """``{k: mapping}`` from kept statistics (``ks``: default ``[options.top_k]``), one block at a time."""
+        if not options.plain:
+            raise FitError(
+                "kept statistics solve -o support=layers weighting=uniform select=r2 only (the per-head options "
+                "need the models: a weighted or per-head pass, or the target's KL)",
+                "refit from the models with those options",
+            )
         ls = stats.source_spec.num_layers
         ks = list(dict.fromkeys(min(int(k), ls) for k in (ks or [options.top_k])))
         over = [k for k in ks if k > stats.max_k]
@@ -221,16 +293,30 @@ class RidgeFitter:
             solver.add(job, stats.scores)
         return solver.mappings(stats)
 
-    def accumulate(self, source_spec, target_spec, calibration, options: RidgeOptions, *, max_k: int, on_block=None):
+    def accumulate(
+        self,
+        source_spec,
+        target_spec,
+        calibration,
+        options: RidgeOptions,
+        *,
+        max_k: int,
+        on_block=None,
+        head_scores: bool = False,
+        select_only: bool = False,
+    ):
         """The :class:`RidgeStatistics` any ``top_k <= max_k`` (and any alpha) is solved from.
 
         One joint pass when the job fits the budget, else selection passes then fit passes over
         blocks of target layers (the union of each block's top-``max_k`` source layers; the
         top-k lists are nested, so every smaller k is covered by the same statistics).
         ``on_block(job, scores)`` is called with each complete block, which is then dropped
-        (held only when there is no ``on_block``).
+        (held only when there is no ``on_block``). ``head_scores``: also ``scores["head"]``
+        ``[T, H_t, S·H_s]``, the single-head R² table (:func:`~kvbridge.fit.select.single_head_r2`);
+        ``select_only``: the blocked path stops after the selection passes (the per-head path
+        accumulates its own statistics).
         """
-        from kvbridge.fit.select import single_layer_r2, top_k as pick
+        from kvbridge.fit.select import single_head_r2, single_layer_r2, top_k as pick
         from kvbridge.fit.stats import LayerStats
 
         dims_ = dims(source_spec, target_spec)
@@ -252,6 +338,8 @@ class RidgeFitter:
             calibration.accumulate([job], tag="joint")
             passes.append({"tag": "joint", "bytes": job.nbytes()})
             scores = single_layer_r2(job)
+            if head_scores:
+                scores["head"] = single_head_r2(job, range(lt))["mean"]
             n_seen = job.n("train")
             self._check_seen(n_seen, k, fs, dims_)
             if on_block is not None:
@@ -261,6 +349,8 @@ class RidgeFitter:
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
             rows = {"mean": [None] * lt, "k": [None] * lt, "v": [None] * lt}
+            if head_scores:
+                rows["head"] = [None] * lt
             sel_blocks = plan_blocks(
                 lt,
                 lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer"),
@@ -272,6 +362,8 @@ class RidgeFitter:
                 calibration.accumulate([job], tag=f"select{bi}")
                 passes.append({"tag": f"select{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
                 sc = single_layer_r2(job)
+                if head_scores:
+                    sc["head"] = single_head_r2(job, block)["mean"]
                 for j, t in enumerate(block):
                     for key in rows:
                         rows[key][t] = sc[key][j]
@@ -282,6 +374,8 @@ class RidgeFitter:
             scores = {key: torch.stack(v) for key, v in rows.items()}
             scores["measured_on"] = measured
             selection = pick(scores["mean"], range(ls), k)
+            if select_only:
+                return RidgeStatistics(source_spec, target_spec, scores, jobs, k, passes, budget, float(n_seen))
 
             def union(b):
                 return sorted({s for t in b for s in selection[t]})

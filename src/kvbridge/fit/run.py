@@ -138,6 +138,7 @@ def fit_pair(
         batch_size=s.batch_size,
         seq_len=s.seq_len,
         tokens=s.tokens,
+        offset=s.tokens_offset,
     )
     return fit(
         src.model,
@@ -230,12 +231,19 @@ def plan_fit(source, target, settings: FitSettings):
         memory_budget=None if s.memory_gib is None else int(s.memory_gib * 2**30),
         device_flops=s.device_flops,
         rates=rates,
+        **_plan_options(s),
     )
     from kvbridge.check.measured import measured_for, names_of
     from kvbridge.models import resolve
 
     measured = measured_for(names_of(resolve(source)), names_of(resolve(target)))
     return replace(fit_plan, measured=tuple(measured)) if measured else fit_plan
+
+
+def _plan_options(settings: FitSettings) -> dict:
+    """The ridge options the plan depends on (``-o support=``, ``-o weighting=``)."""
+    opts = dict(o.split("=", 1) for o in settings.fitter_options if "=" in o)
+    return {k: opts[k] for k in ("support", "weighting") if k in opts}
 
 
 def refit(source, target, settings: FitSettings, *, host=None):

@@ -39,6 +39,28 @@ def single_layer_r2(job, *, alpha: float = DEFAULT_ALPHA, tgt_layers=None) -> di
     return out
 
 
+def single_head_r2(job, tgt_layers, *, alpha: float = DEFAULT_ALPHA) -> dict:
+    """``{"k", "v", "mean": [len(tgt_layers), H_t, S·H_s]}``: the held-out R² (training R² when
+    there is no held-out split) of a ridge from one source (layer, head) to each target head, the
+    last axis ``source layer index in job.src_layers · H_s + source head``; ``"measured_on"``."""
+    tgt = list(tgt_layers)
+    hs, ht = job.src_heads, job.tgt_heads
+    held_split = "held" if job.n("held") >= 1 else "train"
+    out = {}
+    for c in ("k", "v"):
+        sc = torch.zeros(len(tgt), ht, len(job.src_layers) * hs, dtype=torch.float64)
+        for j, s in enumerate(job.src_layers):
+            for h in range(hs):
+                tr = job.moments(c, "train", src_head=(s, h), tgt_layers=tgt)
+                he = job.moments(c, held_split, src_head=(s, h), tgt_layers=tgt)
+                w, b = solve(tr, alpha)
+                sc[:, :, j * hs + h] = grouped_r2(w, b, he, len(tgt) * ht).view(len(tgt), ht)
+        out[c] = sc
+    out["mean"] = (out["k"] + out["v"]) / 2
+    out["measured_on"] = held_split
+    return out
+
+
 def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:
     """Per row of ``scores [T, S]``: the ``k`` best source layers, best first."""
     k = min(int(k), scores.shape[1])
@@ -47,4 +69,4 @@ def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:
     return [[src[int(j)] for j in row] for row in order]
 
 
-__all__ = ["single_layer_r2", "top_k"]
+__all__ = ["single_layer_r2", "single_head_r2", "top_k"]

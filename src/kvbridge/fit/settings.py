@@ -105,6 +105,7 @@ class FitSettings:
     top_k: Any = None
     seq_len: int = 512
     tokens: int | None = None
+    tokens_offset: int = 0
     stride: int = 4
     skip: int = 0
     alpha: Any = None
@@ -144,6 +145,7 @@ class FitSettings:
         _share(self.heldout, "--heldout", open_low=False)
         validate.seq_len(self.seq_len)
         validate.tokens(self.tokens)
+        whole_number(self.tokens_offset, "--tokens-offset", 0)
         validate.stride(self.stride, self.seq_len, skip=validate.non_negative_int(self.skip, "--skip"))
         if self.alpha is not None:
             validate.alpha(self.alpha)

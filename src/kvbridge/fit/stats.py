@@ -122,9 +122,15 @@ class MomentStats:
         bs = self.xx_block
         return torch.einsum("ki,kj->kij", a.reshape(-1, bs), b.reshape(-1, bs))
 
-    def update(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None) -> "MomentStats":
+    def update(
+        self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None = None, weights: torch.Tensor | None = None
+    ) -> "MomentStats":
         """Add a batch of observations ``x [m, p]``, ``y [m, q]`` (any float dtype); with ``rows``
-        (an index tensor) only those rows. Taken in row chunks of at most :func:`chunk_rows`."""
+        (an index tensor) only those rows. Taken in row chunks of at most :func:`chunk_rows`.
+
+        ``weights [m]`` (non-negative, aligned with ``x``'s rows): weighted moments, ``n`` then
+        counts the summed weight (``Σ w (x - x̄_w)(x - x̄_w)ᵀ`` about the weighted mean; the same
+        Chan merge with weights for counts)."""
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
             raise ValueError(
                 f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and {tuple(y.shape)}"
@@ -138,25 +144,38 @@ class MomentStats:
         for a in range(0, m, step):
             e = min(m, a + step)
             if rows is None:
-                self._update_chunk(x[a:e], y[a:e])
+                self._update_chunk(x[a:e], y[a:e], None if weights is None else weights[a:e])
             else:
                 idx = rows[a:e].to(x.device)
-                self._update_chunk(x.index_select(0, idx), y.index_select(0, idx))
+                wc = None if weights is None else weights.index_select(0, idx.to(weights.device))
+                self._update_chunk(x.index_select(0, idx), y.index_select(0, idx), wc)
         return self
 
-    def _update_chunk(self, x: torch.Tensor, y: torch.Tensor) -> None:
+    def _update_chunk(self, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         m = int(x.shape[0])
         if m == 0:
             return
         xc, yc = self._ws.get(m, self.p, self.q)
         xc.copy_(x)
         yc.copy_(y)
-        mx, my = xc.mean(0), yc.mean(0)
+        if weights is None:
+            mw = float(m)
+            mx, my = xc.mean(0), yc.mean(0)
+        else:
+            wt = weights.to(device=xc.device, dtype=DTYPE).clamp(min=0.0)
+            mw = float(wt.sum())
+            if mw <= 0:
+                return
+            mx, my = (wt @ xc) / mw, (wt @ yc) / mw
         xc -= mx  # the chunk, centred on its own mean, in the reused float64 workspace
         yc -= my
+        if weights is not None:  # Σ w xc xcᵀ = (√w xc)ᵀ(√w xc): scale the rows, then the same GEMMs
+            root = wt.sqrt()[:, None]
+            xc *= root
+            yc *= root
         # Chan's update folded into the GEMMs: C += Xcᵀ Xc + w δ δᵀ, with w = n_a m / (n_a + m)
-        n = self.n + m
-        w = self.n * m / n
+        n = self.n + mw
+        w = self.n * mw / n
         dx, dy = mx - self.mean_x, my - self.mean_y
         if self.xx_block is None:
             self.cxx.addmm_(xc.T, xc)
@@ -171,8 +190,8 @@ class MomentStats:
         for chunk in yc.split(256):  # Σ yc² in row chunks: a bounded temporary, vectorised kernels
             self.cyy += chunk.square().sum(0)
         self.cyy += w * dy * dy
-        self.mean_x += dx * (m / n)
-        self.mean_y += dy * (m / n)
+        self.mean_x += dx * (mw / n)
+        self.mean_y += dy * (mw / n)
         self.n = n
 
     def _merge_raw(self, o: "_Raw") -> None:

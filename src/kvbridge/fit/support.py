@@ -1,0 +1,241 @@
+"""The ``ridge`` fitter's per-head path: ``support=head-local``, ``weighting=attention``, ``select=kl``.
+
+(The options and what they mean: :mod:`kvbridge.fit.ridge`.) The steps:
+
+1. the selection statistics of today's ridge (:meth:`RidgeFitter.accumulate`, the joint pass
+   when it fits the budget), with the single-head R² table when a head-local support is wanted;
+2. every candidate ``(support, k, alpha)`` gets, per target (layer, head), its ordered list of
+   source ``(layer, head)`` slots: ``layers``: all heads of the top-k source layers of ``t``;
+   ``head-local``: the k best source heads of ``(t, h)``;
+3. the per-head statistics: from the joint statistics when they are unweighted and joint (no
+   second pass), else a second pass (:class:`~kvbridge.fit.headstats.HeadStats`, weighted when
+   ``weighting=attention``) over each head's union of candidate slots;
+4. each candidate solved per head (:func:`kvbridge.fit.solve.fit_group`) and stored as a dense
+   map over the union of its heads' source layers (zero rows for slots a head does not read);
+5. ``select=kl``: the candidates scored by held-out suffix KL (:mod:`kvbridge.fit.select_kl`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, r2_summary
+
+
+def candidates(options, ks) -> list[tuple]:
+    """``[(support, k, alpha)]`` to solve: the given settings (``select=r2``) or the grid ``select=kl`` searches."""
+    if options.select == "r2":
+        return [(options.support, k, options.alpha) for k in ks]
+    top = max(ks)
+    k_grid = sorted({k for k in (1, 2, 4, 8) if k <= top} | set(ks))
+    alphas = list(dict.fromkeys([options.alpha, "auto"]))
+    return [(sup, k, a) for sup in ("layers", "head-local") for k in k_grid for a in alphas]
+
+
+def slots_for(support: str, k: int, t: int, h: int, scores: dict, hs: int, src_layers) -> list:
+    """Source ``(layer, head)`` slots target head ``(t, h)`` reads, best first."""
+    if support == "layers":
+        from kvbridge.fit.select import top_k
+
+        layers = top_k(scores["mean"][t : t + 1], src_layers, k)[0]
+        return [(s, g) for s in layers for g in range(hs)]
+    row = scores["head"][t, h]
+    order = torch.argsort(row, descending=True, stable=True)[: min(k, row.numel())]
+    src = list(src_layers)
+    return [(src[int(i) // hs], int(i) % hs) for i in order]
+
+
+class _JointSource:
+    """Per-head moments from joint (full, all source layers) :class:`LayerStats`."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def moments(self, t, h, c, split, slots):
+        j = self.job
+        ds, fs = j.src_dim, j.src_heads * j.src_dim
+        rows = torch.cat([torch.arange(ds) + j.src_layers.index(s) * fs + g * ds for s, g in slots])
+        ft = j.tgt_heads * j.tgt_dim
+        a = j.tgt_layers.index(t) * ft + h * j.tgt_dim
+        return j.stats[(c, split)].moments(rows=rows, cols=slice(a, a + j.tgt_dim))
+
+    def n(self, split):
+        return self.job.n(split)
+
+
+class _HeadSource:
+    """Per-head moments from :class:`HeadStats` over each head's union of slots."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def moments(self, t, h, c, split, slots):
+        union = self.job.supports[(t, h)]
+        ds = self.job.src_dim
+        rows = torch.cat([torch.arange(ds) + union.index(tuple(sl)) * ds for sl in slots])
+        return self.job.stats[(t, h, c, split)].moments(rows=rows)
+
+    def n(self, split):
+        return self.job.n(split)
+
+
+def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dict:
+    """``{k: mapping}`` for the per-head settings (see the module docstring)."""
+    from kvbridge.fit.headstats import HeadStats
+
+    d = dims(source_spec, target_spec)
+    hs, ds, ht = d["src_heads"], d["src_dim"], d["tgt_heads"]
+    ls, lt = source_spec.num_layers, target_spec.num_layers
+    cands = candidates(options, ks)
+    need_head = any(c[0] == "head-local" for c in cands)
+    stats = fitter.accumulate(
+        source_spec,
+        target_spec,
+        calibration,
+        options,
+        max_k=max(c[1] for c in cands if c[0] == "layers") if any(c[0] == "layers" for c in cands) else 1,
+        head_scores=need_head,
+        select_only=True,
+    )
+    scores = stats.scores
+    src_layers = list(range(ls))
+    slots = {
+        (sup, k): {(t, h): slots_for(sup, k, t, h, scores, hs, src_layers) for t in range(lt) for h in range(ht)}
+        for sup, k in dict.fromkeys((c[0], c[1]) for c in cands)
+    }
+    n_train = calibration.observations("train")
+    for (sup, k), per in slots.items():
+        p = max(len(v) for v in per.values()) * ds
+        check_determined(
+            n_train,
+            p,
+            what=f"support={sup} top-k {k} ({p} features per target head)",
+            fix="give more --tokens, a smaller --stride or --top-k",
+        )
+    joint = [j for j in stats.jobs if getattr(j, "xx_block", None) == "full" and len(j.src_layers) == ls]
+    passes = list(stats.passes)
+    if options.weighting == "uniform" and joint:
+        source = _JointSource(joint[0])
+    else:
+        union = {}
+        for per in slots.values():
+            for key, sl in per.items():
+                union.setdefault(key, [])
+                union[key].extend(x for x in sl if x not in union[key])
+        p_max = max(len(v) for v in union.values()) * ds
+        job = HeadStats(
+            union,
+            **d,
+            weighted=options.weighting == "attention",
+            ess_fraction=min(1.0, 2.0 * p_max / max(1.0, n_train)),
+            device=device_of(calibration),
+        )
+        stats.jobs = []  # the selection statistics are no longer needed
+        tag = "heads-weighted" if job.weighted else "heads"
+        calibration.accumulate([job], tag=tag)
+        passes.append({"tag": tag, "bytes": job.nbytes(), "weighted": job.weighted, "ess_fraction": job.ess_fraction})
+        source = _HeadSource(job)
+    held_ok = source.n("held") >= 1
+    solved = [
+        _solve(fitter, source, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
+        for cand in cands
+    ]
+    values = None
+    if options.select == "kl":
+        from kvbridge.fit.select_kl import suffix_kl
+
+        values = suffix_kl(
+            calibration, solved, prefix_share=float(options.select_prefix), suffix=int(options.select_suffix)
+        )
+    out = {}
+    for k in ks:
+        pool = [i for i, c in enumerate(cands) if c[1] <= k] or list(range(len(cands)))
+        if values is None:
+            best = next(i for i, c in enumerate(cands) if c[1] == k)
+        else:
+            best = min(pool, key=lambda i: (values[i], i))
+        mapping = solved[best]
+        if values is not None:
+            mapping.report.params["selection"] = {
+                "criterion": "suffix_kl",
+                "what": "mean KL(native || mapped) of the target's next-token distribution over the suffix, nats, "
+                "on the calibration's held-out sequences",
+                "prefix_share": float(options.select_prefix),
+                "suffix_tokens": int(options.select_suffix),
+                "chosen": {"support": cands[best][0], "top_k": cands[best][1], "alpha": cands[best][2]},
+                "candidates": [
+                    {
+                        "support": c[0],
+                        "top_k": c[1],
+                        "alpha": c[2],
+                        "suffix_kl": values[i],
+                        "heldout_r2": solved[i].report.r2_summary.get("mean"),
+                    }
+                    for i, c in enumerate(cands)
+                    if i in pool
+                ],
+            }
+        out[k] = mapping
+    return out
+
+
+def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
+    from kvbridge.fit.mapping import FittedMapping, LayerMap
+    from kvbridge.fit.protocol import FitReport
+
+    sup, k, alpha = cand
+    d = dims(source_spec, target_spec)
+    hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
+    layers, r2k, r2v, alphas, selection, heads_sel = [], [], [], [], [], []
+    for t in range(target_spec.num_layers):
+        union = sorted({s for h in range(ht) for s, _ in per[(t, h)]})
+        w = {c: torch.zeros(len(union) * hs * ds, ht * dt, dtype=torch.float64) for c in ("k", "v")}
+        b = {c: torch.zeros(ht * dt, dtype=torch.float64) for c in ("k", "v")}
+        r2 = {c: torch.zeros(ht, dtype=torch.float64) for c in ("k", "v")}
+        lam = {"k": [], "v": []}
+        for h in range(ht):
+            sl = per[(t, h)]
+            rows = torch.cat([torch.arange(ds) + union.index(s) * hs * ds + g * ds for s, g in sl])
+            cols = slice(h * dt, (h + 1) * dt)
+            for c in ("k", "v"):
+                tr = source.moments(t, h, c, "train", sl)
+                he = source.moments(t, h, c, "held", sl) if held_ok else None
+                res = fit_group(tr, he, heads=1, alpha=alpha, what=f"target layer {t} head {h} {c.upper()}")
+                w[c][rows, cols] = res["w"]
+                b[c][cols] = res["b"]
+                r2[c][h] = res["r2"][0] if res["r2"] is not None else float("nan")
+                lam[c].append(res["alpha"])
+        layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
+        r2k.append(r2["k"])
+        r2v.append(r2["v"])
+        alphas.append([lam["k"], lam["v"]])
+        selection.append(union)
+        heads_sel.append([[list(x) for x in per[(t, h)]] for h in range(ht)])
+    tk = torch.stack(r2k) if held_ok else None
+    tv = torch.stack(r2v) if held_ok else None
+    summary, warnings = r2_summary(tk, tv, threshold=options.low_r2)
+    feats = max(len(v) for v in per.values()) * ds
+    params = {**asdict(options), "support": sup, "top_k": k, "alpha": alpha, "memory_budget": stats.budget}
+    params["head_support"] = heads_sel  # [target layer][target head] -> [[source layer, source head], ...]
+    report = FitReport(
+        fitter=fitter.name,
+        params=params,
+        layer_selection=selection,
+        selection_scores={
+            "mean": stats.scores["mean"].tolist(),
+            "measured_on": stats.scores["measured_on"],
+            **({"head": stats.scores["head"].tolist()} if "head" in stats.scores else {}),
+        },
+        heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
+        r2_summary=summary,
+        alpha_chosen=alphas,
+        observations={"train": int(source.n("train")), "features_per_head": feats},
+        passes=passes,
+        warnings=tuple(warnings),
+    )
+    return FittedMapping(source_spec, target_spec, layers, fitter=fitter.name, report=report)
+
+
+__all__ = ["fit_heads", "candidates", "slots_for"]
