@@ -48,7 +48,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     pair = load_adapter_pair()
     corpus = Path(args.corpus or DEFAULT_CORPUS)
-    ids, data = corpus_samples(corpus, pair.tokenizer, n=args.samples, length=args.prefix_len + args.continuation_len + 1)
+    ids, data = corpus_samples(
+        corpus, pair.tokenizer, n=args.samples, length=args.prefix_len + args.continuation_len + 1
+    )
     result = run_frontier(
         pair.base,
         pair.tuned,
@@ -60,7 +62,9 @@ def main(argv=None) -> int:
         sink=args.sink,
         batch_size=args.batch_size,
         bootstrap=args.bootstrap,
-        progress=lambda done, total: print(f"{done}/{total} samples, {time.perf_counter() - t0:.0f} s", file=sys.stderr),
+        progress=lambda done, total: print(
+            f"{done}/{total} samples, {time.perf_counter() - t0:.0f} s", file=sys.stderr
+        ),
     )
     result.update(
         source=pair.base_name,

@@ -214,11 +214,22 @@ def _frontier(corpus, *args):
 
 
 def test_eval_frontier(corpus, tmp_path):
-    res = _frontier(corpus, "--frontier", "0.5,1", "--bootstrap", "20", "--no-attention", "--json", "--report", str(tmp_path / "r"))
+    res = _frontier(
+        corpus, "--frontier", "0.5,1", "--bootstrap", "20", "--no-attention", "--json", "--report", str(tmp_path / "r")
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     c = data["conditions"]
-    assert {"native", "source", "transferred", "truncated@0.5", "tail@0.5", "truncated@1", "tail@1", "no_prefix"} == set(c)
+    assert {
+        "native",
+        "source",
+        "transferred",
+        "truncated@0.5",
+        "tail@0.5",
+        "truncated@1",
+        "tail@1",
+        "no_prefix",
+    } == set(c)
     assert c["tail@1"]["kl_p95"] < 1e-6 and c["truncated@1"]["kl_p95"] < 1e-6
     assert data["sink"] == 4 and data["verdict"]["text"] and data["mapping"] == "identity"
     assert (tmp_path / "r" / "frontier.json").exists() and "verdict:" in (tmp_path / "r" / "frontier.md").read_text()

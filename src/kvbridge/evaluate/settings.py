@@ -86,7 +86,9 @@ class EvalSettings:
     allow_overlap: bool = False
     partial_path: str | None = None
     recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
-    frontier: str | None = None  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+    frontier: str | None = (
+        None  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+    )
     sink: int = 4  # sink tokens kept by the frontier's truncated@R and tail@R
 
     def __post_init__(self) -> None:
@@ -124,7 +126,7 @@ class EvalSettings:
             raise ConfigError("recompute must be a RecomputeSettings", "pass RecomputeSettings(...) or leave it out")
         whole_number(self.sink, "--sink", 0)
         if self.frontier is not None:
-            self.frontier_ratios  # parsed now: a typo fails before anything is loaded
+            parse_frontier(self.frontier)  # a typo fails before anything is loaded
             for flag, given in (
                 ("--recompute-*", self.recompute.active),
                 ("--conditions", str(self.conditions).strip() not in ("", "all")),

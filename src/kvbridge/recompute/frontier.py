@@ -253,7 +253,9 @@ def run_frontier(
     for cond in names:
         row = summary["conditions"][cond]
         row["flop_share"] = 1.0 if cond == "native" else cost[cond]["flops"] / full
-        row["source_flop_share"] = source_share if cond in ("source", "transferred") or cond.startswith("tail@") else 0.0
+        row["source_flop_share"] = (
+            source_share if cond in ("source", "transferred") or cond.startswith("tail@") else 0.0
+        )
         row["total_flop_share"] = row["flop_share"] + row["source_flop_share"]
         row["time_share"] = cost[cond]["seconds"] / t_native if t_native > 0 and "@" in cond else None
         if "@" in cond:
