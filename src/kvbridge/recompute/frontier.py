@@ -204,17 +204,6 @@ def run_frontier(
         transferred = transfer(src_state, mapping, tspec, host=host)
         t3 = time.perf_counter()
         t_native, t_source, t_transfer = t_native + t1 - t0, t_source + t2 - t1, t_transfer + t3 - t2
-        states = {"transferred": transferred}
-        for name, kind, r in points:
-            rows = kept_rows(p, r, sink, tail=kind == "tail")
-            if kind == "tail":
-                st, cst = recompute_rows(target, transferred, rows, meta={"frontier": name})
-            else:
-                st, cst = truncated_state(target, native, rows)
-            states[name] = st
-            cost[name]["flops"] += cst.flops
-            cost[name]["seconds"] += cst.seconds
-            cost[name]["rows"] = int(rows.numel())
         with torch.no_grad(), capture_attention(target) if attention else _null() as captured:
             logits = target(input_ids=cont, cache=tad.inject(native, target), use_cache=True).logits.float()
         fields, ref = native_fields(logits, targets, top_k=5, top_p=0.9)
@@ -222,20 +211,33 @@ def run_frontier(
             add("native", k, v)
         if attention:
             add("native", "attn_cos", attention_cosines(captured, native, p))
-        for cond in names[1:]:
+        kinds = {name: (kind, r) for name, kind, r in points}
+        for cond in names[1:]:  # one state at a time: built, scored, dropped (memory: one extra cache)
             with torch.no_grad():
                 if cond == "no_prefix":
                     model, kwargs = target, {}
                 elif cond == "source":
                     model, kwargs = source, {"cache": sad.inject(src_state, source), "use_cache": True}
                 else:
-                    st = states[cond]
+                    st = transferred
+                    if cond in kinds:
+                        kind, r = kinds[cond]
+                        rows = kept_rows(p, r, sink, tail=kind == "tail")
+                        if kind == "tail":
+                            st, cst = recompute_rows(target, transferred, rows, meta={"frontier": cond})
+                        else:
+                            st, cst = truncated_state(target, native, rows)
+                        cost[cond]["flops"] += cst.flops
+                        cost[cond]["seconds"] += cst.seconds
+                        cost[cond]["rows"] = int(rows.numel())
                     model, kwargs = target, {"cache": tad.inject(st, target, check=False), "use_cache": True}
                     if st.num_tokens != p:  # truncated: the continuation keeps its own positions P..P+C-1
                         kwargs["position_ids"] = torch.arange(p, p + c).expand(b, c)
                     elif attention:
                         add(cond, "attn_cos", attention_cosines(captured, st, p))
+                    del st
                 logits = model(input_ids=cont, **kwargs).logits.float()
+                del kwargs
             f, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
             for k, v in f.items():
                 add(cond, k, v)
