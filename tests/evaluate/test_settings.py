@@ -27,6 +27,8 @@ SAME = [
     "top_k",
     "top_p",
     "allow_overlap",
+    "frontier",
+    "sink",
 ]
 RECOMPUTE = {
     "recompute_layers": "layers",
@@ -122,3 +124,30 @@ def test_a_report_folder_that_is_not_a_report_is_refused(tmp_path):
 def test_bad_recompute_values_are_refused(kwargs, needle):
     with pytest.raises(KVBridgeError, match=needle.replace("'", ".")):
         RecomputeSettings(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(frontier="abc"), "--frontier 'abc': 'abc' is not a number"),
+        (dict(frontier="0.1,1.5"), "--frontier '0.1,1.5': '1.5' is outside 0..1"),
+        (dict(frontier="-0.1"), "'-0.1' is outside 0..1"),
+        (dict(frontier="nan"), "'nan' is outside 0..1"),
+        (dict(frontier="0.1,10%"), "'10%' is repeated"),
+        (dict(frontier=" , "), "names no share"),
+        (dict(frontier=""), "names no share"),
+        (dict(frontier="0.5", sink=-1), "--sink must be a whole number >= 0"),
+        (dict(frontier="0.5", conditions="native"), "--conditions cannot be combined with it"),
+        (dict(frontier="0.5", gates=("default",)), "--gate cannot be combined with it"),
+        (dict(frontier="0.5", recompute=RecomputeSettings(tokens="0.5")), "--recompute-* cannot be combined"),
+    ],
+)
+def test_bad_frontier_values_are_refused(kwargs, needle):
+    with pytest.raises(KVBridgeError) as err:
+        EvalSettings(**{**BASE, **kwargs})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_frontier_shares_are_parsed_sorted():
+    assert EvalSettings(**BASE, frontier="0.5, 10%,0.25,1,0").frontier_ratios == (0.0, 0.1, 0.25, 0.5, 1.0)
+    assert EvalSettings(**BASE).frontier_ratios == () and EvalSettings(**BASE).sink == 4

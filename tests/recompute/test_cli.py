@@ -190,3 +190,67 @@ def test_graft_run_and_eval(corpus, tmp_path):
     assert "blend@0.5" in res.output and (tmp_path / "g" / "graft.json").exists()
     res = _cli("graft", "run", "zoo:base", "--context", "a", "--prompt", "b")
     assert res.exit_code == 2 and "exactly one of --chunk and --pack" in res.output
+
+
+def _frontier(corpus, *args):
+    return _cli(
+        "eval",
+        "zoo:base",
+        "zoo:stranger",
+        "--mapping",
+        "identity",
+        "--corpus",
+        str(corpus),
+        "--samples",
+        "4",
+        "--prefix-len",
+        "16",
+        "--continuation-len",
+        "4",
+        "--heldout-fraction",
+        "0.5",
+        *args,
+    )
+
+
+def test_eval_frontier(corpus, tmp_path):
+    res = _frontier(
+        corpus, "--frontier", "0.5,1", "--bootstrap", "20", "--no-attention", "--json", "--report", str(tmp_path / "r")
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    c = data["conditions"]
+    assert {
+        "native",
+        "source",
+        "transferred",
+        "truncated@0.5",
+        "tail@0.5",
+        "truncated@1",
+        "tail@1",
+        "no_prefix",
+    } == set(c)
+    assert c["tail@1"]["kl_p95"] < 1e-6 and c["truncated@1"]["kl_p95"] < 1e-6
+    assert data["sink"] == 4 and data["verdict"]["text"] and data["mapping"] == "identity"
+    assert (tmp_path / "r" / "frontier.json").exists() and "verdict:" in (tmp_path / "r" / "frontier.md").read_text()
+    text = _frontier(corpus, "--frontier", "25%", "--sink", "2", "--bootstrap", "0", "--no-attention")
+    assert text.exit_code == 0, text.output
+    assert "truncated@0.25" in text.stdout and "verdict: no verdict" in text.stdout
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--frontier", "0.1,x"), "'x' is not a number"),
+        (("--frontier", "2"), "'2' is outside 0..1"),
+        (("--frontier", "0.5,50%"), "'50%' is repeated"),
+        (("--frontier", ""), "names no share"),
+        (("--frontier", "0.5", "--sink", "-1"), "--sink"),
+        (("--frontier", "0.5", "--recompute-tokens", "0.5"), "--recompute-* cannot be combined"),
+        (("--frontier", "0.5", "--conditions", "native,source"), "--conditions cannot be combined"),
+    ],
+)
+def test_eval_frontier_bad_input(corpus, args, needle):
+    res = _frontier(corpus, "--bootstrap", "0", *args)
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output
+    assert len([line for line in res.output.splitlines() if line.strip()]) <= 3, res.output

@@ -159,6 +159,18 @@ def metric_help() -> str:
     type=count(1),
     help="Corpus-front samples for the layer profiling pass.",
 )
+@click.option(
+    "--frontier",
+    default=None,
+    metavar="R[,R...]",
+    help="The compute frontier instead of the conditions: for each share R of the prefix, truncated@R "
+    "(the target prefills only --sink first tokens and the last R, at their original positions) beside "
+    "tail@R (the same rows computed by the target over the transferred cache), with native, source, "
+    "transferred and no_prefix, FLOP shares, paired differences and a verdict (see docs/recompute.md).",
+)
+@click.option(
+    "--sink", default=4, show_default=True, type=count(0), help="Sink tokens (the prefix's first) kept by --frontier."
+)
 def eval_cmd(
     source,
     target,
@@ -192,6 +204,8 @@ def eval_cmd(
     recompute_select="greedy",
     recompute_group=1,
     calibration_samples=16,
+    frontier=None,
+    sink=4,
 ):
     """Measure a transferred cache against the target's own, with floors and controls.
 
@@ -248,6 +262,8 @@ def eval_cmd(
             group=recompute_group,
             calibration_samples=calibration_samples,
         ),
+        frontier=frontier,
+        sink=sink,
     )
     import torch
     from transformers.utils import logging as hf_logging
@@ -280,6 +296,11 @@ def eval_cmd(
         bar.close()
     if run.written and not as_json:
         click.echo(f"report: {', '.join(str(p) for p in run.written.values())}", err=True)
+    if run.frontier:
+        from kvbridge.recompute.frontier_report import table as frontier_table
+
+        click.echo(to_json(run.result) if as_json else frontier_table(run.result))
+        return
     if run.recompute:
         from kvbridge.recompute.report import table as recompute_table
 

@@ -17,15 +17,17 @@ from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalSettings
 @dataclass(frozen=True)
 class EvalRun:
     """``result``: the eval (or recompute-curve) result dict; ``written``: report files by name;
-    ``recompute``: the run was the recompute curve; ``exit_code``: 1 when an enforced gate failed."""
+    ``recompute``: the run was the recompute curve; ``frontier``: the compute frontier (``--frontier``);
+    ``exit_code``: 1 when an enforced gate failed."""
 
     result: dict = field(repr=False)
     written: dict = field(default_factory=dict)
     recompute: bool = False
+    frontier: bool = False
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.recompute else int(self.result.get("exit_code") or 0)
+        return 0 if self.recompute or self.frontier else int(self.result.get("exit_code") or 0)
 
     @property
     def failed_gates(self) -> list[str]:
@@ -113,6 +115,29 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
 
         fault_point("eval.batch")
 
+    if s.frontier is not None:  # the compute frontier: kvbridge.recompute.frontier
+        from kvbridge.recompute import frontier, frontier_report
+
+        result = frontier.run_frontier(
+            smodel,
+            tmodel,
+            mapping,
+            ids,
+            prefix_len=s.prefix_len,
+            continuation_len=s.continuation_len,
+            ratios=s.frontier_ratios,
+            sink=s.sink,
+            batch_size=s.batch_size,
+            attention=s.attention,
+            bootstrap=s.bootstrap,
+            seed=s.seed,
+            progress=progress,
+        )
+        result.update(source=_ref_text(src), target=_ref_text(tgt), mapping=s.mapping, data=data)
+        written = frontier_report.write(result, s.report_dir) if s.report_dir else {}
+        if partial is not None:
+            partial.remove() if s.report_dir and written else partial.finish()
+        return EvalRun(result, written, frontier=True)
     if s.recompute.active:  # the recompute dial: kvbridge.recompute
         from kvbridge.recompute.eval_run import eval_recompute
 

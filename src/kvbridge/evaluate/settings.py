@@ -87,6 +87,10 @@ class EvalSettings:
     allow_overlap: bool = False
     partial_path: str | None = None
     recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
+    frontier: str | None = (
+        None  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+    )
+    sink: int = 4  # sink tokens kept by the frontier's truncated@R and tail@R
 
     def __post_init__(self) -> None:
         from kvbridge.check.validate import finite_number
@@ -121,6 +125,19 @@ class EvalSettings:
                 )
         if not isinstance(self.recompute, RecomputeSettings):
             raise ConfigError("recompute must be a RecomputeSettings", "pass RecomputeSettings(...) or leave it out")
+        whole_number(self.sink, "--sink", 0)
+        if self.frontier is not None:
+            parse_frontier(self.frontier)  # a typo fails before anything is loaded
+            for flag, given in (
+                ("--recompute-*", self.recompute.active),
+                ("--conditions", str(self.conditions).strip() not in ("", "all")),
+                ("--gate", bool(self.gates)),
+            ):
+                if given:
+                    raise ConfigError(
+                        f"--frontier runs its own conditions; {flag} cannot be combined with it",
+                        f"drop {flag} or run it without --frontier",
+                    )
         if self.report_dir:  # refuse a --report folder that is not an earlier report before the (long) run
             from kvbridge.artifacts import check_replaceable
             from kvbridge.evaluate.report import REPORT_KIND
@@ -140,8 +157,35 @@ class EvalSettings:
         return tuple(conds)
 
     @property
+    def frontier_ratios(self) -> tuple[float, ...]:
+        """``frontier`` as sorted shares of the prefix (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when not asked."""
+        return parse_frontier(self.frontier) if self.frontier is not None else ()
+
+    @property
     def sample_len(self) -> int:
         return self.prefix_len + self.continuation_len + 1
 
 
-__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings"]
+def parse_frontier(text) -> tuple[float, ...]:
+    """``--frontier R[,R...]``: shares of the prefix in [0, 1] (``0.25`` or ``25%``), sorted, no repeats."""
+    import math
+
+    fix = "pass shares of the prefix between 0 and 1, comma-separated, e.g. --frontier 0.1,0.25,0.5"
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise ConfigError(f"--frontier {text!r} names no share", fix)
+    out = []
+    for item in items:
+        try:
+            value = float(item[:-1]) / 100 if item.endswith("%") else float(item)
+        except ValueError:
+            raise ConfigError(f"--frontier {text!r}: {item!r} is not a number", fix) from None
+        if not math.isfinite(value) or not 0 <= value <= 1:
+            raise ConfigError(f"--frontier {text!r}: {item!r} is outside 0..1", fix)
+        if value in out:
+            raise ConfigError(f"--frontier {text!r}: {item!r} is repeated", "name each share once")
+        out.append(value)
+    return tuple(sorted(out))
+
+
+__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings", "parse_frontier"]

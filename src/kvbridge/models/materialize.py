@@ -23,7 +23,8 @@ KIND = "model folder"
 def _plain_model(model):
     """``model`` itself, or (GGUF-loaded) the same architecture rebuilt with its state dict."""
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from kvbridge.models.hf_loader import model_from_config
 
     config = model.config
     if getattr(config, "quantization_config", None) is None and not getattr(model, "is_quantized", False):
@@ -31,7 +32,7 @@ def _plain_model(model):
     config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
     dtype = next(model.parameters()).dtype
     with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        plain = model_from_config(config, dtype=dtype)
     state = model.state_dict()
     plain.load_state_dict(state, assign=True, strict=True)
     plain.tie_weights()

@@ -161,4 +161,48 @@ def blend(
     return BlendResult(out, pick, deviation, cost)
 
 
-__all__ = ["BlendResult", "blend", "count_for", "parse_ratio"]
+def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None) -> tuple[object, Cost]:
+    """``state`` with the rows at indices ``rows`` (``[k]`` or ``[B, k]``, increasing) computed by ``model``
+    at **every** layer from its own embeddings; they attend causally by position to each other's fresh
+    K/V and to the other rows' K/V as ``state`` holds them (the tail of ``kvbridge eval --frontier``).
+
+    The rows left out keep their K/V bitwise. Every row given: a full prefill of the state's tokens
+    at its positions (so a store of placeholders with every row given is the model's own prefill of
+    those tokens at those positions: the frontier's ``truncated@R``)."""
+    from kvbridge.recompute.runner import RowStore, embed, run_layers
+
+    ids, positions = state.token_ids, state.positions
+    b, t = ids.shape
+    rows = torch.as_tensor(rows, dtype=torch.long, device=ids.device)
+    rows = rows.expand(b, -1) if rows.dim() == 1 else rows
+    k = int(rows.shape[1])
+    full = prefill_flops(model, t, batch=b)
+    if k == 0:
+        return state, Cost(full_prefill_flops=full, note="no rows: the state is returned as it is")
+    if int(rows.min()) < 0 or int(rows.max()) >= t:
+        raise RecomputeError(f"rows to recompute must lie in 0..{t - 1}", "pick rows inside the state")
+    t0 = time.perf_counter()
+    store = RowStore(state.keys, state.values, positions)
+    layers = model.config.num_hidden_layers
+    run_layers(model, range(layers), embed(model, ids.gather(1, rows)), rows, store)
+    attended = _attended(positions.gather(1, rows), positions)
+    flops = sum(layer_flops(model, layer, b * k, attended) for layer in range(layers))
+    out = replace(
+        state,
+        keys=tuple(x.to(state.dtype) for x in store.keys),
+        values=tuple(x.to(state.dtype) for x in store.values),
+        approximate=state.approximate and k < t,
+        meta={**state.meta, "recomputed_tokens": k, **(meta or {})},
+    )
+    cost = Cost(
+        flops=flops,
+        seconds=time.perf_counter() - t0,
+        full_prefill_flops=full,
+        layers_run=tuple(range(layers)),
+        rows_per_layer=(k,) * layers,
+        note=f"{k} of {t} rows at every layer",
+    )
+    return out, cost
+
+
+__all__ = ["BlendResult", "blend", "count_for", "parse_ratio", "recompute_rows"]

@@ -1,0 +1,84 @@
+"""The table, markdown and files of ``kvbridge eval --frontier`` (:mod:`kvbridge.recompute.frontier`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvbridge.evaluate.report import fmt, fmt_ci
+
+COLS = (
+    "condition",
+    "R",
+    "rows",
+    "FLOPs target",
+    "FLOPs source",
+    "gap_recovered [95% CI]",
+    "- source [95% CI]",
+    "- truncated@R [95% CI]",
+    "kl_p95",
+    "top1",
+)
+
+
+def _diff(d) -> str:
+    if not d:
+        return ""
+    return f"{fmt(d.get('gap_diff'), '{:+.3f}')} {fmt_ci(d.get('gap_diff_ci'), '{:+.3f}')}"
+
+
+def rows(result: dict) -> list[list[str]]:
+    out = []
+    for cond, r in result["conditions"].items():
+        out.append(
+            [
+                cond,
+                fmt(r.get("ratio"), "{:g}") if r.get("ratio") is not None else "",
+                str(r["rows_computed"]) if r.get("rows_computed") is not None else "",
+                fmt(r.get("flop_share"), "{:.3f}"),
+                fmt(r.get("source_flop_share"), "{:.3f}"),
+                f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
+                _diff(r.get("vs_source")),
+                _diff(r.get("vs_truncated")),
+                fmt(r.get("kl_p95"), "{:.4f}"),
+                fmt(r.get("top1_agreement"), "{:.3f}"),
+            ]
+        )
+    return out
+
+
+def verdict_line(result: dict) -> str:
+    return f"verdict: {result['verdict']['text']}"
+
+
+def table(result: dict) -> str:
+    rs = rows(result)
+    widths = [max(len(h), *(len(r[i]) for r in rs)) for i, h in enumerate(COLS)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    head = (
+        f"frontier: {result['samples']} samples, prefix {result['prefix_len']}, continuation "
+        f"{result['continuation_len']}, sink {result['sink']}, positions {result['positions']}"
+    )
+    return "\n".join([head, line(COLS), "-" * len(line(COLS))] + [line(r) for r in rs] + ["", verdict_line(result)])
+
+
+def markdown(result: dict) -> str:
+    out = ["# The compute frontier", "", "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
+    out += ["| " + " | ".join(r) + " |" for r in rows(result)]
+    out += ["", f"**{verdict_line(result)}**", "", "Notes:"] + [f"- {n}" for n in result.get("notes") or []]
+    return "\n".join(out) + "\n"
+
+
+def write(result: dict, folder) -> dict:
+    """``frontier.json`` and ``frontier.md`` in ``folder`` (each written atomically)."""
+    from kvbridge.artifacts import write_file_atomic
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "json": write_file_atomic(folder / "frontier.json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
+        "md": write_file_atomic(folder / "frontier.md", markdown(result)),
+    }
+
+
+__all__ = ["COLS", "rows", "table", "markdown", "verdict_line", "write"]
