@@ -57,7 +57,7 @@ def _eval(world, mapping, *extra, heldout="0.1"):
 
 
 def test_eval_refuses_samples_inside_the_calibration_span(world, tmp_path, c):
-    big = tmp_path / "big"  # calibrated on the whole corpus: its tail is calibration text
+    big = tmp_path / "big"  # calibrated on the whole corpus (no held-out tail): its tail is calibration text
     res = c.cli(
         [
             "fit",
@@ -65,6 +65,8 @@ def test_eval_refuses_samples_inside_the_calibration_span(world, tmp_path, c):
             world.tgt,
             "--corpus",
             world.corpus,
+            "--corpus-heldout",
+            0,
             "--out",
             big,
             "--seq-len",
