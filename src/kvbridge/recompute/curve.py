@@ -62,6 +62,18 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
     return points
 
 
+def sample_ids(samples, prefix_len: int, continuation_len: int) -> tuple[torch.Tensor, int, int]:
+    """``(samples as long [N, T], P, C)``; refused in one line unless ``T >= P + C + 1``."""
+    samples = torch.as_tensor(samples).long()
+    p, c = int(prefix_len), int(continuation_len)
+    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
+        raise RecomputeError(
+            f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
+            "make longer samples or lower --prefix-len/--continuation-len",
+        )
+    return samples, p, c
+
+
 def run_curve(
     source,
     target,
@@ -95,13 +107,7 @@ def run_curve(
     host = host or get_host()
     sad, tad = host.adapter_of(source), host.adapter_of(target)
     sspec, tspec = sad.spec_of(source), tad.spec_of(target)
-    samples = torch.as_tensor(samples).long()
-    p, c = int(prefix_len), int(continuation_len)
-    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
-        raise RecomputeError(
-            f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
-            "make longer samples or lower --prefix-len/--continuation-len",
-        )
+    samples, p, c = sample_ids(samples, prefix_len, continuation_len)
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
     bad = [x for x in token_rules if x not in RULES]
     if bad:

@@ -164,6 +164,7 @@ def run_frontier(
     from kvbridge.evaluate.conditions import attention_cosines, capture_attention, native_fields, position_fields
     from kvbridge.plugins import get_host
     from kvbridge.recompute.cost import prefill_flops
+    from kvbridge.recompute.curve import sample_ids
     from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import RecomputeError
     from kvbridge.recompute.tokens import recompute_rows
@@ -172,14 +173,8 @@ def run_frontier(
     host = host or get_host()
     sad, tad = host.adapter_of(source), host.adapter_of(target)
     sspec, tspec = sad.spec_of(source), tad.spec_of(target)
-    samples = torch.as_tensor(samples).long()
-    p, c = int(prefix_len), int(continuation_len)
+    samples, p, c = sample_ids(samples, prefix_len, continuation_len)
     ratios = sorted({float(r) for r in ratios})
-    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
-        raise RecomputeError(
-            f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
-            "make longer samples or lower --prefix-len/--continuation-len",
-        )
     if not ratios:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
     points = [(point_name(kind, r), kind, r) for r in ratios for kind in ("truncated", "tail")]
