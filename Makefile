@@ -71,8 +71,8 @@ models: $(STAMP)
 # they skip while .venv-vllm is absent)
 test: models
 	case "$${CI:-}" in 1|true|TRUE|True|yes) $(MAKE) vllm;; esac
-	$(BIN)/python -m ruff check src tests bench
-	$(BIN)/python -m ruff format --check src tests bench
+	$(BIN)/python -m ruff check src tests bench tools
+	$(BIN)/python -m ruff format --check src tests bench tools
 	$(BIN)/python -m pytest
 
 demo: models
@@ -85,7 +85,7 @@ cli-docs: $(STAMP)
 	$(BIN)/python -m kvbridge.cli.docs > CLI.md
 
 plugin-docs: $(STAMP)
-	$(BIN)/python -m kvbridge.plugin_docs > docs/plugins.md
+	$(BIN)/python -m tools.plugin_docs > docs/plugins.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

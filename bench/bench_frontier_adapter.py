@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     import torch
 
     from kvbridge.adapters import load_adapter_pair
-    from kvbridge.adapters.train_lora import DEFAULT_CORPUS
+    from kvbridge.adapters import DEFAULT_CORPUS
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate.settings import parse_frontier
     from kvbridge.recompute.frontier import run_frontier

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.adapters.pair import calibration_ids
-    from kvbridge.adapters.train_lora import DEFAULT_CORPUS
+    from kvbridge.adapters import DEFAULT_CORPUS
     from kvbridge.evaluate import corpus_samples, evaluate
     from kvbridge.evaluate.conditions import EvalConfig
     from kvbridge.fit import fit

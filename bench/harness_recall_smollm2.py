@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.adapters.pair import calibration_ids
-    from kvbridge.adapters.train_lora import DEFAULT_CORPUS
+    from kvbridge.adapters import DEFAULT_CORPUS
     from kvbridge.fit import fit
     from kvbridge.harness.report import markdown, terminal_table
     from kvbridge.harness.run import load_tasks, run_harness

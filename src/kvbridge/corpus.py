@@ -103,6 +103,21 @@ def heldout_start(texts, fraction: float) -> int:
     return nl + 1 if cut > 0 and nl >= 0 else cut
 
 
+def line_cut(text: str, frac: float) -> int:
+    """The character index at ``frac`` of ``text``, moved forward to the next line start."""
+    if frac <= 0.0:
+        return 0
+    if frac >= 1.0:
+        return len(text)
+    i = text.find("\n", int(frac * len(text)))
+    return len(text) if i < 0 else i + 1
+
+
+def slice_text(text: str, lo: float, hi: float) -> str:
+    """``text`` between two character fractions, both cuts moved forward to the next line start."""
+    return text[line_cut(text, lo) : line_cut(text, hi)]
+
+
 @dataclass(frozen=True)
 class Tail:
     """A file corpus's held-out tail (the last ``heldout`` of its characters, from a line start):
@@ -301,6 +316,8 @@ __all__ = [
     "heldout_start",
     "read_corpus",
     "split_overlap",
+    "line_cut",
+    "slice_text",
     "FOLDER_SUFFIXES",
     "SPLIT_RULE",
     "DEFAULT_HELDOUT",

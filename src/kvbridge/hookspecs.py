@@ -1,7 +1,7 @@
 """The kvbridge hooks: each docstring states its contract, with types and one example.
 
 These docstrings are the plugin reference; ``docs/plugins.md`` is generated from them
-(``python -m kvbridge.plugin_docs > docs/plugins.md``) together with the how-to for each
+(``python -m tools.plugin_docs > docs/plugins.md``) together with the how-to for each
 plugin kind. A plugin is any module or object with functions named like these hooks,
 decorated with ``kvbridge.hookimpl``, published under the entry-point group ``kvbridge``::
 

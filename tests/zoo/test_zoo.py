@@ -1,10 +1,10 @@
-"""The shipped tiny model zoo: manifest vs files, genuine training, geometry relations, determinism."""
+"""The shipped tiny model zoo: manifest vs files, genuine training, geometry relations, loading
+(the recipes, the build and its determinism: tests/tools/test_zoo_build.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from kvbridge.zoo import ZOO_NAMES, model_dir, read_manifest, zoo_dir
-from kvbridge.zoo.recipes import CORPUS_SHA256, TINY, ZOO
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "kvbridge" / "zoo" / "models"
 #: a trained model's held-out loss must beat the held-out unigram entropy by at least this (nats/token)
 MARGIN = 1.0
+#: all weights together may not exceed this (package-data budget; the build checks it too)
+MAX_WEIGHTS_BYTES = 16 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +40,11 @@ def test_zoo_dir_is_the_package_folder(monkeypatch):
 
 
 def test_manifest_is_consistent_with_files(manifest):
-    from kvbridge.zoo.build import MAX_WEIGHTS_BYTES, model_recipe_hashes
-    from kvbridge.zoo.recipes import recipe_hash
-
     assert manifest["names"] == list(ZOO_NAMES) and set(manifest["models"]) == set(ZOO_NAMES)
-    assert manifest["zoo_recipe_hash"] == recipe_hash(ZOO), "recipes changed: rebuild with `kvbridge zoo build`"
-    hashes = model_recipe_hashes(ZOO)
-    assert manifest["corpus"]["sha256"] == CORPUS_SHA256
     assert "torch" in manifest["built_with"]
     recorded = dict(manifest["tokenizer"]["files"])
     total = 0
     for name, rec in manifest["models"].items():
-        assert rec["recipe_hash"] == hashes[name]
-        assert rec["seed"] == ZOO.model(name).train.seed
         assert rec["training_tokens"] > 0 and rec["params"] > 0
         assert f"{name}/model.safetensors" in rec["files"]
         recorded.update(rec["files"])
@@ -184,56 +177,6 @@ def test_unknown_model_is_a_one_line_error():
 
     with pytest.raises(KVBridgeError, match="no zoo model 'nope'"):
         model_dir("nope", ROOT)
-
-
-def test_recorded_heldout_loss_reproduces_from_corpus(shared_dir, manifest):
-    import torch
-
-    from kvbridge.zoo import train as T
-    from kvbridge.zoo.build import read_corpus
-    from kvbridge.zoo.load import load_zoo_model
-
-    text, sha = read_corpus(shared_dir / "corpora" / "tinyshakespeare.txt")
-    assert sha == manifest["corpus"]["sha256"]
-    a, b = manifest["splits"]["heldout"]["chars"]
-    assert (a, b) == T.split_bounds(text, "heldout")
-    for name in ZOO_NAMES:
-        model, tok = load_zoo_model(name, root=ROOT)
-        held = T.encode(tok, text[a:b])
-        assert held.numel() == manifest["splits"]["heldout"]["tokens"]
-        check = manifest["models"][name]["heldout_check"]
-        with torch.no_grad():
-            loss, n = T.heldout_loss(model, held, manifest["heldout"]["seq_len"], check["tokens"])
-        assert n == check["tokens"]
-        assert loss == pytest.approx(check["loss"], abs=2e-3), name
-
-
-def _synthetic_text(n_lines: int = 600) -> str:
-    rng = random.Random(0)
-    words = "the king queen lord my thou art good night sweet prince love death sword crown".split()
-    lines = []
-    for _ in range(n_lines):
-        lines += [
-            rng.choice(["KING:", "QUEEN:", "LORD:"]),
-            " ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ".",
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def test_recipe_is_deterministic(tmp_path):
-    from kvbridge.zoo.build import build_zoo
-
-    text = _synthetic_text()
-    runs = [build_zoo(out=tmp_path / f"run{i}", recipe=TINY, corpus_text=text, log=lambda _: None) for i in range(2)]
-    files = [{k: v["sha256"] for m in r["models"].values() for k, v in m["files"].items()} for r in runs]
-    assert files[0] == files[1]
-    assert runs[0]["models"]["tiny"]["heldout_loss"] == runs[1]["models"]["tiny"]["heldout_loss"]
-    first = runs[0]["models"]
-    assert (
-        first["tiny"]["files"]["tiny/model.safetensors"] != first["tiny_tuned"]["files"]["tiny_tuned/model.safetensors"]
-    )
-    assert (tmp_path / "run0" / "manifest.json").is_file()
 
 
 def test_zoo_list_does_not_import_torch():

@@ -2,7 +2,7 @@
 
 The shipped pair is SmolLM2-135M-Instruct (the ``smollm2`` reference) and a rank-8 LoRA on
 its q/k/v/o projections trained on Shakespeare (``smollm2-shakespeare/``, recipe in
-:mod:`kvbridge.adapters.train_lora`)::
+``tools/train_lora.py`` in a checkout)::
 
     from kvbridge.adapters import load_adapter_pair
     pair = load_adapter_pair()          # AdapterPair(base, tuned, tokenizer, adapter)
@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from kvbridge.errors import KVBridgeError
 
 #: the adapter shipped with kvbridge (package data)
 SHIPPED = Path(__file__).resolve().parent / "smollm2-shakespeare"
+#: the corpus the adapter pair reads by default (``$KVBRIDGE_CORPUS``): the LoRA's training text
+DEFAULT_CORPUS = Path(os.environ.get("KVBRIDGE_CORPUS", "/work/shared/corpora/tinyshakespeare.txt"))
 
 
 class AdapterError(KVBridgeError):
@@ -198,6 +201,7 @@ def load_adapter_pair(adapter_dir: str | Path = SHIPPED, base: str = "smollm2", 
 
 __all__ = [
     "SHIPPED",
+    "DEFAULT_CORPUS",
     "AdapterError",
     "AdapterInfo",
     "AdapterPair",

@@ -204,7 +204,7 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
     """``[n, seq_len]`` ids from the front of the corpus (``CALIBRATION_SLICE``)."""
     import torch
 
-    from kvbridge.adapters.train_lora import slice_text
+    from kvbridge.corpus import slice_text
 
     front = slice_text(text, *CALIBRATION_SLICE)
     n = max(2, tokens // seq_len)
@@ -278,7 +278,7 @@ def run_adapter_pair(
     timing["load_s"] = time.perf_counter() - t0
     base, tuned, tok = pair.base, pair.tuned, pair.tokenizer
     if corpus is None:
-        from kvbridge.adapters.train_lora import DEFAULT_CORPUS
+        from kvbridge.adapters import DEFAULT_CORPUS
 
         corpus = DEFAULT_CORPUS
     corpus = Path(corpus)

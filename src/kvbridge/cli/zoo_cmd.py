@@ -1,4 +1,5 @@
-"""``kvbridge zoo``: the tiny model zoo shipped with kvbridge (``list``) and how to rebuild it (``build``).
+"""``kvbridge zoo``: the tiny model zoo shipped with kvbridge (``list``); ``build`` (deprecated) runs the
+checkout's ``python -m tools.zoo.build``.
 
 ``zoo list`` reads only the manifest: it imports neither torch nor transformers.
 """
@@ -13,7 +14,8 @@ import click
 from kvbridge.cli.options import json_option
 
 
-def _table(manifest: dict) -> str:
+def manifest_table(manifest: dict) -> str:
+    """The zoo's table (``zoo list``; the build prints it too)."""
     cols = [
         "name",
         "layers",
@@ -96,7 +98,7 @@ def list_cmd(root, as_json) -> None:
         click.echo(json.dumps(manifest, indent=1, sort_keys=True))
         return
     click.echo(f"zoo: {Path(root or zoo_dir())}")
-    click.echo(_table(manifest))
+    click.echo(manifest_table(manifest))
 
 
 @zoo.command("build")
@@ -113,12 +115,24 @@ def list_cmd(root, as_json) -> None:
     help="Where to write the zoo (default: the package's zoo/models, replacing it).",
 )
 def build_cmd(corpus, out) -> None:
-    """Rebuild the zoo from its recipes and the corpus.
+    """Deprecated: run `python -m tools.zoo.build` from a kvbridge checkout.
 
-    Trains the tokenizer and every model deterministically (about 20 minutes on one CPU
-    core), writes fp16 safetensors and manifest.json, and prints the table of `zoo list`.
+    Rebuilds the zoo from its recipes and the corpus (about 20 minutes on one CPU core): the
+    build tooling lives in the repository's tools/, not in the package, so this command works
+    only from a checkout (it runs the same build).
     """
-    from kvbridge.zoo.build import build_zoo
+    import sys
 
-    manifest = build_zoo(corpus=corpus, out=out)
-    click.echo(_table(manifest))
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "tools" / "zoo" / "build.py").is_file():
+        from kvbridge.errors import ConfigError
+
+        raise ConfigError(
+            "`kvbridge zoo build` needs a kvbridge checkout (the zoo's build tooling is not installed)",
+            "clone the repository and run `python -m tools.zoo.build --corpus PATH` from its root",
+        )
+    click.echo("kvbridge: `kvbridge zoo build` is deprecated; use `python -m tools.zoo.build`", err=True)
+    sys.path.insert(0, str(root))
+    from tools.zoo.build import build_zoo
+
+    click.echo(manifest_table(build_zoo(corpus=corpus, out=out)))

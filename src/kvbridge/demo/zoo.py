@@ -26,7 +26,7 @@ def find_corpus(corpus: str | None) -> Path | None:
 
             raise ConfigError(f"corpus not found at {path}", "pass --corpus PATH to a text file")
         return path
-    from kvbridge.zoo.build import default_corpus
+    from kvbridge.zoo import default_corpus
 
     path = default_corpus()
     return path if path.is_file() else None
@@ -40,7 +40,7 @@ def calibration_ids(corpus: Path | None, tokenizer, models: dict, tokens: int, s
 
     n = max(2, tokens // SEQ_LEN)
     if corpus is not None:
-        from kvbridge.zoo.train import split_text
+        from kvbridge.zoo import split_text
 
         text = split_text(corpus.read_text(encoding="utf-8"), "base")
         ids = tokenizer(text[: tokens * 8], add_special_tokens=False)["input_ids"][: n * SEQ_LEN]

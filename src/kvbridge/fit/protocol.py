@@ -139,7 +139,7 @@ def _coerce_one(raw: Any, tp: Any) -> Any:
     raise ValueError(f"unsupported option type {tp!r}")
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     return " | ".join(
         "none" if a is type(None) else getattr(typing.get_origin(a) or a, "__name__", str(a)) for a in _union_args(tp)
     )
@@ -154,7 +154,7 @@ def coerce(raw: Any, tp: Any, *, key: str, owner: str) -> Any:
             return _coerce_one(raw, arg)
         except (ValueError, TypeError, json.JSONDecodeError):
             continue
-    raise ConfigError(f"{owner} option {key}={raw!r} is not a {_type_name(tp)}", f"pass -o {key}=<{_type_name(tp)}>")
+    raise ConfigError(f"{owner} option {key}={raw!r} is not a {type_name(tp)}", f"pass -o {key}=<{type_name(tp)}>")
 
 
 def option_fields(cls: type) -> dict:
@@ -204,7 +204,7 @@ def build_options(cls: type, values: Mapping | None = None, *, owner: str = "fit
 
 def describe_options(cls: type) -> str:
     """``key: type = default`` per option, for help texts."""
-    return ", ".join(f"{k}: {_type_name(t)} = {d!r}" for k, (t, d) in option_fields(cls).items()) or "(none)"
+    return ", ".join(f"{k}: {type_name(t)} = {d!r}" for k, (t, d) in option_fields(cls).items()) or "(none)"
 
 
 __all__ = [
@@ -215,6 +215,7 @@ __all__ = [
     "parse_pairs",
     "coerce",
     "option_fields",
+    "type_name",
     "describe_options",
     "FITTER_MEMBERS",
 ]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from kvbridge.zoo import ZOO_NAMES, model_dir, zoo_dir
+from kvbridge.zoo import REBUILD, ZOO_NAMES, model_dir, zoo_dir
 
 __all__ = ["ZOO_NAMES", "zoo_dir", "load_zoo_model", "load_zoo_tokenizer"]
 
@@ -46,5 +46,5 @@ def _require(folder: Path, file: str) -> None:
 
         raise ArtifactError(
             f"zoo file {folder / file} is missing",
-            "run `kvbridge zoo build --corpus PATH` (or reinstall kvbridge with its package data)",
+            REBUILD,
         )

@@ -1,6 +1,7 @@
 """Build the whole zoo from the corpus: tokenizer, five models, fp16 safetensors and the manifest.
 
-``kvbridge zoo build --corpus PATH [--out DIR]`` runs :func:`build_zoo`. By default it writes into
+``python -m tools.zoo.build --corpus PATH [--out DIR]`` (from the repository root; the deprecated
+``kvbridge zoo build`` runs it too, in a checkout) runs :func:`build_zoo`. By default it writes into
 the package (``src/kvbridge/zoo/models``), replacing the shipped zoo. Layout::
 
     models/manifest.json
@@ -13,8 +14,8 @@ Each model is evaluated *after* the fp16 round trip, loaded back through
 
 from __future__ import annotations
 
+import argparse
 import hashlib
-import os
 import platform
 import shutil
 import sys
@@ -22,9 +23,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from kvbridge.errors import ArtifactError, ConfigError
-from kvbridge.zoo import MANIFEST, TOKENIZER_DIR
-from kvbridge.zoo.recipes import CORPUS_NAME, CORPUS_SHA256, ZOO, ZooRecipe, canonical_json, recipe_hash
+from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
+import kvbridge.zoo
+from kvbridge.zoo import CORPUS_NAME, MANIFEST, TOKENIZER_DIR, default_corpus, split_text
+from tools.zoo.recipes import CORPUS_SHA256, ZOO, ZooRecipe, canonical_json, recipe_hash
 
 #: all weights together may not exceed this (package-data budget)
 MAX_WEIGHTS_BYTES = 16 * 1024 * 1024
@@ -34,14 +36,8 @@ MANIFEST_FORMAT = "kvbridge-zoo/1"
 #: ``tune_loss`` (the loss on the tune slice, where ``tuned`` was trained) uses this many leading tokens
 TUNE_EVAL_TOKENS = 16384
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def default_corpus() -> Path:
-    """``$KVBRIDGE_SHARED/corpora/tinyshakespeare.txt``, else ``../shared/corpora/`` beside the repo."""
-    shared = os.environ.get("KVBRIDGE_SHARED")
-    base = Path(shared) if shared else REPO_ROOT.parent / "shared"
-    return base / "corpora" / CORPUS_NAME
+#: the shipped zoo (package data), which a build without ``--out`` replaces
+PACKAGE_ZOO = Path(kvbridge.zoo.__file__).resolve().parent / "models"
 
 
 def read_corpus(path: Path | str | None = None) -> tuple[str, str]:
@@ -104,11 +100,11 @@ def build_zoo(
     import transformers
 
     from kvbridge.zoo import load as zload
-    from kvbridge.zoo import train as T
-    from kvbridge.zoo.tokenizer import build_tokenizer, save_tokenizer
+    from tools.zoo import train as T
+    from tools.zoo.tokenizer import build_tokenizer, save_tokenizer
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    out = Path(out) if out else Path(__file__).resolve().parent / "models"
+    out = Path(out) if out else PACKAGE_ZOO
     if corpus_text is None:
         text, corpus_sha = read_corpus(corpus)
         corpus_name = Path(corpus).name if corpus else CORPUS_NAME
@@ -129,7 +125,7 @@ def build_zoo(
         hashes = model_recipe_hashes(recipe)
 
         # tokenizer ----------------------------------------------------------------------------
-        tok = build_tokenizer(T.split_text(text, recipe.tokenizer.split), recipe.tokenizer)
+        tok = build_tokenizer(split_text(text, recipe.tokenizer.split), recipe.tokenizer)
         tok_dir = out / TOKENIZER_DIR
         shutil.rmtree(tok_dir, ignore_errors=True)
         save_tokenizer(tok, tok_dir)
@@ -302,6 +298,23 @@ def canonical_json_pretty(obj) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def main(argv=None) -> int:
+    """``python -m tools.zoo.build [--corpus PATH] [--out DIR]``: build, then print the zoo's table."""
+    from kvbridge.cli.zoo_cmd import manifest_table
+
+    ap = argparse.ArgumentParser(prog="python -m tools.zoo.build", description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=None, help=f"{CORPUS_NAME} (default: ../shared/corpora/)")
+    ap.add_argument("--out", type=Path, default=None, help="where to write the zoo (default: the package's)")
+    args = ap.parse_args(argv)
+    try:
+        manifest = build_zoo(corpus=args.corpus, out=args.out)
+    except KVBridgeError as exc:
+        print(exc.one_line(), file=sys.stderr)
+        return 2
+    print(manifest_table(manifest))
+    return 0
+
+
 __all__ = [
     "build_zoo",
     "default_corpus",
@@ -312,3 +325,7 @@ __all__ = [
     "MAX_WEIGHTS_BYTES",
     "canonical_json",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -3,7 +3,7 @@
 Everything that decides the result is fixed by the recipe: the seed (model init and the data
 order both come from it), the contiguous corpus slice, steps, batch, sequence length, AdamW
 hyper-parameters and the warm-up + cosine schedule. On one torch build and thread count, the same
-recipe and corpus give bit-identical weights (``tests/zoo`` checks this on a tiny recipe).
+recipe and corpus give bit-identical weights (``tests/tools/test_zoo_build.py`` checks this on a tiny recipe).
 """
 
 from __future__ import annotations
@@ -14,29 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbridge.zoo.recipes import SPLITS, ArchRecipe, TrainRecipe
+from kvbridge.corpus import line_cut
+from kvbridge.zoo import SPLITS
+from tools.zoo.recipes import ArchRecipe, TrainRecipe
 
 
 # -- data -----------------------------------------------------------------------------------------
-def line_cut(text: str, frac: float) -> int:
-    """The character index at ``frac`` of ``text``, moved forward to the next line start."""
-    if frac <= 0.0:
-        return 0
-    if frac >= 1.0:
-        return len(text)
-    i = text.find("\n", int(frac * len(text)))
-    return len(text) if i < 0 else i + 1
-
-
 def split_bounds(text: str, split: str) -> tuple[int, int]:
     """Character bounds of a named split; cuts move forward to the next line start."""
     lo, hi = SPLITS[split]
     return line_cut(text, lo), line_cut(text, hi)
-
-
-def split_text(text: str, split: str) -> str:
-    a, b = split_bounds(text, split)
-    return text[a:b]
 
 
 def encode(tokenizer, text: str) -> torch.Tensor:

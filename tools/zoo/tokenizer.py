@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvbridge.zoo.recipes import TokenizerRecipe
+from tools.zoo.recipes import TokenizerRecipe
 
 
 def train_tokenizer(text: str, recipe: TokenizerRecipe):

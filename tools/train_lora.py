@@ -1,4 +1,4 @@
-"""The recipe of the shipped SmolLM2 Shakespeare LoRA: ``python -m kvbridge.adapters.train_lora``.
+"""The recipe of the shipped SmolLM2 Shakespeare LoRA: ``python -m tools.train_lora`` (from the repository root).
 
 Everything that decides the weights is fixed here: the base model (``smollm2``, dequantized
 float32), the corpus slice, the seed (LoRA init and the data order), rank/alpha/targets, steps,
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -29,7 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-DEFAULT_CORPUS = Path(os.environ.get("KVBRIDGE_CORPUS", "/work/shared/corpora/tinyshakespeare.txt"))
+from kvbridge.adapters import DEFAULT_CORPUS
+from kvbridge.corpus import slice_text
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,6 @@ class LoraRecipe:
 
 
 RECIPE = LoraRecipe()
-
-
-def slice_text(text: str, lo: float, hi: float) -> str:
-    """``text`` between two character fractions, both cuts moved forward to the next line start."""
-    from kvbridge.zoo.train import line_cut
-
-    return text[line_cut(text, lo) : line_cut(text, hi)]
 
 
 def encode(tokenizer, text: str):
@@ -194,7 +187,7 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
             "recipe": asdict(recipe),
             "result": result,
             "loss_curve": curve,
-            "command": "python -m kvbridge.adapters.train_lora --out src/kvbridge/adapters/smollm2-shakespeare",
+            "command": "python -m tools.train_lora --out src/kvbridge/adapters/smollm2-shakespeare",
         }
         (tmp / "recipe.json").write_text(json.dumps(rec, indent=2) + "\n")
         keep = out / "README.md"
@@ -212,7 +205,7 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
 def main(argv=None) -> int:
     from kvbridge.adapters import SHIPPED
 
-    p = argparse.ArgumentParser(prog="python -m kvbridge.adapters.train_lora", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.train_lora", description=__doc__.split("\n")[0])
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     p.add_argument("--out", type=Path, default=SHIPPED)
     p.add_argument("--steps", type=int, default=RECIPE.steps, help="(changing it changes the recipe)")

@@ -19,15 +19,10 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-#: named contiguous slices of the corpus, as (start, end) fractions of its characters
-SPLITS: dict[str, tuple[float, float]] = {
-    "base": (0.0, 0.75),
-    "tune": (0.75, 0.9),
-    "heldout": (0.9, 1.0),
-}
+from kvbridge.zoo import CORPUS_NAME, SPLITS
 
-#: the corpus the shipped zoo was built from (../shared/corpora/ relative to the repo)
-CORPUS_NAME = "tinyshakespeare.txt"
+__all__ = ["CORPUS_NAME", "SPLITS"]  # declared once, in the package (the loader and the demo read them)
+
 CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 SPECIAL_TOKEN = "<|endoftext|>"

@@ -1,0 +1,10 @@
+"""tests/tools: the repository's build tooling (``tools/``, not shipped) is imported from the repo root."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parents[2])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
