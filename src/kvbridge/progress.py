@@ -89,6 +89,39 @@ class Progress:
             self.stream.flush()
 
 
+def pass_progress(enabled: bool = True, world: int = 1, heartbeat=None):
+    """The callback a fit reports its passes to (``("start" | "advance" | "end", tag, tokens)``): one
+    :class:`Progress` per pass (tokens/s, ETA), the stage told to ``heartbeat`` (a :class:`Heartbeat`,
+    plain lines for logs), and a summary line at the end of each pass (stderr; rank 0 only)."""
+    note = f" (rank 0 of {world}; each rank reads 1/{world} of the corpus)" if world > 1 else ""
+    state: dict = {}
+
+    def on(event) -> None:
+        kind, tag, n = event
+        if not enabled:
+            return
+        if heartbeat is not None:
+            if kind == "start":
+                heartbeat.stage(f"{tag} forwards", max(1, n), "tokens")
+            elif kind == "advance":
+                heartbeat.advance(n)
+            elif kind == "end":
+                heartbeat.stage("solving and writing the mapping")
+        bar = state.get("bar")
+        if kind == "start":
+            state["bar"] = Progress(max(1, n), label=tag, unit="tokens")
+        elif kind == "advance" and bar is not None:
+            bar.update(bar.done + n, tokens=n)
+        elif kind == "end" and bar is not None:
+            bar.close()
+            state.pop("bar")
+            secs = max(time.perf_counter() - bar.t0, 1e-9)
+            rate = f"{bar.tokens / secs:,.0f} tok/s"
+            print(f"{tag}: {bar.tokens:,} tokens through both models in {secs:.1f} s ({rate}){note}", file=sys.stderr)
+
+    return on
+
+
 class Heartbeat:
     """Plain progress lines for logs: the stage, done/total and the elapsed time, every
     :data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) from a background thread, so a
@@ -238,4 +271,4 @@ def read_partial(path: Path | str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-__all__ = ["Progress", "Heartbeat", "PartialLog", "read_partial", "json_ready", "PLAIN_EVERY_S"]
+__all__ = ["Progress", "pass_progress", "Heartbeat", "PartialLog", "read_partial", "json_ready", "PLAIN_EVERY_S"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import click
@@ -37,58 +36,6 @@ class TopK(Number):
 
     def get_metavar(self, param, ctx=None):  # noqa: D102
         return "N[,N...|all]"
-
-
-class Progress:
-    """A click progress bar per pass, with tokens/s and an ETA (stderr, rank 0 only)."""
-
-    def __init__(self, enabled: bool = True, world: int = 1, heartbeat=None):
-        self.enabled = enabled
-        self.heartbeat = heartbeat  # plain lines for logs (kvbridge.progress.Heartbeat; silent on a terminal)
-        self.note = f" (rank 0 of {world}; each rank reads 1/{world} of the corpus)" if world > 1 else ""
-        self.bar = None
-        self.t0 = 0.0
-        self.done = 0
-
-    def __call__(self, event) -> None:
-        kind, tag, n = event
-        if not self.enabled:
-            return
-        hb = self.heartbeat
-        if hb is not None:
-            if kind == "start":
-                hb.stage(f"{tag} forwards", max(1, n), "tokens")
-            elif kind == "advance":
-                hb.advance(n)
-            elif kind == "end":
-                hb.stage("solving and writing the mapping")
-        if kind == "start":
-            self.t0, self.done = time.perf_counter(), 0
-            self.bar = click.progressbar(
-                length=max(1, n),
-                label=f"{tag:<8}",
-                show_eta=True,
-                show_percent=True,
-                file=sys.stderr,
-                item_show_func=self._rate,
-                width=30,
-            )
-            self.bar.__enter__()
-        elif kind == "advance" and self.bar is not None:
-            self.done += n
-            self.bar.update(n, self.done)
-        elif kind == "end" and self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-            secs = time.perf_counter() - self.t0
-            click.echo(
-                f"{tag}: {self.done:,} tokens through both models in {secs:.1f} s ({self._rate(None)}){self.note}",
-                err=True,
-            )
-
-    def _rate(self, _item) -> str:
-        secs = max(time.perf_counter() - self.t0, 1e-9)
-        return f"{self.done / secs:,.0f} tok/s"
 
 
 @click.command("fit")
@@ -337,7 +284,7 @@ def fit(
     import os
 
     from kvbridge.fit.run import fit_pair, prepare
-    from kvbridge.progress import Heartbeat
+    from kvbridge.progress import Heartbeat, pass_progress
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
         Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0")
@@ -357,7 +304,7 @@ def fit(
         pair,
         settings,
         prepared=prepared,
-        progress=Progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
+        progress=pass_progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
         warn=lambda note: click.echo(f"note: {note}", err=True),
         distributed=ctx,
     )
