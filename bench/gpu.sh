@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The device bench, prepared for a lent CUDA machine (<= 8 minutes on one H100/H200-class GPU):
 # real-geometry random-weight models (Qwen2.5-1.5B -> Qwen2.5-7B shapes from manifests/), fit
-# statistics, mapping, RoPE, pack restore and transfer-vs-prefill at 2k / 8k / 32k tokens, then
-# the RoPE section again with the compiled kernel. Results: $OUT/gpu.json, gpu-rope-compiled.json
-# and gpu.md (markdown for BENCHMARKS.md).
+# statistics, mapping, RoPE (eager kernels on a GPU), pack restore and transfer-vs-prefill at
+# 2k / 8k / 32k tokens. Results: $OUT/gpu.json and gpu.md (markdown for BENCHMARKS.md).
 #
 #   bash bench/gpu.sh [OUT]          # OUT defaults to bench/results
 #   PYTHON=.venv/bin/python bash bench/gpu.sh
@@ -21,8 +20,6 @@ mkdir -p "$OUT"
 timeout 400 "$PY" bench/bench_gpu.py --device cuda --sizes real --tokens 2048,8192,32768 --repeats 3 \
     --out "$OUT/gpu.json" | tee "$OUT/gpu.md"
 echo >> "$OUT/gpu.md"
-KVBRIDGE_ROPE_COMPILE=1 timeout 60 "$PY" bench/bench_gpu.py --device cuda --sizes real --tokens 8192,32768 \
-    --sections rope --repeats 5 --out "$OUT/gpu-rope-compiled.json" | tee -a "$OUT/gpu.md"
 # HumanEval pass@1 on the real pair, all 164 problems (bench/bench_humaneval_pair.py: llama.cpp
 # generation on the Q4_K_M GGUFs, the 0.5B's transformers prefill on CUDA), only where the GGUFs and
 # the mapping are on the machine (HE_MODELS, HE_MAPPING); resumable: a rerun continues the JSONL.

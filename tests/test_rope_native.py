@@ -1,5 +1,5 @@
 """The native (C++) half-split RoPE kernel: the models' bits for apply, a rounding for strip, and
-the eager kernel wherever it cannot run."""
+the eager kernel wherever it cannot run; the kernel choice (modes, environment, first-use checks)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from kvbridge import rope as R
-from kvbridge import rope_compile as RC
 from kvbridge import rope_native as N
 from kvbridge.spec import RopeSpec
 
@@ -16,14 +15,14 @@ needs_compiler = pytest.mark.skipif(N.compiler() is None, reason="no C++ compile
 
 @pytest.fixture
 def native_mode():
-    RC.set_mode("native")
+    N.set_mode("native")
     yield
-    RC.set_mode(None)
+    N.set_mode(None)
 
 
 def _eager(fn):
     """``fn()`` on the eager kernel, then back to the kernel under test with its checks kept."""
-    with RC.using("eager"):
+    with N.using("eager"):
         return fn()
 
 
@@ -36,7 +35,7 @@ def _keys(dtype, batch=2, heads=3, tokens=37, dim=32, seed=0):
 
 
 def _used(dtype, exact):
-    return [v for k, v in RC._STATUS.items() if k[0] == "native" and k[2] == dtype and k[-1] == exact]
+    return [v for k, v in N._STATUS.items() if k[0] == "native" and k[2] == dtype and k[-1] == exact]
 
 
 @needs_compiler
@@ -122,7 +121,7 @@ def test_unsupported_inputs_take_the_eager_kernel_silently(native_mode, recwarn)
 
 def test_no_compiler_falls_back_to_eager(native_mode, monkeypatch):
     monkeypatch.setattr(N, "_LIB", {})
-    monkeypatch.setattr(RC, "_WARNED", set())
+    monkeypatch.setattr(N, "_WARNED", set())
     monkeypatch.setattr(N, "compiler", lambda: None)
     spec = RopeSpec.make(head_dim=32)
     x, pos = _keys(torch.float32)
@@ -153,18 +152,18 @@ def test_failed_build_is_unavailable_and_remembered(monkeypatch, tmp_path):
 def test_auto_mode_is_silent_without_a_compiler(monkeypatch, recwarn):
     monkeypatch.setattr(N, "_LIB", {})
     monkeypatch.setattr(N, "compiler", lambda: None)
-    monkeypatch.delenv(RC.KERNEL_ENV, raising=False)
-    monkeypatch.delenv(RC.ENV, raising=False)
-    RC.set_mode(None)
+    monkeypatch.delenv(N.KERNEL_ENV, raising=False)
+    monkeypatch.delenv(N.LEGACY_ENV, raising=False)
+    N.set_mode(None)
     try:
-        assert RC.mode() == "auto"
+        assert N.mode() == "auto"
         spec = RopeSpec.make(head_dim=32)
         x, pos = _keys(torch.bfloat16)
         got = R.apply(x, pos, spec)
-        RC.set_mode("eager")
+        N.set_mode("eager")
         assert torch.equal(got, R.apply(x, pos, spec))
     finally:
-        RC.set_mode(None)
+        N.set_mode(None)
     assert not [w for w in recwarn if "RoPE kernel" in str(w.message)]
 
 
@@ -202,8 +201,45 @@ def test_no_cache_builds_privately_and_leaves_nothing(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []  # loaded, then the private folder removed
     spec = RopeSpec.make(head_dim=32)
     x, pos = _keys(torch.float32)
-    RC.set_mode("native")
+    N.set_mode("native")
     try:
         assert torch.equal(R.apply(x, pos, spec), _eager(lambda: R.apply(x, pos, spec)))
     finally:
-        RC.set_mode(None)
+        N.set_mode(None)
+
+
+def test_mode_from_environment(monkeypatch):
+    monkeypatch.delenv(N.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(N, "_WARNED", set())
+    monkeypatch.setenv(N.LEGACY_ENV, "1")  # the removed compiled kernel: deprecated, means native
+    N.set_mode(None)
+    with pytest.warns(RuntimeWarning, match="deprecated.*using native"):
+        assert N.mode() == "native"
+    monkeypatch.setenv(N.LEGACY_ENV, "0")
+    N.set_mode(None)
+    assert N.mode() == "auto"  # the default
+    with pytest.raises(ValueError):
+        N.set_mode("fast")
+    with pytest.warns(RuntimeWarning, match="'compiled' is deprecated"):
+        N.set_mode("compiled")
+    assert N.mode() == "native"
+    monkeypatch.setenv(N.KERNEL_ENV, "eager")  # the variable wins over the legacy one
+    monkeypatch.setenv(N.LEGACY_ENV, "1")
+    N.set_mode(None)
+    assert N.mode() == "eager"
+    monkeypatch.setenv(N.KERNEL_ENV, "fast")
+    monkeypatch.delenv(N.LEGACY_ENV)
+    N.set_mode(None)
+    with pytest.warns(RuntimeWarning, match="not one of"):
+        assert N.mode() == "auto"
+    N.set_mode(None)
+
+
+def test_using_restores_the_mode_and_the_checks():
+    N.set_mode("native")
+    N._STATUS["probe"] = True
+    with N.using("eager"):
+        assert N.mode() == "eager" and "probe" not in N._STATUS
+    assert N.mode() == "native" and N._STATUS.get("probe") is True
+    N.set_mode(None)
+

@@ -33,8 +33,8 @@ tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor ide
 version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
 Python loops over heads or tokens. Half-split rotations run as one pass where they can: by
 default a small native kernel on CPU float32/bfloat16 keys (:mod:`kvbridge.rope_native`, built
-once with the system C++ compiler), or a ``torch.compile``d one on request; both are checked
-against the eager kernels on first use and fall back to them (:mod:`kvbridge.rope_compile`).
+once with the system C++ compiler), checked against the eager kernels on first use, falling
+back to them (``$KVBRIDGE_ROPE_KERNEL=auto|native|eager``).
 The eager kernels: half-split :func:`apply` is three elementwise kernels (a broadcast multiply
 by cos into the output, the two sin products into one scratch, one add) with the models'
 rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and the fused

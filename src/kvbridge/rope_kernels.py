@@ -1,6 +1,6 @@
 """The rotation kernels of the RoPE codec (:mod:`kvbridge.rope`): a rotation by half cos/sin tables
 in one compute dtype, eager (three kernels for half-split, complex multiply for interleaved) or
-one pass (:mod:`kvbridge.rope_compile`: compiled or native, verified against the eager one)."""
+one pass (:mod:`kvbridge.rope_native`: a C++ kernel, verified against the eager one)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from kvbridge import rope_compile
+from kvbridge import rope_native
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -39,12 +39,12 @@ class _Kernel:
     def run(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True, out_dtype=None) -> "Tensor":
         """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``out_dtype``.
 
-        Half-split rotations go through the selected one-pass kernel (:mod:`kvbridge.rope_compile`:
-        compiled or native, verified, falling back to eager); else the eager kernel.
+        Half-split rotations go through the native one-pass kernel where it runs
+        (:func:`kvbridge.rope_native.fast_rotate`: verified, falling back to eager); else the eager kernel.
         """
         out_dtype = out_dtype or self.dtype
         if not interleaved:
-            return rope_compile.rotate(
+            return rope_native.fast_rotate(
                 k,
                 self.cos,
                 self.sin,
