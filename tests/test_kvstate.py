@@ -83,22 +83,22 @@ def test_layers_without_kv_and_recurrent_state():
 def test_finite_check_finds_every_nan_and_inf(dtype):
     """The fast check (one 2-norm per tensor) never passes a NaN/inf, wherever it sits; a finite cache
     whose norm overflows is still found finite (the exact check decides then)."""
-    from kvbridge.kvstate import _all_finite
+    from kvbridge.kvstate import all_finite
 
     gen = torch.Generator().manual_seed(0)
     for tokens in (1, 16, 300):
         base = [torch.randn(1, 3, tokens, 64, generator=gen).to(dtype) for _ in range(6)]
-        assert _all_finite(base)
+        assert all_finite(base)
         for bad in (float("nan"), float("inf"), -float("inf")):
             for layer in (0, 5):
                 for at in (0, tokens * 64 // 2, 3 * tokens * 64 - 1):
                     ts = [t.clone() for t in base]
                     ts[layer].view(-1)[at] = bad
-                    assert not _all_finite(ts), (bad, layer, at)
-                    assert not _all_finite([t.transpose(1, 2) for t in ts])  # not contiguous
+                    assert not all_finite(ts), (bad, layer, at)
+                    assert not all_finite([t.transpose(1, 2) for t in ts])  # not contiguous
     big = torch.finfo(dtype).max / 2
-    assert _all_finite([torch.full((1, 2, 8, 4), big, dtype=dtype)])  # norm inf, elements finite
-    assert _all_finite([torch.zeros(1, 0, 4, 0, dtype=dtype), torch.ones(2, dtype=torch.long)])
+    assert all_finite([torch.full((1, 2, 8, 4), big, dtype=dtype)])  # norm inf, elements finite
+    assert all_finite([torch.zeros(1, 0, 4, 0, dtype=dtype), torch.ones(2, dtype=torch.long)])
 
 
 def test_validate_names_the_non_finite_layer():

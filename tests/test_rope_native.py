@@ -242,4 +242,3 @@ def test_using_restores_the_mode_and_the_checks():
         assert N.mode() == "eager" and "probe" not in N._STATUS
     assert N.mode() == "native" and N._STATUS.get("probe") is True
     N.set_mode(None)
-

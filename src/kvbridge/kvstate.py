@@ -114,7 +114,7 @@ class KVState:
                         f"{what} layer {i} {name} dtype {t.dtype} != model dtype {dtype}",
                         f"convert it with state.to(dtype={dtype}) or load the model in {t.dtype}",
                     )
-        if check_finite and not _all_finite((*self.keys, *self.values)):
+        if check_finite and not all_finite((*self.keys, *self.values)):
             for i, (k, v) in enumerate(zip(self.keys, self.values)):  # name the first bad tensor
                 for name, t in (("keys", k), ("values", v)):
                     if not bool(torch.isfinite(t).all()):
@@ -312,7 +312,7 @@ def _rotate(fn, k: "Tensor", table, *positions, **kwargs) -> "Tensor":
 _FINITE_BATCH = 1 << 22  # elements per joint check: 16 MiB of float32 scratch at most
 
 
-def _all_finite(tensors) -> bool:
+def all_finite(tensors) -> bool:
     """Whether every element of ``tensors`` is finite.
 
     First one ``torch._foreach_norm`` per device and dtype: a NaN or inf element makes its

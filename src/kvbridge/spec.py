@@ -32,12 +32,12 @@ LAYER_KINDS = (FULL, SLIDING, CHUNKED, LINEAR, CONV, SHARED, NO_ATTENTION)
 CACHE_FORMATS = ("kv", "mla", "hybrid")
 
 
-def _freeze(value: Any) -> Any:
+def freeze(value: Any) -> Any:
     """Turn lists/dicts into tuples so a spec stays hashable and frozen."""
     if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze(v) for v in value)
     return value
 
 
@@ -104,7 +104,7 @@ class RopeSpec:
             partial_factor=float(data.get("partial_factor", 1.0)),
             interleaved=bool(data.get("interleaved", False)),
             max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
-            scaling=_freeze(data.get("scaling") or {}),
+            scaling=freeze(data.get("scaling") or {}),
         )
 
     @classmethod
@@ -127,7 +127,7 @@ class RopeSpec:
             partial_factor=float(partial_factor),
             interleaved=bool(interleaved),
             max_position_embeddings=int(max_position_embeddings),
-            scaling=_freeze({k: v for k, v in scaling.items() if v is not None}),
+            scaling=freeze({k: v for k, v in scaling.items() if v is not None}),
         )
 
 
@@ -333,10 +333,10 @@ class ModelSpec:
             dtype=data.get("dtype", "float32"),
             vocab_size=int(data.get("vocab_size", 0)),
             max_position_embeddings=int(data.get("max_position_embeddings", 0)),
-            extras=_freeze(data.get("extras") or {}),
+            extras=freeze(data.get("extras") or {}),
             **{
                 name: (
-                    _freeze(data[name])
+                    freeze(data[name])
                     if name in ("latent", "indexer")
                     else tuple(data[name])
                     if isinstance(default, tuple)
@@ -374,6 +374,7 @@ _OPTIONAL_FIELDS = {
 
 
 __all__ = [
+    "freeze",
     "ModelSpec",
     "RopeSpec",
     "POSITIONAL_KINDS",

@@ -165,7 +165,7 @@ def load_manifests(host=None, dirs: Iterable[Path] | None = None) -> dict[str, t
     return out
 
 
-def _manifest_index(manifests: Mapping[str, tuple[dict, Path]]) -> dict[str, str]:
+def manifest_index(manifests: Mapping[str, tuple[dict, Path]]) -> dict[str, str]:
     """lower-cased id / alias / bare name -> id (bare names only where unambiguous)."""
     index: dict[str, str] = {}
     bare: dict[str, list[str]] = {}
@@ -291,6 +291,7 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
 
 
 __all__ = [
+    "manifest_index",
     "describe_config",
     "load_manifests",
     "manifest_dirs",

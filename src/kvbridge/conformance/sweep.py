@@ -92,9 +92,9 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         out = m(input_ids=ids, use_cache=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if cache is None:  # the model fills a cache it is given but returns none (XLM): give it generate's own
-        from kvbridge.builtin.families import _hf_cache
+        from kvbridge.builtin.families import hf_cache
 
-        cache, m = _hf_cache.reference_cache(model), copy.deepcopy(model)
+        cache, m = hf_cache.reference_cache(model), copy.deepcopy(model)
         with torch.no_grad():
             m(input_ids=ids, cache=cache, use_cache=True)
     cache = getattr(cache, "self_attention_cache", cache)  # decoders of encoder-decoder families
@@ -152,12 +152,12 @@ def _shift_check(model, spec, adapter, ids):
     """Re-positioned state vs the model's own cache at shifted positions, per layer."""
     import torch
 
-    from kvbridge.builtin.families import _hf_cache
+    from kvbridge.builtin.families import hf_cache
 
     state = adapter.extract(copy.deepcopy(model), ids)
     moved = state.reposition(SHIFT) if spec.positional == "rope" else state  # alibi / none: keys position-free
     ref_model = copy.deepcopy(model)
-    cache = _hf_cache.new_cache(ref_model, full_history=True)
+    cache = hf_cache.new_cache(ref_model, full_history=True)
     pos = torch.arange(SHIFT, SHIFT + ids.shape[1])[None]
     try:
         with torch.no_grad():

@@ -27,9 +27,9 @@ def calibration_texts(path, heldout: float):
     """``(texts, sha256, split)`` that ``fit`` calibrates on: a folder's calibration files (``split`` a
     :class:`~kvbridge.corpus.Split`), or a file's text before its held-out tail (a :class:`~kvbridge.corpus.Tail`)."""
     from kvbridge.corpus import Split, Tail
-    from kvbridge.fit.calibrate import CalibrationError, _read
+    from kvbridge.fit.calibrate import CalibrationError, read_calibration_corpus
 
-    corpus = _read(path)
+    corpus = read_calibration_corpus(path)
     if corpus.kind == "file":
         tail = Tail(heldout=heldout)
         front = tail.front(list(corpus.texts))
@@ -74,9 +74,9 @@ def eval_corpus(
     from kvbridge.corpus import Split, split_overlap
     from kvbridge.evaluate import heldout_text
     from kvbridge.evaluate.overlap import OverlapError
-    from kvbridge.fit.calibrate import _read
+    from kvbridge.fit.calibrate import read_calibration_corpus
 
-    corpus = _read(path)
+    corpus = read_calibration_corpus(path)
     base = {"path": str(path), "sha256": corpus.sha256, "sha256_of": corpus.sha256_of}
     if corpus.kind == "file":
         from kvbridge.evaluate.overlap import check

@@ -50,7 +50,7 @@ class CalibrationError(KVBridgeError):
 
 
 # -- corpus ------------------------------------------------------------------------------------------
-def _read(path):
+def read_calibration_corpus(path):
     """:func:`kvbridge.corpus.read_corpus`, its errors as :class:`CalibrationError`."""
     from kvbridge.corpus import CorpusError, read_corpus
 
@@ -82,7 +82,7 @@ def corpus_record(path: Path | str, split=None) -> dict:
     """What a corpus is, verifiably (:meth:`kvbridge.corpus.Corpus.record`): ``sha256`` is the
     file's hash as ``sha256sum`` prints it, or a folder's digest (documented in :mod:`kvbridge.corpus`);
     ``split`` (a :class:`kvbridge.corpus.Split`) records how a folder was split by file."""
-    return _read(path).record(split)
+    return read_calibration_corpus(path).record(split)
 
 
 def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
@@ -133,7 +133,7 @@ def load_corpus(path: Path | str) -> tuple[list[str], str]:
     folder: the digest over relative paths and contents). A folder gives all its UTF-8 files in
     relative-path order (no split; ``fit``/``eval`` split folders with :class:`kvbridge.corpus.Split`).
     """
-    corpus = _read(path)
+    corpus = read_calibration_corpus(path)
     if corpus.kind == "file":
         return list(corpus.texts), corpus.sha256
     return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
@@ -459,6 +459,7 @@ class PairedCalibration:
 
 
 __all__ = [
+    "read_calibration_corpus",
     "PairedCalibration",
     "CalibrationConfig",
     "CalibrationError",

@@ -253,10 +253,10 @@ def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
         if snap is not None:
             return from_folder(ref, snap, "hf-cache", repo_id)
 
-    from kvbridge.check.sources import _manifest_index, load_manifests
+    from kvbridge.check.sources import manifest_index, load_manifests
 
     manifests = load_manifests(host) if manifests is None else manifests
-    mid = _manifest_index(manifests).get(repo_id.lower())
+    mid = manifest_index(manifests).get(repo_id.lower())
     if mid is not None:
         record, mpath = manifests[mid]
         return from_manifest(ref, record, mpath)

@@ -69,12 +69,12 @@ class PackForceWarning(UserWarning):
 # -- saving ---------------------------------------------------------------------------------------
 def guide_ids_of(tokenizer: Any, text: str) -> list[int]:
     """The ghost ids of a guide text: encoded with the tokenizer's leading special tokens (BOS)."""
-    from kvbridge.prefix.splits import SplitError, _strip_suffix, encode, special_affixes
+    from kvbridge.prefix.splits import SplitError, strip_suffix, encode, special_affixes
 
     if not text or not text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
     _prefix, suffix = special_affixes(tokenizer)
-    return _strip_suffix(encode(tokenizer, text, add_special_tokens=True), suffix)
+    return strip_suffix(encode(tokenizer, text, add_special_tokens=True), suffix)
 
 
 def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> None:
@@ -366,7 +366,7 @@ def load_pack(
     ids. ``weights_fp`` skips re-hashing the weights when the caller has it already.
     """
     from kvbridge.artifacts import state_from_tensors
-    from kvbridge.kvstate import _all_finite
+    from kvbridge.kvstate import all_finite
 
     path = Path(path)
     manifest, tensors = _read_stored(path)
@@ -417,7 +417,7 @@ def load_pack(
             stacked = False
         state = replace(state, spec=spec, approximate=True, meta={**state.meta, "forced": fields})
     # NaN/inf are refused here, once per load (one kernel over the stacked K/V): cache() skips the check
-    if not _all_finite([tensors["kv"]] if stacked else (*state.keys, *state.values)):
+    if not all_finite([tensors["kv"]] if stacked else (*state.keys, *state.values)):
         state.validate(check_finite=True, what=f"pack {path}")  # names the first bad layer
         raise ArtifactError(f"pack {path} has NaN/inf values", "re-create the pack with kvbridge pack save")
     import transformers

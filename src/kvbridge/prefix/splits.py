@@ -78,7 +78,7 @@ def special_affixes(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (), ()
 
 
-def _strip_suffix(ids: list[int], suffix: Sequence[int]) -> list[int]:
+def strip_suffix(ids: list[int], suffix: Sequence[int]) -> list[int]:
     if suffix and len(ids) >= len(suffix) and tuple(ids[-len(suffix) :]) == tuple(suffix):
         return ids[: -len(suffix)]
     return ids
@@ -247,7 +247,7 @@ def split_text(
     A = len(guide) + len(sep)
 
     def attempt(kind: str, ghost_text: str, live_text: str, boundary: int, note: str = "") -> Split:
-        ghost = _strip_suffix(encode(tokenizer, ghost_text, add_special_tokens=True), suffix)
+        ghost = strip_suffix(encode(tokenizer, ghost_text, add_special_tokens=True), suffix)
         tail = list(encode(tokenizer, live_text, add_special_tokens=False)) + list(suffix)
         ids = tuple(ghost) + tuple(tail)
         first = _first_difference(ids, joint)
@@ -362,6 +362,7 @@ def read_text_arg(value: str, what: str = "text") -> str:
 
 
 __all__ = [
+    "strip_suffix",
     "Split",
     "SplitReport",
     "SplitError",

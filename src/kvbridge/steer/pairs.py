@@ -179,12 +179,12 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 def _boundary_ok(tokenizer: Any, text: str, at: int, joint: list[int]) -> bool:
     """Whether the text before ``at`` encodes to exactly the leading ids of ``joint`` (exact split)."""
-    from kvbridge.prefix.splits import _strip_suffix, encode, special_affixes
+    from kvbridge.prefix.splits import strip_suffix, encode, special_affixes
 
     if at <= 0:
         return True
     _prefix, suffix = special_affixes(tokenizer)
-    head = _strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), suffix)
+    head = strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), suffix)
     tail = encode(tokenizer, text[at:], add_special_tokens=False) + list(suffix) if at < len(text) else list(suffix)
     return head + tail == joint
 
@@ -231,11 +231,11 @@ def encode_side(tokenizer: Any, side: Any, position: str, where: str = "pair") -
 
 
 def _head_ids(tokenizer: Any, text: str, at: int) -> list[int]:
-    from kvbridge.prefix.splits import _strip_suffix, encode, special_affixes
+    from kvbridge.prefix.splits import strip_suffix, encode, special_affixes
 
     if at <= 0:
         return list(special_affixes(tokenizer)[0])
-    return _strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), special_affixes(tokenizer)[1])
+    return strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), special_affixes(tokenizer)[1])
 
 
 __all__ = [

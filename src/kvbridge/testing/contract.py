@@ -98,7 +98,7 @@ def check_identity_transfer(
     is the model's own cache class). ``model`` replaces building one from ``config`` in ``dtype``."""
     import torch
 
-    from kvbridge.builtin.families import _hf_cache
+    from kvbridge.builtin.families import hf_cache
     from kvbridge.handoff import generate
     from kvbridge.transfer import identity_transfer
 
@@ -122,7 +122,7 @@ def check_identity_transfer(
     try:
         with torch.no_grad():
             model = fresh()
-            own = _hf_cache.reference_cache(model)  # what generate itself would build
+            own = hf_cache.reference_cache(model)  # what generate itself would build
             model(input_ids=ids[:, :-1], cache=own, use_cache=True)
             native = model.generate(input_ids=ids, cache=own, **gen)
             plain = fresh().generate(input_ids=ids, **gen)

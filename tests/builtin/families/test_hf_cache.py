@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvbridge.builtin.families import _hf_cache
+from kvbridge.builtin.families import hf_cache
 from kvbridge.conformance import tiny
 from kvbridge.errors import StateError
 from kvbridge.plugins import make_host
@@ -49,7 +49,7 @@ def _next_logits(model, adapter, state, next_ids):
 def _own_logits(model, ids, n_prefix):
     """The model's own cached continuation: its prefill of the prefix, then the rest."""
     model = copy.deepcopy(model)
-    cache = _hf_cache.reference_cache(model)
+    cache = hf_cache.reference_cache(model)
     with torch.no_grad():
         model(input_ids=ids[:, :n_prefix], cache=cache, use_cache=True)
         pos = torch.arange(n_prefix, ids.shape[1])[None]
@@ -68,7 +68,7 @@ def test_extract_carries_the_indexer_keys_of_the_model_cache():
     model, adapter, spec = _tiny("deepseek_v32")
     ids = _ids(12)
     state = adapter.extract(copy.deepcopy(model), ids)
-    own = _hf_cache.new_cache(model)
+    own = hf_cache.new_cache(model)
     with torch.no_grad():
         copy.deepcopy(model)(input_ids=ids, cache=own, use_cache=True)
     assert [i for i, _ in state.indexer_keys] == list(spec.indexer_layers)
@@ -101,7 +101,7 @@ def test_repositioned_indexer_keys_equal_the_model_cache_at_the_new_positions(mo
     model, adapter, spec = _tiny(model_type)
     ids = _ids(12)
     moved = adapter.extract(copy.deepcopy(model), ids).reposition(7)
-    ref = _hf_cache.new_cache(model)
+    ref = hf_cache.new_cache(model)
     with torch.no_grad():
         copy.deepcopy(model)(input_ids=ids, cache=ref, use_cache=True, position_ids=torch.arange(7, 19)[None])
     assert moved.indexer_keys, "no indexer keys carried"
@@ -166,8 +166,8 @@ def test_raw_key_indexer_rebuilds_its_position_history(monkeypatch):
     own = _own_logits(model, ids, 12)
     good = _next_logits(copy.deepcopy(model), adapter, state, ids[:, 12:])
     assert float((good - own).abs().max()) <= 1e-5
-    rebuilt = _hf_cache._indexer_positions
-    monkeypatch.setattr(_hf_cache, "_indexer_positions", lambda st: rebuilt(st).flip(-1))  # a wrong history
+    rebuilt = hf_cache._indexer_positions
+    monkeypatch.setattr(hf_cache, "_indexer_positions", lambda st: rebuilt(st).flip(-1))  # a wrong history
     bad = _next_logits(copy.deepcopy(model), adapter, state, ids[:, 12:])
     assert float((bad - own).abs().max()) > 1e-4
 

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Mapping
 
 from kvbridge.family_adapter import FamilyAdapter, positive_int
 from kvbridge.errors import ConfigError
-from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec, _freeze
+from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec, freeze
 
 #: rope types whose pretraining length ``original_max_position_embeddings`` transformers fills in
 NEEDS_ORIGINAL_MAX = ("llama3", "yarn", "longrope")
@@ -212,7 +212,7 @@ def rope_spec(
         partial_factor=float(partial_factor),
         interleaved=bool(interleaved),
         max_position_embeddings=int(max_position_embeddings),
-        scaling=_freeze(scaling),
+        scaling=freeze(scaling),
     )
 
 
@@ -243,7 +243,7 @@ def layer_types_from(config: Mapping, num_layers: int, default: list | tuple) ->
 
 def to_pairs(mapping: Mapping) -> tuple:
     """Frozen, sorted ``(key, value)`` pairs for ``ModelSpec.extras``."""
-    return _freeze({k: v for k, v in mapping.items()})
+    return freeze({k: v for k, v in mapping.items()})
 
 
 # -- the shared adapter ---------------------------------------------------------------------------

@@ -240,9 +240,9 @@ class GenericAdapter(FamilyAdapter):
             if model_type in facts.NEGATIVE_ROTATION:
                 from dataclasses import replace as _replace
 
-                from kvbridge.spec import _freeze
+                from kvbridge.spec import freeze
 
-                flip = lambda r: _replace(r, scaling=_freeze({**r.params, "direction": -1}))  # noqa: E731
+                flip = lambda r: _replace(r, scaling=freeze({**r.params, "direction": -1}))  # noqa: E731
                 rope, by_type = flip(rope), tuple((k, flip(v)) for k, v in by_type)
             nope = facts.nope_layers(model_type, text, kinds)
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
@@ -300,15 +300,15 @@ class GenericAdapter(FamilyAdapter):
         return model_from_config(obj, dtype=getattr(torch, dtype)).eval()
 
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
-        from kvbridge.builtin.families import _hf_cache
+        from kvbridge.builtin.families import hf_cache
 
         spec = spec or self.spec_of(model)
-        return _hf_cache.extract(self, model, input_ids, attention_mask, spec=spec)
+        return hf_cache.extract(self, model, input_ids, attention_mask, spec=spec)
 
     def inject(self, state, model=None, *, check: bool = True):
-        from kvbridge.builtin.families import _hf_cache
+        from kvbridge.builtin.families import hf_cache
 
-        return _hf_cache.inject(self, state, model, check=check)
+        return hf_cache.inject(self, state, model, check=check)
 
 
 ADAPTER = GenericAdapter()
