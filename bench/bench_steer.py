@@ -143,7 +143,8 @@ def run_smollm2(args) -> dict:
     import torch
 
     from kvbridge.models import load
-    from kvbridge.steer.evaluate import EvalSettings, evaluate, plot_sweep
+    from kvbridge.steer.evaluate import evaluate, plot_sweep
+    from kvbridge.steer.settings import SteerEvalSettings
     from kvbridge.steer.scorers import resolve_scorer
     from kvbridge.steer.vectors import build_vector
 
@@ -156,7 +157,11 @@ def run_smollm2(args) -> dict:
         t0 = time.perf_counter()
         vector = build_vector(model, tok, smollm2_pairs(b["instruction"]))
         log(f"[{name}] vector from {len(QUESTIONS)} pairs in {time.perf_counter() - t0:.0f} s")
-        settings = EvalSettings(
+        settings = SteerEvalSettings(
+            vector=f"smollm2-{name}",
+            prompt=b["prompt"],
+            scorer=b["scorer"],
+            instruction=b["instruction"],
             samples=args.samples,
             max_new_tokens=args.tokens,
             ck=b["ck"] * args.scale,
@@ -171,11 +176,8 @@ def run_smollm2(args) -> dict:
             model,
             tok,
             vector,
-            prompt=b["prompt"],
             scorer=resolve_scorer(b["scorer"]),
-            instruction=b["instruction"],
             settings=settings,
-            scorer_name=b["scorer"],
             log=lambda m, n=name: log(f"[{n}] {m}"),
         )
         res["behaviour"] = name
@@ -193,7 +195,8 @@ def run_zoo(args) -> dict:
     import torch
 
     from kvbridge.fit import fit
-    from kvbridge.steer.evaluate import EvalSettings, evaluate, plot_sweep
+    from kvbridge.steer.evaluate import evaluate, plot_sweep
+    from kvbridge.steer.settings import SteerEvalSettings
     from kvbridge.steer.scorers import resolve_scorer
     from kvbridge.steer.vectors import build_vector, transfer_vector
     from kvbridge.transfer import IdentityMapping
@@ -227,7 +230,10 @@ def run_zoo(args) -> dict:
                 F.cosine_similarity(torch.cat([x.reshape(-1) for x in a]), torch.cat([x.reshape(-1) for x in b]), dim=0)
             )
 
-        settings = EvalSettings(
+        settings = SteerEvalSettings(
+            vector=f"{target_name}-native",
+            prompt=args.prompt,
+            scorer="positive_sentiment",
             samples=args.samples,
             max_new_tokens=args.tokens,
             ck=0.0,
@@ -245,11 +251,9 @@ def run_zoo(args) -> dict:
             target,
             tok,
             native,
-            prompt=args.prompt,
             scorer=resolve_scorer("positive_sentiment"),
             settings=settings,
             extra_vectors={"transferred": moved, "copied": copied},
-            scorer_name="positive_sentiment",
             log=lambda m, n=target_name: log(f"[{n}] {m}"),
         )
         res["mapping"] = {
@@ -281,7 +285,8 @@ def run_qwen(args) -> dict:
 
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.models import load
-    from kvbridge.steer.evaluate import EvalSettings, evaluate
+    from kvbridge.steer.evaluate import evaluate
+    from kvbridge.steer.settings import SteerEvalSettings
     from kvbridge.steer.scorers import resolve_scorer
     from kvbridge.steer.vectors import build_vector, transfer_vector
 
@@ -322,19 +327,22 @@ def run_qwen(args) -> dict:
             ("1.5b", big, v_big, ("none", "visible", "kv", "transferred", "random"), {"transferred": moved}),
         ):
             t1 = time.perf_counter()
-            settings = EvalSettings(
-                **common, arms=arms, sweep_arms=tuple(a for a in ("kv", "transferred", "random") if a in arms)
+            settings = SteerEvalSettings(
+                vector=f"{label}-{name}",
+                prompt=b["prompt"],
+                scorer=b["scorer"],
+                instruction=b["instruction"],
+                **common,
+                arms=arms,
+                sweep_arms=tuple(a for a in ("kv", "transferred", "random") if a in arms),
             )
             res = evaluate(
                 lm.model,
                 lm.tokenizer,
                 vector,
-                prompt=b["prompt"],
                 scorer=resolve_scorer(b["scorer"]),
-                instruction=b["instruction"],
                 settings=settings,
                 extra_vectors=extra,
-                scorer_name=b["scorer"],
                 log=lambda m, n=f"{name} {label}": log(f"[{n}] {m}"),
             )
             res["behaviour"], res["model"] = name, label

@@ -44,3 +44,24 @@ def test_heartbeat_prints_plain_stage_lines_while_a_step_runs_and_nothing_on_a_t
     with Heartbeat("fit", stream=quick, every=5) as hb:  # a command over within the first interval: silent
         hb.stage("reading the corpus")
     assert quick.getvalue() == ""
+
+
+def test_pass_progress_draws_each_pass_and_sums_it_up(capsys):
+    from kvbridge.progress import Heartbeat, pass_progress
+
+    hb = Heartbeat("fit", stream=__import__("io").StringIO(), every=60)
+    on = pass_progress(True, world=2, heartbeat=hb)
+    on(("start", "train", 100))
+    on(("advance", "train", 60))
+    assert hb.name == "train forwards" and hb.done == 60 and hb.total == 100
+    on(("advance", "train", 40))  # not a terminal: plain lines, the first and the last at least
+    on(("end", "train", 0))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("train: 60/100 tokens (60%)") and "tok/s" in err[0]
+    assert err[-2].startswith("train: 100/100 tokens (100%)")
+    assert err[-1].startswith("train: 100 tokens through both models in ") and "(rank 0 of 2;" in err[-1]
+    assert hb.name == "solving and writing the mapping"
+    quiet = pass_progress(False)
+    quiet(("start", "held", 10))
+    quiet(("end", "held", 0))
+    assert capsys.readouterr().err == ""

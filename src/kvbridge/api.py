@@ -31,11 +31,6 @@ def _config_of(obj: Any, host=None) -> dict:
     return config.to_dict()
 
 
-def _model_of(obj: Any, host=None):
-    """A model object: references (``"smollm2"``, ``"zoo:base"``, a folder, a .gguf) are loaded."""
-    return load_model(obj, host=host).model if _is_ref(obj) else obj
-
-
 def resolve_model(ref, host=None):
     """A model reference resolved offline, torch-free (see :func:`kvbridge.models.resolve`)."""
     from kvbridge.models import resolve

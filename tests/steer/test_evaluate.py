@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from kvbridge.steer.evaluate import EvalSettings, evaluate, lines, mcnemar_p, paired, plot_sweep, rate
+from kvbridge.errors import KVBridgeError
+from kvbridge.steer.evaluate import evaluate, lines, mcnemar_p, paired, plot_sweep, rate
 from kvbridge.steer.scorers import positive_sentiment
+from kvbridge.steer.settings import SteerEvalSettings
+
+
+def _settings(**fields) -> SteerEvalSettings:
+    """``steer eval``'s settings on the zoo prompt (the vector and the scorer are passed loaded)."""
+    return SteerEvalSettings(
+        **{"vector": "zoo-vector", "prompt": "ROMEO: I will", "scorer": "positive_sentiment", **fields}
+    )
 
 
 def test_mcnemar_and_paired_difference():
@@ -25,7 +34,7 @@ def test_mcnemar_and_paired_difference():
 
 def test_zero_coefficients_give_the_unsteered_samples_bitwise(zoo_base, zoo_vector, tmp_path):
     model, tok = zoo_base
-    settings = EvalSettings(
+    settings = _settings(
         samples=3,
         max_new_tokens=5,
         ck=0.0,
@@ -35,15 +44,7 @@ def test_zero_coefficients_give_the_unsteered_samples_bitwise(zoo_base, zoo_vect
         sweep=(1.0,),
         sweep_samples=2,
     )
-    res = evaluate(
-        model,
-        tok,
-        zoo_vector,
-        prompt="ROMEO: I will",
-        scorer=positive_sentiment,
-        settings=settings,
-        scorer_name="positive_sentiment",
-    )
+    res = evaluate(model, tok, zoo_vector, scorer=positive_sentiment, settings=settings)
     none = res["arms"]["none"]
     assert none["cost"]["kl"] == 0.0 and none["cost"]["delta_nll"] == 0.0
     for arm in ("kv", "actadd", "random"):
@@ -60,18 +61,15 @@ def test_zero_coefficients_give_the_unsteered_samples_bitwise(zoo_base, zoo_vect
 
 def test_steering_arms_change_the_samples_and_cost_something(zoo_base, zoo_vector):
     model, tok = zoo_base
-    settings = EvalSettings(
-        samples=4, max_new_tokens=6, cv=8.0, ca=4.0, arms=("none", "visible", "pack", "kv", "actadd")
-    )
-    res = evaluate(
-        model,
-        tok,
-        zoo_vector,
-        prompt="ROMEO: I will",
-        scorer=positive_sentiment,
+    settings = _settings(
+        samples=4,
+        max_new_tokens=6,
+        cv=8.0,
+        ca=4.0,
+        arms=("none", "visible", "pack", "kv", "actadd"),
         instruction="JULIET: speak of love.",
-        settings=settings,
     )
+    res = evaluate(model, tok, zoo_vector, scorer=positive_sentiment, settings=settings)
     assert res["arms"]["kv"]["cost"]["kl"] > 0 and res["arms"]["actadd"]["cost"]["kl"] > 0
     assert res["arms"]["pack"]["setup"]["method"].startswith("instruction in a pack")
     # the pack arm restores the guide with no forward pass; its cost is that of the visible guide
@@ -83,41 +81,26 @@ def test_steering_arms_change_the_samples_and_cost_something(zoo_base, zoo_vecto
             model,
             tok,
             zoo_vector,
-            prompt="ROMEO: I will",
             scorer=positive_sentiment,
-            settings=EvalSettings(samples=1, max_new_tokens=2, arms=("visible",)),
+            settings=_settings(samples=1, max_new_tokens=2, arms=("visible",)),
         )
 
 
 def test_at_prompt_edits_every_cached_prompt_position(zoo_base, zoo_vector):
     model, tok = zoo_base
     base = dict(samples=2, max_new_tokens=4, ck=0.0, cv=8.0, arms=("none", "kv"))
-    last = evaluate(
-        model, tok, zoo_vector, prompt="ROMEO: I will", scorer=positive_sentiment, settings=EvalSettings(**base)
-    )
-    every = evaluate(
-        model,
-        tok,
-        zoo_vector,
-        prompt="ROMEO: I will",
-        scorer=positive_sentiment,
-        settings=EvalSettings(**base, at="prompt"),
-    )
+    last = evaluate(model, tok, zoo_vector, scorer=positive_sentiment, settings=_settings(**base))
+    every = evaluate(model, tok, zoo_vector, scorer=positive_sentiment, settings=_settings(**base, at="prompt"))
     n_prefix = len(tok("ROMEO: I will").input_ids) - 1
     assert last["arms"]["kv"]["setup"]["positions"] == [n_prefix - 1, n_prefix]
     assert every["arms"]["kv"]["setup"]["positions"] == [0, n_prefix]
     assert every["arms"]["kv"]["cost"]["kl"] != last["arms"]["kv"]["cost"]["kl"]
     assert "every prompt position" in "\n".join(lines(every))
     zero = evaluate(
-        model,
-        tok,
-        zoo_vector,
-        prompt="ROMEO: I will",
-        scorer=positive_sentiment,
-        settings=EvalSettings(**{**base, "cv": 0.0}, at="prompt"),
+        model, tok, zoo_vector, scorer=positive_sentiment, settings=_settings(**{**base, "cv": 0.0}, at="prompt")
     )
     assert (
         zero["arms"]["kv"]["examples"] == zero["arms"]["none"]["examples"] and zero["arms"]["kv"]["cost"]["kl"] == 0.0
     )
-    with pytest.raises(Exception, match="--at must be last or prompt"):
-        EvalSettings(at="guide").check()
+    with pytest.raises(KVBridgeError, match="--at must be one of last, prompt"):
+        _settings(at="guide")

@@ -62,11 +62,6 @@ class Cost:
     def time_share(self) -> float:
         return self.seconds / self.full_prefill_seconds if self.full_prefill_seconds else float("nan")
 
-    def with_prefill_seconds(self, seconds: float) -> "Cost":
-        from dataclasses import replace
-
-        return replace(self, full_prefill_seconds=float(seconds))
-
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(flop_share=self.flop_share, time_share=self.time_share)

@@ -34,43 +34,10 @@ from typing import Any, Callable
 
 from kvbridge.errors import KVBridgeError
 from kvbridge.stats import mcnemar_p, wilson
+from kvbridge.steer.settings import ARMS, SWEPT, SteerEvalSettings
 
-ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
-SWEPT = ("kv", "actadd", "random")
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    samples: int = 64
-    max_new_tokens: int = 48
-    temperature: float = 0.7
-    top_p: float = 0.9
-    ck: float = 0.0
-    cv: float = 4.0
-    ca: float = 4.0
-    layers: str = "all"
-    at: str = "last"  # kv arms edit the prompt's last cached position, or every cached prompt position ("prompt")
-    actadd_layers: str = ""  # "" = the same layers as the KV arms
-    chat: bool | None = None
-    arms: tuple = ARMS
-    sweep: tuple = ()  # multipliers of ck / cv / ca
-    sweep_samples: int = 0  # 0 = samples
-    sweep_arms: tuple = SWEPT
-    random_seed: int = 0
-    bootstrap: int = 2000
-
-    def check(self) -> "EvalSettings":
-        from kvbridge.steer.edit import coefficient
-
-        for name in ("ck", "cv", "ca", "temperature", "top_p"):
-            coefficient(getattr(self, name), f"--{name.replace('_', '-')}")
-        for m in self.sweep:
-            coefficient(m, "--sweep value")
-        if self.at not in ("last", "prompt"):
-            raise KVBridgeError(f"--at must be last or prompt, got {self.at!r}", "pass --at last or --at prompt")
-        if self.samples < 1 or self.max_new_tokens < 1:
-            raise KVBridgeError("--samples and --max-new-tokens must be >= 1", "pass positive numbers")
-        return self
+#: settings fields that name what the caller loaded (reported beside ``settings``, not in it)
+_NAMED = ("vector", "prompt", "scorer", "instruction", "extra", "out", "overwrite")
 
 
 # -- statistics ---------------------------------------------------------------------------------------
@@ -116,7 +83,7 @@ class _Ctx:
     tokenizer: Any
     vector: Any
     scorer: Callable[[str], bool]
-    settings: EvalSettings
+    settings: SteerEvalSettings
     host: Any
     stops: tuple
     scenario: Any
@@ -278,20 +245,19 @@ def evaluate(
     tokenizer,
     vector,
     *,
-    prompt: str,
     scorer: Callable[[str], bool],
-    instruction: str | None = None,
-    settings: EvalSettings = EvalSettings(),
+    settings: SteerEvalSettings,
     extra_vectors: dict | None = None,
-    scorer_name: str = "",
     host=None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
-    """Every arm of the module docstring on one prompt; the result is JSON-ready."""
+    """Every arm of the module docstring on ``settings.prompt``, with the steering ``vector``, the
+    ``scorer`` and the ``extra_vectors`` loaded (``settings.vector`` / ``scorer`` / ``extra`` name
+    them); the result is JSON-ready."""
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, setup_for, stop_ids_of
 
-    settings.check()
+    prompt, instruction = settings.prompt, settings.instruction
     if host is None:
         from kvbridge.plugins import get_host
 
@@ -308,9 +274,13 @@ def evaluate(
     result: dict = {
         "prompt": prompt,
         "instruction": instruction,
-        "scorer": scorer_name,
+        "scorer": settings.scorer,
         "chat": chat,
-        "settings": {**asdict(settings), "arms": list(arms)},
+        "settings": {
+            **{k: v for k, v in asdict(settings).items() if k not in _NAMED},
+            "arms": list(arms),
+            "sweep_arms": list(settings.sweep_arms or SWEPT),
+        },
         "sampler": {
             "kind": "inverse-cdf over token ids, one uniform per step, torch.Generator(seed) per sample",
             "seeds": f"0..{settings.samples - 1}",
@@ -333,7 +303,7 @@ def evaluate(
         res["paired_vs_none"] = paired(res["scores"], ref, bootstrap=settings.bootstrap)
     n_sweep = settings.sweep_samples or settings.samples
     for mult in settings.sweep:
-        for arm in settings.sweep_arms:
+        for arm in settings.sweep_arms or SWEPT:
             if arm not in arms and arm not in extra_vectors:
                 continue
             setup, record = _setup(ctx, arm, float(mult), extra_vectors, instruction)
@@ -448,7 +418,6 @@ def lines(result: dict) -> list[str]:
 
 __all__ = [
     "ARMS",
-    "EvalSettings",
     "evaluate",
     "paired",
     "rate",

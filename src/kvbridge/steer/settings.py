@@ -14,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
-from kvbridge.steer.evaluate import ARMS
+
+#: the arms of ``steer eval`` (:mod:`kvbridge.steer.evaluate`), and those a sweep multiplies by default
+ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
+SWEPT = ("kv", "actadd", "random")
 
 
 def _path(value, flag: str, *, required: bool = False):
@@ -160,8 +163,11 @@ class SteerEvalSettings:
     ``vector``: the steering vector folder; ``instruction``: the visible and pack arms' instruction;
     ``arms`` (``none`` always runs); ``extra``: ``NAME=DIR`` vectors run as arms like ``kv``;
     coefficients ``ck``, ``cv``, ``ca``; ``layers`` / ``actadd_layers``; ``at`` (last, prompt);
-    ``sweep``: coefficient multipliers (``sweep_samples`` each, 0: ``samples``); ``out``: the report
-    folder (report.json, report.md, sweep.png)."""
+    ``sweep``: coefficient multipliers (``sweep_samples`` each, 0: ``samples``) of the ``sweep_arms``
+    (default: kv, actadd, random and the ``extra`` vectors); ``random_seed``: the random arm's
+    direction; ``bootstrap``: resamples of the paired intervals; ``out``: the report folder
+    (report.json, report.md, sweep.png). :func:`kvbridge.steer.evaluate.evaluate` takes the same
+    object with the vector, scorer and extra vectors loaded."""
 
     vector: str
     prompt: str
@@ -179,6 +185,9 @@ class SteerEvalSettings:
     at: str = "last"
     sweep: tuple = ()
     sweep_samples: int = 0
+    sweep_arms: tuple = ()
+    random_seed: int = 0
+    bootstrap: int = 2000
     temperature: float = 0.7
     top_p: float = 0.9
     chat: bool | None = None
@@ -194,6 +203,7 @@ class SteerEvalSettings:
             raise KVBridgeError("--scorer is empty", "name a scorer (`kvbridge plugins` lists them)")
         object.__setattr__(self, "arms", _names(self.arms, "--arms"))
         object.__setattr__(self, "sweep", _floats(self.sweep, "--sweep"))
+        object.__setattr__(self, "sweep_arms", _names(self.sweep_arms, "--sweep-arms"))
         extra = tuple(str(e) for e in (self.extra or ()))
         for item in extra:
             name, sep, path = item.partition("=")
@@ -206,6 +216,8 @@ class SteerEvalSettings:
         whole_number(self.samples, "--samples", 1, KVBridgeError)
         whole_number(self.max_new_tokens, "--max-new-tokens", 1, KVBridgeError)
         whole_number(self.sweep_samples, "--sweep-samples", 0, KVBridgeError)
+        whole_number(self.random_seed, "random_seed", 0, KVBridgeError)
+        whole_number(self.bootstrap, "bootstrap", 0, KVBridgeError)
         if self.sweep_samples > self.samples:
             raise KVBridgeError("--sweep-samples exceeds --samples", "pass --sweep-samples <= --samples")
 
@@ -215,4 +227,4 @@ class SteerEvalSettings:
         return {name.strip(): path for name, _, path in (item.partition("=") for item in self.extra)}
 
 
-__all__ = ["SteerBuildSettings", "SteerTransferSettings", "SteerRunSettings", "SteerEvalSettings"]
+__all__ = ["ARMS", "SWEPT", "SteerBuildSettings", "SteerTransferSettings", "SteerRunSettings", "SteerEvalSettings"]

@@ -16,7 +16,7 @@ call runs it when not given its result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -227,42 +227,19 @@ def evaluate_steering(
     import json
 
     from kvbridge.steer.artifact import load_vector
-    from kvbridge.steer.evaluate import EvalSettings, evaluate, lines, plot_sweep
+    from kvbridge.steer.evaluate import evaluate, lines, plot_sweep
+    from kvbridge.steer.settings import SWEPT
 
     prepared = prepared or prepare_eval(settings, host)
     s, m = settings, model.model
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
     extra = {name: load_vector(path, m, tokenizer_fp=fp, host=host) for name, path in s.extra_vectors.items()}
-    arms = EvalSettings(
-        samples=s.samples,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        ck=s.ck,
-        cv=s.cv,
-        ca=s.ca,
-        layers=s.layers,
-        at=s.at,
-        actadd_layers=s.actadd_layers,
-        chat=s.chat,
-        arms=s.arms + tuple(n for n in extra if n not in s.arms),
-        sweep=s.sweep,
-        sweep_samples=s.sweep_samples,
-        sweep_arms=("kv", "actadd", "random") + tuple(extra),
+    arms = replace(
+        s, arms=s.arms + tuple(n for n in extra if n not in s.arms), sweep_arms=s.sweep_arms or SWEPT + tuple(extra)
     )
     result = evaluate(
-        m,
-        model.tokenizer,
-        vector,
-        prompt=s.prompt,
-        scorer=prepared.scorer,
-        instruction=s.instruction,
-        settings=arms,
-        extra_vectors=extra,
-        scorer_name=s.scorer,
-        host=host,
-        log=log,
+        m, model.tokenizer, vector, scorer=prepared.scorer, settings=arms, extra_vectors=extra, host=host, log=log
     )
     result["model"] = model.ref.ref
     result["vector_dir"] = str(s.vector)
