@@ -147,13 +147,6 @@ def unescape(sep: str) -> str:
     return "".join(out)
 
 
-def revision_of(resolved) -> str | None:
-    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
-    from pathlib import Path
-
-    return Path(resolved.folder).name if resolved.kind == "hf-cache" and resolved.folder else None
-
-
 # -- formatters ------------------------------------------------------------------------------------------
 def kv_bytes_per_token(spec) -> int:
     """Bytes one token adds to the cache: K and V (and sparse-attention indexer keys), every KV layer, in the
@@ -229,7 +222,6 @@ __all__ = [
     "open_guide_session",
     "read_guide_and_prompt",
     "unescape",
-    "revision_of",
     "kv_bytes_per_token",
     "fmt_rope",
     "fmt_value",

@@ -60,24 +60,6 @@ def read_calibration_corpus(path):
         raise CalibrationError(exc.what, exc.fix) from None
 
 
-def corpus_files(path: Path | str) -> list[Path]:
-    """The files a corpus reads (a folder: its .py and .txt files, in relative-path order)."""
-    from kvbridge.corpus import folder_files
-
-    path = Path(path)
-    if path.is_dir():
-        files = folder_files(path)
-        if not files:
-            raise CalibrationError(
-                f"{path}: folder has no .py or .txt files",
-                "pass a text file, a JSONL file or a folder of .py/.txt files",
-            )
-        return files
-    if path.is_file():
-        return [path]
-    raise CalibrationError(f"{path}: no such corpus file or folder", "check --corpus")
-
-
 def corpus_record(path: Path | str, split=None) -> dict:
     """What a corpus is, verifiably (:meth:`kvbridge.corpus.Corpus.record`): ``sha256`` is the
     file's hash as ``sha256sum`` prints it, or a folder's digest (documented in :mod:`kvbridge.corpus`);
@@ -466,5 +448,4 @@ __all__ = [
     "load_corpus",
     "tokenize_corpus",
     "check_same_tokens",
-    "corpus_files",
 ]

@@ -85,17 +85,6 @@ def barrier(ctx: Context | None) -> None:
         dist.barrier(group=ctx.group)
 
 
-def broadcast_error(ctx: Context | None, message: str | None) -> str | None:
-    """Share rank 0's error (or None) with every rank, so all of them stop together."""
-    if ctx is None or ctx.world <= 1:
-        return message
-    import torch.distributed as dist
-
-    box = [message]
-    dist.broadcast_object_list(box, src=0, group=ctx.group)
-    return box[0]
-
-
 class Checkpoint:
     """Per-rank checkpoints of a fit's statistics (see the module docstring)."""
 
@@ -246,4 +235,4 @@ def default_checkpoint_dir(out: Path | str) -> Path:
     return out.parent / f".{out.name}.fitstate"
 
 
-__all__ = ["Context", "setup", "barrier", "broadcast_error", "Checkpoint", "CheckpointError", "default_checkpoint_dir"]
+__all__ = ["Context", "setup", "barrier", "Checkpoint", "CheckpointError", "default_checkpoint_dir"]

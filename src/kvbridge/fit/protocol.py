@@ -202,11 +202,6 @@ def build_options(cls: type, values: Mapping | None = None, *, owner: str = "fit
         raise ConfigError(f"{owner} options rejected: {exc}", "check the -o values") from None
 
 
-def describe_options(cls: type) -> str:
-    """``key: type = default`` per option, for help texts."""
-    return ", ".join(f"{k}: {type_name(t)} = {d!r}" for k, (t, d) in option_fields(cls).items()) or "(none)"
-
-
 __all__ = [
     "FitterProtocol",
     "FitReport",
@@ -216,6 +211,5 @@ __all__ = [
     "coerce",
     "option_fields",
     "type_name",
-    "describe_options",
     "FITTER_MEMBERS",
 ]

@@ -302,13 +302,6 @@ def weights_digest(folder: str | Path, *, cache: bool = True) -> str | None:
     return files_digest(weight_files(folder), cache=cache)
 
 
-def describe_fingerprint(fp: Mapping[str, Any]) -> str:
-    """A short line for messages: ``weights sha256:abcd1234... (Q4_1)``."""
-    w = fp.get("weights")
-    quant = f" ({fp['quantization']})" if fp.get("quantization") else ""
-    return f"weights sha256:{w[:12]}{quant}" if w else "weights unknown"
-
-
 def loaded_tokenizer_identity(loaded, tokenizer_path: str | Path | None = None, tokenizer: Any = None) -> dict:
     """The tokenizer fingerprint an artifact records for a :class:`~kvbridge.models.loading.LoadedModel`:
     of ``tokenizer_path`` (``tokenizer``: the tokenizer loaded from it) when given, else of the
@@ -335,6 +328,5 @@ __all__ = [
     "files_digest",
     "weights_digest",
     "weight_files",
-    "describe_fingerprint",
     "WEIGHT_SUFFIXES",
 ]
