@@ -83,3 +83,44 @@ def test_recipe_is_deterministic(tmp_path):
         first["tiny"]["files"]["tiny/model.safetensors"] != first["tiny_tuned"]["files"]["tiny_tuned/model.safetensors"]
     )
     assert (tmp_path / "run0" / "manifest.json").is_file()
+
+
+def test_the_deprecated_cli_spelling_runs_the_tool_in_a_checkout(monkeypatch, tmp_path, manifest):
+    from click.testing import CliRunner
+
+    import tools.zoo.build as build
+    from kvbridge.cli.main import cli
+
+    seen = {}
+
+    def fake_build(corpus=None, out=None):  # the 20-minute build itself is test_recipe_is_deterministic's
+        seen.update(corpus=corpus, out=out)
+        return manifest
+
+    monkeypatch.setattr(build, "build_zoo", fake_build)
+    corpus = tmp_path / "tinyshakespeare.txt"
+    corpus.write_text("ROMEO:\n")
+    res = CliRunner().invoke(cli, ["zoo", "build", "--corpus", str(corpus), "--out", str(tmp_path / "zoo")])
+    assert res.exit_code == 0, res.output
+    assert "`kvbridge zoo build` is deprecated; use `python -m tools.zoo.build`" in res.stderr
+    assert seen == {"corpus": corpus, "out": tmp_path / "zoo"} and "held-out" in res.stdout
+
+
+def test_the_deprecated_cli_spelling_outside_a_checkout_names_the_tool(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from kvbridge.cli import zoo_cmd
+    from kvbridge.cli.main import cli
+
+    monkeypatch.setattr(zoo_cmd, "__file__", str(tmp_path / "site-packages" / "kvbridge" / "cli" / "zoo_cmd.py"))
+    res = CliRunner().invoke(cli, ["zoo", "build"])
+    assert res.exit_code == 2
+    assert "needs a kvbridge checkout" in res.output and "python -m tools.zoo.build" in res.output
+
+
+def test_the_tool_refuses_a_missing_corpus_in_one_line(capsys):
+    from tools.zoo.build import main
+
+    assert main(["--corpus", "/nonexistent/tinyshakespeare.txt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "corpus not found at /nonexistent/tinyshakespeare.txt" in err[0]
