@@ -12,7 +12,7 @@ time. "of layer clones" compares with ``clone()`` of the same 28 layer tensors (
 bytes), run alternately with the operation, which stays meaningful on a shared, noisy CPU.
 Times are the median of ``--repeats`` passes (after a warm-up), on CUDA when available.
 
-Kernels (``--kernels``, :mod:`kvbridge.rope_native` modes): ``eager`` (torch ops), ``native`` (the
+Kernels (``--kernels``, :mod:`kvbridge.rope_kernels` modes): ``eager`` (torch ops), ``native`` (the
 C++ kernel of :mod:`kvbridge.rope_native`); each row is one kernel and operation, and the ``floor:`` rows are the reference kernels themselves (``clone()``
 and ``x*2`` of the same 28 layers, and the copy-bandwidth floor). A last table gives each
 kernel's first-call cost (build, load, self-check), measured in fresh processes. The
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument(
         "--kernels",
         default="eager,native",
-        help="RoPE kernels to measure (kvbridge.rope_native modes; native: half split only)",
+        help="RoPE kernels to measure (kvbridge.rope_kernels modes; native: half split only)",
     )
     ap.add_argument("--no-first-call", action="store_true", help="skip the first-call cost table")
     ap.add_argument(
@@ -180,7 +180,7 @@ def main() -> None:
             ("strip + apply, 28 outputs kept", strip_apply_kept, 4, clone_layers_kept),
             ("reposition (fused)", reposition_all, 2, clone_layers),
         ]
-        from kvbridge import rope_native
+        from kvbridge import rope_kernels
 
         dname = str(dtype).replace("torch.", "")
         t_clone, t_mul = timed_pair(clone_layers, double_layers, device, args.repeats)
@@ -218,7 +218,7 @@ def main() -> None:
         for kernel in args.kernels.split(","):
             if kernel != "eager" and args.interleaved:
                 continue
-            rope_native.set_mode(kernel)
+            rope_kernels.set_mode(kernel)
             for name, fn, passes, ref in ops:
                 t, t_ref, t_mul = timed_pair(fn, ref, device, args.repeats, double_layers)
                 nbytes = passes * LAYERS * layer_bytes
@@ -237,7 +237,7 @@ def main() -> None:
                         (passes / 2) * t_mul / t,
                     )
                 )
-        rope_native.set_mode(None)
+        rope_kernels.set_mode(None)
 
     layout = "interleaved" if args.interleaved else "half split"
     threads = torch.get_num_threads() if device.type == "cpu" else None
@@ -387,15 +387,15 @@ def compiled_candidates(device, repeats: int, bw: float) -> None:
 FIRST_CALL = """
 import sys, time, torch
 torch.set_num_threads(1)
-from kvbridge import rope as R, rope_native
+from kvbridge import rope as R, rope_kernels
 from kvbridge.spec import RopeSpec
 spec = RopeSpec.make("default", 1e6, head_dim=128, max_position_embeddings=32768)
 pos = torch.arange(2048)[None]
 k = torch.randn(1, 2, 2048, 128).to(getattr(torch, sys.argv[2]))
-rope_native.set_mode(sys.argv[1])
+rope_kernels.set_mode(sys.argv[1])
 t0 = time.perf_counter(); R.apply(R.strip(k, pos, spec), pos + 100, spec); t1 = time.perf_counter()
 R.apply(R.strip(k, pos, spec), pos + 100, spec); t2 = time.perf_counter()
-print(t1 - t0, t2 - t1, sorted(set(rope_native._STATUS.values())))
+print(t1 - t0, t2 - t1, sorted(set(rope_kernels._STATUS.values())))
 """
 
 

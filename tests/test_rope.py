@@ -29,7 +29,7 @@ from transformers import DynamicCache  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from kvbridge import rope as R  # noqa: E402
-from kvbridge import rope_native  # noqa: E402
+from kvbridge import rope_kernels  # noqa: E402
 from kvbridge.errors import KVBridgeError  # noqa: E402
 from kvbridge.hookspecs import hookimpl  # noqa: E402
 from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec  # noqa: E402
@@ -48,9 +48,9 @@ def maxerr(a: torch.Tensor, b: torch.Tensor) -> float:
 def each_kernel(request):
     """The test under the eager kernels and under the native one (the default where it builds;
     without a compiler it falls back to eager, and the test still holds)."""
-    rope_native.set_mode(request.param)
+    rope_kernels.set_mode(request.param)
     yield request.param
-    rope_native.set_mode(None)
+    rope_kernels.set_mode(None)
 
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # the fixture only picks the kernel mode

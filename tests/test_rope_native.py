@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kvbridge import rope as R
+from kvbridge import rope_kernels as K
 from kvbridge import rope_native as N
 from kvbridge.spec import RopeSpec
 
@@ -15,14 +16,14 @@ needs_compiler = pytest.mark.skipif(N.compiler() is None, reason="no C++ compile
 
 @pytest.fixture
 def native_mode():
-    N.set_mode("native")
+    K.set_mode("native")
     yield
-    N.set_mode(None)
+    K.set_mode(None)
 
 
 def _eager(fn):
     """``fn()`` on the eager kernel, then back to the kernel under test with its checks kept."""
-    with N.using("eager"):
+    with K.using("eager"):
         return fn()
 
 
@@ -35,7 +36,7 @@ def _keys(dtype, batch=2, heads=3, tokens=37, dim=32, seed=0):
 
 
 def _used(dtype, exact):
-    return [v for k, v in N._STATUS.items() if k[0] == "native" and k[2] == dtype and k[-1] == exact]
+    return [v for k, v in K._STATUS.items() if k[0] == "native" and k[2] == dtype and k[-1] == exact]
 
 
 @needs_compiler
@@ -121,7 +122,7 @@ def test_unsupported_inputs_take_the_eager_kernel_silently(native_mode, recwarn)
 
 def test_no_compiler_falls_back_to_eager(native_mode, monkeypatch):
     monkeypatch.setattr(N, "_LIB", {})
-    monkeypatch.setattr(N, "_WARNED", set())
+    monkeypatch.setattr(K, "_WARNED", set())
     monkeypatch.setattr(N, "compiler", lambda: None)
     spec = RopeSpec.make(head_dim=32)
     x, pos = _keys(torch.float32)
@@ -152,18 +153,18 @@ def test_failed_build_is_unavailable_and_remembered(monkeypatch, tmp_path):
 def test_auto_mode_is_silent_without_a_compiler(monkeypatch, recwarn):
     monkeypatch.setattr(N, "_LIB", {})
     monkeypatch.setattr(N, "compiler", lambda: None)
-    monkeypatch.delenv(N.KERNEL_ENV, raising=False)
-    monkeypatch.delenv(N.LEGACY_ENV, raising=False)
-    N.set_mode(None)
+    monkeypatch.delenv(K.KERNEL_ENV, raising=False)
+    monkeypatch.delenv(K.LEGACY_ENV, raising=False)
+    K.set_mode(None)
     try:
-        assert N.mode() == "auto"
+        assert K.mode() == "auto"
         spec = RopeSpec.make(head_dim=32)
         x, pos = _keys(torch.bfloat16)
         got = R.apply(x, pos, spec)
-        N.set_mode("eager")
+        K.set_mode("eager")
         assert torch.equal(got, R.apply(x, pos, spec))
     finally:
-        N.set_mode(None)
+        K.set_mode(None)
     assert not [w for w in recwarn if "RoPE kernel" in str(w.message)]
 
 
@@ -201,44 +202,44 @@ def test_no_cache_builds_privately_and_leaves_nothing(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []  # loaded, then the private folder removed
     spec = RopeSpec.make(head_dim=32)
     x, pos = _keys(torch.float32)
-    N.set_mode("native")
+    K.set_mode("native")
     try:
         assert torch.equal(R.apply(x, pos, spec), _eager(lambda: R.apply(x, pos, spec)))
     finally:
-        N.set_mode(None)
+        K.set_mode(None)
 
 
 def test_mode_from_environment(monkeypatch):
-    monkeypatch.delenv(N.KERNEL_ENV, raising=False)
-    monkeypatch.setattr(N, "_WARNED", set())
-    monkeypatch.setenv(N.LEGACY_ENV, "1")  # the removed compiled kernel: deprecated, means native
-    N.set_mode(None)
+    monkeypatch.delenv(K.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(K, "_WARNED", set())
+    monkeypatch.setenv(K.LEGACY_ENV, "1")  # the removed compiled kernel: deprecated, means native
+    K.set_mode(None)
     with pytest.warns(RuntimeWarning, match="deprecated.*using native"):
-        assert N.mode() == "native"
-    monkeypatch.setenv(N.LEGACY_ENV, "0")
-    N.set_mode(None)
-    assert N.mode() == "auto"  # the default
+        assert K.mode() == "native"
+    monkeypatch.setenv(K.LEGACY_ENV, "0")
+    K.set_mode(None)
+    assert K.mode() == "auto"  # the default
     with pytest.raises(ValueError):
-        N.set_mode("fast")
+        K.set_mode("fast")
     with pytest.warns(RuntimeWarning, match="'compiled' is deprecated"):
-        N.set_mode("compiled")
-    assert N.mode() == "native"
-    monkeypatch.setenv(N.KERNEL_ENV, "eager")  # the variable wins over the legacy one
-    monkeypatch.setenv(N.LEGACY_ENV, "1")
-    N.set_mode(None)
-    assert N.mode() == "eager"
-    monkeypatch.setenv(N.KERNEL_ENV, "fast")
-    monkeypatch.delenv(N.LEGACY_ENV)
-    N.set_mode(None)
+        K.set_mode("compiled")
+    assert K.mode() == "native"
+    monkeypatch.setenv(K.KERNEL_ENV, "eager")  # the variable wins over the legacy one
+    monkeypatch.setenv(K.LEGACY_ENV, "1")
+    K.set_mode(None)
+    assert K.mode() == "eager"
+    monkeypatch.setenv(K.KERNEL_ENV, "fast")
+    monkeypatch.delenv(K.LEGACY_ENV)
+    K.set_mode(None)
     with pytest.warns(RuntimeWarning, match="not one of"):
-        assert N.mode() == "auto"
-    N.set_mode(None)
+        assert K.mode() == "auto"
+    K.set_mode(None)
 
 
 def test_using_restores_the_mode_and_the_checks():
-    N.set_mode("native")
-    N._STATUS["probe"] = True
-    with N.using("eager"):
-        assert N.mode() == "eager" and "probe" not in N._STATUS
-    assert N.mode() == "native" and N._STATUS.get("probe") is True
-    N.set_mode(None)
+    K.set_mode("native")
+    K._STATUS["probe"] = True
+    with K.using("eager"):
+        assert K.mode() == "eager" and "probe" not in K._STATUS
+    assert K.mode() == "native" and K._STATUS.get("probe") is True
+    K.set_mode(None)

@@ -15,28 +15,15 @@ compiler (written to a temporary name and renamed: never half-written). It is ca
 - not exact (strip, reposition): float32 tables, keys float32 or bfloat16, computed in float32
   and rounded once to the keys' dtype.
 
-The kernel choice (:func:`fast_rotate`, called by :mod:`kvbridge.rope_kernels`): :func:`set_mode`,
-else ``$KVBRIDGE_ROPE_KERNEL``:
-
-- ``auto`` (the default): native where it can run (a CPU tensor, float32/bfloat16, a C++ compiler
-  to build it once per machine), else the eager kernels, silently; a build that failed is not
-  retried by later processes;
-- ``native``: the same, but unavailability is a warning (once per process);
-- ``eager``: the torch kernels of :mod:`kvbridge.rope_kernels`.
-
-``compiled`` (a ``torch.compile`` kernel, removed: slower than this one on every row of
-BENCHMARKS.md, "RoPE fast path") and ``KVBRIDGE_ROPE_COMPILE=1`` are accepted with a deprecation
-warning and mean ``native``. The first result per (device, dtypes, exactness) is checked against
-the eager kernel (bit for bit when exact, else within two roundings of the output dtype); a failure
-or a mismatch turns the kernel off for that key (one warning; a mismatch warns in ``auto`` too)
-and the eager kernel answers. :func:`rotate` raises :class:`Unavailable` for inputs it does not
-handle (not CPU, float16/float64, a last dimension that is not contiguous, odd table layouts) and
-when no library can be built.
+The caller (:func:`kvbridge.rope_kernels.fast_rotate`, which also holds the kernel choice) checks
+the first result per key against the eager kernel (bit for bit when exact) and falls back to eager
+when anything is off; :func:`rotate` raises :class:`Unavailable` for inputs it does not handle (not
+CPU, float16/float64, a last dimension that is not contiguous, odd table layouts) and when no
+library can be built.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import os
@@ -45,10 +32,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -405,108 +391,6 @@ def rotate(
     return out
 
 
-# -- the choice: native where it runs and agrees with eager, else eager -----------------------------
-KERNEL_ENV = "KVBRIDGE_ROPE_KERNEL"
-LEGACY_ENV = "KVBRIDGE_ROPE_COMPILE"  # deprecated: 1 asked for the removed compiled kernel
-MODES = ("auto", "eager", "native")
-_MODE: dict = {"mode": None}  # None: read the environment on first use
-_STATUS: dict = {}  # key -> True (checked, in use) / False (disabled)
-_WARNED: set = set()  # messages already given in this process
-_REMOVED = "the compiled (torch.compile) RoPE kernel was removed (the native one is faster); using native"
-
-
-def _once(message: str, stacklevel: int = 3) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
-
-
-def set_mode(mode: str | None) -> None:
-    """``"auto"`` / ``"eager"`` / ``"native"`` for this process (``"compiled"``: deprecated, native);
-    ``None``: back to the environment (default ``auto``)."""
-    if mode == "compiled":
-        _once(f"kvbridge: RoPE kernel mode 'compiled' is deprecated: {_REMOVED}")
-        mode = "native"
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"RoPE kernel mode must be one of {', '.join(MODES)}, got {mode!r}")
-    _MODE["mode"] = mode
-    _STATUS.clear()
-
-
-@contextlib.contextmanager
-def using(mode: str):
-    """Run a block on the ``mode`` kernel, then restore the previous mode and what its first-use
-    checks had found (benchmarks and tests comparing kernels side by side)."""
-    saved_mode, saved_status = _MODE["mode"], dict(_STATUS)
-    set_mode(mode)
-    try:
-        yield
-    finally:
-        _MODE["mode"] = saved_mode
-        _STATUS.clear()
-        _STATUS.update(saved_status)
-
-
-def mode() -> str:
-    if _MODE["mode"] is None:
-        raw = os.environ.get(KERNEL_ENV, "").strip().lower()
-        legacy = os.environ.get(LEGACY_ENV, "").strip().lower() in ("1", "true", "yes", "on", "compiled")
-        if raw == "compiled" or (raw not in MODES and legacy):
-            _once(f"kvbridge: ${KERNEL_ENV}=compiled / ${LEGACY_ENV}=1 are deprecated: {_REMOVED}")
-            raw = "native"
-        elif raw and raw not in MODES:
-            _once(f"kvbridge: ${KERNEL_ENV}={raw!r} is not one of {', '.join(MODES)}; using the default (auto)")
-        _MODE["mode"] = raw if raw in MODES else "auto"
-    return _MODE["mode"]
-
-
-def fast_rotate(
-    x: "Tensor",
-    cos: "Tensor",
-    sin: "Tensor",
-    out_dtype: torch.dtype,
-    *,
-    exact: bool,
-    eager: Callable[[], "Tensor"],
-    rotary_dim: int | None = None,
-) -> "Tensor":
-    """The native rotation when the mode allows it, it takes these inputs and it is verified for
-    this key; else ``eager()``. ``rotary_dim`` (default: the whole head) rotates the first dims."""
-    chosen = mode()
-    rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
-    if chosen == "eager" or not supports(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim):
-        return eager()  # another device, dtype or layout: the eager kernels, no warning
-    quiet = chosen == "auto"  # the default: unavailability is silent (no compiler: eager, as before)
-    key = ("native", x.device.type, x.dtype, cos.dtype, out_dtype, exact)
-    status = _STATUS.get(key)
-    if status is False:
-        return eager()
-    try:
-        out = rotate(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim, retry_failed=not quiet, checked=True)
-    except Exception as exc:  # no compiler, a failed build...: eager from now on
-        _STATUS[key] = False
-        if not quiet:
-            detail = str(exc).splitlines()[0][:200] if str(exc) else ""
-            _once(f"kvbridge: native RoPE kernel unavailable ({type(exc).__name__}: {detail}); using the eager kernel")
-        return eager()
-    if status is None:
-        want = eager()
-        if exact:
-            ok = torch.equal(out, want)
-        else:  # one rounding of the output dtype apart at most
-            tol = 2 * torch.finfo(out_dtype).eps * max(1.0, float(want.abs().max()))
-            ok = out.shape == want.shape and float((out.float() - want.float()).abs().max()) <= tol
-        _STATUS[key] = bool(ok)
-        if not ok:
-            warnings.warn(
-                f"kvbridge: native RoPE kernel disagrees with the eager one on {key}; using the eager kernel",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return want
-    return out
-
-
 __all__ = [
     "Unavailable",
     "supports",
@@ -514,10 +398,4 @@ __all__ = [
     "library",
     "compiler",
     "library_path",
-    "KERNEL_ENV",
-    "MODES",
-    "set_mode",
-    "using",
-    "mode",
-    "fast_rotate",
 ]
