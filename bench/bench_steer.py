@@ -144,7 +144,7 @@ def run_smollm2(args) -> dict:
 
     from kvbridge.models import load
     from kvbridge.steer.evaluate import EvalSettings, evaluate, plot_sweep
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import build_vector
 
     torch.set_num_threads(args.threads)
@@ -172,7 +172,7 @@ def run_smollm2(args) -> dict:
             tok,
             vector,
             prompt=b["prompt"],
-            scorer=resolve_scorer(b["scorer"]),
+            scorer=get_host().get("scorer", b["scorer"]),
             instruction=b["instruction"],
             settings=settings,
             scorer_name=b["scorer"],
@@ -194,7 +194,7 @@ def run_zoo(args) -> dict:
 
     from kvbridge.fit import fit
     from kvbridge.steer.evaluate import EvalSettings, evaluate, plot_sweep
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import build_vector, transfer_vector
     from kvbridge.transfer import IdentityMapping
     from kvbridge.zoo.load import load_zoo_model
@@ -246,7 +246,7 @@ def run_zoo(args) -> dict:
             tok,
             native,
             prompt=args.prompt,
-            scorer=resolve_scorer("positive_sentiment"),
+            scorer=get_host().get("scorer", "positive_sentiment"),
             settings=settings,
             extra_vectors={"transferred": moved, "copied": copied},
             scorer_name="positive_sentiment",
@@ -282,7 +282,7 @@ def run_qwen(args) -> dict:
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.models import load
     from kvbridge.steer.evaluate import EvalSettings, evaluate
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import build_vector, transfer_vector
 
     if args.mapping is None:
@@ -330,7 +330,7 @@ def run_qwen(args) -> dict:
                 lm.tokenizer,
                 vector,
                 prompt=b["prompt"],
-                scorer=resolve_scorer(b["scorer"]),
+                scorer=get_host().get("scorer", b["scorer"]),
                 instruction=b["instruction"],
                 settings=settings,
                 extra_vectors=extra,

@@ -75,7 +75,6 @@ def check_generation_length(
 def identity_mapping(pair, host=None):
     """``mapping="identity"``: the ``identity`` fitter's exact mapping (through the host), for a pair that is
     one model (same weights)."""
-    from kvbridge.fit.pipeline import load_fitter
     from kvbridge.plugins import get_host
 
     if not pair.same_model:
@@ -84,7 +83,7 @@ def identity_mapping(pair, host=None):
             f"{pair.target.name} differ",
             "fit a mapping for this pair (kvbridge fit) and pass its folder",
         )
-    return load_fitter(host or get_host(), IDENTITY).fit(pair.source.spec, pair.target.spec)
+    return (host or get_host()).get("fitter", IDENTITY).fit(pair.source.spec, pair.target.spec)
 
 
 def load_pair_mapping(pair, settings: TransferSettings, host) -> tuple[Any, tuple[str, ...]]:
@@ -175,10 +174,8 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
 
 def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
     """TARGET continues in the engine from the transferred cache."""
-    from kvbridge.engines import get_engine
-
     name = settings.engine
-    engine = get_engine(name, host=host)
+    engine = host.get("engine", name)
     run = getattr(engine, "continue_from", None)
     if not callable(run):
         raise PluginError(
