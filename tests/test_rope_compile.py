@@ -7,6 +7,7 @@ import torch
 
 from kvbridge import rope as R
 from kvbridge import rope_compile as RC
+from kvbridge.plugins import get_host
 from kvbridge.spec import RopeSpec
 
 
@@ -54,7 +55,7 @@ def test_compile_failure_falls_back_to_eager(compiled_mode, monkeypatch):
 
     monkeypatch.setitem(RC._FN, "fn", broken)
     monkeypatch.setattr(RC, "_WARNED", set())
-    spec = RopeSpec.make(head_dim=32)
+    spec = get_host().resolved(RopeSpec.make(head_dim=32))
     x, pos = _keys(torch.float32)
     with pytest.warns(RuntimeWarning, match="unavailable"):
         got = R.apply(x, pos, spec)
@@ -64,7 +65,7 @@ def test_compile_failure_falls_back_to_eager(compiled_mode, monkeypatch):
 
 def test_mismatch_disables_compiled(compiled_mode, monkeypatch):
     monkeypatch.setitem(RC._FN, "fn", lambda x, c, s, dt: torch.zeros(x.shape, dtype=dt))
-    spec = RopeSpec.make(head_dim=32)
+    spec = get_host().resolved(RopeSpec.make(head_dim=32))
     x, pos = _keys(torch.float32)
     with pytest.warns(RuntimeWarning, match="disagrees"):
         got = R.apply(x, pos, spec)
@@ -77,8 +78,10 @@ def test_mismatch_disables_compiled(compiled_mode, monkeypatch):
 def test_compiled_kernel_matches_eager(compiled_mode, dtype, recwarn):
     """A real torch.compile: apply bit-identical to the eager (= the models') rotation, strip and
     reposition within a rounding; where compiling is impossible the fallback answers the same."""
-    spec = RopeSpec.make(
-        "yarn", head_dim=32, factor=4.0, original_max_position_embeddings=256, max_position_embeddings=1024
+    spec = get_host().resolved(
+        RopeSpec.make(
+            "yarn", head_dim=32, factor=4.0, original_max_position_embeddings=256, max_position_embeddings=1024
+        )
     )
     x, pos = _keys(dtype)
     got = R.apply(x, pos, spec)

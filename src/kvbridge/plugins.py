@@ -442,8 +442,20 @@ class Host:
         return adapter
 
     def describe(self, config: dict):
-        """ModelSpec of a config mapping through its family adapter."""
-        return self.adapter_for(config).describe(config)
+        """ModelSpec of a config mapping through its family adapter, its RoPE variants resolved."""
+        return self.resolved(self.adapter_for(config).describe(config))
+
+    def spec_of(self, model):
+        """ModelSpec of a live model (its adapter's ``spec_of``), its RoPE variants resolved."""
+        return self.resolved(self.adapter_of(model).spec_of(model))
+
+    def resolved(self, spec):
+        """``spec`` (a ModelSpec or a RopeSpec) with each RoPE table carrying its variant from this host (an
+        unknown type stays unresolved: the codec refuses it when used, naming the known types)."""
+        lookup = self.registry("rope_variant").items.get
+        if spec is None:
+            return None
+        return spec.with_rope_variants(lookup) if hasattr(spec, "with_rope_variants") else spec.with_variant(lookup)
 
     def entry(self, kind: str, name: str) -> Any:
         """The record registered as ``name`` for ``kind``, not loaded (its ``description``, ``factory``);

@@ -218,7 +218,7 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
     tok = load_tokenizer_of(resolved) if tokenizer else None
     model = load_weights(resolved, name, device)
     config = model.config.to_dict()
-    spec = host.adapter_for(config).spec_of(model)
+    spec = host.spec_of(model)  # described once, its RoPE variants resolved: the spec every stage carries
     fp = dict(resolved.fingerprint(), dtype=name, device=str(device))
     return LoadedModel(model=model, tokenizer=tok, config=config, ref=resolved, spec=spec, fingerprint=fp)
 
