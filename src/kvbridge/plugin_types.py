@@ -39,6 +39,17 @@ VERDICTS = ("same", "mappable", "blocking", "info", "warning")
 SCHEME_RE = __import__("re").compile(r"^[a-z][a-z0-9_.+-]*$")
 
 
+@runtime_checkable
+class FamilyAdapterProtocol(Protocol):
+    """What the host asks of a registered family adapter (the base class with the model side is
+    :class:`kvbridge.family_adapter.FamilyAdapter`, a layer above this one)."""
+
+    name: str
+    model_types: tuple
+
+    def describe(self, config: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """A reference scheme: ``resolver(rest)`` turns ``NAME:REST`` into a local path or a ModelRef."""
@@ -357,6 +368,7 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 
 __all__ = [
+    "FamilyAdapterProtocol",
     "Finding",
     "VERDICTS",
     "load_object",

@@ -241,7 +241,7 @@ def export(
     """
     import time
 
-    from kvbridge.artifacts import state_from_tensors
+    from kvbridge.kvstate_io import state_from_tensors
     from kvbridge.plugins import get_host
     from kvbridge.prefix.packs import read_pack
 

@@ -134,7 +134,7 @@ def build_manifest(
     reference: str | None = None,
 ) -> dict:
     from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
-    from kvbridge.artifacts import state_manifest
+    from kvbridge.kvstate_io import state_manifest
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
