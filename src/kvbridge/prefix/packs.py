@@ -461,15 +461,6 @@ def require_model_dir(path: str | Path) -> Path:
     return path
 
 
-def open_model_dir(path: str | Path, *, dtype: str | None = None):
-    """A causal LM from a local model folder, through :func:`kvbridge.models.load` (its dtype policy)."""
-    from kvbridge.models.loading import dtype_for, load_weights
-    from kvbridge.models.resolve import resolve
-
-    ref = resolve(str(require_model_dir(path)))
-    return load_weights(ref, dtype_for(ref, dtype))
-
-
 __all__ = [
     "Pack",
     "PackMismatchError",
@@ -490,7 +481,6 @@ __all__ = [
     "cache_format",
     "positional_config",
     "check_manifest_shape",
-    "open_model_dir",
     "require_model_dir",
     "guide_ids_of",
     "recompute_check",
