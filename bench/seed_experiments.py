@@ -47,11 +47,11 @@ def load(threads: int = 2, dtype: str = "float32"):
     import torch
     import transformers
 
-    from kvbridge.models import load
+    from kvbridge.models import load as load_model
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    loaded = load("smollm2", dtype=dtype)
+    loaded = load_model("smollm2", dtype=dtype)
     model, tok = loaded.model, loaded.tokenizer
     model.eval()
     return model, tok
