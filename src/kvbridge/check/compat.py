@@ -86,6 +86,7 @@ from kvbridge.check.report import (
     spec_dict,
 )
 from kvbridge.spec import ModelSpec
+from kvbridge.plugins import host_or_default
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,7 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
         axes.insert(7, _indexer_axis(source, target, axes[0].verdict == "same"))
     findings: tuple = ()
     if plugins:
-        if host is None:
-            from kvbridge.plugins import get_host
-
-            host = get_host()
+        host = host_or_default(host)
         findings = tuple(host.check_findings(source, target))
         axes = _merge(axes, findings)
     verdict, reasons = _overall(axes)

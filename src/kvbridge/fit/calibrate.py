@@ -263,9 +263,9 @@ class PairedCalibration:
     ):
         import torch
 
-        from kvbridge.plugins import get_host
+        from kvbridge.plugins import host_or_default
 
-        self.host = host or get_host()
+        self.host = host_or_default(host)
         self.source_model, self.target_model = source_model, target_model
         self.source_adapter = source_adapter or self.host.adapter_for(source_model.config.to_dict())
         self.target_adapter = target_adapter or self.host.adapter_for(target_model.config.to_dict())

@@ -7,6 +7,7 @@ them (configs and specs only)."""
 from __future__ import annotations
 
 from kvbridge.check.compat import Report, Side, check
+from kvbridge.plugins import host_or_default
 
 
 def check_models(source, target, *, host=None, source_tokenizer=None, target_tokenizer=None) -> Report:
@@ -17,10 +18,7 @@ def check_models(source, target, *, host=None, source_tokenizer=None, target_tok
     """
     from kvbridge.models import resolve
 
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
+    host = host_or_default(host)
     src, tgt = resolve(source, host=host), resolve(target, host=host)
     same = src.path == tgt.path and src.config == tgt.config
     s_tok = _tokenizer_override(source_tokenizer, "--source-tokenizer") if source_tokenizer is not None else None
