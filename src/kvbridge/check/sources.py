@@ -282,7 +282,7 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
             "compare the config with the model's published config.json",
         ) from None
     validate_spec(spec, config, where)
-    return spec
+    return host.resolved(spec)
 
 
 __all__ = [
