@@ -236,7 +236,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     source, target = build(scfg, device, dtype), build(tcfg, device, dtype)
     sad, tad = host.adapter_for(source.config.to_dict()), host.adapter_for(target.config.to_dict())
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    sspec, tspec = host.spec_of(source), host.spec_of(target)
     mapping = random_mapping(sspec, tspec, 4, device)
     results = {
         "device": str(device),

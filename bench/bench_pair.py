@@ -230,7 +230,8 @@ def main(argv=None) -> int:
     if args.tokens_only:
         return tokens_only(args, out)
     corpus = Path(args.corpus) if args.corpus else stdlib_corpus(out / "stdlib-corpus")
-    from kvbridge.evaluate.corpus import calibration_texts, eval_corpus
+    from kvbridge.evaluate.corpus import eval_corpus
+    from kvbridge.fit.calibrate import calibration_texts
 
     texts, sha, split = calibration_texts(corpus, args.corpus_heldout)
     from kvbridge.corpus import read_corpus

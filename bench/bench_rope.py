@@ -36,6 +36,7 @@ import time
 import torch
 
 from kvbridge import rope as R
+from kvbridge.plugins import get_host
 from kvbridge.spec import RopeSpec
 
 LAYERS, HEADS, TOKENS, HEAD_DIM = 28, 2, 2048, 128
@@ -118,8 +119,10 @@ def main() -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
 
-    spec = RopeSpec.make(
-        "default", 1_000_000.0, head_dim=HEAD_DIM, interleaved=args.interleaved, max_position_embeddings=32768
+    spec = get_host().resolved(
+        RopeSpec.make(
+            "default", 1_000_000.0, head_dim=HEAD_DIM, interleaved=args.interleaved, max_position_embeddings=32768
+        )
     )
     old = torch.arange(TOKENS, device=device)[None]
     new = old + 100
@@ -310,7 +313,7 @@ def compiled_candidates(device, repeats: int, bw: float) -> None:
     native kernel and x*2 of the same 28 layers; "bits" = equal to the eager (models') rotation."""
     from kvbridge import rope_native
 
-    spec = RopeSpec.make("default", 1_000_000.0, head_dim=HEAD_DIM, max_position_embeddings=32768)
+    spec = get_host().resolved(RopeSpec.make("default", 1_000_000.0, head_dim=HEAD_DIM, max_position_embeddings=32768))
     pos = torch.arange(TOKENS, device=device)[None]
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -388,8 +391,9 @@ FIRST_CALL = """
 import sys, time, torch
 torch.set_num_threads(1)
 from kvbridge import rope as R, rope_kernels
+from kvbridge.plugins import get_host
 from kvbridge.spec import RopeSpec
-spec = RopeSpec.make("default", 1e6, head_dim=128, max_position_embeddings=32768)
+spec = get_host().resolved(RopeSpec.make("default", 1e6, head_dim=128, max_position_embeddings=32768))
 pos = torch.arange(2048)[None]
 k = torch.randn(1, 2, 2048, 128).to(getattr(torch, sys.argv[2]))
 rope_kernels.set_mode(sys.argv[1])

@@ -145,7 +145,7 @@ def run_smollm2(args) -> dict:
     from kvbridge.models import load
     from kvbridge.steer.evaluate import evaluate, plot_sweep
     from kvbridge.steer.settings import SteerEvalSettings
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import build_vector
 
     torch.set_num_threads(args.threads)
@@ -176,7 +176,7 @@ def run_smollm2(args) -> dict:
             model,
             tok,
             vector,
-            scorer=resolve_scorer(b["scorer"]),
+            scorer=get_host().get("scorer", b["scorer"]),
             settings=settings,
             log=lambda m, n=name: log(f"[{n}] {m}"),
         )
@@ -197,7 +197,7 @@ def run_zoo(args) -> dict:
     from kvbridge.fit import fit
     from kvbridge.steer.evaluate import evaluate, plot_sweep
     from kvbridge.steer.settings import SteerEvalSettings
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import build_vector, transfer_vector
     from kvbridge.transfer import IdentityMapping
     from kvbridge.zoo.load import load_zoo_model
@@ -251,7 +251,7 @@ def run_zoo(args) -> dict:
             target,
             tok,
             native,
-            scorer=resolve_scorer("positive_sentiment"),
+            scorer=get_host().get("scorer", "positive_sentiment"),
             settings=settings,
             extra_vectors={"transferred": moved, "copied": copied},
             log=lambda m, n=target_name: log(f"[{n}] {m}"),
@@ -287,7 +287,7 @@ def run_qwen(args) -> dict:
     from kvbridge.models import load
     from kvbridge.steer.evaluate import evaluate
     from kvbridge.steer.settings import SteerEvalSettings
-    from kvbridge.steer.scorers import resolve_scorer
+    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import build_vector, transfer_vector
 
     if args.mapping is None:
@@ -340,7 +340,7 @@ def run_qwen(args) -> dict:
                 lm.model,
                 lm.tokenizer,
                 vector,
-                scorer=resolve_scorer(b["scorer"]),
+                scorer=get_host().get("scorer", b["scorer"]),
                 settings=settings,
                 extra_vectors=extra,
                 log=lambda m, n=f"{name} {label}": log(f"[{n}] {m}"),

@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     results: dict = {"argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
-    from kvbridge.evaluate.corpus import calibration_texts, eval_corpus
+    from kvbridge.evaluate.corpus import eval_corpus
+    from kvbridge.fit.calibrate import calibration_texts
     from kvbridge.models import load
 
     corpus = Path(args.corpus)

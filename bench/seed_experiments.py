@@ -47,11 +47,12 @@ def load(threads: int = 2, dtype: str = "float32"):
     import torch
     import transformers
 
-    from kvbridge.adapters import load_base
+    from kvbridge.models import load as load_model
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    model, tok = load_base("smollm2", dtype=getattr(torch, dtype))
+    loaded = load_model("smollm2", dtype=dtype)
+    model, tok = loaded.model, loaded.tokenizer
     model.eval()
     return model, tok
 

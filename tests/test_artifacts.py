@@ -65,7 +65,7 @@ def test_bad_manifest_is_one_line(tmp_path):
 
 
 def test_state_round_trips_through_an_artifact(tmp_path):
-    from kvbridge.artifacts import state_from_tensors, state_manifest, state_tensors
+    from kvbridge.kvstate_io import state_from_tensors, state_manifest, state_tensors
     from kvbridge.plugins import make_host
 
     adapter = make_host(entry_points=False).adapter_for({"model_type": "llama"})
@@ -79,7 +79,7 @@ def test_state_round_trips_through_an_artifact(tmp_path):
 
 def test_sparse_attention_indexer_keys_round_trip(tmp_path):
     """A DSA model's state keeps its indexer keys through an artifact (else it could not be injected)."""
-    from kvbridge.artifacts import state_from_tensors, state_manifest, state_tensors
+    from kvbridge.kvstate_io import state_from_tensors, state_manifest, state_tensors
     from kvbridge.conformance import tiny
     from kvbridge.plugins import make_host
 

@@ -49,11 +49,11 @@ def test_builtins_register_through_the_same_manager():
 
 def test_extra_plugin_registers_and_typed_getter_finds_it():
     host = plugins_mod.make_host(entry_points=False, extra=[("toyplugin", _Fitters())])
-    assert host.fitter("toy").description == "a toy"
+    assert host.entry("fitter", "toy").description == "a toy"
     rec = next(r for r in host.records if r.name == "toyplugin")
     assert rec.registers == {"fitter": ["toy"]}
     with pytest.raises(PluginError, match="did you mean toy"):
-        host.fitter("tyo")
+        host.entry("fitter", "tyo")
 
 
 def test_duplicate_names_are_an_error_naming_both_plugins():
@@ -103,7 +103,7 @@ def test_entry_point_that_fails_to_import_is_reported(monkeypatch):
     host = plugins_mod.make_host()
     broken = next(r for r in host.records if r.name == "broken")
     assert "failed to import no_such_module_xyz" in broken.error
-    assert host.fitter("toy")
+    assert host.entry("fitter", "toy")
 
 
 def test_env_allow_list_and_block_list(monkeypatch):
@@ -200,7 +200,7 @@ def test_register_metrics_and_rope_variant_hooks():
             register(Metric(name="toy_metric", description="d", factory="builtins:len", higher_is_better=True))
 
     host = plugins_mod.make_host(entry_points=False, extra=[("adds", Adds())])
-    assert host.metric("toy_metric").load() is len
+    assert host.entry("metric", "toy_metric").load() is len
     assert "default" in host.registry("rope_variant").names()
 
 
@@ -400,11 +400,9 @@ def test_a_fitter_missing_a_protocol_member_is_refused_at_registration():
         def kvbridge_register_fitters(self, register):
             register(Fitter(name="lazy", description="d", factory="builtins:dict"))
 
-    from kvbridge.fit.pipeline import load_fitter
-
     host = plugins_mod.make_host(entry_points=False, extra=[("lazyplugin", Lazy())])
     with pytest.raises(PluginError, match="fitter 'lazy' of plugin 'lazyplugin'.*missing member 'name'"):
-        load_fitter(host, "lazy")
+        host.get("fitter", "lazy")
 
 
 def test_model_sources_hook_goes_through_the_host(tmp_path):
@@ -440,3 +438,17 @@ def test_plugins_command_shows_a_plugin_whose_manifest_hook_raises(monkeypatch):
     assert result.exit_code == 0, result.output
     rows = {p["name"]: p for p in json.loads(result.output)["plugins"]}
     assert rows["brokenmanifests"]["error"] == "kvbridge_manifest_dirs failed: OSError: disk on fire"
+
+
+def test_one_lookup_for_every_kind_and_one_error_shape():
+    host = plugins_mod.make_host(entry_points=False)
+    assert host.get("fitter", "identity").name == "identity"  # an instance, loaded and checked
+    assert callable(host.get("scorer", "bullets")) and host.get("rope_variant", "default").name == "default"
+    for kind, name in (("fitter", "ridg"), ("metric", "nlll"), ("task", "recal"), ("engine", "llamacp")):
+        with pytest.raises(PluginError) as info:
+            host.get(kind, name)
+        text = str(info.value)
+        assert text.startswith(f"unknown {plugins_mod.KINDS[kind][0]} {name!r}; known: ") and "did you mean" in text
+        assert plugins_mod.KINDS[kind][1] in text  # the fix names the hook that registers one
+    with pytest.raises(PluginError, match="unknown plugin kind 'fiter'; known: family, rope_variant"):
+        host.get("fiter", "ridge")

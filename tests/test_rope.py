@@ -32,7 +32,16 @@ from kvbridge import rope as R  # noqa: E402
 from kvbridge import rope_kernels  # noqa: E402
 from kvbridge.errors import KVBridgeError  # noqa: E402
 from kvbridge.hookspecs import hookimpl  # noqa: E402
+from kvbridge.plugins import make_host  # noqa: E402
 from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec  # noqa: E402
+
+HOST = make_host(entry_points=False)
+
+
+def _spec(*args, **kwargs) -> RopeSpec:
+    """A RopeSpec as the host builds one: carrying its variant (an unknown type stays unresolved)."""
+    return RopeSpec.make(*args, **kwargs).with_variant(HOST.registry("rope_variant").items.get)
+
 
 TOL_TABLE = 1e-6
 TOL_KEYS = 1e-5
@@ -64,7 +73,7 @@ def spec_from_params(
     rope_type = p.pop("rope_type", "default")
     theta = p.pop("rope_theta")
     pf = p.pop("partial_rotary_factor", 1.0)
-    return RopeSpec.make(
+    return _spec(
         rope_type,
         theta,
         head_dim=head_dim,
@@ -174,7 +183,7 @@ def test_tables_attention_scaling_values():
 
 
 def test_tables_layouts_and_dtype():
-    spec = RopeSpec.make(head_dim=16)
+    spec = _spec(head_dim=16)
     pos = torch.arange(5)[None]
     cos, sin = R.tables(spec, pos)
     assert torch.equal(cos[..., :8], cos[..., 8:])  # half split: frequencies concatenated twice
@@ -193,7 +202,7 @@ def test_dynamic_table_changes_only_past_max_positions():
     assert torch.equal(R.inv_freq(spec, 16)[0], static)
     assert torch.equal(R.inv_freq(spec, 3)[0], static)
     assert not torch.equal(R.inv_freq(spec, 17)[0], static)
-    assert torch.equal(static, R.inv_freq(replace(spec, rope_type="default", scaling=()))[0])
+    assert torch.equal(static, R.inv_freq(replace(spec, rope_type="default", scaling=()), host=HOST)[0])
     long = llama_spec(llama_config("longrope"))  # original 16
     assert torch.equal(R.inv_freq(long, 16)[0], R.inv_freq(long)[0])
     assert not torch.equal(R.inv_freq(long, 17)[0], R.inv_freq(long)[0])
@@ -230,7 +239,7 @@ def random_spec(rope_type: str, head_dim: int, partial: float, interleaved: bool
             "original_max_position_embeddings": 1024,
         },
     }[rope_type]
-    return RopeSpec.make(
+    return _spec(
         rope_type,
         10000.0 if rope_type != "llama3" else 500000.0,
         head_dim=head_dim,
@@ -300,9 +309,7 @@ def test_apply_matches_reference_formula(each_kernel, spec, seed):
 
 
 def test_round_trip_bfloat16_and_float64(each_kernel):
-    spec = RopeSpec.make(
-        "yarn", head_dim=64, factor=4.0, original_max_position_embeddings=256, max_position_embeddings=1024
-    )
+    spec = _spec("yarn", head_dim=64, factor=4.0, original_max_position_embeddings=256, max_position_embeddings=1024)
     x = torch.randn(2, 2, 16, 64)
     pos = torch.randint(0, 5000, (2, 16))
     for dtype, tol in ((torch.bfloat16, 0.05), (torch.float16, 0.01), (torch.float64, 1e-12)):
@@ -319,7 +326,7 @@ def test_round_trip_bfloat16_and_float64(each_kernel):
 def test_half_precision_reposition_is_one_rounding(each_kernel, dtype):
     """Half-precision reposition is one rotation by the composite table, rounded once: within a
     rounding of the exact move, and no farther from it than strip + apply."""
-    spec = RopeSpec.make("default", 1e6, head_dim=64, max_position_embeddings=32768)
+    spec = _spec("default", 1e6, head_dim=64, max_position_embeddings=32768)
     g = torch.Generator().manual_seed(5)
     k = R.apply(torch.randn(2, 2, 24, 64, generator=g).to(dtype), torch.arange(24)[None], spec)
     old, new = torch.arange(24)[None], torch.arange(24)[None] + 3000
@@ -333,7 +340,7 @@ def test_half_precision_reposition_is_one_rounding(each_kernel, dtype):
 
 
 def test_table_cache_sees_in_place_changes():
-    spec = RopeSpec.make(head_dim=16)
+    spec = _spec(head_dim=16)
     x = torch.randn(1, 2, 4, 16)
     pos = torch.arange(4)[None].clone()
     a = R.apply(x, pos, spec)
@@ -346,7 +353,7 @@ def test_table_cache_sees_in_place_changes():
 
 
 def test_non_contiguous_keys_and_broadcast_positions(each_kernel):
-    spec = RopeSpec.make(head_dim=16, interleaved=True)
+    spec = _spec(head_dim=16, interleaved=True)
     x = torch.randn(2, 6, 3, 16).transpose(1, 2)  # [2, 3, 6, 16], not contiguous
     pos = torch.arange(6)[None]  # one row for the whole batch
     k = R.apply(x, pos, spec)
@@ -355,7 +362,7 @@ def test_non_contiguous_keys_and_broadcast_positions(each_kernel):
 
 
 def test_bad_shapes_are_clear_errors():
-    spec = RopeSpec.make(head_dim=16)
+    spec = _spec(head_dim=16)
     with pytest.raises(KVBridgeError, match="positions shape"):
         R.apply(torch.randn(1, 2, 4, 16), torch.arange(5)[None], spec)
     with pytest.raises(KVBridgeError, match="head_dim"):
@@ -366,10 +373,10 @@ def test_bad_shapes_are_clear_errors():
         R.apply(
             torch.randn(1, 2, 4, 16),
             torch.arange(4)[None],
-            RopeSpec.make("longrope", head_dim=16, short_factor=[1.0], long_factor=[1.0]),
+            _spec("longrope", head_dim=16, short_factor=[1.0], long_factor=[1.0]),
         )
     with pytest.raises(KVBridgeError, match="'factor'"):
-        R.apply(torch.randn(1, 2, 4, 16), torch.arange(4)[None], RopeSpec.make("linear", head_dim=16))
+        R.apply(torch.randn(1, 2, 4, 16), torch.arange(4)[None], _spec("linear", head_dim=16))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +492,7 @@ def _gptj_cfg():
 
 def _gptj_rope(cfg):
     hd = cfg.n_embd // cfg.n_head
-    return RopeSpec.make(
+    return _spec(
         "default",
         10000.0,
         head_dim=hd,
@@ -818,7 +825,7 @@ def test_reposition_matches_model_at_new_positions(each_kernel, name):
 def test_kvstate_round_trip_through_codec():
     from kvbridge.kvstate import KVState
 
-    spec_rope = RopeSpec.make(
+    spec_rope = _spec(
         "longrope",
         head_dim=16,
         max_position_embeddings=64,
@@ -857,9 +864,9 @@ def test_kvstate_round_trip_through_codec():
 # 5. errors and plugins
 # ---------------------------------------------------------------------------------------------
 def test_unknown_rope_type_is_a_one_line_error():
-    spec = RopeSpec.make("no-such-rope", head_dim=16)
+    spec = _spec("no-such-rope", head_dim=16)
     with pytest.raises(KVBridgeError) as info:
-        R.apply(torch.randn(1, 1, 2, 16), torch.arange(2)[None], spec)
+        R.apply(torch.randn(1, 1, 2, 16), torch.arange(2)[None], spec, host=HOST)
     msg = str(info.value)
     assert isinstance(info.value, R.UnknownRopeTypeError)
     assert "no-such-rope" in msg and "default" in msg and "longrope" in msg and "\n" not in msg
@@ -883,10 +890,10 @@ def test_plugin_variant_through_host():
 
     host = make_host(entry_points=False, extra=[("half-theta", _HalfThetaPlugin())])
     assert "half_theta" in host.registry("rope_variant").names()
-    spec = RopeSpec.make("half_theta", 20000.0, head_dim=16)
+    spec = _spec("half_theta", 20000.0, head_dim=16)
     x = torch.randn(1, 2, 5, 16)
     pos = torch.arange(5)[None]
-    want = R.apply(x, pos, RopeSpec.make("default", 10000.0, head_dim=16))
+    want = R.apply(x, pos, _spec("default", 10000.0, head_dim=16))
     assert torch.equal(R.apply(x, pos, spec, host=host), want)
     assert maxerr(R.strip(want, pos, spec, host=host), x) <= 1e-6
     with pytest.raises(R.UnknownRopeTypeError, match="half_theta"):  # not in the default host
@@ -898,13 +905,13 @@ def test_plugin_variant_through_host():
     )
 
     class _Host:
-        def rope_variant(self, name):
+        def get(self, kind, name):
             return two_arg
 
     assert torch.equal(R.apply(x, pos, spec, host=_Host()), want)
     # the built-ins resolve through the host too, to the same objects
     for name, variant in BUILTIN_VARIANTS.items():
-        assert host.rope_variant(name) is variant
+        assert host.get("rope_variant", name) is variant
 
 
 def test_builtin_plugin_registers_without_torch():
@@ -917,3 +924,21 @@ def test_builtin_plugin_registers_without_torch():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_the_spec_carries_its_variant_and_the_codec_looks_nothing_up():
+    cfg = llama_config("dynamic")
+    spec = HOST.describe(cfg.to_dict())
+    assert spec.rope.variant is HOST.get("rope_variant", "dynamic")  # resolved when the spec was built
+
+    class _NoLookups:
+        def get(self, kind, name):
+            raise AssertionError("the codec looked the variant up")
+
+    x, pos = torch.randn(1, 2, 5, spec.rope.head_dim), torch.arange(5)[None]
+    assert torch.equal(R.apply(x, pos, spec.rope, host=_NoLookups()), R.apply(x, pos, spec.rope, host=HOST))
+    assert spec == ModelSpec.from_dict(spec.to_dict())  # the variant is not part of equality or the manifest
+    moved = replace(spec.rope, rope_type="default", scaling=())
+    assert moved.variant is None and HOST.resolved(moved).variant is HOST.get("rope_variant", "default")
+    with pytest.raises(R.UnknownRopeTypeError, match="has no variant"):
+        R.apply(x, pos, RopeSpec.make(head_dim=spec.rope.head_dim))  # built without the host, no host given

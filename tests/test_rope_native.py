@@ -9,6 +9,7 @@ import torch
 from kvbridge import rope as R
 from kvbridge import rope_kernels as K
 from kvbridge import rope_native as N
+from kvbridge.plugins import get_host
 from kvbridge.spec import RopeSpec
 
 needs_compiler = pytest.mark.skipif(N.compiler() is None, reason="no C++ compiler on this machine")
@@ -45,13 +46,15 @@ def _used(dtype, exact):
 def test_native_matches_eager(native_mode, dtype, case, recwarn):
     partial = 0.5 if case == "partial" else 1.0
     dim = 18 if case == "odd-half" else 32  # rotary half 9: the element-wise loop, not the paired one
-    spec = RopeSpec.make(
-        "yarn",
-        head_dim=dim,
-        factor=4.0,
-        original_max_position_embeddings=256,
-        max_position_embeddings=1024,
-        partial_factor=partial,
+    spec = get_host().resolved(
+        RopeSpec.make(
+            "yarn",
+            head_dim=dim,
+            factor=4.0,
+            original_max_position_embeddings=256,
+            max_position_embeddings=1024,
+            partial_factor=partial,
+        )
     )
     x, pos = _keys(dtype, dim=dim)
     if case == "shared-positions":
@@ -76,7 +79,7 @@ def test_native_matches_eager(native_mode, dtype, case, recwarn):
 @needs_compiler
 def test_native_apply_is_the_reference_formula_bit_for_bit(native_mode):
     """x*cos + rotate_half(x)*sin with the tables in the keys' dtype, as transformers computes it."""
-    spec = RopeSpec.make("default", 1e6, head_dim=64, max_position_embeddings=32768)
+    spec = get_host().resolved(RopeSpec.make("default", 1e6, head_dim=64, max_position_embeddings=32768))
     for dtype in (torch.float32, torch.bfloat16):
         x, pos = _keys(dtype, dim=64, tokens=50, seed=4)
         x = x * 37.0  # large keys: every rounding step shows
@@ -89,7 +92,7 @@ def test_native_apply_is_the_reference_formula_bit_for_bit(native_mode):
 
 @needs_compiler
 def test_native_threads_split_rows_identically(native_mode):
-    spec = RopeSpec.make(head_dim=64)
+    spec = get_host().resolved(RopeSpec.make(head_dim=64))
     x, pos = _keys(torch.bfloat16, batch=1, heads=4, tokens=1200, dim=64)
     assert x.numel() >= N.PARALLEL_MIN_ELEMENTS
     before = torch.get_num_threads()
@@ -103,7 +106,7 @@ def test_native_threads_split_rows_identically(native_mode):
 
 
 def test_unsupported_inputs_take_the_eager_kernel_silently(native_mode, recwarn):
-    spec = RopeSpec.make(head_dim=32)
+    spec = get_host().resolved(RopeSpec.make(head_dim=32))
     for dtype in (torch.float16, torch.float64):
         x, pos = _keys(dtype)
         assert torch.equal(R.apply(x, pos, spec), _eager(lambda: R.apply(x, pos, spec)))
@@ -124,7 +127,7 @@ def test_no_compiler_falls_back_to_eager(native_mode, monkeypatch):
     monkeypatch.setattr(N, "_LIB", {})
     monkeypatch.setattr(K, "_WARNED", set())
     monkeypatch.setattr(N, "compiler", lambda: None)
-    spec = RopeSpec.make(head_dim=32)
+    spec = get_host().resolved(RopeSpec.make(head_dim=32))
     x, pos = _keys(torch.float32)
     with pytest.warns(RuntimeWarning, match="native RoPE kernel unavailable.*no C\\+\\+ compiler"):
         got = R.apply(x, pos, spec)
@@ -158,7 +161,7 @@ def test_auto_mode_is_silent_without_a_compiler(monkeypatch, recwarn):
     K.set_mode(None)
     try:
         assert K.mode() == "auto"
-        spec = RopeSpec.make(head_dim=32)
+        spec = get_host().resolved(RopeSpec.make(head_dim=32))
         x, pos = _keys(torch.bfloat16)
         got = R.apply(x, pos, spec)
         K.set_mode("eager")
@@ -184,7 +187,7 @@ def test_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
 
 def test_mismatch_disables_native(native_mode, monkeypatch):
     monkeypatch.setattr(N, "rotate", lambda x, *a, **k: torch.zeros_like(x))
-    spec = RopeSpec.make(head_dim=32)
+    spec = get_host().resolved(RopeSpec.make(head_dim=32))
     x, pos = _keys(torch.float32)
     with pytest.warns(RuntimeWarning, match="native RoPE kernel disagrees"):
         got = R.apply(x, pos, spec)
@@ -200,7 +203,7 @@ def test_no_cache_builds_privately_and_leaves_nothing(monkeypatch, tmp_path):
     N.library()
     assert N._LIB["path"].parent.parent == tmp_path
     assert list(tmp_path.iterdir()) == []  # loaded, then the private folder removed
-    spec = RopeSpec.make(head_dim=32)
+    spec = get_host().resolved(RopeSpec.make(head_dim=32))
     x, pos = _keys(torch.float32)
     K.set_mode("native")
     try:

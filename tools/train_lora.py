@@ -91,7 +91,7 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from kvbridge.adapters import load_base
+    from kvbridge.models import load
     from kvbridge.evaluate import windows as even_windows
 
     raw = corpus.read_bytes()
@@ -106,7 +106,8 @@ def train(recipe: LoraRecipe, corpus: Path, out: Path, log=print) -> dict:
     torch.manual_seed(recipe.seed)
     torch.use_deterministic_algorithms(True)
 
-    model, tok = load_base(recipe.base, dtype=torch.float32)
+    loaded = load(recipe.base, dtype=torch.float32)
+    model, tok = loaded.model, loaded.tokenizer
     train_ids = encode(tok, slice_text(text, *recipe.train_slice))
     held_ids = encode(tok, slice_text(text, *recipe.heldout_slice))
     held = even_windows(held_ids, recipe.heldout_windows, recipe.heldout_len + 1)

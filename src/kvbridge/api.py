@@ -56,10 +56,9 @@ def describe(model_or_config: Any, host=None) -> ModelSpec:
     GGUF header, never loaded), a transformers config or a mapping."""
     if _is_ref(model_or_config):
         return resolve_model(model_or_config, host=host).spec(_host(host))
-    adapter = adapter_for(model_or_config, host)
     if hasattr(model_or_config, "parameters"):
-        return adapter.spec_of(model_or_config)
-    return adapter.describe(_config_of(model_or_config))
+        return _host(host).spec_of(model_or_config)
+    return _host(host).describe(_config_of(model_or_config))
 
 
 def extract(model, input_ids, attention_mask=None, host=None):

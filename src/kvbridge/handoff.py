@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _adapter_for(model, host=None):
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
-    return (host or get_host()).adapter_of(model)
+    return host_or_default(host).adapter_of(model)
 
 
 def prepare_cache(model, state: "KVState", input_ids, *, host=None):

@@ -34,9 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import click
 
-    from kvbridge.family_adapter import FamilyAdapter
     from kvbridge.spec import ModelSpec
     from kvbridge.plugin_types import Engine, Finding, Fitter, Metric, RopeVariant, Scorer, SteeringMethod, Task
+    from kvbridge.plugin_types import FamilyAdapterProtocol as FamilyAdapter  # the class: kvbridge.family_adapter
 
 PROJECT = "kvbridge"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -188,12 +188,13 @@ class KVState:
         if not self.rope_applied or self.spec.positional != "rope":
             return _cast(replace(self, rope_applied=False), dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
+        spec, host = _resolved(self.spec, host)
         keys = tuple(
-            _per_layer(rope.strip, k, self.spec, i, self.positions, lengths=self.rope_lengths, host=host, **kw)
+            _per_layer(rope.strip, k, spec, i, self.positions, lengths=self.rope_lengths, host=host, **kw)
             for i, k in enumerate(self._rotated())
         )
         index = _indexer_rope(
-            rope.strip, self.indexer_keys, self.spec, self.positions, lengths=self.rope_lengths, host=host, **kw
+            rope.strip, self.indexer_keys, spec, self.positions, lengths=self.rope_lengths, host=host, **kw
         )
         return _cast(replace(self, **{self._rotated_slot(): keys}, rope_applied=False, indexer_keys=index), dtype)
 
@@ -225,6 +226,7 @@ class KVState:
         if spec.positional != "rope":
             return _cast(replace(self, positions=positions, spec=spec, rope_applied=True), dtype)
         kw = {} if dtype is None else {"dtype": dtype}
+        spec, host = _resolved(spec, host)
         keys = tuple(
             _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host, **kw)
             for i, k in enumerate(self._rotated())
@@ -262,11 +264,12 @@ class KVState:
             return replace(self, positions=new_positions)
         stateful = self.spec.rope is not None and self.spec.rope.is_stateful
         new_lengths = rope.forward_lengths(new_positions) if stateful else None
+        spec, host = _resolved(self.spec, host)
         keys = tuple(
             _per_layer(
                 rope.reposition,
                 k,
-                self.spec,
+                spec,
                 i,
                 self.positions,
                 new_positions,
@@ -279,7 +282,7 @@ class KVState:
         index = _indexer_rope(
             rope.reposition,
             self.indexer_keys,
-            self.spec,
+            spec,
             self.positions,
             new_positions,
             old_lengths=self.rope_lengths,
@@ -289,6 +292,19 @@ class KVState:
         return replace(
             self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths, indexer_keys=index
         )
+
+
+def _resolved(spec: ModelSpec, host) -> tuple:
+    """``(spec, host)``: a spec built through the host carries its RoPE variants and needs no host; one
+    built without (from a stored manifest, by hand) is resolved here once per call, by ``host`` or the
+    process-wide one, which the codec then names known types from for an unknown one."""
+    tables = [spec.rope, *(t for _, t in spec.rope_by_layer_type)]
+    if all(t is None or t.variant is not None for t in tables):
+        return spec, host
+    from kvbridge.plugins import host_or_default
+
+    host = host_or_default(host)
+    return host.resolved(spec), host
 
 
 def _per_layer(fn, k: "Tensor", spec: ModelSpec, layer: int, *positions, **kwargs) -> "Tensor":

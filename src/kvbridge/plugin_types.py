@@ -39,6 +39,17 @@ VERDICTS = ("same", "mappable", "blocking", "info", "warning")
 SCHEME_RE = __import__("re").compile(r"^[a-z][a-z0-9_.+-]*$")
 
 
+@runtime_checkable
+class FamilyAdapterProtocol(Protocol):
+    """What the host asks of a registered family adapter (the base class with the model side is
+    :class:`kvbridge.family_adapter.FamilyAdapter`, a layer above this one)."""
+
+    name: str
+    model_types: tuple
+
+    def describe(self, config: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """A reference scheme: ``resolver(rest)`` turns ``NAME:REST`` into a local path or a ModelRef."""
@@ -234,21 +245,40 @@ _KIND_WORDS = {
 
 #: members a steering-method class needs (:mod:`kvbridge.steer.methods`)
 METHOD_MEMBERS = ("name", "Options", "plan")
+#: members a fitter class needs (:class:`kvbridge.fit.protocol.FitterProtocol`)
+FITTER_MEMBERS = ("name", "Options", "fit")
+#: members a harness task class needs (:class:`kvbridge.harness.protocol.TaskProtocol`)
+TASK_MEMBERS = ("name", "Options", "items", "score", "chance")
+
+
+def _class_problem(cls: Any, members: tuple, call: str | None, options_type: bool = True) -> str | None:
+    """The first of ``members`` that ``cls`` misses, ``call`` not callable, or ``Options`` not a dataclass."""
+    import dataclasses
+
+    for member in members:
+        if not hasattr(cls, member):
+            return member
+    if call is not None and not callable(getattr(cls, call)):
+        return f"{call} (callable)"
+    opts = getattr(cls, "Options")
+    if not dataclasses.is_dataclass(opts) or (options_type and not isinstance(opts, type)):
+        return "Options (a dataclass)"
+    return None
 
 
 def method_problem(cls: Any) -> str | None:
     """The first member a steering-method class misses (None when it follows the protocol)."""
-    import dataclasses
+    return _class_problem(cls, METHOD_MEMBERS, "plan")
 
-    for member in METHOD_MEMBERS:
-        if not hasattr(cls, member):
-            return member
-    if not callable(getattr(cls, "plan")):
-        return "plan (callable)"
-    opts = getattr(cls, "Options")
-    if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
-        return "Options (a dataclass)"
-    return None
+
+def fitter_problem(cls: Any) -> str | None:
+    """The first missing protocol member of a fitter class (or instance), else None."""
+    return _class_problem(cls, FITTER_MEMBERS, "fit")
+
+
+def task_problem(cls: Any) -> str | None:
+    """The first missing member of a task class (or instance), else None."""
+    return _class_problem(cls, TASK_MEMBERS, None, options_type=False)
 
 
 def protocol_problem(kind: str, obj: Any) -> str | None:
@@ -257,8 +287,6 @@ def protocol_problem(kind: str, obj: Any) -> str | None:
     if missing:
         return missing[0]
     if kind == "fitter" and not isinstance(obj.factory, str):
-        from kvbridge.fit.protocol import fitter_problem
-
         return fitter_problem(obj.factory)
     if kind in ("metric", "scorer") and not isinstance(obj.factory, str) and not callable(obj.factory):
         return "__call__"
@@ -269,8 +297,6 @@ def protocol_problem(kind: str, obj: Any) -> str | None:
     if kind == "engine" and not isinstance(obj.factory, str):
         return next((m for m in ENGINE_MEMBERS if not hasattr(obj.factory, m)), None)
     if kind == "task" and not isinstance(obj.factory, str):
-        from kvbridge.harness.protocol import task_problem
-
         return task_problem(obj.factory)
     return None
 
@@ -323,15 +349,13 @@ def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
 def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
     """Check an object loaded from a lazy factory; a one-line PluginError naming the plugin otherwise."""
     if kind == "fitter":
-        from kvbridge.fit.protocol import fitter_problem
-
         missing = fitter_problem(obj)
     elif kind == "engine":
         missing = next((m for m in ENGINE_MEMBERS if not hasattr(obj, m)), None)
     elif kind == "task":
-        from kvbridge.harness.protocol import task_problem
-
         missing = task_problem(obj)
+    elif kind == "steering_method":
+        missing = method_problem(obj)
     else:
         missing = None if callable(obj) else "__call__"
     if missing:
@@ -344,6 +368,7 @@ def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
 
 
 __all__ = [
+    "FamilyAdapterProtocol",
     "Finding",
     "VERDICTS",
     "load_object",
@@ -365,6 +390,10 @@ __all__ = [
     "SteeringMethod",
     "Scorer",
     "METHOD_MEMBERS",
+    "FITTER_MEMBERS",
+    "TASK_MEMBERS",
     "method_problem",
+    "fitter_problem",
+    "task_problem",
     "Task",
 ]

@@ -63,6 +63,17 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.tasks",
     "kvbridge.builtin.commands",
 )
+#: plugin kind -> (what a user calls one, the hook that registers it); :meth:`Host.get` looks them up
+KINDS = {
+    "family": ("model type", "kvbridge_register_families"),
+    "rope_variant": ("RoPE variant", "kvbridge_register_rope_variants"),
+    "fitter": ("fitter", "kvbridge_register_fitters"),
+    "metric": ("metric", "kvbridge_register_metrics"),
+    "engine": ("engine", "kvbridge_register_engines"),
+    "steering_method": ("steering method", "kvbridge_register_steering_methods"),
+    "scorer": ("scorer", "kvbridge_register_scorers"),
+    "task": ("task", "kvbridge_register_tasks"),
+}
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
 IMPORT_TIMEOUT_ENV = "KVBRIDGE_PLUGIN_IMPORT_TIMEOUT"
@@ -319,27 +330,10 @@ class Host:
             return self._registries
         order = {r.name: i for i, r in enumerate(self.records)}
         rank = lambda name: order.get(name, len(order))  # noqa: E731
-        regs = {
-            "family": Registry("model type", lambda a: a.model_types, rank),
-            "rope_variant": Registry("RoPE variant", lambda v: [v.name], rank),
-            "fitter": Registry("fitter", lambda f: [f.name], rank),
-            "metric": Registry("metric", lambda m: [m.name], rank),
-            "engine": Registry("engine", lambda e: [e.name], rank),
-            "steering_method": Registry("steering method", lambda m: [m.name], rank),
-            "scorer": Registry("scorer", lambda m: [m.name], rank),
-            "task": Registry("task", lambda t: [t.name], rank),
-        }
+        regs = {kind: Registry(word, lambda o: [o.name], rank) for kind, (word, _hook) in KINDS.items()}
+        regs["family"] = Registry("model type", lambda a: a.model_types, rank)
         adapters = Registry("family adapter", lambda a: [a.name], rank)
-        hooks = {
-            "family": "kvbridge_register_families",
-            "rope_variant": "kvbridge_register_rope_variants",
-            "fitter": "kvbridge_register_fitters",
-            "metric": "kvbridge_register_metrics",
-            "engine": "kvbridge_register_engines",
-            "steering_method": "kvbridge_register_steering_methods",
-            "scorer": "kvbridge_register_scorers",
-            "task": "kvbridge_register_tasks",
-        }
+        hooks = {kind: hook for kind, (_word, hook) in KINDS.items()}
         from kvbridge import plugin_types
 
         for kind, hook_name in hooks.items():
@@ -448,25 +442,55 @@ class Host:
         return adapter
 
     def describe(self, config: dict):
-        """ModelSpec of a config mapping through its family adapter."""
-        return self.adapter_for(config).describe(config)
+        """ModelSpec of a config mapping through its family adapter, its RoPE variants resolved."""
+        return self.resolved(self.adapter_for(config).describe(config))
 
-    def rope_variant(self, name: str) -> Any:
-        return self.registry("rope_variant").get(name)
+    def spec_of(self, model):
+        """ModelSpec of a live model (its adapter's ``spec_of``), its RoPE variants resolved."""
+        return self.resolved(self.adapter_of(model).spec_of(model))
 
-    def fitter(self, name: str) -> Any:
-        return self.registry("fitter").get(name)
+    def resolved(self, spec):
+        """``spec`` (a ModelSpec or a RopeSpec) with each RoPE table carrying its variant from this host (an
+        unknown type stays unresolved: the codec refuses it when used, naming the known types)."""
+        lookup = self.registry("rope_variant").items.get
+        if spec is None:
+            return None
+        return spec.with_rope_variants(lookup) if hasattr(spec, "with_rope_variants") else spec.with_variant(lookup)
 
-    def metric(self, name: str) -> Any:
-        return self.registry("metric").get(name)
+    def entry(self, kind: str, name: str) -> Any:
+        """The record registered as ``name`` for ``kind``, not loaded (its ``description``, ``factory``);
+        :meth:`get`'s one-line error for an unknown name or kind."""
+        if kind not in KINDS:
+            raise PluginError(f"unknown plugin kind {kind!r}; known: {', '.join(KINDS)}", "ask for one of those kinds")
+        reg = self.registry(kind)
+        if name in reg.items:
+            return reg.items[name]
+        word, hook = KINDS[kind]
+        close = difflib.get_close_matches(str(name), reg.names(), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        error = PluginError
+        if kind == "rope_variant":
+            from kvbridge.plugin_types import UnknownRopeTypeError as error
+        raise error(
+            f"unknown {word} {name!r}; known: {', '.join(reg.names()) or 'none'}",
+            f"{hint}pick a known one, or install a plugin that registers it ({hook})",
+        )
 
-    def task(self, name: str) -> Any:
-        """The :class:`~kvbridge.plugin_types.Task` record registered as ``name``."""
-        return self.registry("task").get(name)
+    def get(self, kind: str, name: str) -> Any:
+        """The one lookup: what ``name`` is for ``kind`` (one of :data:`KINDS`), loaded and checked against
+        its protocol; fitters, steering methods and tasks come back as instances. An unknown name is one
+        line: ``unknown KIND 'NAME'; known: ... (fix: ...)``."""
+        record = self.entry(kind, name)
+        if kind in ("family", "rope_variant"):
+            return record
+        from kvbridge.plugin_types import load_registered
 
-    def engine(self, name: str) -> Any:
-        """The :class:`~kvbridge.plugin_types.Engine` record registered as ``name``."""
-        return self.registry("engine").get(name)
+        obj = load_registered(kind, name, record, self.owner(kind, name))
+        return obj() if kind in ("fitter", "steering_method", "task") and isinstance(obj, type) else obj
+
+    def names(self, kind: str) -> list[str]:
+        """The names registered for ``kind``, sorted."""
+        return self.registry(kind).names()
 
     def owner(self, kind: str, name: str) -> str:
         """The plugin that registered ``name`` as a ``kind`` ("" when unknown)."""
@@ -687,3 +711,8 @@ def get_host() -> Host:
     if _DEFAULT is None:
         _DEFAULT = make_host()
     return _DEFAULT
+
+
+def host_or_default(host: Host | None = None) -> Host:
+    """``host``, or the process-wide one when None (where a stage takes ``host=None``)."""
+    return get_host() if host is None else host

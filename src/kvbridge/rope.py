@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from kvbridge.rope_kernels import _Kernel
-from kvbridge.errors import PluginError
 from kvbridge.plugin_types import RopeError, RopeVariant, UnknownRopeTypeError
 from kvbridge.spec import RopeSpec
 
@@ -71,7 +70,6 @@ __all__ = [
     "forward_lengths",
     "inv_freq",
     "variant_for",
-    "available_types",
     "clear_caches",
 ]
 
@@ -79,30 +77,18 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # lookup
 # ---------------------------------------------------------------------------------------------
-def available_types(host=None) -> list[str]:
-    try:
-        from kvbridge.plugins import get_host
-
-        return sorted((host or get_host()).registry("rope_variant").names())
-    except Exception:  # noqa: BLE001 - the message must not fail on a broken host
-        return []
-
-
 def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
-    """The :class:`RopeVariant` of ``rope.rope_type`` through ``host`` (default: the process-wide
-    host, which registers the built-in variants like any plugin's)."""
-    name = rope.rope_type
-    try:
-        if host is None:
-            from kvbridge.plugins import get_host
-
-            host = get_host()
-        return host.rope_variant(name)
-    except PluginError:
-        pass
+    """The :class:`RopeVariant` the spec carries (resolved when the spec was built: ``Host.describe``,
+    ``Host.resolved``), else ``host.get("rope_variant", rope.rope_type)``; the codec looks nothing up."""
+    if rope.variant is not None:
+        return rope.variant
+    if host is not None:
+        return host.get("rope_variant", rope.rope_type)
     raise UnknownRopeTypeError(
-        f"unknown RoPE type {name!r}; available: {', '.join(available_types(host))}",
-        "install a plugin that registers it (kvbridge_register_rope_variants)",
+        f"RoPE type {rope.rope_type!r} has no variant: unknown to the host that built the spec, or a spec "
+        "built without one",
+        "build the spec through the plugin host (host.describe, host.resolved), or install a plugin that "
+        "registers the type (kvbridge_register_rope_variants)",
     )
 
 

@@ -207,7 +207,7 @@ def compiler() -> str | None:
 
 
 def _cache_dir() -> Path | None:
-    from kvbridge.models.paths import cache_file
+    from kvbridge.paths import cache_file
 
     return cache_file("native")
 

@@ -61,6 +61,13 @@ class RopeSpec:
     max_position_embeddings: int = 2048  # the model's max positions (dynamic/yarn/longrope use it)
     # extra parameters of the rope type (factor, low_freq_factor, short_factor, ...), frozen
     scaling: tuple = ()
+    # the RopeVariant of rope_type, resolved when the spec is built through the plugin host
+    # (``Host.describe`` / ``Host.resolved``); the codec reads it. Not part of equality or to_dict.
+    variant: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.variant is not None and getattr(self.variant, "name", self.rope_type) != self.rope_type:
+            object.__setattr__(self, "variant", None)  # replace(spec, rope_type=...): the old variant no longer applies
 
     @property
     def rotary_dim(self) -> int:
@@ -82,6 +89,10 @@ class RopeSpec:
     def is_stateful(self) -> bool:
         """True when the table depends on the length of the forward that made each key."""
         return self.rope_type in ("dynamic", "longrope")
+
+    def with_variant(self, lookup) -> "RopeSpec":
+        """This spec carrying ``lookup(rope_type)`` (None: unknown, left unresolved) unless it has one."""
+        return self if self.variant is not None else replace(self, variant=lookup(self.rope_type))
 
     def to_dict(self) -> dict:
         return {
@@ -279,6 +290,16 @@ class ModelSpec:
 
     def with_dtype(self, dtype: str) -> "ModelSpec":
         return replace(self, dtype=dtype)
+
+    def with_rope_variants(self, lookup) -> "ModelSpec":
+        """Every RoPE table of this spec carrying its variant, ``lookup(rope_type)`` (see :class:`RopeSpec`)."""
+        if self.rope is None and not self.rope_by_layer_type:
+            return self
+        return replace(
+            self,
+            rope=self.rope.with_variant(lookup) if self.rope is not None else None,
+            rope_by_layer_type=tuple((k, v.with_variant(lookup)) for k, v in self.rope_by_layer_type),
+        )
 
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -75,8 +75,7 @@ def check_generation_length(
 def identity_mapping(pair, host=None):
     """``mapping="identity"``: the ``identity`` fitter's exact mapping (through the host), for a pair that is
     one model (same weights)."""
-    from kvbridge.fit.pipeline import load_fitter
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
     if not pair.same_model:
         raise ConfigError(
@@ -84,7 +83,7 @@ def identity_mapping(pair, host=None):
             f"{pair.target.name} differ",
             "fit a mapping for this pair (kvbridge fit) and pass its folder",
         )
-    return load_fitter(host or get_host(), IDENTITY).fit(pair.source.spec, pair.target.spec)
+    return host_or_default(host).get("fitter", IDENTITY).fit(pair.source.spec, pair.target.spec)
 
 
 def load_pair_mapping(pair, settings: TransferSettings, host) -> tuple[Any, tuple[str, ...]]:
@@ -117,10 +116,10 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     import torch
 
     from kvbridge.handoff import generate
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
     from kvbridge.transfer import transfer
 
-    host = host or get_host()
+    host = host_or_default(host)
     smodel, tok, tmodel = pair.source.model, pair.source.tokenizer, pair.target.model
     mapping, notes = load_pair_mapping(pair, settings, host)
     ids = torch.tensor([tok(settings.prompt)["input_ids"]], dtype=torch.long)
@@ -175,10 +174,8 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
 
 def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
     """TARGET continues in the engine from the transferred cache."""
-    from kvbridge.engines import get_engine
-
     name = settings.engine
-    engine = get_engine(name, host=host)
+    engine = host.get("engine", name)
     run = getattr(engine, "continue_from", None)
     if not callable(run):
         raise PluginError(

@@ -54,7 +54,9 @@ def spec_of(configs: Path, name: str, host):
 
 
 def check(a, b, host, **kw):
-    return compat.check_models(a, b, host=host, **kw)
+    from kvbridge.models.compat import check_models
+
+    return check_models(a, b, host=host, **kw)
 
 
 # -- facts a careful reader takes from each real config ---------------------------------------------------------
@@ -409,7 +411,7 @@ def test_same_config_different_weights_is_mappable_not_identity(tmp_path):
     """A fine-tune (same config, other weight files) is not reported as an exact identity."""
     import json
 
-    from kvbridge.check.compat import check_models
+    from kvbridge.models.compat import check_models
 
     cfg = {
         "model_type": "llama",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbridge.engines import engine_names, get_engine
+from kvbridge.engines import get_engine
 from kvbridge.errors import PluginError
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Engine
@@ -41,7 +41,7 @@ class _Lazy:
 
 def test_a_third_party_engine_registers_beside_the_builtin_one():
     host = make_host(entry_points=False, extra=[("echoplugin", _Plugin())])
-    assert engine_names(host) == ["echo", "llamacpp"]
+    assert host.names("engine") == ["echo", "llamacpp"]
     assert get_engine("echo", host).export_state(None, None) == b"echo"
     rec = next(r for r in host.records if r.name == "echoplugin")
     assert rec.registers == {"engine": ["echo"]}

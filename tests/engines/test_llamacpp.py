@@ -51,11 +51,14 @@ def test_the_layout_permutation_maps_half_split_rotation_onto_interleaved(rotary
     """Keys rotated half-split by the RoPE codec, re-ordered by layout_index, are the same content
     (re-ordered) rotated in the interleaved layout: the two layouts differ by that permutation only."""
     from kvbridge import rope as rope_codec
+    from kvbridge.plugins import get_host
     from kvbridge.spec import RopeSpec
 
     head_dim = 8
-    half = RopeSpec.make(head_dim=head_dim, partial_factor=rotary_dim / head_dim)
-    inter = RopeSpec.make(head_dim=head_dim, partial_factor=rotary_dim / head_dim, interleaved=True)
+    half = get_host().resolved(RopeSpec.make(head_dim=head_dim, partial_factor=rotary_dim / head_dim))
+    inter = get_host().resolved(
+        RopeSpec.make(head_dim=head_dim, partial_factor=rotary_dim / head_dim, interleaved=True)
+    )
     content = torch.randn(1, 2, 7, head_dim, dtype=torch.float64)
     pos = torch.arange(3, 10)[None]
     idx = L.layout_index(head_dim, rotary_dim, src_interleaved=False, dst_interleaved=True)

@@ -160,9 +160,12 @@ def test_what_training_sees_is_what_a_transfer_gives(planted, fit_host, trained)
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rotate_matches_the_rope_codec(interleaved):
     from kvbridge import rope
+    from kvbridge.plugins import get_host
     from kvbridge.spec import RopeSpec
 
-    spec = RopeSpec(head_dim=16, partial_factor=0.5 if not interleaved else 1.0, interleaved=interleaved)
+    spec = get_host().resolved(
+        RopeSpec(head_dim=16, partial_factor=0.5 if not interleaved else 1.0, interleaved=interleaved)
+    )
     k = torch.randn(2, 3, 7, 16, generator=torch.Generator().manual_seed(0))
     pos = torch.arange(7)[None].expand(2, 7)
     cos, sin = rope.tables(spec, pos)

@@ -41,7 +41,7 @@ def test_one_middle_byte_changes_the_digest_of_a_large_folder(tmp_path, monkeypa
 def test_check_never_calls_a_middle_edit_identity(tmp_path, monkeypatch):
     import shutil
 
-    from kvbridge.check.compat import check_models
+    from kvbridge.models.compat import check_models
     from kvbridge.zoo import model_dir
 
     monkeypatch.setenv("KVBRIDGE_HOME", str(tmp_path / "home"))

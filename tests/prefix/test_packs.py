@@ -32,12 +32,12 @@ def make_model(tiny_llama):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, tiny_llama, make_model):
-    from kvbridge.prefix.packs import open_model_dir
+    from kvbridge.models import load
 
     root = tmp_path_factory.mktemp("packs")
     tok = tiny_llama.tok
     folder = tiny_llama.save(root / "model", make_model(tok), tok)
-    model = open_model_dir(folder)
+    model = load(str(folder), tokenizer=False).model
     tok = load_tokenizer(folder)
     pack = save_pack(model, root / "pack", guide_text=tiny_llama.guide, tokenizer=tok, model_dir=folder)
     return {"root": root, "folder": folder, "model": model, "tok": tok, "pack": pack}

@@ -8,8 +8,7 @@ import pytest
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Scorer, SteeringMethod
 from kvbridge.plugins import make_host
-from kvbridge.steer.methods import ScaleMethod, resolve_method
-from kvbridge.steer.scorers import resolve_scorer
+from kvbridge.steer.methods import ScaleMethod
 
 
 def shouts(text):
@@ -38,8 +37,8 @@ def test_plugin_methods_and_scorers_are_registered_and_resolved():
     assert host.owner("steering_method", "v-damp") == "steer-plugin"
     assert host.owner("scorer", "shouting") == "steer-plugin"
     assert host.owner("steering_method", "kv-vector") == "kvbridge.builtin.steering"
-    assert isinstance(resolve_method("v-damp", host), Damp)
-    assert resolve_scorer("shouting", host)("THIS IS VERY LOUD")
+    assert isinstance(host.get("steering_method", "v-damp"), Damp)
+    assert host.get("scorer", "shouting")("THIS IS VERY LOUD")
     record = host.record("steer-plugin")
     assert record.error is None and record.registers == {"steering_method": ["v-damp"], "scorer": ["shouting"]}
 
@@ -82,4 +81,4 @@ def test_protocol_violations_and_duplicates_are_refused():
     with pytest.raises(PluginError, match="duplicate scorer 'bullets'"):
         make_host(entry_points=False, extra=[("dup", Dup())]).registry("scorer")
     with pytest.raises(PluginError, match="unknown steering method"):
-        resolve_method("kv-vectr", make_host(entry_points=False))
+        make_host(entry_points=False).get("steering_method", "kv-vectr")

@@ -128,7 +128,7 @@ def main() -> int:
 
     # packs and the store (phase 2 input), built with kvbridge before vLLM starts
     from kvbridge_vllm import engine, store as st
-    from kvbridge.artifacts import state_from_tensors
+    from kvbridge.kvstate_io import state_from_tensors
     from kvbridge.prefix.packs import read_pack
 
     store_dir, save_dir = work / "store", work / "saved"

@@ -161,38 +161,12 @@ def load_with_adapter(base_model, adapter_dir: str | Path = SHIPPED, *, copy_mod
     return model
 
 
-def load_base(ref: str = "smollm2", dtype=None):
-    """``(model, tokenizer)`` for a model reference: ``kvbridge.models.load`` when present, else a GGUF stand-in."""
-    try:
-        from kvbridge.models import load  # the loading layer (loader helper)
-    except ImportError:
-        load = None
-    if load is not None:
-        loaded = load(ref, dtype=dtype)
-        return loaded.model, loaded.tokenizer
-    return _load_smollm2_gguf(dtype)
-
-
-def _load_smollm2_gguf(dtype=None):
-    import os
-
-    import torch
-
-    from kvbridge.models.hf_loader import model_from_pretrained, tokenizer_from_pretrained
-
-    d = Path(os.environ.get("KVBRIDGE_SMOLLM2_DIR", "~/.cache/kvbridge/models/smollm2-135m-instruct")).expanduser()
-    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not (d / name).is_file():
-        raise AdapterError(f"{d / name}: SmolLM2 GGUF not found", "run `make test` once to fetch it")
-    tok = tokenizer_from_pretrained(d, gguf_file=name)
-    model = model_from_pretrained(d, gguf_file=name, dtype=dtype or torch.float32)
-    model.eval()
-    return model, tok
-
-
 def load_adapter_pair(adapter_dir: str | Path = SHIPPED, base: str = "smollm2", dtype=None) -> AdapterPair:
     """The base model and base+adapter (merged), sharing one tokenizer."""
-    model, tok = load_base(base, dtype=dtype)
+    from kvbridge.models import load
+
+    loaded = load(base, dtype=dtype)
+    model, tok = loaded.model, loaded.tokenizer
     model.eval()
     tuned = load_with_adapter(model, adapter_dir)
     tuned.eval()
@@ -207,6 +181,5 @@ __all__ = [
     "AdapterPair",
     "read_adapter",
     "load_with_adapter",
-    "load_base",
     "load_adapter_pair",
 ]

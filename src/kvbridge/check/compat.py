@@ -36,7 +36,7 @@ The overall verdict:
   or RoPE vs position-free): strip the source RoPE and apply the target's; values as they are;
 - ``identity``: same architecture, geometry and positions: the cache is reused as it is.
 
-:func:`check_models` (two model references) adds kvbridge's own measured verdicts on that very
+:func:`kvbridge.models.compat.check_models` (two model references) adds kvbridge's own measured verdicts on that very
 pair (:mod:`kvbridge.check.measured`, ``manifests/results/``) as ``Report.measured``.
 
 ``mappable`` notes on ``attention``, ``dtype``, ``cache_format`` and ``tokenizer`` are listed in the
@@ -86,6 +86,7 @@ from kvbridge.check.report import (
     spec_dict,
 )
 from kvbridge.spec import ModelSpec
+from kvbridge.plugins import host_or_default
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,7 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
         axes.insert(7, _indexer_axis(source, target, axes[0].verdict == "same"))
     findings: tuple = ()
     if plugins:
-        if host is None:
-            from kvbridge.plugins import get_host
-
-            host = get_host()
+        host = host_or_default(host)
         findings = tuple(host.check_findings(source, target))
         axes = _merge(axes, findings)
     verdict, reasons = _overall(axes)
@@ -174,77 +172,11 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
     )
 
 
-def check_models(source, target, *, host=None, source_tokenizer=None, target_tokenizer=None) -> Report:
-    """Check two model references (anything :func:`kvbridge.models.resolve` takes, or ModelRefs).
-
-    ``source_tokenizer`` / ``target_tokenizer`` override the tokenizer: a folder or a list of
-    tokenizer files, or a :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint`.
-    """
-    from kvbridge.models import resolve
-
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    src, tgt = resolve(source, host=host), resolve(target, host=host)
-    same = src.path == tgt.path and src.config == tgt.config
-    s_tok = _tokenizer_override(source_tokenizer, "--source-tokenizer") if source_tokenizer is not None else None
-    t_tok = _tokenizer_override(target_tokenizer, "--target-tokenizer") if target_tokenizer is not None else None
-    report = check(
-        Side.of(src, host=host, tokenizer=s_tok, weights=not same),
-        Side.of(tgt, host=host, tokenizer=t_tok, weights=not same),
-        host=host,
-        same_model=same,
-    )
-    from dataclasses import replace
-
-    from kvbridge.check.measured import measured_for, names_of
-
-    return replace(report, measured=tuple(measured_for(names_of(src), names_of(tgt))))
-
-
-def _tokenizer_override(value, option: str):
-    from pathlib import Path
-
-    from kvbridge.errors import ConfigError
-    from kvbridge.check.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
-
-    if isinstance(value, TokenizerFingerprint):
-        return value
-    if isinstance(value, (list, tuple)):
-        return fingerprint_files([Path(v) for v in value])
-    path = Path(value).expanduser()
-    if path.is_dir():
-        files = find_tokenizer_files(path)
-        if not files:
-            raise ConfigError(
-                f"{path}: no tokenizer files (tokenizer.json, vocab.json or tokenizer.model)",
-                f"pass {option} a folder or file of the model's tokenizer",
-            )
-        return fingerprint_files(files)
-    if path.is_file():
-        siblings = [
-            p
-            for p in find_tokenizer_files(path.parent)
-            if p.name not in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
-        ]
-        return fingerprint_files(
-            [path, *siblings]
-            + (
-                [path.parent / "merges.txt"]
-                if path.name == "vocab.json" and (path.parent / "merges.txt").is_file()
-                else []
-            )
-        )
-    raise ConfigError(f"{path}: no such file or directory", f"pass {option} a tokenizer folder or file")
-
-
 __all__ = [
     "Axis",
     "Report",
     "Side",
     "check",
-    "check_models",
     "spec_dict",
     "cache_format_of",
     "AXES",

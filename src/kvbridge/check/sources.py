@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
+from kvbridge.plugins import host_or_default
 
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
@@ -116,10 +117,7 @@ def manifest_dirs(host=None) -> list[Path]:
     """Where manifest records are read from, in priority order (first match wins):
     ``$KVBRIDGE_MANIFEST_PATH``, then what ``kvbridge_manifest_dirs`` returns: kvbridge's own
     records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
+    host = host_or_default(host)
     dirs = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
     dirs.extend(_plugin_manifest_dirs(host))
     return dirs
@@ -250,10 +248,7 @@ def check_size_fields(config: Mapping, where: str, _depth: int = 0) -> None:
 
 def describe_config(config: Mapping, *, where: str = "config", host=None):
     """ModelSpec of a config mapping through the plugin host; every error names ``where``."""
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
+    host = host_or_default(host)
     if not isinstance(config.get("model_type"), str) or not config.get("model_type"):
         raise ConfigError(
             f"{where}: field 'model_type' is missing", "pass a Hugging Face config.json (every one has model_type)"
@@ -287,7 +282,7 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
             "compare the config with the model's published config.json",
         ) from None
     validate_spec(spec, config, where)
-    return spec
+    return host.resolved(spec)
 
 
 __all__ = [

@@ -308,7 +308,7 @@ def find_tokenizer_files(folder: Path) -> tuple[Path, ...]:
 
 
 def _cache_path() -> Path | None:
-    from kvbridge.models.paths import cache_file
+    from kvbridge.paths import cache_file
 
     return cache_file("tokenizer-fingerprints.json")
 
@@ -325,13 +325,13 @@ def _raw_key(paths: list[Path]) -> str:
 
 
 def _cache_load(path: Path | None) -> dict:
-    from kvbridge.models.paths import cache_read
+    from kvbridge.paths import cache_read
 
     return cache_read(path)
 
 
 def _cache_store(path: Path | None, key: str, fp: "TokenizerFingerprint") -> None:
-    from kvbridge.models.paths import cache_write
+    from kvbridge.paths import cache_write
 
     cache_write(path, key, fp.to_dict(), limit=256)
 

@@ -245,9 +245,9 @@ def known_rope_types(host=None) -> set[str] | None:
     """The RoPE types the plugin host knows (built-ins included: they register like any plugin's),
     or None when the host cannot answer (the type is then left to the codec to refuse)."""
     try:
-        from kvbridge.plugins import get_host
+        from kvbridge.plugins import host_or_default
 
-        return set((host or get_host()).registry("rope_variant").names())
+        return set(host_or_default(host).registry("rope_variant").names())
     except Exception:  # noqa: BLE001 - a broken plugin host must not turn into a wrong refusal here
         return None
 

@@ -115,7 +115,7 @@ def check(
     Exit status: 0 when a transfer is possible, 1 when incompatible (or --strict fails),
     2 on bad input (unreadable config, unknown model, no KV cache).
     """
-    from kvbridge.check.compat import check_models
+    from kvbridge.models.compat import check_models
     from kvbridge.plugins import get_host
     from kvbridge.models.resolve import resolve
 

@@ -102,7 +102,7 @@ def export_cmd(
     if from_engine:
         state = get_engine(from_engine).import_state(src, from_model or model)
     else:
-        from kvbridge.artifacts import state_from_tensors
+        from kvbridge.kvstate_io import state_from_tensors
         from kvbridge.prefix.packs import read_pack
 
         manifest, tensors = read_pack(src)

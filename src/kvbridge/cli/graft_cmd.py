@@ -52,7 +52,7 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
     import torch
 
     from kvbridge.errors import KVBridgeError
-    from kvbridge.cli.options import load_model
+    from kvbridge.models import load as load_model
     from kvbridge.recompute.graft import _adapter, graft as do_graft, prepare_chunk
     from kvbridge.recompute.tokens import blend, parse_ratio
 
@@ -180,7 +180,7 @@ def eval_cmd(
     from kvbridge.evaluate import heldout_text, windows
     from kvbridge.fit.calibrate import load_corpus
     from kvbridge.recompute import report
-    from kvbridge.cli.options import load_model
+    from kvbridge.models import load as load_model
     from kvbridge.recompute.eval_run import split_list
     from kvbridge.recompute.graft import run_graft
     from kvbridge.recompute.tokens import parse_ratio

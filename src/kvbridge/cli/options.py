@@ -1,9 +1,9 @@
 """Shared CLI options, model loading and formatters (one home for what several commands use).
 
 Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`; the text every
-command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading: :func:`load_model`
-(:func:`kvbridge.models.load` with the command line's dtype/device) and
-:func:`shared_tokenizer` (a pair's tokenizer check). Formatters: :func:`fmt_rope`,
+command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading is :func:`kvbridge.models.load`
+and :func:`kvbridge.models.pair.load_pair` (:func:`load_pair` adds the stderr warning of a partial
+tokenizer match; :func:`shared_tokenizer` is a pair's tokenizer check). Formatters: :func:`fmt_rope`,
 :func:`fmt_value`, :func:`fmt_text` (strings from files, control characters escaped),
 :func:`kv_bytes_per_token`. Importing this module imports click only.
 """
@@ -51,13 +51,6 @@ def json_option(func=None, *, help: str = "Machine-readable output."):  # noqa: 
 
 
 # -- loading -------------------------------------------------------------------------------------------
-def load_model(ref, *, dtype: str | None = None, device: str = "cpu", tokenizer: bool = True, host=None):
-    """:func:`kvbridge.models.load` for a command (quiet transformers, one-line errors)."""
-    from kvbridge.models import load
-
-    return load(ref, dtype=dtype, device=device, tokenizer=tokenizer, host=host)
-
-
 def shared_tokenizer(src, tgt) -> dict:
     """The tokenizer fingerprint two resolved models share (:func:`kvbridge.models.pair.shared_tokenizer`);
     a partial match (added tokens, BOS handling) is a warning on stderr."""
@@ -107,7 +100,9 @@ def tokenizer_identity(loaded, tokenizer_path: str | None, tokenizer) -> dict:
 
 def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None, device: str = "cpu"):
     """``(LoadedModel, tokenizer)``: the model loaded; the tokenizer from ``--tokenizer`` or its own."""
-    loaded = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer is None)
+    from kvbridge.models import load
+
+    loaded = load(model, dtype=dtype, device=device, tokenizer=tokenizer is None)
     return loaded, (open_tokenizer(tokenizer) if tokenizer else loaded.tokenizer)
 
 
@@ -213,7 +208,6 @@ __all__ = [
     "dtype_option",
     "device_option",
     "json_option",
-    "load_model",
     "shared_tokenizer",
     "load_pair",
     "open_tokenizer",

@@ -241,11 +241,11 @@ def export(
     """
     import time
 
-    from kvbridge.artifacts import state_from_tensors
-    from kvbridge.engines import get_engine
+    from kvbridge.kvstate_io import state_from_tensors
+    from kvbridge.plugins import get_host
     from kvbridge.prefix.packs import read_pack
 
-    engine = get_engine(engine_name)
+    engine = get_host().get("engine", engine_name)
     t0 = time.perf_counter()
     manifest, tensors = read_pack(folder)
     state = state_from_tensors(tensors, manifest["state"])

@@ -144,7 +144,7 @@ def pair_section(
 
 
 def _check_lines(source: str, target: str) -> None:
-    from kvbridge.check.compat import check_models
+    from kvbridge.models.compat import check_models
 
     report = check_models(source, target)
     click.echo(

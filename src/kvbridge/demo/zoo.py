@@ -166,7 +166,7 @@ def zoo_section(
 
     from transformers.utils import logging as hf_logging
 
-    from kvbridge.check.compat import check_models
+    from kvbridge.models.compat import check_models
     from kvbridge.evaluate import evaluate
     from kvbridge.evaluate.report import terminal_table, to_json, write_report
     from kvbridge.fit import fit

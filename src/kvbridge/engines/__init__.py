@@ -3,8 +3,8 @@
 An engine is a plugin kind (hook ``kvbridge_register_engines``, record
 :class:`kvbridge.plugin_types.Engine`, protocol :class:`kvbridge.plugin_types.EngineProtocol`);
 the built-in ``llamacpp`` engine (:mod:`kvbridge.engines.llamacpp`) registers through the same
-hook as any third party's (:mod:`kvbridge.builtin.engines`). :func:`get_engine` loads one by
-name through the plugin host.
+hook as any third party's (:mod:`kvbridge.builtin.engines`). ``host.get("engine", name)`` loads one
+by name (:meth:`kvbridge.plugins.Host.get`).
 """
 
 from __future__ import annotations
@@ -13,24 +13,10 @@ from typing import Any
 
 
 def get_engine(name: str, host=None) -> Any:
-    """The engine object registered as ``name`` (its factory loaded and checked); a one-line
-    :class:`~kvbridge.errors.PluginError` for an unknown name or a broken plugin."""
-    if host is None:
-        from kvbridge.plugins import get_host
+    """Deprecated: ``host.get("engine", name)`` (:meth:`kvbridge.plugins.Host.get`)."""
+    from kvbridge.plugins import host_or_default
 
-        host = get_host()
-    from kvbridge.plugin_types import loaded
-
-    record = host.engine(name)
-    return loaded("engine", name, record.load(), host.owner("engine", name))
+    return host_or_default(host).get("engine", name)
 
 
-def engine_names(host=None) -> list[str]:
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    return host.registry("engine").names()
-
-
-__all__ = ["get_engine", "engine_names"]
+__all__ = ["get_engine"]

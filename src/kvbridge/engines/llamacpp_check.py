@@ -219,7 +219,7 @@ def pack_check(
     """Restore the pack in ``pack_folder`` into ``session`` (no prefill of the guide) and continue
     ``live_ids``, against llama.cpp's prefill of ``guide_ids + live_ids``. ``noise``: the logit
     bound of :func:`agreement` (the model's own transformers-vs-llama.cpp noise)."""
-    from kvbridge.artifacts import state_from_tensors
+    from kvbridge.kvstate_io import state_from_tensors
     from kvbridge.prefix.packs import read_pack
 
     target = L.engine_model(session.path, host=host)

@@ -52,7 +52,7 @@ import torch
 
 from kvbridge.divergence import first_divergence_steps
 from kvbridge.errors import KVBridgeError
-from kvbridge.evaluate.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
+from kvbridge.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")

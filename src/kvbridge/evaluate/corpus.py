@@ -1,4 +1,4 @@
-"""How ``fit`` and ``eval`` read ``--corpus``: a file as before, a folder split by file.
+"""How ``eval`` reads ``--corpus`` (``fit``'s side: :func:`kvbridge.fit.calibrate.calibration_texts`): a file as before, a folder split by file.
 
 A folder corpus is split by :class:`kvbridge.corpus.Split` (a hash of each file's relative
 path): ``fit`` reads the calibration part and records the split in the mapping; ``eval`` reads
@@ -23,26 +23,6 @@ class EvalCorpus:
     note: str | None = None  # an --allow-overlap warning
 
 
-def calibration_texts(path, heldout: float):
-    """``(texts, sha256, split)`` that ``fit`` calibrates on: a folder's calibration files (``split`` a
-    :class:`~kvbridge.corpus.Split`), or a file's text before its held-out tail (a :class:`~kvbridge.corpus.Tail`)."""
-    from kvbridge.corpus import Split, Tail
-    from kvbridge.fit.calibrate import CalibrationError, read_calibration_corpus
-
-    corpus = read_calibration_corpus(path)
-    if corpus.kind == "file":
-        tail = Tail(heldout=heldout)
-        front = tail.front(list(corpus.texts))
-        if not front:
-            raise CalibrationError(
-                f"{path}: nothing is left to calibrate on before the held-out last {heldout:g} of the file",
-                "use a bigger corpus or a smaller --corpus-heldout",
-            )
-        return front, corpus.sha256, tail
-    split = Split(heldout=heldout)
-    return _part(corpus, split, "calibration"), corpus.sha256, split
-
-
 def _recorded_tail(manifest: dict | None, sha256: str) -> float | None:
     """The held-out share a mapping fitted on this file recorded (``calibration.corpus.heldout_tail``)."""
     cal = (manifest or {}).get("calibration") or {}
@@ -57,16 +37,6 @@ def _recorded_tail(manifest: dict | None, sha256: str) -> float | None:
     return share if 0 < share < 1 else None
 
 
-def _part(corpus, split, which):
-    from kvbridge.corpus import CorpusError
-    from kvbridge.fit.calibrate import CalibrationError
-
-    try:
-        return corpus.part_texts(split, which)
-    except CorpusError as exc:
-        raise CalibrationError(exc.what, exc.fix) from None
-
-
 def eval_corpus(
     path, manifest: dict | None, fraction: float, *, explicit: bool, allow: bool, tokenizer=None
 ) -> EvalCorpus:
@@ -74,9 +44,9 @@ def eval_corpus(
     from kvbridge.corpus import Split, split_overlap
     from kvbridge.evaluate import heldout_text
     from kvbridge.evaluate.overlap import OverlapError
-    from kvbridge.fit.calibrate import read_calibration_corpus
+    from kvbridge.fit.calibrate import corpus_part, open_corpus
 
-    corpus = read_calibration_corpus(path)
+    corpus = open_corpus(path)
     base = {"path": str(path), "sha256": corpus.sha256, "sha256_of": corpus.sha256_of}
     if corpus.kind == "file":
         from kvbridge.evaluate.overlap import check
@@ -117,7 +87,7 @@ def eval_corpus(
                 else "fit again with this kvbridge (it records the split), or pass --allow-overlap",
             )
         note = what + " (--allow-overlap: scores are optimistic)"
-    texts = _part(corpus, evaluated, "heldout")
+    texts = corpus_part(corpus, evaluated, "heldout")
     data = {
         **base,
         "heldout_fraction": evaluated.heldout,
@@ -128,7 +98,7 @@ def eval_corpus(
             "from_mapping": fitted is not None and not explicit,
         },
     }
-    return EvalCorpus("\n".join(texts), _part(corpus, evaluated, "calibration"), data, note)
+    return EvalCorpus("\n".join(texts), corpus_part(corpus, evaluated, "calibration"), data, note)
 
 
-__all__ = ["EvalCorpus", "calibration_texts", "eval_corpus"]
+__all__ = ["EvalCorpus", "eval_corpus"]

@@ -98,9 +98,9 @@ class GuardedHandoff:
 
 
 def _adapter(model, host=None):
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
-    return (host or get_host()).adapter_of(model)
+    return host_or_default(host).adapter_of(model)
 
 
 def check_finite(state) -> GuardCheck:

@@ -235,30 +235,22 @@ class LoadedMetric:
 
 
 def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
-    """The metrics registered with the host, built-ins in catalog order, then the others by name."""
+    """The metrics ``names`` (default: every registered one) loaded through ``host.get``, built-ins in
+    catalog order, then the others by name."""
     from kvbridge.errors import PluginError
-    from kvbridge.plugin_types import load_registered
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
-    host = host or get_host()
-    reg = host.registry("metric")
-    items = dict(reg.items)
-    if not items:
+    host = host_or_default(host)
+    wanted = host.names("metric") if names is None else list(names)
+    if not wanted and names is None:
         raise PluginError(
             "no metrics are registered",
             "enable the built-in metrics plugin (kvbridge.builtin.metrics) or a metrics plugin",
         )
-    wanted = list(items) if names is None else list(names)
     out = []
     for name in wanted:
-        if name not in items:
-            raise PluginError(f"unknown metric {name!r}", f"available: {', '.join(sorted(items))}")
-        m, plugin = items[name], reg.owner.get(name, "")
-        out.append(
-            LoadedMetric(
-                m.name, load_registered("metric", m.name, m, plugin), bool(m.higher_is_better), m.description, plugin
-            )
-        )
+        m, fn = host.entry("metric", name), host.get("metric", name)
+        out.append(LoadedMetric(m.name, fn, bool(m.higher_is_better), m.description, host.owner("metric", name)))
     order = {n: i for i, n in enumerate(BUILTIN)}
     return sorted(out, key=lambda m: (order.get(m.name, len(order)), m.name))
 

@@ -40,11 +40,9 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
 
     host = host or get_host()
     if ref == "identity":
-        from kvbridge.fit.pipeline import load_fitter
-
         sspec = host.adapter_for(smodel.config.to_dict()).spec_of(smodel)
         tspec = host.adapter_for(tmodel.config.to_dict()).spec_of(tmodel)
-        return load_fitter(host, "identity").fit(sspec, tspec)
+        return host.get("fitter", "identity").fit(sspec, tspec)
     from kvbridge.fit.artifact import load_mapping
 
     return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 
 from kvbridge.errors import ConfigError, whole_number
 
+#: ``--recompute-token-rules``, the rows :func:`kvbridge.recompute.tokens.blend` recomputes: the CacheBlend
+#: deviation rule, random rows (control), the chunk's first rows (where a chunk prepared alone keeps its
+#: attention sink; EPIC-style, a second control), the stretch's last rows (the tail a continuation reads
+#: most: the simplest rule a user would try)
+TOKEN_RULES = ("deviation", "random", "first", "last")
 #: the held-out share when ``heldout_fraction`` is None and the mapping records none for the corpus
 HELDOUT_FRACTION = 0.1
 
@@ -40,13 +45,11 @@ class RecomputeSettings:
                     f"{flag} {value!r} is not one of {', '.join(str(a) for a in allowed if a)}",
                     f"pass one of them to {flag}",
                 )
-        from kvbridge.recompute.tokens import RULES
-
-        bad = [r for r in self.rules if r not in RULES]
+        bad = [r for r in self.rules if r not in TOKEN_RULES]
         if bad or not self.rules:
             raise ConfigError(
                 f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
-                f"pass one or more of {', '.join(RULES)}, comma-separated",
+                f"pass one or more of {', '.join(TOKEN_RULES)}, comma-separated",
             )
         whole_number(self.group, "--recompute-group", 1)
         whole_number(self.calibration_samples, "--calibration-samples", 1)

@@ -40,9 +40,9 @@ def model_identity(
 ) -> dict:
     """Spec, fingerprints and RoPE configuration of a model (or a config mapping: no weights hash)."""
     from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
-    host = host or get_host()
+    host = host_or_default(host)
     is_model = hasattr(model_or_config, "parameters")
     config = model_or_config.config.to_dict() if is_model else dict(model_or_config)
     adapter = host.adapter_for(config)

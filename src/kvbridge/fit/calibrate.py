@@ -50,7 +50,7 @@ class CalibrationError(KVBridgeError):
 
 
 # -- corpus ------------------------------------------------------------------------------------------
-def read_calibration_corpus(path):
+def open_corpus(path):
     """:func:`kvbridge.corpus.read_corpus`, its errors as :class:`CalibrationError`."""
     from kvbridge.corpus import CorpusError, read_corpus
 
@@ -60,11 +60,40 @@ def read_calibration_corpus(path):
         raise CalibrationError(exc.what, exc.fix) from None
 
 
+def corpus_part(corpus, split, which: str) -> list:
+    """The texts of one part (``"calibration"`` / ``"heldout"``) of a folder corpus split by ``split``."""
+    from kvbridge.corpus import CorpusError
+
+    try:
+        return corpus.part_texts(split, which)
+    except CorpusError as exc:
+        raise CalibrationError(exc.what, exc.fix) from None
+
+
+def calibration_texts(path, heldout: float):
+    """``(texts, sha256, split)`` that ``fit`` calibrates on: a folder's calibration files (``split`` a
+    :class:`~kvbridge.corpus.Split`), or a file's text before its held-out tail (a :class:`~kvbridge.corpus.Tail`)."""
+    from kvbridge.corpus import Split, Tail
+
+    corpus = open_corpus(path)
+    if corpus.kind == "file":
+        tail = Tail(heldout=heldout)
+        front = tail.front(list(corpus.texts))
+        if not front:
+            raise CalibrationError(
+                f"{path}: nothing is left to calibrate on before the held-out last {heldout:g} of the file",
+                "use a bigger corpus or a smaller --corpus-heldout",
+            )
+        return front, corpus.sha256, tail
+    split = Split(heldout=heldout)
+    return corpus_part(corpus, split, "calibration"), corpus.sha256, split
+
+
 def corpus_record(path: Path | str, split=None) -> dict:
     """What a corpus is, verifiably (:meth:`kvbridge.corpus.Corpus.record`): ``sha256`` is the
     file's hash as ``sha256sum`` prints it, or a folder's digest (documented in :mod:`kvbridge.corpus`);
     ``split`` (a :class:`kvbridge.corpus.Split`) records how a folder was split by file."""
-    return read_calibration_corpus(path).record(split)
+    return open_corpus(path).record(split)
 
 
 def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
@@ -115,7 +144,7 @@ def load_corpus(path: Path | str) -> tuple[list[str], str]:
     folder: the digest over relative paths and contents). A folder gives all its UTF-8 files in
     relative-path order (no split; ``fit``/``eval`` split folders with :class:`kvbridge.corpus.Split`).
     """
-    corpus = read_calibration_corpus(path)
+    corpus = open_corpus(path)
     if corpus.kind == "file":
         return list(corpus.texts), corpus.sha256
     return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
@@ -216,9 +245,9 @@ class PairedCalibration:
     ):
         import torch
 
-        from kvbridge.plugins import get_host
+        from kvbridge.plugins import host_or_default
 
-        self.host = host or get_host()
+        self.host = host_or_default(host)
         self.source_model, self.target_model = source_model, target_model
         self.source_adapter = source_adapter or self.host.adapter_for(source_model.config.to_dict())
         self.target_adapter = target_adapter or self.host.adapter_for(target_model.config.to_dict())
@@ -314,7 +343,7 @@ class PairedCalibration:
         (:mod:`kvbridge.fit.repair`), recorded during the same forward with bounded memory."""
         import torch
 
-        from kvbridge.evaluate.attention import capture_attention
+        from kvbridge.attention import capture_attention
         from kvbridge.fit.repair import boundaries, repair_scores
 
         bnd = boundaries(self.seq_len)
@@ -441,7 +470,7 @@ class PairedCalibration:
 
 
 __all__ = [
-    "read_calibration_corpus",
+    "open_corpus",
     "PairedCalibration",
     "CalibrationConfig",
     "CalibrationError",

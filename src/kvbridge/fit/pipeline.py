@@ -76,15 +76,6 @@ class Provenance:
     target_revision: str | None = None
 
 
-def load_fitter(host, name: str):
-    """The fitter instance registered as ``name`` (a one-line error with suggestions otherwise);
-    the loaded class is checked against :class:`~kvbridge.fit.protocol.FitterProtocol`."""
-    from kvbridge.plugin_types import load_registered
-
-    cls = load_registered("fitter", name, host.fitter(name), host.owner("fitter", name))
-    return cls() if isinstance(cls, type) else cls
-
-
 def fitter_options(fitter_obj, options=None, **values):
     """The fitter's options dataclass from ``options`` (an instance, a mapping or ``-o`` pairs)
     updated by ``values``; unknown keys are refused naming the closest ones."""
@@ -171,7 +162,7 @@ def _fit(
         raise FitError("fit(force=...) was renamed", "pass overwrite=True (CHANGELOG.md)")
     host = host or get_host()
     config, prov, overrides = _split_overrides(dict(overrides), calibration, provenance)
-    fitter_obj = load_fitter(host, fitter)
+    fitter_obj = host.get("fitter", fitter)
     sweep, overrides = _top_k_sweep(overrides, source_model, fitter_obj, options)
     opts = fitter_options(fitter_obj, options, **overrides)
     _validate(source_model, target_model, config, opts)
@@ -523,7 +514,6 @@ __all__ = [
     "fit",
     "fit_from_stats",
     "prepare_sequences",
-    "load_fitter",
     "fitter_options",
     "Provenance",
     "parse_top_k",

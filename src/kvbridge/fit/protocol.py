@@ -32,8 +32,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 from kvbridge.errors import ConfigError
 
-#: members every fitter class has (checked when it registers, and when a lazy factory loads)
-FITTER_MEMBERS = ("name", "Options", "fit")
+from kvbridge.plugin_types import FITTER_MEMBERS, fitter_problem  # noqa: F401  (checked when it registers)
 
 
 @runtime_checkable
@@ -51,19 +50,6 @@ class FitterProtocol(Protocol):
     Options: type
 
     def fit(self, source_spec: Any, target_spec: Any, calibration: Any, options: Any) -> Any: ...
-
-
-def fitter_problem(cls: Any) -> str | None:
-    """The first missing protocol member of a fitter class (or instance), else None."""
-    for member in FITTER_MEMBERS:
-        if not hasattr(cls, member):
-            return member
-    if not callable(getattr(cls, "fit")):
-        return "fit (callable)"
-    opts = getattr(cls, "Options")
-    if not (isinstance(opts, type) and dataclasses.is_dataclass(opts)):
-        return "Options (a dataclass)"
-    return None
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
     (``data``, texts or token ids, replaces ``settings.corpus``)."""
     from kvbridge.artifacts import check_replaceable
     from kvbridge.fit.artifact import KIND
-    from kvbridge.fit.pipeline import SWEEP_KIND, fitter_options, load_fitter
+    from kvbridge.fit.pipeline import SWEEP_KIND, fitter_options
     from kvbridge.plugins import get_host
 
     if settings.out is not None:
@@ -66,12 +66,12 @@ def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
 
         check_replaceable(settings.keep_stats, STATS_KIND, overwrite=settings.overwrite)
     values = option_values(settings)
-    options = fitter_options(load_fitter(host or get_host(), settings.fitter), values)
+    options = fitter_options((host or get_host()).get("fitter", settings.fitter), values)
     if data is not None:
         return Prepared(values, options, data, None, None)
     if settings.corpus is None:
         raise ConfigError("fit needs calibration data", "give --corpus (FitSettings.corpus), or data= in Python")
-    from kvbridge.evaluate.corpus import calibration_texts
+    from kvbridge.fit.calibrate import calibration_texts
 
     texts, sha, split = calibration_texts(settings.corpus, settings.corpus_heldout)
     return Prepared(values, options, texts, sha, split)

@@ -4,7 +4,7 @@ One more pass of both models over the calibration sequences (after the ridge's):
 the features each target layer's map reads (the content K/V of its selected source layers,
 RoPE stripped), the ridge-mapped target cache (RoPE applied as :func:`kvbridge.transfer.transfer`
 applies it), and, captured from the target's own forward
-(:func:`kvbridge.evaluate.attention.capture_attention`), its queries at ``queries`` positions per
+(:func:`kvbridge.attention.capture_attention`), its queries at ``queries`` positions per
 sequence and the attention output those queries get from the target's native K/V (the
 reference). Optionally the target's native next-token log-probabilities over the last
 ``suffix`` positions (the KL stage).
@@ -100,7 +100,7 @@ def _rope_tables(tspec, seq_len: int, host):
 
 def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None, host=None) -> TrainingData:
     """Run both models once over every calibration sequence (see the module docstring)."""
-    from kvbridge.evaluate.attention import attention_output, capture_attention
+    from kvbridge.attention import attention_output, capture_attention
     from kvbridge.transfer import transfer
 
     cal = calibration

@@ -34,8 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvbridge.errors import KVBridgeError
 
-#: members every task class has
-TASK_MEMBERS = ("name", "Options", "items", "score", "chance")
+from kvbridge.plugin_types import TASK_MEMBERS, task_problem  # noqa: F401  (checked when it registers)
 
 
 class HarnessError(KVBridgeError):
@@ -79,18 +78,6 @@ class TaskProtocol(Protocol):
     def score(self, item: Any, completion: str) -> float: ...
 
     def chance(self, item: Any) -> float: ...
-
-
-def task_problem(cls: Any) -> str | None:
-    """The first missing member of a task class (or instance), else None."""
-    for member in TASK_MEMBERS:
-        if not hasattr(cls, member):
-            return member
-    import dataclasses
-
-    if not dataclasses.is_dataclass(cls.Options):
-        return "Options (a dataclass)"
-    return None
 
 
 __all__ = ["GenItem", "ChoiceItem", "TaskProtocol", "HarnessError", "task_problem", "TASK_MEMBERS"]

@@ -53,14 +53,13 @@ def parse_task_options(pairs) -> dict:
 def load_tasks(names, options: dict | None = None, *, host=None) -> list[LoadedTask]:
     """The registered tasks ``names`` with their options (``{task: {key: value}}``), checked."""
     from kvbridge.fit.protocol import build_options
-    from kvbridge.plugin_types import load_registered
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
-    host = host or get_host()
+    host = host_or_default(host)
     options = dict(options or {})
     names = [n.strip() for n in names if n and n.strip()]
     if not names:
-        raise HarnessError("no tasks given", f"pass --tasks with some of {', '.join(host.registry('task').names())}")
+        raise HarnessError("no tasks given", f"pass --tasks with some of {', '.join(host.names('task'))}")
     stray = [t for t in options if t not in names]
     if stray:
         raise HarnessError(
@@ -68,11 +67,9 @@ def load_tasks(names, options: dict | None = None, *, host=None) -> list[LoadedT
         )
     out = []
     for name in names:
-        record = host.task(name)  # unknown: a one-line PluginError with the closest names
-        plugin = host.owner("task", name)
-        cls = load_registered("task", name, record, plugin)
-        opts = build_options(cls.Options, options.get(name), owner=f"task {name!r}")
-        out.append(LoadedTask(name, cls() if isinstance(cls, type) else cls, opts, record.description, plugin))
+        task = host.get("task", name)  # unknown: a one-line PluginError with the closest names
+        opts = build_options(task.Options, options.get(name), owner=f"task {name!r}")
+        out.append(LoadedTask(name, task, opts, host.entry("task", name).description, host.owner("task", name)))
     return out
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from kvbridge.errors import ArtifactError, ConfigError
 from kvbridge.models.known import KNOWN, KnownModel, WheelPart, known
-from kvbridge.models.paths import kvbridge_home
+from kvbridge.paths import kvbridge_home
 
 _BLOCK = 1 << 22
 MB = 1_000_000

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kvbridge.errors import KVBridgeError
-from kvbridge.models.paths import cache_file as _home_file, cache_read, cache_write
+from kvbridge.paths import cache_file as _home_file, cache_read, cache_write
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CACHE_FILE = "file-hashes.json"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbridge.errors import ConfigError
-from kvbridge.models.paths import models_home
+from kvbridge.paths import models_home
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from kvbridge.errors import ConfigError
 from kvbridge.models.ref import ModelRef
 
 from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402  (the one vocabulary)
+from kvbridge.plugins import host_or_default
 
 DEFAULT_DTYPE = "float32"
 
@@ -205,10 +206,7 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
     """
     from kvbridge.models.resolve import resolve
 
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
+    host = host_or_default(host)
     resolved = resolve(ref, host=host)
     name = dtype_for(resolved, dtype)
     require_weights(resolved)
@@ -218,7 +216,7 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
     tok = load_tokenizer_of(resolved) if tokenizer else None
     model = load_weights(resolved, name, device)
     config = model.config.to_dict()
-    spec = host.adapter_for(config).spec_of(model)
+    spec = host.spec_of(model)  # described once, its RoPE variants resolved: the spec every stage carries
     fp = dict(resolved.fingerprint(), dtype=name, device=str(device))
     return LoadedModel(model=model, tokenizer=tok, config=config, ref=resolved, spec=spec, fingerprint=fp)
 

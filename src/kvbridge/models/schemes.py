@@ -11,6 +11,7 @@ collects them (:meth:`kvbridge.plugins.Host.model_sources`); this module only lo
 from __future__ import annotations
 
 from kvbridge.plugin_types import SCHEME_RE, ModelSource
+from kvbridge.plugins import host_or_default
 
 #: kept name for the record type
 Scheme = ModelSource
@@ -19,10 +20,7 @@ HOOK = "kvbridge_register_model_sources"
 
 def schemes(host=None) -> dict[str, ModelSource]:
     """Every registered scheme by name: built-ins first, then plugins (in the host's order)."""
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
+    host = host_or_default(host)
     return host.model_sources()
 
 

@@ -116,9 +116,9 @@ def _versions() -> dict:
 
 
 def _adapter(model, host=None):
-    from kvbridge.plugins import get_host
+    from kvbridge.plugins import host_or_default
 
-    return (host or get_host()).adapter_of(model)
+    return host_or_default(host).adapter_of(model)
 
 
 def build_manifest(
@@ -134,7 +134,7 @@ def build_manifest(
     reference: str | None = None,
 ) -> dict:
     from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
-    from kvbridge.artifacts import state_manifest
+    from kvbridge.kvstate_io import state_manifest
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]

@@ -160,7 +160,7 @@ def pack_tensors(state) -> tuple[dict, str]:
     per layer otherwise (the layouts are described in :mod:`kvbridge.prefix.pack_manifest`)."""
     import torch
 
-    from kvbridge.artifacts import state_tensors
+    from kvbridge.kvstate_io import state_tensors
 
     tensors = state_tensors(state)
     kv = (*state.keys, *state.values)
@@ -178,7 +178,7 @@ def pack_tensors(state) -> tuple[dict, str]:
 
 def _stacked_state(tensors: dict, stored: dict, where: str):
     """The KVState of a stacked pack: per-layer views of ``kv`` after one shape check of the few
-    stored tensors against the stored spec (what :func:`kvbridge.artifacts.state_from_tensors`
+    stored tensors against the stored spec (what :func:`kvbridge.kvstate_io.state_from_tensors`
     checks per layer)."""
     from kvbridge.check.validate import tensors_match
     from kvbridge.kvstate import KVState
@@ -365,7 +365,7 @@ def load_pack(
     :func:`tokenizer_fingerprint`): its fingerprint, and the guide text re-encoded to the stored
     ids. ``weights_fp`` skips re-hashing the weights when the caller has it already.
     """
-    from kvbridge.artifacts import state_from_tensors
+    from kvbridge.kvstate_io import state_from_tensors
     from kvbridge.kvstate import all_finite
 
     path = Path(path)
@@ -461,15 +461,6 @@ def require_model_dir(path: str | Path) -> Path:
     return path
 
 
-def open_model_dir(path: str | Path, *, dtype: str | None = None):
-    """A causal LM from a local model folder, through :func:`kvbridge.models.load` (its dtype policy)."""
-    from kvbridge.models.loading import dtype_for, load_weights
-    from kvbridge.models.resolve import resolve
-
-    ref = resolve(str(require_model_dir(path)))
-    return load_weights(ref, dtype_for(ref, dtype))
-
-
 __all__ = [
     "Pack",
     "PackMismatchError",
@@ -490,7 +481,6 @@ __all__ = [
     "cache_format",
     "positional_config",
     "check_manifest_shape",
-    "open_model_dir",
     "require_model_dir",
     "guide_ids_of",
     "recompute_check",

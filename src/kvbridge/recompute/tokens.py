@@ -31,10 +31,7 @@ from kvbridge.recompute.cost import Cost, layer_flops, prefill_flops
 from kvbridge.recompute.layers import RecomputeError
 
 
-#: row-picking rules: the CacheBlend deviation rule, random rows (control), the chunk's first rows
-#: (where a chunk prepared alone keeps its attention sink; EPIC-style, a second control), the
-#: stretch's last rows (the tail a continuation reads most: the simplest rule a user would try)
-RULES = ("deviation", "random", "first", "last")
+from kvbridge.evaluate.settings import TOKEN_RULES as RULES  # the row-picking rules (named where eval checks them)
 
 
 @dataclass(frozen=True)

@@ -208,26 +208,6 @@ BUILTIN_METHODS = (VectorMethod, ScaleMethod, MixMethod, BankMethod, ActAddMetho
 from kvbridge.plugin_types import method_problem  # noqa: E402  (the protocol lives with the record type)
 
 
-def resolve_method(name: str, host=None):
-    """An instance of the steering method ``name`` (through the plugin host)."""
-    from kvbridge.errors import PluginError
-
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    record = host.registry("steering_method").get(name)
-    cls = record.load()
-    missing = method_problem(cls)
-    if missing:
-        raise PluginError(
-            f"steering method {name!r} of plugin {host.owner('steering_method', name) or '?'!r} does not "
-            f"follow the protocol: missing member {missing!r}",
-            "fix the plugin (see docs/plugins.md)",
-        )
-    return cls() if isinstance(cls, type) else cls
-
-
 def method_options(method, values: dict | None = None):
     from kvbridge.fit.protocol import build_options
 
@@ -244,6 +224,5 @@ __all__ = [
     "ActAddMethod",
     "BUILTIN_METHODS",
     "method_problem",
-    "resolve_method",
     "method_options",
 ]

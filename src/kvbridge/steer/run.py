@@ -7,12 +7,7 @@ from __future__ import annotations
 from kvbridge.errors import KVBridgeError
 
 
-def _host(host):
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    return host
+from kvbridge.plugins import host_or_default as _host
 
 
 def prefix_state(model, ids, host=None):
@@ -53,7 +48,7 @@ def setup_for(
     """``(Setup, record)``: the scenario's prefix (``prefix`` when given, e.g. restored from a pack),
     steered by ``method`` at ``layers`` and positions ``edit`` (default: the scenario's)."""
     from kvbridge.steer.edit import layers_of
-    from kvbridge.steer.methods import SteerContext, method_options, resolve_method
+    from kvbridge.steer.methods import SteerContext, method_options
     from kvbridge.steer.sample import Setup
 
     host = _host(host)
@@ -62,7 +57,7 @@ def setup_for(
         return Setup(state, scenario.live_ids), {"method": "none"}
     if state is None:
         raise KVBridgeError("there is no cached prefix to steer", "pass a longer prompt")
-    m = resolve_method(method, host)
+    m = host.get("steering_method", method)
     opts = method_options(m, options)
     spec = host.adapter_for(model.config.to_dict()).spec_of(model)
     chosen = layers_of(layers, spec.num_layers)

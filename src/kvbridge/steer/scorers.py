@@ -115,24 +115,6 @@ BUILTIN_SCORERS = (
 )
 
 
-def resolve_scorer(name: str, host=None):
-    """The scorer function ``name`` (through the plugin host), checked to be callable."""
-    from kvbridge.errors import PluginError
-
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    record = host.registry("scorer").get(name)
-    fn = record.load()
-    if not callable(fn):
-        raise PluginError(
-            f"scorer {name!r} of plugin {host.owner('scorer', name) or '?'!r} is not callable",
-            "fix the plugin (see docs/plugins.md)",
-        )
-    return fn
-
-
 __all__ = [
     "json_object",
     "json_start",
@@ -143,5 +125,4 @@ __all__ = [
     "POSITIVE",
     "NEGATIVE",
     "BUILTIN_SCORERS",
-    "resolve_scorer",
 ]

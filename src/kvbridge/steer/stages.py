@@ -94,10 +94,10 @@ def method_values(settings: SteerRunSettings, host=None) -> dict:
     """The method options from ``settings.options`` and the shortcut fields that were given; a shortcut
     the method does not have is refused naming its options."""
     from kvbridge.fit.protocol import option_fields, parse_pairs
-    from kvbridge.steer.methods import resolve_method
+    from kvbridge.plugins import host_or_default
 
     values = parse_pairs(settings.options)
-    fields = option_fields(resolve_method(settings.method, host).Options)
+    fields = option_fields(host_or_default(host).get("steering_method", settings.method).Options)
     for name, key in SHORTCUTS.items():
         value = getattr(settings, name)
         if value is None:
@@ -201,14 +201,14 @@ class EvalPrepared:
 
 def prepare_eval(settings: SteerEvalSettings, host=None) -> EvalPrepared:
     """``out`` replaceable, the scorer resolved and every vector folder readable."""
+    from kvbridge.plugins import host_or_default
     from kvbridge.steer.artifact import read_vector
-    from kvbridge.steer.scorers import resolve_scorer
 
     if settings.out:
         from kvbridge.artifacts import check_replaceable
 
         check_replaceable(settings.out, REPORT_KIND, overwrite=settings.overwrite)
-    score = resolve_scorer(settings.scorer, host)
+    score = host_or_default(host).get("scorer", settings.scorer)
     for path in (settings.vector, *settings.extra_vectors.values()):
         read_vector(path)
     return EvalPrepared(score)

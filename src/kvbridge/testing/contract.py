@@ -67,7 +67,9 @@ def check_rope_round_trip(rope, *, host=None, seed: int = 0, trials: int = 4, ma
     import torch
 
     from kvbridge import rope as codec
+    from kvbridge.plugins import host_or_default
 
+    host = host_or_default(host)
     g = torch.Generator().manual_seed(seed)
     worst = 0.0
     for _ in range(trials):
@@ -187,7 +189,9 @@ def check_shifted_identity(
         raise NotApplicable(f"{spec.model_type} has {spec.positional} positions: a prefix cannot be re-positioned")
     if spec.rope is not None and spec.rope.is_stateful:
         from kvbridge import rope as codec
+        from kvbridge.plugins import host_or_default
 
+        host = host_or_default(host)
         old, _ = codec.inv_freq(spec.rope, prompt_len, host=host)
         new, _ = codec.inv_freq(spec.rope, offset + prompt_len, host=host)
         if not torch.equal(old, new):

@@ -84,7 +84,7 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
 
     from kvbridge.plugin_types import SteeringMethod
     from kvbridge.steer.edit import layers_of
-    from kvbridge.steer.methods import SteerContext, method_options, method_problem, resolve_method
+    from kvbridge.steer.methods import SteerContext, method_options, method_problem
     from kvbridge.steer.sample import Setup
 
     record = (
@@ -97,7 +97,7 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
     cls = record.load()
     assert method_problem(cls) is None, f"{record.name}: missing protocol member {method_problem(cls)!r}"
     host = _host_with("steering_method", "kvbridge_register_steering_methods", record)
-    m = resolve_method(record.name, host)
+    m = host.get("steering_method", record.name)
     fx = steer_fixture()
     model, state = fx["model"], fx["state"]
     stop = state.num_tokens if stop is None else stop
@@ -162,11 +162,10 @@ ODD_TEXTS = (
 
 def check_scorer(scorer: Any, positives=(), negatives=()) -> dict:
     from kvbridge.plugin_types import Scorer
-    from kvbridge.steer.scorers import resolve_scorer
 
     record = scorer if isinstance(scorer, Scorer) else Scorer(getattr(scorer, "__name__", "scorer"), "", scorer)
     host = _host_with("scorer", "kvbridge_register_scorers", record)
-    fn = resolve_scorer(record.name, host)
+    fn = host.get("scorer", record.name)
     for text in (*positives, *negatives, *ODD_TEXTS):
         got = fn(text)
         assert isinstance(got, bool), f"{record.name}({text[:30]!r}) returned {type(got).__name__}, not bool"

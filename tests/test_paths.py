@@ -1,6 +1,6 @@
-"""kvbridge.models.paths: the home folder and the small JSON caches kept in it."""
+"""kvbridge.paths: the home folder and the small JSON caches kept in it."""
 
-from kvbridge.models import paths
+from kvbridge import paths
 
 
 def test_cache_file_is_off_with_no_cache(monkeypatch, tmp_path):
