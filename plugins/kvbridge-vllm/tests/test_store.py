@@ -222,3 +222,45 @@ def test_registered_through_the_entry_point():
     from kvbridge.engines import get_engine
 
     assert get_engine("vllm", host=host).name == "vllm"
+
+
+def test_a_transferred_cache_saved_by_the_cli_goes_to_the_store_marked_approximate(tmp_path):
+    """`kvbridge transfer --save-state` then `kvbridge engine export --engine vllm`: the entry holds the
+    pack's K/V unchanged, is marked approximate and names where it came from; `pack info` and `engine
+    import` say so too."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kvbridge import api
+    from kvbridge.cli.main import cli
+    from kvbridge.prefix.packs import read_pack_state
+
+    def run(*args):
+        res = CliRunner().invoke(cli, [str(a) for a in args])
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    wide = tmp_path / "wide"
+    shutil.copytree(zoo_dir() / "wide", wide)
+    texts = [f"{i} To be, or not to be, that is the question: whether tis nobler " * 8 for i in range(24)]
+    api.fit("zoo:base", str(wide), texts, out=str(tmp_path / "map"), seq_len=64, tokens=1024, top_k=1)
+    saved = tmp_path / "moved"
+    prompt = "To be, or not to be, that is the question"
+    run("transfer", "zoo:base", wide, "--mapping", tmp_path / "map", "--prompt", prompt, "--max-new-tokens", 1,
+        "--save-state", saved)  # fmt: skip
+    info = run("pack", "info", saved)
+    assert "transferred (source zoo:base" in info and "approximate, not the model's own exact cache" in info
+    out = json.loads(
+        run("engine", "export", saved, "--engine", "vllm", "--model", wide, "--out", tmp_path / "s", "--json")
+    )
+    assert out["approximate"] is True
+    (entry_file,) = (tmp_path / "s").iterdir()
+    entry = store.read_entry_header(entry_file)
+    assert entry.approximate and entry.manifest["provenance"].startswith("transferred, source zoo:base, mapping ")
+    _, state = read_pack_state(saved)
+    back = engine.import_state(entry_file, str(wide))
+    assert back.approximate and back.token_ids.tolist() == state.token_ids.tolist()
+    for a, b in zip((*state.keys, *state.values), (*back.keys, *back.values)):
+        assert torch.equal(a, b)
+    assert "approximate (transferred or steered" in run("engine", "import", entry_file, wide, "--engine", "vllm")

@@ -88,8 +88,9 @@ def export_cmd(
 ) -> None:
     """Write a saved KV state SRC as ENGINE's own cache for MODEL.
 
-    SRC is a pack folder (`kvbridge pack save`), or with --from-engine a cache an engine saved (a
-    llama.cpp sequence state, a vLLM store entry). Geometry, RoPE table and token ids are checked
+    SRC is a pack folder (`kvbridge pack save`, or a transferred cache from `kvbridge transfer
+    --save-state`), or with --from-engine a cache an engine saved (a llama.cpp sequence state, a vLLM
+    store entry). Geometry, RoPE table and token ids are checked
     against MODEL; a transferred or steered state stays marked approximate where the engine's
     format records it (vllm). Example: `kvbridge engine export seq.bin --from-engine llamacpp
     --from-model model.gguf --engine vllm --model model-hf --out store`.
@@ -102,11 +103,9 @@ def export_cmd(
     if from_engine:
         state = get_engine(from_engine).import_state(src, from_model or model)
     else:
-        from kvbridge.artifacts import state_from_tensors
-        from kvbridge.prefix.packs import read_pack
+        from kvbridge.prefix.packs import read_pack_state
 
-        manifest, tensors = read_pack(src)
-        state = state_from_tensors(tensors, manifest["state"])
+        _, state = read_pack_state(src)  # a transferred pack keeps its approximate mark and provenance
     data = get_engine(engine_name).export_state(state, model, out)
     info = {
         "src": src,
