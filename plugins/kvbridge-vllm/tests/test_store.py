@@ -264,3 +264,39 @@ def test_a_transferred_cache_saved_by_the_cli_goes_to_the_store_marked_approxima
     for a, b in zip((*state.keys, *state.values), (*back.keys, *back.values)):
         assert torch.equal(a, b)
     assert "approximate (transferred or steered" in run("engine", "import", entry_file, wide, "--engine", "vllm")
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_save_parts_join_into_the_whole_entry(base, tmp_path, tp):
+    """kvbridge_save under tensor parallelism: each rank writes its KV heads (vLLM's sharding, replicated
+    heads when ranks outnumber them); nothing is an entry until the last part, and the joined entry is
+    the single-rank one bit for bit (plus its tensor_parallel record); the parts are gone."""
+    folder, _, state = base
+    ident = store.model_identity(str(folder))
+    kv = torch.stack([torch.stack((k[0], v[0])) for k, v in zip(state.keys, state.values)])
+    ids = state.token_ids[0].tolist()
+    joined = None
+    for rank in reversed(range(tp)):  # any order: the last writer joins
+        assert joined is None and not list(tmp_path.glob("*.safetensors"))
+        heads = store.rank_heads(2, tp, rank)
+        store.write_part(kv[:, :, heads], heads, ids, ident, tmp_path, rank=rank, tp=tp)
+        joined = store.join_parts(tmp_path, ids, ident, tp=tp, approximate=False, provenance="vllm-prefill")
+    assert joined is not None and [p.name for p in tmp_path.iterdir()] == [joined.name]
+    entry = store.read_entry_header(joined)
+    assert entry.manifest["tensor_parallel"] == tp and not entry.approximate
+    assert torch.equal(store.read_kv(entry, start=0, stop=40), kv)
+    assert list(store.scan(tmp_path)) == [str(joined)]
+
+
+def test_tensor_parallel_parts_of_other_tokens_are_refused(base, tmp_path):
+    folder, _, state = base
+    ident = store.model_identity(str(folder))
+    kv = torch.stack([torch.stack((k[0], v[0])) for k, v in zip(state.keys, state.values)])
+    ids = state.token_ids[0].tolist()
+    store.write_part(kv[:, :, [0]], [0], ids, ident, tmp_path, rank=0, tp=2)
+    part = store.part_path(tmp_path, ids, ident, 1, 2)
+    store.write_part(kv[:, :, [1]], [1], ids[:-1] + [7], ident, tmp_path, rank=1, tp=2)
+    store.part_path(tmp_path, ids[:-1] + [7], ident, 1, 2).rename(part)  # a stale part under this name
+    with pytest.raises(store.EntryError, match="other token ids"):
+        store.join_parts(tmp_path, ids, ident, tp=2, approximate=False, provenance="vllm-prefill")
+    assert not list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.joining"))

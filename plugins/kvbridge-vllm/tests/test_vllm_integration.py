@@ -164,3 +164,11 @@ def test_tensor_parallel_2_each_rank_loads_its_kv_heads(result):
     assert tp["own"] == tp["from_store"] and tp["cached"] == [0, 40]
     heads = sorted(tuple(e["heads"]) for e in tp["events"] if e["event"] == "loaded")
     assert heads == [(0,), (1,)]
+    # kvbridge_save at TP 2: each rank saved its head, one entry joined from them, parts removed; it is
+    # vLLM's own prefill of the prompt, within float32 rounding of transformers' cache
+    saved = tp["saved"]
+    assert len(saved["entries"]) == 1 and saved["parts"] == [], saved
+    assert saved["tensor_parallel"] == 2 and saved["kv_shape"] == [4, 2, 2, 44, 32]
+    assert saved["max_rel_err"] < 1e-4, saved
+    parts = sorted(e["rank"] for e in tp["events"] if e["event"] == "saved-part")
+    assert parts == [0, 1]
