@@ -88,9 +88,9 @@ def export_cmd(
 ) -> None:
     """Write a saved KV state SRC as ENGINE's own cache for MODEL.
 
-    SRC is a pack folder (`kvbridge pack save`, or a transferred cache from `kvbridge transfer
-    --save-state`), or with --from-engine a cache an engine saved (a llama.cpp sequence state, a vLLM
-    store entry). Geometry, RoPE table and token ids are checked
+    SRC is a pack folder (what `kvbridge pack save` writes; a transferred cache saved by `transfer`
+    with --save-state is one too), or with --from-engine a cache an engine saved (a llama.cpp
+    sequence state, a vLLM store entry). Geometry, RoPE table and token ids are checked
     against MODEL; a transferred or steered state stays marked approximate where the engine's
     format records it (vllm). Example: `kvbridge engine export seq.bin --from-engine llamacpp
     --from-model model.gguf --engine vllm --model model-hf --out store`.
