@@ -141,10 +141,13 @@ def served(result, tmp_path_factory):
 
 
 def test_vllm_serve_two_requests_over_localhost(served):
-    """Request 1 prefilled by vLLM (empty store), request 2 from the exported pack: same greedy text."""
+    """Two questions after one guide, prefilled by vLLM (empty store), then both from the exported pack
+    (a shared system prompt: the guide loaded for each request): the same greedy texts."""
     assert served["prefilled"] == served["from_pack"]
+    assert served["other_prefilled"] == served["other_from_pack"]
+    assert served["prefilled"] != served["other_prefilled"]  # two different requests, not one answer twice
     loaded = [e for e in served["events"] if e["event"] == "loaded"]
-    assert len(loaded) == 1 and loaded[0]["tokens"] == served["guide_tokens"] == 128
+    assert len(loaded) == 2 and {e["tokens"] for e in loaded} == {served["guide_tokens"]} == {128}
 
 
 def test_tensor_parallel_2_each_rank_loads_its_kv_heads(result):
