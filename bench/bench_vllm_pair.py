@@ -32,7 +32,6 @@ per position. The 0.5B is freed before vLLM starts: the two never hold memory at
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -109,8 +108,38 @@ def summarize(per: dict, targets: np.ndarray, rng: np.random.Generator, n_boot: 
 
 
 def source_phase(args, rows: np.ndarray, parked: Path) -> dict:
-    """The 0.5B's part, before vLLM starts: per sample the transferred store entry (parked, one
-    folder per sample), the 0.5B's own log-probs and greedy tokens, and the times."""
+    """The source's part, in a child process that exits before vLLM starts (its memory is returned):
+    per sample the transferred store entry (parked, one folder per sample), the source's own
+    log-probs and greedy tokens, and the times."""
+    import multiprocessing
+
+    out = parked / "source.npz"
+    child = multiprocessing.get_context("spawn").Process(target=_source_child, args=(vars(args), rows, parked, out))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise SystemExit(f"the source phase failed (exit {child.exitcode})")
+    with np.load(out) as z:
+        res = {k: z[k] for k in z.files}
+    res["lp"] = list(res["lp"].astype(np.float64))
+    res["greedy"] = res["greedy"].tolist()
+    return res
+
+
+def _source_child(params: dict, rows: np.ndarray, parked: Path, out: Path) -> None:
+    import torch
+
+    torch.set_num_threads(params["threads"])
+    res = _source_work(argparse.Namespace(**params), rows, parked)
+    np.savez(
+        out,
+        lp=np.stack(res["lp"]).astype(np.float32),
+        greedy=np.asarray(res["greedy"], dtype=np.int64),
+        **{k: np.asarray(res[k]) for k in ("source_prefill_s", "map_s", "export_s", "entry_bytes")},
+    )
+
+
+def _source_work(args, rows: np.ndarray, parked: Path) -> dict:
     import torch
 
     from kvbridge.fit.artifact import load_mapping
@@ -137,7 +166,9 @@ def source_phase(args, rows: np.ndarray, parked: Path) -> dict:
             moved = transfer(state, mapping, host=host)
             t2 = time.perf_counter()
         assert moved.approximate, "a transferred cache must be marked approximate"
-        data = engine.export_state(moved, str(args.target_dir), parked / f"s{i}", provenance="transferred (bench)")
+        data = engine.export_state(
+            moved, str(args.target_dir), parked / f"s{i}", dtype=args.dtype, provenance="transferred (bench)"
+        )
         t3 = time.perf_counter()
         for k, v in zip(("source_prefill_s", "map_s", "export_s"), (t1 - t0, t2 - t1, t3 - t2)):
             res[k].append(v)
@@ -155,9 +186,70 @@ def source_phase(args, rows: np.ndarray, parked: Path) -> dict:
         res["lp"].append(log_softmax(logits))
         res["greedy"].append(gen[0, P + C + 1 :].tolist())
         log(f"source {i + 1}/{len(rows)}: prefill {t1 - t0:.2f} s, map {t2 - t1:.3f} s, export {t3 - t2:.3f} s")
-    del smodel, src, mapping
-    gc.collect()
     return res
+
+
+def _available_mib() -> int:
+    with open("/proc/meminfo") as fh:
+        return next((int(x.split()[1]) // 1024 for x in fh if x.startswith("MemAvailable:")), 1 << 20)
+
+
+class RssWatch:
+    """The largest summed resident memory of this process and its descendants (vLLM's engine and
+    worker), sampled every second in a thread, from when it is created; the run is stopped (exit 3,
+    vLLM's processes killed) when the machine has had under BENCH_MIN_AVAILABLE_MIB (600) MiB available
+    for 3 s."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = 0
+        self.floor_mib = int(os.environ.get("BENCH_MIN_AVAILABLE_MIB", "600"))
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _pids(self) -> list[int]:
+        todo, seen = [os.getpid()], []
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.append(pid)
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as fh:
+                    todo += [int(x) for x in fh.read().split()]
+            except OSError:
+                continue
+        return seen
+
+    def _sum(self) -> int:
+        total = 0
+        for pid in self._pids():
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    total += next((int(x.split()[1]) for x in fh if x.startswith("VmRSS:")), 0) * 1024
+            except OSError:
+                continue
+        return total
+
+    def _run(self) -> None:
+        low = 0
+        while True:
+            self.peak = max(self.peak, self._sum())
+            low = low + 1 if _available_mib() < self.floor_mib else 0
+            if low >= 3:  # the machine is shared: stop this run before the kernel kills someone's job
+                log(
+                    f"aborting: under {self.floor_mib} MiB available for 3 s (this run holds {self.peak_gib():.1f} GiB)"
+                )
+                for pid in self._pids()[1:]:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass
+                os._exit(3)
+            time.sleep(1)
+
+    def peak_gib(self) -> float:
+        return self.peak / 2**30
 
 
 def main(argv=None) -> int:
@@ -176,13 +268,16 @@ def main(argv=None) -> int:
     ap.add_argument("--continuation-len", type=int, default=8)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--kv-space-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--kv-space-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE (whole GiB)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM's model and cache dtype")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (store, events)")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     args = ap.parse_args(argv)
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_space_gib)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")  # vLLM's worker returns the weights' load buffers
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "67108864")
     mapping = Path(args.mapping)
     if args.run is not None and not mapping.is_absolute() and not mapping.exists():
         mapping = args.run / args.mapping
@@ -225,12 +320,14 @@ def main(argv=None) -> int:
     from vllm import LLM, SamplingParams, TokensPrompt
     from vllm.config import KVTransferConfig
 
+    rss = RssWatch()
     t0 = time.perf_counter()
     llm = LLM(
         model=str(args.target_dir),
-        dtype="float32",
+        dtype=args.dtype,
         enforce_eager=True,
         enable_prefix_caching=False,
+        max_num_seqs=1,
         max_model_len=max(256, length + GREEDY + 8),
         max_logprobs=-1,
         kv_transfer_config=KVTransferConfig(
@@ -291,7 +388,9 @@ def main(argv=None) -> int:
         _, t_conn = request(row[: P + 1], timed, entry)
         timing["target_prefill_s"].append(t_native)
         timing["connector_request_s"].append(t_conn)
-        log(f"vLLM {i + 1}/{len(rows)}: prefill {t_native:.2f} s vs connector {t_conn:.2f} s")
+        log(
+            f"vLLM {i + 1}/{len(rows)}: prefill {t_native:.2f} s vs connector {t_conn:.2f} s, rss {rss.peak_gib():.1f} GiB"
+        )
     per["source_alone"] = src["lp"]
     targets = rows[:, P + 1 : P + C + 1]
     res = summarize({c: np.stack(v) for c, v in per.items()}, targets, np.random.default_rng(0), args.bootstrap)
@@ -325,6 +424,7 @@ def main(argv=None) -> int:
         "kvbridge": kvbridge.__version__,
         "machine": platform.machine(),
         "threads": args.threads,
+        "dtype": args.dtype,
         "source": str(args.source),
         "mapping": str(args.mapping),
         "target_dir": str(args.target_dir),
@@ -343,6 +443,7 @@ def main(argv=None) -> int:
         },
         "entry_bytes": int(np.median(src["entry_bytes"])),
         "engine_start_s": round(engine_start_s, 1),
+        "peak_rss_gib_vllm_and_bench": round(rss.peak_gib(), 2),
         "load_average": os.getloadavg()[0],
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
@@ -362,7 +463,7 @@ def report(r: dict) -> str:
     lines = [
         f"{r['samples']} samples, prefix {r['prefix_len']}, continuation {r['continuation_len']}, "
         f"source {Path(r['source']).name}, target {Path(r['target_dir']).name}, mapping {Path(r['mapping']).name}, "
-        f"vLLM {r['vllm']} (CPU, float32), {r['threads']} thread(s)",
+        f"vLLM {r['vllm']} (CPU, {r.get('dtype', 'float32')}), {r['threads']} thread(s)",
         "",
         "| condition | NLL | gap recovered [95% CI] | top-1 vs native | KL mean | KL p95 | greedy tokens = native |",
         "|---|---:|---:|---:|---:|---:|---:|",
