@@ -391,9 +391,29 @@ def main(argv=None) -> int:
         log(
             f"vLLM {i + 1}/{len(rows)}: prefill {t_native:.2f} s vs connector {t_conn:.2f} s, rss {rss.peak_gib():.1f} GiB"
         )
-    per["source_alone"] = src["lp"]
-    targets = rows[:, P + 1 : P + C + 1]
-    res = summarize({c: np.stack(v) for c, v in per.items()}, targets, np.random.default_rng(0), args.bootstrap)
+        if args.out and i + 1 < len(rows):  # a run stopped early still leaves its first samples' numbers
+            part = results(args, rows, per, greedy, src, timing, cached, events, rss, engine_start_s, t_start)
+            args.out.write_text(json.dumps(part, indent=1))
+    out = results(args, rows, per, greedy, src, timing, cached, events, rss, engine_start_s, t_start, complete=True)
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+    print(report(out))
+    return 0
+
+
+def results(args, rows, per, greedy, src, timing, cached, events, rss, engine_start_s, t_start, *, complete=False):
+    """The results dict over the samples vLLM has scored so far (all of them when ``complete``)."""
+    import torch
+    import vllm
+
+    import kvbridge
+
+    n = len(per["native"])
+    P, C = args.prefix_len, args.continuation_len
+    per = {**{c: v[:n] for c, v in per.items()}, "source_alone": src["lp"][:n]}
+    targets = rows[:n, P + 1 : P + C + 1]
+    boot = args.bootstrap if complete else min(args.bootstrap, 200)
+    res = summarize({c: np.stack(v) for c, v in per.items()}, targets, np.random.default_rng(0), boot)
     loads = [json.loads(x) for x in events.read_text().splitlines()] if events.is_file() else []
     load_s = [e["seconds"] for e in loads if e.get("event") == "loaded"]
     refused = [e for e in loads if e.get("event") == "refused"]
@@ -406,17 +426,13 @@ def main(argv=None) -> int:
 
     greedy_res = {
         c: {
-            "equal_tokens": sum(agree(g, n) for g, n in zip(gs, greedy["native"])),
-            "of": GREEDY * len(rows),
-            "identical_samples": sum(int(g == n) for g, n in zip(gs, greedy["native"])),
-            "mean_first_split": float(np.mean([first_split(g, n) for g, n in zip(gs, greedy["native"])])),
+            "equal_tokens": sum(agree(g, m) for g, m in zip(gs, greedy["native"])),
+            "of": GREEDY * n,
+            "identical_samples": sum(int(g == m) for g, m in zip(gs, greedy["native"])),
+            "mean_first_split": float(np.mean([first_split(g, m) for g, m in zip(gs, greedy["native"])])),
         }
-        for c, gs in (("transferred", greedy["transferred"]), ("source_alone", src["greedy"]))
+        for c, gs in (("transferred", greedy["transferred"]), ("source_alone", src["greedy"][:n]))
     }
-    import vllm
-
-    import kvbridge
-
     out = {
         "argv": sys.argv[1:],
         "vllm": vllm.__version__,
@@ -428,7 +444,8 @@ def main(argv=None) -> int:
         "source": str(args.source),
         "mapping": str(args.mapping),
         "target_dir": str(args.target_dir),
-        "samples": int(rows.shape[0]),
+        "samples": n,
+        "complete": complete,
         "prefix_len": P,
         "continuation_len": C,
         "conditions": res,
@@ -447,10 +464,7 @@ def main(argv=None) -> int:
         "load_average": os.getloadavg()[0],
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
-    print(report(out))
-    return 0
+    return out
 
 
 def report(r: dict) -> str:
@@ -461,7 +475,7 @@ def report(r: dict) -> str:
         "no_prefix": "no prefix (target in vLLM)",
     }
     lines = [
-        f"{r['samples']} samples, prefix {r['prefix_len']}, continuation {r['continuation_len']}, "
+        f"{r['samples']} samples{'' if r.get('complete', True) else ' (run stopped early: these are its first samples)'}, prefix {r['prefix_len']}, continuation {r['continuation_len']}, "
         f"source {Path(r['source']).name}, target {Path(r['target_dir']).name}, mapping {Path(r['mapping']).name}, "
         f"vLLM {r['vllm']} (CPU, {r.get('dtype', 'float32')}), {r['threads']} thread(s)",
         "",
