@@ -126,6 +126,8 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
 
     host = host or get_host()
     smodel, tok, tmodel = pair.source.model, pair.source.tokenizer, pair.target.model
+    if settings.engine is not None:  # an engine that cannot continue is refused before any model runs
+        engine_continuation(settings.engine, host)
     if settings.save_state is not None:  # before any model runs: an existing folder is refused now
         from kvbridge.artifacts import check_replaceable
         from kvbridge.prefix.packs import PACK_KIND
@@ -227,18 +229,24 @@ def _abspath(path: str):
     return Path(path).expanduser().resolve()
 
 
-def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
-    """TARGET continues in the engine from the transferred cache."""
+def engine_continuation(name: str, host=None):
+    """The ``continue_from`` of engine ``name``, or a one-line refusal when the engine only exports caches."""
     from kvbridge.engines import get_engine
 
-    name = settings.engine
-    engine = get_engine(name, host=host)
-    run = getattr(engine, "continue_from", None)
+    run = getattr(get_engine(name, host=host), "continue_from", None)
     if not callable(run):
         raise PluginError(
             f"engine {name!r} can export a cache but cannot continue from one here",
-            "use `kvbridge pack export --engine NAME` and load the file in the engine yourself",
+            f"drop --engine, keep the cache with --save-state DIR and write it with `kvbridge engine export DIR "
+            f"--engine {name} ...`, then load it in the engine yourself",
         )
+    return run
+
+
+def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
+    """TARGET continues in the engine from the transferred cache."""
+    name = settings.engine
+    run = engine_continuation(name, host)
     out = run(moved, target_ref, ids[0, -1:].tolist(), settings.max_new_tokens, native=settings.compare, host=host)
     result = dict(
         text=tok.decode(out["tokens"], skip_special_tokens=True),

@@ -300,3 +300,18 @@ def test_tensor_parallel_parts_of_other_tokens_are_refused(base, tmp_path):
     with pytest.raises(store.EntryError, match="other token ids"):
         store.join_parts(tmp_path, ids, ident, tp=2, approximate=False, provenance="vllm-prefill")
     assert not list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.joining"))
+
+
+def test_transfer_into_vllm_directly_is_refused_with_the_save_state_route(tmp_path):
+    """`kvbridge transfer --engine vllm`: vLLM runs in its own process, so the command refuses in one line
+    (naming --save-state and `engine export`) before the models load, and writes nothing."""
+    from click.testing import CliRunner
+
+    from kvbridge.cli.main import cli
+
+    out = tmp_path / "moved"
+    args = ["transfer", "zoo:base", "zoo:base", "--mapping", "identity", "--prompt", "Once upon a time"]
+    res = CliRunner().invoke(cli, [*args, "--engine", "vllm", "--save-state", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "cannot continue from one here" in res.output and "--save-state DIR" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()

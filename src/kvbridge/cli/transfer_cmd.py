@@ -96,6 +96,10 @@ def transfer(
         save_state=save_state,
         overwrite=overwrite,
     )
+    if engine_name is not None:  # an engine that only exports caches: refused before the models load
+        from kvbridge.transfer_run import engine_continuation
+
+        engine_continuation(engine_name)
     if save_state is not None:  # refused before the models load
         from kvbridge.artifacts import check_replaceable
         from kvbridge.prefix.packs import PACK_KIND
