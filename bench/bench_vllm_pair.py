@@ -276,6 +276,7 @@ def main(argv=None) -> int:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_space_gib)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process (memory)
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")  # vLLM's worker returns the weights' load buffers
     os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "67108864")
     mapping = Path(args.mapping)
@@ -328,6 +329,7 @@ def main(argv=None) -> int:
         enforce_eager=True,
         enable_prefix_caching=False,
         max_num_seqs=1,
+        distributed_executor_backend="uni",  # the worker in the engine's process: one copy of the runtime
         max_model_len=max(256, length + GREEDY + 8),
         max_logprobs=-1,
         kv_transfer_config=KVTransferConfig(
