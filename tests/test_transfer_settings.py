@@ -20,6 +20,8 @@ CLI_TO_FIELD = {
     "compare": "compare",
     "engine_name": "engine",
     "accept_mismatch": "accept_fingerprint_mismatch",
+    "save_state": "save_state",
+    "overwrite": "overwrite",
 }
 
 

@@ -9,7 +9,7 @@ a :class:`TransferResult` the command prints; nothing is printed here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbridge.errors import ConfigError, KVBridgeError, PluginError
@@ -22,7 +22,9 @@ class TransferResult:
     times in seconds; ``r2``: the mapping's mean held-out R² (None for identity); ``warnings``: the
     mapping loader's (e.g. an accepted fingerprint mismatch). With ``compare``: ``native_text``,
     ``agreement`` of ``compared`` greedy tokens, ``kl`` (next-token KL(native || transferred)) and
-    ``target_prefill_s``. With an engine: ``engine`` and ``engine_run`` (its ``continue_from`` dict)."""
+    ``target_prefill_s``. With an engine: ``engine`` and ``engine_run`` (its ``continue_from`` dict).
+    ``saved``: the pack folder the transferred cache was written to (``save_state``); ``approximate``:
+    whether the transferred cache is marked approximate (a fitted mapping's always is)."""
 
     text: str
     tokens: int
@@ -37,6 +39,8 @@ class TransferResult:
     target_prefill_s: float | None = None
     engine: str | None = None
     engine_run: dict = field(default_factory=dict, repr=False)
+    saved: str | None = None
+    approximate: bool = True
 
 
 def max_positions_of(model) -> int | None:
@@ -121,6 +125,13 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
 
     host = host_or_default(host)
     smodel, tok, tmodel = pair.source.model, pair.source.tokenizer, pair.target.model
+    if settings.engine is not None:  # an engine that cannot continue is refused before any model runs
+        engine_continuation(settings.engine, host)
+    if settings.save_state is not None:  # before any model runs: an existing folder is refused now
+        from kvbridge.artifacts import check_replaceable
+        from kvbridge.prefix.packs import PACK_KIND
+
+        check_replaceable(settings.save_state, PACK_KIND, overwrite=settings.overwrite)
     mapping, notes = load_pair_mapping(pair, settings, host)
     ids = torch.tensor([tok(settings.prompt)["input_ids"]], dtype=torch.long)
     if ids.shape[1] < 2:
@@ -137,10 +148,14 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         t1 = time.perf_counter()
         moved = transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
         t2 = time.perf_counter()
+        saved = None
+        if settings.save_state is not None:
+            saved = str(save_transferred(pair, moved, settings, host=host))
         if settings.engine is not None:
-            return _continue_in_engine(
+            res = _continue_in_engine(
                 settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1, warnings=notes, host=host
             )
+            return replace(res, saved=saved, approximate=bool(moved.approximate))
         gen = dict(
             max_new_tokens=settings.max_new_tokens,
             do_sample=False,
@@ -150,7 +165,16 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         )
         ours = generate(tmodel, moved, ids, host=host, **gen)
     text = tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True)
-    result = dict(text=text, tokens=state.num_tokens, source_prefill_s=t1 - t0, map_s=t2 - t1, r2=r2, warnings=notes)
+    result = dict(
+        text=text,
+        tokens=state.num_tokens,
+        source_prefill_s=t1 - t0,
+        map_s=t2 - t1,
+        r2=r2,
+        warnings=notes,
+        saved=saved,
+        approximate=bool(moved.approximate),
+    )
     if settings.compare:
         with torch.no_grad():
             t3 = time.perf_counter()
@@ -172,16 +196,56 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     return TransferResult(**result)
 
 
-def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
-    """TARGET continues in the engine from the transferred cache."""
-    name = settings.engine
-    engine = host.get("engine", name)
-    run = getattr(engine, "continue_from", None)
+def save_transferred(pair, moved, settings: TransferSettings, *, host=None):
+    """Write ``moved`` (the transferred cache of the prompt without its last token) as a pack folder for
+    ``pair.target`` at ``settings.save_state``, with the source and mapping it came from. A fitted
+    mapping's output is marked approximate; the identity mapping's (one model) is exact, bit for bit."""
+    from kvbridge.models.fingerprint import loaded_tokenizer_identity
+    from kvbridge.prefix.packs import model_reference, save_state_pack
+
+    provenance = {
+        "kind": "transferred",
+        "source": model_reference(pair.source.ref),
+        "mapping": settings.mapping if settings.mapping == IDENTITY else str(_abspath(settings.mapping)),
+        "command": "kvbridge transfer",
+    }
+    return save_state_pack(
+        pair.target.model,
+        moved,
+        settings.save_state,
+        tokenizer_fp=loaded_tokenizer_identity(pair.target),
+        provenance=provenance,
+        model_dir=pair.target.ref.folder,
+        reference=model_reference(pair.target.ref),
+        overwrite=settings.overwrite,
+        host=host,
+    )
+
+
+def _abspath(path: str):
+    from pathlib import Path
+
+    return Path(path).expanduser().resolve()
+
+
+def engine_continuation(name: str, host=None):
+    """The ``continue_from`` of engine ``name``, or a one-line refusal when the engine only exports caches."""
+    from kvbridge.plugins import host_or_default
+
+    run = getattr(host_or_default(host).get("engine", name), "continue_from", None)
     if not callable(run):
         raise PluginError(
             f"engine {name!r} can export a cache but cannot continue from one here",
-            "use `kvbridge pack export --engine NAME` and load the file in the engine yourself",
+            f"drop --engine, keep the cache with --save-state DIR and write it with `kvbridge engine export DIR "
+            f"--engine {name} ...`, then load it in the engine yourself",
         )
+    return run
+
+
+def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
+    """TARGET continues in the engine from the transferred cache."""
+    name = settings.engine
+    run = engine_continuation(name, host)
     out = run(moved, target_ref, ids[0, -1:].tolist(), settings.max_new_tokens, native=settings.compare, host=host)
     result = dict(
         text=tok.decode(out["tokens"], skip_special_tokens=True),
@@ -207,6 +271,7 @@ __all__ = [
     "TransferResult",
     "TransferSettings",
     "transfer_generate",
+    "save_transferred",
     "identity_mapping",
     "check_generation_length",
     "max_positions_of",

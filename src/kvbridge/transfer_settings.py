@@ -20,7 +20,10 @@ class TransferSettings:
     """``mapping``: a mapping folder (``kvbridge fit --out``) or ``"identity"``; ``prompt``: the text SOURCE
     prefills (TARGET continues it, greedy, for ``max_new_tokens``); ``compare``: also run TARGET natively;
     ``engine``: continue in an inference engine (e.g. ``"llamacpp"``) instead of transformers;
-    ``accept_fingerprint_mismatch``: warn instead of refusing a mapping made for other models."""
+    ``accept_fingerprint_mismatch``: warn instead of refusing a mapping made for other models;
+    ``save_state``: also write the transferred cache as a pack folder for TARGET (marked approximate,
+    with its provenance), which ``kvbridge engine export`` hands to an engine; ``overwrite``: replace
+    an existing ``save_state`` pack."""
 
     mapping: str
     prompt: str
@@ -28,6 +31,8 @@ class TransferSettings:
     compare: bool = False
     engine: str | None = None
     accept_fingerprint_mismatch: bool = False
+    save_state: str | None = None
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mapping, str) or not self.mapping.strip():
@@ -37,6 +42,8 @@ class TransferSettings:
         whole_number(self.max_new_tokens, "--max-new-tokens", 1)
         if self.engine is not None and (not isinstance(self.engine, str) or not self.engine.strip()):
             raise ConfigError("--engine is empty", "name an engine (`kvbridge plugins` lists them), or leave it out")
+        if self.save_state is not None and (not isinstance(self.save_state, str) or not self.save_state.strip()):
+            raise ConfigError("--save-state is empty", "pass the pack folder to write, or leave it out")
 
 
 __all__ = ["IDENTITY", "TransferSettings"]

@@ -222,3 +222,96 @@ def test_registered_through_the_entry_point():
     from kvbridge.engines import get_engine
 
     assert get_engine("vllm", host=host).name == "vllm"
+
+
+def test_a_transferred_cache_saved_by_the_cli_goes_to_the_store_marked_approximate(tmp_path):
+    """`kvbridge transfer --save-state` then `kvbridge engine export --engine vllm`: the entry holds the
+    pack's K/V unchanged, is marked approximate and names where it came from; `pack info` and `engine
+    import` say so too."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kvbridge import api
+    from kvbridge.cli.main import cli
+    from kvbridge.prefix.packs import read_pack_state
+
+    def run(*args):
+        res = CliRunner().invoke(cli, [str(a) for a in args])
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    wide = tmp_path / "wide"
+    shutil.copytree(zoo_dir() / "wide", wide)
+    texts = [f"{i} To be, or not to be, that is the question: whether tis nobler " * 8 for i in range(24)]
+    api.fit("zoo:base", str(wide), texts, out=str(tmp_path / "map"), seq_len=64, tokens=1024, top_k=1)
+    saved = tmp_path / "moved"
+    prompt = "To be, or not to be, that is the question"
+    run("transfer", "zoo:base", wide, "--mapping", tmp_path / "map", "--prompt", prompt, "--max-new-tokens", 1,
+        "--save-state", saved)  # fmt: skip
+    info = run("pack", "info", saved)
+    assert "transferred (source zoo:base" in info and "approximate, not the model's own exact cache" in info
+    out = json.loads(
+        run("engine", "export", saved, "--engine", "vllm", "--model", wide, "--out", tmp_path / "s", "--json")
+    )
+    assert out["approximate"] is True
+    (entry_file,) = (tmp_path / "s").iterdir()
+    entry = store.read_entry_header(entry_file)
+    assert entry.approximate and entry.manifest["provenance"].startswith("transferred, source zoo:base, mapping ")
+    _, state = read_pack_state(saved)
+    back = engine.import_state(entry_file, str(wide))
+    assert back.approximate and back.token_ids.tolist() == state.token_ids.tolist()
+    for a, b in zip((*state.keys, *state.values), (*back.keys, *back.values)):
+        assert torch.equal(a, b)
+    assert "approximate (transferred or steered" in run("engine", "import", entry_file, wide, "--engine", "vllm")
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_save_parts_join_into_the_whole_entry(base, tmp_path, tp):
+    """kvbridge_save under tensor parallelism: each rank writes its KV heads (vLLM's sharding, replicated
+    heads when ranks outnumber them); nothing is an entry until the last part, and the joined entry is
+    the single-rank one bit for bit (plus its tensor_parallel record); the parts are gone."""
+    folder, _, state = base
+    ident = store.model_identity(str(folder))
+    kv = torch.stack([torch.stack((k[0], v[0])) for k, v in zip(state.keys, state.values)])
+    ids = state.token_ids[0].tolist()
+    joined = None
+    for rank in reversed(range(tp)):  # any order: the last writer joins
+        assert joined is None and not list(tmp_path.glob("*.safetensors"))
+        heads = store.rank_heads(2, tp, rank)
+        store.write_part(kv[:, :, heads], heads, ids, ident, tmp_path, rank=rank, tp=tp)
+        joined = store.join_parts(tmp_path, ids, ident, tp=tp, approximate=False, provenance="vllm-prefill")
+    assert joined is not None and [p.name for p in tmp_path.iterdir()] == [joined.name]
+    entry = store.read_entry_header(joined)
+    assert entry.manifest["tensor_parallel"] == tp and not entry.approximate
+    assert torch.equal(store.read_kv(entry, start=0, stop=40), kv)
+    assert list(store.scan(tmp_path)) == [str(joined)]
+
+
+def test_tensor_parallel_parts_of_other_tokens_are_refused(base, tmp_path):
+    folder, _, state = base
+    ident = store.model_identity(str(folder))
+    kv = torch.stack([torch.stack((k[0], v[0])) for k, v in zip(state.keys, state.values)])
+    ids = state.token_ids[0].tolist()
+    store.write_part(kv[:, :, [0]], [0], ids, ident, tmp_path, rank=0, tp=2)
+    part = store.part_path(tmp_path, ids, ident, 1, 2)
+    store.write_part(kv[:, :, [1]], [1], ids[:-1] + [7], ident, tmp_path, rank=1, tp=2)
+    store.part_path(tmp_path, ids[:-1] + [7], ident, 1, 2).rename(part)  # a stale part under this name
+    with pytest.raises(store.EntryError, match="other token ids"):
+        store.join_parts(tmp_path, ids, ident, tp=2, approximate=False, provenance="vllm-prefill")
+    assert not list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.joining"))
+
+
+def test_transfer_into_vllm_directly_is_refused_with_the_save_state_route(tmp_path):
+    """`kvbridge transfer --engine vllm`: vLLM runs in its own process, so the command refuses in one line
+    (naming --save-state and `engine export`) before the models load, and writes nothing."""
+    from click.testing import CliRunner
+
+    from kvbridge.cli.main import cli
+
+    out = tmp_path / "moved"
+    args = ["transfer", "zoo:base", "zoo:base", "--mapping", "identity", "--prompt", "Once upon a time"]
+    res = CliRunner().invoke(cli, [*args, "--engine", "vllm", "--save-state", str(out)])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "cannot continue from one here" in res.output and "--save-state DIR" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()

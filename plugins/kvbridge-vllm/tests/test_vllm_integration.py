@@ -141,10 +141,13 @@ def served(result, tmp_path_factory):
 
 
 def test_vllm_serve_two_requests_over_localhost(served):
-    """Request 1 prefilled by vLLM (empty store), request 2 from the exported pack: same greedy text."""
+    """Two questions after one guide, prefilled by vLLM (empty store), then both from the exported pack
+    (a shared system prompt: the guide loaded for each request): the same greedy texts."""
     assert served["prefilled"] == served["from_pack"]
+    assert served["other_prefilled"] == served["other_from_pack"]
+    assert served["prefilled"] != served["other_prefilled"]  # two different requests, not one answer twice
     loaded = [e for e in served["events"] if e["event"] == "loaded"]
-    assert len(loaded) == 1 and loaded[0]["tokens"] == served["guide_tokens"] == 128
+    assert len(loaded) == 2 and {e["tokens"] for e in loaded} == {served["guide_tokens"]} == {128}
 
 
 def test_tensor_parallel_2_each_rank_loads_its_kv_heads(result):
@@ -164,3 +167,13 @@ def test_tensor_parallel_2_each_rank_loads_its_kv_heads(result):
     assert tp["own"] == tp["from_store"] and tp["cached"] == [0, 40]
     heads = sorted(tuple(e["heads"]) for e in tp["events"] if e["event"] == "loaded")
     assert heads == [(0,), (1,)]
+    # kvbridge_save at TP 2: each rank saved its head, one entry joined from them, parts removed; it is
+    # vLLM's own prefill of the prompt, within float32 rounding of transformers' cache
+    saved = tp["saved"]
+    assert len(saved["entries"]) == 1 and saved["parts"] == [], saved
+    assert saved["tensor_parallel"] == 2 and saved["kv_shape"] == [4, 2, 2, 44, 32]
+    assert saved["max_rel_err"] < 1e-4, saved
+    events = tp["events"]
+    own = events[: next(i for i, e in enumerate(events) if e["event"] == "match")]  # vLLM's own prefill
+    assert sorted(e["rank"] for e in own if e["event"] == "saved-part") == [0, 1]
+    assert [e["event"] for e in own].count("saved") == 1

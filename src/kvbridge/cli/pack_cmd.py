@@ -102,6 +102,9 @@ def info(folder: str, as_json: bool) -> None:
         f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
         f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}"
     )
+    from kvbridge.prefix.packs import origin_of
+
+    click.echo(f"  origin     {origin_of(manifest)}")
     pos = manifest["positional"]
     rope = pos.get("rope") or {}
     click.echo(f"  positions  {pos['kind']}" + (f" ({rope.get('type')}, theta {rope.get('theta')})" if rope else ""))
@@ -158,6 +161,7 @@ def verify(
         "ok": not loaded.forced,
         "forced": loaded.forced,
         "forced_fields": [x.field for x in loaded.mismatches],
+        "approximate": bool(loaded.state.approximate),
         "num_tokens": loaded.num_tokens,
         "cache_tokens": int(cache.get_seq_length()),
         "load_seconds": secs,
@@ -182,6 +186,8 @@ def verify(
         click.echo(json.dumps(result, indent=2))
         return
     status = "LOADED WITH --force (not exact)" if loaded.forced else "ok"
+    if loaded.state.approximate and not loaded.forced:
+        status = "ok (an approximate cache: not this model's own prefill)"
     click.echo(f"pack {folder} vs {model}: {status}")
     click.echo(f"  checked: {', '.join(result['checks'])}")
     click.echo(f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms")
@@ -241,14 +247,12 @@ def export(
     """
     import time
 
-    from kvbridge.kvstate_io import state_from_tensors
     from kvbridge.plugins import get_host
-    from kvbridge.prefix.packs import read_pack
+    from kvbridge.prefix.packs import read_pack_state
 
     engine = get_host().get("engine", engine_name)
     t0 = time.perf_counter()
-    manifest, tensors = read_pack(folder)
-    state = state_from_tensors(tensors, manifest["state"])
+    manifest, state = read_pack_state(folder)
     from kvbridge.errors import ConfigError, KVBridgeError
 
     recorded = model is None
@@ -273,6 +277,7 @@ def export(
         "out": out,
         "bytes": len(data),
         "tokens": state.num_tokens,
+        "approximate": bool(state.approximate),
         "cache_type": cache_type,
         "v_trans": not flash_attn,
         "seconds": secs,
@@ -282,6 +287,6 @@ def export(
         return
     click.echo(
         f"wrote {out}: {state.num_tokens} guide tokens as a {engine_name} state for {model} "
-        f"({len(data) / 1e6:.2f} MB, {cache_type}, {'V transposed' if not flash_attn else 'V row-major'}) "
-        f"in {secs * 1000:.1f} ms"
+        f"({len(data) / 1e6:.2f} MB, {cache_type}, {'V transposed' if not flash_attn else 'V row-major'}"
+        f"{', approximate' if state.approximate else ''}) in {secs * 1000:.1f} ms"
     )

@@ -42,7 +42,28 @@ from kvbridge.cli.options import dtype_option
     is_flag=True,
     help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).",
 )
-def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engine_name, dtype, accept_mismatch):
+@click.option(
+    "--save-state",
+    "save_state",
+    default=None,
+    type=click.Path(),
+    help="Also write the transferred cache (the prompt minus its last token) as a pack folder for TARGET, "
+    "marked approximate with its source and mapping; `kvbridge engine export` hands it to an engine.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing --save-state pack.")
+def transfer(
+    source,
+    target,
+    mapping_dir,
+    prompt,
+    max_new_tokens,
+    compare,
+    engine_name,
+    dtype,
+    accept_mismatch,
+    save_state,
+    overwrite,
+):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids in
@@ -56,6 +77,10 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engin
 
     With --engine llamacpp the transferred cache is written in llama.cpp's sequence-state format and
     TARGET's .gguf continues from it in llama.cpp (--compare: against llama.cpp's own prefill).
+
+    --save-state DIR keeps the transferred cache as a pack folder for TARGET (`kvbridge pack info`
+    shows where it came from); for vLLM: `kvbridge engine export DIR --engine vllm --model
+    TARGET_FOLDER --out STORE`, then send the whole prompt's token ids.
     """
     from kvbridge.cli.options import load_pair
     from kvbridge.prefix.splits import read_text_arg
@@ -68,7 +93,18 @@ def transfer(source, target, mapping_dir, prompt, max_new_tokens, compare, engin
         compare=compare,
         engine=engine_name,
         accept_fingerprint_mismatch=accept_mismatch,
+        save_state=save_state,
+        overwrite=overwrite,
     )
+    if engine_name is not None:  # an engine that only exports caches: refused before the models load
+        from kvbridge.transfer_run import engine_continuation
+
+        engine_continuation(engine_name)
+    if save_state is not None:  # refused before the models load
+        from kvbridge.artifacts import check_replaceable
+        from kvbridge.prefix.packs import PACK_KIND
+
+        check_replaceable(save_state, PACK_KIND, overwrite=overwrite)
     pair = load_pair(source, target, dtype=dtype, target_tokenizer=False)
     _print(transfer_generate(pair, settings), compare)
 
@@ -77,6 +113,9 @@ def _print(res, compare: bool) -> None:
     """A :class:`~kvbridge.transfer_run.TransferResult` as the command prints it."""
     for w in res.warnings:
         click.echo(f"warning: {w}", err=True)
+    if res.saved is not None:
+        what = "approximate: not TARGET's own exact cache" if res.approximate else "exact: identity mapping"
+        click.echo(f"[saved the transferred cache of {res.tokens} tokens to {res.saved} ({what})]", err=True)
     if res.engine is not None:
         _print_engine(res, compare)
         return

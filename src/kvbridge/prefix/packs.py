@@ -154,6 +154,71 @@ def save_pack(
     return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
 
 
+def save_state_pack(
+    model,
+    state,
+    out: str | Path,
+    *,
+    tokenizer_fp: dict,
+    provenance: dict,
+    model_dir: str | Path | None = None,
+    reference: str | None = None,
+    overwrite: bool = False,
+    host=None,
+) -> Path:
+    """Write a KV state already computed for ``model`` (a transferred or steered cache) as a pack
+    folder, with no forward pass. ``provenance`` (``{"kind": "transferred", ...}``) is recorded in the
+    manifest; the state keeps its ``approximate`` mark, so loading or exporting the pack never presents
+    it as the model's own prefill. Refused in one line when the state's geometry is not the model's or
+    it is not a prefix (positions ``0..T-1``) of one row."""
+    from kvbridge.artifacts import check_replaceable, write_artifact
+
+    out = Path(out)
+    check_replaceable(out, PACK_KIND, overwrite=overwrite)
+    spec = _adapter(model, host).spec_of(model)
+    got = (state.num_layers, state.spec.num_kv_heads, state.spec.head_dim)
+    want = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
+    if got != want:
+        raise ConfigError(
+            f"the KV state caches {got[0]} layers x {got[1]} KV heads x {got[2]}, the model "
+            f"{want[0]} x {want[1]} x {want[2]}",
+            "save a state transferred to this model (kvbridge transfer --save-state)",
+        )
+    if state.batch_size != 1 or state.positions[0].tolist() != list(range(state.num_tokens)):
+        raise ConfigError(
+            "a pack holds one prefix at positions 0..T-1; this state does not", "save one row computed from the start"
+        )
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("kind"), str):
+        raise ConfigError("provenance must be a dict with a 'kind'", "pass e.g. {'kind': 'transferred'}")
+    state = replace(state, spec=replace(spec, dtype=str(state.dtype).removeprefix("torch.")))
+    tensors, layout = pack_tensors(state)
+    manifest = build_manifest(
+        model,
+        state,
+        guide_text=None,
+        tokenizer_fp=tokenizer_fp,
+        model_dir=model_dir,
+        kv_layout=layout,
+        reference=reference,
+    )
+    manifest["provenance"] = dict(provenance)
+    return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
+
+
+def origin_of(manifest: dict) -> str:
+    """How a pack's cache was made, in words: ``prefilled by the model`` or what its provenance says,
+    with ``approximate`` spelled out."""
+    prov = manifest.get("provenance") or {}
+    approximate = bool((manifest.get("state") or {}).get("approximate", False))
+    if not prov and not approximate:
+        return "the model's own prefill (exact)"
+    what = prov.get("kind", "edited")
+    detail = ", ".join(f"{k} {prov[k]}" for k in ("source", "mapping") if prov.get(k))
+    return f"{what}{f' ({detail})' if detail else ''}" + (
+        ": approximate, not the model's own exact cache" if approximate else ""
+    )
+
+
 def pack_tensors(state) -> tuple[dict, str]:
     """``(tensors, kv_layout)`` to store ``state``: K/V stacked into one tensor ``kv`` when every layer
     has one shape and dtype (a restore then parses and checks a few tensors, not two per layer),
@@ -312,6 +377,19 @@ def read_pack(path: str | Path):
     return manifest, (_unstack(tensors) if manifest.get("kv_layout") == STACKED else tensors)
 
 
+def read_pack_state(path: str | Path):
+    """``(manifest, KVState)`` of a pack folder without a model (what an engine export writes): checksum
+    verified; the state keeps its ``approximate`` mark and, in ``meta["provenance"]``, the pack's
+    provenance record (a transferred or steered cache)."""
+    from kvbridge.kvstate_io import state_from_tensors
+
+    manifest, tensors = read_pack(path)
+    state = state_from_tensors(tensors, manifest["state"])
+    if manifest.get("provenance"):
+        state = replace(state, meta={**state.meta, "provenance": manifest["provenance"]})
+    return manifest, state
+
+
 def _read_stored(path: str | Path):
     """``(manifest, tensors as stored)``: checksum verified, manifest shape and K/V names checked."""
     from kvbridge.artifacts import read_artifact
@@ -416,6 +494,8 @@ def load_pack(
             state = state.to(dtype=getattr(torch, spec.dtype))  # a cast may overflow: check what it gave
             stacked = False
         state = replace(state, spec=spec, approximate=True, meta={**state.meta, "forced": fields})
+    if manifest.get("provenance") or bool(manifest["state"].get("approximate", False)):
+        notes.append(f"pack {path}: the cache is {origin_of(manifest)}")
     # NaN/inf are refused here, once per load (one kernel over the stacked K/V): cache() skips the check
     if not all_finite([tensors["kv"]] if stacked else (*state.keys, *state.values)):
         state.validate(check_finite=True, what=f"pack {path}")  # names the first bad layer
@@ -467,8 +547,11 @@ __all__ = [
     "PackForceWarning",
     "Mismatch",
     "save_pack",
+    "save_state_pack",
+    "origin_of",
     "load_pack",
     "read_pack",
+    "read_pack_state",
     "pack_tensors",
     "STACKED",
     "PER_LAYER",

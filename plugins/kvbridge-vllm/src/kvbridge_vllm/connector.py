@@ -4,7 +4,8 @@ Configure it with ``KVTransferConfig(kv_connector="KVBridgeConnector",
 kv_connector_module_path="kvbridge_vllm.connector", kv_role="kv_both",
 kv_connector_extra_config={"kvbridge_store": DIR})``. Optional extra keys:
 ``kvbridge_save`` (a folder: every prompt vLLM prefills in one step is saved there as a store
-entry, provenance ``vllm-prefill``; tensor parallel size 1 only), ``kvbridge_events`` (a JSONL
+entry, provenance ``vllm-prefill``; under tensor parallelism each rank writes its KV heads as a
+hidden part and the rank that writes the last part joins them into the entry), ``kvbridge_events`` (a JSONL
 file of what was matched, loaded, refused and saved: the connector's counters).
 
 Scheduler side: for a new request, the longest store entry whose token ids are a prefix of the
@@ -336,11 +337,6 @@ class KVBridgeConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         if not isinstance(meta, KVBridgeMetadata) or not meta.saves or not self._save_dir:
             return
-        if self._tp != 1:
-            if "tp-save" not in self._logged:
-                logger.warning("kvbridge: kvbridge_save needs tensor_parallel_size 1; nothing saved")
-                self._logged.add("tp-save")
-            return
         from kvbridge_vllm.pages import read_slots
 
         ordered = sorted(self._layers.items(), key=lambda kv: layer_index(kv[0]))
@@ -354,8 +350,24 @@ class KVBridgeConnector(KVConnectorBase_V1):
                     rows.append(torch.stack((k.transpose(0, 1), v.transpose(0, 1))))  # [2, H, T, D]
                 kv = torch.stack(rows)
                 identity = identity or store.ModelIdentity(**spec.identity)
-                data = store.entry_bytes(kv, spec.token_ids, identity, approximate=False, provenance="vllm-prefill")
-                path = store.write_entry(data, self._save_dir, spec.token_ids, identity)
+                if self._tp == 1:
+                    data = store.entry_bytes(kv, spec.token_ids, identity, approximate=False, provenance="vllm-prefill")
+                    path = store.write_entry(data, self._save_dir, spec.token_ids, identity)
+                else:  # each rank holds its KV heads: a part each, joined by the rank that writes the last one
+                    rank = self._rank()
+                    heads = store.rank_heads(self._total_kv_heads, self._tp, rank)
+                    store.write_part(kv, heads, spec.token_ids, identity, self._save_dir, rank=rank, tp=self._tp)
+                    self._event("saved-part", request=spec.req_id, rank=rank, heads=heads, tokens=len(spec.token_ids))
+                    path = store.join_parts(
+                        self._save_dir,
+                        spec.token_ids,
+                        identity,
+                        tp=self._tp,
+                        approximate=False,
+                        provenance="vllm-prefill",
+                    )
+                    if path is None:
+                        continue
                 self._event("saved", request=spec.req_id, entry=path.name, tokens=len(spec.token_ids))
             except Exception as exc:  # noqa: BLE001 - saving never fails the request
                 logger.warning(

@@ -56,13 +56,15 @@ def export_state(
     out: str | os.PathLike | None = None,
     *,
     dtype: str | None = None,
-    provenance: str = "kvbridge",
+    provenance: str | None = None,
     host=None,
     **_ignored,
 ) -> bytes:
     """The store entry of ``state`` for the folder ``model`` (bytes; written atomically into the
     store folder ``out`` when given, or to ``out`` itself when it ends in ``.safetensors``).
-    ``dtype``: the cache dtype vLLM runs (default: the state's own)."""
+    ``dtype``: the cache dtype vLLM runs (default: the state's own). ``provenance``: where the cache
+    came from, in words (default: the state's ``meta["provenance"]``, e.g. a transferred pack's
+    record, else ``kvbridge``)."""
     import torch
 
     target = store.model_identity(model, host=host)
@@ -76,10 +78,23 @@ def export_state(
     approximate = bool(state.approximate)
     extra = {"rounded_from": str(state.dtype).removeprefix("torch.")} if want != state.dtype else {}
     ids = state.token_ids[0]
+    provenance = provenance or provenance_text(state.meta.get("provenance")) or "kvbridge"
     data = store.entry_bytes(kv, ids, target, approximate=approximate, provenance=provenance, extra=extra)
     if out is not None:
         store.write_entry(data, out, ids.tolist(), target)
     return data
+
+
+def provenance_text(record: Any) -> str | None:
+    """A pack's provenance record (``{"kind": "transferred", "source": ..., "mapping": ...}``) as
+    the one line a store entry keeps; a string passes through."""
+    if isinstance(record, str) or record is None:
+        return record or None
+    if not isinstance(record, dict):
+        return None
+    parts = [str(record.get("kind") or "kvbridge")]
+    parts += [f"{k} {record[k]}" for k in ("source", "mapping") if record.get(k)]
+    return ", ".join(parts)
 
 
 def import_state(src: Any, model: Any, *, dtype=None, host=None):
@@ -166,4 +181,4 @@ class VllmEngine:
 
 ENGINE = VllmEngine()
 
-__all__ = ["ENGINE", "VllmEngine", "export_state", "import_state", "describe_file"]
+__all__ = ["ENGINE", "VllmEngine", "export_state", "import_state", "describe_file", "provenance_text"]

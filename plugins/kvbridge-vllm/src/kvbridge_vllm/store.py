@@ -163,6 +163,74 @@ def write_entry(data: bytes, out: str | os.PathLike, token_ids: Sequence[int], m
     return path
 
 
+# -- tensor parallel saves: one part per rank, joined by whichever rank writes the last part ----------
+def part_path(folder: str | os.PathLike, token_ids: Sequence[int], model: ModelIdentity, rank: int, tp: int) -> Path:
+    """Where rank ``rank`` of ``tp`` writes its KV heads of an entry: a hidden file the scan skips."""
+    stem = entry_name(token_ids, model).removesuffix(SUFFIX)
+    return Path(folder) / f".{stem}.rank{rank}of{tp}.part"
+
+
+def write_part(kv, heads: Sequence[int], token_ids, model: ModelIdentity, folder, *, rank: int, tp: int) -> Path:
+    """Rank ``rank``'s K/V ``[L, 2, len(heads), T, D]`` of an entry, with the global head indices, written
+    atomically next to the store's entries."""
+    import torch
+    from safetensors.torch import save
+
+    from kvbridge.artifacts import write_file_atomic
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    data = save(
+        {
+            "kv": kv.detach().to("cpu").contiguous(),
+            "heads": torch.tensor(list(heads), dtype=torch.long),
+            "token_ids": torch.as_tensor(list(token_ids), dtype=torch.long),
+        }
+    )
+    path = part_path(folder, token_ids, model, rank, tp)
+    write_file_atomic(path, data)
+    return path
+
+
+def join_parts(folder, token_ids, model: ModelIdentity, *, tp: int, approximate: bool, provenance: str) -> Path | None:
+    """The entry joined from the ``tp`` ranks' parts once all are written (``None`` before that, or when
+    another rank is joining them); the parts are removed. Each rank calls it after writing its own part:
+    the last writer sees every part, and an exclusive marker file lets one rank of several join."""
+    import torch
+    from safetensors.torch import load_file
+
+    parts = [part_path(folder, token_ids, model, r, tp) for r in range(tp)]
+    if not all(p.is_file() for p in parts):
+        return None
+    marker = parts[0].with_suffix(".joining")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return None
+    os.close(fd)
+    try:
+        loaded = [load_file(str(p)) for p in parts]
+        ids = [int(x) for x in token_ids]
+        total = model.num_kv_heads
+        by_head: dict = {}
+        for part in loaded:
+            if part["token_ids"].tolist() != ids:
+                raise EntryError(f"a rank's part of {entry_name(ids, model)} holds other token ids")
+            for j, h in enumerate(part["heads"].tolist()):
+                by_head.setdefault(int(h), part["kv"][:, :, j])  # replicated heads: the first rank's copy
+        if sorted(by_head) != list(range(total)):
+            raise EntryError(f"the ranks' parts hold KV heads {sorted(by_head)}, not 0..{total - 1}")
+        kv = torch.stack([by_head[h] for h in range(total)], dim=2)
+        data = entry_bytes(
+            kv, ids, model, approximate=approximate, provenance=provenance, extra={"tensor_parallel": tp}
+        )
+        path = write_entry(data, folder, ids, model)
+        for p in parts:
+            p.unlink(missing_ok=True)
+        return path
+    finally:
+        marker.unlink(missing_ok=True)
+
+
 # -- reading ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Entry:
@@ -358,6 +426,9 @@ __all__ = [
     "model_identity",
     "entry_bytes",
     "entry_name",
+    "part_path",
+    "write_part",
+    "join_parts",
     "write_entry",
     "read_entry_header",
     "read_kv",
