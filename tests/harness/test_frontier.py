@@ -102,3 +102,16 @@ def test_bad_frontier_is_refused_in_one_line(kwargs, needle):
     with pytest.raises(KVBridgeError) as err:
         HarnessSettings(mapping="identity", tasks=("recall",), **kwargs)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_refuses_a_bad_share_in_one_line_before_loading():
+    from click.testing import CliRunner
+
+    from kvbridge.cli.main import cli
+
+    res = CliRunner().invoke(
+        cli, ["harness", "zoo:base", "zoo:base", "--mapping", "identity", "--tasks", "recall", "--frontier", "0.1,2"]
+    )
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--frontier '0.1,2': '2' is outside 0..1" in lines[0], res.output
