@@ -160,10 +160,14 @@ def contiguous(indices: list[int]) -> str:
     return ",".join(parts)
 
 
-def print_summary(path: Path, bootstrap: int, conditions=CONDITIONS) -> int:
+def print_summary(path: Path, bootstrap: int, conditions=CONDITIONS, problems: str = "") -> int:
     from kvbridge.harness.report import terminal_table
+    from kvbridge.harness.tasks.humaneval import parse_indices
 
     recs = read_records(path)
+    if problems:  # a subset by index (0-110): the records of those problems only
+        keep = set(parse_indices(problems, 164))
+        recs = [r for r in recs if r["index"] in keep]
     res = summarize(recs, conditions=conditions, bootstrap=bootstrap)
     print(
         f"{len(res['problems'])} HumanEval problems ({contiguous(res['problems'])}), greedy pass@1, llama.cpp generation"
@@ -291,7 +295,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--models", type=Path, default=Path(os.environ.get("KVBRIDGE_HOME", Path.home() / ".cache/kvbridge")) / "models"
     )
-    ap.add_argument("--problems", default="", help="indices, e.g. 0-39 (default: all 164)")
+    ap.add_argument("--problems", default="", help="indices, e.g. 0-39 (default: all 164; with --summary: a subset)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="where transformers' 0.5B prefills (cpu, cuda)")
@@ -307,7 +311,7 @@ def main(argv=None) -> int:
         extra[name.strip()] = Path(path.strip())
     conds = parse_conditions(args.conditions, extra if not args.summary else _AnyName())
     if args.summary:
-        return print_summary(args.summary, args.bootstrap, conds)
+        return print_summary(args.summary, args.bootstrap, conds, args.problems)
     if not args.out:
         ap.error("--out is required (or --summary FILE)")
     if args.tail_mapping and args.tail_mapping not in extra:
