@@ -115,3 +115,28 @@ def test_cli_refuses_a_bad_share_in_one_line_before_loading():
     assert res.exit_code != 0 and "Traceback" not in res.output
     lines = [x for x in res.output.splitlines() if x.strip()]
     assert len(lines) == 1 and "--frontier '0.1,2': '2' is outside 0..1" in lines[0], res.output
+
+
+def test_settings_reach_the_run_through_harness_pair(tmp_path):
+    """--frontier / --sink as settings: the conditions, the sink and the report's header line."""
+    from kvbridge.harness.pair_run import harness_pair
+    from kvbridge.harness.settings import HarnessSettings
+    from kvbridge.models.pair import load_pair
+
+    pair = load_pair("zoo:base", "zoo:base")
+    settings = HarnessSettings(
+        mapping="identity",
+        tasks=("recall",),
+        bootstrap=0,
+        task_options=("recall.lengths=48", "recall.positions=0.5", "recall.n=1"),
+        conditions=("target", "truncated@0.5", "tail@0.5"),
+        frontier="50%",
+        sink=1,
+        report_dir=str(tmp_path / "rep"),
+    )
+    result, written = harness_pair(pair, settings)
+    assert result["conditions"] == ["target", "truncated@0.5", "tail@0.5"]
+    assert result["frontier"] == {"ratios": [0.5], "sink": 1, "conditions": ["truncated@0.5", "tail@0.5"]}
+    assert "1 sink tokens" in written["summary.md"].read_text()
+    rec = result["items"]["recall"][0]
+    assert rec["answers"]["tail@0.5"] == rec["answers"]["target"]  # identity: the mapped rows are the target's
