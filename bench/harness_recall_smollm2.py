@@ -3,10 +3,12 @@
 The pair and the fitted mapping are built as the RESULTS.md adapter-pair run builds them
 (:func:`kvbridge.adapters.pair.run_adapter_pair`: ridge, top-k 1, stride 4, 2,048 calibration tokens
 from the front quarter of tiny-Shakespeare); then :func:`kvbridge.harness.run.run_harness` runs the
-``recall`` task under target, source, transferred, plain reuse and no context.
+``recall`` task under target, source, transferred, plain reuse and no context (and, with
+``--frontier R[,R...]``, the compute frontier's ``truncated@R`` / ``tail@R``: ``kvbridge harness --frontier``).
 
     flock /tmp/kvbridge-heavy.lock python bench/harness_recall_smollm2.py --lengths 256,1024 \\
         --positions 0.1,0.9 --n 4 --threads 2 --json recall.json --markdown
+    python bench/harness_recall_smollm2.py --frontier 0.1,0.25 --json recall-frontier.json --markdown
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--frontier", default=None, help="R[,R...]: also truncated@R and tail@R (harness --frontier)")
+    ap.add_argument("--sink", type=int, default=4, help="sink tokens of the frontier's points")
     a = ap.parse_args(argv)
+    from kvbridge.evaluate.settings import parse_frontier
+
+    ratios = parse_frontier(a.frontier) if a.frontier is not None else ()
     import torch
     import transformers
 
@@ -69,6 +76,8 @@ def main(argv=None) -> int:
         mapping,
         pair.tokenizer,
         tasks,
+        frontier=ratios,
+        sink=a.sink,
         bootstrap=a.bootstrap,
         seed=a.seed,
         source_name="smollm2",

@@ -64,3 +64,47 @@ def test_records_resume_and_summary(mod, tmp_path):
     assert t["gap_closed"]["value"] == pytest.approx((0.4 - 0.2) / (0.8 - 0.2))
     assert t["paired"]["transferred-target"]["b_only"] == 2 and res["problems"] == [0, 1, 2, 3, 4]
     assert mod.contiguous([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_records_merge_per_condition_and_the_summary_takes_the_problems_with_all(mod, tmp_path):
+    path = tmp_path / "r.jsonl"
+    old = {"index": 0, "passed": {"target": True, "source": False, "transferred": False}, "mapping": "m1"}
+    lines = [old] + [{"index": i, "passed": dict(zip(mod.CONDITIONS, (True, True, False)))} for i in (1, 2)]
+    lines += [
+        {"index": 0, "passed": {"tail@0.1": True}, "mappings": {"tail@0.1": "m2"}},
+        {"index": 0, "passed": {"truncated@0.1": False}},
+        {"index": 1, "passed": {"tail@0.1": False}},
+    ]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    recs = mod.read_records(path)
+    assert [r["index"] for r in recs] == [0, 1, 2]
+    assert recs[0]["passed"] == {
+        "target": True,
+        "source": False,
+        "transferred": False,
+        "tail@0.1": True,
+        "truncated@0.1": False,
+    }
+    assert recs[0]["mappings"] == {"transferred": "m1", "tail@0.1": "m2"}
+    both = mod.summarize(recs, conditions=["target", "source", "tail@0.1", "truncated@0.1"], bootstrap=20)
+    assert both["problems"] == [0] and "tail@0.1-truncated@0.1" in both["tasks"]["humaneval"]["paired"]
+    assert mod.summarize(recs, conditions=["target", "tail@0.1"], bootstrap=0)["problems"] == [0, 1]
+    assert mod.summarize(recs, bootstrap=0)["problems"] == [0, 1, 2]
+
+
+def test_condition_names_and_frontier_split(mod):
+    assert mod.parse_conditions("target, tail@10%,truncated@0.25,transferred:best", {"best": "p"}) == [
+        "target",
+        "tail@0.1",
+        "truncated@0.25",
+        "transferred:best",
+    ]
+    for bad in ("tail@1.5", "transferred:other", "nope"):
+        with pytest.raises(SystemExit, match="error: "):
+            mod.parse_conditions(bad, {"best": "p"})
+    # a prompt of 101 tokens: P = 100 cached, the last one live; k = ceil(R * P)
+    assert mod.frontier_split("tail@0.1", 101, 4) == ("tail", 4, 90)
+    assert mod.frontier_split("truncated@0.25", 101, 4) == ("truncated", 4, 75)
+    assert mod.frontier_split("tail@0", 101, 4) == ("tail", 0, 100)  # the plain transfer
+    assert mod.frontier_split("truncated@0", 101, 4) == ("truncated", 4, 100)  # the sinks and the live token
+    assert mod.frontier_split("tail@1", 101, 4) == ("tail", 0, 0)  # the target's own prefill

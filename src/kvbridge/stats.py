@@ -150,7 +150,8 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
 
 def paired_names(conds) -> list[tuple[str, str]]:
     """The paired differences a report shows: each transferred-like condition against the target,
-    the source and no context; the target against the source; transferred against plain reuse."""
+    the source and no context; the target against the source; transferred against plain reuse; each
+    frontier point ``tail@R`` against ``truncated@R``."""
     cached = [c for c in conds if c not in ("target", "source", "no_context")]
     pairs = []
     for c in cached:
@@ -161,6 +162,8 @@ def paired_names(conds) -> list[tuple[str, str]]:
         pairs.append(("target", "source"))
     if "transferred" in conds:
         pairs += [(c, "transferred") for c in cached if c != "transferred"]
+    # the compute frontier: each tail@R against the target's own compute at that point, truncated@R
+    pairs += [(c, "truncated@" + c[5:]) for c in cached if c.startswith("tail@") and "truncated@" + c[5:] in conds]
     return pairs
 
 

@@ -23,6 +23,8 @@ CLI_TO_FIELD = {
     "conditions": "conditions",
     "recompute_layers": "recompute_layers",
     "recompute_tokens": "recompute_tokens",
+    "frontier": "frontier",
+    "sink": "sink",
     "limit": "limit",
     "allow_code_execution": "allow_code_execution",
     "bootstrap": "bootstrap",

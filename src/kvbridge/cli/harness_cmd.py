@@ -73,6 +73,17 @@ def _task_help() -> str:
     metavar="R[,R...]",
     help="Also run the transferred cache with a share R of the context tokens recomputed (CacheBlend rule).",
 )
+@click.option(
+    "--frontier",
+    default=None,
+    metavar="R[,R...]",
+    help="Also run the compute frontier's points for each share R of the context: truncated@R (the target "
+    "prefills only --sink first tokens and the last ceil(R*P), at their original positions; no transfer) and "
+    "tail@R (those rows computed by the target over the mapped cache of the rest), as in `kvbridge eval --frontier`.",
+)
+@click.option(
+    "--sink", default=4, show_default=True, type=count(0), help="Sink tokens (the context's first) kept by --frontier."
+)
 @click.option("--limit", default=0, type=count(0), show_default=True, help="Items per task (0: all the task builds).")
 @click.option(
     "--allow-code-execution",
@@ -117,6 +128,8 @@ def harness(
     conditions,
     recompute_layers,
     recompute_tokens,
+    frontier,
+    sink,
     limit,
     allow_code_execution,
     bootstrap,
@@ -137,7 +150,8 @@ def harness(
     from that cache; 'no_context' answers the query alone. Per task and overall: accuracy with
     Wilson 95% intervals, retention (transferred / target), floor-normalised retention (above
     the task's chance level), gap closed ((transferred - source) / (target - source)) and paired
-    differences between conditions (bootstrap intervals, McNemar).
+    differences between conditions (bootstrap intervals, McNemar). --frontier R adds truncated@R
+    and tail@R (paired against source and tail@R against truncated@R).
 
     \b
     TASKS
@@ -157,6 +171,8 @@ def harness(
         conditions=conditions,
         recompute_layers=recompute_layers,
         recompute_tokens=recompute_tokens,
+        frontier=frontier,
+        sink=sink,
         limit=limit,
         allow_code_execution=allow_code_execution,
         bootstrap=bootstrap,

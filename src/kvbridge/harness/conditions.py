@@ -11,7 +11,13 @@
 - recompute points on the transferred cache (:class:`Recompute`): ``transferred+layers:SPEC``
   (those target layers recomputed with the target's own forward over the context:
   :func:`kvbridge.recompute.layers.recompute_layers`) and ``transferred+tokens:R`` (a share of
-  the context tokens recomputed by the CacheBlend rule: :func:`kvbridge.recompute.tokens.blend`).
+  the context tokens recomputed by the CacheBlend rule: :func:`kvbridge.recompute.tokens.blend`);
+- the compute frontier's points (``--frontier R``, :mod:`kvbridge.recompute.frontier`, its own
+  cache builders): ``truncated@R``, the target's own prefill of only the first ``S`` (sink) and the
+  last ``ceil(R * P)`` context tokens at their original positions (no transfer; the live ids keep
+  positions ``P, P+1, ...``), and ``tail@R``, those same rows computed by the target at every layer
+  over the mapped cache of every other row (``tail@0`` is ``transferred``; ``truncated@1`` and
+  ``tail@1`` are the target's own prefill).
 
 Every condition sees the same token ids: the context ids (tokenised with the tokenizer's special
 tokens) are what the cache holds; the live ids (query, then a choice for log-likelihood scoring)
@@ -35,6 +41,17 @@ from kvbridge.harness.protocol import HarnessError
 CONDITIONS = ("target", "source", "transferred", "plain", "no_context")
 #: conditions whose answer is the target's from a cache the target did not compute itself
 CACHE_CONDITIONS = ("transferred", "plain")
+#: the frontier's point kinds, in report order (:func:`kvbridge.recompute.frontier.point_name`)
+FRONTIER_KINDS = ("truncated", "tail")
+
+
+def frontier_points(ratios) -> dict:
+    """``{"truncated@R": ("truncated", R), "tail@R": ("tail", R), ...}`` in report order."""
+    from kvbridge.recompute.frontier import point_name
+
+    return {
+        point_name(kind, r): (kind, float(r)) for r in sorted({float(x) for x in ratios}) for kind in FRONTIER_KINDS
+    }
 
 
 @dataclass(frozen=True)
@@ -102,8 +119,9 @@ class Answerer:
 
     MEMO = 4  # contexts whose caches are kept
 
-    def __init__(self, source, target, mapping, tokenizer, *, recompute=(), host=None):
+    def __init__(self, source, target, mapping, tokenizer, *, recompute=(), frontier=(), sink=None, host=None):
         from kvbridge.plugins import get_host
+        from kvbridge.recompute.frontier import DEFAULT_SINK
 
         self.host = host or get_host()
         self.source, self.target, self.mapping, self.tokenizer = source, target, mapping, tokenizer
@@ -122,6 +140,13 @@ class Answerer:
                 )
         self.plain_ok = _geometry(self.sspec) == _geometry(self.tspec)
         self.recompute = {r.name: r for r in recompute}
+        for r in frontier:
+            if not 0 <= float(r) <= 1:
+                raise HarnessError(f"frontier share {r!r} is outside 0..1", "pass shares of the context, e.g. 0.1,0.25")
+        self.frontier = frontier_points(frontier)
+        self.sink = DEFAULT_SINK if sink is None else int(sink)
+        if self.sink < 0:
+            raise HarnessError(f"--sink {sink!r} is negative", "pass a whole number of sink tokens >= 0, e.g. 4")
         eos = getattr(tokenizer, "eos_token_id", None)
         cfg_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
         ids = set()
@@ -132,7 +157,13 @@ class Answerer:
                 ids.update(int(x) for x in e)
         self.eos_ids = ids
         self._memo: OrderedDict = OrderedDict()
-        self.timing = {"source_prefill_s": 0.0, "target_prefill_s": 0.0, "transfer_s": 0.0, "recompute_s": 0.0}
+        self.timing = {
+            "source_prefill_s": 0.0,
+            "target_prefill_s": 0.0,
+            "transfer_s": 0.0,
+            "recompute_s": 0.0,
+            "frontier_s": 0.0,
+        }
         #: one model on both sides (an identity pair): the target's prefill IS the source's
         self.one_model = target is source and self.tspec == self.sspec
         #: work not repeated: target prefills served by the source's, answers served by an earlier
@@ -142,7 +173,7 @@ class Answerer:
     # -- which conditions apply ------------------------------------------------------------------
     def conditions(self, wanted=None) -> list[str]:
         """The condition names to run (``wanted``: names, default all that apply), in report order."""
-        names = list(CONDITIONS) + list(self.recompute)
+        names = list(CONDITIONS) + list(self.recompute) + list(self.frontier)
         if wanted is None:
             return [c for c in names if c != "plain" or self.plain_ok]
         out = []
@@ -225,6 +256,18 @@ class Answerer:
                 self.tad,
                 get("plain", lambda: transfer(src, IdentityMapping(), self.tspec, host=self.host)),
             )
+        if cond in self.frontier:  # the frontier's own builders (kvbridge.recompute.frontier)
+            from kvbridge.recompute.frontier import kept_rows, truncated_state
+            from kvbridge.recompute.tokens import recompute_rows
+
+            kind, r = self.frontier[cond]
+            rows = kept_rows(len(ctx), r, self.sink, tail=kind == "tail")
+            if kind == "tail":
+                make = lambda: recompute_rows(self.target, moved, rows, meta={"frontier": cond})[0]  # noqa: E731
+            else:  # the layout (tokens, positions) of either target-side state; its K/V are not read
+                layout = memo.get("target", moved)
+                make = lambda: truncated_state(self.target, layout, rows)[0]  # noqa: E731
+            return self.target, self.tad, get(cond, lambda: timed("frontier_s", make))
         point = self.recompute.get(cond)
         if point is None:
             raise HarnessError(f"unknown condition {cond!r}", f"use some of {', '.join(self.conditions())}")
@@ -262,9 +305,14 @@ class Answerer:
         import torch
         from transformers import DynamicCache
 
-        cache = adapter.inject(state, model) if state is not None else DynamicCache()
+        start = next_position(state)
+        gap = start is not None
+        cache = adapter.inject(state, model, check=not gap) if state is not None else DynamicCache()
+        kwargs = {"position_ids": torch.arange(start, start + len(live))[None]} if gap else {}
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([live], dtype=torch.long), cache=cache, use_cache=True).logits
+            logits = model(
+                input_ids=torch.tensor([live], dtype=torch.long), cache=cache, use_cache=True, **kwargs
+            ).logits
         return logits[0].float(), cache
 
     # -- requests -----------------------------------------------------------------------------------
@@ -315,6 +363,8 @@ class Answerer:
         import torch
 
         logits, cache = self._forward(model, adapter, state, live_ids)
+        start = next_position(state)  # a truncated cache: the live ids keep their original positions
+        pos = None if start is None else start + len(live_ids)
         nxt = int(logits[-1].argmax())
         toks: list[int] = []
         text = ""
@@ -325,10 +375,20 @@ class Answerer:
             text = self.tokenizer.decode(toks, skip_special_tokens=True)
             if any(s and s in text for s in stop) or step == max_new_tokens - 1:
                 break
+            kwargs = {} if pos is None else {"position_ids": torch.tensor([[pos + step]])}
             with torch.no_grad():
-                out = model(input_ids=torch.tensor([[nxt]], dtype=torch.long), cache=cache, use_cache=True).logits
-            nxt = int(out[0, -1].float().argmax())
+                out = model(input_ids=torch.tensor([[nxt]], dtype=torch.long), cache=cache, use_cache=True, **kwargs)
+            nxt = int(out.logits[0, -1].float().argmax())
         return cut_at_stop(text, stop)
+
+
+def next_position(state) -> int | None:
+    """The position of the first live id after ``state`` where it is not the state's length (a
+    truncated cache keeps its rows' original positions: the next one is the last + 1); else None."""
+    if state is None or state.positions is None or not state.num_tokens:
+        return None
+    nxt = int(state.positions.reshape(-1, state.positions.shape[-1])[0, -1]) + 1
+    return None if nxt == state.num_tokens else nxt
 
 
 def same_cache(a, b) -> bool:
@@ -367,6 +427,9 @@ __all__ = [
     "CONDITIONS",
     "Recompute",
     "Answerer",
+    "FRONTIER_KINDS",
+    "frontier_points",
+    "next_position",
     "parse_recompute_layers",
     "parse_recompute_tokens",
     "cut_at_stop",

@@ -119,6 +119,8 @@ def harness_pair(
         tasks,
         conditions=list(settings.conditions) or None,
         recompute=points,
+        frontier=settings.frontier_ratios,
+        sink=settings.sink,
         allow_code_execution=settings.allow_code_execution,
         bootstrap=settings.bootstrap,
         seed=settings.seed,

@@ -81,6 +81,23 @@ def paired_lines(result: dict) -> list[str]:
     return lines
 
 
+def condition_lines(result: dict) -> list[str]:
+    """Retention, floor-normalised retention and gap closed of every cache condition other than
+    ``transferred`` (whose ratios are the table's columns): plain reuse, recompute and frontier points."""
+    lines = []
+    for name, t in list(result["tasks"].items()) + (
+        [("overall", result["overall"])] if len(result["tasks"]) > 1 else []
+    ):
+        for cond, row in (t.get("by_condition") or {}).items():
+            if cond == "transferred":
+                continue
+            lines.append(
+                f"{name}: {cond} retention {_num(row.get('retention'))}, floor-norm retention "
+                f"{_num(row.get('floor_normalised_retention'))}, gap closed {_num(row.get('gap_closed'))}"
+            )
+    return lines
+
+
 def _header(result: dict) -> list[str]:
     s, t, m = result["source"], result["target"], result["mapping"]
     lines = [
@@ -89,6 +106,13 @@ def _header(result: dict) -> list[str]:
         f"conditions: {', '.join(result['conditions'])}; accuracy [Wilson 95%]; ratios [paired bootstrap 95%, "
         f"{result['settings']['bootstrap']} resamples]",
     ]
+    fr = result.get("frontier")
+    if fr:
+        lines.append(
+            f"frontier at R = {', '.join(f'{r:g}' for r in fr['ratios'])}, {fr['sink']} sink tokens: truncated@R = the "
+            "target's own prefill of the sinks and the last ceil(R*P) context tokens only (original positions); "
+            "tail@R = those rows computed by the target over the mapped cache of the rest"
+        )
     return lines
 
 
@@ -100,6 +124,9 @@ def terminal_table(result: dict) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
     out = _header(result) + ["", line(heads), "-" * len(line(heads))] + [line(r) for r in body]
+    extra = condition_lines(result)
+    if extra:
+        out += ["", "the other cache conditions (point values):"] + ["  " + x for x in extra]
     out += ["", "paired differences (a - b, per item):"] + ["  " + x for x in paired_lines(result)]
     out += [f"note: {n}" for n in result.get("notes") or []]
     return "\n".join(out)
@@ -112,7 +139,11 @@ def markdown(result: dict) -> str:
         "| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)) + " |"
         for r in body
     ]
-    out = [f"- {x}" for x in _header(result)] + ["", *table, "", "Paired differences (a - b, per item):", ""]
+    out = [f"- {x}" for x in _header(result)] + ["", *table, ""]
+    extra = condition_lines(result)
+    if extra:
+        out += ["The other cache conditions (point values):", ""] + [f"- {x}" for x in extra] + [""]
+    out += ["Paired differences (a - b, per item):", ""]
     out += [f"- {x}" for x in paired_lines(result)]
     out += [f"- note: {n}" for n in result.get("notes") or []]
     return "\n".join(out) + "\n"
@@ -168,4 +199,14 @@ def write_report(result: dict, folder) -> dict:
     return {name: folder / name for name in ("harness.json", "summary.md", "accuracy.png")}
 
 
-__all__ = ["terminal_table", "markdown", "to_json", "write_report", "plot", "rows", "paired_lines", "REPORT_KIND"]
+__all__ = [
+    "terminal_table",
+    "markdown",
+    "to_json",
+    "write_report",
+    "plot",
+    "rows",
+    "paired_lines",
+    "condition_lines",
+    "REPORT_KIND",
+]

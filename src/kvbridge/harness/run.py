@@ -156,6 +156,8 @@ def run_harness(
     *,
     conditions=None,
     recompute=(),
+    frontier=(),
+    sink: int | None = None,
     allow_code_execution: bool = False,
     bootstrap: int = 1000,
     seed: int = 0,
@@ -169,8 +171,10 @@ def run_harness(
 ) -> dict:
     """Run ``tasks`` under ``conditions`` (default: every one that applies) and return the result dict.
 
-    ``recompute``: :class:`kvbridge.harness.conditions.Recompute` points; ``limit``: items per task (0: all). ``on_item(task, record)``
-    after each item (partial results); ``progress(done, total)``.
+    ``recompute``: :class:`kvbridge.harness.conditions.Recompute` points; ``frontier``: shares R of
+    the context for the frontier's ``truncated@R`` / ``tail@R`` conditions, with ``sink`` sink tokens
+    (default :data:`kvbridge.recompute.frontier.DEFAULT_SINK`); ``limit``: items per task (0: all).
+    ``on_item(task, record)`` after each item (partial results); ``progress(done, total)``.
     """
     import contextlib
 
@@ -184,7 +188,9 @@ def run_harness(
             f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
             "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
         )
-    answerer = Answerer(source, target, mapping, tokenizer, recompute=recompute, host=host)
+    answerer = Answerer(
+        source, target, mapping, tokenizer, recompute=recompute, frontier=frontier, sink=sink, host=host
+    )
     conds = answerer.conditions(conditions)
     built = []
     for t in tasks:
@@ -251,6 +257,13 @@ def run_harness(
                 {"name": r.name, "kind": r.kind, "spec": r.spec, "layers": list(r.layers), "ratio": r.ratio}
                 for r in recompute
             ],
+            "frontier": {
+                "ratios": sorted({float(r) for r in frontier}),
+                "sink": answerer.sink,
+                "conditions": list(answerer.frontier),
+            }
+            if frontier
+            else None,
             "settings": {
                 "bootstrap": bootstrap,
                 "seed": seed,
@@ -268,6 +281,16 @@ def run_harness(
                 "gap_closed": "(transferred - source) / (target - source)",
                 "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact "
                 "McNemar p",
+                **(
+                    {
+                        "truncated@R": f"the target's own prefill of the first {answerer.sink} (sink) and the last "
+                        "ceil(R*P) of the P cached context tokens only, at their original positions (no transfer)",
+                        "tail@R": "the same rows computed by the target at every layer over the mapped cache of the "
+                        "others (tail@0: the plain transfer)",
+                    }
+                    if frontier
+                    else {}
+                ),
             },
             "notes": notes,
         },

@@ -24,7 +24,8 @@ class HarnessSettings:
     ``task_options``: ``TASK.KEY=VALUE`` strings; ``lm_eval_tasks``: lm-evaluation-harness task names
     or YAML files (``lm_eval_include``: a folder of task YAMLs); ``conditions``: empty = every one
     that applies; ``recompute_layers`` / ``recompute_tokens``: extra transferred points with part of
-    the cache recomputed; ``limit``: items per task (0: all); ``report_dir`` / ``partial_path``: where
+    the cache recomputed; ``frontier``: ``R[,R...]`` shares of the context for the compute frontier's
+    ``truncated@R`` / ``tail@R`` conditions, ``sink`` sink tokens they keep; ``limit``: items per task (0: all); ``report_dir`` / ``partial_path``: where
     the report and the finished items go; ``accept_fingerprint_mismatch``: warn instead of refusing."""
 
     mapping: str
@@ -35,6 +36,8 @@ class HarnessSettings:
     conditions: tuple = ()
     recompute_layers: str | None = None
     recompute_tokens: str | None = None
+    frontier: str | None = None
+    sink: int = 4
     limit: int = 0
     allow_code_execution: bool = False
     bootstrap: int = 1000
@@ -61,8 +64,22 @@ class HarnessSettings:
             )
         if not self.tasks and not self.lm_eval_tasks:
             raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
-        for value, flag in ((self.limit, "--limit"), (self.bootstrap, "--bootstrap"), (self.seed, "--seed")):
+        for value, flag in (
+            (self.limit, "--limit"),
+            (self.bootstrap, "--bootstrap"),
+            (self.seed, "--seed"),
+            (self.sink, "--sink"),
+        ):
             whole_number(value, flag, 0, HarnessError)
+        if self.frontier is not None:
+            self.frontier_ratios  # a typo fails before anything is loaded (one line, naming --frontier)
+
+    @property
+    def frontier_ratios(self) -> tuple[float, ...]:
+        """``frontier`` as sorted shares of the context (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when not asked."""
+        from kvbridge.evaluate.settings import parse_frontier
+
+        return parse_frontier(self.frontier) if self.frontier is not None else ()
 
     @property
     def partial_file(self) -> str | None:
