@@ -19,7 +19,7 @@ KL: :meth:`AdapterPairResult.ordering` states only the orderings those intervals
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 #: the fit's calibration text: the front quarter of the corpus (the adapter trained on [0.5, 0.7))
@@ -332,16 +332,10 @@ def run_adapter_pair(
         seed=seed,
         conditions=conds,
     )
+    # the same condition set under two mappings: fitted (with the floor and controls) and plain reuse
     run_fit = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress)
-    cfg_plain = EvalConfig(
-        prefix_len=prefix_len,
-        continuation_len=continuation_len,
-        greedy_tokens=greedy_tokens,
-        batch_size=batch_size,
-        seed=seed,
-        conditions=("native", "transferred"),
-    )
-    run_plain = run_conditions(base, tuned, IdentityMapping(), ids, cfg_plain, host=host, progress=progress)
+    plain_cfg = replace(cfg, conditions=("native", "transferred"))
+    run_plain = run_conditions(base, tuned, IdentityMapping(), ids, plain_cfg, host=host, progress=progress)
     timing["eval_s"] = time.perf_counter() - t0
     notes = []
     if not torch.equal(run_fit.fields["native"]["nll"], run_plain.fields["native"]["nll"]):

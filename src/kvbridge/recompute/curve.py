@@ -18,8 +18,6 @@ the plain transfer's deficit to native that the recompute wins back.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from kvbridge.recompute.layers import RecomputeError
@@ -96,10 +94,10 @@ def run_curve(
 ) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.conditions import attention_cosines, native_fields, position_fields
+    from kvbridge.evaluate.fields import stack_fields, summarize_fields
+    from kvbridge.evaluate.runner import Built, Condition, prefix_batches, run_batches
     from kvbridge.plugins import get_host
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
     from kvbridge.recompute.tokens import RULES, blend
     from kvbridge.transfer import transfer
@@ -122,71 +120,49 @@ def run_curve(
         raise RecomputeError(
             "no recompute point to run", "pass --recompute-layers, --recompute-tokens or --recompute-sweep"
         )
-    names = ["native", "transferred"] + [x[0] for x in points] + ["no_prefix"]
-    acc = {x: {} for x in names}
-    cost = {x: {"flops": 0.0, "seconds": 0.0} for x in names}
-    t_native = t_transfer = 0.0
-    add = lambda cond, key, v: acc[cond].setdefault(key, []).append(v.detach().float().cpu())
     n = samples.shape[0]
     warm = samples[:1, :p]  # one untimed pass of each code path: first calls allocate and dispatch slowly
     tad.extract(target, warm, spec=tspec)
     blend(target, tad.extract(target, warm, spec=tspec), 0, 0.5, check_layer=check_layer)
-    for s in range(0, n, batch_size):
-        ids = samples[s : s + batch_size, : p + c + 1]
-        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
-        t0 = time.perf_counter()
-        native = tad.extract(target, prefix, spec=tspec)
-        t1 = time.perf_counter()
-        if mode == "source":
-            src_state, hidden = capture_hidden(source, lambda: sad.extract(source, prefix, spec=sspec))
-        else:
-            src_state, hidden = sad.extract(source, prefix, spec=sspec), None
-        t2 = time.perf_counter()
-        transferred = transfer(src_state, mapping, tspec, host=host)
-        t3 = time.perf_counter()
-        t_native += t1 - t0
-        t_transfer += t3 - t2
-        states = {"transferred": (transferred, 0.0, 0.0)}
-        for name, kind, arg in points:
-            if kind == "layers":
-                st, cst = recompute_layers(target, transferred, arg, mode=mode, source_hidden=hidden)
-            else:
-                res = blend(target, transferred, 0, arg, check_layer=check_layer, rule=kind)
-                st, cst = res.state, res.cost
-            states[name] = (st, cst.seconds, cst.flops)
-        cache = tad.inject(native, target)
-        if attention:
-            from kvbridge.evaluate.conditions import capture_attention
 
-            with capture_attention(target) as captured, torch.no_grad():
-                logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
-        else:
-            captured = None
-            with torch.no_grad():
-                logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
-        fields, ref = native_fields(logits, targets, top_k=5, top_p=0.9)
-        for k, v in fields.items():
-            add("native", k, v)
-        if captured is not None:
-            add("native", "attn_cos", attention_cosines(captured, native, p))
-        for cond in names[1:]:
-            with torch.no_grad():
-                if cond == "no_prefix":
-                    logits = target(input_ids=cont).logits.float()
-                else:
-                    st, secs, flops = states[cond]
-                    logits = target(
-                        input_ids=cont, cache=tad.inject(st, target, check=False), use_cache=True
-                    ).logits.float()
-                    cost[cond]["seconds"] += secs
-                    cost[cond]["flops"] += flops
-                    if captured is not None:
-                        add(cond, "attn_cos", attention_cosines(captured, st, p))
-            f, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
-            for k, v in f.items():
-                add(cond, k, v)
-        if progress is not None:
-            progress(min(n, s + batch_size), n)
+    def source_side(bt):  # (source state, its hidden states in mode source)
+        if mode == "source":
+            return capture_hidden(source, lambda: sad.extract(source, bt.parts["prefix"], spec=sspec))
+        return sad.extract(source, bt.parts["prefix"], spec=sspec), None
+
+    def native(bt):
+        return Built(bt.once("native", lambda: tad.extract(target, bt.parts["prefix"], spec=tspec), "native"))
+
+    def transferred(bt):
+        src, _ = bt.once("source", lambda: source_side(bt), "source")
+        return bt.once("transferred", lambda: transfer(src, mapping, tspec, host=host), "transfer")
+
+    def point(kind, arg):
+        def build(bt):
+            if kind == "layers":
+                hidden = bt.once("source", lambda: source_side(bt), "source")[1]
+                st, cst = recompute_layers(target, transferred(bt), arg, mode=mode, source_hidden=hidden)
+            else:
+                res = blend(target, transferred(bt), 0, arg, check_layer=check_layer, rule=kind)
+                st, cst = res.state, res.cost
+            return Built(st, seconds=cst.seconds, flops=cst.flops)
+
+        return build
+
+    conds = [Condition("native", native), Condition("transferred", lambda bt: Built(transferred(bt)))]
+    conds += [Condition(name, point(kind, arg)) for name, kind, arg in points]
+    conds.append(Condition("no_prefix", lambda bt: Built(None)))
+    names = [x.name for x in conds]
+    timing = {"native": 0.0, "transfer": 0.0}
+    acc, cost = run_batches(
+        conds,
+        prefix_batches(samples, p, c, batch_size, timing),
+        {"target": (target, tad)},
+        num_samples=n,
+        attention=attention,
+        progress=progress,
+    )
+    t_native, t_transfer = timing["native"], timing["transfer"]
     fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)

@@ -26,7 +26,6 @@ or "does not pay at any measured point".
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
@@ -161,11 +160,11 @@ def run_frontier(
 ) -> dict:
     """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.conditions import attention_cosines, capture_attention, native_fields, position_fields
+    from kvbridge.evaluate.fields import stack_fields, summarize_fields
+    from kvbridge.evaluate.runner import Built, Condition, prefix_batches, run_batches
     from kvbridge.plugins import get_host
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.curve import sample_ids
-    from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import RecomputeError
     from kvbridge.recompute.tokens import recompute_rows
     from kvbridge.transfer import transfer
@@ -177,67 +176,48 @@ def run_frontier(
     ratios = sorted({float(r) for r in ratios})
     if not ratios:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
-    points = [(point_name(kind, r), kind, r) for r in ratios for kind in ("truncated", "tail")]
-    names = ["native", "source", "transferred"] + [x[0] for x in points] + ["no_prefix"]
-    acc = {x: {} for x in names}
-    cost = {x: {"flops": 0.0, "seconds": 0.0, "rows": 0} for x in names}
-    t_native = t_transfer = t_source = 0.0
     n = samples.shape[0]
 
-    def add(cond, key, v):
-        acc[cond].setdefault(key, []).append(v.detach().float().cpu())
+    def native(bt):
+        return bt.once("native", lambda: tad.extract(target, bt.parts["prefix"], spec=tspec), "native")
 
-    for s in range(0, n, batch_size):
-        ids = samples[s : s + batch_size, : p + c + 1]
-        b = ids.shape[0]
-        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
-        t0 = time.perf_counter()
-        native = tad.extract(target, prefix, spec=tspec)
-        t1 = time.perf_counter()
-        src_state = sad.extract(source, prefix, spec=sspec)
-        t2 = time.perf_counter()
-        transferred = transfer(src_state, mapping, tspec, host=host)
-        t3 = time.perf_counter()
-        t_native, t_source, t_transfer = t_native + t1 - t0, t_source + t2 - t1, t_transfer + t3 - t2
-        with torch.no_grad(), capture_attention(target) if attention else _null() as captured:
-            logits = target(input_ids=cont, cache=tad.inject(native, target), use_cache=True).logits.float()
-        fields, ref = native_fields(logits, targets, top_k=5, top_p=0.9)
-        for k, v in fields.items():
-            add("native", k, v)
-        if attention:
-            add("native", "attn_cos", attention_cosines(captured, native, p))
-        kinds = {name: (kind, r) for name, kind, r in points}
-        for cond in names[1:]:  # one state at a time: built, scored, dropped (memory: one extra cache)
-            with torch.no_grad():
-                if cond == "no_prefix":
-                    model, kwargs = target, {}
-                elif cond == "source":
-                    model, kwargs = source, {"cache": sad.inject(src_state, source), "use_cache": True}
-                else:
-                    st = transferred
-                    if cond in kinds:
-                        kind, r = kinds[cond]
-                        rows = kept_rows(p, r, sink, tail=kind == "tail")
-                        if kind == "tail":
-                            st, cst = recompute_rows(target, transferred, rows, meta={"frontier": cond})
-                        else:
-                            st, cst = truncated_state(target, native, rows)
-                        cost[cond]["flops"] += cst.flops
-                        cost[cond]["seconds"] += cst.seconds
-                        cost[cond]["rows"] = int(rows.numel())
-                    model, kwargs = target, {"cache": tad.inject(st, target, check=False), "use_cache": True}
-                    if st.num_tokens != p:  # truncated: the continuation keeps its own positions P..P+C-1
-                        kwargs["position_ids"] = torch.arange(p, p + c).expand(b, c)
-                    elif attention:
-                        add(cond, "attn_cos", attention_cosines(captured, st, p))
-                    del st
-                logits = model(input_ids=cont, **kwargs).logits.float()
-                del kwargs
-            f, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
-            for k, v in f.items():
-                add(cond, k, v)
-        if progress is not None:
-            progress(min(n, s + batch_size), n)
+    def src(bt):
+        return bt.once("source", lambda: sad.extract(source, bt.parts["prefix"], spec=sspec), "source")
+
+    def transferred(bt):
+        return bt.once("transferred", lambda: transfer(src(bt), mapping, tspec, host=host), "transfer")
+
+    def point(kind, r):
+        def build(bt):
+            rows = kept_rows(p, r, sink, tail=kind == "tail")
+            if kind == "tail":
+                st, cst = recompute_rows(target, transferred(bt), rows, meta={"frontier": point_name(kind, r)})
+            else:
+                st, cst = truncated_state(target, native(bt), rows)
+            b = len(bt.index)  # truncated: the continuation keeps its own positions P..P+C-1
+            kw = {"position_ids": torch.arange(p, p + c).expand(b, c)} if st.num_tokens != p else {}
+            return Built(st, kwargs=kw, seconds=cst.seconds, flops=cst.flops, rows=int(rows.numel()))
+
+        return build
+
+    conds = [
+        Condition("native", lambda bt: Built(native(bt))),
+        Condition("source", lambda bt: Built(src(bt), on="source")),
+        Condition("transferred", lambda bt: Built(transferred(bt))),
+    ]
+    conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
+    conds.append(Condition("no_prefix", lambda bt: Built(None)))
+    names = [x.name for x in conds]
+    timing = {"native": 0.0, "source": 0.0, "transfer": 0.0}
+    acc, cost = run_batches(
+        conds,
+        prefix_batches(samples, p, c, batch_size, timing),
+        {"target": (target, tad), "source": (source, sad)},
+        num_samples=n,
+        attention=attention,
+        progress=progress,
+    )
+    t_native, t_source, t_transfer = timing["native"], timing["source"], timing["transfer"]
     fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     pairs = [("transferred", "source")]
@@ -292,12 +272,6 @@ def run_frontier(
         ],
     }
     return _clean(result)
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 __all__ = ["SCHEMA", "DEFAULT_SINK", "kept_rows", "truncated_state", "paired_differences", "verdict", "run_frontier"]
