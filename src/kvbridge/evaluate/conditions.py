@@ -51,9 +51,9 @@ import torch
 
 from kvbridge.errors import KVBridgeError
 from kvbridge.evaluate.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
-from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
-from kvbridge.evaluate.runner import Built, Condition, prefix_batches, run_batches
-from kvbridge.evaluate.fields import stack_fields
+from kvbridge.evaluate.runner import native_fields, position_fields  # noqa: F401 (re-exported)
+from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
+from kvbridge.evaluate.runner import stack_fields
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
@@ -170,10 +170,6 @@ def run_conditions(
 
     ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
     """
-    from kvbridge.plugins import get_host
-    from kvbridge.transfer import transfer
-
-    host = host or get_host()
     samples = torch.as_tensor(samples).long()
     p, c = config.prefix_len, config.continuation_len
     if samples.dim() != 2 or samples.shape[1] < config.sample_len:
@@ -192,53 +188,47 @@ def run_conditions(
         raise EvalError(
             f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len"
         )
-    sad = host.adapter_for(source.config.to_dict())
-    tad = host.adapter_for(target.config.to_dict())
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    pre = Prefills(source, target, mapping, host=host)
+    sspec, tspec = pre.sspec, pre.tspec
     _check_pair(sspec, tspec, mapping)
     gen = torch.Generator().manual_seed(int(config.seed))
-    timing = {"target_prefill_s": 0.0, "transfer_s": 0.0, "source_prefill_s": 0.0, "prefix_tokens": 0}
+    timing = pre.timing
+    timing["prefix_tokens"] = 0
     shuffled = "shuffled" in conds
 
-    def native(batch):
-        prefix = batch.parts["prefix"]
-        timing["prefix_tokens"] += int(prefix.numel())
-        return batch.once("native", lambda: tad.extract(target, prefix, spec=tspec), "target_prefill_s")
+    def batches():  # the source also prefills the next sample's prefix: the shuffled control
+        for bt in prefix_batches(samples, p, c, config.batch_size, timing):
+            timing["prefix_tokens"] += int(bt.parts["prefix"].numel())
+            if shuffled:
+                bt.parts["source_prefix"] = torch.cat([bt.parts["prefix"], samples[(bt.index[-1:] + 1) % n, :p]])
+            yield bt
 
-    def moved(batch):  # (source state, transferred, shuffled control): one source prefill serves all three
-        def make():
-            prefix, idx, b = batch.parts["prefix"], batch.index, len(batch.index)
-            rows = torch.cat([prefix, samples[(idx[-1:] + 1) % n, :p]]) if shuffled else prefix
-            src = batch.once("source", lambda: sad.extract(source, rows, spec=sspec), "source_prefill_s")
-            out = batch.once("transfer", lambda: transfer(src, mapping, tspec, host=host), "transfer_s")
-            if not shuffled:  # with it, the source ran one more row: the next sample's prefix
-                return src, out, None
-            return _rows(src, 0, b), _rows(out, 0, b), _rows(out, 1, b + 1)
-
-        return batch.once("moved", make)
+    def moved(bt, i):  # 0: the source state, 1: transferred, 2: the shuffled control (the next sample's rows)
+        src, out = pre.source_state(bt), pre.transferred(bt)
+        if not shuffled:
+            return (src, out)[i]
+        b = len(bt.index)
+        return _rows(out, 1, b + 1) if i == 2 else _rows((src, out)[i], 0, b)
 
     builders = {
-        "native": lambda bt: Built(native(bt)),
-        "transferred": lambda bt: Built(moved(bt)[1]),
-        "no_prefix": lambda bt: Built(None),
-        "zeroed": lambda bt: Built(zeroed_state(moved(bt)[1])),
-        "shuffled": lambda bt: Built(moved(bt)[2]),
-        "random": lambda bt: Built(random_state(moved(bt)[1], gen)),
-        "no_rope_reapply": lambda bt: Built(no_rope_state(moved(bt)[0], mapping, tspec, host=host)),
-        "source": lambda bt: Built(moved(bt)[0], on="source"),
+        "transferred": lambda bt: Built(moved(bt, 1)),
+        "zeroed": lambda bt: Built(zeroed_state(moved(bt, 1))),
+        "shuffled": lambda bt: Built(moved(bt, 2)),
+        "random": lambda bt: Built(random_state(moved(bt, 1), gen)),
+        "no_rope_reapply": lambda bt: Built(no_rope_state(moved(bt, 0), mapping, tspec, host=pre.host)),
+        "source": lambda bt: Built(moved(bt, 0), on="source"),
     }
 
     def after(batch, acc):
         if on_batch is not None:
-            on_batch(
-                int(batch.index[0]), int(batch.index[-1]) + 1, {x: {k: v[-1] for k, v in acc[x].items()} for x in conds}
-            )
+            last = int(batch.index[-1]) + 1
+            on_batch(int(batch.index[0]), last, {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
 
     t_start = time.perf_counter()
     acc, _ = run_batches(
-        [Condition(x, builders[x]) for x in conds],
-        prefix_batches(samples, p, c, config.batch_size, timing),
-        {"target": (target, tad), "source": (source, sad)},
+        [Condition(x, builders[x]) if x in builders else pre.conditions(x)[0] for x in conds],
+        batches(),
+        pre.models,
         num_samples=n,
         top_k=config.top_k,
         top_p=config.top_p,

@@ -8,7 +8,7 @@ what every other condition is compared with, and its attention is captured for t
 attention-output cosine. What conditions share (the native prefill, the source prefill, the
 transferred cache) is computed once per batch through :meth:`Batch.once`, which also times it.
 
-:func:`run_batches` scores every condition on every batch (:mod:`kvbridge.evaluate.fields`) and
+:func:`run_batches` scores every condition on every batch (:mod:`kvbridge.evaluate.runner`) and
 returns the per-condition batches and costs; ``kvbridge eval``'s conditions, the recompute curve,
 the compute frontier and the graft are condition sets over it. Two ways to run the forwards:
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -85,6 +86,164 @@ def prefix_batches(samples: torch.Tensor, prefix_len: int, continuation_len: int
         idx = torch.arange(start, min(n, start + batch_size))
         ids = samples[idx, : p + c + 1]
         yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], {"prefix": ids[:, :p]}, timing)
+
+
+class Prefills:
+    """What a pair's conditions share on a batch's prefix, each computed once per batch and timed:
+    the target's prefill (``native``), the source's (``source_state``, of ``parts["source_prefix"]``
+    where a condition set puts one) and its transfer (``transferred``). ``source_hook(run) ->
+    (state, extra)`` wraps the source prefill (e.g. to capture its hidden states)."""
+
+    def __init__(self, source, target, mapping, *, host=None, source_hook=None):
+        from kvbridge.plugins import get_host
+
+        self.host, self.source, self.target, self.mapping, self.hook = (
+            host or get_host(),
+            source,
+            target,
+            mapping,
+            source_hook,
+        )
+        self.sad, self.tad = self.host.adapter_of(source), self.host.adapter_of(target)
+        self.sspec, self.tspec = self.sad.spec_of(source), self.tad.spec_of(target)
+        self.models = {"target": (target, self.tad), "source": (source, self.sad)}
+        self.timing = {"target_prefill_s": 0.0, "transfer_s": 0.0, "source_prefill_s": 0.0}
+
+    def native(self, bt: Batch):
+        make = lambda: self.tad.extract(self.target, bt.parts["prefix"], spec=self.tspec)  # noqa: E731
+        return bt.once("native", make, "target_prefill_s")
+
+    def source_state(self, bt: Batch, extra: bool = False):
+        def make():
+            run = lambda: self.sad.extract(
+                self.source, bt.parts.get("source_prefix", bt.parts["prefix"]), spec=self.sspec
+            )  # noqa: E731
+            return self.hook(run) if self.hook else (run(), None)
+
+        return bt.once("source", make, "source_prefill_s")[int(extra)]
+
+    def transferred(self, bt: Batch):
+        from kvbridge.transfer import transfer
+
+        make = lambda: transfer(self.source_state(bt), self.mapping, self.tspec, host=self.host)  # noqa: E731
+        return bt.once("transferred", make, "transfer_s")
+
+    def conditions(self, *names: str) -> list:
+        """The shared conditions by name: native, transferred, source (the source continued), no_prefix."""
+        builds = {
+            "native": lambda bt: Built(self.native(bt)),
+            "transferred": lambda bt: Built(self.transferred(bt)),
+            "source": lambda bt: Built(self.source_state(bt), on="source"),
+            "no_prefix": lambda bt: Built(None),
+        }
+        return [Condition(x, builds[x]) for x in names]
+
+
+# -- the per-position arrays and their summary --------------------------------------------------
+def position_fields(
+    logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int, top_p: float
+) -> dict:
+    """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math).
+
+    One log-softmax per condition; its ``exp`` gives the probabilities the nucleus truncates
+    (the same for native and every condition, so native against itself is exactly 0), and the
+    argmax is taken once.
+    """
+    from kvbridge import divergence as dv
+
+    logp = dv.log_probs(logits)
+    argmax = logp.argmax(-1)
+    out = {
+        "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
+        "correct": (argmax == targets).float(),
+    }
+    if native is None:  # this is the native condition: keep what the others compare with
+        probs = logp.exp()
+        return out, {
+            "logp": logp,
+            "probs": probs,
+            "logits": logits.double(),
+            "argmax": argmax,
+            "topk": dv.topk_indices(logp, top_k),
+            "nucleus": dv.nucleus(probs, top_p),
+        }
+    if logp.shape[-1] != native["logp"].shape[-1]:
+        nan = torch.full(targets.shape, float("nan"))
+        out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
+        return out, None
+    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp, p=native.get("probs"))
+    out["top1"] = (argmax == native["argmax"]).float()
+    out["topk"] = dv.topk_overlap(native["logp"], logp, top_k, p_topk=native["topk"]).float()
+    out["tv"] = dv.tv(native["nucleus"], dv.nucleus(logp.exp(), top_p))
+    out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
+    return out, None
+
+
+def native_fields(logits: torch.Tensor, targets: torch.Tensor, *, top_k: int, top_p: float) -> tuple[dict, dict]:
+    """The reference condition's per-position arrays, its comparisons with itself included (exact
+    by definition: KL 0, same argmax, full top-k overlap, TV 0, no logit difference), and what the
+    other conditions compare with."""
+    fields, native = position_fields(logits, targets, None, top_k=top_k, top_p=top_p)
+    zeros = torch.zeros(targets.shape, dtype=torch.float64)
+    ones = torch.ones(targets.shape, dtype=torch.float64)
+    fields.update(
+        kl=zeros,
+        top1=ones,
+        topk=ones * (min(top_k, logits.shape[-1]) / top_k),
+        tv=zeros,
+        max_abs_logit_diff=torch.zeros(targets.shape[:1], dtype=torch.float64),
+    )
+    return fields, native
+
+
+def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
+    """Per-condition batches (``acc[cond][field]``: lists of tensors) stacked over samples, each
+    condition given the ``ceiling`` and ``floor`` conditions' NLL and correctness as the native
+    and no-prefix references the eval metrics read (the floor's only where it ran)."""
+    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
+    for cond in names:
+        for ref, name in ((ceiling, "native"), (floor, "no_prefix")):
+            if ref not in fields:  # no floor condition run
+                continue
+            fields[cond][f"{name}_nll"] = fields[ref]["nll"]
+            fields[cond][f"{name}_correct"] = fields[ref]["correct"]
+    return fields
+
+
+def summarize_fields(
+    fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None, greedy_tokens: int = 16
+) -> dict:
+    """kvbridge eval's metrics (with paired bootstrap CIs) of per-condition fields, plus ``deficit_closed``.
+
+    ``deficit_closed`` = ``(NLL_ref - NLL_x) / (NLL_ref - NLL_native)``: the share of what the
+    ``reference`` condition (the naive graft, or the plain transfer) misses that x wins back.
+    """
+    from kvbridge.evaluate.metrics import _interval, bootstrap_indices, resolve_metrics, summarize
+
+    run = SimpleNamespace(
+        config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9),
+        fields=fields,
+        num_samples=int(next(iter(next(iter(fields.values())).values())).shape[0]),
+    )
+    metrics = [m for m in resolve_metrics() if m.name not in ("greedy_first_divergence", "greedy_agreement")]
+    out = summarize(run, metrics, bootstrap=bootstrap, seed=seed)
+    if reference and reference in fields:
+        n = run.num_samples
+        idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
+        nat = fields[reference]["native_nll"].double().flatten(1).mean(1)
+        ref = fields[reference]["nll"].double().flatten(1).mean(1)
+        for cond, f in fields.items():
+            x = f["nll"].double().flatten(1).mean(1)
+
+            def closed(sel):
+                den = ref[sel].mean(-1) - nat[sel].mean(-1)
+                num = ref[sel].mean(-1) - x[sel].mean(-1)
+                return torch.where(den.abs() > 1e-9, num / den, torch.full_like(num, float("nan")))
+
+            row = out["conditions"][cond]
+            row["deficit_closed"] = float(closed(torch.arange(n)[None])[0])
+            row["deficit_closed_ci"] = _interval(closed(idx)) if idx is not None else [None, None]
+    return out
 
 
 # -- the forwards -----------------------------------------------------------------------------------
@@ -177,11 +336,6 @@ def cat_states(states: list):
     )
 
 
-#: logits of one batched continuation forward are kept under this many bytes (conditions are
-#: grouped to fit: rows x continuation x vocabulary x 4)
-LOGITS_BUDGET = 1 << 30
-
-
 def _plain(model, cache, inputs, kwargs: dict, capture: bool):
     """One teacher-forced forward (``cache`` None: the continuation alone, from position 0)."""
     kw = {} if cache is None else {"cache": cache, "use_cache": True, **kwargs}
@@ -219,11 +373,10 @@ def run_batches(
     after_batch=None,
 ) -> tuple[dict, dict]:
     """Score every condition on every batch; ``(acc, cost)``: ``acc[name][field]`` a list of
-    per-batch tensors (:func:`~kvbridge.evaluate.fields.stack_fields` stacks them), ``cost[name]``
+    per-batch tensors (:func:`~kvbridge.evaluate.runner.stack_fields` stacks them), ``cost[name]``
     ``{"flops", "seconds", "rows"}`` summed over batches. ``models``: ``{"target": (model, adapter),
     "source": (model, adapter)}``; ``after_batch(batch, acc)`` after each batch."""
     from kvbridge.divergence import first_divergence_steps
-    from kvbridge.evaluate.fields import native_fields, position_fields
 
     conditions = list(conditions)
     names = [c.name for c in conditions]

@@ -94,17 +94,14 @@ def run_curve(
 ) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.fields import stack_fields, summarize_fields
-    from kvbridge.evaluate.runner import Built, Condition, prefix_batches, run_batches
-    from kvbridge.plugins import get_host
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
+    from kvbridge.evaluate.runner import stack_fields, summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
     from kvbridge.recompute.tokens import RULES, blend
-    from kvbridge.transfer import transfer
 
-    host = host or get_host()
-    sad, tad = host.adapter_of(source), host.adapter_of(target)
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    hook = (lambda run: capture_hidden(source, run)) if mode == "source" else None  # noqa: E731
+    pre = Prefills(source, target, mapping, host=host, source_hook=hook)
     samples, p, c = sample_ids(samples, prefix_len, continuation_len)
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
     bad = [x for x in token_rules if x not in RULES]
@@ -122,51 +119,37 @@ def run_curve(
         )
     n = samples.shape[0]
     warm = samples[:1, :p]  # one untimed pass of each code path: first calls allocate and dispatch slowly
-    tad.extract(target, warm, spec=tspec)
-    blend(target, tad.extract(target, warm, spec=tspec), 0, 0.5, check_layer=check_layer)
-
-    def source_side(bt):  # (source state, its hidden states in mode source)
-        if mode == "source":
-            return capture_hidden(source, lambda: sad.extract(source, bt.parts["prefix"], spec=sspec))
-        return sad.extract(source, bt.parts["prefix"], spec=sspec), None
-
-    def native(bt):
-        return Built(bt.once("native", lambda: tad.extract(target, bt.parts["prefix"], spec=tspec), "native"))
-
-    def transferred(bt):
-        src, _ = bt.once("source", lambda: source_side(bt), "source")
-        return bt.once("transferred", lambda: transfer(src, mapping, tspec, host=host), "transfer")
+    pre.tad.extract(target, warm, spec=pre.tspec)
+    blend(target, pre.tad.extract(target, warm, spec=pre.tspec), 0, 0.5, check_layer=check_layer)
 
     def point(kind, arg):
         def build(bt):
             if kind == "layers":
-                hidden = bt.once("source", lambda: source_side(bt), "source")[1]
-                st, cst = recompute_layers(target, transferred(bt), arg, mode=mode, source_hidden=hidden)
+                hidden = pre.source_state(bt, extra=True)
+                st, cst = recompute_layers(target, pre.transferred(bt), arg, mode=mode, source_hidden=hidden)
             else:
-                res = blend(target, transferred(bt), 0, arg, check_layer=check_layer, rule=kind)
+                res = blend(target, pre.transferred(bt), 0, arg, check_layer=check_layer, rule=kind)
                 st, cst = res.state, res.cost
             return Built(st, seconds=cst.seconds, flops=cst.flops)
 
         return build
 
-    conds = [Condition("native", native), Condition("transferred", lambda bt: Built(transferred(bt)))]
-    conds += [Condition(name, point(kind, arg)) for name, kind, arg in points]
-    conds.append(Condition("no_prefix", lambda bt: Built(None)))
+    conds = pre.conditions("native", "transferred")
+    conds += [Condition(name, point(kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
     names = [x.name for x in conds]
-    timing = {"native": 0.0, "transfer": 0.0}
     acc, cost = run_batches(
         conds,
-        prefix_batches(samples, p, c, batch_size, timing),
-        {"target": (target, tad)},
+        prefix_batches(samples, p, c, batch_size, pre.timing),
+        pre.models,
         num_samples=n,
         attention=attention,
         progress=progress,
     )
-    t_native, t_transfer = timing["native"], timing["transfer"]
+    t_native, t_transfer = pre.timing["target_prefill_s"], pre.timing["transfer_s"]
     fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)
-    nl = tspec.num_layers
+    nl = pre.tspec.num_layers
     layers_of = {name: arg for name, kind, arg in points if kind == "layers"}
     for cond in names:
         row = summary["conditions"][cond]

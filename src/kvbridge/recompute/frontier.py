@@ -160,64 +160,47 @@ def run_frontier(
 ) -> dict:
     """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.fields import stack_fields, summarize_fields
-    from kvbridge.evaluate.runner import Built, Condition, prefix_batches, run_batches
-    from kvbridge.plugins import get_host
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
+    from kvbridge.evaluate.runner import stack_fields, summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.curve import sample_ids
     from kvbridge.recompute.layers import RecomputeError
     from kvbridge.recompute.tokens import recompute_rows
-    from kvbridge.transfer import transfer
 
-    host = host or get_host()
-    sad, tad = host.adapter_of(source), host.adapter_of(target)
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    pre = Prefills(source, target, mapping, host=host)
     samples, p, c = sample_ids(samples, prefix_len, continuation_len)
     ratios = sorted({float(r) for r in ratios})
     if not ratios:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
     n = samples.shape[0]
 
-    def native(bt):
-        return bt.once("native", lambda: tad.extract(target, bt.parts["prefix"], spec=tspec), "native")
-
-    def src(bt):
-        return bt.once("source", lambda: sad.extract(source, bt.parts["prefix"], spec=sspec), "source")
-
-    def transferred(bt):
-        return bt.once("transferred", lambda: transfer(src(bt), mapping, tspec, host=host), "transfer")
-
     def point(kind, r):
         def build(bt):
             rows = kept_rows(p, r, sink, tail=kind == "tail")
             if kind == "tail":
-                st, cst = recompute_rows(target, transferred(bt), rows, meta={"frontier": point_name(kind, r)})
+                st, cst = recompute_rows(target, pre.transferred(bt), rows, meta={"frontier": point_name(kind, r)})
             else:
-                st, cst = truncated_state(target, native(bt), rows)
+                st, cst = truncated_state(target, pre.native(bt), rows)
             b = len(bt.index)  # truncated: the continuation keeps its own positions P..P+C-1
             kw = {"position_ids": torch.arange(p, p + c).expand(b, c)} if st.num_tokens != p else {}
             return Built(st, kwargs=kw, seconds=cst.seconds, flops=cst.flops, rows=int(rows.numel()))
 
         return build
 
-    conds = [
-        Condition("native", lambda bt: Built(native(bt))),
-        Condition("source", lambda bt: Built(src(bt), on="source")),
-        Condition("transferred", lambda bt: Built(transferred(bt))),
-    ]
+    conds = pre.conditions("native", "source", "transferred")
     conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
-    conds.append(Condition("no_prefix", lambda bt: Built(None)))
+    conds += pre.conditions("no_prefix")
     names = [x.name for x in conds]
-    timing = {"native": 0.0, "source": 0.0, "transfer": 0.0}
     acc, cost = run_batches(
         conds,
-        prefix_batches(samples, p, c, batch_size, timing),
-        {"target": (target, tad), "source": (source, sad)},
+        prefix_batches(samples, p, c, batch_size, pre.timing),
+        pre.models,
         num_samples=n,
         attention=attention,
         progress=progress,
     )
-    t_native, t_source, t_transfer = timing["native"], timing["source"], timing["transfer"]
+    t = pre.timing
+    t_native, t_source, t_transfer = t["target_prefill_s"], t["source_prefill_s"], t["transfer_s"]
     fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     pairs = [("transferred", "source")]

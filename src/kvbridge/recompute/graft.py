@@ -141,9 +141,10 @@ def run_graft(
     ``chunks``: optional prepared chunk states (e.g. packs), one ``[1, n]`` state per sample; by
     default each chunk is prefilled alone here (not timed: it is prepared ahead).
     """
-    from kvbridge.evaluate.fields import stack_fields, summarize_fields
-    from kvbridge.evaluate.runner import Batch, Built, Condition, run_batches
+    from kvbridge.evaluate.runner import stack_fields, summarize_fields
+    from kvbridge.evaluate.runner import Batch, Built, Condition, cat_states, run_batches
     from kvbridge.recompute.cost import prefill_flops
+    from kvbridge.recompute.tokens import blend
 
     adapter = _adapter(model, host)
     context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in (context_ids, chunk_ids, cont_ids))
@@ -172,7 +173,7 @@ def run_graft(
 
     def chunk(bt):
         if chunks is not None:
-            return bt.once("chunk", lambda: _stack([chunks[int(i)] for i in bt.index]))
+            return bt.once("chunk", lambda: cat_states([chunks[int(i)] for i in bt.index]))
         return bt.once("chunk", lambda: prepare_chunk(model, bt.parts["chunk"], host=host))
 
     def naive(bt):  # (state, seconds of the re-positioning)
@@ -190,7 +191,7 @@ def run_graft(
     def recomputed(rule, r):
         def build(bt):
             state, t_graft = naive(bt)
-            res = _blend(model, state, c, r, check_layer, rule, gen)
+            res = blend(model, state, c, r, check_layer=check_layer, rule=rule, generator=gen)
             return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
 
         return build
@@ -266,27 +267,6 @@ def _share(cond: str):
     if "@" in cond:
         return float(cond.split("@")[1])
     return None
-
-
-def _blend(model, naive, c, r, check_layer, rule, gen):
-    from kvbridge.recompute.tokens import blend
-
-    return blend(model, naive, c, r, check_layer=check_layer, rule=rule, generator=gen)
-
-
-def _stack(states):
-    if len(states) == 1:
-        return states[0]
-    first = states[0]
-    cat = lambda xs: torch.cat(xs, 0)
-    return replace(
-        first,
-        keys=tuple(cat([s.keys[i] for s in states]) for i in range(first.num_layers)),
-        values=tuple(cat([s.values[i] for s in states]) for i in range(first.num_layers)),
-        token_ids=cat([s.token_ids for s in states]),
-        positions=cat([s.positions for s in states]),
-        rope_lengths=None,
-    )
 
 
 __all__ = [
