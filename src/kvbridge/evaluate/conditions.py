@@ -101,22 +101,6 @@ class ConditionRun:
 
 
 # -- the condition set -----------------------------------------------------------------------------
-def _rows(state, start: int, stop: int):
-    """Batch rows ``[start:stop]`` of a state (views)."""
-
-    def cut(t):
-        return t if t is None or t.shape[0] == 1 and state.batch_size != 1 else t[start:stop]
-
-    return replace(
-        state,
-        keys=tuple(k[start:stop] for k in state.keys),
-        values=tuple(v[start:stop] for v in state.values),
-        token_ids=state.token_ids[start:stop],
-        positions=cut(state.positions),
-        rope_lengths=cut(state.rope_lengths),
-    )
-
-
 def zeroed_state(state):
     return state.map_tensors(torch.zeros_like)
 
@@ -165,10 +149,13 @@ def run_conditions(
     host=None,
     progress=None,
     on_batch=None,
+    extra=(),
 ) -> ConditionRun:
     """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
 
     ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
+    ``extra``: more conditions, each a function of the run's :class:`~kvbridge.evaluate.runner.Prefills`
+    returning a :class:`~kvbridge.evaluate.runner.Condition` (run after ``config``'s, on the same prefills).
     """
     samples = torch.as_tensor(samples).long()
     p, c = config.prefix_len, config.continuation_len
@@ -200,23 +187,14 @@ def run_conditions(
         for bt in prefix_batches(samples, p, c, config.batch_size, timing):
             timing["prefix_tokens"] += int(bt.parts["prefix"].numel())
             if shuffled:
-                bt.parts["source_prefix"] = torch.cat([bt.parts["prefix"], samples[(bt.index[-1:] + 1) % n, :p]])
+                bt.parts["source_extra"] = samples[(bt.index[-1:] + 1) % n, :p]
             yield bt
 
-    def moved(bt, i):  # 0: the source state, 1: transferred, 2: the shuffled control (the next sample's rows)
-        src, out = pre.source_state(bt), pre.transferred(bt)
-        if not shuffled:
-            return (src, out)[i]
-        b = len(bt.index)
-        return _rows(out, 1, b + 1) if i == 2 else _rows((src, out)[i], 0, b)
-
     builders = {
-        "transferred": lambda bt: Built(moved(bt, 1)),
-        "zeroed": lambda bt: Built(zeroed_state(moved(bt, 1))),
-        "shuffled": lambda bt: Built(moved(bt, 2)),
-        "random": lambda bt: Built(random_state(moved(bt, 1), gen)),
-        "no_rope_reapply": lambda bt: Built(no_rope_state(moved(bt, 0), mapping, tspec, host=pre.host)),
-        "source": lambda bt: Built(moved(bt, 0), on="source"),
+        "zeroed": lambda bt: Built(zeroed_state(pre.transferred(bt))),
+        "shuffled": lambda bt: Built(pre.transferred(bt, shifted=True)),
+        "random": lambda bt: Built(random_state(pre.transferred(bt), gen)),
+        "no_rope_reapply": lambda bt: Built(no_rope_state(pre.source_state(bt), mapping, tspec, host=pre.host)),
     }
 
     def after(batch, acc):
@@ -225,8 +203,11 @@ def run_conditions(
             on_batch(int(batch.index[0]), last, {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
 
     t_start = time.perf_counter()
+    conditions = [Condition(x, builders[x]) if x in builders else pre.conditions(x)[0] for x in conds]
+    conditions += [make(pre) for make in extra]
+    conds += [x.name for x in conditions[len(conds) :]]
     acc, _ = run_batches(
-        [Condition(x, builders[x]) if x in builders else pre.conditions(x)[0] for x in conds],
+        conditions,
         batches(),
         pre.models,
         num_samples=n,

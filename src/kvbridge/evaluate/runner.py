@@ -88,11 +88,29 @@ def prefix_batches(samples: torch.Tensor, prefix_len: int, continuation_len: int
         yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], {"prefix": ids[:, :p]}, timing)
 
 
+def batch_rows(state, start: int, stop: int):
+    """Batch rows ``[start:stop]`` of a state (views; the state itself when that is all of it)."""
+    if start == 0 and stop == state.batch_size:
+        return state
+
+    def cut(t):
+        return t if t is None or t.shape[0] == 1 and state.batch_size != 1 else t[start:stop]
+
+    return replace(
+        state,
+        keys=tuple(k[start:stop] for k in state.keys),
+        values=tuple(v[start:stop] for v in state.values),
+        token_ids=state.token_ids[start:stop],
+        positions=cut(state.positions),
+        rope_lengths=cut(state.rope_lengths),
+    )
+
+
 class Prefills:
     """What a pair's conditions share on a batch's prefix, each computed once per batch and timed:
-    the target's prefill (``native``), the source's (``source_state``, of ``parts["source_prefix"]``
-    where a condition set puts one) and its transfer (``transferred``). ``source_hook(run) ->
-    (state, extra)`` wraps the source prefill (e.g. to capture its hidden states)."""
+    the target's prefill (``native``), the source's (``source_state``) and its transfer
+    (``transferred``). ``source_hook(run) -> (state, extra)`` wraps the source prefill (e.g. to
+    capture its hidden states)."""
 
     def __init__(self, source, target, mapping, *, host=None, source_hook=None):
         from kvbridge.plugins import get_host
@@ -113,20 +131,29 @@ class Prefills:
         make = lambda: self.tad.extract(self.target, bt.parts["prefix"], spec=self.tspec)  # noqa: E731
         return bt.once("native", make, "target_prefill_s")
 
-    def source_state(self, bt: Batch, extra: bool = False):
+    def _source(self, bt: Batch):
         def make():
-            run = lambda: self.sad.extract(
-                self.source, bt.parts.get("source_prefix", bt.parts["prefix"]), spec=self.sspec
-            )  # noqa: E731
+            ids = bt.parts["prefix"]
+            if "source_extra" in bt.parts:  # more rows in the same prefill (eval's shuffled control)
+                ids = torch.cat([ids, bt.parts["source_extra"]])
+            run = lambda: self.sad.extract(self.source, ids, spec=self.sspec)  # noqa: E731
             return self.hook(run) if self.hook else (run(), None)
 
-        return bt.once("source", make, "source_prefill_s")[int(extra)]
+        return bt.once("source", make, "source_prefill_s")
 
-    def transferred(self, bt: Batch):
+    def source_state(self, bt: Batch, extra: bool = False):
+        """The source's prefix cache (``extra``: what ``source_hook`` captured beside it)."""
+        state, captured = self._source(bt)
+        return captured if extra else batch_rows(state, 0, len(bt.index))
+
+    def transferred(self, bt: Batch, shifted: bool = False):
+        """The source's prefix cache through the mapping; ``shifted``: each sample's row holds the next
+        sample's prefix (the last one's is ``parts["source_extra"]``, prefilled with the batch)."""
         from kvbridge.transfer import transfer
 
-        make = lambda: transfer(self.source_state(bt), self.mapping, self.tspec, host=self.host)  # noqa: E731
-        return bt.once("transferred", make, "transfer_s")
+        make = lambda: transfer(self._source(bt)[0], self.mapping, self.tspec, host=self.host)  # noqa: E731
+        out, b = bt.once("transferred", make, "transfer_s"), len(bt.index)
+        return batch_rows(out, 1, b + 1) if shifted else batch_rows(out, 0, b)
 
     def conditions(self, *names: str) -> list:
         """The shared conditions by name: native, transferred, source (the source continued), no_prefix."""
@@ -466,5 +493,6 @@ __all__ = [
     "prefix_batches",
     "run_batches",
     "cat_states",
+    "batch_rows",
     "capture_rows",
 ]
