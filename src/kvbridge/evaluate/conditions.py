@@ -51,9 +51,8 @@ import torch
 
 from kvbridge.errors import KVBridgeError
 from kvbridge.evaluate.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
-from kvbridge.evaluate.runner import native_fields, position_fields  # noqa: F401 (re-exported)
+from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
 from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
-from kvbridge.evaluate.runner import stack_fields
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
@@ -206,7 +205,7 @@ def run_conditions(
     conditions = [Condition(x, builders[x]) if x in builders else pre.conditions(x)[0] for x in conds]
     conditions += [make(pre) for make in extra]
     conds += [x.name for x in conditions[len(conds) :]]
-    acc, _ = run_batches(
+    out, _ = run_batches(
         conditions,
         batches(),
         pre.models,
@@ -218,7 +217,6 @@ def run_conditions(
         progress=progress,
         after_batch=after,
     )
-    out = stack_fields(acc, conds, ceiling="native", floor="no_prefix")
     notes = []
     if "source" in conds and sspec.vocab_size != tspec.vocab_size:
         notes.append(

@@ -8,7 +8,7 @@ what every other condition is compared with, and its attention is captured for t
 attention-output cosine. What conditions share (the native prefill, the source prefill, the
 transferred cache) is computed once per batch through :meth:`Batch.once`, which also times it.
 
-:func:`run_batches` scores every condition on every batch (:mod:`kvbridge.evaluate.runner`) and
+:func:`run_batches` scores every condition on every batch (:mod:`kvbridge.evaluate.fields`) and
 returns the per-condition batches and costs; ``kvbridge eval``'s conditions, the recompute curve,
 the compute frontier and the graft are condition sets over it. Two ways to run the forwards:
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -115,13 +114,8 @@ class Prefills:
     def __init__(self, source, target, mapping, *, host=None, source_hook=None):
         from kvbridge.plugins import get_host
 
-        self.host, self.source, self.target, self.mapping, self.hook = (
-            host or get_host(),
-            source,
-            target,
-            mapping,
-            source_hook,
-        )
+        self.host, self.mapping, self.hook = host or get_host(), mapping, source_hook
+        self.source, self.target = source, target
         self.sad, self.tad = self.host.adapter_of(source), self.host.adapter_of(target)
         self.sspec, self.tspec = self.sad.spec_of(source), self.tad.spec_of(target)
         self.models = {"target": (target, self.tad), "source": (source, self.sad)}
@@ -166,113 +160,6 @@ class Prefills:
         return [Condition(x, builds[x]) for x in names]
 
 
-# -- the per-position arrays and their summary --------------------------------------------------
-def position_fields(
-    logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int, top_p: float
-) -> dict:
-    """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math).
-
-    One log-softmax per condition; its ``exp`` gives the probabilities the nucleus truncates
-    (the same for native and every condition, so native against itself is exactly 0), and the
-    argmax is taken once.
-    """
-    from kvbridge import divergence as dv
-
-    logp = dv.log_probs(logits)
-    argmax = logp.argmax(-1)
-    out = {
-        "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
-        "correct": (argmax == targets).float(),
-    }
-    if native is None:  # this is the native condition: keep what the others compare with
-        probs = logp.exp()
-        return out, {
-            "logp": logp,
-            "probs": probs,
-            "logits": logits.double(),
-            "argmax": argmax,
-            "topk": dv.topk_indices(logp, top_k),
-            "nucleus": dv.nucleus(probs, top_p),
-        }
-    if logp.shape[-1] != native["logp"].shape[-1]:
-        nan = torch.full(targets.shape, float("nan"))
-        out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
-        return out, None
-    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp, p=native.get("probs"))
-    out["top1"] = (argmax == native["argmax"]).float()
-    out["topk"] = dv.topk_overlap(native["logp"], logp, top_k, p_topk=native["topk"]).float()
-    out["tv"] = dv.tv(native["nucleus"], dv.nucleus(logp.exp(), top_p))
-    out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
-    return out, None
-
-
-def native_fields(logits: torch.Tensor, targets: torch.Tensor, *, top_k: int, top_p: float) -> tuple[dict, dict]:
-    """The reference condition's per-position arrays, its comparisons with itself included (exact
-    by definition: KL 0, same argmax, full top-k overlap, TV 0, no logit difference), and what the
-    other conditions compare with."""
-    fields, native = position_fields(logits, targets, None, top_k=top_k, top_p=top_p)
-    zeros = torch.zeros(targets.shape, dtype=torch.float64)
-    ones = torch.ones(targets.shape, dtype=torch.float64)
-    fields.update(
-        kl=zeros,
-        top1=ones,
-        topk=ones * (min(top_k, logits.shape[-1]) / top_k),
-        tv=zeros,
-        max_abs_logit_diff=torch.zeros(targets.shape[:1], dtype=torch.float64),
-    )
-    return fields, native
-
-
-def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
-    """Per-condition batches (``acc[cond][field]``: lists of tensors) stacked over samples, each
-    condition given the ``ceiling`` and ``floor`` conditions' NLL and correctness as the native
-    and no-prefix references the eval metrics read (the floor's only where it ran)."""
-    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
-    for cond in names:
-        for ref, name in ((ceiling, "native"), (floor, "no_prefix")):
-            if ref not in fields:  # no floor condition run
-                continue
-            fields[cond][f"{name}_nll"] = fields[ref]["nll"]
-            fields[cond][f"{name}_correct"] = fields[ref]["correct"]
-    return fields
-
-
-def summarize_fields(
-    fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None, greedy_tokens: int = 16
-) -> dict:
-    """kvbridge eval's metrics (with paired bootstrap CIs) of per-condition fields, plus ``deficit_closed``.
-
-    ``deficit_closed`` = ``(NLL_ref - NLL_x) / (NLL_ref - NLL_native)``: the share of what the
-    ``reference`` condition (the naive graft, or the plain transfer) misses that x wins back.
-    """
-    from kvbridge.evaluate.metrics import _interval, bootstrap_indices, resolve_metrics, summarize
-
-    run = SimpleNamespace(
-        config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9),
-        fields=fields,
-        num_samples=int(next(iter(next(iter(fields.values())).values())).shape[0]),
-    )
-    metrics = [m for m in resolve_metrics() if m.name not in ("greedy_first_divergence", "greedy_agreement")]
-    out = summarize(run, metrics, bootstrap=bootstrap, seed=seed)
-    if reference and reference in fields:
-        n = run.num_samples
-        idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
-        nat = fields[reference]["native_nll"].double().flatten(1).mean(1)
-        ref = fields[reference]["nll"].double().flatten(1).mean(1)
-        for cond, f in fields.items():
-            x = f["nll"].double().flatten(1).mean(1)
-
-            def closed(sel):
-                den = ref[sel].mean(-1) - nat[sel].mean(-1)
-                num = ref[sel].mean(-1) - x[sel].mean(-1)
-                return torch.where(den.abs() > 1e-9, num / den, torch.full_like(num, float("nan")))
-
-            row = out["conditions"][cond]
-            row["deficit_closed"] = float(closed(torch.arange(n)[None])[0])
-            row["deficit_closed_ci"] = _interval(closed(idx)) if idx is not None else [None, None]
-    return out
-
-
 # -- the forwards -----------------------------------------------------------------------------------
 def _greedy(model, cache, first, steps: int) -> torch.Tensor:
     from transformers import DynamicCache
@@ -287,22 +174,27 @@ def _greedy(model, cache, first, steps: int) -> torch.Tensor:
     return torch.cat(toks, dim=1)
 
 
-def _continue(model, cache, cont, steps: int, fresh=None, capture: bool | int = False) -> tuple:
-    """Teacher-forced logits of ``cont`` from ``cache``, and ``steps`` greedy tokens from the prefix.
+def _continue(model, cache, cont, steps: int | None, fresh=None, capture: bool | int = False, kwargs=None) -> tuple:
+    """Teacher-forced logits of ``cont`` from ``cache`` (None: the continuation alone), and ``steps``
+    greedy tokens from the prefix (None: none).
 
     The greedy run reuses the teacher-forced forward: step 0 is the argmax of continuation
     position 0, and the cache is cropped back to prefix + that token (no second inject, no
     repeated forward). ``fresh()`` gives a new cache for the plain re-run where a cache type
     cannot be cropped. ``capture``: record the attention of the teacher-forced forward only
     (:func:`capture_attention`; an int: of that many leading batch rows); returns
-    ``(logits, tokens, captured or None)``.
+    ``(logits, tokens or None, captured or None)``.
     """
     from transformers import DynamicCache
 
-    cache = DynamicCache() if cache is None else cache
+    if cache is None and steps is not None:
+        cache = DynamicCache()
+    kw = {} if cache is None else {"cache": cache, "use_cache": True, **(kwargs or {})}
     rows = None if capture is True else int(capture) if capture else None
     with torch.no_grad(), capture_attention(model, rows) if capture else contextlib.nullcontext() as captured:
-        logits = model(input_ids=cont, cache=cache, use_cache=True).logits.float()
+        logits = model(input_ids=cont, **kw).logits.float()
+    if steps is None:
+        return logits, None, captured
     c = cont.shape[1]
     try:
         if c > 1:
@@ -363,13 +255,6 @@ def cat_states(states: list):
     )
 
 
-def _plain(model, cache, inputs, kwargs: dict, capture: bool):
-    """One teacher-forced forward (``cache`` None: the continuation alone, from position 0)."""
-    kw = {} if cache is None else {"cache": cache, "use_cache": True, **kwargs}
-    with torch.no_grad(), capture_attention(model) if capture else contextlib.nullcontext() as captured:
-        return model(input_ids=inputs, **kw).logits.float(), None, captured
-
-
 def _stacked_parts(names: list, states: dict, per_group: int) -> list:
     """``[(names, state)]``: the cache conditions stacked along the batch in groups of ``per_group``
     (one forward each); states of different kinds run apart."""
@@ -398,15 +283,19 @@ def run_batches(
     greedy: int | None = None,
     progress=None,
     after_batch=None,
+    floor: str = "no_prefix",
 ) -> tuple[dict, dict]:
-    """Score every condition on every batch; ``(acc, cost)``: ``acc[name][field]`` a list of
-    per-batch tensors (:func:`~kvbridge.evaluate.runner.stack_fields` stacks them), ``cost[name]``
-    ``{"flops", "seconds", "rows"}`` summed over batches. ``models``: ``{"target": (model, adapter),
-    "source": (model, adapter)}``; ``after_batch(batch, acc)`` after each batch."""
+    """Score every condition on every batch; ``(fields, cost)``: per-condition arrays over the samples
+    (:func:`~kvbridge.evaluate.fields.stack_fields`, the reference as ceiling, ``floor`` the floor) and
+    ``cost[name]`` ``{"flops", "seconds", "rows"}`` summed over batches. ``models``: ``{"target": (model,
+    adapter), "source": (model, adapter)}``; ``after_batch(batch, acc)`` after each batch (its lists of
+    per-batch tensors)."""
     from kvbridge.divergence import first_divergence_steps
+    from kvbridge.evaluate.fields import native_fields, position_fields, stack_fields
 
     conditions = list(conditions)
     names = [c.name for c in conditions]
+    by_name = dict(zip(names, conditions))
     ref = names[0]
     acc: dict = {x: {} for x in names}
     cost = {x: {"flops": 0.0, "seconds": 0.0, "rows": 0} for x in names}
@@ -443,46 +332,42 @@ def run_batches(
             if built.rows is not None:
                 c["rows"] = built.rows
 
-        if greedy is None:  # one condition at a time: built, scored, dropped
-            for cond in conditions:
-                built = cond.build(batch)
-                model, ad = models[built.on]
-                cache = None if built.state is None else ad.inject(built.state, model, check=cond.name == ref)
-                logits, _, cap = _plain(model, cache, batch.inputs, built.kwargs, attention and cond.name == ref)
-                score(cond.name, built, logits, None, cap)
-                del built, cache, logits
+        built: dict = {}
+        if greedy is None:  # one condition at a time: built, scored, dropped (memory: one extra cache)
+            plan = [((x,), None) for x in names]
         else:  # the target caches stacked: one forward and one greedy loop per group, the reference first
             built = {c.name: c.build(batch) for c in conditions}
             cached = [x for x in names if built[x].on == "target" and built[x].state is not None]
-            target, tad = models["target"]
-            states = {x: built[x].state for x in cached}
-            vocab = int(getattr(target.config, "vocab_size", 0) or states[ref].spec.vocab_size or 1)
+            vocab = int(getattr(models["target"][0].config, "vocab_size", 0) or built[ref].state.spec.vocab_size or 1)
             per_group = max(1, LOGITS_BUDGET // max(1, b * batch.inputs.shape[1] * vocab * 4))
-            for group, state in _stacked_parts(cached, states, per_group):
-                logits, toks, cap = _continue(
-                    target,
-                    tad.inject(state, target),
-                    batch.inputs.repeat(len(group), 1),
-                    greedy,
-                    fresh=lambda st=state: tad.inject(st, target, check=False),
-                    capture=b if attention and group[0] == ref else False,
-                )
-                for j, name in enumerate(group):
-                    cap_j = capture_rows(cap, b, len(group) * b) if cap is not None and name == ref else None
-                    score(name, built[name], logits[j * b : (j + 1) * b], toks[j * b : (j + 1) * b], cap_j)
-                del logits
-            for name in (x for x in names if x not in cached):
-                model, ad = models[built[name].on]
-                st = built[name].state
-                cache = None if st is None else ad.inject(st, model)
-                fresh = None if st is None else (lambda st=st, model=model, ad=ad: ad.inject(st, model))
-                logits, toks, _ = _continue(model, cache, batch.inputs, greedy, fresh=fresh)
-                score(name, built[name], logits, toks)
+            plan = _stacked_parts(cached, {x: built[x].state for x in cached}, per_group)
+            plan += [((x,), built[x].state) for x in names if x not in cached]
+        for group, state in plan:
+            if group[0] not in built:
+                built[group[0]] = by_name[group[0]].build(batch)
+                state = built[group[0]].state
+            model, ad = models[built[group[0]].on]
+            logits, toks, cap = _continue(
+                model,
+                None if state is None else ad.inject(state, model, check=group[0] == ref),
+                batch.inputs.repeat(len(group), 1),
+                greedy,
+                fresh=None if state is None else lambda st=state, m=model, a=ad: a.inject(st, m, check=False),
+                capture=b if attention and group[0] == ref else False,
+                kwargs=built[group[0]].kwargs,
+            )
+            for j, name in enumerate(group):
+                rows = slice(j * b, (j + 1) * b)
+                cap_j = capture_rows(cap, b, len(group) * b) if cap is not None and name == ref else None
+                score(name, built[name], logits[rows], None if toks is None else toks[rows], cap_j)
+            if greedy is None:
+                del built[group[0]]
+            del logits, cap
         if after_batch is not None:
             after_batch(batch, acc)
         if progress is not None:
             progress(int(batch.index[-1]) + 1, num_samples)
-    return acc, cost
+    return stack_fields(acc, names, ceiling=ref, floor=floor), cost
 
 
 __all__ = [

@@ -95,7 +95,7 @@ def run_curve(
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
     from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
-    from kvbridge.evaluate.runner import stack_fields, summarize_fields
+    from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
     from kvbridge.recompute.tokens import RULES, blend
@@ -136,8 +136,7 @@ def run_curve(
 
     conds = pre.conditions("native", "transferred")
     conds += [Condition(name, point(kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
-    names = [x.name for x in conds]
-    acc, cost = run_batches(
+    fields, cost = run_batches(
         conds,
         prefix_batches(samples, p, c, batch_size, pre.timing),
         pre.models,
@@ -146,12 +145,11 @@ def run_curve(
         progress=progress,
     )
     t_native, t_transfer = pre.timing["target_prefill_s"], pre.timing["transfer_s"]
-    fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)
     nl = pre.tspec.num_layers
     layers_of = {name: arg for name, kind, arg in points if kind == "layers"}
-    for cond in names:
+    for cond in fields:
         row = summary["conditions"][cond]
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops if cond != "native" else 1.0
         row["time_share"] = (cost[cond]["seconds"] / t_native if t_native > 0 else None) if cond != "native" else 1.0

@@ -161,7 +161,7 @@ def run_frontier(
     """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
     from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
-    from kvbridge.evaluate.runner import stack_fields, summarize_fields
+    from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.curve import sample_ids
     from kvbridge.recompute.layers import RecomputeError
@@ -190,8 +190,7 @@ def run_frontier(
     conds = pre.conditions("native", "source", "transferred")
     conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
     conds += pre.conditions("no_prefix")
-    names = [x.name for x in conds]
-    acc, cost = run_batches(
+    fields, cost = run_batches(
         conds,
         prefix_batches(samples, p, c, batch_size, pre.timing),
         pre.models,
@@ -201,7 +200,6 @@ def run_frontier(
     )
     t = pre.timing
     t_native, t_source, t_transfer = t["target_prefill_s"], t["source_prefill_s"], t["transfer_s"]
-    fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     pairs = [("transferred", "source")]
     for r in ratios:
@@ -210,7 +208,7 @@ def run_frontier(
     diffs = paired_differences(fields, pairs, bootstrap=bootstrap, seed=seed)
     full = prefill_flops(target, p, batch=n)
     source_share = prefill_flops(source, p, batch=n) / full
-    for cond in names:
+    for cond in fields:
         row = summary["conditions"][cond]
         row["flop_share"] = 1.0 if cond == "native" else cost[cond]["flops"] / full
         row["source_flop_share"] = (

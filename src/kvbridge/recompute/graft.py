@@ -141,7 +141,7 @@ def run_graft(
     ``chunks``: optional prepared chunk states (e.g. packs), one ``[1, n]`` state per sample; by
     default each chunk is prefilled alone here (not timed: it is prepared ahead).
     """
-    from kvbridge.evaluate.runner import stack_fields, summarize_fields
+    from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.evaluate.runner import Batch, Built, Condition, cat_states, run_batches
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.tokens import blend
@@ -212,16 +212,16 @@ def run_graft(
         if "@" in name:
             rule, r = name.split("@")
             builders[name] = recomputed("deviation" if rule == "blend" else rule, float(r))
-    acc, cost = run_batches(
+    fields, cost = run_batches(
         [Condition(x, builders[x]) for x in names],
         batches(),
         {"target": (model, adapter)},
         num_samples=n_samples,
         attention=attention,
         progress=progress,
+        floor="dropped",
     )
     t_full = timing["full"]
-    fields = stack_fields(acc, names, ceiling="full", floor="dropped")
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
     for cond in names:
