@@ -107,16 +107,18 @@ def summarize_fields(
         ref = fields[reference]["nll"].double().flatten(1).mean(1)
         for cond, f in fields.items():
             x = f["nll"].double().flatten(1).mean(1)
-
-            def closed(sel):
-                den = ref[sel].mean(-1) - nat[sel].mean(-1)
-                num = ref[sel].mean(-1) - x[sel].mean(-1)
-                return torch.where(den.abs() > 1e-9, num / den, torch.full_like(num, float("nan")))
-
             row = out["conditions"][cond]
-            row["deficit_closed"] = float(closed(torch.arange(n)[None])[0])
-            row["deficit_closed_ci"] = _interval(closed(idx)) if idx is not None else [None, None]
+            row["deficit_closed"] = float(share_closed(ref, nat, x, torch.arange(n)[None])[0])
+            row["deficit_closed_ci"] = _interval(share_closed(ref, nat, x, idx)) if idx is not None else [None, None]
     return out
 
 
-__all__ = ["position_fields", "native_fields", "stack_fields", "summarize_fields"]
+def share_closed(ref, best, x, sel):
+    """``(ref - x) / (ref - best)`` of per-sample means over the resampled indices ``sel`` (NaN where
+    ``ref`` and ``best`` tie): the gap recovered (ref the floor), the deficit closed (ref a condition)."""
+    r, b, v = ref[sel].mean(-1), best[sel].mean(-1), x[sel].mean(-1)
+    den = r - b
+    return torch.where(den.abs() > 1e-9, (r - v) / den, torch.full_like(v, float("nan")))
+
+
+__all__ = ["position_fields", "native_fields", "stack_fields", "summarize_fields", "share_closed"]

@@ -75,15 +75,10 @@ def truncated_state(model, state, rows: torch.Tensor):
     return recompute_rows(model, kept, torch.arange(len(rows)), meta={"truncated": True})
 
 
-def _gap(floor, ceil, x, sel):
-    f, c, v = floor[sel].mean(-1), ceil[sel].mean(-1), x[sel].mean(-1)
-    den = f - c
-    return torch.where(den.abs() > 1e-9, (f - v) / den, torch.full_like(v, float("nan")))
-
-
 def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dict:
     """``{"x_vs_y": {gap_diff, gap_diff_ci, nll_diff, nll_diff_ci}}``: paired (the same resampled
     samples for both, the indices :func:`kvbridge.evaluate.metrics.summarize` uses for the seed)."""
+    from kvbridge.evaluate.fields import share_closed
     from kvbridge.evaluate.metrics import _interval, bootstrap_indices
 
     def per_sample(cond, name):
@@ -99,7 +94,7 @@ def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dic
         a, b = per_sample(x, "nll"), per_sample(y, "nll")
 
         def diff(sel):
-            return _gap(floor, ceil, a, sel) - _gap(floor, ceil, b, sel)
+            return share_closed(floor, ceil, a, sel) - share_closed(floor, ceil, b, sel)
 
         nan = [float("nan")] * 2
         out[f"{x}_vs_{y}"] = {
