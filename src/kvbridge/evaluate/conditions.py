@@ -209,7 +209,6 @@ def run_conditions(
         conditions,
         batches(),
         pre.models,
-        num_samples=n,
         top_k=config.top_k,
         top_p=config.top_p,
         attention=config.attention,

@@ -38,14 +38,15 @@ LOGITS_BUDGET = 1 << 30
 @dataclass
 class Batch:
     """One batch: sample ``index``, teacher-forced ``inputs`` and their next-token ``targets``
-    (``[B, C]``), the condition set's own slices (``parts``: prefix, context, chunk...), and the
-    run-wide ``timing`` (seconds per shared prefill)."""
+    (``[B, C]``), the condition set's own slices (``parts``: prefix, context, chunk...), the
+    run-wide ``timing`` (seconds per shared prefill) and the run's sample count (``total``)."""
 
     index: torch.Tensor
     inputs: torch.Tensor
     targets: torch.Tensor
     parts: dict
     timing: dict
+    total: int = 0
     memo: dict = field(default_factory=dict)
 
     def once(self, key: str, make: Callable[[], Any], timer: str | None = None):
@@ -84,7 +85,7 @@ def prefix_batches(samples: torch.Tensor, prefix_len: int, continuation_len: int
     for start in range(0, n, batch_size):
         idx = torch.arange(start, min(n, start + batch_size))
         ids = samples[idx, : p + c + 1]
-        yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], {"prefix": ids[:, :p]}, timing)
+        yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], {"prefix": ids[:, :p]}, timing, n)
 
 
 def batch_rows(state, start: int, stop: int):
@@ -276,7 +277,6 @@ def run_batches(
     batches,
     models: dict,
     *,
-    num_samples: int,
     top_k: int = 5,
     top_p: float = 0.9,
     attention: bool = True,
@@ -366,7 +366,7 @@ def run_batches(
         if after_batch is not None:
             after_batch(batch, acc)
         if progress is not None:
-            progress(int(batch.index[-1]) + 1, num_samples)
+            progress(int(batch.index[-1]) + 1, batch.total)
     return stack_fields(acc, names, ceiling=ref, floor=floor), cost
 
 

@@ -140,7 +140,6 @@ def run_curve(
         conds,
         prefix_batches(samples, p, c, batch_size, pre.timing),
         pre.models,
-        num_samples=n,
         attention=attention,
         progress=progress,
     )

@@ -189,7 +189,6 @@ def run_frontier(
         conds,
         prefix_batches(samples, p, c, batch_size, pre.timing),
         pre.models,
-        num_samples=n,
         attention=attention,
         progress=progress,
     )

@@ -166,7 +166,7 @@ def run_graft(
         for s in range(0, n_samples, batch_size):
             idx = torch.arange(s, min(n_samples, s + batch_size))
             ctx, chk, cont = context_ids[idx], chunk_ids[idx], cont_ids[idx]
-            yield Batch(idx, cont[:, :-1], cont[:, 1:], {"context": ctx, "chunk": chk}, timing)
+            yield Batch(idx, cont[:, :-1], cont[:, 1:], {"context": ctx, "chunk": chk}, timing, n_samples)
 
     def context(bt):
         return bt.once("context", lambda: adapter.extract(model, bt.parts["context"]))
@@ -216,7 +216,6 @@ def run_graft(
         [Condition(x, builders[x]) for x in names],
         batches(),
         {"target": (model, adapter)},
-        num_samples=n_samples,
         attention=attention,
         progress=progress,
         floor="dropped",
