@@ -160,6 +160,11 @@ class Prefills:
         }
         return [Condition(x, builds[x]) for x in names]
 
+    def run(self, conditions, samples, prefix_len: int, continuation_len: int, batch_size: int, **options):
+        """:func:`run_batches` of ``conditions`` on ``samples``' prefix batches, with this pair."""
+        batches = prefix_batches(samples, prefix_len, continuation_len, batch_size, self.timing)
+        return run_batches(conditions, batches, self.models, **options)
+
 
 # -- the forwards -----------------------------------------------------------------------------------
 def _greedy(model, cache, first, steps: int) -> torch.Tensor:
@@ -318,13 +323,8 @@ def run_batches(
             if greedy is not None:
                 div = first_divergence_steps(toks, ctx["greedy"]) if name != ref else torch.full((b,), float(greedy))
                 add(name, "greedy_div", div)
-            st = built.state
-            if (
-                ctx["captured"] is not None
-                and built.on == "target"
-                and st is not None
-                and st.num_tokens == ctx["length"]
-            ):
+            st = built.state  # attention cosine: target caches of the reference's length
+            if ctx["captured"] is not None and built.on == "target" and getattr(st, "num_tokens", -1) == ctx["length"]:
                 add(name, "attn_cos", attention_cosines(ctx["captured"], st, ctx["length"]))
             c = cost[name]
             c["seconds"] += built.seconds
@@ -374,6 +374,7 @@ __all__ = [
     "Batch",
     "Built",
     "Condition",
+    "Prefills",
     "LOGITS_BUDGET",
     "prefix_batches",
     "run_batches",

@@ -94,7 +94,7 @@ def run_curve(
 ) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
+    from kvbridge.evaluate.runner import Built, Condition, Prefills
     from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
@@ -136,13 +136,7 @@ def run_curve(
 
     conds = pre.conditions("native", "transferred")
     conds += [Condition(name, point(kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
-    fields, cost = run_batches(
-        conds,
-        prefix_batches(samples, p, c, batch_size, pre.timing),
-        pre.models,
-        attention=attention,
-        progress=progress,
-    )
+    fields, cost = pre.run(conds, samples, p, c, batch_size, attention=attention, progress=progress)
     t_native, t_transfer = pre.timing["target_prefill_s"], pre.timing["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)

@@ -155,7 +155,7 @@ def run_frontier(
 ) -> dict:
     """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
+    from kvbridge.evaluate.runner import Built, Condition, Prefills
     from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.curve import sample_ids
@@ -185,13 +185,7 @@ def run_frontier(
     conds = pre.conditions("native", "source", "transferred")
     conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
     conds += pre.conditions("no_prefix")
-    fields, cost = run_batches(
-        conds,
-        prefix_batches(samples, p, c, batch_size, pre.timing),
-        pre.models,
-        attention=attention,
-        progress=progress,
-    )
+    fields, cost = pre.run(conds, samples, p, c, batch_size, attention=attention, progress=progress)
     t = pre.timing
     t_native, t_source, t_transfer = t["target_prefill_s"], t["source_prefill_s"], t["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
