@@ -52,7 +52,7 @@ import torch
 from kvbridge.errors import KVBridgeError
 from kvbridge.evaluate.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
 from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
-from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches
+from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches, sample_ids
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
@@ -156,14 +156,7 @@ def run_conditions(
     ``extra``: more conditions, each a function of the run's :class:`~kvbridge.evaluate.runner.Prefills`
     returning a :class:`~kvbridge.evaluate.runner.Condition` (run after ``config``'s, on the same prefills).
     """
-    samples = torch.as_tensor(samples).long()
-    p, c = config.prefix_len, config.continuation_len
-    if samples.dim() != 2 or samples.shape[1] < config.sample_len:
-        raise EvalError(
-            f"samples must be [N, >= {config.sample_len}] token ids (prefix {p} + continuation {c} + 1), "
-            f"got {tuple(samples.shape)}",
-            "make longer samples or lower --prefix-len/--continuation-len",
-        )
+    samples, p, c = sample_ids(samples, config.prefix_len, config.continuation_len, EvalError)
     n = samples.shape[0]
     conds = [x for x in CONDITIONS if x in config.conditions]
     if "native" not in conds:

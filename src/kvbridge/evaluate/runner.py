@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvbridge.errors import KVBridgeError
 from kvbridge.evaluate.attention import attention_cosines, capture_attention
 
 #: logits of one batched continuation forward are kept under this many bytes (conditions are
@@ -77,6 +78,18 @@ class Condition:
 
     name: str
     build: Callable[[Batch], Built]
+
+
+def sample_ids(samples, prefix_len: int, continuation_len: int, error=KVBridgeError) -> tuple[torch.Tensor, int, int]:
+    """``(samples as long [N, T], P, C)``; refused in one line (``error``) unless ``T >= P + C + 1``."""
+    samples, p, c = torch.as_tensor(samples).long(), int(prefix_len), int(continuation_len)
+    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
+        raise error(
+            f"samples must be [N, >= {p + c + 1}] token ids (prefix {p} + continuation {c} + 1), "
+            f"got {tuple(samples.shape)}",
+            "make longer samples or lower --prefix-len/--continuation-len",
+        )
+    return samples, p, c
 
 
 def prefix_batches(samples: torch.Tensor, prefix_len: int, continuation_len: int, batch_size: int, timing: dict):
@@ -377,6 +390,7 @@ __all__ = [
     "Prefills",
     "LOGITS_BUDGET",
     "prefix_batches",
+    "sample_ids",
     "run_batches",
     "cat_states",
     "batch_rows",

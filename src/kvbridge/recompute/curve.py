@@ -18,8 +18,6 @@ the plain transfer's deficit to native that the recompute wins back.
 
 from __future__ import annotations
 
-import torch
-
 from kvbridge.recompute.layers import RecomputeError
 
 SCHEMA = "kvbridge-recompute-curve/1"
@@ -60,18 +58,6 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
     return points
 
 
-def sample_ids(samples, prefix_len: int, continuation_len: int) -> tuple[torch.Tensor, int, int]:
-    """``(samples as long [N, T], P, C)``; refused in one line unless ``T >= P + C + 1``."""
-    samples = torch.as_tensor(samples).long()
-    p, c = int(prefix_len), int(continuation_len)
-    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
-        raise RecomputeError(
-            f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
-            "make longer samples or lower --prefix-len/--continuation-len",
-        )
-    return samples, p, c
-
-
 def run_curve(
     source,
     target,
@@ -94,7 +80,7 @@ def run_curve(
 ) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.runner import Built, Condition, Prefills
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
     from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
@@ -102,7 +88,7 @@ def run_curve(
 
     hook = (lambda run: capture_hidden(source, run)) if mode == "source" else None  # noqa: E731
     pre = Prefills(source, target, mapping, host=host, source_hook=hook)
-    samples, p, c = sample_ids(samples, prefix_len, continuation_len)
+    samples, p, c = sample_ids(samples, prefix_len, continuation_len, RecomputeError)
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
     bad = [x for x in token_rules if x not in RULES]
     if bad:

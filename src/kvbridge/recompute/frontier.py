@@ -155,15 +155,14 @@ def run_frontier(
 ) -> dict:
     """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.runner import Built, Condition, Prefills
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
     from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.curve import sample_ids
     from kvbridge.recompute.layers import RecomputeError
     from kvbridge.recompute.tokens import recompute_rows
 
     pre = Prefills(source, target, mapping, host=host)
-    samples, p, c = sample_ids(samples, prefix_len, continuation_len)
+    samples, p, c = sample_ids(samples, prefix_len, continuation_len, RecomputeError)
     ratios = sorted({float(r) for r in ratios})
     if not ratios:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
