@@ -48,3 +48,22 @@ def test_an_extra_condition_reuses_the_runs_source_prefill(base, samples, host):
         assert torch.equal(run.fields["again"][key], run.fields["transferred"][key]), key
     assert torch.equal(run.fields["again"]["no_prefix_nll"], run.fields["no_prefix"]["nll"])
     assert not torch.equal(run.fields["shuffled"]["nll"], run.fields["transferred"]["nll"])
+
+
+def test_one_forward_per_condition_and_the_stacked_forwards_agree(base, samples, host):
+    from kvbridge.builtin.identity import IdentityMapping
+    from kvbridge.evaluate.runner import Prefills
+
+    def run(greedy):
+        pre = Prefills(base[0], base[0], IdentityMapping(), host=host)
+        conds = pre.conditions("native", "transferred", "source", "no_prefix")
+        return pre.run(conds, samples[:6], P, C, 3, greedy=greedy)
+
+    (plain, cost), (stacked, _) = run(None), run(2)
+    assert list(plain) == list(stacked) == ["native", "transferred", "source", "no_prefix"]
+    assert "greedy_div" not in plain["native"] and stacked["native"]["greedy_div"].eq(2).all()
+    assert "attn_cos" in plain["transferred"] and "attn_cos" not in plain["source"]
+    for cond in plain:
+        for key in ("nll", "kl", "no_prefix_nll"):
+            torch.testing.assert_close(plain[cond][key], stacked[cond][key], rtol=0, atol=1e-5)
+    assert cost["transferred"] == {"flops": 0.0, "seconds": 0.0, "rows": 0}
