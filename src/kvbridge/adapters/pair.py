@@ -261,11 +261,12 @@ def run_adapter_pair(
 
     from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.adapters import load_adapter_pair
-    from kvbridge.transfer import IdentityMapping
+    from kvbridge.transfer import IdentityMapping, transfer
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import ConditionRun, EvalConfig, run_conditions
+    from kvbridge.evaluate.runner import Built, Condition
     from kvbridge.evaluate.metrics import bootstrap_indices, resolve_metrics, summarize
     from kvbridge.fit import fit
     from kvbridge.plugins import get_host
@@ -332,32 +333,19 @@ def run_adapter_pair(
         seed=seed,
         conditions=conds,
     )
-    run_fit = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress)
-    cfg_plain = EvalConfig(
-        prefix_len=prefix_len,
-        continuation_len=continuation_len,
-        greedy_tokens=greedy_tokens,
-        batch_size=batch_size,
-        seed=seed,
-        conditions=("native", "transferred"),
-    )
-    run_plain = run_conditions(base, tuned, IdentityMapping(), ids, cfg_plain, host=host, progress=progress)
+
+    def plain(pre):  # plain reuse: the same source prefill through the identity mapping
+        def build(bt):
+            return Built(transfer(pre.source_state(bt), IdentityMapping(), pre.tspec, host=pre.host))
+
+        return Condition("plain", build)
+
+    run = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain])
     timing["eval_s"] = time.perf_counter() - t0
-    notes = []
-    if not torch.equal(run_fit.fields["native"]["nll"], run_plain.fields["native"]["nll"]):
-        notes.append("native NLL differed between the two eval runs (expected bitwise equal)")
-    plain = dict(run_plain.fields["transferred"])
-    plain["no_prefix_nll"] = run_fit.fields["no_prefix"]["nll"]
-    plain["no_prefix_correct"] = run_fit.fields["no_prefix"]["correct"]
-    fields = {
-        "native": run_fit.fields["native"],
-        "fitted": run_fit.fields["transferred"],
-        "plain": plain,
-        "no_prefix": run_fit.fields["no_prefix"],
-    }
-    for c in conds[3:]:
-        fields[f"fitted:{c}"] = run_fit.fields[c]
-    combined = ConditionRun(config=cfg, fields=fields, num_layers=run_fit.num_layers, timing=run_fit.timing)
+    names = {"transferred": "fitted", **{c: f"fitted:{c}" for c in conds[3:]}}
+    fields = {names.get(k, k): v for k, v in run.fields.items()}
+    fields = {k: fields[k] for k in ("native", "fitted", "plain", "no_prefix", *(f"fitted:{c}" for c in conds[3:]))}
+    combined = ConditionRun(config=cfg, fields=fields, num_layers=run.num_layers, timing=run.timing)
     metrics = resolve_metrics(host)
     summary = summarize(combined, metrics, bootstrap=bootstrap, seed=seed)
     params = {"greedy_tokens": greedy_tokens, "top_k": cfg.top_k, "top_p": cfg.top_p}
@@ -415,7 +403,7 @@ def run_adapter_pair(
         settings=settings,
         timing=timing,
         data=data,
-        notes=tuple(notes),
+        notes=tuple(run.notes),
     )
 
 

@@ -44,15 +44,15 @@ concatenated, before ``o_proj``) is taken per continuation token and averaged pe
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from kvbridge.divergence import first_divergence_steps
 from kvbridge.errors import KVBridgeError
 from kvbridge.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
+from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
+from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches, sample_ids
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
@@ -99,173 +99,7 @@ class ConditionRun:
         return int(next(iter(self.fields["native"].values())).shape[0])
 
 
-def position_fields(
-    logits: torch.Tensor, targets: torch.Tensor, native: dict | None, *, top_k: int, top_p: float
-) -> dict:
-    """Per-position arrays of one batch of one condition (``logits [B, C, V]``; float64 math).
-
-    One log-softmax per condition; its ``exp`` gives the probabilities the nucleus truncates
-    (the same for native and every condition, so native against itself is exactly 0), and the
-    argmax is taken once.
-    """
-    from kvbridge import divergence as dv
-
-    logp = dv.log_probs(logits)
-    argmax = logp.argmax(-1)
-    out = {
-        "nll": -logp.gather(-1, targets[..., None]).squeeze(-1),
-        "correct": (argmax == targets).float(),
-    }
-    if native is None:  # this is the native condition: keep what the others compare with
-        probs = logp.exp()
-        return out, {
-            "logp": logp,
-            "probs": probs,
-            "logits": logits.double(),
-            "argmax": argmax,
-            "topk": dv.topk_indices(logp, top_k),
-            "nucleus": dv.nucleus(probs, top_p),
-        }
-    if logp.shape[-1] != native["logp"].shape[-1]:
-        nan = torch.full(targets.shape, float("nan"))
-        out.update(kl=nan, top1=nan, topk=nan, tv=nan, max_abs_logit_diff=torch.full(targets.shape[:1], float("nan")))
-        return out, None
-    out["kl"] = dv.kl(None, None, logp=native["logp"], logq=logp, p=native.get("probs"))
-    out["top1"] = (argmax == native["argmax"]).float()
-    out["topk"] = dv.topk_overlap(native["logp"], logp, top_k, p_topk=native["topk"]).float()
-    out["tv"] = dv.tv(native["nucleus"], dv.nucleus(logp.exp(), top_p))
-    out["max_abs_logit_diff"] = (logits.double() - native["logits"]).abs().flatten(1).max(dim=1).values
-    return out, None
-
-
-def native_fields(logits: torch.Tensor, targets: torch.Tensor, *, top_k: int, top_p: float) -> tuple[dict, dict]:
-    """The reference condition's per-position arrays, its comparisons with itself included (exact
-    by definition: KL 0, same argmax, full top-k overlap, TV 0, no logit difference), and what the
-    other conditions compare with."""
-    fields, native = position_fields(logits, targets, None, top_k=top_k, top_p=top_p)
-    zeros = torch.zeros(targets.shape, dtype=torch.float64)
-    ones = torch.ones(targets.shape, dtype=torch.float64)
-    fields.update(
-        kl=zeros,
-        top1=ones,
-        topk=ones * (min(top_k, logits.shape[-1]) / top_k),
-        tv=zeros,
-        max_abs_logit_diff=torch.zeros(targets.shape[:1], dtype=torch.float64),
-    )
-    return fields, native
-
-
-# -- running the models -----------------------------------------------------------------------------
-def _greedy(model, cache, first, steps: int) -> torch.Tensor:
-    from transformers import DynamicCache
-
-    cache = DynamicCache() if cache is None else cache
-    toks, inp = [], first
-    with torch.no_grad():
-        for _ in range(steps):
-            logits = model(input_ids=inp, cache=cache, use_cache=True).logits
-            inp = logits[:, -1].argmax(-1, keepdim=True)
-            toks.append(inp)
-    return torch.cat(toks, dim=1)
-
-
-def _continue(model, cache, cont, steps: int, fresh=None, capture: bool | int = False) -> tuple:
-    """Teacher-forced logits of ``cont`` from ``cache``, and ``steps`` greedy tokens from the prefix.
-
-    The greedy run reuses the teacher-forced forward: step 0 is the argmax of continuation
-    position 0, and the cache is cropped back to prefix + that token (no second inject, no
-    repeated forward). ``fresh()`` gives a new cache for the plain re-run where a cache type
-    cannot be cropped. ``capture``: record the attention of the teacher-forced forward only
-    (:func:`capture_attention`; an int: of that many leading batch rows); returns
-    ``(logits, tokens, captured or None)``.
-    """
-    from transformers import DynamicCache
-
-    cache = DynamicCache() if cache is None else cache
-    rows = None if capture is True else int(capture) if capture else None
-    with torch.no_grad(), capture_attention(model, rows) if capture else contextlib.nullcontext() as captured:
-        logits = model(input_ids=cont, cache=cache, use_cache=True).logits.float()
-    c = cont.shape[1]
-    try:
-        if c > 1:
-            cache.crop(-(c - 1))
-        ok = cache.get_seq_length() >= 1
-    except Exception:  # a cache type without crop (sliding windows, hybrids): run greedy afresh
-        ok = False
-    if not ok or steps < 1:
-        return logits, _greedy(model, fresh() if fresh else None, cont[:, :1], steps), captured
-    first = logits[:, 0].argmax(-1, keepdim=True)
-    toks = torch.cat([first, _greedy(model, cache, first, steps - 1)], dim=1) if steps > 1 else first
-    return logits, toks, captured
-
-
-def capture_rows(captured: dict, b: int, rows: int) -> dict:
-    """The first ``b`` batch rows of an attention capture of ``rows`` rows (native's, in a stacked forward)."""
-    if rows == b:
-        return captured
-
-    def cut(t):
-        return t[:b] if t is not None and t.dim() and t.shape[0] == rows else t
-
-    return {
-        layer: {k: cut(v) if isinstance(v, torch.Tensor) else v for k, v in c.items()} for layer, c in captured.items()
-    }
-
-
-def _rows(state, start: int, stop: int):
-    """Batch rows ``[start:stop]`` of a state (views)."""
-
-    def cut(t):
-        return t if t is None or t.shape[0] == 1 and state.batch_size != 1 else t[start:stop]
-
-    return replace(
-        state,
-        keys=tuple(k[start:stop] for k in state.keys),
-        values=tuple(v[start:stop] for v in state.values),
-        token_ids=state.token_ids[start:stop],
-        positions=cut(state.positions),
-        rope_lengths=cut(state.rope_lengths),
-    )
-
-
-def _cat_states(states: list):
-    """The states stacked along the batch (one cache for several conditions); None when they differ in kind."""
-    first = states[0]
-    b = first.batch_size
-
-    def rows(t):
-        return t.expand(b, -1) if t.shape[0] == 1 else t
-
-    index_layers = [i for i, _ in first.indexer_keys]
-    for s in states[1:]:
-        if (
-            s.rope_applied != first.rope_applied
-            or (s.rope_lengths is None) != (first.rope_lengths is None)
-            or s.states
-            or s.batch_size != b
-            or s.num_tokens != first.num_tokens
-            or [i for i, _ in s.indexer_keys] != index_layers
-        ):
-            return None
-    lengths = None if first.rope_lengths is None else torch.cat([rows(s.rope_lengths) for s in states])
-    index = tuple((i, torch.cat(ts)) for i, *ts in zip(index_layers, *([t for _, t in s.indexer_keys] for s in states)))
-    return replace(
-        first,
-        keys=tuple(torch.cat(ks) for ks in zip(*(s.keys for s in states))),
-        values=tuple(torch.cat(vs) for vs in zip(*(s.values for s in states))),
-        token_ids=torch.cat([s.token_ids for s in states]),
-        positions=torch.cat([rows(s.positions) for s in states]),
-        rope_lengths=lengths,
-        indexer_keys=index,
-        approximate=any(s.approximate for s in states),
-    )
-
-
-#: logits of one batched continuation forward are kept under this many bytes (conditions are
-#: grouped to fit: rows x continuation x vocabulary x 4)
-LOGITS_BUDGET = 1 << 30
-
-
+# -- the condition set -----------------------------------------------------------------------------
 def zeroed_state(state):
     return state.map_tensors(torch.zeros_like)
 
@@ -314,23 +148,15 @@ def run_conditions(
     host=None,
     progress=None,
     on_batch=None,
+    extra=(),
 ) -> ConditionRun:
     """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
 
     ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
+    ``extra``: more conditions, each a function of the run's :class:`~kvbridge.evaluate.runner.Prefills`
+    returning a :class:`~kvbridge.evaluate.runner.Condition` (run after ``config``'s, on the same prefills).
     """
-    from kvbridge.plugins import get_host
-    from kvbridge.transfer import transfer
-
-    host = host or get_host()
-    samples = torch.as_tensor(samples).long()
-    p, c = config.prefix_len, config.continuation_len
-    if samples.dim() != 2 or samples.shape[1] < config.sample_len:
-        raise EvalError(
-            f"samples must be [N, >= {config.sample_len}] token ids (prefix {p} + continuation {c} + 1), "
-            f"got {tuple(samples.shape)}",
-            "make longer samples or lower --prefix-len/--continuation-len",
-        )
+    samples, p, c = sample_ids(samples, config.prefix_len, config.continuation_len, EvalError)
     n = samples.shape[0]
     conds = [x for x in CONDITIONS if x in config.conditions]
     if "native" not in conds:
@@ -341,126 +167,49 @@ def run_conditions(
         raise EvalError(
             f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len"
         )
-    sad = host.adapter_for(source.config.to_dict())
-    tad = host.adapter_for(target.config.to_dict())
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    pre = Prefills(source, target, mapping, host=host)
+    sspec, tspec = pre.sspec, pre.tspec
     _check_pair(sspec, tspec, mapping)
     gen = torch.Generator().manual_seed(int(config.seed))
-    acc: dict = {x: {} for x in conds}
-    timing = {"target_prefill_s": 0.0, "transfer_s": 0.0, "source_prefill_s": 0.0, "prefix_tokens": 0}
-    notes = []
+    timing = pre.timing
+    timing["prefix_tokens"] = 0
     shuffled = "shuffled" in conds
-    t_start = time.perf_counter()
 
-    def add(cond, name, value):
-        acc[cond].setdefault(name, []).append(value.detach().float().cpu())
+    def batches():  # the source also prefills the next sample's prefix: the shuffled control
+        for bt in prefix_batches(samples, p, c, config.batch_size, timing):
+            timing["prefix_tokens"] += int(bt.parts["prefix"].numel())
+            if shuffled:
+                bt.parts["source_extra"] = samples[(bt.index[-1:] + 1) % n, :p]
+            yield bt
 
-    for start in range(0, n, config.batch_size):
-        idx = torch.arange(start, min(n, start + config.batch_size))
-        ids = samples[idx, : config.sample_len]
-        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
-        t0 = time.perf_counter()
-        native_state = tad.extract(target, prefix, spec=tspec)
-        t1 = time.perf_counter()
-        # one source prefill serves the transferred cache and the shuffled control (the next sample's prefix)
-        src_rows = torch.cat([prefix, samples[(idx[-1:] + 1) % n, :p]]) if shuffled else prefix
-        src_state = sad.extract(source, src_rows, spec=sspec)
-        t2 = time.perf_counter()
-        transferred = transfer(src_state, mapping, tspec, host=host)
-        t3 = time.perf_counter()
-        timing["target_prefill_s"] += t1 - t0
-        timing["source_prefill_s"] += t2 - t1
-        timing["transfer_s"] += t3 - t2
-        timing["prefix_tokens"] += int(prefix.numel())
-        b = len(idx)
-        if shuffled:  # the source ran one more row: the next sample's prefix (the shuffled control)
-            shuffled_state = _rows(transferred, 1, b + 1)
-            transferred, src_state = _rows(transferred, 0, b), _rows(src_state, 0, b)
+    builders = {
+        "zeroed": lambda bt: Built(zeroed_state(pre.transferred(bt))),
+        "shuffled": lambda bt: Built(pre.transferred(bt, shifted=True)),
+        "random": lambda bt: Built(random_state(pre.transferred(bt), gen)),
+        "no_rope_reapply": lambda bt: Built(no_rope_state(pre.source_state(bt), mapping, tspec, host=pre.host)),
+    }
 
-        states = {"native": native_state, "transferred": transferred}
-        if "zeroed" in conds:
-            states["zeroed"] = zeroed_state(transferred)
-        if shuffled:
-            states["shuffled"] = shuffled_state
-        if "random" in conds:
-            states["random"] = random_state(transferred, gen)
-        if "no_rope_reapply" in conds:
-            states["no_rope_reapply"] = no_rope_state(src_state, mapping, tspec, host=host)
-
-        # every cache condition, native first, stacked along the batch: one teacher-forced forward and one greedy
-        # loop per group (groups sized by LOGITS_BUDGET); native's logits are what every other one is compared with
-        cached = ["native"] + [x for x in conds if x in states and x != "native"]
-        vocab = int(getattr(target.config, "vocab_size", 0) or tspec.vocab_size or 1)
-        per_group = max(1, LOGITS_BUDGET // max(1, b * c * vocab * 4))
-        parts = []
-        for g0 in range(0, len(cached), per_group):
-            group = tuple(cached[g0 : g0 + per_group])
-            stacked = _cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
-            if stacked is not None:
-                parts.append((group, stacked))
-            elif group[0] == "native" and len(group) > 2 and _cat_states([states[x] for x in group[1:]]) is not None:
-                parts += [(group[:1], states["native"]), (group[1:], _cat_states([states[x] for x in group[1:]]))]
-            else:  # states of different kinds: one forward each
-                parts += [((x,), states[x]) for x in group]
-        native = ref_greedy = captured = None
-
-        def score(cond, logits, toks):
-            fields, _ = position_fields(logits, targets, native, top_k=config.top_k, top_p=config.top_p)
-            for name, value in fields.items():
-                add(cond, name, value)
-            add(cond, "greedy_div", first_divergence_steps(toks, ref_greedy))
-
-        for names, state in parts:
-            logits, toks, cap = _continue(
-                target,
-                tad.inject(state, target),
-                cont.repeat(len(names), 1),
-                config.greedy_tokens,
-                fresh=lambda st=state: tad.inject(st, target, check=False),
-                capture=b if config.attention and names[0] == "native" else False,
-            )
-            for j, cond in enumerate(names):
-                rows_logits, rows_toks = logits[j * b : (j + 1) * b], toks[j * b : (j + 1) * b]
-                if cond != "native":
-                    score(cond, rows_logits, rows_toks)
-                    if captured is not None:
-                        add(cond, "attn_cos", attention_cosines(captured, states[cond], p))
-                    continue
-                ref_greedy = rows_toks
-                fields, native = native_fields(rows_logits, targets, top_k=config.top_k, top_p=config.top_p)
-                for name, value in fields.items():
-                    add("native", name, value)
-                add("native", "greedy_div", torch.full((len(idx),), float(config.greedy_tokens)))
-                if cap is not None:
-                    captured = capture_rows(cap, b, len(names) * b)
-                    add("native", "attn_cos", attention_cosines(captured, native_state, p))
-            del logits
-        if "no_prefix" in conds:
-            logits, toks, _ = _continue(target, None, cont, config.greedy_tokens)
-            score("no_prefix", logits, toks)
-        if "source" in conds:
-            logits, toks, _ = _continue(
-                source,
-                sad.inject(src_state, source),
-                cont,
-                config.greedy_tokens,
-                fresh=lambda: sad.inject(src_state, source),
-            )
-            score("source", logits, toks)
+    def after(batch, acc):
         if on_batch is not None:
-            on_batch(
-                start, min(n, start + config.batch_size), {x: {k: v[-1] for k, v in acc[x].items()} for x in conds}
-            )
-        if progress is not None:
-            progress(min(n, start + config.batch_size), n)
+            last = int(batch.index[-1]) + 1
+            on_batch(int(batch.index[0]), last, {x: {k: v[-1] for k, v in acc[x].items()} for x in conds})
 
-    out = {cond: {name: torch.cat(vals, dim=0) for name, vals in acc[cond].items()} for cond in conds}
-    for cond in conds:  # references every condition's metrics need (paired: same samples)
-        out[cond]["native_nll"] = out["native"]["nll"]
-        out[cond]["native_correct"] = out["native"]["correct"]
-        if "no_prefix" in out:
-            out[cond]["no_prefix_nll"] = out["no_prefix"]["nll"]
-            out[cond]["no_prefix_correct"] = out["no_prefix"]["correct"]
+    t_start = time.perf_counter()
+    conditions = [Condition(x, builders[x]) if x in builders else pre.conditions(x)[0] for x in conds]
+    conditions += [make(pre) for make in extra]
+    conds += [x.name for x in conditions[len(conds) :]]
+    out, _ = run_batches(
+        conditions,
+        batches(),
+        pre.models,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        attention=config.attention,
+        greedy=config.greedy_tokens,
+        progress=progress,
+        after_batch=after,
+    )
+    notes = []
     if "source" in conds and sspec.vocab_size != tspec.vocab_size:
         notes.append(
             f"source vocabulary {sspec.vocab_size} != target {tspec.vocab_size}: "

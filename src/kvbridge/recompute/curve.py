@@ -18,10 +18,6 @@ the plain transfer's deficit to native that the recompute wins back.
 
 from __future__ import annotations
 
-import time
-
-import torch
-
 from kvbridge.recompute.layers import RecomputeError
 
 SCHEMA = "kvbridge-recompute-curve/1"
@@ -62,18 +58,6 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
     return points
 
 
-def sample_ids(samples, prefix_len: int, continuation_len: int) -> tuple[torch.Tensor, int, int]:
-    """``(samples as long [N, T], P, C)``; refused in one line unless ``T >= P + C + 1``."""
-    samples = torch.as_tensor(samples).long()
-    p, c = int(prefix_len), int(continuation_len)
-    if samples.dim() != 2 or samples.shape[1] < p + c + 1:
-        raise RecomputeError(
-            f"samples must be [N, >= {p + c + 1}] token ids, got {tuple(samples.shape)}",
-            "make longer samples or lower --prefix-len/--continuation-len",
-        )
-    return samples, p, c
-
-
 def run_curve(
     source,
     target,
@@ -96,18 +80,15 @@ def run_curve(
 ) -> dict:
     """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.conditions import attention_cosines, native_fields, position_fields
-    from kvbridge.plugins import get_host
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+    from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
     from kvbridge.recompute.tokens import RULES, blend
-    from kvbridge.transfer import transfer
 
-    host = host or get_host()
-    sad, tad = host.adapter_of(source), host.adapter_of(target)
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
-    samples, p, c = sample_ids(samples, prefix_len, continuation_len)
+    hook = (lambda run: capture_hidden(source, run)) if mode == "source" else None  # noqa: E731
+    pre = Prefills(source, target, mapping, host=host, source_hook=hook)
+    samples, p, c = sample_ids(samples, prefix_len, continuation_len, RecomputeError)
     points = [(name, "layers", layers) for name, layers, _ in layer_points_]
     bad = [x for x in token_rules if x not in RULES]
     if bad:
@@ -122,77 +103,32 @@ def run_curve(
         raise RecomputeError(
             "no recompute point to run", "pass --recompute-layers, --recompute-tokens or --recompute-sweep"
         )
-    names = ["native", "transferred"] + [x[0] for x in points] + ["no_prefix"]
-    acc = {x: {} for x in names}
-    cost = {x: {"flops": 0.0, "seconds": 0.0} for x in names}
-    t_native = t_transfer = 0.0
-    add = lambda cond, key, v: acc[cond].setdefault(key, []).append(v.detach().float().cpu())
     n = samples.shape[0]
     warm = samples[:1, :p]  # one untimed pass of each code path: first calls allocate and dispatch slowly
-    tad.extract(target, warm, spec=tspec)
-    blend(target, tad.extract(target, warm, spec=tspec), 0, 0.5, check_layer=check_layer)
-    for s in range(0, n, batch_size):
-        ids = samples[s : s + batch_size, : p + c + 1]
-        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
-        t0 = time.perf_counter()
-        native = tad.extract(target, prefix, spec=tspec)
-        t1 = time.perf_counter()
-        if mode == "source":
-            src_state, hidden = capture_hidden(source, lambda: sad.extract(source, prefix, spec=sspec))
-        else:
-            src_state, hidden = sad.extract(source, prefix, spec=sspec), None
-        t2 = time.perf_counter()
-        transferred = transfer(src_state, mapping, tspec, host=host)
-        t3 = time.perf_counter()
-        t_native += t1 - t0
-        t_transfer += t3 - t2
-        states = {"transferred": (transferred, 0.0, 0.0)}
-        for name, kind, arg in points:
-            if kind == "layers":
-                st, cst = recompute_layers(target, transferred, arg, mode=mode, source_hidden=hidden)
-            else:
-                res = blend(target, transferred, 0, arg, check_layer=check_layer, rule=kind)
-                st, cst = res.state, res.cost
-            states[name] = (st, cst.seconds, cst.flops)
-        cache = tad.inject(native, target)
-        if attention:
-            from kvbridge.evaluate.conditions import capture_attention
+    pre.tad.extract(target, warm, spec=pre.tspec)
+    blend(target, pre.tad.extract(target, warm, spec=pre.tspec), 0, 0.5, check_layer=check_layer)
 
-            with capture_attention(target) as captured, torch.no_grad():
-                logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
-        else:
-            captured = None
-            with torch.no_grad():
-                logits = target(input_ids=cont, cache=cache, use_cache=True).logits.float()
-        fields, ref = native_fields(logits, targets, top_k=5, top_p=0.9)
-        for k, v in fields.items():
-            add("native", k, v)
-        if captured is not None:
-            add("native", "attn_cos", attention_cosines(captured, native, p))
-        for cond in names[1:]:
-            with torch.no_grad():
-                if cond == "no_prefix":
-                    logits = target(input_ids=cont).logits.float()
-                else:
-                    st, secs, flops = states[cond]
-                    logits = target(
-                        input_ids=cont, cache=tad.inject(st, target, check=False), use_cache=True
-                    ).logits.float()
-                    cost[cond]["seconds"] += secs
-                    cost[cond]["flops"] += flops
-                    if captured is not None:
-                        add(cond, "attn_cos", attention_cosines(captured, st, p))
-            f, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
-            for k, v in f.items():
-                add(cond, k, v)
-        if progress is not None:
-            progress(min(n, s + batch_size), n)
-    fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
+    def point(kind, arg):
+        def build(bt):
+            if kind == "layers":
+                hidden = pre.source_state(bt, extra=True)
+                st, cst = recompute_layers(target, pre.transferred(bt), arg, mode=mode, source_hidden=hidden)
+            else:
+                res = blend(target, pre.transferred(bt), 0, arg, check_layer=check_layer, rule=kind)
+                st, cst = res.state, res.cost
+            return Built(st, seconds=cst.seconds, flops=cst.flops)
+
+        return build
+
+    conds = pre.conditions("native", "transferred")
+    conds += [Condition(name, point(kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
+    fields, cost = pre.run(conds, samples, p, c, batch_size, attention=attention, progress=progress)
+    t_native, t_transfer = pre.timing["target_prefill_s"], pre.timing["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)
-    nl = tspec.num_layers
+    nl = pre.tspec.num_layers
     layers_of = {name: arg for name, kind, arg in points if kind == "layers"}
-    for cond in names:
+    for cond in fields:
         row = summary["conditions"][cond]
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops if cond != "native" else 1.0
         row["time_share"] = (cost[cond]["seconds"] / t_native if t_native > 0 else None) if cond != "native" else 1.0

@@ -26,7 +26,6 @@ or "does not pay at any measured point".
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
@@ -76,15 +75,10 @@ def truncated_state(model, state, rows: torch.Tensor):
     return recompute_rows(model, kept, torch.arange(len(rows)), meta={"truncated": True})
 
 
-def _gap(floor, ceil, x, sel):
-    f, c, v = floor[sel].mean(-1), ceil[sel].mean(-1), x[sel].mean(-1)
-    den = f - c
-    return torch.where(den.abs() > 1e-9, (f - v) / den, torch.full_like(v, float("nan")))
-
-
 def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dict:
     """``{"x_vs_y": {gap_diff, gap_diff_ci, nll_diff, nll_diff_ci}}``: paired (the same resampled
     samples for both, the indices :func:`kvbridge.evaluate.metrics.summarize` uses for the seed)."""
+    from kvbridge.evaluate.fields import share_closed
     from kvbridge.evaluate.metrics import _interval, bootstrap_indices
 
     def per_sample(cond, name):
@@ -100,7 +94,7 @@ def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dic
         a, b = per_sample(x, "nll"), per_sample(y, "nll")
 
         def diff(sel):
-            return _gap(floor, ceil, a, sel) - _gap(floor, ceil, b, sel)
+            return share_closed(floor, ceil, a, sel) - share_closed(floor, ceil, b, sel)
 
         nan = [float("nan")] * 2
         out[f"{x}_vs_{y}"] = {
@@ -161,84 +155,38 @@ def run_frontier(
 ) -> dict:
     """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
     from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.conditions import attention_cosines, capture_attention, native_fields, position_fields
-    from kvbridge.plugins import get_host
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+    from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.curve import sample_ids
-    from kvbridge.recompute.graft import stack_fields, summarize_fields
     from kvbridge.recompute.layers import RecomputeError
     from kvbridge.recompute.tokens import recompute_rows
-    from kvbridge.transfer import transfer
 
-    host = host or get_host()
-    sad, tad = host.adapter_of(source), host.adapter_of(target)
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
-    samples, p, c = sample_ids(samples, prefix_len, continuation_len)
+    pre = Prefills(source, target, mapping, host=host)
+    samples, p, c = sample_ids(samples, prefix_len, continuation_len, RecomputeError)
     ratios = sorted({float(r) for r in ratios})
     if not ratios:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
-    points = [(point_name(kind, r), kind, r) for r in ratios for kind in ("truncated", "tail")]
-    names = ["native", "source", "transferred"] + [x[0] for x in points] + ["no_prefix"]
-    acc = {x: {} for x in names}
-    cost = {x: {"flops": 0.0, "seconds": 0.0, "rows": 0} for x in names}
-    t_native = t_transfer = t_source = 0.0
     n = samples.shape[0]
 
-    def add(cond, key, v):
-        acc[cond].setdefault(key, []).append(v.detach().float().cpu())
+    def point(kind, r):
+        def build(bt):
+            rows = kept_rows(p, r, sink, tail=kind == "tail")
+            if kind == "tail":
+                st, cst = recompute_rows(target, pre.transferred(bt), rows, meta={"frontier": point_name(kind, r)})
+            else:
+                st, cst = truncated_state(target, pre.native(bt), rows)
+            b = len(bt.index)  # truncated: the continuation keeps its own positions P..P+C-1
+            kw = {"position_ids": torch.arange(p, p + c).expand(b, c)} if st.num_tokens != p else {}
+            return Built(st, kwargs=kw, seconds=cst.seconds, flops=cst.flops, rows=int(rows.numel()))
 
-    for s in range(0, n, batch_size):
-        ids = samples[s : s + batch_size, : p + c + 1]
-        b = ids.shape[0]
-        prefix, cont, targets = ids[:, :p], ids[:, p : p + c], ids[:, p + 1 : p + c + 1]
-        t0 = time.perf_counter()
-        native = tad.extract(target, prefix, spec=tspec)
-        t1 = time.perf_counter()
-        src_state = sad.extract(source, prefix, spec=sspec)
-        t2 = time.perf_counter()
-        transferred = transfer(src_state, mapping, tspec, host=host)
-        t3 = time.perf_counter()
-        t_native, t_source, t_transfer = t_native + t1 - t0, t_source + t2 - t1, t_transfer + t3 - t2
-        with torch.no_grad(), capture_attention(target) if attention else _null() as captured:
-            logits = target(input_ids=cont, cache=tad.inject(native, target), use_cache=True).logits.float()
-        fields, ref = native_fields(logits, targets, top_k=5, top_p=0.9)
-        for k, v in fields.items():
-            add("native", k, v)
-        if attention:
-            add("native", "attn_cos", attention_cosines(captured, native, p))
-        kinds = {name: (kind, r) for name, kind, r in points}
-        for cond in names[1:]:  # one state at a time: built, scored, dropped (memory: one extra cache)
-            with torch.no_grad():
-                if cond == "no_prefix":
-                    model, kwargs = target, {}
-                elif cond == "source":
-                    model, kwargs = source, {"cache": sad.inject(src_state, source), "use_cache": True}
-                else:
-                    st = transferred
-                    if cond in kinds:
-                        kind, r = kinds[cond]
-                        rows = kept_rows(p, r, sink, tail=kind == "tail")
-                        if kind == "tail":
-                            st, cst = recompute_rows(target, transferred, rows, meta={"frontier": cond})
-                        else:
-                            st, cst = truncated_state(target, native, rows)
-                        cost[cond]["flops"] += cst.flops
-                        cost[cond]["seconds"] += cst.seconds
-                        cost[cond]["rows"] = int(rows.numel())
-                    model, kwargs = target, {"cache": tad.inject(st, target, check=False), "use_cache": True}
-                    if st.num_tokens != p:  # truncated: the continuation keeps its own positions P..P+C-1
-                        kwargs["position_ids"] = torch.arange(p, p + c).expand(b, c)
-                    elif attention:
-                        add(cond, "attn_cos", attention_cosines(captured, st, p))
-                    del st
-                logits = model(input_ids=cont, **kwargs).logits.float()
-                del kwargs
-            f, _ = position_fields(logits, targets, ref, top_k=5, top_p=0.9)
-            for k, v in f.items():
-                add(cond, k, v)
-        if progress is not None:
-            progress(min(n, s + batch_size), n)
-    fields = stack_fields(acc, names, ceiling="native", floor="no_prefix")
+        return build
+
+    conds = pre.conditions("native", "source", "transferred")
+    conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
+    conds += pre.conditions("no_prefix")
+    fields, cost = pre.run(conds, samples, p, c, batch_size, attention=attention, progress=progress)
+    t = pre.timing
+    t_native, t_source, t_transfer = t["target_prefill_s"], t["source_prefill_s"], t["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     pairs = [("transferred", "source")]
     for r in ratios:
@@ -247,7 +195,7 @@ def run_frontier(
     diffs = paired_differences(fields, pairs, bootstrap=bootstrap, seed=seed)
     full = prefill_flops(target, p, batch=n)
     source_share = prefill_flops(source, p, batch=n) / full
-    for cond in names:
+    for cond in fields:
         row = summary["conditions"][cond]
         row["flop_share"] = 1.0 if cond == "native" else cost[cond]["flops"] / full
         row["source_flop_share"] = (
@@ -292,12 +240,6 @@ def run_frontier(
         ],
     }
     return _clean(result)
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 __all__ = ["SCHEMA", "DEFAULT_SINK", "kept_rows", "truncated_state", "paired_differences", "verdict", "run_frontier"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import torch
 
@@ -110,20 +109,6 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
     )
 
 
-def _logits(model, adapter, state, cont, capture=False):
-    from kvbridge.evaluate.conditions import capture_attention
-
-    cache = adapter.inject(state, model, check=False) if state is not None else None
-    kw = {"use_cache": cache is not None}
-    if cache is not None:
-        kw["cache"] = cache
-    with torch.no_grad():
-        if capture:
-            with capture_attention(model) as captured:
-                return model(input_ids=cont, **kw).logits.float(), captured
-        return model(input_ids=cont, **kw).logits.float(), None
-
-
 def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) -> list[str]:
     names = ["full", "naive"] + [f"blend@{r:g}" for r in ratios if r > 0]
     for rule in ("random", "first"):
@@ -156,8 +141,10 @@ def run_graft(
     ``chunks``: optional prepared chunk states (e.g. packs), one ``[1, n]`` state per sample; by
     default each chunk is prefilled alone here (not timed: it is prepared ahead).
     """
-    from kvbridge.evaluate.conditions import attention_cosines, native_fields, position_fields
+    from kvbridge.evaluate.fields import summarize_fields
+    from kvbridge.evaluate.runner import Batch, Built, Condition, cat_states, run_batches
     from kvbridge.recompute.cost import prefill_flops
+    from kvbridge.recompute.tokens import blend
 
     adapter = _adapter(model, host)
     context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in (context_ids, chunk_ids, cont_ids))
@@ -171,63 +158,69 @@ def run_graft(
         raise RecomputeError("the shuffled control needs at least 2 samples", "pass 2 or more samples")
     ratios = tuple(sorted(set(float(r) for r in ratios)))
     names = condition_names(ratios, controls)
-    acc = {x: {} for x in names}
-    cost = {x: {"flops": 0.0, "seconds": 0.0} for x in names}
-    t_full = 0.0
     gen = torch.Generator().manual_seed(int(seed))
-    add = lambda cond, key, v: acc[cond].setdefault(key, []).append(v.detach().float().cpu())
     _warm_up(model, adapter, context_ids[:1], chunk_ids[:1], check_layer)
-    for s in range(0, n_samples, batch_size):
-        idx = torch.arange(s, min(n_samples, s + batch_size))
-        ctx, chk, cont = context_ids[idx], chunk_ids[idx], cont_ids[idx]
-        inp, targets = cont[:, :-1], cont[:, 1:]
-        t0 = time.perf_counter()
-        full_state = adapter.extract(model, torch.cat([ctx, chk], 1))
-        t_full += time.perf_counter() - t0
-        ctx_state = adapter.extract(model, ctx)
+    timing = {"full": 0.0}
+
+    def batches():
+        for s in range(0, n_samples, batch_size):
+            idx = torch.arange(s, min(n_samples, s + batch_size))
+            ctx, chk, cont = context_ids[idx], chunk_ids[idx], cont_ids[idx]
+            yield Batch(idx, cont[:, :-1], cont[:, 1:], {"context": ctx, "chunk": chk}, timing, n_samples)
+
+    def context(bt):
+        return bt.once("context", lambda: adapter.extract(model, bt.parts["context"]))
+
+    def chunk(bt):
         if chunks is not None:
-            chunk_state = _stack([chunks[int(i)] for i in idx])
-        else:
-            chunk_state = prepare_chunk(model, chk, host=host)
-        logits, captured = _logits(model, adapter, full_state, inp, capture=attention)
-        fields, native = native_fields(logits, targets, top_k=5, top_p=0.9)
-        for k, v in fields.items():
-            add("full", k, v)
-        if captured is not None:
-            add("full", "attn_cos", attention_cosines(captured, full_state, c + n))
-        t0 = time.perf_counter()
-        naive = graft(ctx_state, chunk_state, host=host)
-        t_graft = time.perf_counter() - t0
-        states = {"naive": (naive, t_graft, 0.0)}
-        for r in ratios:
-            if r <= 0:
-                continue
-            res = blend_state = _blend(model, naive, c, r, check_layer, "deviation", gen)
-            states[f"blend@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
-            for rule in ("random", "first"):
-                if rule in controls and r < 1:
-                    res = _blend(model, naive, c, r, check_layer, rule, gen)
-                    states[f"{rule}@{r:g}"] = (res.state, t_graft + res.cost.seconds, res.cost.flops)
-            del blend_state
-        if "no_reposition" in controls:
-            states["no_reposition"] = (graft(ctx_state, chunk_state, reposition=False, host=host), 0.0, 0.0)
-        if "shuffled" in controls:
-            other = chk[torch.roll(torch.arange(len(idx)), 1)] if len(idx) > 1 else chunk_ids[(idx + 1) % n_samples]
-            states["shuffled"] = (graft(ctx_state, prepare_chunk(model, other, host=host), host=host), 0.0, 0.0)
-        states["dropped"] = (ctx_state, 0.0, 0.0)
-        for cond in names[1:]:
-            state, secs, flops = states[cond]
-            logits, _ = _logits(model, adapter, state, inp)
-            f, _ = position_fields(logits, targets, native, top_k=5, top_p=0.9)
-            for k, v in f.items():
-                add(cond, k, v)
-            if captured is not None and cond != "dropped":
-                add(cond, "attn_cos", attention_cosines(captured, state, c + n))
-            cost[cond]["seconds"] += secs
-            cost[cond]["flops"] += flops
-        if progress is not None:
-            progress(int(idx[-1]) + 1, n_samples)
-    fields = stack_fields(acc, names, ceiling="full", floor="dropped")
+            return bt.once("chunk", lambda: cat_states([chunks[int(i)] for i in bt.index]))
+        return bt.once("chunk", lambda: prepare_chunk(model, bt.parts["chunk"], host=host))
+
+    def naive(bt):  # (state, seconds of the re-positioning)
+        def make():
+            ctx_state, chunk_state = context(bt), chunk(bt)
+            t0 = time.perf_counter()
+            return graft(ctx_state, chunk_state, host=host), time.perf_counter() - t0
+
+        return bt.once("naive", make)
+
+    def full(bt):
+        both = torch.cat([bt.parts["context"], bt.parts["chunk"]], 1)
+        return Built(bt.once("full", lambda: adapter.extract(model, both), "full"))
+
+    def recomputed(rule, r):
+        def build(bt):
+            state, t_graft = naive(bt)
+            res = blend(model, state, c, r, check_layer=check_layer, rule=rule, generator=gen)
+            return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
+
+        return build
+
+    def shuffled(bt):
+        idx, chk = bt.index, bt.parts["chunk"]
+        other = chk[torch.roll(torch.arange(len(idx)), 1)] if len(idx) > 1 else chunk_ids[(idx + 1) % n_samples]
+        return Built(graft(context(bt), prepare_chunk(model, other, host=host), host=host))
+
+    builders = {
+        "full": full,
+        "naive": lambda bt: Built(naive(bt)[0], seconds=naive(bt)[1]),
+        "no_reposition": lambda bt: Built(graft(context(bt), chunk(bt), reposition=False, host=host)),
+        "shuffled": shuffled,
+        "dropped": lambda bt: Built(context(bt)),
+    }
+    for name in names:
+        if "@" in name:
+            rule, r = name.split("@")
+            builders[name] = recomputed("deviation" if rule == "blend" else rule, float(r))
+    fields, cost = run_batches(
+        [Condition(x, builders[x]) for x in names],
+        batches(),
+        {"target": (model, adapter)},
+        attention=attention,
+        progress=progress,
+        floor="dropped",
+    )
+    t_full = timing["full"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
     for cond in names:
@@ -275,75 +268,6 @@ def _share(cond: str):
     return None
 
 
-def _blend(model, naive, c, r, check_layer, rule, gen):
-    from kvbridge.recompute.tokens import blend
-
-    return blend(model, naive, c, r, check_layer=check_layer, rule=rule, generator=gen)
-
-
-def _stack(states):
-    if len(states) == 1:
-        return states[0]
-    first = states[0]
-    cat = lambda xs: torch.cat(xs, 0)
-    return replace(
-        first,
-        keys=tuple(cat([s.keys[i] for s in states]) for i in range(first.num_layers)),
-        values=tuple(cat([s.values[i] for s in states]) for i in range(first.num_layers)),
-        token_ids=cat([s.token_ids for s in states]),
-        positions=cat([s.positions for s in states]),
-        rope_lengths=None,
-    )
-
-
-def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
-    """Per-condition batches (``acc[cond][field]``: lists of tensors) stacked over samples, each
-    condition given the ``ceiling`` and ``floor`` conditions' NLL and correctness as the native
-    and no-prefix references the eval metrics read."""
-    fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
-    for cond in names:
-        for ref, name in ((ceiling, "native"), (floor, "no_prefix")):
-            fields[cond][f"{name}_nll"] = fields[ref]["nll"]
-            fields[cond][f"{name}_correct"] = fields[ref]["correct"]
-    return fields
-
-
-def summarize_fields(
-    fields: dict, *, bootstrap: int = 1000, seed: int = 0, reference: str | None = None, greedy_tokens: int = 16
-) -> dict:
-    """kvbridge eval's metrics (with paired bootstrap CIs) of per-condition fields, plus ``deficit_closed``.
-
-    ``deficit_closed`` = ``(NLL_ref - NLL_x) / (NLL_ref - NLL_native)``: the share of what the
-    ``reference`` condition (the naive graft, or the plain transfer) misses that x wins back.
-    """
-    from kvbridge.evaluate.metrics import _interval, bootstrap_indices, resolve_metrics, summarize
-
-    run = SimpleNamespace(
-        config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9),
-        fields=fields,
-        num_samples=int(next(iter(next(iter(fields.values())).values())).shape[0]),
-    )
-    metrics = [m for m in resolve_metrics() if m.name not in ("greedy_first_divergence", "greedy_agreement")]
-    out = summarize(run, metrics, bootstrap=bootstrap, seed=seed)
-    if reference and reference in fields:
-        n = run.num_samples
-        idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
-        nat = fields[reference]["native_nll"].double().flatten(1).mean(1)
-        ref = fields[reference]["nll"].double().flatten(1).mean(1)
-        for cond, f in fields.items():
-            x = f["nll"].double().flatten(1).mean(1)
-
-            def closed(sel):
-                den = ref[sel].mean(-1) - nat[sel].mean(-1)
-                num = ref[sel].mean(-1) - x[sel].mean(-1)
-                return torch.where(den.abs() > 1e-9, num / den, torch.full_like(num, float("nan")))
-
-            row = out["conditions"][cond]
-            row["deficit_closed"] = float(closed(torch.arange(n)[None])[0])
-            row["deficit_closed_ci"] = _interval(closed(idx)) if idx is not None else [None, None]
-    return out
-
-
 __all__ = [
     "SCHEMA",
     "prepare_chunk",
@@ -351,6 +275,4 @@ __all__ = [
     "graft",
     "run_graft",
     "condition_names",
-    "summarize_fields",
-    "stack_fields",
 ]

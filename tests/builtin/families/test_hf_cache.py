@@ -128,7 +128,7 @@ def test_slicing_keeps_indexer_keys_aligned_with_the_tokens():
 
 
 def test_concatenated_and_stacked_states_keep_their_indexer_keys():
-    from kvbridge.evaluate.conditions import _cat_states
+    from kvbridge.evaluate.runner import cat_states
     from kvbridge.recompute.graft import concat_states
 
     model, adapter, spec = _tiny("glm_moe_dsa")
@@ -138,7 +138,7 @@ def test_concatenated_and_stacked_states_keep_their_indexer_keys():
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(joined.indexer_keys, state.indexer_keys))
     joined.validate(spec)
     other = adapter.extract(copy.deepcopy(model), _ids(12, seed=2))
-    stacked = _cat_states([state, other])  # batch: eval's stacked conditions
+    stacked = cat_states([state, other])  # batch: eval's stacked conditions
     for (_, s), (_, a), (_, b) in zip(stacked.indexer_keys, state.indexer_keys, other.indexer_keys):
         assert torch.equal(s, torch.cat([a, b]))
     stacked.validate(spec)

@@ -1,0 +1,69 @@
+"""The condition runner: shared prefills computed once per batch, and a condition added from outside."""
+
+from __future__ import annotations
+
+import torch
+
+from .conftest import C, P
+
+
+def test_batch_once_computes_and_times_a_shared_prefill_once():
+    from kvbridge.evaluate.runner import Batch
+
+    calls, timing = [], {}
+    bt = Batch(torch.arange(2), torch.zeros(2, 1), torch.zeros(2, 1), {}, timing)
+    first = bt.once("native", lambda: calls.append(1) or "state", "target_prefill_s")
+    again = bt.once("native", lambda: calls.append(1) or "other", "target_prefill_s")
+    assert (first, again, len(calls)) == ("state", "state", 1)
+    assert set(timing) == {"target_prefill_s"} and timing["target_prefill_s"] >= 0
+
+
+def test_an_extra_condition_reuses_the_runs_source_prefill(base, samples, host):
+    from kvbridge.builtin.identity import IdentityMapping
+    from kvbridge.evaluate.conditions import EvalConfig, run_conditions
+    from kvbridge.evaluate.runner import Built, Condition
+
+    prefills = []
+
+    def again(pre):  # the transferred cache once more, under another name, counting source prefills
+        def hook(run):
+            prefills.append(1)
+            return run(), None
+
+        pre.hook = hook
+        return Condition("again", lambda bt: Built(pre.transferred(bt)))
+
+    cfg = EvalConfig(
+        prefix_len=P,
+        continuation_len=C,
+        greedy_tokens=2,
+        batch_size=5,
+        conditions=("native", "transferred", "shuffled", "no_prefix"),
+    )
+    run = run_conditions(base[0], base[0], IdentityMapping(), samples, cfg, host=host, extra=[again])
+    n = samples.shape[0]
+    assert list(run.fields) == ["native", "transferred", "no_prefix", "shuffled", "again"]
+    assert len(prefills) == -(-n // cfg.batch_size)  # one source prefill per batch serves all three
+    for key in ("nll", "kl", "greedy_div", "attn_cos"):
+        assert torch.equal(run.fields["again"][key], run.fields["transferred"][key]), key
+    assert torch.equal(run.fields["again"]["no_prefix_nll"], run.fields["no_prefix"]["nll"])
+    assert not torch.equal(run.fields["shuffled"]["nll"], run.fields["transferred"]["nll"])
+
+
+def test_one_forward_per_condition_and_the_stacked_forwards_agree(base, samples, host):
+    from kvbridge.builtin.identity import IdentityMapping
+    from kvbridge.evaluate.runner import Prefills
+
+    def run(greedy):
+        pre = Prefills(base[0], base[0], IdentityMapping(), host=host)
+        conds = pre.conditions("native", "transferred", "source", "no_prefix")
+        return pre.run(conds, samples[:6], P, C, 3, greedy=greedy)
+
+    (plain, cost), (stacked, _) = run(None), run(2)
+    assert list(plain) == list(stacked) == ["native", "transferred", "source", "no_prefix"]
+    assert "greedy_div" not in plain["native"] and stacked["native"]["greedy_div"].eq(2).all()
+    assert "attn_cos" in plain["transferred"] and "attn_cos" not in plain["source"]
+    for cond in plain:
+        for key in ("nll", "kl", "no_prefix_nll"):
+            torch.testing.assert_close(plain[cond][key], stacked[cond][key], rtol=0, atol=1e-5)
+    assert cost["transferred"] == {"flops": 0.0, "seconds": 0.0, "rows": 0}
