@@ -336,8 +336,9 @@ def fit(
         raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
     import os
 
-    from kvbridge.fit.run import fit_pair, prepare
+    from kvbridge.fit.run import fit_run, prepare
     from kvbridge.progress import Heartbeat
+    from kvbridge.run import Run
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
         Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0")
@@ -353,9 +354,8 @@ def fit(
 
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
-    result = fit_pair(
-        pair,
-        settings,
+    result = fit_run(
+        Run.of(pair, settings),
         prepared=prepared,
         progress=Progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
         warn=lambda note: click.echo(f"note: {note}", err=True),

@@ -9,11 +9,12 @@ Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from kvbridge.errors import ConfigError
-from kvbridge.fit.settings import FitSettings
+from kvbridge.fit.settings import FitSettings, parse_top_k
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
 SHORTCUTS = {
@@ -49,6 +50,7 @@ class Prepared:
     data: Any  # calibration texts (or token ids)
     corpus_sha256: str | None
     split: Any  # a folder corpus's Split, else None
+    fitter: Any = None  # the fitter plugin instance (loaded once, here)
 
 
 def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
@@ -66,15 +68,16 @@ def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
 
         check_replaceable(settings.keep_stats, STATS_KIND, overwrite=settings.overwrite)
     values = option_values(settings)
-    options = fitter_options(load_fitter(host or get_host(), settings.fitter), values)
+    fitter = load_fitter(host or get_host(), settings.fitter)
+    options = fitter_options(fitter, values)
     if data is not None:
-        return Prepared(values, options, data, None, None)
+        return Prepared(values, options, data, None, None, fitter)
     if settings.corpus is None:
         raise ConfigError("fit needs calibration data", "give --corpus (FitSettings.corpus), or data= in Python")
     from kvbridge.evaluate.corpus import calibration_texts
 
     texts, sha, split = calibration_texts(settings.corpus, settings.corpus_heldout)
-    return Prepared(values, options, texts, sha, split)
+    return Prepared(values, options, texts, sha, split, fitter)
 
 
 def _revision(ref) -> str | None:
@@ -84,52 +87,131 @@ def _revision(ref) -> str | None:
     return Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
 
 
-def fit_pair(
-    pair,
-    settings: FitSettings,
-    *,
-    data=None,
-    prepared: Prepared | None = None,
-    progress: Callable | None = None,
-    warn: Callable[[str], None] | None = None,
-    distributed: Any = "auto",
-    host=None,
-):
-    """Fit ``pair.source``'s cache to ``pair.target``'s (see ``kvbridge fit``) on a loaded
-    :class:`~kvbridge.models.pair.ModelPair`.
+def identity(run, role: str) -> dict:
+    """The manifest identity (spec, fingerprints, RoPE) of ``run``'s ``"source"`` or ``"target"``,
+    computed once per run (a fit's manifest and a mapping check read the same one)."""
+    from kvbridge.fit.artifact import model_identity
 
-    Text is tokenized with the pair's tokenizer (both sides checked to give the same ids). Returns
-    the :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep;
-    with ``settings.out`` it is written. ``progress``: the pipeline's ``(kind, tag, n)`` events;
-    ``distributed``: a :mod:`kvbridge.fit.distributed` context (``"auto"``: from the environment)."""
-    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
-    from kvbridge.fit.pipeline import Provenance, fit
-    from kvbridge.plugins import get_host
+    loaded = getattr(run, role)
 
-    host = host or get_host()
-    prepared = prepared or prepare(settings, data=data, host=host)
-    src, tgt, s = pair.source, pair.target, settings
-    options, sweep = prepared.options, None
-    if s.sweep or s.top_k == "all":
-        sweep = list(s.top_k) if s.sweep else "all"
-    elif s.top_k is None and "top_k" not in prepared.values and hasattr(options, "top_k"):
-        layers = src.spec.num_layers
-        if options.top_k > layers:  # the default, larger than the source allows: clamp and say so
-            note = (
-                f"--top-k defaults to {options.top_k}, but {src.ref.ref} has {layers} layers: using "
-                f"--top-k {layers} (all of them)"
-            )
-            if warn is None:
-                import warnings
+    def compute():
+        revision = getattr(loaded, "revision", None) or _revision(loaded.ref)
+        return model_identity(loaded.model, host=run.host, name=loaded.name, revision=revision)
 
-                warnings.warn(note, UserWarning, stacklevel=2)
+    return run.once(f"identity.{role}", compute)
+
+
+@dataclass(frozen=True)
+class FitJob:
+    """A fit resolved once against its run: the fitter and its options (top-k clamped, checked
+    against the models), the k sweep (``((label, k), ...)``, None for one mapping), the calibration,
+    the data (texts, token ids or a corpus path) and where the result goes."""
+
+    fitter: Any
+    options: Any
+    sweep: tuple | None
+    calibration: Any
+    data: Any
+    corpus_sha256: str | None = None
+    corpus_path: Any = None
+    corpus_split: Any = None
+    out: Any = None
+    overwrite: bool = False
+    resume: bool = False
+    keep_stats: Any = None
+    checkpoint_dir: Any = None
+    checkpoint_every: float = 60.0
+    fitter_name: str = "ridge"
+
+
+def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, name: str, warn=None):
+    """``(options, sweep)``: a list of top-k values (or ``all``) becomes the sweep's ``((label, k), ...)``
+    (``all`` alone: one mapping over every source layer) with the options' top-k the largest; a default
+    top-k (not ``given``) larger than the source's ``layers`` is clamped to them, and ``warn`` told."""
+    from kvbridge.check import validate as v
+    from kvbridge.fit.pipeline import fitter_options
+    from kvbridge.fit.solve import FitError
+
+    if isinstance(top_k, (list, tuple)) or top_k == "all" or (isinstance(top_k, str) and "," in top_k):
+        values = parse_top_k(top_k)
+        values = values if isinstance(values, list) else [values]
+        sweep = []
+        for val in values:
+            if val == "all":
+                if layers is None:
+                    raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
+                sweep.append(("all", layers))
             else:
-                warn(note)
-            options = replace(options, top_k=layers)
-    check_budget(s.fitter, options, src.spec, tgt.spec, sweep)
+                v.top_k(val, layers)
+                sweep.append((str(val), int(val)))
+        options = fitter_options(fitter, options, top_k=max(k for _, k in sweep))
+        one = isinstance(top_k, str) and "," not in top_k  # "all" alone: one mapping, not a sweep
+        return options, (None if one else tuple(sweep))
+    default = getattr(options, "top_k", None)
+    if not given and layers is not None and isinstance(default, int) and default > layers:
+        note = f"--top-k defaults to {default}, but {name} has {layers} layers: using --top-k {layers} (all of them)"
+        if warn is None:
+            warnings.warn(note, UserWarning, stacklevel=4)
+        else:
+            warn(note)
+        options = replace(options, top_k=layers)
+    return options, None
+
+
+def validate_job(run, job: FitJob) -> None:
+    """The checks that need the models, run once before any work: top-k against the source's layers,
+    the sequence length against both position limits, the stride, the token budget, alpha, the
+    ``--memory`` budget (and the smallest one the ridge fitters can block into)."""
+    from kvbridge.check import validate as v
+
+    config, opts = job.calibration, job.options
+    smodel, tmodel = run.source.model, run.target.model
+    smax = getattr(smodel.config, "max_position_embeddings", None)
+    tmax = getattr(tmodel.config, "max_position_embeddings", None)
+    max_pos = min([m for m in (smax, tmax) if isinstance(m, int) and m > 0], default=None)
+    layers = getattr(smodel.config, "num_hidden_layers", None)
+    if getattr(opts, "top_k", None) is not None:
+        v.top_k(opts.top_k, layers if isinstance(layers, int) else None)
+    if config.seq_len is not None:
+        v.seq_len(config.seq_len, max_pos)
+        v.stride(config.stride, config.seq_len, skip=config.skip)
+    v.tokens(config.tokens)
+    alpha = getattr(opts, "alpha", None)
+    if alpha is not None and not isinstance(alpha, (list, tuple)):
+        v.alpha(alpha)
+    budget = getattr(opts, "memory_budget", None)
+    if budget is not None:
+        v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
+
+
+def _source_layers(run) -> int | None:
+    layers = getattr(getattr(run.source.model, "config", None), "num_hidden_layers", None)
+    return layers if isinstance(layers, int) and layers > 0 else None
+
+
+def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[[str], None] | None = None) -> FitJob:
+    """The :class:`FitJob` of ``run`` (a :class:`~kvbridge.run.Run` of a :class:`FitSettings`): the
+    settings' refusals (:func:`prepare`, unless given its result), then the checks that need the
+    models, once; text calibration is checked to give the same ids with both tokenizers."""
+    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
+
+    s = run.settings
+    prepared = prepared or prepare(s, data=data, host=run.host)
+    fitter = prepared.fitter
+    if fitter is None:
+        from kvbridge.fit.pipeline import load_fitter
+
+        fitter = load_fitter(run.host, s.fitter)
+    top_k = (list(s.top_k) if s.sweep else "all") if (s.sweep or s.top_k == "all") else None
+    given = s.top_k is not None or "top_k" in prepared.values
+    ref = getattr(run.source.ref, "ref", None) or run.source.name
+    options, sweep = resolve_top_k(
+        fitter, prepared.options, top_k, given=given, layers=_source_layers(run), name=ref, warn=warn
+    )
+    check_budget(s.fitter, options, run.source.spec, run.target.spec, top_k if sweep is not None else None)
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
-        check_same_tokens(list(texts), src.tokenizer, tgt.tokenizer)
+        check_same_tokens(list(texts), run.source.tokenizer, run.target.tokenizer)
     calibration = CalibrationConfig(
         stride=s.stride,
         skip=s.skip,
@@ -140,28 +222,249 @@ def fit_pair(
         tokens=s.tokens,
         offset=s.tokens_offset,
     )
-    return fit(
-        src.model,
-        tgt.model,
+    job = FitJob(
+        fitter,
+        options,
+        sweep,
+        calibration,
         texts,
-        fitter=s.fitter,
-        options=options,
-        calibration=calibration,
-        tokenizer=src.tokenizer,
-        tokenizer_fingerprint=pair.tokenizer,
         corpus_sha256=prepared.corpus_sha256,
         corpus_path=s.corpus if data is None else None,
         corpus_split=prepared.split,
         out=s.out,
         overwrite=s.overwrite,
         resume=s.resume,
-        provenance=Provenance(src.name, tgt.name, _revision(src.ref), _revision(tgt.ref)),
-        progress=progress,
-        distributed=distributed,
         keep_stats=s.keep_stats,
-        host=host,
-        **({"top_k": sweep} if sweep is not None else {}),
+        fitter_name=s.fitter,
     )
+    validate_job(run, job)
+    return job
+
+
+def fit_run(
+    run,
+    *,
+    data=None,
+    prepared: Prepared | None = None,
+    progress: Callable | None = None,
+    warn: Callable[[str], None] | None = None,
+    distributed: Any = "auto",
+):
+    """``kvbridge fit`` on a :class:`~kvbridge.run.Run` (a loaded pair, the host, a :class:`FitSettings`).
+
+    Text is tokenized with the pair's tokenizer (both sides checked to give the same ids). Returns
+    the :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep;
+    with ``settings.out`` it is written. ``progress``: the pipeline's ``(kind, tag, n)`` events;
+    ``distributed``: a :mod:`kvbridge.fit.distributed` context (``"auto"``: from the environment)."""
+    from kvbridge.fit.pipeline import execute
+
+    job = resolve(run, data=data, prepared=prepared, warn=warn)
+    return execute(run, job, progress=progress, distributed=distributed)
+
+
+def fit(source, target=None, data=None, settings=None, *, host=None, progress=None, warn=None, **fields):
+    """``kvbridge fit`` as a call: fit a mapping from ``source``'s cache to ``target``'s (one way to fit:
+    :func:`kvbridge.api.fit`, ``kvbridge.fit.fit`` and the command all come here).
+
+    ``source`` / ``target``: references (loaded as a pair, the shared tokenizer checked first, in
+    ``settings.dtype``), :class:`~kvbridge.models.loading.LoadedModel` s, a
+    :class:`~kvbridge.models.pair.ModelPair` as ``source`` alone, or model objects (see below).
+    ``settings``: a :class:`FitSettings` (its checks are the CLI's), or its fields as keywords
+    (``seq_len=64, top_k=1, out="map/"``); ``data``: texts or token ids instead of ``settings.corpus``
+    (text is tokenized with the pair's tokenizer). ``distributed=`` (keyword): a
+    :mod:`kvbridge.fit.distributed` context (default: from the environment). Returns the
+    :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep.
+
+    Model objects (``nn.Module`` s) take the model-level keywords of :func:`fit_modules` instead."""
+    from os import PathLike
+
+    from kvbridge.models import ModelRef
+    from kvbridge.models.pair import ModelPair
+
+    distributed = fields.pop("distributed", "auto")
+    known = (str, PathLike, ModelRef, ModelPair)
+    if not (isinstance(source, known) or hasattr(source, "fingerprint")):  # not a LoadedModel: model objects
+        if settings is not None:
+            raise ConfigError("fit of model objects takes keywords, not settings", "pass load_model() results")
+        return fit_modules(source, target, data, fields, host=host, progress=progress, distributed=distributed)
+    from kvbridge.run import Run
+
+    settings = fit_settings(settings, **fields)
+    prepared = prepare(settings, data=data, host=host)  # every refusal that needs no model, before loading one
+    run = Run.of(pair_of(source, target, settings.dtype, host), settings, host)
+    return fit_run(run, data=data, prepared=prepared, progress=progress, warn=warn, distributed=distributed)
+
+
+def fit_settings(settings=None, **fields) -> FitSettings:
+    """A :class:`FitSettings` from keywords (or ``settings`` with some replaced); an unknown name is
+    refused naming the closest fields."""
+    import dataclasses
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(FitSettings)]
+    for key in fields:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            raise ConfigError(
+                f"fit has no setting {key!r}",
+                f"did you mean {', '.join(close)}?" if close else f"the settings are: {', '.join(names)}",
+            )
+    if settings is None:
+        return FitSettings(**fields)
+    return dataclasses.replace(settings, **fields) if fields else settings
+
+
+def pair_of(source, target, dtype, host):
+    """A :class:`~kvbridge.models.pair.ModelPair` from a pair, two references or two loaded models."""
+    from os import PathLike
+
+    from kvbridge.models import ModelRef, load
+    from kvbridge.models.pair import ModelPair, load_pair, shared_tokenizer
+
+    def is_ref(obj):
+        return isinstance(obj, (str, PathLike, ModelRef))
+
+    if isinstance(source, ModelPair):
+        return source
+    if is_ref(source) and is_ref(target):
+        return load_pair(source, target, dtype=dtype, host=host)
+    loaded = [load(obj, dtype=dtype, host=host) if is_ref(obj) else obj for obj in (source, target)]
+    if not all(hasattr(obj, "model") and hasattr(obj, "fingerprint") for obj in loaded):
+        raise ConfigError(
+            "fit takes model references, loaded models (load_model), a pair (load_pair) or model objects",
+            "pass two of one kind",
+        )
+    fingerprint, note = shared_tokenizer(loaded[0].ref, loaded[1].ref)
+    return ModelPair(loaded[0], loaded[1], fingerprint, note)
+
+
+#: the model-level keywords of :func:`fit_modules` (anything else names a calibration field, a
+#: :class:`~kvbridge.fit.pipeline.Provenance` field or a fitter option)
+MODULE_KEYWORDS = {
+    "fitter": "ridge",
+    "options": None,
+    "calibration": None,
+    "provenance": None,
+    "tokenizer": None,
+    "target_tokenizer": None,
+    "tokenizer_fingerprint": None,
+    "corpus_sha256": None,
+    "corpus_path": None,
+    "corpus_split": None,
+    "out": None,
+    "overwrite": False,
+    "resume": False,
+    "checkpoint_dir": None,
+    "checkpoint_every": 60.0,
+    "keep_stats": None,
+}
+
+
+def fit_modules(source_model, target_model, data, keywords: dict, *, host=None, progress=None, distributed="auto"):
+    """The fit of two model objects (what ``kvbridge.fit.fit(source_model, target_model, data, ...)``
+    takes): ``data`` token ids, texts or a corpus path with ``tokenizer=`` (``target_tokenizer=``: the
+    two are checked to give the same ids); ``options=`` the fitter's options (a dataclass, a mapping
+    or ``["key=value", ...]``); ``calibration=`` a :class:`~kvbridge.fit.calibrate.CalibrationConfig`;
+    ``provenance=`` names and revisions; other keywords name a calibration field (``stride=2``), a
+    provenance field or a fitter option (``top_k=[1, 2, "all"]`` sweeps). The models are wrapped
+    into a :class:`~kvbridge.run.Run` and fitted as :func:`fit_run` fits."""
+    from kvbridge.fit.pipeline import execute, fitter_options, load_fitter, split_overrides
+    from kvbridge.fit.solve import FitError
+    from kvbridge.models.pair import ModelPair
+    from kvbridge.plugins import get_host
+    from kvbridge.run import InMemoryModel, Run
+
+    if "force" in keywords:
+        raise FitError("fit(force=...) was renamed", "pass overwrite=True (CHANGELOG.md)")
+    host = host or get_host()
+    kw = {k: keywords.get(k, default) for k, default in MODULE_KEYWORDS.items()}
+    config, prov, overrides = split_overrides(
+        {k: v for k, v in keywords.items() if k not in MODULE_KEYWORDS}, kw["calibration"], kw["provenance"]
+    )
+    fitter = load_fitter(host, kw["fitter"])
+    raw = overrides.pop("top_k", None)
+    sweepish = isinstance(raw, (list, tuple)) or (isinstance(raw, str) and (raw == "all" or "," in raw))
+    if raw is not None and not sweepish:
+        overrides["top_k"] = raw
+    options = fitter_options(fitter, kw["options"], **overrides)
+    if not all(hasattr(m, "parameters") for m in (source_model, target_model)):
+        raise ConfigError(
+            "fit takes model references, loaded models (load_model), a pair (load_pair) or model objects",
+            "pass e.g. fit('zoo:base', 'zoo:wide', texts) or two nn.Module s",
+        )
+    run = Run(
+        ModelPair(
+            InMemoryModel.of(source_model, host, kw["tokenizer"], prov.source_name, prov.source_revision),
+            InMemoryModel.of(target_model, host, kw["target_tokenizer"], prov.target_name, prov.target_revision),
+            kw["tokenizer_fingerprint"],
+        ),
+        None,
+        host,
+    )
+    layers = _source_layers(run)
+    options, sweep = resolve_top_k(
+        fitter, options, raw if sweepish else None, given=raw is not None or _given(kw["options"]), layers=layers,
+        name="the source model",
+    )
+    data, sha = _checked_texts(data, kw["tokenizer"], kw["target_tokenizer"])
+    job = FitJob(
+        fitter,
+        options,
+        sweep,
+        config,
+        data,
+        corpus_sha256=kw["corpus_sha256"] or sha,
+        corpus_path=kw["corpus_path"],
+        corpus_split=kw["corpus_split"],
+        out=kw["out"],
+        overwrite=bool(kw["overwrite"]),
+        resume=kw["resume"],
+        keep_stats=kw["keep_stats"],
+        checkpoint_dir=kw["checkpoint_dir"],
+        checkpoint_every=kw["checkpoint_every"],
+        fitter_name=kw["fitter"],
+    )
+    validate_job(run, job)
+    return execute(run, job, progress=progress, distributed=distributed)
+
+
+def _given(options) -> bool:
+    """``top_k`` set in model-level ``options`` (a mapping, ``key=value`` pairs or a dataclass)."""
+    if isinstance(options, dict):
+        return "top_k" in options
+    if isinstance(options, (list, tuple)):
+        return any(str(o).split("=")[0].strip() == "top_k" for o in options)
+    return options is not None
+
+
+def _checked_texts(data, tokenizer, target_tokenizer):
+    """``(data, corpus sha256 or None)``: text data checked to give the same ids with both tokenizers
+    (a corpus path read first, its sha256 kept)."""
+    from pathlib import Path
+
+    if target_tokenizer is None or target_tokenizer is tokenizer:
+        return data, None
+    from kvbridge.fit.calibrate import check_same_tokens, load_corpus
+
+    sha = None
+    if isinstance(data, (str, Path)):
+        data, sha = load_corpus(data)
+    if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
+        check_same_tokens(list(data), tokenizer, target_tokenizer)  # paired calibration needs identical ids
+    return data, sha
+
+
+def fit_pair(pair, settings: FitSettings, *, host=None, **kwargs):
+    """Deprecated (0.9): ``fit(pair, settings=settings, ...)``, or :func:`fit_run` on a
+    :class:`~kvbridge.run.Run`; kept so scripts written against it still run."""
+    from kvbridge.run import Run
+
+    warnings.warn(
+        "kvbridge fit_pair(pair, settings) is deprecated: call kvbridge.api.fit(pair, settings=settings)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return fit_run(Run.of(pair, settings, host), **kwargs)
 
 
 def check_budget(fitter: str, options, source_spec, target_spec, sweep=None) -> None:
@@ -285,7 +588,15 @@ __all__ = [
     "FitSettings",
     "Prepared",
     "prepare",
+    "fit",
+    "fit_run",
     "fit_pair",
+    "fit_modules",
+    "fit_settings",
+    "pair_of",
+    "FitJob",
+    "resolve",
+    "identity",
     "check_budget",
     "plan_fit",
     "plan_top_k",
