@@ -273,8 +273,9 @@ def eval_cmd(
         torch.set_num_threads(int(threads))
     from kvbridge.cli.options import load_pair
     from kvbridge.evaluate.report import terminal_table, to_json
-    from kvbridge.evaluate.run import evaluate_pair
+    from kvbridge.evaluate.run import evaluate_run
     from kvbridge.progress import Heartbeat, Progress
+    from kvbridge.run import Run
 
     hb = click.get_current_context().with_resource(Heartbeat("eval"))  # plain lines in logs, incl. loading
     hb.stage("loading the models")
@@ -289,8 +290,8 @@ def eval_cmd(
         hb.total = total or hb.total
         hb.set(done)
 
-    run = evaluate_pair(
-        pair, settings, progress=progress, heartbeat=hb, warn=lambda text: click.echo(f"warning: {text}", err=True)
+    run = evaluate_run(
+        Run.of(pair, settings), progress=progress, heartbeat=hb, warn=lambda text: click.echo(f"warning: {text}", err=True)
     )
     if bar is not None:
         bar.close()
