@@ -76,7 +76,10 @@ def eval_cmd(source, target, dtype, as_json, threads, **options):
         hb.set(done)
 
     run = evaluate_run(
-        Run.of(pair, settings), progress=progress, heartbeat=hb, warn=lambda text: click.echo(f"warning: {text}", err=True)
+        Run.of(pair, settings),
+        progress=progress,
+        heartbeat=hb,
+        warn=lambda text: click.echo(f"warning: {text}", err=True),
     )
     if bar is not None:
         bar.close()

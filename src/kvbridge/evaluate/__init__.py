@@ -222,7 +222,9 @@ def evaluate(
 LABELS = ("source_name", "target_name", "mapping_path", "data")
 
 
-def evaluate_config(models, mapping, samples, config, gates=(), metrics=None, host=None, progress=None, on_batch=None, labels=None):
+def evaluate_config(
+    models, mapping, samples, config, gates=(), metrics=None, host=None, progress=None, on_batch=None, labels=None
+):
     """:func:`evaluate` with ``config`` an :class:`~kvbridge.evaluate.conditions.EvalConfig` as it is
     (``kvbridge eval`` builds it once from its settings); ``models``: ``(source, target)``;
     ``labels``: :data:`LABELS` by name."""

@@ -146,7 +146,9 @@ class EvalSettings:
     batch_size: int = option(16, "Samples per forward.", kind=("count", 1), show_default=True)
     top_k: int = option(5, "k of the top-k overlap.", kind=("count", 1), show_default=True)
     top_p: float = option(0.9, "Nucleus of the total-variation distance.", kind="share", show_default=True)
-    attention: bool = option(True, "Skip the attention-output cosine.", flags=("--no-attention",), flag=True, invert=True)
+    attention: bool = option(
+        True, "Skip the attention-output cosine.", flags=("--no-attention",), flag=True, invert=True
+    )
     report_dir: str | None = option(
         None,
         "Write summary.md, eval.json and PNG plots to this folder.",
@@ -177,13 +179,15 @@ class EvalSettings:
         kind=("path", {"dir_okay": False}),
     )
     recompute: RecomputeSettings = option(RecomputeSettings, nested=True)
-    frontier: str | None = option(  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
-        None,
-        "The compute frontier instead of the conditions: for each share R of the prefix, truncated@R "
-        "(the target prefills only --sink first tokens and the last R, at their original positions) beside "
-        "tail@R (the same rows computed by the target over the transferred cache), with native, source, "
-        "transferred and no_prefix, FLOP shares, paired differences and a verdict (see docs/recompute.md).",
-        metavar="R[,R...]",
+    frontier: str | None = (
+        option(  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+            None,
+            "The compute frontier instead of the conditions: for each share R of the prefix, truncated@R "
+            "(the target prefills only --sink first tokens and the last R, at their original positions) beside "
+            "tail@R (the same rows computed by the target over the transferred cache), with native, source, "
+            "transferred and no_prefix, FLOP shares, paired differences and a verdict (see docs/recompute.md).",
+            metavar="R[,R...]",
+        )
     )
     sink: int = option(  # sink tokens kept by the frontier's truncated@R and tail@R
         4, "Sink tokens (the prefix's first) kept by --frontier.", kind=("count", 0), show_default=True

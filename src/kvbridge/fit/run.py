@@ -403,7 +403,11 @@ def fit_modules(source_model, target_model, data, keywords: dict, *, host=None, 
     )
     layers = _source_layers(run)
     options, sweep = resolve_top_k(
-        fitter, options, raw if sweepish else None, given=raw is not None or _given(kw["options"]), layers=layers,
+        fitter,
+        options,
+        raw if sweepish else None,
+        given=raw is not None or _given(kw["options"]),
+        layers=layers,
         name="the source model",
     )
     data, sha = _checked_texts(data, kw["tokenizer"], kw["target_tokenizer"])
