@@ -99,12 +99,12 @@ def load_pair(source, target, dtype: str | None = None, device: str = "cpu", hos
 
 
 def fit(source, target=None, data=None, settings=None, *, host=None, progress=None, warn=None, **fields):
-    """``kvbridge fit`` as a call (:func:`kvbridge.fit.run.fit`): ``source`` / ``target`` references,
+    """``kvbridge fit`` as a call (:func:`kvbridge.fit.entry.fit`): ``source`` / ``target`` references,
     :func:`load_model` results, a :func:`load_pair` result as ``source`` alone, or model objects;
     ``settings`` a :class:`~kvbridge.fit.settings.FitSettings` or its fields as keywords; ``data``
     texts or token ids instead of ``settings.corpus``. Returns the mapping, or ``{label: mapping}``
     for a top-k sweep."""
-    from kvbridge.fit.run import fit as _fit
+    from kvbridge.fit.entry import fit as _fit
 
     return _fit(source, target, data, settings, host=host, progress=progress, warn=warn, **fields)
 
@@ -112,7 +112,7 @@ def fit(source, target=None, data=None, settings=None, *, host=None, progress=No
 def fit_settings(settings=None, **fields):
     """A :class:`~kvbridge.fit.settings.FitSettings` from keywords (or ``settings`` with some replaced);
     an unknown name is refused naming the closest fields."""
-    from kvbridge.fit.run import fit_settings as _settings
+    from kvbridge.fit.entry import fit_settings as _settings
 
     return _settings(settings, **fields)
 

@@ -113,7 +113,8 @@ def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host)
 
 def test_the_run_identifies_each_model_once_and_fit_pair_still_runs_deprecated(pair, monkeypatch):
     from kvbridge.fit import artifact
-    from kvbridge.fit.run import fit_pair, fit_run, identity
+    from kvbridge.fit.pipeline import identity
+    from kvbridge.fit.run import fit_pair, fit_run
     from kvbridge.run import Run
 
     calls = []

@@ -59,7 +59,7 @@ def mapping_of(run):
 
         return load_fitter(run.host, "identity").fit(run.source.spec, run.target.spec)
     from kvbridge.fit.artifact import load_mapping
-    from kvbridge.fit.run import identity
+    from kvbridge.fit.pipeline import identity
 
     return load_mapping(
         s.mapping,

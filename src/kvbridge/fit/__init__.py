@@ -17,9 +17,9 @@ Modules: :mod:`~kvbridge.fit.stats` (streaming float64 statistics, distributed r
 :mod:`~kvbridge.fit.plan` (resource plan from configs alone; ``kvbridge.fit.plan(src, tgt)``),
 :mod:`~kvbridge.fit.distributed` (torch.distributed, checkpoints / resume),
 :mod:`~kvbridge.fit.pipeline` (a resolved fit run on the models),
-:mod:`~kvbridge.fit.settings` (``FitSettings``: every ``kvbridge fit`` option) and
-:mod:`~kvbridge.fit.run` (``fit``: the one way to fit, references, loaded models, a pair or model
-objects; ``fit_run(run)``: the command's call on a :class:`~kvbridge.run.Run`).
+:mod:`~kvbridge.fit.settings` (``FitSettings``: every ``kvbridge fit`` option),
+:mod:`~kvbridge.fit.entry` (``fit``: the one way to fit, references, loaded models, a pair or model
+objects) and :mod:`~kvbridge.fit.run` (``fit_run(run)``: the command's call on a :class:`~kvbridge.run.Run`).
 
 Importing this package imports nothing heavy; the names below load on first use.
 """
@@ -27,7 +27,7 @@ Importing this package imports nothing heavy; the names below load on first use.
 from __future__ import annotations
 
 _LAZY = {
-    "fit": "kvbridge.fit.run:fit",
+    "fit": "kvbridge.fit.entry:fit",
     "fit_run": "kvbridge.fit.run:fit_run",
     "fit_pair": "kvbridge.fit.run:fit_pair",
     "FitSettings": "kvbridge.fit.settings:FitSettings",

@@ -74,6 +74,27 @@ class Provenance:
     target_revision: str | None = None
 
 
+def _revision(ref) -> str | None:
+    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
+    from pathlib import Path
+
+    return Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
+
+
+def identity(run, role: str) -> dict:
+    """The manifest identity (spec, fingerprints, RoPE) of ``run``'s ``"source"`` or ``"target"``,
+    computed once per run (a fit's manifest and a mapping check read the same one)."""
+    from kvbridge.fit.artifact import model_identity
+
+    loaded = getattr(run, role)
+
+    def compute():
+        revision = getattr(loaded, "revision", None) or _revision(loaded.ref)
+        return model_identity(loaded.model, host=run.host, name=loaded.name, revision=revision)
+
+    return run.once(f"identity.{role}", compute)
+
+
 def load_fitter(host, name: str):
     """The fitter instance registered as ``name`` (a one-line error with suggestions otherwise);
     the loaded class is checked against :class:`~kvbridge.fit.protocol.FitterProtocol`."""
@@ -139,7 +160,6 @@ def _execute(run, job, progress, ctx):
 
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
-    from kvbridge.fit.run import identity
 
     config, opts, fitter_obj, out, sweep = job.calibration, job.options, job.fitter, job.out, job.sweep
     tokenizer = run.source.tokenizer
@@ -402,6 +422,7 @@ def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=No
 
 __all__ = [
     "execute",
+    "identity",
     "split_overrides",
     "fit_from_stats",
     "prepare_sequences",
