@@ -137,10 +137,10 @@ def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, na
     return options, None
 
 
-def validate_job(run, job: FitJob) -> None:
-    """The checks that need the models, run once before any work: top-k against the source's layers,
-    the sequence length against both position limits, the stride, the token budget, alpha, the
-    ``--memory`` budget (and the smallest one the ridge fitters can block into)."""
+def validate_job(run, job: FitJob, *, settings_checked: bool = False) -> None:
+    """The checks of a job, run once before any work: what needs the models (top-k against the source's
+    layers, the sequence length against both position limits) and the fitter options (alpha, the
+    ``--memory`` budget); the calibration values too unless a :class:`FitSettings` checked them."""
     from kvbridge.check import validate as v
 
     config, opts = job.calibration, job.options
@@ -153,8 +153,10 @@ def validate_job(run, job: FitJob) -> None:
         v.top_k(opts.top_k, layers if isinstance(layers, int) else None)
     if config.seq_len is not None:
         v.seq_len(config.seq_len, max_pos)
-        v.stride(config.stride, config.seq_len, skip=config.skip)
-    v.tokens(config.tokens)
+        if not settings_checked:
+            v.stride(config.stride, config.seq_len, skip=config.skip)
+    if not settings_checked:
+        v.tokens(config.tokens)
     alpha = getattr(opts, "alpha", None)
     if alpha is not None and not isinstance(alpha, (list, tuple)):
         v.alpha(alpha)
@@ -216,7 +218,7 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[
         keep_stats=s.keep_stats,
         fitter_name=s.fitter,
     )
-    validate_job(run, job)
+    validate_job(run, job, settings_checked=True)
     return job
 
 
