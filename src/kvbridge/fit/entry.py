@@ -10,7 +10,7 @@ keywords resolved into a :class:`~kvbridge.fit.run.FitJob`, and the job run as e
 from __future__ import annotations
 
 from kvbridge.errors import ConfigError
-from kvbridge.fit.run import FitJob, resolve_top_k, source_layers, validate_job
+from kvbridge.fit.run import FitJob, fit_run, prepare, resolve_top_k, source_layers, validate_job
 from kvbridge.fit.settings import FitSettings
 
 
@@ -39,7 +39,6 @@ def fit(source, target=None, data=None, settings=None, *, host=None, progress=No
         if settings is not None:
             raise ConfigError("fit of model objects takes keywords, not settings", "pass load_model() results")
         return fit_modules(source, target, data, fields, host=host, progress=progress, distributed=distributed)
-    from kvbridge.fit.run import fit_run, prepare
     from kvbridge.run import Run
 
     settings = fit_settings(settings, **fields)
