@@ -9,8 +9,6 @@ import click
 from kvbridge.cli.options import dtype_option, json_option, settings_from, settings_options, threads_option
 from kvbridge.evaluate.settings import EvalSettings
 
-from kvbridge.evaluate.run import load_mapping_ref  # noqa: E402,F401 - kept importable here (harness, bench)
-
 
 def metric_help() -> str:
     from kvbridge.evaluate.catalog import help_text
