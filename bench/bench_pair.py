@@ -253,7 +253,8 @@ def main(argv=None) -> int:
 
     # -- fit: one pass of statistics, every grid point solved from it ---------------------------------
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
-    from kvbridge.fit.pipeline import Provenance, fit as run_fit
+    from kvbridge.fit import fit as run_fit
+    from kvbridge.fit.pipeline import Provenance
     from kvbridge.fit.solve import FitError
 
     check_same_tokens(texts, stok, ttok)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from kvbridge.demo.zoo import calibration_ids, eval_ids, find_corpus
-    from kvbridge.cli.eval_cmd import load_mapping_ref
+    from kvbridge.evaluate.run import load_mapping_ref
     from kvbridge.plugins import get_host
     from kvbridge.recompute import report
     from kvbridge.models import load

@@ -98,7 +98,8 @@ def main(argv=None) -> int:
 
     from kvbridge.fit.calibrate import CalibrationConfig
     from kvbridge.fit.mapping import FittedMapping
-    from kvbridge.fit.pipeline import Provenance, fit as run_fit
+    from kvbridge.fit import fit as run_fit
+    from kvbridge.fit.pipeline import Provenance
     from kvbridge.fit.protocol import parse_pairs
 
     class _Bar:  # progress lines of the translator's stages in the log

@@ -5,7 +5,6 @@ from __future__ import annotations
 from os import PathLike
 from typing import Any, Mapping
 
-from kvbridge.fit.settings import FitSettings
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
 
@@ -94,66 +93,26 @@ def load_pair(source, target, dtype: str | None = None, device: str = "cpu", hos
 
 
 def fit(source, target=None, data=None, settings=None, *, host=None, progress=None, warn=None, **fields):
-    """``kvbridge fit`` as a call: fit a mapping from ``source``'s cache to ``target``'s.
+    """``kvbridge fit`` as a call (:func:`kvbridge.fit.entry.fit`): ``source`` / ``target`` references,
+    :func:`load_model` results, a :func:`load_pair` result as ``source`` alone, or model objects;
+    ``settings`` a :class:`~kvbridge.fit.settings.FitSettings` or its fields as keywords; ``data``
+    texts or token ids instead of ``settings.corpus``. Returns the mapping, or ``{label: mapping}``
+    for a top-k sweep."""
+    from kvbridge.fit.entry import fit as _fit
 
-    ``source`` / ``target``: references (loaded as a :func:`load_pair`, the shared tokenizer checked
-    first, in ``settings.dtype``), :class:`~kvbridge.models.loading.LoadedModel` s, or a
-    :class:`~kvbridge.models.pair.ModelPair` as ``source`` alone. ``settings``: a
-    :class:`~kvbridge.fit.settings.FitSettings` (its checks are the CLI's), or its fields as keywords
-    (``seq_len=64, top_k=1, out="map/"``); ``data``: texts or token ids instead of ``settings.corpus``
-    (text is tokenized with the pair's tokenizer). Returns what :func:`fit_pair` returns."""
-    from kvbridge.fit.run import prepare
-
-    settings = fit_settings(settings, **fields)
-    prepared = prepare(settings, data=data, host=host)  # every refusal that needs no model, before loading one
-    pair = _pair_of(source, target, settings.dtype, host)
-    return fit_pair(pair, settings, data=data, prepared=prepared, progress=progress, warn=warn, host=host)
+    return _fit(source, target, data, settings, host=host, progress=progress, warn=warn, **fields)
 
 
 def fit_settings(settings=None, **fields):
     """A :class:`~kvbridge.fit.settings.FitSettings` from keywords (or ``settings`` with some replaced);
     an unknown name is refused naming the closest fields."""
-    import dataclasses
-    import difflib
+    from kvbridge.fit.entry import fit_settings as _settings
 
-    from kvbridge.errors import ConfigError
-
-    names = [f.name for f in dataclasses.fields(FitSettings)]
-    for key in fields:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=3)
-            raise ConfigError(
-                f"fit has no setting {key!r}",
-                f"did you mean {', '.join(close)}?" if close else f"the settings are: {', '.join(names)}",
-            )
-    if settings is None:
-        return FitSettings(**fields)
-    return dataclasses.replace(settings, **fields) if fields else settings
-
-
-def _pair_of(source, target, dtype, host):
-    """A :class:`~kvbridge.models.pair.ModelPair` from a pair, two references or two loaded models."""
-    from kvbridge.errors import ConfigError
-    from kvbridge.models.pair import ModelPair, shared_tokenizer
-
-    if isinstance(source, ModelPair):
-        return source
-    if _is_ref(source) and _is_ref(target):
-        return load_pair(source, target, dtype=dtype, host=host)
-    loaded = [load_model(obj, dtype=dtype, host=host) if _is_ref(obj) else obj for obj in (source, target)]
-    if not all(hasattr(obj, "model") and hasattr(obj, "fingerprint") for obj in loaded):
-        raise ConfigError(
-            "fit takes model references, loaded models (load_model) or a pair (load_pair)",
-            "for raw model objects call kvbridge.fit.pipeline.fit(source_model, target_model, data, ...)",
-        )
-    fingerprint, note = shared_tokenizer(loaded[0].ref, loaded[1].ref)
-    return ModelPair(loaded[0], loaded[1], fingerprint, note)
+    return _settings(settings, **fields)
 
 
 def fit_pair(pair, settings, **kwargs):
-    """``kvbridge fit`` on a loaded pair: ``pair`` a :func:`load_pair` result, ``settings`` a
-    :class:`~kvbridge.fit.settings.FitSettings`; returns the mapping, or ``{label: mapping}`` for a
-    top-k sweep (see :func:`kvbridge.fit.run.fit_pair`: ``data=``, ``progress=``, ``warn=``)."""
+    """Deprecated: ``fit(pair, settings=settings)`` (see :func:`kvbridge.fit.run.fit_pair`)."""
     from kvbridge.fit.run import fit_pair as _run
 
     return _run(pair, settings, **kwargs)

@@ -38,7 +38,7 @@ RECOMPUTE = {
     "recompute_mode": "mode",
     "recompute_select": "select",
     "recompute_group": "group",
-    "calibration_samples": "calibration_samples",
+    "recompute_calibration_samples": "calibration_samples",
 }
 
 
@@ -56,10 +56,10 @@ def test_every_click_default_is_the_dataclass_default():
     for cli_name, field_name in RECOMPUTE.items():
         assert params[cli_name] == getattr(default.recompute, field_name), cli_name
     assert params["heldout_fraction"] == HELDOUT_FRACTION and default.heldout_fraction is None
-    assert params["no_attention"] is (not default.attention)
+    assert params["attention"] is (not default.attention)  # --no-attention: the flag inverts the field
     assert tuple(params["gates"]) == default.gates and params["report_dir"] == default.report_dir
     assert params["partial_path"] == default.partial_path
-    assert params["accept_mismatch"] is default.accept_fingerprint_mismatch
+    assert params["accept_fingerprint_mismatch"] is default.accept_fingerprint_mismatch
     covered = set(SAME) | {
         "heldout_fraction",
         "attention",

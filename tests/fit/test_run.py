@@ -1,5 +1,6 @@
-"""kvbridge.fit.run: fit_pair(pair, settings) and the Python API's fit through it on zoo models (text
-calibration tokenized with the pair's tokenizer), refusals before any model loads, plan and refit."""
+"""kvbridge.fit.run: fit_run(run) and the one public fit through it on zoo models (text calibration
+tokenized with the pair's tokenizer), refusals before any model loads, plan and refit, the deprecated
+fit_pair."""
 
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ def test_api_fit_from_references_with_a_corpus_file_writes_a_mapping(tmp_path):
     assert (manifest["source"]["name"], manifest["target"]["name"]) == ("zoo:base", "zoo:wide")
 
 
-def test_fit_pair_takes_texts_and_the_api_takes_loaded_models(pair):
+def test_fit_run_takes_texts_and_the_api_takes_loaded_models(pair):
     from kvbridge.fit.mapping import FittedMapping
+    from kvbridge.fit.run import fit_run
+    from kvbridge.run import Run
 
     settings = FitSettings(**SMALL)
-    a = api.fit_pair(pair, settings, data=TEXTS)
+    a = fit_run(Run.of(pair, settings), data=TEXTS)
     b = api.fit(pair.source, pair.target, TEXTS, settings)  # LoadedModels: the pair is built around them
     assert isinstance(a, FittedMapping) and a.layer_selection() == b.layer_selection()
     c = api.fit(pair, data=TEXTS, settings=settings, top_k=2)  # a pair as source; a field replaced
@@ -68,10 +71,10 @@ def test_refusals_come_before_any_model_loads(tmp_path, monkeypatch):
 
 
 def test_keep_stats_then_refit_and_plan_take_the_settings(pair, tmp_path):
-    from kvbridge.fit.run import fit_pair, plan_fit, refit
+    from kvbridge.fit.run import plan_fit, refit
 
     kept = tmp_path / "stats"
-    fit_pair(pair, FitSettings(seq_len=64, tokens=1024, top_k=2, keep_stats=str(kept)), data=TEXTS)
+    api.fit(pair, data=TEXTS, settings=FitSettings(seq_len=64, tokens=1024, top_k=2, keep_stats=str(kept)))
     again = refit("zoo:base", "zoo:wide", FitSettings(from_stats=str(kept), out=str(tmp_path / "m"), top_k=1))
     assert again.report.params["top_k"] == 1 and (tmp_path / "m" / "manifest.json").is_file()
     with pytest.raises(KVBridgeError, match="source"):  # kept statistics of other models are refused
@@ -85,8 +88,9 @@ def test_keep_stats_then_refit_and_plan_take_the_settings(pair, tmp_path):
 def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host):
     from types import SimpleNamespace
 
-    from kvbridge.fit.run import fit_pair
+    from kvbridge.fit.run import fit_run
     from kvbridge.models.pair import ModelPair
+    from kvbridge.run import Run
     from kvbridge.testing.planted import llama_config, llama_model, token_ids
 
     def loaded(model, name):  # what fit_pair asks of a LoadedModel (token ids: no tokenizer needed)
@@ -101,8 +105,26 @@ def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host)
         {},
     )
     notes = []
-    m = fit_pair(
-        pair, FitSettings(seq_len=48, stride=2), data=token_ids(24), warn=notes.append, distributed=None, host=fit_host
-    )
+    run = Run.of(pair, FitSettings(seq_len=48, stride=2), fit_host)
+    m = fit_run(run, data=token_ids(24), warn=notes.append, distributed=None)
     assert notes == ["--top-k defaults to 4, but small has 2 layers: using --top-k 2 (all of them)"]
     assert all(len(s) == 2 for s in m.layer_selection())
+
+
+def test_the_run_identifies_each_model_once_and_fit_pair_still_runs_deprecated(pair, monkeypatch):
+    from kvbridge.fit import artifact
+    from kvbridge.fit.pipeline import identity
+    from kvbridge.fit.run import fit_pair, fit_run
+    from kvbridge.run import Run
+
+    calls = []
+    real = artifact.model_identity
+    monkeypatch.setattr(artifact, "model_identity", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run = Run.of(pair, FitSettings(**SMALL))
+    a = fit_run(run, data=TEXTS)
+    assert len(calls) == 2 and identity(run, "source") is identity(run.with_settings(None), "source")
+    assert len(calls) == 2  # kept on the run (and on a run made from it)
+    with pytest.warns(DeprecationWarning, match="fit_pair"):
+        b = fit_pair(pair, FitSettings(**SMALL), data=TEXTS)
+    assert a.layer_selection() == b.layer_selection()
+    assert a.manifest["source"] == b.manifest["source"]

@@ -14,8 +14,8 @@ from kvbridge.fit.settings import FitSettings, parse_top_k
 #: (click keeps the first one it builds on the command; CLI.md then shows "--help" without "-h")
 HELP = {"help_option_names": ["-h", "--help"]}
 
-#: click parameter name -> settings field (every option; SOURCE and TARGET are the pair)
-RENAMED = {"fitter_opts": "fitter_options", "plan_only": "plan"}
+#: click parameter name -> settings field: the options are generated from the fields, so none is renamed
+RENAMED: dict = {}
 
 
 def _parse(args):

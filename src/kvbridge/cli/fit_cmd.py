@@ -6,220 +6,15 @@ import time
 
 import click
 
-from kvbridge.cli.numbers import Number, SEED, count, real
-
-from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402
-
-
-class TopK(Number):
-    """``--top-k``: a whole number >= 1, ``all``, or a comma list of them (a k sweep from one pass)."""
-
-    def __init__(self):
-        super().__init__(int, 1)
-
-    def convert(self, value, param, ctx):
-        text = value if isinstance(value, str) else None
-        if text is not None and ("," in text or text.strip().lower() == "all"):
-            from kvbridge.errors import ConfigError
-            from kvbridge.fit.settings import parse_top_k
-
-            try:
-                out = parse_top_k(text)
-            except ConfigError as exc:
-                self.fail(exc.what, param, ctx)
-            return (
-                [v if v == "all" else super(TopK, self).convert(v, param, ctx) for v in out]
-                if isinstance(out, list)
-                else out
-            )
-        return super().convert(value, param, ctx)
-
-    def get_metavar(self, param, ctx=None):  # noqa: D102
-        return "N[,N...|all]"
+from kvbridge.cli.options import settings_from, settings_options
+from kvbridge.fit.settings import FitSettings
 
 
 @click.command("fit")
 @click.argument("source")
 @click.argument("target")
-@click.option(
-    "--corpus",
-    default=None,
-    type=click.Path(exists=False),
-    help="Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file, a file by position (--corpus-heldout), and only the calibration part is read.",
-)
-@click.option(
-    "--corpus-heldout",
-    default=0.1,
-    show_default=True,
-    type=real(0, 1, max_open=True),
-    help="Share of the corpus held out for eval and not read by the fit (recorded in the mapping; `eval` "
-    "then reads only it): a folder's files chosen by a hash of each file's relative path, or a file's "
-    "last share of characters (from a line start: the tail `eval --heldout-fraction` reads). 0: none.",
-)
-@click.option(
-    "--out",
-    default=None,
-    type=click.Path(),
-    help="Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).",
-)
-@click.option(
-    "--fitter", default="ridge", show_default=True, help="Fitter plugin (ridge, ridge-headwise, sklearn, ...)."
-)
-@click.option(
-    "-o",
-    "--option",
-    "fitter_opts",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
-    "refused, values coerced to their types, e.g. -o top_k=2 -o alpha=auto (docs/plugins.md lists "
-    "each fitter's options).",
-)
-@click.option(
-    "--top-k",
-    default=None,
-    type=TopK(),
-    help="Source layers per target layer (ridge, sklearn; default 4, "
-    "or the source's layers when it has fewer) = -o top_k=N. A list (--top-k 1,2,4,8,all; ridge) fits every "
-    "k from one pass of forwards and writes one mapping per k into --out/k1, --out/k2, ... --out/kall.",
-)
-@click.option("--seq-len", type=count(2), default=512, show_default=True, help="Tokens per calibration sequence.")
-@click.option("--tokens", default=None, type=count(1), help="Calibration tokens to read (default: the whole corpus).")
-@click.option(
-    "--tokens-offset",
-    "tokens_offset",
-    default=0,
-    type=count(0),
-    show_default=True,
-    help="Skip this many calibration tokens first: runs with offsets 0, T, 2T, ... and --tokens T read disjoint "
-    "chunks; --from-stats A,B,... merges their kept statistics.",
-)
-@click.option(
-    "--stride", type=count(1), default=4, show_default=True, help="Keep every stride-th position of each sequence."
-)
-@click.option(
-    "--skip",
-    type=count(0),
-    default=0,
-    show_default=True,
-    help="Drop the first N positions of each sequence (attention sinks).",
-)
-@click.option(
-    "--alpha", default=None, help="Ridge strength, or 'auto' (chosen on the held-out split); default 0.01 = -o alpha=X."
-)
-@click.option(
-    "--heldout",
-    type=real(),
-    default=0.1,
-    show_default=True,
-    help="Share of sequences held out for R² (and --alpha auto).",
-)
-@click.option(
-    "--seed", type=SEED, default=0, show_default=True, help="Seed of the position sampling and the held-out split."
-)
-@click.option("--batch-size", type=Number(int), default=4, show_default=True, help="Sequences per forward pass.")
-@click.option(
-    "--estimator",
-    default=None,
-    help="sklearn fitter: 'module:Class' (e.g. sklearn.linear_model:RidgeCV) = -o estimator=X.",
-)
-@click.option("--estimator-options", default=None, help="sklearn fitter: JSON options of the estimator.")
-@click.option(
-    "--max-samples",
-    default=None,
-    type=count(1),
-    help="sklearn fitter: cap on materialised observations (default 100000).",
-)
-@click.option(
-    "--memory",
-    "memory_gib",
-    default=None,
-    type=real(0, min_open=True),
-    help="Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).",
-)
-@click.option(
-    "--dtype", default="float32", type=click.Choice(DTYPES), show_default=True, help="Dtype to load the models in."
-)
-@click.option(
-    "--keep-stats",
-    "keep_stats",
-    default=None,
-    type=click.Path(),
-    help="Also write the fit's statistics "
-    "(safetensors + manifest.json with both models' fingerprints) to this folder, for --from-stats (ridge).",
-)
-@click.option(
-    "--from-stats",
-    "from_stats",
-    default=None,
-    type=click.Path(),
-    help="Solve from statistics kept by "
-    "--keep-stats instead of running the models (no weights loaded): other --top-k (up to the kept one), "
-    "--alpha; SOURCE and TARGET are checked against the kept specs. Several folders (DIR1,DIR2,...: runs on "
-    "disjoint chunks, --tokens-offset) are merged into one fit.",
-)
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
-    "and continue an interrupted fit from them.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace an existing --out folder.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option(
-    "--plan",
-    "plan_only",
-    is_flag=True,
-    help="Print the resource plan (statistics memory, blocking, artifact "
-    "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.",
-)
-@click.option(
-    "--device-flops",
-    default=None,
-    type=real(0, min_open=True),
-    help="--plan: the device's FLOP/s for the time estimate, e.g. 1e14.",
-)
-@click.option(
-    "--calibrate",
-    "plan_device",
-    default=None,
-    metavar="DEVICE",
-    help="--plan: measure the rates of each part "
-    "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
-    "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.",
-)
-def fit(
-    source,
-    target,
-    corpus,
-    corpus_heldout,
-    out,
-    fitter,
-    fitter_opts,
-    top_k,
-    seq_len,
-    tokens,
-    tokens_offset,
-    stride,
-    skip,
-    alpha,
-    heldout,
-    seed,
-    batch_size,
-    estimator,
-    estimator_options,
-    max_samples,
-    memory_gib,
-    dtype,
-    keep_stats,
-    from_stats,
-    resume,
-    overwrite,
-    quiet,
-    plan_only,
-    device_flops,
-    plan_device,
-):
+@settings_options(FitSettings)
+def fit(source, target, **options):
     """Fit a mapping from SOURCE's KV cache to TARGET's on a calibration corpus.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids
@@ -236,38 +31,8 @@ def fit(
     """
 
     from kvbridge.errors import ConfigError
-    from kvbridge.fit.settings import FitSettings
 
-    settings = FitSettings(
-        corpus=corpus,
-        corpus_heldout=corpus_heldout,
-        out=out,
-        fitter=fitter,
-        fitter_options=fitter_opts,
-        top_k=top_k,
-        seq_len=seq_len,
-        tokens=tokens,
-        tokens_offset=tokens_offset,
-        stride=stride,
-        skip=skip,
-        alpha=alpha,
-        heldout=heldout,
-        seed=seed,
-        batch_size=batch_size,
-        estimator=estimator,
-        estimator_options=estimator_options,
-        max_samples=max_samples,
-        memory_gib=memory_gib,
-        dtype=dtype,
-        keep_stats=keep_stats,
-        from_stats=from_stats,
-        resume=resume,
-        overwrite=overwrite,
-        quiet=quiet,
-        plan=plan_only,
-        device_flops=device_flops,
-        plan_device=plan_device,
-    )
+    settings = settings_from(FitSettings, options)  # every check of the options runs here
     if settings.plan:  # torch-free: configs / manifests only
         from kvbridge.fit.run import plan_fit
 
@@ -283,8 +48,9 @@ def fit(
         raise ConfigError("kvbridge fit needs --corpus and --out", "give both, or --plan for the resource plan only")
     import os
 
-    from kvbridge.fit.run import fit_pair, prepare
+    from kvbridge.fit.run import fit_run, prepare
     from kvbridge.progress import Heartbeat, pass_progress
+    from kvbridge.run import Run
 
     hb = click.get_current_context().with_resource(  # stopped when the command ends, however it ends
         Heartbeat("fit", enabled=not settings.quiet and os.environ.get("RANK", "0") == "0")
@@ -300,9 +66,8 @@ def fit(
 
     ctx = dist_mod.setup()
     main = ctx is None or ctx.is_main
-    result = fit_pair(
-        pair,
-        settings,
+    result = fit_run(
+        Run.of(pair, settings),
         prepared=prepared,
         progress=pass_progress(main and not settings.quiet, ctx.world if ctx else 1, hb),
         warn=lambda note: click.echo(f"note: {note}", err=True),

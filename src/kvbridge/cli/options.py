@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from kvbridge.cli.numbers import Number
+
 #: what a MODEL argument may be (shown in command help)
 MODEL_REFS = (
     "a model folder (save_pretrained), a .gguf file or a folder holding one, a config.json, "
@@ -48,6 +50,140 @@ def json_option(func=None, *, help: str = "Machine-readable output."):  # noqa: 
     """``--json`` stored as ``as_json``: the one spelling of the option every command with JSON output uses."""
     opt = click.option("--json", "as_json", is_flag=True, help=help)
     return opt(func) if func is not None else opt
+
+
+def threads_option(func=None):
+    """``--threads`` (default None = torch's choice): the one declaration of the option."""
+    from kvbridge.cli.numbers import THREADS
+
+    opt = click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
+    return opt(func) if func is not None else opt
+
+
+# -- options generated from a settings dataclass ------------------------------------------------------------
+class TopK(Number):
+    """``--top-k``: a whole number >= 1, ``all``, or a comma list of them (a k sweep from one pass)."""
+
+    def __init__(self):
+        super().__init__(int, 1)
+
+    def convert(self, value, param, ctx):
+        text = value if isinstance(value, str) else None
+        if text is not None and ("," in text or text.strip().lower() == "all"):
+            from kvbridge.errors import ConfigError
+            from kvbridge.fit.settings import parse_top_k
+
+            try:
+                out = parse_top_k(text)
+            except ConfigError as exc:
+                self.fail(exc.what, param, ctx)
+            return (
+                [v if v == "all" else super(TopK, self).convert(v, param, ctx) for v in out]
+                if isinstance(out, list)
+                else out
+            )
+        return super().convert(value, param, ctx)
+
+    def get_metavar(self, param, ctx=None):  # noqa: D102
+        return "N[,N...|all]"
+
+
+def param_type(kind):
+    """The click type of a settings field's ``kind`` (:mod:`kvbridge.settings_fields`)."""
+    from kvbridge.cli.numbers import SEED, SHARE, count, real
+
+    if kind is None:
+        return None
+    name, *args = kind if isinstance(kind, tuple) else (kind,)
+    opts = args.pop() if args and isinstance(args[-1], dict) else {}
+    if name == "count":
+        return count(*args)
+    if name == "real":
+        return real(*args, **opts)
+    if name == "path":
+        return click.Path(**opts)
+    if name == "choice":
+        return click.Choice(tuple(args[0]))
+    table = {"seed": SEED, "share": SHARE, "int": Number(int), "top_k": TopK()}
+    return table[name]
+
+
+def _declarations(cls, prefix: str = ""):
+    """``(param name, field, Opt)`` of every option of ``cls`` and of its nested settings, in order."""
+    from kvbridge.settings_fields import option_fields
+
+    for f, opt in option_fields(cls):
+        if opt.nested:
+            yield from _declarations(f.default_factory, f"{prefix}{f.name}_")
+        else:
+            yield prefix + f.name, f, opt
+
+
+def _click_option(param: str, f, opt):
+    from dataclasses import MISSING
+
+    from kvbridge.settings_fields import SAME
+
+    flags = opt.flags or ("--" + f.name.replace("_", "-"),)
+    kwargs: dict = {"help": opt.help}
+    if opt.flag:
+        kwargs["is_flag"] = True
+    else:
+        default = f.default if opt.cli_default == SAME else opt.cli_default
+        if default is not MISSING and not opt.required:
+            kwargs["default"] = list(default) if opt.multiple else default
+        if opt.kind is not None:
+            kwargs["type"] = param_type(opt.kind)
+    for key in ("show_default", "multiple", "required"):
+        if getattr(opt, key):
+            kwargs[key] = True
+    if opt.metavar:
+        kwargs["metavar"] = opt.metavar
+    return click.option(*flags, param, **kwargs)
+
+
+def settings_options(cls, *, after: dict | None = None):
+    """A decorator adding one click option per option field of ``cls`` (nested settings included), in
+    field order; ``after``: ``{field name: [option decorators]}`` placed right after that field's option
+    (options of the command that are not settings: ``--json``, ``--dtype``, ``--threads``)."""
+
+    def decorate(func):
+        items = []
+        for param, f, opt in _declarations(cls):
+            items.append(_click_option(param, f, opt))
+            items.extend((after or {}).get(f.name, ()))
+        for item in reversed(items):  # click lists options in the order the decorators are written
+            func = item(func)
+        return func
+
+    return decorate
+
+
+def settings_from(cls, values: dict, prefix: str = ""):
+    """The ``cls`` settings from a command's parsed option ``values`` (the parameters
+    :func:`settings_options` added): a flag with ``invert`` is negated, a field with
+    ``default_if_not_given`` keeps its own default unless the option was given; every check of the
+    settings runs here, before anything is loaded."""
+    from click.core import ParameterSource
+
+    from kvbridge.settings_fields import option_fields
+
+    ctx = click.get_current_context(silent=True)
+    kwargs = {}
+    for f, opt in option_fields(cls):
+        if opt.nested:
+            kwargs[f.name] = settings_from(f.default_factory, values, f"{prefix}{f.name}_")
+            continue
+        param = prefix + f.name
+        if param not in values:
+            continue
+        value = values[param]
+        if opt.default_if_not_given and ctx is not None and ctx.get_parameter_source(param) == ParameterSource.DEFAULT:
+            continue
+        if opt.invert:
+            value = not value
+        kwargs[f.name] = tuple(value) if opt.multiple else value
+    return cls(**kwargs)
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -208,6 +344,11 @@ __all__ = [
     "dtype_option",
     "device_option",
     "json_option",
+    "threads_option",
+    "TopK",
+    "param_type",
+    "settings_options",
+    "settings_from",
     "shared_tokenizer",
     "load_pair",
     "open_tokenizer",

@@ -153,16 +153,17 @@ def _check_lines(source: str, target: str) -> None:
 
 
 def short_fit(pair, *, corpus: str, out: str, tokens: int, top_k: int):
-    """The demo's fit, as ``kvbridge fit`` runs it (:func:`kvbridge.fit.run.fit_pair`): ridge on ``corpus``
+    """The demo's fit, as ``kvbridge fit`` runs it (:func:`kvbridge.fit.run.fit_run`): ridge on ``corpus``
     (a folder of .py files, split by file, the split recorded), every position of 256-token sequences
     (stride 1: the observations a short fit needs)."""
-    from kvbridge.fit.run import fit_pair as run_fit
+    from kvbridge.fit.run import fit_run
     from kvbridge.fit.settings import FitSettings
+    from kvbridge.run import Run
 
     settings = FitSettings(
         corpus=corpus, out=out, tokens=tokens, top_k=top_k, seq_len=256, stride=1, overwrite=True, quiet=True
     )
-    return run_fit(pair, settings, distributed=None)
+    return fit_run(Run.of(pair, settings), distributed=None)
 
 
 __all__ = ["pair_section", "stdlib_corpus", "require_fetched", "short_fit", "SOURCE", "TARGET"]

@@ -199,10 +199,6 @@ def evaluate(
     config=None,
     gates=(),
     metrics=None,
-    source_name: str = "",
-    target_name: str = "",
-    mapping_path=None,
-    data: dict | None = None,
     host=None,
     progress=None,
     on_batch=None,
@@ -212,17 +208,34 @@ def evaluate(
 
     ``config``: an :class:`~kvbridge.evaluate.conditions.EvalConfig` (prefix and continuation
     lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap);
-    ``settings`` override its fields by name (``prefix_len=48``). ``gates``: gate texts to
+    ``settings`` override its fields by name (``prefix_len=48``), and ``source_name``,
+    ``target_name``, ``mapping_path``, ``data`` label the result. ``gates``: gate texts to
     enforce (``"kl_p95<=0.2"``, ``"default"``); the default gates are always reported.
     ``metrics``: metric names (default: every registered metric).
     """
+    labels = {k: settings.pop(k) for k in LABELS if k in settings}
+    config = eval_config(config, **settings)
+    return evaluate_config((source, target), mapping, samples, config, gates, metrics, host, progress, on_batch, labels)
+
+
+#: what labels an eval result beside the numbers (keywords of :func:`evaluate`)
+LABELS = ("source_name", "target_name", "mapping_path", "data")
+
+
+def evaluate_config(
+    models, mapping, samples, config, gates=(), metrics=None, host=None, progress=None, on_batch=None, labels=None
+):
+    """:func:`evaluate` with ``config`` an :class:`~kvbridge.evaluate.conditions.EvalConfig` as it is
+    (``kvbridge eval`` builds it once from its settings); ``models``: ``(source, target)``;
+    ``labels``: :data:`LABELS` by name."""
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import run_conditions
     from kvbridge.evaluate.metrics import resolve_metrics, summarize
     from kvbridge.plugins import get_host
 
+    source, target = models
+    labels = labels or {}
     host = host or get_host()
-    config = eval_config(config, **settings)
     loaded = resolve_metrics(host, metrics)
     hib = {m.name: m.higher_is_better for m in loaded}
     gate_list = gates_mod.gate_set(gates, hib)  # parse before the (slow) run: fail early on a typo
@@ -244,10 +257,10 @@ def evaluate(
     }
     result = {
         "schema": SCHEMA,
-        "source": _describe_model(source, host, source_name),
-        "target": _describe_model(target, host, target_name),
-        "mapping": _describe_mapping(mapping, mapping_path),
-        "data": data or {"kind": "token ids"},
+        "source": _describe_model(source, host, labels.get("source_name", "")),
+        "target": _describe_model(target, host, labels.get("target_name", "")),
+        "mapping": _describe_mapping(mapping, labels.get("mapping_path")),
+        "data": labels.get("data") or {"kind": "token ids"},
         "samples": run.num_samples,
         "prefix_len": config.prefix_len,
         "continuation_len": config.continuation_len,
@@ -273,6 +286,7 @@ __all__ = [
     "SCHEMA",
     "HELDOUT_FRACTION",
     "evaluate",
+    "evaluate_config",
     "eval_config",
     "corpus_samples",
     "model_samples",

@@ -48,25 +48,70 @@ def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = 
     return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
 
 
-def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None, warn=None) -> EvalRun:
-    """Run ``kvbridge eval`` on a loaded :class:`~kvbridge.models.pair.ModelPair`.
+def mapping_of(run):
+    """The mapping ``run.settings.mapping`` names, checked against the run's models (their identities,
+    computed once per run), or the identity mapping of the pair's specs."""
+    s = run.settings
+    if s.mapping == "identity":
+        from kvbridge.fit.pipeline import load_fitter
+
+        return load_fitter(run.host, "identity").fit(run.source.spec, run.target.spec)
+    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.fit.pipeline import identity
+
+    return load_mapping(
+        s.mapping,
+        source=identity(run, "source"),
+        target=identity(run, "target"),
+        tokenizer=run.tokenizer,
+        force=s.accept_fingerprint_mismatch,
+        host=run.host,
+    )
+
+
+def eval_config(settings: EvalSettings):
+    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already)."""
+    from kvbridge.evaluate.conditions import EvalConfig
+
+    s = settings
+    return EvalConfig(
+        prefix_len=s.prefix_len,
+        continuation_len=s.continuation_len,
+        greedy_tokens=s.greedy_tokens,
+        batch_size=s.batch_size,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+        conditions=s.condition_names(),
+        attention=s.attention,
+        bootstrap=s.bootstrap,
+    )
+
+
+def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None, warn=None, host=None) -> EvalRun:
+    """:func:`evaluate_run` of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`."""
+    from kvbridge.run import Run
+
+    return evaluate_run(Run.of(pair, settings, host), progress=progress, heartbeat=heartbeat, warn=warn)
+
+
+def evaluate_run(run, *, progress=None, heartbeat=None, warn=None) -> EvalRun:
+    """Run ``kvbridge eval`` on a :class:`~kvbridge.run.Run` (a loaded pair, the host, an :class:`EvalSettings`).
 
     ``progress(done, total)`` is called as samples finish; ``heartbeat`` (a
     :class:`kvbridge.progress.Heartbeat`, optional) is told the stages; ``warn(text)`` receives the
     overlap note of ``allow_overlap`` (it is also in the result's notes)."""
     from kvbridge.evaluate.corpus import eval_corpus
-    from kvbridge.evaluate import corpus_samples, evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate import corpus_samples, evaluate_config
     from kvbridge.evaluate.report import batch_record, write_report
     from kvbridge.fit.calibrate import check_same_tokens
     from kvbridge.progress import PartialLog
 
-    conds = settings.condition_names()
-    src, tgt, s = pair.source, pair.target, settings
+    src, tgt, s = run.source, run.target, run.settings
     smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
     if heartbeat is not None:
         heartbeat.stage("reading the corpus and the mapping")
-    mapping = load_mapping_ref(s.mapping, smodel, tmodel, tokenizer=pair.tokenizer, force=s.accept_fingerprint_mismatch)
+    mapping = mapping_of(run)
     fraction = HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction
     ev = eval_corpus(
         s.corpus,
@@ -167,31 +212,21 @@ def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None
         if partial is not None:
             partial.remove() if s.report_dir and written else partial.finish()
         return EvalRun(result, written, recompute=True)
-    config = EvalConfig(
-        prefix_len=s.prefix_len,
-        continuation_len=s.continuation_len,
-        greedy_tokens=s.greedy_tokens,
-        batch_size=s.batch_size,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-        conditions=conds,
-        attention=s.attention,
-        bootstrap=s.bootstrap,
-    )
-    result = evaluate(
-        smodel,
-        tmodel,
+    result = evaluate_config(
+        (smodel, tmodel),
         mapping,
         ids,
-        config=config,
+        eval_config(s),
         gates=s.gates,
-        source_name=src.name,
-        target_name=tgt.name,
-        mapping_path=None if s.mapping == "identity" else s.mapping,
-        data=data,
+        host=run.host,
         progress=progress,
         on_batch=on_batch,
+        labels={
+            "source_name": src.name,
+            "target_name": tgt.name,
+            "mapping_path": None if s.mapping == "identity" else s.mapping,
+            "data": data,
+        },
     )
     if overlap:
         result["notes"] = list(result.get("notes") or []) + [overlap]
@@ -211,4 +246,4 @@ def _ref_text(loaded) -> str:
     return str(getattr(loaded.ref, "ref", None) or loaded.name)
 
 
-__all__ = ["EvalRun", "EvalSettings", "evaluate_pair", "load_mapping_ref"]
+__all__ = ["EvalRun", "EvalSettings", "eval_config", "evaluate_pair", "evaluate_run", "load_mapping_ref", "mapping_of"]

@@ -7,9 +7,10 @@ condition names, read from :mod:`kvbridge.evaluate.conditions` when ``conditions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kvbridge.errors import ConfigError, whole_number
+from kvbridge.errors import ConfigError
+from kvbridge.settings_fields import check_counts, option
 
 #: ``--recompute-token-rules``, the rows :func:`kvbridge.recompute.tokens.blend` recomputes: the CacheBlend
 #: deviation rule, random rows (control), the chunk's first rows (where a chunk prepared alone keeps its
@@ -25,14 +26,60 @@ class RecomputeSettings:
     """``eval --recompute-*``: recompute target layers (``layers``: ``3,7-9 | all | auto:15%``, ';' between
     points) and/or tokens (``tokens``: ``R[,R...]``), or a ``sweep`` over the dial (see docs/recompute.md)."""
 
-    layers: str | None = None
-    tokens: str | None = None
-    token_rules: str = "deviation"  # which rows --recompute-tokens picks: deviation (CacheBlend) | last | ...
-    sweep: str | None = None
-    mode: str = "target"
-    select: str = "greedy"
-    group: int = 1
-    calibration_samples: int = 16
+    layers: str | None = option(
+        None,
+        "Recompute these target layers of the transferred cache: 3,7-9 | all | auto:15% (profiled "
+        "on the corpus front); ';' separates several points.",
+        flags=("--recompute-layers",),
+        metavar="SPEC",
+    )
+    tokens: str | None = option(
+        None,
+        "Token-selective recompute of R of the prefix tokens, e.g. 15%.",
+        flags=("--recompute-tokens",),
+        metavar="R[,R...]",
+    )
+    token_rules: str = option(  # which rows --recompute-tokens picks: deviation (CacheBlend) | last | ...
+        "deviation",
+        "Which tokens --recompute-tokens recomputes: deviation (CacheBlend: largest K/V deviation at "
+        "an early layer), last (the prefix's tail), first, random; several give one point each.",
+        flags=("--recompute-token-rules",),
+        show_default=True,
+        metavar="RULE[,RULE...]",
+    )
+    sweep: str | None = option(
+        None,
+        "Write the quality/cost curve over the dial (table + recompute_curve.png with --report). "
+        "With any --recompute-* option the run is the recompute curve (native, transferred, the "
+        "points, no_prefix; see docs/recompute.md): --conditions, --gate and greedy are not used.",
+        flags=("--recompute-sweep",),
+        kind=("choice", ("layers", "tokens", "both")),
+    )
+    mode: str = option(
+        "target",
+        "Input of recomputed layers: the target's own forward, or the source's hidden states.",
+        flags=("--recompute-mode",),
+        kind=("choice", ("target", "source")),
+        show_default=True,
+    )
+    select: str = option(
+        "greedy",
+        "auto:X layer choice: greedy group search, single-layer profile ranking, "
+        "or layers 0..K-1 (cheapest with --recompute-mode target).",
+        flags=("--recompute-select",),
+        kind=("choice", ("greedy", "profile", "prefix")),
+        show_default=True,
+    )
+    group: int = option(
+        1, "Layers per group in the greedy search.", flags=("--recompute-group",), kind=("count", 1), show_default=True
+    )
+    calibration_samples: int = option(
+        16,
+        "Corpus-front samples for the layer profiling pass.",
+        flags=("--calibration-samples",),
+        kind=("count", 1),
+        show_default=True,
+    )
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
@@ -51,8 +98,7 @@ class RecomputeSettings:
                 f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
                 f"pass one or more of {', '.join(TOKEN_RULES)}, comma-separated",
             )
-        whole_number(self.group, "--recompute-group", 1)
-        whole_number(self.calibration_samples, "--calibration-samples", 1)
+        check_counts(self)  # --recompute-group, --calibration-samples
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -70,30 +116,85 @@ class EvalSettings:
     ``heldout_fraction=None`` = the share the mapping records for the corpus (a folder's split, a file's
     held-out tail), else :data:`HELDOUT_FRACTION`)."""
 
-    mapping: str
-    corpus: str
-    samples: int = 64
-    prefix_len: int = 64
-    continuation_len: int = 8
-    greedy_tokens: int = 16
-    heldout_fraction: float | None = None
-    conditions: str = "all"
-    bootstrap: int = 1000
-    seed: int = 0
-    batch_size: int = 16
-    top_k: int = 5
-    top_p: float = 0.9
-    attention: bool = True
-    gates: tuple = ()
-    report_dir: str | None = None
-    accept_fingerprint_mismatch: bool = False
-    allow_overlap: bool = False
-    partial_path: str | None = None
-    recompute: RecomputeSettings = field(default_factory=RecomputeSettings)
-    frontier: str | None = (
-        None  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+    mapping: str = option(
+        help="Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).", required=True
     )
-    sink: int = 4  # sink tokens kept by the frontier's truncated@R and tail@R
+    corpus: str = option(
+        help="Text file, JSONL with 'text' (samples come from its held-out tail), or folder of .py/.txt "
+        "(samples come from its held-out files: the mapping's split by path hash).",
+        kind=("path", {"exists": True}),
+        required=True,
+    )
+    samples: int = option(64, "Held-out samples.", kind=("count", 2), show_default=True)
+    prefix_len: int = option(64, "Cached prefix tokens P.", kind=("count", 1), show_default=True)
+    continuation_len: int = option(
+        8, "Continuation tokens C scored by teacher forcing from the cache.", kind=("count", 1), show_default=True
+    )
+    greedy_tokens: int = option(
+        16, "Greedy tokens G compared with native's (first divergence step).", kind=("count", 1), show_default=True
+    )
+    heldout_fraction: float | None = option(
+        None,
+        "Share of the corpus (its end) that samples come from; fit on the rest (`fit` leaves it out by "
+        "default: --corpus-heldout). A folder: the share of files held out. Default: the share the mapping "
+        "records for this corpus, else 0.1.",
+        kind="share",
+        show_default=True,
+        cli_default=HELDOUT_FRACTION,
+        default_if_not_given=True,
+    )
+    conditions: str = option("all", "Comma-separated conditions (native is always run).", show_default=True)
+    bootstrap: int = option(1000, "Paired bootstrap resamples.", kind=("count", 0), show_default=True)
+    seed: int = option(0, "Seed of the bootstrap and the random control.", kind="seed", show_default=True)
+    batch_size: int = option(16, "Samples per forward.", kind=("count", 1), show_default=True)
+    top_k: int = option(5, "k of the top-k overlap.", kind=("count", 1), show_default=True)
+    top_p: float = option(0.9, "Nucleus of the total-variation distance.", kind="share", show_default=True)
+    attention: bool = option(
+        True, "Skip the attention-output cosine.", flags=("--no-attention",), flag=True, invert=True
+    )
+    report_dir: str | None = option(
+        None,
+        "Write summary.md, eval.json and PNG plots to this folder.",
+        flags=("--report",),
+        kind=("path", {"file_okay": False}),
+    )
+    gates: tuple = option(
+        (),
+        "Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
+        "COND.METRIC<=X, or 'default'. Repeatable.",
+        flags=("--gate",),
+        multiple=True,
+        metavar="NAME=VALUE",
+    )
+    accept_fingerprint_mismatch: bool = option(
+        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
+    )
+    allow_overlap: bool = option(
+        False,
+        "Evaluate even when the samples overlap the mapping's calibration text (refused by default).",
+        flag=True,
+    )
+    partial_path: str | None = option(
+        None,
+        "JSONL of finished batches, rewritten atomically after each (default with --report: "
+        "REPORT.partial.jsonl, removed once the report is written).",
+        flags=("--partial",),
+        kind=("path", {"dir_okay": False}),
+    )
+    recompute: RecomputeSettings = option(RecomputeSettings, nested=True)
+    frontier: str | None = (
+        option(  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+            None,
+            "The compute frontier instead of the conditions: for each share R of the prefix, truncated@R "
+            "(the target prefills only --sink first tokens and the last R, at their original positions) beside "
+            "tail@R (the same rows computed by the target over the transferred cache), with native, source, "
+            "transferred and no_prefix, FLOP shares, paired differences and a verdict (see docs/recompute.md).",
+            metavar="R[,R...]",
+        )
+    )
+    sink: int = option(  # sink tokens kept by the frontier's truncated@R and tail@R
+        4, "Sink tokens (the prefix's first) kept by --frontier.", kind=("count", 0), show_default=True
+    )
 
     def __post_init__(self) -> None:
         from kvbridge.check.validate import finite_number
@@ -106,20 +207,11 @@ class EvalSettings:
         object.__setattr__(self, "gates", tuple(self.gates))
         for text in self.gates:  # a typo in a gate fails before anything is loaded
             parse_gate(text)
-        whole_number(self.samples, "--samples", 2)
-        for flag, value in (
-            ("--prefix-len", self.prefix_len),
-            ("--continuation-len", self.continuation_len),
-            ("--greedy-tokens", self.greedy_tokens),
-            ("--batch-size", self.batch_size),
-            ("--top-k", self.top_k),
-        ):
-            whole_number(value, flag, 1)
-        whole_number(self.bootstrap, "--bootstrap", 0)
-        whole_number(self.seed, "--seed", 0)
+        check_counts(self)  # --samples, --prefix-len, ..., --seed, --sink: the counts of the fields' kinds
         finite_number(self.top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
         if self.top_p > 1:
             raise ConfigError(f"--top-p must be <= 1, got {self.top_p!r}", "pass a share in (0, 1]")
+        object.__setattr__(self, "top_p", float(self.top_p))  # the result records it as a real
         if self.heldout_fraction is not None:
             finite_number(self.heldout_fraction, "--heldout-fraction", positive=True)
             if self.heldout_fraction > 1:
@@ -128,7 +220,6 @@ class EvalSettings:
                 )
         if not isinstance(self.recompute, RecomputeSettings):
             raise ConfigError("recompute must be a RecomputeSettings", "pass RecomputeSettings(...) or leave it out")
-        whole_number(self.sink, "--sink", 0)
         if self.frontier is not None:
             parse_frontier(self.frontier)  # a typo fails before anything is loaded
             for flag, given in (

@@ -16,9 +16,10 @@ Modules: :mod:`~kvbridge.fit.stats` (streaming float64 statistics, distributed r
 (the batched mapping), :mod:`~kvbridge.fit.artifact` (mapping folders),
 :mod:`~kvbridge.fit.plan` (resource plan from configs alone; ``kvbridge.fit.plan(src, tgt)``),
 :mod:`~kvbridge.fit.distributed` (torch.distributed, checkpoints / resume),
-:mod:`~kvbridge.fit.pipeline` (the ``fit`` call on model objects),
-:mod:`~kvbridge.fit.settings` (``FitSettings``: every ``kvbridge fit`` option) and
-:mod:`~kvbridge.fit.run` (``fit_pair(pair, settings)``: the command as one call).
+:mod:`~kvbridge.fit.pipeline` (a resolved fit run on the models),
+:mod:`~kvbridge.fit.settings` (``FitSettings``: every ``kvbridge fit`` option),
+:mod:`~kvbridge.fit.entry` (``fit``: the one way to fit, references, loaded models, a pair or model
+objects) and :mod:`~kvbridge.fit.run` (``fit_run(run)``: the command's call on a :class:`~kvbridge.run.Run`).
 
 Importing this package imports nothing heavy; the names below load on first use.
 """
@@ -26,7 +27,8 @@ Importing this package imports nothing heavy; the names below load on first use.
 from __future__ import annotations
 
 _LAZY = {
-    "fit": "kvbridge.fit.pipeline:fit",
+    "fit": "kvbridge.fit.entry:fit",
+    "fit_run": "kvbridge.fit.run:fit_run",
     "fit_pair": "kvbridge.fit.run:fit_pair",
     "FitSettings": "kvbridge.fit.settings:FitSettings",
     "load_mapping": "kvbridge.fit.artifact:load_mapping",

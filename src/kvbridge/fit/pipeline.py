@@ -8,9 +8,7 @@ source + target models, calibration data (token ids, texts or a corpus path)
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -76,6 +74,27 @@ class Provenance:
     target_revision: str | None = None
 
 
+def _revision(ref) -> str | None:
+    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
+    from pathlib import Path
+
+    return Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
+
+
+def identity(run, role: str) -> dict:
+    """The manifest identity (spec, fingerprints, RoPE) of ``run``'s ``"source"`` or ``"target"``,
+    computed once per run (a fit's manifest and a mapping check read the same one)."""
+    from kvbridge.fit.artifact import model_identity
+
+    loaded = getattr(run, role)
+
+    def compute():
+        revision = getattr(loaded, "revision", None) or _revision(loaded.ref)
+        return model_identity(loaded.model, host=run.host, name=loaded.name, revision=revision)
+
+    return run.once(f"identity.{role}", compute)
+
+
 def fitter_options(fitter_obj, options=None, **values):
     """The fitter's options dataclass from ``options`` (an instance, a mapping or ``-o`` pairs)
     updated by ``values``; unknown keys are refused naming the closest ones."""
@@ -95,7 +114,7 @@ _CALIBRATION_KEYS = {f.name for f in fields(CalibrationConfig)}
 _PROVENANCE_KEYS = {f.name for f in fields(Provenance)}
 
 
-def _split_overrides(overrides: dict, calibration, provenance):
+def split_overrides(overrides: dict, calibration, provenance):
     """Keyword shortcuts: calibration fields, provenance fields and fitter options by name."""
     cal = {k: overrides.pop(k) for k in list(overrides) if k in _CALIBRATION_KEYS}
     prov = {k: overrides.pop(k) for k in list(overrides) if k in _PROVENANCE_KEYS}
@@ -106,81 +125,43 @@ def _split_overrides(overrides: dict, calibration, provenance):
     return calibration, provenance, overrides
 
 
-def _fit(
-    source_model,
-    target_model,
-    data,
-    *,
-    fitter: str = "ridge",
-    options=None,
-    calibration: CalibrationConfig | None = None,
-    tokenizer=None,
-    target_tokenizer=None,
-    tokenizer_fingerprint: dict | None = None,
-    corpus_sha256: str | None = None,
-    corpus_path: str | Path | None = None,
-    corpus_split=None,
-    out: str | Path | None = None,
-    overwrite: bool = False,
-    resume: bool = False,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: float = 60.0,
-    provenance: Provenance | None = None,
-    progress: Callable | None = None,
-    distributed: Any = "auto",
-    host=None,
-    keep_stats: str | Path | None = None,
-    **overrides,
-):
-    """Fit a mapping from ``source_model``'s cache to ``target_model``'s (see ``kvbridge fit --help``).
+def execute(run, job, *, progress: Callable | None = None, distributed: Any = "auto"):
+    """Run a resolved fit (:class:`~kvbridge.fit.run.FitJob`) on ``run``'s models: an ``out`` that
+    cannot be replaced is refused before any work and locked to the end (rank 0 writes and locks)."""
+    from kvbridge.fit import distributed as dist_mod
 
-    ``data``: ``[sequences, seq_len]`` token ids, a list of texts, or a corpus path (text file,
-    JSONL with ``text``, folder of .txt) with ``tokenizer`` (give ``target_tokenizer`` too and
-    the two are checked to produce the same ids). ``calibration``: a
-    :class:`~kvbridge.fit.calibrate.CalibrationConfig` (stride, skip, held-out share, seed,
-    batch size, sequence length, token budget). ``options``: the fitter's options dataclass,
-    a mapping or ``["key=value", ...]``. Keyword ``overrides`` name a calibration field
-    (``stride=2``), a :class:`Provenance` field or a fitter option (``top_k=2``); anything
-    else is refused with the closest names. Returns the
-    :class:`~kvbridge.fit.mapping.FittedMapping` (its ``report`` a
-    :class:`~kvbridge.fit.protocol.FitReport`); with ``out`` it is also written.
+    if job.out is None:
+        ctx = dist_mod.setup() if distributed == "auto" else distributed
+        return _execute(run, job, progress, ctx)
+    from kvbridge.artifacts import check_replaceable, output_lock
+    from kvbridge.fit.artifact import KIND
 
-    ``top_k=[1, 2, 4, "all"]`` (the ``ridge`` fitter) fits every k from ONE pass of forwards and
-    returns ``{label: mapping}`` (``out`` then gets one mapping folder per k, ``k1``, ``k2``,
-    ``kall``); ``keep_stats=DIR`` also writes the statistics (:mod:`kvbridge.fit.keep`) for
-    :func:`fit_from_stats`. A default ``top_k`` larger than the source's layers is clamped to
-    them (with a warning); an explicit one is refused.
-    """
+    check_replaceable(job.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=job.overwrite)
+    ctx = dist_mod.setup() if distributed == "auto" else distributed
+    if ctx is not None and not ctx.is_main:
+        return _execute(run, job, progress, ctx)
+    with output_lock(job.out):
+        return _execute(run, job, progress, ctx)
+
+
+def _execute(run, job, progress, ctx):
+    """The fit itself: paired calibration, the fitter (one mapping, or every k of a sweep from one
+    pass), the manifests, and the write."""
     import torch
 
     from kvbridge.fit import distributed as dist_mod
-    from kvbridge.fit.artifact import model_identity
     from kvbridge.fit.calibrate import PairedCalibration
-    from kvbridge.plugins import get_host
 
-    if "force" in overrides:
-        raise FitError("fit(force=...) was renamed", "pass overwrite=True (CHANGELOG.md)")
-    host = host or get_host()
-    config, prov, overrides = _split_overrides(dict(overrides), calibration, provenance)
-    fitter_obj = host.get("fitter", fitter)
-    sweep, overrides = _top_k_sweep(overrides, source_model, fitter_obj, options)
-    opts = fitter_options(fitter_obj, options, **overrides)
-    _validate(source_model, target_model, config, opts)
-    ctx = dist_mod.setup() if distributed == "auto" else distributed
+    config, opts, fitter_obj, out, sweep = job.calibration, job.options, job.fitter, job.out, job.sweep
+    tokenizer = run.source.tokenizer
     seqs, sha, texts = prepare_sequences(
-        data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
+        job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
     )
-    if texts is not None and target_tokenizer is not None and target_tokenizer is not tokenizer:
-        from kvbridge.fit.calibrate import check_same_tokens
-
-        check_same_tokens(texts, tokenizer, target_tokenizer)  # paired calibration needs identical ids
-    source_id = model_identity(source_model, host=host, name=prov.source_name, revision=prov.source_revision)
-    target_id = model_identity(target_model, host=host, name=prov.target_name, revision=prov.target_revision)
-    data_sha = corpus_sha256 or sha
-    params = {"fitter": fitter, **asdict(opts)}
+    source_id, target_id = identity(run, "source"), identity(run, "target")
+    params = {"fitter": job.fitter_name, **asdict(opts)}
     checkpoint = None
     # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
-    ck_dir = checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None and resume else None)
+    ck_dir = job.checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None and job.resume else None)
     if ck_dir is not None:
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
@@ -190,32 +171,40 @@ def _fit(
             "params": params,
             "world": ctx.world if ctx else 1,
         }
-        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=resume, every_s=checkpoint_every)
-    elif resume:
+        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=job.resume, every_s=job.checkpoint_every)
+    elif job.resume:
         raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
     cal = PairedCalibration(
-        source_model, target_model, seqs, config, host=host, progress=progress, checkpoint=checkpoint, dist=ctx
+        run.source.model,
+        run.target.model,
+        seqs,
+        config,
+        host=run.host,
+        progress=progress,
+        checkpoint=checkpoint,
+        dist=ctx,
     )
     calib = {
         **cal.describe(),
-        "corpus_sha256": data_sha,
+        "corpus_sha256": job.corpus_sha256 or sha,
         "token_ids_sha256": _token_sha(seqs),
         "world_size": ctx.world if ctx else 1,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
-    calib.update(_corpus_provenance(corpus_path, texts, tokenizer, int(seqs.numel()) + config.offset, corpus_split))
+    used = int(seqs.numel()) + config.offset
+    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.corpus_split))
     main = ctx is None or ctx.is_main
-    keeping = keep_stats is not None and main
-    if (sweep is not None or keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
+    keeping = job.keep_stats is not None and main
+    if (sweep is not None or job.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
         raise FitError(
-            f"the {fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
+            f"the {job.fitter_name} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
             "use --fitter ridge, or one --top-k and no --keep-stats",
         )
     from contextlib import nullcontext
 
     from kvbridge.artifacts import atomic_dir
 
-    keep_ctx = atomic_dir(keep_stats, kind=_keep_kind(), overwrite=overwrite) if keeping else nullcontext()
+    keep_ctx = atomic_dir(job.keep_stats, kind=_keep_kind(), overwrite=job.overwrite) if keeping else nullcontext()
     with torch.no_grad(), keep_ctx as keep_tmp:
         writer = None
         if keeping:
@@ -226,7 +215,7 @@ def _fit(
                 {
                     "source": source_id,
                     "target": target_id,
-                    "tokenizer": tokenizer_fingerprint,
+                    "tokenizer": run.tokenizer,
                     "calibration": calib,
                     "params": params,
                 },
@@ -247,17 +236,19 @@ def _fit(
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
         if out is not None:
-            raise FitError(f"the {fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
+            raise FitError(
+                f"the {job.fitter_name} fitter makes no artifact", "use it through kvbridge.transfer directly"
+            )
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
-        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=tokenizer_fingerprint, calibration=calib)
+        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=run.tokenizer, calibration=calib)
     if out is not None:
         if main:
             from kvbridge.faults import fault_point
 
             fault_point("fit.save")
-            write_mappings(mappings, out, overwrite=overwrite)
+            write_mappings(mappings, out, overwrite=job.overwrite)
         dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
         if checkpoint is not None and main:
             checkpoint.clear()
@@ -316,50 +307,6 @@ def finish_mapping(mapping, *, source: dict, target: dict, tokenizer: dict | Non
             )
             mapping.report = dataclasses.replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
     mapping.manifest = build_manifest(mapping, source=source, target=target, tokenizer=tokenizer, calibration=calib)
-
-
-def _top_k_sweep(overrides: dict, source_model, fitter_obj, options):
-    """``(sweep, overrides)``: ``sweep`` is ``[(label, k), ...]`` for a list of top-k values (else
-    None), and a default top-k larger than the source's layers is clamped to them with a warning."""
-    layers = getattr(getattr(source_model, "config", None), "num_hidden_layers", None)
-    layers = layers if isinstance(layers, int) and layers > 0 else None
-    raw = overrides.get("top_k")
-    given_in_options = (
-        isinstance(options, dict)
-        and "top_k" in options
-        or isinstance(options, (list, tuple))
-        and any(str(o).split("=")[0].strip() == "top_k" for o in options)
-        or (options is not None and not isinstance(options, (dict, list, tuple)))
-    )
-    sweep = None
-    if isinstance(raw, (list, tuple)) or raw == "all" or (isinstance(raw, str) and "," in raw):
-        values = parse_top_k(raw if not isinstance(raw, str) or raw == "all" or "," in raw else raw)
-        values = values if isinstance(values, list) else [values]
-        from kvbridge.check import validate as v
-
-        sweep = []
-        for val in values:
-            if val == "all":
-                if layers is None:
-                    raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
-                sweep.append(("all", layers))
-            else:
-                v.top_k(val, layers)
-                sweep.append((str(val), int(val)))
-        overrides = {**overrides, "top_k": max(k for _, k in sweep)}
-        if isinstance(raw, str) and "," not in raw:  # "all" alone: one mapping, not a sweep
-            sweep = None
-    elif raw is None and not given_in_options and layers is not None:
-        default = getattr(getattr(fitter_obj, "Options", None), "__dataclass_fields__", {}).get("top_k")
-        if default is not None and isinstance(default.default, int) and default.default > layers:
-            warnings.warn(
-                f"--top-k defaults to {default.default}, but the source model has {layers} layers: "
-                f"using top-k {layers} (all of them)",
-                UserWarning,
-                stacklevel=3,
-            )
-            overrides = {**overrides, "top_k": layers}
-    return sweep, overrides
 
 
 def fit_from_stats(
@@ -448,28 +395,6 @@ def fit_from_stats(
     return mappings[None] if None in mappings else mappings
 
 
-def _validate(source_model, target_model, config, opts) -> None:
-    """Run options through the one validation layer (kvbridge.check.validate) before any work."""
-    from kvbridge.check import validate as v
-
-    smax = getattr(source_model.config, "max_position_embeddings", None)
-    tmax = getattr(target_model.config, "max_position_embeddings", None)
-    max_pos = min([m for m in (smax, tmax) if isinstance(m, int) and m > 0], default=None)
-    layers = getattr(source_model.config, "num_hidden_layers", None)
-    if getattr(opts, "top_k", None) is not None:
-        v.top_k(opts.top_k, layers if isinstance(layers, int) else None)
-    if config.seq_len is not None:
-        v.seq_len(config.seq_len, max_pos)
-        v.stride(config.stride, config.seq_len, skip=config.skip)
-    v.tokens(config.tokens)
-    alpha = getattr(opts, "alpha", None)
-    if alpha is not None and not isinstance(alpha, (list, tuple)):
-        v.alpha(alpha)
-    budget = getattr(opts, "memory_budget", None)
-    if budget is not None:
-        v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
-
-
 def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=None) -> dict:
     """The corpus hash (:mod:`kvbridge.corpus`), a folder's split by file (``split``, a
     :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
@@ -486,32 +411,10 @@ def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=No
     return out
 
 
-@functools.wraps(_fit)
-def fit(source_model, target_model, data, **kwargs):
-    out = kwargs.get("out")
-    if out is None:
-        return _fit(source_model, target_model, data, **kwargs)
-    from kvbridge.artifacts import check_replaceable, output_lock
-    from kvbridge.fit import distributed as dist_mod
-    from kvbridge.fit.artifact import KIND
-
-    overwrite = bool(kwargs.get("overwrite") or kwargs.get("force"))
-    tk = kwargs.get("top_k")
-    is_sweep = isinstance(tk, (list, tuple)) or (isinstance(tk, str) and "," in tk)
-    check_replaceable(
-        out, SWEEP_KIND if is_sweep else KIND, overwrite=overwrite
-    )  # refuse before any work; the lock is held to the end
-    if kwargs.get("distributed", "auto") == "auto":
-        kwargs["distributed"] = dist_mod.setup()
-    ctx = kwargs["distributed"]
-    if ctx is not None and not ctx.is_main:  # rank 0 writes (and locks)
-        return _fit(source_model, target_model, data, **kwargs)
-    with output_lock(out):
-        return _fit(source_model, target_model, data, **kwargs)
-
-
 __all__ = [
-    "fit",
+    "execute",
+    "identity",
+    "split_overrides",
     "fit_from_stats",
     "prepare_sequences",
     "fitter_options",

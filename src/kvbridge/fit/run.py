@@ -9,11 +9,12 @@ Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from kvbridge.errors import ConfigError
-from kvbridge.fit.settings import FitSettings
+from kvbridge.fit.settings import FitSettings, parse_top_k
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
 SHORTCUTS = {
@@ -49,6 +50,7 @@ class Prepared:
     data: Any  # calibration texts (or token ids)
     corpus_sha256: str | None
     split: Any  # a folder corpus's Split, else None
+    fitter: Any = None  # the fitter plugin instance (loaded once, here)
 
 
 def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
@@ -66,70 +68,129 @@ def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
 
         check_replaceable(settings.keep_stats, STATS_KIND, overwrite=settings.overwrite)
     values = option_values(settings)
-    options = fitter_options((host or get_host()).get("fitter", settings.fitter), values)
+    fitter = (host or get_host()).get("fitter", settings.fitter)
+    options = fitter_options(fitter, values)
     if data is not None:
-        return Prepared(values, options, data, None, None)
+        return Prepared(values, options, data, None, None, fitter)
     if settings.corpus is None:
         raise ConfigError("fit needs calibration data", "give --corpus (FitSettings.corpus), or data= in Python")
     from kvbridge.fit.calibrate import calibration_texts
 
     texts, sha, split = calibration_texts(settings.corpus, settings.corpus_heldout)
-    return Prepared(values, options, texts, sha, split)
+    return Prepared(values, options, texts, sha, split, fitter)
 
 
-def _revision(ref) -> str | None:
-    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
-    from pathlib import Path
+@dataclass(frozen=True)
+class FitJob:
+    """A fit resolved once against its run: the fitter and its options (top-k clamped, checked
+    against the models), the k sweep (``((label, k), ...)``, None for one mapping), the calibration,
+    the data (texts, token ids or a corpus path) and where the result goes."""
 
-    return Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
+    fitter: Any
+    options: Any
+    sweep: tuple | None
+    calibration: Any
+    data: Any
+    corpus_sha256: str | None = None
+    corpus_path: Any = None
+    corpus_split: Any = None
+    out: Any = None
+    overwrite: bool = False
+    resume: bool = False
+    keep_stats: Any = None
+    checkpoint_dir: Any = None
+    checkpoint_every: float = 60.0
+    fitter_name: str = "ridge"
 
 
-def fit_pair(
-    pair,
-    settings: FitSettings,
-    *,
-    data=None,
-    prepared: Prepared | None = None,
-    progress: Callable | None = None,
-    warn: Callable[[str], None] | None = None,
-    distributed: Any = "auto",
-    host=None,
-):
-    """Fit ``pair.source``'s cache to ``pair.target``'s (see ``kvbridge fit``) on a loaded
-    :class:`~kvbridge.models.pair.ModelPair`.
+def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, name: str, warn=None):
+    """``(options, sweep)``: a list of top-k values (or ``all``) becomes the sweep's ``((label, k), ...)``
+    (``all`` alone: one mapping over every source layer) with the options' top-k the largest; a default
+    top-k (not ``given``) larger than the source's ``layers`` is clamped to them, and ``warn`` told."""
+    from kvbridge.check import validate as v
+    from kvbridge.fit.pipeline import fitter_options
+    from kvbridge.fit.solve import FitError
 
-    Text is tokenized with the pair's tokenizer (both sides checked to give the same ids). Returns
-    the :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep;
-    with ``settings.out`` it is written. ``progress``: the pipeline's ``(kind, tag, n)`` events;
-    ``distributed``: a :mod:`kvbridge.fit.distributed` context (``"auto"``: from the environment)."""
-    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
-    from kvbridge.fit.pipeline import Provenance, fit
-    from kvbridge.plugins import get_host
-
-    host = host or get_host()
-    prepared = prepared or prepare(settings, data=data, host=host)
-    src, tgt, s = pair.source, pair.target, settings
-    options, sweep = prepared.options, None
-    if s.sweep or s.top_k == "all":
-        sweep = list(s.top_k) if s.sweep else "all"
-    elif s.top_k is None and "top_k" not in prepared.values and hasattr(options, "top_k"):
-        layers = src.spec.num_layers
-        if options.top_k > layers:  # the default, larger than the source allows: clamp and say so
-            note = (
-                f"--top-k defaults to {options.top_k}, but {src.ref.ref} has {layers} layers: using "
-                f"--top-k {layers} (all of them)"
-            )
-            if warn is None:
-                import warnings
-
-                warnings.warn(note, UserWarning, stacklevel=2)
+    if isinstance(top_k, (list, tuple)) or top_k == "all" or (isinstance(top_k, str) and "," in top_k):
+        values = parse_top_k(top_k)
+        values = values if isinstance(values, list) else [values]
+        sweep = []
+        for val in values:
+            if val == "all":
+                if layers is None:
+                    raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
+                sweep.append(("all", layers))
             else:
-                warn(note)
-            options = replace(options, top_k=layers)
-    check_budget(s.fitter, options, src.spec, tgt.spec, sweep)
+                v.top_k(val, layers)
+                sweep.append((str(val), int(val)))
+        options = fitter_options(fitter, options, top_k=max(k for _, k in sweep))
+        one = isinstance(top_k, str) and "," not in top_k  # "all" alone: one mapping, not a sweep
+        return options, (None if one else tuple(sweep))
+    default = getattr(options, "top_k", None)
+    if not given and layers is not None and isinstance(default, int) and default > layers:
+        note = f"--top-k defaults to {default}, but {name} has {layers} layers: using --top-k {layers} (all of them)"
+        if warn is None:
+            warnings.warn(note, UserWarning, stacklevel=4)
+        else:
+            warn(note)
+        options = replace(options, top_k=layers)
+    return options, None
+
+
+def validate_job(run, job: FitJob, *, settings_checked: bool = False) -> None:
+    """The checks of a job, run once before any work: what needs the models (top-k against the source's
+    layers, the sequence length against both position limits) and the fitter options (alpha, the
+    ``--memory`` budget); the calibration values too unless a :class:`FitSettings` checked them."""
+    from kvbridge.check import validate as v
+
+    config, opts = job.calibration, job.options
+    smodel, tmodel = run.source.model, run.target.model
+    smax = getattr(smodel.config, "max_position_embeddings", None)
+    tmax = getattr(tmodel.config, "max_position_embeddings", None)
+    max_pos = min([m for m in (smax, tmax) if isinstance(m, int) and m > 0], default=None)
+    layers = getattr(smodel.config, "num_hidden_layers", None)
+    if getattr(opts, "top_k", None) is not None:
+        v.top_k(opts.top_k, layers if isinstance(layers, int) else None)
+    if config.seq_len is not None:
+        v.seq_len(config.seq_len, max_pos)
+        if not settings_checked:
+            v.stride(config.stride, config.seq_len, skip=config.skip)
+    if not settings_checked:
+        v.tokens(config.tokens)
+    alpha = getattr(opts, "alpha", None)
+    if alpha is not None and not isinstance(alpha, (list, tuple)):
+        v.alpha(alpha)
+    budget = getattr(opts, "memory_budget", None)
+    if budget is not None:
+        v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
+
+
+def source_layers(run) -> int | None:
+    layers = getattr(getattr(run.source.model, "config", None), "num_hidden_layers", None)
+    return layers if isinstance(layers, int) and layers > 0 else None
+
+
+def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[[str], None] | None = None) -> FitJob:
+    """The :class:`FitJob` of ``run`` (a :class:`~kvbridge.run.Run` of a :class:`FitSettings`): the
+    settings' refusals (:func:`prepare`, unless given its result), then the checks that need the
+    models, once; text calibration is checked to give the same ids with both tokenizers."""
+    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
+
+    s = run.settings
+    prepared = prepared or prepare(s, data=data, host=run.host)
+    fitter = prepared.fitter
+    if fitter is None:
+        fitter = run.host.get("fitter", s.fitter)
+    top_k = (list(s.top_k) if s.sweep else "all") if (s.sweep or s.top_k == "all") else None
+    given = s.top_k is not None or "top_k" in prepared.values
+    ref = getattr(run.source.ref, "ref", None) or run.source.name
+    options, sweep = resolve_top_k(
+        fitter, prepared.options, top_k, given=given, layers=source_layers(run), name=ref, warn=warn
+    )
+    check_budget(s.fitter, options, run.source.spec, run.target.spec, top_k if sweep is not None else None)
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
-        check_same_tokens(list(texts), src.tokenizer, tgt.tokenizer)
+        check_same_tokens(list(texts), run.source.tokenizer, run.target.tokenizer)
     calibration = CalibrationConfig(
         stride=s.stride,
         skip=s.skip,
@@ -140,28 +201,57 @@ def fit_pair(
         tokens=s.tokens,
         offset=s.tokens_offset,
     )
-    return fit(
-        src.model,
-        tgt.model,
+    job = FitJob(
+        fitter,
+        options,
+        sweep,
+        calibration,
         texts,
-        fitter=s.fitter,
-        options=options,
-        calibration=calibration,
-        tokenizer=src.tokenizer,
-        tokenizer_fingerprint=pair.tokenizer,
         corpus_sha256=prepared.corpus_sha256,
         corpus_path=s.corpus if data is None else None,
         corpus_split=prepared.split,
         out=s.out,
         overwrite=s.overwrite,
         resume=s.resume,
-        provenance=Provenance(src.name, tgt.name, _revision(src.ref), _revision(tgt.ref)),
-        progress=progress,
-        distributed=distributed,
         keep_stats=s.keep_stats,
-        host=host,
-        **({"top_k": sweep} if sweep is not None else {}),
+        fitter_name=s.fitter,
     )
+    validate_job(run, job, settings_checked=True)
+    return job
+
+
+def fit_run(
+    run,
+    *,
+    data=None,
+    prepared: Prepared | None = None,
+    progress: Callable | None = None,
+    warn: Callable[[str], None] | None = None,
+    distributed: Any = "auto",
+):
+    """``kvbridge fit`` on a :class:`~kvbridge.run.Run` (a loaded pair, the host, a :class:`FitSettings`).
+
+    Text is tokenized with the pair's tokenizer (both sides checked to give the same ids). Returns
+    the :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep;
+    with ``settings.out`` it is written. ``progress``: the pipeline's ``(kind, tag, n)`` events;
+    ``distributed``: a :mod:`kvbridge.fit.distributed` context (``"auto"``: from the environment)."""
+    from kvbridge.fit.pipeline import execute
+
+    job = resolve(run, data=data, prepared=prepared, warn=warn)
+    return execute(run, job, progress=progress, distributed=distributed)
+
+
+def fit_pair(pair, settings: FitSettings, *, host=None, **kwargs):
+    """Deprecated (0.9): ``fit(pair, settings=settings, ...)``, or :func:`fit_run` on a
+    :class:`~kvbridge.run.Run`; kept so scripts written against it still run."""
+    from kvbridge.run import Run
+
+    warnings.warn(
+        "kvbridge fit_pair(pair, settings) is deprecated: call kvbridge.api.fit(pair, settings=settings)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return fit_run(Run.of(pair, settings, host), **kwargs)
 
 
 def check_budget(fitter: str, options, source_spec, target_spec, sweep=None) -> None:
@@ -285,7 +375,10 @@ __all__ = [
     "FitSettings",
     "Prepared",
     "prepare",
+    "fit_run",
     "fit_pair",
+    "FitJob",
+    "resolve",
     "check_budget",
     "plan_fit",
     "plan_top_k",

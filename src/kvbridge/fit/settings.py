@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from kvbridge.dtypes import LOAD_DTYPES
 from kvbridge.errors import ConfigError, path_value, whole_number
+from kvbridge.settings_fields import check_counts, option
 
 
 def parse_top_k(value) -> list | int | None:
@@ -97,38 +99,116 @@ class FitSettings:
     ``keep_stats`` / ``from_stats``: write / solve from kept statistics; ``plan``: the resource plan
     only (``device_flops``, ``plan_device``: its time estimate). ``quiet``: no progress bars."""
 
-    corpus: str | None = None
-    corpus_heldout: float = 0.1
-    out: str | None = None
-    fitter: str = "ridge"
-    fitter_options: tuple = ()
-    top_k: Any = None
-    seq_len: int = 512
-    tokens: int | None = None
-    tokens_offset: int = 0
-    stride: int = 4
-    skip: int = 0
-    alpha: Any = None
-    heldout: float = 0.1
-    seed: int = 0
-    batch_size: int = 4
-    estimator: str | None = None
-    estimator_options: str | None = None
-    max_samples: int | None = None
-    memory_gib: float | None = None
-    dtype: str = "float32"
-    keep_stats: str | None = None
-    from_stats: str | None = None
-    resume: bool = False
-    overwrite: bool = False
-    quiet: bool = False
-    plan: bool = False
-    device_flops: float | None = None
-    plan_device: str | None = None
+    corpus: str | None = option(
+        None,
+        "Text file, JSONL with a 'text' field, or folder of .py/.txt files (required unless --plan); a folder is split by file, a file by position (--corpus-heldout), and only the calibration part is read.",
+        kind=("path", {"exists": False}),
+    )
+    corpus_heldout: float = option(
+        0.1,
+        "Share of the corpus held out for eval and not read by the fit (recorded in the mapping; `eval` "
+        "then reads only it): a folder's files chosen by a hash of each file's relative path, or a file's "
+        "last share of characters (from a line start: the tail `eval --heldout-fraction` reads). 0: none.",
+        kind=("real", 0, 1, {"max_open": True}),
+        show_default=True,
+    )
+    out: str | None = option(
+        None, "Mapping folder to write (mapping.safetensors + manifest.json; required unless --plan).", kind="path"
+    )
+    fitter: str = option("ridge", "Fitter plugin (ridge, ridge-headwise, sklearn, ...).", show_default=True)
+    fitter_options: tuple = option(
+        (),
+        "A fitter option (repeatable), checked against the fitter's options dataclass: unknown keys are "
+        "refused, values coerced to their types, e.g. -o top_k=2 -o alpha=auto (docs/plugins.md lists "
+        "each fitter's options).",
+        flags=("-o", "--option"),
+        multiple=True,
+        metavar="KEY=VALUE",
+    )
+    top_k: Any = option(
+        None,
+        "Source layers per target layer (ridge, sklearn; default 4, "
+        "or the source's layers when it has fewer) = -o top_k=N. A list (--top-k 1,2,4,8,all; ridge) fits every "
+        "k from one pass of forwards and writes one mapping per k into --out/k1, --out/k2, ... --out/kall.",
+        kind="top_k",
+    )
+    seq_len: int = option(512, "Tokens per calibration sequence.", kind=("count", 2), show_default=True)
+    tokens: int | None = option(None, "Calibration tokens to read (default: the whole corpus).", kind=("count", 1))
+    tokens_offset: int = option(
+        0,
+        "Skip this many calibration tokens first: runs with offsets 0, T, 2T, ... and --tokens T read disjoint "
+        "chunks; --from-stats A,B,... merges their kept statistics.",
+        kind=("count", 0),
+        show_default=True,
+    )
+    stride: int = option(4, "Keep every stride-th position of each sequence.", kind=("count", 1), show_default=True)
+    skip: int = option(
+        0, "Drop the first N positions of each sequence (attention sinks).", kind=("count", 0), show_default=True
+    )
+    alpha: Any = option(None, "Ridge strength, or 'auto' (chosen on the held-out split); default 0.01 = -o alpha=X.")
+    heldout: float = option(
+        0.1, "Share of sequences held out for R² (and --alpha auto).", kind=("real",), show_default=True
+    )
+    seed: int = option(0, "Seed of the position sampling and the held-out split.", kind="seed", show_default=True)
+    batch_size: int = option(4, "Sequences per forward pass.", kind="int", show_default=True)
+    estimator: str | None = option(
+        None, "sklearn fitter: 'module:Class' (e.g. sklearn.linear_model:RidgeCV) = -o estimator=X."
+    )
+    estimator_options: str | None = option(None, "sklearn fitter: JSON options of the estimator.")
+    max_samples: int | None = option(
+        None, "sklearn fitter: cap on materialised observations (default 100000).", kind=("count", 1)
+    )
+    memory_gib: float | None = option(
+        None,
+        "Statistics memory budget in GiB (default 8 or $KVBRIDGE_FIT_MEMORY).",
+        flags=("--memory",),
+        kind=("real", 0, None, {"min_open": True}),
+    )
+    dtype: str = option("float32", "Dtype to load the models in.", kind=("choice", LOAD_DTYPES), show_default=True)
+    keep_stats: str | None = option(
+        None,
+        "Also write the fit's statistics "
+        "(safetensors + manifest.json with both models' fingerprints) to this folder, for --from-stats (ridge).",
+        kind="path",
+    )
+    from_stats: str | None = option(
+        None,
+        "Solve from statistics kept by "
+        "--keep-stats instead of running the models (no weights loaded): other --top-k (up to the kept one), "
+        "--alpha; SOURCE and TARGET are checked against the kept specs. Several folders (DIR1,DIR2,...: runs on "
+        "disjoint chunks, --tokens-offset) are merged into one fit.",
+        kind="path",
+    )
+    resume: bool = option(
+        False,
+        "Keep resumable statistics in .<out>.fitstate/ beside --out (checksummed; removed on success) "
+        "and continue an interrupted fit from them.",
+        flag=True,
+    )
+    overwrite: bool = option(False, "Replace an existing --out folder.", flag=True)
+    quiet: bool = option(False, "No progress bar.", flag=True)
+    plan: bool = option(
+        False,
+        "Print the resource plan (statistics memory, blocking, artifact "
+        "size, FLOPs, time at --device-flops) from the configs alone and exit: no weights loaded.",
+        flag=True,
+    )
+    device_flops: float | None = option(
+        None,
+        "--plan: the device's FLOP/s for the time estimate, e.g. 1e14.",
+        kind=("real", 0, None, {"min_open": True}),
+    )
+    plan_device: str | None = option(
+        None,
+        "--plan: measure the rates of each part "
+        "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
+        "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.",
+        flags=("--calibrate",),
+        metavar="DEVICE",
+    )
 
     def __post_init__(self) -> None:
         from kvbridge.check import validate
-        from kvbridge.dtypes import LOAD_DTYPES
 
         for name, flag in (
             ("corpus", "--corpus"),
@@ -145,15 +225,12 @@ class FitSettings:
         _share(self.heldout, "--heldout", open_low=False)
         validate.seq_len(self.seq_len)
         validate.tokens(self.tokens)
-        whole_number(self.tokens_offset, "--tokens-offset", 0)
         validate.stride(self.stride, self.seq_len, skip=validate.non_negative_int(self.skip, "--skip"))
+        check_counts(self)  # the counts of the fields' kinds: --tokens-offset, --seed, --max-samples, ...
         if self.alpha is not None:
             validate.alpha(self.alpha)
         validate.memory_gib(self.memory_gib)
-        whole_number(self.seed, "--seed", 0)
         whole_number(self.batch_size, "--batch-size", 1)
-        if self.max_samples is not None:
-            whole_number(self.max_samples, "--max-samples", 1)
         if self.device_flops is not None:
             validate.finite_number(
                 self.device_flops, "--device-flops", positive=True, fix="pass e.g. --device-flops 1e14"

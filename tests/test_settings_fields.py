@@ -1,0 +1,77 @@
+"""kvbridge.settings_fields: a settings field declares its option once; counts are checked from the kinds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from kvbridge.errors import ConfigError
+from kvbridge.settings_fields import check_counts, flag_of, option, option_fields
+
+
+@dataclass(frozen=True)
+class Inner:
+    depth: int = option(2, "Depth.", flags=("--inner-depth",), kind=("count", 1), show_default=True)
+
+    def __post_init__(self):
+        check_counts(self)
+
+
+@dataclass(frozen=True)
+class Demo:
+    name: str = option(help="A name.", required=True)
+    size: int = option(3, "Size.", kind=("count", 1), show_default=True)
+    seed: int = option(0, "Seed.", kind="seed")
+    share: float | None = option(
+        None, "Share.", kind="share", cli_default=0.5, default_if_not_given=True, show_default=True
+    )
+    color: bool = option(True, "No color.", flags=("--no-color",), flag=True, invert=True)
+    tags: tuple = option((), "A tag.", flags=("--tag",), multiple=True)
+    inner: Inner = option(Inner, nested=True)
+
+    def __post_init__(self):
+        check_counts(self)
+
+
+def test_fields_declare_their_flags_in_order():
+    names = [f.name for f, _ in option_fields(Demo)]
+    assert names == ["name", "size", "seed", "share", "color", "tags", "inner"]
+    f, opt = option_fields(Demo)[4]
+    assert flag_of(f, opt) == "--no-color"
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [(dict(size=0), "--size must be a whole number >= 1"), (dict(seed=-1), "--seed must be a whole number >= 0")],
+)
+def test_counts_are_checked_from_the_kinds(kwargs, needle):
+    with pytest.raises(ConfigError, match=needle):
+        Demo(name="x", **kwargs)
+    with pytest.raises(ConfigError, match="--inner-depth"):
+        Inner(depth=0)
+
+
+def test_click_options_are_built_from_the_fields_and_give_the_settings_back():
+    from kvbridge.cli.options import settings_from, settings_options
+
+    @click.command()
+    @settings_options(Demo)
+    def cmd(**options):
+        click.echo(repr(settings_from(Demo, options)))
+
+    runner = CliRunner()
+    help_text = runner.invoke(cmd, ["--help"]).output
+    assert "--size INTEGER" in help_text and "[default: 3]" in help_text and "--no-color" in help_text
+    assert "--inner-depth" in help_text and "[default: 0.5]" in help_text
+    out = runner.invoke(cmd, ["--name", "a"]).output
+    assert "share=None" in out and "color=True" in out and "tags=()" in out and "depth=2" in out
+    out = runner.invoke(
+        cmd, ["--name", "a", "--share", "0.25", "--no-color", "--tag", "x", "--inner-depth", "5"]
+    ).output
+    assert "share=0.25" in out
+    assert "color=False" in out and "tags=('x',)" in out and "depth=5" in out
+    bad = runner.invoke(cmd, ["--name", "a", "--size", "0"])
+    assert bad.exit_code == 2 and "--size" in bad.output
