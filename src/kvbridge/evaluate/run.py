@@ -53,9 +53,7 @@ def mapping_of(run):
     computed once per run), or the identity mapping of the pair's specs."""
     s = run.settings
     if s.mapping == "identity":
-        from kvbridge.fit.pipeline import load_fitter
-
-        return load_fitter(run.host, "identity").fit(run.source.spec, run.target.spec)
+        return run.host.get("fitter", "identity").fit(run.source.spec, run.target.spec)
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.fit.pipeline import identity
 
