@@ -180,21 +180,26 @@ class FittedMapping:
     def _map_dense(self, keys, values, dtype) -> tuple[list, list]:
         """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
 
-        Per K / V: the source layers stacked once as rows ``[B·T·L_s, H_s·D_s]`` float32 (one
-        copy); per token chunk the features of every target layer gathered with ONE row
-        ``index_select`` straight into the batched-GEMM layout ``[L_t, rows, k·H_s·D_s]``, ONE
-        ``baddbmm`` over the target layers (bias fused) and ONE copy into the target layout
-        ``[L_t, B, H_t, T, D_t]`` and dtype, whose per-layer slices are the outputs (contiguous
-        views of one allocation). Target layers with different numbers of selected source
-        layers form separate groups. Few, large operations: with several threads on a busy
-        machine each parallel region costs a scheduling round, so the count matters as much as
-        the bytes (BENCHMARKS.md, "Map and transfer at the default thread count").
+        Per K / V: the source layers stacked once as ``[B·T, L_s, H_s·D_s]`` float32 (one copy);
+        per token chunk the features of every target layer gathered with ONE ``index_select``
+        over the layer dimension into a buffer reused across chunks (``[rows, G·k, H_s·D_s]``,
+        read by the GEMM as the strided batch ``[G, rows, k·H_s·D_s]``), and ONE ``baddbmm``
+        over the target layers (bias fused) writing its rows of the result ``[G, B·T, H_t·D_t]``.
+        A float32 result is returned as it is: each target layer's ``[B, H_t, T, D_t]`` is a
+        permuted view of it, no layout copy (the RoPE re-application reads the view and writes
+        the target layout in its one pass; the values stay views until something needs them
+        contiguous). Another ``dtype`` takes one cast into the contiguous target layout.
+
+        Few, large operations, and no fresh memory per chunk: with several threads on a busy
+        machine each parallel region costs a scheduling round, and a fresh buffer costs a page
+        fault per 4 KiB (a row ``index_select`` into a new tensor per chunk took longer than its
+        copy; BENCHMARKS.md, "Map and transfer").
         """
         ls, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
-        fs = hs * ds
+        fs, rows = hs * ds, b * t
         groups = self._dense_plan(device)
         out_k: list = [None] * len(self.layers)
         out_v: list = [None] * len(self.layers)
@@ -203,53 +208,25 @@ class FittedMapping:
             stacked = torch.stack([x.transpose(1, 2) for x in tensors], dim=2)
             if stacked.dtype != torch.float32:
                 stacked = stacked.float()
-            rows_src = stacked.view(b * t * ls, fs)
-            for gi, (layers_, index, w, bias) in enumerate(groups[name]):  # w [G, k·fs, H_t·D_t]
-                g, k = index.shape
-                y = torch.empty(g, b, ht, t, dt, dtype=dtype, device=device)
-                step = max(1, min(b * t, GATHER_BYTES // (4 * g * k * fs)))
-                if step < b * t and step >= t:
-                    step = step // t * t  # whole batch rows per chunk
-                for a in range(0, b * t, step):
-                    e = min(b * t, a + step)
-                    flat = self._gather_index(gi, name, index, a, e, ls)
-                    feats = rows_src.index_select(0, flat).view(g, e - a, k * fs)  # [G, rows, k·fs]
-                    # ONE contiguous baddbmm, then ONE copy into the layout (and dtype). Writing the layout
-                    # from the GEMM per target head (a strided out=) was tried: torch runs a strided-output
-                    # bmm as one addmm per batch entry, 112 small GEMMs instead of 2 (BENCHMARKS.md)
-                    self._scatter(y, torch.baddbmm(bias, feats, w), a, e, t, ht, dt)
+            src = stacked.view(rows, ls, fs)
+            for layers_, index, w, bias in groups[name]:  # index [G·k], w [G, k·fs, H_t·D_t]
+                g, k = len(layers_), index.numel() // len(layers_)
+                step = max(1, min(rows, GATHER_BYTES // (4 * g * k * fs)))
+                res = torch.empty(g, rows, ht * dt, dtype=torch.float32, device=device)
+                buf = torch.empty(step, g * k, fs, dtype=torch.float32, device=device)
+                for a in range(0, rows, step):
+                    e = min(rows, a + step)
+                    feats = torch.index_select(src[a:e], 1, index, out=buf[: e - a])
+                    torch.baddbmm(bias, feats.view(e - a, g, k * fs).transpose(0, 1), w, out=res[:, a:e])
+                del buf
+                views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
+                if dtype != torch.float32:  # one cast into the contiguous target layout
+                    views = torch.empty(views.shape, dtype=dtype, device=device).copy_(views)
+                    del res
                 for j, layer in enumerate(layers_):
-                    out[layer] = y[j]
-            del stacked, rows_src  # before the values' stack: one source stack alive at a time
+                    out[layer] = views[j]
+            del stacked, src  # before the values' stack: one source stack alive at a time
         return out_k, out_v
-
-    def _gather_index(self, gi: int, name: str, index, a: int, e: int, ls: int):
-        """Row indices ``(a + r)·L_s + index[g, j]`` in ``[g, r, j]`` order (cached per chunk)."""
-        cache = self.__dict__.setdefault("_gather_cache", {})
-        key = (gi, name, a, e, ls, str(index.device))
-        flat = cache.get(key)
-        if flat is None:
-            if len(cache) > 64:
-                cache.clear()
-            rows = torch.arange(a, e, dtype=torch.long, device=index.device) * ls
-            flat = cache[key] = (rows[None, :, None] + index[:, None, :]).reshape(-1)
-        return flat
-
-    @staticmethod
-    def _scatter(y, res, a: int, e: int, t: int, ht: int, dt: int) -> None:
-        """Copy rows ``[a, e)`` (flattened batch x token) of ``res [G, rows, H_t·D_t]`` into ``y [G, B, H_t, T, D_t]``."""
-        g = res.shape[0]
-        if a % t == 0 and e % t == 0:  # whole batch rows: one copy
-            r0, r1 = a // t, e // t
-            y[:, r0:r1].copy_(res.view(g, r1 - r0, t, ht, dt).permute(0, 1, 3, 2, 4))
-            return
-        pos = a
-        while pos < e:  # a chunk inside one batch row (or spanning rows): per row piece
-            r, c0 = divmod(pos, t)
-            c1 = min(t, c0 + (e - pos))
-            piece = res[:, pos - a : pos - a + (c1 - c0)]
-            y[:, r, :, c0:c1].copy_(piece.reshape(g, c1 - c0, ht, dt).transpose(1, 2))
-            pos += c1 - c0
 
     def _dense_plan(self, device) -> dict:
         """Per K / V: groups of target layers with the same number of selected source layers, each
@@ -264,8 +241,8 @@ class FittedMapping:
             plan: dict = {"k": [], "v": []}
             for layers_ in by_k.values():
                 index = torch.tensor(
-                    [[int(s) for s in self.layers[i].sources] for i in layers_], dtype=torch.long, device=device
-                )  # [G, k]
+                    [int(s) for i in layers_ for s in self.layers[i].sources], dtype=torch.long, device=device
+                )  # [G·k], target layer-major
                 for name in ("k", "v"):
                     w = torch.stack([getattr(self.layers[i], "w" + name) for i in layers_]).to(device)
                     bias = torch.stack([getattr(self.layers[i], "b" + name) for i in layers_]).to(device)[:, None]
