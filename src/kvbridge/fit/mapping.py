@@ -39,6 +39,48 @@ CHUNK = 256
 GATHER_BYTES = 32 << 20
 
 
+#: fresh CPU buffers at least this large are asked to be backed by transparent huge pages
+HUGE_PAGE_MIN = 8 << 20
+_HUGE = 2 << 20
+_MADVISE: dict = {}
+
+
+def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``torch.empty``, with a large CPU buffer advised onto transparent huge pages before its first
+    write (Linux ``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior; a hint, results are the
+    same). A fresh buffer costs one page fault per 4 KiB page on first touch: 58 MiB of mapped keys
+    took ~30 ms of faults against ~7 ms on 2 MiB pages, a sixth of their GEMM (BENCHMARKS.md, "Map
+    and transfer"). Elsewhere (no libc, THP off, another device) it is plain ``torch.empty``."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu" or nbytes < HUGE_PAGE_MIN:
+        return t
+    madvise = _MADVISE.get("fn", 0)
+    if madvise == 0:
+        madvise = _MADVISE["fn"] = _libc_madvise()
+    if madvise is not None:
+        start = -(-t.data_ptr() // _HUGE) * _HUGE
+        end = (t.data_ptr() + nbytes) // _HUGE * _HUGE
+        if end > start:
+            madvise(start, end - start, 14)  # MADV_HUGEPAGE; a failure changes nothing
+    return t
+
+
+def _libc_madvise():
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def geometry(spec: ModelSpec) -> tuple:
     return (spec.num_layers, spec.num_kv_heads, spec.head_dim)
 
@@ -205,15 +247,16 @@ class FittedMapping:
         out_v: list = [None] * len(self.layers)
         for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
             # [B, H_s, T, D_s] per layer -> [B, T, L_s, H_s, D_s] in one stacking copy
-            stacked = torch.stack([x.transpose(1, 2) for x in tensors], dim=2)
+            stacked = fresh((b, t, ls, hs, ds), dtype=tensors[0].dtype, device=device)
+            torch.stack([x.transpose(1, 2) for x in tensors], dim=2, out=stacked)
             if stacked.dtype != torch.float32:
                 stacked = stacked.float()
             src = stacked.view(rows, ls, fs)
             for layers_, index, w, bias in groups[name]:  # index [G·k], w [G, k·fs, H_t·D_t]
                 g, k = len(layers_), index.numel() // len(layers_)
                 step = max(1, min(rows, GATHER_BYTES // (4 * g * k * fs)))
-                res = torch.empty(g, rows, ht * dt, dtype=torch.float32, device=device)
-                buf = torch.empty(step, g * k, fs, dtype=torch.float32, device=device)
+                res = fresh((g, rows, ht * dt), device=device)
+                buf = fresh((step, g * k, fs), device=device)
                 for a in range(0, rows, step):
                     e = min(rows, a + step)
                     feats = torch.index_select(src[a:e], 1, index, out=buf[: e - a])
@@ -221,7 +264,7 @@ class FittedMapping:
                 del buf
                 views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
                 if dtype != torch.float32:  # one cast into the contiguous target layout
-                    views = torch.empty(views.shape, dtype=dtype, device=device).copy_(views)
+                    views = fresh(views.shape, dtype=dtype, device=device).copy_(views)
                     del res
                 for j, layer in enumerate(layers_):
                     out[layer] = views[j]
