@@ -11,8 +11,10 @@ Two layouts:
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
 Compute is float32. Dense maps run as a handful of large operations per K / V (stack the
-source once; per token chunk one row gather of every target layer's features, one batched GEMM
-with the bias fused, one copy into the target layout), because with the default thread count
+source once; per token chunk one gather of every target layer's features into a reused buffer,
+one batched GEMM with the bias fused; float32 results returned as views of the GEMM's output in
+the target layout ``[B, H_t, T, D_t]``, no layout copy: the RoPE re-application reads them and
+writes the target cache in its one pass), because with the default thread count
 on a busy machine every parallel region costs a scheduling round: the per-layer, per-chunk
 version (about 2,700 small operations at 2,048 tokens) ran at 1.3x its GEMM floor on one thread
 and 8-12x on two (BENCHMARKS.md, "Map and transfer at the default thread count").
