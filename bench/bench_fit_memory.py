@@ -98,11 +98,15 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for pair in args.pairs.split(","):
         s, t = pair.split("/")
-        cmd = [sys.executable, __file__, "--child", pair] + [
-            f"--{k.replace('_', '-')}={v}"
-            for k, v in vars(args).items()
-            if k in ("tokens", "seq_len", "stride", "top_k", "threads") or (k == "memory" and v is not None)
-        ] + (["--warm"] if args.warm else [])
+        cmd = (
+            [sys.executable, __file__, "--child", pair]
+            + [
+                f"--{k.replace('_', '-')}={v}"
+                for k, v in vars(args).items()
+                if k in ("tokens", "seq_len", "stride", "top_k", "threads") or (k == "memory" and v is not None)
+            ]
+            + (["--warm"] if args.warm else [])
+        )
         out = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if out.returncode or line is None:
