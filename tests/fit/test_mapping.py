@@ -56,7 +56,7 @@ def _plain(m, tensors, name):
 def test_dense_map_equals_the_plain_formula(monkeypatch, batch, tokens, gather):
     src, tgt = _spec(5, 2, 16), _spec(4, 2, 8)
     m = _mapping(src, tgt, [(0, 3), (4, 1), (2,), (1, 2, 3)])  # three groups (k = 2, 1, 3)
-    if gather is not None:  # token chunks inside a batch row, and across rows
+    if gather is not None:  # blocks of one target layer
         monkeypatch.setattr(mapping_mod, "GATHER_BYTES", gather)
     g = torch.Generator().manual_seed(1)
     keys = [torch.randn(batch, 2, tokens, 16, generator=g) for _ in range(5)]

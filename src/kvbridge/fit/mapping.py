@@ -36,8 +36,8 @@ MODES = ("dense", "headwise")
 #: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
 #: cache between the copies and the GEMM (256 x 4 x 128 float32 = 512 KiB), the GEMM stays large
 CHUNK = 256
-#: the dense map gathers every target layer's features of a token chunk at once: at most this many
-#: bytes of gathered features per chunk (a chunk is whole batch rows when they fit)
+#: the dense map gathers the features of a block of target layers (all tokens) at once: at most this
+#: many bytes of gathered features per block (at least one target layer)
 GATHER_BYTES = 32 << 20
 
 
@@ -225,10 +225,11 @@ class FittedMapping:
         """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
 
         Per K / V: the source layers stacked once as ``[B·T, L_s, H_s·D_s]`` float32 (one copy);
-        per token chunk the features of every target layer gathered with ONE ``index_select``
-        over the layer dimension into a buffer reused across chunks (``[rows, G·k, H_s·D_s]``,
-        read by the GEMM as the strided batch ``[G, rows, k·H_s·D_s]``), and ONE ``baddbmm``
-        over the target layers (bias fused) writing its rows of the result ``[G, B·T, H_t·D_t]``.
+        per block of target layers the features of all their rows gathered with ONE
+        ``index_select`` over the layer dimension into a buffer reused across blocks
+        (``[B·T, G_b·k, H_s·D_s]``, read by the GEMM as the strided batch ``[G_b, B·T, k·H_s·D_s]``),
+        and ONE ``baddbmm`` over the block (bias fused) writing its contiguous slice of the result
+        ``[G, B·T, H_t·D_t]``.
         A float32 result is returned as it is: each target layer's ``[B, H_t, T, D_t]`` is a
         permuted view of it, no layout copy (the RoPE re-application reads the view and writes
         the target layout in its one pass; the values stay views until something needs them
@@ -256,13 +257,17 @@ class FittedMapping:
             src = stacked.view(rows, ls, fs)
             for layers_, index, w, bias in groups[name]:  # index [G·k], w [G, k·fs, H_t·D_t]
                 g, k = len(layers_), index.numel() // len(layers_)
-                step = max(1, min(rows, GATHER_BYTES // (4 * g * k * fs)))
+                # blocks of whole target layers (all rows): each block's result is a contiguous slice of
+                # `res`, so the baddbmm stays ONE batched call (a strided output makes torch run one
+                # addmm per target layer and chunk: hundreds of parallel regions at two threads)
+                step = max(1, min(g, GATHER_BYTES // (4 * rows * k * fs)))
                 res = fresh((g, rows, ht * dt), device=device)
-                buf = fresh((step, g * k, fs), device=device)
-                for a in range(0, rows, step):
-                    e = min(rows, a + step)
-                    feats = torch.index_select(src[a:e], 1, index, out=buf[: e - a])
-                    torch.baddbmm(bias, feats.view(e - a, g, k * fs).transpose(0, 1), w, out=res[:, a:e])
+                buf = fresh((rows, step * k, fs), device=device)
+                for a in range(0, g, step):
+                    e = min(g, a + step)
+                    feats = torch.index_select(src, 1, index[a * k : e * k], out=buf[:, : (e - a) * k])
+                    a_ = feats.view(rows, e - a, k * fs).transpose(0, 1)  # [block, rows, k·fs], strided
+                    torch.baddbmm(bias[a:e], a_, w[a:e], out=res[a:e])
                 del buf
                 views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
                 if dtype != torch.float32:  # one cast into the contiguous target layout
