@@ -11,8 +11,10 @@ Two layouts:
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
 Compute is float32. Dense maps run as a handful of large operations per K / V (stack the
-source once; per token chunk one row gather of every target layer's features, one batched GEMM
-with the bias fused, one copy into the target layout), because with the default thread count
+source once; per token chunk one gather of every target layer's features into a reused buffer,
+one batched GEMM with the bias fused; float32 results returned as views of the GEMM's output in
+the target layout ``[B, H_t, T, D_t]``, no layout copy: the RoPE re-application reads them and
+writes the target cache in its one pass), because with the default thread count
 on a busy machine every parallel region costs a scheduling round: the per-layer, per-chunk
 version (about 2,700 small operations at 2,048 tokens) ran at 1.3x its GEMM floor on one thread
 and 8-12x on two (BENCHMARKS.md, "Map and transfer at the default thread count").
@@ -34,9 +36,51 @@ MODES = ("dense", "headwise")
 #: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
 #: cache between the copies and the GEMM (256 x 4 x 128 float32 = 512 KiB), the GEMM stays large
 CHUNK = 256
-#: the dense map gathers every target layer's features of a token chunk at once: at most this many
-#: bytes of gathered features per chunk (a chunk is whole batch rows when they fit)
+#: the dense map gathers the features of a block of target layers (all tokens) at once: at most this
+#: many bytes of gathered features per block (at least one target layer)
 GATHER_BYTES = 32 << 20
+
+
+#: fresh CPU buffers at least this large are asked to be backed by transparent huge pages
+HUGE_PAGE_MIN = 8 << 20
+_HUGE = 2 << 20
+_MADVISE: dict = {}
+
+
+def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``torch.empty``, with a large CPU buffer advised onto transparent huge pages before its first
+    write (Linux ``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior; a hint, results are the
+    same). A fresh buffer costs one page fault per 4 KiB page on first touch: 58 MiB of mapped keys
+    took ~30 ms of faults against ~7 ms on 2 MiB pages, a sixth of their GEMM (BENCHMARKS.md, "Map
+    and transfer"). Elsewhere (no libc, THP off, another device) it is plain ``torch.empty``."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu" or nbytes < HUGE_PAGE_MIN:
+        return t
+    madvise = _MADVISE.get("fn", 0)
+    if madvise == 0:
+        madvise = _MADVISE["fn"] = _libc_madvise()
+    if madvise is not None:
+        start = -(-t.data_ptr() // _HUGE) * _HUGE
+        end = (t.data_ptr() + nbytes) // _HUGE * _HUGE
+        if end > start:
+            madvise(start, end - start, 14)  # MADV_HUGEPAGE; a failure changes nothing
+    return t
+
+
+def _libc_madvise():
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def geometry(spec: ModelSpec) -> tuple:
@@ -180,76 +224,59 @@ class FittedMapping:
     def _map_dense(self, keys, values, dtype) -> tuple[list, list]:
         """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
 
-        Per K / V: the source layers stacked once as rows ``[B·T·L_s, H_s·D_s]`` float32 (one
-        copy); per token chunk the features of every target layer gathered with ONE row
-        ``index_select`` straight into the batched-GEMM layout ``[L_t, rows, k·H_s·D_s]``, ONE
-        ``baddbmm`` over the target layers (bias fused) and ONE copy into the target layout
-        ``[L_t, B, H_t, T, D_t]`` and dtype, whose per-layer slices are the outputs (contiguous
-        views of one allocation). Target layers with different numbers of selected source
-        layers form separate groups. Few, large operations: with several threads on a busy
-        machine each parallel region costs a scheduling round, so the count matters as much as
-        the bytes (BENCHMARKS.md, "Map and transfer at the default thread count").
+        Per K / V: the source layers stacked once as ``[B·T, L_s, H_s·D_s]`` float32 (one copy);
+        per block of target layers the features of all their rows gathered with ONE
+        ``index_select`` over the layer dimension into a buffer reused across blocks
+        (``[B·T, G_b·k, H_s·D_s]``, read by the GEMM as the strided batch ``[G_b, B·T, k·H_s·D_s]``),
+        and ONE ``baddbmm`` over the block (bias fused) writing its contiguous slice of the result
+        ``[G, B·T, H_t·D_t]``.
+        A float32 result is returned as it is: each target layer's ``[B, H_t, T, D_t]`` is a
+        permuted view of it, no layout copy (the RoPE re-application reads the view and writes
+        the target layout in its one pass; the values stay views until something needs them
+        contiguous). Another ``dtype`` takes one cast into the contiguous target layout.
+
+        Few, large operations, and no fresh memory per chunk: with several threads on a busy
+        machine each parallel region costs a scheduling round, and a fresh buffer costs a page
+        fault per 4 KiB (a row ``index_select`` into a new tensor per chunk took longer than its
+        copy; BENCHMARKS.md, "Map and transfer").
         """
         ls, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
-        fs = hs * ds
+        fs, rows = hs * ds, b * t
         groups = self._dense_plan(device)
         out_k: list = [None] * len(self.layers)
         out_v: list = [None] * len(self.layers)
         for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
             # [B, H_s, T, D_s] per layer -> [B, T, L_s, H_s, D_s] in one stacking copy
-            stacked = torch.stack([x.transpose(1, 2) for x in tensors], dim=2)
+            stacked = fresh((b, t, ls, hs, ds), dtype=tensors[0].dtype, device=device)
+            torch.stack([x.transpose(1, 2) for x in tensors], dim=2, out=stacked)
             if stacked.dtype != torch.float32:
                 stacked = stacked.float()
-            rows_src = stacked.view(b * t * ls, fs)
-            for gi, (layers_, index, w, bias) in enumerate(groups[name]):  # w [G, k·fs, H_t·D_t]
-                g, k = index.shape
-                y = torch.empty(g, b, ht, t, dt, dtype=dtype, device=device)
-                step = max(1, min(b * t, GATHER_BYTES // (4 * g * k * fs)))
-                if step < b * t and step >= t:
-                    step = step // t * t  # whole batch rows per chunk
-                for a in range(0, b * t, step):
-                    e = min(b * t, a + step)
-                    flat = self._gather_index(gi, name, index, a, e, ls)
-                    feats = rows_src.index_select(0, flat).view(g, e - a, k * fs)  # [G, rows, k·fs]
-                    # ONE contiguous baddbmm, then ONE copy into the layout (and dtype). Writing the layout
-                    # from the GEMM per target head (a strided out=) was tried: torch runs a strided-output
-                    # bmm as one addmm per batch entry, 112 small GEMMs instead of 2 (BENCHMARKS.md)
-                    self._scatter(y, torch.baddbmm(bias, feats, w), a, e, t, ht, dt)
+            src = stacked.view(rows, ls, fs)
+            for layers_, index, w, bias in groups[name]:  # index [G·k], w [G, k·fs, H_t·D_t]
+                g, k = len(layers_), index.numel() // len(layers_)
+                # blocks of whole target layers (all rows): each block's result is a contiguous slice of
+                # `res`, so the baddbmm stays ONE batched call (a strided output makes torch run one
+                # addmm per target layer and chunk: hundreds of parallel regions at two threads)
+                step = max(1, min(g, GATHER_BYTES // (4 * rows * k * fs)))
+                res = fresh((g, rows, ht * dt), device=device)
+                buf = fresh((rows, step * k, fs), device=device)
+                for a in range(0, g, step):
+                    e = min(g, a + step)
+                    feats = torch.index_select(src, 1, index[a * k : e * k], out=buf[:, : (e - a) * k])
+                    a_ = feats.view(rows, e - a, k * fs).transpose(0, 1)  # [block, rows, k·fs], strided
+                    torch.baddbmm(bias[a:e], a_, w[a:e], out=res[a:e])
+                del buf
+                views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
+                if dtype != torch.float32:  # one cast into the contiguous target layout
+                    views = fresh(views.shape, dtype=dtype, device=device).copy_(views)
+                    del res
                 for j, layer in enumerate(layers_):
-                    out[layer] = y[j]
-            del stacked, rows_src  # before the values' stack: one source stack alive at a time
+                    out[layer] = views[j]
+            del stacked, src  # before the values' stack: one source stack alive at a time
         return out_k, out_v
-
-    def _gather_index(self, gi: int, name: str, index, a: int, e: int, ls: int):
-        """Row indices ``(a + r)·L_s + index[g, j]`` in ``[g, r, j]`` order (cached per chunk)."""
-        cache = self.__dict__.setdefault("_gather_cache", {})
-        key = (gi, name, a, e, ls, str(index.device))
-        flat = cache.get(key)
-        if flat is None:
-            if len(cache) > 64:
-                cache.clear()
-            rows = torch.arange(a, e, dtype=torch.long, device=index.device) * ls
-            flat = cache[key] = (rows[None, :, None] + index[:, None, :]).reshape(-1)
-        return flat
-
-    @staticmethod
-    def _scatter(y, res, a: int, e: int, t: int, ht: int, dt: int) -> None:
-        """Copy rows ``[a, e)`` (flattened batch x token) of ``res [G, rows, H_t·D_t]`` into ``y [G, B, H_t, T, D_t]``."""
-        g = res.shape[0]
-        if a % t == 0 and e % t == 0:  # whole batch rows: one copy
-            r0, r1 = a // t, e // t
-            y[:, r0:r1].copy_(res.view(g, r1 - r0, t, ht, dt).permute(0, 1, 3, 2, 4))
-            return
-        pos = a
-        while pos < e:  # a chunk inside one batch row (or spanning rows): per row piece
-            r, c0 = divmod(pos, t)
-            c1 = min(t, c0 + (e - pos))
-            piece = res[:, pos - a : pos - a + (c1 - c0)]
-            y[:, r, :, c0:c1].copy_(piece.reshape(g, c1 - c0, ht, dt).transpose(1, 2))
-            pos += c1 - c0
 
     def _dense_plan(self, device) -> dict:
         """Per K / V: groups of target layers with the same number of selected source layers, each
@@ -264,8 +291,8 @@ class FittedMapping:
             plan: dict = {"k": [], "v": []}
             for layers_ in by_k.values():
                 index = torch.tensor(
-                    [[int(s) for s in self.layers[i].sources] for i in layers_], dtype=torch.long, device=device
-                )  # [G, k]
+                    [int(s) for i in layers_ for s in self.layers[i].sources], dtype=torch.long, device=device
+                )  # [G·k], target layer-major
                 for name in ("k", "v"):
                     w = torch.stack([getattr(self.layers[i], "w" + name) for i in layers_]).to(device)
                     bias = torch.stack([getattr(self.layers[i], "b" + name) for i in layers_]).to(device)[:, None]

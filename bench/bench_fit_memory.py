@@ -1,0 +1,127 @@
+"""Fit memory against the plan: a ridge fit's peak RSS above the loaded models (``VmHWM`` after
+``clear_refs``, once both models are loaded and the token ids exist) next to the statistics bytes
+``kvbridge fit --plan`` gives for the same settings, each fit in a fresh process, no ``--memory``
+(the default budget) unless ``--memory`` is given.
+
+    python bench/bench_fit_memory.py [--pairs zoo:base/zoo:stranger,smollm2/smollm2] [--tokens 2048]
+        [--stride 2] [--top-k 2] [--memory GIB] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_real import _peak_kib, _reset_peak, _rss_kib  # noqa: E402
+
+
+def child(args) -> None:
+    import torch
+
+    from kvbridge.fit import fit
+    from kvbridge.fit.calibrate import CalibrationConfig
+    from kvbridge.models import load
+
+    torch.set_num_threads(args.threads)
+    src_ref, tgt_ref = args.child.split("/")
+    src = load(src_ref, dtype="float32").model
+    tgt = src if tgt_ref == src_ref else load(tgt_ref, dtype="float32").model
+    ids = torch.randint(10, src.config.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(1))
+    kw = {} if args.memory is None else {"memory_budget": int(args.memory * 2**30)}
+
+    def run(tokens):
+        with tempfile.TemporaryDirectory(prefix="kvbridge-fitmem-") as tmp:
+            return fit(
+                src,
+                tgt,
+                tokens,
+                calibration=CalibrationConfig(seq_len=args.seq_len, stride=args.stride),
+                out=str(Path(tmp) / "map"),
+                overwrite=True,
+                distributed=None,
+                top_k=args.top_k,
+                **kw,
+            )
+
+    if args.warm:  # one fit first, so the measured one excludes first-use imports and allocator warm-up
+        run(ids)
+    base = _rss_kib()
+    _reset_peak()
+    t0 = time.process_time()
+    mapping = run(ids)
+    cpu = time.process_time() - t0
+    report = mapping.report
+    passes = report.passes if hasattr(report, "passes") else report.get("passes")
+    print(
+        "RESULT "
+        + json.dumps(
+            {"peak_above_models": (_peak_kib() - base) * 1024, "cpu_s": cpu, "passes": passes, "base": base * 1024}
+        )
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default="zoo:base/zoo:stranger,smollm2/smollm2")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--stride", type=int, default=2)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--memory", type=float, default=None, help="statistics budget in GiB (default: none given)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warm", action="store_true", help="measure a second fit in the same process")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    from kvbridge.fit.plan import plan
+
+    print(
+        f"# bench_fit_memory: ridge, top-k {args.top_k}, seq-len {args.seq_len}, stride {args.stride}, "
+        f"{args.tokens:,} tokens, --memory {args.memory or 'not given'}, {args.threads} thread(s), "
+        f"{'second fit in the process' if args.warm else 'first fit in a fresh process'}; load average "
+        f"{' / '.join(f'{v:.1f}' for v in os.getloadavg())}\n"
+    )
+    print(
+        "| pair | passes | fit s (CPU) | planned statistics MiB | fit's largest pass MiB "
+        "| peak above the models MiB | peak / planned statistics |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for pair in args.pairs.split(","):
+        s, t = pair.split("/")
+        cmd = (
+            [sys.executable, __file__, "--child", pair]
+            + [
+                f"--{k.replace('_', '-')}={v}"
+                for k, v in vars(args).items()
+                if k in ("tokens", "seq_len", "stride", "top_k", "threads") or (k == "memory" and v is not None)
+            ]
+            + (["--warm"] if args.warm else [])
+        )
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if out.returncode or line is None:
+            raise SystemExit(f"{pair}: child failed: {out.stderr[-1500:]}")
+        r = json.loads(line[len("RESULT ") :])
+        kw = {} if args.memory is None else {"memory_budget": int(args.memory * 2**30)}
+        p = plan(s, t, tokens=args.tokens, seq_len=args.seq_len, stride=args.stride, top_k=args.top_k, **kw)
+        largest = max(x["bytes"] for x in r["passes"]) if r["passes"] else float("nan")
+        print(
+            f"| {s} -> {t} | {len(r['passes'] or [])} | {r['cpu_s']:.1f} | {p.statistics_bytes / 2**20:,.1f} | "
+            f"{largest / 2**20:,.1f} | {r['peak_above_models'] / 2**20:,.1f} | "
+            f"{r['peak_above_models'] / p.statistics_bytes:.2f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
