@@ -113,6 +113,77 @@ class StatsCache:
         PairedCalibration.accumulate = accumulate
 
 
+class PrefillReuse:
+    """A host whose family adapters return the state of an earlier ``extract`` again for the same model and
+    token ids: ``evaluate`` of several mappings on the same samples runs the target's native prefill and the
+    source's prefill once (the other mappings' evals then cost the transfer and the continuations).
+
+    Exact reuse: a state is the clone ``extract`` made, read (never written) by the conditions; the test
+    checks the results equal a run without it. Held in memory for the whole run (at prefix 2,048 on the
+    Qwen pair about 117 MB a sample for the 1.5B, 50 MB for the 0.5B).
+    """
+
+    def __init__(self, host):
+        self._host = host
+        self.states: dict = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __getattr__(self, name):
+        return getattr(self._host, name)
+
+    def adapter_for(self, config):
+        return _ReuseAdapter(self._host.adapter_for(config), self)
+
+
+class _ReuseAdapter:
+    def __init__(self, inner, owner: PrefillReuse):
+        self._inner, self._owner = inner, owner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def extract(self, model, input_ids, attention_mask=None, **kwargs):
+        if attention_mask is not None:
+            return self._inner.extract(model, input_ids, attention_mask, **kwargs)
+        ids = input_ids.detach().cpu().contiguous()
+        key = (id(model), tuple(ids.shape), hashlib.sha256(ids.numpy().tobytes()).hexdigest())
+        owner = self._owner
+        if key in owner.states:
+            owner.hits += 1
+            return owner.states[key]
+        owner.misses += 1
+        state = owner.states[key] = self._inner.extract(model, input_ids, **kwargs)
+        return state
+
+
+def mapping_row(mdir: Path, manifest: dict) -> dict:
+    """A fits row for a mapping folder made elsewhere (``--add-mapping``: e.g. a translator), from its manifest."""
+    fitter = manifest.get("fitter") or {}
+    params = fitter.get("params") or {}
+    cal = manifest.get("calibration") or {}
+    training = manifest.get("training") or {}
+    loss = {when: ((training.get(when) or {}).get("heldout") or {}).get("loss") for when in ("before", "after")}
+    r2v = (manifest.get("heldout_r2") or {}).get("v")
+    per_layer_v = [sum(r) / len(r) for r in r2v] if r2v else []
+    return {
+        "fitter": fitter.get("name"),
+        "top_k": params.get("top_k"),
+        "alpha": str(params.get("alpha")),
+        "options": {k: params[k] for k in ("support", "weighting") if k in params},
+        "params": params,
+        "dir": str(mdir),
+        "seconds": None,
+        "tokens": cal.get("tokens"),
+        "observations_per_feature": cal.get("observations_per_feature"),
+        "r2": manifest.get("r2_summary") or {},
+        "layers_v_below_0.5": sum(1 for x in per_layer_v if x < 0.5),
+        "training_heldout_loss": loss,
+        "training_tokens": (training.get("train_sequences") or 0) * cal.get("seq_len", 0) or None,
+        "residual": manifest.get("residual"),
+    }
+
+
 def parse_grid(item: str) -> tuple:
     """``TOPK:ALPHA[:KEY=VALUE+KEY=VALUE]`` -> ``(k, alpha, {key: value})`` (``all``: every source layer)."""
     parts = item.split(":")
@@ -191,7 +262,26 @@ def main(argv=None) -> int:
         help="a second run: eval (native + transferred) every OUT/map-* but the first grid one, "
         "on the same held-out samples (results_variants.json)",
     )
-    ap.add_argument("--only", default=None, help="--variants-only: these map-* folder names (comma-separated)")
+    ap.add_argument(
+        "--only", default=None, help="--variants-only / --fits-from: these map-* folder names (comma-separated)"
+    )
+    ap.add_argument(
+        "--add-mapping",
+        action="append",
+        default=[],
+        type=Path,
+        help="--fits-from: evaluate this mapping folder too (any fitter, e.g. a translator), as one more "
+        "variant row (repeatable)",
+    )
+    ap.add_argument(
+        "--eval-batch-size", type=int, default=8, help="samples per forward in the evals (lower at long prefixes)"
+    )
+    ap.add_argument(
+        "--reuse-prefills",
+        action="store_true",
+        help="run the target's and the source's prefill of each sample once for all the evals of this run "
+        "(exact reuse; the variant evals then time no prefill)",
+    )
     ap.add_argument(
         "--tokens-only",
         action="store_true",
@@ -276,9 +366,21 @@ def main(argv=None) -> int:
             "argv": prior.get("argv"),
             "load_s": prior.get("load_s"),
         }
+        if args.only:
+            keep = args.only.split(",")
+            results["fits"] = sorted(
+                (f for f in prior["fits"] if Path(f.get("dir", "")).name in keep),
+                key=lambda f: keep.index(Path(f["dir"]).name),
+            )
         maps = [
-            (Path(f["dir"]), load_mapping(f["dir"], source=smodel, target=tmodel)) for f in prior["fits"] if "dir" in f
+            (Path(f["dir"]), load_mapping(f["dir"], source=smodel, target=tmodel))
+            for f in results["fits"]
+            if "dir" in f
         ]
+        for extra_dir in args.add_mapping:
+            mapping = load_mapping(extra_dir, source=smodel, target=tmodel)
+            results["fits"].append(mapping_row(extra_dir, mapping.manifest))
+            maps.append((extra_dir, mapping))
         log(f"fits from {args.fits_from}: {[m[0].name for m in maps]}")
         grid = []
     for k, alpha, extra in grid:
@@ -363,12 +465,19 @@ def main(argv=None) -> int:
     data.update(ev.data)
     results["eval_data"] = data
 
+    if args.reuse_prefills:
+        from kvbridge.plugins import get_host
+
+        reuse = PrefillReuse(get_host())
+    else:
+        reuse = None
+
     def run_eval(mapping, conds, greedy):
         cfg = EvalConfig(
             prefix_len=args.prefix_len,
             continuation_len=args.continuation_len,
             greedy_tokens=greedy,
-            batch_size=8,
+            batch_size=args.eval_batch_size,
             top_k=5,
             top_p=0.9,
             seed=0,
@@ -378,9 +487,19 @@ def main(argv=None) -> int:
         )
         t0 = time.perf_counter()
         res = evaluate(
-            smodel, tmodel, mapping, ids, config=cfg, data=data, source_name=args.source, target_name=args.target
+            smodel,
+            tmodel,
+            mapping,
+            ids,
+            config=cfg,
+            data=data,
+            source_name=args.source,
+            target_name=args.target,
+            host=reuse,
         )
         res["wall_s"] = round(time.perf_counter() - t0, 1)
+        if reuse is not None:
+            res["prefill_reuse"] = {"hits": reuse.hits, "misses": reuse.misses}
         return res
 
     log(f"eval main mapping: {args.samples} samples x {length} tokens, conditions {CONDITIONS}")
@@ -457,7 +576,14 @@ def main(argv=None) -> int:
         for mdir, mapping in maps[1:]:
             res = run_eval(mapping, ("native", "transferred", "no_prefix"), 1)  # the floor: gap recovered needs it
             results["eval_variants"].append(
-                {"mapping": str(mdir), "wall_s": res["wall_s"], "transferred": pick(res["conditions"]["transferred"])}
+                {
+                    "mapping": str(mdir),
+                    "wall_s": res["wall_s"],
+                    "transferred": pick(res["conditions"]["transferred"]),
+                    "native_nll": res["conditions"]["native"].get("nll"),
+                    "no_prefix_nll": res["conditions"]["no_prefix"].get("nll"),
+                    "prefill_reuse": res.get("prefill_reuse"),
+                }
             )
             log(f"eval {mdir.name}: gap recovered {res['conditions']['transferred'].get('gap_recovered')}")
             save(out, results)
@@ -600,6 +726,19 @@ def _ci(c: dict, name: str) -> str:
 
 def setting_name(f: dict) -> str:
     opts = f.get("options") or {}
+    if f.get("fitter") == "translator":
+        p, res = f.get("params") or {}, f.get("residual") or {}
+        loss = f.get("training_heldout_loss") or {}
+        held = (
+            f", held-out attn loss {_f(loss.get('before'))} -> {_f(loss.get('after'))}"
+            if loss.get("before") is not None
+            else ""
+        )
+        return (
+            f"translator ({res.get('kind', '?')} {res.get('size', '?')}, {p.get('steps')} steps, "
+            f"{f.get('tokens')} tokens{held}) on ridge k={f['top_k']} alpha={f['alpha']} "
+            f"support={opts.get('support', 'layers')}"
+        )
     sel = (f.get("selection") or {}).get("chosen")
     weighting = f"weighting={opts.get('weighting', 'uniform')}"
     if sel:

@@ -90,3 +90,36 @@ def test_grid_options_and_the_fitter_table():
     assert any("support=layers weighting=uniform | 0.500 (0.600 / 0.400) | 0.700 [0.600, 0.800]" in x for x in rows)
     assert any("support=head-local weighting=attention" in x and "| 0.750 [0.600, 0.800]" in x for x in rows)
     assert any(x.startswith("| source model alone |") and "0.900" in x for x in rows)
+
+
+def test_reused_prefills_give_the_results_of_fresh_ones():
+    from kvbridge.evaluate import evaluate
+    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.fit import fit
+    from kvbridge.plugins import make_host
+    from kvbridge.testing.planted import llama_config, llama_model, planted_pair, token_ids
+
+    source = llama_model(llama_config(), seed=0)
+    target, _ = planted_pair(source, insert_before=(1, 3), kv_dup=2, seed=123)
+    host = make_host(entry_points=False)
+    maps = [
+        fit(source, target, token_ids(12), top_k=k, alpha=a, stride=2, host=host, distributed=None)
+        for k, a in ((1, 1.0), (2, 0.01))
+    ]
+    samples = token_ids(6)[:, :24]
+    cfg = EvalConfig(
+        prefix_len=16,
+        continuation_len=4,
+        greedy_tokens=2,
+        batch_size=4,
+        conditions=("native", "source", "transferred", "no_prefix"),
+        attention=True,
+        bootstrap=50,
+    )
+    reuse = _bench().PrefillReuse(host)
+    for m in maps:
+        fresh = evaluate(source, target, m, samples, config=cfg, host=host)
+        again = evaluate(source, target, m, samples, config=cfg, host=reuse)
+        assert fresh["conditions"] == again["conditions"]
+    assert reuse.misses == 4 and reuse.hits == 4  # 2 batches x (target, source): computed once, then reused
+    assert maps[0].layer_selection() != maps[1].layer_selection()
