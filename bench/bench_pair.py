@@ -135,6 +135,9 @@ class PrefillReuse:
     def adapter_for(self, config):
         return _ReuseAdapter(self._host.adapter_for(config), self)
 
+    def adapter_of(self, model):
+        return _ReuseAdapter(self._host.adapter_of(model), self)
+
 
 class _ReuseAdapter:
     def __init__(self, inner, owner: PrefillReuse):
