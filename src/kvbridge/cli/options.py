@@ -90,7 +90,7 @@ class TopK(Number):
 
 def param_type(kind):
     """The click type of a settings field's ``kind`` (:mod:`kvbridge.settings_fields`)."""
-    from kvbridge.cli.numbers import SEED, SHARE, count, real
+    from kvbridge.cli.numbers import SEED, SHARE, THREADS, count, real
 
     if kind is None:
         return None
@@ -104,7 +104,7 @@ def param_type(kind):
         return click.Path(**opts)
     if name == "choice":
         return click.Choice(tuple(args[0]))
-    table = {"seed": SEED, "share": SHARE, "int": Number(int), "top_k": TopK()}
+    table = {"seed": SEED, "share": SHARE, "threads": THREADS, "int": Number(int), "top_k": TopK()}
     return table[name]
 
 

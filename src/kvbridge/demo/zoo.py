@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-PAIRS = ("tuned", "wide", "odd", "stranger")
+
 SEQ_LEN = 128  # the zoo's training sequence length: calibration sequences are this long
 
 
@@ -146,22 +146,12 @@ def markdown_table(rows: list[list[str]], heads=COMPARE) -> str:
     )
 
 
-def zoo_section(
-    *,
-    pairs,
-    corpus,
-    report_dir,
-    tokens,
-    top_k,
-    stride,
-    samples,
-    prefix_len,
-    continuation_len,
-    greedy_tokens,
-    bootstrap,
-    seed,
-    identity_too: bool = True,
-) -> dict:
+def zoo_section(settings) -> dict:
+    """Section 2 as :class:`kvbridge.demo.settings.DemoSettings` asks (its zoo fields)."""
+    s = settings
+    pairs, corpus, report_dir, tokens, top_k, stride = s.pairs, s.corpus, s.report_dir, s.tokens, s.top_k, s.stride
+    samples, prefix_len, continuation_len, greedy_tokens = s.samples, s.prefix_len, s.continuation_len, s.greedy_tokens
+    bootstrap, seed, identity_too = s.bootstrap, s.seed, s.identity_too
     import json
 
     from transformers.utils import logging as hf_logging
