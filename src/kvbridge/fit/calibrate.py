@@ -139,8 +139,6 @@ class PairedCalibration:
         config: CalibrationConfig = CalibrationConfig(),
         *,
         host=None,
-        source_adapter=None,
-        target_adapter=None,
         progress: Callable | None = None,
         checkpoint=None,
         dist=None,
@@ -151,8 +149,8 @@ class PairedCalibration:
 
         self.host = host_or_default(host)
         self.source_model, self.target_model = source_model, target_model
-        self.source_adapter = source_adapter or self.host.adapter_for(source_model.config.to_dict())
-        self.target_adapter = target_adapter or self.host.adapter_for(target_model.config.to_dict())
+        self.source_adapter = self.host.adapter_for(source_model.config.to_dict())
+        self.target_adapter = self.host.adapter_for(target_model.config.to_dict())
         self.source_spec = self.source_adapter.spec_of(source_model)
         self.target_spec = self.target_adapter.spec_of(target_model)
         seqs = torch.as_tensor(sequences, dtype=torch.long)
