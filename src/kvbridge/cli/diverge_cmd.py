@@ -6,7 +6,14 @@ import json
 
 import click
 
-from kvbridge.cli.options import device_option, dtype_option, json_option, settings_from, settings_options
+from kvbridge.cli.options import (
+    device_option,
+    dtype_option,
+    json_option,
+    settings_from,
+    settings_options,
+    tokenizer_option,
+)
 from kvbridge.prefix.diverge import DivergeSettings
 
 
@@ -23,7 +30,7 @@ from kvbridge.prefix.diverge import DivergeSettings
             )
         ],
         "paths": [
-            click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer)."),
+            tokenizer_option,
             dtype_option,
             device_option,
             json_option,

@@ -52,6 +52,12 @@ def json_option(func=None, *, help: str = "Machine-readable output."):  # noqa: 
     return opt(func) if func is not None else opt
 
 
+def tokenizer_option(func=None):
+    """``--tokenizer`` (default None = MODEL's own tokenizer): the one declaration of the option."""
+    opt = click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+    return opt(func) if func is not None else opt
+
+
 def threads_option(func=None):
     """``--threads`` (default None = torch's choice): the one declaration of the option."""
     from kvbridge.cli.numbers import THREADS
