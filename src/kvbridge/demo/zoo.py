@@ -196,6 +196,14 @@ def zoo_section(settings) -> dict:
 
     report_dir = Path(report_dir) if report_dir else None
     results, checks, fits = {}, {}, {}
+    common = dict(
+        prefix_len=prefix_len,
+        continuation_len=continuation_len,
+        greedy_tokens=greedy_tokens,
+        bootstrap=bootstrap,
+        seed=seed,
+        host=host,
+    )
     for name in pairs:
         pair = f"base->{name}"
         t0 = time.perf_counter()
@@ -216,21 +224,9 @@ def zoo_section(settings) -> dict:
             provenance=Provenance("zoo:base", f"zoo:{name}"),
         )
         t1 = time.perf_counter()
+        labels = {"source_name": "zoo:base", "target_name": f"zoo:{name}", "data": data}
         res = evaluate(
-            base,
-            models[name],
-            mapping,
-            ids,
-            prefix_len=prefix_len,
-            continuation_len=continuation_len,
-            greedy_tokens=greedy_tokens,
-            bootstrap=bootstrap,
-            seed=seed,
-            host=host,
-            source_name="zoo:base",
-            target_name=f"zoo:{name}",
-            data=data,
-            mapping_path=None if out is None else str(out),
+            base, models[name], mapping, ids, **common, **labels, mapping_path=None if out is None else str(out)
         )
         t2 = time.perf_counter()
         res["demo"] = {
@@ -258,21 +254,7 @@ def zoo_section(settings) -> dict:
             from kvbridge.transfer import IdentityMapping
 
             t3 = time.perf_counter()
-            ires = evaluate(
-                base,
-                models[name],
-                IdentityMapping(),
-                ids,
-                prefix_len=prefix_len,
-                continuation_len=continuation_len,
-                greedy_tokens=greedy_tokens,
-                bootstrap=bootstrap,
-                seed=seed,
-                host=host,
-                source_name="zoo:base",
-                target_name=f"zoo:{name}",
-                data=data,
-            )
+            ires = evaluate(base, models[name], IdentityMapping(), ids, **common, **labels)
             ires["demo"] = {
                 "check": report.verdict,
                 "fit_seconds": 0.0,
