@@ -298,6 +298,78 @@ def read_corpus(path: Path | str) -> Corpus:
     raise CorpusError(f"{p}: no such corpus file or folder", "check --corpus")
 
 
+def calibration_texts(path, heldout: float):
+    """``(texts, sha256, split)`` that ``fit`` calibrates on: a folder's calibration files (``split`` a
+    :class:`Split`), or a file's text before its held-out tail (a :class:`Tail`)."""
+    corpus = read_corpus(path)
+    if corpus.kind == "file":
+        tail = Tail(heldout=heldout)
+        front = tail.front(list(corpus.texts))
+        if not front:
+            raise CorpusError(
+                f"{path}: nothing is left to calibrate on before the held-out last {heldout:g} of the file",
+                "use a bigger corpus or a smaller --corpus-heldout",
+            )
+        return front, corpus.sha256, tail
+    split = Split(heldout=heldout)
+    return corpus.part_texts(split, "calibration"), corpus.sha256, split
+
+
+def corpus_record(path: Path | str, split=None) -> dict:
+    """What a corpus is, verifiably (:meth:`Corpus.record`)."""
+    return read_corpus(path).record(split)
+
+
+def load_corpus(path: Path | str) -> tuple[list[str], str]:
+    """``(texts, sha256)`` of a corpus; a folder gives all its UTF-8 files in relative-path order (no
+    split; ``fit``/``eval`` split folders with :class:`Split`)."""
+    corpus = read_corpus(path)
+    if corpus.kind == "file":
+        return list(corpus.texts), corpus.sha256
+    return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
+
+
+def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
+    """Which part of the corpus text the first ``used_tokens`` calibration tokens came from.
+
+    The corpus texts joined with ``"\n"`` (for a single text file: the file itself) are
+    consumed from the start (:func:`tokenize_corpus`); the span is ``[0, end)`` in characters
+    and in UTF-8 bytes of that joined text, plus the token count. ``kvbridge eval`` refuses
+    samples from inside it (they would measure text the mapping was fitted on).
+    """
+    eos = getattr(tokenizer, "eos_token_id", None)
+    got, end, total_chars = 0, 0, sum(len(t) for t in texts) + max(0, len(texts) - 1)
+    base = 0
+    for text in texts:
+        if got >= used_tokens:
+            break
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        n = len(ids) + (eos is not None)
+        if got + n <= used_tokens:
+            got += n
+            end = base + len(text)
+            base += len(text) + 1
+            continue
+        take = used_tokens - got  # a partly used document: map its last used token to characters
+        end = base + len(text)
+        try:
+            offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if 0 < take <= len(offsets):
+                end = base + int(offsets[take - 1][1])
+        except (NotImplementedError, KeyError, TypeError, ValueError):
+            pass  # no offsets (slow tokenizer): count the whole document as used (conservative)
+        got = used_tokens
+        break
+    joined_prefix = "\n".join(texts)[:end]
+    return {
+        "tokens": int(min(got, used_tokens)),
+        "chars": [0, int(end)],
+        "bytes": [0, len(joined_prefix.encode("utf-8"))],
+        "of_chars": int(total_chars),
+        "text": "corpus texts joined with newlines (a single text file: the file itself)",
+    }
+
+
 def split_overlap(corpus: Corpus, fitted: Split, evaluated: Split) -> list[str]:
     """Files ``evaluated`` holds out that the mapping (split by ``fitted``) could have calibrated on."""
     return [
@@ -315,6 +387,10 @@ __all__ = [
     "Tail",
     "heldout_start",
     "read_corpus",
+    "calibration_texts",
+    "corpus_record",
+    "load_corpus",
+    "calibration_span",
     "split_overlap",
     "line_cut",
     "slice_text",

@@ -51,6 +51,20 @@ def prepare_cache(model, state: "KVState", input_ids, *, host=None):
     return cache, ids
 
 
+def greedy_kwargs(ids, new_tokens: int) -> dict:
+    """``generate()`` keywords of a greedy continuation of ``ids`` (unpadded) that returns its logits."""
+    import torch
+
+    return dict(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        attention_mask=torch.ones_like(ids),
+        pad_token_id=0,
+    )
+
+
 def generate(model, state: "KVState", input_ids, *, host=None, **generate_kwargs):
     """``model.generate`` continuing from ``state`` (which must cover a prefix of ``input_ids``)."""
     import torch

@@ -35,6 +35,22 @@ def state_manifest(state: KVState) -> dict:
     }
 
 
+def state_of(tensors: dict, manifest: dict, spec: ModelSpec, keys, values, indexer=()) -> KVState:
+    """The KVState of checked artifact ``tensors`` (K/V already split per layer) and its ``manifest``."""
+    return KVState(
+        keys=tuple(keys),
+        values=tuple(values),
+        token_ids=tensors["token_ids"],
+        positions=tensors["positions"],
+        spec=spec,
+        rope_applied=bool(manifest.get("rope_applied", True)),
+        rope_lengths=tensors.get("rope_lengths"),
+        model_fingerprint=manifest.get("model_fingerprint", ""),
+        approximate=bool(manifest.get("approximate", False)),
+        indexer_keys=indexer,
+    )
+
+
 def state_from_tensors(tensors: dict, manifest: dict) -> KVState:
     from kvbridge.check.validate import tensors_match
 
@@ -58,18 +74,7 @@ def state_from_tensors(tensors: dict, manifest: dict) -> KVState:
         indexer = tuple(
             (i, tensors[f"layers.{i}.indexer_keys"]) for i in range(n) if f"layers.{i}.indexer_keys" in tensors
         )
-        return KVState(
-            keys=keys,
-            values=values,
-            token_ids=tensors["token_ids"],
-            positions=tensors["positions"],
-            spec=spec,
-            rope_applied=bool(manifest.get("rope_applied", True)),
-            rope_lengths=tensors.get("rope_lengths"),
-            model_fingerprint=manifest.get("model_fingerprint", ""),
-            approximate=bool(manifest.get("approximate", False)),
-            indexer_keys=indexer,
-        )
+        return state_of(tensors, manifest, spec, keys, values, indexer)
     except KeyError as exc:
         raise ArtifactError(f"artifact is missing {exc.args[0]!r}", "re-create it with this kvbridge version") from None
     except (TypeError, ValueError) as exc:
@@ -78,4 +83,4 @@ def state_from_tensors(tensors: dict, manifest: dict) -> KVState:
         ) from None
 
 
-__all__ = ["state_tensors", "state_manifest", "state_from_tensors"]
+__all__ = ["state_tensors", "state_manifest", "state_of", "state_from_tensors"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbridge.errors import ConfigError, whole_number
+from kvbridge.settings_fields import option
 
 #: ``mapping=IDENTITY``: the built-in exact mapping (SOURCE and TARGET one model)
 IDENTITY = "identity"
@@ -25,14 +26,35 @@ class TransferSettings:
     with its provenance), which ``kvbridge engine export`` hands to an engine; ``overwrite``: replace
     an existing ``save_state`` pack."""
 
-    mapping: str
-    prompt: str
-    max_new_tokens: int = 32
-    compare: bool = False
-    engine: str | None = None
-    accept_fingerprint_mismatch: bool = False
-    save_state: str | None = None
-    overwrite: bool = False
+    mapping: str = option(
+        help="Mapping folder from `kvbridge fit`, or `identity` (SOURCE and TARGET the same model: the exact baseline).",
+        kind=("path", {}),
+        required=True,
+    )
+    prompt: str = option(help="Prompt text (or @FILE); SOURCE prefills it, TARGET continues.", required=True)
+    max_new_tokens: int = option(32, "Tokens TARGET generates (greedy).", kind=("count", 1), show_default=True)
+    compare: bool = option(
+        False,
+        "Also run TARGET natively: token agreement, next-token KL and timings.",
+        flags=("--compare/--no-compare",),
+        flag=True,
+        show_default=True,
+    )
+    engine: str | None = option(
+        None,
+        "Continue in an inference engine instead of transformers (llamacpp: TARGET's .gguf runs in "
+        "llama.cpp from the transferred cache; `kvbridge plugins` lists engines).",
+    )
+    accept_fingerprint_mismatch: bool = option(
+        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
+    )
+    save_state: str | None = option(
+        None,
+        "Also write the transferred cache (the prompt minus its last token) as a pack folder for TARGET, "
+        "marked approximate with its source and mapping; `kvbridge engine export` hands it to an engine.",
+        kind=("path", {}),
+    )
+    overwrite: bool = option(False, "Replace an existing --save-state pack.", flag=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mapping, str) or not self.mapping.strip():

@@ -14,15 +14,15 @@ from kvbridge.spec import CHUNKED, FULL, SLIDING, ModelSpec, RopeSpec
 
 #: rope types whose table depends on max_position_embeddings
 LENGTH_DEPENDENT_ROPE = ("dynamic", "yarn", "longrope")
-#: config keys that do not change a model's weights or its KV geometry (for the model axis)
-NON_ARCH_KEYS = frozenset(
+#: config keys that do not change what the model computes (left out of the config fingerprint,
+#: :func:`kvbridge.models.fingerprint.config_fingerprint`)
+CONFIG_IGNORED = frozenset(
     {
         "_name_or_path",
         "transformers_version",
         "torch_dtype",
         "dtype",
         "architectures",
-        "auto_map",
         "_attn_implementation",
         "_attn_implementation_autoset",
         "use_cache",
@@ -30,6 +30,12 @@ NON_ARCH_KEYS = frozenset(
         "output_attentions",
         "output_hidden_states",
         "return_dict",
+    }
+)
+#: config keys that do not change a model's weights or its KV geometry (for the model axis)
+NON_ARCH_KEYS = CONFIG_IGNORED | frozenset(
+    {
+        "auto_map",
         "bos_token_id",
         "eos_token_id",
         "pad_token_id",
@@ -587,4 +593,11 @@ def _model_axis(
     )
 
 
-__all__ = ["cache_format_of", "LENGTH_DEPENDENT_ROPE", "NON_ARCH_KEYS", "POSITION_KEYS", "SPEC_ARCH_FIELDS"]
+__all__ = [
+    "cache_format_of",
+    "CONFIG_IGNORED",
+    "LENGTH_DEPENDENT_ROPE",
+    "NON_ARCH_KEYS",
+    "POSITION_KEYS",
+    "SPEC_ARCH_FIELDS",
+]

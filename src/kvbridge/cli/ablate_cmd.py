@@ -7,7 +7,7 @@ import json
 import click
 
 from kvbridge.cli.numbers import count
-from kvbridge.cli.options import device_option, dtype_option, json_option
+from kvbridge.cli.options import device_option, dtype_option, json_option, tokenizer_option
 
 
 @click.command("ablate")
@@ -19,7 +19,7 @@ from kvbridge.cli.options import device_option, dtype_option, json_option
 @click.option(
     "--max-new-tokens", default=16, show_default=True, type=count(1), help="Length of the greedy continuation compared."
 )
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@tokenizer_option
 @dtype_option
 @device_option
 @json_option

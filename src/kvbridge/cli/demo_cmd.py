@@ -7,93 +7,14 @@ import time
 
 import click
 
-from kvbridge.cli.numbers import SEED, THREADS, count
-from kvbridge.demo import DEFAULT_SECTIONS, SECTIONS
-
-PAIRS = ("tuned", "wide", "odd", "stranger")
+from kvbridge.cli.options import settings_from, settings_options
+from kvbridge.demo import SECTIONS
+from kvbridge.demo.settings import DemoSettings
 
 
 @click.command("demo")
-@click.option(
-    "--sections",
-    default=",".join(DEFAULT_SECTIONS),
-    show_default=True,
-    help="Sections to run, in order: identity, zoo, real (the default, within 3 minutes on 2 cores); "
-    "adapter (opt-in: the real SmolLM2 LoRA pair, fit and eval), pair (opt-in: the Qwen2.5-Coder pair).",
-)
-@click.option(
-    "--identity",
-    "identity_only",
-    is_flag=True,
-    help="Only section 1: the identity-transfer exactness table of every built-in family.",
-)
-@click.option("--skip-identity", is_flag=True, help="Leave out section 1.")
-@click.option("--skip-real", is_flag=True, help="Leave out section 3 (the real model).")
-@click.option("--families", default="", help="Comma-separated family adapters for section 1 (default: all built-in).")
-@click.option(
-    "--new-tokens",
-    type=count(1),
-    default=8,
-    show_default=True,
-    help="Greedy tokens generated per model (sections 1, 3).",
-)
-@click.option("--pairs", default=",".join(PAIRS), show_default=True, help="Zoo targets paired with base.")
-@click.option(
-    "--corpus",
-    default=None,
-    help="Corpus text (default: ../shared/corpora/tinyshakespeare.txt if present, "
-    "else text sampled from the zoo models).",
-)
-@click.option("--report", "report_dir", default="demo-report", show_default=True, help="Report folder ('' for none).")
-@click.option("--tokens", type=count(1), default=32768, show_default=True, help="Calibration tokens per fit.")
-@click.option("--top-k", type=count(1), default=4, show_default=True, help="Ridge: source layers per target layer.")
-@click.option("--stride", type=count(1), default=4, show_default=True, help="Calibration position stride.")
-@click.option("--samples", type=count(2), default=64, show_default=True, help="Held-out evaluation samples per pair.")
-@click.option("--prefix-len", type=count(1), default=64, show_default=True)
-@click.option("--continuation-len", type=count(1), default=8, show_default=True)
-@click.option("--greedy-tokens", type=count(1), default=16, show_default=True)
-@click.option("--bootstrap", type=count(0), default=1000, show_default=True)
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option(
-    "--no-identity-rows", is_flag=True, help="Section 2: skip the unfitted identity transfer of same-geometry pairs."
-)
-@click.option(
-    "--real-model",
-    default="smollm2",
-    show_default=True,
-    help="Section 3: the real model reference (fetch smollm2 with `kvbridge models fetch`).",
-)
-@click.option(
-    "--threads",
-    type=THREADS,
-    default=1,
-    show_default=True,
-    help="torch threads for the default sections (small models: 1 is nearly as fast on idle cores, and "
-    "immune to a busy machine, where a second thread waits for the first); adapter and pair use torch's default.",
-)
-def demo(
-    sections,
-    identity_only,
-    skip_identity,
-    skip_real,
-    families,
-    new_tokens,
-    pairs,
-    corpus,
-    report_dir,
-    tokens,
-    top_k,
-    stride,
-    samples,
-    prefix_len,
-    continuation_len,
-    greedy_tokens,
-    bootstrap,
-    seed,
-    no_identity_rows,
-    real_model,
-    threads,
-) -> None:
+@settings_options(DemoSettings)
+def demo(**options) -> None:
     """Identity exactness on every family, check -> fit -> eval on the zoo, then a real model.
 
     Section 1 (identity): every built-in family on a tiny model built from its config: extract
@@ -135,17 +56,18 @@ def demo(
     from kvbridge.demo import run_section
     from kvbridge.errors import ConfigError
 
-    wanted = [s.strip() for s in sections.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in SECTIONS]
+    s = settings_from(DemoSettings, options)
+    wanted = [name.strip() for name in s.sections.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in SECTIONS]
     if unknown:
         raise ConfigError(f"unknown demo section {unknown[0]!r}", f"use some of: {', '.join(SECTIONS)}")
-    if identity_only:
+    if s.identity_only:
         wanted = ["identity"]
-    wanted = [s for s in wanted if not (s == "identity" and skip_identity) and not (s == "real" and skip_real)]
+    wanted = [n for n in wanted if not (n == "identity" and s.skip_identity) and not (n == "real" and s.skip_real)]
     if "real" in wanted or "adapter" in wanted:
         from kvbridge.models import resolve
 
-        resolve(real_model)  # a model that is not fetched fails before minutes of other sections
+        resolve(s.real_model)  # a model that is not fetched fails before minutes of other sections
     if "pair" in wanted:
         from kvbridge.demo.pair import require_fetched
 
@@ -154,34 +76,20 @@ def demo(
     t0 = time.perf_counter()
     ok = True
     times: dict[str, tuple] = {}  # section -> (wall s, process cpu s)
+    report_dir = s.report_dir or None
     for name in wanted:
-        torch.set_num_threads(int(threads) if threads and name not in ("adapter", "pair") else default_threads)
+        torch.set_num_threads(int(s.threads) if s.threads and name not in ("adapter", "pair") else default_threads)
         t_section, c_section = time.perf_counter(), time.process_time()
         if name == "identity":
-            ok &= run_section("identity", families=families, new_tokens=new_tokens)
+            ok &= run_section("identity", families=s.families, new_tokens=s.new_tokens)
         elif name == "zoo":
-            run_section(
-                "zoo",
-                pairs=tuple(p.strip() for p in pairs.split(",") if p.strip()),
-                corpus=corpus,
-                report_dir=report_dir or None,
-                tokens=tokens,
-                top_k=top_k,
-                stride=stride,
-                samples=samples,
-                prefix_len=prefix_len,
-                continuation_len=continuation_len,
-                greedy_tokens=greedy_tokens,
-                bootstrap=bootstrap,
-                seed=seed,
-                identity_too=not no_identity_rows,
-            )
+            run_section("zoo", settings=s)
         elif name == "real":
-            ok &= run_section("real", ref=real_model, new_tokens=new_tokens, report_dir=report_dir or None).ok
+            ok &= run_section("real", ref=s.real_model, new_tokens=s.new_tokens, report_dir=report_dir).ok
         elif name == "adapter":
-            ok &= run_section("adapter", ref=real_model, report_dir=report_dir or None)
+            ok &= run_section("adapter", ref=s.real_model, report_dir=report_dir)
         elif name == "pair":
-            ok &= run_section("pair", report_dir=report_dir or None)
+            ok &= run_section("pair", report_dir=report_dir)
         times[name] = (time.perf_counter() - t_section, time.process_time() - c_section)
         click.echo(f"[section {name}: {times[name][0]:.1f} s, cpu {times[name][1]:.1f} s]")
     parts = ", ".join(f"{name} {wall:.1f} s (cpu {cpu:.1f} s)" for name, (wall, cpu) in times.items())

@@ -6,60 +6,45 @@ import json
 
 import click
 
-from kvbridge.cli.numbers import SHARE, count, real
-from kvbridge.cli.options import device_option, dtype_option, json_option
+from kvbridge.cli.options import (
+    device_option,
+    dtype_option,
+    json_option,
+    settings_from,
+    settings_options,
+    tokenizer_option,
+)
+from kvbridge.prefix.diverge import DivergeSettings
 
 
 @click.command("diverge")
 @click.argument("model")
 @click.option("--guide", required=True, help="Guide text (restored from a pack on the split path), or @FILE.")
 @click.option("--prompt", required=True, help="Live prompt, or @FILE.")
-@click.option("--sep", default=" ", show_default=True, help="Separator between guide and prompt (\\n escapes).")
-@click.option("--seeds", default=8, show_default=True, type=count(0, 1_000_000), help="Sampled seeds 0..N-1.")
-@click.option("--max-new-tokens", default=32, show_default=True, type=count(1))
-@click.option("--temperature", default=1.0, show_default=True, type=real(0, min_open=True))
-@click.option("--top-p", default=0.95, show_default=True, type=SHARE)
-@click.option("--greedy", is_flag=True, help="Greedy decoding only (no sampled seeds).")
-@click.option(
-    "--split",
-    "split_kind",
-    type=click.Choice(["safe", "naive"]),
-    default="safe",
-    show_default=True,
-    help="Token layout of the split and concat paths.",
+@settings_options(
+    DivergeSettings,
+    after={
+        "split": [
+            click.option(
+                "--pack", "pack_dir", default=None, type=click.Path(), help="Use this saved pack for the split path."
+            )
+        ],
+        "paths": [
+            tokenizer_option,
+            dtype_option,
+            device_option,
+            json_option,
+            click.option(
+                "--partial",
+                "partial_path",
+                default=None,
+                type=click.Path(dir_okay=False),
+                help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).",
+            ),
+        ],
+    },
 )
-@click.option("--pack", "pack_dir", default=None, type=click.Path(), help="Use this saved pack for the split path.")
-@click.option("--paths", default="full,cached,split,concat", show_default=True, help="Paths to compare.")
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
-@dtype_option
-@device_option
-@json_option
-@click.option(
-    "--partial",
-    "partial_path",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).",
-)
-def diverge(
-    model,
-    guide,
-    prompt,
-    sep,
-    seeds,
-    max_new_tokens,
-    temperature,
-    top_p,
-    greedy,
-    split_kind,
-    pack_dir,
-    paths,
-    tokenizer,
-    dtype,
-    device,
-    as_json,
-    partial_path,
-) -> None:
+def diverge(model, guide, prompt, pack_dir, tokenizer, dtype, device, as_json, partial_path, **options) -> None:
     """Compare execution paths of GUIDE + SEP + PROMPT on MODEL (a model reference:
     a folder, a .gguf, zoo:NAME, smollm2, ...).
 
@@ -83,29 +68,29 @@ def diverge(
         pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=tokenizer_identity(loaded, tokenizer, tok))
     from kvbridge.progress import PartialLog, Progress
 
+    settings = settings_from(DivergeSettings, {**options, "sep": unescape(options["sep"])})
     partial = (
         None
         if partial_path is None
         else PartialLog(
             partial_path,
-            {"command": "diverge", "model": model, "seeds": seeds, "max_new_tokens": max_new_tokens, "paths": paths},
+            {
+                "command": "diverge",
+                "model": model,
+                "seeds": settings.seeds,
+                "max_new_tokens": settings.max_new_tokens,
+                "paths": options["paths"],
+            },
         )
     )
-    bar = Progress((0 if greedy else seeds) + 1, label="diverge", unit="runs (seeds + greedy)")
+    bar = Progress((0 if settings.greedy_only else settings.seeds) + 1, label="diverge", unit="runs (seeds + greedy)")
     report = run(
         m,
         tok,
         guide_text,
         prompt_text,
-        sep=unescape(sep),
-        seeds=seeds,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        greedy_only=greedy,
-        split=split_kind,
+        settings,
         pack=pack,
-        paths=[p.strip() for p in paths.split(",") if p.strip()],
         progress=lambda done, total, toks: bar.update(done, tokens=toks),
         on_seed=None if partial is None else lambda seed, res: partial.add({"seed": seed, "pairs": res}),
     )

@@ -52,6 +52,12 @@ def json_option(func=None, *, help: str = "Machine-readable output."):  # noqa: 
     return opt(func) if func is not None else opt
 
 
+def tokenizer_option(func=None):
+    """``--tokenizer`` (default None = MODEL's own tokenizer): the one declaration of the option."""
+    opt = click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+    return opt(func) if func is not None else opt
+
+
 def threads_option(func=None):
     """``--threads`` (default None = torch's choice): the one declaration of the option."""
     from kvbridge.cli.numbers import THREADS
@@ -90,7 +96,7 @@ class TopK(Number):
 
 def param_type(kind):
     """The click type of a settings field's ``kind`` (:mod:`kvbridge.settings_fields`)."""
-    from kvbridge.cli.numbers import SEED, SHARE, count, real
+    from kvbridge.cli.numbers import SEED, SHARE, THREADS, count, real
 
     if kind is None:
         return None
@@ -104,7 +110,7 @@ def param_type(kind):
         return click.Path(**opts)
     if name == "choice":
         return click.Choice(tuple(args[0]))
-    table = {"seed": SEED, "share": SHARE, "int": Number(int), "top_k": TopK()}
+    table = {"seed": SEED, "share": SHARE, "threads": THREADS, "int": Number(int), "top_k": TopK()}
     return table[name]
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import device_option, dtype_option, fmt_text, json_option
+from kvbridge.cli.options import device_option, dtype_option, fmt_text, json_option, tokenizer_option
 
 
 @click.group("pack")
@@ -23,7 +23,7 @@ def pack() -> None:
 @click.argument("model")
 @click.option("--guide", required=True, help="Guide text, or @FILE.")
 @click.option("--out", "out", required=True, type=click.Path(), help="Pack folder to write.")
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@tokenizer_option
 @dtype_option
 @device_option
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack folder.")
@@ -120,7 +120,7 @@ def info(folder: str, as_json: bool) -> None:
 @pack.command("verify")
 @click.argument("folder", type=click.Path())
 @click.argument("model")
-@click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+@tokenizer_option
 @dtype_option
 @device_option
 @click.option(

@@ -4,66 +4,15 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.numbers import count
-from kvbridge.cli.options import dtype_option
+from kvbridge.cli.options import dtype_option, settings_from, settings_options
+from kvbridge.transfer_settings import TransferSettings
 
 
 @click.command("transfer")
 @click.argument("source")
 @click.argument("target")
-@click.option(
-    "--mapping",
-    "mapping_dir",
-    required=True,
-    type=click.Path(),
-    help="Mapping folder from `kvbridge fit`, or `identity` (SOURCE and TARGET the same model: the exact baseline).",
-)
-@click.option("--prompt", required=True, help="Prompt text (or @FILE); SOURCE prefills it, TARGET continues.")
-@click.option(
-    "--max-new-tokens", type=count(1), default=32, show_default=True, help="Tokens TARGET generates (greedy)."
-)
-@click.option(
-    "--compare/--no-compare",
-    default=False,
-    show_default=True,
-    help="Also run TARGET natively: token agreement, next-token KL and timings.",
-)
-@click.option(
-    "--engine",
-    "engine_name",
-    default=None,
-    help="Continue in an inference engine instead of transformers (llamacpp: TARGET's .gguf runs in "
-    "llama.cpp from the transferred cache; `kvbridge plugins` lists engines).",
-)
-@dtype_option
-@click.option(
-    "--accept-fingerprint-mismatch",
-    "accept_mismatch",
-    is_flag=True,
-    help="Use a mapping whose fingerprints do not match the models (warns instead of refusing).",
-)
-@click.option(
-    "--save-state",
-    "save_state",
-    default=None,
-    type=click.Path(),
-    help="Also write the transferred cache (the prompt minus its last token) as a pack folder for TARGET, "
-    "marked approximate with its source and mapping; `kvbridge engine export` hands it to an engine.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace an existing --save-state pack.")
-def transfer(
-    source,
-    target,
-    mapping_dir,
-    prompt,
-    max_new_tokens,
-    compare,
-    engine_name,
-    dtype,
-    accept_mismatch,
-    save_state,
-    overwrite,
-):
+@settings_options(TransferSettings, after={"engine": [dtype_option]})
+def transfer(source, target, dtype, **options):
     """Continue TARGET from SOURCE's cache of --prompt, through a fitted --mapping.
 
     SOURCE and TARGET are model references (folders, .gguf files, zoo:NAME, smollm2, hub ids in
@@ -84,29 +33,21 @@ def transfer(
     """
     from kvbridge.cli.options import load_pair
     from kvbridge.prefix.splits import read_text_arg
-    from kvbridge.transfer_run import TransferSettings, transfer_generate
+    from kvbridge.transfer_run import transfer_generate
 
-    settings = TransferSettings(
-        mapping=mapping_dir,
-        prompt=read_text_arg(prompt, "prompt"),  # @FILE; not UTF-8 refused
-        max_new_tokens=max_new_tokens,
-        compare=compare,
-        engine=engine_name,
-        accept_fingerprint_mismatch=accept_mismatch,
-        save_state=save_state,
-        overwrite=overwrite,
-    )
-    if engine_name is not None:  # an engine that only exports caches: refused before the models load
+    # @FILE; not UTF-8 refused
+    settings = settings_from(TransferSettings, {**options, "prompt": read_text_arg(options["prompt"], "prompt")})
+    if settings.engine is not None:  # an engine that only exports caches: refused before the models load
         from kvbridge.transfer_run import engine_continuation
 
-        engine_continuation(engine_name)
-    if save_state is not None:  # refused before the models load
+        engine_continuation(settings.engine)
+    if settings.save_state is not None:  # refused before the models load
         from kvbridge.artifacts import check_replaceable
         from kvbridge.prefix.packs import PACK_KIND
 
-        check_replaceable(save_state, PACK_KIND, overwrite=overwrite)
+        check_replaceable(settings.save_state, PACK_KIND, overwrite=settings.overwrite)
     pair = load_pair(source, target, dtype=dtype, target_tokenizer=False)
-    _print(transfer_generate(pair, settings), compare)
+    _print(transfer_generate(pair, settings), settings.compare)
 
 
 def _print(res, compare: bool) -> None:

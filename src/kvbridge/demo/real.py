@@ -57,21 +57,14 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     import torch
     from transformers import DynamicCache
 
-    from kvbridge.handoff import generate
+    from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.plugins import get_host
     from kvbridge.transfer import identity_transfer
 
     host = host or get_host()
     t0 = time.perf_counter()
     ids = torch.as_tensor(input_ids).view(1, -1)
-    gen = dict(
-        max_new_tokens=new_tokens,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        attention_mask=torch.ones_like(ids),
-        pad_token_id=0,
-    )
+    gen = greedy_kwargs(ids, new_tokens)
     adapter = host.adapter_of(model)
     with torch.no_grad():
         own = DynamicCache(config=model.config)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-PAIRS = ("tuned", "wide", "odd", "stranger")
+
 SEQ_LEN = 128  # the zoo's training sequence length: calibration sequences are this long
 
 
@@ -146,22 +146,12 @@ def markdown_table(rows: list[list[str]], heads=COMPARE) -> str:
     )
 
 
-def zoo_section(
-    *,
-    pairs,
-    corpus,
-    report_dir,
-    tokens,
-    top_k,
-    stride,
-    samples,
-    prefix_len,
-    continuation_len,
-    greedy_tokens,
-    bootstrap,
-    seed,
-    identity_too: bool = True,
-) -> dict:
+def zoo_section(settings) -> dict:
+    """Section 2 as :class:`kvbridge.demo.settings.DemoSettings` asks (its zoo fields)."""
+    s = settings
+    pairs, corpus, report_dir, tokens, top_k, stride = s.pairs, s.corpus, s.report_dir, s.tokens, s.top_k, s.stride
+    samples, prefix_len, continuation_len, greedy_tokens = s.samples, s.prefix_len, s.continuation_len, s.greedy_tokens
+    bootstrap, seed, identity_too = s.bootstrap, s.seed, s.identity_too
     import json
 
     from transformers.utils import logging as hf_logging
@@ -206,6 +196,14 @@ def zoo_section(
 
     report_dir = Path(report_dir) if report_dir else None
     results, checks, fits = {}, {}, {}
+    common = dict(
+        prefix_len=prefix_len,
+        continuation_len=continuation_len,
+        greedy_tokens=greedy_tokens,
+        bootstrap=bootstrap,
+        seed=seed,
+        host=host,
+    )
     for name in pairs:
         pair = f"base->{name}"
         t0 = time.perf_counter()
@@ -226,21 +224,9 @@ def zoo_section(
             provenance=Provenance("zoo:base", f"zoo:{name}"),
         )
         t1 = time.perf_counter()
+        labels = {"source_name": "zoo:base", "target_name": f"zoo:{name}", "data": data}
         res = evaluate(
-            base,
-            models[name],
-            mapping,
-            ids,
-            prefix_len=prefix_len,
-            continuation_len=continuation_len,
-            greedy_tokens=greedy_tokens,
-            bootstrap=bootstrap,
-            seed=seed,
-            host=host,
-            source_name="zoo:base",
-            target_name=f"zoo:{name}",
-            data=data,
-            mapping_path=None if out is None else str(out),
+            base, models[name], mapping, ids, **common, **labels, mapping_path=None if out is None else str(out)
         )
         t2 = time.perf_counter()
         res["demo"] = {
@@ -268,21 +254,7 @@ def zoo_section(
             from kvbridge.transfer import IdentityMapping
 
             t3 = time.perf_counter()
-            ires = evaluate(
-                base,
-                models[name],
-                IdentityMapping(),
-                ids,
-                prefix_len=prefix_len,
-                continuation_len=continuation_len,
-                greedy_tokens=greedy_tokens,
-                bootstrap=bootstrap,
-                seed=seed,
-                host=host,
-                source_name="zoo:base",
-                target_name=f"zoo:{name}",
-                data=data,
-            )
+            ires = evaluate(base, models[name], IdentityMapping(), ids, **common, **labels)
             ires["demo"] = {
                 "check": report.verdict,
                 "fit_seconds": 0.0,

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from kvbridge.engines import llamacpp_format as fmt
+from kvbridge.engines import ModuleEngine, kv_state_summary, llamacpp_format as fmt
 from kvbridge.errors import ConfigError, StateError
 
 #: llama.cpp's rotary layout per GGUF architecture (``llama_model_rope_type`` in llama-model.cpp):
@@ -349,34 +349,16 @@ def describe_file(src: Any, model: Any, host=None) -> dict:
         "file": state.meta["file"],
         "model": engine_model(model, host=host).name,
         **{k: v for k, v in state.meta.items() if k not in ("engine", "file")},
-        "kv_state": {
-            "layers": state.num_layers,
-            "kv_heads": state.spec.num_kv_heads,
-            "tokens": state.num_tokens,
-            "head_dim": state.spec.head_dim,
-            "dtype": str(state.dtype).removeprefix("torch."),
-            "positions": [int(state.positions.min()), int(state.positions.max())],
-            "rope_applied": state.rope_applied,
-            "model_type": state.spec.model_type,
-            "bytes": state.nbytes(),
-        },
+        "kv_state": kv_state_summary(state),
     }
 
 
 @dataclass(frozen=True)
-class LlamaCppEngine:
+class LlamaCppEngine(ModuleEngine):
     """The engine object the ``llamacpp`` plugin registers (see :class:`kvbridge.plugin_types.EngineProtocol`)."""
 
     name: str = "llamacpp"
-
-    def export_state(self, state, model, out=None, **options) -> bytes:
-        return export_state(state, model, out, **options)
-
-    def import_state(self, src, model, **options):
-        return import_state(src, model, **options)
-
-    def describe_file(self, src, model, **options) -> dict:
-        return describe_file(src, model, **options)
+    module: str = __name__
 
     def continue_from(self, state, model, live_ids, max_new_tokens: int, *, native: bool = False, host=None) -> dict:
         """Run the engine from ``state`` (the cache of the prompt's first tokens): load it into a llama.cpp

@@ -130,7 +130,7 @@ class ImportCheck:
 
 def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None) -> ImportCheck:
     """llama.cpp prefills ``ids[:-1]``; its saved state is imported and compared with transformers'."""
-    from kvbridge.handoff import generate
+    from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.plugins import get_host
 
     host = host or get_host()
@@ -146,14 +146,7 @@ def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None)
     import_s = time.perf_counter() - t0
     adapter = host.adapter_for(lm.model.config.to_dict())
     x = torch.tensor([ids])
-    gen = dict(
-        max_new_tokens=new_tokens,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        attention_mask=torch.ones_like(x),
-        pad_token_id=0,
-    )
+    gen = greedy_kwargs(x, new_tokens)
     with torch.no_grad():
         ref = adapter.extract(lm.model, x[:, :-1])
         native = lm.model.generate(input_ids=x, **gen)

@@ -1,4 +1,4 @@
-"""How ``eval`` reads ``--corpus`` (``fit``'s side: :func:`kvbridge.fit.calibrate.calibration_texts`): a file as before, a folder split by file.
+"""How ``eval`` reads ``--corpus`` (``fit``'s side: :func:`kvbridge.corpus.calibration_texts`): a file as before, a folder split by file.
 
 A folder corpus is split by :class:`kvbridge.corpus.Split` (a hash of each file's relative
 path): ``fit`` reads the calibration part and records the split in the mapping; ``eval`` reads
@@ -41,12 +41,11 @@ def eval_corpus(
     path, manifest: dict | None, fraction: float, *, explicit: bool, allow: bool, tokenizer=None
 ) -> EvalCorpus:
     """The held-out text ``eval`` samples from, refusing overlap with the mapping's calibration."""
-    from kvbridge.corpus import Split, split_overlap
+    from kvbridge.corpus import Split, read_corpus, split_overlap
     from kvbridge.evaluate import heldout_text
     from kvbridge.evaluate.overlap import OverlapError
-    from kvbridge.fit.calibrate import corpus_part, open_corpus
 
-    corpus = open_corpus(path)
+    corpus = read_corpus(path)
     base = {"path": str(path), "sha256": corpus.sha256, "sha256_of": corpus.sha256_of}
     if corpus.kind == "file":
         from kvbridge.evaluate.overlap import check
@@ -87,7 +86,7 @@ def eval_corpus(
                 else "fit again with this kvbridge (it records the split), or pass --allow-overlap",
             )
         note = what + " (--allow-overlap: scores are optimistic)"
-    texts = corpus_part(corpus, evaluated, "heldout")
+    texts = corpus.part_texts(evaluated, "heldout")
     data = {
         **base,
         "heldout_fraction": evaluated.heldout,
@@ -98,7 +97,7 @@ def eval_corpus(
             "from_mapping": fitted is not None and not explicit,
         },
     }
-    return EvalCorpus("\n".join(texts), corpus_part(corpus, evaluated, "calibration"), data, note)
+    return EvalCorpus("\n".join(texts), corpus.part_texts(evaluated, "calibration"), data, note)
 
 
 __all__ = ["EvalCorpus", "eval_corpus"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from kvbridge.errors import ConfigError, KVBridgeError
@@ -49,105 +48,8 @@ class CalibrationError(KVBridgeError):
     """The calibration data cannot be used (empty corpus, mismatched tokenizers, bad ids)."""
 
 
-# -- corpus ------------------------------------------------------------------------------------------
-def open_corpus(path):
-    """:func:`kvbridge.corpus.read_corpus`, its errors as :class:`CalibrationError`."""
-    from kvbridge.corpus import CorpusError, read_corpus
-
-    try:
-        return read_corpus(path)
-    except CorpusError as exc:
-        raise CalibrationError(exc.what, exc.fix) from None
-
-
-def corpus_part(corpus, split, which: str) -> list:
-    """The texts of one part (``"calibration"`` / ``"heldout"``) of a folder corpus split by ``split``."""
-    from kvbridge.corpus import CorpusError
-
-    try:
-        return corpus.part_texts(split, which)
-    except CorpusError as exc:
-        raise CalibrationError(exc.what, exc.fix) from None
-
-
-def calibration_texts(path, heldout: float):
-    """``(texts, sha256, split)`` that ``fit`` calibrates on: a folder's calibration files (``split`` a
-    :class:`~kvbridge.corpus.Split`), or a file's text before its held-out tail (a :class:`~kvbridge.corpus.Tail`)."""
-    from kvbridge.corpus import Split, Tail
-
-    corpus = open_corpus(path)
-    if corpus.kind == "file":
-        tail = Tail(heldout=heldout)
-        front = tail.front(list(corpus.texts))
-        if not front:
-            raise CalibrationError(
-                f"{path}: nothing is left to calibrate on before the held-out last {heldout:g} of the file",
-                "use a bigger corpus or a smaller --corpus-heldout",
-            )
-        return front, corpus.sha256, tail
-    split = Split(heldout=heldout)
-    return corpus_part(corpus, split, "calibration"), corpus.sha256, split
-
-
-def corpus_record(path: Path | str, split=None) -> dict:
-    """What a corpus is, verifiably (:meth:`kvbridge.corpus.Corpus.record`): ``sha256`` is the
-    file's hash as ``sha256sum`` prints it, or a folder's digest (documented in :mod:`kvbridge.corpus`);
-    ``split`` (a :class:`kvbridge.corpus.Split`) records how a folder was split by file."""
-    return open_corpus(path).record(split)
-
-
-def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
-    """Which part of the corpus text the first ``used_tokens`` calibration tokens came from.
-
-    The corpus texts joined with ``"\n"`` (for a single text file: the file itself) are
-    consumed from the start (:func:`tokenize_corpus`); the span is ``[0, end)`` in characters
-    and in UTF-8 bytes of that joined text, plus the token count. ``kvbridge eval`` refuses
-    samples from inside it (they would measure text the mapping was fitted on).
-    """
-    eos = getattr(tokenizer, "eos_token_id", None)
-    got, end, total_chars = 0, 0, sum(len(t) for t in texts) + max(0, len(texts) - 1)
-    base = 0
-    for text in texts:
-        if got >= used_tokens:
-            break
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        n = len(ids) + (eos is not None)
-        if got + n <= used_tokens:
-            got += n
-            end = base + len(text)
-            base += len(text) + 1
-            continue
-        take = used_tokens - got  # a partly used document: map its last used token to characters
-        end = base + len(text)
-        try:
-            offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-            if 0 < take <= len(offsets):
-                end = base + int(offsets[take - 1][1])
-        except (NotImplementedError, KeyError, TypeError, ValueError):
-            pass  # no offsets (slow tokenizer): count the whole document as used (conservative)
-        got = used_tokens
-        break
-    joined_prefix = "\n".join(texts)[:end]
-    return {
-        "tokens": int(min(got, used_tokens)),
-        "chars": [0, int(end)],
-        "bytes": [0, len(joined_prefix.encode("utf-8"))],
-        "of_chars": int(total_chars),
-        "text": "corpus texts joined with newlines (a single text file: the file itself)",
-    }
-
-
-def load_corpus(path: Path | str) -> tuple[list[str], str]:
-    """``(texts, sha256)``: a text file, a JSONL file with a ``text`` field, or a folder of .py/.txt files.
-
-    The sha256 is the corpus hash of :mod:`kvbridge.corpus` (a file: ``sha256sum``'s value; a
-    folder: the digest over relative paths and contents). A folder gives all its UTF-8 files in
-    relative-path order (no split; ``fit``/``eval`` split folders with :class:`kvbridge.corpus.Split`).
-    """
-    corpus = open_corpus(path)
-    if corpus.kind == "file":
-        return list(corpus.texts), corpus.sha256
-    return [f.text for f in corpus.files if f.text and f.text.strip()], corpus.sha256
+# -- corpus (read and split by :mod:`kvbridge.corpus`, the one home; re-exported for callers) ----------
+from kvbridge.corpus import calibration_span, calibration_texts, corpus_record, load_corpus  # noqa: E402, F401
 
 
 def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: int | None = None, offset: int = 0):
@@ -237,8 +139,6 @@ class PairedCalibration:
         config: CalibrationConfig = CalibrationConfig(),
         *,
         host=None,
-        source_adapter=None,
-        target_adapter=None,
         progress: Callable | None = None,
         checkpoint=None,
         dist=None,
@@ -249,8 +149,8 @@ class PairedCalibration:
 
         self.host = host_or_default(host)
         self.source_model, self.target_model = source_model, target_model
-        self.source_adapter = source_adapter or self.host.adapter_for(source_model.config.to_dict())
-        self.target_adapter = target_adapter or self.host.adapter_for(target_model.config.to_dict())
+        self.source_adapter = self.host.adapter_for(source_model.config.to_dict())
+        self.target_adapter = self.host.adapter_for(target_model.config.to_dict())
         self.source_spec = self.source_adapter.spec_of(source_model)
         self.target_spec = self.target_adapter.spec_of(target_model)
         seqs = torch.as_tensor(sequences, dtype=torch.long)
@@ -470,7 +370,6 @@ class PairedCalibration:
 
 
 __all__ = [
-    "open_corpus",
     "PairedCalibration",
     "CalibrationConfig",
     "CalibrationError",

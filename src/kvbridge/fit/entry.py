@@ -200,7 +200,8 @@ def _checked_texts(data, tokenizer, target_tokenizer):
 
     if target_tokenizer is None or target_tokenizer is tokenizer:
         return data, None
-    from kvbridge.fit.calibrate import check_same_tokens, load_corpus
+    from kvbridge.corpus import load_corpus
+    from kvbridge.fit.calibrate import check_same_tokens
 
     sha = None
     if isinstance(data, (str, Path)):

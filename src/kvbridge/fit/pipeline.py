@@ -29,7 +29,8 @@ def prepare_sequences(
     (``offset``: tokens skipped first; for ids, whole sequences: ``offset // L`` of them)."""
     import torch
 
-    from kvbridge.fit.calibrate import CalibrationError, load_corpus, tokenize_corpus
+    from kvbridge.corpus import load_corpus
+    from kvbridge.fit.calibrate import CalibrationError, tokenize_corpus
 
     if isinstance(data, torch.Tensor):
         seqs = data.long()
@@ -400,12 +401,12 @@ def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=No
     :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
     out = {}
     if corpus_path is not None:
-        from kvbridge.fit.calibrate import corpus_record
+        from kvbridge.corpus import corpus_record
 
         out["corpus"] = corpus_record(corpus_path, split)
         out["corpus_sha256"] = out["corpus"]["sha256"]
     if texts is not None and tokenizer is not None:
-        from kvbridge.fit.calibrate import calibration_span
+        from kvbridge.corpus import calibration_span
 
         out["span"] = calibration_span(list(texts), tokenizer, used_tokens)
     return out

@@ -33,6 +33,7 @@ from __future__ import annotations
 import sys
 import types
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from kvbridge.errors import ConfigError
 
@@ -346,32 +347,42 @@ def safetensors_bytes(shapes: list, dtype_bytes: int = 4) -> int:
     return 8 + ((header + 7) // 8) * 8 + data  # the header is padded with spaces to 8 bytes
 
 
-def plan(
-    source_ref: str,
-    target_ref: str,
-    *,
-    fitter: str = "ridge",
-    top_k: int = 4,
-    tokens: int | None = None,
-    seq_len: int = 512,
-    stride: int = 4,
-    skip: int = 0,
-    heldout: float = 0.1,
-    batch_size: int = 4,
-    dtype: str = "float32",
-    memory_budget: int | None = None,
-    device_flops: float | None = None,
-    device_flops64: float | None = None,
-    efficiency: float = 1.0,
-    rates=None,
-    support: str = "layers",
-    weighting: str = "uniform",
-) -> FitPlan:
-    """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring).
+@dataclass(frozen=True)
+class PlanInputs:
+    """What :func:`plan` plans: the fit's settings that size it (``support`` / ``weighting``: the
+    ``ridge`` options of those names), the memory budget (None: ``KVBRIDGE_FIT_MEMORY`` GiB, else
+    8 GiB), the device's rates (FLOP/s; ``rates``: measured, :mod:`kvbridge.fit.plan_rates`)."""
 
-    ``support`` / ``weighting``: the ``ridge`` options of those names. ``weighting="attention"``
-    adds the weighted per-head pass (:class:`~kvbridge.fit.headstats.HeadStats`: one more forward
-    of both models) and the attention recording's memory (:func:`attention_record_bytes`)."""
+    fitter: str = "ridge"
+    top_k: int = 4
+    tokens: int | None = None
+    seq_len: int = 512
+    stride: int = 4
+    skip: int = 0
+    heldout: float = 0.1
+    batch_size: int = 4
+    dtype: str = "float32"
+    memory_budget: int | None = None
+    device_flops: float | None = None
+    device_flops64: float | None = None
+    efficiency: float = 1.0
+    rates: Any = None
+    support: str = "layers"
+    weighting: str = "uniform"
+
+
+def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **options: Any) -> FitPlan:
+    """The :class:`FitPlan` of fitting ``source_ref -> target_ref`` (see the module docstring), as
+    ``inputs`` (or its fields as keywords) say.
+
+    ``weighting="attention"`` adds the weighted per-head pass
+    (:class:`~kvbridge.fit.headstats.HeadStats`: one more forward of both models) and the attention
+    recording's memory (:func:`attention_record_bytes`)."""
+    o = inputs if inputs is not None else PlanInputs(**options)
+    fitter, top_k, tokens, seq_len, stride, skip = o.fitter, o.top_k, o.tokens, o.seq_len, o.stride, o.skip
+    batch_size, dtype, memory_budget, rates = o.batch_size, o.dtype, o.memory_budget, o.rates
+    device_flops, device_flops64, efficiency = o.device_flops, o.device_flops64, o.efficiency
+    support, weighting = o.support, o.weighting
     if fitter not in ("ridge", "ridge-headwise"):
         raise ConfigError(
             f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
@@ -563,6 +574,7 @@ sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = [
     "plan",
+    "PlanInputs",
     "attention_record_bytes",
     "FitPlan",
     "Pass",

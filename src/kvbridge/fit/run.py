@@ -74,7 +74,7 @@ def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
         return Prepared(values, options, data, None, None, fitter)
     if settings.corpus is None:
         raise ConfigError("fit needs calibration data", "give --corpus (FitSettings.corpus), or data= in Python")
-    from kvbridge.fit.calibrate import calibration_texts
+    from kvbridge.corpus import calibration_texts
 
     texts, sha, split = calibration_texts(settings.corpus, settings.corpus_heldout)
     return Prepared(values, options, texts, sha, split, fitter)

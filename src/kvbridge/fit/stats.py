@@ -110,12 +110,6 @@ class MomentStats:
         return self.nbytes_for(self.p, self.q, self.xx_block)
 
     # -- accumulation ---------------------------------------------------------------------------
-    def _outer_xx(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if self.xx_block is None:
-            return a.T @ b
-        m, bs = a.shape[0], self.xx_block
-        return torch.einsum("nki,nkj->kij", a.reshape(m, -1, bs), b.reshape(m, -1, bs))
-
     def _outer_vec(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.xx_block is None:
             return torch.outer(a, b)

@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from kvbridge.check.axes import CONFIG_IGNORED  # config keys that do not change the model
 from kvbridge.errors import KVBridgeError
 from kvbridge.paths import cache_file as _home_file, cache_read, cache_write
 
@@ -37,24 +38,6 @@ CACHE_FILE = "file-hashes.json"
 CACHE_LIMIT = 512
 _BLOCK = 1 << 22
 _LOCK = threading.Lock()
-
-#: config keys that do not change what the model computes
-CONFIG_IGNORED = frozenset(
-    {
-        "_name_or_path",
-        "transformers_version",
-        "torch_dtype",
-        "dtype",
-        "architectures",
-        "_attn_implementation",
-        "_attn_implementation_autoset",
-        "use_cache",
-        "_commit_hash",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-    }
-)
 
 
 def config_fingerprint(config: Mapping) -> str:

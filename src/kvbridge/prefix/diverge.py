@@ -35,6 +35,7 @@ from itertools import combinations
 from typing import Any, Callable, Sequence
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.settings_fields import option
 
 PATHS = ("full", "cached", "split", "concat")
 TOP_K = 25
@@ -306,30 +307,54 @@ class DivergeReport:
         return out
 
 
+@dataclass(frozen=True)
+class DivergeSettings:
+    """What ``kvbridge diverge`` (and :func:`diverge`) is asked to do, one field per option; ``seeds``:
+    a count (seeds ``0..N-1``) or the seeds themselves; ``paths``: a sequence, or the comma list the
+    command line gives."""
+
+    sep: str = option(" ", "Separator between guide and prompt (\\n escapes).", show_default=True)
+    seeds: int | Sequence[int] = option(8, "Sampled seeds 0..N-1.", kind=("count", 0, 1_000_000), show_default=True)
+    max_new_tokens: int = option(32, kind=("count", 1), show_default=True)
+    temperature: float = option(1.0, kind=("real", 0, {"min_open": True}), show_default=True)
+    top_p: float = option(0.95, kind="share", show_default=True)
+    greedy_only: bool = option(False, "Greedy decoding only (no sampled seeds).", flags=("--greedy",), flag=True)
+    split: str = option(
+        "safe",
+        "Token layout of the split and concat paths.",
+        flags=("--split",),
+        kind=("choice", ("safe", "naive")),
+        show_default=True,
+    )
+    paths: Sequence[str] = option(PATHS, "Paths to compare.", cli_default=",".join(PATHS), show_default=True)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str):
+            object.__setattr__(self, "paths", tuple(p.strip() for p in self.paths.split(",") if p.strip()))
+
+
 def diverge(
     model,
     tokenizer,
     guide: str,
     prompt: str,
+    settings: DivergeSettings | None = None,
     *,
-    sep: str = " ",
-    seeds: int | Sequence[int] = 8,
-    max_new_tokens: int = 32,
-    temperature: float = 1.0,
-    top_p: float = 0.95,
-    greedy_only: bool = False,
-    split: str = "safe",
     pack=None,
-    paths: Sequence[str] = PATHS,
     host=None,
     progress=None,
     on_seed=None,
+    **options: Any,
 ) -> DivergeReport:
-    """Run every path for every seed (and greedily) and compare every pair (see the module docstring).
+    """Run every path for every seed (and greedily) and compare every pair (see the module docstring);
+    ``settings`` (or its fields as keywords) say how.
 
     ``progress(done, total, tokens)`` after each seed (and the greedy run); ``on_seed(seed, results)``
     with the finished seed's pair comparisons (partial results: what a killed run keeps).
     """
+    s = settings if settings is not None else DivergeSettings(**options)
+    sep, seeds, max_new_tokens, split, paths = s.sep, s.seeds, s.max_new_tokens, s.split, s.paths
+    temperature, top_p, greedy_only = s.temperature, s.top_p, s.greedy_only
     import torch
 
     from kvbridge.prefix import packs
@@ -455,6 +480,7 @@ def diverge(
 
 __all__ = [
     "PATHS",
+    "DivergeSettings",
     "Sampler",
     "Trajectory",
     "PathRunner",

@@ -89,26 +89,44 @@ def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> 
         )
 
 
+@dataclass(frozen=True)
+class PackIdentity:
+    """What a pack records about its model beyond the weights in memory: ``model_dir`` (the folder, for
+    the tokenizer fingerprint and the manifest), ``tokenizer_fp`` / ``weights_fp`` (fingerprints already
+    computed; None: computed here), ``reference`` (the model reference to record,
+    :func:`model_reference`; ``kvbridge pack export`` defaults ``--model`` to it)."""
+
+    model_dir: str | Path | None = None
+    tokenizer_fp: dict | None = None
+    weights_fp: str | None = None
+    reference: str | None = None
+
+
 def save_pack(
     model,
     out: str | Path,
+    identity: PackIdentity | None = None,
     *,
     guide_text: str | None = None,
     guide_ids=None,
     tokenizer: Any = None,
-    model_dir: str | Path | None = None,
-    tokenizer_fp: dict | None = None,
-    weights_fp: str | None = None,
     overwrite: bool = False,
     host=None,
-    reference: str | None = None,
+    **fields: Any,
 ) -> Path:
     """Prefill the guide once with the model's adapter and write the pack folder atomically.
 
     Give ``guide_text`` with a ``tokenizer`` (ids = the ghost encoding, with BOS) or exact
-    ``guide_ids``. ``reference``: the model reference to record (:func:`model_reference`;
-    ``kvbridge pack export`` defaults ``--model`` to it). Nothing is written when anything is wrong.
+    ``guide_ids``; ``identity`` (or its fields as keywords): :class:`PackIdentity`. Nothing is
+    written when anything is wrong.
     """
+    ident = identity if identity is not None else PackIdentity(**fields)
+    model_dir, tokenizer_fp, weights_fp, reference = (
+        ident.model_dir,
+        ident.tokenizer_fp,
+        ident.weights_fp,
+        ident.reference,
+    )
     import torch
 
     from kvbridge.artifacts import write_artifact
@@ -246,7 +264,7 @@ def _stacked_state(tensors: dict, stored: dict, where: str):
     stored tensors against the stored spec (what :func:`kvbridge.kvstate_io.state_from_tensors`
     checks per layer)."""
     from kvbridge.check.validate import tensors_match
-    from kvbridge.kvstate import KVState
+    from kvbridge.kvstate_io import state_of
     from kvbridge.spec import ModelSpec
 
     fix = "re-create the pack with kvbridge pack save"
@@ -276,17 +294,7 @@ def _stacked_state(tensors: dict, stored: dict, where: str):
         allow_extra=True,
     )
     pairs = [pair.unbind(0) for pair in tensors["kv"].unbind(0)]
-    return KVState(
-        keys=tuple(k for k, _ in pairs),
-        values=tuple(v for _, v in pairs),
-        token_ids=tensors["token_ids"],
-        positions=tensors["positions"],
-        spec=spec,
-        rope_applied=bool(stored.get("rope_applied", True)),
-        rope_lengths=tensors.get("rope_lengths"),
-        model_fingerprint=stored.get("model_fingerprint", ""),
-        approximate=bool(stored.get("approximate", False)),
-    )
+    return state_of(tensors, stored, spec, (k for k, _ in pairs), (v for _, v in pairs))
 
 
 def _unstack(tensors: dict) -> dict:
@@ -547,6 +555,7 @@ __all__ = [
     "PackForceWarning",
     "Mismatch",
     "save_pack",
+    "PackIdentity",
     "save_state_pack",
     "origin_of",
     "load_pack",

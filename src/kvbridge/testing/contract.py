@@ -101,7 +101,7 @@ def check_identity_transfer(
     import torch
 
     from kvbridge.builtin.families import hf_cache
-    from kvbridge.handoff import generate
+    from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.transfer import identity_transfer
 
     import copy
@@ -111,14 +111,7 @@ def check_identity_transfer(
     fresh = lambda: copy.deepcopy(base)  # noqa: E731
     spec = adapter.spec_of(base)
     ids = _ids(spec.vocab_size, batch, prompt_len, seed + 7)
-    gen = dict(
-        max_new_tokens=new_tokens,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        attention_mask=torch.ones_like(ids),
-        pad_token_id=0,
-    )
+    gen = greedy_kwargs(ids, new_tokens)
 
     # transformers' own cached continuation: its prefill of the prompt prefix, then generate
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvbridge.engines import ModuleEngine, kv_state_summary
 from kvbridge.errors import ConfigError, StateError
 
 from kvbridge_vllm import store
@@ -149,34 +150,16 @@ def describe_file(src: Any, model: Any, host=None) -> dict:
         "provenance": entry.manifest.get("provenance"),
         "approximate": entry.approximate,
         "keys": entry.manifest.get("keys"),
-        "kv_state": {
-            "layers": state.num_layers,
-            "kv_heads": state.spec.num_kv_heads,
-            "tokens": state.num_tokens,
-            "head_dim": state.spec.head_dim,
-            "dtype": str(state.dtype).removeprefix("torch."),
-            "positions": [0, state.num_tokens - 1],
-            "rope_applied": True,
-            "model_type": state.spec.model_type,
-            "bytes": state.nbytes(),
-        },
+        "kv_state": kv_state_summary(state),
     }
 
 
 @dataclass(frozen=True)
-class VllmEngine:
+class VllmEngine(ModuleEngine):
     """The engine object the plugin registers (:class:`kvbridge.plugin_types.EngineProtocol`)."""
 
     name: str = "vllm"
-
-    def export_state(self, state, model, out=None, **options) -> bytes:
-        return export_state(state, model, out, **options)
-
-    def import_state(self, src, model, **options):
-        return import_state(src, model, **options)
-
-    def describe_file(self, src, model, **options) -> dict:
-        return describe_file(src, model, **options)
+    module: str = __name__
 
 
 ENGINE = VllmEngine()

@@ -74,35 +74,21 @@ class Phi3Adapter(DecoderAdapter):
 
     def tiny_configs(self) -> dict[str, dict]:
         half = 8  # head_dim 16 -> 8 longrope factors
+        ids = dict(resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0, eos_token_id=1, bos_token_id=1)
         return {
-            "default": tiny_base(
-                "phi3", resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0, eos_token_id=1, bos_token_id=1
-            ),
+            "default": tiny_base("phi3", **ids),
             "longrope": tiny_base(
                 "phi3",
                 max_position_embeddings=32,
                 original_max_position_embeddings=8,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                pad_token_id=0,
-                eos_token_id=1,
-                bos_token_id=1,
+                **ids,
                 rope_scaling={
                     "type": "longrope",
                     "short_factor": [1.0 + 0.1 * i for i in range(half)],
                     "long_factor": [2.0 + 0.5 * i for i in range(half)],
                 },
             ),
-            "partial_sliding": tiny_base(
-                "phi3",
-                partial_rotary_factor=0.75,
-                sliding_window=6,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                pad_token_id=0,
-                eos_token_id=1,
-                bos_token_id=1,
-            ),
+            "partial_sliding": tiny_base("phi3", partial_rotary_factor=0.75, sliding_window=6, **ids),
         }
 
 
