@@ -82,4 +82,30 @@ def check_counts(obj) -> None:
         whole_number(value, flag_of(f, opt), minimum)
 
 
-__all__ = ["SAME", "Opt", "option", "option_fields", "flag_of", "check_counts"]
+# -- options several commands share: declared once, each command gives its own help --------------------
+def out_option(help: str, default: Any = None, **how) -> Any:  # noqa: A002
+    """``--out``: a folder to write (a path; ``required=True`` where the command has no default)."""
+    return option(default, help, kind=("path", {}), **how)
+
+
+def seed_option(help: str, default: int = 0, **how) -> Any:  # noqa: A002
+    """``--seed``: a whole number a generator takes (:data:`kvbridge.cli.numbers.SEED`)."""
+    return option(default, help, kind="seed", show_default=True, **how)
+
+
+def overwrite_option(help: str = "Replace an existing --out folder.") -> Any:  # noqa: A002
+    """``--overwrite``: replace an existing output folder."""
+    return option(False, help, flag=True)
+
+
+__all__ = [
+    "SAME",
+    "Opt",
+    "option",
+    "option_fields",
+    "flag_of",
+    "check_counts",
+    "out_option",
+    "seed_option",
+    "overwrite_option",
+]
