@@ -220,7 +220,9 @@ class Answerer:
             return Built(bt.once("native", lambda: p.source_state(bt)))
 
         def plain(bt):
-            return Built(bt.once("plain", lambda: transfer(p.source_state(bt), IdentityMapping(), self.tspec, host=self.host)))
+            return Built(
+                bt.once("plain", lambda: transfer(p.source_state(bt), IdentityMapping(), self.tspec, host=self.host))
+            )
 
         builds = {
             "target": target,

@@ -81,7 +81,11 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
 
         tasks += lm_eval_loaded_tasks(list(prepared.lm_specs), prepared.lm_options)
     head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
-    partial = None if settings.partial_file is None else PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
+    partial = (
+        None
+        if settings.partial_file is None
+        else PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
+    )
     on_item = None if partial is None else lambda task, record: partial.add({"task": task, **record})
     result = run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
     written = {}

@@ -272,8 +272,7 @@ DEFINITIONS = {
     "retention": "transferred / target",
     "floor_normalised_retention": "(transferred - floor) / (target - floor), floor = the task's chance level",
     "gap_closed": "(transferred - source) / (target - source)",
-    "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact "
-    "McNemar p",
+    "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact McNemar p",
 }
 
 

@@ -11,13 +11,27 @@ a replaceable ``out``) are the ``prepare_*`` functions of :mod:`kvbridge.steer.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
+from kvbridge.settings_fields import option, out_option, overwrite_option, seed_option
 
 #: the arms of ``steer eval`` (:mod:`kvbridge.steer.evaluate`), and those a sweep multiplies by default
 ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
 SWEPT = ("kv", "actadd", "random")
+
+
+# the sampling options steer run and steer eval share, declared once
+def _max_new_tokens():
+    return option(48, "", kind=("count", 1), show_default=True)
+
+
+def _temperature():
+    return option(0.7, "", kind=("real", 0, {"min_open": True}), show_default=True)
+
+
+def _top_p():
+    return option(0.9, "", kind="share", show_default=True)
 
 
 def _path(value, flag: str, *, required: bool = False):
@@ -77,13 +91,33 @@ class SteerBuildSettings:
     (mean, pca), ``position`` (last, final, span), ``key_space`` (content, rotated); ``tokenizer``: the
     tokenizer path the model was given instead of its own (recorded in the vector)."""
 
-    pairs: str
-    out: str
-    method: str = "mean"
-    position: str = "last"
-    key_space: str = "content"
-    tokenizer: str | None = None
-    overwrite: bool = False
+    pairs: str = option(
+        help='JSONL of contrastive pairs: {"positive": TEXT or chat turns, "negative": ...} per line.',
+        kind=("path", {}),
+        required=True,
+    )
+    out: str = out_option("Vector folder to write.", MISSING, required=True)
+    method: str = option(
+        "mean",
+        "Mean of the differences, or their first principal component.",
+        kind=("choice", ("mean", "pca")),
+        show_default=True,
+    )
+    position: str = option(
+        "last",
+        "last: the last cached position (second-to-last token: generation consumes the final one); "
+        "final: the last token; span: the mean over a [[...]] marked span.",
+        kind=("choice", ("last", "final", "span")),
+        show_default=True,
+    )
+    key_space: str = option(
+        "content",
+        "content: keys with RoPE stripped (rotated to each position when applied); rotated: as cached.",
+        kind=("choice", ("content", "rotated")),
+        show_default=True,
+    )
+    tokenizer: str | None = option(None, "Tokenizer path (default: MODEL's own tokenizer).")
+    overwrite: bool = overwrite_option("Replace an existing vector folder.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", _path(self.pairs, "--pairs", required=True))
@@ -100,9 +134,9 @@ class SteerTransferSettings:
     fitted ``mapping`` to the pair's target, written to ``out``."""
 
     vector: str
-    mapping: str
-    out: str
-    overwrite: bool = False
+    mapping: str = option(help="Mapping folder (kvbridge fit).", kind=("path", {}), required=True)
+    out: str = out_option("Vector folder to write (for the target).", MISSING, required=True)
+    overwrite: bool = overwrite_option("Replace an existing vector folder.")
 
     def __post_init__(self) -> None:
         for name, flag in (("vector", "VECTOR_DIR"), ("mapping", "--mapping"), ("out", "--out")):
@@ -117,25 +151,38 @@ class SteerRunSettings:
     text, ``pack`` folder), ``other`` (kv-mix's other prompt); sampling: ``max_new_tokens``, ``seed``,
     ``greedy``, ``temperature``, ``top_p``; ``chat``: None = when the tokenizer has a template."""
 
-    prompt: str
-    vector: str | None = None
-    method: str = "kv-vector"
-    ck: float | None = None
-    cv: float | None = None
-    alpha: float | None = None
-    ca: float | None = None
-    options: tuple = ()
-    layers: str = "all"
-    at: str = "last"
-    guide: str | None = None
-    pack: str | None = None
-    other: str | None = None
-    max_new_tokens: int = 48
-    seed: int = 0
-    greedy: bool = False
-    temperature: float = 0.7
-    top_p: float = 0.9
-    chat: bool | None = None
+    prompt: str = option(help="Prompt text, or @FILE (a user turn under --chat).", required=True)
+    vector: str | None = option(None, "Steering vector folder (steer build).", kind=("path", {}))
+    method: str = option(
+        "kv-vector",
+        "Steering method (kv-vector, kv-scale, kv-mix, kv-bank, actadd, or a plugin's).",
+        show_default=True,
+    )
+    ck: float | None = option(None, "Key coefficient (kv-vector: added multiple; kv-scale: factor).", kind=("real",))
+    cv: float | None = option(None, "Value coefficient (kv-vector: added multiple; kv-scale: factor).", kind=("real",))
+    alpha: float | None = option(None, "kv-mix: weight of the other prompt's cache (1 = replace).", kind=("real",))
+    ca: float | None = option(None, "actadd: residual coefficient.", kind=("real",))
+    options: tuple = option((), "Method option key=value (repeatable).", flags=("-o", "--option"), multiple=True)
+    layers: str = option("all", "Layers: all, '0,2', '1-3'.", show_default=True)
+    at: str = option(
+        "last",
+        "Edit the prompt's last cached position, every position of --guide, or of --pack.",
+        kind=("choice", ("last", "guide", "pack")),
+        show_default=True,
+    )
+    guide: str | None = option(None, "Guide (instruction) text or @FILE for --at guide (a system turn under --chat).")
+    pack: str | None = option(None, "Prefix pack folder for --at pack.", kind=("path", {}))
+    other: str | None = option(None, "kv-mix: the other prompt (text or @FILE) whose cache is mixed in.")
+    max_new_tokens: int = _max_new_tokens()
+    seed: int = seed_option("Sampling seed (both runs).")
+    greedy: bool = option(False, "Greedy decoding instead of sampling.", flag=True)
+    temperature: float = _temperature()
+    top_p: float = _top_p()
+    chat: bool | None = option(
+        None,
+        "Render the prompt with the chat template (default: when the tokenizer has one).",
+        flags=("--chat/--no-chat",),
+    )
 
     def __post_init__(self) -> None:
         _text(self.prompt, "--prompt", required=True)
@@ -169,30 +216,47 @@ class SteerEvalSettings:
     (report.json, report.md, sweep.png). :func:`kvbridge.steer.evaluate.evaluate` takes the same
     object with the vector, scorer and extra vectors loaded."""
 
-    vector: str
-    prompt: str
-    scorer: str
-    instruction: str | None = None
-    arms: tuple = ARMS
-    extra: tuple = ()
-    samples: int = 64
-    max_new_tokens: int = 48
-    ck: float = 0.0
-    cv: float = 4.0
-    ca: float = 4.0
-    layers: str = "all"
-    actadd_layers: str = ""
-    at: str = "last"
-    sweep: tuple = ()
-    sweep_samples: int = 0
+    vector: str = option(help="Steering vector folder.", kind=("path", {}), required=True)
+    prompt: str = option(help="Prompt text or @FILE (a user turn under --chat).", required=True)
+    scorer: str = option(
+        help="Behaviour scorer (json_object, json_start, bullets, positive_sentiment, "
+        "negative_sentiment, code_comments, or a plugin's).",
+        required=True,
+    )
+    instruction: str | None = option(None, "The instruction for the visible and pack arms (text or @FILE).")
+    arms: tuple = option(
+        ARMS, "Arms to run (none is always run: it is the reference).", cli_default=",".join(ARMS), show_default=True
+    )
+    extra: tuple = option(
+        (),
+        "NAME=DIR: another vector for this model (e.g. moved from another model), run as an arm like kv (repeatable).",
+        multiple=True,
+    )
+    samples: int = option(64, "Seeds 0..N-1 per arm.", kind=("count", 1), show_default=True)
+    max_new_tokens: int = _max_new_tokens()
+    ck: float = option(0.0, "kv arms: key coefficient.", kind=("real",), show_default=True)
+    cv: float = option(4.0, "kv arms: value coefficient.", kind=("real",), show_default=True)
+    ca: float = option(4.0, "actadd arm: residual coefficient.", kind=("real",), show_default=True)
+    layers: str = option("all", "Layers of the kv arms (and actadd unless --actadd-layers).", show_default=True)
+    actadd_layers: str = option("", "Layers of the actadd arm (default: --layers).")
+    at: str = option(
+        "last",
+        "kv arms edit the prompt's last cached position, or every cached prompt position.",
+        kind=("choice", ("last", "prompt")),
+        show_default=True,
+    )
+    sweep: tuple = option((), "Coefficient multipliers for kv / actadd / random, e.g. 0.25,0.5,1,2,4.", cli_default="")
+    sweep_samples: int = option(0, "Samples per sweep point (0: --samples).", kind=("count", 0))
     sweep_arms: tuple = ()
     random_seed: int = 0
     bootstrap: int = 2000
-    temperature: float = 0.7
-    top_p: float = 0.9
-    chat: bool | None = None
-    out: str | None = None
-    overwrite: bool = False
+    temperature: float = _temperature()
+    top_p: float = _top_p()
+    chat: bool | None = option(
+        None, "Chat template (default: when the tokenizer has one).", flags=("--chat/--no-chat",)
+    )
+    out: str | None = out_option("Write report.json, report.md and sweep.png here.")
+    overwrite: bool = overwrite_option("Replace an existing --out report folder.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vector", _path(self.vector, "--vector", required=True))
