@@ -1,6 +1,6 @@
 """What each ``kvbridge steer`` subcommand (and its call in :mod:`kvbridge.steer.stages`) is asked to do.
 
-Frozen values with the CLI's defaults, one per subcommand: :class:`SteerBuildSettings`,
+Frozen values whose fields declare the subcommand's options (:mod:`kvbridge.settings_fields`), one per subcommand: :class:`SteerBuildSettings`,
 :class:`SteerTransferSettings`, :class:`SteerRunSettings`, :class:`SteerEvalSettings`. Malformed
 values are refused here, as one-line errors naming the option and the fix, so the Python API gets
 the same checks as the command line. Texts are the texts (the command reads ``@FILE`` first). No
@@ -87,7 +87,7 @@ def _floats(value, flag: str) -> tuple:
 
 @dataclass(frozen=True)
 class SteerBuildSettings:
-    """``steer build``: ``pairs`` (contrastive pairs JSONL) -> a vector folder ``out``; ``method``
+    """``steer build``: a vector from ``pairs`` written to ``out`` (each field's help is its option's)."""``steer build``: ``pairs`` (contrastive pairs JSONL) -> a vector folder ``out``; ``method``
     (mean, pca), ``position`` (last, final, span), ``key_space`` (content, rotated); ``tokenizer``: the
     tokenizer path the model was given instead of its own (recorded in the vector)."""
 
@@ -145,7 +145,9 @@ class SteerTransferSettings:
 
 @dataclass(frozen=True)
 class SteerRunSettings:
-    """``steer run``: ``prompt`` continued steered and unsteered (same seed). ``method`` with its
+    """``steer run``: ``prompt`` continued steered and unsteered (same seed); ``ck``, ``cv``, ``alpha``,
+    ``ca`` are shortcuts for method options, applied when given; ``chat``: None = when the tokenizer
+    has a template."""``steer run``: ``prompt`` continued steered and unsteered (same seed). ``method`` with its
     ``options`` (``-o key=value``; ``ck``, ``cv``, ``alpha``, ``ca`` are shortcuts, applied when given),
     ``vector`` (a vector folder), ``layers``, ``at`` (last, guide, pack: where the edit goes; ``guide``
     text, ``pack`` folder), ``other`` (kv-mix's other prompt); sampling: ``max_new_tokens``, ``seed``,
@@ -206,7 +208,10 @@ class SteerRunSettings:
 
 @dataclass(frozen=True)
 class SteerEvalSettings:
-    """``steer eval``: behaviour rate per arm over ``samples`` seeds on ``prompt``, scored by ``scorer``.
+    """``steer eval``: behaviour rate per arm over ``samples`` seeds; library-only fields: ``sweep_arms``
+    (default kv, actadd, random and the ``extra`` vectors), ``random_seed`` (the random arm's direction),
+    ``bootstrap`` (resamples of the paired intervals). :func:`kvbridge.steer.evaluate.evaluate` takes
+    the same object with the vector, scorer and extra vectors loaded."""``steer eval``: behaviour rate per arm over ``samples`` seeds on ``prompt``, scored by ``scorer``.
     ``vector``: the steering vector folder; ``instruction``: the visible and pack arms' instruction;
     ``arms`` (``none`` always runs); ``extra``: ``NAME=DIR`` vectors run as arms like ``kv``;
     coefficients ``ck``, ``cv``, ``ca``; ``layers`` / ``actadd_layers``; ``at`` (last, prompt);
