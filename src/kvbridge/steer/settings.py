@@ -87,9 +87,7 @@ def _floats(value, flag: str) -> tuple:
 
 @dataclass(frozen=True)
 class SteerBuildSettings:
-    """``steer build``: a vector from ``pairs`` written to ``out`` (each field's help is its option's)."""``steer build``: ``pairs`` (contrastive pairs JSONL) -> a vector folder ``out``; ``method``
-    (mean, pca), ``position`` (last, final, span), ``key_space`` (content, rotated); ``tokenizer``: the
-    tokenizer path the model was given instead of its own (recorded in the vector)."""
+    """``steer build``: a vector from ``pairs`` written to ``out`` (each field's help is its option's)."""
 
     pairs: str = option(
         help='JSONL of contrastive pairs: {"positive": TEXT or chat turns, "negative": ...} per line.',
@@ -147,11 +145,7 @@ class SteerTransferSettings:
 class SteerRunSettings:
     """``steer run``: ``prompt`` continued steered and unsteered (same seed); ``ck``, ``cv``, ``alpha``,
     ``ca`` are shortcuts for method options, applied when given; ``chat``: None = when the tokenizer
-    has a template."""``steer run``: ``prompt`` continued steered and unsteered (same seed). ``method`` with its
-    ``options`` (``-o key=value``; ``ck``, ``cv``, ``alpha``, ``ca`` are shortcuts, applied when given),
-    ``vector`` (a vector folder), ``layers``, ``at`` (last, guide, pack: where the edit goes; ``guide``
-    text, ``pack`` folder), ``other`` (kv-mix's other prompt); sampling: ``max_new_tokens``, ``seed``,
-    ``greedy``, ``temperature``, ``top_p``; ``chat``: None = when the tokenizer has a template."""
+    has a template."""
 
     prompt: str = option(help="Prompt text, or @FILE (a user turn under --chat).", required=True)
     vector: str | None = option(None, "Steering vector folder (steer build).", kind=("path", {}))
@@ -211,15 +205,7 @@ class SteerEvalSettings:
     """``steer eval``: behaviour rate per arm over ``samples`` seeds; library-only fields: ``sweep_arms``
     (default kv, actadd, random and the ``extra`` vectors), ``random_seed`` (the random arm's direction),
     ``bootstrap`` (resamples of the paired intervals). :func:`kvbridge.steer.evaluate.evaluate` takes
-    the same object with the vector, scorer and extra vectors loaded."""``steer eval``: behaviour rate per arm over ``samples`` seeds on ``prompt``, scored by ``scorer``.
-    ``vector``: the steering vector folder; ``instruction``: the visible and pack arms' instruction;
-    ``arms`` (``none`` always runs); ``extra``: ``NAME=DIR`` vectors run as arms like ``kv``;
-    coefficients ``ck``, ``cv``, ``ca``; ``layers`` / ``actadd_layers``; ``at`` (last, prompt);
-    ``sweep``: coefficient multipliers (``sweep_samples`` each, 0: ``samples``) of the ``sweep_arms``
-    (default: kv, actadd, random and the ``extra`` vectors); ``random_seed``: the random arm's
-    direction; ``bootstrap``: resamples of the paired intervals; ``out``: the report folder
-    (report.json, report.md, sweep.png). :func:`kvbridge.steer.evaluate.evaluate` takes the same
-    object with the vector, scorer and extra vectors loaded."""
+    the same object with the vector, scorer and extra vectors loaded."""
 
     vector: str = option(help="Steering vector folder.", kind=("path", {}), required=True)
     prompt: str = option(help="Prompt text or @FILE (a user turn under --chat).", required=True)
