@@ -149,21 +149,12 @@ class Answerer:
             raise HarnessError(f"--sink {sink!r} is negative", "pass a whole number of sink tokens >= 0, e.g. 4")
         eos = getattr(tokenizer, "eos_token_id", None)
         cfg_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-        ids = set()
+        self.eos_ids = set()
         for e in (eos, cfg_eos):
-            if isinstance(e, int):
-                ids.add(e)
-            elif isinstance(e, (list, tuple)):
-                ids.update(int(x) for x in e)
-        self.eos_ids = ids
+            self.eos_ids.update([e] if isinstance(e, int) else map(int, e) if isinstance(e, (list, tuple)) else ())
         self._memo: OrderedDict = OrderedDict()
-        self.timing = {
-            "source_prefill_s": 0.0,
-            "target_prefill_s": 0.0,
-            "transfer_s": 0.0,
-            "recompute_s": 0.0,
-            "frontier_s": 0.0,
-        }
+        keys = ("source_prefill_s", "target_prefill_s", "transfer_s", "recompute_s", "frontier_s")
+        self.timing = dict.fromkeys(keys, 0.0)  # seconds per shared prefill and per point kind
         #: one model on both sides (an identity pair): the target's prefill IS the source's
         self.one_model = target is source and self.tspec == self.sspec
         #: work not repeated: target prefills served by the source's, answers served by an earlier
