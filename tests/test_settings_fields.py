@@ -106,3 +106,22 @@ def test_shared_options_are_declared_once():
     assert CliRunner().invoke(cmd, ["x", "--seed", "-1"]).exit_code == 2  # a seed's type
     with pytest.raises(ConfigError, match="--seed must be a whole number"):
         Shared(where="x", seed=-1)
+
+
+def test_check_kinds_refuses_a_value_outside_a_choice_naming_the_flag():
+    from kvbridge.settings_fields import check_kinds
+
+    @dataclass(frozen=True)
+    class Pick:
+        mode: str = option("a", "Mode.", kind=("choice", ("a", "b")))
+        n: int = option(1, "N.", kind=("count", 1))
+
+        def __post_init__(self):
+            check_kinds(self)
+
+    assert Pick(mode="b").mode == "b"
+    with pytest.raises(ConfigError, match=r"--mode must be one of a, b, got 'c'") as err:
+        Pick(mode="c")
+    assert "--mode a" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="--n must be a whole number >= 1"):
+        Pick(n=0)

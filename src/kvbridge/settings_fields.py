@@ -82,6 +82,21 @@ def check_counts(obj) -> None:
         whole_number(value, flag_of(f, opt), minimum)
 
 
+def check_kinds(obj) -> None:
+    """:func:`check_counts`, and a field whose kind is a choice (``("choice", names)``) one of its names:
+    the checks an option's type does on the command line, for a settings object made in Python."""
+    from kvbridge.errors import ConfigError
+
+    check_counts(obj)
+    for f, opt in option_fields(type(obj)):
+        if isinstance(opt.kind, tuple) and opt.kind[0] == "choice" and getattr(obj, f.name) not in opt.kind[1]:
+            flag, names = flag_of(f, opt), tuple(opt.kind[1])
+            raise ConfigError(
+                f"{flag} must be one of {', '.join(names)}, got {getattr(obj, f.name)!r}",
+                f"pass e.g. {flag} {names[0]}",
+            )
+
+
 # -- options several commands share: declared once, each command gives its own help --------------------
 def out_option(help: str, default: Any = None, **how) -> Any:  # noqa: A002
     """``--out``: a folder to write (a path; ``required=True`` where the command has no default)."""
@@ -105,6 +120,7 @@ __all__ = [
     "option_fields",
     "flag_of",
     "check_counts",
+    "check_kinds",
     "out_option",
     "seed_option",
     "overwrite_option",

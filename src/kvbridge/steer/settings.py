@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 
 from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
-from kvbridge.settings_fields import option, out_option, overwrite_option, seed_option
+from kvbridge.settings_fields import check_kinds, option, out_option, overwrite_option, seed_option
 
 #: the arms of ``steer eval`` (:mod:`kvbridge.steer.evaluate`), and those a sweep multiplies by default
 ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
@@ -44,13 +44,6 @@ def _text(value, flag: str, *, required: bool = False):
     if not isinstance(value, str):
         raise KVBridgeError(f"{flag} must be text, got {type(value).__name__}", f"pass {flag} as a str")
     return value
-
-
-def _choice(value, flag: str, choices: tuple) -> None:
-    if value not in choices:
-        raise KVBridgeError(
-            f"{flag} must be one of {', '.join(choices)}, got {value!r}", f"pass e.g. {flag} {choices[0]}"
-        )
 
 
 def _numbers(obj, names) -> None:
@@ -121,9 +114,7 @@ class SteerBuildSettings:
         object.__setattr__(self, "pairs", _path(self.pairs, "--pairs", required=True))
         object.__setattr__(self, "out", _path(self.out, "--out", required=True))
         object.__setattr__(self, "tokenizer", _path(self.tokenizer, "--tokenizer"))
-        _choice(self.method, "--method", ("mean", "pca"))
-        _choice(self.position, "--position", ("last", "final", "span"))
-        _choice(self.key_space, "--key-space", ("content", "rotated"))
+        check_kinds(self)  # --method, --position, --key-space
 
 
 @dataclass(frozen=True)
@@ -191,9 +182,7 @@ class SteerRunSettings:
             raise KVBridgeError("--method is empty", "name a steering method (`kvbridge plugins` lists them)")
         _numbers(self, ("ck", "cv", "alpha", "ca"))
         _sampling(self)
-        _choice(self.at, "--at", ("last", "guide", "pack"))
-        whole_number(self.max_new_tokens, "--max-new-tokens", 1, KVBridgeError)
-        whole_number(self.seed, "--seed", 0, KVBridgeError)
+        check_kinds(self)  # --at, --max-new-tokens, --seed
         if self.at == "guide" and not self.guide:
             raise KVBridgeError("--at guide needs --guide TEXT", "pass the guide (instruction) to steer")
         if self.at == "pack" and not self.pack:
@@ -267,10 +256,7 @@ class SteerEvalSettings:
         object.__setattr__(self, "extra", extra)
         _numbers(self, ("ck", "cv", "ca"))
         _sampling(self)
-        _choice(self.at, "--at", ("last", "prompt"))
-        whole_number(self.samples, "--samples", 1, KVBridgeError)
-        whole_number(self.max_new_tokens, "--max-new-tokens", 1, KVBridgeError)
-        whole_number(self.sweep_samples, "--sweep-samples", 0, KVBridgeError)
+        check_kinds(self)  # --at, --samples, --max-new-tokens, --sweep-samples
         whole_number(self.random_seed, "random_seed", 0, KVBridgeError)
         whole_number(self.bootstrap, "bootstrap", 0, KVBridgeError)
         if self.sweep_samples > self.samples:
