@@ -291,6 +291,7 @@ def evaluate(
         "arms": {},
         "sweep": {},
     }
+
     def arm_result(samples: int, arm: str) -> dict:
         res = _run_arm(ctx, arm, *_setup(ctx, arm, 1.0, extra_vectors, instruction), samples)
         log(
