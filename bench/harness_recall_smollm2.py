@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from kvbridge.evaluate.settings import parse_frontier
 
-    ratios = parse_frontier(a.frontier) if a.frontier is not None else ()
+    if a.frontier is not None:
+        parse_frontier(a.frontier)  # a typo fails before the models load
     import torch
     import transformers
 
@@ -76,14 +77,13 @@ def main(argv=None) -> int:
         mapping,
         pair.tokenizer,
         tasks,
-        frontier=ratios,
+        frontier=a.frontier,
         sink=a.sink,
         bootstrap=a.bootstrap,
         seed=a.seed,
-        source_name="smollm2",
-        target_name="smollm2+shakespeare-LoRA",
-        mapping_info={"name": "ridge top-k 1 stride 4", "calibration_tokens": int(calib.numel())},
     )
+    res["source"]["name"], res["target"]["name"] = "smollm2", "smollm2+shakespeare-LoRA"
+    res["mapping"] = {"name": "ridge top-k 1 stride 4", "calibration_tokens": int(calib.numel())}
     t_run = time.perf_counter() - t0
     res["timing"].update(load_s=t_load, fit_s=t_fit, run_s=t_run, threads=torch.get_num_threads())
     print(markdown(res) if a.markdown else terminal_table(res))

@@ -25,6 +25,11 @@ def test_a_run_reads_its_pair_and_keeps_what_was_derived_once():
         run.settings = "x"  # frozen
 
 
+def test_a_single_model_run_reads_its_model():
+    run = Run("loaded model", settings="asked", host="host")
+    assert run.model == "loaded model" and run.settings == "asked"
+
+
 def test_run_of_uses_the_process_host_by_default():
     from kvbridge.plugins import get_host
 

@@ -75,3 +75,53 @@ def test_click_options_are_built_from_the_fields_and_give_the_settings_back():
     assert "color=False" in out and "tags=('x',)" in out and "depth=5" in out
     bad = runner.invoke(cmd, ["--name", "a", "--size", "0"])
     assert bad.exit_code == 2 and "--size" in bad.output
+
+
+def test_shared_options_are_declared_once():
+    from kvbridge.cli.options import settings_from, settings_options
+    from kvbridge.settings_fields import out_option, overwrite_option, seed_option
+
+    @dataclass(frozen=True)
+    class Shared:
+        where: str
+        out: str | None = out_option("Folder.")
+        seed: int = seed_option("A seed.", 3)
+        overwrite: bool = overwrite_option()
+
+        def __post_init__(self):
+            check_counts(self)
+
+    got = {}
+
+    @click.command()
+    @click.argument("where")
+    @settings_options(Shared)
+    def cmd(where, **values):
+        got["s"] = settings_from(Shared, values, given={"where": where})
+
+    res = CliRunner().invoke(cmd, ["here", "--out", "o", "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert got["s"] == Shared(where="here", out="o", seed=3, overwrite=True)
+    assert "[default: 3]" in CliRunner().invoke(cmd, ["--help"]).output
+    assert CliRunner().invoke(cmd, ["x", "--seed", "-1"]).exit_code == 2  # a seed's type
+    with pytest.raises(ConfigError, match="--seed must be a whole number"):
+        Shared(where="x", seed=-1)
+
+
+def test_check_kinds_refuses_a_value_outside_a_choice_naming_the_flag():
+    from kvbridge.settings_fields import check_kinds
+
+    @dataclass(frozen=True)
+    class Pick:
+        mode: str = option("a", "Mode.", kind=("choice", ("a", "b")))
+        n: int = option(1, "N.", kind=("count", 1))
+
+        def __post_init__(self):
+            check_kinds(self)
+
+    assert Pick(mode="b").mode == "b"
+    with pytest.raises(ConfigError, match=r"--mode must be one of a, b, got 'c'") as err:
+        Pick(mode="c")
+    assert "--mode a" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="--n must be a whole number >= 1"):
+        Pick(n=0)

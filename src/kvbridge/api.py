@@ -167,29 +167,33 @@ def _loaded(model, host=None):
 def steer_build(model, settings: SteerBuildSettings, host=None):
     """``kvbridge steer build`` as a call: ``model`` a reference or a :func:`load_model` result (its
     ``tokenizer`` the one to use); returns ``(vector folder, manifest)``."""
+    from kvbridge.run import Run
     from kvbridge.steer.stages import build_steering
 
-    return build_steering(_loaded(model, host), settings, host=host)
+    return build_steering(Run.of(_loaded(model, host), settings, host))
 
 
 def steer_transfer(pair, settings: SteerTransferSettings, host=None):
     """``kvbridge steer transfer`` as a call: ``pair`` a :func:`load_pair` result (the vector's model
     first); returns ``(vector folder, mapping)``."""
+    from kvbridge.run import Run
     from kvbridge.steer.stages import transfer_steering
 
-    return transfer_steering(pair, settings, host=host)
+    return transfer_steering(Run.of(pair, settings, host))
 
 
 def steer_run(model, settings: SteerRunSettings, host=None) -> dict:
     """``kvbridge steer run`` as a call: the steered and unsteered continuations (JSON-ready)."""
+    from kvbridge.run import Run
     from kvbridge.steer.stages import run_steering
 
-    return run_steering(_loaded(model, host), settings, host=host)
+    return run_steering(Run.of(_loaded(model, host), settings, host))
 
 
 def steer_eval(model, settings: SteerEvalSettings, host=None, log=None) -> dict:
     """``kvbridge steer eval`` as a call: every arm's behaviour rate and cost (JSON-ready; the report
     folder written with ``settings.out``)."""
+    from kvbridge.run import Run
     from kvbridge.steer.stages import evaluate_steering
 
-    return evaluate_steering(_loaded(model, host), settings, log=log, host=host)
+    return evaluate_steering(Run.of(_loaded(model, host), settings, host), log=log)

@@ -44,6 +44,12 @@ class Run:
         return self.pair.target
 
     @property
+    def model(self):
+        """The one loaded model of a single-model stage (``steer build``, ``steer run``, ``steer eval``):
+        its run's ``pair`` is that :class:`~kvbridge.models.loading.LoadedModel`."""
+        return self.pair
+
+    @property
     def tokenizer(self) -> dict:
         """The tokenizer fingerprint both models share (checked once, when the pair loaded)."""
         return self.pair.tokenizer

@@ -82,4 +82,46 @@ def check_counts(obj) -> None:
         whole_number(value, flag_of(f, opt), minimum)
 
 
-__all__ = ["SAME", "Opt", "option", "option_fields", "flag_of", "check_counts"]
+def check_kinds(obj) -> None:
+    """:func:`check_counts`, and a field whose kind is a choice (``("choice", names)``) one of its names:
+    the checks an option's type does on the command line, for a settings object made in Python."""
+    from kvbridge.errors import ConfigError
+
+    check_counts(obj)
+    for f, opt in option_fields(type(obj)):
+        if isinstance(opt.kind, tuple) and opt.kind[0] == "choice" and getattr(obj, f.name) not in opt.kind[1]:
+            flag, names = flag_of(f, opt), tuple(opt.kind[1])
+            raise ConfigError(
+                f"{flag} must be one of {', '.join(names)}, got {getattr(obj, f.name)!r}",
+                f"pass e.g. {flag} {names[0]}",
+            )
+
+
+# -- options several commands share: declared once, each command gives its own help --------------------
+def out_option(help: str, default: Any = None, **how) -> Any:  # noqa: A002
+    """``--out``: a folder to write (a path; ``required=True`` where the command has no default)."""
+    return option(default, help, kind=("path", {}), **how)
+
+
+def seed_option(help: str, default: int = 0, **how) -> Any:  # noqa: A002
+    """``--seed``: a whole number a generator takes (:data:`kvbridge.cli.numbers.SEED`)."""
+    return option(default, help, kind="seed", show_default=True, **how)
+
+
+def overwrite_option(help: str = "Replace an existing --out folder.") -> Any:  # noqa: A002
+    """``--overwrite``: replace an existing output folder."""
+    return option(False, help, flag=True)
+
+
+__all__ = [
+    "SAME",
+    "Opt",
+    "option",
+    "option_fields",
+    "flag_of",
+    "check_counts",
+    "check_kinds",
+    "out_option",
+    "seed_option",
+    "overwrite_option",
+]

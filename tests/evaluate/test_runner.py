@@ -18,6 +18,32 @@ def test_batch_once_computes_and_times_a_shared_prefill_once():
     assert set(timing) == {"target_prefill_s"} and timing["target_prefill_s"] >= 0
 
 
+def test_run_items_answers_each_item_under_each_condition_in_order():
+    from kvbridge.evaluate.runner import Built, Condition, run_items
+
+    seen = []
+    answer = lambda item, name: seen.append((item, name)) or f"{name}:{item}"  # noqa: E731
+    conds = [Condition("ref", lambda bt: Built()), "other"]  # a Condition or a plain name
+    assert run_items(conds, [1, 2], answer) == [
+        {"ref": "ref:1", "other": "other:1"},
+        {"ref": "ref:2", "other": "other:2"},
+    ]
+    assert seen == [(1, "ref"), (1, "other"), (2, "ref"), (2, "other")]  # item by item, the reference first
+    records = run_items(["a"], ["x"], lambda item, name: 0.5, after_item=lambda item, v: {"id": item, **v})
+    assert records == [{"id": "x", "a": 0.5}] and run_items(["a"], [], answer) == []
+
+
+def test_a_context_batch_keeps_its_memo_across_calls():
+    from kvbridge.evaluate.runner import context_batch
+
+    memo, timing = {}, {}
+    bt = context_batch((5, 6, 7), timing, memo)
+    assert bt.parts["prefix"].tolist() == [[5, 6, 7]] and len(bt.index) == 1 and bt.total == 1
+    bt.once("native", lambda: "state", "target_prefill_s")
+    again = context_batch((5, 6, 7), timing, memo)
+    assert again.once("native", lambda: "other") == "state" and "target_prefill_s" in timing
+
+
 def test_an_extra_condition_reuses_the_runs_source_prefill(base, samples, host):
     from kvbridge.builtin.identity import IdentityMapping
     from kvbridge.evaluate.conditions import EvalConfig, run_conditions

@@ -26,7 +26,7 @@ def test_frontier_at_one_answers_as_the_target_and_names_are_exact(base, tasks, 
     from kvbridge.harness.run import run_harness
 
     model, tok = base
-    res = run_harness(model, model, noisy(3.0), tok, tasks, frontier=(1.0, 0.25), sink=2, bootstrap=30)
+    res = run_harness(model, model, noisy(3.0), tok, tasks, frontier="1,0.25", sink=2, bootstrap=30)
     names = ["truncated@0.25", "tail@0.25", "truncated@1", "tail@1"]
     assert res["conditions"] == ["target", "source", "transferred", "plain", "no_context"] + names
     assert res["frontier"] == {"ratios": [0.25, 1.0], "sink": 2, "conditions": names}

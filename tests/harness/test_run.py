@@ -50,7 +50,7 @@ def test_full_recompute_restores_the_target_from_a_noisy_transfer(base, tasks, n
         noisy(3.0),
         tok,
         tasks,
-        recompute=points,
+        recompute_layers="all;50%",
         bootstrap=0,
         conditions=["target", "transferred", "transferred+layers:all", "transferred+layers:50%"],
     )
@@ -133,7 +133,7 @@ def test_token_recompute_point_runs(base, tasks, noisy):
         noisy(1.0),
         tok,
         tasks[1:],
-        recompute=points,
+        recompute_tokens="15%,100%",
         bootstrap=0,
         conditions=["target", "transferred+tokens:15%"],
     )

@@ -13,35 +13,22 @@ from kvbridge.harness.settings import HarnessSettings
 #: (click keeps the first one it builds on the command; CLI.md then shows "--help" without "-h")
 HELP = {"help_option_names": ["-h", "--help"]}
 
-#: click parameter name -> settings field (dtype, threads, --json are loading and printing)
-CLI_TO_FIELD = {
-    "mapping_ref": "mapping",
-    "task_names": "tasks",
-    "task_options": "task_options",
-    "lm_eval_tasks": "lm_eval_tasks",
-    "lm_eval_include": "lm_eval_include",
-    "conditions": "conditions",
-    "recompute_layers": "recompute_layers",
-    "recompute_tokens": "recompute_tokens",
-    "frontier": "frontier",
-    "sink": "sink",
-    "limit": "limit",
-    "allow_code_execution": "allow_code_execution",
-    "bootstrap": "bootstrap",
-    "seed": "seed",
-    "report_dir": "report_dir",
-    "partial_path": "partial_path",
-    "accept_mismatch": "accept_fingerprint_mismatch",
-}
+#: the command's parameters that are not settings (loading and printing)
+NOT_SETTINGS = {"source", "target", "dtype", "threads", "as_json"}
 
 
-def test_every_click_default_is_the_dataclass_default():
+def test_the_command_options_are_the_settings_fields():
+    """Generated from the settings: one option per field, the field's default when not given."""
     from kvbridge.cli.harness_cmd import harness
+    from kvbridge.cli.options import settings_from
 
     ctx = harness.make_context("harness", ["S", "T", "--mapping", "m", "--tasks", "recall"], **HELP)
-    parsed = HarnessSettings(**{field: ctx.params[name] for name, field in CLI_TO_FIELD.items()})
-    assert parsed == HarnessSettings(mapping="m", tasks=("recall",))
-    assert set(CLI_TO_FIELD.values()) == {f.name for f in dataclasses.fields(HarnessSettings)}
+    params = {k: v for k, v in ctx.params.items() if k not in NOT_SETTINGS}
+    assert set(params) == {f.name for f in dataclasses.fields(HarnessSettings)}
+    with ctx:
+        assert settings_from(HarnessSettings, ctx.params) == HarnessSettings(mapping="m", tasks=("recall",))
+    flags = {o for p in harness.params for o in p.opts}
+    assert {"--mapping", "-o", "--task-option", "--lm-eval-task", "--report", "--partial", "--seed"} <= flags
 
 
 def test_name_lists_are_normalised_and_the_partial_file_follows_the_report():

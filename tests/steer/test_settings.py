@@ -15,25 +15,26 @@ HELP = {"help_option_names": ["-h", "--help"]}
 #: loading and printing, not settings (the model or pair is the other input)
 NOT_SETTINGS = {"model", "source", "target", "dtype", "device", "as_json"}
 
-#: subcommand -> (settings class, required arguments, click parameter -> field renames, required fields)
+#: subcommand -> (settings class, required arguments, click parameter -> field renames (none: the options
+#: are generated from the fields), required fields)
 CASES = {
     "build": (
         SteerBuildSettings,
         ["M", "--pairs", "p.jsonl", "--out", "v"],
-        {"pairs_path": "pairs"},
+        {},
         dict(pairs="p.jsonl", out="v"),
     ),
     "transfer": (
         SteerTransferSettings,
         ["v", "--mapping", "m", "--source", "S", "--target", "T", "--out", "o"],
-        {"vector_dir": "vector", "mapping_dir": "mapping"},
+        {},
         dict(vector="v", mapping="m", out="o"),
     ),
-    "run": (SteerRunSettings, ["M", "--prompt", "hi"], {"vector_dir": "vector", "pack_dir": "pack"}, dict(prompt="hi")),
+    "run": (SteerRunSettings, ["M", "--prompt", "hi"], {}, dict(prompt="hi")),
     "eval": (
         SteerEvalSettings,
         ["M", "--vector", "v", "--prompt", "hi", "--scorer", "bullets"],
-        {"vector_dir": "vector"},
+        {},
         dict(vector="v", prompt="hi", scorer="bullets"),
     ),
 }

@@ -165,11 +165,12 @@ def settings_options(cls, *, after: dict | None = None):
     return decorate
 
 
-def settings_from(cls, values: dict, prefix: str = ""):
+def settings_from(cls, values: dict, prefix: str = "", *, given: dict | None = None):
     """The ``cls`` settings from a command's parsed option ``values`` (the parameters
     :func:`settings_options` added): a flag with ``invert`` is negated, a field with
-    ``default_if_not_given`` keeps its own default unless the option was given; every check of the
-    settings runs here, before anything is loaded."""
+    ``default_if_not_given`` keeps its own default unless the option was given; ``given``: fields
+    that are not options (a command's arguments); every check of the settings runs here, before
+    anything is loaded."""
     from click.core import ParameterSource
 
     from kvbridge.settings_fields import option_fields
@@ -189,7 +190,7 @@ def settings_from(cls, values: dict, prefix: str = ""):
         if opt.invert:
             value = not value
         kwargs[f.name] = tuple(value) if opt.multiple else value
-    return cls(**kwargs)
+    return cls(**kwargs, **(given or {}))
 
 
 # -- loading -------------------------------------------------------------------------------------------

@@ -383,7 +383,33 @@ def run_batches(
     return stack_fields(acc, names, ceiling=ref, floor=floor), cost
 
 
+# -- item by item --------------------------------------------------------------------------------------
+def run_items(conditions, items, answer: Callable, *, after_item: Callable | None = None) -> list:
+    """Each of ``items`` answered under each of ``conditions`` (names or :class:`Condition` s), in order:
+    ``answer(item, name)`` per pair; ``after_item(item, {name: answer})`` makes each item's record
+    (default: the dict itself). The measurements that are not teacher-forced batches run here: the
+    harness (an item's context prefilled per condition, the query answered from it; the conditions
+    share prefills through :class:`Prefills` on a one-context :class:`Batch`) and ``steer eval`` (one
+    prompt, an arm per condition, sampled over seeds)."""
+    names = [getattr(c, "name", c) for c in conditions]
+    out = []
+    for item in items:
+        values = {name: answer(item, name) for name in names}
+        out.append(values if after_item is None else after_item(item, values))
+    return out
+
+
+def context_batch(ids, timing: dict, memo: dict | None = None) -> Batch:
+    """A one-row :class:`Batch` whose prefix is the token ids ``ids`` (no continuation: the item's
+    query is fed by its caller); ``memo`` keeps what its conditions share across calls."""
+    prefix = torch.tensor([list(ids)], dtype=torch.long)
+    empty = prefix[:, :0]
+    return Batch(torch.arange(1), empty, empty, {"prefix": prefix}, timing, 1, {} if memo is None else memo)
+
+
 __all__ = [
+    "run_items",
+    "context_batch",
     "Batch",
     "Built",
     "Condition",

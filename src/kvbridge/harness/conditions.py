@@ -120,14 +120,14 @@ class Answerer:
     MEMO = 4  # contexts whose caches are kept
 
     def __init__(self, source, target, mapping, tokenizer, *, recompute=(), frontier=(), sink=None, host=None):
+        from kvbridge.evaluate.runner import Prefills
         from kvbridge.plugins import get_host
         from kvbridge.recompute.frontier import DEFAULT_SINK
 
         self.host = host or get_host()
         self.source, self.target, self.mapping, self.tokenizer = source, target, mapping, tokenizer
-        self.sad = self.host.adapter_for(source.config.to_dict())
-        self.tad = self.host.adapter_for(target.config.to_dict())
-        self.sspec, self.tspec = self.sad.spec_of(source), self.tad.spec_of(target)
+        self.prefills = p = Prefills(source, target, mapping, host=self.host)
+        self.sad, self.tad, self.sspec, self.tspec = p.sad, p.tad, p.sspec, p.tspec
         for role, want, got in (
             ("source", getattr(mapping, "source_spec", None), self.sspec),
             ("target", getattr(mapping, "target_spec", None), self.tspec),
@@ -149,26 +149,18 @@ class Answerer:
             raise HarnessError(f"--sink {sink!r} is negative", "pass a whole number of sink tokens >= 0, e.g. 4")
         eos = getattr(tokenizer, "eos_token_id", None)
         cfg_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-        ids = set()
+        self.eos_ids = set()
         for e in (eos, cfg_eos):
-            if isinstance(e, int):
-                ids.add(e)
-            elif isinstance(e, (list, tuple)):
-                ids.update(int(x) for x in e)
-        self.eos_ids = ids
+            self.eos_ids.update([e] if isinstance(e, int) else map(int, e) if isinstance(e, (list, tuple)) else ())
         self._memo: OrderedDict = OrderedDict()
-        self.timing = {
-            "source_prefill_s": 0.0,
-            "target_prefill_s": 0.0,
-            "transfer_s": 0.0,
-            "recompute_s": 0.0,
-            "frontier_s": 0.0,
-        }
+        keys = ("source_prefill_s", "target_prefill_s", "transfer_s", "recompute_s", "frontier_s")
+        self.timing = dict.fromkeys(keys, 0.0)  # seconds per shared prefill and per point kind
         #: one model on both sides (an identity pair): the target's prefill IS the source's
         self.one_model = target is source and self.tspec == self.sspec
         #: work not repeated: target prefills served by the source's, answers served by an earlier
         #: condition's (same model, bitwise the same cache, the same request)
         self.reused = {"prefills": 0, "answers": 0}
+        self.built_by = self._build_set()
 
     # -- which conditions apply ------------------------------------------------------------------
     def conditions(self, wanted=None) -> list[str]:
@@ -201,76 +193,58 @@ class Answerer:
             self._memo.move_to_end(ctx)
         return memo
 
-    def prefix(self, cond: str, ctx: tuple):
-        """``(model, adapter, state or None)`` for a condition and cached context ids."""
-        import time
+    def _build_set(self) -> dict:
+        """The harness's condition set (:class:`kvbridge.evaluate.runner.Condition` s by name) over the
+        shared prefills of :class:`kvbridge.evaluate.runner.Prefills` on a one-context batch."""
+        from functools import partial
 
-        import torch
-
-        if cond == "no_context" or not ctx:
-            return (self.source, self.sad, None) if cond == "source" else (self.target, self.tad, None)
-        memo = self._states(ctx)
-        ids = torch.tensor([list(ctx)], dtype=torch.long)
-
-        def get(name, make):
-            if name not in memo:
-                memo[name] = make()
-            return memo[name]
-
-        def timed(key, fn):
-            t0 = time.perf_counter()
-            out = fn()
-            self.timing[key] += time.perf_counter() - t0
-            return out
-
-        def source_prefill():
-            return timed("source_prefill_s", lambda: self.sad.extract(self.source, ids, spec=self.sspec))
-
-        if cond == "target" and self.one_model:  # the same forward on the same ids: the same cache
-            if "target" not in memo:
-                self.reused["prefills"] += 1
-                memo["target"] = get("source", source_prefill)
-            return self.target, self.tad, memo["target"]
-        if cond == "target":
-            return (
-                self.target,
-                self.tad,
-                get(
-                    "target",
-                    lambda: timed("target_prefill_s", lambda: self.tad.extract(self.target, ids, spec=self.tspec)),
-                ),
-            )
-        src = get("source", source_prefill)
-        if cond == "source":
-            return self.source, self.sad, src
+        from kvbridge.evaluate.runner import Built, Condition
         from kvbridge.transfer import IdentityMapping, transfer
 
-        moved = get(
-            "transferred", lambda: timed("transfer_s", lambda: transfer(src, self.mapping, self.tspec, host=self.host))
-        )
-        if cond == "transferred":
-            return self.target, self.tad, moved
-        if cond == "plain":
-            return (
-                self.target,
-                self.tad,
-                get("plain", lambda: transfer(src, IdentityMapping(), self.tspec, host=self.host)),
-            )
-        if cond in self.frontier:  # the frontier's own builders (kvbridge.recompute.frontier)
-            from kvbridge.recompute.frontier import kept_rows, truncated_state
-            from kvbridge.recompute.tokens import recompute_rows
+        p = self.prefills
 
-            kind, r = self.frontier[cond]
-            rows = kept_rows(len(ctx), r, self.sink, tail=kind == "tail")
-            if kind == "tail":
-                make = lambda: recompute_rows(self.target, moved, rows, meta={"frontier": cond})[0]  # noqa: E731
-            else:  # the layout (tokens, positions) of either target-side state; its K/V are not read
-                layout = memo.get("target", moved)
-                make = lambda: truncated_state(self.target, layout, rows)[0]  # noqa: E731
-            return self.target, self.tad, get(cond, lambda: timed("frontier_s", make))
-        point = self.recompute.get(cond)
-        if point is None:
-            raise HarnessError(f"unknown condition {cond!r}", f"use some of {', '.join(self.conditions())}")
+        def target(bt):
+            if not self.one_model:
+                return Built(p.native(bt))
+            if "native" not in bt.memo:  # the same forward on the same ids: the same cache
+                self.reused["prefills"] += 1
+            return Built(bt.once("native", lambda: p.source_state(bt)))
+
+        def plain(bt):
+            return Built(
+                bt.once("plain", lambda: transfer(p.source_state(bt), IdentityMapping(), self.tspec, host=self.host))
+            )
+
+        builds = {
+            "target": target,
+            "source": lambda bt: Built(p.source_state(bt), on="source"),
+            "transferred": lambda bt: Built(p.transferred(bt)),
+            "plain": plain,
+        }
+        builds.update({name: partial(self._frontier, name) for name in self.frontier})
+        builds.update({name: partial(self._recompute, point) for name, point in self.recompute.items()})
+        return {name: Condition(name, build) for name, build in builds.items()}
+
+    def _frontier(self, name: str, bt):
+        """``truncated@R`` / ``tail@R``: the frontier's own builders (:mod:`kvbridge.recompute.frontier`)."""
+        from kvbridge.evaluate.runner import Built
+        from kvbridge.recompute.frontier import kept_rows, truncated_state
+        from kvbridge.recompute.tokens import recompute_rows
+
+        kind, r = self.frontier[name]
+        moved = self.prefills.transferred(bt)
+        rows = kept_rows(bt.parts["prefix"].shape[1], r, self.sink, tail=kind == "tail")
+        if kind == "tail":
+            make = lambda: recompute_rows(self.target, moved, rows, meta={"frontier": name})[0]  # noqa: E731
+        else:  # the layout (tokens, positions) of either target-side state; its K/V are not read
+            make = lambda: truncated_state(self.target, bt.memo.get("native", moved), rows)[0]  # noqa: E731
+        return Built(bt.once(name, make, "frontier_s"))
+
+    def _recompute(self, point, bt):
+        """A recompute point on the transferred cache (layers, or a share of the tokens)."""
+        from kvbridge.evaluate.runner import Built
+
+        moved = self.prefills.transferred(bt)
         if point.kind == "layers":
             from kvbridge.recompute.layers import recompute_layers
 
@@ -279,7 +253,19 @@ class Answerer:
             from kvbridge.recompute.tokens import blend
 
             make = lambda: blend(self.target, moved, 0, point.ratio).state  # noqa: E731
-        return self.target, self.tad, get(cond, lambda: timed("recompute_s", make))
+        return Built(bt.once(point.name, make, "recompute_s"))
+
+    def prefix(self, cond: str, ctx: tuple):
+        """``(model, adapter, state or None)`` for a condition and cached context ids."""
+        from kvbridge.evaluate.runner import context_batch
+
+        if cond == "no_context" or not ctx:
+            return (self.source, self.sad, None) if cond == "source" else (self.target, self.tad, None)
+        condition = self.built_by.get(cond)
+        if condition is None:
+            raise HarnessError(f"unknown condition {cond!r}", f"use some of {', '.join(self.conditions())}")
+        built = condition.build(context_batch(ctx, self.timing, self._states(ctx)))
+        return (*self.prefills.models[built.on], built.state)
 
     @staticmethod
     def split(ctx: list, live: list) -> tuple[tuple, list]:

@@ -1,8 +1,9 @@
-"""``kvbridge harness`` as one library call: :func:`harness_pair` (a loaded pair + settings -> result).
+"""``kvbridge harness`` as one library call: :func:`harness_run` (a :class:`~kvbridge.run.Run`: a loaded
+pair + :class:`HarnessSettings` -> result; :func:`harness_pair` makes the run of a pair).
 
 :func:`prepare` does every check that needs no model (task names and options, lm-eval tasks,
 code execution, the mapping folder, a replaceable report folder), so a command can fail before
-loading anything; :func:`harness_pair` calls it when not given its result.
+loading anything; :func:`harness_run` calls it when not given its result.
 """
 
 from __future__ import annotations
@@ -58,84 +59,35 @@ def prepare(settings: HarnessSettings) -> Prepared:
     return Prepared(tuple(tasks), tuple(lm_specs), lm_options)
 
 
-def harness_pair(
-    pair,
-    settings: HarnessSettings,
-    *,
-    prepared: Prepared | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    host=None,
-) -> tuple[dict, dict]:
-    """Run the tasks of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`.
+def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[int, int], None] | None = None):
+    """Run the tasks of ``run.settings`` (a :class:`HarnessSettings`) on ``run.pair``.
 
     Returns ``(result, written)``: the JSON-ready result, and the report files written (empty
     without ``report_dir``). Finished items go to ``settings.partial_file`` as they finish (removed
     once a report is written beside it)."""
     from kvbridge.evaluate.run import load_mapping_ref
-    from kvbridge.harness.conditions import parse_recompute_layers, parse_recompute_tokens
     from kvbridge.harness.report import write_report
-    from kvbridge.harness.run import run_harness
+    from kvbridge.harness.run import run_tasks
     from kvbridge.progress import PartialLog
 
+    settings, src, tgt = run.settings, run.source, run.target
     prepared = prepared or prepare(settings)
-    src, tgt = pair.source, pair.target
     mapping = load_mapping_ref(
-        settings.mapping, src.model, tgt.model, tokenizer=pair.tokenizer, force=settings.accept_fingerprint_mismatch
-    )
-    layers = tgt.spec.num_layers if getattr(tgt, "spec", None) else tgt.model.config.num_hidden_layers
-    points = parse_recompute_layers(settings.recompute_layers, layers) + parse_recompute_tokens(
-        settings.recompute_tokens
+        settings.mapping, src.model, tgt.model, tokenizer=run.tokenizer, force=settings.accept_fingerprint_mismatch
     )
     tasks = list(prepared.tasks)
     if prepared.lm_specs:
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
 
         tasks += lm_eval_loaded_tasks(list(prepared.lm_specs), prepared.lm_options)
-    partial_file = settings.partial_file
+    head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
     partial = (
         None
-        if partial_file is None
-        else PartialLog(
-            partial_file,
-            {
-                "command": "harness",
-                "source": src.name,
-                "target": tgt.name,
-                "mapping": settings.mapping,
-                "tasks": [t.name for t in tasks],
-            },
-        )
+        if settings.partial_file is None
+        else PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
     )
-
-    def on_item(task, record):
-        if partial is not None:
-            partial.add({"task": task, **record})
-
-    result = run_harness(
-        src.model,
-        tgt.model,
-        mapping,
-        tgt.tokenizer,
-        tasks,
-        conditions=list(settings.conditions) or None,
-        recompute=points,
-        frontier=settings.frontier_ratios,
-        sink=settings.sink,
-        allow_code_execution=settings.allow_code_execution,
-        bootstrap=settings.bootstrap,
-        seed=settings.seed,
-        limit=settings.limit,
-        progress=progress,
-        on_item=on_item,
-        source_name=src.name,
-        target_name=tgt.name,
-        host=host,
-        mapping_info={
-            "path": None if settings.mapping == "identity" else str(settings.mapping),
-            "name": getattr(mapping, "name", type(mapping).__name__),
-            "exact": bool(getattr(mapping, "exact", False)),
-        },
-    )
+    on_item = None if partial is None else lambda task, record: partial.add({"task": task, **record})
+    result = run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
     written = {}
     if settings.report_dir:
         written = write_report(result, settings.report_dir)
@@ -147,4 +99,11 @@ def harness_pair(
     return result, written
 
 
-__all__ = ["Prepared", "prepare", "harness_pair"]
+def harness_pair(pair, settings: HarnessSettings, *, prepared: Prepared | None = None, progress=None, host=None):
+    """:func:`harness_run` of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`."""
+    from kvbridge.run import Run
+
+    return harness_run(Run.of(pair, settings, host), prepared=prepared, progress=progress)
+
+
+__all__ = ["Prepared", "prepare", "harness_run", "harness_pair"]

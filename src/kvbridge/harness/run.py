@@ -7,8 +7,8 @@
     result = run_harness(source, target, mapping, tokenizer, tasks)
     result["tasks"]["recall"]["retention"], result["tasks"]["recall"]["gap_closed"]
 
-Every item is tokenised once (context with the tokenizer's special tokens, query without) and
-answered under every condition from the same ids; per item the source prefills once (serving
+Every item is answered under every condition (:func:`kvbridge.evaluate.runner.run_items`) from the
+same ids (context with the tokenizer's special tokens, query without); per item the source prefills once (serving
 ``source``, ``transferred``, ``plain`` and the recompute points). The result (``SCHEMA``) holds,
 per task and pooled over tasks (``overall``), accuracy with a Wilson interval per condition,
 retention, floor-normalised retention, gap closed and paired differences
@@ -77,45 +77,42 @@ def _ids(tokenizer, text: str, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"]) if text else []
 
 
-def _item_record(item) -> dict:
+def _item_record(item, values: dict, chance: float) -> dict:
+    """An item's record: ``values`` is ``{condition: (score, answer shown)}``."""
     rec = {"id": item.id, "group": item.group, "scores": {}, "answers": {}}
+    for cond, (score, shown) in values.items():
+        rec["scores"][cond], rec["answers"][cond] = score, shown
     if isinstance(item, ChoiceItem):
         rec["gold"] = item.gold
     else:
         rec["answer"] = item.answer if isinstance(item.answer, (str, int, float)) else None
+    rec["chance"] = chance
     return rec
 
 
-def answer_item(answerer, task, item, conds, tokenizer) -> dict:
-    """Score one item under each condition: ``{"scores": {cond: x}, "answers": {cond: text or choice}}``."""
-    ctx = _ids(tokenizer, item.context, True)
-    query = _ids(tokenizer, item.query, False)
-    bos = _ids(tokenizer, "", True)  # what no_context keeps of the context: the special-token prefix
-    rec = _item_record(item)
+def answer_one(answerer, task, item, cond: str, tokenizer) -> tuple[float, Any]:
+    """``(score, answer shown)`` of one item under one condition (the shown answer: a choice's index,
+    or the completion's first :data:`KEEP_CHARS` characters)."""
+    ctx = _ids(tokenizer, "", True) if cond == "no_context" else _ids(tokenizer, item.context, True)
+    query = _ids(tokenizer, item.query, False)  # no_context keeps of the context its special-token prefix
     custom = getattr(task, "answer", None)
-    for cond in conds:
-        c = bos if cond == "no_context" else ctx
-        if custom is not None:  # the task answers and scores itself (lm-eval tasks)
-            score, shown = custom(answerer, cond, item)
-            rec["scores"][cond], rec["answers"][cond] = float(score), shown
-        elif isinstance(item, ChoiceItem):
-            lls = [answerer.loglikelihood(cond, c, query, _ids(tokenizer, choice, False))[0] for choice in item.choices]
-            pick = max(range(len(lls)), key=lambda i: lls[i])
-            rec["scores"][cond] = float(pick == item.gold)
-            rec["answers"][cond] = pick
-        elif isinstance(item, GenItem):
-            completion = answerer.generate(cond, c, query, max_new_tokens=item.max_new_tokens, stop=item.stop)
-            score = float(task.score(item, completion))
-            if not 0 <= score <= 1:
-                raise HarnessError(f"task {task.name!r} scored {score} (outside 0..1)", "fix the task's score()")
-            rec["scores"][cond] = score
-            rec["answers"][cond] = completion[:KEEP_CHARS]
-        else:
-            raise HarnessError(
-                f"task {task.name!r} returned a {type(item).__name__}, not a GenItem or ChoiceItem",
-                "return kvbridge.harness.protocol items from items()",
-            )
-    return rec
+    if custom is not None:  # the task answers and scores itself (lm-eval tasks)
+        score, shown = custom(answerer, cond, item)
+        return float(score), shown
+    if isinstance(item, ChoiceItem):
+        lls = [answerer.loglikelihood(cond, ctx, query, _ids(tokenizer, choice, False))[0] for choice in item.choices]
+        pick = max(range(len(lls)), key=lambda i: lls[i])
+        return float(pick == item.gold), pick
+    if isinstance(item, GenItem):
+        completion = answerer.generate(cond, ctx, query, max_new_tokens=item.max_new_tokens, stop=item.stop)
+        score = float(task.score(item, completion))
+        if not 0 <= score <= 1:
+            raise HarnessError(f"task {task.name!r} scored {score} (outside 0..1)", "fix the task's score()")
+        return score, completion[:KEEP_CHARS]
+    raise HarnessError(
+        f"task {task.name!r} returned a {type(item).__name__}, not a GenItem or ChoiceItem",
+        "return kvbridge.harness.protocol items from items()",
+    )
 
 
 def _group_summary(records: list, conds: list, chance: dict) -> dict:
@@ -147,155 +144,163 @@ def _group_summary(records: list, conds: list, chance: dict) -> dict:
     return out
 
 
-def run_harness(
-    source,
-    target,
-    mapping,
-    tokenizer,
-    tasks: list[LoadedTask],
-    *,
-    conditions=None,
-    recompute=(),
-    frontier=(),
-    sink: int | None = None,
-    allow_code_execution: bool = False,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    limit: int = 0,
-    host=None,
-    progress=None,
-    on_item=None,
-    source_name: str = "",
-    target_name: str = "",
-    mapping_info: dict | None = None,
-) -> dict:
-    """Run ``tasks`` under ``conditions`` (default: every one that applies) and return the result dict.
+#: ``HarnessSettings.mapping`` of a run on model objects (:func:`run_harness`): no mapping reference
+IN_MEMORY = "(in memory)"
 
-    ``recompute``: :class:`kvbridge.harness.conditions.Recompute` points; ``frontier``: shares R of
-    the context for the frontier's ``truncated@R`` / ``tail@R`` conditions, with ``sink`` sink tokens
-    (default :data:`kvbridge.recompute.frontier.DEFAULT_SINK`); ``limit``: items per task (0: all).
-    ``on_item(task, record)`` after each item (partial results); ``progress(done, total)``.
-    """
+
+def run_harness(source, target, mapping, tokenizer, tasks, *, host=None, progress=None, on_item=None, **settings):
+    """:func:`run_tasks` on two model objects (``tokenizer``: the one they share); ``settings``: fields
+    of :class:`~kvbridge.harness.settings.HarnessSettings` (``conditions``, ``frontier``, ``sink``,
+    ``recompute_layers``, ``bootstrap``, ``seed``, ``limit``, ``allow_code_execution``, ...)."""
+    from kvbridge.harness.settings import HarnessSettings
+    from kvbridge.models.pair import ModelPair
+    from kvbridge.plugins import host_or_default
+    from kvbridge.run import InMemoryModel, Run
+
+    host = host_or_default(host)
+    names = settings.pop("tasks", None) or tuple(t.name for t in tasks)
+    pair = ModelPair(InMemoryModel.of(source, host), InMemoryModel.of(target, host, tokenizer), {})
+    run = Run(pair, HarnessSettings(mapping=settings.pop("mapping", IN_MEMORY), tasks=names, **settings), host)
+    return run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
+
+
+def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=None) -> dict:
+    """Run ``tasks`` on ``run.pair`` through ``mapping`` under the conditions of ``run.settings`` (a
+    :class:`~kvbridge.harness.settings.HarnessSettings`: ``conditions``, default every one that applies;
+    the recompute and frontier points; ``limit`` items per task, 0: all) and return the result dict.
+    Each item is answered under each condition by :func:`kvbridge.evaluate.runner.run_items`;
+    ``on_item(task, record)`` after each item (partial results); ``progress(done, total)``."""
     import contextlib
 
-    from kvbridge import stats
-    from kvbridge.harness.conditions import Answerer
+    from kvbridge.evaluate.runner import run_items
+    from kvbridge.harness.conditions import Answerer, parse_recompute_layers, parse_recompute_tokens
     from kvbridge.harness.sandbox import code_execution_allowed
 
+    s, src, tgt = run.settings, run.source, run.target
+    tokenizer = tgt.tokenizer
     needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
-    if needs_exec and not allow_code_execution:
+    if needs_exec and not s.allow_code_execution:
         raise HarnessError(
             f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
             "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
         )
+    recompute = parse_recompute_layers(s.recompute_layers, tgt.spec.num_layers)
+    recompute += parse_recompute_tokens(s.recompute_tokens)
+    frontier = s.frontier_ratios
     answerer = Answerer(
-        source, target, mapping, tokenizer, recompute=recompute, frontier=frontier, sink=sink, host=host
+        src.model, tgt.model, mapping, tokenizer, recompute=recompute, frontier=frontier, sink=s.sink, host=run.host
     )
-    conds = answerer.conditions(conditions)
+    conds = answerer.conditions(list(s.conditions) or None)
     built = []
     for t in tasks:
-        items = list(t.task.items(t.options, tokenizer))
-        if limit:
-            items = items[: int(limit)]
+        items = list(t.task.items(t.options, tokenizer))[: int(s.limit) or None]
         if not items:
             raise HarnessError(f"task {t.name!r} built no items", "check its options (-o NAME.key=value)")
         built.append((t, items))
-    total = sum(len(items) for _, items in built)
-    done = 0
-    result_tasks, all_items, notes = {}, {}, []
-    pooled: dict = {}
-    pooled_chance: list = []
+    total, done = sum(len(items) for _, items in built), 0
+    all_items, meta, notes = {}, {}, []
     t_start = time.perf_counter()
     with code_execution_allowed() if needs_exec else contextlib.nullcontext():
         for t, items in built:
             tconds = [c for c in conds if c != "no_context" or getattr(t.task, "no_context", False)]
             if "no_context" in conds and "no_context" not in tconds:
                 notes.append(f"{t.name}: no no_context condition (the context is the task)")
-            records, chance = [], {}
-            for item in items:
-                rec = answer_item(answerer, t.task, item, tconds, tokenizer)
-                chance[item.id] = rec["chance"] = float(t.task.chance(item))
-                records.append(rec)
+
+            def answered(item, values, t=t):
+                nonlocal done
+                rec = _item_record(item, values, float(t.task.chance(item)))
                 done += 1
                 if on_item is not None:
                     on_item(t.name, rec)
                 if progress is not None:
                     progress(done, total)
-            scores = {c: [r["scores"][c] for r in records] for c in tconds}
-            floor = sum(chance.values()) / len(records)
-            summary = stats.summarize(scores, floor=floor, bootstrap=bootstrap, seed=seed)
-            summary.update(
-                description=t.description,
-                plugin=t.plugin,
-                options=_options_dict(t.options),
-                groups=_group_summary(records, tconds, chance),
-            )
-            result_tasks[t.name] = summary
-            all_items[t.name] = records
-            for c in tconds:
-                pooled.setdefault(c, []).extend(scores[c])
-            pooled_chance.extend(chance[r["id"]] for r in records)
-    common = [c for c in conds if all(c in result_tasks[t]["conditions"] for t in result_tasks)]
-    overall = stats.summarize(
-        {c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance), bootstrap=bootstrap, seed=seed
-    )
-    overall["tasks"] = list(result_tasks)
+                return rec
+
+            answer = lambda item, cond, t=t: answer_one(answerer, t.task, item, cond, tokenizer)  # noqa: E731
+            all_items[t.name] = run_items(tconds, items, answer, after_item=answered)
+            meta[t.name] = {"description": t.description, "plugin": t.plugin, "options": _options_dict(t.options)}
+    result_tasks, overall = _summaries(all_items, conds, meta, s.bootstrap, s.seed)
+    info = {"name": getattr(mapping, "name", type(mapping).__name__), "exact": bool(getattr(mapping, "exact", False))}
+    if s.mapping != IN_MEMORY:
+        info = {"path": None if s.mapping == "identity" else str(s.mapping), **info}
+    definitions = dict(DEFINITIONS)
+    if frontier:
+        definitions["truncated@R"] = (
+            f"the target's own prefill of the first {answerer.sink} (sink) and the last "
+            "ceil(R*P) of the P cached context tokens only, at their original positions (no transfer)"
+        )
+        definitions["tail@R"] = (
+            "the same rows computed by the target at every layer over the mapped cache of the "
+            "others (tail@0: the plain transfer)"
+        )
     from kvbridge.progress import json_ready
 
     return json_ready(
         {
             "schema": SCHEMA,
-            "source": _model_info(source, answerer.sspec, source_name),
-            "target": _model_info(target, answerer.tspec, target_name),
-            "mapping": mapping_info
-            or {
-                "name": getattr(mapping, "name", type(mapping).__name__),
-                "exact": bool(getattr(mapping, "exact", False)),
-            },
+            "source": _model_info(src.model, answerer.sspec, src.name),
+            "target": _model_info(tgt.model, answerer.tspec, tgt.name),
+            "mapping": info,
             "conditions": conds,
             "recompute": [
                 {"name": r.name, "kind": r.kind, "spec": r.spec, "layers": list(r.layers), "ratio": r.ratio}
                 for r in recompute
             ],
-            "frontier": {
-                "ratios": sorted({float(r) for r in frontier}),
-                "sink": answerer.sink,
-                "conditions": list(answerer.frontier),
-            }
+            "frontier": {"ratios": list(frontier), "sink": answerer.sink, "conditions": list(answerer.frontier)}
             if frontier
             else None,
             "settings": {
-                "bootstrap": bootstrap,
-                "seed": seed,
-                "limit": int(limit),
-                "allow_code_execution": bool(allow_code_execution),
+                "bootstrap": s.bootstrap,
+                "seed": s.seed,
+                "limit": int(s.limit),
+                "allow_code_execution": bool(s.allow_code_execution),
             },
             "tasks": result_tasks,
             "overall": overall,
             "items": all_items,
             "timing": {"seconds": time.perf_counter() - t_start, **answerer.timing, "reused": dict(answerer.reused)},
-            "definitions": {
-                "accuracy": "mean item score; ci: Wilson 95%",
-                "retention": "transferred / target",
-                "floor_normalised_retention": "(transferred - floor) / (target - floor), floor = the task's chance level",
-                "gap_closed": "(transferred - source) / (target - source)",
-                "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact "
-                "McNemar p",
-                **(
-                    {
-                        "truncated@R": f"the target's own prefill of the first {answerer.sink} (sink) and the last "
-                        "ceil(R*P) of the P cached context tokens only, at their original positions (no transfer)",
-                        "tail@R": "the same rows computed by the target at every layer over the mapped cache of the "
-                        "others (tail@0: the plain transfer)",
-                    }
-                    if frontier
-                    else {}
-                ),
-            },
+            "definitions": definitions,
             "notes": notes,
         },
         stringify=False,
     )
+
+
+#: what the result's summary fields mean (``definitions``; the frontier adds its two)
+DEFINITIONS = {
+    "accuracy": "mean item score; ci: Wilson 95%",
+    "retention": "transferred / target",
+    "floor_normalised_retention": "(transferred - floor) / (target - floor), floor = the task's chance level",
+    "gap_closed": "(transferred - source) / (target - source)",
+    "paired": "per-item differences a - b (mean, paired bootstrap 95%); binary: discordant counts and exact McNemar p",
+}
+
+
+def _summaries(items: dict, conds: list, meta: dict, bootstrap: int, seed: int) -> tuple[dict, dict]:
+    """``(per-task summaries, overall)`` from the per-item records of each task (``meta``: a task's
+    description, plugin and options, kept beside its summary)."""
+    from kvbridge import stats
+
+    tasks, pooled, pooled_chance = {}, {}, []
+    for name, records in items.items():
+        tconds = [c for c in conds if c in records[0]["scores"]]
+        chance = {r["id"]: r.get("chance", meta[name].get("floor")) for r in records}
+        scores = {c: [r["scores"][c] for r in records] for c in tconds}
+        summary = stats.summarize(scores, floor=sum(chance.values()) / len(records), bootstrap=bootstrap, seed=seed)
+        summary.update(
+            {k: meta[name][k] for k in ("description", "plugin", "options") if k in meta[name]},
+            groups=_group_summary(records, tconds, chance),
+        )
+        tasks[name] = summary
+        for c in tconds:
+            pooled.setdefault(c, []).extend(scores[c])
+        pooled_chance.extend(chance[r["id"]] for r in records)
+    common = [c for c in conds if all(c in tasks[t]["conditions"] for t in tasks)]
+    overall = stats.summarize(
+        {c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance), bootstrap=bootstrap, seed=seed
+    )
+    overall["tasks"] = list(tasks)
+    return tasks, overall
 
 
 def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None = None) -> dict:
@@ -303,34 +308,13 @@ def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None 
     after a change of definitions, or with another bootstrap), the items themselves unchanged."""
     import copy
 
-    from kvbridge import stats
+    from kvbridge.progress import json_ready
 
     out = copy.deepcopy(result)
     bootstrap = out["settings"]["bootstrap"] if bootstrap is None else int(bootstrap)
     seed = out["settings"]["seed"] if seed is None else int(seed)
     out["settings"].update(bootstrap=bootstrap, seed=seed)
-    pooled, pooled_chance = {}, []
-    for name, records in out["items"].items():
-        old = out["tasks"][name]
-        conds = [c for c in out["conditions"] if c in records[0]["scores"]]
-        chance = {r["id"]: r.get("chance", old["floor"]) for r in records}
-        scores = {c: [r["scores"][c] for r in records] for c in conds}
-        summary = stats.summarize(scores, floor=sum(chance.values()) / len(records), bootstrap=bootstrap, seed=seed)
-        summary.update(
-            {k: old[k] for k in ("description", "plugin", "options") if k in old},
-            groups=_group_summary(records, conds, chance),
-        )
-        out["tasks"][name] = summary
-        for c in conds:
-            pooled.setdefault(c, []).extend(scores[c])
-        pooled_chance.extend(chance[r["id"]] for r in records)
-    common = [c for c in out["conditions"] if all(c in out["tasks"][t]["conditions"] for t in out["tasks"])]
-    out["overall"] = stats.summarize(
-        {c: pooled[c] for c in common}, floor=sum(pooled_chance) / len(pooled_chance), bootstrap=bootstrap, seed=seed
-    )
-    out["overall"]["tasks"] = list(out["tasks"])
-    from kvbridge.progress import json_ready
-
+    out["tasks"], out["overall"] = _summaries(out["items"], out["conditions"], out["tasks"], bootstrap, seed)
     return json_ready(out, stringify=False)
 
 
@@ -350,4 +334,14 @@ def _model_info(model, spec, name: str) -> dict:
     }
 
 
-__all__ = ["SCHEMA", "LoadedTask", "load_tasks", "parse_task_options", "run_harness", "answer_item", "resummarize"]
+__all__ = [
+    "SCHEMA",
+    "IN_MEMORY",
+    "LoadedTask",
+    "load_tasks",
+    "parse_task_options",
+    "run_harness",
+    "run_tasks",
+    "answer_one",
+    "resummarize",
+]

@@ -1,6 +1,7 @@
-"""What ``kvbridge harness`` (and :func:`kvbridge.harness.pair_run.harness_pair`) is asked to do.
+"""What ``kvbridge harness`` (and :func:`kvbridge.harness.pair_run.harness_run`) is asked to do.
 
-A frozen value with the CLI's defaults; malformed values are refused here, as one-line
+A frozen value; each field declares its command-line option (:mod:`kvbridge.settings_fields`: the
+command's options are generated from it); malformed values are refused here, as one-line
 :class:`~kvbridge.harness.protocol.HarnessError` naming the option and the fix, so the Python API
 gets the same checks as the command line. No torch, no models, no task registry: checks that need
 the registry (task names, code execution, lm-eval tasks) are :func:`kvbridge.harness.pair_run.prepare`.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from kvbridge.errors import names_value, whole_number
 from kvbridge.harness.protocol import HarnessError
+from kvbridge.settings_fields import option, seed_option
 
 
 def _names(value, flag: str) -> tuple:
@@ -20,31 +22,91 @@ def _names(value, flag: str) -> tuple:
 
 @dataclass(frozen=True)
 class HarnessSettings:
-    """``mapping``: a mapping folder or ``"identity"``; ``tasks``: registered task names;
-    ``task_options``: ``TASK.KEY=VALUE`` strings; ``lm_eval_tasks``: lm-evaluation-harness task names
-    or YAML files (``lm_eval_include``: a folder of task YAMLs); ``conditions``: empty = every one
-    that applies; ``recompute_layers`` / ``recompute_tokens``: extra transferred points with part of
-    the cache recomputed; ``frontier``: ``R[,R...]`` shares of the context for the compute frontier's
-    ``truncated@R`` / ``tail@R`` conditions, ``sink`` sink tokens they keep; ``limit``: items per task (0: all); ``report_dir`` / ``partial_path``: where
-    the report and the finished items go; ``accept_fingerprint_mismatch``: warn instead of refusing."""
+    """One ``kvbridge harness`` run; each field's help is its option's (``tasks``, ``conditions``: name
+    lists, ``"a,b"`` or a sequence; empty ``conditions``: every one that applies)."""
 
-    mapping: str
-    tasks: tuple = ()
-    task_options: tuple = ()
-    lm_eval_tasks: tuple = ()
-    lm_eval_include: str | None = None
-    conditions: tuple = ()
-    recompute_layers: str | None = None
-    recompute_tokens: str | None = None
-    frontier: str | None = None
-    sink: int = 4
-    limit: int = 0
-    allow_code_execution: bool = False
-    bootstrap: int = 1000
-    seed: int = 0
-    report_dir: str | None = None
-    partial_path: str | None = None
-    accept_fingerprint_mismatch: bool = False
+    mapping: str = option(
+        help="Mapping folder written by `kvbridge fit` for this pair, or 'identity' (same content geometry).",
+        required=True,
+    )
+    tasks: tuple = option(
+        (),
+        "Registered tasks to run (built-ins below; plugins add more).",
+        cli_default="",
+        metavar="NAME[,NAME...]",
+    )
+    task_options: tuple = option(
+        (),
+        "A task option, e.g. -o recall.lengths=256,1024 -o mc.path=q.jsonl -o lm-eval:NAME.num_fewshot=2. Repeatable.",
+        flags=("-o", "--task-option"),
+        multiple=True,
+        metavar="TASK.KEY=VALUE",
+    )
+    lm_eval_tasks: tuple = option(
+        (),
+        "An lm-evaluation-harness task (a name, or a task YAML file) scored through the same conditions. "
+        "Repeatable. Tasks whose data is on the hub need local files offline.",
+        flags=("--lm-eval-task",),
+        multiple=True,
+        metavar="NAME|YAML",
+    )
+    lm_eval_include: str | None = option(
+        None,
+        "A folder of lm-eval task YAMLs (lm-eval's --include_path).",
+        kind=("path", {"exists": True, "file_okay": False}),
+    )
+    conditions: tuple = option(
+        (),
+        "Conditions (default: every one that applies): target, source, transferred, plain, no_context, "
+        "and the recompute points.",
+        cli_default="",
+        metavar="C[,C...]",
+    )
+    recompute_layers: str | None = option(
+        None,
+        "Also run the transferred cache with these target layers recomputed: 3,7-9 | all | 10% "
+        "(the first 10% of the layers, the cheapest in target mode). ';' separates points.",
+        metavar="SPEC[;SPEC...]",
+    )
+    recompute_tokens: str | None = option(
+        None,
+        "Also run the transferred cache with a share R of the context tokens recomputed (CacheBlend rule).",
+        metavar="R[,R...]",
+    )
+    frontier: str | None = option(
+        None,
+        "Also run the compute frontier's points for each share R of the context: truncated@R (the target "
+        "prefills only --sink first tokens and the last ceil(R*P), at their original positions; no transfer) and "
+        "tail@R (those rows computed by the target over the mapped cache of the rest), as in `kvbridge eval "
+        "--frontier`.",
+        metavar="R[,R...]",
+    )
+    sink: int = option(4, "Sink tokens (the context's first) kept by --frontier.", kind=("count", 0), show_default=True)
+    limit: int = option(0, "Items per task (0: all the task builds).", kind=("count", 0), show_default=True)
+    allow_code_execution: bool = option(
+        False,
+        "Let tasks that run model-generated code (humaneval) do so, in a limited subprocess "
+        "(timeout, CPU/memory/file limits, temporary folder, clean environment). Not a container.",
+        flag=True,
+    )
+    bootstrap: int = option(1000, "Paired bootstrap resamples.", kind=("count", 0), show_default=True)
+    seed: int = seed_option("Seed of the bootstrap.")
+    report_dir: str | None = option(
+        None,
+        "Write harness.json, summary.md and accuracy.png to this folder.",
+        flags=("--report",),
+        kind=("path", {"file_okay": False}),
+    )
+    partial_path: str | None = option(
+        None,
+        "JSONL of finished items, rewritten atomically after each (default with --report: "
+        "REPORT.partial.jsonl, removed once the report is written).",
+        flags=("--partial",),
+        kind=("path", {"dir_okay": False}),
+    )
+    accept_fingerprint_mismatch: bool = option(
+        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.mapping, str) or not self.mapping.strip():

@@ -254,6 +254,7 @@ def evaluate(
     """Every arm of the module docstring on ``settings.prompt``, with the steering ``vector``, the
     ``scorer`` and the ``extra_vectors`` loaded (``settings.vector`` / ``scorer`` / ``extra`` name
     them); the result is JSON-ready."""
+    from kvbridge.evaluate.runner import run_items
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, setup_for, stop_ids_of
 
@@ -290,30 +291,35 @@ def evaluate(
         "arms": {},
         "sweep": {},
     }
-    for arm in arms:
-        setup, record = _setup(ctx, arm, 1.0, extra_vectors, instruction)
-        res = _run_arm(ctx, arm, setup, record, settings.samples)
-        result["arms"][arm] = res
+
+    def arm_result(samples: int, arm: str) -> dict:
+        res = _run_arm(ctx, arm, *_setup(ctx, arm, 1.0, extra_vectors, instruction), samples)
         log(
             f"{arm:<14} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}  "
             f"dNLL {res['cost']['delta_nll']:+.3f}  rep {res['cost']['repetition']:.2f}  ({res['seconds']:.0f}s)"
         )
+        return res
+
+    # the arms are the conditions of one item (the prompt, sampled over the seeds); the reference first
+    result["arms"] = run_items(arms, [settings.samples], arm_result)[0]
     ref = result["arms"]["none"]["scores"]
     for arm, res in result["arms"].items():
         res["paired_vs_none"] = paired(res["scores"], ref, bootstrap=settings.bootstrap)
     n_sweep = settings.sweep_samples or settings.samples
-    for mult in settings.sweep:
-        for arm in settings.sweep_arms or SWEPT:
-            if arm not in arms and arm not in extra_vectors:
-                continue
-            setup, record = _setup(ctx, arm, float(mult), extra_vectors, instruction)
-            if not ctx.none_rows or len(ctx.none_rows) < n_sweep:
-                raise KVBridgeError("--sweep-samples exceeds --samples", "pass --sweep-samples <= --samples")
-            res = _run_arm(ctx, arm, setup, record, n_sweep)
-            res.pop("examples")
-            res["paired_vs_none"] = paired(res["scores"], ref[:n_sweep], bootstrap=settings.bootstrap)
-            result["sweep"].setdefault(arm, []).append({"multiplier": float(mult), **res})
-            log(f"sweep {arm:<8} x{mult:<6g} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}")
+
+    def sweep_point(samples: int, point: tuple) -> None:
+        arm, mult = point
+        setup, record = _setup(ctx, arm, mult, extra_vectors, instruction)
+        if not ctx.none_rows or len(ctx.none_rows) < samples:
+            raise KVBridgeError("--sweep-samples exceeds --samples", "pass --sweep-samples <= --samples")
+        res = _run_arm(ctx, arm, setup, record, samples)
+        res.pop("examples")
+        res["paired_vs_none"] = paired(res["scores"], ref[:samples], bootstrap=settings.bootstrap)
+        result["sweep"].setdefault(arm, []).append({"multiplier": mult, **res})
+        log(f"sweep {arm:<8} x{mult:<6g} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}")
+
+    swept = [a for a in settings.sweep_arms or SWEPT if a in arms or a in extra_vectors]
+    run_items([(arm, float(m)) for m in settings.sweep for arm in swept], [n_sweep], sweep_point)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
 

@@ -1,6 +1,6 @@
 """What each ``kvbridge steer`` subcommand (and its call in :mod:`kvbridge.steer.stages`) is asked to do.
 
-Frozen values with the CLI's defaults, one per subcommand: :class:`SteerBuildSettings`,
+Frozen values whose fields declare the subcommand's options (:mod:`kvbridge.settings_fields`), one per subcommand: :class:`SteerBuildSettings`,
 :class:`SteerTransferSettings`, :class:`SteerRunSettings`, :class:`SteerEvalSettings`. Malformed
 values are refused here, as one-line errors naming the option and the fix, so the Python API gets
 the same checks as the command line. Texts are the texts (the command reads ``@FILE`` first). No
@@ -11,13 +11,27 @@ a replaceable ``out``) are the ``prepare_*`` functions of :mod:`kvbridge.steer.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
+from kvbridge.settings_fields import check_kinds, option, out_option, overwrite_option, seed_option
 
 #: the arms of ``steer eval`` (:mod:`kvbridge.steer.evaluate`), and those a sweep multiplies by default
 ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
 SWEPT = ("kv", "actadd", "random")
+
+
+# the sampling options steer run and steer eval share, declared once
+def _max_new_tokens():
+    return option(48, "", kind=("count", 1), show_default=True)
+
+
+def _temperature():
+    return option(0.7, "", kind=("real", 0, {"min_open": True}), show_default=True)
+
+
+def _top_p():
+    return option(0.9, "", kind="share", show_default=True)
 
 
 def _path(value, flag: str, *, required: bool = False):
@@ -30,13 +44,6 @@ def _text(value, flag: str, *, required: bool = False):
     if not isinstance(value, str):
         raise KVBridgeError(f"{flag} must be text, got {type(value).__name__}", f"pass {flag} as a str")
     return value
-
-
-def _choice(value, flag: str, choices: tuple) -> None:
-    if value not in choices:
-        raise KVBridgeError(
-            f"{flag} must be one of {', '.join(choices)}, got {value!r}", f"pass e.g. {flag} {choices[0]}"
-        )
 
 
 def _numbers(obj, names) -> None:
@@ -73,25 +80,41 @@ def _floats(value, flag: str) -> tuple:
 
 @dataclass(frozen=True)
 class SteerBuildSettings:
-    """``steer build``: ``pairs`` (contrastive pairs JSONL) -> a vector folder ``out``; ``method``
-    (mean, pca), ``position`` (last, final, span), ``key_space`` (content, rotated); ``tokenizer``: the
-    tokenizer path the model was given instead of its own (recorded in the vector)."""
+    """``steer build``: a vector from ``pairs`` written to ``out`` (each field's help is its option's)."""
 
-    pairs: str
-    out: str
-    method: str = "mean"
-    position: str = "last"
-    key_space: str = "content"
-    tokenizer: str | None = None
-    overwrite: bool = False
+    pairs: str = option(
+        help='JSONL of contrastive pairs: {"positive": TEXT or chat turns, "negative": ...} per line.',
+        kind=("path", {}),
+        required=True,
+    )
+    out: str = out_option("Vector folder to write.", MISSING, required=True)
+    method: str = option(
+        "mean",
+        "Mean of the differences, or their first principal component.",
+        kind=("choice", ("mean", "pca")),
+        show_default=True,
+    )
+    position: str = option(
+        "last",
+        "last: the last cached position (second-to-last token: generation consumes the final one); "
+        "final: the last token; span: the mean over a [[...]] marked span.",
+        kind=("choice", ("last", "final", "span")),
+        show_default=True,
+    )
+    key_space: str = option(
+        "content",
+        "content: keys with RoPE stripped (rotated to each position when applied); rotated: as cached.",
+        kind=("choice", ("content", "rotated")),
+        show_default=True,
+    )
+    tokenizer: str | None = option(None, "Tokenizer path (default: MODEL's own tokenizer).")
+    overwrite: bool = overwrite_option("Replace an existing vector folder.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", _path(self.pairs, "--pairs", required=True))
         object.__setattr__(self, "out", _path(self.out, "--out", required=True))
         object.__setattr__(self, "tokenizer", _path(self.tokenizer, "--tokenizer"))
-        _choice(self.method, "--method", ("mean", "pca"))
-        _choice(self.position, "--position", ("last", "final", "span"))
-        _choice(self.key_space, "--key-space", ("content", "rotated"))
+        check_kinds(self)  # --method, --position, --key-space
 
 
 @dataclass(frozen=True)
@@ -100,9 +123,9 @@ class SteerTransferSettings:
     fitted ``mapping`` to the pair's target, written to ``out``."""
 
     vector: str
-    mapping: str
-    out: str
-    overwrite: bool = False
+    mapping: str = option(help="Mapping folder (kvbridge fit).", kind=("path", {}), required=True)
+    out: str = out_option("Vector folder to write (for the target).", MISSING, required=True)
+    overwrite: bool = overwrite_option("Replace an existing vector folder.")
 
     def __post_init__(self) -> None:
         for name, flag in (("vector", "VECTOR_DIR"), ("mapping", "--mapping"), ("out", "--out")):
@@ -111,31 +134,42 @@ class SteerTransferSettings:
 
 @dataclass(frozen=True)
 class SteerRunSettings:
-    """``steer run``: ``prompt`` continued steered and unsteered (same seed). ``method`` with its
-    ``options`` (``-o key=value``; ``ck``, ``cv``, ``alpha``, ``ca`` are shortcuts, applied when given),
-    ``vector`` (a vector folder), ``layers``, ``at`` (last, guide, pack: where the edit goes; ``guide``
-    text, ``pack`` folder), ``other`` (kv-mix's other prompt); sampling: ``max_new_tokens``, ``seed``,
-    ``greedy``, ``temperature``, ``top_p``; ``chat``: None = when the tokenizer has a template."""
+    """``steer run``: ``prompt`` continued steered and unsteered (same seed); ``ck``, ``cv``, ``alpha``,
+    ``ca`` are shortcuts for method options, applied when given; ``chat``: None = when the tokenizer
+    has a template."""
 
-    prompt: str
-    vector: str | None = None
-    method: str = "kv-vector"
-    ck: float | None = None
-    cv: float | None = None
-    alpha: float | None = None
-    ca: float | None = None
-    options: tuple = ()
-    layers: str = "all"
-    at: str = "last"
-    guide: str | None = None
-    pack: str | None = None
-    other: str | None = None
-    max_new_tokens: int = 48
-    seed: int = 0
-    greedy: bool = False
-    temperature: float = 0.7
-    top_p: float = 0.9
-    chat: bool | None = None
+    prompt: str = option(help="Prompt text, or @FILE (a user turn under --chat).", required=True)
+    vector: str | None = option(None, "Steering vector folder (steer build).", kind=("path", {}))
+    method: str = option(
+        "kv-vector",
+        "Steering method (kv-vector, kv-scale, kv-mix, kv-bank, actadd, or a plugin's).",
+        show_default=True,
+    )
+    ck: float | None = option(None, "Key coefficient (kv-vector: added multiple; kv-scale: factor).", kind=("real",))
+    cv: float | None = option(None, "Value coefficient (kv-vector: added multiple; kv-scale: factor).", kind=("real",))
+    alpha: float | None = option(None, "kv-mix: weight of the other prompt's cache (1 = replace).", kind=("real",))
+    ca: float | None = option(None, "actadd: residual coefficient.", kind=("real",))
+    options: tuple = option((), "Method option key=value (repeatable).", flags=("-o", "--option"), multiple=True)
+    layers: str = option("all", "Layers: all, '0,2', '1-3'.", show_default=True)
+    at: str = option(
+        "last",
+        "Edit the prompt's last cached position, every position of --guide, or of --pack.",
+        kind=("choice", ("last", "guide", "pack")),
+        show_default=True,
+    )
+    guide: str | None = option(None, "Guide (instruction) text or @FILE for --at guide (a system turn under --chat).")
+    pack: str | None = option(None, "Prefix pack folder for --at pack.", kind=("path", {}))
+    other: str | None = option(None, "kv-mix: the other prompt (text or @FILE) whose cache is mixed in.")
+    max_new_tokens: int = _max_new_tokens()
+    seed: int = seed_option("Sampling seed (both runs).")
+    greedy: bool = option(False, "Greedy decoding instead of sampling.", flag=True)
+    temperature: float = _temperature()
+    top_p: float = _top_p()
+    chat: bool | None = option(
+        None,
+        "Render the prompt with the chat template (default: when the tokenizer has one).",
+        flags=("--chat/--no-chat",),
+    )
 
     def __post_init__(self) -> None:
         _text(self.prompt, "--prompt", required=True)
@@ -148,9 +182,7 @@ class SteerRunSettings:
             raise KVBridgeError("--method is empty", "name a steering method (`kvbridge plugins` lists them)")
         _numbers(self, ("ck", "cv", "alpha", "ca"))
         _sampling(self)
-        _choice(self.at, "--at", ("last", "guide", "pack"))
-        whole_number(self.max_new_tokens, "--max-new-tokens", 1, KVBridgeError)
-        whole_number(self.seed, "--seed", 0, KVBridgeError)
+        check_kinds(self)  # --at, --max-new-tokens, --seed
         if self.at == "guide" and not self.guide:
             raise KVBridgeError("--at guide needs --guide TEXT", "pass the guide (instruction) to steer")
         if self.at == "pack" and not self.pack:
@@ -159,40 +191,52 @@ class SteerRunSettings:
 
 @dataclass(frozen=True)
 class SteerEvalSettings:
-    """``steer eval``: behaviour rate per arm over ``samples`` seeds on ``prompt``, scored by ``scorer``.
-    ``vector``: the steering vector folder; ``instruction``: the visible and pack arms' instruction;
-    ``arms`` (``none`` always runs); ``extra``: ``NAME=DIR`` vectors run as arms like ``kv``;
-    coefficients ``ck``, ``cv``, ``ca``; ``layers`` / ``actadd_layers``; ``at`` (last, prompt);
-    ``sweep``: coefficient multipliers (``sweep_samples`` each, 0: ``samples``) of the ``sweep_arms``
-    (default: kv, actadd, random and the ``extra`` vectors); ``random_seed``: the random arm's
-    direction; ``bootstrap``: resamples of the paired intervals; ``out``: the report folder
-    (report.json, report.md, sweep.png). :func:`kvbridge.steer.evaluate.evaluate` takes the same
-    object with the vector, scorer and extra vectors loaded."""
+    """``steer eval``: behaviour rate per arm over ``samples`` seeds; library-only fields: ``sweep_arms``
+    (default kv, actadd, random and the ``extra`` vectors), ``random_seed`` (the random arm's direction),
+    ``bootstrap`` (resamples of the paired intervals). :func:`kvbridge.steer.evaluate.evaluate` takes
+    the same object with the vector, scorer and extra vectors loaded."""
 
-    vector: str
-    prompt: str
-    scorer: str
-    instruction: str | None = None
-    arms: tuple = ARMS
-    extra: tuple = ()
-    samples: int = 64
-    max_new_tokens: int = 48
-    ck: float = 0.0
-    cv: float = 4.0
-    ca: float = 4.0
-    layers: str = "all"
-    actadd_layers: str = ""
-    at: str = "last"
-    sweep: tuple = ()
-    sweep_samples: int = 0
+    vector: str = option(help="Steering vector folder.", kind=("path", {}), required=True)
+    prompt: str = option(help="Prompt text or @FILE (a user turn under --chat).", required=True)
+    scorer: str = option(
+        help="Behaviour scorer (json_object, json_start, bullets, positive_sentiment, "
+        "negative_sentiment, code_comments, or a plugin's).",
+        required=True,
+    )
+    instruction: str | None = option(None, "The instruction for the visible and pack arms (text or @FILE).")
+    arms: tuple = option(
+        ARMS, "Arms to run (none is always run: it is the reference).", cli_default=",".join(ARMS), show_default=True
+    )
+    extra: tuple = option(
+        (),
+        "NAME=DIR: another vector for this model (e.g. moved from another model), run as an arm like kv (repeatable).",
+        multiple=True,
+    )
+    samples: int = option(64, "Seeds 0..N-1 per arm.", kind=("count", 1), show_default=True)
+    max_new_tokens: int = _max_new_tokens()
+    ck: float = option(0.0, "kv arms: key coefficient.", kind=("real",), show_default=True)
+    cv: float = option(4.0, "kv arms: value coefficient.", kind=("real",), show_default=True)
+    ca: float = option(4.0, "actadd arm: residual coefficient.", kind=("real",), show_default=True)
+    layers: str = option("all", "Layers of the kv arms (and actadd unless --actadd-layers).", show_default=True)
+    actadd_layers: str = option("", "Layers of the actadd arm (default: --layers).")
+    at: str = option(
+        "last",
+        "kv arms edit the prompt's last cached position, or every cached prompt position.",
+        kind=("choice", ("last", "prompt")),
+        show_default=True,
+    )
+    sweep: tuple = option((), "Coefficient multipliers for kv / actadd / random, e.g. 0.25,0.5,1,2,4.", cli_default="")
+    sweep_samples: int = option(0, "Samples per sweep point (0: --samples).", kind=("count", 0))
     sweep_arms: tuple = ()
     random_seed: int = 0
     bootstrap: int = 2000
-    temperature: float = 0.7
-    top_p: float = 0.9
-    chat: bool | None = None
-    out: str | None = None
-    overwrite: bool = False
+    temperature: float = _temperature()
+    top_p: float = _top_p()
+    chat: bool | None = option(
+        None, "Chat template (default: when the tokenizer has one).", flags=("--chat/--no-chat",)
+    )
+    out: str | None = out_option("Write report.json, report.md and sweep.png here.")
+    overwrite: bool = overwrite_option("Replace an existing --out report folder.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vector", _path(self.vector, "--vector", required=True))
@@ -212,10 +256,7 @@ class SteerEvalSettings:
         object.__setattr__(self, "extra", extra)
         _numbers(self, ("ck", "cv", "ca"))
         _sampling(self)
-        _choice(self.at, "--at", ("last", "prompt"))
-        whole_number(self.samples, "--samples", 1, KVBridgeError)
-        whole_number(self.max_new_tokens, "--max-new-tokens", 1, KVBridgeError)
-        whole_number(self.sweep_samples, "--sweep-samples", 0, KVBridgeError)
+        check_kinds(self)  # --at, --samples, --max-new-tokens, --sweep-samples
         whole_number(self.random_seed, "random_seed", 0, KVBridgeError)
         whole_number(self.bootstrap, "bootstrap", 0, KVBridgeError)
         if self.sweep_samples > self.samples:

@@ -1,15 +1,17 @@
 """The four ``kvbridge steer`` subcommands as one library call each (nothing is printed here).
 
-- :func:`build_steering` (model, :class:`~kvbridge.steer.settings.SteerBuildSettings`): a vector folder;
-- :func:`transfer_steering` (pair, :class:`~kvbridge.steer.settings.SteerTransferSettings`): a vector
+Each takes a :class:`~kvbridge.run.Run` of its settings (:mod:`kvbridge.steer.settings`):
+
+- :func:`build_steering` (``run.model``, :class:`~kvbridge.steer.settings.SteerBuildSettings`): a vector folder;
+- :func:`transfer_steering` (``run.pair``, :class:`~kvbridge.steer.settings.SteerTransferSettings`): a vector
   moved from the pair's source to its target through a fitted mapping;
-- :func:`run_steering` (model, :class:`~kvbridge.steer.settings.SteerRunSettings`): one prompt steered
+- :func:`run_steering` (``run.model``, :class:`~kvbridge.steer.settings.SteerRunSettings`): one prompt steered
   and unsteered;
-- :func:`evaluate_steering` (model, :class:`~kvbridge.steer.settings.SteerEvalSettings`): the arms of
+- :func:`evaluate_steering` (``run.model``, :class:`~kvbridge.steer.settings.SteerEvalSettings`): the arms of
   ``steer eval``, and its report folder.
 
-``model`` is a :class:`~kvbridge.models.loading.LoadedModel` (its ``tokenizer`` the one to use),
-``pair`` a :class:`~kvbridge.models.pair.ModelPair`. Each ``prepare_*`` does what can be refused
+``run.model`` is a :class:`~kvbridge.models.loading.LoadedModel` (its ``tokenizer`` the one to use).
+Each ``prepare_*`` does what can be refused
 before a model loads (a replaceable ``out``, the vector folders, method options, the scorer); the
 call runs it when not given its result.
 """
@@ -46,13 +48,13 @@ def prepare_build(settings: SteerBuildSettings):
     return read_pairs(settings.pairs)
 
 
-def build_steering(model, settings: SteerBuildSettings, *, pairs=None, host=None) -> tuple[Path, dict]:
-    """``(folder, manifest)`` of the vector built for ``model`` from ``settings.pairs``."""
+def build_steering(run, *, pairs=None) -> tuple[Path, dict]:
+    """``(folder, manifest)`` of the vector built for ``run.model`` from ``run.settings.pairs``."""
     from kvbridge.steer.artifact import read_vector, save_vector
     from kvbridge.steer.vectors import build_vector
 
-    pairs = pairs if pairs is not None else prepare_build(settings)
-    s = settings
+    s, model, host = run.settings, run.model, run.host
+    pairs = pairs if pairs is not None else prepare_build(s)
     vector = build_vector(
         model.model, model.tokenizer, pairs, position=s.position, method=s.method, key_space=s.key_space, host=host
     )
@@ -72,16 +74,16 @@ def prepare_transfer(settings: SteerTransferSettings) -> None:
     read_vector(settings.vector)
 
 
-def transfer_steering(pair, settings: SteerTransferSettings, *, prepared: bool = False, host=None) -> tuple[Path, Any]:
-    """``(folder, mapping)``: the vector of ``pair.source`` moved to ``pair.target`` through ``settings.mapping``
+def transfer_steering(run, *, prepared: bool = False) -> tuple[Path, Any]:
+    """``(folder, mapping)``: the vector of ``run.source`` moved to ``run.target`` through ``settings.mapping``
     (checked against both models and the pair's tokenizer)."""
     from kvbridge.fit.artifact import load_mapping
     from kvbridge.steer.artifact import load_vector, save_vector
     from kvbridge.steer.vectors import transfer_vector
 
+    settings, src, tgt, host = run.settings, run.source, run.target, run.host
     if not prepared:
         prepare_transfer(settings)
-    src, tgt = pair.source, pair.target
     vector = load_vector(settings.vector, src.model, host=host)
     mapping = load_mapping(settings.mapping, source=src.model, target=tgt.model, host=host)
     moved = transfer_vector(vector, mapping, tgt.spec)
@@ -146,14 +148,15 @@ def _scenario(model, settings: SteerRunSettings, chat: bool):
     return scenario, pack.state_for(model.model)
 
 
-def run_steering(model, settings: SteerRunSettings, *, values: dict | None = None, host=None) -> dict:
-    """The unsteered and steered continuations of ``settings.prompt`` (same seed; JSON-ready), with the
-    ``steering`` record and whether the steered cache is marked ``approximate``."""
+def run_steering(run, *, values: dict | None = None) -> dict:
+    """The unsteered and steered continuations of ``run.settings.prompt`` on ``run.model`` (same seed;
+    JSON-ready), with the ``steering`` record and whether the steered cache is marked ``approximate``."""
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, prefix_state, run_pair, setup_for
 
-    values = values if values is not None else prepare_run(settings, host)
-    s, m, tok = settings, model.model, model.tokenizer
+    s, model, host = run.settings, run.model, run.host
+    values = values if values is not None else prepare_run(s, host)
+    m, tok = model.model, model.tokenizer
     vector = None
     if s.vector:
         from kvbridge.steer.artifact import load_vector
@@ -214,15 +217,8 @@ def prepare_eval(settings: SteerEvalSettings, host=None) -> EvalPrepared:
     return EvalPrepared(score)
 
 
-def evaluate_steering(
-    model,
-    settings: SteerEvalSettings,
-    *,
-    prepared: EvalPrepared | None = None,
-    log: Callable[[str], None] | None = None,
-    host=None,
-) -> dict:
-    """Every arm of ``steer eval`` on ``model`` (see :mod:`kvbridge.steer.evaluate`); the result is
+def evaluate_steering(run, *, prepared: EvalPrepared | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Every arm of ``steer eval`` on ``run.model`` (see :mod:`kvbridge.steer.evaluate`); the result is
     JSON-ready; with ``settings.out`` the report folder is written (atomically)."""
     import json
 
@@ -230,8 +226,9 @@ def evaluate_steering(
     from kvbridge.steer.evaluate import evaluate, lines, plot_sweep
     from kvbridge.steer.settings import SWEPT
 
-    prepared = prepared or prepare_eval(settings, host)
-    s, m = settings, model.model
+    s, model, host = run.settings, run.model, run.host
+    prepared = prepared or prepare_eval(s, host)
+    m = model.model
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
     extra = {name: load_vector(path, m, tokenizer_fp=fp, host=host) for name, path in s.extra_vectors.items()}
