@@ -180,9 +180,9 @@ class AdapterPairResult:
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
-        from kvbridge.evaluate import _clean
+        from kvbridge.progress import json_ready
 
-        return _clean(asdict(self))
+        return json_ready(asdict(self), stringify=False)
 
 
 def render_table(rows: list[list[str]], heads) -> str:
@@ -233,29 +233,33 @@ def _paired_diff(fields_a: dict, fields_b: dict, idx, params: dict) -> dict:
     return out
 
 
-def run_adapter_pair(
-    pair=None,
-    *,
-    corpus: str | Path | None = None,
-    samples: int = 32,
-    prefix_len: int = 64,
-    continuation_len: int = 8,
-    greedy_tokens: int = 8,
-    calibration_tokens: int = 4096,
-    top_k: int = 1,
-    stride: int = 4,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    batch_size: int = 16,
-    controls: bool = False,
-    host=None,
-    progress=None,
-) -> AdapterPairResult:
+@dataclass(frozen=True)
+class AdapterPairSettings:
+    """One adapter-pair run (``python -m kvbridge.adapters.pair``): the corpus (default
+    :data:`kvbridge.adapters.DEFAULT_CORPUS`), the held-out samples, the ridge fit on the corpus front
+    (``calibration_tokens``, ``top_k``, ``stride``), the bootstrap; ``controls``: also run the evaluate
+    controls (zeroed, shuffled, random, no_rope_reapply) on the fitted mapping (slower; their rows go into
+    ``conditions`` as ``fitted:<control>``)."""
+
+    corpus: str | None = None
+    samples: int = 32
+    prefix_len: int = 64
+    continuation_len: int = 8
+    greedy_tokens: int = 8
+    calibration_tokens: int = 4096
+    top_k: int = 1
+    stride: int = 4
+    bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int = 16
+    controls: bool = False
+
+
+def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> AdapterPairResult:
     """Check, fit and evaluate base -> base+adapter (see the module docstring).
 
-    ``pair``: an :class:`~kvbridge.adapters.AdapterPair` (default: the shipped one, loaded here).
-    ``controls``: also run the evaluate controls (zeroed, shuffled, random, no_rope_reapply) on
-    the fitted mapping (slower; their rows go into ``conditions`` as ``fitted:<control>``).
+    ``pair``: an :class:`~kvbridge.adapters.AdapterPair` (default: the shipped one, loaded here);
+    ``settings``: an :class:`AdapterPairSettings` (default: its defaults).
     """
     import torch
 
@@ -272,17 +276,23 @@ def run_adapter_pair(
     from kvbridge.plugins import get_host
 
     host = host or get_host()
+    st = settings if settings is not None else AdapterPairSettings()
+    samples, prefix_len, continuation_len, greedy_tokens = (
+        st.samples,
+        st.prefix_len,
+        st.continuation_len,
+        st.greedy_tokens,
+    )
+    top_k, stride, bootstrap, seed = st.top_k, st.stride, st.bootstrap, st.seed
     timing: dict = {}
     t0 = time.perf_counter()
     if pair is None:
         pair = load_adapter_pair()
     timing["load_s"] = time.perf_counter() - t0
     base, tuned, tok = pair.base, pair.tuned, pair.tokenizer
-    if corpus is None:
-        from kvbridge.adapters import DEFAULT_CORPUS
+    from kvbridge.adapters import DEFAULT_CORPUS
 
-        corpus = DEFAULT_CORPUS
-    corpus = Path(corpus)
+    corpus = Path(st.corpus or DEFAULT_CORPUS)
     if not corpus.is_file():
         from kvbridge.adapters import AdapterError
 
@@ -305,7 +315,7 @@ def run_adapter_pair(
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), calibration_tokens)
+    calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), st.calibration_tokens)
     mapping = fit(
         base,
         tuned,
@@ -323,13 +333,13 @@ def run_adapter_pair(
     t0 = time.perf_counter()
     ids, data = corpus_samples(corpus, tok, n=samples, length=prefix_len + continuation_len + 1)
     conds = ("native", "transferred", "no_prefix") + (
-        ("zeroed", "shuffled", "random", "no_rope_reapply") if controls else ()
+        ("zeroed", "shuffled", "random", "no_rope_reapply") if st.controls else ()
     )
     cfg = EvalConfig(
         prefix_len=prefix_len,
         continuation_len=continuation_len,
         greedy_tokens=greedy_tokens,
-        batch_size=batch_size,
+        batch_size=st.batch_size,
         seed=seed,
         conditions=conds,
     )
@@ -407,7 +417,14 @@ def run_adapter_pair(
     )
 
 
-__all__ = ["AdapterPairResult", "run_adapter_pair", "calibration_ids", "CALIBRATION_SLICE", "ROWS"]
+__all__ = [
+    "AdapterPairResult",
+    "AdapterPairSettings",
+    "run_adapter_pair",
+    "calibration_ids",
+    "CALIBRATION_SLICE",
+    "ROWS",
+]
 
 
 def main(argv=None) -> int:
@@ -417,16 +434,15 @@ def main(argv=None) -> int:
 
     import torch
 
+    from dataclasses import fields
+
     ap = argparse.ArgumentParser(prog="python -m kvbridge.adapters.pair", description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", default=None)
-    ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--prefix-len", type=int, default=64)
-    ap.add_argument("--continuation-len", type=int, default=8)
-    ap.add_argument("--greedy-tokens", type=int, default=8)
-    ap.add_argument("--calibration-tokens", type=int, default=4096)
-    ap.add_argument("--top-k", type=int, default=1)
-    ap.add_argument("--bootstrap", type=int, default=1000)
-    ap.add_argument("--controls", action="store_true", help="also the zeroed/shuffled/random/no_rope_reapply controls")
+    for f in fields(AdapterPairSettings):  # one option per setting, its default the setting's
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            ap.add_argument(flag, action="store_true", help="also the zeroed/shuffled/random/no_rope_reapply controls")
+        else:
+            ap.add_argument(flag, type=int if isinstance(f.default, int) else str, default=f.default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", action="store_true")
@@ -438,15 +454,7 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     t0 = time.perf_counter()
     res = run_adapter_pair(
-        corpus=a.corpus,
-        samples=a.samples,
-        prefix_len=a.prefix_len,
-        continuation_len=a.continuation_len,
-        greedy_tokens=a.greedy_tokens,
-        calibration_tokens=a.calibration_tokens,
-        top_k=a.top_k,
-        bootstrap=a.bootstrap,
-        controls=a.controls,
+        settings=AdapterPairSettings(**{f.name: getattr(a, f.name) for f in fields(AdapterPairSettings)})
     )
     print(res.markdown() if a.markdown else res.render())
     print(f"\n({time.perf_counter() - t0:.0f} s in all)")

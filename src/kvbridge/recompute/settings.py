@@ -100,7 +100,7 @@ class GraftRunSettings:
         flags=("--pack",),
         kind=("path", {"file_okay": False}),
     )
-    prompt: str = option(help="Text (or @FILE) that follows the chunk; the model continues it.", required=True)
+    prompt: str = option("", "Text (or @FILE) that follows the chunk; the model continues it.", required=True)
     ratio: str = option("0%", "Share of chunk tokens recomputed.", flags=("--recompute-tokens",), show_default=True)
     max_new_tokens: int = option(24, "Greedy tokens compared.", kind=("count", 1), show_default=True)
 
