@@ -71,35 +71,28 @@ class AdapterPairResult:
     def table_rows(self) -> list[list[str]]:
         from kvbridge.evaluate.report import fmt, fmt_ci
 
-        rows = []
-        for r in ROWS:
-            c = self.conditions[r]
-            rows.append(
-                [
-                    ROW_LABELS[r],
-                    f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
-                    f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
-                    f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
-                    fmt(c["kl_p95"], "{:.4f}"),
-                    fmt(c["top1_agreement"]),
-                    fmt(c["greedy_agreement"]),
-                    fmt(c["attention_cosine_min"]),
-                    self._gate_text(r),
-                ]
-            )
-        return rows
+        def row(r, c):
+            return [
+                ROW_LABELS[r],
+                f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
+                f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
+                f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
+                *(
+                    fmt(c[m], f)
+                    for m, f in (
+                        ("kl_p95", "{:.4f}"),
+                        ("top1_agreement", "{:.3f}"),
+                        ("greedy_agreement", "{:.3f}"),
+                        ("attention_cosine_min", "{:.3f}"),
+                    )
+                ),
+                self._gate_text(r),
+            ]
 
-    HEADS = (
-        "row",
-        "NLL [95% CI]",
-        "gap_recovered [95% CI]",
-        "KL mean [95% CI]",
-        "kl_p95",
-        "top1",
-        "greedy",
-        "attn cos min",
-        "default gates",
-    )
+        return [row(r, self.conditions[r]) for r in ROWS]
+
+    HEADS = ("row", "NLL [95% CI]", "gap_recovered [95% CI]", "KL mean [95% CI]", "kl_p95", "top1", "greedy")
+    HEADS += ("attn cos min", "default gates")
 
     def _gate_text(self, row: str) -> str:
         recs = self.gates.get(row)
@@ -143,9 +136,11 @@ class AdapterPairResult:
         return lines
 
     def render(self) -> str:
+        from kvbridge.evaluate.report import text_table
+
         lines = self._header() + [
             "",
-            render_table(self.table_rows(), self.HEADS),
+            *text_table(self.HEADS, self.table_rows(), right=False),
             "",
             "paired differences (x - y, bootstrap 95%):",
         ]
@@ -161,9 +156,11 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def markdown(self) -> str:
+        from kvbridge.evaluate.report import md_table
+
         lines = [f"- {line}" for line in self._header()] + [
             "",
-            markdown_table(self.table_rows(), self.HEADS),
+            *md_table(self.HEADS, self.table_rows()),
             "",
             "Paired differences (x - y, bootstrap 95%):",
             "",
@@ -183,21 +180,6 @@ class AdapterPairResult:
         from kvbridge.progress import json_ready
 
         return json_ready(asdict(self), stringify=False)
-
-
-def render_table(rows: list[list[str]], heads) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
-
-    return "\n".join([line(heads), "-" * len(line(heads))] + [line(r) for r in rows])
-
-
-def markdown_table(rows: list[list[str]], heads) -> str:
-    return "\n".join(
-        ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
-    )
 
 
 def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):

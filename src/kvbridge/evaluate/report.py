@@ -38,6 +38,22 @@ def fmt_ci(ci, spec: str = "{:.3f}") -> str:
     return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
 
 
+def text_table(heads, rows, *, right: bool = True) -> list[str]:
+    """Aligned lines: the heads, a rule, the rows (the first column left-aligned, the others right-aligned
+    unless ``right`` is False)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i and right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [line(heads), "-" * len(line(heads))] + [line(r) for r in rows]
+
+
+def md_table(heads, rows) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def _header(result: dict) -> str:
     src, tgt = result["source"], result["target"]
     mp = result.get("mapping") or {}
@@ -59,11 +75,7 @@ def table_rows(result: dict) -> list[list[str]]:
 def terminal_table(result: dict) -> str:
     """The readable table of every condition plus gates and comparisons."""
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
-    rows = table_rows(result)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    line = lambda cells: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
-    out = [_header(result), "", line(heads), "-" * len(line(heads))]
-    out += [line(r) for r in rows]
+    out = [_header(result), ""] + text_table(heads, table_rows(result))
     conds = result["conditions"]
     if "transferred" in conds:
         t = conds["transferred"]
@@ -233,8 +245,7 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
 
 def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
-    out = ["# kvbridge eval", "", _header(result), "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    out += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
+    out = ["# kvbridge eval", "", _header(result), ""] + md_table(heads, table_rows(result))
     out += [
         "",
         "## 95% paired bootstrap intervals",
