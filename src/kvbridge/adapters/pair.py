@@ -246,7 +246,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     import torch
 
     from kvbridge.family_adapter import weights_fingerprint
-    from kvbridge.adapters import load_adapter_pair
+    from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
     from kvbridge.transfer import IdentityMapping, transfer
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
@@ -259,61 +259,37 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
     host = host or get_host()
     st = settings if settings is not None else AdapterPairSettings()
-    samples, prefix_len, continuation_len, greedy_tokens = (
-        st.samples,
-        st.prefix_len,
-        st.continuation_len,
-        st.greedy_tokens,
-    )
-    top_k, stride, bootstrap, seed = st.top_k, st.stride, st.bootstrap, st.seed
+    prefix_len, continuation_len, greedy_tokens = st.prefix_len, st.continuation_len, st.greedy_tokens
+    bootstrap, seed = st.bootstrap, st.seed
     timing: dict = {}
     t0 = time.perf_counter()
     if pair is None:
         pair = load_adapter_pair()
     timing["load_s"] = time.perf_counter() - t0
     base, tuned, tok = pair.base, pair.tuned, pair.tokenizer
-    from kvbridge.adapters import DEFAULT_CORPUS
-
     corpus = Path(st.corpus or DEFAULT_CORPUS)
     if not corpus.is_file():
-        from kvbridge.adapters import AdapterError
-
         raise AdapterError(f"corpus not found at {corpus}", "pass corpus= a text file (tinyshakespeare.txt)")
 
     t0 = time.perf_counter()
     adapter = host.adapter_for(base.config.to_dict())
-    report = check(
-        Side(
-            adapter.spec_of(base), name=pair.base_name, config=base.config.to_dict(), weights=weights_fingerprint(base)
-        ),
-        Side(
-            adapter.spec_of(tuned),
-            name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
-            config=tuned.config.to_dict(),
-            weights=weights_fingerprint(tuned),
-        ),
-        host=host,
-    )
+    side_names = (pair.base_name, f"{pair.base_name}+{Path(pair.adapter.path).name}")
+    sides = [
+        Side(adapter.spec_of(m), name=n, config=m.config.to_dict(), weights=weights_fingerprint(m))
+        for m, n in zip((base, tuned), side_names)
+    ]
+    report = check(*sides, host=host)
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), st.calibration_tokens)
-    mapping = fit(
-        base,
-        tuned,
-        calib,
-        top_k=top_k,
-        stride=stride,
-        seed=seed,
-        host=host,
-        distributed=None,
-        source_name=pair.base_name,
-        target_name=f"{pair.base_name}+adapter",
-    )
+    target_name = f"{pair.base_name}+adapter"
+    kw = dict(top_k=st.top_k, stride=st.stride, seed=seed, host=host, distributed=None, source_name=pair.base_name)
+    mapping = fit(base, tuned, calib, target_name=target_name, **kw)
     timing["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ids, data = corpus_samples(corpus, tok, n=samples, length=prefix_len + continuation_len + 1)
+    ids, data = corpus_samples(corpus, tok, n=st.samples, length=prefix_len + continuation_len + 1)
     conds = ("native", "transferred", "no_prefix") + (
         ("zeroed", "shuffled", "random", "no_rope_reapply") if st.controls else ()
     )
@@ -374,8 +350,8 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         "greedy_tokens": greedy_tokens,
         "bootstrap": bootstrap,
         "seed": seed,
-        "top_k": top_k,
-        "stride": stride,
+        "top_k": st.top_k,
+        "stride": st.stride,
         "calibration_tokens": int(calib.numel()),
         "corpus": str(corpus),
         "dtype": str(next(tuned.parameters()).dtype).replace("torch.", ""),

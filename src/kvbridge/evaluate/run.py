@@ -89,22 +89,14 @@ def mapping_of(run):
 
 
 def eval_config(settings: EvalSettings):
-    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already)."""
+    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already):
+    its fields have the settings' names."""
+    from dataclasses import fields
+
     from kvbridge.evaluate.conditions import EvalConfig
 
-    s = settings
-    return EvalConfig(
-        prefix_len=s.prefix_len,
-        continuation_len=s.continuation_len,
-        greedy_tokens=s.greedy_tokens,
-        batch_size=s.batch_size,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-        conditions=s.condition_names(),
-        attention=s.attention,
-        bootstrap=s.bootstrap,
-    )
+    same = {f.name: getattr(settings, f.name) for f in fields(EvalConfig) if f.name != "conditions"}
+    return EvalConfig(conditions=settings.condition_names(), **same)
 
 
 def evaluate_pair(pair, settings: EvalSettings, *, host=None, **callbacks) -> EvalRun:
@@ -225,4 +217,13 @@ def _ref_text(loaded) -> str:
     return str(getattr(loaded.ref, "ref", None) or loaded.name)
 
 
-__all__ = ["ConditionSet", "EvalRun", "EvalSettings", "eval_config", "evaluate_pair", "evaluate_run", "load_mapping_ref", "mapping_of"]
+__all__ = [
+    "ConditionSet",
+    "EvalRun",
+    "EvalSettings",
+    "eval_config",
+    "evaluate_pair",
+    "evaluate_run",
+    "load_mapping_ref",
+    "mapping_of",
+]

@@ -135,17 +135,10 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     from kvbridge.recompute.settings import GraftSettings
     from kvbridge.recompute.tokens import blend
 
-    s = settings if settings is not None else GraftSettings()
-    controls, check_layer, batch_size, bootstrap, seed = (
-        s.control_names,
-        s.check_layer,
-        s.batch_size,
-        s.bootstrap,
-        s.seed,
-    )
-    context_ids, chunk_ids, cont_ids = samples
+    st = settings if settings is not None else GraftSettings()
+    controls, check_layer, batch_size, seed = st.control_names, st.check_layer, st.batch_size, st.seed
     adapter = adapter_of(model, host)
-    context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in (context_ids, chunk_ids, cont_ids))
+    context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in samples)
     n_samples, c, n = context_ids.shape[0], context_ids.shape[1], chunk_ids.shape[1]
     if chunk_ids.shape[0] != n_samples or cont_ids.shape[0] != n_samples or cont_ids.shape[1] < 2:
         raise RecomputeError(
@@ -154,7 +147,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         )
     if "shuffled" in controls and n_samples < 2:
         raise RecomputeError("the shuffled control needs at least 2 samples", "pass 2 or more samples")
-    ratios = s.ratio_values
+    ratios = st.ratio_values
     names = condition_names(ratios, controls)
     gen = torch.Generator().manual_seed(int(seed))
     _warm_up(model, adapter, context_ids[:1], chunk_ids[:1], check_layer)
@@ -214,12 +207,12 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         [Condition(x, builders[x]) for x in names],
         batches(),
         {"target": (model, adapter)},
-        attention=s.attention,
+        attention=st.attention,
         progress=progress,
         floor="dropped",
     )
     t_full = timing["full"]
-    summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="naive")
+    summary = summarize_fields(fields, bootstrap=st.bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
     for cond in names:
         row = summary["conditions"][cond]
@@ -235,7 +228,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         "continuation_len": int(cont_ids.shape[1] - 1),
         "ratios": list(ratios),
         "check_layer": check_layer,
-        "bootstrap": bootstrap,
+        "bootstrap": st.bootstrap,
         "seed": seed,
         "conditions": summary["conditions"],
         "timing": {"full_prefill_ms": 1e3 * t_full, "full_prefill_flops": full_flops},
