@@ -109,7 +109,9 @@ def summarize_fields(
             x = f["nll"].double().flatten(1).mean(1)
             row = out["conditions"][cond]
             row["deficit_closed"] = float(share_closed(ref, nat, x, torch.arange(n)[None])[0])
-            row["deficit_closed_ci"] = percentile_interval(share_closed(ref, nat, x, idx)) if idx is not None else [None, None]
+            row["deficit_closed_ci"] = (
+                percentile_interval(share_closed(ref, nat, x, idx)) if idx is not None else [None, None]
+            )
     return out
 
 
