@@ -37,31 +37,34 @@ def main(argv=None) -> int:
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.adapters import DEFAULT_CORPUS
     from kvbridge.evaluate import corpus_samples
-    from kvbridge.evaluate.settings import parse_frontier
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.recompute.frontier import run_frontier
     from kvbridge.recompute.frontier_report import table
+    from kvbridge.run import model_run
     from kvbridge.transfer import IdentityMapping
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    ratios = parse_frontier(args.frontier)
     t0 = time.perf_counter()
     pair = load_adapter_pair()
     corpus = Path(args.corpus or DEFAULT_CORPUS)
     ids, data = corpus_samples(
         corpus, pair.tokenizer, n=args.samples, length=args.prefix_len + args.continuation_len + 1
     )
-    result = run_frontier(
-        pair.base,
-        pair.tuned,
-        IdentityMapping(),
-        ids,
+    settings = EvalSettings(
+        mapping="identity",
+        corpus=str(corpus),
         prefix_len=args.prefix_len,
         continuation_len=args.continuation_len,
-        ratios=ratios,
+        frontier=args.frontier,
         sink=args.sink,
         batch_size=args.batch_size,
         bootstrap=args.bootstrap,
+    )
+    result = run_frontier(
+        model_run(pair.base, pair.tuned, settings),
+        IdentityMapping(),
+        ids,
         progress=lambda done, total: print(
             f"{done}/{total} samples, {time.perf_counter() - t0:.0f} s", file=sys.stderr
         ),

@@ -529,6 +529,7 @@ def main(argv=None) -> int:
         from kvbridge.evaluate import windows
         from kvbridge.recompute import curve
         from kvbridge.recompute.layers import calibration
+        from kvbridge.recompute.settings import CurvePlan
 
         t0 = time.perf_counter()
         front = "\n".join(ev.profile_texts)
@@ -550,19 +551,7 @@ def main(argv=None) -> int:
             f"{[list(p[1]) for p in points]}"
         )
         curve_res = curve.run_curve(
-            smodel,
-            tmodel,
-            main_map,
-            ids,
-            prefix_len=args.prefix_len,
-            continuation_len=args.continuation_len,
-            layer_points_=points,
-            token_ratios=[],
-            mode="target",
-            batch_size=8,
-            attention=False,
-            bootstrap=args.bootstrap,
-            seed=0,
+            curve_run(smodel, tmodel, args), main_map, ids, CurvePlan(layer_points=tuple(points))
         )
         (out / "recompute.json").write_text(json.dumps(curve_res, indent=1, default=str))
         results["recompute"] = {
@@ -671,11 +660,31 @@ def variants_only(args, out: Path) -> int:
     return 0
 
 
+def curve_run(smodel, tmodel, args):
+    """The run the recompute curve reads: target mode, 8 samples a batch, no attention capture, seed 0."""
+    from kvbridge.evaluate.settings import EvalSettings, RecomputeSettings
+    from kvbridge.run import model_run
+
+    settings = EvalSettings(
+        mapping="identity",  # the mapping object is passed to run_curve itself
+        corpus=str(args.corpus or "stdlib"),  # a label: the samples are passed to run_curve
+        prefix_len=args.prefix_len,
+        continuation_len=args.continuation_len,
+        batch_size=8,
+        attention=False,
+        bootstrap=args.bootstrap,
+        seed=0,
+        recompute=RecomputeSettings(mode="target"),
+    )
+    return model_run(smodel, tmodel, settings)
+
+
 def tokens_only(args, out: Path) -> int:
     """Token-selective recompute points (every rule x ratio) on the main run's samples and mapping."""
     import torch
 
     from kvbridge.recompute.curve import run_curve
+    from kvbridge.recompute.settings import CurvePlan
 
     main, smodel, tmodel, mapping, ids, _ = main_run_samples(args, out)
     ratios = [float(x) for x in args.token_ratios.split(",")]
@@ -683,19 +692,7 @@ def tokens_only(args, out: Path) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         res = run_curve(
-            smodel,
-            tmodel,
-            mapping,
-            ids,
-            prefix_len=args.prefix_len,
-            continuation_len=args.continuation_len,
-            token_ratios=ratios,
-            token_rules=rules,
-            mode="target",
-            batch_size=8,
-            attention=False,
-            bootstrap=args.bootstrap,
-            seed=0,
+            curve_run(smodel, tmodel, args), mapping, ids, CurvePlan(token_ratios=tuple(ratios), token_rules=rules)
         )
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     res["mapping"] = main["fits"][0]["dir"]

@@ -62,7 +62,10 @@ def main(argv=None) -> int:
     from kvbridge.plugins import get_host
     from kvbridge.recompute import report
     from kvbridge.models import load
+    from kvbridge.evaluate.settings import EvalSettings, RecomputeSettings
     from kvbridge.recompute.curve import layer_sweep, run_curve
+    from kvbridge.recompute.settings import CurvePlan
+    from kvbridge.run import model_run
     from kvbridge.recompute.layers import calibration, profile_layers
 
     host = get_host()
@@ -121,20 +124,17 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             mode_pts = pts + (prefix_pts[:-1] if mode == "target" else [])
             toks = [float(x) for x in args.tokens.split(",")] if mode == "target" and args.tokens else []
-            res = run_curve(
-                source,
-                target,
-                mapping,
-                ids,
+            settings = EvalSettings(
+                mapping=mref,
+                corpus=str(corpus),
                 prefix_len=args.prefix_len,
                 continuation_len=args.continuation_len,
-                layer_points_=mode_pts,
-                token_ratios=toks,
-                mode=mode,
                 batch_size=args.batch_size,
                 bootstrap=args.bootstrap,
-                host=host,
+                recompute=RecomputeSettings(mode=mode),
             )
+            plan = CurvePlan(layer_points=tuple(mode_pts), token_ratios=tuple(toks))
+            res = run_curve(model_run(source, target, settings, host), mapping, ids, plan)
             res.update(pair=f"{args.source}->{args.target}", mapping=mref, single_layer_loss=prof, greedy_steps=steps)
             print(f"\n### mapping {mref}, mode {mode} ({time.perf_counter() - t0:.0f} s)\n", flush=True)
             print(report.table(res), flush=True)

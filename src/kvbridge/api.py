@@ -144,8 +144,9 @@ def transfer_generate(pair, settings, host=None):
 def evaluate_pair(pair, settings, **callbacks):
     """``kvbridge eval`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` an
     :class:`~kvbridge.evaluate.settings.EvalSettings` (its checks are the CLI's); returns an
-    :class:`~kvbridge.evaluate.run.EvalRun` (``progress=``, ``heartbeat=``, ``warn=`` callbacks optional)."""
-    from kvbridge.evaluate.run import evaluate_pair as _run
+    :class:`~kvbridge.evaluate.run.EvalRun` (``progress=``, ``heartbeat=``, ``warn=`` callbacks optional;
+    ``--frontier`` / ``--recompute-*`` settings run :mod:`kvbridge.recompute.eval_run`'s condition sets)."""
+    from kvbridge.recompute.eval_run import evaluate_pair as _run
 
     return _run(pair, settings, **callbacks)
 

@@ -92,4 +92,14 @@ def open_run(source, target, settings, *, dtype: str | None = None, device: str 
     return Run.of(load_pair(source, target, dtype=dtype, device=device, host=host), settings, host)
 
 
-__all__ = ["InMemoryModel", "Run", "open_run"]
+def model_run(source, target, settings, host=None) -> Run:
+    """A run of ``settings`` on two model objects given in Python (each an :class:`InMemoryModel`; no
+    tokenizer to check): what the benches and tests that build models themselves pass a stage."""
+    from kvbridge.models.pair import ModelPair
+    from kvbridge.plugins import host_or_default
+
+    host = host_or_default(host)
+    return Run(ModelPair(InMemoryModel.of(source, host), InMemoryModel.of(target, host), {}), settings, host)
+
+
+__all__ = ["InMemoryModel", "Run", "model_run", "open_run"]

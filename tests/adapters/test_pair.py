@@ -34,10 +34,11 @@ def pair():
 
 @pytest.mark.real
 def test_reuse_ordering_native_fitted_plain(pair, shared_dir):
-    from kvbridge.adapters.pair import run_adapter_pair
+    from kvbridge.adapters.pair import AdapterPairSettings, run_adapter_pair
 
     # the RESULTS.md run, same settings (deterministic: same samples, same fit, same numbers)
-    res = run_adapter_pair(pair, corpus=_corpus(shared_dir), samples=24, calibration_tokens=2048)
+    settings = AdapterPairSettings(corpus=str(_corpus(shared_dir)), samples=24, calibration_tokens=2048)
+    res = run_adapter_pair(pair, settings)
     assert res.check_verdict == "mappable"  # same config, different weights
     # measured (RESULTS.md): KL to native: native < fitted < plain, every pair separated;
     # NLL: native < fitted separated, native ~ plain and fitted ~ plain (intervals span 0).
@@ -58,7 +59,7 @@ def test_pair_pipeline_on_a_tiny_llama_and_its_lora(tiny_llama, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     from kvbridge.adapters import AdapterPair, load_with_adapter, read_adapter
-    from kvbridge.adapters.pair import run_adapter_pair
+    from kvbridge.adapters.pair import AdapterPairSettings, run_adapter_pair
 
     base = tiny_llama.model(seed=1)
     torch.manual_seed(3)
@@ -76,9 +77,8 @@ def test_pair_pipeline_on_a_tiny_llama_and_its_lora(tiny_llama, tmp_path):
     )
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(tiny_llama.corpus * 4)
-    res = run_adapter_pair(
-        pair,
-        corpus=corpus,
+    settings = AdapterPairSettings(
+        corpus=str(corpus),
         samples=6,
         prefix_len=8,
         continuation_len=4,
@@ -86,6 +86,7 @@ def test_pair_pipeline_on_a_tiny_llama_and_its_lora(tiny_llama, tmp_path):
         calibration_tokens=512,
         bootstrap=50,
     )
+    res = run_adapter_pair(pair, settings)
     assert res.check_verdict == "mappable"
     assert set(res.conditions) >= {"native", "fitted", "plain", "no_prefix"}
     assert res.conditions["native"]["kl_mean"] == 0.0 and res.conditions["plain"]["kl_mean"] > 0

@@ -8,7 +8,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvbridge.evaluate.guard import GuardError, GuardFallbackWarning, TargetStats, guarded_generate, guarded_prepare
+from kvbridge.evaluate.guard import (
+    GuardError,
+    GuardFallbackWarning,
+    GuardSettings,
+    TargetStats,
+    guarded_generate,
+    guarded_prepare,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +35,7 @@ def test_good_state_is_used_and_stays_marked(setup, noisy):
     model, ad, ids, state, stats = setup
     with warnings.catch_warnings():
         warnings.simplefilter("error", GuardFallbackWarning)
-        h = guarded_prepare(model, state, ids, stats=stats, kl_probe=True)
+        h = guarded_prepare(model, state, ids, GuardSettings(kl_probe=True), stats=stats)
     assert h.used == "transferred" and not h.fell_back and not h.approximate  # identity of its own cache
     assert [c.name for c in h.checks] == ["finite", "geometry", "magnitude", "kl_probe"]
     assert h.checks[-1].value <= 1e-9
@@ -56,12 +63,12 @@ def test_bad_state_falls_back_visibly(setup, breakage, noisy):
         kw, name = {"kl_probe": True, "kl_max": 1e-3, "max_ratio": 100.0}, "kl_probe"
     seen = []
     with pytest.warns(GuardFallbackWarning, match="using the target's own prefill"):
-        h = guarded_prepare(model, bad, ids, stats=stats, on_fallback=seen.append, **kw)
+        h = guarded_prepare(model, bad, ids, GuardSettings(**kw), stats=stats, on_fallback=seen.append)
     assert h.fell_back and h.used == "target_prefill" and not h.approximate
     assert any(name in r for r in h.reasons) and seen == [h]
     assert name in h.summary() and "fell back" in h.summary()
     with pytest.raises(GuardError, match="rejected"):
-        guarded_prepare(model, bad, ids, stats=stats, strict=True, **kw)
+        guarded_prepare(model, bad, ids, GuardSettings(strict=True, **kw), stats=stats)
 
 
 def test_fallback_generates_what_the_target_would(setup):

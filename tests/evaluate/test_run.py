@@ -72,3 +72,16 @@ def test_the_partial_log_is_finished(pair, corpus, tmp_path):
 def test_a_bad_mapping_is_refused(pair, corpus, tmp_path):
     with pytest.raises(KVBridgeError):
         api.evaluate_pair(pair, small(corpus, mapping=str(tmp_path / "missing")))
+
+
+def test_the_frontier_runs_as_a_recompute_condition_set(pair, corpus):
+    """``--frontier`` is a condition set the recompute stage hands the eval runner: through the API it
+    runs; the eval stage alone (no condition sets: it never imports recompute) refuses it by name."""
+    from kvbridge.evaluate.run import evaluate_pair
+
+    settings = small(corpus, frontier="0.5", sink=1)
+    run = api.evaluate_pair(pair, settings)
+    assert run.frontier and run.kind == "frontier" and run.exit_code == 0
+    assert {"native", "tail@0.5", "truncated@0.5"} <= set(run.result["conditions"])
+    with pytest.raises(KVBridgeError, match="recompute stage"):
+        evaluate_pair(pair, settings)

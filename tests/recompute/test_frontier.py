@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from kvbridge.evaluate.settings import EvalSettings
+from kvbridge.run import model_run
 from kvbridge.recompute.frontier import kept_rows, point_name, run_frontier, truncated_state, verdict
 from kvbridge.recompute.tokens import recompute_rows
 
@@ -95,19 +97,18 @@ def test_run_frontier_rows_costs_and_ends(zoo_base, zoo_stranger):
     sspec, tspec = adapter(zoo_stranger).spec_of(zoo_stranger), adapter(zoo_base).spec_of(zoo_base)
     mapping = IdentityFitter().fit(sspec, tspec)
     ids = _ids(zoo_base, 4, 16 + 4 + 1, 31)
-    out = run_frontier(
-        zoo_stranger,
-        zoo_base,
-        mapping,
-        ids,
+    settings = EvalSettings(
+        mapping="identity",
+        corpus="-",
         prefix_len=16,
         continuation_len=4,
-        ratios=(1.0, 0.5, 0.0),
+        frontier="1,0.5,0",
         sink=2,
         attention=False,
         bootstrap=30,
         batch_size=3,
     )
+    out = run_frontier(model_run(zoo_stranger, zoo_base, settings), mapping, ids)
     c = out["conditions"]
     assert list(c) == [
         "native",

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvbridge.recompute.graft import concat_states, graft, prepare_chunk, run_graft
+from kvbridge.recompute.settings import GraftSettings
 
 from .conftest import adapter, cont_logits
 
@@ -41,7 +42,7 @@ def test_run_graft_conditions(zoo_base):
 
     ids = model_samples(zoo_base, n=4, length=47, seed=1)  # text the model predicts: the chunk matters
     ctx, chk, cont = ids[:, :16], ids[:, 16:40], ids[:, 40:]
-    r = run_graft(zoo_base, ctx, chk, cont, ratios=(0.25, 1.0), bootstrap=50, batch_size=2)
+    r = run_graft(zoo_base, (ctx, chk, cont), GraftSettings(ratios=(0.25, 1.0), bootstrap=50, batch_size=2))
     c = r["conditions"]
     assert list(c) == ["full", "naive", "blend@0.25", "blend@1", "random@0.25", "no_reposition", "shuffled", "dropped"]
     assert c["blend@1"]["kl_p95"] < 1e-9 and c["blend@1"]["gap_recovered"] == pytest.approx(1.0, abs=1e-6)

@@ -133,24 +133,19 @@ def test_last_rule_picks_the_tail_and_leaves_the_rest(zoo_base):
 def test_curve_names_a_point_per_rule(zoo_base, zoo_stranger):
     """``run_curve(token_rules=...)``: ``tokens@R`` (deviation) and ``last@R`` on the same samples, same cost."""
     from kvbridge.builtin.identity import IdentityFitter
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.recompute.curve import run_curve
+    from kvbridge.recompute.settings import CurvePlan
+    from kvbridge.run import model_run
 
     sspec, tspec = adapter(zoo_stranger).spec_of(zoo_stranger), adapter(zoo_base).spec_of(zoo_base)
     mapping = IdentityFitter().fit(sspec, tspec)
     ids = _ids(zoo_base, 4, 16 + 4 + 1, 31)
-    out = run_curve(
-        zoo_stranger,
-        zoo_base,
-        mapping,
-        ids,
-        prefix_len=16,
-        continuation_len=4,
-        token_ratios=(0.25, 1.0),
-        token_rules=("deviation", "last"),
-        attention=False,
-        bootstrap=20,
-        batch_size=4,
+    settings = EvalSettings(
+        mapping="identity", corpus="-", prefix_len=16, continuation_len=4, attention=False, bootstrap=20, batch_size=4
     )
+    run = model_run(zoo_stranger, zoo_base, settings)
+    out = run_curve(run, mapping, ids, CurvePlan(token_ratios=(0.25, 1.0), token_rules=("deviation", "last")))
     c = out["conditions"]
     assert {"tokens@0.25", "last@0.25", "tokens@1", "last@1"} <= set(c)
     assert c["last@0.25"]["share"] == 0.25
@@ -161,15 +156,4 @@ def test_curve_names_a_point_per_rule(zoo_base, zoo_stranger):
     )
     assert c["last@1"]["kl_p95"] < 1e-9  # every row at every layer: the target's own prefill
     with pytest.raises(RecomputeError):
-        run_curve(
-            zoo_stranger,
-            zoo_base,
-            mapping,
-            ids,
-            prefix_len=16,
-            continuation_len=4,
-            token_ratios=(0.25,),
-            token_rules=("nope",),
-            attention=False,
-            bootstrap=20,
-        )
+        run_curve(run, mapping, ids, CurvePlan(token_ratios=(0.25,), token_rules=("nope",)))

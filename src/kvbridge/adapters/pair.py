@@ -71,35 +71,28 @@ class AdapterPairResult:
     def table_rows(self) -> list[list[str]]:
         from kvbridge.evaluate.report import fmt, fmt_ci
 
-        rows = []
-        for r in ROWS:
-            c = self.conditions[r]
-            rows.append(
-                [
-                    ROW_LABELS[r],
-                    f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
-                    f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
-                    f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
-                    fmt(c["kl_p95"], "{:.4f}"),
-                    fmt(c["top1_agreement"]),
-                    fmt(c["greedy_agreement"]),
-                    fmt(c["attention_cosine_min"]),
-                    self._gate_text(r),
-                ]
-            )
-        return rows
+        def row(r, c):
+            return [
+                ROW_LABELS[r],
+                f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
+                f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
+                f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
+                *(
+                    fmt(c[m], f)
+                    for m, f in (
+                        ("kl_p95", "{:.4f}"),
+                        ("top1_agreement", "{:.3f}"),
+                        ("greedy_agreement", "{:.3f}"),
+                        ("attention_cosine_min", "{:.3f}"),
+                    )
+                ),
+                self._gate_text(r),
+            ]
 
-    HEADS = (
-        "row",
-        "NLL [95% CI]",
-        "gap_recovered [95% CI]",
-        "KL mean [95% CI]",
-        "kl_p95",
-        "top1",
-        "greedy",
-        "attn cos min",
-        "default gates",
-    )
+        return [row(r, self.conditions[r]) for r in ROWS]
+
+    HEADS = ("row", "NLL [95% CI]", "gap_recovered [95% CI]", "KL mean [95% CI]", "kl_p95", "top1", "greedy")
+    HEADS += ("attn cos min", "default gates")
 
     def _gate_text(self, row: str) -> str:
         recs = self.gates.get(row)
@@ -143,9 +136,11 @@ class AdapterPairResult:
         return lines
 
     def render(self) -> str:
+        from kvbridge.evaluate.report import text_table
+
         lines = self._header() + [
             "",
-            render_table(self.table_rows(), self.HEADS),
+            *text_table(self.HEADS, self.table_rows(), right=False),
             "",
             "paired differences (x - y, bootstrap 95%):",
         ]
@@ -161,9 +156,11 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def markdown(self) -> str:
+        from kvbridge.evaluate.report import md_table
+
         lines = [f"- {line}" for line in self._header()] + [
             "",
-            markdown_table(self.table_rows(), self.HEADS),
+            *md_table(self.HEADS, self.table_rows()),
             "",
             "Paired differences (x - y, bootstrap 95%):",
             "",
@@ -180,24 +177,9 @@ class AdapterPairResult:
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
-        from kvbridge.evaluate import _clean
+        from kvbridge.progress import json_ready
 
-        return _clean(asdict(self))
-
-
-def render_table(rows: list[list[str]], heads) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
-
-    return "\n".join([line(heads), "-" * len(line(heads))] + [line(r) for r in rows])
-
-
-def markdown_table(rows: list[list[str]], heads) -> str:
-    return "\n".join(
-        ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
-    )
+        return json_ready(asdict(self), stringify=False)
 
 
 def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
@@ -233,34 +215,38 @@ def _paired_diff(fields_a: dict, fields_b: dict, idx, params: dict) -> dict:
     return out
 
 
-def run_adapter_pair(
-    pair=None,
-    *,
-    corpus: str | Path | None = None,
-    samples: int = 32,
-    prefix_len: int = 64,
-    continuation_len: int = 8,
-    greedy_tokens: int = 8,
-    calibration_tokens: int = 4096,
-    top_k: int = 1,
-    stride: int = 4,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    batch_size: int = 16,
-    controls: bool = False,
-    host=None,
-    progress=None,
-) -> AdapterPairResult:
+@dataclass(frozen=True)
+class AdapterPairSettings:
+    """One adapter-pair run (``python -m kvbridge.adapters.pair``): the corpus (default
+    :data:`kvbridge.adapters.DEFAULT_CORPUS`), the held-out samples, the ridge fit on the corpus front
+    (``calibration_tokens``, ``top_k``, ``stride``), the bootstrap; ``controls``: also run the evaluate
+    controls (zeroed, shuffled, random, no_rope_reapply) on the fitted mapping (slower; their rows go into
+    ``conditions`` as ``fitted:<control>``)."""
+
+    corpus: str | None = None
+    samples: int = 32
+    prefix_len: int = 64
+    continuation_len: int = 8
+    greedy_tokens: int = 8
+    calibration_tokens: int = 4096
+    top_k: int = 1
+    stride: int = 4
+    bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int = 16
+    controls: bool = False
+
+
+def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> AdapterPairResult:
     """Check, fit and evaluate base -> base+adapter (see the module docstring).
 
-    ``pair``: an :class:`~kvbridge.adapters.AdapterPair` (default: the shipped one, loaded here).
-    ``controls``: also run the evaluate controls (zeroed, shuffled, random, no_rope_reapply) on
-    the fitted mapping (slower; their rows go into ``conditions`` as ``fitted:<control>``).
+    ``pair``: an :class:`~kvbridge.adapters.AdapterPair` (default: the shipped one, loaded here);
+    ``settings``: an :class:`AdapterPairSettings` (default: its defaults).
     """
     import torch
 
     from kvbridge.family_adapter import weights_fingerprint
-    from kvbridge.adapters import load_adapter_pair
+    from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
     from kvbridge.transfer import IdentityMapping, transfer
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
@@ -272,64 +258,46 @@ def run_adapter_pair(
     from kvbridge.plugins import get_host
 
     host = host or get_host()
+    st = settings if settings is not None else AdapterPairSettings()
+    prefix_len, continuation_len, greedy_tokens = st.prefix_len, st.continuation_len, st.greedy_tokens
+    bootstrap, seed = st.bootstrap, st.seed
     timing: dict = {}
     t0 = time.perf_counter()
     if pair is None:
         pair = load_adapter_pair()
     timing["load_s"] = time.perf_counter() - t0
     base, tuned, tok = pair.base, pair.tuned, pair.tokenizer
-    if corpus is None:
-        from kvbridge.adapters import DEFAULT_CORPUS
-
-        corpus = DEFAULT_CORPUS
-    corpus = Path(corpus)
+    corpus = Path(st.corpus or DEFAULT_CORPUS)
     if not corpus.is_file():
-        from kvbridge.adapters import AdapterError
-
         raise AdapterError(f"corpus not found at {corpus}", "pass corpus= a text file (tinyshakespeare.txt)")
 
     t0 = time.perf_counter()
     adapter = host.adapter_for(base.config.to_dict())
-    report = check(
-        Side(
-            adapter.spec_of(base), name=pair.base_name, config=base.config.to_dict(), weights=weights_fingerprint(base)
-        ),
-        Side(
-            adapter.spec_of(tuned),
-            name=f"{pair.base_name}+{Path(pair.adapter.path).name}",
-            config=tuned.config.to_dict(),
-            weights=weights_fingerprint(tuned),
-        ),
-        host=host,
-    )
+    side_names = (pair.base_name, f"{pair.base_name}+{Path(pair.adapter.path).name}")
+    sides = [
+        Side(adapter.spec_of(m), name=n, config=m.config.to_dict(), weights=weights_fingerprint(m))
+        for m, n in zip((base, tuned), side_names)
+    ]
+    report = check(*sides, host=host)
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), calibration_tokens)
-    mapping = fit(
-        base,
-        tuned,
-        calib,
-        top_k=top_k,
-        stride=stride,
-        seed=seed,
-        host=host,
-        distributed=None,
-        source_name=pair.base_name,
-        target_name=f"{pair.base_name}+adapter",
-    )
+    calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), st.calibration_tokens)
+    target_name = f"{pair.base_name}+adapter"
+    kw = dict(top_k=st.top_k, stride=st.stride, seed=seed, host=host, distributed=None, source_name=pair.base_name)
+    mapping = fit(base, tuned, calib, target_name=target_name, **kw)
     timing["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ids, data = corpus_samples(corpus, tok, n=samples, length=prefix_len + continuation_len + 1)
+    ids, data = corpus_samples(corpus, tok, n=st.samples, length=prefix_len + continuation_len + 1)
     conds = ("native", "transferred", "no_prefix") + (
-        ("zeroed", "shuffled", "random", "no_rope_reapply") if controls else ()
+        ("zeroed", "shuffled", "random", "no_rope_reapply") if st.controls else ()
     )
     cfg = EvalConfig(
         prefix_len=prefix_len,
         continuation_len=continuation_len,
         greedy_tokens=greedy_tokens,
-        batch_size=batch_size,
+        batch_size=st.batch_size,
         seed=seed,
         conditions=conds,
     )
@@ -382,8 +350,8 @@ def run_adapter_pair(
         "greedy_tokens": greedy_tokens,
         "bootstrap": bootstrap,
         "seed": seed,
-        "top_k": top_k,
-        "stride": stride,
+        "top_k": st.top_k,
+        "stride": st.stride,
         "calibration_tokens": int(calib.numel()),
         "corpus": str(corpus),
         "dtype": str(next(tuned.parameters()).dtype).replace("torch.", ""),
@@ -407,7 +375,14 @@ def run_adapter_pair(
     )
 
 
-__all__ = ["AdapterPairResult", "run_adapter_pair", "calibration_ids", "CALIBRATION_SLICE", "ROWS"]
+__all__ = [
+    "AdapterPairResult",
+    "AdapterPairSettings",
+    "run_adapter_pair",
+    "calibration_ids",
+    "CALIBRATION_SLICE",
+    "ROWS",
+]
 
 
 def main(argv=None) -> int:
@@ -417,16 +392,15 @@ def main(argv=None) -> int:
 
     import torch
 
+    from dataclasses import fields
+
     ap = argparse.ArgumentParser(prog="python -m kvbridge.adapters.pair", description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", default=None)
-    ap.add_argument("--samples", type=int, default=32)
-    ap.add_argument("--prefix-len", type=int, default=64)
-    ap.add_argument("--continuation-len", type=int, default=8)
-    ap.add_argument("--greedy-tokens", type=int, default=8)
-    ap.add_argument("--calibration-tokens", type=int, default=4096)
-    ap.add_argument("--top-k", type=int, default=1)
-    ap.add_argument("--bootstrap", type=int, default=1000)
-    ap.add_argument("--controls", action="store_true", help="also the zeroed/shuffled/random/no_rope_reapply controls")
+    for f in fields(AdapterPairSettings):  # one option per setting, its default the setting's
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            ap.add_argument(flag, action="store_true", help="also the zeroed/shuffled/random/no_rope_reapply controls")
+        else:
+            ap.add_argument(flag, type=int if isinstance(f.default, int) else str, default=f.default)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", action="store_true")
@@ -438,15 +412,7 @@ def main(argv=None) -> int:
     transformers.logging.set_verbosity_error()
     t0 = time.perf_counter()
     res = run_adapter_pair(
-        corpus=a.corpus,
-        samples=a.samples,
-        prefix_len=a.prefix_len,
-        continuation_len=a.continuation_len,
-        greedy_tokens=a.greedy_tokens,
-        calibration_tokens=a.calibration_tokens,
-        top_k=a.top_k,
-        bootstrap=a.bootstrap,
-        controls=a.controls,
+        settings=AdapterPairSettings(**{f.name: getattr(a, f.name) for f in fields(AdapterPairSettings)})
     )
     print(res.markdown() if a.markdown else res.render())
     print(f"\n({time.perf_counter() - t0:.0f} s in all)")

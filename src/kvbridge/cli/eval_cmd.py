@@ -56,7 +56,7 @@ def eval_cmd(source, target, dtype, as_json, threads, **options):
         torch.set_num_threads(int(threads))
     from kvbridge.cli.options import load_pair
     from kvbridge.evaluate.report import terminal_table, to_json
-    from kvbridge.evaluate.run import evaluate_run
+    from kvbridge.recompute.eval_run import evaluate_run
     from kvbridge.progress import Heartbeat, Progress
     from kvbridge.run import Run
 

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from kvbridge.cli.numbers import SEED, count
-from kvbridge.cli.options import dtype_option, json_option
+from kvbridge.cli.options import dtype_option, json_option, settings_from, settings_options
+from kvbridge.recompute.settings import GraftRunSettings, GraftSettings
 
 
 @click.group("graft")
@@ -33,43 +33,28 @@ def _ids(tok, text, special, what: str = "text"):
 
 @graft.command("run")
 @click.argument("model")
-@click.option("--context", required=True, help="Context text (or @FILE), prefilled at positions 0..c-1 (with BOS).")
-@click.option("--chunk", default=None, help="Chunk text (or @FILE), prefilled alone at 0..n-1 (no BOS).")
-@click.option(
-    "--pack",
-    "pack_dir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="A prefix pack (kvbridge pack save) to graft instead of --chunk.",
-)
-@click.option("--prompt", required=True, help="Text (or @FILE) that follows the chunk; the model continues it.")
-@click.option("--recompute-tokens", "ratio", default="0%", show_default=True, help="Share of chunk tokens recomputed.")
-@click.option("--max-new-tokens", default=24, show_default=True, type=count(1))
-@dtype_option
-@json_option
-def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtype, as_json):
+@settings_options(GraftRunSettings, after={"max_new_tokens": [dtype_option, json_option]})
+def run_cmd(model, dtype, as_json, **options):
     """Graft a chunk after CONTEXT, continue PROMPT greedily, and compare with a full prefill."""
     import torch
 
-    from kvbridge.errors import KVBridgeError
     from kvbridge.models import load as load_model
-    from kvbridge.recompute.graft import _adapter, graft as do_graft, prepare_chunk
-    from kvbridge.recompute.tokens import blend, parse_ratio
+    from kvbridge.recompute.graft import adapter_of, graft as do_graft, prepare_chunk
+    from kvbridge.recompute.tokens import blend
 
-    if (chunk is None) == (pack_dir is None):
-        raise KVBridgeError("give exactly one of --chunk and --pack", "pass --chunk TEXT or --pack DIR")
-    r = parse_ratio(ratio)
+    s = settings_from(GraftRunSettings, options)  # every check runs here, before the model loads
+    r, max_new_tokens = s.ratio, s.max_new_tokens
     loaded = load_model(model, dtype=dtype)
     m, tok, name = loaded.model, loaded.tokenizer, model
-    ad = _adapter(m)
-    ctx = _ids(tok, context, True, "context")
-    if pack_dir:
+    ad = adapter_of(m)
+    ctx = _ids(tok, s.context, True, "context")
+    if s.pack_dir:
         from kvbridge.prefix.packs import load_pack
 
-        chunk_state = load_pack(pack_dir, m, tokenizer=tok).state
+        chunk_state = load_pack(s.pack_dir, m, tokenizer=tok).state
     else:
-        chunk_state = prepare_chunk(m, _ids(tok, chunk, False, "chunk"))
-    live = _ids(tok, prompt, False, "prompt")
+        chunk_state = prepare_chunk(m, _ids(tok, s.chunk, False, "chunk"))
+    live = _ids(tok, s.prompt, False, "prompt")
     from kvbridge.transfer_run import check_generation_length, max_positions_of
 
     check_generation_length(
@@ -133,43 +118,8 @@ def run_cmd(model, context, chunk, pack_dir, prompt, ratio, max_new_tokens, dtyp
 
 @graft.command("eval")
 @click.argument("model")
-@click.option("--corpus", required=True, type=click.Path(exists=True), help="Text corpus; samples from its last 10%.")
-@click.option("--samples", default=32, show_default=True, type=count(2))
-@click.option("--context-len", default=64, show_default=True, type=count(1))
-@click.option("--chunk-len", default=64, show_default=True, type=count(1))
-@click.option("--continuation-len", default=16, show_default=True, type=count(1))
-@click.option("--ratios", default="5%,15%,30%,100%", show_default=True, help="Shares of chunk tokens recomputed.")
-@click.option("--controls", default="random,no_reposition,shuffled", show_default=True)
-@click.option("--check-layer", default=1, show_default=True, type=count(0))
-@click.option("--batch-size", default=8, show_default=True, type=count(1))
-@click.option("--bootstrap", default=1000, show_default=True, type=count(0))
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@dtype_option
-@click.option(
-    "--report",
-    "report_dir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Write graft.md, graft.json and graft.png here.",
-)
-@json_option
-def eval_cmd(
-    model,
-    corpus,
-    samples,
-    context_len,
-    chunk_len,
-    continuation_len,
-    ratios,
-    controls,
-    check_layer,
-    batch_size,
-    bootstrap,
-    seed,
-    dtype,
-    report_dir,
-    as_json,
-):
+@settings_options(GraftSettings, after={"seed": [dtype_option], "report_dir": [json_option]})
+def eval_cmd(model, dtype, as_json, **options):
     """Graft conditions on held-out corpus windows: context | chunk | continuation, contiguous text.
 
     full (ceiling), naive graft, blend@R, random@R and the other controls, dropped (floor); gap
@@ -179,46 +129,26 @@ def eval_cmd(
 
     from kvbridge.evaluate import heldout_text, windows
     from kvbridge.fit.calibrate import load_corpus
-    from kvbridge.recompute import report
     from kvbridge.models import load as load_model
-    from kvbridge.recompute.eval_run import split_list
+    from kvbridge.recompute import report
     from kvbridge.recompute.graft import run_graft
-    from kvbridge.recompute.tokens import parse_ratio
 
-    rs = [parse_ratio(x) for x in split_list(ratios)]
-    ctrl = tuple(split_list(controls))
-    bad = [c for c in ctrl if c not in ("random", "first", "no_reposition", "shuffled")]
-    if bad:
-        from kvbridge.errors import KVBridgeError
-
-        raise KVBridgeError(f"unknown control {bad[0]!r}", "use some of random, first, no_reposition, shuffled")
+    s = settings_from(GraftSettings, options)  # every check runs here, before the model loads
     loaded = load_model(model, dtype=dtype)
     m, tok, name = loaded.model, loaded.tokenizer, model
-    texts, _ = load_corpus(corpus)
+    texts, _ = load_corpus(s.corpus)
     stream = torch.tensor(tok(heldout_text(texts), add_special_tokens=False)["input_ids"], dtype=torch.long)
-    L = context_len + chunk_len + continuation_len + 1
-    ids = windows(stream, samples, L)
+    ids = windows(stream, s.samples, s.sample_len)
+    c, n = s.context_len, s.chunk_len
 
     def progress(done, total):
         if not as_json and sys.stderr.isatty():
             click.echo(f"\r  {done}/{total} samples", nl=done == total, err=True)
 
-    result = run_graft(
-        m,
-        ids[:, :context_len],
-        ids[:, context_len : context_len + chunk_len],
-        ids[:, context_len + chunk_len :],
-        ratios=rs,
-        controls=ctrl,
-        check_layer=check_layer,
-        batch_size=batch_size,
-        bootstrap=bootstrap,
-        seed=seed,
-        progress=progress,
-    )
+    result = run_graft(m, (ids[:, :c], ids[:, c : c + n], ids[:, c + n :]), s, progress=progress)
     result["model"] = name
-    if report_dir:
-        written = report.write(result, report_dir, "graft", f"graft on {name}")
+    if s.report_dir:
+        written = report.write(result, s.report_dir, "graft", f"graft on {name}")
         if not as_json:
             click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
     click.echo(json.dumps(result, indent=2) if as_json else report.table(result))

@@ -320,11 +320,11 @@ def _adapter_pair_part(ctx: RealContext) -> None:
     """The real adapter pair (SmolLM2 -> SmolLM2 + the shipped Shakespeare LoRA): check, fit and
     eval; plain reuse and the fitted mapping against native (RESULTS.md). Quality, not exactness:
     it fails the section only if it cannot run."""
-    from kvbridge.adapters.pair import run_adapter_pair
+    from kvbridge.adapters.pair import AdapterPairSettings, run_adapter_pair
 
     click.echo("\n-- real adapter pair: smollm2 -> smollm2 + shakespeare LoRA (check, fit, eval) --")
     t0 = time.perf_counter()
-    result = run_adapter_pair(samples=24, calibration_tokens=2048)
+    result = run_adapter_pair(settings=AdapterPairSettings(samples=24, calibration_tokens=2048))
     ctx.results["adapter_pair"] = {"ordering_nll": result.ordering("nll"), "ordering_kl": result.ordering("kl_mean")}
     click.echo(result.render())
     click.echo(f"  ({time.perf_counter() - t0:.1f} s)")

@@ -119,13 +119,6 @@ def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None 
     return torch.cat(ids, dim=1)
 
 
-def _clean(obj):
-    """JSON-ready: nan/inf -> None, tensors -> lists, tuples -> lists (other objects as they are)."""
-    from kvbridge.progress import json_ready
-
-    return json_ready(obj, stringify=False)
-
-
 def _describe_model(model, host, name: str = "") -> dict:
     spec = host.adapter_for(model.config.to_dict()).spec_of(model)
     return {
@@ -190,32 +183,20 @@ def eval_config(config=None, **overrides):
     )
 
 
-def evaluate(
-    source,
-    target,
-    mapping,
-    samples,
-    *,
-    config=None,
-    gates=(),
-    metrics=None,
-    host=None,
-    progress=None,
-    on_batch=None,
-    **settings,
-) -> dict:
+def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics=None, host=None, **settings) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
     ``config``: an :class:`~kvbridge.evaluate.conditions.EvalConfig` (prefix and continuation
     lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap);
-    ``settings`` override its fields by name (``prefix_len=48``), and ``source_name``,
-    ``target_name``, ``mapping_path``, ``data`` label the result. ``gates``: gate texts to
-    enforce (``"kl_p95<=0.2"``, ``"default"``); the default gates are always reported.
-    ``metrics``: metric names (default: every registered metric).
+    ``settings`` override its fields by name (``prefix_len=48``), ``source_name``, ``target_name``,
+    ``mapping_path``, ``data`` label the result, and ``progress`` / ``on_batch`` are the callbacks of
+    :func:`evaluate_config`. ``gates``: gate texts to enforce (``"kl_p95<=0.2"``, ``"default"``); the
+    default gates are always reported. ``metrics``: metric names (default: every registered metric).
     """
+    calls = {k: settings.pop(k) for k in ("progress", "on_batch") if k in settings}
     labels = {k: settings.pop(k) for k in LABELS if k in settings}
     config = eval_config(config, **settings)
-    return evaluate_config((source, target), mapping, samples, config, gates, metrics, host, progress, on_batch, labels)
+    return evaluate_config((source, target), mapping, samples, config, gates, metrics, host, labels=labels, **calls)
 
 
 #: what labels an eval result beside the numbers (keywords of :func:`evaluate`)
@@ -279,7 +260,9 @@ def evaluate_config(
         "definitions": summary["descriptions"],
         "notes": list(run.notes),
     }
-    return _clean(result)
+    from kvbridge.progress import json_ready
+
+    return json_ready(result, stringify=False)
 
 
 __all__ = [

@@ -91,7 +91,7 @@ def summarize_fields(
     ``deficit_closed`` = ``(NLL_ref - NLL_x) / (NLL_ref - NLL_native)``: the share of what the
     ``reference`` condition (the naive graft, or the plain transfer) misses that x wins back.
     """
-    from kvbridge.evaluate.metrics import _interval, bootstrap_indices, resolve_metrics, summarize
+    from kvbridge.evaluate.metrics import percentile_interval, bootstrap_indices, resolve_metrics, summarize
 
     run = SimpleNamespace(
         config=SimpleNamespace(greedy_tokens=greedy_tokens, top_k=5, top_p=0.9),
@@ -109,7 +109,9 @@ def summarize_fields(
             x = f["nll"].double().flatten(1).mean(1)
             row = out["conditions"][cond]
             row["deficit_closed"] = float(share_closed(ref, nat, x, torch.arange(n)[None])[0])
-            row["deficit_closed_ci"] = _interval(share_closed(ref, nat, x, idx)) if idx is not None else [None, None]
+            row["deficit_closed_ci"] = (
+                percentile_interval(share_closed(ref, nat, x, idx)) if idx is not None else [None, None]
+            )
     return out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from kvbridge.errors import KVBridgeError
 from kvbridge.hf_compat import cache_kwargs
@@ -136,19 +136,21 @@ def _next_logits(model, cache, ids):
         return model(input_ids=ids, **kwargs).logits[:, -1].float()
 
 
+@dataclass(frozen=True)
+class GuardSettings:
+    """The guard's limits: ``max_ratio`` (magnitude), ``stats_tokens`` (prompt tokens prefilled for the
+    target's stats when none are given), ``kl_probe`` / ``kl_max`` (the optional next-token KL check),
+    ``strict`` (raise :class:`GuardError` instead of falling back)."""
+
+    max_ratio: float = 4.0
+    stats_tokens: int = 16
+    kl_probe: bool = False
+    kl_max: float = 0.2
+    strict: bool = False
+
+
 def guarded_prepare(
-    model,
-    state,
-    input_ids,
-    *,
-    stats: TargetStats | None = None,
-    max_ratio: float = 4.0,
-    stats_tokens: int = 16,
-    kl_probe: bool = False,
-    kl_max: float = 0.2,
-    strict: bool = False,
-    on_fallback: Callable | None = None,
-    host=None,
+    model, state, input_ids, settings=None, *, stats=None, on_fallback=None, host=None
 ) -> GuardedHandoff:
     """Check ``state`` for ``model`` and return the cache to ``generate`` from (see the module docstring)."""
     import torch
@@ -157,6 +159,7 @@ def guarded_prepare(
     from kvbridge.errors import StateError
     from kvbridge.handoff import prepare_cache
 
+    g = settings if settings is not None else GuardSettings()
     adapter = _adapter(model, host)
     ids = torch.as_tensor(input_ids)
     ids = ids[None] if ids.dim() == 1 else ids
@@ -174,9 +177,9 @@ def guarded_prepare(
             checks.append(GuardCheck("geometry", False, detail=exc.what))
     if all(c.passed for c in checks):
         if stats is None:
-            stats = TargetStats.from_model(model, ids[:, : max(1, min(stats_tokens, n))], host=host)
-        checks.append(check_magnitude(state, stats, max_ratio))
-    if kl_probe and all(c.passed for c in checks):
+            stats = TargetStats.from_model(model, ids[:, : max(1, min(g.stats_tokens, n))], host=host)
+        checks.append(check_magnitude(state, stats, g.max_ratio))
+    if g.kl_probe and all(c.passed for c in checks):
         cache, rest = prepare_cache(model, state, ids, host=host)
         got = _next_logits(model, cache, rest[:, n - 1 if n == ids.shape[1] else n :]) if cache is not None else None
         native_full = adapter.extract(model, ids[:, :n])
@@ -186,13 +189,13 @@ def guarded_prepare(
         from kvbridge.divergence import kl as kl_of
 
         kl = float(kl_of(ref, got).max())
-        checks.append(GuardCheck("kl_probe", kl <= kl_max, kl, kl_max, f"next-token KL {kl:.4g}"))
+        checks.append(GuardCheck("kl_probe", kl <= g.kl_max, kl, g.kl_max, f"next-token KL {kl:.4g}"))
     failed = [c for c in checks if not c.passed]
     if not failed:
         cache, out_ids = prepare_cache(model, state, ids, host=host)
         return GuardedHandoff(cache, out_ids, state, "transferred", bool(state.approximate), checks)
     reasons = [f"{c.name}: {c.detail or c.value}" for c in failed]
-    if strict:
+    if g.strict:
         raise GuardError(
             f"transferred cache rejected ({'; '.join(reasons)})",
             "fix the mapping, or allow the fallback to the target's own prefill (strict=False)",
@@ -210,11 +213,15 @@ def guarded_prepare(
     return handoff
 
 
-def guarded_generate(model, state, input_ids, *, guard: dict | None = None, host=None, **generate_kwargs):
-    """``(output_ids, handoff)``: ``model.generate`` from a guarded hand-off of ``state``."""
+def guarded_generate(model, state, input_ids, *, guard=None, host=None, **generate_kwargs):
+    """``(output_ids, handoff)``: ``model.generate`` from a guarded hand-off of ``state``; ``guard``: a
+    :class:`GuardSettings`, or a dict of its fields plus ``stats`` / ``on_fallback``."""
     import torch
 
-    handoff = guarded_prepare(model, state, input_ids, host=host, **(guard or {}))
+    kw = dict(guard) if isinstance(guard, dict) else {"settings": guard}
+    extra = {k: kw.pop(k) for k in ("settings", "stats", "on_fallback") if k in kw}
+    extra.setdefault("settings", GuardSettings(**kw))
+    handoff = guarded_prepare(model, state, input_ids, host=host, **extra)
     generate_kwargs.setdefault("attention_mask", torch.ones_like(handoff.input_ids))
     if handoff.cache is not None:
         generate_kwargs.update(cache_kwargs(model, handoff.cache))
@@ -227,6 +234,7 @@ __all__ = [
     "TargetStats",
     "GuardCheck",
     "GuardedHandoff",
+    "GuardSettings",
     "check_finite",
     "check_magnitude",
     "guarded_prepare",

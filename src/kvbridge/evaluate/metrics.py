@@ -295,7 +295,8 @@ def bootstrap_indices(n: int, replicates: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, n, (int(replicates), n), generator=g)
 
 
-def _interval(values: torch.Tensor) -> list:
+def percentile_interval(values: torch.Tensor) -> list:
+    """The 95% percentile interval of bootstrap replicates ([nan, nan] when mostly undefined)."""
     t = values.double().flatten()
     t = t[~torch.isnan(t)]
     if t.numel() < max(2, values.numel() // 2):  # mostly undefined: no interval
@@ -338,7 +339,7 @@ def summarize(
         row: dict = {}
         for m in metrics:
             row[m.name] = float(_values(m, view)[0])
-            row[f"{m.name}_ci"] = _interval(torch.cat(reps[c][m.name])) if idx is not None else [NAN, NAN]
+            row[f"{m.name}_ci"] = percentile_interval(torch.cat(reps[c][m.name])) if idx is not None else [NAN, NAN]
         lc = layer_cosines(view)
         if lc is not None:
             row["attention_cosine_layers"] = [float(x) for x in lc[0]]
@@ -356,7 +357,7 @@ def summarize(
                 continue
             comparisons[f"transferred_vs_{c}"] = {
                 "nll_diff": point_nll["transferred"] - point_nll[c],
-                "nll_diff_ci": _interval(t_reps - torch.cat(nll_reps[c])) if idx is not None else [NAN, NAN],
+                "nll_diff_ci": percentile_interval(t_reps - torch.cat(nll_reps[c])) if idx is not None else [NAN, NAN],
             }
     return {
         "conditions": out,
@@ -373,6 +374,7 @@ __all__ = [
     "resolve_metrics",
     "summarize",
     "bootstrap_indices",
+    "percentile_interval",
     "BUILTIN",
     "nll",
     "perplexity",

@@ -38,6 +38,22 @@ def fmt_ci(ci, spec: str = "{:.3f}") -> str:
     return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
 
 
+def text_table(heads, rows, *, right: bool = True) -> list[str]:
+    """Aligned lines: the heads, a rule, the rows (the first column left-aligned, the others right-aligned
+    unless ``right`` is False)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i and right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [line(heads), "-" * len(line(heads))] + [line(r) for r in rows]
+
+
+def md_table(heads, rows) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def _header(result: dict) -> str:
     src, tgt = result["source"], result["target"]
     mp = result.get("mapping") or {}
@@ -59,11 +75,7 @@ def table_rows(result: dict) -> list[list[str]]:
 def terminal_table(result: dict) -> str:
     """The readable table of every condition plus gates and comparisons."""
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
-    rows = table_rows(result)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    line = lambda cells: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(cells))
-    out = [_header(result), "", line(heads), "-" * len(line(heads))]
-    out += [line(r) for r in rows]
+    out = [_header(result), ""] + text_table(heads, table_rows(result))
     conds = result["conditions"]
     if "transferred" in conds:
         t = conds["transferred"]
@@ -233,60 +245,42 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
 
 def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
-    out = ["# kvbridge eval", "", _header(result), "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    out += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
-    out += [
-        "",
-        "## 95% paired bootstrap intervals",
-        "",
-        "| condition | nll | gap_recovered | kl_p95 | top1_agreement | attention_cosine_min |",
-        "|---|---|---|---|---|---|",
-    ]
-    for c, r in result["conditions"].items():
-        out.append(
-            f"| {c} | "
-            + " | ".join(
-                f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}"
-                for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
-            )
-            + " |"
-        )
+    out = ["# kvbridge eval", "", _header(result), ""] + md_table(heads, table_rows(result))
+    ms = ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
+    cells = lambda r: [f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}" for m in ms]  # noqa: E731
+    out += ["", "## 95% paired bootstrap intervals", ""]
+    out += md_table(("condition", *ms), [[c, *cells(r)] for c, r in result["conditions"].items()])
     comps = result.get("comparisons") or {}
     if comps:
-        out += [
-            "",
-            "## nll(transferred) − nll(condition), same samples",
-            "",
-            "| condition | difference | 95% CI |",
-            "|---|---|---|",
+        out += ["", "## nll(transferred) − nll(condition), same samples", ""]
+        rows = [
+            [
+                name.removeprefix("transferred_vs_"),
+                fmt(c.get("nll_diff"), "{:+.4f}"),
+                fmt_ci(c.get("nll_diff_ci"), "{:+.4f}"),
+            ]
+            for name, c in comps.items()
         ]
-        for name, c in comps.items():
-            out.append(
-                f"| {name.removeprefix('transferred_vs_')} | {fmt(c.get('nll_diff'), '{:+.4f}')} | "
-                f"{fmt_ci(c.get('nll_diff_ci'), '{:+.4f}')} |"
-            )
+        out += md_table(("condition", "difference", "95% CI"), rows)
     gates = result.get("gates") or []
     if gates:
-        out += ["", "## Gates", "", "| gate | value | result | enforced |", "|---|---|---|---|"]
-        for g in gates:
-            out.append(
-                f"| `{g['gate']}` | {fmt(g['value'], '{:.4f}')} | {'PASS' if g['passed'] else 'FAIL'} | "
-                f"{'yes' if g['enforced'] else 'no'} |"
-            )
+        rows = [
+            [
+                f"`{g['gate']}`",
+                fmt(g["value"], "{:.4f}"),
+                "PASS" if g["passed"] else "FAIL",
+                "yes" if g["enforced"] else "no",
+            ]
+            for g in gates
+        ]
+        out += ["", "## Gates", ""] + md_table(("gate", "value", "result", "enforced"), rows)
     layered = {
         c: r["attention_cosine_layers"] for c, r in result["conditions"].items() if r.get("attention_cosine_layers")
     }
     if layered:
-        n = max(len(v) for v in layered.values())
-        out += [
-            "",
-            "## Attention-output cosine per target layer",
-            "",
-            "| condition | " + " | ".join(f"L{i}" for i in range(n)) + " |",
-            "|---|" + "---|" * n,
-        ]
-        for c, v in layered.items():
-            out.append(f"| {c} | " + " | ".join(fmt(x, "{:.4f}") for x in v) + " |")
+        heads = ["condition"] + [f"L{i}" for i in range(max(len(v) for v in layered.values()))]
+        out += ["", "## Attention-output cosine per target layer", ""]
+        out += md_table(heads, [[c] + [fmt(x, "{:.4f}") for x in v] for c, v in layered.items()])
     mp = result.get("mapping") or {}
     if mp.get("r2_summary"):
         s = mp["r2_summary"]

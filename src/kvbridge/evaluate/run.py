@@ -10,24 +10,45 @@ printed: the result is an :class:`EvalRun`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+from kvbridge.errors import ConfigError
 
 from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalSettings
 
 
 @dataclass(frozen=True)
+class ConditionSet:
+    """Conditions a later stage runs in ``kvbridge eval``'s place when ``wanted(settings)``:
+    ``run(run, mapping, ids, inputs, progress) -> (result, written)``, ``inputs`` holding the corpus's
+    ``texts`` (the fit's side), the samples' ``data`` record and the ``source`` / ``target`` references."""
+
+    name: str
+    wanted: Callable
+    run: Callable
+
+
+@dataclass(frozen=True)
 class EvalRun:
-    """``result``: the eval (or recompute-curve) result dict; ``written``: report files by name;
-    ``recompute``: the run was the recompute curve; ``frontier``: the compute frontier (``--frontier``);
-    ``exit_code``: 1 when an enforced gate failed."""
+    """``result``: the eval (or a condition set's) result dict; ``written``: report files by name;
+    ``kind``: ``eval``, or the :class:`ConditionSet` that ran (``recompute``: the recompute curve,
+    ``frontier``: the compute frontier); ``exit_code``: 1 when an enforced gate failed."""
 
     result: dict = field(repr=False)
     written: dict = field(default_factory=dict)
-    recompute: bool = False
-    frontier: bool = False
+    kind: str = "eval"
+
+    @property
+    def recompute(self) -> bool:
+        return self.kind == "recompute"
+
+    @property
+    def frontier(self) -> bool:
+        return self.kind == "frontier"
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.recompute or self.frontier else int(self.result.get("exit_code") or 0)
+        return 0 if self.kind != "eval" else int(self.result.get("exit_code") or 0)
 
     @property
     def failed_gates(self) -> list[str]:
@@ -68,37 +89,31 @@ def mapping_of(run):
 
 
 def eval_config(settings: EvalSettings):
-    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already)."""
+    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already):
+    its fields have the settings' names."""
+    from dataclasses import fields
+
     from kvbridge.evaluate.conditions import EvalConfig
 
-    s = settings
-    return EvalConfig(
-        prefix_len=s.prefix_len,
-        continuation_len=s.continuation_len,
-        greedy_tokens=s.greedy_tokens,
-        batch_size=s.batch_size,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-        conditions=s.condition_names(),
-        attention=s.attention,
-        bootstrap=s.bootstrap,
-    )
+    same = {f.name: getattr(settings, f.name) for f in fields(EvalConfig) if f.name != "conditions"}
+    return EvalConfig(conditions=settings.condition_names(), **same)
 
 
-def evaluate_pair(pair, settings: EvalSettings, *, progress=None, heartbeat=None, warn=None, host=None) -> EvalRun:
+def evaluate_pair(pair, settings: EvalSettings, *, host=None, **callbacks) -> EvalRun:
     """:func:`evaluate_run` of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`."""
     from kvbridge.run import Run
 
-    return evaluate_run(Run.of(pair, settings, host), progress=progress, heartbeat=heartbeat, warn=warn)
+    return evaluate_run(Run.of(pair, settings, host), **callbacks)
 
 
-def evaluate_run(run, *, progress=None, heartbeat=None, warn=None) -> EvalRun:
+def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_sets=()) -> EvalRun:
     """Run ``kvbridge eval`` on a :class:`~kvbridge.run.Run` (a loaded pair, the host, an :class:`EvalSettings`).
 
     ``progress(done, total)`` is called as samples finish; ``heartbeat`` (a
     :class:`kvbridge.progress.Heartbeat`, optional) is told the stages; ``warn(text)`` receives the
-    overlap note of ``allow_overlap`` (it is also in the result's notes)."""
+    overlap note of ``allow_overlap`` (it is also in the result's notes); ``condition_sets``: the
+    :class:`ConditionSet` values that may run instead (``kvbridge.recompute.eval_run.CONDITION_SETS``:
+    ``--frontier``, ``--recompute-*``)."""
     from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.evaluate import corpus_samples, evaluate_config
     from kvbridge.evaluate.report import batch_record, write_report
@@ -156,60 +171,18 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None) -> EvalRun:
 
         fault_point("eval.batch")
 
-    if s.frontier is not None:  # the compute frontier: kvbridge.recompute.frontier
-        from kvbridge.recompute import frontier, frontier_report
-
-        result = frontier.run_frontier(
-            smodel,
-            tmodel,
-            mapping,
-            ids,
-            prefix_len=s.prefix_len,
-            continuation_len=s.continuation_len,
-            ratios=s.frontier_ratios,
-            sink=s.sink,
-            batch_size=s.batch_size,
-            attention=s.attention,
-            bootstrap=s.bootstrap,
-            seed=s.seed,
-            progress=progress,
+    for cs in condition_sets:  # a condition set of a later stage (kvbridge.recompute.eval_run) instead
+        if cs.wanted(s):
+            inputs = {"texts": texts, "data": data, "source": _ref_text(src), "target": _ref_text(tgt)}
+            result, written = cs.run(run, mapping, ids, inputs, progress)
+            if partial is not None:
+                partial.remove() if s.report_dir and written else partial.finish()
+            return EvalRun(result, written, kind=cs.name)
+    if s.frontier is not None or s.recompute.active:
+        raise ConfigError(
+            "--frontier and --recompute-* run the recompute stage's condition sets",
+            "call kvbridge.api.evaluate_pair (or kvbridge.recompute.eval_run.evaluate_run)",
         )
-        result.update(source=_ref_text(src), target=_ref_text(tgt), mapping=s.mapping, data=data)
-        written = frontier_report.write(result, s.report_dir) if s.report_dir else {}
-        if partial is not None:
-            partial.remove() if s.report_dir and written else partial.finish()
-        return EvalRun(result, written, frontier=True)
-    if s.recompute.active:  # the recompute dial: kvbridge.recompute
-        from kvbridge.recompute.eval_run import eval_recompute
-
-        r = s.recompute
-        result, written = eval_recompute(
-            smodel,
-            tmodel,
-            mapping,
-            ids,
-            texts=texts,
-            tokenizer=ttok,
-            prefix_len=s.prefix_len,
-            continuation_len=s.continuation_len,
-            layers_spec=r.layers,
-            tokens_spec=r.tokens,
-            token_rules=r.rules,
-            sweep=r.sweep,
-            mode=r.mode,
-            select=r.select,
-            group_size=r.group,
-            calibration_samples=r.calibration_samples,
-            batch_size=s.batch_size,
-            attention=s.attention,
-            bootstrap=s.bootstrap,
-            seed=s.seed,
-            report_dir=s.report_dir,
-            progress=progress,
-        )
-        if partial is not None:
-            partial.remove() if s.report_dir and written else partial.finish()
-        return EvalRun(result, written, recompute=True)
     result = evaluate_config(
         (smodel, tmodel),
         mapping,
@@ -244,4 +217,13 @@ def _ref_text(loaded) -> str:
     return str(getattr(loaded.ref, "ref", None) or loaded.name)
 
 
-__all__ = ["EvalRun", "EvalSettings", "eval_config", "evaluate_pair", "evaluate_run", "load_mapping_ref", "mapping_of"]
+__all__ = [
+    "ConditionSet",
+    "EvalRun",
+    "EvalSettings",
+    "eval_config",
+    "evaluate_pair",
+    "evaluate_run",
+    "load_mapping_ref",
+    "mapping_of",
+]

@@ -9,42 +9,31 @@
 - :mod:`~kvbridge.recompute.tokens`: token-selective recompute (the CacheBlend rule);
 - :mod:`~kvbridge.recompute.graft`: a chunk's cache prepared alone, re-positioned after other
   context, with or without token-selective recompute, and the graft conditions;
-- :mod:`~kvbridge.recompute.curve`: quality/cost curves for ``kvbridge eval --recompute-*``.
+- :mod:`~kvbridge.recompute.curve`: quality/cost curves for ``kvbridge eval --recompute-*``;
+  :mod:`~kvbridge.recompute.frontier`: the compute frontier (``--frontier``); both run in ``kvbridge eval``
+  as the condition sets of :mod:`~kvbridge.recompute.eval_run`; their settings and the graft's are in
+  :mod:`~kvbridge.recompute.settings`.
 
 Importing this package imports nothing heavy.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "recompute_layers",
-    "parse_layers",
-    "profile_layers",
-    "greedy_groups",
-    "choose_layers",
-    "blend",
-    "graft",
-    "prepare_chunk",
-    "run_graft",
-    "Cost",
-]
+#: the public names, by the module that holds them (imported on first use)
+_WHERE = {
+    "layers": ("recompute_layers", "parse_layers", "profile_layers", "greedy_groups", "choose_layers"),
+    "tokens": ("blend",),
+    "graft": ("graft", "prepare_chunk", "run_graft"),
+    "cost": ("Cost",),
+    "settings": ("CurvePlan", "GraftSettings", "RecomputeError"),
+}
+__all__ = [name for names in _WHERE.values() for name in names]
 
 
 def __getattr__(name):
     import importlib
 
-    where = {
-        "recompute_layers": "layers",
-        "parse_layers": "layers",
-        "profile_layers": "layers",
-        "greedy_groups": "layers",
-        "choose_layers": "layers",
-        "blend": "tokens",
-        "graft": "graft",
-        "prepare_chunk": "graft",
-        "run_graft": "graft",
-        "Cost": "cost",
-    }
-    if name in where:
-        return getattr(importlib.import_module(f"kvbridge.recompute.{where[name]}"), name)
+    for module, names in _WHERE.items():
+        if name in names:
+            return getattr(importlib.import_module(f"kvbridge.recompute.{module}"), name)
     raise AttributeError(name)

@@ -18,7 +18,7 @@ the plain transfer's deficit to native that the recompute wins back.
 
 from __future__ import annotations
 
-from kvbridge.recompute.layers import RecomputeError
+from kvbridge.recompute.settings import RecomputeError
 
 SCHEMA = "kvbridge-recompute-curve/1"
 TOKEN_SWEEP = (0.05, 0.1, 0.15, 0.3, 0.5, 1.0)
@@ -58,45 +58,32 @@ def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy",
     return points
 
 
-def run_curve(
-    source,
-    target,
-    mapping,
-    samples,
-    *,
-    prefix_len: int,
-    continuation_len: int,
-    layer_points_=(),
-    token_ratios=(),
-    token_rules=("deviation",),
-    mode: str = "target",
-    batch_size: int = 16,
-    attention: bool = True,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    check_layer: int = 1,
-    host=None,
-    progress=None,
-) -> dict:
-    """Every point of the dial on the same samples; JSON-ready (see the module docstring)."""
-    from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
+    """Every point of ``plan`` (a :class:`~kvbridge.recompute.settings.CurvePlan`) on the same samples;
+    JSON-ready (see the module docstring). ``run``: a :class:`~kvbridge.run.Run` whose settings (an
+    :class:`~kvbridge.evaluate.settings.EvalSettings`) give ``prefix_len``, ``continuation_len``,
+    ``batch_size``, ``attention``, ``bootstrap``, ``seed`` and ``recompute.mode``."""
     from kvbridge.evaluate.fields import summarize_fields
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+    from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
     from kvbridge.recompute.tokens import RULES, blend
 
-    hook = (lambda run: capture_hidden(source, run)) if mode == "source" else None  # noqa: E731
-    pre = Prefills(source, target, mapping, host=host, source_hook=hook)
-    samples, p, c = sample_ids(samples, prefix_len, continuation_len, RecomputeError)
-    points = [(name, "layers", layers) for name, layers, _ in layer_points_]
+    s = run.settings
+    source, target, mode, bootstrap, seed = run.source.model, run.target.model, s.recompute.mode, s.bootstrap, s.seed
+    token_rules, check_layer = tuple(plan.token_rules), plan.check_layer
+    hook = (lambda r: capture_hidden(source, r)) if mode == "source" else None  # noqa: E731
+    pre = Prefills(source, target, mapping, host=run.host, source_hook=hook)
+    samples, p, c = sample_ids(samples, s.prefix_len, s.continuation_len, RecomputeError)
+    points = [(name, "layers", layers) for name, layers, _ in plan.layer_points]
     bad = [x for x in token_rules if x not in RULES]
     if bad:
         raise RecomputeError(f"unknown token rule {bad[0]!r}", f"use one of {', '.join(RULES)}")
     points += [
         (f"{'tokens' if rule == 'deviation' else rule}@{r:g}", rule, float(r))
         for rule in token_rules
-        for r in token_ratios
+        for r in plan.token_ratios
         if r > 0
     ]
     if not points:
@@ -122,7 +109,7 @@ def run_curve(
 
     conds = pre.conditions("native", "transferred")
     conds += [Condition(name, point(kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
-    fields, cost = pre.run(conds, samples, p, c, batch_size, attention=attention, progress=progress)
+    fields, cost = pre.run(conds, samples, p, c, s.batch_size, attention=s.attention, progress=progress)
     t_native, t_transfer = pre.timing["target_prefill_s"], pre.timing["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)
@@ -162,7 +149,7 @@ def run_curve(
             "mode source: only the recomputed layers run, on the source's hidden states",
         ],
     }
-    return _clean(result)
+    return json_ready(result, stringify=False)
 
 
 __all__ = ["SCHEMA", "TOKEN_SWEEP", "layer_points", "layer_sweep", "run_curve"]

@@ -1,96 +1,102 @@
-"""``eval --recompute-*`` (the recompute curve behind the eval command) and the list parsing ``graft`` uses."""
+"""The recompute condition sets of ``kvbridge eval``: ``--recompute-*`` (the curve) and ``--frontier``.
+
+They register with the eval stage's runner as :class:`~kvbridge.evaluate.run.ConditionSet` values
+(:data:`CONDITION_SETS`): ``evaluate/`` never imports this stage; :func:`evaluate_pair` /
+:func:`evaluate_run` here are ``kvbridge eval`` with them (what the CLI and ``kvbridge.api`` call).
+"""
 
 from __future__ import annotations
 
+from kvbridge.evaluate.run import ConditionSet
+from kvbridge.recompute.settings import CurvePlan, split_list
 
-def split_list(text: str) -> list[str]:
-    return [x.strip() for x in str(text).split(",") if x.strip()]
 
-
-def eval_recompute(
-    smodel,
-    tmodel,
-    mapping,
-    ids,
-    *,
-    texts,
-    tokenizer,
-    prefix_len,
-    continuation_len,
-    layers_spec,
-    tokens_spec,
-    sweep,
-    mode,
-    token_rules=("deviation",),
-    select,
-    group_size,
-    calibration_samples,
-    batch_size,
-    attention,
-    bootstrap,
-    seed,
-    report_dir=None,
-    progress=None,
-) -> tuple[dict, dict]:
-    """Run ``kvbridge eval --recompute-*``: ``(result, written files)``."""
+def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
+    """The points ``run.settings.recompute`` asks, and whether a layer choice was calibrated (on the
+    corpus front: the first half of its first 90%)."""
     import torch
 
     from kvbridge.evaluate import windows
-    from kvbridge.recompute import curve, report
+    from kvbridge.recompute import curve
     from kvbridge.recompute.layers import calibration, parse_layers
     from kvbridge.recompute.tokens import parse_ratio
 
+    s, r = run.settings, run.settings.recompute
+    smodel, tmodel = run.source.model, run.target.model
     n_layers = tmodel.config.num_hidden_layers
     # one point per ';'-separated spec ("3,7-9" is one set of layers)
-    layer_specs = [x.strip() for x in layers_spec.split(";") if x.strip()] if layers_spec else []
-    ratios = [parse_ratio(x) for x in split_list(tokens_spec)] if tokens_spec else []
-    if sweep in ("tokens", "both"):
+    layer_specs = [x.strip() for x in r.layers.split(";") if x.strip()] if r.layers else []
+    ratios = [parse_ratio(x) for x in split_list(r.tokens)] if r.tokens else []
+    if r.sweep in ("tokens", "both"):
         ratios = sorted(set(ratios) | set(curve.TOKEN_SWEEP))
-    parsed = [parse_layers(s, n_layers) for s in layer_specs]  # fail early on a typo
-    need_calib = sweep in ("layers", "both") or any(p and p[0] == "auto" for p in parsed)
+    parsed = [parse_layers(x, n_layers) for x in layer_specs]  # fail early on a typo
     calib = None
-    if need_calib:
+    if r.sweep in ("layers", "both") or any(p and p[0] == "auto" for p in parsed):
         front = "\n".join(texts)
         front = front[: int(len(front) * 0.9)]
-        stream = torch.tensor(tokenizer(front, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        cal = windows(stream[: len(stream) // 2], calibration_samples, prefix_len + continuation_len + 1)
-        calib = calibration(smodel, tmodel, mapping, cal, prefix_len, continuation_len, batch_size=batch_size)
+        tok = run.target.tokenizer
+        stream = torch.tensor(tok(front, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        cal = windows(stream[: len(stream) // 2], r.calibration_samples, s.sample_len)
+        calib = calibration(smodel, tmodel, mapping, cal, s.prefix_len, s.continuation_len, batch_size=s.batch_size)
     points = []
     for spec in layer_specs:
-        points += curve.layer_points(spec, tmodel, calib, method=select, group_size=group_size)
-    if sweep in ("layers", "both"):
-        points += curve.layer_sweep(tmodel, calib, method=select, group_size=group_size)
+        points += curve.layer_points(spec, tmodel, calib, method=r.select, group_size=r.group)
+    if r.sweep in ("layers", "both"):
+        points += curve.layer_sweep(tmodel, calib, method=r.select, group_size=r.group)
     seen, uniq = set(), []
     for p in points:
         if p[1] not in seen:
             seen.add(p[1])
             uniq.append(p)
-    result = curve.run_curve(
-        smodel,
-        tmodel,
-        mapping,
-        ids,
-        prefix_len=prefix_len,
-        continuation_len=continuation_len,
-        layer_points_=uniq,
-        token_ratios=ratios,
-        token_rules=tuple(token_rules),
-        mode=mode,
-        batch_size=batch_size,
-        attention=attention,
-        bootstrap=bootstrap,
-        seed=seed,
-        progress=progress,
-    )
-    if calib is not None:
-        info = next((p[2] for p in uniq if p[2].get("method") != "named"), {})
-        result["selection"] = {k: v for k, v in info.items()}
+    return CurvePlan(tuple(uniq), tuple(ratios), tuple(r.rules)), calib is not None
+
+
+def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:
+    """``kvbridge eval --recompute-*`` on ``run``: ``(result, written files)``."""
+    from kvbridge.recompute import curve, report
+
+    s = run.settings
+    plan, calibrated = curve_plan(run, inputs["texts"], mapping)
+    result = curve.run_curve(run, mapping, ids, plan, progress=progress)
+    if calibrated:
+        info = next((p[2] for p in plan.layer_points if p[2].get("method") != "named"), {})
+        result["selection"] = dict(info)
         result["calibration"] = {
-            "samples": calibration_samples,
+            "samples": s.recompute.calibration_samples,
             "source": "the corpus's front (first half of the first 90%), never the evaluation tail",
         }
-    written = report.write(result, report_dir, "recompute_curve", "selective recompute") if report_dir else {}
+    written = report.write(result, s.report_dir, "recompute_curve", "selective recompute") if s.report_dir else {}
     return result, written
 
 
-__all__ = ["eval_recompute", "split_list"]
+def eval_frontier(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:
+    """``kvbridge eval --frontier`` on ``run``: ``(result, written files)``."""
+    from kvbridge.recompute import frontier, frontier_report
+
+    result = frontier.run_frontier(run, mapping, ids, progress=progress)
+    result.update(source=inputs["source"], target=inputs["target"], mapping=run.settings.mapping, data=inputs["data"])
+    return result, frontier_report.write(result, run.settings.report_dir) if run.settings.report_dir else {}
+
+
+#: the condition sets ``kvbridge eval`` runs instead of its own conditions, first wanted first
+CONDITION_SETS = (
+    ConditionSet("frontier", lambda s: s.frontier is not None, eval_frontier),
+    ConditionSet("recompute", lambda s: s.recompute.active, eval_recompute),
+)
+
+
+def evaluate_run(run, **callbacks):
+    """:func:`kvbridge.evaluate.run.evaluate_run` with the recompute condition sets."""
+    from kvbridge.evaluate.run import evaluate_run as run_eval
+
+    return run_eval(run, condition_sets=CONDITION_SETS, **callbacks)
+
+
+def evaluate_pair(pair, settings, *, host=None, **callbacks):
+    """:func:`evaluate_run` of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`."""
+    from kvbridge.run import Run
+
+    return evaluate_run(Run.of(pair, settings, host), **callbacks)
+
+
+__all__ = ["CONDITION_SETS", "curve_plan", "eval_frontier", "eval_recompute", "evaluate_pair", "evaluate_run"]

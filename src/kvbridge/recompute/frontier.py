@@ -79,7 +79,7 @@ def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dic
     """``{"x_vs_y": {gap_diff, gap_diff_ci, nll_diff, nll_diff_ci}}``: paired (the same resampled
     samples for both, the indices :func:`kvbridge.evaluate.metrics.summarize` uses for the seed)."""
     from kvbridge.evaluate.fields import share_closed
-    from kvbridge.evaluate.metrics import _interval, bootstrap_indices
+    from kvbridge.evaluate.metrics import percentile_interval, bootstrap_indices
 
     def per_sample(cond, name):
         return fields[cond][name].double().flatten(1).mean(1)
@@ -101,9 +101,9 @@ def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dic
             "x": x,
             "y": y,
             "gap_diff": float(diff(whole)[0]),
-            "gap_diff_ci": _interval(diff(idx)) if idx is not None else nan,
+            "gap_diff_ci": percentile_interval(diff(idx)) if idx is not None else nan,
             "nll_diff": float(a.mean() - b.mean()),
-            "nll_diff_ci": _interval(a[idx].mean(-1) - b[idx].mean(-1)) if idx is not None else nan,
+            "nll_diff_ci": percentile_interval(a[idx].mean(-1) - b[idx].mean(-1)) if idx is not None else nan,
         }
     return out
 
@@ -136,34 +136,24 @@ def _d(d: dict) -> str:
     return f"{d['gap_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
-def run_frontier(
-    source,
-    target,
-    mapping,
-    samples,
-    *,
-    prefix_len: int,
-    continuation_len: int,
-    ratios,
-    sink: int = DEFAULT_SINK,
-    batch_size: int = 16,
-    attention: bool = True,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    host=None,
-    progress=None,
-) -> dict:
-    """Every condition of the frontier on the same samples; JSON-ready (see the module docstring)."""
-    from kvbridge.evaluate import _clean
-    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+def run_frontier(run, mapping, samples, *, progress=None) -> dict:
+    """Every condition of the frontier on the same samples; JSON-ready (see the module docstring).
+
+    ``run``: a :class:`~kvbridge.run.Run` whose settings (an
+    :class:`~kvbridge.evaluate.settings.EvalSettings`) give ``prefix_len``, ``continuation_len``,
+    ``frontier_ratios``, ``sink``, ``batch_size``, ``attention``, ``bootstrap`` and ``seed``."""
     from kvbridge.evaluate.fields import summarize_fields
+    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+    from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.layers import RecomputeError
+    from kvbridge.recompute.settings import RecomputeError
     from kvbridge.recompute.tokens import recompute_rows
 
-    pre = Prefills(source, target, mapping, host=host)
-    samples, p, c = sample_ids(samples, prefix_len, continuation_len, RecomputeError)
-    ratios = sorted({float(r) for r in ratios})
+    s = run.settings
+    source, target, sink, bootstrap, seed = run.source.model, run.target.model, s.sink, s.bootstrap, s.seed
+    pre = Prefills(source, target, mapping, host=run.host)
+    samples, p, c = sample_ids(samples, s.prefix_len, s.continuation_len, RecomputeError)
+    ratios = sorted({float(r) for r in s.frontier_ratios})
     if not ratios:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
     n = samples.shape[0]
@@ -184,7 +174,7 @@ def run_frontier(
     conds = pre.conditions("native", "source", "transferred")
     conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
     conds += pre.conditions("no_prefix")
-    fields, cost = pre.run(conds, samples, p, c, batch_size, attention=attention, progress=progress)
+    fields, cost = pre.run(conds, samples, p, c, s.batch_size, attention=s.attention, progress=progress)
     t = pre.timing
     t_native, t_source, t_transfer = t["target_prefill_s"], t["source_prefill_s"], t["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
@@ -239,7 +229,7 @@ def run_frontier(
             "differences: gap recovered (and NLL) of x minus y on the same bootstrap resamples (paired), 95%",
         ],
     }
-    return _clean(result)
+    return json_ready(result, stringify=False)
 
 
 __all__ = ["SCHEMA", "DEFAULT_SINK", "kept_rows", "truncated_state", "paired_differences", "verdict", "run_frontier"]

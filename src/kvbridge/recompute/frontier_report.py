@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvbridge.evaluate.report import fmt, fmt_ci
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, text_table
 
 COLS = (
     "condition",
@@ -52,21 +52,16 @@ def verdict_line(result: dict) -> str:
 
 
 def table(result: dict) -> str:
-    rs = rows(result)
-    widths = [max(len(h), *(len(r[i]) for r in rs)) for i, h in enumerate(COLS)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     head = (
         f"frontier: {result['samples']} samples, prefix {result['prefix_len']}, continuation "
         f"{result['continuation_len']}, sink {result['sink']}, positions {result['positions']}"
     )
-    return "\n".join([head, line(COLS), "-" * len(line(COLS))] + [line(r) for r in rs] + ["", verdict_line(result)])
+    return "\n".join([head, *text_table(COLS, rows(result)), "", verdict_line(result)])
 
 
 def markdown(result: dict) -> str:
-    out = ["# The compute frontier", "", "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    out += ["| " + " | ".join(r) + " |" for r in rows(result)]
-    out += ["", f"**{verdict_line(result)}**", "", "Notes:"] + [f"- {n}" for n in result.get("notes") or []]
-    return "\n".join(out) + "\n"
+    out = ["# The compute frontier", "", *md_table(COLS, rows(result)), "", f"**{verdict_line(result)}**", ""]
+    return "\n".join(out + ["Notes:"] + [f"- {n}" for n in result.get("notes") or []]) + "\n"
 
 
 def write(result: dict, folder) -> dict:

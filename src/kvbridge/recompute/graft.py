@@ -33,12 +33,13 @@ from dataclasses import replace
 
 import torch
 
-from kvbridge.recompute.layers import RecomputeError
+from kvbridge.recompute.settings import RecomputeError
 
 SCHEMA = "kvbridge-graft/1"
 
 
-def _adapter(model, host=None):
+def adapter_of(model, host=None):
+    """The family adapter of ``model`` (through ``host``, default the process's)."""
     from kvbridge.plugins import get_host
 
     return (host or get_host()).adapter_of(model)
@@ -46,7 +47,7 @@ def _adapter(model, host=None):
 
 def prepare_chunk(model, chunk_ids, host=None):
     """The target's own cache of a chunk alone, at positions ``0..n-1`` (what a pack stores)."""
-    return _adapter(model, host).extract(
+    return adapter_of(model, host).extract(
         model, torch.as_tensor(chunk_ids).long().reshape(-1, torch.as_tensor(chunk_ids).shape[-1])
     )
 
@@ -118,36 +119,26 @@ def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) ->
     return names
 
 
-def run_graft(
-    model,
-    context_ids,
-    chunk_ids,
-    cont_ids,
-    *,
-    ratios=(0.05, 0.15, 0.3, 1.0),
-    controls=("random", "no_reposition", "shuffled"),
-    check_layer: int = 1,
-    batch_size: int = 8,
-    attention: bool = True,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    chunks=None,
-    host=None,
-    progress=None,
-) -> dict:
+def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress=None) -> dict:
     """Every graft condition on the same samples; a JSON-ready result (see the module docstring).
 
-    ``context_ids [N, c]``, ``chunk_ids [N, n]``, ``cont_ids [N, C + 1]`` (C scored predictions).
-    ``chunks``: optional prepared chunk states (e.g. packs), one ``[1, n]`` state per sample; by
-    default each chunk is prefilled alone here (not timed: it is prepared ahead).
+    ``samples``: ``(context_ids [N, c], chunk_ids [N, n], cont_ids [N, C + 1])`` (C scored predictions);
+    ``settings``: a :class:`~kvbridge.recompute.settings.GraftSettings` (ratios, controls, check layer,
+    batch size, bootstrap, seed, attention). ``chunks``: optional prepared chunk states (e.g. packs), one
+    ``[1, n]`` state per sample; by default each chunk is prefilled alone here (not timed: it is
+    prepared ahead).
     """
     from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.evaluate.runner import Batch, Built, Condition, cat_states, run_batches
+    from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
+    from kvbridge.recompute.settings import GraftSettings
     from kvbridge.recompute.tokens import blend
 
-    adapter = _adapter(model, host)
-    context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in (context_ids, chunk_ids, cont_ids))
+    st = settings if settings is not None else GraftSettings()
+    controls, check_layer, batch_size, seed = st.control_names, st.check_layer, st.batch_size, st.seed
+    adapter = adapter_of(model, host)
+    context_ids, chunk_ids, cont_ids = (torch.as_tensor(x).long() for x in samples)
     n_samples, c, n = context_ids.shape[0], context_ids.shape[1], chunk_ids.shape[1]
     if chunk_ids.shape[0] != n_samples or cont_ids.shape[0] != n_samples or cont_ids.shape[1] < 2:
         raise RecomputeError(
@@ -156,7 +147,7 @@ def run_graft(
         )
     if "shuffled" in controls and n_samples < 2:
         raise RecomputeError("the shuffled control needs at least 2 samples", "pass 2 or more samples")
-    ratios = tuple(sorted(set(float(r) for r in ratios)))
+    ratios = st.ratio_values
     names = condition_names(ratios, controls)
     gen = torch.Generator().manual_seed(int(seed))
     _warm_up(model, adapter, context_ids[:1], chunk_ids[:1], check_layer)
@@ -216,12 +207,12 @@ def run_graft(
         [Condition(x, builders[x]) for x in names],
         batches(),
         {"target": (model, adapter)},
-        attention=attention,
+        attention=st.attention,
         progress=progress,
         floor="dropped",
     )
     t_full = timing["full"]
-    summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="naive")
+    summary = summarize_fields(fields, bootstrap=st.bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
     for cond in names:
         row = summary["conditions"][cond]
@@ -237,7 +228,7 @@ def run_graft(
         "continuation_len": int(cont_ids.shape[1] - 1),
         "ratios": list(ratios),
         "check_layer": check_layer,
-        "bootstrap": bootstrap,
+        "bootstrap": st.bootstrap,
         "seed": seed,
         "conditions": summary["conditions"],
         "timing": {"full_prefill_ms": 1e3 * t_full, "full_prefill_flops": full_flops},
@@ -247,9 +238,7 @@ def run_graft(
             "the chunk's own prefill is done ahead (a pack) and not counted"
         ],
     }
-    from kvbridge.evaluate import _clean
-
-    return _clean(result)
+    return json_ready(result, stringify=False)
 
 
 def _warm_up(model, adapter, ctx, chk, check_layer):
@@ -275,4 +264,5 @@ __all__ = [
     "graft",
     "run_graft",
     "condition_names",
+    "adapter_of",
 ]

@@ -31,12 +31,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kvbridge.errors import KVBridgeError
 from kvbridge.recompute.cost import Cost, causal_pairs, layer_flops, prefill_flops
-
-
-class RecomputeError(KVBridgeError):
-    """A recompute request that cannot run as asked."""
+from kvbridge.recompute.settings import RecomputeError
 
 
 # -- selection by name -----------------------------------------------------------------------------

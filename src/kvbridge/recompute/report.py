@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvbridge.evaluate.report import fmt, fmt_ci
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, text_table
 
 COLS = (
     "condition",
@@ -44,15 +44,11 @@ def rows(result: dict) -> list[list[str]]:
 
 
 def table(result: dict) -> str:
-    rs = rows(result)
-    widths = [max(len(h), *(len(r[i]) for r in rs)) for i, h in enumerate(COLS)]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([line(COLS), "-" * len(line(COLS))] + [line(r) for r in rs])
+    return "\n".join(text_table(COLS, rows(result)))
 
 
 def markdown(result: dict, title: str, image: str | None = None) -> str:
-    out = [f"# {title}", "", "| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    out += ["| " + " | ".join(r) + " |" for r in rows(result)]
+    out = [f"# {title}", ""] + md_table(COLS, rows(result))
     if image:
         out += ["", f"![curve]({image})"]
     out += ["", "Notes:"] + [f"- {n}" for n in result.get("notes") or []]
@@ -111,26 +107,16 @@ def plot(result: dict, path, title: str) -> bool:
 
 
 def write(result: dict, folder, stem: str, title: str) -> dict:
-    """``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` in ``folder`` (written via temporary names)."""
+    """``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` in ``folder`` (each written atomically)."""
+    from kvbridge.artifacts import write_file_atomic
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    written = {}
-    png = folder / f"{stem}.png"
-    tmp = folder / f".{stem}.tmp.png"
-    image = None
-    if plot(result, tmp, title):
-        tmp.replace(png)
-        image = png.name
-        written["png"] = png
-    for ext, text in (
-        ("json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
-        ("md", markdown(result, title, image)),
-    ):
-        path = folder / f"{stem}.{ext}"
-        tmp = folder / f".{stem}.tmp.{ext}"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        written[ext] = path
+    png, tmp = folder / f"{stem}.png", folder / f".{stem}.tmp.png"
+    written = {"png": tmp.replace(png)} if plot(result, tmp, title) else {}
+    image = png.name if written else None
+    written["json"] = write_file_atomic(folder / f"{stem}.json", json.dumps(result, indent=2, allow_nan=False) + "\n")
+    written["md"] = write_file_atomic(folder / f"{stem}.md", markdown(result, title, image))
     return written
 
 

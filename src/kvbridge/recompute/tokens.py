@@ -28,9 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvbridge.recompute.cost import Cost, layer_flops, prefill_flops
-from kvbridge.recompute.layers import RecomputeError
-
-
+from kvbridge.recompute.settings import RecomputeError, parse_ratio
 from kvbridge.evaluate.settings import TOKEN_RULES as RULES  # the row-picking rules (named where eval checks them)
 
 
@@ -47,17 +45,6 @@ def count_for(ratio: float, n: int) -> int:
     if not 0 <= ratio <= 1:
         raise RecomputeError(f"token ratio {ratio} is outside 0..1", "use e.g. 0.15 (15%)")
     return 0 if ratio == 0 else min(n, max(1, math.ceil(ratio * n - 1e-9)))
-
-
-def parse_ratio(text) -> float:
-    s = str(text).strip()
-    try:
-        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
-    except ValueError:
-        raise RecomputeError(f"bad token ratio {text!r}", "use a share like 15% or 0.15") from None
-    if not 0 <= value <= 1:
-        raise RecomputeError(f"token ratio {text!r} is outside 0..100%", "use a share between 0% and 100%")
-    return value
 
 
 def _attended(pos_rows: torch.Tensor, positions: torch.Tensor) -> int:
