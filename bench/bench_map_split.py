@@ -6,7 +6,8 @@
 ``--repeats`` times after a warm-up; medians and mins. With ``--threads 1`` (default) the clock is
 the process's CPU time (robust to a shared machine), else wall time. ``--ops`` also times the
 operations a dense map is made of, per K or V (the gather into a fresh tensor or a reused buffer,
-a fresh result, the layout copy, the batched GEMM), and ``--profile`` prints the torch profiler's
+the selected layers stacked straight from the source, a fresh result, the layout copy, the
+batched GEMM), and ``--profile`` prints the torch profiler's
 split of one transfer.
 
     python bench/bench_map_split.py [--tokens 512,2048] [--threads 1] [--repeats 5] [--ops] [--profile]
@@ -51,6 +52,7 @@ def ops(n: int, repeats: int, clock) -> dict:
     rows = s3.reshape(n * ls, fs)
     flat_rows = ((torch.arange(n) * ls)[None, :, None] + idx[:, None, :]).reshape(-1)
     buf = torch.empty(n, lt * k, fs)
+    sel = [int(s) for s in idx.reshape(-1)]
     feats = rows.index_select(0, flat_rows).view(lt, n, k * fs)
     res = torch.empty(lt, n, q)
     y = torch.empty(lt, ht, n, dt)
@@ -64,6 +66,9 @@ def ops(n: int, repeats: int, clock) -> dict:
             "stack the source layers": lambda: torch.stack([t.transpose(1, 2) for t in src], dim=2),
             "row index_select into a fresh tensor": lambda: rows.index_select(0, flat_rows),
             "layer-dim index_select into a reused buffer": lambda: torch.index_select(s3, 1, idx.reshape(-1), out=buf),
+            "selected layers stacked from the source into a reused buffer (no source stack)": lambda: torch.stack(
+                [src[s].transpose(1, 2) for s in sel], dim=2, out=buf.view(1, n, lt * k, hs, ds)
+            ),
             "fresh result, 4 KiB pages (torch.empty + fill)": lambda: torch.empty(lt, n, q).fill_(0),
             "fresh result, 2 MiB pages (fresh + fill)": lambda: fresh((lt, n, q)).fill_(0),
             "copy into the target layout": lambda: y.copy_(res.view(lt, n, ht, dt).permute(0, 2, 1, 3)),

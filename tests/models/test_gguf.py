@@ -126,3 +126,45 @@ def test_describe_and_check_stay_torch_free(tmp_path):
     described = json.loads(out[: out.index("\n}\n") + 2])
     assert described["gguf"]["quantization"] == "Q4_1" and described["kind"] == "gguf"
     assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def _load_counting(path, monkeypatch, *, once: bool):
+    """``load(path)`` with gguf-py's reader counted; ``once=False`` switches :func:`parsed_once` off."""
+    from contextlib import nullcontext
+
+    import gguf as gguf_py
+
+    import kvbridge.models.gguf as gguf_mod
+    from kvbridge.models.loading import load
+
+    built = []
+    real = gguf_py.GGUFReader
+
+    def counting(*args, **kwargs):
+        built.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", counting)
+    if not once:
+        monkeypatch.setattr(gguf_mod, "parsed_once", lambda active=True: nullcontext())
+    loaded = load(str(path))
+    monkeypatch.undo()
+    return loaded, len(built)
+
+
+def test_a_gguf_load_parses_the_file_once_with_the_same_result(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    path = tiny_llama_gguf(tmp_path / "m.gguf")
+    plain, builds_plain = _load_counting(path, monkeypatch, once=False)
+    once, builds_once = _load_counting(path, monkeypatch, once=True)
+    assert builds_plain == 3 and builds_once == 1  # tokenizer, config, weights: one reader
+    assert once.config == plain.config
+    assert once.tokenizer.get_vocab() == plain.tokenizer.get_vocab()
+    a, b = plain.model.state_dict(), once.model.state_dict()
+    from_file = [k for k in a if ".mlp." not in k]  # the tiny file has no feed-forward tensors (random init)
+    assert a.keys() == b.keys() and len(from_file) == 15 and all(a[k].equal(b[k]) for k in from_file)
+    import gguf as gguf_py
+    import transformers.modeling_gguf_pytorch_utils as legacy
+
+    assert gguf_py.GGUFReader.__module__ == "gguf.gguf_reader"  # restored after the block
+    assert legacy.load_gguf_checkpoint.__module__ == legacy.__name__

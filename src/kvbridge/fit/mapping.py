@@ -10,9 +10,9 @@ Two layouts:
 - ``headwise`` (``ridge-headwise``): target head h of layer t reads one source head
   ``(layer, head)``; ``W [H_t, D_s, D_t]``, ``b [H_t, D_t]``.
 
-Compute is float32. Dense maps run as a handful of large operations per K / V (stack the
-source once; per token chunk one gather of every target layer's features into a reused buffer,
-one batched GEMM with the bias fused; float32 results returned as views of the GEMM's output in
+Compute is float32. Dense maps run as a handful of large operations per K / V (per block of
+target layers one stacking copy of their selected source layers into a reused buffer, one
+batched GEMM with the bias fused; float32 results returned as views of the GEMM's output in
 the target layout ``[B, H_t, T, D_t]``, no layout copy: the RoPE re-application reads them and
 writes the target cache in its one pass), because with the default thread count
 on a busy machine every parallel region costs a scheduling round: the per-layer, per-chunk
@@ -224,63 +224,68 @@ class FittedMapping:
     def _map_dense(self, keys, values, dtype) -> tuple[list, list]:
         """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
 
-        Per K / V: the source layers stacked once as ``[B·T, L_s, H_s·D_s]`` float32 (one copy);
-        per block of target layers the features of all their rows gathered with ONE
-        ``index_select`` over the layer dimension into a buffer reused across blocks
-        (``[B·T, G_b·k, H_s·D_s]``, read by the GEMM as the strided batch ``[G_b, B·T, k·H_s·D_s]``),
-        and ONE ``baddbmm`` over the block (bias fused) writing its contiguous slice of the result
-        ``[G, B·T, H_t·D_t]``.
+        Per K / V and block of target layers: the selected source layers of every target layer of
+        the block stacked straight from the source tensors with ONE ``torch.stack`` into a buffer
+        reused by every block of K and V (``[B·T, G_b·k, H_s·D_s]``, read by the GEMM as the
+        strided batch ``[G_b, B·T, k·H_s·D_s]``), and ONE ``baddbmm`` over the block (bias fused)
+        writing its contiguous slice of the result ``[G, B·T, H_t·D_t]``.
         A float32 result is returned as it is: each target layer's ``[B, H_t, T, D_t]`` is a
         permuted view of it, no layout copy (the RoPE re-application reads the view and writes
         the target layout in its one pass; the values stay views until something needs them
         contiguous). Another ``dtype`` takes one cast into the contiguous target layout.
 
-        Few, large operations, and no fresh memory per chunk: with several threads on a busy
-        machine each parallel region costs a scheduling round, and a fresh buffer costs a page
-        fault per 4 KiB (a row ``index_select`` into a new tensor per chunk took longer than its
-        copy; BENCHMARKS.md, "Map and transfer").
+        Few, large operations, and little fresh memory: with several threads on a busy machine
+        each parallel region costs a scheduling round, and a fresh buffer costs a page fault per
+        4 KiB (huge pages: a zeroed 2 MiB each) on first touch. The source is not stacked as a whole
+        first (that was a copy of every source layer into fresh memory per K and V, ~100 MiB at
+        8,192 tokens, then a gather out of it; BENCHMARKS.md, "Issue 35"): the only fresh memory
+        per call is one gather buffer (at most :data:`GATHER_BYTES`) and the results.
         """
-        ls, hs, ds = geometry(self.source_spec)
+        _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
         fs, rows = hs * ds, b * t
         groups = self._dense_plan(device)
+
+        def block(k: int, g: int) -> int:  # target layers per block: GATHER_BYTES of features, at least one
+            return max(1, min(g, GATHER_BYTES // (4 * rows * k * fs)))
+
+        most = 0  # the largest block's source layers
+        for layers_, sel, _, _ in groups["k"]:
+            k = len(sel) // len(layers_)
+            most = max(most, block(k, len(layers_)) * k)
+        buf = fresh((rows * most * fs,), device=device)  # one gather buffer for every block of K and V
         out_k: list = [None] * len(self.layers)
         out_v: list = [None] * len(self.layers)
         for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
-            # [B, H_s, T, D_s] per layer -> [B, T, L_s, H_s, D_s] in one stacking copy
-            stacked = fresh((b, t, ls, hs, ds), dtype=tensors[0].dtype, device=device)
-            torch.stack([x.transpose(1, 2) for x in tensors], dim=2, out=stacked)
-            if stacked.dtype != torch.float32:
-                stacked = stacked.float()
-            src = stacked.view(rows, ls, fs)
-            for layers_, index, w, bias in groups[name]:  # index [G·k], w [G, k·fs, H_t·D_t]
-                g, k = len(layers_), index.numel() // len(layers_)
+            # [B, H_s, T, D_s] per source layer, read as [B, T, H_s, D_s] by the stacking copy
+            src = [(x if x.dtype == torch.float32 else x.float()).transpose(1, 2) for x in tensors]
+            for layers_, sel, w, bias in groups[name]:  # sel: G·k source layers, w [G, k·fs, H_t·D_t]
+                g, k = len(layers_), len(sel) // len(layers_)
                 # blocks of whole target layers (all rows): each block's result is a contiguous slice of
                 # `res`, so the baddbmm stays ONE batched call (a strided output makes torch run one
                 # addmm per target layer and chunk: hundreds of parallel regions at two threads)
-                step = max(1, min(g, GATHER_BYTES // (4 * rows * k * fs)))
+                step = block(k, g)
                 res = fresh((g, rows, ht * dt), device=device)
-                buf = fresh((rows, step * k, fs), device=device)
                 for a in range(0, g, step):
                     e = min(g, a + step)
-                    feats = torch.index_select(src, 1, index[a * k : e * k], out=buf[:, : (e - a) * k])
+                    feats = buf[: rows * (e - a) * k * fs].view(b, t, (e - a) * k, hs, ds)
+                    torch.stack([src[s] for s in sel[a * k : e * k]], dim=2, out=feats)
                     a_ = feats.view(rows, e - a, k * fs).transpose(0, 1)  # [block, rows, k·fs], strided
                     torch.baddbmm(bias[a:e], a_, w[a:e], out=res[a:e])
-                del buf
                 views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
                 if dtype != torch.float32:  # one cast into the contiguous target layout
                     views = fresh(views.shape, dtype=dtype, device=device).copy_(views)
                     del res
                 for j, layer in enumerate(layers_):
                     out[layer] = views[j]
-            del stacked, src  # before the values' stack: one source stack alive at a time
+            del src  # a non-float32 source's float32 copy: one alive at a time
         return out_k, out_v
 
     def _dense_plan(self, device) -> dict:
         """Per K / V: groups of target layers with the same number of selected source layers, each
-        ``(layers, index [G·k], W [G, k·fs, H_t·D_t], bias [G, 1, H_t·D_t])`` on ``device``, cached."""
+        ``(layers, sources (G·k ints), W [G, k·fs, H_t·D_t], bias [G, 1, H_t·D_t])`` on ``device``, cached."""
         cache = self.__dict__.setdefault("_dense_plans", {})
         key = (str(device), tuple(id(getattr(lm, n)) for lm in self.layers for n in ("wk", "bk", "wv", "bv")))
         if key not in cache:
@@ -290,13 +295,11 @@ class FittedMapping:
                 by_k.setdefault(len(lm.sources), []).append(i)
             plan: dict = {"k": [], "v": []}
             for layers_ in by_k.values():
-                index = torch.tensor(
-                    [int(s) for i in layers_ for s in self.layers[i].sources], dtype=torch.long, device=device
-                )  # [G·k], target layer-major
+                sel = tuple(int(s) for i in layers_ for s in self.layers[i].sources)  # [G·k], target layer-major
                 for name in ("k", "v"):
                     w = torch.stack([getattr(self.layers[i], "w" + name) for i in layers_]).to(device)
                     bias = torch.stack([getattr(self.layers[i], "b" + name) for i in layers_]).to(device)[:, None]
-                    plan[name].append((tuple(layers_), index, w.contiguous(), bias.contiguous()))
+                    plan[name].append((tuple(layers_), sel, w.contiguous(), bias.contiguous()))
             cache[key] = plan
         return cache[key]
 

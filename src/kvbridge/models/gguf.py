@@ -15,10 +15,13 @@ architecture into a Hugging Face ``config.json`` mapping (the keys ``describe`` 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import mmap
+import os
 import struct
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,8 +494,77 @@ def find_gguf(folder: Path) -> Path | None:
     return files[0] if files else None
 
 
+def _file_key(path) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+@contextmanager
+def parsed_once(active: bool = True):
+    """Within the block, transformers parses each GGUF file's metadata once.
+
+    Loading a GGUF through transformers (tokenizer, config, weights) called its legacy
+    ``load_gguf_checkpoint`` three times, each building a ``gguf.GGUFReader`` of the whole file
+    (every metadata field, the tokenizer's ~100K strings as numpy arrays, the tensor table), and
+    built gguf-py's tensor-name map once per module of the model (hundreds of times). Here the
+    reader is built once per file (the weights' call reuses it: it only reads the memory-mapped
+    file), the metadata-only result is computed once and each caller gets its own deep copy, and
+    the name map is built once per (architecture, layers). Same calls, same results; the caches
+    live only for the block (a file changed under it, by size or mtime, is read again).
+    No-op without transformers / gguf-py or when ``active`` is false.
+    """
+    if not active:
+        yield
+        return
+    try:
+        import gguf as gguf_py
+        import transformers.modeling_gguf_pytorch_utils as legacy
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        yield
+        return
+    readers: dict = {}
+    results: dict = {}
+    names: dict = {}
+    real_reader, real_load, real_names = gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map
+
+    def reader(path, mode="r"):
+        if mode != "r":
+            return real_reader(path, mode)
+        key = _file_key(path)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    def load_checkpoint(path, return_tensors=False, model_to_load=None, torch_dtype=None):
+        if return_tensors:  # the weights: the cached reader, the tensors read from the mapped file
+            return real_load(path, return_tensors=True, model_to_load=model_to_load, torch_dtype=torch_dtype)
+        key = _file_key(path)
+        if key not in results:
+            results[key] = real_load(path, return_tensors=False)
+        return copy.deepcopy(results[key])
+
+    def name_map(arch, n_blocks):
+        if (arch, n_blocks) not in names:
+            names[arch, n_blocks] = real_names(arch, n_blocks)
+        return names[arch, n_blocks]
+
+    # the legacy loader imports these names inside its functions: patching the modules is enough
+    gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = reader, load_checkpoint, name_map
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = (
+            real_reader,
+            real_load,
+            real_names,
+        )
+        readers.clear()
+        results.clear()
+
+
 __all__ = [
     "FILE_TYPES",
+    "parsed_once",
     "GGUFInfo",
     "GGUFTensor",
     "GGUFArray",

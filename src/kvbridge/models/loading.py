@@ -213,8 +213,11 @@ def load(ref, dtype: str | None = None, device: str = "cpu", *, host=None, token
     require_folder(resolved)
     if resolved.config:  # the config's own errors (KV heads, absurd sizes) named by field, before any weight is read
         resolved.spec(host)
-    tok = load_tokenizer_of(resolved) if tokenizer else None
-    model = load_weights(resolved, name, device)
+    from kvbridge.models.gguf import parsed_once
+
+    with parsed_once(bool(resolved.gguf_file)):  # tokenizer, config and weights: one parse of the file
+        tok = load_tokenizer_of(resolved) if tokenizer else None
+        model = load_weights(resolved, name, device)
     config = model.config.to_dict()
     spec = host.spec_of(model)  # described once, its RoPE variants resolved: the spec every stage carries
     fp = dict(resolved.fingerprint(), dtype=name, device=str(device))
