@@ -25,43 +25,13 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
-
-_PEAK = [0.0]
-
-
-def rss_gib() -> float:
-    """The process's peak so far, over every step: kept here because :func:`reset_step_peak` also resets
-    what ``getrusage`` (and ``/usr/bin/time``) report as the maximum resident set size."""
-    _PEAK[0] = max(_PEAK[0], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
-    return _PEAK[0]
-
-
-def reset_step_peak() -> bool:
-    """Reset this process's resident high-water mark (``VmHWM``; Linux only): False where it cannot."""
-    rss_gib()  # fold the peak so far into the running maximum first
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def step_peak_gib() -> float | None:
-    """``VmHWM`` in GiB: the resident peak since the last :func:`reset_step_peak` (None off Linux)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return None
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _layerwise import reset_step_peak, rss_gib, step_peak_gib  # noqa: E402
 
 
 class OverBudget(Exception):
@@ -97,9 +67,83 @@ def layer_clock(layers, *, probe: int, budget_s: float | None):
     return state, handles
 
 
+#: the pair's models, by role
+MODELS = {"source": "qwen2.5-coder-0.5b", "target": "qwen2.5-coder-1.5b"}
+
+
+def token_ids(length: int, seed: int, vocab: int | None):
+    """The random prompt: ids in [0, 30000) (the vocabulary's size where smaller), seeded; the
+    one-forward rows use ``seed = length``."""
+    import torch
+
+    high = min(30000, vocab) if vocab else 30000
+    return torch.randint(0, high, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def layerwise_main(args, argv) -> int:
+    """``--layerwise DIR``: run or resume one layer-by-layer prefill, then report it."""
+    started = time.perf_counter()
+    if not args.length or args.length < 1:
+        raise SystemExit("--layerwise needs --length N (tokens, >= 1)")
+    import torch
+
+    from _layerwise import Refused, check_folder, make_meta, report, run_layerwise, verify
+
+    from kvbridge.models import load
+    from kvbridge.models.fingerprint import config_fingerprint
+    from kvbridge.models.resolve import resolve
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ref = args.model or MODELS[args.prefill_model]
+    seed = args.length if args.seed is None else args.seed
+    resolved = resolve(ref)
+    ids = token_ids(args.length, seed, resolved.config.get("vocab_size"))
+    meta = make_meta(
+        model=ref,
+        weights=resolved.weights_digest(),
+        config=config_fingerprint(resolved.config),
+        ids=ids,
+        dtype=args.dtype,
+        threads=torch.get_num_threads(),
+        seed=seed,
+    )
+    command = ["bench/bench_pair_speed.py", *(sys.argv[1:] if argv is None else argv)]
+    try:
+        record = check_folder(args.layerwise, meta)  # refused before the model is loaded
+        if record is None or not record.get("complete") or args.verify:
+            t0 = time.perf_counter()
+            model = load(ref, dtype=args.dtype, tokenizer=False).model.eval()
+            print(
+                f"loaded {ref} in {time.perf_counter() - t0:.0f} s, peak RSS {rss_gib():.2f} GiB, "
+                f"{torch.get_num_threads()} threads",
+                file=sys.stderr,
+                flush=True,
+            )
+            record = run_layerwise(
+                model, ids, args.layerwise, meta, max_seconds=args.max_seconds, started=started, command=command
+            )
+    except Refused as exc:
+        raise SystemExit(str(exc)) from None
+    print(report(record))
+    result = {"record": record}
+    if args.verify and record.get("complete"):
+        result["verify"] = check = verify(model, ids, args.layerwise)
+        total = record["summary"]["total_s"]
+        print(
+            f"one forward on the same ids: {check['forward_wall_s']:.1f} s (layerwise total / one forward: "
+            f"{total / check['forward_wall_s']:.3f}), peak RSS {check['forward_peak_rss_gib'] or 0:.2f} GiB; "
+            f"logits bitwise equal: {check['logits_equal']}; K/V bitwise equal over {check['kv_layers_compared']} "
+            f"layers: {check['kv_equal']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mapping", type=Path, required=True, help="a kvbridge fit folder for 0.5B -> 1.5B")
+    ap.add_argument("--mapping", type=Path, default=None, help="a kvbridge fit folder for 0.5B -> 1.5B")
     ap.add_argument("--lengths", default="512,2048,8192,32768")
     ap.add_argument("--prefill-lengths", default="512,2048,8192")
     ap.add_argument("--repeats", type=int, default=3)
@@ -112,7 +156,30 @@ def main(argv=None) -> int:
         default=None,
         help="stop a prefill whose projection after --probe-layers layers exceeds this (not measured)",
     )
+    lw = ap.add_argument_group("layerwise prefill (resumable; no transfer, no --mapping)")
+    lw.add_argument(
+        "--layerwise",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run one prefill a decoder layer at a time, recording each layer into DIR; rerun to resume",
+    )
+    lw.add_argument("--prefill-model", choices=sorted(MODELS), default="target", help="which model of the pair")
+    lw.add_argument("--model", default=None, help="any model reference instead of the pair's (e.g. zoo:base)")
+    lw.add_argument("--length", type=int, default=None, help="tokens of the layerwise prefill (required with it)")
+    lw.add_argument("--seed", type=int, default=None, help="seed of the random token ids (default: the length)")
+    lw.add_argument("--dtype", default="float32")
+    lw.add_argument("--max-seconds", type=float, default=None, help="stop between layers before this many seconds")
+    lw.add_argument(
+        "--verify",
+        action="store_true",
+        help="once complete, run the one forward on the same ids: its time, and whether it is bitwise the same",
+    )
     args = ap.parse_args(argv)
+    if args.layerwise is not None:
+        return layerwise_main(args, argv)
+    if args.mapping is None:
+        ap.error("--mapping is required (a kvbridge fit folder for 0.5B -> 1.5B), unless --layerwise DIR")
 
     import torch
 
