@@ -210,11 +210,15 @@ def parts(model):
 
 
 def _clock(module, sink: list):
-    """Hooks adding each call's wall seconds of ``module`` to ``sink``."""
+    """Hooks adding each call's (wall, CPU) seconds of ``module`` to ``sink``."""
     start = []
-    pre = module.register_forward_pre_hook(lambda *_: start.append(time.perf_counter()))
-    post = module.register_forward_hook(lambda *_: sink.append(time.perf_counter() - start.pop()))
-    return pre, post
+    pre = module.register_forward_pre_hook(lambda *_: start.append((time.perf_counter(), time.process_time())))
+
+    def post(*_):
+        t, c = start.pop()
+        sink.append((time.perf_counter() - t, time.process_time() - c))
+
+    return pre, module.register_forward_hook(post)
 
 
 def record_layer_inputs(model, ids):
@@ -262,14 +266,18 @@ def record_layer_inputs(model, ids):
     first = calls[0][0]
     inputs = [(rest, kwargs) for _, rest, kwargs in calls]
     calls.clear()
-    embed_wall = sum(embed_s)
-    dry = sum(norm_s) + sum(head_s)
+    embed_wall = sum(w for w, _ in embed_s)
+    dry = sum(w for w, _ in norm_s + head_s)
+    dry_cpu = sum(c for _, c in norm_s + head_s)
     timings = {
-        "setup_wall_s": wall,
-        "setup_cpu_s": cpu,
+        "pass_wall_s": wall,
+        "pass_cpu_s": cpu,
+        "setup_wall_s": max(0.0, wall - dry),
+        "setup_cpu_s": max(0.0, cpu - dry_cpu),
         "embedding_wall_s": embed_wall,
         "mask_rotary_other_wall_s": max(0.0, wall - embed_wall - dry),
-        "recording_norm_head_wall_s": dry,
+        "recording_norm_head_wall_s": dry,  # not part of the prefill: the norm and logits of the recording pass
+        "recording_norm_head_cpu_s": dry_cpu,
     }
     return first, inputs, timings
 
@@ -334,6 +342,8 @@ def run_layerwise(
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
         record = check_folder(folder, meta)  # again under the lock: another run may have written it
+        for stale in folder.glob(".*.tmp-*"):  # a killed session's half-written file
+            stale.unlink()
         if record is None:
             record = {
                 "format": FORMAT,
@@ -492,10 +502,10 @@ def report(record: dict) -> str:
         )
     s = record.get("summary") or summarize(record)
     return (
-        f"{head}: measured {s['total_s']:.2f} s = embedding {s['embedding_s']:.2f} s + mask/rotary/other "
-        f"{s['mask_rotary_other_s']:.2f} s + {n} layers {s['layers_s']:.2f} s "
+        f"{head}: measured {s['total_s']:.2f} s = embedding {s['embedding_s']:.3f} s + mask/rotary/other "
+        f"{s['mask_rotary_other_s']:.3f} s + {n} layers {s['layers_s']:.2f} s "
         f"({s['fastest_layer_s']:.2f}-{s['slowest_layer_s']:.2f} s each) + norm and last logits "
-        f"{s['norm_logits_s']:.2f} s; CPU {s['total_cpu_s']:.2f} s; peak RSS "
+        f"{s['norm_logits_s']:.3f} s; CPU {s['total_cpu_s']:.2f} s; peak RSS "
         f"{'n/a' if s['peak_rss_gib'] is None else format(s['peak_rss_gib'], '.2f')} GiB (own steps); "
         f"load average (1 min) {s['loadavg_1min_range'][0]:.2f}-{s['loadavg_1min_range'][1]:.2f}; "
         f"{s['sessions']} session(s)"

@@ -17,6 +17,21 @@ bytes of the transferred cache itself; on Linux also each step's own peak (``VmH
 The prefill logs each decoder layer's time (stderr) and, after ``--probe-layers`` layers, projects
 the whole forward; where the projection exceeds ``--prefill-budget-s`` the forward is stopped and the
 row says "not measured" with the projection (the probe the 32,768-token prefill needs on 2 cores).
+
+**Layerwise** (``--layerwise DIR``, no ``--mapping``): one prefill measured a decoder layer at a
+time, resumable across sessions, so a prefill too long for one sitting is measured, not projected::
+
+    flock /tmp/kvbridge-heavy.lock python bench/bench_pair_speed.py --layerwise DIR \\
+        --prefill-model target --length 32768 --threads 2 [--max-seconds 2400] [--verify]
+
+The layers run with the arguments the model's own forward builds for them, so the result is bitwise
+the one forward's (``bench/_layerwise.py`` says how, and what ``DIR`` holds). Rerun the same command
+to resume after the last finished layer; a folder made for another model, length, seed, dtype or
+thread count is refused. ``--max-seconds`` stops between layers; ``--prefill-model source`` measures
+the 0.5B; ``--model REF`` any other model; ``--seed`` defaults to the length, so the ids are the
+one-forward rows' ids. Once complete it prints the measured total (embedding + mask/rotary + the
+layers + norm and last logits, each stated) and the peak; ``--verify`` then runs the one forward
+on the same ids and says its time and whether logits and every layer's K/V are bitwise equal.
 """
 
 from __future__ import annotations
@@ -131,8 +146,9 @@ def layerwise_main(args, argv) -> int:
         result["verify"] = check = verify(model, ids, args.layerwise)
         total = record["summary"]["total_s"]
         print(
-            f"one forward on the same ids: {check['forward_wall_s']:.1f} s (layerwise total / one forward: "
-            f"{total / check['forward_wall_s']:.3f}), peak RSS {check['forward_peak_rss_gib'] or 0:.2f} GiB; "
+            f"one forward on the same ids: {check['forward_wall_s']:.2f} s, CPU {check['forward_cpu_s']:.2f} s "
+            f"(layerwise total / one forward: {total / check['forward_wall_s']:.3f} wall, "
+            f"{record['summary']['total_cpu_s'] / check['forward_cpu_s']:.3f} CPU), peak RSS {check['forward_peak_rss_gib'] or 0:.2f} GiB; "
             f"logits bitwise equal: {check['logits_equal']}; K/V bitwise equal over {check['kv_layers_compared']} "
             f"layers: {check['kv_equal']}"
         )
@@ -169,7 +185,12 @@ def main(argv=None) -> int:
     lw.add_argument("--length", type=int, default=None, help="tokens of the layerwise prefill (required with it)")
     lw.add_argument("--seed", type=int, default=None, help="seed of the random token ids (default: the length)")
     lw.add_argument("--dtype", default="float32")
-    lw.add_argument("--max-seconds", type=float, default=None, help="stop between layers before this many seconds")
+    lw.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop between layers rather than pass this many seconds since the process started (load included)",
+    )
     lw.add_argument(
         "--verify",
         action="store_true",

@@ -153,6 +153,43 @@ def test_stopped_and_resumed_equals_uninterrupted(lw, configs, tmp_path):
     assert len(again["sessions"]) == 3
 
 
+def test_a_session_killed_mid_layer_resumes_from_the_record(lw, configs, tmp_path):
+    """Files a killed session wrote after the record's last layer (or half-wrote) do not leak into the result."""
+    ids = ids_of(40)
+    meta = meta_of(lw, ids)
+    lw.run_layerwise(tiny_qwen2(configs), ids, tmp_path / "whole", meta, log=quiet)
+    folder = tmp_path / "killed"
+    lw.run_layerwise(tiny_qwen2(configs), ids, folder, meta, stop_after=1, log=quiet)
+    from safetensors.torch import save_file
+
+    junk = torch.full((1, 40, 64), 7.0)
+    save_file({"hidden": junk}, folder / "hidden-001.safetensors")  # written, record not yet updated
+    save_file({"keys": junk, "values": junk.clone()}, folder / "kv-001.safetensors")
+    (folder / ".record.json.tmp-99").write_text("{")  # half-written
+    record = lw.run_layerwise(tiny_qwen2(configs), ids, folder, meta, log=quiet)
+    assert record["complete"] and not list(folder.glob(".*.tmp-*"))
+    for name in [lw.FINAL, "kv-001.safetensors"]:
+        a, b = tensors(tmp_path / "whole" / name), tensors(folder / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_a_folder_in_use_is_refused(lw, configs, tmp_path):
+    import fcntl
+    import os
+
+    folder = tmp_path / "lw"
+    folder.mkdir()
+    fd = os.open(folder / lw.LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        ids = ids_of(16)
+        with pytest.raises(lw.Refused, match="another run holds it"):
+            lw.run_layerwise(tiny_qwen2(configs), ids, folder, meta_of(lw, ids), log=quiet)
+    finally:
+        os.close(fd)
+    assert [p.name for p in folder.iterdir()] == [lw.LOCK]
+
+
 def test_max_seconds_stops_between_layers(lw, configs, tmp_path):
     ids = ids_of(24)
     meta = meta_of(lw, ids)
