@@ -64,7 +64,6 @@ class KVBridgeLM(LM):
         rolling_window: int = 256,
         accept_fingerprint_mismatch: Any = False,
         answerer=None,
-        tokenizer=None,
         **_ignored,
     ):
         super().__init__()
@@ -97,10 +96,9 @@ class KVBridgeLM(LM):
                     tokenizer=pair.tokenizer,
                     force=_flag(accept_fingerprint_mismatch),
                 )
-            tokenizer = tgt.tokenizer
-            answerer = Answerer(src.model, tgt.model, mapping_obj, tokenizer)
+            answerer = Answerer(src.model, tgt.model, mapping_obj, tgt.tokenizer)
         self.answerer = answerer
-        self.tok = tokenizer or answerer.tokenizer
+        self.tok = answerer.tokenizer
         self.condition = condition
         answerer.conditions([condition])  # an unknown or inapplicable condition: one-line error now
         self.counts = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0}
