@@ -25,7 +25,7 @@ class Prepared:
 
 def prepare(settings: HarnessSettings) -> Prepared:
     """Everything about ``settings`` that can be refused before a model loads."""
-    from kvbridge.harness.run import load_tasks, parse_task_options
+    from kvbridge.harness.run import code_tasks, load_tasks, parse_task_options
 
     options = parse_task_options(settings.task_options)
     lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
@@ -40,12 +40,7 @@ def prepare(settings: HarnessSettings) -> Prepared:
             f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
             "add the task with --lm-eval-task, or drop the option",
         )
-    needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
-    if needs_exec and not settings.allow_code_execution:
-        raise HarnessError(
-            f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
-            "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
-        )
+    code_tasks(tasks, settings.allow_code_execution)
     if settings.mapping != "identity" and not (Path(settings.mapping) / "manifest.json").is_file():
         raise HarnessError(
             f"--mapping {settings.mapping}: not a mapping folder (no manifest.json)",
