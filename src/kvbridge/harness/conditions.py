@@ -391,13 +391,8 @@ def same_cache(a, b) -> bool:
 
 def cut_at_stop(text: str, stop) -> str:
     """``text`` up to the first occurrence of any stop string."""
-    cut = len(text)
-    for s in stop or ():
-        if s:
-            i = text.find(s)
-            if i >= 0:
-                cut = min(cut, i)
-    return text[:cut]
+    found = [i for i in (text.find(s) for s in stop or () if s) if i >= 0]
+    return text[: min(found, default=len(text))]
 
 
 __all__ = [

@@ -60,16 +60,14 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
     Returns ``(result, written)``: the JSON-ready result, and the report files written (empty
     without ``report_dir``). Finished items go to ``settings.partial_file`` as they finish (removed
     once a report is written beside it)."""
-    from kvbridge.evaluate.run import load_mapping_ref
+    from kvbridge.evaluate.run import mapping_of
     from kvbridge.harness.report import write_report
     from kvbridge.harness.run import run_tasks
     from kvbridge.progress import PartialLog
 
     settings, src, tgt = run.settings, run.source, run.target
     prepared = prepared or prepare(settings)
-    mapping = load_mapping_ref(
-        settings.mapping, src.model, tgt.model, tokenizer=run.tokenizer, force=settings.accept_fingerprint_mismatch
-    )
+    mapping = mapping_of(run)  # checked against the run's model identities (computed once)
     tasks = list(prepared.tasks)
     if prepared.lm_specs:
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks

@@ -123,12 +123,12 @@ def terminal_table(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
+    from kvbridge.evaluate.report import md_table
+
     heads, body = rows(result)
-    table = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    table += [
-        "| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)) + " |"
-        for r in body
-    ]
+    table = md_table(
+        heads, [[c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)] for r in body]
+    )
     out = [f"- {x}" for x in _header(result)] + ["", *table, ""]
     extra = condition_lines(result)
     if extra:
