@@ -245,23 +245,18 @@ class Calibration:
 def calibration(
     source, target, mapping, samples, prefix_len: int, continuation_len: int, *, batch_size: int = 16, host=None
 ) -> Calibration:
-    from kvbridge.plugins import get_host
-    from kvbridge.transfer import transfer
+    """The native and mapped caches of ``samples``' prefixes (shared prefills of
+    :class:`~kvbridge.evaluate.runner.Prefills`), their continuations and native log-probs."""
+    from kvbridge.evaluate.runner import Prefills, prefix_batches
 
-    host = host or get_host()
-    sad, tad = host.adapter_of(source), host.adapter_of(target)
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    pre = Prefills(source, target, mapping, host=host)
     natives, mappeds, conts, refs = [], [], [], []
     samples = torch.as_tensor(samples).long()
-    for s in range(0, samples.shape[0], batch_size):
-        ids = samples[s : s + batch_size]
-        prefix, cont = ids[:, :prefix_len], ids[:, prefix_len : prefix_len + continuation_len]
-        native = tad.extract(target, prefix, spec=tspec)
-        mapped = transfer(sad.extract(source, prefix, spec=sspec), mapping, tspec, host=host)
-        natives.append(native)
-        mappeds.append(mapped)
-        conts.append(cont)
-        refs.append(_logp(target, tad, native, cont))
+    for bt in prefix_batches(samples, prefix_len, continuation_len, batch_size, pre.timing):
+        natives.append(pre.native(bt))
+        mappeds.append(pre.transferred(bt))
+        conts.append(bt.inputs)
+        refs.append(_logp(target, pre.tad, natives[-1], bt.inputs))
     return Calibration(tuple(natives), tuple(mappeds), tuple(conts), tuple(refs))
 
 
