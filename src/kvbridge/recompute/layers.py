@@ -321,17 +321,23 @@ def choose_layers(
             "pass calibration data (the CLI takes it from the corpus's front)",
         )
     k = budget_count(parsed[1], n)
-    info = {"method": method, "spec": str(spec), "budget_layers": k, "share": parsed[1]}
-    if method == "prefix":  # the cheapest K layers in target mode: its forward stops after layer K-1
-        return tuple(range(k)), info
+    sets, measured = layer_sets(model, calib, k, method=method, group_size=group_size, host=host)
+    info = {"method": method, "spec": str(spec), "budget_layers": k, "share": parsed[1], **measured}
+    return (sets[-1] if sets else ()), info
+
+
+def layer_sets(model, calib, k: int, *, method: str = "greedy", group_size: int = 1, host=None):
+    """``(sets, measured)``: the nested layer sets a ``method`` chooses for 1..``k`` layers (``prefix``:
+    ``0..j-1``, the cheapest in target mode; ``profile``: the worst single layers; else the greedy group
+    search, one set per step), and what the choice measured on ``calib``."""
+    if method == "prefix":
+        return [tuple(range(j)) for j in range(1, k + 1)], {}
     if method == "profile":
         ranks = profile_layers(model, calib, host=host)
-        info["single_layer_loss"] = ranks
-        order = sorted(range(n), key=lambda i: -ranks[i])
-        return tuple(sorted(order[:k])), info
+        order = sorted(range(model.config.num_hidden_layers), key=lambda i: -ranks[i])
+        return [tuple(sorted(order[:j])) for j in range(1, k + 1)], {"single_layer_loss": ranks}
     steps = greedy_groups(model, calib, k, group_size=group_size, host=host)
-    info["greedy_steps"] = steps
-    return tuple(steps[-1]["layers"]), info
+    return [tuple(s["layers"]) for s in steps[1:]], {"greedy_steps": steps}
 
 
 __all__ = [
@@ -349,4 +355,5 @@ __all__ = [
     "profile_layers",
     "greedy_groups",
     "choose_layers",
+    "layer_sets",
 ]
