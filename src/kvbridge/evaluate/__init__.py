@@ -165,21 +165,11 @@ def eval_config(config=None, **overrides):
     if overrides.get("conditions") is None:
         overrides.pop("conditions", None)
     config = replace(config, **overrides)
-    types = {
-        "prefix_len": int,
-        "continuation_len": int,
-        "greedy_tokens": int,
-        "batch_size": int,
-        "top_k": int,
-        "top_p": float,
-        "seed": int,
-        "attention": bool,
-        "bootstrap": int,
-    }
+    casts = {"int": int, "float": float, "bool": bool}  # each field to its declared type (``"48"`` -> 48)
     return replace(
         config,
         conditions=tuple(config.conditions or CONDITIONS),
-        **{k: t(getattr(config, k)) for k, t in types.items()},
+        **{f.name: casts[f.type](getattr(config, f.name)) for f in fields(EvalConfig) if f.type in casts},
     )
 
 

@@ -363,13 +363,4 @@ def batch_record(first: int, last: int, fields: dict) -> dict:
     return out
 
 
-__all__ = [
-    "terminal_table",
-    "to_json",
-    "write_report",
-    "markdown",
-    "COLUMNS",
-    "batch_record",
-    "REPORT_KIND",
-    "pyplot",
-]
+__all__ = ["terminal_table", "to_json", "write_report", "markdown", "COLUMNS", "batch_record", "REPORT_KIND"]
