@@ -51,9 +51,12 @@ def test_model_args_refusals(base):
     with pytest.raises(KVBridgeError, match="needs source= and target="):
         KVBridgeLM.create_from_arg_string("mapping=identity")
     lm = KVBridgeLM.create_from_arg_string(
-        "source=zoo:base,target=zoo:base,mapping=identity,condition=target", {"batch_size": 1, "device": "cpu"}
+        "source=zoo:base,target=zoo:base,mapping=identity,condition=target,dtype=float32,max_gen_toks=17,"
+        "rolling_window=9,accept_fingerprint_mismatch=false,tokenizer=ignored",
+        {"batch_size": 1, "device": "cpu"},
     )
     assert lm.condition == "target" and lm.get_model_info()["kvbridge_target_layers"] == 4
+    assert (lm.max_gen_toks, lm.rolling_window) == (17, 9) and lm.tok is lm.answerer.tokenizer
     model, tok = base
     with pytest.raises(KVBridgeError, match="unknown condition 'moved'"):
         KVBridgeLM(answerer=Answerer(model, model, IdentityMapping(), tok), condition="moved")

@@ -119,8 +119,8 @@ def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None 
     return torch.cat(ids, dim=1)
 
 
-def _describe_model(model, host, name: str = "") -> dict:
-    spec = host.adapter_for(model.config.to_dict()).spec_of(model)
+def model_info(model, spec, name: str = "") -> dict:
+    """A result's record of a model: ``name`` (default: its config's path), type and cache geometry."""
     return {
         "name": name or str(getattr(model.config, "_name_or_path", "") or ""),
         "model_type": spec.model_type,
@@ -165,21 +165,11 @@ def eval_config(config=None, **overrides):
     if overrides.get("conditions") is None:
         overrides.pop("conditions", None)
     config = replace(config, **overrides)
-    types = {
-        "prefix_len": int,
-        "continuation_len": int,
-        "greedy_tokens": int,
-        "batch_size": int,
-        "top_k": int,
-        "top_p": float,
-        "seed": int,
-        "attention": bool,
-        "bootstrap": int,
-    }
+    casts = {"int": int, "float": float, "bool": bool}  # each field to its declared type (``"48"`` -> 48)
     return replace(
         config,
         conditions=tuple(config.conditions or CONDITIONS),
-        **{k: t(getattr(config, k)) for k, t in types.items()},
+        **{f.name: casts[f.type](getattr(config, f.name)) for f in fields(EvalConfig) if f.type in casts},
     )
 
 
@@ -238,8 +228,8 @@ def evaluate_config(
     }
     result = {
         "schema": SCHEMA,
-        "source": _describe_model(source, host, labels.get("source_name", "")),
-        "target": _describe_model(target, host, labels.get("target_name", "")),
+        "source": model_info(source, host.adapter_of(source).spec_of(source), labels.get("source_name", "")),
+        "target": model_info(target, host.adapter_of(target).spec_of(target), labels.get("target_name", "")),
         "mapping": _describe_mapping(mapping, labels.get("mapping_path")),
         "data": labels.get("data") or {"kind": "token ids"},
         "samples": run.num_samples,
@@ -275,4 +265,5 @@ __all__ = [
     "model_samples",
     "heldout_text",
     "windows",
+    "model_info",
 ]

@@ -52,7 +52,7 @@ import torch
 from kvbridge.errors import KVBridgeError
 from kvbridge.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
 from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
-from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches, sample_ids
+from kvbridge.evaluate.runner import Built, Condition, Prefills, check_mapping, prefix_batches, run_batches, sample_ids
 
 #: every condition, in report order
 CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
@@ -123,21 +123,6 @@ def no_rope_state(source_state, mapping, target_spec, host=None):
     return replace(mapped, rope_applied=True, positions=source_state.positions, rope_lengths=None, approximate=True)
 
 
-def _check_pair(source_spec, target_spec, mapping) -> None:
-    ms, mt = getattr(mapping, "source_spec", None), getattr(mapping, "target_spec", None)
-    for role, want, got in (("source", ms, source_spec), ("target", mt, target_spec)):
-        if want is None:
-            continue
-        g1 = (want.num_layers, want.num_kv_heads, want.head_dim)
-        g2 = (got.num_layers, got.num_kv_heads, got.head_dim)
-        if g1 != g2:
-            raise EvalError(
-                f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)={g1}, "
-                f"the {role} model has {g2}",
-                "pass the mapping fitted for this pair",
-            )
-
-
 def run_conditions(
     source,
     target,
@@ -169,7 +154,7 @@ def run_conditions(
         )
     pre = Prefills(source, target, mapping, host=host)
     sspec, tspec = pre.sspec, pre.tspec
-    _check_pair(sspec, tspec, mapping)
+    check_mapping(sspec, tspec, mapping, EvalError)
     gen = torch.Generator().manual_seed(int(config.seed))
     timing = pre.timing
     timing["prefix_tokens"] = 0

@@ -135,7 +135,8 @@ def to_json(result: dict) -> str:
 
 
 # -- the report folder -------------------------------------------------------------------------------
-def _plt():
+def pyplot():
+    """matplotlib's ``pyplot`` on the Agg backend (files only), or None where matplotlib is missing."""
     try:
         import matplotlib
 
@@ -336,7 +337,7 @@ def write_report(result: dict, folder) -> dict:
     with atomic_dir(folder, kind=REPORT_KIND, overwrite=True, flag="") as tmp:
         (tmp / "eval.json").write_text(to_json(result) + "\n", encoding="utf-8")
         names["json"] = "eval.json"
-        plt = _plt()
+        plt = pyplot()
         images, skipped = {}, None
         if plt is None:
             skipped = "matplotlib is not installed (pip install matplotlib)"

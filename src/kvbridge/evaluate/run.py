@@ -140,10 +140,8 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         warn(overlap)
     ids, data = corpus_samples([tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    partial_path = s.partial_path
     default_partial = str(s.report_dir).rstrip("/\\") + ".partial.jsonl" if s.report_dir else None
-    if partial_path is None and s.report_dir:
-        partial_path = default_partial
+    partial_path = default_partial if s.partial_path is None else s.partial_path
     partial = (
         None
         if partial_path is None

@@ -119,6 +119,22 @@ def batch_rows(state, start: int, stop: int):
     )
 
 
+def check_mapping(sspec, tspec, mapping, error=KVBridgeError, fix: str = "pass the mapping fitted for this pair"):
+    """Refuse (one line, ``error``) a mapping fitted for a source or target of another geometry."""
+    from kvbridge.transfer import content_geometry as geometry
+
+    for role, want, got in (
+        ("source", getattr(mapping, "source_spec", None), sspec),
+        ("target", getattr(mapping, "target_spec", None), tspec),
+    ):
+        if want is not None and geometry(want) != geometry(got):
+            raise error(
+                f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)={geometry(want)}, "
+                f"the {role} model has {geometry(got)}",
+                fix,
+            )
+
+
 class Prefills:
     """What a pair's conditions share on a batch's prefix, each computed once per batch and timed:
     the target's prefill (``native``), the source's (``source_state``) and its transfer
@@ -421,4 +437,5 @@ __all__ = [
     "cat_states",
     "batch_rows",
     "capture_rows",
+    "check_mapping",
 ]

@@ -107,10 +107,6 @@ def parse_recompute_tokens(text: str | None) -> list[Recompute]:
     return out
 
 
-def _geometry(spec) -> tuple:
-    return (spec.num_layers, spec.num_kv_heads, spec.head_dim)
-
-
 class Answerer:
     """Answers log-likelihood and generation requests under any condition (see the module docstring).
 
@@ -120,25 +116,18 @@ class Answerer:
     MEMO = 4  # contexts whose caches are kept
 
     def __init__(self, source, target, mapping, tokenizer, *, recompute=(), frontier=(), sink=None, host=None):
-        from kvbridge.evaluate.runner import Prefills
+        from kvbridge.evaluate.runner import Prefills, check_mapping
         from kvbridge.plugins import get_host
         from kvbridge.recompute.frontier import DEFAULT_SINK
+        from kvbridge.transfer import content_geometry as geometry
 
         self.host = host or get_host()
         self.source, self.target, self.mapping, self.tokenizer = source, target, mapping, tokenizer
         self.prefills = p = Prefills(source, target, mapping, host=self.host)
         self.sad, self.tad, self.sspec, self.tspec = p.sad, p.tad, p.sspec, p.tspec
-        for role, want, got in (
-            ("source", getattr(mapping, "source_spec", None), self.sspec),
-            ("target", getattr(mapping, "target_spec", None), self.tspec),
-        ):
-            if want is not None and _geometry(want) != _geometry(got):
-                raise HarnessError(
-                    f"the mapping was fitted for a {role} with (layers, kv_heads, head_dim)="
-                    f"{_geometry(want)}, the {role} model has {_geometry(got)}",
-                    "pass the mapping fitted for this pair (kvbridge fit SRC TGT)",
-                )
-        self.plain_ok = _geometry(self.sspec) == _geometry(self.tspec)
+        fix = "pass the mapping fitted for this pair (kvbridge fit SRC TGT)"
+        check_mapping(self.sspec, self.tspec, mapping, HarnessError, fix)
+        self.plain_ok = geometry(self.sspec) == geometry(self.tspec)
         self.recompute = {r.name: r for r in recompute}
         for r in frontier:
             if not 0 <= float(r) <= 1:
@@ -173,9 +162,11 @@ class Answerer:
             if c not in names:
                 raise HarnessError(f"unknown condition {c!r}", f"use some of {', '.join(names)}")
             if c == "plain" and not self.plain_ok:
+                from kvbridge.transfer import content_geometry as geometry
+
                 raise HarnessError(
                     "the plain-reuse condition needs the same (layers, kv_heads, head_dim) on both "
-                    f"models; source {_geometry(self.sspec)}, target {_geometry(self.tspec)}",
+                    f"models; source {geometry(self.sspec)}, target {geometry(self.tspec)}",
                     "leave plain out of --conditions",
                 )
             out.append(c)
@@ -400,13 +391,8 @@ def same_cache(a, b) -> bool:
 
 def cut_at_stop(text: str, stop) -> str:
     """``text`` up to the first occurrence of any stop string."""
-    cut = len(text)
-    for s in stop or ():
-        if s:
-            i = text.find(s)
-            if i >= 0:
-                cut = min(cut, i)
-    return text[:cut]
+    found = [i for i in (text.find(s) for s in stop or () if s) if i >= 0]
+    return text[: min(found, default=len(text))]
 
 
 __all__ = [

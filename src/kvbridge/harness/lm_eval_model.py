@@ -8,18 +8,9 @@ Importing this module registers the model with lm-eval's registry
     lm_eval.simple_evaluate(model="kvbridge", model_args="source=zoo:base,target=zoo:tuned,mapping=DIR",
                             tasks=["my_local_task"], task_manager=lm_eval.tasks.TaskManager(include_path=DIR))
 
-From the shell, lm-eval's own ``lm_eval`` works on a local task given by path, when the task YAML
-carries the line ``kvbridge: !function kvbridge.harness.lm_eval_plugin.model`` under ``metadata:``
-(see :mod:`kvbridge.harness.lm_eval_plugin`; ``python -m kvbridge.harness.lm_eval_plugin DIR``
-writes a template task)::
-
-    lm_eval run --model kvbridge --model_args source=SRC,target=TGT,mapping=DIR --tasks /path/task.yaml
-
-(lm-eval 0.4.13 discovers models only from its own ``lm_eval.models`` table, with no entry-point
-group, but it reads a task YAML given by path, and imports the modules its ``!function`` tags
-name, before it creates the model). ``kvbridge-lm-eval`` (``python -m kvbridge.harness.lm_eval_cli``)
-is lm-eval's command line with this module already imported: any task, also by name
-(``--tasks NAME --include_path DIR``), without the metadata line.
+From the shell: ``lm_eval run --model kvbridge --model_args source=SRC,target=TGT,mapping=DIR --tasks
+TASK.yaml`` on a task whose ``metadata:`` loads :mod:`kvbridge.harness.lm_eval_plugin`, or
+``kvbridge-lm-eval`` (:mod:`kvbridge.harness.lm_eval_cli`) for any task (docs/harness.md says why).
 
 Model arguments: ``source``, ``target`` (model references, as on kvbridge's command line),
 ``mapping`` (a ``kvbridge fit`` folder or ``identity``), ``condition`` (``transferred``, default;
@@ -64,7 +55,6 @@ class KVBridgeLM(LM):
         rolling_window: int = 256,
         accept_fingerprint_mismatch: Any = False,
         answerer=None,
-        tokenizer=None,
         **_ignored,
     ):
         super().__init__()
@@ -97,10 +87,9 @@ class KVBridgeLM(LM):
                     tokenizer=pair.tokenizer,
                     force=_flag(accept_fingerprint_mismatch),
                 )
-            tokenizer = tgt.tokenizer
-            answerer = Answerer(src.model, tgt.model, mapping_obj, tokenizer)
+            answerer = Answerer(src.model, tgt.model, mapping_obj, tgt.tokenizer)
         self.answerer = answerer
-        self.tok = tokenizer or answerer.tokenizer
+        self.tok = answerer.tokenizer
         self.condition = condition
         answerer.conditions([condition])  # an unknown or inapplicable condition: one-line error now
         self.counts = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0}

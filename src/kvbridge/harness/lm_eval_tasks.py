@@ -189,7 +189,7 @@ class LmEvalTask:
 
         key = (id(answerer), cond)
         if key not in self._lms:
-            self._lms[key] = KVBridgeLM(answerer=answerer, condition=cond, tokenizer=answerer.tokenizer)
+            self._lms[key] = KVBridgeLM(answerer=answerer, condition=cond)
         return self._lms[key]
 
     def answer(self, answerer, cond: str, item: GenItem):

@@ -25,7 +25,7 @@ class Prepared:
 
 def prepare(settings: HarnessSettings) -> Prepared:
     """Everything about ``settings`` that can be refused before a model loads."""
-    from kvbridge.harness.run import load_tasks, parse_task_options
+    from kvbridge.harness.run import code_tasks, load_tasks, parse_task_options
 
     options = parse_task_options(settings.task_options)
     lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
@@ -40,12 +40,7 @@ def prepare(settings: HarnessSettings) -> Prepared:
             f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
             "add the task with --lm-eval-task, or drop the option",
         )
-    needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
-    if needs_exec and not settings.allow_code_execution:
-        raise HarnessError(
-            f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
-            "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
-        )
+    code_tasks(tasks, settings.allow_code_execution)
     if settings.mapping != "identity" and not (Path(settings.mapping) / "manifest.json").is_file():
         raise HarnessError(
             f"--mapping {settings.mapping}: not a mapping folder (no manifest.json)",
@@ -65,16 +60,14 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
     Returns ``(result, written)``: the JSON-ready result, and the report files written (empty
     without ``report_dir``). Finished items go to ``settings.partial_file`` as they finish (removed
     once a report is written beside it)."""
-    from kvbridge.evaluate.run import load_mapping_ref
+    from kvbridge.evaluate.run import mapping_of
     from kvbridge.harness.report import write_report
     from kvbridge.harness.run import run_tasks
     from kvbridge.progress import PartialLog
 
     settings, src, tgt = run.settings, run.source, run.target
     prepared = prepared or prepare(settings)
-    mapping = load_mapping_ref(
-        settings.mapping, src.model, tgt.model, tokenizer=run.tokenizer, force=settings.accept_fingerprint_mismatch
-    )
+    mapping = mapping_of(run)  # checked against the run's model identities (computed once)
     tasks = list(prepared.tasks)
     if prepared.lm_specs:
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks

@@ -35,37 +35,29 @@ def _z(x: float) -> float:
     return round(x, 6) + 0.0
 
 
+def _summaries(result: dict) -> list[tuple[str, dict]]:
+    """``(name, summary)`` of every task, then ``overall`` where there are several tasks."""
+    return list(result["tasks"].items()) + ([("overall", result["overall"])] if len(result["tasks"]) > 1 else [])
+
+
 def rows(result: dict) -> tuple[list[str], list[list[str]]]:
     conds = list(result["conditions"])
     heads = ["task", "n"] + conds + ["retention", "floor-norm retention", "gap closed"]
+    ratios = ("retention", "floor_normalised_retention", "gap_closed")
+
+    def row(name, t):
+        return [name, str(t["n"])] + [_acc(t["conditions"].get(c)) for c in conds] + [_num(t.get(k)) for k in ratios]
+
     out = []
-    for name, t in result["tasks"].items():
-        out.append(
-            [name, str(t["n"])]
-            + [_acc(t["conditions"].get(c)) for c in conds]
-            + [_num(t.get("retention")), _num(t.get("floor_normalised_retention")), _num(t.get("gap_closed"))]
-        )
-        for g, row in (t.get("groups") or {}).items():
-            out.append(
-                [f"  {g}", str(row["n"])]
-                + [_acc(row["conditions"].get(c)) for c in conds]
-                + [_num(row.get("retention")), _num(row.get("floor_normalised_retention")), _num(row.get("gap_closed"))]
-            )
-    o = result["overall"]
-    if len(result["tasks"]) > 1:
-        out.append(
-            ["overall", str(o["n"])]
-            + [_acc(o["conditions"].get(c)) for c in conds]
-            + [_num(o.get("retention")), _num(o.get("floor_normalised_retention")), _num(o.get("gap_closed"))]
-        )
+    for name, t in _summaries(result):
+        out.append(row(name, t))  # then a task's groups (the pooled row has none)
+        out += [row(f"  {g}", group) for g, group in (t.get("groups") or {}).items()]
     return heads, out
 
 
 def paired_lines(result: dict) -> list[str]:
     lines = []
-    for name, t in list(result["tasks"].items()) + (
-        [("overall", result["overall"])] if len(result["tasks"]) > 1 else []
-    ):
+    for name, t in _summaries(result):
         for key, d in (t.get("paired") or {}).items():
             ci = d.get("ci")
             extra = (
@@ -85,9 +77,7 @@ def condition_lines(result: dict) -> list[str]:
     """Retention, floor-normalised retention and gap closed of every cache condition other than
     ``transferred`` (whose ratios are the table's columns): plain reuse, recompute and frontier points."""
     lines = []
-    for name, t in list(result["tasks"].items()) + (
-        [("overall", result["overall"])] if len(result["tasks"]) > 1 else []
-    ):
+    for name, t in _summaries(result):
         for cond, row in (t.get("by_condition") or {}).items():
             if cond == "transferred":
                 continue
@@ -133,12 +123,12 @@ def terminal_table(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
+    from kvbridge.evaluate.report import md_table
+
     heads, body = rows(result)
-    table = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    table += [
-        "| " + " | ".join(c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)) + " |"
-        for r in body
-    ]
+    table = md_table(
+        heads, [[c.strip() if i else c.replace("  ", "&nbsp;&nbsp;") for i, c in enumerate(r)] for r in body]
+    )
     out = [f"- {x}" for x in _header(result)] + ["", *table, ""]
     extra = condition_lines(result)
     if extra:
@@ -155,11 +145,9 @@ def to_json(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Accuracy per task (and overall) per condition, Wilson intervals as error bars."""
-    import matplotlib
+    from kvbridge.evaluate.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     conds = list(result["conditions"])
     names = list(result["tasks"]) + (["overall"] if len(result["tasks"]) > 1 else [])
     data = [result["tasks"][n] if n in result["tasks"] else result["overall"] for n in names]

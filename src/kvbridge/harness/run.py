@@ -73,15 +73,25 @@ def load_tasks(names, options: dict | None = None, *, host=None) -> list[LoadedT
     return out
 
 
+def code_tasks(tasks, allowed: bool) -> list[str]:
+    """The names of ``tasks`` that run model-generated code, refused in one line unless ``allowed``."""
+    needs = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
+    if needs and not allowed:
+        raise HarnessError(
+            f"task {needs[0]!r} runs model-generated code and code execution is not allowed",
+            "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
+        )
+    return needs
+
+
 def _ids(tokenizer, text: str, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"]) if text else []
 
 
 def _item_record(item, values: dict, chance: float) -> dict:
     """An item's record: ``values`` is ``{condition: (score, answer shown)}``."""
-    rec = {"id": item.id, "group": item.group, "scores": {}, "answers": {}}
-    for cond, (score, shown) in values.items():
-        rec["scores"][cond], rec["answers"][cond] = score, shown
+    rec = {"id": item.id, "group": item.group, "scores": {c: v[0] for c, v in values.items()}}
+    rec["answers"] = {c: v[1] for c, v in values.items()}
     if isinstance(item, ChoiceItem):
         rec["gold"] = item.gold
     else:
@@ -172,18 +182,14 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
     ``on_item(task, record)`` after each item (partial results); ``progress(done, total)``."""
     import contextlib
 
+    from kvbridge.evaluate import model_info
     from kvbridge.evaluate.runner import run_items
     from kvbridge.harness.conditions import Answerer, parse_recompute_layers, parse_recompute_tokens
     from kvbridge.harness.sandbox import code_execution_allowed
 
     s, src, tgt = run.settings, run.source, run.target
     tokenizer = tgt.tokenizer
-    needs_exec = [t.name for t in tasks if getattr(t.task, "executes_code", False)]
-    if needs_exec and not s.allow_code_execution:
-        raise HarnessError(
-            f"task {needs_exec[0]!r} runs model-generated code and code execution is not allowed",
-            "pass --allow-code-execution (it runs in a limited subprocess, not a container)",
-        )
+    needs_exec = code_tasks(tasks, s.allow_code_execution)
     recompute = parse_recompute_layers(s.recompute_layers, tgt.spec.num_layers)
     recompute += parse_recompute_tokens(s.recompute_tokens)
     frontier = s.frontier_ratios
@@ -238,8 +244,8 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
     return json_ready(
         {
             "schema": SCHEMA,
-            "source": _model_info(src.model, answerer.sspec, src.name),
-            "target": _model_info(tgt.model, answerer.tspec, tgt.name),
+            "source": model_info(src.model, answerer.sspec, src.name),
+            "target": model_info(tgt.model, answerer.tspec, tgt.name),
             "mapping": info,
             "conditions": conds,
             "recompute": [
@@ -322,16 +328,6 @@ def _options_dict(options) -> dict:
     from dataclasses import asdict, is_dataclass
 
     return asdict(options) if is_dataclass(options) else {}
-
-
-def _model_info(model, spec, name: str) -> dict:
-    return {
-        "name": name or str(getattr(model.config, "_name_or_path", "") or ""),
-        "model_type": spec.model_type,
-        "layers": spec.num_layers,
-        "kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-    }
 
 
 __all__ = [

@@ -93,18 +93,8 @@ def run_python(program: str, limits: Limits = Limits()) -> RunResult:
         path.write_text(program, encoding="utf-8")
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp}
         mb = 1024 * 1024
-        cmd = [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            LAUNCHER,
-            str(path),
-            str(int(limits.cpu_s)),
-            str(int(limits.memory_mb) * mb),
-            str(int(limits.file_mb) * mb),
-            str(int(limits.open_files)),
-        ]
+        sizes = (int(limits.cpu_s), int(limits.memory_mb) * mb, int(limits.file_mb) * mb, int(limits.open_files))
+        cmd = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(path), *map(str, sizes)]  # LAUNCHER's argv
         proc = subprocess.Popen(
             cmd,
             cwd=tmp,

@@ -172,35 +172,24 @@ def compare_handoff(models: dict, tokenizer, mappings: dict, script, *, max_new_
 
     ``script``: ``[(model name, turn text), ...]``. Returns ``{"turns": [...], "switches": k, ...}``.
     """
+    import torch
+
     ref = Session(models, tokenizer, mappings, mode="reprefill", host=host)
     mapped = Session(models, tokenizer, mappings, mode="map", host=host)
     turns = []
     for i, (name, text) in enumerate(script):
         r = ref.turn(name, text, max_new_tokens=max_new_tokens)
         m = mapped.turn(name, list(r.prompt_ids), force=list(r.reply_ids))
+        row = {"turn": i, "model": name, "switched": r.switched, "steps": len(r.reply_ids)}
         if not len(r.reply_ids):
-            turns.append(
-                {
-                    "turn": i,
-                    "model": name,
-                    "switched": r.switched,
-                    "steps": 0,
-                    "tokens_equal": True,
-                    "top1": None,
-                    "kl_mean": None,
-                    "kl_max": None,
-                }
-            )
+            turns.append({**row, "tokens_equal": True, "top1": None, "kl_mean": None, "kl_max": None})
             continue
         p, q = r.logprobs, m.logprobs
         kl = (p.exp() * (p - q)).sum(-1).clamp(min=0)
-        agree = (q.argmax(-1) == torch_tensor(r.reply_ids)).double()
+        agree = (q.argmax(-1) == torch.tensor(list(r.reply_ids), dtype=torch.long)).double()
         turns.append(
             {
-                "turn": i,
-                "model": name,
-                "switched": r.switched,
-                "steps": len(r.reply_ids),
+                **row,
                 "tokens_equal": bool(agree.all()),
                 "top1": float(agree.mean()),
                 "kl_mean": float(kl.mean()),
@@ -215,12 +204,6 @@ def compare_handoff(models: dict, tokenizer, mappings: dict, script, *, max_new_
         "same_history": ref.ids == mapped.ids,
         "max_new_tokens": max_new_tokens,
     }
-
-
-def torch_tensor(ids):
-    import torch
-
-    return torch.tensor(list(ids), dtype=torch.long)
 
 
 def drift_table(result: dict) -> str:

@@ -16,10 +16,6 @@ from kvbridge.harness.protocol import HarnessError
 from kvbridge.settings_fields import option, seed_option
 
 
-def _names(value, flag: str) -> tuple:
-    return names_value(value, flag, HarnessError)
-
-
 @dataclass(frozen=True)
 class HarnessSettings:
     """One ``kvbridge harness`` run; each field's help is its option's (``tasks``, ``conditions``: name
@@ -111,19 +107,9 @@ class HarnessSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.mapping, str) or not self.mapping.strip():
             raise HarnessError("--mapping is empty", "pass a mapping folder from `kvbridge fit`, or identity")
-        for name, flag in (
-            ("tasks", "--tasks"),
-            ("conditions", "--conditions"),
-            ("lm_eval_tasks", "--lm-eval-task"),
-            ("task_options", "-o"),
-        ):
-            object.__setattr__(
-                self,
-                name,
-                _names(getattr(self, name), flag)
-                if name != "task_options"
-                else tuple(str(v) for v in (self.task_options or ())),
-            )
+        for name, flag in (("tasks", "--tasks"), ("conditions", "--conditions"), ("lm_eval_tasks", "--lm-eval-task")):
+            object.__setattr__(self, name, names_value(getattr(self, name), flag, HarnessError))
+        object.__setattr__(self, "task_options", tuple(str(v) for v in (self.task_options or ())))
         if not self.tasks and not self.lm_eval_tasks:
             raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
         for value, flag in (

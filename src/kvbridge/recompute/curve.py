@@ -35,22 +35,12 @@ def layer_points(spec, model, calib=None, *, method: str = "greedy", group_size:
 
 def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy", group_size: int = 1, host=None):
     """Nested layer sets from 0 up to ``max_share`` of the layers, then all of them."""
-    from kvbridge.recompute.layers import budget_count, greedy_groups, profile_layers
+    from kvbridge.recompute.layers import budget_count, layer_sets
 
     n = model.config.num_hidden_layers
     k = max(1, budget_count(max_share, n))
-    if method == "prefix":
-        sets = [tuple(range(j)) for j in range(1, k + 1)]
-        info = {"method": "prefix"}
-    elif method == "profile":
-        ranks = profile_layers(model, calib, host=host)
-        order = sorted(range(n), key=lambda i: -ranks[i])
-        sets = [tuple(sorted(order[:j])) for j in range(1, k + 1)]
-        info = {"method": "profile", "single_layer_loss": ranks}
-    else:
-        steps = greedy_groups(model, calib, k, group_size=group_size, host=host)
-        sets = [tuple(s["layers"]) for s in steps[1:]]
-        info = {"method": "greedy", "greedy_steps": steps}
+    sets, measured = layer_sets(model, calib, k, method=method, group_size=group_size, host=host)
+    info = {"method": method if method in ("prefix", "profile") else "greedy", **measured}
     tag = "prefix" if method == "prefix" else "layers"
     points = [(f"{tag}@{len(s)}", s, info) for s in sets]
     if not points or len(points[-1][1]) < n:

@@ -43,12 +43,10 @@ def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
         points += curve.layer_points(spec, tmodel, calib, method=r.select, group_size=r.group)
     if r.sweep in ("layers", "both"):
         points += curve.layer_sweep(tmodel, calib, method=r.select, group_size=r.group)
-    seen, uniq = set(), []
+    uniq: dict = {}  # one point per layer set, the first named
     for p in points:
-        if p[1] not in seen:
-            seen.add(p[1])
-            uniq.append(p)
-    return CurvePlan(tuple(uniq), tuple(ratios), tuple(r.rules)), calib is not None
+        uniq.setdefault(p[1], p)
+    return CurvePlan(tuple(uniq.values()), tuple(ratios), tuple(r.rules)), calib is not None
 
 
 def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:

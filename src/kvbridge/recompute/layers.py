@@ -245,23 +245,18 @@ class Calibration:
 def calibration(
     source, target, mapping, samples, prefix_len: int, continuation_len: int, *, batch_size: int = 16, host=None
 ) -> Calibration:
-    from kvbridge.plugins import get_host
-    from kvbridge.transfer import transfer
+    """The native and mapped caches of ``samples``' prefixes (shared prefills of
+    :class:`~kvbridge.evaluate.runner.Prefills`), their continuations and native log-probs."""
+    from kvbridge.evaluate.runner import Prefills, prefix_batches
 
-    host = host or get_host()
-    sad, tad = host.adapter_of(source), host.adapter_of(target)
-    sspec, tspec = sad.spec_of(source), tad.spec_of(target)
+    pre = Prefills(source, target, mapping, host=host)
     natives, mappeds, conts, refs = [], [], [], []
     samples = torch.as_tensor(samples).long()
-    for s in range(0, samples.shape[0], batch_size):
-        ids = samples[s : s + batch_size]
-        prefix, cont = ids[:, :prefix_len], ids[:, prefix_len : prefix_len + continuation_len]
-        native = tad.extract(target, prefix, spec=tspec)
-        mapped = transfer(sad.extract(source, prefix, spec=sspec), mapping, tspec, host=host)
-        natives.append(native)
-        mappeds.append(mapped)
-        conts.append(cont)
-        refs.append(_logp(target, tad, native, cont))
+    for bt in prefix_batches(samples, prefix_len, continuation_len, batch_size, pre.timing):
+        natives.append(pre.native(bt))
+        mappeds.append(pre.transferred(bt))
+        conts.append(bt.inputs)
+        refs.append(_logp(target, pre.tad, natives[-1], bt.inputs))
     return Calibration(tuple(natives), tuple(mappeds), tuple(conts), tuple(refs))
 
 
@@ -326,17 +321,23 @@ def choose_layers(
             "pass calibration data (the CLI takes it from the corpus's front)",
         )
     k = budget_count(parsed[1], n)
-    info = {"method": method, "spec": str(spec), "budget_layers": k, "share": parsed[1]}
-    if method == "prefix":  # the cheapest K layers in target mode: its forward stops after layer K-1
-        return tuple(range(k)), info
+    sets, measured = layer_sets(model, calib, k, method=method, group_size=group_size, host=host)
+    info = {"method": method, "spec": str(spec), "budget_layers": k, "share": parsed[1], **measured}
+    return (sets[-1] if sets else ()), info
+
+
+def layer_sets(model, calib, k: int, *, method: str = "greedy", group_size: int = 1, host=None):
+    """``(sets, measured)``: the nested layer sets a ``method`` chooses for 1..``k`` layers (``prefix``:
+    ``0..j-1``, the cheapest in target mode; ``profile``: the worst single layers; else the greedy group
+    search, one set per step), and what the choice measured on ``calib``."""
+    if method == "prefix":
+        return [tuple(range(j)) for j in range(1, k + 1)], {}
     if method == "profile":
         ranks = profile_layers(model, calib, host=host)
-        info["single_layer_loss"] = ranks
-        order = sorted(range(n), key=lambda i: -ranks[i])
-        return tuple(sorted(order[:k])), info
+        order = sorted(range(model.config.num_hidden_layers), key=lambda i: -ranks[i])
+        return [tuple(sorted(order[:j])) for j in range(1, k + 1)], {"single_layer_loss": ranks}
     steps = greedy_groups(model, calib, k, group_size=group_size, host=host)
-    info["greedy_steps"] = steps
-    return tuple(steps[-1]["layers"]), info
+    return [tuple(s["layers"]) for s in steps[1:]], {"greedy_steps": steps}
 
 
 __all__ = [
@@ -354,4 +355,5 @@ __all__ = [
     "profile_layers",
     "greedy_groups",
     "choose_layers",
+    "layer_sets",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvbridge.evaluate.report import fmt, fmt_ci, md_table, text_table
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, pyplot, text_table
 
 COLS = (
     "condition",
@@ -56,12 +56,8 @@ def markdown(result: dict, title: str, image: str | None = None) -> str:
 
 
 def plot(result: dict, path, title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     families: dict = {}
     zero = [r for c, r in result["conditions"].items() if c in ("transferred", "naive")]

@@ -35,8 +35,6 @@ REQUIRED = {
     "num_pairs": int,
     "norms": dict,
     "spec": dict,
-}
-NESTED_REQUIRED = {
     "model.model_type": str,
     "model.num_layers": int,
     "model.num_kv_heads": int,
@@ -133,16 +131,14 @@ def read_vector(path: str | Path):
     """``(manifest, SteeringVector)`` of a folder: checksum, manifest shape and tensor shapes checked."""
     from kvbridge.artifacts import read_artifact
     from kvbridge.spec import ModelSpec
-    from kvbridge.check.validate import require_fields, tensors_match
+    from kvbridge.check.validate import finite_tensors, require_fields, tensors_match
     from kvbridge.steer.vectors import SteeringVector
 
     path = Path(path)
     where = str(path / "manifest.json")
     manifest, tensors = read_artifact(path, kind="steering vector")
     fix = "re-create it with kvbridge steer build"
-    for key, typ in REQUIRED.items():
-        if not isinstance(manifest.get(key), typ) or isinstance(manifest.get(key), bool):
-            raise ArtifactError(f"{where} field {key!r} is missing or not a {typ.__name__}", fix)
+    require_fields(manifest, REQUIRED, where, fix=fix)
     if manifest["kind"] != KIND:
         raise ArtifactError(f"{path} holds a {manifest['kind']!r}, not a steering vector", "pass a steer build folder")
     if manifest["schema_version"] > SCHEMA_VERSION:
@@ -151,7 +147,6 @@ def read_vector(path: str | Path):
             f"reads ({SCHEMA_VERSION})",
             "upgrade kvbridge",
         )
-    require_fields(manifest, NESTED_REQUIRED, where, fix=fix)
     try:
         spec = ModelSpec.from_dict(manifest["spec"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -164,8 +159,6 @@ def read_vector(path: str | Path):
         if manifest.get("has_residual"):
             want[f"residual.{i}"] = ("float32", (spec.hidden_size,))
     tensors_match(tensors, want, str(path / TENSOR_FILE), fix=fix)
-    from kvbridge.check.validate import finite_tensors
-
     finite_tensors(tensors, str(path / TENSOR_FILE), fix=fix)
     info = {k: manifest.get(k) for k in ("method", "num_pairs", "pairs_sha256", "template", "transferred_from")}
     info["position"] = manifest["position"]["kind"]
@@ -186,12 +179,9 @@ def mismatches(
 ) -> list[str]:
     """Every field in which the vector and ``model`` (+ tokenizer) disagree, most specific first."""
     from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
+    from kvbridge.plugins import host_or_default
 
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    spec = host.adapter_for(model.config.to_dict()).spec_of(model)
+    spec = host_or_default(host).adapter_for(model.config.to_dict()).spec_of(model)
     m = manifest["model"]
     out = []
     have = (m["model_type"], m["num_layers"], m["num_kv_heads"], m["head_dim"])

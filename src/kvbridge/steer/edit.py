@@ -77,9 +77,19 @@ def positions_of(state, start: int, stop: int | None) -> tuple[int, int]:
     return start, stop
 
 
-def _mark(state, keys, values, record: dict):
-    steered = list(state.meta.get("steered", ()))
-    steered.append(record)
+def _edited(state, layers, start: int, stop: int, on_keys, on_values, record: dict):
+    """``state`` with ``on_keys(i, x)`` / ``on_values(i, x)`` replacing the keys / values ``x`` (float32) of
+    each of ``layers`` at positions ``start:stop`` (rounded once to the cache dtype), marked steered
+    (``approximate``, ``record`` appended to ``meta["steered"]``)."""
+    import torch
+
+    keys, values = list(state.keys), list(state.values)
+    for i in layers:
+        for group, fn in ((keys, on_keys), (values, on_values)):
+            t = group[i].clone()
+            t[:, :, start:stop] = fn(i, t[:, :, start:stop].to(torch.float32)).to(t.dtype)
+            group[i] = t
+    steered = list(state.meta.get("steered", ())) + [record]
     return replace(
         state, keys=tuple(keys), values=tuple(values), approximate=True, meta={**state.meta, "steered": steered}
     )
@@ -136,47 +146,27 @@ def add_vector(
     start, stop = positions_of(state, start, stop)
     _check_vector(state, vector)
     kd = key_deltas(state, vector, start, stop, chosen)
-    keys, values = list(state.keys), list(state.values)
-    for i in chosen:
-        for group, delta, c in ((keys, kd[i], ck), (values, vector.values[i].to(state.device)[None, :, None, :], cv)):
-            t = group[i].clone()
-            step = c * delta.to(torch.float32)  # rounded once, then added: never fused
-            t[:, :, start:stop] = (t[:, :, start:stop].to(torch.float32) + step).to(t.dtype)
-            group[i] = t
-    return _mark(
+    dv = {i: vector.values[i].to(state.device)[None, :, None, :] for i in chosen}
+    record = {"edit": "add_vector", "ck": ck, "cv": cv, "layers": list(chosen), "positions": [start, stop]}
+    return _edited(  # c * delta rounded once, then added: never fused
         state,
-        keys,
-        values,
-        {
-            "edit": "add_vector",
-            "ck": ck,
-            "cv": cv,
-            "layers": list(chosen),
-            "positions": [start, stop],
-            "key_space": vector.key_space,
-        },
+        chosen,
+        start,
+        stop,
+        lambda i, x: x + ck * kd[i].to(torch.float32),
+        lambda i, x: x + cv * dv[i].to(torch.float32),
+        {**record, "key_space": vector.key_space},
     )
 
 
 def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
     """``state`` with keys x ``ck`` and values x ``cv`` at ``layers``, positions ``start:stop``."""
-    import torch
 
     ck, cv = coefficient(ck, "--ck"), coefficient(cv, "--cv")
     chosen = layers_of(layers, state.num_layers)
     start, stop = positions_of(state, start, stop)
-    keys, values = list(state.keys), list(state.values)
-    for i in chosen:
-        for group, c in ((keys, ck), (values, cv)):
-            t = group[i].clone()
-            t[:, :, start:stop] = (t[:, :, start:stop].to(torch.float32) * c).to(t.dtype)
-            group[i] = t
-    return _mark(
-        state,
-        keys,
-        values,
-        {"edit": "scale_kv", "ck": ck, "cv": cv, "layers": list(chosen), "positions": [start, stop]},
-    )
+    record = {"edit": "scale_kv", "ck": ck, "cv": cv, "layers": list(chosen), "positions": [start, stop]}
+    return _edited(state, chosen, start, stop, lambda i, x: x * ck, lambda i, x: x * cv, record)
 
 
 def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
@@ -212,18 +202,12 @@ def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, sto
     want = state.positions[:, start:stop]
     if not torch.equal(part.positions.to(want.device), want):
         part = part.reposition(want)
-    keys, values = list(state.keys), list(state.values)
-    for i in chosen:
-        for group, src in ((keys, part.keys[i]), (values, part.values[i])):
-            t = group[i].clone()
-            own = t[:, :, start:stop].to(torch.float32)
-            t[:, :, start:stop] = ((1.0 - alpha) * own + alpha * src.to(device=t.device, dtype=torch.float32)).to(
-                t.dtype
-            )
-            group[i] = t
-    return _mark(
-        state, keys, values, {"edit": "mix_kv", "alpha": alpha, "layers": list(chosen), "positions": [start, stop]}
-    )
+
+    def mixed(srcs):
+        return lambda i, x: (1.0 - alpha) * x + alpha * srcs[i].to(device=x.device, dtype=torch.float32)
+
+    record = {"edit": "mix_kv", "alpha": alpha, "layers": list(chosen), "positions": [start, stop]}
+    return _edited(state, chosen, start, stop, mixed(part.keys), mixed(part.values), record)
 
 
 __all__ = ["EditError", "coefficient", "layers_of", "positions_of", "key_deltas", "add_vector", "scale_kv", "mix_kv"]

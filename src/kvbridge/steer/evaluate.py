@@ -255,14 +255,12 @@ def evaluate(
     ``scorer`` and the ``extra_vectors`` loaded (``settings.vector`` / ``scorer`` / ``extra`` name
     them); the result is JSON-ready."""
     from kvbridge.evaluate.runner import run_items
+    from kvbridge.plugins import host_or_default
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, setup_for, stop_ids_of
 
     prompt, instruction = settings.prompt, settings.instruction
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
+    host = host_or_default(host)
     extra_vectors = dict(extra_vectors or {})
     log = log or (lambda _msg: None)
     chat = chat_mode(tokenizer, settings.chat)
@@ -374,11 +372,9 @@ def plot_sweep(result: dict, path, title: str = "") -> str | None:
     """Behaviour rate against KL cost per swept arm (PNG, matplotlib Agg); None when there is no sweep."""
     if not result.get("sweep"):
         return None
-    import matplotlib
+    from kvbridge.evaluate.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     none = result["arms"]["none"]
     ax.axhline(none["rate"], color="grey", ls=":", label="none")

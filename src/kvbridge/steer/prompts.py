@@ -100,17 +100,20 @@ def guide_scenario(tokenizer: Any, guide: str, prompt: str, *, chat: bool = Fals
     from kvbridge.prefix.splits import exact_split
 
     g, live, sep = guide_texts(tokenizer, guide, prompt, chat=chat)
-    report, split = exact_split(tokenizer, g, live, sep)
-    keep = (
-        len(report.special_prefix) if tuple(split.ghost[: len(report.special_prefix)]) == report.special_prefix else 0
-    )
-    if len(split.ghost) <= keep:
+    scenario = split_scenario(*exact_split(tokenizer, g, live, sep), g + sep + live)
+    if scenario.edit[0] >= scenario.edit[1]:
         raise KVBridgeError("the guide has no tokens besides special tokens", "pass a longer guide")
-    if not split.live:
+    if not scenario.live_ids:
         raise KVBridgeError("the live part of the split is empty", "pass a non-empty prompt")
-    return Scenario(
-        tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), g + sep + live, "guide", split.ghost_text
-    )
+    return scenario
 
 
-__all__ = ["Scenario", "chat_mode", "prompt_text", "prompt_scenario", "guide_texts", "guide_scenario"]
+def split_scenario(report, split, text: str) -> Scenario:
+    """The guide scenario of an exact-token split (``ghost`` the prefix, ``live`` fed after it): every
+    ghost position edited but the tokenizer's leading special tokens."""
+    n = len(report.special_prefix)
+    keep = n if tuple(split.ghost[:n]) == report.special_prefix else 0
+    return Scenario(tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), text, "guide", split.ghost_text)
+
+
+__all__ = ["Scenario", "chat_mode", "prompt_text", "prompt_scenario", "guide_texts", "guide_scenario", "split_scenario"]

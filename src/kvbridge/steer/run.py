@@ -3,10 +3,7 @@ side-by-side steered / unsteered continuation of ``kvbridge steer run``."""
 
 from __future__ import annotations
 
-
 from kvbridge.errors import KVBridgeError
-
-
 from kvbridge.plugins import host_or_default as _host
 
 
@@ -76,6 +73,7 @@ def setup_for(
 def side_by_side(left: str, right: str, *, width: int = 38, titles=("unsteered", "steered")) -> list[str]:
     """Two texts in two wrapped columns."""
     import textwrap
+    from itertools import zip_longest
 
     def wrap(text):
         out = []
@@ -83,22 +81,15 @@ def side_by_side(left: str, right: str, *, width: int = 38, titles=("unsteered",
             out.extend(textwrap.wrap(para, width) or [""])
         return out
 
-    a, b = wrap(left), wrap(right)
-    n = max(len(a), len(b))
-    a += [""] * (n - len(a))
-    b += [""] * (n - len(b))
     lines = [f"{titles[0]:<{width}} | {titles[1]}", f"{'-' * width}-+-{'-' * width}"]
-    lines += [f"{x:<{width}} | {y}" for x, y in zip(a, b)]
-    return lines
+    return lines + [f"{x:<{width}} | {y}" for x, y in zip_longest(wrap(left), wrap(right), fillvalue="")]
 
 
 def decode(tokenizer, tokens, stop_ids=()) -> str:
+    """The text of ``tokens`` up to the first of ``stop_ids``."""
     toks = list(tokens)
-    for i, t in enumerate(toks):
-        if t in stop_ids:
-            toks = toks[:i]
-            break
-    return tokenizer.decode(toks, skip_special_tokens=True)
+    cut = next((i for i, t in enumerate(toks) if t in stop_ids), len(toks))
+    return tokenizer.decode(toks[:cut], skip_special_tokens=True)
 
 
 def stop_ids_of(tokenizer, model=None) -> tuple:

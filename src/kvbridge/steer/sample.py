@@ -33,6 +33,8 @@ class Setup:
 
         from transformers import DynamicCache
 
+        from kvbridge.plugins import host_or_default
+
         if self.prefix is None:
             return DynamicCache()
         s = self.prefix
@@ -43,11 +45,7 @@ class Setup:
             positions=s.positions.expand(batch, -1).contiguous(),
             rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous(),
         )
-        if host is None:
-            from kvbridge.plugins import get_host
-
-            host = get_host()
-        return host.adapter_for(model.config.to_dict()).inject(tiled, model)
+        return host_or_default(host).adapter_for(model.config.to_dict()).inject(tiled, model)
 
     def context(self, model):
         return self.hooks(model) if self.hooks is not None else nullcontext()
@@ -141,12 +139,7 @@ def costs(model, reference: Setup, steered: Setup, rows: list[list[int]], *, chu
     import torch
 
     keep = [i for i, r in enumerate(rows) if r]
-    out = {
-        "nll_reference": [float("nan")] * len(rows),
-        "nll_steered": [float("nan")] * len(rows),
-        "kl": [float("nan")] * len(rows),
-        "kl_first": [float("nan")] * len(rows),
-    }
+    out = {key: [float("nan")] * len(rows) for key in ("nll_reference", "nll_steered", "kl", "kl_first")}
     for a in range(0, len(keep), chunk):
         idx = keep[a : a + chunk]
         part = [rows[i] for i in idx]

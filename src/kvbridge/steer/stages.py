@@ -127,7 +127,7 @@ def prepare_run(settings: SteerRunSettings, host=None) -> dict:
 
 def _scenario(model, settings: SteerRunSettings, chat: bool):
     """``(scenario, prefix state or None)`` of where ``settings.at`` puts the edit."""
-    from kvbridge.steer.prompts import Scenario, guide_scenario, guide_texts, prompt_scenario
+    from kvbridge.steer.prompts import guide_scenario, guide_texts, prompt_scenario, split_scenario
 
     tok, s = model.tokenizer, settings
     if s.at == "last":
@@ -139,13 +139,7 @@ def _scenario(model, settings: SteerRunSettings, chat: bool):
     pack = load_pack(s.pack, model.model, tokenizer=tok, tokenizer_fp=_tokenizer_fp(model))
     live_text = guide_texts(tok, "x", s.prompt, chat=chat)[1] if chat else s.prompt
     report, split = pack.split_for(tok, live_text, "" if chat else "\n")
-    keep = (
-        len(report.special_prefix) if tuple(split.ghost[: len(report.special_prefix)]) == report.special_prefix else 0
-    )
-    scenario = Scenario(
-        tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), report.text, "guide", split.ghost_text
-    )
-    return scenario, pack.state_for(model.model)
+    return split_scenario(report, split, report.text), pack.state_for(model.model)
 
 
 def run_steering(run, *, values: dict | None = None) -> dict:

@@ -149,6 +149,7 @@ def build_vector(
     import torch
 
     from kvbridge.check.validate import one_of
+    from kvbridge.plugins import host_or_default
     from kvbridge.steer.hooks import ResidualCapture
     from kvbridge.steer.pairs import encode_side, pairs_digest, template_kind
 
@@ -158,11 +159,7 @@ def build_vector(
         raise SteerError("no contrastive pairs", "pass a pairs file with at least one pair")
     if method == "pca" and len(pairs) < 2:
         raise SteerError("--method pca needs at least 2 pairs", "add pairs or use --method mean")
-    if host is None:
-        from kvbridge.plugins import get_host
-
-        host = get_host()
-    adapter = host.adapter_for(model.config.to_dict())
+    adapter = host_or_default(host).adapter_for(model.config.to_dict())
     spec = adapter.spec_of(model)
     _check_model(spec)
     limit = int(spec.max_position_embeddings or 0)
@@ -179,11 +176,7 @@ def build_vector(
             sides.append(enc)
         encoded.append(sides)
     capture = ResidualCapture(model)
-    dk, dv, dr = (
-        [[] for _ in range(spec.num_layers)],
-        [[] for _ in range(spec.num_layers)],
-        [[] for _ in range(spec.num_layers)],
-    )
+    dk, dv, dr = ([[] for _ in range(spec.num_layers)] for _ in range(3))
     try:
         with torch.no_grad():
             for n, (pos, neg) in enumerate(encoded):
@@ -197,9 +190,7 @@ def build_vector(
                     progress(n + 1, len(encoded))
     finally:
         capture.remove()
-    keys = tuple(_combine(torch.stack(d), method).cpu() for d in dk)
-    values = tuple(_combine(torch.stack(d), method).cpu() for d in dv)
-    resid = tuple(_combine(torch.stack(d), method).cpu() for d in dr)
+    keys, values, resid = (tuple(_combine(torch.stack(d), method).cpu() for d in ds) for ds in (dk, dv, dr))
     info = {
         "method": method,
         "position": position,
@@ -219,12 +210,10 @@ def random_like(vector: SteeringVector, seed: int = 0) -> SteeringVector:
 
     g = torch.Generator().manual_seed(int(seed))
 
-    def like(t):
-        if t.dim() == 1:
-            r = torch.randn(t.shape, generator=g, dtype=torch.float64)
-            return (r / r.norm() * t.double().norm()).to(torch.float32)
+    def like(t):  # a 1-D residual direction: one norm; K/V [heads, dim]: one per head
         r = torch.randn(t.shape, generator=g, dtype=torch.float64)
-        return (r / r.norm(dim=-1, keepdim=True) * t.double().norm(dim=-1, keepdim=True)).to(torch.float32)
+        per = {} if t.dim() == 1 else {"dim": -1, "keepdim": True}
+        return (r / r.norm(**per) * t.double().norm(**per)).to(torch.float32)
 
     info = {**vector.info, "method": f"random(seed={seed}) like {vector.info.get('method', '?')}"}
     return replace(
