@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
@@ -108,14 +108,7 @@ class PluginRecord:
     warned: bool = field(default=False, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "builtin": self.builtin,
-            "hooks": self.hooks,
-            "registers": self.registers,
-            "error": self.error,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "warned"}
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -620,7 +613,7 @@ class Host:
         return out
 
 
-def _validate(pm: pluggy.PluginManager, plugin: Any) -> str | None:
+def _validate(plugin: Any) -> str | None:
     """A one-line error for a plugin whose hook names are not kvbridge hooks, else None."""
     known = {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     bad = [n for n in _plugin_hook_names(plugin) if n not in known]
@@ -646,7 +639,7 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
     def add(name: str, plugin: Any, version: str, builtin: bool) -> None:
         record = PluginRecord(name=name, version=version, builtin=builtin, hooks=_plugin_hook_names(plugin))
         records.append(record)
-        error = _validate(pm, plugin)
+        error = _validate(plugin)
         if error:
             record.error = error
             return
