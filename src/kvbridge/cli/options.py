@@ -3,7 +3,7 @@
 Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`; the text every
 command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading is :func:`kvbridge.models.load`
 and :func:`kvbridge.models.pair.load_pair` (:func:`load_pair` adds the stderr warning of a partial
-tokenizer match; :func:`shared_tokenizer` is a pair's tokenizer check). Formatters: :func:`fmt_rope`,
+tokenizer match). Formatters: :func:`fmt_rope`,
 :func:`fmt_value`, :func:`fmt_text` (strings from files, control characters escaped),
 :func:`kv_bytes_per_token`. Importing this module imports click only.
 """
@@ -187,17 +187,6 @@ def settings_from(cls, values: dict, prefix: str = "", *, given: dict | None = N
 
 
 # -- loading -------------------------------------------------------------------------------------------
-def shared_tokenizer(src, tgt) -> dict:
-    """The tokenizer fingerprint two resolved models share (:func:`kvbridge.models.pair.shared_tokenizer`);
-    a partial match (added tokens, BOS handling) is a warning on stderr."""
-    from kvbridge.models.pair import shared_tokenizer as _shared
-
-    fingerprint, note = _shared(src, tgt)
-    if note:
-        click.echo(f"warning: tokenizers: {note}", err=True)
-    return fingerprint
-
-
 def load_pair(
     source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
 ):
@@ -331,7 +320,6 @@ __all__ = [
     "param_type",
     "settings_options",
     "settings_from",
-    "shared_tokenizer",
     "load_pair",
     "open_tokenizer",
     "open_model_session",

@@ -534,17 +534,6 @@ def recompute_check(pack: Pack, model, host=None) -> float:
     return worst
 
 
-# -- model folders --------------------------------------------------------------------------------
-def require_model_dir(path: str | Path) -> Path:
-    """``path`` if it is a local model folder (has ``config.json``), else a one-line ConfigError."""
-    path = Path(path)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise ConfigError(
-            f"{path} is not a local model folder (no config.json)", "pass a folder written by save_pretrained"
-        )
-    return path
-
-
 __all__ = [
     "Pack",
     "PackMismatchError",
@@ -569,7 +558,6 @@ __all__ = [
     "cache_format",
     "positional_config",
     "check_manifest_shape",
-    "require_model_dir",
     "guide_ids_of",
     "recompute_check",
     "SCHEMA_VERSION",
