@@ -374,17 +374,16 @@ class Host:
         families = self.registry("family")
         if model_type in families.items:
             return families.items[model_type]
-        if model_type not in NO_KV_CACHE_TYPES:
-            # plugins first; kvbridge.builtin.family_fallback (trylast) wraps multimodal configs around
-            # their text decoder's family and gives transformers' own config classes the generic adapter
-            claimed = self._claim_family(config)
-            if claimed is not None:
-                return claimed
         if model_type in NO_KV_CACHE_TYPES:
             raise UnsupportedModelError(
                 f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
                 "kvbridge moves attention KV caches; choose a transformer model",
             )
+        # plugins first; kvbridge.builtin.family_fallback (trylast) wraps multimodal configs around
+        # their text decoder's family and gives transformers' own config classes the generic adapter
+        claimed = self._claim_family(config)
+        if claimed is not None:
+            return claimed
         auto_map = config.get("auto_map")
         if isinstance(auto_map, dict) and auto_map:
             key = sorted(auto_map, key=str)[0]
