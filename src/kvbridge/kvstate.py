@@ -173,7 +173,7 @@ class KVState:
         """Which cache slot carries RoPE: "keys", or "values" for MLA (the shared RoPE key)."""
         return "values" if self.spec.cache_format == "mla" else "keys"
 
-    def _rotate(self, fn, spec: ModelSpec, *positions, **kwargs) -> dict:
+    def _rotated_fields(self, fn, spec: ModelSpec, *positions, **kwargs) -> dict:
         """The rotated slot and the indexer keys with ``fn`` (rope.strip / apply / reposition) applied per
         layer, as fields for :func:`dataclasses.replace`."""
         rotated = getattr(self, self._rotated_slot())
@@ -194,7 +194,7 @@ class KVState:
             return _cast(replace(self, rope_applied=False), dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
         spec, host = _resolved(self.spec, host)
-        rotated = self._rotate(rope.strip, spec, self.positions, lengths=self.rope_lengths, host=host, **kw)
+        rotated = self._rotated_fields(rope.strip, spec, self.positions, lengths=self.rope_lengths, host=host, **kw)
         return _cast(replace(self, **rotated, rope_applied=False), dtype)
 
     def apply_rope(
@@ -226,7 +226,7 @@ class KVState:
             return _cast(replace(self, positions=positions, spec=spec, rope_applied=True), dtype)
         kw = {} if dtype is None else {"dtype": dtype}
         spec, host = _resolved(spec, host)
-        rotated = self._rotate(rope.apply, spec, positions, lengths=rope_lengths, host=host, **kw)
+        rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, **kw)
         return _cast(
             replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths),
             dtype,
@@ -252,7 +252,7 @@ class KVState:
         stateful = self.spec.rope is not None and self.spec.rope.is_stateful
         new_lengths = rope.forward_lengths(new_positions) if stateful else None
         spec, host = _resolved(self.spec, host)
-        rotated = self._rotate(
+        rotated = self._rotated_fields(
             rope.reposition,
             spec,
             self.positions,
