@@ -647,22 +647,18 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
         except Exception as exc:
             record.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
             return
-        for caller in pm.get_hookcallers(plugin) or []:
-            for hookimpl in caller.get_hookimpls():
-                if hookimpl.plugin is not plugin:
-                    continue
-                if hookimpl.wrapper or hookimpl.hookwrapper:
-                    flag = "wrapper=True" if hookimpl.wrapper else "hookwrapper=True"
-                    pm.unregister(plugin)
-                    record.error = (
-                        f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
-                        "does not take (fix: drop the flag and return the value from a plain hookimpl)"
-                    )
-                    return
-        for caller in pm.get_hookcallers(plugin) or []:
-            for hookimpl in caller.get_hookimpls():
-                if hookimpl.plugin is plugin:
-                    hookimpl.function = _guard(caller.name, hookimpl, record)
+        impls = [(c, h) for c in pm.get_hookcallers(plugin) or [] for h in c.get_hookimpls() if h.plugin is plugin]
+        for caller, hookimpl in impls:
+            if hookimpl.wrapper or hookimpl.hookwrapper:
+                flag = "wrapper=True" if hookimpl.wrapper else "hookwrapper=True"
+                pm.unregister(plugin)
+                record.error = (
+                    f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
+                    "does not take (fix: drop the flag and return the value from a plain hookimpl)"
+                )
+                return
+        for caller, hookimpl in impls:
+            hookimpl.function = _guard(caller.name, hookimpl, record)
 
     if builtins:
         for modname in BUILTIN_PLUGINS:
