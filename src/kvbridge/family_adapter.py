@@ -179,20 +179,25 @@ class FamilyAdapter:
         values = tuple(layer.values.detach().clone() for layer in layers)
         return keys, values
 
-    def inject(self, state: "KVState", model=None, *, check: bool = True):
-        """A fresh ``DynamicCache`` holding ``state`` (cloned: never aliases the caller's tensors)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
+    def check_injectable(self, state: "KVState", model=None, *, check: bool = True) -> None:
+        """Refuse a state :meth:`inject` cannot use: with ``check``, one that does not fit ``model``'s spec
+        and dtype (without a model: its own spec); always, keys in content space (RoPE stripped)."""
         if check:
-            spec = self.spec_of(model) if model is not None else state.spec
             import torch
 
+            spec = self.spec_of(model) if model is not None else state.spec
             state.validate(spec, dtype=getattr(torch, spec.dtype) if model is not None else None)
         if not state.rope_applied and state.spec.positional == "rope":
             raise StateError(
                 "state keys are in content space (RoPE stripped)", "call state.apply_rope() before injecting"
             )
+
+    def inject(self, state: "KVState", model=None, *, check: bool = True):
+        """A fresh ``DynamicCache`` holding ``state`` (cloned: never aliases the caller's tensors)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        self.check_injectable(state, model, check=check)
         # ``update`` concatenates into new tensors: the cache never aliases the state's
         data = [(k.detach(), v.detach()) for k, v in zip(state.keys, state.values)]
         if model is not None:
@@ -292,10 +297,7 @@ class TextConfigAdapter(FamilyAdapter):
 
     def inject(self, state, model=None, *, check: bool = True):
         if check and model is not None:
-            import torch
-
-            spec = self.spec_of(model)
-            state.validate(spec, dtype=getattr(torch, spec.dtype))
+            self.check_injectable(state, model)
         return self.inner.inject(state, None if model is None else model, check=False)
 
     def rotary_embedding(self, model, layer: int = 0):

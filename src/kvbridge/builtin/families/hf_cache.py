@@ -167,13 +167,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
 
 
 def inject(adapter, state, model=None, *, check: bool = True):
-    import torch
-
-    if check:
-        spec = adapter.spec_of(model) if model is not None else state.spec
-        state.validate(spec, dtype=getattr(torch, spec.dtype) if model is not None else None)
-    if not state.rope_applied and state.spec.positional == "rope":
-        raise StateError("state keys are in content space (RoPE stripped)", "call state.apply_rope() before injecting")
+    adapter.check_injectable(state, model, check=check)
     if state.spec.state_layers and not state.states:
         raise StateError(
             "the state has no recurrent/convolution state for the model's recurrent layers",
