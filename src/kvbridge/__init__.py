@@ -17,20 +17,6 @@ from kvbridge.errors import KVBridgeError  # noqa: E402  (no heavy deps)
 
 # (``fit`` and ``transfer`` are subpackage/module names here: the functions live in
 # ``kvbridge.api`` and ``kvbridge.fit``: ``from kvbridge.fit import fit, load_mapping, transfer``)
-_API = (
-    "resolve_model",
-    "load_model",
-    "load_pair",
-    "adapter_for",
-    "describe",
-    "extract",
-    "inject",
-    "identity_transfer",
-    "generate_from",
-    "load_mapping",
-    "transfer_state",
-)
-
 __all__ = [
     "__version__",
     "KVBridgeError",
@@ -46,6 +32,8 @@ __all__ = [
     "load_mapping",
     "transfer_state",
 ]
+#: the names :func:`__getattr__` takes from :mod:`kvbridge.api` on first use
+_API = frozenset(__all__[2:])
 
 
 def __getattr__(name: str):

@@ -240,19 +240,14 @@ def _write_all(fh, data) -> None:
 # -- ownership ---------------------------------------------------------------------------------------
 def artifact_kind(folder: Path | str) -> str | None:
     """The kind of a folder kvbridge wrote (marker, or a legacy manifest's ``kind``), else None."""
-    folder = Path(folder)
-    try:
-        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        if isinstance(data, dict) and data.get("writer") == WRITER and isinstance(data.get("kind"), str):
+    # the marker, else (written before markers existed) a manifest with kvbridge's version and a kind
+    for name, ours in ((MARKER, lambda d: d.get("writer") == WRITER), (MANIFEST, lambda d: d.get("kvbridge_version"))):
+        try:
+            data = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and ours(data) and isinstance(data.get("kind"), str):
             return data["kind"]
-    except (OSError, ValueError, RecursionError):
-        pass
-    try:  # written before markers existed: a manifest with kvbridge's version and a kind
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        if isinstance(data, dict) and data.get("kvbridge_version") and isinstance(data.get("kind"), str):
-            return data["kind"]
-    except (OSError, ValueError, RecursionError):
-        pass
     return None
 
 

@@ -42,6 +42,49 @@ def positive_int(config: Mapping, *names: str, where: str = "config") -> int:
     return value
 
 
+def prefill(model, input_ids, attention_mask, make_cache) -> tuple:
+    """``(ids [B, T], positions [B, T], output, cache)``: ``input_ids`` prefilled once into ``make_cache()``
+    (a cache that keeps every layer's whole history). Positions follow a left-padding mask, as generate's do."""
+    import torch
+
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.shape[1] == 0:
+        raise StateError("cannot extract a cache from an empty token sequence", "pass at least one token id")
+    cache = make_cache()
+    kwargs: dict = {"cache": cache, "use_cache": True}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = 1  # only the cache is wanted: skip the [B, T, vocab] logits
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    with torch.no_grad():
+        out = model(input_ids=ids, **kwargs)
+    B, T = ids.shape
+    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
+    if attention_mask is not None:
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return ids, positions, out, cache
+
+
+def prefill_state(adapter, model, spec: ModelSpec, ids, positions, keys, values, **parts) -> "KVState":
+    """The KVState of a :func:`prefill`: ``keys`` / ``values`` per layer (``parts``: recurrent states,
+    indexer keys), the RoPE lengths the adapter reads from the model, the config's fingerprint."""
+    from kvbridge.kvstate import KVState
+
+    return KVState(
+        keys=tuple(keys),
+        values=tuple(values),
+        token_ids=ids.clone(),
+        positions=positions,
+        spec=spec,
+        rope_applied=spec.positional == "rope",
+        rope_lengths=adapter._rope_lengths(model, spec, positions),
+        model_fingerprint=config_fingerprint(model.config.to_dict()),
+        **parts,
+    )
+
+
 @dataclass(frozen=True)
 class FamilyAdapter:
     """Base adapter. Subclasses set ``name``/``model_types`` and implement ``describe``."""
@@ -96,42 +139,13 @@ class FamilyAdapter:
 
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None) -> "KVState":
         """Prefill ``input_ids`` once and return the cache as a KVState (full history kept)."""
-        import torch
         from transformers import DynamicCache
 
-        from kvbridge.kvstate import KVState
-
         spec = spec or self.spec_of(model)
-        ids = torch.as_tensor(input_ids)
-        if ids.dim() == 1:
-            ids = ids[None]
-        if ids.shape[1] == 0:
-            raise StateError("cannot extract a cache from an empty token sequence", "pass at least one token id")
-        cache = DynamicCache()  # no config: sliding layers keep their whole history
-        kwargs: dict = {"cache": cache, "use_cache": True}
-        if "logits_to_keep" in inspect.signature(model.forward).parameters:
-            kwargs["logits_to_keep"] = 1  # only the cache is wanted: skip the [B, T, vocab] logits
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
-        with torch.no_grad():
-            out = model(input_ids=ids, **kwargs)
+        ids, positions, out, cache = prefill(model, input_ids, attention_mask, DynamicCache)
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
         keys, values = self._cache_tensors(cache, spec)
-        B, T = ids.shape
-        positions = torch.arange(T, device=ids.device).expand(B, T).clone()
-        if attention_mask is not None:  # left padding: positions follow the mask, as generate does
-            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        lengths = self._rope_lengths(model, spec, positions)
-        return KVState(
-            keys=keys,
-            values=values,
-            token_ids=ids.clone(),
-            positions=positions,
-            spec=spec,
-            rope_applied=spec.positional == "rope",
-            rope_lengths=lengths,
-            model_fingerprint=config_fingerprint(model.config.to_dict()),
-        )
+        return prefill_state(self, model, spec, ids, positions, keys, values)
 
     def _rope_lengths(self, model, spec: ModelSpec, positions):
         """Per-key forward length that picked each key's RoPE table (stateful types only).
@@ -165,20 +179,25 @@ class FamilyAdapter:
         values = tuple(layer.values.detach().clone() for layer in layers)
         return keys, values
 
-    def inject(self, state: "KVState", model=None, *, check: bool = True):
-        """A fresh ``DynamicCache`` holding ``state`` (cloned: never aliases the caller's tensors)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
+    def check_injectable(self, state: "KVState", model=None, *, check: bool = True) -> None:
+        """Refuse a state :meth:`inject` cannot use: with ``check``, one that does not fit ``model``'s spec
+        and dtype (without a model: its own spec); always, keys in content space (RoPE stripped)."""
         if check:
-            spec = self.spec_of(model) if model is not None else state.spec
             import torch
 
+            spec = self.spec_of(model) if model is not None else state.spec
             state.validate(spec, dtype=getattr(torch, spec.dtype) if model is not None else None)
         if not state.rope_applied and state.spec.positional == "rope":
             raise StateError(
                 "state keys are in content space (RoPE stripped)", "call state.apply_rope() before injecting"
             )
+
+    def inject(self, state: "KVState", model=None, *, check: bool = True):
+        """A fresh ``DynamicCache`` holding ``state`` (cloned: never aliases the caller's tensors)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        self.check_injectable(state, model, check=check)
         # ``update`` concatenates into new tensors: the cache never aliases the state's
         data = [(k.detach(), v.detach()) for k, v in zip(state.keys, state.values)]
         if model is not None:
@@ -278,10 +297,7 @@ class TextConfigAdapter(FamilyAdapter):
 
     def inject(self, state, model=None, *, check: bool = True):
         if check and model is not None:
-            import torch
-
-            spec = self.spec_of(model)
-            state.validate(spec, dtype=getattr(torch, spec.dtype))
+            self.check_injectable(state, model)
         return self.inner.inject(state, None if model is None else model, check=False)
 
     def rotary_embedding(self, model, layer: int = 0):

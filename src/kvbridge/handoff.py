@@ -17,12 +17,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
 
 
-def _adapter_for(model, host=None):
-    from kvbridge.plugins import host_or_default
-
-    return host_or_default(host).adapter_of(model)
-
-
 def prepare_cache(model, state: "KVState", input_ids, *, host=None):
     """``(cache, input_ids)`` ready for ``model.generate(input_ids, cache=cache)``."""
     import torch
@@ -47,8 +41,9 @@ def prepare_cache(model, state: "KVState", input_ids, *, host=None):
         state = state.slice_tokens(0, n - 1)  # withhold the last prompt token
     if state.num_tokens == 0:
         return None, ids
-    cache = _adapter_for(model, host).inject(state, model)
-    return cache, ids
+    from kvbridge.plugins import host_or_default
+
+    return host_or_default(host).adapter_of(model).inject(state, model), ids
 
 
 def greedy_kwargs(ids, new_tokens: int) -> dict:

@@ -173,8 +173,13 @@ class KVState:
         """Which cache slot carries RoPE: "keys", or "values" for MLA (the shared RoPE key)."""
         return "values" if self.spec.cache_format == "mla" else "keys"
 
-    def _rotated(self) -> tuple:
-        return getattr(self, self._rotated_slot())
+    def _rotated_fields(self, fn, spec: ModelSpec, *positions, **kwargs) -> dict:
+        """The rotated slot and the indexer keys with ``fn`` (rope.strip / apply / reposition) applied per
+        layer, as fields for :func:`dataclasses.replace`."""
+        rotated = getattr(self, self._rotated_slot())
+        keys = tuple(_per_layer(fn, k, spec, i, *positions, **kwargs) for i, k in enumerate(rotated))
+        index = _indexer_rope(fn, self.indexer_keys, spec, *positions, **kwargs)
+        return {self._rotated_slot(): keys, "indexer_keys": index}
 
     def strip_rope(self, host=None, *, dtype: "torch.dtype | None" = None) -> "KVState":
         """Keys in content space (RoPE removed at each key's own position).
@@ -189,14 +194,8 @@ class KVState:
             return _cast(replace(self, rope_applied=False), dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
         spec, host = _resolved(self.spec, host)
-        keys = tuple(
-            _per_layer(rope.strip, k, spec, i, self.positions, lengths=self.rope_lengths, host=host, **kw)
-            for i, k in enumerate(self._rotated())
-        )
-        index = _indexer_rope(
-            rope.strip, self.indexer_keys, spec, self.positions, lengths=self.rope_lengths, host=host, **kw
-        )
-        return _cast(replace(self, **{self._rotated_slot(): keys}, rope_applied=False, indexer_keys=index), dtype)
+        rotated = self._rotated_fields(rope.strip, spec, self.positions, lengths=self.rope_lengths, host=host, **kw)
+        return _cast(replace(self, **rotated, rope_applied=False), dtype)
 
     def apply_rope(
         self,
@@ -227,21 +226,9 @@ class KVState:
             return _cast(replace(self, positions=positions, spec=spec, rope_applied=True), dtype)
         kw = {} if dtype is None else {"dtype": dtype}
         spec, host = _resolved(spec, host)
-        keys = tuple(
-            _per_layer(rope.apply, k, spec, i, positions, lengths=rope_lengths, host=host, **kw)
-            for i, k in enumerate(self._rotated())
-        )
-        index = _indexer_rope(rope.apply, self.indexer_keys, spec, positions, lengths=rope_lengths, host=host, **kw)
+        rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, **kw)
         return _cast(
-            replace(
-                self,
-                **{self._rotated_slot(): keys},
-                positions=positions,
-                rope_applied=True,
-                spec=spec,
-                rope_lengths=rope_lengths,
-                indexer_keys=index,
-            ),
+            replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths),
             dtype,
         )
 
@@ -265,23 +252,8 @@ class KVState:
         stateful = self.spec.rope is not None and self.spec.rope.is_stateful
         new_lengths = rope.forward_lengths(new_positions) if stateful else None
         spec, host = _resolved(self.spec, host)
-        keys = tuple(
-            _per_layer(
-                rope.reposition,
-                k,
-                spec,
-                i,
-                self.positions,
-                new_positions,
-                old_lengths=self.rope_lengths,
-                new_lengths=new_lengths,
-                host=host,
-            )
-            for i, k in enumerate(self._rotated())
-        )
-        index = _indexer_rope(
+        rotated = self._rotated_fields(
             rope.reposition,
-            self.indexer_keys,
             spec,
             self.positions,
             new_positions,
@@ -289,9 +261,7 @@ class KVState:
             new_lengths=new_lengths,
             host=host,
         )
-        return replace(
-            self, **{self._rotated_slot(): keys}, positions=new_positions, rope_lengths=new_lengths, indexer_keys=index
-        )
+        return replace(self, **rotated, positions=new_positions, rope_lengths=new_lengths)
 
 
 def _resolved(spec: ModelSpec, host) -> tuple:

@@ -281,23 +281,29 @@ def task_problem(cls: Any) -> str | None:
     return _class_problem(cls, TASK_MEMBERS, None, options_type=False)
 
 
+def factory_problem(kind: str, factory: Any) -> str | None:
+    """The first member a ``kind``'s factory misses (a fitter, task or steering-method class, an engine
+    object; a metric or scorer function must be callable), else None."""
+    if kind == "fitter":
+        return fitter_problem(factory)
+    if kind == "engine":
+        return next((m for m in ENGINE_MEMBERS if not hasattr(factory, m)), None)
+    if kind == "task":
+        return task_problem(factory)
+    if kind == "steering_method":
+        return method_problem(factory)
+    return None if callable(factory) else "__call__"
+
+
 def protocol_problem(kind: str, obj: Any) -> str | None:
     """The first missing member of ``obj`` as a ``kind`` (an eager factory is checked too), else None."""
     missing = [m for m in _MEMBERS[kind] if not hasattr(obj, m)]
     if missing:
         return missing[0]
-    if kind == "fitter" and not isinstance(obj.factory, str):
-        return fitter_problem(obj.factory)
-    if kind in ("metric", "scorer") and not isinstance(obj.factory, str) and not callable(obj.factory):
-        return "__call__"
-    if kind == "steering_method" and not isinstance(obj.factory, str):
-        return method_problem(obj.factory)
     if kind == "rope_variant" and not callable(obj.inv_freq):
         return "inv_freq (callable)"
-    if kind == "engine" and not isinstance(obj.factory, str):
-        return next((m for m in ENGINE_MEMBERS if not hasattr(obj.factory, m)), None)
-    if kind == "task" and not isinstance(obj.factory, str):
-        return task_problem(obj.factory)
+    if "factory" in _MEMBERS[kind] and not isinstance(obj.factory, str):
+        return factory_problem(kind, obj.factory)
     return None
 
 
@@ -308,15 +314,14 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
     :class:`Fitter` record; so is a steering-method class (``name``, ``Options``, ``plan``) in a
     :class:`SteeringMethod` record.
     """
-    if kind == "task" and not isinstance(obj, Task) and hasattr(obj, "items"):
+    record, member = {
+        "task": (Task, "items"),
+        "fitter": (Fitter, "fit"),
+        "steering_method": (SteeringMethod, "plan"),
+    }.get(kind, (None, None))
+    if record is not None and not isinstance(obj, record) and hasattr(obj, member):
         doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
-        obj = Task(getattr(obj, "name", ""), doc[0] if doc else "", obj)
-    if kind == "fitter" and not isinstance(obj, Fitter) and hasattr(obj, "fit"):
-        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
-        obj = Fitter(getattr(obj, "name", ""), doc[0] if doc else "", obj)
-    if kind == "steering_method" and not isinstance(obj, SteeringMethod) and hasattr(obj, "plan"):
-        doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
-        obj = SteeringMethod(getattr(obj, "name", ""), doc[0] if doc else "", obj)
+        obj = record(getattr(obj, "name", ""), doc[0] if doc else "", obj)
     missing = protocol_problem(kind, obj)
     if missing is None:
         return obj, None
@@ -348,16 +353,7 @@ def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
 
 def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
     """Check an object loaded from a lazy factory; a one-line PluginError naming the plugin otherwise."""
-    if kind == "fitter":
-        missing = fitter_problem(obj)
-    elif kind == "engine":
-        missing = next((m for m in ENGINE_MEMBERS if not hasattr(obj, m)), None)
-    elif kind == "task":
-        missing = task_problem(obj)
-    elif kind == "steering_method":
-        missing = method_problem(obj)
-    else:
-        missing = None if callable(obj) else "__call__"
+    missing = factory_problem(kind, obj)
     if missing:
         raise PluginError(
             f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
@@ -383,6 +379,7 @@ __all__ = [
     "ENGINE_MEMBERS",
     "check_registration",
     "protocol_problem",
+    "factory_problem",
     "loaded",
     "load_registered",
     "ModelSource",

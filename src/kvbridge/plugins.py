@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
@@ -108,14 +108,7 @@ class PluginRecord:
     warned: bool = field(default=False, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "builtin": self.builtin,
-            "hooks": self.hooks,
-            "registers": self.registers,
-            "error": self.error,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "warned"}
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -381,17 +374,16 @@ class Host:
         families = self.registry("family")
         if model_type in families.items:
             return families.items[model_type]
-        if model_type not in NO_KV_CACHE_TYPES:
-            # plugins first; kvbridge.builtin.family_fallback (trylast) wraps multimodal configs around
-            # their text decoder's family and gives transformers' own config classes the generic adapter
-            claimed = self._claim_family(config)
-            if claimed is not None:
-                return claimed
         if model_type in NO_KV_CACHE_TYPES:
             raise UnsupportedModelError(
                 f"model type {model_type!r} has no attention KV cache (recurrent/state-space model)",
                 "kvbridge moves attention KV caches; choose a transformer model",
             )
+        # plugins first; kvbridge.builtin.family_fallback (trylast) wraps multimodal configs around
+        # their text decoder's family and gives transformers' own config classes the generic adapter
+        claimed = self._claim_family(config)
+        if claimed is not None:
+            return claimed
         auto_map = config.get("auto_map")
         if isinstance(auto_map, dict) and auto_map:
             key = sorted(auto_map, key=str)[0]
@@ -620,7 +612,7 @@ class Host:
         return out
 
 
-def _validate(pm: pluggy.PluginManager, plugin: Any) -> str | None:
+def _validate(plugin: Any) -> str | None:
     """A one-line error for a plugin whose hook names are not kvbridge hooks, else None."""
     known = {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     bad = [n for n in _plugin_hook_names(plugin) if n not in known]
@@ -646,7 +638,7 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
     def add(name: str, plugin: Any, version: str, builtin: bool) -> None:
         record = PluginRecord(name=name, version=version, builtin=builtin, hooks=_plugin_hook_names(plugin))
         records.append(record)
-        error = _validate(pm, plugin)
+        error = _validate(plugin)
         if error:
             record.error = error
             return
@@ -655,22 +647,18 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
         except Exception as exc:
             record.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
             return
-        for caller in pm.get_hookcallers(plugin) or []:
-            for hookimpl in caller.get_hookimpls():
-                if hookimpl.plugin is not plugin:
-                    continue
-                if hookimpl.wrapper or hookimpl.hookwrapper:
-                    flag = "wrapper=True" if hookimpl.wrapper else "hookwrapper=True"
-                    pm.unregister(plugin)
-                    record.error = (
-                        f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
-                        "does not take (fix: drop the flag and return the value from a plain hookimpl)"
-                    )
-                    return
-        for caller in pm.get_hookcallers(plugin) or []:
-            for hookimpl in caller.get_hookimpls():
-                if hookimpl.plugin is plugin:
-                    hookimpl.function = _guard(caller.name, hookimpl, record)
+        impls = [(c, h) for c in pm.get_hookcallers(plugin) or [] for h in c.get_hookimpls() if h.plugin is plugin]
+        for caller, hookimpl in impls:
+            if hookimpl.wrapper or hookimpl.hookwrapper:
+                flag = "wrapper=True" if hookimpl.wrapper else "hookwrapper=True"
+                pm.unregister(plugin)
+                record.error = (
+                    f"plugin {name!r}: {caller.name} is a hook wrapper ({flag}), which kvbridge "
+                    "does not take (fix: drop the flag and return the value from a plain hookimpl)"
+                )
+                return
+        for caller, hookimpl in impls:
+            hookimpl.function = _guard(caller.name, hookimpl, record)
 
     if builtins:
         for modname in BUILTIN_PLUGINS:

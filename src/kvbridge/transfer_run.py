@@ -200,13 +200,17 @@ def save_transferred(pair, moved, settings: TransferSettings, *, host=None):
     """Write ``moved`` (the transferred cache of the prompt without its last token) as a pack folder for
     ``pair.target`` at ``settings.save_state``, with the source and mapping it came from. A fitted
     mapping's output is marked approximate; the identity mapping's (one model) is exact, bit for bit."""
+    from pathlib import Path
+
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.prefix.packs import model_reference, save_state_pack
 
     provenance = {
         "kind": "transferred",
         "source": model_reference(pair.source.ref),
-        "mapping": settings.mapping if settings.mapping == IDENTITY else str(_abspath(settings.mapping)),
+        "mapping": settings.mapping
+        if settings.mapping == IDENTITY
+        else str(Path(settings.mapping).expanduser().resolve()),
         "command": "kvbridge transfer",
     }
     return save_state_pack(
@@ -220,12 +224,6 @@ def save_transferred(pair, moved, settings: TransferSettings, *, host=None):
         overwrite=settings.overwrite,
         host=host,
     )
-
-
-def _abspath(path: str):
-    from pathlib import Path
-
-    return Path(path).expanduser().resolve()
 
 
 def engine_continuation(name: str, host=None):

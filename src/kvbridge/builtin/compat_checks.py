@@ -37,13 +37,8 @@ def _size(spec) -> int:
 
 
 def _same_geometry(s, t) -> bool:
-    return (s.model_type, s.num_layers, s.num_kv_heads, s.head_dim, s.hidden_size) == (
-        t.model_type,
-        t.num_layers,
-        t.num_kv_heads,
-        t.head_dim,
-        t.hidden_size,
-    )
+    keys = ("model_type", "num_layers", "num_kv_heads", "head_dim", "hidden_size")
+    return all(getattr(s, k) == getattr(t, k) for k in keys)
 
 
 def known_results(source, target) -> list[Finding]:
@@ -156,10 +151,7 @@ CHECKS = (known_results, sliding_history, calibration, position_range)
 @hookimpl
 def kvbridge_check_compatibility(source, target):
     """Findings for known-degrading situations (see the module docstring)."""
-    findings = []
-    for check in CHECKS:
-        findings.extend(check(source, target))
-    return findings
+    return [finding for check in CHECKS for finding in check(source, target)]
 
 
 __all__ = [

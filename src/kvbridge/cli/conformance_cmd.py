@@ -91,22 +91,15 @@ def conformance(
             )
         results = report.merge(base["results"], new)
         updates = base["updates"] + [sorted(r.model_type for r in new)]
-        report.write_atomic(
-            merge_path,
-            json.dumps(report.document(results, transformers_version=version, updates=updates), indent=2) + "\n",
-        )
+    doc = json.dumps(report.document(results, transformers_version=version, updates=updates), indent=2)
+    if merge_path:
+        report.write_atomic(merge_path, doc + "\n")
     if markdown_path:
         path = Path(markdown_path)
         report.write_atomic(path, report.markdown(results, transformers_version=version, updates=updates))
         beside = path.with_suffix(".json")
         if not merge_path or Path(merge_path).resolve() != beside.resolve():
-            report.write_atomic(
-                beside,
-                json.dumps(report.document(results, transformers_version=version, updates=updates), indent=2) + "\n",
-            )
-    if as_json:
-        click.echo(json.dumps(report.document(results, transformers_version=version, updates=updates), indent=2))
-    else:
-        click.echo(report.summary_line(results))
+            report.write_atomic(beside, doc + "\n")
+    click.echo(doc if as_json else report.summary_line(results))
     bad = [r for r in new if r.status in ("wrong", "crash")]
     raise SystemExit(1 if bad else 0)

@@ -3,7 +3,7 @@
 Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`; the text every
 command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading is :func:`kvbridge.models.load`
 and :func:`kvbridge.models.pair.load_pair` (:func:`load_pair` adds the stderr warning of a partial
-tokenizer match; :func:`shared_tokenizer` is a pair's tokenizer check). Formatters: :func:`fmt_rope`,
+tokenizer match). Formatters: :func:`fmt_rope`,
 :func:`fmt_value`, :func:`fmt_text` (strings from files, control characters escaped),
 :func:`kv_bytes_per_token`. Importing this module imports click only.
 """
@@ -11,11 +11,12 @@ tokenizer match; :func:`shared_tokenizer` is a pair's tokenizer check). Formatte
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import click
 
-from kvbridge.cli.numbers import Number
+from kvbridge.cli.numbers import THREADS, Number
 
 #: what a MODEL argument may be (shown in command help)
 MODEL_REFS = (
@@ -32,38 +33,30 @@ DTYPE_HELP = (
 )
 
 
-def dtype_option(func=None, *, help: str = DTYPE_HELP):  # noqa: A002 - click's name
-    """``--dtype`` (default None = the loading layer's policy: float32)."""
-    opt = click.option("--dtype", default=None, type=click.Choice(DTYPE_CHOICES), help=help)
-    return opt(func) if func is not None else opt
+def _shared_option(*decls, **attrs):
+    """A shared option's one declaration, used as ``@opt`` or ``@opt(help=...)`` (a command's own help)."""
+
+    def decorator(func=None, *, help: str = attrs.pop("help")):  # noqa: A002 - click's name
+        opt = click.option(*decls, help=help, **attrs)
+        return opt(func) if func is not None else opt
+
+    return decorator
 
 
-def device_option(func=None):
-    """``--device`` (default cpu)."""
-    opt = click.option(
-        "--device", default="cpu", show_default=True, help="Device to load the model(s) on (cpu, cuda, cuda:1, mps)."
-    )
-    return opt(func) if func is not None else opt
-
-
-def json_option(func=None, *, help: str = "Machine-readable output."):  # noqa: A002
-    """``--json`` stored as ``as_json``: the one spelling of the option every command with JSON output uses."""
-    opt = click.option("--json", "as_json", is_flag=True, help=help)
-    return opt(func) if func is not None else opt
-
-
-def tokenizer_option(func=None):
-    """``--tokenizer`` (default None = MODEL's own tokenizer): the one declaration of the option."""
-    opt = click.option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
-    return opt(func) if func is not None else opt
-
-
-def threads_option(func=None):
-    """``--threads`` (default None = torch's choice): the one declaration of the option."""
-    from kvbridge.cli.numbers import THREADS
-
-    opt = click.option("--threads", default=None, type=THREADS, help="torch threads (default: torch's choice).")
-    return opt(func) if func is not None else opt
+#: ``--dtype`` (default None = the loading layer's policy: float32)
+dtype_option = _shared_option("--dtype", default=None, type=click.Choice(DTYPE_CHOICES), help=DTYPE_HELP)
+#: ``--device`` (default cpu)
+device_option = _shared_option(
+    "--device", default="cpu", show_default=True, help="Device to load the model(s) on (cpu, cuda, cuda:1, mps)."
+)
+#: ``--json`` stored as ``as_json``: the one spelling every command with JSON output uses
+json_option = _shared_option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+#: ``--tokenizer`` (default None = MODEL's own tokenizer)
+tokenizer_option = _shared_option("--tokenizer", default=None, help="Tokenizer path (default: MODEL's own tokenizer).")
+#: ``--threads`` (default None = torch's choice)
+threads_option = _shared_option(
+    "--threads", default=None, type=THREADS, help="torch threads (default: torch's choice)."
+)
 
 
 # -- options generated from a settings dataclass ------------------------------------------------------------
@@ -194,17 +187,6 @@ def settings_from(cls, values: dict, prefix: str = "", *, given: dict | None = N
 
 
 # -- loading -------------------------------------------------------------------------------------------
-def shared_tokenizer(src, tgt) -> dict:
-    """The tokenizer fingerprint two resolved models share (:func:`kvbridge.models.pair.shared_tokenizer`);
-    a partial match (added tokens, BOS handling) is a warning on stderr."""
-    from kvbridge.models.pair import shared_tokenizer as _shared
-
-    fingerprint, note = _shared(src, tgt)
-    if note:
-        click.echo(f"warning: tokenizers: {note}", err=True)
-    return fingerprint
-
-
 def load_pair(
     source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
 ):
@@ -231,14 +213,6 @@ def open_tokenizer(ref: str):
 
         return load_tokenizer(path)
     return load_tokenizer_of(resolve(ref))
-
-
-def tokenizer_identity(loaded, tokenizer_path: str | None, tokenizer) -> dict:
-    """The pack tokenizer fingerprint: of ``--tokenizer`` when given, else of the model's own files
-    (:func:`kvbridge.models.fingerprint.loaded_tokenizer_identity`)."""
-    from kvbridge.models.fingerprint import loaded_tokenizer_identity
-
-    return loaded_tokenizer_identity(loaded, tokenizer_path, tokenizer)
 
 
 def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None, device: str = "cpu"):
@@ -272,17 +246,8 @@ def open_guide_session(
 
 def unescape(sep: str) -> str:
     """``\\n``, ``\\t``, ``\\r``, ``\\s`` and ``\\\\`` in a separator given on the command line."""
-    out, i = [], 0
     table = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "s": " "}
-    while i < len(sep):
-        ch = sep[i]
-        if ch == "\\" and i + 1 < len(sep) and sep[i + 1] in table:
-            out.append(table[sep[i + 1]])
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
+    return re.sub(r"\\([ntrs\\])", lambda m: table[m.group(1)], sep)
 
 
 # -- formatters ------------------------------------------------------------------------------------------
@@ -342,7 +307,6 @@ def fmt_bytes(n: int) -> str:
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
 
 
 __all__ = [
@@ -356,10 +320,8 @@ __all__ = [
     "param_type",
     "settings_options",
     "settings_from",
-    "shared_tokenizer",
     "load_pair",
     "open_tokenizer",
-    "tokenizer_identity",
     "open_model_session",
     "open_guide_session",
     "read_guide_and_prompt",

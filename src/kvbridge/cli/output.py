@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from kvbridge.safe_text import escape
 
 #: the program's own terminal sequences (click.style, the progress line)
-_OWN_SEQUENCES = re.compile(r"\x1b\[[0-9;]*m|\x1b\[K")
+_OWN_SEQUENCES = re.compile(r"(\x1b\[[0-9;]*m|\x1b\[K)")
 _KEEP = "\n\t\r"
 
 
@@ -28,13 +28,8 @@ def clean(text: str, tty: bool) -> str:
     """``text`` with every control character but newline, tab, CR (and on a terminal, styling) escaped."""
     if not tty:
         return escape(text, keep=_KEEP)
-    out, last = [], 0
-    for m in _OWN_SEQUENCES.finditer(text):
-        out.append(escape(text[last : m.start()], keep=_KEEP))
-        out.append(m.group())
-        last = m.end()
-    out.append(escape(text[last:], keep=_KEEP))
-    return "".join(out)
+    parts = _OWN_SEQUENCES.split(text)  # text between the program's own sequences: escaped
+    return "".join(p if i % 2 else escape(p, keep=_KEEP) for i, p in enumerate(parts))
 
 
 class SafeStream(io.TextIOBase):

@@ -40,7 +40,8 @@ def save(
     """
 
     from kvbridge.artifacts import check_replaceable
-    from kvbridge.cli.options import open_model_session, tokenizer_identity
+    from kvbridge.cli.options import open_model_session
+    from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.models import resolve
     from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, model_reference, save_pack
     from kvbridge.prefix.splits import read_text_arg
@@ -51,7 +52,7 @@ def save(
     loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
     ids = guide_ids_of(tok, text)
     m = loaded.model
-    fp = tokenizer_identity(loaded, tokenizer, tok)
+    fp = loaded_tokenizer_identity(loaded, tokenizer, tok)
     path = save_pack(
         m,
         out,
@@ -144,13 +145,14 @@ def verify(
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
     import warnings
-    from kvbridge.cli.options import open_model_session, tokenizer_identity
+    from kvbridge.cli.options import open_model_session
+    from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.prefix.packs import PackForceWarning, load_pack, read_pack, recompute_check
 
     read_pack(folder)  # checksum + manifest shape before loading a model
     loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
     m = loaded.model
-    fp = tokenizer_identity(loaded, tokenizer, tok)
+    fp = loaded_tokenizer_identity(loaded, tokenizer, tok)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PackForceWarning)  # echoed below, once, on stderr

@@ -124,34 +124,19 @@ TOKEN_KEYS = (
 )
 VOCAB = 256
 MAX_LAYERS = 8
+#: Gemma3n's text decoder: two KV-sharing layers after a sliding/full pattern of five
+_GEMMA3N_TEXT = {
+    "num_kv_shared_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+}
 #: per model type: overrides applied last (features the shrink would lose, or sizes that must agree)
 OVERRIDES: dict[str, dict] = {
-    "gemma3n": {
-        "text_config": {
-            "num_kv_shared_layers": 2,
-            "layer_types": [
-                "sliding_attention",
-                "full_attention",
-                "sliding_attention",
-                "sliding_attention",
-                "full_attention",
-            ],
-        }
-    },
+    "gemma3n": {"text_config": _GEMMA3N_TEXT},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "bamba": {"attn_layer_indices": [1, 3]},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]},
     "deepseek_v2": {"num_experts_per_tok": 2},
-    "gemma3n_text": {
-        "num_kv_shared_layers": 2,
-        "layer_types": [
-            "sliding_attention",
-            "full_attention",
-            "sliding_attention",
-            "sliding_attention",
-            "full_attention",
-        ],
-    },
+    "gemma3n_text": _GEMMA3N_TEXT,
     "dots3_note_text": {"head_dim": 24},  # its SWA layers need head_dim = qk_nope + qk_rope
     "dots3_note": {"text_config": {"head_dim": 24}},
     # the released config.json states rope_theta in attn_config too (the attention reads it there)

@@ -163,6 +163,7 @@ def pack_check(
     """Save the system turn as a pack, restore it with zero forwards, continue the chat from it."""
     import torch
 
+    from kvbridge.handoff import greedy_kwargs
     from kvbridge.prefix.packs import load_pack, save_pack
 
     report = chat_split(tokenizer, system, user)
@@ -180,9 +181,7 @@ def pack_check(
             counter.remove()
         restore = time.perf_counter() - t0
     ids = torch.tensor([list(split.ids)], dtype=torch.long)
-    gen = dict(
-        max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
-    )
+    gen = greedy_kwargs(ids, new_tokens)
     from transformers import DynamicCache
 
     with torch.no_grad():
@@ -191,8 +190,8 @@ def pack_check(
         model(input_ids=ids[:, : len(split.ghost)], cache=own, use_cache=True)
         prefill = time.perf_counter() - t1
         ours = pack.generate(model, ids, host=host, **gen)
-        native = model.generate(input_ids=ids, cache=own, attention_mask=torch.ones_like(ids), **gen)
-        whole = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+        native = model.generate(input_ids=ids, cache=own, **gen)
+        whole = model.generate(input_ids=ids, **gen)
 
     def diff(a, b) -> float:
         return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.logits, b.logits))

@@ -134,18 +134,6 @@ def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
     return rows
 
 
-def render_table(rows: list[list[str]], heads=COMPARE) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))
-    return "\n".join([line(heads), "-" * len(line(heads))] + [line(r) for r in rows])
-
-
-def markdown_table(rows: list[list[str]], heads=COMPARE) -> str:
-    return "\n".join(
-        ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] + ["| " + " | ".join(r) + " |" for r in rows]
-    )
-
-
 def zoo_section(settings) -> dict:
     """Section 2 as :class:`kvbridge.demo.settings.DemoSettings` asks (its zoo fields)."""
     s = settings
@@ -158,7 +146,7 @@ def zoo_section(settings) -> dict:
 
     from kvbridge.models.compat import check_models
     from kvbridge.evaluate import evaluate
-    from kvbridge.evaluate.report import terminal_table, to_json, write_report
+    from kvbridge.evaluate.report import md_table, terminal_table, text_table, to_json, write_report
     from kvbridge.fit import fit
     from kvbridge.fit.calibrate import CalibrationConfig
     from kvbridge.fit.pipeline import Provenance
@@ -276,7 +264,7 @@ def zoo_section(settings) -> dict:
         f"{continuation_len} scored; calibration {int(calib.numel())} tokens, ridge top-k {top_k}, stride "
         f"{stride}; gates: kl_p95<=0.2, attention_cosine_min>=0.9; {bootstrap} paired bootstrap resamples\n"
     )
-    click.echo(render_table(rows))
+    click.echo("\n".join(text_table(COMPARE, rows, right=False)))
     click.echo(
         "\n(gap_rec: (NLL_no_prefix - NLL_x)/(NLL_no_prefix - NLL_native); best control: the lowest NLL of "
         "zeroed, shuffled, random, no_rope_reapply; '(identity, no fit)': the source cache reused as is, "
@@ -298,7 +286,7 @@ def zoo_section(settings) -> dict:
             f"{samples} held-out samples per pair; prefix {prefix_len}, continuation {continuation_len}; calibration "
             f"{int(calib.numel())} tokens; ridge top-k {top_k}, stride {stride}.",
             "",
-            markdown_table(rows),
+            *md_table(COMPARE, rows),
             "",
             "Per pair: " + ", ".join(f"[{p}]({_folder(p)}/summary.md)" for p in results),
             "",

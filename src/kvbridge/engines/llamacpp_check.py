@@ -30,6 +30,12 @@ import torch
 from kvbridge.engines import llamacpp as L
 
 
+def _timed(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), seconds it took)``."""
+    t0 = time.perf_counter()
+    return fn(*args, **kwargs), time.perf_counter() - t0
+
+
 def _max_abs(a, b) -> float:
     import numpy as np
 
@@ -74,9 +80,7 @@ def continuation_check(lm, session, ids: list[int], *, new_tokens: int = 8, host
     ids = [int(t) for t in ids]
     gguf = session.path
     target = L.engine_model(gguf, host=host)
-    t0 = time.perf_counter()
-    native_first = session.prefill(ids)
-    native_prefill = time.perf_counter() - t0
+    native_first, native_prefill = _timed(session.prefill, ids)
     native_tokens, native_logits = session.greedy(native_first, new_tokens)
     session.prefill(ids[:-1])
     own = session.state_bytes()
@@ -86,12 +90,8 @@ def continuation_check(lm, session, ids: list[int], *, new_tokens: int = 8, host
     with torch.no_grad():
         state = adapter.extract(lm.model, torch.tensor([ids[:-1]]))
         hf_first = lm.model(torch.tensor([ids])).logits[0, -1].float().numpy()
-    t0 = time.perf_counter()
-    data = L.export_state(state, target, v_trans=session.v_trans, host=host)
-    export_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    session.load_state(data)
-    load_s = time.perf_counter() - t0
+    data, export_s = _timed(L.export_state, state, target, v_trans=session.v_trans, host=host)
+    _, load_s = _timed(session.load_state, data)
     ours_first = session.eval([ids[-1]])
     ours_tokens, _ = session.greedy(ours_first, new_tokens)
     noise = _max_abs(hf_first, native_first)
@@ -137,13 +137,9 @@ def import_check(lm, session, ids: list[int], *, new_tokens: int = 8, host=None)
     ids = [int(t) for t in ids]
     target = L.engine_model(session.path, host=host)
     session.prefill(ids[:-1])
-    t0 = time.perf_counter()
-    data = session.state_bytes()
-    save_s = time.perf_counter() - t0
+    data, save_s = _timed(session.state_bytes)
     llama_first = session.eval([ids[-1]])
-    t0 = time.perf_counter()
-    imported = L.import_state(data, target, host=host)
-    import_s = time.perf_counter() - t0
+    imported, import_s = _timed(L.import_state, data, target, host=host)
     adapter = host.adapter_for(lm.model.config.to_dict())
     x = torch.tensor([ids])
     gen = greedy_kwargs(x, new_tokens)
@@ -216,9 +212,7 @@ def pack_check(
     from kvbridge.prefix.packs import read_pack
 
     target = L.engine_model(session.path, host=host)
-    t0 = time.perf_counter()
-    session.prefill(guide_ids)
-    guide_prefill = time.perf_counter() - t0
+    _, guide_prefill = _timed(session.prefill, guide_ids)
     native_first = session.eval(live_ids)
     native_tokens, native_logits = session.greedy(native_first, new_tokens)
     session.reset()
@@ -227,9 +221,7 @@ def pack_check(
     state = state_from_tensors(tensors, manifest["state"])
     data = L.export_state(state, target, v_trans=session.v_trans, host=host)
     export_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    n = session.load_state(data)
-    load_s = time.perf_counter() - t0
+    n, load_s = _timed(session.load_state, data)
     assert n == len(guide_ids)
     first = session.eval(live_ids)
     tokens, _ = session.greedy(first, new_tokens)
@@ -267,20 +259,12 @@ def roundtrip_check(session, ids: list[int], *, new_tokens: int = 4, host=None) 
     ids = [int(t) for t in ids]
     target = L.engine_model(session.path, host=host)
     session.prefill(ids[:-1])
-    t0 = time.perf_counter()
-    own = session.state_bytes()
-    save_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state = L.import_state(own, target, host=host)
-    import_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    back = L.export_state(state, target, v_trans=session.v_trans, host=host)
-    export_s = time.perf_counter() - t0
+    own, save_s = _timed(session.state_bytes)
+    state, import_s = _timed(L.import_state, own, target, host=host)
+    back, export_s = _timed(L.export_state, state, target, v_trans=session.v_trans, host=host)
     session.load_state(own)
     own_tokens, own_logits = session.greedy(session.eval([ids[-1]]), new_tokens)
-    t0 = time.perf_counter()
-    session.load_state(back)
-    load_s = time.perf_counter() - t0
+    _, load_s = _timed(session.load_state, back)
     tokens, logits = session.greedy(session.eval([ids[-1]]), new_tokens)
     return RoundTripCheck(
         prompt_tokens=len(ids),

@@ -225,13 +225,7 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
     keys, k_types = [], set()
     for layer in range(n_layer):
         name, dtype = _type_of(r.i32(f"layer {layer} key type"), f"layer {layer} keys", where)
-        row = r.u64(f"layer {layer} key row size")
-        size = torch.tensor([], dtype=dtype).element_size()
-        if row % size or row == 0:
-            raise StateFileError(
-                f"{where}: layer {layer} key rows of {row} bytes are not whole {name} values", "the file is damaged"
-            )
-        keys.append(_rows(r.take(cells * row, f"layer {layer} keys"), dtype, cells, row // size))
+        keys.append(_row_block(r, cells, layer, "key", name, dtype, where))
         k_types.add(name)
     values, v_types = [], set()
     for layer in range(n_layer):
@@ -245,13 +239,7 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
                 )
             v = _rows(r.take(cells * width * size, f"layer {layer} values"), dtype, width, cells).t().contiguous()
         else:
-            row = r.u64(f"layer {layer} value row size")
-            if row % size or row == 0:
-                raise StateFileError(
-                    f"{where}: layer {layer} value rows of {row} bytes are not whole {name} values",
-                    "the file is damaged",
-                )
-            v = _rows(r.take(cells * row, f"layer {layer} values"), dtype, cells, row // size)
+            v = _row_block(r, cells, layer, "value", name, dtype, where)
         values.append(v)
         v_types.add(name)
     if len(k_types) > 1 or len(v_types) > 1:
@@ -260,6 +248,17 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
             "kvbridge reads caches of one K type and one V type",
         )
     return tuple(positions), bool(v_trans), k_types.pop(), v_types.pop(), tuple(keys), tuple(values)
+
+
+def _row_block(r: _Reader, cells: int, layer: int, word: str, name: str, dtype, where: str) -> torch.Tensor:
+    """One layer's ``cells`` key or value rows (``word``), each a whole number of ``name`` values."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    row = r.u64(f"layer {layer} {word} row size")
+    if row % size or row == 0:
+        raise StateFileError(
+            f"{where}: layer {layer} {word} rows of {row} bytes are not whole {name} values", "the file is damaged"
+        )
+    return _rows(r.take(cells * row, f"layer {layer} {word}s"), dtype, cells, row // size)
 
 
 def write(state: SeqState, *, seq_id: int = 0) -> bytes:

@@ -192,12 +192,6 @@ def _run(
     return Outcome(first, tokens)
 
 
-def _kl(p_logits, q_logits) -> float:
-    from kvbridge.divergence import kl
-
-    return float(kl(p_logits, q_logits).sum())
-
-
 def _agreement(a: list, b: list) -> dict:
     from kvbridge.divergence import first_divergence
 
@@ -214,8 +208,10 @@ def _agreement(a: list, b: list) -> dict:
 
 
 def _effect(ref: Outcome, got: Outcome) -> dict:
+    from kvbridge.divergence import kl
+
     return {
-        "kl": _kl(ref.logits, got.logits),
+        "kl": float(kl(ref.logits, got.logits).sum()),
         "top1_ref": int(ref.logits.argmax()),
         "top1": int(got.logits.argmax()),
         "top1_changed": int(ref.logits.argmax()) != int(got.logits.argmax()),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvbridge.artifacts import check_replaceable, read_artifact, write_artifact
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
 from kvbridge.prefix.pack_manifest import (
     FORCEABLE,
@@ -121,18 +122,9 @@ def save_pack(
     written when anything is wrong.
     """
     ident = identity if identity is not None else PackIdentity(**fields)
-    model_dir, tokenizer_fp, weights_fp, reference = (
-        ident.model_dir,
-        ident.tokenizer_fp,
-        ident.weights_fp,
-        ident.reference,
-    )
     import torch
 
-    from kvbridge.artifacts import write_artifact
     from kvbridge.prefix.splits import special_affixes
-
-    from kvbridge.artifacts import check_replaceable
 
     out = Path(out)
     check_replaceable(out, PACK_KIND, overwrite=overwrite)  # before the prefill: refuse early
@@ -153,22 +145,31 @@ def save_pack(
             f"guide token id {int(ids.max())} is outside the model's vocabulary ({vocab} ids)",
             "use the model's own tokenizer",
         )
+    tokenizer_fp = ident.tokenizer_fp
     if tokenizer_fp is None:
-        tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=model_dir)
+        tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=ident.model_dir)
     state = adapter.extract(model, ids, spec=spec)
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
-    tensors, layout = pack_tensors(state)
-    manifest = build_manifest(
+    return _write_pack(
         model,
         state,
+        out,
+        overwrite,
         guide_text=guide_text,
         tokenizer_fp=tokenizer_fp,
-        model_dir=model_dir,
-        weights_fp=weights_fp,
+        model_dir=ident.model_dir,
+        weights_fp=ident.weights_fp,
         special_prefix=special,
-        kv_layout=layout,
-        reference=reference,
+        reference=ident.reference,
     )
+
+
+def _write_pack(model, state, out: Path, overwrite: bool, provenance: dict | None = None, **manifest_fields) -> Path:
+    """Store ``state`` (:func:`pack_tensors`) with its manifest in the pack folder ``out``, atomically."""
+    tensors, layout = pack_tensors(state)
+    manifest = build_manifest(model, state, kv_layout=layout, **manifest_fields)
+    if provenance is not None:
+        manifest["provenance"] = dict(provenance)
     return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
 
 
@@ -189,8 +190,6 @@ def save_state_pack(
     manifest; the state keeps its ``approximate`` mark, so loading or exporting the pack never presents
     it as the model's own prefill. Refused in one line when the state's geometry is not the model's or
     it is not a prefix (positions ``0..T-1``) of one row."""
-    from kvbridge.artifacts import check_replaceable, write_artifact
-
     out = Path(out)
     check_replaceable(out, PACK_KIND, overwrite=overwrite)
     spec = _adapter(model, host).spec_of(model)
@@ -209,18 +208,17 @@ def save_state_pack(
     if not isinstance(provenance, dict) or not isinstance(provenance.get("kind"), str):
         raise ConfigError("provenance must be a dict with a 'kind'", "pass e.g. {'kind': 'transferred'}")
     state = replace(state, spec=replace(spec, dtype=str(state.dtype).removeprefix("torch.")))
-    tensors, layout = pack_tensors(state)
-    manifest = build_manifest(
+    return _write_pack(
         model,
         state,
+        out,
+        overwrite,
+        provenance,
         guide_text=None,
         tokenizer_fp=tokenizer_fp,
         model_dir=model_dir,
-        kv_layout=layout,
         reference=reference,
     )
-    manifest["provenance"] = dict(provenance)
-    return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
 
 
 def origin_of(manifest: dict) -> str:
@@ -400,8 +398,6 @@ def read_pack_state(path: str | Path):
 
 def _read_stored(path: str | Path):
     """``(manifest, tensors as stored)``: checksum verified, manifest shape and K/V names checked."""
-    from kvbridge.artifacts import read_artifact
-
     manifest, tensors = read_artifact(path, kind="prefix pack")
     check_manifest_shape(manifest, f"{Path(path) / 'manifest.json'}")
     from kvbridge.check.validate import tensors_match
@@ -538,17 +534,6 @@ def recompute_check(pack: Pack, model, host=None) -> float:
     return worst
 
 
-# -- model folders --------------------------------------------------------------------------------
-def require_model_dir(path: str | Path) -> Path:
-    """``path`` if it is a local model folder (has ``config.json``), else a one-line ConfigError."""
-    path = Path(path)
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise ConfigError(
-            f"{path} is not a local model folder (no config.json)", "pass a folder written by save_pretrained"
-        )
-    return path
-
-
 __all__ = [
     "Pack",
     "PackMismatchError",
@@ -573,7 +558,6 @@ __all__ = [
     "cache_format",
     "positional_config",
     "check_manifest_shape",
-    "require_model_dir",
     "guide_ids_of",
     "recompute_check",
     "SCHEMA_VERSION",

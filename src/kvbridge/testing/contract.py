@@ -243,6 +243,28 @@ def adapter_configs(adapter) -> dict:
     return {"default": adapter.tiny_config()}
 
 
+def host_with(kind: str, record: Any, same=None):
+    """A built-ins-only host where ``record`` is registered as a ``kind`` (:data:`kvbridge.plugins.KINDS`) by a
+    contract plugin, unless a built-in registers that name already: then ``same(built-in)`` (default: equal
+    to ``record``) must hold, or the contract fails on the name."""
+    from kvbridge.hookspecs import hookimpl
+    from kvbridge.plugins import KINDS, make_host
+
+    host = make_host(entry_points=False)
+    have = host.registry(kind).items.get(record.name)
+    if have is not None:
+        assert (same or (lambda built_in: built_in == record))(have), (
+            f"a built-in {kind} is already called {record.name!r}: give yours another name"
+        )
+        return host
+
+    def register_hook(self, register):
+        register(record)
+
+    plugin = type("_Plugin", (), {KINDS[kind][1]: hookimpl(register_hook)})
+    return make_host(entry_points=False, extra=[(f"contract-{record.name}", plugin())])
+
+
 class AdapterContract:
     """Subclass with ``adapter = MY_ADAPTER`` to run the contract under pytest."""
 
@@ -293,17 +315,7 @@ class RopeVariantContract:
     specs: tuple = ()
 
     def _host(self):
-        from kvbridge.hookspecs import hookimpl
-        from kvbridge.plugins import make_host
-
-        variant = self.variant
-
-        class _Plugin:
-            @hookimpl
-            def kvbridge_register_rope_variants(self, register):
-                register(variant)
-
-        return make_host(entry_points=False, extra=[(f"contract-{variant.name}", _Plugin())])
+        return host_with("rope_variant", self.variant)
 
     def test_specs_name_the_variant(self):
         assert self.specs, "give at least one RopeSpec"

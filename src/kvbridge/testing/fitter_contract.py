@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from kvbridge.testing.contract import NotApplicable
+from kvbridge.testing.contract import NotApplicable, host_with
 
 #: the planted fit must reach this held-out R² (mean over target heads, K and V)
 PLANTED_R2 = 0.999
@@ -56,26 +56,11 @@ def planted_fixture(insert_before: tuple = (1, 3), kv_dup: int = 2, sequences: i
 def host_with_fitter(fitter: Any):
     """A built-ins-only host where ``fitter`` is registered under its name (by a contract plugin
     unless a built-in already registers that very class)."""
-    from kvbridge.hookspecs import hookimpl
     from kvbridge.plugin_types import Fitter
-    from kvbridge.plugins import make_host
 
-    host = make_host(entry_points=False)
-    reg = host.registry("fitter")
-    if fitter.name in reg.items:
-        have = reg.items[fitter.name].load()
-        assert have is fitter or have is type(fitter), (
-            f"a built-in fitter is already called {fitter.name!r}: give yours another name"
-        )
-        return host
-
-    class _Plugin:
-        @hookimpl
-        def kvbridge_register_fitters(self, register):
-            doc = (fitter.__doc__ or "").strip().splitlines()
-            register(Fitter(fitter.name, doc[0] if doc else "contract", fitter))
-
-    return make_host(entry_points=False, extra=[(f"contract-{fitter.name}", _Plugin())])
+    doc = (fitter.__doc__ or "").strip().splitlines()
+    record = Fitter(fitter.name, doc[0] if doc else "contract", fitter)
+    return host_with("fitter", record, lambda have: have.load() is fitter or have.load() is type(fitter))
 
 
 def check_fitter_protocol(fitter: Any) -> None:

@@ -80,21 +80,9 @@ class _Run:
 def loaded_metric(metric: Any):
     """The metric as ``kvbridge eval`` loads it, through a host that has it registered."""
     from kvbridge.evaluate.metrics import resolve_metrics
-    from kvbridge.hookspecs import hookimpl
-    from kvbridge.plugins import make_host
+    from kvbridge.testing.contract import host_with
 
-    host = make_host(entry_points=False)
-    reg = host.registry("metric")
-    if metric.name not in reg.items:
-
-        class _Plugin:
-            @hookimpl
-            def kvbridge_register_metrics(self, register):
-                register(metric)
-
-        host = make_host(entry_points=False, extra=[(f"contract-{metric.name}", _Plugin())])
-    else:
-        assert reg.items[metric.name] == metric, f"a built-in metric is already called {metric.name!r}"
+    host = host_with("metric", metric)
     return resolve_metrics(host, [metric.name])[0]
 
 

@@ -26,27 +26,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from kvbridge.testing.contract import host_with
+
 PROMPT_LEN, GREEDY_STEPS = 12, 6
-
-
-def _host_with(kind: str, hook: str, record: Any):
-    from kvbridge.hookspecs import hookimpl
-    from kvbridge.plugins import make_host
-
-    host = make_host(entry_points=False)
-    reg = host.registry(kind)
-    if record.name in reg.items:
-        assert reg.items[record.name].load() is record.load(), f"a built-in {kind} is already called {record.name!r}"
-        return host
-
-    class _Plugin:
-        pass
-
-    def register_hook(self, register):
-        register(record)
-
-    setattr(_Plugin, hook, hookimpl(register_hook))
-    return make_host(entry_points=False, extra=[(f"contract-{record.name}", _Plugin())])
 
 
 @functools.lru_cache(maxsize=2)
@@ -96,7 +78,7 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
     )
     cls = record.load()
     assert method_problem(cls) is None, f"{record.name}: missing protocol member {method_problem(cls)!r}"
-    host = _host_with("steering_method", "kvbridge_register_steering_methods", record)
+    host = host_with("steering_method", record, lambda have: have.load() is record.load())
     m = host.get("steering_method", record.name)
     fx = steer_fixture()
     model, state = fx["model"], fx["state"]
@@ -164,7 +146,7 @@ def check_scorer(scorer: Any, positives=(), negatives=()) -> dict:
     from kvbridge.plugin_types import Scorer
 
     record = scorer if isinstance(scorer, Scorer) else Scorer(getattr(scorer, "__name__", "scorer"), "", scorer)
-    host = _host_with("scorer", "kvbridge_register_scorers", record)
+    host = host_with("scorer", record, lambda have: have.load() is record.load())
     fn = host.get("scorer", record.name)
     for text in (*positives, *negatives, *ODD_TEXTS):
         got = fn(text)

@@ -9,7 +9,6 @@ models mask by position exactly as their own windowed layers would.
 
 from __future__ import annotations
 
-import inspect
 
 from kvbridge.errors import StateError
 
@@ -128,22 +127,9 @@ def _indexer_positions(state):
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
     import torch
 
-    from kvbridge.family_adapter import config_fingerprint
-    from kvbridge.kvstate import KVState
+    from kvbridge.family_adapter import prefill, prefill_state
 
-    ids = torch.as_tensor(input_ids)
-    if ids.dim() == 1:
-        ids = ids[None]
-    if ids.shape[1] == 0:
-        raise StateError("cannot extract a cache from an empty token sequence", "pass at least one token id")
-    cache = new_cache(model, full_history=True)
-    kwargs: dict = {"cache": cache, "use_cache": True}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        kwargs["logits_to_keep"] = 1
-    if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask
-    with torch.no_grad():
-        out = model(input_ids=ids, **kwargs)
+    ids, positions, out, cache = prefill(model, input_ids, attention_mask, lambda: new_cache(model, full_history=True))
     cache = getattr(out, "cache", None) or cache
     layers = list(cache.layers)
     if _own_cache(model) is not None:  # its own class adds layers only up to the last attention layer
@@ -154,9 +140,6 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
             "check the adapter's describe() for this model",
         )
     B, T = ids.shape
-    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
-    if attention_mask is not None:
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     keys, values, states, indexer = [], [], [], []
     dtype = next(model.parameters()).dtype
     for i, layer in enumerate(layers):
@@ -178,29 +161,13 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
             states.append((i, st))
         if i in spec.indexer_layers:
             indexer.append((i, _indexer_keys_of(layer, i, spec, positions)))
-    lengths = adapter._rope_lengths(model, spec, positions)
-    return KVState(
-        keys=tuple(keys),
-        values=tuple(values),
-        token_ids=ids.clone(),
-        positions=positions,
-        spec=spec,
-        rope_applied=spec.positional == "rope",
-        rope_lengths=lengths,
-        model_fingerprint=config_fingerprint(model.config.to_dict()),
-        states=tuple(states),
-        indexer_keys=tuple(indexer),
+    return prefill_state(
+        adapter, model, spec, ids, positions, keys, values, states=tuple(states), indexer_keys=tuple(indexer)
     )
 
 
 def inject(adapter, state, model=None, *, check: bool = True):
-    import torch
-
-    if check:
-        spec = adapter.spec_of(model) if model is not None else state.spec
-        state.validate(spec, dtype=getattr(torch, spec.dtype) if model is not None else None)
-    if not state.rope_applied and state.spec.positional == "rope":
-        raise StateError("state keys are in content space (RoPE stripped)", "call state.apply_rope() before injecting")
+    adapter.check_injectable(state, model, check=check)
     if state.spec.state_layers and not state.states:
         raise StateError(
             "the state has no recurrent/convolution state for the model's recurrent layers",
