@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from kvbridge.errors import ConfigError
-from kvbridge.fit.settings import FitSettings, parse_top_k
+from kvbridge.fit.settings import FitSettings
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
 SHORTCUTS = {
@@ -107,22 +107,10 @@ def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, na
     """``(options, sweep)``: a list of top-k values (or ``all``) becomes the sweep's ``((label, k), ...)``
     (``all`` alone: one mapping over every source layer) with the options' top-k the largest; a default
     top-k (not ``given``) larger than the source's ``layers`` is clamped to them, and ``warn`` told."""
-    from kvbridge.check import validate as v
-    from kvbridge.fit.pipeline import fitter_options
-    from kvbridge.fit.solve import FitError
+    from kvbridge.fit.pipeline import fitter_options, sweep_labels
 
     if isinstance(top_k, (list, tuple)) or top_k == "all" or (isinstance(top_k, str) and "," in top_k):
-        values = parse_top_k(top_k)
-        values = values if isinstance(values, list) else [values]
-        sweep = []
-        for val in values:
-            if val == "all":
-                if layers is None:
-                    raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
-                sweep.append(("all", layers))
-            else:
-                v.top_k(val, layers)
-                sweep.append((str(val), int(val)))
+        sweep = sweep_labels(top_k, layers)
         options = fitter_options(fitter, options, top_k=max(k for _, k in sweep))
         one = isinstance(top_k, str) and "," not in top_k  # "all" alone: one mapping, not a sweep
         return options, (None if one else tuple(sweep))
@@ -187,7 +175,7 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[
     options, sweep = resolve_top_k(
         fitter, prepared.options, top_k, given=given, layers=source_layers(run), name=ref, warn=warn
     )
-    check_budget(s.fitter, options, run.source.spec, run.target.spec, top_k if sweep is not None else None)
+    check_budget(s.fitter, options, run.source.spec, run.target.spec)
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
         check_same_tokens(list(texts), run.source.tokenizer, run.target.tokenizer)
@@ -254,17 +242,17 @@ def fit_pair(pair, settings: FitSettings, *, host=None, **kwargs):
     return fit_run(Run.of(pair, settings, host), **kwargs)
 
 
-def check_budget(fitter: str, options, source_spec, target_spec, sweep=None) -> None:
+def check_budget(fitter: str, options, source_spec, target_spec) -> None:
     """Refuse, before any pass over the corpus, a statistics budget (``--memory``) below the smallest
-    one the ridge fitters can block the fit into (:func:`kvbridge.fit.plan.minimum_budget`), naming it."""
+    one the ridge fitters can block the fit into (:func:`kvbridge.fit.plan.minimum_budget`), naming it
+    (``options.top_k``: a sweep's largest k)."""
     budget = getattr(options, "memory_budget", None)
     if fitter not in ("ridge", "ridge-headwise") or budget is None:
         return
     from kvbridge.fit.plan import budget_refusal, minimum_budget
 
     layers = source_spec.num_layers
-    ks = [layers if k == "all" else int(k) for k in (sweep if isinstance(sweep, list) else [])]
-    k = max(ks) if ks else (layers if sweep == "all" else int(getattr(options, "top_k", layers) or layers))
+    k = int(getattr(options, "top_k", layers) or layers)
     fs, ft = source_spec.num_kv_heads * source_spec.head_dim, target_spec.num_kv_heads * target_spec.head_dim
     minimum = minimum_budget(fitter, layers, target_spec.num_layers, fs, source_spec.head_dim, ft, k)
     if minimum > int(budget):
