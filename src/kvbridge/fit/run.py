@@ -10,7 +10,7 @@ Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
 from kvbridge.errors import ConfigError
@@ -249,15 +249,12 @@ def check_budget(fitter: str, options, source_spec, target_spec) -> None:
     budget = getattr(options, "memory_budget", None)
     if fitter not in ("ridge", "ridge-headwise") or budget is None:
         return
-    from kvbridge.fit.plan import budget_refusal, minimum_budget
+    from kvbridge.fit.plan import check_minimum
 
-    layers = source_spec.num_layers
-    k = int(getattr(options, "top_k", layers) or layers)
-    fs, ft = source_spec.num_kv_heads * source_spec.head_dim, target_spec.num_kv_heads * target_spec.head_dim
-    minimum = minimum_budget(fitter, layers, target_spec.num_layers, fs, source_spec.head_dim, ft, k)
-    if minimum > int(budget):
-        what = f"the {fitter} fit" + (f" (top-k {min(k, layers)})" if fitter == "ridge" else "")
-        raise ConfigError(*budget_refusal(what, int(budget), minimum))
+    s, t = source_spec, target_spec
+    k = int(getattr(options, "top_k", s.num_layers) or s.num_layers)
+    fs, ft = s.num_kv_heads * s.head_dim, t.num_kv_heads * t.head_dim
+    check_minimum(fitter, int(budget), s.num_layers, t.num_layers, fs, s.head_dim, ft, k)
 
 
 def plan_top_k(settings: FitSettings, source) -> int:
@@ -277,7 +274,7 @@ def plan_top_k(settings: FitSettings, source) -> int:
 def plan_fit(source, target, settings: FitSettings):
     """``kvbridge fit --plan``: the resource plan of ``settings`` from the configs alone (no weights;
     torch only with ``settings.plan_device``, to measure rates there)."""
-    from kvbridge.fit.plan import plan
+    from kvbridge.fit.plan import PlanInputs, plan
 
     k = plan_top_k(settings, source)
     s, rates = settings, None
@@ -294,23 +291,10 @@ def plan_fit(source, target, settings: FitSettings):
             dtype=s.dtype,
             device=s.plan_device,
         )
-    fit_plan = plan(
-        source,
-        target,
-        fitter=s.fitter,
-        top_k=k,
-        tokens=s.tokens,
-        seq_len=s.seq_len,
-        stride=s.stride,
-        skip=s.skip,
-        heldout=s.heldout,
-        batch_size=s.batch_size,
-        dtype=s.dtype,
-        memory_budget=None if s.memory_gib is None else int(s.memory_gib * 2**30),
-        device_flops=s.device_flops,
-        rates=rates,
-        **_plan_options(s),
-    )
+    inputs = {f.name: getattr(s, f.name) for f in fields(PlanInputs) if hasattr(s, f.name)}  # fitter, seq_len, ...
+    budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
+    inputs.update(top_k=k, memory_budget=budget, rates=rates, **_plan_options(s))
+    fit_plan = plan(source, target, **inputs)
     from kvbridge.check.measured import measured_for, names_of
     from kvbridge.models import resolve
 
