@@ -484,8 +484,9 @@ def _model_axis(
     t_weights: str | None = None,
 ) -> Axis:
     sv, tv = s_name or s.model_type, t_name or t.model_type
+    axis = partial(Axis, "model", sv, tv)
     if same_ref:
-        return Axis("model", sv, tv, "same", "same model: its cache is the target's own cache")
+        return axis("same", "same model: its cache is the target's own cache")
     if s_cfg is not None and t_cfg is not None:
         if (
             _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg)
@@ -493,51 +494,30 @@ def _model_axis(
             and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}
         ):
             if s_weights and t_weights and s_weights == t_weights:
-                return Axis(
-                    "model",
-                    sv,
-                    tv,
-                    "same",
-                    "same config and the same weight files: its cache is the target's own cache",
-                )
+                return axis("same", "same config and the same weight files: its cache is the target's own cache")
             if s_weights and t_weights:
-                return Axis(
-                    "model",
-                    sv,
-                    tv,
+                return axis(
                     "mappable",
                     "same architecture, different weights (a fine-tune or another seed): the cache can be"
                     " reused as is (`kvbridge eval --mapping identity` measures that), but a fitted"
                     " mapping usually does better (kvbridge fit)",
                 )
-            return Axis(
-                "model",
-                sv,
-                tv,
+            return axis(
                 "same",
                 "same config (weights are not compared: a fine-tune with this config reuses the"
                 " cache directly, with quality measured rather than guaranteed)",
             )
         if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and _spec_arch(s) == _spec_arch(t):
-            return Axis(
-                "model",
-                sv,
-                tv,
-                "same",
-                "same architecture; only position / window settings differ (see rope, attention)",
-            )
+            return axis("same", "same architecture; only position / window settings differ (see rope, attention)")
         diff = sorted(k for k in _arch_config(s_cfg, True, t_cfg) if s_cfg.get(k) != t_cfg.get(k))
         diff += [n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b and n not in diff]
         shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
     else:
         if _spec_arch(s) == _spec_arch(t):
-            return Axis("model", sv, tv, "same", "same KV geometry and architecture fields (configs not compared)")
+            return axis("same", "same KV geometry and architecture fields (configs not compared)")
         shown = ", ".join(n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b)
     cross = " across families" if s.model_type != t.model_type else ""
-    return Axis(
-        "model",
-        sv,
-        tv,
+    return axis(
         "mappable",
         f"different models{cross} (differ in {shown}): their K/V live in different spaces, so a"
         " fitted mapping is needed even where shapes agree",
