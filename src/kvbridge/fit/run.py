@@ -103,6 +103,11 @@ class FitJob:
     fitter_name: str = "ridge"
 
 
+def same_named(cls, settings: FitSettings) -> dict:
+    """The values of ``settings``' fields that ``cls`` (a dataclass) has a field of the same name for."""
+    return {f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)}
+
+
 def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, name: str, warn=None):
     """``(options, sweep)``: a list of top-k values (or ``all``) becomes the sweep's ``((label, k), ...)``
     (``all`` alone: one mapping over every source layer) with the options' top-k the largest; a default
@@ -179,16 +184,7 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
         check_same_tokens(list(texts), run.source.tokenizer, run.target.tokenizer)
-    calibration = CalibrationConfig(
-        stride=s.stride,
-        skip=s.skip,
-        heldout=s.heldout,
-        seed=s.seed,
-        batch_size=s.batch_size,
-        seq_len=s.seq_len,
-        tokens=s.tokens,
-        offset=s.tokens_offset,
-    )
+    calibration = CalibrationConfig(**same_named(CalibrationConfig, s), offset=s.tokens_offset)  # stride, seed, ...
     job = FitJob(
         fitter,
         options,
@@ -291,7 +287,7 @@ def plan_fit(source, target, settings: FitSettings):
             dtype=s.dtype,
             device=s.plan_device,
         )
-    inputs = {f.name: getattr(s, f.name) for f in fields(PlanInputs) if hasattr(s, f.name)}  # fitter, seq_len, ...
+    inputs = same_named(PlanInputs, s)  # fitter, seq_len, stride, ...
     budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
     inputs.update(top_k=k, memory_budget=budget, rates=rates, **_plan_options(s))
     fit_plan = plan(source, target, **inputs)
