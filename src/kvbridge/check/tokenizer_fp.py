@@ -78,17 +78,11 @@ class TokenizerFingerprint:
         return _sha([self.vocab, self.rules, self.rules_format, self.special])
 
     def to_dict(self) -> dict:
+        names = ("kind", "base", "vocab", "rules", "rules_format", "special", "vocab_size", "num_added")
         return {
             "digest": self.digest,
-            "kind": self.kind,
-            "base": self.base,
-            "vocab": self.vocab,
-            "rules": self.rules,
-            "rules_format": self.rules_format,
-            "special": self.special,
-            "vocab_size": self.vocab_size,
-            "num_added": self.num_added,
-            "special_tokens": {k: v for k, v in self.special_tokens},
+            **{name: getattr(self, name) for name in names},
+            "special_tokens": dict(self.special_tokens),
             "files": list(self.files),
         }
 

@@ -30,6 +30,7 @@ The module is callable: ``kvbridge.fit.plan(...)`` is :func:`plan`.
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from dataclasses import asdict, dataclass, field
@@ -344,10 +345,7 @@ def safetensors_bytes(shapes: list, dtype_bytes: int = 4) -> int:
     data = 0
     entries = []
     for name, shape in shapes:
-        n = dtype_bytes
-        for d in shape:
-            n *= d
-        begin, data = data, data + n
+        begin, data = data, data + dtype_bytes * math.prod(shape)
         entries.append(
             f'"{name}":{{"dtype":"F32","shape":[{",".join(map(str, shape))}],"data_offsets":[{begin},{data}]}}'
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import mmap
 import os
 import struct
@@ -201,13 +202,7 @@ class GGUFInfo:
     @property
     def params(self) -> int:
         """Elements of every tensor in the file (the weights a loader dequantizes)."""
-        total = 0
-        for t in self.tensors:
-            n = 1
-            for d in t.shape:
-                n *= int(d)
-            total += n
-        return total
+        return sum(math.prod(int(d) for d in t.shape) for t in self.tensors)
 
     @property
     def tied_embeddings(self) -> bool:
