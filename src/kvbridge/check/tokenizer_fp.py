@@ -236,7 +236,6 @@ def _fields(buf: bytes):
         yield number, wire, value
 
 
-SP_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user_defined", 5: "unused", 6: "byte"}
 SP_MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 
 
