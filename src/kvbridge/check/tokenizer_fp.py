@@ -183,10 +183,7 @@ def _token_content(value: Any) -> str | None:
 
 
 def _merges_from_list(merges: Iterable) -> list[str]:
-    out = []
-    for m in merges:
-        out.append(" ".join(str(x) for x in m) if isinstance(m, (list, tuple)) else str(m))
-    return out
+    return [" ".join(str(x) for x in m) if isinstance(m, (list, tuple)) else str(m) for m in merges]
 
 
 def _merges_txt(path: Path) -> list[str]:
