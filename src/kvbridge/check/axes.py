@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Mapping
 
 from kvbridge.check.layers import nope_note as _nope_note
@@ -101,18 +102,16 @@ def _kv_layers(spec: ModelSpec) -> tuple[int, tuple]:
 
 
 def _layers_axis(s: ModelSpec, t: ModelSpec) -> Axis:
+    axis = partial(Axis, "layers", s.num_layers, t.num_layers)
     s_kv, s_skip = _kv_layers(s)
     t_kv, t_skip = _kv_layers(t)
     note = ""
     if s_skip or t_skip:
         note = f" (KV layers: {s_kv} vs {t_kv}; layers without their own KV are skipped)"
     if s_kv == t_kv:
-        return Axis("layers", s.num_layers, t.num_layers, "same", f"layer i maps to layer i{note}")
+        return axis("same", f"layer i maps to layer i{note}")
     direction = "deeper" if t_kv > s_kv else "shallower"
-    return Axis(
-        "layers",
-        s.num_layers,
-        t.num_layers,
+    return axis(
         "mappable",
         f"target is {direction} ({s_kv} -> {t_kv} KV layers): fit each target layer from the"
         f" top-k source layers by R^2 (or depth-proportional / last-aligned pairing){note}",
@@ -130,6 +129,7 @@ def _head_kind(spec: ModelSpec) -> str:
 
 
 def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
+    axis = partial(Axis, "kv_heads", s.num_kv_heads, t.num_kv_heads)
     dup = any(spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads for spec in (s, t))
     falcon = ""
     if dup:
@@ -139,20 +139,8 @@ def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
         )
     kinds = f"{_head_kind(s)} vs {_head_kind(t)}"
     if s.num_kv_heads == t.num_kv_heads:
-        return Axis(
-            "kv_heads",
-            s.num_kv_heads,
-            t.num_kv_heads,
-            "same",
-            f"same count ({kinds}): head h lines up with head h{falcon}",
-        )
-    return Axis(
-        "kv_heads",
-        s.num_kv_heads,
-        t.num_kv_heads,
-        "mappable",
-        f"{kinds}: fit each target KV head from all source KV heads of the chosen layers{falcon}",
-    )
+        return axis("same", f"same count ({kinds}): head h lines up with head h{falcon}")
+    return axis("mappable", f"{kinds}: fit each target KV head from all source KV heads of the chosen layers{falcon}")
 
 
 def _dims(spec: ModelSpec):
@@ -163,15 +151,15 @@ def _dims(spec: ModelSpec):
 
 def _head_dim_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _dims(s), _dims(t)
+    axis = partial(Axis, "head_dim", sv, tv)
     if sv == tv:
-        return Axis("head_dim", sv, tv, "same", "K/V widths agree")
-    return Axis(
-        "head_dim", sv, tv, "mappable", f"per-head ridge from {sv} to {tv} dims (keys in RoPE-free content space)"
-    )
+        return axis("same", "K/V widths agree")
+    return axis("mappable", f"per-head ridge from {sv} to {tv} dims (keys in RoPE-free content space)")
 
 
 def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     sp, tp = s.positional, t.positional
+    axis = partial(Axis, "positional", sp, tp)
     if sp == tp:
         action = {
             "rope": "positions live in the keys' rotation: strip and re-apply RoPE to move them",
@@ -183,7 +171,7 @@ def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
             "alibi": "ALiBi adds positions at attention time: cached keys are position-free",
             "none": "no positional encoding: cached keys are position-free",
         }[sp]
-        return Axis("positional", sp, tp, "same", action)
+        return axis("same", action)
     if "absolute" in (sp, tp):
         side = "source" if sp == "absolute" else "target"
         why = (
@@ -193,20 +181,12 @@ def _positional_axis(s: ModelSpec, t: ModelSpec) -> Axis:
             else "target keys must carry absolute positions mixed in by its layers below; a"
             " cached-key transfer cannot produce them"
         )
-        return Axis("positional", sp, tp, "blocking", f"{why} (re-prefill the target instead)")
+        return axis("blocking", f"{why} (re-prefill the target instead)")
     if sp == "rope":
-        return Axis(
-            "positional", sp, tp, "mappable", f"strip the source RoPE: the target ({tp}) expects position-free keys"
-        )
+        return axis("mappable", f"strip the source RoPE: the target ({tp}) expects position-free keys")
     if tp == "rope":
-        return Axis(
-            "positional",
-            sp,
-            tp,
-            "mappable",
-            f"source keys are position-free ({sp}): apply the target RoPE at each token's position",
-        )
-    return Axis("positional", sp, tp, "same", f"both position-free in the cache ({sp} vs {tp})")
+        return axis("mappable", f"source keys are position-free ({sp}): apply the target RoPE at each token's position")
+    return axis("same", f"both position-free in the cache ({sp} vs {tp})")
 
 
 def _rope_params(r: RopeSpec) -> dict:
@@ -267,16 +247,15 @@ def _rope_axis(s: ModelSpec, t: ModelSpec) -> Axis:
 
 def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _rope_value(s), _rope_value(t)
+    axis = partial(Axis, "rope", sv, tv)
     if sv is None and tv is None:
         return Axis("rope", None, None, "same", "no RoPE on either side")
     if sv is None or tv is None:
         other = t if sv is None else s
         if "absolute" in (s.positional, t.positional):
-            return Axis(
-                "rope", sv, tv, "blocking", "RoPE on one side, absolute positions on the other (see positional)"
-            )
+            return axis("blocking", "RoPE on one side, absolute positions on the other (see positional)")
         what = "apply the target RoPE" if sv is None else "strip the source RoPE"
-        return Axis("rope", sv, tv, "mappable", f"{what} ({_rope_brief(other.rope)})")
+        return axis("mappable", f"{what} ({_rope_brief(other.rope)})")
     s_tabs, t_tabs = _tables(s), _tables(t)
     notes = []
     for side, spec in (("source", s), ("target", t)):
@@ -289,34 +268,20 @@ def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
         notes.append("pairing differs (interleaved vs half-split): strip and apply each with its own convention")
     note = ("; " + "; ".join(notes)) if notes else ""
     if set(s_tabs) == set(t_tabs):
-        if s.head_dim == t.head_dim:
-            return Axis(
-                "rope",
-                sv,
-                tv,
-                "same",
-                "same RoPE tables: keys keep their rotation (re-rotate only to move positions)" + note,
-            )
-        return Axis(
-            "rope",
-            sv,
-            tv,
-            "same",
-            "same RoPE parameters, sized to each head dim: a fitted mapping strips them before and"
-            " applies them after" + note,
+        same = (
+            "same RoPE tables: keys keep their rotation (re-rotate only to move positions)"
+            if s.head_dim == t.head_dim
+            else "same RoPE parameters, sized to each head dim: a fitted mapping strips them before and applies them after"
         )
+        return axis("same", same + note)
     change = (
         f"{', '.join(sorted({_rope_brief(r) for r in s_tabs.values()}))} -> "
         f"{', '.join(sorted({_rope_brief(r) for r in t_tabs.values()}))}"
     )
     if len(s_tabs) > 1 or len(t_tabs) > 1:
         change = "per layer type: " + change
-    return Axis(
-        "rope",
-        sv,
-        tv,
-        "mappable",
-        f"strip the source RoPE and apply the target's ({change}); never skip the target re-rotation" + note,
+    return axis(
+        "mappable", f"strip the source RoPE and apply the target's ({change}); never skip the target re-rotation" + note
     )
 
 
@@ -348,6 +313,7 @@ def _attention_value(spec: ModelSpec) -> str:
 
 def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     sv, tv = _attention_value(s), _attention_value(t)
+    axis = partial(Axis, "attention", sv, tv)
     s_kind, t_kind = s.attention_kind, t.attention_kind
     s_win = _window(s) if s_kind != "full" else None
     t_win = _window(t) if t_kind != "full" else None
@@ -358,11 +324,8 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     )
     if same_layout and s_win == t_win and _kv_layers(s)[1] == _kv_layers(t)[1]:
         if s_kind == "full":
-            return Axis("attention", sv, tv, "same", "full attention on both: every layer uses the whole prefix")
-        return Axis(
-            "attention",
-            sv,
-            tv,
+            return axis("same", "full attention on both: every layer uses the whole prefix")
+        return axis(
             "same",
             f"same window ({s_win}) on the same layer types: extraction keeps the full history;"
             f" injection keeps the last {s_win}-1 tokens of sliding layers, as the target's cache would"
@@ -382,26 +345,18 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
         parts.append("layers without KV differ: map onto the target's KV layers only")
     if not parts:
         parts.append("attention layouts differ")
-    return Axis("attention", sv, tv, "mappable", "; ".join(parts))
+    return axis("mappable", "; ".join(parts))
 
 
 def _indexer_axis(s: ModelSpec, t: ModelSpec, same_model: bool) -> Axis:
     """Sparse-attention indexer keys: carried whole within one model, never mapped."""
     sv, tv = list(s.indexer_layers), list(t.indexer_layers)
+    axis = partial(Axis, "indexer keys", sv, tv)
     if same_model and s.indexer == t.indexer and sv == tv:
-        return Axis("indexer keys", sv, tv, "same", "the indexer keys of the sparse-attention layers move with K/V")
+        return axis("same", "the indexer keys of the sparse-attention layers move with K/V")
     if not tv:
-        return Axis(
-            "indexer keys",
-            sv,
-            tv,
-            "mappable",
-            "the source's sparse-attention indexer keys are dropped: the target caches none",
-        )
-    return Axis(
-        "indexer keys",
-        sv,
-        tv,
+        return axis("mappable", "the source's sparse-attention indexer keys are dropped: the target caches none")
+    return axis(
         "blocking",
         f"target layers {tv} also cache sparse-attention indexer keys (1 x {t.indexer_dim()} per token, "
         "from the indexer's own projection of the hidden state): they cannot be mapped from another "
@@ -439,13 +394,11 @@ def cache_format_of(spec: ModelSpec, config: Mapping | None = None, generation_c
 
 
 def _cache_axis(sv: str, tv: str) -> Axis:
+    axis = partial(Axis, "cache_format", sv, tv)
     if sv == tv:
-        return Axis("cache_format", sv, tv, "same", "inject builds the target's own cache type")
+        return axis("same", "inject builds the target's own cache type")
     if sv.startswith("dynamic") and tv.startswith("dynamic"):
-        return Axis(
-            "cache_format",
-            sv,
-            tv,
+        return axis(
             "same",
             "both dynamic: inject builds the target's DynamicCache, trimming sliding layers to its"
             " window (see attention)",
@@ -465,7 +418,7 @@ def _cache_axis(sv: str, tv: str) -> Axis:
         )
     if not parts:
         parts.append("inject builds the target's cache from the canonical state (full history kept)")
-    return Axis("cache_format", sv, tv, "mappable", "; ".join(parts))
+    return axis("mappable", "; ".join(parts))
 
 
 def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
@@ -473,16 +426,14 @@ def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
 
     sv = s_tok.short() if s_tok is not None else "unknown"
     tv = t_tok.short() if t_tok is not None else "unknown"
+    axis = partial(Axis, "tokenizer", sv, tv)
     if s_tok is not None and t_tok is not None:
         verdict, action = compare(s_tok, t_tok)
-        return Axis("tokenizer", sv, tv, verdict, action)
+        return axis(verdict, action)
     if same_model:
-        return Axis("tokenizer", sv, tv, "same", "same model reference: same tokenizer")
+        return axis("same", "same model reference: same tokenizer")
     missing = "both sides" if s_tok is None and t_tok is None else ("source" if s_tok is None else "target")
-    return Axis(
-        "tokenizer",
-        sv,
-        tv,
+    return axis(
         "mappable",
         f"no tokenizer files for {missing}: verify that the target tokenises the text to the same"
         " ids before a token-aligned transfer (pass --source-tokenizer / --target-tokenizer)",
@@ -533,8 +484,9 @@ def _model_axis(
     t_weights: str | None = None,
 ) -> Axis:
     sv, tv = s_name or s.model_type, t_name or t.model_type
+    axis = partial(Axis, "model", sv, tv)
     if same_ref:
-        return Axis("model", sv, tv, "same", "same model: its cache is the target's own cache")
+        return axis("same", "same model: its cache is the target's own cache")
     if s_cfg is not None and t_cfg is not None:
         if (
             _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg)
@@ -542,51 +494,30 @@ def _model_axis(
             and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}
         ):
             if s_weights and t_weights and s_weights == t_weights:
-                return Axis(
-                    "model",
-                    sv,
-                    tv,
-                    "same",
-                    "same config and the same weight files: its cache is the target's own cache",
-                )
+                return axis("same", "same config and the same weight files: its cache is the target's own cache")
             if s_weights and t_weights:
-                return Axis(
-                    "model",
-                    sv,
-                    tv,
+                return axis(
                     "mappable",
                     "same architecture, different weights (a fine-tune or another seed): the cache can be"
                     " reused as is (`kvbridge eval --mapping identity` measures that), but a fitted"
                     " mapping usually does better (kvbridge fit)",
                 )
-            return Axis(
-                "model",
-                sv,
-                tv,
+            return axis(
                 "same",
                 "same config (weights are not compared: a fine-tune with this config reuses the"
                 " cache directly, with quality measured rather than guaranteed)",
             )
         if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and _spec_arch(s) == _spec_arch(t):
-            return Axis(
-                "model",
-                sv,
-                tv,
-                "same",
-                "same architecture; only position / window settings differ (see rope, attention)",
-            )
+            return axis("same", "same architecture; only position / window settings differ (see rope, attention)")
         diff = sorted(k for k in _arch_config(s_cfg, True, t_cfg) if s_cfg.get(k) != t_cfg.get(k))
         diff += [n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b and n not in diff]
         shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
     else:
         if _spec_arch(s) == _spec_arch(t):
-            return Axis("model", sv, tv, "same", "same KV geometry and architecture fields (configs not compared)")
+            return axis("same", "same KV geometry and architecture fields (configs not compared)")
         shown = ", ".join(n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b)
     cross = " across families" if s.model_type != t.model_type else ""
-    return Axis(
-        "model",
-        sv,
-        tv,
+    return axis(
         "mappable",
         f"different models{cross} (differ in {shown}): their K/V live in different spaces, so a"
         " fitted mapping is needed even where shapes agree",

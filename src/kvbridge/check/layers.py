@@ -31,12 +31,7 @@ def nope_note(s: ModelSpec, t: ModelSpec) -> str:
 
 def layout_axis(s: ModelSpec, t: ModelSpec, axis, same_model: bool):
     """The cache_format axis raised for MLA and recurrent-state layouts a mapping cannot produce."""
-    same_layout = (s.cache_format, s.num_layers, s.state_layers, s.latent) == (
-        t.cache_format,
-        t.num_layers,
-        t.state_layers,
-        t.latent,
-    )
+    same_layout = all(getattr(s, f) == getattr(t, f) for f in ("cache_format", "num_layers", "state_layers", "latent"))
     if s.cache_format == "kv" and t.cache_format == "kv" or same_layout and (same_model or s == t):
         return axis
     parts, verdict = [], axis.verdict

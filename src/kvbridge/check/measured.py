@@ -55,10 +55,7 @@ class Measured:
 
     def to_dict(self) -> dict:
         return {
-            "source": self.source,
-            "target": self.target,
-            "verdict": self.verdict,
-            "summary": self.summary,
+            **{name: getattr(self, name) for name in ("source", "target", "verdict", "summary")},
             "measurements": [dict(m) for m in self.measurements],
             "results": self.results,
             "record": self.path,

@@ -46,14 +46,8 @@ class Axis:
     action: str  # what a transfer must do about it
     plugin: str = ""  # the plugin that contributed (or escalated) this row, "" for core checks
 
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "target": self.target,
-            "verdict": self.verdict,
-            "action": self.action,
-        }
+    def to_dict(self) -> dict:  # the plugin is not part of the --json row
+        return {f: getattr(self, f) for f in ("name", "source", "target", "verdict", "action")}
 
 
 def spec_dict(spec: ModelSpec, name: str = "") -> dict:

@@ -321,20 +321,13 @@ def spec_geometry(spec) -> dict:
     """
     kind = spec.attention_kind
     out = {
-        "num_layers": spec.num_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "hidden_size": spec.hidden_size,
-        "positional": spec.positional,
-        "rope": _rope_geometry(spec.rope) if spec.positional == "rope" and spec.rope is not None else None,
-        "sliding_window": spec.sliding_window if kind != "full" else None,
-        "attention": kind,
-        "qk_norm": spec.qk_norm,
-        "vocab_size": spec.vocab_size,
-        "max_position_embeddings": spec.max_position_embeddings,
-        "dtype": spec.dtype,
+        k: getattr(spec, k) for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size")
     }
+    out["positional"] = spec.positional
+    out["rope"] = _rope_geometry(spec.rope) if spec.positional == "rope" and spec.rope is not None else None
+    out["sliding_window"] = spec.sliding_window if kind != "full" else None
+    out["attention"] = kind
+    out.update({k: getattr(spec, k) for k in ("qk_norm", "vocab_size", "max_position_embeddings", "dtype")})
     if kind == "hybrid":
         out["full_attention_layers"] = [i for i, t in enumerate(spec.layer_types) if t == "full_attention"]
     if spec.rope_by_layer_type and spec.positional == "rope":
@@ -354,12 +347,7 @@ def geometry_diff(expected: Mapping, actual: Mapping, prefix: str = "") -> list[
         name = f"{prefix}{key}"
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out.extend(geometry_diff(a, b, name + "."))
-        elif (
-            isinstance(a, (int, float))
-            and isinstance(b, (int, float))
-            and not isinstance(a, bool)
-            and not isinstance(b, bool)
-        ):
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
             if abs(float(a) - float(b)) > 1e-9 * max(1.0, abs(float(a))):
                 out.append(f"{name}: manifest {a!r} != computed {b!r}")
         elif a != b:

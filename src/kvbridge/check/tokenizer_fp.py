@@ -78,17 +78,11 @@ class TokenizerFingerprint:
         return _sha([self.vocab, self.rules, self.rules_format, self.special])
 
     def to_dict(self) -> dict:
+        names = ("kind", "base", "vocab", "rules", "rules_format", "special", "vocab_size", "num_added")
         return {
             "digest": self.digest,
-            "kind": self.kind,
-            "base": self.base,
-            "vocab": self.vocab,
-            "rules": self.rules,
-            "rules_format": self.rules_format,
-            "special": self.special,
-            "vocab_size": self.vocab_size,
-            "num_added": self.num_added,
-            "special_tokens": {k: v for k, v in self.special_tokens},
+            **{name: getattr(self, name) for name in names},
+            "special_tokens": dict(self.special_tokens),
             "files": list(self.files),
         }
 
@@ -189,10 +183,7 @@ def _token_content(value: Any) -> str | None:
 
 
 def _merges_from_list(merges: Iterable) -> list[str]:
-    out = []
-    for m in merges:
-        out.append(" ".join(str(x) for x in m) if isinstance(m, (list, tuple)) else str(m))
-    return out
+    return [" ".join(str(x) for x in m) if isinstance(m, (list, tuple)) else str(m) for m in merges]
 
 
 def _merges_txt(path: Path) -> list[str]:
@@ -242,7 +233,6 @@ def _fields(buf: bytes):
         yield number, wire, value
 
 
-SP_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user_defined", 5: "unused", 6: "byte"}
 SP_MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 
 

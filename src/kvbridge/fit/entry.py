@@ -170,15 +170,10 @@ def fit_modules(source_model, target_model, data, keywords: dict, *, host=None, 
         config,
         data,
         corpus_sha256=kw["corpus_sha256"] or sha,
-        corpus_path=kw["corpus_path"],
-        corpus_split=kw["corpus_split"],
-        out=kw["out"],
         overwrite=bool(kw["overwrite"]),
-        resume=kw["resume"],
-        keep_stats=kw["keep_stats"],
-        checkpoint_dir=kw["checkpoint_dir"],
-        checkpoint_every=kw["checkpoint_every"],
         fitter_name=kw["fitter"],
+        **{k: kw[k] for k in ("corpus_path", "corpus_split", "out", "resume", "keep_stats", "checkpoint_dir")},
+        checkpoint_every=kw["checkpoint_every"],
     )
     validate_job(run, job)
     return execute(run, job, progress=progress, distributed=distributed)

@@ -32,7 +32,7 @@ from kvbridge.fit.solve import (
     default_budget,
     fit_group,
     plan_blocks,
-    r2_summary,
+    heldout_fields,
 )
 
 
@@ -114,10 +114,6 @@ class HeadwiseFitter:
                 assign_all[t] = [list(s) for s in sources]
                 score_all[t] = mean[j].tolist()
             del job
-        has = all(r is not None for r in r2k)
-        tk = torch.stack(r2k) if has else None
-        tv = torch.stack(r2v) if has else None
-        summary, warnings = r2_summary(tk, tv, threshold=low_r2)
         report = FitReport(
             fitter=self.name,
             params={**asdict(options), "memory_budget": budget},
@@ -127,12 +123,10 @@ class HeadwiseFitter:
                 "measured_on": held_split,
                 "layout": "[target layer][target head][source layer * source heads + source head]",
             },
-            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-            r2_summary=summary,
+            **heldout_fields(r2k, r2v, low_r2),
             alpha_chosen=alphas,
             observations={"train": int(n_seen), "features_per_head": ds},
             passes=passes,
-            warnings=tuple(warnings),
         )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
 

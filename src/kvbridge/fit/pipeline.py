@@ -18,6 +18,20 @@ from kvbridge.fit.settings import parse_top_k
 from kvbridge.fit.solve import FitError
 
 
+def sweep_labels(top_k, layers: int | None) -> list:
+    """``[(label, k), ...]`` of top-k values (``4``, ``"1,2,all"``, ``[1, "all"]``; ``all``: ``layers``),
+    each checked against the source's ``layers``."""
+    from kvbridge.check import validate as v
+
+    parsed = parse_top_k(top_k)
+    labels = []
+    for val in parsed if isinstance(parsed, list) else [parsed]:
+        if val == "all" and layers is None:
+            raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
+        labels.append((str(val), layers if val == "all" else v.top_k(int(val), layers)))
+    return labels
+
+
 def _token_sha(seqs) -> str:
     return hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()
 
@@ -361,28 +375,14 @@ def fit_from_stats(
     values = {k: v for k, v in (("alpha", alpha), ("low_r2", low_r2)) if v is not None}
     opts = fitter_options(RidgeFitter(), base, **values) if values else base  # values coerced and checked
     ls = stats.source_spec.num_layers
-    parsed = parse_top_k(top_k)
-    if isinstance(parsed, list) and len(parsed) == 1:  # "all" alone: one mapping
-        parsed = ls if parsed[0] == "all" else parsed[0]
-    if parsed is None:
-        labels = None
-        ks = [stats.max_k]
-    elif isinstance(parsed, list):
-        labels = [(str(v), ls if v == "all" else int(v)) for v in parsed]
-        ks = [k for _, k in labels]
-    else:
-        labels, ks = None, [int(parsed)]
-    from kvbridge.check import validate as v
-
-    for k in ks:
-        v.top_k(k, ls)
-    by_k = RidgeFitter().solve(stats, opts, ks)
+    labels = sweep_labels(stats.max_k if top_k is None else top_k, ls)  # one label ("all" alone too): one mapping
+    by_k = RidgeFitter().solve(stats, opts, [k for _, k in labels])
     calib = dict(manifest.get("calibration") or {})
     calib["from_stats"] = {
         "folder": ",".join(str(f) for f in folders),
         "manifest_created": manifest.get("created"),
     }
-    mappings = {label: by_k[min(k, ls)] for label, k in labels} if labels else {None: by_k[min(ks[0], ls)]}
+    mappings = {label: by_k[min(k, ls)] for label, k in labels} if len(labels) > 1 else {None: by_k[labels[0][1]]}
     for mapping in mappings.values():
         finish_mapping(
             mapping,

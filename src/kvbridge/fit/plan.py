@@ -30,6 +30,7 @@ The module is callable: ``kvbridge.fit.plan(...)`` is :func:`plan`.
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from dataclasses import asdict, dataclass, field
@@ -187,6 +188,14 @@ def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
     )
 
 
+def check_minimum(fitter: str, budget: int, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int) -> None:
+    """Refuse a ``budget`` below :func:`minimum_budget` of these shapes (:func:`budget_refusal`)."""
+    minimum = minimum_budget(fitter, n_src, n_tgt, fs, hs_dim, ft, top_k)
+    if minimum > budget:
+        what = f"the {fitter} fit" + (f" (top-k {min(int(top_k), n_src)})" if fitter == "ridge" else "")
+        raise ConfigError(*budget_refusal(what, budget, minimum))
+
+
 def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
     def too_big(nbytes: int):
         raise ConfigError(*budget_refusal(what, budget, nbytes))
@@ -336,10 +345,7 @@ def safetensors_bytes(shapes: list, dtype_bytes: int = 4) -> int:
     data = 0
     entries = []
     for name, shape in shapes:
-        n = dtype_bytes
-        for d in shape:
-            n *= d
-        begin, data = data, data + n
+        begin, data = data, data + dtype_bytes * math.prod(shape)
         entries.append(
             f'"{name}":{{"dtype":"F32","shape":[{",".join(map(str, shape))}],"data_offsets":[{begin},{data}]}}'
         )
@@ -399,10 +405,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     n_obs = (tokens // seq_len) * per_seq + len(range(skip, tokens % seq_len, stride))
     fs, ft = s.kv_features, t.kv_features
     k = min(int(top_k), s.layers)
-    minimum = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k)
-    if minimum > memory_budget:
-        what = f"the {fitter} fit" + (f" (top-k {k})" if fitter == "ridge" else "")
-        raise ConfigError(*budget_refusal(what, memory_budget, minimum))
+    check_minimum(fitter, memory_budget, s.layers, t.layers, fs, s.head_dim, ft, k)
     notes, worst = [], False
     passes = []
 

@@ -67,8 +67,10 @@ from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's histo
     dims,
     fit_group,
     grouped_r2,
+    heldout_fields,
     plan_blocks,
     r2_summary,
+    scores_record,
     solve,
     sse,
 )
@@ -202,26 +204,15 @@ class _BlockSolver:
             r2k.append(res["k"]["r2"])
             r2v.append(res["v"]["r2"])
             alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
-        has_r2 = all(r is not None for r in r2k + r2v)
-        tk = torch.stack(r2k) if has_r2 else None
-        tv = torch.stack(r2v) if has_r2 else None
-        summary, warnings = r2_summary(tk, tv, threshold=self.options.low_r2)
         report = FitReport(
             fitter=self.fitter.name,
             params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},
             layer_selection=[list(s) for s in selection],
-            selection_scores={
-                "mean": scores["mean"].tolist(),
-                "k": scores["k"].tolist(),
-                "v": scores["v"].tolist(),
-                "measured_on": scores["measured_on"],
-            },
-            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-            r2_summary=summary,
+            selection_scores=scores_record(scores),
+            **heldout_fields(r2k, r2v, self.options.low_r2),
             alpha_chosen=alphas,
             observations={"train": int(stats.n_train), "features_per_head": k * fs},
             passes=stats.passes,
-            warnings=tuple(warnings),
         )
         return FittedMapping(self.source_spec, self.target_spec, layers, fitter=self.fitter.name, report=report)
 

@@ -10,11 +10,11 @@ Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
 from kvbridge.errors import ConfigError
-from kvbridge.fit.settings import FitSettings, parse_top_k
+from kvbridge.fit.settings import FitSettings
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
 SHORTCUTS = {
@@ -103,26 +103,19 @@ class FitJob:
     fitter_name: str = "ridge"
 
 
+def same_named(cls, settings: FitSettings) -> dict:
+    """The values of ``settings``' fields that ``cls`` (a dataclass) has a field of the same name for."""
+    return {f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)}
+
+
 def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, name: str, warn=None):
     """``(options, sweep)``: a list of top-k values (or ``all``) becomes the sweep's ``((label, k), ...)``
     (``all`` alone: one mapping over every source layer) with the options' top-k the largest; a default
     top-k (not ``given``) larger than the source's ``layers`` is clamped to them, and ``warn`` told."""
-    from kvbridge.check import validate as v
-    from kvbridge.fit.pipeline import fitter_options
-    from kvbridge.fit.solve import FitError
+    from kvbridge.fit.pipeline import fitter_options, sweep_labels
 
     if isinstance(top_k, (list, tuple)) or top_k == "all" or (isinstance(top_k, str) and "," in top_k):
-        values = parse_top_k(top_k)
-        values = values if isinstance(values, list) else [values]
-        sweep = []
-        for val in values:
-            if val == "all":
-                if layers is None:
-                    raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
-                sweep.append(("all", layers))
-            else:
-                v.top_k(val, layers)
-                sweep.append((str(val), int(val)))
+        sweep = sweep_labels(top_k, layers)
         options = fitter_options(fitter, options, top_k=max(k for _, k in sweep))
         one = isinstance(top_k, str) and "," not in top_k  # "all" alone: one mapping, not a sweep
         return options, (None if one else tuple(sweep))
@@ -187,20 +180,11 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[
     options, sweep = resolve_top_k(
         fitter, prepared.options, top_k, given=given, layers=source_layers(run), name=ref, warn=warn
     )
-    check_budget(s.fitter, options, run.source.spec, run.target.spec, top_k if sweep is not None else None)
+    check_budget(s.fitter, options, run.source.spec, run.target.spec)
     texts = prepared.data
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
         check_same_tokens(list(texts), run.source.tokenizer, run.target.tokenizer)
-    calibration = CalibrationConfig(
-        stride=s.stride,
-        skip=s.skip,
-        heldout=s.heldout,
-        seed=s.seed,
-        batch_size=s.batch_size,
-        seq_len=s.seq_len,
-        tokens=s.tokens,
-        offset=s.tokens_offset,
-    )
+    calibration = CalibrationConfig(**same_named(CalibrationConfig, s), offset=s.tokens_offset)  # stride, seed, ...
     job = FitJob(
         fitter,
         options,
@@ -254,22 +238,19 @@ def fit_pair(pair, settings: FitSettings, *, host=None, **kwargs):
     return fit_run(Run.of(pair, settings, host), **kwargs)
 
 
-def check_budget(fitter: str, options, source_spec, target_spec, sweep=None) -> None:
+def check_budget(fitter: str, options, source_spec, target_spec) -> None:
     """Refuse, before any pass over the corpus, a statistics budget (``--memory``) below the smallest
-    one the ridge fitters can block the fit into (:func:`kvbridge.fit.plan.minimum_budget`), naming it."""
+    one the ridge fitters can block the fit into (:func:`kvbridge.fit.plan.minimum_budget`), naming it
+    (``options.top_k``: a sweep's largest k)."""
     budget = getattr(options, "memory_budget", None)
     if fitter not in ("ridge", "ridge-headwise") or budget is None:
         return
-    from kvbridge.fit.plan import budget_refusal, minimum_budget
+    from kvbridge.fit.plan import check_minimum
 
-    layers = source_spec.num_layers
-    ks = [layers if k == "all" else int(k) for k in (sweep if isinstance(sweep, list) else [])]
-    k = max(ks) if ks else (layers if sweep == "all" else int(getattr(options, "top_k", layers) or layers))
-    fs, ft = source_spec.num_kv_heads * source_spec.head_dim, target_spec.num_kv_heads * target_spec.head_dim
-    minimum = minimum_budget(fitter, layers, target_spec.num_layers, fs, source_spec.head_dim, ft, k)
-    if minimum > int(budget):
-        what = f"the {fitter} fit" + (f" (top-k {min(k, layers)})" if fitter == "ridge" else "")
-        raise ConfigError(*budget_refusal(what, int(budget), minimum))
+    s, t = source_spec, target_spec
+    k = int(getattr(options, "top_k", s.num_layers) or s.num_layers)
+    fs, ft = s.num_kv_heads * s.head_dim, t.num_kv_heads * t.head_dim
+    check_minimum(fitter, int(budget), s.num_layers, t.num_layers, fs, s.head_dim, ft, k)
 
 
 def plan_top_k(settings: FitSettings, source) -> int:
@@ -289,7 +270,7 @@ def plan_top_k(settings: FitSettings, source) -> int:
 def plan_fit(source, target, settings: FitSettings):
     """``kvbridge fit --plan``: the resource plan of ``settings`` from the configs alone (no weights;
     torch only with ``settings.plan_device``, to measure rates there)."""
-    from kvbridge.fit.plan import plan
+    from kvbridge.fit.plan import PlanInputs, plan
 
     k = plan_top_k(settings, source)
     s, rates = settings, None
@@ -306,23 +287,10 @@ def plan_fit(source, target, settings: FitSettings):
             dtype=s.dtype,
             device=s.plan_device,
         )
-    fit_plan = plan(
-        source,
-        target,
-        fitter=s.fitter,
-        top_k=k,
-        tokens=s.tokens,
-        seq_len=s.seq_len,
-        stride=s.stride,
-        skip=s.skip,
-        heldout=s.heldout,
-        batch_size=s.batch_size,
-        dtype=s.dtype,
-        memory_budget=None if s.memory_gib is None else int(s.memory_gib * 2**30),
-        device_flops=s.device_flops,
-        rates=rates,
-        **_plan_options(s),
-    )
+    inputs = same_named(PlanInputs, s)  # fitter, seq_len, stride, ...
+    budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
+    inputs.update(top_k=k, memory_budget=budget, rates=rates, **_plan_options(s))
+    fit_plan = plan(source, target, **inputs)
     from kvbridge.check.measured import measured_for, names_of
     from kvbridge.models import resolve
 

@@ -23,7 +23,7 @@ import torch
 
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.ridge import check_top_k
-from kvbridge.fit.solve import LOW_R2, FitError, check_determined, dims as dims_of, r2_summary
+from kvbridge.fit.solve import LOW_R2, FitError, check_determined, dims as dims_of, heldout_fields, scores_record
 
 DEFAULT_ESTIMATOR = "sklearn.linear_model:Ridge"
 DEFAULT_OPTIONS = {"alpha": 0.01}
@@ -170,9 +170,6 @@ class SklearnFitter:
             )
             r2k.append(r2s["k"])
             r2v.append(r2s["v"])
-        tk = torch.stack(r2k) if n_held else None
-        tv = torch.stack(r2v) if n_held else None
-        summary, warnings = r2_summary(tk, tv, threshold=low_r2)
         report = FitReport(
             fitter=self.name,
             params={
@@ -183,17 +180,10 @@ class SklearnFitter:
                 "low_r2": low_r2,
             },
             layer_selection=[list(s) for s in selection],
-            selection_scores={
-                "mean": scores["mean"].tolist(),
-                "k": scores["k"].tolist(),
-                "v": scores["v"].tolist(),
-                "measured_on": scores["measured_on"],
-            },
-            heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-            r2_summary=summary,
+            selection_scores=scores_record(scores),
+            **heldout_fields(r2k, r2v, low_r2, measured=bool(n_held)),
             alpha_chosen=None,
             observations={"train": n_train, "heldout": n_held, "features_per_head": k * fs},
-            warnings=tuple(warnings),
         )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
 

@@ -152,6 +152,22 @@ def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold:
     return summary, warnings
 
 
+def heldout_fields(r2k: list, r2v: list, low_r2: float, measured: bool | None = None) -> dict:
+    """The :class:`~kvbridge.fit.protocol.FitReport` fields of per-target-layer held-out R² tables
+    (``measured``: stack them; default when none is None): ``heldout_r2``, ``r2_summary``, ``warnings``."""
+    if measured is None:
+        measured = all(r is not None for r in r2k + r2v)
+    tk, tv = (torch.stack(r2k), torch.stack(r2v)) if measured else (None, None)
+    summary, warnings = r2_summary(tk, tv, threshold=low_r2)
+    r2 = {"k": tk.tolist(), "v": tv.tolist()} if measured else {"k": None, "v": None}
+    return {"heldout_r2": r2, "r2_summary": summary, "warnings": tuple(warnings)}
+
+
+def scores_record(scores: dict) -> dict:
+    """A layer selection's scores (``mean`` / ``k`` / ``v`` tensors, ``measured_on``) as JSON values."""
+    return {**{c: scores[c].tolist() for c in ("mean", "k", "v")}, "measured_on": scores["measured_on"]}
+
+
 def dims(source_spec, target_spec):
     return dict(
         src_heads=source_spec.num_kv_heads,
@@ -190,6 +206,8 @@ __all__ = [
     "check_determined",
     "default_budget",
     "r2_summary",
+    "heldout_fields",
+    "scores_record",
     "plan_blocks",
     "dims",
     "device_of",

@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 import torch
 
-from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, r2_summary
+from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, heldout_fields
 
 
 def candidates(options, ks) -> list[tuple]:
@@ -213,9 +213,6 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
         alphas.append([lam["k"], lam["v"]])
         selection.append(union)
         heads_sel.append([[list(x) for x in per[(t, h)]] for h in range(ht)])
-    tk = torch.stack(r2k) if held_ok else None
-    tv = torch.stack(r2v) if held_ok else None
-    summary, warnings = r2_summary(tk, tv, threshold=options.low_r2)
     feats = max(len(v) for v in per.values()) * ds
     params = {**asdict(options), "support": sup, "top_k": k, "alpha": alpha, "memory_budget": stats.budget}
     params["head_support"] = heads_sel  # [target layer][target head] -> [[source layer, source head], ...]
@@ -228,12 +225,10 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
             "measured_on": stats.scores["measured_on"],
             **({"head": stats.scores["head"].tolist()} if "head" in stats.scores else {}),
         },
-        heldout_r2={"k": tk.tolist() if tk is not None else None, "v": tv.tolist() if tv is not None else None},
-        r2_summary=summary,
+        **heldout_fields(r2k, r2v, options.low_r2, measured=held_ok),
         alpha_chosen=alphas,
         observations={"train": int(source.n("train")), "features_per_head": feats},
         passes=passes,
-        warnings=tuple(warnings),
     )
     return FittedMapping(source_spec, target_spec, layers, fitter=fitter.name, report=report)
 

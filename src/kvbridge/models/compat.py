@@ -55,20 +55,11 @@ def _tokenizer_override(value, option: str):
                 f"pass {option} a folder or file of the model's tokenizer",
             )
         return fingerprint_files(files)
-    if path.is_file():
-        siblings = [
-            p
-            for p in find_tokenizer_files(path.parent)
-            if p.name not in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
-        ]
-        return fingerprint_files(
-            [path, *siblings]
-            + (
-                [path.parent / "merges.txt"]
-                if path.name == "vocab.json" and (path.parent / "merges.txt").is_file()
-                else []
-            )
-        )
+    if path.is_file():  # this file, the folder's non-vocabulary files, and a vocab.json's merges.txt
+        vocabularies = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model")
+        files = [path, *(p for p in find_tokenizer_files(path.parent) if p.name not in vocabularies)]
+        merges = path.parent / "merges.txt"
+        return fingerprint_files(files + ([merges] if path.name == "vocab.json" and merges.is_file() else []))
     raise ConfigError(f"{path}: no such file or directory", f"pass {option} a tokenizer folder or file")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import mmap
 import os
 import struct
@@ -201,13 +202,7 @@ class GGUFInfo:
     @property
     def params(self) -> int:
         """Elements of every tensor in the file (the weights a loader dequantizes)."""
-        total = 0
-        for t in self.tensors:
-            n = 1
-            for d in t.shape:
-                n *= int(d)
-            total += n
-        return total
+        return sum(math.prod(int(d) for d in t.shape) for t in self.tensors)
 
     @property
     def tied_embeddings(self) -> bool:
@@ -304,24 +299,19 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         ) from None
     with fh:
         size = path.stat().st_size
+        head = fh.read(4)
+        if head != MAGIC:
+            raise ConfigError(
+                f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')",
+                "pass a .gguf model file written by llama.cpp's converters",
+            )
         if size < 24:
-            head = fh.read(4)
-            if head != MAGIC:
-                raise ConfigError(
-                    f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')",
-                    "pass a .gguf model file written by llama.cpp's converters",
-                )
             raise ConfigError(f"{path}: truncated GGUF file ({size} bytes)", "re-download or re-convert the file")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(path, buf, size)
 
 
 def _parse(path: Path, buf, size: int) -> GGUFInfo:
-    if bytes(buf[:4]) != MAGIC:
-        raise ConfigError(
-            f"{path}: not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')",
-            "pass a .gguf model file written by llama.cpp's converters",
-        )
     r = _Reader(buf, size)
     r.take(4)
     try:

@@ -101,19 +101,9 @@ class ModelRef:
         return describe_config(self.config, where=self.path, host=host)
 
     def to_dict(self) -> dict:
-        out = {
-            "ref": self.ref,
-            "kind": self.kind,
-            "name": self.name,
-            "path": self.path,
-            "folder": self.folder,
-            "tokenizer_files": list(self.tokenizer_files),
-        }
-        if self.gguf_file:
-            out["gguf_file"] = self.gguf_file
-        if self.source:
-            out["source"] = self.source
-        return out
+        out = {name: getattr(self, name) for name in ("ref", "kind", "name", "path", "folder")}
+        out["tokenizer_files"] = list(self.tokenizer_files)
+        return out | {name: getattr(self, name) for name in ("gguf_file", "source") if getattr(self, name)}
 
 
 __all__ = ["ModelRef", "KINDS"]

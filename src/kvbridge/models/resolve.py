@@ -63,7 +63,6 @@ def from_gguf(ref: str, path: Path, *, name: str | None = None, kind: str = "ggu
 def from_folder(ref: str, folder: Path, kind: str = "dir", name: str | None = None, source: str = "") -> ModelRef:
     """A ModelRef of a ``save_pretrained`` folder, or of a folder holding one ``.gguf``."""
     from kvbridge.check.sources import read_json_object
-    from kvbridge.check.tokenizer_fp import find_tokenizer_files
 
     name = name or folder.resolve().name
     cfg_path = folder / "config.json"
@@ -86,24 +85,22 @@ def from_folder(ref: str, folder: Path, kind: str = "dir", name: str | None = No
             f"{folder}: directory has no config.json or .gguf file{listing}",
             "pass a save_pretrained folder, a .gguf file, a config.json path, or a model name",
         )
-    config = read_json_object(cfg_path)
-    tok = tuple(str(p) for p in find_tokenizer_files(folder))
-    return ModelRef(
-        ref=ref,
-        kind=kind,
-        name=name,
-        config=config,
-        path=str(cfg_path),
-        folder=str(folder),
-        tokenizer_files=tok,
-        generation_config=_generation(folder),
-        source=source,
-    )
+    return _config_ref(ref, kind, name, read_json_object(cfg_path), cfg_path, source, beside=True)
+
+
+def _config_ref(ref: str, kind: str, name: str, config: dict, path: Path, source: str, beside: bool) -> ModelRef:
+    """A ModelRef of the config at ``path``; ``beside``: with the tokenizer files and generation config
+    of its folder."""
+    from kvbridge.check.tokenizer_fp import find_tokenizer_files
+
+    folder = path.parent
+    tok = tuple(str(p) for p in find_tokenizer_files(folder)) if beside else ()
+    generation = _generation(folder) if beside else None
+    return ModelRef(ref, kind, name, config, str(path), str(folder), tok, generation_config=generation, source=source)
 
 
 def from_file(ref: str, path: Path, source: str = "") -> ModelRef:
     from kvbridge.check.sources import read_json_object, validate_manifest
-    from kvbridge.check.tokenizer_fp import find_tokenizer_files
 
     if path.suffix == ".gguf":
         return from_gguf(ref, path, source=source)
@@ -113,20 +110,8 @@ def from_file(ref: str, path: Path, source: str = "") -> ModelRef:
     data = read_json_object(path)
     if "model_type" not in data and isinstance(data.get("config"), dict) and "id" in data:
         return from_manifest(ref, validate_manifest(data, path), path)
-    folder = path.parent
     is_cfg = path.name == "config.json"
-    tok = tuple(str(p) for p in find_tokenizer_files(folder)) if is_cfg else ()
-    return ModelRef(
-        ref=ref,
-        kind="config",
-        name=folder.name if is_cfg else path.stem,
-        config=data,
-        path=str(path),
-        folder=str(folder),
-        tokenizer_files=tok,
-        generation_config=_generation(folder) if is_cfg else None,
-        source=source,
-    )
+    return _config_ref(ref, "config", path.parent.name if is_cfg else path.stem, data, path, source, beside=is_cfg)
 
 
 def from_manifest(ref: str, record: dict, path: Path) -> ModelRef:
