@@ -698,3 +698,8 @@ def get_host() -> Host:
 def host_or_default(host: Host | None = None) -> Host:
     """``host``, or the process-wide one when None (where a stage takes ``host=None``)."""
     return get_host() if host is None else host
+
+
+def adapter_of(model, host: Host | None = None):
+    """The family adapter of a loaded ``model``, through ``host`` (default the process's)."""
+    return host_or_default(host).adapter_of(model)

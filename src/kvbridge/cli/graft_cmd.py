@@ -39,7 +39,8 @@ def run_cmd(model, dtype, as_json, **options):
     import torch
 
     from kvbridge.models import load as load_model
-    from kvbridge.recompute.graft import adapter_of, graft as do_graft, prepare_chunk
+    from kvbridge.plugins import adapter_of
+    from kvbridge.recompute.graft import graft as do_graft, prepare_chunk
     from kvbridge.recompute.tokens import blend
 
     s = settings_from(GraftRunSettings, options)  # every check runs here, before the model loads

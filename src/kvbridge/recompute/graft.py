@@ -33,16 +33,10 @@ from dataclasses import replace
 
 import torch
 
+from kvbridge.plugins import adapter_of
 from kvbridge.recompute.settings import RecomputeError
 
 SCHEMA = "kvbridge-graft/1"
-
-
-def adapter_of(model, host=None):
-    """The family adapter of ``model`` (through ``host``, default the process's)."""
-    from kvbridge.plugins import get_host
-
-    return (host or get_host()).adapter_of(model)
 
 
 def prepare_chunk(model, chunk_ids, host=None):
