@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from kvbridge.demo.zoo import calibration_ids, eval_ids, find_corpus
-    from kvbridge.evaluate.run import load_mapping_ref
+    from kvbridge.evaluate.run import mapping_of
     from kvbridge.plugins import get_host
     from kvbridge.recompute import report
     from kvbridge.models import load
@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     )
     for mref in args.mapping.split(","):
         t0 = time.perf_counter()
+        run = model_run(source, target, EvalSettings(mapping=mref, corpus=str(corpus)), host)
         if mref == "fit":
             from kvbridge.fit import fit
 
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
                 overwrite=True,
             )
         else:
-            mapping = load_mapping_ref(mref, source, target)
+            mapping = mapping_of(run)
         # selection calibration: the last rows of the calibration block, cut to sample length (never the eval tail)
         cal = cal_rows[-args.calibration_samples :, :length]
         calib = calibration(source, target, mapping, cal, args.prefix_len, args.continuation_len, host=host)
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
                 recompute=RecomputeSettings(mode=mode),
             )
             plan = CurvePlan(layer_points=tuple(mode_pts), token_ratios=tuple(toks))
-            res = run_curve(model_run(source, target, settings, host), mapping, ids, plan)
+            res = run_curve(run.with_settings(settings), mapping, ids, plan)
             res.update(pair=f"{args.source}->{args.target}", mapping=mref, single_layer_loss=prof, greedy_steps=steps)
             print(f"\n### mapping {mref}, mode {mode} ({time.perf_counter() - t0:.0f} s)\n", flush=True)
             print(report.table(res), flush=True)

@@ -54,6 +54,14 @@ class InternalError(KVBridgeError):
     exit_code = 3
 
 
+def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6) -> str:
+    """``"did you mean a, b? "`` naming the choices closest to ``word``, or ``""`` when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+    return f"did you mean {', '.join(close)}? " if close else ""
+
+
 # -- the one error boundary: any exception -> one line ------------------------------------------------
 DEBUG_HINT = "set KVBRIDGE_DEBUG=1 to see the traceback"
 

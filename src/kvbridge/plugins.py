@@ -31,7 +31,6 @@ Environment variables (llm/tox style):
 from __future__ import annotations
 
 import contextvars
-import difflib
 import math
 import os
 import sys
@@ -45,7 +44,7 @@ import pluggy
 
 from kvbridge import hookspecs
 from kvbridge.version import __version__
-from kvbridge.errors import PluginError, UnsupportedModelError
+from kvbridge.errors import PluginError, UnsupportedModelError, did_you_mean
 
 ENTRY_POINT_GROUP = "kvbridge"
 BUILTIN_PLUGINS = (
@@ -148,10 +147,9 @@ class Registry:
 
     def get(self, name: str) -> Any:
         if name not in self.items:
-            close = difflib.get_close_matches(name, list(self.items), n=3)
-            hint = f"did you mean {', '.join(close)}? " if close else ""
             raise PluginError(
-                f"unknown {self.kind} {name!r}", f"{hint}available: {', '.join(sorted(self.items)) or 'none'}"
+                f"unknown {self.kind} {name!r}",
+                f"{did_you_mean(name, self.items)}available: {', '.join(sorted(self.items)) or 'none'}",
             )
         return self.items[name]
 
@@ -392,11 +390,9 @@ class Host:
                 "points at code shipped with the model, which kvbridge never runs",
                 "use a model whose architecture transformers implements, or a plugin that supports this type",
             )
-        close = difflib.get_close_matches(model_type, families.names(), n=3, cutoff=0.8)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnsupportedModelError(
             f"unknown model type {model_type!r}",
-            f"{hint}install a plugin that supports it (see `kvbridge plugins` for supported types)",
+            f"{did_you_mean(model_type, families.names(), cutoff=0.8)}install a plugin that supports it (see `kvbridge plugins` for supported types)",
         )
 
     def _claim_family(self, config: dict):
@@ -458,8 +454,7 @@ class Host:
         if name in reg.items:
             return reg.items[name]
         word, hook = KINDS[kind]
-        close = difflib.get_close_matches(str(name), reg.names(), n=3)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
+        hint = did_you_mean(str(name), reg.names())
         error = PluginError
         if kind == "rope_variant":
             from kvbridge.plugin_types import UnknownRopeTypeError as error
@@ -617,9 +612,8 @@ def _validate(plugin: Any) -> str | None:
     known = {n for n in dir(hookspecs) if n.startswith("kvbridge_")}
     bad = [n for n in _plugin_hook_names(plugin) if n not in known]
     if bad:
-        close = difflib.get_close_matches(bad[0], sorted(known), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        return f"unknown hook {bad[0]!r}{hint}"
+        hint = did_you_mean(bad[0], sorted(known), n=1).rstrip()
+        return f"unknown hook {bad[0]!r}" + (f" ({hint})" if hint else "")
     return None
 
 
@@ -704,3 +698,8 @@ def get_host() -> Host:
 def host_or_default(host: Host | None = None) -> Host:
     """``host``, or the process-wide one when None (where a stage takes ``host=None``)."""
     return get_host() if host is None else host
+
+
+def adapter_of(model, host: Host | None = None):
+    """The family adapter of a loaded ``model``, through ``host`` (default the process's)."""
+    return host_or_default(host).adapter_of(model)

@@ -12,7 +12,7 @@ import click
 from kvbridge.cli.options import fmt_text, json_option, kv_bytes_per_token, MODEL_REFS  # noqa: F401 - kv_bytes_per_token kept here
 
 
-def describe_dict(resolved, spec, host) -> dict:
+def describe_dict(resolved, spec) -> dict:
     """The ``--json`` shape of ``describe``."""
     from kvbridge.check.compat import cache_format_of
 
@@ -271,5 +271,5 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
         raise ConfigError("missing MODEL", "pass a model folder, a config.json, or a name from --list")
     resolved = resolve(model, host=host)
     spec = resolved.spec(host)
-    data = describe_dict(resolved, spec, host)
+    data = describe_dict(resolved, spec)
     click.echo(json.dumps(data, indent=2, default=str) if as_json else _human(data))

@@ -36,17 +36,14 @@ def _ids(tok, text, special, what: str = "text"):
 @settings_options(GraftRunSettings, after={"max_new_tokens": [dtype_option, json_option]})
 def run_cmd(model, dtype, as_json, **options):
     """Graft a chunk after CONTEXT, continue PROMPT greedily, and compare with a full prefill."""
-    import torch
-
     from kvbridge.models import load as load_model
-    from kvbridge.recompute.graft import adapter_of, graft as do_graft, prepare_chunk
-    from kvbridge.recompute.tokens import blend
+    from kvbridge.recompute.graft import graft_and_continue, prepare_chunk
+    from kvbridge.transfer_run import check_generation_length, max_positions_of
 
     s = settings_from(GraftRunSettings, options)  # every check runs here, before the model loads
     r, max_new_tokens = s.ratio, s.max_new_tokens
     loaded = load_model(model, dtype=dtype)
     m, tok, name = loaded.model, loaded.tokenizer, model
-    ad = adapter_of(m)
     ctx = _ids(tok, s.context, True, "context")
     if s.pack_dir:
         from kvbridge.prefix.packs import load_pack
@@ -55,51 +52,13 @@ def run_cmd(model, dtype, as_json, **options):
     else:
         chunk_state = prepare_chunk(m, _ids(tok, s.chunk, False, "chunk"))
     live = _ids(tok, s.prompt, False, "prompt")
-    from kvbridge.transfer_run import check_generation_length, max_positions_of
-
     check_generation_length(
         ctx.shape[1] + chunk_state.num_tokens + live.shape[1],
         max_new_tokens,
         max_positions_of(m),
         prompt_flag="--context + --chunk + --prompt",
     )
-    ctx_state = ad.extract(m, ctx)
-    grafted = do_graft(ctx_state, chunk_state)
-    res = blend(m, grafted, ctx_state.num_tokens, r)
-    full_ids = torch.cat([ctx, chunk_state.token_ids, live], 1)
-
-    def greedy(state):
-        cache = ad.inject(state, m, check=False) if state is not None else None
-        inp, toks, first = (live if state is not None else full_ids), [], None
-        with torch.no_grad():
-            for _ in range(max_new_tokens):
-                kw = {"cache": cache, "use_cache": True} if cache is not None else {}
-                out = m(input_ids=inp, **kw)
-                cache = out.past_key_values if cache is None else cache
-                logits = out.logits[:, -1].double()
-                first = torch.log_softmax(logits, -1) if first is None else first
-                inp = logits.argmax(-1, keepdim=True)
-                toks.append(int(inp))
-        return toks, first
-
-    full_toks, full_lp = greedy(None)
-    got_toks, got_lp = greedy(res.state)
-    naive_toks, naive_lp = greedy(grafted)
-    kl = lambda lp: float((full_lp.exp() * (full_lp - lp)).sum())
-    agree = lambda t: next((i for i, (a, b) in enumerate(zip(t, full_toks)) if a != b), len(full_toks))
-    out = {
-        "model": name,
-        "context_tokens": ctx_state.num_tokens,
-        "chunk_tokens": chunk_state.num_tokens,
-        "prompt_tokens": int(live.shape[1]),
-        "recompute_tokens": r,
-        "recomputed": int(res.selected.shape[1]),
-        "flop_share": res.cost.flop_share,
-        "recompute_ms": 1e3 * res.cost.seconds,
-        "first_token_kl": {"naive": kl(naive_lp), "grafted": kl(got_lp)},
-        "greedy_agreement_steps": {"naive": agree(naive_toks), "grafted": agree(got_toks), "of": max_new_tokens},
-        "text": {"full": tok.decode(full_toks), "naive": tok.decode(naive_toks), "grafted": tok.decode(got_toks)},
-    }
+    out = {"model": name, **graft_and_continue(m, tok, ctx, chunk_state, live, r, max_new_tokens)}
     if as_json:
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return

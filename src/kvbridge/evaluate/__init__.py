@@ -148,19 +148,17 @@ def _describe_mapping(mapping, path=None) -> dict:
 def eval_config(config=None, **overrides):
     """An :class:`~kvbridge.evaluate.conditions.EvalConfig` from ``config`` updated by field
     names (``prefix_len=48``); an unknown name is refused naming the closest fields."""
-    import difflib
     from dataclasses import fields, replace
 
+    from kvbridge.errors import did_you_mean
     from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
 
     config = config or EvalConfig()
     known = [f.name for f in fields(EvalConfig)]
     for key in overrides:
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=3)
             raise EvalError(
-                f"evaluate() has no setting {key!r}",
-                f"{'did you mean ' + ', '.join(close) + '? ' if close else ''}settings: {', '.join(known)}",
+                f"evaluate() has no setting {key!r}", f"{did_you_mean(key, known)}settings: {', '.join(known)}"
             )
     if overrides.get("conditions") is None:
         overrides.pop("conditions", None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvbridge.errors import KVBridgeError
+from kvbridge.errors import KVBridgeError, did_you_mean
 
 DEFAULT_GATES = ("kl_p95<=0.2", "attention_cosine_min>=0.9")
 #: exit status of ``kvbridge eval`` when an enforced gate fails
@@ -67,12 +67,9 @@ def parse_gate(text: str, higher_is_better: dict | None = None, *, enforced: boo
     metric, op, value = m["metric"], m["op"], float(m["value"])
     hib = higher_is_better or {}
     if hib and metric not in hib:
-        import difflib
-
-        close = difflib.get_close_matches(metric, list(hib), n=3)
         raise GateError(
             f"gate {text!r} names unknown metric {metric!r}",
-            (f"did you mean {', '.join(close)}? " if close else "") + f"metrics: {', '.join(sorted(hib))}",
+            f"{did_you_mean(metric, hib)}metrics: {', '.join(sorted(hib))}",
         )
     if op in ("=", "=="):
         op = ">=" if hib.get(metric, False) else "<="

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.plugins import adapter_of
 from kvbridge.hf_compat import cache_kwargs
 
 
@@ -55,7 +56,7 @@ class TargetStats:
     @classmethod
     def from_model(cls, model, input_ids, host=None) -> "TargetStats":
         """From the target's own prefill of ``input_ids`` (reference text)."""
-        return cls.from_state(_adapter(model, host).extract(model, input_ids))
+        return cls.from_state(adapter_of(model, host).extract(model, input_ids))
 
     def to_dict(self) -> dict:
         return {"k_rms": list(self.k_rms), "v_rms": list(self.v_rms), "tokens": self.tokens}
@@ -95,12 +96,6 @@ class GuardedHandoff:
         what = "transferred cache (approximate)" if self.used == "transferred" else "target's own prefill (exact)"
         tail = f"; fell back: {'; '.join(self.reasons)}" if self.reasons else ""
         return f"guard: using the {what}; checks: {checks}{tail}"
-
-
-def _adapter(model, host=None):
-    from kvbridge.plugins import host_or_default
-
-    return host_or_default(host).adapter_of(model)
 
 
 def check_finite(state) -> GuardCheck:
@@ -160,7 +155,7 @@ def guarded_prepare(
     from kvbridge.handoff import prepare_cache
 
     g = settings if settings is not None else GuardSettings()
-    adapter = _adapter(model, host)
+    adapter = adapter_of(model, host)
     ids = torch.as_tensor(input_ids)
     ids = ids[None] if ids.dim() == 1 else ids
     n = state.num_tokens

@@ -38,13 +38,14 @@ def fmt_ci(ci, spec: str = "{:.3f}") -> str:
     return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
 
 
-def text_table(heads, rows, *, right: bool = True) -> list[str]:
+def text_table(heads, rows, *, right: bool = True, strip: bool = False) -> list[str]:
     """Aligned lines: the heads, a rule, the rows (the first column left-aligned, the others right-aligned
-    unless ``right`` is False)."""
+    unless ``right`` is False; trailing blanks dropped if ``strip``)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
 
     def line(cells):
-        return "  ".join(c.rjust(w) if i and right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        text = "  ".join(c.rjust(w) if i and right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return text.rstrip() if strip else text
 
     return [line(heads), "-" * len(line(heads))] + [line(r) for r in rows]
 

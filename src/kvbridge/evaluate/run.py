@@ -55,20 +55,6 @@ class EvalRun:
         return [g["gate"] for g in self.result.get("gates", ()) if g["enforced"] and not g["passed"]]
 
 
-def load_mapping_ref(ref: str, smodel, tmodel, *, tokenizer=None, force: bool = False, host=None):
-    """A mapping folder (``kvbridge fit --out``) checked against the models, or ``identity``."""
-    from kvbridge.plugins import get_host
-
-    host = host or get_host()
-    if ref == "identity":
-        sspec = host.adapter_for(smodel.config.to_dict()).spec_of(smodel)
-        tspec = host.adapter_for(tmodel.config.to_dict()).spec_of(tmodel)
-        return host.get("fitter", "identity").fit(sspec, tspec)
-    from kvbridge.fit.artifact import load_mapping
-
-    return load_mapping(ref, source=smodel, target=tmodel, tokenizer=tokenizer, force=force)
-
-
 def mapping_of(run):
     """The mapping ``run.settings.mapping`` names, checked against the run's models (their identities,
     computed once per run), or the identity mapping of the pair's specs."""
@@ -222,6 +208,5 @@ __all__ = [
     "eval_config",
     "evaluate_pair",
     "evaluate_run",
-    "load_mapping_ref",
     "mapping_of",
 ]

@@ -107,13 +107,10 @@ def _header(result: dict) -> list[str]:
 
 
 def terminal_table(result: dict) -> str:
+    from kvbridge.evaluate.report import text_table
+
     heads, body = rows(result)
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(heads)]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-
-    out = _header(result) + ["", line(heads), "-" * len(line(heads))] + [line(r) for r in body]
+    out = _header(result) + ["", *text_table(heads, body, right=False, strip=True)]
     extra = condition_lines(result)
     if extra:
         out += ["", "the other cache conditions (point values):"] + ["  " + x for x in extra]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.plugins import adapter_of
 from kvbridge.module_hooks import HookSet
 
 CONDITIONS = ("intact", "k_zero", "v_zero", "kv_zero", "remove_prefill", "remove_decode", "recompute")
@@ -283,7 +284,7 @@ def ablate(
     if max_new_tokens < 1:
         raise KVBridgeError(f"max-new-tokens must be >= 1, got {max_new_tokens}", "pass --max-new-tokens 1 or more")
     report, split = exact_split(tokenizer, guide, prompt, sep)  # asserts ghost + live == joint
-    adapter = packs._adapter(model, host)
+    adapter = adapter_of(model, host)
     spec = adapter.spec_of(model)
     if isinstance(layers, str):
         chosen = parse_layers(layers, spec.num_layers)

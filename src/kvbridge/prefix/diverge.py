@@ -35,6 +35,7 @@ from itertools import combinations
 from typing import Any, Callable, Sequence
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.plugins import adapter_of
 from kvbridge.settings_fields import option
 
 PATHS = ("full", "cached", "split", "concat")
@@ -375,7 +376,7 @@ def diverge(
     chosen = report.get(split)  # "safe" raises when no exact split exists
     if split == "safe":
         assert chosen.ids == report.joint  # the exact-token control: ghost + live == joint, id for id
-    spec = packs._adapter(model, host).spec_of(model)
+    spec = adapter_of(model, host).spec_of(model)
     longest = max(len(report.joint), len(chosen.ids)) + max_new_tokens
     packs.check_guide_length(len(chosen.ghost), spec, what="guide")
     if spec.max_position_embeddings and longest > spec.max_position_embeddings:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
+from kvbridge.plugins import adapter_of
 
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
 from kvbridge.models.fingerprint import model_id_revision as model_identity
@@ -113,12 +114,6 @@ def _versions() -> dict:
         "torch_version": str(torch.__version__),
         "kvbridge_version": __version__,
     }
-
-
-def _adapter(model, host=None):
-    from kvbridge.plugins import host_or_default
-
-    return host_or_default(host).adapter_of(model)
 
 
 def build_manifest(
@@ -278,7 +273,7 @@ def compare(
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
     from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
-    spec = _adapter(model, host).spec_of(model)
+    spec = adapter_of(model, host).spec_of(model)
     out: list[Mismatch] = []
     m = manifest["model"]
     geometry_pack = {k: m.get(k) for k in ("model_type", "num_layers", "num_kv_heads", "head_dim")}

@@ -32,6 +32,7 @@ from typing import Any
 
 from kvbridge.artifacts import check_replaceable, read_artifact, write_artifact
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
+from kvbridge.plugins import adapter_of
 from kvbridge.prefix.pack_manifest import (
     FORCEABLE,
     NESTED_REQUIRED,
@@ -42,7 +43,6 @@ from kvbridge.prefix.pack_manifest import (
     STACKED,
     TENSOR_FILE,
     Mismatch,
-    _adapter,
     build_manifest,
     cache_format,
     check_manifest_shape,
@@ -136,7 +136,7 @@ def save_pack(
             )
         guide_ids = guide_ids_of(tokenizer, guide_text)
     ids = torch.as_tensor(list(guide_ids), dtype=torch.long)[None]
-    adapter = _adapter(model, host)
+    adapter = adapter_of(model, host)
     spec = adapter.spec_of(model)
     check_guide_length(int(ids.shape[1]), spec)
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
@@ -192,7 +192,7 @@ def save_state_pack(
     it is not a prefix (positions ``0..T-1``) of one row."""
     out = Path(out)
     check_replaceable(out, PACK_KIND, overwrite=overwrite)
-    spec = _adapter(model, host).spec_of(model)
+    spec = adapter_of(model, host).spec_of(model)
     got = (state.num_layers, state.spec.num_kv_heads, state.spec.head_dim)
     want = (spec.num_layers, spec.num_kv_heads, spec.head_dim)
     if got != want:
@@ -340,7 +340,7 @@ class Pack:
         The state is validated against ``model`` (shapes, dtype) first; its values were found
         finite when the pack was loaded, so that check is not repeated here.
         """
-        adapter = _adapter(model, host)
+        adapter = adapter_of(model, host)
         state = self.state_for(model)
         if not self.finite_checked:
             return adapter.inject(state, model)
@@ -491,7 +491,7 @@ def load_pack(
         )
         warnings.warn(msg, PackForceWarning, stacklevel=2)
         notes.append(msg)
-        spec = _adapter(model, host).spec_of(model)
+        spec = adapter_of(model, host).spec_of(model)
         import torch
 
         if any(x.field == "dtype" for x in mismatches):
@@ -526,7 +526,7 @@ def recompute_check(pack: Pack, model, host=None) -> float:
     """Max abs difference between the stored K/V and a fresh prefill of the guide ids (a forward pass)."""
     import torch
 
-    adapter = _adapter(model, host)
+    adapter = adapter_of(model, host)
     fresh = adapter.extract(model, torch.as_tensor([pack.guide_ids]))
     worst = 0.0
     for a, b in zip((*pack.state.keys, *pack.state.values), (*fresh.keys, *fresh.values)):

@@ -33,16 +33,10 @@ from dataclasses import replace
 
 import torch
 
+from kvbridge.plugins import adapter_of
 from kvbridge.recompute.settings import RecomputeError
 
 SCHEMA = "kvbridge-graft/1"
-
-
-def adapter_of(model, host=None):
-    """The family adapter of ``model`` (through ``host``, default the process's)."""
-    from kvbridge.plugins import get_host
-
-    return (host or get_host()).adapter_of(model)
 
 
 def prepare_chunk(model, chunk_ids, host=None):
@@ -108,6 +102,50 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
             "graft": {"context_tokens": c, "chunk_tokens": chunk_state.num_tokens, "repositioned": bool(reposition)},
         },
     )
+
+
+def graft_and_continue(model, tokenizer, context_ids, chunk_state, prompt_ids, ratio, max_new_tokens, *, host=None):
+    """``graft run``: ``chunk_state`` grafted after the context (naive, and blended at ``ratio``), ``prompt_ids``
+    continued greedily for ``max_new_tokens`` from each and from a full prefill; first-token KL to the full
+    prefill, greedy agreement steps and the three texts, as a JSON-ready dict."""
+    from kvbridge.recompute.tokens import blend
+
+    adapter = adapter_of(model, host)
+    ctx_state = adapter.extract(model, context_ids)
+    grafted = graft(ctx_state, chunk_state, host=host)
+    res = blend(model, grafted, ctx_state.num_tokens, ratio)
+    full_ids = torch.cat([context_ids, chunk_state.token_ids, prompt_ids], 1)
+
+    def greedy(state):
+        cache = adapter.inject(state, model, check=False) if state is not None else None
+        inp, toks, first = (prompt_ids if state is not None else full_ids), [], None
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                kw = {"cache": cache, "use_cache": True} if cache is not None else {}
+                out = model(input_ids=inp, **kw)
+                cache = out.past_key_values if cache is None else cache
+                logits = out.logits[:, -1].double()
+                first = torch.log_softmax(logits, -1) if first is None else first
+                inp = logits.argmax(-1, keepdim=True)
+                toks.append(int(inp))
+        return toks, first
+
+    runs = {k: greedy(state) for k, state in (("full", None), ("grafted", res.state), ("naive", grafted))}
+    full_toks, full_lp = runs["full"]
+    kl = lambda k: float((full_lp.exp() * (full_lp - runs[k][1])).sum())
+    agree = lambda k: next((i for i, (a, b) in enumerate(zip(runs[k][0], full_toks)) if a != b), len(full_toks))
+    return {
+        "context_tokens": ctx_state.num_tokens,
+        "chunk_tokens": chunk_state.num_tokens,
+        "prompt_tokens": int(prompt_ids.shape[1]),
+        "recompute_tokens": ratio,
+        "recomputed": int(res.selected.shape[1]),
+        "flop_share": res.cost.flop_share,
+        "recompute_ms": 1e3 * res.cost.seconds,
+        "first_token_kl": {k: kl(k) for k in ("naive", "grafted")},
+        "greedy_agreement_steps": {"naive": agree("naive"), "grafted": agree("grafted"), "of": max_new_tokens},
+        "text": {k: tokenizer.decode(runs[k][0]) for k in ("full", "naive", "grafted")},
+    }
 
 
 def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) -> list[str]:
@@ -263,6 +301,7 @@ __all__ = [
     "concat_states",
     "graft",
     "run_graft",
+    "graft_and_continue",
     "condition_names",
     "adapter_of",
 ]

@@ -213,7 +213,7 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
     return int(kv or heads)
 
 
-def key_head_dim(model_type: str, layer_cfg: Any, heads: int, hidden: int, sliding: bool = False) -> int:
+def key_head_dim(layer_cfg: Any, heads: int, hidden: int, sliding: bool = False) -> int:
     from kvbridge.builtin.families._common import layer_attr as _layer_attr
 
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["head_dim"], None):

@@ -196,7 +196,7 @@ class GenericAdapter(FamilyAdapter):
             h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
             sliding = kind == SLIDING
             kv = facts.cached_kv_heads(model_type, lc, h, sliding)
-            hd = facts.key_head_dim(model_type, lc, h, hidden, sliding)
+            hd = facts.key_head_dim(lc, h, hidden, sliding)
             kv_heads.append(kv)
             k_dims.append(hd)
         present = [(kv, hd) for kv, hd in zip(kv_heads, k_dims) if kv]
