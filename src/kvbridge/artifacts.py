@@ -33,7 +33,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from kvbridge.durable import commit_file, commit_tree, start_writeback
 from kvbridge.errors import ArtifactError
@@ -470,6 +470,19 @@ def read_manifest(folder: Path | str, *, kind: str = "artifact") -> dict:
     if not path.is_file():
         raise ArtifactError(f"{path} is missing", f"pass a {kind} folder written by kvbridge")
     return load_json(path, what=f"{kind} manifest", error=ArtifactError)
+
+
+def check_kind(manifest: Mapping, kind: str, schema_version: int, where: Path | str, what: str, fix: str) -> None:
+    """Refuse a manifest whose ``kind`` is not ``kind`` (``fix``: what to pass instead) or whose
+    ``schema_version`` is not an int at most ``schema_version`` (upgrade kvbridge)."""
+    if manifest.get("kind") != kind:
+        raise ArtifactError(f"{where} is not a {what} (kind {manifest.get('kind')!r})", fix)
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > schema_version:
+        raise ArtifactError(
+            f"{where}: {what} schema_version {version!r} is newer than this kvbridge reads ({schema_version})",
+            "upgrade kvbridge",
+        )
 
 
 def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = True) -> tuple[dict, dict]:

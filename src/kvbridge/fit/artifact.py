@@ -192,22 +192,13 @@ def load_mapping(
     with, or identity dicts from :func:`model_identity`; each fingerprint that differs from the
     manifest is refused naming the field (a warning with ``force=True``).
     """
-    from kvbridge.artifacts import read_artifact
+    from kvbridge.artifacts import check_kind, read_artifact
     from kvbridge.fit.mapping import FittedMapping
     from kvbridge.spec import ModelSpec
 
     manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
-    if manifest.get("kind") != KIND:
-        raise ArtifactError(
-            f"{Path(folder) / 'manifest.json'} is not a kvbridge mapping (kind {manifest.get('kind')!r})",
-            "pass a folder written by `kvbridge fit`",
-        )
-    version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ArtifactError(
-            f"mapping schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
-            "upgrade kvbridge",
-        )
+    where = Path(folder) / "manifest.json"
+    check_kind(manifest, KIND, SCHEMA_VERSION, where, "kvbridge mapping", "pass a folder written by `kvbridge fit`")
     validate(manifest)
     from kvbridge.check.validate import tensors_match
 

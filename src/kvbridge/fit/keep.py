@@ -107,21 +107,12 @@ def _load_file(folder: Path, name: str, sha: str | None) -> dict:
 
 
 def read_manifest(folder: Path | str) -> dict:
-    from kvbridge.artifacts import read_manifest as read
+    from kvbridge.artifacts import check_kind, read_manifest as read
 
     folder = Path(folder)
     manifest = read(folder, kind="fit statistics")
-    if manifest.get("kind") != KIND:
-        raise ArtifactError(
-            f"{folder} is not a kvbridge fit-statistics folder (kind {manifest.get('kind')!r})",
-            "pass a folder written by `kvbridge fit ... --keep-stats DIR`",
-        )
-    version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ArtifactError(
-            f"{folder}: fit statistics schema_version {version!r} is newer than this kvbridge reads ({SCHEMA_VERSION})",
-            "upgrade kvbridge",
-        )
+    fix = "pass a folder written by `kvbridge fit ... --keep-stats DIR`"
+    check_kind(manifest, KIND, SCHEMA_VERSION, folder, "kvbridge fit-statistics folder", fix)
     for key in ("source", "target", "blocks", "max_k"):
         if key not in manifest:
             raise _bad(folder, f"manifest.json is missing field {key!r}")

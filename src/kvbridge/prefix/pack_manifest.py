@@ -215,16 +215,11 @@ def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> Non
                 f"{where} field {key!r} must be {typ.__name__}, got {type(manifest[key]).__name__}",
                 "re-create the pack with kvbridge pack save",
             )
-    if manifest["kind"] != PACK_KIND:
-        raise ArtifactError(f"{where} kind is {manifest['kind']!r}, not {PACK_KIND!r}", "pass a prefix pack folder")
+    from kvbridge.artifacts import check_kind
     from kvbridge.check.validate import require_fields
 
+    check_kind(manifest, PACK_KIND, SCHEMA_VERSION, where, "prefix pack", "pass a prefix pack folder")
     require_fields(manifest, NESTED_REQUIRED, where, fix="re-create the pack with kvbridge pack save")
-    if manifest["schema_version"] > SCHEMA_VERSION:
-        raise ArtifactError(
-            f"pack schema_version {manifest['schema_version']} is newer than this kvbridge supports ({SCHEMA_VERSION})",
-            "upgrade kvbridge",
-        )
     if manifest.get("kv_layout", PER_LAYER) not in KV_LAYOUTS:
         raise ArtifactError(
             f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",

@@ -129,7 +129,7 @@ def save_vector(
 
 def read_vector(path: str | Path):
     """``(manifest, SteeringVector)`` of a folder: checksum, manifest shape and tensor shapes checked."""
-    from kvbridge.artifacts import read_artifact
+    from kvbridge.artifacts import check_kind, read_artifact
     from kvbridge.spec import ModelSpec
     from kvbridge.check.validate import finite_tensors, require_fields, tensors_match
     from kvbridge.steer.vectors import SteeringVector
@@ -139,14 +139,7 @@ def read_vector(path: str | Path):
     manifest, tensors = read_artifact(path, kind="steering vector")
     fix = "re-create it with kvbridge steer build"
     require_fields(manifest, REQUIRED, where, fix=fix)
-    if manifest["kind"] != KIND:
-        raise ArtifactError(f"{path} holds a {manifest['kind']!r}, not a steering vector", "pass a steer build folder")
-    if manifest["schema_version"] > SCHEMA_VERSION:
-        raise ArtifactError(
-            f"steering vector schema_version {manifest['schema_version']} is newer than this kvbridge "
-            f"reads ({SCHEMA_VERSION})",
-            "upgrade kvbridge",
-        )
+    check_kind(manifest, KIND, SCHEMA_VERSION, path, "steering vector", "pass a steer build folder")
     try:
         spec = ModelSpec.from_dict(manifest["spec"])
     except (KeyError, TypeError, ValueError) as exc:
