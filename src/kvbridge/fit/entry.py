@@ -9,7 +9,7 @@ keywords resolved into a :class:`~kvbridge.fit.run.FitJob`, and the job run as e
 
 from __future__ import annotations
 
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, did_you_mean
 from kvbridge.fit.run import FitJob, fit_run, prepare, resolve_top_k, source_layers, validate_job
 from kvbridge.fit.settings import FitSettings
 
@@ -51,16 +51,12 @@ def fit_settings(settings=None, **fields) -> FitSettings:
     """A :class:`FitSettings` from keywords (or ``settings`` with some replaced); an unknown name is
     refused naming the closest fields."""
     import dataclasses
-    import difflib
 
     names = [f.name for f in dataclasses.fields(FitSettings)]
     for key in fields:
         if key not in names:
-            close = difflib.get_close_matches(key, names, n=3)
-            raise ConfigError(
-                f"fit has no setting {key!r}",
-                f"did you mean {', '.join(close)}?" if close else f"the settings are: {', '.join(names)}",
-            )
+            fix = did_you_mean(key, names).rstrip() or f"the settings are: {', '.join(names)}"
+            raise ConfigError(f"fit has no setting {key!r}", fix)
     if settings is None:
         return FitSettings(**fields)
     return dataclasses.replace(settings, **fields) if fields else settings

@@ -23,14 +23,13 @@ coerced to its field's type (``int``, ``float``, ``bool``, ``str``, JSON for ``d
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, did_you_mean
 
 from kvbridge.plugin_types import FITTER_MEMBERS, fitter_problem  # noqa: F401  (checked when it registers)
 
@@ -177,10 +176,8 @@ def build_options(cls: type, values: Mapping | None = None, *, owner: str = "fit
     kw = {}
     for key, raw in dict(values or {}).items():
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=3)
-            hint = f"did you mean {', '.join(close)}? " if close else ""
             known = ", ".join(fields) or "none"
-            raise ConfigError(f"{owner} has no option {key!r}", f"{hint}its options: {known}")
+            raise ConfigError(f"{owner} has no option {key!r}", f"{did_you_mean(key, fields)}its options: {known}")
         kw[key] = coerce(raw, fields[key][0], key=key, owner=owner)
     try:
         return cls(**kw)
