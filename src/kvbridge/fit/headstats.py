@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from kvbridge.fit.stats import MomentStats, Moments, Workspace
+from kvbridge.fit.stats import MomentStats, Moments, StatsSet, Workspace
 
 
-class HeadStats:
+class HeadStats(StatsSet):
     """Statistics per target (layer, head) over ``supports[(t, h)]`` (source ``(layer, head)`` slots)."""
 
-    KINDS = ("k", "v")
-    SPLITS = ("train", "held")
     xx_block = "per-head"
 
     def __init__(
@@ -60,12 +58,6 @@ class HeadStats:
     @staticmethod
     def nbytes_for(supports: dict, *, src_dim: int, tgt_dim: int) -> int:
         return sum(4 * MomentStats.nbytes_for(len(sup) * src_dim, tgt_dim) for sup in supports.values())
-
-    def nbytes(self) -> int:
-        return sum(s.nbytes() for s in self.stats.values())
-
-    def all_stats(self) -> list[MomentStats]:
-        return [self.stats[key] for key in sorted(self.stats)]
 
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats`` as :meth:`kvbridge.fit.calibrate.PairedCalibration.features` gives them (with

@@ -375,7 +375,20 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
         s.mean_y.copy_(my)
 
 
-class LayerStats:
+class StatsSet:
+    """The :class:`MomentStats` of one accumulation job: ``self.stats[(..., kind, split)]``."""
+
+    KINDS = ("k", "v")
+    SPLITS = ("train", "held")
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.stats.values())
+
+    def all_stats(self) -> list[MomentStats]:
+        return [self.stats[key] for key in sorted(self.stats)]
+
+
+class LayerStats(StatsSet):
     """Statistics of one accumulation job over layer-structured K/V features.
 
     Features are the concatenated KV heads of ``src_layers`` (``[layer, head, dim]`` order,
@@ -384,9 +397,6 @@ class LayerStats:
     ``xx_block``: ``"full"`` (any subset of the source layers can be solved jointly),
     ``"layer"`` (single source layers only) or ``"head"`` (single source heads only).
     """
-
-    KINDS = ("k", "v")
-    SPLITS = ("train", "held")
 
     def __init__(
         self,
@@ -443,12 +453,6 @@ class LayerStats:
         from kvbridge.fit.plan import job_bytes
 
         return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block)
-
-    def nbytes(self) -> int:
-        return sum(s.nbytes() for s in self.stats.values())
-
-    def all_stats(self) -> list[MomentStats]:
-        return [self.stats[key] for key in sorted(self.stats)]
 
     # -- accumulation ---------------------------------------------------------------------
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
@@ -542,6 +546,7 @@ __all__ = [
     "MomentStats",
     "Moments",
     "LayerStats",
+    "StatsSet",
     "Workspace",
     "all_reduce",
     "chunk_rows",
