@@ -14,113 +14,48 @@ from contextlib import contextmanager
 
 #: attribute -> tiny value (applied when the default is a positive int)
 SIZES = {
-    "hidden_size": 64,
-    "n_embd": 64,
-    "d_model": 64,
-    "n_embed": 64,
-    "word_embed_proj_dim": 64,
-    "adapter_in_dim": 64,
-    "adapter_out_dim": 64,
-    "adapter_input_size": 64,  # widths that must equal hidden
-    "intermediate_size": 128,
-    "n_inner": 128,
-    "ffn_dim": 128,
-    "decoder_ffn_dim": 128,
-    "ffn_hidden_size": 128,
-    "intermediate_size_mlp": 128,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32,
-    "moe_ffn_hidden_size": 32,
-    "shared_intermediate_size": 32,
-    "num_attention_heads": 4,
-    "n_head": 4,
-    "num_heads": 4,
-    "decoder_attention_heads": 4,
-    "n_heads": 4,
-    "head_dim": 16,
-    "attention_head_dim": 16,
-    "kv_channels": 16,
-    "global_head_dim": 32,
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "n_routed_experts": 4,
-    "moe_num_experts": 4,
-    "num_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_topk": 2,
-    "top_k": 2,
-    "moe_k": 2,
-    "num_experts_per_token": 2,
-    "n_shared_experts": 1,
-    "num_shared_experts": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    "kv_lora_rank": 32,
-    "q_lora_rank": 48,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 16,
-    "v_head_dim": 16,
-    "sliding_window": 8,
-    "attention_chunk_size": 8,
-    "window_size": 8,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "mamba_d_state": 8,
-    "state_size": 8,
-    "ssm_state_size": 8,
-    "mamba_n_heads": 8,
-    "mamba_d_head": 16,
-    "mamba_head_dim": 16,
-    "mamba_n_groups": 1,
-    "n_groups": 1,
-    "mamba_d_conv": 4,
-    "conv_kernel": 4,
-    "hidden_size_per_layer_input": 16,
-    "laurel_rank": 8,
-    "vocab_size_per_layer_input": 256,
-    "num_kv_shared_layers": 2,
-    "first_k_dense_replace": 1,
-    "moe_layer_start_index": 1,
-    "index_n_heads": 2,
-    "index_head_dim": 16,
-    "index_topk": 8,
-    "projection_dim": 32,
-    "num_channels": 3,
-    "rotary_dim": 8,
-    "dim_head": 16,
-    "mamba_d_ssm": 128,
-    "encoder_attention_heads": 4,
-    "encoder_ffn_dim": 128,
-    "swa_num_attention_heads": 4,
-    "swa_num_key_value_heads": 2,
-    "swa_head_dim": 16,
-    "sliding_window_size": 8,
-    "num_expert_group": 1,
-    "linear_head_dim": 16,
-    "linear_num_heads": 4,
-    "layer_group_size": 2,
+    key: size
+    for size, keys in (
+        (64, "hidden_size n_embd d_model n_embed word_embed_proj_dim"),
+        (64, "adapter_in_dim adapter_out_dim adapter_input_size"),  # widths that must equal hidden
+        (128, "intermediate_size n_inner ffn_dim decoder_ffn_dim ffn_hidden_size intermediate_size_mlp"),
+        (128, "encoder_ffn_dim mamba_d_ssm"),
+        (32, "moe_intermediate_size shared_expert_intermediate_size expert_intermediate_size moe_ffn_hidden_size"),
+        (32, "shared_intermediate_size global_head_dim projection_dim"),
+        (4, "num_attention_heads n_head num_heads decoder_attention_heads n_heads encoder_attention_heads"),
+        (4, "swa_num_attention_heads linear_num_heads linear_num_value_heads"),
+        (2, "linear_num_key_heads swa_num_key_value_heads index_n_heads"),
+        (16, "head_dim attention_head_dim kv_channels dim_head swa_head_dim index_head_dim linear_head_dim"),
+        (16, "linear_key_head_dim linear_value_head_dim mamba_d_head mamba_head_dim hidden_size_per_layer_input"),
+        (4, "num_experts num_local_experts n_routed_experts moe_num_experts num_routed_experts"),
+        (2, "num_experts_per_tok moe_topk top_k moe_k num_experts_per_token"),
+        (1, "n_shared_experts num_shared_experts n_group topk_group num_expert_group"),
+        (1, "first_k_dense_replace moe_layer_start_index"),
+        (32, "kv_lora_rank"),
+        (48, "q_lora_rank"),
+        (8, "qk_rope_head_dim"),
+        (16, "qk_nope_head_dim v_head_dim"),
+        (8, "sliding_window attention_chunk_size window_size sliding_window_size"),
+        (8, "mamba_d_state state_size ssm_state_size mamba_n_heads laurel_rank index_topk rotary_dim"),
+        (4, "mamba_d_conv conv_kernel"),
+        (1, "mamba_n_groups n_groups"),
+        (2, "num_kv_shared_layers layer_group_size"),
+        (256, "vocab_size_per_layer_input"),
+        (3, "num_channels"),
+    )
+    for key in keys.split()
 }
+#: sizes only ever lowered (a default below the tiny value stays)
+CAPPED = set("num_experts_per_tok top_k moe_topk moe_k num_experts_per_token n_group topk_group".split())
+CAPPED |= {"first_k_dense_replace", "moe_layer_start_index"}
 #: MoE sizes some config classes leave None by default (the model then cannot be built)
 NONE_FILL = {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2}
 KV_KEYS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv", "num_key_value_groups")
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "encoder_layers")
-TOKEN_KEYS = (
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "sep_token_id",
-    "decoder_start_token_id",
-    "image_token_id",
-    "image_token_index",
-    "video_token_id",
-    "boi_token_id",
-    "eoi_token_id",
-    "audio_token_id",
-    "boa_token_id",
-    "eoa_token_id",
+#: token ids that must stay inside the tiny vocabulary
+TOKEN_KEYS = tuple(
+    "bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id image_token_id image_token_index "
+    "video_token_id boi_token_id eoi_token_id audio_token_id boa_token_id eoa_token_id".split()
 )
 VOCAB = 256
 MAX_LAYERS = 8
@@ -272,22 +207,7 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
     for key, tiny in SIZES.items():
         value = out.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            out[key] = (
-                min(value, tiny)
-                if key
-                in (
-                    "num_experts_per_tok",
-                    "top_k",
-                    "moe_topk",
-                    "moe_k",
-                    "num_experts_per_token",
-                    "n_group",
-                    "topk_group",
-                    "first_k_dense_replace",
-                    "moe_layer_start_index",
-                )
-                else tiny
-            )
+            out[key] = min(value, tiny) if key in CAPPED else tiny
     heads = out.get("num_attention_heads") or out.get("n_head") or 4
     for key in KV_KEYS:
         value = data.get(key)
