@@ -99,3 +99,41 @@ def test_proportional_rope_round_trips():
 
     rope = RopeSpec.make("proportional", 1e6, head_dim=32, rope_proportion=0.25)
     assert check_rope_round_trip(rope, host=HOST) < 1e-5
+
+
+def _raise(exc):
+    def fail(*args, **kwargs):
+        raise exc
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    "target, exc, status, reason",
+    [
+        ("kvbridge.conformance.tiny.tiny_config_dict", KeyError("x"), "not-built", "config: KeyError"),
+        ("kvbridge.conformance.tiny.build", RuntimeError("no"), "not-built", "RuntimeError: no"),
+        ("kvbridge.conformance.sweep.compare_facts", RuntimeError("bug"), "crash", "facts: RuntimeError: bug"),
+        ("kvbridge.testing.contract.check_identity_transfer", AssertionError("diff"), "wrong", "identity: diff"),
+        ("kvbridge.testing.contract.check_identity_transfer", RuntimeError("bug"), "crash", "identity: RuntimeError"),
+    ],
+)
+def test_each_stage_failure_lands_in_its_class(monkeypatch, target, exc, status, reason):
+    """A failure is classed by where it happens: building is transformers', the rest kvbridge's."""
+    monkeypatch.setattr(target, _raise(exc))
+    r = sweep.run_type("llama", host=HOST)
+    assert r.status == status and r.reason.startswith(reason), (r.status, r.reason)
+    assert (r.adapter == "") == (status == "not-built")  # the description is kept once it was made
+
+
+def test_a_refusal_and_an_inapplicable_reference_after_describe(monkeypatch):
+    from kvbridge.errors import ConfigError
+    from kvbridge.testing.contract import NotApplicable
+
+    monkeypatch.setattr("kvbridge.conformance.sweep.compare_facts", _raise(ConfigError("cache differs", "x")))
+    r = sweep.run_type("llama", host=HOST)
+    assert (r.status, r.reason, r.adapter) == ("refused", "cache differs", "llama")
+    monkeypatch.undo()
+    monkeypatch.setattr("kvbridge.testing.contract.check_identity_transfer", _raise(NotApplicable("own fails")))
+    r = sweep.run_type("llama", host=HOST)
+    assert (r.status, r.reason) == ("not-built", "own fails") and r.max_key_diff is not None

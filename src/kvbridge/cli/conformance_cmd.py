@@ -48,6 +48,7 @@ def conformance(
     """
     from pathlib import Path
 
+    from kvbridge.artifacts import write_file_atomic
     from kvbridge.conformance import report, sweep
     from kvbridge.errors import ConfigError
 
@@ -93,13 +94,13 @@ def conformance(
         updates = base["updates"] + [sorted(r.model_type for r in new)]
     doc = json.dumps(report.document(results, transformers_version=version, updates=updates), indent=2)
     if merge_path:
-        report.write_atomic(merge_path, doc + "\n")
+        write_file_atomic(merge_path, doc + "\n")
     if markdown_path:
         path = Path(markdown_path)
-        report.write_atomic(path, report.markdown(results, transformers_version=version, updates=updates))
+        write_file_atomic(path, report.markdown(results, transformers_version=version, updates=updates))
         beside = path.with_suffix(".json")
         if not merge_path or Path(merge_path).resolve() != beside.resolve():
-            report.write_atomic(beside, doc + "\n")
+            write_file_atomic(beside, doc + "\n")
     click.echo(doc if as_json else report.summary_line(results))
     bad = [r for r in new if r.status in ("wrong", "crash")]
     raise SystemExit(1 if bad else 0)

@@ -144,23 +144,6 @@ def document(results: list[Result], *, transformers_version: str, updates: Itera
     }
 
 
-def write_atomic(path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder (never half-written)."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 __all__ = [
     "markdown",
     "summary_line",
@@ -169,7 +152,6 @@ __all__ = [
     "load_doc",
     "merge",
     "document",
-    "write_atomic",
     "COMMAND",
     "MERGE_COMMAND",
 ]

@@ -205,58 +205,50 @@ def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
     host = host or get_host()
     t0 = time.perf_counter()
     done = lambda status, **kw: Result(model_type, status, seconds=round(time.perf_counter() - t0, 2), **kw)  # noqa: E731
-    try:
+    stage, base = "config", {}
+    try:  # each stage's failure lands in its class (see the handler below)
         data = tiny.tiny_config_dict(model_type)
-    except Exception as exc:
-        return done("not-built", reason=f"config: {_short(exc)}")
-    try:  # a refusal from the config alone stands whether or not the tiny model builds
-        host.adapter_for(data).describe(data)
-    except KVBridgeError as exc:
-        return done("refused", reason=exc.what)
-    except Exception:
-        pass  # judged below, against the built model
-    try:
+        stage = "refusal"
+        try:  # a refusal from the config alone stands whether or not the tiny model builds
+            host.adapter_for(data).describe(data)
+        except KVBridgeError:
+            raise
+        except Exception:
+            pass  # judged below, against the built model
+        stage = "build"
         model = tiny.build(data, seed)
         with torch.no_grad():
             model(input_ids=_ids(getattr(model.config.get_text_config(decoder=True), "vocab_size", 128) or 128, 4, 0))
-    except Exception as exc:
-        return done("not-built", reason=_short(exc))
-    try:
+        stage = "describe"
         adapter = host.adapter_for(data)
         spec = adapter.spec_of(model)
-    except KVBridgeError as exc:
-        return done("refused", reason=exc.what)
-    except Exception as exc:
-        return done("crash", reason=f"describe: {_short(exc)}")
-    left_out = getattr(model, "kvbridge_left_out", "")  # a part the builder could not build (not the cache's)
-    base = dict(
-        adapter=adapter.name,
-        layers=spec.num_layers,
-        kinds=_layout(spec),
-        positional=spec.positional,
-        notes=(left_out,) if left_out else (),
-    )
-    try:
-        wrong, key_diff = compare_facts(model, spec, adapter, seed=seed)
-    except KVBridgeError as exc:
-        return done("refused", reason=exc.what, **base)
-    except Exception as exc:
-        return done("crash", reason=f"facts: {_short(exc)}", **base)
-    if wrong:
-        return done("wrong", reason="; ".join(wrong[:4]), max_key_diff=key_diff, **base)
-    try:
+        left_out = getattr(model, "kvbridge_left_out", "")  # a part the builder could not build (not the cache's)
+        base = dict(
+            adapter=adapter.name,
+            layers=spec.num_layers,
+            kinds=_layout(spec),
+            positional=spec.positional,
+            notes=(left_out,) if left_out else (),
+        )
+        stage = "facts"
+        wrong, base["max_key_diff"] = compare_facts(model, spec, adapter, seed=seed)
+        if wrong:
+            return done("wrong", reason="; ".join(wrong[:4]), **base)
+        stage = "identity"
         res = check_identity_transfer(
             adapter, None, model=model, prompt_len=PROMPT, new_tokens=4, seed=seed, tol=LOGIT_TOL
         )
-    except AssertionError as exc:
-        return done("wrong", reason=f"identity: {exc}", max_key_diff=key_diff, **base)
-    except NotApplicable as exc:  # transformers' own cached generate fails on this tiny model
-        return done("not-built", reason=str(exc)[:200], max_key_diff=key_diff, **base)
-    except KVBridgeError as exc:
-        return done("refused", reason=exc.what, max_key_diff=key_diff, **base)
     except Exception as exc:
-        return done("crash", reason=f"identity: {_short(exc)}", max_key_diff=key_diff, **base)
-    return done("exact", max_logit_diff=res.max_logit_diff, max_key_diff=key_diff, reason=left_out, **base)
+        if stage in ("config", "build"):  # transformers could not build or run it: not kvbridge's
+            return done("not-built", reason=("config: " if stage == "config" else "") + _short(exc))
+        if isinstance(exc, KVBridgeError):
+            return done("refused", reason=exc.what, **base)
+        if stage == "identity" and isinstance(exc, AssertionError):
+            return done("wrong", reason=f"identity: {exc}", **base)
+        if isinstance(exc, NotApplicable):  # transformers' own cached generate fails on this tiny model
+            return done("not-built", reason=str(exc)[:200], **base)
+        return done("crash", reason=f"{stage}: {_short(exc)}", **base)
+    return done("exact", max_logit_diff=res.max_logit_diff, reason=left_out, **base)
 
 
 def all_types() -> list[str]:
