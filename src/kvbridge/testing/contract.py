@@ -265,6 +265,30 @@ def host_with(kind: str, record: Any, same=None):
     return make_host(entry_points=False, extra=[(f"contract-{record.name}", plugin())])
 
 
+def host_with_factory(kind: str, obj: Any):
+    """``(host, record)``: ``obj`` (a ``fitter``, ``steering_method`` or ``scorer`` record, or the class, instance
+    or function it wraps, described by its docstring's first line) registered by :func:`host_with`; a built-in
+    of the same name must load the very same factory (or the class of the instance given)."""
+    from kvbridge import plugin_types as pt
+
+    cls = {"fitter": pt.Fitter, "steering_method": pt.SteeringMethod, "scorer": pt.Scorer}[kind]
+    doc = (obj.__doc__ or "").strip().splitlines()
+    name = getattr(obj, "name", None) or getattr(obj, "__name__", kind)
+    record = obj if isinstance(obj, cls) else cls(name, doc[0] if doc else kind, obj)
+    factory = record.load()
+    return host_with(kind, record, lambda have: have.load() in (factory, type(factory))), record
+
+
+def run_or_skip(check, *args, **kwargs):
+    """``check(*args, **kwargs)`` under pytest: a :class:`NotApplicable` becomes a skip with its reason."""
+    try:
+        return check(*args, **kwargs)
+    except NotApplicable as why:
+        import pytest
+
+        pytest.skip(str(why))
+
+
 class AdapterContract:
     """Subclass with ``adapter = MY_ADAPTER`` to run the contract under pytest."""
 
@@ -297,13 +321,7 @@ class AdapterContract:
             check_identity_transfer(self.adapter, cfg)
 
     def test_shifted_identity(self):
-        cfg = next(iter(adapter_configs(self.adapter).values()))
-        try:
-            check_shifted_identity(self.adapter, cfg)
-        except NotApplicable as why:
-            import pytest
-
-            pytest.skip(str(why))
+        run_or_skip(check_shifted_identity, self.adapter, next(iter(adapter_configs(self.adapter).values())))
 
 
 class RopeVariantContract:

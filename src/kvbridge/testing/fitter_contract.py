@@ -26,18 +26,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from kvbridge.testing.contract import NotApplicable, host_with
+from kvbridge.testing.contract import NotApplicable, host_with_factory, run_or_skip
 
 #: the planted fit must reach this held-out R² (mean over target heads, K and V)
 PLANTED_R2 = 0.999
 #: transferred vs native target cache: max abs error relative to the cache's max magnitude
 PLANTED_REL_ERR = 1e-2
-
-
-def _skip(why: NotApplicable):
-    import pytest
-
-    pytest.skip(str(why))
 
 
 @functools.lru_cache(maxsize=4)
@@ -56,11 +50,7 @@ def planted_fixture(insert_before: tuple = (1, 3), kv_dup: int = 2, sequences: i
 def host_with_fitter(fitter: Any):
     """A built-ins-only host where ``fitter`` is registered under its name (by a contract plugin
     unless a built-in already registers that very class)."""
-    from kvbridge.plugin_types import Fitter
-
-    doc = (fitter.__doc__ or "").strip().splitlines()
-    record = Fitter(fitter.name, doc[0] if doc else "contract", fitter)
-    return host_with("fitter", record, lambda have: have.load() is fitter or have.load() is type(fitter))
+    return host_with_factory("fitter", fitter)[0]
 
 
 def check_fitter_protocol(fitter: Any) -> None:
@@ -83,6 +73,7 @@ def check_fitter_protocol(fitter: Any) -> None:
 def fit_planted(fitter: Any, options: dict, fixture: dict):
     """``(mapping, host)``: the fitter run through :func:`kvbridge.fit.fit` on a planted pair."""
     from kvbridge.fit import fit
+    from kvbridge.fit.calibrate import CalibrationConfig
 
     host = host_with_fitter(fitter)
     mapping = fit(
@@ -91,17 +82,11 @@ def fit_planted(fitter: Any, options: dict, fixture: dict):
         fixture["ids"],
         fitter=fitter.name,
         options=dict(options),
-        calibration=_calibration(),
+        calibration=CalibrationConfig(stride=2),
         host=host,
         distributed=None,
     )
     return mapping, host
-
-
-def _calibration():
-    from kvbridge.fit.calibrate import CalibrationConfig
-
-    return CalibrationConfig(stride=2)
 
 
 def check_recovers_planted(
@@ -200,17 +185,10 @@ class FitterContract:
 
     def test_round_trips_through_save_and_load(self, tmp_path):
         mapping, host = self._fit()
-        try:
-            check_round_trip(mapping, tmp_path, self._fixture(), host)
-        except NotApplicable as why:
-            _skip(why)
+        run_or_skip(check_round_trip, mapping, tmp_path, self._fixture(), host)
 
     def test_report_has_the_fields(self):
-        mapping, _ = self._fit()
-        try:
-            check_report(mapping, self._fixture())
-        except NotApplicable as why:
-            _skip(why)
+        run_or_skip(check_report, self._fit()[0], self._fixture())
 
 
 __all__ = [

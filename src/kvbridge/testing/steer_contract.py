@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from kvbridge.testing.contract import host_with
+from kvbridge.testing.contract import host_with_factory
 
 PROMPT_LEN, GREEDY_STEPS = 12, 6
 
@@ -64,21 +64,13 @@ def check_method(method: Any, options: dict, *, layers=None, start: int = 0, sto
     """Run the contract's checks on ``method`` (a class, an instance or a ``SteeringMethod`` record)."""
     import torch
 
-    from kvbridge.plugin_types import SteeringMethod
     from kvbridge.steer.edit import layers_of
     from kvbridge.steer.methods import SteerContext, method_options, method_problem
     from kvbridge.steer.sample import Setup
 
-    record = (
-        method
-        if isinstance(method, SteeringMethod)
-        else SteeringMethod(
-            method.name, (method.__doc__ or "").strip().splitlines()[0] if method.__doc__ else "", method
-        )
-    )
+    host, record = host_with_factory("steering_method", method)
     cls = record.load()
     assert method_problem(cls) is None, f"{record.name}: missing protocol member {method_problem(cls)!r}"
-    host = host_with("steering_method", record, lambda have: have.load() is record.load())
     m = host.get("steering_method", record.name)
     fx = steer_fixture()
     model, state = fx["model"], fx["state"]
@@ -143,10 +135,7 @@ ODD_TEXTS = (
 
 
 def check_scorer(scorer: Any, positives=(), negatives=()) -> dict:
-    from kvbridge.plugin_types import Scorer
-
-    record = scorer if isinstance(scorer, Scorer) else Scorer(getattr(scorer, "__name__", "scorer"), "", scorer)
-    host = host_with("scorer", record, lambda have: have.load() is record.load())
+    host, record = host_with_factory("scorer", scorer)
     fn = host.get("scorer", record.name)
     for text in (*positives, *negatives, *ODD_TEXTS):
         got = fn(text)
