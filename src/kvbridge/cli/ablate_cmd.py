@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from kvbridge.cli.numbers import count
-from kvbridge.cli.options import device_option, dtype_option, json_option, tokenizer_option
+from kvbridge.cli.options import echo_report, json_option, loading_options
 
 
 @click.command("ablate")
@@ -19,9 +17,7 @@ from kvbridge.cli.options import device_option, dtype_option, json_option, token
 @click.option(
     "--max-new-tokens", default=16, show_default=True, type=count(1), help="Length of the greedy continuation compared."
 )
-@tokenizer_option
-@dtype_option
-@device_option
+@loading_options
 @json_option
 def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, device, as_json) -> None:
     """Ablate the guide's cached K/V at LAYERS and compare with the intact state and true removal.
@@ -37,8 +33,4 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
 
     m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype, device)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    for line in report.lines():
-        click.echo(line)
+    echo_report(report, as_json)

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from kvbridge.cli.options import (
-    device_option,
-    dtype_option,
-    json_option,
-    settings_from,
-    settings_options,
-    tokenizer_option,
-)
+from kvbridge.cli.options import echo_report, json_option, loading_options, settings_from, settings_options
 from kvbridge.prefix.diverge import DivergeSettings
 
 
@@ -30,9 +21,7 @@ from kvbridge.prefix.diverge import DivergeSettings
             )
         ],
         "paths": [
-            tokenizer_option,
-            dtype_option,
-            device_option,
+            loading_options,
             json_option,
             click.option(
                 "--partial",
@@ -98,8 +87,4 @@ def diverge(model, guide, prompt, pack_dir, tokenizer, dtype, device, as_json, p
     bar.close()
     if partial is not None:
         partial.finish()
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    for line in report.lines():
-        click.echo(line)
+    echo_report(report, as_json)

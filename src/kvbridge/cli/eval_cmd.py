@@ -48,13 +48,9 @@ def eval_cmd(source, target, dtype, as_json, threads, **options):
     METRICS
     """
     settings = settings_from(EvalSettings, options)  # every check of the options runs here, before anything loads
-    import torch
-    from transformers.utils import logging as hf_logging
+    from kvbridge.cli.options import echo_written, load_pair, quiet_torch
 
-    hf_logging.set_verbosity_error()
-    if threads:
-        torch.set_num_threads(int(threads))
-    from kvbridge.cli.options import load_pair
+    quiet_torch(threads)
     from kvbridge.evaluate.report import terminal_table, to_json
     from kvbridge.recompute.eval_run import evaluate_run
     from kvbridge.progress import Heartbeat, Progress
@@ -81,8 +77,7 @@ def eval_cmd(source, target, dtype, as_json, threads, **options):
     )
     if bar is not None:
         bar.close()
-    if run.written and not as_json:
-        click.echo(f"report: {', '.join(str(p) for p in run.written.values())}", err=True)
+    echo_written(run.written, as_json)
     if run.frontier:
         from kvbridge.recompute.frontier_report import table as frontier_table
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from kvbridge.cli.options import dtype_option, json_option, settings_from, settings_options
+from kvbridge.cli.options import dtype_option, echo_written, json_option, settings_from, settings_options
 from kvbridge.recompute.settings import GraftRunSettings, GraftSettings
 
 
@@ -107,7 +107,5 @@ def eval_cmd(model, dtype, as_json, **options):
     result = run_graft(m, (ids[:, :c], ids[:, c : c + n], ids[:, c + n :]), s, progress=progress)
     result["model"] = name
     if s.report_dir:
-        written = report.write(result, s.report_dir, "graft", f"graft on {name}")
-        if not as_json:
-            click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+        echo_written(report.write(result, s.report_dir, "graft", f"graft on {name}"), as_json)
     click.echo(json.dumps(result, indent=2) if as_json else report.table(result))

@@ -43,13 +43,9 @@ def harness(source, target, dtype, threads, as_json, **options):
 
     settings = settings_from(HarnessSettings, options)
     prepared = prepare(settings)  # every refusal that needs no model, before loading one
-    import torch
-    from transformers.utils import logging as hf_logging
+    from kvbridge.cli.options import echo_written, load_pair, quiet_torch
 
-    hf_logging.set_verbosity_error()
-    if threads:
-        torch.set_num_threads(int(threads))
-    from kvbridge.cli.options import load_pair
+    quiet_torch(threads)
     from kvbridge.harness.report import terminal_table, to_json
     from kvbridge.progress import Progress
     from kvbridge.run import Run
@@ -66,8 +62,7 @@ def harness(source, target, dtype, threads, as_json, **options):
     result, written = harness_run(Run.of(pair, settings), prepared=prepared, progress=progress)
     if bar is not None:
         bar.close()
-    if written and not as_json:
-        click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+    echo_written(written, as_json)
     click.echo(to_json(result) if as_json else terminal_table(result))
 
 

@@ -59,6 +59,11 @@ threads_option = _shared_option(
 )
 
 
+def loading_options(func):
+    """``--tokenizer``, ``--dtype``, ``--device``: how a command that runs one model loads it."""
+    return tokenizer_option(dtype_option(device_option(func)))
+
+
 # -- options generated from a settings dataclass ------------------------------------------------------------
 class TopK(Number):
     """``--top-k``: a whole number >= 1, ``all``, or a comma list of them (a k sweep from one pass)."""
@@ -250,6 +255,28 @@ def unescape(sep: str) -> str:
     return re.sub(r"\\([ntrs\\])", lambda m: table[m.group(1)], sep)
 
 
+# -- output ------------------------------------------------------------------------------------------------
+def echo_report(report, as_json: bool, **dumps) -> None:
+    """A report with ``to_dict()`` and ``lines()``: JSON (indent 2) under ``--json``, else its lines."""
+    click.echo(json.dumps(report.to_dict(), indent=2, **dumps) if as_json else "\n".join(report.lines()))
+
+
+def echo_written(written: dict | None, as_json: bool) -> None:
+    """The report files a command wrote, one stderr line (none under ``--json``)."""
+    if written and not as_json:
+        click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
+
+
+def quiet_torch(threads: int | None) -> None:
+    """Before a model runs: transformers' logging quiet, torch on ``threads`` threads (None: torch's choice)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
 # -- formatters ------------------------------------------------------------------------------------------
 def kv_bytes_per_token(spec) -> int:
     """Bytes one token adds to the cache: K and V (and sparse-attention indexer keys), every KV layer, in the
@@ -316,6 +343,10 @@ __all__ = [
     "device_option",
     "json_option",
     "threads_option",
+    "loading_options",
+    "echo_report",
+    "echo_written",
+    "quiet_torch",
     "TopK",
     "param_type",
     "settings_options",

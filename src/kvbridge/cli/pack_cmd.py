@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import device_option, dtype_option, fmt_text, json_option, tokenizer_option
+from kvbridge.cli.options import fmt_text, json_option, loading_options
 
 
 @click.group("pack")
@@ -23,9 +23,7 @@ def pack() -> None:
 @click.argument("model")
 @click.option("--guide", required=True, help="Guide text, or @FILE.")
 @click.option("--out", "out", required=True, type=click.Path(), help="Pack folder to write.")
-@tokenizer_option
-@dtype_option
-@device_option
+@loading_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack folder.")
 def save(
     model: str, guide: str, out: str, tokenizer: str | None, dtype: str | None, device: str, overwrite: bool
@@ -121,9 +119,7 @@ def info(folder: str, as_json: bool) -> None:
 @pack.command("verify")
 @click.argument("folder", type=click.Path())
 @click.argument("model")
-@tokenizer_option
-@dtype_option
-@device_option
+@loading_options
 @click.option(
     "--force",
     is_flag=True,

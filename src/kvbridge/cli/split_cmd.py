@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from kvbridge.cli.options import json_option, open_guide_session, unescape  # noqa: F401 - kept importable here
+from kvbridge.cli.options import echo_report, json_option, open_guide_session, unescape  # noqa: F401 - kept importable here
 
 
 @click.command("split")
@@ -34,8 +32,4 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
     live_text = read_text_arg(live, "live")
     tok = open_tokenizer(tokenizer)
     report = split_text(tok, guide_text, live_text, unescape(sep))
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-        return
-    for line in report.lines():
-        click.echo(line)
+    echo_report(report, as_json, ensure_ascii=False)
