@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvbridge.cli.numbers import count
-from kvbridge.cli.options import echo_report, json_option, loading_options
+from kvbridge.cli.options import echo_result, json_option, loading_options
 
 
 @click.command("ablate")
@@ -33,4 +33,4 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
 
     m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype, device)
     report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
-    echo_report(report, as_json)
+    echo_result(report.to_dict(), as_json, "\n".join(report.lines()))

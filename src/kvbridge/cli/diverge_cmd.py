@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import echo_report, json_option, loading_options, settings_from, settings_options
+from kvbridge.cli.options import echo_result, json_option, loading_options, settings_from, settings_options
 from kvbridge.prefix.diverge import DivergeSettings
 
 
@@ -87,4 +87,4 @@ def diverge(model, guide, prompt, pack_dir, tokenizer, dtype, device, as_json, p
     bar.close()
     if partial is not None:
         partial.finish()
-    echo_report(report, as_json)
+    echo_result(report.to_dict(), as_json, "\n".join(report.lines()))

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import json_option
+from kvbridge.cli.options import echo_result, json_option
 
 
 @click.group("engine")
@@ -118,10 +118,9 @@ def export_cmd(
         "approximate": bool(state.approximate),
         "seconds": time.perf_counter() - t0,
     }
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    click.echo(
+    echo_result(
+        info,
+        as_json,
         f"wrote {out}: {state.num_tokens} tokens as a {engine_name} cache for {model} ({len(data) / 1e6:.2f} MB"
-        f"{', approximate' if state.approximate else ''}) in {info['seconds'] * 1000:.1f} ms"
+        f"{', approximate' if state.approximate else ''}) in {info['seconds'] * 1000:.1f} ms",
     )

@@ -9,7 +9,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import json_option
+from kvbridge.cli.options import echo_result, json_option
 
 
 def _rows(host) -> list[dict]:
@@ -151,7 +151,6 @@ def materialize(model: str, out: str, dtype: str, overwrite: bool, as_json: bool
     from kvbridge.models.materialize import materialize as run
 
     info = run(model, out, dtype=dtype, overwrite=overwrite)
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    click.echo(f"wrote {info['out']}: {info['model_type']}, {info['dtype']}, {', '.join(info['files'])}")
+    echo_result(
+        info, as_json, f"wrote {info['out']}: {info['model_type']}, {info['dtype']}, {', '.join(info['files'])}"
+    )

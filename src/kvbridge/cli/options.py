@@ -256,9 +256,10 @@ def unescape(sep: str) -> str:
 
 
 # -- output ------------------------------------------------------------------------------------------------
-def echo_report(report, as_json: bool, **dumps) -> None:
-    """A report with ``to_dict()`` and ``lines()``: JSON (indent 2) under ``--json``, else its lines."""
-    click.echo(json.dumps(report.to_dict(), indent=2, **dumps) if as_json else "\n".join(report.lines()))
+def echo_result(data, as_json: bool, text: str, **dumps) -> None:
+    """A command's result: ``data`` as JSON under ``--json`` (``json.dumps`` keywords: indent 2 unless given),
+    else ``text``."""
+    click.echo(json.dumps(data, **{"indent": 2, **dumps}) if as_json else text)
 
 
 def echo_written(written: dict | None, as_json: bool) -> None:
@@ -344,7 +345,7 @@ __all__ = [
     "json_option",
     "threads_option",
     "loading_options",
-    "echo_report",
+    "echo_result",
     "echo_written",
     "quiet_torch",
     "TopK",

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import fmt_text, json_option, loading_options
+from kvbridge.cli.options import echo_result, fmt_text, json_option, loading_options
 
 
 @click.group("pack")
@@ -280,11 +280,10 @@ def export(
         "v_trans": not flash_attn,
         "seconds": secs,
     }
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    click.echo(
+    echo_result(
+        result,
+        as_json,
         f"wrote {out}: {state.num_tokens} guide tokens as a {engine_name} state for {model} "
         f"({len(data) / 1e6:.2f} MB, {cache_type}, {'V transposed' if not flash_attn else 'V row-major'}"
-        f"{', approximate' if state.approximate else ''}) in {secs * 1000:.1f} ms"
+        f"{', approximate' if state.approximate else ''}) in {secs * 1000:.1f} ms",
     )

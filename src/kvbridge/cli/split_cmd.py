@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import echo_report, json_option, open_guide_session, unescape  # noqa: F401 - kept importable here
+from kvbridge.cli.options import echo_result, json_option, open_guide_session, unescape  # noqa: F401 - kept importable here
 
 
 @click.command("split")
@@ -32,4 +32,4 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
     live_text = read_text_arg(live, "live")
     tok = open_tokenizer(tokenizer)
     report = split_text(tok, guide_text, live_text, unescape(sep))
-    echo_report(report, as_json, ensure_ascii=False)
+    echo_result(report.to_dict(), as_json, "\n".join(report.lines()), ensure_ascii=False)

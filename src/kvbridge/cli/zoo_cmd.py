@@ -6,12 +6,11 @@ checkout's ``python -m tools.zoo.build``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from kvbridge.cli.options import json_option
+from kvbridge.cli.options import echo_result, json_option
 
 
 def manifest_table(manifest: dict) -> str:
@@ -94,11 +93,8 @@ def list_cmd(root, as_json) -> None:
     from kvbridge.zoo import read_manifest, zoo_dir
 
     manifest = read_manifest(root)
-    if as_json:
-        click.echo(json.dumps(manifest, indent=1, sort_keys=True))
-        return
-    click.echo(f"zoo: {Path(root or zoo_dir())}")
-    click.echo(manifest_table(manifest))
+    text = f"zoo: {Path(root or zoo_dir())}\n{manifest_table(manifest)}"
+    echo_result(manifest, as_json, text, indent=1, sort_keys=True)
 
 
 @zoo.command("build")
