@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from kvbridge.cli.main import cli
 from kvbridge.conformance.tiny import tiny_config_dict
-from kvbridge.testing.gguf import tiny_llama_gguf, tiny_llama_tensors
+from tests.gguf_files import tiny_llama_gguf, tiny_llama_tensors
 
 
 def _cache_layer(config: dict):

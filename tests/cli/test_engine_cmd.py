@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from kvbridge.cli.main import cli
-from kvbridge.testing.gguf import tiny_llama_metadata, write_gguf
+from tests.gguf_files import tiny_llama_metadata, write_gguf
 
 
 def run(*args):

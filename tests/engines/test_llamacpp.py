@@ -14,7 +14,7 @@ from kvbridge.engines import llamacpp as L
 from kvbridge.engines import llamacpp_format as fmt
 from kvbridge.errors import ConfigError, KVBridgeError, StateError
 from kvbridge.kvstate import KVState
-from kvbridge.testing.gguf import tiny_llama_metadata, tiny_llama_tensors, write_gguf
+from tests.gguf_files import tiny_llama_metadata, tiny_llama_tensors, write_gguf
 
 
 def _gguf(tmp_path, arch="llama", name="m", **changes):

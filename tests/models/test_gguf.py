@@ -1,4 +1,4 @@
-"""The torch-free GGUF header reader on synthetic files written by kvbridge.testing.gguf."""
+"""The torch-free GGUF header reader on synthetic files written by tests/gguf_files.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from kvbridge.errors import ConfigError
 from kvbridge.models import resolve
 from kvbridge.models.gguf import GGUFArray, geometry, read_gguf, to_hf_config
-from kvbridge.testing.gguf import tiny_llama_gguf, tiny_llama_metadata, tiny_llama_tensors, write_gguf
+from tests.gguf_files import tiny_llama_gguf, tiny_llama_metadata, tiny_llama_tensors, write_gguf
 
 
 def test_geometry_quantization_and_tokenizer_facts(tmp_path):

@@ -8,7 +8,7 @@ from kvbridge.errors import ConfigError
 from kvbridge.hookspecs import hookimpl
 from kvbridge.models import ModelRef, resolve
 from kvbridge.plugins import make_host
-from kvbridge.testing.gguf import tiny_llama_gguf
+from tests.gguf_files import tiny_llama_gguf
 
 
 def test_zoo_scheme_and_errors():
