@@ -105,8 +105,6 @@ SEED = Number(int, 0, MAX_SEED)
 THREADS = Number(int, 1, 1024)
 #: shares in (0, 1]
 SHARE = real(0, 1, min_open=True)
-#: shares in (0, 1) (held-out fractions: some data must stay on each side)
-OPEN_SHARE = real(0, 1, min_open=True, max_open=True)
 
 
-__all__ = ["Number", "count", "real", "HUGE", "MAX_SEED", "SEED", "THREADS", "SHARE", "OPEN_SHARE"]
+__all__ = ["Number", "count", "real", "HUGE", "MAX_SEED", "SEED", "THREADS", "SHARE"]

@@ -90,16 +90,7 @@ OVERRIDES: dict[str, dict] = {
         "n_input_layers": 2,
         "n_recurrent_layers": 4,
         "n_output_layers": 2,
-        "layer_types": [
-            "sliding_attention",
-            "mlp",
-            "sliding_attention",
-            "mlp",
-            "sliding_attention",
-            "mlp",
-            "full_attention",
-            "mlp",
-        ],
+        "layer_types": ["sliding_attention", "mlp"] * 3 + ["full_attention", "mlp"],
         "rope_parameters": None,
     },
     # M-RoPE per layer type; mrope_section must cover head_dim / 2 = 8 (text tokens: all 3 axes equal)
