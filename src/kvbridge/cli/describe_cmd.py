@@ -78,6 +78,10 @@ def _human(data: dict) -> str:
     rope = fmt_rope(dict(spec["rope"], by_layer_type=spec.get("rope_by_layer_type"))) if spec["rope"] else "-"
     if spec["rope"] and spec["rope"].get("partial_factor", 1.0) != 1.0:
         rope += f" (rotary_dim {spec['rope']['rotary_dim']} of {spec['rope']['head_dim']})"
+    gguf = data.get("gguf")
+    dtype = spec["dtype"]
+    if gguf:  # what the dequantized model loads as, and what the file holds
+        dtype += f" as loaded (weights {gguf.get('file_type') or gguf['quantization']}, dequantized)"
     tok = data["tokenizer"]
     tok_text = "unknown" if tok == "unknown" else f"{tok['kind']} {tok['vocab_size']} ids sha256:{tok['digest'][:12]}"
     rows = [
@@ -91,25 +95,15 @@ def _human(data: dict) -> str:
         ("rope", rope),
         ("attention", attention),
         ("qk_norm", "yes" if spec["qk_norm"] else "no"),
-        ("dtype", spec["dtype"]),
+        ("dtype", dtype),
         ("vocab_size", str(spec["vocab_size"])),
         ("max positions", str(spec["max_position_embeddings"])),
         ("cache_format", data["cache_format"]),
         ("KV bytes / token", f"{data['kv_bytes_per_token']:,}"),
         ("tokenizer", tok_text),
     ]
-    gguf = data.get("gguf")
     if gguf:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(gguf["tensor_types"].items(), key=lambda kv: -kv[1]))
-        rows = [
-            (
-                "dtype",
-                f"{spec['dtype']} as loaded (weights {gguf.get('file_type') or gguf['quantization']}, dequantized)",
-            )
-            if k == "dtype"
-            else (k, v)
-            for k, v in rows
-        ]
         stated = gguf.get("file_type")
         if stated and stated != gguf["quantization"]:
             quant = f"{gguf['quantization']} by tensor count ({types}); the file states {stated}"

@@ -78,18 +78,13 @@ def eval_cmd(source, target, dtype, as_json, threads, **options):
     if bar is not None:
         bar.close()
     echo_written(run.written, as_json)
-    if run.frontier:
-        from kvbridge.recompute.frontier_report import table as frontier_table
+    table = terminal_table
+    if run.frontier or run.recompute:  # a condition set of its own, with its own table and no gates
+        from kvbridge.recompute import frontier_report, report
 
-        click.echo(to_json(run.result) if as_json else frontier_table(run.result))
-        return
-    if run.recompute:
-        from kvbridge.recompute.report import table as recompute_table
-
-        click.echo(to_json(run.result) if as_json else recompute_table(run.result))
-        return
-    click.echo(to_json(run.result) if as_json else terminal_table(run.result))
-    if run.exit_code:
+        table = frontier_report.table if run.frontier else report.table
+    click.echo(to_json(run.result) if as_json else table(run.result))
+    if run.exit_code and not (run.frontier or run.recompute):
         click.echo(f"gates FAILED: {', '.join(run.failed_gates)}", err=True)
         sys.stdout.flush()
         click.get_current_context().exit(run.exit_code)
