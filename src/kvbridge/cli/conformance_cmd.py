@@ -16,7 +16,6 @@ from kvbridge.cli.options import json_option
     "--markdown",
     "markdown_path",
     type=click.Path(dir_okay=False),
-    default=None,
     help="Write the supported-models table (Markdown) to this file, and the results as JSON beside it "
     "(same name, .json).",
 )
@@ -24,14 +23,12 @@ from kvbridge.cli.options import json_option
     "--from",
     "from_path",
     type=click.Path(exists=True, dir_okay=False),
-    default=None,
     help="Render results saved by an earlier --json run instead of running the sweep.",
 )
 @click.option(
     "--merge",
     "merge_path",
     type=click.Path(exists=True, dir_okay=False),
-    default=None,
     help="Saved results (e.g. docs/supported-models.json): replace only the rows of these results in "
     "it, write it back, and render the whole table from it.",
 )

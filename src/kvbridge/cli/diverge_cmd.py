@@ -26,7 +26,6 @@ from kvbridge.prefix.diverge import DivergeSettings
             click.option(
                 "--partial",
                 "partial_path",
-                default=None,
                 type=click.Path(dir_okay=False),
                 help="JSONL of finished seeds, rewritten atomically after each (kept when the run is killed).",
             ),

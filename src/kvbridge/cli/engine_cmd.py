@@ -78,7 +78,6 @@ def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
 @click.option(
     "--from-engine",
     "from_engine",
-    default=None,
     help="SRC is a cache this engine saved (read with its import) instead of a pack folder.",
 )
 @click.option("--from-model", "from_model", default=None, help="The model SRC's engine ran (default: --model).")

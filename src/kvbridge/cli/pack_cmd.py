@@ -8,6 +8,9 @@ import click
 
 from kvbridge.cli.options import echo_result, fmt_text, json_option, loading_options
 
+#: what ``pack verify`` checks, in its order (the JSON's ``checks``)
+CHECKS = ("checksum", "model", "rope", "cache_format", "dtype", "config", "weights", "tokenizer", "guide_token_ids")
+
 
 @click.group("pack")
 def pack() -> None:
@@ -163,17 +166,7 @@ def verify(
         "num_tokens": loaded.num_tokens,
         "cache_tokens": int(cache.get_seq_length()),
         "load_seconds": secs,
-        "checks": [
-            "checksum",
-            "model",
-            "rope",
-            "cache_format",
-            "dtype",
-            "config",
-            "weights",
-            "tokenizer",
-            "guide_token_ids",
-        ],
+        "checks": list(CHECKS),
         "notes": list(loaded.notes),
     }
     if loaded.forced:
@@ -207,7 +200,6 @@ def verify(
 @click.option(
     "--model",
     "model",
-    default=None,
     help="The model the engine runs (for llamacpp: its .gguf file, or a reference resolving to one; for vllm: the "
     "safetensors folder vLLM serves); default: the model the pack was saved with, when the engine runs it. Give it "
     "for another file of the same weights.",

@@ -80,7 +80,6 @@ def zoo() -> None:
     "--dir",
     "root",
     type=click.Path(file_okay=False, path_type=Path),
-    default=None,
     help="A zoo folder (default: $KVBRIDGE_ZOO_DIR, else the shipped one).",
 )
 @json_option(help="Print the whole manifest as JSON.")
@@ -101,13 +100,11 @@ def list_cmd(root, as_json) -> None:
 @click.option(
     "--corpus",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
     help="tinyshakespeare.txt (default: ../shared/corpora/ beside the repo).",
 )
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=None,
     help="Where to write the zoo (default: the package's zoo/models, replacing it).",
 )
 def build_cmd(corpus, out) -> None:
