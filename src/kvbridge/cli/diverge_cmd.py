@@ -58,20 +58,8 @@ def diverge(model, guide, prompt, pack_dir, tokenizer, dtype, device, as_json, p
     from kvbridge.progress import PartialLog, Progress
 
     settings = settings_from(DivergeSettings, {**options, "sep": unescape(options["sep"])})
-    partial = (
-        None
-        if partial_path is None
-        else PartialLog(
-            partial_path,
-            {
-                "command": "diverge",
-                "model": model,
-                "seeds": settings.seeds,
-                "max_new_tokens": settings.max_new_tokens,
-                "paths": options["paths"],
-            },
-        )
-    )
+    head = dict(command="diverge", model=model, seeds=settings.seeds, max_new_tokens=settings.max_new_tokens)
+    partial = None if partial_path is None else PartialLog(partial_path, {**head, "paths": options["paths"]})
     bar = Progress((0 if settings.greedy_only else settings.seeds) + 1, label="diverge", unit="runs (seeds + greedy)")
     report = run(
         m,
