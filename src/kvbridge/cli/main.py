@@ -55,20 +55,15 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except click.ClickException as exc:  # usage errors of a sub-command: one line too
-            if os.environ.get("KVBRIDGE_DEBUG"):
-                raise
-            report(usage_error(exc, ctx))
-            ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("error: interrupted (nothing half-written was left; --resume continues a fit)", err=True)
             ctx.exit(130)
-        except Exception as exc:  # noqa: BLE001 - the one error boundary
+        except Exception as exc:  # noqa: BLE001 - the one error boundary (a sub-command's usage errors too)
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
-            err = from_exception(exc)
+            err = usage_error(exc, ctx) if isinstance(exc, click.ClickException) else from_exception(exc)
             report(err)
-            ctx.exit(err.exit_code)
+            ctx.exit(err.exit_code)  # 2 for a usage error
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Like click's, with the group's own usage errors (``kvbridge --bogus``) as one line, and
