@@ -23,6 +23,8 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
+from kvbridge.testing.contract import random_ids
+
 CLASSES = ("exact", "refused", "not-built", "wrong", "crash")
 LOGIT_TOL = 1e-5
 KEY_TOL = 1e-4
@@ -72,13 +74,6 @@ def _layout(spec) -> str:
     return text
 
 
-def _ids(vocab: int, length: int, seed: int):
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, max(4, min(vocab, 200)), (1, length), generator=g)
-
-
 def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], float | None]:
     """Wrong facts of ``spec`` against the model's own cache, and the max key difference of the
     shifted-position check (None when it does not apply)."""
@@ -86,7 +81,7 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
     from transformers import DynamicCache
 
     wrong = []
-    ids = _ids(spec.vocab_size or 128, PROMPT, seed + 3)
+    ids = random_ids(min(spec.vocab_size or 128, 200), 1, PROMPT, seed + 3)
     m = copy.deepcopy(model)
     with torch.no_grad():
         out = m(input_ids=ids, use_cache=True)
@@ -218,7 +213,8 @@ def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
         stage = "build"
         model = tiny.build(data, seed)
         with torch.no_grad():
-            model(input_ids=_ids(getattr(model.config.get_text_config(decoder=True), "vocab_size", 128) or 128, 4, 0))
+            vocab = getattr(model.config.get_text_config(decoder=True), "vocab_size", 128) or 128
+            model(input_ids=random_ids(min(vocab, 200), 1, 4, 0))
         stage = "describe"
         adapter = host.adapter_for(data)
         spec = adapter.spec_of(model)

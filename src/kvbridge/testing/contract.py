@@ -37,7 +37,8 @@ class IdentityResult:
     new_tokens: int
 
 
-def _ids(vocab: int, batch: int, length: int, seed: int):
+def random_ids(vocab: int, batch: int, length: int, seed: int):
+    """``[batch, length]`` seeded random token ids in ``[3, vocab)`` (clear of the usual special ids)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -50,7 +51,7 @@ def check_extract_shapes(adapter, config: dict, *, host=None, seq_len: int = 12,
 
     model = adapter.build_model(config)
     spec = adapter.spec_of(model)
-    ids = _ids(spec.vocab_size, batch, seq_len, 1)
+    ids = random_ids(spec.vocab_size, batch, seq_len, 1)
     state = adapter.extract(model, ids)
     assert state.num_layers == spec.num_layers, f"{state.num_layers} layers extracted, spec {spec.num_layers}"
     for i, (k, v) in enumerate(zip(state.keys, state.values)):
@@ -110,7 +111,7 @@ def check_identity_transfer(
     # stateful RoPE modules (dynamic) are sticky: every path gets a fresh copy of the model
     fresh = lambda: copy.deepcopy(base)  # noqa: E731
     spec = adapter.spec_of(base)
-    ids = _ids(spec.vocab_size, batch, prompt_len, seed + 7)
+    ids = random_ids(spec.vocab_size, batch, prompt_len, seed + 7)
     gen = greedy_kwargs(ids, new_tokens)
 
     # transformers' own cached continuation: its prefill of the prompt prefix, then generate
@@ -192,7 +193,7 @@ def check_shifted_identity(
                 f"{spec.rope.rope_type} RoPE uses another table at the shifted length: the prefix's "
                 "hidden states (layers >= 1) depend on it, so re-positioning is approximate there"
             )
-    ids = _ids(spec.vocab_size, 1, prompt_len + 3, seed + 11)
+    ids = random_ids(spec.vocab_size, 1, prompt_len + 3, seed + 11)
     prefix, tail = ids[:, :prompt_len], ids[:, prompt_len:]
     state = adapter.extract(model, prefix).reposition(offset, host=host)
     cache = adapter.inject(state, model)
