@@ -116,12 +116,8 @@ def fetch(names: tuple, quiet: bool) -> None:
     from kvbridge.models.fetching import fetch as run
     from kvbridge.models.known import DEFAULT_FETCH, PAIR
 
-    wanted: list[str] = []
-    for name in names or DEFAULT_FETCH:
-        for one in PAIR if name.lower() == "pair" else (name,):
-            if one not in wanted:
-                wanted.append(one)
-    for name in wanted:
+    wanted = (one for name in names or DEFAULT_FETCH for one in (PAIR if name.lower() == "pair" else (name,)))
+    for name in dict.fromkeys(wanted):  # each once, in order
         path = run(name, quiet=quiet)
         click.echo(f"{name}: {path}")
 

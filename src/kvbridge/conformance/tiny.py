@@ -218,9 +218,7 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
     old = _layer_count(data)
     if old:
         n = _tiny_layers(data, old)
-        for k in LAYER_KEYS:
-            if isinstance(data.get(k), int):
-                out[k] = n
+        out.update({k: n for k in LAYER_KEYS if isinstance(data.get(k), int)})
         for key, value in data.items():
             per_layer = isinstance(value, list) or any(w in key for w in ("pattern", "layer", "block"))
             if (
@@ -233,9 +231,7 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                 out[key] = value[:n]
                 if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
                     out[key] = _every_kind(value, n)
-                    for k in LAYER_KEYS:
-                        if isinstance(data.get(k), int):
-                            out[k] = len(out[key])
+                    out.update({k: len(out[key]) for k in LAYER_KEYS if isinstance(data.get(k), int)})
         for key, value in data.items():  # per-layer overrides keyed by layer index: keep the tiny model's
             if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
                 out[key] = {
@@ -249,9 +245,8 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
             out["qk_head_dim"] = out.get("qk_rope_head_dim", 0) + out.get("qk_nope_head_dim", 0)
         if "is_decoder" in data:
             out["is_decoder"] = True  # BERT-style encoders run as causal decoders only with this flag
-    for key in ("max_window_layers",):
-        if isinstance(out.get(key), int) and old:
-            out[key] = min(out[key], max(1, (out.get("num_hidden_layers") or 2) // 2))
+    if isinstance(out.get("max_window_layers"), int) and old:
+        out["max_window_layers"] = min(out["max_window_layers"], max(1, (out.get("num_hidden_layers") or 2) // 2))
     out.update(OVERRIDES.get(model_type, {}) if depth else {})
     return out
 
