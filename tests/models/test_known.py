@@ -62,4 +62,6 @@ def test_the_pins_ship_as_package_data():
     data = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["package-data"]
     assert "models/known.json" in data["kvbridge"]
     assert (root / "src/kvbridge/models/known.json").is_file()
-    assert known.QWEN_CODER_15B.parts[21].sha256.startswith("7e190c02") and known.QWEN_CODER_15B.parts[21].size == 16315968
+    assert (
+        known.QWEN_CODER_15B.parts[21].sha256.startswith("7e190c02") and known.QWEN_CODER_15B.parts[21].size == 16315968
+    )
