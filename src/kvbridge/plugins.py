@@ -145,14 +145,6 @@ class Registry:
             self.owner[name] = plugin
         return names
 
-    def get(self, name: str) -> Any:
-        if name not in self.items:
-            raise PluginError(
-                f"unknown {self.kind} {name!r}",
-                f"{did_you_mean(name, self.items)}available: {', '.join(sorted(self.items)) or 'none'}",
-            )
-        return self.items[name]
-
     def names(self) -> list[str]:
         return sorted(self.items)
 

@@ -10,13 +10,12 @@ and :func:`describe_config` / manifest geometry.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
+from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError, did_you_mean
 from kvbridge.plugins import host_or_default
 
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
@@ -83,34 +82,14 @@ def validate_manifest(record: Any, where: Path | str) -> dict:
         )
     extra = sorted(set(record) - MANIFEST_KEYS)
     if extra:
-        close = difflib.get_close_matches(extra[0], sorted(MANIFEST_KEYS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
             f"{where}: unknown manifest field {extra[0]!r}",
-            f"{hint}allowed: {', '.join(sorted(MANIFEST_KEYS - {'$schema'}))}",
+            f"{did_you_mean(extra[0], sorted(MANIFEST_KEYS), n=1, quote=True)}allowed: {', '.join(sorted(MANIFEST_KEYS - {'$schema'}))}",
         )
     aliases = record.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ConfigError(f"{where}: manifest field 'aliases' must be a list of strings", "see manifests/README.md")
     return record
-
-
-def _plugin_manifest_dirs(host) -> list[Path]:
-    """Folders that plugins publish through ``kvbridge_manifest_dirs`` (when the hook exists)."""
-    if host is not None and callable(getattr(host, "manifest_dirs", None)):
-        return list(host.manifest_dirs())  # the host's one collection point: results type-checked there
-    hook = getattr(host.pm.hook, "kvbridge_manifest_dirs", None) if host is not None else None
-    if hook is None:
-        return []
-    out: list[Path] = []
-    try:
-        results = hook()
-    except Exception:  # a broken plugin must not break resolution of other models
-        return []
-    for item in results or []:
-        items = item if isinstance(item, (list, tuple)) else [item]
-        out.extend(Path(p) for p in items if p)
-    return out
 
 
 def manifest_dirs(host=None) -> list[Path]:
@@ -119,7 +98,7 @@ def manifest_dirs(host=None) -> list[Path]:
     records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
     host = host_or_default(host)
     dirs = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    dirs.extend(_plugin_manifest_dirs(host))
+    dirs.extend(host.manifest_dirs())  # the host's one collection point: results type-checked there
     return dirs
 
 
