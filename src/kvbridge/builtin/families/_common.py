@@ -276,6 +276,11 @@ class DecoderAdapter(FamilyAdapter):
     INTERLEAVED: ClassVar[bool] = False
     #: config flag of q/k normalisation (True/False: fixed for the family)
     QK_NORM: ClassVar[str | bool] = False
+    #: Mistral / Phi3 style: one ``sliding_window`` (default ``DEFAULT_WINDOW``) on every layer when set
+    ALL_SLIDING: ClassVar[bool] = False
+    DEFAULT_WINDOW: ClassVar[int | None] = None
+    #: ``ModelSpec.extras`` every spec of the family carries
+    EXTRAS: ClassVar[Mapping] = {}
 
     # -- describe ---------------------------------------------------------------------------
     def describe(self, config: Mapping) -> ModelSpec:
@@ -364,7 +369,9 @@ class DecoderAdapter(FamilyAdapter):
         return rope, ()
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
-        """(sliding window, per-layer types); default: no sliding layers."""
+        """(sliding window, per-layer types); default: no sliding layers (all, with ``ALL_SLIDING``)."""
+        if self.ALL_SLIDING:
+            return self._all_sliding_if_window(cfg, num_layers, self.DEFAULT_WINDOW)
         return None, (FULL,) * num_layers
 
     def _qk_norm(self, cfg: Mapping) -> bool:
@@ -373,7 +380,7 @@ class DecoderAdapter(FamilyAdapter):
         return flag(cfg, self.QK_NORM, False)
 
     def _extras(self, cfg: Mapping) -> dict:
-        return {}
+        return dict(self.EXTRAS)
 
     # -- helpers for subclasses -----------------------------------------------------------------
     @staticmethod
