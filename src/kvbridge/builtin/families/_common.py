@@ -279,6 +279,10 @@ class DecoderAdapter(FamilyAdapter):
     #: Mistral / Phi3 style: one ``sliding_window`` (default ``DEFAULT_WINDOW``) on every layer when set
     ALL_SLIDING: ClassVar[bool] = False
     DEFAULT_WINDOW: ClassVar[int | None] = None
+    #: True when every query head is cached (GPT-2, GPT-J, NeoX: no ``num_key_value_heads``)
+    MHA: ClassVar[bool] = False
+    #: how cached keys carry positions: ``"rope"`` (see ``_rope``) or ``"absolute"`` (learned, added to the input)
+    POSITIONAL: ClassVar[str] = "rope"
     #: ``ModelSpec.extras`` every spec of the family carries
     EXTRAS: ClassVar[Mapping] = {}
 
@@ -336,6 +340,8 @@ class DecoderAdapter(FamilyAdapter):
         return hidden // heads
 
     def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
+        if self.MHA:
+            return heads
         kv = optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS)
         return heads if kv is None else kv
 
@@ -345,7 +351,10 @@ class DecoderAdapter(FamilyAdapter):
         return check_positive_int(value, key, cfg.get("model_type"))
 
     def _positional(self, cfg: Mapping) -> str:
-        return "rope"
+        return self.POSITIONAL
+
+    def rotary_embedding(self, model, layer: int = 0):
+        return super().rotary_embedding(model, layer) if self.POSITIONAL == "rope" else None
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(

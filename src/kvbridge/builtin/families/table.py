@@ -30,6 +30,10 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
   (Cohere's own ``rotate_half`` and ``repeat_interleave`` of the frequencies), whole head, default
   base 500000, computed in float32 and cast back to the model dtype. ``use_qk_norm`` adds per-head
   LayerNorm on q/k before RoPE.
+- ``gpt2`` (GPT-2, DistilGPT-2): config names ``n_layer``, ``n_head``, ``n_embd``, ``n_positions``
+  (aliases ``num_hidden_layers`` ... are read too). Cache: all heads, head dim ``n_embd // n_head``.
+  Positions: learned absolute embeddings (``wpe``) added to the input: cached keys carry no
+  rotation, so ``positional`` is ``"absolute"``, ``rope`` is None and the model has no rotary module.
 - ``olmo2`` (AllenAI OLMo 2): half-split RoPE, whole head; q/k RMSNorm before RoPE over the *whole*
   projection (``num_heads * head_dim`` wide, not per head): ``extras["qk_norm_scope"] ==
   "projection"``.
@@ -211,6 +215,38 @@ Olmo2Adapter = family(
     EXTRAS={"qk_norm_scope": "projection"},
 )
 
+GPT2Adapter = family(
+    "GPT2Adapter",
+    "gpt2",
+    "GPT-2: MHA, learned absolute position embeddings (no RoPE)",
+    {
+        "default": {
+            "model_type": "gpt2",
+            "n_layer": 2,
+            "n_embd": 64,
+            "n_head": 4,
+            "n_positions": 64,
+            "vocab_size": 128,
+            "n_inner": 128,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "dtype": "float32",
+        }
+    },
+    LAYERS_KEYS=("n_layer", "num_hidden_layers"),
+    HEADS_KEYS=("n_head", "num_attention_heads"),
+    HIDDEN_KEYS=("n_embd", "hidden_size"),
+    MAX_POSITIONS_KEYS=("n_positions", "max_position_embeddings"),
+    DEFAULT_VOCAB=50257,
+    DEFAULT_MAX_POSITIONS=1024,
+    HEAD_DIM_KEY=None,
+    MHA=True,
+    POSITIONAL="absolute",
+)
+
 #: one adapter per row, by family name
 ADAPTERS = {
     cls.name: cls()
@@ -223,6 +259,7 @@ ADAPTERS = {
         StableLmAdapter,
         CohereAdapter,
         Olmo2Adapter,
+        GPT2Adapter,
     )
 }
 
