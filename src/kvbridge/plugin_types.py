@@ -199,16 +199,17 @@ class Task(LazyFactory):
 
 # -- registration checks -----------------------------------------------------------------------
 _LAZY = ("name", "description", "factory")
-#: per kind: (what a message calls one, members the registered object needs)
-_KINDS = {
-    "family": ("family adapter", ("name", "model_types", "describe")),
-    "rope_variant": ("RoPE variant", ("name", "inv_freq")),
-    "fitter": ("fitter", _LAZY),
-    "metric": ("metric", _LAZY),
-    "engine": ("engine", _LAZY),
-    "steering_method": ("steering method", _LAZY),
-    "scorer": ("scorer", _LAZY),
-    "task": ("task", _LAZY),
+#: per plugin kind: (what a user calls one, the hook that registers it, what a protocol message calls one,
+#: members the registered object needs); :data:`kvbridge.plugins.KINDS` is the first two
+KIND_TABLE = {
+    "family": ("model type", "kvbridge_register_families", "family adapter", ("name", "model_types", "describe")),
+    "rope_variant": ("RoPE variant", "kvbridge_register_rope_variants", "RoPE variant", ("name", "inv_freq")),
+    "fitter": ("fitter", "kvbridge_register_fitters", "fitter", _LAZY),
+    "metric": ("metric", "kvbridge_register_metrics", "metric", _LAZY),
+    "engine": ("engine", "kvbridge_register_engines", "engine", _LAZY),
+    "steering_method": ("steering method", "kvbridge_register_steering_methods", "steering method", _LAZY),
+    "scorer": ("scorer", "kvbridge_register_scorers", "scorer", _LAZY),
+    "task": ("task", "kvbridge_register_tasks", "task", _LAZY),
 }
 
 #: members a steering-method class needs (:mod:`kvbridge.steer.methods`)
@@ -262,12 +263,12 @@ def factory_problem(kind: str, factory: Any) -> str | None:
 
 def protocol_problem(kind: str, obj: Any) -> str | None:
     """The first missing member of ``obj`` as a ``kind`` (an eager factory is checked too), else None."""
-    missing = [m for m in _KINDS[kind][1] if not hasattr(obj, m)]
+    missing = [m for m in KIND_TABLE[kind][3] if not hasattr(obj, m)]
     if missing:
         return missing[0]
     if kind == "rope_variant" and not callable(obj.inv_freq):
         return "inv_freq (callable)"
-    if "factory" in _KINDS[kind][1] and not isinstance(obj.factory, str):
+    if "factory" in KIND_TABLE[kind][3] and not isinstance(obj.factory, str):
         return factory_problem(kind, obj.factory)
     return None
 
@@ -290,7 +291,7 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
     missing = protocol_problem(kind, obj)
     if missing is None:
         return obj, None
-    name, word = getattr(obj, "name", None), _KINDS[kind][0]
+    name, word = getattr(obj, "name", None), KIND_TABLE[kind][2]
     what = f"{word} {name!r}" if isinstance(name, str) else f"{word} {type(obj).__name__}"
     return obj, (
         f"plugin {plugin!r}: {what} does not follow the protocol: missing member {missing!r} "
@@ -309,14 +310,14 @@ def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the plugin's module raises
         what = exc.code if isinstance(exc, SystemExit) else " ".join(str(exc).split())
         raise PluginError(
-            f"{_KINDS[kind][0]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
+            f"{KIND_TABLE[kind][2]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
             f"{getattr(record, 'factory', '?')!r} ({type(exc).__name__}: {str(what)[:160]})",
             f"install what the plugin needs, or skip it with KVBRIDGE_DISABLE_PLUGINS={plugin or 'NAME'}",
         ) from None
     missing = factory_problem(kind, obj)
     if missing:
         raise PluginError(
-            f"{_KINDS[kind][0]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
+            f"{KIND_TABLE[kind][2]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
             f"missing member {missing!r}",
             "fix the plugin (see docs/plugins.md)",
         )
@@ -327,6 +328,7 @@ __all__ = [
     "FamilyAdapterProtocol",
     "Finding",
     "VERDICTS",
+    "KIND_TABLE",
     "load_object",
     "RopeVariant",
     "RopeError",

@@ -190,23 +190,12 @@ def validate_spec(spec, config: Mapping, where: str) -> None:
 #: the largest value a real model's config gives each size field (beyond it a config is wrong, and building
 #: per-layer tables or the model would run out of memory or time before saying so)
 SIZE_LIMITS = {
-    "num_hidden_layers": 10_000,
-    "n_layer": 10_000,
-    "num_layers": 10_000,
-    "n_layers": 10_000,
-    "num_attention_heads": 16_384,
-    "n_head": 16_384,
-    "num_key_value_heads": 16_384,
-    "num_heads": 16_384,
-    "hidden_size": 1 << 20,
-    "n_embd": 1 << 20,
-    "d_model": 1 << 20,
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), 10_000),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_heads"), 16_384),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), 1 << 20),
     "head_dim": 1 << 16,
-    "intermediate_size": 1 << 24,
-    "n_inner": 1 << 24,
-    "vocab_size": 2**31 - 1,
-    "max_position_embeddings": 2**31 - 1,
-    "n_positions": 2**31 - 1,
+    **dict.fromkeys(("intermediate_size", "n_inner"), 1 << 24),
+    **dict.fromkeys(("vocab_size", "max_position_embeddings", "n_positions"), 2**31 - 1),
     "num_experts": 1 << 16,
 }
 
