@@ -283,6 +283,9 @@ class DecoderAdapter(FamilyAdapter):
     MHA: ClassVar[bool] = False
     #: how cached keys carry positions: ``"rope"`` (see ``_rope``) or ``"absolute"`` (learned, added to the input)
     POSITIONAL: ClassVar[str] = "rope"
+    #: Gemma 2 style: layer ``i`` slides (window ``sliding_window``, default ``DEFAULT_WINDOW``) when
+    #: ``(i + 1) % SLIDING_PATTERN`` (an explicit ``layer_types`` wins); None: no such pattern
+    SLIDING_PATTERN: ClassVar[int | None] = None
     #: ``ModelSpec.extras`` every spec of the family carries
     EXTRAS: ClassVar[Mapping] = {}
 
@@ -378,9 +381,13 @@ class DecoderAdapter(FamilyAdapter):
         return rope, ()
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
-        """(sliding window, per-layer types); default: no sliding layers (all, with ``ALL_SLIDING``)."""
+        """(sliding window, per-layer types); default: no sliding layers (see ``ALL_SLIDING``, ``SLIDING_PATTERN``)."""
         if self.ALL_SLIDING:
             return self._all_sliding_if_window(cfg, num_layers, self.DEFAULT_WINDOW)
+        if self.SLIDING_PATTERN:
+            window = optional_positive_int(cfg, "sliding_window", self.DEFAULT_WINDOW)
+            default = [SLIDING if (i + 1) % self.SLIDING_PATTERN else FULL for i in range(num_layers)]
+            return window, layer_types_from(cfg, num_layers, default)
         return None, (FULL,) * num_layers
 
     def _qk_norm(self, cfg: Mapping) -> bool:

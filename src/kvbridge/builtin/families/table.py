@@ -19,6 +19,11 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
 - ``gemma`` (Gemma 1: 2B, 7B): ``num_key_value_heads`` (default 16), ``head_dim`` (class default
   256, independent of ``hidden_size``). RoPE: half-split, whole head. No sliding window, no q/k
   norm (Gemma's embedding scaling and ``1 + weight`` RMSNorm do not touch the cache layout).
+- ``gemma2`` (Gemma 2: 2B, 9B, 27B; hybrid local/global attention): ``num_key_value_heads``
+  (default 4), ``head_dim`` (default 256). RoPE: half-split, whole head, one table for all layers.
+  Layers alternate sliding / full starting with sliding (``layer_types`` default: layer ``i``
+  slides when ``(i + 1) % 2``), window ``sliding_window`` (default 4096). No q/k norm (attention
+  logits are soft-capped instead).
 - ``phi`` (Phi-1, 1.5, 2): partial RoPE: only the first ``int(head_dim * partial_rotary_factor)``
   dims rotate, half-split within them (default factor 0.5 when the config has none; Phi-2 ships
   0.4). ``qk_layernorm`` adds LayerNorm on q/k before RoPE.
@@ -157,6 +162,27 @@ GemmaAdapter = family(
     DEFAULT_KV_HEADS=16,
     DEFAULT_HEAD_DIM=256,
 )
+Gemma2Adapter = family(
+    "Gemma2Adapter",
+    "gemma2",
+    "Gemma 2: half-split RoPE, alternating sliding/full layers",
+    {
+        "default": tiny_base(
+            "gemma2",
+            num_hidden_layers=4,
+            head_dim=16,
+            sliding_window=4,
+            query_pre_attn_scalar=16,
+            hidden_activation="gelu_pytorch_tanh",
+        )
+    },
+    DEFAULT_VOCAB=256000,
+    DEFAULT_MAX_POSITIONS=8192,
+    DEFAULT_KV_HEADS=4,
+    DEFAULT_HEAD_DIM=256,
+    DEFAULT_WINDOW=4096,
+    SLIDING_PATTERN=2,
+)
 _PHI = dict(hidden_act="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0)
 PhiAdapter = family(
     "PhiAdapter",
@@ -255,6 +281,7 @@ ADAPTERS = {
         MistralAdapter,
         Qwen3Adapter,
         GemmaAdapter,
+        Gemma2Adapter,
         PhiAdapter,
         StableLmAdapter,
         CohereAdapter,
