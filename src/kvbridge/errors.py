@@ -54,12 +54,14 @@ class InternalError(KVBridgeError):
     exit_code = 3
 
 
-def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6) -> str:
-    """``"did you mean a, b? "`` naming the choices closest to ``word``, or ``""`` when none is close."""
+def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6, quote: bool = False, shown=None) -> str:
+    """``"did you mean a, b? "`` naming the choices closest to ``word``, or ``""`` when none is close;
+    ``quote`` writes each as ``'a'``; ``shown`` maps a matched choice to what is written (each once)."""
     import difflib
 
     close = difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
-    return f"did you mean {', '.join(close)}? " if close else ""
+    names = dict.fromkeys(shown[c] if shown else c for c in close)
+    return f"did you mean {', '.join(map(repr if quote else str, names))}? " if names else ""
 
 
 # -- the one error boundary: any exception -> one line ------------------------------------------------

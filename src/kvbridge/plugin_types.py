@@ -81,13 +81,17 @@ def load_object(path: str) -> Any:
     return obj
 
 
+@dataclass(frozen=True)
 class LazyFactory:
-    """Mixin of the records whose ``factory`` is an object or its ``"module:attr"`` path, imported by
-    :meth:`load` when first used (registration stays cheap)."""
+    """Base of the records whose ``factory`` is an object or its ``"module:attr"`` path, imported by
+    :meth:`load` when first used (registration stays cheap); each kind's record is a subclass."""
+
+    name: str
+    description: str
+    factory: Any
 
     def load(self) -> Any:
-        factory = self.factory  # type: ignore[attr-defined]
-        return load_object(factory) if isinstance(factory, str) else factory
+        return load_object(self.factory) if isinstance(self.factory, str) else self.factory
 
 
 # -- RoPE variants -----------------------------------------------------------------------------
@@ -124,15 +128,10 @@ class RopeVariant:
 
 
 # -- fitters -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
 class Fitter(LazyFactory):
     """A mapping fitter: ``factory`` is a class following
     :class:`kvbridge.fit.protocol.FitterProtocol`, or its ``"module:attr"`` path (loaded lazily
     when the fitter is used, so registration stays cheap)."""
-
-    name: str
-    description: str
-    factory: Any
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -150,9 +149,6 @@ class MetricFunction(Protocol):
 class Metric(LazyFactory):
     """A quality metric: ``factory`` is a :class:`MetricFunction` or its ``"module:attr"`` path."""
 
-    name: str
-    description: str
-    factory: Any
     higher_is_better: bool = False
 
 
@@ -182,66 +178,39 @@ class Engine(LazyFactory):
     :class:`EngineProtocol` object or its ``"module:attr"`` path (loaded when the engine is used,
     so registration imports nothing heavy); ``suffix`` is the usual file suffix of its state."""
 
-    name: str
-    description: str
-    factory: Any
     suffix: str = ""
 
 
 # -- steering methods and behaviour scorers ----------------------------------------------------
-@dataclass(frozen=True)
 class SteeringMethod(LazyFactory):
     """A steering method: ``factory`` is a class with ``name``, ``Options`` and ``plan(context,
     options) -> SteerPlan`` (:mod:`kvbridge.steer.methods`), or its ``"module:attr"`` path."""
 
-    name: str
-    description: str
-    factory: Any
 
-
-@dataclass(frozen=True)
 class Scorer(LazyFactory):
     """A behaviour scorer: ``factory`` is a deterministic function ``text -> bool`` or its ``"module:attr"`` path."""
 
-    name: str
-    description: str
-    factory: Any
-
 
 # -- harness tasks -----------------------------------------------------------------------------
-@dataclass(frozen=True)
 class Task(LazyFactory):
     """A harness task: ``factory`` is a class following
     :class:`kvbridge.harness.protocol.TaskProtocol`, or its ``"module:attr"`` path (loaded lazily)."""
 
-    name: str
-    description: str
-    factory: Any
-
 
 # -- registration checks -----------------------------------------------------------------------
-#: per kind: (record type, members the registered object needs)
-_MEMBERS = {
-    "family": ("name", "model_types", "describe"),
-    "rope_variant": ("name", "inv_freq"),
-    "fitter": ("name", "description", "factory"),
-    "metric": ("name", "description", "factory"),
-    "engine": ("name", "description", "factory"),
-    "steering_method": ("name", "description", "factory"),
-    "scorer": ("name", "description", "factory"),
-    "task": ("name", "description", "factory"),
+_LAZY = ("name", "description", "factory")
+#: per plugin kind: (what a user calls one, the hook that registers it, what a protocol message calls one,
+#: members the registered object needs); :data:`kvbridge.plugins.KINDS` is the first two
+KIND_TABLE = {
+    "family": ("model type", "kvbridge_register_families", "family adapter", ("name", "model_types", "describe")),
+    "rope_variant": ("RoPE variant", "kvbridge_register_rope_variants", "RoPE variant", ("name", "inv_freq")),
+    "fitter": ("fitter", "kvbridge_register_fitters", "fitter", _LAZY),
+    "metric": ("metric", "kvbridge_register_metrics", "metric", _LAZY),
+    "engine": ("engine", "kvbridge_register_engines", "engine", _LAZY),
+    "steering_method": ("steering method", "kvbridge_register_steering_methods", "steering method", _LAZY),
+    "scorer": ("scorer", "kvbridge_register_scorers", "scorer", _LAZY),
+    "task": ("task", "kvbridge_register_tasks", "task", _LAZY),
 }
-_KIND_WORDS = {
-    "family": "family adapter",
-    "rope_variant": "RoPE variant",
-    "fitter": "fitter",
-    "metric": "metric",
-    "engine": "engine",
-    "steering_method": "steering method",
-    "scorer": "scorer",
-    "task": "task",
-}
-
 
 #: members a steering-method class needs (:mod:`kvbridge.steer.methods`)
 METHOD_MEMBERS = ("name", "Options", "plan")
@@ -284,25 +253,22 @@ def task_problem(cls: Any) -> str | None:
 def factory_problem(kind: str, factory: Any) -> str | None:
     """The first member a ``kind``'s factory misses (a fitter, task or steering-method class, an engine
     object; a metric or scorer function must be callable), else None."""
-    if kind == "fitter":
-        return fitter_problem(factory)
     if kind == "engine":
         return next((m for m in ENGINE_MEMBERS if not hasattr(factory, m)), None)
-    if kind == "task":
-        return task_problem(factory)
-    if kind == "steering_method":
-        return method_problem(factory)
+    check = {"fitter": fitter_problem, "task": task_problem, "steering_method": method_problem}.get(kind)
+    if check is not None:
+        return check(factory)
     return None if callable(factory) else "__call__"
 
 
 def protocol_problem(kind: str, obj: Any) -> str | None:
     """The first missing member of ``obj`` as a ``kind`` (an eager factory is checked too), else None."""
-    missing = [m for m in _MEMBERS[kind] if not hasattr(obj, m)]
+    missing = [m for m in KIND_TABLE[kind][3] if not hasattr(obj, m)]
     if missing:
         return missing[0]
     if kind == "rope_variant" and not callable(obj.inv_freq):
         return "inv_freq (callable)"
-    if "factory" in _MEMBERS[kind] and not isinstance(obj.factory, str):
+    if "factory" in KIND_TABLE[kind][3] and not isinstance(obj.factory, str):
         return factory_problem(kind, obj.factory)
     return None
 
@@ -325,18 +291,18 @@ def check_registration(kind: str, obj: Any, plugin: str) -> tuple[Any, str | Non
     missing = protocol_problem(kind, obj)
     if missing is None:
         return obj, None
-    name = getattr(obj, "name", None)
-    what = f"{_KIND_WORDS[kind]} {name!r}" if isinstance(name, str) else f"{_KIND_WORDS[kind]} {type(obj).__name__}"
+    name, word = getattr(obj, "name", None), KIND_TABLE[kind][2]
+    what = f"{word} {name!r}" if isinstance(name, str) else f"{word} {type(obj).__name__}"
     return obj, (
         f"plugin {plugin!r}: {what} does not follow the protocol: missing member {missing!r} "
-        f"(fix: see docs/plugins.md, {_KIND_WORDS[kind]}s)"
+        f"(fix: see docs/plugins.md, {word}s)"
     )
 
 
 def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
-    """``record.load()`` checked by :func:`loaded`: a factory that cannot be imported (a missing module,
-    a missing attribute, an error or ``sys.exit`` in its module) is a one-line PluginError naming the
-    plugin and the factory path (exit 2), never an internal error."""
+    """``record.load()`` checked against its kind's protocol: a factory that cannot be imported (a missing
+    module, a missing attribute, an error or ``sys.exit`` in its module) or misses a member is a one-line
+    PluginError naming the plugin (and the factory path; exit 2), never an internal error."""
     try:
         obj = record.load()
     except PluginError:
@@ -344,19 +310,14 @@ def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the plugin's module raises
         what = exc.code if isinstance(exc, SystemExit) else " ".join(str(exc).split())
         raise PluginError(
-            f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
+            f"{KIND_TABLE[kind][2]} {name!r} of plugin {plugin or '?'!r}: cannot load its factory "
             f"{getattr(record, 'factory', '?')!r} ({type(exc).__name__}: {str(what)[:160]})",
             f"install what the plugin needs, or skip it with KVBRIDGE_DISABLE_PLUGINS={plugin or 'NAME'}",
         ) from None
-    return loaded(kind, name, obj, plugin)
-
-
-def loaded(kind: str, name: str, obj: Any, plugin: str) -> Any:
-    """Check an object loaded from a lazy factory; a one-line PluginError naming the plugin otherwise."""
     missing = factory_problem(kind, obj)
     if missing:
         raise PluginError(
-            f"{_KIND_WORDS[kind]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
+            f"{KIND_TABLE[kind][2]} {name!r} of plugin {plugin or '?'!r} does not follow the protocol: "
             f"missing member {missing!r}",
             "fix the plugin (see docs/plugins.md)",
         )
@@ -367,6 +328,7 @@ __all__ = [
     "FamilyAdapterProtocol",
     "Finding",
     "VERDICTS",
+    "KIND_TABLE",
     "load_object",
     "RopeVariant",
     "RopeError",
@@ -380,7 +342,6 @@ __all__ = [
     "check_registration",
     "protocol_problem",
     "factory_problem",
-    "loaded",
     "load_registered",
     "ModelSource",
     "SCHEME_RE",

@@ -45,6 +45,7 @@ import pluggy
 from kvbridge import hookspecs
 from kvbridge.version import __version__
 from kvbridge.errors import PluginError, UnsupportedModelError, did_you_mean
+from kvbridge.plugin_types import KIND_TABLE
 
 ENTRY_POINT_GROUP = "kvbridge"
 BUILTIN_PLUGINS = (
@@ -63,16 +64,7 @@ BUILTIN_PLUGINS = (
     "kvbridge.builtin.commands",
 )
 #: plugin kind -> (what a user calls one, the hook that registers it); :meth:`Host.get` looks them up
-KINDS = {
-    "family": ("model type", "kvbridge_register_families"),
-    "rope_variant": ("RoPE variant", "kvbridge_register_rope_variants"),
-    "fitter": ("fitter", "kvbridge_register_fitters"),
-    "metric": ("metric", "kvbridge_register_metrics"),
-    "engine": ("engine", "kvbridge_register_engines"),
-    "steering_method": ("steering method", "kvbridge_register_steering_methods"),
-    "scorer": ("scorer", "kvbridge_register_scorers"),
-    "task": ("task", "kvbridge_register_tasks"),
-}
+KINDS = {kind: row[:2] for kind, row in KIND_TABLE.items()}
 #: seconds one plugin's import may take before it is skipped (``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``)
 IMPORT_TIMEOUT_S = 20.0
 IMPORT_TIMEOUT_ENV = "KVBRIDGE_PLUGIN_IMPORT_TIMEOUT"
@@ -144,14 +136,6 @@ class Registry:
             self.items[name] = obj
             self.owner[name] = plugin
         return names
-
-    def get(self, name: str) -> Any:
-        if name not in self.items:
-            raise PluginError(
-                f"unknown {self.kind} {name!r}",
-                f"{did_you_mean(name, self.items)}available: {', '.join(sorted(self.items)) or 'none'}",
-            )
-        return self.items[name]
 
     def names(self) -> list[str]:
         return sorted(self.items)
@@ -324,10 +308,9 @@ class Host:
         regs = {kind: Registry(word, lambda o: [o.name], rank) for kind, (word, _hook) in KINDS.items()}
         regs["family"] = Registry("model type", lambda a: a.model_types, rank)
         adapters = Registry("family adapter", lambda a: [a.name], rank)
-        hooks = {kind: hook for kind, (_word, hook) in KINDS.items()}
         from kvbridge import plugin_types
 
-        for kind, hook_name in hooks.items():
+        for kind, (_word, hook_name) in KINDS.items():
 
             def register(obj: Any, _kind=kind) -> None:
                 plugin = _CURRENT.get() or "?"
@@ -486,9 +469,7 @@ class Host:
     def check_findings(self, source, target) -> list:
         from dataclasses import replace
 
-        from kvbridge.plugin_types import Finding
-
-        from kvbridge.plugin_types import VERDICTS
+        from kvbridge.plugin_types import VERDICTS, Finding
 
         out = []
         for outcome in self.call("kvbridge_check_compatibility", source=source, target=target):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from kvbridge.engines import get_engine
 from kvbridge.errors import PluginError
 from kvbridge.hookspecs import hookimpl
 from kvbridge.plugin_types import Engine
@@ -42,11 +41,11 @@ class _Lazy:
 def test_a_third_party_engine_registers_beside_the_builtin_one():
     host = make_host(entry_points=False, extra=[("echoplugin", _Plugin())])
     assert host.names("engine") == ["echo", "llamacpp"]
-    assert get_engine("echo", host).export_state(None, None) == b"echo"
+    assert host.get("engine", "echo").export_state(None, None) == b"echo"
     rec = next(r for r in host.records if r.name == "echoplugin")
     assert rec.registers == {"engine": ["echo"]}
     with pytest.raises(PluginError, match="unknown engine 'llamacp'.*did you mean llamacpp"):
-        get_engine("llamacp", host)
+        host.get("engine", "llamacp")
 
 
 def test_an_engine_missing_a_member_is_refused_naming_the_plugin():
@@ -55,7 +54,7 @@ def test_an_engine_missing_a_member_is_refused_naming_the_plugin():
     host.registry("engine")
     assert "engine 'half' does not follow the protocol: missing member 'import_state'" in rec.error
     with pytest.raises(PluginError, match="engine 'lazy' of plugin 'lazy' does not follow the protocol"):
-        get_engine("lazy", host)
+        host.get("engine", "lazy")
 
 
 def test_the_builtin_engines_plugin_imports_nothing_heavy():

@@ -9,7 +9,6 @@ import struct
 import pytest
 import torch
 
-from kvbridge.engines import get_engine
 from kvbridge.engines import llamacpp as L
 from kvbridge.engines import llamacpp_format as fmt
 from kvbridge.errors import ConfigError, KVBridgeError, StateError
@@ -43,7 +42,7 @@ def _state(path, T=5, dtype=torch.float32, seed=0):
 def test_the_engine_registers_through_the_plugin_hook(host):
     assert "llamacpp" in host.registry("engine").names()
     assert host.owner("engine", "llamacpp") == "kvbridge.builtin.engines"
-    assert get_engine("llamacpp", host) is L.ENGINE
+    assert host.get("engine", "llamacpp") is L.ENGINE
 
 
 @pytest.mark.parametrize("rotary_dim", [8, 6])

@@ -168,3 +168,23 @@ def test_a_gguf_load_parses_the_file_once_with_the_same_result(tmp_path, monkeyp
 
     assert gguf_py.GGUFReader.__module__ == "gguf.gguf_reader"  # restored after the block
     assert legacy.load_gguf_checkpoint.__module__ == legacy.__name__
+
+
+def test_the_type_tables_keep_their_ids():
+    from kvbridge.models import gguf as G
+
+    assert (G.GGML_TYPES[3], G.GGML_TYPES[9], G.GGML_TYPES[30], G.GGML_TYPES[39]) == (
+        ("Q4_1", True),
+        ("Q8_1", False),
+        ("BF16", True),
+        ("MXFP4", True),
+    )
+    assert 4 not in G.GGML_TYPES and 36 not in G.GGML_TYPES and len(G.GGML_TYPES) == 32
+    assert (G.FILE_TYPES[4], G.FILE_TYPES[7], G.FILE_TYPES[15], G.FILE_TYPES[38]) == (
+        "Q4_1_SOME_F16",
+        "Q8_0",
+        "Q4_K_M",
+        "MXFP4_MOE",
+    )
+    assert 5 not in G.FILE_TYPES and 35 not in G.FILE_TYPES and len(G.FILE_TYPES) == 34
+    assert G._SCALAR[G.BOOL] == "<?" and G._SCALAR[G.UINT64] == "<Q" and G.STRING not in G._SCALAR

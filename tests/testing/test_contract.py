@@ -54,7 +54,7 @@ from typing import ClassVar  # noqa: E402
 import pytest  # noqa: E402
 
 from kvbridge.builtin.families import builtin_adapters  # noqa: E402
-from kvbridge.builtin.families.mistral import MistralAdapter  # noqa: E402
+from kvbridge.builtin.families.table import MistralAdapter  # noqa: E402
 from kvbridge.testing.contract import check_defaults  # noqa: E402
 
 

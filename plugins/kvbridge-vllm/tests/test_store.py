@@ -219,9 +219,7 @@ def test_registered_through_the_entry_point():
     if "vllm" not in names:
         pytest.skip("kvbridge-vllm is not installed (pip install -e plugins/kvbridge-vllm)")
     assert names["vllm"].error is None
-    from kvbridge.engines import get_engine
-
-    assert get_engine("vllm", host=host).name == "vllm"
+    assert host.get("engine", "vllm").name == "vllm"
 
 
 def test_a_transferred_cache_saved_by_the_cli_goes_to_the_store_marked_approximate(tmp_path):

@@ -10,13 +10,12 @@ and :func:`describe_config` / manifest geometry.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError
+from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError, did_you_mean
 from kvbridge.plugins import host_or_default
 
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
@@ -83,34 +82,14 @@ def validate_manifest(record: Any, where: Path | str) -> dict:
         )
     extra = sorted(set(record) - MANIFEST_KEYS)
     if extra:
-        close = difflib.get_close_matches(extra[0], sorted(MANIFEST_KEYS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
             f"{where}: unknown manifest field {extra[0]!r}",
-            f"{hint}allowed: {', '.join(sorted(MANIFEST_KEYS - {'$schema'}))}",
+            f"{did_you_mean(extra[0], sorted(MANIFEST_KEYS), n=1, quote=True)}allowed: {', '.join(sorted(MANIFEST_KEYS - {'$schema'}))}",
         )
     aliases = record.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ConfigError(f"{where}: manifest field 'aliases' must be a list of strings", "see manifests/README.md")
     return record
-
-
-def _plugin_manifest_dirs(host) -> list[Path]:
-    """Folders that plugins publish through ``kvbridge_manifest_dirs`` (when the hook exists)."""
-    if host is not None and callable(getattr(host, "manifest_dirs", None)):
-        return list(host.manifest_dirs())  # the host's one collection point: results type-checked there
-    hook = getattr(host.pm.hook, "kvbridge_manifest_dirs", None) if host is not None else None
-    if hook is None:
-        return []
-    out: list[Path] = []
-    try:
-        results = hook()
-    except Exception:  # a broken plugin must not break resolution of other models
-        return []
-    for item in results or []:
-        items = item if isinstance(item, (list, tuple)) else [item]
-        out.extend(Path(p) for p in items if p)
-    return out
 
 
 def manifest_dirs(host=None) -> list[Path]:
@@ -119,7 +98,7 @@ def manifest_dirs(host=None) -> list[Path]:
     records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
     host = host_or_default(host)
     dirs = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    dirs.extend(_plugin_manifest_dirs(host))
+    dirs.extend(host.manifest_dirs())  # the host's one collection point: results type-checked there
     return dirs
 
 
@@ -211,23 +190,12 @@ def validate_spec(spec, config: Mapping, where: str) -> None:
 #: the largest value a real model's config gives each size field (beyond it a config is wrong, and building
 #: per-layer tables or the model would run out of memory or time before saying so)
 SIZE_LIMITS = {
-    "num_hidden_layers": 10_000,
-    "n_layer": 10_000,
-    "num_layers": 10_000,
-    "n_layers": 10_000,
-    "num_attention_heads": 16_384,
-    "n_head": 16_384,
-    "num_key_value_heads": 16_384,
-    "num_heads": 16_384,
-    "hidden_size": 1 << 20,
-    "n_embd": 1 << 20,
-    "d_model": 1 << 20,
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "n_layers"), 10_000),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_heads"), 16_384),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), 1 << 20),
     "head_dim": 1 << 16,
-    "intermediate_size": 1 << 24,
-    "n_inner": 1 << 24,
-    "vocab_size": 2**31 - 1,
-    "max_position_embeddings": 2**31 - 1,
-    "n_positions": 2**31 - 1,
+    **dict.fromkeys(("intermediate_size", "n_inner"), 1 << 24),
+    **dict.fromkeys(("vocab_size", "max_position_embeddings", "n_positions"), 2**31 - 1),
     "num_experts": 1 << 16,
 }
 

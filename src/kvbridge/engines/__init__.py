@@ -11,14 +11,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
-
-
-def get_engine(name: str, host=None) -> Any:
-    """Deprecated: ``host.get("engine", name)`` (:meth:`kvbridge.plugins.Host.get`)."""
-    from kvbridge.plugins import host_or_default
-
-    return host_or_default(host).get("engine", name)
 
 
 def kv_state_summary(state) -> dict:
@@ -57,4 +49,4 @@ class ModuleEngine:
         return self._call("describe_file", src, model, **options)
 
 
-__all__ = ["get_engine", "kv_state_summary", "ModuleEngine"]
+__all__ = ["kv_state_summary", "ModuleEngine"]

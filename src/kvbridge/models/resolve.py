@@ -19,12 +19,11 @@ Anything else is a one-line :class:`~kvbridge.errors.ConfigError` suggesting clo
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 from typing import Mapping
 
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, did_you_mean
 from kvbridge.models.ref import ModelRef
 
 
@@ -255,9 +254,7 @@ def _unknown(ref: str, repo_id: str, manifests: Mapping, host) -> ConfigError:
     names = sorted(set(manifests) | set(cached_hub_ids()) | set(KNOWN))
     lowered = {n.lower(): n for n in names}
     lowered.update({n.split("/")[-1].lower(): n for n in names})
-    close = difflib.get_close_matches(repo_id.lower(), list(lowered), n=3, cutoff=0.6)
-    suggestions = list(dict.fromkeys(lowered[c] for c in close))
-    hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+    hint = did_you_mean(repo_id.lower(), lowered, shown=lowered)
     scheme_names = ", ".join(f"{s}:" for s in schemes(host))
     return ConfigError(
         f"unknown model {ref!r}: not a local path, not a short name, not in the Hugging Face cache "

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kvbridge.errors import ConfigError
+from kvbridge.paths import cache_read as json_object  # a file's JSON object; {} when missing or unreadable
 
 
 class TokenizerError(ConfigError):
@@ -79,15 +79,7 @@ def _special_roles(folder: Path) -> dict:
     """bos/eos/unk/pad contents from a sibling ``special_tokens_map.json`` / ``tokenizer_config.json``."""
     roles: dict = {}
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if not isinstance(data, dict):
-            continue
+        data = json_object(folder / name)
         for role in ("bos_token", "eos_token", "unk_token", "pad_token"):
             value = data.get(role)
             if isinstance(value, dict):
@@ -104,17 +96,6 @@ def _wrap(backend, source: str, roles: dict | None = None):
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, **(roles or {}))
     tok.name_or_path = source
     return tok
-
-
-def _read_config(folder: Path) -> dict:
-    path = folder / "tokenizer_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}
 
 
 def load_tokenizer(path: str | Path):
@@ -137,7 +118,7 @@ def load_tokenizer(path: str | Path):
         if name == "vocab.json" or name == "merges.txt":
             return _open_bpe_files(folder)
         if name.endswith(".model"):
-            return _from_sentencepiece(path, _read_config(folder))
+            return _from_sentencepiece(path, json_object(folder / "tokenizer_config.json"))
         raise TokenizerError(
             f"{path} is not a tokenizer file", "pass a tokenizer.json, vocab.json (+ merges.txt) or tokenizer.model"
         )
@@ -158,7 +139,7 @@ def load_tokenizer(path: str | Path):
     if "vocab.json" in names and "merges.txt" in names:
         return _open_bpe_files(folder)
     if "tokenizer.model" in names:
-        return _from_sentencepiece(folder / "tokenizer.model", _read_config(folder))
+        return _from_sentencepiece(folder / "tokenizer.model", json_object(folder / "tokenizer_config.json"))
     why = f" ({'; '.join(errors)})" if errors else ""
     raise TokenizerError(
         f"{folder} holds no tokenizer (no tokenizer.json, vocab.json + merges.txt or tokenizer.model){why}",

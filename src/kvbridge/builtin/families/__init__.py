@@ -1,7 +1,9 @@
-"""Built-in family adapters: one module per model family, registered as a kvbridge plugin.
+"""Built-in family adapters, registered as a kvbridge plugin.
 
-Each ``kvbridge.builtin.families.<family>`` module defines a frozen-dataclass adapter and a
-module-level ``ADAPTER``. Importing this package imports only pure-python modules (no torch,
+A family that differs from :class:`~kvbridge.builtin.families._common.DecoderAdapter` only in
+constants is a row of :mod:`kvbridge.builtin.families.table`; any other has a module
+``kvbridge.builtin.families.<family>`` defining a frozen-dataclass adapter and a module-level
+``ADAPTER``. Importing this package imports only pure-python modules (no torch,
 no transformers): ``kvbridge plugins`` lists them without loading a model library.
 """
 
@@ -11,7 +13,7 @@ from importlib import import_module
 
 from kvbridge.hookspecs import hookimpl
 
-#: family modules, in registration order
+#: built-in families, in registration order (a row of ``table.py``, else the module of that name)
 FAMILY_MODULES = (
     "llama",
     "mistral",
@@ -33,8 +35,10 @@ FAMILY_MODULES = (
 
 
 def builtin_adapters() -> list:
-    """The ``ADAPTER`` of every built-in family module, in registration order."""
-    return [import_module(f"{__name__}.{name}").ADAPTER for name in FAMILY_MODULES]
+    """Every built-in family adapter, in registration order."""
+    from kvbridge.builtin.families.table import ADAPTERS
+
+    return [ADAPTERS.get(name) or import_module(f"{__name__}.{name}").ADAPTER for name in FAMILY_MODULES]
 
 
 @hookimpl

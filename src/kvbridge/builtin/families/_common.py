@@ -276,6 +276,18 @@ class DecoderAdapter(FamilyAdapter):
     INTERLEAVED: ClassVar[bool] = False
     #: config flag of q/k normalisation (True/False: fixed for the family)
     QK_NORM: ClassVar[str | bool] = False
+    #: Mistral / Phi3 style: one ``sliding_window`` (default ``DEFAULT_WINDOW``) on every layer when set
+    ALL_SLIDING: ClassVar[bool] = False
+    DEFAULT_WINDOW: ClassVar[int | None] = None
+    #: True when every query head is cached (GPT-2, GPT-J, NeoX: no ``num_key_value_heads``)
+    MHA: ClassVar[bool] = False
+    #: how cached keys carry positions: ``"rope"`` (see ``_rope``) or ``"absolute"`` (learned, added to the input)
+    POSITIONAL: ClassVar[str] = "rope"
+    #: Gemma 2 style: layer ``i`` slides (window ``sliding_window``, default ``DEFAULT_WINDOW``) when
+    #: ``(i + 1) % SLIDING_PATTERN`` (an explicit ``layer_types`` wins); None: no such pattern
+    SLIDING_PATTERN: ClassVar[int | None] = None
+    #: ``ModelSpec.extras`` every spec of the family carries
+    EXTRAS: ClassVar[Mapping] = {}
 
     # -- describe ---------------------------------------------------------------------------
     def describe(self, config: Mapping) -> ModelSpec:
@@ -331,6 +343,8 @@ class DecoderAdapter(FamilyAdapter):
         return hidden // heads
 
     def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
+        if self.MHA:
+            return heads
         kv = optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS)
         return heads if kv is None else kv
 
@@ -340,7 +354,10 @@ class DecoderAdapter(FamilyAdapter):
         return check_positive_int(value, key, cfg.get("model_type"))
 
     def _positional(self, cfg: Mapping) -> str:
-        return "rope"
+        return self.POSITIONAL
+
+    def rotary_embedding(self, model, layer: int = 0):
+        return super().rotary_embedding(model, layer) if self.POSITIONAL == "rope" else None
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(
@@ -364,7 +381,13 @@ class DecoderAdapter(FamilyAdapter):
         return rope, ()
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
-        """(sliding window, per-layer types); default: no sliding layers."""
+        """(sliding window, per-layer types); default: no sliding layers (see ``ALL_SLIDING``, ``SLIDING_PATTERN``)."""
+        if self.ALL_SLIDING:
+            return self._all_sliding_if_window(cfg, num_layers, self.DEFAULT_WINDOW)
+        if self.SLIDING_PATTERN:
+            window = optional_positive_int(cfg, "sliding_window", self.DEFAULT_WINDOW)
+            default = [SLIDING if (i + 1) % self.SLIDING_PATTERN else FULL for i in range(num_layers)]
+            return window, layer_types_from(cfg, num_layers, default)
         return None, (FULL,) * num_layers
 
     def _qk_norm(self, cfg: Mapping) -> bool:
@@ -373,7 +396,7 @@ class DecoderAdapter(FamilyAdapter):
         return flag(cfg, self.QK_NORM, False)
 
     def _extras(self, cfg: Mapping) -> dict:
-        return {}
+        return dict(self.EXTRAS)
 
     # -- helpers for subclasses -----------------------------------------------------------------
     @staticmethod

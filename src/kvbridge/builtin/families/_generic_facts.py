@@ -14,11 +14,9 @@ REFUSED_FIX = "kvbridge moves caches it can represent exactly; see docs/supporte
 
 #: model types refused before reading the config, with the reason (what differs in the cache)
 REFUSED: dict[str, str] = {
-    "mamba": "no attention KV cache (recurrent/state-space model)",
-    "mamba2": "no attention KV cache (recurrent/state-space model)",
-    "falcon_mamba": "no attention KV cache (recurrent/state-space model)",
-    "rwkv": "no attention KV cache (recurrent/state-space model)",
-    "xlstm": "no attention KV cache (recurrent/state-space model)",
+    **dict.fromkeys(
+        ("mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"), "no attention KV cache (recurrent/state-space model)"
+    ),
     "recurrent_gemma": "its recurrent blocks keep their state on the model's own modules (conv1d_state,"
     " rg_lru.recurrent_states), not in the cache: a cache alone cannot carry it",
     "openai-gpt": "the model keeps no KV cache (generation recomputes the whole prefix)",
@@ -29,10 +27,11 @@ REFUSED: dict[str, str] = {
     "whisper": "its decoder also caches cross-attention K/V of the audio encoder (an encoder-decoder cache)",
     "xlnet": "it carries `mems` (each layer's input hidden states, turned into K/V again every step), not a K/V cache",
     "reformer": "its own ReformerDynamicCache keeps hidden states and LSH buckets, not K/V",
-    "gemma4_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
-    " (shared_kv_states); it caches none of its own",
-    "gemma4_unified_assistant": "an assistant (draft) model: every layer reuses the K/V its target model computed"
-    " (shared_kv_states); it caches none of its own",
+    **dict.fromkeys(
+        ("gemma4_assistant", "gemma4_unified_assistant"),
+        "an assistant (draft) model: every layer reuses the K/V its target model computed (shared_kv_states);"
+        " it caches none of its own",
+    ),
     "blt": "byte-level model: local byte encoder/decoder stacks, a global patch transformer and cross-attention"
     " between bytes and patches share one encoder-decoder cache, not per-token K/V of one decoder stack",
     "cpmant": "its cache holds `prompt_length` learned prompt positions ahead of the tokens (cached length != tokens)",

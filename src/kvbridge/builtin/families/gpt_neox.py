@@ -39,11 +39,9 @@ class GPTNeoXAdapter(DecoderAdapter):
     DEFAULT_VOCAB: ClassVar[int] = 50432
     DEFAULT_MAX_POSITIONS: ClassVar[int] = 2048
     HEAD_DIM_KEY: ClassVar[str | None] = None
+    MHA: ClassVar[bool] = True
     PARTIAL_ROTARY: ClassVar[bool] = True
     DEFAULT_PARTIAL: ClassVar[float | None] = 0.25
-
-    def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
-        return heads
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(

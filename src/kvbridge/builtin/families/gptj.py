@@ -42,10 +42,8 @@ class GPTJAdapter(DecoderAdapter):
     DEFAULT_MAX_POSITIONS: ClassVar[int] = 2048
     DEFAULT_ROTARY_DIM: ClassVar[int] = 64
     HEAD_DIM_KEY: ClassVar[str | None] = None
+    MHA: ClassVar[bool] = True
     INTERLEAVED: ClassVar[bool] = True
-
-    def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
-        return heads
 
     def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
         rotary_dim = get(cfg, "rotary_dim", self.DEFAULT_ROTARY_DIM)

@@ -39,6 +39,7 @@ class Phi3Adapter(DecoderAdapter):
     DEFAULT_ORIGINAL_MAX: ClassVar[int] = 4096
     PARTIAL_ROTARY: ClassVar[bool] = True
     DEFAULT_PARTIAL: ClassVar[float | None] = 1.0
+    ALL_SLIDING: ClassVar[bool] = True
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         original = check_positive_int(
@@ -63,9 +64,6 @@ class Phi3Adapter(DecoderAdapter):
                 "fix 'rope_scaling' / 'rope_parameters' in the config",
             )
         return params
-
-    def _layout(self, cfg: Mapping, num_layers: int):
-        return self._all_sliding_if_window(cfg, num_layers, None)
 
     def _extras(self, cfg: Mapping) -> dict:
         return {
