@@ -388,16 +388,15 @@ def diverge(
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.models.fingerprint import weights_fingerprint
+            from kvbridge.models.fingerprint import tokenizer_identity, weights_fingerprint
 
             wfp = weights_fingerprint(model)
-            none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
             packs.save_pack(
                 model,
                 f"{tmp}/pack",
                 guide_ids=chosen.ghost,
                 guide_text=chosen.ghost_text,
-                tokenizer_fp=none_fp,
+                tokenizer_fp=tokenizer_identity(),
                 weights_fp=wfp,
                 host=host,
             )
