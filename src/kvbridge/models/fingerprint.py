@@ -37,7 +37,6 @@ from kvbridge.paths import cache_file as _home_file, cache_read, cache_write
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CACHE_FILE = "file-hashes.json"
 CACHE_LIMIT = 512
-_BLOCK = 1 << 22
 _LOCK = threading.Lock()
 
 
@@ -242,11 +241,9 @@ def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     hit = cache_read(cache_file).get(key)
     if isinstance(hit, str) and len(hit) == 64:
         return hit
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
-            h.update(block)
-    digest = h.hexdigest()
+    from kvbridge.artifacts import sha256_file
+
+    digest = sha256_file(path)
     if _key(path, path.stat()) == key:  # unchanged while it was read: safe to remember
         _cache_write(cache_file, key, digest)
     return digest

@@ -253,18 +253,9 @@ class DivergeReport:
     tokens: dict  # seed -> path -> tokens ; "greedy" -> path -> tokens
     notes: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return {
-            "paths": list(self.paths),
-            "sampler": self.sampler.to_dict(),
-            "seeds": list(self.seeds),
-            "max_new_tokens": self.max_new_tokens,
-            "split": self.split,
-            "pairs": self.pairs,
-            "greedy": self.greedy,
-            "tokens": {str(k): v for k, v in self.tokens.items()},
-            "notes": self.notes,
-        }
+    def to_dict(self) -> dict:  # the fields in order, JSON-ready
+        paths, seeds, tokens = list(self.paths), list(self.seeds), {str(k): v for k, v in self.tokens.items()}
+        return {**vars(self), "paths": paths, "sampler": self.sampler.to_dict(), "seeds": seeds, "tokens": tokens}
 
     def lines(self) -> list[str]:
         s = self.split
