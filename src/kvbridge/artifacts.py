@@ -440,6 +440,18 @@ def write_artifact(
     return Path(out)
 
 
+def library_versions() -> dict:
+    """The library versions an artifact's manifest records (what decides how its tensors were made)."""
+    import torch
+    import transformers
+
+    return {
+        "transformers_version": transformers.__version__,
+        "torch_version": str(torch.__version__),
+        "kvbridge_version": __version__,
+    }
+
+
 def read_manifest(folder: Path | str, *, kind: str = "artifact") -> dict:
     from kvbridge.check.validate import load_json
 

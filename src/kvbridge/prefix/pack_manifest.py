@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
 from kvbridge.plugins import adapter_of
 
@@ -105,17 +104,6 @@ def positional_config(spec) -> dict:
     }
 
 
-def _versions() -> dict:
-    import torch
-    import transformers
-
-    return {
-        "transformers_version": transformers.__version__,
-        "torch_version": str(torch.__version__),
-        "kvbridge_version": __version__,
-    }
-
-
 def build_manifest(
     model,
     state,
@@ -128,8 +116,9 @@ def build_manifest(
     kv_layout: str = PER_LAYER,
     reference: str | None = None,
 ) -> dict:
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
+    from kvbridge.artifacts import library_versions
     from kvbridge.kvstate_io import state_manifest
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
@@ -163,7 +152,7 @@ def build_manifest(
         "dtype": str(state.dtype).removeprefix("torch."),
         "cache_format": cache_format(spec),
         "positional": positional_config(spec),
-        **_versions(),
+        **library_versions(),
         "state": state_manifest(state),
     }
     if reference:  # the model reference it was saved with (``pack export`` defaults --model to it)
