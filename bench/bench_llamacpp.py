@@ -5,7 +5,7 @@
 
 SmolLM2-135M-Instruct (``smollm2``, the Q4_1 GGUF): transformers runs it dequantized to float32,
 llama.cpp runs the GGUF itself (F16 KV cache, flash attention off, one thread unless ``--threads``;
-torch pinned to the same count). Parts (the functions are :mod:`kvbridge.engines.llamacpp_check`,
+torch pinned to the same count). Parts (the functions are :mod:`tools.llamacpp_check`,
 which the tests in tests/real/test_llamacpp_engine.py call too):
 
 1. continuation: transformers' cache of ``prompt[:-1]`` exported (``export_state``), loaded into
@@ -31,8 +31,10 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) +",
@@ -99,8 +101,9 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tools/ (the checks)
     from kvbridge.engines import llamacpp as L
-    from kvbridge.engines.llamacpp_check import continuation_check, import_check, pack_check, roundtrip_check
+    from tools.llamacpp_check import continuation_check, import_check, pack_check, roundtrip_check
     from kvbridge.engines.llamacpp_runtime import LlamaCppSession, binding_version
     from kvbridge.models import load
     from kvbridge.plugins import get_host

@@ -59,47 +59,27 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-#: safetensors dtype names (the format's own spelling) of the torch dtypes written directly
-_ST_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-}
-#: safetensors' own dtype order (its enum): a file lists its tensors by this rank descending, then by name
-_ST_RANK = {
-    n: i
-    for i, n in enumerate(
-        (
-            "BOOL",
-            "U8",
-            "I8",
-            "F8_E5M2",
-            "F8_E4M3",
-            "I16",
-            "U16",
-            "F16",
-            "BF16",
-            "I32",
-            "U32",
-            "F32",
-            "F64",
-            "I64",
-            "U64",
-        )
-    )
-}
+#: the torch dtypes written directly with their safetensors names, in the format's own order (its enum:
+#: a file lists its tensors by this rank descending, then by name)
+_ST_ORDER = (
+    ("bool", "BOOL"),
+    ("uint8", "U8"),
+    ("int8", "I8"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("int16", "I16"),
+    ("uint16", "U16"),
+    ("float16", "F16"),
+    ("bfloat16", "BF16"),
+    ("int32", "I32"),
+    ("uint32", "U32"),
+    ("float32", "F32"),
+    ("float64", "F64"),
+    ("int64", "I64"),
+    ("uint64", "U64"),
+)
+_ST_DTYPES = dict(_ST_ORDER)
+_ST_RANK = {name: i for i, (_, name) in enumerate(_ST_ORDER)}
 _WRITE_CHUNK = 1 << 22
 #: bytes per hand-off to the checksum thread, and per request to start writing out (durable.start_writeback)
 _BATCH_BYTES = 8 << 20
@@ -458,6 +438,18 @@ def write_artifact(
         }
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=str) + "\n")
     return Path(out)
+
+
+def library_versions() -> dict:
+    """The library versions an artifact's manifest records (what decides how its tensors were made)."""
+    import torch
+    import transformers
+
+    return {
+        "transformers_version": transformers.__version__,
+        "torch_version": str(torch.__version__),
+        "kvbridge_version": __version__,
+    }
 
 
 def read_manifest(folder: Path | str, *, kind: str = "artifact") -> dict:

@@ -109,35 +109,25 @@ def _flush_data(path: Path) -> None:
 
 
 def commit_tree(tmp: Path, rename) -> None:
-    """Make the folder ``tmp`` durable and call ``rename()`` (which moves it into place).
+    """Make the folder (or single file) ``tmp`` durable and call ``rename()`` (which moves it into place).
 
     One journal commit where :func:`one_commit` holds (data of every file written out and waited
     for, rename, ``fsync`` of the parent); else ``fsync`` of every file and folder, rename, ``fsync``
     of the parent. A failure before ``rename()`` leaves ``tmp`` as it is (the caller removes it).
     """
     tmp = Path(tmp)
-    if one_commit(tmp):
-        for p in sorted(tmp.rglob("*")):
-            if p.is_file() and not p.is_symlink():
-                _flush_data(p)
-    else:
-        for p in sorted(tmp.rglob("*")):
-            if p.is_file() or p.is_dir():
-                fsync_path(p)
-        fsync_path(tmp)
+    flush = one_commit(tmp)
+    for p in [*sorted(tmp.rglob("*")), tmp] if tmp.is_dir() else [tmp]:
+        if flush and p.is_file() and not p.is_symlink():
+            _flush_data(p)
+        elif not flush and (p.is_file() or p.is_dir()):
+            fsync_path(p)
     rename()
     fsync_path(tmp.parent)
 
 
-def commit_file(tmp: Path, rename) -> None:
-    """:func:`commit_tree` for a single temporary file ``tmp`` (renamed by ``rename()``)."""
-    tmp = Path(tmp)
-    if one_commit(tmp):
-        _flush_data(tmp)
-    else:
-        fsync_path(tmp)
-    rename()
-    fsync_path(tmp.parent)
+#: a single temporary file: the same steps
+commit_file = commit_tree
 
 
 __all__ = ["ONE_COMMIT_FS", "commit_file", "commit_tree", "fs_type", "fsync_path", "one_commit", "start_writeback"]

@@ -9,6 +9,8 @@ from kvbridge.errors import ArtifactError
 from kvbridge.kvstate import KVState
 from kvbridge.spec import ModelSpec
 
+_FIX = "re-create it with this kvbridge version"
+
 
 def state_tensors(state: KVState) -> dict:
     out: dict[str, Any] = {"token_ids": state.token_ids, "positions": state.positions}
@@ -35,23 +37,10 @@ def state_manifest(state: KVState) -> dict:
     }
 
 
-def state_of(tensors: dict, manifest: dict, spec: ModelSpec, keys, values, indexer=()) -> KVState:
-    """The KVState of checked artifact ``tensors`` (K/V already split per layer) and its ``manifest``."""
-    return KVState(
-        keys=tuple(keys),
-        values=tuple(values),
-        token_ids=tensors["token_ids"],
-        positions=tensors["positions"],
-        spec=spec,
-        rope_applied=bool(manifest.get("rope_applied", True)),
-        rope_lengths=tensors.get("rope_lengths"),
-        model_fingerprint=manifest.get("model_fingerprint", ""),
-        approximate=bool(manifest.get("approximate", False)),
-        indexer_keys=indexer,
-    )
-
-
-def state_from_tensors(tensors: dict, manifest: dict) -> KVState:
+def state_from_tensors(tensors: dict, manifest: dict, where: str = "KV state", fix: str = _FIX) -> KVState:
+    """The KVState of artifact ``tensors`` and its state ``manifest``, checked against the stored spec:
+    K/V per layer (``layers.{i}.keys`` ...), or stacked in one tensor ``kv`` ``[layers, 2, B, H, T, D]``
+    (a prefix pack's layout; the state's K/V are then views of it)."""
     from kvbridge.check.validate import tensors_match
 
     try:
@@ -59,28 +48,51 @@ def state_from_tensors(tensors: dict, manifest: dict) -> KVState:
         dtype = manifest.get("dtype")
         spec = ModelSpec.from_dict(manifest["spec"])
         B, T = manifest.get("batch_size"), manifest.get("num_tokens")
+        stacked = "kv" in tensors
+        if stacked and (n != spec.num_layers or not spec.uniform_kv or spec.indexer_layers):
+            raise ArtifactError(
+                f"{where}: K/V stacked in one tensor, but the stored model spec ({spec.num_layers} "
+                "layers) does not cache one K/V shape in every layer",
+                fix,
+            )
         if n != spec.num_layers:
             raise ValueError(f"{n} layers for a {spec.num_layers}-layer spec")
-        # per layer, as the spec caches it (MLA latent / RoPE key widths, layers without KV)
-        want = {
-            f"layers.{i}.{kv}": (dtype, (B, spec.kv_heads_of(i), T, dim(i)))
-            for i in range(n)
-            for kv, dim in (("keys", spec.key_dim_of), ("values", spec.value_dim_of))
-        }
-        want.update({f"layers.{i}.indexer_keys": (dtype, (B, T, spec.indexer_dim())) for i in spec.indexer_layers})
-        tensors_match(tensors, want, "KV state", fix="re-create it with this kvbridge version", allow_extra=True)
-        keys = tuple(tensors[f"layers.{i}.keys"] for i in range(n))
-        values = tuple(tensors[f"layers.{i}.values"] for i in range(n))
-        indexer = tuple(
-            (i, tensors[f"layers.{i}.indexer_keys"]) for i in range(n) if f"layers.{i}.indexer_keys" in tensors
+        if stacked:
+            kv = (dtype, (n, 2, B, spec.num_kv_heads, T, spec.head_dim))
+            want = {"kv": kv, "token_ids": (None, (B, T)), "positions": (None, (B, T))}
+        else:  # per layer, as the spec caches it (MLA latent / RoPE key widths, layers without KV)
+            want = {
+                f"layers.{i}.{kv}": (dtype, (B, spec.kv_heads_of(i), T, dim(i)))
+                for i in range(n)
+                for kv, dim in (("keys", spec.key_dim_of), ("values", spec.value_dim_of))
+            }
+            want.update({f"layers.{i}.indexer_keys": (dtype, (B, T, spec.indexer_dim())) for i in spec.indexer_layers})
+        tensors_match(tensors, want, where, fix=fix, allow_extra=True)
+        layers = unstack(tensors) if stacked else tensors
+        return KVState(
+            keys=tuple(layers[f"layers.{i}.keys"] for i in range(n)),
+            values=tuple(layers[f"layers.{i}.values"] for i in range(n)),
+            token_ids=tensors["token_ids"],
+            positions=tensors["positions"],
+            spec=spec,
+            rope_applied=bool(manifest.get("rope_applied", True)),
+            rope_lengths=tensors.get("rope_lengths"),
+            model_fingerprint=manifest.get("model_fingerprint", ""),
+            approximate=bool(manifest.get("approximate", False)),
+            indexer_keys=tuple((i, t) for i in range(n) if (t := tensors.get(f"layers.{i}.indexer_keys")) is not None),
         )
-        return state_of(tensors, manifest, spec, keys, values, indexer)
     except KeyError as exc:
-        raise ArtifactError(f"artifact is missing {exc.args[0]!r}", "re-create it with this kvbridge version") from None
+        raise ArtifactError(f"{where}: the stored state is missing {exc.args[0]!r}", fix) from None
     except (TypeError, ValueError) as exc:
-        raise ArtifactError(
-            f"artifact manifest is malformed ({exc})", "re-create it with this kvbridge version"
-        ) from None
+        raise ArtifactError(f"{where}: the stored state manifest is malformed ({exc})", fix) from None
 
 
-__all__ = ["state_tensors", "state_manifest", "state_of", "state_from_tensors"]
+def unstack(tensors: dict) -> dict:
+    """The per-layer names of stacked tensors (views of ``kv``, no copy)."""
+    out = {k: v for k, v in tensors.items() if k != "kv"}
+    for i, pair in enumerate(tensors["kv"].unbind(0)):
+        out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = pair.unbind(0)
+    return out
+
+
+__all__ = ["state_tensors", "state_manifest", "state_from_tensors", "unstack"]

@@ -44,12 +44,13 @@ class Progress:
         enabled: bool = True,
         stream: TextIO | None = None,
         tty: bool | None = None,
+        every: float | None = None,
     ):
         self.total, self.label, self.unit, self.enabled = int(total), label, unit, enabled
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         env = os.environ.get("KVBRIDGE_PROGRESS_EVERY")
-        self.every = float(env) if env not in (None, "") else PLAIN_EVERY_S
+        self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
         self.t0 = time.perf_counter()
         self._last = -1e9
         self.done = 0
@@ -74,14 +75,15 @@ class Progress:
         now = time.perf_counter()
         final = self.done >= self.total
         if self.tty:
-            self.stream.write("\r\033[K" + self.line() + ("\n" if final else ""))
-            self.stream.flush()
-            self.lines += 1
+            self._write("\r\033[K" + self.line() + ("\n" if final else ""))
         elif final or now - self._last >= self.every:
             self._last = now
-            self.stream.write(self.line() + "\n")
-            self.stream.flush()
-            self.lines += 1
+            self._write(self.line() + "\n")
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+        self.lines += 1
 
     def close(self, *, complete: bool = False) -> None:
         """End the line; ``complete=True`` first moves it to ``total`` (a count that rounds down reaches 100%)."""
@@ -125,8 +127,8 @@ def pass_progress(enabled: bool = True, world: int = 1, heartbeat=None):
     return on
 
 
-class Heartbeat:
-    """Plain progress lines for logs: the stage, done/total and the elapsed time, every
+class Heartbeat(Progress):
+    """The :class:`Progress` of a few long steps, as plain lines for logs: the stage, done/total and the elapsed time, every
     :data:`PLAIN_EVERY_S` seconds (``KVBRIDGE_PROGRESS_EVERY``) from a background thread, so a
     log shows life while one step (loading a model, one forward of a big batch) takes minutes;
     once the first line is out, every stage change is printed too. A command that ends (or
@@ -148,15 +150,11 @@ class Heartbeat:
     ):
         import threading
 
-        self.label, self.stream = label, stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        env = os.environ.get("KVBRIDGE_PROGRESS_EVERY")
-        self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
+        super().__init__(0, label=label, unit="", stream=stream, tty=tty, every=every)
         # KVBRIDGE_PROGRESS_EVERY=0 asks :class:`Progress` for a line per update; no timed lines then
         self.enabled = enabled and not self.tty and self.every > 0
-        self.t0 = self._t_stage = time.perf_counter()
-        self.name, self.total, self.unit, self.done = "starting", None, "", 0
-        self.lines = 0
+        self._t_stage = self.t0
+        self.name, self.total = "starting", None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -177,9 +175,7 @@ class Heartbeat:
         if not self.enabled:
             return
         with self._lock:
-            self.stream.write(self.line() + "\n")
-            self.stream.flush()
-            self.lines += 1
+            self._write(self.line() + "\n")
 
     def stage(self, name: str, total: int | None = None, unit: str = "") -> None:
         self.name, self.total, self.unit, self.done = name, total, unit, 0

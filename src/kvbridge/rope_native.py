@@ -228,7 +228,6 @@ def library_path(cxx: str) -> tuple:
 
 def _build(cxx: str, retry_failed: bool) -> Path:
     folder, name = library_path(cxx)
-    private = False
     if folder is not None:
         lib, failed = folder / name, folder / (name + ".failed")
         if lib.is_file():
@@ -237,15 +236,12 @@ def _build(cxx: str, retry_failed: bool) -> Path:
             raise Unavailable(f"building the native RoPE kernel failed before (remove {failed} to retry)")
         try:
             folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            folder = None
-    if folder is not None:
-        try:
             work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
         except OSError:  # a cache folder we cannot write
             folder = None
-    if folder is None:  # no cache: a private folder for this process
-        folder, private = Path(tempfile.mkdtemp(prefix="kvbridge-native-")), True
+    private = folder is None
+    if private:  # no cache: a private folder for this process
+        folder = Path(tempfile.mkdtemp(prefix="kvbridge-native-"))
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
     try:
         src = work / "rope.cpp"

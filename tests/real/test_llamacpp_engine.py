@@ -4,7 +4,7 @@ Q4_1 GGUF, and transformers on the same GGUF dequantized (fixtures in tests/real
 Bounds are reasons, not this machine's numbers: the model's own noise (transformers float32 vs
 llama.cpp's quantized kernels on the same prompt) is measured in the same run and scales the
 checks; greedy tokens are compared up to the first near tie that noise could flip
-(:func:`kvbridge.engines.llamacpp_check.agreement`); each check has a control that a wrong
+(:func:`tools.llamacpp_check.agreement`); each check has a control that a wrong
 cache (keys left in transformers' rotary layout) fails.
 """
 
@@ -31,7 +31,7 @@ def test_llama_cpp_continues_from_kvbridges_export(smollm2, llama_session, monke
     implementations' logits, so twice the noise bounds it; keys left in the wrong rotary layout
     break it by far more."""
     from kvbridge.engines import llamacpp as L
-    from kvbridge.engines.llamacpp_check import continuation_check
+    from tools.llamacpp_check import continuation_check
 
     res = continuation_check(smollm2, llama_session, _ids(smollm2), new_tokens=8)
     print(res)
@@ -50,7 +50,7 @@ def test_llama_cpps_cache_reads_back_as_transformers_cache(smollm2, llama_sessio
     keys come from one quantized matmul: ~1%; deeper layers compound it: under 15%), where keys in
     the wrong layout are uncorrelated (~sqrt 2). Handed to transformers, the imported cache
     continues like transformers' own prefill."""
-    from kvbridge.engines.llamacpp_check import import_check
+    from tools.llamacpp_check import import_check
 
     res = import_check(smollm2, llama_session, _ids(smollm2), new_tokens=8)
     print(res)
@@ -66,7 +66,7 @@ def test_llama_cpps_cache_round_trips_through_a_kvstate_exactly(smollm2, llama_s
     """llama.cpp -> KVState -> llama.cpp: F16 widened to float32 and rounded back is exact (and the
     permutation is undone), so the re-exported file is llama.cpp's own byte for byte and llama.cpp
     continues from it bitwise as from its own save."""
-    from kvbridge.engines.llamacpp_check import roundtrip_check
+    from tools.llamacpp_check import roundtrip_check
 
     res = roundtrip_check(llama_session, _ids(smollm2), new_tokens=4)
     print(res)
@@ -82,7 +82,7 @@ def test_a_pack_restored_into_llama_cpp_skips_the_guide_prefill(smollm2, llama_s
 
     from kvbridge.cli.main import cli
     from kvbridge.demo.real import chat_texts
-    from kvbridge.engines.llamacpp_check import continuation_check, pack_check
+    from tools.llamacpp_check import continuation_check, pack_check
     from kvbridge.prefix.packs import guide_ids_of, save_pack
 
     tok = smollm2.tokenizer

@@ -460,16 +460,7 @@ SPEC_ARCH_FIELDS = (
 
 
 def _spec_arch(spec: ModelSpec) -> tuple:
-    return (
-        spec.model_type,
-        spec.num_layers,
-        spec.num_attention_heads,
-        spec.num_kv_heads,
-        spec.head_dim,
-        spec.hidden_size,
-        spec.qk_norm,
-        spec.vocab_size,
-    )
+    return tuple(getattr(spec, name) for name in SPEC_ARCH_FIELDS)
 
 
 def _model_axis(

@@ -46,8 +46,8 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
 )
-#: special-token roles that are hashed into ``special``
 _CACHE_VERSION = 1
+#: special-token roles that are hashed into ``special``
 ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")
 FLAGS = ("add_bos_token", "add_eos_token")
 
@@ -403,13 +403,8 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
             "normalizer": hashlib.sha256(sp["normalizer"]).hexdigest(),
         }
         rules_format = "sentencepiece"
-        for role, key in (
-            ("bos_token", "bos_id"),
-            ("eos_token", "eos_id"),
-            ("unk_token", "unk_id"),
-            ("pad_token", "pad_id"),
-        ):
-            idx = sp[key]
+        for role in ROLES:  # bos_token -> the model's bos_id ...
+            idx = sp[role.replace("_token", "_id")]
             if 0 <= idx < len(sp["pieces"]):
                 roles[role] = sp["pieces"][idx][0]
         used.append("tokenizer.model")

@@ -88,10 +88,6 @@ def tokens(value: Any, name: str = "--tokens") -> int | None:
     return positive_int(value, name, fix=f"pass {name} >= 1, or leave it out to read the whole corpus")
 
 
-def max_new_tokens(value: Any, name: str = "--max-new-tokens") -> int:
-    return positive_int(value, name, fix=f"pass {name} 1 or more")
-
-
 def stride(value: Any, seq_len_: int | None = None, *, skip: int = 0, name: str = "--stride") -> int:
     """A sampling stride: >= 1 and no larger than the positions a sequence has after ``skip``."""
     positive_int(value, name, fix=f"use e.g. {name} 4")
@@ -132,17 +128,6 @@ def alpha(value: Any, name: str = "--alpha"):
                 f"{name} must be a number or 'auto', got {value!r}", f"use e.g. {name} 0.01"
             ) from None
     return finite_number(value, name, non_negative=True, fix=f"use a finite {name} >= 0, e.g. 0.01, or 'auto'")
-
-
-def prompt_length(n_tokens: int, max_positions: int | None, *, what: str = "prompt", extra: int = 0) -> int:
-    """Refuse a prompt (plus ``extra`` tokens to generate) longer than the model's positions."""
-    if max_positions and n_tokens + extra > max_positions:
-        more = f" plus {extra} new tokens" if extra else ""
-        raise ValidationError(
-            f"the {what} has {n_tokens} tokens{more}, beyond the model's maximum positions ({max_positions})",
-            f"shorten the {what} to {max(0, max_positions - extra)} tokens or less",
-        )
-    return n_tokens
 
 
 def utf8_text(data: bytes, where: str = "input") -> str:
@@ -383,13 +368,11 @@ __all__ = [
     "finite_number",
     "seq_len",
     "tokens",
-    "max_new_tokens",
     "cli_text",
     "stride",
     "top_k",
     "memory_gib",
     "alpha",
-    "prompt_length",
     "utf8_text",
     "json_depth",
     "parse_json",

@@ -21,6 +21,7 @@ store about a model. Torch is imported only by :func:`weights_fingerprint`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,7 +37,6 @@ from kvbridge.paths import cache_file as _home_file, cache_read, cache_write
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CACHE_FILE = "file-hashes.json"
 CACHE_LIMIT = 512
-_BLOCK = 1 << 22
 _LOCK = threading.Lock()
 
 
@@ -65,16 +65,19 @@ def model_config_fingerprint(model) -> str:
     a cached answer costs one ``repr`` of the config's attributes instead of ``to_dict()``.
     """
     config = model.config
-    stamp = _config_stamp(config)
-    memo = getattr(model, _CONFIG_MEMO_ATTR, None)
+    return _memo(model, _CONFIG_MEMO_ATTR, _config_stamp(config), lambda: config_fingerprint(config.to_dict()))
+
+
+def _memo(obj, attr: str, stamp, compute):
+    """``compute()``, memoised on ``obj`` under ``attr`` while ``stamp`` is unchanged (an object that
+    takes no attributes is not memoised)."""
+    memo = getattr(obj, attr, None)
     if memo is not None and memo[0] == stamp:
         return memo[1]
-    digest = config_fingerprint(config.to_dict())
-    try:
-        object.__setattr__(model, _CONFIG_MEMO_ATTR, (stamp, digest))
-    except (AttributeError, TypeError):  # a model that takes no attributes: no memo
-        pass
-    return digest
+    value = compute()
+    with contextlib.suppress(AttributeError, TypeError):
+        object.__setattr__(obj, attr, (stamp, value))
+    return value
 
 
 def _tensor_slots(model) -> tuple:
@@ -119,10 +122,8 @@ def weights_fingerprint(model) -> str:
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     digest = h.hexdigest()
     if slots is not None:
-        try:
+        with contextlib.suppress(AttributeError, TypeError):  # a model that takes no attributes: no memo
             object.__setattr__(model, _MEMO_ATTR, (slots, _weights_stamp(slots), digest))
-        except (AttributeError, TypeError):  # a model that takes no attributes: no memo
-            pass
     return digest
 
 
@@ -160,32 +161,27 @@ def tokenizer_identity(tokenizer: Any = None, *, folder: str | Path | None = Non
 
     def from_dir(path: Path) -> dict | None:
         try:
-            fp = tokenizer_fp.fingerprint_dir(path)
+            return fp_identity(tokenizer_fp.fingerprint_dir(path))
         except KVBridgeError:
             return None
-        if fp is None:
-            return None
-        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
 
-    if folder is not None:
-        got = from_dir(Path(folder))
-        if got is not None:
-            return got
-    if tokenizer is None:
-        return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
-    stamp = _tokenizer_stamp(tokenizer)
-    memo = getattr(tokenizer, _TOK_MEMO_ATTR, None)
-    if memo is not None and memo[0] == stamp:
-        return dict(memo[1])
-    got = _tokenizer_object_identity(tokenizer, from_dir)
-    try:
-        object.__setattr__(tokenizer, _TOK_MEMO_ATTR, (stamp, dict(got)))
-    except (AttributeError, TypeError):
-        pass
-    return got
+    got = from_dir(Path(folder)) if folder is not None else None
+    if got is not None or tokenizer is None:
+        return got or dict(_UNKNOWN)
+    return dict(
+        _memo(tokenizer, _TOK_MEMO_ATTR, _tokenizer_stamp(tokenizer), lambda: _object_identity(tokenizer, from_dir))
+    )
+
+
+def fp_identity(fp) -> dict | None:
+    """The record of a :class:`~kvbridge.check.tokenizer_fp.TokenizerFingerprint` (None for None)."""
+    if fp is None:
+        return None
+    return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
 
 
 _TOK_MEMO_ATTR = "_kvbridge_tokenizer_identity"
+_UNKNOWN = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
 
 
 def _tokenizer_stamp(tokenizer) -> tuple:
@@ -200,7 +196,7 @@ def _tokenizer_stamp(tokenizer) -> tuple:
     )
 
 
-def _tokenizer_object_identity(tokenizer, from_dir) -> dict:
+def _object_identity(tokenizer, from_dir) -> dict:
     if hasattr(tokenizer, "save_pretrained"):
         with tempfile.TemporaryDirectory(prefix="kvbridge-tok-") as tmp:
             try:
@@ -219,7 +215,7 @@ def _tokenizer_object_identity(tokenizer, from_dir) -> dict:
             "vocab_size": int(len(tokenizer)) if hasattr(tokenizer, "__len__") else 0,
             "source": "backend-json",
         }
-    return {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
+    return dict(_UNKNOWN)
 
 
 # -- files ---------------------------------------------------------------------------------------------
@@ -245,11 +241,9 @@ def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     hit = cache_read(cache_file).get(key)
     if isinstance(hit, str) and len(hit) == 64:
         return hit
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
-            h.update(block)
-    digest = h.hexdigest()
+    from kvbridge.artifacts import sha256_file
+
+    digest = sha256_file(path)
     if _key(path, path.stat()) == key:  # unchanged while it was read: safe to remember
         _cache_write(cache_file, key, digest)
     return digest
@@ -293,9 +287,7 @@ def loaded_tokenizer_identity(loaded, tokenizer_path: str | Path | None = None, 
     if tokenizer_path:
         return tokenizer_identity(tok, folder=tokenizer_path if Path(tokenizer_path).is_dir() else None)
     fp = loaded.ref.tokenizer()
-    if fp is not None:
-        return {"fingerprint": fp.digest, "kind": fp.kind, "vocab_size": fp.vocab_size, "source": "tokenizer_fp"}
-    return tokenizer_identity(tok)
+    return fp_identity(fp) if fp is not None else tokenizer_identity(tok)
 
 
 __all__ = [

@@ -253,18 +253,9 @@ class DivergeReport:
     tokens: dict  # seed -> path -> tokens ; "greedy" -> path -> tokens
     notes: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return {
-            "paths": list(self.paths),
-            "sampler": self.sampler.to_dict(),
-            "seeds": list(self.seeds),
-            "max_new_tokens": self.max_new_tokens,
-            "split": self.split,
-            "pairs": self.pairs,
-            "greedy": self.greedy,
-            "tokens": {str(k): v for k, v in self.tokens.items()},
-            "notes": self.notes,
-        }
+    def to_dict(self) -> dict:  # the fields in order, JSON-ready
+        paths, seeds, tokens = list(self.paths), list(self.seeds), {str(k): v for k, v in self.tokens.items()}
+        return {**vars(self), "paths": paths, "sampler": self.sampler.to_dict(), "seeds": seeds, "tokens": tokens}
 
     def lines(self) -> list[str]:
         s = self.split
@@ -388,16 +379,15 @@ def diverge(
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.models.fingerprint import weights_fingerprint
+            from kvbridge.models.fingerprint import tokenizer_identity, weights_fingerprint
 
             wfp = weights_fingerprint(model)
-            none_fp = {"fingerprint": None, "kind": "", "vocab_size": 0, "source": "none"}
             packs.save_pack(
                 model,
                 f"{tmp}/pack",
                 guide_ids=chosen.ghost,
                 guide_text=chosen.ghost_text,
-                tokenizer_fp=none_fp,
+                tokenizer_fp=tokenizer_identity(),
                 weights_fp=wfp,
                 host=host,
             )

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.version import __version__
 from kvbridge.errors import ArtifactError
 from kvbridge.plugins import adapter_of
 
@@ -105,17 +104,6 @@ def positional_config(spec) -> dict:
     }
 
 
-def _versions() -> dict:
-    import torch
-    import transformers
-
-    return {
-        "transformers_version": transformers.__version__,
-        "torch_version": str(torch.__version__),
-        "kvbridge_version": __version__,
-    }
-
-
 def build_manifest(
     model,
     state,
@@ -128,8 +116,9 @@ def build_manifest(
     kv_layout: str = PER_LAYER,
     reference: str | None = None,
 ) -> dict:
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
+    from kvbridge.artifacts import library_versions
     from kvbridge.kvstate_io import state_manifest
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
@@ -163,7 +152,7 @@ def build_manifest(
         "dtype": str(state.dtype).removeprefix("torch."),
         "cache_format": cache_format(spec),
         "positional": positional_config(spec),
-        **_versions(),
+        **library_versions(),
         "state": state_manifest(state),
     }
     if reference:  # the model reference it was saved with (``pack export`` defaults --model to it)
@@ -207,30 +196,20 @@ def recorded_model(manifest: Mapping, where: str) -> str:
 
 def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> None:
     """Minimal schema check: required keys present with the right JSON types (see the schema file)."""
-    for key, typ in REQUIRED.items():
-        if key not in manifest:
-            raise ArtifactError(f"{where} is missing {key!r}", "re-create the pack with kvbridge pack save")
-        if not isinstance(manifest[key], typ) or (typ is int and isinstance(manifest[key], bool)):
-            raise ArtifactError(
-                f"{where} field {key!r} must be {typ.__name__}, got {type(manifest[key]).__name__}",
-                "re-create the pack with kvbridge pack save",
-            )
     from kvbridge.artifacts import check_kind
     from kvbridge.check.validate import require_fields
 
+    fix = "re-create the pack with kvbridge pack save"
+    require_fields(manifest, REQUIRED, where, fix=fix)
     check_kind(manifest, PACK_KIND, SCHEMA_VERSION, where, "prefix pack", "pass a prefix pack folder")
-    require_fields(manifest, NESTED_REQUIRED, where, fix="re-create the pack with kvbridge pack save")
+    require_fields(manifest, NESTED_REQUIRED, where, fix=fix)
     if manifest.get("kv_layout", PER_LAYER) not in KV_LAYOUTS:
         raise ArtifactError(
             f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",
             "upgrade kvbridge or re-create the pack with kvbridge pack save",
         )
-    guide = manifest["guide"]
-    if not isinstance(guide.get("token_ids"), list) or not guide["token_ids"]:
+    if not manifest["guide"]["token_ids"]:
         raise ArtifactError(f"{where} has no guide token ids", "re-create the pack")
-    for key in ("config_fingerprint", "weights_fingerprint", "model_type"):
-        if not isinstance(manifest["model"].get(key), str):
-            raise ArtifactError(f"{where} model.{key} is missing", "re-create the pack")
 
 
 @dataclass(frozen=True)
@@ -271,24 +250,14 @@ def compare(
     spec = adapter_of(model, host).spec_of(model)
     out: list[Mismatch] = []
     m = manifest["model"]
-    geometry_pack = {k: m.get(k) for k in ("model_type", "num_layers", "num_kv_heads", "head_dim")}
-    geometry_model = {
-        "model_type": spec.model_type,
-        "num_layers": spec.num_layers,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-    }
-    if geometry_pack != geometry_model:
-        a, b = _diff_dict(geometry_pack, geometry_model)
-        out.append(Mismatch("model", a, b, False))
-    pos_pack, pos_model = manifest["positional"], positional_config(spec)
-    if pos_pack != pos_model:
-        a, b = _diff_dict(pos_pack, pos_model)
-        out.append(Mismatch("rope", a, b, False))
-    cf_pack, cf_model = manifest["cache_format"], cache_format(spec)
-    if cf_pack != cf_model:
-        a, b = _diff_dict(cf_pack, cf_model)
-        out.append(Mismatch("cache_format", a, b, False))
+    geometry = ("model_type", "num_layers", "num_kv_heads", "head_dim")
+    for name, stored, now in (
+        ("model", {k: m.get(k) for k in geometry}, {k: getattr(spec, k) for k in geometry}),
+        ("rope", manifest["positional"], positional_config(spec)),
+        ("cache_format", manifest["cache_format"], cache_format(spec)),
+    ):
+        if stored != now:
+            out.append(Mismatch(name, *_diff_dict(stored, now), False))
     if manifest["dtype"] != spec.dtype:
         out.append(Mismatch("dtype", manifest["dtype"], spec.dtype, True))
     cfg = model_config_fingerprint(model)

@@ -55,6 +55,9 @@ from kvbridge.prefix.pack_manifest import (
 )
 
 
+_FIX = "re-create the pack with kvbridge pack save"
+
+
 class PackMismatchError(ArtifactError):
     """A pack was made for a different model, tokenizer, dtype, RoPE table or cache format."""
 
@@ -257,52 +260,6 @@ def pack_tensors(state) -> tuple[dict, str]:
     return out, STACKED
 
 
-def _stacked_state(tensors: dict, stored: dict, where: str):
-    """The KVState of a stacked pack: per-layer views of ``kv`` after one shape check of the few
-    stored tensors against the stored spec (what :func:`kvbridge.kvstate_io.state_from_tensors`
-    checks per layer)."""
-    from kvbridge.check.validate import tensors_match
-    from kvbridge.kvstate_io import state_of
-    from kvbridge.spec import ModelSpec
-
-    fix = "re-create the pack with kvbridge pack save"
-    try:
-        spec = ModelSpec.from_dict(stored["spec"])
-        n, B, T = int(stored["num_layers"]), stored.get("batch_size"), stored.get("num_tokens")
-    except KeyError as exc:
-        raise ArtifactError(f"{where}: the state manifest is missing {exc.args[0]!r}", fix) from None
-    except (TypeError, ValueError) as exc:
-        raise ArtifactError(f"{where}: the state manifest is malformed ({exc})", fix) from None
-    if n != spec.num_layers or not spec.uniform_kv or spec.indexer_layers:
-        raise ArtifactError(
-            f"{where}: K/V stacked in one tensor, but the stored model spec ({spec.num_layers} "
-            "layers) does not cache one K/V shape in every layer",
-            fix,
-        )
-    ids = (B, T)
-    tensors_match(
-        tensors,
-        {
-            "kv": (stored.get("dtype"), (n, 2, B, spec.num_kv_heads, T, spec.head_dim)),
-            "token_ids": (None, ids),
-            "positions": (None, ids),
-        },
-        where,
-        fix=fix,
-        allow_extra=True,
-    )
-    pairs = [pair.unbind(0) for pair in tensors["kv"].unbind(0)]
-    return state_of(tensors, stored, spec, (k for k, _ in pairs), (v for _, v in pairs))
-
-
-def _unstack(tensors: dict) -> dict:
-    """The per-layer names of a stacked pack's tensors (views of ``kv``, no copy)."""
-    out = {k: v for k, v in tensors.items() if k != "kv"}
-    for i, pair in enumerate(tensors["kv"].unbind(0)):
-        out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = pair.unbind(0)
-    return out
-
-
 # -- reading and loading ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pack:
@@ -379,8 +336,10 @@ def read_pack(path: str | Path):
     The tensors carry per-layer names (``layers.{i}.keys`` ...) whatever the stored layout: a
     stacked pack's are views of its one ``kv`` tensor.
     """
+    from kvbridge.kvstate_io import unstack
+
     manifest, tensors = _read_stored(path)
-    return manifest, (_unstack(tensors) if manifest.get("kv_layout") == STACKED else tensors)
+    return manifest, (unstack(tensors) if manifest.get("kv_layout") == STACKED else tensors)
 
 
 def read_pack_state(path: str | Path):
@@ -409,9 +368,7 @@ def _read_stored(path: str | Path):
         kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
         want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
     want["token_ids"] = (("int64", "int32"), (None, n))
-    tensors_match(
-        tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True, fix="re-create the pack with kvbridge pack save"
-    )
+    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True, fix=_FIX)
     return manifest, tensors
 
 
@@ -473,10 +430,7 @@ def load_pack(
     hard = [x for x in mismatches if not x.forceable]
     if hard or (mismatches and not force):
         raise _refusal(path, mismatches, forced_ok=not hard)
-    if stacked:
-        state = _stacked_state(tensors, manifest["state"], str(path / TENSOR_FILE))
-    else:
-        state = state_from_tensors(tensors, manifest["state"])
+    state = state_from_tensors(tensors, manifest["state"], str(path / TENSOR_FILE), _FIX)
     ids = [int(x) for x in state.token_ids[0].tolist()]
     if ids != list(manifest["guide"]["token_ids"]):
         raise ArtifactError(
