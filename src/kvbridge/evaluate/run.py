@@ -126,8 +126,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         warn(overlap)
     ids, data = corpus_samples([tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    default_partial = str(s.report_dir).rstrip("/\\") + ".partial.jsonl" if s.report_dir else None
-    partial_path = default_partial if s.partial_path is None else s.partial_path
+    partial_path = s.partial_file
     partial = (
         None
         if partial_path is None
@@ -188,7 +187,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     written = {}
     if s.report_dir:
         written = write_report(result, s.report_dir)
-        if partial is not None and partial_path == default_partial:
+        if partial is not None and s.partial_path is None:
             partial.remove()  # the report holds everything now
             partial = None
     if partial is not None:
