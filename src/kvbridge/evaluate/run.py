@@ -126,24 +126,11 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         warn(overlap)
     ids, data = corpus_samples([tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    partial_path = s.partial_file
-    partial = (
-        None
-        if partial_path is None
-        else PartialLog(
-            partial_path,
-            {
-                "command": "eval",
-                "source": _ref_text(src),
-                "target": _ref_text(tgt),
-                "mapping": s.mapping,
-                "corpus": str(s.corpus),
-                "samples": int(ids.shape[0]),
-                "prefix_len": s.prefix_len,
-                "continuation_len": s.continuation_len,
-            },
-        )
+    head = {"command": "eval", "source": _ref_text(src), "target": _ref_text(tgt), "mapping": s.mapping}
+    head.update(
+        corpus=str(s.corpus), samples=int(ids.shape[0]), prefix_len=s.prefix_len, continuation_len=s.continuation_len
     )
+    partial = None if s.partial_file is None else PartialLog(s.partial_file, head)
     if heartbeat is not None:
         heartbeat.stage("evaluating", int(ids.shape[0]), "samples")
 
