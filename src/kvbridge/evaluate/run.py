@@ -74,17 +74,6 @@ def mapping_of(run):
     )
 
 
-def eval_config(settings: EvalSettings):
-    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already):
-    its fields have the settings' names."""
-    from dataclasses import fields
-
-    from kvbridge.evaluate.conditions import EvalConfig
-
-    same = {f.name: getattr(settings, f.name) for f in fields(EvalConfig) if f.name != "conditions"}
-    return EvalConfig(conditions=settings.condition_names(), **same)
-
-
 def evaluate_pair(pair, settings: EvalSettings, *, host=None, **callbacks) -> EvalRun:
     """:func:`evaluate_run` of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`."""
     from kvbridge.run import Run
@@ -157,7 +146,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         (smodel, tmodel),
         mapping,
         ids,
-        eval_config(s),
+        s,  # the settings are the run's config (EvalConfig's fields and condition_names())
         gates=s.gates,
         host=run.host,
         progress=progress,
@@ -191,7 +180,6 @@ __all__ = [
     "ConditionSet",
     "EvalRun",
     "EvalSettings",
-    "eval_config",
     "evaluate_pair",
     "evaluate_run",
     "mapping_of",

@@ -86,8 +86,6 @@ class _Ctx:
     host: Any
     stops: tuple
     scenario: Any
-    log: Callable[[str], None]
-    prompt_text: str = ""
     none_rows: list = field(default_factory=list)
     none_setup: Any = None
 
@@ -95,7 +93,9 @@ class _Ctx:
 def _guided(ctx: _Ctx, instruction: str):
     from kvbridge.steer.prompts import chat_mode, guide_scenario
 
-    return guide_scenario(ctx.tokenizer, instruction, ctx.prompt_text, chat=chat_mode(ctx.tokenizer, ctx.settings.chat))
+    return guide_scenario(
+        ctx.tokenizer, instruction, ctx.settings.prompt, chat=chat_mode(ctx.tokenizer, ctx.settings.chat)
+    )
 
 
 def _pack_state(model, tokenizer, scenario, host):
@@ -265,7 +265,7 @@ def evaluate(
     chat = chat_mode(tokenizer, settings.chat)
     scenario = prompt_scenario(tokenizer, prompt, chat=chat)
     check_length(model, scenario, settings.max_new_tokens, host)
-    ctx = _Ctx(model, tokenizer, vector, scorer, settings, host, stop_ids_of(tokenizer, model), scenario, log, prompt)
+    ctx = _Ctx(model, tokenizer, vector, scorer, settings, host, stop_ids_of(tokenizer, model), scenario)
     ctx.none_setup, _ = setup_for(model, scenario, host=host)
     arms = ["none"] + [a for a in settings.arms if a != "none"]
     t0 = time.perf_counter()
