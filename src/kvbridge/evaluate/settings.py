@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbridge.corpus import DEFAULT_HELDOUT
 from kvbridge.errors import ConfigError
 from kvbridge.settings_fields import (
     MAPPING_FIX,
@@ -29,7 +30,13 @@ from kvbridge.settings_fields import (
 #: most: the simplest rule a user would try)
 TOKEN_RULES = ("deviation", "random", "first", "last")
 #: the held-out share when ``heldout_fraction`` is None and the mapping records none for the corpus
-HELDOUT_FRACTION = 0.1
+HELDOUT_FRACTION = DEFAULT_HELDOUT
+
+
+def frontier_ratios(settings) -> tuple[float, ...]:
+    """``settings.frontier`` as sorted shares of the prefix (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when
+    not asked (a settings object's ``frontier_ratios``)."""
+    return parse_frontier(settings.frontier) if settings.frontier is not None else ()
 
 
 @dataclass(frozen=True)
@@ -228,15 +235,11 @@ class EvalSettings:
         return tuple(conds)
 
     @property
-    def frontier_ratios(self) -> tuple[float, ...]:
-        """``frontier`` as sorted shares of the prefix (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when not asked."""
-        return parse_frontier(self.frontier) if self.frontier is not None else ()
-
-    @property
     def sample_len(self) -> int:
         return self.prefix_len + self.continuation_len + 1
 
     partial_file = property(partial_file)
+    frontier_ratios = property(frontier_ratios)
 
 
 def parse_frontier(text) -> tuple[float, ...]:
@@ -261,4 +264,4 @@ def parse_frontier(text) -> tuple[float, ...]:
     return tuple(sorted(out))
 
 
-__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings", "parse_frontier"]
+__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings", "frontier_ratios", "parse_frontier"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbridge.errors import names_value
+from kvbridge.evaluate.settings import frontier_ratios
 from kvbridge.harness.protocol import HarnessError
 from kvbridge.settings_fields import (
     MAPPING_FIX,
@@ -110,16 +111,9 @@ class HarnessSettings:
         if not self.tasks and not self.lm_eval_tasks:
             raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
         check_kinds(self, HarnessError)  # --sink, --limit, --bootstrap, --seed
-        if self.frontier is not None:
-            self.frontier_ratios  # a typo fails before anything is loaded (one line, naming --frontier)
+        frontier_ratios(self)  # a typo fails before anything is loaded (one line, naming --frontier)
 
-    @property
-    def frontier_ratios(self) -> tuple[float, ...]:
-        """``frontier`` as sorted shares of the context (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when not asked."""
-        from kvbridge.evaluate.settings import parse_frontier
-
-        return parse_frontier(self.frontier) if self.frontier is not None else ()
-
+    frontier_ratios = property(frontier_ratios)
     partial_file = property(partial_file)
 
 
