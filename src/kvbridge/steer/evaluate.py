@@ -147,33 +147,22 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
             "guide_tokens": len(guided.prefix_ids),
         }
     if arm == "actadd":
+        method, options, vector, edit = "actadd", {"coefficient": s.ca * mult}, ctx.vector, None
         layers = s.actadd_layers or s.layers
-        return setup_for(
-            ctx.model,
-            ctx.scenario,
-            method="actadd",
-            options={"coefficient": s.ca * mult},
-            vector=ctx.vector,
-            layers=layers,
-            prefix=ctx.none_setup.prefix,
-            host=ctx.host,
-        )
-    if arm == "kv":
-        vector = ctx.vector
-    elif arm == "random":
-        vector = random_like(ctx.vector, s.random_seed)
-    elif arm in extra_vectors:
-        vector = extra_vectors[arm]
-    else:
-        raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
-    edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
+    else:  # a kv-vector arm: the vector, a random one of its size, or an extra vector
+        vectors = {**extra_vectors, "kv": ctx.vector}
+        if arm != "random" and arm not in vectors:
+            raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
+        vector = random_like(ctx.vector, s.random_seed) if arm == "random" else vectors[arm]
+        method, options, layers = "kv-vector", {"ck": s.ck * mult, "cv": s.cv * mult}, s.layers
+        edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
     return setup_for(
         ctx.model,
         ctx.scenario,
-        method="kv-vector",
-        options={"ck": s.ck * mult, "cv": s.cv * mult},
+        method=method,
+        options=options,
         vector=vector,
-        layers=s.layers,
+        layers=layers,
         edit=edit,
         prefix=ctx.none_setup.prefix,
         host=ctx.host,
