@@ -94,21 +94,15 @@ def load_pair_mapping(pair, settings: TransferSettings, host) -> tuple[Any, tupl
     """``(mapping, warnings)``: ``settings.mapping`` checked against the pair (fingerprints, tokenizer)."""
     import warnings
 
-    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.evaluate.run import mapping_of
+    from kvbridge.run import Run
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if settings.mapping == IDENTITY:
             mapping = identity_mapping(pair, host)
-        else:
-            mapping = load_mapping(
-                settings.mapping,
-                source=pair.source.model,
-                target=pair.target.model,
-                tokenizer=pair.tokenizer,
-                force=settings.accept_fingerprint_mismatch,
-                host=host,
-            )
+        else:  # checked against the pair's identities, as eval and harness check it
+            mapping = mapping_of(Run.of(pair, settings, host))
     return mapping, tuple(str(w.message) for w in caught)
 
 
