@@ -125,3 +125,28 @@ def test_check_kinds_refuses_a_value_outside_a_choice_naming_the_flag():
     assert "--mode a" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="--n must be a whole number >= 1"):
         Pick(n=0)
+
+
+def test_check_kinds_passes_a_none_default_and_checks_reals_and_shares():
+    from kvbridge.settings_fields import check_kinds
+
+    @dataclass(frozen=True)
+    class Kinds:
+        sweep: str | None = option(None, "Sweep.", kind=("choice", ("x", "y")))
+        t: float = option(0.7, "T.", kind=("real", 0, {"min_open": True}))
+        p: float = option(0.9, "P.", kind="share")
+        c: float | None = option(None, "C.", kind=("real",))
+
+        def __post_init__(self):
+            check_kinds(self)
+
+    assert Kinds().sweep is None and Kinds(sweep="y", c=-2.0).c == -2.0
+    with pytest.raises(ConfigError, match="--sweep must be one of x, y, got 'z'"):
+        Kinds(sweep="z")
+    with pytest.raises(ConfigError, match="--t must be a finite number > 0, got 0"):
+        Kinds(t=0)
+    for bad in (0, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ConfigError, match=r"--p must be a finite number > 0 and <= 1"):
+            Kinds(p=bad)
+    with pytest.raises(ConfigError, match="--c must be a finite number, got inf"):
+        Kinds(c=float("inf"))

@@ -6,8 +6,8 @@ declarations (in field order) and ``settings_from`` builds the settings from the
 the command line and the Python API cannot drift apart. The ``kind`` of a field is click-free (a
 tuple: ``("count", 2)``, ``("real", 0, 1, {"max_open": True})``, ``"seed"``, ``"share"``,
 ``("path", {"exists": True})``, ``("choice", names)``, ...): this module imports neither click nor
-torch. :func:`check_counts` runs the whole-number checks the kinds imply (one-line errors naming the
-flag), so a settings object's ``__post_init__`` does not repeat them.
+torch. :func:`check_kinds` runs the checks the kinds imply (one-line errors naming the flag), so a
+settings object's ``__post_init__`` does not repeat them.
 """
 
 from __future__ import annotations
@@ -66,35 +66,49 @@ def flag_of(f: dataclasses.Field, opt: Opt) -> str:
     return longs[0] if longs else "--" + f.name.replace("_", "-")
 
 
-def check_counts(obj) -> None:
-    """Refuse a field whose kind is a count (``("count", min)``, ``"seed"``) unless it is a whole
-    number at or above its minimum (None passes where the field's default is None)."""
-    from kvbridge.errors import whole_number
+def check_kinds(obj, error: type | None = None, kinds=("count", "seed", "choice", "real", "share")) -> None:
+    """Refuse a field whose value its kind does not allow (``error``, default
+    :class:`~kvbridge.errors.ConfigError`, one line naming the flag): a count (``("count", min)``,
+    ``"seed"``) a whole number at or above its minimum, a choice (``("choice", names)``) one of its
+    names, a real (``("real", min, max, {"min_open": ...})``, ``"share"``: in (0, 1]) a finite number
+    in its range; None passes where the field's default is None. The checks an option's type does on
+    the command line, for a settings object made in Python (``kinds``: which of them)."""
+    from kvbridge.errors import ConfigError, whole_number
 
+    error = error or ConfigError
     for f, opt in option_fields(type(obj)):
-        kind = opt.kind if isinstance(opt.kind, tuple) else (opt.kind,)
-        if kind[0] not in ("count", "seed"):
+        name, *args = opt.kind if isinstance(opt.kind, tuple) else (opt.kind,)
+        value, flag = getattr(obj, f.name), flag_of(f, opt)
+        if name not in kinds or (value is None and f.default is None):
             continue
-        value = getattr(obj, f.name)
-        if value is None and f.default is None:
-            continue
-        minimum = 0 if kind[0] == "seed" else (kind[1] if len(kind) > 1 else 1)
-        whole_number(value, flag_of(f, opt), minimum)
+        if name in ("count", "seed"):
+            whole_number(value, flag, 0 if name == "seed" else (args[0] if args else 1), error)
+        elif name == "choice" and value not in args[0]:
+            names = tuple(args[0])
+            raise error(f"{flag} must be one of {', '.join(names)}, got {value!r}", f"pass e.g. {flag} {names[0]}")
+        elif name in ("real", "share"):
+            _check_real(value, flag, *((0, 1, {"min_open": True}) if name == "share" else args), error=error)
 
 
-def check_kinds(obj) -> None:
-    """:func:`check_counts`, and a field whose kind is a choice (``("choice", names)``) one of its names:
-    the checks an option's type does on the command line, for a settings object made in Python."""
-    from kvbridge.errors import ConfigError
+def _check_real(value, flag: str, *bounds, error: type) -> None:
+    """``value`` a finite real within ``bounds`` (``[min[, max]][, {"min_open": ..., "max_open": ...}]``)."""
+    import math
 
-    check_counts(obj)
-    for f, opt in option_fields(type(obj)):
-        if isinstance(opt.kind, tuple) and opt.kind[0] == "choice" and getattr(obj, f.name) not in opt.kind[1]:
-            flag, names = flag_of(f, opt), tuple(opt.kind[1])
-            raise ConfigError(
-                f"{flag} must be one of {', '.join(names)}, got {getattr(obj, f.name)!r}",
-                f"pass e.g. {flag} {names[0]}",
-            )
+    opts = bounds[-1] if bounds and isinstance(bounds[-1], dict) else {}
+    lo, hi = ([b for b in bounds if not isinstance(b, dict)] + [None, None])[:2]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    tests = [(lo, ">" if opts.get("min_open") else ">="), (hi, "<" if opts.get("max_open") else "<=")]
+    tests = [(bound, op) for bound, op in tests if bound is not None]
+    compare = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}
+    ok = ok and all(compare[op](float(value), float(b)) for b, op in tests)
+    if not ok:
+        where = " and ".join(["a finite number", *(f"{op} {b:g}" for b, op in tests)]).replace(" and ", " ", 1)
+        raise error(f"{flag} must be {where}, got {value!r}", f"pass {flag} as {where}")
+
+
+def check_counts(obj, error: type | None = None) -> None:
+    """:func:`check_kinds` of the counts only (``("count", min)``, ``"seed"``)."""
+    check_kinds(obj, error, ("count", "seed"))
 
 
 # -- options several commands share: declared once, each command gives its own help --------------------
@@ -113,6 +127,54 @@ def overwrite_option(help: str = "Replace an existing --out folder.") -> Any:  #
     return option(False, help, flag=True)
 
 
+def report_option(help: str) -> Any:  # noqa: A002
+    """``--report``: a report folder to write (``report_dir``)."""
+    return option(None, help, flags=("--report",), kind=("path", {"file_okay": False}))
+
+
+def partial_option(what: str) -> Any:
+    """``--partial``: the JSONL of finished ``what`` (``partial_path``; default: :func:`partial_file`)."""
+    return option(
+        None,
+        f"JSONL of finished {what}, rewritten atomically after each (default with --report: "
+        "REPORT.partial.jsonl, removed once the report is written).",
+        flags=("--partial",),
+        kind=("path", {"dir_okay": False}),
+    )
+
+
+def partial_file(settings) -> str | None:
+    """Where a run's finished work goes: ``settings.partial_path``, or ``REPORT.partial.jsonl`` beside
+    ``settings.report_dir``."""
+    if settings.partial_path is None and settings.report_dir:
+        return str(settings.report_dir).rstrip("/\\") + ".partial.jsonl"
+    return settings.partial_path
+
+
+def mismatch_option() -> Any:
+    """``--accept-fingerprint-mismatch``: use a mapping made for other models (warns)."""
+    return option(
+        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
+    )
+
+
+def bootstrap_option(default: int = 1000) -> Any:
+    """``--bootstrap``: paired bootstrap resamples (0: no intervals)."""
+    return option(default, "Paired bootstrap resamples.", kind=("count", 0), show_default=True)
+
+
+def nonempty(value, flag: str, fix: str, error: type | None = None) -> None:
+    """Refuse a required text option that is not a non-empty str (one line naming ``flag``)."""
+    if not isinstance(value, str) or not value.strip():
+        from kvbridge.errors import ConfigError
+
+        raise (error or ConfigError)(f"{flag} is empty", fix)
+
+
+#: the fix of an empty ``--mapping``
+MAPPING_FIX = "pass a mapping folder from `kvbridge fit`, or identity"
+
+
 __all__ = [
     "SAME",
     "Opt",
@@ -124,4 +186,11 @@ __all__ = [
     "out_option",
     "seed_option",
     "overwrite_option",
+    "report_option",
+    "partial_option",
+    "partial_file",
+    "mismatch_option",
+    "bootstrap_option",
+    "nonempty",
+    "MAPPING_FIX",
 ]

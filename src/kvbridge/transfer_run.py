@@ -94,21 +94,15 @@ def load_pair_mapping(pair, settings: TransferSettings, host) -> tuple[Any, tupl
     """``(mapping, warnings)``: ``settings.mapping`` checked against the pair (fingerprints, tokenizer)."""
     import warnings
 
-    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.evaluate.run import mapping_of
+    from kvbridge.run import Run
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if settings.mapping == IDENTITY:
             mapping = identity_mapping(pair, host)
-        else:
-            mapping = load_mapping(
-                settings.mapping,
-                source=pair.source.model,
-                target=pair.target.model,
-                tokenizer=pair.tokenizer,
-                force=settings.accept_fingerprint_mismatch,
-                host=host,
-            )
+        else:  # checked against the pair's identities, as eval and harness check it
+            mapping = mapping_of(Run.of(pair, settings, host))
     return mapping, tuple(str(w.message) for w in caught)
 
 
@@ -119,7 +113,7 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     pair shares one); the prompt is tokenized with the source's tokenizer and must give 2+ tokens."""
     import torch
 
-    from kvbridge.handoff import generate
+    from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.plugins import host_or_default
     from kvbridge.transfer import transfer
 
@@ -156,13 +150,8 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
                 settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1, warnings=notes, host=host
             )
             return replace(res, saved=saved, approximate=bool(moved.approximate))
-        gen = dict(
-            max_new_tokens=settings.max_new_tokens,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-            pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0,
-        )
+        gen = greedy_kwargs(ids, settings.max_new_tokens)
+        gen["pad_token_id"] = getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0
         ours = generate(tmodel, moved, ids, host=host, **gen)
     text = tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True)
     result = dict(
@@ -180,7 +169,7 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
             t3 = time.perf_counter()
             tmodel(input_ids=ids[:, :-1], use_cache=True)
             t4 = time.perf_counter()
-            native = tmodel.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+            native = tmodel.generate(input_ids=ids, **gen)
         n = min(len(ours.logits), len(native.logits))
         start = ids.shape[1]
         same = int((ours.sequences[0, start : start + n] == native.sequences[0, start : start + n]).sum())

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbridge.errors import ConfigError, whole_number
-from kvbridge.settings_fields import option
+from kvbridge.errors import ConfigError
+from kvbridge.settings_fields import MAPPING_FIX, check_kinds, mismatch_option, nonempty, option, overwrite_option
 
 #: ``mapping=IDENTITY``: the built-in exact mapping (SOURCE and TARGET one model)
 IDENTITY = "identity"
@@ -45,27 +45,24 @@ class TransferSettings:
         "Continue in an inference engine instead of transformers (llamacpp: TARGET's .gguf runs in "
         "llama.cpp from the transferred cache; `kvbridge plugins` lists engines).",
     )
-    accept_fingerprint_mismatch: bool = option(
-        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
-    )
+    accept_fingerprint_mismatch: bool = mismatch_option()
     save_state: str | None = option(
         None,
         "Also write the transferred cache (the prompt minus its last token) as a pack folder for TARGET, "
         "marked approximate with its source and mapping; `kvbridge engine export` hands it to an engine.",
         kind=("path", {}),
     )
-    overwrite: bool = option(False, "Replace an existing --save-state pack.", flag=True)
+    overwrite: bool = overwrite_option("Replace an existing --save-state pack.")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mapping, str) or not self.mapping.strip():
-            raise ConfigError("--mapping is empty", "pass a mapping folder from `kvbridge fit`, or identity")
+        nonempty(self.mapping, "--mapping", MAPPING_FIX)
         if not isinstance(self.prompt, str):
             raise ConfigError(f"--prompt must be text, got {type(self.prompt).__name__}", "pass the prompt as a str")
-        whole_number(self.max_new_tokens, "--max-new-tokens", 1)
-        if self.engine is not None and (not isinstance(self.engine, str) or not self.engine.strip()):
-            raise ConfigError("--engine is empty", "name an engine (`kvbridge plugins` lists them), or leave it out")
-        if self.save_state is not None and (not isinstance(self.save_state, str) or not self.save_state.strip()):
-            raise ConfigError("--save-state is empty", "pass the pack folder to write, or leave it out")
+        check_kinds(self)  # --max-new-tokens
+        if self.engine is not None:
+            nonempty(self.engine, "--engine", "name an engine (`kvbridge plugins` lists them), or leave it out")
+        if self.save_state is not None:
+            nonempty(self.save_state, "--save-state", "pass the pack folder to write, or leave it out")
 
 
 __all__ = ["IDENTITY", "TransferSettings"]

@@ -89,9 +89,9 @@ def test_defaults_and_sample_len():
         (dict(prefix_len=0), "--prefix-len must be a whole number >= 1"),
         (dict(batch_size=True), "--batch-size must be a whole number >= 1"),
         (dict(bootstrap=-1), "--bootstrap must be a whole number >= 0"),
-        (dict(top_p=float("nan")), "--top-p must be finite"),
-        (dict(top_p=1.5), "--top-p must be <= 1"),
-        (dict(heldout_fraction=0.0), "--heldout-fraction must be > 0"),
+        (dict(top_p=float("nan")), "--top-p must be a finite number > 0 and <= 1, got nan"),
+        (dict(top_p=1.5), "--top-p must be a finite number > 0 and <= 1, got 1.5"),
+        (dict(heldout_fraction=0.0), "--heldout-fraction must be a finite number > 0 and <= 1, got 0.0"),
         (dict(conditions="native,bogus"), "unknown condition 'bogus'"),
         (dict(gates=("nonsense",)), "gate"),
         (dict(mapping=""), "--mapping is empty"),
@@ -113,8 +113,8 @@ def test_a_report_folder_that_is_not_a_report_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, needle",
     [
-        (dict(mode="sideways"), "--recompute-mode 'sideways' is not one of"),
-        (dict(sweep="all"), "--recompute-sweep 'all' is not one of"),
+        (dict(mode="sideways"), "--recompute-mode must be one of target, source, got 'sideways'"),
+        (dict(sweep="all"), "--recompute-sweep must be one of layers, tokens, both, got 'all'"),
         (dict(group=0), "--recompute-group must be a whole number >= 1"),
         (dict(calibration_samples=0), "--calibration-samples must be a whole number >= 1"),
         (dict(token_rules="deviation,tail"), "--recompute-token-rules 'deviation,tail': unknown rule 'tail'"),

@@ -104,3 +104,16 @@ def test_at_prompt_edits_every_cached_prompt_position(zoo_base, zoo_vector):
     )
     with pytest.raises(KVBridgeError, match="--at must be one of last, prompt"):
         _settings(at="guide")
+
+
+def test_a_prompt_and_new_tokens_beyond_the_model_positions_are_refused(zoo_base):
+    from kvbridge.steer.prompts import prompt_scenario
+    from kvbridge.steer.run import check_length
+
+    model, tok = zoo_base
+    scenario = prompt_scenario(tok, "ROMEO: my sweet love", chat=False)
+    room = model.config.max_position_embeddings - len(scenario.joint)
+    check_length(model, scenario, room)  # exactly the model's positions: fine
+    with pytest.raises(KVBridgeError, match=f"--max-new-tokens {room + 1} after a") as err:
+        check_length(model, scenario, room + 1)
+    assert f"use --max-new-tokens {room} or less" in str(err.value)

@@ -67,13 +67,13 @@ def test_values_are_normalised():
 @pytest.mark.parametrize(
     "cls, kwargs, needle",
     [
-        (SteerRunSettings, dict(prompt="p", cv=float("nan")), "--cv must be finite"),
+        (SteerRunSettings, dict(prompt="p", cv=float("nan")), "--cv must be a finite number, got nan"),
         (SteerRunSettings, dict(prompt="p", at="guide"), "--at guide needs --guide"),
         (SteerRunSettings, dict(prompt="p", at="pack"), "--at pack needs --pack"),
         (SteerRunSettings, dict(prompt="p", at="middle"), "--at must be one of last, guide, pack"),
         (SteerRunSettings, dict(prompt="p", max_new_tokens=0), "--max-new-tokens must be a whole number >= 1"),
-        (SteerRunSettings, dict(prompt="p", temperature=0), "--temperature must be > 0"),
-        (SteerRunSettings, dict(prompt="p", top_p=1.5), "--top-p must be in (0, 1]"),
+        (SteerRunSettings, dict(prompt="p", temperature=0), "--temperature must be a finite number > 0, got 0"),
+        (SteerRunSettings, dict(prompt="p", top_p=1.5), "--top-p must be a finite number > 0 and <= 1, got 1.5"),
         (SteerRunSettings, dict(prompt=None), "--prompt must be text"),
         (SteerRunSettings, dict(prompt="p", method=""), "--method is empty"),
         (SteerEvalSettings, dict(vector="v", prompt="p", scorer="s", sweep="1,nan"), "--sweep must be finite"),

@@ -202,16 +202,13 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
 
 
 def _paired_diff(fields_a: dict, fields_b: dict, idx, params: dict) -> dict:
-    import torch
-
-    from kvbridge.evaluate.metrics import EvalView, kl_mean, nll
+    from kvbridge.evaluate.metrics import EvalView, kl_mean, nll, percentile_interval
 
     out = {}
     for name, fn in (("nll", nll), ("kl_mean", kl_mean)):
         point = float(fn(EvalView.of("a", fields_a, params))[0] - fn(EvalView.of("b", fields_b, params))[0])
         reps = fn(EvalView.resampled("a", fields_a, idx, params)) - fn(EvalView.resampled("b", fields_b, idx, params))
-        q = torch.quantile(reps.double(), torch.tensor([0.025, 0.975], dtype=torch.float64))
-        out[name] = [point, float(q[0]), float(q[1])]
+        out[name] = [point, *percentile_interval(reps)]
     return out
 
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvbridge.evaluate.settings import HELDOUT_FRACTION  # the share of the corpus (its end) samples come from
+
 SCHEMA = "kvbridge-eval/1"
-#: share of the corpus (its end, cut at a line start) that evaluation samples come from
-HELDOUT_FRACTION = 0.1
 
 
 def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
@@ -39,14 +39,14 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
     The zoo trains on the first 90% of its corpus (``base`` 0-75%, ``tuned`` 75-90%) and fits
     should calibrate on the front of a corpus: the tail is what evaluation reads.
     """
+    from kvbridge.corpus import heldout_start
+
     text = texts if isinstance(texts, str) else "\n".join(texts)
     if not 0 < fraction <= 1:
         from kvbridge.evaluate.conditions import EvalError
 
         raise EvalError(f"held-out fraction must be in (0, 1], got {fraction}", "use e.g. 0.1")
-    cut = int(len(text) * (1 - fraction))
-    nl = text.find("\n", cut)
-    return text[nl + 1 :] if cut > 0 and nl >= 0 else text[cut:]
+    return text[heldout_start(text, fraction) :]
 
 
 def windows(stream, n: int, length: int):
@@ -75,7 +75,7 @@ def corpus_samples(corpus, tokenizer, *, n: int, length: int, fraction: float = 
 
     sha = None
     if isinstance(corpus, (str, Path)) and Path(corpus).exists():
-        from kvbridge.fit.calibrate import load_corpus
+        from kvbridge.corpus import load_corpus
 
         texts, sha = load_corpus(corpus)
     else:

@@ -83,6 +83,10 @@ class EvalConfig:
     def sample_len(self) -> int:
         return self.prefix_len + self.continuation_len + 1
 
+    def condition_names(self) -> tuple[str, ...]:
+        """The conditions asked (what :class:`~kvbridge.evaluate.settings.EvalSettings` also answers)."""
+        return tuple(self.conditions)
+
 
 @dataclass
 class ConditionRun:
@@ -135,7 +139,8 @@ def run_conditions(
     on_batch=None,
     extra=(),
 ) -> ConditionRun:
-    """Run every condition of ``config`` on ``samples [N, P+C+1]`` and reduce to per-sample arrays.
+    """Run every condition of ``config`` (an :class:`EvalConfig` or an
+    :class:`~kvbridge.evaluate.settings.EvalSettings`) on ``samples [N, P+C+1]``; per-sample arrays.
 
     ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
     ``extra``: more conditions, each a function of the run's :class:`~kvbridge.evaluate.runner.Prefills`
@@ -143,7 +148,7 @@ def run_conditions(
     """
     samples, p, c = sample_ids(samples, config.prefix_len, config.continuation_len, EvalError)
     n = samples.shape[0]
-    conds = [x for x in CONDITIONS if x in config.conditions]
+    conds = [x for x in CONDITIONS if x in config.condition_names()]
     if "native" not in conds:
         conds.insert(0, "native")
     if "shuffled" in conds and n < 2:

@@ -32,7 +32,7 @@ def calibration_overlap(
     cal = (manifest or {}).get("calibration") or {}
     if not cal:
         return None
-    from kvbridge.fit.calibrate import corpus_record, load_corpus
+    from kvbridge.corpus import corpus_record, load_corpus
 
     rec = corpus_record(corpus_path)
     want = {cal.get("corpus_sha256"), (cal.get("corpus") or {}).get("sha256")} - {None}
@@ -43,7 +43,7 @@ def calibration_overlap(
         return None
     span = cal.get("span")
     if not span and tokenizer is not None and cal.get("tokens"):
-        from kvbridge.fit.calibrate import calibration_span
+        from kvbridge.corpus import calibration_span
 
         span = calibration_span(list(texts), tokenizer, int(cal["tokens"]))
     if not span:

@@ -148,6 +148,15 @@ def pyplot():
     return plt
 
 
+def save_figure(plt, fig, path, dpi: int = 110, layout: bool = True) -> bool:
+    """Write ``fig`` to ``path`` (laid out first unless ``layout`` is False) and close it."""
+    if layout:
+        fig.tight_layout()
+    fig.savefig(str(path), dpi=dpi)
+    plt.close(fig)
+    return True
+
+
 def plot_attention(result: dict, path: Path, plt) -> bool:
     conds = {c: r for c, r in result["conditions"].items() if r.get("attention_cosine_layers")}
     if not conds:
@@ -169,10 +178,7 @@ def plot_attention(result: dict, path: Path, plt) -> bool:
     ax.set_xticks(range(max(len(r["attention_cosine_layers"]) for r in conds.values())))
     ax.legend(fontsize=7, loc="lower left")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def plot_gap(result: dict, path: Path, plt) -> bool:
@@ -209,10 +215,7 @@ def plot_gap(result: dict, path: Path, plt) -> bool:
     ax.set_ylabel("gap recovered (1 = native, 0 = no prefix)")
     ax.set_title("Gap recovered per condition (95% paired bootstrap CI)")
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path)
 
 
 def plot_r2(result: dict, path: Path, plt) -> bool:
@@ -240,9 +243,7 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
                     ax.text(j, i, f"{x:.2f}", ha="center", va="center", fontsize=7, color="w" if x < 0.6 else "k")
     fig.colorbar(im, ax=axes, shrink=0.8)
     fig.suptitle("Mapping held-out R² per (target layer, KV head)")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, layout=False)
 
 
 def markdown(result: dict, images: dict, skipped: str | None = None) -> str:

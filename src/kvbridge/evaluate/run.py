@@ -74,17 +74,6 @@ def mapping_of(run):
     )
 
 
-def eval_config(settings: EvalSettings):
-    """The :class:`~kvbridge.evaluate.conditions.EvalConfig` of ``settings`` (checked there already):
-    its fields have the settings' names."""
-    from dataclasses import fields
-
-    from kvbridge.evaluate.conditions import EvalConfig
-
-    same = {f.name: getattr(settings, f.name) for f in fields(EvalConfig) if f.name != "conditions"}
-    return EvalConfig(conditions=settings.condition_names(), **same)
-
-
 def evaluate_pair(pair, settings: EvalSettings, *, host=None, **callbacks) -> EvalRun:
     """:func:`evaluate_run` of ``settings`` on a loaded :class:`~kvbridge.models.pair.ModelPair`."""
     from kvbridge.run import Run
@@ -126,25 +115,11 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         warn(overlap)
     ids, data = corpus_samples([tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    default_partial = str(s.report_dir).rstrip("/\\") + ".partial.jsonl" if s.report_dir else None
-    partial_path = default_partial if s.partial_path is None else s.partial_path
-    partial = (
-        None
-        if partial_path is None
-        else PartialLog(
-            partial_path,
-            {
-                "command": "eval",
-                "source": _ref_text(src),
-                "target": _ref_text(tgt),
-                "mapping": s.mapping,
-                "corpus": str(s.corpus),
-                "samples": int(ids.shape[0]),
-                "prefix_len": s.prefix_len,
-                "continuation_len": s.continuation_len,
-            },
-        )
+    head = {"command": "eval", "source": _ref_text(src), "target": _ref_text(tgt), "mapping": s.mapping}
+    head.update(
+        corpus=str(s.corpus), samples=int(ids.shape[0]), prefix_len=s.prefix_len, continuation_len=s.continuation_len
     )
+    partial = None if s.partial_file is None else PartialLog(s.partial_file, head)
     if heartbeat is not None:
         heartbeat.stage("evaluating", int(ids.shape[0]), "samples")
 
@@ -171,7 +146,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         (smodel, tmodel),
         mapping,
         ids,
-        eval_config(s),
+        s,  # the settings are the run's config (EvalConfig's fields and condition_names())
         gates=s.gates,
         host=run.host,
         progress=progress,
@@ -188,7 +163,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     written = {}
     if s.report_dir:
         written = write_report(result, s.report_dir)
-        if partial is not None and partial_path == default_partial:
+        if partial is not None and s.partial_path is None:
             partial.remove()  # the report holds everything now
             partial = None
     if partial is not None:
@@ -205,7 +180,6 @@ __all__ = [
     "ConditionSet",
     "EvalRun",
     "EvalSettings",
-    "eval_config",
     "evaluate_pair",
     "evaluate_run",
     "mapping_of",

@@ -9,8 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbridge.corpus import DEFAULT_HELDOUT
 from kvbridge.errors import ConfigError
-from kvbridge.settings_fields import check_counts, option
+from kvbridge.settings_fields import (
+    MAPPING_FIX,
+    bootstrap_option,
+    check_kinds,
+    mismatch_option,
+    nonempty,
+    option,
+    partial_option,
+    report_option,
+    partial_file,
+    seed_option,
+)
 
 #: ``--recompute-token-rules``, the rows :func:`kvbridge.recompute.tokens.blend` recomputes: the CacheBlend
 #: deviation rule, random rows (control), the chunk's first rows (where a chunk prepared alone keeps its
@@ -18,7 +30,13 @@ from kvbridge.settings_fields import check_counts, option
 #: most: the simplest rule a user would try)
 TOKEN_RULES = ("deviation", "random", "first", "last")
 #: the held-out share when ``heldout_fraction`` is None and the mapping records none for the corpus
-HELDOUT_FRACTION = 0.1
+HELDOUT_FRACTION = DEFAULT_HELDOUT
+
+
+def frontier_ratios(settings) -> tuple[float, ...]:
+    """``settings.frontier`` as sorted shares of the prefix (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when
+    not asked (a settings object's ``frontier_ratios``)."""
+    return parse_frontier(settings.frontier) if settings.frontier is not None else ()
 
 
 @dataclass(frozen=True)
@@ -82,23 +100,13 @@ class RecomputeSettings:
     )
 
     def __post_init__(self) -> None:
-        for flag, value, allowed in (
-            ("--recompute-sweep", self.sweep, (None, "layers", "tokens", "both")),
-            ("--recompute-mode", self.mode, ("target", "source")),
-            ("--recompute-select", self.select, ("greedy", "profile", "prefix")),
-        ):
-            if value not in allowed:
-                raise ConfigError(
-                    f"{flag} {value!r} is not one of {', '.join(str(a) for a in allowed if a)}",
-                    f"pass one of them to {flag}",
-                )
+        check_kinds(self)  # --recompute-sweep, --recompute-mode, --recompute-select, --recompute-group, ...
         bad = [r for r in self.rules if r not in TOKEN_RULES]
         if bad or not self.rules:
             raise ConfigError(
                 f"--recompute-token-rules {self.token_rules!r}: unknown rule {bad[0] if bad else ''!r}",
                 f"pass one or more of {', '.join(TOKEN_RULES)}, comma-separated",
             )
-        check_counts(self)  # --recompute-group, --calibration-samples
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -144,20 +152,15 @@ class EvalSettings:
         default_if_not_given=True,
     )
     conditions: str = option("all", "Comma-separated conditions (native is always run).", show_default=True)
-    bootstrap: int = option(1000, "Paired bootstrap resamples.", kind=("count", 0), show_default=True)
-    seed: int = option(0, "Seed of the bootstrap and the random control.", kind="seed", show_default=True)
+    bootstrap: int = bootstrap_option()
+    seed: int = seed_option("Seed of the bootstrap and the random control.")
     batch_size: int = option(16, "Samples per forward.", kind=("count", 1), show_default=True)
     top_k: int = option(5, "k of the top-k overlap.", kind=("count", 1), show_default=True)
     top_p: float = option(0.9, "Nucleus of the total-variation distance.", kind="share", show_default=True)
     attention: bool = option(
         True, "Skip the attention-output cosine.", flags=("--no-attention",), flag=True, invert=True
     )
-    report_dir: str | None = option(
-        None,
-        "Write summary.md, eval.json and PNG plots to this folder.",
-        flags=("--report",),
-        kind=("path", {"file_okay": False}),
-    )
+    report_dir: str | None = report_option("Write summary.md, eval.json and PNG plots to this folder.")
     gates: tuple = option(
         (),
         "Enforce a gate (exit 1 when it fails): kl_p95=0.2, attention_cosine_min>=0.9, "
@@ -166,21 +169,13 @@ class EvalSettings:
         multiple=True,
         metavar="NAME=VALUE",
     )
-    accept_fingerprint_mismatch: bool = option(
-        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
-    )
+    accept_fingerprint_mismatch: bool = mismatch_option()
     allow_overlap: bool = option(
         False,
         "Evaluate even when the samples overlap the mapping's calibration text (refused by default).",
         flag=True,
     )
-    partial_path: str | None = option(
-        None,
-        "JSONL of finished batches, rewritten atomically after each (default with --report: "
-        "REPORT.partial.jsonl, removed once the report is written).",
-        flags=("--partial",),
-        kind=("path", {"dir_okay": False}),
-    )
+    partial_path: str | None = partial_option("batches")
     recompute: RecomputeSettings = option(RecomputeSettings, nested=True)
     frontier: str | None = (
         option(  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
@@ -197,27 +192,16 @@ class EvalSettings:
     )
 
     def __post_init__(self) -> None:
-        from kvbridge.check.validate import finite_number
         from kvbridge.evaluate.gates import parse_gate
 
-        if not isinstance(self.mapping, str) or not self.mapping.strip():
-            raise ConfigError("--mapping is empty", "pass a mapping folder from `kvbridge fit`, or identity")
+        nonempty(self.mapping, "--mapping", MAPPING_FIX)
         if self.corpus is None or not str(self.corpus).strip():
             raise ConfigError("--corpus is empty", "pass a text file, a JSONL file or a folder")
         object.__setattr__(self, "gates", tuple(self.gates))
         for text in self.gates:  # a typo in a gate fails before anything is loaded
             parse_gate(text)
-        check_counts(self)  # --samples, --prefix-len, ..., --seed, --sink: the counts of the fields' kinds
-        finite_number(self.top_p, "--top-p", positive=True)  # click's FloatRange lets NaN through
-        if self.top_p > 1:
-            raise ConfigError(f"--top-p must be <= 1, got {self.top_p!r}", "pass a share in (0, 1]")
+        check_kinds(self)  # --samples, --prefix-len, ..., --seed, --sink, --top-p, --heldout-fraction
         object.__setattr__(self, "top_p", float(self.top_p))  # the result records it as a real
-        if self.heldout_fraction is not None:
-            finite_number(self.heldout_fraction, "--heldout-fraction", positive=True)
-            if self.heldout_fraction > 1:
-                raise ConfigError(
-                    f"--heldout-fraction must be <= 1, got {self.heldout_fraction!r}", "pass a share in (0, 1]"
-                )
         if not isinstance(self.recompute, RecomputeSettings):
             raise ConfigError("recompute must be a RecomputeSettings", "pass RecomputeSettings(...) or leave it out")
         if self.frontier is not None:
@@ -251,13 +235,11 @@ class EvalSettings:
         return tuple(conds)
 
     @property
-    def frontier_ratios(self) -> tuple[float, ...]:
-        """``frontier`` as sorted shares of the prefix (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when not asked."""
-        return parse_frontier(self.frontier) if self.frontier is not None else ()
-
-    @property
     def sample_len(self) -> int:
         return self.prefix_len + self.continuation_len + 1
+
+    partial_file = property(partial_file)
+    frontier_ratios = property(frontier_ratios)
 
 
 def parse_frontier(text) -> tuple[float, ...]:
@@ -282,4 +264,4 @@ def parse_frontier(text) -> tuple[float, ...]:
     return tuple(sorted(out))
 
 
-__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings", "parse_frontier"]
+__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings", "frontier_ratios", "parse_frontier"]

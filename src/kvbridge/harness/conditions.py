@@ -206,15 +206,11 @@ class Answerer:
                 bt.once("plain", lambda: transfer(p.source_state(bt), IdentityMapping(), self.tspec, host=self.host))
             )
 
-        builds = {
-            "target": target,
-            "source": lambda bt: Built(p.source_state(bt), on="source"),
-            "transferred": lambda bt: Built(p.transferred(bt)),
-            "plain": plain,
-        }
+        builds = {"target": target, "plain": plain}
         builds.update({name: partial(self._frontier, name) for name in self.frontier})
         builds.update({name: partial(self._recompute, point) for name, point in self.recompute.items()})
-        return {name: Condition(name, build) for name, build in builds.items()}
+        shared = {c.name: c for c in p.conditions("source", "transferred")}  # as eval's
+        return {**shared, **{name: Condition(name, build) for name, build in builds.items()}}
 
     def _frontier(self, name: str, bt):
         """``truncated@R`` / ``tail@R``: the frontier's own builders (:mod:`kvbridge.recompute.frontier`)."""

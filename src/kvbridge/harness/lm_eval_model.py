@@ -68,26 +68,19 @@ class KVBridgeLM(LM):
                     "the kvbridge lm-eval model needs source= and target= model references",
                     "pass --model_args source=REF,target=REF,mapping=DIR",
                 )
+            from types import SimpleNamespace
+
+            from kvbridge.evaluate.run import mapping_of
             from kvbridge.harness.conditions import Answerer
             from kvbridge.models.pair import load_pair
+            from kvbridge.run import Run
 
-            pair = load_pair(source, target, dtype=dtype)
-            src, tgt = pair.source, pair.target
-            if str(mapping) == "identity":
-                from kvbridge.transfer import IdentityMapping
-
-                mapping_obj = IdentityMapping()
-            else:
-                from kvbridge.fit.artifact import load_mapping
-
-                mapping_obj = load_mapping(
-                    str(mapping),
-                    source=src.model,
-                    target=tgt.model,
-                    tokenizer=pair.tokenizer,
-                    force=_flag(accept_fingerprint_mismatch),
-                )
-            answerer = Answerer(src.model, tgt.model, mapping_obj, tgt.tokenizer)
+            pair = load_pair(source, target, dtype=dtype)  # the mapping checked as `kvbridge harness` does
+            asked = SimpleNamespace(
+                mapping=str(mapping), accept_fingerprint_mismatch=_flag(accept_fingerprint_mismatch)
+            )
+            mapping_obj = mapping_of(Run.of(pair, asked))
+            answerer = Answerer(pair.source.model, pair.target.model, mapping_obj, pair.target.tokenizer)
         self.answerer = answerer
         self.tok = answerer.tokenizer
         self.condition = condition

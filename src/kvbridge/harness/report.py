@@ -142,7 +142,7 @@ def to_json(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Accuracy per task (and overall) per condition, Wilson intervals as error bars."""
-    from kvbridge.evaluate.report import pyplot
+    from kvbridge.evaluate.report import pyplot, save_figure
 
     plt = pyplot()
     conds = list(result["conditions"])
@@ -166,9 +166,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy (Wilson 95%)")
     ax.legend(fontsize=7, ncols=min(3, len(conds)))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
 
 
 def write_report(result: dict, folder) -> dict:

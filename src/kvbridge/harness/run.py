@@ -126,31 +126,26 @@ def answer_one(answerer, task, item, cond: str, tokenizer) -> tuple[float, Any]:
 
 
 def _group_summary(records: list, conds: list, chance: dict) -> dict:
+    """Per group: ``n``, accuracy with its Wilson interval per condition, and the ratios of
+    :func:`kvbridge.stats.summarize` (no bootstrap) as plain values."""
     from kvbridge import stats
 
     groups: dict = {}
     for r in records:
         groups.setdefault(r["group"], []).append(r)
     out = {}
-    for g, recs in groups.items():
-        if not g:
-            continue
-        n = len(recs)
-        row = {"n": n, "conditions": {}}
-        for c in conds:
-            if c not in recs[0]["scores"]:
-                continue
-            total = sum(r["scores"][c] for r in recs)
-            ci = stats.wilson(total, n)
-            row["conditions"][c] = {"accuracy": total / n, "ci": list(ci) if ci else None}
-        acc = {c: v["accuracy"] for c, v in row["conditions"].items()}
-        floor = sum(chance[r["id"]] for r in recs) / n
-        if "transferred" in acc and "target" in acc:
-            row["retention"] = stats.retention(acc["transferred"], acc["target"])
-            row["floor_normalised_retention"] = stats.floor_retention(acc["transferred"], acc["target"], floor)
-            if "source" in acc:
-                row["gap_closed"] = stats.gap_closed(acc["transferred"], acc["target"], acc["source"])
-        out[g] = row
+    for g, recs in ((g, recs) for g, recs in groups.items() if g):
+        scores = {c: [r["scores"][c] for r in recs] for c in conds if c in recs[0]["scores"]}
+        summary = stats.summarize(scores, floor=sum(chance[r["id"]] for r in recs) / len(recs), bootstrap=0)
+        out[g] = {
+            "n": len(recs),
+            "conditions": {c: {"accuracy": v["accuracy"], "ci": v["ci"]} for c, v in summary["conditions"].items()},
+            **{
+                k: summary[k]["value"]
+                for k in ("retention", "floor_normalised_retention", "gap_closed")
+                if k in summary
+            },
+        }
     return out
 
 

@@ -11,9 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbridge.errors import names_value, whole_number
+from kvbridge.errors import names_value
+from kvbridge.evaluate.settings import frontier_ratios
 from kvbridge.harness.protocol import HarnessError
-from kvbridge.settings_fields import option, seed_option
+from kvbridge.settings_fields import (
+    MAPPING_FIX,
+    bootstrap_option,
+    check_kinds,
+    mismatch_option,
+    nonempty,
+    option,
+    partial_file,
+    partial_option,
+    report_option,
+    seed_option,
+)
 
 
 @dataclass(frozen=True)
@@ -85,56 +97,24 @@ class HarnessSettings:
         "(timeout, CPU/memory/file limits, temporary folder, clean environment). Not a container.",
         flag=True,
     )
-    bootstrap: int = option(1000, "Paired bootstrap resamples.", kind=("count", 0), show_default=True)
+    bootstrap: int = bootstrap_option()
     seed: int = seed_option("Seed of the bootstrap.")
-    report_dir: str | None = option(
-        None,
-        "Write harness.json, summary.md and accuracy.png to this folder.",
-        flags=("--report",),
-        kind=("path", {"file_okay": False}),
-    )
-    partial_path: str | None = option(
-        None,
-        "JSONL of finished items, rewritten atomically after each (default with --report: "
-        "REPORT.partial.jsonl, removed once the report is written).",
-        flags=("--partial",),
-        kind=("path", {"dir_okay": False}),
-    )
-    accept_fingerprint_mismatch: bool = option(
-        False, "Use a mapping whose fingerprints do not match the models (warns instead of refusing).", flag=True
-    )
+    report_dir: str | None = report_option("Write harness.json, summary.md and accuracy.png to this folder.")
+    partial_path: str | None = partial_option("items")
+    accept_fingerprint_mismatch: bool = mismatch_option()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mapping, str) or not self.mapping.strip():
-            raise HarnessError("--mapping is empty", "pass a mapping folder from `kvbridge fit`, or identity")
+        nonempty(self.mapping, "--mapping", MAPPING_FIX, HarnessError)
         for name, flag in (("tasks", "--tasks"), ("conditions", "--conditions"), ("lm_eval_tasks", "--lm-eval-task")):
             object.__setattr__(self, name, names_value(getattr(self, name), flag, HarnessError))
         object.__setattr__(self, "task_options", tuple(str(v) for v in (self.task_options or ())))
         if not self.tasks and not self.lm_eval_tasks:
             raise HarnessError("no tasks given", "pass --tasks recall (or mc, humaneval) and/or --lm-eval-task NAME")
-        for value, flag in (
-            (self.limit, "--limit"),
-            (self.bootstrap, "--bootstrap"),
-            (self.seed, "--seed"),
-            (self.sink, "--sink"),
-        ):
-            whole_number(value, flag, 0, HarnessError)
-        if self.frontier is not None:
-            self.frontier_ratios  # a typo fails before anything is loaded (one line, naming --frontier)
+        check_kinds(self, HarnessError)  # --sink, --limit, --bootstrap, --seed
+        frontier_ratios(self)  # a typo fails before anything is loaded (one line, naming --frontier)
 
-    @property
-    def frontier_ratios(self) -> tuple[float, ...]:
-        """``frontier`` as sorted shares of the context (``"0.1,25%"`` -> ``(0.1, 0.25)``); () when not asked."""
-        from kvbridge.evaluate.settings import parse_frontier
-
-        return parse_frontier(self.frontier) if self.frontier is not None else ()
-
-    @property
-    def partial_file(self) -> str | None:
-        """Where finished items go: ``partial_path``, or ``REPORT.partial.jsonl`` beside a report."""
-        if self.partial_path is None and self.report_dir:
-            return str(self.report_dir).rstrip("/\\") + ".partial.jsonl"
-        return self.partial_path
+    frontier_ratios = property(frontier_ratios)
+    partial_file = property(partial_file)
 
 
 __all__ = ["HarnessSettings"]

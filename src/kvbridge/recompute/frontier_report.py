@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from kvbridge.evaluate.report import fmt, fmt_ci, md_table, text_table
 
 COLS = (
@@ -66,14 +63,9 @@ def markdown(result: dict) -> str:
 
 def write(result: dict, folder) -> dict:
     """``frontier.json`` and ``frontier.md`` in ``folder`` (each written atomically)."""
-    from kvbridge.artifacts import write_file_atomic
+    from kvbridge.recompute.report import write_files
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    return {
-        "json": write_file_atomic(folder / "frontier.json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
-        "md": write_file_atomic(folder / "frontier.md", markdown(result)),
-    }
+    return write_files(folder, "frontier", result, markdown(result))
 
 
 __all__ = ["COLS", "rows", "table", "markdown", "verdict_line", "write"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvbridge.evaluate.report import fmt, fmt_ci, md_table, pyplot, text_table
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, pyplot, save_figure, text_table
 
 COLS = (
     "condition",
@@ -96,24 +96,28 @@ def plot(result: dict, path, title: str) -> bool:
         ax.legend(fontsize=7)
     axes[0].axhline(1.0, color="k", linestyle="--", linewidth=0.7)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return save_figure(plt, fig, path, dpi=100)
 
 
 def write(result: dict, folder, stem: str, title: str) -> dict:
     """``{stem}.json``, ``{stem}.md`` and ``{stem}.png`` in ``folder`` (each written atomically)."""
-    from kvbridge.artifacts import write_file_atomic
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     png, tmp = folder / f"{stem}.png", folder / f".{stem}.tmp.png"
     written = {"png": tmp.replace(png)} if plot(result, tmp, title) else {}
-    image = png.name if written else None
-    written["json"] = write_file_atomic(folder / f"{stem}.json", json.dumps(result, indent=2, allow_nan=False) + "\n")
-    written["md"] = write_file_atomic(folder / f"{stem}.md", markdown(result, title, image))
-    return written
+    return {**written, **write_files(folder, stem, result, markdown(result, title, png.name if written else None))}
 
 
-__all__ = ["table", "markdown", "plot", "write", "rows"]
+def write_files(folder, stem: str, result: dict, md: str) -> dict:
+    """``{stem}.json`` (``result``) and ``{stem}.md`` (``md``) in ``folder`` (each written atomically)."""
+    from kvbridge.artifacts import write_file_atomic
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "json": write_file_atomic(folder / f"{stem}.json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
+        "md": write_file_atomic(folder / f"{stem}.md", md),
+    }
+
+
+__all__ = ["table", "markdown", "plot", "write", "write_files", "rows"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbridge.errors import ConfigError, KVBridgeError
-from kvbridge.settings_fields import check_counts, option
+from kvbridge.settings_fields import bootstrap_option, check_kinds, option, report_option, seed_option
 
 #: ``graft eval --controls``: the graft's control conditions
 GRAFT_CONTROLS = ("random", "first", "no_reposition", "shuffled")
@@ -57,18 +57,13 @@ class GraftSettings:
     )
     check_layer: int = option(1, "Layer whose K/V deviation picks the rows.", kind=("count", 0), show_default=True)
     batch_size: int = option(8, "Samples per forward.", kind=("count", 1), show_default=True)
-    bootstrap: int = option(1000, "Paired bootstrap resamples.", kind=("count", 0), show_default=True)
-    seed: int = option(0, "Seed of the bootstrap and the random control.", kind="seed", show_default=True)
-    report_dir: str | None = option(
-        None,
-        "Write graft.md, graft.json and graft.png here.",
-        flags=("--report",),
-        kind=("path", {"file_okay": False}),
-    )
+    bootstrap: int = bootstrap_option()
+    seed: int = seed_option("Seed of the bootstrap and the random control.")
+    report_dir: str | None = report_option("Write graft.md, graft.json and graft.png here.")
     attention: bool = True
 
     def __post_init__(self) -> None:
-        check_counts(self)
+        check_kinds(self)
         self.ratio_values  # noqa: B018 - a bad share fails before anything loads
         bad = [c for c in self.control_names if c not in GRAFT_CONTROLS]
         if bad:
@@ -107,7 +102,7 @@ class GraftRunSettings:
     def __post_init__(self) -> None:
         if (self.chunk is None) == (self.pack_dir is None):
             raise ConfigError("give exactly one of --chunk and --pack", "pass --chunk TEXT or --pack DIR")
-        check_counts(self)
+        check_kinds(self)
         object.__setattr__(self, "ratio", parse_ratio(self.ratio))
 
 

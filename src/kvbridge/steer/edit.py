@@ -49,19 +49,11 @@ def layers_of(layers, num_layers: int) -> tuple:
 
     if layers is None:
         return tuple(range(num_layers))
-    if isinstance(layers, str):
-        try:
-            chosen = parse_layers(layers, num_layers)
-        except KVBridgeError as exc:
-            raise EditError(exc.what, exc.fix) from None
-    else:
-        chosen = tuple(sorted({int(i) for i in layers}))
-        bad = [i for i in chosen if not 0 <= i < num_layers]
-        if bad:
-            raise EditError(
-                f"layer(s) {bad} out of range: the model has {num_layers} layers (0-{num_layers - 1})",
-                "pick layers that exist (--layers)",
-            )
+    text = layers if isinstance(layers, str) else ",".join(str(int(i)) for i in layers)  # a sequence: its indices
+    try:
+        chosen = parse_layers(text, num_layers) if text or isinstance(layers, str) else ()
+    except KVBridgeError as exc:
+        raise EditError(exc.what, exc.fix) from None
     if not chosen:
         raise EditError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
     return chosen

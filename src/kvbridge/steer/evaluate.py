@@ -42,18 +42,17 @@ _NAMED = ("vector", "prompt", "scorer", "instruction", "extra", "out", "overwrit
 
 # -- statistics ---------------------------------------------------------------------------------------
 def paired(arm: list[bool], ref: list[bool], *, bootstrap: int = 2000, seed: int = 0) -> dict:
-    """Mean paired difference ``arm - ref`` with a percentile bootstrap 95% interval over seeds."""
+    """Mean paired difference ``arm - ref`` with a percentile bootstrap 95% interval over seeds
+    (:func:`kvbridge.evaluate.metrics.bootstrap_indices`: the resamples of every paired interval)."""
     import torch
+
+    from kvbridge.evaluate.metrics import bootstrap_indices, percentile_interval
 
     d = torch.tensor([int(a) - int(r) for a, r in zip(arm, ref)], dtype=torch.float64)
     n = len(d)
-    g = torch.Generator().manual_seed(seed)
-    if n and bootstrap:
-        idx = torch.randint(0, n, (bootstrap, n), generator=g)
-        means = d[idx].mean(1)
-        lo, hi = float(torch.quantile(means, 0.025)), float(torch.quantile(means, 0.975))
-    else:
-        lo = hi = float("nan")
+    lo, hi = (
+        percentile_interval(d[bootstrap_indices(n, bootstrap, seed)].mean(1)) if n and bootstrap else [math.nan] * 2
+    )
     b = sum(1 for a, r in zip(arm, ref) if a and not r)
     c = sum(1 for a, r in zip(arm, ref) if r and not a)
     return {
@@ -87,8 +86,6 @@ class _Ctx:
     host: Any
     stops: tuple
     scenario: Any
-    log: Callable[[str], None]
-    prompt_text: str = ""
     none_rows: list = field(default_factory=list)
     none_setup: Any = None
 
@@ -96,7 +93,9 @@ class _Ctx:
 def _guided(ctx: _Ctx, instruction: str):
     from kvbridge.steer.prompts import chat_mode, guide_scenario
 
-    return guide_scenario(ctx.tokenizer, instruction, ctx.prompt_text, chat=chat_mode(ctx.tokenizer, ctx.settings.chat))
+    return guide_scenario(
+        ctx.tokenizer, instruction, ctx.settings.prompt, chat=chat_mode(ctx.tokenizer, ctx.settings.chat)
+    )
 
 
 def _pack_state(model, tokenizer, scenario, host):
@@ -148,33 +147,22 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
             "guide_tokens": len(guided.prefix_ids),
         }
     if arm == "actadd":
+        method, options, vector, edit = "actadd", {"coefficient": s.ca * mult}, ctx.vector, None
         layers = s.actadd_layers or s.layers
-        return setup_for(
-            ctx.model,
-            ctx.scenario,
-            method="actadd",
-            options={"coefficient": s.ca * mult},
-            vector=ctx.vector,
-            layers=layers,
-            prefix=ctx.none_setup.prefix,
-            host=ctx.host,
-        )
-    if arm == "kv":
-        vector = ctx.vector
-    elif arm == "random":
-        vector = random_like(ctx.vector, s.random_seed)
-    elif arm in extra_vectors:
-        vector = extra_vectors[arm]
-    else:
-        raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
-    edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
+    else:  # a kv-vector arm: the vector, a random one of its size, or an extra vector
+        vectors = {**extra_vectors, "kv": ctx.vector}
+        if arm != "random" and arm not in vectors:
+            raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
+        vector = random_like(ctx.vector, s.random_seed) if arm == "random" else vectors[arm]
+        method, options, layers = "kv-vector", {"ck": s.ck * mult, "cv": s.cv * mult}, s.layers
+        edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
     return setup_for(
         ctx.model,
         ctx.scenario,
-        method="kv-vector",
-        options={"ck": s.ck * mult, "cv": s.cv * mult},
+        method=method,
+        options=options,
         vector=vector,
-        layers=s.layers,
+        layers=layers,
         edit=edit,
         prefix=ctx.none_setup.prefix,
         host=ctx.host,
@@ -266,7 +254,7 @@ def evaluate(
     chat = chat_mode(tokenizer, settings.chat)
     scenario = prompt_scenario(tokenizer, prompt, chat=chat)
     check_length(model, scenario, settings.max_new_tokens, host)
-    ctx = _Ctx(model, tokenizer, vector, scorer, settings, host, stop_ids_of(tokenizer, model), scenario, log, prompt)
+    ctx = _Ctx(model, tokenizer, vector, scorer, settings, host, stop_ids_of(tokenizer, model), scenario)
     ctx.none_setup, _ = setup_for(model, scenario, host=host)
     arms = ["none"] + [a for a in settings.arms if a != "none"]
     t0 = time.perf_counter()
@@ -329,50 +317,41 @@ def _fmt_rate(r: dict) -> str:
 
 def table(result: dict) -> list[str]:
     """The Markdown table of the arms."""
-    lines = [
-        "| arm | behaviour [Wilson 95%] | paired diff vs none [bootstrap 95%] (+/-, McNemar p) "
-        "| ΔNLL of unsteered text | KL(none‖arm) mean / first step | repeated 3-grams / degenerate |",
-        "|---|---|---|---|---|---|",
-    ]
+    from kvbridge.evaluate.report import md_table
+
+    heads = ("arm", "behaviour [Wilson 95%]", "paired diff vs none [bootstrap 95%] (+/-, McNemar p)")
+    heads += ("ΔNLL of unsteered text", "KL(none‖arm) mean / first step", "repeated 3-grams / degenerate")
+    rows = []
     for arm, r in result["arms"].items():
         p, c = r["paired_vs_none"], r["cost"]
         pd = (
-            "-"
-            if arm == "none"
-            else (
-                f"{p['diff']:+.2f} [{p['ci95'][0]:+.2f}, {p['ci95'][1]:+.2f}] "
-                f"(+{p['arm_only']}/-{p['reference_only']}, p={p['mcnemar_p']:.2g})"
-            )
+            f"{p['diff']:+.2f} [{p['ci95'][0]:+.2f}, {p['ci95'][1]:+.2f}] "
+            f"(+{p['arm_only']}/-{p['reference_only']}, p={p['mcnemar_p']:.2g})"
         )
-        lines.append(
-            f"| {arm} | {_fmt_rate(r)} | {pd} | {c['delta_nll']:+.3f} | {c['kl']:.3f} / {c['kl_first']:.3f} "
-            f"| {c['repetition']:.2f} / {c['degenerate_rate']:.2f} |"
-        )
-    return lines
+        rows.append([arm, _fmt_rate(r), "-" if arm == "none" else pd, f"{c['delta_nll']:+.3f}"])
+        rows[-1] += [f"{c['kl']:.3f} / {c['kl_first']:.3f}", f"{c['repetition']:.2f} / {c['degenerate_rate']:.2f}"]
+    return md_table(heads, rows)
 
 
 def sweep_table(result: dict) -> list[str]:
+    from kvbridge.evaluate.report import md_table
+
     if not result.get("sweep"):
         return []
-    lines = [
-        "| arm | multiplier | behaviour [Wilson 95%] | KL(none‖arm) | ΔNLL | repeated 3-grams |",
-        "|---|---|---|---|---|---|",
+    rows = [
+        [arm, f"x{pt['multiplier']:g}", _fmt_rate(pt), f"{pt['cost']['kl']:.3f}", f"{pt['cost']['delta_nll']:+.3f}"]
+        + [f"{pt['cost']['repetition']:.2f}"]
+        for arm, points in result["sweep"].items()
+        for pt in points
     ]
-    for arm, points in result["sweep"].items():
-        for pt in points:
-            c = pt["cost"]
-            lines.append(
-                f"| {arm} | x{pt['multiplier']:g} | {_fmt_rate(pt)} | {c['kl']:.3f} | {c['delta_nll']:+.3f} "
-                f"| {c['repetition']:.2f} |"
-            )
-    return lines
+    return md_table(("arm", "multiplier", "behaviour [Wilson 95%]", "KL(none‖arm)", "ΔNLL", "repeated 3-grams"), rows)
 
 
 def plot_sweep(result: dict, path, title: str = "") -> str | None:
     """Behaviour rate against KL cost per swept arm (PNG, matplotlib Agg); None when there is no sweep."""
     if not result.get("sweep"):
         return None
-    from kvbridge.evaluate.report import pyplot
+    from kvbridge.evaluate.report import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -396,9 +375,7 @@ def plot_sweep(result: dict, path, title: str = "") -> str | None:
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(title or f"coefficient sweep: {result.get('scorer', '')}", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return str(path)
 
 

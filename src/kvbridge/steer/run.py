@@ -19,14 +19,11 @@ def prefix_state(model, ids, host=None):
 
 
 def check_length(model, scenario, new_tokens: int, host=None) -> None:
+    """The scenario's tokens and ``new_tokens`` within the model's positions (as ``kvbridge transfer`` checks)."""
+    from kvbridge.transfer_run import check_generation_length
+
     spec = _host(host).adapter_for(model.config.to_dict()).spec_of(model)
-    total = len(scenario.joint) + new_tokens
-    if spec.max_position_embeddings and total > spec.max_position_embeddings:
-        raise KVBridgeError(
-            f"prompt + {new_tokens} new tokens = {total} tokens exceed the model's "
-            f"{spec.max_position_embeddings} positions",
-            "shorten the prompt or lower --max-new-tokens",
-        )
+    check_generation_length(len(scenario.joint), new_tokens, spec.max_position_embeddings)
 
 
 def setup_for(

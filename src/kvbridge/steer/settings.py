@@ -46,24 +46,6 @@ def _text(value, flag: str, *, required: bool = False):
     return value
 
 
-def _numbers(obj, names) -> None:
-    from kvbridge.steer.edit import coefficient
-
-    for name in names:
-        value = getattr(obj, name)
-        if value is not None:
-            coefficient(value, f"--{name.replace('_', '-')}")
-
-
-def _sampling(obj) -> None:
-    """``temperature`` > 0 and ``top_p`` in (0, 1], as the command line's types."""
-    _numbers(obj, ("temperature", "top_p"))
-    if not float(obj.temperature) > 0:
-        raise KVBridgeError(f"--temperature must be > 0, got {obj.temperature!r}", "pass e.g. --temperature 0.7")
-    if not 0 < float(obj.top_p) <= 1:
-        raise KVBridgeError(f"--top-p must be in (0, 1], got {obj.top_p!r}", "pass e.g. --top-p 0.9")
-
-
 def _names(value, flag: str) -> tuple:
     return names_value(value, flag, KVBridgeError)
 
@@ -180,9 +162,7 @@ class SteerRunSettings:
         object.__setattr__(self, "options", tuple(str(o) for o in (self.options or ())))
         if not isinstance(self.method, str) or not self.method.strip():
             raise KVBridgeError("--method is empty", "name a steering method (`kvbridge plugins` lists them)")
-        _numbers(self, ("ck", "cv", "alpha", "ca"))
-        _sampling(self)
-        check_kinds(self)  # --at, --max-new-tokens, --seed
+        check_kinds(self)  # --ck, --cv, --alpha, --ca, --at, --max-new-tokens, --seed, --temperature, --top-p
         if self.at == "guide" and not self.guide:
             raise KVBridgeError("--at guide needs --guide TEXT", "pass the guide (instruction) to steer")
         if self.at == "pack" and not self.pack:
@@ -254,9 +234,7 @@ class SteerEvalSettings:
             if not sep or not name.strip() or not path:
                 raise KVBridgeError(f"--extra {item!r} is not NAME=DIR", "pass e.g. --extra moved=vec-moved/")
         object.__setattr__(self, "extra", extra)
-        _numbers(self, ("ck", "cv", "ca"))
-        _sampling(self)
-        check_kinds(self)  # --at, --samples, --max-new-tokens, --sweep-samples
+        check_kinds(self)  # --samples, --max-new-tokens, --ck, --cv, --ca, --at, --sweep-samples, --temperature, ...
         whole_number(self.random_seed, "random_seed", 0, KVBridgeError)
         whole_number(self.bootstrap, "bootstrap", 0, KVBridgeError)
         if self.sweep_samples > self.samples:
