@@ -345,16 +345,22 @@ def main(argv=None) -> int:
     log(f"loaded both models in {results['load_s']} s; peak RSS {results['peak_rss_gib_after_load']} GiB")
 
     # -- fit: one pass of statistics, every grid point solved from it ---------------------------------
-    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
-    from kvbridge.fit import fit as run_fit
-    from kvbridge.fit.pipeline import Provenance
+    from kvbridge.fit.calibrate import check_same_tokens
+    from kvbridge.fit import FitSettings, fit as run_fit
     from kvbridge.fit.solve import FitError
 
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
     grid = [parse_grid(g) for g in args.grid.split(",")]
-    cal_cfg = CalibrationConfig(
-        stride=args.stride, heldout=0.1, seed=0, batch_size=args.batch_size, seq_len=args.seq_len, tokens=args.tokens
+    cal_settings = FitSettings(  # the calibration part of the corpus, as `kvbridge fit --corpus` reads it
+        corpus=str(corpus),
+        corpus_heldout=args.corpus_heldout,
+        stride=args.stride,
+        heldout=0.1,
+        seed=0,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        tokens=args.tokens,
     )
     results["fits"] = []
     maps = []
@@ -392,20 +398,13 @@ def main(argv=None) -> int:
         mdir = out / (f"map-k{k}-a{alpha}" + "".join(f"-{v}" for v in extra.values()))
         try:
             mapping = run_fit(
-                smodel,
-                tmodel,
-                texts,
-                fitter="ridge",
+                src,
+                tgt,
+                settings=cal_settings,
                 options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v, **extra},
-                calibration=cal_cfg,
-                tokenizer=stok,
-                corpus_sha256=sha,
-                corpus_path=corpus,
-                corpus_split=split,
                 out=mdir,
                 overwrite=True,
                 distributed=None,
-                provenance=Provenance(args.source, args.target, None, None),
             )
         except FitError as e:  # e.g. top-k all of the 1.5B: more features than observations; a result, not a crash
             if not maps:

@@ -9,11 +9,10 @@ source + target models, calibration data (token ids, texts or a corpus path)
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from kvbridge.fit.calibrate import CalibrationConfig
 from kvbridge.fit.settings import parse_top_k
 from kvbridge.fit.solve import FitError
 
@@ -79,16 +78,6 @@ def prepare_sequences(
     return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens, offset=offset), sha, texts
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """Names and revisions recorded in the manifest (``kvbridge fit`` fills them from the refs)."""
-
-    source_name: str = ""
-    target_name: str = ""
-    source_revision: str | None = None
-    target_revision: str | None = None
-
-
 def _revision(ref) -> str | None:
     """The commit of a Hugging Face cache snapshot (its folder name), else None."""
     from pathlib import Path
@@ -125,21 +114,6 @@ def fitter_options(fitter_obj, options=None, **values):
     return build_options(cls, {**dict(options or {}), **values}, owner=owner)
 
 
-_CALIBRATION_KEYS = {f.name for f in fields(CalibrationConfig)}
-_PROVENANCE_KEYS = {f.name for f in fields(Provenance)}
-
-
-def split_overrides(overrides: dict, calibration, provenance):
-    """Keyword shortcuts: calibration fields, provenance fields and fitter options by name."""
-    cal = {k: overrides.pop(k) for k in list(overrides) if k in _CALIBRATION_KEYS}
-    prov = {k: overrides.pop(k) for k in list(overrides) if k in _PROVENANCE_KEYS}
-    calibration = calibration or CalibrationConfig()
-    if cal:
-        calibration = replace(calibration, **cal)
-    provenance = replace(provenance or Provenance(), **prov)
-    return calibration, provenance, overrides
-
-
 def execute(run, job, *, progress: Callable | None = None, distributed: Any = "auto"):
     """Run a resolved fit (:class:`~kvbridge.fit.run.FitJob`) on ``run``'s models: an ``out`` that
     cannot be replaced is refused before any work and locked to the end (rank 0 writes and locks)."""
@@ -168,7 +142,7 @@ def _execute(run, job, progress, ctx):
     from kvbridge.fit.calibrate import PairedCalibration
 
     config, opts, fitter_obj, out, sweep = job.calibration, job.options, job.fitter, job.out, job.sweep
-    tokenizer = run.source.tokenizer
+    tokenizer, fingerprint = run.source.tokenizer, run.tokenizer or None  # None: models given in Python
     seqs, sha, texts = prepare_sequences(
         job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
     )
@@ -176,7 +150,7 @@ def _execute(run, job, progress, ctx):
     params = {"fitter": job.fitter_name, **asdict(opts)}
     checkpoint = None
     # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
-    ck_dir = job.checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None and job.resume else None)
+    ck_dir = dist_mod.default_checkpoint_dir(out) if out is not None and job.resume else None
     if ck_dir is not None:
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
@@ -230,7 +204,7 @@ def _execute(run, job, progress, ctx):
                 {
                     "source": source_id,
                     "target": target_id,
-                    "tokenizer": run.tokenizer,
+                    "tokenizer": fingerprint,
                     "calibration": calib,
                     "params": params,
                 },
@@ -257,7 +231,7 @@ def _execute(run, job, progress, ctx):
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
-        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=run.tokenizer, calibration=calib)
+        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=fingerprint, calibration=calib)
     if out is not None:
         if main:
             from kvbridge.faults import fault_point
@@ -415,11 +389,9 @@ def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=No
 __all__ = [
     "execute",
     "identity",
-    "split_overrides",
     "fit_from_stats",
     "prepare_sequences",
     "fitter_options",
-    "Provenance",
     "parse_top_k",
     "write_mappings",
     "sweep_folder",
