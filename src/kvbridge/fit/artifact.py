@@ -62,6 +62,14 @@ def model_identity(
     }
 
 
+def as_identity(obj: Any, host=None) -> dict | None:
+    """``obj`` as a :func:`model_identity` dict: None stays None, an identity dict is kept, a model or
+    config is identified (its weights hashed)."""
+    if obj is None or (isinstance(obj, Mapping) and "spec_fingerprint" in obj):
+        return None if obj is None else dict(obj)
+    return model_identity(obj, host=host)
+
+
 def rope_config(spec) -> dict | None:
     if spec.positional != "rope":
         return {"positional": spec.positional}
@@ -210,14 +218,7 @@ def load_mapping(
         str(Path(folder) / TENSOR_FILE),
         fix="re-create the mapping with `kvbridge fit`",
     )
-    idents = {}
-    for role, obj in (("source", source), ("target", target)):
-        if obj is None:
-            idents[role] = None
-        elif isinstance(obj, Mapping) and "spec_fingerprint" in obj:
-            idents[role] = dict(obj)
-        else:
-            idents[role] = model_identity(obj, host=host)
+    idents = {"source": as_identity(source, host), "target": as_identity(target, host)}
     verify_pair(manifest, source=idents["source"], target=idents["target"], tokenizer=tokenizer, force=force)
     try:
         source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
@@ -362,6 +363,7 @@ __all__ = [
     "save_mapping",
     "build_manifest",
     "model_identity",
+    "as_identity",
     "verify_pair",
     "validate",
     "schema",

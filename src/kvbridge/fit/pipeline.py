@@ -31,10 +31,6 @@ def sweep_labels(top_k, layers: int | None) -> list:
     return labels
 
 
-def _token_sha(seqs) -> str:
-    return hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()
-
-
 def prepare_sequences(
     data: Any, *, tokenizer=None, seq_len: int | None = None, tokens: int | None = None, offset: int = 0
 ):
@@ -147,6 +143,7 @@ def _execute(run, job, progress, ctx):
         job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
     )
     source_id, target_id = identity(run, "source"), identity(run, "target")
+    token_sha = hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()  # the ids, hashed once
     params = {"fitter": job.fitter_name, **asdict(opts)}
     checkpoint = None
     # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
@@ -155,7 +152,7 @@ def _execute(run, job, progress, ctx):
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
             "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
-            "token_ids_sha256": _token_sha(seqs),
+            "token_ids_sha256": token_sha,
             "calibration": asdict(config),
             "params": params,
             "world": ctx.world if ctx else 1,
@@ -176,7 +173,7 @@ def _execute(run, job, progress, ctx):
     calib = {
         **cal.describe(),
         "corpus_sha256": job.corpus_sha256 or sha,
-        "token_ids_sha256": _token_sha(seqs),
+        "token_ids_sha256": token_sha,
         "world_size": ctx.world if ctx else 1,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
@@ -192,23 +189,12 @@ def _execute(run, job, progress, ctx):
     from contextlib import nullcontext
 
     from kvbridge.artifacts import atomic_dir
+    from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
 
-    keep_ctx = atomic_dir(job.keep_stats, kind=_keep_kind(), overwrite=job.overwrite) if keeping else nullcontext()
+    keep_ctx = atomic_dir(job.keep_stats, kind=STATS_KIND, overwrite=job.overwrite) if keeping else nullcontext()
     with torch.no_grad(), keep_ctx as keep_tmp:
-        writer = None
-        if keeping:
-            from kvbridge.fit.keep import StatsWriter
-
-            writer = StatsWriter(
-                keep_tmp,
-                {
-                    "source": source_id,
-                    "target": target_id,
-                    "tokenizer": fingerprint,
-                    "calibration": calib,
-                    "params": params,
-                },
-            )
+        base = {"source": source_id, "target": target_id, "tokenizer": fingerprint, "calibration": calib}
+        writer = StatsWriter(keep_tmp, {**base, "params": params}) if keeping else None
         if sweep is None and writer is None:
             mappings = {None: fitter_obj.fit(cal.source_spec, cal.target_spec, cal, opts)}
         else:
@@ -216,12 +202,7 @@ def _execute(run, job, progress, ctx):
             by_k = fitter_obj.fit_sweep(
                 cal.source_spec, cal.target_spec, cal, opts, [k for _, k in labels], keep=writer
             )
-            ls = cal.source_spec.num_layers
-            mappings = (
-                {label: by_k[min(k, ls)] for label, k in labels}
-                if sweep is not None
-                else {None: by_k[min(labels[0][1], ls)]}
-            )
+            mappings = by_label(by_k, labels, cal.source_spec.num_layers, sweep is not None)
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
         if out is not None:
@@ -248,10 +229,11 @@ def _execute(run, job, progress, ctx):
 SWEEP_KIND = "kvbridge-mapping-sweep"
 
 
-def _keep_kind() -> str:
-    from kvbridge.fit.keep import KIND
-
-    return KIND
+def by_label(by_k: dict, labels, layers: int, sweep: bool) -> dict:
+    """``{label: mapping}`` of a sweep's ``(label, k)`` s (``{None: mapping}`` of one k) from ``{k: mapping}``."""
+    if not sweep:
+        return {None: by_k[min(labels[0][1], layers)]}
+    return {label: by_k[min(k, layers)] for label, k in labels}
 
 
 def sweep_folder(label) -> str:
@@ -318,28 +300,21 @@ def fit_from_stats(
     refused naming the field. Returns a mapping, or ``{label: mapping}`` for a list; with ``out``
     they are written (one folder, or one ``k<label>/`` per k).
     """
-    from kvbridge.fit.artifact import model_identity
+    from kvbridge.fit.artifact import as_identity
     from kvbridge.fit.keep import check_models, load_statistics
     from kvbridge.fit.ridge import RidgeFitter, RidgeOptions
-    from kvbridge.plugins import get_host
 
-    host = host or get_host()
-    folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
     if isinstance(folder, (list, tuple)):
         folders = list(folder)
+    else:
+        folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
     if len(folders) > 1:  # kept chunks of several runs (--tokens-offset): merged into one fit
         from kvbridge.fit.keep import merge_statistics
 
         stats, manifest = merge_statistics(folders)
     else:
         stats, manifest = load_statistics(folders[0])
-    idents = {}
-    for role, obj in (("source", source), ("target", target)):
-        if obj is None or (isinstance(obj, dict) and "spec_fingerprint" in obj):
-            idents[role] = obj
-        else:
-            idents[role] = model_identity(obj, host=host)
-    check_models(manifest, folders[0], source=idents["source"], target=idents["target"])
+    check_models(manifest, folders[0], source=as_identity(source, host), target=as_identity(target, host))
     params = dict(manifest.get("params") or {})
     base = RidgeOptions(
         alpha=params.get("alpha", RidgeOptions.alpha),
@@ -356,7 +331,7 @@ def fit_from_stats(
         "folder": ",".join(str(f) for f in folders),
         "manifest_created": manifest.get("created"),
     }
-    mappings = {label: by_k[min(k, ls)] for label, k in labels} if len(labels) > 1 else {None: by_k[labels[0][1]]}
+    mappings = by_label(by_k, labels, ls, len(labels) > 1)
     for mapping in mappings.values():
         finish_mapping(
             mapping,

@@ -159,7 +159,8 @@ def validate_job(run, job: FitJob) -> None:
     max_pos = min([m for m in limits if isinstance(m, int) and m > 0], default=None)
     if getattr(opts, "top_k", None) is not None:
         v.top_k(opts.top_k, source_layers(run))
-    v.seq_len(config.seq_len, max_pos)
+    if config.seq_len is not None:
+        v.seq_len(config.seq_len, max_pos)
     alpha = getattr(opts, "alpha", None)
     if alpha is not None and not isinstance(alpha, (list, tuple)):
         v.alpha(alpha)
@@ -171,8 +172,7 @@ def validate_job(run, job: FitJob) -> None:
 def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, checkpoint_every=60.0) -> FitJob:
     """The :class:`FitJob` of ``run`` (a :class:`~kvbridge.run.Run` of a :class:`FitSettings`): the
     settings' refusals (:func:`prepare`, unless given its result), then the checks that need the
-    models, once; text calibration is checked to give the same ids with both tokenizers. The
-    sequence length of token ids given as ``[N, L]`` is their ``L``."""
+    models, once; text calibration is checked to give the same ids with both tokenizers."""
     from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
 
     s = run.settings
@@ -182,7 +182,7 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, chec
     texts, tok_s, tok_t = prepared.data, run.source.tokenizer, run.target.tokenizer
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts) and tok_t not in (None, tok_s):
         check_same_tokens(list(texts), tok_s, tok_t)
-    seq_len = texts.shape[1] if getattr(texts, "ndim", 0) == 2 else s.seq_len
+    seq_len = None if getattr(texts, "ndim", 0) == 2 else s.seq_len  # [N, L] token ids: L is theirs
     calibration = CalibrationConfig(**{**same_named(CalibrationConfig, s), "seq_len": seq_len}, offset=s.tokens_offset)
     job = FitJob(
         prepared.fitter,
