@@ -70,14 +70,7 @@ class HeadwiseFitter:
         blocks = plan_blocks(
             lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget, what="the headwise fit"
         )
-        layers, r2k, r2v, alphas, assign_all, score_all = (
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-        )
+        layers, r2k, r2v, alphas, assign_all, score_all = ([None] * lt for _ in range(6))
         passes = []
         for bi, block in enumerate(blocks):
             job = LayerStats(range(ls), block, **dims, xx_block="head", device=device_of(calibration))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbridge.fit.solve import FitError
+from kvbridge.fit.translator_mapping import rotate, stacked_delta
 
 
 @dataclass
@@ -170,17 +171,8 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
     )
 
 
-def delta(x: torch.Tensor, params: dict, kind: str) -> torch.Tensor:
-    """Every layer's residual at once (:func:`kvbridge.fit.translator_mapping.stacked_delta`)."""
-    from kvbridge.fit.translator_mapping import stacked_delta
-
-    return stacked_delta(x, params, kind)
-
-
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rdim: int, interleaved: bool) -> torch.Tensor:
     """``x [B, L, H, T, D]`` rotated by per-layer tables ``[L, T, r]`` (the model's layout)."""
-    from kvbridge.fit.translator_mapping import rotate
-
     b, lt, h, t, d = x.shape
     flat = x.transpose(0, 1).reshape(lt, b * h, t, d)  # layers as the tables' batch
     out = rotate(flat, cos, sin, rdim, interleaved)
@@ -197,7 +189,7 @@ def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tu
         if tokens is not None:
             x, base = x[:, :, :tokens], base[:, :, :, :tokens]
         b, lt, h, t, d = base.shape
-        dl = delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
+        dl = stacked_delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
         if name == "k" and data.rope is not None:
             cos, sin, rdim, inter = data.rope
             dl = _rotate(dl, cos[:, :t], sin[:, :t], rdim, inter)
@@ -278,4 +270,4 @@ def kl_loss(data: TrainingData, params: dict, kind: str, rows, model) -> torch.T
     return (native.exp() * (native - logp)).sum(-1).mean()
 
 
-__all__ = ["TrainingData", "collect", "layer_losses", "measure", "kl_loss", "query_positions", "mapped", "delta"]
+__all__ = ["TrainingData", "collect", "layer_losses", "measure", "kl_loss", "query_positions", "mapped"]
