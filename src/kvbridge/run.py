@@ -84,14 +84,6 @@ class InMemoryModel:
         return cls(model, tokenizer, host.adapter_of(model).spec_of(model), name, revision)
 
 
-def open_run(source, target, settings, *, dtype: str | None = None, device: str = "cpu", host=None) -> Run:
-    """Resolve and load ``source`` / ``target`` (:func:`kvbridge.models.pair.load_pair`: the shared
-    tokenizer checked before any weight is read) and make the run of ``settings`` on them."""
-    from kvbridge.models.pair import load_pair
-
-    return Run.of(load_pair(source, target, dtype=dtype, device=device, host=host), settings, host)
-
-
 def model_run(source, target, settings, host=None, *, tokenizer=None, names=("", "")) -> Run:
     """A run of ``settings`` on two model objects given in Python (each an :class:`InMemoryModel`, both
     with ``tokenizer``; ``names``: what manifests record, default their configs' ``_name_or_path``):
@@ -104,4 +96,4 @@ def model_run(source, target, settings, host=None, *, tokenizer=None, names=("",
     return Run(ModelPair(*sides, {}), settings, host)
 
 
-__all__ = ["InMemoryModel", "Run", "model_run", "open_run"]
+__all__ = ["InMemoryModel", "Run", "model_run"]
