@@ -229,25 +229,8 @@ def load_mapping(
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
     from kvbridge.fit.protocol import FitReport
 
-    report = FitReport.from_dict(
-        {
-            **{
-                k: manifest.get(k)
-                for k in (
-                    "heldout_r2",
-                    "r2_summary",
-                    "warnings",
-                    "selection_scores",
-                    "alpha_chosen",
-                    "observations",
-                    "layer_selection",
-                    "training",
-                )
-            },
-            "fitter": manifest["fitter"]["name"],
-            "params": manifest["fitter"].get("params") or {},
-        }
-    )
+    fitter = {"fitter": manifest["fitter"]["name"], "params": manifest["fitter"].get("params") or {}}
+    report = FitReport.from_dict({**manifest, **fitter})  # the report's fields the manifest records
     mode = manifest.get("mode", "dense")
     residual = manifest.get("residual")
     if (mode == "dense+residual") != (residual is not None):

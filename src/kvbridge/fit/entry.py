@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvbridge.errors import ConfigError, did_you_mean
-from kvbridge.fit.run import fit_run, option_base, prepare, same_named
+from kvbridge.fit.run import fit_run, prepare, same_named
 from kvbridge.fit.settings import FitSettings
 
 SETTINGS = tuple(f.name for f in dataclasses.fields(FitSettings))
@@ -33,6 +33,7 @@ def fit(source, target=None, data=None, settings=None, *, host=None, progress=No
     ``data``: texts, token ids or a corpus path instead of ``settings.corpus``. ``distributed=``: a
     :mod:`kvbridge.fit.distributed` context (default: from the environment). Returns the
     :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep."""
+    from kvbridge.fit.pipeline import option_base
     from kvbridge.fit.protocol import option_fields
     from kvbridge.plugins import host_or_default
     from kvbridge.run import Run, model_run

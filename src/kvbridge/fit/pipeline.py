@@ -98,16 +98,24 @@ def identity(run, role: str) -> dict:
 def fitter_options(fitter_obj, options=None, **values):
     """The fitter's options dataclass from ``options`` (an instance, a mapping or ``-o`` pairs)
     updated by ``values``; unknown keys are refused naming the closest ones."""
-    from kvbridge.fit.protocol import build_options, parse_pairs
+    from kvbridge.fit.protocol import build_options
 
-    cls = fitter_obj.Options
-    owner = f"fitter {fitter_obj.name!r}"
-    if isinstance(options, cls):
-        base = {k: v for k, v in asdict(options).items()}
-        return build_options(cls, {**base, **values}, owner=owner) if values else options
-    if isinstance(options, (list, tuple)):
-        options = parse_pairs(options)
-    return build_options(cls, {**dict(options or {}), **values}, owner=owner)
+    if isinstance(options, fitter_obj.Options) and not values:
+        return options
+    return build_options(fitter_obj.Options, {**option_base(options), **values}, owner=f"fitter {fitter_obj.name!r}")
+
+
+def option_base(options) -> dict:
+    """Fitter option values given in Python: an options dataclass, a mapping or ``["key=value", ...]``."""
+    from dataclasses import is_dataclass
+
+    from kvbridge.fit.protocol import parse_pairs
+
+    if options is None:
+        return {}
+    if is_dataclass(options):
+        return asdict(options)
+    return parse_pairs(options) if isinstance(options, (list, tuple)) else dict(options)
 
 
 def execute(run, job, *, progress: Callable | None = None, distributed: Any = "auto"):

@@ -10,7 +10,7 @@ Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kvbridge.errors import ConfigError
@@ -51,17 +51,6 @@ class Prepared:
     corpus_sha256: str | None
     split: Any  # a folder corpus's Split, else None
     fitter: Any = None  # the fitter plugin instance (loaded once, here)
-
-
-def option_base(options) -> dict:
-    """Fitter option values given in Python: an options dataclass, a mapping or ``["key=value", ...]``."""
-    from kvbridge.fit.protocol import parse_pairs
-
-    if options is None:
-        return {}
-    if is_dataclass(options):
-        return asdict(options)
-    return parse_pairs(options) if isinstance(options, (list, tuple)) else dict(options)
 
 
 def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None = None) -> Prepared:
