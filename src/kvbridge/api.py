@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 
-from os import PathLike
 from typing import Any, Mapping
 
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
@@ -27,9 +26,9 @@ def _resolve(ref, host=None):
 
 
 def _is_ref(obj: Any) -> bool:
-    from kvbridge.models import ModelRef
+    from kvbridge.models.pair import is_ref
 
-    return isinstance(obj, (str, PathLike, ModelRef))
+    return is_ref(obj)
 
 
 def _config_of(obj: Any, host=None) -> dict:

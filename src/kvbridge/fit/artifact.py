@@ -145,6 +145,19 @@ def _mismatch(msg: str, fix: str, force: bool) -> None:
     raise ArtifactError(msg, fix)
 
 
+def compared(manifest: Mapping, source: dict | None, target: dict | None, *, loaded_configs_only: bool = False):
+    """``(role, field, recorded, given)`` of each fingerprint both ``manifest`` and the identity of the
+    model at hand have (``loaded_configs_only``: a config fingerprint only when the weights are given
+    too; a config read from files and one read from a loaded model normalise differently)."""
+    for role, ident in (("source", source), ("target", target)):
+        want = manifest.get(role) or {}
+        for name in CHECKED_FIELDS if ident is not None else ():
+            have, need = ident.get(name), want.get(name)
+            skip = loaded_configs_only and name == "config_fingerprint" and ident.get("weights_fingerprint") is None
+            if not skip and have is not None and need is not None:
+                yield role, name, need, have
+
+
 def verify_pair(
     manifest: Mapping,
     *,
@@ -155,22 +168,15 @@ def verify_pair(
 ) -> list[str]:
     """Compare a manifest with the identities of the models at hand; return the fields checked."""
     checked = []
-    for role, ident in (("source", source), ("target", target)):
-        if ident is None:
-            continue
-        want = manifest.get(role) or {}
-        for name in CHECKED_FIELDS:
-            have, need = ident.get(name), want.get(name)
-            if have is None or need is None:
-                continue
-            checked.append(f"{role}.{name}")
-            if have != need:
-                _mismatch(
-                    f"mapping was fitted for a different {role} model: field {role}.{name} is "
-                    f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
-                    "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway",
-                    force,
-                )
+    for role, name, need, have in compared(manifest, source, target):
+        checked.append(f"{role}.{name}")
+        if have != need:
+            _mismatch(
+                f"mapping was fitted for a different {role} model: field {role}.{name} is "
+                f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
+                "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway",
+                force,
+            )
     if tokenizer is not None and manifest.get("tokenizer"):
         have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
         if have and need:

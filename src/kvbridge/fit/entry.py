@@ -79,13 +79,8 @@ def _model_objects(source, target) -> bool:
 
 def pair_of(source, target, dtype, host):
     """A :class:`~kvbridge.models.pair.ModelPair` from a pair, two references or two loaded models."""
-    from os import PathLike
-
-    from kvbridge.models import ModelRef, load
-    from kvbridge.models.pair import ModelPair, load_pair, shared_tokenizer
-
-    def is_ref(obj):
-        return isinstance(obj, (str, PathLike, ModelRef))
+    from kvbridge.models import load
+    from kvbridge.models.pair import ModelPair, is_ref, load_pair, shared_tokenizer
 
     if isinstance(source, ModelPair):
         return source

@@ -34,6 +34,15 @@ class ModelPair:
         return self.source.fingerprint == self.target.fingerprint
 
 
+def is_ref(obj) -> bool:
+    """A model reference (a name, a path, a :class:`~kvbridge.models.ModelRef`), not a loaded model."""
+    from os import PathLike
+
+    from kvbridge.models.ref import ModelRef
+
+    return isinstance(obj, (str, PathLike, ModelRef))
+
+
 def shared_tokenizer(src, tgt) -> tuple[dict, str]:
     """``(fingerprint, note)`` of the tokenizer two resolved references share, or a one-line refusal
     with ``check``'s reason; ``note`` describes a partial match (added tokens, BOS handling)."""
@@ -87,4 +96,4 @@ def load_pair(
     return ModelPair(loaded_src, loaded_tgt, fingerprint, note)
 
 
-__all__ = ["ModelPair", "load_pair", "shared_tokenizer"]
+__all__ = ["ModelPair", "is_ref", "load_pair", "shared_tokenizer"]
