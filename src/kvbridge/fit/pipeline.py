@@ -119,21 +119,20 @@ def option_base(options) -> dict:
 
 
 def execute(run, job, *, progress: Callable | None = None, distributed: Any = "auto"):
-    """Run a resolved fit (:class:`~kvbridge.fit.run.FitJob`) on ``run``'s models: an ``out`` that
-    cannot be replaced is refused before any work and locked to the end (rank 0 writes and locks)."""
-    from kvbridge.fit import distributed as dist_mod
-
-    if job.out is None:
-        ctx = dist_mod.setup() if distributed == "auto" else distributed
-        return _execute(run, job, progress, ctx)
+    """Run a resolved fit (:class:`~kvbridge.fit.run.FitJob`) on ``run``'s models and settings: an
+    ``out`` that cannot be replaced is refused before any work and locked to the end (rank 0 writes
+    and locks)."""
     from kvbridge.artifacts import check_replaceable, output_lock
+    from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.artifact import KIND
 
-    check_replaceable(job.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=job.overwrite)
+    s = run.settings
+    if s.out is not None:
+        check_replaceable(s.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=s.overwrite)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
-    if ctx is not None and not ctx.is_main:
+    if s.out is None or (ctx is not None and not ctx.is_main):
         return _execute(run, job, progress, ctx)
-    with output_lock(job.out):
+    with output_lock(s.out):
         return _execute(run, job, progress, ctx)
 
 
@@ -145,17 +144,18 @@ def _execute(run, job, progress, ctx):
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
 
-    config, opts, fitter_obj, out, sweep = job.calibration, job.options, job.fitter, job.out, job.sweep
+    s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.prepared.fitter, job.sweep
+    out = s.out
     tokenizer, fingerprint = run.source.tokenizer, run.tokenizer or None  # None: models given in Python
     seqs, sha, texts = prepare_sequences(
-        job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
+        job.prepared.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
     )
     source_id, target_id = identity(run, "source"), identity(run, "target")
     token_sha = hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()  # the ids, hashed once
-    params = {"fitter": job.fitter_name, **asdict(opts)}
+    params = {"fitter": s.fitter, **asdict(opts)}
     checkpoint = None
     # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
-    ck_dir = dist_mod.default_checkpoint_dir(out) if out is not None and job.resume else None
+    ck_dir = dist_mod.default_checkpoint_dir(out) if out is not None and s.resume else None
     if ck_dir is not None:
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
@@ -165,8 +165,8 @@ def _execute(run, job, progress, ctx):
             "params": params,
             "world": ctx.world if ctx else 1,
         }
-        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=job.resume, every_s=job.checkpoint_every)
-    elif job.resume:
+        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=s.resume, every_s=job.checkpoint_every)
+    elif s.resume:
         raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
     cal = PairedCalibration(
         run.source.model,
@@ -180,18 +180,18 @@ def _execute(run, job, progress, ctx):
     )
     calib = {
         **cal.describe(),
-        "corpus_sha256": job.corpus_sha256 or sha,
+        "corpus_sha256": job.prepared.corpus_sha256 or sha,
         "token_ids_sha256": token_sha,
         "world_size": ctx.world if ctx else 1,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
     used = int(seqs.numel()) + config.offset
-    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.corpus_split))
+    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.prepared.split))
     main = ctx is None or ctx.is_main
-    keeping = job.keep_stats is not None and main
-    if (sweep is not None or job.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
+    keeping = s.keep_stats is not None and main
+    if (sweep is not None or s.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
         raise FitError(
-            f"the {job.fitter_name} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
+            f"the {s.fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
             "use --fitter ridge, or one --top-k and no --keep-stats",
         )
     from contextlib import nullcontext
@@ -199,7 +199,7 @@ def _execute(run, job, progress, ctx):
     from kvbridge.artifacts import atomic_dir
     from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
 
-    keep_ctx = atomic_dir(job.keep_stats, kind=STATS_KIND, overwrite=job.overwrite) if keeping else nullcontext()
+    keep_ctx = atomic_dir(s.keep_stats, kind=STATS_KIND, overwrite=s.overwrite) if keeping else nullcontext()
     with torch.no_grad(), keep_ctx as keep_tmp:
         base = {"source": source_id, "target": target_id, "tokenizer": fingerprint, "calibration": calib}
         writer = StatsWriter(keep_tmp, {**base, "params": params}) if keeping else None
@@ -214,9 +214,7 @@ def _execute(run, job, progress, ctx):
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
         if out is not None:
-            raise FitError(
-                f"the {job.fitter_name} fitter makes no artifact", "use it through kvbridge.transfer directly"
-            )
+            raise FitError(f"the {s.fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
@@ -226,7 +224,7 @@ def _execute(run, job, progress, ctx):
             from kvbridge.faults import fault_point
 
             fault_point("fit.save")
-            write_mappings(mappings, out, overwrite=job.overwrite)
+            write_mappings(mappings, out, overwrite=s.overwrite)
         dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
         if checkpoint is not None and main:
             checkpoint.clear()

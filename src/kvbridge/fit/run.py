@@ -83,24 +83,17 @@ def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None
 
 @dataclass(frozen=True)
 class FitJob:
-    """A fit resolved once against its run: the fitter and its options (top-k clamped, checked
+    """A fit resolved once against its run (what else it reads is the run's settings): the
+    :class:`Prepared` settings (fitter, data, corpus), the fitter's options (top-k clamped, checked
     against the models), the k sweep (``((label, k), ...)``, None for one mapping), the calibration,
-    the data (texts, token ids or a corpus path) and where the result goes."""
+    the corpus path (the manifest's record of it) and the seconds between resumable checkpoints."""
 
-    fitter: Any
+    prepared: Prepared
     options: Any
     sweep: tuple | None
     calibration: Any
-    data: Any
-    corpus_sha256: str | None = None
     corpus_path: Any = None
-    corpus_split: Any = None
-    out: Any = None
-    overwrite: bool = False
-    resume: bool = False
-    keep_stats: Any = None
     checkpoint_every: float = 60.0
-    fitter_name: str = "ridge"
 
 
 def same_named(cls, settings) -> dict:
@@ -173,22 +166,8 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, chec
         check_same_tokens(list(texts), tok_s, tok_t)
     seq_len = None if getattr(texts, "ndim", 0) == 2 else s.seq_len  # [N, L] token ids: L is theirs
     calibration = CalibrationConfig(**{**same_named(CalibrationConfig, s), "seq_len": seq_len}, offset=s.tokens_offset)
-    job = FitJob(
-        prepared.fitter,
-        options,
-        sweep,
-        calibration,
-        texts,
-        corpus_sha256=prepared.corpus_sha256,
-        corpus_path=s.corpus if data is None else None,
-        corpus_split=prepared.split,
-        out=s.out,
-        overwrite=s.overwrite,
-        resume=s.resume,
-        keep_stats=s.keep_stats,
-        checkpoint_every=checkpoint_every,
-        fitter_name=s.fitter,
-    )
+    corpus_path = s.corpus if data is None else None
+    job = FitJob(prepared, options, sweep, calibration, corpus_path, checkpoint_every)
     validate_job(run, job)
     return job
 
