@@ -72,13 +72,6 @@ def identity_transfer(state, target_positions=None, host=None):
     return _identity(state, target_positions=target_positions, host=host)
 
 
-def transfer_state(state, mapping, target_positions=None, host=None):
-    """Source KVState -> target KVState: strip source RoPE, map, apply target RoPE."""
-    from kvbridge.transfer import transfer as _transfer
-
-    return _transfer(state, mapping, target_positions=target_positions, host=host)
-
-
 def _loaded(model, host=None):
     """A :class:`~kvbridge.models.loading.LoadedModel`: references are loaded (float32, cpu)."""
     from kvbridge.models import load
@@ -126,7 +119,8 @@ _SAME = {
     "fit": "kvbridge.fit.entry:fit",  # references, loaded models, a pair or model objects
     "fit_settings": "kvbridge.fit.entry:fit_settings",
     "fit_pair": "kvbridge.fit.run:fit_pair",  # deprecated: fit(pair, settings=settings)
-    "load_mapping": "kvbridge.fit.artifact:load_mapping",  # checksum and model fingerprints verified
+    "load_mapping": "kvbridge.fit.artifact:load_mapping",
+    "transfer_state": "kvbridge.fit:transfer_state",  # strip source RoPE, map, apply target RoPE  # checksum and model fingerprints verified
     "transfer_generate": "kvbridge.transfer_run:transfer_generate",  # ``kvbridge transfer`` as a call
     "evaluate_pair": "kvbridge.recompute.eval_run:evaluate_pair",  # ``kvbridge eval`` as a call
     "harness_pair": "kvbridge.harness.pair_run:harness_pair",  # ``kvbridge harness`` as a call

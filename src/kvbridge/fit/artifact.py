@@ -70,6 +70,17 @@ def as_identity(obj: Any, host=None) -> dict | None:
     return model_identity(obj, host=host)
 
 
+def manifest_specs(manifest: Mapping, error) -> tuple:
+    """The source and target :class:`~kvbridge.spec.ModelSpec` a manifest records; ``error(exc)``
+    the exception to raise when one is missing or invalid."""
+    from kvbridge.spec import ModelSpec
+
+    try:
+        return tuple(ModelSpec.from_dict(manifest[role]["spec"]) for role in ("source", "target"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise error(exc) from None
+
+
 def rope_config(spec) -> dict | None:
     if spec.positional != "rope":
         return {"positional": spec.positional}
@@ -208,7 +219,6 @@ def load_mapping(
     """
     from kvbridge.artifacts import check_kind, read_artifact
     from kvbridge.fit.mapping import FittedMapping
-    from kvbridge.spec import ModelSpec
 
     manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
     where = Path(folder) / "manifest.json"
@@ -226,11 +236,9 @@ def load_mapping(
     )
     idents = {"source": as_identity(source, host), "target": as_identity(target, host)}
     verify_pair(manifest, source=idents["source"], target=idents["target"], tokenizer=tokenizer, force=force)
-    try:
-        source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
-        target_spec = ModelSpec.from_dict(manifest["target"]["spec"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping") from None
+    source_spec, target_spec = manifest_specs(
+        manifest, lambda exc: ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping")
+    )
     if idents["target"] is not None:  # the target dtype of the model at hand decides the output dtype
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
     from kvbridge.fit.protocol import FitReport

@@ -137,18 +137,16 @@ def load_statistics(folder: Path | str):
     """``(RidgeStatistics, manifest)`` of a kept folder; the blocks are read lazily, one at a time."""
     import torch
 
-    from kvbridge.spec import ModelSpec
+    from kvbridge.fit.artifact import manifest_specs
     from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.solve import dims
     from kvbridge.fit.stats import LayerStats
 
     folder = Path(folder)
     manifest = read_manifest(folder)
-    try:
-        source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
-        target_spec = ModelSpec.from_dict(manifest["target"]["spec"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _bad(folder, f"manifest.json has an invalid spec ({exc})") from None
+    source_spec, target_spec = manifest_specs(
+        manifest, lambda exc: _bad(folder, f"manifest.json has an invalid spec ({exc})")
+    )
     ls, lt = source_spec.num_layers, target_spec.num_layers
     scores = _load_file(folder, manifest.get("tensor_file", SCORES_FILE), manifest.get("tensor_sha256"))
     for key in ("mean", "k", "v"):

@@ -308,6 +308,7 @@ class RidgeFitter:
         )
         budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
         passes, jobs = [], []
+        emit = on_block or (lambda job, scores: jobs.append(job))  # each complete block: passed on, or kept
         if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
             job = LayerStats(range(ls), range(lt), **dims_, xx_block="full", device=device_of(calibration))
             calibration.accumulate([job], tag="joint")
@@ -317,10 +318,7 @@ class RidgeFitter:
                 scores["head"] = single_head_r2(job, range(lt))["mean"]
             n_seen = job.n("train")
             self._check_seen(n_seen, k, fs, dims_)
-            if on_block is not None:
-                on_block(job, scores)
-            else:
-                jobs.append(job)
+            emit(job, scores)
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
             rows = {"mean": [None] * lt, "k": [None] * lt, "v": [None] * lt}
@@ -362,10 +360,7 @@ class RidgeFitter:
                 job = LayerStats(union(block), block, **dims_, xx_block="full", device=device_of(calibration))
                 calibration.accumulate([job], tag=f"fit{bi}")
                 passes.append({"tag": f"fit{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
-                if on_block is not None:
-                    on_block(job, scores)
-                else:
-                    jobs.append(job)
+                emit(job, scores)
                 del job
         return RidgeStatistics(source_spec, target_spec, scores, jobs, k, passes, budget, float(n_seen))
 
