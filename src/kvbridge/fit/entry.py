@@ -78,22 +78,17 @@ def _model_objects(source, target) -> bool:
 
 
 def pair_of(source, target, dtype, host):
-    """A :class:`~kvbridge.models.pair.ModelPair` from a pair, two references or two loaded models."""
-    from kvbridge.models import load
-    from kvbridge.models.pair import ModelPair, is_ref, load_pair, shared_tokenizer
+    """A :class:`~kvbridge.models.pair.ModelPair` from a pair, references or loaded models."""
+    from kvbridge.models.pair import ModelPair, is_ref, load_pair
 
     if isinstance(source, ModelPair):
         return source
-    if is_ref(source) and is_ref(target):
-        return load_pair(source, target, dtype=dtype, host=host)
-    loaded = [load(obj, dtype=dtype, host=host) if is_ref(obj) else obj for obj in (source, target)]
-    if not all(hasattr(obj, "model") and hasattr(obj, "fingerprint") for obj in loaded):
+    if not all(is_ref(obj) or (hasattr(obj, "model") and hasattr(obj, "fingerprint")) for obj in (source, target)):
         raise ConfigError(
             "fit takes model references, loaded models (load_model), a pair (load_pair) or model objects",
             "pass two of one kind, e.g. fit('zoo:base', 'zoo:wide', texts) or two nn.Module s",
         )
-    fingerprint, note = shared_tokenizer(loaded[0].ref, loaded[1].ref)
-    return ModelPair(loaded[0], loaded[1], fingerprint, note)
+    return load_pair(source, target, dtype=dtype, host=host)
 
 
 __all__ = ["fit", "fit_settings", "pair_of"]

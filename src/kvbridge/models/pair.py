@@ -80,16 +80,23 @@ def _same_files(a, b) -> bool:
 def load_pair(
     source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
 ) -> ModelPair:
-    """Resolve, check the shared tokenizer, then load both (``source``/``target``: references or
-    already resolved :class:`~kvbridge.models.ModelRef`)."""
+    """Resolve, check the shared tokenizer, then load both (``source``/``target``: references, already
+    resolved :class:`~kvbridge.models.ModelRef` s, or :class:`~kvbridge.models.loading.LoadedModel` s,
+    kept as they are)."""
     from kvbridge.models.loading import load
     from kvbridge.models.ref import ModelRef
     from kvbridge.models.resolve import resolve
 
-    src = source if isinstance(source, ModelRef) else resolve(source, host=host)
-    tgt = target if isinstance(target, ModelRef) else resolve(target, host=host)
+    def ref_of(side):
+        if hasattr(side, "fingerprint"):  # a LoadedModel
+            return side.ref
+        return side if isinstance(side, ModelRef) else resolve(side, host=host)
+
+    src, tgt = ref_of(source), ref_of(target)
     fingerprint, note = shared_tokenizer(src, tgt)  # before any weights are read
-    loaded_src = load(src, dtype=dtype, device=device, host=host)
+    loaded_src = source if hasattr(source, "fingerprint") else load(src, dtype=dtype, device=device, host=host)
+    if hasattr(target, "fingerprint"):
+        return ModelPair(loaded_src, target, fingerprint, note)
     if _same_files(src, tgt):  # one model on both sides (an identity pair): loaded once, shared
         return ModelPair(loaded_src, loaded_src, fingerprint, note)
     loaded_tgt = load(tgt, dtype=dtype, device=device, tokenizer=target_tokenizer, host=host)
