@@ -144,11 +144,11 @@ def _execute(run, job, progress, ctx):
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
 
-    s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.prepared.fitter, job.sweep
+    s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.fitter, job.sweep
     out = s.out
     tokenizer, fingerprint = run.source.tokenizer, run.tokenizer or None  # None: models given in Python
     seqs, sha, texts = prepare_sequences(
-        job.prepared.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
+        job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
     )
     source_id, target_id = identity(run, "source"), identity(run, "target")
     token_sha = hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()  # the ids, hashed once
@@ -180,13 +180,13 @@ def _execute(run, job, progress, ctx):
     )
     calib = {
         **cal.describe(),
-        "corpus_sha256": job.prepared.corpus_sha256 or sha,
+        "corpus_sha256": job.corpus_sha256 or sha,
         "token_ids_sha256": token_sha,
         "world_size": ctx.world if ctx else 1,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
     used = int(seqs.numel()) + config.offset
-    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.prepared.split))
+    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.split))
     main = ctx is None or ctx.is_main
     keeping = s.keep_stats is not None and main
     if (sweep is not None or s.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):

@@ -45,12 +45,27 @@ def option_values(settings: FitSettings) -> dict:
 
 @dataclass(frozen=True)
 class Prepared:
-    values: dict  # the fitter option values as given
-    options: Any  # the fitter's options dataclass, checked
-    data: Any  # calibration texts (or token ids)
+    """What a fit's settings resolve to: by :func:`prepare`, before any model loads, the fitter option
+    values as given, the fitter's options dataclass (checked), the data (texts, token ids or a corpus
+    path), the corpus hash and a folder corpus's split, the fitter plugin (loaded once); by
+    :func:`resolve`, against the models (the fit's job), the options with top-k clamped, the k sweep
+    (``((label, k), ...)``, None for one mapping), the calibration, the corpus path the manifest
+    records and the seconds between resumable checkpoints."""
+
+    values: dict
+    options: Any
+    data: Any
     corpus_sha256: str | None
-    split: Any  # a folder corpus's Split, else None
-    fitter: Any = None  # the fitter plugin instance (loaded once, here)
+    split: Any
+    fitter: Any = None
+    sweep: tuple | None = None
+    calibration: Any = None
+    corpus_path: Any = None
+    checkpoint_every: float = 60.0
+
+
+#: a :class:`Prepared` resolved against its run (:func:`resolve`)
+FitJob = Prepared
 
 
 def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None = None) -> Prepared:
@@ -79,21 +94,6 @@ def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None
 
     texts, sha, split = calibration_texts(settings.corpus, settings.corpus_heldout)
     return Prepared(values, checked, texts, sha, split, fitter)
-
-
-@dataclass(frozen=True)
-class FitJob:
-    """A fit resolved once against its run (what else it reads is the run's settings): the
-    :class:`Prepared` settings (fitter, data, corpus), the fitter's options (top-k clamped, checked
-    against the models), the k sweep (``((label, k), ...)``, None for one mapping), the calibration,
-    the corpus path (the manifest's record of it) and the seconds between resumable checkpoints."""
-
-    prepared: Prepared
-    options: Any
-    sweep: tuple | None
-    calibration: Any
-    corpus_path: Any = None
-    checkpoint_every: float = 60.0
 
 
 def same_named(cls, settings) -> dict:
@@ -167,7 +167,8 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, chec
     seq_len = None if getattr(texts, "ndim", 0) == 2 else s.seq_len  # [N, L] token ids: L is theirs
     calibration = CalibrationConfig(**{**same_named(CalibrationConfig, s), "seq_len": seq_len}, offset=s.tokens_offset)
     corpus_path = s.corpus if data is None else None
-    job = FitJob(prepared, options, sweep, calibration, corpus_path, checkpoint_every)
+    resolved = dict(options=options, sweep=sweep, calibration=calibration, checkpoint_every=checkpoint_every)
+    job = replace(prepared, corpus_path=corpus_path, **resolved)
     validate_job(run, job)
     return job
 
