@@ -153,8 +153,7 @@ def require_folder(ref: ModelRef) -> None:
 
 
 def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
-    """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
-    require_weights(ref)
+    """The causal LM of ``ref`` (weights checked there by :func:`load`) in ``dtype`` on ``device``, in eval mode."""
     import torch
 
     from kvbridge.models.hf_loader import RemoteCodeError, model_from_pretrained
