@@ -1,8 +1,10 @@
-"""``kvbridge fit`` as library calls: :func:`fit_pair` (a loaded pair + settings -> mapping(s)).
+"""``kvbridge fit`` as library calls: :func:`fit_run` (a :class:`~kvbridge.run.Run` of a loaded pair and
+a :class:`FitSettings` -> mapping(s)), the one path every fit takes (``fit(...)``, the CLI, the demo,
+the benches; model objects given in Python are a run too, :func:`kvbridge.run.model_run`).
 
 :func:`prepare` does every check that needs no model (a replaceable ``out`` / ``keep_stats``, the
 fitter and its options, the corpus read and split), so a command can fail before loading anything;
-:func:`fit_pair` calls it when not given its result. The two paths that load no weights take the
+:func:`resolve` does, once, what needs the models. The two paths that load no weights take the
 references and the settings: :func:`plan_fit` (``--plan``) and :func:`refit` (``--from-stats``).
 Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 """

@@ -1,4 +1,4 @@
-"""What ``kvbridge fit`` (and :func:`kvbridge.fit.run.fit_pair`) is asked to do.
+"""What ``kvbridge fit`` (and :func:`kvbridge.fit.fit`, :func:`kvbridge.fit.run.fit_run`) is asked to do.
 
 A frozen value with the CLI's defaults, one field per ``kvbridge fit`` option; bad values are
 refused here, as one-line :class:`~kvbridge.errors.ConfigError` naming the option and the fix, so
