@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from typing import Any
 
 from kvbridge.errors import ConfigError
@@ -124,10 +125,7 @@ def resolve_top_k(run, prepared: Prepared, warn=None):
     if not given and layers is not None and isinstance(default, int) and default > layers:
         name = getattr(run.source.ref, "ref", None) or run.source.name or "the source model"
         note = f"--top-k defaults to {default}, but {name} has {layers} layers: using --top-k {layers} (all of them)"
-        if warn is None:
-            warnings.warn(note, UserWarning, stacklevel=5)
-        else:
-            warn(note)
+        (warn or partial(warnings.warn, category=UserWarning, stacklevel=5))(note)
         options = replace(options, top_k=layers)
     return options, None
 
