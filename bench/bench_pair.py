@@ -352,16 +352,10 @@ def main(argv=None) -> int:
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
     grid = [parse_grid(g) for g in args.grid.split(",")]
-    cal_settings = FitSettings(  # the calibration part of the corpus, as `kvbridge fit --corpus` reads it
-        corpus=str(corpus),
-        corpus_heldout=args.corpus_heldout,
-        stride=args.stride,
-        heldout=0.1,
-        seed=0,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        tokens=args.tokens,
-    )
+    given = {k: getattr(args, k) for k in ("corpus_heldout", "stride", "batch_size", "seq_len", "tokens")}
+    cal_settings = FitSettings(
+        corpus=str(corpus), heldout=0.1, seed=0, **given
+    )  # the calibration part, as fit reads it
     results["fits"] = []
     maps = []
     if args.fits_from:  # a run whose fits finished (its results.json and map-* folders): evaluate those
