@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbridge.fit.solve import FitError
-from kvbridge.fit.translator_mapping import rotate, stacked_delta
+from kvbridge.fit.translator_mapping import features, rotate, stacked_delta
 
 
 @dataclass
@@ -109,7 +109,6 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
     sspec, tspec = cal.source_spec, cal.target_spec
     seq_len, lt = cal.seq_len, tspec.num_layers
     qpos = query_positions(seq_len, queries)
-    index = torch.tensor([[int(s) for s in lm.sources] for lm in ridge.layers])  # [L, k]
     parts: dict = {n: [] for n in ("xk", "xv", "bk", "bv", "q", "ref", "logp")}
     meta: list = []
     bs = cal.config.batch_size
@@ -121,9 +120,7 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
             state = cal.source_adapter.extract(cal.source_model, ids, spec=sspec)
             content = state.strip_rope(host=host, dtype=torch.float32)
             for name, layers in (("xk", content.keys), ("xv", content.values)):
-                src = torch.stack([t.float().cpu().transpose(1, 2).flatten(2) for t in layers], 1)  # [B, Ls, T, fs]
-                feats = src[:, index]  # [B, L, k, T, fs]
-                parts[name].append(feats.permute(0, 1, 3, 2, 4).flatten(3))  # [B, L, T, k·fs]
+                parts[name].append(features([t.float().cpu() for t in layers], ridge.layers))  # [B, L, T, k·fs]
             mapped = transfer(state, ridge, tspec, host=host)
             parts["bk"].append(torch.stack([k.float().cpu() for k in mapped.keys], 1))
             parts["bv"].append(torch.stack([v.float().cpu() for v in mapped.values], 1))
