@@ -27,7 +27,6 @@ def child(args) -> None:
     import torch
 
     from kvbridge.fit import fit
-    from kvbridge.fit.calibrate import CalibrationConfig
     from kvbridge.models import load
 
     torch.set_num_threads(args.threads)
@@ -43,7 +42,8 @@ def child(args) -> None:
                 src,
                 tgt,
                 tokens,
-                calibration=CalibrationConfig(seq_len=args.seq_len, stride=args.stride),
+                seq_len=args.seq_len,
+                stride=args.stride,
                 out=str(Path(tmp) / "map"),
                 overwrite=True,
                 distributed=None,

@@ -345,17 +345,17 @@ def main(argv=None) -> int:
     log(f"loaded both models in {results['load_s']} s; peak RSS {results['peak_rss_gib_after_load']} GiB")
 
     # -- fit: one pass of statistics, every grid point solved from it ---------------------------------
-    from kvbridge.fit.calibrate import CalibrationConfig, check_same_tokens
-    from kvbridge.fit import fit as run_fit
-    from kvbridge.fit.pipeline import Provenance
+    from kvbridge.fit.calibrate import check_same_tokens
+    from kvbridge.fit import FitSettings, fit as run_fit
     from kvbridge.fit.solve import FitError
 
     check_same_tokens(texts, stok, ttok)
     cache = StatsCache()
     grid = [parse_grid(g) for g in args.grid.split(",")]
-    cal_cfg = CalibrationConfig(
-        stride=args.stride, heldout=0.1, seed=0, batch_size=args.batch_size, seq_len=args.seq_len, tokens=args.tokens
-    )
+    given = {k: getattr(args, k) for k in ("corpus_heldout", "stride", "batch_size", "seq_len", "tokens")}
+    cal_settings = FitSettings(
+        corpus=str(corpus), heldout=0.1, seed=0, **given
+    )  # the calibration part, as fit reads it
     results["fits"] = []
     maps = []
     if args.fits_from:  # a run whose fits finished (its results.json and map-* folders): evaluate those
@@ -392,20 +392,13 @@ def main(argv=None) -> int:
         mdir = out / (f"map-k{k}-a{alpha}" + "".join(f"-{v}" for v in extra.values()))
         try:
             mapping = run_fit(
-                smodel,
-                tmodel,
-                texts,
-                fitter="ridge",
+                src,
+                tgt,
+                settings=cal_settings,
                 options={"top_k": min(k, smodel.config.num_hidden_layers), "alpha": alpha_v, **extra},
-                calibration=cal_cfg,
-                tokenizer=stok,
-                corpus_sha256=sha,
-                corpus_path=corpus,
-                corpus_split=split,
                 out=mdir,
                 overwrite=True,
                 distributed=None,
-                provenance=Provenance(args.source, args.target, None, None),
             )
         except FitError as e:  # e.g. top-k all of the 1.5B: more features than observations; a result, not a crash
             if not maps:

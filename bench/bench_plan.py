@@ -47,7 +47,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from kvbridge.fit import fit
-    from kvbridge.fit.calibrate import CalibrationConfig
     from kvbridge.fit.plan import plan
     from kvbridge.fit.plan_rates import measure_rates
     from kvbridge.models import load
@@ -82,7 +81,8 @@ def main() -> None:
                         src,
                         tgt,
                         ids,
-                        calibration=CalibrationConfig(seq_len=512, stride=args.stride),
+                        seq_len=512,
+                        stride=args.stride,
                         out=f"{tmp}/map",
                         overwrite=True,
                         distributed=None,

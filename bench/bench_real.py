@@ -117,7 +117,6 @@ def bench_transfer(loaded, lengths, repeats: int) -> list:
 def _fit_child(tokens: int, out: str) -> None:
     """In a fresh process: load the model, fit smollm2 -> smollm2 on `tokens` random ids, print JSON."""
     from kvbridge.fit import fit
-    from kvbridge.fit.calibrate import CalibrationConfig
     from kvbridge.models import load
 
     loaded = load(REF, dtype="float32")
@@ -130,7 +129,8 @@ def _fit_child(tokens: int, out: str) -> None:
         model,
         model,
         ids,
-        calibration=CalibrationConfig(seq_len=512, stride=STRIDE),
+        seq_len=512,
+        stride=STRIDE,
         out=out,
         overwrite=True,
         distributed=None,

@@ -85,21 +85,17 @@ def main(argv=None) -> int:
     results: dict = {"argv": sys.argv[1:], "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
     from kvbridge.evaluate.corpus import eval_corpus
-    from kvbridge.fit.calibrate import calibration_texts
     from kvbridge.models import load
 
     corpus = Path(args.corpus)
-    texts, sha, split = calibration_texts(corpus, args.corpus_heldout)
     t0 = time.perf_counter()
     src, tgt = load(args.source, dtype=args.dtype), load(args.target, dtype=args.dtype)
-    smodel, stok, tmodel, ttok = src.model.eval(), src.tokenizer, tgt.model.eval(), tgt.tokenizer
+    smodel, tmodel, ttok = src.model.eval(), tgt.model.eval(), tgt.tokenizer
     results["load_s"] = round(time.perf_counter() - t0, 1)
     log(f"loaded both models in {results['load_s']} s")
 
-    from kvbridge.fit.calibrate import CalibrationConfig
     from kvbridge.fit.mapping import FittedMapping
     from kvbridge.fit import fit as run_fit
-    from kvbridge.fit.pipeline import Provenance
     from kvbridge.fit.protocol import parse_pairs
 
     class _Bar:  # progress lines of the translator's stages in the log
@@ -118,27 +114,17 @@ def main(argv=None) -> int:
         mapping = load_mapping(mdir, source=smodel, target=tmodel)
     else:
         mapping = run_fit(
-            smodel,
-            tmodel,
-            texts,
+            src,
+            tgt,
             fitter="translator",
             options=parse_pairs(args.options),
-            calibration=CalibrationConfig(
-                stride=args.stride,
-                heldout=0.1,
-                seed=0,
-                batch_size=args.batch_size,
-                seq_len=args.seq_len,
-                tokens=args.tokens,
-            ),
-            tokenizer=stok,
-            corpus_sha256=sha,
-            corpus_path=corpus,
-            corpus_split=split,
+            corpus=str(corpus),  # the calibration part, as `kvbridge fit --corpus` reads it
+            heldout=0.1,
+            seed=0,
+            **{k: getattr(args, k) for k in ("corpus_heldout", "stride", "batch_size", "seq_len", "tokens")},
             out=mdir,
             overwrite=True,
             distributed=None,
-            provenance=Provenance(args.source, args.target, None, None),
             progress=_Bar(),
         )
     results["fit_s"] = round(time.perf_counter() - t0, 1)

@@ -46,7 +46,8 @@ def main(argv=None) -> int:
     from kvbridge.adapters import load_adapter_pair
     from kvbridge.adapters.pair import calibration_ids
     from kvbridge.adapters import DEFAULT_CORPUS
-    from kvbridge.fit import fit
+    from kvbridge.fit import FitSettings, fit_run
+    from kvbridge.run import model_run
     from kvbridge.harness.report import markdown, terminal_table
     from kvbridge.harness.run import load_tasks, run_harness
 
@@ -55,17 +56,9 @@ def main(argv=None) -> int:
     t_load = time.perf_counter() - t0
     calib = calibration_ids(pair.tokenizer, Path(DEFAULT_CORPUS).read_text(encoding="utf-8"), a.calibration_tokens)
     t0 = time.perf_counter()
-    mapping = fit(
-        pair.base,
-        pair.tuned,
-        calib,
-        top_k=1,
-        stride=4,
-        seed=0,
-        distributed=None,
-        source_name=pair.base_name,
-        target_name=f"{pair.base_name}+adapter",
-    )
+    names = (pair.base_name, f"{pair.base_name}+adapter")
+    run = model_run(pair.base, pair.tuned, FitSettings(top_k=1, stride=4, seed=0), names=names)
+    mapping = fit_run(run, data=calib, distributed=None)
     t_fit = time.perf_counter() - t0
     tasks = load_tasks(
         ["recall"], {"recall": {"lengths": a.lengths, "positions": a.positions, "n": a.n, "seed": a.seed}}

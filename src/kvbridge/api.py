@@ -1,8 +1,12 @@
-"""The Python API in one place (the CLI is a thin layer over these)."""
+"""The Python API in one place (the CLI is a thin layer over these).
+
+A name whose work is one library function is that function, imported on first use (:data:`_SAME`):
+one definition, one signature, one docstring."""
 
 from __future__ import annotations
 
-from os import PathLike
+import importlib
+
 from typing import Any, Mapping
 
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
@@ -15,34 +19,25 @@ def _host(host=None):
     return host or get_host()
 
 
-def _is_ref(obj: Any) -> bool:
-    from kvbridge.models import ModelRef
-
-    return isinstance(obj, (str, PathLike, ModelRef))
-
-
-def _config_of(obj: Any, host=None) -> dict:
-    if _is_ref(obj):
-        return dict(resolve_model(obj, host=host).config)
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    config = getattr(obj, "config", obj)
-    return config.to_dict()
-
-
-def resolve_model(ref, host=None):
-    """A model reference resolved offline, torch-free (see :func:`kvbridge.models.resolve`)."""
+def _resolve(ref, host=None):
     from kvbridge.models import resolve
 
     return resolve(ref, host=host)
 
 
-def load_model(ref, dtype: str | None = None, device: str = "cpu", host=None):
-    """A :class:`~kvbridge.models.LoadedModel` (model, tokenizer, config, ref, spec, fingerprint); float32
-    unless ``dtype`` says otherwise (see :func:`kvbridge.models.load`)."""
-    from kvbridge.models import load
+def _is_ref(obj: Any) -> bool:
+    from kvbridge.models.pair import is_ref
 
-    return load(ref, dtype=dtype, device=device, host=host)
+    return is_ref(obj)
+
+
+def _config_of(obj: Any, host=None) -> dict:
+    if _is_ref(obj):
+        return dict(_resolve(obj, host=host).config)
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    config = getattr(obj, "config", obj)
+    return config.to_dict()
 
 
 def adapter_for(model_or_config: Any, host=None):
@@ -54,7 +49,7 @@ def describe(model_or_config: Any, host=None) -> ModelSpec:
     """ModelSpec of a model (dtype from its weights), a model reference (read from its config or
     GGUF header, never loaded), a transformers config or a mapping."""
     if _is_ref(model_or_config):
-        return resolve_model(model_or_config, host=host).spec(_host(host))
+        return _resolve(model_or_config, host=host).spec(_host(host))
     if hasattr(model_or_config, "parameters"):
         return _host(host).spec_of(model_or_config)
     return _host(host).describe(_config_of(model_or_config))
@@ -77,124 +72,67 @@ def identity_transfer(state, target_positions=None, host=None):
     return _identity(state, target_positions=target_positions, host=host)
 
 
-def generate_from(model, state, input_ids, host=None, **generate_kwargs):
-    """``model.generate`` continuing from ``state`` (the last prompt token is withheld)."""
-    from kvbridge.handoff import generate
-
-    return generate(model, state, input_ids, host=host, **generate_kwargs)
-
-
-def load_pair(source, target, dtype: str | None = None, device: str = "cpu", host=None):
-    """A :class:`~kvbridge.models.pair.ModelPair`: both references resolved, the shared tokenizer
-    checked before any weights load, both models loaded once (see :func:`kvbridge.models.pair.load_pair`)."""
-    from kvbridge.models.pair import load_pair as _load
-
-    return _load(source, target, dtype=dtype, device=device, host=host)
-
-
-def fit(source, target=None, data=None, settings=None, *, host=None, progress=None, warn=None, **fields):
-    """``kvbridge fit`` as a call (:func:`kvbridge.fit.entry.fit`): ``source`` / ``target`` references,
-    :func:`load_model` results, a :func:`load_pair` result as ``source`` alone, or model objects;
-    ``settings`` a :class:`~kvbridge.fit.settings.FitSettings` or its fields as keywords; ``data``
-    texts or token ids instead of ``settings.corpus``. Returns the mapping, or ``{label: mapping}``
-    for a top-k sweep."""
-    from kvbridge.fit.entry import fit as _fit
-
-    return _fit(source, target, data, settings, host=host, progress=progress, warn=warn, **fields)
-
-
-def fit_settings(settings=None, **fields):
-    """A :class:`~kvbridge.fit.settings.FitSettings` from keywords (or ``settings`` with some replaced);
-    an unknown name is refused naming the closest fields."""
-    from kvbridge.fit.entry import fit_settings as _settings
-
-    return _settings(settings, **fields)
-
-
-def fit_pair(pair, settings, **kwargs):
-    """Deprecated: ``fit(pair, settings=settings)`` (see :func:`kvbridge.fit.run.fit_pair`)."""
-    from kvbridge.fit.run import fit_pair as _run
-
-    return _run(pair, settings, **kwargs)
-
-
-def load_mapping(path, **options):
-    """Load a mapping folder (checksum and model fingerprints verified)."""
-    from kvbridge.fit.artifact import load_mapping as _load
-
-    return _load(path, **options)
-
-
-def transfer_state(state, mapping, target_positions=None, host=None):
-    """Source KVState -> target KVState: strip source RoPE, map, apply target RoPE."""
-    from kvbridge.transfer import transfer as _transfer
-
-    return _transfer(state, mapping, target_positions=target_positions, host=host)
-
-
-def transfer_generate(pair, settings, host=None):
-    """``kvbridge transfer`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` a
-    :class:`~kvbridge.transfer_settings.TransferSettings` (its checks are the CLI's); returns a
-    :class:`~kvbridge.transfer_run.TransferResult` (see :func:`kvbridge.transfer_run.transfer_generate`)."""
-    from kvbridge.transfer_run import transfer_generate as _run
-
-    return _run(pair, settings, host=host)
-
-
-def evaluate_pair(pair, settings, **callbacks):
-    """``kvbridge eval`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` an
-    :class:`~kvbridge.evaluate.settings.EvalSettings` (its checks are the CLI's); returns an
-    :class:`~kvbridge.evaluate.run.EvalRun` (``progress=``, ``heartbeat=``, ``warn=`` callbacks optional;
-    ``--frontier`` / ``--recompute-*`` settings run :mod:`kvbridge.recompute.eval_run`'s condition sets)."""
-    from kvbridge.recompute.eval_run import evaluate_pair as _run
-
-    return _run(pair, settings, **callbacks)
-
-
-def harness_pair(pair, settings, **kwargs):
-    """``kvbridge harness`` as a call: ``pair`` a :func:`load_pair` result, ``settings`` a
-    :class:`~kvbridge.harness.settings.HarnessSettings` (its checks are the CLI's, plus
-    :func:`kvbridge.harness.pair_run.prepare`'s); returns ``(result, written report files)``."""
-    from kvbridge.harness.pair_run import harness_pair as _run
-
-    return _run(pair, settings, **kwargs)
-
-
 def _loaded(model, host=None):
     """A :class:`~kvbridge.models.loading.LoadedModel`: references are loaded (float32, cpu)."""
-    return load_model(model, host=host) if _is_ref(model) else model
+    from kvbridge.models import load
+
+    return load(model, host=host) if _is_ref(model) else model
+
+
+def _stage(name: str, target, settings, host, **kw):
+    """A ``steer`` stage of :mod:`kvbridge.steer.stages` on a run of ``settings``."""
+    from kvbridge.run import Run
+    from kvbridge.steer import stages
+
+    return getattr(stages, name)(Run.of(target, settings, host), **kw)
 
 
 def steer_build(model, settings: SteerBuildSettings, host=None):
     """``kvbridge steer build`` as a call: ``model`` a reference or a :func:`load_model` result (its
     ``tokenizer`` the one to use); returns ``(vector folder, manifest)``."""
-    from kvbridge.run import Run
-    from kvbridge.steer.stages import build_steering
-
-    return build_steering(Run.of(_loaded(model, host), settings, host))
+    return _stage("build_steering", _loaded(model, host), settings, host)
 
 
 def steer_transfer(pair, settings: SteerTransferSettings, host=None):
     """``kvbridge steer transfer`` as a call: ``pair`` a :func:`load_pair` result (the vector's model
     first); returns ``(vector folder, mapping)``."""
-    from kvbridge.run import Run
-    from kvbridge.steer.stages import transfer_steering
-
-    return transfer_steering(Run.of(pair, settings, host))
+    return _stage("transfer_steering", pair, settings, host)
 
 
 def steer_run(model, settings: SteerRunSettings, host=None) -> dict:
     """``kvbridge steer run`` as a call: the steered and unsteered continuations (JSON-ready)."""
-    from kvbridge.run import Run
-    from kvbridge.steer.stages import run_steering
-
-    return run_steering(Run.of(_loaded(model, host), settings, host))
+    return _stage("run_steering", _loaded(model, host), settings, host)
 
 
 def steer_eval(model, settings: SteerEvalSettings, host=None, log=None) -> dict:
     """``kvbridge steer eval`` as a call: every arm's behaviour rate and cost (JSON-ready; the report
     folder written with ``settings.out``)."""
-    from kvbridge.run import Run
-    from kvbridge.steer.stages import evaluate_steering
+    return _stage("evaluate_steering", _loaded(model, host), settings, host, log=log)
 
-    return evaluate_steering(Run.of(_loaded(model, host), settings, host), log=log)
+
+#: the API names that are one library function each: ``name -> "module:function"``
+_SAME = {
+    "resolve_model": "kvbridge.models.resolve:resolve",  # offline, torch-free
+    "load_model": "kvbridge.models.loading:load",  # the one loader (float32 unless dtype= says otherwise)
+    "load_pair": "kvbridge.models.pair:load_pair",  # the shared tokenizer checked before any weights load
+    "generate_from": "kvbridge.handoff:generate",  # the last prompt token is withheld
+    "fit": "kvbridge.fit.entry:fit",  # references, loaded models, a pair or model objects
+    "fit_settings": "kvbridge.fit.entry:fit_settings",
+    "fit_pair": "kvbridge.fit.run:fit_pair",  # deprecated: fit(pair, settings=settings)
+    "load_mapping": "kvbridge.fit.artifact:load_mapping",
+    "transfer_state": "kvbridge.fit:transfer_state",  # strip source RoPE, map, apply target RoPE  # checksum and model fingerprints verified
+    "transfer_generate": "kvbridge.transfer_run:transfer_generate",  # ``kvbridge transfer`` as a call
+    "evaluate_pair": "kvbridge.recompute.eval_run:evaluate_pair",  # ``kvbridge eval`` as a call
+    "harness_pair": "kvbridge.harness.pair_run:harness_pair",  # ``kvbridge harness`` as a call
+}
+
+
+def __getattr__(name: str):
+    if name in _SAME:
+        module, _, attr = _SAME[name].partition(":")
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'kvbridge.api' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SAME))

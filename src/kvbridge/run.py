@@ -84,22 +84,16 @@ class InMemoryModel:
         return cls(model, tokenizer, host.adapter_of(model).spec_of(model), name, revision)
 
 
-def open_run(source, target, settings, *, dtype: str | None = None, device: str = "cpu", host=None) -> Run:
-    """Resolve and load ``source`` / ``target`` (:func:`kvbridge.models.pair.load_pair`: the shared
-    tokenizer checked before any weight is read) and make the run of ``settings`` on them."""
-    from kvbridge.models.pair import load_pair
-
-    return Run.of(load_pair(source, target, dtype=dtype, device=device, host=host), settings, host)
-
-
-def model_run(source, target, settings, host=None) -> Run:
-    """A run of ``settings`` on two model objects given in Python (each an :class:`InMemoryModel`; no
-    tokenizer to check): what the benches and tests that build models themselves pass a stage."""
+def model_run(source, target, settings, host=None, *, tokenizer=None, names=("", "")) -> Run:
+    """A run of ``settings`` on two model objects given in Python (each an :class:`InMemoryModel`, both
+    with ``tokenizer``; ``names``: what manifests record, default their configs' ``_name_or_path``):
+    what ``fit(model, model, ...)``, the demo, the benches and the tests that build models pass a stage."""
     from kvbridge.models.pair import ModelPair
     from kvbridge.plugins import host_or_default
 
     host = host_or_default(host)
-    return Run(ModelPair(InMemoryModel.of(source, host), InMemoryModel.of(target, host), {}), settings, host)
+    sides = [InMemoryModel.of(m, host, tokenizer, name) for m, name in zip((source, target), names)]
+    return Run(ModelPair(*sides, {}), settings, host)
 
 
-__all__ = ["InMemoryModel", "Run", "model_run", "open_run"]
+__all__ = ["InMemoryModel", "Run", "model_run"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
+from kvbridge.errors import ConfigError
 from kvbridge.fit.calibrate import CalibrationConfig, PairedCalibration
 from kvbridge.fit.ridge import FitError, fit_group, grouped_r2, solve
 from kvbridge.fit.stats import MomentStats
@@ -160,7 +161,7 @@ def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(pl
     for a, b in zip(blocked.layers, planted_fit.layers):
         for name in ("wk", "bk", "wv", "bv"):
             assert float((getattr(a, name) - getattr(b, name)).abs().max()) <= 1e-5
-    with pytest.raises(FitError, match="GiB"):
+    with pytest.raises(ConfigError, match="over the 1000 B budget.*GiB"):  # refused before any pass, as the CLI
         fit(
             planted["source"],
             planted["target"],

@@ -251,8 +251,9 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     from kvbridge.evaluate.conditions import ConditionRun, EvalConfig, run_conditions
     from kvbridge.evaluate.runner import Built, Condition
     from kvbridge.evaluate.metrics import bootstrap_indices, resolve_metrics, summarize
-    from kvbridge.fit import fit
+    from kvbridge.fit import FitSettings, fit_run
     from kvbridge.plugins import get_host
+    from kvbridge.run import model_run
 
     host = host or get_host()
     st = settings if settings is not None else AdapterPairSettings()
@@ -280,9 +281,9 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
     t0 = time.perf_counter()
     calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), st.calibration_tokens)
-    target_name = f"{pair.base_name}+adapter"
-    kw = dict(top_k=st.top_k, stride=st.stride, seed=seed, host=host, distributed=None, source_name=pair.base_name)
-    mapping = fit(base, tuned, calib, target_name=target_name, **kw)
+    names = (pair.base_name, f"{pair.base_name}+adapter")
+    settings = FitSettings(top_k=st.top_k, stride=st.stride, seed=seed)
+    mapping = fit_run(model_run(base, tuned, settings, host, names=names), data=calib, distributed=None)
     timing["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

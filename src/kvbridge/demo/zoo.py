@@ -147,9 +147,8 @@ def zoo_section(settings) -> dict:
     from kvbridge.models.compat import check_models
     from kvbridge.evaluate import evaluate
     from kvbridge.evaluate.report import md_table, terminal_table, text_table, to_json, write_report
-    from kvbridge.fit import fit
-    from kvbridge.fit.calibrate import CalibrationConfig
-    from kvbridge.fit.pipeline import Provenance
+    from kvbridge.fit import FitSettings, fit_run
+    from kvbridge.run import model_run
     from kvbridge.plugins import get_host
     from kvbridge.models import load, resolve
 
@@ -199,18 +198,9 @@ def zoo_section(settings) -> dict:
         checks[pair] = report.verdict
         out = report_dir / "mappings" / f"base-{name}" if report_dir else None
         ids, data = eval_data(name)
-        mapping = fit(
-            base,
-            models[name],
-            calib,
-            options={"top_k": top_k},
-            calibration=CalibrationConfig(stride=stride, seed=seed),
-            host=host,
-            distributed=None,
-            out=out,
-            overwrite=True,
-            provenance=Provenance("zoo:base", f"zoo:{name}"),
-        )
+        settings = FitSettings(top_k=top_k, stride=stride, seed=seed, out=out, overwrite=True)
+        run = model_run(base, models[name], settings, host, names=("zoo:base", f"zoo:{name}"))
+        mapping = fit_run(run, data=calib, distributed=None)
         t1 = time.perf_counter()
         labels = {"source_name": "zoo:base", "target_name": f"zoo:{name}", "data": data}
         res = evaluate(

@@ -35,11 +35,10 @@ _LAZY = {
     "save_mapping": "kvbridge.fit.artifact:save_mapping",
     "FittedMapping": "kvbridge.fit.mapping:FittedMapping",
     "MomentStats": "kvbridge.fit.stats:MomentStats",
-    "transfer_state": "kvbridge.fit:_transfer_state",
 }
 
 
-def _transfer_state(state, mapping, *, target_positions=None, host=None):
+def transfer_state(state, mapping, target_positions=None, host=None):
     """Source KVState -> target KVState through ``mapping`` (strip RoPE, map, apply target RoPE)."""
     from kvbridge.transfer import transfer
 
@@ -51,8 +50,8 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module("kvbridge.fit.plan")
-    if name in ("transfer_state", "transfer"):
-        return _transfer_state
+    if name == "transfer":
+        return transfer_state
     if name in _LAZY:
         import importlib
 
@@ -61,4 +60,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'kvbridge.fit' has no attribute {name!r}")
 
 
-__all__ = list(_LAZY) + ["plan"]
+__all__ = list(_LAZY) + ["plan", "transfer_state"]

@@ -62,6 +62,25 @@ def model_identity(
     }
 
 
+def as_identity(obj: Any, host=None) -> dict | None:
+    """``obj`` as a :func:`model_identity` dict: None stays None, an identity dict is kept, a model or
+    config is identified (its weights hashed)."""
+    if obj is None or (isinstance(obj, Mapping) and "spec_fingerprint" in obj):
+        return None if obj is None else dict(obj)
+    return model_identity(obj, host=host)
+
+
+def manifest_specs(manifest: Mapping, error) -> tuple:
+    """The source and target :class:`~kvbridge.spec.ModelSpec` a manifest records; ``error(exc)``
+    the exception to raise when one is missing or invalid."""
+    from kvbridge.spec import ModelSpec
+
+    try:
+        return tuple(ModelSpec.from_dict(manifest[role]["spec"]) for role in ("source", "target"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise error(exc) from None
+
+
 def rope_config(spec) -> dict | None:
     if spec.positional != "rope":
         return {"positional": spec.positional}
@@ -137,6 +156,19 @@ def _mismatch(msg: str, fix: str, force: bool) -> None:
     raise ArtifactError(msg, fix)
 
 
+def compared(manifest: Mapping, source: dict | None, target: dict | None, *, loaded_configs_only: bool = False):
+    """``(role, field, recorded, given)`` of each fingerprint both ``manifest`` and the identity of the
+    model at hand have (``loaded_configs_only``: a config fingerprint only when the weights are given
+    too; a config read from files and one read from a loaded model normalise differently)."""
+    for role, ident in (("source", source), ("target", target)):
+        want = manifest.get(role) or {}
+        for name in CHECKED_FIELDS if ident is not None else ():
+            have, need = ident.get(name), want.get(name)
+            skip = loaded_configs_only and name == "config_fingerprint" and ident.get("weights_fingerprint") is None
+            if not skip and have is not None and need is not None:
+                yield role, name, need, have
+
+
 def verify_pair(
     manifest: Mapping,
     *,
@@ -147,22 +179,15 @@ def verify_pair(
 ) -> list[str]:
     """Compare a manifest with the identities of the models at hand; return the fields checked."""
     checked = []
-    for role, ident in (("source", source), ("target", target)):
-        if ident is None:
-            continue
-        want = manifest.get(role) or {}
-        for name in CHECKED_FIELDS:
-            have, need = ident.get(name), want.get(name)
-            if have is None or need is None:
-                continue
-            checked.append(f"{role}.{name}")
-            if have != need:
-                _mismatch(
-                    f"mapping was fitted for a different {role} model: field {role}.{name} is "
-                    f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
-                    "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway",
-                    force,
-                )
+    for role, name, need, have in compared(manifest, source, target):
+        checked.append(f"{role}.{name}")
+        if have != need:
+            _mismatch(
+                f"mapping was fitted for a different {role} model: field {role}.{name} is "
+                f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
+                "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway",
+                force,
+            )
     if tokenizer is not None and manifest.get("tokenizer"):
         have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
         if have and need:
@@ -194,7 +219,6 @@ def load_mapping(
     """
     from kvbridge.artifacts import check_kind, read_artifact
     from kvbridge.fit.mapping import FittedMapping
-    from kvbridge.spec import ModelSpec
 
     manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
     where = Path(folder) / "manifest.json"
@@ -210,43 +234,17 @@ def load_mapping(
         str(Path(folder) / TENSOR_FILE),
         fix="re-create the mapping with `kvbridge fit`",
     )
-    idents = {}
-    for role, obj in (("source", source), ("target", target)):
-        if obj is None:
-            idents[role] = None
-        elif isinstance(obj, Mapping) and "spec_fingerprint" in obj:
-            idents[role] = dict(obj)
-        else:
-            idents[role] = model_identity(obj, host=host)
+    idents = {"source": as_identity(source, host), "target": as_identity(target, host)}
     verify_pair(manifest, source=idents["source"], target=idents["target"], tokenizer=tokenizer, force=force)
-    try:
-        source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
-        target_spec = ModelSpec.from_dict(manifest["target"]["spec"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping") from None
+    source_spec, target_spec = manifest_specs(
+        manifest, lambda exc: ArtifactError(f"mapping manifest has an invalid spec ({exc})", "re-create the mapping")
+    )
     if idents["target"] is not None:  # the target dtype of the model at hand decides the output dtype
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
     from kvbridge.fit.protocol import FitReport
 
-    report = FitReport.from_dict(
-        {
-            **{
-                k: manifest.get(k)
-                for k in (
-                    "heldout_r2",
-                    "r2_summary",
-                    "warnings",
-                    "selection_scores",
-                    "alpha_chosen",
-                    "observations",
-                    "layer_selection",
-                    "training",
-                )
-            },
-            "fitter": manifest["fitter"]["name"],
-            "params": manifest["fitter"].get("params") or {},
-        }
-    )
+    fitter = {"fitter": manifest["fitter"]["name"], "params": manifest["fitter"].get("params") or {}}
+    report = FitReport.from_dict({**manifest, **fitter})  # the report's fields the manifest records
     mode = manifest.get("mode", "dense")
     residual = manifest.get("residual")
     if (mode == "dense+residual") != (residual is not None):
@@ -362,6 +360,7 @@ __all__ = [
     "save_mapping",
     "build_manifest",
     "model_identity",
+    "as_identity",
     "verify_pair",
     "validate",
     "schema",

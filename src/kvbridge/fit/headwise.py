@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.ridge import check_alpha
 from kvbridge.fit.select import single_head_r2
+from kvbridge.fit.support import fit_head
 from kvbridge.fit.solve import (
     DEFAULT_ALPHA,
     LOW_R2,
@@ -30,7 +31,6 @@ from kvbridge.fit.solve import (
     device_of,
     dims as dims_of,
     default_budget,
-    fit_group,
     plan_blocks,
     heldout_fields,
 )
@@ -70,14 +70,7 @@ class HeadwiseFitter:
         blocks = plan_blocks(
             lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget, what="the headwise fit"
         )
-        layers, r2k, r2v, alphas, assign_all, score_all = (
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-            [None] * lt,
-        )
+        layers, r2k, r2v, alphas, assign_all, score_all = ([None] * lt for _ in range(6))
         passes = []
         for bi, block in enumerate(blocks):
             job = LayerStats(range(ls), block, **dims, xx_block="head", device=device_of(calibration))
@@ -99,12 +92,13 @@ class HeadwiseFitter:
                 lam = []
                 for h, src in enumerate(sources):
                     cols = slice(h * dt, (h + 1) * dt)
-                    for c in ("k", "v"):
-                        tr = _cols(job.moments(c, "train", src_head=src, tgt_layers=[t]), cols)
-                        he = _cols(job.moments(c, "held", src_head=src, tgt_layers=[t]), cols) if held_ok else None
-                        res = fit_group(tr, he, heads=1, alpha=alpha, what=f"target layer {t} head {h} {c.upper()}")
-                        w[c][h], bias[c][h] = res["w"], res["b"]
-                        r2[c][h] = res["r2"][0] if res["r2"] is not None else float("nan")
+
+                    def moments(c, split, job=job, src=src, t=t, cols=cols):
+                        return _cols(job.moments(c, split, src_head=src, tgt_layers=[t]), cols)
+
+                    got = fit_head(moments, t, h, alpha, held_ok)
+                    for c, res in got.items():
+                        w[c][h], bias[c][h], r2[c][h] = res["w"], res["b"], res["r2"]
                         lam.append(res["alpha"])
                 layers[t] = LayerMap(
                     "headwise", sources, w["k"].float(), bias["k"].float(), w["v"].float(), bias["v"].float()

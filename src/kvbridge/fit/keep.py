@@ -122,16 +122,10 @@ def read_manifest(folder: Path | str) -> dict:
 def check_models(manifest: dict, folder: Path | str, *, source: dict | None = None, target: dict | None = None) -> None:
     """Refuse kept statistics for models other than ``source`` / ``target`` (identity dicts of
     :func:`kvbridge.fit.artifact.model_identity`, from configs or models), naming the field."""
-    for role, ident in (("source", source), ("target", target)):
-        if ident is None:
-            continue
-        want = manifest.get(role) or {}
-        for name in ("spec_fingerprint", "config_fingerprint", "weights_fingerprint"):
-            have, need = ident.get(name), want.get(name)
-            if name == "config_fingerprint" and ident.get("weights_fingerprint") is None:
-                continue  # a config read from files and one read from a loaded model normalise differently
-            if have is None or need is None or have == need:
-                continue
+    from kvbridge.fit.artifact import compared
+
+    for role, name, need, have in compared(manifest, source, target, loaded_configs_only=True):
+        if have != need:
             raise ArtifactError(
                 f"{folder} holds statistics of a different {role} model: field {role}.{name} is "
                 f"{str(need)[:12]}... there, {str(have)[:12]}... for the given {role}",
@@ -143,18 +137,16 @@ def load_statistics(folder: Path | str):
     """``(RidgeStatistics, manifest)`` of a kept folder; the blocks are read lazily, one at a time."""
     import torch
 
-    from kvbridge.spec import ModelSpec
+    from kvbridge.fit.artifact import manifest_specs
     from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.solve import dims
     from kvbridge.fit.stats import LayerStats
 
     folder = Path(folder)
     manifest = read_manifest(folder)
-    try:
-        source_spec = ModelSpec.from_dict(manifest["source"]["spec"])
-        target_spec = ModelSpec.from_dict(manifest["target"]["spec"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise _bad(folder, f"manifest.json has an invalid spec ({exc})") from None
+    source_spec, target_spec = manifest_specs(
+        manifest, lambda exc: _bad(folder, f"manifest.json has an invalid spec ({exc})")
+    )
     ls, lt = source_spec.num_layers, target_spec.num_layers
     scores = _load_file(folder, manifest.get("tensor_file", SCORES_FILE), manifest.get("tensor_sha256"))
     for key in ("mean", "k", "v"):

@@ -9,11 +9,10 @@ source + target models, calibration data (token ids, texts or a corpus path)
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from kvbridge.fit.calibrate import CalibrationConfig
 from kvbridge.fit.settings import parse_top_k
 from kvbridge.fit.solve import FitError
 
@@ -30,10 +29,6 @@ def sweep_labels(top_k, layers: int | None) -> list:
             raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
         labels.append((str(val), layers if val == "all" else v.top_k(int(val), layers)))
     return labels
-
-
-def _token_sha(seqs) -> str:
-    return hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()
 
 
 def prepare_sequences(
@@ -79,16 +74,6 @@ def prepare_sequences(
     return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens, offset=offset), sha, texts
 
 
-@dataclass(frozen=True)
-class Provenance:
-    """Names and revisions recorded in the manifest (``kvbridge fit`` fills them from the refs)."""
-
-    source_name: str = ""
-    target_name: str = ""
-    source_revision: str | None = None
-    target_revision: str | None = None
-
-
 def _revision(ref) -> str | None:
     """The commit of a Hugging Face cache snapshot (its folder name), else None."""
     from pathlib import Path
@@ -113,49 +98,41 @@ def identity(run, role: str) -> dict:
 def fitter_options(fitter_obj, options=None, **values):
     """The fitter's options dataclass from ``options`` (an instance, a mapping or ``-o`` pairs)
     updated by ``values``; unknown keys are refused naming the closest ones."""
-    from kvbridge.fit.protocol import build_options, parse_pairs
+    from kvbridge.fit.protocol import build_options
 
-    cls = fitter_obj.Options
-    owner = f"fitter {fitter_obj.name!r}"
-    if isinstance(options, cls):
-        base = {k: v for k, v in asdict(options).items()}
-        return build_options(cls, {**base, **values}, owner=owner) if values else options
-    if isinstance(options, (list, tuple)):
-        options = parse_pairs(options)
-    return build_options(cls, {**dict(options or {}), **values}, owner=owner)
+    if isinstance(options, fitter_obj.Options) and not values:
+        return options
+    return build_options(fitter_obj.Options, {**option_base(options), **values}, owner=f"fitter {fitter_obj.name!r}")
 
 
-_CALIBRATION_KEYS = {f.name for f in fields(CalibrationConfig)}
-_PROVENANCE_KEYS = {f.name for f in fields(Provenance)}
+def option_base(options) -> dict:
+    """Fitter option values given in Python: an options dataclass, a mapping or ``["key=value", ...]``."""
+    from dataclasses import is_dataclass
 
+    from kvbridge.fit.protocol import parse_pairs
 
-def split_overrides(overrides: dict, calibration, provenance):
-    """Keyword shortcuts: calibration fields, provenance fields and fitter options by name."""
-    cal = {k: overrides.pop(k) for k in list(overrides) if k in _CALIBRATION_KEYS}
-    prov = {k: overrides.pop(k) for k in list(overrides) if k in _PROVENANCE_KEYS}
-    calibration = calibration or CalibrationConfig()
-    if cal:
-        calibration = replace(calibration, **cal)
-    provenance = replace(provenance or Provenance(), **prov)
-    return calibration, provenance, overrides
+    if options is None:
+        return {}
+    if is_dataclass(options):
+        return asdict(options)
+    return parse_pairs(options) if isinstance(options, (list, tuple)) else dict(options)
 
 
 def execute(run, job, *, progress: Callable | None = None, distributed: Any = "auto"):
-    """Run a resolved fit (:class:`~kvbridge.fit.run.FitJob`) on ``run``'s models: an ``out`` that
-    cannot be replaced is refused before any work and locked to the end (rank 0 writes and locks)."""
-    from kvbridge.fit import distributed as dist_mod
-
-    if job.out is None:
-        ctx = dist_mod.setup() if distributed == "auto" else distributed
-        return _execute(run, job, progress, ctx)
+    """Run a resolved fit (:class:`~kvbridge.fit.run.FitJob`) on ``run``'s models and settings: an
+    ``out`` that cannot be replaced is refused before any work and locked to the end (rank 0 writes
+    and locks)."""
     from kvbridge.artifacts import check_replaceable, output_lock
+    from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.artifact import KIND
 
-    check_replaceable(job.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=job.overwrite)
+    s = run.settings
+    if s.out is not None:
+        check_replaceable(s.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=s.overwrite)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
-    if ctx is not None and not ctx.is_main:
+    if s.out is None or (ctx is not None and not ctx.is_main):
         return _execute(run, job, progress, ctx)
-    with output_lock(job.out):
+    with output_lock(s.out):
         return _execute(run, job, progress, ctx)
 
 
@@ -167,27 +144,29 @@ def _execute(run, job, progress, ctx):
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
 
-    config, opts, fitter_obj, out, sweep = job.calibration, job.options, job.fitter, job.out, job.sweep
-    tokenizer = run.source.tokenizer
+    s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.fitter, job.sweep
+    out = s.out
+    tokenizer, fingerprint = run.source.tokenizer, run.tokenizer or None  # None: models given in Python
     seqs, sha, texts = prepare_sequences(
         job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
     )
     source_id, target_id = identity(run, "source"), identity(run, "target")
-    params = {"fitter": job.fitter_name, **asdict(opts)}
+    token_sha = hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()  # the ids, hashed once
+    params = {"fitter": s.fitter, **asdict(opts)}
     checkpoint = None
     # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
-    ck_dir = job.checkpoint_dir or (dist_mod.default_checkpoint_dir(out) if out is not None and job.resume else None)
+    ck_dir = dist_mod.default_checkpoint_dir(out) if out is not None and s.resume else None
     if ck_dir is not None:
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
             "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
-            "token_ids_sha256": _token_sha(seqs),
+            "token_ids_sha256": token_sha,
             "calibration": asdict(config),
             "params": params,
             "world": ctx.world if ctx else 1,
         }
-        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=job.resume, every_s=job.checkpoint_every)
-    elif job.resume:
+        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=s.resume, every_s=job.checkpoint_every)
+    elif s.resume:
         raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
     cal = PairedCalibration(
         run.source.model,
@@ -202,39 +181,28 @@ def _execute(run, job, progress, ctx):
     calib = {
         **cal.describe(),
         "corpus_sha256": job.corpus_sha256 or sha,
-        "token_ids_sha256": _token_sha(seqs),
+        "token_ids_sha256": token_sha,
         "world_size": ctx.world if ctx else 1,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
     used = int(seqs.numel()) + config.offset
-    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.corpus_split))
+    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.split))
     main = ctx is None or ctx.is_main
-    keeping = job.keep_stats is not None and main
-    if (sweep is not None or job.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
+    keeping = s.keep_stats is not None and main
+    if (sweep is not None or s.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
         raise FitError(
-            f"the {job.fitter_name} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
+            f"the {s.fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
             "use --fitter ridge, or one --top-k and no --keep-stats",
         )
     from contextlib import nullcontext
 
     from kvbridge.artifacts import atomic_dir
+    from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
 
-    keep_ctx = atomic_dir(job.keep_stats, kind=_keep_kind(), overwrite=job.overwrite) if keeping else nullcontext()
+    keep_ctx = atomic_dir(s.keep_stats, kind=STATS_KIND, overwrite=s.overwrite) if keeping else nullcontext()
     with torch.no_grad(), keep_ctx as keep_tmp:
-        writer = None
-        if keeping:
-            from kvbridge.fit.keep import StatsWriter
-
-            writer = StatsWriter(
-                keep_tmp,
-                {
-                    "source": source_id,
-                    "target": target_id,
-                    "tokenizer": run.tokenizer,
-                    "calibration": calib,
-                    "params": params,
-                },
-            )
+        base = {"source": source_id, "target": target_id, "tokenizer": fingerprint, "calibration": calib}
+        writer = StatsWriter(keep_tmp, {**base, "params": params}) if keeping else None
         if sweep is None and writer is None:
             mappings = {None: fitter_obj.fit(cal.source_spec, cal.target_spec, cal, opts)}
         else:
@@ -242,28 +210,21 @@ def _execute(run, job, progress, ctx):
             by_k = fitter_obj.fit_sweep(
                 cal.source_spec, cal.target_spec, cal, opts, [k for _, k in labels], keep=writer
             )
-            ls = cal.source_spec.num_layers
-            mappings = (
-                {label: by_k[min(k, ls)] for label, k in labels}
-                if sweep is not None
-                else {None: by_k[min(labels[0][1], ls)]}
-            )
+            mappings = by_label(by_k, labels, cal.source_spec.num_layers, sweep is not None)
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
         if out is not None:
-            raise FitError(
-                f"the {job.fitter_name} fitter makes no artifact", "use it through kvbridge.transfer directly"
-            )
+            raise FitError(f"the {s.fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
-        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=run.tokenizer, calibration=calib)
+        finish_mapping(mapping, source=source_id, target=target_id, tokenizer=fingerprint, calibration=calib)
     if out is not None:
         if main:
             from kvbridge.faults import fault_point
 
             fault_point("fit.save")
-            write_mappings(mappings, out, overwrite=job.overwrite)
+            write_mappings(mappings, out, overwrite=s.overwrite)
         dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
         if checkpoint is not None and main:
             checkpoint.clear()
@@ -274,10 +235,11 @@ def _execute(run, job, progress, ctx):
 SWEEP_KIND = "kvbridge-mapping-sweep"
 
 
-def _keep_kind() -> str:
-    from kvbridge.fit.keep import KIND
-
-    return KIND
+def by_label(by_k: dict, labels, layers: int, sweep: bool) -> dict:
+    """``{label: mapping}`` of a sweep's ``(label, k)`` s (``{None: mapping}`` of one k) from ``{k: mapping}``."""
+    if not sweep:
+        return {None: by_k[min(labels[0][1], layers)]}
+    return {label: by_k[min(k, layers)] for label, k in labels}
 
 
 def sweep_folder(label) -> str:
@@ -344,28 +306,21 @@ def fit_from_stats(
     refused naming the field. Returns a mapping, or ``{label: mapping}`` for a list; with ``out``
     they are written (one folder, or one ``k<label>/`` per k).
     """
-    from kvbridge.fit.artifact import model_identity
+    from kvbridge.fit.artifact import as_identity
     from kvbridge.fit.keep import check_models, load_statistics
     from kvbridge.fit.ridge import RidgeFitter, RidgeOptions
-    from kvbridge.plugins import get_host
 
-    host = host or get_host()
-    folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
     if isinstance(folder, (list, tuple)):
         folders = list(folder)
+    else:
+        folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
     if len(folders) > 1:  # kept chunks of several runs (--tokens-offset): merged into one fit
         from kvbridge.fit.keep import merge_statistics
 
         stats, manifest = merge_statistics(folders)
     else:
         stats, manifest = load_statistics(folders[0])
-    idents = {}
-    for role, obj in (("source", source), ("target", target)):
-        if obj is None or (isinstance(obj, dict) and "spec_fingerprint" in obj):
-            idents[role] = obj
-        else:
-            idents[role] = model_identity(obj, host=host)
-    check_models(manifest, folders[0], source=idents["source"], target=idents["target"])
+    check_models(manifest, folders[0], source=as_identity(source, host), target=as_identity(target, host))
     params = dict(manifest.get("params") or {})
     base = RidgeOptions(
         alpha=params.get("alpha", RidgeOptions.alpha),
@@ -382,7 +337,7 @@ def fit_from_stats(
         "folder": ",".join(str(f) for f in folders),
         "manifest_created": manifest.get("created"),
     }
-    mappings = {label: by_k[min(k, ls)] for label, k in labels} if len(labels) > 1 else {None: by_k[labels[0][1]]}
+    mappings = by_label(by_k, labels, ls, len(labels) > 1)
     for mapping in mappings.values():
         finish_mapping(
             mapping,
@@ -415,11 +370,9 @@ def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=No
 __all__ = [
     "execute",
     "identity",
-    "split_overrides",
     "fit_from_stats",
     "prepare_sequences",
     "fitter_options",
-    "Provenance",
     "parse_top_k",
     "write_mappings",
     "sweep_folder",

@@ -185,12 +185,9 @@ def measure_rates(
     from kvbridge.fit.plan import model_size
 
     s, t = model_size(source_ref), model_size(target_ref)
-    src_rate = layer_forward_rate(source_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
-    tgt_rate = (
-        src_rate
-        if target_ref == source_ref
-        else layer_forward_rate(target_ref, seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
-    )
+    shape = dict(seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
+    src_rate = layer_forward_rate(source_ref, **shape)
+    tgt_rate = src_rate if target_ref == source_ref else layer_forward_rate(target_ref, **shape)
     rows = batch_size * len(range(0, seq_len, stride))
     return PlanRates(
         source_forward=src_rate,

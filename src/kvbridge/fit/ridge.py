@@ -159,13 +159,8 @@ class _BlockSolver:
     """Solves each block of joint statistics for every k as it comes, then assembles the mappings."""
 
     def __init__(self, fitter, source_spec, target_spec, options, ks):
-        self.fitter, self.source_spec, self.target_spec, self.options, self.ks = (
-            fitter,
-            source_spec,
-            target_spec,
-            options,
-            ks,
-        )
+        self.fitter, self.source_spec, self.target_spec = fitter, source_spec, target_spec
+        self.options, self.ks = options, ks
         self.dims = dims(source_spec, target_spec)
         self.results = {k: {} for k in ks}
         self.selection: dict = {}
@@ -191,16 +186,7 @@ class _BlockSolver:
         layers, r2k, r2v, alphas = [], [], [], []
         for t in range(self.target_spec.num_layers):
             res = results[t]
-            layers.append(
-                LayerMap(
-                    "dense",
-                    tuple(selection[t]),
-                    res["k"]["w"].float(),
-                    res["k"]["b"].float(),
-                    res["v"]["w"].float(),
-                    res["v"]["b"].float(),
-                )
-            )
+            layers.append(LayerMap("dense", tuple(selection[t]), *(res[c][x].float() for c in "kv" for x in "wb")))
             r2k.append(res["k"]["r2"])
             r2v.append(res["v"]["r2"])
             alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
@@ -224,8 +210,6 @@ class RidgeFitter:
     Options = RidgeOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: RidgeOptions = RidgeOptions()):
-        if calibration is None:
-            raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         k = min(int(options.top_k), source_spec.num_layers)
         return self.fit_sweep(source_spec, target_spec, calibration, options, [k])[k]
 
@@ -314,16 +298,17 @@ class RidgeFitter:
         ls, lt = source_spec.num_layers, target_spec.num_layers
         k = min(int(max_k), ls)
         fs = dims_["src_heads"] * dims_["src_dim"]
-        n_train = calibration.observations("train")
-        check_determined(
-            n_train,
-            k * fs,
-            what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims",
+        self._check_seen(
+            calibration.observations("train"),
+            k,
+            fs,
+            dims_,
             fix=f"give at least {k * fs} training observations (more --tokens, or a smaller --stride), "
             f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)",
         )
         budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
         passes, jobs = [], []
+        emit = on_block or (lambda job, scores: jobs.append(job))  # each complete block: passed on, or kept
         if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
             job = LayerStats(range(ls), range(lt), **dims_, xx_block="full", device=device_of(calibration))
             calibration.accumulate([job], tag="joint")
@@ -333,10 +318,7 @@ class RidgeFitter:
                 scores["head"] = single_head_r2(job, range(lt))["mean"]
             n_seen = job.n("train")
             self._check_seen(n_seen, k, fs, dims_)
-            if on_block is not None:
-                on_block(job, scores)
-            else:
-                jobs.append(job)
+            emit(job, scores)
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
             rows = {"mean": [None] * lt, "k": [None] * lt, "v": [None] * lt}
@@ -378,21 +360,16 @@ class RidgeFitter:
                 job = LayerStats(union(block), block, **dims_, xx_block="full", device=device_of(calibration))
                 calibration.accumulate([job], tag=f"fit{bi}")
                 passes.append({"tag": f"fit{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
-                if on_block is not None:
-                    on_block(job, scores)
-                else:
-                    jobs.append(job)
+                emit(job, scores)
                 del job
         return RidgeStatistics(source_spec, target_spec, scores, jobs, k, passes, budget, float(n_seen))
 
     @staticmethod
-    def _check_seen(n_seen, k, fs, dims_) -> None:
-        check_determined(
-            n_seen,
-            k * fs,
-            what=f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims",
-            fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise",
-        )
+    def _check_seen(
+        n_seen, k, fs, dims_, fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise"
+    ) -> None:
+        what = f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims"
+        check_determined(n_seen, k * fs, what=what, fix=fix)
 
     @staticmethod
     def _solve_layers(job, block, selection, alpha, dims_) -> dict:

@@ -1,8 +1,10 @@
-"""``kvbridge fit`` as library calls: :func:`fit_pair` (a loaded pair + settings -> mapping(s)).
+"""``kvbridge fit`` as library calls: :func:`fit_run` (a :class:`~kvbridge.run.Run` of a loaded pair and
+a :class:`FitSettings` -> mapping(s)), the one path every fit takes (``fit(...)``, the CLI, the demo,
+the benches; model objects given in Python are a run too, :func:`kvbridge.run.model_run`).
 
 :func:`prepare` does every check that needs no model (a replaceable ``out`` / ``keep_stats``, the
 fitter and its options, the corpus read and split), so a command can fail before loading anything;
-:func:`fit_pair` calls it when not given its result. The two paths that load no weights take the
+:func:`resolve` does, once, what needs the models. The two paths that load no weights take the
 references and the settings: :func:`plan_fit` (``--plan``) and :func:`refit` (``--from-stats``).
 Nothing is printed here: notes go to ``warn`` (default: :func:`warnings.warn`).
 """
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from kvbridge.errors import ConfigError
 from kvbridge.fit.settings import FitSettings
@@ -45,17 +48,33 @@ def option_values(settings: FitSettings) -> dict:
 
 @dataclass(frozen=True)
 class Prepared:
-    values: dict  # the fitter option values as given
-    options: Any  # the fitter's options dataclass, checked
-    data: Any  # calibration texts (or token ids)
+    """What a fit's settings resolve to: by :func:`prepare`, before any model loads, the fitter option
+    values as given, the fitter's options dataclass (checked), the data (texts, token ids or a corpus
+    path), the corpus hash and a folder corpus's split, the fitter plugin (loaded once); by
+    :func:`resolve`, against the models (the fit's job), the options with top-k clamped, the k sweep
+    (``((label, k), ...)``, None for one mapping), the calibration, the corpus path the manifest
+    records and the seconds between resumable checkpoints."""
+
+    values: dict
+    options: Any
+    data: Any
     corpus_sha256: str | None
-    split: Any  # a folder corpus's Split, else None
-    fitter: Any = None  # the fitter plugin instance (loaded once, here)
+    split: Any
+    fitter: Any = None
+    sweep: tuple | None = None
+    calibration: Any = None
+    corpus_path: Any = None
+    checkpoint_every: float = 60.0
 
 
-def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
+#: a :class:`Prepared` resolved against its run (:func:`resolve`)
+FitJob = Prepared
+
+
+def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None = None) -> Prepared:
     """Everything about ``settings`` that can be refused before a model loads; reads the corpus
-    (``data``, texts or token ids, replaces ``settings.corpus``)."""
+    (``data``, texts or token ids, replaces ``settings.corpus``). ``options``: fitter option values
+    given in Python (:func:`option_base`), under the settings' own."""
     from kvbridge.artifacts import check_replaceable
     from kvbridge.fit.artifact import KIND
     from kvbridge.fit.pipeline import SWEEP_KIND, fitter_options
@@ -67,89 +86,63 @@ def prepare(settings: FitSettings, *, data=None, host=None) -> Prepared:
         from kvbridge.fit.keep import KIND as STATS_KIND
 
         check_replaceable(settings.keep_stats, STATS_KIND, overwrite=settings.overwrite)
-    values = option_values(settings)
+    values = {**(options or {}), **option_values(settings)}
     fitter = (host or get_host()).get("fitter", settings.fitter)
-    options = fitter_options(fitter, values)
+    checked = fitter_options(fitter, values)
     if data is not None:
-        return Prepared(values, options, data, None, None, fitter)
+        return Prepared(values, checked, data, None, None, fitter)
     if settings.corpus is None:
         raise ConfigError("fit needs calibration data", "give --corpus (FitSettings.corpus), or data= in Python")
     from kvbridge.corpus import calibration_texts
 
     texts, sha, split = calibration_texts(settings.corpus, settings.corpus_heldout)
-    return Prepared(values, options, texts, sha, split, fitter)
+    return Prepared(values, checked, texts, sha, split, fitter)
 
 
-@dataclass(frozen=True)
-class FitJob:
-    """A fit resolved once against its run: the fitter and its options (top-k clamped, checked
-    against the models), the k sweep (``((label, k), ...)``, None for one mapping), the calibration,
-    the data (texts, token ids or a corpus path) and where the result goes."""
-
-    fitter: Any
-    options: Any
-    sweep: tuple | None
-    calibration: Any
-    data: Any
-    corpus_sha256: str | None = None
-    corpus_path: Any = None
-    corpus_split: Any = None
-    out: Any = None
-    overwrite: bool = False
-    resume: bool = False
-    keep_stats: Any = None
-    checkpoint_dir: Any = None
-    checkpoint_every: float = 60.0
-    fitter_name: str = "ridge"
-
-
-def same_named(cls, settings: FitSettings) -> dict:
+def same_named(cls, settings) -> dict:
     """The values of ``settings``' fields that ``cls`` (a dataclass) has a field of the same name for."""
     return {f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)}
 
 
-def resolve_top_k(fitter, options, top_k, *, given: bool, layers: int | None, name: str, warn=None):
+def source_layers(run) -> int | None:
+    layers = getattr(getattr(run.source.model, "config", None), "num_hidden_layers", None)
+    return layers if isinstance(layers, int) and layers > 0 else None
+
+
+def resolve_top_k(run, prepared: Prepared, warn=None):
     """``(options, sweep)``: a list of top-k values (or ``all``) becomes the sweep's ``((label, k), ...)``
     (``all`` alone: one mapping over every source layer) with the options' top-k the largest; a default
-    top-k (not ``given``) larger than the source's ``layers`` is clamped to them, and ``warn`` told."""
+    top-k (none given) larger than the source's layers is clamped to them, and ``warn`` told."""
     from kvbridge.fit.pipeline import fitter_options, sweep_labels
 
-    if isinstance(top_k, (list, tuple)) or top_k == "all" or (isinstance(top_k, str) and "," in top_k):
-        sweep = sweep_labels(top_k, layers)
-        options = fitter_options(fitter, options, top_k=max(k for _, k in sweep))
-        one = isinstance(top_k, str) and "," not in top_k  # "all" alone: one mapping, not a sweep
-        return options, (None if one else tuple(sweep))
+    s, options, layers = run.settings, prepared.options, source_layers(run)
+    if s.sweep or s.top_k == "all":
+        sweep = sweep_labels(list(s.top_k) if s.sweep else "all", layers)
+        options = fitter_options(prepared.fitter, options, top_k=max(k for _, k in sweep))
+        return options, (tuple(sweep) if s.sweep else None)  # "all" alone: one mapping, not a sweep
     default = getattr(options, "top_k", None)
+    given = s.top_k is not None or "top_k" in prepared.values
     if not given and layers is not None and isinstance(default, int) and default > layers:
+        name = getattr(run.source.ref, "ref", None) or run.source.name or "the source model"
         note = f"--top-k defaults to {default}, but {name} has {layers} layers: using --top-k {layers} (all of them)"
-        if warn is None:
-            warnings.warn(note, UserWarning, stacklevel=4)
-        else:
-            warn(note)
+        (warn or partial(warnings.warn, category=UserWarning, stacklevel=5))(note)
         options = replace(options, top_k=layers)
     return options, None
 
 
-def validate_job(run, job: FitJob, *, settings_checked: bool = False) -> None:
-    """The checks of a job, run once before any work: what needs the models (top-k against the source's
-    layers, the sequence length against both position limits) and the fitter options (alpha, the
-    ``--memory`` budget); the calibration values too unless a :class:`FitSettings` checked them."""
+def validate_job(run, job: FitJob) -> None:
+    """The checks of a job that need the models, run once before any work: top-k against the source's
+    layers, the sequence length against both position limits, the fitter options (alpha, the
+    ``--memory`` budget); the settings' own values were checked by :class:`FitSettings`."""
     from kvbridge.check import validate as v
 
     config, opts = job.calibration, job.options
-    smodel, tmodel = run.source.model, run.target.model
-    smax = getattr(smodel.config, "max_position_embeddings", None)
-    tmax = getattr(tmodel.config, "max_position_embeddings", None)
-    max_pos = min([m for m in (smax, tmax) if isinstance(m, int) and m > 0], default=None)
-    layers = getattr(smodel.config, "num_hidden_layers", None)
+    limits = [getattr(m.model.config, "max_position_embeddings", None) for m in (run.source, run.target)]
+    max_pos = min([m for m in limits if isinstance(m, int) and m > 0], default=None)
     if getattr(opts, "top_k", None) is not None:
-        v.top_k(opts.top_k, layers if isinstance(layers, int) else None)
+        v.top_k(opts.top_k, source_layers(run))
     if config.seq_len is not None:
         v.seq_len(config.seq_len, max_pos)
-        if not settings_checked:
-            v.stride(config.stride, config.seq_len, skip=config.skip)
-    if not settings_checked:
-        v.tokens(config.tokens)
     alpha = getattr(opts, "alpha", None)
     if alpha is not None and not isinstance(alpha, (list, tuple)):
         v.alpha(alpha)
@@ -158,12 +151,7 @@ def validate_job(run, job: FitJob, *, settings_checked: bool = False) -> None:
         v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
 
 
-def source_layers(run) -> int | None:
-    layers = getattr(getattr(run.source.model, "config", None), "num_hidden_layers", None)
-    return layers if isinstance(layers, int) and layers > 0 else None
-
-
-def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[[str], None] | None = None) -> FitJob:
+def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, checkpoint_every=60.0) -> FitJob:
     """The :class:`FitJob` of ``run`` (a :class:`~kvbridge.run.Run` of a :class:`FitSettings`): the
     settings' refusals (:func:`prepare`, unless given its result), then the checks that need the
     models, once; text calibration is checked to give the same ids with both tokenizers."""
@@ -171,57 +159,31 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn: Callable[
 
     s = run.settings
     prepared = prepared or prepare(s, data=data, host=run.host)
-    fitter = prepared.fitter
-    if fitter is None:
-        fitter = run.host.get("fitter", s.fitter)
-    top_k = (list(s.top_k) if s.sweep else "all") if (s.sweep or s.top_k == "all") else None
-    given = s.top_k is not None or "top_k" in prepared.values
-    ref = getattr(run.source.ref, "ref", None) or run.source.name
-    options, sweep = resolve_top_k(
-        fitter, prepared.options, top_k, given=given, layers=source_layers(run), name=ref, warn=warn
-    )
+    options, sweep = resolve_top_k(run, prepared, warn)
     check_budget(s.fitter, options, run.source.spec, run.target.spec)
-    texts = prepared.data
-    if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts):
-        check_same_tokens(list(texts), run.source.tokenizer, run.target.tokenizer)
-    calibration = CalibrationConfig(**same_named(CalibrationConfig, s), offset=s.tokens_offset)  # stride, seed, ...
-    job = FitJob(
-        fitter,
-        options,
-        sweep,
-        calibration,
-        texts,
-        corpus_sha256=prepared.corpus_sha256,
-        corpus_path=s.corpus if data is None else None,
-        corpus_split=prepared.split,
-        out=s.out,
-        overwrite=s.overwrite,
-        resume=s.resume,
-        keep_stats=s.keep_stats,
-        fitter_name=s.fitter,
-    )
-    validate_job(run, job, settings_checked=True)
+    texts, tok_s, tok_t = prepared.data, run.source.tokenizer, run.target.tokenizer
+    if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts) and tok_t not in (None, tok_s):
+        check_same_tokens(list(texts), tok_s, tok_t)
+    seq_len = None if getattr(texts, "ndim", 0) == 2 else s.seq_len  # [N, L] token ids: L is theirs
+    calibration = CalibrationConfig(**{**same_named(CalibrationConfig, s), "seq_len": seq_len}, offset=s.tokens_offset)
+    corpus_path = s.corpus if data is None else None
+    resolved = dict(options=options, sweep=sweep, calibration=calibration, checkpoint_every=checkpoint_every)
+    job = replace(prepared, corpus_path=corpus_path, **resolved)
+    validate_job(run, job)
     return job
 
 
-def fit_run(
-    run,
-    *,
-    data=None,
-    prepared: Prepared | None = None,
-    progress: Callable | None = None,
-    warn: Callable[[str], None] | None = None,
-    distributed: Any = "auto",
-):
+def fit_run(run, *, data=None, prepared=None, progress=None, warn=None, distributed="auto", checkpoint_every=60.0):
     """``kvbridge fit`` on a :class:`~kvbridge.run.Run` (a loaded pair, the host, a :class:`FitSettings`).
 
     Text is tokenized with the pair's tokenizer (both sides checked to give the same ids). Returns
     the :class:`~kvbridge.fit.mapping.FittedMapping`, or ``{label: mapping}`` for a top-k sweep;
     with ``settings.out`` it is written. ``progress``: the pipeline's ``(kind, tag, n)`` events;
-    ``distributed``: a :mod:`kvbridge.fit.distributed` context (``"auto"``: from the environment)."""
+    ``distributed``: a :mod:`kvbridge.fit.distributed` context (``"auto"``: from the environment);
+    ``checkpoint_every``: seconds between resumable checkpoints (``--resume``)."""
     from kvbridge.fit.pipeline import execute
 
-    job = resolve(run, data=data, prepared=prepared, warn=warn)
+    job = resolve(run, data=data, prepared=prepared, warn=warn, checkpoint_every=checkpoint_every)
     return execute(run, job, progress=progress, distributed=distributed)
 
 

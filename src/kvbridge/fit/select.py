@@ -17,48 +17,42 @@ import torch
 from kvbridge.fit.solve import DEFAULT_ALPHA, grouped_r2, solve
 
 
+def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
+    """``{"k", "v", "mean"}``: for each source group (``job.moments`` selectors, one column each) the
+    R² of a ridge from it to each target head of ``tgt`` (``[len(tgt), H_t]``, reduced by
+    ``per_group``), on the held-out statistics (training ones when there are none); ``"measured_on"``."""
+    held_split = "held" if job.n("held") >= 1 else "train"
+    out = {}
+    for kind in ("k", "v"):
+        cols = []
+        for sel in groups:
+            train = job.moments(kind, "train", tgt_layers=tgt, **sel)
+            held = job.moments(kind, held_split, tgt_layers=tgt, **sel)
+            w, b = solve(train, alpha)
+            cols.append(per_group(grouped_r2(w, b, held, len(tgt) * job.tgt_heads).view(len(tgt), job.tgt_heads)))
+        out[kind] = torch.stack(cols, -1).to(torch.float64)
+    out["mean"] = (out["k"] + out["v"]) / 2
+    out["measured_on"] = held_split
+    return out
+
+
 def single_layer_r2(job, *, alpha: float = DEFAULT_ALPHA, tgt_layers=None) -> dict:
     """``{"k": [T, S], "v": [T, S], "mean": [T, S]}`` head-averaged R² (rows: ``tgt_layers``).
 
     ``job`` is a :class:`~kvbridge.fit.stats.LayerStats` with ``full`` or ``layer`` blocks.
     """
     tgt = list(job.tgt_layers if tgt_layers is None else tgt_layers)
-    held_split = "held" if job.n("held") >= 1 else "train"
-    out = {}
-    for kind in ("k", "v"):
-        r2 = torch.zeros(len(tgt), len(job.src_layers), dtype=torch.float64)
-        for j, s in enumerate(job.src_layers):
-            train = job.moments(kind, "train", src_layers=[s], tgt_layers=tgt)
-            held = job.moments(kind, held_split, src_layers=[s], tgt_layers=tgt)
-            lam = alpha if isinstance(alpha, (int, float)) else DEFAULT_ALPHA
-            w, b = solve(train, lam)
-            r2[:, j] = grouped_r2(w, b, held, len(tgt) * job.tgt_heads).view(len(tgt), job.tgt_heads).mean(1)
-        out[kind] = r2
-    out["mean"] = (out["k"] + out["v"]) / 2
-    out["measured_on"] = held_split
-    return out
+    lam = alpha if isinstance(alpha, (int, float)) else DEFAULT_ALPHA
+    groups = [{"src_layers": [s]} for s in job.src_layers]
+    return _r2_table(job, tgt, groups, lam, lambda r2: r2.mean(1))
 
 
 def single_head_r2(job, tgt_layers, *, alpha: float = DEFAULT_ALPHA) -> dict:
     """``{"k", "v", "mean": [len(tgt_layers), H_t, S·H_s]}``: the held-out R² (training R² when
     there is no held-out split) of a ridge from one source (layer, head) to each target head, the
     last axis ``source layer index in job.src_layers · H_s + source head``; ``"measured_on"``."""
-    tgt = list(tgt_layers)
-    hs, ht = job.src_heads, job.tgt_heads
-    held_split = "held" if job.n("held") >= 1 else "train"
-    out = {}
-    for c in ("k", "v"):
-        sc = torch.zeros(len(tgt), ht, len(job.src_layers) * hs, dtype=torch.float64)
-        for j, s in enumerate(job.src_layers):
-            for h in range(hs):
-                tr = job.moments(c, "train", src_head=(s, h), tgt_layers=tgt)
-                he = job.moments(c, held_split, src_head=(s, h), tgt_layers=tgt)
-                w, b = solve(tr, alpha)
-                sc[:, :, j * hs + h] = grouped_r2(w, b, he, len(tgt) * ht).view(len(tgt), ht)
-        out[c] = sc
-    out["mean"] = (out["k"] + out["v"]) / 2
-    out["measured_on"] = held_split
-    return out
+    groups = [{"src_head": (s, h)} for s in job.src_layers for h in range(job.src_heads)]
+    return _r2_table(job, list(tgt_layers), groups, alpha, lambda r2: r2)
 
 
 def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""What ``kvbridge fit`` (and :func:`kvbridge.fit.run.fit_pair`) is asked to do.
+"""What ``kvbridge fit`` (and :func:`kvbridge.fit.fit`, :func:`kvbridge.fit.run.fit_run`) is asked to do.
 
 A frozen value with the CLI's defaults, one field per ``kvbridge fit`` option; bad values are
 refused here, as one-line :class:`~kvbridge.errors.ConfigError` naming the option and the fix, so
@@ -9,6 +9,7 @@ in the layering. Checks that need the fitter plugin or the files (fitter options
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -219,6 +220,8 @@ class FitSettings:
             object.__setattr__(self, name, path_value(getattr(self, name), flag))
         object.__setattr__(self, "fitter_options", _options(self.fitter_options))
         object.__setattr__(self, "top_k", _top_k(self.top_k))
+        if isinstance(self.estimator_options, Mapping):  # given in Python as a dict: its JSON text
+            object.__setattr__(self, "estimator_options", json.dumps(dict(self.estimator_options)))
         if not isinstance(self.fitter, str) or not self.fitter.strip():
             raise ConfigError("--fitter is empty", "name a fitter (`kvbridge plugins` lists them), e.g. ridge")
         _share(self.corpus_heldout, "--corpus-heldout", open_low=False)

@@ -158,16 +158,7 @@ class SklearnFitter:
                     r2s[c] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
                 else:
                     r2s[c] = None
-            layers.append(
-                LayerMap(
-                    "dense",
-                    tuple(selection[t]),
-                    maps["k"][0].float(),
-                    maps["k"][1].float(),
-                    maps["v"][0].float(),
-                    maps["v"][1].float(),
-                )
-            )
+            layers.append(LayerMap("dense", tuple(selection[t]), *(x.float() for c in "kv" for x in maps[c])))
             r2k.append(r2s["k"])
             r2v.append(r2s["v"])
         report = FitReport(

@@ -81,6 +81,18 @@ class _HeadSource:
         return self.job.n(split)
 
 
+def fit_head(moments, t: int, h: int, alpha, held_ok: bool) -> dict:
+    """``{"k" | "v": fit_group's result}`` of target head ``(t, h)`` from ``moments(kind, split)``, its
+    ``r2`` one number (nan when unmeasured): the solve of every per-head fit."""
+    out = {}
+    for c in ("k", "v"):
+        tr = moments(c, "train")
+        he = moments(c, "held") if held_ok else None
+        res = fit_group(tr, he, heads=1, alpha=alpha, what=f"target layer {t} head {h} {c.upper()}")
+        out[c] = {**res, "r2": res["r2"][0] if res["r2"] is not None else float("nan")}
+    return out
+
+
 def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dict:
     """``{k: mapping}`` for the per-head settings (see the module docstring)."""
     from kvbridge.fit.headstats import HeadStats
@@ -199,13 +211,9 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
             sl = per[(t, h)]
             rows = torch.cat([torch.arange(ds) + union.index(s) * hs * ds + g * ds for s, g in sl])
             cols = slice(h * dt, (h + 1) * dt)
-            for c in ("k", "v"):
-                tr = source.moments(t, h, c, "train", sl)
-                he = source.moments(t, h, c, "held", sl) if held_ok else None
-                res = fit_group(tr, he, heads=1, alpha=alpha, what=f"target layer {t} head {h} {c.upper()}")
-                w[c][rows, cols] = res["w"]
-                b[c][cols] = res["b"]
-                r2[c][h] = res["r2"][0] if res["r2"] is not None else float("nan")
+            got = fit_head(lambda c, split, t=t, h=h, sl=sl: source.moments(t, h, c, split, sl), t, h, alpha, held_ok)
+            for c, res in got.items():
+                w[c][rows, cols], b[c][cols], r2[c][h] = res["w"], res["b"], res["r2"]
                 lam[c].append(res["alpha"])
         layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
         r2k.append(r2["k"])

@@ -283,11 +283,8 @@ class TranslatorFitter:
             raise FitError("the translator needs training sequences (all are held out)", "lower --heldout")
         out_dim = target_spec.num_kv_heads * target_spec.head_dim
         params, fixed = init_params(data, options, out_dim)
-        for p in params.values():
-            for t in p.values():
-                t.requires_grad_(True)
         kind = options.kind
-        opt = AdamW(_flat(params), options.lr, options.weight_decay)
+        opt = AdamW([t.requires_grad_(True) for t in _flat(params)], options.lr, options.weight_decay)
         key = _run_key(options, data, ridge)
         folder = Path(options.resume) if options.resume else None
         ck = getattr(calibration, "checkpoint", None)
@@ -295,7 +292,10 @@ class TranslatorFitter:
             folder = Path(ck.folder) / "translator"
         resume_from = getattr(ck, "resume", True) if options.resume is None else True
 
-        before = {"train": measure(data, params, kind, train), "heldout": measure(data, params, kind, held)}
+        def measured():
+            return {"train": measure(data, params, kind, train), "heldout": measure(data, params, kind, held)}
+
+        before = measured()
         start, curve = 0, []
         if folder is not None and resume_from:
             got = load_state(folder, key, opt)
@@ -337,7 +337,7 @@ class TranslatorFitter:
         train_s = time.perf_counter() - t_train
         for t in opt.tensors:
             t.requires_grad_(False)
-        after = {"train": measure(data, params, kind, train), "heldout": measure(data, params, kind, held)}
+        after = measured()
         residual = {
             tensor_name(layer, name, n): t[layer].detach().clone()
             for name in ("k", "v")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbridge.fit.solve import FitError
+from kvbridge.fit.translator_mapping import features, rotate, stacked_delta
 
 
 @dataclass
@@ -108,7 +109,6 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
     sspec, tspec = cal.source_spec, cal.target_spec
     seq_len, lt = cal.seq_len, tspec.num_layers
     qpos = query_positions(seq_len, queries)
-    index = torch.tensor([[int(s) for s in lm.sources] for lm in ridge.layers])  # [L, k]
     parts: dict = {n: [] for n in ("xk", "xv", "bk", "bv", "q", "ref", "logp")}
     meta: list = []
     bs = cal.config.batch_size
@@ -120,9 +120,7 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
             state = cal.source_adapter.extract(cal.source_model, ids, spec=sspec)
             content = state.strip_rope(host=host, dtype=torch.float32)
             for name, layers in (("xk", content.keys), ("xv", content.values)):
-                src = torch.stack([t.float().cpu().transpose(1, 2).flatten(2) for t in layers], 1)  # [B, Ls, T, fs]
-                feats = src[:, index]  # [B, L, k, T, fs]
-                parts[name].append(feats.permute(0, 1, 3, 2, 4).flatten(3))  # [B, L, T, k·fs]
+                parts[name].append(features([t.float().cpu() for t in layers], ridge.layers))  # [B, L, T, k·fs]
             mapped = transfer(state, ridge, tspec, host=host)
             parts["bk"].append(torch.stack([k.float().cpu() for k in mapped.keys], 1))
             parts["bv"].append(torch.stack([v.float().cpu() for v in mapped.values], 1))
@@ -170,17 +168,8 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
     )
 
 
-def delta(x: torch.Tensor, params: dict, kind: str) -> torch.Tensor:
-    """Every layer's residual at once (:func:`kvbridge.fit.translator_mapping.stacked_delta`)."""
-    from kvbridge.fit.translator_mapping import stacked_delta
-
-    return stacked_delta(x, params, kind)
-
-
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rdim: int, interleaved: bool) -> torch.Tensor:
     """``x [B, L, H, T, D]`` rotated by per-layer tables ``[L, T, r]`` (the model's layout)."""
-    from kvbridge.fit.translator_mapping import rotate
-
     b, lt, h, t, d = x.shape
     flat = x.transpose(0, 1).reshape(lt, b * h, t, d)  # layers as the tables' batch
     out = rotate(flat, cos, sin, rdim, interleaved)
@@ -197,7 +186,7 @@ def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tu
         if tokens is not None:
             x, base = x[:, :, :tokens], base[:, :, :, :tokens]
         b, lt, h, t, d = base.shape
-        dl = delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
+        dl = stacked_delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
         if name == "k" and data.rope is not None:
             cos, sin, rdim, inter = data.rope
             dl = _rotate(dl, cos[:, :t], sin[:, :t], rdim, inter)
@@ -278,4 +267,4 @@ def kl_loss(data: TrainingData, params: dict, kind: str, rows, model) -> torch.T
     return (native.exp() * (native - logp)).sum(-1).mean()
 
 
-__all__ = ["TrainingData", "collect", "layer_losses", "measure", "kl_loss", "query_positions", "mapped", "delta"]
+__all__ = ["TrainingData", "collect", "layer_losses", "measure", "kl_loss", "query_positions", "mapped"]

@@ -47,6 +47,14 @@ def stacked_delta(x: torch.Tensor, params: dict, kind: str) -> torch.Tensor:
     return hidden @ params["w2"] + params["b2"][:, None]
 
 
+def features(layers: list, maps: list) -> torch.Tensor:
+    """``[B, L, T, k·fs]``: the content K (or V) each target layer's map in ``maps`` reads, from the
+    source's per-layer ``layers`` (``[B, H_s, T, D_s]`` each), in ``[layer, head, dim]`` order."""
+    index = torch.tensor([[int(s) for s in lm.sources] for lm in maps], device=layers[0].device)  # [L, k]
+    stacked = torch.stack([x.float().transpose(1, 2).flatten(2) for x in layers], 1)  # [B, Ls, T, fs]
+    return stacked[:, index].permute(0, 1, 3, 2, 4).flatten(3)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
     """``x [B, H, T, D]`` rotated on its first ``rotary_dim`` dims by tables ``cos``/``sin``
     ``[B, T, rotary_dim]`` (:func:`kvbridge.rope.tables`, the model's layout and scaling); pure
@@ -112,13 +120,9 @@ class TranslatorMapping(FittedMapping):
         out_k, out_v = super().map_tensors(keys, values, dtype=torch.float32)
         b, _, t, _ = keys[0].shape
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
-        device = keys[0].device
-        index = torch.tensor([[int(s) for s in lm.sources] for lm in self.layers], device=device)  # [L, k]
-        params = self.stacked(device)
+        params = self.stacked(keys[0].device)
         for kind, src, out in (("k", keys, out_k), ("v", values, out_v)):
-            stacked = torch.stack([x.float().transpose(1, 2).flatten(2) for x in src], 1)  # [B, Ls, T, fs]
-            x = stacked[:, index].permute(0, 1, 3, 2, 4).flatten(3)  # [B, L, T, k·fs]
-            del stacked
+            x = features(src, self.layers)  # [B, L, T, k·fs]
             p = params[kind]
             x = (x - p["mu"][:, None]) * p["inv"][:, None]
             delta = stacked_delta(x, p, self.residual_kind).view(b, len(self.layers), t, ht, dt).transpose(2, 3)
@@ -168,6 +172,7 @@ def with_residual(mapping: FittedMapping, tensors: dict, record: dict) -> Transl
 __all__ = [
     "RESIDUAL_MODE",
     "stacked_delta",
+    "features",
     "TranslatorMapping",
     "with_residual",
     "rotate",

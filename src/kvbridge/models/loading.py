@@ -80,23 +80,20 @@ def _quiet():
 @contextmanager
 def _no_gguf_progress(active: bool):
     """transformers' GGUF loader draws its own tqdm bar (not switched off by its logging): hide it."""
-    if not active:
-        yield
-        return
-    try:
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover - other transformers layouts
-        yield
-        return
-    original = getattr(gguf_utils, "tqdm", None)
-    if original is None:
-        yield
-        return
-    gguf_utils.tqdm = partial(original, disable=True)
+    gguf_utils = original = None
+    if active:
+        try:
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        except ImportError:  # pragma: no cover - other transformers layouts
+            pass
+        original = getattr(gguf_utils, "tqdm", None)
+    if original is not None:
+        gguf_utils.tqdm = partial(original, disable=True)
     try:
         yield
     finally:
-        gguf_utils.tqdm = original
+        if original is not None:
+            gguf_utils.tqdm = original
 
 
 def _one_line(exc: BaseException) -> str:
@@ -156,8 +153,7 @@ def require_folder(ref: ModelRef) -> None:
 
 
 def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
-    """The causal LM of ``ref`` in ``dtype`` on ``device``, in eval mode."""
-    require_weights(ref)
+    """The causal LM of ``ref`` (weights checked there by :func:`load`) in ``dtype`` on ``device``, in eval mode."""
     import torch
 
     from kvbridge.models.hf_loader import RemoteCodeError, model_from_pretrained

@@ -34,6 +34,15 @@ class ModelPair:
         return self.source.fingerprint == self.target.fingerprint
 
 
+def is_ref(obj) -> bool:
+    """A model reference (a name, a path, a :class:`~kvbridge.models.ModelRef`), not a loaded model."""
+    from os import PathLike
+
+    from kvbridge.models.ref import ModelRef
+
+    return isinstance(obj, (str, PathLike, ModelRef))
+
+
 def shared_tokenizer(src, tgt) -> tuple[dict, str]:
     """``(fingerprint, note)`` of the tokenizer two resolved references share, or a one-line refusal
     with ``check``'s reason; ``note`` describes a partial match (added tokens, BOS handling)."""
@@ -71,20 +80,27 @@ def _same_files(a, b) -> bool:
 def load_pair(
     source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
 ) -> ModelPair:
-    """Resolve, check the shared tokenizer, then load both (``source``/``target``: references or
-    already resolved :class:`~kvbridge.models.ModelRef`)."""
+    """Resolve, check the shared tokenizer, then load both (``source``/``target``: references, already
+    resolved :class:`~kvbridge.models.ModelRef` s, or :class:`~kvbridge.models.loading.LoadedModel` s,
+    kept as they are)."""
     from kvbridge.models.loading import load
     from kvbridge.models.ref import ModelRef
     from kvbridge.models.resolve import resolve
 
-    src = source if isinstance(source, ModelRef) else resolve(source, host=host)
-    tgt = target if isinstance(target, ModelRef) else resolve(target, host=host)
+    def ref_of(side):
+        if hasattr(side, "fingerprint"):  # a LoadedModel
+            return side.ref
+        return side if isinstance(side, ModelRef) else resolve(side, host=host)
+
+    src, tgt = ref_of(source), ref_of(target)
     fingerprint, note = shared_tokenizer(src, tgt)  # before any weights are read
-    loaded_src = load(src, dtype=dtype, device=device, host=host)
+    loaded_src = source if hasattr(source, "fingerprint") else load(src, dtype=dtype, device=device, host=host)
+    if hasattr(target, "fingerprint"):
+        return ModelPair(loaded_src, target, fingerprint, note)
     if _same_files(src, tgt):  # one model on both sides (an identity pair): loaded once, shared
         return ModelPair(loaded_src, loaded_src, fingerprint, note)
     loaded_tgt = load(tgt, dtype=dtype, device=device, tokenizer=target_tokenizer, host=host)
     return ModelPair(loaded_src, loaded_tgt, fingerprint, note)
 
 
-__all__ = ["ModelPair", "load_pair", "shared_tokenizer"]
+__all__ = ["ModelPair", "is_ref", "load_pair", "shared_tokenizer"]
