@@ -5,6 +5,8 @@ from __future__ import annotations
 from os import PathLike
 from typing import Any, Mapping
 
+from kvbridge.models.loading import load as load_model  # the one loader (float32 unless ``dtype`` says otherwise)
+from kvbridge.models.pair import load_pair  # noqa: F401 - public (the shared tokenizer checked before weights load)
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
 
@@ -35,14 +37,6 @@ def resolve_model(ref, host=None):
     from kvbridge.models import resolve
 
     return resolve(ref, host=host)
-
-
-def load_model(ref, dtype: str | None = None, device: str = "cpu", host=None):
-    """A :class:`~kvbridge.models.LoadedModel` (model, tokenizer, config, ref, spec, fingerprint); float32
-    unless ``dtype`` says otherwise (see :func:`kvbridge.models.load`)."""
-    from kvbridge.models import load
-
-    return load(ref, dtype=dtype, device=device, host=host)
 
 
 def adapter_for(model_or_config: Any, host=None):
@@ -82,14 +76,6 @@ def generate_from(model, state, input_ids, host=None, **generate_kwargs):
     from kvbridge.handoff import generate
 
     return generate(model, state, input_ids, host=host, **generate_kwargs)
-
-
-def load_pair(source, target, dtype: str | None = None, device: str = "cpu", host=None):
-    """A :class:`~kvbridge.models.pair.ModelPair`: both references resolved, the shared tokenizer
-    checked before any weights load, both models loaded once (see :func:`kvbridge.models.pair.load_pair`)."""
-    from kvbridge.models.pair import load_pair as _load
-
-    return _load(source, target, dtype=dtype, device=device, host=host)
 
 
 def fit(source, target=None, data=None, settings=None, *, host=None, progress=None, warn=None, **fields):
