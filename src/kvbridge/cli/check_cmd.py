@@ -116,13 +116,8 @@ def check(
     2 on bad input (unreadable config, unknown model, no KV cache).
     """
     from kvbridge.models.compat import check_models
-    from kvbridge.plugins import get_host
-    from kvbridge.models.resolve import resolve
 
-    host = get_host()
-    src = resolve(source, host=host)
-    tgt = resolve(target, host=host)
-    report = check_models(src, tgt, host=host, source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer)
+    report = check_models(source, target, source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer)
     if as_json:
         click.echo(report.to_json())
         if strict and report.ok and report.strict_failures():

@@ -70,17 +70,7 @@ def gguf_tokenizer_fingerprint(info: GGUFInfo):
     tokens_meta = meta.get("tokenizer.ggml.tokens")
     if tokens_meta is None:
         return None
-    key = _cache_key(meta)
-    cache_file = tf._cache_path()
-    hit = tf._cache_load(cache_file).get(key) if cache_file is not None else None
-    if isinstance(hit, dict):
-        try:
-            return tf.TokenizerFingerprint.from_dict(hit)
-        except (KeyError, ValueError, TypeError):
-            pass
-    fp = _compute(info, tf)
-    tf._cache_store(cache_file, key, fp)
-    return fp
+    return tf.cached(lambda: _cache_key(meta), lambda: _compute(info, tf))
 
 
 def _compute(info: GGUFInfo, tf):

@@ -270,6 +270,9 @@ class DecoderAdapter(FamilyAdapter):
     HEAD_DIM_KEY: ClassVar[str | None] = "head_dim"
     DEFAULT_HEAD_DIM: ClassVar[int | None] = None
     DEFAULT_THETA: ClassVar[float] = 10000.0
+    #: top-level config keys of the RoPE base and rotated fraction, in the order the model reads them
+    THETA_KEYS: ClassVar[tuple] = ("rope_theta",)
+    PARTIAL_KEYS: ClassVar[tuple] = ("partial_rotary_factor",)
     #: True when the model rotates only the first ``partial_rotary_factor`` of each head
     PARTIAL_ROTARY: ClassVar[bool] = False
     DEFAULT_PARTIAL: ClassVar[float | None] = None
@@ -361,7 +364,12 @@ class DecoderAdapter(FamilyAdapter):
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(
-            cfg, default_theta=self.DEFAULT_THETA, default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions
+            cfg,
+            default_theta=self.DEFAULT_THETA,
+            theta_keys=self.THETA_KEYS,
+            partial_keys=self.PARTIAL_KEYS,
+            default_partial=self.DEFAULT_PARTIAL,
+            max_positions=max_positions,
         )
 
     def _partial_factor(self, params: Mapping, head_dim: int) -> float:

@@ -39,6 +39,13 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
   (aliases ``num_hidden_layers`` ... are read too). Cache: all heads, head dim ``n_embd // n_head``.
   Positions: learned absolute embeddings (``wpe``) added to the input: cached keys carry no
   rotation, so ``positional`` is ``"absolute"``, ``rope`` is None and the model has no rotary module.
+- ``gpt_neox`` (GPT-NeoX / Pythia): all ``num_attention_heads`` cached (no GQA), head dim
+  ``hidden_size // num_attention_heads``. Partial RoPE, half-split within the first ``rotary_pct``
+  of the head (default 0.25), base ``rotary_emb_base`` (default 10000); transformers reads those
+  legacy names, or ``rope_parameters`` / ``rope_scaling``; a top-level ``rope_theta`` or
+  ``partial_rotary_factor`` is *ignored* by ``GPTNeoXConfig`` in 5.24, so it is ignored here too.
+  Rotary module: ``model.gpt_neox.rotary_emb``. (The fused QKV projection is interleaved per head,
+  which does not affect the cache layout.)
 - ``olmo2`` (AllenAI OLMo 2): half-split RoPE, whole head; q/k RMSNorm before RoPE over the *whole*
   projection (``num_heads * head_dim`` wide, not per head): ``extras["qk_norm_scope"] ==
   "projection"``.
@@ -240,7 +247,27 @@ Olmo2Adapter = family(
     QK_NORM=True,
     EXTRAS={"qk_norm_scope": "projection"},
 )
-
+_NEOX = {k: v for k, v in tiny_base("gpt_neox").items() if k not in ("num_key_value_heads", "rope_theta")}
+GPTNeoXAdapter = family(
+    "GPTNeoXAdapter",
+    "gpt_neox",
+    "GPT-NeoX/Pythia: MHA, partial half-split RoPE (rotary_pct, default 0.25)",
+    {
+        "legacy": {**_NEOX, "rotary_pct": 0.25, "rotary_emb_base": 10000},
+        "rope_parameters": {
+            **_NEOX,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
+        },
+    },
+    DEFAULT_VOCAB=50432,
+    DEFAULT_MAX_POSITIONS=2048,
+    HEAD_DIM_KEY=None,
+    MHA=True,
+    PARTIAL_ROTARY=True,
+    DEFAULT_PARTIAL=0.25,
+    THETA_KEYS=("rotary_emb_base",),
+    PARTIAL_KEYS=("rotary_pct",),
+)
 GPT2Adapter = family(
     "GPT2Adapter",
     "gpt2",
@@ -286,6 +313,7 @@ ADAPTERS = {
         StableLmAdapter,
         CohereAdapter,
         Olmo2Adapter,
+        GPTNeoXAdapter,
         GPT2Adapter,
     )
 }
