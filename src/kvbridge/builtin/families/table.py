@@ -46,6 +46,12 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
   ``partial_rotary_factor`` is *ignored* by ``GPTNeoXConfig`` in 5.24, so it is ignored here too.
   Rotary module: ``model.gpt_neox.rotary_emb``. (The fused QKV projection is interleaved per head,
   which does not affect the cache layout.)
+- ``gptj`` (GPT-J): GPT-2's config names; all heads cached, head dim ``n_embd // n_head``. RoPE:
+  *interleaved* pairs ``(2i, 2i+1)`` (``rotate_every_two``) over the first ``rotary_dim`` dims
+  (default 64; ``null`` = the whole head), fixed base 10000 (GPT-J has no rope parameters). Rotary
+  module: ``model.transformer.rotary_emb``, which is unlike the others: it holds a precomputed
+  ``embed_positions`` table of ``n_positions`` rows and returns ``(sin, cos)`` at half width
+  (``rotary_dim // 2``), repeat-interleaved inside attention.
 - ``olmo2`` (AllenAI OLMo 2): half-split RoPE, whole head; q/k RMSNorm before RoPE over the *whole*
   projection (``num_heads * head_dim`` wide, not per head): ``extras["qk_norm_scope"] ==
   "projection"``.
@@ -268,35 +274,47 @@ GPTNeoXAdapter = family(
     THETA_KEYS=("rotary_emb_base",),
     PARTIAL_KEYS=("rotary_pct",),
 )
-GPT2Adapter = family(
-    "GPT2Adapter",
-    "gpt2",
-    "GPT-2: MHA, learned absolute position embeddings (no RoPE)",
-    {
-        "default": {
-            "model_type": "gpt2",
-            "n_layer": 2,
-            "n_embd": 64,
-            "n_head": 4,
-            "n_positions": 64,
-            "vocab_size": 128,
-            "n_inner": 128,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "dtype": "float32",
-        }
-    },
+_GPT2_TINY = {
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_positions": 64,
+    "vocab_size": 128,
+    "n_inner": 128,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "dtype": "float32",
+}
+_GPT2_NAMES = dict(  # GPT-2's config names, and transformers' aliases
     LAYERS_KEYS=("n_layer", "num_hidden_layers"),
     HEADS_KEYS=("n_head", "num_attention_heads"),
     HIDDEN_KEYS=("n_embd", "hidden_size"),
     MAX_POSITIONS_KEYS=("n_positions", "max_position_embeddings"),
-    DEFAULT_VOCAB=50257,
-    DEFAULT_MAX_POSITIONS=1024,
     HEAD_DIM_KEY=None,
     MHA=True,
+)
+GPTJAdapter = family(
+    "GPTJAdapter",
+    "gptj",
+    "GPT-J: MHA, interleaved partial RoPE over rotary_dim, base 10000",
+    {"default": {"model_type": "gptj", **_GPT2_TINY, "rotary_dim": 8}},
+    **_GPT2_NAMES,
+    DEFAULT_VOCAB=50400,
+    DEFAULT_MAX_POSITIONS=2048,
+    INTERLEAVED=True,
+    ROTARY_DIM=("rotary_dim", 64),
+)
+GPT2Adapter = family(
+    "GPT2Adapter",
+    "gpt2",
+    "GPT-2: MHA, learned absolute position embeddings (no RoPE)",
+    {"default": {"model_type": "gpt2", **_GPT2_TINY}},
+    **_GPT2_NAMES,
+    DEFAULT_VOCAB=50257,
+    DEFAULT_MAX_POSITIONS=1024,
     POSITIONAL="absolute",
 )
 
@@ -314,6 +332,7 @@ ADAPTERS = {
         CohereAdapter,
         Olmo2Adapter,
         GPTNeoXAdapter,
+        GPTJAdapter,
         GPT2Adapter,
     )
 }
