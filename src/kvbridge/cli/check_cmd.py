@@ -10,7 +10,7 @@ import textwrap
 
 import click
 
-from kvbridge.cli.options import fmt_rope, fmt_text, fmt_value, json_option  # noqa: F401 - fmt_rope kept importable here
+from kvbridge.cli.options import fmt_text, fmt_value, json_option
 
 VERDICT_COLOURS = {
     "same": "green",

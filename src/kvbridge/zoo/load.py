@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbridge.zoo import ZOO_NAMES, model_dir, zoo_dir
+from kvbridge.zoo import model_dir
 
-__all__ = ["ZOO_NAMES", "zoo_dir", "load_zoo_model"]
+__all__ = ["load_zoo_model"]
 
 
 def load_zoo_model(name: str, dtype="float32", root: Path | None = None, device="cpu"):
