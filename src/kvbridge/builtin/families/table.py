@@ -1,7 +1,7 @@
 """The built-in families that differ from :class:`~kvbridge.builtin.families._common.DecoderAdapter`
-only in constants: one row each (its ``model_type``, a one-line description, transformers' class
-defaults and the tiny test configs). A family whose model reads its config in a way of its own keeps
-a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
+only in constants (and Qwen's sliding layout, one function): one row each (its ``model_type``, a
+one-line description, transformers' class defaults and the tiny test configs). A family whose model
+reads its config in a way of its own keeps a file (``phi3.py``, ``falcon.py``, ``gemma3_text.py`` ...).
 
 - ``llama``: the reference RoPE decoder (Llama 2, 3, 3.1, 3.2 ...). Cache: ``num_key_value_heads``
   heads (GQA; default = query heads), ``head_dim`` (explicit, else ``hidden_size //
@@ -12,6 +12,12 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
   when it is set (the class default is 4096 when the key is absent; ``null`` means full
   attention). A ``layer_types`` key is ignored by ``MistralModel`` (transformers only warns), so it
   is ignored here too.
+- ``qwen2`` (Qwen2 / Qwen2.5): ``num_key_value_heads`` (GQA; class default 32 when absent), head
+  dim ``head_dim`` if the config has one, else ``hidden_size // num_attention_heads``. RoPE:
+  half-split, whole head. Sliding window, as ``Qwen2Config`` decides it: ``sliding_window`` counts
+  only when ``use_sliding_window`` is true, and then only layers ``i >= max_window_layers`` slide
+  (an explicit ``layer_types`` wins). Published Qwen2/2.5 checkpoints ship
+  ``use_sliding_window: false``: all layers full.
 - ``qwen3``: Qwen2's layout (GQA, half-split RoPE, sliding only with ``use_sliding_window`` above
   ``max_window_layers``) plus per-head RMSNorm of q and k *before* RoPE (``qk_norm``). ``head_dim``
   defaults to 128 when absent (``Qwen3Config`` default), not to ``hidden_size //
@@ -64,9 +70,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Mapping
 
-from kvbridge.builtin.families._common import DecoderAdapter, tiny_base
-from kvbridge.builtin.families.qwen2 import Qwen2Adapter
+from kvbridge.builtin.families._common import (
+    DecoderAdapter,
+    flag,
+    get,
+    layer_types_from,
+    optional_positive_int,
+    tiny_base,
+)
+from kvbridge.errors import ConfigError
+from kvbridge.spec import FULL, SLIDING
 
 
 def family(cls_name: str, model_type: str, description: str, tiny: dict, base=DecoderAdapter, **defaults) -> type:
@@ -143,6 +158,42 @@ MistralAdapter = family(
     DEFAULT_KV_HEADS=8,
     DEFAULT_WINDOW=4096,
     ALL_SLIDING=True,
+)
+
+
+def qwen_layout(
+    cfg: Mapping, num_layers: int, *, default_window: int = 4096, default_max_window_layers: int = 28
+) -> tuple:
+    """(window, layer types) the way Qwen2Config / Qwen3Config compute them."""
+    window = optional_positive_int(cfg, "sliding_window", default_window)
+    if not flag(cfg, "use_sliding_window", False):
+        window = None
+    max_window_layers = get(cfg, "max_window_layers", default_max_window_layers)
+    if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int) or max_window_layers < 0:
+        raise ConfigError(
+            f"config field 'max_window_layers' must be an integer >= 0, got {max_window_layers!r}",
+            "set 'max_window_layers' to the number of leading full-attention layers",
+        )
+    default = [SLIDING if window is not None and i >= max_window_layers else FULL for i in range(num_layers)]
+    return window, layer_types_from(cfg, num_layers, default)
+
+
+Qwen2Adapter = family(
+    "Qwen2Adapter",
+    "qwen2",
+    "Qwen2/2.5: GQA, half-split RoPE, optional sliding window above max_window_layers",
+    {
+        "default": tiny_base("qwen2", sliding_window=32768, use_sliding_window=False, max_window_layers=2),
+        # layer 0 full, layers 1-2 slide over 4 tokens
+        "sliding": tiny_base(
+            "qwen2", num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        ),
+    },
+    DEFAULT_VOCAB=151936,
+    DEFAULT_MAX_POSITIONS=32768,
+    DEFAULT_KV_HEADS=32,
+    _layout=lambda self, cfg, num_layers: qwen_layout(cfg, num_layers),
+    _extras=lambda self, cfg: {"use_sliding_window": flag(cfg, "use_sliding_window", False)},
 )
 Qwen3Adapter = family(
     "Qwen3Adapter",
@@ -324,6 +375,7 @@ ADAPTERS = {
     for cls in (
         LlamaAdapter,
         MistralAdapter,
+        Qwen2Adapter,
         Qwen3Adapter,
         GemmaAdapter,
         Gemma2Adapter,
