@@ -159,10 +159,10 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
 
 
 # -- readers -----------------------------------------------------------------------------------
-def _load_json(path: Path) -> Any:
+def _load_json(path: Path, object_only: bool = False) -> Any:
     from kvbridge.check.validate import load_json
 
-    return load_json(path, what="tokenizer file", object_only=False)
+    return load_json(path, what=f"{path.name} file", object_only=object_only)
 
 
 def _token_content(value: Any) -> str | None:
@@ -360,11 +360,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         used.append("tokenizer.json")
     elif "vocab.json" in by_name:
         path = by_name["vocab.json"]
-        vocab = _load_json(path)
-        if not isinstance(vocab, Mapping):
-            raise ConfigError(
-                f"{path}: expected a JSON object of token -> id", "replace vocab.json with the model's published file"
-            )
+        vocab = _load_json(path, object_only=True)  # token -> id
         base = {int(i): str(t) for t, i in vocab.items()}
         kind = "bpe"
         used.append("vocab.json")
@@ -403,9 +399,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins over the map
         if name not in by_name:
             continue
-        data = _load_json(by_name[name])
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{by_name[name]}: expected a JSON object", f"replace {name}")
+        data = _load_json(by_name[name], object_only=True)
         used.append(name)
         for role in ROLES:
             if role in data:
