@@ -31,10 +31,11 @@ def mapping(tmp_path_factory):
     import torch
 
     from kvbridge.evaluate import model_samples
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
     torch.set_num_threads(1)
-    model, tok = load_zoo_model("base")
+    loaded = load("zoo:base")
+    model, tok = loaded.model, loaded.tokenizer
     folder = tmp_path_factory.mktemp("harness-cli")
     ids = model_samples(model, n=8, length=100, seed=3)
     corpus = folder / "corpus.txt"

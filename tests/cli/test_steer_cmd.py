@@ -205,10 +205,11 @@ def test_transfer_through_a_fitted_mapping(built, tmp_path):
 
     from kvbridge.fit import fit
     from kvbridge.steer.artifact import read_vector
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
-    source, tok = load_zoo_model("base")
-    target, _ = load_zoo_model("tuned")
+    loaded = load("zoo:base")
+    source, tok = loaded.model, loaded.tokenizer
+    target = load("zoo:tuned").model
     torch.manual_seed(0)
     start = tok("\n", return_tensors="pt").input_ids.repeat(6, 1)
     texts = tok.batch_decode(source.generate(start, do_sample=True, top_k=40, max_new_tokens=40))

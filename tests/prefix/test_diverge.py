@@ -170,3 +170,9 @@ def test_a_pack_of_another_guide_is_refused(env, tmp_path, tiny_guide, tiny_prom
     out = save_pack(model, tmp_path / "p", guide_text="Something else entirely.", tokenizer=tok)
     with pytest.raises(KVBridgeError, match="is not the ghost"):
         diverge(model, tok, tiny_guide, tiny_prompt, seeds=1, max_new_tokens=2, pack=load_pack(out, model))
+
+
+def test_a_run_beyond_the_model_positions_is_refused_before_any_path_runs(env, tiny_guide, tiny_prompt):
+    model, tok = env  # 96 positions
+    with pytest.raises(KVBridgeError, match=r"new tokens = \d+ tokens exceed the model's 96 positions"):
+        diverge(model, tok, tiny_guide, tiny_prompt, seeds=1, max_new_tokens=90)

@@ -18,7 +18,8 @@ from kvbridge.prefix.packs import (
     recompute_check,
     save_pack,
 )
-from kvbridge.prefix.splits import SplitError, encode, load_tokenizer
+from kvbridge.models.tokenizer_load import load_tokenizer
+from kvbridge.prefix.splits import SplitError, encode
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "src" / "kvbridge" / "manifests" / "schemas" / "prefix-pack.schema.json"

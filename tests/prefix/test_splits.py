@@ -9,14 +9,8 @@ import random
 
 import pytest
 
-from kvbridge.prefix.splits import (
-    SplitError,
-    TokenizerError,
-    encode,
-    exact_split,
-    load_tokenizer,
-    split_text,
-)
+from kvbridge.models.tokenizer_load import TokenizerError, load_tokenizer
+from kvbridge.prefix.splits import SplitError, encode, exact_split, split_text
 
 GUIDE = "You are a careful assistant. Answer in a numbered list, one item per line."
 LIVE = "List three fruits."

@@ -27,16 +27,16 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def zoo_base():
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
-    return load_zoo_model("base")[0]
+    return load("zoo:base").model
 
 
 @pytest.fixture(scope="module")
 def zoo_stranger():
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
-    return load_zoo_model("stranger")[0]
+    return load("zoo:stranger").model
 
 
 def adapter(model):

@@ -11,9 +11,10 @@ from click.testing import CliRunner
 @pytest.fixture(scope="module")
 def corpus(zoo_base, tmp_path_factory):
     from kvbridge.evaluate import model_samples
-    from kvbridge.zoo.load import load_zoo_tokenizer
+    from kvbridge.models.loading import load_tokenizer_of
+    from kvbridge.models.resolve import resolve
 
-    tok = load_zoo_tokenizer()
+    tok = load_tokenizer_of(resolve("zoo:base"))
     ids = model_samples(zoo_base, n=8, length=100, seed=5)
     path = tmp_path_factory.mktemp("corpus") / "text.txt"
     path.write_text("\n".join(tok.decode(row[1:]) for row in ids), encoding="utf-8")

@@ -13,9 +13,10 @@ PAIRS = [
 
 @pytest.fixture(scope="session")
 def zoo_base():
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
-    return load_zoo_model("base")
+    loaded = load("zoo:base")
+    return loaded.model, loaded.tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,7 @@ def test_transfer_through_identity_is_exact_and_through_a_map_is_its_linear_part
 
 
 def test_artifact_round_trip_and_refusal_of_another_model(zoo_base, zoo_vector, tmp_path):
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
     model, tok = zoo_base
     out = save_vector(zoo_vector, tmp_path / "vec", model)
@@ -114,11 +114,11 @@ def test_artifact_round_trip_and_refusal_of_another_model(zoo_base, zoo_vector, 
         )
     )
     load_vector(out, model)
-    tuned, _ = load_zoo_model("tuned")
+    tuned = load("zoo:tuned").model
     with pytest.raises(VectorMismatchError) as err:
         load_vector(out, tuned)
     assert "weights" in str(err.value) and "\n" not in str(err.value)
-    odd, _ = load_zoo_model("odd")
+    odd = load("zoo:odd").model
     with pytest.raises(VectorMismatchError, match="geometry"):
         load_vector(out, odd)
 

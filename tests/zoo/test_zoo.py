@@ -179,6 +179,16 @@ def test_unknown_model_is_a_one_line_error():
         model_dir("nope", ROOT)
 
 
+def test_unbuilt_zoo_names_the_rebuild(monkeypatch, tmp_path):
+    from kvbridge.errors import ConfigError
+    from kvbridge.models import resolve
+
+    monkeypatch.setenv("KVBRIDGE_ZOO_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="config.json is missing") as err:
+        resolve("zoo:base")
+    assert "reinstall kvbridge" in err.value.fix
+
+
 def test_zoo_list_does_not_import_torch():
     code = "\n".join(
         [

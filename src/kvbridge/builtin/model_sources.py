@@ -8,11 +8,14 @@ from kvbridge.hookspecs import hookimpl
 
 
 def _zoo(rest: str):
-    from kvbridge.zoo import ZOO_NAMES, model_dir
+    from kvbridge.zoo import REBUILD, ZOO_NAMES, model_dir
 
     if not rest:
         raise ConfigError("zoo: needs a model name", f"use one of: {', '.join('zoo:' + n for n in ZOO_NAMES)}")
-    return model_dir(rest)
+    folder = model_dir(rest)
+    if not (folder / "config.json").is_file():  # a known name whose files were not shipped or built
+        raise ConfigError(f"zoo file {folder / 'config.json'} is missing", REBUILD)
+    return folder
 
 
 @hookimpl

@@ -10,7 +10,6 @@ and :func:`describe_config` / manifest geometry.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -37,30 +36,10 @@ MANIFEST_KEYS = {
 
 # -- config files --------------------------------------------------------------------------------
 def read_json_object(path: Path, what: str = "config") -> dict:
-    """A JSON object from ``path``, or a one-line ConfigError naming the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(
-            f"{path}: not a text file (expected a JSON {what})", f"pass the model's {what} JSON file"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(
-            f"{path}: cannot be read ({exc.strerror or exc})", "check the path and its permissions"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
-            f"fix the file or pass the model's published {what}",
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: expected a JSON object at the top level, got {type(data).__name__}",
-            f"pass a {what} file (a JSON object of fields)",
-        )
-    return data
+    """A JSON object from ``path`` (:func:`kvbridge.check.validate.load_json`), or a one-line error naming the file."""
+    from kvbridge.check.validate import load_json
+
+    return load_json(path, what=what)
 
 
 # -- manifests ------------------------------------------------------------------------------------
@@ -111,14 +90,9 @@ def _read_manifest_file(path: Path) -> list[dict]:
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})", "fix the manifest file") from None
     else:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})", "fix the manifest file"
-            ) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot be read ({exc})", "fix the manifest file") from None
+        from kvbridge.check.validate import load_json
+
+        data = load_json(path, what="manifest file", object_only=False)
     if isinstance(data, dict) and "models" in data and "id" not in data:
         records = data["models"]
         if not isinstance(records, list):

@@ -32,9 +32,10 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kvbridge.errors import ConfigError
+from kvbridge.paths import cache_file, cache_read, cache_write
 
 #: files that carry a tokenizer, in the order they are looked for
 TOKENIZER_FILES = (
@@ -158,18 +159,10 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
 
 
 # -- readers -----------------------------------------------------------------------------------
-def _load_json(path: Path, field: str = "") -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})",
-            "replace the file with the model's published tokenizer file",
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"{path}: cannot be read ({type(exc).__name__}: {exc})", "check the file's permissions and encoding"
-        ) from None
+def _load_json(path: Path, object_only: bool = False) -> Any:
+    from kvbridge.check.validate import load_json
+
+    return load_json(path, what=f"{path.name} file", object_only=object_only)
 
 
 def _token_content(value: Any) -> str | None:
@@ -297,10 +290,20 @@ def find_tokenizer_files(folder: Path) -> tuple[Path, ...]:
     return found
 
 
-def _cache_path() -> Path | None:
-    from kvbridge.paths import cache_file
-
-    return cache_file("tokenizer-fingerprints.json")
+def cached(key: Callable[[], str], compute: Callable[[], "TokenizerFingerprint"], *, cache: bool = True):
+    """``compute()``, kept under ``key()`` in ``$KVBRIDGE_HOME/tokenizer-fingerprints.json`` (the one
+    reader and writer of that file, for tokenizer files and GGUF metadata alike)."""
+    path = cache_file("tokenizer-fingerprints.json") if cache else None
+    k = key() if path is not None else ""
+    hit = cache_read(path).get(k)
+    if isinstance(hit, dict):
+        try:
+            return TokenizerFingerprint.from_dict(hit)
+        except (KeyError, ValueError, TypeError, ConfigError):
+            pass
+    fp = compute()
+    cache_write(path, k, fp.to_dict(), limit=256)
+    return fp
 
 
 def _raw_key(paths: list[Path]) -> str:
@@ -314,18 +317,6 @@ def _raw_key(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-def _cache_load(path: Path | None) -> dict:
-    from kvbridge.paths import cache_read
-
-    return cache_read(path)
-
-
-def _cache_store(path: Path | None, key: str, fp: "TokenizerFingerprint") -> None:
-    from kvbridge.paths import cache_write
-
-    cache_write(path, key, fp.to_dict(), limit=256)
-
-
 def fingerprint_files(files: Iterable[Path | str], *, cache: bool = True) -> TokenizerFingerprint:
     """Fingerprint a tokenizer from its files (see the module docstring for what is read).
 
@@ -334,18 +325,7 @@ def fingerprint_files(files: Iterable[Path | str], *, cache: bool = True) -> Tok
     ``KVBRIDGE_NO_CACHE=1`` to turn the cache off.
     """
     paths = [Path(f) for f in files]
-    cache_file = _cache_path() if cache else None
-    key = _raw_key(paths) if cache_file is not None else ""
-    if cache_file is not None:
-        hit = _cache_load(cache_file).get(key)
-        if isinstance(hit, dict):
-            try:
-                return TokenizerFingerprint.from_dict(hit)
-            except (KeyError, ValueError, TypeError, ConfigError):
-                pass
-    fp = _fingerprint(paths)
-    _cache_store(cache_file, key, fp)
-    return fp
+    return cached(lambda: _raw_key(paths), lambda: _fingerprint(paths), cache=cache)
 
 
 def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
@@ -380,11 +360,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         used.append("tokenizer.json")
     elif "vocab.json" in by_name:
         path = by_name["vocab.json"]
-        vocab = _load_json(path)
-        if not isinstance(vocab, Mapping):
-            raise ConfigError(
-                f"{path}: expected a JSON object of token -> id", "replace vocab.json with the model's published file"
-            )
+        vocab = _load_json(path, object_only=True)  # token -> id
         base = {int(i): str(t) for t, i in vocab.items()}
         kind = "bpe"
         used.append("vocab.json")
@@ -423,9 +399,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins over the map
         if name not in by_name:
             continue
-        data = _load_json(by_name[name])
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{by_name[name]}: expected a JSON object", f"replace {name}")
+        data = _load_json(by_name[name], object_only=True)
         used.append(name)
         for role in ROLES:
             if role in data:

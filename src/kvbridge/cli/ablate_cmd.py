@@ -29,8 +29,11 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
     so no zeroing equals removal; see docs/prefix-tools.md.
     """
     from kvbridge.prefix.ablate import ablate as run
-    from kvbridge.cli.options import open_guide_session, unescape
+    from kvbridge.cli.options import open_model, read_guide_and_prompt, unescape
 
-    m, tok, guide_text, prompt_text = open_guide_session(model, tokenizer, guide, prompt, dtype, device)
-    report = run(m, tok, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens)
+    guide_text, prompt_text = read_guide_and_prompt(guide, prompt)  # an empty guide fails before the model loads
+    lm = open_model(model, tokenizer, dtype=dtype, device=device)
+    report = run(
+        lm.model, lm.tokenizer, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens
+    )
     echo_result(report.to_dict(), as_json, "\n".join(report.lines()))

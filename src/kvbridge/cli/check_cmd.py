@@ -10,7 +10,7 @@ import textwrap
 
 import click
 
-from kvbridge.cli.options import fmt_rope, fmt_text, fmt_value, json_option  # noqa: F401 - fmt_rope kept importable here
+from kvbridge.cli.options import fmt_text, fmt_value, json_option
 
 VERDICT_COLOURS = {
     "same": "green",
@@ -116,13 +116,8 @@ def check(
     2 on bad input (unreadable config, unknown model, no KV cache).
     """
     from kvbridge.models.compat import check_models
-    from kvbridge.plugins import get_host
-    from kvbridge.models.resolve import resolve
 
-    host = get_host()
-    src = resolve(source, host=host)
-    tgt = resolve(target, host=host)
-    report = check_models(src, tgt, host=host, source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer)
+    report = check_models(source, target, source_tokenizer=source_tokenizer, target_tokenizer=target_tokenizer)
     if as_json:
         click.echo(report.to_json())
         if strict and report.ok and report.strict_failures():

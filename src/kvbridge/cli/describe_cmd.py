@@ -9,7 +9,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import fmt_text, json_option, kv_bytes_per_token, MODEL_REFS  # noqa: F401 - kv_bytes_per_token kept here
+from kvbridge.cli.options import fmt_text, json_option, kv_bytes_per_token
 
 
 def describe_dict(resolved, spec) -> dict:

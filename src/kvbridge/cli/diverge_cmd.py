@@ -43,18 +43,18 @@ def diverge(model, guide, prompt, pack_dir, tokenizer, dtype, device, as_json, p
     total-variation distance of the post-top-p distributions; the same for greedy decoding.
     Summaries give Wilson intervals and say when there are too few seeds for a rate.
     """
-    from kvbridge.cli.options import open_model_session, read_guide_and_prompt, unescape
+    from kvbridge.cli.options import open_model, read_guide_and_prompt, unescape
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.prefix.diverge import diverge as run
 
     guide_text, prompt_text = read_guide_and_prompt(guide, prompt)
-    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
-    m = loaded.model
+    loaded = open_model(model, tokenizer, dtype=dtype, device=device)
+    m, tok = loaded.model, loaded.tokenizer
     pack = None
     if pack_dir:
         from kvbridge.prefix.packs import load_pack
 
-        pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=loaded_tokenizer_identity(loaded, tokenizer, tok))
+        pack = load_pack(pack_dir, m, tokenizer=tok, tokenizer_fp=loaded_tokenizer_identity(loaded, tokenizer))
     from kvbridge.progress import PartialLog, Progress
 
     settings = settings_from(DivergeSettings, {**options, "sep": unescape(options["sep"])})

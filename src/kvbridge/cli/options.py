@@ -220,12 +220,14 @@ def open_tokenizer(ref: str):
     return load_tokenizer_of(resolve(ref))
 
 
-def open_model_session(model: str, tokenizer: str | None = None, *, dtype: str | None = None, device: str = "cpu"):
-    """``(LoadedModel, tokenizer)``: the model loaded; the tokenizer from ``--tokenizer`` or its own."""
+def open_model(model: str, tokenizer: str | None = None, *, dtype: str | None = None, device: str = "cpu"):
+    """:func:`kvbridge.models.load` of MODEL, its ``tokenizer`` the one of ``--tokenizer`` when given."""
+    from dataclasses import replace
+
     from kvbridge.models import load
 
     loaded = load(model, dtype=dtype, device=device, tokenizer=tokenizer is None)
-    return loaded, (open_tokenizer(tokenizer) if tokenizer else loaded.tokenizer)
+    return replace(loaded, tokenizer=open_tokenizer(tokenizer)) if tokenizer else loaded
 
 
 def read_guide_and_prompt(guide: str, prompt: str) -> tuple[str, str]:
@@ -237,16 +239,6 @@ def read_guide_and_prompt(guide: str, prompt: str) -> tuple[str, str]:
     if not guide_text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
     return guide_text, prompt_text
-
-
-def open_guide_session(
-    model: str, tokenizer: str | None, guide: str, prompt: str, dtype: str | None, device: str = "cpu"
-):
-    """``(model, tokenizer, guide_text, prompt_text)`` for the commands that run a guide + prompt:
-    texts read (``@FILE`` allowed) and an empty guide refused before the model is loaded."""
-    guide_text, prompt_text = read_guide_and_prompt(guide, prompt)
-    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
-    return loaded.model, tok, guide_text, prompt_text
 
 
 def unescape(sep: str) -> str:
@@ -354,8 +346,7 @@ __all__ = [
     "settings_from",
     "load_pair",
     "open_tokenizer",
-    "open_model_session",
-    "open_guide_session",
+    "open_model",
     "read_guide_and_prompt",
     "unescape",
     "kv_bytes_per_token",

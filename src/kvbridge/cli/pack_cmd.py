@@ -41,7 +41,7 @@ def save(
     """
 
     from kvbridge.artifacts import check_replaceable
-    from kvbridge.cli.options import open_model_session
+    from kvbridge.cli.options import open_model
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.models import resolve
     from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, model_reference, save_pack
@@ -50,10 +50,10 @@ def save(
     text = read_text_arg(guide, "guide")
     check_replaceable(out, PACK_KIND, overwrite=overwrite)  # a pack only ever replaces a pack kvbridge wrote
     resolve(model)  # a bad reference fails before anything is loaded
-    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
+    loaded = open_model(model, tokenizer, dtype=dtype, device=device)
+    m, tok = loaded.model, loaded.tokenizer
     ids = guide_ids_of(tok, text)
-    m = loaded.model
-    fp = loaded_tokenizer_identity(loaded, tokenizer, tok)
+    fp = loaded_tokenizer_identity(loaded, tokenizer)
     path = save_pack(
         m,
         out,
@@ -144,14 +144,14 @@ def verify(
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
     import warnings
-    from kvbridge.cli.options import open_model_session
+    from kvbridge.cli.options import open_model
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.prefix.packs import PackForceWarning, load_pack, read_pack, recompute_check
 
     read_pack(folder)  # checksum + manifest shape before loading a model
-    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
-    m = loaded.model
-    fp = loaded_tokenizer_identity(loaded, tokenizer, tok)
+    loaded = open_model(model, tokenizer, dtype=dtype, device=device)
+    m, tok = loaded.model, loaded.tokenizer
+    fp = loaded_tokenizer_identity(loaded, tokenizer)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PackForceWarning)  # echoed below, once, on stderr

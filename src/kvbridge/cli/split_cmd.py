@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import echo_result, json_option, open_guide_session, unescape  # noqa: F401 - kept importable here
+from kvbridge.cli.options import echo_result, json_option, unescape
 
 
 @click.command("split")

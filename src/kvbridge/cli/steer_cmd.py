@@ -43,13 +43,10 @@ def _settings(cls, options: dict, texts=(), given=None):
 def _model_run(model: str, settings, dtype, device, tokenizer: str | None = None):
     """The run of ``settings`` on MODEL, loaded with the tokenizer the command opened for it (``--tokenizer``
     or its own)."""
-    import dataclasses
-
-    from kvbridge.cli.options import open_model_session
+    from kvbridge.cli.options import open_model
     from kvbridge.run import Run
 
-    loaded, tok = open_model_session(model, tokenizer, dtype=dtype, device=device)
-    return Run.of(loaded if tok is loaded.tokenizer else dataclasses.replace(loaded, tokenizer=tok), settings)
+    return Run.of(open_model(model, tokenizer, dtype=dtype, device=device), settings)
 
 
 @steer.command("build")

@@ -195,7 +195,9 @@ class _Reader:
     def skip_string(self) -> None:
         self.take(self.scalar(UINT64))
 
-    def value(self, vtype: int, where: str):
+    def value(self, vtype: int, where: str, full: bool = False):
+        """The value of type ``vtype``; an array longer than :data:`ARRAY_DECODE_LIMIT` is a
+        :class:`GGUFArray` (its digest) unless ``full``."""
         if vtype == STRING:
             return self.string()
         if vtype == ARRAY:
@@ -204,7 +206,10 @@ class _Reader:
             if etype not in _SCALAR and etype not in (STRING, ARRAY):
                 raise ConfigError(f"{where}: unknown array element type {etype}", _FIX_REEXPORT)
             start = self.pos
-            if count <= ARRAY_DECODE_LIMIT:
+            if full and etype in _SCALAR:  # one unpack for the whole run
+                self.take(struct.calcsize(_SCALAR[etype]) * count)
+                return [v[0] for v in struct.iter_unpack(_SCALAR[etype], self.buf[start : self.pos])]
+            if count <= ARRAY_DECODE_LIMIT or full:
                 return [self.value(etype, where) for _ in range(count)]
             if etype == STRING:
                 for _ in range(count):
@@ -223,8 +228,9 @@ class _Reader:
 _FIX_REEXPORT = "the file is damaged or from an unknown GGUF writer; re-download or re-convert it"
 
 
-def read_gguf(path: str | Path) -> GGUFInfo:
-    """The header of the GGUF file at ``path``; one-line :class:`ConfigError` on a bad file."""
+def read_gguf(path: str | Path, decode: tuple = ()) -> GGUFInfo:
+    """The header of the GGUF file at ``path``; one-line :class:`ConfigError` on a bad file. The
+    metadata arrays named in ``decode`` are decoded whole (the tokenizer's), whatever their length."""
     path = Path(path)
     try:
         fh = open(path, "rb")
@@ -243,10 +249,10 @@ def read_gguf(path: str | Path) -> GGUFInfo:
         if size < 24:
             raise ConfigError(f"{path}: truncated GGUF file ({size} bytes)", "re-download or re-convert the file")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(path, buf, size)
+            return _parse(path, buf, size, decode)
 
 
-def _parse(path: Path, buf, size: int) -> GGUFInfo:
+def _parse(path: Path, buf, size: int, decode: tuple = ()) -> GGUFInfo:
     r = _Reader(buf, size)
     r.take(4)
     try:
@@ -265,7 +271,7 @@ def _parse(path: Path, buf, size: int) -> GGUFInfo:
         for _ in range(n_kv):
             key = r.string()
             vtype = r.scalar(UINT32)
-            metadata[key] = r.value(vtype, f"{path}: metadata {key!r}")
+            metadata[key] = r.value(vtype, f"{path}: metadata {key!r}", key in decode)
         tensors = []
         for _ in range(n_tensors):
             name = r.string()

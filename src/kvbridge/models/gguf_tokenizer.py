@@ -8,42 +8,18 @@ ids line up. Control and user-defined tokens (types 3 and 4) count as added toke
 
 from __future__ import annotations
 
-import mmap
-import struct
 from functools import lru_cache
 from pathlib import Path
 
-from kvbridge.models.gguf import ARRAY, STRING, UINT32, UINT64, _SCALAR, GGUFArray, GGUFInfo, _Reader
+from kvbridge.models.gguf import GGUFArray, GGUFInfo, read_gguf
 
 _WANTED = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
 def _read_arrays(path: str) -> dict:
     """The decoded tokenizer arrays of the GGUF at ``path`` (a second pass over the header)."""
-    out: dict = {}
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        r = _Reader(buf, len(buf))
-        r.take(4)
-        r.scalar(UINT32)
-        r.scalar(UINT64)
-        n_kv = r.scalar(UINT64)
-        for _ in range(n_kv):
-            key = r.string()
-            vtype = r.scalar(UINT32)
-            if key in _WANTED and vtype == ARRAY:
-                etype, count = r.scalar(UINT32), r.scalar(UINT64)
-                if etype == STRING:
-                    out[key] = [r.string() for _ in range(count)]
-                else:
-                    fmt = _SCALAR[etype]
-                    size = struct.calcsize(fmt)
-                    start = r.take(size * count)
-                    out[key] = [v[0] for v in struct.iter_unpack(fmt, buf[start : start + size * count])]
-            else:
-                r.value(vtype, key)
-            if len(out) == len(_WANTED):
-                break
-    return out
+    meta = read_gguf(path, decode=_WANTED).metadata
+    return {k: meta[k] for k in _WANTED if isinstance(meta.get(k), list)}
 
 
 def _cache_key(meta: dict) -> str:
@@ -70,17 +46,7 @@ def gguf_tokenizer_fingerprint(info: GGUFInfo):
     tokens_meta = meta.get("tokenizer.ggml.tokens")
     if tokens_meta is None:
         return None
-    key = _cache_key(meta)
-    cache_file = tf._cache_path()
-    hit = tf._cache_load(cache_file).get(key) if cache_file is not None else None
-    if isinstance(hit, dict):
-        try:
-            return tf.TokenizerFingerprint.from_dict(hit)
-        except (KeyError, ValueError, TypeError):
-            pass
-    fp = _compute(info, tf)
-    tf._cache_store(cache_file, key, fp)
-    return fp
+    return tf.cached(lambda: _cache_key(meta), lambda: _compute(info, tf))
 
 
 def _compute(info: GGUFInfo, tf):

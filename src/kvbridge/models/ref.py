@@ -39,11 +39,7 @@ class ModelRef:
     @property
     def has_weights(self) -> bool:
         """Whether :func:`kvbridge.models.load` can load this reference."""
-        if self.gguf_file:
-            return True
-        from kvbridge.models.fingerprint import weight_files
-
-        return bool(self.folder) and bool(weight_files(self.folder))
+        return bool(self.weight_files())
 
     @property
     def quantization(self) -> str | None:

@@ -1,6 +1,6 @@
 """Opening a tokenizer offline for exact-token splits: a model or tokenizer folder, a
 ``tokenizer.json``, a ``vocab.json`` + ``merges.txt`` folder or a SentencePiece ``tokenizer.model``
-(:func:`load_tokenizer`; used by :mod:`kvbridge.prefix.splits`, which re-exports it).
+(:func:`load_tokenizer`; used by the loader and the ``--tokenizer`` option).
 """
 
 from __future__ import annotations

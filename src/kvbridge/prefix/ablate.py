@@ -294,13 +294,7 @@ def ablate(
         raise KVBridgeError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
     ghost, live = list(split.ghost), list(split.live)
     total = len(ghost) + len(live) + max_new_tokens
-    packs.check_guide_length(len(ghost), spec)
-    if spec.max_position_embeddings and total > spec.max_position_embeddings:
-        raise KVBridgeError(
-            f"guide + prompt + {max_new_tokens} new tokens = {total} tokens exceed the model's "
-            f"{spec.max_position_embeddings} positions",
-            "shorten the texts or lower --max-new-tokens",
-        )
+    packs.check_guide_length(len(ghost), spec, total=total, new=max_new_tokens)
     keep = len(report.special_prefix) if tuple(ghost[: len(report.special_prefix)]) == report.special_prefix else 0
     start, stop = keep, len(ghost)
     if stop <= start:

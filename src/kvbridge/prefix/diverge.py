@@ -369,13 +369,7 @@ def diverge(
         assert chosen.ids == report.joint  # the exact-token control: ghost + live == joint, id for id
     spec = adapter_of(model, host).spec_of(model)
     longest = max(len(report.joint), len(chosen.ids)) + max_new_tokens
-    packs.check_guide_length(len(chosen.ghost), spec, what="guide")
-    if spec.max_position_embeddings and longest > spec.max_position_embeddings:
-        raise KVBridgeError(
-            f"guide + prompt + {max_new_tokens} new tokens = {longest} tokens exceed the model's "
-            f"{spec.max_position_embeddings} positions",
-            "shorten the guide or prompt, or lower --max-new-tokens",
-        )
+    packs.check_guide_length(len(chosen.ghost), spec, total=longest, new=max_new_tokens)
     notes: list[str] = []
     if pack is None:
         with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:

@@ -15,7 +15,7 @@ from kvbridge.errors import ArtifactError
 from kvbridge.plugins import adapter_of
 
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
-from kvbridge.models.fingerprint import model_id_revision as model_identity
+from kvbridge.models.fingerprint import model_id_revision
 from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint
 
 SCHEMA_VERSION = 2  # 2: manifest "kv_layout" (K/V stacked in one tensor); schema 1 packs are read as before
@@ -122,7 +122,7 @@ def build_manifest(
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
-    ident = model_identity(model, model_dir)
+    ident = model_id_revision(model, model_dir)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "kind": PACK_KIND,
@@ -293,7 +293,6 @@ __all__ = [
     "cache_format",
     "check_manifest_shape",
     "compare",
-    "model_identity",
     "model_reference",
     "recorded_model",
     "positional_config",

@@ -47,7 +47,6 @@ from kvbridge.prefix.pack_manifest import (
     cache_format,
     check_manifest_shape,
     compare,
-    model_identity,
     model_reference,
     positional_config,
     recorded_model,
@@ -81,8 +80,9 @@ def guide_ids_of(tokenizer: Any, text: str) -> list[int]:
     return strip_suffix(encode(tokenizer, text, add_special_tokens=True), suffix)
 
 
-def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> None:
-    """Refuse ``n`` guide tokens when the model has no room for them plus ``extra`` more."""
+def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide", total: int = 0, new: int = 0) -> None:
+    """Refuse ``n`` guide tokens when the model has no room for them plus ``extra`` more, or a run of
+    ``total`` tokens (guide + prompt + ``new`` generated) beyond the model's positions."""
     limit = int(spec.max_position_embeddings or 0)
     if n <= 0:
         raise KVBridgeError(f"the {what} has no tokens", "pass a non-empty guide")
@@ -90,6 +90,11 @@ def check_guide_length(n: int, spec, *, extra: int = 1, what: str = "guide") -> 
         raise KVBridgeError(
             f"the {what} has {n} tokens (+{extra} to follow) but the model has {limit} positions",
             "shorten the guide or use a model with more positions",
+        )
+    if limit and total > limit:
+        raise KVBridgeError(
+            f"guide + prompt + {new} new tokens = {total} tokens exceed the model's {limit} positions",
+            "shorten the guide or prompt, or lower --max-new-tokens",
         )
 
 
@@ -506,7 +511,6 @@ __all__ = [
     "compare",
     "build_manifest",
     "tokenizer_fingerprint",
-    "model_identity",
     "model_reference",
     "recorded_model",
     "cache_format",

@@ -23,10 +23,7 @@ next word (``"Ġword"``). A KV prefix computed from the naive ghost is then the 
 
 Special tokens follow ``add_special_tokens``: the ghost carries what the tokenizer puts in
 front (BOS), the live part never does, and whatever the tokenizer appends (EOS for a few
-tokenizers) belongs to the live part. :func:`load_tokenizer` (from
-:mod:`kvbridge.models.tokenizer_load`, re-exported here) opens a model or tokenizer folder,
-a ``tokenizer.json``, a ``vocab.json`` + ``merges.txt`` folder or a SentencePiece
-``tokenizer.model`` offline.
+tokenizers) belongs to the live part. Tokenizers are opened by :mod:`kvbridge.models.tokenizer_load`.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from kvbridge.errors import KVBridgeError
-from kvbridge.models.tokenizer_load import TokenizerError, load_tokenizer
 
 #: characters and joint tokens searched before the append point for a safe boundary
 WINDOW_CHARS = 32
@@ -366,10 +362,8 @@ __all__ = [
     "Split",
     "SplitReport",
     "SplitError",
-    "TokenizerError",
     "split_text",
     "exact_split",
-    "load_tokenizer",
     "encode",
     "special_affixes",
     "read_text_arg",

@@ -14,9 +14,10 @@ def zoo_or_skip(name: str):
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    from kvbridge.zoo.load import load_zoo_model
+    from kvbridge.models import load
 
-    return load_zoo_model(name)
+    loaded = load(f"zoo:{name}")
+    return loaded.model, loaded.tokenizer
 
 
 def one_torch_thread():

@@ -11,7 +11,7 @@ checkout, reads it from ``../shared/corpora/`` or ``--corpus PATH``):
 * ``stranger``: ``base``'s architecture from another seed (a negative control).
 
 This module imports neither torch nor transformers: :func:`read_manifest`, :func:`zoo_dir` and
-:data:`ZOO_NAMES` are cheap. Loading lives in :mod:`kvbridge.zoo.load` (``load_zoo_model``).
+:data:`ZOO_NAMES` are cheap. Loading is ``kvbridge.models.load("zoo:NAME")`` (``load_zoo_model``: the same).
 """
 
 from __future__ import annotations

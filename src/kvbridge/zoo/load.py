@@ -1,50 +1,18 @@
-"""Load a zoo model and its tokenizer from the package data, through :mod:`kvbridge.models`."""
+"""Load a zoo model: :func:`kvbridge.models.load` of ``zoo:NAME`` (or of a zoo folder given as ``root``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from kvbridge.zoo import model_dir
 
-from kvbridge.zoo import REBUILD, ZOO_NAMES, model_dir, zoo_dir
-
-__all__ = ["ZOO_NAMES", "zoo_dir", "load_zoo_model", "load_zoo_tokenizer"]
+__all__ = ["load_zoo_model"]
 
 
-def load_zoo_tokenizer(name: str = "base", root: Path | None = None):
-    """The zoo's shared tokenizer (``AutoTokenizer``, offline) from one model's folder."""
-    from kvbridge.models.loading import load_tokenizer_of
-    from kvbridge.models.resolve import resolve
-
-    folder = model_dir(name, root)
-    _require(folder, "tokenizer.json")
-    return load_tokenizer_of(resolve(str(folder)))
-
-
-def load_zoo_model(
-    name: str, dtype: torch.dtype = torch.float32, root: Path | None = None, device: str | torch.device = "cpu"
-):
-    """``(model, tokenizer)`` for zoo model ``name``: a ``LlamaForCausalLM`` in eval mode.
-
-    The weights are stored as fp16 safetensors and cast to ``dtype`` (float32 by default).
-    Nothing is downloaded. Same as ``kvbridge.models.load(f"zoo:{name}", dtype)``.
-    """
+def load_zoo_model(name: str, dtype="float32", root: Path | None = None, device="cpu"):
+    """``(model, tokenizer)`` of zoo model ``name``: ``kvbridge.models.load(f"zoo:{name}", dtype)`` (``dtype``
+    a name or a ``torch.dtype``; ``root``: another zoo folder). Nothing is downloaded."""
     from kvbridge.models import load
 
-    folder = model_dir(name, root)
-    _require(folder, "model.safetensors")
-    _require(folder, "tokenizer.json")
-    lm = load(
-        str(folder) if root is not None else f"zoo:{name}", dtype=str(dtype).removeprefix("torch."), device=str(device)
-    )
+    lm = load(str(model_dir(name, root)), dtype=str(dtype), device=str(device))
     return lm.model, lm.tokenizer
-
-
-def _require(folder: Path, file: str) -> None:
-    if not (folder / file).is_file():
-        from kvbridge.errors import ArtifactError
-
-        raise ArtifactError(
-            f"zoo file {folder / file} is missing",
-            REBUILD,
-        )

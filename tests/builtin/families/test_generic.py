@@ -156,7 +156,7 @@ def test_gemma3_wrapper_keeps_the_wrapper_dtype_and_uses_the_family_file():
     spec = describe(GEMMA3_27B)
     assert spec.family == "gemma3_text" and spec.dtype == "bfloat16"
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.sliding_window) == (62, 16, 128, 1024)
-    from kvbridge.cli.describe_cmd import kv_bytes_per_token
+    from kvbridge.cli.options import kv_bytes_per_token
 
     assert kv_bytes_per_token(spec) == 2 * 62 * 16 * 128 * 2  # bf16: half of what float32 would claim
 
@@ -168,7 +168,7 @@ def test_deepseek_v3_reports_the_latent_cache():
     assert (spec.num_kv_heads, spec.key_dim_of(0), spec.value_dim_of(0)) == (1, 512, 64)
     # rope_interleave pairs (2i, 2i+1) of the input, but transformers caches the rotated key de-interleaved
     assert spec.rope.head_dim == 64 and spec.rope.rope_type == "yarn" and not spec.rope.interleaved
-    from kvbridge.cli.describe_cmd import kv_bytes_per_token
+    from kvbridge.cli.options import kv_bytes_per_token
 
     assert kv_bytes_per_token(spec) == 61 * (512 + 64) * 2
 

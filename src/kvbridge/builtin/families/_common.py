@@ -270,6 +270,12 @@ class DecoderAdapter(FamilyAdapter):
     HEAD_DIM_KEY: ClassVar[str | None] = "head_dim"
     DEFAULT_HEAD_DIM: ClassVar[int | None] = None
     DEFAULT_THETA: ClassVar[float] = 10000.0
+    #: top-level config keys of the RoPE base and rotated fraction, in the order the model reads them
+    THETA_KEYS: ClassVar[tuple] = ("rope_theta",)
+    PARTIAL_KEYS: ClassVar[tuple] = ("partial_rotary_factor",)
+    #: GPT-J style ``(key, default)``: the rotated width in dims (``null``: the whole head) at the fixed
+    #: base ``DEFAULT_THETA``; the config's rope parameters are not read
+    ROTARY_DIM: ClassVar[tuple | None] = None
     #: True when the model rotates only the first ``partial_rotary_factor`` of each head
     PARTIAL_ROTARY: ClassVar[bool] = False
     DEFAULT_PARTIAL: ClassVar[float | None] = None
@@ -361,7 +367,12 @@ class DecoderAdapter(FamilyAdapter):
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(
-            cfg, default_theta=self.DEFAULT_THETA, default_partial=self.DEFAULT_PARTIAL, max_positions=max_positions
+            cfg,
+            default_theta=self.DEFAULT_THETA,
+            theta_keys=self.THETA_KEYS,
+            partial_keys=self.PARTIAL_KEYS,
+            default_partial=self.DEFAULT_PARTIAL,
+            max_positions=max_positions,
         )
 
     def _partial_factor(self, params: Mapping, head_dim: int) -> float:
@@ -369,12 +380,30 @@ class DecoderAdapter(FamilyAdapter):
             return 1.0  # the model rotates the whole head whatever the config says
         return float(params.get("partial_rotary_factor", 1.0))
 
+    def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
+        key, default = self.ROTARY_DIM
+        rotary_dim = get(cfg, key, default)
+        if rotary_dim is None:
+            return head_dim
+        check_positive_int(rotary_dim, key, cfg.get("model_type"))
+        if rotary_dim > head_dim or rotary_dim % 2:
+            raise ConfigError(
+                f"config field {key!r} must be even and <= head dim {head_dim}, got {rotary_dim}",
+                f"fix {key!r} in the config (model_type {cfg.get('model_type')!r})",
+            )
+        return rotary_dim
+
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int) -> tuple[RopeSpec, tuple]:
-        params = self._rope_parameters(cfg, max_positions)
+        if self.ROTARY_DIM:
+            params = {"rope_type": "default", "rope_theta": self.DEFAULT_THETA}
+            partial = rotary_fraction(self._rotary_dim(cfg, head_dim), head_dim)
+        else:
+            params = self._rope_parameters(cfg, max_positions)
+            partial = self._partial_factor(params, head_dim)
         rope = rope_spec(
             params,
             head_dim=head_dim,
-            partial_factor=self._partial_factor(params, head_dim),
+            partial_factor=partial,
             interleaved=self.INTERLEAVED,
             max_position_embeddings=max_positions,
         )

@@ -88,24 +88,10 @@ class FalconAdapter(DecoderAdapter):
             "attention_dropout": 0.0,
             "dtype": "float32",
         }
+        rope = {**common, "parallel_attn": True, "bias": False, "rope_theta": 10000.0}
         return {
-            "new_arch": {
-                **common,
-                "new_decoder_architecture": True,
-                "num_kv_heads": 2,
-                "multi_query": False,
-                "parallel_attn": True,
-                "bias": False,
-                "rope_theta": 10000.0,
-            },
-            "multi_query": {
-                **common,
-                "new_decoder_architecture": False,
-                "multi_query": True,
-                "parallel_attn": True,
-                "bias": False,
-                "rope_theta": 10000.0,
-            },
+            "new_arch": {**rope, "new_decoder_architecture": True, "num_kv_heads": 2, "multi_query": False},
+            "multi_query": {**rope, "new_decoder_architecture": False, "multi_query": True},
             "alibi": {
                 **common,
                 "alibi": True,

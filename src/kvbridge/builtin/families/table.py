@@ -1,7 +1,7 @@
 """The built-in families that differ from :class:`~kvbridge.builtin.families._common.DecoderAdapter`
-only in constants: one row each (its ``model_type``, a one-line description, transformers' class
-defaults and the tiny test configs). A family whose model reads its config in a way of its own keeps
-a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
+only in constants (and Qwen's sliding layout, one function): one row each (its ``model_type``, a
+one-line description, transformers' class defaults and the tiny test configs). A family whose model
+reads its config in a way of its own keeps a file (``phi3.py``, ``falcon.py``, ``gemma3_text.py`` ...).
 
 - ``llama``: the reference RoPE decoder (Llama 2, 3, 3.1, 3.2 ...). Cache: ``num_key_value_heads``
   heads (GQA; default = query heads), ``head_dim`` (explicit, else ``hidden_size //
@@ -12,6 +12,12 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
   when it is set (the class default is 4096 when the key is absent; ``null`` means full
   attention). A ``layer_types`` key is ignored by ``MistralModel`` (transformers only warns), so it
   is ignored here too.
+- ``qwen2`` (Qwen2 / Qwen2.5): ``num_key_value_heads`` (GQA; class default 32 when absent), head
+  dim ``head_dim`` if the config has one, else ``hidden_size // num_attention_heads``. RoPE:
+  half-split, whole head. Sliding window, as ``Qwen2Config`` decides it: ``sliding_window`` counts
+  only when ``use_sliding_window`` is true, and then only layers ``i >= max_window_layers`` slide
+  (an explicit ``layer_types`` wins). Published Qwen2/2.5 checkpoints ship
+  ``use_sliding_window: false``: all layers full.
 - ``qwen3``: Qwen2's layout (GQA, half-split RoPE, sliding only with ``use_sliding_window`` above
   ``max_window_layers``) plus per-head RMSNorm of q and k *before* RoPE (``qk_norm``). ``head_dim``
   defaults to 128 when absent (``Qwen3Config`` default), not to ``hidden_size //
@@ -39,6 +45,19 @@ a file (``qwen2.py``, ``phi3.py``, ``gemma2.py`` ...).
   (aliases ``num_hidden_layers`` ... are read too). Cache: all heads, head dim ``n_embd // n_head``.
   Positions: learned absolute embeddings (``wpe``) added to the input: cached keys carry no
   rotation, so ``positional`` is ``"absolute"``, ``rope`` is None and the model has no rotary module.
+- ``gpt_neox`` (GPT-NeoX / Pythia): all ``num_attention_heads`` cached (no GQA), head dim
+  ``hidden_size // num_attention_heads``. Partial RoPE, half-split within the first ``rotary_pct``
+  of the head (default 0.25), base ``rotary_emb_base`` (default 10000); transformers reads those
+  legacy names, or ``rope_parameters`` / ``rope_scaling``; a top-level ``rope_theta`` or
+  ``partial_rotary_factor`` is *ignored* by ``GPTNeoXConfig`` in 5.24, so it is ignored here too.
+  Rotary module: ``model.gpt_neox.rotary_emb``. (The fused QKV projection is interleaved per head,
+  which does not affect the cache layout.)
+- ``gptj`` (GPT-J): GPT-2's config names; all heads cached, head dim ``n_embd // n_head``. RoPE:
+  *interleaved* pairs ``(2i, 2i+1)`` (``rotate_every_two``) over the first ``rotary_dim`` dims
+  (default 64; ``null`` = the whole head), fixed base 10000 (GPT-J has no rope parameters). Rotary
+  module: ``model.transformer.rotary_emb``, which is unlike the others: it holds a precomputed
+  ``embed_positions`` table of ``n_positions`` rows and returns ``(sin, cos)`` at half width
+  (``rotary_dim // 2``), repeat-interleaved inside attention.
 - ``olmo2`` (AllenAI OLMo 2): half-split RoPE, whole head; q/k RMSNorm before RoPE over the *whole*
   projection (``num_heads * head_dim`` wide, not per head): ``extras["qk_norm_scope"] ==
   "projection"``.
@@ -51,9 +70,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Mapping
 
-from kvbridge.builtin.families._common import DecoderAdapter, tiny_base
-from kvbridge.builtin.families.qwen2 import Qwen2Adapter
+from kvbridge.builtin.families._common import (
+    DecoderAdapter,
+    flag,
+    get,
+    layer_types_from,
+    optional_positive_int,
+    tiny_base,
+)
+from kvbridge.errors import ConfigError
+from kvbridge.spec import FULL, SLIDING
 
 
 def family(cls_name: str, model_type: str, description: str, tiny: dict, base=DecoderAdapter, **defaults) -> type:
@@ -130,6 +158,42 @@ MistralAdapter = family(
     DEFAULT_KV_HEADS=8,
     DEFAULT_WINDOW=4096,
     ALL_SLIDING=True,
+)
+
+
+def qwen_layout(
+    cfg: Mapping, num_layers: int, *, default_window: int = 4096, default_max_window_layers: int = 28
+) -> tuple:
+    """(window, layer types) the way Qwen2Config / Qwen3Config compute them."""
+    window = optional_positive_int(cfg, "sliding_window", default_window)
+    if not flag(cfg, "use_sliding_window", False):
+        window = None
+    max_window_layers = get(cfg, "max_window_layers", default_max_window_layers)
+    if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int) or max_window_layers < 0:
+        raise ConfigError(
+            f"config field 'max_window_layers' must be an integer >= 0, got {max_window_layers!r}",
+            "set 'max_window_layers' to the number of leading full-attention layers",
+        )
+    default = [SLIDING if window is not None and i >= max_window_layers else FULL for i in range(num_layers)]
+    return window, layer_types_from(cfg, num_layers, default)
+
+
+Qwen2Adapter = family(
+    "Qwen2Adapter",
+    "qwen2",
+    "Qwen2/2.5: GQA, half-split RoPE, optional sliding window above max_window_layers",
+    {
+        "default": tiny_base("qwen2", sliding_window=32768, use_sliding_window=False, max_window_layers=2),
+        # layer 0 full, layers 1-2 slide over 4 tokens
+        "sliding": tiny_base(
+            "qwen2", num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        ),
+    },
+    DEFAULT_VOCAB=151936,
+    DEFAULT_MAX_POSITIONS=32768,
+    DEFAULT_KV_HEADS=32,
+    _layout=lambda self, cfg, num_layers: qwen_layout(cfg, num_layers),
+    _extras=lambda self, cfg: {"use_sliding_window": flag(cfg, "use_sliding_window", False)},
 )
 Qwen3Adapter = family(
     "Qwen3Adapter",
@@ -240,36 +304,68 @@ Olmo2Adapter = family(
     QK_NORM=True,
     EXTRAS={"qk_norm_scope": "projection"},
 )
-
-GPT2Adapter = family(
-    "GPT2Adapter",
-    "gpt2",
-    "GPT-2: MHA, learned absolute position embeddings (no RoPE)",
+_NEOX = {k: v for k, v in tiny_base("gpt_neox").items() if k not in ("num_key_value_heads", "rope_theta")}
+GPTNeoXAdapter = family(
+    "GPTNeoXAdapter",
+    "gpt_neox",
+    "GPT-NeoX/Pythia: MHA, partial half-split RoPE (rotary_pct, default 0.25)",
     {
-        "default": {
-            "model_type": "gpt2",
-            "n_layer": 2,
-            "n_embd": 64,
-            "n_head": 4,
-            "n_positions": 64,
-            "vocab_size": 128,
-            "n_inner": 128,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-            "dtype": "float32",
-        }
+        "legacy": {**_NEOX, "rotary_pct": 0.25, "rotary_emb_base": 10000},
+        "rope_parameters": {
+            **_NEOX,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0, "partial_rotary_factor": 0.5},
+        },
     },
+    DEFAULT_VOCAB=50432,
+    DEFAULT_MAX_POSITIONS=2048,
+    HEAD_DIM_KEY=None,
+    MHA=True,
+    PARTIAL_ROTARY=True,
+    DEFAULT_PARTIAL=0.25,
+    THETA_KEYS=("rotary_emb_base",),
+    PARTIAL_KEYS=("rotary_pct",),
+)
+_GPT2_TINY = {
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_positions": 64,
+    "vocab_size": 128,
+    "n_inner": 128,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "dtype": "float32",
+}
+_GPT2_NAMES = dict(  # GPT-2's config names, and transformers' aliases
     LAYERS_KEYS=("n_layer", "num_hidden_layers"),
     HEADS_KEYS=("n_head", "num_attention_heads"),
     HIDDEN_KEYS=("n_embd", "hidden_size"),
     MAX_POSITIONS_KEYS=("n_positions", "max_position_embeddings"),
-    DEFAULT_VOCAB=50257,
-    DEFAULT_MAX_POSITIONS=1024,
     HEAD_DIM_KEY=None,
     MHA=True,
+)
+GPTJAdapter = family(
+    "GPTJAdapter",
+    "gptj",
+    "GPT-J: MHA, interleaved partial RoPE over rotary_dim, base 10000",
+    {"default": {"model_type": "gptj", **_GPT2_TINY, "rotary_dim": 8}},
+    **_GPT2_NAMES,
+    DEFAULT_VOCAB=50400,
+    DEFAULT_MAX_POSITIONS=2048,
+    INTERLEAVED=True,
+    ROTARY_DIM=("rotary_dim", 64),
+)
+GPT2Adapter = family(
+    "GPT2Adapter",
+    "gpt2",
+    "GPT-2: MHA, learned absolute position embeddings (no RoPE)",
+    {"default": {"model_type": "gpt2", **_GPT2_TINY}},
+    **_GPT2_NAMES,
+    DEFAULT_VOCAB=50257,
+    DEFAULT_MAX_POSITIONS=1024,
     POSITIONAL="absolute",
 )
 
@@ -279,6 +375,7 @@ ADAPTERS = {
     for cls in (
         LlamaAdapter,
         MistralAdapter,
+        Qwen2Adapter,
         Qwen3Adapter,
         GemmaAdapter,
         Gemma2Adapter,
@@ -286,6 +383,8 @@ ADAPTERS = {
         StableLmAdapter,
         CohereAdapter,
         Olmo2Adapter,
+        GPTNeoXAdapter,
+        GPTJAdapter,
         GPT2Adapter,
     )
 }
