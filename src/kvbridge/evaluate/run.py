@@ -57,7 +57,8 @@ class EvalRun:
 
 def mapping_of(run):
     """The mapping ``run.settings.mapping`` names, checked against the run's models (their identities,
-    computed once per run), or the identity mapping of the pair's specs."""
+    computed once per run, and the pair's tokenizer; a mismatch is refused unless the settings'
+    ``accept_fingerprint_mismatch`` is set), or the identity mapping of the pair's specs."""
     s = run.settings
     if s.mapping == "identity":
         return run.host.get("fitter", "identity").fit(run.source.spec, run.target.spec)
@@ -69,7 +70,7 @@ def mapping_of(run):
         source=identity(run, "source"),
         target=identity(run, "target"),
         tokenizer=run.tokenizer,
-        force=s.accept_fingerprint_mismatch,
+        force=getattr(s, "accept_fingerprint_mismatch", False),
         host=run.host,
     )
 
