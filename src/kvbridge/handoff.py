@@ -62,9 +62,13 @@ def greedy_kwargs(ids, new_tokens: int) -> dict:
 
 def generate(model, state: "KVState", input_ids, *, host=None, **generate_kwargs):
     """``model.generate`` continuing from ``state`` (which must cover a prefix of ``input_ids``)."""
+    return generate_from(model, *prepare_cache(model, state, input_ids, host=host), **generate_kwargs)
+
+
+def generate_from(model, cache, ids, **generate_kwargs):
+    """``model.generate`` of ``ids`` with ``cache`` (a prepared hand-off's, or None) injected."""
     import torch
 
-    cache, ids = prepare_cache(model, state, input_ids, host=host)
     generate_kwargs.setdefault("attention_mask", torch.ones_like(ids))
     if cache is not None:
         generate_kwargs.update(cache_kwargs(model, cache))

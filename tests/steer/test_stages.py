@@ -81,3 +81,18 @@ def test_transfer_moves_a_vector_through_a_fitted_mapping(vec, tmp_path):
             SteerTransferSettings(vector=str(vec), mapping=str(tmp_path / "map"), out=str(tmp_path / "wrong")),
         )
     assert not (tmp_path / "wrong").exists()
+
+
+def test_transfer_refuses_a_mapping_fitted_with_another_tokenizer(vec, tmp_path):
+    """The mapping is checked like eval's: the pair's models and their tokenizer (by digest)."""
+    texts = [f"{i} ROMEO: my sweet love, fair and gentle; JULIET: O woe " * 4 for i in range(8)]
+    api.fit("zoo:base", "zoo:tuned", texts, seq_len=40, tokens=320, top_k=1, stride=2, out=str(tmp_path / "map"))
+    manifest_path = tmp_path / "map" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["tokenizer"]["digest"]
+    manifest["tokenizer"]["digest"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    settings = SteerTransferSettings(vector=str(vec), mapping=str(tmp_path / "map"), out=str(tmp_path / "moved"))
+    with pytest.raises(KVBridgeError, match="different tokenizer"):
+        api.steer_transfer(api.load_pair("zoo:base", "zoo:tuned"), settings)
+    assert not (tmp_path / "moved").exists()

@@ -126,16 +126,17 @@ def _lora_pairs(state: dict) -> dict[str, tuple[Any, Any]]:
     return {m: (p["lora_A"], p["lora_B"]) for m, p in pairs.items()}
 
 
-def load_with_adapter(base_model, adapter_dir: str | Path = SHIPPED, *, copy_model: bool = True):
+def load_with_adapter(base_model, adapter_dir: str | Path = SHIPPED, *, copy_model: bool = True, info=None):
     """``base_model`` with the LoRA in ``adapter_dir`` merged into its weights (a copy by default).
 
     The merge is done in float32 and cast back to the model's dtype. Returns the merged model;
-    ``base_model`` is untouched unless ``copy_model=False``.
+    ``base_model`` is untouched unless ``copy_model=False``. ``info``: the folder's :func:`read_adapter`
+    when the caller has read it.
     """
     import torch
     from safetensors.torch import load_file
 
-    info = read_adapter(adapter_dir)
+    info = info or read_adapter(adapter_dir)
     state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
     pairs = _lora_pairs(state)
     model = copy.deepcopy(base_model) if copy_model else base_model
@@ -168,9 +169,10 @@ def load_adapter_pair(adapter_dir: str | Path = SHIPPED, base: str = "smollm2", 
     loaded = load(base, dtype=dtype)
     model, tok = loaded.model, loaded.tokenizer
     model.eval()
-    tuned = load_with_adapter(model, adapter_dir)
+    info = read_adapter(adapter_dir)  # read (and its weights hashed) once
+    tuned = load_with_adapter(model, adapter_dir, info=info)
     tuned.eval()
-    return AdapterPair(base=model, tuned=tuned, tokenizer=tok, adapter=read_adapter(adapter_dir), base_name=base)
+    return AdapterPair(base=model, tuned=tuned, tokenizer=tok, adapter=info, base_name=base)
 
 
 __all__ = [

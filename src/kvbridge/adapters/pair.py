@@ -270,20 +270,19 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         raise AdapterError(f"corpus not found at {corpus}", "pass corpus= a text file (tinyshakespeare.txt)")
 
     t0 = time.perf_counter()
-    adapter = host.adapter_for(base.config.to_dict())
+    names = (pair.base_name, f"{pair.base_name}+adapter")
+    run = model_run(base, tuned, FitSettings(top_k=st.top_k, stride=st.stride, seed=seed), host, names=names)
     side_names = (pair.base_name, f"{pair.base_name}+{Path(pair.adapter.path).name}")
     sides = [
-        Side(adapter.spec_of(m), name=n, config=m.config.to_dict(), weights=weights_fingerprint(m))
-        for m, n in zip((base, tuned), side_names)
+        Side(m.spec, name=n, config=m.model.config.to_dict(), weights=weights_fingerprint(m.model))
+        for m, n in zip((run.source, run.target), side_names)
     ]
     report = check(*sides, host=host)
     timing["check_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     calib = calibration_ids(tok, corpus.read_text(encoding="utf-8"), st.calibration_tokens)
-    names = (pair.base_name, f"{pair.base_name}+adapter")
-    settings = FitSettings(top_k=st.top_k, stride=st.stride, seed=seed)
-    mapping = fit_run(model_run(base, tuned, settings, host, names=names), data=calib, distributed=None)
+    mapping = fit_run(run, data=calib, distributed=None)
     timing["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -306,12 +305,12 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
         return Condition("plain", build)
 
-    run = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain])
+    ran = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain])
     timing["eval_s"] = time.perf_counter() - t0
     names = {"transferred": "fitted", **{c: f"fitted:{c}" for c in conds[3:]}}
-    fields = {names.get(k, k): v for k, v in run.fields.items()}
+    fields = {names.get(k, k): v for k, v in ran.fields.items()}
     fields = {k: fields[k] for k in ("native", "fitted", "plain", "no_prefix", *(f"fitted:{c}" for c in conds[3:]))}
-    combined = ConditionRun(config=cfg, fields=fields, num_layers=run.num_layers, timing=run.timing)
+    combined = ConditionRun(config=cfg, fields=fields, num_layers=ran.num_layers, timing=ran.timing)
     metrics = resolve_metrics(host)
     summary = summarize(combined, metrics, bootstrap=bootstrap, seed=seed)
     params = {"greedy_tokens": greedy_tokens, "top_k": cfg.top_k, "top_p": cfg.top_p}
@@ -369,7 +368,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         settings=settings,
         timing=timing,
         data=data,
-        notes=tuple(run.notes),
+        notes=tuple(ran.notes),
     )
 
 

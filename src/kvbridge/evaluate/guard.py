@@ -29,7 +29,6 @@ from typing import Any
 
 from kvbridge.errors import KVBridgeError
 from kvbridge.plugins import adapter_of
-from kvbridge.hf_compat import cache_kwargs
 
 
 class GuardError(KVBridgeError):
@@ -211,16 +210,13 @@ def guarded_prepare(
 def guarded_generate(model, state, input_ids, *, guard=None, host=None, **generate_kwargs):
     """``(output_ids, handoff)``: ``model.generate`` from a guarded hand-off of ``state``; ``guard``: a
     :class:`GuardSettings`, or a dict of its fields plus ``stats`` / ``on_fallback``."""
-    import torch
+    from kvbridge.handoff import generate_from
 
     kw = dict(guard) if isinstance(guard, dict) else {"settings": guard}
     extra = {k: kw.pop(k) for k in ("settings", "stats", "on_fallback") if k in kw}
     extra.setdefault("settings", GuardSettings(**kw))
     handoff = guarded_prepare(model, state, input_ids, host=host, **extra)
-    generate_kwargs.setdefault("attention_mask", torch.ones_like(handoff.input_ids))
-    if handoff.cache is not None:
-        generate_kwargs.update(cache_kwargs(model, handoff.cache))
-    return model.generate(input_ids=handoff.input_ids, **generate_kwargs), handoff
+    return generate_from(model, handoff.cache, handoff.input_ids, **generate_kwargs), handoff
 
 
 __all__ = [

@@ -57,7 +57,8 @@ class EvalRun:
 
 def mapping_of(run):
     """The mapping ``run.settings.mapping`` names, checked against the run's models (their identities,
-    computed once per run), or the identity mapping of the pair's specs."""
+    computed once per run, and the pair's tokenizer; a mismatch is refused unless the settings'
+    ``accept_fingerprint_mismatch`` is set), or the identity mapping of the pair's specs."""
     s = run.settings
     if s.mapping == "identity":
         return run.host.get("fitter", "identity").fit(run.source.spec, run.target.spec)
@@ -69,7 +70,7 @@ def mapping_of(run):
         source=identity(run, "source"),
         target=identity(run, "target"),
         tokenizer=run.tokenizer,
-        force=s.accept_fingerprint_mismatch,
+        force=getattr(s, "accept_fingerprint_mismatch", False),
         host=run.host,
     )
 
@@ -160,15 +161,18 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     )
     if overlap:
         result["notes"] = list(result.get("notes") or []) + [overlap]
-    written = {}
-    if s.report_dir:
-        written = write_report(result, s.report_dir)
-        if partial is not None and s.partial_path is None:
-            partial.remove()  # the report holds everything now
-            partial = None
+    verdict = {"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")}
+    return EvalRun(result, write_and_close(result, s, write_report, partial, verdict))
+
+
+def write_and_close(result: dict, settings, write, partial, summary: dict | None = None) -> dict:
+    """``write(result, settings.report_dir)`` when a report is asked (the files written, else {}); the
+    partial log then removed (the report holds everything) unless ``settings.partial_path`` named it,
+    else finished with ``summary``."""
+    written = write(result, settings.report_dir) if settings.report_dir else {}
     if partial is not None:
-        partial.finish({"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")})
-    return EvalRun(result, written)
+        partial.remove() if written and settings.partial_path is None else partial.finish(summary)
+    return written
 
 
 def _ref_text(loaded) -> str:
@@ -183,4 +187,5 @@ __all__ = [
     "evaluate_pair",
     "evaluate_run",
     "mapping_of",
+    "write_and_close",
 ]

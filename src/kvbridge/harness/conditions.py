@@ -129,13 +129,8 @@ class Answerer:
         check_mapping(self.sspec, self.tspec, mapping, HarnessError, fix)
         self.plain_ok = geometry(self.sspec) == geometry(self.tspec)
         self.recompute = {r.name: r for r in recompute}
-        for r in frontier:
-            if not 0 <= float(r) <= 1:
-                raise HarnessError(f"frontier share {r!r} is outside 0..1", "pass shares of the context, e.g. 0.1,0.25")
-        self.frontier = frontier_points(frontier)
+        self.frontier = frontier_points(frontier)  # shares and sink checked by HarnessSettings
         self.sink = DEFAULT_SINK if sink is None else int(sink)
-        if self.sink < 0:
-            raise HarnessError(f"--sink {sink!r} is negative", "pass a whole number of sink tokens >= 0, e.g. 4")
         eos = getattr(tokenizer, "eos_token_id", None)
         cfg_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
         self.eos_ids = set()

@@ -60,7 +60,7 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
     Returns ``(result, written)``: the JSON-ready result, and the report files written (empty
     without ``report_dir``). Finished items go to ``settings.partial_file`` as they finish (removed
     once a report is written beside it)."""
-    from kvbridge.evaluate.run import mapping_of
+    from kvbridge.evaluate.run import mapping_of, write_and_close
     from kvbridge.harness.report import write_report
     from kvbridge.harness.run import run_tasks
     from kvbridge.progress import PartialLog
@@ -81,15 +81,7 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
     )
     on_item = None if partial is None else lambda task, record: partial.add({"task": task, **record})
     result = run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
-    written = {}
-    if settings.report_dir:
-        written = write_report(result, settings.report_dir)
-        if partial is not None and settings.partial_path is None:
-            partial.remove()
-            partial = None
-    if partial is not None:
-        partial.finish()
-    return result, written
+    return result, write_and_close(result, settings, write_report, partial)
 
 
 def harness_pair(pair, settings: HarnessSettings, *, prepared: Prepared | None = None, progress=None, host=None):

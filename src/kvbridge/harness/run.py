@@ -158,15 +158,13 @@ def run_harness(source, target, mapping, tokenizer, tasks, *, host=None, progres
     of :class:`~kvbridge.harness.settings.HarnessSettings` (``conditions``, ``frontier``, ``sink``,
     ``recompute_layers``, ``bootstrap``, ``seed``, ``limit``, ``allow_code_execution``, ...)."""
     from kvbridge.harness.settings import HarnessSettings
-    from kvbridge.models.pair import ModelPair
-    from kvbridge.plugins import host_or_default
-    from kvbridge.run import InMemoryModel, Run
+    from kvbridge.run import model_run
 
-    host = host_or_default(host)
     names = settings.pop("tasks", None) or tuple(t.name for t in tasks)
-    pair = ModelPair(InMemoryModel.of(source, host), InMemoryModel.of(target, host, tokenizer), {})
-    run = Run(pair, HarnessSettings(mapping=settings.pop("mapping", IN_MEMORY), tasks=names, **settings), host)
-    return run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
+    s = HarnessSettings(mapping=settings.pop("mapping", IN_MEMORY), tasks=names, **settings)
+    return run_tasks(
+        model_run(source, target, s, host, tokenizer=tokenizer), tasks, mapping, progress=progress, on_item=on_item
+    )
 
 
 def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=None) -> dict:

@@ -171,25 +171,21 @@ def mismatches(
     manifest: dict, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None, host=None
 ) -> list[str]:
     """Every field in which the vector and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.models.fingerprint import config_fingerprint, weights_fingerprint
     from kvbridge.plugins import host_or_default
 
     spec = host_or_default(host).adapter_for(model.config.to_dict()).spec_of(model)
-    m = manifest["model"]
+    m, now = manifest["model"], model_record(model, spec, weights_fp=weights_fp)  # what a save would record
     out = []
-    have = (m["model_type"], m["num_layers"], m["num_kv_heads"], m["head_dim"])
-    want = (spec.model_type, spec.num_layers, spec.num_kv_heads, spec.head_dim)
+    have, want = ([r[k] for k in ("model_type", "num_layers", "num_kv_heads", "head_dim")] for r in (m, now))
     if have != want:
         out.append(
             f"geometry (vector {have[0]} {have[1]} layers x {have[2]} kv heads x {have[3]} vs model "
             f"{want[0]} {want[1]} x {want[2]} x {want[3]})"
         )
-    cfg = config_fingerprint(model.config.to_dict())
-    if m["config_fingerprint"] != cfg:
-        out.append(f"config (vector {m['config_fingerprint'][:12]}... vs model {cfg[:12]}...)")
-    wfp = weights_fp or weights_fingerprint(model)
-    if m["weights_fingerprint"] != wfp:
-        out.append(f"weights (vector {m['weights_fingerprint'][:12]}... vs model {wfp[:12]}...)")
+    for what in ("config", "weights"):
+        key = f"{what}_fingerprint"
+        if m[key] != now[key]:
+            out.append(f"{what} (vector {m[key][:12]}... vs model {now[key][:12]}...)")
     have_tok = (manifest.get("tokenizer") or {}).get("fingerprint")
     if (
         tokenizer_fp is not None

@@ -77,7 +77,7 @@ def prepare_transfer(settings: SteerTransferSettings) -> None:
 def transfer_steering(run, *, prepared: bool = False) -> tuple[Path, Any]:
     """``(folder, mapping)``: the vector of ``run.source`` moved to ``run.target`` through ``settings.mapping``
     (checked against both models and the pair's tokenizer)."""
-    from kvbridge.fit.artifact import load_mapping
+    from kvbridge.evaluate.run import mapping_of
     from kvbridge.steer.artifact import load_vector, save_vector
     from kvbridge.steer.vectors import transfer_vector
 
@@ -85,7 +85,7 @@ def transfer_steering(run, *, prepared: bool = False) -> tuple[Path, Any]:
     if not prepared:
         prepare_transfer(settings)
     vector = load_vector(settings.vector, src.model, host=host)
-    mapping = load_mapping(settings.mapping, source=src.model, target=tgt.model, host=host)
+    mapping = mapping_of(run)
     moved = transfer_vector(vector, mapping, tgt.spec)
     path = save_vector(moved, settings.out, tgt.model, tokenizer_fp=_tokenizer_fp(tgt), overwrite=settings.overwrite)
     return path, mapping
