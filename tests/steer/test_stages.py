@@ -3,6 +3,7 @@ one call taking a loaded model (or pair) and a settings object; refusals before 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -96,3 +97,6 @@ def test_transfer_refuses_a_mapping_fitted_with_another_tokenizer(vec, tmp_path)
     with pytest.raises(KVBridgeError, match="different tokenizer"):
         api.steer_transfer(api.load_pair("zoo:base", "zoo:tuned"), settings)
     assert not (tmp_path / "moved").exists()
+    accepted = dataclasses.replace(settings, accept_fingerprint_mismatch=True)  # the refusal's fix works
+    api.steer_transfer(api.load_pair("zoo:base", "zoo:tuned"), accepted)
+    assert (tmp_path / "moved").is_dir()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 
 from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
-from kvbridge.settings_fields import check_kinds, option, out_option, overwrite_option, seed_option
+from kvbridge.settings_fields import check_kinds, mismatch_option, option, out_option, overwrite_option, seed_option
 
 #: the arms of ``steer eval`` (:mod:`kvbridge.steer.evaluate`), and those a sweep multiplies by default
 ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
@@ -108,6 +108,7 @@ class SteerTransferSettings:
     mapping: str = option(help="Mapping folder (kvbridge fit).", kind=("path", {}), required=True)
     out: str = out_option("Vector folder to write (for the target).", MISSING, required=True)
     overwrite: bool = overwrite_option("Replace an existing vector folder.")
+    accept_fingerprint_mismatch: bool = mismatch_option()
 
     def __post_init__(self) -> None:
         for name, flag in (("vector", "VECTOR_DIR"), ("mapping", "--mapping"), ("out", "--out")):
