@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--no-attention", action="store_true", help="evaluate without the attention-cosine capture")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from kvbridge.evaluate.conditions import CACHE_CONDITIONS, EvalConfig, run_conditions
+    from kvbridge.evaluate.conditions import CACHE_CONDITIONS, run_conditions
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.fit.mapping import FittedMapping, LayerMap
     from kvbridge.models import load
     from kvbridge.plugins import get_host
@@ -88,7 +89,7 @@ def main() -> None:
         for _ in range(tspec.num_layers)
     ]
     mapping = FittedMapping(sspec, tspec, layers)
-    cfg = EvalConfig(attention=not args.no_attention)
+    cfg = EvalSettings(continuation_len=32, attention=not args.no_attention)  # C=32: the runs BENCHMARKS.md records
     samples = torch.randint(0, tspec.vocab_size, (args.samples, cfg.sample_len), generator=g)
     runs = {
         "eval": lambda: run_conditions(src.model, tgt.model, mapping, samples, cfg, host=host),

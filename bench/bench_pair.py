@@ -452,7 +452,7 @@ def main(argv=None) -> int:
 
     # -- eval on held-out files ----------------------------------------------------------------------
     from kvbridge.evaluate import corpus_samples, evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate.settings import EvalSettings
 
     main_dir, main_map = maps[0]
     ev = eval_corpus(corpus, main_map.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok)
@@ -469,7 +469,7 @@ def main(argv=None) -> int:
         reuse = None
 
     def run_eval(mapping, conds, greedy):
-        cfg = EvalConfig(
+        cfg = EvalSettings(
             prefix_len=args.prefix_len,
             continuation_len=args.continuation_len,
             greedy_tokens=greedy,
@@ -608,7 +608,7 @@ def variants_only(args, out: Path) -> int:
     import torch
 
     from kvbridge.evaluate import evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.fit.artifact import load_mapping
 
     main, smodel, tmodel, _, ids, data = main_run_samples(args, out)
@@ -621,7 +621,7 @@ def variants_only(args, out: Path) -> int:
     rows = []
     for d in dirs:
         mapping = load_mapping(d, source=smodel, target=tmodel)
-        cfg = EvalConfig(
+        cfg = EvalSettings(
             prefix_len=args.prefix_len,
             continuation_len=args.continuation_len,
             greedy_tokens=1,

@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     ridge = FittedMapping(mapping.source_spec, mapping.target_spec, mapping.layers, fitter="ridge")
 
     from kvbridge.evaluate import corpus_samples, evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate.settings import EvalSettings
 
     ev = eval_corpus(corpus, mapping.manifest, args.corpus_heldout, explicit=False, allow=False, tokenizer=ttok)
     length = args.prefix_len + args.continuation_len + 1
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     results["eval_data"] = data
 
     def run_eval(m, conds):
-        cfg = EvalConfig(
+        cfg = EvalSettings(
             prefix_len=args.prefix_len,
             continuation_len=args.continuation_len,
             greedy_tokens=1,

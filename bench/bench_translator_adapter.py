@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from kvbridge.adapters.pair import calibration_ids
     from kvbridge.adapters import DEFAULT_CORPUS
     from kvbridge.evaluate import corpus_samples, evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.fit import fit
     from kvbridge.fit.mapping import FittedMapping
     from kvbridge.fit.protocol import parse_pairs
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     fit_s = time.perf_counter() - t1
     ridge = FittedMapping(mapping.source_spec, mapping.target_spec, mapping.layers, fitter="ridge")
     ids, data = corpus_samples(DEFAULT_CORPUS, tok, n=args.samples, length=args.prefix_len + args.continuation_len + 1)
-    cfg = EvalConfig(
+    cfg = EvalSettings(
         prefix_len=args.prefix_len,
         continuation_len=args.continuation_len,
         greedy_tokens=1,

@@ -94,7 +94,7 @@ def test_grid_options_and_the_fitter_table():
 
 def test_reused_prefills_give_the_results_of_fresh_ones():
     from kvbridge.evaluate import evaluate
-    from kvbridge.evaluate.conditions import EvalConfig
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.fit import fit
     from kvbridge.plugins import make_host
     from kvbridge.testing.planted import llama_config, llama_model, planted_pair, token_ids
@@ -107,7 +107,7 @@ def test_reused_prefills_give_the_results_of_fresh_ones():
         for k, a in ((1, 1.0), (2, 0.01))
     ]
     samples = token_ids(6)[:, :24]
-    cfg = EvalConfig(
+    cfg = EvalSettings(
         prefix_len=16,
         continuation_len=4,
         greedy_tokens=2,

@@ -91,7 +91,8 @@ def test_bootstrap_intervals_contain_estimates(identity_result):
 
 def test_bootstrap_is_paired_and_seeded(base, samples, host):
     from kvbridge.builtin.identity import IdentityMapping
-    from kvbridge.evaluate.conditions import EvalConfig, run_conditions
+    from kvbridge.evaluate.conditions import run_conditions
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.evaluate.metrics import summarize
 
     run = run_conditions(
@@ -99,7 +100,7 @@ def test_bootstrap_is_paired_and_seeded(base, samples, host):
         base[0],
         IdentityMapping(),
         samples,
-        EvalConfig(
+        EvalSettings(
             prefix_len=P, continuation_len=C, greedy_tokens=2, conditions=("native", "transferred", "no_prefix")
         ),
         host=host,

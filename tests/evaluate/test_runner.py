@@ -46,7 +46,8 @@ def test_a_context_batch_keeps_its_memo_across_calls():
 
 def test_an_extra_condition_reuses_the_runs_source_prefill(base, samples, host):
     from kvbridge.builtin.identity import IdentityMapping
-    from kvbridge.evaluate.conditions import EvalConfig, run_conditions
+    from kvbridge.evaluate.conditions import run_conditions
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.evaluate.runner import Built, Condition
 
     prefills = []
@@ -59,7 +60,7 @@ def test_an_extra_condition_reuses_the_runs_source_prefill(base, samples, host):
         pre.hook = hook
         return Condition("again", lambda bt: Built(pre.transferred(bt)))
 
-    cfg = EvalConfig(
+    cfg = EvalSettings(
         prefix_len=P,
         continuation_len=C,
         greedy_tokens=2,

@@ -248,7 +248,8 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
-    from kvbridge.evaluate.conditions import ConditionRun, EvalConfig, run_conditions
+    from kvbridge.evaluate.conditions import ConditionRun, run_conditions
+    from kvbridge.evaluate.settings import EvalSettings
     from kvbridge.evaluate.runner import Built, Condition
     from kvbridge.evaluate.metrics import bootstrap_indices, resolve_metrics, summarize
     from kvbridge.fit import FitSettings, fit_run
@@ -290,7 +291,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     conds = ("native", "transferred", "no_prefix") + (
         ("zeroed", "shuffled", "random", "no_rope_reapply") if st.controls else ()
     )
-    cfg = EvalConfig(
+    cfg = EvalSettings(
         prefix_len=prefix_len,
         continuation_len=continuation_len,
         greedy_tokens=greedy_tokens,

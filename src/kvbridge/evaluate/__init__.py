@@ -43,7 +43,7 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
 
     text = texts if isinstance(texts, str) else "\n".join(texts)
     if not 0 < fraction <= 1:
-        from kvbridge.evaluate.conditions import EvalError
+        from kvbridge.evaluate.settings import EvalError
 
         raise EvalError(f"held-out fraction must be in (0, 1], got {fraction}", "use e.g. 0.1")
     return text[heldout_start(text, fraction) :]
@@ -53,7 +53,7 @@ def windows(stream, n: int, length: int):
     """``[n, length]`` non-overlapping windows spread evenly over a 1-D token stream."""
     import torch
 
-    from kvbridge.evaluate.conditions import EvalError
+    from kvbridge.evaluate.settings import EvalError
 
     stream = torch.as_tensor(stream).long().flatten()
     total = stream.numel()
@@ -145,41 +145,34 @@ def _describe_mapping(mapping, path=None) -> dict:
     }
 
 
-def eval_config(config=None, **overrides):
-    """An :class:`~kvbridge.evaluate.conditions.EvalConfig` from ``config`` updated by field
-    names (``prefix_len=48``); an unknown name is refused naming the closest fields."""
-    from dataclasses import fields, replace
+def eval_config(config=None, **fields):
+    """An :class:`~kvbridge.evaluate.settings.EvalSettings` (``config``, default ``kvbridge eval``'s)
+    with ``fields`` replaced by name (``prefix_len=48``); an unknown name is refused naming the closest."""
+    from dataclasses import fields as fields_of, replace
 
     from kvbridge.errors import did_you_mean
-    from kvbridge.evaluate.conditions import CONDITIONS, EvalConfig, EvalError
+    from kvbridge.evaluate.settings import EvalError, EvalSettings
 
-    config = config or EvalConfig()
-    known = [f.name for f in fields(EvalConfig)]
-    for key in overrides:
+    known = [f.name for f in fields_of(EvalSettings)]
+    for key in fields:
         if key not in known:
             raise EvalError(
                 f"evaluate() has no setting {key!r}", f"{did_you_mean(key, known)}settings: {', '.join(known)}"
             )
-    if overrides.get("conditions") is None:
-        overrides.pop("conditions", None)
-    config = replace(config, **overrides)
-    casts = {"int": int, "float": float, "bool": bool}  # each field to its declared type (``"48"`` -> 48)
-    return replace(
-        config,
-        conditions=tuple(config.conditions or CONDITIONS),
-        **{f.name: casts[f.type](getattr(config, f.name)) for f in fields(EvalConfig) if f.type in casts},
-    )
+    config = config or EvalSettings()
+    return replace(config, **fields) if fields else config
 
 
-def evaluate(source, target, mapping, samples, *, config=None, gates=(), metrics=None, host=None, **settings) -> dict:
+def evaluate(source, target, mapping, samples, *, config=None, gates=None, metrics=None, host=None, **settings) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
-    ``config``: an :class:`~kvbridge.evaluate.conditions.EvalConfig` (prefix and continuation
-    lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap);
-    ``settings`` override its fields by name (``prefix_len=48``), ``source_name``, ``target_name``,
-    ``mapping_path``, ``data`` label the result, and ``progress`` / ``on_batch`` are the callbacks of
-    :func:`evaluate_config`. ``gates``: gate texts to enforce (``"kl_p95<=0.2"``, ``"default"``); the
-    default gates are always reported. ``metrics``: metric names (default: every registered metric).
+    ``config``: an :class:`~kvbridge.evaluate.settings.EvalSettings` (prefix and continuation
+    lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap; default:
+    ``kvbridge eval``'s); ``settings`` replace its fields by name (``prefix_len=48``; checked as the
+    settings check them), ``source_name``, ``target_name``, ``mapping_path``, ``data`` label the result,
+    and ``progress`` / ``on_batch`` are the callbacks of :func:`evaluate_config`. ``gates``: gate texts
+    to enforce (``"kl_p95<=0.2"``, ``"default"``; default: the settings' ``gates``); the default gates
+    are always reported. ``metrics``: metric names (default: every registered metric).
     """
     calls = {k: settings.pop(k) for k in ("progress", "on_batch") if k in settings}
     labels = {k: settings.pop(k) for k in LABELS if k in settings}
@@ -192,11 +185,10 @@ LABELS = ("source_name", "target_name", "mapping_path", "data")
 
 
 def evaluate_config(
-    models, mapping, samples, config, gates=(), metrics=None, host=None, progress=None, on_batch=None, labels=None
+    models, mapping, samples, config, gates=None, metrics=None, host=None, progress=None, on_batch=None, labels=None
 ):
-    """:func:`evaluate` with ``config`` an :class:`~kvbridge.evaluate.conditions.EvalConfig` as it is
-    (``kvbridge eval`` builds it once from its settings); ``models``: ``(source, target)``;
-    ``labels``: :data:`LABELS` by name."""
+    """:func:`evaluate` with ``config`` an :class:`~kvbridge.evaluate.settings.EvalSettings` as it is
+    (``kvbridge eval`` passes its own); ``models``: ``(source, target)``; ``labels``: :data:`LABELS` by name."""
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import run_conditions
     from kvbridge.evaluate.metrics import resolve_metrics, summarize
@@ -207,7 +199,9 @@ def evaluate_config(
     host = host or get_host()
     loaded = resolve_metrics(host, metrics)
     hib = {m.name: m.higher_is_better for m in loaded}
-    gate_list = gates_mod.gate_set(gates, hib)  # parse before the (slow) run: fail early on a typo
+    gate_list = gates_mod.gate_set(
+        config.gates if gates is None else gates, hib
+    )  # parse before the (slow) run: fail early on a typo
     run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress, on_batch=on_batch)
     summary = summarize(run, loaded, bootstrap=config.bootstrap, seed=config.seed)
     gate_results = gates_mod.evaluate_gates(summary, gate_list)

@@ -49,50 +49,26 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from kvbridge.errors import KVBridgeError
 from kvbridge.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
 from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
+from kvbridge.evaluate.settings import CACHE_CONDITIONS, CONDITIONS, CONTROLS, EvalError, EvalSettings
 from kvbridge.evaluate.runner import Built, Condition, Prefills, check_mapping, prefix_batches, run_batches, sample_ids
 
-#: every condition, in report order
-CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
-#: conditions whose prefix is a target-geometry cache (attention cosine applies)
-CACHE_CONDITIONS = ("native", "transferred", "zeroed", "shuffled", "random", "no_rope_reapply")
-#: the controls a transfer must beat
-CONTROLS = ("zeroed", "shuffled", "random", "no_rope_reapply")
 
+def EvalConfig(**fields):  # noqa: N802 - the class it replaces
+    """Deprecated: an :class:`~kvbridge.evaluate.settings.EvalSettings` (eval's one settings type), with
+    the old ``EvalConfig`` default ``continuation_len=32``."""
+    import warnings
 
-class EvalError(KVBridgeError):
-    """The evaluation cannot run as asked (too few samples, mismatched models)."""
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    prefix_len: int = 64
-    continuation_len: int = 32
-    greedy_tokens: int = 16
-    batch_size: int = 16
-    top_k: int = 5  # top-k overlap
-    top_p: float = 0.9  # nucleus for the total-variation distance
-    seed: int = 0  # random control
-    conditions: tuple = CONDITIONS
-    attention: bool = True
-    bootstrap: int = 1000  # paired bootstrap resamples of the samples (0: no intervals)
-
-    @property
-    def sample_len(self) -> int:
-        return self.prefix_len + self.continuation_len + 1
-
-    def condition_names(self) -> tuple[str, ...]:
-        """The conditions asked (what :class:`~kvbridge.evaluate.settings.EvalSettings` also answers)."""
-        return tuple(self.conditions)
+    warnings.warn("EvalConfig is deprecated: use kvbridge.evaluate.settings.EvalSettings", DeprecationWarning, 2)
+    return EvalSettings(**{"continuation_len": 32, **fields})
 
 
 @dataclass
 class ConditionRun:
     """Per-condition arrays over samples (leading dim N) plus the run's context."""
 
-    config: EvalConfig
+    config: EvalSettings
     fields: dict  # condition -> {name: Tensor[N, ...]}
     num_layers: int  # target layers (attention cosine columns)
     timing: dict = field(default_factory=dict)
@@ -132,20 +108,21 @@ def run_conditions(
     target,
     mapping,
     samples: torch.Tensor,
-    config: EvalConfig = EvalConfig(),
+    config: EvalSettings | None = None,
     *,
     host=None,
     progress=None,
     on_batch=None,
     extra=(),
 ) -> ConditionRun:
-    """Run every condition of ``config`` (an :class:`EvalConfig` or an
-    :class:`~kvbridge.evaluate.settings.EvalSettings`) on ``samples [N, P+C+1]``; per-sample arrays.
+    """Run every condition of ``config`` (an :class:`~kvbridge.evaluate.settings.EvalSettings`, default
+    ``kvbridge eval``'s) on ``samples [N, P+C+1]``; per-sample arrays.
 
     ``on_batch(first, last, {condition: {name: Tensor of this batch}})`` after each batch (partial results).
     ``extra``: more conditions, each a function of the run's :class:`~kvbridge.evaluate.runner.Prefills`
     returning a :class:`~kvbridge.evaluate.runner.Condition` (run after ``config``'s, on the same prefills).
     """
+    config = config or EvalSettings()
     samples, p, c = sample_ids(samples, config.prefix_len, config.continuation_len, EvalError)
     n = samples.shape[0]
     conds = [x for x in CONDITIONS if x in config.condition_names()]

@@ -98,6 +98,9 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
 
     src, tgt, s = run.source, run.target, run.settings
     smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
+    if s.mapping is None or s.corpus is None:
+        flag = "--mapping" if s.mapping is None else "--corpus"
+        raise ConfigError(f"{flag} is not set", "pass EvalSettings(mapping=..., corpus=...) to evaluate a pair")
     if heartbeat is not None:
         heartbeat.stage("reading the corpus and the mapping")
     mapping = mapping_of(run)
@@ -147,8 +150,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         (smodel, tmodel),
         mapping,
         ids,
-        s,  # the settings are the run's config (EvalConfig's fields and condition_names())
-        gates=s.gates,
+        s,
         host=run.host,
         progress=progress,
         on_batch=on_batch,

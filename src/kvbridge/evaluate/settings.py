@@ -1,8 +1,8 @@
 """What ``kvbridge eval`` (and :func:`kvbridge.evaluate.run.evaluate_pair`) is asked to do.
 
 Frozen values with the CLI's defaults; bad values are refused here, as one-line errors naming the
-option and the fix, so the Python API gets the command line's checks. Torch-free except the
-condition names, read from :mod:`kvbridge.evaluate.conditions` when ``conditions`` is not ``all``.
+option and the fix, so the Python API gets the command line's checks. Torch-free: the condition
+names and :class:`EvalError` are declared here (:mod:`kvbridge.evaluate.conditions` runs them).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbridge.corpus import DEFAULT_HELDOUT
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, KVBridgeError
 from kvbridge.settings_fields import (
     MAPPING_FIX,
     bootstrap_option,
@@ -29,6 +29,18 @@ from kvbridge.settings_fields import (
 #: attention sink; EPIC-style, a second control), the stretch's last rows (the tail a continuation reads
 #: most: the simplest rule a user would try)
 TOKEN_RULES = ("deviation", "random", "first", "last")
+#: every condition, in report order
+CONDITIONS = ("native", "transferred", "no_prefix", "zeroed", "shuffled", "random", "no_rope_reapply", "source")
+#: conditions whose prefix is a target-geometry cache (attention cosine applies)
+CACHE_CONDITIONS = ("native", "transferred", "zeroed", "shuffled", "random", "no_rope_reapply")
+#: the controls a transfer must beat
+CONTROLS = ("zeroed", "shuffled", "random", "no_rope_reapply")
+
+
+class EvalError(KVBridgeError):
+    """The evaluation cannot run as asked (too few samples, mismatched models)."""
+
+
 #: the held-out share when ``heldout_fraction`` is None and the mapping records none for the corpus
 HELDOUT_FRACTION = DEFAULT_HELDOUT
 
@@ -122,13 +134,16 @@ class RecomputeSettings:
 class EvalSettings:
     """One ``kvbridge eval`` run; fields are the command's options (``attention`` = not ``--no-attention``,
     ``heldout_fraction=None`` = the share the mapping records for the corpus (a folder's split, a file's
-    held-out tail), else :data:`HELDOUT_FRACTION`)."""
+    held-out tail), else :data:`HELDOUT_FRACTION`). Also the settings :func:`kvbridge.evaluate.evaluate`
+    runs on samples and a mapping object it is given: ``mapping`` and ``corpus`` (required on the command
+    line) may then be None; ``conditions`` may be a tuple of names."""
 
-    mapping: str = option(
-        help="Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).", required=True
+    mapping: str | None = option(
+        None, "Mapping folder written by `kvbridge fit`, or 'identity' (same content geometry).", required=True
     )
-    corpus: str = option(
-        help="Text file, JSONL with 'text' (samples come from its held-out tail), or folder of .py/.txt "
+    corpus: str | None = option(
+        None,
+        "Text file, JSONL with 'text' (samples come from its held-out tail), or folder of .py/.txt "
         "(samples come from its held-out files: the mapping's split by path hash).",
         kind=("path", {"exists": True}),
         required=True,
@@ -194,8 +209,9 @@ class EvalSettings:
     def __post_init__(self) -> None:
         from kvbridge.evaluate.gates import parse_gate
 
-        nonempty(self.mapping, "--mapping", MAPPING_FIX)
-        if self.corpus is None or not str(self.corpus).strip():
+        if self.mapping is not None:
+            nonempty(self.mapping, "--mapping", MAPPING_FIX)
+        if self.corpus is not None and not str(self.corpus).strip():
             raise ConfigError("--corpus is empty", "pass a text file, a JSONL file or a folder")
         object.__setattr__(self, "gates", tuple(self.gates))
         for text in self.gates:  # a typo in a gate fails before anything is loaded
@@ -224,10 +240,8 @@ class EvalSettings:
         self.condition_names()  # unknown names refused now
 
     def condition_names(self) -> tuple[str, ...]:
-        """``conditions`` as names (``all``: every built-in condition)."""
-        from kvbridge.evaluate.conditions import CONDITIONS, EvalError
-
-        text = str(self.conditions)
+        """``conditions`` as names (``all``, empty or None: every built-in condition)."""
+        text = self.conditions if isinstance(self.conditions, str) else ",".join(self.conditions or ())
         conds = CONDITIONS if text.strip() in ("", "all") else tuple(c.strip() for c in text.split(","))
         bad = [c for c in conds if c not in CONDITIONS]
         if bad:
@@ -264,4 +278,14 @@ def parse_frontier(text) -> tuple[float, ...]:
     return tuple(sorted(out))
 
 
-__all__ = ["EvalSettings", "HELDOUT_FRACTION", "RecomputeSettings", "frontier_ratios", "parse_frontier"]
+__all__ = [
+    "CACHE_CONDITIONS",
+    "CONDITIONS",
+    "CONTROLS",
+    "EvalError",
+    "EvalSettings",
+    "HELDOUT_FRACTION",
+    "RecomputeSettings",
+    "frontier_ratios",
+    "parse_frontier",
+]

@@ -70,10 +70,10 @@ class _Run:
     """The slice of :class:`kvbridge.evaluate.conditions.ConditionRun` that ``summarize`` reads."""
 
     def __init__(self, fields: dict):
-        from kvbridge.evaluate.conditions import EvalConfig
+        from kvbridge.evaluate.settings import EvalSettings
 
         self.fields = fields
-        self.config = EvalConfig(greedy_tokens=G)
+        self.config = EvalSettings(greedy_tokens=G)
         self.num_samples = N
 
 
