@@ -84,15 +84,15 @@ class InMemoryModel:
         return cls(model, tokenizer, host.adapter_of(model).spec_of(model), name, revision)
 
 
-def model_run(source, target, settings, host=None, *, tokenizer=None, names=("", "")) -> Run:
+def model_run(source, target, settings, host=None, *, tokenizer=None, names=("", ""), revisions=(None, None)) -> Run:
     """A run of ``settings`` on two model objects given in Python (each an :class:`InMemoryModel`, both
-    with ``tokenizer``; ``names``: what manifests record, default their configs' ``_name_or_path``):
+    with ``tokenizer``; ``names`` / ``revisions``: what manifests record, default their configs' ``_name_or_path`` and no revision):
     what ``fit(model, model, ...)``, the demo, the benches and the tests that build models pass a stage."""
     from kvbridge.models.pair import ModelPair
     from kvbridge.plugins import host_or_default
 
     host = host_or_default(host)
-    sides = [InMemoryModel.of(m, host, tokenizer, name) for m, name in zip((source, target), names)]
+    sides = [InMemoryModel.of(m, host, tokenizer, n, r) for m, n, r in zip((source, target), names, revisions)]
     return Run(ModelPair(*sides, {}), settings, host)
 
 

@@ -31,6 +31,17 @@ def test_model_objects_named_by_the_deprecated_keywords_still_record_the_names(p
             distributed=None,
             source_name="src-name",
             target_name="tgt-name",
+            source_revision="rev-a",
         )
     assert (mapping.manifest["source"]["name"], mapping.manifest["target"]["name"]) == ("src-name", "tgt-name")
+    assert (mapping.manifest["source"]["revision"], mapping.manifest["target"]["revision"]) == ("rev-a", None)
     assert mapping.manifest["tokenizer"] is None  # fitted from token ids of models given in Python
+
+
+def test_a_tokenizer_keyword_with_references_is_refused(fit_host):
+    """``tokenizer=`` is for model objects; references bring their own (not silently ignored)."""
+    from kvbridge.errors import ConfigError
+    from kvbridge.fit import fit
+
+    with pytest.raises(ConfigError, match="tokenizer=.* is for model objects"):
+        fit("zoo:base", "zoo:wide", ["some text"], tokenizer=object(), host=fit_host)

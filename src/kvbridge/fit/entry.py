@@ -48,15 +48,19 @@ def fit(source, target=None, data=None, settings=None, *, host=None, progress=No
         fields = {**{k: v for k, v in given.items() if v is not None}, **fields}
     if "offset" in fields:
         fields["tokens_offset"] = fields.pop("offset")
-    names = _legacy_names(fields)
+    names, revisions = _legacy_names(fields)
     fitter = host.get("fitter", fields.get("fitter") or getattr(settings, "fitter", "ridge"))
     by_name = {k: fields.pop(k) for k in list(fields) if k not in SETTINGS and k in option_fields(fitter.Options)}
     settings = fit_settings(settings, **fields)
     base = {**option_base(options), **by_name}
     prepared = prepare(settings, data=data, host=host, options=base)  # every refusal before a model loads
     if _model_objects(source, target):
-        run = model_run(source, target, settings, host, tokenizer=tokenizer, names=names)
+        run = model_run(source, target, settings, host, tokenizer=tokenizer, names=names, revisions=revisions)
     else:
+        if tokenizer is not None:
+            raise ConfigError(
+                "fit(tokenizer=) is for model objects", "references and loaded models bring their own tokenizer"
+            )
         run = Run.of(pair_of(source, target, settings.dtype, host), settings, host)
     return fit_run(run, data=data, prepared=prepared, progress=progress, warn=warn, **extra)
 
@@ -74,21 +78,27 @@ def fit_settings(settings=None, **fields) -> FitSettings:
 
 
 def _legacy_names(fields: dict) -> tuple:
-    """The manifest names of model objects from the deprecated ``provenance=`` / ``source_name=`` /
-    ``target_name=`` keywords (removed from ``fields``), with a deprecation warning."""
-    given = {k: fields.pop(k) for k in ("provenance", "source_name", "target_name") if k in fields}
+    """The manifest ``(names, revisions)`` of model objects from the deprecated ``provenance=`` /
+    ``source_name=`` / ``target_name=`` / ``*_revision=`` keywords (removed from ``fields``), with a
+    deprecation warning."""
+    keys = ("provenance", "source_name", "target_name", "source_revision", "target_revision")
+    given = {k: fields.pop(k) for k in keys if k in fields}
     if not given:
-        return ("", "")
+        return ("", ""), (None, None)
     import warnings
 
     warnings.warn(
-        "fit(provenance=, source_name=, target_name=) is deprecated: name model objects with "
-        "kvbridge.run.model_run(source, target, settings, names=(SOURCE, TARGET)) and fit_run(run, data=...)",
+        "fit(provenance=, source_name=, target_name=, source_revision=, target_revision=) is deprecated: name "
+        "model objects with kvbridge.run.model_run(source, target, settings, names=(SOURCE, TARGET), "
+        "revisions=(REV, REV)) and fit_run(run, data=...)",
         DeprecationWarning,
         stacklevel=3,
     )
     prov = given.get("provenance")
-    return tuple(given.get(f"{r}_name") or getattr(prov, f"{r}_name", "") for r in ("source", "target"))
+    names = tuple(given.get(f"{r}_name") or getattr(prov, f"{r}_name", "") for r in ("source", "target"))
+    return names, tuple(
+        given.get(f"{r}_revision") or getattr(prov, f"{r}_revision", None) for r in ("source", "target")
+    )
 
 
 def _model_objects(source, target) -> bool:
