@@ -57,6 +57,9 @@ class ModelSize:
     params: int  # every weight, embeddings included
     forward_params: int  # weights a token's forward multiplies (no input embedding; no LM head: logits_to_keep=1)
     embed_params: int = 0  # vocabulary x hidden (the input embedding; the LM head has as many, tied or not)
+    hidden: int = 0  # residual width
+    intermediate: int = 0  # MLP width
+    gated_mlp: bool = True  # gate and up projections (SwiGLU-style) rather than one up projection
 
     @property
     def state_params(self) -> int:
@@ -100,7 +103,59 @@ def model_size(ref: str) -> ModelSize:
     body = layers * (attn + mlp)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     params = body + vocab * hidden * (1 if tied else 2)
-    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden)
+    return ModelSize(
+        resolved.name,
+        layers,
+        kv,
+        hd,
+        heads * hd,
+        params,
+        body,
+        vocab * hidden,
+        hidden=hidden,
+        intermediate=inter,
+        gated_mlp=cfg.get("model_type") not in UNGATED_MLP,
+    )
+
+
+def forward_activation_bytes(m: ModelSize, rows: int, dtype_bytes: int) -> int:
+    """Transient bytes of one prefill forward over ``rows`` tokens (batch x sequence length), beyond
+    its cache: the widest point of one decoder layer, the MLP (the residual stream, its normed copy
+    and the output: 3 x hidden; the gate and up projections and their product: 3 x intermediate,
+    2 when ungated). Attention is assumed fused (no ``[heads, T, T]`` scores kept), the logits
+    are of the last token only."""
+    return int(rows) * (3 * m.hidden + (3 if m.gated_mlp else 2) * m.intermediate) * int(dtype_bytes)
+
+
+def calibration_batch_bytes(
+    s: ModelSize, t: ModelSize, *, batch: int, seq_len: int, rows: int, dtype_bytes: int
+) -> int:
+    """Peak bytes of one calibration batch beyond the statistics and their workspace
+    (:meth:`kvbridge.fit.calibrate.PairedCalibration.features`): ``batch`` sequences of ``seq_len``
+    tokens through each model in turn, ``rows`` observations sampled from them.
+
+    Per model: its cache's K/V (``2·L·batch·seq_len·H·D`` in the load dtype), the forward's
+    activations (:func:`forward_activation_bytes`) beside the growing cache, then the cache copied
+    out once; its sampled rows as float32 ``2·rows·L·H·D``. The phases, in order: the source's
+    forward; its rows taken from its K/V; the target's forward beside the source's rows; the
+    target's rows beside its K/V and the source's rows. The largest phase is the batch's need."""
+    tokens = int(batch) * int(seq_len)
+
+    def kv(m):
+        return 2 * m.layers * tokens * m.kv_features * int(dtype_bytes)
+
+    def extract(m):
+        return max(forward_activation_bytes(m, tokens, dtype_bytes) + kv(m), 2 * kv(m))
+
+    def sampled(m):
+        return 2 * int(rows) * m.layers * m.kv_features * 4
+
+    return max(
+        extract(s),
+        kv(s) + sampled(s),
+        sampled(s) + extract(t),
+        sampled(s) + kv(t) + sampled(t),
+    )
 
 
 #: the float64 workspace one accumulation job converts and centres its batch in holds at most this
@@ -225,7 +280,7 @@ class FitPlan:
     memory_budget: int
     passes: tuple
     statistics_bytes: int  # peak: the largest pass
-    batch_buffer_bytes: int
+    batch_buffer_bytes: int  # the float64 workspace (+ the attention recording, weighting=attention)
     weights_bytes: int  # both models in the load dtype
     artifact_bytes: int
     forward_flops: float  # all passes
@@ -241,10 +296,18 @@ class FitPlan:
     hash_bytes: int = 0  # weights fingerprinted (both models, state-dict bytes)
     rates: object = None  # a kvbridge.fit.plan_rates.PlanRates (measured), or None
     measured: tuple = ()  # kvbridge's own measured verdicts on this pair (kvbridge.check.measured)
+    calibration_bytes: int = 0  # one calibration batch: forwards, caches' K/V, sampled rows (calibration_batch_bytes)
+    batch_size: int = 4
+    seq_len: int = 512
+
+    @property
+    def fit_bytes(self) -> int:
+        """The fit's memory above the two models' weights: statistics + workspace + one calibration batch."""
+        return self.statistics_bytes + self.batch_buffer_bytes + self.calibration_bytes
 
     @property
     def peak_bytes(self) -> int:
-        return self.statistics_bytes + self.batch_buffer_bytes + self.weights_bytes
+        return self.fit_bytes + self.weights_bytes
 
     def time_parts(self) -> dict | None:
         """Seconds per part of the fit at the measured ``rates`` (None without them)."""
@@ -278,7 +341,9 @@ class FitPlan:
         out["passes"] = [asdict(p) for p in self.passes]
         out["rates"] = None if self.rates is None else self.rates.to_dict()
         out["measured"] = [m.to_dict() for m in self.measured]
-        out.update(peak_bytes=self.peak_bytes, seconds=self.seconds, time_parts=self.time_parts())
+        out.update(
+            fit_bytes=self.fit_bytes, peak_bytes=self.peak_bytes, seconds=self.seconds, time_parts=self.time_parts()
+        )
         return out
 
     def lines(self) -> list[str]:
@@ -289,8 +354,10 @@ class FitPlan:
             f"({self.observations:,} observations per head)",
             f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
             f"corpus; budget {_size(self.memory_budget)}",
-            f"  + float64 workspace {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
-            f" = peak ~{_size(self.peak_bytes)}",
+            f"  + float64 workspace {_size(self.batch_buffer_bytes)} + calibration batch {_size(self.calibration_bytes)} "
+            f"({self.batch_size} x {self.seq_len} tokens: a forward, the caches' K/V, the sampled rows; --batch-size "
+            f"scales it) = fit memory ~{_size(self.fit_bytes)} (--memory bounds the statistics + workspace)",
+            f"  + both models' weights {_size(self.weights_bytes)} = peak ~{_size(self.peak_bytes)}",
             f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
             f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
             f"solves {self.solve_flops:.3g}",
@@ -526,6 +593,9 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         + record
     )
     weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
+    calibration = calibration_batch_bytes(
+        s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=DTYPE_BYTES.get(dtype, 4)
+    )
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
     forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
     return FitPlan(
@@ -553,6 +623,9 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         memory_traffic_bytes=sum(p.statistics_bytes for p in passes),
         hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4),
         rates=rates,
+        calibration_bytes=calibration,
+        batch_size=int(batch_size),
+        seq_len=int(seq_len),
     )
 
 
@@ -579,6 +652,8 @@ __all__ = [
     "plan",
     "PlanInputs",
     "attention_record_bytes",
+    "calibration_batch_bytes",
+    "forward_activation_bytes",
     "FitPlan",
     "Pass",
     "ModelSize",
