@@ -250,3 +250,26 @@ def test_plan_counts_one_calibration_batch_beside_the_statistics():
     # a bfloat16 load halves the caches and activations, not the float32 rows
     half = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2, dtype="bfloat16")
     assert half.calibration_bytes == rows_src + (forward_activation_bytes(t, 2048, 4) + kv) // 2
+
+
+def test_a_budget_the_batch_pushes_over_says_the_memory_flag_that_stays_within():
+    import re
+
+    from kvbridge.fit.plan import plan
+
+    kw = dict(tokens=2048, seq_len=512, stride=2, top_k=2)
+    assert not any("--memory bounds" in n for n in plan("zoo:base", "zoo:stranger", memory_budget=30 << 20, **kw).notes)
+    over = plan("zoo:base", "zoo:stranger", memory_budget=20 << 20, **kw)
+    assert over.fit_bytes > 20 << 20
+    note = next(n for n in over.notes if "--memory bounds" in n)
+    flag = float(re.search(r"pass --memory ([0-9.]+) \(more passes\)", note).group(1))
+    within = plan("zoo:base", "zoo:stranger", memory_budget=int(flag * 2**30), **kw)
+    assert within.fit_bytes <= 20 << 20 and len(within.passes) > len(over.passes)
+    # a budget the batch alone fills: the smallest budget and a smaller batch
+    from kvbridge.fit.plan import minimum_budget, model_size
+    from kvbridge.sizes import gib_flag
+
+    tiny = plan("zoo:base", "zoo:stranger", memory_budget=8 << 20, **kw)
+    s = model_size("zoo:base")
+    lowest = gib_flag(minimum_budget("ridge", 4, 4, s.kv_features, s.head_dim, s.kv_features, 2))
+    assert any(f"pass the smallest --memory ({lowest}) and a smaller --batch-size" in n for n in tiny.notes)

@@ -399,6 +399,16 @@ class FitPlan:
         return out
 
 
+def _gib_down(nbytes: float, digits: int = 3) -> str:
+    """``nbytes`` as GiB rounded *down* to ``digits`` significant digits (a ``--memory`` that stays within)."""
+    gib = float(nbytes) / GIB
+    if gib <= 0:
+        return "0"
+    step = 10.0 ** (math.floor(math.log10(gib)) - (digits - 1))
+    text = f"{math.floor(gib / step + 1e-9) * step:.{max(0, -(math.floor(math.log10(gib)) - (digits - 1)))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def _duration(s: float) -> str:
     if s < 120:
         return f"{s:.1f} s"
@@ -596,6 +606,19 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     calibration = calibration_batch_bytes(
         s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=DTYPE_BYTES.get(dtype, 4)
     )
+    over = peak + buffers + calibration - memory_budget
+    if over > 0:  # the batch is outside --memory: say what --memory keeps the whole fit within this one
+        inside = _gib_down(memory_budget - calibration - record)
+        lowest = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k)
+        fix = (
+            f"pass --memory {inside} (more passes)"
+            if int(float(inside) * GIB) >= lowest
+            else f"pass the smallest --memory ({gib_flag(lowest)}) and a smaller --batch-size"
+        )
+        notes.append(
+            f"--memory bounds the statistics and their workspace, not the calibration batch: the fit memory is "
+            f"{_size(over)} over {_size(memory_budget)}; for a fit within {_size(memory_budget)} {fix}"
+        )
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
     forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
     return FitPlan(
