@@ -4,6 +4,10 @@
 float64 workspace + one calibration batch). Each fit in a fresh process (``--repeat`` of them,
 medians), no ``--memory`` (the default budget) unless ``--memory`` is given.
 
+``--steps``: one process per pair, printing where the peak goes: RSS before and after each step
+of the fit (each model's forward and cache, the sampled features of a batch, the statistics
+update, the layer selection, the solves, the save) and the peak so far, in MiB above the start.
+
 ``--warm``: the measured fit is the second one in its process (first-use imports and the
 allocator's first arenas excluded). ``--trim``: the child runs with glibc told to return freed
 memory (``MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0``), so the peak is the fit's
@@ -11,7 +15,7 @@ live memory rather than what the allocator kept from freed buffers: an instrumen
 
     python bench/bench_fit_memory.py [--pairs zoo:base/zoo:stranger,qwen2.5-coder-0.5b/qwen2.5-coder-1.5b]
         [--tokens 2048] [--stride 2] [--top-k 2] [--batch-size 4] [--dtype float32] [--memory GIB]
-        [--threads 1] [--repeat 3] [--warm] [--trim]
+        [--threads 1] [--repeat 3] [--warm] [--trim] [--steps]
 """
 
 from __future__ import annotations
@@ -59,13 +63,24 @@ def child(args) -> None:
                 **kw,
             )
 
+    log = []
+    if args.steps:
+        _watch_steps(log)
     if args.warm:  # one fit first, so the measured one excludes first-use imports and allocator warm-up
         run(ids)
+    log.clear()
     base = _rss_kib()
+    log.append(base)
     _reset_peak()
     t0 = time.process_time()
     mapping = run(ids)
     cpu = time.process_time() - t0
+    if args.steps:
+        print("| step | RSS before MiB | RSS after MiB | peak so far MiB |\n|---|---:|---:|---:|")
+        for name, before, after, peak in log[1:]:
+            print(
+                f"| {name} | {(before - base) / 1024:.1f} | {(after - base) / 1024:.1f} | {(peak - base) / 1024:.1f} |"
+            )
     report = mapping.report
     passes = report.passes if hasattr(report, "passes") else report.get("passes")
     print(
@@ -74,6 +89,35 @@ def child(args) -> None:
             {"peak_above_models": (_peak_kib() - base) * 1024, "cpu_s": cpu, "passes": passes, "base": base * 1024}
         )
     )
+
+
+def _watch_steps(log: list) -> None:
+    """Wrap the fit's steps so each appends ``(name, RSS before, RSS after, peak so far)`` (KiB) to ``log``."""
+    from kvbridge.fit import artifact, ridge, select
+    from kvbridge.fit.calibrate import PairedCalibration
+    from kvbridge.fit.stats import LayerStats
+
+    def watch(name, fn):
+        def wrapped(*a, **k):
+            before = _rss_kib()
+            out = fn(*a, **k)
+            if log:
+                label = name(a) if callable(name) else name
+                log.append((label, before, _rss_kib(), _peak_kib()))
+            return out
+
+        return wrapped
+
+    def model_step(a):
+        cal, model = a[0], a[1]
+        return f"{'source' if model is cal.source_model else 'target'} forward + cache + RoPE stripped"
+
+    PairedCalibration._content = watch(model_step, PairedCalibration._content)
+    PairedCalibration._sampled = staticmethod(watch("kept positions sampled (float32)", PairedCalibration._sampled))
+    LayerStats.update = watch("statistics update (float64 workspace)", LayerStats.update)
+    select.single_layer_r2 = watch("layer selection (single-layer R²)", select.single_layer_r2)
+    ridge.RidgeFitter._solve_layers = staticmethod(watch("solves", ridge.RidgeFitter._solve_layers))
+    artifact.save_mapping = watch("save", artifact.save_mapping)
 
 
 def main() -> None:
@@ -86,6 +130,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes per pair (medians)")
+    ap.add_argument("--steps", action="store_true", help="print where the peak goes, step by step (one process)")
     ap.add_argument("--trim", action="store_true", help="children run with glibc returning freed memory")
     ap.add_argument("--memory", type=float, default=None, help="statistics budget in GiB (default: none given)")
     ap.add_argument("--threads", type=int, default=1)
@@ -123,14 +168,17 @@ def main() -> None:
                 or (k == "memory" and v is not None)
             ]
             + (["--warm"] if args.warm else [])
+            + (["--steps"] if args.steps else [])
         )
-        runs = []
+        runs, steps = [], []
         for _ in range(args.repeat):
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if out.returncode or line is None:
                 raise SystemExit(f"{pair}: child failed: {out.stderr[-1500:]}")
             runs.append(json.loads(line[len("RESULT ") :]))
+            if args.steps:
+                steps.append("\n".join(ln for ln in out.stdout.splitlines() if ln.startswith("|")))
         kw = {} if args.memory is None else {"memory_budget": int(args.memory * 2**30)}
         p = plan(
             s,
@@ -152,6 +200,8 @@ def main() -> None:
             f"{peak / p.statistics_bytes:.2f} | {peak / p.fit_bytes:.2f} |",
             flush=True,
         )
+        for i, text in enumerate(steps):
+            print(f"\nsteps of {s} -> {t}, process {i + 1} (MiB above the loaded models):\n\n{text}")
 
 
 if __name__ == "__main__":
