@@ -15,7 +15,7 @@ live memory rather than what the allocator kept from freed buffers: an instrumen
 
     python bench/bench_fit_memory.py [--pairs zoo:base/zoo:stranger,qwen2.5-coder-0.5b/qwen2.5-coder-1.5b]
         [--tokens 2048] [--stride 2] [--top-k 2] [--batch-size 4] [--dtype float32] [--memory GIB]
-        [--threads 1] [--repeat 3] [--warm] [--trim] [--steps]
+        [--threads 1] [--repeat 3] [--warm] [--trim] [--steps] [--src OTHER_TREE/src]
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes per pair (medians)")
+    ap.add_argument("--src", default=None, help="PYTHONPATH of the children (another tree's src/, e.g. main's)")
     ap.add_argument("--steps", action="store_true", help="print where the peak goes, step by step (one process)")
     ap.add_argument("--trim", action="store_true", help="children run with glibc returning freed memory")
     ap.add_argument("--memory", type=float, default=None, help="statistics budget in GiB (default: none given)")
@@ -146,7 +147,8 @@ def main() -> None:
         f"# bench_fit_memory: ridge, top-k {args.top_k}, seq-len {args.seq_len}, stride {args.stride}, batch "
         f"{args.batch_size}, {args.tokens:,} tokens, {args.dtype}, --memory {args.memory or 'not given'}, "
         f"{args.threads} thread(s), {'second fit in the process' if args.warm else 'first fit in a fresh process'}"
-        f"{', allocator returning freed memory (--trim)' if args.trim else ''}, medians of {args.repeat} "
+        f"{', allocator returning freed memory (--trim)' if args.trim else ''}"
+        f"{f', fits by {args.src}' if args.src else ''}, medians of {args.repeat} "
         f"processes; load average {' / '.join(f'{v:.1f}' for v in os.getloadavg())}\n"
     )
     print(
@@ -157,6 +159,8 @@ def main() -> None:
     env = dict(os.environ)
     if args.trim:
         env.update(MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    if args.src:
+        env["PYTHONPATH"] = args.src
     for pair in args.pairs.split(","):
         s, t = pair.split("/")
         cmd = (
