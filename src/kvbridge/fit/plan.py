@@ -7,7 +7,9 @@ print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair
   rule (:func:`kvbridge.fit.ridge.plan_blocks`, the same memory model as
   :class:`~kvbridge.fit.stats.LayerStats`): one joint pass when it fits ``memory_budget``,
   else selection passes and fit passes over blocks of target layers (each pass re-runs both
-  models over the corpus); plus the per-batch float64 buffers and the two models' weights;
+  models over the corpus); plus the float64 workspace, one calibration batch (both models'
+  forwards, their caches' K/V and the sampled float32 rows: :func:`calibration_batch_bytes`,
+  outside ``--memory``, scaled by ``--batch-size``) and the two models' weights;
 - **artifact size**: ``mapping.safetensors`` (float32 weights and biases + header);
 - **FLOPs**: the forwards of both models over the calibration tokens (per pass: ``2·N`` per
   token for ``N`` non-embedding weights, plus causal attention), the statistics GEMMs
