@@ -227,3 +227,49 @@ def test_plan_states_the_attention_recording_and_the_weighted_pass():
     rec = attention_record_bytes(4, 256, q_heads=6, kv_heads=2, head_dim=32, layers=6)
     assert weighted.batch_buffer_bytes == plain.batch_buffer_bytes + rec
     assert any("recording the target's boundary queries" in n for n in weighted.notes)
+
+
+def test_plan_counts_one_calibration_batch_beside_the_statistics():
+    from kvbridge.fit.plan import calibration_batch_bytes, forward_activation_bytes, model_size, plan
+
+    p4 = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2)
+    p1 = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2, batch_size=1)
+    s, t = model_size("zoo:base"), model_size("zoo:stranger")
+    assert s.hidden == 128 and s.intermediate == 256 and s.gated_mlp
+    # 4 sequences of 512 tokens, 256 kept each: the target's forward (activations + its K/V) beside the source's rows
+    kv = 2 * t.layers * 2048 * t.kv_features * 4
+    rows_src = 2 * 1024 * s.layers * s.kv_features * 4
+    assert forward_activation_bytes(t, 2048, 4) == 2048 * (3 * 128 + 3 * 256) * 4
+    assert p4.calibration_bytes == rows_src + forward_activation_bytes(t, 2048, 4) + kv
+    assert p4.calibration_bytes == calibration_batch_bytes(s, t, batch=4, seq_len=512, rows=1024, dtype_bytes=4)
+    assert p1.calibration_bytes * 4 == p4.calibration_bytes  # every phase scales with the batch
+    assert p4.fit_bytes == p4.statistics_bytes + p4.batch_buffer_bytes + p4.calibration_bytes
+    assert p4.peak_bytes == p4.fit_bytes + p4.weights_bytes
+    text = "\n".join(p4.lines())
+    assert "calibration batch 15.00 MiB (4 x 512 tokens" in text and "fit memory ~21.03 MiB" in text
+    # a bfloat16 load halves the caches and activations, not the float32 rows
+    half = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2, dtype="bfloat16")
+    assert half.calibration_bytes == rows_src + (forward_activation_bytes(t, 2048, 4) + kv) // 2
+
+
+def test_a_budget_the_batch_pushes_over_says_the_memory_flag_that_stays_within():
+    import re
+
+    from kvbridge.fit.plan import plan
+
+    kw = dict(tokens=2048, seq_len=512, stride=2, top_k=2)
+    assert not any("--memory bounds" in n for n in plan("zoo:base", "zoo:stranger", memory_budget=30 << 20, **kw).notes)
+    over = plan("zoo:base", "zoo:stranger", memory_budget=20 << 20, **kw)
+    assert over.fit_bytes > 20 << 20
+    note = next(n for n in over.notes if "--memory bounds" in n)
+    flag = float(re.search(r"pass --memory ([0-9.]+) \(more passes\)", note).group(1))
+    within = plan("zoo:base", "zoo:stranger", memory_budget=int(flag * 2**30), **kw)
+    assert within.fit_bytes <= 20 << 20 and len(within.passes) > len(over.passes)
+    # a budget the batch alone fills: the smallest budget and a smaller batch
+    from kvbridge.fit.plan import minimum_budget, model_size
+    from kvbridge.sizes import gib_flag
+
+    tiny = plan("zoo:base", "zoo:stranger", memory_budget=8 << 20, **kw)
+    s = model_size("zoo:base")
+    lowest = gib_flag(minimum_budget("ridge", 4, 4, s.kv_features, s.head_dim, s.kv_features, 2))
+    assert any(f"pass the smallest --memory ({lowest}) and a smaller --batch-size" in n for n in tiny.notes)

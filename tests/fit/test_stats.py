@@ -117,3 +117,43 @@ def test_weighted_moments_match_repeated_rows_and_constant_weights_change_nothin
     ones = MomentStats(6, 3).update(x, y, weights=torch.ones(50))
     plain = MomentStats(6, 3).update(x, y)
     assert torch.allclose(ones.cxx, plain.cxx) and torch.allclose(ones.cxy, plain.cxy)
+
+
+def test_a_layer_subset_is_gathered_chunk_by_chunk_with_the_same_result(monkeypatch):
+    from kvbridge.fit.stats import chunk_rows
+
+    g = torch.Generator().manual_seed(5)
+    n, ls, hs, ds, lt, ht, dt = 1300, 4, 2, 8, 3, 2, 8
+    feats = {
+        "xk": torch.randn(n, ls, hs, ds, generator=g),
+        "xv": torch.randn(n, ls, hs, ds, generator=g),
+        "yk": torch.randn(n, lt, ht, dt, generator=g),
+        "yv": torch.randn(n, lt, ht, dt, generator=g),
+    }
+    held = torch.zeros(n, dtype=torch.bool)
+    held[1000:] = True  # train rows first, held-out last (what the calibration hands over)
+    dims = dict(src_heads=hs, src_dim=ds, tgt_heads=ht, tgt_dim=dt)
+    src, tgt = (3, 1), (1, 2)  # not all layers, not in order: no view exists
+    job = LayerStats(src, tgt, **dims)
+    step = chunk_rows(job.p, job.q)
+    assert step < 1000  # the batch spans several chunks
+    seen = []
+    update = MomentStats.update
+
+    def spy(self, x, y, *a, **k):
+        seen.append(x.shape[0])
+        return update(self, x, y, *a, **k)
+
+    monkeypatch.setattr(MomentStats, "update", spy)
+    job.update(feats, held)
+    monkeypatch.setattr(MomentStats, "update", update)
+    assert max(seen) <= step  # no layer subset of the whole batch was materialised
+    for c in ("k", "v"):
+        x = feats["x" + c][:, list(src)].reshape(n, -1)
+        y = feats["y" + c][:, list(tgt)].reshape(n, -1)
+        for split, rows in (("train", slice(0, 1000)), ("held", slice(1000, n))):
+            ref = MomentStats(job.p, job.q).update(x[rows], y[rows])
+            got = job.stats[(c, split)]
+            assert got.n == ref.n
+            for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):  # the same chunks in the same order: bitwise
+                assert torch.equal(getattr(got, name), getattr(ref, name)), (c, split, name)

@@ -279,30 +279,48 @@ class PairedCalibration:
         # train sequences first, held-out last: each split is a contiguous block of rows
         seq_idx = sorted(seq_idx, key=lambda i: bool(self.held[i]))
         ids = self.sequences[seq_idx]
+        pos = [self.positions_of(i).to(self.device) for i in seq_idx]
+        # each model's sampled rows are taken as soon as its forward is done and its whole-sequence
+        # K/V dropped before the next forward: the target's forward runs beside the source's sampled
+        # rows (1/stride of its cache), not beside its whole cache
         sk, sv = self._content(self.source_model, self.source_adapter, self.source_spec, ids)
+        out = {"xk": self._sampled(sk, pos), "xv": self._sampled(sv, pos)}
+        del sk, sv
         if attention:
             tk, tv, rk, rv = self._target_with_repair(ids)
         else:
             tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
-        names = ("xk", "xv", "yk", "yv") + (("rk", "rv", "seq") if attention else ())
-        out = {name: [] for name in names}
-        held = []
-        for b, i in enumerate(seq_idx):
-            pos = self.positions_of(i).to(self.device)
-            for name, layers in (("xk", sk), ("xv", sv), ("yk", tk), ("yv", tv)):
-                # [L, H, n, D] -> [n, L, H, D]
-                out[name].append(
-                    torch.stack([t[b].index_select(1, pos) for t in layers]).permute(2, 0, 1, 3).to(torch.float32)
+        out["yk"] = self._sampled(tk, pos)
+        out["yv"] = self._sampled(tv, pos)
+        del tk, tv
+        if attention:
+            for name, r in (("rk", rk), ("rv", rv)):  # [L, H, T] -> sampled, mean 1 -> [n, L, H]
+                out[name] = torch.cat(
+                    [normalise(r[b].index_select(2, p)).permute(2, 0, 1).to(torch.float32) for b, p in enumerate(pos)]
                 )
-            if attention:
-                for name, r in (("rk", rk), ("rv", rv)):  # [L, H, T] -> sampled, mean 1 -> [n, L, H]
-                    out[name].append(normalise(r[b].index_select(2, pos)).permute(2, 0, 1).to(torch.float32))
-                out["seq"].append(torch.full((len(pos),), int(i), dtype=torch.long, device=pos.device))
-            held.append(torch.full((len(pos),), bool(self.held[i]), device=pos.device))
-        feats = {k: torch.cat(v) for k, v in out.items()}
+            out["seq"] = torch.cat(
+                [torch.full((len(p),), int(i), dtype=torch.long, device=p.device) for i, p in zip(seq_idx, pos)]
+            )
+        held = torch.cat([torch.full((len(p),), bool(self.held[i]), device=p.device) for i, p in zip(seq_idx, pos)])
         self.seconds += time.perf_counter() - t0
         self.tokens_run += int(ids.numel())
-        return feats, torch.cat(held)
+        return out, held
+
+    @staticmethod
+    def _sampled(layers, pos):
+        """``[n, L, H, D]`` float32: each sequence's kept positions of every layer's ``[B, H, T, D]``,
+        written straight into one buffer (no per-sequence stacks and no concatenated copy)."""
+        import torch
+
+        first = layers[0]
+        n = sum(len(p) for p in pos)
+        out = torch.empty(n, len(layers), first.shape[1], first.shape[3], dtype=torch.float32, device=first.device)
+        row = 0
+        for b, p in enumerate(pos):
+            for j, t in enumerate(layers):  # [H, T, D] -> [H, n_b, D] -> rows [n_b, H, D] of layer j
+                out[row : row + len(p), j].copy_(t[b].index_select(1, p.to(t.device)).transpose(0, 1))
+            row += len(p)
+        return out
 
     # -- accumulation ------------------------------------------------------------------------------------
     def accumulate(self, jobs: list, *, tag: str = "pass") -> list:

@@ -7,7 +7,9 @@ print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair
   rule (:func:`kvbridge.fit.ridge.plan_blocks`, the same memory model as
   :class:`~kvbridge.fit.stats.LayerStats`): one joint pass when it fits ``memory_budget``,
   else selection passes and fit passes over blocks of target layers (each pass re-runs both
-  models over the corpus); plus the per-batch float64 buffers and the two models' weights;
+  models over the corpus); plus the float64 workspace, one calibration batch (both models'
+  forwards, their caches' K/V and the sampled float32 rows: :func:`calibration_batch_bytes`,
+  outside ``--memory``, scaled by ``--batch-size``) and the two models' weights;
 - **artifact size**: ``mapping.safetensors`` (float32 weights and biases + header);
 - **FLOPs**: the forwards of both models over the calibration tokens (per pass: ``2·N`` per
   token for ``N`` non-embedding weights, plus causal attention), the statistics GEMMs
@@ -57,6 +59,9 @@ class ModelSize:
     params: int  # every weight, embeddings included
     forward_params: int  # weights a token's forward multiplies (no input embedding; no LM head: logits_to_keep=1)
     embed_params: int = 0  # vocabulary x hidden (the input embedding; the LM head has as many, tied or not)
+    hidden: int = 0  # residual width
+    intermediate: int = 0  # MLP width
+    gated_mlp: bool = True  # gate and up projections (SwiGLU-style) rather than one up projection
 
     @property
     def state_params(self) -> int:
@@ -100,7 +105,59 @@ def model_size(ref: str) -> ModelSize:
     body = layers * (attn + mlp)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     params = body + vocab * hidden * (1 if tied else 2)
-    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden)
+    return ModelSize(
+        resolved.name,
+        layers,
+        kv,
+        hd,
+        heads * hd,
+        params,
+        body,
+        vocab * hidden,
+        hidden=hidden,
+        intermediate=inter,
+        gated_mlp=cfg.get("model_type") not in UNGATED_MLP,
+    )
+
+
+def forward_activation_bytes(m: ModelSize, rows: int, dtype_bytes: int) -> int:
+    """Transient bytes of one prefill forward over ``rows`` tokens (batch x sequence length), beyond
+    its cache: the widest point of one decoder layer, the MLP (the residual stream, its normed copy
+    and the output: 3 x hidden; the gate and up projections and their product: 3 x intermediate,
+    2 when ungated). Attention is assumed fused (no ``[heads, T, T]`` scores kept), the logits
+    are of the last token only."""
+    return int(rows) * (3 * m.hidden + (3 if m.gated_mlp else 2) * m.intermediate) * int(dtype_bytes)
+
+
+def calibration_batch_bytes(
+    s: ModelSize, t: ModelSize, *, batch: int, seq_len: int, rows: int, dtype_bytes: int
+) -> int:
+    """Peak bytes of one calibration batch beyond the statistics and their workspace
+    (:meth:`kvbridge.fit.calibrate.PairedCalibration.features`): ``batch`` sequences of ``seq_len``
+    tokens through each model in turn, ``rows`` observations sampled from them.
+
+    Per model: its cache's K/V (``2·L·batch·seq_len·H·D`` in the load dtype), the forward's
+    activations (:func:`forward_activation_bytes`) beside the growing cache, then the cache copied
+    out once; its sampled rows as float32 ``2·rows·L·H·D``. The phases, in order: the source's
+    forward; its rows taken from its K/V; the target's forward beside the source's rows; the
+    target's rows beside its K/V and the source's rows. The largest phase is the batch's need."""
+    tokens = int(batch) * int(seq_len)
+
+    def kv(m):
+        return 2 * m.layers * tokens * m.kv_features * int(dtype_bytes)
+
+    def extract(m):
+        return max(forward_activation_bytes(m, tokens, dtype_bytes) + kv(m), 2 * kv(m))
+
+    def sampled(m):
+        return 2 * int(rows) * m.layers * m.kv_features * 4
+
+    return max(
+        extract(s),
+        kv(s) + sampled(s),
+        sampled(s) + extract(t),
+        sampled(s) + kv(t) + sampled(t),
+    )
 
 
 #: the float64 workspace one accumulation job converts and centres its batch in holds at most this
@@ -225,7 +282,7 @@ class FitPlan:
     memory_budget: int
     passes: tuple
     statistics_bytes: int  # peak: the largest pass
-    batch_buffer_bytes: int
+    batch_buffer_bytes: int  # the float64 workspace (+ the attention recording, weighting=attention)
     weights_bytes: int  # both models in the load dtype
     artifact_bytes: int
     forward_flops: float  # all passes
@@ -241,10 +298,18 @@ class FitPlan:
     hash_bytes: int = 0  # weights fingerprinted (both models, state-dict bytes)
     rates: object = None  # a kvbridge.fit.plan_rates.PlanRates (measured), or None
     measured: tuple = ()  # kvbridge's own measured verdicts on this pair (kvbridge.check.measured)
+    calibration_bytes: int = 0  # one calibration batch: forwards, caches' K/V, sampled rows (calibration_batch_bytes)
+    batch_size: int = 4
+    seq_len: int = 512
+
+    @property
+    def fit_bytes(self) -> int:
+        """The fit's memory above the two models' weights: statistics + workspace + one calibration batch."""
+        return self.statistics_bytes + self.batch_buffer_bytes + self.calibration_bytes
 
     @property
     def peak_bytes(self) -> int:
-        return self.statistics_bytes + self.batch_buffer_bytes + self.weights_bytes
+        return self.fit_bytes + self.weights_bytes
 
     def time_parts(self) -> dict | None:
         """Seconds per part of the fit at the measured ``rates`` (None without them)."""
@@ -278,7 +343,9 @@ class FitPlan:
         out["passes"] = [asdict(p) for p in self.passes]
         out["rates"] = None if self.rates is None else self.rates.to_dict()
         out["measured"] = [m.to_dict() for m in self.measured]
-        out.update(peak_bytes=self.peak_bytes, seconds=self.seconds, time_parts=self.time_parts())
+        out.update(
+            fit_bytes=self.fit_bytes, peak_bytes=self.peak_bytes, seconds=self.seconds, time_parts=self.time_parts()
+        )
         return out
 
     def lines(self) -> list[str]:
@@ -289,8 +356,10 @@ class FitPlan:
             f"({self.observations:,} observations per head)",
             f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
             f"corpus; budget {_size(self.memory_budget)}",
-            f"  + float64 workspace {_size(self.batch_buffer_bytes)} + both models' weights {_size(self.weights_bytes)}"
-            f" = peak ~{_size(self.peak_bytes)}",
+            f"  + float64 workspace {_size(self.batch_buffer_bytes)} + calibration batch {_size(self.calibration_bytes)} "
+            f"({self.batch_size} x {self.seq_len} tokens: a forward, the caches' K/V, the sampled rows; --batch-size "
+            f"scales it) = fit memory ~{_size(self.fit_bytes)} (--memory bounds the statistics + workspace)",
+            f"  + both models' weights {_size(self.weights_bytes)} = peak ~{_size(self.peak_bytes)}",
             f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
             f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
             f"solves {self.solve_flops:.3g}",
@@ -330,6 +399,16 @@ class FitPlan:
         for m in self.measured:  # what a fit of this very pair did when kvbridge measured it
             out += ["  " + line for line in m.lines(98)]
         return out
+
+
+def _gib_down(nbytes: float, digits: int = 3) -> str:
+    """``nbytes`` as GiB rounded *down* to ``digits`` significant digits (a ``--memory`` that stays within)."""
+    gib = float(nbytes) / GIB
+    if gib <= 0:
+        return "0"
+    step = 10.0 ** (math.floor(math.log10(gib)) - (digits - 1))
+    text = f"{math.floor(gib / step + 1e-9) * step:.{max(0, -(math.floor(math.log10(gib)) - (digits - 1)))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _duration(s: float) -> str:
@@ -526,6 +605,22 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         + record
     )
     weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
+    calibration = calibration_batch_bytes(
+        s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=DTYPE_BYTES.get(dtype, 4)
+    )
+    over = peak + buffers + calibration - memory_budget
+    if over > 0:  # the batch is outside --memory: say what --memory keeps the whole fit within this one
+        inside = _gib_down(memory_budget - calibration - record)
+        lowest = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k)
+        fix = (
+            f"pass --memory {inside} (more passes)"
+            if int(float(inside) * GIB) >= lowest
+            else f"pass the smallest --memory ({gib_flag(lowest)}) and a smaller --batch-size"
+        )
+        notes.append(
+            f"--memory bounds the statistics and their workspace, not the calibration batch: the fit memory is "
+            f"{_size(over)} over {_size(memory_budget)}; for a fit within {_size(memory_budget)} {fix}"
+        )
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
     forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
     return FitPlan(
@@ -553,6 +648,9 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         memory_traffic_bytes=sum(p.statistics_bytes for p in passes),
         hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4),
         rates=rates,
+        calibration_bytes=calibration,
+        batch_size=int(batch_size),
+        seq_len=int(seq_len),
     )
 
 
@@ -579,6 +677,8 @@ __all__ = [
     "plan",
     "PlanInputs",
     "attention_record_bytes",
+    "calibration_batch_bytes",
+    "forward_activation_bytes",
     "FitPlan",
     "Pass",
     "ModelSize",

@@ -43,7 +43,9 @@ def solve(m: Moments, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     chol, info = torch.linalg.cholesky_ex(a)
     if int(info) != 0:  # not positive definite (alpha 0 on collinear features): least-squares fallback
         w = torch.linalg.lstsq(a, m.cxy.to(DTYPE)).solution
-    elif m.q >= m.p:  # many right-hand sides: the explicit SPD inverse and one GEMM beat two TRSMs
+        return w, m.mean_y - m.mean_x @ w
+    del a  # only the fallback reads it: the solve holds the factor and its result, not a third p x p
+    if m.q >= m.p:  # many right-hand sides: the explicit SPD inverse and one GEMM beat two TRSMs
         w = torch.cholesky_inverse(chol) @ m.cxy.to(DTYPE)
     else:
         w = torch.cholesky_solve(m.cxy.to(DTYPE), chol)

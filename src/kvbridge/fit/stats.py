@@ -465,15 +465,20 @@ class LayerStats(StatsSet):
             k = int((~held_mask).sum())
             if not bool(held_mask[:k].any()):
                 split = k
+        step = chunk_rows(self.p, self.q)
         for c in self.KINDS:
-            x = self._select(feats["x" + c], self.src_layers)
-            y = self._select(feats["y" + c], self.tgt_layers)
-            if split is not None:  # views, no copies: the float64 conversion is the one copy
-                if split:
-                    self.stats[(c, "train")].update(x[:split], y[:split])
-                if split < n_obs:
-                    self.stats[(c, "held")].update(x[split:], y[split:])
+            fx, fy = feats["x" + c], feats["y" + c]
+            if split is not None:  # each split in the statistics' own row chunks: a subset of layers (a
+                # blocked pass) is gathered one chunk at a time, never for the whole batch; all layers are views
+                for name, a0, a1 in (("train", 0, split), ("held", split, n_obs)):
+                    for a in range(a0, a1, step):
+                        e = min(a1, a + step)
+                        self.stats[(c, name)].update(
+                            self._select(fx[a:e], self.src_layers), self._select(fy[a:e], self.tgt_layers)
+                        )
                 continue
+            x = self._select(fx, self.src_layers)
+            y = self._select(fy, self.tgt_layers)
             keep = torch.nonzero(~held_mask).flatten()  # row indices: gathered chunk by chunk, no full copy
             if keep.numel():
                 self.stats[(c, "train")].update(x, y, rows=keep)
