@@ -54,12 +54,9 @@ def child(args) -> None:
                 src,
                 tgt,
                 tokens,
-<<<<<<< HEAD
                 seq_len=args.seq_len,
                 stride=args.stride,
-=======
-                calibration=CalibrationConfig(seq_len=args.seq_len, stride=args.stride, batch_size=args.batch_size),
->>>>>>> s10-perffit
+                batch_size=args.batch_size,
                 out=str(Path(tmp) / "map"),
                 overwrite=True,
                 distributed=None,
