@@ -276,6 +276,9 @@ def frontier_first_logits(cond, ids, *, big, smodel, sad, mapping, target, sink,
 
 
 def main(argv=None) -> int:
+    from kvbridge.threads import passive_omp_wait
+
+    passive_omp_wait()  # before torch and llama.cpp load their (shared) OpenMP runtime: waiting threads sleep
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mapping", type=Path, default=Path("/work/pair-runs/run1/map-k4-a0.01"))
     ap.add_argument(
