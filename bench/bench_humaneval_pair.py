@@ -106,12 +106,20 @@ def read_records(path: Path) -> list[dict]:
             continue
         out = merged.setdefault(
             rec["index"],
-            {"index": rec["index"], "completions": {}, "passed": {}, "tokens": {}, "seconds": {}, "mappings": {}},
+            {
+                "index": rec["index"],
+                "completions": {},
+                "passed": {},
+                "tokens": {},
+                "seconds": {},
+                "mappings": {},
+                "phases": {},
+            },
         )
         for key in ("task_id", "prompt_tokens"):
             if key in rec:
                 out[key] = rec[key]
-        for key in ("completions", "passed", "tokens", "seconds", "mappings"):
+        for key in ("completions", "passed", "tokens", "seconds", "mappings", "phases"):
             out[key].update(rec.get(key) or {})
         if isinstance(rec.get("mapping"), str):  # the first format: one mapping, for transferred
             out["mappings"].setdefault("transferred", rec["mapping"])
@@ -177,6 +185,19 @@ def print_summary(path: Path, bootstrap: int, conditions=CONDITIONS, problems: s
     secs = {c: sum(r["seconds"].get(c, 0.0) for r in used) for c in res["conditions"]}
     toks = {c: sum(r["tokens"].get(c, 0) for r in used) for c in res["conditions"]}
     print("generation: " + "; ".join(f"{c} {toks[c]} tokens in {secs[c]:.0f} s" for c in res["conditions"]))
+    parts = ("first", "decode", "score")
+    timed = {c: [r["phases"][c] for r in used if c in r.get("phases", {})] for c in res["conditions"]}
+    if any(timed.values()):  # records written since the phases were recorded
+        print(
+            "where it went (first logits / decode / test): "
+            + "; ".join(
+                f"{c} "
+                + " / ".join(f"{sum(p.get(k, 0.0) for p in timed[c]):.1f}" for k in parts)
+                + f" s ({len(timed[c])} problems)"
+                for c in res["conditions"]
+                if timed[c]
+            )
+        )
     return 0
 
 
@@ -412,6 +433,7 @@ def main(argv=None) -> int:
                         host=host,
                     )
                     sess = big
+                t1 = time.perf_counter()
                 text, n = greedy_completion(
                     lambda t, s=sess: s.eval([t]),
                     first,
@@ -420,7 +442,9 @@ def main(argv=None) -> int:
                     stop=STOP,
                     max_new_tokens=item.max_new_tokens,
                 )
+                t2 = time.perf_counter()
                 passed = bool(task.score(item, text))
+                t3 = time.perf_counter()
                 rec = {
                     "index": item.meta["index"],
                     "task_id": item.id,
@@ -428,7 +452,12 @@ def main(argv=None) -> int:
                     "completions": {cond: text},
                     "passed": {cond: passed},
                     "tokens": {cond: n},
-                    "seconds": {cond: round(time.perf_counter() - t0, 2)},
+                    "seconds": {cond: round(t3 - t0, 2)},
+                    # where the seconds went: up to the first logits (prefills, transfer, state load), the
+                    # greedy decode, the sandboxed test
+                    "phases": {
+                        cond: {"first": round(t1 - t0, 3), "decode": round(t2 - t1, 3), "score": round(t3 - t2, 3)}
+                    },
                     "mappings": {cond: str(paths[name])} if name is not None else {},
                 }
                 if "@" in cond:
