@@ -83,8 +83,8 @@ class LlamaCppSession:
         if not Path(self.path).is_file():
             raise ConfigError(f"{self.path}: no such GGUF file", "pass the .gguf file llama.cpp should run")
         self.flash_attn = bool(flash_attn)
-        # half the cores (at most 4): llama.cpp's threads spin while they wait, and on a small
-        # shared machine all cores at once run several times slower than one
+        # half the cores (at most 4): on a small shared machine all cores at once run several times
+        # slower than one (each operation ends at a barrier that waits for every thread; see above)
         threads = n_threads or max(1, min((os.cpu_count() or 2) // 2, 4))
         self.llm = llama_cpp.Llama(
             model_path=self.path,
