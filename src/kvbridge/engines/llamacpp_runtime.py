@@ -9,12 +9,24 @@ opens; a missing binding is a one-line error naming the pinned version.
 The context runs one sequence (id 0) in one KV stream, with flash attention off unless
 asked (``v_trans`` then follows: llama.cpp refuses a state whose V layout differs), and the
 default F16 cache.
+
+llama.cpp's CPU backend (as the pinned binding builds it) runs its threads on OpenMP, and
+every operation of a decode step ends at an OpenMP barrier: with the runtime's default wait
+policy the waiting thread spins, and when anything else runs on the machine the partner it waits
+for may not hold a core. A 1.5B Q4_K_M decode at 2 threads on a 2-core machine beside one other
+job took 0.8-1.0 tokens/s spinning against 5.4-5.7 with ``OMP_WAIT_POLICY=PASSIVE``; the policy
+changes only how threads wait, not the work or its split (the same tokens and logits;
+BENCHMARKS.md "HumanEval through llama.cpp"). The policy is read once, when the process loads
+its OpenMP runtime, and llama.cpp shares torch's (``libgomp.so.1``): :func:`binding` sets it
+when neither is loaded yet (:func:`kvbridge.threads.passive_omp_wait`); a program that imports
+torch first calls that before it (``kvbridge harness`` and ``bench/bench_humaneval_pair.py`` do).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,7 +38,14 @@ PINNED = "0.3.36"
 
 
 def binding():
-    """The ``llama_cpp`` module, or a one-line error saying how to install the pinned one."""
+    """The ``llama_cpp`` module, or a one-line error saying how to install the pinned one.
+
+    On first import, OpenMP's waiting threads are made to sleep (``OMP_WAIT_POLICY=PASSIVE``)
+    unless the user set a policy or torch already loaded the OpenMP runtime (see the module's notes)."""
+    if "llama_cpp" not in sys.modules:
+        from kvbridge.threads import passive_omp_wait
+
+        passive_omp_wait()  # unless torch (its OpenMP runtime, shared) is loaded or a policy is set
     try:
         import llama_cpp
     except ImportError as exc:
@@ -64,8 +83,8 @@ class LlamaCppSession:
         if not Path(self.path).is_file():
             raise ConfigError(f"{self.path}: no such GGUF file", "pass the .gguf file llama.cpp should run")
         self.flash_attn = bool(flash_attn)
-        # half the cores (at most 4): llama.cpp's threads spin while they wait, and on a small
-        # shared machine all cores at once run several times slower than one
+        # half the cores (at most 4): on a small shared machine all cores at once run several times
+        # slower than one (each operation ends at a barrier that waits for every thread; see above)
         threads = n_threads or max(1, min((os.cpu_count() or 2) // 2, 4))
         self.llm = llama_cpp.Llama(
             model_path=self.path,
