@@ -147,16 +147,22 @@ class FittedMapping:
                     f"use a mapping fitted for this {role} model (kvbridge fit)",
                 )
 
-    def map_content(self, state, target_spec: ModelSpec | None = None):
+    #: each token's mapped K/V depends on that token's source K/V alone (no mixing across tokens):
+    #: :func:`kvbridge.transfer.transfer` may map a long cache in blocks of tokens
+    per_token = True
+
+    def map_content(self, state, target_spec: ModelSpec | None = None, *, work: dict | None = None):
         """Content-space source state -> content-space target state, in the state's dtype (float32
-        content of a half-precision cache stays float32: the transfer rounds once, after RoPE)."""
+        content of a half-precision cache stays float32: the transfer rounds once, after RoPE).
+
+        ``work``: a dict the dense map keeps its buffers in between calls (see :meth:`map_tensors`)."""
         from kvbridge.kvstate import KVState
 
         target_spec = target_spec or self.target_spec
         if state.rope_applied and state.spec.positional == "rope":
             raise StateError("map_content needs content-space keys (RoPE stripped)", "call state.strip_rope() first")
         self.check_pair(state.spec, target_spec)
-        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype)
+        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype, work=work)
         return KVState(
             keys=tuple(keys),
             values=tuple(values),
@@ -170,8 +176,13 @@ class FittedMapping:
             meta=dict(state.meta),
         )
 
-    def map_tensors(self, keys, values, *, dtype=torch.float32) -> tuple[list, list]:
+    def map_tensors(self, keys, values, *, dtype=torch.float32, work: dict | None = None) -> tuple[list, list]:
         """Per-layer source content ``keys``/``values`` ``[B, H_s, T, D_s]`` -> target lists.
+
+        ``work`` (dense): a dict the gather buffer and the results are kept in and reused by the
+        next call with it (no fresh memory per call; the previous call's results are overwritten:
+        for a caller that consumes each result before the next call, as the token blocks of
+        :func:`kvbridge.transfer.transfer` do). Without it every call returns fresh tensors.
 
         Per target layer and batch row: the selected source features copied into a reused
         buffer, one GEMM with the bias fused into a reused scratch tensor (dense: ``addmm``;
@@ -179,7 +190,7 @@ class FittedMapping:
         ``[H_t, T, D_t]`` and dtype. No weight copies; no allocation but the outputs.
         """
         if self.mode == "dense":
-            return self._map_dense(keys, values, dtype)
+            return self._map_dense(keys, values, dtype, work)
         _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
@@ -221,7 +232,7 @@ class FittedMapping:
                 out.append(y)
         return out_k, out_v
 
-    def _map_dense(self, keys, values, dtype) -> tuple[list, list]:
+    def _map_dense(self, keys, values, dtype, work: dict | None = None) -> tuple[list, list]:
         """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
 
         Per K / V and block of target layers: the selected source layers of every target layer of
@@ -239,7 +250,8 @@ class FittedMapping:
         4 KiB (huge pages: a zeroed 2 MiB each) on first touch. The source is not stacked as a whole
         first (that was a copy of every source layer into fresh memory per K and V, ~100 MiB at
         8,192 tokens, then a gather out of it; BENCHMARKS.md, "Issue 35"): the only fresh memory
-        per call is one gather buffer (at most :data:`GATHER_BYTES`) and the results.
+        per call is one gather buffer (at most :data:`GATHER_BYTES`) and the results; with ``work``
+        none once the first call has made them (the buffers are kept there, keyed by their role).
         """
         _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
@@ -255,19 +267,30 @@ class FittedMapping:
         for layers_, sel, _, _ in groups["k"]:
             k = len(sel) // len(layers_)
             most = max(most, block(k, len(layers_)) * k)
-        buf = fresh((rows * most * fs,), device=device)  # one gather buffer for every block of K and V
+        def alloc(key, shape, dt=torch.float32):  # fresh, or the front of the caller's buffer of that role
+            if work is None:
+                return fresh(shape, dtype=dt, device=device)
+            n = 1
+            for d in shape:
+                n *= d
+            t = work.get(key)
+            if t is None or t.numel() < n or t.dtype != dt or t.device != torch.device(device):
+                t = work[key] = fresh((n,), dtype=dt, device=device)
+            return t[:n].view(shape)
+
+        buf = alloc("gather", (rows * most * fs,))  # one gather buffer for every block of K and V
         out_k: list = [None] * len(self.layers)
         out_v: list = [None] * len(self.layers)
         for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
             # [B, H_s, T, D_s] per source layer, read as [B, T, H_s, D_s] by the stacking copy
             src = [(x if x.dtype == torch.float32 else x.float()).transpose(1, 2) for x in tensors]
-            for layers_, sel, w, bias in groups[name]:  # sel: G·k source layers, w [G, k·fs, H_t·D_t]
+            for gi, (layers_, sel, w, bias) in enumerate(groups[name]):  # sel: G·k sources, w [G, k·fs, H_t·D_t]
                 g, k = len(layers_), len(sel) // len(layers_)
                 # blocks of whole target layers (all rows): each block's result is a contiguous slice of
                 # `res`, so the baddbmm stays ONE batched call (a strided output makes torch run one
                 # addmm per target layer and chunk: hundreds of parallel regions at two threads)
                 step = block(k, g)
-                res = fresh((g, rows, ht * dt), device=device)
+                res = alloc((name, gi), (g, rows, ht * dt))
                 for a in range(0, g, step):
                     e = min(g, a + step)
                     feats = buf[: rows * (e - a) * k * fs].view(b, t, (e - a) * k, hs, ds)
@@ -276,7 +299,7 @@ class FittedMapping:
                     torch.baddbmm(bias[a:e], a_, w[a:e], out=res[a:e])
                 views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
                 if dtype != torch.float32:  # one cast into the contiguous target layout
-                    views = fresh(views.shape, dtype=dtype, device=device).copy_(views)
+                    views = alloc((name, gi, "cast"), views.shape, dtype).copy_(views)
                     del res
                 for j, layer in enumerate(layers_):
                     out[layer] = views[j]
