@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvbridge import transfer as transfer_mod
-from kvbridge.fit.mapping import FittedMapping, LayerMap
+from kvbridge.fit.mapping import FittedMapping, LayerMap, token_blocks
 from kvbridge.kvstate import KVState
 from kvbridge.testing.planted import llama_config
 from kvbridge.transfer import transfer
@@ -143,11 +143,11 @@ def test_the_dense_map_reuses_its_buffers_and_returns_the_same_numbers():
 
 
 def test_token_blocks_join_a_short_remainder():
-    assert transfer_mod.token_blocks(30, 8) == [(0, 8), (8, 16), (16, 24), (24, 30)]
-    assert transfer_mod.token_blocks(25, 8) == [(0, 8), (8, 16), (16, 25)]
-    assert transfer_mod.token_blocks(5, 8) == [(0, 5)]
-    assert transfer_mod.token_blocks(32768, 2048) == [(a, a + 2048) for a in range(0, 32768, 2048)]
-    assert transfer_mod.token_blocks(4097, 2048) == [(0, 2048), (2048, 4097)]
+    assert token_blocks(30, 8) == [(0, 8), (8, 16), (16, 24), (24, 30)]
+    assert token_blocks(25, 8) == [(0, 8), (8, 16), (16, 25)]
+    assert token_blocks(5, 8) == [(0, 5)]
+    assert token_blocks(32768, 2048) == [(a, a + 2048) for a in range(0, 32768, 2048)]
+    assert token_blocks(4097, 2048) == [(0, 2048), (2048, 4097)]
 
 
 def test_kvstate_fields_not_lost_by_blocks(monkeypatch):

@@ -23,20 +23,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: mappings) runs in blocks of this many tokens: each block's RoPE strip, map and re-application
 #: written straight into the target cache, the map's buffers reused from block to block, so the
 #: float32 content copy and the mapped K/V of the whole cache never exist at once (at 32,768 tokens
-#: on Qwen2.5 0.5B -> 1.5B: 0.75 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). A remainder
-#: under half a block joins the last block: a GEMM of a few rows can take another BLAS path (MKL: 1-3
-#: rows round differently), and with blocks of at least 4 rows every token's result is bitwise the
-#: one-pass result (tests/test_transfer_blocks.py; the real pair's 32,768-token cache, BENCHMARKS.md).
+#: on Qwen2.5 0.5B -> 1.5B: 0.75 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). The blocks
+#: are :func:`kvbridge.fit.mapping.token_blocks` (a short remainder joins the last block): every
+#: token's result is bitwise the one-pass result (tests/test_transfer_blocks.py; the real pair's
+#: 32,768-token cache, BENCHMARKS.md).
 CHUNK_TOKENS = 2048
-
-
-def token_blocks(n: int, size: int) -> list:
-    """``[(start, stop)]`` covering ``n`` tokens in blocks of ``size``, a remainder under half a block
-    joined to the last one (so no block is shorter than ``size // 2`` unless ``n`` is)."""
-    starts = list(range(0, n, size))
-    if len(starts) > 1 and n - starts[-1] < size / 2:
-        starts.pop()
-    return [(a, starts[i + 1] if i + 1 < len(starts) else n) for i, a in enumerate(starts)]
 
 
 def content_geometry(spec) -> tuple:
@@ -138,7 +129,7 @@ def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, pos
     import torch
 
     from kvbridge import rope
-    from kvbridge.fit.mapping import fresh
+    from kvbridge.fit.mapping import fresh, token_blocks
 
     n, b = state.num_tokens, state.batch_size
     positions = torch.as_tensor(positions).to(state.token_ids.device).expand(b, -1)
