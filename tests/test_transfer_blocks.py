@@ -57,6 +57,7 @@ def _state(spec, batch, tokens, dtype=torch.float32, seed=1, start=0):
 
 def _both(monkeypatch, state, mapping, **kw):
     monkeypatch.setattr(transfer_mod, "CHUNK_TOKENS", 10**9)
+    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", 0)
     whole = transfer(state, mapping, **kw)
     calls = []
     real = transfer_mod._transfer_blocks
@@ -120,7 +121,9 @@ def test_a_short_transfer_and_an_unmarked_mapping_take_one_pass(monkeypatch):
     calls = []
     monkeypatch.setattr(transfer_mod, "_transfer_blocks", lambda *a, **k: calls.append(1))
     monkeypatch.setattr(transfer_mod, "CHUNK_TOKENS", 8)
+    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", 20)
     transfer(_state(src, 1, 8), m)  # not more than one block
+    transfer(_state(src, 1, 20), m)  # not more than BLOCKS_ABOVE tokens
     unmarked = type("Wrapped", (), {"map_content": m.map_content, "exact": False, "target_spec": tgt})()
     transfer(_state(src, 1, 30), unmarked)  # a mapping that does not say it maps token by token
     assert calls == []

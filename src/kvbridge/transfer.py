@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
 
 
-#: a transfer of more tokens than this through a per-token mapping (``mapping.per_token``, the fitted
-#: mappings) runs in blocks of this many tokens: each block's RoPE strip, map and re-application
+#: a long transfer through a per-token mapping (``mapping.per_token``, the fitted mappings; more than
+#: :data:`BLOCKS_ABOVE` tokens) runs in blocks of this many tokens: each block's RoPE strip, map and re-application
 #: written straight into the target cache, the map's buffers reused from block to block, so the
 #: float32 content copy and the mapped K/V of the whole cache never exist at once (at 32,768 tokens
 #: on Qwen2.5 0.5B -> 1.5B: 0.75 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). The blocks
@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: token's result is bitwise the one-pass result (tests/test_transfer_blocks.py; the real pair's
 #: 32,768-token cache, BENCHMARKS.md).
 CHUNK_TOKENS = 2048
+#: ... for a cache of more than this many tokens; up to it one pass (faster: no copy of the mapped
+#: values into the target cache, the map's own token blocks; its memory is small there)
+BLOCKS_ABOVE = 8192
 
 
 def content_geometry(spec) -> tuple:
@@ -110,7 +113,7 @@ def transfer(
             out = replace(state.clone(), spec=target_spec)
             return replace(out.reposition(positions, host=host) if moved else out, approximate=state.approximate)
     final = state.dtype if exact else getattr(torch, target_spec.dtype, state.dtype)
-    if getattr(mapping, "per_token", False) and state.num_tokens > CHUNK_TOKENS and not state.states:
+    if getattr(mapping, "per_token", False) and state.num_tokens > max(BLOCKS_ABOVE, CHUNK_TOKENS) and not state.states:
         out = _transfer_blocks(state, mapping, target_spec, positions, final, host)
         return replace(out, approximate=state.approximate or not exact)
     content = state.strip_rope(host=host, dtype=work_dtype(state.dtype))
