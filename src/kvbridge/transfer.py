@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: are :func:`kvbridge.fit.mapping.token_blocks` (a short remainder joins the last block): every
 #: token's result is bitwise the one-pass result (tests/test_transfer_blocks.py; the real pair's
 #: 32,768-token cache, BENCHMARKS.md).
-CHUNK_TOKENS = 2048
+CHUNK_TOKENS = 1024
 #: ... for a cache of more than this many tokens; up to it one pass (faster: no copy of the mapped
 #: values into the target cache, the map's own token blocks; its memory is small there)
 BLOCKS_ABOVE = 8192
