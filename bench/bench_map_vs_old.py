@@ -7,7 +7,10 @@ one ``baddbmm``); the current code is ``map_tensors`` (token blocks per target l
 alternately; medians and mins; the outputs compared with ``torch.equal``. One thread: the
 process's CPU clock; more (``T=2``): wall clock.
 
-    T=1 python bench/bench_map_vs_old.py 2048,8192 [ROUNDS]
+    T=1 [W=1] python bench/bench_map_vs_old.py 2048,8192 [ROUNDS]
+
+``W=1`` adds the current map writing into the same result memory at every call (``work=``): what the
+map costs without the first touch of fresh result memory.
 """
 
 import os
@@ -83,6 +86,9 @@ for n in toks:
         "main": lambda: old_map_dense(m, keys, values),
         "this": lambda: m.map_tensors(keys, values),
     }
+    if os.environ.get("W"):  # W=1: also this map writing into the same result memory each call (work=)
+        work = {}
+        cands["reused"] = lambda: m.map_tensors(keys, values, work=work)
     a, b = cands["main"](), cands["this"]()
     ok = all(torch.equal(p, q) for p, q in zip(a[0] + a[1], b[0] + b[1]))
     del a, b
@@ -96,6 +102,11 @@ for n in toks:
             del r
     md = {k: statistics.median(v) for k, v in res.items()}
     mn = {k: min(v) for k, v in res.items()}
+    if "reused" in md:
+        print(
+            f"  reused results (work=): {1e3 * md['reused']:.0f} ({1e3 * mn['reused']:.0f}) ms, "
+            f"{md['reused'] / md['floor']:.2f} (min {mn['reused'] / mn['floor']:.2f}) of the floor"
+        )
     print(
         f"| {n:,} | {l0:.1f} -> {os.getloadavg()[0]:.1f} | {1e3 * md['floor']:.0f} ({1e3 * mn['floor']:.0f}) | {1e3 * md['main']:.0f} ({1e3 * mn['main']:.0f}) | {1e3 * md['this']:.0f} ({1e3 * mn['this']:.0f}) | "
         f"{md['main'] / md['floor']:.2f} (min {mn['main'] / mn['floor']:.2f}) | {md['this'] / md['floor']:.2f} (min {mn['this'] / mn['floor']:.2f}) | {md['main'] / md['this']:.2f} | {ok} |",
