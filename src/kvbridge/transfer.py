@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #: a long transfer through a per-token mapping (``mapping.per_token``, the fitted mappings; more than
 #: :data:`BLOCKS_ABOVE` tokens) runs in blocks of this many tokens: each block's RoPE strip, map and re-application
 #: written straight into the target cache, the map's buffers reused from block to block, so the
-#: float32 content copy and the mapped K/V of the whole cache never exist at once (at 32,768 tokens
-#: on Qwen2.5 0.5B -> 1.5B: 0.75 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). The blocks
+#: float32 stripped keys and the mapped K/V of the whole cache never exist (at 32,768 tokens on
+#: Qwen2.5 0.5B -> 1.5B: 0.375 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). The blocks
 #: are :func:`kvbridge.fit.mapping.token_blocks` (a short remainder joins the last block): every
 #: token's result is bitwise the one-pass result (tests/test_transfer_blocks.py; the real pair's
 #: 32,768-token cache, BENCHMARKS.md).
