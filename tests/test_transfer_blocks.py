@@ -126,6 +126,14 @@ def test_a_short_transfer_and_an_unmarked_mapping_take_one_pass(monkeypatch):
     transfer(_state(src, 1, 20), m)  # not more than BLOCKS_ABOVE tokens
     unmarked = type("Wrapped", (), {"map_content": m.map_content, "exact": False, "target_spec": tgt})()
     transfer(_state(src, 1, 30), unmarked)  # a mapping that does not say it maps token by token
+
+    class Mixing(FittedMapping):  # a subclass with its own map_tensors: not taken for per-token
+        def map_tensors(self, keys, values, *, dtype=torch.float32):
+            return super().map_tensors(keys, values, dtype=dtype)
+
+    mixing = Mixing(m.source_spec, m.target_spec, m.layers)
+    assert m.per_token and not mixing.per_token
+    transfer(_state(src, 1, 30), mixing)
     assert calls == []
 
 

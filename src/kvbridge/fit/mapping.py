@@ -163,9 +163,12 @@ class FittedMapping:
                     f"use a mapping fitted for this {role} model (kvbridge fit)",
                 )
 
-    #: each token's mapped K/V depends on that token's source K/V alone (no mixing across tokens):
-    #: :func:`kvbridge.transfer.transfer` may map a long cache in blocks of tokens
-    per_token = True
+    @property
+    def per_token(self) -> bool:
+        """Each token's mapped K/V depends on that token's source K/V alone (no mixing across tokens),
+        so :func:`kvbridge.transfer.transfer` may map a long cache in blocks of tokens. True for this
+        class's own :meth:`map_tensors`; a subclass that replaces it (the translator) says so itself."""
+        return type(self).map_tensors is FittedMapping.map_tensors
 
     def map_content(self, state, target_spec: ModelSpec | None = None, *, work: dict | None = None):
         """Content-space source state -> content-space target state, in the state's dtype (float32
@@ -178,7 +181,8 @@ class FittedMapping:
         if state.rope_applied and state.spec.positional == "rope":
             raise StateError("map_content needs content-space keys (RoPE stripped)", "call state.strip_rope() first")
         self.check_pair(state.spec, target_spec)
-        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype, work=work)
+        extra = {} if work is None else {"work": work}  # a subclass's map_tensors may not take it
+        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype, **extra)
         return KVState(
             keys=tuple(keys),
             values=tuple(values),
