@@ -59,6 +59,11 @@ def token_blocks(n: int, size: int) -> list:
 
 #: fresh CPU buffers at least this large are asked to be backed by transparent huge pages
 HUGE_PAGE_MIN = 8 << 20
+#: ... and at most this large: with ``defrag=madvise`` a fault on an advised region compacts memory
+#: when no free 2 MiB page is at hand, and a result of 470 MiB (16,384 tokens) took the map from 1.28x
+#: its floor on 4 KiB pages to 1.82x advised (BENCHMARKS.md, "Issue 35: 32,768 tokens"); up to 235 MiB
+#: (8,192 tokens) the two were within 5%
+HUGE_PAGE_MAX = 256 << 20
 _HUGE = 2 << 20
 _MADVISE: dict = {}
 
@@ -71,7 +76,7 @@ def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
     and transfer"). Elsewhere (no libc, THP off, another device) it is plain ``torch.empty``."""
     t = torch.empty(shape, dtype=dtype, device=device)
     nbytes = t.numel() * t.element_size()
-    if t.device.type != "cpu" or nbytes < HUGE_PAGE_MIN:
+    if t.device.type != "cpu" or not HUGE_PAGE_MIN <= nbytes <= HUGE_PAGE_MAX:
         return t
     madvise = _MADVISE.get("fn", 0)
     if madvise == 0:
