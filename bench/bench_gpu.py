@@ -7,7 +7,9 @@ of ``--tokens``:
 - ``stats``: paired float64 statistics (the fitter's joint ``LayerStats``) on random features of
   the real geometry: observations/s;
 - ``mapping``: a random top-4 dense mapping source -> target (``map_tensors``) vs a bare GEMM of
-  the same FLOPs (the floor);
+  the same FLOPs (the floor: one ``addmm`` per target layer and K/V), and the map and the whole
+  transfer (strip, map, apply) vs the one-``mm`` floor of ``bench/bench_map_split.py`` (the same
+  FLOPs as ONE GEMM into a warm output), with the transfer's device memory peak (CUDA);
 - ``rope``: half-split strip / apply / reposition of the target's keys vs a same-size ``x * 2``
   (the bandwidth floor of an elementwise kernel);
 - ``transfer``: the target's own prefill vs transfer of the source's cache (strip, map, apply);
@@ -152,7 +154,38 @@ def bench_mapping(mapping, sspec, n: int, device, repeats: int) -> dict:
 
     t_map = timed(lambda: mapping.map_tensors(keys, values), device, repeats)
     t_floor = timed(floor, device, repeats)
-    return {"seconds": t_map, "floor_seconds": t_floor, "ratio": t_map / t_floor, "flops": mapping.flops(n)}
+    out = {"seconds": t_map, "floor_seconds": t_floor, "ratio": t_map / t_floor, "flops": mapping.flops(n)}
+    ops.clear()  # free the floor's operands before the transfer's peak is measured
+    # the one-``mm`` floor of bench/bench_peer.py and bench/bench_map_split.py (the same FLOPs as ONE
+    # GEMM into a warm output: top-k equal in every layer here) and the whole transfer against it
+    from kvbridge.kvstate import KVState
+    from kvbridge.transfer import transfer
+
+    f, q = mapping.layers[0].wk.shape[0], 2 * sum(lm.wk.shape[1] for lm in mapping.layers)
+    mm = [torch.randn(n, f, device=device), torch.randn(f, q, device=device), torch.empty(n, q, device=device)]
+    t_mm = timed(lambda: torch.mm(mm[0], mm[1], out=mm[2]), device, repeats)
+    mm.clear()
+    state = KVState(
+        keys=tuple(keys),
+        values=tuple(values),
+        token_ids=torch.zeros(1, n, dtype=torch.long, device=device),
+        positions=torch.arange(n, device=device)[None],
+        spec=sspec,
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    t_tr = timed(lambda: transfer(state, mapping, mapping.target_spec), device, repeats)
+    out.update(
+        mm_floor_seconds=t_mm,
+        map_over_mm_floor=t_map / t_mm,
+        transfer_seconds=t_tr,
+        transfer_over_mm_floor=t_tr / t_mm,
+        # the transfer's device memory peak above what was allocated before it (CUDA; None on the CPU)
+        transfer_peak_bytes=torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None,
+    )
+    return out
 
 
 def bench_rope(tspec, n: int, device, dtype, repeats: int) -> dict:
@@ -286,9 +319,9 @@ def markdown(res: dict) -> str:
         f"# bench_gpu: {res['device_name']} ({res['dtype']}), source {res['source']}, target {res['target']}, "
         f"torch {res['torch']}, load average {os.getloadavg()[0]:.1f}",
         "",
-        "| tokens | stats obs/s | mapping / GEMM floor | RoPE strip / apply / reposition of floor "
-        "| prefill / transfer | prefill / pack restore |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| tokens | stats obs/s | mapping / GEMM floor | map / transfer of the one-mm floor | transfer peak "
+        "| RoPE strip / apply / reposition of floor | prefill / transfer | prefill / pack restore |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def get(row, sec, key, fmt):
@@ -305,6 +338,20 @@ def markdown(res: dict) -> str:
                     f"{r['tokens']:,}",
                     get(r, "stats", "", lambda v: f"{v['observations_per_s']:,.0f}"),
                     get(r, "mapping", "", lambda v: f"{v['ratio']:.2f}x"),
+                    get(
+                        r,
+                        "mapping",
+                        "",
+                        lambda v: f"{v['map_over_mm_floor']:.2f}x / {v['transfer_over_mm_floor']:.2f}x",
+                    ),
+                    get(
+                        r,
+                        "mapping",
+                        "",
+                        lambda v: (
+                            "-" if v["transfer_peak_bytes"] is None else f"{v['transfer_peak_bytes'] / 2**20:,.0f} MiB"
+                        ),
+                    ),
                     get(
                         r,
                         "rope",

@@ -8,7 +8,7 @@ the process's CPU time (robust to a shared machine), else wall time. ``--ops`` a
 operations a dense map is made of, per K or V (the gather into a fresh tensor or a reused buffer,
 the selected layers stacked straight from the source, a fresh result, the layout copy, the
 batched GEMM), and ``--profile`` prints the torch profiler's
-split of one transfer.
+split of one map and one transfer.
 
     python bench/bench_map_split.py [--tokens 512,2048] [--threads 1] [--repeats 5] [--ops] [--profile]
 """
@@ -138,16 +138,17 @@ def main() -> None:
         if args.profile:
             from torch.profiler import profile
 
-            with profile() as prof:
-                do_transfer()
-            ev = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:6]
-            total = sum(e.self_cpu_time_total for e in prof.key_averages())
-            print(
-                f"\n  {n:,} tokens, one transfer: "
-                + ", ".join(f"{e.key} {e.self_cpu_time_total / total:.0%} ({e.count} calls)" for e in ev)
-                + "\n",
-                flush=True,
-            )
+            for what, fn in (("map", do_map), ("transfer", do_transfer)):
+                with profile() as prof:
+                    fn()
+                ev = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:6]
+                total = sum(e.self_cpu_time_total for e in prof.key_averages())
+                print(
+                    f"\n  {n:,} tokens, one {what} ({total / 1e3:,.0f} ms of operator self time): "
+                    + ", ".join(f"{e.key} {e.self_cpu_time_total / total:.0%} ({e.count} calls)" for e in ev)
+                    + "\n",
+                    flush=True,
+                )
         if args.ops:
             print(f"\n  {n:,} tokens, the operations of one dense map of K (median / min ms):")
             for k, (m, lo) in ops(n, args.repeats, clock).items():

@@ -23,6 +23,10 @@ def test_device_bench_runs_on_cpu_at_tiny_sizes(tmp_path, capsys):
     row = res["rows"][0]
     assert row["stats"]["observations"] == 16 and row["stats"]["statistics_bytes"] > 0
     assert row["mapping"]["seconds"] > 0 and row["mapping"]["flops"] > 0
+    m = row["mapping"]
+    assert m["mm_floor_seconds"] > 0 and m["map_over_mm_floor"] == pytest.approx(m["seconds"] / m["mm_floor_seconds"])
+    assert m["transfer_over_mm_floor"] == pytest.approx(m["transfer_seconds"] / m["mm_floor_seconds"])
+    assert m["transfer_peak_bytes"] is None  # device memory: CUDA only
     assert set(row["rope"]) == {"strip", "apply", "reposition", "floor_seconds"}
     assert row["transfer"]["prefill_seconds"] > 0 and row["transfer"]["pack_bytes"] > 0
     assert "| 16 |" in capsys.readouterr().out

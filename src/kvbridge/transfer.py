@@ -19,6 +19,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
 
 
+#: a long transfer through a per-token mapping (``mapping.per_token``, the fitted mappings; more than
+#: :data:`BLOCKS_ABOVE` tokens) runs in blocks of this many tokens: each block's RoPE strip, map and re-application
+#: written straight into the target cache, the map's buffers reused from block to block, so the
+#: float32 stripped keys and the mapped K/V of the whole cache never exist (at 32,768 tokens on
+#: Qwen2.5 0.5B -> 1.5B: 0.375 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). The blocks
+#: are :func:`kvbridge.fit.mapping.token_blocks` (a short remainder joins the last block): every
+#: token's result is bitwise the one-pass result (tests/test_transfer_blocks.py; the real pair's
+#: 32,768-token cache, BENCHMARKS.md).
+CHUNK_TOKENS = 1024
+#: ... for a cache of more than this many tokens; up to it one pass (faster: no copy of the mapped
+#: values into the target cache, the map's own token blocks; its memory is small there)
+BLOCKS_ABOVE = 8192
+
+
 def content_geometry(spec) -> tuple:
     """``(layers, KV heads, head dim)``: what must match for a copy to be a valid mapping."""
     return (spec.num_layers, spec.num_kv_heads, spec.head_dim)
@@ -99,6 +113,9 @@ def transfer(
             out = replace(state.clone(), spec=target_spec)
             return replace(out.reposition(positions, host=host) if moved else out, approximate=state.approximate)
     final = state.dtype if exact else getattr(torch, target_spec.dtype, state.dtype)
+    if getattr(mapping, "per_token", False) and state.num_tokens > max(BLOCKS_ABOVE, CHUNK_TOKENS) and not state.states:
+        out = _transfer_blocks(state, mapping, target_spec, positions, final, host)
+        return replace(out, approximate=state.approximate or not exact)
     content = state.strip_rope(host=host, dtype=work_dtype(state.dtype))
     mapped = mapping.map_content(content, target_spec)
     del content  # the stripped float32 copy is not needed for the re-application (peak memory)
@@ -106,6 +123,56 @@ def transfer(
         raise StateError("mapping returned keys marked as carrying RoPE", "return content-space keys")
     out = mapped.apply_rope(positions, spec=target_spec, host=host, dtype=final)
     return replace(out, approximate=state.approximate or not exact)
+
+
+def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, positions, final, host) -> "KVState":
+    """:func:`transfer`'s strip -> map -> re-apply, :data:`CHUNK_TOKENS` tokens at a time, into one
+    target cache allocated once. RoPE tables see the whole cache's forward lengths (a stateful
+    RoPE picks its table by them), so each block rotates exactly as the one pass would."""
+    import torch
+
+    from kvbridge import rope
+    from kvbridge.fit.mapping import fresh, token_blocks
+
+    n, b = state.num_tokens, state.batch_size
+    positions = torch.as_tensor(positions).to(state.token_ids.device).expand(b, -1)
+    if state.rope_applied and state.spec.positional == "rope" and state.rope_lengths is None:
+        # what strip_rope uses for a stateful RoPE when none are given: the whole cache's
+        state = replace(state, rope_lengths=rope.forward_lengths(state.positions))
+    lengths = rope.forward_lengths(positions) if target_spec.positional == "rope" else None
+    stateful = target_spec.rope is not None and target_spec.rope.is_stateful
+    work: dict = {}  # the map's gather buffer and results, reused by every block
+    first, out_k, out_v = None, [], []
+    for a, e in token_blocks(n, CHUNK_TOKENS):
+        content = state.slice_tokens(a, e).strip_rope(host=host, dtype=work_dtype(state.dtype))
+        mapped = mapping.map_content(content, target_spec, work=work)
+        del content
+        if mapped.rope_applied:
+            raise StateError("mapping returned keys marked as carrying RoPE", "return content-space keys")
+        part = mapped.apply_rope(
+            positions[:, a:e],
+            spec=target_spec,
+            rope_lengths=None if lengths is None else lengths[:, a:e],
+            host=host,
+            dtype=final,
+        )
+        del mapped
+        if first is None:
+            first = part
+            for ts, out in ((part.keys, out_k), (part.values, out_v)):
+                out.extend(fresh((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device) for t in ts)
+        for ts, out in ((part.keys, out_k), (part.values, out_v)):
+            for o, t in zip(out, ts):
+                o[:, :, a:e].copy_(t)
+        del part
+    return replace(
+        first,
+        keys=tuple(out_k),
+        values=tuple(out_v),
+        token_ids=state.token_ids,
+        positions=positions,
+        rope_lengths=lengths if stateful else None,
+    )
 
 
 def identity_transfer(

@@ -52,12 +52,12 @@ def _plain(m, tensors, name):
     return out
 
 
-@pytest.mark.parametrize("batch,tokens,gather", [(1, 9, None), (3, 17, None), (2, 13, 3 * 4 * 4 * 32 * 2), (2, 13, 1)])
-def test_dense_map_equals_the_plain_formula(monkeypatch, batch, tokens, gather):
+@pytest.mark.parametrize("batch,tokens,block", [(1, 9, None), (3, 17, None), (2, 13, 4), (2, 13, 1)])
+def test_dense_map_equals_the_plain_formula(monkeypatch, batch, tokens, block):
     src, tgt = _spec(5, 2, 16), _spec(4, 2, 8)
     m = _mapping(src, tgt, [(0, 3), (4, 1), (2,), (1, 2, 3)])  # three groups (k = 2, 1, 3)
-    if gather is not None:  # blocks of one target layer
-        monkeypatch.setattr(mapping_mod, "GATHER_BYTES", gather)
+    if block is not None:  # token blocks of 4 (13 = 4 + 4 + 5) or 1 token
+        monkeypatch.setattr(mapping_mod, "TOKEN_BLOCK", block)
     g = torch.Generator().manual_seed(1)
     keys = [torch.randn(batch, 2, tokens, 16, generator=g) for _ in range(5)]
     values = [torch.randn(batch, 2, tokens, 16, generator=g) for _ in range(5)]
@@ -77,3 +77,27 @@ def test_dense_map_keeps_a_half_precision_state_dtype():
     ref = _plain(m, keys, "k")
     assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in out_k + out_v)
     assert all(float((a.double() - b).abs().max()) < 0.1 * float(b.abs().max()) for a, b in zip(out_k, ref))
+
+
+def test_token_blocks_join_a_short_remainder():
+    tb = mapping_mod.token_blocks
+    assert tb(30, 8) == [(0, 8), (8, 16), (16, 24), (24, 30)]
+    assert tb(25, 8) == [(0, 8), (8, 16), (16, 25)]  # 1 token left: joins the last block
+    assert tb(5, 8) == [(0, 5)] and tb(0, 8) == []
+    assert tb(32768, 2048) == [(a, a + 2048) for a in range(0, 32768, 2048)]
+    assert tb(4097, 2048) == [(0, 2048), (2048, 4097)]
+
+
+@pytest.mark.parametrize("batch,tokens", [(1, 1), (1, 3), (2, 1), (2, 3), (1, 37), (2, 37), (2, 300)])
+def test_token_blocks_are_bitwise_one_gemm_over_all_tokens(monkeypatch, batch, tokens):
+    """Blocks of 64 tokens (a remainder under 32 joined) give the numbers of one batched GEMM over every token."""
+    src, tgt = _spec(5, 2, 32), _spec(4, 2, 32)
+    m = _mapping(src, tgt, [(0, 3, 1, 2), (4, 1, 0, 3), (2, 0, 1, 4), (1, 2, 3, 0)])
+    monkeypatch.setattr(mapping_mod, "TOKEN_BLOCK", 64)
+    g = torch.Generator().manual_seed(2)
+    keys = [torch.randn(batch, 2, tokens, 32, generator=g) for _ in range(5)]
+    out_k, _ = m.map_tensors(keys, keys)
+    for t, lm in enumerate(m.layers):  # one baddbmm over every batch row and token, as main did
+        x = torch.stack([keys[s].transpose(1, 2) for s in lm.sources], dim=2).reshape(batch * tokens, -1)
+        want = torch.baddbmm(lm.bk[None, None], x[None], lm.wk[None])[0]
+        assert torch.equal(out_k[t], want.view(batch, tokens, 2, 32).transpose(1, 2))

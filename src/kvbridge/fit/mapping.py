@@ -36,13 +36,34 @@ MODES = ("dense", "headwise")
 #: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
 #: cache between the copies and the GEMM (256 x 4 x 128 float32 = 512 KiB), the GEMM stays large
 CHUNK = 256
-#: the dense map gathers the features of a block of target layers (all tokens) at once: at most this
-#: many bytes of gathered features per block (at least one target layer)
+#: the dense map runs in blocks of this many tokens (of one batch row) per target layer: the block's
+#: selected source features (2,048 tokens x top-k 4 x 2 x 64 float32 = 4 MiB) are copied into a reused
+#: buffer and read back from cache by the GEMM that follows, instead of a whole target layer's
+#: features going out to memory and back (64 MiB per target layer at 32,768 tokens)
+TOKEN_BLOCK = 2048
+#: a sequence of at most :data:`TOKEN_BLOCK` tokens is mapped per block of whole target layers (every
+#: batch row and token): at most this many bytes of gathered features per block (at least one layer)
 GATHER_BYTES = 32 << 20
+
+
+def token_blocks(n: int, size: int) -> list:
+    """``[(start, stop)]`` covering ``n`` tokens in blocks of ``size``, a remainder under half a block
+    joined to the last one. No block is shorter than ``size // 2`` (unless ``n`` is): a GEMM of a few
+    rows can take another BLAS path (MKL: 1-3 rows round differently), and with blocks of 4 rows or
+    more every row's result is bitwise the one-GEMM result (tests/fit/test_mapping.py)."""
+    starts = list(range(0, n, max(1, size)))
+    if len(starts) > 1 and n - starts[-1] < size / 2:
+        starts.pop()
+    return [(a, starts[i + 1] if i + 1 < len(starts) else n) for i, a in enumerate(starts)]
 
 
 #: fresh CPU buffers at least this large are asked to be backed by transparent huge pages
 HUGE_PAGE_MIN = 8 << 20
+#: ... and at most this large: with ``defrag=madvise`` a fault on an advised region compacts memory
+#: when no free 2 MiB page is at hand, and a result of 470 MiB (16,384 tokens) took the map from 1.28x
+#: its floor on 4 KiB pages to 1.82x advised (BENCHMARKS.md, "Issue 35: 32,768 tokens"); up to 235 MiB
+#: (8,192 tokens) the two were within 5%
+HUGE_PAGE_MAX = 256 << 20
 _HUGE = 2 << 20
 _MADVISE: dict = {}
 
@@ -55,7 +76,7 @@ def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
     and transfer"). Elsewhere (no libc, THP off, another device) it is plain ``torch.empty``."""
     t = torch.empty(shape, dtype=dtype, device=device)
     nbytes = t.numel() * t.element_size()
-    if t.device.type != "cpu" or nbytes < HUGE_PAGE_MIN:
+    if t.device.type != "cpu" or not HUGE_PAGE_MIN <= nbytes <= HUGE_PAGE_MAX:
         return t
     madvise = _MADVISE.get("fn", 0)
     if madvise == 0:
@@ -147,16 +168,26 @@ class FittedMapping:
                     f"use a mapping fitted for this {role} model (kvbridge fit)",
                 )
 
-    def map_content(self, state, target_spec: ModelSpec | None = None):
+    @property
+    def per_token(self) -> bool:
+        """Each token's mapped K/V depends on that token's source K/V alone (no mixing across tokens),
+        so :func:`kvbridge.transfer.transfer` may map a long cache in blocks of tokens. True for this
+        class's own :meth:`map_tensors`; a subclass that replaces it (the translator) says so itself."""
+        return type(self).map_tensors is FittedMapping.map_tensors
+
+    def map_content(self, state, target_spec: ModelSpec | None = None, *, work: dict | None = None):
         """Content-space source state -> content-space target state, in the state's dtype (float32
-        content of a half-precision cache stays float32: the transfer rounds once, after RoPE)."""
+        content of a half-precision cache stays float32: the transfer rounds once, after RoPE).
+
+        ``work``: a dict the dense map keeps its buffers in between calls (see :meth:`map_tensors`)."""
         from kvbridge.kvstate import KVState
 
         target_spec = target_spec or self.target_spec
         if state.rope_applied and state.spec.positional == "rope":
             raise StateError("map_content needs content-space keys (RoPE stripped)", "call state.strip_rope() first")
         self.check_pair(state.spec, target_spec)
-        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype)
+        extra = {} if work is None else {"work": work}  # a subclass's map_tensors may not take it
+        keys, values = self.map_tensors(state.keys, state.values, dtype=state.dtype, **extra)
         return KVState(
             keys=tuple(keys),
             values=tuple(values),
@@ -170,8 +201,13 @@ class FittedMapping:
             meta=dict(state.meta),
         )
 
-    def map_tensors(self, keys, values, *, dtype=torch.float32) -> tuple[list, list]:
+    def map_tensors(self, keys, values, *, dtype=torch.float32, work: dict | None = None) -> tuple[list, list]:
         """Per-layer source content ``keys``/``values`` ``[B, H_s, T, D_s]`` -> target lists.
+
+        ``work`` (dense): a dict the gather buffer and the results are kept in and reused by the
+        next call with it (no fresh memory per call; the previous call's results are overwritten:
+        for a caller that consumes each result before the next call, as the token blocks of
+        :func:`kvbridge.transfer.transfer` do). Without it every call returns fresh tensors.
 
         Per target layer and batch row: the selected source features copied into a reused
         buffer, one GEMM with the bias fused into a reused scratch tensor (dense: ``addmm``;
@@ -179,7 +215,7 @@ class FittedMapping:
         ``[H_t, T, D_t]`` and dtype. No weight copies; no allocation but the outputs.
         """
         if self.mode == "dense":
-            return self._map_dense(keys, values, dtype)
+            return self._map_dense(keys, values, dtype, work)
         _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
@@ -221,25 +257,28 @@ class FittedMapping:
                 out.append(y)
         return out_k, out_v
 
-    def _map_dense(self, keys, values, dtype) -> tuple[list, list]:
-        """The dense layout in a handful of large operations (see :data:`GATHER_BYTES`).
+    def _map_dense(self, keys, values, dtype, work: dict | None = None) -> tuple[list, list]:
+        """The dense layout. Up to :data:`TOKEN_BLOCK` tokens: per K / V and block of whole target layers
+        (:data:`GATHER_BYTES` of features) one ``torch.stack`` of their selected source layers into a
+        reused buffer and one ``baddbmm`` (session 8's map). Longer: per K / V, target layer and block
+        of :data:`TOKEN_BLOCK` tokens, ONE
+        ``torch.stack`` copies the target layer's selected source layers (the block's tokens) straight
+        from the source tensors into a small reused buffer (``[T_b, k, H_s, D_s]``), and ONE ``addmm``
+        (bias fused) reads it back from cache and writes the block's rows of the result
+        ``[G, B·T, H_t·D_t]`` (a contiguous slice). A float32 result is returned as it is: each target
+        layer's ``[B, H_t, T, D_t]`` is a permuted view of it, no layout copy (the RoPE
+        re-application reads the view and writes the target layout in its one pass). Another
+        ``dtype`` takes one cast into the contiguous target layout.
 
-        Per K / V and block of target layers: the selected source layers of every target layer of
-        the block stacked straight from the source tensors with ONE ``torch.stack`` into a buffer
-        reused by every block of K and V (``[B·T, G_b·k, H_s·D_s]``, read by the GEMM as the
-        strided batch ``[G_b, B·T, k·H_s·D_s]``), and ONE ``baddbmm`` over the block (bias fused)
-        writing its contiguous slice of the result ``[G, B·T, H_t·D_t]``.
-        A float32 result is returned as it is: each target layer's ``[B, H_t, T, D_t]`` is a
-        permuted view of it, no layout copy (the RoPE re-application reads the view and writes
-        the target layout in its one pass; the values stay views until something needs them
-        contiguous). Another ``dtype`` takes one cast into the contiguous target layout.
-
-        Few, large operations, and little fresh memory: with several threads on a busy machine
-        each parallel region costs a scheduling round, and a fresh buffer costs a page fault per
-        4 KiB (huge pages: a zeroed 2 MiB each) on first touch. The source is not stacked as a whole
-        first (that was a copy of every source layer into fresh memory per K and V, ~100 MiB at
-        8,192 tokens, then a gather out of it; BENCHMARKS.md, "Issue 35"): the only fresh memory
-        per call is one gather buffer (at most :data:`GATHER_BYTES`) and the results.
+        Every row's GEMM is the one of a whole-cache GEMM (same features, same order, same
+        weights): the results are bitwise those of one ``baddbmm`` over all tokens (the blocks are
+        never under 4 rows, :func:`token_blocks`). The features of a whole target layer used to be
+        gathered first (session 8's map: 64 MiB per target layer at 32,768 tokens, written to
+        memory and read back by the GEMM; 1.5-2.0x its GEMM floor at 8,192 tokens against 1.2-1.6x
+        in blocks, BENCHMARKS.md, "Issue 35: 32,768 tokens"). The only fresh memory per call is the
+        gather buffer (a few MiB) and the results; with ``work`` none once the first call has made
+        them (the buffers are kept there, keyed by their role, and the next call's results overwrite
+        them).
         """
         _, hs, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
@@ -247,40 +286,64 @@ class FittedMapping:
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
         fs, rows = hs * ds, b * t
         groups = self._dense_plan(device)
+        blocks = token_blocks(t, TOKEN_BLOCK)
 
-        def block(k: int, g: int) -> int:  # target layers per block: GATHER_BYTES of features, at least one
+        def alloc(key, shape, dt=torch.float32):  # fresh, or the front of the caller's buffer of that role
+            if work is None:
+                return fresh(shape, dtype=dt, device=device)
+            n = 1
+            for d in shape:
+                n *= d
+            t_ = work.get(key)
+            if t_ is None or t_.numel() < n or t_.dtype != dt or t_.device != torch.device(device):
+                t_ = work[key] = fresh((n,), dtype=dt, device=device)
+            return t_[:n].view(shape)
+
+        # (batch rows, tokens a:e, result rows o0:o1) of each token block
+        spans = [(slice(r, r + 1), a, e, r * t + a, r * t + e) for r in range(b) for a, e in blocks]
+
+        def layer_block(k: int, g: int) -> int:  # one block: target layers per GEMM, GATHER_BYTES of features
             return max(1, min(g, GATHER_BYTES // (4 * rows * k * fs)))
 
-        most = 0  # the largest block's source layers
-        for layers_, sel, _, _ in groups["k"]:
-            k = len(sel) // len(layers_)
-            most = max(most, block(k, len(layers_)) * k)
-        buf = fresh((rows * most * fs,), device=device)  # one gather buffer for every block of K and V
+        if len(blocks) == 1:
+            most = max(
+                layer_block(len(sel) // len(ls_), len(ls_)) * (len(sel) // len(ls_)) for ls_, sel, _, _ in groups["k"]
+            )
+            buf = alloc("gather", (rows * most * fs,))
+        else:
+            most = max(len(sel) // len(layers_) for layers_, sel, _, _ in groups["k"])
+            buf = alloc("gather", (max(o1 - o0 for *_, o0, o1 in spans) * most * fs,))  # reused by every block
         out_k: list = [None] * len(self.layers)
         out_v: list = [None] * len(self.layers)
         for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
-            # [B, H_s, T, D_s] per source layer, read as [B, T, H_s, D_s] by the stacking copy
+            # [B, H_s, T, D_s] per source layer, read as [T, H_s, D_s] per batch row by the stacking copy
             src = [(x if x.dtype == torch.float32 else x.float()).transpose(1, 2) for x in tensors]
-            for layers_, sel, w, bias in groups[name]:  # sel: G·k source layers, w [G, k·fs, H_t·D_t]
+            results = [alloc((name, gi), (len(group[0]), rows, ht * dt)) for gi, group in enumerate(groups[name])]
+            for (layers_, sel, w, bias), res in zip(groups[name], results) if len(blocks) == 1 else ():
+                # one block of tokens: ONE stack and ONE baddbmm (bias fused) per block of whole target
+                # layers (all rows), each writing a contiguous slice of `res` (few parallel regions)
                 g, k = len(layers_), len(sel) // len(layers_)
-                # blocks of whole target layers (all rows): each block's result is a contiguous slice of
-                # `res`, so the baddbmm stays ONE batched call (a strided output makes torch run one
-                # addmm per target layer and chunk: hundreds of parallel regions at two threads)
-                step = block(k, g)
-                res = fresh((g, rows, ht * dt), device=device)
+                step = layer_block(k, g)
                 for a in range(0, g, step):
                     e = min(g, a + step)
                     feats = buf[: rows * (e - a) * k * fs].view(b, t, (e - a) * k, hs, ds)
                     torch.stack([src[s] for s in sel[a * k : e * k]], dim=2, out=feats)
                     a_ = feats.view(rows, e - a, k * fs).transpose(0, 1)  # [block, rows, k·fs], strided
                     torch.baddbmm(bias[a:e], a_, w[a:e], out=res[a:e])
-                views = res.view(g, b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
+            for rs, a, e, o0, o1 in spans if len(blocks) > 1 else ():
+                for (layers_, sel, w, bias), res in zip(groups[name], results):  # sel: G·k, w [G, k·fs, H_t·D_t]
+                    k = len(sel) // len(layers_)
+                    feats = buf[: (o1 - o0) * k * fs].view(-1, e - a, k, hs, ds)
+                    for j in range(len(layers_)):
+                        torch.stack([src[s][rs, a:e] for s in sel[j * k : (j + 1) * k]], dim=2, out=feats)
+                        torch.addmm(bias[j], feats.view(o1 - o0, k * fs), w[j], out=res[j, o0:o1])
+            for gi, ((layers_, _, _, _), res) in enumerate(zip(groups[name], results)):
+                views = res.view(len(layers_), b, t, ht, dt).permute(0, 1, 3, 2, 4)  # [G, B, H_t, T, D_t]
                 if dtype != torch.float32:  # one cast into the contiguous target layout
-                    views = fresh(views.shape, dtype=dtype, device=device).copy_(views)
-                    del res
+                    views = alloc((name, gi, "cast"), views.shape, dtype).copy_(views)
                 for j, layer in enumerate(layers_):
                     out[layer] = views[j]
-            del src  # a non-float32 source's float32 copy: one alive at a time
+            del src, results  # a non-float32 source's float32 copy: one alive at a time
         return out_k, out_v
 
     def _dense_plan(self, device) -> dict:
