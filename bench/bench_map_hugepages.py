@@ -1,7 +1,7 @@
 """The dense map with its fresh results advised onto huge pages at any size, against the committed cap.
 
 ``bench/bench_peer.py``'s inputs (24x2x64 -> 28x2x128, top-k 4, float32); the one-``mm`` floor and
-``map_tensors`` with ``kvbridge.fit.mapping.HUGE_PAGE_MAX`` unbounded (every fresh buffer of 8 MiB or
+``map_tensors`` with ``kvbridge.buffers.HUGE_PAGE_MAX`` unbounded (every fresh buffer of 8 MiB or
 more ``madvise(MADV_HUGEPAGE)``) or at its committed value, alternating ROUNDS times after a warm-up;
 one thread: CPU clock, else wall. Medians (mins) and ratios to the floor.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry
-import kvbridge.fit.mapping as mm
+import kvbridge.buffers as mm
 
 torch.set_num_threads(int(sys.argv[2]))
 clock = time.process_time if sys.argv[2] == "1" else time.perf_counter

@@ -49,6 +49,7 @@ LAYERS = (
             "attention",
             "kvstate",
             "kvstate_io",
+            "buffers",
             "transfer",
             "handoff",
             "durable",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: written straight into the target cache, the map's buffers reused from block to block, so the
 #: float32 stripped keys and the mapped K/V of the whole cache never exist (at 32,768 tokens on
 #: Qwen2.5 0.5B -> 1.5B: 0.375 + 1.75 GiB; BENCHMARKS.md, "Issue 35: 32,768 tokens"). The blocks
-#: are :func:`kvbridge.fit.mapping.token_blocks` (a short remainder joins the last block): every
+#: are :func:`kvbridge.buffers.token_blocks` (a short remainder joins the last block): every
 #: token's result is bitwise the one-pass result (tests/test_transfer_blocks.py; the real pair's
 #: 32,768-token cache, BENCHMARKS.md).
 CHUNK_TOKENS = 1024
@@ -132,7 +132,7 @@ def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, pos
     import torch
 
     from kvbridge import rope
-    from kvbridge.fit.mapping import fresh, token_blocks
+    from kvbridge.buffers import fresh, token_blocks
 
     n, b = state.num_tokens, state.batch_size
     positions = torch.as_tensor(positions).to(state.token_ids.device).expand(b, -1)

@@ -1,0 +1,68 @@
+"""Buffers the codec and the map share: token blocks that keep every GEMM on its one-GEMM bits, and
+fresh CPU buffers advised onto transparent huge pages (:func:`fresh`). Below the stages, so that
+:mod:`kvbridge.transfer` and :mod:`kvbridge.fit.mapping` both read them without an import going up."""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_blocks(n: int, size: int) -> list:
+    """``[(start, stop)]`` covering ``n`` tokens in blocks of ``size``, a remainder under half a block
+    joined to the last one. No block is shorter than ``size // 2`` (unless ``n`` is): a GEMM of a few
+    rows can take another BLAS path (MKL: 1-3 rows round differently), and with blocks of 4 rows or
+    more every row's result is bitwise the one-GEMM result (tests/fit/test_mapping.py)."""
+    starts = list(range(0, n, max(1, size)))
+    if len(starts) > 1 and n - starts[-1] < size / 2:
+        starts.pop()
+    return [(a, starts[i + 1] if i + 1 < len(starts) else n) for i, a in enumerate(starts)]
+
+
+#: fresh CPU buffers at least this large are asked to be backed by transparent huge pages
+HUGE_PAGE_MIN = 8 << 20
+#: ... and at most this large: with ``defrag=madvise`` a fault on an advised region compacts memory
+#: when no free 2 MiB page is at hand, and a result of 470 MiB (16,384 tokens) took the map from 1.28x
+#: its floor on 4 KiB pages to 1.82x advised (BENCHMARKS.md, "Issue 35: 32,768 tokens"); up to 235 MiB
+#: (8,192 tokens) the two were within 5%
+HUGE_PAGE_MAX = 256 << 20
+_HUGE = 2 << 20
+_MADVISE: dict = {}
+
+
+def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``torch.empty``, with a large CPU buffer advised onto transparent huge pages before its first
+    write (Linux ``madvise(MADV_HUGEPAGE)`` on its 2 MiB-aligned interior; a hint, results are the
+    same). A fresh buffer costs one page fault per 4 KiB page on first touch: 58 MiB of mapped keys
+    took ~30 ms of faults against ~7 ms on 2 MiB pages, a sixth of their GEMM (BENCHMARKS.md, "Map
+    and transfer"). Elsewhere (no libc, THP off, another device) it is plain ``torch.empty``."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    nbytes = t.numel() * t.element_size()
+    if t.device.type != "cpu" or not HUGE_PAGE_MIN <= nbytes <= HUGE_PAGE_MAX:
+        return t
+    madvise = _MADVISE.get("fn", 0)
+    if madvise == 0:
+        madvise = _MADVISE["fn"] = _libc_madvise()
+    if madvise is not None:
+        start = -(-t.data_ptr() // _HUGE) * _HUGE
+        end = (t.data_ptr() + nbytes) // _HUGE * _HUGE
+        if end > start:
+            madvise(start, end - start, 14)  # MADV_HUGEPAGE; a failure changes nothing
+    return t
+
+
+def _libc_madvise():
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+__all__ = ["HUGE_PAGE_MAX", "HUGE_PAGE_MIN", "fresh", "token_blocks"]
