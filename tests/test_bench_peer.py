@@ -102,7 +102,9 @@ def test_table_row_and_ratios():
 )
 def test_tiny_side_by_side_agrees_with_the_peer():
     b = _bench()
-    args = argparse.Namespace(peer="/tmp/peer-src", ours=None, geometry="6x2x8-5x2x16", tokens="16", inner=1, fit_obs=64)
+    args = argparse.Namespace(
+        peer="/tmp/peer-src", ours=None, geometry="6x2x8-5x2x16", tokens="16", inner=1, fit_obs=64
+    )
     with tempfile.TemporaryDirectory() as d:
         res = b.alternate("map", 1, 1, args, dump_dir=d)
         diffs = b.max_diff(f"{d}/ours.safetensors", f"{d}/peer.safetensors")
