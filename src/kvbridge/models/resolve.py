@@ -20,6 +20,7 @@ Anything else is a one-line :class:`~kvbridge.errors.ConfigError` suggesting clo
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -45,12 +46,11 @@ def from_gguf(ref: str, path: Path, *, name: str | None = None, kind: str = "ggu
     from kvbridge.models.gguf import read_gguf, to_hf_config
 
     info = read_gguf(path)
-    config = to_hf_config(info)
     return ModelRef(
         ref=ref,
         kind=kind,
         name=name or path.stem,
-        config=config,
+        config=to_hf_config(info),
         path=str(path),
         folder=str(path.parent),
         gguf_file=str(path),
@@ -132,19 +132,13 @@ def from_path(ref: str, path: Path, *, kind: str = "dir", name: str | None = Non
         return from_folder(ref, path, kind, name, source)
     if path.is_file():
         got = from_file(ref, path, source)
-        return got if not name else _renamed(got, name, kind if kind != "dir" else got.kind)
+        return got if not name else replace(got, name=name, kind=kind if kind != "dir" else got.kind)
     if path.exists():
         raise ConfigError(f"{path}: not a file or folder", "pass a model folder, a .gguf or a config.json path")
     raise ConfigError(
         f"{path}: no such file or directory (the path does not exist)",
         "check the path (hub ids are written org/name, without a leading ./)",
     )
-
-
-def _renamed(ref: ModelRef, name: str, kind: str) -> ModelRef:
-    from dataclasses import replace
-
-    return replace(ref, name=name, kind=kind)
 
 
 # -- Hugging Face cache (offline) -----------------------------------------------------------------
@@ -224,8 +218,7 @@ def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
     path = Path(ref).expanduser()
     model = known_mod.known(ref)
     if model is not None and not path.exists():
-        got = from_path(ref, known_mod.require_cached(model), kind="known", name=model.name, source=model.name)
-        return got
+        return from_path(ref, known_mod.require_cached(model), kind="known", name=model.name, source=model.name)
     if path.exists():
         return from_path(ref, path)
     if ref.startswith((".", "/", "~")) or ref.endswith((".json", ".toml", ".gguf")):

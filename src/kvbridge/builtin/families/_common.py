@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+from kvbridge.check.validate import rope_parameters, theta_fields
 from kvbridge.family_adapter import FamilyAdapter, positive_int
 from kvbridge.errors import ConfigError
 from kvbridge.spec import FULL, SLIDING, ModelSpec, RopeSpec, freeze
@@ -91,12 +92,7 @@ def flag(config: Mapping, name: str, default: bool = False) -> bool:
 
 def dtype_name(config: Mapping) -> str:
     """The config's dtype (``dtype``, else legacy ``torch_dtype``), default ``"float32"``."""
-    value = config.get("dtype")
-    if value is None:
-        value = config.get("torch_dtype")
-    if value is None:
-        return "float32"
-    return str(value).removeprefix("torch.")
+    return str(first_present(config, ("dtype", "torch_dtype"), "float32")).removeprefix("torch.")
 
 
 def number(value: Any, name: str, model_type: Any = None) -> float:
@@ -120,11 +116,6 @@ def _rope_dict(value: Any, where: str, model_type: Any) -> dict:
     return copy.deepcopy(dict(value))
 
 
-def _rope_type(params: dict) -> str:
-    rope_type = params.get("rope_type") or params.get("type") or "default"
-    return str(rope_type)
-
-
 def flat_rope_parameters(
     config: Mapping,
     *,
@@ -146,8 +137,6 @@ def flat_rope_parameters(
     ``original_max_override`` replaces it (Phi3 keeps it top-level).
     """
     model_type = config.get("model_type")
-    from kvbridge.check.validate import theta_fields
-
     theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
     scaling = config.get("rope_scaling")
     params = _rope_dict(
@@ -172,7 +161,7 @@ def flat_rope_parameters(
                 f"fix 'partial_rotary_factor' in the config (model_type {model_type!r})",
             )
         params["partial_rotary_factor"] = partial
-    params["rope_type"] = _rope_type(params)
+    params["rope_type"] = str(params.get("rope_type") or params.get("type") or "default")
     params.pop("type", None)
     if params["rope_type"] in NEEDS_ORIGINAL_MAX:
         if original_max_override is not _MISSING:
@@ -201,8 +190,6 @@ def rope_spec(
     max_position_embeddings: int,
 ) -> RopeSpec:
     """A :class:`RopeSpec` from a normalised rope-parameter dict (see flat_rope_parameters)."""
-    from kvbridge.check.validate import rope_parameters
-
     rope_parameters(params)  # theta finite > 0, a known type, a positive factor where one is needed
     scaling = {k: v for k, v in params.items() if k not in ROPE_META_KEYS and v is not None}
     return RopeSpec(
@@ -239,11 +226,6 @@ def layer_types_from(config: Mapping, num_layers: int, default: list | tuple) ->
             f"use {FULL!r} or {SLIDING!r} (model_type {config.get('model_type')!r})",
         )
     return types
-
-
-def to_pairs(mapping: Mapping) -> tuple:
-    """Frozen, sorted ``(key, value)`` pairs for ``ModelSpec.extras``."""
-    return freeze({k: v for k, v in mapping.items()})
 
 
 # -- the shared adapter ---------------------------------------------------------------------------
@@ -333,7 +315,7 @@ class DecoderAdapter(FamilyAdapter):
                 get(cfg, "vocab_size", self.DEFAULT_VOCAB), "vocab_size", cfg.get("model_type")
             ),
             max_position_embeddings=max_positions,
-            extras=to_pairs(self._extras(cfg)),
+            extras=freeze(self._extras(cfg)),
         )
 
     # -- steps (override per family) ----------------------------------------------------------
@@ -475,7 +457,6 @@ __all__ = [
     "number",
     "rope_spec",
     "layer_types_from",
-    "to_pairs",
     "tiny_base",
     "NEEDS_ORIGINAL_MAX",
 ]

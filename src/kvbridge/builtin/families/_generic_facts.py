@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbridge.builtin.families._common import layer_attr as _layer_attr
+from kvbridge.spec import CHUNKED, FULL, SLIDING
+
 #: the fix line of a refusal
 REFUSED_FIX = "kvbridge moves caches it can represent exactly; see docs/supported-models.md"
 
@@ -146,8 +149,6 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
     """Indexer-key cache of a DSA model: the layers that run their own indexer (``indexer_types``
     "full"; "shared" layers reuse an earlier layer's top-k and cache none), the keys' head dim
     and where their RoPE part sits. Raises ``ValueError`` with the reason for other kinds."""
-    from kvbridge.builtin.families._common import layer_attr as _layer_attr
-
     why = INDEXER_REFUSALS.get(model_type) or INDEXER_REFUSALS.get(model_type.removesuffix("_text"))
     if why:
         raise ValueError(why)
@@ -176,8 +177,6 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
 
 def nope_layers(model_type: str, text: Any, kinds: list) -> tuple:
     """Layers whose keys carry no RoPE."""
-    from kvbridge.spec import CHUNKED, FULL, SLIDING
-
     flags = getattr(text, "no_rope_layers", None)
     if flags:  # SmolLM3 / Llama 4: 1 = the layer uses RoPE, 0 = NoPE
         return tuple(
@@ -197,8 +196,6 @@ SWA_ATTRS = {"heads": "swa_num_attention_heads", "kv": "swa_num_key_value_heads"
 
 def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool = False) -> int:
     """KV heads one layer stores in the cache."""
-    from kvbridge.builtin.families._common import layer_attr as _layer_attr
-
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
     if sliding and model_type in SWA_KV_MULTIPLIER:
@@ -213,8 +210,6 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
 
 
 def key_head_dim(layer_cfg: Any, heads: int, hidden: int, sliding: bool = False) -> int:
-    from kvbridge.builtin.families._common import layer_attr as _layer_attr
-
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["head_dim"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["head_dim"]))
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: the "keys" slot holds the compressed latent
@@ -227,8 +222,6 @@ def key_head_dim(layer_cfg: Any, heads: int, hidden: int, sliding: bool = False)
 
 def mla_sizes(text: Any) -> dict:
     """MLA latent sizes, {} for other attention."""
-    from kvbridge.builtin.families._common import layer_attr as _layer_attr
-
     rank = _layer_attr(text, "kv_lora_rank", None)
     if not rank:
         return {}

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 from kvbridge.family_adapter import FamilyAdapter
 from kvbridge.builtin.families import _generic_facts as facts
-from kvbridge.builtin.families._common import dtype_name, layer_attr as _layer_attr, rope_spec, to_pairs
-from kvbridge.spec import CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec
+from kvbridge.builtin.families._common import dtype_name, layer_attr as _layer_attr, rope_spec
+from kvbridge.spec import CHUNKED, CONV, FULL, LINEAR, NO_ATTENTION, SHARED, SLIDING, ModelSpec, freeze
 from kvbridge.errors import ConfigError, UnsupportedModelError
 
 #: transformers cache layer type -> (kvbridge layer kind, holds recurrent/conv state)
@@ -155,12 +155,9 @@ class GenericAdapter(FamilyAdapter):
             ) from None
         for i, t in enumerate(hf_types):
             if t == "dummy":
-                if i < len(sharing) and sharing[i] == "reuse":
-                    kinds.append(SHARED)
-                    shared.append(i)
-                else:
-                    kinds.append(NO_ATTENTION)
-                    no_kv.append(i)
+                reused = i < len(sharing) and sharing[i] == "reuse"
+                kinds.append(SHARED if reused else NO_ATTENTION)
+                (shared if reused else no_kv).append(i)
                 continue
             if t not in HF_LAYER_KINDS:
                 why = facts.LAYER_REFUSALS.get(t, "a cache layer kind kvbridge cannot read")
@@ -194,11 +191,8 @@ class GenericAdapter(FamilyAdapter):
                 continue
             lc = per_layer[slots[i]]
             h = int(_layer_attr(lc, "decoder_attention_heads", None) or _layer_attr(lc, "num_attention_heads", heads))
-            sliding = kind == SLIDING
-            kv = facts.cached_kv_heads(model_type, lc, h, sliding)
-            hd = facts.key_head_dim(lc, h, hidden, sliding)
-            kv_heads.append(kv)
-            k_dims.append(hd)
+            kv_heads.append(facts.cached_kv_heads(model_type, lc, h, kind == SLIDING))
+            k_dims.append(facts.key_head_dim(lc, h, hidden, kind == SLIDING))
         present = [(kv, hd) for kv, hd in zip(kv_heads, k_dims) if kv]
         if not present:
             raise UnsupportedModelError(
@@ -207,10 +201,10 @@ class GenericAdapter(FamilyAdapter):
             )
         main_kv, main_hd = present[0]
         uniform = all(p == (main_kv, main_hd) for p in present)
-        for i, kind in enumerate(kinds):
-            if kv_heads[i] and heads % kv_heads[i] and model_type not in facts.UNGROUPED_OK:
+        for i, kv in enumerate(kv_heads):
+            if kv and heads % kv and model_type not in facts.UNGROUPED_OK:
                 raise ConfigError(
-                    f"{kv_heads[i]} KV heads do not divide {heads} attention heads (layer {i})",
+                    f"{kv} KV heads do not divide {heads} attention heads (layer {i})",
                     "fix 'num_key_value_heads'",
                 )
 
@@ -225,10 +219,7 @@ class GenericAdapter(FamilyAdapter):
         if positional == "rope":
             rope_dim = mla.get("qk_rope_head_dim") if mla else None
             # MLA: the table rotates the whole cached RoPE key (the values slot)
-            by_kind = {}
-            for kind, hd in zip(kinds, k_dims):
-                if hd:
-                    by_kind.setdefault(kind, hd)
+            by_kind = {kind: hd for kind, hd in reversed(list(zip(kinds, k_dims))) if hd}  # the first layer's wins
             rope, by_type = _rope_tables(
                 text,
                 rope_dim or main_hd,
@@ -239,8 +230,6 @@ class GenericAdapter(FamilyAdapter):
             )
             if model_type in facts.NEGATIVE_ROTATION:
                 from dataclasses import replace as _replace
-
-                from kvbridge.spec import freeze
 
                 flip = lambda r: _replace(r, scaling=freeze({**r.params, "direction": -1}))  # noqa: E731
                 rope, by_type = flip(rope), tuple((k, flip(v)) for k, v in by_type)
@@ -271,11 +260,7 @@ class GenericAdapter(FamilyAdapter):
             dtype=dtype,
             vocab_size=int(getattr(text, "vocab_size", 0) or 0),
             max_position_embeddings=max_positions,
-            extras=to_pairs(
-                {"config_class": type(text).__name__}
-                if text is obj
-                else {"config_class": type(text).__name__, "wrapper": model_type}
-            ),
+            extras=freeze({"config_class": type(text).__name__} | ({} if text is obj else {"wrapper": model_type})),
             nope_layers=tuple(nope),
             attention_chunk_size=next(iter(chunks), None),
             layer_kv_heads=() if uniform else tuple(kv_heads),
@@ -285,9 +270,9 @@ class GenericAdapter(FamilyAdapter):
             no_kv_layers=tuple(no_kv),
             state_layers=tuple(state_layers),
             cache_format=cache_format,
-            latent=to_pairs(mla) if mla else (),
+            latent=freeze(mla),
             indexer_layers=tuple(indexer.pop("layers", ())),
-            indexer=to_pairs(indexer) if indexer else (),
+            indexer=freeze(indexer),
         )
 
     # -- model side -------------------------------------------------------------------------
