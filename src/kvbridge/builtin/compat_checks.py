@@ -36,11 +36,6 @@ def _size(spec) -> int:
     return spec.hidden_size * spec.num_layers
 
 
-def _same_geometry(s, t) -> bool:
-    keys = ("model_type", "num_layers", "num_kv_heads", "head_dim", "hidden_size")
-    return all(getattr(s, k) == getattr(t, k) for k in keys)
-
-
 def known_results(source, target) -> list[Finding]:
     out = []
     if source.model_type in MINISTRAL3_TYPES or target.model_type in MINISTRAL3_TYPES:
@@ -111,7 +106,8 @@ def sliding_history(source, target) -> list[Finding]:
 
 
 def calibration(source, target) -> list[Finding]:
-    if _same_geometry(source, target):
+    keys = ("model_type", "num_layers", "num_kv_heads", "head_dim", "hidden_size")
+    if all(getattr(source, k) == getattr(target, k) for k in keys):  # same geometry: nothing to fit
         return []
     features = source.num_kv_heads * source.head_dim * TOP_K
     return [

@@ -130,13 +130,12 @@ def _head_kind(spec: ModelSpec) -> str:
 
 def _kv_heads_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     axis = partial(Axis, "kv_heads", s.num_kv_heads, t.num_kv_heads)
-    dup = any(spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads for spec in (s, t))
-    falcon = ""
-    if dup:
-        falcon = (
-            "; Falcon new architecture: the cache holds every query head (KV groups duplicated),"
-            " so map the unique heads and duplicate them per group"
-        )
+    falcon = (
+        "; Falcon new architecture: the cache holds every query head (KV groups duplicated),"
+        " so map the unique heads and duplicate them per group"
+        if any(spec.kv_groups is not None and spec.kv_groups < spec.num_kv_heads for spec in (s, t))
+        else ""
+    )
     kinds = f"{_head_kind(s)} vs {_head_kind(t)}"
     if s.num_kv_heads == t.num_kv_heads:
         return axis("same", f"same count ({kinds}): head h lines up with head h{falcon}")
@@ -257,13 +256,12 @@ def _rope_axis_tables(s: ModelSpec, t: ModelSpec) -> Axis:
         what = "apply the target RoPE" if sv is None else "strip the source RoPE"
         return axis("mappable", f"{what} ({_rope_brief(other.rope)})")
     s_tabs, t_tabs = _tables(s), _tables(t)
-    notes = []
-    for side, spec in (("source", s), ("target", t)):
-        if spec.rope is not None and spec.rope.is_stateful:
-            notes.append(
-                f"{side} {spec.rope.rope_type} RoPE depends on each forward's length: the state"
-                " records forward lengths (rope_lengths) to pick each key's table"
-            )
+    notes = [
+        f"{side} {spec.rope.rope_type} RoPE depends on each forward's length: the state"
+        " records forward lengths (rope_lengths) to pick each key's table"
+        for side, spec in (("source", s), ("target", t))
+        if spec.rope is not None and spec.rope.is_stateful
+    ]
     if {r.interleaved for r in s_tabs.values()} != {r.interleaved for r in t_tabs.values()}:
         notes.append("pairing differs (interleaved vs half-split): strip and apply each with its own convention")
     note = ("; " + "; ".join(notes)) if notes else ""
@@ -378,8 +376,7 @@ def _dtype_axis(s: ModelSpec, t: ModelSpec) -> Axis:
 
 def cache_format_of(spec: ModelSpec, config: Mapping | None = None, generation_config: Mapping | None = None) -> str:
     """How a model's own ``generate`` caches, from its config / generation config."""
-    impl = None
-    cache_cfg = None
+    impl = cache_cfg = None
     for source in (generation_config or {}, config or {}):
         impl = impl or source.get("cache_implementation")
         cache_cfg = cache_cfg or source.get("cache_config")

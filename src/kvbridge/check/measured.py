@@ -13,13 +13,13 @@ torch, no transformers.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from kvbridge.check.sources import REPO_MANIFESTS
+from kvbridge.check.validate import load_json
 from kvbridge.errors import ConfigError
 
 #: kvbridge's own measured results (package data beside manifests/models)
@@ -148,10 +148,7 @@ def load_records(folder: Path | str | None = None) -> list[tuple[dict, Measured]
     if not folder.is_dir():
         return out
     for path in sorted(folder.glob("*.json")):
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{path}: not a readable JSON record ({exc})", "fix the record") from None
+        raw = load_json(path, what="measured result record", object_only=False)
         out.append((raw, validate_record(raw, path)))
     return out
 

@@ -52,10 +52,7 @@ class Axis:
 
 def spec_dict(spec: ModelSpec, name: str = "") -> dict:
     """The report's ``<spec>``: ``ModelSpec.to_dict()`` (rope sub-dict included), plus ``name``."""
-    out = spec.to_dict()
-    if name:
-        out = {"name": name, **out}
-    return out
+    return {"name": name, **spec.to_dict()} if name else spec.to_dict()
 
 
 @dataclass(frozen=True)

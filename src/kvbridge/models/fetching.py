@@ -242,11 +242,6 @@ def _bar(model: KnownModel, stage: str, nbytes: int, show: bool):
     return Progress(max(nbytes // MB, 1), label=f"{model.name}: {stage}", unit="MB", enabled=show)
 
 
-def _cached_ok(model: KnownModel) -> bool:
-    path = model.path
-    return path.is_file() and path.stat().st_size == model.size and file_sha256(path) == model.sha256
-
-
 def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, workers: int = DOWNLOAD_WORKERS) -> Path:
     """Make sure the known model ``name`` is cached and intact; return its file."""
     model = known(name)
@@ -254,8 +249,9 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, worke
         raise ConfigError(f"no known model {name!r}", f"use one of: {', '.join(KNOWN)}")
     show = (not quiet) if progress is None else progress
     with fetch_lock(model, quiet=quiet):
-        if _cached_ok(model):
-            return model.path
+        path = model.path
+        if path.is_file() and path.stat().st_size == model.size and file_sha256(path) == model.sha256:
+            return path
         folder = downloads_dir(model)
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob(".*.tmp"):  # an interrupted assembly

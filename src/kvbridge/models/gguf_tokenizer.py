@@ -16,12 +16,6 @@ from kvbridge.models.gguf import GGUFArray, GGUFInfo, read_gguf
 _WANTED = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
-def _read_arrays(path: str) -> dict:
-    """The decoded tokenizer arrays of the GGUF at ``path`` (a second pass over the header)."""
-    meta = read_gguf(path, decode=_WANTED).metadata
-    return {k: meta[k] for k in _WANTED if isinstance(meta.get(k), list)}
-
-
 def _cache_key(meta: dict) -> str:
     """What decides the fingerprint: the tokenizer metadata (large arrays by their raw sha256)."""
     import hashlib
@@ -43,8 +37,7 @@ def gguf_tokenizer_fingerprint(info: GGUFInfo):
     from kvbridge.check import tokenizer_fp as tf
 
     meta = info.metadata
-    tokens_meta = meta.get("tokenizer.ggml.tokens")
-    if tokens_meta is None:
+    if meta.get("tokenizer.ggml.tokens") is None:
         return None
     return tf.cached(lambda: _cache_key(meta), lambda: _compute(info, tf))
 
@@ -52,7 +45,8 @@ def gguf_tokenizer_fingerprint(info: GGUFInfo):
 def _compute(info: GGUFInfo, tf):
     meta = info.metadata
     tokens_meta = meta.get("tokenizer.ggml.tokens")
-    arrays = _read_arrays(info.path)
+    decoded = read_gguf(info.path, decode=_WANTED).metadata  # the tokenizer arrays: a second pass over the header
+    arrays = {k: decoded[k] for k in _WANTED if isinstance(decoded.get(k), list)}
     tokens = arrays.get("tokenizer.ggml.tokens") or (tokens_meta if isinstance(tokens_meta, list) else [])
     types = arrays.get("tokenizer.ggml.token_type") or []
     merges = arrays.get("tokenizer.ggml.merges")
@@ -67,16 +61,14 @@ def _compute(info: GGUFInfo, tf):
     for flag in ("add_bos_token", "add_eos_token"):
         if isinstance(meta.get(f"tokenizer.ggml.{flag}"), bool):
             roles[flag] = meta[f"tokenizer.ggml.{flag}"]
-    rules, rules_format = None, ""
-    if merges is not None:
-        rules, rules_format = tf._merges_from_list(merges), "merges"
+    rules = tf._merges_from_list(merges) if merges is not None else None
     model = str(meta.get("tokenizer.ggml.model", ""))
     return tf.TokenizerFingerprint(
         kind={"gpt2": "bpe", "llama": "sentencepiece-bpe"}.get(model, model or "gguf"),
         base=tf._sha(sorted(base.items())),
         vocab=tf._sha(sorted(full.items())),
         rules=tf._sha(rules) if rules is not None else "",
-        rules_format=rules_format,
+        rules_format="merges" if merges is not None else "",
         special=tf._sha(roles),
         vocab_size=len(full),
         num_added=len(added),

@@ -51,14 +51,9 @@ def auto_map_entry(folder: str | Path) -> tuple[Path, str] | None:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):  # unreadable files are the loaders' business
             continue
-        if isinstance(data, Mapping) and data.get("auto_map"):
-            return path, _entry_text(data)
-        if (
-            isinstance(data, Mapping)
-            and isinstance(data.get("text_config"), Mapping)
-            and data["text_config"].get("auto_map")
-        ):
-            return path, _entry_text(data["text_config"])
+        for part in (data, data.get("text_config")) if isinstance(data, Mapping) else ():
+            if isinstance(part, Mapping) and part.get("auto_map"):
+                return path, _entry_text(part)
     return None
 
 
@@ -83,10 +78,7 @@ def _quiet():
 
 
 def _safe(kwargs: dict) -> dict:
-    out = dict(kwargs)
-    out["trust_remote_code"] = False
-    out.setdefault("local_files_only", True)
-    return out
+    return {"local_files_only": True, **kwargs, "trust_remote_code": False}
 
 
 def model_from_pretrained(folder: str | Path, **kwargs):

@@ -69,14 +69,6 @@ def dtype_for(ref: ModelRef, dtype: str | None) -> str:
     return stored if stored in DTYPES else "float32"
 
 
-def _quiet():
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    return transformers
-
-
 @contextmanager
 def _no_gguf_progress(active: bool):
     """transformers' GGUF loader draws its own tqdm bar (not switched off by its logging): hide it."""
@@ -105,7 +97,6 @@ def load_tokenizer_of(ref: ModelRef):
     if ref.gguf_file:
         from kvbridge.models.hf_loader import RemoteCodeError, tokenizer_from_pretrained
 
-        _quiet()
         path = Path(ref.gguf_file)
         try:
             return tokenizer_from_pretrained(path.parent, gguf_file=path.name)
@@ -158,7 +149,6 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
 
     from kvbridge.models.hf_loader import RemoteCodeError, model_from_pretrained
 
-    _quiet()
     kwargs: dict = {"dtype": getattr(torch, dtype)}
     if ref.gguf_file:
         from kvbridge.models.gguf import unsupported_types

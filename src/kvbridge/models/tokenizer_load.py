@@ -54,11 +54,8 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
         return pieces[idx][0] if 0 <= idx < len(pieces) else default
 
     cfg = dict(config or {})
-    kwargs = {k: cfg[k] for k in ("add_bos_token", "add_eos_token", "legacy", "add_prefix_space") if k in cfg}
-    kwargs.setdefault("add_bos_token", True)
-    kwargs.setdefault("add_eos_token", False)
-    kwargs.setdefault("legacy", False)
-    kwargs.setdefault("add_prefix_space", True)
+    kwargs = {"add_bos_token": True, "add_eos_token": False, "legacy": False, "add_prefix_space": True}
+    kwargs |= {k: cfg[k] for k in kwargs if k in cfg}
     tok = LlamaTokenizer(
         vocab=vocab,
         merges=merges,
@@ -87,15 +84,6 @@ def _special_roles(folder: Path) -> dict:
             if isinstance(value, str):
                 roles[role] = value
     return roles
-
-
-def _wrap(backend, source: str, roles: dict | None = None):
-    _quiet_transformers()
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **(roles or {}))
-    tok.name_or_path = source
-    return tok
 
 
 def load_tokenizer(path: str | Path):
@@ -159,7 +147,12 @@ def _open_tokenizer_json(path: Path):
         ) from None
     vocab = backend.get_vocab(with_added_tokens=True)
     roles = {k: v for k, v in _special_roles(path.parent).items() if v in vocab}
-    return _wrap(backend, str(path.parent), roles)
+    _quiet_transformers()
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
+    tok.name_or_path = str(path.parent)
+    return tok
 
 
 def _open_bpe_files(folder: Path):

@@ -72,10 +72,7 @@ def read_manifest(root: Path | None = None) -> dict:
     if not path.is_file():
         from kvbridge.errors import ArtifactError
 
-        raise ArtifactError(
-            f"zoo manifest not found at {path}",
-            REBUILD,
-        )
+        raise ArtifactError(f"zoo manifest not found at {path}", REBUILD)
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -393,13 +393,13 @@ class DecoderAdapter(FamilyAdapter):
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
         """(sliding window, per-layer types); default: no sliding layers (see ``ALL_SLIDING``, ``SLIDING_PATTERN``)."""
-        if self.ALL_SLIDING:
-            return self._all_sliding_if_window(cfg, num_layers, self.DEFAULT_WINDOW)
-        if self.SLIDING_PATTERN:
-            window = optional_positive_int(cfg, "sliding_window", self.DEFAULT_WINDOW)
-            default = [SLIDING if (i + 1) % self.SLIDING_PATTERN else FULL for i in range(num_layers)]
-            return window, layer_types_from(cfg, num_layers, default)
-        return None, (FULL,) * num_layers
+        if not (self.ALL_SLIDING or self.SLIDING_PATTERN):
+            return None, (FULL,) * num_layers
+        window = optional_positive_int(cfg, "sliding_window", self.DEFAULT_WINDOW)
+        if self.ALL_SLIDING:  # Mistral / Phi3: one window on every layer when set
+            return window, ((SLIDING if window is not None else FULL),) * num_layers
+        default = [SLIDING if (i + 1) % self.SLIDING_PATTERN else FULL for i in range(num_layers)]
+        return window, layer_types_from(cfg, num_layers, default)
 
     def _qk_norm(self, cfg: Mapping) -> bool:
         if isinstance(self.QK_NORM, bool):
@@ -408,13 +408,6 @@ class DecoderAdapter(FamilyAdapter):
 
     def _extras(self, cfg: Mapping) -> dict:
         return dict(self.EXTRAS)
-
-    # -- helpers for subclasses -----------------------------------------------------------------
-    @staticmethod
-    def _all_sliding_if_window(cfg: Mapping, num_layers: int, default_window: int | None):
-        """Mistral / Phi3 style: one ``sliding_window`` applies to every layer when set."""
-        window = optional_positive_int(cfg, "sliding_window", default_window)
-        return window, ((SLIDING if window is not None else FULL),) * num_layers
 
     # -- tiny configs ---------------------------------------------------------------------------
     def tiny_configs(self) -> dict[str, dict]:

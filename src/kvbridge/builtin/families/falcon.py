@@ -15,10 +15,10 @@ rope type; rotary module ``model.transformer.rotary_emb``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
-from kvbridge.builtin.families._common import DecoderAdapter, flag, optional_positive_int
+from kvbridge.builtin.families._common import DecoderAdapter, as_mapping, flag, optional_positive_int
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,6 @@ class FalconAdapter(DecoderAdapter):
         return "alibi" if flag(cfg, "alibi", False) else "rope"
 
     def describe(self, config: Mapping):
-        from dataclasses import replace
-
-        from kvbridge.builtin.families._common import as_mapping
-
         spec = super().describe(config)
         cfg = as_mapping(config)
         if flag(cfg, "new_decoder_architecture", False):
