@@ -4,8 +4,8 @@ Reference resolution (paths, GGUF files, the Hugging Face cache, short names, ``
 plugin schemes) lives in :mod:`kvbridge.models.resolve`, above this module (which imports nothing
 from :mod:`kvbridge.models`). This module holds what ``check`` and ``describe`` need besides: manifest records (``manifests/models/``, ``$KVBRIDGE_MANIFEST_PATH``,
 folders plugins publish; ``kvbridge check Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-1.5B`` answers on a
-machine with no weights), JSON config reading with one-line errors naming the file and field,
-and :func:`describe_config` / manifest geometry.
+machine with no weights) and :func:`describe_config` / manifest geometry (JSON files are read by
+:func:`kvbridge.check.validate.load_json`, one-line errors naming the file and field).
 """
 
 from __future__ import annotations
@@ -32,14 +32,6 @@ MANIFEST_KEYS = {
     "generation_config",
     "$schema",
 }
-
-
-# -- config files --------------------------------------------------------------------------------
-def read_json_object(path: Path, what: str = "config") -> dict:
-    """A JSON object from ``path`` (:func:`kvbridge.check.validate.load_json`), or a one-line error naming the file."""
-    from kvbridge.check.validate import load_json
-
-    return load_json(path, what=what)
 
 
 # -- manifests ------------------------------------------------------------------------------------
@@ -233,7 +225,6 @@ __all__ = [
     "spec_geometry",
     "geometry_diff",
     "validate_manifest",
-    "read_json_object",
     "validate_spec",
 ]
 

@@ -24,19 +24,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
+from kvbridge.check.validate import load_json
 from kvbridge.errors import ConfigError, did_you_mean
 from kvbridge.models.ref import ModelRef
 
 
 # -- local files -----------------------------------------------------------------------------------
 def _generation(folder: Path) -> dict | None:
-    from kvbridge.check.sources import read_json_object
-
     path = folder / "generation_config.json"
     if not path.is_file():
         return None
     try:
-        return read_json_object(path, "generation config")
+        return load_json(path, what="generation config")
     except ConfigError:
         return None  # a broken generation config does not stop a check; it is only a hint
 
@@ -61,8 +60,6 @@ def from_gguf(ref: str, path: Path, *, name: str | None = None, kind: str = "ggu
 
 def from_folder(ref: str, folder: Path, kind: str = "dir", name: str | None = None, source: str = "") -> ModelRef:
     """A ModelRef of a ``save_pretrained`` folder, or of a folder holding one ``.gguf``."""
-    from kvbridge.check.sources import read_json_object
-
     name = name or folder.resolve().name
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -84,7 +81,7 @@ def from_folder(ref: str, folder: Path, kind: str = "dir", name: str | None = No
             f"{folder}: directory has no config.json or .gguf file{listing}",
             "pass a save_pretrained folder, a .gguf file, a config.json path, or a model name",
         )
-    return _config_ref(ref, kind, name, read_json_object(cfg_path), cfg_path, source, beside=True)
+    return _config_ref(ref, kind, name, load_json(cfg_path, what="config"), cfg_path, source, beside=True)
 
 
 def _config_ref(ref: str, kind: str, name: str, config: dict, path: Path, source: str, beside: bool) -> ModelRef:
@@ -99,14 +96,14 @@ def _config_ref(ref: str, kind: str, name: str, config: dict, path: Path, source
 
 
 def from_file(ref: str, path: Path, source: str = "") -> ModelRef:
-    from kvbridge.check.sources import read_json_object, validate_manifest
+    from kvbridge.check.sources import validate_manifest
 
     if path.suffix == ".gguf":
         return from_gguf(ref, path, source=source)
     with open(path, "rb") as fh:
         if fh.read(4) == b"GGUF":
             return from_gguf(ref, path, source=source)
-    data = read_json_object(path)
+    data = load_json(path, what="config")
     if "model_type" not in data and isinstance(data.get("config"), dict) and "id" in data:
         return from_manifest(ref, validate_manifest(data, path), path)
     is_cfg = path.name == "config.json"
