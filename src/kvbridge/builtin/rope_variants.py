@@ -63,10 +63,8 @@ def _default_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
 
 
 def _linear_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    dim = _dim(rope)
-    factor = float(_need(rope, "factor"))
-    inv = 1.0 / (rope.theta ** _exponents(dim, device))
-    return inv / factor, 1.0
+    inv = _default_inv_freq(rope, device=device)[0]
+    return inv / float(_need(rope, "factor")), 1.0
 
 
 def _dynamic_table_length(rope: RopeSpec, seq_len: int) -> int | None:
@@ -179,8 +177,7 @@ def _llama3_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     """Llama 3.1: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
     import torch
 
-    dim = _dim(rope)
-    inv = 1.0 / (rope.theta ** _exponents(dim, device))
+    inv = _default_inv_freq(rope, device=device)[0]
     factor = float(_need(rope, "factor"))
     low_f = float(_need(rope, "low_freq_factor"))
     high_f = float(_need(rope, "high_freq_factor"))

@@ -237,11 +237,14 @@ def known_rope_types(host=None) -> set[str] | None:
         return None
 
 
-def theta_fields(config: Mapping, keys: Iterable[str] = ("rope_theta",)) -> None:
-    """Every RoPE base given in a config (even one another field overrides) is a finite number > 0."""
+def theta_fields(config: Mapping, keys: Iterable[str] = ("rope_theta",), *, required: bool = False) -> None:
+    """Every RoPE base given in a config (even one another field overrides) is a finite number > 0
+    (``required``: an absent one is refused too)."""
     for key in keys:
         theta = config.get(key)
-        if theta is not None and (not _is_number(theta) or not math.isfinite(float(theta)) or float(theta) <= 0):
+        if (required or theta is not None) and (
+            not _is_number(theta) or not math.isfinite(float(theta)) or float(theta) <= 0
+        ):
             raise ConfigError(
                 f"config field {key!r} must be a finite number > 0, got {theta!r}",
                 f"use the model's published {key}, e.g. 10000.0 (model_type {config.get('model_type')!r})",
@@ -251,12 +254,7 @@ def theta_fields(config: Mapping, keys: Iterable[str] = ("rope_theta",)) -> None
 def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "rope_scaling", host=None) -> None:
     """Check a normalised rope-parameter dict (``rope_type``, ``rope_theta``, ``factor`` ...)."""
     fix_at = f"(model_type {model_type!r})"
-    theta = params.get("rope_theta")
-    if not _is_number(theta) or not math.isfinite(float(theta)) or float(theta) <= 0:
-        raise ConfigError(
-            f"config field 'rope_theta' must be a finite number > 0, got {theta!r}",
-            f"use the model's published rope_theta, e.g. 10000.0 {fix_at}",
-        )
+    theta_fields({"rope_theta": params.get("rope_theta"), "model_type": model_type}, required=True)
     rope_type = str(params.get("rope_type", "default"))
     known = known_rope_types(host)
     if known is not None and rope_type not in known:

@@ -219,10 +219,6 @@ def _object_identity(tokenizer, from_dir) -> dict:
 
 
 # -- files ---------------------------------------------------------------------------------------------
-def _cache_path() -> Path | None:
-    return _home_file(CACHE_FILE)
-
-
 def _cache_write(path: Path | None, key: str, digest: str) -> None:
     with _LOCK:
         cache_write(path, key, digest, limit=CACHE_LIMIT)
@@ -236,7 +232,7 @@ def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     """The sha256 of every byte of ``path`` (streamed), cached by path, size and mtime."""
     path = Path(path).resolve()
     st = path.stat()
-    cache_file = _cache_path() if cache else None
+    cache_file = _home_file(CACHE_FILE) if cache else None
     key = _key(path, st)
     hit = cache_read(cache_file).get(key)
     if isinstance(hit, str) and len(hit) == 64:
@@ -252,7 +248,7 @@ def file_sha256(path: str | Path, *, cache: bool = True) -> str:
 def remember_sha256(path: str | Path, digest: str) -> None:
     """Record ``digest`` as the sha256 of ``path`` as it is now (a file just written and checked)."""
     path = Path(path).resolve()
-    _cache_write(_cache_path(), _key(path, path.stat()), digest)
+    _cache_write(_home_file(CACHE_FILE), _key(path, path.stat()), digest)
 
 
 def weight_files(folder: str | Path) -> list[Path]:
