@@ -121,13 +121,7 @@ def validate_record(record: Any, path) -> Measured:
         for key in ("metric", "command"):
             if not isinstance(m.get(key), str) or not m[key].strip():
                 raise ConfigError(f"{where}.{key} must be a non-empty string (the command that measured it)", fix)
-        out.append(
-            {
-                **m,
-                "transferred": _number(m.get("transferred"), f"{where}.transferred"),
-                "source_alone": _number(m.get("source_alone"), f"{where}.source_alone"),
-            }
-        )
+        out.append(m | {key: _number(m.get(key), f"{where}.{key}") for key in ("transferred", "source_alone")})
     label = lambda side: record[side].get("label") or record[side]["names"][0]  # noqa: E731
     return Measured(
         source=label("source"),

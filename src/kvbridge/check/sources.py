@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from kvbridge.check.validate import load_json
 from kvbridge.errors import ConfigError, KVBridgeError, UnsupportedModelError, did_you_mean
 from kvbridge.plugins import host_or_default
 
@@ -82,8 +83,6 @@ def _read_manifest_file(path: Path) -> list[dict]:
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})", "fix the manifest file") from None
     else:
-        from kvbridge.check.validate import load_json
-
         data = load_json(path, what="manifest file", object_only=False)
     if isinstance(data, dict) and "models" in data and "id" not in data:
         records = data["models"]

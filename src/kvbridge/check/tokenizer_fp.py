@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from kvbridge.check.validate import load_json
 from kvbridge.errors import ConfigError
 from kvbridge.paths import cache_file, cache_read, cache_write
 
@@ -160,8 +161,6 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
 
 # -- readers -----------------------------------------------------------------------------------
 def _load_json(path: Path, object_only: bool = False) -> Any:
-    from kvbridge.check.validate import load_json
-
     return load_json(path, what=f"{path.name} file", object_only=object_only)
 
 

@@ -6,7 +6,11 @@ them (configs and specs only)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from kvbridge.check.compat import Report, Side, check
+from kvbridge.errors import ConfigError
 from kvbridge.plugins import host_or_default
 
 
@@ -29,17 +33,12 @@ def check_models(source, target, *, host=None, source_tokenizer=None, target_tok
         host=host,
         same_model=same,
     )
-    from dataclasses import replace
-
     from kvbridge.check.measured import measured_for, names_of
 
     return replace(report, measured=tuple(measured_for(names_of(src), names_of(tgt))))
 
 
 def _tokenizer_override(value, option: str):
-    from pathlib import Path
-
-    from kvbridge.errors import ConfigError
     from kvbridge.check.tokenizer_fp import TokenizerFingerprint, find_tokenizer_files, fingerprint_files
 
     if isinstance(value, TokenizerFingerprint):

@@ -8,6 +8,7 @@ ids line up. Control and user-defined tokens (types 3 and 4) count as added toke
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,8 +19,6 @@ _WANTED = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml
 
 def _cache_key(meta: dict) -> str:
     """What decides the fingerprint: the tokenizer metadata (large arrays by their raw sha256)."""
-    import hashlib
-
     parts = sorted(
         (k, v.sha256 if isinstance(v, GGUFArray) else repr(v))
         for k, v in meta.items()

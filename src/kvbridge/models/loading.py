@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvbridge.errors import ConfigError
+from kvbridge.errors import ConfigError, InternalError, from_exception
 from kvbridge.models.ref import ModelRef
 
 from kvbridge.dtypes import LOAD_DTYPES as DTYPES  # noqa: E402  (the one vocabulary)
@@ -170,8 +170,6 @@ def load_weights(ref: ModelRef, dtype: str, device: str = "cpu"):
         raise
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, KeyError, safetensors errors ...
         where = ref.gguf_file or ref.folder
-        from kvbridge.errors import InternalError, from_exception
-
         known = from_exception(exc)  # the error boundary's reading: names the file / the mismatched weight
         if not isinstance(known, InternalError):
             raise ConfigError(f"{where}: cannot load the model: {known.what}", known.fix) from None

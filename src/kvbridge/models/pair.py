@@ -9,6 +9,8 @@ so a stage never looks it up again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
 from typing import Any
 
 from kvbridge.errors import ConfigError
@@ -36,8 +38,6 @@ class ModelPair:
 
 def is_ref(obj) -> bool:
     """A model reference (a name, a path, a :class:`~kvbridge.models.ModelRef`), not a loaded model."""
-    from os import PathLike
-
     from kvbridge.models.ref import ModelRef
 
     return isinstance(obj, (str, PathLike, ModelRef))
@@ -68,7 +68,6 @@ def shared_tokenizer(src, tgt) -> tuple[dict, str]:
 
 def _same_files(a, b) -> bool:
     """Two references to the same files (the same .gguf, or the same model folder)."""
-    from pathlib import Path
 
     def where(ref):
         target = ref.gguf_file or ref.folder

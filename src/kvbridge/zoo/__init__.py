@@ -20,6 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from kvbridge.errors import ArtifactError, ConfigError
+
 #: the zoo's model names, in build order (``tools/zoo/recipes.py`` builds them; a test checks the two agree)
 ZOO_NAMES: tuple[str, ...] = ("base", "wide", "odd", "tuned", "stranger")
 #: named contiguous slices of the corpus, as (start, end) fractions of its characters (cut at line
@@ -60,8 +62,6 @@ def model_dir(name: str, root: Path | None = None) -> Path:
     """The ``save_pretrained`` folder of one zoo model (config, fp16 safetensors, tokenizer files)."""
     folder = Path(root or zoo_dir()) / name
     if name not in ZOO_NAMES and not (folder / "config.json").is_file():
-        from kvbridge.errors import ConfigError
-
         raise ConfigError(f"no zoo model {name!r}", f"use one of: {', '.join(ZOO_NAMES)}")
     return folder
 
@@ -70,8 +70,6 @@ def read_manifest(root: Path | None = None) -> dict:
     """The zoo's ``manifest.json`` (recipe hashes, corpus sha256, losses, file sha256s)."""
     path = Path(root or zoo_dir()) / MANIFEST
     if not path.is_file():
-        from kvbridge.errors import ArtifactError
-
         raise ArtifactError(f"zoo manifest not found at {path}", REBUILD)
     return json.loads(path.read_text(encoding="utf-8"))
 

@@ -20,7 +20,7 @@ torch-free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace as _replace
 from typing import Any, Mapping
 
 from kvbridge.family_adapter import FamilyAdapter
@@ -229,8 +229,6 @@ class GenericAdapter(FamilyAdapter):
                 partial_of=_layer_attr(text, "head_dim", None) if rope_dim else None,
             )
             if model_type in facts.NEGATIVE_ROTATION:
-                from dataclasses import replace as _replace
-
                 flip = lambda r: _replace(r, scaling=freeze({**r.params, "direction": -1}))  # noqa: E731
                 rope, by_type = flip(rope), tuple((k, flip(v)) for k, v in by_type)
             nope = facts.nope_layers(model_type, text, kinds)

@@ -9,6 +9,7 @@ models mask by position exactly as their own windowed layers would.
 
 from __future__ import annotations
 
+import sys
 
 from kvbridge.errors import StateError
 
@@ -32,8 +33,6 @@ def _layers_for(model, *, full_history: bool):
 
 def _own_cache(model):
     """(cache class, state attribute) of a family whose model builds its own cache, or None."""
-    import sys
-
     from kvbridge.builtin.families._generic_facts import OWN_CACHE
 
     entry = OWN_CACHE.get(getattr(model.config.get_text_config(decoder=True), "model_type", None))
