@@ -87,15 +87,12 @@ class Report:
         note on any other axis (dtype cast, attention window, cache format, unknown or
         partially matching tokenizer) and every plugin ``warning``.
         """
-        out = []
-        if self.verdict not in ("identity", "rope-reapply"):
-            out.append(f"verdict is {self.verdict}")
-        for a in self.axes:
-            if a.name in POSITION_AXES or a.name in FITTED_AXES:
-                continue
-            if a.verdict in ("mappable", "warning"):
-                out.append(f"{a.name}: {a.verdict}")
-        return out
+        out = [] if self.verdict in ("identity", "rope-reapply") else [f"verdict is {self.verdict}"]
+        return out + [
+            f"{a.name}: {a.verdict}"
+            for a in self.axes
+            if a.name not in POSITION_AXES + FITTED_AXES and a.verdict in ("mappable", "warning")
+        ]
 
     def exit_code(self, strict: bool = False) -> int:
         """0 when a transfer is possible, 1 when incompatible (or any strict failure)."""

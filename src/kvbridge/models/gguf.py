@@ -187,9 +187,6 @@ class _Reader:
         start = self.take(n)
         return bytes(self.buf[start : start + n]).decode("utf-8", errors="replace")
 
-    def skip_string(self) -> None:
-        self.take(self.scalar(UINT64))
-
     def value(self, vtype: int, where: str, full: bool = False):
         """The value of type ``vtype``; an array longer than :data:`ARRAY_DECODE_LIMIT` is a
         :class:`GGUFArray` (its digest) unless ``full``."""
@@ -207,8 +204,8 @@ class _Reader:
             if count <= ARRAY_DECODE_LIMIT or full:
                 return [self.value(etype, where) for _ in range(count)]
             if etype == STRING:
-                for _ in range(count):
-                    self.skip_string()
+                for _ in range(count):  # skipped undecoded (a tokenizer's ~100K strings)
+                    self.take(self.scalar(UINT64))
             elif etype in _SCALAR:
                 self.take(struct.calcsize(_SCALAR[etype]) * count)
             else:
