@@ -392,20 +392,15 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
     if "added_tokens.json" in by_name:
         data = _load_json(by_name["added_tokens.json"])
         if isinstance(data, Mapping):
-            for content, idx in data.items():
-                added[int(idx)] = str(content)
+            added |= {int(idx): str(content) for content, idx in data.items()}
         used.append("added_tokens.json")
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # config wins over the map
         if name not in by_name:
             continue
         data = _load_json(by_name[name], object_only=True)
         used.append(name)
-        for role in ROLES:
-            if role in data:
-                roles[role] = _token_content(data[role])
-        for flag in FLAGS:
-            if flag in data:
-                roles[flag] = bool(data[flag])
+        roles |= {role: _token_content(data[role]) for role in ROLES if role in data}
+        roles |= {flag: bool(data[flag]) for flag in FLAGS if flag in data}
         for idx, tok in (data.get("added_tokens_decoder") or {}).items():
             content = _token_content(tok)
             if content is not None:
