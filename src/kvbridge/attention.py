@@ -121,17 +121,11 @@ def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
         kw = {"scaling": c["scaling"], "softcap": c["softcap"]}
         if "ref_out" not in c:  # the native output: computed once per capture, shared by every condition
             ref = attention_output(c["q"], c["k"], c["v"], c["mask"], **kw)
-            b, h, t, d = ref.shape
-            c["ref_out"] = ref.transpose(1, 2).reshape(b, t, h * d).double()
+            c["ref_out"] = ref.transpose(1, 2).flatten(2).double()  # [B, T, H * D]
         a = c["ref_out"]
         k = torch.cat([state.keys[layer].float(), c["k"][:, :, prefix_len:]], dim=2)
         v = torch.cat([state.values[layer].float(), c["v"][:, :, prefix_len:]], dim=2)
-        got = attention_output(c["q"], k, v, c["mask"], **kw)
-        b, h, t, d = got.shape
-        g = got.transpose(1, 2).reshape(b, t, h * d)
+        g = attention_output(c["q"], k, v, c["mask"], **kw).transpose(1, 2).flatten(2)
         cos = torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12)
         out.append(cos.mean(dim=1).float())
     return torch.stack(out, dim=1)  # [B, L]
-
-
-# -- per-position comparisons -----------------------------------------------------------------------

@@ -323,33 +323,26 @@ def _norms_finite(group: list) -> bool:
 
 def _exact_all_finite(tensors) -> bool:
     """Every element finite, by ``isfinite``: small tensors jointly (one call over their
-    concatenation, per device and dtype, in batches), large ones alone."""
+    concatenation, in batches), large ones alone; ``tensors`` are :func:`all_finite`'s group of
+    one device and dtype, floating point and not empty."""
+
+    def finite(group: list) -> bool:
+        return bool(torch.isfinite(torch.cat(group) if len(group) > 1 else group[0]).all())
+
     batch: list = []
     size = 0
-
-    def flush() -> bool:
-        nonlocal batch, size
-        ok = True
-        groups: dict = {}
-        for t in batch:
-            groups.setdefault((t.device, t.dtype), []).append(t.reshape(-1))
-        for group in groups.values():
-            ok = ok and bool(torch.isfinite(torch.cat(group) if len(group) > 1 else group[0]).all())
-        batch, size = [], 0
-        return ok
-
     for t in tensors:
-        if not t.is_floating_point() or t.numel() == 0:
-            continue
         if t.numel() >= _FINITE_BATCH:
-            if not bool(torch.isfinite(t).all()):
+            if not finite([t]):
                 return False
             continue
-        batch.append(t)
+        batch.append(t.reshape(-1))
         size += t.numel()
-        if size >= _FINITE_BATCH and not flush():
-            return False
-    return flush()
+        if size >= _FINITE_BATCH:
+            if not finite(batch):
+                return False
+            batch, size = [], 0
+    return not batch or finite(batch)
 
 
 def _cast(state: "KVState", dtype) -> "KVState":
@@ -360,16 +353,10 @@ def _cast(state: "KVState", dtype) -> "KVState":
 
 
 def _clone_states(states: tuple) -> tuple:
-    return tuple(
-        (
-            i,
-            {
-                k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
-                for k, v in st.items()
-            },
-        )
-        for i, st in states
-    )
+    def copy(v):
+        return v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
+
+    return tuple((i, {k: copy(v) for k, v in st.items()}) for i, st in states)
 
 
 def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs) -> tuple:

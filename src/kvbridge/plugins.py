@@ -69,21 +69,7 @@ KINDS = {kind: row[:2] for kind, row in KIND_TABLE.items()}
 IMPORT_TIMEOUT_S = 20.0
 IMPORT_TIMEOUT_ENV = "KVBRIDGE_PLUGIN_IMPORT_TIMEOUT"
 #: model types that have no attention KV cache at all
-NO_KV_CACHE_TYPES = frozenset(
-    {
-        "mamba",
-        "mamba2",
-        "falcon_mamba",
-        "rwkv",
-        "rwkv5",
-        "rwkv6",
-        "rwkv7",
-        "xlstm",
-        "hyena",
-        "s4",
-        "retnet",
-    }
-)
+NO_KV_CACHE_TYPES = frozenset("mamba mamba2 falcon_mamba rwkv rwkv5 rwkv6 rwkv7 xlstm hyena s4 retnet".split())
 
 
 @dataclass
@@ -100,6 +86,10 @@ class PluginRecord:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "warned"}
+
+    def fail(self, problem: str) -> None:
+        """Record ``problem`` as this plugin's error unless it has one already (the first one stays)."""
+        self.error = self.error or problem
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -242,8 +232,8 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
             msg = f"{hook_name} failed: {_exc_text(exc)}"
-            if record is not None and record.error is None:
-                record.error = msg
+            if record is not None:
+                record.fail(msg)
             if sink is not None:
                 sink.append(HookOutcome(plugin_name, None, msg))
             return None
@@ -273,9 +263,6 @@ class Host:
     def disable(self, plugin_name: str, problem: str) -> None:
         """Take a misbehaving plugin out: unregistered and blocked (its hooks no longer run), its
         registrations dropped, ``problem`` on its record, one warning line on stderr."""
-        record = self.record(plugin_name)
-        if record is not None and record.error is None:
-            record.error = problem
         if self.pm.get_plugin(plugin_name) is not None:
             self.pm.unregister(name=plugin_name)
         self.pm.set_blocked(plugin_name)
@@ -285,7 +272,9 @@ class Host:
                 reg.owner.pop(name, None)
         if self._sources:
             self._sources = {n: src for n, src in self._sources.items() if src.plugin != plugin_name}
+        record = self.record(plugin_name)
         if record is not None:
+            record.fail(problem)
             warn(record, problem)
 
     def call(self, hook_name: str, **kwargs: Any) -> list[HookOutcome]:
@@ -317,8 +306,8 @@ class Host:
                 record = self.record(plugin)
                 obj, problem = plugin_types.check_registration(_kind, obj, plugin)
                 if problem:  # does not follow its protocol: refused, the plugin shows the error
-                    if record is not None and record.error is None:
-                        record.error = problem
+                    if record is not None:
+                        record.fail(problem)
                     return
                 added = regs[_kind].add(obj, plugin)
                 if _kind == "family":
@@ -527,9 +516,8 @@ class Host:
             if name in taken:
                 who = "the built-in command" if taken[name] == "kvbridge" else f"plugin {taken[name]!r}'s command"
                 problem = f"its command {name!r} would replace {who} (refused; the original is kept)"
-                if record is not None and record.error is None:
-                    record.error = problem
                 if record is not None:
+                    record.fail(problem)
                     warn(record, problem)
                 continue
             taken[name] = "kvbridge" if record is not None and record.builtin else plugin
