@@ -174,12 +174,10 @@ class _Tables:
         """
         key = ("kernel", dtype, inverse, work)
         if key not in self.memo:
-            if not inverse and work not in (None, dtype):
+            if not inverse:
+                work = work or dtype
                 cos, sin = self.rounded(dtype)
-                self.memo[key] = _Kernel(cos.to(work), sin.to(work), work)
-            elif not inverse:
-                cos, sin = self.rounded(dtype)
-                self.memo[key] = _Kernel(cos, sin, dtype)
+                self.memo[key] = _Kernel(cos.to(work), sin.to(work), work)  # no copy when work is dtype
             else:
                 # undo the rotation the model did with tables rounded to its dtype: rotate by
                 # -angle and divide by cos^2 + sin^2 (= attention_scaling^2), in float32 at least

@@ -199,17 +199,7 @@ def compiler() -> str | None:
     cxx = os.environ.get("CXX")
     if cxx:
         return shutil.which(cxx) or None
-    for name in ("c++", "g++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _cache_dir() -> Path | None:
-    from kvbridge.paths import cache_file
-
-    return cache_file("native")
+    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
 
 
 def library_path(cxx: str) -> tuple:
@@ -223,7 +213,9 @@ def library_path(cxx: str) -> tuple:
     digest = hashlib.sha256(
         "\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(), platform.system()]).encode()
     ).hexdigest()[:16]
-    return _cache_dir(), f"kvb_rope_{digest}.so"
+    from kvbridge.paths import cache_file
+
+    return cache_file("native"), f"kvb_rope_{digest}.so"
 
 
 def _build(cxx: str, retry_failed: bool) -> Path:
@@ -360,29 +352,16 @@ def rotate(
     if n_rows == 0:
         return out
     cb = tokens * h if cos.shape[0] == b and b > 1 else 0
-    args = (
-        kind,
-        x.data_ptr(),
-        out.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        heads,
-        tokens,
-        d,
-        rotary_dim,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        cb,
-    )
+    args = (kind, x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), heads, tokens, d, rotary_dim)
+    args += (*x.stride()[:3], cb)  # element strides of batch, head and token; the tables' batch stride
     threads = torch.get_num_threads()
     if threads <= 1 or x.numel() < PARALLEL_MIN_ELEMENTS:
-        if fn(*args, 0, n_rows) != 0:
-            raise Unavailable("native RoPE kernel rejected its arguments")
-        return out
-    step = -(-n_rows // threads)
-    jobs = [_pool(threads).submit(fn, *args, r0, min(r0 + step, n_rows)) for r0 in range(0, n_rows, step)]
-    if any(j.result() != 0 for j in jobs):
+        codes = [fn(*args, 0, n_rows)]
+    else:
+        step = -(-n_rows // threads)
+        jobs = [_pool(threads).submit(fn, *args, r0, min(r0 + step, n_rows)) for r0 in range(0, n_rows, step)]
+        codes = [j.result() for j in jobs]
+    if any(code != 0 for code in codes):
         raise Unavailable("native RoPE kernel rejected its arguments")
     return out
 
