@@ -239,9 +239,7 @@ def check_defaults(adapter, model_type: str | None = None) -> list[str]:
 def adapter_configs(adapter) -> dict:
     """Named tiny configs of an adapter (``tiny_configs()`` if it has one)."""
     many = getattr(adapter, "tiny_configs", None)
-    if callable(many):
-        return dict(many())
-    return {"default": adapter.tiny_config()}
+    return dict(many()) if callable(many) else {"default": adapter.tiny_config()}
 
 
 def host_with(kind: str, record: Any, same=None):
