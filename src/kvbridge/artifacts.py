@@ -96,19 +96,16 @@ def _check_finite(name: str, t, block=None) -> None:
     """Refuse NaN/inf in a float tensor (or one ``block`` of its bytes): numpy, single-threaded and
     chunk-sized (torch's ``isfinite(t).all()`` allocated a mask as large as the tensor and spent
     most of a save on the thread pool)."""
-    import numpy as np
-
-    dt = str(t.dtype).removeprefix("torch.")
     if not t.is_floating_point():
         return
-    if block is not None and dt in _NP_FLOATS:
-        ok = bool(np.isfinite(np.frombuffer(block, dtype=_NP_FLOATS[dt])).all())
-    elif block is None:
+    if block is not None:  # the caller hands over blocks of the _NP_FLOATS dtypes only
+        import numpy as np
+
+        ok = bool(np.isfinite(np.frombuffer(block, dtype=_NP_FLOATS[str(t.dtype).removeprefix("torch.")])).all())
+    else:
         import torch
 
         ok = bool(torch.isfinite(t).all())
-    else:
-        return
     if not ok:
         raise NonFiniteError(
             f"tensor {name!r} has NaN/inf values", "recompute the state; a mapping that produced it may be broken"

@@ -116,9 +116,7 @@ class FamilyAdapter:
         from kvbridge.models.hf_loader import model_from_config
 
         torch.manual_seed(seed)
-        hf = self.hf_config(config)
-        model = model_from_config(hf, dtype=getattr(torch, dtype))
-        return model.eval()
+        return model_from_config(self.hf_config(config), dtype=getattr(torch, dtype)).eval()
 
     def spec_of(self, model) -> ModelSpec:
         """The spec of a live model (from its config, dtype from its parameters); memoised on the
@@ -175,9 +173,7 @@ class FamilyAdapter:
                 f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
                 "check the family adapter's describe() for this model",
             )
-        keys = tuple(layer.keys.detach().clone() for layer in layers)
-        values = tuple(layer.values.detach().clone() for layer in layers)
-        return keys, values
+        return tuple(la.keys.detach().clone() for la in layers), tuple(la.values.detach().clone() for la in layers)
 
     def check_injectable(self, state: "KVState", model=None, *, check: bool = True) -> None:
         """Refuse a state :meth:`inject` cannot use: with ``check``, one that does not fit ``model``'s spec
@@ -289,16 +285,13 @@ class TextConfigAdapter(FamilyAdapter):
         text = text_config_of(config)
         return self.inner.describe(text if text is not None else config)
 
-    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
-        return FamilyAdapter.build_model(self, config, seed=seed, dtype=dtype)
-
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
         return self.inner.extract(model, input_ids, attention_mask, spec=spec or self.spec_of(model))
 
     def inject(self, state, model=None, *, check: bool = True):
         if check and model is not None:
             self.check_injectable(state, model)
-        return self.inner.inject(state, None if model is None else model, check=False)
+        return self.inner.inject(state, model, check=False)
 
     def rotary_embedding(self, model, layer: int = 0):
         text = model.get_decoder() if hasattr(model, "get_decoder") else model

@@ -60,10 +60,7 @@ class Progress:
     def line(self) -> str:
         secs = max(time.perf_counter() - self.t0, 1e-9)
         rate = f", {self.tokens / secs:,.0f} tok/s" if self.tokens else ""
-        if 0 < self.done < self.total:
-            eta = f", ETA {_fmt_secs(secs * (self.total - self.done) / self.done)}"
-        else:
-            eta = ""
+        eta = f", ETA {_fmt_secs(secs * (self.total - self.done) / self.done)}" if 0 < self.done < self.total else ""
         pct = 100.0 * self.done / self.total if self.total else 100.0
         return f"{self.label}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), {_fmt_secs(secs)} elapsed{rate}{eta}"
 

@@ -245,12 +245,7 @@ class ModelSpec:
 
     def window_of(self, layer: int) -> int | None:
         """Tokens layer ``layer`` attends to (None: the whole prefix)."""
-        kind = self.layer_type(layer)
-        if kind == SLIDING:
-            return self.sliding_window
-        if kind == CHUNKED:
-            return self.attention_chunk_size
-        return None
+        return {SLIDING: self.sliding_window, CHUNKED: self.attention_chunk_size}.get(self.layer_type(layer))
 
     def positional_of(self, layer: int) -> str:
         """The positional scheme of one layer's cached keys ("none" for NoPE layers)."""
@@ -262,12 +257,7 @@ class ModelSpec:
         """The RoPE table used by ``layer`` (per-layer-type tables take precedence; None for NoPE layers)."""
         if self.positional != "rope" or layer in self.nope_layers:
             return None
-        if self.rope_by_layer_type:
-            table = dict(self.rope_by_layer_type)
-            kind = self.layer_type(layer)
-            if kind in table:
-                return table[kind]
-        return self.rope
+        return dict(self.rope_by_layer_type).get(self.layer_type(layer), self.rope)
 
     def indexer_dim(self) -> int:
         """Head dim of the cached indexer keys (0 when the model has none)."""
