@@ -68,16 +68,11 @@ def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6, quote: 
 DEBUG_HINT = "set KVBRIDGE_DEBUG=1 to see the traceback"
 
 
-def _path_of(exc: BaseException) -> str:
-    name = getattr(exc, "filename", None)
-    return str(name) if name else ""
-
-
 def _os_error(exc: OSError) -> KVBridgeError:
     import errno
     import os
 
-    path = _path_of(exc)
+    path = str(exc.filename) if exc.filename else ""
     where = f"{path}: " if path else ""
     code = exc.errno
     if code == errno.ENOSPC or code == getattr(errno, "EDQUOT", -1):

@@ -27,11 +27,9 @@ class Run:
     @classmethod
     def of(cls, pair, settings, host=None) -> "Run":
         """A run of ``settings`` on a loaded ``pair`` (``host`` default: the process's host)."""
-        if host is None:
-            from kvbridge.plugins import get_host
+        from kvbridge.plugins import host_or_default
 
-            host = get_host()
-        return cls(pair, settings, host)
+        return cls(pair, settings, host_or_default(host))
 
     @property
     def source(self):
