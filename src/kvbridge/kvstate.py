@@ -169,17 +169,12 @@ class KVState:
         )
 
     # -- RoPE --------------------------------------------------------------------------
-    def _rotated_slot(self) -> str:
-        """Which cache slot carries RoPE: "keys", or "values" for MLA (the shared RoPE key)."""
-        return "values" if self.spec.cache_format == "mla" else "keys"
-
     def _rotated_fields(self, fn, spec: ModelSpec, *positions, **kwargs) -> dict:
-        """The rotated slot and the indexer keys with ``fn`` (rope.strip / apply / reposition) applied per
-        layer, as fields for :func:`dataclasses.replace`."""
-        rotated = getattr(self, self._rotated_slot())
-        keys = tuple(_per_layer(fn, k, spec, i, *positions, **kwargs) for i, k in enumerate(rotated))
-        index = _indexer_rope(fn, self.indexer_keys, spec, *positions, **kwargs)
-        return {self._rotated_slot(): keys, "indexer_keys": index}
+        """The rotated slot ("keys", or "values" for MLA: the shared RoPE key) and the indexer keys with
+        ``fn`` (rope.strip / apply / reposition) applied per layer, as fields for :func:`dataclasses.replace`."""
+        slot = "values" if self.spec.cache_format == "mla" else "keys"
+        keys = tuple(_per_layer(fn, k, spec, i, *positions, **kwargs) for i, k in enumerate(getattr(self, slot)))
+        return {slot: keys, "indexer_keys": _indexer_rope(fn, self.indexer_keys, spec, *positions, **kwargs)}
 
     def strip_rope(self, host=None, *, dtype: "torch.dtype | None" = None) -> "KVState":
         """Keys in content space (RoPE removed at each key's own position).

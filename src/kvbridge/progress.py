@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -145,8 +146,6 @@ class Heartbeat(Progress):
         every: float | None = None,
         enabled: bool = True,
     ):
-        import threading
-
         super().__init__(0, label=label, unit="", stream=stream, tty=tty, every=every)
         # KVBRIDGE_PROGRESS_EVERY=0 asks :class:`Progress` for a line per update; no timed lines then
         self.enabled = enabled and not self.tty and self.every > 0
@@ -192,8 +191,6 @@ class Heartbeat(Progress):
 
     def __enter__(self) -> "Heartbeat":
         if self.enabled and self._thread is None:
-            import threading
-
             self._thread = threading.Thread(target=self._run, name=f"kvbridge-{self.label}-progress", daemon=True)
             self._thread.start()
         return self

@@ -353,12 +353,8 @@ def tables(
     """``(cos, sin)``, each ``[B, T, rotary_dim]`` in the model's layout, scaled, cast to ``dtype``."""
     device = torch.as_tensor(positions).device
     tab = _tables_for(rope, positions, lengths, device, host)
-    cos, sin = tab.cos[:, 0], tab.sin[:, 0]
-    if rope.interleaved:
-        cos, sin = torch.repeat_interleave(cos, 2, dim=-1), torch.repeat_interleave(sin, 2, dim=-1)
-    else:
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    return cos.to(dtype), sin.to(dtype)
+    kernel = _Kernel(tab.cos, tab.sin, torch.float32)
+    return tuple(kernel.full(which, rope.interleaved)[:, 0].to(dtype) for which in ("cos", "sin"))
 
 
 def apply(
