@@ -121,14 +121,11 @@ class FamilyAdapter:
     def spec_of(self, model) -> ModelSpec:
         """The spec of a live model (from its config, dtype from its parameters); memoised on the
         model, keyed by this adapter, the config's attributes and the parameters' dtype."""
+        from kvbridge.plugins import memo_on_model
+
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        key = (self, type(model.config).__name__, repr(vars(model.config)), dtype)
-        memo = model.__dict__.get("_kvbridge_spec")
-        if memo is not None and memo[0] == key:
-            return memo[1]
-        spec = self.describe(model.config.to_dict()).with_dtype(dtype)
-        model.__dict__["_kvbridge_spec"] = (key, spec)
-        return spec
+        describe = lambda: self.describe(model.config.to_dict()).with_dtype(dtype)  # noqa: E731
+        return memo_on_model(model, "_kvbridge_spec", describe, self, dtype)
 
     def rotary_embedding(self, model, layer: int = 0):
         """The model's rotary module (for tests against its own tables)."""
@@ -221,14 +218,13 @@ def _empty_cache(model):
 
     from transformers import DynamicCache
 
-    key = (type(model.config).__name__, repr(vars(model.config)))
-    memo = model.__dict__.get("_kvbridge_empty_cache")
-    if memo is None or memo[0] != key:
+    from kvbridge.plugins import memo_on_model
+
+    def make() -> tuple:
         template = DynamicCache(config=model.config)
-        flat = _scalars_only(template, skip="layers") and all(_scalars_only(layer) for layer in template.layers)
-        memo = (key, template, flat)
-        model.__dict__["_kvbridge_empty_cache"] = memo
-    template, flat = memo[1], memo[2]
+        return template, _scalars_only(template, skip="layers") and all(_scalars_only(la) for la in template.layers)
+
+    template, flat = memo_on_model(model, "_kvbridge_empty_cache", make)
     if not flat:
         return copy.deepcopy(template)
     cache = _same_attributes(template)

@@ -392,14 +392,7 @@ class Host:
     def adapter_of(self, model) -> Any:
         """The family adapter of a live model (:meth:`adapter_for` its config), memoised on the model and
         keyed by this host and the config's attributes (a changed config is looked up again)."""
-        config = model.config
-        key = (id(self), type(config).__name__, repr(vars(config)))
-        memo = model.__dict__.get("_kvbridge_adapter")
-        if memo is not None and memo[0] == key:
-            return memo[1]
-        adapter = self.adapter_for(config.to_dict())
-        model.__dict__["_kvbridge_adapter"] = (key, adapter)
-        return adapter
+        return memo_on_model(model, "_kvbridge_adapter", lambda: self.adapter_for(model.config.to_dict()), id(self))
 
     def describe(self, config: dict):
         """ModelSpec of a config mapping through its family adapter, its RoPE variants resolved."""
@@ -667,6 +660,16 @@ def get_host() -> Host:
 def host_or_default(host: Host | None = None) -> Host:
     """``host``, or the process-wide one when None (where a stage takes ``host=None``)."""
     return get_host() if host is None else host
+
+
+def memo_on_model(model, attr: str, compute: Callable[[], Any], *key: Any) -> Any:
+    """``compute()`` kept on ``model`` (in ``model.__dict__[attr]``) and computed again once the config's
+    attributes, or ``key``, differ from those it was computed for."""
+    key = (type(model.config).__name__, repr(vars(model.config)), *key)
+    memo = model.__dict__.get(attr)
+    if memo is None or memo[0] != key:
+        memo = model.__dict__[attr] = (key, compute())
+    return memo[1]
 
 
 def adapter_of(model, host: Host | None = None):
