@@ -74,9 +74,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# lookup
-# ---------------------------------------------------------------------------------------------
+# -- lookup ---------------------------------------------------------------------------------------
 def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
     """The :class:`RopeVariant` the spec carries (resolved when the spec was built: ``Host.describe``,
     ``Host.resolved``), else ``host.get("rope_variant", rope.rope_type)``; the codec looks nothing up."""
@@ -101,9 +99,8 @@ def _takes_device(fn: Callable) -> bool:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return True
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return True
-    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 3
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 @functools.lru_cache(maxsize=512)
@@ -147,9 +144,7 @@ def forward_lengths(positions: "Tensor") -> "Tensor":
     return (positions.max() + 1).expand(positions.shape).clone()
 
 
-# ---------------------------------------------------------------------------------------------
-# per-call tables, cached by tensor identity
-# ---------------------------------------------------------------------------------------------
+# -- per-call tables, cached by tensor identity ---------------------------------------------------
 class _Tables:
     """Half tables of one (spec, positions, lengths): float32 ``[Bp, 1, T, rotary_dim/2]``."""
 
@@ -344,9 +339,7 @@ def _check_keys(k: "Tensor", rope: RopeSpec, positions) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# public API
-# ---------------------------------------------------------------------------------------------
+# -- public API -----------------------------------------------------------------------------------
 def tables(
     rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = None, dtype=torch.float32, host=None
 ) -> tuple:

@@ -313,12 +313,10 @@ def supports(
     shape = x.shape
     if len(shape) != 4 or x.stride(3) != 1 or not 0 < rotary_dim <= shape[3]:
         return False
-    want = (1, shape[2], rotary_dim // 2)
-    for t in (cos, sin):
-        tshape = t.shape
-        if len(tshape) != 4 or tshape[1:] != want or tshape[0] not in (1, shape[0]) or not t.is_contiguous():
-            return False
-    return True
+    want = (1, shape[2], rotary_dim // 2)  # tables [1 or B, 1, T, rotary_dim / 2], contiguous
+    return all(
+        t.dim() == 4 and t.shape[1:] == want and t.shape[0] in (1, shape[0]) and t.is_contiguous() for t in (cos, sin)
+    )
 
 
 def rotate(
