@@ -31,12 +31,13 @@ Environment variables (llm/tox style):
 from __future__ import annotations
 
 import contextvars
+import importlib
 import math
 import os
 import sys
 import threading
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
@@ -45,7 +46,18 @@ import pluggy
 from kvbridge import hookspecs
 from kvbridge.version import __version__
 from kvbridge.errors import PluginError, UnsupportedModelError, did_you_mean
-from kvbridge.plugin_types import KIND_TABLE
+from kvbridge.plugin_types import (
+    KIND_TABLE,
+    SCHEME_RE,
+    VERDICTS,
+    Finding,
+    ModelSource,
+    UnknownRopeTypeError,
+    check_registration,
+    load_registered,
+    protocol_problem,
+)
+from kvbridge.safe_text import escape
 
 ENTRY_POINT_GROUP = "kvbridge"
 BUILTIN_PLUGINS = (
@@ -163,8 +175,6 @@ def warn(record: PluginRecord, problem: str) -> None:
     if record.builtin or record.warned:
         return
     record.warned = True
-    from kvbridge.safe_text import escape
-
     text = escape(" ".join(f"plugin {record.name!r} disabled: {problem}".split()))
     fix = escape(f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}")
     try:
@@ -297,14 +307,12 @@ class Host:
         regs = {kind: Registry(word, lambda o: [o.name], rank) for kind, (word, _hook) in KINDS.items()}
         regs["family"] = Registry("model type", lambda a: a.model_types, rank)
         adapters = Registry("family adapter", lambda a: [a.name], rank)
-        from kvbridge import plugin_types
-
         for kind, (_word, hook_name) in KINDS.items():
 
             def register(obj: Any, _kind=kind) -> None:
                 plugin = _CURRENT.get() or "?"
                 record = self.record(plugin)
-                obj, problem = plugin_types.check_registration(_kind, obj, plugin)
+                obj, problem = check_registration(_kind, obj, plugin)
                 if problem:  # does not follow its protocol: refused, the plugin shows the error
                     if record is not None:
                         record.fail(problem)
@@ -370,8 +378,6 @@ class Host:
     def _claim_family(self, config: dict):
         """The first plugin's answer to ``kvbridge_resolve_family`` (firstresult, pluggy's order) that is a
         family adapter; a plugin answering anything else is disabled and the others are asked again."""
-        from kvbridge.plugin_types import protocol_problem
-
         for _ in range(len(self.records) + 1):
             outcomes = self.call(
                 "kvbridge_resolve_family", config=config, families=types.MappingProxyType(self.registry("family").items)
@@ -420,10 +426,7 @@ class Host:
             return reg.items[name]
         word, hook = KINDS[kind]
         hint = did_you_mean(str(name), reg.names())
-        error = PluginError
-        if kind == "rope_variant":
-            from kvbridge.plugin_types import UnknownRopeTypeError as error
-        raise error(
+        raise (UnknownRopeTypeError if kind == "rope_variant" else PluginError)(
             f"unknown {word} {name!r}; known: {', '.join(reg.names()) or 'none'}",
             f"{hint}pick a known one, or install a plugin that registers it ({hook})",
         )
@@ -435,8 +438,6 @@ class Host:
         record = self.entry(kind, name)
         if kind in ("family", "rope_variant"):
             return record
-        from kvbridge.plugin_types import load_registered
-
         obj = load_registered(kind, name, record, self.owner(kind, name))
         return obj() if kind in ("fitter", "steering_method", "task") and isinstance(obj, type) else obj
 
@@ -449,33 +450,20 @@ class Host:
         return self.registry(kind).owner.get(name, "")
 
     def check_findings(self, source, target) -> list:
-        from dataclasses import replace
-
-        from kvbridge.plugin_types import VERDICTS, Finding
-
         out = []
         for outcome in self.call("kvbridge_check_compatibility", source=source, target=target):
             if outcome.error is not None:
                 found = [Finding("plugin", "warning", f"check failed: {outcome.error.split(': ', 1)[1]}")]
             else:
                 found = outcome.value if outcome.value is not None else []
-                bad = (
-                    f"{type(found).__name__} {found!r:.60}"
-                    if not isinstance(found, (list, tuple))
-                    else next(
-                        (
-                            f"an item {type(f).__name__} {f!r:.60}"
-                            for f in found
-                            if not isinstance(f, Finding) or f.verdict not in VERDICTS
-                        ),
-                        None,
-                    )
-                )
-                if bad is not None:
+                items = found if isinstance(found, (list, tuple)) else [found]
+                bad = next((f for f in items if not isinstance(f, Finding) or f.verdict not in VERDICTS), None)
+                if bad is not None or items is not found:  # not a list, or an item that is not a Finding
+                    shown, what = (bad, "an item ") if items is found else (found, "")
                     self.disable(
                         outcome.plugin,
-                        f"kvbridge_check_compatibility returned {bad}, not a list of "
-                        "Finding records with a known verdict",
+                        f"kvbridge_check_compatibility returned {what}{type(shown).__name__} {shown!r:.60}, not a list "
+                        "of Finding records with a known verdict",
                     )
                     continue
             out.extend(replace(f, plugin=outcome.plugin) for f in found)
@@ -520,8 +508,6 @@ class Host:
         """Reference schemes (``NAME:REST``) by name, from ``kvbridge_register_model_sources``: the built-ins'
         first (``zoo:``), then plugins in the host's order; a name taken by an earlier plugin, or a
         registration that is not a lowercase name and a callable, is refused on that plugin's record."""
-        from kvbridge.plugin_types import SCHEME_RE, ModelSource
-
         if self._sources is not None:
             return self._sources
         offered: list[tuple[str, Any, Any, Any]] = []
@@ -584,8 +570,6 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
 
     ``extra`` registers ``(name, plugin_object)`` pairs, as tests and embedding code do.
     """
-    import importlib
-
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     records: list[PluginRecord] = []
