@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
+from kvbridge.plugins import memo_on_model
 from kvbridge.spec import ModelSpec
 
 # the fingerprints live in kvbridge.models.fingerprint; these names are kept for callers
@@ -121,8 +122,6 @@ class FamilyAdapter:
     def spec_of(self, model) -> ModelSpec:
         """The spec of a live model (from its config, dtype from its parameters); memoised on the
         model, keyed by this adapter, the config's attributes and the parameters' dtype."""
-        from kvbridge.plugins import memo_on_model
-
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         describe = lambda: self.describe(model.config.to_dict()).with_dtype(dtype)  # noqa: E731
         return memo_on_model(model, "_kvbridge_spec", describe, self, dtype)
@@ -217,8 +216,6 @@ def _empty_cache(model):
     import copy
 
     from transformers import DynamicCache
-
-    from kvbridge.plugins import memo_on_model
 
     def make() -> tuple:
         template = DynamicCache(config=model.config)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvbridge import rope
 from kvbridge.errors import StateError
 from kvbridge.spec import ModelSpec
 
@@ -183,8 +184,6 @@ class KVState:
         passes float32 for a half-precision cache, so the stripped keys are not rounded before
         the mapping and the re-application (one rounding, at the end).
         """
-        from kvbridge import rope
-
         if not self.rope_applied or self.spec.positional != "rope":
             return _cast(replace(self, rope_applied=False), dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
@@ -207,8 +206,6 @@ class KVState:
         for a half-precision cache) is rotated in float32 by the tables as the model holds them
         and rounded once to ``dtype`` (:func:`kvbridge.rope.apply`).
         """
-        from kvbridge import rope
-
         spec = spec or self.spec
         positions = self.positions if positions is None else positions
         positions = positions.to(self.token_ids.device).expand(self.batch_size, -1)
@@ -239,8 +236,6 @@ class KVState:
             )
         if self.spec.positional == "none":
             return replace(self, positions=new_positions)
-        from kvbridge import rope
-
         new_positions = new_positions.to(self.token_ids.device).expand(self.batch_size, -1)
         if not self.rope_applied:
             return replace(self, positions=new_positions)

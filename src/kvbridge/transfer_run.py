@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbridge.errors import ConfigError, KVBridgeError, PluginError
+from kvbridge.plugins import host_or_default
 from kvbridge.transfer_settings import IDENTITY, TransferSettings
 
 
@@ -79,8 +80,6 @@ def check_generation_length(
 def identity_mapping(pair, host=None):
     """``mapping="identity"``: the ``identity`` fitter's exact mapping (through the host), for a pair that is
     one model (same weights)."""
-    from kvbridge.plugins import host_or_default
-
     if not pair.same_model:
         raise ConfigError(
             f"--mapping identity needs SOURCE and TARGET to be one model; {pair.source.name} and "
@@ -114,7 +113,6 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     import torch
 
     from kvbridge.handoff import generate, greedy_kwargs
-    from kvbridge.plugins import host_or_default
     from kvbridge.transfer import transfer
 
     host = host_or_default(host)
@@ -217,8 +215,6 @@ def save_transferred(pair, moved, settings: TransferSettings, *, host=None):
 
 def engine_continuation(name: str, host=None):
     """The ``continue_from`` of engine ``name``, or a one-line refusal when the engine only exports caches."""
-    from kvbridge.plugins import host_or_default
-
     run = getattr(host_or_default(host).get("engine", name), "continue_from", None)
     if not callable(run):
         raise PluginError(
