@@ -29,14 +29,17 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from kvbridge.check.validate import load_json, tensors_match
 from kvbridge.durable import commit_file, commit_tree, start_writeback
-from kvbridge.errors import ArtifactError
+from kvbridge.errors import ArtifactError, from_exception
+from kvbridge.faults import fault_point
 from kvbridge.version import __version__
 
 MANIFEST = "manifest.json"
@@ -121,8 +124,6 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
     (no serialised copy, no second read of the file for the checksum). Tensors of a dtype the
     table does not know go through ``save_file`` and are hashed after.
     """
-    import sys
-
     import torch
 
     path = Path(path)
@@ -253,8 +254,6 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     try:
         empty = not any(out.iterdir())
     except OSError as exc:
-        from kvbridge.errors import from_exception
-
         raise from_exception(exc) from None
     if empty:
         return
@@ -370,8 +369,6 @@ def atomic_dir(
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact gets ordinary permissions
         try:
             yield tmp
-            from kvbridge.faults import fault_point
-
             fault_point("artifact.write")
             (tmp / MARKER).write_text(
                 json.dumps({"kind": kind, "writer": WRITER, "version": __version__}) + "\n", encoding="utf-8"
@@ -450,8 +447,6 @@ def library_versions() -> dict:
 
 
 def read_manifest(folder: Path | str, *, kind: str = "artifact") -> dict:
-    from kvbridge.check.validate import load_json
-
     folder = Path(folder)
     path = folder / MANIFEST
     if not folder.is_dir():
@@ -512,8 +507,6 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
         ) from None
     listed = manifest.get("tensors")
     if listed is not None:
-        from kvbridge.check.validate import tensors_match
-
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
             raise ArtifactError(
                 f"{folder / MANIFEST} field 'tensors' must map names to {{dtype, shape}}", f"re-create the {kind}"

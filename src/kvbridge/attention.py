@@ -5,6 +5,7 @@ scaling and soft-capping as the model's own attention)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -18,8 +19,6 @@ def _orig_attention(name: str, module):
 
     if name in ALL_ATTENTION_FUNCTIONS:
         return ALL_ATTENTION_FUNCTIONS[name]
-    import sys
-
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if fn is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn

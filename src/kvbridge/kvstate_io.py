@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbridge.check.validate import tensors_match
 from kvbridge.errors import ArtifactError
 from kvbridge.kvstate import KVState
 from kvbridge.spec import ModelSpec
@@ -41,8 +42,6 @@ def state_from_tensors(tensors: dict, manifest: dict, where: str = "KV state", f
     """The KVState of artifact ``tensors`` and its state ``manifest``, checked against the stored spec:
     K/V per layer (``layers.{i}.keys`` ...), or stacked in one tensor ``kv`` ``[layers, 2, B, H, T, D]``
     (a prefix pack's layout; the state's K/V are then views of it)."""
-    from kvbridge.check.validate import tensors_match
-
     try:
         n = int(manifest["num_layers"])
         dtype = manifest.get("dtype")

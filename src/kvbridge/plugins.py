@@ -457,9 +457,9 @@ class Host:
             else:
                 found = outcome.value if outcome.value is not None else []
                 items = found if isinstance(found, (list, tuple)) else [found]
-                bad = next((f for f in items if not isinstance(f, Finding) or f.verdict not in VERDICTS), None)
-                if bad is not None or items is not found:  # not a list, or an item that is not a Finding
-                    shown, what = (bad, "an item ") if items is found else (found, "")
+                bad = [f for f in items if not isinstance(f, Finding) or f.verdict not in VERDICTS]
+                if bad or items is not found:  # not a list, or an item that is not a Finding
+                    shown, what = (bad[0], "an item ") if items is found else (found, "")
                     self.disable(
                         outcome.plugin,
                         f"kvbridge_check_compatibility returned {what}{type(shown).__name__} {shown!r:.60}, not a list "

@@ -17,12 +17,16 @@ killed at any point leaves a complete, parseable file with every unit that finis
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from kvbridge.artifacts import write_file_atomic
+from kvbridge.errors import ArtifactError
 
 #: seconds between plain (non-terminal) progress lines
 PLAIN_EVERY_S = 10.0
@@ -208,8 +212,6 @@ class PartialLog:
     def __init__(self, path: Path | str, header: dict):
         self.path = Path(path)
         if self.path.is_symlink() or self.path.is_dir():
-            from kvbridge.errors import ArtifactError
-
             raise ArtifactError(
                 f"{self.path} is a folder or a symbolic link, not a partial-results file",
                 "choose another --partial path",
@@ -232,8 +234,6 @@ class PartialLog:
         self.path.unlink(missing_ok=True)
 
     def _flush(self) -> None:
-        from kvbridge.artifacts import write_file_atomic
-
         text = "".join(json.dumps(json_ready(r), allow_nan=False) + "\n" for r in self.records)
         write_file_atomic(self.path, text)
 
@@ -244,8 +244,6 @@ def json_ready(obj: Any, *, stringify: bool = True):
     Other objects become ``str`` (``stringify=False`` leaves them as they are: the evaluation
     results, which the caller may still serialise with ``default=str``).
     """
-    import math
-
     if hasattr(obj, "tolist"):
         obj = obj.tolist()
     if isinstance(obj, float):

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvbridge.paths import cache_file
+
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
@@ -213,8 +215,6 @@ def library_path(cxx: str) -> tuple:
     digest = hashlib.sha256(
         "\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(), platform.system()]).encode()
     ).hexdigest()[:16]
-    from kvbridge.paths import cache_file
-
     return cache_file("native"), f"kvb_rope_{digest}.so"
 
 

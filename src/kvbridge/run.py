@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from kvbridge.plugins import host_or_default
+
 
 @dataclass(frozen=True)
 class Run:
@@ -27,8 +29,6 @@ class Run:
     @classmethod
     def of(cls, pair, settings, host=None) -> "Run":
         """A run of ``settings`` on a loaded ``pair`` (``host`` default: the process's host)."""
-        from kvbridge.plugins import host_or_default
-
         return cls(pair, settings, host_or_default(host))
 
     @property
@@ -87,7 +87,6 @@ def model_run(source, target, settings, host=None, *, tokenizer=None, names=("",
     with ``tokenizer``; ``names`` / ``revisions``: what manifests record, default their configs' ``_name_or_path`` and no revision):
     what ``fit(model, model, ...)``, the demo, the benches and the tests that build models pass a stage."""
     from kvbridge.models.pair import ModelPair
-    from kvbridge.plugins import host_or_default
 
     host = host_or_default(host)
     sides = [InMemoryModel.of(m, host, tokenizer, n, r) for m, n, r in zip((source, target), names, revisions)]
