@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
+from kvbridge.check.validate import load_json
 from kvbridge.conformance.sweep import CLASSES, Result
+from kvbridge.errors import ConfigError
 
 COMMAND = (
     "nice -n 10 kvbridge conformance --json > conformance.json && "
@@ -91,9 +93,6 @@ def _flat(updates: Iterable) -> list[str]:
 def load_doc(path) -> dict:
     """A results file (``--json`` output): {transformers, summary, results, updates}; a bare list is read
     as the results."""
-    from kvbridge.check.validate import load_json
-    from kvbridge.errors import ConfigError
-
     data = load_json(path, what="conformance results file", object_only=False)
     data = {"results": data} if isinstance(data, list) else data
     rows = data.get("results") if isinstance(data, dict) else None

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import copy
 
+from kvbridge.plugins import make_host
+
 
 def tiny_llama(*, layers: int = 4, vocab: int = 128, seed: int = 0, **overrides):
     """A small random Llama (hidden 64, 4 query heads, 2 KV heads) for planted fits."""
@@ -47,8 +49,6 @@ def llama_config(**overrides) -> dict:
 
 def llama_model(cfg: dict, seed: int = 0):
     """A model of ``cfg`` through its family adapter (seeded random weights)."""
-    from kvbridge.plugins import make_host
-
     return make_host(entry_points=False).adapter_for(cfg).build_model(cfg, seed=seed).eval()
 
 
