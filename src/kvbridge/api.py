@@ -9,26 +9,16 @@ import importlib
 
 from typing import Any, Mapping
 
+from kvbridge.models import resolve
+from kvbridge.models.pair import is_ref
 from kvbridge.plugins import host_or_default
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
 
 
-def _resolve(ref, host=None):
-    from kvbridge.models import resolve
-
-    return resolve(ref, host=host)
-
-
-def _is_ref(obj: Any) -> bool:
-    from kvbridge.models.pair import is_ref
-
-    return is_ref(obj)
-
-
 def _config_of(obj: Any, host=None) -> dict:
-    if _is_ref(obj):
-        return dict(_resolve(obj, host=host).config)
+    if is_ref(obj):
+        return dict(resolve(obj, host=host).config)
     if isinstance(obj, Mapping):
         return dict(obj)
     return getattr(obj, "config", obj).to_dict()
@@ -42,8 +32,8 @@ def adapter_for(model_or_config: Any, host=None):
 def describe(model_or_config: Any, host=None) -> ModelSpec:
     """ModelSpec of a model (dtype from its weights), a model reference (read from its config or
     GGUF header, never loaded), a transformers config or a mapping."""
-    if _is_ref(model_or_config):
-        return _resolve(model_or_config, host=host).spec(host_or_default(host))
+    if is_ref(model_or_config):
+        return resolve(model_or_config, host=host).spec(host_or_default(host))
     if hasattr(model_or_config, "parameters"):
         return host_or_default(host).spec_of(model_or_config)
     return host_or_default(host).describe(_config_of(model_or_config))
@@ -70,7 +60,7 @@ def _loaded(model, host=None):
     """A :class:`~kvbridge.models.loading.LoadedModel`: references are loaded (float32, cpu)."""
     from kvbridge.models import load
 
-    return load(model, host=host) if _is_ref(model) else model
+    return load(model, host=host) if is_ref(model) else model
 
 
 def _stage(name: str, target, settings, host, **kw):

@@ -140,9 +140,7 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         t1 = time.perf_counter()
         moved = transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
         t2 = time.perf_counter()
-        saved = None
-        if settings.save_state is not None:
-            saved = str(save_transferred(pair, moved, settings, host=host))
+        saved = None if settings.save_state is None else str(save_transferred(pair, moved, settings, host=host))
         if settings.engine is not None:
             res = _continue_in_engine(
                 settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1, warnings=notes, host=host
@@ -151,9 +149,8 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         gen = greedy_kwargs(ids, settings.max_new_tokens)
         gen["pad_token_id"] = getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0
         ours = generate(tmodel, moved, ids, host=host, **gen)
-    text = tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True)
     result = dict(
-        text=text,
+        text=tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True),
         tokens=state.num_tokens,
         source_prefill_s=t1 - t0,
         map_s=t2 - t1,
