@@ -16,8 +16,7 @@ _FIX = "re-create it with this kvbridge version"
 def state_tensors(state: KVState) -> dict:
     out: dict[str, Any] = {"token_ids": state.token_ids, "positions": state.positions}
     for i, (k, v) in enumerate(zip(state.keys, state.values)):
-        out[f"layers.{i}.keys"] = k
-        out[f"layers.{i}.values"] = v
+        out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = k, v
     if state.rope_lengths is not None:
         out["rope_lengths"] = state.rope_lengths
     for i, t in state.indexer_keys:  # sparse attention: indexer keys travel with K/V

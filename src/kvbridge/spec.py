@@ -200,12 +200,8 @@ class ModelSpec:
 
     @property
     def attention_kind(self) -> str:
-        kinds = set(self.layer_types or (FULL,))
-        if kinds == {FULL}:
-            return "full"
-        if kinds == {SLIDING}:
-            return "sliding"
-        return "hybrid"
+        kinds = frozenset(self.layer_types or (FULL,))
+        return {frozenset({FULL}): "full", frozenset({SLIDING}): "sliding"}.get(kinds, "hybrid")
 
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else FULL
