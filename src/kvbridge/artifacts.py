@@ -31,7 +31,6 @@ import os
 import shutil
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -40,6 +39,7 @@ from kvbridge.check.validate import load_json, tensors_match
 from kvbridge.durable import commit_file, commit_tree, start_writeback
 from kvbridge.errors import ArtifactError, from_exception
 from kvbridge.faults import fault_point
+from kvbridge.threads import thread_pool
 from kvbridge.version import __version__
 
 MANIFEST = "manifest.json"
@@ -178,7 +178,7 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         if batch:
             yield batch
 
-    pool = _hash_pool()
+    pool = thread_pool("kvbridge-sha256", 1)  # started once: a thread start per save cost ~50 ms on a busy machine
     with open(path, "wb", buffering=0) as fh:
         _write_all(fh, head)
         pos, pending = len(head), None
@@ -194,19 +194,6 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         if pending is not None:
             pending.result()
     return h.hexdigest()
-
-
-_POOL: dict = {}
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    """The checksum worker, started once per process (a thread start per save cost ~50 ms on a busy
-    machine); a forked child, which has no copy of the thread, starts its own."""
-    pool = _POOL.get(os.getpid())
-    if pool is None:
-        _POOL.clear()
-        pool = _POOL[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256")
-    return pool
 
 
 def _write_all(fh, data) -> None:

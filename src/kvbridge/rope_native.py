@@ -32,13 +32,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from kvbridge.paths import cache_file
+from kvbridge.threads import thread_pool
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -189,7 +189,6 @@ _KIND = {
 }
 _LIB: dict = {}
 _LOCK = threading.Lock()
-_POOL: dict = {}
 
 
 class Unavailable(RuntimeError):
@@ -292,16 +291,6 @@ def library(retry_failed: bool = True) -> ctypes.CDLL:
         return _LIB["lib"]
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    if _POOL.get("n") != threads or _POOL.get("pid") != os.getpid():  # a forked child needs its own threads
-        old = _POOL.get("pool")
-        if old is not None and _POOL.get("pid") == os.getpid():
-            old.shutdown(wait=False)
-        _POOL["pool"], _POOL["n"] = ThreadPoolExecutor(threads, thread_name_prefix="kvbridge-rope"), threads
-        _POOL["pid"] = os.getpid()
-    return _POOL["pool"]
-
-
 def supports(
     x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool, rotary_dim: int
 ) -> bool:
@@ -357,7 +346,10 @@ def rotate(
         codes = [fn(*args, 0, n_rows)]
     else:
         step = -(-n_rows // threads)
-        jobs = [_pool(threads).submit(fn, *args, r0, min(r0 + step, n_rows)) for r0 in range(0, n_rows, step)]
+        jobs = [
+            thread_pool("kvbridge-rope", threads).submit(fn, *args, r0, min(r0 + step, n_rows))
+            for r0 in range(0, n_rows, step)
+        ]
         codes = [j.result() for j in jobs]
     if any(code != 0 for code in codes):
         raise Unavailable("native RoPE kernel rejected its arguments")

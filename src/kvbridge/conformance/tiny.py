@@ -253,11 +253,8 @@ def tiny_config_dict(model_type: str) -> dict:
     if model_type in CAUSAL_SUBCONFIG:
         base = base[CAUSAL_SUBCONFIG[model_type]]
     data = shrink(base, model_type)
-    for key, value in OVERRIDES.get(model_type, {}).items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
+    for key, value in OVERRIDES.get(model_type, {}).items():  # a sub-config override merges into the sub-config
+        data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
     data["model_type"] = base.get("model_type") if model_type in CAUSAL_SUBCONFIG else model_type
     for key in ("transformers_version", "architectures", "_name_or_path"):
         data.pop(key, None)
