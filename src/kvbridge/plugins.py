@@ -57,7 +57,6 @@ from kvbridge.plugin_types import (
     load_registered,
     protocol_problem,
 )
-from kvbridge.safe_text import escape
 
 ENTRY_POINT_GROUP = "kvbridge"
 BUILTIN_PLUGINS = (
@@ -175,10 +174,9 @@ def warn(record: PluginRecord, problem: str) -> None:
     if record.builtin or record.warned:
         return
     record.warned = True
-    text = escape(" ".join(f"plugin {record.name!r} disabled: {problem}".split()))
-    fix = escape(f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}")
+    fix = f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}"
     try:
-        sys.stderr.write(f"warning: {text} (fix: {fix})\n")
+        sys.stderr.write(f"warning: {PluginError(f'plugin {record.name!r} disabled: {problem}', fix).one_line()}\n")
     except (OSError, ValueError):  # pragma: no cover - no stderr to warn on
         pass
 
