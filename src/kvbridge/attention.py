@@ -92,8 +92,7 @@ def attention_output(q, k, v, mask=None, *, scaling=None, softcap=None) -> torch
     q, k, v = q.float(), k.float(), v.float()
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
     scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
     if softcap is not None:

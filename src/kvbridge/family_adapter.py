@@ -156,8 +156,7 @@ class FamilyAdapter:
             return None
         lengths = rope_codec.forward_lengths(positions)
         if spec.rope.rope_type == "dynamic":
-            module = self.rotary_embedding(model)
-            used = getattr(module, "max_seq_len_cached", None)
+            used = getattr(self.rotary_embedding(model), "max_seq_len_cached", None)
             if used is not None:
                 lengths = torch.full_like(lengths, int(used))
         return lengths

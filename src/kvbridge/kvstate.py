@@ -140,9 +140,8 @@ class KVState:
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
 
     def clone(self) -> "KVState":
-        out = self.map_tensors(lambda t: t.clone())
         return replace(
-            out,
+            self.map_tensors(lambda t: t.clone()),
             token_ids=self.token_ids.clone(),
             positions=self.positions.clone(),
             rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),

@@ -58,9 +58,7 @@ class Progress:
         self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
         self.t0 = time.perf_counter()
         self._last = -1e9
-        self.done = 0
-        self.tokens = 0
-        self.lines = 0
+        self.done = self.tokens = self.lines = 0
 
     def line(self) -> str:
         secs = max(time.perf_counter() - self.t0, 1e-9)

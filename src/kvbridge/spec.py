@@ -76,10 +76,7 @@ class RopeSpec:
         return dim - (dim % 2)
 
     def param(self, name: str, default: Any = None) -> Any:
-        for key, value in self.scaling:
-            if key == name:
-                return _thaw(value) if isinstance(value, tuple) else value
-        return default
+        return self.params.get(name, default)
 
     @property
     def params(self) -> dict:
