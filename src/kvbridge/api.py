@@ -9,50 +9,34 @@ import importlib
 
 from typing import Any, Mapping
 
+from kvbridge.models import resolve
+from kvbridge.models.pair import is_ref
+from kvbridge.plugins import host_or_default
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
 
 
-def _host(host=None):
-    from kvbridge.plugins import get_host
-
-    return host or get_host()
-
-
-def _resolve(ref, host=None):
-    from kvbridge.models import resolve
-
-    return resolve(ref, host=host)
-
-
-def _is_ref(obj: Any) -> bool:
-    from kvbridge.models.pair import is_ref
-
-    return is_ref(obj)
-
-
 def _config_of(obj: Any, host=None) -> dict:
-    if _is_ref(obj):
-        return dict(_resolve(obj, host=host).config)
+    if is_ref(obj):
+        return dict(resolve(obj, host=host).config)
     if isinstance(obj, Mapping):
         return dict(obj)
-    config = getattr(obj, "config", obj)
-    return config.to_dict()
+    return getattr(obj, "config", obj).to_dict()
 
 
 def adapter_for(model_or_config: Any, host=None):
     """The family adapter of a model, a model reference, a transformers config or a config mapping."""
-    return _host(host).adapter_for(_config_of(model_or_config, host))
+    return host_or_default(host).adapter_for(_config_of(model_or_config, host))
 
 
 def describe(model_or_config: Any, host=None) -> ModelSpec:
     """ModelSpec of a model (dtype from its weights), a model reference (read from its config or
     GGUF header, never loaded), a transformers config or a mapping."""
-    if _is_ref(model_or_config):
-        return _resolve(model_or_config, host=host).spec(_host(host))
+    if is_ref(model_or_config):
+        return resolve(model_or_config, host=host).spec(host_or_default(host))
     if hasattr(model_or_config, "parameters"):
-        return _host(host).spec_of(model_or_config)
-    return _host(host).describe(_config_of(model_or_config))
+        return host_or_default(host).spec_of(model_or_config)
+    return host_or_default(host).describe(_config_of(model_or_config))
 
 
 def extract(model, input_ids, attention_mask=None, host=None):
@@ -76,7 +60,7 @@ def _loaded(model, host=None):
     """A :class:`~kvbridge.models.loading.LoadedModel`: references are loaded (float32, cpu)."""
     from kvbridge.models import load
 
-    return load(model, host=host) if _is_ref(model) else model
+    return load(model, host=host) if is_ref(model) else model
 
 
 def _stage(name: str, target, settings, host, **kw):

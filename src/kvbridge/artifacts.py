@@ -29,14 +29,17 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from kvbridge.check.validate import load_json, tensors_match
 from kvbridge.durable import commit_file, commit_tree, start_writeback
-from kvbridge.errors import ArtifactError
+from kvbridge.errors import ArtifactError, from_exception
+from kvbridge.faults import fault_point
+from kvbridge.threads import thread_pool
 from kvbridge.version import __version__
 
 MANIFEST = "manifest.json"
@@ -96,19 +99,16 @@ def _check_finite(name: str, t, block=None) -> None:
     """Refuse NaN/inf in a float tensor (or one ``block`` of its bytes): numpy, single-threaded and
     chunk-sized (torch's ``isfinite(t).all()`` allocated a mask as large as the tensor and spent
     most of a save on the thread pool)."""
-    import numpy as np
-
-    dt = str(t.dtype).removeprefix("torch.")
     if not t.is_floating_point():
         return
-    if block is not None and dt in _NP_FLOATS:
-        ok = bool(np.isfinite(np.frombuffer(block, dtype=_NP_FLOATS[dt])).all())
-    elif block is None:
+    if block is not None:  # the caller hands over blocks of the _NP_FLOATS dtypes only
+        import numpy as np
+
+        ok = bool(np.isfinite(np.frombuffer(block, dtype=_NP_FLOATS[str(t.dtype).removeprefix("torch.")])).all())
+    else:
         import torch
 
         ok = bool(torch.isfinite(t).all())
-    else:
-        return
     if not ok:
         raise NonFiniteError(
             f"tensor {name!r} has NaN/inf values", "recompute the state; a mapping that produced it may be broken"
@@ -124,8 +124,6 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
     (no serialised copy, no second read of the file for the checksum). Tensors of a dtype the
     table does not know go through ``save_file`` and are hashed after.
     """
-    import sys
-
     import torch
 
     path = Path(path)
@@ -180,7 +178,7 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         if batch:
             yield batch
 
-    pool = _hash_pool()
+    pool = thread_pool("kvbridge-sha256", 1)  # started once: a thread start per save cost ~50 ms on a busy machine
     with open(path, "wb", buffering=0) as fh:
         _write_all(fh, head)
         pos, pending = len(head), None
@@ -196,19 +194,6 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         if pending is not None:
             pending.result()
     return h.hexdigest()
-
-
-_POOL: dict = {}
-
-
-def _hash_pool() -> ThreadPoolExecutor:
-    """The checksum worker, started once per process (a thread start per save cost ~50 ms on a busy
-    machine); a forked child, which has no copy of the thread, starts its own."""
-    pool = _POOL.get(os.getpid())
-    if pool is None:
-        _POOL.clear()
-        pool = _POOL[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="kvbridge-sha256")
-    return pool
 
 
 def _write_all(fh, data) -> None:
@@ -256,8 +241,6 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     try:
         empty = not any(out.iterdir())
     except OSError as exc:
-        from kvbridge.errors import from_exception
-
         raise from_exception(exc) from None
     if empty:
         return
@@ -373,8 +356,6 @@ def atomic_dir(
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; an artifact gets ordinary permissions
         try:
             yield tmp
-            from kvbridge.faults import fault_point
-
             fault_point("artifact.write")
             (tmp / MARKER).write_text(
                 json.dumps({"kind": kind, "writer": WRITER, "version": __version__}) + "\n", encoding="utf-8"
@@ -453,8 +434,6 @@ def library_versions() -> dict:
 
 
 def read_manifest(folder: Path | str, *, kind: str = "artifact") -> dict:
-    from kvbridge.check.validate import load_json
-
     folder = Path(folder)
     path = folder / MANIFEST
     if not folder.is_dir():
@@ -515,8 +494,6 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
         ) from None
     listed = manifest.get("tensors")
     if listed is not None:
-        from kvbridge.check.validate import tensors_match
-
         if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
             raise ArtifactError(
                 f"{folder / MANIFEST} field 'tensors' must map names to {{dtype, shape}}", f"re-create the {kind}"

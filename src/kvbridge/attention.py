@@ -5,6 +5,7 @@ scaling and soft-capping as the model's own attention)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -18,8 +19,6 @@ def _orig_attention(name: str, module):
 
     if name in ALL_ATTENTION_FUNCTIONS:
         return ALL_ATTENTION_FUNCTIONS[name]
-    import sys
-
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if fn is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
@@ -93,8 +92,7 @@ def attention_output(q, k, v, mask=None, *, scaling=None, softcap=None) -> torch
     q, k, v = q.float(), k.float(), v.float()
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
     scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
     if softcap is not None:
@@ -121,17 +119,11 @@ def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
         kw = {"scaling": c["scaling"], "softcap": c["softcap"]}
         if "ref_out" not in c:  # the native output: computed once per capture, shared by every condition
             ref = attention_output(c["q"], c["k"], c["v"], c["mask"], **kw)
-            b, h, t, d = ref.shape
-            c["ref_out"] = ref.transpose(1, 2).reshape(b, t, h * d).double()
+            c["ref_out"] = ref.transpose(1, 2).flatten(2).double()  # [B, T, H * D]
         a = c["ref_out"]
         k = torch.cat([state.keys[layer].float(), c["k"][:, :, prefix_len:]], dim=2)
         v = torch.cat([state.values[layer].float(), c["v"][:, :, prefix_len:]], dim=2)
-        got = attention_output(c["q"], k, v, c["mask"], **kw)
-        b, h, t, d = got.shape
-        g = got.transpose(1, 2).reshape(b, t, h * d)
+        g = attention_output(c["q"], k, v, c["mask"], **kw).transpose(1, 2).flatten(2)
         cos = torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12)
         out.append(cos.mean(dim=1).float())
     return torch.stack(out, dim=1)  # [B, L]
-
-
-# -- per-position comparisons -----------------------------------------------------------------------

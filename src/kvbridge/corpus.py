@@ -228,15 +228,10 @@ class Corpus:
 
 
 def folder_files(path: Path) -> list[Path]:
-    out = []
-    for p in path.rglob("*"):
-        rel = p.relative_to(path).parts
-        if (
-            p.suffix in FOLDER_SUFFIXES
-            and p.is_file()
-            and not any(part == "__pycache__" or part.startswith(".") for part in rel)
-        ):
-            out.append(p)
+    """The corpus files of a folder (``FOLDER_SUFFIXES``; ``__pycache__`` and hidden folders skipped), in
+    the order of their relative POSIX paths."""
+    hidden = lambda p: any(part == "__pycache__" or part.startswith(".") for part in p.relative_to(path).parts)  # noqa: E731
+    out = [p for p in path.rglob("*") if p.suffix in FOLDER_SUFFIXES and p.is_file() and not hidden(p)]
     return sorted(out, key=lambda p: p.relative_to(path).as_posix())
 
 

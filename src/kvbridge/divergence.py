@@ -177,9 +177,7 @@ def first_divergence_steps(tokens: "Tensor", ref: "Tensor") -> "Tensor":
     import torch
 
     diff = tokens != ref
-    steps = tokens.shape[1]
-    first = torch.where(diff.any(1), diff.float().argmax(1), torch.full(diff.shape[:1], steps))
-    return first.float()
+    return torch.where(diff.any(1), diff.float().argmax(1), torch.full(diff.shape[:1], tokens.shape[1])).float()
 
 
 __all__ = [

@@ -6,6 +6,11 @@ Every error kvbridge raises on bad input is a :class:`KVBridgeError`. The CLI pr
 
 from __future__ import annotations
 
+import errno
+import os
+
+from kvbridge.safe_text import escape
+
 
 class KVBridgeError(Exception):
     """A user-facing error: ``what`` names the thing, ``fix`` says what to do."""
@@ -20,8 +25,6 @@ class KVBridgeError(Exception):
     def one_line(self) -> str:
         """``what (fix: fix)`` on one line, control characters escaped (:func:`kvbridge.safe_text.escape`):
         messages quote file names, manifest fields and plugin text."""
-        from kvbridge.safe_text import escape
-
         text = escape(" ".join(str(self.what).split()))
         if self.fix:
             text += f" (fix: {escape(' '.join(str(self.fix).split()))})"
@@ -68,16 +71,8 @@ def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6, quote: 
 DEBUG_HINT = "set KVBRIDGE_DEBUG=1 to see the traceback"
 
 
-def _path_of(exc: BaseException) -> str:
-    name = getattr(exc, "filename", None)
-    return str(name) if name else ""
-
-
 def _os_error(exc: OSError) -> KVBridgeError:
-    import errno
-    import os
-
-    path = _path_of(exc)
+    path = str(exc.filename) if exc.filename else ""
     where = f"{path}: " if path else ""
     code = exc.errno
     if code == errno.ENOSPC or code == getattr(errno, "EDQUOT", -1):
@@ -139,8 +134,6 @@ def _frames(exc: BaseException):
 
 def _file_in_traceback(exc: BaseException) -> str | None:
     """The innermost file path (a weight/config file) a failing frame was working on, if any."""
-    import os
-
     for frame in _frames(exc):
         for value in list(frame.f_locals.values()):
             if isinstance(value, os.PathLike):
@@ -259,8 +252,6 @@ def whole_number(value, flag: str, minimum: int, error: type = ConfigError) -> N
 def path_value(value, flag: str, *, required: bool = False, error: type = ConfigError):
     """A settings object's path field as a ``str`` (None stays None unless ``required``); anything but a
     non-empty str or path is a one-line ``error`` naming ``flag``."""
-    import os
-
     if value is None and not required:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from kvbridge.errors import ConfigError, StateError
+from kvbridge.plugins import memo_on_model
 from kvbridge.spec import ModelSpec
 
 # the fingerprints live in kvbridge.models.fingerprint; these names are kept for callers
@@ -116,21 +117,14 @@ class FamilyAdapter:
         from kvbridge.models.hf_loader import model_from_config
 
         torch.manual_seed(seed)
-        hf = self.hf_config(config)
-        model = model_from_config(hf, dtype=getattr(torch, dtype))
-        return model.eval()
+        return model_from_config(self.hf_config(config), dtype=getattr(torch, dtype)).eval()
 
     def spec_of(self, model) -> ModelSpec:
         """The spec of a live model (from its config, dtype from its parameters); memoised on the
         model, keyed by this adapter, the config's attributes and the parameters' dtype."""
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        key = (self, type(model.config).__name__, repr(vars(model.config)), dtype)
-        memo = model.__dict__.get("_kvbridge_spec")
-        if memo is not None and memo[0] == key:
-            return memo[1]
-        spec = self.describe(model.config.to_dict()).with_dtype(dtype)
-        model.__dict__["_kvbridge_spec"] = (key, spec)
-        return spec
+        describe = lambda: self.describe(model.config.to_dict()).with_dtype(dtype)  # noqa: E731
+        return memo_on_model(model, "_kvbridge_spec", describe, self, dtype)
 
     def rotary_embedding(self, model, layer: int = 0):
         """The model's rotary module (for tests against its own tables)."""
@@ -162,8 +156,7 @@ class FamilyAdapter:
             return None
         lengths = rope_codec.forward_lengths(positions)
         if spec.rope.rope_type == "dynamic":
-            module = self.rotary_embedding(model)
-            used = getattr(module, "max_seq_len_cached", None)
+            used = getattr(self.rotary_embedding(model), "max_seq_len_cached", None)
             if used is not None:
                 lengths = torch.full_like(lengths, int(used))
         return lengths
@@ -175,9 +168,7 @@ class FamilyAdapter:
                 f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
                 "check the family adapter's describe() for this model",
             )
-        keys = tuple(layer.keys.detach().clone() for layer in layers)
-        values = tuple(layer.values.detach().clone() for layer in layers)
-        return keys, values
+        return tuple(la.keys.detach().clone() for la in layers), tuple(la.values.detach().clone() for la in layers)
 
     def check_injectable(self, state: "KVState", model=None, *, check: bool = True) -> None:
         """Refuse a state :meth:`inject` cannot use: with ``check``, one that does not fit ``model``'s spec
@@ -225,14 +216,11 @@ def _empty_cache(model):
 
     from transformers import DynamicCache
 
-    key = (type(model.config).__name__, repr(vars(model.config)))
-    memo = model.__dict__.get("_kvbridge_empty_cache")
-    if memo is None or memo[0] != key:
+    def make() -> tuple:
         template = DynamicCache(config=model.config)
-        flat = _scalars_only(template, skip="layers") and all(_scalars_only(layer) for layer in template.layers)
-        memo = (key, template, flat)
-        model.__dict__["_kvbridge_empty_cache"] = memo
-    template, flat = memo[1], memo[2]
+        return template, _scalars_only(template, skip="layers") and all(_scalars_only(la) for la in template.layers)
+
+    template, flat = memo_on_model(model, "_kvbridge_empty_cache", make)
     if not flat:
         return copy.deepcopy(template)
     cache = _same_attributes(template)
@@ -289,16 +277,13 @@ class TextConfigAdapter(FamilyAdapter):
         text = text_config_of(config)
         return self.inner.describe(text if text is not None else config)
 
-    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
-        return FamilyAdapter.build_model(self, config, seed=seed, dtype=dtype)
-
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
         return self.inner.extract(model, input_ids, attention_mask, spec=spec or self.spec_of(model))
 
     def inject(self, state, model=None, *, check: bool = True):
         if check and model is not None:
             self.check_injectable(state, model)
-        return self.inner.inject(state, None if model is None else model, check=False)
+        return self.inner.inject(state, model, check=False)
 
     def rotary_embedding(self, model, layer: int = 0):
         text = model.get_decoder() if hasattr(model, "get_decoder") else model

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvbridge.errors import StateError
 from kvbridge.hf_compat import cache_kwargs
+from kvbridge.plugins import host_or_default
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvbridge.kvstate import KVState
@@ -41,8 +42,6 @@ def prepare_cache(model, state: "KVState", input_ids, *, host=None):
         state = state.slice_tokens(0, n - 1)  # withhold the last prompt token
     if state.num_tokens == 0:
         return None, ids
-    from kvbridge.plugins import host_or_default
-
     return host_or_default(host).adapter_of(model).inject(state, model), ids
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from functools import lru_cache
 
 
-@lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)
 def _cache_name(forward_type: type) -> str:
     params = inspect.signature(forward_type.forward).parameters
     return "cache" if "cache" in params or "past_key_values" not in params else "past_key_values"

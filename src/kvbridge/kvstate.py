@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvbridge import rope
 from kvbridge.errors import StateError
 from kvbridge.spec import ModelSpec
 
@@ -139,9 +140,8 @@ class KVState:
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
 
     def clone(self) -> "KVState":
-        out = self.map_tensors(lambda t: t.clone())
         return replace(
-            out,
+            self.map_tensors(lambda t: t.clone()),
             token_ids=self.token_ids.clone(),
             positions=self.positions.clone(),
             rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
@@ -169,17 +169,12 @@ class KVState:
         )
 
     # -- RoPE --------------------------------------------------------------------------
-    def _rotated_slot(self) -> str:
-        """Which cache slot carries RoPE: "keys", or "values" for MLA (the shared RoPE key)."""
-        return "values" if self.spec.cache_format == "mla" else "keys"
-
     def _rotated_fields(self, fn, spec: ModelSpec, *positions, **kwargs) -> dict:
-        """The rotated slot and the indexer keys with ``fn`` (rope.strip / apply / reposition) applied per
-        layer, as fields for :func:`dataclasses.replace`."""
-        rotated = getattr(self, self._rotated_slot())
-        keys = tuple(_per_layer(fn, k, spec, i, *positions, **kwargs) for i, k in enumerate(rotated))
-        index = _indexer_rope(fn, self.indexer_keys, spec, *positions, **kwargs)
-        return {self._rotated_slot(): keys, "indexer_keys": index}
+        """The rotated slot ("keys", or "values" for MLA: the shared RoPE key) and the indexer keys with
+        ``fn`` (rope.strip / apply / reposition) applied per layer, as fields for :func:`dataclasses.replace`."""
+        slot = "values" if self.spec.cache_format == "mla" else "keys"
+        keys = tuple(_per_layer(fn, k, spec, i, *positions, **kwargs) for i, k in enumerate(getattr(self, slot)))
+        return {slot: keys, "indexer_keys": _indexer_rope(fn, self.indexer_keys, spec, *positions, **kwargs)}
 
     def strip_rope(self, host=None, *, dtype: "torch.dtype | None" = None) -> "KVState":
         """Keys in content space (RoPE removed at each key's own position).
@@ -188,8 +183,6 @@ class KVState:
         passes float32 for a half-precision cache, so the stripped keys are not rounded before
         the mapping and the re-application (one rounding, at the end).
         """
-        from kvbridge import rope
-
         if not self.rope_applied or self.spec.positional != "rope":
             return _cast(replace(self, rope_applied=False), dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
@@ -212,8 +205,6 @@ class KVState:
         for a half-precision cache) is rotated in float32 by the tables as the model holds them
         and rounded once to ``dtype`` (:func:`kvbridge.rope.apply`).
         """
-        from kvbridge import rope
-
         spec = spec or self.spec
         positions = self.positions if positions is None else positions
         positions = positions.to(self.token_ids.device).expand(self.batch_size, -1)
@@ -244,8 +235,6 @@ class KVState:
             )
         if self.spec.positional == "none":
             return replace(self, positions=new_positions)
-        from kvbridge import rope
-
         new_positions = new_positions.to(self.token_ids.device).expand(self.batch_size, -1)
         if not self.rope_applied:
             return replace(self, positions=new_positions)
@@ -323,33 +312,26 @@ def _norms_finite(group: list) -> bool:
 
 def _exact_all_finite(tensors) -> bool:
     """Every element finite, by ``isfinite``: small tensors jointly (one call over their
-    concatenation, per device and dtype, in batches), large ones alone."""
+    concatenation, in batches), large ones alone; ``tensors`` are :func:`all_finite`'s group of
+    one device and dtype, floating point and not empty."""
+
+    def finite(group: list) -> bool:
+        return bool(torch.isfinite(torch.cat(group) if len(group) > 1 else group[0]).all())
+
     batch: list = []
     size = 0
-
-    def flush() -> bool:
-        nonlocal batch, size
-        ok = True
-        groups: dict = {}
-        for t in batch:
-            groups.setdefault((t.device, t.dtype), []).append(t.reshape(-1))
-        for group in groups.values():
-            ok = ok and bool(torch.isfinite(torch.cat(group) if len(group) > 1 else group[0]).all())
-        batch, size = [], 0
-        return ok
-
     for t in tensors:
-        if not t.is_floating_point() or t.numel() == 0:
-            continue
         if t.numel() >= _FINITE_BATCH:
-            if not bool(torch.isfinite(t).all()):
+            if not finite([t]):
                 return False
             continue
-        batch.append(t)
+        batch.append(t.reshape(-1))
         size += t.numel()
-        if size >= _FINITE_BATCH and not flush():
-            return False
-    return flush()
+        if size >= _FINITE_BATCH:
+            if not finite(batch):
+                return False
+            batch, size = [], 0
+    return not batch or finite(batch)
 
 
 def _cast(state: "KVState", dtype) -> "KVState":
@@ -360,16 +342,10 @@ def _cast(state: "KVState", dtype) -> "KVState":
 
 
 def _clone_states(states: tuple) -> tuple:
-    return tuple(
-        (
-            i,
-            {
-                k: (v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v))
-                for k, v in st.items()
-            },
-        )
-        for i, st in states
-    )
+    def copy(v):
+        return v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
+
+    return tuple((i, {k: copy(v) for k, v in st.items()}) for i, st in states)
 
 
 def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs) -> tuple:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvbridge.check.validate import tensors_match
 from kvbridge.errors import ArtifactError
 from kvbridge.kvstate import KVState
 from kvbridge.spec import ModelSpec
@@ -15,8 +16,7 @@ _FIX = "re-create it with this kvbridge version"
 def state_tensors(state: KVState) -> dict:
     out: dict[str, Any] = {"token_ids": state.token_ids, "positions": state.positions}
     for i, (k, v) in enumerate(zip(state.keys, state.values)):
-        out[f"layers.{i}.keys"] = k
-        out[f"layers.{i}.values"] = v
+        out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = k, v
     if state.rope_lengths is not None:
         out["rope_lengths"] = state.rope_lengths
     for i, t in state.indexer_keys:  # sparse attention: indexer keys travel with K/V
@@ -41,8 +41,6 @@ def state_from_tensors(tensors: dict, manifest: dict, where: str = "KV state", f
     """The KVState of artifact ``tensors`` and its state ``manifest``, checked against the stored spec:
     K/V per layer (``layers.{i}.keys`` ...), or stacked in one tensor ``kv`` ``[layers, 2, B, H, T, D]``
     (a prefix pack's layout; the state's K/V are then views of it)."""
-    from kvbridge.check.validate import tensors_match
-
     try:
         n = int(manifest["num_layers"])
         dtype = manifest.get("dtype")

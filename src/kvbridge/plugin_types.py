@@ -26,7 +26,7 @@ missing member (``kvbridge plugins`` shows it).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from kvbridge.errors import ConfigError, PluginError
@@ -222,15 +222,13 @@ TASK_MEMBERS = ("name", "Options", "items", "score", "chance")
 
 def _class_problem(cls: Any, members: tuple, call: str | None, options_type: bool = True) -> str | None:
     """The first of ``members`` that ``cls`` misses, ``call`` not callable, or ``Options`` not a dataclass."""
-    import dataclasses
-
     for member in members:
         if not hasattr(cls, member):
             return member
     if call is not None and not callable(getattr(cls, call)):
         return f"{call} (callable)"
     opts = getattr(cls, "Options")
-    if not dataclasses.is_dataclass(opts) or (options_type and not isinstance(opts, type)):
+    if not is_dataclass(opts) or (options_type and not isinstance(opts, type)):
         return "Options (a dataclass)"
     return None
 

@@ -31,12 +31,13 @@ Environment variables (llm/tox style):
 from __future__ import annotations
 
 import contextvars
+import importlib
 import math
 import os
 import sys
 import threading
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
@@ -45,7 +46,17 @@ import pluggy
 from kvbridge import hookspecs
 from kvbridge.version import __version__
 from kvbridge.errors import PluginError, UnsupportedModelError, did_you_mean
-from kvbridge.plugin_types import KIND_TABLE
+from kvbridge.plugin_types import (
+    KIND_TABLE,
+    SCHEME_RE,
+    VERDICTS,
+    Finding,
+    ModelSource,
+    UnknownRopeTypeError,
+    check_registration,
+    load_registered,
+    protocol_problem,
+)
 
 ENTRY_POINT_GROUP = "kvbridge"
 BUILTIN_PLUGINS = (
@@ -69,21 +80,7 @@ KINDS = {kind: row[:2] for kind, row in KIND_TABLE.items()}
 IMPORT_TIMEOUT_S = 20.0
 IMPORT_TIMEOUT_ENV = "KVBRIDGE_PLUGIN_IMPORT_TIMEOUT"
 #: model types that have no attention KV cache at all
-NO_KV_CACHE_TYPES = frozenset(
-    {
-        "mamba",
-        "mamba2",
-        "falcon_mamba",
-        "rwkv",
-        "rwkv5",
-        "rwkv6",
-        "rwkv7",
-        "xlstm",
-        "hyena",
-        "s4",
-        "retnet",
-    }
-)
+NO_KV_CACHE_TYPES = frozenset("mamba mamba2 falcon_mamba rwkv rwkv5 rwkv6 rwkv7 xlstm hyena s4 retnet".split())
 
 
 @dataclass
@@ -100,6 +97,10 @@ class PluginRecord:
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "warned"}
+
+    def fail(self, problem: str) -> None:
+        """Record ``problem`` as this plugin's error unless it has one already (the first one stays)."""
+        self.error = self.error or problem
 
 
 def _env_list(name: str) -> list[str] | None:
@@ -173,12 +174,9 @@ def warn(record: PluginRecord, problem: str) -> None:
     if record.builtin or record.warned:
         return
     record.warned = True
-    from kvbridge.safe_text import escape
-
-    text = escape(" ".join(f"plugin {record.name!r} disabled: {problem}".split()))
-    fix = escape(f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}")
+    fix = f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}"
     try:
-        sys.stderr.write(f"warning: {text} (fix: {fix})\n")
+        sys.stderr.write(f"warning: {PluginError(f'plugin {record.name!r} disabled: {problem}', fix).one_line()}\n")
     except (OSError, ValueError):  # pragma: no cover - no stderr to warn on
         pass
 
@@ -242,8 +240,8 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
             msg = f"{hook_name} failed: {_exc_text(exc)}"
-            if record is not None and record.error is None:
-                record.error = msg
+            if record is not None:
+                record.fail(msg)
             if sink is not None:
                 sink.append(HookOutcome(plugin_name, None, msg))
             return None
@@ -273,9 +271,6 @@ class Host:
     def disable(self, plugin_name: str, problem: str) -> None:
         """Take a misbehaving plugin out: unregistered and blocked (its hooks no longer run), its
         registrations dropped, ``problem`` on its record, one warning line on stderr."""
-        record = self.record(plugin_name)
-        if record is not None and record.error is None:
-            record.error = problem
         if self.pm.get_plugin(plugin_name) is not None:
             self.pm.unregister(name=plugin_name)
         self.pm.set_blocked(plugin_name)
@@ -285,7 +280,9 @@ class Host:
                 reg.owner.pop(name, None)
         if self._sources:
             self._sources = {n: src for n, src in self._sources.items() if src.plugin != plugin_name}
+        record = self.record(plugin_name)
         if record is not None:
+            record.fail(problem)
             warn(record, problem)
 
     def call(self, hook_name: str, **kwargs: Any) -> list[HookOutcome]:
@@ -308,17 +305,15 @@ class Host:
         regs = {kind: Registry(word, lambda o: [o.name], rank) for kind, (word, _hook) in KINDS.items()}
         regs["family"] = Registry("model type", lambda a: a.model_types, rank)
         adapters = Registry("family adapter", lambda a: [a.name], rank)
-        from kvbridge import plugin_types
-
         for kind, (_word, hook_name) in KINDS.items():
 
             def register(obj: Any, _kind=kind) -> None:
                 plugin = _CURRENT.get() or "?"
                 record = self.record(plugin)
-                obj, problem = plugin_types.check_registration(_kind, obj, plugin)
+                obj, problem = check_registration(_kind, obj, plugin)
                 if problem:  # does not follow its protocol: refused, the plugin shows the error
-                    if record is not None and record.error is None:
-                        record.error = problem
+                    if record is not None:
+                        record.fail(problem)
                     return
                 added = regs[_kind].add(obj, plugin)
                 if _kind == "family":
@@ -381,8 +376,6 @@ class Host:
     def _claim_family(self, config: dict):
         """The first plugin's answer to ``kvbridge_resolve_family`` (firstresult, pluggy's order) that is a
         family adapter; a plugin answering anything else is disabled and the others are asked again."""
-        from kvbridge.plugin_types import protocol_problem
-
         for _ in range(len(self.records) + 1):
             outcomes = self.call(
                 "kvbridge_resolve_family", config=config, families=types.MappingProxyType(self.registry("family").items)
@@ -403,14 +396,7 @@ class Host:
     def adapter_of(self, model) -> Any:
         """The family adapter of a live model (:meth:`adapter_for` its config), memoised on the model and
         keyed by this host and the config's attributes (a changed config is looked up again)."""
-        config = model.config
-        key = (id(self), type(config).__name__, repr(vars(config)))
-        memo = model.__dict__.get("_kvbridge_adapter")
-        if memo is not None and memo[0] == key:
-            return memo[1]
-        adapter = self.adapter_for(config.to_dict())
-        model.__dict__["_kvbridge_adapter"] = (key, adapter)
-        return adapter
+        return memo_on_model(model, "_kvbridge_adapter", lambda: self.adapter_for(model.config.to_dict()), id(self))
 
     def describe(self, config: dict):
         """ModelSpec of a config mapping through its family adapter, its RoPE variants resolved."""
@@ -438,10 +424,7 @@ class Host:
             return reg.items[name]
         word, hook = KINDS[kind]
         hint = did_you_mean(str(name), reg.names())
-        error = PluginError
-        if kind == "rope_variant":
-            from kvbridge.plugin_types import UnknownRopeTypeError as error
-        raise error(
+        raise (UnknownRopeTypeError if kind == "rope_variant" else PluginError)(
             f"unknown {word} {name!r}; known: {', '.join(reg.names()) or 'none'}",
             f"{hint}pick a known one, or install a plugin that registers it ({hook})",
         )
@@ -453,8 +436,6 @@ class Host:
         record = self.entry(kind, name)
         if kind in ("family", "rope_variant"):
             return record
-        from kvbridge.plugin_types import load_registered
-
         obj = load_registered(kind, name, record, self.owner(kind, name))
         return obj() if kind in ("fitter", "steering_method", "task") and isinstance(obj, type) else obj
 
@@ -467,33 +448,20 @@ class Host:
         return self.registry(kind).owner.get(name, "")
 
     def check_findings(self, source, target) -> list:
-        from dataclasses import replace
-
-        from kvbridge.plugin_types import VERDICTS, Finding
-
         out = []
         for outcome in self.call("kvbridge_check_compatibility", source=source, target=target):
             if outcome.error is not None:
                 found = [Finding("plugin", "warning", f"check failed: {outcome.error.split(': ', 1)[1]}")]
             else:
                 found = outcome.value if outcome.value is not None else []
-                bad = (
-                    f"{type(found).__name__} {found!r:.60}"
-                    if not isinstance(found, (list, tuple))
-                    else next(
-                        (
-                            f"an item {type(f).__name__} {f!r:.60}"
-                            for f in found
-                            if not isinstance(f, Finding) or f.verdict not in VERDICTS
-                        ),
-                        None,
-                    )
-                )
-                if bad is not None:
+                items = found if isinstance(found, (list, tuple)) else [found]
+                bad = [f for f in items if not isinstance(f, Finding) or f.verdict not in VERDICTS]
+                if bad or items is not found:  # not a list, or an item that is not a Finding
+                    shown, what = (bad[0], "an item ") if items is found else (found, "")
                     self.disable(
                         outcome.plugin,
-                        f"kvbridge_check_compatibility returned {bad}, not a list of "
-                        "Finding records with a known verdict",
+                        f"kvbridge_check_compatibility returned {what}{type(shown).__name__} {shown!r:.60}, not a list "
+                        "of Finding records with a known verdict",
                     )
                     continue
             out.extend(replace(f, plugin=outcome.plugin) for f in found)
@@ -527,9 +495,8 @@ class Host:
             if name in taken:
                 who = "the built-in command" if taken[name] == "kvbridge" else f"plugin {taken[name]!r}'s command"
                 problem = f"its command {name!r} would replace {who} (refused; the original is kept)"
-                if record is not None and record.error is None:
-                    record.error = problem
                 if record is not None:
+                    record.fail(problem)
                     warn(record, problem)
                 continue
             taken[name] = "kvbridge" if record is not None and record.builtin else plugin
@@ -539,8 +506,6 @@ class Host:
         """Reference schemes (``NAME:REST``) by name, from ``kvbridge_register_model_sources``: the built-ins'
         first (``zoo:``), then plugins in the host's order; a name taken by an earlier plugin, or a
         registration that is not a lowercase name and a callable, is refused on that plugin's record."""
-        from kvbridge.plugin_types import SCHEME_RE, ModelSource
-
         if self._sources is not None:
             return self._sources
         offered: list[tuple[str, Any, Any, Any]] = []
@@ -603,8 +568,6 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
 
     ``extra`` registers ``(name, plugin_object)`` pairs, as tests and embedding code do.
     """
-    import importlib
-
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     records: list[PluginRecord] = []
@@ -679,6 +642,16 @@ def get_host() -> Host:
 def host_or_default(host: Host | None = None) -> Host:
     """``host``, or the process-wide one when None (where a stage takes ``host=None``)."""
     return get_host() if host is None else host
+
+
+def memo_on_model(model, attr: str, compute: Callable[[], Any], *key: Any) -> Any:
+    """``compute()`` kept on ``model`` (in ``model.__dict__[attr]``) and computed again once the config's
+    attributes, or ``key``, differ from those it was computed for."""
+    key = (type(model.config).__name__, repr(vars(model.config)), *key)
+    memo = model.__dict__.get(attr)
+    if memo is None or memo[0] != key:
+        memo = model.__dict__[attr] = (key, compute())
+    return memo[1]
 
 
 def adapter_of(model, host: Host | None = None):

@@ -17,11 +17,16 @@ killed at any point leaves a complete, parseable file with every unit that finis
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from kvbridge.artifacts import write_file_atomic
+from kvbridge.errors import ArtifactError
 
 #: seconds between plain (non-terminal) progress lines
 PLAIN_EVERY_S = 10.0
@@ -53,17 +58,12 @@ class Progress:
         self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
         self.t0 = time.perf_counter()
         self._last = -1e9
-        self.done = 0
-        self.tokens = 0
-        self.lines = 0
+        self.done = self.tokens = self.lines = 0
 
     def line(self) -> str:
         secs = max(time.perf_counter() - self.t0, 1e-9)
         rate = f", {self.tokens / secs:,.0f} tok/s" if self.tokens else ""
-        if 0 < self.done < self.total:
-            eta = f", ETA {_fmt_secs(secs * (self.total - self.done) / self.done)}"
-        else:
-            eta = ""
+        eta = f", ETA {_fmt_secs(secs * (self.total - self.done) / self.done)}" if 0 < self.done < self.total else ""
         pct = 100.0 * self.done / self.total if self.total else 100.0
         return f"{self.label}: {self.done}/{self.total} {self.unit} ({pct:.0f}%), {_fmt_secs(secs)} elapsed{rate}{eta}"
 
@@ -148,8 +148,6 @@ class Heartbeat(Progress):
         every: float | None = None,
         enabled: bool = True,
     ):
-        import threading
-
         super().__init__(0, label=label, unit="", stream=stream, tty=tty, every=every)
         # KVBRIDGE_PROGRESS_EVERY=0 asks :class:`Progress` for a line per update; no timed lines then
         self.enabled = enabled and not self.tty and self.every > 0
@@ -195,8 +193,6 @@ class Heartbeat(Progress):
 
     def __enter__(self) -> "Heartbeat":
         if self.enabled and self._thread is None:
-            import threading
-
             self._thread = threading.Thread(target=self._run, name=f"kvbridge-{self.label}-progress", daemon=True)
             self._thread.start()
         return self
@@ -214,8 +210,6 @@ class PartialLog:
     def __init__(self, path: Path | str, header: dict):
         self.path = Path(path)
         if self.path.is_symlink() or self.path.is_dir():
-            from kvbridge.errors import ArtifactError
-
             raise ArtifactError(
                 f"{self.path} is a folder or a symbolic link, not a partial-results file",
                 "choose another --partial path",
@@ -238,8 +232,6 @@ class PartialLog:
         self.path.unlink(missing_ok=True)
 
     def _flush(self) -> None:
-        from kvbridge.artifacts import write_file_atomic
-
         text = "".join(json.dumps(json_ready(r), allow_nan=False) + "\n" for r in self.records)
         write_file_atomic(self.path, text)
 
@@ -250,8 +242,6 @@ def json_ready(obj: Any, *, stringify: bool = True):
     Other objects become ``str`` (``stringify=False`` leaves them as they are: the evaluation
     results, which the caller may still serialise with ``default=str``).
     """
-    import math
-
     if hasattr(obj, "tolist"):
         obj = obj.tolist()
     if isinstance(obj, float):

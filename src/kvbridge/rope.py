@@ -74,9 +74,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# lookup
-# ---------------------------------------------------------------------------------------------
+# -- lookup ---------------------------------------------------------------------------------------
 def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
     """The :class:`RopeVariant` the spec carries (resolved when the spec was built: ``Host.describe``,
     ``Host.resolved``), else ``host.get("rope_variant", rope.rope_type)``; the codec looks nothing up."""
@@ -101,9 +99,8 @@ def _takes_device(fn: Callable) -> bool:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return True
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return True
-    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 3
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 @functools.lru_cache(maxsize=512)
@@ -147,9 +144,7 @@ def forward_lengths(positions: "Tensor") -> "Tensor":
     return (positions.max() + 1).expand(positions.shape).clone()
 
 
-# ---------------------------------------------------------------------------------------------
-# per-call tables, cached by tensor identity
-# ---------------------------------------------------------------------------------------------
+# -- per-call tables, cached by tensor identity ---------------------------------------------------
 class _Tables:
     """Half tables of one (spec, positions, lengths): float32 ``[Bp, 1, T, rotary_dim/2]``."""
 
@@ -174,12 +169,10 @@ class _Tables:
         """
         key = ("kernel", dtype, inverse, work)
         if key not in self.memo:
-            if not inverse and work not in (None, dtype):
+            if not inverse:
+                work = work or dtype
                 cos, sin = self.rounded(dtype)
-                self.memo[key] = _Kernel(cos.to(work), sin.to(work), work)
-            elif not inverse:
-                cos, sin = self.rounded(dtype)
-                self.memo[key] = _Kernel(cos, sin, dtype)
+                self.memo[key] = _Kernel(cos.to(work), sin.to(work), work)  # no copy when work is dtype
             else:
                 # undo the rotation the model did with tables rounded to its dtype: rotate by
                 # -angle and divide by cos^2 + sin^2 (= attention_scaling^2), in float32 at least
@@ -346,21 +339,15 @@ def _check_keys(k: "Tensor", rope: RopeSpec, positions) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# public API
-# ---------------------------------------------------------------------------------------------
+# -- public API -----------------------------------------------------------------------------------
 def tables(
     rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = None, dtype=torch.float32, host=None
 ) -> tuple:
     """``(cos, sin)``, each ``[B, T, rotary_dim]`` in the model's layout, scaled, cast to ``dtype``."""
     device = torch.as_tensor(positions).device
     tab = _tables_for(rope, positions, lengths, device, host)
-    cos, sin = tab.cos[:, 0], tab.sin[:, 0]
-    if rope.interleaved:
-        cos, sin = torch.repeat_interleave(cos, 2, dim=-1), torch.repeat_interleave(sin, 2, dim=-1)
-    else:
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    return cos.to(dtype), sin.to(dtype)
+    kernel = _Kernel(tab.cos, tab.sin, torch.float32)
+    return tuple(kernel.full(which, rope.interleaved)[:, 0].to(dtype) for which in ("cos", "sin"))
 
 
 def apply(

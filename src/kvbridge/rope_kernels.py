@@ -164,17 +164,13 @@ class _Kernel:
         (:func:`fast_rotate`: verified, falling back to eager); else the eager kernel.
         """
         out_dtype = out_dtype or self.dtype
-        if not interleaved:
-            return fast_rotate(
-                k,
-                self.cos,
-                self.sin,
-                out_dtype,
-                exact=exact,
-                rotary_dim=rotary_dim,
-                eager=lambda: self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype),
-            )
-        return self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype)
+
+        def eager() -> "Tensor":
+            return self.eager(k, rotary_dim, interleaved, exact=exact).to(out_dtype)
+
+        if interleaved:
+            return eager()
+        return fast_rotate(k, self.cos, self.sin, out_dtype, exact=exact, rotary_dim=rotary_dim, eager=eager)
 
     def eager(self, k: "Tensor", rotary_dim: int, interleaved: bool, *, exact: bool = True) -> "Tensor":
         """``k`` rotated on its first ``rotary_dim`` dims, as a new tensor in ``self.dtype`` (eager torch).

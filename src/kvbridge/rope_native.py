@@ -32,11 +32,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from kvbridge.paths import cache_file
+from kvbridge.threads import thread_pool
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -187,7 +189,6 @@ _KIND = {
 }
 _LIB: dict = {}
 _LOCK = threading.Lock()
-_POOL: dict = {}
 
 
 class Unavailable(RuntimeError):
@@ -199,17 +200,7 @@ def compiler() -> str | None:
     cxx = os.environ.get("CXX")
     if cxx:
         return shutil.which(cxx) or None
-    for name in ("c++", "g++", "clang++"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _cache_dir() -> Path | None:
-    from kvbridge.paths import cache_file
-
-    return cache_file("native")
+    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
 
 
 def library_path(cxx: str) -> tuple:
@@ -223,7 +214,7 @@ def library_path(cxx: str) -> tuple:
     digest = hashlib.sha256(
         "\0".join([SOURCE, " ".join(FLAGS), cxx, version, platform.machine(), platform.system()]).encode()
     ).hexdigest()[:16]
-    return _cache_dir(), f"kvb_rope_{digest}.so"
+    return cache_file("native"), f"kvb_rope_{digest}.so"
 
 
 def _build(cxx: str, retry_failed: bool) -> Path:
@@ -300,16 +291,6 @@ def library(retry_failed: bool = True) -> ctypes.CDLL:
         return _LIB["lib"]
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    if _POOL.get("n") != threads or _POOL.get("pid") != os.getpid():  # a forked child needs its own threads
-        old = _POOL.get("pool")
-        if old is not None and _POOL.get("pid") == os.getpid():
-            old.shutdown(wait=False)
-        _POOL["pool"], _POOL["n"] = ThreadPoolExecutor(threads, thread_name_prefix="kvbridge-rope"), threads
-        _POOL["pid"] = os.getpid()
-    return _POOL["pool"]
-
-
 def supports(
     x: "Tensor", cos: "Tensor", sin: "Tensor", out_dtype: torch.dtype, *, exact: bool, rotary_dim: int
 ) -> bool:
@@ -321,12 +302,10 @@ def supports(
     shape = x.shape
     if len(shape) != 4 or x.stride(3) != 1 or not 0 < rotary_dim <= shape[3]:
         return False
-    want = (1, shape[2], rotary_dim // 2)
-    for t in (cos, sin):
-        tshape = t.shape
-        if len(tshape) != 4 or tshape[1:] != want or tshape[0] not in (1, shape[0]) or not t.is_contiguous():
-            return False
-    return True
+    want = (1, shape[2], rotary_dim // 2)  # tables [1 or B, 1, T, rotary_dim / 2], contiguous
+    return all(
+        t.dim() == 4 and t.shape[1:] == want and t.shape[0] in (1, shape[0]) and t.is_contiguous() for t in (cos, sin)
+    )
 
 
 def rotate(
@@ -360,29 +339,19 @@ def rotate(
     if n_rows == 0:
         return out
     cb = tokens * h if cos.shape[0] == b and b > 1 else 0
-    args = (
-        kind,
-        x.data_ptr(),
-        out.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        heads,
-        tokens,
-        d,
-        rotary_dim,
-        x.stride(0),
-        x.stride(1),
-        x.stride(2),
-        cb,
-    )
+    args = (kind, x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), heads, tokens, d, rotary_dim)
+    args += (*x.stride()[:3], cb)  # element strides of batch, head and token; the tables' batch stride
     threads = torch.get_num_threads()
     if threads <= 1 or x.numel() < PARALLEL_MIN_ELEMENTS:
-        if fn(*args, 0, n_rows) != 0:
-            raise Unavailable("native RoPE kernel rejected its arguments")
-        return out
-    step = -(-n_rows // threads)
-    jobs = [_pool(threads).submit(fn, *args, r0, min(r0 + step, n_rows)) for r0 in range(0, n_rows, step)]
-    if any(j.result() != 0 for j in jobs):
+        codes = [fn(*args, 0, n_rows)]
+    else:
+        step = -(-n_rows // threads)
+        jobs = [
+            thread_pool("kvbridge-rope", threads).submit(fn, *args, r0, min(r0 + step, n_rows))
+            for r0 in range(0, n_rows, step)
+        ]
+        codes = [j.result() for j in jobs]
+    if any(code != 0 for code in codes):
         raise Unavailable("native RoPE kernel rejected its arguments")
     return out
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from kvbridge.plugins import host_or_default
+
 
 @dataclass(frozen=True)
 class Run:
@@ -27,11 +29,7 @@ class Run:
     @classmethod
     def of(cls, pair, settings, host=None) -> "Run":
         """A run of ``settings`` on a loaded ``pair`` (``host`` default: the process's host)."""
-        if host is None:
-            from kvbridge.plugins import get_host
-
-            host = get_host()
-        return cls(pair, settings, host)
+        return cls(pair, settings, host_or_default(host))
 
     @property
     def source(self):
@@ -89,7 +87,6 @@ def model_run(source, target, settings, host=None, *, tokenizer=None, names=("",
     with ``tokenizer``; ``names`` / ``revisions``: what manifests record, default their configs' ``_name_or_path`` and no revision):
     what ``fit(model, model, ...)``, the demo, the benches and the tests that build models pass a stage."""
     from kvbridge.models.pair import ModelPair
-    from kvbridge.plugins import host_or_default
 
     host = host_or_default(host)
     sides = [InMemoryModel.of(m, host, tokenizer, n, r) for m, n, r in zip((source, target), names, revisions)]

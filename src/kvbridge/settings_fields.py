@@ -13,8 +13,11 @@ settings object's ``__post_init__`` does not repeat them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import MISSING, dataclass
 from typing import Any
+
+from kvbridge.errors import ConfigError, whole_number
 
 
 #: ``Opt.cli_default`` when the command line shows and parses the field's own default
@@ -73,8 +76,6 @@ def check_kinds(obj, error: type | None = None, kinds=("count", "seed", "choice"
     names, a real (``("real", min, max, {"min_open": ...})``, ``"share"``: in (0, 1]) a finite number
     in its range; None passes where the field's default is None. The checks an option's type does on
     the command line, for a settings object made in Python (``kinds``: which of them)."""
-    from kvbridge.errors import ConfigError, whole_number
-
     error = error or ConfigError
     for f, opt in option_fields(type(obj)):
         name, *args = opt.kind if isinstance(opt.kind, tuple) else (opt.kind,)
@@ -92,8 +93,6 @@ def check_kinds(obj, error: type | None = None, kinds=("count", "seed", "choice"
 
 def _check_real(value, flag: str, *bounds, error: type) -> None:
     """``value`` a finite real within ``bounds`` (``[min[, max]][, {"min_open": ..., "max_open": ...}]``)."""
-    import math
-
     opts = bounds[-1] if bounds and isinstance(bounds[-1], dict) else {}
     lo, hi = ([b for b in bounds if not isinstance(b, dict)] + [None, None])[:2]
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -166,8 +165,6 @@ def bootstrap_option(default: int = 1000) -> Any:
 def nonempty(value, flag: str, fix: str, error: type | None = None) -> None:
     """Refuse a required text option that is not a non-empty str (one line naming ``flag``)."""
     if not isinstance(value, str) or not value.strip():
-        from kvbridge.errors import ConfigError
-
         raise (error or ConfigError)(f"{flag} is empty", fix)
 
 

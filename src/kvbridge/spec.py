@@ -76,10 +76,7 @@ class RopeSpec:
         return dim - (dim % 2)
 
     def param(self, name: str, default: Any = None) -> Any:
-        for key, value in self.scaling:
-            if key == name:
-                return _thaw(value) if isinstance(value, tuple) else value
-        return default
+        return self.params.get(name, default)
 
     @property
     def params(self) -> dict:
@@ -200,12 +197,8 @@ class ModelSpec:
 
     @property
     def attention_kind(self) -> str:
-        kinds = set(self.layer_types or (FULL,))
-        if kinds == {FULL}:
-            return "full"
-        if kinds == {SLIDING}:
-            return "sliding"
-        return "hybrid"
+        kinds = frozenset(self.layer_types or (FULL,))
+        return {frozenset({FULL}): "full", frozenset({SLIDING}): "sliding"}.get(kinds, "hybrid")
 
     def layer_type(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else FULL
@@ -245,12 +238,7 @@ class ModelSpec:
 
     def window_of(self, layer: int) -> int | None:
         """Tokens layer ``layer`` attends to (None: the whole prefix)."""
-        kind = self.layer_type(layer)
-        if kind == SLIDING:
-            return self.sliding_window
-        if kind == CHUNKED:
-            return self.attention_chunk_size
-        return None
+        return {SLIDING: self.sliding_window, CHUNKED: self.attention_chunk_size}.get(self.layer_type(layer))
 
     def positional_of(self, layer: int) -> str:
         """The positional scheme of one layer's cached keys ("none" for NoPE layers)."""
@@ -262,12 +250,7 @@ class ModelSpec:
         """The RoPE table used by ``layer`` (per-layer-type tables take precedence; None for NoPE layers)."""
         if self.positional != "rope" or layer in self.nope_layers:
             return None
-        if self.rope_by_layer_type:
-            table = dict(self.rope_by_layer_type)
-            kind = self.layer_type(layer)
-            if kind in table:
-                return table[kind]
-        return self.rope
+        return dict(self.rope_by_layer_type).get(self.layer_type(layer), self.rope)
 
     def indexer_dim(self) -> int:
         """Head dim of the cached indexer keys (0 when the model has none)."""

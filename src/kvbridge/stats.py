@@ -97,20 +97,13 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
     for c in conds:
         total = float(arr[c].sum())
         ci = wilson(total, n)
-        out["conditions"][c] = {
-            "accuracy": total / n if n else None,
-            "correct": total,
-            "n": n,
-            "ci": list(ci) if ci else None,
-        }
+        out["conditions"][c] = {"accuracy": total / n if n else None, "correct": total, "n": n, "ci": ci and list(ci)}
     idx = _indices(n, bootstrap, seed) if n and bootstrap else None
     means = {c: (arr[c][idx].mean(axis=1) if idx is not None else None) for c in conds}
     acc = {c: out["conditions"][c]["accuracy"] for c in conds}
 
     def with_ci(point, fn, *cs):
-        if point is None or any(c not in conds for c in cs):
-            return {"value": point, "ci": None, "undefined_resamples": None}
-        if idx is None:
+        if point is None or idx is None or any(c not in conds for c in cs):
             return {"value": point, "ci": None, "undefined_resamples": None}
         reps = [fn(*(float(means[c][r]) for c in cs)) for r in range(bootstrap)]
         return {"value": point, "ci": _pct(reps), "undefined_resamples": sum(v is None for v in reps)}
@@ -128,12 +121,11 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
     for c in conds:
         if c in ("target", "source", "no_context") or "target" not in conds or not n:
             continue
-        row = {
+        out["by_condition"][c] = {
             "retention": retention(acc[c], acc["target"]),
             "floor_normalised_retention": floor_retention(acc[c], acc["target"], floor),
             "gap_closed": gap_closed(acc[c], acc["target"], acc["source"]) if "source" in conds else None,
         }
-        out["by_condition"][c] = row
     for a, b in paired_names(conds):
         d = arr[a] - arr[b]
         rec = {
@@ -153,11 +145,7 @@ def paired_names(conds) -> list[tuple[str, str]]:
     the source and no context; the target against the source; transferred against plain reuse; each
     frontier point ``tail@R`` against ``truncated@R``."""
     cached = [c for c in conds if c not in ("target", "source", "no_context")]
-    pairs = []
-    for c in cached:
-        for ref in ("target", "source", "no_context"):
-            if ref in conds:
-                pairs.append((c, ref))
+    pairs = [(c, ref) for c in cached for ref in ("target", "source", "no_context") if ref in conds]
     if "target" in conds and "source" in conds:
         pairs.append(("target", "source"))
     if "transferred" in conds:

@@ -9,12 +9,18 @@ SmolLM2-135M decode step took 1.4-2.2 s against 0.2-0.3 s with the waiting threa
 (``OMP_WAIT_POLICY=PASSIVE``), a 512-token prefill 26-28 s against 5.7-6.0 s
 (BENCHMARKS.md, "Task runs"). The policy decides only how threads wait, not how work is split:
 results are bitwise the same.
+
+:func:`thread_pool` keeps kvbridge's own worker threads (the checksum of a save, the native RoPE
+kernel's row split): started once per process, not once per call.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+
+_POOLS: dict = {}
 
 
 def passive_omp_wait() -> bool:
@@ -27,4 +33,16 @@ def passive_omp_wait() -> bool:
     return True
 
 
-__all__ = ["passive_omp_wait"]
+def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """The pool of ``workers`` threads named ``name`` of this process (a forked child, which has no copy
+    of the threads, starts its own); asked for another number of workers, it is replaced."""
+    pool, n = _POOLS.get((name, os.getpid()), (None, 0))
+    if n != workers:
+        if pool is not None:
+            pool.shutdown(wait=False)
+        pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        _POOLS[name, os.getpid()] = (pool, workers)
+    return pool
+
+
+__all__ = ["passive_omp_wait", "thread_pool"]

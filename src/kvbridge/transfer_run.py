@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvbridge.errors import ConfigError, KVBridgeError, PluginError
+from kvbridge.plugins import host_or_default
 from kvbridge.transfer_settings import IDENTITY, TransferSettings
 
 
@@ -79,8 +80,6 @@ def check_generation_length(
 def identity_mapping(pair, host=None):
     """``mapping="identity"``: the ``identity`` fitter's exact mapping (through the host), for a pair that is
     one model (same weights)."""
-    from kvbridge.plugins import host_or_default
-
     if not pair.same_model:
         raise ConfigError(
             f"--mapping identity needs SOURCE and TARGET to be one model; {pair.source.name} and "
@@ -114,7 +113,6 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     import torch
 
     from kvbridge.handoff import generate, greedy_kwargs
-    from kvbridge.plugins import host_or_default
     from kvbridge.transfer import transfer
 
     host = host_or_default(host)
@@ -142,9 +140,7 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         t1 = time.perf_counter()
         moved = transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
         t2 = time.perf_counter()
-        saved = None
-        if settings.save_state is not None:
-            saved = str(save_transferred(pair, moved, settings, host=host))
+        saved = None if settings.save_state is None else str(save_transferred(pair, moved, settings, host=host))
         if settings.engine is not None:
             res = _continue_in_engine(
                 settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1, warnings=notes, host=host
@@ -153,9 +149,8 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         gen = greedy_kwargs(ids, settings.max_new_tokens)
         gen["pad_token_id"] = getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0
         ours = generate(tmodel, moved, ids, host=host, **gen)
-    text = tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True)
     result = dict(
-        text=text,
+        text=tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True),
         tokens=state.num_tokens,
         source_prefill_s=t1 - t0,
         map_s=t2 - t1,
@@ -217,8 +212,6 @@ def save_transferred(pair, moved, settings: TransferSettings, *, host=None):
 
 def engine_continuation(name: str, host=None):
     """The ``continue_from`` of engine ``name``, or a one-line refusal when the engine only exports caches."""
-    from kvbridge.plugins import host_or_default
-
     run = getattr(host_or_default(host).get("engine", name), "continue_from", None)
     if not callable(run):
         raise PluginError(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Iterable
 
+from kvbridge.check.validate import load_json
 from kvbridge.conformance.sweep import CLASSES, Result
+from kvbridge.errors import ConfigError
 
 COMMAND = (
     "nice -n 10 kvbridge conformance --json > conformance.json && "
@@ -92,24 +93,12 @@ def _flat(updates: Iterable) -> list[str]:
 def load_doc(path) -> dict:
     """A results file (``--json`` output): {transformers, summary, results, updates}; a bare list is read
     as the results."""
-    from pathlib import Path
-
-    from kvbridge.errors import ConfigError
-
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot be read ({exc.strerror or exc})", "check the path") from None
-    except ValueError as exc:
-        raise ConfigError(
-            f"{p}: not valid JSON ({exc})", "pass a file written by `kvbridge conformance --json`"
-        ) from None
+    data = load_json(path, what="conformance results file", object_only=False)
     data = {"results": data} if isinstance(data, list) else data
     rows = data.get("results") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "model_type" in r and "status" in r for r in rows):
         raise ConfigError(
-            f"{p}: not conformance results (expected {{'results': [{{'model_type', 'status', ...}}]}})",
+            f"{path}: not conformance results (expected {{'results': [{{'model_type', 'status', ...}}]}})",
             "pass a file written by `kvbridge conformance --json` or `--markdown`",
         )
     fields = set(Result.__dataclass_fields__)

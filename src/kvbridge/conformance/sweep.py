@@ -23,7 +23,10 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
-from kvbridge.testing.contract import random_ids
+from kvbridge.conformance import tiny
+from kvbridge.errors import KVBridgeError
+from kvbridge.plugins import host_or_default
+from kvbridge.testing.contract import NotApplicable, random_ids
 
 CLASSES = ("exact", "refused", "not-built", "wrong", "crash")
 LOGIT_TOL = 1e-5
@@ -190,14 +193,11 @@ def _shift_check(model, spec, adapter, ids):
 
 def run_type(model_type: str, *, host=None, seed: int = 0) -> Result:
     """Classify one model type (see the module doc)."""
-    import torch  # noqa: F401
+    import torch
 
-    from kvbridge.conformance import tiny
-    from kvbridge.errors import KVBridgeError
-    from kvbridge.plugins import get_host
-    from kvbridge.testing.contract import NotApplicable, check_identity_transfer
+    from kvbridge.testing.contract import check_identity_transfer  # looked up per call: tests replace it
 
-    host = host or get_host()
+    host = host_or_default(host)
     t0 = time.perf_counter()
     done = lambda status, **kw: Result(model_type, status, seconds=round(time.perf_counter() - t0, 2), **kw)  # noqa: E731
     stage, base = "config", {}
@@ -256,10 +256,9 @@ def all_types() -> list[str]:
 def run(types=None, *, host=None, progress=None) -> list[Result]:
     out = []
     for mt in types or all_types():
-        r = run_type(mt, host=host)
-        out.append(r)
+        out.append(run_type(mt, host=host))
         if progress:
-            progress(r)
+            progress(out[-1])
     return out
 
 

@@ -173,8 +173,8 @@ def _tiny_layers(data: dict, old: int) -> int:
             kinds = set(seq)
             for n in range(1, len(seq) + 1):
                 if set(seq[:n]) == kinds:
-                    return max(2, min(max(n, 4), MAX_LAYERS)) if n <= MAX_LAYERS else MAX_LAYERS
-    return min(old, 4) if old < 4 else 4
+                    return min(max(n, 4), MAX_LAYERS)
+    return min(old, 4)
 
 
 def _every_kind(seq: list, n: int) -> list:
@@ -221,13 +221,7 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
         out.update({k: n for k in LAYER_KEYS if isinstance(data.get(k), int)})
         for key, value in data.items():
             per_layer = isinstance(value, list) or any(w in key for w in ("pattern", "layer", "block"))
-            if (
-                per_layer
-                and isinstance(value, (list, str))
-                and len(value) == old
-                and key != "architectures"
-                and old > 1
-            ):
+            if per_layer and isinstance(value, (list, str)) and len(value) == old > 1 and key != "architectures":
                 out[key] = value[:n]
                 if key in KIND_KEYS and isinstance(value, list) and set(value[:n]) != set(value):
                     out[key] = _every_kind(value, n)
@@ -259,11 +253,8 @@ def tiny_config_dict(model_type: str) -> dict:
     if model_type in CAUSAL_SUBCONFIG:
         base = base[CAUSAL_SUBCONFIG[model_type]]
     data = shrink(base, model_type)
-    for key, value in OVERRIDES.get(model_type, {}).items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
+    for key, value in OVERRIDES.get(model_type, {}).items():  # a sub-config override merges into the sub-config
+        data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
     data["model_type"] = base.get("model_type") if model_type in CAUSAL_SUBCONFIG else model_type
     for key in ("transformers_version", "architectures", "_name_or_path"):
         data.pop(key, None)

@@ -14,8 +14,13 @@ or call the ``check_*`` functions directly; each returns measured numbers and ra
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
+
+from kvbridge.hookspecs import hookimpl
+from kvbridge.plugin_types import Fitter, Scorer, SteeringMethod
+from kvbridge.plugins import KINDS, host_or_default, make_host
 
 
 class NotApplicable(Exception):
@@ -68,7 +73,6 @@ def check_rope_round_trip(rope, *, host=None, seed: int = 0, trials: int = 4, ma
     import torch
 
     from kvbridge import rope as codec
-    from kvbridge.plugins import host_or_default
 
     host = host_or_default(host)
     g = torch.Generator().manual_seed(seed)
@@ -104,8 +108,6 @@ def check_identity_transfer(
     from kvbridge.builtin.families import hf_cache
     from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.transfer import identity_transfer
-
-    import copy
 
     base = model if model is not None else adapter.build_model(config, seed=seed, dtype=dtype)
     # stateful RoPE modules (dynamic) are sticky: every path gets a fresh copy of the model
@@ -171,8 +173,6 @@ def check_shifted_identity(
     """A prefix re-positioned by ``offset`` and continued with matching position ids equals the
     model run at those positions (its own prefill of the prefix there, then the tail). Returns
     the max abs logit difference."""
-    import copy
-
     import torch
     from transformers import DynamicCache
 
@@ -183,7 +183,6 @@ def check_shifted_identity(
         raise NotApplicable(f"{spec.model_type} has {spec.positional} positions: a prefix cannot be re-positioned")
     if spec.rope is not None and spec.rope.is_stateful:
         from kvbridge import rope as codec
-        from kvbridge.plugins import host_or_default
 
         host = host_or_default(host)
         old, _ = codec.inv_freq(spec.rope, prompt_len, host=host)
@@ -239,18 +238,13 @@ def check_defaults(adapter, model_type: str | None = None) -> list[str]:
 def adapter_configs(adapter) -> dict:
     """Named tiny configs of an adapter (``tiny_configs()`` if it has one)."""
     many = getattr(adapter, "tiny_configs", None)
-    if callable(many):
-        return dict(many())
-    return {"default": adapter.tiny_config()}
+    return dict(many()) if callable(many) else {"default": adapter.tiny_config()}
 
 
 def host_with(kind: str, record: Any, same=None):
     """A built-ins-only host where ``record`` is registered as a ``kind`` (:data:`kvbridge.plugins.KINDS`) by a
     contract plugin, unless a built-in registers that name already: then ``same(built-in)`` (default: equal
     to ``record``) must hold, or the contract fails on the name."""
-    from kvbridge.hookspecs import hookimpl
-    from kvbridge.plugins import KINDS, make_host
-
     host = make_host(entry_points=False)
     have = host.registry(kind).items.get(record.name)
     if have is not None:
@@ -270,9 +264,7 @@ def host_with_factory(kind: str, obj: Any):
     """``(host, record)``: ``obj`` (a ``fitter``, ``steering_method`` or ``scorer`` record, or the class, instance
     or function it wraps, described by its docstring's first line) registered by :func:`host_with`; a built-in
     of the same name must load the very same factory (or the class of the instance given)."""
-    from kvbridge import plugin_types as pt
-
-    cls = {"fitter": pt.Fitter, "steering_method": pt.SteeringMethod, "scorer": pt.Scorer}[kind]
+    cls = {"fitter": Fitter, "steering_method": SteeringMethod, "scorer": Scorer}[kind]
     doc = (obj.__doc__ or "").strip().splitlines()
     name = getattr(obj, "name", None) or getattr(obj, "__name__", kind)
     record = obj if isinstance(obj, cls) else cls(name, doc[0] if doc else kind, obj)

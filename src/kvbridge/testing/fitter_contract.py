@@ -23,10 +23,12 @@ classes turn it into a pytest skip), e.g. the round trip of a fitter that makes 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 from kvbridge.testing.contract import NotApplicable, host_with_factory, run_or_skip
+from kvbridge.testing.planted import planted_pair, tiny_llama, token_ids
 
 #: the planted fit must reach this held-out R² (mean over target heads, K and V)
 PLANTED_R2 = 0.999
@@ -37,8 +39,6 @@ PLANTED_REL_ERR = 1e-2
 @functools.lru_cache(maxsize=4)
 def planted_fixture(insert_before: tuple = (1, 3), kv_dup: int = 2, sequences: int = 40) -> dict:
     """A cached planted pair: ``source``, ``target``, ``truth`` and calibration ``ids``."""
-    from kvbridge.testing.planted import planted_pair, tiny_llama, token_ids
-
     source = tiny_llama(seed=0)
     if kv_dup == 0:  # the pair is one model: the planted map is the identity
         target, truth = source, list(range(source.config.num_hidden_layers))
@@ -55,8 +55,6 @@ def host_with_fitter(fitter: Any):
 
 def check_fitter_protocol(fitter: Any) -> None:
     """Members, a frozen options dataclass whose defaults build, and generic option parsing."""
-    import dataclasses
-
     from kvbridge.fit.protocol import build_options, fitter_problem, option_fields
 
     missing = fitter_problem(fitter)
@@ -95,7 +93,6 @@ def check_recovers_planted(
     """Held-out R² (when reported) and the transferred cache against the target's own."""
     import torch
 
-    from kvbridge.testing.planted import token_ids
     from kvbridge.transfer import transfer
 
     report = getattr(mapping, "report", None)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvbridge.testing.contract import host_with
+
 #: per-sample fields of a view (``N`` samples, ``C`` positions, ``L`` layers, ``G`` greedy steps)
 N, C, L, G = 6, 5, 3, 4
 
@@ -80,7 +82,6 @@ class _Run:
 def loaded_metric(metric: Any):
     """The metric as ``kvbridge eval`` loads it, through a host that has it registered."""
     from kvbridge.evaluate.metrics import resolve_metrics
-    from kvbridge.testing.contract import host_with
 
     host = host_with("metric", metric)
     return resolve_metrics(host, [metric.name])[0]

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import copy
 
+from kvbridge.plugins import make_host
+
 
 def tiny_llama(*, layers: int = 4, vocab: int = 128, seed: int = 0, **overrides):
     """A small random Llama (hidden 64, 4 query heads, 2 KV heads) for planted fits."""
@@ -47,8 +49,6 @@ def llama_config(**overrides) -> dict:
 
 def llama_model(cfg: dict, seed: int = 0):
     """A model of ``cfg`` through its family adapter (seeded random weights)."""
-    from kvbridge.plugins import make_host
-
     return make_host(entry_points=False).adapter_for(cfg).build_model(cfg, seed=seed).eval()
 
 
@@ -84,9 +84,7 @@ def planted_pair(source, *, insert_before=(1, 3), kv_dup: int = 2, seed: int = 1
     d = getattr(scfg, "head_dim", None) or scfg.hidden_size // heads
     layout = []  # (source layer, is_identity)
     for s in range(scfg.num_hidden_layers):
-        if s in insert_before:
-            layout.append((s, True))
-        layout.append((s, False))
+        layout += [(s, True), (s, False)] if s in insert_before else [(s, False)]
     ht = hs * kv_dup
     if heads % ht:
         raise ValueError(f"{heads} query heads cannot share {ht} KV heads (kv_dup={kv_dup})")
@@ -127,13 +125,8 @@ def planted_pair(source, *, insert_before=(1, 3), kv_dup: int = 2, seed: int = 1
             new[tp + "mlp.down_proj.weight"] = torch.zeros_like(new[tp + "mlp.down_proj.weight"])
         else:
             new[tp + "self_attn.o_proj.weight"] = no.reshape(-1, heads * d)
-            for name in (
-                "post_attention_layernorm.weight",
-                "mlp.gate_proj.weight",
-                "mlp.up_proj.weight",
-                "mlp.down_proj.weight",
-            ):
-                new[tp + name] = src[sp + name].clone()
+            for name in ("post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                new[f"{tp}{name}.weight"] = src[f"{sp}{name}.weight"].clone()
     target.load_state_dict(new)
     return target.eval(), [s for s, _ in layout]
 

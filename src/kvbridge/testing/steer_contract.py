@@ -26,7 +26,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from kvbridge.plugins import get_host
 from kvbridge.testing.contract import host_with_factory
+from kvbridge.testing.planted import tiny_llama, token_ids
 
 PROMPT_LEN, GREEDY_STEPS = 12, 6
 
@@ -36,9 +38,7 @@ def steer_fixture(seed: int = 0) -> dict:
     """A tiny Llama, a prompt and another prompt's cache, a random steering vector (cached)."""
     import torch
 
-    from kvbridge.plugins import get_host
     from kvbridge.steer.vectors import SteeringVector
-    from kvbridge.testing.planted import tiny_llama, token_ids
 
     model = tiny_llama(seed=seed)
     adapter = get_host().adapter_for(model.config.to_dict())
