@@ -77,16 +77,24 @@ class Sampler:
         return nucleus(p, self.top_p) if self.top_p < 1.0 else p
 
     def draw(self, logits, generator) -> int:
+        """The token of one logit row ``[V]``."""
+        return self.draw_rows(logits[None], [generator])[0]
+
+    def draw_rows(self, logits, generators) -> list[int]:
+        """One token per row of ``logits [N, V]``, row ``i`` drawing its one uniform from ``generators[i]``."""
         import torch
 
         p = self.probs(logits)
-        u = torch.rand((), generator=generator, dtype=torch.float64)
         cdf = torch.cumsum(p, dim=-1)
-        idx = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0])
-        idx = min(idx, p.shape[-1] - 1)
-        while p[idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
-            idx -= 1
-        return idx
+        out = []
+        for i, g in enumerate(generators):
+            u = torch.rand((), generator=g, dtype=torch.float64)
+            idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
+            idx = min(idx, p.shape[-1] - 1)
+            while p[i, idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
+                idx -= 1
+            out.append(idx)
+        return out
 
     def to_dict(self) -> dict:
         return {

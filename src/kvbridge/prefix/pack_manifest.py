@@ -104,6 +104,25 @@ def positional_config(spec) -> dict:
     }
 
 
+def model_record(model, spec, *, model_dir=None, weights_fp: str | None = None, **extra) -> dict:
+    """What an artifact records about the model its tensors belong to (id, revision, fingerprints,
+    geometry), then ``extra`` (a pack adds the positions, a steering vector the hidden size and dtype)."""
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
+
+    return {
+        **model_id_revision(model, model_dir),
+        "model_type": spec.model_type,
+        "family": spec.family,
+        "config_fingerprint": model_config_fingerprint(model),
+        "weights_fingerprint": weights_fp or weights_fingerprint(model),
+        "spec_fingerprint": spec.fingerprint(),
+        "num_layers": spec.num_layers,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        **extra,
+    }
+
+
 def build_manifest(
     model,
     state,
@@ -118,28 +137,20 @@ def build_manifest(
 ) -> dict:
     from kvbridge.artifacts import library_versions
     from kvbridge.kvstate_io import state_manifest
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
-    ident = model_id_revision(model, model_dir)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "kind": PACK_KIND,
         "kv_layout": kv_layout,
-        "model": {
-            "id": ident["id"],
-            "revision": ident["revision"],
-            "model_type": spec.model_type,
-            "family": spec.family,
-            "config_fingerprint": model_config_fingerprint(model),
-            "weights_fingerprint": weights_fp or weights_fingerprint(model),
-            "spec_fingerprint": spec.fingerprint(),
-            "num_layers": spec.num_layers,
-            "num_kv_heads": spec.num_kv_heads,
-            "head_dim": spec.head_dim,
-            "max_position_embeddings": spec.max_position_embeddings,
-        },
+        "model": model_record(
+            model,
+            spec,
+            model_dir=model_dir,
+            weights_fp=weights_fp,
+            max_position_embeddings=spec.max_position_embeddings,
+        ),
         "tokenizer": dict(tokenizer_fp),
         "guide": {
             "text": guide_text,
@@ -289,6 +300,7 @@ __all__ = [
     "REQUIRED",
     "NESTED_REQUIRED",
     "Mismatch",
+    "model_record",
     "build_manifest",
     "cache_format",
     "check_manifest_shape",

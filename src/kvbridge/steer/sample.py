@@ -3,8 +3,8 @@
 A :class:`Setup` is what one arm runs: a prefix state (or none), the live ids fed after it, and
 optional hooks (``hooks(model)``: a context manager active for the live prefill and every decode
 step). :func:`sample` draws ``len(seeds)`` continuations in one batch: sample ``i`` uses its own
-``torch.Generator`` seeded with ``seeds[i]`` and the inverse-CDF sampler of
-:mod:`kvbridge.prefix.diverge` (one uniform per step, read over token ids), so two arms whose
+``torch.Generator`` seeded with ``seeds[i]`` and the inverse-CDF sampler of :mod:`kvbridge.prefix.diverge`
+(``Sampler.draw_rows``: one uniform per step, read over token ids), so two arms whose
 distributions are identical draw identical tokens, and arms are paired sample by sample.
 
 :func:`costs` feeds given continuations (the unsteered arm's own samples) through a reference
@@ -51,24 +51,6 @@ class Setup:
         return self.hooks(model) if self.hooks is not None else nullcontext()
 
 
-def _draw(sampler, logits, gens) -> list[int]:
-    import torch
-
-    if sampler is None:  # greedy
-        return [int(i) for i in logits.argmax(-1).tolist()]
-    p = sampler.probs(logits)
-    cdf = torch.cumsum(p, dim=-1)
-    out = []
-    for i, g in enumerate(gens):
-        u = torch.rand((), generator=g, dtype=torch.float64)
-        idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
-        idx = min(idx, p.shape[-1] - 1)
-        while p[i, idx] == 0 and idx > 0:
-            idx -= 1
-        out.append(idx)
-    return out
-
-
 def sample(
     model,
     setup: Setup,
@@ -100,7 +82,7 @@ def sample(
         if return_logits:
             first = logits.clone()
         for step in range(steps):
-            toks = _draw(sampler, logits, gens)
+            toks = [int(i) for i in logits.argmax(-1).tolist()] if sampler is None else sampler.draw_rows(logits, gens)
             for i, t in enumerate(toks):
                 if not done[i]:
                     rows[i].append(t)
