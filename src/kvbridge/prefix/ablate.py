@@ -42,8 +42,13 @@ from kvbridge.module_hooks import HookSet
 CONDITIONS = ("intact", "k_zero", "v_zero", "kv_zero", "remove_prefill", "remove_decode", "recompute")
 
 
-def parse_layers(spec: str, num_layers: int) -> tuple:
-    """Layer indices from ``"all"``, ``"0,2"``, ``"1-3"`` or ``"0,2-3"`` (validated)."""
+def parse_layers(spec: str | Sequence[int], num_layers: int) -> tuple:
+    """Layer indices from ``"all"``, ``"0,2"``, ``"1-3"``, ``"0,2-3"`` or a sequence of indices (validated;
+    an empty sequence selects no layer and is refused)."""
+    if not isinstance(spec, (str, int)):
+        if not spec:
+            raise KVBridgeError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
+        spec = ",".join(str(int(i)) for i in spec)
     text = str(spec).strip().lower()
     if text in ("all", "*", ""):
         return tuple(range(num_layers))
@@ -286,12 +291,7 @@ def ablate(
     report, split = exact_split(tokenizer, guide, prompt, sep)  # asserts ghost + live == joint
     adapter = adapter_of(model, host)
     spec = adapter.spec_of(model)
-    if isinstance(layers, str):
-        chosen = parse_layers(layers, spec.num_layers)
-    else:
-        chosen = parse_layers(",".join(str(int(i)) for i in layers), spec.num_layers) if layers else ()
-    if not chosen:
-        raise KVBridgeError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
+    chosen = parse_layers(layers, spec.num_layers)
     ghost, live = list(split.ghost), list(split.live)
     total = len(ghost) + len(live) + max_new_tokens
     packs.check_guide_length(len(ghost), spec, total=total, new=max_new_tokens)
@@ -327,9 +327,8 @@ def ablate(
     all_layers = len(chosen) == spec.num_layers
     outcomes: dict = {}
     outcomes["intact"] = _run(model, inject(state), live, None, max_new_tokens)
-    outcomes["k_zero"] = _run(model, inject(zeroed(True, False)), live, None, max_new_tokens)
-    outcomes["v_zero"] = _run(model, inject(zeroed(False, True)), live, None, max_new_tokens)
-    outcomes["kv_zero"] = _run(model, inject(zeroed(True, True)), live, None, max_new_tokens)
+    for name, k, v in (("k_zero", True, False), ("v_zero", False, True), ("kv_zero", True, True)):
+        outcomes[name] = _run(model, inject(zeroed(k, v)), live, None, max_new_tokens)
     renumbered = list(range(keep, keep + len(live))) if all_layers else None
     with GuideMask(model, chosen, start, stop) as m:
         outcomes["remove_prefill"] = _run(model, inject(state), live, renumbered, max_new_tokens, m, mask_prefill=True)
@@ -344,14 +343,11 @@ def ablate(
             .cpu()
         )
     intact_vs_visible = float((visible - outcomes["intact"].logits).abs().max())
-    conditions = {}
-    for name in CONDITIONS:
-        o = outcomes[name]
-        conditions[name] = {
-            "vs_intact": _effect(outcomes["intact"], o),
-            "vs_recompute": _effect(outcomes["recompute"], o),
-            "tokens": o.tokens,
-        }
+    intact, recomputed = outcomes["intact"], outcomes["recompute"]
+    conditions = {  # in CONDITIONS order
+        name: {"vs_intact": _effect(intact, o), "vs_recompute": _effect(recomputed, o), "tokens": o.tokens}
+        for name, o in outcomes.items()
+    }
     positions = {name: "kept" for name in CONDITIONS}
     positions["remove_prefill"] = "renumbered" if all_layers else "kept"
     positions["recompute"] = "renumbered"
