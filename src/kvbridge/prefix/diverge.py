@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Callable, Sequence
@@ -380,20 +379,9 @@ def diverge(
     packs.check_guide_length(len(chosen.ghost), spec, total=longest, new=max_new_tokens)
     notes: list[str] = []
     if pack is None:
-        with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.models.fingerprint import tokenizer_identity, weights_fingerprint
+        from kvbridge.models.fingerprint import tokenizer_identity
 
-            wfp = weights_fingerprint(model)
-            packs.save_pack(
-                model,
-                f"{tmp}/pack",
-                guide_ids=chosen.ghost,
-                guide_text=chosen.ghost_text,
-                tokenizer_fp=tokenizer_identity(),
-                weights_fp=wfp,
-                host=host,
-            )
-            pack = packs.load_pack(f"{tmp}/pack", model, weights_fp=wfp, host=host)
+        pack = packs.round_trip(model, chosen.ghost, chosen.ghost_text, tokenizer_fp=tokenizer_identity(), host=host)
         notes.append("split path: the guide was saved as a prefix pack and restored from it (zero forward passes)")
     elif not isinstance(pack, packs.Pack):
         pack = packs.load_pack(pack, model, tokenizer=tokenizer, host=host)

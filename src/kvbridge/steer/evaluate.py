@@ -91,31 +91,9 @@ class _Ctx:
     none_setup: Any = None
 
 
-def _pack_state(model, tokenizer, scenario, host):
-    """The guide of ``scenario`` saved as a prefix pack and restored (zero forward passes)."""
-    import tempfile
-
-    from kvbridge.models.fingerprint import weights_fingerprint
-    from kvbridge.prefix import packs
-
-    wfp = weights_fingerprint(model)
-    tfp = packs.tokenizer_fingerprint(tokenizer)
-    with tempfile.TemporaryDirectory(prefix="kvbridge-steer-pack-") as tmp:
-        packs.save_pack(
-            model,
-            f"{tmp}/pack",
-            guide_ids=list(scenario.prefix_ids),
-            guide_text=scenario.guide_text,
-            tokenizer_fp=tfp,
-            weights_fp=wfp,
-            host=host,
-        )
-        pack = packs.load_pack(f"{tmp}/pack", model, tokenizer_fp=tfp, weights_fp=wfp, host=host)
-    return pack.state_for(model)
-
-
 def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
     """``(Setup, record)`` of one arm at coefficient multiplier ``mult``."""
+    from kvbridge.prefix import packs
     from kvbridge.steer.prompts import Scenario, chat_mode, guide_scenario
     from kvbridge.steer.run import setup_for
     from kvbridge.steer.sample import Setup
@@ -135,8 +113,9 @@ def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
                 "method": "instruction visible",
                 "tokens": len(ids),
             }
-        state = _pack_state(ctx.model, ctx.tokenizer, guided, ctx.host)
-        return Setup(state, guided.live_ids), {
+        tfp = packs.tokenizer_fingerprint(ctx.tokenizer)
+        pack = packs.round_trip(ctx.model, guided.prefix_ids, guided.guide_text, tokenizer_fp=tfp, host=ctx.host)
+        return Setup(pack.state_for(ctx.model), guided.live_ids), {
             "method": "instruction in a pack (restored, zero forward passes)",
             "guide_tokens": len(guided.prefix_ids),
         }
