@@ -86,9 +86,10 @@ def attention_modules(model) -> dict:
 
 
 class GuideMask(HookSet):
-    """Forward pre-hooks that mask key positions ``[start, stop)`` out of attention at some layers."""
+    """Forward pre-hooks that mask key positions ``[start, stop)`` out of attention at some layers
+    (while ``active``)."""
 
-    def __init__(self, model, layers: Sequence[int], start: int, stop: int):
+    def __init__(self, model, layers: Sequence[int], start: int, stop: int, *, active: bool = False):
         mods = attention_modules(model)
         missing = [i for i in layers if i not in mods]
         if missing:
@@ -104,7 +105,7 @@ class GuideMask(HookSet):
             )
         self.impl = impl
         self.start, self.stop = start, stop
-        self.active = False
+        self.active = active
         self.handles = [mods[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in layers]
 
     def _hook(self, layer: int):

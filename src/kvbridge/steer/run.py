@@ -102,27 +102,20 @@ def stop_ids_of(tokenizer, model=None) -> tuple:
     return tuple(sorted(out))
 
 
-def run_pair(
-    model,
-    tokenizer,
-    base,
-    steered,
-    *,
-    max_new_tokens: int,
-    seed: int | None = 0,
-    temperature: float = 0.7,
-    top_p: float = 0.9,
-    host=None,
-) -> dict:
-    """The unsteered and steered continuation with the same seed (``seed=None``: greedy)."""
+def run_pair(model, tokenizer, base, steered, settings, host=None) -> dict:
+    """The unsteered and steered continuation with the same seed, sampled as ``settings`` (a
+    :class:`~kvbridge.steer.settings.SteerRunSettings`: ``max_new_tokens``, ``seed``, ``greedy``,
+    ``temperature``, ``top_p``) say."""
     from kvbridge.divergence import kl
     from kvbridge.prefix.diverge import Sampler
     from kvbridge.steer.sample import sample
 
-    sampler = None if seed is None else Sampler(temperature, top_p)
+    s = settings
+    sampler = None if s.greedy else Sampler(s.temperature, s.top_p)
+    seeds = [0 if s.greedy else s.seed]
     stops = stop_ids_of(tokenizer, model)
     runs = {
-        name: sample(model, setup, [seed or 0], max_new_tokens, sampler, stop_ids=stops, host=host, return_logits=True)
+        name: sample(model, setup, seeds, s.max_new_tokens, sampler, stop_ids=stops, host=host, return_logits=True)
         for name, setup in (("unsteered", base), ("steered", steered))
     }
     out = {
