@@ -352,8 +352,7 @@ def diverge(
     with the finished seed's pair comparisons (partial results: what a killed run keeps).
     """
     s = settings if settings is not None else DivergeSettings(**options)
-    sep, seeds, max_new_tokens, split, paths = s.sep, s.seeds, s.max_new_tokens, s.split, s.paths
-    temperature, top_p, greedy_only = s.temperature, s.top_p, s.greedy_only
+    max_new_tokens, split, paths = s.max_new_tokens, s.split, s.paths
     import torch
 
     from kvbridge.prefix import packs
@@ -366,14 +365,13 @@ def diverge(
         raise KVBridgeError(
             f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}", "pass e.g. --paths full,cached,split"
         )
-    sampler = Sampler(temperature, top_p)
-    seed_list = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
-    if greedy_only:
+    sampler = Sampler(s.temperature, s.top_p)
+    if s.greedy_only:
         seed_list = ()
-    report = split_text(tokenizer, guide, prompt, sep)
-    chosen = report.get(split)  # "safe" raises when no exact split exists
-    if split == "safe":
-        assert chosen.ids == report.joint  # the exact-token control: ghost + live == joint, id for id
+    else:
+        seed_list = tuple(range(s.seeds)) if isinstance(s.seeds, int) else tuple(int(x) for x in s.seeds)
+    report = split_text(tokenizer, guide, prompt, s.sep)
+    chosen = report.get(split)  # "safe" raises unless ghost + live == joint, id for id (no exact split)
     spec = adapter_of(model, host).spec_of(model)
     longest = max(len(report.joint), len(chosen.ids)) + max_new_tokens
     packs.check_guide_length(len(chosen.ghost), spec, total=longest, new=max_new_tokens)

@@ -239,10 +239,8 @@ class Mismatch:
 
 
 def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
-    keys = sorted(set(a) | set(b))
-    da = {k: a.get(k) for k in keys if a.get(k) != b.get(k)}
-    db = {k: b.get(k) for k in keys if a.get(k) != b.get(k)}
-    return da, db
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
 
 
 def compare(

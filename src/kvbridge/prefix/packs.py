@@ -501,10 +501,8 @@ def recompute_check(pack: Pack, model, host=None) -> float:
 
     adapter = adapter_of(model, host)
     fresh = adapter.extract(model, torch.as_tensor([pack.guide_ids]))
-    worst = 0.0
-    for a, b in zip((*pack.state.keys, *pack.state.values), (*fresh.keys, *fresh.values)):
-        worst = max(worst, float((a.float() - b.float()).abs().max()))
-    return worst
+    pairs = zip((*pack.state.keys, *pack.state.values), (*fresh.keys, *fresh.values))
+    return max((float((a.float() - b.float()).abs().max()) for a, b in pairs), default=0.0)
 
 
 __all__ = [

@@ -109,10 +109,8 @@ def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
         if arm == "visible":
             ids = guided.joint
             visible = Scenario(ids[:-1], ids[-1:], (len(ids) - 2, len(ids) - 1), guided.text, "prompt")
-            return setup_for(ctx.model, visible, host=ctx.host)[0], {
-                "method": "instruction visible",
-                "tokens": len(ids),
-            }
+            setup, _ = setup_for(ctx.model, visible, host=ctx.host)
+            return setup, {"method": "instruction visible", "tokens": len(ids)}
         tfp = packs.tokenizer_fingerprint(ctx.tokenizer)
         pack = packs.round_trip(ctx.model, guided.prefix_ids, guided.guide_text, tokenizer_fp=tfp, host=ctx.host)
         return Setup(pack.state_for(ctx.model), guided.live_ids), {
