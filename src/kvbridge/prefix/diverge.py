@@ -125,7 +125,6 @@ class PathRunner:
         self.device = next(model.parameters()).device
         self.joint = torch.as_tensor([list(joint)], dtype=torch.long, device=self.device)
         self.split_ids = torch.as_tensor([list(ghost) + list(live)], dtype=torch.long, device=self.device)
-        self.ghost_len = len(ghost)
         self.pack = pack
         self.host = host
 

@@ -162,13 +162,9 @@ def mismatches(
         if m[key] != now[key]:
             out.append(f"{what} (vector {m[key][:12]}... vs model {now[key][:12]}...)")
     have_tok = (manifest.get("tokenizer") or {}).get("fingerprint")
-    if (
-        tokenizer_fp is not None
-        and tokenizer_fp.get("fingerprint")
-        and have_tok
-        and have_tok != tokenizer_fp["fingerprint"]
-    ):
-        out.append(f"tokenizer (vector {have_tok[:12]}... vs {tokenizer_fp['fingerprint'][:12]}...)")
+    now_tok = (tokenizer_fp or {}).get("fingerprint")
+    if now_tok and have_tok and have_tok != now_tok:
+        out.append(f"tokenizer (vector {have_tok[:12]}... vs {now_tok[:12]}...)")
     return out
 
 

@@ -136,13 +136,11 @@ def read_pairs(path: str | Path) -> list[Pair]:
 
 def pairs_digest(pairs: list[Pair]) -> str:
     """sha256 of the pairs' canonical JSON (recorded in the vector's manifest)."""
-    data = [
-        [
-            p.positive if isinstance(p.positive, str) else [list(t) for t in p.positive],
-            p.negative if isinstance(p.negative, str) else [list(t) for t in p.negative],
-        ]
-        for p in pairs
-    ]
+
+    def side(value):  # a text, or chat turns as [role, content] lists
+        return value if isinstance(value, str) else [list(t) for t in value]
+
+    data = [[side(p.positive), side(p.negative)] for p in pairs]
     return hashlib.sha256(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -33,7 +33,7 @@ class Setup:
 
         from transformers import DynamicCache
 
-        from kvbridge.plugins import host_or_default
+        from kvbridge.plugins import adapter_of
 
         if self.prefix is None:
             return DynamicCache()
@@ -45,7 +45,7 @@ class Setup:
             positions=s.positions.expand(batch, -1).contiguous(),
             rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous(),
         )
-        return host_or_default(host).adapter_for(model.config.to_dict()).inject(tiled, model)
+        return adapter_of(model, host).inject(tiled, model)
 
     def context(self, model):
         return self.hooks(model) if self.hooks is not None else nullcontext()
