@@ -238,17 +238,9 @@ class AblationReport:
     intact_vs_visible_max_abs: float
     notes: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return {
-            "layers": list(self.layers),
-            "num_layers": self.num_layers,
-            "guide_positions": list(self.guide_positions),
-            "split": self.split,
-            "conditions": self.conditions,
-            "positions": self.positions,
-            "intact_vs_visible_max_abs_logit_diff": self.intact_vs_visible_max_abs,
-            "notes": self.notes,
-        }
+    def to_dict(self) -> dict:  # the fields in order, JSON-ready
+        renamed = {"intact_vs_visible_max_abs": "intact_vs_visible_max_abs_logit_diff"}
+        return {renamed.get(k, k): list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}
 
     def lines(self) -> list[str]:
         start, stop = self.guide_positions

@@ -170,13 +170,8 @@ class SplitReport:
         return self.safe
 
     def to_dict(self) -> dict:
-        safe = (
-            self.safe.to_dict()
-            if self.safe
-            else {"kind": "safe", "ghost": [], "live": [], "matches_joint": False, "found": False}
-        )
-        if self.safe:
-            safe["found"] = True
+        none = {"kind": "safe", "ghost": [], "live": [], "matches_joint": False}
+        safe = {**(self.safe.to_dict() if self.safe else none), "found": self.safe is not None}
         return {
             "tokenizer": self.tokenizer,
             "guide": self.guide,
