@@ -72,10 +72,6 @@ NESTED_REQUIRED = {
 
 
 # -- identities -----------------------------------------------------------------------------------
-def _sha(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
-
-
 def cache_format(spec) -> dict:
     """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
     from kvbridge.spec import SLIDING
@@ -157,7 +153,7 @@ def build_manifest(
             "token_ids": ids,
             "num_tokens": len(ids),
             "special_prefix": [int(x) for x in special_prefix],
-            "ids_sha256": _sha(ids),
+            "ids_sha256": hashlib.sha256(json.dumps(ids, separators=(",", ":")).encode()).hexdigest(),
         },
         "positions": {"start": 0, "stop": len(ids), "kind": "prefix"},
         "dtype": str(state.dtype).removeprefix("torch."),
