@@ -242,10 +242,6 @@ def summarise(results: list[dict], n_label: str = "seeds") -> dict:
     return out
 
 
-def pair_name(a: str, b: str) -> str:
-    return f"{a}-vs-{b}"
-
-
 # -- the analysis ---------------------------------------------------------------------------------
 @dataclass
 class DivergeReport:
@@ -396,7 +392,7 @@ def diverge(
         )
     runner = PathRunner(model, report.joint, chosen.ghost, chosen.live, pack, host=host)
     pairs = list(combinations(paths, 2))
-    per_pair: dict = {pair_name(a, b): {"seeds": []} for a, b in pairs}
+    per_pair: dict = {f"{a}-vs-{b}": {"seeds": []} for a, b in pairs}
     tokens: dict = {}
     from kvbridge.faults import fault_point
 
@@ -411,7 +407,7 @@ def diverge(
         for a, b in pairs:
             res = compare_trajectories(trajs[a], trajs[b], sampler)
             res["seed"] = seed
-            per_pair[pair_name(a, b)]["seeds"].append(res)
+            per_pair[f"{a}-vs-{b}"]["seeds"].append(res)
         if on_seed is not None:
             on_seed(seed, {name: data["seeds"][-1] for name, data in per_pair.items()})
         if progress is not None:
@@ -421,7 +417,7 @@ def diverge(
         per_pair[name]["summary"] = summarise(per_pair[name]["seeds"]) if seed_list else {}
     greedy_trajs = {p: runner.run(p, lambda lg: int(lg.argmax()), max_new_tokens) for p in paths}
     tokens["greedy"] = {p: t.tokens for p, t in greedy_trajs.items()}
-    greedy = {pair_name(a, b): compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
+    greedy = {f"{a}-vs-{b}": compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
     if on_seed is not None:
         on_seed("greedy", greedy)
     if progress is not None:
