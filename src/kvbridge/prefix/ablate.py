@@ -42,8 +42,13 @@ from kvbridge.module_hooks import HookSet
 CONDITIONS = ("intact", "k_zero", "v_zero", "kv_zero", "remove_prefill", "remove_decode", "recompute")
 
 
-def parse_layers(spec: str, num_layers: int) -> tuple:
-    """Layer indices from ``"all"``, ``"0,2"``, ``"1-3"`` or ``"0,2-3"`` (validated)."""
+def parse_layers(spec: str | Sequence[int], num_layers: int) -> tuple:
+    """Layer indices from ``"all"``, ``"0,2"``, ``"1-3"``, ``"0,2-3"`` or a sequence of indices (validated;
+    an empty sequence selects no layer and is refused)."""
+    if not isinstance(spec, (str, int)):
+        if not spec:
+            raise KVBridgeError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
+        spec = ",".join(str(int(i)) for i in spec)
     text = str(spec).strip().lower()
     if text in ("all", "*", ""):
         return tuple(range(num_layers))
@@ -81,9 +86,10 @@ def attention_modules(model) -> dict:
 
 
 class GuideMask(HookSet):
-    """Forward pre-hooks that mask key positions ``[start, stop)`` out of attention at some layers."""
+    """Forward pre-hooks that mask key positions ``[start, stop)`` out of attention at some layers
+    (while ``active``)."""
 
-    def __init__(self, model, layers: Sequence[int], start: int, stop: int):
+    def __init__(self, model, layers: Sequence[int], start: int, stop: int, *, active: bool = False):
         mods = attention_modules(model)
         missing = [i for i in layers if i not in mods]
         if missing:
@@ -99,7 +105,7 @@ class GuideMask(HookSet):
             )
         self.impl = impl
         self.start, self.stop = start, stop
-        self.active = False
+        self.active = active
         self.handles = [mods[i].register_forward_pre_hook(self._hook(i), with_kwargs=True) for i in layers]
 
     def _hook(self, layer: int):
@@ -232,17 +238,9 @@ class AblationReport:
     intact_vs_visible_max_abs: float
     notes: list = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return {
-            "layers": list(self.layers),
-            "num_layers": self.num_layers,
-            "guide_positions": list(self.guide_positions),
-            "split": self.split,
-            "conditions": self.conditions,
-            "positions": self.positions,
-            "intact_vs_visible_max_abs_logit_diff": self.intact_vs_visible_max_abs,
-            "notes": self.notes,
-        }
+    def to_dict(self) -> dict:  # the fields in order, JSON-ready
+        renamed = {"intact_vs_visible_max_abs": "intact_vs_visible_max_abs_logit_diff"}
+        return {renamed.get(k, k): list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}
 
     def lines(self) -> list[str]:
         start, stop = self.guide_positions
@@ -286,12 +284,7 @@ def ablate(
     report, split = exact_split(tokenizer, guide, prompt, sep)  # asserts ghost + live == joint
     adapter = adapter_of(model, host)
     spec = adapter.spec_of(model)
-    if isinstance(layers, str):
-        chosen = parse_layers(layers, spec.num_layers)
-    else:
-        chosen = parse_layers(",".join(str(int(i)) for i in layers), spec.num_layers) if layers else ()
-    if not chosen:
-        raise KVBridgeError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
+    chosen = parse_layers(layers, spec.num_layers)
     ghost, live = list(split.ghost), list(split.live)
     total = len(ghost) + len(live) + max_new_tokens
     packs.check_guide_length(len(ghost), spec, total=total, new=max_new_tokens)
@@ -327,9 +320,8 @@ def ablate(
     all_layers = len(chosen) == spec.num_layers
     outcomes: dict = {}
     outcomes["intact"] = _run(model, inject(state), live, None, max_new_tokens)
-    outcomes["k_zero"] = _run(model, inject(zeroed(True, False)), live, None, max_new_tokens)
-    outcomes["v_zero"] = _run(model, inject(zeroed(False, True)), live, None, max_new_tokens)
-    outcomes["kv_zero"] = _run(model, inject(zeroed(True, True)), live, None, max_new_tokens)
+    for name, k, v in (("k_zero", True, False), ("v_zero", False, True), ("kv_zero", True, True)):
+        outcomes[name] = _run(model, inject(zeroed(k, v)), live, None, max_new_tokens)
     renumbered = list(range(keep, keep + len(live))) if all_layers else None
     with GuideMask(model, chosen, start, stop) as m:
         outcomes["remove_prefill"] = _run(model, inject(state), live, renumbered, max_new_tokens, m, mask_prefill=True)
@@ -344,14 +336,11 @@ def ablate(
             .cpu()
         )
     intact_vs_visible = float((visible - outcomes["intact"].logits).abs().max())
-    conditions = {}
-    for name in CONDITIONS:
-        o = outcomes[name]
-        conditions[name] = {
-            "vs_intact": _effect(outcomes["intact"], o),
-            "vs_recompute": _effect(outcomes["recompute"], o),
-            "tokens": o.tokens,
-        }
+    intact, recomputed = outcomes["intact"], outcomes["recompute"]
+    conditions = {  # in CONDITIONS order
+        name: {"vs_intact": _effect(intact, o), "vs_recompute": _effect(recomputed, o), "tokens": o.tokens}
+        for name, o in outcomes.items()
+    }
     positions = {name: "kept" for name in CONDITIONS}
     positions["remove_prefill"] = "renumbered" if all_layers else "kept"
     positions["recompute"] = "renumbered"

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Callable, Sequence
@@ -77,16 +76,24 @@ class Sampler:
         return nucleus(p, self.top_p) if self.top_p < 1.0 else p
 
     def draw(self, logits, generator) -> int:
+        """The token of one logit row ``[V]``."""
+        return self.draw_rows(logits[None], [generator])[0]
+
+    def draw_rows(self, logits, generators) -> list[int]:
+        """One token per row of ``logits [N, V]``, row ``i`` drawing its one uniform from ``generators[i]``."""
         import torch
 
         p = self.probs(logits)
-        u = torch.rand((), generator=generator, dtype=torch.float64)
         cdf = torch.cumsum(p, dim=-1)
-        idx = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0])
-        idx = min(idx, p.shape[-1] - 1)
-        while p[idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
-            idx -= 1
-        return idx
+        out = []
+        for i, g in enumerate(generators):
+            u = torch.rand((), generator=g, dtype=torch.float64)
+            idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
+            idx = min(idx, p.shape[-1] - 1)
+            while p[i, idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
+                idx -= 1
+            out.append(idx)
+        return out
 
     def to_dict(self) -> dict:
         return {
@@ -118,7 +125,6 @@ class PathRunner:
         self.device = next(model.parameters()).device
         self.joint = torch.as_tensor([list(joint)], dtype=torch.long, device=self.device)
         self.split_ids = torch.as_tensor([list(ghost) + list(live)], dtype=torch.long, device=self.device)
-        self.ghost_len = len(ghost)
         self.pack = pack
         self.host = host
 
@@ -236,10 +242,6 @@ def summarise(results: list[dict], n_label: str = "seeds") -> dict:
     return out
 
 
-def pair_name(a: str, b: str) -> str:
-    return f"{a}-vs-{b}"
-
-
 # -- the analysis ---------------------------------------------------------------------------------
 @dataclass
 class DivergeReport:
@@ -345,8 +347,7 @@ def diverge(
     with the finished seed's pair comparisons (partial results: what a killed run keeps).
     """
     s = settings if settings is not None else DivergeSettings(**options)
-    sep, seeds, max_new_tokens, split, paths = s.sep, s.seeds, s.max_new_tokens, s.split, s.paths
-    temperature, top_p, greedy_only = s.temperature, s.top_p, s.greedy_only
+    max_new_tokens, split, paths = s.max_new_tokens, s.split, s.paths
     import torch
 
     from kvbridge.prefix import packs
@@ -359,33 +360,21 @@ def diverge(
         raise KVBridgeError(
             f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}", "pass e.g. --paths full,cached,split"
         )
-    sampler = Sampler(temperature, top_p)
-    seed_list = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
-    if greedy_only:
+    sampler = Sampler(s.temperature, s.top_p)
+    if s.greedy_only:
         seed_list = ()
-    report = split_text(tokenizer, guide, prompt, sep)
-    chosen = report.get(split)  # "safe" raises when no exact split exists
-    if split == "safe":
-        assert chosen.ids == report.joint  # the exact-token control: ghost + live == joint, id for id
+    else:
+        seed_list = tuple(range(s.seeds)) if isinstance(s.seeds, int) else tuple(int(x) for x in s.seeds)
+    report = split_text(tokenizer, guide, prompt, s.sep)
+    chosen = report.get(split)  # "safe" raises unless ghost + live == joint, id for id (no exact split)
     spec = adapter_of(model, host).spec_of(model)
     longest = max(len(report.joint), len(chosen.ids)) + max_new_tokens
     packs.check_guide_length(len(chosen.ghost), spec, total=longest, new=max_new_tokens)
     notes: list[str] = []
     if pack is None:
-        with tempfile.TemporaryDirectory(prefix="kvbridge-diverge-") as tmp:
-            from kvbridge.models.fingerprint import tokenizer_identity, weights_fingerprint
+        from kvbridge.models.fingerprint import tokenizer_identity
 
-            wfp = weights_fingerprint(model)
-            packs.save_pack(
-                model,
-                f"{tmp}/pack",
-                guide_ids=chosen.ghost,
-                guide_text=chosen.ghost_text,
-                tokenizer_fp=tokenizer_identity(),
-                weights_fp=wfp,
-                host=host,
-            )
-            pack = packs.load_pack(f"{tmp}/pack", model, weights_fp=wfp, host=host)
+        pack = packs.round_trip(model, chosen.ghost, chosen.ghost_text, tokenizer_fp=tokenizer_identity(), host=host)
         notes.append("split path: the guide was saved as a prefix pack and restored from it (zero forward passes)")
     elif not isinstance(pack, packs.Pack):
         pack = packs.load_pack(pack, model, tokenizer=tokenizer, host=host)
@@ -403,7 +392,7 @@ def diverge(
         )
     runner = PathRunner(model, report.joint, chosen.ghost, chosen.live, pack, host=host)
     pairs = list(combinations(paths, 2))
-    per_pair: dict = {pair_name(a, b): {"seeds": []} for a, b in pairs}
+    per_pair: dict = {f"{a}-vs-{b}": {"seeds": []} for a, b in pairs}
     tokens: dict = {}
     from kvbridge.faults import fault_point
 
@@ -418,7 +407,7 @@ def diverge(
         for a, b in pairs:
             res = compare_trajectories(trajs[a], trajs[b], sampler)
             res["seed"] = seed
-            per_pair[pair_name(a, b)]["seeds"].append(res)
+            per_pair[f"{a}-vs-{b}"]["seeds"].append(res)
         if on_seed is not None:
             on_seed(seed, {name: data["seeds"][-1] for name, data in per_pair.items()})
         if progress is not None:
@@ -428,7 +417,7 @@ def diverge(
         per_pair[name]["summary"] = summarise(per_pair[name]["seeds"]) if seed_list else {}
     greedy_trajs = {p: runner.run(p, lambda lg: int(lg.argmax()), max_new_tokens) for p in paths}
     tokens["greedy"] = {p: t.tokens for p, t in greedy_trajs.items()}
-    greedy = {pair_name(a, b): compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
+    greedy = {f"{a}-vs-{b}": compare_trajectories(greedy_trajs[a], greedy_trajs[b], sampler) for a, b in pairs}
     if on_seed is not None:
         on_seed("greedy", greedy)
     if progress is not None:

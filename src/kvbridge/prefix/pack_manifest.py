@@ -72,10 +72,6 @@ NESTED_REQUIRED = {
 
 
 # -- identities -----------------------------------------------------------------------------------
-def _sha(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
-
-
 def cache_format(spec) -> dict:
     """How the cache this spec's model builds is laid out (what the pack's tensors assume)."""
     from kvbridge.spec import SLIDING
@@ -104,6 +100,25 @@ def positional_config(spec) -> dict:
     }
 
 
+def model_record(model, spec, *, model_dir=None, weights_fp: str | None = None, **extra) -> dict:
+    """What an artifact records about the model its tensors belong to (id, revision, fingerprints,
+    geometry), then ``extra`` (a pack adds the positions, a steering vector the hidden size and dtype)."""
+    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
+
+    return {
+        **model_id_revision(model, model_dir),
+        "model_type": spec.model_type,
+        "family": spec.family,
+        "config_fingerprint": model_config_fingerprint(model),
+        "weights_fingerprint": weights_fp or weights_fingerprint(model),
+        "spec_fingerprint": spec.fingerprint(),
+        "num_layers": spec.num_layers,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        **extra,
+    }
+
+
 def build_manifest(
     model,
     state,
@@ -118,35 +133,27 @@ def build_manifest(
 ) -> dict:
     from kvbridge.artifacts import library_versions
     from kvbridge.kvstate_io import state_manifest
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
 
     spec = state.spec
     ids = [int(x) for x in state.token_ids[0].tolist()]
-    ident = model_id_revision(model, model_dir)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "kind": PACK_KIND,
         "kv_layout": kv_layout,
-        "model": {
-            "id": ident["id"],
-            "revision": ident["revision"],
-            "model_type": spec.model_type,
-            "family": spec.family,
-            "config_fingerprint": model_config_fingerprint(model),
-            "weights_fingerprint": weights_fp or weights_fingerprint(model),
-            "spec_fingerprint": spec.fingerprint(),
-            "num_layers": spec.num_layers,
-            "num_kv_heads": spec.num_kv_heads,
-            "head_dim": spec.head_dim,
-            "max_position_embeddings": spec.max_position_embeddings,
-        },
+        "model": model_record(
+            model,
+            spec,
+            model_dir=model_dir,
+            weights_fp=weights_fp,
+            max_position_embeddings=spec.max_position_embeddings,
+        ),
         "tokenizer": dict(tokenizer_fp),
         "guide": {
             "text": guide_text,
             "token_ids": ids,
             "num_tokens": len(ids),
             "special_prefix": [int(x) for x in special_prefix],
-            "ids_sha256": _sha(ids),
+            "ids_sha256": hashlib.sha256(json.dumps(ids, separators=(",", ":")).encode()).hexdigest(),
         },
         "positions": {"start": 0, "stop": len(ids), "kind": "prefix"},
         "dtype": str(state.dtype).removeprefix("torch."),
@@ -228,10 +235,8 @@ class Mismatch:
 
 
 def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
-    keys = sorted(set(a) | set(b))
-    da = {k: a.get(k) for k in keys if a.get(k) != b.get(k)}
-    db = {k: b.get(k) for k in keys if a.get(k) != b.get(k)}
-    return da, db
+    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
 
 
 def compare(
@@ -289,6 +294,7 @@ __all__ = [
     "REQUIRED",
     "NESTED_REQUIRED",
     "Mismatch",
+    "model_record",
     "build_manifest",
     "cache_format",
     "check_manifest_shape",

@@ -481,16 +481,28 @@ def load_pack(
     )
 
 
+def round_trip(model, guide_ids, guide_text: str | None, *, tokenizer_fp: dict, host=None) -> Pack:
+    """The guide saved as a pack in a temporary folder and loaded back: the state a restore from disk
+    gives (zero forward passes at load), checked like any pack."""
+    import tempfile
+
+    from kvbridge.models.fingerprint import weights_fingerprint
+
+    wfp = weights_fingerprint(model)
+    with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:
+        ids, fps = list(guide_ids), {"tokenizer_fp": tokenizer_fp, "weights_fp": wfp}
+        save_pack(model, f"{tmp}/pack", guide_ids=ids, guide_text=guide_text, host=host, **fps)
+        return load_pack(f"{tmp}/pack", model, host=host, **fps)
+
+
 def recompute_check(pack: Pack, model, host=None) -> float:
     """Max abs difference between the stored K/V and a fresh prefill of the guide ids (a forward pass)."""
     import torch
 
     adapter = adapter_of(model, host)
     fresh = adapter.extract(model, torch.as_tensor([pack.guide_ids]))
-    worst = 0.0
-    for a, b in zip((*pack.state.keys, *pack.state.values), (*fresh.keys, *fresh.values)):
-        worst = max(worst, float((a.float() - b.float()).abs().max()))
-    return worst
+    pairs = zip((*pack.state.keys, *pack.state.values), (*fresh.keys, *fresh.values))
+    return max((float((a.float() - b.float()).abs().max()) for a, b in pairs), default=0.0)
 
 
 __all__ = [
@@ -503,6 +515,7 @@ __all__ = [
     "save_state_pack",
     "origin_of",
     "load_pack",
+    "round_trip",
     "read_pack",
     "read_pack_state",
     "pack_tensors",

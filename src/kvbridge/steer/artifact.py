@@ -50,30 +50,15 @@ class VectorMismatchError(ArtifactError):
 
 
 def model_record(model, spec, *, weights_fp: str | None = None) -> dict:
-    from kvbridge.models.fingerprint import config_fingerprint, model_id_revision, weights_fingerprint
+    """The model fields of a pack's manifest (:func:`kvbridge.prefix.pack_manifest.model_record`), with
+    the hidden size and dtype."""
+    from kvbridge.prefix.pack_manifest import model_record as record
 
-    ident = model_id_revision(model)
-    return {
-        "id": ident["id"],
-        "revision": ident["revision"],
-        "model_type": spec.model_type,
-        "family": spec.family,
-        "config_fingerprint": config_fingerprint(model.config.to_dict()),
-        "weights_fingerprint": weights_fp or weights_fingerprint(model),
-        "spec_fingerprint": spec.fingerprint(),
-        "num_layers": spec.num_layers,
-        "num_kv_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "hidden_size": spec.hidden_size,
-        "dtype": spec.dtype,
-    }
+    return record(model, spec, weights_fp=weights_fp, hidden_size=spec.hidden_size, dtype=spec.dtype)
 
 
 def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None) -> dict:
-    from kvbridge.version import __version__
-
-    import torch
-    import transformers
+    from kvbridge.artifacts import library_versions
 
     info = dict(vector.info)
     return {
@@ -92,20 +77,13 @@ def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_f
         "has_residual": bool(vector.residual),
         "norms": vector.norms(),
         "spec": vector.spec.to_dict(),
-        "transformers_version": transformers.__version__,
-        "torch_version": str(torch.__version__),
-        "kvbridge_version": __version__,
+        **library_versions(),
     }
 
 
 def vector_tensors(vector) -> dict:
-    out = {}
-    for i, (k, v) in enumerate(zip(vector.keys, vector.values)):
-        out[f"keys.{i}"] = k.contiguous()
-        out[f"values.{i}"] = v.contiguous()
-    for i, r in enumerate(vector.residual):
-        out[f"residual.{i}"] = r.contiguous()
-    return out
+    groups = {"keys": vector.keys, "values": vector.values, "residual": vector.residual}
+    return {f"{name}.{i}": t.contiguous() for name, group in groups.items() for i, t in enumerate(group)}
 
 
 def save_vector(
@@ -144,13 +122,10 @@ def read_vector(path: str | Path):
         spec = ModelSpec.from_dict(manifest["spec"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ArtifactError(f"{where} field 'spec' is malformed ({exc})", fix) from None
-    n = spec.num_layers
-    want = {}
-    for i in range(n):
-        want[f"keys.{i}"] = ("float32", (spec.kv_heads_of(i), spec.key_dim_of(i)))
-        want[f"values.{i}"] = ("float32", (spec.kv_heads_of(i), spec.value_dim_of(i)))
-        if manifest.get("has_residual"):
-            want[f"residual.{i}"] = ("float32", (spec.hidden_size,))
+    n, residual = spec.num_layers, bool(manifest.get("has_residual"))
+    want = {f"keys.{i}": ("float32", (spec.kv_heads_of(i), spec.key_dim_of(i))) for i in range(n)}
+    want |= {f"values.{i}": ("float32", (spec.kv_heads_of(i), spec.value_dim_of(i))) for i in range(n)}
+    want |= {f"residual.{i}": ("float32", (spec.hidden_size,)) for i in range(n) if residual}
     tensors_match(tensors, want, str(path / TENSOR_FILE), fix=fix)
     finite_tensors(tensors, str(path / TENSOR_FILE), fix=fix)
     info = {k: manifest.get(k) for k in ("method", "num_pairs", "pairs_sha256", "template", "transferred_from")}
@@ -159,7 +134,7 @@ def read_vector(path: str | Path):
     vector = SteeringVector(
         keys=tuple(tensors[f"keys.{i}"] for i in range(n)),
         values=tuple(tensors[f"values.{i}"] for i in range(n)),
-        residual=tuple(tensors[f"residual.{i}"] for i in range(n)) if manifest.get("has_residual") else (),
+        residual=tuple(tensors[f"residual.{i}"] for i in range(n)) if residual else (),
         spec=spec,
         key_space=manifest["key_space"],
         info=info,
@@ -171,9 +146,9 @@ def mismatches(
     manifest: dict, model, *, tokenizer_fp: dict | None = None, weights_fp: str | None = None, host=None
 ) -> list[str]:
     """Every field in which the vector and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.plugins import host_or_default
+    from kvbridge.plugins import adapter_of
 
-    spec = host_or_default(host).adapter_for(model.config.to_dict()).spec_of(model)
+    spec = adapter_of(model, host).spec_of(model)
     m, now = manifest["model"], model_record(model, spec, weights_fp=weights_fp)  # what a save would record
     out = []
     have, want = ([r[k] for k in ("model_type", "num_layers", "num_kv_heads", "head_dim")] for r in (m, now))
@@ -187,13 +162,9 @@ def mismatches(
         if m[key] != now[key]:
             out.append(f"{what} (vector {m[key][:12]}... vs model {now[key][:12]}...)")
     have_tok = (manifest.get("tokenizer") or {}).get("fingerprint")
-    if (
-        tokenizer_fp is not None
-        and tokenizer_fp.get("fingerprint")
-        and have_tok
-        and have_tok != tokenizer_fp["fingerprint"]
-    ):
-        out.append(f"tokenizer (vector {have_tok[:12]}... vs {tokenizer_fp['fingerprint'][:12]}...)")
+    now_tok = (tokenizer_fp or {}).get("fingerprint")
+    if now_tok and have_tok and have_tok != now_tok:
+        out.append(f"tokenizer (vector {have_tok[:12]}... vs {now_tok[:12]}...)")
     return out
 
 

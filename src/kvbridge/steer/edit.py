@@ -49,14 +49,10 @@ def layers_of(layers, num_layers: int) -> tuple:
 
     if layers is None:
         return tuple(range(num_layers))
-    text = layers if isinstance(layers, str) else ",".join(str(int(i)) for i in layers)  # a sequence: its indices
     try:
-        chosen = parse_layers(text, num_layers) if text or isinstance(layers, str) else ()
+        return parse_layers(layers, num_layers)
     except KVBridgeError as exc:
         raise EditError(exc.what, exc.fix) from None
-    if not chosen:
-        raise EditError("no layers selected", "pass --layers all, a list '0,2' or a range '1-3'")
-    return chosen
 
 
 def positions_of(state, start: int, stop: int | None) -> tuple[int, int]:

@@ -86,43 +86,15 @@ class _Ctx:
     host: Any
     stops: tuple
     scenario: Any
+    extra: dict  # name -> the extra vectors, run like kv
     none_rows: list = field(default_factory=list)
     none_setup: Any = None
 
 
-def _guided(ctx: _Ctx, instruction: str):
-    from kvbridge.steer.prompts import chat_mode, guide_scenario
-
-    return guide_scenario(
-        ctx.tokenizer, instruction, ctx.settings.prompt, chat=chat_mode(ctx.tokenizer, ctx.settings.chat)
-    )
-
-
-def _pack_state(model, tokenizer, scenario, host):
-    """The guide of ``scenario`` saved as a prefix pack and restored (zero forward passes)."""
-    import tempfile
-
-    from kvbridge.models.fingerprint import weights_fingerprint
-    from kvbridge.prefix import packs
-
-    wfp = weights_fingerprint(model)
-    tfp = packs.tokenizer_fingerprint(tokenizer)
-    with tempfile.TemporaryDirectory(prefix="kvbridge-steer-pack-") as tmp:
-        packs.save_pack(
-            model,
-            f"{tmp}/pack",
-            guide_ids=list(scenario.prefix_ids),
-            guide_text=scenario.guide_text,
-            tokenizer_fp=tfp,
-            weights_fp=wfp,
-            host=host,
-        )
-        pack = packs.load_pack(f"{tmp}/pack", model, tokenizer_fp=tfp, weights_fp=wfp, host=host)
-    return pack.state_for(model)
-
-
-def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: str | None):
+def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
     """``(Setup, record)`` of one arm at coefficient multiplier ``mult``."""
+    from kvbridge.prefix import packs
+    from kvbridge.steer.prompts import Scenario, chat_mode, guide_scenario
     from kvbridge.steer.run import setup_for
     from kvbridge.steer.sample import Setup
     from kvbridge.steer.vectors import random_like
@@ -131,18 +103,17 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
     if arm == "none":
         return ctx.none_setup, {"method": "none"}
     if arm in ("visible", "pack"):
-        if not instruction:
+        if not s.instruction:
             raise KVBridgeError(f"arm {arm!r} needs the instruction", "pass --instruction TEXT (or drop the arm)")
-        guided = _guided(ctx, instruction)
+        guided = guide_scenario(ctx.tokenizer, s.instruction, s.prompt, chat=chat_mode(ctx.tokenizer, s.chat))
         if arm == "visible":
-            from kvbridge.steer.prompts import Scenario
-
             ids = guided.joint
             visible = Scenario(ids[:-1], ids[-1:], (len(ids) - 2, len(ids) - 1), guided.text, "prompt")
-            setup, rec = setup_for(ctx.model, visible, host=ctx.host)
+            setup, _ = setup_for(ctx.model, visible, host=ctx.host)
             return setup, {"method": "instruction visible", "tokens": len(ids)}
-        state = _pack_state(ctx.model, ctx.tokenizer, guided, ctx.host)
-        return Setup(state, guided.live_ids), {
+        tfp = packs.tokenizer_fingerprint(ctx.tokenizer)
+        pack = packs.round_trip(ctx.model, guided.prefix_ids, guided.guide_text, tokenizer_fp=tfp, host=ctx.host)
+        return Setup(pack.state_for(ctx.model), guided.live_ids), {
             "method": "instruction in a pack (restored, zero forward passes)",
             "guide_tokens": len(guided.prefix_ids),
         }
@@ -150,9 +121,9 @@ def _setup(ctx: _Ctx, arm: str, mult: float, extra_vectors: dict, instruction: s
         method, options, vector, edit = "actadd", {"coefficient": s.ca * mult}, ctx.vector, None
         layers = s.actadd_layers or s.layers
     else:  # a kv-vector arm: the vector, a random one of its size, or an extra vector
-        vectors = {**extra_vectors, "kv": ctx.vector}
+        vectors = {**ctx.extra, "kv": ctx.vector}
         if arm != "random" and arm not in vectors:
-            raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(extra_vectors))}")
+            raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(ctx.extra))}")
         vector = random_like(ctx.vector, s.random_seed) if arm == "random" else vectors[arm]
         method, options, layers = "kv-vector", {"ck": s.ck * mult, "cv": s.cv * mult}, s.layers
         edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
@@ -187,7 +158,7 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     rows = ctx.none_rows[:samples]
     c = costs(ctx.model, ctx.none_setup, setup, rows, host=ctx.host)
     reps = [repetition(r) for r in res["tokens"]]
-    out = {
+    return {
         "setup": record,
         **rate(scores),
         "scores": [int(x) for x in scores],
@@ -203,7 +174,6 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
         "examples": texts[:3],
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    return out
 
 
 def _relative_edit(ctx: _Ctx) -> dict:
@@ -247,20 +217,19 @@ def evaluate(
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, setup_for, stop_ids_of
 
-    prompt, instruction = settings.prompt, settings.instruction
     host = host_or_default(host)
-    extra_vectors = dict(extra_vectors or {})
+    extra = dict(extra_vectors or {})
     log = log or (lambda _msg: None)
     chat = chat_mode(tokenizer, settings.chat)
-    scenario = prompt_scenario(tokenizer, prompt, chat=chat)
+    scenario = prompt_scenario(tokenizer, settings.prompt, chat=chat)
     check_length(model, scenario, settings.max_new_tokens, host)
-    ctx = _Ctx(model, tokenizer, vector, scorer, settings, host, stop_ids_of(tokenizer, model), scenario)
+    ctx = _Ctx(model, tokenizer, vector, scorer, settings, host, stop_ids_of(tokenizer, model), scenario, extra)
     ctx.none_setup, _ = setup_for(model, scenario, host=host)
     arms = ["none"] + [a for a in settings.arms if a != "none"]
     t0 = time.perf_counter()
     result: dict = {
-        "prompt": prompt,
-        "instruction": instruction,
+        "prompt": settings.prompt,
+        "instruction": settings.instruction,
         "scorer": settings.scorer,
         "chat": chat,
         "settings": {
@@ -279,7 +248,7 @@ def evaluate(
     }
 
     def arm_result(samples: int, arm: str) -> dict:
-        res = _run_arm(ctx, arm, *_setup(ctx, arm, 1.0, extra_vectors, instruction), samples)
+        res = _run_arm(ctx, arm, *_setup(ctx, arm), samples)
         log(
             f"{arm:<14} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}  "
             f"dNLL {res['cost']['delta_nll']:+.3f}  rep {res['cost']['repetition']:.2f}  ({res['seconds']:.0f}s)"
@@ -291,21 +260,18 @@ def evaluate(
     ref = result["arms"]["none"]["scores"]
     for arm, res in result["arms"].items():
         res["paired_vs_none"] = paired(res["scores"], ref, bootstrap=settings.bootstrap)
-    n_sweep = settings.sweep_samples or settings.samples
 
-    def sweep_point(samples: int, point: tuple) -> None:
+    def sweep_point(samples: int, point: tuple) -> None:  # samples <= settings.samples (the settings check)
         arm, mult = point
-        setup, record = _setup(ctx, arm, mult, extra_vectors, instruction)
-        if not ctx.none_rows or len(ctx.none_rows) < samples:
-            raise KVBridgeError("--sweep-samples exceeds --samples", "pass --sweep-samples <= --samples")
-        res = _run_arm(ctx, arm, setup, record, samples)
+        res = _run_arm(ctx, arm, *_setup(ctx, arm, mult), samples)
         res.pop("examples")
         res["paired_vs_none"] = paired(res["scores"], ref[:samples], bootstrap=settings.bootstrap)
         result["sweep"].setdefault(arm, []).append({"multiplier": mult, **res})
         log(f"sweep {arm:<8} x{mult:<6g} {res['k']:>3}/{res['n']} = {res['rate']:.2f}  KL {res['cost']['kl']:.3f}")
 
-    swept = [a for a in settings.sweep_arms or SWEPT if a in arms or a in extra_vectors]
-    run_items([(arm, float(m)) for m in settings.sweep for arm in swept], [n_sweep], sweep_point)
+    swept = [a for a in settings.sweep_arms or SWEPT if a in arms or a in extra]
+    points = [(arm, float(m)) for m in settings.sweep for arm in swept]
+    run_items(points, [settings.sweep_samples or settings.samples], sweep_point)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
 

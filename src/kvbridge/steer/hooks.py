@@ -8,7 +8,7 @@ torch forward hooks work on it:
   and the same positions as the K/V directions, in the same forward pass);
 - :class:`ActivationAddition` adds ``coefficient * direction[i]`` to the output of the chosen
   layers at every position of every forward while it is active (the prompt and each generated
-  token): the standard residual-stream steering baseline (ActAdd / CAA style), which, unlike a
+  token; a context manager: the hooks are removed on exit): the standard residual-stream steering baseline (ActAdd / CAA style), which, unlike a
   cache edit, acts again on every new token.
 """
 
@@ -94,9 +94,4 @@ class ActivationAddition(HookSet):
         return hook
 
 
-def activation_addition(model, directions: dict, coefficient: float, layers: Sequence[int]) -> ActivationAddition:
-    """The hooks as a context manager (removed on exit)."""
-    return ActivationAddition(model, directions, coefficient, layers)
-
-
-__all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition", "activation_addition"]
+__all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition"]

@@ -25,7 +25,6 @@ Built-ins:
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -152,16 +151,10 @@ class BankMethod:
             return SteerPlan(ctx.state, None, record)
         start, stop = ctx.start, ctx.stop
 
-        @contextmanager
-        def hooks(model):
+        def hooks(model):  # a context manager: the mask's hooks, removed on exit
             from kvbridge.prefix.ablate import GuideMask
 
-            mask = GuideMask(model, masked, start, stop)
-            mask.active = True
-            try:
-                yield mask
-            finally:
-                mask.remove()
+            return GuideMask(model, masked, start, stop, active=True)
 
         steered = list(ctx.state.meta.get("steered", ()))
         state = replace(ctx.state, approximate=True, meta={**ctx.state.meta, "steered": steered + [record]})
@@ -193,12 +186,10 @@ class ActAddMethod:
         directions = {i: vector.residual[i] for i in ctx.layers}
         layers = ctx.layers
 
-        @contextmanager
-        def hooks(model):
-            from kvbridge.steer.hooks import activation_addition
+        def hooks(model):  # a context manager: the hooks, removed on exit
+            from kvbridge.steer.hooks import ActivationAddition
 
-            with activation_addition(model, directions, c, layers) as h:
-                yield h
+            return ActivationAddition(model, directions, c, layers)
 
         return SteerPlan(ctx.state, hooks, {"method": self.name, "coefficient": c, "layers": list(layers)})
 

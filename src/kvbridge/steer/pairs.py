@@ -136,13 +136,11 @@ def read_pairs(path: str | Path) -> list[Pair]:
 
 def pairs_digest(pairs: list[Pair]) -> str:
     """sha256 of the pairs' canonical JSON (recorded in the vector's manifest)."""
-    data = [
-        [
-            p.positive if isinstance(p.positive, str) else [list(t) for t in p.positive],
-            p.negative if isinstance(p.negative, str) else [list(t) for t in p.negative],
-        ]
-        for p in pairs
-    ]
+
+    def side(value):  # a text, or chat turns as [role, content] lists
+        return value if isinstance(value, str) else [list(t) for t in value]
+
+    data = [[side(p.positive), side(p.negative)] for p in pairs]
     return hashlib.sha256(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -177,16 +175,23 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return encode(tokenizer, text, add_special_tokens=not (bool(bos) and text.startswith(bos)))
 
 
-def _boundary_ok(tokenizer: Any, text: str, at: int, joint: list[int]) -> bool:
-    """Whether the text before ``at`` encodes to exactly the leading ids of ``joint`` (exact split)."""
-    from kvbridge.prefix.splits import strip_suffix, encode, special_affixes
+def _head_length(tokenizer: Any, text: str, at: int, joint: list[int], where: str) -> int:
+    """How many leading ids of ``joint`` encode ``text[:at]`` (the leading special tokens for ``at == 0``);
+    refused when the text before ``at`` does not encode to exactly those ids (an exact split)."""
+    from kvbridge.prefix.splits import encode, special_affixes, strip_suffix
 
+    prefix, suffix = special_affixes(tokenizer)
     if at <= 0:
-        return True
-    _prefix, suffix = special_affixes(tokenizer)
+        return len(prefix)
     head = strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), suffix)
-    tail = encode(tokenizer, text[at:], add_special_tokens=False) + list(suffix) if at < len(text) else list(suffix)
-    return head + tail == joint
+    tail = encode(tokenizer, text[at:], add_special_tokens=False) if at < len(text) else []
+    if head + tail + list(suffix) != joint:
+        raise PairsError(
+            f"{where}: the span boundary at character {at} falls inside a token "
+            f"(text before it does not encode to the leading ids of the whole text)",
+            "move the [[ ]] marker to a word boundary (e.g. before the space, not after it)",
+        )
+    return len(head)
 
 
 def encode_side(tokenizer: Any, side: Any, position: str, where: str = "pair") -> Encoded:
@@ -216,26 +221,11 @@ def encode_side(tokenizer: Any, side: Any, position: str, where: str = "pair") -
     if end <= a:
         raise PairsError(f"{where} has an empty [[...]] span", "put at least one word between [[ and ]]")
     ids = encode_text(tokenizer, clean)
-    for at in (a, end):
-        if not _boundary_ok(tokenizer, clean, at, ids):
-            raise PairsError(
-                f"{where}: the span boundary at character {at} falls inside a token "
-                f"(text before it does not encode to the leading ids of the whole text)",
-                "move the [[ ]] marker to a word boundary (e.g. before the space, not after it)",
-            )
-    start = len(_head_ids(tokenizer, clean, a))
-    stop = len(_head_ids(tokenizer, clean, end)) if end < len(clean) else len(ids)
+    start, stop = (_head_length(tokenizer, clean, at, ids, where) for at in (a, end))
+    stop = stop if end < len(clean) else len(ids)
     if stop <= start:
         raise PairsError(f"{where}: the span covers no token", "widen the [[ ]] span")
     return Encoded(tuple(ids), start, stop, clean)
-
-
-def _head_ids(tokenizer: Any, text: str, at: int) -> list[int]:
-    from kvbridge.prefix.splits import strip_suffix, encode, special_affixes
-
-    if at <= 0:
-        return list(special_affixes(tokenizer)[0])
-    return strip_suffix(encode(tokenizer, text[:at], add_special_tokens=True), special_affixes(tokenizer)[1])
 
 
 __all__ = [

@@ -4,6 +4,7 @@ side-by-side steered / unsteered continuation of ``kvbridge steer run``."""
 from __future__ import annotations
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.plugins import adapter_of
 from kvbridge.plugins import host_or_default as _host
 
 
@@ -13,16 +14,15 @@ def prefix_state(model, ids, host=None):
 
     if not ids:
         return None
-    adapter = _host(host).adapter_for(model.config.to_dict())
     device = next(model.parameters()).device
-    return adapter.extract(model, torch.tensor([list(ids)], device=device))
+    return adapter_of(model, host).extract(model, torch.tensor([list(ids)], device=device))
 
 
 def check_length(model, scenario, new_tokens: int, host=None) -> None:
     """The scenario's tokens and ``new_tokens`` within the model's positions (as ``kvbridge transfer`` checks)."""
     from kvbridge.transfer_run import check_generation_length
 
-    spec = _host(host).adapter_for(model.config.to_dict()).spec_of(model)
+    spec = adapter_of(model, host).spec_of(model)
     check_generation_length(len(scenario.joint), new_tokens, spec.max_position_embeddings)
 
 
@@ -53,7 +53,7 @@ def setup_for(
         raise KVBridgeError("there is no cached prefix to steer", "pass a longer prompt")
     m = host.get("steering_method", method)
     opts = method_options(m, options)
-    spec = host.adapter_for(model.config.to_dict()).spec_of(model)
+    spec = adapter_of(model, host).spec_of(model)
     chosen = layers_of(layers, spec.num_layers)
     start, stop = edit or scenario.edit
     ctx = SteerContext(
@@ -73,10 +73,7 @@ def side_by_side(left: str, right: str, *, width: int = 38, titles=("unsteered",
     from itertools import zip_longest
 
     def wrap(text):
-        out = []
-        for para in text.split("\n"):
-            out.extend(textwrap.wrap(para, width) or [""])
-        return out
+        return [line for para in text.split("\n") for line in textwrap.wrap(para, width) or [""]]
 
     lines = [f"{titles[0]:<{width}} | {titles[1]}", f"{'-' * width}-+-{'-' * width}"]
     return lines + [f"{x:<{width}} | {y}" for x, y in zip_longest(wrap(left), wrap(right), fillvalue="")]
@@ -91,16 +88,9 @@ def decode(tokenizer, tokens, stop_ids=()) -> str:
 
 def stop_ids_of(tokenizer, model=None) -> tuple:
     """End-of-turn / end-of-text ids: the tokenizer's eos, ``<|im_end|>`` and ``<|eot_id|>`` where they exist."""
-    out = set()
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos, int):
-        out.add(eos)
-    if model is not None:
-        gen = getattr(model, "generation_config", None)
-        ids = getattr(gen, "eos_token_id", None)
-        for i in ids if isinstance(ids, (list, tuple)) else [ids]:
-            if isinstance(i, int):
-                out.add(i)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = [getattr(tokenizer, "eos_token_id", None), *(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])]
+    out = {i for i in eos if isinstance(i, int)}
     unk = getattr(tokenizer, "unk_token_id", None)
     for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
         try:
@@ -112,47 +102,27 @@ def stop_ids_of(tokenizer, model=None) -> tuple:
     return tuple(sorted(out))
 
 
-def run_pair(
-    model,
-    tokenizer,
-    base,
-    steered,
-    *,
-    max_new_tokens: int,
-    seed: int | None = 0,
-    temperature: float = 0.7,
-    top_p: float = 0.9,
-    host=None,
-) -> dict:
-    """The unsteered and steered continuation with the same seed (``seed=None``: greedy)."""
+def run_pair(model, tokenizer, base, steered, settings, host=None) -> dict:
+    """The unsteered and steered continuation with the same seed, sampled as ``settings`` (a
+    :class:`~kvbridge.steer.settings.SteerRunSettings`: ``max_new_tokens``, ``seed``, ``greedy``,
+    ``temperature``, ``top_p``) say."""
+    from kvbridge.divergence import kl
     from kvbridge.prefix.diverge import Sampler
     from kvbridge.steer.sample import sample
 
-    sampler = None if seed is None else Sampler(temperature, top_p)
+    s = settings
+    sampler = None if s.greedy else Sampler(s.temperature, s.top_p)
+    seeds = [0 if s.greedy else s.seed]
     stops = stop_ids_of(tokenizer, model)
-    out = {}
-    for name, setup in (("unsteered", base), ("steered", steered)):
-        res = sample(
-            model,
-            setup,
-            [0 if seed is None else seed],
-            max_new_tokens,
-            sampler,
-            stop_ids=stops,
-            host=host,
-            return_logits=True,
-        )
-        out[name] = {
-            "tokens": res["tokens"][0],
-            "text": decode(tokenizer, res["tokens"][0], stops),
-            "first_logits": res["first_logits"][0],
-        }
-    from kvbridge.divergence import kl
-
-    out["first_step_kl"] = float(kl(out["unsteered"]["first_logits"], out["steered"]["first_logits"]).sum())
+    runs = {
+        name: sample(model, setup, seeds, s.max_new_tokens, sampler, stop_ids=stops, host=host, return_logits=True)
+        for name, setup in (("unsteered", base), ("steered", steered))
+    }
+    out = {
+        name: {"tokens": r["tokens"][0], "text": decode(tokenizer, r["tokens"][0], stops)} for name, r in runs.items()
+    }
+    out["first_step_kl"] = float(kl(runs["unsteered"]["first_logits"][0], runs["steered"]["first_logits"][0]).sum())
     out["identical"] = out["unsteered"]["tokens"] == out["steered"]["tokens"]
-    for name in ("unsteered", "steered"):
-        out[name].pop("first_logits")
     return out
 
 

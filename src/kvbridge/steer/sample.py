@@ -3,8 +3,8 @@
 A :class:`Setup` is what one arm runs: a prefix state (or none), the live ids fed after it, and
 optional hooks (``hooks(model)``: a context manager active for the live prefill and every decode
 step). :func:`sample` draws ``len(seeds)`` continuations in one batch: sample ``i`` uses its own
-``torch.Generator`` seeded with ``seeds[i]`` and the inverse-CDF sampler of
-:mod:`kvbridge.prefix.diverge` (one uniform per step, read over token ids), so two arms whose
+``torch.Generator`` seeded with ``seeds[i]`` and the inverse-CDF sampler of :mod:`kvbridge.prefix.diverge`
+(``Sampler.draw_rows``: one uniform per step, read over token ids), so two arms whose
 distributions are identical draw identical tokens, and arms are paired sample by sample.
 
 :func:`costs` feeds given continuations (the unsteered arm's own samples) through a reference
@@ -33,7 +33,7 @@ class Setup:
 
         from transformers import DynamicCache
 
-        from kvbridge.plugins import host_or_default
+        from kvbridge.plugins import adapter_of
 
         if self.prefix is None:
             return DynamicCache()
@@ -45,28 +45,10 @@ class Setup:
             positions=s.positions.expand(batch, -1).contiguous(),
             rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous(),
         )
-        return host_or_default(host).adapter_for(model.config.to_dict()).inject(tiled, model)
+        return adapter_of(model, host).inject(tiled, model)
 
     def context(self, model):
         return self.hooks(model) if self.hooks is not None else nullcontext()
-
-
-def _draw(sampler, logits, gens) -> list[int]:
-    import torch
-
-    if sampler is None:  # greedy
-        return [int(i) for i in logits.argmax(-1).tolist()]
-    p = sampler.probs(logits)
-    cdf = torch.cumsum(p, dim=-1)
-    out = []
-    for i, g in enumerate(gens):
-        u = torch.rand((), generator=g, dtype=torch.float64)
-        idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
-        idx = min(idx, p.shape[-1] - 1)
-        while p[i, idx] == 0 and idx > 0:
-            idx -= 1
-        out.append(idx)
-    return out
 
 
 def sample(
@@ -100,7 +82,7 @@ def sample(
         if return_logits:
             first = logits.clone()
         for step in range(steps):
-            toks = _draw(sampler, logits, gens)
+            toks = [int(i) for i in logits.argmax(-1).tolist()] if sampler is None else sampler.draw_rows(logits, gens)
             for i, t in enumerate(toks):
                 if not done[i]:
                     rows[i].append(t)

@@ -85,34 +85,16 @@ def code_comments(text: str) -> bool:
     return bool(_COMMENT.search(code))
 
 
-BUILTIN_SCORERS = (
-    (
-        "json_object",
-        "the answer starts with a complete JSON object (json.JSONDecoder; a code fence is skipped)",
-        "kvbridge.steer.scorers:json_object",
-    ),
-    (
-        "json_start",
-        "the answer starts a JSON object: '{' then '\"' or '}' (truncated objects count)",
-        "kvbridge.steer.scorers:json_start",
-    ),
-    ("bullets", "at least two lines start with a bullet (-, *, \u2022 and a space)", "kvbridge.steer.scorers:bullets"),
-    (
-        "positive_sentiment",
-        "more positive than negative lexicon words, at least one",
-        "kvbridge.steer.scorers:positive_sentiment",
-    ),
-    (
-        "negative_sentiment",
-        "more negative than positive lexicon words, at least one",
-        "kvbridge.steer.scorers:negative_sentiment",
-    ),
-    (
-        "code_comments",
-        "a # or // comment or a docstring inside the code (fenced blocks when present)",
-        "kvbridge.steer.scorers:code_comments",
-    ),
-)
+#: name -> description of each built-in scorer (the function of that name here)
+_DESCRIPTIONS = {
+    "json_object": "the answer starts with a complete JSON object (json.JSONDecoder; a code fence is skipped)",
+    "json_start": "the answer starts a JSON object: '{' then '\"' or '}' (truncated objects count)",
+    "bullets": "at least two lines start with a bullet (-, *, \u2022 and a space)",
+    "positive_sentiment": "more positive than negative lexicon words, at least one",
+    "negative_sentiment": "more negative than positive lexicon words, at least one",
+    "code_comments": "a # or // comment or a docstring inside the code (fenced blocks when present)",
+}
+BUILTIN_SCORERS = tuple((name, text, f"kvbridge.steer.scorers:{name}") for name, text in _DESCRIPTIONS.items())
 
 
 __all__ = [

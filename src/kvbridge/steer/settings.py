@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 
 from kvbridge.errors import KVBridgeError, names_value, path_value, whole_number
-from kvbridge.settings_fields import check_kinds, mismatch_option, option, out_option, overwrite_option, seed_option
+from kvbridge.settings_fields import check_kinds, mismatch_option, nonempty, option, out_option, overwrite_option
+from kvbridge.settings_fields import seed_option
 
 #: the arms of ``steer eval`` (:mod:`kvbridge.steer.evaluate`), and those a sweep multiplies by default
 ARMS = ("none", "visible", "pack", "kv", "actadd", "random")
@@ -44,10 +45,6 @@ def _text(value, flag: str, *, required: bool = False):
     if not isinstance(value, str):
         raise KVBridgeError(f"{flag} must be text, got {type(value).__name__}", f"pass {flag} as a str")
     return value
-
-
-def _names(value, flag: str) -> tuple:
-    return names_value(value, flag, KVBridgeError)
 
 
 def _floats(value, flag: str) -> tuple:
@@ -161,8 +158,7 @@ class SteerRunSettings:
         object.__setattr__(self, "vector", _path(self.vector, "--vector"))
         object.__setattr__(self, "pack", _path(self.pack, "--pack"))
         object.__setattr__(self, "options", tuple(str(o) for o in (self.options or ())))
-        if not isinstance(self.method, str) or not self.method.strip():
-            raise KVBridgeError("--method is empty", "name a steering method (`kvbridge plugins` lists them)")
+        nonempty(self.method, "--method", "name a steering method (`kvbridge plugins` lists them)", KVBridgeError)
         check_kinds(self)  # --ck, --cv, --alpha, --ca, --at, --max-new-tokens, --seed, --temperature, --top-p
         if self.at == "guide" and not self.guide:
             raise KVBridgeError("--at guide needs --guide TEXT", "pass the guide (instruction) to steer")
@@ -224,11 +220,10 @@ class SteerEvalSettings:
         object.__setattr__(self, "out", _path(self.out, "--out"))
         _text(self.prompt, "--prompt", required=True)
         _text(self.instruction, "--instruction")
-        if not isinstance(self.scorer, str) or not self.scorer.strip():
-            raise KVBridgeError("--scorer is empty", "name a scorer (`kvbridge plugins` lists them)")
-        object.__setattr__(self, "arms", _names(self.arms, "--arms"))
+        nonempty(self.scorer, "--scorer", "name a scorer (`kvbridge plugins` lists them)", KVBridgeError)
+        object.__setattr__(self, "arms", names_value(self.arms, "--arms", KVBridgeError))
         object.__setattr__(self, "sweep", _floats(self.sweep, "--sweep"))
-        object.__setattr__(self, "sweep_arms", _names(self.sweep_arms, "--sweep-arms"))
+        object.__setattr__(self, "sweep_arms", names_value(self.sweep_arms, "--sweep-arms", KVBridgeError))
         extra = tuple(str(e) for e in (self.extra or ()))
         for item in extra:
             name, sep, path = item.partition("=")

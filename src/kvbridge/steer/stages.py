@@ -174,17 +174,7 @@ def run_steering(run, *, values: dict | None = None) -> dict:
         prefix=prefix,
         host=host,
     )
-    result = run_pair(
-        m,
-        tok,
-        base,
-        steered,
-        max_new_tokens=s.max_new_tokens,
-        seed=None if s.greedy else s.seed,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        host=host,
-    )
+    result = run_pair(m, tok, base, steered, s, host)
     result["steering"] = record
     result["approximate"] = bool(steered.prefix is not None and steered.prefix.approximate)
     return result

@@ -149,7 +149,7 @@ def build_vector(
     import torch
 
     from kvbridge.check.validate import one_of
-    from kvbridge.plugins import host_or_default
+    from kvbridge.plugins import adapter_of
     from kvbridge.steer.hooks import ResidualCapture
     from kvbridge.steer.pairs import encode_side, pairs_digest, template_kind
 
@@ -159,7 +159,7 @@ def build_vector(
         raise SteerError("no contrastive pairs", "pass a pairs file with at least one pair")
     if method == "pca" and len(pairs) < 2:
         raise SteerError("--method pca needs at least 2 pairs", "add pairs or use --method mean")
-    adapter = host_or_default(host).adapter_for(model.config.to_dict())
+    adapter = adapter_of(model, host)
     spec = adapter.spec_of(model)
     _check_model(spec)
     limit = int(spec.max_position_embeddings or 0)
