@@ -130,10 +130,6 @@ def run_conditions(
         conds.insert(0, "native")
     if "shuffled" in conds and n < 2:
         raise EvalError("the shuffled control needs at least 2 samples", "pass --samples 2 or more")
-    if p < 1 or c < 1:
-        raise EvalError(
-            f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len"
-        )
     pre = Prefills(source, target, mapping, host=host)
     sspec, tspec = pre.sspec, pre.tspec
     check_mapping(sspec, tspec, mapping, EvalError)

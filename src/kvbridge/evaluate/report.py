@@ -67,10 +67,7 @@ def _header(result: dict) -> str:
 
 
 def table_rows(result: dict) -> list[list[str]]:
-    rows = []
-    for cond, row in result["conditions"].items():
-        rows.append([cond] + [fmt(row.get(m), f) for m, _, f in COLUMNS])
-    return rows
+    return [[cond] + [fmt(row.get(m), f) for m, _, f in COLUMNS] for cond, row in result["conditions"].items()]
 
 
 def terminal_table(result: dict) -> str:

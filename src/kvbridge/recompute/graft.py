@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -41,9 +42,8 @@ SCHEMA = "kvbridge-graft/1"
 
 def prepare_chunk(model, chunk_ids, host=None):
     """The target's own cache of a chunk alone, at positions ``0..n-1`` (what a pack stores)."""
-    return adapter_of(model, host).extract(
-        model, torch.as_tensor(chunk_ids).long().reshape(-1, torch.as_tensor(chunk_ids).shape[-1])
-    )
+    ids = torch.as_tensor(chunk_ids).long()
+    return adapter_of(model, host).extract(model, ids.reshape(-1, ids.shape[-1]))
 
 
 def concat_states(first, second):
@@ -87,7 +87,6 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
         )
     c = context_state.num_tokens
     start = int(context_state.positions[0, -1]) + 1 if c else 0
-    moved = chunk_state
     if reposition:
         offset = start - int(chunk_state.positions[0, 0])
         moved = chunk_state.reposition(offset, host=host) if offset else chunk_state
@@ -188,7 +187,8 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     ratios = st.ratio_values
     names = condition_names(ratios, controls)
     gen = torch.Generator().manual_seed(int(seed))
-    _warm_up(model, adapter, context_ids[:1], chunk_ids[:1], check_layer)
+    warm = adapter.extract(model, torch.cat([context_ids[:1], chunk_ids[:1]], 1))
+    blend(model, warm, c, 0.5, check_layer=check_layer)  # untimed: first calls allocate and dispatch slowly
     timing = {"full": 0.0}
 
     def batches():
@@ -217,13 +217,12 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         both = torch.cat([bt.parts["context"], bt.parts["chunk"]], 1)
         return Built(bt.once("full", lambda: adapter.extract(model, both), "full"))
 
-    def recomputed(rule, r):
-        def build(bt):
-            state, t_graft = naive(bt)
-            res = blend(model, state, c, r, check_layer=check_layer, rule=rule, generator=gen)
-            return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
-
-        return build
+    def recomputed(name, bt):  # RULE@R: the naive graft with R of the chunk's tokens recomputed
+        rule, r = name.split("@")
+        state, t_graft = naive(bt)
+        rule = "deviation" if rule == "blend" else rule
+        res = blend(model, state, c, float(r), check_layer=check_layer, rule=rule, generator=gen)
+        return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
 
     def shuffled(bt):
         idx, chk = bt.index, bt.parts["chunk"]
@@ -237,12 +236,8 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         "shuffled": shuffled,
         "dropped": lambda bt: Built(context(bt)),
     }
-    for name in names:
-        if "@" in name:
-            rule, r = name.split("@")
-            builders[name] = recomputed("deviation" if rule == "blend" else rule, float(r))
     fields, cost = run_batches(
-        [Condition(x, builders[x]) for x in names],
+        [Condition(x, builders[x] if x in builders else partial(recomputed, x)) for x in names],
         batches(),
         {"target": (model, adapter)},
         attention=st.attention,
@@ -256,7 +251,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         row = summary["conditions"][cond]
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops
         row["time_share"] = cost[cond]["seconds"] / t_full if t_full > 0 else None
-        row["tokens_recomputed_share"] = _share(cond)
+        row["tokens_recomputed_share"] = 0.0 if cond == "naive" else float(cond.split("@")[1]) if "@" in cond else None
     summary["conditions"]["full"].update(recompute_flop_share=1.0, time_share=1.0)
     result = {
         "schema": SCHEMA,
@@ -277,22 +272,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         ],
     }
     return json_ready(result, stringify=False)
-
-
-def _warm_up(model, adapter, ctx, chk, check_layer):
-    """One untimed pass of every code path (first calls allocate and dispatch slowly)."""
-    from kvbridge.recompute.tokens import blend
-
-    full = adapter.extract(model, torch.cat([ctx, chk], 1))
-    blend(model, full, ctx.shape[1], 0.5, check_layer=check_layer)
-
-
-def _share(cond: str):
-    if cond == "naive":
-        return 0.0
-    if "@" in cond:
-        return float(cond.split("@")[1])
-    return None
 
 
 __all__ = [
