@@ -408,11 +408,8 @@ def run_items(conditions, items, answer: Callable, *, after_item: Callable | Non
     share prefills through :class:`Prefills` on a one-context :class:`Batch`) and ``steer eval`` (one
     prompt, an arm per condition, sampled over seeds)."""
     names = [getattr(c, "name", c) for c in conditions]
-    out = []
-    for item in items:
-        values = {name: answer(item, name) for name in names}
-        out.append(values if after_item is None else after_item(item, values))
-    return out
+    after_item = after_item or (lambda item, values: values)
+    return [after_item(item, {name: answer(item, name) for name in names}) for item in items]
 
 
 def context_batch(ids, timing: dict, memo: dict | None = None) -> Batch:

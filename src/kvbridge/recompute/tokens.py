@@ -90,13 +90,10 @@ def blend(
     store = RowStore(state.keys, state.values, positions)
     rows = torch.arange(exact_len, t, device=ids.device).expand(b, n)
     hidden = embed(model, ids[:, exact_len:])
-    flops, run, per_layer = 0.0, [], []
-    deviation = None
+    flops, deviation = 0.0, None
     for layer in range(check_layer + 1):
         hidden = run_layer(model, layer, hidden, rows, store)
         flops += layer_flops(model, layer, b * n, _attended(positions.gather(1, rows), positions))
-        run.append(layer)
-        per_layer.append(n)
     if k < n:
         dk = store.keys[check_layer][:, :, exact_len:].double() - state.keys[check_layer][:, :, exact_len:].double()
         dv = store.values[check_layer][:, :, exact_len:].double() - state.values[check_layer][:, :, exact_len:].double()
@@ -118,8 +115,6 @@ def blend(
     for layer in range(check_layer + 1, layers):
         hidden = run_layer(model, layer, hidden, rows, store)
         flops += layer_flops(model, layer, b * k, _attended(positions.gather(1, rows), positions))
-        run.append(layer)
-        per_layer.append(k)
     seconds = time.perf_counter() - t0
     out = replace(
         state,
@@ -138,8 +133,8 @@ def blend(
         flops=flops,
         seconds=seconds,
         full_prefill_flops=full,
-        layers_run=tuple(run),
-        rows_per_layer=tuple(per_layer),
+        layers_run=tuple(range(layers)),  # every layer: 0..check_layer on all n rows, the rest on k
+        rows_per_layer=(n,) * (check_layer + 1) + (k,) * (layers - check_layer - 1),
         note=f"layers 0..{check_layer} on all {n} rows, {k} rows ({rule}) beyond",
     )
     return BlendResult(out, pick, deviation, cost)
