@@ -92,13 +92,16 @@ def sample_ids(samples, prefix_len: int, continuation_len: int, error=KVBridgeEr
     return samples, p, c
 
 
-def prefix_batches(samples: torch.Tensor, prefix_len: int, continuation_len: int, batch_size: int, timing: dict):
-    """:class:`Batch` es of ``samples [N, >= P+C+1]``: prefix ``[:P]``, continuation ``[P:P+C]`` scored."""
+def prefix_batches(samples, prefix_len: int, continuation_len: int, batch_size: int, timing: dict, shifted=False):
+    """:class:`Batch` es of ``samples [N, >= P+C+1]``: prefix ``[:P]``, continuation ``[P:P+C]`` scored;
+    ``shifted``: the last sample's successor's prefix as ``parts["source_extra"]``, for the source to prefill
+    with the batch (the shuffled control, :meth:`Prefills.transferred` ``shifted=True``)."""
     p, c, n = prefix_len, continuation_len, samples.shape[0]
     for start in range(0, n, batch_size):
         idx = torch.arange(start, min(n, start + batch_size))
         ids = samples[idx, : p + c + 1]
-        yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], {"prefix": ids[:, :p]}, timing, n)
+        parts = {"prefix": ids[:, :p], **({"source_extra": samples[(idx[-1:] + 1) % n, :p]} if shifted else {})}
+        yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], parts, timing, n)
 
 
 def batch_rows(state, start: int, stop: int):
