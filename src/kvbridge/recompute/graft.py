@@ -166,7 +166,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     prepared ahead).
     """
     from kvbridge.evaluate.fields import summarize_fields
-    from kvbridge.evaluate.runner import Batch, Built, Condition, cat_states, run_batches
+    from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
     from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.settings import GraftSettings
@@ -187,23 +187,19 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     ratios = st.ratio_values
     names = condition_names(ratios, controls)
     gen = torch.Generator().manual_seed(int(seed))
-    warm = adapter.extract(model, torch.cat([context_ids[:1], chunk_ids[:1]], 1))
-    blend(model, warm, c, 0.5, check_layer=check_layer)  # untimed: first calls allocate and dispatch slowly
+    ids = torch.cat([context_ids, chunk_ids, cont_ids], 1)  # a batch's prefix (parts["prefix"]): context + chunk
+    # one untimed pass of every code path: first calls allocate and dispatch slowly
+    blend(model, adapter.extract(model, ids[:1, : c + n]), c, 0.5, check_layer=check_layer)
     timing = {"full": 0.0}
-
-    def batches():
-        for s in range(0, n_samples, batch_size):
-            idx = torch.arange(s, min(n_samples, s + batch_size))
-            ctx, chk, cont = context_ids[idx], chunk_ids[idx], cont_ids[idx]
-            yield Batch(idx, cont[:, :-1], cont[:, 1:], {"context": ctx, "chunk": chk}, timing, n_samples)
+    batches = prefix_batches(ids, c + n, cont_ids.shape[1] - 1, batch_size, timing)
 
     def context(bt):
-        return bt.once("context", lambda: adapter.extract(model, bt.parts["context"]))
+        return bt.once("context", lambda: adapter.extract(model, bt.parts["prefix"][:, :c]))
 
     def chunk(bt):
         if chunks is not None:
             return bt.once("chunk", lambda: cat_states([chunks[int(i)] for i in bt.index]))
-        return bt.once("chunk", lambda: prepare_chunk(model, bt.parts["chunk"], host=host))
+        return bt.once("chunk", lambda: prepare_chunk(model, bt.parts["prefix"][:, c:], host=host))
 
     def naive(bt):  # (state, seconds of the re-positioning)
         def make():
@@ -214,8 +210,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         return bt.once("naive", make)
 
     def full(bt):
-        both = torch.cat([bt.parts["context"], bt.parts["chunk"]], 1)
-        return Built(bt.once("full", lambda: adapter.extract(model, both), "full"))
+        return Built(bt.once("full", lambda: adapter.extract(model, bt.parts["prefix"]), "full"))
 
     def recomputed(name, bt):  # RULE@R: the naive graft with R of the chunk's tokens recomputed
         rule, r = name.split("@")
@@ -225,7 +220,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
 
     def shuffled(bt):
-        idx, chk = bt.index, bt.parts["chunk"]
+        idx, chk = bt.index, bt.parts["prefix"][:, c:]
         other = chk[torch.roll(torch.arange(len(idx)), 1)] if len(idx) > 1 else chunk_ids[(idx + 1) % n_samples]
         return Built(graft(context(bt), prepare_chunk(model, other, host=host), host=host))
 
@@ -238,7 +233,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     }
     fields, cost = run_batches(
         [Condition(x, builders[x] if x in builders else partial(recomputed, x)) for x in names],
-        batches(),
+        batches,
         {"target": (model, adapter)},
         attention=st.attention,
         progress=progress,
