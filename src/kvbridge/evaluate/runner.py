@@ -302,8 +302,8 @@ def _stacked_parts(names: list, states: dict, per_group: int) -> list:
         stacked = cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
         if stacked is not None:
             parts.append((group, stacked))
-        elif g0 == 0 and len(group) > 2 and cat_states([states[x] for x in group[1:]]) is not None:
-            parts += [(group[:1], states[group[0]]), (group[1:], cat_states([states[x] for x in group[1:]]))]
+        elif g0 == 0 and len(group) > 2 and (rest := cat_states([states[x] for x in group[1:]])) is not None:
+            parts += [(group[:1], states[group[0]]), (group[1:], rest)]  # the reference alone, the rest stacked
         else:
             parts += [((x,), states[x]) for x in group]
     return parts
