@@ -38,6 +38,14 @@ def fmt_ci(ci, spec: str = "{:.3f}") -> str:
     return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
 
 
+#: the metrics the table and the report give with their 95% intervals
+INTERVALS = ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
+
+
+def _with_ci(row: dict, metric: str) -> str:
+    return f"{fmt(row.get(metric), '{:.4f}')} {fmt_ci(row.get(metric + '_ci'), '{:.4f}')}"
+
+
 def text_table(heads, rows, *, right: bool = True, strip: bool = False) -> list[str]:
     """Aligned lines: the heads, a rule, the rows (the first column left-aligned, the others right-aligned
     unless ``right`` is False; trailing blanks dropped if ``strip``)."""
@@ -77,14 +85,7 @@ def terminal_table(result: dict) -> str:
     conds = result["conditions"]
     if "transferred" in conds:
         t = conds["transferred"]
-        out.append("")
-        out.append(
-            "transferred, 95% intervals: "
-            + "; ".join(
-                f"{m} {fmt(t.get(m), '{:.4f}')} {fmt_ci(t.get(m + '_ci'), '{:.4f}')}"
-                for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
-            )
-        )
+        out += ["", "transferred, 95% intervals: " + "; ".join(f"{m} {_with_ci(t, m)}" for m in INTERVALS)]
         comps = result.get("comparisons") or {}
         parts = []
         for name, c in comps.items():
@@ -246,10 +247,8 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
 def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
     out = ["# kvbridge eval", "", _header(result), ""] + md_table(heads, table_rows(result))
-    ms = ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
-    cells = lambda r: [f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}" for m in ms]  # noqa: E731
-    out += ["", "## 95% paired bootstrap intervals", ""]
-    out += md_table(("condition", *ms), [[c, *cells(r)] for c, r in result["conditions"].items()])
+    cells = [[c, *(_with_ci(r, m) for m in INTERVALS)] for c, r in result["conditions"].items()]
+    out += ["", "## 95% paired bootstrap intervals", ""] + md_table(("condition", *INTERVALS), cells)
     comps = result.get("comparisons") or {}
     if comps:
         out += ["", "## nll(transferred) − nll(condition), same samples", ""]
