@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -63,7 +63,7 @@ def blend(
     generator: torch.Generator | None = None,
 ) -> BlendResult:
     """Token-selective recompute of ``state`` rows ``[exact_len:]`` (see the module docstring)."""
-    from kvbridge.recompute.runner import RowStore, embed, run_layer
+    from kvbridge.recompute.runner import RowStore, embed, run_layer, with_kv
 
     ids, positions = state.token_ids, state.positions
     b, t = ids.shape
@@ -116,19 +116,13 @@ def blend(
         hidden = run_layer(model, layer, hidden, rows, store)
         flops += layer_flops(model, layer, b * k, _attended(positions.gather(1, rows), positions))
     seconds = time.perf_counter() - t0
-    out = replace(
-        state,
-        keys=tuple(x.to(state.dtype) for x in store.keys),
-        values=tuple(x.to(state.dtype) for x in store.values),
-        approximate=state.approximate and k < n,
-        meta={
-            **state.meta,
-            "recomputed_token_ratio": float(ratio),
-            "recomputed_tokens": int(k),
-            "check_layer": check_layer,
-            "token_rule": rule,
-        },
-    )
+    meta = {
+        "recomputed_token_ratio": float(ratio),
+        "recomputed_tokens": int(k),
+        "check_layer": check_layer,
+        "token_rule": rule,
+    }
+    out = with_kv(state, store.keys, store.values, k < n, meta)
     cost = Cost(
         flops=flops,
         seconds=seconds,
@@ -148,7 +142,7 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
     The rows left out keep their K/V bitwise. Every row given: a full prefill of the state's tokens
     at its positions (so a store of placeholders with every row given is the model's own prefill of
     those tokens at those positions: the frontier's ``truncated@R``)."""
-    from kvbridge.recompute.runner import RowStore, embed, run_layers
+    from kvbridge.recompute.runner import RowStore, embed, run_layers, with_kv
 
     ids, positions = state.token_ids, state.positions
     b, t = ids.shape
@@ -166,13 +160,7 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
     run_layers(model, range(layers), embed(model, ids.gather(1, rows)), rows, store)
     attended = _attended(positions.gather(1, rows), positions)
     flops = sum(layer_flops(model, layer, b * k, attended) for layer in range(layers))
-    out = replace(
-        state,
-        keys=tuple(x.to(state.dtype) for x in store.keys),
-        values=tuple(x.to(state.dtype) for x in store.values),
-        approximate=state.approximate and k < t,
-        meta={**state.meta, "recomputed_tokens": k, **(meta or {})},
-    )
+    out = with_kv(state, store.keys, store.values, k < t, {"recomputed_tokens": k, **(meta or {})})
     cost = Cost(
         flops=flops,
         seconds=time.perf_counter() - t0,
