@@ -86,15 +86,11 @@ def terminal_table(result: dict) -> str:
     if "transferred" in conds:
         t = conds["transferred"]
         out += ["", "transferred, 95% intervals: " + "; ".join(f"{m} {_with_ci(t, m)}" for m in INTERVALS)]
-        comps = result.get("comparisons") or {}
         parts = []
-        for name, c in comps.items():
-            other = name.removeprefix("transferred_vs_")
-            d, ci = c.get("nll_diff"), c.get("nll_diff_ci") or [None, None]
-            verdict = ""
-            if ci[0] is not None and ci[1] is not None:
-                verdict = " better" if ci[1] < 0 else (" worse" if ci[0] > 0 else " tie")
-            parts.append(f"{other} {fmt(d, '{:+.4f}')} {fmt_ci(ci, '{:+.4f}')}{verdict}")
+        for name, c in (result.get("comparisons") or {}).items():
+            d, (lo, hi) = fmt(c.get("nll_diff"), "{:+.4f}"), c.get("nll_diff_ci") or [None, None]
+            verdict = "" if lo is None or hi is None else " better" if hi < 0 else " worse" if lo > 0 else " tie"
+            parts.append(f"{name.removeprefix('transferred_vs_')} {d} {fmt_ci([lo, hi], '{:+.4f}')}{verdict}")
         if parts:
             out.append("nll(transferred) - nll(x): " + "; ".join(parts))
     gates = result.get("gates") or []
@@ -124,9 +120,7 @@ def terminal_table(result: dict) -> str:
                 f"{fmt(tm.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x counting the source prefill "
                 f"({fmt(tm.get('source_prefill_ms'), '{:.1f}')} ms; target prefill / (source prefill + transfer))"
             )
-    for note in result.get("notes") or []:
-        out.append(f"note: {note}")
-    return "\n".join(out)
+    return "\n".join(out + [f"note: {note}" for note in result.get("notes") or []])
 
 
 def to_json(result: dict) -> str:
@@ -313,9 +307,7 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     defs = result.get("definitions") or {}
     if defs:
         out += ["", "## Metrics", ""] + [f"- `{k}`: {v}" for k, v in defs.items()]
-    for note in result.get("notes") or []:
-        out.append(f"\nNote: {note}")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + [f"\nNote: {note}" for note in result.get("notes") or []]) + "\n"
 
 
 #: the ownership kind of a report folder (see kvbridge.artifacts)
