@@ -101,8 +101,7 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     full_flops = prefill_flops(target, p, batch=n)
     nl = pre.tspec.num_layers
     layers_of = {name: arg for name, kind, arg in points if kind == "layers"}
-    for cond in fields:
-        row = summary["conditions"][cond]
+    for cond, row in summary["conditions"].items():
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops if cond != "native" else 1.0
         row["time_share"] = (cost[cond]["seconds"] / t_native if t_native > 0 else None) if cond != "native" else 1.0
         if cond in layers_of:

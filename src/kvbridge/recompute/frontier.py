@@ -183,8 +183,7 @@ def run_frontier(run, mapping, samples, *, progress=None) -> dict:
     diffs = paired_differences(fields, pairs, bootstrap=bootstrap, seed=seed)
     full = prefill_flops(target, p, batch=n)
     source_share = prefill_flops(source, p, batch=n) / full
-    for cond in fields:
-        row = summary["conditions"][cond]
+    for cond, row in summary["conditions"].items():
         row["flop_share"] = 1.0 if cond == "native" else cost[cond]["flops"] / full
         row["source_flop_share"] = (
             source_share if cond in ("source", "transferred") or cond.startswith("tail@") else 0.0

@@ -242,8 +242,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     t_full = timing["full"]
     summary = summarize_fields(fields, bootstrap=st.bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
-    for cond in names:
-        row = summary["conditions"][cond]
+    for cond, row in summary["conditions"].items():
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops
         row["time_share"] = cost[cond]["seconds"] / t_full if t_full > 0 else None
         row["tokens_recomputed_share"] = 0.0 if cond == "naive" else float(cond.split("@")[1]) if "@" in cond else None
