@@ -161,7 +161,7 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
     attended = _attended(positions.gather(1, rows), positions)
     flops = sum(layer_flops(model, layer, b * k, attended) for layer in range(layers))
     out = with_kv(state, store.keys, store.values, k < t, {"recomputed_tokens": k, **(meta or {})})
-    cost = Cost(
+    return out, Cost(
         flops=flops,
         seconds=time.perf_counter() - t0,
         full_prefill_flops=full,
@@ -169,7 +169,6 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
         rows_per_layer=(k,) * layers,
         note=f"{k} of {t} rows at every layer",
     )
-    return out, cost
 
 
 __all__ = ["BlendResult", "blend", "count_for", "parse_ratio", "recompute_rows"]
