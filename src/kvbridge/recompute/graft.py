@@ -149,9 +149,7 @@ def graft_and_continue(model, tokenizer, context_ids, chunk_state, prompt_ids, r
 
 def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) -> list[str]:
     names = ["full", "naive"] + [f"blend@{r:g}" for r in ratios if r > 0]
-    for rule in ("random", "first"):
-        if rule in controls:
-            names += [f"{rule}@{r:g}" for r in ratios if 0 < r < 1]
+    names += [f"{rule}@{r:g}" for rule in ("random", "first") if rule in controls for r in ratios if 0 < r < 1]
     names += [c for c in ("no_reposition", "shuffled") if c in controls] + ["dropped"]
     return names
 
