@@ -130,25 +130,12 @@ def run_conditions(
         conds.insert(0, "native")
     if "shuffled" in conds and n < 2:
         raise EvalError("the shuffled control needs at least 2 samples", "pass --samples 2 or more")
-    if p < 1 or c < 1:
-        raise EvalError(
-            f"prefix and continuation need at least 1 token (got {p}, {c})", "raise --prefix-len/--continuation-len"
-        )
     pre = Prefills(source, target, mapping, host=host)
     sspec, tspec = pre.sspec, pre.tspec
     check_mapping(sspec, tspec, mapping, EvalError)
     gen = torch.Generator().manual_seed(int(config.seed))
     timing = pre.timing
-    timing["prefix_tokens"] = 0
-    shuffled = "shuffled" in conds
-
-    def batches():  # the source also prefills the next sample's prefix: the shuffled control
-        for bt in prefix_batches(samples, p, c, config.batch_size, timing):
-            timing["prefix_tokens"] += int(bt.parts["prefix"].numel())
-            if shuffled:
-                bt.parts["source_extra"] = samples[(bt.index[-1:] + 1) % n, :p]
-            yield bt
-
+    timing["prefix_tokens"] = n * p
     builders = {
         "zeroed": lambda bt: Built(zeroed_state(pre.transferred(bt))),
         "shuffled": lambda bt: Built(pre.transferred(bt, shifted=True)),
@@ -167,7 +154,7 @@ def run_conditions(
     conds += [x.name for x in conditions[len(conds) :]]
     out, _ = run_batches(
         conditions,
-        batches(),
+        prefix_batches(samples, p, c, config.batch_size, timing, shifted="shuffled" in conds),
         pre.models,
         top_k=config.top_k,
         top_p=config.top_p,

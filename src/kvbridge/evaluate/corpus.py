@@ -43,13 +43,11 @@ def eval_corpus(
     """The held-out text ``eval`` samples from, refusing overlap with the mapping's calibration."""
     from kvbridge.corpus import Split, read_corpus, split_overlap
     from kvbridge.evaluate import heldout_text
-    from kvbridge.evaluate.overlap import OverlapError
+    from kvbridge.evaluate.overlap import OverlapError, check
 
     corpus = read_corpus(path)
     base = {"path": str(path), "sha256": corpus.sha256, "sha256_of": corpus.sha256_of}
     if corpus.kind == "file":
-        from kvbridge.evaluate.overlap import check
-
         texts = list(corpus.texts)
         if not explicit:  # the share the mapping held out of this very file, when it recorded one
             fraction = _recorded_tail(manifest, corpus.sha256) or fraction

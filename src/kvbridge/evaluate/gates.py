@@ -87,23 +87,21 @@ def gate_set(given=(), higher_is_better: dict | None = None) -> list[Gate]:
 
 def evaluate_gates(summary: dict, gates: list[Gate]) -> list[dict]:
     """One record per gate: ``{gate, condition, metric, op, threshold, value, passed, enforced}``."""
-    out = []
     conds = summary.get("conditions", {})
-    for g in gates:
-        value = conds.get(g.condition, {}).get(g.metric)
-        out.append(
-            {
-                "gate": g.text(),
-                "condition": g.condition,
-                "metric": g.metric,
-                "op": g.op,
-                "threshold": g.threshold,
-                "value": value,
-                "passed": g.check(value),
-                "enforced": g.enforced,
-            }
-        )
-    return out
+    values = [conds.get(g.condition, {}).get(g.metric) for g in gates]
+    return [
+        {
+            "gate": g.text(),
+            "condition": g.condition,
+            "metric": g.metric,
+            "op": g.op,
+            "threshold": g.threshold,
+            "value": value,
+            "passed": g.check(value),
+            "enforced": g.enforced,
+        }
+        for g, value in zip(gates, values)
+    ]
 
 
 def exit_code(results: list[dict]) -> int:

@@ -175,11 +175,9 @@ def guarded_prepare(
         checks.append(check_magnitude(state, stats, g.max_ratio))
     if g.kl_probe and all(c.passed for c in checks):
         cache, rest = prepare_cache(model, state, ids, host=host)
-        got = _next_logits(model, cache, rest[:, n - 1 if n == ids.shape[1] else n :]) if cache is not None else None
         native_full = adapter.extract(model, ids[:, :n])
         ref = _next_logits(model, None, ids)
-        if got is None:
-            got = ref
+        got = _next_logits(model, cache, rest[:, n - 1 if n == ids.shape[1] else n :]) if cache is not None else ref
         from kvbridge.divergence import kl as kl_of
 
         kl = float(kl_of(ref, got).max())

@@ -216,10 +216,6 @@ def attention_cosine_min(view: EvalView):
     return _nan(view) if t is None else t.min(-1).values
 
 
-#: the built-in metrics in report order (the one list: :mod:`kvbridge.evaluate.catalog`)
-BUILTIN = NAMES
-
-
 # -- resolving and summarising -----------------------------------------------------------------------
 class MetricError(KVBridgeError):
     """A metric raised, or returned something that is not one number per replicate."""
@@ -251,7 +247,7 @@ def resolve_metrics(host=None, names=None) -> list[LoadedMetric]:
     for name in wanted:
         m, fn = host.entry("metric", name), host.get("metric", name)
         out.append(LoadedMetric(m.name, fn, bool(m.higher_is_better), m.description, host.owner("metric", name)))
-    order = {n: i for i, n in enumerate(BUILTIN)}
+    order = {n: i for i, n in enumerate(NAMES)}  # the built-ins' report order (kvbridge.evaluate.catalog)
     return sorted(out, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
@@ -375,7 +371,6 @@ __all__ = [
     "summarize",
     "bootstrap_indices",
     "percentile_interval",
-    "BUILTIN",
     "nll",
     "perplexity",
     "nll_delta",

@@ -36,10 +36,8 @@ def calibration_overlap(
 
     rec = corpus_record(corpus_path)
     want = {cal.get("corpus_sha256"), (cal.get("corpus") or {}).get("sha256")} - {None}
-    same = rec["sha256"] in want
-    if not same:  # mappings from before corpus records: the combined hash of load_corpus
-        same = load_corpus(corpus_path)[1] in want
-    if not same:
+    # mappings from before corpus records hold the combined hash of load_corpus
+    if rec["sha256"] not in want and load_corpus(corpus_path)[1] not in want:
         return None
     span = cal.get("span")
     if not span and tokenizer is not None and cal.get("tokens"):

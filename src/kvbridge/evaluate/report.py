@@ -38,6 +38,14 @@ def fmt_ci(ci, spec: str = "{:.3f}") -> str:
     return f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
 
 
+#: the metrics the table and the report give with their 95% intervals
+INTERVALS = ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
+
+
+def _with_ci(row: dict, metric: str) -> str:
+    return f"{fmt(row.get(metric), '{:.4f}')} {fmt_ci(row.get(metric + '_ci'), '{:.4f}')}"
+
+
 def text_table(heads, rows, *, right: bool = True, strip: bool = False) -> list[str]:
     """Aligned lines: the heads, a rule, the rows (the first column left-aligned, the others right-aligned
     unless ``right`` is False; trailing blanks dropped if ``strip``)."""
@@ -67,10 +75,7 @@ def _header(result: dict) -> str:
 
 
 def table_rows(result: dict) -> list[list[str]]:
-    rows = []
-    for cond, row in result["conditions"].items():
-        rows.append([cond] + [fmt(row.get(m), f) for m, _, f in COLUMNS])
-    return rows
+    return [[cond] + [fmt(row.get(m), f) for m, _, f in COLUMNS] for cond, row in result["conditions"].items()]
 
 
 def terminal_table(result: dict) -> str:
@@ -80,23 +85,12 @@ def terminal_table(result: dict) -> str:
     conds = result["conditions"]
     if "transferred" in conds:
         t = conds["transferred"]
-        out.append("")
-        out.append(
-            "transferred, 95% intervals: "
-            + "; ".join(
-                f"{m} {fmt(t.get(m), '{:.4f}')} {fmt_ci(t.get(m + '_ci'), '{:.4f}')}"
-                for m in ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
-            )
-        )
-        comps = result.get("comparisons") or {}
+        out += ["", "transferred, 95% intervals: " + "; ".join(f"{m} {_with_ci(t, m)}" for m in INTERVALS)]
         parts = []
-        for name, c in comps.items():
-            other = name.removeprefix("transferred_vs_")
-            d, ci = c.get("nll_diff"), c.get("nll_diff_ci") or [None, None]
-            verdict = ""
-            if ci[0] is not None and ci[1] is not None:
-                verdict = " better" if ci[1] < 0 else (" worse" if ci[0] > 0 else " tie")
-            parts.append(f"{other} {fmt(d, '{:+.4f}')} {fmt_ci(ci, '{:+.4f}')}{verdict}")
+        for name, c in (result.get("comparisons") or {}).items():
+            d, (lo, hi) = fmt(c.get("nll_diff"), "{:+.4f}"), c.get("nll_diff_ci") or [None, None]
+            verdict = "" if lo is None or hi is None else " better" if hi < 0 else " worse" if lo > 0 else " tie"
+            parts.append(f"{name.removeprefix('transferred_vs_')} {d} {fmt_ci([lo, hi], '{:+.4f}')}{verdict}")
         if parts:
             out.append("nll(transferred) - nll(x): " + "; ".join(parts))
     gates = result.get("gates") or []
@@ -126,9 +120,7 @@ def terminal_table(result: dict) -> str:
                 f"{fmt(tm.get('transfer_speedup_with_source_prefill'), '{:.2f}')}x counting the source prefill "
                 f"({fmt(tm.get('source_prefill_ms'), '{:.1f}')} ms; target prefill / (source prefill + transfer))"
             )
-    for note in result.get("notes") or []:
-        out.append(f"note: {note}")
-    return "\n".join(out)
+    return "\n".join(out + [f"note: {note}" for note in result.get("notes") or []])
 
 
 def to_json(result: dict) -> str:
@@ -249,10 +241,8 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
 def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     heads = ["condition"] + [h for _, h, _ in COLUMNS]
     out = ["# kvbridge eval", "", _header(result), ""] + md_table(heads, table_rows(result))
-    ms = ("nll", "gap_recovered", "kl_p95", "top1_agreement", "attention_cosine_min")
-    cells = lambda r: [f"{fmt(r.get(m), '{:.4f}')} {fmt_ci(r.get(m + '_ci'), '{:.4f}')}" for m in ms]  # noqa: E731
-    out += ["", "## 95% paired bootstrap intervals", ""]
-    out += md_table(("condition", *ms), [[c, *cells(r)] for c, r in result["conditions"].items()])
+    cells = [[c, *(_with_ci(r, m) for m in INTERVALS)] for c, r in result["conditions"].items()]
+    out += ["", "## 95% paired bootstrap intervals", ""] + md_table(("condition", *INTERVALS), cells)
     comps = result.get("comparisons") or {}
     if comps:
         out += ["", "## nll(transferred) − nll(condition), same samples", ""]
@@ -317,9 +307,7 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     defs = result.get("definitions") or {}
     if defs:
         out += ["", "## Metrics", ""] + [f"- `{k}`: {v}" for k, v in defs.items()]
-    for note in result.get("notes") or []:
-        out.append(f"\nNote: {note}")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + [f"\nNote: {note}" for note in result.get("notes") or []]) + "\n"
 
 
 #: the ownership kind of a report folder (see kvbridge.artifacts)

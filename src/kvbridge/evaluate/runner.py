@@ -92,13 +92,16 @@ def sample_ids(samples, prefix_len: int, continuation_len: int, error=KVBridgeEr
     return samples, p, c
 
 
-def prefix_batches(samples: torch.Tensor, prefix_len: int, continuation_len: int, batch_size: int, timing: dict):
-    """:class:`Batch` es of ``samples [N, >= P+C+1]``: prefix ``[:P]``, continuation ``[P:P+C]`` scored."""
+def prefix_batches(samples, prefix_len: int, continuation_len: int, batch_size: int, timing: dict, shifted=False):
+    """:class:`Batch` es of ``samples [N, >= P+C+1]``: prefix ``[:P]``, continuation ``[P:P+C]`` scored;
+    ``shifted``: the last sample's successor's prefix as ``parts["source_extra"]``, for the source to prefill
+    with the batch (the shuffled control, :meth:`Prefills.transferred` ``shifted=True``)."""
     p, c, n = prefix_len, continuation_len, samples.shape[0]
     for start in range(0, n, batch_size):
         idx = torch.arange(start, min(n, start + batch_size))
         ids = samples[idx, : p + c + 1]
-        yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], {"prefix": ids[:, :p]}, timing, n)
+        parts = {"prefix": ids[:, :p], **({"source_extra": samples[(idx[-1:] + 1) % n, :p]} if shifted else {})}
+        yield Batch(idx, ids[:, p : p + c], ids[:, p + 1 : p + c + 1], parts, timing, n)
 
 
 def batch_rows(state, start: int, stop: int):
@@ -299,8 +302,8 @@ def _stacked_parts(names: list, states: dict, per_group: int) -> list:
         stacked = cat_states([states[x] for x in group]) if len(group) > 1 else states[group[0]]
         if stacked is not None:
             parts.append((group, stacked))
-        elif g0 == 0 and len(group) > 2 and cat_states([states[x] for x in group[1:]]) is not None:
-            parts += [(group[:1], states[group[0]]), (group[1:], cat_states([states[x] for x in group[1:]]))]
+        elif g0 == 0 and len(group) > 2 and (rest := cat_states([states[x] for x in group[1:]])) is not None:
+            parts += [(group[:1], states[group[0]]), (group[1:], rest)]  # the reference alone, the rest stacked
         else:
             parts += [((x,), states[x]) for x in group]
     return parts
@@ -408,11 +411,8 @@ def run_items(conditions, items, answer: Callable, *, after_item: Callable | Non
     share prefills through :class:`Prefills` on a one-context :class:`Batch`) and ``steer eval`` (one
     prompt, an arm per condition, sampled over seeds)."""
     names = [getattr(c, "name", c) for c in conditions]
-    out = []
-    for item in items:
-        values = {name: answer(item, name) for name in names}
-        out.append(values if after_item is None else after_item(item, values))
-    return out
+    after_item = after_item or (lambda item, values: values)
+    return [after_item(item, {name: answer(item, name) for name in names}) for item in items]
 
 
 def context_batch(ids, timing: dict, memo: dict | None = None) -> Batch:

@@ -9,7 +9,7 @@ head (one token in a prefill) are left out of both sides.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -44,12 +44,12 @@ def prefill_flops(model, tokens: int, batch: int = 1) -> float:
 
 @dataclass(frozen=True)
 class Cost:
-    """FLOPs and wall time of a recompute, and those of a full target prefill of the same tokens."""
+    """FLOPs and wall time of a recompute, and the FLOPs of a full target prefill of the same tokens
+    (the condition sets time that prefill themselves: ``time_share`` in their rows)."""
 
     flops: float = 0.0
     seconds: float = 0.0
     full_prefill_flops: float = 0.0
-    full_prefill_seconds: float | None = None  # measured by the caller when it ran one
     layers_run: tuple = ()  # layers whose forward ran (some or all rows)
     rows_per_layer: tuple = ()  # rows recomputed per layer run (per sample)
     note: str = ""
@@ -57,15 +57,6 @@ class Cost:
     @property
     def flop_share(self) -> float:
         return self.flops / self.full_prefill_flops if self.full_prefill_flops else float("nan")
-
-    @property
-    def time_share(self) -> float:
-        return self.seconds / self.full_prefill_seconds if self.full_prefill_seconds else float("nan")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(flop_share=self.flop_share, time_share=self.time_share)
-        return d
 
 
 __all__ = ["Cost", "layer_flops", "prefill_flops", "causal_pairs", "layer_linear_params"]

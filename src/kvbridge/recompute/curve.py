@@ -53,12 +53,14 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     JSON-ready (see the module docstring). ``run``: a :class:`~kvbridge.run.Run` whose settings (an
     :class:`~kvbridge.evaluate.settings.EvalSettings`) give ``prefix_len``, ``continuation_len``,
     ``batch_size``, ``attention``, ``bootstrap``, ``seed`` and ``recompute.mode``."""
+    from functools import partial
+
     from kvbridge.evaluate.fields import summarize_fields
     from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
     from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
-    from kvbridge.recompute.tokens import RULES, blend
+    from kvbridge.recompute.tokens import blend
 
     s = run.settings
     source, target, mode, bootstrap, seed = run.source.model, run.target.model, s.recompute.mode, s.bootstrap, s.seed
@@ -67,9 +69,6 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     pre = Prefills(source, target, mapping, host=run.host, source_hook=hook)
     samples, p, c = sample_ids(samples, s.prefix_len, s.continuation_len, RecomputeError)
     points = [(name, "layers", layers) for name, layers, _ in plan.layer_points]
-    bad = [x for x in token_rules if x not in RULES]
-    if bad:
-        raise RecomputeError(f"unknown token rule {bad[0]!r}", f"use one of {', '.join(RULES)}")
     points += [
         (f"{'tokens' if rule == 'deviation' else rule}@{r:g}", rule, float(r))
         for rule in token_rules
@@ -85,28 +84,24 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     pre.tad.extract(target, warm, spec=pre.tspec)
     blend(target, pre.tad.extract(target, warm, spec=pre.tspec), 0, 0.5, check_layer=check_layer)
 
-    def point(kind, arg):
-        def build(bt):
-            if kind == "layers":
-                hidden = pre.source_state(bt, extra=True)
-                st, cst = recompute_layers(target, pre.transferred(bt), arg, mode=mode, source_hidden=hidden)
-            else:
-                res = blend(target, pre.transferred(bt), 0, arg, check_layer=check_layer, rule=kind)
-                st, cst = res.state, res.cost
-            return Built(st, seconds=cst.seconds, flops=cst.flops)
-
-        return build
+    def point(kind, arg, bt):  # blend checks the token rule (one line naming it) on the first batch
+        if kind == "layers":
+            hidden = pre.source_state(bt, extra=True)
+            st, cst = recompute_layers(target, pre.transferred(bt), arg, mode=mode, source_hidden=hidden)
+        else:
+            res = blend(target, pre.transferred(bt), 0, arg, check_layer=check_layer, rule=kind)
+            st, cst = res.state, res.cost
+        return Built(st, seconds=cst.seconds, flops=cst.flops)
 
     conds = pre.conditions("native", "transferred")
-    conds += [Condition(name, point(kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
+    conds += [Condition(name, partial(point, kind, arg)) for name, kind, arg in points] + pre.conditions("no_prefix")
     fields, cost = pre.run(conds, samples, p, c, s.batch_size, attention=s.attention, progress=progress)
     t_native, t_transfer = pre.timing["target_prefill_s"], pre.timing["transfer_s"]
     summary = summarize_fields(fields, bootstrap=bootstrap, seed=seed, reference="transferred")
     full_flops = prefill_flops(target, p, batch=n)
     nl = pre.tspec.num_layers
     layers_of = {name: arg for name, kind, arg in points if kind == "layers"}
-    for cond in fields:
-        row = summary["conditions"][cond]
+    for cond, row in summary["conditions"].items():
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops if cond != "native" else 1.0
         row["time_share"] = (cost[cond]["seconds"] / t_native if t_native > 0 else None) if cond != "native" else 1.0
         if cond in layers_of:

@@ -27,6 +27,7 @@ or "does not pay at any measured point".
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -158,21 +159,18 @@ def run_frontier(run, mapping, samples, *, progress=None) -> dict:
         raise RecomputeError("no frontier point to run", "pass --frontier R[,R...], e.g. 0.1,0.25,0.5")
     n = samples.shape[0]
 
-    def point(kind, r):
-        def build(bt):
-            rows = kept_rows(p, r, sink, tail=kind == "tail")
-            if kind == "tail":
-                st, cst = recompute_rows(target, pre.transferred(bt), rows, meta={"frontier": point_name(kind, r)})
-            else:
-                st, cst = truncated_state(target, pre.native(bt), rows)
-            b = len(bt.index)  # truncated: the continuation keeps its own positions P..P+C-1
-            kw = {"position_ids": torch.arange(p, p + c).expand(b, c)} if st.num_tokens != p else {}
-            return Built(st, kwargs=kw, seconds=cst.seconds, flops=cst.flops, rows=int(rows.numel()))
-
-        return build
+    def point(kind, r, bt):
+        rows = kept_rows(p, r, sink, tail=kind == "tail")
+        if kind == "tail":
+            st, cst = recompute_rows(target, pre.transferred(bt), rows, meta={"frontier": point_name(kind, r)})
+        else:
+            st, cst = truncated_state(target, pre.native(bt), rows)
+        b = len(bt.index)  # truncated: the continuation keeps its own positions P..P+C-1
+        kw = {"position_ids": torch.arange(p, p + c).expand(b, c)} if st.num_tokens != p else {}
+        return Built(st, kwargs=kw, seconds=cst.seconds, flops=cst.flops, rows=int(rows.numel()))
 
     conds = pre.conditions("native", "source", "transferred")
-    conds += [Condition(point_name(kind, r), point(kind, r)) for r in ratios for kind in ("truncated", "tail")]
+    conds += [Condition(point_name(k, r), partial(point, k, r)) for r in ratios for k in ("truncated", "tail")]
     conds += pre.conditions("no_prefix")
     fields, cost = pre.run(conds, samples, p, c, s.batch_size, attention=s.attention, progress=progress)
     t = pre.timing
@@ -185,8 +183,7 @@ def run_frontier(run, mapping, samples, *, progress=None) -> dict:
     diffs = paired_differences(fields, pairs, bootstrap=bootstrap, seed=seed)
     full = prefill_flops(target, p, batch=n)
     source_share = prefill_flops(source, p, batch=n) / full
-    for cond in fields:
-        row = summary["conditions"][cond]
+    for cond, row in summary["conditions"].items():
         row["flop_share"] = 1.0 if cond == "native" else cost[cond]["flops"] / full
         row["source_flop_share"] = (
             source_share if cond in ("source", "transferred") or cond.startswith("tail@") else 0.0

@@ -25,23 +25,21 @@ def _diff(d) -> str:
 
 
 def rows(result: dict) -> list[list[str]]:
-    out = []
-    for cond, r in result["conditions"].items():
-        out.append(
-            [
-                cond,
-                fmt(r.get("ratio"), "{:g}") if r.get("ratio") is not None else "",
-                str(r["rows_computed"]) if r.get("rows_computed") is not None else "",
-                fmt(r.get("flop_share"), "{:.3f}"),
-                fmt(r.get("source_flop_share"), "{:.3f}"),
-                f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
-                _diff(r.get("vs_source")),
-                _diff(r.get("vs_truncated")),
-                fmt(r.get("kl_p95"), "{:.4f}"),
-                fmt(r.get("top1_agreement"), "{:.3f}"),
-            ]
-        )
-    return out
+    return [
+        [
+            cond,
+            fmt(r.get("ratio"), "{:g}") if r.get("ratio") is not None else "",
+            str(r["rows_computed"]) if r.get("rows_computed") is not None else "",
+            fmt(r.get("flop_share"), "{:.3f}"),
+            fmt(r.get("source_flop_share"), "{:.3f}"),
+            f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
+            _diff(r.get("vs_source")),
+            _diff(r.get("vs_truncated")),
+            fmt(r.get("kl_p95"), "{:.4f}"),
+            fmt(r.get("top1_agreement"), "{:.3f}"),
+        ]
+        for cond, r in result["conditions"].items()
+    ]
 
 
 def verdict_line(result: dict) -> str:

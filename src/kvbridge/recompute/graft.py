@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -41,9 +42,8 @@ SCHEMA = "kvbridge-graft/1"
 
 def prepare_chunk(model, chunk_ids, host=None):
     """The target's own cache of a chunk alone, at positions ``0..n-1`` (what a pack stores)."""
-    return adapter_of(model, host).extract(
-        model, torch.as_tensor(chunk_ids).long().reshape(-1, torch.as_tensor(chunk_ids).shape[-1])
-    )
+    ids = torch.as_tensor(chunk_ids).long()
+    return adapter_of(model, host).extract(model, ids.reshape(-1, ids.shape[-1]))
 
 
 def concat_states(first, second):
@@ -87,7 +87,6 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
         )
     c = context_state.num_tokens
     start = int(context_state.positions[0, -1]) + 1 if c else 0
-    moved = chunk_state
     if reposition:
         offset = start - int(chunk_state.positions[0, 0])
         moved = chunk_state.reposition(offset, host=host) if offset else chunk_state
@@ -150,9 +149,7 @@ def graft_and_continue(model, tokenizer, context_ids, chunk_state, prompt_ids, r
 
 def condition_names(ratios, controls=("random", "no_reposition", "shuffled")) -> list[str]:
     names = ["full", "naive"] + [f"blend@{r:g}" for r in ratios if r > 0]
-    for rule in ("random", "first"):
-        if rule in controls:
-            names += [f"{rule}@{r:g}" for r in ratios if 0 < r < 1]
+    names += [f"{rule}@{r:g}" for rule in ("random", "first") if rule in controls for r in ratios if 0 < r < 1]
     names += [c for c in ("no_reposition", "shuffled") if c in controls] + ["dropped"]
     return names
 
@@ -167,7 +164,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     prepared ahead).
     """
     from kvbridge.evaluate.fields import summarize_fields
-    from kvbridge.evaluate.runner import Batch, Built, Condition, cat_states, run_batches
+    from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
     from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.settings import GraftSettings
@@ -188,22 +185,19 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     ratios = st.ratio_values
     names = condition_names(ratios, controls)
     gen = torch.Generator().manual_seed(int(seed))
-    _warm_up(model, adapter, context_ids[:1], chunk_ids[:1], check_layer)
+    ids = torch.cat([context_ids, chunk_ids, cont_ids], 1)  # a batch's prefix (parts["prefix"]): context + chunk
+    # one untimed pass of every code path: first calls allocate and dispatch slowly
+    blend(model, adapter.extract(model, ids[:1, : c + n]), c, 0.5, check_layer=check_layer)
     timing = {"full": 0.0}
-
-    def batches():
-        for s in range(0, n_samples, batch_size):
-            idx = torch.arange(s, min(n_samples, s + batch_size))
-            ctx, chk, cont = context_ids[idx], chunk_ids[idx], cont_ids[idx]
-            yield Batch(idx, cont[:, :-1], cont[:, 1:], {"context": ctx, "chunk": chk}, timing, n_samples)
+    batches = prefix_batches(ids, c + n, cont_ids.shape[1] - 1, batch_size, timing)
 
     def context(bt):
-        return bt.once("context", lambda: adapter.extract(model, bt.parts["context"]))
+        return bt.once("context", lambda: adapter.extract(model, bt.parts["prefix"][:, :c]))
 
     def chunk(bt):
         if chunks is not None:
             return bt.once("chunk", lambda: cat_states([chunks[int(i)] for i in bt.index]))
-        return bt.once("chunk", lambda: prepare_chunk(model, bt.parts["chunk"], host=host))
+        return bt.once("chunk", lambda: prepare_chunk(model, bt.parts["prefix"][:, c:], host=host))
 
     def naive(bt):  # (state, seconds of the re-positioning)
         def make():
@@ -214,19 +208,17 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         return bt.once("naive", make)
 
     def full(bt):
-        both = torch.cat([bt.parts["context"], bt.parts["chunk"]], 1)
-        return Built(bt.once("full", lambda: adapter.extract(model, both), "full"))
+        return Built(bt.once("full", lambda: adapter.extract(model, bt.parts["prefix"]), "full"))
 
-    def recomputed(rule, r):
-        def build(bt):
-            state, t_graft = naive(bt)
-            res = blend(model, state, c, r, check_layer=check_layer, rule=rule, generator=gen)
-            return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
-
-        return build
+    def recomputed(name, bt):  # RULE@R: the naive graft with R of the chunk's tokens recomputed
+        rule, r = name.split("@")
+        state, t_graft = naive(bt)
+        rule = "deviation" if rule == "blend" else rule
+        res = blend(model, state, c, float(r), check_layer=check_layer, rule=rule, generator=gen)
+        return Built(res.state, seconds=t_graft + res.cost.seconds, flops=res.cost.flops)
 
     def shuffled(bt):
-        idx, chk = bt.index, bt.parts["chunk"]
+        idx, chk = bt.index, bt.parts["prefix"][:, c:]
         other = chk[torch.roll(torch.arange(len(idx)), 1)] if len(idx) > 1 else chunk_ids[(idx + 1) % n_samples]
         return Built(graft(context(bt), prepare_chunk(model, other, host=host), host=host))
 
@@ -237,13 +229,9 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         "shuffled": shuffled,
         "dropped": lambda bt: Built(context(bt)),
     }
-    for name in names:
-        if "@" in name:
-            rule, r = name.split("@")
-            builders[name] = recomputed("deviation" if rule == "blend" else rule, float(r))
     fields, cost = run_batches(
-        [Condition(x, builders[x]) for x in names],
-        batches(),
+        [Condition(x, builders[x] if x in builders else partial(recomputed, x)) for x in names],
+        batches,
         {"target": (model, adapter)},
         attention=st.attention,
         progress=progress,
@@ -252,11 +240,10 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     t_full = timing["full"]
     summary = summarize_fields(fields, bootstrap=st.bootstrap, seed=seed, reference="naive")
     full_flops = prefill_flops(model, c + n, batch=n_samples)
-    for cond in names:
-        row = summary["conditions"][cond]
+    for cond, row in summary["conditions"].items():
         row["recompute_flop_share"] = cost[cond]["flops"] / full_flops
         row["time_share"] = cost[cond]["seconds"] / t_full if t_full > 0 else None
-        row["tokens_recomputed_share"] = _share(cond)
+        row["tokens_recomputed_share"] = 0.0 if cond == "naive" else float(cond.split("@")[1]) if "@" in cond else None
     summary["conditions"]["full"].update(recompute_flop_share=1.0, time_share=1.0)
     result = {
         "schema": SCHEMA,
@@ -277,22 +264,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         ],
     }
     return json_ready(result, stringify=False)
-
-
-def _warm_up(model, adapter, ctx, chk, check_layer):
-    """One untimed pass of every code path (first calls allocate and dispatch slowly)."""
-    from kvbridge.recompute.tokens import blend
-
-    full = adapter.extract(model, torch.cat([ctx, chk], 1))
-    blend(model, full, ctx.shape[1], 0.5, check_layer=check_layer)
-
-
-def _share(cond: str):
-    if cond == "naive":
-        return 0.0
-    if "@" in cond:
-        return float(cond.split("@")[1])
-    return None
 
 
 __all__ = [

@@ -152,7 +152,7 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
     ``"source"`` (then ``source_hidden[i]`` = the source's hidden states entering layer ``i``,
     ``[B, T, hidden]``, e.g. from :func:`capture_hidden` around the source's extraction).
     """
-    from kvbridge.recompute.runner import RowStore, embed, run_layers
+    from kvbridge.recompute.runner import RowStore, embed, run_layers, with_kv
 
     layers = tuple(sorted(set(int(x) for x in layers)))
     ids = state.token_ids
@@ -200,13 +200,8 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
         note = "source hidden states at each group entry, target layers within the group"
     seconds = time.perf_counter() - t0
     flops = b * sum(layer_flops(model, i, t, causal_pairs(t)) for i in run)
-    out = replace(
-        state,
-        keys=tuple(k.to(state.dtype) for k in keys),
-        values=tuple(v.to(state.dtype) for v in values),
-        approximate=state.approximate and len(layers) < state.num_layers,
-        meta={**state.meta, "recomputed_layers": list(layers), "recompute_mode": mode},
-    )
+    partial = len(layers) < state.num_layers
+    out = with_kv(state, keys, values, partial, {"recomputed_layers": list(layers), "recompute_mode": mode})
     return out, Cost(
         flops=flops,
         seconds=seconds,

@@ -17,7 +17,7 @@ Supported: decoder layers that take ``position_embeddings`` from the model's ``r
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -113,4 +113,16 @@ def run_layers(model, layers, hidden, rows, store: RowStore) -> torch.Tensor:
     return hidden
 
 
-__all__ = ["Parts", "parts_of", "RowStore", "embed", "run_layer", "run_layers"]
+def with_kv(state, keys, values, partial: bool, meta: dict):
+    """``state`` holding ``keys`` / ``values`` (cast to its dtype), ``meta`` added; still approximate only
+    when it was and the recompute was ``partial`` (not every row at every layer it needed)."""
+    return replace(
+        state,
+        keys=tuple(k.to(state.dtype) for k in keys),
+        values=tuple(v.to(state.dtype) for v in values),
+        approximate=state.approximate and partial,
+        meta={**state.meta, **meta},
+    )
+
+
+__all__ = ["Parts", "parts_of", "RowStore", "embed", "run_layer", "run_layers", "with_kv"]

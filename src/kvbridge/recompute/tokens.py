@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -63,7 +63,7 @@ def blend(
     generator: torch.Generator | None = None,
 ) -> BlendResult:
     """Token-selective recompute of ``state`` rows ``[exact_len:]`` (see the module docstring)."""
-    from kvbridge.recompute.runner import RowStore, embed, run_layer
+    from kvbridge.recompute.runner import RowStore, embed, run_layer, with_kv
 
     ids, positions = state.token_ids, state.positions
     b, t = ids.shape
@@ -90,13 +90,10 @@ def blend(
     store = RowStore(state.keys, state.values, positions)
     rows = torch.arange(exact_len, t, device=ids.device).expand(b, n)
     hidden = embed(model, ids[:, exact_len:])
-    flops, run, per_layer = 0.0, [], []
-    deviation = None
+    flops, deviation = 0.0, None
     for layer in range(check_layer + 1):
         hidden = run_layer(model, layer, hidden, rows, store)
         flops += layer_flops(model, layer, b * n, _attended(positions.gather(1, rows), positions))
-        run.append(layer)
-        per_layer.append(n)
     if k < n:
         dk = store.keys[check_layer][:, :, exact_len:].double() - state.keys[check_layer][:, :, exact_len:].double()
         dv = store.values[check_layer][:, :, exact_len:].double() - state.values[check_layer][:, :, exact_len:].double()
@@ -118,28 +115,20 @@ def blend(
     for layer in range(check_layer + 1, layers):
         hidden = run_layer(model, layer, hidden, rows, store)
         flops += layer_flops(model, layer, b * k, _attended(positions.gather(1, rows), positions))
-        run.append(layer)
-        per_layer.append(k)
     seconds = time.perf_counter() - t0
-    out = replace(
-        state,
-        keys=tuple(x.to(state.dtype) for x in store.keys),
-        values=tuple(x.to(state.dtype) for x in store.values),
-        approximate=state.approximate and k < n,
-        meta={
-            **state.meta,
-            "recomputed_token_ratio": float(ratio),
-            "recomputed_tokens": int(k),
-            "check_layer": check_layer,
-            "token_rule": rule,
-        },
-    )
+    meta = {
+        "recomputed_token_ratio": float(ratio),
+        "recomputed_tokens": int(k),
+        "check_layer": check_layer,
+        "token_rule": rule,
+    }
+    out = with_kv(state, store.keys, store.values, k < n, meta)
     cost = Cost(
         flops=flops,
         seconds=seconds,
         full_prefill_flops=full,
-        layers_run=tuple(run),
-        rows_per_layer=tuple(per_layer),
+        layers_run=tuple(range(layers)),  # every layer: 0..check_layer on all n rows, the rest on k
+        rows_per_layer=(n,) * (check_layer + 1) + (k,) * (layers - check_layer - 1),
         note=f"layers 0..{check_layer} on all {n} rows, {k} rows ({rule}) beyond",
     )
     return BlendResult(out, pick, deviation, cost)
@@ -153,7 +142,7 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
     The rows left out keep their K/V bitwise. Every row given: a full prefill of the state's tokens
     at its positions (so a store of placeholders with every row given is the model's own prefill of
     those tokens at those positions: the frontier's ``truncated@R``)."""
-    from kvbridge.recompute.runner import RowStore, embed, run_layers
+    from kvbridge.recompute.runner import RowStore, embed, run_layers, with_kv
 
     ids, positions = state.token_ids, state.positions
     b, t = ids.shape
@@ -171,14 +160,8 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
     run_layers(model, range(layers), embed(model, ids.gather(1, rows)), rows, store)
     attended = _attended(positions.gather(1, rows), positions)
     flops = sum(layer_flops(model, layer, b * k, attended) for layer in range(layers))
-    out = replace(
-        state,
-        keys=tuple(x.to(state.dtype) for x in store.keys),
-        values=tuple(x.to(state.dtype) for x in store.values),
-        approximate=state.approximate and k < t,
-        meta={**state.meta, "recomputed_tokens": k, **(meta or {})},
-    )
-    cost = Cost(
+    out = with_kv(state, store.keys, store.values, k < t, {"recomputed_tokens": k, **(meta or {})})
+    return out, Cost(
         flops=flops,
         seconds=time.perf_counter() - t0,
         full_prefill_flops=full,
@@ -186,7 +169,6 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
         rows_per_layer=(k,) * layers,
         note=f"{k} of {t} rows at every layer",
     )
-    return out, cost
 
 
 __all__ = ["BlendResult", "blend", "count_for", "parse_ratio", "recompute_rows"]
