@@ -132,7 +132,7 @@ def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, pos
     import torch
 
     from kvbridge import rope
-    from kvbridge.buffers import fresh, populate, token_blocks
+    from kvbridge.buffers import fresh, token_blocks
 
     n, b = state.num_tokens, state.batch_size
     positions = torch.as_tensor(positions).to(state.token_ids.device).expand(b, -1)
@@ -160,8 +160,7 @@ def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, pos
         if first is None:
             first = part
             for ts, out in ((part.keys, out_k), (part.values, out_v)):
-                # faulted in by every thread at once before the blocks' copies write them (:func:`populate`)
-                out.extend(populate(fresh((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device)) for t in ts)
+                out.extend(fresh((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device) for t in ts)
         for ts, out in ((part.keys, out_k), (part.values, out_v)):
             for o, t in zip(out, ts):
                 o[:, :, a:e].copy_(t)
