@@ -57,12 +57,12 @@ _PAGE = 4096
 
 def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     """Fault in a fresh CPU buffer's pages before it is written, split over ``threads`` (default: torch's
-    intra-op thread count; nothing at one thread) Python threads, each ``madvise(MADV_POPULATE_WRITE)`` on its own 2 MiB-aligned
-    share (ctypes calls release the GIL, so the shares fault at once). A buffer's first write otherwise
+    intra-op thread count; nothing at one thread) Python threads, each ``madvise(MADV_POPULATE_WRITE)``
+    on its own 2 MiB-aligned share (ctypes calls release the GIL, so the shares fault at once). A buffer's first write otherwise
     takes its page faults inside the operation that writes it: a block of 2,048 result rows is one
     2 MiB page, faulted (and zeroed) by one thread while the other waits, so at two threads the map with
-    fresh results ran at 1.38x its floor against 1.07x with its results already touched (BENCHMARKS.md,
-    "Issue 35: two threads"). The contents are unchanged (zeros or what was there); elsewhere (no libc,
+    fresh results ran at 1.36x its floor against 1.06x with its results already touched (BENCHMARKS.md,
+    "Issue 35: two threads, 32K settled"). The contents are unchanged (zeros or what was there); elsewhere (no libc,
     another device, a kernel without the advice) nothing happens. Returns ``t``."""
     nbytes = t.numel() * t.element_size()
     threads = threads or torch.get_num_threads()
