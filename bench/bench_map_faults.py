@@ -10,7 +10,8 @@ results every call, what ``kvbridge transfer`` up to 8,192 tokens meets), ``warm
 dropped before the next. Children alternate (the order reversed every round); ``--trees`` runs the
 same modes under other source trees (``NAME=PATH`` to a ``src`` folder, as ``PYTHONPATH``) so two
 versions of the map alternate too, and every child prints the sha256 of its last output (bitwise
-comparison across trees). Medians of the children's medians, and their spread.
+comparison across trees). Medians of the children's medians, and their spread. ``--repeats 0`` times
+each child's first call instead (no warm-up: a command that runs one transfer per process).
 
     python bench/bench_map_faults.py --tokens 2048,8192 --threads 2 --rounds 4 --repeats 5
     python bench/bench_map_faults.py --trees base=/tmp/base/src,this=src --modes fresh ...
@@ -61,9 +62,9 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         "warm": lambda: m.map_tensors(keys, values, work=work),
         "transfer": do_transfer,
     }[mode]
-    out = fn()  # warm-up (the warm mode touches its results here)
     walls, cpus, faults = [], [], []
-    for _ in range(repeats):
+    out = None if repeats == 0 else fn()  # warm-up (the warm mode touches its results here); 0: time the first call
+    for _ in range(max(1, repeats)):
         del out
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         c0, w0 = time.process_time(), time.perf_counter()
@@ -129,7 +130,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="2048,8192")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per child after a warm-up; 0: the first call")
     ap.add_argument("--modes", default="fresh,warm")
     ap.add_argument("--trees", default="", help="NAME=SRC,...: run each mode under these source trees")
     ap.add_argument("--digest", type=int, default=0, help="THREADS: print the bitwise-check digests and exit")
