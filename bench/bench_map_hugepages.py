@@ -3,7 +3,10 @@
 ``bench/bench_peer.py``'s inputs (24x2x64 -> 28x2x128, top-k 4, float32); the one-``mm`` floor and
 ``map_tensors`` with ``kvbridge.buffers.HUGE_PAGE_MAX`` unbounded (every fresh buffer of 8 MiB or
 more ``madvise(MADV_HUGEPAGE)``) or at its committed value, alternating ROUNDS times after a warm-up;
-one thread: CPU clock, else wall. Medians (mins) and ratios to the floor.
+one thread: CPU clock, else wall. Medians (mins) and ratios to the floor. This is the map over the
+whole cache, which above 8,192 tokens no command runs (``kvbridge transfer`` maps blocks of 1,024
+tokens into reused buffers): for the transfer a user meets, ``bench/bench_map_faults.py --modes
+floor,transfer``.
 
     python bench/bench_map_hugepages.py TOKENS THREADS ROUNDS
 """

@@ -10,6 +10,14 @@ the selected layers stacked straight from the source, a fresh result, the layout
 batched GEMM), and ``--profile`` prints the torch profiler's
 split of one map and one transfer.
 
+Above 8,192 tokens (``kvbridge.transfer.BLOCKS_ABOVE``) the two columns are two different paths: "map"
+is ``map_tensors`` over the whole cache (1.9 GiB of fresh results at 32,768 tokens; no command runs
+it there), "transfer" the token-block transfer ``kvbridge transfer`` runs. Both run here in one
+process that also holds a mapped 32K state and has just freed the other's gigabytes, which at 32,768
+tokens read 1.21-1.59x (map) and 1.63-1.82x (transfer) the floor in quiet runs, against 1.19 and 1.43
+for each in a process of its own (BENCHMARKS.md, "Issue 35: two threads, 32K settled"): the figure a
+user meets is ``bench/bench_map_faults.py --modes floor,transfer`` (fresh child processes).
+
     python bench/bench_map_split.py [--tokens 512,2048] [--threads 1] [--repeats 5] [--ops] [--profile]
 """
 

@@ -50,6 +50,48 @@ def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
     return t
 
 
+#: ``madvise`` advice: fault a range in as if written (Linux 5.14+; older kernels answer EINVAL, a no-op)
+_POPULATE_WRITE = 23
+_PAGE = 4096
+
+
+def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """Fault in a fresh CPU buffer's pages before it is written, split over ``threads`` (default: torch's
+    intra-op thread count; nothing at one thread) Python threads, each ``madvise(MADV_POPULATE_WRITE)``
+    on its own 2 MiB-aligned share (ctypes calls release the GIL, so the shares fault at once). A buffer's first write otherwise
+    takes its page faults inside the operation that writes it: a block of 2,048 result rows is one
+    2 MiB page, faulted (and zeroed) by one thread while the other waits, so at two threads the map with
+    fresh results ran at 1.36x its floor against 1.06x with its results already touched (BENCHMARKS.md,
+    "Issue 35: two threads, 32K settled"). The contents are unchanged (zeros or what was there); elsewhere (no libc,
+    another device, a kernel without the advice) nothing happens. Returns ``t``."""
+    nbytes = t.numel() * t.element_size()
+    threads = threads or torch.get_num_threads()
+    if t.device.type != "cpu" or nbytes < HUGE_PAGE_MIN or threads < 2:
+        return t  # one thread takes the faults in the GEMM as fast (2-4% slower up front, measured)
+    madvise = _MADVISE.get("fn", 0)
+    if madvise == 0:
+        madvise = _MADVISE["fn"] = _libc_madvise()
+    if madvise is None:
+        return t
+    start = -(-t.data_ptr() // _PAGE) * _PAGE
+    end = (t.data_ptr() + nbytes) // _PAGE * _PAGE
+    n = max(1, min(threads, (end - start) // _HUGE))
+    cuts = [start] + [(start + (end - start) * i // n) // _HUGE * _HUGE for i in range(1, n)] + [end]
+    spans = [(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+    if len(spans) == 1:
+        madvise(spans[0][0], spans[0][1], _POPULATE_WRITE)
+        return t
+    import threading
+
+    workers = [threading.Thread(target=madvise, args=(a, ln, _POPULATE_WRITE)) for a, ln in spans[1:]]
+    for w in workers:
+        w.start()
+    madvise(spans[0][0], spans[0][1], _POPULATE_WRITE)
+    for w in workers:
+        w.join()
+    return t
+
+
 def _libc_madvise():
     import ctypes
     import sys
@@ -65,4 +107,4 @@ def _libc_madvise():
     return fn
 
 
-__all__ = ["HUGE_PAGE_MAX", "HUGE_PAGE_MIN", "fresh", "token_blocks"]
+__all__ = ["HUGE_PAGE_MAX", "HUGE_PAGE_MIN", "fresh", "populate", "token_blocks"]

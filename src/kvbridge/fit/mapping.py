@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kvbridge.buffers import HUGE_PAGE_MAX, HUGE_PAGE_MIN, fresh, token_blocks  # noqa: F401 - re-exported
+from kvbridge.buffers import HUGE_PAGE_MAX, HUGE_PAGE_MIN, fresh, populate, token_blocks  # noqa: F401 - re-exported
 from kvbridge.errors import ArtifactError, StateError
 from kvbridge.spec import ModelSpec
 
@@ -231,15 +231,16 @@ class FittedMapping:
         groups = self._dense_plan(device)
         blocks = token_blocks(t, TOKEN_BLOCK)
 
-        def alloc(key, shape, dt=torch.float32):  # fresh, or the front of the caller's buffer of that role
+        def alloc(key, shape, dt=torch.float32):  # fresh (its pages faulted in by every thread at once,
+            # :func:`populate`), or the front of the caller's buffer of that role
             if work is None:
-                return fresh(shape, dtype=dt, device=device)
+                return populate(fresh(shape, dtype=dt, device=device))
             n = 1
             for d in shape:
                 n *= d
             t_ = work.get(key)
             if t_ is None or t_.numel() < n or t_.dtype != dt or t_.device != torch.device(device):
-                t_ = work[key] = fresh((n,), dtype=dt, device=device)
+                t_ = work[key] = populate(fresh((n,), dtype=dt, device=device))
             return t_[:n].view(shape)
 
         # (batch rows, tokens a:e, result rows o0:o1) of each token block

@@ -1,0 +1,177 @@
+"""The dense map's time and minor page faults with fresh results against results reused (``work=``).
+
+``bench/bench_peer.py``'s inputs (24x2x64 -> 28x2x128, top-k 4, float32). Each child process times
+``--repeats`` calls (after one warm-up) of one mode: ``fresh`` (``map_tensors(keys, values)``: new
+results every call, what ``kvbridge transfer`` up to 8,192 tokens meets), ``warm`` (the same with a
+``work`` dict kept between calls: the results' memory is touched once) or ``transfer`` (the whole
+``kvbridge.transfer.transfer``; above 8,192 tokens in blocks, what ``kvbridge transfer`` meets) or
+``floor`` (``bench_peer.py``'s one ``mm`` of the same FLOPs into a warm output), each call's wall time, CPU time and minor page faults
+(``resource.getrusage(RUSAGE_SELF).ru_minflt`` before / after); the previous call's output is
+dropped before the next. Children alternate (the order reversed every round); ``--trees`` runs the
+same modes under other source trees (``NAME=PATH`` to a ``src`` folder, as ``PYTHONPATH``) so two
+versions of the map alternate too, and every child prints the sha256 of its last output (bitwise
+comparison across trees). Medians of the children's medians, and their spread. ``--repeats 0`` times
+each child's first call instead (no warm-up: a command that runs one transfer per process).
+
+    python bench/bench_map_faults.py --tokens 2048,8192 --threads 2 --rounds 4 --repeats 5
+    python bench/bench_map_faults.py --trees base=/tmp/base/src,this=src --modes fresh ...
+    python bench/bench_map_faults.py --digest 1 > this-1.txt   # sha256 of map and transfer outputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    sys.path.insert(0, str(HERE))
+    from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry
+
+    src, tgt = parse_geometry("24x2x64-28x2x128")
+    side = Ours(src, tgt)
+    inputs = mapping_inputs(src, tgt)
+    keys, values = cache_inputs(src, tokens)
+    do_map, do_transfer = side.map_calls(inputs, keys, values)
+    m = side.mapping(inputs)
+    work: dict = {}
+    x, w, o = floor_operands(src, tgt, tokens) if mode == "floor" else (None, None, None)
+    fn = {
+        "floor": lambda: ([torch.mm(x, w, out=o)], []),
+        "fresh": do_map,
+        "warm": lambda: m.map_tensors(keys, values, work=work),
+        "transfer": do_transfer,
+    }[mode]
+    walls, cpus, faults = [], [], []
+    out = None if repeats == 0 else fn()  # warm-up (the warm mode touches its results here); 0: time the first call
+    for _ in range(max(1, repeats)):
+        del out
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        c0, w0 = time.process_time(), time.perf_counter()
+        out = fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return {
+        "wall": statistics.median(walls),
+        "cpu": statistics.median(cpus),
+        "faults": statistics.median(faults),
+        "sha": digest(out[0] + out[1]),
+    }
+
+
+#: (batch, tokens, dtype) of the bitwise check (session 10's list, BENCHMARKS.md "Issue 35: 32,768 tokens")
+DIGEST_SHAPES = [(1, 1, "float32"), (1, 3, "float32"), (2, 3, "float32"), (1, 100, "float32")]
+DIGEST_SHAPES += [(2, 513, "float16"), (1, 2048, "float32"), (1, 2049, "float32"), (2, 3000, "float32")]
+DIGEST_SHAPES += [(1, 5000, "float16"), (1, 8192, "float32"), (1, 12000, "float32"), (2, 9000, "float16")]
+
+
+def digests(threads: int) -> None:
+    """One line per shape: sha256 of the map's outputs (fresh and with ``work``) and of the transfer's."""
+    import torch
+
+    torch.set_num_threads(threads)
+    sys.path.insert(0, str(HERE))
+    from bench_peer import Ours, mapping_inputs, parse_geometry
+
+    from kvbridge.kvstate import KVState
+    from kvbridge.transfer import transfer
+
+    src, tgt = parse_geometry("24x2x64-28x2x128")
+    side = Ours(src, tgt)
+    m = side.mapping(mapping_inputs(src, tgt))
+    for b, n, dt in DIGEST_SHAPES:
+        g = torch.Generator().manual_seed(n)
+        dtype = getattr(torch, dt)
+        shape = (b, src[1], n, src[2])
+        keys = [torch.randn(shape, generator=g).to(dtype) for _ in range(src[0])]
+        values = [torch.randn(shape, generator=g).to(dtype) for _ in range(src[0])]
+        k, v = m.map_tensors(keys, values, dtype=dtype)
+        work: dict = {}
+        m.map_tensors(keys[::-1], values[::-1], dtype=dtype, work=work)  # a first call to overwrite
+        kw, vw = m.map_tensors(keys, values, dtype=dtype, work=work)
+        state = KVState(
+            keys=tuple(keys),
+            values=tuple(values),
+            token_ids=torch.zeros(b, n, dtype=torch.long),
+            positions=torch.arange(n)[None].expand(b, -1),
+            spec=side.spec_s,
+        )
+        out = transfer(state, m, side.spec_t)
+        print(
+            f"{b} {n} {dt} map {digest(k + v)} work {digest(kw + vw)} "
+            f"transfer {digest(list(out.keys) + list(out.values))}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="2048,8192")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per child after a warm-up; 0: the first call")
+    ap.add_argument("--modes", default="fresh,warm")
+    ap.add_argument("--trees", default="", help="NAME=SRC,...: run each mode under these source trees")
+    ap.add_argument("--digest", type=int, default=0, help="THREADS: print the bitwise-check digests and exit")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.digest:
+        digests(args.digest)
+        return
+    if args.child:
+        print(json.dumps(child(args.child, int(args.tokens), args.threads, args.repeats)))
+        return
+    trees = [tuple(s.split("=", 1)) for s in args.trees.split(",") if s] or [("this", os.environ.get("PYTHONPATH", ""))]
+    runs = [(name, path, mode) for name, path in trees for mode in args.modes.split(",")]
+    load0 = os.getloadavg()
+    print(
+        f"# bench_map_faults: 24x2x64 -> 28x2x128, top-k 4, float32, {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.repeats} calls per child; load {load0[0]:.2f}"
+    )
+    print("| tokens | tree | mode | wall ms | CPU ms | minor faults per call | children's wall medians | sha256 |")
+    print("|---:|---|---|---:|---:|---:|---|---|")
+    for n in [int(t) for t in args.tokens.split(",")]:
+        res: dict = {r: [] for r in runs}
+        for i in range(args.rounds):
+            for name, path, mode in runs if i % 2 == 0 else runs[::-1]:
+                env = dict(os.environ, PYTHONPATH=path)
+                cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(n), "--threads", str(args.threads)]
+                cmd += ["--repeats", str(args.repeats)]
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+                res[(name, path, mode)].append(json.loads(out.strip().splitlines()[-1]))
+        for (name, path, mode), rs in res.items():
+            shas = sorted({r["sha"] for r in rs})
+            print(
+                f"| {n:,} | {name} | {mode} | {1e3 * statistics.median(r['wall'] for r in rs):,.1f} | "
+                f"{1e3 * statistics.median(r['cpu'] for r in rs):,.1f} | "
+                f"{statistics.median(r['faults'] for r in rs):,.0f} | "
+                + ", ".join(f"{1e3 * r['wall']:,.0f}" for r in rs)
+                + f" | {' '.join(shas)} |",
+                flush=True,
+            )
+    print(f"# load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
