@@ -125,6 +125,14 @@ def layout_index(head_dim: int, rotary_dim: int, *, src_interleaved: bool, dst_i
     return idx
 
 
+def _relayout(k: torch.Tensor, rope, src_interleaved: bool, dst_interleaved: bool) -> torch.Tensor:
+    """Keys ``[..., D]`` of a layer rotated by ``rope`` (None: no RoPE, unchanged) in the other layout."""
+    if rope is None:
+        return k
+    idx = layout_index(k.shape[-1], rope.rotary_dim, src_interleaved=src_interleaved, dst_interleaved=dst_interleaved)
+    return k[..., idx.to(k.device)]
+
+
 # -- export --------------------------------------------------------------------------------------
 def _check_rope(state_spec, target, what: str) -> None:
     a, b = state_spec.rope, target.spec.rope
@@ -197,16 +205,7 @@ def to_seq_state(
     dtype = dict((n, d) for n, d in fmt.CACHE_TYPES.values())[cache_type]
     keys, values = [], []
     for i in range(state.num_layers):
-        rope = target.spec.rope_for_layer(i)
-        k = state.keys[i][0]  # [H, T, D]
-        if rope is not None:
-            idx = layout_index(
-                k.shape[-1],
-                rope.rotary_dim,
-                src_interleaved=state.spec.rope.interleaved,
-                dst_interleaved=target.interleaved,
-            )
-            k = k[..., idx.to(k.device)]
+        k = _relayout(state.keys[i][0], target.spec.rope_for_layer(i), state.spec.rope.interleaved, target.interleaved)
         for name, t, out in (("keys", k, keys), ("values", state.values[i][0], values)):
             rows = t.permute(1, 0, 2).reshape(t.shape[1], -1)  # [T, H*D]: a cell's heads one after the other
             if dtype == torch.float16 and rows.numel() and float(rows.abs().max()) > F16_MAX:
@@ -317,12 +316,7 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
     for i in range(seq.num_layers):
         heads, kd, vd = target.spec.kv_heads_of(i), target.spec.key_dim_of(i), target.spec.value_dim_of(i)
         k = seq.keys[i][perm].to(dtype).reshape(-1, heads, kd).permute(1, 0, 2)  # [H, T, D]
-        rope = target.spec.rope_for_layer(i)
-        if rope is not None:
-            idx = layout_index(
-                kd, rope.rotary_dim, src_interleaved=target.interleaved, dst_interleaved=target.spec.rope.interleaved
-            )
-            k = k[..., idx]
+        k = _relayout(k, target.spec.rope_for_layer(i), target.interleaved, target.spec.rope.interleaved)
         keys.append(k.unsqueeze(0).contiguous())
         values.append(seq.values[i][perm].to(dtype).reshape(-1, heads, vd).permute(1, 0, 2).unsqueeze(0).contiguous())
     spec = replace(target.spec, dtype=str(dtype).removeprefix("torch."))

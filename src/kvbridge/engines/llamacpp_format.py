@@ -189,19 +189,7 @@ def parse(data: bytes, where: str = "state", *, cell_ext: bool = False) -> SeqSt
         )
     if found is None:
         return SeqState(token_ids=tokens, positions=(), keys=(), values=(), n_stream=n_stream)
-    s, (positions, v_trans, k_type, v_type, keys, values) = found
-    return SeqState(
-        token_ids=tokens,
-        positions=positions,
-        keys=keys,
-        values=values,
-        k_type=k_type,
-        v_type=v_type,
-        v_trans=v_trans,
-        n_stream=n_stream,
-        stream=s,
-        version=version,
-    )
+    return SeqState(token_ids=tokens, n_stream=n_stream, stream=found[0], version=version, **found[1])
 
 
 def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
@@ -247,7 +235,14 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
             f"{where}: mixed cache types across layers ({sorted(k_types | v_types)})",
             "kvbridge reads caches of one K type and one V type",
         )
-    return tuple(positions), bool(v_trans), k_types.pop(), v_types.pop(), tuple(keys), tuple(values)
+    return {
+        "positions": tuple(positions),
+        "v_trans": bool(v_trans),
+        "k_type": k_types.pop(),
+        "v_type": v_types.pop(),
+        "keys": tuple(keys),
+        "values": tuple(values),
+    }
 
 
 def _row_block(r: _Reader, cells: int, layer: int, word: str, name: str, dtype, where: str) -> torch.Tensor:
