@@ -236,15 +236,14 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
     from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
-    from kvbridge.transfer import IdentityMapping, transfer
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import ConditionRun, run_conditions
     from kvbridge.evaluate.settings import EvalSettings
-    from kvbridge.evaluate.runner import Built, Condition
     from kvbridge.evaluate.metrics import bootstrap_indices, resolve_metrics, summarize
     from kvbridge.fit import FitSettings, fit_run
+    from kvbridge.harness.conditions import plain_condition
     from kvbridge.plugins import get_host
     from kvbridge.run import model_run
 
@@ -289,14 +288,8 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         seed=st.seed,
         conditions=conds,
     )
-
-    def plain(pre):  # plain reuse: the same source prefill through the identity mapping
-        def build(bt):
-            return Built(transfer(pre.source_state(bt), IdentityMapping(), pre.tspec, host=pre.host))
-
-        return Condition("plain", build)
-
-    ran = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain])
+    # plain reuse: the same source prefill through the identity mapping
+    ran = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain_condition])
     timing["eval_s"] = time.perf_counter() - t0
     names = {"transferred": "fitted", **{c: f"fitted:{c}" for c in conds[3:]}}
     fields = {names.get(k, k): v for k, v in ran.fields.items()}
@@ -310,8 +303,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         f"{a}-{b}": _paired_diff(fields[a], fields[b], idx, params)
         for a, b in (("fitted", "plain"), ("native", "fitted"), ("native", "plain"))
     }
-    hib = {m.name: m.higher_is_better for m in metrics}
-    gate_list = gates_mod.gate_set((), hib)
+    gate_list = gates_mod.gate_set((), {m.name: m.higher_is_better for m in metrics})
     gates = {
         r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
         for r in ("fitted", "plain")
@@ -320,14 +312,13 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     r2 = (rep.get("r2_summary") if isinstance(rep, dict) else getattr(rep, "r2_summary", None)) or {}
     sel = mapping.layer_selection() if hasattr(mapping, "layer_selection") else None
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
-    held = (pair.adapter.recipe or {}).get("result")
     info = {
         "path": pair.adapter.path,
         "rank": pair.adapter.rank,
         "alpha": pair.adapter.alpha,
         "targets": list(pair.adapter.target_modules),
         "sha256": pair.adapter.sha256,
-        "heldout": held,
+        "heldout": (pair.adapter.recipe or {}).get("result"),
     }
     kept = ("prefix_len", "continuation_len", "greedy_tokens", "bootstrap", "seed", "top_k", "stride")
     settings = {

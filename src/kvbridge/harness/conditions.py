@@ -176,7 +176,6 @@ class Answerer:
         from functools import partial
 
         from kvbridge.evaluate.runner import Built, Condition
-        from kvbridge.transfer import IdentityMapping, transfer
 
         p = self.prefills
 
@@ -187,15 +186,10 @@ class Answerer:
                 self.reused["prefills"] += 1
             return Built(bt.once("native", lambda: p.source_state(bt)))
 
-        def plain(bt):
-            return Built(
-                bt.once("plain", lambda: transfer(p.source_state(bt), IdentityMapping(), self.tspec, host=self.host))
-            )
-
-        builds = {"target": target, "plain": plain}
+        builds = {"target": target}
         builds.update({name: partial(self._frontier, name) for name in self.frontier})
         builds.update({name: partial(self._recompute, point) for name, point in self.recompute.items()})
-        shared = {c.name: c for c in p.conditions("source", "transferred")}  # as eval's
+        shared = {c.name: c for c in [*p.conditions("source", "transferred"), plain_condition(p)]}  # as eval's
         return {**shared, **{name: Condition(name, build) for name, build in builds.items()}}
 
     def _frontier(self, name: str, bt):
@@ -337,6 +331,16 @@ class Answerer:
         return cut_at_stop(text, stop)
 
 
+def plain_condition(pre):
+    """``plain``: the source's prefix cache given to the target as it is (the identity mapping), made once
+    per batch from the shared :class:`~kvbridge.evaluate.runner.Prefills` ``pre`` (the adapter pair's too)."""
+    from kvbridge.evaluate.runner import Built, Condition
+    from kvbridge.transfer import IdentityMapping, transfer
+
+    make = lambda bt: transfer(pre.source_state(bt), IdentityMapping(), pre.tspec, host=pre.host)  # noqa: E731
+    return Condition("plain", lambda bt: Built(bt.once("plain", lambda: make(bt))))
+
+
 def next_position(state) -> int | None:
     """The position of the first live id after ``state`` where it is not the state's length (a
     truncated cache keeps its rows' original positions: the next one is the last + 1); else None."""
@@ -382,4 +386,5 @@ __all__ = [
     "parse_recompute_tokens",
     "cut_at_stop",
     "same_cache",
+    "plain_condition",
 ]

@@ -73,13 +73,11 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
 
         tasks += lm_eval_loaded_tasks(list(prepared.lm_specs), prepared.lm_options)
-    head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
-    partial = (
-        None
-        if settings.partial_file is None
-        else PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
-    )
-    on_item = None if partial is None else lambda task, record: partial.add({"task": task, **record})
+    partial = on_item = None
+    if settings.partial_file is not None:
+        head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
+        partial = PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
+        on_item = lambda task, record: partial.add({"task": task, **record})  # noqa: E731
     result = run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
     return result, write_and_close(result, settings, write_report, partial)
 

@@ -103,9 +103,7 @@ class HumanEvalTask:
     Options = HumanEvalOptions
     no_context = False
     executes_code = True
-
-    def __init__(self):
-        self._limits = None
+    _limits = None  # the sandbox's limits, from the options items() was given
 
     def items(self, options: HumanEvalOptions, tokenizer) -> list:
         from kvbridge.harness.sandbox import Limits
