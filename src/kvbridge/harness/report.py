@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvbridge.harness.run import RATIOS as _RATIO_KEYS
+
 REPORT_KIND = "kvbridge-harness-report"
 #: the summary ratios (a summary's keys) and their labels
-RATIOS = {"retention": "retention", "floor_normalised_retention": "floor-norm retention", "gap_closed": "gap closed"}
+RATIOS = dict(zip(_RATIO_KEYS, ("retention", "floor-norm retention", "gap closed")))
 
 
 def _acc(row: dict | None) -> str:

@@ -27,6 +27,8 @@ from kvbridge.harness.protocol import ChoiceItem, GenItem, HarnessError
 SCHEMA = "kvbridge-harness/1"
 #: characters of each completion kept in the result
 KEEP_CHARS = 300
+#: the ratios of :func:`kvbridge.stats.summarize` a summary (and each group's) holds
+RATIOS = ("retention", "floor_normalised_retention", "gap_closed")
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,7 @@ def _group_summary(records: list, conds: list, chance: dict) -> dict:
         out[g] = {
             "n": len(recs),
             "conditions": {c: {"accuracy": v["accuracy"], "ci": v["ci"]} for c, v in summary["conditions"].items()},
-            **{
-                k: summary[k]["value"]
-                for k in ("retention", "floor_normalised_retention", "gap_closed")
-                if k in summary
-            },
+            **{k: summary[k]["value"] for k in RATIOS if k in summary},
         }
     return out
 
