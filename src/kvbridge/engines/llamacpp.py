@@ -72,8 +72,7 @@ class EngineModel:
         return self.spec.kv_heads_of(layer) * self.spec.value_dim_of(layer)
 
     def geometry(self) -> str:
-        s = self.spec
-        return f"{s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim}"
+        return f"{self.num_layers} layers x {self.spec.num_kv_heads} KV heads x {self.spec.head_dim}"
 
 
 def engine_model(model: Any, host=None) -> EngineModel:
@@ -223,7 +222,6 @@ def to_seq_state(
         v_type=cache_type,
         v_trans=bool(v_trans),
         n_stream=int(n_stream),
-        stream=0,
     )
 
 

@@ -242,12 +242,8 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
             "frontier": {"ratios": list(frontier), "sink": answerer.sink, "conditions": list(answerer.frontier)}
             if frontier
             else None,
-            "settings": {
-                "bootstrap": s.bootstrap,
-                "seed": s.seed,
-                "limit": int(s.limit),
-                "allow_code_execution": bool(s.allow_code_execution),
-            },
+            "settings": {k: getattr(s, k) for k in ("bootstrap", "seed", "limit")}
+            | {"allow_code_execution": bool(s.allow_code_execution)},
             "tasks": result_tasks,
             "overall": overall,
             "items": all_items,
