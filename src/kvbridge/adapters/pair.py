@@ -54,11 +54,7 @@ class AdapterPairResult:
         """-1 when ``a`` is reliably lower than ``b`` on ``metric`` (interval of a-b below 0), +1 above, 0 tie."""
         key, sign = (f"{a}-{b}", 1) if f"{a}-{b}" in self.differences else (f"{b}-{a}", -1)
         _d, lo, hi = self.differences[key][metric]
-        if hi < 0:
-            return -sign
-        if lo > 0:
-            return sign
-        return 0
+        return -sign if hi < 0 else sign if lo > 0 else 0
 
     def ordering(self, metric: str = "nll") -> list[str]:
         """The orderings (lower is better) that the paired intervals separate, e.g. ``native < fitted``."""
