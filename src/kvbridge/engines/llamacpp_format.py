@@ -258,12 +258,12 @@ def _row_block(r: _Reader, cells: int, layer: int, word: str, name: str, dtype, 
 
 def write(state: SeqState, *, seq_id: int = 0) -> bytes:
     """The sequence-state file bytes of ``state`` (what ``llama_state_seq_load_file`` reads)."""
-    out = [
-        struct.pack("<III", MAGIC, VERSION, len(state.token_ids)),
-        struct.pack(f"<{len(state.token_ids)}i", *state.token_ids),
-        _memory(state, seq_id),
-    ]
-    return b"".join(out)
+    return _head(state.token_ids) + _memory(state, seq_id)
+
+
+def _head(tokens) -> bytes:
+    """The file's magic, version and the prompt's token ids."""
+    return struct.pack(f"<III{len(tokens)}i", MAGIC, VERSION, len(tokens), *tokens)
 
 
 def _memory(state: SeqState, seq_id: int) -> bytes:
@@ -319,8 +319,7 @@ def from_seq_data(data: bytes, token_ids=()) -> bytes:
             f"(header 0x{IO_MAGIC:08x} missing)",
             _FIX_VERSION,
         )
-    tokens = list(token_ids)
-    return struct.pack("<III", MAGIC, VERSION, len(tokens)) + struct.pack(f"<{len(tokens)}i", *tokens) + bytes(data[8:])
+    return _head(list(token_ids)) + bytes(data[8:])
 
 
 __all__ = [
