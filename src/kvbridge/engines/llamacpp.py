@@ -34,7 +34,7 @@ refused by the geometry checks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -317,17 +317,14 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
         k = _relayout(k, target.spec.rope_for_layer(i), target.interleaved, target.spec.rope.interleaved)
         keys.append(k.unsqueeze(0).contiguous())
         values.append(seq.values[i][perm].to(dtype).reshape(-1, heads, vd).permute(1, 0, 2).unsqueeze(0).contiguous())
-    spec = replace(target.spec, dtype=str(dtype).removeprefix("torch."))
-    positions = torch.tensor([[seq.positions[c] for c in order]], dtype=torch.long)
-    # the saved prompt is in token order; cells, sorted by position, follow it
-    token_ids = torch.tensor([list(seq.token_ids)], dtype=torch.long)
     meta = {"engine": "llamacpp", "file": where, **{k: v for k, v in seq.summary().items() if k != "positions"}}
     state = KVState(
         keys=tuple(keys),
         values=tuple(values),
-        token_ids=token_ids,
-        positions=positions,
-        spec=spec,
+        # the saved prompt is in token order; cells, sorted by position, follow it
+        token_ids=torch.tensor([list(seq.token_ids)], dtype=torch.long),
+        positions=torch.tensor([[seq.positions[c] for c in order]], dtype=torch.long),
+        spec=target.spec.with_dtype(str(dtype).removeprefix("torch.")),
         rope_applied=True,
         meta=meta,
     )
