@@ -152,7 +152,6 @@ def _check_rope(state_spec, target, what: str) -> None:
 
 def check_geometry(state, target: EngineModel, what: str = "KV state") -> None:
     """One-line :class:`StateError` unless ``state`` has ``target``'s cache geometry."""
-    spec = state.spec
     if state.num_layers != target.num_layers:
         raise StateError(
             f"{what} has {state.num_layers} layers; {target.name} caches {target.num_layers} "
@@ -169,8 +168,8 @@ def check_geometry(state, target: EngineModel, what: str = "KV state") -> None:
                 f"{target.spec.key_dim_of(i)} / {target.spec.kv_heads_of(i)}x{target.spec.value_dim_of(i)}",
                 "transfer the state to this model first (kvbridge transfer)",
             )
-    if spec.positional == "rope":
-        _check_rope(spec, target, what)
+    if state.spec.positional == "rope":
+        _check_rope(state.spec, target, what)
     vocab = target.spec.vocab_size
     if vocab and state.num_tokens and int(state.token_ids.max()) >= vocab:
         raise StateError(

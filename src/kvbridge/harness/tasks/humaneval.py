@@ -110,8 +110,7 @@ class HumanEvalTask:
 
         rows = read_problems(Path(options.path) if options.path else data_file())
         idx = parse_indices(options.problems, len(rows)) if options.problems else list(range(len(rows)))
-        if options.limit:
-            idx = idx[: options.limit]
+        idx = idx[: options.limit or None]
         self._limits = Limits(
             timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s) + 1), memory_mb=options.memory_mb
         )
