@@ -25,16 +25,14 @@ class Prepared:
 
 def prepare(settings: HarnessSettings) -> Prepared:
     """Everything about ``settings`` that can be refused before a model loads."""
+    from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
     from kvbridge.harness.run import code_tasks, load_tasks, parse_task_options
 
     options = parse_task_options(settings.task_options)
     lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
     tasks = load_tasks(list(settings.tasks), options) if settings.tasks else []
-    lm_specs = []
-    if settings.lm_eval_tasks:  # resolved (and refused when hub-only) before any model loads
-        from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
-
-        lm_specs = lm_eval_task_specs(list(settings.lm_eval_tasks), include_path=settings.lm_eval_include)
+    # resolved (and refused when hub-only) before any model loads
+    lm_specs = lm_eval_task_specs(list(settings.lm_eval_tasks), include_path=settings.lm_eval_include)
     if lm_options and not lm_specs:
         raise HarnessError(
             f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
