@@ -149,6 +149,7 @@ class Answerer:
         names = list(CONDITIONS) + list(self.recompute) + list(self.frontier)
         if wanted is None:
             return [c for c in names if c != "plain" or self.plain_ok]
+        wanted = list(wanted)
         for c in wanted:
             if c not in names:
                 raise HarnessError(f"unknown condition {c!r}", f"use some of {', '.join(names)}")
