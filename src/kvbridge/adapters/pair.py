@@ -236,7 +236,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import ConditionRun, run_conditions
-    from kvbridge.evaluate.settings import EvalSettings
+    from kvbridge.evaluate.settings import CONTROLS, EvalSettings
     from kvbridge.evaluate.metrics import bootstrap_indices, resolve_metrics, summarize
     from kvbridge.fit import FitSettings, fit_run
     from kvbridge.harness.conditions import plain_condition
@@ -273,9 +273,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
     t0 = time.perf_counter()
     ids, data = corpus_samples(corpus, tok, n=st.samples, length=st.prefix_len + st.continuation_len + 1)
-    conds = ("native", "transferred", "no_prefix") + (
-        ("zeroed", "shuffled", "random", "no_rope_reapply") if st.controls else ()
-    )
+    conds = ("native", "transferred", "no_prefix") + (CONTROLS if st.controls else ())
     cfg = EvalSettings(
         prefix_len=st.prefix_len,
         continuation_len=st.continuation_len,
