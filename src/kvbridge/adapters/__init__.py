@@ -107,19 +107,13 @@ def _lora_pairs(state: dict) -> dict[str, tuple[Any, Any]]:
     """``{module path in the base model: (A, B)}`` from PEFT's key names."""
     pairs: dict[str, dict[str, Any]] = {}
     for key, t in state.items():
-        for part in ("lora_A", "lora_B"):
-            marker = f".{part}."
-            if marker in key:
-                mod = key.split(marker)[0]
-                if mod.startswith("base_model.model."):
-                    mod = mod[len("base_model.model.") :]
-                pairs.setdefault(mod, {})[part] = t
-                break
-        else:
+        part = next((part for part in ("lora_A", "lora_B") if f".{part}." in key), None)
+        if part is None:
             raise AdapterError(
                 f"adapter tensor {key!r} is not a LoRA A/B matrix",
                 "pass a plain LoRA adapter (no modules_to_save, no bias)",
             )
+        pairs.setdefault(key.split(f".{part}.")[0].removeprefix("base_model.model."), {})[part] = t
     bad = [m for m, p in pairs.items() if set(p) != {"lora_A", "lora_B"}]
     if bad:
         raise AdapterError(f"adapter has an A or B matrix missing for {bad[0]}", "re-save the adapter")

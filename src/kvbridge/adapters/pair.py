@@ -54,11 +54,7 @@ class AdapterPairResult:
         """-1 when ``a`` is reliably lower than ``b`` on ``metric`` (interval of a-b below 0), +1 above, 0 tie."""
         key, sign = (f"{a}-{b}", 1) if f"{a}-{b}" in self.differences else (f"{b}-{a}", -1)
         _d, lo, hi = self.differences[key][metric]
-        if hi < 0:
-            return -sign
-        if lo > 0:
-            return sign
-        return 0
+        return -sign if hi < 0 else sign if lo > 0 else 0
 
     def ordering(self, metric: str = "nll") -> list[str]:
         """The orderings (lower is better) that the paired intervals separate, e.g. ``native < fitted``."""
@@ -77,15 +73,8 @@ class AdapterPairResult:
                 f"{fmt(c['nll'])} {fmt_ci(c['nll_ci'])}",
                 f"{fmt(c['gap_recovered'], '{:+.3f}')} {fmt_ci(c['gap_recovered_ci'], '{:+.2f}')}",
                 f"{fmt(c['kl_mean'], '{:.4f}')} {fmt_ci(c['kl_mean_ci'], '{:.4f}')}",
-                *(
-                    fmt(c[m], f)
-                    for m, f in (
-                        ("kl_p95", "{:.4f}"),
-                        ("top1_agreement", "{:.3f}"),
-                        ("greedy_agreement", "{:.3f}"),
-                        ("attention_cosine_min", "{:.3f}"),
-                    )
-                ),
+                fmt(c["kl_p95"], "{:.4f}"),
+                *(fmt(c[m]) for m in ("top1_agreement", "greedy_agreement", "attention_cosine_min")),  # {:.3f}
                 self._gate_text(r),
             ]
 
@@ -102,11 +91,10 @@ class AdapterPairResult:
         return "PASS" if not bad else "FAIL (" + ", ".join(bad) + ")"
 
     def diff_lines(self) -> list[str]:
-        out = []
-        for key, d in self.differences.items():
-            parts = [f"{m} {v[0]:+.4f} [{v[1]:+.4f}, {v[2]:+.4f}]" for m, v in d.items()]
-            out.append(f"{key}: " + "; ".join(parts))
-        return out
+        return [
+            f"{key}: " + "; ".join(f"{m} {v[0]:+.4f} [{v[1]:+.4f}, {v[2]:+.4f}]" for m, v in d.items())
+            for key, d in self.differences.items()
+        ]
 
     def _header(self) -> list[str]:
         a, s = self.adapter, self.settings
@@ -244,22 +232,19 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
     from kvbridge.family_adapter import weights_fingerprint
     from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
-    from kvbridge.transfer import IdentityMapping, transfer
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
     from kvbridge.evaluate.conditions import ConditionRun, run_conditions
-    from kvbridge.evaluate.settings import EvalSettings
-    from kvbridge.evaluate.runner import Built, Condition
+    from kvbridge.evaluate.settings import CONTROLS, EvalSettings
     from kvbridge.evaluate.metrics import bootstrap_indices, resolve_metrics, summarize
     from kvbridge.fit import FitSettings, fit_run
+    from kvbridge.harness.conditions import plain_condition
     from kvbridge.plugins import get_host
     from kvbridge.run import model_run
 
     host = host or get_host()
     st = settings if settings is not None else AdapterPairSettings()
-    prefix_len, continuation_len, greedy_tokens = st.prefix_len, st.continuation_len, st.greedy_tokens
-    bootstrap, seed = st.bootstrap, st.seed
     timing: dict = {}
     t0 = time.perf_counter()
     if pair is None:
@@ -272,7 +257,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
 
     t0 = time.perf_counter()
     names = (pair.base_name, f"{pair.base_name}+adapter")
-    run = model_run(base, tuned, FitSettings(top_k=st.top_k, stride=st.stride, seed=seed), host, names=names)
+    run = model_run(base, tuned, FitSettings(top_k=st.top_k, stride=st.stride, seed=st.seed), host, names=names)
     side_names = (pair.base_name, f"{pair.base_name}+{Path(pair.adapter.path).name}")
     sides = [
         Side(m.spec, name=n, config=m.model.config.to_dict(), weights=weights_fingerprint(m.model))
@@ -287,42 +272,32 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     timing["fit_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ids, data = corpus_samples(corpus, tok, n=st.samples, length=prefix_len + continuation_len + 1)
-    conds = ("native", "transferred", "no_prefix") + (
-        ("zeroed", "shuffled", "random", "no_rope_reapply") if st.controls else ()
-    )
+    ids, data = corpus_samples(corpus, tok, n=st.samples, length=st.prefix_len + st.continuation_len + 1)
+    conds = ("native", "transferred", "no_prefix") + (CONTROLS if st.controls else ())
     cfg = EvalSettings(
-        prefix_len=prefix_len,
-        continuation_len=continuation_len,
-        greedy_tokens=greedy_tokens,
+        prefix_len=st.prefix_len,
+        continuation_len=st.continuation_len,
+        greedy_tokens=st.greedy_tokens,
         batch_size=st.batch_size,
-        seed=seed,
+        seed=st.seed,
         conditions=conds,
     )
-
-    def plain(pre):  # plain reuse: the same source prefill through the identity mapping
-        def build(bt):
-            return Built(transfer(pre.source_state(bt), IdentityMapping(), pre.tspec, host=pre.host))
-
-        return Condition("plain", build)
-
-    ran = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain])
+    # plain reuse: the same source prefill through the identity mapping
+    ran = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain_condition])
     timing["eval_s"] = time.perf_counter() - t0
     names = {"transferred": "fitted", **{c: f"fitted:{c}" for c in conds[3:]}}
     fields = {names.get(k, k): v for k, v in ran.fields.items()}
     fields = {k: fields[k] for k in ("native", "fitted", "plain", "no_prefix", *(f"fitted:{c}" for c in conds[3:]))}
     combined = ConditionRun(config=cfg, fields=fields, num_layers=ran.num_layers, timing=ran.timing)
     metrics = resolve_metrics(host)
-    summary = summarize(combined, metrics, bootstrap=bootstrap, seed=seed)
-    params = {"greedy_tokens": greedy_tokens, "top_k": cfg.top_k, "top_p": cfg.top_p}
-    idx = bootstrap_indices(int(ids.shape[0]), bootstrap, seed)
+    summary = summarize(combined, metrics, bootstrap=st.bootstrap, seed=st.seed)
+    params = {"greedy_tokens": st.greedy_tokens, "top_k": cfg.top_k, "top_p": cfg.top_p}
+    idx = bootstrap_indices(int(ids.shape[0]), st.bootstrap, st.seed)
     differences = {
-        "fitted-plain": _paired_diff(fields["fitted"], fields["plain"], idx, params),
-        "native-fitted": _paired_diff(fields["native"], fields["fitted"], idx, params),
-        "native-plain": _paired_diff(fields["native"], fields["plain"], idx, params),
+        f"{a}-{b}": _paired_diff(fields[a], fields[b], idx, params)
+        for a, b in (("fitted", "plain"), ("native", "fitted"), ("native", "plain"))
     }
-    hib = {m.name: m.higher_is_better for m in metrics}
-    gate_list = gates_mod.gate_set((), hib)
+    gate_list = gates_mod.gate_set((), {m.name: m.higher_is_better for m in metrics})
     gates = {
         r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
         for r in ("fitted", "plain")
@@ -331,25 +306,19 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     r2 = (rep.get("r2_summary") if isinstance(rep, dict) else getattr(rep, "r2_summary", None)) or {}
     sel = mapping.layer_selection() if hasattr(mapping, "layer_selection") else None
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
-    held = (pair.adapter.recipe or {}).get("result")
     info = {
         "path": pair.adapter.path,
         "rank": pair.adapter.rank,
         "alpha": pair.adapter.alpha,
         "targets": list(pair.adapter.target_modules),
         "sha256": pair.adapter.sha256,
-        "heldout": held,
+        "heldout": (pair.adapter.recipe or {}).get("result"),
     }
+    kept = ("prefix_len", "continuation_len", "greedy_tokens", "bootstrap", "seed", "top_k", "stride")
     settings = {
         "base": pair.base_name,
         "samples": int(ids.shape[0]),
-        "prefix_len": prefix_len,
-        "continuation_len": continuation_len,
-        "greedy_tokens": greedy_tokens,
-        "bootstrap": bootstrap,
-        "seed": seed,
-        "top_k": st.top_k,
-        "stride": st.stride,
+        **{k: getattr(st, k) for k in kept},
         "calibration_tokens": int(calib.numel()),
         "corpus": str(corpus),
         "dtype": str(next(tuned.parameters()).dtype).replace("torch.", ""),

@@ -34,7 +34,7 @@ refused by the geometry checks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +72,7 @@ class EngineModel:
         return self.spec.kv_heads_of(layer) * self.spec.value_dim_of(layer)
 
     def geometry(self) -> str:
-        s = self.spec
-        return f"{s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim}"
+        return f"{self.num_layers} layers x {self.spec.num_kv_heads} KV heads x {self.spec.head_dim}"
 
 
 def engine_model(model: Any, host=None) -> EngineModel:
@@ -125,6 +124,14 @@ def layout_index(head_dim: int, rotary_dim: int, *, src_interleaved: bool, dst_i
     return idx
 
 
+def _relayout(k: torch.Tensor, rope, src_interleaved: bool, dst_interleaved: bool) -> torch.Tensor:
+    """Keys ``[..., D]`` of a layer rotated by ``rope`` (None: no RoPE, unchanged) in the other layout."""
+    if rope is None:
+        return k
+    idx = layout_index(k.shape[-1], rope.rotary_dim, src_interleaved=src_interleaved, dst_interleaved=dst_interleaved)
+    return k[..., idx.to(k.device)]
+
+
 # -- export --------------------------------------------------------------------------------------
 def _check_rope(state_spec, target, what: str) -> None:
     a, b = state_spec.rope, target.spec.rope
@@ -145,7 +152,6 @@ def _check_rope(state_spec, target, what: str) -> None:
 
 def check_geometry(state, target: EngineModel, what: str = "KV state") -> None:
     """One-line :class:`StateError` unless ``state`` has ``target``'s cache geometry."""
-    spec = state.spec
     if state.num_layers != target.num_layers:
         raise StateError(
             f"{what} has {state.num_layers} layers; {target.name} caches {target.num_layers} "
@@ -162,8 +168,8 @@ def check_geometry(state, target: EngineModel, what: str = "KV state") -> None:
                 f"{target.spec.key_dim_of(i)} / {target.spec.kv_heads_of(i)}x{target.spec.value_dim_of(i)}",
                 "transfer the state to this model first (kvbridge transfer)",
             )
-    if spec.positional == "rope":
-        _check_rope(spec, target, what)
+    if state.spec.positional == "rope":
+        _check_rope(state.spec, target, what)
     vocab = target.spec.vocab_size
     if vocab and state.num_tokens and int(state.token_ids.max()) >= vocab:
         raise StateError(
@@ -197,16 +203,7 @@ def to_seq_state(
     dtype = dict((n, d) for n, d in fmt.CACHE_TYPES.values())[cache_type]
     keys, values = [], []
     for i in range(state.num_layers):
-        rope = target.spec.rope_for_layer(i)
-        k = state.keys[i][0]  # [H, T, D]
-        if rope is not None:
-            idx = layout_index(
-                k.shape[-1],
-                rope.rotary_dim,
-                src_interleaved=state.spec.rope.interleaved,
-                dst_interleaved=target.interleaved,
-            )
-            k = k[..., idx.to(k.device)]
+        k = _relayout(state.keys[i][0], target.spec.rope_for_layer(i), state.spec.rope.interleaved, target.interleaved)
         for name, t, out in (("keys", k, keys), ("values", state.values[i][0], values)):
             rows = t.permute(1, 0, 2).reshape(t.shape[1], -1)  # [T, H*D]: a cell's heads one after the other
             if dtype == torch.float16 and rows.numel() and float(rows.abs().max()) > F16_MAX:
@@ -224,7 +221,6 @@ def to_seq_state(
         v_type=cache_type,
         v_trans=bool(v_trans),
         n_stream=int(n_stream),
-        stream=0,
     )
 
 
@@ -317,25 +313,17 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
     for i in range(seq.num_layers):
         heads, kd, vd = target.spec.kv_heads_of(i), target.spec.key_dim_of(i), target.spec.value_dim_of(i)
         k = seq.keys[i][perm].to(dtype).reshape(-1, heads, kd).permute(1, 0, 2)  # [H, T, D]
-        rope = target.spec.rope_for_layer(i)
-        if rope is not None:
-            idx = layout_index(
-                kd, rope.rotary_dim, src_interleaved=target.interleaved, dst_interleaved=target.spec.rope.interleaved
-            )
-            k = k[..., idx]
+        k = _relayout(k, target.spec.rope_for_layer(i), target.interleaved, target.spec.rope.interleaved)
         keys.append(k.unsqueeze(0).contiguous())
         values.append(seq.values[i][perm].to(dtype).reshape(-1, heads, vd).permute(1, 0, 2).unsqueeze(0).contiguous())
-    spec = replace(target.spec, dtype=str(dtype).removeprefix("torch."))
-    positions = torch.tensor([[seq.positions[c] for c in order]], dtype=torch.long)
-    # the saved prompt is in token order; cells, sorted by position, follow it
-    token_ids = torch.tensor([list(seq.token_ids)], dtype=torch.long)
     meta = {"engine": "llamacpp", "file": where, **{k: v for k, v in seq.summary().items() if k != "positions"}}
     state = KVState(
         keys=tuple(keys),
         values=tuple(values),
-        token_ids=token_ids,
-        positions=positions,
-        spec=spec,
+        # the saved prompt is in token order; cells, sorted by position, follow it
+        token_ids=torch.tensor([list(seq.token_ids)], dtype=torch.long),
+        positions=torch.tensor([[seq.positions[c] for c in order]], dtype=torch.long),
+        spec=target.spec.with_dtype(str(dtype).removeprefix("torch.")),
         rope_applied=True,
         meta=meta,
     )

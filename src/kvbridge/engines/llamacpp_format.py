@@ -189,19 +189,7 @@ def parse(data: bytes, where: str = "state", *, cell_ext: bool = False) -> SeqSt
         )
     if found is None:
         return SeqState(token_ids=tokens, positions=(), keys=(), values=(), n_stream=n_stream)
-    s, (positions, v_trans, k_type, v_type, keys, values) = found
-    return SeqState(
-        token_ids=tokens,
-        positions=positions,
-        keys=keys,
-        values=values,
-        k_type=k_type,
-        v_type=v_type,
-        v_trans=v_trans,
-        n_stream=n_stream,
-        stream=s,
-        version=version,
-    )
+    return SeqState(token_ids=tokens, n_stream=n_stream, stream=found[0], version=version, **found[1])
 
 
 def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
@@ -247,7 +235,14 @@ def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
             f"{where}: mixed cache types across layers ({sorted(k_types | v_types)})",
             "kvbridge reads caches of one K type and one V type",
         )
-    return tuple(positions), bool(v_trans), k_types.pop(), v_types.pop(), tuple(keys), tuple(values)
+    return {
+        "positions": tuple(positions),
+        "v_trans": bool(v_trans),
+        "k_type": k_types.pop(),
+        "v_type": v_types.pop(),
+        "keys": tuple(keys),
+        "values": tuple(values),
+    }
 
 
 def _row_block(r: _Reader, cells: int, layer: int, word: str, name: str, dtype, where: str) -> torch.Tensor:
@@ -263,12 +258,12 @@ def _row_block(r: _Reader, cells: int, layer: int, word: str, name: str, dtype, 
 
 def write(state: SeqState, *, seq_id: int = 0) -> bytes:
     """The sequence-state file bytes of ``state`` (what ``llama_state_seq_load_file`` reads)."""
-    out = [
-        struct.pack("<III", MAGIC, VERSION, len(state.token_ids)),
-        struct.pack(f"<{len(state.token_ids)}i", *state.token_ids),
-        _memory(state, seq_id),
-    ]
-    return b"".join(out)
+    return _head(state.token_ids) + _memory(state, seq_id)
+
+
+def _head(tokens) -> bytes:
+    """The file's magic, version and the prompt's token ids."""
+    return struct.pack(f"<III{len(tokens)}i", MAGIC, VERSION, len(tokens), *tokens)
 
 
 def _memory(state: SeqState, seq_id: int) -> bytes:
@@ -324,8 +319,7 @@ def from_seq_data(data: bytes, token_ids=()) -> bytes:
             f"(header 0x{IO_MAGIC:08x} missing)",
             _FIX_VERSION,
         )
-    tokens = list(token_ids)
-    return struct.pack("<III", MAGIC, VERSION, len(tokens)) + struct.pack(f"<{len(tokens)}i", *tokens) + bytes(data[8:])
+    return _head(list(token_ids)) + bytes(data[8:])
 
 
 __all__ = [

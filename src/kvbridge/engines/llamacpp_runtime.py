@@ -77,8 +77,7 @@ class LlamaCppSession:
         flash_attn: bool = False,
         n_threads: int | None = None,
     ):
-        llama_cpp = binding()
-        self.lib = llama_cpp
+        self.lib = llama_cpp = binding()
         self.path = str(gguf_file)
         if not Path(self.path).is_file():
             raise ConfigError(f"{self.path}: no such GGUF file", "pass the .gguf file llama.cpp should run")

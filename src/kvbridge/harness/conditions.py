@@ -39,8 +39,6 @@ from kvbridge.harness.protocol import HarnessError
 
 #: the base conditions, in report order
 CONDITIONS = ("target", "source", "transferred", "plain", "no_context")
-#: conditions whose answer is the target's from a cache the target did not compute itself
-CACHE_CONDITIONS = ("transferred", "plain")
 #: the frontier's point kinds, in report order (:func:`kvbridge.recompute.frontier.point_name`)
 FRONTIER_KINDS = ("truncated", "tail")
 
@@ -131,11 +129,10 @@ class Answerer:
         self.recompute = {r.name: r for r in recompute}
         self.frontier = frontier_points(frontier)  # shares and sink checked by HarnessSettings
         self.sink = DEFAULT_SINK if sink is None else int(sink)
-        eos = getattr(tokenizer, "eos_token_id", None)
-        cfg_eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-        self.eos_ids = set()
-        for e in (eos, cfg_eos):
-            self.eos_ids.update([e] if isinstance(e, int) else map(int, e) if isinstance(e, (list, tuple)) else ())
+        cfg = getattr(target, "generation_config", None)
+        eos = (getattr(tokenizer, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
+        eos_lists = [[e] if isinstance(e, int) else e if isinstance(e, (list, tuple)) else () for e in eos]
+        self.eos_ids = {int(e) for ids in eos_lists for e in ids}
         self._memo: OrderedDict = OrderedDict()
         keys = ("source_prefill_s", "target_prefill_s", "transfer_s", "recompute_s", "frontier_s")
         self.timing = dict.fromkeys(keys, 0.0)  # seconds per shared prefill and per point kind
@@ -152,7 +149,7 @@ class Answerer:
         names = list(CONDITIONS) + list(self.recompute) + list(self.frontier)
         if wanted is None:
             return [c for c in names if c != "plain" or self.plain_ok]
-        out = []
+        wanted = list(wanted)
         for c in wanted:
             if c not in names:
                 raise HarnessError(f"unknown condition {c!r}", f"use some of {', '.join(names)}")
@@ -164,19 +161,14 @@ class Answerer:
                     f"models; source {geometry(self.sspec)}, target {geometry(self.tspec)}",
                     "leave plain out of --conditions",
                 )
-            out.append(c)
-        return [c for c in names if c in out]
+        return [c for c in names if c in wanted]
 
     # -- prefix caches --------------------------------------------------------------------------
     def _states(self, ctx: tuple) -> dict:
-        memo = self._memo.get(ctx)
-        if memo is None:
-            memo = {}
-            self._memo[ctx] = memo
-            while len(self._memo) > self.MEMO:
-                self._memo.popitem(last=False)
-        else:
-            self._memo.move_to_end(ctx)
+        memo = self._memo.setdefault(ctx, {})
+        self._memo.move_to_end(ctx)
+        while len(self._memo) > self.MEMO:
+            self._memo.popitem(last=False)
         return memo
 
     def _build_set(self) -> dict:
@@ -185,7 +177,6 @@ class Answerer:
         from functools import partial
 
         from kvbridge.evaluate.runner import Built, Condition
-        from kvbridge.transfer import IdentityMapping, transfer
 
         p = self.prefills
 
@@ -196,15 +187,10 @@ class Answerer:
                 self.reused["prefills"] += 1
             return Built(bt.once("native", lambda: p.source_state(bt)))
 
-        def plain(bt):
-            return Built(
-                bt.once("plain", lambda: transfer(p.source_state(bt), IdentityMapping(), self.tspec, host=self.host))
-            )
-
-        builds = {"target": target, "plain": plain}
+        builds = {"target": target}
         builds.update({name: partial(self._frontier, name) for name in self.frontier})
         builds.update({name: partial(self._recompute, point) for name, point in self.recompute.items()})
-        shared = {c.name: c for c in p.conditions("source", "transferred")}  # as eval's
+        shared = {c.name: c for c in [*p.conditions("source", "transferred"), plain_condition(p)]}  # as eval's
         return {**shared, **{name: Condition(name, build) for name, build in builds.items()}}
 
     def _frontier(self, name: str, bt):
@@ -250,24 +236,20 @@ class Answerer:
         return (*self.prefills.models[built.on], built.state)
 
     @staticmethod
-    def split(ctx: list, live: list) -> tuple[tuple, list]:
-        """``(cached ids, live ids)``: with no live ids the last context token is fed live."""
+    def ids_for(cond: str, ctx: list, live: list) -> tuple[tuple, list]:
+        """``(cached ids, live ids)`` of a request: with no live ids the last context token is fed live;
+        no_context feeds ``ctx + live`` with no cache (the caller passes only what that condition keeps
+        of the context, e.g. the BOS token)."""
         ctx, live = list(ctx), list(live)
+        if cond == "no_context":
+            if not ctx + live:
+                raise HarnessError("a no-context request with nothing to feed", "give the item a query")
+            return (), ctx + live
         if not live:
             if not ctx:
                 raise HarnessError("an item with neither context nor query", "give the task's items some text")
             return tuple(ctx[:-1]), ctx[-1:]
         return tuple(ctx), live
-
-    def ids_for(self, cond: str, ctx: list, live: list) -> tuple[tuple, list]:
-        """``(cached ids, live ids)`` of a request: no_context feeds ``ctx + live`` with no cache (the
-        caller passes only what that condition keeps of the context, e.g. the BOS token)."""
-        if cond == "no_context":
-            feed = list(ctx) + list(live)
-            if not feed:
-                raise HarnessError("a no-context request with nothing to feed", "give the item a query")
-            return (), feed
-        return self.split(ctx, live)
 
     def _forward(self, model, adapter, state, live):
         import torch
@@ -350,6 +332,16 @@ class Answerer:
         return cut_at_stop(text, stop)
 
 
+def plain_condition(pre):
+    """``plain``: the source's prefix cache given to the target as it is (the identity mapping), made once
+    per batch from the shared :class:`~kvbridge.evaluate.runner.Prefills` ``pre`` (the adapter pair's too)."""
+    from kvbridge.evaluate.runner import Built, Condition
+    from kvbridge.transfer import IdentityMapping, transfer
+
+    make = lambda bt: transfer(pre.source_state(bt), IdentityMapping(), pre.tspec, host=pre.host)  # noqa: E731
+    return Condition("plain", lambda bt: Built(bt.once("plain", lambda: make(bt))))
+
+
 def next_position(state) -> int | None:
     """The position of the first live id after ``state`` where it is not the state's length (a
     truncated cache keeps its rows' original positions: the next one is the last + 1); else None."""
@@ -367,16 +359,14 @@ def same_cache(a, b) -> bool:
         return True
     if a is None or b is None:
         return False
-    if (a.spec, a.rope_applied, a.num_layers, a.dtype) != (b.spec, b.rope_applied, b.num_layers, b.dtype):
+    head = [(s.spec, s.rope_applied, s.num_layers, s.dtype, s.rope_lengths is None) for s in (a, b)]
+    if (
+        head[0] != head[1] or a.states or b.states or a.indexer_keys or b.indexer_keys
+    ):  # recurrent/indexer: not compared
         return False
-    if a.states or b.states or a.indexer_keys or b.indexer_keys:  # recurrent / indexer state: not compared
-        return False
-    if (a.rope_lengths is None) != (b.rope_lengths is None):
-        return False
-    pairs = [(a.token_ids, b.token_ids), (a.positions, b.positions)]
+    pairs = [(a.token_ids, b.token_ids), (a.positions, b.positions), *zip(a.keys, b.keys), *zip(a.values, b.values)]
     if a.rope_lengths is not None:
         pairs.append((a.rope_lengths, b.rope_lengths))
-    pairs += list(zip(a.keys, b.keys)) + list(zip(a.values, b.values))
     return all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in pairs)
 
 
@@ -397,4 +387,5 @@ __all__ = [
     "parse_recompute_tokens",
     "cut_at_stop",
     "same_cache",
+    "plain_condition",
 ]

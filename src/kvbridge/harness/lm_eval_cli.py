@@ -4,14 +4,6 @@ a task YAML whose data lives on the hub refused in one line before lm-eval start
 from __future__ import annotations
 
 
-def _offline() -> bool:
-    import os
-
-    from kvbridge.harness.lm_eval_model import _flag
-
-    return any(_flag(os.environ.get(k, "")) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def refuse_hub_task_files(argv) -> None:
     """Offline, a task YAML given by path whose data is on the hub: one-line :class:`HarnessError`
     (saying how to point it at local files) instead of lm-eval's traceback from ``datasets``."""
@@ -33,11 +25,13 @@ def refuse_hub_task_files(argv) -> None:
 def cli_main() -> None:
     """``kvbridge-lm-eval``: lm-eval's command line with the ``kvbridge`` model registered (offline,
     a task YAML whose data is on the hub is refused in one line, exit 2)."""
+    import os
     import sys
 
     from kvbridge.errors import KVBridgeError
+    from kvbridge.harness.lm_eval_model import _flag
 
-    if _offline():
+    if any(_flag(os.environ.get(k, "")) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         try:
             refuse_hub_task_files(sys.argv[1:])
         except KVBridgeError as exc:

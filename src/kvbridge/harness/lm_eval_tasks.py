@@ -163,8 +163,7 @@ class LmEvalTask:
         return task
 
     def items(self, options: LmEvalOptions, tokenizer) -> list:
-        task = self._load(options)
-        self._task = task
+        self._task = task = self._load(options)
         task.build_all_requests(rank=0, world_size=1)
         by_doc: dict = {}
         for inst in task.instances:
@@ -197,13 +196,10 @@ class LmEvalTask:
         task = self._task
         lm = self._lm(answerer, cond)
         insts = [copy.copy(i) for i in item.meta["instances"]]
-        for i in insts:
-            i.resps, i.filtered_resps = [], {}
         kind = insts[0].request_type
-        method = {"multiple_choice": "loglikelihood"}.get(kind, kind)
-        resps = getattr(lm, method)(insts)
+        resps = getattr(lm, {"multiple_choice": "loglikelihood"}.get(kind, kind))(insts)
         for inst, r in zip(insts, resps):
-            inst.resps.append(r)
+            inst.resps, inst.filtered_resps = [r], {}
         filters = getattr(task, "_filters", None) or []
         for f in filters:
             f.apply(insts)

@@ -25,16 +25,14 @@ class Prepared:
 
 def prepare(settings: HarnessSettings) -> Prepared:
     """Everything about ``settings`` that can be refused before a model loads."""
+    from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
     from kvbridge.harness.run import code_tasks, load_tasks, parse_task_options
 
     options = parse_task_options(settings.task_options)
     lm_options = {k: options.pop(k) for k in [k for k in options if k.startswith("lm-eval:")]}
     tasks = load_tasks(list(settings.tasks), options) if settings.tasks else []
-    lm_specs = []
-    if settings.lm_eval_tasks:  # resolved (and refused when hub-only) before any model loads
-        from kvbridge.harness.lm_eval_tasks import lm_eval_task_specs
-
-        lm_specs = lm_eval_task_specs(list(settings.lm_eval_tasks), include_path=settings.lm_eval_include)
+    # resolved (and refused when hub-only) before any model loads
+    lm_specs = lm_eval_task_specs(list(settings.lm_eval_tasks), include_path=settings.lm_eval_include)
     if lm_options and not lm_specs:
         raise HarnessError(
             f"-o names {next(iter(lm_options))!r}, which is not an --lm-eval-task",
@@ -73,13 +71,11 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
         from kvbridge.harness.lm_eval_tasks import lm_eval_loaded_tasks
 
         tasks += lm_eval_loaded_tasks(list(prepared.lm_specs), prepared.lm_options)
-    head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
-    partial = (
-        None
-        if settings.partial_file is None
-        else PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
-    )
-    on_item = None if partial is None else lambda task, record: partial.add({"task": task, **record})
+    partial = on_item = None
+    if settings.partial_file is not None:
+        head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
+        partial = PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
+        on_item = lambda task, record: partial.add({"task": task, **record})  # noqa: E731
     result = run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
     return result, write_and_close(result, settings, write_report, partial)
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvbridge.harness.run import RATIOS as _RATIO_KEYS
+
 REPORT_KIND = "kvbridge-harness-report"
+#: the summary ratios (a summary's keys) and their labels
+RATIOS = dict(zip(_RATIO_KEYS, ("retention", "floor-norm retention", "gap closed")))
 
 
 def _acc(row: dict | None) -> str:
@@ -42,11 +46,10 @@ def _summaries(result: dict) -> list[tuple[str, dict]]:
 
 def rows(result: dict) -> tuple[list[str], list[list[str]]]:
     conds = list(result["conditions"])
-    heads = ["task", "n"] + conds + ["retention", "floor-norm retention", "gap closed"]
-    ratios = ("retention", "floor_normalised_retention", "gap_closed")
+    heads = ["task", "n"] + conds + list(RATIOS.values())
 
     def row(name, t):
-        return [name, str(t["n"])] + [_acc(t["conditions"].get(c)) for c in conds] + [_num(t.get(k)) for k in ratios]
+        return [name, str(t["n"])] + [_acc(t["conditions"].get(c)) for c in conds] + [_num(t.get(k)) for k in RATIOS]
 
     out = []
     for name, t in _summaries(result):
@@ -60,32 +63,22 @@ def paired_lines(result: dict) -> list[str]:
     for name, t in _summaries(result):
         for key, d in (t.get("paired") or {}).items():
             ci = d.get("ci")
-            extra = (
-                f"; {d['a_only']} vs {d['b_only']} discordant, McNemar p={d['mcnemar_p']:.3g}"
-                if "mcnemar_p" in d
-                else ""
-            )
-            lines.append(
-                f"{name}: {key} {_num(d.get('diff'), '{:+.3f}')}"
-                + (f" [{ci[0]:+.3f},{ci[1]:+.3f}]" if ci else "")
-                + extra
-            )
+            line = f"{name}: {key} {_num(d.get('diff'), '{:+.3f}')}" + (f" [{ci[0]:+.3f},{ci[1]:+.3f}]" if ci else "")
+            if "mcnemar_p" in d:
+                line += f"; {d['a_only']} vs {d['b_only']} discordant, McNemar p={d['mcnemar_p']:.3g}"
+            lines.append(line)
     return lines
 
 
 def condition_lines(result: dict) -> list[str]:
     """Retention, floor-normalised retention and gap closed of every cache condition other than
     ``transferred`` (whose ratios are the table's columns): plain reuse, recompute and frontier points."""
-    lines = []
-    for name, t in _summaries(result):
-        for cond, row in (t.get("by_condition") or {}).items():
-            if cond == "transferred":
-                continue
-            lines.append(
-                f"{name}: {cond} retention {_num(row.get('retention'))}, floor-norm retention "
-                f"{_num(row.get('floor_normalised_retention'))}, gap closed {_num(row.get('gap_closed'))}"
-            )
-    return lines
+    return [
+        f"{name}: {cond} " + ", ".join(f"{label} {_num(row.get(k))}" for k, label in RATIOS.items())
+        for name, t in _summaries(result)
+        for cond, row in (t.get("by_condition") or {}).items()
+        if cond != "transferred"
+    ]
 
 
 def _header(result: dict) -> list[str]:

@@ -19,7 +19,7 @@ score and answer (``items``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 from kvbridge.harness.protocol import ChoiceItem, GenItem, HarnessError
@@ -27,6 +27,8 @@ from kvbridge.harness.protocol import ChoiceItem, GenItem, HarnessError
 SCHEMA = "kvbridge-harness/1"
 #: characters of each completion kept in the result
 KEEP_CHARS = 300
+#: the ratios of :func:`kvbridge.stats.summarize` a summary (and each group's) holds
+RATIOS = ("retention", "floor_normalised_retention", "gap_closed")
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,12 @@ def _ids(tokenizer, text: str, special: bool) -> list[int]:
 
 def _item_record(item, values: dict, chance: float) -> dict:
     """An item's record: ``values`` is ``{condition: (score, answer shown)}``."""
-    rec = {"id": item.id, "group": item.group, "scores": {c: v[0] for c, v in values.items()}}
-    rec["answers"] = {c: v[1] for c, v in values.items()}
     if isinstance(item, ChoiceItem):
-        rec["gold"] = item.gold
+        truth = {"gold": item.gold}
     else:
-        rec["answer"] = item.answer if isinstance(item.answer, (str, int, float)) else None
-    rec["chance"] = chance
-    return rec
+        truth = {"answer": item.answer if isinstance(item.answer, (str, int, float)) else None}
+    scores, answers = ({c: v[i] for c, v in values.items()} for i in (0, 1))
+    return {"id": item.id, "group": item.group, "scores": scores, "answers": answers, **truth, "chance": chance}
 
 
 def answer_one(answerer, task, item, cond: str, tokenizer) -> tuple[float, Any]:
@@ -131,20 +131,16 @@ def _group_summary(records: list, conds: list, chance: dict) -> dict:
     from kvbridge import stats
 
     groups: dict = {}
-    for r in records:
+    for r in (r for r in records if r["group"]):
         groups.setdefault(r["group"], []).append(r)
     out = {}
-    for g, recs in ((g, recs) for g, recs in groups.items() if g):
+    for g, recs in groups.items():
         scores = {c: [r["scores"][c] for r in recs] for c in conds if c in recs[0]["scores"]}
         summary = stats.summarize(scores, floor=sum(chance[r["id"]] for r in recs) / len(recs), bootstrap=0)
         out[g] = {
             "n": len(recs),
             "conditions": {c: {"accuracy": v["accuracy"], "ci": v["ci"]} for c, v in summary["conditions"].items()},
-            **{
-                k: summary[k]["value"]
-                for k in ("retention", "floor_normalised_retention", "gap_closed")
-                if k in summary
-            },
+            **{k: summary[k]["value"] for k in RATIOS if k in summary},
         }
     return out
 
@@ -217,7 +213,8 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
 
             answer = lambda item, cond, t=t: answer_one(answerer, t.task, item, cond, tokenizer)  # noqa: E731
             all_items[t.name] = run_items(tconds, items, answer, after_item=answered)
-            meta[t.name] = {"description": t.description, "plugin": t.plugin, "options": _options_dict(t.options)}
+            options = asdict(t.options) if is_dataclass(t.options) else {}
+            meta[t.name] = {"description": t.description, "plugin": t.plugin, "options": options}
     result_tasks, overall = _summaries(all_items, conds, meta, s.bootstrap, s.seed)
     info = {"name": getattr(mapping, "name", type(mapping).__name__), "exact": bool(getattr(mapping, "exact", False))}
     if s.mapping != IN_MEMORY:
@@ -241,19 +238,12 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
             "target": model_info(tgt.model, answerer.tspec, tgt.name),
             "mapping": info,
             "conditions": conds,
-            "recompute": [
-                {"name": r.name, "kind": r.kind, "spec": r.spec, "layers": list(r.layers), "ratio": r.ratio}
-                for r in recompute
-            ],
+            "recompute": [{"name": r.name, **asdict(r)} for r in recompute],  # kind, spec, layers, ratio
             "frontier": {"ratios": list(frontier), "sink": answerer.sink, "conditions": list(answerer.frontier)}
             if frontier
             else None,
-            "settings": {
-                "bootstrap": s.bootstrap,
-                "seed": s.seed,
-                "limit": int(s.limit),
-                "allow_code_execution": bool(s.allow_code_execution),
-            },
+            "settings": {k: getattr(s, k) for k in ("bootstrap", "seed", "limit")}
+            | {"allow_code_execution": bool(s.allow_code_execution)},
             "tasks": result_tasks,
             "overall": overall,
             "items": all_items,
@@ -315,12 +305,6 @@ def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None 
     out["settings"].update(bootstrap=bootstrap, seed=seed)
     out["tasks"], out["overall"] = _summaries(out["items"], out["conditions"], out["tasks"], bootstrap, seed)
     return json_ready(out, stringify=False)
-
-
-def _options_dict(options) -> dict:
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(options) if is_dataclass(options) else {}
 
 
 __all__ = [

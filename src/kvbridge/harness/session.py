@@ -97,10 +97,10 @@ class Session:
         return torch.tensor([list(ids)], dtype=torch.long)
 
     def _state_of(self, cache):
-        """The conversation's cache as a KVState (positions 0..T-1, RoPE applied)."""
+        """The conversation's cache as a KVState (positions 0..T-1, RoPE applied), as a prefill's."""
         import torch
 
-        from kvbridge.kvstate import KVState
+        from kvbridge.family_adapter import prefill_state
 
         name = self.current
         spec = self.specs[name]
@@ -110,16 +110,9 @@ class Session:
                 "support fixed RoPE tables only",
                 "use models with default/linear/llama3 RoPE",
             )
-        keys, values = self.adapters[name]._cache_tensors(cache, spec)
-        t = len(self.ids)
-        return KVState(
-            keys=keys,
-            values=values,
-            token_ids=self._tensor(self.ids),
-            positions=torch.arange(t).expand(1, t).clone(),
-            spec=spec,
-            rope_applied=spec.positional == "rope",
-        )
+        adapter, positions = self.adapters[name], torch.arange(len(self.ids))[None]
+        keys, values = adapter._cache_tensors(cache, spec)
+        return prefill_state(adapter, self.models[name], spec, self._tensor(self.ids), positions, keys, values)
 
     def turn(self, name: str, text: str | list, *, max_new_tokens: int = 16, force: list | None = None) -> TurnResult:
         """Feed ``text`` (a string, or token ids) to model ``name`` and reply greedily with up to

@@ -103,17 +103,14 @@ class HumanEvalTask:
     Options = HumanEvalOptions
     no_context = False
     executes_code = True
-
-    def __init__(self):
-        self._limits = None
+    _limits = None  # the sandbox's limits, from the options items() was given
 
     def items(self, options: HumanEvalOptions, tokenizer) -> list:
         from kvbridge.harness.sandbox import Limits
 
         rows = read_problems(Path(options.path) if options.path else data_file())
         idx = parse_indices(options.problems, len(rows)) if options.problems else list(range(len(rows)))
-        if options.limit:
-            idx = idx[: options.limit]
+        idx = idx[: options.limit or None]
         self._limits = Limits(
             timeout_s=options.timeout_s, cpu_s=max(1, int(options.timeout_s) + 1), memory_mb=options.memory_mb
         )

@@ -93,22 +93,20 @@ class RecallTask:
                         if key in used:
                             continue
                         used.add(key)
-                        line = fact(key, rng.randint(*VALUES))
-                        facts.append((key, line))
+                        value = rng.randint(*VALUES)
+                        line = fact(key, value)
+                        facts.append((key, value, line))
                         last = len(tokenizer(line, add_special_tokens=False)["input_ids"])
                         size += last
                     if len(facts) > 2 and abs(size - last - length) < abs(size - length):
                         facts.pop()  # the last fact pushed it over: dropped, that stays closer to the length
                     at = min(len(facts) - 1, int(round(pos * (len(facts) - 1))))
-                    key, line = facts[at]
-                    value = int(re.search(r"is (\d+)\.", line).group(1))
-                    context = HEADER + "".join(f for _, f in facts)
-                    query = f"Question: What is the code for {key}?\nAnswer: The code for {key} is"
+                    key, value, _ = facts[at]
                     out.append(
                         GenItem(
                             id=f"recall-{length}-{pos:.2f}-{i}",
-                            context=context,
-                            query=query,
+                            context=HEADER + "".join(line for *_, line in facts),
+                            query=f"Question: What is the code for {key}?\nAnswer: The code for {key} is",
                             answer=str(value),
                             max_new_tokens=options.max_new_tokens,
                             stop=("\n", "."),
