@@ -181,13 +181,13 @@ class _BlockSolver:
 
         scores, results, selection = stats.scores, self.results[k], self.selection[k]
         fs = self.dims["src_heads"] * self.dims["src_dim"]
-        layers, r2k, r2v, alphas = [], [], [], []
-        for t in range(self.target_spec.num_layers):
-            res = results[t]
-            layers.append(LayerMap("dense", tuple(selection[t]), *(res[c][x].float() for c in "kv" for x in "wb")))
-            r2k.append(res["k"]["r2"])
-            r2v.append(res["v"]["r2"])
-            alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
+        res = [results[t] for t in range(self.target_spec.num_layers)]  # per target layer: K and V fits
+        layers = [
+            LayerMap("dense", tuple(selection[t]), *(r[c][x].float() for c in "kv" for x in "wb"))
+            for t, r in enumerate(res)
+        ]
+        r2k, r2v = ([r[c]["r2"] for r in res] for c in "kv")
+        alphas = [[r["k"]["alpha"], r["v"]["alpha"]] for r in res]
         report = FitReport(
             fitter=self.fitter.name,
             params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},

@@ -83,10 +83,8 @@ class TranslatorOptions:
             raise FitError(
                 "translator options rank=0 and hidden=0 leave no residual", "pass -o rank=16 or -o hidden=64"
             )
-        for name in ("lr", "kl_lr"):
+        for name in ("lr",) + (("kl_lr",) if self.kl_lr is not None else ()):
             v = getattr(self, name)
-            if name == "kl_lr" and v is None:
-                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise _bad(name, v, "must be a positive number", "1e-3")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
