@@ -244,13 +244,8 @@ class MomentStats:
             if block is None:
                 raise ValueError("block-diagonal statistics: select one feature block with block=")
             r = slice(block * self.xx_block, (block + 1) * self.xx_block)
-            cxx = self.cxx[block]
         else:
             r = slice(None) if rows is None else rows
-            if isinstance(r, torch.Tensor):
-                cxx = self.cxx.index_select(0, r).index_select(1, r)
-            else:
-                cxx = self.cxx[r, r]
 
         def pick(t: torch.Tensor, rows_, cols_) -> torch.Tensor:  # slices first (views), gathers last
             if not isinstance(rows_, torch.Tensor):
@@ -268,7 +263,7 @@ class MomentStats:
             n=self.n,
             mean_x=vec(self.mean_x, r),
             mean_y=vec(self.mean_y, cols),
-            cxx=cxx,
+            cxx=self.cxx[block] if self.xx_block is not None else pick(self.cxx, r, r),
             cxy=pick(self.cxy, r, cols),
             cyy=vec(self.cyy, cols),
         )
@@ -456,7 +451,7 @@ class LayerStats(StatsSet):
     @staticmethod
     def _select(t: torch.Tensor, layers: tuple) -> torch.Tensor:
         """``t [n, L, H, D]`` restricted to ``layers`` as ``[n, len(layers)·H·D]`` (a view when it can be)."""
-        n, _total = t.shape[0], t.shape[1]
+        n = t.shape[0]
         if layers == tuple(range(layers[0], layers[0] + len(layers))):
             return t[:, layers[0] : layers[0] + len(layers)].reshape(n, -1)
         return t.index_select(1, torch.tensor(layers, dtype=torch.long, device=t.device)).reshape(n, -1)
