@@ -134,8 +134,8 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         union = {}
         for per in slots.values():
             for key, sl in per.items():
-                union.setdefault(key, [])
-                union[key].extend(x for x in sl if x not in union[key])
+                u = union.setdefault(key, [])
+                u.extend(x for x in sl if x not in u)
         p_max = max(len(v) for v in union.values()) * ds
         job = HeadStats(
             union,
