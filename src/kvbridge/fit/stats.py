@@ -184,31 +184,31 @@ class MomentStats:
         self.mean_y += dy * (mw / n)
         self.n = n
 
-    def merge(self, o: "MomentStats") -> "MomentStats":
-        """Fold ``o`` (same shape) into this object (Chan's pairwise update)."""
-        if (self.p, self.q, self.xx_block) != (o.p, o.q, o.xx_block):
+    def merge(self, other: "MomentStats") -> "MomentStats":
+        """Fold ``other`` (same shape) into this object (Chan's pairwise update)."""
+        if (self.p, self.q, self.xx_block) != (other.p, other.q, other.xx_block):
             raise ValueError(
-                f"cannot merge statistics of shape (p={o.p}, q={o.q}, block={o.xx_block}) "
+                f"cannot merge statistics of shape (p={other.p}, q={other.q}, block={other.xx_block}) "
                 f"into (p={self.p}, q={self.q}, block={self.xx_block})"
             )
-        if o.n == 0:
+        if other.n == 0:
             return self
         if self.n == 0:
-            self.n = o.n
+            self.n = other.n
             for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
-                getattr(self, name).copy_(getattr(o, name))
+                getattr(self, name).copy_(getattr(other, name))
             return self
-        n = self.n + o.n
-        dx = o.mean_x - self.mean_x
-        dy = o.mean_y - self.mean_y
-        w = self.n * o.n / n
-        self.cxx += o.cxx
+        n = self.n + other.n
+        dx = other.mean_x - self.mean_x
+        dy = other.mean_y - self.mean_y
+        w = self.n * other.n / n
+        self.cxx += other.cxx
         self.cxx += w * self._outer_vec(dx, dx)
-        self.cxy += o.cxy
+        self.cxy += other.cxy
         self.cxy.add_(torch.outer(dx, dy), alpha=w)
-        self.cyy += o.cyy + w * dy * dy
-        self.mean_x += dx * (o.n / n)
-        self.mean_y += dy * (o.n / n)
+        self.cyy += other.cyy + w * dy * dy
+        self.mean_x += dx * (other.n / n)
+        self.mean_y += dy * (other.n / n)
         self.n = n
         return self
 
