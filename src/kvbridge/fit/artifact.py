@@ -90,27 +90,17 @@ def rope_config(spec) -> dict | None:
     return out
 
 
-def _versions() -> dict:
-    from kvbridge.version import __version__
-
-    out = {"kvbridge_version": __version__}
-    for mod in ("transformers", "torch"):
-        try:
-            out[f"{mod}_version"] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            out[f"{mod}_version"] = None
-    return out
-
-
 def build_manifest(
     mapping, *, source: dict, target: dict, tokenizer: dict | None = None, calibration: dict | None = None
 ) -> dict:
     """The manifest of a fitted mapping (``source`` / ``target`` from :func:`model_identity`)."""
+    from kvbridge.artifacts import library_versions
+
     rep = mapping.report.to_dict() if hasattr(mapping.report, "to_dict") else dict(mapping.report or {})
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
-        **_versions(),
+        **library_versions(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "source": source,
         "target": target,
@@ -141,8 +131,7 @@ def save_mapping(mapping, out: Path | str, *, manifest: dict | None = None, forc
     if not manifest:
         raise ArtifactError("mapping has no manifest", "build one with kvbridge.fit.artifact.build_manifest")
     validate(manifest, partial=True)
-    path = write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, overwrite=force, kind=KIND)
-    return path
+    return write_artifact(out, mapping.tensors(), manifest, tensor_file=TENSOR_FILE, overwrite=force, kind=KIND)
 
 
 # -- loading ----------------------------------------------------------------------------------------------
@@ -322,16 +311,16 @@ def _check(value: Any, sch: Mapping, where: str, root: Mapping | None = None) ->
                 f"manifest field {where or '(root)'} should be {' or '.join(names)}, got {type(value).__name__}",
                 "re-create the mapping with `kvbridge fit`",
             )
+
+    def bad(want: str) -> ArtifactError:
+        return ArtifactError(f"manifest field {where} must be {want}, got {value!r}", "re-create the mapping")
+
     if "const" in sch and value != sch["const"]:
-        raise ArtifactError(f"manifest field {where} must be {sch['const']!r}, got {value!r}", "re-create the mapping")
+        raise bad(repr(sch["const"]))
     if "enum" in sch and value not in sch["enum"]:
-        raise ArtifactError(
-            f"manifest field {where} must be one of {sch['enum']}, got {value!r}", "re-create the mapping"
-        )
+        raise bad(f"one of {sch['enum']}")
     if "minimum" in sch and isinstance(value, (int, float)) and value < sch["minimum"]:
-        raise ArtifactError(
-            f"manifest field {where} must be >= {sch['minimum']}, got {value!r}", "re-create the mapping"
-        )
+        raise bad(f">= {sch['minimum']}")
     if isinstance(value, dict):
         for name in sch.get("required", []):
             if name not in value:

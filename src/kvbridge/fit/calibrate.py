@@ -115,16 +115,15 @@ class CalibrationConfig:
     offset: int = 0  # calibration tokens to skip first (a later chunk of the corpus; --tokens-offset)
 
     def __post_init__(self):
-        if self.offset < 0:
-            raise ConfigError(f"--tokens-offset must be >= 0, got {self.offset}", "use e.g. --tokens-offset 8192")
-        if self.stride < 1:
-            raise ConfigError(f"--stride must be >= 1, got {self.stride}", "use e.g. --stride 4")
-        if self.skip < 0:
-            raise ConfigError(f"skip must be >= 0, got {self.skip}", "use 0 to keep every position")
-        if not 0.0 <= self.heldout < 1.0:
-            raise ConfigError(f"held-out fraction must be in [0, 1), got {self.heldout}", "use e.g. 0.1")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}", "use e.g. 4")
+        for ok, what, fix in (
+            (self.offset >= 0, f"--tokens-offset must be >= 0, got {self.offset}", "use e.g. --tokens-offset 8192"),
+            (self.stride >= 1, f"--stride must be >= 1, got {self.stride}", "use e.g. --stride 4"),
+            (self.skip >= 0, f"skip must be >= 0, got {self.skip}", "use 0 to keep every position"),
+            (0.0 <= self.heldout < 1.0, f"held-out fraction must be in [0, 1), got {self.heldout}", "use e.g. 0.1"),
+            (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}", "use e.g. 4"),
+        ):
+            if not ok:
+                raise ConfigError(what, fix)
 
 
 # -- paired calibration ---------------------------------------------------------------------------------

@@ -174,6 +174,8 @@ class Checkpoint:
     def save(self, tag: str, jobs: list, *, done: int, rank: int = 0, world: int = 1) -> Path:
         from safetensors.torch import save_file
 
+        from kvbridge.durable import commit_file
+
         self.folder.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for j, job in enumerate(jobs):
@@ -185,9 +187,7 @@ class Checkpoint:
         meta = {"key": key, "done": str(done), "tag": tag, "sha256": _digest(tensors, key, str(done), tag)}
         try:
             save_file(tensors, str(tmp), metadata=meta)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            commit_file(tmp, lambda: os.replace(tmp, path))  # fsync, rename, fsync of the folder
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -94,16 +94,5 @@ class HeadStats(StatsSet):
     def moments(self, t: int, h: int, kind: str, split: str) -> Moments:
         return self.stats[(int(t), int(h), kind, split)].moments()
 
-    def state_dict(self, prefix: str = "") -> dict:
-        out = {}
-        for (t, h, c, s), st in self.stats.items():
-            out.update(st.state_dict(f"{prefix}{t}.{h}.{c}.{s}."))
-        return out
-
-    def load_state_dict(self, data: dict, prefix: str = "") -> "HeadStats":
-        for (t, h, c, s), st in self.stats.items():
-            st.load_state_dict(data, f"{prefix}{t}.{h}.{c}.{s}.")
-        return self
-
 
 __all__ = ["HeadStats"]

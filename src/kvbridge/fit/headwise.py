@@ -55,7 +55,6 @@ class HeadwiseFitter:
     Options = HeadwiseOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: HeadwiseOptions = HeadwiseOptions()):
-        alpha, memory_budget, low_r2 = options.alpha, options.memory_budget, options.low_r2
         from kvbridge.fit.mapping import FittedMapping, LayerMap
         from kvbridge.fit.stats import LayerStats
 
@@ -66,7 +65,7 @@ class HeadwiseFitter:
         hs, ds, ht, dt = dims["src_heads"], dims["src_dim"], dims["tgt_heads"], dims["tgt_dim"]
         fix = "give more --tokens or a smaller --stride"
         check_determined(calibration.observations("train"), ds, what=f"one source head ({ds} dims)", fix=fix)
-        budget = default_budget() if memory_budget is None else int(memory_budget)
+        budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
         blocks = plan_blocks(
             lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget, what="the headwise fit"
         )
@@ -96,7 +95,7 @@ class HeadwiseFitter:
                     def moments(c, split, job=job, src=src, t=t, cols=cols):
                         return _cols(job.moments(c, split, src_head=src, tgt_layers=[t]), cols)
 
-                    got = fit_head(moments, t, h, alpha, held_ok)
+                    got = fit_head(moments, t, h, options.alpha, held_ok)
                     for c, res in got.items():
                         w[c][h], bias[c][h], r2[c][h] = res["w"], res["b"], res["r2"]
                         lam.append(res["alpha"])
@@ -117,7 +116,7 @@ class HeadwiseFitter:
                 "measured_on": held_split,
                 "layout": "[target layer][target head][source layer * source heads + source head]",
             },
-            **heldout_fields(r2k, r2v, low_r2),
+            **heldout_fields(r2k, r2v, options.low_r2),
             alpha_chosen=alphas,
             observations={"train": int(n_seen), "features_per_head": ds},
             passes=passes,

@@ -209,10 +209,11 @@ def merge_statistics(folders: list):
     loaded = [load_statistics(f) for f in folders]
     stats0, man0 = loaded[0]
     same = ("stride", "skip", "heldout", "seed", "seq_len")
-    cal0 = man0.get("calibration") or {}
+    cals = [man.get("calibration") or {} for _, man in loaded]
+    cal0 = cals[0]
     seen_tokens = {}
     merged = None
-    for folder, (stats, man) in zip(folders, loaded):
+    for folder, (stats, man), cal in zip(folders, loaded, cals):
         blocks = man["blocks"]
         if len(blocks) != 1 or blocks[0].get("xx_block") != "full":
             raise _bad(
@@ -226,7 +227,6 @@ def merge_statistics(folders: list):
                     f"{folder} holds statistics of a different {role} model than {folders[0]}",
                     "merge statistics kept for the same pair only",
                 )
-        cal = man.get("calibration") or {}
         for key in same:
             if cal.get(key) != cal0.get(key):
                 raise ArtifactError(
@@ -250,17 +250,17 @@ def merge_statistics(folders: list):
     manifest = dict(man0)
     calib = dict(cal0)
     for key in ("tokens", "sequences", "heldout_sequences", "observations_train", "observations_heldout"):
-        vals = [(m.get("calibration") or {}).get(key) for _, m in loaded]
+        vals = [c.get(key) for c in cals]
         if all(isinstance(v, (int, float)) for v in vals):
             calib[key] = sum(vals)
     calib["merged_from"] = [
         {
             "folder": str(f),
-            "tokens": (m.get("calibration") or {}).get("tokens"),
-            "offset": (m.get("calibration") or {}).get("offset", 0),
-            "token_ids_sha256": (m.get("calibration") or {}).get("token_ids_sha256"),
+            "tokens": c.get("tokens"),
+            "offset": c.get("offset", 0),
+            "token_ids_sha256": c.get("token_ids_sha256"),
         }
-        for f, (_, m) in zip(folders, loaded)
+        for f, c in zip(folders, cals)
     ]
     manifest["calibration"] = calib
     from kvbridge.fit.ridge import RidgeStatistics

@@ -327,11 +327,8 @@ class FittedMapping:
 
     # -- serialisation --------------------------------------------------------------------------------
     def tensors(self) -> dict:
-        out = {}
-        for t, lm in enumerate(self.layers):
-            for name in ("wk", "bk", "wv", "bv"):
-                out[f"layers.{t}.{name}"] = getattr(lm, name).contiguous()
-        return out
+        names = ("wk", "bk", "wv", "bv")
+        return {f"layers.{t}.{n}": getattr(lm, n).contiguous() for t, lm in enumerate(self.layers) for n in names}
 
     def layer_selection(self) -> list:
         return [[list(s) if isinstance(s, tuple) else s for s in lm.sources] for lm in self.layers]
@@ -384,10 +381,7 @@ class FittedMapping:
 
     def flops(self, tokens: int) -> int:
         """Multiply-add FLOPs (2 per MAC) of one ``map_tensors`` call for ``tokens`` tokens."""
-        total = 0
-        for lm in self.layers:
-            total += 2 * 2 * tokens * lm.wk.numel()
-        return total
+        return sum(2 * 2 * tokens * lm.wk.numel() for lm in self.layers)
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -74,13 +74,6 @@ def prepare_sequences(
     return tokenize_corpus(texts, tokenizer, seq_len=seq_len or 512, tokens=tokens, offset=offset), sha, texts
 
 
-def _revision(ref) -> str | None:
-    """The commit of a Hugging Face cache snapshot (its folder name), else None."""
-    from pathlib import Path
-
-    return Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
-
-
 def identity(run, role: str) -> dict:
     """The manifest identity (spec, fingerprints, RoPE) of ``run``'s ``"source"`` or ``"target"``,
     computed once per run (a fit's manifest and a mapping check read the same one)."""
@@ -89,7 +82,9 @@ def identity(run, role: str) -> dict:
     loaded = getattr(run, role)
 
     def compute():
-        revision = getattr(loaded, "revision", None) or _revision(loaded.ref)
+        ref = loaded.ref  # a Hugging Face cache snapshot's folder name is its commit
+        snapshot = Path(ref.folder).name if getattr(ref, "kind", None) == "hf-cache" and ref.folder else None
+        revision = getattr(loaded, "revision", None) or snapshot
         return model_identity(loaded.model, host=run.host, name=loaded.name, revision=revision)
 
     return run.once(f"identity.{role}", compute)
@@ -338,14 +333,9 @@ def fit_from_stats(
         "manifest_created": manifest.get("created"),
     }
     mappings = by_label(by_k, labels, ls, len(labels) > 1)
+    ids = {"source": manifest["source"], "target": manifest["target"], "tokenizer": manifest.get("tokenizer")}
     for mapping in mappings.values():
-        finish_mapping(
-            mapping,
-            source=manifest["source"],
-            target=manifest["target"],
-            tokenizer=manifest.get("tokenizer"),
-            calibration=calib,
-        )
+        finish_mapping(mapping, **ids, calibration=calib)
     if out is not None:
         write_mappings(mappings, out, overwrite=overwrite)
     return mappings[None] if None in mappings else mappings

@@ -43,6 +43,7 @@ from kvbridge.errors import ConfigError
 from kvbridge.dtypes import DTYPE_BYTES  # noqa: E402  (the one table)
 from kvbridge.sizes import GIB, fmt_size as _size, gib_flag  # noqa: E402  (the one size format)
 
+WB = ("wk", "bk", "wv", "bv")  # a mapping's tensors per target layer
 UNGATED_MLP = {"gpt2", "gpt_neox", "gptj", "phi", "falcon", "codegen", "starcoder2", "bloom", "opt"}
 DEFAULT_TOKENS = 1_000_000
 
@@ -201,12 +202,12 @@ def solve_flops(p: int, q: int) -> float:
     return p**3 / 3 + (2 * p**3 / 3 if q >= p else 0.0) + 4 * p * p * q
 
 
-def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
+def pack_blocks(n: int, bytes_of, budget: int, what: str, error: type = ConfigError) -> list[list[int]]:
     """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``.
 
     The one blocking rule of the planner and the fitters (:func:`kvbridge.fit.solve.plan_blocks`);
-    ``too_big(nbytes)`` raises when a single target layer alone is over the budget; ``nbytes`` is
-    then the largest single target layer's need (the smallest budget this blocking works in).
+    a single target layer alone over the budget is an ``error`` (:func:`budget_refusal` of ``what``
+    and the largest single target layer's need, the smallest budget this blocking works in).
     """
     blocks, cur = [], []
     for i in range(n):
@@ -215,7 +216,7 @@ def pack_blocks(n: int, bytes_of, budget: int, too_big) -> list[list[int]]:
             cur = []
         cur.append(i)
         if bytes_of(cur) > budget:
-            too_big(max(bytes_of([j]) for j in range(n)))
+            raise error(*budget_refusal(what, budget, max(bytes_of([j]) for j in range(n))))
     if cur:
         blocks.append(cur)
     return blocks
@@ -232,6 +233,17 @@ def minimum_budget(fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft
     if k >= n_src:  # every source layer: one target layer's fit is the joint job's smallest block
         return job_bytes(n_src, 1, fs, hs_dim, ft, "full")
     return max(job_bytes(n_src, 1, fs, hs_dim, ft, "layer"), job_bytes(k, 1, fs, hs_dim, ft, "full"))
+
+
+def default_budget(error: type = ConfigError) -> int:
+    """The statistics budget (bytes) when none is given: ``$KVBRIDGE_FIT_MEMORY`` GiB, else 8 GiB."""
+    import os
+
+    raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
+    try:
+        return int(float(raw) * GIB) if raw else 8 * GIB
+    except ValueError:
+        raise error(f"KVBRIDGE_FIT_MEMORY={raw!r} is not a number of GiB", "set e.g. KVBRIDGE_FIT_MEMORY=8") from None
 
 
 def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
@@ -251,13 +263,6 @@ def check_minimum(fitter: str, budget: int, n_src: int, n_tgt: int, fs: int, hs_
     if minimum > budget:
         what = f"the {fitter} fit" + (f" (top-k {min(int(top_k), n_src)})" if fitter == "ridge" else "")
         raise ConfigError(*budget_refusal(what, budget, minimum))
-
-
-def _blocks(n: int, bytes_of, budget: int, what: str) -> list:
-    def too_big(nbytes: int):
-        raise ConfigError(*budget_refusal(what, budget, nbytes))
-
-    return pack_blocks(n, bytes_of, budget, too_big)
 
 
 @dataclass(frozen=True)
@@ -464,120 +469,62 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     (:class:`~kvbridge.fit.headstats.HeadStats`: one more forward of both models) and the attention
     recording's memory (:func:`attention_record_bytes`)."""
     o = inputs if inputs is not None else PlanInputs(**options)
-    fitter, top_k, tokens, seq_len, stride, skip = o.fitter, o.top_k, o.tokens, o.seq_len, o.stride, o.skip
-    batch_size, dtype, memory_budget, rates = o.batch_size, o.dtype, o.memory_budget, o.rates
-    device_flops, device_flops64, efficiency = o.device_flops, o.device_flops64, o.efficiency
-    support, weighting = o.support, o.weighting
+    fitter, seq_len, batch_size, dtype_bytes = o.fitter, o.seq_len, o.batch_size, DTYPE_BYTES.get(o.dtype, 4)
     if fitter not in ("ridge", "ridge-headwise"):
         raise ConfigError(
             f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
             "plan with --fitter ridge (the statistics are the same)",
         )
-    if memory_budget is None:
-        import os
-
-        raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
-        memory_budget = int(float(raw) * GIB) if raw else 8 * GIB
+    memory_budget = default_budget() if o.memory_budget is None else o.memory_budget
     s, t = model_size(source_ref), model_size(target_ref)
-    tokens = int(tokens or DEFAULT_TOKENS)
-    per_seq = len(range(skip, seq_len, stride))
-    n_obs = (tokens // seq_len) * per_seq + len(range(skip, tokens % seq_len, stride))
+    tokens = int(o.tokens or DEFAULT_TOKENS)
+    per_seq = len(range(o.skip, seq_len, o.stride))
+    n_obs = (tokens // seq_len) * per_seq + len(range(o.skip, tokens % seq_len, o.stride))
     fs, ft = s.kv_features, t.kv_features
-    k = min(int(top_k), s.layers)
+    k = min(int(o.top_k), s.layers)
     check_minimum(fitter, memory_budget, s.layers, t.layers, fs, s.head_dim, ft, k)
     notes, worst = [], False
     passes = []
 
-    def stats_flops(p: int, q: int, xx: int) -> float:  # K and V: Cxx (or its blocks) and Cxy GEMMs
-        return 2 * 2 * n_obs * (xx + p * q)
+    def add(tag: str, b, n_src: int, xx_block: str) -> None:  # one pass: target layers b x n_src source layers
+        p = n_src * fs
+        xx = {"full": p * p, "layer": p * fs, "head": p * s.head_dim}[xx_block]  # Cxx or its blocks
+        nbytes = layer_stats_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block)
+        passes.append(Pass(tag, (b[0], b[-1]), n_src, nbytes, 2 * 2 * n_obs * (xx + p * len(b) * ft)))  # K, V GEMMs
+
+    def job(n_src: int, xx_block: str):  # what a block of target layers needs (the blocking rule)
+        return lambda b: job_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block)
 
     if fitter == "ridge-headwise":  # per target layer: every source head x its targets (head blocks)
-        p = s.layers * fs
-        bytes_of = lambda b: layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
-        peak_of = lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "head")  # noqa: E731
-        for i, b in enumerate(_blocks(t.layers, peak_of, memory_budget, "the headwise fit")):
-            passes.append(
-                Pass(f"headwise{i}", (b[0], b[-1]), s.layers, bytes_of(b), stats_flops(p, len(b) * ft, p * s.head_dim))
-            )
+        for i, b in enumerate(pack_blocks(t.layers, job(s.layers, "head"), memory_budget, "the headwise fit")):
+            add(f"headwise{i}", b, s.layers, "head")
         solve = 2 * s.layers * s.kv_heads * (s.head_dim**3 / 3 + 4 * s.head_dim**2 * t.layers * ft)
-        shapes = [
-            (f"layers.{j}.{n}", sh)
-            for j in range(t.layers)
-            for n, sh in (
-                ("wk", (t.kv_heads, s.head_dim, t.head_dim)),
-                ("bk", (t.kv_heads, t.head_dim)),
-                ("wv", (t.kv_heads, s.head_dim, t.head_dim)),
-                ("bv", (t.kv_heads, t.head_dim)),
-            )
-        ]
+        w_shape, b_shape = (t.kv_heads, s.head_dim, t.head_dim), (t.kv_heads, t.head_dim)
     else:
-        full = layer_stats_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full")
-        p, q = s.layers * fs, t.layers * ft
-        if job_bytes(s.layers, t.layers, fs, s.head_dim, ft, "full") <= memory_budget:
-            passes.append(Pass("joint", (0, t.layers - 1), s.layers, full, stats_flops(p, q, p * p)))
+        if job(s.layers, "full")(range(t.layers)) <= memory_budget:
+            add("joint", range(t.layers), s.layers, "full")
         else:
-            sel = _blocks(
-                t.layers,
-                lambda b: job_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
-                memory_budget,
-                "layer selection",
-            )
-            for i, b in enumerate(sel):
-                passes.append(
-                    Pass(
-                        f"select{i}",
-                        (b[0], b[-1]),
-                        s.layers,
-                        layer_stats_bytes(s.layers, len(b), fs, s.head_dim, ft, "layer"),
-                        stats_flops(p, len(b) * ft, p * fs),
-                    )
-                )
+            for i, b in enumerate(pack_blocks(t.layers, job(s.layers, "layer"), memory_budget, "layer selection")):
+                add(f"select{i}", b, s.layers, "layer")
             union = lambda b: min(s.layers, k * len(b))  # noqa: E731  worst case: no shared source layers
-            fit = _blocks(
-                t.layers,
-                lambda b: job_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
-                memory_budget,
-                "the joint fit",
-            )
+            fit = pack_blocks(t.layers, lambda b: job(union(b), "full")(b), memory_budget, "the joint fit")
             for i, b in enumerate(fit):
-                pu = union(b) * fs
-                passes.append(
-                    Pass(
-                        f"fit{i}",
-                        (b[0], b[-1]),
-                        union(b),
-                        layer_stats_bytes(union(b), len(b), fs, s.head_dim, ft, "full"),
-                        stats_flops(pu, len(b) * ft, pu * pu),
-                    )
-                )
+                add(f"fit{i}", b, union(b), "full")
             worst = True
             notes.append(
                 "blocked fit: the fit passes assume no two target layers of a block share a source layer "
                 "(worst case); shared selections make them smaller"
             )
-        f = k * fs
         # selection: one solve per (source layer, K/V) against every target layer of a pass; fit: one per (target layer, K/V)
-        solve = 2 * s.layers * solve_flops(fs, q) + 2 * t.layers * solve_flops(f, ft)
-        shapes = [
-            (f"layers.{j}.{n}", sh)
-            for j in range(t.layers)
-            for n, sh in (("wk", (k * fs, ft)), ("bk", (ft,)), ("wv", (k * fs, ft)), ("bv", (ft,)))
-        ]
+        solve = 2 * s.layers * solve_flops(fs, t.layers * ft) + 2 * t.layers * solve_flops(k * fs, ft)
+        w_shape, b_shape = (k * fs, ft), (ft,)
     record = 0
-    if fitter == "ridge" and weighting == "attention":
-        p_head = k * (s.head_dim if support == "head-local" else fs)
-        head_bytes = (
-            t.layers * t.kv_heads * 4 * 8 * (p_head * p_head + p_head * t.head_dim + 2 * p_head + 2 * t.head_dim)
-        )
-        passes.append(
-            Pass(
-                "heads-weighted",
-                (0, t.layers - 1),
-                s.layers,
-                head_bytes,
-                2 * 2 * n_obs * t.layers * t.kv_heads * (p_head * p_head + p_head * t.head_dim),
-            )
-        )
+    if fitter == "ridge" and o.weighting == "attention":
+        p_head = k * (s.head_dim if o.support == "head-local" else fs)
+        heads = t.layers * t.kv_heads
+        head_flops = 2 * 2 * n_obs * heads * (p_head * p_head + p_head * t.head_dim)
+        head_bytes = heads * layer_stats_bytes(1, 1, p_head, 0, t.head_dim)  # one target head's job
+        passes.append(Pass("heads-weighted", (0, t.layers - 1), s.layers, head_bytes, head_flops))
         record = attention_record_bytes(
             batch_size,
             seq_len,
@@ -591,12 +538,13 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
             f"recording the target's boundary queries and attention adds {_size(record)} per batch of "
             f"{batch_size} (one layer's [batch, query heads, 32, seq_len] scores at a time + the kept weights)"
         )
-    elif fitter == "ridge" and support == "head-local":
+    elif fitter == "ridge" and o.support == "head-local":
         notes.append(
             f"support=head-local: each target head reads its top-{k} source heads ({k * s.head_dim} features); "
             "solved from the joint statistics (a second, per-head pass when the joint pass does not fit)"
         )
-    shapes.sort()  # safetensors writes the header sorted by name
+    # safetensors writes the header sorted by name
+    shapes = sorted((f"layers.{j}.{n}", w_shape if n[0] == "w" else b_shape) for j in range(t.layers) for n in WB)
     peak = max(p.statistics_bytes for p in passes)
     rows = batch_size * per_seq  # observations of one batch, converted to float64 in row chunks
     widest = max(passes, key=lambda p: p.statistics_bytes)
@@ -604,10 +552,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         workspace_bytes(widest.source_layers * fs, (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows)
         + record
     )
-    weights = (s.params + t.params) * DTYPE_BYTES.get(dtype, 4)
-    calibration = calibration_batch_bytes(
-        s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=DTYPE_BYTES.get(dtype, 4)
-    )
+    calibration = calibration_batch_bytes(s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=dtype_bytes)
     over = peak + buffers + calibration - memory_budget
     if over > 0:  # the batch is outside --memory: say what --memory keeps the whole fit within this one
         inside = _gib_down(memory_budget - calibration - record)
@@ -634,20 +579,20 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         passes=tuple(passes),
         statistics_bytes=peak,
         batch_buffer_bytes=buffers,
-        weights_bytes=weights,
+        weights_bytes=(s.params + t.params) * dtype_bytes,
         artifact_bytes=safetensors_bytes(shapes),
         forward_flops=forwards,
         statistics_flops=sum(p.statistics_flops for p in passes),
         solve_flops=float(solve),
-        device_flops=device_flops,
-        device_flops64=device_flops64,
-        efficiency=efficiency,
+        device_flops=o.device_flops,
+        device_flops64=o.device_flops64,
+        efficiency=o.efficiency,
         worst_case=worst,
         notes=tuple(notes),
         source_forward_flops=src_forwards,
         memory_traffic_bytes=sum(p.statistics_bytes for p in passes),
-        hash_bytes=(s.state_params + t.state_params) * DTYPE_BYTES.get(dtype, 4),
-        rates=rates,
+        hash_bytes=(s.state_params + t.state_params) * dtype_bytes,
+        rates=o.rates,
         calibration_bytes=calibration,
         batch_size=int(batch_size),
         seq_len=int(seq_len),

@@ -144,16 +144,12 @@ def coerce(raw: Any, tp: Any, *, key: str, owner: str) -> Any:
 
 def option_fields(cls: type) -> dict:
     """``{name: (type, default)}`` of an options dataclass."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        default = (
-            f.default
-            if f.default is not dataclasses.MISSING
-            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        )  # type: ignore[misc]
-        out[f.name] = (hints.get(f.name, Any), default)
-    return out
+    hints, none = typing.get_type_hints(cls), dataclasses.MISSING
+
+    def default(f):
+        return f.default if f.default is not none else (None if f.default_factory is none else f.default_factory())
+
+    return {f.name: (hints.get(f.name, Any), default(f)) for f in dataclasses.fields(cls)}
 
 
 def parse_pairs(pairs) -> dict:

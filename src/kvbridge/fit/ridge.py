@@ -106,9 +106,8 @@ class RidgeOptions:
     alpha: float | str = DEFAULT_ALPHA  # ridge strength, or "auto" (chosen on the held-out split)
     memory_budget: int | None = None  # statistics bytes (None: 8 GiB or $KVBRIDGE_FIT_MEMORY)
     low_r2: float = LOW_R2  # warn below this mean held-out R²
-    support: str = (
-        "layers"  # "layers": all heads of the top-k source layers; "head-local": each head's top-k source heads
-    )
+    #: "layers": all heads of the top-k source layers; "head-local": each head's top-k source heads
+    support: str = "layers"
     weighting: str = "uniform"  # "uniform", or "attention": attention-repair observation weights (a second pass)
     select: str = "r2"  # "r2": top_k/alpha/support as given; "kl": chosen by held-out suffix KL to native
     select_prefix: float = 0.5  # select=kl: share of each held-out sequence used as the mapped prefix
@@ -117,9 +116,8 @@ class RidgeOptions:
     def __post_init__(self):
         check_top_k(self.top_k)
         check_alpha(self.alpha)
-        check_choice("support", self.support, SUPPORTS)
-        check_choice("weighting", self.weighting, WEIGHTINGS)
-        check_choice("select", self.select, SELECTS)
+        for name, choices in (("support", SUPPORTS), ("weighting", WEIGHTINGS), ("select", SELECTS)):
+            check_choice(name, getattr(self, name), choices)
         if not 0.0 < float(self.select_prefix) < 1.0:
             raise FitError(f"-o select_prefix must be in (0, 1), got {self.select_prefix}", "use e.g. 0.5")
         if int(self.select_suffix) < 1:
@@ -183,13 +181,13 @@ class _BlockSolver:
 
         scores, results, selection = stats.scores, self.results[k], self.selection[k]
         fs = self.dims["src_heads"] * self.dims["src_dim"]
-        layers, r2k, r2v, alphas = [], [], [], []
-        for t in range(self.target_spec.num_layers):
-            res = results[t]
-            layers.append(LayerMap("dense", tuple(selection[t]), *(res[c][x].float() for c in "kv" for x in "wb")))
-            r2k.append(res["k"]["r2"])
-            r2v.append(res["v"]["r2"])
-            alphas.append([res["k"]["alpha"], res["v"]["alpha"]])
+        res = [results[t] for t in range(self.target_spec.num_layers)]  # per target layer: K and V fits
+        layers = [
+            LayerMap("dense", tuple(selection[t]), *(r[c][x].float() for c in "kv" for x in "wb"))
+            for t, r in enumerate(res)
+        ]
+        r2k, r2v = ([r[c]["r2"] for r in res] for c in "kv")
+        alphas = [[r["k"]["alpha"], r["v"]["alpha"]] for r in res]
         report = FitReport(
             fitter=self.fitter.name,
             params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},
@@ -309,43 +307,44 @@ class RidgeFitter:
         budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
         passes, jobs = [], []
         emit = on_block or (lambda job, scores: jobs.append(job))  # each complete block: passed on, or kept
-        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
-            job = LayerStats(range(ls), range(lt), **dims_, xx_block="full", device=device_of(calibration))
-            calibration.accumulate([job], tag="joint")
-            passes.append({"tag": "joint", "bytes": job.nbytes()})
-            scores = single_layer_r2(job)
+
+        def run(tag: str, src_layers, block, xx_block: str):  # one pass over the corpus: one job's statistics
+            job = LayerStats(src_layers, block, **dims_, xx_block=xx_block, device=device_of(calibration))
+            calibration.accumulate([job], tag=tag)
+            passes.append(
+                {"tag": tag, "bytes": job.nbytes(), **({} if tag == "joint" else {"target_layers": list(block)})}
+            )
+            return job
+
+        def selection_scores(job, block) -> dict:
+            sc = single_layer_r2(job)
             if head_scores:
-                scores["head"] = single_head_r2(job, range(lt))["mean"]
+                sc["head"] = single_head_r2(job, block)["mean"]
+            return sc
+
+        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
+            job = run("joint", range(ls), range(lt), "full")
+            scores = selection_scores(job, range(lt))
             n_seen = job.n("train")
             self._check_seen(n_seen, k, fs, dims_)
             emit(job, scores)
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
-            rows = {"mean": [None] * lt, "k": [None] * lt, "v": [None] * lt}
-            if head_scores:
-                rows["head"] = [None] * lt
             sel_blocks = plan_blocks(
                 lt,
                 lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer"),
                 budget,
                 what="layer selection",
             )
+            parts = []  # each block's scores, rows = its target layers (the blocks are consecutive)
             for bi, block in enumerate(sel_blocks):
-                job = LayerStats(range(ls), block, **dims_, xx_block="layer", device=device_of(calibration))
-                calibration.accumulate([job], tag=f"select{bi}")
-                passes.append({"tag": f"select{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
-                sc = single_layer_r2(job)
-                if head_scores:
-                    sc["head"] = single_head_r2(job, block)["mean"]
-                for j, t in enumerate(block):
-                    for key in rows:
-                        rows[key][t] = sc[key][j]
-                measured = sc["measured_on"]
+                job = run(f"select{bi}", range(ls), block, "layer")
+                parts.append(selection_scores(job, block))
                 n_seen = job.n("train")
                 del job
             self._check_seen(n_seen, k, fs, dims_)
-            scores = {key: torch.stack(v) for key, v in rows.items()}
-            scores["measured_on"] = measured
+            scores = {key: torch.cat([sc[key] for sc in parts]) for key in parts[0] if key != "measured_on"}
+            scores["measured_on"] = parts[-1]["measured_on"]
             selection = pick(scores["mean"], range(ls), k)
             if select_only:
                 return RidgeStatistics(source_spec, target_spec, scores, jobs, k, passes, budget, float(n_seen))
@@ -357,11 +356,7 @@ class RidgeFitter:
                 lt, lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_), budget, what="the joint fit"
             )
             for bi, block in enumerate(fit_blocks):
-                job = LayerStats(union(block), block, **dims_, xx_block="full", device=device_of(calibration))
-                calibration.accumulate([job], tag=f"fit{bi}")
-                passes.append({"tag": f"fit{bi}", "bytes": job.nbytes(), "target_layers": list(block)})
-                emit(job, scores)
-                del job
+                emit(run(f"fit{bi}", union(block), block, "full"), scores)
         return RidgeStatistics(source_spec, target_spec, scores, jobs, k, passes, budget, float(n_seen))
 
     @staticmethod

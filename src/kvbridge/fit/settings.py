@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from kvbridge.dtypes import LOAD_DTYPES
 from kvbridge.errors import ConfigError, path_value, whole_number
-from kvbridge.settings_fields import check_counts, option
+from kvbridge.settings_fields import check_counts, nonempty, option
 
 
 def parse_top_k(value) -> list | int | None:
@@ -222,8 +222,7 @@ class FitSettings:
         object.__setattr__(self, "top_k", _top_k(self.top_k))
         if isinstance(self.estimator_options, Mapping):  # given in Python as a dict: its JSON text
             object.__setattr__(self, "estimator_options", json.dumps(dict(self.estimator_options)))
-        if not isinstance(self.fitter, str) or not self.fitter.strip():
-            raise ConfigError("--fitter is empty", "name a fitter (`kvbridge plugins` lists them), e.g. ridge")
+        nonempty(self.fitter, "--fitter", "name a fitter (`kvbridge plugins` lists them), e.g. ridge")
         _share(self.corpus_heldout, "--corpus-heldout", open_low=False)
         _share(self.heldout, "--heldout", open_low=False)
         validate.seq_len(self.seq_len)
@@ -247,9 +246,8 @@ class FitSettings:
             ("estimator_options", "--estimator-options"),
             ("plan_device", "--calibrate"),
         ):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ConfigError(f"{flag} is empty", f"give a value for {flag}, or leave it out")
+            if getattr(self, name) is not None:
+                nonempty(getattr(self, name), flag, f"give a value for {flag}, or leave it out")
 
     @property
     def sweep(self) -> bool:

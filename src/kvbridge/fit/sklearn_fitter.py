@@ -103,6 +103,7 @@ class SklearnFitter:
         from sklearn.base import clone
 
         from kvbridge.fit.mapping import FittedMapping, LayerMap
+        from kvbridge.fit.plan import layer_stats_bytes
         from kvbridge.fit.select import single_layer_r2, top_k as pick
         from kvbridge.fit.stats import LayerStats
 
@@ -134,7 +135,10 @@ class SklearnFitter:
         )
         # selection on statistics of the same sample (exactly what ridge sees on the same data)
         job = LayerStats(
-            range(ls), range(lt), **dims, xx_block="full" if LayerStats.nbytes_for(ls, lt, **dims) < 2**31 else "layer"
+            range(ls),
+            range(lt),
+            **dims,
+            xx_block="full" if layer_stats_bytes(ls, lt, fs, dims["src_dim"], ht * dt) < 2**31 else "layer",
         )
         job.update(feats, held)
         scores = single_layer_r2(job)

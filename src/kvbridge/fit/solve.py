@@ -116,15 +116,10 @@ LOW_R2 = 0.5  # mean held-out R² below this: the fitter warns that the mapping 
 
 
 def default_budget() -> int:
-    import os
+    """The statistics budget when none is given (:func:`kvbridge.fit.plan.default_budget`), a FitError if malformed."""
+    from kvbridge.fit.plan import default_budget as budget
 
-    raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
-    try:
-        return int(float(raw) * 2**30) if raw else 8 * 2**30
-    except ValueError:
-        raise FitError(
-            f"KVBRIDGE_FIT_MEMORY={raw!r} is not a number of GiB", "set e.g. KVBRIDGE_FIT_MEMORY=8"
-        ) from None
+    return budget(FitError)
 
 
 def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold: float = LOW_R2) -> tuple[dict, list]:
@@ -188,12 +183,7 @@ def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     (the planner's rule, :func:`kvbridge.fit.plan.pack_blocks`; a FitError when one layer is over)."""
     from kvbridge.fit.plan import pack_blocks
 
-    def too_big(nbytes: int):
-        from kvbridge.fit.plan import budget_refusal
-
-        raise FitError(*budget_refusal(what, budget, nbytes))
-
-    return pack_blocks(n, bytes_of, budget, too_big)
+    return pack_blocks(n, bytes_of, budget, what, FitError)
 
 
 __all__ = [

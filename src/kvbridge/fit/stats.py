@@ -35,7 +35,7 @@ import torch
 
 DTYPE = torch.float64
 # the workspace rule lives in the torch-free planner (one formula for the plan and the fit)
-from kvbridge.fit.plan import MIN_CHUNK_ROWS, WORKSPACE_BYTES, chunk_rows, workspace_bytes  # noqa: E402,F401
+from kvbridge.fit.plan import MIN_CHUNK_ROWS, WORKSPACE_BYTES, chunk_rows, job_bytes, workspace_bytes  # noqa: E402,F401
 
 
 class Workspace:
@@ -125,11 +125,7 @@ class MomentStats:
         ``weights [m]`` (non-negative, aligned with ``x``'s rows): weighted moments, ``n`` then
         counts the summed weight (``Σ w (x - x̄_w)(x - x̄_w)ᵀ`` about the weighted mean; the same
         Chan merge with weights for counts)."""
-        if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and {tuple(y.shape)}"
-            )
-        if x.shape[1] != self.p or y.shape[1] != self.q:
+        if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or (x.shape[1], y.shape[1]) != (self.p, self.q):
             raise ValueError(
                 f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and {tuple(y.shape)}"
             )
@@ -188,42 +184,33 @@ class MomentStats:
         self.mean_y += dy * (mw / n)
         self.n = n
 
-    def _merge_raw(self, o: "_Raw") -> None:
-        if o.n == 0:
-            return
-        if self.n == 0:
-            self.n = o.n
-            self.mean_x.copy_(o.mean_x)
-            self.mean_y.copy_(o.mean_y)
-            self.cxx.copy_(o.cxx)
-            self.cxy.copy_(o.cxy)
-            self.cyy.copy_(o.cyy)
-            return
-        n = self.n + o.n
-        dx = o.mean_x - self.mean_x
-        dy = o.mean_y - self.mean_y
-        w = self.n * o.n / n
-        self.cxx += o.cxx
-        self.cxx += w * self._outer_vec(dx, dx)
-        self.cxy += o.cxy
-        self.cxy.add_(torch.outer(dx, dy), alpha=w)
-        self.cyy += o.cyy + w * dy * dy
-        self.mean_x += dx * (o.n / n)
-        self.mean_y += dy * (o.n / n)
-        self.n = n
-
     def merge(self, other: "MomentStats") -> "MomentStats":
         """Fold ``other`` (same shape) into this object (Chan's pairwise update)."""
-        self._check_same(other)
-        self._merge_raw(_Raw(other.n, other.mean_x, other.mean_y, other.cxx, other.cxy, other.cyy))
-        return self
-
-    def _check_same(self, other: "MomentStats") -> None:
         if (self.p, self.q, self.xx_block) != (other.p, other.q, other.xx_block):
             raise ValueError(
                 f"cannot merge statistics of shape (p={other.p}, q={other.q}, block={other.xx_block}) "
                 f"into (p={self.p}, q={self.q}, block={self.xx_block})"
             )
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            self.n = other.n
+            for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+                getattr(self, name).copy_(getattr(other, name))
+            return self
+        n = self.n + other.n
+        dx = other.mean_x - self.mean_x
+        dy = other.mean_y - self.mean_y
+        w = self.n * other.n / n
+        self.cxx += other.cxx
+        self.cxx += w * self._outer_vec(dx, dx)
+        self.cxy += other.cxy
+        self.cxy.add_(torch.outer(dx, dy), alpha=w)
+        self.cyy += other.cyy + w * dy * dy
+        self.mean_x += dx * (other.n / n)
+        self.mean_y += dy * (other.n / n)
+        self.n = n
+        return self
 
     # -- additive form -------------------------------------------------------------------------
     def recentred(self, cx: torch.Tensor, cy: torch.Tensor) -> dict:
@@ -257,13 +244,8 @@ class MomentStats:
             if block is None:
                 raise ValueError("block-diagonal statistics: select one feature block with block=")
             r = slice(block * self.xx_block, (block + 1) * self.xx_block)
-            cxx = self.cxx[block]
         else:
             r = slice(None) if rows is None else rows
-            if isinstance(r, torch.Tensor):
-                cxx = self.cxx.index_select(0, r).index_select(1, r)
-            else:
-                cxx = self.cxx[r, r]
 
         def pick(t: torch.Tensor, rows_, cols_) -> torch.Tensor:  # slices first (views), gathers last
             if not isinstance(rows_, torch.Tensor):
@@ -281,7 +263,7 @@ class MomentStats:
             n=self.n,
             mean_x=vec(self.mean_x, r),
             mean_y=vec(self.mean_y, cols),
-            cxx=cxx,
+            cxx=self.cxx[block] if self.xx_block is not None else pick(self.cxx, r, r),
             cxy=pick(self.cxy, r, cols),
             cyy=vec(self.cyy, cols),
         )
@@ -310,19 +292,7 @@ class MomentStats:
         return self
 
     def clone(self) -> "MomentStats":
-        out = MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws)
-        out._merge_raw(_Raw(self.n, self.mean_x, self.mean_y, self.cxx, self.cxy, self.cyy))
-        return out
-
-
-@dataclass
-class _Raw:
-    n: float
-    mean_x: torch.Tensor
-    mean_y: torch.Tensor
-    cxx: torch.Tensor
-    cxy: torch.Tensor
-    cyy: torch.Tensor
+        return MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws).merge(self)
 
 
 def all_reduce(stats: list[MomentStats], group=None) -> None:
@@ -354,11 +324,7 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
         centres.append((n, mx / n if n else mx * 0, my / n if n else my * 0))
     parts = []
     for s, (n, mx, my) in zip(stats, centres):
-        rc = (
-            s.recentred(mx.to(s.device), my.to(s.device))
-            if s.n
-            else {"cxx": torch.zeros_like(s.cxx), "cxy": torch.zeros_like(s.cxy), "cyy": torch.zeros_like(s.cyy)}
-        )
+        rc = s.recentred(mx.to(s.device), my.to(s.device))  # all zeros for an empty rank (n = 0)
         parts.extend(t.reshape(-1).to(dev) for t in (rc["cxx"], rc["cxy"], rc["cyy"]))
     flat = torch.cat(parts)
     del parts
@@ -386,6 +352,18 @@ class StatsSet:
 
     def all_stats(self) -> list[MomentStats]:
         return [self.stats[key] for key in sorted(self.stats)]
+
+    # -- persistence: each MomentStats under its key's parts joined by dots (``k.train.``, ``3.1.k.held.``)
+    def state_dict(self, prefix: str = "") -> dict:
+        out = {}
+        for key, st in self.stats.items():
+            out.update(st.state_dict(f"{prefix}{'.'.join(map(str, key))}."))
+        return out
+
+    def load_state_dict(self, data: dict, prefix: str = ""):
+        for key, st in self.stats.items():
+            st.load_state_dict(data, f"{prefix}{'.'.join(map(str, key))}.")
+        return self
 
 
 class LayerStats(StatsSet):
@@ -417,16 +395,13 @@ class LayerStats(StatsSet):
         self.src_heads, self.src_dim, self.tgt_heads, self.tgt_dim = src_heads, src_dim, tgt_heads, tgt_dim
         self.xx_block = xx_block
         p, q = self.p, self.q
-        blk = self._block_size()
+        blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
         self.workspace = Workspace(device)  # one float64 chunk buffer for the four statistics
         self.stats = {
             (c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace)
             for c in self.KINDS
             for s in self.SPLITS
         }
-
-    def _block_size(self) -> int | None:
-        return {"full": None, "layer": self.src_heads * self.src_dim, "head": self.src_dim}[self.xx_block]
 
     @property
     def p(self) -> int:
@@ -437,21 +412,10 @@ class LayerStats(StatsSet):
         return len(self.tgt_layers) * self.tgt_heads * self.tgt_dim
 
     @staticmethod
-    def nbytes_for(
-        n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int, xx_block: str = "full"
-    ) -> int:
-        """Bytes the job holds: 4 x MomentStats (K, V) x (train, held)."""
-        p, q = n_src * src_heads * src_dim, n_tgt * tgt_heads * tgt_dim
-        blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
-        return 4 * MomentStats.nbytes_for(p, q, blk)
-
-    @staticmethod
     def job_bytes_for(
         n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int, xx_block: str = "full"
     ) -> int:
         """The job's peak: statistics + its float64 workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`)."""
-        from kvbridge.fit.plan import job_bytes
-
         return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block)
 
     # -- accumulation ---------------------------------------------------------------------
@@ -487,7 +451,7 @@ class LayerStats(StatsSet):
     @staticmethod
     def _select(t: torch.Tensor, layers: tuple) -> torch.Tensor:
         """``t [n, L, H, D]`` restricted to ``layers`` as ``[n, len(layers)·H·D]`` (a view when it can be)."""
-        n, _total = t.shape[0], t.shape[1]
+        n = t.shape[0]
         if layers == tuple(range(layers[0], layers[0] + len(layers))):
             return t[:, layers[0] : layers[0] + len(layers)].reshape(n, -1)
         return t.index_select(1, torch.tensor(layers, dtype=torch.long, device=t.device)).reshape(n, -1)
@@ -496,25 +460,19 @@ class LayerStats(StatsSet):
     def n(self, split: str = "train") -> float:
         return self.stats[("k", split)].n
 
-    def _cols(self, tgt_layers):
-        """Target columns of ``tgt_layers``: a slice when they are consecutive, else an index tensor."""
-        ft = self.tgt_heads * self.tgt_dim
-        pos = [self.tgt_layers.index(int(t)) for t in tgt_layers]
+    @staticmethod
+    def _span(layers, held: tuple, width: int):
+        """Feature rows / target columns of ``layers`` (of the job's ``held`` layers, ``width`` each): a
+        slice when they are consecutive, else an index tensor."""
+        pos = [held.index(int(i)) for i in layers]
         if pos == list(range(pos[0], pos[0] + len(pos))):
-            return slice(pos[0] * ft, (pos[-1] + 1) * ft)
-        return torch.cat([torch.arange(j * ft, (j + 1) * ft) for j in pos])
-
-    def _rows(self, src_layers):
-        fs = self.src_heads * self.src_dim
-        pos = [self.src_layers.index(int(s)) for s in src_layers]
-        if pos == list(range(pos[0], pos[0] + len(pos))):
-            return slice(pos[0] * fs, (pos[-1] + 1) * fs)
-        return torch.cat([torch.arange(j * fs, (j + 1) * fs) for j in pos])
+            return slice(pos[0] * width, (pos[-1] + 1) * width)
+        return torch.cat([torch.arange(j * width, (j + 1) * width) for j in pos])
 
     def moments(self, kind: str, split: str, *, tgt_layers, src_layers=None, src_head=None) -> Moments:
         """Moments for features = ``src_layers`` (all their heads) or one ``src_head=(layer, head)``."""
         st = self.stats[(kind, split)]
-        cols = self._cols(tgt_layers)
+        cols = self._span(tgt_layers, self.tgt_layers, self.tgt_heads * self.tgt_dim)
         fs = self.src_heads * self.src_dim
         if src_head is not None:
             layer, head = int(src_head[0]), int(src_head[1])
@@ -532,19 +490,7 @@ class LayerStats(StatsSet):
             return st.moments(cols=cols, block=self.src_layers.index(layers[0]))
         if self.xx_block != "full":
             raise ValueError(f"{self.xx_block}-block statistics cannot solve source layers {layers} jointly")
-        return st.moments(rows=self._rows(layers), cols=cols)
-
-    # -- persistence -----------------------------------------------------------------------------
-    def state_dict(self, prefix: str = "") -> dict:
-        out = {}
-        for (c, s), st in self.stats.items():
-            out.update(st.state_dict(f"{prefix}{c}.{s}."))
-        return out
-
-    def load_state_dict(self, data: dict, prefix: str = "") -> "LayerStats":
-        for (c, s), st in self.stats.items():
-            st.load_state_dict(data, f"{prefix}{c}.{s}.")
-        return self
+        return st.moments(rows=self._span(layers, self.src_layers, fs), cols=cols)
 
 
 __all__ = [

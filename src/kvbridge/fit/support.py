@@ -47,11 +47,18 @@ def slots_for(support: str, k: int, t: int, h: int, scores: dict, hs: int, src_l
     return [(src[int(i) // hs], int(i) % hs) for i in order]
 
 
-class _JointSource:
-    """Per-head moments from joint (full, all source layers) :class:`LayerStats`."""
+class _Source:
+    """Per-head moments of target head ``(t, h)`` over its ``slots`` from one accumulation ``job``."""
 
     def __init__(self, job):
         self.job = job
+
+    def n(self, split):
+        return self.job.n(split)
+
+
+class _JointSource(_Source):
+    """From joint (full, all source layers) :class:`LayerStats`."""
 
     def moments(self, t, h, c, split, slots):
         j = self.job
@@ -61,24 +68,15 @@ class _JointSource:
         a = j.tgt_layers.index(t) * ft + h * j.tgt_dim
         return j.stats[(c, split)].moments(rows=rows, cols=slice(a, a + j.tgt_dim))
 
-    def n(self, split):
-        return self.job.n(split)
 
-
-class _HeadSource:
-    """Per-head moments from :class:`HeadStats` over each head's union of slots."""
-
-    def __init__(self, job):
-        self.job = job
+class _HeadSource(_Source):
+    """From :class:`HeadStats` over each head's union of slots."""
 
     def moments(self, t, h, c, split, slots):
         union = self.job.supports[(t, h)]
         ds = self.job.src_dim
         rows = torch.cat([torch.arange(ds) + union.index(tuple(sl)) * ds for sl in slots])
         return self.job.stats[(t, h, c, split)].moments(rows=rows)
-
-    def n(self, split):
-        return self.job.n(split)
 
 
 def fit_head(moments, t: int, h: int, alpha, held_ok: bool) -> dict:
@@ -134,8 +132,8 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         union = {}
         for per in slots.values():
             for key, sl in per.items():
-                union.setdefault(key, [])
-                union[key].extend(x for x in sl if x not in union[key])
+                u = union.setdefault(key, [])
+                u.extend(x for x in sl if x not in u)
         p_max = max(len(v) for v in union.values()) * ds
         job = HeadStats(
             union,

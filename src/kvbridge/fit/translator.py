@@ -70,9 +70,16 @@ class TranslatorOptions:
     def __post_init__(self):
         check_top_k(self.top_k)
         check_alpha(self.alpha)
-        for name in ("rank", "hidden", "steps", "kl_steps", "queries"):
+        for name, example in (
+            ("rank", 16),
+            ("hidden", 16),
+            ("steps", 100),
+            ("kl_steps", 100),
+            ("queries", 100),
+            ("seed", 0),
+        ):
             if getattr(self, name) < 0:
-                raise _bad(name, getattr(self, name), "must be >= 0", 16 if name in ("rank", "hidden") else 100)
+                raise _bad(name, getattr(self, name), "must be >= 0", example)
         if self.rank > 0 and self.hidden > 0:
             raise FitError(
                 f"translator options rank={self.rank} and hidden={self.hidden} both set: the residual is "
@@ -83,10 +90,8 @@ class TranslatorOptions:
             raise FitError(
                 "translator options rank=0 and hidden=0 leave no residual", "pass -o rank=16 or -o hidden=64"
             )
-        for name in ("lr", "kl_lr"):
+        for name in ("lr",) + (("kl_lr",) if self.kl_lr is not None else ()):
             v = getattr(self, name)
-            if name == "kl_lr" and v is None:
-                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise _bad(name, v, "must be a positive number", "1e-3")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
@@ -94,8 +99,6 @@ class TranslatorOptions:
         for name in ("batch", "kl_suffix", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise _bad(name, getattr(self, name), "must be >= 1", 2)
-        if self.seed < 0:
-            raise _bad("seed", self.seed, "must be >= 0", 0)
 
     @property
     def kind(self) -> str:
@@ -214,10 +217,9 @@ def load_state(folder: Path, key: str, opt: AdamW) -> tuple[int, list] | None:
                 "start afresh: remove it, or pass another -o resume=DIR",
             )
         with torch.no_grad():
-            for i, (t, m, v) in enumerate(zip(opt.tensors, opt.m, opt.v)):
-                t.copy_(fh.get_tensor(f"p.{i}"))
-                m.copy_(fh.get_tensor(f"m.{i}"))
-                v.copy_(fh.get_tensor(f"v.{i}"))
+            for i, trio in enumerate(zip(opt.tensors, opt.m, opt.v)):  # parameter, first and second moments
+                for n, t in zip("pmv", trio):
+                    t.copy_(fh.get_tensor(f"{n}.{i}"))
     opt.step_count = int(meta["adam_step"])
     return int(meta["step"]), json.loads(meta.get("curve", "[]"))
 
