@@ -10,7 +10,8 @@ import textwrap
 
 import click
 
-from kvbridge.cli.options import fmt_text, fmt_value, json_option
+from kvbridge.cli.options import fmt_value, json_option
+from kvbridge.safe_text import escape
 
 VERDICT_COLOURS = {
     "same": "green",
@@ -40,7 +41,7 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
     w_tgt = min(col, max(len("target"), *(len(r[2]) for r in rows)))
     lines = [
         click.style(
-            fmt_text(
+            escape(
                 f"{report.source_name or report.source.model_type} -> {report.target_name or report.target.model_type}"
             ),
             bold=True,
