@@ -70,7 +70,6 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     t0 = time.perf_counter()
     ids = torch.as_tensor(input_ids).view(1, -1)
     gen = greedy_kwargs(ids, new_tokens)
-    adapter = host.adapter_of(model)
     with torch.no_grad():
         own = DynamicCache(config=model.config)
         model(input_ids=ids[:, :-1], cache=own, use_cache=True)
@@ -81,7 +80,7 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
         model(input_ids=ids[:, :half], cache=chunks, use_cache=True)
         model(input_ids=ids[:, half:-1], cache=chunks, use_cache=True)
         chunked = model.generate(input_ids=ids, cache=chunks, **gen)
-        extracted = adapter.extract(model, ids[:, :-1])
+        extracted = host.adapter_of(model).extract(model, ids[:, :-1])
         moved = identity_transfer(extracted, host=host)
         ours = generate(model, moved, ids, host=host, **gen)
 
@@ -167,12 +166,10 @@ def pack_check(
     from kvbridge.handoff import greedy_kwargs
     from kvbridge.prefix.packs import load_pack, save_pack
 
-    report = chat_split(tokenizer, system, user)
-    split = report.require_safe()
-    guide = split.ghost_text
+    split = chat_split(tokenizer, system, user).require_safe()
     with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:
         out = folder or f"{tmp}/pack"
-        save_pack(model, out, guide_text=guide, tokenizer=tokenizer, overwrite=folder is not None, host=host)
+        save_pack(model, out, guide_text=split.ghost_text, tokenizer=tokenizer, overwrite=folder is not None, host=host)
         counter = ForwardCounter(model)
         t0 = time.perf_counter()
         try:
