@@ -83,6 +83,12 @@ def _human(data: dict) -> str:
     dtype = spec["dtype"]
     if gguf:  # what the dequantized model loads as, and what the file holds
         dtype += f" as loaded (weights {gguf.get('file_type') or gguf['quantization']}, dequantized)"
+    vdim = spec.get("value_head_dim")  # MLA: cached values narrower or wider than keys
+    head_dims = (
+        str(spec["head_dim"])
+        if vdim is None or vdim == spec["head_dim"]
+        else f"K {spec['head_dim']}, V {vdim} (keys and values have their own widths)"
+    )
     tok = data["tokenizer"]
     tok_text = "unknown" if tok == "unknown" else f"{tok['kind']} {tok['vocab_size']} ids sha256:{tok['digest'][:12]}"
     rows = [
@@ -90,7 +96,7 @@ def _human(data: dict) -> str:
         ("layers", str(spec["num_layers"])),
         ("attention heads", str(heads)),
         ("KV heads (cached)", f"{kv} ({head_kind})"),
-        ("head_dim", head_dims_text(spec)),
+        ("head_dim", head_dims),
         ("hidden_size", str(spec["hidden_size"])),
         ("positional", spec["positional"]),
         ("rope", rope),
@@ -137,14 +143,6 @@ def _human(data: dict) -> str:
     lines = [click.style(escape(data["name"]), bold=True) + f"  ({data['kind']}: {escape(data['path'])})"]
     lines += [f"  {k:<{width}}  {escape(v)}" for k, v in rows]
     return "\n".join(lines)
-
-
-def head_dims_text(spec: dict) -> str:
-    """``64``, or ``K 32, V 8`` where cached values are narrower or wider than keys (MLA)."""
-    value = spec.get("value_head_dim")
-    if value is None or value == spec["head_dim"]:
-        return str(spec["head_dim"])
-    return f"K {spec['head_dim']}, V {value} (keys and values have their own widths)"
 
 
 def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
