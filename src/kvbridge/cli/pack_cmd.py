@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from kvbridge.cli.options import echo_result, json_option, loading_options
@@ -166,19 +164,17 @@ def verify(
         click.echo(loaded.notes[0], err=True)
     if recompute:
         result["recompute_max_abs_diff"] = recompute_check(loaded, m)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
     status = "LOADED WITH --force (not exact)" if loaded.forced else "ok"
     if loaded.state.approximate and not loaded.forced:
         status = "ok (an approximate cache: not this model's own prefill)"
-    click.echo(f"pack {folder} vs {model}: {status}")
-    click.echo(f"  checked: {', '.join(result['checks'])}")
-    click.echo(f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms")
+    lines = [
+        f"pack {folder} vs {model}: {status}",
+        f"  checked: {', '.join(result['checks'])}",
+        f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms",
+    ]
     if recompute:
-        click.echo(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
-    for note in loaded.notes[1 if loaded.forced else 0 :]:
-        click.echo(f"  note: {note}")
+        lines.append(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
+    echo_result(result, as_json, lines + [f"  note: {note}" for note in loaded.notes[1 if loaded.forced else 0 :]])
 
 
 @pack.command("export")
