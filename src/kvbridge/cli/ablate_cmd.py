@@ -36,4 +36,4 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
     report = run(
         lm.model, lm.tokenizer, guide_text, prompt_text, sep=unescape(sep), layers=layers, max_new_tokens=max_new_tokens
     )
-    echo_result(report.to_dict(), as_json, "\n".join(report.lines()))
+    echo_result(report.to_dict(), as_json, report.lines)

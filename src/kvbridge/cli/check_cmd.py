@@ -10,7 +10,8 @@ import textwrap
 
 import click
 
-from kvbridge.cli.options import fmt_text, fmt_value, json_option
+from kvbridge.cli.options import fmt_value, json_option
+from kvbridge.safe_text import escape
 
 VERDICT_COLOURS = {
     "same": "green",
@@ -38,17 +39,12 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
     w_name = max(len(r[0]) for r in rows)
     w_src = min(col, max(len("source"), *(len(r[1]) for r in rows)))
     w_tgt = min(col, max(len("target"), *(len(r[2]) for r in rows)))
+    title = f"{report.source_name or report.source.model_type} -> {report.target_name or report.target.model_type}"
     lines = [
-        click.style(
-            fmt_text(
-                f"{report.source_name or report.source.model_type} -> {report.target_name or report.target.model_type}"
-            ),
-            bold=True,
-        ),
+        click.style(escape(title), bold=True),
         "",
+        click.style(f"  {'axis':<{w_name}}  {'source':<{w_src}}  {'target':<{w_tgt}}  verdict", bold=True),
     ]
-    head = f"  {'axis':<{w_name}}  {'source':<{w_src}}  {'target':<{w_tgt}}  verdict"
-    lines.append(click.style(head, bold=True))
     wrapper = textwrap.TextWrapper(width=width, initial_indent=" " * (w_name + 4), subsequent_indent=" " * (w_name + 4))
     for name, src, tgt, verdict, action in rows:
         colour = VERDICT_COLOURS.get(verdict)
@@ -57,16 +53,13 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
             + click.style(verdict, fg=colour, bold=verdict == "blocking")
         )
         lines.extend(click.style(line, dim=True) for line in wrapper.wrap(action))
-    lines.append("")
-    lines.append("verdict: " + click.style(report.verdict, fg=VERDICT_COLOURS.get(report.verdict), bold=True))
+    lines += ["", "verdict: " + click.style(report.verdict, fg=VERDICT_COLOURS.get(report.verdict), bold=True)]
     reason_wrap = textwrap.TextWrapper(width=width, initial_indent="  - ", subsequent_indent="    ")
     for reason in report.reasons:
         lines.extend(reason_wrap.wrap(reason))
     for measured in report.measured:  # kvbridge's own results on this very pair
-        lines.append("")
         head, *rest = measured.lines(width)
-        lines.append(click.style(head, fg="magenta", bold=True))
-        lines.extend(rest)
+        lines += ["", click.style(head, fg="magenta", bold=True), *rest]
     if strict:
         failures = report.strict_failures()
         if failures:

@@ -47,9 +47,9 @@ def conformance(
 
     from kvbridge.artifacts import write_file_atomic
     from kvbridge.conformance import report, sweep
-    from kvbridge.errors import ConfigError
+    from kvbridge.errors import ConfigError, names_value
 
-    wanted = [t.strip() for t in types.split(",") if t.strip()]
+    wanted = list(names_value(types, "--types"))
     if merge_path and not (wanted or from_path):
         raise ConfigError(
             "--merge replaces the rows of some model types, but none were given",

@@ -54,10 +54,10 @@ def demo(**options) -> None:
     import torch
 
     from kvbridge.demo import run_section
-    from kvbridge.errors import ConfigError
+    from kvbridge.errors import ConfigError, names_value
 
     s = settings_from(DemoSettings, options)
-    wanted = [name.strip() for name in s.sections.split(",") if name.strip()]
+    wanted = list(names_value(s.sections, "--sections"))
     unknown = [name for name in wanted if name not in SECTIONS]
     if unknown:
         raise ConfigError(f"unknown demo section {unknown[0]!r}", f"use some of: {', '.join(SECTIONS)}")

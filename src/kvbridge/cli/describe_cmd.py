@@ -9,7 +9,8 @@ import json
 
 import click
 
-from kvbridge.cli.options import fmt_text, json_option, kv_bytes_per_token
+from kvbridge.cli.options import echo_result, json_option, kv_bytes_per_token
+from kvbridge.safe_text import escape
 
 
 def describe_dict(resolved, spec) -> dict:
@@ -82,6 +83,12 @@ def _human(data: dict) -> str:
     dtype = spec["dtype"]
     if gguf:  # what the dequantized model loads as, and what the file holds
         dtype += f" as loaded (weights {gguf.get('file_type') or gguf['quantization']}, dequantized)"
+    vdim = spec.get("value_head_dim")  # MLA: cached values narrower or wider than keys
+    head_dims = (
+        str(spec["head_dim"])
+        if vdim is None or vdim == spec["head_dim"]
+        else f"K {spec['head_dim']}, V {vdim} (keys and values have their own widths)"
+    )
     tok = data["tokenizer"]
     tok_text = "unknown" if tok == "unknown" else f"{tok['kind']} {tok['vocab_size']} ids sha256:{tok['digest'][:12]}"
     rows = [
@@ -89,7 +96,7 @@ def _human(data: dict) -> str:
         ("layers", str(spec["num_layers"])),
         ("attention heads", str(heads)),
         ("KV heads (cached)", f"{kv} ({head_kind})"),
-        ("head_dim", head_dims_text(spec)),
+        ("head_dim", head_dims),
         ("hidden_size", str(spec["hidden_size"])),
         ("positional", spec["positional"]),
         ("rope", rope),
@@ -133,17 +140,9 @@ def _human(data: dict) -> str:
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
     width = max(len(k) for k, _ in rows)
-    lines = [click.style(fmt_text(data["name"]), bold=True) + f"  ({data['kind']}: {fmt_text(data['path'])})"]
-    lines += [f"  {k:<{width}}  {fmt_text(v)}" for k, v in rows]
+    lines = [click.style(escape(data["name"]), bold=True) + f"  ({data['kind']}: {escape(data['path'])})"]
+    lines += [f"  {k:<{width}}  {escape(v)}" for k, v in rows]
     return "\n".join(lines)
-
-
-def head_dims_text(spec: dict) -> str:
-    """``64``, or ``K 32, V 8`` where cached values are narrower or wider than keys (MLA)."""
-    value = spec.get("value_head_dim")
-    if value is None or value == spec["head_dim"]:
-        return str(spec["head_dim"])
-    return f"K {spec['head_dim']}, V {value} (keys and values have their own widths)"
 
 
 def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
@@ -159,19 +158,17 @@ def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
                 f"sliding window of {spec['attention_chunk_size']})",
             )
         )
-    if spec.get("nope_layers"):
-        rows.append(("NoPE layers", f"{spec['nope_layers']} (keys carry no RoPE)"))
-    if spec.get("kv_shared_layers"):
-        rows.append(("shared-KV layers", f"{spec['kv_shared_layers']} (reuse an earlier layer's KV)"))
-    if spec.get("state_layers"):
-        rows.append(("recurrent layers", f"{spec['state_layers']} (recurrent/conv state, cannot be mapped)"))
-    other = sorted(set(spec.get("no_kv_layers") or []) - set(spec.get("state_layers") or []))
-    if other:
-        rows.append(("no-KV layers", str(other)))
-    if spec.get("layer_head_dims"):
-        rows.append(("per-layer head dims", str(spec["layer_head_dims"])))
-    if spec.get("layer_kv_heads"):
-        rows.append(("per-layer KV heads", str(spec["layer_kv_heads"])))
+    facts = dict(spec, no_kv_other=sorted(set(spec.get("no_kv_layers") or []) - set(spec.get("state_layers") or [])))
+    for key, name, note in (
+        ("nope_layers", "NoPE layers", " (keys carry no RoPE)"),
+        ("kv_shared_layers", "shared-KV layers", " (reuse an earlier layer's KV)"),
+        ("state_layers", "recurrent layers", " (recurrent/conv state, cannot be mapped)"),
+        ("no_kv_other", "no-KV layers", ""),
+        ("layer_head_dims", "per-layer head dims", ""),
+        ("layer_kv_heads", "per-layer KV heads", ""),
+    ):
+        if facts.get(key):
+            rows.append((name, f"{facts[key]}{note}"))
     if spec.get("cache_format") == "mla":
         lat = spec.get("latent") or {}
         rows.append(
@@ -215,16 +212,13 @@ def _list(host, as_json: bool) -> None:
                 "path": str(path),
             }
         )
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
     w = max([len("id")] + [len(r["id"]) for r in rows])
-    click.echo(click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True))
-    for r in rows:
-        click.echo(
-            f"  {fmt_text(r['id']):<{w}}  {fmt_text(r['family']):<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
-            f"  {r['head_dim']:>8}  {r['positional']}"
-        )
+    lines = [click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True)] + [
+        f"  {escape(r['id']):<{w}}  {escape(r['family']):<10} {r['num_layers']:>6}  {r['num_kv_heads']:>2}"
+        f"  {r['head_dim']:>8}  {r['positional']}"
+        for r in rows
+    ]
+    echo_result(rows, as_json, lines)
 
 
 @click.command("describe")
@@ -264,6 +258,5 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
     if not model:
         raise ConfigError("missing MODEL", "pass a model folder, a config.json, or a name from --list")
     resolved = resolve(model, host=host)
-    spec = resolved.spec(host)
-    data = describe_dict(resolved, spec)
+    data = describe_dict(resolved, resolved.spec(host))
     click.echo(json.dumps(data, indent=2, default=str) if as_json else _human(data))

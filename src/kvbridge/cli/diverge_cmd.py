@@ -74,4 +74,4 @@ def diverge(model, guide, prompt, pack_dir, tokenizer, dtype, device, as_json, p
     bar.close()
     if partial is not None:
         partial.finish()
-    echo_result(report.to_dict(), as_json, "\n".join(report.lines()))
+    echo_result(report.to_dict(), as_json, report.lines)

@@ -35,17 +35,6 @@ EXIT_CODES = (
 )
 
 
-def exit_codes() -> list[str]:
-    return [
-        "## Exit status",
-        "",
-        "| status | meaning |",
-        "|---:|---|",
-        *(f"| {code} | {meaning} |" for code, meaning in EXIT_CODES),
-        "",
-    ]
-
-
 def render() -> str:
     from kvbridge.cli.main import build_cli
 
@@ -54,7 +43,12 @@ def render() -> str:
         "",
         "Generated from each command's `--help` by `make cli-docs` (a test keeps it in sync).",
         "",
-        *exit_codes(),
+        "## Exit status",
+        "",
+        "| status | meaning |",
+        "|---:|---|",
+        *(f"| {code} | {meaning} |" for code, meaning in EXIT_CODES),
+        "",
     ]
     for path, text in _walk(build_cli(), ["kvbridge"]):
         out += [f"## `{' '.join(path)}`", "", "```", text.rstrip(), "```", ""]

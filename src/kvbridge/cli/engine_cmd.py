@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from kvbridge.cli.options import echo_result, json_option
@@ -42,30 +40,32 @@ def import_cmd(file: str, model: str, engine_name: str, as_json: bool) -> None:
         info = {"file": file, "kv_state": {"layers": state.num_layers, "tokens": state.num_tokens}}
     else:
         info = describe(file, model)
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
+    echo_result(info, as_json, lambda: _import_lines(info, file, model, engine_name))
+
+
+def _import_lines(info: dict, file: str, model: str, engine_name: str) -> list[str]:
     kv = info["kv_state"]
-    click.echo(
+    lines = [
         f"{file}: {info.get('format', engine_name)} version {info.get('version', '?')} for {info.get('model', model)}"
-    )
+    ]
     if "approximate" in info:
         origin = (
             "approximate (transferred or steered: not the model's own exact cache)" if info["approximate"] else "exact"
         )
-        click.echo(f"  origin     {info.get('provenance') or 'unknown'}, {origin}")
+        lines.append(f"  origin     {info.get('provenance') or 'unknown'}, {origin}")
     if "cells" in info:
-        click.echo(
+        lines.append(
             f"  cache      {info['cells']} cells, {info['layers']} layers, K {info['k_type']} x {info['k_row']}, "
             f"V {info['v_type']} x {info['v_row']}{' (transposed)' if info.get('v_trans') else ''}, "
             f"{info['n_stream']} stream(s)"
         )
-    click.echo(
+    lines.append(
         f"  KV state   {kv['layers']} layers x {kv.get('kv_heads', '?')} KV heads x {kv.get('head_dim', '?')}, "
         f"{kv['tokens']} tokens at positions {kv.get('positions')}, {kv.get('dtype', '')}, "
         f"keys {'with' if kv.get('rope_applied') else 'without'} RoPE ({kv.get('model_type', '')} layout), "
         f"{kv.get('bytes', 0) / 1e6:.2f} MB"
     )
+    return lines
 
 
 @engine.command("export")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from kvbridge.cli.options import dtype_option, echo_written, json_option, settings_from, settings_options
+from kvbridge.cli.options import dtype_option, echo_result, echo_written, json_option, settings_from, settings_options
 from kvbridge.recompute.settings import GraftRunSettings, GraftSettings
 
 
@@ -41,9 +40,8 @@ def run_cmd(model, dtype, as_json, **options):
     from kvbridge.transfer_run import check_generation_length, max_positions_of
 
     s = settings_from(GraftRunSettings, options)  # every check runs here, before the model loads
-    r, max_new_tokens = s.ratio, s.max_new_tokens
     loaded = load_model(model, dtype=dtype)
-    m, tok, name = loaded.model, loaded.tokenizer, model
+    m, tok = loaded.model, loaded.tokenizer
     ctx = _ids(tok, s.context, True, "context")
     if s.pack_dir:
         from kvbridge.prefix.packs import load_pack
@@ -54,25 +52,23 @@ def run_cmd(model, dtype, as_json, **options):
     live = _ids(tok, s.prompt, False, "prompt")
     check_generation_length(
         ctx.shape[1] + chunk_state.num_tokens + live.shape[1],
-        max_new_tokens,
+        s.max_new_tokens,
         max_positions_of(m),
         prompt_flag="--context + --chunk + --prompt",
     )
-    out = {"model": name, **graft_and_continue(m, tok, ctx, chunk_state, live, r, max_new_tokens)}
-    if as_json:
-        click.echo(json.dumps(out, indent=2, ensure_ascii=False))
-        return
-    click.echo(
-        f"{name}: context {out['context_tokens']} + chunk {out['chunk_tokens']} (grafted, re-positioned) + "
+    out = {"model": model, **graft_and_continue(m, tok, ctx, chunk_state, live, s.ratio, s.max_new_tokens)}
+    text = [
+        f"{model}: context {out['context_tokens']} + chunk {out['chunk_tokens']} (grafted, re-positioned) + "
         f"prompt {out['prompt_tokens']} tokens; recomputed {out['recomputed']} chunk tokens "
-        f"({r:.0%}), {out['flop_share']:.3f} of a full prefill's FLOPs"
-    )
-    for k in ("naive", "grafted"):
-        click.echo(
+        f"({s.ratio:.0%}), {out['flop_share']:.3f} of a full prefill's FLOPs",
+        *(
             f"  {k:8s} first-token KL to full prefill {out['first_token_kl'][k]:.5f}; greedy equal for "
-            f"{out['greedy_agreement_steps'][k]}/{max_new_tokens} steps: {out['text'][k]!r}"
-        )
-    click.echo(f"  full     {out['text']['full']!r}")
+            f"{out['greedy_agreement_steps'][k]}/{s.max_new_tokens} steps: {out['text'][k]!r}"
+            for k in ("naive", "grafted")
+        ),
+        f"  full     {out['text']['full']!r}",
+    ]
+    echo_result(out, as_json, text, ensure_ascii=False)
 
 
 @graft.command("eval")
@@ -94,7 +90,7 @@ def eval_cmd(model, dtype, as_json, **options):
 
     s = settings_from(GraftSettings, options)  # every check runs here, before the model loads
     loaded = load_model(model, dtype=dtype)
-    m, tok, name = loaded.model, loaded.tokenizer, model
+    m, tok = loaded.model, loaded.tokenizer
     texts, _ = load_corpus(s.corpus)
     stream = torch.tensor(tok(heldout_text(texts), add_special_tokens=False)["input_ids"], dtype=torch.long)
     ids = windows(stream, s.samples, s.sample_len)
@@ -105,7 +101,7 @@ def eval_cmd(model, dtype, as_json, **options):
             click.echo(f"\r  {done}/{total} samples", nl=done == total, err=True)
 
     result = run_graft(m, (ids[:, :c], ids[:, c : c + n], ids[:, c + n :]), s, progress=progress)
-    result["model"] = name
+    result["model"] = model
     if s.report_dir:
-        echo_written(report.write(result, s.report_dir, "graft", f"graft on {name}"), as_json)
-    click.echo(json.dumps(result, indent=2) if as_json else report.table(result))
+        echo_written(report.write(result, s.report_dir, "graft", f"graft on {model}"), as_json)
+    echo_result(result, as_json, lambda: report.table(result))

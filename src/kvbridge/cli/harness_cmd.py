@@ -8,12 +8,6 @@ from kvbridge.cli.options import dtype_option, json_option, settings_from, setti
 from kvbridge.harness.settings import HarnessSettings
 
 
-def _task_help() -> str:
-    from kvbridge.builtin.tasks import TASKS
-
-    return "\n".join(f"    {t.name}: {t.description}" for t in TASKS)
-
-
 @click.command("harness")
 @click.argument("source")
 @click.argument("target")
@@ -66,6 +60,11 @@ def harness(source, target, dtype, threads, as_json, **options):
     click.echo(to_json(result) if as_json else terminal_table(result))
 
 
+from kvbridge.builtin.tasks import TASKS  # noqa: E402 - the built-in tasks, listed in --help
+
 harness.help = harness.help.replace(
-    "TASKS", "Built-in tasks (-o TASK.key=value sets their options):\n" + _task_help(), 1
+    "TASKS",
+    "Built-in tasks (-o TASK.key=value sets their options):\n"
+    + "\n".join(f"    {t.name}: {t.description}" for t in TASKS),
+    1,
 )

@@ -34,7 +34,7 @@ class LazyGroup(click.Group):
 
             get_host().register_commands(self)
         except KVBridgeError as exc:
-            click.echo(f"error: {exc.one_line()}", err=True)
+            report(exc)
             sys.exit(exc.exit_code)
 
     def list_commands(self, ctx):
@@ -71,22 +71,19 @@ class LazyGroup(click.Group):
         from kvbridge.cli.output import guarded_output
 
         with guarded_output():
-            return self._main(args, prog_name, complete_var, standalone_mode, **extra)
-
-    def _main(self, args, prog_name, complete_var, standalone_mode, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, False, **extra)
-        except click.exceptions.Abort:
-            click.echo("error: aborted", err=True)
-            sys.exit(1)
-        except click.ClickException as exc:
-            if os.environ.get("KVBRIDGE_DEBUG"):
-                raise
-            report(usage_error(exc, None))
-            sys.exit(2)
-        sys.exit(rv if isinstance(rv, int) else 0)
+            if not standalone_mode:
+                return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+            try:
+                rv = super().main(args, prog_name, complete_var, False, **extra)
+            except click.exceptions.Abort:
+                click.echo("error: aborted", err=True)
+                sys.exit(1)
+            except click.ClickException as exc:
+                if os.environ.get("KVBRIDGE_DEBUG"):
+                    raise
+                report(usage_error(exc, None))
+                sys.exit(2)
+            sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def usage_error(exc: click.ClickException, ctx) -> KVBridgeError:

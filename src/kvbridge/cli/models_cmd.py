@@ -33,32 +33,29 @@ def _rows(host) -> list[dict]:
         for m in KNOWN.values()
     ]
     root = zoo_dir()
-    for name in ZOO_NAMES:
-        folder = root / name
-        rows.append(
-            {
-                "name": f"zoo:{name}",
-                "kind": "zoo",
-                "cached": (folder / "model.safetensors").is_file(),
-                "path": str(folder),
-                "source": "kvbridge package data",
-                "description": "tiny zoo model",
-            }
-        )
-    for scheme in schemes(host).values():
-        if scheme.name == "zoo":
-            continue
-        rows.append(
-            {
-                "name": f"{scheme.name}:NAME",
-                "kind": "scheme",
-                "cached": None,
-                "path": "",
-                "source": f"plugin {scheme.plugin}",
-                "description": scheme.description,
-            }
-        )
-    return rows
+    rows += [
+        {
+            "name": f"zoo:{name}",
+            "kind": "zoo",
+            "cached": (root / name / "model.safetensors").is_file(),
+            "path": str(root / name),
+            "source": "kvbridge package data",
+            "description": "tiny zoo model",
+        }
+        for name in ZOO_NAMES
+    ]
+    return rows + [
+        {
+            "name": f"{scheme.name}:NAME",
+            "kind": "scheme",
+            "cached": None,
+            "path": "",
+            "source": f"plugin {scheme.plugin}",
+            "description": scheme.description,
+        }
+        for scheme in schemes(host).values()
+        if scheme.name != "zoo"
+    ]
 
 
 @click.group("models", invoke_without_command=True)

@@ -88,15 +88,9 @@ def count(min: int = 1, max: int | None = None) -> Number:  # noqa: A002
     return Number(int, min, max)
 
 
-def real(
-    min: float | None = None,
-    max: float | None = None,
-    *,
-    min_open: bool = False,  # noqa: A002
-    max_open: bool = False,
-) -> Number:
-    """A finite real number in the given range."""
-    return Number(float, min, max, min_open=min_open, max_open=max_open)
+def real(min: float | None = None, max: float | None = None, **open_ends: bool) -> Number:  # noqa: A002
+    """A finite real number in the given range (``min_open`` / ``max_open``: that end excluded)."""
+    return Number(float, min, max, **open_ends)
 
 
 #: ``--seed``: 0 .. 2**32-1

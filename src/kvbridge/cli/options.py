@@ -1,11 +1,10 @@
 """Shared CLI options, model loading and formatters (one home for what several commands use).
 
-Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`; the text every
-command uses to say what a MODEL may be (:data:`MODEL_REFS`). Loading is :func:`kvbridge.models.load`
-and :func:`kvbridge.models.pair.load_pair` (:func:`load_pair` adds the stderr warning of a partial
-tokenizer match). Formatters: :func:`fmt_rope`,
-:func:`fmt_value`, :func:`fmt_text` (strings from files, control characters escaped),
-:func:`kv_bytes_per_token`. Importing this module imports click only.
+Options: :func:`dtype_option`, :func:`device_option`, :func:`json_option`. Loading is
+:func:`kvbridge.models.load` and :func:`kvbridge.models.pair.load_pair` (:func:`load_pair` adds the
+stderr warning of a partial tokenizer match). Formatters: :func:`fmt_rope`, :func:`fmt_value`,
+:func:`kv_bytes_per_token`; strings from files go through :func:`kvbridge.safe_text.escape`.
+Importing this module imports click only.
 """
 
 from __future__ import annotations
@@ -17,20 +16,8 @@ from typing import Any
 import click
 
 from kvbridge.cli.numbers import THREADS, Number
-
-#: what a MODEL argument may be (shown in command help)
-MODEL_REFS = (
-    "a model folder (save_pretrained), a .gguf file or a folder holding one, a config.json, "
-    "a hub id already in the local Hugging Face cache (never downloaded), a manifest name, "
-    "zoo:NAME (the embedded tiny zoo), a short name such as smollm2 (`kvbridge models`), "
-    "or SCHEME:REST for schemes plugins register"
-)
-from kvbridge.dtypes import DTYPE_BYTES, LOAD_DTYPES as DTYPE_CHOICES  # noqa: E402
-
-DTYPE_HELP = (
-    "Dtype to load the model(s) in. Default float32 (half-precision checkpoints upcast, GGUF "
-    "dequantized); 'auto' = the checkpoint's own dtype."
-)
+from kvbridge.dtypes import LOAD_DTYPES as DTYPE_CHOICES, dtype_bytes
+from kvbridge.safe_text import escape
 
 
 def _shared_option(*decls, **attrs):
@@ -44,7 +31,13 @@ def _shared_option(*decls, **attrs):
 
 
 #: ``--dtype`` (default None = the loading layer's policy: float32)
-dtype_option = _shared_option("--dtype", default=None, type=click.Choice(DTYPE_CHOICES), help=DTYPE_HELP)
+dtype_option = _shared_option(
+    "--dtype",
+    default=None,
+    type=click.Choice(DTYPE_CHOICES),
+    help="Dtype to load the model(s) in. Default float32 (half-precision checkpoints upcast, GGUF "
+    "dequantized); 'auto' = the checkpoint's own dtype.",
+)
 #: ``--device`` (default cpu)
 device_option = _shared_option(
     "--device", default="cpu", show_default=True, help="Device to load the model(s) on (cpu, cuda, cuda:1, mps)."
@@ -94,22 +87,16 @@ class TopK(Number):
 
 def param_type(kind):
     """The click type of a settings field's ``kind`` (:mod:`kvbridge.settings_fields`)."""
-    from kvbridge.cli.numbers import SEED, SHARE, THREADS, count, real
+    from kvbridge.cli.numbers import SEED, SHARE, count, real
 
     if kind is None:
         return None
     name, *args = kind if isinstance(kind, tuple) else (kind,)
     opts = args.pop() if args and isinstance(args[-1], dict) else {}
-    if name == "count":
-        return count(*args)
-    if name == "real":
-        return real(*args, **opts)
-    if name == "path":
-        return click.Path(**opts)
-    if name == "choice":
-        return click.Choice(tuple(args[0]))
-    table = {"seed": SEED, "share": SHARE, "threads": THREADS, "int": Number(int), "top_k": TopK()}
-    return table[name]
+    makers = {"count": count, "real": real, "path": click.Path, "choice": lambda names: click.Choice(tuple(names))}
+    if name in makers:
+        return makers[name](*args, **opts)
+    return {"seed": SEED, "share": SHARE, "threads": THREADS, "int": Number(int), "top_k": TopK()}[name]
 
 
 def _declarations(cls, prefix: str = ""):
@@ -152,10 +139,11 @@ def settings_options(cls, *, after: dict | None = None):
     (options of the command that are not settings: ``--json``, ``--dtype``, ``--threads``)."""
 
     def decorate(func):
-        items = []
-        for param, f, opt in _declarations(cls):
-            items.append(_click_option(param, f, opt))
-            items.extend((after or {}).get(f.name, ()))
+        items = [
+            item
+            for param, f, opt in _declarations(cls)
+            for item in (_click_option(param, f, opt), *(after or {}).get(f.name, ()))
+        ]
         for item in reversed(items):  # click lists options in the order the decorators are written
             func = item(func)
         return func
@@ -248,10 +236,14 @@ def unescape(sep: str) -> str:
 
 
 # -- output ------------------------------------------------------------------------------------------------
-def echo_result(data, as_json: bool, text: str, **dumps) -> None:
+def echo_result(data, as_json: bool, text, **dumps) -> None:
     """A command's result: ``data`` as JSON under ``--json`` (``json.dumps`` keywords: indent 2 unless given),
-    else ``text``."""
-    click.echo(json.dumps(data, **{"indent": 2, **dumps}) if as_json else text)
+    else ``text``: a str or a list of lines, or a function returning one (called only without ``--json``)."""
+    if as_json:
+        click.echo(json.dumps(data, **{"indent": 2, **dumps}))
+        return
+    text = text() if callable(text) else text
+    click.echo(text if isinstance(text, str) else "\n".join(text))
 
 
 def echo_written(written: dict | None, as_json: bool) -> None:
@@ -276,7 +268,7 @@ def kv_bytes_per_token(spec) -> int:
     config's dtype."""
     per = sum(spec.kv_heads_of(i) * (spec.key_dim_of(i) + spec.value_dim_of(i)) for i in range(spec.num_layers))
     per += len(getattr(spec, "indexer_layers", ())) * spec.indexer_dim() if getattr(spec, "indexer_layers", ()) else 0
-    return per * DTYPE_BYTES.get(spec.dtype, 4)
+    return per * dtype_bytes(spec.dtype)
 
 
 def fmt_rope(value: Any) -> str:
@@ -303,22 +295,12 @@ def fmt_rope(value: Any) -> str:
 
 def fmt_value(name: str, value: Any) -> str:
     """One cell of a report table."""
-    from kvbridge.safe_text import escape
-
     if name == "rope":
         return escape(fmt_rope(value))
     if value is None:
         return "-"
     if isinstance(value, (dict, list)):
         return json.dumps(value, default=str)  # ensure_ascii: controls come out as \u escapes
-    return escape(value)
-
-
-def fmt_text(value: Any) -> str:
-    """A string from a file or a plugin (a model name, a manifest field), control characters escaped,
-    newlines included: one value stays on its line (:func:`kvbridge.safe_text.escape`)."""
-    from kvbridge.safe_text import escape
-
     return escape(value)
 
 
@@ -330,7 +312,6 @@ def fmt_bytes(n: int) -> str:
 
 
 __all__ = [
-    "MODEL_REFS",
     "DTYPE_CHOICES",
     "dtype_option",
     "device_option",
@@ -352,6 +333,5 @@ __all__ = [
     "kv_bytes_per_token",
     "fmt_rope",
     "fmt_value",
-    "fmt_text",
     "fmt_bytes",
 ]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from kvbridge.cli.options import echo_result, fmt_text, json_option, loading_options
+from kvbridge.cli.options import echo_result, json_option, loading_options
+from kvbridge.safe_text import escape
 
 #: what ``pack verify`` checks, in its order (the JSON's ``checks``)
 CHECKS = ("checksum", "model", "rope", "cache_format", "dtype", "config", "weights", "tokenizer", "guide_token_ids")
@@ -80,43 +79,35 @@ def info(folder: str, as_json: bool) -> None:
 
     manifest, tensors = read_pack(folder)
     size = sum(t.numel() * t.element_size() for t in tensors.values())
-    if as_json:
-        click.echo(
-            json.dumps({"manifest": manifest, "checksum_ok": True, "tensor_bytes": size}, indent=2, ensure_ascii=False)
-        )
-        return
-    m, g = manifest["model"], manifest["guide"]
-    m = {k: fmt_text(v) if isinstance(v, str) else v for k, v in m.items()}  # file text: controls escaped
-    rev = f"@{m['revision']}" if m.get("revision") else ""
-    text = g.get("text") or ""
-    click.echo(f"pack {folder} (schema {manifest['schema_version']}, kvbridge {manifest['kvbridge_version']})")
-    click.echo(
-        f"  model      {m['id']}{rev} ({m['model_type']}, {m['num_layers']} layers, {m['num_kv_heads']} kv "
-        f"heads x {m['head_dim']})"
-    )
-    click.echo(f"  weights    sha256:{m['weights_fingerprint'][:16]}  config sha256:{m['config_fingerprint'][:16]}")
-    tfp = manifest["tokenizer"].get("fingerprint")
-    click.echo(
-        f"  tokenizer  {'sha256:' + fmt_text(tfp[:16]) if tfp else 'not recorded'} "
-        f"({fmt_text(manifest['tokenizer'].get('kind', ''))})"
-    )
-    click.echo(
-        f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
-        f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}"
-    )
+    data = {"manifest": manifest, "checksum_ok": True, "tensor_bytes": size}
+    echo_result(data, as_json, lambda: _info_lines(folder, manifest, size), ensure_ascii=False)
+
+
+def _info_lines(folder: str, manifest: dict, size: int) -> list[str]:
     from kvbridge.prefix.packs import origin_of
 
-    click.echo(f"  origin     {origin_of(manifest)}")
-    pos = manifest["positional"]
+    m, g = manifest["model"], manifest["guide"]
+    m = {k: escape(v) if isinstance(v, str) else v for k, v in m.items()}  # file text: controls escaped
+    rev = f"@{m['revision']}" if m.get("revision") else ""
+    text = g.get("text") or ""
+    tfp = manifest["tokenizer"].get("fingerprint")
+    pos, cf = manifest["positional"], manifest["cache_format"]
     rope = pos.get("rope") or {}
-    click.echo(f"  positions  {pos['kind']}" + (f" ({rope.get('type')}, theta {rope.get('theta')})" if rope else ""))
-    cf = manifest["cache_format"]
-    click.echo(
-        f"  cache      {cf['cache_class']} [{cf['layout']}], keys {cf['keys']}, "
-        f"{manifest['dtype']}, {size / 1e6:.2f} MB"
-    )
-    click.echo(f"  versions   transformers {manifest['transformers_version']}, torch {manifest['torch_version']}")
-    click.echo("  checksum   ok")
+    return [
+        f"pack {folder} (schema {manifest['schema_version']}, kvbridge {manifest['kvbridge_version']})",
+        f"  model      {m['id']}{rev} ({m['model_type']}, {m['num_layers']} layers, {m['num_kv_heads']} kv "
+        f"heads x {m['head_dim']})",
+        f"  weights    sha256:{m['weights_fingerprint'][:16]}  config sha256:{m['config_fingerprint'][:16]}",
+        f"  tokenizer  {'sha256:' + escape(tfp[:16]) if tfp else 'not recorded'} "
+        f"({escape(manifest['tokenizer'].get('kind', ''))})",
+        f"  guide      {g['num_tokens']} tokens, positions {manifest['positions']['start']}.."
+        f"{manifest['positions']['stop'] - 1}: {text[:60]!r}{'...' if len(text) > 60 else ''}",
+        f"  origin     {origin_of(manifest)}",
+        f"  positions  {pos['kind']}" + (f" ({rope.get('type')}, theta {rope.get('theta')})" if rope else ""),
+        f"  cache      {cf['cache_class']} [{cf['layout']}], keys {cf['keys']}, {manifest['dtype']}, {size / 1e6:.2f} MB",
+        f"  versions   transformers {manifest['transformers_version']}, torch {manifest['torch_version']}",
+        "  checksum   ok",
+    ]
 
 
 @pack.command("verify")
@@ -173,19 +164,17 @@ def verify(
         click.echo(loaded.notes[0], err=True)
     if recompute:
         result["recompute_max_abs_diff"] = recompute_check(loaded, m)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
     status = "LOADED WITH --force (not exact)" if loaded.forced else "ok"
     if loaded.state.approximate and not loaded.forced:
         status = "ok (an approximate cache: not this model's own prefill)"
-    click.echo(f"pack {folder} vs {model}: {status}")
-    click.echo(f"  checked: {', '.join(result['checks'])}")
-    click.echo(f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms")
+    lines = [
+        f"pack {folder} vs {model}: {status}",
+        f"  checked: {', '.join(result['checks'])}",
+        f"  restored {result['cache_tokens']} cached tokens with zero forward passes in {secs * 1000:.1f} ms",
+    ]
     if recompute:
-        click.echo(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
-    for note in loaded.notes[1 if loaded.forced else 0 :]:
-        click.echo(f"  note: {note}")
+        lines.append(f"  recompute: max |stored - fresh prefill| = {result['recompute_max_abs_diff']:.3g}")
+    echo_result(result, as_json, lines + [f"  note: {note}" for note in loaded.notes[1 if loaded.forced else 0 :]])
 
 
 @pack.command("export")

@@ -32,4 +32,4 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
     live_text = read_text_arg(live, "live")
     tok = open_tokenizer(tokenizer)
     report = split_text(tok, guide_text, live_text, unescape(sep))
-    echo_result(report.to_dict(), as_json, "\n".join(report.lines()), ensure_ascii=False)
+    echo_result(report.to_dict(), as_json, report.lines, ensure_ascii=False)

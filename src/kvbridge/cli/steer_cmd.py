@@ -7,11 +7,9 @@ command parses them, loads the model (or the pair) and makes one :class:`~kvbrid
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from kvbridge.cli.options import device_option, dtype_option, json_option, settings_from, settings_options
+from kvbridge.cli.options import device_option, dtype_option, echo_result, json_option, settings_from, settings_options
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 
 #: what every subcommand loads its model(s) with
@@ -68,17 +66,14 @@ def build(model, dtype, device, as_json, **options) -> None:
     s = _settings(SteerBuildSettings, options)
     pairs = prepare_build(s)  # a bad file fails before the model is loaded
     path, manifest = build_steering(_model_run(model, s, dtype, device, s.tokenizer), pairs=pairs)
-    if as_json:
-        click.echo(json.dumps(manifest, indent=2, ensure_ascii=False))
-        return
     norms = manifest["norms"]
-    kn = sum(sum(x) for x in norms["keys"]) / max(1, sum(len(x) for x in norms["keys"]))
-    vn = sum(sum(x) for x in norms["values"]) / max(1, sum(len(x) for x in norms["values"]))
-    click.echo(
+    kn, vn = (sum(map(sum, norms[k])) / max(1, sum(map(len, norms[k]))) for k in ("keys", "values"))
+    text = (
         f"wrote {path}: {manifest['num_pairs']} pairs, method {s.method}, position {s.position}, keys in "
         f"{s.key_space} space, {len(manifest['layers'])} layers x {manifest['model']['num_kv_heads']} KV heads; "
         f"mean head norm K {kn:.3g}, V {vn:.3g}"
     )
+    echo_result(manifest, as_json, text, ensure_ascii=False)
 
 
 @steer.command("transfer")
@@ -125,17 +120,14 @@ def run(model, dtype, device, as_json, **options) -> None:
     s = _settings(SteerRunSettings, options, texts=("prompt", "guide", "other"))
     values = prepare_run(s)  # method options and the vector folder, before the model loads
     result = run_steering(_model_run(model, s, dtype, device), values=values)
-    if as_json:
-        click.echo(json.dumps(result, indent=2, ensure_ascii=False))
-        return
     what = ", ".join(f"{k}={v}" for k, v in result["steering"].items() if k not in ("layers",))
-    click.echo(f"steering: {what}; layers {s.layers}; cache marked approximate: {result['approximate']}")
-    for line in side_by_side(result["unsteered"]["text"], result["steered"]["text"]):
-        click.echo(line)
-    click.echo(
+    text = [
+        f"steering: {what}; layers {s.layers}; cache marked approximate: {result['approximate']}",
+        *side_by_side(result["unsteered"]["text"], result["steered"]["text"]),
         f"first-step KL(unsteered || steered) = {result['first_step_kl']:.4g}; "
-        f"{'identical' if result['identical'] else 'different'} continuations"
-    )
+        f"{'identical' if result['identical'] else 'different'} continuations",
+    ]
+    echo_result(result, as_json, text, ensure_ascii=False)
 
 
 @steer.command("eval")
@@ -155,9 +147,5 @@ def eval_cmd(model, dtype, device, as_json, **options) -> None:
     result = evaluate_steering(_model_run(model, s, dtype, device), prepared=prepared, log=log)
     if s.out:
         click.echo(f"wrote {s.out}", err=True)
-    if as_json:
-        click.echo(json.dumps(result, indent=1, ensure_ascii=False))
-        return
-    for line in lines(result):
-        click.echo(line)
+    echo_result(result, as_json, lambda: lines(result), indent=1, ensure_ascii=False)
     sys.stdout.flush()

@@ -16,6 +16,7 @@ def identity_section(families: str, new_tokens: int) -> bool:
     """The identity-transfer table over every built-in family; True when all are exact."""
     from transformers.utils import logging as hf_logging
 
+    from kvbridge.errors import names_value
     from kvbridge.plugins import get_host
     from kvbridge.testing.contract import (
         IdentityResult,
@@ -27,7 +28,7 @@ def identity_section(families: str, new_tokens: int) -> bool:
 
     hf_logging.set_verbosity_error()
     host = get_host()
-    wanted = {f.strip() for f in families.split(",") if f.strip()}
+    wanted = set(names_value(families, "--families"))
     rows = []
     for adapter in host.adapters():
         if wanted and adapter.name not in wanted:

@@ -71,12 +71,16 @@ def pair_section(
     from kvbridge.demo.real import identity_check
     from kvbridge.evaluate.run import evaluate_pair
     from kvbridge.evaluate.settings import EvalSettings
+    from kvbridge.models.compat import check_models
     from kvbridge.models.pair import load_pair
 
     require_fetched(source, target)
     t0 = time.perf_counter()
     click.echo(f"\n== Real family pair: {source} -> {target} ({dtype}) ==")
-    _check_lines(source, target)
+    check = check_models(source, target)
+    click.echo(
+        f"  check (configs only): {check.verdict}" + (f"; {'; '.join(check.reasons[:2])}" if check.reasons else "")
+    )
     click.echo("  loading both models (GGUF dequantized; a few minutes on 2 cores) ...")
     pair = load_pair(source, target, dtype=dtype)
     click.echo(f"  loaded in {time.perf_counter() - t0:.0f} s")
@@ -129,10 +133,7 @@ def pair_section(
         gap = row.get("gap_recovered")
         label = {"source": "source model alone"}.get(name, name)
         click.echo(f"    {label:<18} {row.get('nll', float('nan')):6.3f}  " + ("n/a" if gap is None else f"{gap:.3f}"))
-    transferred, alone = (
-        (conds.get("transferred") or {}).get("gap_recovered"),
-        (conds.get("source") or {}).get("gap_recovered"),
-    )
+    transferred, alone = ((conds.get(c) or {}).get("gap_recovered") for c in ("transferred", "source"))
     if transferred is not None and alone is not None:
         verdict = "beats" if transferred > alone else "does not beat"
         click.echo(
@@ -141,15 +142,6 @@ def pair_section(
         )
     click.echo(f"\npair section: {'exact paths exact' if ok else 'FAILED'} ({time.perf_counter() - t0:.1f} s)")
     return ok
-
-
-def _check_lines(source: str, target: str) -> None:
-    from kvbridge.models.compat import check_models
-
-    report = check_models(source, target)
-    click.echo(
-        f"  check (configs only): {report.verdict}" + (f"; {'; '.join(report.reasons[:2])}" if report.reasons else "")
-    )
 
 
 def short_fit(pair, *, corpus: str, out: str, tokens: int, top_k: int):

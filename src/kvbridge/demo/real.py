@@ -52,6 +52,11 @@ class IdentityCheck:
         return self.state_equal and self.tokens_equal and self.max_logit_diff == 0.0
 
 
+def _logit_diff(a, b) -> float:
+    """The largest |logit| difference between two ``generate`` outputs, step by step."""
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.logits, b.logits))
+
+
 def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> IdentityCheck:
     """Identity transfer of ``input_ids[:, :-1]``'s cache vs transformers' own continuation."""
     import torch
@@ -65,7 +70,6 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     t0 = time.perf_counter()
     ids = torch.as_tensor(input_ids).view(1, -1)
     gen = greedy_kwargs(ids, new_tokens)
-    adapter = host.adapter_of(model)
     with torch.no_grad():
         own = DynamicCache(config=model.config)
         model(input_ids=ids[:, :-1], cache=own, use_cache=True)
@@ -76,25 +80,21 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
         model(input_ids=ids[:, :half], cache=chunks, use_cache=True)
         model(input_ids=ids[:, half:-1], cache=chunks, use_cache=True)
         chunked = model.generate(input_ids=ids, cache=chunks, **gen)
-        extracted = adapter.extract(model, ids[:, :-1])
+        extracted = host.adapter_of(model).extract(model, ids[:, :-1])
         moved = identity_transfer(extracted, host=host)
         ours = generate(model, moved, ids, host=host, **gen)
 
-    def diff(a, b) -> float:
-        return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.logits, b.logits))
-
     same = all(torch.equal(a, b) for a, b in zip((*moved.keys, *moved.values), (*extracted.keys, *extracted.values)))
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return IdentityCheck(
-        dtype=dtype,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         prompt_tokens=int(ids.shape[1]),
         new_tokens=new_tokens,
         state_equal=same,
         tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
-        max_logit_diff=diff(ours, native),
-        noise=max(diff(native, recompute), diff(native, chunked)),
-        noise_recompute=diff(native, recompute),
-        noise_chunked=diff(native, chunked),
+        max_logit_diff=_logit_diff(ours, native),
+        noise=max(_logit_diff(native, recompute), _logit_diff(native, chunked)),
+        noise_recompute=_logit_diff(native, recompute),
+        noise_chunked=_logit_diff(native, chunked),
         tokens_equal_recompute=bool(torch.equal(native.sequences, recompute.sequences)),
         seconds=time.perf_counter() - t0,
     )
@@ -166,12 +166,10 @@ def pack_check(
     from kvbridge.handoff import greedy_kwargs
     from kvbridge.prefix.packs import load_pack, save_pack
 
-    report = chat_split(tokenizer, system, user)
-    split = report.require_safe()
-    guide = split.ghost_text
+    split = chat_split(tokenizer, system, user).require_safe()
     with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:
         out = folder or f"{tmp}/pack"
-        save_pack(model, out, guide_text=guide, tokenizer=tokenizer, overwrite=folder is not None, host=host)
+        save_pack(model, out, guide_text=split.ghost_text, tokenizer=tokenizer, overwrite=folder is not None, host=host)
         counter = ForwardCounter(model)
         t0 = time.perf_counter()
         try:
@@ -193,17 +191,14 @@ def pack_check(
         native = model.generate(input_ids=ids, cache=own, **gen)
         whole = model.generate(input_ids=ids, **gen)
 
-    def diff(a, b) -> float:
-        return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a.logits, b.logits))
-
     return PackCheck(
         guide_tokens=len(split.ghost),
         forwards_during_restore=counter.calls,
         restore_ms=1e3 * restore,
         prefill_ms=1e3 * prefill,
         tokens_equal=bool(torch.equal(ours.sequences, native.sequences)),
-        max_logit_diff=diff(ours, native),
-        max_logit_diff_prefill=diff(ours, whole),
+        max_logit_diff=_logit_diff(ours, native),
+        max_logit_diff_prefill=_logit_diff(ours, whole),
         folder=folder or "",
     )
 
@@ -315,20 +310,6 @@ def _pack_part(ctx: RealContext) -> None:
     )
 
 
-def _adapter_pair_part(ctx: RealContext) -> None:
-    """The real adapter pair (SmolLM2 -> SmolLM2 + the shipped Shakespeare LoRA): check, fit and
-    eval; plain reuse and the fitted mapping against native (RESULTS.md). Quality, not exactness:
-    it fails the section only if it cannot run."""
-    from kvbridge.adapters.pair import AdapterPairSettings, run_adapter_pair
-
-    click.echo("\n-- real adapter pair: smollm2 -> smollm2 + shakespeare LoRA (check, fit, eval) --")
-    t0 = time.perf_counter()
-    result = run_adapter_pair(settings=AdapterPairSettings(samples=24, calibration_tokens=2048))
-    ctx.results["adapter_pair"] = {"ordering_nll": result.ordering("nll"), "ordering_kl": result.ordering("kl_mean")}
-    click.echo(result.render())
-    click.echo(f"  ({time.perf_counter() - t0:.1f} s)")
-
-
 #: the parts of the real-model section, in order: (name, function of a RealContext). The real
 #: adapter pair (a fit and an eval: minutes on 2 cores) is its own opt-in demo section,
 #: ``adapter`` (:func:`adapter_section`), so the default demo stays within 3 minutes
@@ -373,10 +354,15 @@ def real_section(
 
 def adapter_section(*, ref: str = "smollm2", report_dir: str | None = None) -> bool:
     """Demo section ``adapter`` (opt-in): the real adapter pair, SmolLM2 -> SmolLM2 + the shipped
-    Shakespeare LoRA: check, fit and eval (RESULTS.md). True unless it cannot run."""
-    ctx = RealContext(ref=ref, report_dir=report_dir)
-    _adapter_pair_part(ctx)
-    return ctx.ok
+    Shakespeare LoRA: check, fit and eval; plain reuse and the fitted mapping against native
+    (RESULTS.md). Quality, not exactness: True unless it cannot run (an error)."""
+    from kvbridge.adapters.pair import AdapterPairSettings, run_adapter_pair
+
+    click.echo("\n-- real adapter pair: smollm2 -> smollm2 + shakespeare LoRA (check, fit, eval) --")
+    t0 = time.perf_counter()
+    click.echo(run_adapter_pair(settings=AdapterPairSettings(samples=24, calibration_tokens=2048)).render())
+    click.echo(f"  ({time.perf_counter() - t0:.1f} s)")
+    return True
 
 
 __all__ = [

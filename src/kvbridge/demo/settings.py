@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbridge.demo import DEFAULT_SECTIONS
+from kvbridge.errors import names_value
 from kvbridge.settings_fields import option
 
 #: the zoo targets paired with ``base``
@@ -73,8 +74,7 @@ class DemoSettings:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.pairs, str):
-            object.__setattr__(self, "pairs", tuple(p.strip() for p in self.pairs.split(",") if p.strip()))
+        object.__setattr__(self, "pairs", names_value(self.pairs, "--pairs"))
 
 
 __all__ = ["PAIRS", "DemoSettings"]

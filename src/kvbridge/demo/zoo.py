@@ -32,11 +32,20 @@ def find_corpus(corpus: str | None) -> Path | None:
     return path if path.is_file() else None
 
 
-def calibration_ids(corpus: Path | None, tokenizer, models: dict, tokens: int, seed: int = 1000):
-    """``[n, SEQ_LEN]`` calibration ids: the corpus's front (the zoo's ``base`` split) or model samples."""
+def _sampled(models: dict, n: int, length: int, seed: int):
+    """``[n, length]`` ids sampled from every model of ``models`` in equal shares, fixed seeds."""
     import torch
 
     from kvbridge.evaluate import model_samples
+
+    names = sorted(models)
+    per = -(-n // len(names))
+    return torch.cat([model_samples(models[k], n=per, length=length, seed=seed + i) for i, k in enumerate(names)])[:n]
+
+
+def calibration_ids(corpus: Path | None, tokenizer, models: dict, tokens: int, seed: int = 1000):
+    """``[n, SEQ_LEN]`` calibration ids: the corpus's front (the zoo's ``base`` split) or model samples."""
+    import torch
 
     n = max(2, tokens // SEQ_LEN)
     if corpus is not None:
@@ -45,26 +54,18 @@ def calibration_ids(corpus: Path | None, tokenizer, models: dict, tokens: int, s
         text = split_text(corpus.read_text(encoding="utf-8"), "base")
         ids = tokenizer(text[: tokens * 8], add_special_tokens=False)["input_ids"][: n * SEQ_LEN]
         return torch.tensor(ids, dtype=torch.long).view(-1, SEQ_LEN)
-    names = sorted(models)  # every zoo model in use writes an equal share, fixed seeds
-    per = -(-n // len(names))
-    parts = [model_samples(models[name], n=per, length=SEQ_LEN, seed=seed + i) for i, name in enumerate(names)]
-    return torch.cat(parts)[:n]
+    return _sampled(models, n, SEQ_LEN, seed)  # every zoo model in use writes an equal share
 
 
 def eval_ids(corpus: Path | None, tokenizer, models: dict, n: int, length: int, seed: int = 2000):
     """``(samples [n, length], data info)``: the corpus's held-out tail, or model samples."""
-    import torch
-
-    from kvbridge.evaluate import corpus_samples, model_samples
+    from kvbridge.evaluate import corpus_samples
 
     if corpus is not None:
         return corpus_samples(corpus, tokenizer, n=n, length=length)
-    names = sorted(models)
-    per = -(-n // len(names))
-    parts = [model_samples(models[name], n=per, length=length, seed=seed + i) for i, name in enumerate(names)]
-    return torch.cat(parts)[:n], {
+    return _sampled(models, n, length, seed), {
         "kind": "model samples",
-        "models": names,
+        "models": sorted(models),
         "seed": seed,
         "note": "no corpus: text sampled from the zoo models (temperature 1)",
     }
@@ -93,11 +94,6 @@ COMPARE = (
     "greedy",
     "gates",
 )
-
-
-def _folder(pair: str) -> str:
-    name = pair.split("->")[1]
-    return f"base-{name.split(' ')[0]}-identity" if "identity" in name else f"base-{name}"
 
 
 def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
@@ -137,9 +133,7 @@ def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
 def zoo_section(settings) -> dict:
     """Section 2 as :class:`kvbridge.demo.settings.DemoSettings` asks (its zoo fields)."""
     s = settings
-    pairs, corpus, report_dir, tokens, top_k, stride = s.pairs, s.corpus, s.report_dir, s.tokens, s.top_k, s.stride
-    samples, prefix_len, continuation_len, greedy_tokens = s.samples, s.prefix_len, s.continuation_len, s.greedy_tokens
-    bootstrap, seed, identity_too = s.bootstrap, s.seed, s.identity_too
+    samples, prefix_len, continuation_len, seed = s.samples, s.prefix_len, s.continuation_len, s.seed
     import json
 
     from transformers.utils import logging as hf_logging
@@ -155,12 +149,10 @@ def zoo_section(settings) -> dict:
     hf_logging.set_verbosity_error()
     host = get_host()
     t_start = time.perf_counter()
-    corpus_path = find_corpus(corpus)
+    corpus_path = find_corpus(s.corpus)
     loaded = load("zoo:base", host=host)
     base, tok = loaded.model, loaded.tokenizer
-    models = {"base": base}
-    for name in pairs:
-        models[name] = load(f"zoo:{name}", host=host, tokenizer=False).model
+    models = {"base": base, **{name: load(f"zoo:{name}", host=host, tokenizer=False).model for name in s.pairs}}
     if corpus_path is not None:
         click.echo(
             f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
@@ -172,34 +164,36 @@ def zoo_section(settings) -> dict:
             "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
             "target); pass --corpus PATH for real text)"
         )
-    calib = calibration_ids(corpus_path, tok, models, tokens, seed=1000 + seed)
+    calib = calibration_ids(corpus_path, tok, models, s.tokens, seed=1000 + seed)
     length = prefix_len + continuation_len + 1
     shared = eval_ids(corpus_path, tok, models, samples, length, seed=2000 + seed) if corpus_path else None
-
-    def eval_data(name):
-        # without a corpus each pair is evaluated on text sampled from its *target*: text from the
-        # source would favour the source's own (mapped) cache over the target's native one
-        return shared or eval_ids(None, tok, {name: models[name]}, samples, length, seed=2000 + seed)
-
-    report_dir = Path(report_dir) if report_dir else None
-    results, checks, fits = {}, {}, {}
+    report_dir = Path(s.report_dir) if s.report_dir else None
+    results, checks, folders = {}, {}, {}
     common = dict(
         prefix_len=prefix_len,
         continuation_len=continuation_len,
-        greedy_tokens=greedy_tokens,
-        bootstrap=bootstrap,
+        greedy_tokens=s.greedy_tokens,
+        bootstrap=s.bootstrap,
         seed=seed,
         host=host,
     )
-    for name in pairs:
+
+    def record(label: str, folder: str, res: dict, verdict: str, line: str) -> None:
+        results[label], checks[label], folders[label] = res, verdict, folder
+        click.echo(f"  {line}; gates {'PASS' if res['gates_passed'] else 'FAIL'}", err=True)
+        if report_dir:
+            write_report(res, report_dir / folder)
+
+    for name in s.pairs:
         pair = f"base->{name}"
         t0 = time.perf_counter()
         report = check_models(resolve("zoo:base", host=host), resolve(f"zoo:{name}", host=host), host=host)
-        checks[pair] = report.verdict
         out = report_dir / "mappings" / f"base-{name}" if report_dir else None
-        ids, data = eval_data(name)
-        settings = FitSettings(top_k=top_k, stride=stride, seed=seed, out=out, overwrite=True)
-        run = model_run(base, models[name], settings, host, names=("zoo:base", f"zoo:{name}"))
+        # without a corpus each pair is evaluated on text sampled from its *target*: text from the
+        # source would favour the source's own (mapped) cache over the target's native one
+        ids, data = shared or eval_ids(None, tok, {name: models[name]}, samples, length, seed=2000 + seed)
+        fit_settings = FitSettings(top_k=s.top_k, stride=s.stride, seed=seed, out=out, overwrite=True)
+        run = model_run(base, models[name], fit_settings, host, names=("zoo:base", f"zoo:{name}"))
         mapping = fit_run(run, data=calib, distributed=None)
         t1 = time.perf_counter()
         labels = {"source_name": "zoo:base", "target_name": f"zoo:{name}", "data": data}
@@ -213,46 +207,33 @@ def zoo_section(settings) -> dict:
             "eval_seconds": t2 - t1,
             "calibration_sequences": int(calib.shape[0]),
             "calibration_tokens": int(calib.numel()),
-            "top_k": top_k,
-            "stride": stride,
+            "top_k": s.top_k,
+            "stride": s.stride,
         }
-        results[pair] = res
-        fits[pair] = mapping
-        summ = mapping.report.r2_summary or {}
-        click.echo(
-            f"  {pair}: check {report.verdict}; fit {t1 - t0:.1f} s (held-out R² {summ.get('mean', float('nan')):.3f}); "
-            f"eval {t2 - t1:.1f} s; gates {'PASS' if res['gates_passed'] else 'FAIL'}",
-            err=True,
-        )
-        if report_dir:
-            write_report(res, report_dir / f"base-{name}")
+        r2 = (mapping.report.r2_summary or {}).get("mean", float("nan"))
+        line = f"{pair}: check {report.verdict}; fit {t1 - t0:.1f} s (held-out R² {r2:.3f}); eval {t2 - t1:.1f} s"
+        record(pair, f"base-{name}", res, report.verdict, line)
         same_geometry = all(a.verdict == "same" for a in report.axes if a.name in ("layers", "kv_heads", "head_dim"))
-        if identity_too and report.verdict != "incompatible" and same_geometry:
+        if s.identity_too and report.verdict != "incompatible" and same_geometry:
             # the check allows reusing the cache as is (same geometry): measure that too, unfitted
             from kvbridge.transfer import IdentityMapping
 
             t3 = time.perf_counter()
             ires = evaluate(base, models[name], IdentityMapping(), ids, **common, **labels)
+            secs = time.perf_counter() - t3
             ires["demo"] = {
                 "check": report.verdict,
                 "fit_seconds": 0.0,
-                "eval_seconds": time.perf_counter() - t3,
+                "eval_seconds": secs,
                 "mapping": "identity (no fit)",
             }
-            results[f"{pair} (identity, no fit)"] = ires
-            checks[f"{pair} (identity, no fit)"] = report.verdict
-            click.echo(
-                f"  {pair} with the identity mapping (no fit): eval {time.perf_counter() - t3:.1f} s; gates "
-                f"{'PASS' if ires['gates_passed'] else 'FAIL'}",
-                err=True,
-            )
-            if report_dir:
-                write_report(ires, report_dir / f"base-{name}-identity")
+            line = f"{pair} with the identity mapping (no fit): eval {secs:.1f} s"
+            record(f"{pair} (identity, no fit)", f"base-{name}-identity", ires, report.verdict, line)
     rows = comparison_rows(results, checks)
     click.echo(
         f"\n{samples} held-out samples per pair: prefix {prefix_len} tokens cached, continuation "
-        f"{continuation_len} scored; calibration {int(calib.numel())} tokens, ridge top-k {top_k}, stride "
-        f"{stride}; gates: kl_p95<=0.2, attention_cosine_min>=0.9; {bootstrap} paired bootstrap resamples\n"
+        f"{continuation_len} scored; calibration {int(calib.numel())} tokens, ridge top-k {s.top_k}, stride "
+        f"{s.stride}; gates: kl_p95<=0.2, attention_cosine_min>=0.9; {s.bootstrap} paired bootstrap resamples\n"
     )
     click.echo("\n".join(text_table(COMPARE, rows, right=False)))
     click.echo(
@@ -274,11 +255,11 @@ def zoo_section(settings) -> dict:
             f"Data: {json.dumps(data)}" + ("" if shared else " (per pair: sampled from its target)"),
             "",
             f"{samples} held-out samples per pair; prefix {prefix_len}, continuation {continuation_len}; calibration "
-            f"{int(calib.numel())} tokens; ridge top-k {top_k}, stride {stride}.",
+            f"{int(calib.numel())} tokens; ridge top-k {s.top_k}, stride {s.stride}.",
             "",
             *md_table(COMPARE, rows),
             "",
-            "Per pair: " + ", ".join(f"[{p}]({_folder(p)}/summary.md)" for p in results),
+            "Per pair: " + ", ".join(f"[{p}]({folders[p]}/summary.md)" for p in results),
             "",
         ]
         (report_dir / "summary.md").write_text("\n".join(md), encoding="utf-8")
