@@ -138,3 +138,34 @@ def test_token_recompute_point_runs(base, tasks, noisy):
         conditions=["target", "transferred+tokens:15%"],
     )
     assert res["conditions"] == ["target", "transferred+tokens:15%"] and res["timing"]["recompute_s"] > 0
+
+
+def test_no_context_keeps_the_tokenizers_special_prefix():
+    """no_context feeds the BOS a tokenizer adds to empty text (and nothing where it adds none)."""
+    from kvbridge.harness.protocol import ChoiceItem
+    from kvbridge.harness.run import answer_one
+
+    class Tok:
+        def __init__(self, bos):
+            self.bos = bos
+
+        def __call__(self, text, add_special_tokens=True):
+            ids = [ord(c) for c in text]
+            return {"input_ids": ([self.bos] if add_special_tokens and self.bos is not None else []) + ids}
+
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        def loglikelihood(self, cond, ctx, query, cont):
+            self.seen.append((cond, list(ctx)))
+            return (-float(len(cont)), True)
+
+    item = ChoiceItem(id="1", context="ab", query="q", choices=("x", "yy"), gold=0)
+    for bos, want in ((7, [7]), (None, [])):
+        ans = Recorder()
+        answer_one(ans, object(), item, "no_context", Tok(bos))
+        assert {tuple(ctx) for _, ctx in ans.seen} == {tuple(want)}
+        ans = Recorder()
+        answer_one(ans, object(), item, "target", Tok(bos))
+        assert {tuple(ctx) for _, ctx in ans.seen} == {tuple(want + [ord("a"), ord("b")])}

@@ -103,8 +103,13 @@ def _item_record(item, values: dict, chance: float) -> dict:
 def answer_one(answerer, task, item, cond: str, tokenizer) -> tuple[float, Any]:
     """``(score, answer shown)`` of one item under one condition (the shown answer: a choice's index,
     or the completion's first :data:`KEEP_CHARS` characters)."""
-    ctx = _ids(tokenizer, "", True) if cond == "no_context" else _ids(tokenizer, item.context, True)
-    query = _ids(tokenizer, item.query, False)  # no_context keeps of the context its special-token prefix
+    # no_context keeps of the context only its special-token prefix (a BOS where the tokenizer adds one)
+    ctx = (
+        list(tokenizer("", add_special_tokens=True)["input_ids"])
+        if cond == "no_context"
+        else _ids(tokenizer, item.context, True)
+    )
+    query = _ids(tokenizer, item.query, False)
     custom = getattr(task, "answer", None)
     if custom is not None:  # the task answers and scores itself (lm-eval tasks)
         score, shown = custom(answerer, cond, item)
