@@ -94,3 +94,21 @@ def test_one_forward_per_condition_and_the_stacked_forwards_agree(base, samples,
         for key in ("nll", "kl", "no_prefix_nll"):
             torch.testing.assert_close(plain[cond][key], stacked[cond][key], rtol=0, atol=1e-5)
     assert cost["transferred"] == {"flops": 0.0, "seconds": 0.0, "rows": 0}
+
+
+def test_every_condition_set_refuses_a_mapping_fitted_for_another_geometry(base, samples, host):
+    """The check sits in ``Prefills``, so the curve and the frontier refuse what eval refuses."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from kvbridge.errors import KVBridgeError
+    from kvbridge.evaluate.runner import Prefills
+
+    model = base[0]
+    spec = host.adapter_of(model).spec_of(model)
+    other = SimpleNamespace(num_layers=spec.num_layers + 1, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+    wrong = SimpleNamespace(source_spec=other, target_spec=spec)
+    with pytest.raises(KVBridgeError, match=r"fitted for a source with \(layers, kv_heads, head_dim\)"):
+        Prefills(model, model, wrong, host=host)
+    Prefills(model, model, SimpleNamespace(source_spec=spec, target_spec=spec), host=host)  # the right one passes

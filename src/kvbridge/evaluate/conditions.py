@@ -52,7 +52,7 @@ import torch
 from kvbridge.attention import attention_cosines, attention_output, capture_attention  # noqa: F401 (re-exported)
 from kvbridge.evaluate.fields import native_fields, position_fields  # noqa: F401 (re-exported)
 from kvbridge.evaluate.settings import CACHE_CONDITIONS, CONDITIONS, CONTROLS, EvalError, EvalSettings
-from kvbridge.evaluate.runner import Built, Condition, Prefills, check_mapping, prefix_batches, run_batches, sample_ids
+from kvbridge.evaluate.runner import Built, Condition, Prefills, prefix_batches, run_batches, sample_ids
 
 
 def EvalConfig(**fields):  # noqa: N802 - the class it replaces
@@ -130,9 +130,8 @@ def run_conditions(
         conds.insert(0, "native")
     if "shuffled" in conds and n < 2:
         raise EvalError("the shuffled control needs at least 2 samples", "pass --samples 2 or more")
-    pre = Prefills(source, target, mapping, host=host)
+    pre = Prefills(source, target, mapping, host=host, error=EvalError)
     sspec, tspec = pre.sspec, pre.tspec
-    check_mapping(sspec, tspec, mapping, EvalError)
     gen = torch.Generator().manual_seed(int(config.seed))
     timing = pre.timing
     timing["prefix_tokens"] = n * p

@@ -122,7 +122,10 @@ def batch_rows(state, start: int, stop: int):
     )
 
 
-def check_mapping(sspec, tspec, mapping, error=KVBridgeError, fix: str = "pass the mapping fitted for this pair"):
+FIX = "pass the mapping fitted for this pair"
+
+
+def check_mapping(sspec, tspec, mapping, error=KVBridgeError, fix: str = FIX):
     """Refuse (one line, ``error``) a mapping fitted for a source or target of another geometry."""
     from kvbridge.transfer import content_geometry as geometry
 
@@ -142,15 +145,17 @@ class Prefills:
     """What a pair's conditions share on a batch's prefix, each computed once per batch and timed:
     the target's prefill (``native``), the source's (``source_state``) and its transfer
     (``transferred``). ``source_hook(run) -> (state, extra)`` wraps the source prefill (e.g. to
-    capture its hidden states)."""
+    capture its hidden states). A mapping fitted for another geometry is refused here, for every
+    condition set (``error`` and ``fix``: the stage's one-line error)."""
 
-    def __init__(self, source, target, mapping, *, host=None, source_hook=None):
+    def __init__(self, source, target, mapping, *, host=None, source_hook=None, error=KVBridgeError, fix=FIX):
         from kvbridge.plugins import get_host
 
         self.host, self.mapping, self.hook = host or get_host(), mapping, source_hook
         self.source, self.target = source, target
         self.sad, self.tad = self.host.adapter_of(source), self.host.adapter_of(target)
         self.sspec, self.tspec = self.sad.spec_of(source), self.tad.spec_of(target)
+        check_mapping(self.sspec, self.tspec, mapping, error, fix)
         self.models = {"target": (target, self.tad), "source": (source, self.sad)}
         self.timing = {"target_prefill_s": 0.0, "transfer_s": 0.0, "source_prefill_s": 0.0}
 

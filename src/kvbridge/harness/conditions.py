@@ -114,17 +114,16 @@ class Answerer:
     MEMO = 4  # contexts whose caches are kept
 
     def __init__(self, source, target, mapping, tokenizer, *, recompute=(), frontier=(), sink=None, host=None):
-        from kvbridge.evaluate.runner import Prefills, check_mapping
+        from kvbridge.evaluate.runner import Prefills
         from kvbridge.plugins import get_host
         from kvbridge.recompute.frontier import DEFAULT_SINK
         from kvbridge.transfer import content_geometry as geometry
 
         self.host = host or get_host()
         self.source, self.target, self.mapping, self.tokenizer = source, target, mapping, tokenizer
-        self.prefills = p = Prefills(source, target, mapping, host=self.host)
-        self.sad, self.tad, self.sspec, self.tspec = p.sad, p.tad, p.sspec, p.tspec
         fix = "pass the mapping fitted for this pair (kvbridge fit SRC TGT)"
-        check_mapping(self.sspec, self.tspec, mapping, HarnessError, fix)
+        self.prefills = p = Prefills(source, target, mapping, host=self.host, error=HarnessError, fix=fix)
+        self.sad, self.tad, self.sspec, self.tspec = p.sad, p.tad, p.sspec, p.tspec
         self.plain_ok = geometry(self.sspec) == geometry(self.tspec)
         self.recompute = {r.name: r for r in recompute}
         self.frontier = frontier_points(frontier)  # shares and sink checked by HarnessSettings
