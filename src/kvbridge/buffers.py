@@ -4,7 +4,11 @@ fresh CPU buffers advised onto transparent huge pages (:func:`fresh`). Below the
 
 from __future__ import annotations
 
+import mmap
+
 import torch
+
+from kvbridge.threads import thread_pool
 
 
 def token_blocks(n: int, size: int) -> list:
@@ -52,12 +56,12 @@ def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
 
 #: ``madvise`` advice: fault a range in as if written (Linux 5.14+; older kernels answer EINVAL, a no-op)
 _POPULATE_WRITE = 23
-_PAGE = 4096
+_PAGE = mmap.PAGESIZE
 
 
 def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     """Fault in a fresh CPU buffer's pages before it is written, split over ``threads`` (default: torch's
-    intra-op thread count; nothing at one thread) Python threads, each ``madvise(MADV_POPULATE_WRITE)``
+    intra-op thread count; nothing at one thread) threads of one kept pool, each ``madvise(MADV_POPULATE_WRITE)``
     on its own 2 MiB-aligned share (ctypes calls release the GIL, so the shares fault at once). A buffer's first write otherwise
     takes its page faults inside the operation that writes it: a block of 2,048 result rows is one
     2 MiB page, faulted (and zeroed) by one thread while the other waits, so at two threads the map with
@@ -71,24 +75,26 @@ def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     madvise = _MADVISE.get("fn", 0)
     if madvise == 0:
         madvise = _MADVISE["fn"] = _libc_madvise()
-    if madvise is None:
+    if madvise is None or _MADVISE.get("populate") is False:
         return t
     start = -(-t.data_ptr() // _PAGE) * _PAGE
     end = (t.data_ptr() + nbytes) // _PAGE * _PAGE
     n = max(1, min(threads, (end - start) // _HUGE))
     cuts = [start] + [(start + (end - start) * i // n) // _HUGE * _HUGE for i in range(1, n)] + [end]
     spans = [(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
-    if len(spans) == 1:
-        madvise(spans[0][0], spans[0][1], _POPULATE_WRITE)
-        return t
-    import threading
+    try:  # the other shares on the pool's threads (ctypes calls release the GIL), the first here
+        pool = thread_pool("kvbridge-populate", len(spans) - 1) if len(spans) > 1 else None
+        jobs = [pool.submit(madvise, a, ln, _POPULATE_WRITE) for a, ln in spans[1:]] if pool else []
+    except RuntimeError:  # no thread to be had: the other shares fault in where they are written
+        jobs = []
+    if madvise(*spans[0], _POPULATE_WRITE) != 0:
+        import ctypes
+        import errno
 
-    workers = [threading.Thread(target=madvise, args=(a, ln, _POPULATE_WRITE)) for a, ln in spans[1:]]
-    for w in workers:
-        w.start()
-    madvise(spans[0][0], spans[0][1], _POPULATE_WRITE)
-    for w in workers:
-        w.join()
+        if ctypes.get_errno() == errno.EINVAL:  # a kernel without the advice: not asked again
+            _MADVISE["populate"] = False
+    for job in jobs:
+        job.result()
     return t
 
 

@@ -60,7 +60,7 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
     from kvbridge.recompute.layers import capture_hidden, recompute_layers
-    from kvbridge.recompute.tokens import blend
+    from kvbridge.recompute.tokens import RULES, blend
 
     s = run.settings
     source, target, mode, bootstrap, seed = run.source.model, run.target.model, s.recompute.mode, s.bootstrap, s.seed
@@ -69,6 +69,9 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     pre = Prefills(source, target, mapping, host=run.host, source_hook=hook)
     samples, p, c = sample_ids(samples, s.prefix_len, s.continuation_len, RecomputeError)
     points = [(name, "layers", layers) for name, layers, _ in plan.layer_points]
+    bad = [x for x in token_rules if x not in RULES]  # before any prefill (a plan built in Python)
+    if bad:
+        raise RecomputeError(f"unknown token rule {bad[0]!r}", f"use one of {', '.join(RULES)}")
     points += [
         (f"{'tokens' if rule == 'deviation' else rule}@{r:g}", rule, float(r))
         for rule in token_rules
@@ -84,7 +87,7 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     pre.tad.extract(target, warm, spec=pre.tspec)
     blend(target, pre.tad.extract(target, warm, spec=pre.tspec), 0, 0.5, check_layer=check_layer)
 
-    def point(kind, arg, bt):  # blend checks the token rule (one line naming it) on the first batch
+    def point(kind, arg, bt):
         if kind == "layers":
             hidden = pre.source_state(bt, extra=True)
             st, cst = recompute_layers(target, pre.transferred(bt), arg, mode=mode, source_hidden=hidden)
