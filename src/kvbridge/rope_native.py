@@ -345,11 +345,8 @@ def rotate(
     if threads <= 1 or x.numel() < PARALLEL_MIN_ELEMENTS:
         codes = [fn(*args, 0, n_rows)]
     else:
-        step = -(-n_rows // threads)
-        jobs = [
-            thread_pool("kvbridge-rope", threads).submit(fn, *args, r0, min(r0 + step, n_rows))
-            for r0 in range(0, n_rows, step)
-        ]
+        step, pool = -(-n_rows // threads), thread_pool("kvbridge-rope", threads)
+        jobs = [pool.submit(fn, *args, r0, min(r0 + step, n_rows)) for r0 in range(0, n_rows, step)]
         codes = [j.result() for j in jobs]
     if any(code != 0 for code in codes):
         raise Unavailable("native RoPE kernel rejected its arguments")
