@@ -5,7 +5,12 @@
 results every call, what ``kvbridge transfer`` up to 8,192 tokens meets), ``warm`` (the same with a
 ``work`` dict kept between calls: the results' memory is touched once) or ``transfer`` (the whole
 ``kvbridge.transfer.transfer``; above 8,192 tokens in blocks, what ``kvbridge transfer`` meets) or
-``floor`` (``bench_peer.py``'s one ``mm`` of the same FLOPs into a warm output), each call's wall time, CPU time and minor page faults
+``floor`` (``bench_peer.py``'s one ``mm`` of the same FLOPs into a warm output), or the one-pass
+transfer's two other stages alone, ``strip`` (the source keys' RoPE stripped to float32) and
+``apply`` (the mapped content's keys rotated for the target), or ``blocks`` (the transfer forced onto
+its token-block path, ``BLOCKS_ABOVE`` = 0, at any length over one block), or ``steps`` (the
+one-pass transfer's strip, map and apply in its order, each stage's wall time and faults printed
+under the table), each call's wall time, CPU time and minor page faults
 (``resource.getrusage(RUSAGE_SELF).ru_minflt`` before / after); the previous call's output is
 dropped before the next. Children alternate (the order reversed every round); ``--trees`` runs the
 same modes under other source trees (``NAME=PATH`` to a ``src`` folder, as ``PYTHONPATH``) so two
@@ -56,11 +61,51 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
     m = side.mapping(inputs)
     work: dict = {}
     x, w, o = floor_operands(src, tgt, tokens) if mode == "floor" else (None, None, None)
+    stages: list = []  # steps: per call [(wall, faults)] of strip, map, apply
+
+    def steps():  # the one-pass transfer's three stages in its order, each timed (transfer.transfer's body)
+        row = []
+        for i in range(3):
+            f0, w0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            if i == 0:
+                c = state.strip_rope(dtype=torch.float32)
+            elif i == 1:
+                mp = m.map_content(c, side.spec_t)
+                del c
+            else:
+                out = mp.apply_rope(state.positions, spec=side.spec_t, dtype=torch.float32)
+                del mp
+            row.append((time.perf_counter() - w0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0))
+        stages.append(row)
+        return parts(out)
+
+    if mode in ("strip", "apply", "blocks", "steps"):
+        from kvbridge import transfer as tr
+        from kvbridge.kvstate import KVState
+
+        state = KVState(
+            keys=tuple(keys),
+            values=tuple(values),
+            token_ids=torch.zeros(1, tokens, dtype=torch.long),
+            positions=torch.arange(tokens)[None],
+            spec=side.spec_s,
+        )
+        content = state.strip_rope(dtype=torch.float32)
+        mapped = m.map_content(content, side.spec_t) if mode == "apply" else None
+        tr.BLOCKS_ABOVE = 0 if mode == "blocks" else tr.BLOCKS_ABOVE  # the token-block path at any length
+
+    def parts(s):
+        return list(s.keys), list(s.values)
+
     fn = {
         "floor": lambda: ([torch.mm(x, w, out=o)], []),
         "fresh": do_map,
         "warm": lambda: m.map_tensors(keys, values, work=work),
         "transfer": do_transfer,
+        "blocks": do_transfer,
+        "steps": steps,
+        "strip": lambda: parts(state.strip_rope(dtype=torch.float32)),  # the one-pass transfer's stages
+        "apply": lambda: parts(mapped.apply_rope(state.positions, spec=side.spec_t, dtype=torch.float32)),
     }[mode]
     walls, cpus, faults = [], [], []
     out = None if repeats == 0 else fn()  # warm-up (the warm mode touches its results here); 0: time the first call
@@ -77,6 +122,9 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         "cpu": statistics.median(cpus),
         "faults": statistics.median(faults),
         "sha": digest(out[0] + out[1]),
+        "stages": [[statistics.median(r[i][j] for r in stages[-len(walls) :]) for j in (0, 1)] for i in range(3)]
+        if stages
+        else None,
     }
 
 
@@ -170,6 +218,14 @@ def main() -> None:
                 + f" | {' '.join(shas)} |",
                 flush=True,
             )
+            if rs[0].get("stages"):  # steps: the stage medians (wall ms, faults) of the children
+                st = [[statistics.median(r["stages"][i][j] for r in rs) for j in (0, 1)] for i in range(3)]
+                print(
+                    f"#   {n:,} {name} steps: "
+                    + ", ".join(
+                        f"{k} {1e3 * w:,.1f} ms ({f:,.0f} faults)" for k, (w, f) in zip(("strip", "map", "apply"), st)
+                    )
+                )
     print(f"# load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
 
 

@@ -167,3 +167,23 @@ def test_kvstate_fields_not_lost_by_blocks(monkeypatch):
     whole, blocks = _both(monkeypatch, state, _mapping(src, tgt))
     _same(whole, blocks)
     assert blocks.meta == {"note": "x"}
+
+
+def test_bench_map_faults_stage_modes_time_the_transfer_s_own_work(monkeypatch):
+    """bench/bench_map_faults.py's ``steps``, ``apply`` and ``blocks`` modes end in the transfer's own
+    output (sha256 equal), so the stage split it prints is of the work the transfer does."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", transfer_mod.BLOCKS_ABOVE)  # the blocks mode sets it
+    import bench_map_faults
+
+    threads = torch.get_num_threads()
+    try:
+        runs = {m: bench_map_faults.child(m, 1100, 1, 1) for m in ("transfer", "steps", "apply", "blocks")}
+    finally:
+        torch.set_num_threads(threads)
+    assert len({r["sha"] for r in runs.values()}) == 1, {m: r["sha"] for m, r in runs.items()}
+    assert len(runs["steps"]["stages"]) == 3 and all(w > 0 for w, _ in runs["steps"]["stages"])
+    assert runs["transfer"]["stages"] is None
