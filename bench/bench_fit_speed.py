@@ -24,7 +24,8 @@ features' dims by ``10^linspace(-D/2, D/2)`` and ``--offset O`` adds ``O`` to th
 ill-conditioned, off-centre Gram: what float32 must survive on real K/V).
 
 ``--parts profile`` wraps the hot functions with wall-clock timers (one fit, base code) and
-prints the shapes and counts of what runs. ``--parts eig``: the cost of ``alpha=auto`` (one
+prints the shapes and counts of what runs. ``--parts gemm``: float64 ``addmm_`` vs float32 GEMM (+ its
+add into float64) throughput at the accumulation's shapes. ``--parts eig``: the cost of ``alpha=auto`` (one
 Cholesky per grid alpha vs one eigendecomposition reused for every alpha) on one final-fit
 system. Accuracy: max relative difference (``max|a - a_base| / max|a_base|``) of the fitted
 weights and biases and of the mapped K/V of the first 256 observations, and whether the layer
@@ -382,6 +383,38 @@ def eig_bench(p: int = 512, q: int = 256, n: int = 4096, grid: int = 9, inner: i
     }
 
 
+# -- GEMM throughput: float64 addmm into the statistics vs a float32 product added into them ----------------------
+def gemm_bench(p: int = 3072, q: int = 7168, rows=(409, 1024), inner: int = 3) -> dict:
+    out = {}
+    for m in rows:
+        x, y = torch.randn(m, p), torch.randn(m, q)
+        cxx, cxy = torch.zeros(p, p, dtype=F64), torch.zeros(p, q, dtype=F64)
+        x64, y64 = x.double(), y.double()
+
+        def f64():
+            cxx.addmm_(x64.T, x64)
+            cxy.addmm_(x64.T, y64)
+
+        def f32_merge():
+            cxx.add_(x.T @ x)
+            cxy.add_(x.T @ y)
+
+        def f32_only():
+            return x.T @ x, x.T @ y
+
+        flop = 2 * m * (p * p + p * q) / 1e9
+        for name, fn in (("float64_addmm", f64), ("float32_gemm_merge", f32_merge), ("float32_gemm_only", f32_only)):
+            fn()
+            ts = []
+            for _ in range(inner):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            t = statistics.median(ts)
+            out[f"{name}@{m}"] = {"s": round(t, 4), "gflops": round(flop / t, 1)}
+    return out
+
+
 # -- main -----------------------------------------------------------------------------------------------------------
 def run(args) -> dict:
     src, tgt = parse_geometry(args.geometry)
@@ -431,6 +464,8 @@ def run(args) -> dict:
                 }
                 for c in cands
             }
+        if "gemm" in parts:
+            row["gemm"] = gemm_bench()
         if "eig" in parts:
             row["eig"] = eig_bench()
         result["threads"][str(th)] = row
