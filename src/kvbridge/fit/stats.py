@@ -389,7 +389,9 @@ class MomentStats:
         return self
 
     def clone(self) -> "MomentStats":
-        return MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws).merge(self)
+        return MomentStats(
+            self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws, gram_dtype=self.gram_dtype
+        ).merge(self)
 
 
 def all_reduce(stats: list[MomentStats], group=None) -> None:
