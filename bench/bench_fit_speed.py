@@ -6,8 +6,11 @@ planted synthetic observations of geometry 24x2x64 -> 28x2x128 in 2,048-token ba
 alpha 0.01, top-k 4, no held-out split). kvbridge is imported read-only; the candidates are
 monkeypatches installed for one fit and removed after it:
 
-- ``base``: today's code (float64 workspace, float64 GEMMs; selection solves one source layer at
-  a time, the final fit one (target layer, K/V) at a time);
+- ``base``: the library as it is (since session 11: float32 symmetric Gram on 1,024-row chunks,
+  the closed-form training R² in the selection; selection solves one source layer at a time, the
+  final fit one (target layer, K/V) at a time);
+- ``f64``: the library with ``-o gram_dtype=float64`` (every statistics product in float64: the
+  arithmetic before session 11; ``--reference f64`` measures the float32 Gram's error against it);
 - ``f32gram``: the batch in chunks of up to 2,048 rows, each centred on its float64 mean, the
   Gram GEMMs ``XcᵀXc`` and ``XcᵀYc`` in float32, each chunk's product added into the float64
   statistics (the Chan merge, the means and ``cyy`` stay float64);
@@ -27,9 +30,9 @@ ill-conditioned, off-centre Gram: what float32 must survive on real K/V).
 prints the shapes and counts of what runs. ``--parts gemm``: float64 ``addmm_`` vs float32 GEMM (+ its
 add into float64) throughput at the accumulation's shapes. ``--parts eig``: the cost of ``alpha=auto`` (one
 Cholesky per grid alpha vs one eigendecomposition reused for every alpha) on one final-fit
-system. Accuracy: max relative difference (``max|a - a_base| / max|a_base|``) of the fitted
-weights and biases and of the mapped K/V of the first 256 observations, and whether the layer
-selection is identical. Run alone (``/work/wt/quiet``):
+system. Accuracy: max relative difference (``max|a - a_ref| / max|a_ref|``) of the fitted
+weights and biases and of the mapped K/V of the first 256 observations against the
+``--reference`` candidate (default ``base``), and whether the layer selection is identical. Run alone (``/work/wt/quiet``):
 
     PYTHONPATH=src python bench/bench_fit_speed.py --obs 1024 --threads 1,2 --repeats 3
 """
@@ -70,17 +73,18 @@ def _f32_chunk(self, x, y, sym: bool) -> None:
     n = self.n + m
     w = self.n * m / n
     dx, dy = mx - self.mean_x, my - self.mean_y
+    cxx = self.cxx  # (a property since session 11: the library's own float32 path mirrors on read)
     if sym:
         p, step = self.p, 512
         for i in range(0, p, step):
             e = min(p, i + step)
             blk = xc[:, i:e].T @ xc[:, i:]  # [e - i, p - i]
-            self.cxx[i:e, i:] += blk
+            cxx[i:e, i:] += blk
             if e < p:
-                self.cxx[e:, i:e] += blk[:, e - i :].T
+                cxx[e:, i:e] += blk[:, e - i :].T
     else:
-        self.cxx += xc.T @ xc
-    self.cxx.addr_(dx, dx, alpha=w)
+        cxx += xc.T @ xc
+    cxx.addr_(dx, dx, alpha=w)
     self.cxy += xc.T @ yc
     self.cxy.addr_(dx, dy, alpha=w)
     self.cyy += yc.square().sum(0, dtype=F64)
@@ -226,10 +230,14 @@ def patched(name: str):
     ORIGINAL.setdefault("chunk_rows", stats_mod.chunk_rows)
     ORIGINAL.setdefault("single_layer_r2", sel.single_layer_r2)
     ORIGINAL.setdefault("solve_layers", RidgeFitter.__dict__["_solve_layers"].__func__)
+    ORIGINAL.setdefault("options", RidgeFitter.Options)
     try:
         parts = set(name.split("+"))
+        if "f64" in parts:  # the library's float64 path: bench_peer's Ours builds RidgeFitter.Options(top_k, alpha)
+            opts = ORIGINAL["options"]
+            RidgeFitter.Options = lambda **kw: opts(**{"gram_dtype": "float64", **kw})
         if parts & {"f32gram", "f32sym"}:  # LayerStats.update hands the batch over in F32_ROWS chunks
-            stats_mod.chunk_rows = lambda p, q, budget=None: F32_ROWS
+            stats_mod.chunk_rows = lambda p, q, budget=None, gram_dtype=None: F32_ROWS
         if "f32gram" in parts:
             MomentStats.update = _f32_update(sym=False)
         if "f32sym" in parts:
@@ -245,9 +253,10 @@ def patched(name: str):
         stats_mod.chunk_rows = ORIGINAL["chunk_rows"]
         sel.single_layer_r2 = ORIGINAL["single_layer_r2"]
         RidgeFitter._solve_layers = staticmethod(ORIGINAL["solve_layers"])
+        RidgeFitter.Options = ORIGINAL["options"]
 
 
-PARTS = ("base", "f32gram", "f32sym", "trainr2", "batched")
+PARTS = ("base", "f64", "f32gram", "f32sym", "trainr2", "batched")
 DEFAULT_CANDIDATES = "base,f32gram,f32sym,trainr2,f32sym+trainr2"
 
 
@@ -434,6 +443,7 @@ def run(args) -> dict:
         "geometry": args.geometry,
         "top_k": TOP_K,
         "alpha": ALPHA,
+        "reference": args.reference,
         "threads": {},
     }
     cands = [c for c in args.candidates.split(",") if c]
@@ -455,7 +465,7 @@ def run(args) -> dict:
                         _, _, _, m = side.fit(list(batches), args.obs)
                         times[c].append(time.perf_counter() - t0)
                     maps.setdefault(c, m)
-            base = maps.get("base")
+            base = maps.get(args.reference)
             row["fit"] = {
                 c: {
                     "median_s": statistics.median(times[c]),
@@ -481,6 +491,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parts", default="profile,fit")
     ap.add_argument("--candidates", default=DEFAULT_CANDIDATES)
+    ap.add_argument("--reference", default="base", help="the candidate the accuracy is measured against")
     ap.add_argument("--spread", type=float, default=0.0, help="decades of scale across source feature dims")
     ap.add_argument("--offset", type=float, default=0.0, help="added to every source feature")
     ap.add_argument("--json", default=None, help="also write the result here")

@@ -60,6 +60,7 @@ def test_manifest_has_what_the_issue_lists(saved, planted):
             "select": "r2",
             "select_prefix": 0.5,
             "select_suffix": 32,
+            "gram_dtype": "float32",  # the statistics GEMMs' dtype, recorded with the options
         },
     }
     assert len(m["heldout_r2"]["k"]) == 6 and len(m["heldout_r2"]["k"][0]) == 4  # [layer][head]

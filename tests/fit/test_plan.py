@@ -246,7 +246,11 @@ def test_plan_counts_one_calibration_batch_beside_the_statistics():
     assert p4.fit_bytes == p4.statistics_bytes + p4.batch_buffer_bytes + p4.calibration_bytes
     assert p4.peak_bytes == p4.fit_bytes + p4.weights_bytes
     text = "\n".join(p4.lines())
-    assert "calibration batch 15.00 MiB (4 x 512 tokens" in text and "fit memory ~21.03 MiB" in text
+    # 21.78 MiB = 21.03 MiB with the float64 workspace + 0.75 MiB: the default float32 Gram's product strip
+    # (12 bytes x 256 x 256: the float32 product and its float64 copy) beside the same-size chunk
+    assert "calibration batch 15.00 MiB (4 x 512 tokens" in text and "fit memory ~21.78 MiB" in text
+    f64 = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2, gram_dtype="float64")
+    assert "fit memory ~21.03 MiB" in "\n".join(f64.lines())
     # a bfloat16 load halves the caches and activations, not the float32 rows
     half = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2, dtype="bfloat16")
     assert half.calibration_bytes == rows_src + (forward_activation_bytes(t, 2048, 4) + kv) // 2

@@ -139,10 +139,12 @@ def test_underdetermined_fits_are_refused_with_the_numbers(planted, fit_host):
 def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(planted, planted_fit, fit_host):
     """Bounded memory: selection passes (per-layer blocks) then joint fits per block of target layers."""
     from kvbridge.fit import fit
+    from kvbridge.fit.ridge import RidgeOptions
     from kvbridge.fit.stats import LayerStats
 
     dims = dict(src_heads=2, src_dim=16, tgt_heads=4, tgt_dim=16)
-    full = LayerStats.job_bytes_for(4, 6, **dims)  # statistics + workspace: the blocking rule
+    # statistics + workspace of the fit's (default) gram dtype: the blocking rule
+    full = LayerStats.job_bytes_for(4, 6, **dims, gram_dtype=RidgeOptions().gram_dtype)
     budget = full // 3
     blocked = fit(
         planted["source"],

@@ -132,3 +132,12 @@ def test_parse_top_k():
 def test_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         FitSettings().seq_len = 4
+
+
+def test_gram_dtype_is_a_ridge_option_with_two_choices():
+    from kvbridge.fit.ridge import RidgeOptions
+    from kvbridge.fit.solve import FitError
+
+    assert RidgeOptions().gram_dtype == "float32" and RidgeOptions(gram_dtype="float64").gram_dtype == "float64"
+    with pytest.raises(FitError, match=r"-o gram_dtype='float16' is not one of float32, float64"):
+        RidgeOptions(gram_dtype="float16")

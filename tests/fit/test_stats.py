@@ -157,3 +157,73 @@ def test_a_layer_subset_is_gathered_chunk_by_chunk_with_the_same_result(monkeypa
             assert got.n == ref.n
             for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):  # the same chunks in the same order: bitwise
                 assert torch.equal(getattr(got, name), getattr(ref, name)), (c, split, name)
+
+
+def test_float32_gram_matches_float64_within_float32_rounding_and_mirrors_the_lower_half():
+    """gram_dtype=float32: 1,024-row chunks centred on their mean, float32 products of the upper block
+    triangle, float64 statistics: within float32 rounding of the float64 path, even with an offset
+    (the chunk is centred before its products) and features spread over three decades."""
+    from kvbridge.fit.plan import GRAM_STRIP
+
+    g = torch.Generator().manual_seed(11)
+    n, p, q = 2600, GRAM_STRIP + 200, 96  # two strips: a strictly-lower block is mirrored
+    scale = 10.0 ** torch.linspace(-1.5, 1.5, p)
+    x = (torch.randn(n, p, generator=g) * scale + 10.0).float()  # float32 input (what a calibration hands over)
+    y = (x.double() @ torch.randn(p, q, generator=g, dtype=torch.float64) / p).float() + torch.randn(n, q, generator=g)
+    f64 = MomentStats(p, q, gram_dtype="float64").update(x, y)
+    f32 = MomentStats(p, q, gram_dtype="float32").update(x, y)
+    assert f32.chunk_rows() == 1024 and f32._lower_stale  # three chunks, lower half not yet mirrored
+    cxx = f32.cxx
+    assert not f32._lower_stale and torch.equal(cxx, cxx.T)  # mirrored once, exactly symmetric
+    for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+        a, b = getattr(f32, name), getattr(f64, name)
+        err = float((a - b).abs().max() / b.abs().max())
+        assert err < 1e-6, (name, err)
+    # per diagonal entry too (the small-scale dims are not lost under the large ones)
+    d32, d64 = f32.cxx.diagonal(), f64.cxx.diagonal()
+    assert float(((d32 - d64).abs() / d64).max()) < 1e-5
+    # the row-index path, merge and persistence read the mirrored matrix
+    half = MomentStats(p, q, gram_dtype="float32").update(x, y, rows=torch.arange(0, n, 2))
+    other = MomentStats(p, q, gram_dtype="float32").update(x, y, rows=torch.arange(1, n, 2))
+    merged = half.merge(other)
+    assert float((merged.cxx - f64.cxx).abs().max() / f64.cxx.abs().max()) < 1e-6
+    again = MomentStats(p, q, gram_dtype="float32").load_state_dict(merged.state_dict())
+    assert torch.equal(again.cxx, merged.cxx)
+
+
+def test_float32_gram_is_only_for_full_unweighted_statistics():
+    x, y = _data(n=300, p=8, q=3)
+    w = torch.rand(300, generator=torch.Generator().manual_seed(2))
+    for kw in ({"xx_block": 4}, {}):
+        a = MomentStats(8, 3, gram_dtype="float32", **kw)
+        b = MomentStats(8, 3, gram_dtype="float64", **kw)
+        if kw:  # block-diagonal: float64 whatever the option
+            a.update(x, y)
+            b.update(x, y)
+            assert a.chunk_rows() == b.chunk_rows() and torch.equal(a.cxx, b.cxx)
+        else:  # weighted: float64 (the same arithmetic as the float64 object)
+            a.update(x, y, weights=w)
+            b.update(x, y, weights=w)
+            assert torch.equal(a.cxx, b.cxx) and torch.equal(a.cxy, b.cxy)
+    try:
+        MomentStats(2, 2, gram_dtype="float16")
+    except ValueError as exc:
+        assert "gram_dtype" in str(exc) and "float32" in str(exc)
+    else:
+        raise AssertionError("float16 accepted")
+
+
+def test_training_r2_closed_form_equals_the_explicit_sse():
+    """select.train_r2 (no held-out split): cyy - Σ W⊙Cxy - λ Σ W² equals grouped_r2 on the training
+    statistics (the second Cxx W GEMM) to float64 rounding."""
+    from kvbridge.fit.select import train_r2
+    from kvbridge.fit.solve import grouped_r2, solve
+
+    x, y = _data(n=500, p=12, q=8, shift=5.0)
+    st = MomentStats(12, 8).update(x, y)
+    m = st.moments()
+    for lam in (1e-3, 0.01, 10.0):
+        w, b = solve(m, lam)
+        closed, explicit = train_r2(w, m, lam, 4), grouped_r2(w, b, m, 4)
+        assert torch.allclose(closed, explicit, rtol=0, atol=1e-10), (lam, closed, explicit)
+        assert float(closed.min()) < 1.0  # a real fit, not a saturated one

@@ -7,7 +7,7 @@ print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair
   rule (:func:`kvbridge.fit.ridge.plan_blocks`, the same memory model as
   :class:`~kvbridge.fit.stats.LayerStats`): one joint pass when it fits ``memory_budget``,
   else selection passes and fit passes over blocks of target layers (each pass re-runs both
-  models over the corpus); plus the float64 workspace, one calibration batch (both models'
+  models over the corpus); plus the chunk workspace, one calibration batch (both models'
   forwards, their caches' K/V and the sampled float32 rows: :func:`calibration_batch_bytes`,
   outside ``--memory``, scaled by ``--batch-size``) and the two models' weights;
 - **artifact size**: ``mapping.safetensors`` (float32 weights and biases + header);
@@ -161,29 +161,51 @@ def calibration_batch_bytes(
     )
 
 
-#: the float64 workspace one accumulation job converts and centres its batch in holds at most this
-#: many bytes: a batch of more than ``WORKSPACE_BYTES / (8·(p + q))`` rows is taken in row chunks
+#: the workspace one accumulation job converts and centres its batch in holds about this many
+#: bytes: a batch of more than ``WORKSPACE_BYTES / (itemsize·(p + q))`` rows is taken in row chunks
 #: (:class:`kvbridge.fit.stats.MomentStats`), so no buffer grows with the batch or the corpus
 WORKSPACE_BYTES = 32 << 20
-#: row chunks never smaller than this (the statistics GEMMs' inner dimension stays large) and
+#: float64 row chunks never smaller than this (the statistics GEMMs' inner dimension stays large) and
 #: never larger than the other (larger inner dimensions run no faster)
 MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 128, 512
+#: the dtype of the statistics GEMMs of a full (unweighted) co-moment (``-o gram_dtype=``): each chunk
+#: is centred on its float64 mean and its float32 products added into the float64 statistics
+GRAM_DTYPES = ("float32", "float64")
+DEFAULT_GRAM_DTYPE = "float32"
+#: float32 chunks: each chunk's products are added into the float64 statistics (``p²/2 + pq`` adds),
+#: so fewer, larger chunks (issue 35: a float32 Gram pays only from ~1,024 rows); 1,024 float32 rows
+#: are the bytes of 512 float64 ones
+F32_CHUNK_ROWS = 1024
+#: the float32 products are taken in strips of this many feature rows (``XcᵀXc``: its upper block
+#: triangle only), so the float32 product temporary is one strip, never ``p × q``
+GRAM_STRIP = 512
 
 
-def chunk_rows(p: int, q: int, budget: int = WORKSPACE_BYTES) -> int:
-    """Rows of one workspace chunk for ``p`` features and ``q`` targets."""
+def chunk_rows(p: int, q: int, budget: int = WORKSPACE_BYTES, gram_dtype: str = "float64") -> int:
+    """Rows of one workspace chunk for ``p`` features and ``q`` targets (``gram_dtype``: the GEMMs' dtype)."""
+    if gram_dtype == "float32":
+        return F32_CHUNK_ROWS
     return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, int(budget) // (8 * max(1, p + q))))
 
 
-def workspace_bytes(p: int, q: int, rows: int | None = None) -> int:
-    """Bytes of the float64 workspace of one accumulation job (``rows``: the largest batch, if known)."""
-    r = chunk_rows(p, q) if rows is None else min(int(rows), chunk_rows(p, q))
+def workspace_bytes(p: int, q: int, rows: int | None = None, gram_dtype: str = "float64") -> int:
+    """Bytes of the workspace of one accumulation job (``rows``: the largest batch, if known): the
+    chunk (float64; or float32 + one float32 product strip of :data:`GRAM_STRIP` feature rows and the
+    float64 copy its add into the statistics makes)."""
+    step = chunk_rows(p, q, gram_dtype=gram_dtype)
+    r = step if rows is None else min(int(rows), step)
+    if gram_dtype == "float32":  # + one float32 product strip and the float64 copy its add makes
+        return 4 * r * (p + q) + 12 * min(GRAM_STRIP, p) * max(p, q)
     return 8 * r * (p + q)
 
 
-def job_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
-    """What one accumulation job holds at its peak: its statistics + its workspace (the blocking rule)."""
-    return layer_stats_bytes(n_src, n_tgt, fs, hs_dim, ft, xx_block) + workspace_bytes(n_src * fs, n_tgt * ft)
+def job_bytes(
+    n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full", gram_dtype: str = DEFAULT_GRAM_DTYPE
+) -> int:
+    """What one accumulation job holds at its peak: its statistics + its workspace (the blocking rule;
+    ``gram_dtype`` applies to ``full`` co-moments, block-diagonal ones accumulate in float64)."""
+    ws = workspace_bytes(n_src * fs, n_tgt * ft, gram_dtype=gram_dtype if xx_block == "full" else "float64")
+    return layer_stats_bytes(n_src, n_tgt, fs, hs_dim, ft, xx_block) + ws
 
 
 def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
@@ -250,7 +272,7 @@ def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
     """``(what, fix)`` of a refused ``--memory``: the sizes in units that show, and the smallest
     workable budget as the flag's value (rounded up, so passing it is enough)."""
     return (
-        f"{what} needs at least {_size(minimum)} (statistics + float64 workspace of its largest one-target-layer "
+        f"{what} needs at least {_size(minimum)} (statistics + workspace of its largest one-target-layer "
         f"pass), over the {_size(budget)} budget",
         f"pass --memory {gib_flag(minimum)} or more (the smallest workable budget, GiB), lower --top-k or use "
         "--fitter ridge-headwise",
@@ -287,7 +309,9 @@ class FitPlan:
     memory_budget: int
     passes: tuple
     statistics_bytes: int  # peak: the largest pass
-    batch_buffer_bytes: int  # the float64 workspace (+ the attention recording, weighting=attention)
+    batch_buffer_bytes: (
+        int  # the workspace (float32 or float64 chunks) (+ the attention recording, weighting=attention)
+    )
     weights_bytes: int  # both models in the load dtype
     artifact_bytes: int
     forward_flops: float  # all passes
@@ -361,7 +385,7 @@ class FitPlan:
             f"({self.observations:,} observations per head)",
             f"  statistics memory: {_size(self.statistics_bytes)} (float64) in {len(self.passes)} pass(es) over the "
             f"corpus; budget {_size(self.memory_budget)}",
-            f"  + float64 workspace {_size(self.batch_buffer_bytes)} + calibration batch {_size(self.calibration_bytes)} "
+            f"  + workspace {_size(self.batch_buffer_bytes)} + calibration batch {_size(self.calibration_bytes)} "
             f"({self.batch_size} x {self.seq_len} tokens: a forward, the caches' K/V, the sampled rows; --batch-size "
             f"scales it) = fit memory ~{_size(self.fit_bytes)} (--memory bounds the statistics + workspace)",
             f"  + both models' weights {_size(self.weights_bytes)} = peak ~{_size(self.peak_bytes)}",
@@ -459,6 +483,7 @@ class PlanInputs:
     rates: Any = None
     support: str = "layers"
     weighting: str = "uniform"
+    gram_dtype: str = DEFAULT_GRAM_DTYPE  # the ridge option: the workspace of full-statistics passes
 
 
 def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **options: Any) -> FitPlan:
@@ -484,16 +509,17 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     k = min(int(o.top_k), s.layers)
     check_minimum(fitter, memory_budget, s.layers, t.layers, fs, s.head_dim, ft, k)
     notes, worst = [], False
-    passes = []
+    passes, gram_of = [], {}
 
     def add(tag: str, b, n_src: int, xx_block: str) -> None:  # one pass: target layers b x n_src source layers
         p = n_src * fs
         xx = {"full": p * p, "layer": p * fs, "head": p * s.head_dim}[xx_block]  # Cxx or its blocks
         nbytes = layer_stats_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block)
         passes.append(Pass(tag, (b[0], b[-1]), n_src, nbytes, 2 * 2 * n_obs * (xx + p * len(b) * ft)))  # K, V GEMMs
+        gram_of[tag] = o.gram_dtype if xx_block == "full" else "float64"  # block-diagonal: float64 GEMMs
 
     def job(n_src: int, xx_block: str):  # what a block of target layers needs (the blocking rule)
-        return lambda b: job_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block)
+        return lambda b: job_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block, o.gram_dtype)
 
     if fitter == "ridge-headwise":  # per target layer: every source head x its targets (head blocks)
         for i, b in enumerate(pack_blocks(t.layers, job(s.layers, "head"), memory_budget, "the headwise fit")):
@@ -547,9 +573,16 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     shapes = sorted((f"layers.{j}.{n}", w_shape if n[0] == "w" else b_shape) for j in range(t.layers) for n in WB)
     peak = max(p.statistics_bytes for p in passes)
     rows = batch_size * per_seq  # observations of one batch, converted to float64 in row chunks
-    widest = max(passes, key=lambda p: p.statistics_bytes)
     buffers = (
-        workspace_bytes(widest.source_layers * fs, (widest.target_layers[1] - widest.target_layers[0] + 1) * ft, rows)
+        max(  # the largest pass workspace (float32 chunks for full statistics, else float64)
+            workspace_bytes(
+                p.source_layers * fs,
+                (p.target_layers[1] - p.target_layers[0] + 1) * ft,
+                rows,
+                gram_of.get(p.tag, "float64"),  # the weighted per-head pass: float64
+            )
+            for p in passes
+        )
         + record
     )
     calibration = calibration_batch_bytes(s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=dtype_bytes)
@@ -629,6 +662,8 @@ __all__ = [
     "ModelSize",
     "model_size",
     "minimum_budget",
+    "GRAM_DTYPES",
+    "DEFAULT_GRAM_DTYPE",
     "budget_refusal",
     "layer_stats_bytes",
     "safetensors_bytes",

@@ -38,6 +38,12 @@ weights differ per target head, so the weighted co-moments are per head
 pass fixed each head's support. Held-out statistics stay unweighted, so held-out R² compares
 across weightings.
 
+**Statistics GEMMs** (``-o gram_dtype=``). ``float32`` (default): the full co-moments are
+accumulated from float32 products of row chunks centred on their float64 mean, added into
+float64 statistics (only the upper half of ``XcᵀXc`` multiplied); the means, Chan's merge and
+every solve stay float64 (issue 35: ~1e-6 relative on the weights). ``float64``: every product
+in float64.
+
 **Selection** (``-o select=``). ``r2``: top-k, alpha and support as given. ``kl``: every ``k``
 of the sweep up to ``top_k``, alpha in (the given alpha, ``auto``) and support in (``layers``,
 ``head-local``) is solved from the same statistics and scored by the mean KL divergence of the
@@ -56,6 +62,7 @@ import torch
 
 from kvbridge.fit.calibrate import DEFAULT_TOP_K
 from kvbridge.fit.protocol import FitReport
+from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES
 from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's historical home)
     DEFAULT_ALPHA,
     LOW_R2,
@@ -112,11 +119,19 @@ class RidgeOptions:
     select: str = "r2"  # "r2": top_k/alpha/support as given; "kl": chosen by held-out suffix KL to native
     select_prefix: float = 0.5  # select=kl: share of each held-out sequence used as the mapped prefix
     select_suffix: int = 32  # select=kl: suffix tokens scored after the prefix
+    #: the statistics GEMMs' dtype: "float32" (chunks centred on their float64 mean, products added into
+    #: the float64 statistics; solves stay float64) or "float64" (every product in float64)
+    gram_dtype: str = DEFAULT_GRAM_DTYPE
 
     def __post_init__(self):
         check_top_k(self.top_k)
         check_alpha(self.alpha)
-        for name, choices in (("support", SUPPORTS), ("weighting", WEIGHTINGS), ("select", SELECTS)):
+        for name, choices in (
+            ("support", SUPPORTS),
+            ("weighting", WEIGHTINGS),
+            ("select", SELECTS),
+            ("gram_dtype", GRAM_DTYPES),
+        ):
             check_choice(name, getattr(self, name), choices)
         if not 0.0 < float(self.select_prefix) < 1.0:
             raise FitError(f"-o select_prefix must be in (0, 1), got {self.select_prefix}", "use e.g. 0.5")
@@ -305,11 +320,14 @@ class RidgeFitter:
             f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)",
         )
         budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
+        gram = options.gram_dtype
         passes, jobs = [], []
         emit = on_block or (lambda job, scores: jobs.append(job))  # each complete block: passed on, or kept
 
         def run(tag: str, src_layers, block, xx_block: str):  # one pass over the corpus: one job's statistics
-            job = LayerStats(src_layers, block, **dims_, xx_block=xx_block, device=device_of(calibration))
+            job = LayerStats(
+                src_layers, block, **dims_, xx_block=xx_block, device=device_of(calibration), gram_dtype=gram
+            )
             calibration.accumulate([job], tag=tag)
             passes.append(
                 {"tag": tag, "bytes": job.nbytes(), **({} if tag == "joint" else {"target_layers": list(block)})}
@@ -322,7 +340,9 @@ class RidgeFitter:
                 sc["head"] = single_head_r2(job, block)["mean"]
             return sc
 
-        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full") <= budget:  # one pass: selection + fit
+        if (
+            LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram) <= budget
+        ):  # one pass: selection + fit
             job = run("joint", range(ls), range(lt), "full")
             scores = selection_scores(job, range(lt))
             n_seen = job.n("train")
@@ -353,7 +373,10 @@ class RidgeFitter:
                 return sorted({s for t in b for s in selection[t]})
 
             fit_blocks = plan_blocks(
-                lt, lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_), budget, what="the joint fit"
+                lt,
+                lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_, gram_dtype=gram),
+                budget,
+                what="the joint fit",
             )
             for bi, block in enumerate(fit_blocks):
                 emit(run(f"fit{bi}", union(block), block, "full"), scores)

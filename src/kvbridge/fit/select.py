@@ -5,7 +5,7 @@ its KV heads) to each KV head of t, separately for K and V, on the calibration s
 the score is its R² averaged over the heads of t and over K and V. The k best source layers
 (highest score first) become the features of t's final fit. R² is measured on the held-out
 statistics when there are any (a fairer ranking when layers are near-collinear), else on the
-training statistics.
+training statistics (then from the closed form of :func:`train_r2`, no second GEMM).
 
 Cost: one Cholesky factor per (source layer, K/V) serves every target layer at once.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from kvbridge.fit.solve import DEFAULT_ALPHA, grouped_r2, solve
+from kvbridge.fit.stats import Moments
 
 
 def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
@@ -22,18 +23,39 @@ def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
     R² of a ridge from it to each target head of ``tgt`` (``[len(tgt), H_t]``, reduced by
     ``per_group``), on the held-out statistics (training ones when there are none); ``"measured_on"``."""
     held_split = "held" if job.n("held") >= 1 else "train"
+    closed = (
+        held_split == "train" and isinstance(alpha, (int, float)) and alpha > 0
+    )  # training R² from the normal equations (below)
+    n_groups = len(tgt) * job.tgt_heads
     out = {}
     for kind in ("k", "v"):
         cols = []
         for sel in groups:
             train = job.moments(kind, "train", tgt_layers=tgt, **sel)
-            held = job.moments(kind, held_split, tgt_layers=tgt, **sel)
             w, b = solve(train, alpha)
-            cols.append(per_group(grouped_r2(w, b, held, len(tgt) * job.tgt_heads).view(len(tgt), job.tgt_heads)))
+            if closed:
+                r2 = train_r2(w, train, alpha, n_groups)
+            else:
+                held = job.moments(kind, held_split, tgt_layers=tgt, **sel)
+                r2 = grouped_r2(w, b, held, n_groups)
+            cols.append(per_group(r2.view(len(tgt), job.tgt_heads)))
         out[kind] = torch.stack(cols, -1).to(torch.float64)
     out["mean"] = (out["k"] + out["v"]) / 2
     out["measured_on"] = held_split
     return out
+
+
+def train_r2(w: torch.Tensor, train: Moments, alpha: float, groups: int) -> torch.Tensor:
+    """R² per group of ``q / groups`` output dims of the ridge ``w`` ON ITS OWN training statistics.
+
+    ``w`` solves ``(Cxx + λI) W = Cxy`` (``λ > 0``) and ``b = ȳ - x̄ᵀW`` leaves no mean residual,
+    so ``Cxx W = Cxy - λW`` and the SSE ``cyy - 2 Σ W⊙Cxy + Σ W⊙(Cxx W)`` is
+    ``cyy - Σ W⊙Cxy - λ Σ W²``: exact algebra, without :func:`grouped_r2`'s second GEMM.
+    """
+    e = (train.cyy - (w * train.cxy).sum(0) - float(alpha) * (w * w).sum(0)).clamp(min=0.0)
+    e = e.reshape(groups, -1).sum(1)
+    t = train.cyy.reshape(groups, -1).sum(1)
+    return torch.where(t > 0, 1.0 - e / t.clamp(min=1e-300), torch.zeros_like(t))
 
 
 def single_layer_r2(job, *, alpha: float = DEFAULT_ALPHA, tgt_layers=None) -> dict:
@@ -63,4 +85,4 @@ def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:
     return [[src[int(j)] for j in row] for row in order]
 
 
-__all__ = ["single_layer_r2", "single_head_r2", "top_k"]
+__all__ = ["single_layer_r2", "single_head_r2", "top_k", "train_r2"]

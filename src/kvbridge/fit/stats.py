@@ -1,4 +1,4 @@
-"""Streaming centred sufficient statistics of paired observations, in float64.
+"""Streaming centred sufficient statistics of paired observations, in float64 (optionally from float32 GEMMs).
 
 For features ``x`` (``p`` dims) and targets ``y`` (``q`` dims) a :class:`MomentStats` keeps
 
@@ -10,8 +10,9 @@ For features ``x`` (``p`` dims) and targets ``y`` (``q`` dims) a :class:`MomentS
 - ``cyy``: the diagonal of ``Σ (y - ȳ)(y - ȳ)ᵀ`` (``q``), all a held-out R² needs.
 
 Memory is fixed by ``p`` and ``q``, never by the number of observations or the batch size:
-the statistics plus one reused float64 workspace of at most :data:`WORKSPACE_BYTES` (a batch
-is taken in row chunks of :func:`chunk_rows` rows; the objects of one :class:`LayerStats` share
+the statistics plus one reused workspace (a batch is taken in row chunks of :func:`chunk_rows`
+rows: float64 ones of about :data:`WORKSPACE_BYTES`, or 1,024-row float32 ones with
+``gram_dtype="float32"``, see :class:`MomentStats`; the objects of one :class:`LayerStats` share
 one workspace), so the peak of an accumulation is the statistics + :func:`workspace_bytes`. A batch is
 centred on its own mean and merged with the pair-wise update of Chan, Golub & LeVeque
 (``C = C_a + C_b + n_a n_b / n · δ δᵀ``, the batch term accumulated straight into ``C`` by
@@ -35,21 +36,36 @@ import torch
 
 DTYPE = torch.float64
 # the workspace rule lives in the torch-free planner (one formula for the plan and the fit)
-from kvbridge.fit.plan import MIN_CHUNK_ROWS, WORKSPACE_BYTES, chunk_rows, job_bytes, workspace_bytes  # noqa: E402,F401
+from kvbridge.fit.plan import (  # noqa: E402,F401
+    GRAM_DTYPES,
+    GRAM_STRIP,
+    MIN_CHUNK_ROWS,
+    WORKSPACE_BYTES,
+    chunk_rows,
+    job_bytes,
+    workspace_bytes,
+)
+
+
+def check_gram_dtype(gram_dtype: str) -> None:
+    if gram_dtype not in GRAM_DTYPES:
+        raise ValueError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}, got {gram_dtype!r}")
 
 
 class Workspace:
-    """A reused float64 ``[rows, p]`` + ``[rows, q]`` pair, shared by the statistics of one job."""
+    """A reused ``[rows, p]`` + ``[rows, q]`` pair (float64, or float32 for float32 GEMMs), shared by
+    the statistics of one job."""
 
     def __init__(self, device="cpu"):
         self.device = torch.device(device)
         self.x = self.y = None
 
-    def get(self, m: int, p: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.x is None or self.x.shape[0] < m or self.x.shape[1] != p or self.y.shape[1] != q:
-            self.x = self.y = None  # drop the old pair before allocating the new one
-            self.x = torch.empty(m, p, dtype=DTYPE, device=self.device)
-            self.y = torch.empty(m, q, dtype=DTYPE, device=self.device)
+    def get(self, m: int, p: int, q: int, dtype: torch.dtype = DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x
+        if x is None or x.shape[0] < m or x.shape[1] != p or self.y.shape[1] != q or x.dtype != dtype:
+            self.x = self.y = x = None  # drop the old pair before allocating the new one
+            self.x = torch.empty(m, p, dtype=dtype, device=self.device)
+            self.y = torch.empty(m, q, dtype=dtype, device=self.device)
         return self.x[:m], self.y[:m]
 
 
@@ -79,25 +95,65 @@ class MomentStats:
     ``xx_block``: ``None`` keeps the full ``p × p`` co-moment; an int ``b`` (dividing ``p``)
     keeps only the ``p / b`` diagonal blocks of size ``b`` (one per source layer or head),
     which is all single-layer or single-head fits need, at ``p·b`` instead of ``p²`` memory.
+
+    ``gram_dtype``: ``"float64"`` (every product in float64) or ``"float32"``: for a full,
+    unweighted co-moment each chunk (of :func:`chunk_rows` rows, 1,024; the input rounded to float32)
+    is centred on its mean (kept in float64), its ``XcᵀXc`` (upper block triangle only, strips of :data:`GRAM_STRIP` rows)
+    and ``XcᵀYc`` multiplied in float32 and added into the float64 statistics (the means, Chan's
+    merge and ``cyy`` stay float64); the lower triangle is mirrored once when ``cxx`` is read.
+    Weighted updates and block-diagonal co-moments always run in float64.
     """
 
     def __init__(
-        self, p: int, q: int, *, xx_block: int | None = None, device="cpu", workspace: Workspace | None = None
+        self,
+        p: int,
+        q: int,
+        *,
+        xx_block: int | None = None,
+        device="cpu",
+        workspace: Workspace | None = None,
+        gram_dtype: str = "float64",
     ):
         if xx_block is not None and (xx_block <= 0 or p % xx_block):
             raise ValueError(f"xx_block {xx_block} does not divide p={p}")
+        check_gram_dtype(gram_dtype)
+        self.gram_dtype = gram_dtype
+        self._lower_stale = False  # float32 path: only the upper block triangle of cxx is accumulated
         self.p, self.q, self.xx_block = int(p), int(q), xx_block
         self.device = torch.device(device)
         self.n = 0.0
         self.mean_x = torch.zeros(p, dtype=DTYPE, device=self.device)
         self.mean_y = torch.zeros(q, dtype=DTYPE, device=self.device)
         if xx_block is None:
-            self.cxx = torch.zeros(p, p, dtype=DTYPE, device=self.device)
+            self._cxx = torch.zeros(p, p, dtype=DTYPE, device=self.device)
         else:
-            self.cxx = torch.zeros(p // xx_block, xx_block, xx_block, dtype=DTYPE, device=self.device)
+            self._cxx = torch.zeros(p // xx_block, xx_block, xx_block, dtype=DTYPE, device=self.device)
         self.cxy = torch.zeros(p, q, dtype=DTYPE, device=self.device)
         self.cyy = torch.zeros(q, dtype=DTYPE, device=self.device)
         self._ws = workspace if workspace is not None else Workspace(self.device)
+
+    @property
+    def cxx(self) -> torch.Tensor:
+        """The centred co-moment of ``x`` (full, symmetric; the float32 path's lower triangle is
+        mirrored from the upper one here, once after each run of updates)."""
+        if self._lower_stale:
+            c = self._cxx
+            for i in range(0, self.p, GRAM_STRIP):
+                e = min(self.p, i + GRAM_STRIP)
+                d = c[i:e, i:e]  # the diagonal block: its upper triangle wins too (exactly symmetric)
+                d.copy_(d.triu() + d.triu(1).T)
+                if e < self.p:
+                    c[e:, i:e].copy_(c[i:e, e:].T)
+            self._lower_stale = False
+        return self._cxx
+
+    @property
+    def _f32(self) -> bool:
+        return self.gram_dtype == "float32" and self.xx_block is None
+
+    def chunk_rows(self) -> int:
+        """Rows of one accumulation chunk of this object."""
+        return chunk_rows(self.p, self.q, gram_dtype="float32" if self._f32 else "float64")
 
     # -- sizes ------------------------------------------------------------------------------
     @staticmethod
@@ -130,7 +186,7 @@ class MomentStats:
                 f"update needs x [m, {self.p}] and y [m, {self.q}], got {tuple(x.shape)} and {tuple(y.shape)}"
             )
         m = int(x.shape[0] if rows is None else rows.numel())
-        step = chunk_rows(self.p, self.q)
+        step = self.chunk_rows() if weights is None else chunk_rows(self.p, self.q)
         for a in range(0, m, step):
             e = min(m, a + step)
             if rows is None:
@@ -145,6 +201,9 @@ class MomentStats:
         m = int(x.shape[0])
         if m == 0:
             return
+        if weights is None and self._f32:
+            return self._update_chunk_f32(x, y)
+        cxx = self.cxx  # the float64 path adds to the whole matrix: mirror any pending float32 updates
         xc, yc = self._ws.get(m, self.p, self.q)
         xc.copy_(x)
         yc.copy_(y)
@@ -168,13 +227,13 @@ class MomentStats:
         w = self.n * mw / n
         dx, dy = mx - self.mean_x, my - self.mean_y
         if self.xx_block is None:
-            self.cxx.addmm_(xc.T, xc)
-            self.cxx.addr_(dx, dx, alpha=w)
+            cxx.addmm_(xc.T, xc)
+            cxx.addr_(dx, dx, alpha=w)
         else:
             bs = self.xx_block
             xb = xc.view(m, -1, bs).transpose(0, 1)  # [blocks, m, b]
-            self.cxx.baddbmm_(xb.transpose(1, 2), xb)
-            self.cxx += w * self._outer_vec(dx, dx)
+            cxx.baddbmm_(xb.transpose(1, 2), xb)
+            cxx += w * self._outer_vec(dx, dx)
         self.cxy.addmm_(xc.T, yc)
         self.cxy.addr_(dx, dy, alpha=w)
         for chunk in yc.split(256):  # Σ yc² in row chunks: a bounded temporary, vectorised kernels
@@ -183,6 +242,43 @@ class MomentStats:
         self.mean_x += dx * (mw / n)
         self.mean_y += dy * (mw / n)
         self.n = n
+
+    def _update_chunk_f32(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One unweighted chunk, full co-moment: float32 GEMMs on the chunk centred on its float64 mean."""
+        m = int(x.shape[0])
+        xc, yc = self._ws.get(m, self.p, self.q, torch.float32)
+        mx, my = self._centre_f32(x, xc), self._centre_f32(y, yc)  # xc, yc centred, means in float64
+        n = self.n + m
+        w = self.n * m / n
+        dx, dy = mx - self.mean_x, my - self.mean_y
+        c, p = self._cxx, self.p
+        for i in range(0, p, GRAM_STRIP):  # upper block triangle only: strip i's product with columns i:
+            e = min(p, i + GRAM_STRIP)
+            c[i:e, i:] += xc[:, i:e].T @ xc[:, i:]
+            self.cxy[i:e] += xc[:, i:e].T @ yc
+        self._lower_stale = True
+        c.addr_(dx, dx, alpha=w)  # the whole matrix (the mirror overwrites the lower part from the upper)
+        self.cxy.addr_(dx, dy, alpha=w)
+        for chunk in yc.split(256):
+            self.cyy += chunk.square().sum(0, dtype=DTYPE)
+        self.cyy += w * dy * dy
+        self.mean_x += dx * (m / n)
+        self.mean_y += dy * (m / n)
+        self.n = n
+
+    @staticmethod
+    def _centre_f32(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` (float32) = ``x`` centred; returns the float64 column means. Two passes, no
+        temporaries beyond a row: the float32 mean ``c`` is subtracted (``x - c`` is exact in float32
+        for float32 inputs near ``c``, so an offset stays out of the products), then the residual
+        mean ``r`` of the centred rows; the mean is ``c + r`` in float64. The chunk is centred on the
+        mean to float32 rounding ``e``; ``Xcᵀ Xc`` then carries ``m e eᵀ``, ~1e-14 of the spread."""
+        out.copy_(x)
+        c = out.mean(0)
+        out -= c
+        r = out.mean(0)
+        out -= r
+        return c.to(DTYPE) + r.to(DTYPE)
 
     def merge(self, other: "MomentStats") -> "MomentStats":
         """Fold ``other`` (same shape) into this object (Chan's pairwise update)."""
@@ -202,8 +298,9 @@ class MomentStats:
         dx = other.mean_x - self.mean_x
         dy = other.mean_y - self.mean_y
         w = self.n * other.n / n
-        self.cxx += other.cxx
-        self.cxx += w * self._outer_vec(dx, dx)
+        cxx = self.cxx
+        cxx += other.cxx
+        cxx += w * self._outer_vec(dx, dx)
         self.cxy += other.cxy
         self.cxy.add_(torch.outer(dx, dy), alpha=w)
         self.cyy += other.cyy + w * dy * dy
@@ -292,7 +389,9 @@ class MomentStats:
         return self
 
     def clone(self) -> "MomentStats":
-        return MomentStats(self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws).merge(self)
+        return MomentStats(
+            self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws, gram_dtype=self.gram_dtype
+        ).merge(self)
 
 
 def all_reduce(stats: list[MomentStats], group=None) -> None:
@@ -387,6 +486,7 @@ class LayerStats(StatsSet):
         tgt_dim: int,
         xx_block: str = "full",
         device="cpu",
+        gram_dtype: str = "float64",
     ):
         if xx_block not in ("full", "layer", "head"):
             raise ValueError(f"xx_block must be full, layer or head, got {xx_block!r}")
@@ -396,9 +496,10 @@ class LayerStats(StatsSet):
         self.xx_block = xx_block
         p, q = self.p, self.q
         blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
-        self.workspace = Workspace(device)  # one float64 chunk buffer for the four statistics
+        self.gram_dtype = gram_dtype
+        self.workspace = Workspace(device)  # one chunk buffer for the four statistics
         self.stats = {
-            (c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace)
+            (c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace, gram_dtype=gram_dtype)
             for c in self.KINDS
             for s in self.SPLITS
         }
@@ -413,10 +514,18 @@ class LayerStats(StatsSet):
 
     @staticmethod
     def job_bytes_for(
-        n_src: int, n_tgt: int, *, src_heads: int, src_dim: int, tgt_heads: int, tgt_dim: int, xx_block: str = "full"
+        n_src: int,
+        n_tgt: int,
+        *,
+        src_heads: int,
+        src_dim: int,
+        tgt_heads: int,
+        tgt_dim: int,
+        xx_block: str = "full",
+        gram_dtype: str = "float64",
     ) -> int:
-        """The job's peak: statistics + its float64 workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`)."""
-        return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block)
+        """The job's peak: statistics + its workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`)."""
+        return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block, gram_dtype)
 
     # -- accumulation ---------------------------------------------------------------------
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
@@ -429,7 +538,7 @@ class LayerStats(StatsSet):
             k = int((~held_mask).sum())
             if not bool(held_mask[:k].any()):
                 split = k
-        step = chunk_rows(self.p, self.q)
+        step = self.stats[("k", "train")].chunk_rows()
         for c in self.KINDS:
             fx, fy = feats["x" + c], feats["y" + c]
             if split is not None:  # each split in the statistics' own row chunks: a subset of layers (a
@@ -500,6 +609,7 @@ __all__ = [
     "StatsSet",
     "Workspace",
     "all_reduce",
+    "check_gram_dtype",
     "chunk_rows",
     "workspace_bytes",
     "DTYPE",
