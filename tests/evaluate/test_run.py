@@ -85,3 +85,17 @@ def test_the_frontier_runs_as_a_recompute_condition_set(pair, corpus):
     assert {"native", "tail@0.5", "truncated@0.5"} <= set(run.result["conditions"])
     with pytest.raises(KVBridgeError, match="recompute stage"):
         evaluate_pair(pair, settings)
+
+
+def test_a_condition_set_keeps_a_named_partial_file_and_removes_its_own(pair, corpus, tmp_path):
+    """A ``--partial`` file the user named is never deleted, also when a condition set wrote the
+    report; the default ``REPORT.partial.jsonl`` goes once the report holds everything."""
+    named = tmp_path / "mine.jsonl"
+    run = api.evaluate_pair(
+        pair, small(corpus, frontier="0.5", sink=1, report_dir=str(tmp_path / "a"), partial_path=str(named))
+    )
+    assert run.frontier and run.written and named.is_file()
+    head = json.loads(named.read_text().splitlines()[0])
+    assert head["command"] == "eval" and head["complete"] is True
+    run = api.evaluate_pair(pair, small(corpus, frontier="0.5", sink=1, report_dir=str(tmp_path / "b")))
+    assert run.frontier and run.written and not (tmp_path / "b.partial.jsonl").exists()

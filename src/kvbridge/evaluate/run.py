@@ -138,8 +138,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         if cs.wanted(s):
             inputs = {"texts": texts, "data": data, "source": _ref_text(src), "target": _ref_text(tgt)}
             result, written = cs.run(run, mapping, ids, inputs, progress)
-            if partial is not None:
-                partial.remove() if s.report_dir and written else partial.finish()
+            close_partial(partial, s, written)
             return EvalRun(result, written, kind=cs.name)
     if s.frontier is not None or s.recompute.active:
         raise ConfigError(
@@ -168,13 +167,19 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
 
 
 def write_and_close(result: dict, settings, write, partial, summary: dict | None = None) -> dict:
-    """``write(result, settings.report_dir)`` when a report is asked (the files written, else {}); the
-    partial log then removed (the report holds everything) unless ``settings.partial_path`` named it,
-    else finished with ``summary``."""
+    """``write(result, settings.report_dir)`` when a report is asked (the files written, else {}),
+    then :func:`close_partial`."""
     written = write(result, settings.report_dir) if settings.report_dir else {}
+    close_partial(partial, settings, written, summary)
+    return written
+
+
+def close_partial(partial, settings, written: dict, summary: dict | None = None) -> None:
+    """The partial log (if any) removed once a report was ``written`` (the report holds everything),
+    unless ``settings.partial_path`` named it: a file the user named is finished with ``summary``, never
+    deleted."""
     if partial is not None:
         partial.remove() if written and settings.partial_path is None else partial.finish(summary)
-    return written
 
 
 def _ref_text(loaded) -> str:
@@ -185,6 +190,7 @@ def _ref_text(loaded) -> str:
 __all__ = [
     "ConditionSet",
     "EvalRun",
+    "close_partial",
     "EvalSettings",
     "evaluate_pair",
     "evaluate_run",
