@@ -29,3 +29,20 @@ def test_set_before_torch_loads_unless_the_user_chose():
 def test_too_late_once_torch_is_imported(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert passive_omp_wait() is False and "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_quiet_torch_sets_the_threads_and_quiets_transformers():
+    from transformers.utils import logging as hf_logging
+
+    from kvbridge.threads import quiet_torch
+
+    threads, level = torch.get_num_threads(), hf_logging.get_verbosity()
+    try:
+        hf_logging.set_verbosity_info()
+        quiet_torch(1)
+        assert torch.get_num_threads() == 1 and hf_logging.get_verbosity() == hf_logging.ERROR
+        quiet_torch(None)  # no count: the threads stay as they are
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+        hf_logging.set_verbosity(level)

@@ -11,7 +11,8 @@ SmolLM2-135M decode step took 1.4-2.2 s against 0.2-0.3 s with the waiting threa
 results are bitwise the same.
 
 :func:`thread_pool` keeps kvbridge's own worker threads (the checksum of a save, the native RoPE
-kernel's row split): started once per process, not once per call.
+kernel's row split): started once per process, not once per call. :func:`quiet_torch`: what a command
+line sets once it is about to run a model (``kvbridge eval``, ``harness``, ``python -m kvbridge.adapters.pair``).
 """
 
 from __future__ import annotations
@@ -45,4 +46,14 @@ def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
     return pool
 
 
-__all__ = ["passive_omp_wait", "thread_pool"]
+def quiet_torch(threads: int | None) -> None:
+    """Before a model runs: transformers' logging quiet, torch on ``threads`` threads (None or 0: torch's choice)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+__all__ = ["passive_omp_wait", "quiet_torch", "thread_pool"]

@@ -356,10 +356,9 @@ def main(argv=None) -> int:
     """``python -m kvbridge.adapters.pair [--samples N ...] [--json FILE] [--markdown]``: the RESULTS.md run."""
     import argparse
     import json
-
-    import torch
-
     from dataclasses import fields
+
+    from kvbridge.threads import quiet_torch
 
     ap = argparse.ArgumentParser(prog="python -m kvbridge.adapters.pair", description=__doc__.split("\n")[0])
     for f in fields(AdapterPairSettings):  # one option per setting, its default the setting's
@@ -372,11 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    import transformers
-
-    transformers.logging.set_verbosity_error()
+    quiet_torch(a.threads)
     t0 = time.perf_counter()
     res = run_adapter_pair(
         settings=AdapterPairSettings(**{f.name: getattr(a, f.name) for f in fields(AdapterPairSettings)})

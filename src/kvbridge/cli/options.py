@@ -18,6 +18,7 @@ import click
 from kvbridge.cli.numbers import THREADS, Number
 from kvbridge.dtypes import LOAD_DTYPES as DTYPE_CHOICES, dtype_bytes
 from kvbridge.safe_text import escape
+from kvbridge.threads import quiet_torch  # the commands' one call before a model runs
 
 
 def _shared_option(*decls, **attrs):
@@ -250,16 +251,6 @@ def echo_written(written: dict | None, as_json: bool) -> None:
     """The report files a command wrote, one stderr line (none under ``--json``)."""
     if written and not as_json:
         click.echo(f"report: {', '.join(str(p) for p in written.values())}", err=True)
-
-
-def quiet_torch(threads: int | None) -> None:
-    """Before a model runs: transformers' logging quiet, torch on ``threads`` threads (None: torch's choice)."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    if threads:
-        torch.set_num_threads(int(threads))
 
 
 # -- formatters ------------------------------------------------------------------------------------------
