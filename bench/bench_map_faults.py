@@ -80,16 +80,11 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         return parts(out)
 
     if mode in ("strip", "apply", "blocks", "steps"):
-        from kvbridge import transfer as tr
-        from kvbridge.kvstate import KVState
+        from bench_map_inputs import state_of
 
-        state = KVState(
-            keys=tuple(keys),
-            values=tuple(values),
-            token_ids=torch.zeros(1, tokens, dtype=torch.long),
-            positions=torch.arange(tokens)[None],
-            spec=side.spec_s,
-        )
+        from kvbridge import transfer as tr
+
+        state = state_of(keys, values, side.spec_s)
         content = state.strip_rope(dtype=torch.float32)
         mapped = m.map_content(content, side.spec_t) if mode == "apply" else None
         tr.BLOCKS_ABOVE = 0 if mode == "blocks" else tr.BLOCKS_ABOVE  # the token-block path at any length
@@ -140,9 +135,9 @@ def digests(threads: int) -> None:
 
     torch.set_num_threads(threads)
     sys.path.insert(0, str(HERE))
+    from bench_map_inputs import state_of
     from bench_peer import Ours, mapping_inputs, parse_geometry
 
-    from kvbridge.kvstate import KVState
     from kvbridge.transfer import transfer
 
     src, tgt = parse_geometry("24x2x64-28x2x128")
@@ -158,13 +153,7 @@ def digests(threads: int) -> None:
         work: dict = {}
         m.map_tensors(keys[::-1], values[::-1], dtype=dtype, work=work)  # a first call to overwrite
         kw, vw = m.map_tensors(keys, values, dtype=dtype, work=work)
-        state = KVState(
-            keys=tuple(keys),
-            values=tuple(values),
-            token_ids=torch.zeros(b, n, dtype=torch.long),
-            positions=torch.arange(n)[None].expand(b, -1),
-            spec=side.spec_s,
-        )
+        state = state_of(keys, values, side.spec_s)
         out = transfer(state, m, side.spec_t)
         print(
             f"{b} {n} {dt} map {digest(k + v)} work {digest(kw + vw)} "

@@ -10,6 +10,7 @@ the raw ones' by ``torch.equal``. One thread, CPU clock.
     python bench/bench_map_inputs.py [TOKENS] [ROUNDS]
 """
 
+import argparse
 import os
 import statistics
 import sys
@@ -19,13 +20,33 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peer import Ours, cache_inputs, mapping_inputs, parse_geometry  # noqa: E402
 
-from kvbridge.fit.mapping import fresh  # noqa: E402
-from kvbridge.kvstate import KVState  # noqa: E402
+
+def state_of(keys, values, spec):
+    """``keys`` / ``values`` (one ``[batch, heads, tokens, dim]`` tensor per layer) as the ``KVState`` of
+    ``spec`` the benches map: token ids 0, positions ``0..tokens-1`` in every row."""
+    from kvbridge.kvstate import KVState
+
+    b, n = keys[0].shape[0], keys[0].shape[2]
+    positions = torch.arange(n)[None].expand(b, -1)
+    ids = torch.zeros(b, n, dtype=torch.long)
+    return KVState(keys=tuple(keys), values=tuple(values), token_ids=ids, positions=positions, spec=spec)
+
+
+def peer_setup(n: int) -> tuple:
+    """``bench_peer.py``'s 24x2x64 -> 28x2x128 inputs at ``n`` tokens on one thread:
+    ``(src, tgt, side, mapping, keys, values)``."""
+    from bench_peer import Ours, cache_inputs, mapping_inputs, parse_geometry
+
+    torch.set_num_threads(1)
+    src, tgt = parse_geometry("24x2x64-28x2x128")
+    side = Ours(src, tgt)
+    return src, tgt, side, side.mapping(mapping_inputs(src, tgt)), *cache_inputs(src, n)
 
 
 def one_block(ks, big_pages: bool) -> list:
+    from kvbridge.fit.mapping import fresh
+
     shape = (len(ks),) + tuple(ks[0].shape)
     b = fresh(shape) if big_pages else torch.empty(shape)
     b.copy_(torch.stack(ks))
@@ -33,20 +54,13 @@ def one_block(ks, big_pages: bool) -> list:
 
 
 def main() -> None:
-    torch.set_num_threads(1)
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    src, tgt = parse_geometry("24x2x64-28x2x128")
-    side = Ours(src, tgt)
-    m = side.mapping(mapping_inputs(src, tgt))
-    keys, values = cache_inputs(src, n)
-    st = KVState(
-        keys=tuple(keys),
-        values=tuple(values),
-        token_ids=torch.zeros(1, n, dtype=torch.long),
-        positions=torch.arange(n)[None],
-        spec=side.spec_s,
-    ).strip_rope(dtype=torch.float32)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("tokens", nargs="?", type=int, default=8192)
+    ap.add_argument("rounds", nargs="?", type=int, default=3)
+    args = ap.parse_args()
+    n, rounds = args.tokens, args.rounds
+    _, _, side, m, keys, values = peer_setup(n)
+    st = state_of(keys, values, side.spec_s).strip_rope(dtype=torch.float32)
     sep = [[torch.empty_like(k).copy_(k) for k in ks] for ks in (keys, values)]
     huge = [one_block(ks, True) for ks in (keys, values)]
     small = [one_block(ks, False) for ks in (keys, values)]

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_map_inputs import state_of  # noqa: E402
 from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry  # noqa: E402
 
 
@@ -97,8 +98,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.threads == 1 else time.perf_counter
-    from kvbridge.kvstate import KVState
-
     src, tgt = parse_geometry("24x2x64-28x2x128")
     side = Ours(src, tgt)
     inputs = mapping_inputs(src, tgt)
@@ -114,13 +113,7 @@ def main() -> None:
         keys, values = cache_inputs(src, n)
         do_map, do_transfer = side.map_calls(inputs, keys, values)
         x, w, out = floor_operands(src, tgt, n)
-        state = KVState(
-            keys=tuple(keys),
-            values=tuple(values),
-            token_ids=torch.zeros(1, n, dtype=torch.long),
-            positions=torch.arange(n)[None],
-            spec=side.spec_s,
-        )
+        state = state_of(keys, values, side.spec_s)
         mapped = mapping.map_content(state.strip_rope(dtype=torch.float32), side.spec_t)
         r = alternate(
             {

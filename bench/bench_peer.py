@@ -201,18 +201,12 @@ class Ours:
         )
 
     def map_calls(self, inputs, keys, values):
-        from kvbridge.kvstate import KVState
+        from bench_map_inputs import state_of
+
         from kvbridge.transfer import transfer
 
         m = self.mapping(inputs)
-        t = keys[0].shape[2]
-        state = KVState(
-            keys=tuple(keys),
-            values=tuple(values),
-            token_ids=torch.zeros(1, t, dtype=torch.long),
-            positions=torch.arange(t)[None],
-            spec=self.spec_s,
-        )
+        state = state_of(keys, values, self.spec_s)
 
         def do_map():
             return m.map_tensors(keys, values)

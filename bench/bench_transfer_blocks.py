@@ -9,6 +9,7 @@ the floor.
     python bench/bench_transfer_blocks.py TOKENS [ROUNDS] [SIZES, default 512,1024,2048]
 """
 
+import argparse
 import statistics
 import sys
 import time
@@ -17,25 +18,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 
-from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry
+from bench_map_inputs import peer_setup, state_of
+from bench_peer import floor_operands
 from kvbridge import transfer as tm
-from kvbridge.kvstate import KVState
 
-torch.set_num_threads(1)
-n = int(sys.argv[1])
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-sizes = [int(s) for s in (sys.argv[3] if len(sys.argv) > 3 else "512,1024,2048").split(",")]
-src, tgt = parse_geometry("24x2x64-28x2x128")
-side = Ours(src, tgt)
-m = side.mapping(mapping_inputs(src, tgt))
-keys, values = cache_inputs(src, n)
-st = KVState(
-    keys=tuple(keys),
-    values=tuple(values),
-    token_ids=torch.zeros(1, n, dtype=torch.long),
-    positions=torch.arange(n)[None],
-    spec=side.spec_s,
-)
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("tokens", type=int)
+ap.add_argument("rounds", nargs="?", type=int, default=3)
+ap.add_argument("sizes", nargs="?", default="512,1024,2048")
+args = ap.parse_args()
+n, rounds, sizes = args.tokens, args.rounds, [int(s) for s in args.sizes.split(",")]
+src, tgt, side, m, keys, values = peer_setup(n)
+st = state_of(keys, values, side.spec_s)
 x, w, out = floor_operands(src, tgt, n)
 
 
