@@ -97,8 +97,6 @@ class SklearnFitter:
     Options = SklearnOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: SklearnOptions = SklearnOptions()):
-        top_k, estimator, estimator_options = options.top_k, options.estimator, options.estimator_options
-        max_samples, low_r2 = options.max_samples, options.low_r2
         import numpy as np
         from sklearn.base import clone
 
@@ -114,17 +112,16 @@ class SklearnFitter:
                 "the sklearn fitter materialises its sample in one process and cannot run distributed",
                 "run it as a single process, or use --fitter ridge under torchrun",
             )
-        path = estimator or DEFAULT_ESTIMATOR
-        est_options = (
-            DEFAULT_OPTIONS if (estimator is None and estimator_options is None) else (estimator_options or {})
-        )
+        path, est_options = options.estimator or DEFAULT_ESTIMATOR, options.estimator_options or {}
+        if options.estimator is None and options.estimator_options is None:
+            est_options = DEFAULT_OPTIONS
         proto, est_options = load_estimator(path, est_options)
         dims = dims_of(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
-        k = min(int(top_k), ls)
+        k = min(int(options.top_k), ls)
         fs = dims["src_heads"] * dims["src_dim"]
         ht, dt = dims["tgt_heads"], dims["tgt_dim"]
-        feats, held = calibration.sample(max_samples)
+        feats, held = calibration.sample(options.max_samples)
         train = ~held
         n_train, n_held = int(train.sum()), int(held.sum())
         check_determined(
@@ -171,12 +168,12 @@ class SklearnFitter:
                 "top_k": k,
                 "estimator": path,
                 "estimator_options": est_options,
-                "max_samples": max_samples,
-                "low_r2": low_r2,
+                "max_samples": options.max_samples,
+                "low_r2": options.low_r2,
             },
             layer_selection=[list(s) for s in selection],
             selection_scores=scores_record(scores),
-            **heldout_fields(r2k, r2v, low_r2, measured=bool(n_held)),
+            **heldout_fields(r2k, r2v, options.low_r2, measured=bool(n_held)),
             alpha_chosen=None,
             observations={"train": n_train, "heldout": n_held, "features_per_head": k * fs},
         )
