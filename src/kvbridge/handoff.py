@@ -3,7 +3,7 @@
 ``generate`` feeds ``input_ids[:, cache_len:]``; if the cache covered every id it would
 silently re-feed them. So the hand-off withholds the last prompt token (the target consumes
 it), checks that the cached token ids are a prefix of the prompt, and injects a fresh
-cache that never aliases the state's tensors. :func:`stop_ids_of` is where any continuation stops.
+cache that never aliases the state's tensors.
 """
 
 from __future__ import annotations
@@ -72,20 +72,3 @@ def generate_from(model, cache, ids, **generate_kwargs):
     if cache is not None:
         generate_kwargs.update(cache_kwargs(model, cache))
     return model.generate(input_ids=ids, **generate_kwargs)
-
-
-def stop_ids_of(tokenizer, model=None) -> tuple:
-    """The ids a continuation stops at (the harness's and ``steer``'s): the tokenizer's and ``model``'s
-    generation-config eos, and ``<|im_end|>``, ``<|eot_id|>``, ``<|endoftext|>`` where they exist."""
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    eos = [getattr(tokenizer, "eos_token_id", None), *(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])]
-    out = {i for i in eos if isinstance(i, int)}
-    unk = getattr(tokenizer, "unk_token_id", None)
-    for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
-        try:
-            i = tokenizer.convert_tokens_to_ids(name)
-        except Exception:  # noqa: BLE001 - tokenizers without the name
-            continue
-        if isinstance(i, int) and i >= 0 and i != unk:
-            out.add(i)
-    return tuple(sorted(out))

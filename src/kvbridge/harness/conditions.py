@@ -108,15 +108,13 @@ def parse_recompute_tokens(text: str | None) -> list[Recompute]:
 class Answerer:
     """Answers log-likelihood and generation requests under any condition (see the module docstring).
 
-    ``tokenizer`` is the pair's shared tokenizer (its end-of-turn ids,
-    :func:`kvbridge.handoff.stop_ids_of`, stop generation).
+    ``tokenizer`` is the pair's shared tokenizer (``eos`` ids stop generation).
     """
 
     MEMO = 4  # contexts whose caches are kept
 
     def __init__(self, source, target, mapping, tokenizer, *, recompute=(), frontier=(), sink=None, host=None):
         from kvbridge.evaluate.runner import Prefills
-        from kvbridge.handoff import stop_ids_of
         from kvbridge.plugins import get_host
         from kvbridge.recompute.frontier import DEFAULT_SINK
         from kvbridge.transfer import content_geometry as geometry
@@ -130,7 +128,10 @@ class Answerer:
         self.recompute = {r.name: r for r in recompute}
         self.frontier = frontier_points(frontier)  # shares and sink checked by HarnessSettings
         self.sink = DEFAULT_SINK if sink is None else int(sink)
-        self.eos_ids = set(stop_ids_of(tokenizer, target))
+        cfg = getattr(target, "generation_config", None)
+        eos = (getattr(tokenizer, "eos_token_id", None), getattr(cfg, "eos_token_id", None))
+        eos_lists = [[e] if isinstance(e, int) else e if isinstance(e, (list, tuple)) else () for e in eos]
+        self.eos_ids = {int(e) for ids in eos_lists for e in ids}
         self._memo: OrderedDict = OrderedDict()
         keys = ("source_prefill_s", "target_prefill_s", "transfer_s", "recompute_s", "frontier_s")
         self.timing = dict.fromkeys(keys, 0.0)  # seconds per shared prefill and per point kind

@@ -213,10 +213,9 @@ def evaluate(
     ``scorer`` and the ``extra_vectors`` loaded (``settings.vector`` / ``scorer`` / ``extra`` name
     them); the result is JSON-ready."""
     from kvbridge.evaluate.runner import run_items
-    from kvbridge.handoff import stop_ids_of
     from kvbridge.plugins import host_or_default
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
-    from kvbridge.steer.run import check_length, setup_for
+    from kvbridge.steer.run import check_length, setup_for, stop_ids_of
 
     host = host_or_default(host)
     extra = dict(extra_vectors or {})

@@ -86,12 +86,27 @@ def decode(tokenizer, tokens, stop_ids=()) -> str:
     return tokenizer.decode(toks[:cut], skip_special_tokens=True)
 
 
+def stop_ids_of(tokenizer, model=None) -> tuple:
+    """End-of-turn / end-of-text ids: the tokenizer's eos, ``<|im_end|>`` and ``<|eot_id|>`` where they exist."""
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = [getattr(tokenizer, "eos_token_id", None), *(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])]
+    out = {i for i in eos if isinstance(i, int)}
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        try:
+            i = tokenizer.convert_tokens_to_ids(name)
+        except Exception:  # noqa: BLE001 - tokenizers without the name
+            continue
+        if isinstance(i, int) and i >= 0 and i != unk:
+            out.add(i)
+    return tuple(sorted(out))
+
+
 def run_pair(model, tokenizer, base, steered, settings, host=None) -> dict:
     """The unsteered and steered continuation with the same seed, sampled as ``settings`` (a
     :class:`~kvbridge.steer.settings.SteerRunSettings`: ``max_new_tokens``, ``seed``, ``greedy``,
     ``temperature``, ``top_p``) say."""
     from kvbridge.divergence import kl
-    from kvbridge.handoff import stop_ids_of
     from kvbridge.prefix.diverge import Sampler
     from kvbridge.steer.sample import sample
 
@@ -111,4 +126,4 @@ def run_pair(model, tokenizer, base, steered, settings, host=None) -> dict:
     return out
 
 
-__all__ = ["prefix_state", "check_length", "setup_for", "side_by_side", "decode", "run_pair"]
+__all__ = ["prefix_state", "check_length", "setup_for", "side_by_side", "decode", "stop_ids_of", "run_pair"]
