@@ -105,9 +105,7 @@ def _layers_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     axis = partial(Axis, "layers", s.num_layers, t.num_layers)
     s_kv, s_skip = _kv_layers(s)
     t_kv, t_skip = _kv_layers(t)
-    note = ""
-    if s_skip or t_skip:
-        note = f" (KV layers: {s_kv} vs {t_kv}; layers without their own KV are skipped)"
+    note = f" (KV layers: {s_kv} vs {t_kv}; layers without their own KV are skipped)" if s_skip or t_skip else ""
     if s_kv == t_kv:
         return axis("same", f"layer i maps to layer i{note}")
     direction = "deeper" if t_kv > s_kv else "shallower"
@@ -381,10 +379,9 @@ def cache_format_of(spec: ModelSpec, config: Mapping | None = None, generation_c
         impl = impl or source.get("cache_implementation")
         cache_cfg = cache_cfg or source.get("cache_config")
     impl = str(impl or "dynamic")
-    if impl in ("quantized", "quanto", "hqq") or (isinstance(cache_cfg, Mapping) and cache_cfg.get("nbits")):
-        backend = cache_cfg.get("backend", "quanto") if isinstance(cache_cfg, Mapping) else "quanto"
-        nbits = cache_cfg.get("nbits", 4) if isinstance(cache_cfg, Mapping) else 4
-        return f"quantized ({backend}, {nbits}-bit)"
+    cache_cfg = cache_cfg if isinstance(cache_cfg, Mapping) else {}
+    if impl in ("quantized", "quanto", "hqq") or cache_cfg.get("nbits"):
+        return f"quantized ({cache_cfg.get('backend', 'quanto')}, {cache_cfg.get('nbits', 4)}-bit)"
     if impl == "dynamic" and spec.attention_kind != "full":
         return f"dynamic, sliding layers keep {_window(spec)}-1 tokens"
     return impl
@@ -408,7 +405,7 @@ def _cache_axis(sv: str, tv: str) -> Axis:
         )
     if tv.startswith("quantized"):
         parts.append("inject a full-precision DynamicCache; the target quantizes what it appends")
-    if tv.startswith("static") or tv == "static":
+    if tv.startswith("static"):
         parts.append(
             "a static target cache is zero-padded to its max length: inject into a DynamicCache"
             " or copy into the first tokens"
@@ -425,8 +422,7 @@ def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
     tv = t_tok.short() if t_tok is not None else "unknown"
     axis = partial(Axis, "tokenizer", sv, tv)
     if s_tok is not None and t_tok is not None:
-        verdict, action = compare(s_tok, t_tok)
-        return axis(verdict, action)
+        return axis(*compare(s_tok, t_tok))
     if same_model:
         return axis("same", "same model reference: same tokenizer")
     missing = "both sides" if s_tok is None and t_tok is None else ("source" if s_tok is None else "target")

@@ -151,10 +151,7 @@ def names_of(resolved) -> set[str]:
     """The names a resolved reference answers to (lower case): as typed, its name, its GGUF file's
     name, its folder's name."""
     names = {getattr(resolved, "ref", ""), getattr(resolved, "name", "")}
-    for attr in ("gguf_file", "folder"):
-        value = getattr(resolved, attr, None)
-        if value:
-            names.add(Path(value).name)
+    names |= {Path(value).name for attr in ("gguf_file", "folder") if (value := getattr(resolved, attr, None))}
     return {n.strip().lower() for n in names if n and n.strip()}
 
 

@@ -174,10 +174,6 @@ def _token_content(value: Any) -> str | None:
     return str(value)
 
 
-def _merges_from_list(merges: Iterable) -> list[str]:
-    return [" ".join(str(x) for x in m) if isinstance(m, (list, tuple)) else str(m) for m in merges]
-
-
 def _merges_txt(path: Path) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
@@ -283,10 +279,7 @@ def find_tokenizer_files(folder: Path) -> tuple[Path, ...]:
     """The tokenizer files present in ``folder`` (empty when it has none that define a vocabulary)."""
     folder = Path(folder)
     found = tuple(folder / n for n in TOKENIZER_FILES if (folder / n).is_file())
-    names = {p.name for p in found}
-    if not ({"tokenizer.json", "tokenizer.model", "vocab.json"} & names):
-        return ()
-    return found
+    return found if {"tokenizer.json", "tokenizer.model", "vocab.json"} & {p.name for p in found} else ()
 
 
 def cached(key: Callable[[], str], compute: Callable[[], "TokenizerFingerprint"], *, cache: bool = True):
@@ -352,8 +345,9 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
             base = {i: str(p[0]) for i, p in enumerate(vocab)}
             rules, rules_format = [float(p[1]) for p in vocab], "unigram-scores"
-        if "merges" in model:
-            rules, rules_format = _merges_from_list(model.get("merges") or []), "merges"
+        if "merges" in model:  # "a b" strings, or [a, b] pairs
+            rules = [" ".join(map(str, m)) if isinstance(m, (list, tuple)) else str(m) for m in model["merges"] or []]
+            rules_format = "merges"
         for tok in data.get("added_tokens") or []:
             added[int(tok["id"])] = str(tok["content"])
         used.append("tokenizer.json")
