@@ -242,9 +242,7 @@ class ModelSpec:
 
     def positional_of(self, layer: int) -> str:
         """The positional scheme of one layer's cached keys ("none" for NoPE layers)."""
-        if self.positional == "rope" and layer in self.nope_layers:
-            return "none"
-        return self.positional
+        return "none" if self.positional == "rope" and layer in self.nope_layers else self.positional
 
     def rope_for_layer(self, layer: int) -> RopeSpec | None:
         """The RoPE table used by ``layer`` (per-layer-type tables take precedence; None for NoPE layers)."""
@@ -353,8 +351,7 @@ class ModelSpec:
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the geometry (dtype excluded: it is checked apart)."""
-        data = self.to_dict()
-        data.pop("dtype", None)
+        data = {k: v for k, v in self.to_dict().items() if k != "dtype"}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -36,9 +36,7 @@ def _own_cache(model):
     from kvbridge.builtin.families._generic_facts import OWN_CACHE
 
     entry = OWN_CACHE.get(getattr(model.config.get_text_config(decoder=True), "model_type", None))
-    if entry is None:
-        return None
-    return getattr(sys.modules[type(model).__module__], entry[0]), entry[1]
+    return None if entry is None else (getattr(sys.modules[type(model).__module__], entry[0]), entry[1])
 
 
 def reference_cache(model):
