@@ -125,11 +125,9 @@ _FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".pt", ".pth", ".mod
 
 def _frames(exc: BaseException):
     """Frames of ``exc``'s traceback, innermost first."""
-    tb, out = exc.__traceback__, []
-    while tb is not None:
-        out.append(tb.tb_frame)
-        tb = tb.tb_next
-    return reversed(out)
+    import traceback
+
+    return reversed([frame for frame, _line in traceback.walk_tb(exc.__traceback__)])
 
 
 def _file_in_traceback(exc: BaseException) -> str | None:

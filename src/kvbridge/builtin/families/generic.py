@@ -273,13 +273,8 @@ class GenericAdapter(FamilyAdapter):
         )
 
     # -- model side -------------------------------------------------------------------------
-    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
-        import torch
-        from kvbridge.models.hf_loader import model_from_config
-
-        torch.manual_seed(seed)
-        obj, _ = hf_configs(config)
-        return model_from_config(obj, dtype=getattr(torch, dtype)).eval()
+    def hf_config(self, config: Mapping):
+        return hf_configs(config)[0]
 
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
         from kvbridge.builtin.families import hf_cache
