@@ -13,18 +13,7 @@ from typing import Any, Mapping
 
 from kvbridge.spec import ModelSpec
 
-AXES = (
-    "model",
-    "layers",
-    "kv_heads",
-    "head_dim",
-    "positional",
-    "rope",
-    "attention",
-    "dtype",
-    "cache_format",
-    "tokenizer",
-)
+AXES = tuple("model layers kv_heads head_dim positional rope attention dtype cache_format tokenizer".split())
 AXIS_VERDICTS = ("same", "mappable", "blocking")
 VERDICTS = ("identity", "rope-reapply", "mappable", "incompatible")
 #: axes whose "mappable" verdict means a fitted mapping
