@@ -171,6 +171,10 @@ def _token_content(value: Any) -> str | None:
     return str(value)
 
 
+def _merges_from_list(merges: Iterable) -> list[str]:
+    return [" ".join(str(x) for x in m) if isinstance(m, (list, tuple)) else str(m) for m in merges]
+
+
 def _merges_txt(path: Path) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
@@ -342,9 +346,8 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
             base = {i: str(p[0]) for i, p in enumerate(vocab)}
             rules, rules_format = [float(p[1]) for p in vocab], "unigram-scores"
-        if "merges" in model:  # "a b" strings, or [a, b] pairs
-            rules = [" ".join(map(str, m)) if isinstance(m, (list, tuple)) else str(m) for m in model["merges"] or []]
-            rules_format = "merges"
+        if "merges" in model:
+            rules, rules_format = _merges_from_list(model.get("merges") or []), "merges"
         for tok in data.get("added_tokens") or []:
             added[int(tok["id"])] = str(tok["content"])
         used.append("tokenizer.json")
