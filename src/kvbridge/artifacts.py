@@ -211,10 +211,9 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     folder kvbridge wrote with the same ``kind``."""
     out = Path(out)
     if out.is_symlink():
-        target = os.readlink(out)
-        state = "" if out.exists() else "dangling "
         raise ArtifactError(
-            f"{out} is a {state}symbolic link (to {target}); kvbridge never writes through links",
+            f"{out} is a {'' if out.exists() else 'dangling '}symbolic link (to {os.readlink(out)}); "
+            "kvbridge never writes through links",
             "remove the link or choose another output path",
         )
     if not out.exists():

@@ -97,9 +97,7 @@ class PluginRecord:
 
 def _env_list(name: str) -> list[str] | None:
     raw = os.environ.get(name)
-    if raw is None:
-        return None
-    return [x.strip() for x in raw.split(",") if x.strip()]
+    return None if raw is None else [x.strip() for x in raw.split(",") if x.strip()]
 
 
 def _plugin_hook_names(plugin: Any) -> list[str]:

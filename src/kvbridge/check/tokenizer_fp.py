@@ -163,12 +163,9 @@ def _load_json(path: Path, object_only: bool = False) -> Any:
 
 def _token_content(value: Any) -> str | None:
     """A special token as written in tokenizer_config / special_tokens_map (str or AddedToken dict)."""
-    if value is None:
-        return None
     if isinstance(value, Mapping):
-        content = value.get("content")
-        return None if content is None else str(content)
-    return str(value)
+        value = value.get("content")
+    return None if value is None else str(value)
 
 
 def _merges_from_list(merges: Iterable) -> list[str]:
