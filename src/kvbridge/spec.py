@@ -92,16 +92,8 @@ class RopeSpec:
         return self if self.variant is not None else replace(self, variant=lookup(self.rope_type))
 
     def to_dict(self) -> dict:
-        return {
-            "type": self.rope_type,
-            "theta": self.theta,
-            "head_dim": self.head_dim,
-            "partial_factor": self.partial_factor,
-            "rotary_dim": self.rotary_dim,
-            "interleaved": self.interleaved,
-            "max_position_embeddings": self.max_position_embeddings,
-            "scaling": self.params,
-        }
+        names = "theta head_dim partial_factor rotary_dim interleaved max_position_embeddings".split()
+        return {"type": self.rope_type, **{k: getattr(self, k) for k in names}, "scaling": self.params}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "RopeSpec":
@@ -284,23 +276,14 @@ class ModelSpec:
 
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict:
+        head = "model_type family num_layers num_attention_heads num_kv_heads head_dim hidden_size positional"
         out = {
-            "model_type": self.model_type,
-            "family": self.family,
-            "num_layers": self.num_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_size": self.hidden_size,
-            "positional": self.positional,
+            **{k: getattr(self, k) for k in head.split()},
             "rope": self.rope.to_dict() if self.rope else None,
             "rope_by_layer_type": {k: v.to_dict() for k, v in self.rope_by_layer_type},
             "sliding_window": self.sliding_window,
             "layer_types": list(self.layer_types),
-            "qk_norm": self.qk_norm,
-            "dtype": self.dtype,
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
+            **{k: getattr(self, k) for k in ("qk_norm", "dtype", "vocab_size", "max_position_embeddings")},
             "extras": {k: _thaw(v) if isinstance(v, tuple) else v for k, v in self.extras},
         }
         for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
@@ -319,10 +302,7 @@ class ModelSpec:
         return cls(
             model_type=data["model_type"],
             family=data.get("family", ""),
-            num_layers=int(data["num_layers"]),
-            num_attention_heads=int(data["num_attention_heads"]),
-            num_kv_heads=int(data["num_kv_heads"]),
-            head_dim=int(data["head_dim"]),
+            **{k: int(data[k]) for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim")},
             hidden_size=int(data.get("hidden_size", 0)),
             positional=data.get("positional", "rope"),
             rope=RopeSpec.from_dict(rope) if rope else None,

@@ -394,10 +394,6 @@ SPEC_ARCH_FIELDS = tuple(
 )
 
 
-def _spec_arch(spec: ModelSpec) -> tuple:
-    return tuple(getattr(spec, name) for name in SPEC_ARCH_FIELDS)
-
-
 def _model_axis(
     s: ModelSpec,
     t: ModelSpec,
@@ -413,10 +409,11 @@ def _model_axis(
     axis = partial(Axis, "model", sv, tv)
     if same_ref:
         return axis("same", "same model: its cache is the target's own cache")
+    arch_diff = [name for name in SPEC_ARCH_FIELDS if getattr(s, name) != getattr(t, name)]
     if s_cfg is not None and t_cfg is not None:
         if (
             _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg)
-            and _spec_arch(s) == _spec_arch(t)
+            and not arch_diff
             and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}
         ):
             if s_weights and t_weights and s_weights == t_weights:
@@ -433,15 +430,15 @@ def _model_axis(
                 "same config (weights are not compared: a fine-tune with this config reuses the"
                 " cache directly, with quality measured rather than guaranteed)",
             )
-        if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and _spec_arch(s) == _spec_arch(t):
+        if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and not arch_diff:
             return axis("same", "same architecture; only position / window settings differ (see rope, attention)")
         diff = sorted(k for k in _arch_config(s_cfg, True, t_cfg) if s_cfg.get(k) != t_cfg.get(k))
-        diff += [n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b and n not in diff]
+        diff += [n for n in arch_diff if n not in diff]
         shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
     else:
-        if _spec_arch(s) == _spec_arch(t):
+        if not arch_diff:
             return axis("same", "same KV geometry and architecture fields (configs not compared)")
-        shown = ", ".join(n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b)
+        shown = ", ".join(arch_diff)
     cross = " across families" if s.model_type != t.model_type else ""
     return axis(
         "mappable",

@@ -88,14 +88,10 @@ class TokenizerFingerprint:
     @classmethod
     def from_dict(cls, data: Mapping) -> "TokenizerFingerprint":
         fp = cls(
-            kind=str(data.get("kind", "")),
             base=str(data["base"]),
             vocab=str(data["vocab"]),
-            rules=str(data.get("rules", "")),
-            rules_format=str(data.get("rules_format", "")),
-            special=str(data.get("special", "")),
-            vocab_size=int(data.get("vocab_size", 0)),
-            num_added=int(data.get("num_added", 0)),
+            **{k: str(data.get(k, "")) for k in ("kind", "rules", "rules_format", "special")},
+            **{k: int(data.get(k, 0)) for k in ("vocab_size", "num_added")},
             special_tokens=tuple(sorted((str(k), str(v)) for k, v in (data.get("special_tokens") or {}).items())),
             files=tuple(data.get("files") or ()),
         )

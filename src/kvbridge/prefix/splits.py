@@ -117,11 +117,7 @@ class Split:
             "ghost_len": len(self.ghost),
             "live_len": len(self.live),
             "total_len": len(self.ids),
-            "matches_joint": self.matches_joint,
-            "first_difference": self.first_difference,
-            "boundary": self.boundary,
-            "backed_up_chars": self.backed_up_chars,
-            "note": self.note,
+            **{k: getattr(self, k) for k in "matches_joint first_difference boundary backed_up_chars note".split()},
         }
 
 
@@ -173,11 +169,7 @@ class SplitReport:
         none = {"kind": "safe", "ghost": [], "live": [], "matches_joint": False}
         safe = {**(self.safe.to_dict() if self.safe else none), "found": self.safe is not None}
         return {
-            "tokenizer": self.tokenizer,
-            "guide": self.guide,
-            "live": self.live,
-            "sep": self.sep,
-            "append_point": self.append_point,
+            **{k: getattr(self, k) for k in ("tokenizer", "guide", "live", "sep", "append_point")},
             "joint": list(self.joint),
             "joint_len": len(self.joint),
             "special_prefix": list(self.special_prefix),
