@@ -232,9 +232,7 @@ def _window(spec: ModelSpec) -> int | None:
     """Tokens a windowed layer's cache keeps: the sliding window, or the chunk of chunked layers
     (transformers caches both in a sliding layer of that size)."""
     kinds = set(spec.layer_types or ())
-    if SLIDING in kinds:
-        return spec.sliding_window
-    return spec.attention_chunk_size if CHUNKED in kinds else None
+    return spec.sliding_window if SLIDING in kinds else spec.attention_chunk_size if CHUNKED in kinds else None
 
 
 def _attention_value(spec: ModelSpec) -> str:

@@ -116,10 +116,8 @@ def validate_record(record: Any, path) -> Measured:
     return Measured(
         source=label("source"),
         target=label("target"),
-        verdict=record["verdict"],
-        summary=record["summary"],
+        **{k: record[k] for k in ("verdict", "summary", "results")},
         measurements=tuple(out),
-        results=record["results"],
         path=str(path),
         notes=str(record.get("notes") or ""),
     )

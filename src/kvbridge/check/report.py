@@ -85,9 +85,7 @@ class Report:
 
     def exit_code(self, strict: bool = False) -> int:
         """0 when a transfer is possible, 1 when incompatible (or any strict failure)."""
-        if not self.ok:
-            return 1
-        return 1 if strict and self.strict_failures() else 0
+        return 1 if not self.ok or (strict and self.strict_failures()) else 0
 
     def to_dict(self) -> dict:
         return {

@@ -235,9 +235,9 @@ def spec_geometry(spec) -> dict:
     """
     kind = spec.attention_kind
     out = {
-        k: getattr(spec, k) for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size")
+        k: getattr(spec, k)
+        for k in "num_layers num_attention_heads num_kv_heads head_dim hidden_size positional".split()
     }
-    out["positional"] = spec.positional
     out["rope"] = _rope_geometry(spec.rope) if spec.positional == "rope" and spec.rope is not None else None
     out["sliding_window"] = spec.sliding_window if kind != "full" else None
     out["attention"] = kind

@@ -147,13 +147,9 @@ class GGUFInfo:
         """What ``describe`` shows about the file itself."""
         return {
             "file": self.path,
-            "version": self.version,
-            "size": self.size,
-            "architecture": self.architecture,
-            "quantization": self.quantization,
+            **{k: getattr(self, k) for k in ("version", "size", "architecture", "quantization")},
             "file_type": self.stated_type,
-            "params": self.params,
-            "tensor_types": self.tensor_types,
+            **{k: getattr(self, k) for k in ("params", "tensor_types")},
             "tensors": len(self.tensors),
             "tied_embeddings": self.tied_embeddings,
             "chat_template": self.chat_template is not None,
