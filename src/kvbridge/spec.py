@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 POSITIONAL_KINDS = ("rope", "absolute", "alibi", "none")
@@ -25,9 +25,6 @@ LINEAR = "linear_attention"  # recurrent state (gated delta net, Mamba in a hybr
 CONV = "conv"  # short convolution state (LFM2)
 SHARED = "shared_kv"  # reuses an earlier layer's KV (Gemma 3n, Gemma 4)
 NO_ATTENTION = "no_attention"  # MLP / MoE-only layer
-#: layer kinds whose K/V the cache holds per token
-KV_LAYER_KINDS = (FULL, SLIDING, CHUNKED)
-LAYER_KINDS = (FULL, SLIDING, CHUNKED, LINEAR, CONV, SHARED, NO_ATTENTION)
 #: cache formats (ModelSpec.cache_format)
 CACHE_FORMATS = ("kv", "mla", "hybrid")
 
@@ -367,9 +364,5 @@ __all__ = [
     "CONV",
     "SHARED",
     "NO_ATTENTION",
-    "KV_LAYER_KINDS",
-    "LAYER_KINDS",
     "CACHE_FORMATS",
-    "asdict",
-    "field",
 ]
