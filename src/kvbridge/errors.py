@@ -100,8 +100,7 @@ def _os_error(exc: OSError) -> KVBridgeError:
         return KVBridgeError(f"{where}no such file or folder", "check the path")
     if code == errno.ELOOP:
         return KVBridgeError(f"{where}too many levels of symbolic links", "fix the symbolic link loop")
-    text = exc.strerror or str(exc)
-    return KVBridgeError(f"{where}{text}", "check the path and the disk")
+    return KVBridgeError(f"{where}{exc.strerror or exc}", "check the path and the disk")
 
 
 def _size_mismatch(text: str) -> str | None:

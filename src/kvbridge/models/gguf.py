@@ -175,8 +175,7 @@ class _Reader:
 
     def scalar(self, vtype: int):
         fmt = _SCALAR[vtype]
-        start = self.take(struct.calcsize(fmt))
-        return struct.unpack_from(fmt, self.buf, start)[0]
+        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
         n = self.scalar(UINT64)
@@ -295,8 +294,7 @@ def _parse(path: Path, buf, size: int, decode: tuple = ()) -> GGUFInfo:
 
 def unsupported_types(info: GGUFInfo) -> list[str]:
     """ggml types in ``info`` that transformers cannot dequantize."""
-    loadable = {name for name, ok in GGML_TYPES.values() if ok}
-    return sorted({t.type for t in info.tensors} - loadable)
+    return sorted({t.type for t in info.tensors} - {name for name, ok in GGML_TYPES.values() if ok})
 
 
 # -- config -----------------------------------------------------------------------------------------------

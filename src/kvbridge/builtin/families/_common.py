@@ -335,8 +335,7 @@ class DecoderAdapter(FamilyAdapter):
 
     def _max_positions(self, cfg: Mapping) -> int:
         key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])
-        value = get(cfg, key, self.DEFAULT_MAX_POSITIONS)
-        return check_positive_int(value, key, cfg.get("model_type"))
+        return check_positive_int(get(cfg, key, self.DEFAULT_MAX_POSITIONS), key, cfg.get("model_type"))
 
     def _positional(self, cfg: Mapping) -> str:
         return self.POSITIONAL

@@ -182,8 +182,7 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
     if sliding and model_type in SWA_KV_MULTIPLIER:
-        base = _layer_attr(layer_cfg, "num_key_value_heads", None) or heads
-        return int(base) * SWA_KV_MULTIPLIER[model_type]
+        return int(_layer_attr(layer_cfg, "num_key_value_heads", None) or heads) * SWA_KV_MULTIPLIER[model_type]
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
         return 1
     if _layer_attr(layer_cfg, "multi_query", False):
