@@ -399,10 +399,7 @@ def write_artifact(
             digest = save_safetensors(tensors, tmp / tensor_file, finite=True)
         except NonFiniteError as exc:  # the temp folder goes with the exception: nothing is written
             raise ArtifactError(f"{exc.what}; refusing to write {out}", exc.fix) from None
-        full = dict(manifest)
-        full.setdefault("kvbridge_version", __version__)
-        full["tensor_file"] = tensor_file
-        full["tensor_sha256"] = digest
+        full = {"kvbridge_version": __version__, **manifest, "tensor_file": tensor_file, "tensor_sha256": digest}
         full["tensors"] = {
             k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for k, v in tensors.items()
         }

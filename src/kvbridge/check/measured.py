@@ -56,15 +56,11 @@ class Measured:
         """The record as text: the verdict, one line per measurement (transfer vs the source alone),
         each with the command that produced it."""
 
-        def wrap(text: str, first: str, rest: str) -> list[str]:  # paths and flags are never cut
-            return textwrap.wrap(
-                text,
-                width=width,
-                initial_indent=first,
-                subsequent_indent=rest,
-                break_on_hyphens=False,
-                break_long_words=False,
-            )
+        wrapper = textwrap.TextWrapper(width, break_on_hyphens=False, break_long_words=False)  # paths, flags kept whole
+
+        def wrap(text: str, first: str, rest: str) -> list[str]:
+            wrapper.initial_indent, wrapper.subsequent_indent = first, rest
+            return wrapper.wrap(text)
 
         out = [f"measured by kvbridge on this pair: {self.verdict} ({self.source} -> {self.target})"]
         out += wrap(self.summary, "  ", "  ")
