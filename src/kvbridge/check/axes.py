@@ -284,9 +284,7 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
         parts.append("layer types differ: pair sliding with sliding and full with full layers where possible")
     if _kv_layers(s)[1] != _kv_layers(t)[1]:
         parts.append("layers without KV differ: map onto the target's KV layers only")
-    if not parts:
-        parts.append("attention layouts differ")
-    return axis("mappable", "; ".join(parts))
+    return axis("mappable", "; ".join(parts or ["attention layouts differ"]))
 
 
 def _indexer_axis(s: ModelSpec, t: ModelSpec, same_model: bool) -> Axis:
