@@ -64,22 +64,12 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 #: the torch dtypes written directly with their safetensors names, in the format's own order (its enum:
 #: a file lists its tensors by this rank descending, then by name)
-_ST_ORDER = (
-    ("bool", "BOOL"),
-    ("uint8", "U8"),
-    ("int8", "I8"),
-    ("float8_e5m2", "F8_E5M2"),
-    ("float8_e4m3fn", "F8_E4M3"),
-    ("int16", "I16"),
-    ("uint16", "U16"),
-    ("float16", "F16"),
-    ("bfloat16", "BF16"),
-    ("int32", "I32"),
-    ("uint32", "U32"),
-    ("float32", "F32"),
-    ("float64", "F64"),
-    ("int64", "I64"),
-    ("uint64", "U64"),
+_ST_ORDER = tuple(
+    tuple(pair.split(":"))
+    for pair in """
+    bool:BOOL uint8:U8 int8:I8 float8_e5m2:F8_E5M2 float8_e4m3fn:F8_E4M3 int16:I16 uint16:U16 float16:F16 bfloat16:BF16
+    int32:I32 uint32:U32 float32:F32 float64:F64 int64:I64 uint64:U64
+    """.split()
 )
 _ST_DTYPES = dict(_ST_ORDER)
 _ST_RANK = {name: i for i, (_, name) in enumerate(_ST_ORDER)}
@@ -221,10 +211,9 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     folder kvbridge wrote with the same ``kind``."""
     out = Path(out)
     if out.is_symlink():
-        target = os.readlink(out)
-        state = "" if out.exists() else "dangling "
         raise ArtifactError(
-            f"{out} is a {state}symbolic link (to {target}); kvbridge never writes through links",
+            f"{out} is a {'' if out.exists() else 'dangling '}symbolic link (to {os.readlink(out)}); "
+            "kvbridge never writes through links",
             "remove the link or choose another output path",
         )
     if not out.exists():
@@ -410,10 +399,7 @@ def write_artifact(
             digest = save_safetensors(tensors, tmp / tensor_file, finite=True)
         except NonFiniteError as exc:  # the temp folder goes with the exception: nothing is written
             raise ArtifactError(f"{exc.what}; refusing to write {out}", exc.fix) from None
-        full = dict(manifest)
-        full.setdefault("kvbridge_version", __version__)
-        full["tensor_file"] = tensor_file
-        full["tensor_sha256"] = digest
+        full = {"kvbridge_version": __version__, **manifest, "tensor_file": tensor_file, "tensor_sha256": digest}
         full["tensors"] = {
             k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)} for k, v in tensors.items()
         }

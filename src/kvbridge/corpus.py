@@ -205,10 +205,7 @@ class Corpus:
     def record(self, split: Split | None = None) -> dict:
         """What ``fit`` writes into the mapping (``calibration.corpus``)."""
         rec = {
-            "path": self.path,
-            "kind": self.kind,
-            "sha256": self.sha256,
-            "sha256_of": self.sha256_of,
+            **{k: getattr(self, k) for k in ("path", "kind", "sha256", "sha256_of")},
             "files_count": len(self.files),
             "bytes": sum(f.bytes for f in self.files),
         }

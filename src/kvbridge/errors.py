@@ -100,8 +100,7 @@ def _os_error(exc: OSError) -> KVBridgeError:
         return KVBridgeError(f"{where}no such file or folder", "check the path")
     if code == errno.ELOOP:
         return KVBridgeError(f"{where}too many levels of symbolic links", "fix the symbolic link loop")
-    text = exc.strerror or str(exc)
-    return KVBridgeError(f"{where}{text}", "check the path and the disk")
+    return KVBridgeError(f"{where}{exc.strerror or exc}", "check the path and the disk")
 
 
 def _size_mismatch(text: str) -> str | None:
@@ -125,11 +124,9 @@ _FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".pt", ".pth", ".mod
 
 def _frames(exc: BaseException):
     """Frames of ``exc``'s traceback, innermost first."""
-    tb, out = exc.__traceback__, []
-    while tb is not None:
-        out.append(tb.tb_frame)
-        tb = tb.tb_next
-    return reversed(out)
+    import traceback
+
+    return reversed([frame for frame, _line in traceback.walk_tb(exc.__traceback__)])
 
 
 def _file_in_traceback(exc: BaseException) -> str | None:

@@ -108,8 +108,7 @@ class FamilyAdapter:
         from kvbridge.models.hf_loader import config_for_model
 
         data = dict(config)
-        model_type = data.pop("model_type")
-        return config_for_model(model_type, **data)
+        return config_for_model(data.pop("model_type"), **data)
 
     def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
         """A randomly initialised model of this family (tests; no download)."""
@@ -128,8 +127,7 @@ class FamilyAdapter:
 
     def rotary_embedding(self, model, layer: int = 0):
         """The model's rotary module (for tests against its own tables)."""
-        base = getattr(model, model.base_model_prefix, model)
-        return getattr(base, "rotary_emb", None)
+        return getattr(getattr(model, model.base_model_prefix, model), "rotary_emb", None)
 
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None) -> "KVState":
         """Prefill ``input_ids`` once and return the cache as a KVState (full history kept)."""

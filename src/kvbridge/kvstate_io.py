@@ -27,13 +27,9 @@ def state_tensors(state: KVState) -> dict:
 def state_manifest(state: KVState) -> dict:
     return {
         "spec": state.spec.to_dict(),
-        "num_layers": state.num_layers,
-        "num_tokens": state.num_tokens,
-        "batch_size": state.batch_size,
+        **{k: getattr(state, k) for k in ("num_layers", "num_tokens", "batch_size")},
         "dtype": str(state.dtype).removeprefix("torch."),
-        "rope_applied": state.rope_applied,
-        "approximate": state.approximate,
-        "model_fingerprint": state.model_fingerprint,
+        **{k: getattr(state, k) for k in ("rope_applied", "approximate", "model_fingerprint")},
     }
 
 

@@ -37,9 +37,7 @@ def models_home() -> Path:
 
 def cache_file(name: str) -> Path | None:
     """``$KVBRIDGE_HOME/<name>``, or None when ``KVBRIDGE_NO_CACHE`` is set."""
-    if os.environ.get("KVBRIDGE_NO_CACHE"):
-        return None
-    return kvbridge_home() / name
+    return None if os.environ.get("KVBRIDGE_NO_CACHE") else kvbridge_home() / name
 
 
 def cache_read(path: Path | None) -> dict:

@@ -59,20 +59,12 @@ from kvbridge.plugin_types import (
 )
 
 ENTRY_POINT_GROUP = "kvbridge"
-BUILTIN_PLUGINS = (
-    "kvbridge.builtin.families",
-    "kvbridge.builtin.family_fallback",
-    "kvbridge.builtin.model_sources",
-    "kvbridge.builtin.manifests",
-    "kvbridge.builtin.rope_variants",
-    "kvbridge.builtin.identity",
-    "kvbridge.builtin.compat_checks",
-    "kvbridge.builtin.fitters",
-    "kvbridge.builtin.metrics",
-    "kvbridge.builtin.engines",
-    "kvbridge.builtin.steering",
-    "kvbridge.builtin.tasks",
-    "kvbridge.builtin.commands",
+BUILTIN_PLUGINS = tuple(
+    f"kvbridge.builtin.{name}"
+    for name in """
+    families family_fallback model_sources manifests rope_variants identity compat_checks fitters metrics engines
+    steering tasks commands
+    """.split()
 )
 #: plugin kind -> (what a user calls one, the hook that registers it); :meth:`Host.get` looks them up
 KINDS = {kind: row[:2] for kind, row in KIND_TABLE.items()}
@@ -105,9 +97,7 @@ class PluginRecord:
 
 def _env_list(name: str) -> list[str] | None:
     raw = os.environ.get(name)
-    if raw is None:
-        return None
-    return [x.strip() for x in raw.split(",") if x.strip()]
+    return None if raw is None else [x.strip() for x in raw.split(",") if x.strip()]
 
 
 def _plugin_hook_names(plugin: Any) -> list[str]:

@@ -331,8 +331,7 @@ def _check_keys(k: "Tensor", rope: RopeSpec, positions) -> None:
             "use the RoPE spec of the model that produced (or will read) these keys",
         )
     shape = tuple(torch.as_tensor(positions).shape)
-    t = shape[-1]
-    if t != k.shape[2] or (len(shape) == 2 and shape[0] not in (1, k.shape[0])):
+    if shape[-1] != k.shape[2] or (len(shape) == 2 and shape[0] not in (1, k.shape[0])):
         raise RopeError(
             f"positions shape {shape} does not fit keys of shape {tuple(k.shape)}",
             "give one position per cached token ([batch, tokens])",

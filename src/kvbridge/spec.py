@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 POSITIONAL_KINDS = ("rope", "absolute", "alibi", "none")
@@ -25,9 +25,6 @@ LINEAR = "linear_attention"  # recurrent state (gated delta net, Mamba in a hybr
 CONV = "conv"  # short convolution state (LFM2)
 SHARED = "shared_kv"  # reuses an earlier layer's KV (Gemma 3n, Gemma 4)
 NO_ATTENTION = "no_attention"  # MLP / MoE-only layer
-#: layer kinds whose K/V the cache holds per token
-KV_LAYER_KINDS = (FULL, SLIDING, CHUNKED)
-LAYER_KINDS = (FULL, SLIDING, CHUNKED, LINEAR, CONV, SHARED, NO_ATTENTION)
 #: cache formats (ModelSpec.cache_format)
 CACHE_FORMATS = ("kv", "mla", "hybrid")
 
@@ -92,16 +89,8 @@ class RopeSpec:
         return self if self.variant is not None else replace(self, variant=lookup(self.rope_type))
 
     def to_dict(self) -> dict:
-        return {
-            "type": self.rope_type,
-            "theta": self.theta,
-            "head_dim": self.head_dim,
-            "partial_factor": self.partial_factor,
-            "rotary_dim": self.rotary_dim,
-            "interleaved": self.interleaved,
-            "max_position_embeddings": self.max_position_embeddings,
-            "scaling": self.params,
-        }
+        names = "theta head_dim partial_factor rotary_dim interleaved max_position_embeddings".split()
+        return {"type": self.rope_type, **{k: getattr(self, k) for k in names}, "scaling": self.params}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "RopeSpec":
@@ -242,9 +231,7 @@ class ModelSpec:
 
     def positional_of(self, layer: int) -> str:
         """The positional scheme of one layer's cached keys ("none" for NoPE layers)."""
-        if self.positional == "rope" and layer in self.nope_layers:
-            return "none"
-        return self.positional
+        return "none" if self.positional == "rope" and layer in self.nope_layers else self.positional
 
     def rope_for_layer(self, layer: int) -> RopeSpec | None:
         """The RoPE table used by ``layer`` (per-layer-type tables take precedence; None for NoPE layers)."""
@@ -286,23 +273,14 @@ class ModelSpec:
 
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict:
+        head = "model_type family num_layers num_attention_heads num_kv_heads head_dim hidden_size positional"
         out = {
-            "model_type": self.model_type,
-            "family": self.family,
-            "num_layers": self.num_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "hidden_size": self.hidden_size,
-            "positional": self.positional,
+            **{k: getattr(self, k) for k in head.split()},
             "rope": self.rope.to_dict() if self.rope else None,
             "rope_by_layer_type": {k: v.to_dict() for k, v in self.rope_by_layer_type},
             "sliding_window": self.sliding_window,
             "layer_types": list(self.layer_types),
-            "qk_norm": self.qk_norm,
-            "dtype": self.dtype,
-            "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_position_embeddings,
+            **{k: getattr(self, k) for k in ("qk_norm", "dtype", "vocab_size", "max_position_embeddings")},
             "extras": {k: _thaw(v) if isinstance(v, tuple) else v for k, v in self.extras},
         }
         for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
@@ -321,10 +299,7 @@ class ModelSpec:
         return cls(
             model_type=data["model_type"],
             family=data.get("family", ""),
-            num_layers=int(data["num_layers"]),
-            num_attention_heads=int(data["num_attention_heads"]),
-            num_kv_heads=int(data["num_kv_heads"]),
-            head_dim=int(data["head_dim"]),
+            **{k: int(data[k]) for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim")},
             hidden_size=int(data.get("hidden_size", 0)),
             positional=data.get("positional", "rope"),
             rope=RopeSpec.from_dict(rope) if rope else None,
@@ -353,8 +328,7 @@ class ModelSpec:
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the geometry (dtype excluded: it is checked apart)."""
-        data = self.to_dict()
-        data.pop("dtype", None)
+        data = {k: v for k, v in self.to_dict().items() if k != "dtype"}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -390,9 +364,5 @@ __all__ = [
     "CONV",
     "SHARED",
     "NO_ATTENTION",
-    "KV_LAYER_KINDS",
-    "LAYER_KINDS",
     "CACHE_FORMATS",
-    "asdict",
-    "field",
 ]

@@ -66,12 +66,6 @@ def mcnemar_p(b: int, c: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def _indices(n: int, reps: int, seed: int):
-    import numpy as np
-
-    return np.random.default_rng(seed).integers(0, n, size=(reps, n))
-
-
 def _pct(values) -> list | None:
     import numpy as np
 
@@ -98,7 +92,7 @@ def summarize(scores: dict, *, floor: float, bootstrap: int = 1000, seed: int = 
         total = float(arr[c].sum())
         ci = wilson(total, n)
         out["conditions"][c] = {"accuracy": total / n if n else None, "correct": total, "n": n, "ci": ci and list(ci)}
-    idx = _indices(n, bootstrap, seed) if n and bootstrap else None
+    idx = np.random.default_rng(seed).integers(0, n, size=(bootstrap, n)) if n and bootstrap else None
     means = {c: (arr[c][idx].mean(axis=1) if idx is not None else None) for c in conds}
     acc = {c: out["conditions"][c]["accuracy"] for c in conds}
 

@@ -58,13 +58,11 @@ def _exponents(dim: int, device) -> "Tensor":
 
 
 def _default_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    dim = _dim(rope)
-    return 1.0 / (rope.theta ** _exponents(dim, device)), 1.0
+    return 1.0 / (rope.theta ** _exponents(_dim(rope), device)), 1.0
 
 
 def _linear_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
-    inv = _default_inv_freq(rope, device=device)[0]
-    return inv / float(_need(rope, "factor")), 1.0
+    return _default_inv_freq(rope, device=device)[0] / float(_need(rope, "factor")), 1.0
 
 
 def _dynamic_table_length(rope: RopeSpec, seq_len: int) -> int | None:

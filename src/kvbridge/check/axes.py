@@ -18,81 +18,28 @@ LENGTH_DEPENDENT_ROPE = ("dynamic", "yarn", "longrope")
 #: config keys that do not change what the model computes (left out of the config fingerprint,
 #: :func:`kvbridge.models.fingerprint.config_fingerprint`)
 CONFIG_IGNORED = frozenset(
-    {
-        "_name_or_path",
-        "transformers_version",
-        "torch_dtype",
-        "dtype",
-        "architectures",
-        "_attn_implementation",
-        "_attn_implementation_autoset",
-        "use_cache",
-        "_commit_hash",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-    }
+    """
+    _name_or_path transformers_version torch_dtype dtype architectures _attn_implementation
+    _attn_implementation_autoset use_cache _commit_hash output_attentions output_hidden_states return_dict
+    """.split()
 )
 #: config keys that do not change a model's weights or its KV geometry (for the model axis)
 NON_ARCH_KEYS = CONFIG_IGNORED | frozenset(
-    {
-        "auto_map",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "sep_token_id",
-        "decoder_start_token_id",
-        "attention_dropout",
-        "attn_pdrop",
-        "resid_pdrop",
-        "embd_pdrop",
-        "hidden_dropout",
-        "summary_first_dropout",
-        "initializer_range",
-        "task_specific_params",
-        "tokenizer_class",
-        "chat_template",
-        "generation_config",
-        "cache_implementation",
-        "cache_config",
-        "quantization_config",
-        "pretraining_tp",
-        "id2label",
-        "label2id",
-        "problem_type",
-        "use_return_dict",
-        "torchscript",
-        "tie_encoder_decoder",
-        "is_decoder",
-        "is_encoder_decoder",
-        "prefix",
-        "finetuning_task",
-        "n_ctx",
-        "summary_type",
-        "summary_use_proj",
-        "summary_activation",
-        "summary_proj_to_labels",
-    }
+    """
+    auto_map bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id attention_dropout attn_pdrop
+    resid_pdrop embd_pdrop hidden_dropout summary_first_dropout initializer_range task_specific_params tokenizer_class
+    chat_template generation_config cache_implementation cache_config quantization_config pretraining_tp id2label
+    label2id problem_type use_return_dict torchscript tie_encoder_decoder is_decoder is_encoder_decoder prefix
+    finetuning_task n_ctx summary_type summary_use_proj summary_activation summary_proj_to_labels
+    """.split()
 )
 #: config keys that only change positions or the attention window
 POSITION_KEYS = frozenset(
-    {
-        "rope_theta",
-        "rope_scaling",
-        "rope_parameters",
-        "rope_local_base_freq",
-        "rotary_emb_base",
-        "max_position_embeddings",
-        "original_max_position_embeddings",
-        "sliding_window",
-        "use_sliding_window",
-        "max_window_layers",
-        "layer_types",
-        "sliding_window_pattern",
-        "n_positions",
-        "seq_length",
-        "max_sequence_length",
-    }
+    """
+    rope_theta rope_scaling rope_parameters rope_local_base_freq rotary_emb_base max_position_embeddings
+    original_max_position_embeddings sliding_window use_sliding_window max_window_layers layer_types
+    sliding_window_pattern n_positions seq_length max_sequence_length
+    """.split()
 )
 
 
@@ -105,9 +52,7 @@ def _layers_axis(s: ModelSpec, t: ModelSpec) -> Axis:
     axis = partial(Axis, "layers", s.num_layers, t.num_layers)
     s_kv, s_skip = _kv_layers(s)
     t_kv, t_skip = _kv_layers(t)
-    note = ""
-    if s_skip or t_skip:
-        note = f" (KV layers: {s_kv} vs {t_kv}; layers without their own KV are skipped)"
+    note = f" (KV layers: {s_kv} vs {t_kv}; layers without their own KV are skipped)" if s_skip or t_skip else ""
     if s_kv == t_kv:
         return axis("same", f"layer i maps to layer i{note}")
     direction = "deeper" if t_kv > s_kv else "shallower"
@@ -287,9 +232,7 @@ def _window(spec: ModelSpec) -> int | None:
     """Tokens a windowed layer's cache keeps: the sliding window, or the chunk of chunked layers
     (transformers caches both in a sliding layer of that size)."""
     kinds = set(spec.layer_types or ())
-    if SLIDING in kinds:
-        return spec.sliding_window
-    return spec.attention_chunk_size if CHUNKED in kinds else None
+    return spec.sliding_window if SLIDING in kinds else spec.attention_chunk_size if CHUNKED in kinds else None
 
 
 def _attention_value(spec: ModelSpec) -> str:
@@ -341,9 +284,7 @@ def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
         parts.append("layer types differ: pair sliding with sliding and full with full layers where possible")
     if _kv_layers(s)[1] != _kv_layers(t)[1]:
         parts.append("layers without KV differ: map onto the target's KV layers only")
-    if not parts:
-        parts.append("attention layouts differ")
-    return axis("mappable", "; ".join(parts))
+    return axis("mappable", "; ".join(parts or ["attention layouts differ"]))
 
 
 def _indexer_axis(s: ModelSpec, t: ModelSpec, same_model: bool) -> Axis:
@@ -381,10 +322,9 @@ def cache_format_of(spec: ModelSpec, config: Mapping | None = None, generation_c
         impl = impl or source.get("cache_implementation")
         cache_cfg = cache_cfg or source.get("cache_config")
     impl = str(impl or "dynamic")
-    if impl in ("quantized", "quanto", "hqq") or (isinstance(cache_cfg, Mapping) and cache_cfg.get("nbits")):
-        backend = cache_cfg.get("backend", "quanto") if isinstance(cache_cfg, Mapping) else "quanto"
-        nbits = cache_cfg.get("nbits", 4) if isinstance(cache_cfg, Mapping) else 4
-        return f"quantized ({backend}, {nbits}-bit)"
+    cache_cfg = cache_cfg if isinstance(cache_cfg, Mapping) else {}
+    if impl in ("quantized", "quanto", "hqq") or cache_cfg.get("nbits"):
+        return f"quantized ({cache_cfg.get('backend', 'quanto')}, {cache_cfg.get('nbits', 4)}-bit)"
     if impl == "dynamic" and spec.attention_kind != "full":
         return f"dynamic, sliding layers keep {_window(spec)}-1 tokens"
     return impl
@@ -408,7 +348,7 @@ def _cache_axis(sv: str, tv: str) -> Axis:
         )
     if tv.startswith("quantized"):
         parts.append("inject a full-precision DynamicCache; the target quantizes what it appends")
-    if tv.startswith("static") or tv == "static":
+    if tv.startswith("static"):
         parts.append(
             "a static target cache is zero-padded to its max length: inject into a DynamicCache"
             " or copy into the first tokens"
@@ -425,8 +365,7 @@ def _tokenizer_axis(s_tok, t_tok, same_model: bool) -> Axis:
     tv = t_tok.short() if t_tok is not None else "unknown"
     axis = partial(Axis, "tokenizer", sv, tv)
     if s_tok is not None and t_tok is not None:
-        verdict, action = compare(s_tok, t_tok)
-        return axis(verdict, action)
+        return axis(*compare(s_tok, t_tok))
     if same_model:
         return axis("same", "same model reference: same tokenizer")
     missing = "both sides" if s_tok is None and t_tok is None else ("source" if s_tok is None else "target")
@@ -444,20 +383,11 @@ def _arch_config(config: Mapping, positional_too: bool, other: Mapping) -> dict:
     return {k: v for k, v in config.items() if k not in skip and k in other}
 
 
-SPEC_ARCH_FIELDS = (
-    "model_type",
-    "num_layers",
-    "num_attention_heads",
-    "num_kv_heads",
-    "head_dim",
-    "hidden_size",
-    "qk_norm",
-    "vocab_size",
+SPEC_ARCH_FIELDS = tuple(
+    """
+    model_type num_layers num_attention_heads num_kv_heads head_dim hidden_size qk_norm vocab_size
+    """.split()
 )
-
-
-def _spec_arch(spec: ModelSpec) -> tuple:
-    return tuple(getattr(spec, name) for name in SPEC_ARCH_FIELDS)
 
 
 def _model_axis(
@@ -475,10 +405,11 @@ def _model_axis(
     axis = partial(Axis, "model", sv, tv)
     if same_ref:
         return axis("same", "same model: its cache is the target's own cache")
+    arch_diff = [name for name in SPEC_ARCH_FIELDS if getattr(s, name) != getattr(t, name)]
     if s_cfg is not None and t_cfg is not None:
         if (
             _arch_config(s_cfg, False, t_cfg) == _arch_config(t_cfg, False, s_cfg)
-            and _spec_arch(s) == _spec_arch(t)
+            and not arch_diff
             and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}
         ):
             if s_weights and t_weights and s_weights == t_weights:
@@ -495,15 +426,15 @@ def _model_axis(
                 "same config (weights are not compared: a fine-tune with this config reuses the"
                 " cache directly, with quality measured rather than guaranteed)",
             )
-        if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and _spec_arch(s) == _spec_arch(t):
+        if _arch_config(s_cfg, True, t_cfg) == _arch_config(t_cfg, True, s_cfg) and not arch_diff:
             return axis("same", "same architecture; only position / window settings differ (see rope, attention)")
         diff = sorted(k for k in _arch_config(s_cfg, True, t_cfg) if s_cfg.get(k) != t_cfg.get(k))
-        diff += [n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b and n not in diff]
+        diff += [n for n in arch_diff if n not in diff]
         shown = ", ".join(diff[:4]) + (" ..." if len(diff) > 4 else "")
     else:
-        if _spec_arch(s) == _spec_arch(t):
+        if not arch_diff:
             return axis("same", "same KV geometry and architecture fields (configs not compared)")
-        shown = ", ".join(n for n, a, b in zip(SPEC_ARCH_FIELDS, _spec_arch(s), _spec_arch(t)) if a != b)
+        shown = ", ".join(arch_diff)
     cross = " across families" if s.model_type != t.model_type else ""
     return axis(
         "mappable",

@@ -103,10 +103,6 @@ class Side:
         )
 
 
-def _side(value) -> Side:
-    return value if isinstance(value, Side) else Side(spec=value)
-
-
 def check(source, target, *, host=None, same_model: bool = False, plugins: bool = True) -> Report:
     """Compare two models into a Report; each side is a :class:`Side` or a bare ModelSpec.
 
@@ -115,7 +111,7 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
     plugin findings (the core axes only). With both weight digests known, a same-config pair
     with different weights is ``mappable``, not ``identity``.
     """
-    s, t = _side(source), _side(target)
+    s, t = (side if isinstance(side, Side) else Side(spec=side) for side in (source, target))
     source, target = s.spec, t.spec
     axes = [
         _model_axis(source, target, s.name, t.name, s.config, t.config, same_model, s.weights, t.weights),

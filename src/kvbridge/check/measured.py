@@ -24,17 +24,7 @@ from kvbridge.errors import ConfigError
 
 #: kvbridge's own measured results (package data beside manifests/models)
 REPO_RESULTS = REPO_MANIFESTS.parent / "results"
-RECORD_KEYS = {
-    "$schema",
-    "source",
-    "target",
-    "verdict",
-    "summary",
-    "kvbridge_version",
-    "results",
-    "measurements",
-    "notes",
-}
+RECORD_KEYS = set("$schema source target verdict summary kvbridge_version results measurements notes".split())
 MEASUREMENT_KEYS = {"metric", "transferred", "source_alone", "detail", "command", "results"}
 
 
@@ -66,15 +56,11 @@ class Measured:
         """The record as text: the verdict, one line per measurement (transfer vs the source alone),
         each with the command that produced it."""
 
-        def wrap(text: str, first: str, rest: str) -> list[str]:  # paths and flags are never cut
-            return textwrap.wrap(
-                text,
-                width=width,
-                initial_indent=first,
-                subsequent_indent=rest,
-                break_on_hyphens=False,
-                break_long_words=False,
-            )
+        wrapper = textwrap.TextWrapper(width, break_on_hyphens=False, break_long_words=False)  # paths, flags kept whole
+
+        def wrap(text: str, first: str, rest: str) -> list[str]:
+            wrapper.initial_indent, wrapper.subsequent_indent = first, rest
+            return wrapper.wrap(text)
 
         out = [f"measured by kvbridge on this pair: {self.verdict} ({self.source} -> {self.target})"]
         out += wrap(self.summary, "  ", "  ")
@@ -126,10 +112,8 @@ def validate_record(record: Any, path) -> Measured:
     return Measured(
         source=label("source"),
         target=label("target"),
-        verdict=record["verdict"],
-        summary=record["summary"],
+        **{k: record[k] for k in ("verdict", "summary", "results")},
         measurements=tuple(out),
-        results=record["results"],
         path=str(path),
         notes=str(record.get("notes") or ""),
     )
@@ -151,10 +135,7 @@ def names_of(resolved) -> set[str]:
     """The names a resolved reference answers to (lower case): as typed, its name, its GGUF file's
     name, its folder's name."""
     names = {getattr(resolved, "ref", ""), getattr(resolved, "name", "")}
-    for attr in ("gguf_file", "folder"):
-        value = getattr(resolved, attr, None)
-        if value:
-            names.add(Path(value).name)
+    names |= {Path(value).name for attr in ("gguf_file", "folder") if (value := getattr(resolved, attr, None))}
     return {n.strip().lower() for n in names if n and n.strip()}
 
 

@@ -13,18 +13,7 @@ from typing import Any, Mapping
 
 from kvbridge.spec import ModelSpec
 
-AXES = (
-    "model",
-    "layers",
-    "kv_heads",
-    "head_dim",
-    "positional",
-    "rope",
-    "attention",
-    "dtype",
-    "cache_format",
-    "tokenizer",
-)
+AXES = tuple("model layers kv_heads head_dim positional rope attention dtype cache_format tokenizer".split())
 AXIS_VERDICTS = ("same", "mappable", "blocking")
 VERDICTS = ("identity", "rope-reapply", "mappable", "incompatible")
 #: axes whose "mappable" verdict means a fitted mapping
@@ -96,9 +85,7 @@ class Report:
 
     def exit_code(self, strict: bool = False) -> int:
         """0 when a transfer is possible, 1 when incompatible (or any strict failure)."""
-        if not self.ok:
-            return 1
-        return 1 if strict and self.strict_failures() else 0
+        return 1 if not self.ok or (strict and self.strict_failures()) else 0
 
     def to_dict(self) -> dict:
         return {

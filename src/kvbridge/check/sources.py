@@ -21,18 +21,7 @@ from kvbridge.plugins import host_or_default
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 #: keys a manifest record may have (see manifests/README.md and the JSON schema)
-MANIFEST_KEYS = {
-    "id",
-    "family",
-    "source",
-    "config",
-    "geometry",
-    "aliases",
-    "tokenizer",
-    "notes",
-    "generation_config",
-    "$schema",
-}
+MANIFEST_KEYS = set("id family source config geometry aliases tokenizer notes generation_config $schema".split())
 
 
 # -- manifests ------------------------------------------------------------------------------------
@@ -69,9 +58,8 @@ def manifest_dirs(host=None) -> list[Path]:
     ``$KVBRIDGE_MANIFEST_PATH``, then what ``kvbridge_manifest_dirs`` returns: kvbridge's own
     records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
     host = host_or_default(host)
-    dirs = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    dirs.extend(host.manifest_dirs())  # the host's one collection point: results type-checked there
-    return dirs
+    env = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
+    return env + host.manifest_dirs()  # the host's one collection point: results type-checked there
 
 
 def _read_manifest_file(path: Path) -> list[dict]:
@@ -133,17 +121,13 @@ SPEC_FIELDS = {
 }
 
 
-def _config_key(config: Mapping, spec_field: str) -> str:
-    keys = SPEC_FIELDS.get(spec_field, (spec_field,))
-    return next((key for key in keys if key in config), keys[0])
-
-
 def validate_spec(spec, config: Mapping, where: str) -> None:
     """Refuse specs a cache cannot have (zero or negative sizes), naming the config field."""
     for name in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim"):
         value = getattr(spec, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            key = _config_key(config, name)
+            keys = SPEC_FIELDS.get(name, (name,))
+            key = next((k for k in keys if k in config), keys[0])
             raise ConfigError(
                 f"{where}: field {key!r} gives {name} = {value!r}; it must be a positive integer",
                 f"fix {key!r} in the config",
@@ -251,9 +235,9 @@ def spec_geometry(spec) -> dict:
     """
     kind = spec.attention_kind
     out = {
-        k: getattr(spec, k) for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "hidden_size")
+        k: getattr(spec, k)
+        for k in "num_layers num_attention_heads num_kv_heads head_dim hidden_size positional".split()
     }
-    out["positional"] = spec.positional
     out["rope"] = _rope_geometry(spec.rope) if spec.positional == "rope" and spec.rope is not None else None
     out["sliding_window"] = spec.sliding_window if kind != "full" else None
     out["attention"] = kind

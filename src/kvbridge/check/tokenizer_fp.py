@@ -39,14 +39,11 @@ from kvbridge.errors import ConfigError
 from kvbridge.paths import cache_file, cache_read, cache_write
 
 #: files that carry a tokenizer, in the order they are looked for
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
+TOKENIZER_FILES = tuple(
+    """
+    tokenizer.json vocab.json merges.txt tokenizer.model tokenizer_config.json special_tokens_map.json
+    added_tokens.json
+    """.split()
 )
 _CACHE_VERSION = 1
 #: special-token roles that are hashed into ``special``
@@ -91,14 +88,10 @@ class TokenizerFingerprint:
     @classmethod
     def from_dict(cls, data: Mapping) -> "TokenizerFingerprint":
         fp = cls(
-            kind=str(data.get("kind", "")),
             base=str(data["base"]),
             vocab=str(data["vocab"]),
-            rules=str(data.get("rules", "")),
-            rules_format=str(data.get("rules_format", "")),
-            special=str(data.get("special", "")),
-            vocab_size=int(data.get("vocab_size", 0)),
-            num_added=int(data.get("num_added", 0)),
+            **{k: str(data.get(k, "")) for k in ("kind", "rules", "rules_format", "special")},
+            **{k: int(data.get(k, 0)) for k in ("vocab_size", "num_added")},
             special_tokens=tuple(sorted((str(k), str(v)) for k, v in (data.get("special_tokens") or {}).items())),
             files=tuple(data.get("files") or ()),
         )
@@ -166,12 +159,9 @@ def _load_json(path: Path, object_only: bool = False) -> Any:
 
 def _token_content(value: Any) -> str | None:
     """A special token as written in tokenizer_config / special_tokens_map (str or AddedToken dict)."""
-    if value is None:
-        return None
     if isinstance(value, Mapping):
-        content = value.get("content")
-        return None if content is None else str(content)
-    return str(value)
+        value = value.get("content")
+    return None if value is None else str(value)
 
 
 def _merges_from_list(merges: Iterable) -> list[str]:
@@ -283,10 +273,7 @@ def find_tokenizer_files(folder: Path) -> tuple[Path, ...]:
     """The tokenizer files present in ``folder`` (empty when it has none that define a vocabulary)."""
     folder = Path(folder)
     found = tuple(folder / n for n in TOKENIZER_FILES if (folder / n).is_file())
-    names = {p.name for p in found}
-    if not ({"tokenizer.json", "tokenizer.model", "vocab.json"} & names):
-        return ()
-    return found
+    return found if {"tokenizer.json", "tokenizer.model", "vocab.json"} & {p.name for p in found} else ()
 
 
 def cached(key: Callable[[], str], compute: Callable[[], "TokenizerFingerprint"], *, cache: bool = True):

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 from kvbridge.check.axes import CONFIG_IGNORED  # config keys that do not change the model
 from kvbridge.errors import KVBridgeError
 from kvbridge.paths import cache_file as _home_file, cache_read, cache_write
+from kvbridge.plugins import memo_on_model
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 CACHE_FILE = "file-hashes.json"
@@ -48,24 +49,17 @@ def config_fingerprint(config: Mapping) -> str:
 
 
 _MEMO_ATTR = "_kvbridge_weights_fingerprint"
-_CONFIG_MEMO_ATTR = "_kvbridge_config_fingerprint"
-
-
-def _config_stamp(config) -> tuple:
-    """What changes when a config object is changed: its class and the ``repr`` of its attributes
-    (nested configs print their full JSON; a dict or list changed in place prints differently)."""
-    return (type(config), repr(vars(config)))
 
 
 def model_config_fingerprint(model) -> str:
     """:func:`config_fingerprint` of ``model.config.to_dict()``, memoised on the model.
 
-    Keyed by :func:`_config_stamp` of the config the model holds now: setting or replacing any
-    config attribute (in place inside a dict or list too) or the whole config object re-computes;
-    a cached answer costs one ``repr`` of the config's attributes instead of ``to_dict()``.
+    Keyed (:func:`kvbridge.plugins.memo_on_model`) by the class of the config the model holds now and
+    the ``repr`` of its attributes (nested configs print their full JSON; a dict or list changed in
+    place prints differently): setting or replacing any config attribute or the whole config object
+    re-computes; a cached answer costs one ``repr`` of the config's attributes instead of ``to_dict()``.
     """
-    config = model.config
-    return _memo(model, _CONFIG_MEMO_ATTR, _config_stamp(config), lambda: config_fingerprint(config.to_dict()))
+    return memo_on_model(model, "_kvbridge_config_fingerprint", lambda: config_fingerprint(model.config.to_dict()))
 
 
 def _memo(obj, attr: str, stamp, compute):

@@ -147,13 +147,9 @@ class GGUFInfo:
         """What ``describe`` shows about the file itself."""
         return {
             "file": self.path,
-            "version": self.version,
-            "size": self.size,
-            "architecture": self.architecture,
-            "quantization": self.quantization,
+            **{k: getattr(self, k) for k in ("version", "size", "architecture", "quantization")},
             "file_type": self.stated_type,
-            "params": self.params,
-            "tensor_types": self.tensor_types,
+            **{k: getattr(self, k) for k in ("params", "tensor_types")},
             "tensors": len(self.tensors),
             "tied_embeddings": self.tied_embeddings,
             "chat_template": self.chat_template is not None,
@@ -179,8 +175,7 @@ class _Reader:
 
     def scalar(self, vtype: int):
         fmt = _SCALAR[vtype]
-        start = self.take(struct.calcsize(fmt))
-        return struct.unpack_from(fmt, self.buf, start)[0]
+        return struct.unpack_from(fmt, self.buf, self.take(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
         n = self.scalar(UINT64)
@@ -299,8 +294,7 @@ def _parse(path: Path, buf, size: int, decode: tuple = ()) -> GGUFInfo:
 
 def unsupported_types(info: GGUFInfo) -> list[str]:
     """ggml types in ``info`` that transformers cannot dequantize."""
-    loadable = {name for name, ok in GGML_TYPES.values() if ok}
-    return sorted({t.type for t in info.tensors} - loadable)
+    return sorted({t.type for t in info.tensors} - {name for name, ok in GGML_TYPES.values() if ok})
 
 
 # -- config -----------------------------------------------------------------------------------------------

@@ -74,9 +74,7 @@ class KnownModel:
     def requirement(self) -> str:
         """The PyPI source in words: ``pkg==v`` for one wheel, ``pkg1 .. pkgN ==v`` for several."""
         first, last = self.parts[0], self.parts[-1]
-        if len(self.parts) == 1:
-            return first.requirement
-        return f"{first.package} .. {last.package} =={first.version}"
+        return first.requirement if len(self.parts) == 1 else f"{first.package} .. {last.package} =={first.version}"
 
     @property
     def member(self) -> str:

@@ -64,8 +64,7 @@ def dtype_for(ref: ModelRef, dtype: str | None) -> str:
         return dtype
     if ref.gguf_file:
         return "float32"
-    stored = ref.config.get("dtype") or ref.config.get("torch_dtype") or "float32"
-    stored = str(stored).removeprefix("torch.")
+    stored = str(ref.config.get("dtype") or ref.config.get("torch_dtype") or "float32").removeprefix("torch.")
     return stored if stored in DTYPES else "float32"
 
 

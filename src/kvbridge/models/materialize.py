@@ -33,8 +33,7 @@ def _plain_model(model):
     dtype = next(model.parameters()).dtype
     with torch.device("meta"):
         plain = model_from_config(config, dtype=dtype)
-    state = model.state_dict()
-    plain.load_state_dict(state, assign=True, strict=True)
+    plain.load_state_dict(model.state_dict(), assign=True, strict=True)
     plain.tie_weights()
     return plain.eval()
 

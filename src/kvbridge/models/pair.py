@@ -68,12 +68,8 @@ def shared_tokenizer(src, tgt) -> tuple[dict, str]:
 
 def _same_files(a, b) -> bool:
     """Two references to the same files (the same .gguf, or the same model folder)."""
-
-    def where(ref):
-        target = ref.gguf_file or ref.folder
-        return Path(target).resolve() if target else None
-
-    return where(a) is not None and where(a) == where(b)
+    here, there = (Path(p).resolve() if p else None for p in (a.gguf_file or a.folder, b.gguf_file or b.folder))
+    return here is not None and here == there
 
 
 def load_pair(

@@ -169,9 +169,7 @@ def find_in_hf_cache(repo_id: str, revision: str | None = None) -> Path | None:
     candidates = [s for s in snapshots.iterdir() if (s / "config.json").is_file()]
     if revision:
         candidates = [s for s in candidates if s.name.startswith(revision)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda s: (s / "config.json").stat().st_mtime)
+    return max(candidates, key=lambda s: (s / "config.json").stat().st_mtime, default=None)
 
 
 def cached_hub_ids() -> list[str]:

@@ -13,23 +13,16 @@ from __future__ import annotations
 from kvbridge.plugin_types import SCHEME_RE, ModelSource
 from kvbridge.plugins import host_or_default
 
-#: kept name for the record type
-Scheme = ModelSource
-HOOK = "kvbridge_register_model_sources"
-
 
 def schemes(host=None) -> dict[str, ModelSource]:
     """Every registered scheme by name: built-ins first, then plugins (in the host's order)."""
-    host = host_or_default(host)
-    return host.model_sources()
+    return host_or_default(host).model_sources()
 
 
 def split_scheme(ref: str, known: dict[str, ModelSource]) -> tuple[ModelSource, str] | None:
     """``(scheme, rest)`` when ``ref`` starts with a registered ``NAME:``, else None."""
     name, sep, rest = ref.partition(":")
-    if sep and name in known:
-        return known[name], rest
-    return None
+    return (known[name], rest) if sep and name in known else None
 
 
-__all__ = ["Scheme", "ModelSource", "schemes", "split_scheme", "SCHEME_RE", "HOOK"]
+__all__ = ["ModelSource", "schemes", "split_scheme", "SCHEME_RE"]

@@ -117,11 +117,7 @@ class Split:
             "ghost_len": len(self.ghost),
             "live_len": len(self.live),
             "total_len": len(self.ids),
-            "matches_joint": self.matches_joint,
-            "first_difference": self.first_difference,
-            "boundary": self.boundary,
-            "backed_up_chars": self.backed_up_chars,
-            "note": self.note,
+            **{k: getattr(self, k) for k in "matches_joint first_difference boundary backed_up_chars note".split()},
         }
 
 
@@ -173,11 +169,7 @@ class SplitReport:
         none = {"kind": "safe", "ghost": [], "live": [], "matches_joint": False}
         safe = {**(self.safe.to_dict() if self.safe else none), "found": self.safe is not None}
         return {
-            "tokenizer": self.tokenizer,
-            "guide": self.guide,
-            "live": self.live,
-            "sep": self.sep,
-            "append_point": self.append_point,
+            **{k: getattr(self, k) for k in ("tokenizer", "guide", "live", "sep", "append_point")},
             "joint": list(self.joint),
             "joint_len": len(self.joint),
             "special_prefix": list(self.special_prefix),
@@ -270,26 +262,21 @@ def split_text(
     first = [c for c in dict.fromkeys((G, A)) if 0 < c < len(text)]
     order = first + sorted((c for c in candidates if 0 < c < len(text) and c not in first), reverse=True)
     dummy = _dummy_prefix(tokenizer)
+
+    def attempts():  # each candidate, then (dummy prefix) the same without the live text's leading space
+        for c in order:
+            yield attempt("safe", text[:c], text[c:], c)
+            if dummy and text[c : c + 1] == " " and c + 1 < len(text):
+                note = "the live text drops the leading space: the tokenizer's dummy prefix supplies it"
+                yield attempt("safe", text[:c], text[c + 1 :], c, note=note)
+
     safe: Split | None = None
     tried = 0
-    for c in order:
+    for got in attempts():
         tried += 1
-        got = attempt("safe", text[:c], text[c:], c)
         if got.matches_joint:
             safe = got
             break
-        if dummy and text[c : c + 1] == " " and c + 1 < len(text):
-            tried += 1
-            got = attempt(
-                "safe",
-                text[:c],
-                text[c + 1 :],
-                c,
-                note="the live text drops the leading space: the tokenizer's dummy prefix supplies it",
-            )
-            if got.matches_joint:
-                safe = got
-                break
     if safe is not None and safe.boundary < len(guide):
         moved = guide[safe.boundary :]
         extra = f"the boundary is inside the guide: the live text carries its last {len(moved)} characters {moved!r}"

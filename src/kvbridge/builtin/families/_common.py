@@ -80,9 +80,7 @@ def check_positive_int(value: Any, name: str, model_type: Any = None) -> int:
 def optional_positive_int(config: Mapping, name: str, default: Any = None) -> int | None:
     """A positive int field that may be absent (-> ``default``) or null (-> None)."""
     value = get(config, name, default)
-    if value is None:
-        return None
-    return check_positive_int(value, name, config.get("model_type"))
+    return None if value is None else check_positive_int(value, name, config.get("model_type"))
 
 
 def flag(config: Mapping, name: str, default: bool = False) -> bool:
@@ -147,14 +145,13 @@ def flat_rope_parameters(
     if params.get("rope_theta") is None:
         params["rope_theta"] = first_present(config, theta_keys, default_theta)
     params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
-    if params.get("partial_rotary_factor") is None:
+    partial = params.get("partial_rotary_factor")
+    if partial is None:
         partial = first_present(config, partial_keys, default_partial)
-        if partial is None:
-            params.pop("partial_rotary_factor", None)
-        else:
-            params["partial_rotary_factor"] = partial
-    if "partial_rotary_factor" in params:
-        partial = number(params["partial_rotary_factor"], "partial_rotary_factor", model_type)
+    if partial is None:
+        params.pop("partial_rotary_factor", None)
+    else:
+        partial = number(partial, "partial_rotary_factor", model_type)
         if not 0.0 < partial <= 1.0:
             raise ConfigError(
                 f"config field 'partial_rotary_factor' must be in (0, 1], got {partial!r}",
@@ -338,8 +335,7 @@ class DecoderAdapter(FamilyAdapter):
 
     def _max_positions(self, cfg: Mapping) -> int:
         key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])
-        value = get(cfg, key, self.DEFAULT_MAX_POSITIONS)
-        return check_positive_int(value, key, cfg.get("model_type"))
+        return check_positive_int(get(cfg, key, self.DEFAULT_MAX_POSITIONS), key, cfg.get("model_type"))
 
     def _positional(self, cfg: Mapping) -> str:
         return self.POSITIONAL
@@ -402,9 +398,7 @@ class DecoderAdapter(FamilyAdapter):
         return window, layer_types_from(cfg, num_layers, default)
 
     def _qk_norm(self, cfg: Mapping) -> bool:
-        if isinstance(self.QK_NORM, bool):
-            return self.QK_NORM
-        return flag(cfg, self.QK_NORM, False)
+        return self.QK_NORM if isinstance(self.QK_NORM, bool) else flag(cfg, self.QK_NORM, False)
 
     def _extras(self, cfg: Mapping) -> dict:
         return dict(self.EXTRAS)
@@ -420,7 +414,7 @@ class DecoderAdapter(FamilyAdapter):
 
 def tiny_base(model_type: str, **overrides: Any) -> dict:
     """A small Llama-like config skeleton (2 layers, hidden 64, 4 heads / 2 KV heads)."""
-    cfg = {
+    return {
         "model_type": model_type,
         "num_hidden_layers": 2,
         "hidden_size": 64,
@@ -431,9 +425,8 @@ def tiny_base(model_type: str, **overrides: Any) -> dict:
         "max_position_embeddings": 64,
         "rope_theta": 10000.0,
         "dtype": "float32",
+        **overrides,
     }
-    cfg.update(overrides)
-    return cfg
 
 
 __all__ = [

@@ -53,20 +53,7 @@ LAYER_REFUSALS = {
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
 INTERLEAVED = frozenset(
-    {
-        "glm",
-        "glm4",
-        "cohere2",
-        "cohere2_moe",
-        "gptj",
-        "codegen",
-        "cohere",
-        "ernie4_5",
-        "ernie4_5_moe",
-        "helium",
-        "llama4",
-        "llama4_text",
-    }
+    "glm glm4 cohere2 cohere2_moe gptj codegen cohere ernie4_5 ernie4_5_moe helium llama4 llama4_text".split()
 )
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
@@ -113,12 +100,8 @@ def positional(model_type: str, text: Any) -> str:
         return "none"  # RoPE switched off by the family's own flag
     if getattr(text, "rope_parameters", None):
         # some hybrids gate RoPE on ``position_embedding_type`` (GraniteMoeHybrid: None = NoPE)
-        if hasattr(text, "position_embedding_type") and text.position_embedding_type not in ("rope", "rotary"):
-            return "none"
-        return "rope"
-    if getattr(text, "position_embedding_type", "absolute") not in ("absolute", None):
-        return "none"
-    return "absolute"
+        return "rope" if getattr(text, "position_embedding_type", "rope") in ("rope", "rotary") else "none"
+    return "absolute" if getattr(text, "position_embedding_type", "absolute") in ("absolute", None) else "none"
 
 
 #: MLA families that rotate the cached RoPE key with a complex multiply (interleaved pairs)
@@ -199,8 +182,7 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
     if sliding and _layer_attr(layer_cfg, SWA_ATTRS["kv"], None):
         return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
     if sliding and model_type in SWA_KV_MULTIPLIER:
-        base = _layer_attr(layer_cfg, "num_key_value_heads", None) or heads
-        return int(base) * SWA_KV_MULTIPLIER[model_type]
+        return int(_layer_attr(layer_cfg, "num_key_value_heads", None) or heads) * SWA_KV_MULTIPLIER[model_type]
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
         return 1
     if _layer_attr(layer_cfg, "multi_query", False):
@@ -215,15 +197,12 @@ def key_head_dim(layer_cfg: Any, heads: int, hidden: int, sliding: bool = False)
     if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: the "keys" slot holds the compressed latent
         return int(_layer_attr(layer_cfg, "kv_lora_rank"))
     hd = _layer_attr(layer_cfg, "head_dim", None) or _layer_attr(layer_cfg, "dim_head", None)
-    if hd:
-        return int(hd)
-    return int(_layer_attr(layer_cfg, "hidden_size", hidden)) // heads
+    return int(hd) if hd else int(_layer_attr(layer_cfg, "hidden_size", hidden)) // heads
 
 
 def mla_sizes(text: Any) -> dict:
     """MLA latent sizes, {} for other attention."""
-    rank = _layer_attr(text, "kv_lora_rank", None)
-    if not rank:
+    if not _layer_attr(text, "kv_lora_rank", None):
         return {}
     return {
         k: int(_layer_attr(text, k, 0) or 0)

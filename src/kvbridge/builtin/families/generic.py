@@ -82,8 +82,7 @@ def _rope_tables(
     partial_attr = getattr(text, "partial_rotary_factor", None)
 
     def one(p: Mapping, head_dim: int = head_dim):
-        p = dict(p)
-        p.setdefault("rope_type", "default")
+        p = {"rope_type": "default", **p}
         if p.get("rope_theta") is None:
             p["rope_theta"] = getattr(text, "rope_theta", None) or 10000.0
         partial = p.get("partial_rotary_factor", partial_attr) or 1.0
@@ -274,19 +273,13 @@ class GenericAdapter(FamilyAdapter):
         )
 
     # -- model side -------------------------------------------------------------------------
-    def build_model(self, config: Mapping, *, seed: int = 0, dtype: str = "float32"):
-        import torch
-        from kvbridge.models.hf_loader import model_from_config
-
-        torch.manual_seed(seed)
-        obj, _ = hf_configs(config)
-        return model_from_config(obj, dtype=getattr(torch, dtype)).eval()
+    def hf_config(self, config: Mapping):
+        return hf_configs(config)[0]
 
     def extract(self, model, input_ids, attention_mask=None, *, spec: ModelSpec | None = None):
         from kvbridge.builtin.families import hf_cache
 
-        spec = spec or self.spec_of(model)
-        return hf_cache.extract(self, model, input_ids, attention_mask, spec=spec)
+        return hf_cache.extract(self, model, input_ids, attention_mask, spec=spec or self.spec_of(model))
 
     def inject(self, state, model=None, *, check: bool = True):
         from kvbridge.builtin.families import hf_cache

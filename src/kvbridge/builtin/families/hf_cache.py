@@ -13,6 +13,9 @@ import sys
 
 from kvbridge.errors import StateError
 
+#: a linear-attention cache layer's bookkeeping (per-layer dicts), copied with its states
+_STATE_FLAGS = "has_previous_state conv_kernel_size is_conv_states_initialized is_recurrent_states_initialized".split()
+
 
 def _layers_for(model, *, full_history: bool):
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
@@ -36,9 +39,7 @@ def _own_cache(model):
     from kvbridge.builtin.families._generic_facts import OWN_CACHE
 
     entry = OWN_CACHE.get(getattr(model.config.get_text_config(decoder=True), "model_type", None))
-    if entry is None:
-        return None
-    return getattr(sys.modules[type(model).__module__], entry[0]), entry[1]
+    return None if entry is None else (getattr(sys.modules[type(model).__module__], entry[0]), entry[1])
 
 
 def reference_cache(model):
@@ -84,14 +85,7 @@ def _states_of(layer) -> dict | None:
     for name in ("conv_states", "recurrent_states"):
         for idx, t in getattr(layer, name).items():
             out[f"{name}.{idx}"] = None if t is None else t.detach().clone()
-    for name in (
-        "has_previous_state",
-        "conv_kernel_size",
-        "is_conv_states_initialized",
-        "is_recurrent_states_initialized",
-    ):
-        out[name] = dict(getattr(layer, name))
-    return out
+    return out | {name: dict(getattr(layer, name)) for name in _STATE_FLAGS}
 
 
 def _indexer_keys_of(layer, i: int, spec, positions):
