@@ -64,12 +64,22 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 #: the torch dtypes written directly with their safetensors names, in the format's own order (its enum:
 #: a file lists its tensors by this rank descending, then by name)
-_ST_ORDER = tuple(
-    tuple(pair.split(":"))
-    for pair in """
-    bool:BOOL uint8:U8 int8:I8 float8_e5m2:F8_E5M2 float8_e4m3fn:F8_E4M3 int16:I16 uint16:U16 float16:F16 bfloat16:BF16
-    int32:I32 uint32:U32 float32:F32 float64:F64 int64:I64 uint64:U64
-    """.split()
+_ST_ORDER = (
+    ("bool", "BOOL"),
+    ("uint8", "U8"),
+    ("int8", "I8"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("int16", "I16"),
+    ("uint16", "U16"),
+    ("float16", "F16"),
+    ("bfloat16", "BF16"),
+    ("int32", "I32"),
+    ("uint32", "U32"),
+    ("float32", "F32"),
+    ("float64", "F64"),
+    ("int64", "I64"),
+    ("uint64", "U64"),
 )
 _ST_DTYPES = dict(_ST_ORDER)
 _ST_RANK = {name: i for i, (_, name) in enumerate(_ST_ORDER)}

@@ -59,12 +59,20 @@ from kvbridge.plugin_types import (
 )
 
 ENTRY_POINT_GROUP = "kvbridge"
-BUILTIN_PLUGINS = tuple(
-    f"kvbridge.builtin.{name}"
-    for name in """
-    families family_fallback model_sources manifests rope_variants identity compat_checks fitters metrics engines
-    steering tasks commands
-    """.split()
+BUILTIN_PLUGINS = (
+    "kvbridge.builtin.families",
+    "kvbridge.builtin.family_fallback",
+    "kvbridge.builtin.model_sources",
+    "kvbridge.builtin.manifests",
+    "kvbridge.builtin.rope_variants",
+    "kvbridge.builtin.identity",
+    "kvbridge.builtin.compat_checks",
+    "kvbridge.builtin.fitters",
+    "kvbridge.builtin.metrics",
+    "kvbridge.builtin.engines",
+    "kvbridge.builtin.steering",
+    "kvbridge.builtin.tasks",
+    "kvbridge.builtin.commands",
 )
 #: plugin kind -> (what a user calls one, the hook that registers it); :meth:`Host.get` looks them up
 KINDS = {kind: row[:2] for kind, row in KIND_TABLE.items()}

@@ -18,28 +18,81 @@ LENGTH_DEPENDENT_ROPE = ("dynamic", "yarn", "longrope")
 #: config keys that do not change what the model computes (left out of the config fingerprint,
 #: :func:`kvbridge.models.fingerprint.config_fingerprint`)
 CONFIG_IGNORED = frozenset(
-    """
-    _name_or_path transformers_version torch_dtype dtype architectures _attn_implementation
-    _attn_implementation_autoset use_cache _commit_hash output_attentions output_hidden_states return_dict
-    """.split()
+    {
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "use_cache",
+        "_commit_hash",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
 )
 #: config keys that do not change a model's weights or its KV geometry (for the model axis)
 NON_ARCH_KEYS = CONFIG_IGNORED | frozenset(
-    """
-    auto_map bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id attention_dropout attn_pdrop
-    resid_pdrop embd_pdrop hidden_dropout summary_first_dropout initializer_range task_specific_params tokenizer_class
-    chat_template generation_config cache_implementation cache_config quantization_config pretraining_tp id2label
-    label2id problem_type use_return_dict torchscript tie_encoder_decoder is_decoder is_encoder_decoder prefix
-    finetuning_task n_ctx summary_type summary_use_proj summary_activation summary_proj_to_labels
-    """.split()
+    {
+        "auto_map",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "attention_dropout",
+        "attn_pdrop",
+        "resid_pdrop",
+        "embd_pdrop",
+        "hidden_dropout",
+        "summary_first_dropout",
+        "initializer_range",
+        "task_specific_params",
+        "tokenizer_class",
+        "chat_template",
+        "generation_config",
+        "cache_implementation",
+        "cache_config",
+        "quantization_config",
+        "pretraining_tp",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "use_return_dict",
+        "torchscript",
+        "tie_encoder_decoder",
+        "is_decoder",
+        "is_encoder_decoder",
+        "prefix",
+        "finetuning_task",
+        "n_ctx",
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+    }
 )
 #: config keys that only change positions or the attention window
 POSITION_KEYS = frozenset(
-    """
-    rope_theta rope_scaling rope_parameters rope_local_base_freq rotary_emb_base max_position_embeddings
-    original_max_position_embeddings sliding_window use_sliding_window max_window_layers layer_types
-    sliding_window_pattern n_positions seq_length max_sequence_length
-    """.split()
+    {
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "rope_local_base_freq",
+        "rotary_emb_base",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "sliding_window_pattern",
+        "n_positions",
+        "seq_length",
+        "max_sequence_length",
+    }
 )
 
 
@@ -383,10 +436,15 @@ def _arch_config(config: Mapping, positional_too: bool, other: Mapping) -> dict:
     return {k: v for k, v in config.items() if k not in skip and k in other}
 
 
-SPEC_ARCH_FIELDS = tuple(
-    """
-    model_type num_layers num_attention_heads num_kv_heads head_dim hidden_size qk_norm vocab_size
-    """.split()
+SPEC_ARCH_FIELDS = (
+    "model_type",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "hidden_size",
+    "qk_norm",
+    "vocab_size",
 )
 
 

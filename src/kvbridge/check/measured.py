@@ -24,7 +24,17 @@ from kvbridge.errors import ConfigError
 
 #: kvbridge's own measured results (package data beside manifests/models)
 REPO_RESULTS = REPO_MANIFESTS.parent / "results"
-RECORD_KEYS = set("$schema source target verdict summary kvbridge_version results measurements notes".split())
+RECORD_KEYS = {
+    "$schema",
+    "source",
+    "target",
+    "verdict",
+    "summary",
+    "kvbridge_version",
+    "results",
+    "measurements",
+    "notes",
+}
 MEASUREMENT_KEYS = {"metric", "transferred", "source_alone", "detail", "command", "results"}
 
 

@@ -13,7 +13,18 @@ from typing import Any, Mapping
 
 from kvbridge.spec import ModelSpec
 
-AXES = tuple("model layers kv_heads head_dim positional rope attention dtype cache_format tokenizer".split())
+AXES = (
+    "model",
+    "layers",
+    "kv_heads",
+    "head_dim",
+    "positional",
+    "rope",
+    "attention",
+    "dtype",
+    "cache_format",
+    "tokenizer",
+)
 AXIS_VERDICTS = ("same", "mappable", "blocking")
 VERDICTS = ("identity", "rope-reapply", "mappable", "incompatible")
 #: axes whose "mappable" verdict means a fitted mapping

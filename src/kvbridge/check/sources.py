@@ -21,7 +21,18 @@ from kvbridge.plugins import host_or_default
 REPO_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests" / "models"  # package data (works from a wheel)
 MANIFEST_ENV = "KVBRIDGE_MANIFEST_PATH"
 #: keys a manifest record may have (see manifests/README.md and the JSON schema)
-MANIFEST_KEYS = set("id family source config geometry aliases tokenizer notes generation_config $schema".split())
+MANIFEST_KEYS = {
+    "id",
+    "family",
+    "source",
+    "config",
+    "geometry",
+    "aliases",
+    "tokenizer",
+    "notes",
+    "generation_config",
+    "$schema",
+}
 
 
 # -- manifests ------------------------------------------------------------------------------------

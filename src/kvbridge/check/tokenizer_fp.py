@@ -39,11 +39,14 @@ from kvbridge.errors import ConfigError
 from kvbridge.paths import cache_file, cache_read, cache_write
 
 #: files that carry a tokenizer, in the order they are looked for
-TOKENIZER_FILES = tuple(
-    """
-    tokenizer.json vocab.json merges.txt tokenizer.model tokenizer_config.json special_tokens_map.json
-    added_tokens.json
-    """.split()
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
 )
 _CACHE_VERSION = 1
 #: special-token roles that are hashed into ``special``

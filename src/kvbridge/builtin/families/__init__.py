@@ -14,10 +14,23 @@ from importlib import import_module
 from kvbridge.hookspecs import hookimpl
 
 #: built-in families, in registration order (a row of ``table.py``, else the module of that name)
-FAMILY_MODULES = tuple(
-    """
-    llama mistral qwen2 qwen3 gemma gemma2 gemma3_text phi phi3 stablelm gpt_neox gptj cohere falcon gpt2 olmo2
-    """.split()
+FAMILY_MODULES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi",
+    "phi3",
+    "stablelm",
+    "gpt_neox",
+    "gptj",
+    "cohere",
+    "falcon",
+    "gpt2",
+    "olmo2",
 )
 
 

@@ -53,7 +53,20 @@ LAYER_REFUSALS = {
 
 #: families that rotate interleaved pairs (2i, 2i+1) instead of half-split
 INTERLEAVED = frozenset(
-    "glm glm4 cohere2 cohere2_moe gptj codegen cohere ernie4_5 ernie4_5_moe helium llama4 llama4_text".split()
+    {
+        "glm",
+        "glm4",
+        "cohere2",
+        "cohere2_moe",
+        "gptj",
+        "codegen",
+        "cohere",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "helium",
+        "llama4",
+        "llama4_text",
+    }
 )
 
 #: families whose full-attention layers use no positional encoding (RoPE only on sliding layers)
