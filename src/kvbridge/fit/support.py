@@ -23,6 +23,9 @@ import torch
 
 from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, heldout_fields
 
+#: what a candidate ``(support, k, alpha)`` tuple holds, as the selection report names it
+CANDIDATE = ("support", "top_k", "alpha")
+
 
 def candidates(options, ks) -> list[tuple]:
     """``[(support, k, alpha)]`` to solve: the given settings (``select=r2``) or the grid ``select=kl`` searches."""
@@ -105,7 +108,7 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         target_spec,
         calibration,
         options,
-        max_k=max(c[1] for c in cands if c[0] == "layers") if any(c[0] == "layers" for c in cands) else 1,
+        max_k=max((c[1] for c in cands if c[0] == "layers"), default=1),
         head_scores=need_head,
         select_only=True,
     )
@@ -129,11 +132,8 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     if options.weighting == "uniform" and joint:
         source = _JointSource(joint[0])
     else:
-        union = {}
-        for per in slots.values():
-            for key, sl in per.items():
-                u = union.setdefault(key, [])
-                u.extend(x for x in sl if x not in u)
+        # each head's slots over every candidate, in first-seen order
+        union = {key: list(dict.fromkeys(x for per in slots.values() for x in per[key])) for key in slots[cands[0][:2]]}
         p_max = max(len(v) for v in union.values()) * ds
         job = HeadStats(
             union,
@@ -162,10 +162,11 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     out = {}
     for k in ks:
         pool = [i for i, c in enumerate(cands) if c[1] <= k] or list(range(len(cands)))
-        if values is None:
-            best = next(i for i, c in enumerate(cands) if c[1] == k)
-        else:
-            best = min(pool, key=lambda i: (values[i], i))
+        best = (
+            next(i for i, c in enumerate(cands) if c[1] == k)
+            if values is None
+            else min(pool, key=lambda i: (values[i], i))
+        )
         mapping = solved[best]
         if values is not None:
             mapping.report.params["selection"] = {
@@ -174,17 +175,14 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
                 "on the calibration's held-out sequences",
                 "prefix_share": float(options.select_prefix),
                 "suffix_tokens": int(options.select_suffix),
-                "chosen": {"support": cands[best][0], "top_k": cands[best][1], "alpha": cands[best][2]},
+                "chosen": dict(zip(CANDIDATE, cands[best])),
                 "candidates": [
                     {
-                        "support": c[0],
-                        "top_k": c[1],
-                        "alpha": c[2],
+                        **dict(zip(CANDIDATE, cands[i])),
                         "suffix_kl": values[i],
                         "heldout_r2": solved[i].report.r2_summary.get("mean"),
                     }
-                    for i, c in enumerate(cands)
-                    if i in pool
+                    for i in pool
                 ],
             }
         out[k] = mapping
