@@ -110,12 +110,8 @@ def _coerce_one(raw: Any, tp: Any) -> Any:
         if low in _TRUE | _FALSE:
             return low in _TRUE
         raise ValueError("not a boolean")
-    if origin is int:
-        return int(raw)
-    if origin is float:
-        return float(raw)
-    if origin is str:
-        return raw
+    if origin in (int, float, str):
+        return origin(raw)
     if origin in (dict, list, tuple):
         value = json.loads(raw)
         if not isinstance(value, dict if origin is dict else list):

@@ -56,18 +56,10 @@ def _top_k(value):
     return parsed
 
 
-def _share(value, flag: str, *, open_low: bool = True) -> None:
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value > 0 if open_low else value >= 0)
-        and value < 1
-    )
-    if not ok:
-        raise ConfigError(
-            f"{flag} must be a share {'in (0, 1)' if open_low else 'in [0, 1)'}, got {value!r}", f"use e.g. {flag} 0.1"
-        )
+def _share(value, flag: str) -> None:
+    """``value`` a share in ``[0, 1)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 <= value < 1):
+        raise ConfigError(f"{flag} must be a share in [0, 1), got {value!r}", f"use e.g. {flag} 0.1")
 
 
 def _options(value) -> tuple:
@@ -223,8 +215,8 @@ class FitSettings:
         if isinstance(self.estimator_options, Mapping):  # given in Python as a dict: its JSON text
             object.__setattr__(self, "estimator_options", json.dumps(dict(self.estimator_options)))
         nonempty(self.fitter, "--fitter", "name a fitter (`kvbridge plugins` lists them), e.g. ridge")
-        _share(self.corpus_heldout, "--corpus-heldout", open_low=False)
-        _share(self.heldout, "--heldout", open_low=False)
+        _share(self.corpus_heldout, "--corpus-heldout")
+        _share(self.heldout, "--heldout")
         validate.seq_len(self.seq_len)
         validate.tokens(self.tokens)
         validate.stride(self.stride, self.seq_len, skip=validate.non_negative_int(self.skip, "--skip"))
