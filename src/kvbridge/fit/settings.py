@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from kvbridge.dtypes import LOAD_DTYPES
 from kvbridge.errors import ConfigError, path_value, whole_number
-from kvbridge.settings_fields import check_counts, nonempty, option
+from kvbridge.settings_fields import check_counts, flag_of, nonempty, option, option_fields
 
 
 def parse_top_k(value) -> list | int | None:
@@ -203,13 +203,9 @@ class FitSettings:
     def __post_init__(self) -> None:
         from kvbridge.check import validate
 
-        for name, flag in (
-            ("corpus", "--corpus"),
-            ("out", "--out"),
-            ("keep_stats", "--keep-stats"),
-            ("from_stats", "--from-stats"),
-        ):
-            object.__setattr__(self, name, path_value(getattr(self, name), flag))
+        flags = {f.name: flag_of(f, opt) for f, opt in option_fields(type(self))}
+        for name in ("corpus", "out", "keep_stats", "from_stats"):
+            object.__setattr__(self, name, path_value(getattr(self, name), flags[name]))
         object.__setattr__(self, "fitter_options", _options(self.fitter_options))
         object.__setattr__(self, "top_k", _top_k(self.top_k))
         if isinstance(self.estimator_options, Mapping):  # given in Python as a dict: its JSON text
@@ -233,13 +229,9 @@ class FitSettings:
             raise ConfigError(
                 f"--dtype {self.dtype!r} is not a dtype models load in", f"use one of: {', '.join(LOAD_DTYPES)}"
             )
-        for name, flag in (
-            ("estimator", "--estimator"),
-            ("estimator_options", "--estimator-options"),
-            ("plan_device", "--calibrate"),
-        ):
+        for name in ("estimator", "estimator_options", "plan_device"):  # plan_device: --calibrate
             if getattr(self, name) is not None:
-                nonempty(getattr(self, name), flag, f"give a value for {flag}, or leave it out")
+                nonempty(getattr(self, name), flags[name], f"give a value for {flags[name]}, or leave it out")
 
     @property
     def sweep(self) -> bool:

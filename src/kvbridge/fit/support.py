@@ -196,7 +196,7 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
     sup, k, alpha = cand
     d = dims(source_spec, target_spec)
     hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
-    layers, r2k, r2v, alphas, selection, heads_sel = [], [], [], [], [], []
+    layers, r2s, alphas = [], [], []
     for t in range(target_spec.num_layers):
         union = sorted({s for h in range(ht) for s, _ in per[(t, h)]})
         w = {c: torch.zeros(len(union) * hs * ds, ht * dt, dtype=torch.float64) for c in ("k", "v")}
@@ -212,24 +212,22 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
                 w[c][rows, cols], b[c][cols], r2[c][h] = res["w"], res["b"], res["r2"]
                 lam[c].append(res["alpha"])
         layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
-        r2k.append(r2["k"])
-        r2v.append(r2["v"])
+        r2s.append(r2)
         alphas.append([lam["k"], lam["v"]])
-        selection.append(union)
-        heads_sel.append([[list(x) for x in per[(t, h)]] for h in range(ht)])
     feats = max(len(v) for v in per.values()) * ds
     params = {**asdict(options), "support": sup, "top_k": k, "alpha": alpha, "memory_budget": stats.budget}
-    params["head_support"] = heads_sel  # [target layer][target head] -> [[source layer, source head], ...]
+    # [target layer][target head] -> [[source layer, source head], ...]
+    params["head_support"] = [[[list(x) for x in per[(t, h)]] for h in range(ht)] for t in range(len(layers))]
     report = FitReport(
         fitter=fitter.name,
         params=params,
-        layer_selection=selection,
+        layer_selection=[list(lm.sources) for lm in layers],
         selection_scores={
             "mean": stats.scores["mean"].tolist(),
             "measured_on": stats.scores["measured_on"],
             **({"head": stats.scores["head"].tolist()} if "head" in stats.scores else {}),
         },
-        **heldout_fields(r2k, r2v, options.low_r2, measured=held_ok),
+        **heldout_fields([r["k"] for r in r2s], [r["v"] for r in r2s], options.low_r2, measured=held_ok),
         alpha_chosen=alphas,
         observations={"train": int(source.n("train")), "features_per_head": feats},
         passes=passes,

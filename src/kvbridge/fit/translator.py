@@ -336,7 +336,6 @@ class TranslatorFitter:
             for n, t in {**fixed[name], **params[name]}.items()
             for layer in range(target_spec.num_layers)
         }
-        run_steps = max(1, total - start)
         training = {
             "objective": "mean over target layers of ||attn(q, K_map, V_map) - attn(q, K, V)||^2 / ||attn(q, K, V)||^2",
             "before": before,
@@ -352,7 +351,7 @@ class TranslatorFitter:
             "heldout_sequences": int(len(held)),
             "collect_seconds": round(collect_s, 3),
             "train_seconds": round(train_s, 3),
-            "seconds_per_step": round(train_s / run_steps, 4) if total > start else None,
+            "seconds_per_step": round(train_s / (total - start), 4) if total > start else None,
             "data_bytes": data.nbytes(),
         }
         report = replace(
