@@ -107,9 +107,7 @@ class Checkpoint:
             return 0
         path = self.path(tag, rank, world)
         if not path.is_file():
-            others = (
-                sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors")) if self.folder.is_dir() else []
-            )
+            others = sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors"))  # none without the folder
             if others:
                 raise CheckpointError(
                     f"checkpoint {self.folder} was written by a different number of processes "

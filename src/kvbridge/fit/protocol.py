@@ -128,9 +128,7 @@ def type_name(tp: Any) -> str:
 
 def coerce(raw: Any, tp: Any, *, key: str, owner: str) -> Any:
     """``raw`` (a string from the command line, or a Python value) as type ``tp``."""
-    args = _union_args(tp)
-    ordered = sorted(args, key=lambda a: 0 if a is type(None) else 1)  # "none" first, then as declared
-    for arg in ordered:
+    for arg in sorted(_union_args(tp), key=lambda a: a is not type(None)):  # "none" first, then as declared
         try:
             return _coerce_one(raw, arg)
         except (ValueError, TypeError, json.JSONDecodeError):

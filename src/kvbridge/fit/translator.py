@@ -307,16 +307,15 @@ class TranslatorFitter:
                 for step in range(start, total):
                     g = torch.Generator().manual_seed(int(options.seed) * 1_000_003 + step)
                     rows = train[torch.randperm(len(train), generator=g)[: options.batch]]
-                    if step < options.steps:
+                    attention = step < options.steps  # else the KL stage
+                    if attention:
                         loss = layer_losses(data, params, kind, rows).mean()
                     else:
                         loss = kl_loss(data, params, kind, rows, calibration.target_model)
                     loss.backward()
-                    opt.step(lr=options.lr if step < options.steps or options.kl_lr is None else options.kl_lr)
+                    opt.step(lr=options.lr if attention or options.kl_lr is None else options.kl_lr)
                     if step % max(1, total // 20) == 0 or step == total - 1:
-                        curve.append(
-                            [step, "attention" if step < options.steps else "kl", round(float(loss.detach()), 6)]
-                        )
+                        curve.append([step, "attention" if attention else "kl", round(float(loss.detach()), 6)])
                     done = step + 1
                     if folder is not None and (done % options.checkpoint_every == 0 or done == total):
                         save_state(folder, key, params, opt, done, curve)
