@@ -67,15 +67,12 @@ def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: in
     offset = max(0, int(offset))
     want = None if tokens is None else int(tokens) + offset
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        stream.extend(ids)
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
         if eos is not None:
             stream.append(int(eos))
         if want is not None and len(stream) >= want:
             break
-    if want is not None:
-        stream = stream[:want]
-    stream = stream[offset:]
+    stream = stream[offset:want]
     n = len(stream) // seq_len
     if n == 0:
         raise CalibrationError(
