@@ -92,8 +92,7 @@ class Checkpoint:
         self.folder = Path(folder)
         self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
         self.resume = resume
-        env = os.environ.get("KVBRIDGE_CHECKPOINT_EVERY")
-        self.every_s = float(env) if env not in (None, "") else float(every_s)
+        self.every_s = float(os.environ.get("KVBRIDGE_CHECKPOINT_EVERY") or every_s)  # unset or empty: every_s
         self._last = time.monotonic()
         self._gap = self.every_s  # grows when writes are slow (MAX_IO_SHARE)
         self.writes = 0
