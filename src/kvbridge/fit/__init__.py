@@ -35,6 +35,7 @@ _LAZY = {
     "save_mapping": "kvbridge.fit.artifact:save_mapping",
     "FittedMapping": "kvbridge.fit.mapping:FittedMapping",
     "MomentStats": "kvbridge.fit.stats:MomentStats",
+    "plan": "kvbridge.fit.plan",  # the module is callable: kvbridge.fit.plan(source, target, ...) plans a fit
 }
 
 
@@ -46,18 +47,14 @@ def transfer_state(state, mapping, target_positions=None, host=None):
 
 
 def __getattr__(name):
-    if name == "plan":  # the module is callable: kvbridge.fit.plan(source, target, ...) plans a fit
-        import importlib
-
-        return importlib.import_module("kvbridge.fit.plan")
     if name == "transfer":
         return transfer_state
     if name in _LAZY:
         import importlib
 
         module, _, attr = _LAZY[name].partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
     raise AttributeError(f"module 'kvbridge.fit' has no attribute {name!r}")
 
 
-__all__ = list(_LAZY) + ["plan", "transfer_state"]
+__all__ = list(_LAZY) + ["transfer_state"]

@@ -136,13 +136,12 @@ def save_mapping(mapping, out: Path | str, *, manifest: dict | None = None, forc
 
 # -- loading ----------------------------------------------------------------------------------------------
 CHECKED_FIELDS = ("spec_fingerprint", "config_fingerprint", "weights_fingerprint")
-
-
-def _mismatch(msg: str, fix: str, force: bool) -> None:
-    if force:
-        warnings.warn(f"{msg} (used anyway: --accept-fingerprint-mismatch)", MappingMismatchWarning, stacklevel=3)
-        return
-    raise ArtifactError(msg, fix)
+#: the words of a refused field per role: (how the mapping was fitted, the models at hand, what to fit for)
+_REFUSAL = {
+    "source": ("for a different source model", "for the given model", "this pair (kvbridge fit)"),
+    "target": ("for a different target model", "for the given model", "this pair (kvbridge fit)"),
+    "tokenizer": ("with a different tokenizer", "for the given models", "this tokenizer"),
+}
 
 
 def compared(manifest: Mapping, source: dict | None, target: dict | None, *, loaded_configs_only: bool = False):
@@ -167,28 +166,19 @@ def verify_pair(
     force: bool = False,
 ) -> list[str]:
     """Compare a manifest with the identities of the models at hand; return the fields checked."""
-    checked = []
-    for role, name, need, have in compared(manifest, source, target):
-        checked.append(f"{role}.{name}")
-        if have != need:
-            _mismatch(
-                f"mapping was fitted for a different {role} model: field {role}.{name} is "
-                f"{need[:12]}... in the manifest, {have[:12]}... for the given model",
-                "fit a mapping for this pair (kvbridge fit) or pass --accept-fingerprint-mismatch to use it anyway",
-                force,
-            )
-    if tokenizer is not None and manifest.get("tokenizer"):
-        have, need = tokenizer.get("digest"), manifest["tokenizer"].get("digest")
-        if have and need:
-            checked.append("tokenizer.digest")
-            if have != need:
-                _mismatch(
-                    f"mapping was fitted with a different tokenizer: field tokenizer.digest is {need[:12]}... "
-                    f"in the manifest, {have[:12]}... for the given models",
-                    "fit a mapping for this tokenizer or pass --accept-fingerprint-mismatch to use it anyway",
-                    force,
-                )
-    return checked
+    checks = list(compared(manifest, source, target))
+    digests = ((manifest.get("tokenizer") or {}).get("digest"), (tokenizer or {}).get("digest"))
+    if all(digests):
+        checks.append(("tokenizer", "digest", *digests))
+    for role, name, need, have in checks:
+        if have == need:
+            continue
+        how, given, fix = _REFUSAL[role]
+        msg = f"mapping was fitted {how}: field {role}.{name} is {need[:12]}... in the manifest, {have[:12]}... {given}"
+        if not force:
+            raise ArtifactError(msg, f"fit a mapping for {fix} or pass --accept-fingerprint-mismatch to use it anyway")
+        warnings.warn(f"{msg} (used anyway: --accept-fingerprint-mismatch)", MappingMismatchWarning, stacklevel=2)
+    return [f"{role}.{name}" for role, name, *_ in checks]
 
 
 def load_mapping(

@@ -67,15 +67,12 @@ def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: in
     offset = max(0, int(offset))
     want = None if tokens is None else int(tokens) + offset
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        stream.extend(ids)
+        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
         if eos is not None:
             stream.append(int(eos))
         if want is not None and len(stream) >= want:
             break
-    if want is not None:
-        stream = stream[:want]
-    stream = stream[offset:]
+    stream = stream[offset:want]
     n = len(stream) // seq_len
     if n == 0:
         raise CalibrationError(
@@ -218,11 +215,9 @@ class PairedCalibration:
     def world(self) -> int:
         return self.dist.world if self.dist else 1
 
-    def my_sequences(self) -> list[int]:
-        return [i for i in range(self.num_sequences) if i % self.world == self.rank]
-
     def batches(self) -> list[list[int]]:
-        mine = self.my_sequences()
+        """This rank's sequences (``rank, rank + world, ...``) in batches of ``batch_size``."""
+        mine = list(range(self.rank, self.num_sequences, self.world))
         bs = self.config.batch_size
         return [mine[i : i + bs] for i in range(0, len(mine), bs)]
 
@@ -260,8 +255,7 @@ class PairedCalibration:
                 f"weighting=attention recorded the attention of {len(layers)} of the target's {n} layers",
                 "use weighting=uniform for this model (its attention does not run through transformers' interface)",
             )
-        rk = torch.stack([layers[i][0] for i in range(n)], dim=1)
-        rv = torch.stack([layers[i][1] for i in range(n)], dim=1)
+        rk, rv = (torch.stack([layers[i][j] for i in range(n)], dim=1) for j in (0, 1))
         return tk, tv, rk, rv
 
     def features(self, seq_idx: list[int], *, attention: bool = False) -> tuple[dict, Any]:
@@ -332,8 +326,8 @@ class PairedCalibration:
         done = 0
         if self.checkpoint is not None:
             done = self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
-        if self.progress is not None:
-            self.progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
+        progress = self.progress if self.progress is not None else (lambda event: None)
+        progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
         attention = any(getattr(job, "needs_attention", False) for job in jobs)
         for bi in range(done, len(batches)):
             feats, held = self.features(batches[bi], attention=attention)
@@ -342,10 +336,8 @@ class PairedCalibration:
             if self.checkpoint is not None:
                 self.checkpoint.maybe_save(tag, jobs, done=bi + 1, total=len(batches), rank=self.rank, world=self.world)
             fault_point("fit.batch")
-            if self.progress is not None:
-                self.progress(("advance", tag, len(batches[bi]) * self.seq_len))
-        if self.progress is not None:
-            self.progress(("end", tag, 0))
+            progress(("advance", tag, len(batches[bi]) * self.seq_len))
+        progress(("end", tag, 0))
         if self.dist is not None and self.world > 1:
             from kvbridge.fit.stats import all_reduce
 

@@ -92,13 +92,10 @@ class Checkpoint:
         self.folder = Path(folder)
         self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
         self.resume = resume
-        env = os.environ.get("KVBRIDGE_CHECKPOINT_EVERY")
-        self.every_s = float(env) if env not in (None, "") else float(every_s)
+        self.every_s = float(os.environ.get("KVBRIDGE_CHECKPOINT_EVERY") or every_s)  # unset or empty: every_s
         self._last = time.monotonic()
         self._gap = self.every_s  # grows when writes are slow (MAX_IO_SHARE)
         self.writes = 0
-        self.bytes_written = 0
-        self.restored: dict[str, int] = {}
 
     def path(self, tag: str, rank: int, world: int) -> Path:
         return self.folder / f"{tag}.rank{rank}of{world}.safetensors"
@@ -109,9 +106,7 @@ class Checkpoint:
             return 0
         path = self.path(tag, rank, world)
         if not path.is_file():
-            others = (
-                sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors")) if self.folder.is_dir() else []
-            )
+            others = sorted(p.name for p in self.folder.glob(f"{tag}.rank*.safetensors"))  # none without the folder
             if others:
                 raise CheckpointError(
                     f"checkpoint {self.folder} was written by a different number of processes "
@@ -120,12 +115,11 @@ class Checkpoint:
                 )
             return 0
         from safetensors import safe_open
-        from safetensors.torch import load_file
 
         try:
             with safe_open(str(path), framework="pt") as fh:
                 meta = fh.metadata() or {}
-            tensors = load_file(str(path))
+                tensors = {name: fh.get_tensor(name) for name in fh.keys()}
         except Exception as exc:  # noqa: BLE001 - any unreadable file is one error
             raise CheckpointError(
                 f"{path} is not a readable checkpoint ({exc})", "delete it and start afresh"
@@ -155,15 +149,11 @@ class Checkpoint:
                     f"checkpoint {path.name} does not match this fit's statistics ({exc})",
                     "start afresh without --resume",
                 ) from None
-        done = int(meta.get("done", 0))
-        self.restored[tag] = done
-        return done
+        return int(meta.get("done", 0))
 
-    def maybe_save(
-        self, tag: str, jobs: list, *, done: int, total: int, rank: int = 0, world: int = 1, force: bool = False
-    ) -> bool:
+    def maybe_save(self, tag: str, jobs: list, *, done: int, total: int, rank: int = 0, world: int = 1) -> bool:
         now = time.monotonic()
-        if not (force or done >= total or now - self._last >= self._gap):
+        if not (done >= total or now - self._last >= self._gap):
             return False
         self.save(tag, jobs, done=done, rank=rank, world=world)
         took = time.monotonic() - now
@@ -177,12 +167,10 @@ class Checkpoint:
         from kvbridge.durable import commit_file
 
         self.folder.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for j, job in enumerate(jobs):
-            tensors.update(job.state_dict(prefix=f"job{j}."))
+        states = (job.state_dict(prefix=f"job{j}.") for j, job in enumerate(jobs))
+        tensors = {k: v.detach().contiguous().cpu() for state in states for k, v in state.items()}
         path = self.path(tag, rank, world)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         key = json.dumps(self.key, sort_keys=True)
         meta = {"key": key, "done": str(done), "tag": tag, "sha256": _digest(tensors, key, str(done), tag)}
         try:
@@ -192,7 +180,6 @@ class Checkpoint:
             tmp.unlink(missing_ok=True)
             raise
         self.writes += 1
-        self.bytes_written += path.stat().st_size
         return path
 
     def clear(self) -> None:

@@ -54,7 +54,7 @@ def fit(source, target=None, data=None, settings=None, *, host=None, progress=No
     settings = fit_settings(settings, **fields)
     base = {**option_base(options), **by_name}
     prepared = prepare(settings, data=data, host=host, options=base)  # every refusal before a model loads
-    if _model_objects(source, target):
+    if all(hasattr(m, "parameters") and not hasattr(m, "fingerprint") for m in (source, target)):  # model objects
         run = model_run(source, target, settings, host, tokenizer=tokenizer, names=names, revisions=revisions)
     else:
         if tokenizer is not None:
@@ -99,11 +99,6 @@ def _legacy_names(fields: dict) -> tuple:
     return names, tuple(
         given.get(f"{r}_revision") or getattr(prov, f"{r}_revision", None) for r in ("source", "target")
     )
-
-
-def _model_objects(source, target) -> bool:
-    """Two model objects given in Python (not references, loaded models or a pair)."""
-    return all(hasattr(m, "parameters") and not hasattr(m, "fingerprint") for m in (source, target))
 
 
 def pair_of(source, target, dtype, host):

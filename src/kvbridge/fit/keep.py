@@ -60,10 +60,12 @@ class StatsWriter:
 
     def finish(self, stats) -> None:
         from kvbridge.artifacts import save_safetensors
+        from kvbridge.version import __version__
 
         scores = {k: stats.scores[k].contiguous() for k in ("mean", "k", "v")}
         digest = save_safetensors(scores, self.folder / SCORES_FILE)
         manifest = {
+            "kvbridge_version": __version__,
             **self.base,
             "schema_version": SCHEMA_VERSION,
             "kind": KIND,
@@ -78,9 +80,6 @@ class StatsWriter:
             "tensor_file": SCORES_FILE,
             "tensor_sha256": digest,
         }
-        from kvbridge.version import __version__
-
-        manifest.setdefault("kvbridge_version", __version__)
         (self.folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
 
 

@@ -32,6 +32,7 @@ import torch
 from kvbridge.buffers import HUGE_PAGE_MAX, HUGE_PAGE_MIN, fresh, populate, token_blocks  # noqa: F401 - re-exported
 from kvbridge.errors import ArtifactError, StateError
 from kvbridge.spec import ModelSpec
+from kvbridge.transfer import content_geometry as geometry
 
 MODES = ("dense", "headwise")
 #: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
@@ -47,10 +48,6 @@ TOKEN_BLOCK = 2048
 GATHER_BYTES = 32 << 20
 
 
-def geometry(spec: ModelSpec) -> tuple:
-    return (spec.num_layers, spec.num_kv_heads, spec.head_dim)
-
-
 @dataclass
 class LayerMap:
     """The maps of one target layer (K and V)."""
@@ -61,14 +58,6 @@ class LayerMap:
     bk: torch.Tensor
     wv: torch.Tensor
     bv: torch.Tensor
-
-    def source_index(self, device=None) -> torch.Tensor:
-        """The selected source layers as an index tensor (dense layout), cached per device."""
-        cache = self.__dict__.setdefault("_index", {})
-        key = str(device)
-        if key not in cache:
-            cache[key] = torch.tensor([int(s) for s in self.sources], dtype=torch.long, device=device)
-        return cache[key]
 
     def to(self, dtype=torch.float32, device=None) -> "LayerMap":
         return replace(self, **{n: getattr(self, n).to(dtype=dtype, device=device) for n in ("wk", "bk", "wv", "bv")})

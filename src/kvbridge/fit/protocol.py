@@ -110,12 +110,8 @@ def _coerce_one(raw: Any, tp: Any) -> Any:
         if low in _TRUE | _FALSE:
             return low in _TRUE
         raise ValueError("not a boolean")
-    if origin is int:
-        return int(raw)
-    if origin is float:
-        return float(raw)
-    if origin is str:
-        return raw
+    if origin in (int, float, str):
+        return origin(raw)
     if origin in (dict, list, tuple):
         value = json.loads(raw)
         if not isinstance(value, dict if origin is dict else list):
@@ -132,9 +128,7 @@ def type_name(tp: Any) -> str:
 
 def coerce(raw: Any, tp: Any, *, key: str, owner: str) -> Any:
     """``raw`` (a string from the command line, or a Python value) as type ``tp``."""
-    args = _union_args(tp)
-    ordered = sorted(args, key=lambda a: 0 if a is type(None) else 1)  # "none" first, then as declared
-    for arg in ordered:
+    for arg in sorted(_union_args(tp), key=lambda a: a is not type(None)):  # "none" first, then as declared
         try:
             return _coerce_one(raw, arg)
         except (ValueError, TypeError, json.JSONDecodeError):

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from kvbridge.dtypes import LOAD_DTYPES
 from kvbridge.errors import ConfigError, path_value, whole_number
-from kvbridge.settings_fields import check_counts, nonempty, option
+from kvbridge.settings_fields import check_counts, flag_of, nonempty, option, option_fields
 
 
 def parse_top_k(value) -> list | int | None:
@@ -56,18 +56,10 @@ def _top_k(value):
     return parsed
 
 
-def _share(value, flag: str, *, open_low: bool = True) -> None:
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value > 0 if open_low else value >= 0)
-        and value < 1
-    )
-    if not ok:
-        raise ConfigError(
-            f"{flag} must be a share {'in (0, 1)' if open_low else 'in [0, 1)'}, got {value!r}", f"use e.g. {flag} 0.1"
-        )
+def _share(value, flag: str) -> None:
+    """``value`` a share in ``[0, 1)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 <= value < 1):
+        raise ConfigError(f"{flag} must be a share in [0, 1), got {value!r}", f"use e.g. {flag} 0.1")
 
 
 def _options(value) -> tuple:
@@ -211,20 +203,16 @@ class FitSettings:
     def __post_init__(self) -> None:
         from kvbridge.check import validate
 
-        for name, flag in (
-            ("corpus", "--corpus"),
-            ("out", "--out"),
-            ("keep_stats", "--keep-stats"),
-            ("from_stats", "--from-stats"),
-        ):
-            object.__setattr__(self, name, path_value(getattr(self, name), flag))
+        flags = {f.name: flag_of(f, opt) for f, opt in option_fields(type(self))}
+        for name in ("corpus", "out", "keep_stats", "from_stats"):
+            object.__setattr__(self, name, path_value(getattr(self, name), flags[name]))
         object.__setattr__(self, "fitter_options", _options(self.fitter_options))
         object.__setattr__(self, "top_k", _top_k(self.top_k))
         if isinstance(self.estimator_options, Mapping):  # given in Python as a dict: its JSON text
             object.__setattr__(self, "estimator_options", json.dumps(dict(self.estimator_options)))
         nonempty(self.fitter, "--fitter", "name a fitter (`kvbridge plugins` lists them), e.g. ridge")
-        _share(self.corpus_heldout, "--corpus-heldout", open_low=False)
-        _share(self.heldout, "--heldout", open_low=False)
+        _share(self.corpus_heldout, "--corpus-heldout")
+        _share(self.heldout, "--heldout")
         validate.seq_len(self.seq_len)
         validate.tokens(self.tokens)
         validate.stride(self.stride, self.seq_len, skip=validate.non_negative_int(self.skip, "--skip"))
@@ -241,13 +229,9 @@ class FitSettings:
             raise ConfigError(
                 f"--dtype {self.dtype!r} is not a dtype models load in", f"use one of: {', '.join(LOAD_DTYPES)}"
             )
-        for name, flag in (
-            ("estimator", "--estimator"),
-            ("estimator_options", "--estimator-options"),
-            ("plan_device", "--calibrate"),
-        ):
+        for name in ("estimator", "estimator_options", "plan_device"):  # plan_device: --calibrate
             if getattr(self, name) is not None:
-                nonempty(getattr(self, name), flag, f"give a value for {flag}, or leave it out")
+                nonempty(getattr(self, name), flags[name], f"give a value for {flags[name]}, or leave it out")
 
     @property
     def sweep(self) -> bool:

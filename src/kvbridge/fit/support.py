@@ -23,6 +23,9 @@ import torch
 
 from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, heldout_fields
 
+#: what a candidate ``(support, k, alpha)`` tuple holds, as the selection report names it
+CANDIDATE = ("support", "top_k", "alpha")
+
 
 def candidates(options, ks) -> list[tuple]:
     """``[(support, k, alpha)]`` to solve: the given settings (``select=r2``) or the grid ``select=kl`` searches."""
@@ -105,7 +108,7 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         target_spec,
         calibration,
         options,
-        max_k=max(c[1] for c in cands if c[0] == "layers") if any(c[0] == "layers" for c in cands) else 1,
+        max_k=max((c[1] for c in cands if c[0] == "layers"), default=1),
         head_scores=need_head,
         select_only=True,
     )
@@ -129,11 +132,8 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     if options.weighting == "uniform" and joint:
         source = _JointSource(joint[0])
     else:
-        union = {}
-        for per in slots.values():
-            for key, sl in per.items():
-                u = union.setdefault(key, [])
-                u.extend(x for x in sl if x not in u)
+        # each head's slots over every candidate, in first-seen order
+        union = {key: list(dict.fromkeys(x for per in slots.values() for x in per[key])) for key in slots[cands[0][:2]]}
         p_max = max(len(v) for v in union.values()) * ds
         job = HeadStats(
             union,
@@ -162,10 +162,11 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     out = {}
     for k in ks:
         pool = [i for i, c in enumerate(cands) if c[1] <= k] or list(range(len(cands)))
-        if values is None:
-            best = next(i for i, c in enumerate(cands) if c[1] == k)
-        else:
-            best = min(pool, key=lambda i: (values[i], i))
+        best = (
+            next(i for i, c in enumerate(cands) if c[1] == k)
+            if values is None
+            else min(pool, key=lambda i: (values[i], i))
+        )
         mapping = solved[best]
         if values is not None:
             mapping.report.params["selection"] = {
@@ -174,17 +175,14 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
                 "on the calibration's held-out sequences",
                 "prefix_share": float(options.select_prefix),
                 "suffix_tokens": int(options.select_suffix),
-                "chosen": {"support": cands[best][0], "top_k": cands[best][1], "alpha": cands[best][2]},
+                "chosen": dict(zip(CANDIDATE, cands[best])),
                 "candidates": [
                     {
-                        "support": c[0],
-                        "top_k": c[1],
-                        "alpha": c[2],
+                        **dict(zip(CANDIDATE, cands[i])),
                         "suffix_kl": values[i],
                         "heldout_r2": solved[i].report.r2_summary.get("mean"),
                     }
-                    for i, c in enumerate(cands)
-                    if i in pool
+                    for i in pool
                 ],
             }
         out[k] = mapping
@@ -198,7 +196,7 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
     sup, k, alpha = cand
     d = dims(source_spec, target_spec)
     hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
-    layers, r2k, r2v, alphas, selection, heads_sel = [], [], [], [], [], []
+    layers, r2s, alphas = [], [], []
     for t in range(target_spec.num_layers):
         union = sorted({s for h in range(ht) for s, _ in per[(t, h)]})
         w = {c: torch.zeros(len(union) * hs * ds, ht * dt, dtype=torch.float64) for c in ("k", "v")}
@@ -214,24 +212,22 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
                 w[c][rows, cols], b[c][cols], r2[c][h] = res["w"], res["b"], res["r2"]
                 lam[c].append(res["alpha"])
         layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
-        r2k.append(r2["k"])
-        r2v.append(r2["v"])
+        r2s.append(r2)
         alphas.append([lam["k"], lam["v"]])
-        selection.append(union)
-        heads_sel.append([[list(x) for x in per[(t, h)]] for h in range(ht)])
     feats = max(len(v) for v in per.values()) * ds
     params = {**asdict(options), "support": sup, "top_k": k, "alpha": alpha, "memory_budget": stats.budget}
-    params["head_support"] = heads_sel  # [target layer][target head] -> [[source layer, source head], ...]
+    # [target layer][target head] -> [[source layer, source head], ...]
+    params["head_support"] = [[[list(x) for x in per[(t, h)]] for h in range(ht)] for t in range(len(layers))]
     report = FitReport(
         fitter=fitter.name,
         params=params,
-        layer_selection=selection,
+        layer_selection=[list(lm.sources) for lm in layers],
         selection_scores={
             "mean": stats.scores["mean"].tolist(),
             "measured_on": stats.scores["measured_on"],
             **({"head": stats.scores["head"].tolist()} if "head" in stats.scores else {}),
         },
-        **heldout_fields(r2k, r2v, options.low_r2, measured=held_ok),
+        **heldout_fields([r["k"] for r in r2s], [r["v"] for r in r2s], options.low_r2, measured=held_ok),
         alpha_chosen=alphas,
         observations={"train": int(source.n("train")), "features_per_head": feats},
         passes=passes,

@@ -193,9 +193,8 @@ def save_state(folder: Path, key: str, params: dict, opt: AdamW, step: int, curv
 
     from kvbridge.artifacts import write_file_atomic
 
-    tensors = {}
-    for i, (t, m, v) in enumerate(zip(opt.tensors, opt.m, opt.v)):
-        tensors[f"p.{i}"], tensors[f"m.{i}"], tensors[f"v.{i}"] = t.detach().contiguous(), m, v
+    trios = enumerate(zip(opt.tensors, opt.m, opt.v))  # parameter, first and second moments
+    tensors = {f"{n}.{i}": t.detach().contiguous() for i, trio in trios for n, t in zip("pmv", trio)}
     meta = {"key": key, "step": str(step), "adam_step": str(opt.step_count), "curve": json.dumps(curve)}
     folder.mkdir(parents=True, exist_ok=True)
     write_file_atomic(folder / STATE_FILE, save(tensors, metadata=meta))
@@ -265,18 +264,12 @@ class TranslatorFitter:
         show = calibration.progress is not None and getattr(calibration.progress, "enabled", True)
         t0 = time.perf_counter()
         bar = Progress(calibration.num_sequences * seq_len, label="translator data", unit="tokens", enabled=show)
-        seen = [0]
-
-        def advance(n):
-            seen[0] += n
-            bar.update(seen[0], tokens=n)
-
         data = collect(
             calibration,
             ridge,
             queries=options.queries,
             suffix=options.kl_suffix * bool(options.kl_steps),
-            progress=advance,
+            progress=lambda n: bar.update(bar.done + n, tokens=n),
         )
         bar.close()
         collect_s = time.perf_counter() - t0
@@ -298,11 +291,8 @@ class TranslatorFitter:
             return {"train": measure(data, params, kind, train), "heldout": measure(data, params, kind, held)}
 
         before = measured()
-        start, curve = 0, []
-        if folder is not None and resume_from:
-            got = load_state(folder, key, opt)
-            if got is not None:
-                start, curve = got
+        got = load_state(folder, key, opt) if folder is not None and resume_from else None
+        start, curve = got or (0, [])
         total = options.steps + options.kl_steps
         bar = Progress(total, label="translator", unit="steps", enabled=show)
         bar.update(start)
@@ -317,16 +307,15 @@ class TranslatorFitter:
                 for step in range(start, total):
                     g = torch.Generator().manual_seed(int(options.seed) * 1_000_003 + step)
                     rows = train[torch.randperm(len(train), generator=g)[: options.batch]]
-                    if step < options.steps:
+                    attention = step < options.steps  # else the KL stage
+                    if attention:
                         loss = layer_losses(data, params, kind, rows).mean()
                     else:
                         loss = kl_loss(data, params, kind, rows, calibration.target_model)
                     loss.backward()
-                    opt.step(lr=options.lr if step < options.steps or options.kl_lr is None else options.kl_lr)
+                    opt.step(lr=options.lr if attention or options.kl_lr is None else options.kl_lr)
                     if step % max(1, total // 20) == 0 or step == total - 1:
-                        curve.append(
-                            [step, "attention" if step < options.steps else "kl", round(float(loss.detach()), 6)]
-                        )
+                        curve.append([step, "attention" if attention else "kl", round(float(loss.detach()), 6)])
                     done = step + 1
                     if folder is not None and (done % options.checkpoint_every == 0 or done == total):
                         save_state(folder, key, params, opt, done, curve)
@@ -346,7 +335,6 @@ class TranslatorFitter:
             for n, t in {**fixed[name], **params[name]}.items()
             for layer in range(target_spec.num_layers)
         }
-        run_steps = max(1, total - start)
         training = {
             "objective": "mean over target layers of ||attn(q, K_map, V_map) - attn(q, K, V)||^2 / ||attn(q, K, V)||^2",
             "before": before,
@@ -362,7 +350,7 @@ class TranslatorFitter:
             "heldout_sequences": int(len(held)),
             "collect_seconds": round(collect_s, 3),
             "train_seconds": round(train_s, 3),
-            "seconds_per_step": round(train_s / run_steps, 4) if total > start else None,
+            "seconds_per_step": round(train_s / (total - start), 4) if total > start else None,
             "data_bytes": data.nbytes(),
         }
         report = replace(

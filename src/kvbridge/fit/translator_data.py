@@ -54,10 +54,8 @@ class TrainingData:
         return torch.nonzero(self.held).flatten()
 
     def nbytes(self) -> int:
-        ts = [*self.x.values(), *self.base.values(), self.q, self.ref]
-        if self.native_logp is not None:
-            ts.append(self.native_logp)
-        return int(sum(t.numel() * t.element_size() for t in ts))
+        ts = [*self.x.values(), *self.base.values(), self.q, self.ref, self.native_logp]
+        return int(sum(t.numel() * t.element_size() for t in ts if t is not None))
 
 
 def query_positions(seq_len: int, queries: int) -> torch.Tensor:
@@ -82,21 +80,15 @@ def _rope_tables(tspec, seq_len: int, host):
         return None
     from kvbridge import rope as rope_mod
 
-    positions = torch.arange(seq_len)[None]
-    cos, sin, dims = [], [], set()
-    for ti in range(tspec.num_layers):
-        rs = tspec.rope_for_layer(ti)
-        c, s = rope_mod.tables(rs, positions, host=host)
-        cos.append(c[0])
-        sin.append(s[0])
-        dims.add((rs.rotary_dim, rs.interleaved))
+    specs = [tspec.rope_for_layer(ti) for ti in range(tspec.num_layers)]
+    dims = {(rs.rotary_dim, rs.interleaved) for rs in specs}
     if len(dims) != 1:
         raise FitError(
             "the translator needs one RoPE layout (rotary dims, interleaving) across the target's layers",
             "use --fitter ridge for this target",
         )
-    (rdim, inter) = dims.pop()
-    return torch.stack(cos), torch.stack(sin), rdim, inter
+    tables = [rope_mod.tables(rs, torch.arange(seq_len)[None], host=host) for rs in specs]  # ([1, T, r], [1, T, r])
+    return torch.stack([c[0] for c, _ in tables]), torch.stack([s[0] for _, s in tables]), *dims.pop()
 
 
 def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None, host=None) -> TrainingData:
@@ -125,10 +117,8 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
             parts["bk"].append(torch.stack([k.float().cpu() for k in mapped.keys], 1))
             parts["bv"].append(torch.stack([v.float().cpu() for v in mapped.values], 1))
             with capture_attention(cal.target_model) as captured:
-                kwargs = {"use_cache": False}
-                if suffix:
-                    kwargs["logits_to_keep"] = int(suffix)
-                out = cal.target_model(input_ids=ids, **kwargs)
+                keep = {"logits_to_keep": int(suffix)} if suffix else {}
+                out = cal.target_model(input_ids=ids, use_cache=False, **keep)
             qs, refs = [], []
             for ti in range(lt):
                 c = captured[ti]
