@@ -66,12 +66,19 @@ VMSTAT = ("thp_fault_alloc", "thp_fault_fallback", "compact_stall", "compact_mig
 
 
 def vmstat() -> dict:
+    """:data:`VMSTAT`'s counters, and the machine's ``steal`` time in ms (``/proc/stat``: time the
+    hypervisor ran something else on this machine's CPUs); {} elsewhere."""
     try:
         with open("/proc/vmstat") as fh:
             rows = dict(line.split() for line in fh)
+        with open("/proc/stat") as fh:
+            cpu = fh.readline().split()
     except OSError:
         return {}
-    return {k: int(rows[k]) for k in VMSTAT if k in rows}
+    out = {k: int(rows[k]) for k in VMSTAT if k in rows}
+    if len(cpu) > 8:
+        out["steal_ms"] = int(cpu[8]) * 1000 // os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
@@ -157,6 +164,9 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         vms.append({k: v1[k] - v0[k] for k in v1})
     return {
         "walls": walls,
+        "calls": [  # each timed call: the machine's steal time and the threads' CPU time by name, ms
+            {"steal": v.get("steal_ms", 0), **{k: round(1e3 * t, 1) for k, t in d.items()}} for v, d in zip(vms, named)
+        ],
         "busy": [statistics.median(b[j] if len(b) > j else 0.0 for b in busy) for j in range(3)],
         "named": {k: statistics.median(d.get(k, 0.0) for d in named) for k in sorted(set().union(*named))},
         "vmstat": {k: statistics.median(d.get(k, 0) for d in vms) for k in sorted(set().union(*vms))},
@@ -279,6 +289,8 @@ def main() -> None:
                 print(
                     f"#   {n:,} {name} {mode} child: wall {1e3 * r['wall']:,.1f} ms ("
                     + ", ".join(f"{1e3 * w:,.0f}" for w in r["walls"])
+                    + "; per call steal ms / CPU ms by thread: "
+                    + "; ".join(" ".join(f"{k} {v:,.0f}" for k, v in c.items()) for c in r["calls"])
                     + "), its busiest threads "
                     + " / ".join(f"{1e3 * b:,.0f}" for b in r["busy"])
                     + " ms on a CPU (by name: "
