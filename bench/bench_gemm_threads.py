@@ -4,6 +4,16 @@ and block of 2,048 tokens: ``addmm`` [2,048, 512] @ [512, 256] into a warm outpu
 each timed at 1 and 2 threads alternating in one process (wall clock, medians of ``--repeats``).
 
     python bench/bench_gemm_threads.py --tokens 8192 --repeats 7
+
+``--stages``: the dense map of ``bench_peer.py``'s inputs at ``--tokens`` (one token block: up to
+2,048) and ``--threads``, in ONE process, alternating (order reversed every round), each with the CPU
+time of its busiest threads (``/proc/self/task/*/schedstat``: whether a thread sits idle): the floor
+(``bench_peer.py``'s one ``mm``), the map with fresh results, with its results reused (``work=``),
+the map with ``GATHER_BYTES`` of 32 MiB (session 8's) and of other sizes, with ``populate`` off, and
+its two stages alone on warm buffers (the ``torch.stack`` gathers and the strided ``baddbmm`` calls,
+K and V, blocks of 32 MiB). Every map's output is checked ``torch.equal`` to the first.
+
+    python bench/bench_gemm_threads.py --stages --tokens 2048 --threads 2 --repeats 5
 """
 
 from __future__ import annotations
@@ -16,11 +26,107 @@ import time
 import torch
 
 
+def busy() -> dict:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/schedstat") as fh:
+            out[tid] = int(fh.read().split()[0])
+    return out
+
+
+def stages(tokens: int, threads: int, repeats: int) -> None:
+    """``--stages``: the one-block dense map's variants and stages, alternating in one process."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry
+
+    from kvbridge.fit import mapping as M
+
+    torch.set_num_threads(threads)
+    src, tgt = parse_geometry("24x2x64-28x2x128")
+    m = Ours(src, tgt).mapping(mapping_inputs(src, tgt))
+    keys, values = cache_inputs(src, tokens)
+    x, w, o = floor_operands(src, tgt, tokens)
+    default, populate = M.GATHER_BYTES, M.populate
+
+    def variant(gather=None, work=None, pop=True):
+        def fn():
+            M.GATHER_BYTES = gather or default
+            M.populate = populate if pop else (lambda t, threads=None: t)
+            try:
+                return m.map_tensors(keys, values) if work is None else m.map_tensors(keys, values, work=work)
+            finally:
+                M.GATHER_BYTES, M.populate = default, populate
+
+        return fn
+
+    (ls, sel, wk, bk), (_, _, wv, bv) = m._dense_plan("cpu")["k"][0], m._dense_plan("cpu")["v"][0]
+    fs, g, k = src[1] * src[2], len(ls), len(sel) // len(ls)
+    step = max(1, min(g, (32 << 20) // (4 * tokens * k * fs)))  # session 8's blocks: 32 MiB of features
+    gbuf, rbuf = torch.empty(tokens * step * k * fs), torch.empty(g, tokens, wk.shape[-1])
+    srcs = {"k": [t.transpose(1, 2) for t in keys], "v": [t.transpose(1, 2) for t in values]}
+
+    def stage(which):  # _map_dense's one-block loop, one of its two operations, warm buffers
+        for name, wt, bias in (("k", wk, bk), ("v", wv, bv)):
+            for a in range(0, g, step):
+                e = min(g, a + step)
+                feats = gbuf[: tokens * (e - a) * k * fs].view(1, tokens, (e - a) * k, src[1], src[2])
+                if which == "stack":
+                    torch.stack([srcs[name][s] for s in sel[a * k : e * k]], dim=2, out=feats)
+                else:
+                    a_ = feats.view(tokens, e - a, k * fs).transpose(0, 1)
+                    torch.baddbmm(bias[a:e], a_, wt[a:e], out=rbuf[a:e])
+
+    fns = {
+        "floor": lambda: torch.mm(x, w, out=o),
+        "map (fresh results)": variant(),
+        "map, results reused (work=)": variant(work={}),
+        "map, gather 32 MiB": variant(32 << 20),
+        "map, gather 16 MiB": variant(16 << 20),
+        "map, gather 8 MiB": variant(8 << 20),
+        "map, populate off": variant(pop=False),
+        "stack alone (32 MiB blocks)": lambda: stage("stack"),
+        "baddbmm alone (32 MiB blocks)": lambda: stage("baddbmm"),
+    }
+    res: dict = {n: [] for n in fns}
+    ref = None
+    for r in range(repeats + 1):  # the first round warms up
+        for name, fn in fns.items() if r % 2 == 0 else list(fns.items())[::-1]:
+            b0, t0 = busy(), time.perf_counter()
+            out = fn()
+            wall, b1 = time.perf_counter() - t0, busy()
+            if name.startswith("map"):
+                flat = torch.cat([t.reshape(-1) for t in out[0] + out[1]])
+                ref = flat if ref is None else ref
+                assert torch.equal(ref, flat), name
+            del out
+            if r:
+                res[name].append((wall, sorted(((b1[t] - b0.get(t, 0)) / 1e6 for t in b1), reverse=True)[:2]))
+    floor = statistics.median(v[0] for v in res["floor"])
+    print(
+        f"# bench_gemm_threads --stages: {tokens} tokens, {threads} thread(s), GATHER_BYTES {default >> 20} MiB, "
+        f"one process, medians of {repeats}; load {os.getloadavg()[0]:.2f}; every map torch.equal"
+    )
+    print("| variant | wall ms | / floor | its two busiest threads on a CPU, ms |")
+    print("|---|---:|---:|---|")
+    for name, v in res.items():
+        wall = statistics.median(x[0] for x in v)
+        th = [statistics.median(x[1][j] for x in v if len(x[1]) > j) for j in range(2)]
+        print(f"| {name} | {1e3 * wall:.1f} | {wall / floor:.2f} | {th[0]:.0f} / {th[1]:.0f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--stages", action="store_true", help="the one-block dense map's variants and stages")
+    ap.add_argument("--threads", type=int, default=2, help="--stages: torch threads")
     args = ap.parse_args()
+    if args.stages:
+        stages(args.tokens, args.threads, args.repeats)
+        return
     g = torch.Generator().manual_seed(0)
     t, f, layers, cols, block = args.tokens, 512, 28, 256, 2048
     x, w, out = (

@@ -21,6 +21,7 @@ each child's first call instead (no warm-up: a command that runs one transfer pe
     python bench/bench_map_faults.py --tokens 2048,8192 --threads 2 --rounds 4 --repeats 5
     python bench/bench_map_faults.py --trees base=/tmp/base/src,this=src --modes fresh ...
     python bench/bench_map_faults.py --digest 1 > this-1.txt   # sha256 of map and transfer outputs
+    python bench/bench_map_faults.py --tokens 2048 --modes steps --rounds 6 --detail   # each child
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +46,39 @@ def digest(tensors) -> str:
     for t in tensors:
         h.update(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def thread_busy() -> dict:
+    """Each of this process's threads' time on a CPU so far, ns, by ``(tid, name)``
+    (``/proc/self/task/*/schedstat`` and ``comm``: kvbridge's pools name theirs); {} elsewhere."""
+    out = {}
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/schedstat") as fh, open(f"/proc/self/task/{tid}/comm") as fc:
+                out[tid, fc.read().strip()] = int(fh.read().split()[0])
+    except OSError:
+        return {}
+    return out
+
+
+#: system-wide ``/proc/vmstat`` counters taken around each call (huge-page faults, compaction)
+VMSTAT = ("thp_fault_alloc", "thp_fault_fallback", "compact_stall", "compact_migrate_scanned", "pgfault")
+
+
+def vmstat() -> dict:
+    """:data:`VMSTAT`'s counters, and the machine's ``steal`` time in ms (``/proc/stat``: time the
+    hypervisor ran something else on this machine's CPUs); {} elsewhere."""
+    try:
+        with open("/proc/vmstat") as fh:
+            rows = dict(line.split() for line in fh)
+        with open("/proc/stat") as fh:
+            cpu = fh.readline().split()
+    except OSError:
+        return {}
+    out = {k: int(rows[k]) for k in VMSTAT if k in rows}
+    if len(cpu) > 8:
+        out["steal_ms"] = int(cpu[8]) * 1000 // os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
@@ -102,17 +137,35 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         "strip": lambda: parts(state.strip_rope(dtype=torch.float32)),  # the one-pass transfer's stages
         "apply": lambda: parts(mapped.apply_rope(state.positions, spec=side.spec_t, dtype=torch.float32)),
     }[mode]
-    walls, cpus, faults = [], [], []
+    walls, cpus, faults, busy, switches, named, vms = [], [], [], [], [], [], []
     out = None if repeats == 0 else fn()  # warm-up (the warm mode touches its results here); 0: time the first call
     for _ in range(max(1, repeats)):
         del out
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        u0, b0, v0 = resource.getrusage(resource.RUSAGE_SELF), thread_busy(), vmstat()
         c0, w0 = time.process_time(), time.perf_counter()
         out = fn()
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        u1, b1, v1 = resource.getrusage(resource.RUSAGE_SELF), thread_busy(), vmstat()
+        faults.append(u1.ru_minflt - u0.ru_minflt)
+        switches.append(u1.ru_nivcsw - u0.ru_nivcsw)  # involuntary: a thread preempted (the core wanted elsewhere)
+        busy.append(sorted(((b1[t] - b0.get(t, 0)) / 1e9 for t in b1), reverse=True)[:3])
+        py = {str(t.native_id): t.name.split("_")[0] for t in threading.enumerate()}  # kvbridge's pools name theirs
+        by_name: dict = {}  # the main thread, kvbridge's pools' threads, the rest (torch's OpenMP workers)
+        for (tid, comm), ns in b1.items():
+            key = py.get(tid, "other")
+            by_name[key] = by_name.get(key, 0.0) + (ns - b0.get((tid, comm), 0)) / 1e9
+        named.append(by_name)
+        vms.append({k: v1[k] - v0[k] for k in v1})
     return {
+        "walls": walls,
+        "calls": [  # each timed call: the machine's steal time and the threads' CPU time by name, ms
+            {"steal": v.get("steal_ms", 0), **{k: round(1e3 * t, 1) for k, t in d.items()}} for v, d in zip(vms, named)
+        ],
+        "busy": [statistics.median(b[j] if len(b) > j else 0.0 for b in busy) for j in range(3)],
+        "named": {k: statistics.median(d.get(k, 0.0) for d in named) for k in sorted(set().union(*named))},
+        "vmstat": {k: statistics.median(d.get(k, 0) for d in vms) for k in sorted(set().union(*vms))},
+        "preempted": statistics.median(switches),
         "wall": statistics.median(walls),
         "cpu": statistics.median(cpus),
         "faults": statistics.median(faults),
@@ -171,6 +224,11 @@ def main() -> None:
     ap.add_argument("--modes", default="fresh,warm")
     ap.add_argument("--trees", default="", help="NAME=SRC,...: run each mode under these source trees")
     ap.add_argument("--digest", type=int, default=0, help="THREADS: print the bitwise-check digests and exit")
+    ap.add_argument(
+        "--detail",
+        action="store_true",
+        help="also print each child: wall, its three busiest threads' CPU time and preemptions per call, stages",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.digest:
@@ -213,6 +271,23 @@ def main() -> None:
                     f"#   {n:,} {name} steps: "
                     + ", ".join(
                         f"{k} {1e3 * w:,.1f} ms ({f:,.0f} faults)" for k, (w, f) in zip(("strip", "map", "apply"), st)
+                    )
+                )
+            for r in rs if args.detail else ():  # each child in the order it ran
+                st = r.get("stages") or []
+                print(
+                    f"#   {n:,} {name} {mode} child: wall {1e3 * r['wall']:,.1f} ms ("
+                    + ", ".join(f"{1e3 * w:,.0f}" for w in r["walls"])
+                    + "; per call steal ms / CPU ms by thread: "
+                    + "; ".join(" ".join(f"{k} {v:,.0f}" for k, v in c.items()) for c in r["calls"])
+                    + "), its busiest threads "
+                    + " / ".join(f"{1e3 * b:,.0f}" for b in r["busy"])
+                    + " ms on a CPU (by name: "
+                    + ", ".join(f"{k} {1e3 * v:,.0f}" for k, v in r["named"].items())
+                    + f"), preempted {r['preempted']:,.0f} times; vmstat "
+                    + ", ".join(f"{k} +{v:,.0f}" for k, v in r["vmstat"].items())
+                    + "".join(
+                        f", {k} {1e3 * w:,.1f} ms ({f:,.0f} faults)" for k, (w, f) in zip(("strip", "map", "apply"), st)
                     )
                 )
     print(f"# load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")

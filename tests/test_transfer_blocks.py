@@ -187,3 +187,28 @@ def test_bench_map_faults_stage_modes_time_the_transfer_s_own_work(monkeypatch):
     assert len({r["sha"] for r in runs.values()}) == 1, {m: r["sha"] for m, r in runs.items()}
     assert len(runs["steps"]["stages"]) == 3 and all(w > 0 for w, _ in runs["steps"]["stages"])
     assert runs["transfer"]["stages"] is None
+    # --detail's per-child figures: every timed call, the threads' CPU time (the main one named), vmstat
+    assert len(runs["steps"]["walls"]) == 1 and runs["steps"]["busy"][0] > 0
+    assert runs["steps"]["named"].get("MainThread", 0) > 0 and "pgfault" in runs["steps"]["vmstat"]
+
+
+def test_bench_gemm_threads_stages_times_bitwise_equal_variants_of_the_map(monkeypatch, capsys):
+    """bench/bench_gemm_threads.py --stages: every map variant it times (gather sizes, populate off,
+    results reused) is checked torch.equal to the first, and each row names its two busiest threads."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    import bench_gemm_threads
+
+    from kvbridge.fit import mapping as mapping_mod
+
+    threads, gather = torch.get_num_threads(), mapping_mod.GATHER_BYTES
+    try:
+        bench_gemm_threads.stages(64, 1, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert mapping_mod.GATHER_BYTES == gather  # restored
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 10 and rows[1].startswith("| floor | ")  # header + 9 variants
+    assert all(float(r.split("|")[2]) > 0 for r in rows[1:])

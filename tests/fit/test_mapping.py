@@ -101,3 +101,23 @@ def test_token_blocks_are_bitwise_one_gemm_over_all_tokens(monkeypatch, batch, t
         x = torch.stack([keys[s].transpose(1, 2) for s in lm.sources], dim=2).reshape(batch * tokens, -1)
         want = torch.baddbmm(lm.bk[None, None], x[None], lm.wk[None])[0]
         assert torch.equal(out_k[t], want.view(batch, tokens, 2, 32).transpose(1, 2))
+
+
+@pytest.mark.parametrize("batch,tokens", [(1, 5), (2, 37), (2, 300)])
+def test_layer_blocks_of_any_size_give_the_same_bits(monkeypatch, batch, tokens):
+    """Up to TOKEN_BLOCK tokens the dense map runs per block of target layers (GATHER_BYTES of gathered
+    features per ``baddbmm``): one layer per block, two, or every layer in one give the same bits."""
+    src, tgt = _spec(5, 2, 32), _spec(5, 2, 32)
+    m = _mapping(src, tgt, [(0, 3, 1, 2), (4, 1, 0, 3), (2, 0, 1, 4), (1, 2, 3, 0), (3, 4, 2, 1)])
+    g = torch.Generator().manual_seed(3)
+    keys = [torch.randn(batch, 2, tokens, 32, generator=g) for _ in range(5)]
+    values = [torch.randn(batch, 2, tokens, 32, generator=g) for _ in range(5)]
+    layer = 4 * batch * tokens * 4 * 2 * 32  # bytes of one target layer's gathered features
+    outs = []
+    for size in (1, 2 * layer, 3 * layer, 5 * layer):  # blocks of 1 / 2 / 3 (3 + 2) / 5 layers
+        monkeypatch.setattr(mapping_mod, "GATHER_BYTES", size)
+        k, v = m.map_tensors(keys, values)
+        outs.append(torch.cat([t.reshape(-1) for t in k + v]))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    ref = _plain(m, keys, "k")
+    assert all(float((a.double() - b).abs().max()) < 1e-3 for a, b in zip(k, ref))

@@ -44,8 +44,13 @@ CHUNK = 256
 #: features going out to memory and back (64 MiB per target layer at 32,768 tokens)
 TOKEN_BLOCK = 2048
 #: a sequence of at most :data:`TOKEN_BLOCK` tokens is mapped per block of whole target layers (every
-#: batch row and token): at most this many bytes of gathered features per block (at least one layer)
-GATHER_BYTES = 32 << 20
+#: batch row and token): at most this many bytes of gathered features per block (at least one layer).
+#: 4 MiB (one target layer at 2,048 tokens, as the longer map's token blocks): the GEMM reads the block
+#: back from cache (inferred; measured is the time). At 32 MiB (session 8's size: all 28 target layers
+#: in one ``baddbmm`` at 512 tokens, 8 at 2,048) the map was 1.11-1.19x slower at 1,024 and 2,048 tokens
+#: on two threads, 1.09x at 512 and 2,048 on one (512 on two: within the children's spread), same bits
+#: (BENCHMARKS.md, "Issue 35: two threads at 512 and 2,048 tokens")
+GATHER_BYTES = 4 << 20
 
 
 @dataclass
