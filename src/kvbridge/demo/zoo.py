@@ -74,8 +74,8 @@ def eval_ids(corpus: Path | None, tokenizer, models: dict, n: int, length: int, 
 def _best_control(res: dict) -> tuple[str, float | None]:
     from kvbridge.evaluate.conditions import CONTROLS
 
-    rows = [(c, res["conditions"][c]["nll"]) for c in CONTROLS if c in res["conditions"]]
-    rows = [(c, v) for c, v in rows if v is not None]
+    nll = {c: res["conditions"][c]["nll"] for c in CONTROLS if c in res["conditions"]}
+    rows = [(c, v) for c, v in nll.items() if v is not None]
     return min(rows, key=lambda x: x[1]) if rows else ("n/a", None)
 
 
@@ -105,11 +105,8 @@ def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
         t = c["transferred"]
         name, val = _best_control(res)
         r2 = (res["mapping"].get("r2_summary") or {}).get("mean")
-        gates = (
-            "PASS"
-            if res["gates_passed"]
-            else "FAIL (" + ", ".join(g["metric"] for g in res["gates"] if not g["passed"]) + ")"
-        )
+        failed = ", ".join(g["metric"] for g in res["gates"] if not g["passed"])
+        gates = "PASS" if res["gates_passed"] else f"FAIL ({failed})"
         rows.append(
             [
                 pair,
