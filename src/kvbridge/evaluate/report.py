@@ -96,17 +96,12 @@ def terminal_table(result: dict) -> str:
     gates = result.get("gates") or []
     if gates:
         enforced = any(g["enforced"] for g in gates)
-        out.append("")
-        out.append(
-            "gates"
-            + ("" if enforced else " (reported; enforce with --gate)")
-            + ": "
-            + "; ".join(
-                f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
-                + ("" if g["enforced"] or not enforced else " (not enforced)")
-                for g in gates
-            )
+        shown = "; ".join(
+            f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
+            + ("" if g["enforced"] or not enforced else " (not enforced)")
+            for g in gates
         )
+        out += ["", f"gates{'' if enforced else ' (reported; enforce with --gate)'}: {shown}"]
     tm = result.get("timing") or {}
     if tm.get("transfer_ms") is not None:
         out.append(
