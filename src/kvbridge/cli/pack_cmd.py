@@ -226,18 +226,15 @@ def export(
     """
     import time
 
+    from kvbridge.errors import ConfigError, KVBridgeError
     from kvbridge.plugins import get_host
-    from kvbridge.prefix.packs import read_pack_state
+    from kvbridge.prefix.packs import read_pack_state, recorded_model
 
     engine = get_host().get("engine", engine_name)
     t0 = time.perf_counter()
     manifest, state = read_pack_state(folder)
-    from kvbridge.errors import ConfigError, KVBridgeError
-
     recorded = model is None
     if recorded:  # the pack's own model, when the engine runs it
-        from kvbridge.prefix.packs import recorded_model
-
         model = recorded_model(manifest, folder)
     try:
         data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)
