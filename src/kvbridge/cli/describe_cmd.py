@@ -9,7 +9,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import echo_result, json_option, kv_bytes_per_token
+from kvbridge.cli.options import echo_result, fmt_bytes, fmt_rope, json_option, kv_bytes_per_token
 from kvbridge.safe_text import escape
 
 
@@ -48,7 +48,6 @@ def load_memory(resolved) -> dict | None:
 
 
 def _human(data: dict) -> str:
-    from kvbridge.cli.options import fmt_bytes, fmt_rope
 
     spec = data["spec"]
     kinds = spec["layer_types"]

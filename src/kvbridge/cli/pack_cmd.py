@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import echo_result, json_option, loading_options
+from kvbridge.cli.options import echo_result, json_option, loading_options, open_model
 from kvbridge.safe_text import escape
 
 #: what ``pack verify`` checks, in its order (the JSON's ``checks``)
@@ -40,7 +40,6 @@ def save(
     """
 
     from kvbridge.artifacts import check_replaceable
-    from kvbridge.cli.options import open_model
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.models import resolve
     from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, model_reference, save_pack
@@ -135,7 +134,6 @@ def verify(
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
     import warnings
-    from kvbridge.cli.options import open_model
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.prefix.packs import PackForceWarning, load_pack, read_pack, recompute_check
 

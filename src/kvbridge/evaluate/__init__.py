@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbridge.evaluate.settings import HELDOUT_FRACTION  # the share of the corpus (its end) samples come from
+# HELDOUT_FRACTION: the share of the corpus (its end) samples come from
+from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalError, EvalSettings
 
 SCHEMA = "kvbridge-eval/1"
 
@@ -43,8 +44,6 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
 
     text = texts if isinstance(texts, str) else "\n".join(texts)
     if not 0 < fraction <= 1:
-        from kvbridge.evaluate.settings import EvalError
-
         raise EvalError(f"held-out fraction must be in (0, 1], got {fraction}", "use e.g. 0.1")
     return text[heldout_start(text, fraction) :]
 
@@ -52,8 +51,6 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
 def windows(stream, n: int, length: int):
     """``[n, length]`` non-overlapping windows spread evenly over a 1-D token stream."""
     import torch
-
-    from kvbridge.evaluate.settings import EvalError
 
     stream = torch.as_tensor(stream).long().flatten()
     total = stream.numel()
@@ -151,7 +148,6 @@ def eval_config(config=None, **fields):
     from dataclasses import fields as fields_of, replace
 
     from kvbridge.errors import did_you_mean
-    from kvbridge.evaluate.settings import EvalError, EvalSettings
 
     known = [f.name for f in fields_of(EvalSettings)]
     for key in fields:
