@@ -207,7 +207,7 @@ def drift_table(result: dict) -> str:
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
     heads = ("turn", "model", "switch", "steps", "tokens equal", "top-1", "KL mean", "KL max")
     rows = [
-        [str(t["turn"]), t["model"], yes(t["switched"]), str(t["steps"]), yes(t["tokens_equal"])]
+        [str(t["turn"]), str(t["model"]), yes(t["switched"]), str(t["steps"]), yes(t["tokens_equal"])]
         + [f(t["top1"], "{:.2f}"), f(t["kl_mean"]), f(t["kl_max"])]
         for t in result["turns"]
     ]
