@@ -279,11 +279,8 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
             "R² does not predict transfer quality across pairs; attention cosine does better.",
         ]
     if images or skipped:
-        out += ["", "## Plots", ""]
-        for title, name in images.items():
-            out.append(f"![{title}]({name})")
-        if skipped:
-            out.append(f"Plots skipped: {skipped}.")
+        out += ["", "## Plots", "", *(f"![{title}]({name})" for title, name in images.items())]
+        out += [f"Plots skipped: {skipped}."] if skipped else []
     d = result.get("data") or {}
     out += [
         "",
