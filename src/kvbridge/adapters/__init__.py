@@ -18,8 +18,6 @@ Importing this package imports nothing heavy.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +65,9 @@ class AdapterPair:
 
 def read_adapter(adapter_dir: str | Path = SHIPPED) -> AdapterInfo:
     """Describe a PEFT-style LoRA folder; refuses pickle weights and unsupported LoRA variants."""
+    from kvbridge.artifacts import sha256_file
+    from kvbridge.check.validate import load_json
+
     d = Path(adapter_dir)
     cfg_path, w_path = d / "adapter_config.json", d / "adapter_model.safetensors"
     if not cfg_path.is_file():
@@ -78,10 +79,7 @@ def read_adapter(adapter_dir: str | Path = SHIPPED) -> AdapterInfo:
                 "re-save the adapter with safe_serialization=True",
             )
         raise AdapterError(f"{d}: no adapter_model.safetensors", "pass a folder written by peft's save_pretrained")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AdapterError(f"{cfg_path}: not valid JSON ({exc})", "restore the file") from None
+    cfg = load_json(cfg_path, what="adapter config", error=AdapterError)
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise AdapterError(f"{cfg_path}: peft_type {cfg.get('peft_type')!r} is not LORA", "pass a LoRA adapter")
     for flag in ("use_dora", "use_rslora"):
@@ -91,14 +89,14 @@ def read_adapter(adapter_dir: str | Path = SHIPPED) -> AdapterInfo:
     if isinstance(targets, str):
         raise AdapterError(f"{cfg_path}: target_modules is a regex ({targets!r})", "list the module names")
     recipe_path = d / "recipe.json"
-    recipe = json.loads(recipe_path.read_text()) if recipe_path.is_file() else None
+    recipe = load_json(recipe_path, what="adapter recipe", error=AdapterError) if recipe_path.is_file() else None
     return AdapterInfo(
         path=str(d),
         rank=int(cfg["r"]),
         alpha=float(cfg.get("lora_alpha", cfg["r"])),
         target_modules=tuple(sorted(targets)),
         fan_in_fan_out=bool(cfg.get("fan_in_fan_out", False)),
-        sha256=hashlib.sha256(w_path.read_bytes()).hexdigest(),
+        sha256=sha256_file(w_path),
         recipe=recipe,
     )
 

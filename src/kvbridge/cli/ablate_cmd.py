@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvbridge.cli.numbers import count
-from kvbridge.cli.options import echo_result, json_option, loading_options
+from kvbridge.cli.options import echo_result, json_option, loading_options, open_model, read_guide_and_prompt, unescape
 
 
 @click.command("ablate")
@@ -29,7 +29,6 @@ def ablate(model, guide, prompt, sep, layers, max_new_tokens, tokenizer, dtype, 
     so no zeroing equals removal; see docs/prefix-tools.md.
     """
     from kvbridge.prefix.ablate import ablate as run
-    from kvbridge.cli.options import open_model, read_guide_and_prompt, unescape
 
     guide_text, prompt_text = read_guide_and_prompt(guide, prompt)  # an empty guide fails before the model loads
     lm = open_model(model, tokenizer, dtype=dtype, device=device)

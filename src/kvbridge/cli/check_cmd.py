@@ -62,10 +62,8 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
         lines += ["", click.style(head, fg="magenta", bold=True), *rest]
     if strict:
         failures = report.strict_failures()
-        if failures:
-            lines.append(click.style("strict: fails (" + "; ".join(failures) + ")", fg="red"))
-        else:
-            lines.append(click.style("strict: passes", fg="green"))
+        verdict = f"strict: fails ({'; '.join(failures)})" if failures else "strict: passes"
+        lines.append(click.style(verdict, fg="red" if failures else "green"))
     return "\n".join(lines)
 
 

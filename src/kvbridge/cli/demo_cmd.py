@@ -8,7 +8,7 @@ import time
 import click
 
 from kvbridge.cli.options import settings_from, settings_options
-from kvbridge.demo import SECTIONS
+from kvbridge.demo import SECTIONS, run_section
 from kvbridge.demo.settings import DemoSettings
 
 
@@ -53,7 +53,6 @@ def demo(**options) -> None:
     """
     import torch
 
-    from kvbridge.demo import run_section
     from kvbridge.errors import ConfigError, names_value
 
     s = settings_from(DemoSettings, options)

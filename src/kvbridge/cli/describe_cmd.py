@@ -9,7 +9,7 @@ import json
 
 import click
 
-from kvbridge.cli.options import echo_result, json_option, kv_bytes_per_token
+from kvbridge.cli.options import echo_result, fmt_bytes, fmt_rope, json_option, kv_bytes_per_token
 from kvbridge.safe_text import escape
 
 
@@ -48,7 +48,6 @@ def load_memory(resolved) -> dict | None:
 
 
 def _human(data: dict) -> str:
-    from kvbridge.cli.options import fmt_bytes, fmt_rope
 
     spec = data["spec"]
     kinds = spec["layer_types"]
@@ -116,26 +115,18 @@ def _human(data: dict) -> str:
             quant = f"{gguf['quantization']} by tensor count ({types}); the file states {stated}"
         else:
             quant = f"{gguf['quantization']} ({types})" + (" (as the file states)" if stated else "")
+        file = f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}"
         rows += [
-            (
-                "gguf file",
-                f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}, "
-                f"{gguf['tensors']} tensors",
-            ),
+            ("gguf file", f"{file}, {gguf['tensors']} tensors"),
             ("quantization", quant),
             ("tied embeddings", "yes" if gguf["tied_embeddings"] else "no"),
             ("chat template", "yes" if gguf["chat_template"] else "no"),
         ]
     mem = data.get("load_memory")
     if mem:
-        rows.append(
-            (
-                "weights in memory",
-                f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']}): "
-                f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in "
-                "bfloat16 (--dtype), before activations",
-            )
-        )
+        params = f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']})"
+        sizes = f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in bfloat16 (--dtype)"
+        rows.append(("weights in memory", f"{params}: {sizes}, before activations"))
     rows += _per_layer_rows(spec)
     for key, value in sorted((spec.get("extras") or {}).items()):
         rows.append((key, json.dumps(value) if isinstance(value, (list, dict)) else str(value)))
@@ -149,15 +140,10 @@ def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
     """Rows for the per-layer facts (only those a spec sets)."""
     rows = []
     kinds = spec["layer_types"]
-    if spec.get("attention_chunk_size"):
+    size = spec.get("attention_chunk_size")
+    if size:
         n = sum(1 for k in kinds if k == "chunked_attention")
-        rows.append(
-            (
-                "chunked layers",
-                f"{n} (chunk {spec['attention_chunk_size']}; transformers caches them as a "
-                f"sliding window of {spec['attention_chunk_size']})",
-            )
-        )
+        rows.append(("chunked layers", f"{n} (chunk {size}; transformers caches them as a sliding window of {size})"))
     facts = dict(spec, no_kv_other=sorted(set(spec.get("no_kv_layers") or []) - set(spec.get("state_layers") or [])))
     for key, name, note in (
         ("nope_layers", "NoPE layers", " (keys carry no RoPE)"),
@@ -171,25 +157,15 @@ def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
             rows.append((name, f"{facts[key]}{note}"))
     if spec.get("cache_format") == "mla":
         lat = spec.get("latent") or {}
-        rows.append(
-            (
-                "MLA latent",
-                f"rank {lat.get('kv_lora_rank')} (K slot) + shared RoPE key "
-                f"{lat.get('qk_rope_head_dim')} dims (V slot); per-head K/V are recomputed",
-            )
-        )
+        slots = f"rank {lat.get('kv_lora_rank')} (K slot) + shared RoPE key {lat.get('qk_rope_head_dim')} dims (V slot)"
+        rows.append(("MLA latent", f"{slots}; per-head K/V are recomputed"))
     elif spec.get("value_head_dim"):
         rows.append(("value head_dim", str(spec["value_head_dim"])))
     if spec.get("indexer_layers"):
         ix = spec.get("indexer") or {}
         lo, hi = ix.get("rope_offset", 0), ix.get("rope_offset", 0) + ix.get("rope_dim", 0)
-        rows.append(
-            (
-                "indexer keys",
-                f"layers {spec['indexer_layers']}: 1 x {ix.get('head_dim')} per token (sparse "
-                f"attention top-k), RoPE on dims {lo}:{hi} half-split; carried, never mapped",
-            )
-        )
+        what = f"1 x {ix.get('head_dim')} per token (sparse attention top-k), RoPE on dims {lo}:{hi} half-split"
+        rows.append(("indexer keys", f"layers {spec['indexer_layers']}: {what}; carried, never mapped"))
     return rows
 
 

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from kvbridge.cli.options import settings_from, settings_options
+from kvbridge.cli.options import load_pair, settings_from, settings_options
 from kvbridge.fit.settings import FitSettings
 
 
@@ -58,7 +58,6 @@ def fit(source, target, **options):
     hb.stage("reading the corpus")
     prepared = prepare(settings)  # every refusal that needs no model (options, out, corpus), before loading one
     t0 = time.perf_counter()
-    from kvbridge.cli.options import load_pair
 
     hb.stage("loading the models")
     pair = load_pair(source, target, dtype=settings.dtype)  # the shared tokenizer is checked before any weights load

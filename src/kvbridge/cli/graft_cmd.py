@@ -80,10 +80,7 @@ def eval_cmd(model, dtype, as_json, **options):
     full (ceiling), naive graft, blend@R, random@R and the other controls, dropped (floor); gap
     recovered with paired bootstrap intervals, KL p95, attention cosine, FLOPs and time vs a full prefill.
     """
-    import torch
-
-    from kvbridge.evaluate import heldout_text, windows
-    from kvbridge.fit.calibrate import load_corpus
+    from kvbridge.evaluate import corpus_samples
     from kvbridge.models import load as load_model
     from kvbridge.recompute import report
     from kvbridge.recompute.graft import run_graft
@@ -91,9 +88,7 @@ def eval_cmd(model, dtype, as_json, **options):
     s = settings_from(GraftSettings, options)  # every check runs here, before the model loads
     loaded = load_model(model, dtype=dtype)
     m, tok = loaded.model, loaded.tokenizer
-    texts, _ = load_corpus(s.corpus)
-    stream = torch.tensor(tok(heldout_text(texts), add_special_tokens=False)["input_ids"], dtype=torch.long)
-    ids = windows(stream, s.samples, s.sample_len)
+    ids, _ = corpus_samples(s.corpus, tok, n=s.samples, length=s.sample_len)  # windows of the held-out tail
     c, n = s.context_len, s.chunk_len
 
     def progress(done, total):

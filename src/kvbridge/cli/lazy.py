@@ -8,10 +8,11 @@ modules import no torch or transformers at module level).
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 
 import click
+
+from kvbridge.plugin_types import load_object
 
 
 class LazyCommand(click.Command):
@@ -30,8 +31,7 @@ class LazyCommand(click.Command):
             return False
 
     def load(self) -> click.Command:
-        module, _, attr = self.path.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return load_object(self.path)
 
 
 __all__ = ["LazyCommand"]

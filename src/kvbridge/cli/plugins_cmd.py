@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from kvbridge.cli.options import json_option
+from kvbridge.cli.options import echo_result, json_option
 
 
 @click.command("plugins")
@@ -23,16 +21,12 @@ def plugins(as_json: bool) -> None:
     host = get_host()
     host.load_all()  # fills each record's "registers" and errors; duplicate names raise a one-line error
     records = [r.to_dict() for r in host.records]
-    if as_json:
-        click.echo(json.dumps({"plugins": records}, indent=2))
-        return
+    lines = []
     for r in records:
         tag = "built-in" if r["builtin"] else "third-party"
         status = click.style("FAILED", fg="red") if r["error"] else click.style("ok", fg="green")
-        click.echo(f"{click.style(r['name'], bold=True)} {r['version']} ({tag}) {status}")
-        if r["error"]:
-            click.echo(f"    error: {r['error']}")
-        if r["hooks"]:
-            click.echo(f"    hooks: {', '.join(r['hooks'])}")
-        for kind, names in sorted(r["registers"].items()):
-            click.echo(f"    {kind}: {', '.join(names)}")
+        lines.append(f"{click.style(r['name'], bold=True)} {r['version']} ({tag}) {status}")
+        lines += [f"    error: {r['error']}"] if r["error"] else []
+        lines += [f"    hooks: {', '.join(r['hooks'])}"] if r["hooks"] else []
+        lines += [f"    {kind}: {', '.join(names)}" for kind, names in sorted(r["registers"].items())]
+    echo_result({"plugins": records}, as_json, lines)

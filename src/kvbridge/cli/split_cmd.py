@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import echo_result, json_option, unescape
+from kvbridge.cli.options import echo_result, json_option, open_tokenizer, unescape
 
 
 @click.command("split")
@@ -25,7 +25,6 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
     append point to a boundary whose re-encoded tail reproduces the joint ids; says so when none
     exists. The ghost carries the tokenizer's BOS, the live part never does.
     """
-    from kvbridge.cli.options import open_tokenizer
     from kvbridge.prefix.splits import read_text_arg, split_text
 
     guide_text = read_text_arg(guide, "guide")

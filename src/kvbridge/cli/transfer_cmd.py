@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from kvbridge.cli.options import dtype_option, settings_from, settings_options
+from kvbridge.cli.options import dtype_option, load_pair, settings_from, settings_options
 from kvbridge.transfer_settings import TransferSettings
 
 
@@ -31,7 +31,6 @@ def transfer(source, target, dtype, **options):
     shows where it came from); for vLLM: `kvbridge engine export DIR --engine vllm --model
     TARGET_FOLDER --out STORE`, then send the whole prompt's token ids.
     """
-    from kvbridge.cli.options import load_pair
     from kvbridge.prefix.splits import read_text_arg
     from kvbridge.transfer_run import transfer_generate
 

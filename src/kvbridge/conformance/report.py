@@ -8,6 +8,7 @@ from typing import Iterable
 from kvbridge.check.validate import load_json
 from kvbridge.conformance.sweep import CLASSES, Result
 from kvbridge.errors import ConfigError
+from kvbridge.evaluate.report import md_table
 
 COMMAND = (
     "nice -n 10 kvbridge conformance --json > conformance.json && "
@@ -74,16 +75,14 @@ def markdown(results: list[Result], *, transformers_version: str = "", updates: 
         "build or run the tiny model: not kvbridge's); `wrong` (a described fact differs from the real",
         "cache, or identity is inexact); `crash`.",
         "",
-        "| model type | result | adapter | tiny layout | positions | logit diff | note |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(results, key=lambda r: r.model_type):
-        diff = "" if r.max_logit_diff is None else f"{r.max_logit_diff:.1e}"
-        lines.append(
-            f"| {r.model_type} | {r.status} | {_cell(r.adapter)} | {_cell(r.kinds)} | {r.positional} | {diff}"
-            f" | {_cell(r.reason)} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [
+        [r.model_type, r.status, _cell(r.adapter), _cell(r.kinds), r.positional]
+        + ["" if r.max_logit_diff is None else f"{r.max_logit_diff:.1e}", _cell(r.reason)]
+        for r in sorted(results, key=lambda r: r.model_type)
+    ]
+    heads = ("model type", "result", "adapter", "tiny layout", "positions", "logit diff", "note")
+    return "\n".join(lines + md_table(heads, rows)) + "\n"
 
 
 def _flat(updates: Iterable) -> list[str]:

@@ -158,13 +158,6 @@ CAUSAL_SUBCONFIG = {"musicgen": "decoder", "musicgen_melody": "decoder"}
 KIND_KEYS = ("layer_types", "layers_block_type")
 
 
-def _layer_count(data: dict) -> int | None:
-    for k in LAYER_KEYS:
-        if isinstance(data.get(k), int) and data[k] > 0:
-            return data[k]
-    return None
-
-
 def _tiny_layers(data: dict, old: int) -> int:
     """Enough layers to keep every distinct layer kind of the default pattern (2..MAX_LAYERS)."""
     for key in ("layer_types", "layers_block_type", "no_rope_layers", "kv_sharing_modes"):
@@ -215,7 +208,7 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
                 out[key] = VOCAB - 8 + TOKEN_KEYS.index(key) % 8
             elif isinstance(v, list):
                 out[key] = [x if not isinstance(x, int) or x < VOCAB - 8 else VOCAB - 1 for x in v]
-    old = _layer_count(data)
+    old = next((data[k] for k in LAYER_KEYS if isinstance(data.get(k), int) and data[k] > 0), None)
     if old:
         n = _tiny_layers(data, old)
         out.update({k: n for k in LAYER_KEYS if isinstance(data.get(k), int)})

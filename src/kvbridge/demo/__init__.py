@@ -23,8 +23,9 @@ on use. Each function takes keyword options and returns True when everything it 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from kvbridge.plugin_types import load_object
 
 #: section name -> "module:function", in the order ``kvbridge demo`` runs them
 SECTIONS: dict[str, str] = {
@@ -43,8 +44,7 @@ BUDGET_SECONDS = 180.0
 
 def run_section(name: str, **options: Any) -> Any:
     """Run one section by name with its keyword options."""
-    module, _, attr = SECTIONS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(**options)
+    return load_object(SECTIONS[name])(**options)
 
 
 __all__ = ["SECTIONS", "DEFAULT_SECTIONS", "BUDGET_SECONDS", "run_section"]

@@ -101,21 +101,12 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
 
 
 def chat_texts(tokenizer, system: str = SYSTEM, user: str = USER) -> tuple[str, str]:
-    """``(guide, live)``: the rendered system turn, and the rest of the chat up to the generation prompt."""
-    guide = tokenizer.apply_chat_template([{"role": "system", "content": system}], tokenize=False)
-    full = tokenizer.apply_chat_template(
-        [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    if not full.startswith(guide):
-        from kvbridge.prefix.splits import SplitError
+    """``(guide, live)``: the rendered system turn, and the rest of the chat up to the generation prompt
+    (:func:`kvbridge.steer.prompts.guide_texts`)."""
+    from kvbridge.steer.prompts import guide_texts
 
-        raise SplitError(
-            "the chat template does not render the system turn as a prefix of the chat",
-            "split the rendered text yourself",
-        )
-    return guide, full[len(guide) :]
+    guide, live, _ = guide_texts(tokenizer, system, user, chat=True)
+    return guide, live
 
 
 def chat_split(tokenizer, system: str = SYSTEM, user: str = USER):
@@ -220,12 +211,9 @@ class RealContext:
         """The model in ``dtype``: loaded once in float32, other dtypes cast from it (what loading
         a GGUF in that dtype does: dequantize to float32, then cast), saving a second dequantization."""
         if dtype not in self.loaded:
-            if dtype != "float32":
-                self.loaded[dtype] = cast(self.model("float32"), dtype)
-            else:
-                from kvbridge.models import load
+            from kvbridge.models import load
 
-                self.loaded[dtype] = load(self.ref, dtype=dtype)
+            self.loaded[dtype] = cast(self.model(), dtype) if dtype != "float32" else load(self.ref, dtype=dtype)
         return self.loaded[dtype]
 
 
@@ -345,9 +333,8 @@ def real_section(
     )
     ctx = RealContext(ref=ref, new_tokens=new_tokens, dtypes=tuple(dtypes), report_dir=report_dir)
     for name, part in REAL_SECTIONS:
-        if only and name not in only:
-            continue
-        part(ctx)
+        if not only or name in only:
+            part(ctx)
     click.echo(f"\nreal-model section: {'all exact' if ctx.ok else 'FAILED'} ({time.perf_counter() - t0:.1f} s)")
     return ctx
 

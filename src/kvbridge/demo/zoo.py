@@ -71,14 +71,6 @@ def eval_ids(corpus: Path | None, tokenizer, models: dict, n: int, length: int, 
     }
 
 
-def _best_control(res: dict) -> tuple[str, float | None]:
-    from kvbridge.evaluate.conditions import CONTROLS
-
-    rows = [(c, res["conditions"][c]["nll"]) for c in CONTROLS if c in res["conditions"]]
-    rows = [(c, v) for c, v in rows if v is not None]
-    return min(rows, key=lambda x: x[1]) if rows else ("n/a", None)
-
-
 COMPARE = (
     "pair",
     "check",
@@ -97,19 +89,18 @@ COMPARE = (
 
 
 def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
+    from kvbridge.evaluate.conditions import CONTROLS
     from kvbridge.evaluate.report import fmt, fmt_ci
 
     rows = []
     for pair, res in results.items():
         c = res["conditions"]
         t = c["transferred"]
-        name, val = _best_control(res)
+        controls = [(x, c[x]["nll"]) for x in CONTROLS if x in c and c[x]["nll"] is not None]
+        name, val = min(controls, key=lambda x: x[1]) if controls else ("n/a", None)  # the best control
         r2 = (res["mapping"].get("r2_summary") or {}).get("mean")
-        gates = (
-            "PASS"
-            if res["gates_passed"]
-            else "FAIL (" + ", ".join(g["metric"] for g in res["gates"] if not g["passed"]) + ")"
-        )
+        failed = ", ".join(g["metric"] for g in res["gates"] if not g["passed"])
+        gates = "PASS" if res["gates_passed"] else f"FAIL ({failed})"
         rows.append(
             [
                 pair,

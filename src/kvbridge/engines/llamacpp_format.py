@@ -280,16 +280,13 @@ def _memory(state: SeqState, seq_id: int) -> bytes:
         k_dtype, v_dtype = CACHE_TYPES[k_tid][1], CACHE_TYPES[v_tid][1]
         for k in state.keys:
             k = k.to(k_dtype).contiguous()
-            out.append(struct.pack("<iQ", k_tid, k.shape[1] * k.element_size()))
-            out.append(_bytes(k))
+            out += [struct.pack("<iQ", k_tid, k.shape[1] * k.element_size()), _bytes(k)]
         for v in state.values:
             v = v.to(v_dtype)
             if state.v_trans:
-                out.append(struct.pack("<iII", v_tid, v.element_size(), v.shape[1]))
-                out.append(_bytes(v.t().contiguous()))
+                out += [struct.pack("<iII", v_tid, v.element_size(), v.shape[1]), _bytes(v.t().contiguous())]
             else:
-                out.append(struct.pack("<iQ", v_tid, v.shape[1] * v.element_size()))
-                out.append(_bytes(v.contiguous()))
+                out += [struct.pack("<iQ", v_tid, v.shape[1] * v.element_size()), _bytes(v.contiguous())]
     return b"".join(out)
 
 

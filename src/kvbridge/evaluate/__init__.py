@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbridge.evaluate.settings import HELDOUT_FRACTION  # the share of the corpus (its end) samples come from
+# HELDOUT_FRACTION: the share of the corpus (its end) samples come from
+from kvbridge.evaluate.settings import HELDOUT_FRACTION, EvalError, EvalSettings
 
 SCHEMA = "kvbridge-eval/1"
 
@@ -43,8 +44,6 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
 
     text = texts if isinstance(texts, str) else "\n".join(texts)
     if not 0 < fraction <= 1:
-        from kvbridge.evaluate.settings import EvalError
-
         raise EvalError(f"held-out fraction must be in (0, 1], got {fraction}", "use e.g. 0.1")
     return text[heldout_start(text, fraction) :]
 
@@ -52,8 +51,6 @@ def heldout_text(texts, fraction: float = HELDOUT_FRACTION) -> str:
 def windows(stream, n: int, length: int):
     """``[n, length]`` non-overlapping windows spread evenly over a 1-D token stream."""
     import torch
-
-    from kvbridge.evaluate.settings import EvalError
 
     stream = torch.as_tensor(stream).long().flatten()
     total = stream.numel()
@@ -151,7 +148,6 @@ def eval_config(config=None, **fields):
     from dataclasses import fields as fields_of, replace
 
     from kvbridge.errors import did_you_mean
-    from kvbridge.evaluate.settings import EvalError, EvalSettings
 
     known = [f.name for f in fields_of(EvalSettings)]
     for key in fields:
@@ -193,15 +189,15 @@ def evaluate_config(
     from kvbridge.evaluate.conditions import run_conditions
     from kvbridge.evaluate.metrics import resolve_metrics, summarize
     from kvbridge.plugins import get_host
+    from kvbridge.stats import ratio
 
     source, target = models
     labels = labels or {}
     host = host or get_host()
     loaded = resolve_metrics(host, metrics)
     hib = {m.name: m.higher_is_better for m in loaded}
-    gate_list = gates_mod.gate_set(
-        config.gates if gates is None else gates, hib
-    )  # parse before the (slow) run: fail early on a typo
+    # parse before the (slow) run: fail early on a typo
+    gate_list = gates_mod.gate_set(config.gates if gates is None else gates, hib)
     run = run_conditions(source, target, mapping, samples, config, host=host, progress=progress, on_batch=on_batch)
     summary = summarize(run, loaded, bootstrap=config.bootstrap, seed=config.seed)
     gate_results = gates_mod.evaluate_gates(summary, gate_list)
@@ -212,11 +208,9 @@ def evaluate_config(
         "transfer_ms": 1e3 * t["transfer_s"],
         "source_prefill_ms": 1e3 * t["source_prefill_s"],
         "prefix_tokens": t["prefix_tokens"],
-        "transfer_speedup_vs_prefill": (t["target_prefill_s"] / t["transfer_s"]) if t["transfer_s"] > 0 else None,
+        "transfer_speedup_vs_prefill": ratio(t["target_prefill_s"], t["transfer_s"]),
         # the figure for a source that does not already hold the cache: it must prefill first
-        "transfer_speedup_with_source_prefill": (t["target_prefill_s"] / (t["source_prefill_s"] + t["transfer_s"]))
-        if t["source_prefill_s"] + t["transfer_s"] > 0
-        else None,
+        "transfer_speedup_with_source_prefill": ratio(t["target_prefill_s"], t["source_prefill_s"] + t["transfer_s"]),
     }
     result = {
         "schema": SCHEMA,

@@ -76,10 +76,8 @@ def stack_fields(acc: dict, names, *, ceiling: str, floor: str) -> dict:
     fields = {cond: {k: torch.cat(v, 0) for k, v in acc[cond].items()} for cond in names}
     for cond in names:
         for ref, name in ((ceiling, "native"), (floor, "no_prefix")):
-            if ref not in fields:  # no floor condition run
-                continue
-            fields[cond][f"{name}_nll"] = fields[ref]["nll"]
-            fields[cond][f"{name}_correct"] = fields[ref]["correct"]
+            if ref in fields:  # else no floor condition ran
+                fields[cond].update({f"{name}_{k}": fields[ref][k] for k in ("nll", "correct")})
     return fields
 
 

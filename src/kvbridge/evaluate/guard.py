@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvbridge.errors import KVBridgeError
+from kvbridge.errors import KVBridgeError, StateError
 from kvbridge.plugins import adapter_of
 
 
@@ -150,7 +150,6 @@ def guarded_prepare(
     import torch
 
     from kvbridge.models.fingerprint import config_fingerprint
-    from kvbridge.errors import StateError
     from kvbridge.handoff import prepare_cache
 
     g = settings if settings is not None else GuardSettings()

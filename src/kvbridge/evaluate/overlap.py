@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvbridge.corpus import heldout_start  # noqa: F401  (the one rule; re-exported here)
+from kvbridge.corpus import calibration_span, corpus_record, heldout_start, load_corpus  # heldout_start: re-exported
 from kvbridge.errors import KVBridgeError
 
 
@@ -32,8 +32,6 @@ def calibration_overlap(
     cal = (manifest or {}).get("calibration") or {}
     if not cal:
         return None
-    from kvbridge.corpus import corpus_record, load_corpus
-
     rec = corpus_record(corpus_path)
     want = {cal.get("corpus_sha256"), (cal.get("corpus") or {}).get("sha256")} - {None}
     # mappings from before corpus records hold the combined hash of load_corpus
@@ -41,8 +39,6 @@ def calibration_overlap(
         return None
     span = cal.get("span")
     if not span and tokenizer is not None and cal.get("tokens"):
-        from kvbridge.corpus import calibration_span
-
         span = calibration_span(list(texts), tokenizer, int(cal["tokens"]))
     if not span:
         return None

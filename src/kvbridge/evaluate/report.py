@@ -96,17 +96,12 @@ def terminal_table(result: dict) -> str:
     gates = result.get("gates") or []
     if gates:
         enforced = any(g["enforced"] for g in gates)
-        out.append("")
-        out.append(
-            "gates"
-            + ("" if enforced else " (reported; enforce with --gate)")
-            + ": "
-            + "; ".join(
-                f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
-                + ("" if g["enforced"] or not enforced else " (not enforced)")
-                for g in gates
-            )
+        shown = "; ".join(
+            f"{g['gate']} = {fmt(g['value'], '{:.4f}')} {'PASS' if g['passed'] else 'FAIL'}"
+            + ("" if g["enforced"] or not enforced else " (not enforced)")
+            for g in gates
         )
+        out += ["", f"gates{'' if enforced else ' (reported; enforce with --gate)'}: {shown}"]
     tm = result.get("timing") or {}
     if tm.get("transfer_ms") is not None:
         out.append(
@@ -284,11 +279,8 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
             "R² does not predict transfer quality across pairs; attention cosine does better.",
         ]
     if images or skipped:
-        out += ["", "## Plots", ""]
-        for title, name in images.items():
-            out.append(f"![{title}]({name})")
-        if skipped:
-            out.append(f"Plots skipped: {skipped}.")
+        out += ["", "## Plots", "", *(f"![{title}]({name})" for title, name in images.items())]
+        out += [f"Plots skipped: {skipped}."] if skipped else []
     d = result.get("data") or {}
     out += [
         "",

@@ -145,11 +145,8 @@ class KVBridgeLM(LM):
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             steps = int(kwargs.get("max_gen_toks", self.max_gen_toks))
-            out.append(
-                self.answerer.generate(
-                    self.condition, self._context(context), [], max_new_tokens=steps, stop=tuple(until)
-                )
-            )
+            ctx = self._context(context)
+            out.append(self.answerer.generate(self.condition, ctx, [], max_new_tokens=steps, stop=tuple(until)))
             self.counts["generate_until"] += 1
         return out
 

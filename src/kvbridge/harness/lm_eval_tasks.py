@@ -172,29 +172,18 @@ class LmEvalTask:
         for doc_id, insts in sorted(by_doc.items()):
             insts = sorted(insts, key=lambda i: i.idx)
             ctx = insts[0].args[0] if insts[0].args and isinstance(insts[0].args[0], str) else ""
-            items.append(
-                GenItem(
-                    id=f"{self.spec.name}-{doc_id}",
-                    context=ctx,
-                    query="",
-                    answer=None,
-                    meta={"doc_id": doc_id, "instances": insts, "doc": insts[0].doc},
-                )
-            )
+            meta = {"doc_id": doc_id, "instances": insts, "doc": insts[0].doc}
+            items.append(GenItem(f"{self.spec.name}-{doc_id}", ctx, "", None, meta=meta))
         return items
-
-    def _lm(self, answerer, cond: str):
-        from kvbridge.harness.lm_eval_model import KVBridgeLM
-
-        key = (id(answerer), cond)
-        if key not in self._lms:
-            self._lms[key] = KVBridgeLM(answerer=answerer, condition=cond)
-        return self._lms[key]
 
     def answer(self, answerer, cond: str, item: GenItem):
         """``(score, shown answer)``: the document's requests answered under ``cond``, filtered and scored by lm-eval."""
-        task = self._task
-        lm = self._lm(answerer, cond)
+        from kvbridge.harness.lm_eval_model import KVBridgeLM
+
+        task, key = self._task, (id(answerer), cond)
+        if key not in self._lms:
+            self._lms[key] = KVBridgeLM(answerer=answerer, condition=cond)
+        lm = self._lms[key]
         insts = [copy.copy(i) for i in item.meta["instances"]]
         kind = insts[0].request_type
         resps = getattr(lm, {"multiple_choice": "loglikelihood"}.get(kind, kind))(insts)

@@ -144,16 +144,13 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) * max(1, len(conds)) / 3), 3.6))
     width = 0.8 / max(1, len(conds))
     for j, c in enumerate(conds):
-        xs, ys, lo, hi = [], [], [], []
-        for i, t in enumerate(data):
-            row = t["conditions"].get(c)
-            if not row or row.get("accuracy") is None:
-                continue
-            xs.append(i + (j - (len(conds) - 1) / 2) * width)
-            ys.append(row["accuracy"])
-            ci = row.get("ci") or [row["accuracy"]] * 2
-            lo.append(max(0.0, row["accuracy"] - ci[0]))
-            hi.append(max(0.0, ci[1] - row["accuracy"]))
+        bars = {i: t["conditions"].get(c) or {} for i, t in enumerate(data)}
+        bars = {i: row for i, row in bars.items() if row.get("accuracy") is not None}  # task index -> row
+        xs = [i + (j - (len(conds) - 1) / 2) * width for i in bars]
+        ys = [row["accuracy"] for row in bars.values()]
+        cis = [row.get("ci") or [row["accuracy"]] * 2 for row in bars.values()]
+        lo = [max(0.0, y - ci[0]) for y, ci in zip(ys, cis)]
+        hi = [max(0.0, ci[1] - y) for y, ci in zip(ys, cis)]
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=c)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, 1.05)

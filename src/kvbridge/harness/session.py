@@ -201,18 +201,17 @@ def compare_handoff(models: dict, tokenizer, mappings: dict, script, *, max_new_
 
 def drift_table(result: dict) -> str:
     """A Markdown table of :func:`compare_handoff`'s turns."""
-    lines = [
-        "| turn | model | switch | steps | tokens equal | top-1 | KL mean | KL max |",
-        "|---|---|---|---|---|---|---|---|",
+    from kvbridge.evaluate.report import md_table
+
+    f = lambda x, fmt="{:.4f}": "-" if x is None else fmt.format(x)  # noqa: E731
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    heads = ("turn", "model", "switch", "steps", "tokens equal", "top-1", "KL mean", "KL max")
+    rows = [
+        [str(t["turn"]), str(t["model"]), yes(t["switched"]), str(t["steps"]), yes(t["tokens_equal"])]
+        + [f(t["top1"], "{:.2f}"), f(t["kl_mean"]), f(t["kl_max"])]
+        for t in result["turns"]
     ]
-    for t in result["turns"]:
-        f = lambda x, fmt="{:.4f}": "-" if x is None else fmt.format(x)  # noqa: E731
-        lines.append(
-            f"| {t['turn']} | {t['model']} | {'yes' if t['switched'] else 'no'} | {t['steps']} | "
-            f"{'yes' if t['tokens_equal'] else 'no'} | {f(t['top1'], '{:.2f}')} | {f(t['kl_mean'])} | "
-            f"{f(t['kl_max'])} |"
-        )
-    return "\n".join(lines)
+    return "\n".join(md_table(heads, rows))
 
 
 __all__ = ["Session", "TurnResult", "compare_handoff", "drift_table", "MODES"]

@@ -35,7 +35,7 @@ from functools import partial
 import torch
 
 from kvbridge.plugins import adapter_of
-from kvbridge.recompute.settings import RecomputeError
+from kvbridge.recompute.settings import GraftSettings, RecomputeError
 
 SCHEMA = "kvbridge-graft/1"
 
@@ -167,7 +167,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
     from kvbridge.progress import json_ready
     from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.settings import GraftSettings
     from kvbridge.recompute.tokens import blend
 
     st = settings if settings is not None else GraftSettings()

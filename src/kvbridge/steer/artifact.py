@@ -131,15 +131,10 @@ def read_vector(path: str | Path):
     info = {k: manifest.get(k) for k in ("method", "num_pairs", "pairs_sha256", "template", "transferred_from")}
     info["position"] = manifest["position"]["kind"]
     info["model"] = manifest["model"]
-    vector = SteeringVector(
-        keys=tuple(tensors[f"keys.{i}"] for i in range(n)),
-        values=tuple(tensors[f"values.{i}"] for i in range(n)),
-        residual=tuple(tensors[f"residual.{i}"] for i in range(n)) if residual else (),
-        spec=spec,
-        key_space=manifest["key_space"],
-        info=info,
+    group = lambda name: tuple(tensors[f"{name}.{i}"] for i in range(n))  # noqa: E731
+    return manifest, SteeringVector(
+        group("keys"), group("values"), group("residual") if residual else (), spec, manifest["key_space"], info
     )
-    return manifest, vector
 
 
 def mismatches(

@@ -136,15 +136,10 @@ def add_vector(
     kd = key_deltas(state, vector, start, stop, chosen)
     dv = {i: vector.values[i].to(state.device)[None, :, None, :] for i in chosen}
     record = {"edit": "add_vector", "ck": ck, "cv": cv, "layers": list(chosen), "positions": [start, stop]}
-    return _edited(  # c * delta rounded once, then added: never fused
-        state,
-        chosen,
-        start,
-        stop,
-        lambda i, x: x + ck * kd[i].to(torch.float32),
-        lambda i, x: x + cv * dv[i].to(torch.float32),
-        {**record, "key_space": vector.key_space},
-    )
+    # c * delta rounded once, then added: never fused
+    on_keys = lambda i, x: x + ck * kd[i].to(torch.float32)  # noqa: E731
+    on_values = lambda i, x: x + cv * dv[i].to(torch.float32)  # noqa: E731
+    return _edited(state, chosen, start, stop, on_keys, on_values, {**record, "key_space": vector.key_space})
 
 
 def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int = 0, stop: int | None = None):

@@ -44,10 +44,6 @@ def decoder_layers(model) -> dict:
     return out
 
 
-def _hidden(output):
-    return output[0] if isinstance(output, tuple) else output
-
-
 class ResidualCapture(HookSet):
     """Forward hooks keeping ``output[:, start:stop]`` of every decoder layer (float32, detached)."""
 
@@ -60,7 +56,8 @@ class ResidualCapture(HookSet):
     def _hook(self, layer: int):
         def hook(module, args, output):
             a, b = self.window
-            self.captured[layer] = _hidden(output)[:, a:b].detach().float().clone()
+            hidden = output[0] if isinstance(output, tuple) else output
+            self.captured[layer] = hidden[:, a:b].detach().float().clone()
 
         return hook
 

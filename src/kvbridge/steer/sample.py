@@ -38,12 +38,10 @@ class Setup:
         if self.prefix is None:
             return DynamicCache()
         s = self.prefix
-        tiled = s.map_tensors(lambda t: t.expand(batch, *t.shape[1:]).contiguous())
+        tile = lambda t: t.expand(batch, *t.shape[1:]).contiguous()  # noqa: E731
+        lengths = None if s.rope_lengths is None else tile(s.rope_lengths)
         tiled = replace(
-            tiled,
-            token_ids=s.token_ids.expand(batch, -1).contiguous(),
-            positions=s.positions.expand(batch, -1).contiguous(),
-            rope_lengths=None if s.rope_lengths is None else s.rope_lengths.expand(batch, -1).contiguous(),
+            s.map_tensors(tile), token_ids=tile(s.token_ids), positions=tile(s.positions), rope_lengths=lengths
         )
         return adapter_of(model, host).inject(tiled, model)
 
@@ -89,16 +87,9 @@ def sample(
                     done[i] = t in stop_ids
             if all(done) or step + 1 == steps:
                 break
-            logits = (
-                model(input_ids=torch.tensor(toks, device=device)[:, None], cache=cache, use_cache=True)
-                .logits[:, -1]
-                .float()
-                .cpu()
-            )
-    out: dict = {"tokens": rows}
-    if return_logits:
-        out["first_logits"] = first
-    return out
+            nxt = torch.tensor(toks, device=device)[:, None]
+            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1].float().cpu()
+    return {"tokens": rows} | ({"first_logits": first} if return_logits else {})
 
 
 def _forced_logprobs(model, setup: Setup, rows: list[list[int]], host=None):

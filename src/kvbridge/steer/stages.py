@@ -145,17 +145,14 @@ def _scenario(model, settings: SteerRunSettings, chat: bool):
 def run_steering(run, *, values: dict | None = None) -> dict:
     """The unsteered and steered continuations of ``run.settings.prompt`` on ``run.model`` (same seed;
     JSON-ready), with the ``steering`` record and whether the steered cache is marked ``approximate``."""
+    from kvbridge.steer.artifact import load_vector
     from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, prefix_state, run_pair, setup_for
 
     s, model, host = run.settings, run.model, run.host
     values = values if values is not None else prepare_run(s, host)
     m, tok = model.model, model.tokenizer
-    vector = None
-    if s.vector:
-        from kvbridge.steer.artifact import load_vector
-
-        vector = load_vector(s.vector, m, tokenizer_fp=_tokenizer_fp(model), host=host)
+    vector = load_vector(s.vector, m, tokenizer_fp=_tokenizer_fp(model), host=host) if s.vector else None
     use_chat = chat_mode(tok, s.chat)
     scenario, prefix = _scenario(model, s, use_chat)
     check_length(m, scenario, s.max_new_tokens, host)

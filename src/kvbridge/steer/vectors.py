@@ -76,14 +76,6 @@ class SteeringVector:
         return self
 
 
-def _check_model(spec) -> None:
-    if spec.cache_format != "kv":
-        raise SteerError(
-            f"{spec.model_type!r} caches {spec.cache_format!r} tensors, not per-head K/V",
-            "KV steering supports ordinary K/V caches",
-        )
-
-
 def _side_state(adapter, model, spec, enc, capture, key_space: str):
     import torch
 
@@ -161,7 +153,11 @@ def build_vector(
         raise SteerError("--method pca needs at least 2 pairs", "add pairs or use --method mean")
     adapter = adapter_of(model, host)
     spec = adapter.spec_of(model)
-    _check_model(spec)
+    if spec.cache_format != "kv":
+        raise SteerError(
+            f"{spec.model_type!r} caches {spec.cache_format!r} tensors, not per-head K/V",
+            "KV steering supports ordinary K/V caches",
+        )
     limit = int(spec.max_position_embeddings or 0)
     encoded = []
     for p in pairs:  # encode everything first: a bad pair fails before any forward pass

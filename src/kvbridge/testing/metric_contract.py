@@ -57,15 +57,13 @@ def synthetic_fields(seed: int = 0) -> dict:
         "attn_cos": 0.8 + 0.1 * torch.rand(N, L, generator=g, dtype=torch.float64),
     }
     no_prefix = {"nll": native["nll"] + 1.0, "correct": native["correct"] * 0.0}
-    out = {"native": native, "copy": copy, "noisy": noisy, "no_prefix": no_prefix}
-    for cond in ("copy", "noisy"):
-        out[cond].update(
-            native_nll=native["nll"],
-            native_correct=native["correct"],
-            no_prefix_nll=no_prefix["nll"],
-            no_prefix_correct=no_prefix["correct"],
-        )
-    return out
+    # the references every compared condition carries (what evaluate.fields.stack_fields gives them)
+    refs = {
+        f"{name}_{k}": f[k] for name, f in (("native", native), ("no_prefix", no_prefix)) for k in ("nll", "correct")
+    }
+    for cond in (copy, noisy):
+        cond.update(refs)
+    return {"native": native, "copy": copy, "noisy": noisy, "no_prefix": no_prefix}
 
 
 class _Run:
