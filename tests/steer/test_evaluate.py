@@ -117,3 +117,12 @@ def test_a_prompt_and_new_tokens_beyond_the_model_positions_are_refused(zoo_base
     with pytest.raises(KVBridgeError, match=f"--max-new-tokens {room + 1} after a") as err:
         check_length(model, scenario, room + 1)
     assert f"use --max-new-tokens {room} or less" in str(err.value)
+
+
+def test_plot_sweep_without_matplotlib_is_none(tmp_path, monkeypatch):
+    from kvbridge.evaluate import report
+
+    monkeypatch.setattr(report, "pyplot", lambda: None)
+    result = {"sweep": {"kv": []}, "arms": {"none": {"rate": 0.5}}}
+    assert plot_sweep(result, tmp_path / "sweep.png") is None
+    assert not (tmp_path / "sweep.png").exists()

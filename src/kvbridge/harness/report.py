@@ -133,11 +133,14 @@ def to_json(result: dict) -> str:
     return json.dumps(result, indent=1, allow_nan=False)
 
 
-def plot(result: dict, path: Path) -> None:
-    """Accuracy per task (and overall) per condition, Wilson intervals as error bars."""
+def plot(result: dict, path: Path) -> bool:
+    """Accuracy per task (and overall) per condition, Wilson intervals as error bars; False (no file)
+    where matplotlib is not installed."""
     from kvbridge.evaluate.report import pyplot, save_figure
 
     plt = pyplot()
+    if plt is None:
+        return False
     conds = list(result["conditions"])
     names = list(result["tasks"]) + (["overall"] if len(result["tasks"]) > 1 else [])
     data = [result["tasks"][n] if n in result["tasks"] else result["overall"] for n in names]
@@ -156,7 +159,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy (Wilson 95%)")
     ax.legend(fontsize=7, ncols=min(3, len(conds)))
-    save_figure(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def write_report(result: dict, folder) -> dict:
@@ -168,8 +171,9 @@ def write_report(result: dict, folder) -> dict:
     with atomic_dir(folder, kind=REPORT_KIND, overwrite=True, flag="") as tmp:
         (tmp / "harness.json").write_text(to_json(result) + "\n", encoding="utf-8")
         (tmp / "summary.md").write_text(markdown(result), encoding="utf-8")
-        plot(result, tmp / "accuracy.png")
-    return {name: folder / name for name in ("harness.json", "summary.md", "accuracy.png")}
+        plotted = plot(result, tmp / "accuracy.png")
+    names = ("harness.json", "summary.md") + (("accuracy.png",) if plotted else ())
+    return {name: folder / name for name in names}
 
 
 __all__ = [

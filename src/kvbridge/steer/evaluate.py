@@ -314,12 +314,15 @@ def sweep_table(result: dict) -> list[str]:
 
 
 def plot_sweep(result: dict, path, title: str = "") -> str | None:
-    """Behaviour rate against KL cost per swept arm (PNG, matplotlib Agg); None when there is no sweep."""
+    """Behaviour rate against KL cost per swept arm (PNG, matplotlib Agg); None when there is no sweep
+    or matplotlib is not installed."""
     if not result.get("sweep"):
         return None
     from kvbridge.evaluate.report import pyplot, save_figure
 
     plt = pyplot()
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(6, 4))
     none = result["arms"]["none"]
     ax.axhline(none["rate"], color="grey", ls=":", label="none")
