@@ -83,6 +83,10 @@ def test_keep_stats_then_refit_and_plan_take_the_settings(pair, tmp_path):
         refit("zoo:base", "zoo:wide", FitSettings(from_stats=str(kept), out=str(tmp_path / "m3"), corpus="c"))
     lines = plan_fit("zoo:base", "zoo:wide", FitSettings(top_k="all", tokens=4096)).lines()
     assert lines and any("4096" in ln or "4,096" in ln for ln in lines)
+    f64 = plan_fit(
+        "zoo:base", "zoo:wide", FitSettings(top_k="all", tokens=4096, fitter_options=("gram_dtype=float64",))
+    )
+    assert f64.lines() != lines  # -o gram_dtype= reaches the plan (its workspace and rate)
 
 
 def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host):

@@ -261,9 +261,9 @@ def plan_fit(source, target, settings: FitSettings):
 
 
 def _plan_options(settings: FitSettings) -> dict:
-    """The ridge options the plan depends on (``-o support=``, ``-o weighting=``)."""
+    """The ridge options the plan depends on (``-o support=``, ``-o weighting=``, ``-o gram_dtype=``)."""
     opts = dict(o.split("=", 1) for o in settings.fitter_options if "=" in o)
-    return {k: opts[k] for k in ("support", "weighting") if k in opts}
+    return {k: opts[k] for k in ("support", "weighting", "gram_dtype") if k in opts}
 
 
 def refit(source, target, settings: FitSettings, *, host=None):
