@@ -62,6 +62,25 @@ def test_model_args_refusals(base):
         KVBridgeLM(answerer=Answerer(model, model, IdentityMapping(), tok), condition="moved")
 
 
+def test_an_empty_context_is_the_special_prefix_else_eos():
+    from kvbridge.harness.lm_eval_model import KVBridgeLM
+
+    class Tok:  # adds BOS 1 when asked for special tokens, when ``bos``
+        eos_token_id = 2
+
+        def __init__(self, bos):
+            self.bos = bos
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": ([1] if add_special_tokens and self.bos else []) + [7] * len(text.split())}
+
+    lm = object.__new__(KVBridgeLM)
+    lm.tok = Tok(bos=True)
+    assert lm.prefix_ids() == [1] and lm._context("") == [1] and lm._context("a b") == [1, 7, 7]
+    lm.tok = Tok(bos=False)
+    assert lm.prefix_ids() == [2] and lm._context("") == [2] and lm._context("a b") == [7, 7]
+
+
 def test_rolling_windows_sum_to_the_full_score(base):
     from types import SimpleNamespace
 

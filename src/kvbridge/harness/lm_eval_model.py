@@ -92,8 +92,8 @@ class KVBridgeLM(LM):
         return list(self.tok(text, add_special_tokens=special)["input_ids"]) if text else []
 
     def prefix_ids(self) -> list[int]:
-        """What an empty context becomes: the tokenizer's special-token prefix, else EOS."""
-        ids = self._encode("", special=True)
+        """What an empty context becomes: the tokenizer's special-token prefix (its BOS), else EOS."""
+        ids = list(self.tok("", add_special_tokens=True)["input_ids"])
         if ids:
             return ids
         eos = getattr(self.tok, "eos_token_id", None)
