@@ -246,11 +246,14 @@ def test_float32_gram_systems_are_read_from_the_upper_triangle_without_mirroring
     cols = torch.tensor([5, 1])
     st = MomentStats(p, q, gram_dtype="float32").update(x, y)
     assert st._lower_stale
-    got = st.moments(rows, cols)
+    got = st.moments(rows, cols)  # three runs of consecutive rows: block copies
+    scattered = torch.arange(GRAM_STRIP + 90, 0, -37)  # one run per row: the element gather
+    other = st.moments(scattered)
     sl = st.moments(slice(480, GRAM_STRIP + 40))  # a slice across the strip boundary
     assert st._lower_stale  # nothing was mirrored
     ref = st.cxx  # mirrors now (the upper triangle wins)
     assert torch.equal(got.cxx, ref[rows][:, rows]) and torch.equal(got.cxx, got.cxx.T)
+    assert torch.equal(other.cxx, ref[scattered][:, scattered])
     assert torch.equal(sl.cxx, ref[480 : GRAM_STRIP + 40, 480 : GRAM_STRIP + 40])
     assert torch.equal(got.cxy, st.cxy[rows][:, cols]) and torch.equal(got.mean_x, st.mean_x[rows])
     # the raw lower triangle really differs from the upper one somewhere (float32 GEMM rounding), so reading
@@ -258,7 +261,8 @@ def test_float32_gram_systems_are_read_from_the_upper_triangle_without_mirroring
     raw = MomentStats(p, q, gram_dtype="float32").update(x, y)._xx()
     assert not torch.equal(raw, raw.T)
     f64 = MomentStats(p, q, gram_dtype="float64").update(x.double(), y.double())
-    assert torch.equal(f64.moments(rows, cols).cxx, f64.cxx[rows][:, rows])
+    for r in (rows, scattered):
+        assert torch.equal(f64.moments(r, cols).cxx, f64.cxx[r][:, r])
 
 
 def test_statistics_of_a_split_without_observations_hold_no_memory():

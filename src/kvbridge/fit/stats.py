@@ -78,6 +78,26 @@ class Workspace:
         return self.prod[:n].view(rows, cols)
 
 
+MAX_RUNS = 8  # _xx_rows copies blocks for index tensors of at most this many runs of consecutive rows
+
+
+def _runs(r: torch.Tensor) -> list | None:
+    """``[(offset, start, length)]`` of the runs of consecutive rows in the index vector ``r`` (unique
+    rows, at most :data:`MAX_RUNS` runs), else None."""
+    idx = r.tolist()
+    if len(set(idx)) != len(idx):
+        return None
+    runs = []
+    for k, v in enumerate(idx):
+        if k and v == idx[k - 1] + 1:
+            runs[-1][2] += 1
+        else:
+            if len(runs) == MAX_RUNS:
+                return None
+            runs.append([k, v, 1])
+    return [tuple(x) for x in runs] if runs else None
+
+
 ADD_ROWS = 32  # rows per float32 -> float64 add: the cast's temporary stays in cache (a whole strip's cast
 # is a fresh float64 copy of it, ~1.5x slower on the CPU here and, past glibc's mmap threshold, new pages)
 
@@ -207,6 +227,21 @@ class MomentStats:
             if not self._f32:
                 return sub
             return sub.triu() + sub.triu(1).mT
+        runs = _runs(r)
+        if runs is not None:  # a few runs of consecutive rows (source layers): block copies, row-contiguous reads
+            n = int(r.numel())
+            out = torch.empty(n, n, dtype=c.dtype, device=c.device)
+            for oa, sa, la in runs:
+                for ob, sb, lb in runs:
+                    dst = out[oa : oa + la, ob : ob + lb]
+                    if not self._f32 or sa < sb:
+                        dst.copy_(c[sa : sa + la, sb : sb + lb])
+                    elif sa > sb:  # below the diagonal: the transpose of the block above it
+                        dst.copy_(c[sb : sb + lb, sa : sa + la].mT)
+                    else:
+                        d = c[sa : sa + la, sa : sa + la]
+                        dst.copy_(d.triu() + d.triu(1).mT)
+            return out
         i, j = r[:, None], r[None, :]
         if self._f32:
             i, j = torch.minimum(i, j), torch.maximum(i, j)
