@@ -45,9 +45,6 @@ def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
     return out
 
 
-R2_COLS = 512  # output columns per block of train_r2's column sums
-
-
 def train_r2(w: torch.Tensor, train: Moments, alpha: float, groups: int) -> torch.Tensor:
     """R² per group of ``q / groups`` output dims of the ridge ``w`` ON ITS OWN training statistics.
 
@@ -55,13 +52,7 @@ def train_r2(w: torch.Tensor, train: Moments, alpha: float, groups: int) -> torc
     so ``Cxx W = Cxy - λW`` and the SSE ``cyy - 2 Σ W⊙Cxy + Σ W⊙(Cxx W)`` is
     ``cyy - Σ W⊙Cxy - λ Σ W²``: exact algebra, without :func:`grouped_r2`'s second GEMM.
     """
-    q = int(w.shape[1])
-    cross, sq = torch.empty(q, dtype=w.dtype, device=w.device), torch.empty(q, dtype=w.dtype, device=w.device)
-    for j in range(0, q, R2_COLS):  # column blocks: the products stay in cache (the same sums, ~4x faster)
-        wb, cb = w[:, j : j + R2_COLS], train.cxy[:, j : j + R2_COLS]
-        torch.sum(wb * cb, 0, out=cross[j : j + R2_COLS])
-        torch.sum(wb * wb, 0, out=sq[j : j + R2_COLS])
-    e = (train.cyy - cross - float(alpha) * sq).clamp(min=0.0)
+    e = (train.cyy - (w * train.cxy).sum(0) - float(alpha) * (w * w).sum(0)).clamp(min=0.0)
     e = e.reshape(groups, -1).sum(1)
     t = train.cyy.reshape(groups, -1).sum(1)
     return torch.where(t > 0, 1.0 - e / t.clamp(min=1e-300), torch.zeros_like(t))
