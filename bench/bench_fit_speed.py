@@ -26,13 +26,18 @@ Candidates join parts with ``+`` (``f32sym+trainr2``). ``--spread D`` rescales t
 features' dims by ``10^linspace(-D/2, D/2)`` and ``--offset O`` adds ``O`` to them (an
 ill-conditioned, off-centre Gram: what float32 must survive on real K/V).
 
-``--parts profile`` wraps the hot functions with wall-clock timers (one fit, base code) and
-prints the shapes and counts of what runs. ``--parts gemm``: float64 ``addmm_`` vs float32 GEMM (+ its
+``--parts profile`` wraps the hot functions with wall-clock timers (one fit, base code; the first
+fit of the process, so first-touch costs are in it: the statistics' zero-fill, the cxx mirror, the
+gathers, the selection's and the final fit's solves, the mapping's assembly, each when the library
+has it) and prints the shapes and counts of what runs. ``--parts gemm``: float64 ``addmm_`` vs float32 GEMM (+ its
 add into float64) throughput at the accumulation's shapes. ``--parts eig``: the cost of ``alpha=auto`` (one
 Cholesky per grid alpha vs one eigendecomposition reused for every alpha) on one final-fit
 system. Accuracy: max relative difference (``max|a - a_ref| / max|a_ref|``) of the fitted
 weights and biases and of the mapped K/V of the first 256 observations against the
-``--reference`` candidate (default ``base``), and whether the layer selection is identical. Run alone (``/work/wt/quiet``):
+``--reference`` candidate (default ``base``), whether the layer selection is identical, and
+``identical`` (weights, biases and scores bitwise equal). ``--save PATH`` writes the first
+candidate's mapping; ``--against PATH`` compares every candidate with one saved by another tree
+(e.g. ``PYTHONPATH=/work/main/src ... --save old.safetensors``, then this tree ``--against`` it). Run alone (``/work/wt/quiet``):
 
     PYTHONPATH=src python bench/bench_fit_speed.py --obs 1024 --threads 1,2 --repeats 3
 """

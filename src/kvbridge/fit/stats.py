@@ -13,7 +13,8 @@ Memory is fixed by ``p`` and ``q``, never by the number of observations or the b
 the statistics plus one reused workspace (a batch is taken in row chunks of :func:`chunk_rows`
 rows: float64 ones of about :data:`WORKSPACE_BYTES`, or 1,024-row float32 ones with
 ``gram_dtype="float32"``, see :class:`MomentStats`; the objects of one :class:`LayerStats` share
-one workspace), so the peak of an accumulation is the statistics + :func:`workspace_bytes`. A batch is
+one workspace), so the peak of an accumulation is the statistics + :func:`workspace_bytes` (an upper
+bound: ``cxx`` and ``cxy`` are allocated on first use, so a split that gets no rows holds none). A batch is
 centred on its own mean and merged with the pair-wise update of Chan, Golub & LeVeque
 (``C = C_a + C_b + n_a n_b / n · δ δᵀ``, the batch term accumulated straight into ``C`` by
 the GEMM), which stays accurate when the means are large against the spread (a raw
