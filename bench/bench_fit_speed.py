@@ -26,13 +26,18 @@ Candidates join parts with ``+`` (``f32sym+trainr2``). ``--spread D`` rescales t
 features' dims by ``10^linspace(-D/2, D/2)`` and ``--offset O`` adds ``O`` to them (an
 ill-conditioned, off-centre Gram: what float32 must survive on real K/V).
 
-``--parts profile`` wraps the hot functions with wall-clock timers (one fit, base code) and
-prints the shapes and counts of what runs. ``--parts gemm``: float64 ``addmm_`` vs float32 GEMM (+ its
+``--parts profile`` wraps the hot functions with wall-clock timers (one fit, base code; the first
+fit of the process, so first-touch costs are in it: the statistics' zero-fill, the cxx mirror, the
+gathers, the selection's and the final fit's solves, the mapping's assembly, each when the library
+has it) and prints the shapes and counts of what runs. ``--parts gemm``: float64 ``addmm_`` vs float32 GEMM (+ its
 add into float64) throughput at the accumulation's shapes. ``--parts eig``: the cost of ``alpha=auto`` (one
 Cholesky per grid alpha vs one eigendecomposition reused for every alpha) on one final-fit
 system. Accuracy: max relative difference (``max|a - a_ref| / max|a_ref|``) of the fitted
 weights and biases and of the mapped K/V of the first 256 observations against the
-``--reference`` candidate (default ``base``), and whether the layer selection is identical. Run alone (``/work/wt/quiet``):
+``--reference`` candidate (default ``base``), whether the layer selection is identical, and
+``identical`` (weights, biases and scores bitwise equal). ``--save PATH`` writes the first
+candidate's mapping; ``--against PATH`` compares every candidate with one saved by another tree
+(e.g. ``PYTHONPATH=/work/main/src ... --save old.safetensors``, then this tree ``--against`` it). Run alone (``/work/wt/quiet``):
 
     PYTHONPATH=src python bench/bench_fit_speed.py --obs 1024 --threads 1,2 --repeats 3
 """
@@ -262,11 +267,13 @@ DEFAULT_CANDIDATES = "base,f32gram,f32sym,trainr2,f32sym+trainr2"
 
 # -- the profile ----------------------------------------------------------------------------------------------------
 def profile(side, batches, n) -> dict:
-    """One base fit with wall-clock timers around the hot functions; shapes and call counts."""
+    """One base fit with wall-clock timers around the hot functions; shapes and call counts (a
+    function the library does not have is skipped; nested timers overlap: "total" rows include
+    the steps listed under them)."""
+    import kvbridge.fit.ridge as ridge_mod
     import kvbridge.fit.select as sel
     import kvbridge.fit.solve as solve_mod
-    from kvbridge.fit.ridge import RidgeFitter
-    from kvbridge.fit.stats import MomentStats
+    from kvbridge.fit.stats import LayerStats, MomentStats
 
     secs, calls, shapes = defaultdict(float), defaultdict(int), defaultdict(set)
 
@@ -283,45 +290,45 @@ def profile(side, batches, n) -> dict:
 
         return inner
 
-    saved = {
-        "uc": MomentStats._update_chunk,  # noqa
-        "slr": sel.single_layer_r2,
-        "ssolve": sel.solve,
-        "sgr2": sel.grouped_r2,
-        "fsolve": solve_mod.solve,
-        "fgr2": solve_mod.grouped_r2,
-        "sl": RidgeFitter.__dict__["_solve_layers"].__func__,
-        "mom": __import__("kvbridge.fit.stats", fromlist=["LayerStats"]).LayerStats.moments,
-    }
-    from kvbridge.fit.stats import LayerStats
+    def pq(m, *a, **k):
+        return f"p {m.p}, q {m.q}"
 
+    targets = [  # (owner, attribute, label, shape_of)
+        (
+            MomentStats,
+            "_update_chunk",
+            "accumulate: MomentStats._update_chunk (centre, GEMMs, add into float64)",
+            lambda self, x, y, w=None: f"x {tuple(x.shape)} {x.dtype} -> p {self.p}, q {self.q}",
+        ),
+        (MomentStats, "_zeros", "statistics zero-fill on first use (MomentStats._zeros)", lambda sh, d: str(sh)),
+        (MomentStats, "_mirror", "cxx mirror (MomentStats._mirror)", None),
+        (sel, "single_layer_r2", "selection: single_layer_r2 (total)", None),
+        (sel, "solve", "selection: solve (Cholesky + inverse/solve)", pq),
+        (sel, "grouped_r2", "selection: grouped_r2 (held-out R² from statistics)", None),
+        (sel, "train_r2", "selection: train_r2 (closed-form R²)", None),
+        (sel, "solve_w", "selection: solve_w (Cholesky + inverse + GEMM, no intercept)", pq),
+        (solve_mod, "solve", "final fit: solve (Cholesky + solve)", pq),
+        (ridge_mod.RidgeFitter, "_solve_layers", "final fit: _solve_layers (total)", None),
+        (LayerStats, "moments", "LayerStats.moments (gathers)", None),
+        (ridge_mod._BlockSolver, "mappings", "mapping assembly (_BlockSolver.mappings)", None),
+    ]
+    saved = []
     try:
-        MomentStats._update_chunk = wrap(
-            "accumulate: MomentStats._update_chunk (float64 copy, centre, GEMMs)",
-            saved["uc"],
-            lambda self, x, y, w=None: (
-                f"x {tuple(x.shape)} {x.dtype} -> cxx {tuple(self.cxx.shape)}, cxy {tuple(self.cxy.shape)} float64"
-            ),
-        )
-        sel.single_layer_r2 = wrap("selection: single_layer_r2 (total)", saved["slr"])
-        sel.solve = wrap(
-            "selection: solve (Cholesky + inverse/solve)",
-            saved["ssolve"],
-            lambda m, a: f"p {m.p}, q {m.q}",
-        )
-        sel.grouped_r2 = wrap("selection: grouped_r2 (R² from statistics)", saved["sgr2"])
-        solve_mod.solve = wrap("final fit: solve (Cholesky + solve)", saved["fsolve"], lambda m, a: f"p {m.p}, q {m.q}")
-        RidgeFitter._solve_layers = staticmethod(wrap("final fit: _solve_layers (total)", saved["sl"]))
-        LayerStats.moments = wrap("LayerStats.moments (gathers)", saved["mom"])
+        for owner, name, label, shape_of in targets:
+            raw = (owner.__dict__ if isinstance(owner, type) else vars(owner)).get(name)
+            if raw is None:
+                continue
+            saved.append((owner, name, raw))
+            if isinstance(raw, staticmethod):
+                setattr(owner, name, staticmethod(wrap(label, raw.__func__, shape_of)))
+            else:
+                setattr(owner, name, wrap(label, raw, shape_of))
         t0 = time.perf_counter()
         side.fit(list(batches), n)
         total = time.perf_counter() - t0
     finally:
-        MomentStats._update_chunk = saved["uc"]
-        sel.single_layer_r2, sel.solve, sel.grouped_r2 = saved["slr"], saved["ssolve"], saved["sgr2"]
-        solve_mod.solve, solve_mod.grouped_r2 = saved["fsolve"], saved["fgr2"]
-        RidgeFitter._solve_layers = staticmethod(saved["sl"])
-        LayerStats.moments = saved["mom"]
+        for owner, name, raw in reversed(saved):
+            setattr(owner, name, raw)
     return {
         "total_s": total,
         "parts": {
@@ -337,22 +344,56 @@ def rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-300))
 
 
+def save_map(m, path: str) -> None:
+    """A fitted mapping's weights, biases, layer selection and selection scores (``--save``)."""
+    from safetensors.torch import save_file
+
+    tensors = {"scores": torch.tensor(m.report.selection_scores["mean"], dtype=F64)}
+    for t, lm in enumerate(m.layers):
+        tensors[f"{t}.sources"] = torch.tensor(list(lm.sources), dtype=torch.int64)
+        for x in ("wk", "bk", "wv", "bv"):
+            tensors[f"{t}.{x}"] = getattr(lm, x).contiguous()
+    save_file(tensors, path)
+
+
+def load_map(path: str):
+    """What :func:`save_map` wrote, shaped like a mapping for :func:`compare` (``--against``)."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    d = load_file(path)
+    n = len([k for k in d if k.endswith(".sources")])
+    layers = [
+        SimpleNamespace(
+            sources=tuple(int(i) for i in d[f"{t}.sources"]), **{x: d[f"{t}.{x}"] for x in ("wk", "bk", "wv", "bv")}
+        )
+        for t in range(n)
+    ]
+    return SimpleNamespace(layers=layers, report=SimpleNamespace(selection_scores={"mean": d["scores"].tolist()}))
+
+
 def compare(m, base, batches, rows: int = 256) -> dict:
+    """Max relative differences against ``base``; ``identical``: every weight, bias and score bitwise equal."""
     xk, _, xv, _ = batches[0]
     xk, xv = xk[:rows].reshape(rows, xk.shape[1], -1), xv[:rows].reshape(rows, xv.shape[1], -1)
     out = {"w": 0.0, "b": 0.0, "mapped_k": 0.0, "mapped_v": 0.0, "same_selection": True}
+    same = True
     sm, sb = (torch.tensor(x.report.selection_scores["mean"], dtype=F64) for x in (m, base))
     out["scores_abs"] = float((sm - sb).abs().max())
+    same = torch.equal(sm, sb)
     for lm, lb in zip(m.layers, base.layers):
         out["same_selection"] &= tuple(lm.sources) == tuple(lb.sources)
         for c, x in (("k", xk), ("v", xv)):
             w, b, wb, bb = getattr(lm, "w" + c), getattr(lm, "b" + c), getattr(lb, "w" + c), getattr(lb, "b" + c)
+            same = same and tuple(lm.sources) == tuple(lb.sources) and torch.equal(w, wb) and torch.equal(b, bb)
             out["w"] = max(out["w"], rel(w, wb))
             out["b"] = max(out["b"], rel(b, bb))
             feats = x[:, list(lb.sources)].reshape(rows, -1).double()
             out["mapped_" + c] = max(
                 out["mapped_" + c], rel(feats @ w.double() + b.double(), feats @ wb.double() + bb.double())
             )
+    out["identical"] = bool(same)
     return out
 
 
@@ -466,14 +507,18 @@ def run(args) -> dict:
                         times[c].append(time.perf_counter() - t0)
                     maps.setdefault(c, m)
             base = maps.get(args.reference)
+            saved = load_map(args.against) if args.against else None
             row["fit"] = {
                 c: {
                     "median_s": statistics.median(times[c]),
                     "runs_s": [round(t, 3) for t in times[c]],
                     **({"accuracy": compare(maps[c], base, batches)} if base is not None else {}),
+                    **({"against_saved": compare(maps[c], saved, batches)} if saved is not None else {}),
                 }
                 for c in cands
             }
+            if args.save:
+                save_map(maps[cands[0]], args.save)
         if "gemm" in parts:
             row["gemm"] = gemm_bench()
         if "eig" in parts:
@@ -495,6 +540,14 @@ def main(argv=None) -> int:
     ap.add_argument("--spread", type=float, default=0.0, help="decades of scale across source feature dims")
     ap.add_argument("--offset", type=float, default=0.0, help="added to every source feature")
     ap.add_argument("--json", default=None, help="also write the result here")
+    ap.add_argument(
+        "--save", default=None, help="write the first candidate's fitted mapping here (safetensors; per thread count)"
+    )
+    ap.add_argument(
+        "--against",
+        default=None,
+        help="also compare every candidate with a mapping --save wrote (e.g. by another kvbridge tree on PYTHONPATH)",
+    )
     args = ap.parse_args(argv)
     res = run(args)
     text = json.dumps(res, indent=1)

@@ -198,7 +198,7 @@ def test_measured_rates_are_positive_and_cover_every_part():
     from kvbridge.fit.plan_rates import measure_rates
 
     r = measure_rates("zoo:base", "zoo:wide", seq_len=32, batch_size=1, stride=4, top_k=2)
-    for name in ("source_forward", "target_forward", "gemm64", "solve64", "memory", "hash"):
+    for name in ("source_forward", "target_forward", "gemm64", "gemm32", "solve64", "memory", "hash"):
         assert math.isfinite(getattr(r, name)) and getattr(r, name) > 0, name
     assert r.device == "cpu" and r.threads >= 1
     p = plan("zoo:base", "zoo:wide", tokens=4096, rates=r)
@@ -277,3 +277,38 @@ def test_a_budget_the_batch_pushes_over_says_the_memory_flag_that_stays_within()
     s = model_size("zoo:base")
     lowest = gib_flag(minimum_budget("ridge", 4, 4, s.kv_features, s.head_dim, s.kv_features, 2))
     assert any(f"pass the smallest --memory ({lowest}) and a smaller --batch-size" in n for n in tiny.notes)
+
+
+def test_statistics_time_uses_the_rate_of_the_gram_dtype_the_fit_runs():
+    """The default fit accumulates its full co-moments from float32 GEMMs: the plan times them at the
+    float32-Gram rate (``gemm32``), a float64 fit (and block-diagonal passes) at ``gemm64``."""
+    r = _rates(gemm32=9e9)  # three times the float64 rate
+    f32 = plan(*PAIR, tokens=8192, stride=2, top_k=2, rates=r)
+    f64 = plan(*PAIR, tokens=8192, stride=2, top_k=2, rates=r, gram_dtype="float64")
+    assert f32.statistics_flops == f64.statistics_flops > 0
+    assert f32.statistics_flops32 == f32.statistics_flops and f64.statistics_flops32 == 0  # one joint full pass
+    assert f32.time_parts()["statistics"] == pytest.approx(f32.statistics_flops / 9e9)
+    assert f64.time_parts()["statistics"] == pytest.approx(f64.statistics_flops / 3e9)
+    text = "\n".join(f32.lines())
+    assert "float32 Gram 9e+09" in text and "(float32 Gram)" in text
+    # blocked: the block-diagonal selection passes run in float64, the fit passes in float32
+    s, t = model_size(PAIR[0]), model_size(PAIR[1])
+    dims = dict(src_heads=s.kv_heads, src_dim=s.head_dim, tgt_heads=t.kv_heads, tgt_dim=t.head_dim)
+    from kvbridge.fit.stats import LayerStats
+
+    budget = LayerStats.job_bytes_for(s.layers, t.layers, **dims) // 3
+    blocked = plan(*PAIR, tokens=8192, stride=2, top_k=2, rates=r, memory_budget=budget)
+    sel = sum(p.statistics_flops for p in blocked.passes if p.tag.startswith("select"))
+    assert 0 < sel < blocked.statistics_flops and blocked.statistics_flops32 == pytest.approx(
+        blocked.statistics_flops - sel
+    )
+    assert blocked.time_parts()["statistics"] == pytest.approx(sel / 3e9 + blocked.statistics_flops32 / 9e9)
+    # rates measured without a float32 rate: the float64 one, as before
+    assert plan(*PAIR, tokens=8192, stride=2, top_k=2, rates=_rates()).time_parts()["statistics"] == pytest.approx(
+        f32.statistics_flops / 3e9
+    )
+    # the peak-rate bound: the float32 Gram at the float32 peak, the rest at the float64 one
+    peak = plan(*PAIR, tokens=8192, stride=2, top_k=2, device_flops=4e10, device_flops64=1e10)
+    assert peak.seconds == pytest.approx(
+        peak.forward_flops / 4e10 + peak.statistics_flops / 4e10 + peak.solve_flops / 1e10
+    )

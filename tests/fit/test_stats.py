@@ -227,3 +227,59 @@ def test_training_r2_closed_form_equals_the_explicit_sse():
         closed, explicit = train_r2(w, m, lam, 4), grouped_r2(w, b, m, 4)
         assert torch.allclose(closed, explicit, rtol=0, atol=1e-10), (lam, closed, explicit)
         assert float(closed.min()) < 1.0  # a real fit, not a saturated one
+
+
+def test_float32_gram_systems_are_read_from_the_upper_triangle_without_mirroring():
+    """A solve's ``Cxx`` sub-matrix (any rows, in any order) of float32-Gram statistics is gathered from
+    the upper triangle element by element: bitwise the matrix the mirror would give, and the full
+    ``p x p`` lower triangle is never mirrored for it. Float64 statistics give exactly their own entries."""
+    from kvbridge.fit.plan import GRAM_STRIP
+
+    g = torch.Generator().manual_seed(5)
+    n, p, q = 700, GRAM_STRIP + 96, 8  # two strips: rows from both, unordered
+    x = torch.randn(n, p, generator=g)
+    y = torch.randn(n, q, generator=g)
+    rows = torch.cat([torch.arange(GRAM_STRIP + 32, GRAM_STRIP + 64), torch.arange(40, 72), torch.arange(500, 530)])
+    cols = torch.tensor([5, 1])
+    st = MomentStats(p, q, gram_dtype="float32").update(x, y)
+    assert st._lower_stale
+    got = st.moments(rows, cols)  # three runs of consecutive rows: block copies
+    scattered = torch.arange(GRAM_STRIP + 90, 0, -37)  # one run per row: the element gather
+    other = st.moments(scattered)
+    sl = st.moments(slice(480, GRAM_STRIP + 40))  # a slice across the strip boundary
+    assert st._lower_stale  # nothing was mirrored
+    ref = st.cxx  # mirrors now (the upper triangle wins)
+    assert torch.equal(got.cxx, ref[rows][:, rows]) and torch.equal(got.cxx, got.cxx.T)
+    assert torch.equal(other.cxx, ref[scattered][:, scattered])
+    assert torch.equal(sl.cxx, ref[480 : GRAM_STRIP + 40, 480 : GRAM_STRIP + 40])
+    assert torch.equal(got.cxy, st.cxy[rows][:, cols]) and torch.equal(got.mean_x, st.mean_x[rows])
+    # the raw lower triangle really differs from the upper one somewhere (float32 GEMM rounding), so reading
+    # it unmirrored would have changed the solve: a fresh object, compared before any mirror
+    raw = MomentStats(p, q, gram_dtype="float32").update(x, y)._xx()
+    assert not torch.equal(raw, raw.T)
+    f64 = MomentStats(p, q, gram_dtype="float64").update(x.double(), y.double())
+    for r in (rows, scattered):
+        assert torch.equal(f64.moments(r, cols).cxx, f64.cxx[r][:, r])
+
+
+def test_statistics_of_a_split_without_observations_hold_no_memory():
+    """No held-out rows: the held-out statistics never allocate their co-moments (a fit without a held-out
+    split touches half the memory); read, they are zeros of the right shape."""
+    g = torch.Generator().manual_seed(2)
+    dims = dict(src_heads=2, src_dim=4, tgt_heads=1, tgt_dim=3)
+    job = LayerStats(range(3), range(2), **dims, gram_dtype="float32")
+    n = 50
+    feats = {
+        "xk": torch.randn(n, 3, 2, 4, generator=g),
+        "xv": torch.randn(n, 3, 2, 4, generator=g),
+        "yk": torch.randn(n, 2, 1, 3, generator=g),
+        "yv": torch.randn(n, 2, 1, 3, generator=g),
+    }
+    job.update(feats, torch.zeros(n, dtype=torch.bool))
+    for c in ("k", "v"):
+        held, train = job.stats[(c, "held")], job.stats[(c, "train")]
+        assert held.n == 0 and held._cxx is None and held._cxy is None
+        assert train._cxx is not None and train._cxy is not None
+        m = job.moments(c, "held", src_layers=[2, 0], tgt_layers=[1])
+        assert m.cxx.shape == (16, 16) and not m.cxx.any() and m.cxy.shape == (16, 3) and not m.cxy.any()
+    assert job.nbytes() == 4 * MomentStats.nbytes_for(24, 6)  # the memory model counts both splits (a bound)

@@ -13,16 +13,17 @@ print, before any work, what a ``ridge`` (or ``ridge-headwise``) fit of the pair
 - **artifact size**: ``mapping.safetensors`` (float32 weights and biases + header);
 - **FLOPs**: the forwards of both models over the calibration tokens (per pass: ``2·N`` per
   token for ``N`` non-embedding weights, plus causal attention), the statistics GEMMs
-  (float64, ``2·n·(p² + p·q)`` for K and V) and the solves;
+  (``2·n·(p² + p·q)`` for K and V; float32 for the full co-moments with ``-o gram_dtype=float32``,
+  the default, float64 otherwise) and the solves;
 - **time**, either from measured rates (``rates``: a :class:`~kvbridge.fit.plan_rates.PlanRates`
   from :func:`~kvbridge.fit.plan_rates.measure_rates`, ``kvbridge fit --plan --calibrate``):
   the sum of the parts — both models' forwards at the rate one of their decoder layers
-  reaches at the fit's batch shape, the statistics GEMMs and the solves at their float64
-  rates, the memory-bound work (the statistics zero-filled on allocation, every pass) and the
+  reaches at the fit's batch shape, the statistics GEMMs at the rate of the dtype each pass
+  runs them in (``gemm32`` / ``gemm64``), the solves at their float64 rate, the memory-bound work (the statistics zero-filled on allocation, every pass) and the
   weights fingerprint of both models (sha256) —
   checked within 15% of measured fits on the zoo and SmolLM2 (``bench/bench_plan.py``); or
-  at a given peak rate (``device_flops`` for the forwards, ``device_flops64`` for the float64
-  work): FLOPs / rate, a lower bound at full utilisation (``efficiency`` scales the forward
+  at a given peak rate (``device_flops`` for the forwards and the float32 Gram, ``device_flops64``
+  for the float64 work): FLOPs / rate, a lower bound at full utilisation (``efficiency`` scales the forward
   rate; real fits on the CPU here take 1.2-1.4x that bound).
 
 Where the fit passes depend on the layer selection (blocked fits), the plan takes the worst
@@ -317,6 +318,7 @@ class FitPlan:
     forward_flops: float  # all passes
     statistics_flops: float
     solve_flops: float
+    statistics_flops32: float = 0.0  # of statistics_flops: the passes whose co-moments run as float32 GEMMs
     device_flops: float | None = None
     device_flops64: float | None = None
     efficiency: float = 1.0
@@ -348,7 +350,8 @@ class FitPlan:
         return {
             "source forwards": self.source_forward_flops / r.source_forward,
             "target forwards": (self.forward_flops - self.source_forward_flops) / r.target_forward,
-            "statistics": self.statistics_flops / r.gemm64,
+            "statistics": self.statistics_flops32 / _rate32(r)
+            + (self.statistics_flops - self.statistics_flops32) / r.gemm64,
             "solves": self.solve_flops / r.solve64,
             "memory": self.memory_traffic_bytes / r.memory,
             "fingerprints": self.hash_bytes / r.hash,
@@ -364,7 +367,8 @@ class FitPlan:
         f64 = self.device_flops64 or self.device_flops
         return (
             self.forward_flops / (self.device_flops * self.efficiency)
-            + (self.statistics_flops + self.solve_flops) / f64
+            + self.statistics_flops32 / self.device_flops  # the float32 Gram at the float32 peak
+            + (self.statistics_flops - self.statistics_flops32 + self.solve_flops) / f64
         )
 
     def to_dict(self) -> dict:
@@ -390,8 +394,8 @@ class FitPlan:
             f"scales it) = fit memory ~{_size(self.fit_bytes)} (--memory bounds the statistics + workspace)",
             f"  + both models' weights {_size(self.weights_bytes)} = peak ~{_size(self.peak_bytes)}",
             f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
-            f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} (float64), "
-            f"solves {self.solve_flops:.3g}",
+            f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} "
+            f"({_stats_dtypes(self.statistics_flops, self.statistics_flops32)}), solves {self.solve_flops:.3g}",
         ]
         parts = self.time_parts()
         if parts is not None:
@@ -402,7 +406,8 @@ class FitPlan:
             )
             out.append(
                 f"    rates: forwards {r.source_forward:.3g} / {r.target_forward:.3g} FLOP/s (source / target), "
-                f"float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, memory {r.memory / 1e9:.3g} GB/s, "
+                f"float32 Gram {_rate32(r):.3g}, float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, "
+                f"memory {r.memory / 1e9:.3g} GB/s, "
                 f"sha256 {r.hash / 1e9:.3g} GB/s"
             )
         elif self.seconds is not None:
@@ -616,6 +621,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         artifact_bytes=safetensors_bytes(shapes),
         forward_flops=forwards,
         statistics_flops=sum(p.statistics_flops for p in passes),
+        statistics_flops32=sum(p.statistics_flops for p in passes if gram_of.get(p.tag) == "float32"),
         solve_flops=float(solve),
         device_flops=o.device_flops,
         device_flops64=o.device_flops64,
@@ -630,6 +636,17 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         batch_size=int(batch_size),
         seq_len=int(seq_len),
     )
+
+
+def _rate32(rates) -> float:
+    """The float32-Gram rate of ``rates`` (``gemm64`` for rates measured without one)."""
+    return getattr(rates, "gemm32", None) or rates.gemm64
+
+
+def _stats_dtypes(total: float, f32: float) -> str:
+    if f32 <= 0:
+        return "float64"
+    return "float32 Gram" if f32 >= total else f"{f32:.3g} float32 Gram, the rest float64"
 
 
 def attention_record_bytes(batch: int, seq_len: int, *, q_heads: int, kv_heads: int, head_dim: int, layers: int) -> int:

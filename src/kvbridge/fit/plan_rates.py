@@ -12,7 +12,13 @@ machine in a few seconds, at the plan's shapes:
   ``logits_to_keep=1``, then ``strip_rope``) on ``min(batch, 2048 // seq_len)`` sequences
   of ``seq_len`` tokens; FLOP/s = the plan's FLOPs of that layer / its time;
 - ``gemm64``: ``addmm_`` of ``Xᵀ X`` in float64 at the statistics' width (capped at 1,536)
-  and one batch's rows (capped at 1,024);
+  and one batch's rows (capped at 1,024): the rate of ``-o gram_dtype=float64`` and of the
+  block-diagonal (selection) passes;
+- ``gemm32``: the float32 Gram (``-o gram_dtype=float32``, the default) as
+  :class:`~kvbridge.fit.stats.MomentStats` runs it on one 1,024-row chunk (centring, the upper
+  block triangle of ``XᵀX`` and ``XᵀY`` in float32, their adds into the float64 statistics) at
+  the statistics' width (capped at 1,536) and target width (capped at 4,096), in the plan's
+  FLOPs (``2·rows·(p² + p·q)``, the full ``p²``: the triangle's saving shows as rate);
 - ``solve64``: the selection solve as :mod:`kvbridge.fit.solve` runs it (Cholesky, SPD
   inverse, the two GEMMs with the right-hand sides) at the source layer's width;
 - ``memory``: bytes/s of zero-filling fresh memory (first touch, 64 MiB), the rate at which the
@@ -47,6 +53,8 @@ class PlanRates:
     hash: float
     device: str = "cpu"
     threads: int = 1
+    #: the float32-Gram statistics' rate (plan FLOPs/s); None (rates measured before it existed): ``gemm64``
+    gemm32: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +132,20 @@ def gemm64_rate(p: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
     return 2 * rows * p * p / _typical(lambda: c.addmm_(x.T, x), reps, _clock(device))
 
 
+def gemm32_rate(p: int, q: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
+    """Plan FLOP/s (``2·rows·(p² + p·q)``) of one float32-Gram chunk update of the statistics."""
+    import torch
+
+    from kvbridge.fit.stats import MomentStats
+
+    p, q, rows = max(8, min(p, 1536)), max(8, min(q, 4096)), max(8, min(rows, 1024))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, p, generator=g).to(device)
+    y = torch.randn(rows, q, generator=g).to(device)
+    st = MomentStats(p, q, device=device, gram_dtype="float32")
+    return 2 * rows * (p * p + p * q) / _typical(lambda: st.update(x, y), reps, _clock(device))
+
+
 def solve64_rate(p: int, q: int, device: str = "cpu", reps: int = 3) -> float:
     """FLOP/s of :func:`kvbridge.fit.solve.solve` + its held-out SSE at ``p`` features, ``q`` outputs."""
     import torch
@@ -193,6 +215,7 @@ def measure_rates(
         source_forward=src_rate,
         target_forward=tgt_rate,
         gemm64=gemm64_rate(s.layers * s.kv_features, rows, device),
+        gemm32=gemm32_rate(s.layers * s.kv_features, t.layers * t.kv_features, rows, device),
         solve64=solve64_rate(s.kv_features, t.layers * t.kv_features, device),
         memory=memory_rate(device),
         hash=hash_rate(),
@@ -206,6 +229,7 @@ __all__ = [
     "measure_rates",
     "layer_forward_rate",
     "gemm64_rate",
+    "gemm32_rate",
     "solve64_rate",
     "memory_rate",
     "hash_rate",

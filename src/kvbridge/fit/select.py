@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbridge.fit.solve import DEFAULT_ALPHA, grouped_r2, solve
+from kvbridge.fit.solve import DEFAULT_ALPHA, grouped_r2, solve, solve_w
 from kvbridge.fit.stats import Moments
 
 
@@ -32,10 +32,10 @@ def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
         cols = []
         for sel in groups:
             train = job.moments(kind, "train", tgt_layers=tgt, **sel)
-            w, b = solve(train, alpha)
-            if closed:
-                r2 = train_r2(w, train, alpha, n_groups)
+            if closed:  # no intercept needed: the training residual's mean is 0
+                r2 = train_r2(solve_w(train, alpha), train, alpha, n_groups)
             else:
+                w, b = solve(train, alpha)
                 held = job.moments(kind, held_split, tgt_layers=tgt, **sel)
                 r2 = grouped_r2(w, b, held, n_groups)
             cols.append(per_group(r2.view(len(tgt), job.tgt_heads)))

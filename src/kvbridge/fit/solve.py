@@ -38,19 +38,21 @@ class FitError(KVBridgeError):
 
 def solve(m: Moments, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W [p, q], b [q])`` of the centred ridge on statistics ``m``."""
+    w = solve_w(m, alpha)
+    return w, m.mean_y - m.mean_x @ w
+
+
+def solve_w(m: Moments, alpha: float) -> torch.Tensor:
+    """``W [p, q]`` of the centred ridge on statistics ``m`` (:func:`solve` without the intercept)."""
     a = m.cxx.to(DTYPE, copy=True)
     a.diagonal().add_(float(alpha))
     chol, info = torch.linalg.cholesky_ex(a)
     if int(info) != 0:  # not positive definite (alpha 0 on collinear features): least-squares fallback
-        w = torch.linalg.lstsq(a, m.cxy.to(DTYPE)).solution
-        return w, m.mean_y - m.mean_x @ w
+        return torch.linalg.lstsq(a, m.cxy.to(DTYPE)).solution
     del a  # only the fallback reads it: the solve holds the factor and its result, not a third p x p
     if m.q >= m.p:  # many right-hand sides: the explicit SPD inverse and one GEMM beat two TRSMs
-        w = torch.cholesky_inverse(chol) @ m.cxy.to(DTYPE)
-    else:
-        w = torch.cholesky_solve(m.cxy.to(DTYPE), chol)
-    b = m.mean_y - m.mean_x @ w
-    return w, b
+        return torch.cholesky_inverse(chol) @ m.cxy.to(DTYPE)
+    return torch.cholesky_solve(m.cxy.to(DTYPE), chol)
 
 
 def sse(w: torch.Tensor, b: torch.Tensor, held: Moments) -> torch.Tensor:
@@ -191,6 +193,7 @@ __all__ = [
     "DEFAULT_ALPHA",
     "LOW_R2",
     "solve",
+    "solve_w",
     "sse",
     "grouped_r2",
     "alpha_grid",

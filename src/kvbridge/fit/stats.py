@@ -13,7 +13,8 @@ Memory is fixed by ``p`` and ``q``, never by the number of observations or the b
 the statistics plus one reused workspace (a batch is taken in row chunks of :func:`chunk_rows`
 rows: float64 ones of about :data:`WORKSPACE_BYTES`, or 1,024-row float32 ones with
 ``gram_dtype="float32"``, see :class:`MomentStats`; the objects of one :class:`LayerStats` share
-one workspace), so the peak of an accumulation is the statistics + :func:`workspace_bytes`. A batch is
+one workspace), so the peak of an accumulation is the statistics + :func:`workspace_bytes` (an upper
+bound: ``cxx`` and ``cxy`` are allocated on first use, so a split that gets no rows holds none). A batch is
 centred on its own mean and merged with the pair-wise update of Chan, Golub & LeVeque
 (``C = C_a + C_b + n_a n_b / n · δ δᵀ``, the batch term accumulated straight into ``C`` by
 the GEMM), which stays accurate when the means are large against the spread (a raw
@@ -59,6 +60,7 @@ class Workspace:
     def __init__(self, device="cpu"):
         self.device = torch.device(device)
         self.x = self.y = None
+        self.prod = None  # the float32 path's product strip (flat, reused: no fresh pages per chunk)
 
     def get(self, m: int, p: int, q: int, dtype: torch.dtype = DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.x
@@ -67,6 +69,44 @@ class Workspace:
             self.x = torch.empty(m, p, dtype=dtype, device=self.device)
             self.y = torch.empty(m, q, dtype=dtype, device=self.device)
         return self.x[:m], self.y[:m]
+
+    def product(self, rows: int, cols: int) -> torch.Tensor:
+        """A reused contiguous float32 ``[rows, cols]`` buffer (the float32 path's GEMM output strip)."""
+        n = rows * cols
+        if self.prod is None or self.prod.numel() < n:
+            self.prod = None
+            self.prod = torch.empty(n, dtype=torch.float32, device=self.device)
+        return self.prod[:n].view(rows, cols)
+
+
+MAX_RUNS = 8  # _xx_rows copies blocks for index tensors of at most this many runs of consecutive rows
+
+
+def _runs(r: torch.Tensor) -> list | None:
+    """``[(offset, start, length)]`` of the runs of consecutive rows in the index vector ``r`` (unique
+    rows, at most :data:`MAX_RUNS` runs), else None."""
+    idx = r.tolist()
+    if len(set(idx)) != len(idx):
+        return None
+    runs = []
+    for k, v in enumerate(idx):
+        if k and v == idx[k - 1] + 1:
+            runs[-1][2] += 1
+        else:
+            if len(runs) == MAX_RUNS:
+                return None
+            runs.append([k, v, 1])
+    return [tuple(x) for x in runs] if runs else None
+
+
+ADD_ROWS = 32  # rows per float32 -> float64 add: the cast's temporary stays in cache (a whole strip's cast
+# is a fresh float64 copy of it, ~1.5x slower on the CPU here and, past glibc's mmap threshold, new pages)
+
+
+def _add_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst += src`` (float64 += float32) in blocks of :data:`ADD_ROWS` rows (the same sums)."""
+    for r in range(0, int(src.shape[0]), ADD_ROWS):
+        dst[r : r + ADD_ROWS] += src[r : r + ADD_ROWS]
 
 
 @dataclass
@@ -124,28 +164,89 @@ class MomentStats:
         self.n = 0.0
         self.mean_x = torch.zeros(p, dtype=DTYPE, device=self.device)
         self.mean_y = torch.zeros(q, dtype=DTYPE, device=self.device)
-        if xx_block is None:
-            self._cxx = torch.zeros(p, p, dtype=DTYPE, device=self.device)
-        else:
-            self._cxx = torch.zeros(p // xx_block, xx_block, xx_block, dtype=DTYPE, device=self.device)
-        self.cxy = torch.zeros(p, q, dtype=DTYPE, device=self.device)
+        # the two large co-moments are allocated on first use (``_xx()``, ``cxy``): statistics of a split
+        # that gets no observations (no held-out split) cost no memory and no zero-fill (issue 35)
+        self._cxx: torch.Tensor | None = None
+        self._cxy: torch.Tensor | None = None
         self.cyy = torch.zeros(q, dtype=DTYPE, device=self.device)
         self._ws = workspace if workspace is not None else Workspace(self.device)
+
+    @staticmethod
+    def _zeros(shape: tuple, device) -> torch.Tensor:
+        """A zero-filled float64 statistic (the one allocation of the large co-moments)."""
+        return torch.zeros(shape, dtype=DTYPE, device=device)
+
+    def _xx(self) -> torch.Tensor:
+        """The stored co-moment of ``x`` as it is (the float32 path's lower triangle possibly stale)."""
+        if self._cxx is None:
+            p, b = self.p, self.xx_block
+            self._cxx = self._zeros((p, p) if b is None else (p // b, b, b), self.device)
+        return self._cxx
+
+    @property
+    def cxy(self) -> torch.Tensor:
+        """The centred cross co-moment ``[p, q]`` (allocated on first use)."""
+        if self._cxy is None:
+            self._cxy = self._zeros((self.p, self.q), self.device)
+        return self._cxy
+
+    @cxy.setter
+    def cxy(self, value: torch.Tensor) -> None:  # ``self.cxy += t`` assigns the same tensor back
+        self._cxy = value
 
     @property
     def cxx(self) -> torch.Tensor:
         """The centred co-moment of ``x`` (full, symmetric; the float32 path's lower triangle is
         mirrored from the upper one here, once after each run of updates)."""
         if self._lower_stale:
-            c = self._cxx
-            for i in range(0, self.p, GRAM_STRIP):
-                e = min(self.p, i + GRAM_STRIP)
-                d = c[i:e, i:e]  # the diagonal block: its upper triangle wins too (exactly symmetric)
-                d.copy_(d.triu() + d.triu(1).T)
-                if e < self.p:
-                    c[e:, i:e].copy_(c[i:e, e:].T)
-            self._lower_stale = False
-        return self._cxx
+            self._mirror()
+        return self._xx()
+
+    def _mirror(self) -> None:
+        """Make the float32 path's ``cxx`` symmetric: every element below the diagonal from its
+        transpose above it (the upper triangle wins, also inside the diagonal strips)."""
+        c = self._xx()
+        for i in range(0, self.p, GRAM_STRIP):
+            e = min(self.p, i + GRAM_STRIP)
+            d = c[i:e, i:e]  # the diagonal block: its upper triangle wins too (exactly symmetric)
+            d.copy_(d.triu() + d.triu(1).T)
+            if e < self.p:
+                c[e:, i:e].copy_(c[i:e, e:].T)
+        self._lower_stale = False
+
+    def _xx_rows(self, r: torch.Tensor | slice) -> torch.Tensor:
+        """``cxx[r][:, r]`` (``r`` a slice or an index tensor) without mirroring or copying whole rows.
+
+        The float32 path reads every element from the upper triangle (``c[min(i, j), max(i, j)]``:
+        exactly the values :meth:`_mirror` would give, so the lower triangle is never needed and never
+        mirrored for a solve); an index tensor is gathered element by element (``p_r²`` reads, not the
+        ``p_r · p`` of a row gather). A slice of symmetric statistics stays a view.
+        """
+        c = self._xx()
+        if isinstance(r, slice):
+            sub = c[r, r]
+            if not self._f32:
+                return sub
+            return sub.triu() + sub.triu(1).mT
+        runs = _runs(r)
+        if runs is not None:  # a few runs of consecutive rows (source layers): block copies, row-contiguous reads
+            n = int(r.numel())
+            out = torch.empty(n, n, dtype=c.dtype, device=c.device)
+            for oa, sa, la in runs:
+                for ob, sb, lb in runs:
+                    dst = out[oa : oa + la, ob : ob + lb]
+                    if not self._f32 or sa < sb:
+                        dst.copy_(c[sa : sa + la, sb : sb + lb])
+                    elif sa > sb:  # below the diagonal: the transpose of the block above it
+                        dst.copy_(c[sb : sb + lb, sa : sa + la].mT)
+                    else:
+                        d = c[sa : sa + la, sa : sa + la]
+                        dst.copy_(d.triu() + d.triu(1).mT)
+            return out
+        i, j = r[:, None], r[None, :]
+        if self._f32:
+            i, j = torch.minimum(i, j), torch.maximum(i, j)
+        return torch.take(c, i * c.shape[1] + j)
 
     @property
     def _f32(self) -> bool:
@@ -229,6 +330,7 @@ class MomentStats:
         if self.xx_block is None:
             cxx.addmm_(xc.T, xc)
             cxx.addr_(dx, dx, alpha=w)
+            self._lower_stale = self._f32  # a float32-Gram object's upper triangle stays the one it reads
         else:
             bs = self.xx_block
             xb = xc.view(m, -1, bs).transpose(0, 1)  # [blocks, m, b]
@@ -251,11 +353,16 @@ class MomentStats:
         n = self.n + m
         w = self.n * m / n
         dx, dy = mx - self.mean_x, my - self.mean_y
-        c, p = self._cxx, self.p
+        c, p, q, cxy = self._xx(), self.p, self.q, self.cxy
         for i in range(0, p, GRAM_STRIP):  # upper block triangle only: strip i's product with columns i:
             e = min(p, i + GRAM_STRIP)
-            c[i:e, i:] += xc[:, i:e].T @ xc[:, i:]
-            self.cxy[i:e] += xc[:, i:e].T @ yc
+            xs = xc[:, i:e].T
+            out = self._ws.product(e - i, p - i)  # into one reused buffer, then added in cache-sized rows
+            torch.mm(xs, xc[:, i:], out=out)
+            _add_rows(c[i:e, i:], out)
+            out = self._ws.product(e - i, q)
+            torch.mm(xs, yc, out=out)
+            _add_rows(cxy[i:e], out)
         self._lower_stale = True
         c.addr_(dx, dx, alpha=w)  # the whole matrix (the mirror overwrites the lower part from the upper)
         self.cxy.addr_(dx, dy, alpha=w)
@@ -360,7 +467,7 @@ class MomentStats:
             n=self.n,
             mean_x=vec(self.mean_x, r),
             mean_y=vec(self.mean_y, cols),
-            cxx=self.cxx[block] if self.xx_block is not None else pick(self.cxx, r, r),
+            cxx=self._xx()[block] if self.xx_block is not None else self._xx_rows(r),
             cxy=pick(self.cxy, r, cols),
             cyy=vec(self.cyy, cols),
         )
