@@ -194,7 +194,7 @@ class FitSettings:
     plan_device: str | None = option(
         None,
         "--plan: measure the rates of each part "
-        "of a fit here (one random-weight decoder layer per model, float64 GEMM and solve, memory, sha256; a few "
+        "of a fit here (one random-weight decoder layer per model, float32 Gram and float64 GEMM and solve, memory, sha256; a few "
         "seconds, imports torch) on DEVICE (cpu, cuda) and estimate the time from them.",
         flags=("--calibrate",),
         metavar="DEVICE",
