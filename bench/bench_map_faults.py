@@ -13,7 +13,10 @@ one-pass transfer's strip, map and apply in its order, each stage's wall time an
 under the table), or ``split`` (the token-block transfer, ``_transfer_blocks``' body at any length
 over one block, each block's strip, map, apply, the output's allocation and the copies into it
 timed, wall and faults, summed over the blocks and printed under the table with the first block's
-share; ``splitpop``: the same with the output populated, ``buffers.populate``, when allocated), each call's wall time, CPU time and minor page faults
+share; ``splitpop``: the same with the output populated, ``buffers.populate``, when allocated;
+``splitwarm``: with the previous call's output written again, its pages touched: what the copies
+cost without their first touch); ``MODE@TOKENS``: ``blocks`` or a ``split`` mode at that block
+size), each call's wall time, CPU time and minor page faults
 (``resource.getrusage(RUSAGE_SELF).ru_minflt`` before / after); the previous call's output is
 dropped before the next. Children alternate (the order reversed every round); ``--trees`` runs the
 same modes under other source trees (``NAME=PATH`` to a ``src`` folder, as ``PYTHONPATH``) so two
@@ -92,6 +95,8 @@ SPLIT_STAGES = ("strip", "map", "apply", "alloc", "copy")
 def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) -> dict:
     import torch
 
+    mode, _, block = mode.partition("@")  # blocks@4096, split@4096: that block size
+    chunk = int(block) if block else chunk
     torch.set_num_threads(threads)
     sys.path.insert(0, str(HERE))
     from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry
@@ -122,6 +127,7 @@ def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) ->
         stages.append(row)
         return parts(out)
 
+    kept: list = []  # splitwarm: the output kept from the previous call (its pages touched)
     split: list = []  # split: per call {stage: [wall, faults]} summed over the blocks, and each block's wall
 
     def split_blocks():  # transfer._transfer_blocks' body, each stage of each block timed (same calls, same order)
@@ -142,6 +148,8 @@ def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) ->
             return f1, w1
 
         n, wk, out_k, out_v = state.num_tokens, {}, [], []
+        if kept:  # splitwarm: the last call's output again, every page already touched
+            out_k, out_v = kept
         for a, e in token_blocks(n, tr.CHUNK_TOKENS):
             b0 = t = tick()
             content = state.slice_tokens(a, e).strip_rope(dtype=torch.float32)
@@ -159,6 +167,8 @@ def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) ->
                     for o in out_k + out_v:
                         populate(o)
                 t = tock("alloc", t)
+                if mode == "splitwarm":
+                    kept[:] = [out_k, out_v]
             for ts, o in ((part.keys, out_k), (part.values, out_v)):
                 for dst, x in zip(o, ts):
                     dst[:, :, a:e].copy_(x)
@@ -168,7 +178,7 @@ def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) ->
         split.append({"stages": sums, "blocks": per_block})
         return out_k, out_v
 
-    if mode in ("strip", "apply", "blocks", "steps", "split", "splitpop"):
+    if mode in ("strip", "apply", "blocks", "steps", "split", "splitpop", "splitwarm"):
         from bench_map_inputs import state_of
 
         from kvbridge import transfer as tr
@@ -191,6 +201,7 @@ def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) ->
         "steps": steps,
         "split": split_blocks,
         "splitpop": split_blocks,
+        "splitwarm": split_blocks,
         "strip": lambda: parts(state.strip_rope(dtype=torch.float32)),  # the one-pass transfer's stages
         "apply": lambda: parts(mapped.apply_rope(state.positions, spec=side.spec_t, dtype=torch.float32)),
     }[mode]
