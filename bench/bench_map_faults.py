@@ -184,7 +184,8 @@ def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) ->
         from kvbridge import transfer as tr
 
         state = state_of(keys, values, side.spec_s)
-        content = state.strip_rope(dtype=torch.float32)
+        # the split modes strip nothing beforehand: with --repeats 0 their call is the process's first
+        content = None if mode.startswith("split") else state.strip_rope(dtype=torch.float32)
         mapped = m.map_content(content, side.spec_t) if mode == "apply" else None
         tr.BLOCKS_ABOVE = 0 if mode == "blocks" else tr.BLOCKS_ABOVE  # the token-block path at any length
         tr.CHUNK_TOKENS = chunk or tr.CHUNK_TOKENS

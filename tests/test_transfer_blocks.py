@@ -212,3 +212,24 @@ def test_bench_gemm_threads_stages_times_bitwise_equal_variants_of_the_map(monke
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 10 and rows[1].startswith("| floor | ")  # header + 9 variants
     assert all(float(r.split("|")[2]) > 0 for r in rows[1:])
+
+
+def test_the_block_path_populates_its_target_cache_and_keeps_the_bits(monkeypatch):
+    # every target tensor is populated once when allocated (at two threads its first touch split over
+    # them, BENCHMARKS.md "5. Where the 32K transfer's time goes"); the bits stay the one pass's
+    from kvbridge import buffers
+
+    src, tgt = _spec(3, 2, 16), _spec(4, 2, 32)
+    m = _mapping(src, tgt)
+    state = _state(src, 2, 600)
+    populated, real = [], buffers.populate
+    monkeypatch.setattr(buffers, "HUGE_PAGE_MIN", 64 << 10)  # these 300 KiB outputs populated as a 32K cache's are
+    monkeypatch.setattr(buffers, "populate", lambda t, *a, **k: populated.append(t.data_ptr()) or real(t, *a, **k))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        whole, blocks = _both(monkeypatch, state, m)
+    finally:
+        torch.set_num_threads(threads)
+    _same(whole, blocks)
+    assert {t.data_ptr() for t in blocks.keys + blocks.values} <= set(populated)
