@@ -192,6 +192,34 @@ def test_bench_map_faults_stage_modes_time_the_transfer_s_own_work(monkeypatch):
     assert runs["steps"]["named"].get("MainThread", 0) > 0 and "pgfault" in runs["steps"]["vmstat"]
 
 
+def test_bench_map_faults_split_modes_time_the_block_transfer_s_own_work(monkeypatch):
+    """bench/bench_map_faults.py's ``split`` modes (the block path's stages) end in the transfer's own
+    output, at the block size asked, and ``splitwarm`` allocates nothing in its timed call."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", transfer_mod.BLOCKS_ABOVE)
+    monkeypatch.setattr(transfer_mod, "CHUNK_TOKENS", transfer_mod.CHUNK_TOKENS)  # MODE@TOKENS sets it
+    import bench_map_faults
+
+    threads = torch.get_num_threads()
+    try:
+        runs = {m: bench_map_faults.child(m, 2100, 1, 1) for m in ("transfer", "split", "splitwarm", "split@512")}
+    finally:
+        torch.set_num_threads(threads)
+    assert len({r["sha"] for r in runs.values()}) == 1, {m: r["sha"] for m, r in runs.items()}
+    assert runs["transfer"].get("split") is None
+    assert [runs[m]["split"]["count"] for m in ("split", "splitwarm", "split@512")] == [2, 2, 4]
+    for m in ("split", "splitwarm", "split@512"):
+        st = runs[m]["split"]["stages"]
+        assert set(st) == set(bench_map_faults.SPLIT_STAGES) and st["map"][0] > 0 and st["copy"][0] > 0
+    assert runs["split"]["split"]["stages"]["alloc"][0] > 0 and runs["splitwarm"]["split"]["stages"]["alloc"] == [
+        0.0,
+        0,
+    ]
+
+
 def test_bench_gemm_threads_stages_times_bitwise_equal_variants_of_the_map(monkeypatch, capsys):
     """bench/bench_gemm_threads.py --stages: every map variant it times (gather sizes, populate off,
     results reused) is checked torch.equal to the first, and each row names its two busiest threads."""

@@ -131,7 +131,8 @@ def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, pos
     RoPE picks its table by them), so each block rotates exactly as the one pass would. The target
     cache is populated when allocated (:func:`kvbridge.buffers.populate`: at two threads or more its
     first touch is split over the threads, instead of falling on the copies of each block; at 32,768
-    tokens and two threads 4.26 -> 4.00 s, BENCHMARKS.md "5. Where the 32K transfer's time goes")."""
+    tokens and two threads 3.60 -> 3.39 s, a first call 4.51 -> 4.29 s, same bits: BENCHMARKS.md
+    "5. Where the 32K transfer's time goes")."""
     import torch
 
     from kvbridge import rope
