@@ -10,7 +10,13 @@ transfer's two other stages alone, ``strip`` (the source keys' RoPE stripped to 
 ``apply`` (the mapped content's keys rotated for the target), or ``blocks`` (the transfer forced onto
 its token-block path, ``BLOCKS_ABOVE`` = 0, at any length over one block), or ``steps`` (the
 one-pass transfer's strip, map and apply in its order, each stage's wall time and faults printed
-under the table), each call's wall time, CPU time and minor page faults
+under the table), or ``split`` (the token-block transfer, ``_transfer_blocks``' body at any length
+over one block, each block's strip, map, apply, the output's allocation and the copies into it
+timed, wall and faults, summed over the blocks and printed under the table with the first block's
+share; ``splitpop``: the same with the output populated, ``buffers.populate``, when allocated;
+``splitwarm``: with the previous call's output written again, its pages touched: what the copies
+cost without their first touch); ``MODE@TOKENS``: ``blocks`` or a ``split`` mode at that block
+size), each call's wall time, CPU time and minor page faults
 (``resource.getrusage(RUSAGE_SELF).ru_minflt`` before / after); the previous call's output is
 dropped before the next. Children alternate (the order reversed every round); ``--trees`` runs the
 same modes under other source trees (``NAME=PATH`` to a ``src`` folder, as ``PYTHONPATH``) so two
@@ -22,6 +28,7 @@ each child's first call instead (no warm-up: a command that runs one transfer pe
     python bench/bench_map_faults.py --trees base=/tmp/base/src,this=src --modes fresh ...
     python bench/bench_map_faults.py --digest 1 > this-1.txt   # sha256 of map and transfer outputs
     python bench/bench_map_faults.py --tokens 2048 --modes steps --rounds 6 --detail   # each child
+    python bench/bench_map_faults.py --tokens 9000 --modes blocks,split --threads 1 --repeats 0   # first calls
 """
 
 from __future__ import annotations
@@ -81,9 +88,15 @@ def vmstat() -> dict:
     return out
 
 
-def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
+#: the block path's stages ``split`` times: a block's strip, map, apply, the output's allocation (first block), copies
+SPLIT_STAGES = ("strip", "map", "apply", "alloc", "copy")
+
+
+def child(mode: str, tokens: int, threads: int, repeats: int, chunk: int = 0) -> dict:
     import torch
 
+    mode, _, block = mode.partition("@")  # blocks@4096, split@4096: that block size
+    chunk = int(block) if block else chunk
     torch.set_num_threads(threads)
     sys.path.insert(0, str(HERE))
     from bench_peer import Ours, cache_inputs, floor_operands, mapping_inputs, parse_geometry
@@ -114,15 +127,68 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         stages.append(row)
         return parts(out)
 
-    if mode in ("strip", "apply", "blocks", "steps"):
+    kept: list = []  # splitwarm: the output kept from the previous call (its pages touched)
+    split: list = []  # split: per call {stage: [wall, faults]} summed over the blocks, and each block's wall
+
+    def split_blocks():  # transfer._transfer_blocks' body, each stage of each block timed (same calls, same order)
+        from kvbridge.buffers import fresh, populate, token_blocks
+
+        pos = torch.as_tensor(state.positions).expand(state.batch_size, -1)
+        sums = {k: [0.0, 0] for k in SPLIT_STAGES}
+        per_block = []
+        clock = resource.getrusage, resource.RUSAGE_SELF, time.perf_counter
+
+        def tick():
+            return clock[0](clock[1]).ru_minflt, clock[2]()
+
+        def tock(stage, t0):
+            f1, w1 = tick()
+            sums[stage][0] += w1 - t0[1]
+            sums[stage][1] += f1 - t0[0]
+            return f1, w1
+
+        n, wk, out_k, out_v = state.num_tokens, {}, [], []
+        if kept:  # splitwarm: the last call's output again, every page already touched
+            out_k, out_v = kept
+        for a, e in token_blocks(n, tr.CHUNK_TOKENS):
+            b0 = t = tick()
+            content = state.slice_tokens(a, e).strip_rope(dtype=torch.float32)
+            t = tock("strip", t)
+            mapped = m.map_content(content, side.spec_t, work=wk)
+            del content
+            t = tock("map", t)
+            part = mapped.apply_rope(pos[:, a:e], spec=side.spec_t, dtype=torch.float32)
+            del mapped
+            t = tock("apply", t)
+            if not out_k:
+                for ts, o in ((part.keys, out_k), (part.values, out_v)):
+                    o.extend(fresh((*x.shape[:2], n, *x.shape[3:]), dtype=x.dtype, device=x.device) for x in ts)
+                if mode == "splitpop":
+                    for o in out_k + out_v:
+                        populate(o)
+                t = tock("alloc", t)
+                if mode == "splitwarm":
+                    kept[:] = [out_k, out_v]
+            for ts, o in ((part.keys, out_k), (part.values, out_v)):
+                for dst, x in zip(o, ts):
+                    dst[:, :, a:e].copy_(x)
+            del part
+            t = tock("copy", t)
+            per_block.append(t[1] - b0[1])
+        split.append({"stages": sums, "blocks": per_block})
+        return out_k, out_v
+
+    if mode in ("strip", "apply", "blocks", "steps", "split", "splitpop", "splitwarm"):
         from bench_map_inputs import state_of
 
         from kvbridge import transfer as tr
 
         state = state_of(keys, values, side.spec_s)
-        content = state.strip_rope(dtype=torch.float32)
+        # the split modes strip nothing beforehand: with --repeats 0 their call is the process's first
+        content = None if mode.startswith("split") else state.strip_rope(dtype=torch.float32)
         mapped = m.map_content(content, side.spec_t) if mode == "apply" else None
         tr.BLOCKS_ABOVE = 0 if mode == "blocks" else tr.BLOCKS_ABOVE  # the token-block path at any length
+        tr.CHUNK_TOKENS = chunk or tr.CHUNK_TOKENS
 
     def parts(s):
         return list(s.keys), list(s.values)
@@ -134,6 +200,9 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         "transfer": do_transfer,
         "blocks": do_transfer,
         "steps": steps,
+        "split": split_blocks,
+        "splitpop": split_blocks,
+        "splitwarm": split_blocks,
         "strip": lambda: parts(state.strip_rope(dtype=torch.float32)),  # the one-pass transfer's stages
         "apply": lambda: parts(mapped.apply_rope(state.positions, spec=side.spec_t, dtype=torch.float32)),
     }[mode]
@@ -173,6 +242,18 @@ def child(mode: str, tokens: int, threads: int, repeats: int) -> dict:
         "stages": [[statistics.median(r[i][j] for r in stages[-len(walls) :]) for j in (0, 1)] for i in range(3)]
         if stages
         else None,
+        **({"split": split_summary(split[-len(walls) :])} if split else {}),
+    }
+
+
+def split_summary(calls: list) -> dict:
+    """``split``'s calls -> medians: each stage's wall s and faults summed over the blocks, the first block's
+    wall, the other blocks' median wall and their count."""
+    return {
+        "stages": {k: [statistics.median(c["stages"][k][j] for c in calls) for j in (0, 1)] for k in SPLIT_STAGES},
+        "first": statistics.median(c["blocks"][0] for c in calls),
+        "rest": statistics.median(statistics.median(c["blocks"][1:] or [0.0]) for c in calls),
+        "count": len(calls[0]["blocks"]),
     }
 
 
@@ -229,13 +310,16 @@ def main() -> None:
         action="store_true",
         help="also print each child: wall, its three busiest threads' CPU time and preemptions per call, stages",
     )
+    ap.add_argument(
+        "--chunk", type=int, default=0, help="TOKENS: the block size of blocks / split (default CHUNK_TOKENS)"
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.digest:
         digests(args.digest)
         return
     if args.child:
-        print(json.dumps(child(args.child, int(args.tokens), args.threads, args.repeats)))
+        print(json.dumps(child(args.child, int(args.tokens), args.threads, args.repeats, args.chunk)))
         return
     trees = [tuple(s.split("=", 1)) for s in args.trees.split(",") if s] or [("this", os.environ.get("PYTHONPATH", ""))]
     runs = [(name, path, mode) for name, path in trees for mode in args.modes.split(",")]
@@ -252,7 +336,7 @@ def main() -> None:
             for name, path, mode in runs if i % 2 == 0 else runs[::-1]:
                 env = dict(os.environ, PYTHONPATH=path)
                 cmd = [sys.executable, __file__, "--child", mode, "--tokens", str(n), "--threads", str(args.threads)]
-                cmd += ["--repeats", str(args.repeats)]
+                cmd += ["--repeats", str(args.repeats)] + (["--chunk", str(args.chunk)] if args.chunk else [])
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
                 res[(name, path, mode)].append(json.loads(out.strip().splitlines()[-1]))
         for (name, path, mode), rs in res.items():
@@ -273,6 +357,17 @@ def main() -> None:
                         f"{k} {1e3 * w:,.1f} ms ({f:,.0f} faults)" for k, (w, f) in zip(("strip", "map", "apply"), st)
                     )
                 )
+            if rs[0].get("split"):  # split: the block path's stage medians of the children, summed over the blocks
+                sp = [r["split"] for r in rs]
+                st = {k: [statistics.median(x["stages"][k][j] for x in sp) for j in (0, 1)] for k in SPLIT_STAGES}
+                print(
+                    f"#   {n:,} {name} {mode} ({sp[0]['count']} blocks): "
+                    + " + ".join(f"{k} {1e3 * w:,.1f} ms ({f:,.0f} faults)" for k, (w, f) in st.items())
+                    + f" = {1e3 * sum(w for w, _ in st.values()):,.1f} ms; first block "
+                    + f"{1e3 * statistics.median(x['first'] for x in sp):,.1f} ms, the others' median "
+                    + f"{1e3 * statistics.median(x['rest'] for x in sp):,.1f} ms",
+                    flush=True,
+                )
             for r in rs if args.detail else ():  # each child in the order it ran
                 st = r.get("stages") or []
                 print(
@@ -288,6 +383,10 @@ def main() -> None:
                     + ", ".join(f"{k} +{v:,.0f}" for k, v in r["vmstat"].items())
                     + "".join(
                         f", {k} {1e3 * w:,.1f} ms ({f:,.0f} faults)" for k, (w, f) in zip(("strip", "map", "apply"), st)
+                    )
+                    + "".join(
+                        f", {k} {1e3 * w:,.1f} ms ({f:,.0f} faults)"
+                        for k, (w, f) in (r.get("split") or {}).get("stages", {}).items()
                     )
                 )
     print(f"# load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")

@@ -192,6 +192,34 @@ def test_bench_map_faults_stage_modes_time_the_transfer_s_own_work(monkeypatch):
     assert runs["steps"]["named"].get("MainThread", 0) > 0 and "pgfault" in runs["steps"]["vmstat"]
 
 
+def test_bench_map_faults_split_modes_time_the_block_transfer_s_own_work(monkeypatch):
+    """bench/bench_map_faults.py's ``split`` modes (the block path's stages) end in the transfer's own
+    output, at the block size asked, and ``splitwarm`` allocates nothing in its timed call."""
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", transfer_mod.BLOCKS_ABOVE)
+    monkeypatch.setattr(transfer_mod, "CHUNK_TOKENS", transfer_mod.CHUNK_TOKENS)  # MODE@TOKENS sets it
+    import bench_map_faults
+
+    threads = torch.get_num_threads()
+    try:
+        runs = {m: bench_map_faults.child(m, 2100, 1, 1) for m in ("transfer", "split", "splitwarm", "split@512")}
+    finally:
+        torch.set_num_threads(threads)
+    assert len({r["sha"] for r in runs.values()}) == 1, {m: r["sha"] for m, r in runs.items()}
+    assert runs["transfer"].get("split") is None
+    assert [runs[m]["split"]["count"] for m in ("split", "splitwarm", "split@512")] == [2, 2, 4]
+    for m in ("split", "splitwarm", "split@512"):
+        st = runs[m]["split"]["stages"]
+        assert set(st) == set(bench_map_faults.SPLIT_STAGES) and st["map"][0] > 0 and st["copy"][0] > 0
+    assert runs["split"]["split"]["stages"]["alloc"][0] > 0 and runs["splitwarm"]["split"]["stages"]["alloc"] == [
+        0.0,
+        0,
+    ]
+
+
 def test_bench_gemm_threads_stages_times_bitwise_equal_variants_of_the_map(monkeypatch, capsys):
     """bench/bench_gemm_threads.py --stages: every map variant it times (gather sizes, populate off,
     results reused) is checked torch.equal to the first, and each row names its two busiest threads."""
@@ -212,3 +240,24 @@ def test_bench_gemm_threads_stages_times_bitwise_equal_variants_of_the_map(monke
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 10 and rows[1].startswith("| floor | ")  # header + 9 variants
     assert all(float(r.split("|")[2]) > 0 for r in rows[1:])
+
+
+def test_the_block_path_populates_its_target_cache_and_keeps_the_bits(monkeypatch):
+    # every target tensor is populated once when allocated (at two threads its first touch split over
+    # them, BENCHMARKS.md "5. Where the 32K transfer's time goes"); the bits stay the one pass's
+    from kvbridge import buffers
+
+    src, tgt = _spec(3, 2, 16), _spec(4, 2, 32)
+    m = _mapping(src, tgt)
+    state = _state(src, 2, 600)
+    populated, real = [], buffers.populate
+    monkeypatch.setattr(buffers, "HUGE_PAGE_MIN", 64 << 10)  # these 300 KiB outputs populated as a 32K cache's are
+    monkeypatch.setattr(buffers, "populate", lambda t, *a, **k: populated.append(t.data_ptr()) or real(t, *a, **k))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        whole, blocks = _both(monkeypatch, state, m)
+    finally:
+        torch.set_num_threads(threads)
+    _same(whole, blocks)
+    assert {t.data_ptr() for t in blocks.keys + blocks.values} <= set(populated)

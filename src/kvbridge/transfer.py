@@ -128,11 +128,15 @@ def transfer(
 def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, positions, final, host) -> "KVState":
     """:func:`transfer`'s strip -> map -> re-apply, :data:`CHUNK_TOKENS` tokens at a time, into one
     target cache allocated once. RoPE tables see the whole cache's forward lengths (a stateful
-    RoPE picks its table by them), so each block rotates exactly as the one pass would."""
+    RoPE picks its table by them), so each block rotates exactly as the one pass would. The target
+    cache is populated when allocated (:func:`kvbridge.buffers.populate`: at two threads or more its
+    first touch is split over the threads, instead of falling on the copies of each block; at 32,768
+    tokens and two threads 3.60 -> 3.39 s, a first call 4.51 -> 4.29 s, same bits: BENCHMARKS.md
+    "5. Where the 32K transfer's time goes")."""
     import torch
 
     from kvbridge import rope
-    from kvbridge.buffers import fresh, token_blocks
+    from kvbridge.buffers import fresh, populate, token_blocks
 
     n, b = state.num_tokens, state.batch_size
     positions = torch.as_tensor(positions).to(state.token_ids.device).expand(b, -1)
@@ -160,7 +164,7 @@ def _transfer_blocks(state: "KVState", mapping: Any, target_spec: ModelSpec, pos
         if first is None:
             first = part
             for ts, out in ((part.keys, out_k), (part.values, out_v)):
-                out.extend(fresh((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device) for t in ts)
+                out.extend(populate(fresh((*t.shape[:2], n, *t.shape[3:]), dtype=t.dtype, device=t.device)) for t in ts)
         for ts, out in ((part.keys, out_k), (part.values, out_v)):
             for o, t in zip(out, ts):
                 o[:, :, a:e].copy_(t)
