@@ -31,6 +31,12 @@ def test_populate_is_nothing_at_one_thread_or_under_the_size():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_POPULATE_WRITE) is Linux's")
+def test_populate_of_a_buffer_without_a_whole_page_is_nothing(monkeypatch):
+    monkeypatch.setattr(buffers, "HUGE_PAGE_MIN", 0)
+    t = torch.arange(8, dtype=torch.float32)[1:5]  # 16 bytes inside one page
+    assert buffers.populate(t, threads=2) is t and t.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_populate_takes_the_first_touch_faults_before_the_write():
     t = torch.empty(8 << 20)  # 32 MiB of fresh pages (4 KiB: not advised onto huge pages)
     buffers.populate(t, threads=2)

@@ -82,6 +82,8 @@ def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     n = max(1, min(threads, (end - start) // _HUGE))
     cuts = [start] + [(start + (end - start) * i // n) // _HUGE * _HUGE for i in range(1, n)] + [end]
     spans = [(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+    if not spans:  # no whole page inside the buffer
+        return t
     try:  # the other shares on the pool's threads (ctypes calls release the GIL), the first here
         pool = thread_pool("kvbridge-populate", len(spans) - 1) if len(spans) > 1 else None
         jobs = [pool.submit(madvise, a, ln, _POPULATE_WRITE) for a, ln in spans[1:]] if pool else []
