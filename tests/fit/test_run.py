@@ -87,6 +87,8 @@ def test_keep_stats_then_refit_and_plan_take_the_settings(pair, tmp_path):
         "zoo:base", "zoo:wide", FitSettings(top_k="all", tokens=4096, fitter_options=("gram_dtype=float64",))
     )
     assert f64.lines() != lines  # -o gram_dtype= reaches the plan (its workspace and rate)
+    with pytest.raises(KVBridgeError, match="gram_dtype='float16' is not one of float32, float64"):
+        plan_fit("zoo:base", "zoo:wide", FitSettings(tokens=4096, fitter_options=("gram_dtype=float16",)))
 
 
 def test_a_default_top_k_over_the_source_layers_is_clamped_with_a_note(fit_host):

@@ -505,6 +505,10 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
             f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
             "plan with --fitter ridge (the statistics are the same)",
         )
+    if o.gram_dtype not in GRAM_DTYPES:  # what the fit itself refuses (ridge's check_choice)
+        raise ConfigError(
+            f"-o gram_dtype={o.gram_dtype!r} is not one of {', '.join(GRAM_DTYPES)}", "use e.g. -o gram_dtype=float32"
+        )
     memory_budget = default_budget() if o.memory_budget is None else o.memory_budget
     s, t = model_size(source_ref), model_size(target_ref)
     tokens = int(o.tokens or DEFAULT_TOKENS)

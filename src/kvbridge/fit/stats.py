@@ -104,7 +104,11 @@ ADD_ROWS = 32  # rows per float32 -> float64 add: the cast's temporary stays in 
 
 
 def _add_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst += src`` (float64 += float32) in blocks of :data:`ADD_ROWS` rows (the same sums)."""
+    """``dst += src`` (float64 += float32) in blocks of :data:`ADD_ROWS` rows (the same sums); one add
+    off the CPU (a kernel launch per block would cost more than the cache saves)."""
+    if dst.device.type != "cpu":
+        dst += src
+        return
     for r in range(0, int(src.shape[0]), ADD_ROWS):
         dst[r : r + ADD_ROWS] += src[r : r + ADD_ROWS]
 
