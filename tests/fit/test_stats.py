@@ -283,3 +283,14 @@ def test_statistics_of_a_split_without_observations_hold_no_memory():
         m = job.moments(c, "held", src_layers=[2, 0], tgt_layers=[1])
         assert m.cxx.shape == (16, 16) and not m.cxx.any() and m.cxy.shape == (16, 3) and not m.cxy.any()
     assert job.nbytes() == 4 * MomentStats.nbytes_for(24, 6)  # the memory model counts both splits (a bound)
+
+
+def test_mirror_upper_copies_the_upper_triangle_down_across_strips():
+    from kvbridge.fit.plan import GRAM_STRIP
+    from kvbridge.fit.stats import mirror_upper
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, GRAM_STRIP, GRAM_STRIP + 1, 2 * GRAM_STRIP + 7):
+        sub = torch.randn(n + 5, n + 5, generator=g, dtype=torch.float64)[3 : 3 + n, 3 : 3 + n]
+        out = mirror_upper(sub.clone())
+        assert torch.equal(out, sub.triu() + sub.triu(1).mT) and torch.equal(out, out.mT), n

@@ -103,6 +103,20 @@ ADD_ROWS = 32  # rows per float32 -> float64 add: the cast's temporary stays in 
 # is a fresh float64 copy of it, ~1.5x slower on the CPU here and, past glibc's mmap threshold, new pages)
 
 
+def mirror_upper(c: torch.Tensor) -> torch.Tensor:
+    """Make the square ``c`` symmetric in place: every element below the diagonal from its transpose
+    above it (the upper triangle wins, also inside the diagonal strips), in strips of
+    :data:`GRAM_STRIP` rows (no whole-matrix temporary). Returns ``c``."""
+    p = int(c.shape[0])
+    for i in range(0, p, GRAM_STRIP):
+        e = min(p, i + GRAM_STRIP)
+        d = c[i:e, i:e]  # the diagonal block: its upper triangle wins too (exactly symmetric)
+        d.copy_(d.triu() + d.triu(1).T)
+        if e < p:
+            c[e:, i:e].copy_(c[i:e, e:].T)
+    return c
+
+
 def _add_rows(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst += src`` (float64 += float32) in blocks of :data:`ADD_ROWS` rows (the same sums); one add
     off the CPU (a kernel launch per block would cost more than the cache saves)."""
@@ -207,15 +221,8 @@ class MomentStats:
         return self._xx()
 
     def _mirror(self) -> None:
-        """Make the float32 path's ``cxx`` symmetric: every element below the diagonal from its
-        transpose above it (the upper triangle wins, also inside the diagonal strips)."""
-        c = self._xx()
-        for i in range(0, self.p, GRAM_STRIP):
-            e = min(self.p, i + GRAM_STRIP)
-            d = c[i:e, i:e]  # the diagonal block: its upper triangle wins too (exactly symmetric)
-            d.copy_(d.triu() + d.triu(1).T)
-            if e < self.p:
-                c[e:, i:e].copy_(c[i:e, e:].T)
+        """Make the float32 path's ``cxx`` symmetric (:func:`mirror_upper`)."""
+        mirror_upper(self._xx())
         self._lower_stale = False
 
     def _xx_rows(self, r: torch.Tensor | slice) -> torch.Tensor:
@@ -229,9 +236,7 @@ class MomentStats:
         c = self._xx()
         if isinstance(r, slice):
             sub = c[r, r]
-            if not self._f32:
-                return sub
-            return sub.triu() + sub.triu(1).mT
+            return sub if not self._f32 else mirror_upper(sub.clone())  # one copy, mirrored in place
         runs = _runs(r)
         if runs is not None:  # a few runs of consecutive rows (source layers): block copies, row-contiguous reads
             n = int(r.numel())
