@@ -169,21 +169,32 @@ def test_kvstate_fields_not_lost_by_blocks(monkeypatch):
     assert blocks.meta == {"note": "x"}
 
 
+def _bench_module(monkeypatch, name: str):
+    """A script of ``bench/`` imported here (the folder on ``sys.path`` for this test only)."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    return importlib.import_module(name)
+
+
+def _faults_children(monkeypatch, tokens: int, modes) -> dict:
+    """``bench_map_faults.child`` per mode at ``tokens`` (one round, one call), in this process: the
+    transfer's block settings and torch's thread count restored after."""
+    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", transfer_mod.BLOCKS_ABOVE)  # the blocks mode sets it
+    monkeypatch.setattr(transfer_mod, "CHUNK_TOKENS", transfer_mod.CHUNK_TOKENS)  # MODE@TOKENS sets it
+    bench = _bench_module(monkeypatch, "bench_map_faults")
+    threads = torch.get_num_threads()
+    try:
+        return {m: bench.child(m, tokens, 1, 1) for m in modes}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_bench_map_faults_stage_modes_time_the_transfer_s_own_work(monkeypatch):
     """bench/bench_map_faults.py's ``steps``, ``apply`` and ``blocks`` modes end in the transfer's own
     output (sha256 equal), so the stage split it prints is of the work the transfer does."""
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.syspath_prepend(str(bench))
-    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", transfer_mod.BLOCKS_ABOVE)  # the blocks mode sets it
-    import bench_map_faults
-
-    threads = torch.get_num_threads()
-    try:
-        runs = {m: bench_map_faults.child(m, 1100, 1, 1) for m in ("transfer", "steps", "apply", "blocks")}
-    finally:
-        torch.set_num_threads(threads)
+    runs = _faults_children(monkeypatch, 1100, ("transfer", "steps", "apply", "blocks"))
     assert len({r["sha"] for r in runs.values()}) == 1, {m: r["sha"] for m, r in runs.items()}
     assert len(runs["steps"]["stages"]) == 3 and all(w > 0 for w, _ in runs["steps"]["stages"])
     assert runs["transfer"]["stages"] is None
@@ -195,19 +206,8 @@ def test_bench_map_faults_stage_modes_time_the_transfer_s_own_work(monkeypatch):
 def test_bench_map_faults_split_modes_time_the_block_transfer_s_own_work(monkeypatch):
     """bench/bench_map_faults.py's ``split`` modes (the block path's stages) end in the transfer's own
     output, at the block size asked, and ``splitwarm`` allocates nothing in its timed call."""
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.syspath_prepend(str(bench))
-    monkeypatch.setattr(transfer_mod, "BLOCKS_ABOVE", transfer_mod.BLOCKS_ABOVE)
-    monkeypatch.setattr(transfer_mod, "CHUNK_TOKENS", transfer_mod.CHUNK_TOKENS)  # MODE@TOKENS sets it
-    import bench_map_faults
-
-    threads = torch.get_num_threads()
-    try:
-        runs = {m: bench_map_faults.child(m, 2100, 1, 1) for m in ("transfer", "split", "splitwarm", "split@512")}
-    finally:
-        torch.set_num_threads(threads)
+    runs = _faults_children(monkeypatch, 2100, ("transfer", "split", "splitwarm", "split@512"))
+    bench_map_faults = _bench_module(monkeypatch, "bench_map_faults")
     assert len({r["sha"] for r in runs.values()}) == 1, {m: r["sha"] for m, r in runs.items()}
     assert runs["transfer"].get("split") is None
     assert [runs[m]["split"]["count"] for m in ("split", "splitwarm", "split@512")] == [2, 2, 4]
@@ -223,13 +223,9 @@ def test_bench_map_faults_split_modes_time_the_block_transfer_s_own_work(monkeyp
 def test_bench_gemm_threads_stages_times_bitwise_equal_variants_of_the_map(monkeypatch, capsys):
     """bench/bench_gemm_threads.py --stages: every map variant it times (gather sizes, populate off,
     results reused) is checked torch.equal to the first, and each row names its two busiest threads."""
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.syspath_prepend(str(bench))
-    import bench_gemm_threads
-
     from kvbridge.fit import mapping as mapping_mod
+
+    bench_gemm_threads = _bench_module(monkeypatch, "bench_gemm_threads")
 
     threads, gather = torch.get_num_threads(), mapping_mod.GATHER_BYTES
     try:
