@@ -352,6 +352,28 @@ def test_table_cache_sees_in_place_changes():
         assert torch.equal(R.apply(x, ipos, spec), a)
 
 
+def test_a_dead_positions_tensor_frees_its_tables():
+    import gc
+
+    R.clear_caches()
+    spec = _spec(head_dim=16)
+    x = torch.randn(1, 2, 4, 16)
+    keep = torch.arange(4)[None].clone()
+    moved = keep + 7
+    R.reposition(R.apply(x, keep, spec), keep, moved, spec)  # tables of keep and moved, one fused kernel
+    assert len(R._TABLES.items) == 2 and len(R._FUSED.items) == 1
+    del moved  # its table goes, and the fused kernel that read it
+    gc.collect()
+    assert len(R._TABLES.items) == 1 and len(R._FUSED.items) == 0
+    for start in range(5):  # one batch's positions after another, each dropped once used
+        pos = torch.arange(start, start + 4)[None].clone()
+        R.strip(x, pos, spec)
+        del pos
+    gc.collect()
+    assert len(R._TABLES.items) == 1  # keep's: not the five finished batches' (LRU room for 32)
+    assert torch.equal(R.apply(x, keep, spec), R.apply(x, torch.arange(4)[None], spec))
+
+
 def test_non_contiguous_keys_and_broadcast_positions(each_kernel):
     spec = _spec(head_dim=16, interleaved=True)
     x = torch.randn(2, 6, 3, 16).transpose(1, 2)  # [2, 3, 6, 16], not contiguous

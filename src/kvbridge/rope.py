@@ -187,7 +187,8 @@ class _IdentityCache:
     """A small LRU keyed by object identity + tensor version counter, checked through weak refs.
 
     A tensor key is ``(id, version, data_ptr, shape, stride, dtype, device)``; the weak ref
-    guards against a freed tensor's id being reused. Inference tensors (no version counter)
+    guards against a freed tensor's id being reused, and its callback drops the entry once a key
+    object dies (a finished batch's tables are not held until 32 newer ones push them out). Inference tensors (no version counter)
     are keyed by content instead.
     """
 
@@ -229,7 +230,12 @@ class _IdentityCache:
                 return value
             del self.items[key]
         value = build()
-        self.items[key] = (tuple(p[1] for p in parts), value)
+
+        def forget(_ref, key=key, items=self.items) -> None:  # a key object died: its entry can never hit
+            items.pop(key, None)
+
+        refs = tuple(None if p[1] is None else weakref.ref(o, forget) for p, o in zip(parts, objs))
+        self.items[key] = (refs, value)
         while len(self.items) > self.size:
             self.items.popitem(last=False)
         return value

@@ -219,13 +219,19 @@ def test_the_fitters_own_refusal_shows_sizes_and_the_largest_layer():
 
 
 def test_plan_states_the_attention_recording_and_the_weighted_pass():
-    from kvbridge.fit.plan import attention_record_bytes, plan
+    from kvbridge.fit.plan import attention_record_bytes, plan, workspace_bytes
 
     plain = plan("zoo:base", "zoo:wide", tokens=4096, seq_len=256)
     weighted = plan("zoo:base", "zoo:wide", tokens=4096, seq_len=256, support="head-local", weighting="attention")
     assert len(weighted.passes) == len(plain.passes) + 1 and weighted.passes[-1].tag == "heads-weighted"
     rec = attention_record_bytes(4, 256, q_heads=6, kv_heads=2, head_dim=32, layers=6)
-    assert weighted.batch_buffer_bytes == plain.batch_buffer_bytes + rec
+    # statistics + workspace is the larger pass's: the joint pass (a float32 workspace) or the weighted
+    # per-head pass (a float64 one), + the recording
+    s, t = weighted.source, weighted.target
+    rows = 4 * len(range(0, 256, 4))  # --batch-size 4 x the kept positions of one sequence (stride 4)
+    weighted_ws = workspace_bytes(s.layers * s.kv_features, t.layers * t.kv_features, rows, "float64")
+    held = max(plain.statistics_bytes + plain.batch_buffer_bytes, weighted.passes[-1].statistics_bytes + weighted_ws)
+    assert weighted.statistics_bytes + weighted.batch_buffer_bytes == held + rec
     assert any("recording the target's boundary queries" in n for n in weighted.notes)
 
 
@@ -246,9 +252,10 @@ def test_plan_counts_one_calibration_batch_beside_the_statistics():
     assert p4.fit_bytes == p4.statistics_bytes + p4.batch_buffer_bytes + p4.calibration_bytes
     assert p4.peak_bytes == p4.fit_bytes + p4.weights_bytes
     text = "\n".join(p4.lines())
-    # 21.78 MiB = 21.03 MiB with the float64 workspace + 0.75 MiB: the default float32 Gram's product strip
-    # (12 bytes x 256 x 256: the float32 product and its float64 copy) beside the same-size chunk
-    assert "calibration batch 15.00 MiB (4 x 512 tokens" in text and "fit memory ~21.78 MiB" in text
+    # 21.34 MiB = 21.03 MiB with the float64 workspace + 0.31 MiB: the default float32 Gram's product strip
+    # (4 bytes x 256 x 256) and the float64 cast of 32 of its rows per add (8 x 32 x 256) beside the
+    # same-size chunk
+    assert "calibration batch 15.00 MiB (4 x 512 tokens" in text and "fit memory ~21.34 MiB" in text
     f64 = plan("zoo:base", "zoo:stranger", tokens=2048, seq_len=512, stride=2, top_k=2, gram_dtype="float64")
     assert "fit memory ~21.03 MiB" in "\n".join(f64.lines())
     # a bfloat16 load halves the caches and activations, not the float32 rows

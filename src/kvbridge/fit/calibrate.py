@@ -333,6 +333,7 @@ class PairedCalibration:
             feats, held = self.features(batches[bi], attention=attention)
             for job in jobs:
                 job.update(feats, held)
+            del feats, held  # this batch's rows are not held through the next batch's forwards
             if self.checkpoint is not None:
                 self.checkpoint.maybe_save(tag, jobs, done=bi + 1, total=len(batches), rank=self.rank, world=self.world)
             fault_point("fit.batch")

@@ -180,6 +180,10 @@ F32_CHUNK_ROWS = 1024
 #: the float32 products are taken in strips of this many feature rows (``XcᵀXc``: its upper block
 #: triangle only), so the float32 product temporary is one strip, never ``p × q``
 GRAM_STRIP = 512
+#: rows per float32 -> float64 add of a product strip into the statistics: the cast's float64 temporary
+#: stays in cache (a whole strip's cast is a fresh float64 copy of it, ~1.5x slower on the CPU here
+#: and, past glibc's mmap threshold, new pages)
+ADD_ROWS = 32
 
 
 def chunk_rows(p: int, q: int, budget: int = WORKSPACE_BYTES, gram_dtype: str = "float64") -> int:
@@ -191,12 +195,12 @@ def chunk_rows(p: int, q: int, budget: int = WORKSPACE_BYTES, gram_dtype: str = 
 
 def workspace_bytes(p: int, q: int, rows: int | None = None, gram_dtype: str = "float64") -> int:
     """Bytes of the workspace of one accumulation job (``rows``: the largest batch, if known): the
-    chunk (float64; or float32 + one float32 product strip of :data:`GRAM_STRIP` feature rows and the
-    float64 copy its add into the statistics makes)."""
+    chunk (float64; or float32 + one reused float32 product strip of :data:`GRAM_STRIP` feature rows
+    and the float64 cast of :data:`ADD_ROWS` of its rows that each add into the statistics makes)."""
     step = chunk_rows(p, q, gram_dtype=gram_dtype)
     r = step if rows is None else min(int(rows), step)
-    if gram_dtype == "float32":  # + one float32 product strip and the float64 copy its add makes
-        return 4 * r * (p + q) + 12 * min(GRAM_STRIP, p) * max(p, q)
+    if gram_dtype == "float32":
+        return 4 * r * (p + q) + (4 * min(GRAM_STRIP, p) + 8 * min(ADD_ROWS, p)) * max(p, q)
     return 8 * r * (p + q)
 
 
@@ -310,8 +314,8 @@ class FitPlan:
     memory_budget: int
     passes: tuple
     statistics_bytes: int  # peak: the largest pass
-    batch_buffer_bytes: (
-        int  # the workspace (float32 or float64 chunks) (+ the attention recording, weighting=attention)
+    batch_buffer_bytes: (  # the workspace (float32 or float64 chunks) the peak pass adds to the largest
+        int  # statistics (+ the attention recording, weighting=attention)
     )
     weights_bytes: int  # both models in the load dtype
     artifact_bytes: int
@@ -582,18 +586,20 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     shapes = sorted((f"layers.{j}.{n}", w_shape if n[0] == "w" else b_shape) for j in range(t.layers) for n in WB)
     peak = max(p.statistics_bytes for p in passes)
     rows = batch_size * per_seq  # observations of one batch, converted to float64 in row chunks
-    buffers = (
-        max(  # the largest pass workspace (float32 chunks for full statistics, else float64)
-            workspace_bytes(
-                p.source_layers * fs,
-                (p.target_layers[1] - p.target_layers[0] + 1) * ft,
-                rows,
-                gram_of.get(p.tag, "float64"),  # the weighted per-head pass: float64
-            )
-            for p in passes
+    # the passes run one after another: the peak is the pass whose statistics + workspace (float32
+    # chunks for full statistics, else float64) are the largest; the workspace line is what it adds
+    # to the largest statistics, so statistics + workspace is that peak (the flag the notes offer keeps it)
+    held = max(
+        p.statistics_bytes
+        + workspace_bytes(
+            p.source_layers * fs,
+            (p.target_layers[1] - p.target_layers[0] + 1) * ft,
+            rows,
+            gram_of.get(p.tag, "float64"),  # the weighted per-head pass: float64
         )
-        + record
+        for p in passes
     )
+    buffers = held - peak + record
     calibration = calibration_batch_bytes(s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=dtype_bytes)
     over = peak + buffers + calibration - memory_budget
     if over > 0:  # the batch is outside --memory: say what --memory keeps the whole fit within this one

@@ -38,6 +38,7 @@ import torch
 DTYPE = torch.float64
 # the workspace rule lives in the torch-free planner (one formula for the plan and the fit)
 from kvbridge.fit.plan import (  # noqa: E402,F401
+    ADD_ROWS,
     GRAM_DTYPES,
     GRAM_STRIP,
     MIN_CHUNK_ROWS,
@@ -97,10 +98,6 @@ def _runs(r: torch.Tensor) -> list | None:
                 return None
             runs.append([k, v, 1])
     return [tuple(x) for x in runs] if runs else None
-
-
-ADD_ROWS = 32  # rows per float32 -> float64 add: the cast's temporary stays in cache (a whole strip's cast
-# is a fresh float64 copy of it, ~1.5x slower on the CPU here and, past glibc's mmap threshold, new pages)
 
 
 def mirror_upper(c: torch.Tensor) -> torch.Tensor:
