@@ -132,13 +132,10 @@ def validate_record(record: Any, path) -> Measured:
 def load_records(folder: Path | str | None = None) -> list[tuple[dict, Measured]]:
     """Every record in ``folder`` (default :data:`REPO_RESULTS`): ``(raw record, Measured)``, by file name."""
     folder = Path(REPO_RESULTS if folder is None else folder)
-    out = []
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.json")):
-        raw = load_json(path, what="measured result record", object_only=False)
-        out.append((raw, validate_record(raw, path)))
-    return out
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return [
+        (raw := load_json(p, what="measured result record", object_only=False), validate_record(raw, p)) for p in paths
+    ]
 
 
 def names_of(resolved) -> set[str]:

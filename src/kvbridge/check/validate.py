@@ -274,13 +274,12 @@ def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "ro
                 f"config field '{where}.factor' must be a finite number > 0, got {factor!r}",
                 f"use a positive scaling factor, e.g. 2.0 {fix_at}",
             )
-    for key in ("original_max_position_embeddings",):
-        val = params.get(key)
-        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
-            raise ConfigError(
-                f"config field '{where}.{key}' must be a positive integer, got {val!r}",
-                f"fix it in the config {fix_at}",
-            )
+    val = params.get("original_max_position_embeddings")
+    if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
+        raise ConfigError(
+            f"config field '{where}.original_max_position_embeddings' must be a positive integer, got {val!r}",
+            f"fix it in the config {fix_at}",
+        )
 
 
 # -- manifests and artifacts ---------------------------------------------------------------------------------

@@ -66,13 +66,12 @@ class TopK(Number):
         super().__init__(int, 1)
 
     def convert(self, value, param, ctx):
-        text = value if isinstance(value, str) else None
-        if text is not None and ("," in text or text.strip().lower() == "all"):
+        if isinstance(value, str) and ("," in value or value.strip().lower() == "all"):
             from kvbridge.errors import ConfigError
             from kvbridge.fit.settings import parse_top_k
 
             try:
-                out = parse_top_k(text)
+                out = parse_top_k(value)
             except ConfigError as exc:
                 self.fail(exc.what, param, ctx)
             return (
