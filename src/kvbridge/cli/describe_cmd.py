@@ -175,18 +175,9 @@ def _list(host, as_json: bool) -> None:
     rows = []
     for mid, (record, path) in sorted(load_manifests(host).items(), key=lambda kv: kv[0].lower()):
         spec = describe_config(record["config"], where=str(path), host=host)
+        geometry = {k: getattr(spec, k) for k in ("model_type", "num_layers", "num_kv_heads", "head_dim", "positional")}
         rows.append(
-            {
-                "id": mid,
-                "family": record["family"],
-                "model_type": spec.model_type,
-                "num_layers": spec.num_layers,
-                "num_kv_heads": spec.num_kv_heads,
-                "head_dim": spec.head_dim,
-                "positional": spec.positional,
-                "aliases": record.get("aliases", []),
-                "path": str(path),
-            }
+            {"id": mid, "family": record["family"], **geometry, "aliases": record.get("aliases", []), "path": str(path)}
         )
     w = max([len("id")] + [len(r["id"]) for r in rows])
     lines = [click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True)] + [

@@ -125,11 +125,9 @@ def _click_option(param: str, f, opt):
             kwargs["default"] = list(default) if opt.multiple else default
         if opt.kind is not None:
             kwargs["type"] = param_type(opt.kind)
-    for key in ("show_default", "multiple", "required"):
-        if getattr(opt, key):
-            kwargs[key] = True
-    if opt.metavar:
-        kwargs["metavar"] = opt.metavar
+    kwargs |= {
+        key: getattr(opt, key) for key in ("show_default", "multiple", "required", "metavar") if getattr(opt, key)
+    }
     return click.option(*flags, param, **kwargs)
 
 
@@ -170,11 +168,9 @@ def settings_from(cls, values: dict, prefix: str = "", *, given: dict | None = N
         param = prefix + f.name
         if param not in values:
             continue
-        value = values[param]
         if opt.default_if_not_given and ctx is not None and ctx.get_parameter_source(param) == ParameterSource.DEFAULT:
             continue
-        if opt.invert:
-            value = not value
+        value = not values[param] if opt.invert else values[param]
         kwargs[f.name] = tuple(value) if opt.multiple else value
     return cls(**kwargs, **(given or {}))
 
