@@ -62,7 +62,7 @@ class Measured:
             "notes": self.notes,
         }
 
-    def lines(self, width: int = 100, commands: bool = True) -> list[str]:
+    def lines(self, width: int = 100) -> list[str]:
         """The record as text: the verdict, one line per measurement (transfer vs the source alone),
         each with the command that produced it."""
 
@@ -77,7 +77,7 @@ class Measured:
         for m in self.measurements:
             line = f"{m['metric']}: transferred {m['transferred']:.3f} vs source alone {m['source_alone']:.3f}"
             out += wrap(line + (f" ({m['detail']})" if m.get("detail") else ""), "  - ", "    ")
-            if commands and m.get("command"):
+            if m.get("command"):
                 out += wrap("command: " + m["command"], "    ", "      ")
         out += wrap(f"({self.results}; record {Path(self.path).name})", "  ", "  ")
         if self.notes:
