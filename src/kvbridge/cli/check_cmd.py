@@ -115,6 +115,4 @@ def check(
             click.echo("strict: fails (" + "; ".join(report.strict_failures()) + ")", err=True)
     else:
         click.echo(render(report, strict=strict))
-    code = report.exit_code(strict=strict)
-    if code:
-        click.get_current_context().exit(code)
+    click.get_current_context().exit(report.exit_code(strict=strict))

@@ -9,8 +9,9 @@ import json
 
 import click
 
-from kvbridge.cli.options import echo_result, fmt_bytes, fmt_rope, json_option, kv_bytes_per_token
+from kvbridge.cli.options import echo_result, fmt_rope, json_option, kv_bytes_per_token
 from kvbridge.safe_text import escape
+from kvbridge.sizes import fmt_size
 
 
 def describe_dict(resolved, spec) -> dict:
@@ -115,7 +116,7 @@ def _human(data: dict) -> str:
             quant = f"{gguf['quantization']} by tensor count ({types}); the file states {stated}"
         else:
             quant = f"{gguf['quantization']} ({types})" + (" (as the file states)" if stated else "")
-        file = f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}"
+        file = f"{fmt_size(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}"
         rows += [
             ("gguf file", f"{file}, {gguf['tensors']} tensors"),
             ("quantization", quant),
@@ -125,7 +126,7 @@ def _human(data: dict) -> str:
     mem = data.get("load_memory")
     if mem:
         params = f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']})"
-        sizes = f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in bfloat16 (--dtype)"
+        sizes = f"{fmt_size(mem['float32'])} in float32, {fmt_size(mem['bfloat16'])} in bfloat16 (--dtype)"
         rows.append(("weights in memory", f"{params}: {sizes}, before activations"))
     rows += _per_layer_rows(spec)
     for key, value in sorted((spec.get("extras") or {}).items()):

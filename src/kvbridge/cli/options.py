@@ -290,13 +290,6 @@ def fmt_value(name: str, value: Any) -> str:
     return escape(value)
 
 
-def fmt_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-
-
 __all__ = [
     "DTYPE_CHOICES",
     "dtype_option",
@@ -319,5 +312,4 @@ __all__ = [
     "kv_bytes_per_token",
     "fmt_rope",
     "fmt_value",
-    "fmt_bytes",
 ]
