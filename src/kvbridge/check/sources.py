@@ -68,9 +68,8 @@ def manifest_dirs(host=None) -> list[Path]:
     """Where manifest records are read from, in priority order (first match wins):
     ``$KVBRIDGE_MANIFEST_PATH``, then what ``kvbridge_manifest_dirs`` returns: kvbridge's own
     records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
-    host = host_or_default(host)
     env = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    return env + host.manifest_dirs()  # the host's one collection point: results type-checked there
+    return env + host_or_default(host).manifest_dirs()  # the host's one collection point: results type-checked there
 
 
 def _read_manifest_file(path: Path) -> list[dict]:
