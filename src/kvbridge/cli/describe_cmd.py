@@ -49,7 +49,6 @@ def load_memory(resolved) -> dict | None:
 
 
 def _human(data: dict) -> str:
-
     spec = data["spec"]
     kinds = spec["layer_types"]
     n_sliding = sum(1 for k in kinds if k == "sliding_attention")
