@@ -97,23 +97,16 @@ def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None 
     """
     import torch
 
+    from kvbridge.evaluate.runner import decode
+
     g = torch.Generator().manual_seed(int(seed))
-    vocab = model.config.vocab_size
     start = bos if bos is not None else getattr(model.config, "bos_token_id", None)
     if start is None:
-        first = torch.randint(0, vocab, (n, 1), generator=g)
+        first = torch.randint(0, model.config.vocab_size, (n, 1), generator=g)
     else:
         first = torch.full((n, 1), int(start), dtype=torch.long)
-    from transformers import DynamicCache
-
-    ids, cache, inp = [first], DynamicCache(), first
-    with torch.no_grad():
-        for _ in range(length - 1):
-            logits = model(input_ids=inp, cache=cache, use_cache=True).logits[:, -1].float()
-            probs = torch.softmax(logits / temperature, dim=-1)
-            inp = torch.multinomial(probs, 1, generator=g)
-            ids.append(inp)
-    return torch.cat(ids, dim=1)
+    sample = lambda logits: torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)  # noqa: E731
+    return decode(model, None, first, length - 1, sample)
 
 
 def model_info(model, spec, name: str = "") -> dict:
