@@ -212,13 +212,10 @@ def evaluate_config(
         "mapping": _describe_mapping(mapping, labels.get("mapping_path")),
         "data": labels.get("data") or {"kind": "token ids"},
         "samples": run.num_samples,
-        "prefix_len": config.prefix_len,
-        "continuation_len": config.continuation_len,
-        "greedy_tokens": config.greedy_tokens,
-        "top_k": config.top_k,
-        "top_p": config.top_p,
-        "bootstrap": config.bootstrap,
-        "seed": config.seed,
+        **{
+            k: getattr(config, k)
+            for k in ("prefix_len", "continuation_len", "greedy_tokens", "top_k", "top_p", "bootstrap", "seed")
+        },
         "conditions": summary["conditions"],
         "comparisons": summary["comparisons"],
         "gates": gate_results,
