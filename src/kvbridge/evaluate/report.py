@@ -188,14 +188,8 @@ def plot_gap(result: dict, path: Path, plt) -> bool:
     ax.set_ylim(max(floor, min(lows + [0.0]) - 0.1), max(1.25, max(v + h for v, h in zip(vals, hi)) + 0.1))
     for x, v, low in zip(xs, vals, lows):
         if low < floor:
-            ax.annotate(
-                f"{v:+.2f}\n(CI to {low:.1f})",
-                (x, floor),
-                xytext=(0, 6),
-                textcoords="offset points",
-                ha="center",
-                fontsize=7,
-            )
+            label = f"{v:+.2f}\n(CI to {low:.1f})"
+            ax.annotate(label, (x, floor), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7)
     ax.set_xticks(xs)
     ax.set_xticklabels([c for c, _, _ in items], rotation=30, ha="right")
     ax.set_ylabel("gap recovered (1 = native, 0 = no prefix)")
@@ -211,13 +205,8 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
     fig, axes = plt.subplots(1, 2, figsize=(8, 4))
     for ax, kind in zip(axes, ("k", "v")):
         data = r2[kind]  # [target layers][heads]
-        im = ax.imshow(
-            [[x if x is not None else float("nan") for x in row] for row in data],
-            vmin=0,
-            vmax=1,
-            cmap="viridis",
-            aspect="auto",
-        )
+        grid = [[x if x is not None else float("nan") for x in row] for row in data]
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_title(f"held-out R², {kind.upper()}")
         ax.set_xticks(range(len(data[0]) if data else 0))
         ax.set_yticks(range(len(data)))
