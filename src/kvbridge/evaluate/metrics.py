@@ -335,8 +335,7 @@ def summarize(
         if lc is not None:
             row["attention_cosine_layers"] = [float(x) for x in lc[0]]
             if layer_reps[c]:
-                stack = torch.cat(layer_reps[c])
-                q = torch.quantile(stack, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
+                q = torch.quantile(torch.cat(layer_reps[c]), torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
                 row["attention_cosine_layers_ci"] = [[float(a), float(b)] for a, b in zip(q[0], q[1])]
         point_nll[c] = float(nll(view)[0])
         out[c] = row
