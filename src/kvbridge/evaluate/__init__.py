@@ -155,13 +155,12 @@ def eval_config(config=None, **fields):
 def evaluate(source, target, mapping, samples, *, config=None, gates=None, metrics=None, host=None, **settings) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
-    ``config``: an :class:`~kvbridge.evaluate.settings.EvalSettings` (prefix and continuation
-    lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap; default:
-    ``kvbridge eval``'s); ``settings`` replace its fields by name (``prefix_len=48``; checked as the
-    settings check them), ``source_name``, ``target_name``, ``mapping_path``, ``data`` label the result,
-    and ``progress`` / ``on_batch`` are the callbacks of :func:`evaluate_config`. ``gates``: gate texts
-    to enforce (``"kl_p95<=0.2"``, ``"default"``; default: the settings' ``gates``); the default gates
-    are always reported. ``metrics``: metric names (default: every registered metric).
+    ``config``: an :class:`~kvbridge.evaluate.settings.EvalSettings` (default: ``kvbridge eval``'s);
+    ``settings`` replace its fields by name (``prefix_len=48``; checked as the settings check them),
+    ``source_name``, ``target_name``, ``mapping_path``, ``data`` label the result, and ``progress`` /
+    ``on_batch`` are the callbacks of :func:`evaluate_config`. ``gates``: gate texts to enforce
+    (``"kl_p95<=0.2"``, ``"default"``; default: the settings' ``gates``); the default gates are always
+    reported. ``metrics``: metric names (default: every registered metric).
     """
     calls = {k: settings.pop(k) for k in ("progress", "on_batch") if k in settings}
     labels = {k: settings.pop(k) for k in LABELS if k in settings}
