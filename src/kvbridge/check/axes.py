@@ -9,7 +9,7 @@ import json
 from functools import partial
 from typing import Mapping
 
-from kvbridge.check.layers import nope_note as _nope_note
+from kvbridge.check.layers import layout_axis, nope_note as _nope_note
 from kvbridge.check.report import Axis
 from kvbridge.spec import CHUNKED, FULL, SLIDING, ModelSpec, RopeSpec
 
@@ -448,19 +448,10 @@ SPEC_ARCH_FIELDS = (
 )
 
 
-def _model_axis(
-    s: ModelSpec,
-    t: ModelSpec,
-    s_name: str,
-    t_name: str,
-    s_cfg: Mapping | None,
-    t_cfg: Mapping | None,
-    same_ref: bool,
-    s_weights: str | None = None,
-    t_weights: str | None = None,
-) -> Axis:
-    sv, tv = s_name or s.model_type, t_name or t.model_type
-    axis = partial(Axis, "model", sv, tv)
+def _model_axis(source, target, same_ref: bool) -> Axis:
+    """``source``, ``target``: the two :class:`~kvbridge.check.compat.Side` (spec, name, config, weights digest)."""
+    s, t, s_cfg, t_cfg = source.spec, target.spec, source.config, target.config
+    axis = partial(Axis, "model", source.name or s.model_type, target.name or t.model_type)
     if same_ref:
         return axis("same", "same model: its cache is the target's own cache")
     arch_diff = [name for name in SPEC_ARCH_FIELDS if getattr(s, name) != getattr(t, name)]
@@ -470,9 +461,9 @@ def _model_axis(
             and not arch_diff
             and {**s.to_dict(), "dtype": None} == {**t.to_dict(), "dtype": None}
         ):
-            if s_weights and t_weights and s_weights == t_weights:
+            if source.weights and target.weights and source.weights == target.weights:
                 return axis("same", "same config and the same weight files: its cache is the target's own cache")
-            if s_weights and t_weights:
+            if source.weights and target.weights:
                 return axis(
                     "mappable",
                     "same architecture, different weights (a fine-tune or another seed): the cache can be"
@@ -501,8 +492,34 @@ def _model_axis(
     )
 
 
+def core_axes(source, target, same_model: bool) -> list[Axis]:
+    """The core rows of a check in :data:`~kvbridge.check.report.AXES` order (the sparse-attention indexer
+    keys before cache_format when a side caches them); ``source``, ``target``: the two
+    :class:`~kvbridge.check.compat.Side`."""
+    s, t = source.spec, target.spec
+    cache = _cache_axis(
+        cache_format_of(s, source.config, source.generation), cache_format_of(t, target.config, target.generation)
+    )
+    axes = [
+        _model_axis(source, target, same_model),
+        _layers_axis(s, t),
+        _kv_heads_axis(s, t),
+        _head_dim_axis(s, t),
+        _positional_axis(s, t),
+        _rope_axis(s, t),
+        _attention_axis(s, t),
+        _dtype_axis(s, t),
+        layout_axis(s, t, cache, same_model),
+        _tokenizer_axis(source.tokenizer, target.tokenizer, same_model),
+    ]
+    if s.indexer_layers or t.indexer_layers:
+        axes.insert(7, _indexer_axis(s, t, axes[0].verdict == "same"))
+    return axes
+
+
 __all__ = [
     "cache_format_of",
+    "core_axes",
     "CONFIG_IGNORED",
     "LENGTH_DEPENDENT_ROPE",
     "NON_ARCH_KEYS",

@@ -53,21 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.check.axes import (
-    _attention_axis,
-    _cache_axis,
-    _indexer_axis,
-    _dtype_axis,
-    _head_dim_axis,
-    _kv_heads_axis,
-    _layers_axis,
-    _model_axis,
-    _positional_axis,
-    _rope_axis,
-    _tokenizer_axis,
-    cache_format_of,
-)
-from kvbridge.check.layers import layout_axis as _layout_rules
+from kvbridge.check.axes import cache_format_of, core_axes
 from kvbridge.check.report import AXES, VERDICTS, Axis, Report, _merge, _overall
 from kvbridge.spec import ModelSpec
 from kvbridge.plugins import host_or_default
@@ -112,37 +98,15 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
     with different weights is ``mappable``, not ``identity``.
     """
     s, t = (side if isinstance(side, Side) else Side(spec=side) for side in (source, target))
-    source, target = s.spec, t.spec
-    axes = [
-        _model_axis(source, target, s.name, t.name, s.config, t.config, same_model, s.weights, t.weights),
-        _layers_axis(source, target),
-        _kv_heads_axis(source, target),
-        _head_dim_axis(source, target),
-        _positional_axis(source, target),
-        _rope_axis(source, target),
-        _attention_axis(source, target),
-        _dtype_axis(source, target),
-        _layout_rules(
-            source,
-            target,
-            _cache_axis(
-                cache_format_of(source, s.config, s.generation), cache_format_of(target, t.config, t.generation)
-            ),
-            same_model,
-        ),
-        _tokenizer_axis(s.tokenizer, t.tokenizer, same_model),
-    ]
-    if source.indexer_layers or target.indexer_layers:
-        axes.insert(7, _indexer_axis(source, target, axes[0].verdict == "same"))
+    axes = core_axes(s, t, same_model)
     findings: tuple = ()
     if plugins:
-        host = host_or_default(host)
-        findings = tuple(host.check_findings(source, target))
+        findings = tuple(host_or_default(host).check_findings(s.spec, t.spec))
         axes = _merge(axes, findings)
     verdict, reasons = _overall(axes)
     return Report(
-        source=source,
-        target=target,
+        source=s.spec,
+        target=t.spec,
         axes=tuple(axes),
         verdict=verdict,
         reasons=tuple(reasons),

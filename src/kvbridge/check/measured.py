@@ -62,7 +62,7 @@ class Measured:
             "notes": self.notes,
         }
 
-    def lines(self, width: int = 100, commands: bool = True) -> list[str]:
+    def lines(self, width: int = 100) -> list[str]:
         """The record as text: the verdict, one line per measurement (transfer vs the source alone),
         each with the command that produced it."""
 
@@ -77,7 +77,7 @@ class Measured:
         for m in self.measurements:
             line = f"{m['metric']}: transferred {m['transferred']:.3f} vs source alone {m['source_alone']:.3f}"
             out += wrap(line + (f" ({m['detail']})" if m.get("detail") else ""), "  - ", "    ")
-            if commands and m.get("command"):
+            if m.get("command"):
                 out += wrap("command: " + m["command"], "    ", "      ")
         out += wrap(f"({self.results}; record {Path(self.path).name})", "  ", "  ")
         if self.notes:
@@ -132,13 +132,10 @@ def validate_record(record: Any, path) -> Measured:
 def load_records(folder: Path | str | None = None) -> list[tuple[dict, Measured]]:
     """Every record in ``folder`` (default :data:`REPO_RESULTS`): ``(raw record, Measured)``, by file name."""
     folder = Path(REPO_RESULTS if folder is None else folder)
-    out = []
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.json")):
-        raw = load_json(path, what="measured result record", object_only=False)
-        out.append((raw, validate_record(raw, path)))
-    return out
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return [
+        (raw := load_json(p, what="measured result record", object_only=False), validate_record(raw, p)) for p in paths
+    ]
 
 
 def names_of(resolved) -> set[str]:

@@ -68,9 +68,8 @@ def manifest_dirs(host=None) -> list[Path]:
     """Where manifest records are read from, in priority order (first match wins):
     ``$KVBRIDGE_MANIFEST_PATH``, then what ``kvbridge_manifest_dirs`` returns: kvbridge's own
     records first (:mod:`kvbridge.builtin.manifests`, ``tryfirst``), then plugins'."""
-    host = host_or_default(host)
     env = [Path(p).expanduser() for p in os.environ.get(MANIFEST_ENV, "").split(os.pathsep) if p]
-    return env + host.manifest_dirs()  # the host's one collection point: results type-checked there
+    return env + host_or_default(host).manifest_dirs()  # the host's one collection point: results type-checked there
 
 
 def _read_manifest_file(path: Path) -> list[dict]:
@@ -122,22 +121,20 @@ def manifest_index(manifests: Mapping[str, tuple[dict, Path]]) -> dict[str, str]
 
 
 # -- describe with file-naming errors ----------------------------------------------------------------
-#: ModelSpec field -> the config keys it usually comes from (for error messages)
+#: the ModelSpec sizes :func:`validate_spec` checks -> the config keys each usually comes from (for error messages)
 SPEC_FIELDS = {
     "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
     "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
     "num_kv_heads": ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"),
     "head_dim": ("head_dim", "hidden_size", "n_embd"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
 }
 
 
 def validate_spec(spec, config: Mapping, where: str) -> None:
     """Refuse specs a cache cannot have (zero or negative sizes), naming the config field."""
-    for name in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim"):
+    for name, keys in SPEC_FIELDS.items():
         value = getattr(spec, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            keys = SPEC_FIELDS.get(name, (name,))
             key = next((k for k in keys if k in config), keys[0])
             raise ConfigError(
                 f"{where}: field {key!r} gives {name} = {value!r}; it must be a positive integer",

@@ -348,8 +348,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
             added[int(tok["id"])] = str(tok["content"])
         used.append("tokenizer.json")
     elif "vocab.json" in by_name:
-        path = by_name["vocab.json"]
-        vocab = _load_json(path, object_only=True)  # token -> id
+        vocab = _load_json(by_name["vocab.json"], object_only=True)  # token -> id
         base = {int(i): str(t) for t, i in vocab.items()}
         kind = "bpe"
         used.append("vocab.json")
@@ -357,8 +356,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
             rules, rules_format = _merges_txt(by_name["merges.txt"]), "merges"
             used.append("merges.txt")
     elif "tokenizer.model" in by_name:
-        path = by_name["tokenizer.model"]
-        sp = parse_sentencepiece(path)
+        sp = parse_sentencepiece(by_name["tokenizer.model"])
         base = {i: p[0] for i, p in enumerate(sp["pieces"])}
         kind = f"sentencepiece-{sp['model_type']}"
         rules = {

@@ -34,16 +34,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def positive_int(
-    value: Any, name: str, *, fix: str | None = None, maximum: int | None = None, max_what: str = ""
-) -> int:
-    """``value`` as an int >= 1 (and <= ``maximum``), else a one-line error naming ``name``."""
+def positive_int(value: Any, name: str, *, fix: str | None = None) -> int:
+    """``value`` as an int >= 1, else a one-line error naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValidationError(f"{name} must be a positive integer, got {value!r}", fix or f"pass {name} >= 1")
-    if maximum is not None and value > maximum:
-        raise ValidationError(
-            f"{name} {value} is larger than {max_what or maximum}", fix or f"pass {name} <= {maximum}"
-        )
     return value
 
 
@@ -176,14 +170,12 @@ def json_depth(text: str) -> int:
     return best
 
 
-def parse_json(
-    text: str, where: str, *, what: str = "JSON file", max_depth: int = MAX_JSON_DEPTH, error=ConfigError
-) -> Any:
-    """``json.loads`` with a nesting limit and one-line errors naming ``where``."""
+def parse_json(text: str, where: str, *, what: str = "JSON file", error=ConfigError) -> Any:
+    """``json.loads`` with a nesting limit (:data:`MAX_JSON_DEPTH`) and one-line errors naming ``where``."""
     import json
 
-    if "[" * (max_depth + 1) in text or "{" * (max_depth + 1) in text or json_depth(text) > max_depth:
-        raise error(f"{where}: JSON nested deeper than {max_depth} levels", f"pass an ordinary {what}")
+    if "[" * (MAX_JSON_DEPTH + 1) in text or "{" * (MAX_JSON_DEPTH + 1) in text or json_depth(text) > MAX_JSON_DEPTH:
+        raise error(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels", f"pass an ordinary {what}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -194,19 +186,13 @@ def parse_json(
         raise error(f"{where}: JSON nested too deeply", f"pass an ordinary {what}") from None
 
 
-def load_json(
-    path: Path | str,
-    *,
-    what: str = "JSON file",
-    error=ConfigError,
-    object_only: bool = True,
-    max_bytes: int = MAX_JSON_BYTES,
-) -> Any:
-    """Read a JSON file (UTF-8, size and depth limited); a one-line error naming the path otherwise."""
+def load_json(path: Path | str, *, what: str = "JSON file", error=ConfigError, object_only: bool = True) -> Any:
+    """Read a JSON file (UTF-8, at most :data:`MAX_JSON_BYTES`, depth limited); a one-line error naming the
+    path otherwise."""
     path = Path(path)
     try:
         size = path.stat().st_size
-        if size > max_bytes:
+        if size > MAX_JSON_BYTES:
             raise error(f"{path}: {size:,} bytes is too big for a {what}", f"pass the {what} itself")
         raw = path.read_bytes()
     except OSError as exc:
@@ -274,13 +260,12 @@ def rope_parameters(params: Mapping, *, model_type: Any = None, where: str = "ro
                 f"config field '{where}.factor' must be a finite number > 0, got {factor!r}",
                 f"use a positive scaling factor, e.g. 2.0 {fix_at}",
             )
-    for key in ("original_max_position_embeddings",):
-        val = params.get(key)
-        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
-            raise ConfigError(
-                f"config field '{where}.{key}' must be a positive integer, got {val!r}",
-                f"fix it in the config {fix_at}",
-            )
+    val = params.get("original_max_position_embeddings")
+    if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val <= 0):
+        raise ConfigError(
+            f"config field '{where}.original_max_position_embeddings' must be a positive integer, got {val!r}",
+            f"fix it in the config {fix_at}",
+        )
 
 
 # -- manifests and artifacts ---------------------------------------------------------------------------------

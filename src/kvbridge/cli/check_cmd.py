@@ -47,16 +47,14 @@ def render(report, *, strict: bool = False, width: int | None = None) -> str:
     ]
     wrapper = textwrap.TextWrapper(width=width, initial_indent=" " * (w_name + 4), subsequent_indent=" " * (w_name + 4))
     for name, src, tgt, verdict, action in rows:
-        colour = VERDICT_COLOURS.get(verdict)
         lines.append(
             f"  {name:<{w_name}}  {_clip(src, w_src):<{w_src}}  {_clip(tgt, w_tgt):<{w_tgt}}  "
-            + click.style(verdict, fg=colour, bold=verdict == "blocking")
+            + click.style(verdict, fg=VERDICT_COLOURS.get(verdict), bold=verdict == "blocking")
         )
         lines.extend(click.style(line, dim=True) for line in wrapper.wrap(action))
     lines += ["", "verdict: " + click.style(report.verdict, fg=VERDICT_COLOURS.get(report.verdict), bold=True)]
     reason_wrap = textwrap.TextWrapper(width=width, initial_indent="  - ", subsequent_indent="    ")
-    for reason in report.reasons:
-        lines.extend(reason_wrap.wrap(reason))
+    lines += [line for reason in report.reasons for line in reason_wrap.wrap(reason)]
     for measured in report.measured:  # kvbridge's own results on this very pair
         head, *rest = measured.lines(width)
         lines += ["", click.style(head, fg="magenta", bold=True), *rest]
@@ -115,6 +113,4 @@ def check(
             click.echo("strict: fails (" + "; ".join(report.strict_failures()) + ")", err=True)
     else:
         click.echo(render(report, strict=strict))
-    code = report.exit_code(strict=strict)
-    if code:
-        click.get_current_context().exit(code)
+    click.get_current_context().exit(report.exit_code(strict=strict))

@@ -9,8 +9,9 @@ import json
 
 import click
 
-from kvbridge.cli.options import echo_result, fmt_bytes, fmt_rope, json_option, kv_bytes_per_token
+from kvbridge.cli.options import echo_result, fmt_rope, json_option, kv_bytes_per_token
 from kvbridge.safe_text import escape
+from kvbridge.sizes import fmt_size
 
 
 def describe_dict(resolved, spec) -> dict:
@@ -48,7 +49,6 @@ def load_memory(resolved) -> dict | None:
 
 
 def _human(data: dict) -> str:
-
     spec = data["spec"]
     kinds = spec["layer_types"]
     n_sliding = sum(1 for k in kinds if k == "sliding_attention")
@@ -115,7 +115,7 @@ def _human(data: dict) -> str:
             quant = f"{gguf['quantization']} by tensor count ({types}); the file states {stated}"
         else:
             quant = f"{gguf['quantization']} ({types})" + (" (as the file states)" if stated else "")
-        file = f"{fmt_bytes(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}"
+        file = f"{fmt_size(gguf['size'])}, GGUF v{gguf['version']}, arch {gguf['architecture']}"
         rows += [
             ("gguf file", f"{file}, {gguf['tensors']} tensors"),
             ("quantization", quant),
@@ -125,7 +125,7 @@ def _human(data: dict) -> str:
     mem = data.get("load_memory")
     if mem:
         params = f"{mem['params'] / 1e6:,.{0 if mem['params'] >= 1e7 else 2}f}M params ({mem['how']})"
-        sizes = f"{fmt_bytes(mem['float32'])} in float32, {fmt_bytes(mem['bfloat16'])} in bfloat16 (--dtype)"
+        sizes = f"{fmt_size(mem['float32'])} in float32, {fmt_size(mem['bfloat16'])} in bfloat16 (--dtype)"
         rows.append(("weights in memory", f"{params}: {sizes}, before activations"))
     rows += _per_layer_rows(spec)
     for key, value in sorted((spec.get("extras") or {}).items()):
@@ -175,18 +175,9 @@ def _list(host, as_json: bool) -> None:
     rows = []
     for mid, (record, path) in sorted(load_manifests(host).items(), key=lambda kv: kv[0].lower()):
         spec = describe_config(record["config"], where=str(path), host=host)
+        geometry = {k: getattr(spec, k) for k in ("model_type", "num_layers", "num_kv_heads", "head_dim", "positional")}
         rows.append(
-            {
-                "id": mid,
-                "family": record["family"],
-                "model_type": spec.model_type,
-                "num_layers": spec.num_layers,
-                "num_kv_heads": spec.num_kv_heads,
-                "head_dim": spec.head_dim,
-                "positional": spec.positional,
-                "aliases": record.get("aliases", []),
-                "path": str(path),
-            }
+            {"id": mid, "family": record["family"], **geometry, "aliases": record.get("aliases", []), "path": str(path)}
         )
     w = max([len("id")] + [len(r["id"]) for r in rows])
     lines = [click.style(f"  {'id':<{w}}  {'family':<10} layers  kv  head_dim  positional", bold=True)] + [

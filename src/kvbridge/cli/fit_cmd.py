@@ -85,11 +85,9 @@ def fit(source, target, **options):
 def _print(result, settings, secs: float) -> None:
     """A fit's mapping (or a sweep's ``{label: mapping}``) as the command prints it."""
     if isinstance(result, dict):
-        _report_sweep(result, settings.out, secs)
-    elif settings.from_stats is not None:
-        _report(result, settings.out, secs, None, None)
-    else:
-        _report(result, settings.out, secs, settings.stride, settings.skip)
+        return _report_sweep(result, settings.out, secs)
+    refit = settings.from_stats is not None  # the statistics' own stride and skip are in the manifest
+    _report(result, settings.out, secs, *((None, None) if refit else (settings.stride, settings.skip)))
 
 
 def _report_sweep(mappings: dict, out, secs: float) -> None:

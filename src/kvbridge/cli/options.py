@@ -66,13 +66,12 @@ class TopK(Number):
         super().__init__(int, 1)
 
     def convert(self, value, param, ctx):
-        text = value if isinstance(value, str) else None
-        if text is not None and ("," in text or text.strip().lower() == "all"):
+        if isinstance(value, str) and ("," in value or value.strip().lower() == "all"):
             from kvbridge.errors import ConfigError
             from kvbridge.fit.settings import parse_top_k
 
             try:
-                out = parse_top_k(text)
+                out = parse_top_k(value)
             except ConfigError as exc:
                 self.fail(exc.what, param, ctx)
             return (
@@ -126,11 +125,9 @@ def _click_option(param: str, f, opt):
             kwargs["default"] = list(default) if opt.multiple else default
         if opt.kind is not None:
             kwargs["type"] = param_type(opt.kind)
-    for key in ("show_default", "multiple", "required"):
-        if getattr(opt, key):
-            kwargs[key] = True
-    if opt.metavar:
-        kwargs["metavar"] = opt.metavar
+    kwargs |= {
+        key: getattr(opt, key) for key in ("show_default", "multiple", "required", "metavar") if getattr(opt, key)
+    }
     return click.option(*flags, param, **kwargs)
 
 
@@ -171,11 +168,9 @@ def settings_from(cls, values: dict, prefix: str = "", *, given: dict | None = N
         param = prefix + f.name
         if param not in values:
             continue
-        value = values[param]
         if opt.default_if_not_given and ctx is not None and ctx.get_parameter_source(param) == ParameterSource.DEFAULT:
             continue
-        if opt.invert:
-            value = not value
+        value = not values[param] if opt.invert else values[param]
         kwargs[f.name] = tuple(value) if opt.multiple else value
     return cls(**kwargs, **(given or {}))
 
@@ -295,13 +290,6 @@ def fmt_value(name: str, value: Any) -> str:
     return escape(value)
 
 
-def fmt_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-
-
 __all__ = [
     "DTYPE_CHOICES",
     "dtype_option",
@@ -324,5 +312,4 @@ __all__ = [
     "kv_bytes_per_token",
     "fmt_rope",
     "fmt_value",
-    "fmt_bytes",
 ]

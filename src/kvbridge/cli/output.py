@@ -77,10 +77,7 @@ class SafeStream(io.TextIOBase):
 def guarded_output():
     """``sys.stdout`` and ``sys.stderr`` wrapped in :class:`SafeStream` for the block (idempotent)."""
     saved = sys.stdout, sys.stderr
-    if sys.stdout is not None and not isinstance(sys.stdout, SafeStream):
-        sys.stdout = SafeStream(sys.stdout)
-    if sys.stderr is not None and not isinstance(sys.stderr, SafeStream):
-        sys.stderr = SafeStream(sys.stderr)
+    sys.stdout, sys.stderr = (s if s is None or isinstance(s, SafeStream) else SafeStream(s) for s in saved)
     try:
         yield
     finally:

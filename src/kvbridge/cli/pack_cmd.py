@@ -51,7 +51,6 @@ def save(
     loaded = open_model(model, tokenizer, dtype=dtype, device=device)
     m, tok = loaded.model, loaded.tokenizer
     ids = guide_ids_of(tok, text)
-    fp = loaded_tokenizer_identity(loaded, tokenizer)
     path = save_pack(
         m,
         out,
@@ -59,7 +58,7 @@ def save(
         guide_ids=ids,
         tokenizer=tok,
         model_dir=loaded.ref.folder,
-        tokenizer_fp=fp,
+        tokenizer_fp=loaded_tokenizer_identity(loaded, tokenizer),
         overwrite=overwrite,
         reference=model_reference(loaded.ref),
     )

@@ -97,23 +97,16 @@ def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None 
     """
     import torch
 
+    from kvbridge.evaluate.runner import decode
+
     g = torch.Generator().manual_seed(int(seed))
-    vocab = model.config.vocab_size
     start = bos if bos is not None else getattr(model.config, "bos_token_id", None)
     if start is None:
-        first = torch.randint(0, vocab, (n, 1), generator=g)
+        first = torch.randint(0, model.config.vocab_size, (n, 1), generator=g)
     else:
         first = torch.full((n, 1), int(start), dtype=torch.long)
-    from transformers import DynamicCache
-
-    ids, cache, inp = [first], DynamicCache(), first
-    with torch.no_grad():
-        for _ in range(length - 1):
-            logits = model(input_ids=inp, cache=cache, use_cache=True).logits[:, -1].float()
-            probs = torch.softmax(logits / temperature, dim=-1)
-            inp = torch.multinomial(probs, 1, generator=g)
-            ids.append(inp)
-    return torch.cat(ids, dim=1)
+    sample = lambda logits: torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)  # noqa: E731
+    return decode(model, None, first, length - 1, sample)
 
 
 def model_info(model, spec, name: str = "") -> dict:
@@ -162,13 +155,12 @@ def eval_config(config=None, **fields):
 def evaluate(source, target, mapping, samples, *, config=None, gates=None, metrics=None, host=None, **settings) -> dict:
     """Run every condition on ``samples`` and return the JSON-ready result (see the module docstring).
 
-    ``config``: an :class:`~kvbridge.evaluate.settings.EvalSettings` (prefix and continuation
-    lengths, greedy tokens, batch size, top-k, top-p, seed, conditions, attention, bootstrap; default:
-    ``kvbridge eval``'s); ``settings`` replace its fields by name (``prefix_len=48``; checked as the
-    settings check them), ``source_name``, ``target_name``, ``mapping_path``, ``data`` label the result,
-    and ``progress`` / ``on_batch`` are the callbacks of :func:`evaluate_config`. ``gates``: gate texts
-    to enforce (``"kl_p95<=0.2"``, ``"default"``; default: the settings' ``gates``); the default gates
-    are always reported. ``metrics``: metric names (default: every registered metric).
+    ``config``: an :class:`~kvbridge.evaluate.settings.EvalSettings` (default: ``kvbridge eval``'s);
+    ``settings`` replace its fields by name (``prefix_len=48``; checked as the settings check them),
+    ``source_name``, ``target_name``, ``mapping_path``, ``data`` label the result, and ``progress`` /
+    ``on_batch`` are the callbacks of :func:`evaluate_config`. ``gates``: gate texts to enforce
+    (``"kl_p95<=0.2"``, ``"default"``; default: the settings' ``gates``); the default gates are always
+    reported. ``metrics``: metric names (default: every registered metric).
     """
     calls = {k: settings.pop(k) for k in ("progress", "on_batch") if k in settings}
     labels = {k: settings.pop(k) for k in LABELS if k in settings}
@@ -219,13 +211,10 @@ def evaluate_config(
         "mapping": _describe_mapping(mapping, labels.get("mapping_path")),
         "data": labels.get("data") or {"kind": "token ids"},
         "samples": run.num_samples,
-        "prefix_len": config.prefix_len,
-        "continuation_len": config.continuation_len,
-        "greedy_tokens": config.greedy_tokens,
-        "top_k": config.top_k,
-        "top_p": config.top_p,
-        "bootstrap": config.bootstrap,
-        "seed": config.seed,
+        **{
+            k: getattr(config, k)
+            for k in ("prefix_len", "continuation_len", "greedy_tokens", "top_k", "top_p", "bootstrap", "seed")
+        },
         "conditions": summary["conditions"],
         "comparisons": summary["comparisons"],
         "gates": gate_results,

@@ -133,8 +133,7 @@ def run_conditions(
     pre = Prefills(source, target, mapping, host=host, error=EvalError)
     sspec, tspec = pre.sspec, pre.tspec
     gen = torch.Generator().manual_seed(int(config.seed))
-    timing = pre.timing
-    timing["prefix_tokens"] = n * p
+    pre.timing["prefix_tokens"] = n * p
     builders = {
         "zeroed": lambda bt: Built(zeroed_state(pre.transferred(bt))),
         "shuffled": lambda bt: Built(pre.transferred(bt, shifted=True)),
@@ -153,7 +152,7 @@ def run_conditions(
     conds += [x.name for x in conditions[len(conds) :]]
     out, _ = run_batches(
         conditions,
-        prefix_batches(samples, p, c, config.batch_size, timing, shifted="shuffled" in conds),
+        prefix_batches(samples, p, c, config.batch_size, pre.timing, shifted="shuffled" in conds),
         pre.models,
         top_k=config.top_k,
         top_p=config.top_p,
@@ -168,8 +167,8 @@ def run_conditions(
             f"source vocabulary {sspec.vocab_size} != target {tspec.vocab_size}: "
             "no logit comparison for the source condition"
         )
-    timing["eval_s"] = time.perf_counter() - t_start
-    return ConditionRun(config=config, fields=out, num_layers=tspec.num_layers, timing=timing, notes=notes)
+    pre.timing["eval_s"] = time.perf_counter() - t_start
+    return ConditionRun(config=config, fields=out, num_layers=tspec.num_layers, timing=pre.timing, notes=notes)
 
 
 __all__ = [

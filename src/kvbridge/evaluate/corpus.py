@@ -23,10 +23,8 @@ class EvalCorpus:
     note: str | None = None  # an --allow-overlap warning
 
 
-def _recorded_tail(manifest: dict | None, sha256: str) -> float | None:
-    """The held-out share a mapping fitted on this file recorded (``calibration.corpus.heldout_tail``)."""
-    cal = (manifest or {}).get("calibration") or {}
-    rec = cal.get("corpus") or {}
+def _recorded_tail(rec: dict, sha256: str) -> float | None:
+    """The held-out share (``heldout_tail``) a mapping's ``calibration.corpus`` record ``rec`` holds for this file."""
     tail = rec.get("heldout_tail") or {}
     if rec.get("sha256") != sha256 or not tail.get("heldout"):
         return None
@@ -46,15 +44,15 @@ def eval_corpus(
     from kvbridge.evaluate.overlap import OverlapError, check
 
     corpus = read_corpus(path)
+    cal = (manifest or {}).get("calibration") or {}
+    rec = cal.get("corpus") or {}
     base = {"path": str(path), "sha256": corpus.sha256, "sha256_of": corpus.sha256_of}
     if corpus.kind == "file":
         texts = list(corpus.texts)
         if not explicit:  # the share the mapping held out of this very file, when it recorded one
-            fraction = _recorded_tail(manifest, corpus.sha256) or fraction
+            fraction = _recorded_tail(rec, corpus.sha256) or fraction
         note = check(manifest, path, texts, fraction, tokenizer=tokenizer, allow=allow)
         return EvalCorpus(heldout_text(texts, fraction), texts, {**base, "heldout_fraction": fraction}, note)
-    cal = (manifest or {}).get("calibration") or {}
-    rec = cal.get("corpus") or {}
     same = corpus.sha256 in {rec.get("sha256"), cal.get("corpus_sha256")} - {None}
     fitted = Split.from_record(rec["split"]) if same and rec.get("split") else None
     if fitted is not None:

@@ -99,18 +99,17 @@ def _nan(view: EvalView) -> torch.Tensor:
     return torch.full((view.replicates,), NAN, dtype=torch.float64)
 
 
-def _mean(view: EvalView, name: str) -> torch.Tensor:
-    """Per replicate mean over samples and positions (samples weigh equally: same C each)."""
+def _over(view: EvalView, name: str, reduce=lambda t: t.mean(1)) -> torch.Tensor:
+    """Per replicate mean over samples and positions (samples weigh equally: same C each), or another
+    ``reduce`` of the ``[R, N x ...]`` float64 values; nan where the field is absent or empty."""
     t = view.get(name)
-    if t is None or t[0].numel() == 0:
-        return _nan(view)
-    return t.double().flatten(1).mean(1)
+    return _nan(view) if t is None or t[0].numel() == 0 else reduce(t.double().flatten(1))
 
 
 # -- the built-in metrics (each returns a [R] tensor) -------------------------------------------------
 def nll(view: EvalView):
     """Mean continuation negative log-likelihood (nats per token)."""
-    return _mean(view, "nll")
+    return _over(view, "nll")
 
 
 def perplexity(view: EvalView):
@@ -120,46 +119,42 @@ def perplexity(view: EvalView):
 
 def nll_delta(view: EvalView):
     """nll − native nll on the same samples (0 = native quality)."""
-    return nll(view) - _mean(view, "native_nll")
+    return nll(view) - _over(view, "native_nll")
 
 
 def accuracy(view: EvalView):
     """Teacher-forced next-token accuracy on the continuation (argmax == true token)."""
-    return _mean(view, "correct")
+    return _over(view, "correct")
 
 
 def kl_mean(view: EvalView):
     """Mean over continuation positions of KL(native ‖ x) (nats)."""
-    return _mean(view, "kl")
+    return _over(view, "kl")
 
 
 def kl_p95(view: EvalView):
     """95th percentile over continuation positions of KL(native ‖ x) (nats)."""
-    t = view.get("kl")
-    if t is None or t[0].numel() == 0:
-        return _nan(view)
-    return torch.quantile(t.double().flatten(1), 0.95, dim=1)
+    return _over(view, "kl", lambda t: torch.quantile(t, 0.95, dim=1))
 
 
 def top1_agreement(view: EvalView):
     """Share of continuation positions where x's argmax equals native's."""
-    return _mean(view, "top1")
+    return _over(view, "top1")
 
 
 def topk_overlap(view: EvalView):
     """Mean |top-k(x) ∩ top-k(native)| / k (k = ``--top-k``, default 5)."""
-    return _mean(view, "topk")
+    return _over(view, "topk")
 
 
 def tv_top_p(view: EvalView):
     """Mean total-variation distance of the top-p (default 0.9) truncated distributions."""
-    return _mean(view, "tv")
+    return _over(view, "tv")
 
 
 def max_abs_logit_diff(view: EvalView):
     """Max |logit_x − logit_native| over samples, positions and vocabulary."""
-    t = view.get("max_abs_logit_diff")
-    return _nan(view) if t is None or t[0].numel() == 0 else t.double().flatten(1).max(1).values
+    return _over(view, "max_abs_logit_diff", lambda t: t.max(1).values)
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -170,26 +165,26 @@ def gap_recovered(view: EvalView):
     """(NLL_no_prefix − NLL_x) / (NLL_no_prefix − NLL_native) on mean NLLs."""
     if "no_prefix_nll" not in view:
         return _nan(view)
-    floor, ceil = _mean(view, "no_prefix_nll"), _mean(view, "native_nll")
+    floor, ceil = _over(view, "no_prefix_nll"), _over(view, "native_nll")
     return _ratio(floor - nll(view), floor - ceil)
 
 
 def retention(view: EvalView):
     """acc_x / acc_native (next-token accuracy; the papers' retention; overstates benefit)."""
-    return _ratio(accuracy(view), _mean(view, "native_correct"))
+    return _ratio(accuracy(view), _over(view, "native_correct"))
 
 
 def retention_floor(view: EvalView):
     """(acc_x − acc_no_prefix) / (acc_native − acc_no_prefix): floor-normalised retention."""
     if "no_prefix_correct" not in view:
         return _nan(view)
-    floor, ceil = _mean(view, "no_prefix_correct"), _mean(view, "native_correct")
+    floor, ceil = _over(view, "no_prefix_correct"), _over(view, "native_correct")
     return _ratio(accuracy(view) - floor, ceil - floor)
 
 
 def greedy_first_divergence(view: EvalView):
     """Mean first greedy step where x's tokens leave native's (G when they never do)."""
-    return _mean(view, "greedy_div")
+    return _over(view, "greedy_div")
 
 
 def greedy_agreement(view: EvalView):
@@ -340,21 +335,19 @@ def summarize(
         if lc is not None:
             row["attention_cosine_layers"] = [float(x) for x in lc[0]]
             if layer_reps[c]:
-                stack = torch.cat(layer_reps[c])
-                q = torch.quantile(stack, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
+                q = torch.quantile(torch.cat(layer_reps[c]), torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)
                 row["attention_cosine_layers_ci"] = [[float(a), float(b)] for a, b in zip(q[0], q[1])]
         point_nll[c] = float(nll(view)[0])
         out[c] = row
-    comparisons = {}
-    if "transferred" in fields:
-        t_reps = torch.cat(nll_reps["transferred"]) if idx is not None else None
-        for c in fields:
-            if c == "transferred":
-                continue
-            comparisons[f"transferred_vs_{c}"] = {
-                "nll_diff": point_nll["transferred"] - point_nll[c],
-                "nll_diff_ci": percentile_interval(t_reps - torch.cat(nll_reps[c])) if idx is not None else [NAN, NAN],
-            }
+    t_reps = torch.cat(nll_reps["transferred"]) if idx is not None and "transferred" in fields else None
+    comparisons = {
+        f"transferred_vs_{c}": {
+            "nll_diff": point_nll["transferred"] - point_nll[c],
+            "nll_diff_ci": percentile_interval(t_reps - torch.cat(nll_reps[c])) if idx is not None else [NAN, NAN],
+        }
+        for c in fields
+        if c != "transferred" and "transferred" in fields
+    }
     return {
         "conditions": out,
         "comparisons": comparisons,
@@ -371,21 +364,4 @@ __all__ = [
     "summarize",
     "bootstrap_indices",
     "percentile_interval",
-    "nll",
-    "perplexity",
-    "nll_delta",
-    "accuracy",
-    "kl_mean",
-    "kl_p95",
-    "top1_agreement",
-    "topk_overlap",
-    "tv_top_p",
-    "max_abs_logit_diff",
-    "gap_recovered",
-    "retention",
-    "retention_floor",
-    "greedy_first_divergence",
-    "greedy_agreement",
-    "attention_cosine_mean",
-    "attention_cosine_min",
-]
+] + list(NAMES)  # the built-in metric functions, one per catalog entry

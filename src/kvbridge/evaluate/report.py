@@ -176,7 +176,8 @@ def plot_gap(result: dict, path: Path, plt) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = list(range(len(items)))
     vals = [v for _, v, _ in items]
-    lo = [v - (ci[0] if ci and ci[0] is not None else v) for _, v, ci in items]
+    lows = [ci[0] if ci and ci[0] is not None else v for _, v, ci in items]
+    lo = [v - low for v, low in zip(vals, lows)]
     hi = [(ci[1] if ci and ci[1] is not None else v) - v for _, v, ci in items]
     colors = ["tab:green" if c == "native" else "tab:blue" if c == "transferred" else "tab:gray" for c, _, _ in items]
     ax.bar(xs, vals, color=colors, alpha=0.7)
@@ -184,19 +185,11 @@ def plot_gap(result: dict, path: Path, plt) -> bool:
     ax.axhline(1.0, color="tab:green", linestyle="--", linewidth=0.8)
     ax.axhline(0.0, color="k", linewidth=0.8)
     floor = -2.0  # far below "no prefix" the exact value matters little: clip, and print it
-    lows = [v - l for v, l in zip(vals, lo)]
     ax.set_ylim(max(floor, min(lows + [0.0]) - 0.1), max(1.25, max(v + h for v, h in zip(vals, hi)) + 0.1))
-    for x, (c, v, ci) in zip(xs, items):
-        low = ci[0] if ci and ci[0] is not None else v
+    for x, v, low in zip(xs, vals, lows):
         if low < floor:
-            ax.annotate(
-                f"{v:+.2f}\n(CI to {low:.1f})",
-                (x, floor),
-                xytext=(0, 6),
-                textcoords="offset points",
-                ha="center",
-                fontsize=7,
-            )
+            label = f"{v:+.2f}\n(CI to {low:.1f})"
+            ax.annotate(label, (x, floor), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7)
     ax.set_xticks(xs)
     ax.set_xticklabels([c for c, _, _ in items], rotation=30, ha="right")
     ax.set_ylabel("gap recovered (1 = native, 0 = no prefix)")
@@ -212,13 +205,8 @@ def plot_r2(result: dict, path: Path, plt) -> bool:
     fig, axes = plt.subplots(1, 2, figsize=(8, 4))
     for ax, kind in zip(axes, ("k", "v")):
         data = r2[kind]  # [target layers][heads]
-        im = ax.imshow(
-            [[x if x is not None else float("nan") for x in row] for row in data],
-            vmin=0,
-            vmax=1,
-            cmap="viridis",
-            aspect="auto",
-        )
+        grid = [[x if x is not None else float("nan") for x in row] for row in data]
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_title(f"held-out R², {kind.upper()}")
         ax.set_xticks(range(len(data[0]) if data else 0))
         ax.set_yticks(range(len(data)))
@@ -339,10 +327,8 @@ def write_report(result: dict, folder) -> dict:
 
 def batch_record(first: int, last: int, fields: dict) -> dict:
     """A partial-results record of one evaluated batch: per condition, each metric's batch mean."""
-    out = {"samples": [int(first), int(last)], "conditions": {}}
-    for cond, named in fields.items():
-        out["conditions"][cond] = {name: float(t.float().mean()) for name, t in named.items() if t.numel()}
-    return out
+    means = {c: {k: float(t.float().mean()) for k, t in named.items() if t.numel()} for c, named in fields.items()}
+    return {"samples": [int(first), int(last)], "conditions": means}
 
 
 __all__ = ["terminal_table", "to_json", "write_report", "markdown", "COLUMNS", "batch_record", "REPORT_KIND"]

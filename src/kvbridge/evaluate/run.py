@@ -97,7 +97,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     from kvbridge.progress import PartialLog
 
     src, tgt, s = run.source, run.target, run.settings
-    smodel, stok, tmodel, ttok = src.model, src.tokenizer, tgt.model, tgt.tokenizer
+    ttok = tgt.tokenizer
     if s.mapping is None or s.corpus is None:
         flag = "--mapping" if s.mapping is None else "--corpus"
         raise ConfigError(f"{flag} is not set", "pass EvalSettings(mapping=..., corpus=...) to evaluate a pair")
@@ -113,16 +113,14 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         allow=s.allow_overlap,
         tokenizer=ttok,
     )
-    tail, texts, overlap = ev.tail, ev.profile_texts, ev.note
-    check_same_tokens([tail], stok, ttok)
-    if overlap and warn is not None:
-        warn(overlap)
-    ids, data = corpus_samples([tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
+    check_same_tokens([ev.tail], src.tokenizer, ttok)
+    if ev.note and warn is not None:
+        warn(ev.note)
+    ids, data = corpus_samples([ev.tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    head = {"command": "eval", "source": _ref_text(src), "target": _ref_text(tgt), "mapping": s.mapping}
-    head.update(
-        corpus=str(s.corpus), samples=int(ids.shape[0]), prefix_len=s.prefix_len, continuation_len=s.continuation_len
-    )
+    refs = {"source": _ref_text(src), "target": _ref_text(tgt)}
+    head = {"command": "eval", **refs, "mapping": s.mapping, "corpus": str(s.corpus), "samples": int(ids.shape[0])}
+    head.update(prefix_len=s.prefix_len, continuation_len=s.continuation_len)
     partial = None if s.partial_file is None else PartialLog(s.partial_file, head)
     if heartbeat is not None:
         heartbeat.stage("evaluating", int(ids.shape[0]), "samples")
@@ -136,8 +134,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
 
     for cs in condition_sets:  # a condition set of a later stage (kvbridge.recompute.eval_run) instead
         if cs.wanted(s):
-            inputs = {"texts": texts, "data": data, "source": _ref_text(src), "target": _ref_text(tgt)}
-            result, written = cs.run(run, mapping, ids, inputs, progress)
+            result, written = cs.run(run, mapping, ids, {"texts": ev.profile_texts, "data": data, **refs}, progress)
             close_partial(partial, s, written)
             return EvalRun(result, written, kind=cs.name)
     if s.frontier is not None or s.recompute.active:
@@ -146,7 +143,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
             "call kvbridge.api.evaluate_pair (or kvbridge.recompute.eval_run.evaluate_run)",
         )
     result = evaluate_config(
-        (smodel, tmodel),
+        (src.model, tgt.model),
         mapping,
         ids,
         s,
@@ -160,8 +157,8 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
             "data": data,
         },
     )
-    if overlap:
-        result["notes"] = list(result.get("notes") or []) + [overlap]
+    if ev.note:
+        result["notes"] = list(result.get("notes") or []) + [ev.note]
     verdict = {"gates_passed": result.get("gates_passed"), "exit_code": result.get("exit_code")}
     return EvalRun(result, write_and_close(result, s, write_report, partial, verdict))
 

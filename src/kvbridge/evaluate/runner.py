@@ -204,16 +204,17 @@ class Prefills:
 
 
 # -- the forwards -----------------------------------------------------------------------------------
-def _greedy(model, cache, first, steps: int) -> torch.Tensor:
+def decode(model, cache, first, steps: int, pick: Callable | None = None) -> torch.Tensor:
+    """``[B, 1 + steps]``: ``first`` and the ``steps`` tokens decoded after it from ``cache`` (None: a fresh
+    one), each the argmax of the last logits or ``pick(logits [B, V]) -> [B, 1]`` (a sampler)."""
     from transformers import DynamicCache
 
     cache = DynamicCache() if cache is None else cache
-    toks, inp = [], first
+    toks = [first]
     with torch.no_grad():
         for _ in range(steps):
-            logits = model(input_ids=inp, cache=cache, use_cache=True).logits
-            inp = logits[:, -1].argmax(-1, keepdim=True)
-            toks.append(inp)
+            logits = model(input_ids=toks[-1], cache=cache, use_cache=True).logits[:, -1]
+            toks.append(logits.argmax(-1, keepdim=True) if pick is None else pick(logits))
     return torch.cat(toks, dim=1)
 
 
@@ -246,10 +247,8 @@ def _continue(model, cache, cont, steps: int | None, fresh=None, capture: bool |
     except Exception:  # a cache type without crop (sliding windows, hybrids): run greedy afresh
         ok = False
     if not ok or steps < 1:
-        return logits, _greedy(model, fresh() if fresh else None, cont[:, :1], steps), captured
-    first = logits[:, 0].argmax(-1, keepdim=True)
-    toks = torch.cat([first, _greedy(model, cache, first, steps - 1)], dim=1) if steps > 1 else first
-    return logits, toks, captured
+        return logits, decode(model, fresh() if fresh else None, cont[:, :1], steps)[:, 1:], captured
+    return logits, decode(model, cache, logits[:, 0].argmax(-1, keepdim=True), steps - 1), captured
 
 
 def capture_rows(captured: dict, b: int, rows: int) -> dict:
@@ -429,6 +428,7 @@ def context_batch(ids, timing: dict, memo: dict | None = None) -> Batch:
 
 
 __all__ = [
+    "decode",
     "run_items",
     "context_batch",
     "Batch",

@@ -119,8 +119,7 @@ class KVBridgeLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         out = []
         for req in requests:
-            context, continuation = req.args[0], req.args[1]
-            ctx, cont = self._split(context, continuation)
+            ctx, cont = self._split(req.args[0], req.args[1])
             out.append(self.answerer.loglikelihood(self.condition, ctx, [], cont))
             self.counts["loglikelihood"] += 1
         return out
@@ -141,11 +140,11 @@ class KVBridgeLM(LM):
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         out = []
         for req in requests:
-            context, kwargs = req.args[0], dict(req.args[1] or {})
+            kwargs = dict(req.args[1] or {})
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             steps = int(kwargs.get("max_gen_toks", self.max_gen_toks))
-            ctx = self._context(context)
+            ctx = self._context(req.args[0])
             out.append(self.answerer.generate(self.condition, ctx, [], max_new_tokens=steps, stop=tuple(until)))
             self.counts["generate_until"] += 1
         return out

@@ -101,9 +101,8 @@ def check_local(name: str, cfg: dict, path: Path) -> None:
     if dp in LOCAL_BUILDERS and files:
         flat = [files] if isinstance(files, str) else (list(files.values()) if isinstance(files, dict) else list(files))
         for f in flat:
-            for one in [f] if isinstance(f, str) else list(f):
-                local = Path(one) if Path(one).is_absolute() else path.parent / one
-                if "://" not in str(one) and not Path(one).exists() and not local.exists():
+            for one in [f] if isinstance(f, str) else list(f):  # relative: to the cwd or to the task's folder
+                if "://" not in str(one) and not Path(one).exists() and not (path.parent / one).exists():
                     raise HarnessError(
                         f"lm-eval task {name!r}: data file {one} not found", f"fix dataset_kwargs.data_files in {path}"
                     )

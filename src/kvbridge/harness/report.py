@@ -142,8 +142,7 @@ def plot(result: dict, path: Path) -> bool:
     if plt is None:
         return False
     conds = list(result["conditions"])
-    names = list(result["tasks"]) + (["overall"] if len(result["tasks"]) > 1 else [])
-    data = [result["tasks"][n] if n in result["tasks"] else result["overall"] for n in names]
+    names, data = zip(*_summaries(result))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) * max(1, len(conds)) / 3), 3.6))
     width = 0.8 / max(1, len(conds))
     for j, c in enumerate(conds):

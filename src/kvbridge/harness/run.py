@@ -156,8 +156,7 @@ IN_MEMORY = "(in memory)"
 
 def run_harness(source, target, mapping, tokenizer, tasks, *, host=None, progress=None, on_item=None, **settings):
     """:func:`run_tasks` on two model objects (``tokenizer``: the one they share); ``settings``: fields
-    of :class:`~kvbridge.harness.settings.HarnessSettings` (``conditions``, ``frontier``, ``sink``,
-    ``recompute_layers``, ``bootstrap``, ``seed``, ``limit``, ``allow_code_execution``, ...)."""
+    of :class:`~kvbridge.harness.settings.HarnessSettings` by name (``conditions=("target", ...)``)."""
     from kvbridge.harness.settings import HarnessSettings
     from kvbridge.run import model_run
 

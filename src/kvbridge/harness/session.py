@@ -151,13 +151,8 @@ class Session:
                     model(input_ids=self._tensor([nxt]), cache=cache, use_cache=True)
                     break
         self.state = self._state_of(cache)
-        return TurnResult(
-            name,
-            switched,
-            tuple(prompt),
-            tuple(reply),
-            torch.stack(logps) if logps else torch.zeros(0, 0, dtype=torch.float64),
-        )
+        logprobs = torch.stack(logps) if logps else torch.zeros(0, 0, dtype=torch.float64)
+        return TurnResult(name, switched, tuple(prompt), tuple(reply), logprobs)
 
 
 def compare_handoff(models: dict, tokenizer, mappings: dict, script, *, max_new_tokens: int = 16, host=None) -> dict:
