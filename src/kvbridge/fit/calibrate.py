@@ -185,7 +185,6 @@ class PairedCalibration:
         self.dist = dist  # kvbridge.fit.distributed.Context or None
         self.device = next(source_model.parameters()).device  # statistics live where the models run
         self.seconds = 0.0  # forward + feature time
-        self.tokens_run = 0
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
@@ -296,7 +295,6 @@ class PairedCalibration:
             )
         held = torch.cat([torch.full((len(p),), bool(self.held[i]), device=p.device) for i, p in zip(seq_idx, pos)])
         self.seconds += time.perf_counter() - t0
-        self.tokens_run += int(ids.numel())
         return out, held
 
     @staticmethod
@@ -360,12 +358,8 @@ class PairedCalibration:
                 self.progress(("advance", "sample", len(batch) * self.seq_len))
             if max_obs is not None and total >= max_obs:
                 break
-        feats = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        held = torch.cat(masks)
-        if max_obs is not None:
-            feats = {k: v[:max_obs] for k, v in feats.items()}
-            held = held[:max_obs]
-        return feats, held
+        feats = {k: torch.cat([p[k] for p in parts])[:max_obs] for k in parts[0]}  # [:None]: all of them
+        return feats, torch.cat(masks)[:max_obs]
 
     def describe(self) -> dict:
         return {

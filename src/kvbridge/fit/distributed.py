@@ -63,19 +63,16 @@ def setup(backend: str | None = None) -> Context | None:
     import torch
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return Context(dist.get_rank(), dist.get_world_size(), None, dist.get_backend())
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world <= 1:
-        return None
-    if not dist.is_available():
-        raise KVBridgeError(
-            "WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
-            "run a single process or install a torch with distributed support",
-        )
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend=backend)
-    return Context(dist.get_rank(), dist.get_world_size(), None, backend)
+    if not (dist.is_available() and dist.is_initialized()):
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+            return None
+        if not dist.is_available():
+            raise KVBridgeError(
+                "WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
+                "run a single process or install a torch with distributed support",
+            )
+        dist.init_process_group(backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    return Context(dist.get_rank(), dist.get_world_size(), None, dist.get_backend())
 
 
 def barrier(ctx: Context | None) -> None:

@@ -77,15 +77,13 @@ def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None
     given in Python (:func:`option_base`), under the settings' own."""
     from kvbridge.artifacts import check_replaceable
     from kvbridge.fit.artifact import KIND
+    from kvbridge.fit.keep import KIND as STATS_KIND
     from kvbridge.fit.pipeline import SWEEP_KIND, fitter_options
     from kvbridge.plugins import get_host
 
-    if settings.out is not None:
-        check_replaceable(settings.out, SWEEP_KIND if settings.sweep else KIND, overwrite=settings.overwrite)
-    if settings.keep_stats is not None:
-        from kvbridge.fit.keep import KIND as STATS_KIND
-
-        check_replaceable(settings.keep_stats, STATS_KIND, overwrite=settings.overwrite)
+    for folder, kind in ((settings.out, SWEEP_KIND if settings.sweep else KIND), (settings.keep_stats, STATS_KIND)):
+        if folder is not None:
+            check_replaceable(folder, kind, overwrite=settings.overwrite)
     values = {**(options or {}), **option_values(settings)}
     fitter = (host or get_host()).get("fitter", settings.fitter)
     checked = fitter_options(fitter, values)

@@ -141,27 +141,23 @@ class SklearnFitter:
         scores = single_layer_r2(job)
         selection = pick(scores["mean"], range(ls), k)
         del job
-        layers, r2k, r2v = [], [], []
+        layers, r2 = [], {"k": [], "v": []}  # held-out R² per target layer ([H_t], None: nothing held out)
         for t in range(lt):
             sel = torch.tensor(selection[t])
-            maps, r2s = {}, {}
+            maps = {}
             for c in ("k", "v"):
                 x = feats["x" + c].index_select(1, sel).reshape(len(held), -1).double()
                 y = feats["y" + c][:, t].reshape(len(held), -1).double()
                 est = clone(proto).fit(x[train].numpy(), y[train].numpy())
-                w, b = _linear(est, path, x.shape[1], y.shape[1])
-                maps[c] = (w, b)
+                maps[c] = _linear(est, path, x.shape[1], y.shape[1])  # (w, b)
+                r2[c].append(None)
                 if n_held:
                     pred = np.asarray(est.predict(x[held].numpy()), dtype=np.float64).reshape(n_held, -1)
                     yh = y[held].numpy()
                     err = ((yh - pred) ** 2).reshape(n_held, ht, dt).sum(axis=(0, 2))
                     tot = ((yh - yh.mean(0)) ** 2).reshape(n_held, ht, dt).sum(axis=(0, 2))
-                    r2s[c] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
-                else:
-                    r2s[c] = None
+                    r2[c][-1] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
             layers.append(LayerMap("dense", tuple(selection[t]), *(x.float() for c in "kv" for x in maps[c])))
-            r2k.append(r2s["k"])
-            r2v.append(r2s["v"])
         report = FitReport(
             fitter=self.name,
             params={
@@ -173,7 +169,7 @@ class SklearnFitter:
             },
             layer_selection=[list(s) for s in selection],
             selection_scores=scores_record(scores),
-            **heldout_fields(r2k, r2v, options.low_r2, measured=bool(n_held)),
+            **heldout_fields(r2["k"], r2["v"], options.low_r2, measured=bool(n_held)),
             alpha_chosen=None,
             observations={"train": n_train, "heldout": n_held, "features_per_head": k * fs},
         )

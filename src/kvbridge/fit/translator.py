@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from kvbridge.faults import fault_point
 from kvbridge.fit.calibrate import DEFAULT_TOP_K
 from kvbridge.fit.ridge import RidgeFitter, RidgeOptions, check_alpha, check_top_k
 from kvbridge.fit.solve import DEFAULT_ALPHA, LOW_R2, FitError
@@ -296,8 +297,6 @@ class TranslatorFitter:
         total = options.steps + options.kl_steps
         bar = Progress(total, label="translator", unit="steps", enabled=show)
         bar.update(start)
-        from kvbridge.faults import fault_point
-
         frozen = [p for p in calibration.target_model.parameters() if p.requires_grad]
         t_train = time.perf_counter()
         try:
