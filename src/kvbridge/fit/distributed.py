@@ -26,8 +26,10 @@ uninterrupted fit (same float64 statistics, same batch order).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,15 +182,11 @@ class Checkpoint:
         return path
 
     def clear(self) -> None:
-        import shutil
-
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _digest(tensors: dict, key: str, done: str, tag: str) -> str:
     """sha256 over a checkpoint's key, batch count, tag and every tensor (name, dtype, shape, bytes)."""
-    import hashlib
-
     h = hashlib.sha256(json.dumps([key, done, tag]).encode())
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -101,8 +101,6 @@ def fitter_options(fitter_obj, options=None, **values):
 
 def option_base(options) -> dict:
     """Fitter option values given in Python: an options dataclass, a mapping or ``["key=value", ...]``."""
-    from dataclasses import is_dataclass
-
     from kvbridge.fit.protocol import parse_pairs
 
     if options is None:
@@ -240,13 +238,12 @@ def sweep_folder(label) -> str:
 def write_mappings(mappings: dict, out, *, overwrite: bool = False) -> None:
     """``{None: mapping}``: one mapping folder; ``{label: mapping}``: one folder holding ``k<label>/``
     for each (written into a temporary folder and renamed into place at once)."""
+    from kvbridge.artifacts import atomic_dir
     from kvbridge.fit.artifact import save_mapping
 
     if None in mappings:
         save_mapping(mappings[None], out, force=overwrite)
         return
-    from kvbridge.artifacts import atomic_dir
-
     with atomic_dir(out, kind=SWEEP_KIND, overwrite=overwrite) as tmp:
         for label, mapping in mappings.items():
             save_mapping(mapping, Path(tmp) / sweep_folder(label))
@@ -295,19 +292,15 @@ def fit_from_stats(
     they are written (one folder, or one ``k<label>/`` per k).
     """
     from kvbridge.fit.artifact import as_identity
-    from kvbridge.fit.keep import check_models, load_statistics
+    from kvbridge.fit.keep import check_models, load_statistics, merge_statistics
     from kvbridge.fit.ridge import RidgeFitter, RidgeOptions
 
     if isinstance(folder, (list, tuple)):
         folders = list(folder)
     else:
         folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
-    if len(folders) > 1:  # kept chunks of several runs (--tokens-offset): merged into one fit
-        from kvbridge.fit.keep import merge_statistics
-
-        stats, manifest = merge_statistics(folders)
-    else:
-        stats, manifest = load_statistics(folders[0])
+    # kept chunks of several runs (--tokens-offset) are merged into one fit
+    stats, manifest = merge_statistics(folders) if len(folders) > 1 else load_statistics(folders[0])
     check_models(manifest, folders[0], source=as_identity(source, host), target=as_identity(target, host))
     params = dict(manifest.get("params") or {})
     base = RidgeOptions(
@@ -337,15 +330,13 @@ def fit_from_stats(
 def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=None) -> dict:
     """The corpus hash (:mod:`kvbridge.corpus`), a folder's split by file (``split``, a
     :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
+    from kvbridge.corpus import calibration_span, corpus_record
+
     out = {}
     if corpus_path is not None:
-        from kvbridge.corpus import corpus_record
-
         out["corpus"] = corpus_record(corpus_path, split)
         out["corpus_sha256"] = out["corpus"]["sha256"]
     if texts is not None and tokenizer is not None:
-        from kvbridge.corpus import calibration_span
-
         out["span"] = calibration_span(list(texts), tokenizer, used_tokens)
     return out
 

@@ -230,7 +230,9 @@ def plan_top_k(settings: FitSettings, source) -> int:
 def plan_fit(source, target, settings: FitSettings):
     """``kvbridge fit --plan``: the resource plan of ``settings`` from the configs alone (no weights;
     torch only with ``settings.plan_device``, to measure rates there)."""
+    from kvbridge.check.measured import measured_for, names_of
     from kvbridge.fit.plan import PlanInputs, plan
+    from kvbridge.models import resolve
 
     k = plan_top_k(settings, source)
     s, rates = settings, None
@@ -251,9 +253,6 @@ def plan_fit(source, target, settings: FitSettings):
     budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
     inputs.update(top_k=k, memory_budget=budget, rates=rates, **_plan_options(s))
     fit_plan = plan(source, target, **inputs)
-    from kvbridge.check.measured import measured_for, names_of
-    from kvbridge.models import resolve
-
     measured = measured_for(names_of(resolve(source)), names_of(resolve(target)))
     return replace(fit_plan, measured=tuple(measured)) if measured else fit_plan
 

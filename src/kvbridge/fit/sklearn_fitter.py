@@ -17,8 +17,9 @@ the sample. Single process only: the sample lives in one process's memory.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from kvbridge.fit.protocol import FitReport
@@ -68,8 +69,6 @@ def _linear(est, path: str, p: int, q: int):
             "(no pickles), so only linear regressors can be used",
             "use a linear estimator (Ridge, RidgeCV, LinearRegression, Lasso, ElasticNet, ...)",
         )
-    import numpy as np
-
     coef = np.asarray(coef, dtype=np.float64).reshape(q, p)
     intercept = np.asarray(getattr(est, "intercept_", 0.0), dtype=np.float64) * np.ones(q)
     return torch.from_numpy(coef.T.copy()), torch.from_numpy(intercept.copy())
@@ -97,7 +96,6 @@ class SklearnFitter:
     Options = SklearnOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: SklearnOptions = SklearnOptions()):
-        import numpy as np
         from sklearn.base import clone
 
         from kvbridge.fit.mapping import FittedMapping, LayerMap
@@ -160,13 +158,7 @@ class SklearnFitter:
             layers.append(LayerMap("dense", tuple(selection[t]), *(x.float() for c in "kv" for x in maps[c])))
         report = FitReport(
             fitter=self.name,
-            params={
-                "top_k": k,
-                "estimator": path,
-                "estimator_options": est_options,
-                "max_samples": options.max_samples,
-                "low_r2": options.low_r2,
-            },
+            params={**asdict(options), "top_k": k, "estimator": path, "estimator_options": est_options},
             layer_selection=[list(s) for s in selection],
             selection_scores=scores_record(scores),
             **heldout_fields(r2["k"], r2["v"], options.low_r2, measured=bool(n_held)),
