@@ -321,9 +321,7 @@ class PairedCalibration:
         one; all-reduces across ranks at the end (when distributed).
         """
         batches = self.batches()
-        done = 0
-        if self.checkpoint is not None:
-            done = self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
+        done = 0 if self.checkpoint is None else self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
         progress = self.progress if self.progress is not None else (lambda event: None)
         progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
         attention = any(getattr(job, "needs_attention", False) for job in jobs)

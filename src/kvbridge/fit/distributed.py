@@ -131,8 +131,7 @@ class Checkpoint:
                 f"{str(want)[:12]}...): it is corrupt or was modified",
                 f"delete {self.folder} and start afresh",
             )
-        saved = json.loads(meta.get("key", "{}"))
-        diff = _first_diff(saved, self.key)
+        diff = _first_diff(json.loads(meta.get("key", "{}")), self.key)
         if diff is not None:
             name, was, now = diff
             raise CheckpointError(

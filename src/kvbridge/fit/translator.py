@@ -277,8 +277,7 @@ class TranslatorFitter:
         train, held = data.train_index, data.held_index
         if len(train) == 0:
             raise FitError("the translator needs training sequences (all are held out)", "lower --heldout")
-        out_dim = target_spec.num_kv_heads * target_spec.head_dim
-        params, fixed = init_params(data, options, out_dim)
+        params, fixed = init_params(data, options, target_spec.num_kv_heads * target_spec.head_dim)
         kind = options.kind
         opt = AdamW([t.requires_grad_(True) for t in _flat(params)], options.lr, options.weight_decay)
         key = _run_key(options, data, ridge)
