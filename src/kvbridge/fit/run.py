@@ -251,16 +251,12 @@ def plan_fit(source, target, settings: FitSettings):
         )
     inputs = same_named(PlanInputs, s)  # fitter, seq_len, stride, ...
     budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
-    inputs.update(top_k=k, memory_budget=budget, rates=rates, **_plan_options(s))
+    inputs.update(top_k=k, memory_budget=budget, rates=rates)
+    opts = dict(o.split("=", 1) for o in s.fitter_options if "=" in o)  # the ridge options the plan depends on
+    inputs.update({o: opts[o] for o in ("support", "weighting", "gram_dtype") if o in opts})
     fit_plan = plan(source, target, **inputs)
     measured = measured_for(names_of(resolve(source)), names_of(resolve(target)))
     return replace(fit_plan, measured=tuple(measured)) if measured else fit_plan
-
-
-def _plan_options(settings: FitSettings) -> dict:
-    """The ridge options the plan depends on (``-o support=``, ``-o weighting=``, ``-o gram_dtype=``)."""
-    opts = dict(o.split("=", 1) for o in settings.fitter_options if "=" in o)
-    return {k: opts[k] for k in ("support", "weighting", "gram_dtype") if k in opts}
 
 
 def refit(source, target, settings: FitSettings, *, host=None):
