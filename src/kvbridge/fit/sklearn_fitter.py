@@ -16,7 +16,6 @@ the sample. Single process only: the sample lives in one process's memory.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -32,18 +31,14 @@ DEFAULT_MAX_SAMPLES = 100_000
 
 
 def load_estimator(path: str, options):
+    from kvbridge.check.validate import parse_json
     from kvbridge.plugin_types import load_object
 
     if ":" not in str(path):
         raise FitError(f"--estimator {path!r} must be 'module:Class'", "use e.g. sklearn.linear_model:RidgeCV")
-    if isinstance(options, str):
-        try:
-            options = json.loads(options) if options.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise FitError(
-                f"--estimator-options is not valid JSON ({exc.msg} at column {exc.colno})",
-                "pass a JSON object, e.g. '{\"alpha\": 0.01}'",
-            ) from None
+    if isinstance(options, str):  # one-line errors naming the option (invalid or too deeply nested JSON)
+        what = "JSON object, e.g. '{\"alpha\": 0.01}'"
+        options = parse_json(options, "--estimator-options", what=what, error=FitError) if options.strip() else {}
     if not isinstance(options, dict):
         raise FitError(
             f"--estimator-options must be a JSON object, got {type(options).__name__}", "pass e.g. '{\"alpha\": 0.01}'"
