@@ -122,9 +122,8 @@ def execute(run, job, *, progress: Callable | None = None, distributed: Any = "a
     if s.out is not None:
         check_replaceable(s.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=s.overwrite)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
-    if s.out is None or (ctx is not None and not ctx.is_main):
-        return _execute(run, job, progress, ctx)
-    with output_lock(s.out):
+    writes = s.out is not None and (ctx is None or ctx.is_main)
+    with output_lock(s.out) if writes else nullcontext():
         return _execute(run, job, progress, ctx)
 
 
