@@ -198,8 +198,7 @@ class PairedCalibration:
     def positions_of(self, i: int):
         import torch
 
-        start = self.config.skip + int(self.offsets[i])
-        return torch.arange(start, self.seq_len, self.config.stride)
+        return torch.arange(self.config.skip + int(self.offsets[i]), self.seq_len, self.config.stride)
 
     def observations(self, split: str = "train") -> int:
         """Observations per (layer, head) in a split over all sequences (all ranks)."""
@@ -338,8 +337,7 @@ class PairedCalibration:
         if self.dist is not None and self.world > 1:
             from kvbridge.fit.stats import all_reduce
 
-            stats = [s for job in jobs for s in job.all_stats()]
-            all_reduce(stats, group=self.dist.group)
+            all_reduce([s for job in jobs for s in job.all_stats()], group=self.dist.group)
         return jobs
 
     def sample(self, max_obs: int | None = None) -> tuple[dict, Any]:

@@ -281,11 +281,10 @@ def refit(source, target, settings: FitSettings, *, host=None):
         )
     check_replaceable(s.out, SWEEP_KIND if s.sweep else KIND, overwrite=s.overwrite)
     idents = [model_identity(resolve(ref, host=host).config) for ref in (source, target)]  # configs only
-    top_k = ",".join(map(str, s.top_k)) if s.sweep else s.top_k
     return fit_from_stats(
         s.from_stats,
         out=s.out,
-        top_k=top_k,
+        top_k=",".join(map(str, s.top_k)) if s.sweep else s.top_k,
         alpha=s.alpha,
         source=idents[0],
         target=idents[1],
