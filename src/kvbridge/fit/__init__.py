@@ -50,10 +50,9 @@ def __getattr__(name):
     if name == "transfer":
         return transfer_state
     if name in _LAZY:
-        import importlib
+        from kvbridge.plugin_types import load_object
 
-        module, _, attr = _LAZY[name].partition(":")
-        return getattr(importlib.import_module(module), attr) if attr else importlib.import_module(module)
+        return load_object(_LAZY[name])
     raise AttributeError(f"module 'kvbridge.fit' has no attribute {name!r}")
 
 

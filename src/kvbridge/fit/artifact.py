@@ -197,14 +197,14 @@ def load_mapping(
     manifest is refused naming the field (a warning with ``force=True``).
     """
     from kvbridge.artifacts import check_kind, read_artifact
+    from kvbridge.check.validate import tensors_match
     from kvbridge.fit.mapping import FittedMapping
+    from kvbridge.fit.protocol import FitReport
 
     manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
     where = Path(folder) / "manifest.json"
     check_kind(manifest, KIND, SCHEMA_VERSION, where, "kvbridge mapping", "pass a folder written by `kvbridge fit`")
     validate(manifest)
-    from kvbridge.check.validate import tensors_match
-
     # the checksum says the file is the one the manifest names; this says they agree (dtype of every
     # tensor; shapes are checked against the specs by FittedMapping.from_tensors)
     tensors_match(
@@ -220,8 +220,6 @@ def load_mapping(
     )
     if idents["target"] is not None:  # the target dtype of the model at hand decides the output dtype
         target_spec = target_spec.with_dtype(idents["target"]["dtype"])
-    from kvbridge.fit.protocol import FitReport
-
     fitter = {"fitter": manifest["fitter"]["name"], "params": manifest["fitter"].get("params") or {}}
     report = FitReport.from_dict({**manifest, **fitter})  # the report's fields the manifest records
     mode = manifest.get("mode", "dense")

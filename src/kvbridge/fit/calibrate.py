@@ -185,7 +185,6 @@ class PairedCalibration:
         self.dist = dist  # kvbridge.fit.distributed.Context or None
         self.device = next(source_model.parameters()).device  # statistics live where the models run
         self.seconds = 0.0  # forward + feature time
-        self.tokens_run = 0
 
     # -- sizes ------------------------------------------------------------------------------------
     @property
@@ -199,8 +198,7 @@ class PairedCalibration:
     def positions_of(self, i: int):
         import torch
 
-        start = self.config.skip + int(self.offsets[i])
-        return torch.arange(start, self.seq_len, self.config.stride)
+        return torch.arange(self.config.skip + int(self.offsets[i]), self.seq_len, self.config.stride)
 
     def observations(self, split: str = "train") -> int:
         """Observations per (layer, head) in a split over all sequences (all ranks)."""
@@ -296,7 +294,6 @@ class PairedCalibration:
             )
         held = torch.cat([torch.full((len(p),), bool(self.held[i]), device=p.device) for i, p in zip(seq_idx, pos)])
         self.seconds += time.perf_counter() - t0
-        self.tokens_run += int(ids.numel())
         return out, held
 
     @staticmethod
@@ -323,9 +320,7 @@ class PairedCalibration:
         one; all-reduces across ranks at the end (when distributed).
         """
         batches = self.batches()
-        done = 0
-        if self.checkpoint is not None:
-            done = self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
+        done = 0 if self.checkpoint is None else self.checkpoint.restore(tag, jobs, rank=self.rank, world=self.world)
         progress = self.progress if self.progress is not None else (lambda event: None)
         progress(("start", tag, sum(len(b) for b in batches[done:]) * self.seq_len))
         attention = any(getattr(job, "needs_attention", False) for job in jobs)
@@ -342,8 +337,7 @@ class PairedCalibration:
         if self.dist is not None and self.world > 1:
             from kvbridge.fit.stats import all_reduce
 
-            stats = [s for job in jobs for s in job.all_stats()]
-            all_reduce(stats, group=self.dist.group)
+            all_reduce([s for job in jobs for s in job.all_stats()], group=self.dist.group)
         return jobs
 
     def sample(self, max_obs: int | None = None) -> tuple[dict, Any]:
@@ -360,12 +354,8 @@ class PairedCalibration:
                 self.progress(("advance", "sample", len(batch) * self.seq_len))
             if max_obs is not None and total >= max_obs:
                 break
-        feats = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        held = torch.cat(masks)
-        if max_obs is not None:
-            feats = {k: v[:max_obs] for k, v in feats.items()}
-            held = held[:max_obs]
-        return feats, held
+        feats = {k: torch.cat([p[k] for p in parts])[:max_obs] for k in parts[0]}  # [:None]: all of them
+        return feats, torch.cat(masks)[:max_obs]
 
     def describe(self) -> dict:
         return {

@@ -26,8 +26,10 @@ uninterrupted fit (same float64 statistics, same batch order).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,19 +65,16 @@ def setup(backend: str | None = None) -> Context | None:
     import torch
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return Context(dist.get_rank(), dist.get_world_size(), None, dist.get_backend())
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world <= 1:
-        return None
-    if not dist.is_available():
-        raise KVBridgeError(
-            "WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
-            "run a single process or install a torch with distributed support",
-        )
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend=backend)
-    return Context(dist.get_rank(), dist.get_world_size(), None, backend)
+    if not (dist.is_available() and dist.is_initialized()):
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+            return None
+        if not dist.is_available():
+            raise KVBridgeError(
+                "WORLD_SIZE > 1 but torch.distributed is not available in this torch build",
+                "run a single process or install a torch with distributed support",
+            )
+        dist.init_process_group(backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    return Context(dist.get_rank(), dist.get_world_size(), None, dist.get_backend())
 
 
 def barrier(ctx: Context | None) -> None:
@@ -132,8 +131,7 @@ class Checkpoint:
                 f"{str(want)[:12]}...): it is corrupt or was modified",
                 f"delete {self.folder} and start afresh",
             )
-        saved = json.loads(meta.get("key", "{}"))
-        diff = _first_diff(saved, self.key)
+        diff = _first_diff(json.loads(meta.get("key", "{}")), self.key)
         if diff is not None:
             name, was, now = diff
             raise CheckpointError(
@@ -183,15 +181,11 @@ class Checkpoint:
         return path
 
     def clear(self) -> None:
-        import shutil
-
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _digest(tensors: dict, key: str, done: str, tag: str) -> str:
     """sha256 over a checkpoint's key, batch count, tag and every tensor (name, dtype, shape, bytes)."""
-    import hashlib
-
     h = hashlib.sha256(json.dumps([key, done, tag]).encode())
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()

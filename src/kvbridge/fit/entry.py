@@ -8,6 +8,7 @@ References, loaded models, a pair or model objects given in Python are made into
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from kvbridge.errors import ConfigError, did_you_mean
 from kvbridge.fit.run import fit_run, prepare, same_named
@@ -85,8 +86,6 @@ def _legacy_names(fields: dict) -> tuple:
     given = {k: fields.pop(k) for k in keys if k in fields}
     if not given:
         return ("", ""), (None, None)
-    import warnings
-
     warnings.warn(
         "fit(provenance=, source_name=, target_name=, source_revision=, target_revision=) is deprecated: name "
         "model objects with kvbridge.run.model_run(source, target, settings, names=(SOURCE, TARGET), "

@@ -24,6 +24,7 @@ approximate by nature: ``exact`` is False, so transferred states are marked ``ap
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,9 +36,6 @@ from kvbridge.spec import ModelSpec
 from kvbridge.transfer import content_geometry as geometry
 
 MODES = ("dense", "headwise")
-#: tokens per GEMM of the dense map: the gathered features and the result of one chunk stay in
-#: cache between the copies and the GEMM (256 x 4 x 128 float32 = 512 KiB), the GEMM stays large
-CHUNK = 256
 #: the dense map runs in blocks of this many tokens (of one batch row) per target layer: the block's
 #: selected source features (2,048 tokens x top-k 4 x 2 x 64 float32 = 4 MiB) are copied into a reused
 #: buffer and read back from cache by the GEMM that follows, instead of a whole target layer's
@@ -146,51 +144,30 @@ class FittedMapping:
         for a caller that consumes each result before the next call, as the token blocks of
         :func:`kvbridge.transfer.transfer` do). Without it every call returns fresh tensors.
 
-        Per target layer and batch row: the selected source features copied into a reused
-        buffer, one GEMM with the bias fused into a reused scratch tensor (dense: ``addmm``;
-        headwise: ``baddbmm`` over the target heads), one copy into the target layout
-        ``[H_t, T, D_t]`` and dtype. No weight copies; no allocation but the outputs.
+        Dense: :meth:`_map_dense`. Headwise, per target layer and batch row: the selected source
+        heads copied into a reused buffer, one ``baddbmm`` over the target heads with the bias fused
+        (through a float32 scratch tensor for another ``dtype``). No weight copies; no allocation but
+        the outputs.
         """
         if self.mode == "dense":
             return self._map_dense(keys, values, dtype, work)
-        _, hs, ds = geometry(self.source_spec)
+        _, _, ds = geometry(self.source_spec)
         b, _, t, _ = keys[0].shape
         device = keys[0].device
         ht, dt = self.target_spec.num_kv_heads, self.target_spec.head_dim
-        plan = self._plan(device)
-        headwise = self.mode == "headwise"
+        # float32 results of a non-float32 target go through a scratch tensor
+        scratch = None if dtype == torch.float32 else torch.empty(ht, t, dt, dtype=torch.float32, device=device)
+        buf = torch.empty(ht, t, ds, dtype=torch.float32, device=device)  # [H_t, T, D_s], reused
         out_k, out_v = [], []
         for name, tensors, out in (("k", keys, out_k), ("v", values, out_v)):
-            bufs: dict = {}
-            if headwise:  # float32 results of a non-float32 target go through a scratch tensor
-                scratch = None if dtype == torch.float32 else torch.empty(ht, t, dt, dtype=torch.float32, device=device)
-            else:  # [T, H_t·D_t]: one GEMM, then one copy into the target layout (and dtype)
-                scratch = torch.empty(min(t, CHUNK), ht * dt, dtype=torch.float32, device=device)
-            for sources, w, bias in plan[
-                name
-            ]:  # dense: w [F, H_t·D_t], bias [H_t·D_t]; headwise: [H_t, D_s, D_t], [H_t, 1, D_t]
+            for sources, w, bias in self._plan(device)[name]:  # w [H_t, D_s, D_t], bias [H_t, 1, D_t]
                 y = torch.empty(b, ht, t, dt, dtype=dtype, device=device)
-                buf = bufs.get(len(sources))
-                if buf is None:  # dense: [T, k, H_s·D_s]; headwise: [H_t, T, D_s]
-                    shape = (ht, t, ds) if headwise else (min(t, CHUNK), len(sources), hs * ds)
-                    buf = bufs[len(sources)] = torch.empty(shape, dtype=torch.float32, device=device)
-                for r in range(b):
-                    # gather the selected source features straight from the source tensors (float32)
-                    if headwise:  # target head h reads its own source head
-                        for j, (layer, head) in enumerate(sources):
-                            buf[j].copy_(tensors[layer][r, head])
-                        torch.baddbmm(bias, buf, w, out=y[r] if scratch is None else scratch)
-                        if scratch is not None:
-                            y[r].copy_(scratch)
-                    else:  # every target head reads all the selected features; token chunks keep the
-                        # gathered features and the GEMM result in cache between the copies and the GEMM
-                        for a in range(0, t, CHUNK):
-                            e = min(t, a + CHUNK)
-                            xb, sb = buf[: e - a], scratch[: e - a]
-                            for j, layer in enumerate(sources):
-                                xb[:, j].view(e - a, hs, ds).copy_(tensors[layer][r, :, a:e].transpose(0, 1))
-                            torch.addmm(bias, xb.view(e - a, -1), w, out=sb)
-                            y[r, :, a:e].copy_(sb.view(e - a, ht, dt).transpose(0, 1))
+                for r in range(b):  # target head h reads its own source head (float32, straight from the source)
+                    for j, (layer, head) in enumerate(sources):
+                        buf[j].copy_(tensors[layer][r, head])
+                    torch.baddbmm(bias, buf, w, out=y[r] if scratch is None else scratch)
+                    if scratch is not None:
+                        y[r].copy_(scratch)
                 out.append(y)
         return out_k, out_v
 
@@ -229,9 +206,7 @@ class FittedMapping:
             # :func:`populate`), or the front of the caller's buffer of that role
             if work is None:
                 return populate(fresh(shape, dtype=dt, device=device))
-            n = 1
-            for d in shape:
-                n *= d
+            n = math.prod(shape)
             t_ = work.get(key)
             if t_ is None or t_.numel() < n or t_.dtype != dt or t_.device != torch.device(device):
                 t_ = work[key] = populate(fresh((n,), dtype=dt, device=device))
@@ -305,7 +280,7 @@ class FittedMapping:
         return cache[key]
 
     def _plan(self, device) -> dict:
-        """Per target layer ``(sources, W, bias)`` on ``device`` (headwise bias as [H_t, 1, D_t]), cached."""
+        """Per target layer of a headwise map ``(sources, W, bias [H_t, 1, D_t])`` on ``device``, cached."""
         cache = self.__dict__.setdefault("_plans", {})
         key = (str(device), tuple(id(getattr(lm, n)) for lm in self.layers for n in ("wk", "bk", "wv", "bv")))
         if key not in cache:
@@ -315,7 +290,7 @@ class FittedMapping:
             for lm in self.layers:
                 lm = lm if lm.wk.device == torch.device(device) else lm.to(device=device)
                 for name, w, bias in (("k", lm.wk, lm.bk), ("v", lm.wv, lm.bv)):
-                    plan[name].append((lm.sources, w, bias if lm.mode == "dense" else bias.reshape(ht, 1, dt)))
+                    plan[name].append((lm.sources, w, bias.reshape(ht, 1, dt)))
             cache[key] = plan
         return cache[key]
 

@@ -9,7 +9,8 @@ source + target models, calibration data (token ids, texts or a corpus path)
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict
+from contextlib import nullcontext
+from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,12 +24,10 @@ def sweep_labels(top_k, layers: int | None) -> list:
     from kvbridge.check import validate as v
 
     parsed = parse_top_k(top_k)
-    labels = []
-    for val in parsed if isinstance(parsed, list) else [parsed]:
-        if val == "all" and layers is None:
-            raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
-        labels.append((str(val), layers if val == "all" else v.top_k(int(val), layers)))
-    return labels
+    values = parsed if isinstance(parsed, list) else [parsed]
+    if "all" in values and layers is None:
+        raise FitError("--top-k all needs the source model's layer count", "give numbers instead")
+    return [(str(val), layers if val == "all" else v.top_k(int(val), layers)) for val in values]
 
 
 def prepare_sequences(
@@ -102,8 +101,6 @@ def fitter_options(fitter_obj, options=None, **values):
 
 def option_base(options) -> dict:
     """Fitter option values given in Python: an options dataclass, a mapping or ``["key=value", ...]``."""
-    from dataclasses import is_dataclass
-
     from kvbridge.fit.protocol import parse_pairs
 
     if options is None:
@@ -125,9 +122,8 @@ def execute(run, job, *, progress: Callable | None = None, distributed: Any = "a
     if s.out is not None:
         check_replaceable(s.out, SWEEP_KIND if job.sweep is not None else KIND, overwrite=s.overwrite)
     ctx = dist_mod.setup() if distributed == "auto" else distributed
-    if s.out is None or (ctx is not None and not ctx.is_main):
-        return _execute(run, job, progress, ctx)
-    with output_lock(s.out):
+    writes = s.out is not None and (ctx is None or ctx.is_main)
+    with output_lock(s.out) if writes else nullcontext():
         return _execute(run, job, progress, ctx)
 
 
@@ -136,8 +132,10 @@ def _execute(run, job, progress, ctx):
     pass), the manifests, and the write."""
     import torch
 
+    from kvbridge.artifacts import atomic_dir
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
+    from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
 
     s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.fitter, job.sweep
     out = s.out
@@ -147,22 +145,21 @@ def _execute(run, job, progress, ctx):
     )
     source_id, target_id = identity(run, "source"), identity(run, "target")
     token_sha = hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()  # the ids, hashed once
-    params = {"fitter": s.fitter, **asdict(opts)}
+    params, world = {"fitter": s.fitter, **asdict(opts)}, ctx.world if ctx else 1
     checkpoint = None
-    # resumable state is kept only when asked for (--resume), in .<out>.fitstate/ beside --out
-    ck_dir = dist_mod.default_checkpoint_dir(out) if out is not None and s.resume else None
-    if ck_dir is not None:
+    if s.resume:  # resumable state is kept only when asked for, in .<out>.fitstate/ beside --out
+        if out is None:
+            raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
             "target": [target_id["config_fingerprint"], target_id["weights_fingerprint"]],
             "token_ids_sha256": token_sha,
             "calibration": asdict(config),
             "params": params,
-            "world": ctx.world if ctx else 1,
+            "world": world,
         }
-        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=s.resume, every_s=job.checkpoint_every)
-    elif s.resume:
-        raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
+        ck_dir = dist_mod.default_checkpoint_dir(out)
+        checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=True, every_s=job.checkpoint_every)
     cal = PairedCalibration(
         run.source.model,
         run.target.model,
@@ -177,7 +174,7 @@ def _execute(run, job, progress, ctx):
         **cal.describe(),
         "corpus_sha256": job.corpus_sha256 or sha,
         "token_ids_sha256": token_sha,
-        "world_size": ctx.world if ctx else 1,
+        "world_size": world,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
     used = int(seqs.numel()) + config.offset
@@ -189,11 +186,6 @@ def _execute(run, job, progress, ctx):
             f"the {s.fitter} fitter cannot {'sweep --top-k' if sweep is not None else 'keep statistics'}",
             "use --fitter ridge, or one --top-k and no --keep-stats",
         )
-    from contextlib import nullcontext
-
-    from kvbridge.artifacts import atomic_dir
-    from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
-
     keep_ctx = atomic_dir(s.keep_stats, kind=STATS_KIND, overwrite=s.overwrite) if keeping else nullcontext()
     with torch.no_grad(), keep_ctx as keep_tmp:
         base = {"source": source_id, "target": target_id, "tokenizer": fingerprint, "calibration": calib}
@@ -245,13 +237,12 @@ def sweep_folder(label) -> str:
 def write_mappings(mappings: dict, out, *, overwrite: bool = False) -> None:
     """``{None: mapping}``: one mapping folder; ``{label: mapping}``: one folder holding ``k<label>/``
     for each (written into a temporary folder and renamed into place at once)."""
+    from kvbridge.artifacts import atomic_dir
     from kvbridge.fit.artifact import save_mapping
 
     if None in mappings:
         save_mapping(mappings[None], out, force=overwrite)
         return
-    from kvbridge.artifacts import atomic_dir
-
     with atomic_dir(out, kind=SWEEP_KIND, overwrite=overwrite) as tmp:
         for label, mapping in mappings.items():
             save_mapping(mapping, Path(tmp) / sweep_folder(label))
@@ -269,15 +260,13 @@ def finish_mapping(mapping, *, source: dict, target: dict, tokenizer: dict | Non
         calib["features_per_head"], calib["observations_per_feature"] = int(feats), round(ratio, 3)
         calib["min_observations_per_feature"] = MIN_OBS_PER_FEATURE
         if ratio < MIN_OBS_PER_FEATURE:
-            import dataclasses
-
             warn = (
                 f"only {ratio:.1f} training observations per feature ({calib['observations_train']} per target "
                 f"head for {feats} features; at least {MIN_OBS_PER_FEATURE} recommended): held-out R² will be "
                 f"low and seed-dependent; calibrate on more --tokens, a smaller --stride or --top-k, or "
                 f"ridge-headwise"
             )
-            mapping.report = dataclasses.replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
+            mapping.report = replace(mapping.report, warnings=tuple(mapping.report.warnings) + (warn,))
     mapping.manifest = build_manifest(mapping, source=source, target=target, tokenizer=tokenizer, calibration=calib)
 
 
@@ -302,19 +291,15 @@ def fit_from_stats(
     they are written (one folder, or one ``k<label>/`` per k).
     """
     from kvbridge.fit.artifact import as_identity
-    from kvbridge.fit.keep import check_models, load_statistics
+    from kvbridge.fit.keep import check_models, load_statistics, merge_statistics
     from kvbridge.fit.ridge import RidgeFitter, RidgeOptions
 
     if isinstance(folder, (list, tuple)):
         folders = list(folder)
     else:
         folders = [f for f in (folder.split(",") if isinstance(folder, str) else [folder]) if str(f).strip()]
-    if len(folders) > 1:  # kept chunks of several runs (--tokens-offset): merged into one fit
-        from kvbridge.fit.keep import merge_statistics
-
-        stats, manifest = merge_statistics(folders)
-    else:
-        stats, manifest = load_statistics(folders[0])
+    # kept chunks of several runs (--tokens-offset) are merged into one fit
+    stats, manifest = merge_statistics(folders) if len(folders) > 1 else load_statistics(folders[0])
     check_models(manifest, folders[0], source=as_identity(source, host), target=as_identity(target, host))
     params = dict(manifest.get("params") or {})
     base = RidgeOptions(
@@ -344,15 +329,13 @@ def fit_from_stats(
 def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=None) -> dict:
     """The corpus hash (:mod:`kvbridge.corpus`), a folder's split by file (``split``, a
     :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
+    from kvbridge.corpus import calibration_span, corpus_record
+
     out = {}
     if corpus_path is not None:
-        from kvbridge.corpus import corpus_record
-
         out["corpus"] = corpus_record(corpus_path, split)
         out["corpus_sha256"] = out["corpus"]["sha256"]
     if texts is not None and tokenizer is not None:
-        from kvbridge.corpus import calibration_span
-
         out["span"] = calibration_span(list(texts), tokenizer, used_tokens)
     return out
 

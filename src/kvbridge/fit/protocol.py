@@ -68,9 +68,7 @@ class FitReport:
     training: dict = field(default_factory=dict)  # a trained fitter's losses (before/after, held-out)
 
     def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["warnings"] = list(self.warnings)
-        return out
+        return {**dataclasses.asdict(self), "warnings": list(self.warnings)}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "FitReport":

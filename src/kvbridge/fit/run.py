@@ -77,15 +77,13 @@ def prepare(settings: FitSettings, *, data=None, host=None, options: dict | None
     given in Python (:func:`option_base`), under the settings' own."""
     from kvbridge.artifacts import check_replaceable
     from kvbridge.fit.artifact import KIND
+    from kvbridge.fit.keep import KIND as STATS_KIND
     from kvbridge.fit.pipeline import SWEEP_KIND, fitter_options
     from kvbridge.plugins import get_host
 
-    if settings.out is not None:
-        check_replaceable(settings.out, SWEEP_KIND if settings.sweep else KIND, overwrite=settings.overwrite)
-    if settings.keep_stats is not None:
-        from kvbridge.fit.keep import KIND as STATS_KIND
-
-        check_replaceable(settings.keep_stats, STATS_KIND, overwrite=settings.overwrite)
+    for folder, kind in ((settings.out, SWEEP_KIND if settings.sweep else KIND), (settings.keep_stats, STATS_KIND)):
+        if folder is not None:
+            check_replaceable(folder, kind, overwrite=settings.overwrite)
     values = {**(options or {}), **option_values(settings)}
     fitter = (host or get_host()).get("fitter", settings.fitter)
     checked = fitter_options(fitter, values)
@@ -232,7 +230,9 @@ def plan_top_k(settings: FitSettings, source) -> int:
 def plan_fit(source, target, settings: FitSettings):
     """``kvbridge fit --plan``: the resource plan of ``settings`` from the configs alone (no weights;
     torch only with ``settings.plan_device``, to measure rates there)."""
+    from kvbridge.check.measured import measured_for, names_of
     from kvbridge.fit.plan import PlanInputs, plan
+    from kvbridge.models import resolve
 
     k = plan_top_k(settings, source)
     s, rates = settings, None
@@ -251,19 +251,12 @@ def plan_fit(source, target, settings: FitSettings):
         )
     inputs = same_named(PlanInputs, s)  # fitter, seq_len, stride, ...
     budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
-    inputs.update(top_k=k, memory_budget=budget, rates=rates, **_plan_options(s))
+    inputs.update(top_k=k, memory_budget=budget, rates=rates)
+    opts = dict(o.split("=", 1) for o in s.fitter_options if "=" in o)  # the ridge options the plan depends on
+    inputs.update({o: opts[o] for o in ("support", "weighting", "gram_dtype") if o in opts})
     fit_plan = plan(source, target, **inputs)
-    from kvbridge.check.measured import measured_for, names_of
-    from kvbridge.models import resolve
-
     measured = measured_for(names_of(resolve(source)), names_of(resolve(target)))
     return replace(fit_plan, measured=tuple(measured)) if measured else fit_plan
-
-
-def _plan_options(settings: FitSettings) -> dict:
-    """The ridge options the plan depends on (``-o support=``, ``-o weighting=``, ``-o gram_dtype=``)."""
-    opts = dict(o.split("=", 1) for o in settings.fitter_options if "=" in o)
-    return {k: opts[k] for k in ("support", "weighting", "gram_dtype") if k in opts}
 
 
 def refit(source, target, settings: FitSettings, *, host=None):
@@ -288,11 +281,10 @@ def refit(source, target, settings: FitSettings, *, host=None):
         )
     check_replaceable(s.out, SWEEP_KIND if s.sweep else KIND, overwrite=s.overwrite)
     idents = [model_identity(resolve(ref, host=host).config) for ref in (source, target)]  # configs only
-    top_k = ",".join(map(str, s.top_k)) if s.sweep else s.top_k
     return fit_from_stats(
         s.from_stats,
         out=s.out,
-        top_k=top_k,
+        top_k=",".join(map(str, s.top_k)) if s.sweep else s.top_k,
         alpha=s.alpha,
         source=idents[0],
         target=idents[1],

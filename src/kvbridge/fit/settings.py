@@ -81,16 +81,11 @@ def _options(value) -> tuple:
 
 @dataclass(frozen=True)
 class FitSettings:
-    """Every ``kvbridge fit`` option (see ``kvbridge fit --help``). ``corpus``: calibration text (file,
-    JSONL, folder; ``corpus_heldout`` of a folder's files, or the last ``corpus_heldout`` of a file's
-    text, is held out for eval and not read; 0: none); ``out``: the mapping
-    folder (None: return the mapping unwritten; the command requires it); ``fitter`` and its
-    ``fitter_options`` (``-o key=value``; ``top_k``, ``alpha``, ``estimator``, ``estimator_options``,
-    ``max_samples`` and ``memory_gib`` are shortcuts for them, applied only when given); ``top_k``
-    may be a tuple (a k sweep). ``seq_len``, ``tokens``, ``stride``, ``skip``, ``heldout``, ``seed``,
-    ``batch_size``: the calibration. ``dtype``: the models are loaded (and planned) in it.
-    ``keep_stats`` / ``from_stats``: write / solve from kept statistics; ``plan``: the resource plan
-    only (``device_flops``, ``plan_device``: its time estimate). ``quiet``: no progress bars."""
+    """Every ``kvbridge fit`` option, one field each (its help is the option's, ``kvbridge fit --help``).
+    ``out`` None: the mapping is returned unwritten (the command requires it). ``top_k``, ``alpha``,
+    ``estimator``, ``estimator_options``, ``max_samples`` and ``memory_gib`` are shortcuts for
+    ``fitter_options`` (``-o key=value``), applied only when given; ``top_k`` may be a tuple (a k sweep).
+    ``dtype``: the models are loaded (and planned) in it."""
 
     corpus: str | None = option(
         None,

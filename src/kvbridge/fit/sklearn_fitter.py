@@ -16,9 +16,9 @@ the sample. Single process only: the sample lives in one process's memory.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from kvbridge.fit.protocol import FitReport
@@ -31,18 +31,14 @@ DEFAULT_MAX_SAMPLES = 100_000
 
 
 def load_estimator(path: str, options):
+    from kvbridge.check.validate import parse_json
     from kvbridge.plugin_types import load_object
 
     if ":" not in str(path):
         raise FitError(f"--estimator {path!r} must be 'module:Class'", "use e.g. sklearn.linear_model:RidgeCV")
-    if isinstance(options, str):
-        try:
-            options = json.loads(options) if options.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise FitError(
-                f"--estimator-options is not valid JSON ({exc.msg} at column {exc.colno})",
-                "pass a JSON object, e.g. '{\"alpha\": 0.01}'",
-            ) from None
+    if isinstance(options, str):  # one-line errors naming the option (invalid or too deeply nested JSON)
+        what = "JSON object, e.g. '{\"alpha\": 0.01}'"
+        options = parse_json(options, "--estimator-options", what=what, error=FitError) if options.strip() else {}
     if not isinstance(options, dict):
         raise FitError(
             f"--estimator-options must be a JSON object, got {type(options).__name__}", "pass e.g. '{\"alpha\": 0.01}'"
@@ -68,8 +64,6 @@ def _linear(est, path: str, p: int, q: int):
             "(no pickles), so only linear regressors can be used",
             "use a linear estimator (Ridge, RidgeCV, LinearRegression, Lasso, ElasticNet, ...)",
         )
-    import numpy as np
-
     coef = np.asarray(coef, dtype=np.float64).reshape(q, p)
     intercept = np.asarray(getattr(est, "intercept_", 0.0), dtype=np.float64) * np.ones(q)
     return torch.from_numpy(coef.T.copy()), torch.from_numpy(intercept.copy())
@@ -97,7 +91,6 @@ class SklearnFitter:
     Options = SklearnOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: SklearnOptions = SklearnOptions()):
-        import numpy as np
         from sklearn.base import clone
 
         from kvbridge.fit.mapping import FittedMapping, LayerMap
@@ -141,39 +134,29 @@ class SklearnFitter:
         scores = single_layer_r2(job)
         selection = pick(scores["mean"], range(ls), k)
         del job
-        layers, r2k, r2v = [], [], []
+        layers, r2 = [], {"k": [], "v": []}  # held-out R² per target layer ([H_t], None: nothing held out)
         for t in range(lt):
             sel = torch.tensor(selection[t])
-            maps, r2s = {}, {}
+            maps = {}
             for c in ("k", "v"):
                 x = feats["x" + c].index_select(1, sel).reshape(len(held), -1).double()
                 y = feats["y" + c][:, t].reshape(len(held), -1).double()
                 est = clone(proto).fit(x[train].numpy(), y[train].numpy())
-                w, b = _linear(est, path, x.shape[1], y.shape[1])
-                maps[c] = (w, b)
+                maps[c] = _linear(est, path, x.shape[1], y.shape[1])  # (w, b)
+                r2[c].append(None)
                 if n_held:
                     pred = np.asarray(est.predict(x[held].numpy()), dtype=np.float64).reshape(n_held, -1)
                     yh = y[held].numpy()
                     err = ((yh - pred) ** 2).reshape(n_held, ht, dt).sum(axis=(0, 2))
                     tot = ((yh - yh.mean(0)) ** 2).reshape(n_held, ht, dt).sum(axis=(0, 2))
-                    r2s[c] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
-                else:
-                    r2s[c] = None
+                    r2[c][-1] = torch.from_numpy(np.where(tot > 0, 1 - err / np.maximum(tot, 1e-300), 0.0))
             layers.append(LayerMap("dense", tuple(selection[t]), *(x.float() for c in "kv" for x in maps[c])))
-            r2k.append(r2s["k"])
-            r2v.append(r2s["v"])
         report = FitReport(
             fitter=self.name,
-            params={
-                "top_k": k,
-                "estimator": path,
-                "estimator_options": est_options,
-                "max_samples": options.max_samples,
-                "low_r2": options.low_r2,
-            },
+            params={**asdict(options), "top_k": k, "estimator": path, "estimator_options": est_options},
             layer_selection=[list(s) for s in selection],
             selection_scores=scores_record(scores),
-            **heldout_fields(r2k, r2v, options.low_r2, measured=bool(n_held)),
+            **heldout_fields(r2["k"], r2["v"], options.low_r2, measured=bool(n_held)),
             alpha_chosen=None,
             observations={"train": n_train, "heldout": n_held, "features_per_head": k * fs},
         )

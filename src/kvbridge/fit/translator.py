@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from kvbridge.faults import fault_point
 from kvbridge.fit.calibrate import DEFAULT_TOP_K
 from kvbridge.fit.ridge import RidgeFitter, RidgeOptions, check_alpha, check_top_k
 from kvbridge.fit.solve import DEFAULT_ALPHA, LOW_R2, FitError
@@ -276,8 +277,7 @@ class TranslatorFitter:
         train, held = data.train_index, data.held_index
         if len(train) == 0:
             raise FitError("the translator needs training sequences (all are held out)", "lower --heldout")
-        out_dim = target_spec.num_kv_heads * target_spec.head_dim
-        params, fixed = init_params(data, options, out_dim)
+        params, fixed = init_params(data, options, target_spec.num_kv_heads * target_spec.head_dim)
         kind = options.kind
         opt = AdamW([t.requires_grad_(True) for t in _flat(params)], options.lr, options.weight_decay)
         key = _run_key(options, data, ridge)
@@ -296,8 +296,6 @@ class TranslatorFitter:
         total = options.steps + options.kl_steps
         bar = Progress(total, label="translator", unit="steps", enabled=show)
         bar.update(start)
-        from kvbridge.faults import fault_point
-
         frozen = [p for p in calibration.target_model.parameters() if p.requires_grad]
         t_train = time.perf_counter()
         try:

@@ -161,8 +161,7 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rdim: int, interleaved: bool) -> torch.Tensor:
     """``x [B, L, H, T, D]`` rotated by per-layer tables ``[L, T, r]`` (the model's layout)."""
     b, lt, h, t, d = x.shape
-    flat = x.transpose(0, 1).reshape(lt, b * h, t, d)  # layers as the tables' batch
-    out = rotate(flat, cos, sin, rdim, interleaved)
+    out = rotate(x.transpose(0, 1).reshape(lt, b * h, t, d), cos, sin, rdim, interleaved)  # layers: the tables' batch
     return out.view(lt, b, h, t, d).transpose(0, 1)
 
 
@@ -250,8 +249,7 @@ def kl_loss(data: TrainingData, params: dict, kind: str, rows, model) -> torch.T
     cache = DynamicCache()
     for layer in range(k.shape[1]):
         cache.update(k[:, layer].to(device), v[:, layer].to(device), layer)
-    ids = data.ids[rows][:, p:].to(device)
-    logits = model(input_ids=ids, cache=cache, use_cache=True).logits.float()
+    logits = model(input_ids=data.ids[rows][:, p:].to(device), cache=cache, use_cache=True).logits.float()
     logp = torch.log_softmax(logits, dim=-1).cpu()
     native = data.native_logp[rows]
     return (native.exp() * (native - logp)).sum(-1).mean()

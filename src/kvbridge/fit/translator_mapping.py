@@ -105,14 +105,8 @@ class TranslatorMapping(FittedMapping):
         cache = self.__dict__.setdefault("_stacked", {})
         key = str(device)
         if key not in cache:
-            names = FIXED + TRAINED[self.residual_kind]
-            cache[key] = {
-                c: {
-                    n: torch.stack([self.residual[tensor_name(t, c, n)] for t in range(len(self.layers))]).to(device)
-                    for n in names
-                }
-                for c in ("k", "v")
-            }
+            per = {c: [self.layer_params(t, c) for t in range(len(self.layers))] for c in ("k", "v")}
+            cache[key] = {c: {n: torch.stack([p[n] for p in ps]).to(device) for n in ps[0]} for c, ps in per.items()}
         return cache[key]
 
     def map_tensors(self, keys, values, *, dtype=torch.float32) -> tuple[list, list]:
