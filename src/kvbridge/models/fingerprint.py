@@ -62,18 +62,6 @@ def model_config_fingerprint(model) -> str:
     return memo_on_model(model, "_kvbridge_config_fingerprint", lambda: config_fingerprint(model.config.to_dict()))
 
 
-def _memo(obj, attr: str, stamp, compute):
-    """``compute()``, memoised on ``obj`` under ``attr`` while ``stamp`` is unchanged (an object that
-    takes no attributes is not memoised)."""
-    memo = getattr(obj, attr, None)
-    if memo is not None and memo[0] == stamp:
-        return memo[1]
-    value = compute()
-    with contextlib.suppress(AttributeError, TypeError):
-        object.__setattr__(obj, attr, (stamp, value))
-    return value
-
-
 def _tensor_slots(model) -> tuple:
     """``(module's _parameters or _buffers dict, name)`` of every tensor a model holds (walked once)."""
     return tuple(
@@ -162,9 +150,13 @@ def tokenizer_identity(tokenizer: Any = None, *, folder: str | Path | None = Non
     got = from_dir(Path(folder)) if folder is not None else None
     if got is not None or tokenizer is None:
         return got or dict(_UNKNOWN)
-    return dict(
-        _memo(tokenizer, _TOK_MEMO_ATTR, _tokenizer_stamp(tokenizer), lambda: _object_identity(tokenizer, from_dir))
-    )
+    stamp = _tokenizer_stamp(tokenizer)  # memoised on the tokenizer while the stamp holds
+    memo = getattr(tokenizer, _TOK_MEMO_ATTR, None)
+    if memo is None or memo[0] != stamp:
+        memo = (stamp, _object_identity(tokenizer, from_dir))
+        with contextlib.suppress(AttributeError, TypeError):  # an object that takes no attributes: no memo
+            object.__setattr__(tokenizer, _TOK_MEMO_ATTR, memo)
+    return dict(memo[1])
 
 
 def fp_identity(fp) -> dict | None:

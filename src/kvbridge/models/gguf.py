@@ -193,16 +193,16 @@ class _Reader:
             if etype not in _SCALAR and etype not in (STRING, ARRAY):
                 raise ConfigError(f"{where}: unknown array element type {etype}", _FIX_REEXPORT)
             start = self.pos
-            if full and etype in _SCALAR:  # one unpack for the whole run
+            decode = full or count <= ARRAY_DECODE_LIMIT
+            if etype in _SCALAR:  # the whole run in one step (one unpack when decoded)
                 self.take(struct.calcsize(_SCALAR[etype]) * count)
-                return [v[0] for v in struct.iter_unpack(_SCALAR[etype], self.buf[start : self.pos])]
-            if count <= ARRAY_DECODE_LIMIT or full:
+                if decode:
+                    return [v[0] for v in struct.iter_unpack(_SCALAR[etype], self.buf[start : self.pos])]
+            elif decode:
                 return [self.value(etype, where) for _ in range(count)]
-            if etype == STRING:
+            elif etype == STRING:
                 for _ in range(count):  # skipped undecoded (a tokenizer's ~100K strings)
                     self.take(self.scalar(UINT64))
-            elif etype in _SCALAR:
-                self.take(struct.calcsize(_SCALAR[etype]) * count)
             else:
                 for _ in range(count):
                     self.value(etype, where)

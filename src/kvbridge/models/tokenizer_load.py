@@ -117,9 +117,8 @@ def load_tokenizer(path: str | Path):
     names = {p.name for p in folder.iterdir()}
     errors: list[str] = []
     if names & {"tokenizer_config.json", "config.json"} and names & {"tokenizer.json", "vocab.json", "tokenizer.model"}:
-        _quiet_transformers()
         try:
-            return tokenizer_from_pretrained(folder)
+            return tokenizer_from_pretrained(folder)  # quiets transformers' logging itself
         except Exception as exc:  # noqa: BLE001 - fall back to the file-level readers below
             errors.append(f"AutoTokenizer: {' '.join(str(exc).split())[:120]}")
     if "tokenizer.json" in names:

@@ -67,13 +67,18 @@ def first_present(config: Mapping, names: tuple, default: Any = None) -> Any:
     return default
 
 
+def bad_field(name: str, must: str, value: Any, model_type: Any = None) -> ConfigError:
+    """The one-line error of config field ``name`` whose ``value`` is not ``must`` (e.g. "a number")."""
+    return ConfigError(
+        f"config field {name!r} must be {must}, got {value!r}",
+        f"fix {name!r} in the config (model_type {model_type!r})",
+    )
+
+
 def check_positive_int(value: Any, name: str, model_type: Any = None) -> int:
     """``value`` if it is a positive int, else a one-line ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"config field {name!r} must be a positive integer, got {value!r}",
-            f"fix {name!r} in the config (model_type {model_type!r})",
-        )
+        raise bad_field(name, "a positive integer", value, model_type)
     return value
 
 
@@ -95,10 +100,7 @@ def dtype_name(config: Mapping) -> str:
 
 def number(value: Any, name: str, model_type: Any = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"config field {name!r} must be a number, got {value!r}",
-            f"fix {name!r} in the config (model_type {model_type!r})",
-        )
+        raise bad_field(name, "a number", value, model_type)
     return float(value)
 
 
@@ -107,10 +109,7 @@ def _rope_dict(value: Any, where: str, model_type: Any) -> dict:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"config field {where!r} must be a mapping, got {value!r}",
-            f"fix {where!r} in the config (model_type {model_type!r})",
-        )
+        raise bad_field(where, "a mapping", value, model_type)
     return copy.deepcopy(dict(value))
 
 
@@ -153,10 +152,7 @@ def flat_rope_parameters(
     else:
         partial = number(partial, "partial_rotary_factor", model_type)
         if not 0.0 < partial <= 1.0:
-            raise ConfigError(
-                f"config field 'partial_rotary_factor' must be in (0, 1], got {partial!r}",
-                f"fix 'partial_rotary_factor' in the config (model_type {model_type!r})",
-            )
+            raise bad_field("partial_rotary_factor", "in (0, 1]", partial, model_type)
         params["partial_rotary_factor"] = partial
     params["rope_type"] = str(params.get("rope_type") or params.get("type") or "default")
     params.pop("type", None)
@@ -365,10 +361,7 @@ class DecoderAdapter(FamilyAdapter):
             return head_dim
         check_positive_int(rotary_dim, key, cfg.get("model_type"))
         if rotary_dim > head_dim or rotary_dim % 2:
-            raise ConfigError(
-                f"config field {key!r} must be even and <= head dim {head_dim}, got {rotary_dim}",
-                f"fix {key!r} in the config (model_type {cfg.get('model_type')!r})",
-            )
+            raise bad_field(key, f"even and <= head dim {head_dim}", rotary_dim, cfg.get("model_type"))
         return rotary_dim
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int) -> tuple[RopeSpec, tuple]:
