@@ -440,7 +440,8 @@ def parsed_once(active: bool = True):
         return
     readers: dict = {}
     results: dict = {}
-    real_reader, real_load, real_names = gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map
+    real = gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map
+    real_reader, real_load, real_names = real
 
     def reader(path, mode="r"):
         if mode != "r":
@@ -464,11 +465,7 @@ def parsed_once(active: bool = True):
     try:
         yield
     finally:
-        gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = (
-            real_reader,
-            real_load,
-            real_names,
-        )
+        gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = real
         readers.clear()
         results.clear()
 

@@ -105,14 +105,6 @@ def number(value: Any, name: str, model_type: Any = None) -> float:
 
 
 # -- RoPE parameters --------------------------------------------------------------------------
-def _rope_dict(value: Any, where: str, model_type: Any) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise bad_field(where, "a mapping", value, model_type)
-    return copy.deepcopy(dict(value))
-
-
 def flat_rope_parameters(
     config: Mapping,
     *,
@@ -135,12 +127,11 @@ def flat_rope_parameters(
     """
     model_type = config.get("model_type")
     theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
-    scaling = config.get("rope_scaling")
-    params = _rope_dict(
-        scaling if scaling else config.get("rope_parameters"),
-        "rope_scaling" if scaling else "rope_parameters",
-        model_type,
-    )
+    where = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    given = config.get(where)
+    if given is not None and not isinstance(given, Mapping):
+        raise bad_field(where, "a mapping", given, model_type)
+    params = copy.deepcopy(dict(given or {}))
     if params.get("rope_theta") is None:
         params["rope_theta"] = first_present(config, theta_keys, default_theta)
     params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
