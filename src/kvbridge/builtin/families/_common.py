@@ -276,9 +276,7 @@ class DecoderAdapter(FamilyAdapter):
             )
         max_positions = self._max_positions(cfg)
         positional = self._positional(cfg)
-        rope, by_type = None, ()
-        if positional == "rope":
-            rope, by_type = self._rope(cfg, head_dim, max_positions)
+        rope, by_type = self._rope(cfg, head_dim, max_positions) if positional == "rope" else (None, ())
         window, layer_types = self._layout(cfg, num_layers)
         return ModelSpec(
             model_type=str(cfg.get("model_type") or self.model_types[0]),
@@ -362,14 +360,13 @@ class DecoderAdapter(FamilyAdapter):
         else:
             params = self._rope_parameters(cfg, max_positions)
             partial = self._partial_factor(params, head_dim)
-        rope = rope_spec(
+        return rope_spec(
             params,
             head_dim=head_dim,
             partial_factor=partial,
             interleaved=self.INTERLEAVED,
             max_position_embeddings=max_positions,
-        )
-        return rope, ()
+        ), ()
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
         """(sliding window, per-layer types); default: no sliding layers (see ``ALL_SLIDING``, ``SLIDING_PATTERN``)."""
