@@ -240,9 +240,7 @@ def remember_sha256(path: str | Path, digest: str) -> None:
 def weight_files(folder: str | Path) -> list[Path]:
     """The weight files directly in ``folder``, sorted by name."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES) if folder.is_dir() else []
 
 
 def files_digest(files: Iterable[str | Path], *, cache: bool = True) -> str | None:

@@ -326,7 +326,8 @@ class DecoderAdapter(FamilyAdapter):
         return self.POSITIONAL
 
     def rotary_embedding(self, model, layer: int = 0):
-        return super().rotary_embedding(model, layer) if self.POSITIONAL == "rope" else None
+        # None where keys carry no RoPE (GPT-2; Falcon's ALiBi models build a rotary module but never call it)
+        return super().rotary_embedding(model, layer) if self._positional(as_mapping(model.config)) == "rope" else None
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(
@@ -339,9 +340,8 @@ class DecoderAdapter(FamilyAdapter):
         )
 
     def _partial_factor(self, params: Mapping, head_dim: int) -> float:
-        if not self.PARTIAL_ROTARY:
-            return 1.0  # the model rotates the whole head whatever the config says
-        return float(params.get("partial_rotary_factor", 1.0))
+        # without PARTIAL_ROTARY the model rotates the whole head whatever the config says
+        return float(params.get("partial_rotary_factor", 1.0)) if self.PARTIAL_ROTARY else 1.0
 
     def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
         key, default = self.ROTARY_DIM

@@ -112,9 +112,7 @@ def _indexer_keys_of(layer, i: int, spec, positions):
 def _indexer_positions(state):
     """The position history a raw-key indexer (Qwen4-Exp) keeps on its first indexed layer."""
     rows = int(dict(state.spec.indexer).get("position_rows", 0))
-    if not rows or not state.indexer_keys:
-        return None
-    return state.positions[None].expand(rows, *state.positions.shape).clone()
+    return state.positions[None].expand(rows, *state.positions.shape).clone() if rows and state.indexer_keys else None
 
 
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
