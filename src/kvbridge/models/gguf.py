@@ -114,11 +114,8 @@ class GGUFInfo:
     @property
     def quantization(self) -> str:
         """The dominant quantized type of the weight matrices (e.g. ``Q4_1``), else the float type."""
-        counts = Counter(t.type for t in self.tensors if len(t.shape) >= 2)
-        quant = [name for name, _ in counts.most_common() if name not in ("F32", "F16", "BF16")]
-        if quant:
-            return quant[0]
-        return counts.most_common(1)[0][0] if counts else "none"
+        ranked = [name for name, _ in Counter(t.type for t in self.tensors if len(t.shape) >= 2).most_common()]
+        return next((name for name in ranked if name not in ("F32", "F16", "BF16")), ranked[0] if ranked else "none")
 
     @property
     def stated_type(self) -> str | None:
