@@ -13,6 +13,9 @@ import sys
 
 from kvbridge.errors import StateError
 
+#: the fix of a cache that does not hold what the spec says
+_FIX_DESCRIBE = "check the adapter's describe() for this model"
+
 #: a linear-attention cache layer's bookkeeping (per-layer dicts), copied with its states
 _STATE_FLAGS = "has_previous_state conv_kernel_size is_conv_states_initialized is_recurrent_states_initialized".split()
 
@@ -93,10 +96,7 @@ def _indexer_keys_of(layer, i: int, spec, positions):
     them (Qwen4-Exp) must be the token positions on each row: it is rebuilt from them on injection."""
     t = getattr(layer, "indexer_keys", None)
     if t is None or t.dim() != 3:
-        raise StateError(
-            f"layer {i} of the model's cache holds no indexer keys, spec says it does",
-            "check the adapter's describe() for this model",
-        )
+        raise StateError(f"layer {i} of the model's cache holds no indexer keys, spec says it does", _FIX_DESCRIBE)
     pos = getattr(layer, "indexer_position_ids", None)
     if pos is not None:
         rows = int(dict(spec.indexer).get("position_rows", 0))
@@ -127,8 +127,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         layers += [None] * (len(cache) - len(layers))
     if len(layers) != spec.num_layers:
         raise StateError(
-            f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
-            "check the adapter's describe() for this model",
+            f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}", _FIX_DESCRIBE
         )
     B, T = ids.shape
     keys, values, states, indexer = [], [], [], []
@@ -137,10 +136,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
         if i in spec.kv_layers:
             if k is None or k.dim() != 4:
-                raise StateError(
-                    f"layer {i} of the model's cache holds no K/V, spec says it does",
-                    "check the adapter's describe() for this model",
-                )
+                raise StateError(f"layer {i} of the model's cache holds no K/V, spec says it does", _FIX_DESCRIBE)
             keys.append(k.detach().clone())
             values.append(v.detach().clone())
         else:
