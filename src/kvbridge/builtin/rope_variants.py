@@ -25,10 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS", "kvbridge_register_rope_variants"]
 
 
-# ---------------------------------------------------------------------------------------------
-# inverse frequencies of the built-in types (float32, CPU; the same operations, in the same
-# order and precision, as transformers 5.x modeling_rope_utils, so the tables are bit-equal)
-# ---------------------------------------------------------------------------------------------
+# -- inverse frequencies of the built-in types (bit-equal to transformers': see the module docstring) --
 def _need(rope: RopeSpec, name: str, default: Any = None) -> Any:
     value = rope.param(name, default)
     if value is None:
