@@ -230,8 +230,6 @@ def read_gguf(path: str | Path, decode: tuple = ()) -> GGUFInfo:
                 f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')",
                 "pass a .gguf model file written by llama.cpp's converters",
             )
-        if size < 24:
-            raise ConfigError(f"{path}: truncated GGUF file ({size} bytes)", "re-download or re-convert the file")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(path, buf, size, decode)
 
