@@ -136,7 +136,6 @@ class GenericAdapter(FamilyAdapter):
         if refusal:
             raise _refused(model_type, refusal)
         obj, text = hf_configs(config)
-        text_type = getattr(text, "model_type", model_type) or model_type
         try:
             hf_types, kwargs = get_layer_types_and_kwargs(text)
         except Exception as exc:
@@ -227,15 +226,8 @@ class GenericAdapter(FamilyAdapter):
             nope = facts.nope_layers(model_type, text, kinds)
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
                 positional, rope, by_type, nope = "none", None, (), ()
-        window = next(iter(windows), None)
-        dtype = (
-            dtype_name(config)
-            if (config.get("dtype") or config.get("torch_dtype"))
-            else str(getattr(text, "dtype", None) or "float32").removeprefix("torch.")
-        )
-        cache_format = "mla" if mla else ("hybrid" if state_layers else "kv")
         return ModelSpec(
-            model_type=text_type if text is not obj else model_type,
+            model_type=(getattr(text, "model_type", model_type) or model_type) if text is not obj else model_type,
             family=self.name,
             num_layers=len(kinds),
             num_attention_heads=heads,
@@ -245,10 +237,12 @@ class GenericAdapter(FamilyAdapter):
             positional=positional,
             rope=rope,
             rope_by_layer_type=by_type,
-            sliding_window=window,
+            sliding_window=next(iter(windows), None),
             layer_types=tuple(kinds),
             qk_norm=bool(getattr(text, "use_qk_norm", False) or getattr(text, "qk_layernorm", False)),
-            dtype=dtype,
+            dtype=dtype_name(config)
+            if (config.get("dtype") or config.get("torch_dtype"))
+            else str(getattr(text, "dtype", None) or "float32").removeprefix("torch."),
             vocab_size=int(getattr(text, "vocab_size", 0) or 0),
             max_position_embeddings=max_positions,
             extras=freeze({"config_class": type(text).__name__} | ({} if text is obj else {"wrapper": model_type})),
@@ -260,7 +254,7 @@ class GenericAdapter(FamilyAdapter):
             kv_shared_layers=tuple(shared),
             no_kv_layers=tuple(no_kv),
             state_layers=tuple(state_layers),
-            cache_format=cache_format,
+            cache_format="mla" if mla else ("hybrid" if state_layers else "kv"),
             latent=freeze(mla),
             indexer_layers=tuple(indexer.pop("layers", ())),
             indexer=freeze(indexer),
