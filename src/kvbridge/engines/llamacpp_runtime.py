@@ -117,8 +117,7 @@ class LlamaCppSession:
     # -- running -------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the KV cache."""
-        mem = self.lib.llama_get_memory(self.ctx)
-        self.lib.llama_memory_clear(mem, True)
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         self.llm.n_tokens = 0
 
     def _last_logits(self):

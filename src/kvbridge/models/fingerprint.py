@@ -95,10 +95,9 @@ def weights_fingerprint(model) -> str:
     if memo is not None and memo[1] == _weights_stamp(memo[0]):
         return memo[2]
     slots = _tensor_slots(model) if hasattr(model, "named_modules") else None
-    state = model.state_dict()
     h = hashlib.sha256()
     with torch.no_grad():
-        for name, tensor in sorted(state.items()):
+        for name, tensor in sorted(model.state_dict().items()):
             t = tensor.detach().contiguous().cpu()
             h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -217,9 +216,8 @@ def _key(path: Path, st: os.stat_result) -> str:
 def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     """The sha256 of every byte of ``path`` (streamed), cached by path, size and mtime."""
     path = Path(path).resolve()
-    st = path.stat()
     cache_file = _home_file(CACHE_FILE) if cache else None
-    key = _key(path, st)
+    key = _key(path, path.stat())
     hit = cache_read(cache_file).get(key)
     if isinstance(hit, str) and len(hit) == 64:
         return hit

@@ -252,8 +252,7 @@ def _parse(path: Path, buf, size: int, decode: tuple = ()) -> GGUFInfo:
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = r.string()
-            vtype = r.scalar(UINT32)
-            metadata[key] = r.value(vtype, f"{path}: metadata {key!r}", key in decode)
+            metadata[key] = r.value(r.scalar(UINT32), f"{path}: metadata {key!r}", key in decode)
         tensors = []
         for _ in range(n_tensors):
             name = r.string()

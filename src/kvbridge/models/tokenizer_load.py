@@ -46,8 +46,7 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
         )
     pieces = sp["pieces"]
     vocab = {piece: i for i, (piece, _score, _type) in enumerate(pieces)}
-    scores = {piece: score for piece, score, _type in pieces}
-    merges = generate_merges(vocab, scores)
+    merges = generate_merges(vocab, {piece: score for piece, score, _type in pieces})
 
     def piece(idx: int, default: str) -> str:
         return pieces[idx][0] if 0 <= idx < len(pieces) else default

@@ -23,8 +23,7 @@ _STATE_FLAGS = "has_previous_state conv_kernel_size is_conv_states_initialized i
 def _layers_for(model, *, full_history: bool):
     from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
 
-    text = model.config.get_text_config(decoder=True)
-    types, kwargs = get_layer_types_and_kwargs(text)
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
     layers = []
     for t, kw in zip(types, kwargs):
         if full_history and t in ("sliding_attention", "chunked_attention"):
