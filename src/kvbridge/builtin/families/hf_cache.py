@@ -21,18 +21,16 @@ _STATE_FLAGS = "has_previous_state conv_kernel_size is_conv_states_initialized i
 
 
 def _layers_for(model, *, full_history: bool):
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
     types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
     layers = []
     for t, kw in zip(types, kwargs):
-        if full_history and t in ("sliding_attention", "chunked_attention"):
-            layers.append(DynamicLayer())
+        if full_history and t in ("sliding_attention", "chunked_attention"):  # a plain full layer: every token kept
+            t, kw = "full_attention", {}
         elif full_history and t == "hybrid_sliding":
-            kw = {k: v for k, v in kw.items() if k != "sliding_window"}
-            layers.append(DYNAMIC_LAYER_TYPE_MAPPING["hybrid"](**kw))
-        else:
-            layers.append(DYNAMIC_LAYER_TYPE_MAPPING[t](**kw))
+            t, kw = "hybrid", {k: v for k, v in kw.items() if k != "sliding_window"}
+        layers.append(DYNAMIC_LAYER_TYPE_MAPPING[t](**kw))
     return layers
 
 
