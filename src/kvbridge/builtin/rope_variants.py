@@ -25,10 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RopeVariant", "RopeError", "UnknownRopeTypeError", "BUILTIN_VARIANTS", "kvbridge_register_rope_variants"]
 
 
-# ---------------------------------------------------------------------------------------------
-# inverse frequencies of the built-in types (float32, CPU; the same operations, in the same
-# order and precision, as transformers 5.x modeling_rope_utils, so the tables are bit-equal)
-# ---------------------------------------------------------------------------------------------
+# -- inverse frequencies of the built-in types (bit-equal to transformers': see the module docstring) --
 def _need(rope: RopeSpec, name: str, default: Any = None) -> Any:
     value = rope.param(name, default)
     if value is None:
@@ -90,6 +87,13 @@ def _dynamic_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     return 1.0 / (base ** _exponents(dim, device)), 1.0
 
 
+def _original_factor(rope: RopeSpec) -> tuple[int, float]:
+    """(pretraining context, scaling factor) of YaRN / LongRoPE; the factor defaults to max positions / context."""
+    original = int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
+    factor = rope.param("factor")
+    return original, float(rope.max_position_embeddings / original if factor is None else factor)
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -99,11 +103,7 @@ def _yarn_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
 
     dim = _dim(rope)
     base = rope.theta
-    original = int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
-    factor = rope.param("factor")
-    if factor is None:
-        factor = rope.max_position_embeddings / original
-    factor = float(factor)
+    original, factor = _original_factor(rope)
     attention = rope.param("attention_factor")
     if attention is None:
         mscale, mscale_all = rope.param("mscale"), rope.param("mscale_all_dim")
@@ -136,12 +136,8 @@ def _yarn_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     return inv, float(attention)
 
 
-def _longrope_original(rope: RopeSpec) -> int:
-    return int(rope.param("original_max_position_embeddings") or rope.max_position_embeddings)
-
-
 def _longrope_table_length(rope: RopeSpec, seq_len: int) -> int | None:
-    original = _longrope_original(rope)
+    original = _original_factor(rope)[0]
     return original + 1 if int(seq_len) > original else None
 
 
@@ -150,11 +146,8 @@ def _longrope_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     import torch
 
     dim = _dim(rope)
-    original = _longrope_original(rope)
+    original, factor = _original_factor(rope)
     long_f, short_f = _need(rope, "long_factor"), _need(rope, "short_factor")
-    factor = rope.param("factor")
-    if factor is None:
-        factor = rope.max_position_embeddings / original
     attention = rope.param("attention_factor")
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))

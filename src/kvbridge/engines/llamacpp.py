@@ -316,8 +316,7 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
         k = _relayout(k, target.spec.rope_for_layer(i), target.interleaved, target.spec.rope.interleaved)
         keys.append(k.unsqueeze(0).contiguous())
         values.append(seq.values[i][perm].to(dtype).reshape(-1, heads, vd).permute(1, 0, 2).unsqueeze(0).contiguous())
-    meta = {"engine": "llamacpp", "file": where, **{k: v for k, v in seq.summary().items() if k != "positions"}}
-    state = KVState(
+    return KVState(
         keys=tuple(keys),
         values=tuple(values),
         # the saved prompt is in token order; cells, sorted by position, follow it
@@ -325,9 +324,8 @@ def import_state(src: Any, model: Any, *, dtype: torch.dtype = torch.float32, ho
         positions=torch.tensor([[seq.positions[c] for c in order]], dtype=torch.long),
         spec=target.spec.with_dtype(str(dtype).removeprefix("torch.")),
         rope_applied=True,
-        meta=meta,
-    )
-    return state.validate(what=f"{where} (llama.cpp state)")
+        meta={"engine": "llamacpp", "file": where, **{k: v for k, v in seq.summary().items() if k != "positions"}},
+    ).validate(what=f"{where} (llama.cpp state)")
 
 
 def describe_file(src: Any, model: Any, host=None) -> dict:

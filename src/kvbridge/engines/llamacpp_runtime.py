@@ -117,8 +117,7 @@ class LlamaCppSession:
     # -- running -------------------------------------------------------------------------------------
     def reset(self) -> None:
         """Empty the KV cache."""
-        mem = self.lib.llama_get_memory(self.ctx)
-        self.lib.llama_memory_clear(mem, True)
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
         self.llm.n_tokens = 0
 
     def _last_logits(self):
@@ -150,13 +149,10 @@ class LlamaCppSession:
         import numpy as np
 
         out, logits = [], [first_logits]
-        cur = first_logits
         for step in range(n):
-            tok = int(np.argmax(cur))
-            out.append(tok)
+            out.append(int(np.argmax(logits[-1])))
             if step + 1 < n:
-                cur = self.eval([tok])
-                logits.append(cur)
+                logits.append(self.eval([out[-1]]))
         return out, logits
 
     # -- sequence states -----------------------------------------------------------------------------

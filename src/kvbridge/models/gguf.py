@@ -114,11 +114,8 @@ class GGUFInfo:
     @property
     def quantization(self) -> str:
         """The dominant quantized type of the weight matrices (e.g. ``Q4_1``), else the float type."""
-        counts = Counter(t.type for t in self.tensors if len(t.shape) >= 2)
-        quant = [name for name, _ in counts.most_common() if name not in ("F32", "F16", "BF16")]
-        if quant:
-            return quant[0]
-        return counts.most_common(1)[0][0] if counts else "none"
+        ranked = [name for name, _ in Counter(t.type for t in self.tensors if len(t.shape) >= 2).most_common()]
+        return next((name for name in ranked if name not in ("F32", "F16", "BF16")), ranked[0] if ranked else "none")
 
     @property
     def stated_type(self) -> str | None:
@@ -193,16 +190,16 @@ class _Reader:
             if etype not in _SCALAR and etype not in (STRING, ARRAY):
                 raise ConfigError(f"{where}: unknown array element type {etype}", _FIX_REEXPORT)
             start = self.pos
-            if full and etype in _SCALAR:  # one unpack for the whole run
+            decode = full or count <= ARRAY_DECODE_LIMIT
+            if etype in _SCALAR:  # the whole run in one step (one unpack when decoded)
                 self.take(struct.calcsize(_SCALAR[etype]) * count)
-                return [v[0] for v in struct.iter_unpack(_SCALAR[etype], self.buf[start : self.pos])]
-            if count <= ARRAY_DECODE_LIMIT or full:
+                if decode:
+                    return [v[0] for v in struct.iter_unpack(_SCALAR[etype], self.buf[start : self.pos])]
+            elif decode:
                 return [self.value(etype, where) for _ in range(count)]
-            if etype == STRING:
+            elif etype == STRING:
                 for _ in range(count):  # skipped undecoded (a tokenizer's ~100K strings)
                     self.take(self.scalar(UINT64))
-            elif etype in _SCALAR:
-                self.take(struct.calcsize(_SCALAR[etype]) * count)
             else:
                 for _ in range(count):
                     self.value(etype, where)
@@ -233,8 +230,6 @@ def read_gguf(path: str | Path, decode: tuple = ()) -> GGUFInfo:
                 f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')",
                 "pass a .gguf model file written by llama.cpp's converters",
             )
-        if size < 24:
-            raise ConfigError(f"{path}: truncated GGUF file ({size} bytes)", "re-download or re-convert the file")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(path, buf, size, decode)
 
@@ -257,8 +252,7 @@ def _parse(path: Path, buf, size: int, decode: tuple = ()) -> GGUFInfo:
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = r.string()
-            vtype = r.scalar(UINT32)
-            metadata[key] = r.value(vtype, f"{path}: metadata {key!r}", key in decode)
+            metadata[key] = r.value(r.scalar(UINT32), f"{path}: metadata {key!r}", key in decode)
         tensors = []
         for _ in range(n_tensors):
             name = r.string()
@@ -440,7 +434,8 @@ def parsed_once(active: bool = True):
         return
     readers: dict = {}
     results: dict = {}
-    real_reader, real_load, real_names = gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map
+    real = gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map
+    real_reader, real_load, real_names = real
 
     def reader(path, mode="r"):
         if mode != "r":
@@ -464,11 +459,7 @@ def parsed_once(active: bool = True):
     try:
         yield
     finally:
-        gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = (
-            real_reader,
-            real_load,
-            real_names,
-        )
+        gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = real
         readers.clear()
         results.clear()
 

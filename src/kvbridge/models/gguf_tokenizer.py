@@ -47,10 +47,9 @@ def _compute(info: GGUFInfo, tf):
     decoded = read_gguf(info.path, decode=_WANTED).metadata  # the tokenizer arrays: a second pass over the header
     arrays = {k: decoded[k] for k in _WANTED if isinstance(decoded.get(k), list)}
     tokens = arrays.get("tokenizer.ggml.tokens") or (tokens_meta if isinstance(tokens_meta, list) else [])
-    types = arrays.get("tokenizer.ggml.token_type") or []
     merges = arrays.get("tokenizer.ggml.merges")
     full = dict(enumerate(tokens))
-    added = {i for i, t in enumerate(types) if t in (3, 4)}
+    added = {i for i, t in enumerate(arrays.get("tokenizer.ggml.token_type") or []) if t in (3, 4)}
     base = {i: t for i, t in full.items() if i not in added}
     roles = {}
     for role, k in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):

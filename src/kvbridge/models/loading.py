@@ -15,7 +15,7 @@ Nothing is downloaded (``local_files_only``); no code shipped with a model is ex
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -73,10 +73,8 @@ def _no_gguf_progress(active: bool):
     """transformers' GGUF loader draws its own tqdm bar (not switched off by its logging): hide it."""
     gguf_utils = original = None
     if active:
-        try:
+        with suppress(ImportError):  # other transformers layouts: nothing to hide
             import transformers.modeling_gguf_pytorch_utils as gguf_utils
-        except ImportError:  # pragma: no cover - other transformers layouts
-            pass
         original = getattr(gguf_utils, "tqdm", None)
     if original is not None:
         gguf_utils.tqdm = partial(original, disable=True)

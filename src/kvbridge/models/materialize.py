@@ -30,9 +30,8 @@ def _plain_model(model):
     if getattr(config, "quantization_config", None) is None and not getattr(model, "is_quantized", False):
         return model
     config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
-    dtype = next(model.parameters()).dtype
     with torch.device("meta"):
-        plain = model_from_config(config, dtype=dtype)
+        plain = model_from_config(config, dtype=next(model.parameters()).dtype)
     plain.load_state_dict(model.state_dict(), assign=True, strict=True)
     plain.tie_weights()
     return plain.eval()

@@ -66,12 +66,6 @@ def shared_tokenizer(src, tgt) -> tuple[dict, str]:
     return fps[0].to_dict(), ("" if verdict == "same" else action)
 
 
-def _same_files(a, b) -> bool:
-    """Two references to the same files (the same .gguf, or the same model folder)."""
-    here, there = (Path(p).resolve() if p else None for p in (a.gguf_file or a.folder, b.gguf_file or b.folder))
-    return here is not None and here == there
-
-
 def load_pair(
     source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
 ) -> ModelPair:
@@ -92,7 +86,8 @@ def load_pair(
     loaded_src = source if hasattr(source, "fingerprint") else load(src, dtype=dtype, device=device, host=host)
     if hasattr(target, "fingerprint"):
         return ModelPair(loaded_src, target, fingerprint, note)
-    if _same_files(src, tgt):  # one model on both sides (an identity pair): loaded once, shared
+    here, there = (Path(p).resolve() if p else None for p in (src.gguf_file or src.folder, tgt.gguf_file or tgt.folder))
+    if here is not None and here == there:  # the same files on both sides (an identity pair): loaded once, shared
         return ModelPair(loaded_src, loaded_src, fingerprint, note)
     loaded_tgt = load(tgt, dtype=dtype, device=device, tokenizer=target_tokenizer, host=host)
     return ModelPair(loaded_src, loaded_tgt, fingerprint, note)

@@ -150,11 +150,6 @@ def hf_cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
 
 
-def _looks_like_hub_id(ref: str) -> bool:
-    parts = ref.split("/")
-    return 1 <= len(parts) <= 2 and all(parts) and not ref.startswith((".", "~"))
-
-
 def find_in_hf_cache(repo_id: str, revision: str | None = None) -> Path | None:
     """The snapshot folder of ``repo_id`` in the local cache that has a config.json, or None."""
     repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
@@ -220,7 +215,8 @@ def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
         return from_path(ref, path)
 
     repo_id, _, revision = ref.partition("@")
-    if _looks_like_hub_id(repo_id):
+    parts = repo_id.split("/")
+    if 1 <= len(parts) <= 2 and all(parts) and not repo_id.startswith((".", "~")):  # a hub id (org/name)
         snap = find_in_hf_cache(repo_id, revision or None)
         if snap is not None:
             return from_folder(ref, snap, "hf-cache", repo_id)

@@ -34,8 +34,7 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
 
     from kvbridge.check.tokenizer_fp import parse_sentencepiece
 
-    _quiet_transformers()
-    from transformers import LlamaTokenizer
+    transformers = _quiet_transformers()
     from transformers.tokenization_utils_base import generate_merges
 
     sp = parse_sentencepiece(model_file)
@@ -47,8 +46,7 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
         )
     pieces = sp["pieces"]
     vocab = {piece: i for i, (piece, _score, _type) in enumerate(pieces)}
-    scores = {piece: score for piece, score, _type in pieces}
-    merges = generate_merges(vocab, scores)
+    merges = generate_merges(vocab, {piece: score for piece, score, _type in pieces})
 
     def piece(idx: int, default: str) -> str:
         return pieces[idx][0] if 0 <= idx < len(pieces) else default
@@ -56,7 +54,7 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
     cfg = dict(config or {})
     kwargs = {"add_bos_token": True, "add_eos_token": False, "legacy": False, "add_prefix_space": True}
     kwargs |= {k: cfg[k] for k in kwargs if k in cfg}
-    tok = LlamaTokenizer(
+    tok = transformers.LlamaTokenizer(
         vocab=vocab,
         merges=merges,
         unk_token=piece(sp["unk_id"], "<unk>"),
@@ -117,9 +115,8 @@ def load_tokenizer(path: str | Path):
     names = {p.name for p in folder.iterdir()}
     errors: list[str] = []
     if names & {"tokenizer_config.json", "config.json"} and names & {"tokenizer.json", "vocab.json", "tokenizer.model"}:
-        _quiet_transformers()
         try:
-            return tokenizer_from_pretrained(folder)
+            return tokenizer_from_pretrained(folder)  # quiets transformers' logging itself
         except Exception as exc:  # noqa: BLE001 - fall back to the file-level readers below
             errors.append(f"AutoTokenizer: {' '.join(str(exc).split())[:120]}")
     if "tokenizer.json" in names:
@@ -147,10 +144,7 @@ def _open_tokenizer_json(path: Path):
         ) from None
     vocab = backend.get_vocab(with_added_tokens=True)
     roles = {k: v for k, v in _special_roles(path.parent).items() if v in vocab}
-    _quiet_transformers()
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
+    tok = _quiet_transformers().PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
     tok.name_or_path = str(path.parent)
     return tok
 
@@ -162,11 +156,9 @@ def _open_bpe_files(folder: Path):
             f"{folder} has vocab.json but no merges.txt (or the reverse)",
             "put both files of the byte-level BPE tokenizer in one folder",
         )
-    _quiet_transformers()
-    from transformers import GPT2TokenizerFast
-
+    gpt2_fast = _quiet_transformers().GPT2TokenizerFast
     try:
-        tok = GPT2TokenizerFast(vocab=str(vocab), merges=str(merges))
+        tok = gpt2_fast(vocab=str(vocab), merges=str(merges))
     except Exception as exc:  # noqa: BLE001
         raise TokenizerError(
             f"{folder}: vocab.json/merges.txt are not a byte-level BPE tokenizer ({' '.join(str(exc).split())[:120]})",

@@ -67,13 +67,18 @@ def first_present(config: Mapping, names: tuple, default: Any = None) -> Any:
     return default
 
 
+def bad_field(name: str, must: str, value: Any, model_type: Any = None) -> ConfigError:
+    """The one-line error of config field ``name`` whose ``value`` is not ``must`` (e.g. "a number")."""
+    return ConfigError(
+        f"config field {name!r} must be {must}, got {value!r}",
+        f"fix {name!r} in the config (model_type {model_type!r})",
+    )
+
+
 def check_positive_int(value: Any, name: str, model_type: Any = None) -> int:
     """``value`` if it is a positive int, else a one-line ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"config field {name!r} must be a positive integer, got {value!r}",
-            f"fix {name!r} in the config (model_type {model_type!r})",
-        )
+        raise bad_field(name, "a positive integer", value, model_type)
     return value
 
 
@@ -95,25 +100,11 @@ def dtype_name(config: Mapping) -> str:
 
 def number(value: Any, name: str, model_type: Any = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"config field {name!r} must be a number, got {value!r}",
-            f"fix {name!r} in the config (model_type {model_type!r})",
-        )
+        raise bad_field(name, "a number", value, model_type)
     return float(value)
 
 
 # -- RoPE parameters --------------------------------------------------------------------------
-def _rope_dict(value: Any, where: str, model_type: Any) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"config field {where!r} must be a mapping, got {value!r}",
-            f"fix {where!r} in the config (model_type {model_type!r})",
-        )
-    return copy.deepcopy(dict(value))
-
-
 def flat_rope_parameters(
     config: Mapping,
     *,
@@ -136,12 +127,11 @@ def flat_rope_parameters(
     """
     model_type = config.get("model_type")
     theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
-    scaling = config.get("rope_scaling")
-    params = _rope_dict(
-        scaling if scaling else config.get("rope_parameters"),
-        "rope_scaling" if scaling else "rope_parameters",
-        model_type,
-    )
+    where = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    given = config.get(where)
+    if given is not None and not isinstance(given, Mapping):
+        raise bad_field(where, "a mapping", given, model_type)
+    params = copy.deepcopy(dict(given or {}))
     if params.get("rope_theta") is None:
         params["rope_theta"] = first_present(config, theta_keys, default_theta)
     params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
@@ -153,10 +143,7 @@ def flat_rope_parameters(
     else:
         partial = number(partial, "partial_rotary_factor", model_type)
         if not 0.0 < partial <= 1.0:
-            raise ConfigError(
-                f"config field 'partial_rotary_factor' must be in (0, 1], got {partial!r}",
-                f"fix 'partial_rotary_factor' in the config (model_type {model_type!r})",
-            )
+            raise bad_field("partial_rotary_factor", "in (0, 1]", partial, model_type)
         params["partial_rotary_factor"] = partial
     params["rope_type"] = str(params.get("rope_type") or params.get("type") or "default")
     params.pop("type", None)
@@ -289,9 +276,7 @@ class DecoderAdapter(FamilyAdapter):
             )
         max_positions = self._max_positions(cfg)
         positional = self._positional(cfg)
-        rope, by_type = None, ()
-        if positional == "rope":
-            rope, by_type = self._rope(cfg, head_dim, max_positions)
+        rope, by_type = self._rope(cfg, head_dim, max_positions) if positional == "rope" else (None, ())
         window, layer_types = self._layout(cfg, num_layers)
         return ModelSpec(
             model_type=str(cfg.get("model_type") or self.model_types[0]),
@@ -341,7 +326,8 @@ class DecoderAdapter(FamilyAdapter):
         return self.POSITIONAL
 
     def rotary_embedding(self, model, layer: int = 0):
-        return super().rotary_embedding(model, layer) if self.POSITIONAL == "rope" else None
+        # None where keys carry no RoPE (GPT-2; Falcon's ALiBi models build a rotary module but never call it)
+        return super().rotary_embedding(model, layer) if self._positional(as_mapping(model.config)) == "rope" else None
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
         return flat_rope_parameters(
@@ -354,9 +340,8 @@ class DecoderAdapter(FamilyAdapter):
         )
 
     def _partial_factor(self, params: Mapping, head_dim: int) -> float:
-        if not self.PARTIAL_ROTARY:
-            return 1.0  # the model rotates the whole head whatever the config says
-        return float(params.get("partial_rotary_factor", 1.0))
+        # without PARTIAL_ROTARY the model rotates the whole head whatever the config says
+        return float(params.get("partial_rotary_factor", 1.0)) if self.PARTIAL_ROTARY else 1.0
 
     def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
         key, default = self.ROTARY_DIM
@@ -365,10 +350,7 @@ class DecoderAdapter(FamilyAdapter):
             return head_dim
         check_positive_int(rotary_dim, key, cfg.get("model_type"))
         if rotary_dim > head_dim or rotary_dim % 2:
-            raise ConfigError(
-                f"config field {key!r} must be even and <= head dim {head_dim}, got {rotary_dim}",
-                f"fix {key!r} in the config (model_type {cfg.get('model_type')!r})",
-            )
+            raise bad_field(key, f"even and <= head dim {head_dim}", rotary_dim, cfg.get("model_type"))
         return rotary_dim
 
     def _rope(self, cfg: Mapping, head_dim: int, max_positions: int) -> tuple[RopeSpec, tuple]:
@@ -378,14 +360,13 @@ class DecoderAdapter(FamilyAdapter):
         else:
             params = self._rope_parameters(cfg, max_positions)
             partial = self._partial_factor(params, head_dim)
-        rope = rope_spec(
+        return rope_spec(
             params,
             head_dim=head_dim,
             partial_factor=partial,
             interleaved=self.INTERLEAVED,
             max_position_embeddings=max_positions,
-        )
-        return rope, ()
+        ), ()
 
     def _layout(self, cfg: Mapping, num_layers: int) -> tuple[int | None, tuple]:
         """(sliding window, per-layer types); default: no sliding layers (see ``ALL_SLIDING``, ``SLIDING_PATTERN``)."""

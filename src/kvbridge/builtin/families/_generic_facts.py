@@ -196,10 +196,8 @@ def cached_kv_heads(model_type: str, layer_cfg: Any, heads: int, sliding: bool =
         return int(_layer_attr(layer_cfg, SWA_ATTRS["kv"]))
     if sliding and model_type in SWA_KV_MULTIPLIER:
         return int(_layer_attr(layer_cfg, "num_key_value_heads", None) or heads) * SWA_KV_MULTIPLIER[model_type]
-    if _layer_attr(layer_cfg, "kv_lora_rank", None):  # MLA: one latent "head" per token
-        return 1
-    if _layer_attr(layer_cfg, "multi_query", False):
-        return 1
+    if _layer_attr(layer_cfg, "kv_lora_rank", None) or _layer_attr(layer_cfg, "multi_query", False):
+        return 1  # MLA: one latent "head" per token; multi-query: one KV head
     kv = _layer_attr(layer_cfg, "num_key_value_heads", None) or _layer_attr(layer_cfg, "num_kv_heads", None)
     return int(kv or heads)
 

@@ -66,11 +66,6 @@ class FalconAdapter(DecoderAdapter):
             "num_kv_heads": cfg.get("num_attention_heads") if kv_groups is None else kv_groups,
         }
 
-    def rotary_embedding(self, model, layer: int = 0):
-        if getattr(model.config, "alibi", False):
-            return None  # ALiBi models build a rotary module but never call it
-        return super().rotary_embedding(model, layer)
-
     def tiny_configs(self) -> dict[str, dict]:
         common = {
             "model_type": "falcon",

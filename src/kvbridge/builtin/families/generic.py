@@ -66,6 +66,11 @@ def hf_configs(config: Mapping) -> tuple[Any, Any]:
     return obj, obj.get_text_config(decoder=True)
 
 
+def _refused(model_type: str, why: str) -> UnsupportedModelError:
+    """The one-line refusal of a model whose cache kvbridge cannot represent, with ``why``."""
+    return UnsupportedModelError(f"model type {model_type!r}: {why}", facts.REFUSED_FIX)
+
+
 def _rope_tables(
     text,
     head_dim: int,
@@ -129,17 +134,13 @@ class GenericAdapter(FamilyAdapter):
         model_type = str(config.get("model_type"))
         refusal = facts.REFUSED.get(model_type)
         if refusal:
-            raise UnsupportedModelError(f"model type {model_type!r}: {refusal}", facts.REFUSED_FIX)
+            raise _refused(model_type, refusal)
         obj, text = hf_configs(config)
-        text_type = getattr(text, "model_type", model_type) or model_type
         try:
             hf_types, kwargs = get_layer_types_and_kwargs(text)
         except Exception as exc:
-            raise UnsupportedModelError(
-                f"model type {model_type!r}: transformers gives no per-layer cache layout"
-                f" ({type(exc).__name__}: {exc})",
-                facts.REFUSED_FIX,
-            ) from None
+            why = f"transformers gives no per-layer cache layout ({type(exc).__name__}: {exc})"
+            raise _refused(model_type, why) from None
         slots = facts.cache_slots(text, len(hf_types))  # cache layer -> model layer
         hf_types, kwargs = [list(hf_types)[s] for s in slots], [list(kwargs)[s] for s in slots]
         sharing = list(getattr(text, "kv_sharing_modes", None) or [])
@@ -148,10 +149,7 @@ class GenericAdapter(FamilyAdapter):
         try:
             indexer = facts.indexer(model_type, text, indexed) if indexed else {}
         except ValueError as exc:
-            raise UnsupportedModelError(
-                f"model type {model_type!r}: layer {indexed[0]} is a 'indexed_attention' layer: {exc}",
-                facts.REFUSED_FIX,
-            ) from None
+            raise _refused(model_type, f"layer {indexed[0]} is a 'indexed_attention' layer: {exc}") from None
         for i, t in enumerate(hf_types):
             if t == "dummy":
                 reused = i < len(sharing) and sharing[i] == "reuse"
@@ -160,9 +158,7 @@ class GenericAdapter(FamilyAdapter):
                 continue
             if t not in HF_LAYER_KINDS:
                 why = facts.LAYER_REFUSALS.get(t, "a cache layer kind kvbridge cannot read")
-                raise UnsupportedModelError(
-                    f"model type {model_type!r}: layer {i} is a {t!r} layer: {why}", facts.REFUSED_FIX
-                )
+                raise _refused(model_type, f"layer {i} is a {t!r} layer: {why}")
             kind, has_state = HF_LAYER_KINDS[t]
             kinds.append(kind)
             if has_state:
@@ -174,10 +170,7 @@ class GenericAdapter(FamilyAdapter):
         }
         chunks = {kw.get("sliding_window") for t, kw in zip(hf_types, kwargs) if t == "chunked_attention"}
         if len(windows) > 1 or len(chunks) > 1:
-            raise UnsupportedModelError(
-                f"model type {model_type!r}: sliding layers use different windows ({sorted(windows | chunks)})",
-                facts.REFUSED_FIX,
-            )
+            raise _refused(model_type, f"sliding layers use different windows ({sorted(windows | chunks)})")
 
         heads = int(getattr(text, "decoder_attention_heads", None) or text.num_attention_heads)
         hidden = int(getattr(text, "hidden_size"))
@@ -233,15 +226,8 @@ class GenericAdapter(FamilyAdapter):
             nope = facts.nope_layers(model_type, text, kinds)
             if len(nope) == sum(1 for k in kinds if k in (FULL, SLIDING, CHUNKED)):
                 positional, rope, by_type, nope = "none", None, (), ()
-        window = next(iter(windows), None)
-        dtype = (
-            dtype_name(config)
-            if (config.get("dtype") or config.get("torch_dtype"))
-            else str(getattr(text, "dtype", None) or "float32").removeprefix("torch.")
-        )
-        cache_format = "mla" if mla else ("hybrid" if state_layers else "kv")
         return ModelSpec(
-            model_type=text_type if text is not obj else model_type,
+            model_type=(getattr(text, "model_type", model_type) or model_type) if text is not obj else model_type,
             family=self.name,
             num_layers=len(kinds),
             num_attention_heads=heads,
@@ -251,10 +237,12 @@ class GenericAdapter(FamilyAdapter):
             positional=positional,
             rope=rope,
             rope_by_layer_type=by_type,
-            sliding_window=window,
+            sliding_window=next(iter(windows), None),
             layer_types=tuple(kinds),
             qk_norm=bool(getattr(text, "use_qk_norm", False) or getattr(text, "qk_layernorm", False)),
-            dtype=dtype,
+            dtype=dtype_name(config)
+            if (config.get("dtype") or config.get("torch_dtype"))
+            else str(getattr(text, "dtype", None) or "float32").removeprefix("torch."),
             vocab_size=int(getattr(text, "vocab_size", 0) or 0),
             max_position_embeddings=max_positions,
             extras=freeze({"config_class": type(text).__name__} | ({} if text is obj else {"wrapper": model_type})),
@@ -266,7 +254,7 @@ class GenericAdapter(FamilyAdapter):
             kv_shared_layers=tuple(shared),
             no_kv_layers=tuple(no_kv),
             state_layers=tuple(state_layers),
-            cache_format=cache_format,
+            cache_format="mla" if mla else ("hybrid" if state_layers else "kv"),
             latent=freeze(mla),
             indexer_layers=tuple(indexer.pop("layers", ())),
             indexer=freeze(indexer),

@@ -13,24 +13,24 @@ import sys
 
 from kvbridge.errors import StateError
 
+#: the fix of a cache that does not hold what the spec says
+_FIX_DESCRIBE = "check the adapter's describe() for this model"
+
 #: a linear-attention cache layer's bookkeeping (per-layer dicts), copied with its states
 _STATE_FLAGS = "has_previous_state conv_kernel_size is_conv_states_initialized is_recurrent_states_initialized".split()
 
 
 def _layers_for(model, *, full_history: bool):
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, get_layer_types_and_kwargs
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 
-    text = model.config.get_text_config(decoder=True)
-    types, kwargs = get_layer_types_and_kwargs(text)
+    types, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
     layers = []
     for t, kw in zip(types, kwargs):
-        if full_history and t in ("sliding_attention", "chunked_attention"):
-            layers.append(DynamicLayer())
+        if full_history and t in ("sliding_attention", "chunked_attention"):  # a plain full layer: every token kept
+            t, kw = "full_attention", {}
         elif full_history and t == "hybrid_sliding":
-            kw = {k: v for k, v in kw.items() if k != "sliding_window"}
-            layers.append(DYNAMIC_LAYER_TYPE_MAPPING["hybrid"](**kw))
-        else:
-            layers.append(DYNAMIC_LAYER_TYPE_MAPPING[t](**kw))
+            t, kw = "hybrid", {k: v for k, v in kw.items() if k != "sliding_window"}
+        layers.append(DYNAMIC_LAYER_TYPE_MAPPING[t](**kw))
     return layers
 
 
@@ -93,10 +93,7 @@ def _indexer_keys_of(layer, i: int, spec, positions):
     them (Qwen4-Exp) must be the token positions on each row: it is rebuilt from them on injection."""
     t = getattr(layer, "indexer_keys", None)
     if t is None or t.dim() != 3:
-        raise StateError(
-            f"layer {i} of the model's cache holds no indexer keys, spec says it does",
-            "check the adapter's describe() for this model",
-        )
+        raise StateError(f"layer {i} of the model's cache holds no indexer keys, spec says it does", _FIX_DESCRIBE)
     pos = getattr(layer, "indexer_position_ids", None)
     if pos is not None:
         rows = int(dict(spec.indexer).get("position_rows", 0))
@@ -112,9 +109,7 @@ def _indexer_keys_of(layer, i: int, spec, positions):
 def _indexer_positions(state):
     """The position history a raw-key indexer (Qwen4-Exp) keeps on its first indexed layer."""
     rows = int(dict(state.spec.indexer).get("position_rows", 0))
-    if not rows or not state.indexer_keys:
-        return None
-    return state.positions[None].expand(rows, *state.positions.shape).clone()
+    return state.positions[None].expand(rows, *state.positions.shape).clone() if rows and state.indexer_keys else None
 
 
 def extract(adapter, model, input_ids, attention_mask=None, *, spec):
@@ -129,8 +124,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         layers += [None] * (len(cache) - len(layers))
     if len(layers) != spec.num_layers:
         raise StateError(
-            f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}",
-            "check the adapter's describe() for this model",
+            f"model returned a cache with {len(layers)} layers, spec says {spec.num_layers}", _FIX_DESCRIBE
         )
     B, T = ids.shape
     keys, values, states, indexer = [], [], [], []
@@ -139,10 +133,7 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
         if i in spec.kv_layers:
             if k is None or k.dim() != 4:
-                raise StateError(
-                    f"layer {i} of the model's cache holds no K/V, spec says it does",
-                    "check the adapter's describe() for this model",
-                )
+                raise StateError(f"layer {i} of the model's cache holds no K/V, spec says it does", _FIX_DESCRIBE)
             keys.append(k.detach().clone())
             values.append(v.detach().clone())
         else:
