@@ -34,8 +34,13 @@ from functools import partial
 
 import torch
 
+from kvbridge.evaluate.fields import summarize_fields
+from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
 from kvbridge.plugins import adapter_of
+from kvbridge.progress import json_ready
+from kvbridge.recompute.cost import prefill_flops
 from kvbridge.recompute.settings import GraftSettings, RecomputeError
+from kvbridge.recompute.tokens import blend
 
 SCHEMA = "kvbridge-graft/1"
 
@@ -107,8 +112,6 @@ def graft_and_continue(model, tokenizer, context_ids, chunk_state, prompt_ids, r
     """``graft run``: ``chunk_state`` grafted after the context (naive, and blended at ``ratio``), ``prompt_ids``
     continued greedily for ``max_new_tokens`` from each and from a full prefill; first-token KL to the full
     prefill, greedy agreement steps and the three texts, as a JSON-ready dict."""
-    from kvbridge.recompute.tokens import blend
-
     adapter = adapter_of(model, host)
     ctx_state = adapter.extract(model, context_ids)
     grafted = graft(ctx_state, chunk_state, host=host)
@@ -163,12 +166,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     ``[1, n]`` state per sample; by default each chunk is prefilled alone here (not timed: it is
     prepared ahead).
     """
-    from kvbridge.evaluate.fields import summarize_fields
-    from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
-    from kvbridge.progress import json_ready
-    from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.tokens import blend
-
     st = settings if settings is not None else GraftSettings()
     controls, check_layer, batch_size, seed = st.control_names, st.check_layer, st.batch_size, st.seed
     adapter = adapter_of(model, host)

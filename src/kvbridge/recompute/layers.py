@@ -31,7 +31,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kvbridge.plugins import adapter_of
 from kvbridge.recompute.cost import Cost, causal_pairs, layer_flops, prefill_flops
+from kvbridge.recompute.runner import RowStore, embed, parts_of, run_layers, with_kv
 from kvbridge.recompute.settings import RecomputeError
 
 
@@ -98,8 +100,6 @@ def groups_of(layers) -> list[tuple[int, int]]:
 # -- hidden states ---------------------------------------------------------------------------------
 def capture_hidden(model, fn):
     """``(fn(), inputs)``: ``inputs[i]`` = the hidden states entering decoder layer ``i`` during ``fn``."""
-    from kvbridge.recompute.runner import parts_of
-
     layers = parts_of(model).layers
     seen: dict = {}
 
@@ -127,8 +127,6 @@ def target_forward_until(model, ids: torch.Tensor, last: int):
     """The target's own prefill of ``ids`` stopped after layer ``last``: ``{layer: (K, V)}`` for 0..last."""
     from transformers import DynamicCache
 
-    from kvbridge.recompute.runner import parts_of
-
     def stop(mod, args, out):
         raise _Stop
 
@@ -152,8 +150,6 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
     ``"source"`` (then ``source_hidden[i]`` = the source's hidden states entering layer ``i``,
     ``[B, T, hidden]``, e.g. from :func:`capture_hidden` around the source's extraction).
     """
-    from kvbridge.recompute.runner import RowStore, embed, run_layers, with_kv
-
     layers = tuple(sorted(set(int(x) for x in layers)))
     ids = state.token_ids
     b, t = ids.shape
@@ -180,7 +176,6 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
         width = model.config.hidden_size
         store = RowStore(keys, values, state.positions)
         rows = torch.arange(t, device=ids.device).expand(b, t)
-        run = []
         for first, last in groups_of(layers):
             if first == 0:
                 h = embed(model, ids)
@@ -194,9 +189,8 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
                     )
                 h = h.to(next(model.parameters()).dtype)
             run_layers(model, range(first, last + 1), h, rows, store)
-            run.extend(range(first, last + 1))
         keys, values = store.keys, store.values
-        run = tuple(run)
+        run = layers  # the groups cover exactly the recomputed layers
         note = "source hidden states at each group entry, target layers within the group"
     seconds = time.perf_counter() - t0
     flops = b * sum(layer_flops(model, i, t, causal_pairs(t)) for i in run)
@@ -263,9 +257,7 @@ def _logp(model, adapter, state, cont):
 
 def loss_with(model, calib: Calibration, layers, host=None) -> float:
     """Mean KL(native || x) over calibration continuations when ``layers`` are native, the rest mapped."""
-    from kvbridge.plugins import get_host
-
-    adapter = (host or get_host()).adapter_of(model)
+    adapter = adapter_of(model, host)
     total, count = 0.0, 0
     for native, mapped, cont, ref in zip(calib.natives, calib.mappeds, calib.conts, calib.ref_logps):
         logp = _logp(model, adapter, mixed_state(native, mapped, layers), cont)
