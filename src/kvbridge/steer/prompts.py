@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.steer.pairs import encode_text, has_chat_template
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,6 @@ class Scenario:
 
 
 def chat_mode(tokenizer: Any, chat: bool | None) -> bool:
-    from kvbridge.steer.pairs import has_chat_template
-
     if chat is None:
         return has_chat_template(tokenizer)
     if chat and not has_chat_template(tokenizer):
@@ -59,8 +58,6 @@ def prompt_text(tokenizer: Any, prompt: str, chat: bool) -> str:
 
 
 def prompt_scenario(tokenizer: Any, prompt: str, *, chat: bool = False) -> Scenario:
-    from kvbridge.steer.pairs import encode_text
-
     text = prompt_text(tokenizer, prompt, chat)
     ids = tuple(encode_text(tokenizer, text))
     if len(ids) < 2:
