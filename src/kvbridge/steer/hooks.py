@@ -30,18 +30,9 @@ def decoder_layers(model) -> dict:
             f"cannot find the attention modules of {type(model).__name__}",
             "residual hooks need attention modules with a layer_idx attribute",
         )
+    # every name named_modules gives has its parent among them ("" is the model itself)
     names = {id(mod): name for name, mod in model.named_modules()}
-    modules = dict(model.named_modules())
-    out = {}
-    for i, mod in attn.items():
-        parent = names[id(mod)].rpartition(".")[0]
-        if parent not in modules:
-            raise KVBridgeError(
-                f"cannot find the decoder layer around attention layer {i}",
-                "this model's layout is not supported by residual hooks",
-            )
-        out[i] = modules[parent]
-    return out
+    return {i: model.get_submodule(names[id(mod)].rpartition(".")[0]) for i, mod in attn.items()}
 
 
 class ResidualCapture(HookSet):
