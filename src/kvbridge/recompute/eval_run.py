@@ -8,7 +8,7 @@ They register with the eval stage's runner as :class:`~kvbridge.evaluate.run.Con
 from __future__ import annotations
 
 from kvbridge.evaluate.run import ConditionSet
-from kvbridge.recompute.settings import CurvePlan, split_list
+from kvbridge.recompute.settings import CurvePlan, parse_ratio, split_list
 
 
 def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
@@ -19,7 +19,6 @@ def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
     from kvbridge.evaluate import windows
     from kvbridge.recompute import curve
     from kvbridge.recompute.layers import calibration, parse_layers
-    from kvbridge.recompute.tokens import parse_ratio
 
     s, r = run.settings, run.settings.recompute
     smodel, tmodel = run.source.model, run.target.model

@@ -270,5 +270,4 @@ __all__ = [
     "run_graft",
     "graft_and_continue",
     "condition_names",
-    "adapter_of",
 ]
