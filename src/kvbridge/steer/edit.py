@@ -144,7 +144,6 @@ def add_vector(
 
 def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
     """``state`` with keys x ``ck`` and values x ``cv`` at ``layers``, positions ``start:stop``."""
-
     ck, cv = coefficient(ck, "--ck"), coefficient(cv, "--cv")
     chosen = layers_of(layers, state.num_layers)
     start, stop = positions_of(state, start, stop)

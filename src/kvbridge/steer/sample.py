@@ -17,7 +17,7 @@ up to and including the first end-of-turn token.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -31,8 +31,6 @@ class Setup:
 
     def cache(self, model, batch: int, host=None):
         """A fresh cache holding the prefix ``batch`` times (never aliasing the state)."""
-        from dataclasses import replace
-
         from transformers import DynamicCache
 
         from kvbridge.plugins import adapter_of
