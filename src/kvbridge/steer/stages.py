@@ -19,7 +19,7 @@ call runs it when not given its result.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -166,24 +166,20 @@ def run_steering(run, *, values: dict | None = None) -> dict:
 
 
 # -- eval ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EvalPrepared:
-    scorer: Callable[[str], bool]
-
-
-def prepare_eval(settings: SteerEvalSettings, host=None) -> EvalPrepared:
-    """``out`` replaceable, the scorer resolved and every vector folder readable."""
+def prepare_eval(settings: SteerEvalSettings, host=None) -> Callable[[str], bool]:
+    """The scorer, resolved, with ``out`` replaceable and every vector folder readable."""
     if settings.out:
         check_replaceable(settings.out, REPORT_KIND, overwrite=settings.overwrite)
     score = host_or_default(host).get("scorer", settings.scorer)
     for path in (settings.vector, *settings.extra_vectors.values()):
         read_vector(path)
-    return EvalPrepared(score)
+    return score
 
 
-def evaluate_steering(run, *, prepared: EvalPrepared | None = None, log: Callable[[str], None] | None = None) -> dict:
+def evaluate_steering(run, *, prepared: Callable | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Every arm of ``steer eval`` on ``run.model`` (see :mod:`kvbridge.steer.evaluate`); the result is
-    JSON-ready; with ``settings.out`` the report folder is written (atomically)."""
+    JSON-ready; with ``settings.out`` the report folder is written (atomically). ``prepared``: the scorer
+    :func:`prepare_eval` returned (resolved here when not given)."""
     from kvbridge.steer.evaluate import evaluate, lines, plot_sweep
 
     s, model, host = run.settings, run.model, run.host
@@ -196,7 +192,7 @@ def evaluate_steering(run, *, prepared: EvalPrepared | None = None, log: Callabl
         s, arms=s.arms + tuple(n for n in extra if n not in s.arms), sweep_arms=s.sweep_arms or SWEPT + tuple(extra)
     )
     result = evaluate(
-        m, model.tokenizer, vector, scorer=prepared.scorer, settings=arms, extra_vectors=extra, host=host, log=log
+        m, model.tokenizer, vector, scorer=prepared, settings=arms, extra_vectors=extra, host=host, log=log
     )
     result["model"] = model.ref.ref
     result["vector_dir"] = str(s.vector)
