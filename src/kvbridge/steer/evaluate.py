@@ -37,7 +37,6 @@ from kvbridge.evaluate.report import md_table
 from kvbridge.stats import mcnemar_p, wilson
 from kvbridge.steer.prompts import Scenario, chat_mode, guide_scenario, prompt_scenario
 from kvbridge.steer.run import check_length, decode, setup_for, stop_ids_of
-from kvbridge.steer.sample import Setup, costs, repetition, sample
 from kvbridge.steer.settings import ARMS, SWEPT, SteerEvalSettings
 
 #: settings fields that name what the caller loaded (reported beside ``settings``, not in it)
@@ -98,6 +97,7 @@ class _Ctx:
 def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
     """``(Setup, record)`` of one arm at coefficient multiplier ``mult``."""
     from kvbridge.prefix import packs
+    from kvbridge.steer.sample import Setup
     from kvbridge.steer.vectors import random_like
 
     s = ctx.settings
@@ -143,6 +143,7 @@ def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
 
 def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     from kvbridge.prefix.diverge import Sampler
+    from kvbridge.steer.sample import costs, repetition, sample
 
     s = ctx.settings
     t0 = time.perf_counter()
