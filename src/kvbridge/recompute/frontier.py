@@ -36,6 +36,7 @@ from kvbridge.evaluate.metrics import bootstrap_indices, percentile_interval
 from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
 from kvbridge.progress import json_ready
 from kvbridge.recompute.cost import prefill_flops
+from kvbridge.recompute.frontier_report import gap_diff_text
 from kvbridge.recompute.settings import RecomputeError
 from kvbridge.recompute.tokens import count_for, recompute_rows
 
@@ -127,17 +128,12 @@ def verdict(differences: dict, ratios) -> dict:
         if min(lows) > 0:
             return {
                 "pays_from": float(r),
-                "text": f"the transfer pays from R = {r:g}: tail@{r:g} - source {_d(a)}, "
-                f"tail@{r:g} - truncated@{r:g} {_d(b)} (gap recovered, paired 95% intervals above 0)",
+                "text": f"the transfer pays from R = {r:g}: tail@{r:g} - source {gap_diff_text(a)}, "
+                f"tail@{r:g} - truncated@{r:g} {gap_diff_text(b)} (gap recovered, paired 95% intervals above 0)",
             }
     if undecided:
         return {"pays_from": None, "text": f"no verdict: no intervals (--bootstrap 0) at R = {measured}"}
     return {"pays_from": None, "text": f"does not pay at any measured point (R = {measured})"}
-
-
-def _d(d: dict) -> str:
-    lo, hi = d["gap_diff_ci"]
-    return f"{d['gap_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
 def run_frontier(run, mapping, samples, *, progress=None) -> dict:

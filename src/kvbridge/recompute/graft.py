@@ -203,9 +203,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
 
         return bt.once("naive", make)
 
-    def full(bt):
-        return Built(bt.once("full", lambda: adapter.extract(model, bt.parts["prefix"]), "full"))
-
     def recomputed(name, bt):  # RULE@R: the naive graft with R of the chunk's tokens recomputed
         rule, r = name.split("@")
         state, t_graft = naive(bt)
@@ -219,7 +216,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         return Built(graft(context(bt), prepare_chunk(model, other, host=host), host=host))
 
     builders = {
-        "full": full,
+        "full": lambda bt: Built(bt.once("full", lambda: adapter.extract(model, bt.parts["prefix"]), "full")),
         "naive": lambda bt: Built(naive(bt)[0], seconds=naive(bt)[1]),
         "no_reposition": lambda bt: Built(graft(context(bt), chunk(bt), reposition=False, host=host)),
         "shuffled": shuffled,
