@@ -28,6 +28,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -103,14 +104,10 @@ def capture_hidden(model, fn):
     layers = parts_of(model).layers
     seen: dict = {}
 
-    def hook_for(i):
-        def hook(mod, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
-            seen[i] = h.detach()
+    def hook(i, mod, args, kwargs):
+        seen[i] = (args[0] if args else kwargs["hidden_states"]).detach()
 
-        return hook
-
-    handles = [layer.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles = [layer.register_forward_pre_hook(partial(hook, i), with_kwargs=True) for i, layer in enumerate(layers)]
     try:
         out = fn()
     finally:

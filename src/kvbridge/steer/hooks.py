@@ -14,6 +14,7 @@ torch forward hooks work on it:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 from kvbridge.errors import KVBridgeError
@@ -42,15 +43,12 @@ class ResidualCapture(HookSet):
         self.layers = decoder_layers(model)
         self.window = (0, None)
         self.captured: dict = {}
-        self.handles = [mod.register_forward_hook(self._hook(i)) for i, mod in self.layers.items()]
+        self.handles = [mod.register_forward_hook(partial(self._hook, i)) for i, mod in self.layers.items()]
 
-    def _hook(self, layer: int):
-        def hook(module, args, output):
-            a, b = self.window
-            hidden = output[0] if isinstance(output, tuple) else output
-            self.captured[layer] = hidden[:, a:b].detach().float().clone()
-
-        return hook
+    def _hook(self, layer: int, module, args, output):
+        a, b = self.window
+        hidden = output[0] if isinstance(output, tuple) else output
+        self.captured[layer] = hidden[:, a:b].detach().float().clone()
 
 
 class ActivationAddition(HookSet):
@@ -69,17 +67,13 @@ class ActivationAddition(HookSet):
         self.delta = {
             i: (self.coefficient * directions[i].to(device=device, dtype=torch.float32)).to(dtype) for i in layers
         }
-        self.handles = [mods[i].register_forward_hook(self._hook(i)) for i in layers]
+        self.handles = [mods[i].register_forward_hook(partial(self._hook, i)) for i in layers]
 
-    def _hook(self, layer: int):
+    def _hook(self, layer: int, module, args, output):
         delta = self.delta[layer]
-
-        def hook(module, args, output):
-            if isinstance(output, tuple):
-                return (output[0] + delta,) + tuple(output[1:])
-            return output + delta
-
-        return hook
+        if isinstance(output, tuple):
+            return (output[0] + delta,) + tuple(output[1:])
+        return output + delta
 
 
 __all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition"]
