@@ -7,19 +7,18 @@ They register with the eval stage's runner as :class:`~kvbridge.evaluate.run.Con
 
 from __future__ import annotations
 
+import torch
+
+from kvbridge.evaluate import windows
 from kvbridge.evaluate.run import ConditionSet
+from kvbridge.recompute import curve, frontier, frontier_report, report
+from kvbridge.recompute.layers import calibration, parse_layers
 from kvbridge.recompute.settings import CurvePlan, parse_ratio, split_list
 
 
 def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
     """The points ``run.settings.recompute`` asks, and whether a layer choice was calibrated (on the
     corpus front: the first half of its first 90%)."""
-    import torch
-
-    from kvbridge.evaluate import windows
-    from kvbridge.recompute import curve
-    from kvbridge.recompute.layers import calibration, parse_layers
-
     s, r = run.settings, run.settings.recompute
     smodel, tmodel = run.source.model, run.target.model
     n_layers = tmodel.config.num_hidden_layers
@@ -50,8 +49,6 @@ def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
 
 def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:
     """``kvbridge eval --recompute-*`` on ``run``: ``(result, written files)``."""
-    from kvbridge.recompute import curve, report
-
     s = run.settings
     plan, calibrated = curve_plan(run, inputs["texts"], mapping)
     result = curve.run_curve(run, mapping, ids, plan, progress=progress)
@@ -68,8 +65,6 @@ def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict
 
 def eval_frontier(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:
     """``kvbridge eval --frontier`` on ``run``: ``(result, written files)``."""
-    from kvbridge.recompute import frontier, frontier_report
-
     result = frontier.run_frontier(run, mapping, ids, progress=progress)
     result.update(source=inputs["source"], target=inputs["target"], mapping=run.settings.mapping, data=inputs["data"])
     return result, frontier_report.write(result, run.settings.report_dir) if run.settings.report_dir else {}
