@@ -60,10 +60,8 @@ def setup_for(
         model=model, spec=spec, state=state, start=start, stop=stop, layers=chosen, vector=vector, other=other
     )
     plan = m.plan(ctx, opts)
-    record = dict(plan.record)
-    record.setdefault("method", m.name)
-    record["layers"] = list(chosen)
-    record["positions"] = [start, stop]
+    method = plan.record.get("method", m.name)
+    record = {**plan.record, "method": method, "layers": list(chosen), "positions": [start, stop]}
     return Setup(plan.state, scenario.live_ids, plan.hooks), record
 
 
