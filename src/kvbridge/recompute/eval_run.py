@@ -59,8 +59,7 @@ def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict
             "samples": s.recompute.calibration_samples,
             "source": "the corpus's front (first half of the first 90%), never the evaluation tail",
         }
-    written = report.write(result, s.report_dir, "recompute_curve", "selective recompute") if s.report_dir else {}
-    return result, written
+    return result, report.write(result, s.report_dir, "recompute_curve", "selective recompute") if s.report_dir else {}
 
 
 def eval_frontier(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:

@@ -57,8 +57,7 @@ def kept_rows(prefix_len: int, ratio: float, sink: int, *, tail: bool) -> torch.
     k = count_for(float(ratio), p)
     if tail and k == 0:
         return torch.zeros(0, dtype=torch.long)
-    s = min(int(sink), p - k)
-    return torch.cat([torch.arange(s), torch.arange(p - k, p)])
+    return torch.cat([torch.arange(min(int(sink), p - k)), torch.arange(p - k, p)])
 
 
 def truncated_state(model, state, rows: torch.Tensor):

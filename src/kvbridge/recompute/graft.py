@@ -97,9 +97,8 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
         moved = chunk_state.reposition(offset, host=host) if offset else chunk_state
     else:
         moved = replace(chunk_state, positions=chunk_state.positions - chunk_state.positions[:, :1] + start)
-    out = concat_states(context_state, moved)
     return replace(
-        out,
+        concat_states(context_state, moved),
         approximate=True,
         meta={
             **context_state.meta,

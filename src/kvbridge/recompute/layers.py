@@ -191,8 +191,8 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
         note = "source hidden states at each group entry, target layers within the group"
     seconds = time.perf_counter() - t0
     flops = b * sum(layer_flops(model, i, t, causal_pairs(t)) for i in run)
-    partial = len(layers) < state.num_layers
-    out = with_kv(state, keys, values, partial, {"recomputed_layers": list(layers), "recompute_mode": mode})
+    partial_recompute = len(layers) < state.num_layers
+    out = with_kv(state, keys, values, partial_recompute, {"recomputed_layers": list(layers), "recompute_mode": mode})
     return out, Cost(
         flops=flops,
         seconds=seconds,
@@ -267,8 +267,7 @@ def loss_with(model, calib: Calibration, layers, host=None) -> float:
 def profile_layers(model, calib: Calibration, host=None) -> list[float]:
     """Per layer: the loss when only that layer comes from the mapping (every other layer native)."""
     n = calib.num_layers
-    every = set(range(n))
-    return [loss_with(model, calib, every - {i}, host=host) for i in range(n)]
+    return [loss_with(model, calib, set(range(n)) - {i}, host=host) for i in range(n)]
 
 
 def greedy_groups(model, calib: Calibration, budget: int, *, group_size: int = 1, host=None) -> list[dict]:

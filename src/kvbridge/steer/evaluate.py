@@ -155,8 +155,7 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     scores = [bool(ctx.scorer(t)) for t in texts]
     if arm == "none":
         ctx.none_rows = res["tokens"]
-    rows = ctx.none_rows[:samples]
-    c = costs(ctx.model, ctx.none_setup, setup, rows, host=ctx.host)
+    c = costs(ctx.model, ctx.none_setup, setup, ctx.none_rows[:samples], host=ctx.host)
     reps = [repetition(r) for r in res["tokens"]]
     return {
         "setup": record,
@@ -318,8 +317,7 @@ def plot_sweep(result: dict, path, title: str = "") -> str | None:
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    none = result["arms"]["none"]
-    ax.axhline(none["rate"], color="grey", ls=":", label="none")
+    ax.axhline(result["arms"]["none"]["rate"], color="grey", ls=":", label="none")
     for arm in ("visible", "pack"):
         if arm in result["arms"]:
             r = result["arms"][arm]

@@ -14,8 +14,7 @@ def prefix_state(model, ids, host=None):
 
     if not ids:
         return None
-    device = next(model.parameters()).device
-    return adapter_of(model, host).extract(model, torch.tensor([list(ids)], device=device))
+    return adapter_of(model, host).extract(model, torch.tensor([list(ids)], device=next(model.parameters()).device))
 
 
 def check_length(model, scenario, new_tokens: int, host=None) -> None:

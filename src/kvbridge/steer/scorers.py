@@ -74,8 +74,7 @@ def negative_sentiment(text: str) -> bool:
 
 def code_comments(text: str) -> bool:
     blocks = _BLOCK.findall(text)
-    code = "\n".join(blocks) if blocks else text
-    return bool(_COMMENT.search(code))
+    return bool(_COMMENT.search("\n".join(blocks) if blocks else text))
 
 
 #: name -> description of each built-in scorer (the function of that name here)

@@ -77,8 +77,7 @@ class SteeringVector:
 
 
 def _side_state(adapter, model, spec, enc, capture, key_space: str):
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(enc.ids)], device=device)
+    ids = torch.tensor([list(enc.ids)], device=next(model.parameters()).device)
     capture.window = (enc.start, enc.stop)
     state = adapter.extract(model, ids, spec=spec)
     if state.states:
@@ -97,8 +96,7 @@ def _side_state(adapter, model, spec, enc, capture, key_space: str):
 def _pca(diffs):
     """First principal direction of ``diffs [P, ...]`` (centred), sign-aligned with the mean and
     scaled by the mean projection on it."""
-    P = diffs.shape[0]
-    flat = diffs.reshape(P, -1).double()
+    flat = diffs.reshape(diffs.shape[0], -1).double()
     mean = flat.mean(0)
     centred = flat - mean
     if float(centred.abs().max()) == 0.0:
