@@ -21,19 +21,17 @@ def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
     corpus front: the first half of its first 90%)."""
     s, r = run.settings, run.settings.recompute
     smodel, tmodel = run.source.model, run.target.model
-    n_layers = tmodel.config.num_hidden_layers
     # one point per ';'-separated spec ("3,7-9" is one set of layers)
     layer_specs = [x.strip() for x in r.layers.split(";") if x.strip()] if r.layers else []
     ratios = [parse_ratio(x) for x in split_list(r.tokens)] if r.tokens else []
     if r.sweep in ("tokens", "both"):
         ratios = sorted(set(ratios) | set(curve.TOKEN_SWEEP))
-    parsed = [parse_layers(x, n_layers) for x in layer_specs]  # fail early on a typo
+    parsed = [parse_layers(x, tmodel.config.num_hidden_layers) for x in layer_specs]  # fail early on a typo
     calib = None
     if r.sweep in ("layers", "both") or any(p and p[0] == "auto" for p in parsed):
         front = "\n".join(texts)
         front = front[: int(len(front) * 0.9)]
-        tok = run.target.tokenizer
-        stream = torch.tensor(tok(front, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        stream = torch.tensor(run.target.tokenizer(front, add_special_tokens=False)["input_ids"], dtype=torch.long)
         cal = windows(stream[: len(stream) // 2], r.calibration_samples, s.sample_len)
         calib = calibration(smodel, tmodel, mapping, cal, s.prefix_len, s.continuation_len, batch_size=s.batch_size)
     points = []

@@ -184,7 +184,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     # one untimed pass of every code path: first calls allocate and dispatch slowly
     blend(model, adapter.extract(model, ids[:1, : c + n]), c, 0.5, check_layer=check_layer)
     timing = {"full": 0.0}
-    batches = prefix_batches(ids, c + n, cont_ids.shape[1] - 1, batch_size, timing)
 
     def context(bt):
         return bt.once("context", lambda: adapter.extract(model, bt.parts["prefix"][:, :c]))
@@ -223,7 +222,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     }
     fields, cost = run_batches(
         [Condition(x, builders[x] if x in builders else partial(recomputed, x)) for x in names],
-        batches,
+        prefix_batches(ids, c + n, cont_ids.shape[1] - 1, batch_size, timing),
         {"target": (model, adapter)},
         attention=st.attention,
         progress=progress,

@@ -11,9 +11,8 @@ Each takes a :class:`~kvbridge.run.Run` of its settings (:mod:`kvbridge.steer.se
   ``steer eval``, and its report folder.
 
 ``run.model`` is a :class:`~kvbridge.models.loading.LoadedModel` (its ``tokenizer`` the one to use).
-Each ``prepare_*`` does what can be refused
-before a model loads (a replaceable ``out``, the vector folders, method options, the scorer); the
-call runs it when not given its result.
+Each ``prepare_*`` does what can be refused before a model loads (a replaceable ``out``, the vector
+folders, method options, the scorer); the call runs it when not given its result.
 """
 
 from __future__ import annotations
