@@ -76,14 +76,11 @@ def guide_texts(tokenizer: Any, guide: str, prompt: str, *, chat: bool) -> tuple
         raise KVBridgeError("the prompt is empty", "pass a non-empty --prompt TEXT (or @FILE)")
     if not chat:
         return guide, prompt, "\n"
+    system = {"role": "system", "content": guide}
     full = tokenizer.apply_chat_template(
-        [{"role": "system", "content": guide}, {"role": "user", "content": prompt}],
-        add_generation_prompt=True,
-        tokenize=False,
+        [system, {"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
     )
-    head = tokenizer.apply_chat_template(
-        [{"role": "system", "content": guide}], add_generation_prompt=False, tokenize=False
-    )
+    head = tokenizer.apply_chat_template([system], add_generation_prompt=False, tokenize=False)
     if not full.startswith(head) or len(head) >= len(full):
         raise KVBridgeError(
             "the chat template does not render the system turn as a prefix of the conversation",

@@ -57,12 +57,9 @@ def build_steering(run, *, pairs=None) -> tuple[Path, dict]:
 
     s, model, host = run.settings, run.model, run.host
     pairs = pairs if pairs is not None else prepare_build(s)
-    vector = build_vector(
-        model.model, model.tokenizer, pairs, position=s.position, method=s.method, key_space=s.key_space, host=host
-    )
-    path = save_vector(
-        vector, s.out, model.model, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite
-    )
+    m, tok = model.model, model.tokenizer
+    vector = build_vector(m, tok, pairs, position=s.position, method=s.method, key_space=s.key_space, host=host)
+    path = save_vector(vector, s.out, m, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite)
     return path, read_vector(path)[0]
 
 
