@@ -237,8 +237,7 @@ def calibration(
 
     pre = Prefills(source, target, mapping, host=host)
     natives, mappeds, conts, refs = [], [], [], []
-    samples = torch.as_tensor(samples).long()
-    for bt in prefix_batches(samples, prefix_len, continuation_len, batch_size, pre.timing):
+    for bt in prefix_batches(torch.as_tensor(samples).long(), prefix_len, continuation_len, batch_size, pre.timing):
         natives.append(pre.native(bt))
         mappeds.append(pre.transferred(bt))
         conts.append(bt.inputs)
