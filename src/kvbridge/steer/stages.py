@@ -180,16 +180,14 @@ def evaluate_steering(run, *, prepared: Callable | None = None, log: Callable[[s
 
     s, model, host = run.settings, run.model, run.host
     prepared = prepared or prepare_eval(s, host)
-    m = model.model
+    m, tok = model.model, model.tokenizer
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
     extra = {name: load_vector(path, m, tokenizer_fp=fp, host=host) for name, path in s.extra_vectors.items()}
     arms = replace(
         s, arms=s.arms + tuple(n for n in extra if n not in s.arms), sweep_arms=s.sweep_arms or SWEPT + tuple(extra)
     )
-    result = evaluate(
-        m, model.tokenizer, vector, scorer=prepared, settings=arms, extra_vectors=extra, host=host, log=log
-    )
+    result = evaluate(m, tok, vector, scorer=prepared, settings=arms, extra_vectors=extra, host=host, log=log)
     result["model"] = model.ref.ref
     result["vector_dir"] = str(s.vector)
     if s.out:
