@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbridge.recompute.runner import parts_of
+
 
 def layer_linear_params(model, layer: int) -> int:
-    from kvbridge.recompute.runner import parts_of
-
-    mod = parts_of(model).layers[layer]
-    return sum(m.weight.numel() for m in mod.modules() if isinstance(m, torch.nn.Linear))
+    return sum(m.weight.numel() for m in parts_of(model).layers[layer].modules() if isinstance(m, torch.nn.Linear))
 
 
 def attn_width(model) -> int:

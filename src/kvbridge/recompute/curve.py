@@ -18,7 +18,15 @@ the plain transfer's deficit to native that the recompute wins back.
 
 from __future__ import annotations
 
+from functools import partial
+
+from kvbridge.evaluate.fields import summarize_fields
+from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+from kvbridge.progress import json_ready
+from kvbridge.recompute.cost import prefill_flops
+from kvbridge.recompute.layers import budget_count, capture_hidden, choose_layers, layer_sets, recompute_layers
 from kvbridge.recompute.settings import RecomputeError
+from kvbridge.recompute.tokens import RULES, blend
 
 SCHEMA = "kvbridge-recompute-curve/1"
 TOKEN_SWEEP = (0.05, 0.1, 0.15, 0.3, 0.5, 1.0)
@@ -26,8 +34,6 @@ TOKEN_SWEEP = (0.05, 0.1, 0.15, 0.3, 0.5, 1.0)
 
 def layer_points(spec, model, calib=None, *, method: str = "greedy", group_size: int = 1, host=None):
     """``[(name, layers, info)]`` for one layer spec (``"3,7-9"``, ``"auto:15%"``)."""
-    from kvbridge.recompute.layers import choose_layers
-
     layers, info = choose_layers(spec, model, calib, method=method, group_size=group_size, host=host)
     tag = "prefix" if method == "prefix" and info.get("method") == "prefix" else "layers"
     return [(f"{tag}@{len(layers)}", tuple(layers), info)]
@@ -35,8 +41,6 @@ def layer_points(spec, model, calib=None, *, method: str = "greedy", group_size:
 
 def layer_sweep(model, calib, *, max_share: float = 0.5, method: str = "greedy", group_size: int = 1, host=None):
     """Nested layer sets from 0 up to ``max_share`` of the layers, then all of them."""
-    from kvbridge.recompute.layers import budget_count, layer_sets
-
     n = model.config.num_hidden_layers
     k = max(1, budget_count(max_share, n))
     sets, measured = layer_sets(model, calib, k, method=method, group_size=group_size, host=host)
@@ -53,19 +57,10 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
     JSON-ready (see the module docstring). ``run``: a :class:`~kvbridge.run.Run` whose settings (an
     :class:`~kvbridge.evaluate.settings.EvalSettings`) give ``prefix_len``, ``continuation_len``,
     ``batch_size``, ``attention``, ``bootstrap``, ``seed`` and ``recompute.mode``."""
-    from functools import partial
-
-    from kvbridge.evaluate.fields import summarize_fields
-    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
-    from kvbridge.progress import json_ready
-    from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.layers import capture_hidden, recompute_layers
-    from kvbridge.recompute.tokens import RULES, blend
-
     s = run.settings
     source, target, mode, bootstrap, seed = run.source.model, run.target.model, s.recompute.mode, s.bootstrap, s.seed
     token_rules, check_layer = tuple(plan.token_rules), plan.check_layer
-    hook = (lambda r: capture_hidden(source, r)) if mode == "source" else None  # noqa: E731
+    hook = partial(capture_hidden, source) if mode == "source" else None
     pre = Prefills(source, target, mapping, host=run.host, source_hook=hook)
     samples, p, c = sample_ids(samples, s.prefix_len, s.continuation_len, RecomputeError)
     points = [(name, "layers", layers) for name, layers, _ in plan.layer_points]

@@ -7,35 +7,31 @@ They register with the eval stage's runner as :class:`~kvbridge.evaluate.run.Con
 
 from __future__ import annotations
 
+import torch
+
+from kvbridge.evaluate import windows
 from kvbridge.evaluate.run import ConditionSet
-from kvbridge.recompute.settings import CurvePlan, split_list
+from kvbridge.recompute import curve, frontier, frontier_report, report
+from kvbridge.recompute.layers import calibration, parse_layers
+from kvbridge.recompute.settings import CurvePlan, parse_ratio, split_list
 
 
 def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
     """The points ``run.settings.recompute`` asks, and whether a layer choice was calibrated (on the
     corpus front: the first half of its first 90%)."""
-    import torch
-
-    from kvbridge.evaluate import windows
-    from kvbridge.recompute import curve
-    from kvbridge.recompute.layers import calibration, parse_layers
-    from kvbridge.recompute.tokens import parse_ratio
-
     s, r = run.settings, run.settings.recompute
     smodel, tmodel = run.source.model, run.target.model
-    n_layers = tmodel.config.num_hidden_layers
     # one point per ';'-separated spec ("3,7-9" is one set of layers)
     layer_specs = [x.strip() for x in r.layers.split(";") if x.strip()] if r.layers else []
     ratios = [parse_ratio(x) for x in split_list(r.tokens)] if r.tokens else []
     if r.sweep in ("tokens", "both"):
         ratios = sorted(set(ratios) | set(curve.TOKEN_SWEEP))
-    parsed = [parse_layers(x, n_layers) for x in layer_specs]  # fail early on a typo
+    parsed = [parse_layers(x, tmodel.config.num_hidden_layers) for x in layer_specs]  # fail early on a typo
     calib = None
     if r.sweep in ("layers", "both") or any(p and p[0] == "auto" for p in parsed):
         front = "\n".join(texts)
         front = front[: int(len(front) * 0.9)]
-        tok = run.target.tokenizer
-        stream = torch.tensor(tok(front, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        stream = torch.tensor(run.target.tokenizer(front, add_special_tokens=False)["input_ids"], dtype=torch.long)
         cal = windows(stream[: len(stream) // 2], r.calibration_samples, s.sample_len)
         calib = calibration(smodel, tmodel, mapping, cal, s.prefix_len, s.continuation_len, batch_size=s.batch_size)
     points = []
@@ -51,8 +47,6 @@ def curve_plan(run, texts, mapping) -> tuple[CurvePlan, bool]:
 
 def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:
     """``kvbridge eval --recompute-*`` on ``run``: ``(result, written files)``."""
-    from kvbridge.recompute import curve, report
-
     s = run.settings
     plan, calibrated = curve_plan(run, inputs["texts"], mapping)
     result = curve.run_curve(run, mapping, ids, plan, progress=progress)
@@ -63,14 +57,11 @@ def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict
             "samples": s.recompute.calibration_samples,
             "source": "the corpus's front (first half of the first 90%), never the evaluation tail",
         }
-    written = report.write(result, s.report_dir, "recompute_curve", "selective recompute") if s.report_dir else {}
-    return result, written
+    return result, report.write(result, s.report_dir, "recompute_curve", "selective recompute") if s.report_dir else {}
 
 
 def eval_frontier(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict]:
     """``kvbridge eval --frontier`` on ``run``: ``(result, written files)``."""
-    from kvbridge.recompute import frontier, frontier_report
-
     result = frontier.run_frontier(run, mapping, ids, progress=progress)
     result.update(source=inputs["source"], target=inputs["target"], mapping=run.settings.mapping, data=inputs["data"])
     return result, frontier_report.write(result, run.settings.report_dir) if run.settings.report_dir else {}

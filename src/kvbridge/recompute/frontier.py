@@ -31,6 +31,15 @@ from functools import partial
 
 import torch
 
+from kvbridge.evaluate.fields import share_closed, summarize_fields
+from kvbridge.evaluate.metrics import bootstrap_indices, percentile_interval
+from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
+from kvbridge.progress import json_ready
+from kvbridge.recompute.cost import prefill_flops
+from kvbridge.recompute.frontier_report import gap_diff_text
+from kvbridge.recompute.settings import RecomputeError
+from kvbridge.recompute.tokens import count_for, recompute_rows
+
 SCHEMA = "kvbridge-frontier/1"
 #: sink tokens kept at the start of the prefix (``--sink``)
 DEFAULT_SINK = 4
@@ -44,21 +53,17 @@ def kept_rows(prefix_len: int, ratio: float, sink: int, *, tail: bool) -> torch.
     """Prefix rows a frontier point computes: the first ``sink`` and the last ``ceil(ratio * P)``.
 
     ``tail=True`` and ``ratio == 0``: none (``tail@0`` is the plain transfer)."""
-    from kvbridge.recompute.tokens import count_for
-
     p = int(prefix_len)
     k = count_for(float(ratio), p)
     if tail and k == 0:
         return torch.zeros(0, dtype=torch.long)
-    s = min(int(sink), p - k)
-    return torch.cat([torch.arange(s), torch.arange(p - k, p)])
+    return torch.cat([torch.arange(min(int(sink), p - k)), torch.arange(p - k, p)])
 
 
 def truncated_state(model, state, rows: torch.Tensor):
     """The target's own prefill of ``state``'s tokens at ``rows`` only, at their original positions,
     and its :class:`~kvbridge.recompute.cost.Cost` (``state`` gives the tokens, positions and layout;
     its K/V are not read: every kept row is computed at every layer)."""
-    from kvbridge.recompute.tokens import recompute_rows
 
     def cut(t):
         return None if t is None else t.expand(state.batch_size, -1)[:, rows]
@@ -79,8 +84,6 @@ def truncated_state(model, state, rows: torch.Tensor):
 def paired_differences(fields: dict, pairs, *, bootstrap: int, seed: int) -> dict:
     """``{"x_vs_y": {gap_diff, gap_diff_ci, nll_diff, nll_diff_ci}}``: paired (the same resampled
     samples for both, the indices :func:`kvbridge.evaluate.metrics.summarize` uses for the seed)."""
-    from kvbridge.evaluate.fields import share_closed
-    from kvbridge.evaluate.metrics import percentile_interval, bootstrap_indices
 
     def per_sample(cond, name):
         return fields[cond][name].double().flatten(1).mean(1)
@@ -124,17 +127,12 @@ def verdict(differences: dict, ratios) -> dict:
         if min(lows) > 0:
             return {
                 "pays_from": float(r),
-                "text": f"the transfer pays from R = {r:g}: tail@{r:g} - source {_d(a)}, "
-                f"tail@{r:g} - truncated@{r:g} {_d(b)} (gap recovered, paired 95% intervals above 0)",
+                "text": f"the transfer pays from R = {r:g}: tail@{r:g} - source {gap_diff_text(a)}, "
+                f"tail@{r:g} - truncated@{r:g} {gap_diff_text(b)} (gap recovered, paired 95% intervals above 0)",
             }
     if undecided:
         return {"pays_from": None, "text": f"no verdict: no intervals (--bootstrap 0) at R = {measured}"}
     return {"pays_from": None, "text": f"does not pay at any measured point (R = {measured})"}
-
-
-def _d(d: dict) -> str:
-    lo, hi = d["gap_diff_ci"]
-    return f"{d['gap_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
 def run_frontier(run, mapping, samples, *, progress=None) -> dict:
@@ -143,13 +141,6 @@ def run_frontier(run, mapping, samples, *, progress=None) -> dict:
     ``run``: a :class:`~kvbridge.run.Run` whose settings (an
     :class:`~kvbridge.evaluate.settings.EvalSettings`) give ``prefix_len``, ``continuation_len``,
     ``frontier_ratios``, ``sink``, ``batch_size``, ``attention``, ``bootstrap`` and ``seed``."""
-    from kvbridge.evaluate.fields import summarize_fields
-    from kvbridge.evaluate.runner import Built, Condition, Prefills, sample_ids
-    from kvbridge.progress import json_ready
-    from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.settings import RecomputeError
-    from kvbridge.recompute.tokens import recompute_rows
-
     s = run.settings
     source, target, sink, bootstrap, seed = run.source.model, run.target.model, s.sink, s.bootstrap, s.seed
     pre = Prefills(source, target, mapping, host=run.host)

@@ -18,7 +18,8 @@ COLS = (
 )
 
 
-def _diff(d) -> str:
+def gap_diff_text(d) -> str:
+    """A paired difference's gap recovered and its interval, e.g. ``+0.120 [+0.050, +0.190]``."""
     if not d:
         return ""
     return f"{fmt(d.get('gap_diff'), '{:+.3f}')} {fmt_ci(d.get('gap_diff_ci'), '{:+.3f}')}"
@@ -33,8 +34,8 @@ def rows(result: dict) -> list[list[str]]:
             fmt(r.get("flop_share"), "{:.3f}"),
             fmt(r.get("source_flop_share"), "{:.3f}"),
             f"{fmt(r.get('gap_recovered'), '{:+.3f}')} {fmt_ci(r.get('gap_recovered_ci'), '{:+.3f}')}",
-            _diff(r.get("vs_source")),
-            _diff(r.get("vs_truncated")),
+            gap_diff_text(r.get("vs_source")),
+            gap_diff_text(r.get("vs_truncated")),
             fmt(r.get("kl_p95"), "{:.4f}"),
             fmt(r.get("top1_agreement"), "{:.3f}"),
         ]
@@ -66,4 +67,4 @@ def write(result: dict, folder) -> dict:
     return write_files(folder, "frontier", result, markdown(result))
 
 
-__all__ = ["COLS", "rows", "table", "markdown", "verdict_line", "write"]
+__all__ = ["COLS", "gap_diff_text", "rows", "table", "markdown", "verdict_line", "write"]

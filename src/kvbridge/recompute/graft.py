@@ -34,8 +34,13 @@ from functools import partial
 
 import torch
 
+from kvbridge.evaluate.fields import summarize_fields
+from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
 from kvbridge.plugins import adapter_of
+from kvbridge.progress import json_ready
+from kvbridge.recompute.cost import prefill_flops
 from kvbridge.recompute.settings import GraftSettings, RecomputeError
+from kvbridge.recompute.tokens import blend
 
 SCHEMA = "kvbridge-graft/1"
 
@@ -92,9 +97,8 @@ def graft(context_state, chunk_state, *, reposition: bool = True, host=None):
         moved = chunk_state.reposition(offset, host=host) if offset else chunk_state
     else:
         moved = replace(chunk_state, positions=chunk_state.positions - chunk_state.positions[:, :1] + start)
-    out = concat_states(context_state, moved)
     return replace(
-        out,
+        concat_states(context_state, moved),
         approximate=True,
         meta={
             **context_state.meta,
@@ -107,8 +111,6 @@ def graft_and_continue(model, tokenizer, context_ids, chunk_state, prompt_ids, r
     """``graft run``: ``chunk_state`` grafted after the context (naive, and blended at ``ratio``), ``prompt_ids``
     continued greedily for ``max_new_tokens`` from each and from a full prefill; first-token KL to the full
     prefill, greedy agreement steps and the three texts, as a JSON-ready dict."""
-    from kvbridge.recompute.tokens import blend
-
     adapter = adapter_of(model, host)
     ctx_state = adapter.extract(model, context_ids)
     grafted = graft(ctx_state, chunk_state, host=host)
@@ -163,12 +165,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     ``[1, n]`` state per sample; by default each chunk is prefilled alone here (not timed: it is
     prepared ahead).
     """
-    from kvbridge.evaluate.fields import summarize_fields
-    from kvbridge.evaluate.runner import Built, Condition, cat_states, prefix_batches, run_batches
-    from kvbridge.progress import json_ready
-    from kvbridge.recompute.cost import prefill_flops
-    from kvbridge.recompute.tokens import blend
-
     st = settings if settings is not None else GraftSettings()
     controls, check_layer, batch_size, seed = st.control_names, st.check_layer, st.batch_size, st.seed
     adapter = adapter_of(model, host)
@@ -188,7 +184,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     # one untimed pass of every code path: first calls allocate and dispatch slowly
     blend(model, adapter.extract(model, ids[:1, : c + n]), c, 0.5, check_layer=check_layer)
     timing = {"full": 0.0}
-    batches = prefix_batches(ids, c + n, cont_ids.shape[1] - 1, batch_size, timing)
 
     def context(bt):
         return bt.once("context", lambda: adapter.extract(model, bt.parts["prefix"][:, :c]))
@@ -206,9 +201,6 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
 
         return bt.once("naive", make)
 
-    def full(bt):
-        return Built(bt.once("full", lambda: adapter.extract(model, bt.parts["prefix"]), "full"))
-
     def recomputed(name, bt):  # RULE@R: the naive graft with R of the chunk's tokens recomputed
         rule, r = name.split("@")
         state, t_graft = naive(bt)
@@ -222,7 +214,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         return Built(graft(context(bt), prepare_chunk(model, other, host=host), host=host))
 
     builders = {
-        "full": full,
+        "full": lambda bt: Built(bt.once("full", lambda: adapter.extract(model, bt.parts["prefix"]), "full")),
         "naive": lambda bt: Built(naive(bt)[0], seconds=naive(bt)[1]),
         "no_reposition": lambda bt: Built(graft(context(bt), chunk(bt), reposition=False, host=host)),
         "shuffled": shuffled,
@@ -230,7 +222,7 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
     }
     fields, cost = run_batches(
         [Condition(x, builders[x] if x in builders else partial(recomputed, x)) for x in names],
-        batches,
+        prefix_batches(ids, c + n, cont_ids.shape[1] - 1, batch_size, timing),
         {"target": (model, adapter)},
         attention=st.attention,
         progress=progress,
@@ -273,5 +265,4 @@ __all__ = [
     "run_graft",
     "graft_and_continue",
     "condition_names",
-    "adapter_of",
 ]

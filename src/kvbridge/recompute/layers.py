@@ -28,10 +28,13 @@ import math
 import re
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
+from kvbridge.plugins import adapter_of
 from kvbridge.recompute.cost import Cost, causal_pairs, layer_flops, prefill_flops
+from kvbridge.recompute.runner import RowStore, embed, parts_of, run_layers, with_kv
 from kvbridge.recompute.settings import RecomputeError
 
 
@@ -98,19 +101,13 @@ def groups_of(layers) -> list[tuple[int, int]]:
 # -- hidden states ---------------------------------------------------------------------------------
 def capture_hidden(model, fn):
     """``(fn(), inputs)``: ``inputs[i]`` = the hidden states entering decoder layer ``i`` during ``fn``."""
-    from kvbridge.recompute.runner import parts_of
-
     layers = parts_of(model).layers
     seen: dict = {}
 
-    def hook_for(i):
-        def hook(mod, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
-            seen[i] = h.detach()
+    def hook(i, mod, args, kwargs):
+        seen[i] = (args[0] if args else kwargs["hidden_states"]).detach()
 
-        return hook
-
-    handles = [layer.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles = [layer.register_forward_pre_hook(partial(hook, i), with_kwargs=True) for i, layer in enumerate(layers)]
     try:
         out = fn()
     finally:
@@ -126,8 +123,6 @@ class _Stop(Exception):
 def target_forward_until(model, ids: torch.Tensor, last: int):
     """The target's own prefill of ``ids`` stopped after layer ``last``: ``{layer: (K, V)}`` for 0..last."""
     from transformers import DynamicCache
-
-    from kvbridge.recompute.runner import parts_of
 
     def stop(mod, args, out):
         raise _Stop
@@ -152,8 +147,6 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
     ``"source"`` (then ``source_hidden[i]`` = the source's hidden states entering layer ``i``,
     ``[B, T, hidden]``, e.g. from :func:`capture_hidden` around the source's extraction).
     """
-    from kvbridge.recompute.runner import RowStore, embed, run_layers, with_kv
-
     layers = tuple(sorted(set(int(x) for x in layers)))
     ids = state.token_ids
     b, t = ids.shape
@@ -180,7 +173,6 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
         width = model.config.hidden_size
         store = RowStore(keys, values, state.positions)
         rows = torch.arange(t, device=ids.device).expand(b, t)
-        run = []
         for first, last in groups_of(layers):
             if first == 0:
                 h = embed(model, ids)
@@ -194,14 +186,13 @@ def recompute_layers(model, state, layers, *, mode: str = "target", source_hidde
                     )
                 h = h.to(next(model.parameters()).dtype)
             run_layers(model, range(first, last + 1), h, rows, store)
-            run.extend(range(first, last + 1))
         keys, values = store.keys, store.values
-        run = tuple(run)
+        run = layers  # the groups cover exactly the recomputed layers
         note = "source hidden states at each group entry, target layers within the group"
     seconds = time.perf_counter() - t0
     flops = b * sum(layer_flops(model, i, t, causal_pairs(t)) for i in run)
-    partial = len(layers) < state.num_layers
-    out = with_kv(state, keys, values, partial, {"recomputed_layers": list(layers), "recompute_mode": mode})
+    partial_recompute = len(layers) < state.num_layers
+    out = with_kv(state, keys, values, partial_recompute, {"recomputed_layers": list(layers), "recompute_mode": mode})
     return out, Cost(
         flops=flops,
         seconds=seconds,
@@ -246,8 +237,7 @@ def calibration(
 
     pre = Prefills(source, target, mapping, host=host)
     natives, mappeds, conts, refs = [], [], [], []
-    samples = torch.as_tensor(samples).long()
-    for bt in prefix_batches(samples, prefix_len, continuation_len, batch_size, pre.timing):
+    for bt in prefix_batches(torch.as_tensor(samples).long(), prefix_len, continuation_len, batch_size, pre.timing):
         natives.append(pre.native(bt))
         mappeds.append(pre.transferred(bt))
         conts.append(bt.inputs)
@@ -263,9 +253,7 @@ def _logp(model, adapter, state, cont):
 
 def loss_with(model, calib: Calibration, layers, host=None) -> float:
     """Mean KL(native || x) over calibration continuations when ``layers`` are native, the rest mapped."""
-    from kvbridge.plugins import get_host
-
-    adapter = (host or get_host()).adapter_of(model)
+    adapter = adapter_of(model, host)
     total, count = 0.0, 0
     for native, mapped, cont, ref in zip(calib.natives, calib.mappeds, calib.conts, calib.ref_logps):
         logp = _logp(model, adapter, mixed_state(native, mapped, layers), cont)
@@ -278,8 +266,7 @@ def loss_with(model, calib: Calibration, layers, host=None) -> float:
 def profile_layers(model, calib: Calibration, host=None) -> list[float]:
     """Per layer: the loss when only that layer comes from the mapping (every other layer native)."""
     n = calib.num_layers
-    every = set(range(n))
-    return [loss_with(model, calib, every - {i}, host=host) for i in range(n)]
+    return [loss_with(model, calib, set(range(n)) - {i}, host=host) for i in range(n)]
 
 
 def greedy_groups(model, calib: Calibration, budget: int, *, group_size: int = 1, host=None) -> list[dict]:

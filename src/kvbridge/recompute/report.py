@@ -79,14 +79,9 @@ def plot(result: dict, path, title: str) -> bool:
             cis = [r.get(key + "_ci") for _, r in pts]
             if all(ci and ci[0] is not None for ci in cis):
                 ax.fill_between(xs, [ci[0] for ci in cis], [ci[1] for ci in cis], alpha=0.15)
-        axes[3].plot(xs, [r.get("time_share") or float("nan") for _, r in pts], marker="o", label=f"{fam} time")
-        axes[3].plot(
-            xs,
-            [r.get("recompute_flop_share") or float("nan") for _, r in pts],
-            marker="x",
-            linestyle="--",
-            label=f"{fam} FLOPs",
-        )
+        for key, mark, style, what in (("time_share", "o", "-", "time"), ("recompute_flop_share", "x", "--", "FLOPs")):
+            ys = [r.get(key) or float("nan") for _, r in pts]
+            axes[3].plot(xs, ys, marker=mark, linestyle=style, label=f"{fam} {what}")
     for ax, lab in zip(
         axes, ("gap recovered (95% CI)", "KL p95 (nats)", "attention cosine (mean over layers)", "cost / full prefill")
     ):

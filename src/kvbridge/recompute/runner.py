@@ -36,9 +36,7 @@ class Parts:
 
 def parts_of(model) -> Parts:
     base = getattr(model, getattr(model, "base_model_prefix", "model"), model)
-    layers = getattr(base, "layers", None)
-    embed = getattr(base, "embed_tokens", None)
-    rotary = getattr(base, "rotary_emb", None)
+    layers, embed, rotary = (getattr(base, name, None) for name in ("layers", "embed_tokens", "rotary_emb"))
     if layers is None or embed is None or rotary is None:
         raise UnsupportedModelError(
             f"{type(model).__name__}: selective recompute needs a decoder with embed_tokens, layers and rotary_emb",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbridge.recompute.cost import Cost, layer_flops, prefill_flops
+from kvbridge.recompute.runner import RowStore, embed, run_layer, run_layers, with_kv
 from kvbridge.recompute.settings import RecomputeError, parse_ratio
 from kvbridge.evaluate.settings import TOKEN_RULES as RULES  # the row-picking rules (named where eval checks them)
 
@@ -63,8 +64,6 @@ def blend(
     generator: torch.Generator | None = None,
 ) -> BlendResult:
     """Token-selective recompute of ``state`` rows ``[exact_len:]`` (see the module docstring)."""
-    from kvbridge.recompute.runner import RowStore, embed, run_layer, with_kv
-
     ids, positions = state.token_ids, state.positions
     b, t = ids.shape
     n = t - int(exact_len)
@@ -142,8 +141,6 @@ def recompute_rows(model, state, rows: torch.Tensor, *, meta: dict | None = None
     The rows left out keep their K/V bitwise. Every row given: a full prefill of the state's tokens
     at its positions (so a store of placeholders with every row given is the model's own prefill of
     those tokens at those positions: the frontier's ``truncated@R``)."""
-    from kvbridge.recompute.runner import RowStore, embed, run_layers, with_kv
-
     ids, positions = state.token_ids, state.positions
     b, t = ids.shape
     rows = torch.as_tensor(rows, dtype=torch.long, device=ids.device)

@@ -81,11 +81,6 @@ def build_manifest(vector, model, *, tokenizer_fp: dict | None = None, weights_f
     }
 
 
-def vector_tensors(vector) -> dict:
-    groups = {"keys": vector.keys, "values": vector.values, "residual": vector.residual}
-    return {f"{name}.{i}": t.contiguous() for name, group in groups.items() for i, t in enumerate(group)}
-
-
 def save_vector(
     vector,
     out: str | Path,
@@ -100,9 +95,9 @@ def save_vector(
 
     vector.validate()
     manifest = build_manifest(vector, model, tokenizer_fp=tokenizer_fp, weights_fp=weights_fp)
-    return write_artifact(
-        out, vector_tensors(vector), manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=KIND
-    )
+    groups = {"keys": vector.keys, "values": vector.values, "residual": vector.residual}
+    tensors = {f"{name}.{i}": t.contiguous() for name, group in groups.items() for i, t in enumerate(group)}
+    return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=KIND)
 
 
 def read_vector(path: str | Path):

@@ -144,7 +144,6 @@ def add_vector(
 
 def scale_kv(state, *, ck: float = 1.0, cv: float = 1.0, layers=None, start: int = 0, stop: int | None = None):
     """``state`` with keys x ``ck`` and values x ``cv`` at ``layers``, positions ``start:stop``."""
-
     ck, cv = coefficient(ck, "--ck"), coefficient(cv, "--cv")
     chosen = layers_of(layers, state.num_layers)
     start, stop = positions_of(state, start, stop)
@@ -169,19 +168,15 @@ def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, sto
         a.shape[1:2] + a.shape[3:] != b.shape[1:2] + b.shape[3:] for a, b in zip(state.keys, other.keys)
     ):
         raise EditError("the other cache has another geometry", "mix caches of the same model")
+    batch = state.batch_size
     part = other.slice_tokens(start, stop)
-    if other.batch_size != state.batch_size:
+    if other.batch_size != batch:
         if other.batch_size != 1:
             raise EditError(
-                f"the other cache has batch {other.batch_size}, the edited one {state.batch_size}",
-                "mix with one prompt",
+                f"the other cache has batch {other.batch_size}, the edited one {batch}", "mix with one prompt"
             )
-        part = part.map_tensors(lambda t: t.expand(state.batch_size, *t.shape[1:]))
-        part = replace(
-            part,
-            token_ids=part.token_ids.expand(state.batch_size, -1),
-            positions=part.positions.expand(state.batch_size, -1),
-        )
+        part = part.map_tensors(lambda t: t.expand(batch, *t.shape[1:]))
+        part = replace(part, token_ids=part.token_ids.expand(batch, -1), positions=part.positions.expand(batch, -1))
     want = state.positions[:, start:stop]
     if not torch.equal(part.positions.to(want.device), want):
         part = part.reposition(want)

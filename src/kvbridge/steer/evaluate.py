@@ -33,7 +33,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.evaluate.report import md_table
 from kvbridge.stats import mcnemar_p, wilson
+from kvbridge.steer.prompts import Scenario, chat_mode, guide_scenario, prompt_scenario
+from kvbridge.steer.run import check_length, decode, setup_for, stop_ids_of
 from kvbridge.steer.settings import ARMS, SWEPT, SteerEvalSettings
 
 #: settings fields that name what the caller loaded (reported beside ``settings``, not in it)
@@ -94,8 +97,6 @@ class _Ctx:
 def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
     """``(Setup, record)`` of one arm at coefficient multiplier ``mult``."""
     from kvbridge.prefix import packs
-    from kvbridge.steer.prompts import Scenario, chat_mode, guide_scenario
-    from kvbridge.steer.run import setup_for
     from kvbridge.steer.sample import Setup
     from kvbridge.steer.vectors import random_like
 
@@ -142,7 +143,6 @@ def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
 
 def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     from kvbridge.prefix.diverge import Sampler
-    from kvbridge.steer.run import decode
     from kvbridge.steer.sample import costs, repetition, sample
 
     s = ctx.settings
@@ -155,8 +155,7 @@ def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:
     scores = [bool(ctx.scorer(t)) for t in texts]
     if arm == "none":
         ctx.none_rows = res["tokens"]
-    rows = ctx.none_rows[:samples]
-    c = costs(ctx.model, ctx.none_setup, setup, rows, host=ctx.host)
+    c = costs(ctx.model, ctx.none_setup, setup, ctx.none_rows[:samples], host=ctx.host)
     reps = [repetition(r) for r in res["tokens"]]
     return {
         "setup": record,
@@ -214,8 +213,6 @@ def evaluate(
     them); the result is JSON-ready."""
     from kvbridge.evaluate.runner import run_items
     from kvbridge.plugins import host_or_default
-    from kvbridge.steer.prompts import chat_mode, prompt_scenario
-    from kvbridge.steer.run import check_length, setup_for, stop_ids_of
 
     host = host_or_default(host)
     extra = dict(extra_vectors or {})
@@ -283,8 +280,6 @@ def _fmt_rate(r: dict) -> str:
 
 def table(result: dict) -> list[str]:
     """The Markdown table of the arms."""
-    from kvbridge.evaluate.report import md_table
-
     heads = ("arm", "behaviour [Wilson 95%]", "paired diff vs none [bootstrap 95%] (+/-, McNemar p)")
     heads += ("ΔNLL of unsteered text", "KL(none‖arm) mean / first step", "repeated 3-grams / degenerate")
     rows = []
@@ -300,8 +295,6 @@ def table(result: dict) -> list[str]:
 
 
 def sweep_table(result: dict) -> list[str]:
-    from kvbridge.evaluate.report import md_table
-
     if not result.get("sweep"):
         return []
     rows = [
@@ -324,8 +317,7 @@ def plot_sweep(result: dict, path, title: str = "") -> str | None:
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    none = result["arms"]["none"]
-    ax.axhline(none["rate"], color="grey", ls=":", label="none")
+    ax.axhline(result["arms"]["none"]["rate"], color="grey", ls=":", label="none")
     for arm in ("visible", "pack"):
         if arm in result["arms"]:
             r = result["arms"][arm]

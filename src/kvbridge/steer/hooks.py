@@ -14,6 +14,7 @@ torch forward hooks work on it:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 from kvbridge.errors import KVBridgeError
@@ -30,18 +31,9 @@ def decoder_layers(model) -> dict:
             f"cannot find the attention modules of {type(model).__name__}",
             "residual hooks need attention modules with a layer_idx attribute",
         )
+    # every name named_modules gives has its parent among them ("" is the model itself)
     names = {id(mod): name for name, mod in model.named_modules()}
-    modules = dict(model.named_modules())
-    out = {}
-    for i, mod in attn.items():
-        parent = names[id(mod)].rpartition(".")[0]
-        if parent not in modules:
-            raise KVBridgeError(
-                f"cannot find the decoder layer around attention layer {i}",
-                "this model's layout is not supported by residual hooks",
-            )
-        out[i] = modules[parent]
-    return out
+    return {i: model.get_submodule(names[id(mod)].rpartition(".")[0]) for i, mod in attn.items()}
 
 
 class ResidualCapture(HookSet):
@@ -51,15 +43,12 @@ class ResidualCapture(HookSet):
         self.layers = decoder_layers(model)
         self.window = (0, None)
         self.captured: dict = {}
-        self.handles = [mod.register_forward_hook(self._hook(i)) for i, mod in self.layers.items()]
+        self.handles = [mod.register_forward_hook(partial(self._hook, i)) for i, mod in self.layers.items()]
 
-    def _hook(self, layer: int):
-        def hook(module, args, output):
-            a, b = self.window
-            hidden = output[0] if isinstance(output, tuple) else output
-            self.captured[layer] = hidden[:, a:b].detach().float().clone()
-
-        return hook
+    def _hook(self, layer: int, module, args, output):
+        a, b = self.window
+        hidden = output[0] if isinstance(output, tuple) else output
+        self.captured[layer] = hidden[:, a:b].detach().float().clone()
 
 
 class ActivationAddition(HookSet):
@@ -78,17 +67,13 @@ class ActivationAddition(HookSet):
         self.delta = {
             i: (self.coefficient * directions[i].to(device=device, dtype=torch.float32)).to(dtype) for i in layers
         }
-        self.handles = [mods[i].register_forward_hook(self._hook(i)) for i in layers]
+        self.handles = [mods[i].register_forward_hook(partial(self._hook, i)) for i in layers]
 
-    def _hook(self, layer: int):
+    def _hook(self, layer: int, module, args, output):
         delta = self.delta[layer]
-
-        def hook(module, args, output):
-            if isinstance(output, tuple):
-                return (output[0] + delta,) + tuple(output[1:])
-            return output + delta
-
-        return hook
+        if isinstance(output, tuple):
+            return (output[0] + delta,) + tuple(output[1:])
+        return output + delta
 
 
 __all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition"]

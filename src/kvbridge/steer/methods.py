@@ -25,10 +25,14 @@ Built-ins:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.prefix.ablate import GuideMask
+from kvbridge.steer.edit import add_vector, coefficient, mix_kv, scale_kv
+from kvbridge.steer.hooks import ActivationAddition
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,6 @@ class VectorMethod:
     neutral = {"ck": 0.0, "cv": 0.0}
 
     def plan(self, ctx: SteerContext, options: VectorOptions) -> SteerPlan:
-        from kvbridge.steer.edit import add_vector
-
         vector = _need(ctx, "vector", self.name, "pass --vector DIR")
         state = add_vector(
             ctx.state, vector, ck=options.ck, cv=options.cv, layers=ctx.layers, start=ctx.start, stop=ctx.stop
@@ -99,8 +101,6 @@ class ScaleMethod:
     neutral = {"ck": 1.0, "cv": 1.0}
 
     def plan(self, ctx: SteerContext, options: ScaleOptions) -> SteerPlan:
-        from kvbridge.steer.edit import scale_kv
-
         state = scale_kv(ctx.state, ck=options.ck, cv=options.cv, layers=ctx.layers, start=ctx.start, stop=ctx.stop)
         return SteerPlan(state, None, {"method": self.name, "ck": options.ck, "cv": options.cv})
 
@@ -118,8 +118,6 @@ class MixMethod:
     neutral = {"alpha": 0.0}
 
     def plan(self, ctx: SteerContext, options: MixOptions) -> SteerPlan:
-        from kvbridge.steer.edit import mix_kv
-
         other = _need(ctx, "other", self.name, "pass --other TEXT (the prompt whose cache is mixed in)")
         state = mix_kv(ctx.state, other, alpha=options.alpha, layers=ctx.layers, start=ctx.start, stop=ctx.stop)
         return SteerPlan(state, None, {"method": self.name, "alpha": options.alpha})
@@ -138,8 +136,6 @@ class BankMethod:
     neutral: dict = {}  # with every layer chosen nothing is masked
 
     def plan(self, ctx: SteerContext, options: BankOptions) -> SteerPlan:
-        from dataclasses import replace
-
         masked = tuple(i for i in range(ctx.spec.num_layers) if i not in set(ctx.layers))
         record = {
             "method": self.name,
@@ -149,13 +145,8 @@ class BankMethod:
         }
         if not masked:
             return SteerPlan(ctx.state, None, record)
-        start, stop = ctx.start, ctx.stop
-
-        def hooks(model):  # a context manager: the mask's hooks, removed on exit
-            from kvbridge.prefix.ablate import GuideMask
-
-            return GuideMask(model, masked, start, stop, active=True)
-
+        # hooks(model): a context manager, the mask's hooks (removed on exit)
+        hooks = partial(GuideMask, layers=masked, start=ctx.start, stop=ctx.stop, active=True)
         steered = list(ctx.state.meta.get("steered", ()))
         state = replace(ctx.state, approximate=True, meta={**ctx.state.meta, "steered": steered + [record]})
         return SteerPlan(state, hooks, record)
@@ -174,8 +165,6 @@ class ActAddMethod:
     neutral = {"coefficient": 0.0}
 
     def plan(self, ctx: SteerContext, options: ActAddOptions) -> SteerPlan:
-        from kvbridge.steer.edit import coefficient
-
         vector = _need(ctx, "vector", self.name, "pass --vector DIR")
         if not vector.residual:
             raise KVBridgeError(
@@ -184,14 +173,9 @@ class ActAddMethod:
             )
         c = coefficient(options.coefficient, "actadd coefficient")
         directions = {i: vector.residual[i] for i in ctx.layers}
-        layers = ctx.layers
-
-        def hooks(model):  # a context manager: the hooks, removed on exit
-            from kvbridge.steer.hooks import ActivationAddition
-
-            return ActivationAddition(model, directions, c, layers)
-
-        return SteerPlan(ctx.state, hooks, {"method": self.name, "coefficient": c, "layers": list(layers)})
+        # hooks(model): a context manager, the hooks (removed on exit)
+        hooks = partial(ActivationAddition, directions=directions, coefficient=c, layers=ctx.layers)
+        return SteerPlan(ctx.state, hooks, {"method": self.name, "coefficient": c, "layers": list(ctx.layers)})
 
 
 BUILTIN_METHODS = (VectorMethod, ScaleMethod, MixMethod, BankMethod, ActAddMethod)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.prefix.splits import encode, special_affixes, strip_suffix
 
 POSITIONS = ("last", "final", "span")
 OPEN, CLOSE = "[[", "]]"
@@ -169,8 +170,6 @@ def template_kind(tokenizer: Any, pairs: list[Pair]) -> str:
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     """Ids of a whole text: with the tokenizer's special tokens, unless the text already begins with
     its BOS (chat templates that write it themselves)."""
-    from kvbridge.prefix.splits import encode
-
     bos = getattr(tokenizer, "bos_token", None)
     return encode(tokenizer, text, add_special_tokens=not (bool(bos) and text.startswith(bos)))
 
@@ -178,8 +177,6 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 def _head_length(tokenizer: Any, text: str, at: int, joint: list[int], where: str) -> int:
     """How many leading ids of ``joint`` encode ``text[:at]`` (the leading special tokens for ``at == 0``);
     refused when the text before ``at`` does not encode to exactly those ids (an exact split)."""
-    from kvbridge.prefix.splits import encode, special_affixes, strip_suffix
-
     prefix, suffix = special_affixes(tokenizer)
     if at <= 0:
         return len(prefix)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.steer.pairs import encode_text, has_chat_template
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,6 @@ class Scenario:
 
 
 def chat_mode(tokenizer: Any, chat: bool | None) -> bool:
-    from kvbridge.steer.pairs import has_chat_template
-
     if chat is None:
         return has_chat_template(tokenizer)
     if chat and not has_chat_template(tokenizer):
@@ -59,8 +58,6 @@ def prompt_text(tokenizer: Any, prompt: str, chat: bool) -> str:
 
 
 def prompt_scenario(tokenizer: Any, prompt: str, *, chat: bool = False) -> Scenario:
-    from kvbridge.steer.pairs import encode_text
-
     text = prompt_text(tokenizer, prompt, chat)
     ids = tuple(encode_text(tokenizer, text))
     if len(ids) < 2:
@@ -79,14 +76,11 @@ def guide_texts(tokenizer: Any, guide: str, prompt: str, *, chat: bool) -> tuple
         raise KVBridgeError("the prompt is empty", "pass a non-empty --prompt TEXT (or @FILE)")
     if not chat:
         return guide, prompt, "\n"
+    system = {"role": "system", "content": guide}
     full = tokenizer.apply_chat_template(
-        [{"role": "system", "content": guide}, {"role": "user", "content": prompt}],
-        add_generation_prompt=True,
-        tokenize=False,
+        [system, {"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
     )
-    head = tokenizer.apply_chat_template(
-        [{"role": "system", "content": guide}], add_generation_prompt=False, tokenize=False
-    )
+    head = tokenizer.apply_chat_template([system], add_generation_prompt=False, tokenize=False)
     if not full.startswith(head) or len(head) >= len(full):
         raise KVBridgeError(
             "the chat template does not render the system turn as a prefix of the conversation",

@@ -14,8 +14,7 @@ def prefix_state(model, ids, host=None):
 
     if not ids:
         return None
-    device = next(model.parameters()).device
-    return adapter_of(model, host).extract(model, torch.tensor([list(ids)], device=device))
+    return adapter_of(model, host).extract(model, torch.tensor([list(ids)], device=next(model.parameters()).device))
 
 
 def check_length(model, scenario, new_tokens: int, host=None) -> None:
@@ -60,10 +59,8 @@ def setup_for(
         model=model, spec=spec, state=state, start=start, stop=stop, layers=chosen, vector=vector, other=other
     )
     plan = m.plan(ctx, opts)
-    record = dict(plan.record)
-    record.setdefault("method", m.name)
-    record["layers"] = list(chosen)
-    record["positions"] = [start, stop]
+    method = plan.record.get("method", m.name)
+    record = {**plan.record, "method": method, "layers": list(chosen), "positions": [start, stop]}
     return Setup(plan.state, scenario.live_ids, plan.hooks), record
 
 

@@ -17,8 +17,10 @@ up to and including the first end-of-turn token.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,6 @@ class Setup:
 
     def cache(self, model, batch: int, host=None):
         """A fresh cache holding the prefix ``batch`` times (never aliasing the state)."""
-        from dataclasses import replace
-
         from transformers import DynamicCache
 
         from kvbridge.plugins import adapter_of
@@ -65,8 +65,6 @@ def sample(
     ``sampler=None`` decodes greedily (every row the argmax). Rows that emitted a ``stop_ids``
     token keep being fed (fixed batch shape) but their later tokens are dropped from ``tokens``.
     """
-    import torch
-
     n = len(seeds)
     device = next(model.parameters()).device
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -94,8 +92,6 @@ def sample(
 
 def _forced_logprobs(model, setup: Setup, rows: list[list[int]], host=None):
     """Log-probabilities ``[N, S, V]`` (float32) of the next token at each continuation position."""
-    import torch
-
     n, steps = len(rows), max(len(r) for r in rows)
     device = next(model.parameters()).device
     pad = [r + [r[-1] if r else 0] * (steps - len(r)) for r in rows]
@@ -109,8 +105,6 @@ def _forced_logprobs(model, setup: Setup, rows: list[list[int]], host=None):
 
 def costs(model, reference: Setup, steered: Setup, rows: list[list[int]], *, chunk: int = 16, host=None) -> dict:
     """Per-sample costs of ``steered`` on continuations ``rows`` (see the module docstring)."""
-    import torch
-
     keep = [i for i, r in enumerate(rows) if r]
     out = {key: [float("nan")] * len(rows) for key in ("nll_reference", "nll_steered", "kl", "kl_first")}
     for a in range(0, len(keep), chunk):

@@ -3,15 +3,8 @@
 A scorer says whether one sampled continuation (decoded, cut at the end-of-turn token) shows a
 behaviour. No model judges anything. Registered by ``kvbridge.builtin.steering``; plugins add
 their own through ``kvbridge_register_scorers`` (contract: :class:`kvbridge.testing.ScorerContract`).
-
-- ``json_object``: the answer (an optional Markdown code fence removed) starts with a complete JSON
-  object that ``json`` parses;
-- ``json_start``: the answer starts a JSON object (``{`` then ``"`` or ``}``): truncated objects count;
-- ``bullets``: at least two lines start with a bullet (``-``, ``*``, ``•`` and a space);
-- ``positive_sentiment`` / ``negative_sentiment``: more words of that polarity than of the other in a
-  small fixed lexicon (:data:`POSITIVE`, :data:`NEGATIVE`), at least one;
-- ``code_comments``: a ``#`` or ``//`` comment or a docstring inside the code (the fenced blocks
-  when there are any, else every line).
+Each built-in is the function of its name, described in ``_DESCRIPTIONS`` (what ``kvbridge plugins``
+shows); the sentiment scorers count the words of a small fixed lexicon (:data:`POSITIVE`, :data:`NEGATIVE`).
 """
 
 from __future__ import annotations
@@ -81,8 +74,7 @@ def negative_sentiment(text: str) -> bool:
 
 def code_comments(text: str) -> bool:
     blocks = _BLOCK.findall(text)
-    code = "\n".join(blocks) if blocks else text
-    return bool(_COMMENT.search(code))
+    return bool(_COMMENT.search("\n".join(blocks) if blocks else text))
 
 
 #: name -> description of each built-in scorer (the function of that name here)

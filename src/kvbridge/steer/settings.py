@@ -39,12 +39,9 @@ def _path(value, flag: str, *, required: bool = False):
     return path_value(value, flag, required=required, error=KVBridgeError)
 
 
-def _text(value, flag: str, *, required: bool = False):
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
+def _text(value, flag: str, *, required: bool = False) -> None:
+    if (value is not None or required) and not isinstance(value, str):
         raise KVBridgeError(f"{flag} must be text, got {type(value).__name__}", f"pass {flag} as a str")
-    return value
 
 
 def _floats(value, flag: str) -> tuple:

@@ -11,19 +11,24 @@ Each takes a :class:`~kvbridge.run.Run` of its settings (:mod:`kvbridge.steer.se
   ``steer eval``, and its report folder.
 
 ``run.model`` is a :class:`~kvbridge.models.loading.LoadedModel` (its ``tokenizer`` the one to use).
-Each ``prepare_*`` does what can be refused
-before a model loads (a replaceable ``out``, the vector folders, method options, the scorer); the
-call runs it when not given its result.
+Each ``prepare_*`` does what can be refused before a model loads (a replaceable ``out``, the vector
+folders, method options, the scorer); the call runs it when not given its result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from kvbridge.artifacts import atomic_dir, check_replaceable
 from kvbridge.errors import ConfigError
-from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
+from kvbridge.plugins import host_or_default
+from kvbridge.steer.artifact import KIND, load_vector, read_vector, save_vector
+from kvbridge.steer.prompts import chat_mode, guide_scenario, guide_texts, prompt_scenario, split_scenario
+from kvbridge.steer.settings import SWEPT, SteerBuildSettings, SteerEvalSettings, SteerRunSettings
+from kvbridge.steer.settings import SteerTransferSettings
 
 #: the kind of a ``steer eval --out`` report folder
 REPORT_KIND = "kvbridge.steer-eval"
@@ -40,8 +45,6 @@ def _tokenizer_fp(model, tokenizer_path=None) -> dict:
 # -- build ---------------------------------------------------------------------------------------------
 def prepare_build(settings: SteerBuildSettings):
     """The contrastive pairs, read and checked, with ``out`` replaceable."""
-    from kvbridge.artifacts import check_replaceable
-    from kvbridge.steer.artifact import KIND
     from kvbridge.steer.pairs import read_pairs
 
     check_replaceable(settings.out, KIND, overwrite=settings.overwrite)
@@ -50,26 +53,19 @@ def prepare_build(settings: SteerBuildSettings):
 
 def build_steering(run, *, pairs=None) -> tuple[Path, dict]:
     """``(folder, manifest)`` of the vector built for ``run.model`` from ``run.settings.pairs``."""
-    from kvbridge.steer.artifact import read_vector, save_vector
     from kvbridge.steer.vectors import build_vector
 
     s, model, host = run.settings, run.model, run.host
     pairs = pairs if pairs is not None else prepare_build(s)
-    vector = build_vector(
-        model.model, model.tokenizer, pairs, position=s.position, method=s.method, key_space=s.key_space, host=host
-    )
-    path = save_vector(
-        vector, s.out, model.model, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite
-    )
+    m, tok = model.model, model.tokenizer
+    vector = build_vector(m, tok, pairs, position=s.position, method=s.method, key_space=s.key_space, host=host)
+    path = save_vector(vector, s.out, m, tokenizer_fp=_tokenizer_fp(model, s.tokenizer), overwrite=s.overwrite)
     return path, read_vector(path)[0]
 
 
 # -- transfer ------------------------------------------------------------------------------------------
 def prepare_transfer(settings: SteerTransferSettings) -> None:
     """``out`` replaceable and the vector folder readable."""
-    from kvbridge.artifacts import check_replaceable
-    from kvbridge.steer.artifact import KIND, read_vector
-
     check_replaceable(settings.out, KIND, overwrite=settings.overwrite)
     read_vector(settings.vector)
 
@@ -78,7 +74,6 @@ def transfer_steering(run, *, prepared: bool = False) -> tuple[Path, Any]:
     """``(folder, mapping)``: the vector of ``run.source`` moved to ``run.target`` through ``settings.mapping``
     (checked against both models and the pair's tokenizer)."""
     from kvbridge.evaluate.run import mapping_of
-    from kvbridge.steer.artifact import load_vector, save_vector
     from kvbridge.steer.vectors import transfer_vector
 
     settings, src, tgt, host = run.settings, run.source, run.target, run.host
@@ -96,7 +91,6 @@ def method_values(settings: SteerRunSettings, host=None) -> dict:
     """The method options from ``settings.options`` and the shortcut fields that were given; a shortcut
     the method does not have is refused naming its options."""
     from kvbridge.fit.protocol import option_fields, parse_pairs
-    from kvbridge.plugins import host_or_default
 
     values = parse_pairs(settings.options)
     fields = option_fields(host_or_default(host).get("steering_method", settings.method).Options)
@@ -119,16 +113,12 @@ def prepare_run(settings: SteerRunSettings, host=None) -> dict:
     """The method options, checked, and the vector folder readable."""
     values = method_values(settings, host)
     if settings.vector:
-        from kvbridge.steer.artifact import read_vector
-
         read_vector(settings.vector)
     return values
 
 
 def _scenario(model, settings: SteerRunSettings, chat: bool):
     """``(scenario, prefix state or None)`` of where ``settings.at`` puts the edit."""
-    from kvbridge.steer.prompts import guide_scenario, guide_texts, prompt_scenario, split_scenario
-
     tok, s = model.tokenizer, settings
     if s.at == "last":
         return prompt_scenario(tok, s.prompt, chat=chat), None
@@ -145,8 +135,6 @@ def _scenario(model, settings: SteerRunSettings, chat: bool):
 def run_steering(run, *, values: dict | None = None) -> dict:
     """The unsteered and steered continuations of ``run.settings.prompt`` on ``run.model`` (same seed;
     JSON-ready), with the ``steering`` record and whether the steered cache is marked ``approximate``."""
-    from kvbridge.steer.artifact import load_vector
-    from kvbridge.steer.prompts import chat_mode, prompt_scenario
     from kvbridge.steer.run import check_length, prefix_state, run_pair, setup_for
 
     s, model, host = run.settings, run.model, run.host
@@ -156,9 +144,7 @@ def run_steering(run, *, values: dict | None = None) -> dict:
     use_chat = chat_mode(tok, s.chat)
     scenario, prefix = _scenario(model, s, use_chat)
     check_length(m, scenario, s.max_new_tokens, host)
-    other = None
-    if s.other is not None:
-        other = prefix_state(m, prompt_scenario(tok, s.other, chat=use_chat).prefix_ids, host)
+    other = None if s.other is None else prefix_state(m, prompt_scenario(tok, s.other, chat=use_chat).prefix_ids, host)
     base, _ = setup_for(m, scenario, prefix=prefix, host=host)
     steered, record = setup_for(
         m,
@@ -171,59 +157,40 @@ def run_steering(run, *, values: dict | None = None) -> dict:
         prefix=prefix,
         host=host,
     )
-    result = run_pair(m, tok, base, steered, s, host)
-    result["steering"] = record
-    result["approximate"] = bool(steered.prefix is not None and steered.prefix.approximate)
-    return result
+    approximate = bool(steered.prefix is not None and steered.prefix.approximate)
+    return {**run_pair(m, tok, base, steered, s, host), "steering": record, "approximate": approximate}
 
 
 # -- eval ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EvalPrepared:
-    scorer: Callable[[str], bool]
-
-
-def prepare_eval(settings: SteerEvalSettings, host=None) -> EvalPrepared:
-    """``out`` replaceable, the scorer resolved and every vector folder readable."""
-    from kvbridge.plugins import host_or_default
-    from kvbridge.steer.artifact import read_vector
-
+def prepare_eval(settings: SteerEvalSettings, host=None) -> Callable[[str], bool]:
+    """The scorer, resolved, with ``out`` replaceable and every vector folder readable."""
     if settings.out:
-        from kvbridge.artifacts import check_replaceable
-
         check_replaceable(settings.out, REPORT_KIND, overwrite=settings.overwrite)
     score = host_or_default(host).get("scorer", settings.scorer)
     for path in (settings.vector, *settings.extra_vectors.values()):
         read_vector(path)
-    return EvalPrepared(score)
+    return score
 
 
-def evaluate_steering(run, *, prepared: EvalPrepared | None = None, log: Callable[[str], None] | None = None) -> dict:
+def evaluate_steering(run, *, prepared: Callable | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Every arm of ``steer eval`` on ``run.model`` (see :mod:`kvbridge.steer.evaluate`); the result is
-    JSON-ready; with ``settings.out`` the report folder is written (atomically)."""
-    import json
-
-    from kvbridge.steer.artifact import load_vector
+    JSON-ready; with ``settings.out`` the report folder is written (atomically). ``prepared``: the scorer
+    :func:`prepare_eval` returned (resolved here when not given)."""
     from kvbridge.steer.evaluate import evaluate, lines, plot_sweep
-    from kvbridge.steer.settings import SWEPT
 
     s, model, host = run.settings, run.model, run.host
     prepared = prepared or prepare_eval(s, host)
-    m = model.model
+    m, tok = model.model, model.tokenizer
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
     extra = {name: load_vector(path, m, tokenizer_fp=fp, host=host) for name, path in s.extra_vectors.items()}
     arms = replace(
         s, arms=s.arms + tuple(n for n in extra if n not in s.arms), sweep_arms=s.sweep_arms or SWEPT + tuple(extra)
     )
-    result = evaluate(
-        m, model.tokenizer, vector, scorer=prepared.scorer, settings=arms, extra_vectors=extra, host=host, log=log
-    )
+    result = evaluate(m, tok, vector, scorer=prepared, settings=arms, extra_vectors=extra, host=host, log=log)
     result["model"] = model.ref.ref
     result["vector_dir"] = str(s.vector)
     if s.out:
-        from kvbridge.artifacts import atomic_dir
-
         with atomic_dir(s.out, kind=REPORT_KIND, overwrite=s.overwrite) as tmp:
             (tmp / "report.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
             (tmp / "report.md").write_text("\n".join(lines(result)) + "\n")

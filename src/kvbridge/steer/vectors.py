@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+import torch
+
 from kvbridge.errors import KVBridgeError
 
 METHODS = ("mean", "pca")
@@ -64,8 +66,6 @@ class SteeringVector:
         }
 
     def validate(self) -> "SteeringVector":
-        import torch
-
         for name, group in (("keys", self.keys), ("values", self.values), ("residual", self.residual)):
             for i, t in enumerate(group):
                 if not bool(torch.isfinite(t).all()):
@@ -77,10 +77,7 @@ class SteeringVector:
 
 
 def _side_state(adapter, model, spec, enc, capture, key_space: str):
-    import torch
-
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(enc.ids)], device=device)
+    ids = torch.tensor([list(enc.ids)], device=next(model.parameters()).device)
     capture.window = (enc.start, enc.stop)
     state = adapter.extract(model, ids, spec=spec)
     if state.states:
@@ -99,10 +96,7 @@ def _side_state(adapter, model, spec, enc, capture, key_space: str):
 def _pca(diffs):
     """First principal direction of ``diffs [P, ...]`` (centred), sign-aligned with the mean and
     scaled by the mean projection on it."""
-    import torch
-
-    P = diffs.shape[0]
-    flat = diffs.reshape(P, -1).double()
+    flat = diffs.reshape(diffs.shape[0], -1).double()
     mean = flat.mean(0)
     centred = flat - mean
     if float(centred.abs().max()) == 0.0:
@@ -117,8 +111,6 @@ def _pca(diffs):
 
 def _combine(diffs, method: str):
     """``diffs [P, ...]`` -> one direction per (layer, head): the mean, or PCA per head row."""
-    import torch
-
     if method == "mean":
         return diffs.double().mean(0).to(torch.float32)
     if diffs.dim() == 3:  # [P, H, D]: one component per KV head
@@ -138,8 +130,6 @@ def build_vector(
     progress: Callable[[int, int], None] | None = None,
 ) -> SteeringVector:
     """A :class:`SteeringVector` from contrastive ``pairs`` (see the module docstring)."""
-    import torch
-
     from kvbridge.check.validate import one_of
     from kvbridge.plugins import adapter_of
     from kvbridge.steer.hooks import ResidualCapture
@@ -202,8 +192,6 @@ def build_vector(
 def random_like(vector: SteeringVector, seed: int = 0) -> SteeringVector:
     """Random directions with the vector's norm per layer and KV head (K and V) and per layer
     (residual): the control arm. Deterministic in ``seed``."""
-    import torch
-
     g = torch.Generator().manual_seed(int(seed))
 
     def like(t):  # a 1-D residual direction: one norm; K/V [heads, dim]: one per head
@@ -224,8 +212,6 @@ def random_like(vector: SteeringVector, seed: int = 0) -> SteeringVector:
 def transfer_vector(vector: SteeringVector, mapping, target_spec=None) -> SteeringVector:
     """The vector moved through a fitted mapping (strip, map, re-apply as for a cache): per target
     layer ``f([d]) - f([0])``, the mapping's linear part applied to the content directions."""
-    import torch
-
     from kvbridge.kvstate import KVState
 
     if vector.key_space != "content":
