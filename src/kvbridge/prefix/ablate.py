@@ -328,14 +328,9 @@ def ablate(
     with GuideMask(model, chosen, start, stop) as m:
         outcomes["remove_decode"] = _run(model, inject(state), live, None, max_new_tokens, m, mask_decode=True)
     outcomes["recompute"] = _run(model, None, ghost[:keep] + live, None, max_new_tokens)
+    joint = torch.tensor([list(report.joint)], device=device)
     with torch.no_grad():
-        visible = (
-            model(input_ids=torch.tensor([list(report.joint)], device=device), use_cache=False)
-            .logits[0, -1]
-            .float()
-            .cpu()
-        )
-    intact_vs_visible = float((visible - outcomes["intact"].logits).abs().max())
+        visible = model(input_ids=joint, use_cache=False).logits[0, -1].float().cpu()
     intact, recomputed = outcomes["intact"], outcomes["recompute"]
     conditions = {  # in CONDITIONS order
         name: {"vs_intact": _effect(intact, o), "vs_recompute": _effect(recomputed, o), "tokens": o.tokens}
@@ -349,17 +344,12 @@ def ablate(
         "positions' values in the output and kv_zero still dilutes every other weight through Z; only a mask removes",
         "remove_decode masks the guide only after the live prompt was prefilled attending to it: the live tokens' "
         "K/V already carry the guide, so it is not removal",
+        "all layers selected: remove_prefill re-numbers the live positions after the kept prefix, so it "
+        "should match recompute up to floating-point noise"
+        if all_layers
+        else "only some layers selected: remove_prefill keeps positions (the other layers still see the "
+        "guide); recompute removes the guide everywhere",
     ]
-    if all_layers:
-        notes.append(
-            "all layers selected: remove_prefill re-numbers the live positions after the kept prefix, so it "
-            "should match recompute up to floating-point noise"
-        )
-    else:
-        notes.append(
-            "only some layers selected: remove_prefill keeps positions (the other layers still see the "
-            "guide); recompute removes the guide everywhere"
-        )
     split_info = {
         "kind": split.kind,
         "matches_joint": split.matches_joint,
@@ -375,7 +365,7 @@ def ablate(
         split=split_info,
         conditions=conditions,
         positions=positions,
-        intact_vs_visible_max_abs=intact_vs_visible,
+        intact_vs_visible_max_abs=float((visible - intact.logits).abs().max()),
         notes=notes,
     )
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Callable, Sequence
 
-from kvbridge.errors import KVBridgeError
+from kvbridge.errors import KVBridgeError, names_value
 from kvbridge.plugins import adapter_of
 from kvbridge.settings_fields import option
 
@@ -323,8 +323,7 @@ class DivergeSettings:
     paths: Sequence[str] = option(PATHS, "Paths to compare.", cli_default=",".join(PATHS), show_default=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.paths, str):
-            object.__setattr__(self, "paths", tuple(p.strip() for p in self.paths.split(",") if p.strip()))
+        object.__setattr__(self, "paths", names_value(self.paths, "--paths"))
 
 
 def diverge(
@@ -405,9 +404,7 @@ def diverge(
             trajs[path] = runner.run(path, lambda lg, g=gen: sampler.draw(lg, g), max_new_tokens)
         tokens[seed] = {p: t.tokens for p, t in trajs.items()}
         for a, b in pairs:
-            res = compare_trajectories(trajs[a], trajs[b], sampler)
-            res["seed"] = seed
-            per_pair[f"{a}-vs-{b}"]["seeds"].append(res)
+            per_pair[f"{a}-vs-{b}"]["seeds"].append({**compare_trajectories(trajs[a], trajs[b], sampler), "seed": seed})
         if on_seed is not None:
             on_seed(seed, {name: data["seeds"][-1] for name, data in per_pair.items()})
         if progress is not None:

@@ -21,6 +21,7 @@ from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerpr
 SCHEMA_VERSION = 2  # 2: manifest "kv_layout" (K/V stacked in one tensor); schema 1 packs are read as before
 PACK_KIND = "kvbridge.prefix-pack"
 TENSOR_FILE = "kv.safetensors"
+FIX = "re-create the pack with kvbridge pack save"
 #: how the tensor file holds K/V (manifest ``kv_layout``): ``stacked`` is one tensor ``kv``
 #: ``[layers, 2 (keys, values), batch, kv heads, tokens, head dim]`` (every layer of one shape);
 #: ``layers`` is ``layers.{i}.keys`` / ``layers.{i}.values`` per layer (schema 1 packs, and models
@@ -206,10 +207,9 @@ def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> Non
     from kvbridge.artifacts import check_kind
     from kvbridge.check.validate import require_fields
 
-    fix = "re-create the pack with kvbridge pack save"
-    require_fields(manifest, REQUIRED, where, fix=fix)
+    require_fields(manifest, REQUIRED, where, fix=FIX)
     check_kind(manifest, PACK_KIND, SCHEMA_VERSION, where, "prefix pack", "pass a prefix pack folder")
-    require_fields(manifest, NESTED_REQUIRED, where, fix=fix)
+    require_fields(manifest, NESTED_REQUIRED, where, fix=FIX)
     if manifest.get("kv_layout", PER_LAYER) not in KV_LAYOUTS:
         raise ArtifactError(
             f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",
@@ -263,19 +263,15 @@ def compare(
     ):
         if stored != now:
             out.append(Mismatch(name, *_diff_dict(stored, now), False))
-    if manifest["dtype"] != spec.dtype:
-        out.append(Mismatch("dtype", manifest["dtype"], spec.dtype, True))
-    cfg = model_config_fingerprint(model)
-    if m["config_fingerprint"] != cfg:
-        out.append(Mismatch("config", m["config_fingerprint"], cfg, True))
+    forceable = [
+        ("dtype", manifest["dtype"], spec.dtype),
+        ("config", m["config_fingerprint"], model_config_fingerprint(model)),
+    ]
     if check_weights:
-        wfp = weights_fp or weights_fingerprint(model)
-        if m["weights_fingerprint"] != wfp:
-            out.append(Mismatch("weights", m["weights_fingerprint"], wfp, True))
+        forceable.append(("weights", m["weights_fingerprint"], weights_fp or weights_fingerprint(model)))
     if tokenizer_fp is not None and tokenizer_fp.get("fingerprint"):
-        have = manifest["tokenizer"].get("fingerprint")
-        if have != tokenizer_fp["fingerprint"]:
-            out.append(Mismatch("tokenizer", have, tokenizer_fp["fingerprint"], True))
+        forceable.append(("tokenizer", manifest["tokenizer"].get("fingerprint"), tokenizer_fp["fingerprint"]))
+    out += [Mismatch(name, stored, now, True) for name, stored, now in forceable if stored != now]
     if guide_ids_now is not None and list(guide_ids_now) != list(manifest["guide"]["token_ids"]):
         out.append(
             Mismatch("guide_token_ids", f"{manifest['guide']['num_tokens']} ids", f"{len(guide_ids_now)} ids now", True)
