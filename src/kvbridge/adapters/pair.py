@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
+
 #: the fit's calibration text: the front quarter of the corpus (the adapter trained on [0.5, 0.7))
 CALIBRATION_SLICE = (0.0, 0.25)
 ROWS = ("native", "fitted", "plain", "no_prefix")
@@ -180,8 +182,6 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
     n = max(2, tokens // seq_len)
     ids = tokenizer(front[: tokens * 8], add_special_tokens=False)["input_ids"][: n * seq_len]
     if len(ids) < n * seq_len:
-        from kvbridge.adapters import AdapterError
-
         raise AdapterError(
             f"the calibration slice gives {len(ids)} tokens, fewer than {n * seq_len}",
             "lower calibration tokens or pass a bigger corpus",
@@ -231,7 +231,6 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     import torch
 
     from kvbridge.family_adapter import weights_fingerprint
-    from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -105,8 +106,7 @@ def chat_texts(tokenizer, system: str = SYSTEM, user: str = USER) -> tuple[str, 
     (:func:`kvbridge.steer.prompts.guide_texts`)."""
     from kvbridge.steer.prompts import guide_texts
 
-    guide, live, _ = guide_texts(tokenizer, system, user, chat=True)
-    return guide, live
+    return guide_texts(tokenizer, system, user, chat=True)[:2]
 
 
 def chat_split(tokenizer, system: str = SYSTEM, user: str = USER):
@@ -223,7 +223,6 @@ def cast(loaded, dtype: str):
     Like ``from_pretrained(dtype=...)``, float buffers (the rotary ``inv_freq``) stay float32: a
     whole-module ``.to(bfloat16)`` would round them and change the model's own RoPE tables."""
     import copy
-    from dataclasses import replace
 
     import torch
 
@@ -282,8 +281,6 @@ def _pack_part(ctx: RealContext) -> None:
     lm = ctx.model("float32")
     folder = f"{ctx.report_dir}/smollm2-system-pack" if ctx.report_dir else None
     if folder:
-        from pathlib import Path
-
         Path(ctx.report_dir).mkdir(parents=True, exist_ok=True)
     res = pack_check(lm.model, lm.tokenizer, new_tokens=ctx.new_tokens, folder=folder)
     ctx.results["pack"] = res.__dict__

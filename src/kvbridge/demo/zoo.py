@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from kvbridge.errors import ConfigError
+from kvbridge.zoo import default_corpus
 
 SEQ_LEN = 128  # the zoo's training sequence length: calibration sequences are this long
 
@@ -22,12 +24,8 @@ def find_corpus(corpus: str | None) -> Path | None:
     if corpus:
         path = Path(corpus)
         if not path.is_file():
-            from kvbridge.errors import ConfigError
-
             raise ConfigError(f"corpus not found at {path}", "pass --corpus PATH to a text file")
         return path
-    from kvbridge.zoo import default_corpus
-
     path = default_corpus()
     return path if path.is_file() else None
 
@@ -127,8 +125,6 @@ def zoo_section(settings) -> dict:
     samples, prefix_len, continuation_len, seed = s.samples, s.prefix_len, s.continuation_len, s.seed
     import json
 
-    from transformers.utils import logging as hf_logging
-
     from kvbridge.models.compat import check_models
     from kvbridge.evaluate import evaluate
     from kvbridge.evaluate.report import md_table, terminal_table, text_table, to_json, write_report
@@ -136,8 +132,9 @@ def zoo_section(settings) -> dict:
     from kvbridge.run import model_run
     from kvbridge.plugins import get_host
     from kvbridge.models import load, resolve
+    from kvbridge.threads import quiet_torch
 
-    hf_logging.set_verbosity_error()
+    quiet_torch(None)  # transformers' logging quiet
     host = get_host()
     t_start = time.perf_counter()
     corpus_path = find_corpus(s.corpus)
