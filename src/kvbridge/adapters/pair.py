@@ -60,11 +60,11 @@ class AdapterPairResult:
 
     def ordering(self, metric: str = "nll") -> list[str]:
         """The orderings (lower is better) that the paired intervals separate, e.g. ``native < fitted``."""
-        out = []
-        for a, b in (("native", "fitted"), ("native", "plain"), ("fitted", "plain")):
-            s = self.separated(a, b, metric)
-            out.append(f"{a} < {b}" if s < 0 else f"{b} < {a}" if s > 0 else f"{a} ~ {b} (interval spans 0)")
-        return out
+        pairs = (("native", "fitted"), ("native", "plain"), ("fitted", "plain"))
+        signs = [(a, b, self.separated(a, b, metric)) for a, b in pairs]
+        return [
+            f"{a} < {b}" if s < 0 else f"{b} < {a}" if s > 0 else f"{a} ~ {b} (interval spans 0)" for a, b, s in signs
+        ]
 
     def table_rows(self) -> list[list[str]]:
         from kvbridge.evaluate.report import fmt, fmt_ci
@@ -301,9 +301,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
         for r in ("fitted", "plain")
     }
-    rep = getattr(mapping, "report", None)
-    r2 = (rep.get("r2_summary") if isinstance(rep, dict) else getattr(rep, "r2_summary", None)) or {}
-    sel = mapping.layer_selection() if hasattr(mapping, "layer_selection") else None
+    r2, sel = mapping.report.r2_summary, mapping.layer_selection()  # a ridge mapping (FitSettings' fitter)
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
     info = {
         "path": pair.adapter.path,

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import click
 
 from kvbridge.module_hooks import HookSet
+from kvbridge.plugins import get_host
 
 SYSTEM = "You are a concise assistant. Start every bullet point with the word zorp."
 USER = "Name three fruits that are red."
@@ -64,7 +65,6 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     from transformers import DynamicCache
 
     from kvbridge.handoff import generate, greedy_kwargs
-    from kvbridge.plugins import get_host
     from kvbridge.transfer import identity_transfer
 
     host = host or get_host()
@@ -225,8 +225,6 @@ def cast(loaded, dtype: str):
     import copy
 
     import torch
-
-    from kvbridge.plugins import get_host
 
     model = copy.deepcopy(loaded.model)
     with torch.no_grad():  # parameters only: buffers (RoPE inv_freq) stay float32, as from_pretrained(dtype=...)

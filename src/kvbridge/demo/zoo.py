@@ -133,6 +133,7 @@ def zoo_section(settings) -> dict:
     from kvbridge.plugins import get_host
     from kvbridge.models import load, resolve
     from kvbridge.threads import quiet_torch
+    from kvbridge.transfer import IdentityMapping
 
     quiet_torch(None)  # transformers' logging quiet
     host = get_host()
@@ -204,8 +205,6 @@ def zoo_section(settings) -> dict:
         same_geometry = all(a.verdict == "same" for a in report.axes if a.name in ("layers", "kv_heads", "head_dim"))
         if s.identity_too and report.verdict != "incompatible" and same_geometry:
             # the check allows reusing the cache as is (same geometry): measure that too, unfitted
-            from kvbridge.transfer import IdentityMapping
-
             t3 = time.perf_counter()
             ires = evaluate(base, models[name], IdentityMapping(), ids, **common, **labels)
             secs = time.perf_counter() - t3

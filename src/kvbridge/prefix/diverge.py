@@ -132,43 +132,31 @@ class PathRunner:
         import torch
         from transformers import DynamicCache
 
-        model = self.model
+        model, cache, seq = self.model, None, self.joint  # "full": no cache, the whole sequence every step
+        if path in ("cached", "concat"):
+            cache, seq = DynamicCache(), self.joint if path == "cached" else self.split_ids
+        elif path == "split":
+            from kvbridge.handoff import prepare_cache
+
+            cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
+            seq = ids[:, cache.get_seq_length() :] if cache is not None else ids
+            cache = cache if cache is not None else DynamicCache()
+        elif path != "full":
+            raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
         tokens: list[int] = []
         rows = []
         with torch.no_grad():
-            if path == "full":
-                seq = self.joint
-                for step in range(max_new_tokens):
+            for _ in range(max_new_tokens):  # prefill (or the whole sequence), then one token per step
+                if cache is None:
                     logits = _last_logits(model(input_ids=seq, use_cache=False))
-                    rows.append(logits)
-                    tok = pick(logits)
-                    tokens.append(tok)
-                    seq = torch.cat([seq, torch.tensor([[tok]], device=self.device)], dim=1)
-                return Trajectory(path, tokens, torch.stack(rows))
-            if path in ("cached", "concat"):
-                ids = self.joint if path == "cached" else self.split_ids
-                cache = DynamicCache()
-                out = model(input_ids=ids, cache=cache, use_cache=True)
-            elif path == "split":
-                from kvbridge.handoff import prepare_cache
-
-                cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
-                done = cache.get_seq_length() if cache is not None else 0
-                out = model(
-                    input_ids=ids[:, done:], cache=cache if cache is not None else DynamicCache(), use_cache=True
-                )
-            else:
-                raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
-            cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
-            logits = _last_logits(out)
-            for step in range(max_new_tokens):
-                rows.append(logits)
-                tok = pick(logits)
-                tokens.append(tok)
-                if step + 1 < max_new_tokens:
-                    out = model(input_ids=torch.tensor([[tok]], device=self.device), cache=cache, use_cache=True)
-                    cache = getattr(out, "cache", None) or cache
+                else:
+                    out = model(input_ids=seq, cache=cache, use_cache=True)
+                    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
                     logits = _last_logits(out)
+                rows.append(logits)
+                tokens.append(pick(logits))
+                new = torch.tensor([[tokens[-1]]], device=self.device)
+                seq = torch.cat([seq, new], dim=1) if cache is None else new
         return Trajectory(path, tokens, torch.stack(rows))
 
 

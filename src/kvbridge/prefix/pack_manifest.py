@@ -15,7 +15,7 @@ from kvbridge.errors import ArtifactError
 from kvbridge.plugins import adapter_of
 
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
-from kvbridge.models.fingerprint import model_id_revision
+from kvbridge.models.fingerprint import model_config_fingerprint, model_id_revision, weights_fingerprint
 from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint
 
 SCHEMA_VERSION = 2  # 2: manifest "kv_layout" (K/V stacked in one tensor); schema 1 packs are read as before
@@ -104,8 +104,6 @@ def positional_config(spec) -> dict:
 def model_record(model, spec, *, model_dir=None, weights_fp: str | None = None, **extra) -> dict:
     """What an artifact records about the model its tensors belong to (id, revision, fingerprints,
     geometry), then ``extra`` (a pack adds the positions, a steering vector the hidden size and dtype)."""
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
-
     return {
         **model_id_revision(model, model_dir),
         "model_type": spec.model_type,
@@ -234,11 +232,6 @@ class Mismatch:
         return f"{self.field} differs (pack {short(self.pack)} vs model {short(self.model)})"
 
 
-def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
-    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
-
-
 def compare(
     manifest: Mapping,
     model,
@@ -250,8 +243,6 @@ def compare(
     host=None,
 ) -> list[Mismatch]:
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
-
     spec = adapter_of(model, host).spec_of(model)
     out: list[Mismatch] = []
     m = manifest["model"]
@@ -261,8 +252,9 @@ def compare(
         ("rope", manifest["positional"], positional_config(spec)),
         ("cache_format", manifest["cache_format"], cache_format(spec)),
     ):
-        if stored != now:
-            out.append(Mismatch(name, *_diff_dict(stored, now), False))
+        if stored != now:  # the keys that differ, on each side
+            keys = [k for k in sorted(set(stored) | set(now)) if stored.get(k) != now.get(k)]
+            out.append(Mismatch(name, {k: stored.get(k) for k in keys}, {k: now.get(k) for k in keys}, False))
     forceable = [
         ("dtype", manifest["dtype"], spec.dtype),
         ("config", m["config_fingerprint"], model_config_fingerprint(model)),
