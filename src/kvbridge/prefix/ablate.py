@@ -179,14 +179,12 @@ def _run(
         kwargs: dict = {"input_ids": torch.tensor([chunk], device=device), "cache": cache, "use_cache": True}
         if chunk_pos is not None:
             kwargs["position_ids"] = torch.tensor([chunk_pos], device=device)
-        out = model(**kwargs)
-        return out.logits[0, -1].detach().float().cpu().clone()
+        return model(**kwargs).logits[0, -1].detach().float().cpu().clone()
 
     with torch.no_grad():
         if len(ids) > 1:
             forward(ids[:-1], pos[:-1] if pos else None, mask_prefill)
-        logits = forward(ids[-1:], pos[-1:] if pos else None, mask_prefill or mask_decode)
-        first = logits
+        first = logits = forward(ids[-1:], pos[-1:] if pos else None, mask_prefill or mask_decode)
         tokens: list[int] = []
         for step in range(max_new_tokens):
             tok = int(logits.argmax())
