@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from kvbridge.conformance import tiny
@@ -59,15 +60,12 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 
 
 def _layout(spec) -> str:
-    from collections import Counter
-
     counts = Counter(spec.layer_types or ("full_attention",) * spec.num_layers)
     names = {
         "full_attention": "full",
         "sliding_attention": f"sliding {spec.sliding_window}",
         "chunked_attention": f"chunked {spec.attention_chunk_size}",
         "linear_attention": "recurrent",
-        "conv": "conv",
         "shared_kv": "shared-KV",
         "no_attention": "no-attention",
     }

@@ -348,10 +348,8 @@ def diverge(
             f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}", "pass e.g. --paths full,cached,split"
         )
     sampler = Sampler(s.temperature, s.top_p)
-    if s.greedy_only:
-        seed_list = ()
-    else:
-        seed_list = tuple(range(s.seeds)) if isinstance(s.seeds, int) else tuple(int(x) for x in s.seeds)
+    seeds = range(s.seeds) if isinstance(s.seeds, int) else s.seeds  # a count: seeds 0..N-1
+    seed_list = () if s.greedy_only else tuple(int(x) for x in seeds)
     report = split_text(tokenizer, guide, prompt, s.sep)
     chosen = report.get(split)  # "safe" raises unless ghost + live == joint, id for id (no exact split)
     spec = adapter_of(model, host).spec_of(model)

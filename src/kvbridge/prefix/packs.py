@@ -413,8 +413,7 @@ def load_pack(
     if hard or (mismatches and not force):
         raise _refusal(path, mismatches, forced_ok=not hard)
     state = state_from_tensors(tensors, manifest["state"], str(path / TENSOR_FILE), FIX)
-    ids = [int(x) for x in state.token_ids[0].tolist()]
-    if ids != list(manifest["guide"]["token_ids"]):
+    if state.token_ids[0].tolist() != list(manifest["guide"]["token_ids"]):
         raise ArtifactError(
             f"pack {path}: stored token ids disagree with the manifest's guide ids", "re-create the pack"
         )
