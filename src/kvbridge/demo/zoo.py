@@ -142,17 +142,14 @@ def zoo_section(settings) -> dict:
     loaded = load("zoo:base", host=host)
     base, tok = loaded.model, loaded.tokenizer
     models = {"base": base, **{name: load(f"zoo:{name}", host=host, tokenizer=False).model for name in s.pairs}}
-    if corpus_path is not None:
-        click.echo(
-            f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
-            f"split); evaluation: its held-out last 10%)"
-        )
-    else:
-        click.echo(
-            "\n== 2. Zoo: check -> fit -> eval  (no corpus found: calibration and evaluation text are "
-            "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
-            "target); pass --corpus PATH for real text)"
-        )
+    click.echo(
+        f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
+        f"split); evaluation: its held-out last 10%)"
+        if corpus_path is not None
+        else "\n== 2. Zoo: check -> fit -> eval  (no corpus found: calibration and evaluation text are "
+        "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
+        "target); pass --corpus PATH for real text)"
+    )
     calib = calibration_ids(corpus_path, tok, models, s.tokens, seed=1000 + seed)
     length = prefix_len + continuation_len + 1
     shared = eval_ids(corpus_path, tok, models, samples, length, seed=2000 + seed) if corpus_path else None
