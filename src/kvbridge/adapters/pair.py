@@ -19,10 +19,11 @@ KL: :meth:`AdapterPairResult.ordering` states only the orderings those intervals
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, text_table
 
 #: the fit's calibration text: the front quarter of the corpus (the adapter trained on [0.5, 0.7))
 CALIBRATION_SLICE = (0.0, 0.25)
@@ -67,8 +68,6 @@ class AdapterPairResult:
         ]
 
     def table_rows(self) -> list[list[str]]:
-        from kvbridge.evaluate.report import fmt, fmt_ci
-
         def row(r, c):
             return [
                 ROW_LABELS[r],
@@ -126,8 +125,6 @@ class AdapterPairResult:
         return lines
 
     def render(self) -> str:
-        from kvbridge.evaluate.report import text_table
-
         lines = self._header() + [
             "",
             *text_table(self.HEADS, self.table_rows(), right=False),
@@ -146,8 +143,6 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        from kvbridge.evaluate.report import md_table
-
         lines = [f"- {line}" for line in self._header()] + [
             "",
             *md_table(self.HEADS, self.table_rows()),
@@ -165,8 +160,6 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         from kvbridge.progress import json_ready
 
         return json_ready(asdict(self), stringify=False)

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from kvbridge.builtin.families import hf_cache
 from kvbridge.conformance import tiny
 from kvbridge.errors import KVBridgeError
 from kvbridge.plugins import host_or_default
@@ -88,8 +89,6 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         out = m(input_ids=ids, use_cache=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if cache is None:  # the model fills a cache it is given but returns none (XLM): give it generate's own
-        from kvbridge.builtin.families import hf_cache
-
         cache, m = hf_cache.reference_cache(model), copy.deepcopy(model)
         with torch.no_grad():
             m(input_ids=ids, cache=cache, use_cache=True)
@@ -147,8 +146,6 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
 def _shift_check(model, spec, adapter, ids):
     """Re-positioned state vs the model's own cache at shifted positions, per layer."""
     import torch
-
-    from kvbridge.builtin.families import hf_cache
 
     state = adapter.extract(copy.deepcopy(model), ids)
     moved = state.reposition(SHIFT) if spec.positional == "rope" else state  # alibi / none: keys position-free

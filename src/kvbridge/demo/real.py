@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import click
 
+from kvbridge.handoff import generate, greedy_kwargs
+from kvbridge.models import load, resolve
 from kvbridge.module_hooks import HookSet
 from kvbridge.plugins import get_host
 
@@ -64,7 +66,6 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     import torch
     from transformers import DynamicCache
 
-    from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.transfer import identity_transfer
 
     host = host or get_host()
@@ -154,7 +155,6 @@ def pack_check(
     """Save the system turn as a pack, restore it with zero forwards, continue the chat from it."""
     import torch
 
-    from kvbridge.handoff import greedy_kwargs
     from kvbridge.prefix.packs import load_pack, save_pack
 
     split = chat_split(tokenizer, system, user).require_safe()
@@ -211,8 +211,6 @@ class RealContext:
         """The model in ``dtype``: loaded once in float32, other dtypes cast from it (what loading
         a GGUF in that dtype does: dequantize to float32, then cast), saving a second dequantization."""
         if dtype not in self.loaded:
-            from kvbridge.models import load
-
             self.loaded[dtype] = cast(self.model(), dtype) if dtype != "float32" else load(self.ref, dtype=dtype)
         return self.loaded[dtype]
 
@@ -317,8 +315,6 @@ def real_section(
     only: tuple = (),
 ) -> RealContext:
     """Run every part of :data:`REAL_SECTIONS` (or those named in ``only``) on ``ref``."""
-    from kvbridge.models import resolve
-
     t0 = time.perf_counter()
     resolved = resolve(ref)
     click.echo(

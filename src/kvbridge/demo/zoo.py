@@ -15,6 +15,8 @@ from pathlib import Path
 import click
 
 from kvbridge.errors import ConfigError
+from kvbridge.evaluate import corpus_samples, evaluate, model_samples
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, terminal_table, text_table, to_json, write_report
 from kvbridge.zoo import default_corpus
 
 SEQ_LEN = 128  # the zoo's training sequence length: calibration sequences are this long
@@ -33,8 +35,6 @@ def find_corpus(corpus: str | None) -> Path | None:
 def _sampled(models: dict, n: int, length: int, seed: int):
     """``[n, length]`` ids sampled from every model of ``models`` in equal shares, fixed seeds."""
     import torch
-
-    from kvbridge.evaluate import model_samples
 
     names = sorted(models)
     per = -(-n // len(names))
@@ -57,8 +57,6 @@ def calibration_ids(corpus: Path | None, tokenizer, models: dict, tokens: int, s
 
 def eval_ids(corpus: Path | None, tokenizer, models: dict, n: int, length: int, seed: int = 2000):
     """``(samples [n, length], data info)``: the corpus's held-out tail, or model samples."""
-    from kvbridge.evaluate import corpus_samples
-
     if corpus is not None:
         return corpus_samples(corpus, tokenizer, n=n, length=length)
     return _sampled(models, n, length, seed), {
@@ -88,7 +86,6 @@ COMPARE = (
 
 def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
     from kvbridge.evaluate.conditions import CONTROLS
-    from kvbridge.evaluate.report import fmt, fmt_ci
 
     rows = []
     for pair, res in results.items():
@@ -126,8 +123,6 @@ def zoo_section(settings) -> dict:
     import json
 
     from kvbridge.models.compat import check_models
-    from kvbridge.evaluate import evaluate
-    from kvbridge.evaluate.report import md_table, terminal_table, text_table, to_json, write_report
     from kvbridge.fit import FitSettings, fit_run
     from kvbridge.run import model_run
     from kvbridge.plugins import get_host

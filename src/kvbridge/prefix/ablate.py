@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from kvbridge.divergence import first_divergence, kl
 from kvbridge.errors import KVBridgeError
 from kvbridge.plugins import adapter_of
 from kvbridge.module_hooks import HookSet
@@ -198,8 +199,6 @@ def _run(
 
 
 def _agreement(a: list, b: list) -> dict:
-    from kvbridge.divergence import first_divergence
-
     n = min(len(a), len(b))
     first = first_divergence(a, b)
     prefix = n if first is None else first
@@ -213,8 +212,6 @@ def _agreement(a: list, b: list) -> dict:
 
 
 def _effect(ref: Outcome, got: Outcome) -> dict:
-    from kvbridge.divergence import kl
-
     return {
         "kl": float(kl(ref.logits, got.logits).sum()),
         "top1_ref": int(ref.logits.argmax()),

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Callable, Sequence
 
+from kvbridge.divergence import first_divergence, nucleus, topk_overlap, tv_top_p
 from kvbridge.errors import KVBridgeError, names_value
 from kvbridge.plugins import adapter_of
 from kvbridge.settings_fields import option
@@ -69,8 +70,6 @@ class Sampler:
         """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary
         (:func:`kvbridge.divergence.nucleus`: tokens tied at the edge of the nucleus are all kept)."""
         import torch
-
-        from kvbridge.divergence import nucleus
 
         p = torch.softmax(logits.double() / self.temperature, dim=-1)
         return nucleus(p, self.top_p) if self.top_p < 1.0 else p
@@ -164,8 +163,6 @@ class PathRunner:
 def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict:
     """Identical, or the first divergence step with the metrics at that step."""
     import torch
-
-    from kvbridge.divergence import first_divergence, topk_overlap, tv_top_p
 
     n = min(len(a.tokens), len(b.tokens))
     first = first_divergence(a.tokens, b.tokens)

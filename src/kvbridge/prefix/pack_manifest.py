@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.errors import ArtifactError
+from kvbridge.artifacts import check_kind, library_versions
+from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
 from kvbridge.plugins import adapter_of
 
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
@@ -130,7 +131,6 @@ def build_manifest(
     kv_layout: str = PER_LAYER,
     reference: str | None = None,
 ) -> dict:
-    from kvbridge.artifacts import library_versions
     from kvbridge.kvstate_io import state_manifest
 
     spec = state.spec
@@ -180,7 +180,6 @@ def model_reference(ref) -> str:
 def recorded_model(manifest: Mapping, where: str) -> str:
     """The model reference a pack was saved with, resolved here (``kvbridge pack export`` without
     ``--model``); a one-line error when the pack records none or it does not resolve."""
-    from kvbridge.errors import ConfigError, KVBridgeError
     from kvbridge.models import resolve
 
     m = manifest.get("model") or {}
@@ -202,7 +201,6 @@ def recorded_model(manifest: Mapping, where: str) -> str:
 
 def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> None:
     """Minimal schema check: required keys present with the right JSON types (see the schema file)."""
-    from kvbridge.artifacts import check_kind
     from kvbridge.check.validate import require_fields
 
     require_fields(manifest, REQUIRED, where, fix=FIX)

@@ -32,7 +32,9 @@ from typing import Any
 
 from kvbridge.artifacts import check_replaceable, read_artifact, write_artifact
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
+from kvbridge.models.fingerprint import weights_fingerprint
 from kvbridge.plugins import adapter_of
+from kvbridge.prefix.splits import SplitError, encode, special_affixes, split_text, strip_suffix
 from kvbridge.prefix.pack_manifest import (
     FIX,
     FORCEABLE,
@@ -70,8 +72,6 @@ class PackForceWarning(UserWarning):
 # -- saving ---------------------------------------------------------------------------------------
 def guide_ids_of(tokenizer: Any, text: str) -> list[int]:
     """The ghost ids of a guide text: encoded with the tokenizer's leading special tokens (BOS)."""
-    from kvbridge.prefix.splits import SplitError, strip_suffix, encode, special_affixes
-
     if not text or not text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
     _prefix, suffix = special_affixes(tokenizer)
@@ -129,8 +129,6 @@ def save_pack(
     """
     ident = identity if identity is not None else PackIdentity(**fields)
     import torch
-
-    from kvbridge.prefix.splits import special_affixes
 
     out = Path(out)
     check_replaceable(out, PACK_KIND, overwrite=overwrite)  # before the prefill: refuse early
@@ -291,8 +289,6 @@ class Pack:
 
     def split_for(self, tokenizer: Any, live: str, sep: str = " "):
         """The exact split of ``guide + sep + live`` whose ghost is this pack (or a SplitError)."""
-        from kvbridge.prefix.splits import SplitError, split_text
-
         if self.guide_text is None:
             raise SplitError("this pack stores no guide text", "encode the live part yourself and check the ids")
         report = split_text(tokenizer, self.guide_text, live, sep)
@@ -461,8 +457,6 @@ def round_trip(model, guide_ids, guide_text: str | None, *, tokenizer_fp: dict, 
     """The guide saved as a pack in a temporary folder and loaded back: the state a restore from disk
     gives (zero forward passes at load), checked like any pack."""
     import tempfile
-
-    from kvbridge.models.fingerprint import weights_fingerprint
 
     wfp = weights_fingerprint(model)
     with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:
