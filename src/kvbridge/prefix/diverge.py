@@ -132,19 +132,19 @@ class PathRunner:
         from transformers import DynamicCache
 
         model, cache, seq = self.model, None, self.joint  # "full": no cache, the whole sequence every step
-        if path in ("cached", "concat"):
-            cache, seq = DynamicCache(), self.joint if path == "cached" else self.split_ids
-        elif path == "split":
-            from kvbridge.handoff import prepare_cache
-
-            cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
-            seq = ids[:, cache.get_seq_length() :] if cache is not None else ids
-            cache = cache if cache is not None else DynamicCache()
-        elif path != "full":
-            raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
         tokens: list[int] = []
         rows = []
         with torch.no_grad():
+            if path in ("cached", "concat"):
+                cache, seq = DynamicCache(), self.joint if path == "cached" else self.split_ids
+            elif path == "split":
+                from kvbridge.handoff import prepare_cache
+
+                cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
+                seq = ids[:, cache.get_seq_length() :] if cache is not None else ids
+                cache = cache if cache is not None else DynamicCache()
+            elif path != "full":
+                raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
             for _ in range(max_new_tokens):  # prefill (or the whole sequence), then one token per step
                 if cache is None:
                     logits = _last_logits(model(input_ids=seq, use_cache=False))
