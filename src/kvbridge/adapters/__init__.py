@@ -159,12 +159,10 @@ def load_adapter_pair(adapter_dir: str | Path = SHIPPED, base: str = "smollm2", 
     from kvbridge.models import load
 
     loaded = load(base, dtype=dtype)
-    model, tok = loaded.model, loaded.tokenizer
-    model.eval()
+    model = loaded.model.eval()
     info = read_adapter(adapter_dir)  # read (and its weights hashed) once
-    tuned = load_with_adapter(model, adapter_dir, info=info)
-    tuned.eval()
-    return AdapterPair(base=model, tuned=tuned, tokenizer=tok, adapter=info, base_name=base)
+    tuned = load_with_adapter(model, adapter_dir, info=info).eval()
+    return AdapterPair(base=model, tuned=tuned, tokenizer=loaded.tokenizer, adapter=info, base_name=base)
 
 
 __all__ = [

@@ -19,8 +19,11 @@ KL: :meth:`AdapterPairResult.ordering` states only the orderings those intervals
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, text_table
 
 #: the fit's calibration text: the front quarter of the corpus (the adapter trained on [0.5, 0.7))
 CALIBRATION_SLICE = (0.0, 0.25)
@@ -58,15 +61,13 @@ class AdapterPairResult:
 
     def ordering(self, metric: str = "nll") -> list[str]:
         """The orderings (lower is better) that the paired intervals separate, e.g. ``native < fitted``."""
-        out = []
-        for a, b in (("native", "fitted"), ("native", "plain"), ("fitted", "plain")):
-            s = self.separated(a, b, metric)
-            out.append(f"{a} < {b}" if s < 0 else f"{b} < {a}" if s > 0 else f"{a} ~ {b} (interval spans 0)")
-        return out
+        pairs = (("native", "fitted"), ("native", "plain"), ("fitted", "plain"))
+        signs = [(a, b, self.separated(a, b, metric)) for a, b in pairs]
+        return [
+            f"{a} < {b}" if s < 0 else f"{b} < {a}" if s > 0 else f"{a} ~ {b} (interval spans 0)" for a, b, s in signs
+        ]
 
     def table_rows(self) -> list[list[str]]:
-        from kvbridge.evaluate.report import fmt, fmt_ci
-
         def row(r, c):
             return [
                 ROW_LABELS[r],
@@ -124,8 +125,6 @@ class AdapterPairResult:
         return lines
 
     def render(self) -> str:
-        from kvbridge.evaluate.report import text_table
-
         lines = self._header() + [
             "",
             *text_table(self.HEADS, self.table_rows(), right=False),
@@ -144,8 +143,6 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        from kvbridge.evaluate.report import md_table
-
         lines = [f"- {line}" for line in self._header()] + [
             "",
             *md_table(self.HEADS, self.table_rows()),
@@ -163,8 +160,6 @@ class AdapterPairResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
-
         from kvbridge.progress import json_ready
 
         return json_ready(asdict(self), stringify=False)
@@ -180,8 +175,6 @@ def calibration_ids(tokenizer, text: str, tokens: int, seq_len: int = 128):
     n = max(2, tokens // seq_len)
     ids = tokenizer(front[: tokens * 8], add_special_tokens=False)["input_ids"][: n * seq_len]
     if len(ids) < n * seq_len:
-        from kvbridge.adapters import AdapterError
-
         raise AdapterError(
             f"the calibration slice gives {len(ids)} tokens, fewer than {n * seq_len}",
             "lower calibration tokens or pass a bigger corpus",
@@ -231,7 +224,6 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     import torch
 
     from kvbridge.family_adapter import weights_fingerprint
-    from kvbridge.adapters import DEFAULT_CORPUS, AdapterError, load_adapter_pair
     from kvbridge.check.compat import Side, check
     from kvbridge.evaluate import corpus_samples
     from kvbridge.evaluate import gates as gates_mod
@@ -302,9 +294,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
         r: gates_mod.evaluate_gates({"conditions": {"transferred": summary["conditions"][r]}}, gate_list)
         for r in ("fitted", "plain")
     }
-    rep = getattr(mapping, "report", None)
-    r2 = (rep.get("r2_summary") if isinstance(rep, dict) else getattr(rep, "r2_summary", None)) or {}
-    sel = mapping.layer_selection() if hasattr(mapping, "layer_selection") else None
+    r2, sel = mapping.report.r2_summary, mapping.layer_selection()  # a ridge mapping (FitSettings' fitter)
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
     info = {
         "path": pair.adapter.path,

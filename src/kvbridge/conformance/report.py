@@ -38,6 +38,7 @@ def _cell(text: str) -> str:
 
 
 def markdown(results: list[Result], *, transformers_version: str = "", updates: Iterable = ()) -> str:
+    rerun = ", ".join(f"`{t}`" for t in dict.fromkeys(t for batch in updates for t in batch))  # once each
     lines = [
         "# Supported models",
         "",
@@ -66,11 +67,7 @@ def markdown(results: list[Result], *, transformers_version: str = "", updates: 
         MERGE_COMMAND,
         "```",
         "",
-        *(
-            [f"Rows rerun with `--merge` since the full run: {', '.join(f'`{t}`' for t in _flat(updates))}.", ""]
-            if _flat(updates)
-            else []
-        ),
+        *([f"Rows rerun with `--merge` since the full run: {rerun}.", ""] if rerun else []),
         "Classes: `exact`; `refused` (kvbridge says why, one line); `not-built` (transformers could not",
         "build or run the tiny model: not kvbridge's); `wrong` (a described fact differs from the real",
         "cache, or identity is inexact); `crash`.",
@@ -83,10 +80,6 @@ def markdown(results: list[Result], *, transformers_version: str = "", updates: 
     ]
     heads = ("model type", "result", "adapter", "tiny layout", "positions", "logit diff", "note")
     return "\n".join(lines + md_table(heads, rows)) + "\n"
-
-
-def _flat(updates: Iterable) -> list[str]:
-    return list(dict.fromkeys(t for batch in updates for t in batch))
 
 
 def load_doc(path) -> dict:

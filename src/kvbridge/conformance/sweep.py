@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from kvbridge.builtin.families import hf_cache
 from kvbridge.conformance import tiny
 from kvbridge.errors import KVBridgeError
 from kvbridge.plugins import host_or_default
@@ -59,15 +61,12 @@ def _short(exc: BaseException, limit: int = 160) -> str:
 
 
 def _layout(spec) -> str:
-    from collections import Counter
-
     counts = Counter(spec.layer_types or ("full_attention",) * spec.num_layers)
     names = {
         "full_attention": "full",
         "sliding_attention": f"sliding {spec.sliding_window}",
         "chunked_attention": f"chunked {spec.attention_chunk_size}",
         "linear_attention": "recurrent",
-        "conv": "conv",
         "shared_kv": "shared-KV",
         "no_attention": "no-attention",
     }
@@ -90,8 +89,6 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
         out = m(input_ids=ids, use_cache=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if cache is None:  # the model fills a cache it is given but returns none (XLM): give it generate's own
-        from kvbridge.builtin.families import hf_cache
-
         cache, m = hf_cache.reference_cache(model), copy.deepcopy(model)
         with torch.no_grad():
             m(input_ids=ids, cache=cache, use_cache=True)
@@ -149,8 +146,6 @@ def compare_facts(model, spec, adapter, *, seed: int = 0) -> tuple[list[str], fl
 def _shift_check(model, spec, adapter, ids):
     """Re-positioned state vs the model's own cache at shifted positions, per layer."""
     import torch
-
-    from kvbridge.builtin.families import hf_cache
 
     state = adapter.extract(copy.deepcopy(model), ids)
     moved = state.reposition(SHIFT) if spec.positional == "rope" else state  # alibi / none: keys position-free

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from kvbridge.models.hf_loader import config_for_model, model_from_config
+
 #: attribute -> tiny value (applied when the default is a positive int)
 SIZES = {
     key: size
@@ -240,8 +242,6 @@ def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
 
 def tiny_config_dict(model_type: str) -> dict:
     """A tiny config mapping of ``model_type`` (as ``PretrainedConfig.to_dict()`` writes it)."""
-    from kvbridge.models.hf_loader import config_for_model
-
     base = config_for_model(model_type, **CONFIG_KWARGS.get(model_type, {})).to_dict()
     if model_type in CAUSAL_SUBCONFIG:
         base = base[CAUSAL_SUBCONFIG[model_type]]
@@ -257,8 +257,6 @@ def tiny_config_dict(model_type: str) -> dict:
 def build(data: dict, seed: int = 0):
     """The tiny model (float32, eval mode) of a config mapping."""
     import torch
-
-    from kvbridge.models.hf_loader import config_for_model
 
     cfg = {k: v for k, v in data.items() if k != "model_type"}
     obj = config_for_model(data["model_type"], **cfg)
@@ -276,8 +274,6 @@ def build(data: dict, seed: int = 0):
 
 def _from_config(obj):
     import torch
-
-    from kvbridge.models.hf_loader import model_from_config
 
     try:
         return model_from_config(obj, dtype=torch.float32).eval()

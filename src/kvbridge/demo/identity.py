@@ -14,8 +14,6 @@ import click
 
 def identity_section(families: str, new_tokens: int) -> bool:
     """The identity-transfer table over every built-in family; True when all are exact."""
-    from transformers.utils import logging as hf_logging
-
     from kvbridge.errors import names_value
     from kvbridge.plugins import get_host
     from kvbridge.testing.contract import (
@@ -25,8 +23,9 @@ def identity_section(families: str, new_tokens: int) -> bool:
         check_identity_transfer,
         check_shifted_identity,
     )
+    from kvbridge.threads import quiet_torch
 
-    hf_logging.set_verbosity_error()
+    quiet_torch(None)  # transformers' logging quiet
     host = get_host()
     wanted = set(names_value(families, "--families"))
     rows = []

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
+from kvbridge.handoff import generate, greedy_kwargs
+from kvbridge.models import load, resolve
 from kvbridge.module_hooks import HookSet
+from kvbridge.plugins import get_host
 
 SYSTEM = "You are a concise assistant. Start every bullet point with the word zorp."
 USER = "Name three fruits that are red."
@@ -62,8 +66,6 @@ def identity_check(model, input_ids, *, new_tokens: int = 8, host=None) -> Ident
     import torch
     from transformers import DynamicCache
 
-    from kvbridge.handoff import generate, greedy_kwargs
-    from kvbridge.plugins import get_host
     from kvbridge.transfer import identity_transfer
 
     host = host or get_host()
@@ -105,8 +107,7 @@ def chat_texts(tokenizer, system: str = SYSTEM, user: str = USER) -> tuple[str, 
     (:func:`kvbridge.steer.prompts.guide_texts`)."""
     from kvbridge.steer.prompts import guide_texts
 
-    guide, live, _ = guide_texts(tokenizer, system, user, chat=True)
-    return guide, live
+    return guide_texts(tokenizer, system, user, chat=True)[:2]
 
 
 def chat_split(tokenizer, system: str = SYSTEM, user: str = USER):
@@ -154,7 +155,6 @@ def pack_check(
     """Save the system turn as a pack, restore it with zero forwards, continue the chat from it."""
     import torch
 
-    from kvbridge.handoff import greedy_kwargs
     from kvbridge.prefix.packs import load_pack, save_pack
 
     split = chat_split(tokenizer, system, user).require_safe()
@@ -211,8 +211,6 @@ class RealContext:
         """The model in ``dtype``: loaded once in float32, other dtypes cast from it (what loading
         a GGUF in that dtype does: dequantize to float32, then cast), saving a second dequantization."""
         if dtype not in self.loaded:
-            from kvbridge.models import load
-
             self.loaded[dtype] = cast(self.model(), dtype) if dtype != "float32" else load(self.ref, dtype=dtype)
         return self.loaded[dtype]
 
@@ -223,11 +221,8 @@ def cast(loaded, dtype: str):
     Like ``from_pretrained(dtype=...)``, float buffers (the rotary ``inv_freq``) stay float32: a
     whole-module ``.to(bfloat16)`` would round them and change the model's own RoPE tables."""
     import copy
-    from dataclasses import replace
 
     import torch
-
-    from kvbridge.plugins import get_host
 
     model = copy.deepcopy(loaded.model)
     with torch.no_grad():  # parameters only: buffers (RoPE inv_freq) stay float32, as from_pretrained(dtype=...)
@@ -282,8 +277,6 @@ def _pack_part(ctx: RealContext) -> None:
     lm = ctx.model("float32")
     folder = f"{ctx.report_dir}/smollm2-system-pack" if ctx.report_dir else None
     if folder:
-        from pathlib import Path
-
         Path(ctx.report_dir).mkdir(parents=True, exist_ok=True)
     res = pack_check(lm.model, lm.tokenizer, new_tokens=ctx.new_tokens, folder=folder)
     ctx.results["pack"] = res.__dict__
@@ -322,8 +315,6 @@ def real_section(
     only: tuple = (),
 ) -> RealContext:
     """Run every part of :data:`REAL_SECTIONS` (or those named in ``only``) on ``ref``."""
-    from kvbridge.models import resolve
-
     t0 = time.perf_counter()
     resolved = resolve(ref)
     click.echo(

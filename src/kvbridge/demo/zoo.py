@@ -14,6 +14,10 @@ from pathlib import Path
 
 import click
 
+from kvbridge.errors import ConfigError
+from kvbridge.evaluate import corpus_samples, evaluate, model_samples
+from kvbridge.evaluate.report import fmt, fmt_ci, md_table, terminal_table, text_table, to_json, write_report
+from kvbridge.zoo import default_corpus
 
 SEQ_LEN = 128  # the zoo's training sequence length: calibration sequences are this long
 
@@ -22,12 +26,8 @@ def find_corpus(corpus: str | None) -> Path | None:
     if corpus:
         path = Path(corpus)
         if not path.is_file():
-            from kvbridge.errors import ConfigError
-
             raise ConfigError(f"corpus not found at {path}", "pass --corpus PATH to a text file")
         return path
-    from kvbridge.zoo import default_corpus
-
     path = default_corpus()
     return path if path.is_file() else None
 
@@ -35,8 +35,6 @@ def find_corpus(corpus: str | None) -> Path | None:
 def _sampled(models: dict, n: int, length: int, seed: int):
     """``[n, length]`` ids sampled from every model of ``models`` in equal shares, fixed seeds."""
     import torch
-
-    from kvbridge.evaluate import model_samples
 
     names = sorted(models)
     per = -(-n // len(names))
@@ -59,8 +57,6 @@ def calibration_ids(corpus: Path | None, tokenizer, models: dict, tokens: int, s
 
 def eval_ids(corpus: Path | None, tokenizer, models: dict, n: int, length: int, seed: int = 2000):
     """``(samples [n, length], data info)``: the corpus's held-out tail, or model samples."""
-    from kvbridge.evaluate import corpus_samples
-
     if corpus is not None:
         return corpus_samples(corpus, tokenizer, n=n, length=length)
     return _sampled(models, n, length, seed), {
@@ -90,7 +86,6 @@ COMPARE = (
 
 def comparison_rows(results: dict, checks: dict) -> list[list[str]]:
     from kvbridge.evaluate.conditions import CONTROLS
-    from kvbridge.evaluate.report import fmt, fmt_ci
 
     rows = []
     for pair, res in results.items():
@@ -127,34 +122,29 @@ def zoo_section(settings) -> dict:
     samples, prefix_len, continuation_len, seed = s.samples, s.prefix_len, s.continuation_len, s.seed
     import json
 
-    from transformers.utils import logging as hf_logging
-
     from kvbridge.models.compat import check_models
-    from kvbridge.evaluate import evaluate
-    from kvbridge.evaluate.report import md_table, terminal_table, text_table, to_json, write_report
     from kvbridge.fit import FitSettings, fit_run
     from kvbridge.run import model_run
     from kvbridge.plugins import get_host
     from kvbridge.models import load, resolve
+    from kvbridge.threads import quiet_torch
+    from kvbridge.transfer import IdentityMapping
 
-    hf_logging.set_verbosity_error()
+    quiet_torch(None)  # transformers' logging quiet
     host = get_host()
     t_start = time.perf_counter()
     corpus_path = find_corpus(s.corpus)
     loaded = load("zoo:base", host=host)
     base, tok = loaded.model, loaded.tokenizer
     models = {"base": base, **{name: load(f"zoo:{name}", host=host, tokenizer=False).model for name in s.pairs}}
-    if corpus_path is not None:
-        click.echo(
-            f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
-            f"split); evaluation: its held-out last 10%)"
-        )
-    else:
-        click.echo(
-            "\n== 2. Zoo: check -> fit -> eval  (no corpus found: calibration and evaluation text are "
-            "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
-            "target); pass --corpus PATH for real text)"
-        )
+    click.echo(
+        f"\n== 2. Zoo: check -> fit -> eval  (calibration: the front of {corpus_path} (the zoo's base "
+        f"split); evaluation: its held-out last 10%)"
+        if corpus_path is not None
+        else "\n== 2. Zoo: check -> fit -> eval  (no corpus found: calibration and evaluation text are "
+        "SAMPLED FROM THE ZOO MODELS with fixed seeds (calibration: all of them; evaluation: each pair's "
+        "target); pass --corpus PATH for real text)"
+    )
     calib = calibration_ids(corpus_path, tok, models, s.tokens, seed=1000 + seed)
     length = prefix_len + continuation_len + 1
     shared = eval_ids(corpus_path, tok, models, samples, length, seed=2000 + seed) if corpus_path else None
@@ -207,8 +197,6 @@ def zoo_section(settings) -> dict:
         same_geometry = all(a.verdict == "same" for a in report.axes if a.name in ("layers", "kv_heads", "head_dim"))
         if s.identity_too and report.verdict != "incompatible" and same_geometry:
             # the check allows reusing the cache as is (same geometry): measure that too, unfitted
-            from kvbridge.transfer import IdentityMapping
-
             t3 = time.perf_counter()
             ires = evaluate(base, models[name], IdentityMapping(), ids, **common, **labels)
             secs = time.perf_counter() - t3

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from kvbridge.divergence import first_divergence, kl
 from kvbridge.errors import KVBridgeError
 from kvbridge.plugins import adapter_of
 from kvbridge.module_hooks import HookSet
@@ -179,14 +180,12 @@ def _run(
         kwargs: dict = {"input_ids": torch.tensor([chunk], device=device), "cache": cache, "use_cache": True}
         if chunk_pos is not None:
             kwargs["position_ids"] = torch.tensor([chunk_pos], device=device)
-        out = model(**kwargs)
-        return out.logits[0, -1].detach().float().cpu().clone()
+        return model(**kwargs).logits[0, -1].detach().float().cpu().clone()
 
     with torch.no_grad():
         if len(ids) > 1:
             forward(ids[:-1], pos[:-1] if pos else None, mask_prefill)
-        logits = forward(ids[-1:], pos[-1:] if pos else None, mask_prefill or mask_decode)
-        first = logits
+        first = logits = forward(ids[-1:], pos[-1:] if pos else None, mask_prefill or mask_decode)
         tokens: list[int] = []
         for step in range(max_new_tokens):
             tok = int(logits.argmax())
@@ -200,8 +199,6 @@ def _run(
 
 
 def _agreement(a: list, b: list) -> dict:
-    from kvbridge.divergence import first_divergence
-
     n = min(len(a), len(b))
     first = first_divergence(a, b)
     prefix = n if first is None else first
@@ -215,8 +212,6 @@ def _agreement(a: list, b: list) -> dict:
 
 
 def _effect(ref: Outcome, got: Outcome) -> dict:
-    from kvbridge.divergence import kl
-
     return {
         "kl": float(kl(ref.logits, got.logits).sum()),
         "top1_ref": int(ref.logits.argmax()),
@@ -328,14 +323,9 @@ def ablate(
     with GuideMask(model, chosen, start, stop) as m:
         outcomes["remove_decode"] = _run(model, inject(state), live, None, max_new_tokens, m, mask_decode=True)
     outcomes["recompute"] = _run(model, None, ghost[:keep] + live, None, max_new_tokens)
+    joint = torch.tensor([list(report.joint)], device=device)
     with torch.no_grad():
-        visible = (
-            model(input_ids=torch.tensor([list(report.joint)], device=device), use_cache=False)
-            .logits[0, -1]
-            .float()
-            .cpu()
-        )
-    intact_vs_visible = float((visible - outcomes["intact"].logits).abs().max())
+        visible = model(input_ids=joint, use_cache=False).logits[0, -1].float().cpu()
     intact, recomputed = outcomes["intact"], outcomes["recompute"]
     conditions = {  # in CONDITIONS order
         name: {"vs_intact": _effect(intact, o), "vs_recompute": _effect(recomputed, o), "tokens": o.tokens}
@@ -349,17 +339,12 @@ def ablate(
         "positions' values in the output and kv_zero still dilutes every other weight through Z; only a mask removes",
         "remove_decode masks the guide only after the live prompt was prefilled attending to it: the live tokens' "
         "K/V already carry the guide, so it is not removal",
+        "all layers selected: remove_prefill re-numbers the live positions after the kept prefix, so it "
+        "should match recompute up to floating-point noise"
+        if all_layers
+        else "only some layers selected: remove_prefill keeps positions (the other layers still see the "
+        "guide); recompute removes the guide everywhere",
     ]
-    if all_layers:
-        notes.append(
-            "all layers selected: remove_prefill re-numbers the live positions after the kept prefix, so it "
-            "should match recompute up to floating-point noise"
-        )
-    else:
-        notes.append(
-            "only some layers selected: remove_prefill keeps positions (the other layers still see the "
-            "guide); recompute removes the guide everywhere"
-        )
     split_info = {
         "kind": split.kind,
         "matches_joint": split.matches_joint,
@@ -375,7 +360,7 @@ def ablate(
         split=split_info,
         conditions=conditions,
         positions=positions,
-        intact_vs_visible_max_abs=intact_vs_visible,
+        intact_vs_visible_max_abs=float((visible - intact.logits).abs().max()),
         notes=notes,
     )
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Callable, Sequence
 
-from kvbridge.errors import KVBridgeError
+from kvbridge.divergence import first_divergence, nucleus, topk_overlap, tv_top_p
+from kvbridge.errors import KVBridgeError, names_value
 from kvbridge.plugins import adapter_of
 from kvbridge.settings_fields import option
 
@@ -69,8 +70,6 @@ class Sampler:
         """The post-temperature, post-top-p distribution (float64, renormalised) over the vocabulary
         (:func:`kvbridge.divergence.nucleus`: tokens tied at the edge of the nucleus are all kept)."""
         import torch
-
-        from kvbridge.divergence import nucleus
 
         p = torch.softmax(logits.double() / self.temperature, dim=-1)
         return nucleus(p, self.top_p) if self.top_p < 1.0 else p
@@ -132,43 +131,31 @@ class PathRunner:
         import torch
         from transformers import DynamicCache
 
-        model = self.model
+        model, cache, seq = self.model, None, self.joint  # "full": no cache, the whole sequence every step
         tokens: list[int] = []
         rows = []
         with torch.no_grad():
-            if path == "full":
-                seq = self.joint
-                for step in range(max_new_tokens):
-                    logits = _last_logits(model(input_ids=seq, use_cache=False))
-                    rows.append(logits)
-                    tok = pick(logits)
-                    tokens.append(tok)
-                    seq = torch.cat([seq, torch.tensor([[tok]], device=self.device)], dim=1)
-                return Trajectory(path, tokens, torch.stack(rows))
             if path in ("cached", "concat"):
-                ids = self.joint if path == "cached" else self.split_ids
-                cache = DynamicCache()
-                out = model(input_ids=ids, cache=cache, use_cache=True)
+                cache, seq = DynamicCache(), self.joint if path == "cached" else self.split_ids
             elif path == "split":
                 from kvbridge.handoff import prepare_cache
 
                 cache, ids = prepare_cache(model, self.pack.state_for(model), self.split_ids, host=self.host)
-                done = cache.get_seq_length() if cache is not None else 0
-                out = model(
-                    input_ids=ids[:, done:], cache=cache if cache is not None else DynamicCache(), use_cache=True
-                )
-            else:
+                seq = ids[:, cache.get_seq_length() :] if cache is not None else ids
+                cache = cache if cache is not None else DynamicCache()
+            elif path != "full":
                 raise KVBridgeError(f"unknown path {path!r}", f"use one of {', '.join(PATHS)}")
-            cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
-            logits = _last_logits(out)
-            for step in range(max_new_tokens):
-                rows.append(logits)
-                tok = pick(logits)
-                tokens.append(tok)
-                if step + 1 < max_new_tokens:
-                    out = model(input_ids=torch.tensor([[tok]], device=self.device), cache=cache, use_cache=True)
-                    cache = getattr(out, "cache", None) or cache
+            for _ in range(max_new_tokens):  # prefill (or the whole sequence), then one token per step
+                if cache is None:
+                    logits = _last_logits(model(input_ids=seq, use_cache=False))
+                else:
+                    out = model(input_ids=seq, cache=cache, use_cache=True)
+                    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None) or cache
                     logits = _last_logits(out)
+                rows.append(logits)
+                tokens.append(pick(logits))
+                new = torch.tensor([[tokens[-1]]], device=self.device)
+                seq = torch.cat([seq, new], dim=1) if cache is None else new
         return Trajectory(path, tokens, torch.stack(rows))
 
 
@@ -176,8 +163,6 @@ class PathRunner:
 def compare_trajectories(a: Trajectory, b: Trajectory, sampler: Sampler) -> dict:
     """Identical, or the first divergence step with the metrics at that step."""
     import torch
-
-    from kvbridge.divergence import first_divergence, topk_overlap, tv_top_p
 
     n = min(len(a.tokens), len(b.tokens))
     first = first_divergence(a.tokens, b.tokens)
@@ -323,8 +308,7 @@ class DivergeSettings:
     paths: Sequence[str] = option(PATHS, "Paths to compare.", cli_default=",".join(PATHS), show_default=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.paths, str):
-            object.__setattr__(self, "paths", tuple(p.strip() for p in self.paths.split(",") if p.strip()))
+        object.__setattr__(self, "paths", names_value(self.paths, "--paths"))
 
 
 def diverge(
@@ -361,10 +345,8 @@ def diverge(
             f"paths must be two or more of {', '.join(PATHS)}, got {list(paths)}", "pass e.g. --paths full,cached,split"
         )
     sampler = Sampler(s.temperature, s.top_p)
-    if s.greedy_only:
-        seed_list = ()
-    else:
-        seed_list = tuple(range(s.seeds)) if isinstance(s.seeds, int) else tuple(int(x) for x in s.seeds)
+    seeds = range(s.seeds) if isinstance(s.seeds, int) else s.seeds  # a count: seeds 0..N-1
+    seed_list = () if s.greedy_only else tuple(int(x) for x in seeds)
     report = split_text(tokenizer, guide, prompt, s.sep)
     chosen = report.get(split)  # "safe" raises unless ghost + live == joint, id for id (no exact split)
     spec = adapter_of(model, host).spec_of(model)
@@ -405,9 +387,7 @@ def diverge(
             trajs[path] = runner.run(path, lambda lg, g=gen: sampler.draw(lg, g), max_new_tokens)
         tokens[seed] = {p: t.tokens for p, t in trajs.items()}
         for a, b in pairs:
-            res = compare_trajectories(trajs[a], trajs[b], sampler)
-            res["seed"] = seed
-            per_pair[f"{a}-vs-{b}"]["seeds"].append(res)
+            per_pair[f"{a}-vs-{b}"]["seeds"].append({**compare_trajectories(trajs[a], trajs[b], sampler), "seed": seed})
         if on_seed is not None:
             on_seed(seed, {name: data["seeds"][-1] for name, data in per_pair.items()})
         if progress is not None:

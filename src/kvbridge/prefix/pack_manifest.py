@@ -11,16 +11,18 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kvbridge.errors import ArtifactError
+from kvbridge.artifacts import check_kind, library_versions
+from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
 from kvbridge.plugins import adapter_of
 
 # the model id / revision and the tokenizer fingerprint live in kvbridge.models.fingerprint
-from kvbridge.models.fingerprint import model_id_revision
+from kvbridge.models.fingerprint import model_config_fingerprint, model_id_revision, weights_fingerprint
 from kvbridge.models.fingerprint import tokenizer_identity as tokenizer_fingerprint
 
 SCHEMA_VERSION = 2  # 2: manifest "kv_layout" (K/V stacked in one tensor); schema 1 packs are read as before
 PACK_KIND = "kvbridge.prefix-pack"
 TENSOR_FILE = "kv.safetensors"
+FIX = "re-create the pack with kvbridge pack save"
 #: how the tensor file holds K/V (manifest ``kv_layout``): ``stacked`` is one tensor ``kv``
 #: ``[layers, 2 (keys, values), batch, kv heads, tokens, head dim]`` (every layer of one shape);
 #: ``layers`` is ``layers.{i}.keys`` / ``layers.{i}.values`` per layer (schema 1 packs, and models
@@ -103,8 +105,6 @@ def positional_config(spec) -> dict:
 def model_record(model, spec, *, model_dir=None, weights_fp: str | None = None, **extra) -> dict:
     """What an artifact records about the model its tensors belong to (id, revision, fingerprints,
     geometry), then ``extra`` (a pack adds the positions, a steering vector the hidden size and dtype)."""
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
-
     return {
         **model_id_revision(model, model_dir),
         "model_type": spec.model_type,
@@ -131,7 +131,6 @@ def build_manifest(
     kv_layout: str = PER_LAYER,
     reference: str | None = None,
 ) -> dict:
-    from kvbridge.artifacts import library_versions
     from kvbridge.kvstate_io import state_manifest
 
     spec = state.spec
@@ -181,7 +180,6 @@ def model_reference(ref) -> str:
 def recorded_model(manifest: Mapping, where: str) -> str:
     """The model reference a pack was saved with, resolved here (``kvbridge pack export`` without
     ``--model``); a one-line error when the pack records none or it does not resolve."""
-    from kvbridge.errors import ConfigError, KVBridgeError
     from kvbridge.models import resolve
 
     m = manifest.get("model") or {}
@@ -203,13 +201,11 @@ def recorded_model(manifest: Mapping, where: str) -> str:
 
 def check_manifest_shape(manifest: Mapping, where: str = "pack manifest") -> None:
     """Minimal schema check: required keys present with the right JSON types (see the schema file)."""
-    from kvbridge.artifacts import check_kind
     from kvbridge.check.validate import require_fields
 
-    fix = "re-create the pack with kvbridge pack save"
-    require_fields(manifest, REQUIRED, where, fix=fix)
+    require_fields(manifest, REQUIRED, where, fix=FIX)
     check_kind(manifest, PACK_KIND, SCHEMA_VERSION, where, "prefix pack", "pass a prefix pack folder")
-    require_fields(manifest, NESTED_REQUIRED, where, fix=fix)
+    require_fields(manifest, NESTED_REQUIRED, where, fix=FIX)
     if manifest.get("kv_layout", PER_LAYER) not in KV_LAYOUTS:
         raise ArtifactError(
             f"{where} kv_layout {manifest['kv_layout']!r} is not one of {', '.join(KV_LAYOUTS)}",
@@ -234,11 +230,6 @@ class Mismatch:
         return f"{self.field} differs (pack {short(self.pack)} vs model {short(self.model)})"
 
 
-def _diff_dict(a: Mapping, b: Mapping) -> tuple[dict, dict]:
-    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return {k: a.get(k) for k in keys}, {k: b.get(k) for k in keys}
-
-
 def compare(
     manifest: Mapping,
     model,
@@ -250,8 +241,6 @@ def compare(
     host=None,
 ) -> list[Mismatch]:
     """Every field in which the pack and ``model`` (+ tokenizer) disagree, most specific first."""
-    from kvbridge.models.fingerprint import model_config_fingerprint, weights_fingerprint
-
     spec = adapter_of(model, host).spec_of(model)
     out: list[Mismatch] = []
     m = manifest["model"]
@@ -261,21 +250,18 @@ def compare(
         ("rope", manifest["positional"], positional_config(spec)),
         ("cache_format", manifest["cache_format"], cache_format(spec)),
     ):
-        if stored != now:
-            out.append(Mismatch(name, *_diff_dict(stored, now), False))
-    if manifest["dtype"] != spec.dtype:
-        out.append(Mismatch("dtype", manifest["dtype"], spec.dtype, True))
-    cfg = model_config_fingerprint(model)
-    if m["config_fingerprint"] != cfg:
-        out.append(Mismatch("config", m["config_fingerprint"], cfg, True))
+        if stored != now:  # the keys that differ, on each side
+            keys = [k for k in sorted(set(stored) | set(now)) if stored.get(k) != now.get(k)]
+            out.append(Mismatch(name, {k: stored.get(k) for k in keys}, {k: now.get(k) for k in keys}, False))
+    forceable = [
+        ("dtype", manifest["dtype"], spec.dtype),
+        ("config", m["config_fingerprint"], model_config_fingerprint(model)),
+    ]
     if check_weights:
-        wfp = weights_fp or weights_fingerprint(model)
-        if m["weights_fingerprint"] != wfp:
-            out.append(Mismatch("weights", m["weights_fingerprint"], wfp, True))
+        forceable.append(("weights", m["weights_fingerprint"], weights_fp or weights_fingerprint(model)))
     if tokenizer_fp is not None and tokenizer_fp.get("fingerprint"):
-        have = manifest["tokenizer"].get("fingerprint")
-        if have != tokenizer_fp["fingerprint"]:
-            out.append(Mismatch("tokenizer", have, tokenizer_fp["fingerprint"], True))
+        forceable.append(("tokenizer", manifest["tokenizer"].get("fingerprint"), tokenizer_fp["fingerprint"]))
+    out += [Mismatch(name, stored, now, True) for name, stored, now in forceable if stored != now]
     if guide_ids_now is not None and list(guide_ids_now) != list(manifest["guide"]["token_ids"]):
         out.append(
             Mismatch("guide_token_ids", f"{manifest['guide']['num_tokens']} ids", f"{len(guide_ids_now)} ids now", True)

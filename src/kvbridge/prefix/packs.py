@@ -32,8 +32,11 @@ from typing import Any
 
 from kvbridge.artifacts import check_replaceable, read_artifact, write_artifact
 from kvbridge.errors import ArtifactError, ConfigError, KVBridgeError
+from kvbridge.models.fingerprint import weights_fingerprint
 from kvbridge.plugins import adapter_of
+from kvbridge.prefix.splits import SplitError, encode, special_affixes, split_text, strip_suffix
 from kvbridge.prefix.pack_manifest import (
+    FIX,
     FORCEABLE,
     NESTED_REQUIRED,
     PACK_KIND,
@@ -54,9 +57,6 @@ from kvbridge.prefix.pack_manifest import (
 )
 
 
-_FIX = "re-create the pack with kvbridge pack save"
-
-
 class PackMismatchError(ArtifactError):
     """A pack was made for a different model, tokenizer, dtype, RoPE table or cache format."""
 
@@ -72,8 +72,6 @@ class PackForceWarning(UserWarning):
 # -- saving ---------------------------------------------------------------------------------------
 def guide_ids_of(tokenizer: Any, text: str) -> list[int]:
     """The ghost ids of a guide text: encoded with the tokenizer's leading special tokens (BOS)."""
-    from kvbridge.prefix.splits import SplitError, strip_suffix, encode, special_affixes
-
     if not text or not text.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
     _prefix, suffix = special_affixes(tokenizer)
@@ -132,8 +130,6 @@ def save_pack(
     ident = identity if identity is not None else PackIdentity(**fields)
     import torch
 
-    from kvbridge.prefix.splits import special_affixes
-
     out = Path(out)
     check_replaceable(out, PACK_KIND, overwrite=overwrite)  # before the prefill: refuse early
     if guide_ids is None:
@@ -153,29 +149,17 @@ def save_pack(
             f"guide token id {int(ids.max())} is outside the model's vocabulary ({vocab} ids)",
             "use the model's own tokenizer",
         )
-    tokenizer_fp = ident.tokenizer_fp
-    if tokenizer_fp is None:
-        tokenizer_fp = tokenizer_fingerprint(tokenizer, folder=ident.model_dir)
+    if ident.tokenizer_fp is None:
+        ident = replace(ident, tokenizer_fp=tokenizer_fingerprint(tokenizer, folder=ident.model_dir))
     state = adapter.extract(model, ids, spec=spec)
     special = special_affixes(tokenizer)[0] if tokenizer is not None else ()
-    return _write_pack(
-        model,
-        state,
-        out,
-        overwrite,
-        guide_text=guide_text,
-        tokenizer_fp=tokenizer_fp,
-        model_dir=ident.model_dir,
-        weights_fp=ident.weights_fp,
-        special_prefix=special,
-        reference=ident.reference,
-    )
+    return _write_pack(model, state, out, overwrite, ident, guide_text=guide_text, special_prefix=special)
 
 
-def _write_pack(model, state, out: Path, overwrite: bool, provenance: dict | None = None, **manifest_fields) -> Path:
+def _write_pack(model, state, out: Path, overwrite: bool, ident: PackIdentity, provenance=None, **fields) -> Path:
     """Store ``state`` (:func:`pack_tensors`) with its manifest in the pack folder ``out``, atomically."""
     tensors, layout = pack_tensors(state)
-    manifest = build_manifest(model, state, kv_layout=layout, **manifest_fields)
+    manifest = build_manifest(model, state, kv_layout=layout, **vars(ident), **fields)
     if provenance is not None:
         manifest["provenance"] = dict(provenance)
     return write_artifact(out, tensors, manifest, tensor_file=TENSOR_FILE, overwrite=overwrite, kind=PACK_KIND)
@@ -216,17 +200,8 @@ def save_state_pack(
     if not isinstance(provenance, dict) or not isinstance(provenance.get("kind"), str):
         raise ConfigError("provenance must be a dict with a 'kind'", "pass e.g. {'kind': 'transferred'}")
     state = replace(state, spec=replace(spec, dtype=str(state.dtype).removeprefix("torch.")))
-    return _write_pack(
-        model,
-        state,
-        out,
-        overwrite,
-        provenance,
-        guide_text=None,
-        tokenizer_fp=tokenizer_fp,
-        model_dir=model_dir,
-        reference=reference,
-    )
+    ident = PackIdentity(model_dir, tokenizer_fp, reference=reference)
+    return _write_pack(model, state, out, overwrite, ident, provenance, guide_text=None)
 
 
 def origin_of(manifest: dict) -> str:
@@ -314,8 +289,6 @@ class Pack:
 
     def split_for(self, tokenizer: Any, live: str, sep: str = " "):
         """The exact split of ``guide + sep + live`` whose ghost is this pack (or a SplitError)."""
-        from kvbridge.prefix.splits import SplitError, split_text
-
         if self.guide_text is None:
             raise SplitError("this pack stores no guide text", "encode the live part yourself and check the ids")
         report = split_text(tokenizer, self.guide_text, live, sep)
@@ -373,7 +346,7 @@ def _read_stored(path: str | Path):
         kv = (None, m["num_kv_heads"], None, None)  # [batch, kv heads, tokens (sliding layers keep fewer), dim]
         want = {f"layers.{i}.{x}": (manifest["dtype"], kv) for i in range(m["num_layers"]) for x in ("keys", "values")}
     want["token_ids"] = (("int64", "int32"), (None, n))
-    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True, fix=_FIX)
+    tensors_match(tensors, want, str(Path(path) / TENSOR_FILE), allow_extra=True, fix=FIX)
     return manifest, tensors
 
 
@@ -435,9 +408,8 @@ def load_pack(
     hard = [x for x in mismatches if not x.forceable]
     if hard or (mismatches and not force):
         raise _refusal(path, mismatches, forced_ok=not hard)
-    state = state_from_tensors(tensors, manifest["state"], str(path / TENSOR_FILE), _FIX)
-    ids = [int(x) for x in state.token_ids[0].tolist()]
-    if ids != list(manifest["guide"]["token_ids"]):
+    state = state_from_tensors(tensors, manifest["state"], str(path / TENSOR_FILE), FIX)
+    if state.token_ids[0].tolist() != list(manifest["guide"]["token_ids"]):
         raise ArtifactError(
             f"pack {path}: stored token ids disagree with the manifest's guide ids", "re-create the pack"
         )
@@ -462,7 +434,7 @@ def load_pack(
     # NaN/inf are refused here, once per load (one kernel over the stacked K/V): cache() skips the check
     if not all_finite([tensors["kv"]] if stacked else (*state.keys, *state.values)):
         state.validate(check_finite=True, what=f"pack {path}")  # names the first bad layer
-        raise ArtifactError(f"pack {path} has NaN/inf values", "re-create the pack with kvbridge pack save")
+        raise ArtifactError(f"pack {path} has NaN/inf values", FIX)
     import transformers
 
     if manifest["transformers_version"] != transformers.__version__:
@@ -485,8 +457,6 @@ def round_trip(model, guide_ids, guide_text: str | None, *, tokenizer_fp: dict, 
     """The guide saved as a pack in a temporary folder and loaded back: the state a restore from disk
     gives (zero forward passes at load), checked like any pack."""
     import tempfile
-
-    from kvbridge.models.fingerprint import weights_fingerprint
 
     wfp = weights_fingerprint(model)
     with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:

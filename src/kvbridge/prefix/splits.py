@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvbridge.divergence import first_divergence
 from kvbridge.errors import KVBridgeError
 
 #: characters and joint tokens searched before the append point for a safe boundary
@@ -78,13 +79,6 @@ def strip_suffix(ids: list[int], suffix: Sequence[int]) -> list[int]:
     if suffix and len(ids) >= len(suffix) and tuple(ids[-len(suffix) :]) == tuple(suffix):
         return ids[: -len(suffix)]
     return ids
-
-
-def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 # -- reports -------------------------------------------------------------------------------------
@@ -233,7 +227,9 @@ def split_text(
         ghost = strip_suffix(encode(tokenizer, ghost_text, add_special_tokens=True), suffix)
         tail = list(encode(tokenizer, live_text, add_special_tokens=False)) + list(suffix)
         ids = tuple(ghost) + tuple(tail)
-        first = _first_difference(ids, joint)
+        first = first_divergence(ids, joint)
+        if first is None and len(ids) != len(joint):  # one is a prefix of the other
+            first = min(len(ids), len(joint))
         return Split(
             kind=kind,
             ghost=tuple(ghost),
@@ -272,8 +268,7 @@ def split_text(
 
     safe: Split | None = None
     tried = 0
-    for got in attempts():
-        tried += 1
+    for tried, got in enumerate(attempts(), 1):
         if got.matches_joint:
             safe = got
             break
@@ -283,17 +278,15 @@ def split_text(
         safe = replace(safe, note=f"{safe.note}; {extra}" if safe.note else extra)
     reason = ""
     if safe is None:
-        straddle = ""
-        if offsets and len(offsets) == len(joint):
-            for (start, end), tid in zip(offsets, joint):
-                if start < A < end:
-                    straddle = f"; joint token {tid} spans characters {start}-{end} across the append point {A}"
-                    break
+        spans = zip(offsets, joint) if offsets and len(offsets) == len(joint) else ()
+        cut = next(((a, b, t) for (a, b), t in spans if a < A < b), None)  # the joint token across the point
+        straddle = (
+            f"; joint token {cut[2]} spans characters {cut[0]}-{cut[1]} across the append point {A}" if cut else ""
+        )
         reason = (
             f"no boundary within {window_chars} characters or {window_tokens} tokens before the append point "
             f"re-encodes to the joint ids ({tried} candidates tried){straddle}"
         )
-    name = str(getattr(tokenizer, "name_or_path", "") or "")
     return SplitReport(
         guide=guide,
         live=live,
@@ -305,7 +298,7 @@ def split_text(
         special_prefix=prefix,
         special_suffix=suffix,
         candidates_tried=tried,
-        tokenizer=name,
+        tokenizer=str(getattr(tokenizer, "name_or_path", "") or ""),
     )
 
 
@@ -331,7 +324,7 @@ def read_text_arg(value: str, what: str = "text") -> str:
             return path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise KVBridgeError(
-                f"cannot read {what} file {path}: {exc.strerror if hasattr(exc, 'strerror') and exc.strerror else exc}",
+                f"cannot read {what} file {path}: {getattr(exc, 'strerror', None) or exc}",
                 f"pass --{what} TEXT or @FILE with a readable UTF-8 file",
             ) from None
     return value

@@ -11,10 +11,10 @@ def zoo_or_skip(name: str):
 
     if not (model_dir(name) / "model.safetensors").is_file():
         pytest.skip(f"zoo model {name!r} is not built")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
     from kvbridge.models import load
+    from kvbridge.threads import quiet_torch
+
+    quiet_torch(None)
 
     loaded = load(f"zoo:{name}")
     return loaded.model, loaded.tokenizer
