@@ -50,36 +50,18 @@ def slots_for(support: str, k: int, t: int, h: int, scores: dict, hs: int, src_l
     return [(src[int(i) // hs], int(i) % hs) for i in order]
 
 
-class _Source:
-    """Per-head moments of target head ``(t, h)`` over its ``slots`` from one accumulation ``job``."""
-
-    def __init__(self, job):
-        self.job = job
-
-    def n(self, split):
-        return self.job.n(split)
-
-
-class _JointSource(_Source):
-    """From joint (full, all source layers) :class:`LayerStats`."""
-
-    def moments(self, t, h, c, split, slots):
-        j = self.job
-        ds, fs = j.src_dim, j.src_heads * j.src_dim
-        rows = torch.cat([torch.arange(ds) + j.src_layers.index(s) * fs + g * ds for s, g in slots])
-        ft = j.tgt_heads * j.tgt_dim
-        a = j.tgt_layers.index(t) * ft + h * j.tgt_dim
-        return j.stats[(c, split)].moments(rows=rows, cols=slice(a, a + j.tgt_dim))
-
-
-class _HeadSource(_Source):
-    """From :class:`HeadStats` over each head's union of slots."""
-
-    def moments(self, t, h, c, split, slots):
-        union = self.job.supports[(t, h)]
-        ds = self.job.src_dim
+def _moments(job, t: int, h: int, c: str, split: str, slots):
+    """Moments of target head ``(t, h)`` over its ``slots`` from joint (full, all source layers)
+    :class:`LayerStats` or from :class:`HeadStats` over each head's union of slots."""
+    ds = job.src_dim
+    if job.xx_block == "per-head":
+        union = job.supports[(t, h)]
         rows = torch.cat([torch.arange(ds) + union.index(tuple(sl)) * ds for sl in slots])
-        return self.job.stats[(t, h, c, split)].moments(rows=rows)
+        return job.stats[(t, h, c, split)].moments(rows=rows)
+    fs, ft = job.src_heads * ds, job.tgt_heads * job.tgt_dim
+    rows = torch.cat([torch.arange(ds) + job.src_layers.index(s) * fs + g * ds for s, g in slots])
+    a = job.tgt_layers.index(t) * ft + h * job.tgt_dim
+    return job.stats[(c, split)].moments(rows=rows, cols=slice(a, a + job.tgt_dim))
 
 
 def fit_head(moments, t: int, h: int, alpha, held_ok: bool) -> dict:
@@ -130,7 +112,7 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     joint = [j for j in stats.jobs if getattr(j, "xx_block", None) == "full" and len(j.src_layers) == ls]
     passes = list(stats.passes)
     if options.weighting == "uniform" and joint:
-        source = _JointSource(joint[0])
+        job = joint[0]
     else:
         # each head's slots over every candidate, in first-seen order
         union = {key: list(dict.fromkeys(x for per in slots.values() for x in per[key])) for key in slots[cands[0][:2]]}
@@ -146,10 +128,9 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         tag = "heads-weighted" if job.weighted else "heads"
         calibration.accumulate([job], tag=tag)
         passes.append({"tag": tag, "bytes": job.nbytes(), "weighted": job.weighted, "ess_fraction": job.ess_fraction})
-        source = _HeadSource(job)
-    held_ok = source.n("held") >= 1
+    held_ok = job.n("held") >= 1
     solved = [
-        _solve(fitter, source, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
+        _solve(fitter, job, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
         for cand in cands
     ]
     values = None
@@ -189,7 +170,7 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     return out
 
 
-def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
+def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
     from kvbridge.fit.mapping import FittedMapping, LayerMap
     from kvbridge.fit.protocol import FitReport
 
@@ -207,7 +188,7 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
             sl = per[(t, h)]
             rows = torch.cat([torch.arange(ds) + union.index(s) * hs * ds + g * ds for s, g in sl])
             cols = slice(h * dt, (h + 1) * dt)
-            got = fit_head(lambda c, split, t=t, h=h, sl=sl: source.moments(t, h, c, split, sl), t, h, alpha, held_ok)
+            got = fit_head(lambda c, split, t=t, h=h, sl=sl: _moments(job, t, h, c, split, sl), t, h, alpha, held_ok)
             for c, res in got.items():
                 w[c][rows, cols], b[c][cols], r2[c][h] = res["w"], res["b"], res["r2"]
                 lam[c].append(res["alpha"])
@@ -229,7 +210,7 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
         },
         **heldout_fields([r["k"] for r in r2s], [r["v"] for r in r2s], options.low_r2, measured=held_ok),
         alpha_chosen=alphas,
-        observations={"train": int(source.n("train")), "features_per_head": feats},
+        observations={"train": int(job.n("train")), "features_per_head": feats},
         passes=passes,
     )
     return FittedMapping(source_spec, target_spec, layers, fitter=fitter.name, report=report)
