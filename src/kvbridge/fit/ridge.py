@@ -162,10 +162,7 @@ class RidgeStatistics:
     job_loader: object = None  # kept statistics on disk: a callable yielding the jobs one at a time
 
     def iter_jobs(self):
-        if self.job_loader is not None:
-            yield from self.job_loader()
-        else:
-            yield from self.jobs
+        yield from self.job_loader() if self.job_loader is not None else self.jobs
 
 
 class _BlockSolver:
@@ -340,9 +337,8 @@ class RidgeFitter:
                 sc["head"] = single_head_r2(job, block)["mean"]
             return sc
 
-        if (
-            LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram) <= budget
-        ):  # one pass: selection + fit
+        # one pass (selection + fit) when the joint job fits the budget
+        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram) <= budget:
             job = run("joint", range(ls), range(lt), "full")
             scores = selection_scores(job, range(lt))
             n_seen = job.n("train")
