@@ -9,7 +9,7 @@ support (a list of source ``(layer, head)`` slots, ``p = len(support) · D_s``),
 weight differs per head, so the features' co-moments do too, which is why weighted statistics
 are per head (and need the support fixed first: the selection pass).
 
-Memory: ``Σ_heads 4 · 8 · (p² + p·D_t + 2p + 2D_t)`` bytes (:meth:`HeadStats.nbytes_for`).
+Memory: ``Σ_heads 4 · 8 · (p² + p·D_t + 2p + 2D_t)`` bytes (:meth:`HeadStats.nbytes`).
 """
 
 from __future__ import annotations
@@ -54,10 +54,6 @@ class HeadStats(StatsSet):
             key: (torch.tensor([s for s, _ in sup]), torch.tensor([g for _, g in sup]))
             for key, sup in self.supports.items()
         }
-
-    @staticmethod
-    def nbytes_for(supports: dict, *, src_dim: int, tgt_dim: int) -> int:
-        return sum(4 * MomentStats.nbytes_for(len(sup) * src_dim, tgt_dim) for sup in supports.values())
 
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats`` as :meth:`kvbridge.fit.calibrate.PairedCalibration.features` gives them (with
