@@ -25,7 +25,10 @@ import datetime as _dt
 import json
 from pathlib import Path
 
+from kvbridge.artifacts import check_kind, read_manifest as read_artifact_manifest, save_safetensors, sha256_file
 from kvbridge.errors import ArtifactError
+from kvbridge.fit.artifact import compared, manifest_specs
+from kvbridge.version import __version__
 
 KIND = "kvbridge-fit-stats"
 SCHEMA_VERSION = 1
@@ -42,8 +45,6 @@ class StatsWriter:
         self.blocks: list[dict] = []
 
     def add(self, job) -> None:
-        from kvbridge.artifacts import save_safetensors
-
         name = f"block{len(self.blocks)}.safetensors"
         digest = save_safetensors(job.state_dict(), self.folder / name)
         self.blocks.append(
@@ -59,9 +60,6 @@ class StatsWriter:
         )
 
     def finish(self, stats) -> None:
-        from kvbridge.artifacts import save_safetensors
-        from kvbridge.version import __version__
-
         scores = {k: stats.scores[k].contiguous() for k in ("mean", "k", "v")}
         digest = save_safetensors(scores, self.folder / SCORES_FILE)
         manifest = {
@@ -88,7 +86,6 @@ def _bad(folder: Path, what: str) -> ArtifactError:
 
 
 def _load_file(folder: Path, name: str, sha: str | None) -> dict:
-    from kvbridge.artifacts import sha256_file
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -106,10 +103,8 @@ def _load_file(folder: Path, name: str, sha: str | None) -> dict:
 
 
 def read_manifest(folder: Path | str) -> dict:
-    from kvbridge.artifacts import check_kind, read_manifest as read
-
     folder = Path(folder)
-    manifest = read(folder, kind="fit statistics")
+    manifest = read_artifact_manifest(folder, kind="fit statistics")
     fix = "pass a folder written by `kvbridge fit ... --keep-stats DIR`"
     check_kind(manifest, KIND, SCHEMA_VERSION, folder, "kvbridge fit-statistics folder", fix)
     for key in ("source", "target", "blocks", "max_k"):
@@ -121,8 +116,6 @@ def read_manifest(folder: Path | str) -> dict:
 def check_models(manifest: dict, folder: Path | str, *, source: dict | None = None, target: dict | None = None) -> None:
     """Refuse kept statistics for models other than ``source`` / ``target`` (identity dicts of
     :func:`kvbridge.fit.artifact.model_identity`, from configs or models), naming the field."""
-    from kvbridge.fit.artifact import compared
-
     for role, name, need, have in compared(manifest, source, target, loaded_configs_only=True):
         if have != need:
             raise ArtifactError(
@@ -136,7 +129,6 @@ def load_statistics(folder: Path | str):
     """``(RidgeStatistics, manifest)`` of a kept folder; the blocks are read lazily, one at a time."""
     import torch
 
-    from kvbridge.fit.artifact import manifest_specs
     from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.solve import dims
     from kvbridge.fit.stats import LayerStats
