@@ -57,8 +57,7 @@ def solve_w(m: Moments, alpha: float) -> torch.Tensor:
 
 def sse(w: torch.Tensor, b: torch.Tensor, held: Moments) -> torch.Tensor:
     """Per output dim squared error of ``x W + b`` on the held-out statistics ``held``."""
-    cw = held.cxx @ w
-    quad = (w * cw).sum(0)
+    quad = (w * (held.cxx @ w)).sum(0)
     cross = (w * held.cxy).sum(0)
     resid_mean = held.mean_y - held.mean_x @ w - b
     return (held.cyy - 2.0 * cross + quad + held.n * resid_mean * resid_mean).clamp(min=0.0)
@@ -74,8 +73,7 @@ def grouped_r2(w: torch.Tensor, b: torch.Tensor, held: Moments, groups: int) -> 
 def alpha_grid(m: Moments) -> list[float]:
     scale = float(torch.diagonal(m.cxx).mean()) if m.p else 1.0
     scale = scale if scale > 0 and math.isfinite(scale) else 1.0
-    grid = {DEFAULT_ALPHA} | {scale * 10.0**e for e in range(-6, 2)}
-    return sorted(grid)
+    return sorted({DEFAULT_ALPHA} | {scale * 10.0**e for e in range(-6, 2)})
 
 
 def fit_group(
