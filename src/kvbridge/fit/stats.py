@@ -159,6 +159,8 @@ class MomentStats:
     Weighted updates and block-diagonal co-moments always run in float64.
     """
 
+    TENSORS = ("mean_x", "mean_y", "cxx", "cxy", "cyy")  # what state_dict saves besides n, and merge copies
+
     def __init__(
         self,
         p: int,
@@ -393,7 +395,7 @@ class MomentStats:
             return self
         if self.n == 0:
             self.n = other.n
-            for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+            for name in self.TENSORS:
                 getattr(self, name).copy_(getattr(other, name))
             return self
         n = self.n + other.n
@@ -469,17 +471,11 @@ class MomentStats:
 
     # -- persistence -------------------------------------------------------------------------
     def state_dict(self, prefix: str = "") -> dict:
-        return {
-            f"{prefix}n": torch.tensor([self.n], dtype=DTYPE),
-            f"{prefix}mean_x": self.mean_x.cpu(),
-            f"{prefix}mean_y": self.mean_y.cpu(),
-            f"{prefix}cxx": self.cxx.cpu(),
-            f"{prefix}cxy": self.cxy.cpu(),
-            f"{prefix}cyy": self.cyy.cpu(),
-        }
+        tensors = {f"{prefix}{name}": getattr(self, name).cpu() for name in self.TENSORS}
+        return {f"{prefix}n": torch.tensor([self.n], dtype=DTYPE), **tensors}
 
     def load_state_dict(self, data: dict, prefix: str = "") -> "MomentStats":
-        for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+        for name in self.TENSORS:
             t = data[f"{prefix}{name}"]
             cur = getattr(self, name)
             if tuple(t.shape) != tuple(cur.shape):
@@ -516,12 +512,9 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
         ]
     )
     dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
-    centres, off = [], 0
-    for s in stats:
-        n = float(first[off])
-        mx = first[off + 1 : off + 1 + s.p]
-        my = first[off + 1 + s.p : off + 1 + s.p + s.q]
-        off += 1 + s.p + s.q
+    centres = []
+    for s, c in zip(stats, first.split([1 + s.p + s.q for s in stats])):
+        n, mx, my = float(c[0]), c[1 : 1 + s.p], c[1 + s.p :]
         centres.append((n, mx / n if n else mx * 0, my / n if n else my * 0))
     parts = []
     for s, (n, mx, my) in zip(stats, centres):
@@ -532,11 +525,9 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     off = 0
     for s, (n, mx, my) in zip(stats, centres):
-        for name in ("cxx", "cxy", "cyy"):
-            cur = getattr(s, name)
-            k = cur.numel()
-            cur.copy_(flat[off : off + k].view_as(cur))
-            off += k
+        for cur in (s.cxx, s.cxy, s.cyy):
+            cur.copy_(flat[off : off + cur.numel()].view_as(cur))
+            off += cur.numel()
         s.n = n
         s.mean_x.copy_(mx)
         s.mean_y.copy_(my)
