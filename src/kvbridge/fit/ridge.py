@@ -271,8 +271,7 @@ class RidgeFitter:
                 f"kept for top-k {stats.max_k}",
                 f"use --top-k {stats.max_k} or less, or refit from the models",
             )
-        d = dims(stats.source_spec, stats.target_spec)
-        self._check_seen(stats.n_train, max(ks), d["src_heads"] * d["src_dim"], d)
+        self._check_seen(stats.n_train, max(ks), dims(stats.source_spec, stats.target_spec))
         solver = _BlockSolver(self, stats.source_spec, stats.target_spec, options, ks)
         for job in stats.iter_jobs():
             solver.add(job, stats.scores)
@@ -311,7 +310,6 @@ class RidgeFitter:
         self._check_seen(
             calibration.observations("train"),
             k,
-            fs,
             dims_,
             fix=f"give at least {k * fs} training observations (more --tokens, or a smaller --stride), "
             f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)",
@@ -342,7 +340,7 @@ class RidgeFitter:
             job = run("joint", range(ls), range(lt), "full")
             scores = selection_scores(job, range(lt))
             n_seen = job.n("train")
-            self._check_seen(n_seen, k, fs, dims_)
+            self._check_seen(n_seen, k, dims_)
             emit(job, scores)
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
@@ -358,7 +356,7 @@ class RidgeFitter:
                 parts.append(selection_scores(job, block))
                 n_seen = job.n("train")
                 del job
-            self._check_seen(n_seen, k, fs, dims_)
+            self._check_seen(n_seen, k, dims_)
             scores = {key: torch.cat([sc[key] for sc in parts]) for key in parts[0] if key != "measured_on"}
             scores["measured_on"] = parts[-1]["measured_on"]
             selection = pick(scores["mean"], range(ls), k)
@@ -380,10 +378,10 @@ class RidgeFitter:
 
     @staticmethod
     def _check_seen(
-        n_seen, k, fs, dims_, fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise"
+        n_seen, k, dims_, fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise"
     ) -> None:
-        what = f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims"
-        check_determined(n_seen, k * fs, what=what, fix=fix)
+        hs, ds = dims_["src_heads"], dims_["src_dim"]
+        check_determined(n_seen, k * hs * ds, what=f"top-k {k} source layers x {hs} KV heads x {ds} dims", fix=fix)
 
     @staticmethod
     def _solve_layers(job, block, selection, alpha, dims_) -> dict:
