@@ -133,40 +133,34 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         _solve(fitter, job, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
         for cand in cands
     ]
-    values = None
-    if options.select == "kl":
-        from kvbridge.fit.select_kl import suffix_kl
+    if options.select == "r2":  # one candidate per k, in the order of ks
+        return dict(zip(ks, solved))
+    from kvbridge.fit.select_kl import suffix_kl
 
-        values = suffix_kl(
-            calibration, solved, prefix_share=float(options.select_prefix), suffix=int(options.select_suffix)
-        )
+    values = suffix_kl(
+        calibration, solved, prefix_share=float(options.select_prefix), suffix=int(options.select_suffix)
+    )
     out = {}
     for k in ks:
         pool = [i for i, c in enumerate(cands) if c[1] <= k] or list(range(len(cands)))
-        best = (
-            next(i for i, c in enumerate(cands) if c[1] == k)
-            if values is None
-            else min(pool, key=lambda i: (values[i], i))
-        )
-        mapping = solved[best]
-        if values is not None:
-            mapping.report.params["selection"] = {
-                "criterion": "suffix_kl",
-                "what": "mean KL(native || mapped) of the target's next-token distribution over the suffix, nats, "
-                "on the calibration's held-out sequences",
-                "prefix_share": float(options.select_prefix),
-                "suffix_tokens": int(options.select_suffix),
-                "chosen": dict(zip(CANDIDATE, cands[best])),
-                "candidates": [
-                    {
-                        **dict(zip(CANDIDATE, cands[i])),
-                        "suffix_kl": values[i],
-                        "heldout_r2": solved[i].report.r2_summary.get("mean"),
-                    }
-                    for i in pool
-                ],
-            }
-        out[k] = mapping
+        best = min(pool, key=lambda i: (values[i], i))
+        out[k] = solved[best]
+        out[k].report.params["selection"] = {
+            "criterion": "suffix_kl",
+            "what": "mean KL(native || mapped) of the target's next-token distribution over the suffix, nats, "
+            "on the calibration's held-out sequences",
+            "prefix_share": float(options.select_prefix),
+            "suffix_tokens": int(options.select_suffix),
+            "chosen": dict(zip(CANDIDATE, cands[best])),
+            "candidates": [
+                {
+                    **dict(zip(CANDIDATE, cands[i])),
+                    "suffix_kl": values[i],
+                    "heldout_r2": solved[i].report.r2_summary.get("mean"),
+                }
+                for i in pool
+            ],
+        }
     return out
 
 
@@ -192,10 +186,9 @@ def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, pas
             for c, res in got.items():
                 w[c][rows, cols], b[c][cols], r2[c][h] = res["w"], res["b"], res["r2"]
                 lam[c].append(res["alpha"])
-        layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
+        layers.append(LayerMap("dense", tuple(union), *(x[c].float() for c in "kv" for x in (w, b))))
         r2s.append(r2)
         alphas.append([lam["k"], lam["v"]])
-    feats = max(len(v) for v in per.values()) * ds
     params = {**asdict(options), "support": sup, "top_k": k, "alpha": alpha, "memory_budget": stats.budget}
     # [target layer][target head] -> [[source layer, source head], ...]
     params["head_support"] = [[[list(x) for x in per[(t, h)]] for h in range(ht)] for t in range(len(layers))]
@@ -210,7 +203,7 @@ def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, pas
         },
         **heldout_fields([r["k"] for r in r2s], [r["v"] for r in r2s], options.low_r2, measured=held_ok),
         alpha_chosen=alphas,
-        observations={"train": int(job.n("train")), "features_per_head": feats},
+        observations={"train": int(job.n("train")), "features_per_head": max(len(v) for v in per.values()) * ds},
         passes=passes,
     )
     return FittedMapping(source_spec, target_spec, layers, fitter=fitter.name, report=report)
