@@ -194,12 +194,12 @@ def merge_statistics(folders: list):
     the first folder's with the calibration summed (``tokens``, ``sequences``, observations) and
     ``merged_from`` listing each folder.
     """
+    from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.select import single_layer_r2
 
     folders = [Path(f) for f in folders]
     loaded = [load_statistics(f) for f in folders]
     stats0, man0 = loaded[0]
-    same = ("stride", "skip", "heldout", "seed", "seq_len")
     cals = [man.get("calibration") or {} for _, man in loaded]
     cal0 = cals[0]
     seen_tokens = {}
@@ -218,7 +218,7 @@ def merge_statistics(folders: list):
                     f"{folder} holds statistics of a different {role} model than {folders[0]}",
                     "merge statistics kept for the same pair only",
                 )
-        for key in same:
+        for key in ("stride", "skip", "heldout", "seed", "seq_len"):
             if cal.get(key) != cal0.get(key):
                 raise ArtifactError(
                     f"{folder} was calibrated with {key}={cal.get(key)!r}, {folders[0]} with {cal0.get(key)!r}",
@@ -231,14 +231,12 @@ def merge_statistics(folders: list):
                 "keep each chunk once (runs with different --tokens-offset)",
             )
         seen_tokens[sha] = folder
-        job = next(iter(stats.iter_jobs()))
+        job = next(stats.iter_jobs())
         if merged is None:
             merged = job
         else:
             for key, st in merged.stats.items():
                 st.merge(job.stats[key])
-    scores = single_layer_r2(merged)
-    manifest = dict(man0)
     calib = dict(cal0)
     for key in ("tokens", "sequences", "heldout_sequences", "observations_train", "observations_heldout"):
         vals = [c.get(key) for c in cals]
@@ -253,20 +251,17 @@ def merge_statistics(folders: list):
         }
         for f, c in zip(folders, cals)
     ]
-    manifest["calibration"] = calib
-    from kvbridge.fit.ridge import RidgeStatistics
-
-    out = RidgeStatistics(
+    stats = RidgeStatistics(
         stats0.source_spec,
         stats0.target_spec,
-        scores,
+        single_layer_r2(merged),
         [merged],
         min(s.max_k for s, _ in loaded),
         [p for s, _ in loaded for p in s.passes],
         stats0.budget,
         float(merged.n("train")),
     )
-    return out, manifest
+    return stats, {**man0, "calibration": calib}
 
 
 __all__ = ["StatsWriter", "load_statistics", "merge_statistics", "read_manifest", "check_models", "KIND", "SCORES_FILE"]
