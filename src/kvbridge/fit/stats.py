@@ -41,7 +41,6 @@ from kvbridge.fit.plan import (  # noqa: E402,F401
     ADD_ROWS,
     GRAM_DTYPES,
     GRAM_STRIP,
-    MIN_CHUNK_ROWS,
     WORKSPACE_BYTES,
     chunk_rows,
     job_bytes,
