@@ -199,14 +199,13 @@ class _BlockSolver:
             for t, r in enumerate(res)
         ]
         r2k, r2v = ([r[c]["r2"] for r in res] for c in "kv")
-        alphas = [[r["k"]["alpha"], r["v"]["alpha"]] for r in res]
         report = FitReport(
             fitter=self.fitter.name,
             params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},
             layer_selection=[list(s) for s in selection],
             selection_scores=scores_record(scores),
             **heldout_fields(r2k, r2v, self.options.low_r2),
-            alpha_chosen=alphas,
+            alpha_chosen=[[r["k"]["alpha"], r["v"]["alpha"]] for r in res],
             observations={"train": int(stats.n_train), "features_per_head": k * fs},
             passes=stats.passes,
         )
