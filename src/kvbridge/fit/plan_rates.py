@@ -190,11 +190,10 @@ def measure_rates(
     s, t = model_size(source_ref), model_size(target_ref)
     shape = dict(seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
     src_rate = layer_forward_rate(source_ref, **shape)
-    tgt_rate = src_rate if target_ref == source_ref else layer_forward_rate(target_ref, **shape)
     rows = batch_size * len(range(0, seq_len, stride))
     return PlanRates(
         source_forward=src_rate,
-        target_forward=tgt_rate,
+        target_forward=src_rate if target_ref == source_ref else layer_forward_rate(target_ref, **shape),
         gemm64=gemm64_rate(s.layers * s.kv_features, rows, device),
         gemm32=gemm32_rate(s.layers * s.kv_features, t.layers * t.kv_features, rows, device),
         solve64=solve64_rate(s.kv_features, t.layers * t.kv_features, device),

@@ -261,8 +261,7 @@ class RidgeFitter:
                 "need the models: a weighted or per-head pass, or the target's KL)",
                 "refit from the models with those options",
             )
-        ls = stats.source_spec.num_layers
-        ks = list(dict.fromkeys(min(int(k), ls) for k in (ks or [options.top_k])))
+        ks = list(dict.fromkeys(min(int(k), stats.source_spec.num_layers) for k in (ks or [options.top_k])))
         over = [k for k in ks if k > stats.max_k]
         if over:
             raise FitError(
