@@ -84,9 +84,7 @@ from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's histo
 
 
 def check_alpha(alpha) -> None:
-    if alpha == "auto":
-        return
-    if isinstance(alpha, str) or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
+    if alpha != "auto" and (isinstance(alpha, str) or not (float(alpha) >= 0 and math.isfinite(float(alpha)))):
         raise FitError(f"--alpha must be a non-negative number or 'auto', got {alpha!r}", "use e.g. --alpha 0.01")
 
 

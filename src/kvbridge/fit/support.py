@@ -31,8 +31,7 @@ def candidates(options, ks) -> list[tuple]:
     """``[(support, k, alpha)]`` to solve: the given settings (``select=r2``) or the grid ``select=kl`` searches."""
     if options.select == "r2":
         return [(options.support, k, options.alpha) for k in ks]
-    top = max(ks)
-    k_grid = sorted({k for k in (1, 2, 4, 8) if k <= top} | set(ks))
+    k_grid = sorted({k for k in (1, 2, 4, 8) if k <= max(ks)} | set(ks))
     alphas = list(dict.fromkeys([options.alpha, "auto"]))
     return [(sup, k, a) for sup in ("layers", "head-local") for k in k_grid for a in alphas]
 
