@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from kvbridge.fit.repair import shrink
 from kvbridge.fit.stats import MomentStats, Moments, StatsSet, Workspace
 
 
@@ -58,8 +59,6 @@ class HeadStats(StatsSet):
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats`` as :meth:`kvbridge.fit.calibrate.PairedCalibration.features` gives them (with
         ``rk``/``rv``/``seq`` when weighted)."""
-        from kvbridge.fit.repair import shrink
-
         n_obs = feats["xk"].shape[0]
         held = torch.zeros(n_obs, dtype=torch.bool) if held_mask is None else held_mask.cpu()
         rows = {s: torch.nonzero(held == (s == "held")).flatten() for s in self.SPLITS}

@@ -20,9 +20,11 @@ from functools import partial
 
 import torch
 
+from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.ridge import check_alpha
 from kvbridge.fit.select import single_head_r2
+from kvbridge.fit.stats import LayerStats
 from kvbridge.fit.support import fit_head
 from kvbridge.fit.solve import (
     DEFAULT_ALPHA,
@@ -56,9 +58,6 @@ class HeadwiseFitter:
     Options = HeadwiseOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: HeadwiseOptions = HeadwiseOptions()):
-        from kvbridge.fit.mapping import FittedMapping, LayerMap
-        from kvbridge.fit.stats import LayerStats
-
         if calibration is None:
             raise FitError("the ridge-headwise fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         dims = dims_of(source_spec, target_spec)

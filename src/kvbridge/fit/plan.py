@@ -34,6 +34,7 @@ The module is callable: ``kvbridge.fit.plan(...)`` is :func:`plan`.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 from dataclasses import asdict, dataclass, field
@@ -264,8 +265,6 @@ def minimum_budget(fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft
 
 def default_budget(error: type = ConfigError) -> int:
     """The statistics budget (bytes) when none is given: ``$KVBRIDGE_FIT_MEMORY`` GiB, else 8 GiB."""
-    import os
-
     raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
     try:
         return int(float(raw) * GIB) if raw else 8 * GIB

@@ -61,8 +61,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvbridge.fit.calibrate import DEFAULT_TOP_K
+from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES
+from kvbridge.fit.stats import LayerStats
+from kvbridge.fit.support import fit_heads
 from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's historical home)
     DEFAULT_ALPHA,
     LOW_R2,
@@ -187,8 +190,6 @@ class _BlockSolver:
         return {k: self._mapping(stats, k) for k in self.ks}
 
     def _mapping(self, stats, k):
-        from kvbridge.fit.mapping import FittedMapping, LayerMap
-
         scores, results, selection = stats.scores, self.results[k], self.selection[k]
         fs = self.dims["src_heads"] * self.dims["src_dim"]
         res = [results[t] for t in range(self.target_spec.num_layers)]  # per target layer: K and V fits
@@ -231,8 +232,6 @@ class RidgeFitter:
             raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         ks = list(dict.fromkeys(min(int(k), source_spec.num_layers) for k in ks))
         if not options.plain:  # head-local support, attention weights or selection by KL: the per-head path
-            from kvbridge.fit.support import fit_heads
-
             if keep is not None:
                 raise FitError(
                     "--keep-stats keeps the joint statistics of -o support=layers weighting=uniform select=r2 only",
@@ -296,8 +295,8 @@ class RidgeFitter:
         ``select_only``: the blocked path stops after the selection passes (the per-head path
         accumulates its own statistics).
         """
+        # imported per call: bench_fit_speed swaps select's functions
         from kvbridge.fit.select import single_head_r2, single_layer_r2, top_k as pick
-        from kvbridge.fit.stats import LayerStats
 
         dims_ = dims(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers

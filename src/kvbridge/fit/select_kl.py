@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kvbridge.fit.solve import FitError
+from kvbridge.transfer import transfer
 
 
 def held_sequences(calibration) -> torch.Tensor:
@@ -27,8 +28,6 @@ def held_sequences(calibration) -> torch.Tensor:
 
 def suffix_kl(calibration, mappings: list, *, prefix_share: float = 0.5, suffix: int = 32) -> list[float]:
     """Mean suffix KL(native || mapped) per mapping in ``mappings`` (see the module docstring)."""
-    from kvbridge.transfer import transfer
-
     ids = held_sequences(calibration)
     n, t = ids.shape
     p = max(1, min(t - 1, int(round(prefix_share * t))))

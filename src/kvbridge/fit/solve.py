@@ -27,6 +27,7 @@ import math
 import torch
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.fit.plan import default_budget as plan_budget, pack_blocks
 from kvbridge.fit.stats import DTYPE, Moments
 
 DEFAULT_ALPHA = 0.01
@@ -117,9 +118,7 @@ LOW_R2 = 0.5  # mean held-out R² below this: the fitter warns that the mapping 
 
 def default_budget() -> int:
     """The statistics budget when none is given (:func:`kvbridge.fit.plan.default_budget`), a FitError if malformed."""
-    from kvbridge.fit.plan import default_budget as budget
-
-    return budget(FitError)
+    return plan_budget(FitError)
 
 
 def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold: float = LOW_R2) -> tuple[dict, list]:
@@ -181,8 +180,6 @@ def device_of(calibration):
 def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``
     (the planner's rule, :func:`kvbridge.fit.plan.pack_blocks`; a FitError when one layer is over)."""
-    from kvbridge.fit.plan import pack_blocks
-
     return pack_blocks(n, bytes_of, budget, what, FitError)
 
 

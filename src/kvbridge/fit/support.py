@@ -21,6 +21,11 @@ from dataclasses import asdict
 
 import torch
 
+from kvbridge.fit.headstats import HeadStats
+from kvbridge.fit.mapping import FittedMapping, LayerMap
+from kvbridge.fit.protocol import FitReport
+from kvbridge.fit.select import top_k
+from kvbridge.fit.select_kl import suffix_kl
 from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, heldout_fields
 
 #: what a candidate ``(support, k, alpha)`` tuple holds, as the selection report names it
@@ -39,8 +44,6 @@ def candidates(options, ks) -> list[tuple]:
 def slots_for(support: str, k: int, t: int, h: int, scores: dict, hs: int, src_layers) -> list:
     """Source ``(layer, head)`` slots target head ``(t, h)`` reads, best first."""
     if support == "layers":
-        from kvbridge.fit.select import top_k
-
         layers = top_k(scores["mean"][t : t + 1], src_layers, k)[0]
         return [(s, g) for s in layers for g in range(hs)]
     row = scores["head"][t, h]
@@ -77,8 +80,6 @@ def fit_head(moments, t: int, h: int, alpha, held_ok: bool) -> dict:
 
 def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dict:
     """``{k: mapping}`` for the per-head settings (see the module docstring)."""
-    from kvbridge.fit.headstats import HeadStats
-
     d = dims(source_spec, target_spec)
     hs, ds, ht = d["src_heads"], d["src_dim"], d["tgt_heads"]
     ls, lt = source_spec.num_layers, target_spec.num_layers
@@ -134,8 +135,6 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     ]
     if options.select == "r2":  # one candidate per k, in the order of ks
         return dict(zip(ks, solved))
-    from kvbridge.fit.select_kl import suffix_kl
-
     values = suffix_kl(
         calibration, solved, prefix_share=float(options.select_prefix), suffix=int(options.select_suffix)
     )
@@ -164,9 +163,6 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
 
 
 def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
-    from kvbridge.fit.mapping import FittedMapping, LayerMap
-    from kvbridge.fit.protocol import FitReport
-
     sup, k, alpha = cand
     d = dims(source_spec, target_spec)
     hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
