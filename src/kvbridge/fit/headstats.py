@@ -9,13 +9,14 @@ support (a list of source ``(layer, head)`` slots, ``p = len(support) · D_s``),
 weight differs per head, so the features' co-moments do too, which is why weighted statistics
 are per head (and need the support fixed first: the selection pass).
 
-Memory: ``Σ_heads 4 · 8 · (p² + p·D_t + 2p + 2D_t)`` bytes (:meth:`HeadStats.nbytes_for`).
+Memory: ``Σ_heads 4 · 8 · (p² + p·D_t + 2p + 2D_t)`` bytes (:meth:`HeadStats.nbytes`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from kvbridge.fit.repair import shrink
 from kvbridge.fit.stats import MomentStats, Moments, StatsSet, Workspace
 
 
@@ -55,15 +56,9 @@ class HeadStats(StatsSet):
             for key, sup in self.supports.items()
         }
 
-    @staticmethod
-    def nbytes_for(supports: dict, *, src_dim: int, tgt_dim: int) -> int:
-        return sum(4 * MomentStats.nbytes_for(len(sup) * src_dim, tgt_dim) for sup in supports.values())
-
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats`` as :meth:`kvbridge.fit.calibrate.PairedCalibration.features` gives them (with
         ``rk``/``rv``/``seq`` when weighted)."""
-        from kvbridge.fit.repair import shrink
-
         n_obs = feats["xk"].shape[0]
         held = torch.zeros(n_obs, dtype=torch.bool) if held_mask is None else held_mask.cpu()
         rows = {s: torch.nonzero(held == (s == "held")).flatten() for s in self.SPLITS}

@@ -15,13 +15,16 @@ of ``p²``); target layers are blocked to the memory budget as for ``ridge``.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from functools import partial
+
 import torch
 
-from dataclasses import asdict, dataclass
-
+from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.ridge import check_alpha
 from kvbridge.fit.select import single_head_r2
+from kvbridge.fit.stats import LayerStats
 from kvbridge.fit.support import fit_head
 from kvbridge.fit.solve import (
     DEFAULT_ALPHA,
@@ -55,9 +58,6 @@ class HeadwiseFitter:
     Options = HeadwiseOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: HeadwiseOptions = HeadwiseOptions()):
-        from kvbridge.fit.mapping import FittedMapping, LayerMap
-        from kvbridge.fit.stats import LayerStats
-
         if calibration is None:
             raise FitError("the ridge-headwise fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         dims = dims_of(source_spec, target_spec)
@@ -90,18 +90,13 @@ class HeadwiseFitter:
                 r2 = {c: torch.zeros(ht, dtype=torch.float64) for c in ("k", "v")}
                 lam = []
                 for h, src in enumerate(sources):
-                    cols = slice(h * dt, (h + 1) * dt)
-
-                    def moments(c, split, job=job, src=src, t=t, cols=cols):
-                        return _cols(job.moments(c, split, src_head=src, tgt_layers=[t]), cols)
-
-                    got = fit_head(moments, t, h, options.alpha, held_ok)
+                    got = fit_head(
+                        partial(job.moments, src_head=src, tgt_layers=[t], tgt_head=h), t, h, options.alpha, held_ok
+                    )
                     for c, res in got.items():
                         w[c][h], bias[c][h], r2[c][h] = res["w"], res["b"], res["r2"]
                         lam.append(res["alpha"])
-                layers[t] = LayerMap(
-                    "headwise", sources, w["k"].float(), bias["k"].float(), w["v"].float(), bias["v"].float()
-                )
+                layers[t] = LayerMap("headwise", sources, *(x[c].float() for c in "kv" for x in (w, bias)))
                 r2k[t], r2v[t] = (r2["k"], r2["v"]) if held_ok else (None, None)
                 alphas[t] = lam
                 assign_all[t] = [list(s) for s in sources]
@@ -122,12 +117,6 @@ class HeadwiseFitter:
             passes=passes,
         )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
-
-
-def _cols(m, cols):
-    from kvbridge.fit.stats import Moments
-
-    return Moments(m.n, m.mean_x, m.mean_y[cols], m.cxx, m.cxy[:, cols], m.cyy[cols])
 
 
 __all__ = ["HeadwiseFitter", "HeadwiseOptions"]

@@ -25,7 +25,10 @@ import datetime as _dt
 import json
 from pathlib import Path
 
+from kvbridge.artifacts import check_kind, read_manifest as read_artifact_manifest, save_safetensors, sha256_file
 from kvbridge.errors import ArtifactError
+from kvbridge.fit.artifact import compared, manifest_specs
+from kvbridge.version import __version__
 
 KIND = "kvbridge-fit-stats"
 SCHEMA_VERSION = 1
@@ -42,8 +45,6 @@ class StatsWriter:
         self.blocks: list[dict] = []
 
     def add(self, job) -> None:
-        from kvbridge.artifacts import save_safetensors
-
         name = f"block{len(self.blocks)}.safetensors"
         digest = save_safetensors(job.state_dict(), self.folder / name)
         self.blocks.append(
@@ -59,9 +60,6 @@ class StatsWriter:
         )
 
     def finish(self, stats) -> None:
-        from kvbridge.artifacts import save_safetensors
-        from kvbridge.version import __version__
-
         scores = {k: stats.scores[k].contiguous() for k in ("mean", "k", "v")}
         digest = save_safetensors(scores, self.folder / SCORES_FILE)
         manifest = {
@@ -88,7 +86,6 @@ def _bad(folder: Path, what: str) -> ArtifactError:
 
 
 def _load_file(folder: Path, name: str, sha: str | None) -> dict:
-    from kvbridge.artifacts import sha256_file
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -106,10 +103,8 @@ def _load_file(folder: Path, name: str, sha: str | None) -> dict:
 
 
 def read_manifest(folder: Path | str) -> dict:
-    from kvbridge.artifacts import check_kind, read_manifest as read
-
     folder = Path(folder)
-    manifest = read(folder, kind="fit statistics")
+    manifest = read_artifact_manifest(folder, kind="fit statistics")
     fix = "pass a folder written by `kvbridge fit ... --keep-stats DIR`"
     check_kind(manifest, KIND, SCHEMA_VERSION, folder, "kvbridge fit-statistics folder", fix)
     for key in ("source", "target", "blocks", "max_k"):
@@ -121,8 +116,6 @@ def read_manifest(folder: Path | str) -> dict:
 def check_models(manifest: dict, folder: Path | str, *, source: dict | None = None, target: dict | None = None) -> None:
     """Refuse kept statistics for models other than ``source`` / ``target`` (identity dicts of
     :func:`kvbridge.fit.artifact.model_identity`, from configs or models), naming the field."""
-    from kvbridge.fit.artifact import compared
-
     for role, name, need, have in compared(manifest, source, target, loaded_configs_only=True):
         if have != need:
             raise ArtifactError(
@@ -136,7 +129,6 @@ def load_statistics(folder: Path | str):
     """``(RidgeStatistics, manifest)`` of a kept folder; the blocks are read lazily, one at a time."""
     import torch
 
-    from kvbridge.fit.artifact import manifest_specs
     from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.solve import dims
     from kvbridge.fit.stats import LayerStats
@@ -202,12 +194,12 @@ def merge_statistics(folders: list):
     the first folder's with the calibration summed (``tokens``, ``sequences``, observations) and
     ``merged_from`` listing each folder.
     """
+    from kvbridge.fit.ridge import RidgeStatistics
     from kvbridge.fit.select import single_layer_r2
 
     folders = [Path(f) for f in folders]
     loaded = [load_statistics(f) for f in folders]
     stats0, man0 = loaded[0]
-    same = ("stride", "skip", "heldout", "seed", "seq_len")
     cals = [man.get("calibration") or {} for _, man in loaded]
     cal0 = cals[0]
     seen_tokens = {}
@@ -226,7 +218,7 @@ def merge_statistics(folders: list):
                     f"{folder} holds statistics of a different {role} model than {folders[0]}",
                     "merge statistics kept for the same pair only",
                 )
-        for key in same:
+        for key in ("stride", "skip", "heldout", "seed", "seq_len"):
             if cal.get(key) != cal0.get(key):
                 raise ArtifactError(
                     f"{folder} was calibrated with {key}={cal.get(key)!r}, {folders[0]} with {cal0.get(key)!r}",
@@ -239,14 +231,12 @@ def merge_statistics(folders: list):
                 "keep each chunk once (runs with different --tokens-offset)",
             )
         seen_tokens[sha] = folder
-        job = next(iter(stats.iter_jobs()))
+        job = next(stats.iter_jobs())
         if merged is None:
             merged = job
         else:
             for key, st in merged.stats.items():
                 st.merge(job.stats[key])
-    scores = single_layer_r2(merged)
-    manifest = dict(man0)
     calib = dict(cal0)
     for key in ("tokens", "sequences", "heldout_sequences", "observations_train", "observations_heldout"):
         vals = [c.get(key) for c in cals]
@@ -261,20 +251,17 @@ def merge_statistics(folders: list):
         }
         for f, c in zip(folders, cals)
     ]
-    manifest["calibration"] = calib
-    from kvbridge.fit.ridge import RidgeStatistics
-
-    out = RidgeStatistics(
+    stats = RidgeStatistics(
         stats0.source_spec,
         stats0.target_spec,
-        scores,
+        single_layer_r2(merged),
         [merged],
         min(s.max_k for s, _ in loaded),
         [p for s, _ in loaded for p in s.passes],
         stats0.budget,
         float(merged.n("train")),
     )
-    return out, manifest
+    return stats, {**man0, "calibration": calib}
 
 
 __all__ = ["StatsWriter", "load_statistics", "merge_statistics", "read_manifest", "check_models", "KIND", "SCORES_FILE"]

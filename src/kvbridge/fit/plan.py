@@ -34,6 +34,7 @@ The module is callable: ``kvbridge.fit.plan(...)`` is :func:`plan`.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 from dataclasses import asdict, dataclass, field
@@ -264,8 +265,6 @@ def minimum_budget(fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft
 
 def default_budget(error: type = ConfigError) -> int:
     """The statistics budget (bytes) when none is given: ``$KVBRIDGE_FIT_MEMORY`` GiB, else 8 GiB."""
-    import os
-
     raw = os.environ.get("KVBRIDGE_FIT_MEMORY")
     try:
         return int(float(raw) * GIB) if raw else 8 * GIB
@@ -386,7 +385,8 @@ class FitPlan:
         return out
 
     def lines(self) -> list[str]:
-        s, t = self.source, self.target
+        s, t, f32 = self.source, self.target, self.statistics_flops32
+        gram = "float32 Gram" if f32 >= self.statistics_flops else f"{f32:.3g} float32 Gram, the rest float64"
         out = [
             f"fit plan: {s.name} ({s.layers}x{s.kv_heads}x{s.head_dim}) -> {t.name} ({t.layers}x{t.kv_heads}x"
             f"{t.head_dim}), {self.fitter}, top-k {self.top_k}, {self.tokens:,} tokens "
@@ -399,7 +399,7 @@ class FitPlan:
             f"  + both models' weights {_size(self.weights_bytes)} = peak ~{_size(self.peak_bytes)}",
             f"  artifact: {_size(self.artifact_bytes)} (mapping.safetensors, float32)",
             f"  FLOPs: forwards {self.forward_flops:.3g}, statistics {self.statistics_flops:.3g} "
-            f"({_stats_dtypes(self.statistics_flops, self.statistics_flops32)}), solves {self.solve_flops:.3g}",
+            f"({gram if f32 > 0 else 'float64'}), solves {self.solve_flops:.3g}",
         ]
         parts = self.time_parts()
         if parts is not None:
@@ -651,12 +651,6 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
 def _rate32(rates) -> float:
     """The float32-Gram rate of ``rates`` (``gemm64`` for rates measured without one)."""
     return getattr(rates, "gemm32", None) or rates.gemm64
-
-
-def _stats_dtypes(total: float, f32: float) -> str:
-    if f32 <= 0:
-        return "float64"
-    return "float32 Gram" if f32 >= total else f"{f32:.3g} float32 Gram, the rest float64"
 
 
 def attention_record_bytes(batch: int, seq_len: int, *, q_heads: int, kv_heads: int, head_dim: int, layers: int) -> int:

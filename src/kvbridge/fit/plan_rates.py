@@ -34,8 +34,15 @@ seconds (synchronised on a GPU), so the estimate is in the same seconds as the f
 
 from __future__ import annotations
 
+import hashlib
+import statistics
 import time
 from dataclasses import asdict, dataclass
+
+import torch
+
+from kvbridge.fit.plan import model_size, solve_flops
+from kvbridge.fit.stats import MomentStats
 
 FWD_TOKENS = 2048  # tokens of one timed forward (batch x seq_len, at least one sequence)
 CAL_VOCAB = 512
@@ -61,8 +68,6 @@ class PlanRates:
 
 
 def _clock(device: str):
-    import torch
-
     if device == "cpu":  # one thread: CPU seconds (robust to a shared machine); more: wall seconds
         return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
 
@@ -82,8 +87,6 @@ def _typical(fn, reps: int, clock) -> float:
     minutes of the same work, so it runs at the machine's typical speed, and on this shared CPU
     one GEMM's time scatters by +-25% run to run (a 30 ms forward timed twice, best of two,
     scattered by 37% between calibrations of one process)."""
-    import statistics
-
     fn()  # warm-up
     times: list = []
     while len(times) < reps or (sum(times) < MIN_TIMED_S and len(times) < 50):
@@ -97,9 +100,6 @@ def layer_forward_rate(
     ref: str, *, seq_len: int, batch_size: int, dtype: str = "float32", device: str = "cpu", reps: int = 2
 ) -> float:
     """FLOP/s of one decoder layer of ``ref`` (random weights) through the fit's extract + strip path."""
-    import torch
-
-    from kvbridge.fit.plan import model_size
     from kvbridge.models import resolve
     from kvbridge.plugins import get_host
 
@@ -124,8 +124,6 @@ def layer_forward_rate(
 
 
 def gemm64_rate(p: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
-    import torch
-
     p, rows = max(8, min(p, 1536)), max(8, min(rows, 1024))
     x = torch.randn(rows, p, dtype=torch.float64, device=device)
     c = torch.zeros(p, p, dtype=torch.float64, device=device)
@@ -134,10 +132,6 @@ def gemm64_rate(p: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
 
 def gemm32_rate(p: int, q: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
     """Plan FLOP/s (``2·rows·(p² + p·q)``) of one float32-Gram chunk update of the statistics."""
-    import torch
-
-    from kvbridge.fit.stats import MomentStats
-
     p, q, rows = max(8, min(p, 1536)), max(8, min(q, 4096)), max(8, min(rows, 1024))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(rows, p, generator=g).to(device)
@@ -148,10 +142,6 @@ def gemm32_rate(p: int, q: int, rows: int, device: str = "cpu", reps: int = 3) -
 
 def solve64_rate(p: int, q: int, device: str = "cpu", reps: int = 3) -> float:
     """FLOP/s of :func:`kvbridge.fit.solve.solve` + its held-out SSE at ``p`` features, ``q`` outputs."""
-    import torch
-
-    from kvbridge.fit.plan import solve_flops
-
     p, q = max(8, min(p, 2048)), max(8, min(q, 4096))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4 * p, p, dtype=torch.float64, generator=g).to(device)
@@ -171,17 +161,11 @@ def solve64_rate(p: int, q: int, device: str = "cpu", reps: int = 3) -> float:
 
 def memory_rate(device: str = "cpu", nbytes: int = 64 << 20, reps: int = 3) -> float:
     """Bytes/s of zero-filling fresh memory (first touch: what allocating the statistics costs)."""
-    import torch
-
     return nbytes / _typical(lambda: torch.zeros(nbytes // 8, dtype=torch.float64, device=device), reps, _clock(device))
 
 
 def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
     """Bytes/s of the weights fingerprint's work: tensor bytes out, then sha256."""
-    import hashlib
-
-    import torch
-
     t = torch.ones(nbytes // 4, dtype=torch.float32)
 
     def run():
@@ -202,18 +186,14 @@ def measure_rates(
     device: str = "cpu",
 ) -> PlanRates:
     """Time each part of a fit of ``source_ref -> target_ref`` at its shapes, here (a few seconds)."""
-    import torch
-
-    from kvbridge.fit.plan import model_size
 
     s, t = model_size(source_ref), model_size(target_ref)
     shape = dict(seq_len=seq_len, batch_size=batch_size, dtype=dtype, device=device)
     src_rate = layer_forward_rate(source_ref, **shape)
-    tgt_rate = src_rate if target_ref == source_ref else layer_forward_rate(target_ref, **shape)
     rows = batch_size * len(range(0, seq_len, stride))
     return PlanRates(
         source_forward=src_rate,
-        target_forward=tgt_rate,
+        target_forward=src_rate if target_ref == source_ref else layer_forward_rate(target_ref, **shape),
         gemm64=gemm64_rate(s.layers * s.kv_features, rows, device),
         gemm32=gemm32_rate(s.layers * s.kv_features, t.layers * t.kv_features, rows, device),
         solve64=solve64_rate(s.kv_features, t.layers * t.kv_features, device),

@@ -61,8 +61,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvbridge.fit.calibrate import DEFAULT_TOP_K
+from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES
+from kvbridge.fit.stats import LayerStats
+from kvbridge.fit.support import fit_heads
 from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's historical home)
     DEFAULT_ALPHA,
     LOW_R2,
@@ -84,9 +87,7 @@ from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's histo
 
 
 def check_alpha(alpha) -> None:
-    if alpha == "auto":
-        return
-    if isinstance(alpha, str) or not (float(alpha) >= 0 and math.isfinite(float(alpha))):
+    if alpha != "auto" and (isinstance(alpha, str) or not (float(alpha) >= 0 and math.isfinite(float(alpha)))):
         raise FitError(f"--alpha must be a non-negative number or 'auto', got {alpha!r}", "use e.g. --alpha 0.01")
 
 
@@ -162,10 +163,7 @@ class RidgeStatistics:
     job_loader: object = None  # kept statistics on disk: a callable yielding the jobs one at a time
 
     def iter_jobs(self):
-        if self.job_loader is not None:
-            yield from self.job_loader()
-        else:
-            yield from self.jobs
+        yield from self.job_loader() if self.job_loader is not None else self.jobs
 
 
 class _BlockSolver:
@@ -192,8 +190,6 @@ class _BlockSolver:
         return {k: self._mapping(stats, k) for k in self.ks}
 
     def _mapping(self, stats, k):
-        from kvbridge.fit.mapping import FittedMapping, LayerMap
-
         scores, results, selection = stats.scores, self.results[k], self.selection[k]
         fs = self.dims["src_heads"] * self.dims["src_dim"]
         res = [results[t] for t in range(self.target_spec.num_layers)]  # per target layer: K and V fits
@@ -202,14 +198,13 @@ class _BlockSolver:
             for t, r in enumerate(res)
         ]
         r2k, r2v = ([r[c]["r2"] for r in res] for c in "kv")
-        alphas = [[r["k"]["alpha"], r["v"]["alpha"]] for r in res]
         report = FitReport(
             fitter=self.fitter.name,
             params={**asdict(self.options), "top_k": k, "memory_budget": stats.budget},
             layer_selection=[list(s) for s in selection],
             selection_scores=scores_record(scores),
             **heldout_fields(r2k, r2v, self.options.low_r2),
-            alpha_chosen=alphas,
+            alpha_chosen=[[r["k"]["alpha"], r["v"]["alpha"]] for r in res],
             observations={"train": int(stats.n_train), "features_per_head": k * fs},
             passes=stats.passes,
         )
@@ -237,8 +232,6 @@ class RidgeFitter:
             raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
         ks = list(dict.fromkeys(min(int(k), source_spec.num_layers) for k in ks))
         if not options.plain:  # head-local support, attention weights or selection by KL: the per-head path
-            from kvbridge.fit.support import fit_heads
-
             if keep is not None:
                 raise FitError(
                     "--keep-stats keeps the joint statistics of -o support=layers weighting=uniform select=r2 only",
@@ -265,8 +258,7 @@ class RidgeFitter:
                 "need the models: a weighted or per-head pass, or the target's KL)",
                 "refit from the models with those options",
             )
-        ls = stats.source_spec.num_layers
-        ks = list(dict.fromkeys(min(int(k), ls) for k in (ks or [options.top_k])))
+        ks = list(dict.fromkeys(min(int(k), stats.source_spec.num_layers) for k in (ks or [options.top_k])))
         over = [k for k in ks if k > stats.max_k]
         if over:
             raise FitError(
@@ -274,8 +266,7 @@ class RidgeFitter:
                 f"kept for top-k {stats.max_k}",
                 f"use --top-k {stats.max_k} or less, or refit from the models",
             )
-        d = dims(stats.source_spec, stats.target_spec)
-        self._check_seen(stats.n_train, max(ks), d["src_heads"] * d["src_dim"], d)
+        self._check_seen(stats.n_train, max(ks), dims(stats.source_spec, stats.target_spec))
         solver = _BlockSolver(self, stats.source_spec, stats.target_spec, options, ks)
         for job in stats.iter_jobs():
             solver.add(job, stats.scores)
@@ -304,8 +295,8 @@ class RidgeFitter:
         ``select_only``: the blocked path stops after the selection passes (the per-head path
         accumulates its own statistics).
         """
+        # imported per call: bench_fit_speed swaps select's functions
         from kvbridge.fit.select import single_head_r2, single_layer_r2, top_k as pick
-        from kvbridge.fit.stats import LayerStats
 
         dims_ = dims(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
@@ -314,7 +305,6 @@ class RidgeFitter:
         self._check_seen(
             calibration.observations("train"),
             k,
-            fs,
             dims_,
             fix=f"give at least {k * fs} training observations (more --tokens, or a smaller --stride), "
             f"a smaller --top-k, or --fitter ridge-headwise ({dims_['src_dim']} features per head)",
@@ -340,13 +330,12 @@ class RidgeFitter:
                 sc["head"] = single_head_r2(job, block)["mean"]
             return sc
 
-        if (
-            LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram) <= budget
-        ):  # one pass: selection + fit
+        # one pass (selection + fit) when the joint job fits the budget
+        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram) <= budget:
             job = run("joint", range(ls), range(lt), "full")
             scores = selection_scores(job, range(lt))
             n_seen = job.n("train")
-            self._check_seen(n_seen, k, fs, dims_)
+            self._check_seen(n_seen, k, dims_)
             emit(job, scores)
             del job
         else:  # blocked: selection passes, then fit passes over blocks of target layers
@@ -362,7 +351,7 @@ class RidgeFitter:
                 parts.append(selection_scores(job, block))
                 n_seen = job.n("train")
                 del job
-            self._check_seen(n_seen, k, fs, dims_)
+            self._check_seen(n_seen, k, dims_)
             scores = {key: torch.cat([sc[key] for sc in parts]) for key in parts[0] if key != "measured_on"}
             scores["measured_on"] = parts[-1]["measured_on"]
             selection = pick(scores["mean"], range(ls), k)
@@ -384,10 +373,10 @@ class RidgeFitter:
 
     @staticmethod
     def _check_seen(
-        n_seen, k, fs, dims_, fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise"
+        n_seen, k, dims_, fix="give more --tokens, a smaller --stride or --top-k, or --fitter ridge-headwise"
     ) -> None:
-        what = f"top-k {k} source layers x {dims_['src_heads']} KV heads x {dims_['src_dim']} dims"
-        check_determined(n_seen, k * fs, what=what, fix=fix)
+        hs, ds = dims_["src_heads"], dims_["src_dim"]
+        check_determined(n_seen, k * hs * ds, what=f"top-k {k} source layers x {hs} KV heads x {ds} dims", fix=fix)
 
     @staticmethod
     def _solve_layers(job, block, selection, alpha, dims_) -> dict:

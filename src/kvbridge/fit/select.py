@@ -23,9 +23,8 @@ def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
     R² of a ridge from it to each target head of ``tgt`` (``[len(tgt), H_t]``, reduced by
     ``per_group``), on the held-out statistics (training ones when there are none); ``"measured_on"``."""
     held_split = "held" if job.n("held") >= 1 else "train"
-    closed = (
-        held_split == "train" and isinstance(alpha, (int, float)) and alpha > 0
-    )  # training R² from the normal equations (below)
+    # training R² from the normal equations (below)
+    closed = held_split == "train" and isinstance(alpha, (int, float)) and alpha > 0
     n_groups = len(tgt) * job.tgt_heads
     out = {}
     for kind in ("k", "v"):

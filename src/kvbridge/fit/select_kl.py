@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from kvbridge.fit.solve import FitError
+from kvbridge.transfer import transfer
 
 
 def held_sequences(calibration) -> torch.Tensor:
@@ -27,15 +28,12 @@ def held_sequences(calibration) -> torch.Tensor:
 
 def suffix_kl(calibration, mappings: list, *, prefix_share: float = 0.5, suffix: int = 32) -> list[float]:
     """Mean suffix KL(native || mapped) per mapping in ``mappings`` (see the module docstring)."""
-    from kvbridge.transfer import transfer
-
     ids = held_sequences(calibration)
     n, t = ids.shape
     p = max(1, min(t - 1, int(round(prefix_share * t))))
     s = max(1, min(int(suffix), t - p))
     src, tgt = calibration.source_model, calibration.target_model
     sad, tad = calibration.source_adapter, calibration.target_adapter
-    host = calibration.host
     dev = next(tgt.parameters()).device
     totals = [0.0] * len(mappings)
     count = 0
@@ -47,7 +45,7 @@ def suffix_kl(calibration, mappings: list, *, prefix_share: float = 0.5, suffix:
             native = tgt(input_ids=rows[:, : p + s]).logits[:, p : p + s].float().log_softmax(-1)
             state = sad.extract(src, rows[:, :p], spec=calibration.source_spec)
             for j, mapping in enumerate(mappings):
-                mapped = transfer(state, mapping, calibration.target_spec, host=host)
+                mapped = transfer(state, mapping, calibration.target_spec, host=calibration.host)
                 cache = tad.inject(mapped, tgt)
                 got = tgt(input_ids=rows[:, p : p + s], cache=cache, use_cache=True).logits.float().log_softmax(-1)
                 kl = (native.exp() * (native - got)).sum(-1)

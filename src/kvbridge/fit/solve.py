@@ -27,6 +27,7 @@ import math
 import torch
 
 from kvbridge.errors import KVBridgeError
+from kvbridge.fit.plan import default_budget as plan_budget, pack_blocks
 from kvbridge.fit.stats import DTYPE, Moments
 
 DEFAULT_ALPHA = 0.01
@@ -57,8 +58,7 @@ def solve_w(m: Moments, alpha: float) -> torch.Tensor:
 
 def sse(w: torch.Tensor, b: torch.Tensor, held: Moments) -> torch.Tensor:
     """Per output dim squared error of ``x W + b`` on the held-out statistics ``held``."""
-    cw = held.cxx @ w
-    quad = (w * cw).sum(0)
+    quad = (w * (held.cxx @ w)).sum(0)
     cross = (w * held.cxy).sum(0)
     resid_mean = held.mean_y - held.mean_x @ w - b
     return (held.cyy - 2.0 * cross + quad + held.n * resid_mean * resid_mean).clamp(min=0.0)
@@ -74,8 +74,7 @@ def grouped_r2(w: torch.Tensor, b: torch.Tensor, held: Moments, groups: int) -> 
 def alpha_grid(m: Moments) -> list[float]:
     scale = float(torch.diagonal(m.cxx).mean()) if m.p else 1.0
     scale = scale if scale > 0 and math.isfinite(scale) else 1.0
-    grid = {DEFAULT_ALPHA} | {scale * 10.0**e for e in range(-6, 2)}
-    return sorted(grid)
+    return sorted({DEFAULT_ALPHA} | {scale * 10.0**e for e in range(-6, 2)})
 
 
 def fit_group(
@@ -119,9 +118,7 @@ LOW_R2 = 0.5  # mean held-out R² below this: the fitter warns that the mapping 
 
 def default_budget() -> int:
     """The statistics budget when none is given (:func:`kvbridge.fit.plan.default_budget`), a FitError if malformed."""
-    from kvbridge.fit.plan import default_budget as budget
-
-    return budget(FitError)
+    return plan_budget(FitError)
 
 
 def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold: float = LOW_R2) -> tuple[dict, list]:
@@ -183,8 +180,6 @@ def device_of(calibration):
 def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``
     (the planner's rule, :func:`kvbridge.fit.plan.pack_blocks`; a FitError when one layer is over)."""
-    from kvbridge.fit.plan import pack_blocks
-
     return pack_blocks(n, bytes_of, budget, what, FitError)
 
 

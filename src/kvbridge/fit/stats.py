@@ -41,7 +41,6 @@ from kvbridge.fit.plan import (  # noqa: E402,F401
     ADD_ROWS,
     GRAM_DTYPES,
     GRAM_STRIP,
-    MIN_CHUNK_ROWS,
     WORKSPACE_BYTES,
     chunk_rows,
     job_bytes,
@@ -158,6 +157,8 @@ class MomentStats:
     merge and ``cyy`` stay float64); the lower triangle is mirrored once when ``cxx`` is read.
     Weighted updates and block-diagonal co-moments always run in float64.
     """
+
+    TENSORS = ("mean_x", "mean_y", "cxx", "cxy", "cyy")  # what state_dict saves besides n, and merge copies
 
     def __init__(
         self,
@@ -308,32 +309,48 @@ class MomentStats:
         m = int(x.shape[0])
         if m == 0:
             return
-        if weights is None and self._f32:
-            return self._update_chunk_f32(x, y)
-        cxx = self.cxx  # the float64 path adds to the whole matrix: mirror any pending float32 updates
-        xc, yc = self._ws.get(m, self.p, self.q)
-        xc.copy_(x)
-        yc.copy_(y)
-        if weights is None:
-            mw = float(m)
-            mx, my = xc.mean(0), yc.mean(0)
+        f32 = weights is None and self._f32  # float32 GEMMs on the chunk centred on its float64 mean
+        if f32:
+            xc, yc = self._ws.get(m, self.p, self.q, torch.float32)
+            mw, mx, my = float(m), self._centre_f32(x, xc), self._centre_f32(y, yc)
         else:
-            wt = weights.to(device=xc.device, dtype=DTYPE).clamp(min=0.0)
-            mw = float(wt.sum())
-            if mw <= 0:
-                return
-            mx, my = (wt @ xc) / mw, (wt @ yc) / mw
-        xc -= mx  # the chunk, centred on its own mean, in the reused float64 workspace
-        yc -= my
-        if weights is not None:  # Σ w xc xcᵀ = (√w xc)ᵀ(√w xc): scale the rows, then the same GEMMs
-            root = wt.sqrt()[:, None]
-            xc *= root
-            yc *= root
+            cxx = self.cxx  # the float64 path adds to the whole matrix: mirror any pending float32 updates
+            xc, yc = self._ws.get(m, self.p, self.q)
+            xc.copy_(x)
+            yc.copy_(y)
+            if weights is None:
+                mw = float(m)
+                mx, my = xc.mean(0), yc.mean(0)
+            else:
+                wt = weights.to(device=xc.device, dtype=DTYPE).clamp(min=0.0)
+                mw = float(wt.sum())
+                if mw <= 0:
+                    return
+                mx, my = (wt @ xc) / mw, (wt @ yc) / mw
+            xc -= mx  # the chunk, centred on its own mean, in the reused float64 workspace
+            yc -= my
+            if weights is not None:  # Σ w xc xcᵀ = (√w xc)ᵀ(√w xc): scale the rows, then the same GEMMs
+                root = wt.sqrt()[:, None]
+                xc *= root
+                yc *= root
         # Chan's update folded into the GEMMs: C += Xcᵀ Xc + w δ δᵀ, with w = n_a m / (n_a + m)
         n = self.n + mw
         w = self.n * mw / n
         dx, dy = mx - self.mean_x, my - self.mean_y
-        if self.xx_block is None:
+        if f32:
+            c, p, q, cxy = self._xx(), self.p, self.q, self.cxy
+            for i in range(0, p, GRAM_STRIP):  # upper block triangle only: strip i's product with columns i:
+                e = min(p, i + GRAM_STRIP)
+                xs = xc[:, i:e].T
+                out = self._ws.product(e - i, p - i)  # into one reused buffer, then added in cache-sized rows
+                torch.mm(xs, xc[:, i:], out=out)
+                _add_rows(c[i:e, i:], out)
+                out = self._ws.product(e - i, q)
+                torch.mm(xs, yc, out=out)
+                _add_rows(cxy[i:e], out)
+            self._lower_stale = True
+            c.addr_(dx, dx, alpha=w)  # the whole matrix (the mirror overwrites the lower part from the upper)
+        elif self.xx_block is None:
             cxx.addmm_(xc.T, xc)
             cxx.addr_(dx, dx, alpha=w)
             self._lower_stale = self._f32  # a float32-Gram object's upper triangle stays the one it reads
@@ -342,41 +359,14 @@ class MomentStats:
             xb = xc.view(m, -1, bs).transpose(0, 1)  # [blocks, m, b]
             cxx.baddbmm_(xb.transpose(1, 2), xb)
             cxx += w * self._outer_vec(dx, dx)
-        self.cxy.addmm_(xc.T, yc)
+        if not f32:
+            self.cxy.addmm_(xc.T, yc)
         self.cxy.addr_(dx, dy, alpha=w)
         for chunk in yc.split(256):  # Σ yc² in row chunks: a bounded temporary, vectorised kernels
-            self.cyy += chunk.square().sum(0)
+            self.cyy += chunk.square().sum(0, dtype=DTYPE)
         self.cyy += w * dy * dy
         self.mean_x += dx * (mw / n)
         self.mean_y += dy * (mw / n)
-        self.n = n
-
-    def _update_chunk_f32(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """One unweighted chunk, full co-moment: float32 GEMMs on the chunk centred on its float64 mean."""
-        m = int(x.shape[0])
-        xc, yc = self._ws.get(m, self.p, self.q, torch.float32)
-        mx, my = self._centre_f32(x, xc), self._centre_f32(y, yc)  # xc, yc centred, means in float64
-        n = self.n + m
-        w = self.n * m / n
-        dx, dy = mx - self.mean_x, my - self.mean_y
-        c, p, q, cxy = self._xx(), self.p, self.q, self.cxy
-        for i in range(0, p, GRAM_STRIP):  # upper block triangle only: strip i's product with columns i:
-            e = min(p, i + GRAM_STRIP)
-            xs = xc[:, i:e].T
-            out = self._ws.product(e - i, p - i)  # into one reused buffer, then added in cache-sized rows
-            torch.mm(xs, xc[:, i:], out=out)
-            _add_rows(c[i:e, i:], out)
-            out = self._ws.product(e - i, q)
-            torch.mm(xs, yc, out=out)
-            _add_rows(cxy[i:e], out)
-        self._lower_stale = True
-        c.addr_(dx, dx, alpha=w)  # the whole matrix (the mirror overwrites the lower part from the upper)
-        self.cxy.addr_(dx, dy, alpha=w)
-        for chunk in yc.split(256):
-            self.cyy += chunk.square().sum(0, dtype=DTYPE)
-        self.cyy += w * dy * dy
-        self.mean_x += dx * (m / n)
-        self.mean_y += dy * (m / n)
         self.n = n
 
     @staticmethod
@@ -404,7 +394,7 @@ class MomentStats:
             return self
         if self.n == 0:
             self.n = other.n
-            for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+            for name in self.TENSORS:
                 getattr(self, name).copy_(getattr(other, name))
             return self
         n = self.n + other.n
@@ -480,17 +470,11 @@ class MomentStats:
 
     # -- persistence -------------------------------------------------------------------------
     def state_dict(self, prefix: str = "") -> dict:
-        return {
-            f"{prefix}n": torch.tensor([self.n], dtype=DTYPE),
-            f"{prefix}mean_x": self.mean_x.cpu(),
-            f"{prefix}mean_y": self.mean_y.cpu(),
-            f"{prefix}cxx": self.cxx.cpu(),
-            f"{prefix}cxy": self.cxy.cpu(),
-            f"{prefix}cyy": self.cyy.cpu(),
-        }
+        tensors = {f"{prefix}{name}": getattr(self, name).cpu() for name in self.TENSORS}
+        return {f"{prefix}n": torch.tensor([self.n], dtype=DTYPE), **tensors}
 
     def load_state_dict(self, data: dict, prefix: str = "") -> "MomentStats":
-        for name in ("mean_x", "mean_y", "cxx", "cxy", "cyy"):
+        for name in self.TENSORS:
             t = data[f"{prefix}{name}"]
             cur = getattr(self, name)
             if tuple(t.shape) != tuple(cur.shape):
@@ -527,12 +511,9 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
         ]
     )
     dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
-    centres, off = [], 0
-    for s in stats:
-        n = float(first[off])
-        mx = first[off + 1 : off + 1 + s.p]
-        my = first[off + 1 + s.p : off + 1 + s.p + s.q]
-        off += 1 + s.p + s.q
+    centres = []
+    for s, c in zip(stats, first.split([1 + s.p + s.q for s in stats])):
+        n, mx, my = float(c[0]), c[1 : 1 + s.p], c[1 + s.p :]
         centres.append((n, mx / n if n else mx * 0, my / n if n else my * 0))
     parts = []
     for s, (n, mx, my) in zip(stats, centres):
@@ -543,11 +524,9 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     off = 0
     for s, (n, mx, my) in zip(stats, centres):
-        for name in ("cxx", "cxy", "cyy"):
-            cur = getattr(s, name)
-            k = cur.numel()
-            cur.copy_(flat[off : off + k].view_as(cur))
-            off += k
+        for cur in (s.cxx, s.cxy, s.cyy):
+            cur.copy_(flat[off : off + cur.numel()].view_as(cur))
+            off += cur.numel()
         s.n = n
         s.mean_x.copy_(mx)
         s.mean_y.copy_(my)
@@ -691,10 +670,13 @@ class LayerStats(StatsSet):
             return slice(pos[0] * width, (pos[-1] + 1) * width)
         return torch.cat([torch.arange(j * width, (j + 1) * width) for j in pos])
 
-    def moments(self, kind: str, split: str, *, tgt_layers, src_layers=None, src_head=None) -> Moments:
-        """Moments for features = ``src_layers`` (all their heads) or one ``src_head=(layer, head)``."""
+    def moments(self, kind: str, split: str, *, tgt_layers, src_layers=None, src_head=None, tgt_head=None) -> Moments:
+        """Moments for features = ``src_layers`` (all their heads) or one ``src_head=(layer, head)``,
+        targets = ``tgt_layers`` (all their heads) or head ``tgt_head`` of the one layer in ``tgt_layers``."""
         st = self.stats[(kind, split)]
         cols = self._span(tgt_layers, self.tgt_layers, self.tgt_heads * self.tgt_dim)
+        if tgt_head is not None:
+            cols = slice(cols.start + tgt_head * self.tgt_dim, cols.start + (tgt_head + 1) * self.tgt_dim)
         fs = self.src_heads * self.src_dim
         if src_head is not None:
             layer, head = int(src_head[0]), int(src_head[1])

@@ -21,6 +21,11 @@ from dataclasses import asdict
 
 import torch
 
+from kvbridge.fit.headstats import HeadStats
+from kvbridge.fit.mapping import FittedMapping, LayerMap
+from kvbridge.fit.protocol import FitReport
+from kvbridge.fit.select import top_k
+from kvbridge.fit.select_kl import suffix_kl
 from kvbridge.fit.solve import check_determined, device_of, dims, fit_group, heldout_fields
 
 #: what a candidate ``(support, k, alpha)`` tuple holds, as the selection report names it
@@ -31,8 +36,7 @@ def candidates(options, ks) -> list[tuple]:
     """``[(support, k, alpha)]`` to solve: the given settings (``select=r2``) or the grid ``select=kl`` searches."""
     if options.select == "r2":
         return [(options.support, k, options.alpha) for k in ks]
-    top = max(ks)
-    k_grid = sorted({k for k in (1, 2, 4, 8) if k <= top} | set(ks))
+    k_grid = sorted({k for k in (1, 2, 4, 8) if k <= max(ks)} | set(ks))
     alphas = list(dict.fromkeys([options.alpha, "auto"]))
     return [(sup, k, a) for sup in ("layers", "head-local") for k in k_grid for a in alphas]
 
@@ -40,8 +44,6 @@ def candidates(options, ks) -> list[tuple]:
 def slots_for(support: str, k: int, t: int, h: int, scores: dict, hs: int, src_layers) -> list:
     """Source ``(layer, head)`` slots target head ``(t, h)`` reads, best first."""
     if support == "layers":
-        from kvbridge.fit.select import top_k
-
         layers = top_k(scores["mean"][t : t + 1], src_layers, k)[0]
         return [(s, g) for s in layers for g in range(hs)]
     row = scores["head"][t, h]
@@ -50,36 +52,18 @@ def slots_for(support: str, k: int, t: int, h: int, scores: dict, hs: int, src_l
     return [(src[int(i) // hs], int(i) % hs) for i in order]
 
 
-class _Source:
-    """Per-head moments of target head ``(t, h)`` over its ``slots`` from one accumulation ``job``."""
-
-    def __init__(self, job):
-        self.job = job
-
-    def n(self, split):
-        return self.job.n(split)
-
-
-class _JointSource(_Source):
-    """From joint (full, all source layers) :class:`LayerStats`."""
-
-    def moments(self, t, h, c, split, slots):
-        j = self.job
-        ds, fs = j.src_dim, j.src_heads * j.src_dim
-        rows = torch.cat([torch.arange(ds) + j.src_layers.index(s) * fs + g * ds for s, g in slots])
-        ft = j.tgt_heads * j.tgt_dim
-        a = j.tgt_layers.index(t) * ft + h * j.tgt_dim
-        return j.stats[(c, split)].moments(rows=rows, cols=slice(a, a + j.tgt_dim))
-
-
-class _HeadSource(_Source):
-    """From :class:`HeadStats` over each head's union of slots."""
-
-    def moments(self, t, h, c, split, slots):
-        union = self.job.supports[(t, h)]
-        ds = self.job.src_dim
+def _moments(job, t: int, h: int, c: str, split: str, slots):
+    """Moments of target head ``(t, h)`` over its ``slots`` from joint (full, all source layers)
+    :class:`LayerStats` or from :class:`HeadStats` over each head's union of slots."""
+    ds = job.src_dim
+    if job.xx_block == "per-head":
+        union = job.supports[(t, h)]
         rows = torch.cat([torch.arange(ds) + union.index(tuple(sl)) * ds for sl in slots])
-        return self.job.stats[(t, h, c, split)].moments(rows=rows)
+        return job.stats[(t, h, c, split)].moments(rows=rows)
+    fs, ft = job.src_heads * ds, job.tgt_heads * job.tgt_dim
+    rows = torch.cat([torch.arange(ds) + job.src_layers.index(s) * fs + g * ds for s, g in slots])
+    a = job.tgt_layers.index(t) * ft + h * job.tgt_dim
+    return job.stats[(c, split)].moments(rows=rows, cols=slice(a, a + job.tgt_dim))
 
 
 def fit_head(moments, t: int, h: int, alpha, held_ok: bool) -> dict:
@@ -96,8 +80,6 @@ def fit_head(moments, t: int, h: int, alpha, held_ok: bool) -> dict:
 
 def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dict:
     """``{k: mapping}`` for the per-head settings (see the module docstring)."""
-    from kvbridge.fit.headstats import HeadStats
-
     d = dims(source_spec, target_spec)
     hs, ds, ht = d["src_heads"], d["src_dim"], d["tgt_heads"]
     ls, lt = source_spec.num_layers, target_spec.num_layers
@@ -130,7 +112,7 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
     joint = [j for j in stats.jobs if getattr(j, "xx_block", None) == "full" and len(j.src_layers) == ls]
     passes = list(stats.passes)
     if options.weighting == "uniform" and joint:
-        source = _JointSource(joint[0])
+        job = joint[0]
     else:
         # each head's slots over every candidate, in first-seen order
         union = {key: list(dict.fromkeys(x for per in slots.values() for x in per[key])) for key in slots[cands[0][:2]]}
@@ -146,53 +128,41 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         tag = "heads-weighted" if job.weighted else "heads"
         calibration.accumulate([job], tag=tag)
         passes.append({"tag": tag, "bytes": job.nbytes(), "weighted": job.weighted, "ess_fraction": job.ess_fraction})
-        source = _HeadSource(job)
-    held_ok = source.n("held") >= 1
+    held_ok = job.n("held") >= 1
     solved = [
-        _solve(fitter, source, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
+        _solve(fitter, job, cand, slots[cand[:2]], source_spec, target_spec, options, stats, passes, held_ok)
         for cand in cands
     ]
-    values = None
-    if options.select == "kl":
-        from kvbridge.fit.select_kl import suffix_kl
-
-        values = suffix_kl(
-            calibration, solved, prefix_share=float(options.select_prefix), suffix=int(options.select_suffix)
-        )
+    if options.select == "r2":  # one candidate per k, in the order of ks
+        return dict(zip(ks, solved))
+    values = suffix_kl(
+        calibration, solved, prefix_share=float(options.select_prefix), suffix=int(options.select_suffix)
+    )
     out = {}
     for k in ks:
         pool = [i for i, c in enumerate(cands) if c[1] <= k] or list(range(len(cands)))
-        best = (
-            next(i for i, c in enumerate(cands) if c[1] == k)
-            if values is None
-            else min(pool, key=lambda i: (values[i], i))
-        )
-        mapping = solved[best]
-        if values is not None:
-            mapping.report.params["selection"] = {
-                "criterion": "suffix_kl",
-                "what": "mean KL(native || mapped) of the target's next-token distribution over the suffix, nats, "
-                "on the calibration's held-out sequences",
-                "prefix_share": float(options.select_prefix),
-                "suffix_tokens": int(options.select_suffix),
-                "chosen": dict(zip(CANDIDATE, cands[best])),
-                "candidates": [
-                    {
-                        **dict(zip(CANDIDATE, cands[i])),
-                        "suffix_kl": values[i],
-                        "heldout_r2": solved[i].report.r2_summary.get("mean"),
-                    }
-                    for i in pool
-                ],
-            }
-        out[k] = mapping
+        best = min(pool, key=lambda i: (values[i], i))
+        out[k] = solved[best]
+        out[k].report.params["selection"] = {
+            "criterion": "suffix_kl",
+            "what": "mean KL(native || mapped) of the target's next-token distribution over the suffix, nats, "
+            "on the calibration's held-out sequences",
+            "prefix_share": float(options.select_prefix),
+            "suffix_tokens": int(options.select_suffix),
+            "chosen": dict(zip(CANDIDATE, cands[best])),
+            "candidates": [
+                {
+                    **dict(zip(CANDIDATE, cands[i])),
+                    "suffix_kl": values[i],
+                    "heldout_r2": solved[i].report.r2_summary.get("mean"),
+                }
+                for i in pool
+            ],
+        }
     return out
 
 
-def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
-    from kvbridge.fit.mapping import FittedMapping, LayerMap
-    from kvbridge.fit.protocol import FitReport
-
+def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
     sup, k, alpha = cand
     d = dims(source_spec, target_spec)
     hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
@@ -207,14 +177,13 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
             sl = per[(t, h)]
             rows = torch.cat([torch.arange(ds) + union.index(s) * hs * ds + g * ds for s, g in sl])
             cols = slice(h * dt, (h + 1) * dt)
-            got = fit_head(lambda c, split, t=t, h=h, sl=sl: source.moments(t, h, c, split, sl), t, h, alpha, held_ok)
+            got = fit_head(lambda c, split, t=t, h=h, sl=sl: _moments(job, t, h, c, split, sl), t, h, alpha, held_ok)
             for c, res in got.items():
                 w[c][rows, cols], b[c][cols], r2[c][h] = res["w"], res["b"], res["r2"]
                 lam[c].append(res["alpha"])
-        layers.append(LayerMap("dense", tuple(union), w["k"].float(), b["k"].float(), w["v"].float(), b["v"].float()))
+        layers.append(LayerMap("dense", tuple(union), *(x[c].float() for c in "kv" for x in (w, b))))
         r2s.append(r2)
         alphas.append([lam["k"], lam["v"]])
-    feats = max(len(v) for v in per.values()) * ds
     params = {**asdict(options), "support": sup, "top_k": k, "alpha": alpha, "memory_budget": stats.budget}
     # [target layer][target head] -> [[source layer, source head], ...]
     params["head_support"] = [[[list(x) for x in per[(t, h)]] for h in range(ht)] for t in range(len(layers))]
@@ -229,7 +198,7 @@ def _solve(fitter, source, cand, per, source_spec, target_spec, options, stats, 
         },
         **heldout_fields([r["k"] for r in r2s], [r["v"] for r in r2s], options.low_r2, measured=held_ok),
         alpha_chosen=alphas,
-        observations={"train": int(source.n("train")), "features_per_head": feats},
+        observations={"train": int(job.n("train")), "features_per_head": max(len(v) for v in per.values()) * ds},
         passes=passes,
     )
     return FittedMapping(source_spec, target_spec, layers, fitter=fitter.name, report=report)
