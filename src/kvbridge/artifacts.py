@@ -33,7 +33,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from kvbridge.check.validate import load_json, tensors_match
 from kvbridge.durable import commit_file, commit_tree, start_writeback
@@ -260,7 +260,8 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
 
 
 # -- locking ------------------------------------------------------------------------------------------
-_HELD: dict[str, tuple[Any, int]] = {}
+#: the output locks this process holds (:func:`output_lock` is re-entrant)
+_HELD: set[str] = set()
 
 
 def lock_path(out: Path | str) -> Path:
@@ -274,14 +275,8 @@ def output_lock(out: Path | str) -> Iterator[Path]:
     out = Path(out)
     path = lock_path(out)
     key = str(path.resolve()) if path.parent.exists() else str(path.absolute())
-    if key in _HELD:
-        fh, n = _HELD[key]
-        _HELD[key] = (fh, n + 1)
-        try:
-            yield path
-        finally:
-            fh, n = _HELD[key]
-            _HELD[key] = (fh, n - 1)
+    if key in _HELD:  # held by an outer call of this process: it releases the lock
+        yield path
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(path, "a+", encoding="utf-8")
@@ -303,12 +298,12 @@ def output_lock(out: Path | str) -> Iterator[Path]:
         fh.truncate()
         fh.write(f"pid {os.getpid()}")
         fh.flush()
-        _HELD[key] = (fh, 1)
+        _HELD.add(key)
         recover(out)
         try:
             yield path
         finally:
-            _HELD.pop(key, None)
+            _HELD.discard(key)
             with contextlib.suppress(OSError):
                 path.unlink()  # while still locked: no other writer holds this inode
     finally:

@@ -222,7 +222,7 @@ def _import_plugin(ep, timeout: float):
     return box["plugin"], None
 
 
-def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
+def _guard(hook_name: str, hookimpl, record: PluginRecord):
     """Wrap one implementation: run it as its plugin, record an exception on the plugin."""
     fn = hookimpl.function
     plugin_name = hookimpl.plugin_name
@@ -238,8 +238,7 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
             msg = f"{hook_name} failed: {_exc_text(exc)}"
-            if record is not None:
-                record.fail(msg)
+            record.fail(msg)
             if sink is not None:
                 sink.append(HookOutcome(plugin_name, None, msg))
             return None
@@ -574,9 +573,8 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
     def add(name: str, plugin: Any, version: str, builtin: bool) -> None:
         record = PluginRecord(name=name, version=version, builtin=builtin, hooks=_plugin_hook_names(plugin))
         records.append(record)
-        error = _validate(plugin)
-        if error:
-            record.error = error
+        record.error = _validate(plugin)
+        if record.error:
             return
         try:
             pm.register(plugin, name=name)
