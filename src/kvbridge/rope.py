@@ -270,7 +270,7 @@ def _build_tables(
 ) -> _Tables:
     dev = str(device)
     pos = positions.to(device)
-    angles_scale = None
+    scaling = 1.0  # the attention scaling: a number, or per key [B, T, 1] (stateful tables of several lengths)
     if not _is_stateful(rope, variant):
         inv, scaling = _device_inv_freq(variant, rope, None, dev)
         angles = pos[..., None].float() * inv
@@ -298,14 +298,10 @@ def _build_tables(
             per_key = which[inverse]  # [B, T] index of each key's table
             invs = torch.stack([f[0] for f in found])  # [K, rotary/2]
             angles = pos[..., None].float() * invs[per_key]
-            scales = torch.tensor([f[1] for f in found], dtype=torch.float32, device=device)
             if not all(f[1] == 1.0 for f in found):
-                angles_scale = scales[per_key][..., None]
-            scaling = 1.0
+                scaling = torch.tensor([f[1] for f in found], dtype=torch.float32, device=device)[per_key][..., None]
     cos, sin = angles.cos(), angles.sin()
-    if angles_scale is not None:
-        cos, sin = cos * angles_scale, sin * angles_scale
-    elif scaling != 1.0:
+    if isinstance(scaling, torch.Tensor) or scaling != 1.0:
         cos, sin = cos * scaling, sin * scaling
     return _Tables(cos[:, None], sin[:, None])
 
