@@ -137,6 +137,7 @@ class KVState:
         )
 
     def to(self, device: Any = None, dtype: "torch.dtype | None" = None) -> "KVState":
+        """Every K/V (and indexer key) tensor on ``device`` in ``dtype`` (None: as it is; no copy where it is)."""
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
 
     def clone(self) -> "KVState":
@@ -184,11 +185,11 @@ class KVState:
         the mapping and the re-application (one rounding, at the end).
         """
         if not self.rope_applied or self.spec.positional != "rope":
-            return _cast(replace(self, rope_applied=False), dtype)
+            return replace(self, rope_applied=False).to(dtype=dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
         spec, host = _resolved(self.spec, host)
         rotated = self._rotated_fields(rope.strip, spec, self.positions, lengths=self.rope_lengths, host=host, **kw)
-        return _cast(replace(self, **rotated, rope_applied=False), dtype)
+        return replace(self, **rotated, rope_applied=False).to(dtype=dtype)
 
     def apply_rope(
         self,
@@ -214,14 +215,12 @@ class KVState:
             raise StateError("keys already carry RoPE", "call strip_rope() first or use reposition()")
         _check_indexer_target(self, spec)
         if spec.positional != "rope":
-            return _cast(replace(self, positions=positions, spec=spec, rope_applied=True), dtype)
+            return replace(self, positions=positions, spec=spec, rope_applied=True).to(dtype=dtype)
         kw = {} if dtype is None else {"dtype": dtype}
         spec, host = _resolved(spec, host)
         rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, **kw)
-        return _cast(
-            replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths),
-            dtype,
-        )
+        out = replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths)
+        return out.to(dtype=dtype)
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
         """Move the cached keys to new positions (an offset int or a ``[B, T]`` tensor) in one call."""
@@ -332,13 +331,6 @@ def _exact_all_finite(tensors) -> bool:
                 return False
             batch, size = [], 0
     return not batch or finite(batch)
-
-
-def _cast(state: "KVState", dtype) -> "KVState":
-    """``state`` with every K/V (and indexer key) tensor in ``dtype`` (no copy where it already is)."""
-    if dtype is None:
-        return state
-    return state.map_tensors(lambda t: t if t.dtype == dtype else t.to(dtype))
 
 
 def _clone_states(states: tuple) -> tuple:
