@@ -141,13 +141,16 @@ class KVState:
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
 
     def clone(self) -> "KVState":
+        def copy(v):  # a recurrent state's entry: a tensor, a dict of flags, or a plain value
+            return v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
+
         return replace(
             self.map_tensors(lambda t: t.clone()),
             token_ids=self.token_ids.clone(),
             positions=self.positions.clone(),
             rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
             meta=dict(self.meta),
-            states=_clone_states(self.states),
+            states=tuple((i, {k: copy(v) for k, v in st.items()}) for i, st in self.states),
         )
 
     def slice_tokens(self, start: int = 0, stop: int | None = None) -> "KVState":
@@ -331,13 +334,6 @@ def _exact_all_finite(tensors) -> bool:
                 return False
             batch, size = [], 0
     return not batch or finite(batch)
-
-
-def _clone_states(states: tuple) -> tuple:
-    def copy(v):
-        return v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
-
-    return tuple((i, {k: copy(v) for k, v in st.items()}) for i, st in states)
 
 
 def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs) -> tuple:
