@@ -31,15 +31,9 @@ plugin host (``host``, default the process-wide one): the built-in types are reg
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
 version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
-Python loops over heads or tokens. Half-split rotations run as one pass where they can: by
-default a small native kernel on CPU float32/bfloat16 keys (:mod:`kvbridge.rope_native`, built
-once with the system C++ compiler), checked against the eager kernels on first use, falling
-back to them (``$KVBRIDGE_ROPE_KERNEL=auto|native|eager``).
-The eager kernels: half-split :func:`apply` is three elementwise kernels (a broadcast multiply
-by cos into the output, the two sin products into one scratch, one add) with the models'
-rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and the fused
-:func:`reposition` (which need not be bit targets) take one broadcast multiply + one
-multiply-add per half (half split) or one complex multiply (interleaved).
+Python loops over heads or tokens. The rotations are :mod:`kvbridge.rope_kernels`' (which
+describes them): a one-pass native kernel for half-split CPU float32/bfloat16 keys where it builds
+and checks out, else eager torch kernels (``$KVBRIDGE_ROPE_KERNEL=auto|native|eager``).
 """
 
 from __future__ import annotations
