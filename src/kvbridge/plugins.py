@@ -538,11 +538,10 @@ class Host:
                 continue
             items = outcome.value if isinstance(outcome.value, (list, tuple)) else [outcome.value]
             bad = [p for p in items if p is not None and not isinstance(p, (str, os.PathLike))]
-            if bad or not isinstance(outcome.value, (list, tuple, str, os.PathLike)):
-                shown = bad[0] if bad else outcome.value
+            if bad:  # an item of the list, or the one value (not None) when it is not a list
                 self.disable(
                     outcome.plugin,
-                    f"kvbridge_manifest_dirs returned {type(shown).__name__} {shown!r:.60}, "
+                    f"kvbridge_manifest_dirs returned {type(bad[0]).__name__} {bad[0]!r:.60}, "
                     "not a folder path or a list of them",
                 )
                 continue
