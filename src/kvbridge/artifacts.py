@@ -331,7 +331,6 @@ def atomic_dir(
     *,
     kind: str = "artifact",
     overwrite: bool = False,
-    force: bool | None = None,
     flag: str = "--overwrite",
 ) -> Iterator[Path]:
     """Yield a temp folder next to ``out``; on success it replaces ``out`` in one rename.
@@ -340,7 +339,6 @@ def atomic_dir(
     folder gets the ownership marker; on any exception it is removed and ``out`` is untouched.
     """
     out = Path(out)
-    overwrite = bool(overwrite or force)
     check_replaceable(out, kind, overwrite=overwrite, flag=flag)
     with output_lock(out):
         check_replaceable(out, kind, overwrite=overwrite, flag=flag)  # again, now that it is ours
