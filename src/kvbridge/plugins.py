@@ -1,13 +1,10 @@
 """The plugin host: a pluggy manager built by a factory, guarded entry-point loading, and
 typed getters so the rest of kvbridge never calls ``pm.hook`` directly.
 
-Every hook call goes through pluggy itself (``pm.hook.<name>(...)``), so implementations run
-in pluggy's order (``tryfirst``, then the rest last-registered first, then ``trylast``) and
-pluggy's hook-call monitoring sees (and ``KVBRIDGE_TRACE_PLUGINS`` prints) every call. Each
-implementation is guarded when its plugin registers: an exception inside it is recorded on
-that plugin (``kvbridge plugins`` shows it) and the call goes on with the other plugins.
-Hook wrappers (``wrapper=True`` / ``hookwrapper=True``) are refused at registration: every
-kvbridge hook collects results from plain implementations.
+Every hook call goes through pluggy itself (``pm.hook.<name>(...)``): pluggy's order and its
+hook-call monitoring, as :mod:`kvbridge.hookspecs` states them. Each implementation is guarded when
+its plugin registers (an exception is recorded on the plugin); hook wrappers are refused there, as
+every kvbridge hook collects results from plain implementations.
 
 Isolation: a plugin's import runs in a worker thread and is time-boxed
 (:data:`IMPORT_TIMEOUT_S`, ``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``); ``SystemExit`` raised by a plugin
