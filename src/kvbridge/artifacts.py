@@ -149,9 +149,8 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         offset += n
     text = ("{" + ",".join(header) + "}").encode("utf-8")
     text += b" " * (-len(text) % 8)
-    h = hashlib.sha256()
     head = len(text).to_bytes(8, "little") + text
-    h.update(head)
+    h = hashlib.sha256(head)
 
     def digest(batch) -> None:  # hashlib and numpy release the GIL: runs beside the writes
         for k, t, block in batch:
