@@ -84,10 +84,6 @@ def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
     )
 
 
-def _is_stateful(rope: RopeSpec, variant: RopeVariant) -> bool:
-    return rope.is_stateful or variant.stateful
-
-
 def _takes_device(fn: Callable) -> bool:
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -265,7 +261,7 @@ def _build_tables(
     dev = str(device)
     pos = positions.to(device)
     scaling = 1.0  # the attention scaling: a number, or per key [B, T, 1] (stateful tables of several lengths)
-    if not _is_stateful(rope, variant):
+    if not (rope.is_stateful or variant.stateful):
         inv, scaling = _device_inv_freq(variant, rope, None, dev)
         angles = pos[..., None].float() * inv
     else:
@@ -306,7 +302,7 @@ def _tables_for(rope: RopeSpec, positions, lengths, device, host) -> _Tables:
             f"expected a RopeSpec, got {type(rope).__name__}", "pass spec.rope_for_layer(i) of a RoPE model"
         )
     variant = variant_for(rope, host)
-    if not _is_stateful(rope, variant):
+    if not (rope.is_stateful or variant.stateful):
         lengths = None
     device = torch.device(device)
     return _TABLES.lookup(
