@@ -120,6 +120,5 @@ def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
         k = torch.cat([state.keys[layer].float(), c["k"][:, :, prefix_len:]], dim=2)
         v = torch.cat([state.values[layer].float(), c["v"][:, :, prefix_len:]], dim=2)
         g = attention_output(c["q"], k, v, c["mask"], **kw).transpose(1, 2).flatten(2)
-        cos = torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12)
-        out.append(cos.mean(dim=1).float())
+        out.append(torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12).mean(dim=1).float())
     return torch.stack(out, dim=1)  # [B, L]

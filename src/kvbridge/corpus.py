@@ -333,8 +333,7 @@ def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
     for text in texts:
         if got >= used_tokens:
             break
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        n = len(ids) + (eos is not None)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos is not None)
         if got + n <= used_tokens:
             got += n
             end = base + len(text)

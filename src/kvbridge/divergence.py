@@ -71,8 +71,7 @@ def _sorted_desc(probs: "Tensor") -> "Tensor":
     if probs.device.type == "cpu" and probs.dtype == torch.float64 and not torch.isnan(probs).any():
         import numpy as np
 
-        asc = np.sort(probs.detach().contiguous().numpy(), axis=-1)
-        return torch.from_numpy(asc).flip(-1)
+        return torch.from_numpy(np.sort(probs.detach().contiguous().numpy(), axis=-1)).flip(-1)  # ascending, flipped
     return torch.sort(probs, dim=-1, descending=True).values
 
 

@@ -147,8 +147,7 @@ def _file_in_traceback(exc: BaseException) -> str | None:
 def _mismatch_in_traceback(exc: BaseException) -> str | None:
     """``name: checkpoint shape vs model shape`` from transformers' load report, if the traceback has one."""
     for frame in _frames(exc):
-        info = frame.f_locals.get("loading_info")
-        keys = getattr(info, "mismatched_keys", None)
+        keys = getattr(frame.f_locals.get("loading_info"), "mismatched_keys", None)
         if keys:
             name, have, want = sorted(keys, key=lambda k: str(k[0]))[0]
             where = frame.f_locals.get("pretrained_model_name_or_path")

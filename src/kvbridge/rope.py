@@ -335,8 +335,7 @@ def tables(
     rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = None, dtype=torch.float32, host=None
 ) -> tuple:
     """``(cos, sin)``, each ``[B, T, rotary_dim]`` in the model's layout, scaled, cast to ``dtype``."""
-    device = torch.as_tensor(positions).device
-    tab = _tables_for(rope, positions, lengths, device, host)
+    tab = _tables_for(rope, positions, lengths, torch.as_tensor(positions).device, host)
     kernel = _Kernel(tab.cos, tab.sin, torch.float32)
     return tuple(kernel.full(which, rope.interleaved)[:, 0].to(dtype) for which in ("cos", "sin"))
 
