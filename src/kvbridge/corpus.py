@@ -144,11 +144,10 @@ class Tail:
         return out
 
     def record(self, texts) -> dict:
-        total = sum(len(t) for t in texts) + max(0, len(texts) - 1)
         return {
             "rule": "tail",
             "heldout": float(self.heldout),
-            "chars": [self.start(texts), total],
+            "chars": [self.start(texts), sum(len(t) for t in texts) + max(0, len(texts) - 1)],
             "definition": "eval's held-out tail: from the first line start at or after (1 - heldout) of the "
             "characters of the corpus texts joined with newlines; fit reads only the text before it",
         }

@@ -119,9 +119,8 @@ class KVState:
             for i, (k, v) in enumerate(zip(self.keys, self.values)):  # name the first bad tensor
                 for name, t in (("keys", k), ("values", v)):
                     if not bool(torch.isfinite(t).all()):
-                        bad = int((~torch.isfinite(t)).sum())
                         raise StateError(
-                            f"{what} layer {i} {name} has {bad} NaN/inf values",
+                            f"{what} layer {i} {name} has {int((~torch.isfinite(t)).sum())} NaN/inf values",
                             "recompute the cache; a mapping that produced it may be broken",
                         )
         _validate_indexer(self, spec, dtype, check_finite, what)
