@@ -136,11 +136,8 @@ def _file_in_traceback(exc: BaseException) -> str | None:
             if isinstance(value, os.PathLike):
                 value = os.fspath(value)
             if isinstance(value, str) and value.endswith(_FILE_SUFFIXES) and len(value) < 4096:
-                try:
-                    if os.path.isfile(value):
-                        return value
-                except (OSError, ValueError):
-                    continue
+                if os.path.isfile(value):  # False, never an exception, for a path the OS refuses
+                    return value
     return None
 
 
