@@ -218,9 +218,8 @@ class KVState:
         _check_indexer_target(self, spec)
         if spec.positional != "rope":
             return replace(self, positions=positions, spec=spec, rope_applied=True).to(dtype=dtype)
-        kw = {} if dtype is None else {"dtype": dtype}
         spec, host = _resolved(spec, host)
-        rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, **kw)
+        rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, dtype=dtype)
         out = replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths)
         return out.to(dtype=dtype)
 
