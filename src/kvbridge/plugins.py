@@ -298,7 +298,7 @@ class Host:
         rank = lambda name: order.get(name, len(order))  # noqa: E731
         regs = {kind: Registry(word, lambda o: [o.name], rank) for kind, (word, _hook) in KINDS.items()}
         regs["family"] = Registry("model type", lambda a: a.model_types, rank)
-        adapters = Registry("family adapter", lambda a: [a.name], rank)
+        regs["adapter"] = Registry("family adapter", lambda a: [a.name], rank)
         for kind, (_word, hook_name) in KINDS.items():
 
             def register(obj: Any, _kind=kind) -> None:
@@ -311,12 +311,11 @@ class Host:
                     return
                 added = regs[_kind].add(obj, plugin)
                 if _kind == "family":
-                    adapters.add(obj, plugin)
+                    regs["adapter"].add(obj, plugin)
                 if record is not None and added:
                     record.registers.setdefault(_kind, []).extend(added)
 
             self.call(hook_name, register=register)
-        regs["adapter"] = adapters
         self._registries = regs
         return regs
 
