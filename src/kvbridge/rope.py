@@ -117,9 +117,8 @@ def _device_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None, 
 
 def inv_freq(rope: RopeSpec, seq_len: int | None = None, *, device=None, host=None) -> tuple:
     """``(inv_freq, attention_scaling)`` of ``rope`` at forward length ``seq_len`` (a copy)."""
-    variant = variant_for(rope, host)
     inv, scaling = _device_inv_freq(
-        variant, rope, None if seq_len is None else int(seq_len), str(torch.device(device or "cpu"))
+        variant_for(rope, host), rope, None if seq_len is None else int(seq_len), str(torch.device(device or "cpu"))
     )
     return inv.clone(), scaling
 
