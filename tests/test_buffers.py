@@ -44,7 +44,7 @@ def test_populate_takes_the_first_touch_faults_before_the_write():
     t.fill_(1.0)
     after = _faults() - before
     if after > 4000:  # a kernel without the advice (before 5.14) answers EINVAL: the write faults
-        fn = buffers._MADVISE.get("fn")
+        fn = buffers._libc_madvise()
         probe = torch.empty(8 << 20)
         start = -(-probe.data_ptr() // 4096) * 4096
         if fn is None or fn(start, 1 << 20, buffers._POPULATE_WRITE) != 0:

@@ -144,3 +144,50 @@ def test_save_state_pack_refuses_another_geometry(tmp_path):
     with pytest.raises(ConfigError, match="the KV state caches 4 layers"):
         save_state_pack(pair.target.model, state, tmp_path / "p", tokenizer_fp={}, provenance={"kind": "x"})
     assert not (tmp_path / "p").exists()
+
+
+def test_an_engine_that_continues_gets_the_transferred_cache_and_the_result_keeps_the_run_fields(same_pair, tmp_path):
+    """``engine=NAME``: TARGET continues in the engine's ``continue_from`` from the transferred cache (the
+    prompt minus its last token, then that token); the result carries the run's fields (prefix length,
+    times, the mapping loader's warnings, the saved pack) and the engine's own."""
+    from kvbridge.hookspecs import hookimpl
+    from kvbridge.plugin_types import Engine
+    from kvbridge.plugins import make_host
+
+    calls = []
+
+    class _Continues:
+        name = "fake"
+
+        def export_state(self, state, model, out=None, **options):
+            return b""
+
+        def import_state(self, src, model, **options):
+            raise NotImplementedError
+
+        def continue_from(self, state, target_ref, last, max_new_tokens, *, native, host):
+            calls.append((state.num_tokens, last, max_new_tokens, native))
+            return {"tokens": [5, 6, 7], "native_tokens": [5, 6, 8], "native_prefill_s": 0.25}
+
+    class _Plugin:
+        @hookimpl
+        def kvbridge_register_engines(self, register):
+            register(Engine("fake", "a test engine that continues", _Continues()))
+
+    host = make_host(entry_points=False, extra=[("fakeengine", _Plugin())])
+    prompt = "Once upon a time there was"
+    ids = same_pair.source.tokenizer(prompt)["input_ids"]
+    out = tmp_path / "saved"
+    res = transfer_generate(
+        same_pair,
+        TransferSettings(
+            mapping="identity", prompt=prompt, max_new_tokens=3, compare=True, engine="fake", save_state=str(out)
+        ),
+        host=host,
+    )
+    assert calls == [(len(ids) - 1, ids[-1:], 3, True)]
+    assert res.engine == "fake" and res.engine_run["tokens"] == [5, 6, 7] and res.tokens == len(ids) - 1
+    assert res.text == same_pair.source.tokenizer.decode([5, 6, 7], skip_special_tokens=True)
+    assert res.compared == 3 and res.agreement == 2 and res.target_prefill_s == 0.25
+    assert res.source_prefill_s >= 0 and res.map_s >= 0 and res.warnings == () and res.r2 is None
+    assert res.saved == str(out) and out.is_dir() and not res.approximate

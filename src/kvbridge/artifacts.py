@@ -33,7 +33,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from kvbridge.check.validate import load_json, tensors_match
 from kvbridge.durable import commit_file, commit_tree, start_writeback
@@ -149,9 +149,8 @@ def save_safetensors(tensors: dict, path: Path | str, *, finite: bool = False) -
         offset += n
     text = ("{" + ",".join(header) + "}").encode("utf-8")
     text += b" " * (-len(text) % 8)
-    h = hashlib.sha256()
     head = len(text).to_bytes(8, "little") + text
-    h.update(head)
+    h = hashlib.sha256(head)
 
     def digest(batch) -> None:  # hashlib and numpy release the GIL: runs beside the writes
         for k, t, block in batch:
@@ -260,7 +259,8 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
 
 
 # -- locking ------------------------------------------------------------------------------------------
-_HELD: dict[str, tuple[Any, int]] = {}
+#: the output locks this process holds (:func:`output_lock` is re-entrant)
+_HELD: set[str] = set()
 
 
 def lock_path(out: Path | str) -> Path:
@@ -274,14 +274,8 @@ def output_lock(out: Path | str) -> Iterator[Path]:
     out = Path(out)
     path = lock_path(out)
     key = str(path.resolve()) if path.parent.exists() else str(path.absolute())
-    if key in _HELD:
-        fh, n = _HELD[key]
-        _HELD[key] = (fh, n + 1)
-        try:
-            yield path
-        finally:
-            fh, n = _HELD[key]
-            _HELD[key] = (fh, n - 1)
+    if key in _HELD:  # held by an outer call of this process: it releases the lock
+        yield path
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(path, "a+", encoding="utf-8")
@@ -303,12 +297,12 @@ def output_lock(out: Path | str) -> Iterator[Path]:
         fh.truncate()
         fh.write(f"pid {os.getpid()}")
         fh.flush()
-        _HELD[key] = (fh, 1)
+        _HELD.add(key)
         recover(out)
         try:
             yield path
         finally:
-            _HELD.pop(key, None)
+            _HELD.discard(key)
             with contextlib.suppress(OSError):
                 path.unlink()  # while still locked: no other writer holds this inode
     finally:
@@ -336,7 +330,6 @@ def atomic_dir(
     *,
     kind: str = "artifact",
     overwrite: bool = False,
-    force: bool | None = None,
     flag: str = "--overwrite",
 ) -> Iterator[Path]:
     """Yield a temp folder next to ``out``; on success it replaces ``out`` in one rename.
@@ -345,7 +338,6 @@ def atomic_dir(
     folder gets the ownership marker; on any exception it is removed and ``out`` is untouched.
     """
     out = Path(out)
-    overwrite = bool(overwrite or force)
     check_replaceable(out, kind, overwrite=overwrite, flag=flag)
     with output_lock(out):
         check_replaceable(out, kind, overwrite=overwrite, flag=flag)  # again, now that it is ours

@@ -54,15 +54,6 @@ def _capture_forward(module, query, key, value, attention_mask, **kwargs):
     return fn(module, query, key, value, attention_mask, **kwargs)
 
 
-def _register_capture(impl: str) -> None:
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
-
-    AttentionInterface.register(_CAPTURE_NAME, _capture_forward)
-    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[impl] if impl in ALL_MASK_ATTENTION_FUNCTIONS else eager_mask
-    AttentionMaskInterface.register(_CAPTURE_NAME, mask_fn)
-
-
 @contextlib.contextmanager
 def capture_attention(model, rows: int | None = None, reduce=None):
     """Record every layer's queries, keys, values and mask during forwards inside the block.
@@ -73,9 +64,14 @@ def capture_attention(model, rows: int | None = None, reduce=None):
     ``reduce(query, key, value, scaling, softcap)``: record its result per layer instead of the
     tensors (bounded memory: e.g. the attention-repair weights of :mod:`kvbridge.fit.repair`).
     """
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
     config = model.config
     impl = getattr(config, "_attn_implementation", None) or "eager"
-    _register_capture(impl)
+    AttentionInterface.register(_CAPTURE_NAME, _capture_forward)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS[impl] if impl in ALL_MASK_ATTENTION_FUNCTIONS else eager_mask
+    AttentionMaskInterface.register(_CAPTURE_NAME, mask_fn)
     store = {"impl": impl, "layers": {}, "rows": rows, "reduce": reduce}
     prev = _STORE["active"]
     _STORE["active"] = store
@@ -124,6 +120,5 @@ def attention_cosines(captured: dict, state, prefix_len: int) -> torch.Tensor:
         k = torch.cat([state.keys[layer].float(), c["k"][:, :, prefix_len:]], dim=2)
         v = torch.cat([state.values[layer].float(), c["v"][:, :, prefix_len:]], dim=2)
         g = attention_output(c["q"], k, v, c["mask"], **kw).transpose(1, 2).flatten(2)
-        cos = torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12)
-        out.append(cos.mean(dim=1).float())
+        out.append(torch.nn.functional.cosine_similarity(a, g.double(), dim=-1, eps=1e-12).mean(dim=1).float())
     return torch.stack(out, dim=1)  # [B, L]

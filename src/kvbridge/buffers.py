@@ -4,6 +4,7 @@ fresh CPU buffers advised onto transparent huge pages (:func:`fresh`). Below the
 
 from __future__ import annotations
 
+import functools
 import mmap
 
 import torch
@@ -30,7 +31,7 @@ HUGE_PAGE_MIN = 8 << 20
 #: (8,192 tokens) the two were within 5%
 HUGE_PAGE_MAX = 256 << 20
 _HUGE = 2 << 20
-_MADVISE: dict = {}
+_MADVISE: dict = {}  # "populate": False once the kernel refused MADV_POPULATE_WRITE
 
 
 def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -43,9 +44,7 @@ def fresh(shape, dtype=torch.float32, device=None) -> torch.Tensor:
     nbytes = t.numel() * t.element_size()
     if t.device.type != "cpu" or not HUGE_PAGE_MIN <= nbytes <= HUGE_PAGE_MAX:
         return t
-    madvise = _MADVISE.get("fn", 0)
-    if madvise == 0:
-        madvise = _MADVISE["fn"] = _libc_madvise()
+    madvise = _libc_madvise()
     if madvise is not None:
         start = -(-t.data_ptr() // _HUGE) * _HUGE
         end = (t.data_ptr() + nbytes) // _HUGE * _HUGE
@@ -72,9 +71,7 @@ def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     threads = threads or torch.get_num_threads()
     if t.device.type != "cpu" or nbytes < HUGE_PAGE_MIN or threads < 2:
         return t  # one thread takes the faults in the GEMM as fast (2-4% slower up front, measured)
-    madvise = _MADVISE.get("fn", 0)
-    if madvise == 0:
-        madvise = _MADVISE["fn"] = _libc_madvise()
+    madvise = _libc_madvise()
     if madvise is None or _MADVISE.get("populate") is False:
         return t
     start = -(-t.data_ptr() // _PAGE) * _PAGE
@@ -100,6 +97,7 @@ def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     return t
 
 
+@functools.cache
 def _libc_madvise():
     import ctypes
     import sys

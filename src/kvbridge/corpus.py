@@ -126,9 +126,7 @@ class Tail:
     heldout: float = DEFAULT_HELDOUT
 
     def __post_init__(self):
-        h = self.heldout
-        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1 or h != h:
-            raise CorpusError(f"corpus held-out share must be in [0, 1), got {h!r}", "use e.g. 0.1")
+        Split(heldout=self.heldout)  # a folder split's check of the share: the same one-line error
 
     def start(self, texts) -> int:
         return heldout_start(texts, self.heldout) if self.heldout > 0 else sum(map(len, texts)) + len(texts) - 1
@@ -146,11 +144,10 @@ class Tail:
         return out
 
     def record(self, texts) -> dict:
-        total = sum(len(t) for t in texts) + max(0, len(texts) - 1)
         return {
             "rule": "tail",
             "heldout": float(self.heldout),
-            "chars": [self.start(texts), total],
+            "chars": [self.start(texts), sum(len(t) for t in texts) + max(0, len(texts) - 1)],
             "definition": "eval's held-out tail: from the first line start at or after (1 - heldout) of the "
             "characters of the corpus texts joined with newlines; fit reads only the text before it",
         }
@@ -335,8 +332,7 @@ def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
     for text in texts:
         if got >= used_tokens:
             break
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        n = len(ids) + (eos is not None)
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos is not None)
         if got + n <= used_tokens:
             got += n
             end = base + len(text)

@@ -71,8 +71,7 @@ def _sorted_desc(probs: "Tensor") -> "Tensor":
     if probs.device.type == "cpu" and probs.dtype == torch.float64 and not torch.isnan(probs).any():
         import numpy as np
 
-        asc = np.sort(probs.detach().contiguous().numpy(), axis=-1)
-        return torch.from_numpy(asc).flip(-1)
+        return torch.from_numpy(np.sort(probs.detach().contiguous().numpy(), axis=-1)).flip(-1)  # ascending, flipped
     return torch.sort(probs, dim=-1, descending=True).values
 
 
@@ -142,13 +141,11 @@ def tv(p_nucleus: "Tensor", q_nucleus: "Tensor") -> "Tensor":
     return 0.5 * (p_nucleus - q_nucleus).abs().sum(-1)
 
 
-def tv_top_p(
-    p_logits: "Tensor", q_logits: "Tensor", top_p: float, *, temperature: float = 1.0, p_nucleus: "Tensor | None" = None
-) -> "Tensor":
+def tv_top_p(p_logits: "Tensor", q_logits: "Tensor", top_p: float, *, temperature: float = 1.0) -> "Tensor":
     """Total variation between the top-p truncated distributions of two logit rows (per row)."""
     import torch
 
-    pn = nucleus(torch.softmax(p_logits.double() / temperature, -1), top_p) if p_nucleus is None else p_nucleus
+    pn = nucleus(torch.softmax(p_logits.double() / temperature, -1), top_p)
     qn = nucleus(torch.softmax(q_logits.double() / temperature, -1), top_p)
     return tv(pn, qn)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 from pathlib import Path
 
@@ -31,23 +32,20 @@ from pathlib import Path
 ONE_COMMIT_FS = frozenset({"ext4", "xfs"})
 _WRITE = 2  # SYNC_FILE_RANGE_WRITE
 _WAIT_ALL = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER
-_SFR: list = []  # [function or None], looked up once
 _FS_OF_DEV: dict[int, str] = {}
 
 
+@functools.cache
 def _sync_file_range():
-    if not _SFR:
-        fn = None
-        if os.name == "posix" and os.uname().sysname == "Linux":
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-                fn = libc.sync_file_range
-                fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-                fn.restype = ctypes.c_int
-            except (OSError, AttributeError):  # pragma: no cover - no such libc function
-                fn = None
-        _SFR.append(fn)
-    return _SFR[0]
+    if os.name != "posix" or os.uname().sysname != "Linux":
+        return None
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # pragma: no cover - no such libc function
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:

@@ -136,19 +136,15 @@ def _file_in_traceback(exc: BaseException) -> str | None:
             if isinstance(value, os.PathLike):
                 value = os.fspath(value)
             if isinstance(value, str) and value.endswith(_FILE_SUFFIXES) and len(value) < 4096:
-                try:
-                    if os.path.isfile(value):
-                        return value
-                except (OSError, ValueError):
-                    continue
+                if os.path.isfile(value):  # False, never an exception, for a path the OS refuses
+                    return value
     return None
 
 
 def _mismatch_in_traceback(exc: BaseException) -> str | None:
     """``name: checkpoint shape vs model shape`` from transformers' load report, if the traceback has one."""
     for frame in _frames(exc):
-        info = frame.f_locals.get("loading_info")
-        keys = getattr(info, "mismatched_keys", None)
+        keys = getattr(frame.f_locals.get("loading_info"), "mismatched_keys", None)
         if keys:
             name, have, want = sorted(keys, key=lambda k: str(k[0]))[0]
             where = frame.f_locals.get("pretrained_model_name_or_path")

@@ -119,9 +119,8 @@ class KVState:
             for i, (k, v) in enumerate(zip(self.keys, self.values)):  # name the first bad tensor
                 for name, t in (("keys", k), ("values", v)):
                     if not bool(torch.isfinite(t).all()):
-                        bad = int((~torch.isfinite(t)).sum())
                         raise StateError(
-                            f"{what} layer {i} {name} has {bad} NaN/inf values",
+                            f"{what} layer {i} {name} has {int((~torch.isfinite(t)).sum())} NaN/inf values",
                             "recompute the cache; a mapping that produced it may be broken",
                         )
         _validate_indexer(self, spec, dtype, check_finite, what)
@@ -137,16 +136,20 @@ class KVState:
         )
 
     def to(self, device: Any = None, dtype: "torch.dtype | None" = None) -> "KVState":
+        """Every K/V (and indexer key) tensor on ``device`` in ``dtype`` (None: as it is; no copy where it is)."""
         return self.map_tensors(lambda t: t.to(device=device, dtype=dtype))
 
     def clone(self) -> "KVState":
+        def copy(v):  # a recurrent state's entry: a tensor, a dict of flags, or a plain value
+            return v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
+
         return replace(
             self.map_tensors(lambda t: t.clone()),
             token_ids=self.token_ids.clone(),
             positions=self.positions.clone(),
             rope_lengths=None if self.rope_lengths is None else self.rope_lengths.clone(),
             meta=dict(self.meta),
-            states=_clone_states(self.states),
+            states=tuple((i, {k: copy(v) for k, v in st.items()}) for i, st in self.states),
         )
 
     def slice_tokens(self, start: int = 0, stop: int | None = None) -> "KVState":
@@ -184,11 +187,11 @@ class KVState:
         the mapping and the re-application (one rounding, at the end).
         """
         if not self.rope_applied or self.spec.positional != "rope":
-            return _cast(replace(self, rope_applied=False), dtype)
+            return replace(self, rope_applied=False).to(dtype=dtype)
         kw = {} if dtype is None else {"out_dtype": dtype}
         spec, host = _resolved(self.spec, host)
         rotated = self._rotated_fields(rope.strip, spec, self.positions, lengths=self.rope_lengths, host=host, **kw)
-        return _cast(replace(self, **rotated, rope_applied=False), dtype)
+        return replace(self, **rotated, rope_applied=False).to(dtype=dtype)
 
     def apply_rope(
         self,
@@ -214,14 +217,11 @@ class KVState:
             raise StateError("keys already carry RoPE", "call strip_rope() first or use reposition()")
         _check_indexer_target(self, spec)
         if spec.positional != "rope":
-            return _cast(replace(self, positions=positions, spec=spec, rope_applied=True), dtype)
-        kw = {} if dtype is None else {"dtype": dtype}
+            return replace(self, positions=positions, spec=spec, rope_applied=True).to(dtype=dtype)
         spec, host = _resolved(spec, host)
-        rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, **kw)
-        return _cast(
-            replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths),
-            dtype,
-        )
+        rotated = self._rotated_fields(rope.apply, spec, positions, lengths=rope_lengths, host=host, dtype=dtype)
+        out = replace(self, **rotated, positions=positions, rope_applied=True, spec=spec, rope_lengths=rope_lengths)
+        return out.to(dtype=dtype)
 
     def reposition(self, new_positions: "Tensor | int", host=None) -> "KVState":
         """Move the cached keys to new positions (an offset int or a ``[B, T]`` tensor) in one call."""
@@ -332,20 +332,6 @@ def _exact_all_finite(tensors) -> bool:
                 return False
             batch, size = [], 0
     return not batch or finite(batch)
-
-
-def _cast(state: "KVState", dtype) -> "KVState":
-    """``state`` with every K/V (and indexer key) tensor in ``dtype`` (no copy where it already is)."""
-    if dtype is None:
-        return state
-    return state.map_tensors(lambda t: t if t.dtype == dtype else t.to(dtype))
-
-
-def _clone_states(states: tuple) -> tuple:
-    def copy(v):
-        return v.clone() if isinstance(v, torch.Tensor) else (dict(v) if isinstance(v, dict) else v)
-
-    return tuple((i, {k: copy(v) for k, v in st.items()}) for i, st in states)
 
 
 def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs) -> tuple:

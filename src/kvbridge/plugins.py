@@ -1,13 +1,10 @@
 """The plugin host: a pluggy manager built by a factory, guarded entry-point loading, and
 typed getters so the rest of kvbridge never calls ``pm.hook`` directly.
 
-Every hook call goes through pluggy itself (``pm.hook.<name>(...)``), so implementations run
-in pluggy's order (``tryfirst``, then the rest last-registered first, then ``trylast``) and
-pluggy's hook-call monitoring sees (and ``KVBRIDGE_TRACE_PLUGINS`` prints) every call. Each
-implementation is guarded when its plugin registers: an exception inside it is recorded on
-that plugin (``kvbridge plugins`` shows it) and the call goes on with the other plugins.
-Hook wrappers (``wrapper=True`` / ``hookwrapper=True``) are refused at registration: every
-kvbridge hook collects results from plain implementations.
+Every hook call goes through pluggy itself (``pm.hook.<name>(...)``): pluggy's order and its
+hook-call monitoring, as :mod:`kvbridge.hookspecs` states them. Each implementation is guarded when
+its plugin registers (an exception is recorded on the plugin); hook wrappers are refused there, as
+every kvbridge hook collects results from plain implementations.
 
 Isolation: a plugin's import runs in a worker thread and is time-boxed
 (:data:`IMPORT_TIMEOUT_S`, ``KVBRIDGE_PLUGIN_IMPORT_TIMEOUT``); ``SystemExit`` raised by a plugin
@@ -222,7 +219,7 @@ def _import_plugin(ep, timeout: float):
     return box["plugin"], None
 
 
-def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
+def _guard(hook_name: str, hookimpl, record: PluginRecord):
     """Wrap one implementation: run it as its plugin, record an exception on the plugin."""
     fn = hookimpl.function
     plugin_name = hookimpl.plugin_name
@@ -238,8 +235,7 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord | None):
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
             msg = f"{hook_name} failed: {_exc_text(exc)}"
-            if record is not None:
-                record.fail(msg)
+            record.fail(msg)
             if sink is not None:
                 sink.append(HookOutcome(plugin_name, None, msg))
             return None
@@ -302,7 +298,7 @@ class Host:
         rank = lambda name: order.get(name, len(order))  # noqa: E731
         regs = {kind: Registry(word, lambda o: [o.name], rank) for kind, (word, _hook) in KINDS.items()}
         regs["family"] = Registry("model type", lambda a: a.model_types, rank)
-        adapters = Registry("family adapter", lambda a: [a.name], rank)
+        regs["adapter"] = Registry("family adapter", lambda a: [a.name], rank)
         for kind, (_word, hook_name) in KINDS.items():
 
             def register(obj: Any, _kind=kind) -> None:
@@ -315,12 +311,11 @@ class Host:
                     return
                 added = regs[_kind].add(obj, plugin)
                 if _kind == "family":
-                    adapters.add(obj, plugin)
+                    regs["adapter"].add(obj, plugin)
                 if record is not None and added:
                     record.registers.setdefault(_kind, []).extend(added)
 
             self.call(hook_name, register=register)
-        regs["adapter"] = adapters
         self._registries = regs
         return regs
 
@@ -539,11 +534,10 @@ class Host:
                 continue
             items = outcome.value if isinstance(outcome.value, (list, tuple)) else [outcome.value]
             bad = [p for p in items if p is not None and not isinstance(p, (str, os.PathLike))]
-            if bad or not isinstance(outcome.value, (list, tuple, str, os.PathLike)):
-                shown = bad[0] if bad else outcome.value
+            if bad:  # an item of the list, or the one value (not None) when it is not a list
                 self.disable(
                     outcome.plugin,
-                    f"kvbridge_manifest_dirs returned {type(shown).__name__} {shown!r:.60}, "
+                    f"kvbridge_manifest_dirs returned {type(bad[0]).__name__} {bad[0]!r:.60}, "
                     "not a folder path or a list of them",
                 )
                 continue
@@ -574,9 +568,8 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
     def add(name: str, plugin: Any, version: str, builtin: bool) -> None:
         record = PluginRecord(name=name, version=version, builtin=builtin, hooks=_plugin_hook_names(plugin))
         records.append(record)
-        error = _validate(plugin)
-        if error:
-            record.error = error
+        record.error = _validate(plugin)
+        if record.error:
             return
         try:
             pm.register(plugin, name=name)

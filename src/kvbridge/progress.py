@@ -232,8 +232,7 @@ class PartialLog:
         self.path.unlink(missing_ok=True)
 
     def _flush(self) -> None:
-        text = "".join(json.dumps(json_ready(r), allow_nan=False) + "\n" for r in self.records)
-        write_file_atomic(self.path, text)
+        write_file_atomic(self.path, "".join(json.dumps(json_ready(r), allow_nan=False) + "\n" for r in self.records))
 
 
 def json_ready(obj: Any, *, stringify: bool = True):

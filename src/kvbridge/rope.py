@@ -31,15 +31,9 @@ plugin host (``host``, default the process-wide one): the built-in types are reg
 Performance: inverse frequencies are cached per ``(spec, length, device)``; the per-call
 tables are cached per ``(spec, positions tensor, lengths tensor)`` by tensor identity and
 version counter, so the 28 layers of one ``KVState.strip_rope()`` build the table once. No
-Python loops over heads or tokens. Half-split rotations run as one pass where they can: by
-default a small native kernel on CPU float32/bfloat16 keys (:mod:`kvbridge.rope_native`, built
-once with the system C++ compiler), checked against the eager kernels on first use, falling
-back to them (``$KVBRIDGE_ROPE_KERNEL=auto|native|eager``).
-The eager kernels: half-split :func:`apply` is three elementwise kernels (a broadcast multiply
-by cos into the output, the two sin products into one scratch, one add) with the models'
-rounding steps (bit-identical to them on CPU float32 and bf16); :func:`strip` and the fused
-:func:`reposition` (which need not be bit targets) take one broadcast multiply + one
-multiply-add per half (half split) or one complex multiply (interleaved).
+Python loops over heads or tokens. The rotations are :mod:`kvbridge.rope_kernels`' (which
+describes them): a one-pass native kernel for half-split CPU float32/bfloat16 keys where it builds
+and checks out, else eager torch kernels (``$KVBRIDGE_ROPE_KERNEL=auto|native|eager``).
 """
 
 from __future__ import annotations
@@ -90,10 +84,6 @@ def variant_for(rope: RopeSpec, host=None) -> RopeVariant:
     )
 
 
-def _is_stateful(rope: RopeSpec, variant: RopeVariant) -> bool:
-    return rope.is_stateful or variant.stateful
-
-
 def _takes_device(fn: Callable) -> bool:
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -127,9 +117,8 @@ def _device_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None, 
 
 def inv_freq(rope: RopeSpec, seq_len: int | None = None, *, device=None, host=None) -> tuple:
     """``(inv_freq, attention_scaling)`` of ``rope`` at forward length ``seq_len`` (a copy)."""
-    variant = variant_for(rope, host)
     inv, scaling = _device_inv_freq(
-        variant, rope, None if seq_len is None else int(seq_len), str(torch.device(device or "cpu"))
+        variant_for(rope, host), rope, None if seq_len is None else int(seq_len), str(torch.device(device or "cpu"))
     )
     return inv.clone(), scaling
 
@@ -270,8 +259,8 @@ def _build_tables(
 ) -> _Tables:
     dev = str(device)
     pos = positions.to(device)
-    angles_scale = None
-    if not _is_stateful(rope, variant):
+    scaling = 1.0  # the attention scaling: a number, or per key [B, T, 1] (stateful tables of several lengths)
+    if not (rope.is_stateful or variant.stateful):
         inv, scaling = _device_inv_freq(variant, rope, None, dev)
         angles = pos[..., None].float() * inv
     else:
@@ -298,14 +287,10 @@ def _build_tables(
             per_key = which[inverse]  # [B, T] index of each key's table
             invs = torch.stack([f[0] for f in found])  # [K, rotary/2]
             angles = pos[..., None].float() * invs[per_key]
-            scales = torch.tensor([f[1] for f in found], dtype=torch.float32, device=device)
             if not all(f[1] == 1.0 for f in found):
-                angles_scale = scales[per_key][..., None]
-            scaling = 1.0
+                scaling = torch.tensor([f[1] for f in found], dtype=torch.float32, device=device)[per_key][..., None]
     cos, sin = angles.cos(), angles.sin()
-    if angles_scale is not None:
-        cos, sin = cos * angles_scale, sin * angles_scale
-    elif scaling != 1.0:
+    if isinstance(scaling, torch.Tensor) or scaling != 1.0:
         cos, sin = cos * scaling, sin * scaling
     return _Tables(cos[:, None], sin[:, None])
 
@@ -316,7 +301,7 @@ def _tables_for(rope: RopeSpec, positions, lengths, device, host) -> _Tables:
             f"expected a RopeSpec, got {type(rope).__name__}", "pass spec.rope_for_layer(i) of a RoPE model"
         )
     variant = variant_for(rope, host)
-    if not _is_stateful(rope, variant):
+    if not (rope.is_stateful or variant.stateful):
         lengths = None
     device = torch.device(device)
     return _TABLES.lookup(
@@ -349,8 +334,7 @@ def tables(
     rope: RopeSpec, positions: "Tensor", *, lengths: "Tensor | None" = None, dtype=torch.float32, host=None
 ) -> tuple:
     """``(cos, sin)``, each ``[B, T, rotary_dim]`` in the model's layout, scaled, cast to ``dtype``."""
-    device = torch.as_tensor(positions).device
-    tab = _tables_for(rope, positions, lengths, device, host)
+    tab = _tables_for(rope, positions, lengths, torch.as_tensor(positions).device, host)
     kernel = _Kernel(tab.cos, tab.sin, torch.float32)
     return tuple(kernel.full(which, rope.interleaved)[:, 0].to(dtype) for which in ("cos", "sin"))
 

@@ -190,32 +190,27 @@ class _Kernel:
         if not exact and k.dtype != self.dtype and (interleaved or k.device.type == "cpu"):
             src = src.to(self.dtype)  # mixed-dtype kernels are slow on the CPU: convert first
         cplx = interleaved and src.dtype in (torch.float32, torch.float64) and _complex_ok(src)
-        if not exact:
-            if cplx:  # pairs (2i, 2i+1) are complex numbers: one complex multiply rotates them
-                z = self._get("complex", lambda: torch.complex(self.cos, self.sin))
-                zc = torch.view_as_complex(src.unflatten(-1, (h, 2)))
-                torch.mul(zc, z, out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
-                return out
-            if not interleaved:
-                # both halves times cos in one broadcast multiply, then one multiply-add per half
-                xv, ov = src.unflatten(-1, (2, h)), dst.unflatten(-1, (2, h))
-                torch.mul(xv, self.cos.unsqueeze(-2), out=ov)
+        if not exact and cplx:  # pairs (2i, 2i+1) are complex numbers: one complex multiply rotates them
+            z = self._get("complex", lambda: torch.complex(self.cos, self.sin))
+            zc = torch.view_as_complex(src.unflatten(-1, (h, 2)))
+            torch.mul(zc, z, out=torch.view_as_complex(dst.unflatten(-1, (h, 2))))
+            return out
+        if not interleaved:  # both halves times cos in one broadcast multiply into the output, then:
+            xv, ov = src.unflatten(-1, (2, h)), dst.unflatten(-1, (2, h))
+            torch.mul(xv, self.cos.unsqueeze(-2), out=ov)
+            if not exact:  # one multiply-add per half
                 ov[..., 0, :].addcmul_(xv[..., 1, :], self.nsin)
                 ov[..., 1, :].addcmul_(xv[..., 0, :], self.sin)
                 return out
-            src = src.to(self.dtype)
-        if not interleaved:
-            # x*cos + rotate_half(x)*sin with the models' rounding steps, in three kernels: both
-            # halves times cos (one broadcast multiply into the output), the two sin products into
-            # one scratch tensor ((-x2)*s == x2*(-s) exactly), one add
-            xv, ov = src.unflatten(-1, (2, h)), dst.unflatten(-1, (2, h))
-            torch.mul(xv, self.cos.unsqueeze(-2), out=ov)
+            # x*cos + rotate_half(x)*sin with the models' rounding steps, in three kernels: the two
+            # sin products into one scratch tensor ((-x2)*s == x2*(-s) exactly), one add
             tmp = torch.empty(xv.shape, dtype=self.dtype, device=k.device)
             torch.mul(xv[..., 1, :], self.nsin, out=tmp[..., 0, :])
             torch.mul(xv[..., 0, :], self.sin, out=tmp[..., 1, :])
             ov.add_(tmp)
             return out
-        # x*cos + rotate(x)*sin, one rounding per product and one per sum, as the models do
+        # x*cos + rotate(x)*sin, one rounding per product and one per sum, as the models do (not exact:
+        # ``src`` is already in ``self.dtype``, converted above)
         torch.mul(src, self.full("cos", interleaved), out=dst)
         if cplx:
             # rotate_every_two(x) = (-x_odd, x_even) = i * (x_even + i x_odd): exact, and contiguous

@@ -23,16 +23,12 @@ _FORMAT_MARKS = "\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f" + _FORMAT_MARKS + "]")
 
 
-def _visible(ch: str) -> str:
-    return f"\\u{ord(ch):04x}"
-
-
 def escape(text: object, keep: str = "") -> str:
     """``str(text)`` with every control character (except those in ``keep``) written as an escape."""
     text = str(text)
     if not _UNSAFE.search(text):
         return text
-    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else _visible(m.group()), text)
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else f"\\u{ord(m.group()):04x}", text)
 
 
 def escape_block(text: object) -> str:

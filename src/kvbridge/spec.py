@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 POSITIONAL_KINDS = ("rope", "absolute", "alibi", "none")
@@ -150,7 +150,7 @@ class ModelSpec:
     max_position_embeddings: int = 0
     family: str = ""  # the adapter that produced this spec
     extras: tuple = ()  # family-specific facts, frozen pairs (e.g. ("qk_norm_scope", "projection"))
-    # -- per-layer facts (defaults: every layer alike, as above) -------------------------
+    # -- per-layer facts (defaults: every layer alike, as above; serialised only when set) -
     nope_layers: tuple = ()  # layers whose keys carry no positional encoding (SmolLM3, Llama 4, Cohere 2)
     attention_chunk_size: int | None = None  # chunk of CHUNKED layers (Llama 4)
     layer_kv_heads: tuple = ()  # per layer KV heads as cached when they differ (0: no own KV)
@@ -333,22 +333,9 @@ class ModelSpec:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-#: per-layer fields serialised only when they differ from the default
-_OPTIONAL_FIELDS = {
-    "nope_layers": (),
-    "attention_chunk_size": None,
-    "layer_kv_heads": (),
-    "layer_head_dims": (),
-    "value_head_dim": None,
-    "kv_shared_layers": (),
-    "no_kv_layers": (),
-    "state_layers": (),
-    "cache_format": "kv",
-    "kv_groups": None,
-    "latent": (),
-    "indexer_layers": (),
-    "indexer": (),
-}
+_FIELDS = fields(ModelSpec)
+#: the per-layer fields (``nope_layers`` and every field after it) and their defaults: serialised only when set
+_OPTIONAL_FIELDS = {f.name: f.default for f in _FIELDS[[f.name for f in _FIELDS].index("nope_layers") :]}
 
 
 __all__ = [

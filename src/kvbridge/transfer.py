@@ -56,8 +56,7 @@ class IdentityMapping:
 
     def map_content(self, state, target_spec):
         self.check_pair(state.spec, target_spec)
-        out = state.map_tensors(lambda t: t.clone())
-        return replace(out, spec=target_spec, rope_applied=False, rope_lengths=None)
+        return replace(state.map_tensors(lambda t: t.clone()), spec=target_spec, rope_applied=False, rope_lengths=None)
 
 
 def work_dtype(dtype):

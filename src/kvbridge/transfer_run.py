@@ -9,7 +9,7 @@ a :class:`TransferResult` the command prints; nothing is printed here.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvbridge.errors import ConfigError, KVBridgeError, PluginError
@@ -141,24 +141,20 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         moved = transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
         t2 = time.perf_counter()
         saved = None if settings.save_state is None else str(save_transferred(pair, moved, settings, host=host))
+        done = dict(
+            tokens=state.num_tokens,
+            source_prefill_s=t1 - t0,
+            map_s=t2 - t1,
+            warnings=notes,
+            saved=saved,
+            approximate=bool(moved.approximate),
+        )
         if settings.engine is not None:
-            res = _continue_in_engine(
-                settings, pair.target.ref, moved, ids, tok, source_s=t1 - t0, map_s=t2 - t1, warnings=notes, host=host
-            )
-            return replace(res, saved=saved, approximate=bool(moved.approximate))
+            return _continue_in_engine(settings, pair.target.ref, moved, ids, tok, done, host)
         gen = greedy_kwargs(ids, settings.max_new_tokens)
         gen["pad_token_id"] = getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None) or 0
         ours = generate(tmodel, moved, ids, host=host, **gen)
-    result = dict(
-        text=tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True),
-        tokens=state.num_tokens,
-        source_prefill_s=t1 - t0,
-        map_s=t2 - t1,
-        r2=r2,
-        warnings=notes,
-        saved=saved,
-        approximate=bool(moved.approximate),
-    )
+    result = dict(done, text=tok.decode(ours.sequences[0, ids.shape[1] :], skip_special_tokens=True), r2=r2)
     if settings.compare:
         with torch.no_grad():
             t3 = time.perf_counter()
@@ -222,20 +218,12 @@ def engine_continuation(name: str, host=None):
     return run
 
 
-def _continue_in_engine(settings, target_ref, moved, ids, tok, *, source_s, map_s, warnings, host) -> TransferResult:
-    """TARGET continues in the engine from the transferred cache."""
+def _continue_in_engine(settings, target_ref, moved, ids, tok, done: dict, host) -> TransferResult:
+    """TARGET continues in the engine from the transferred cache (``done``: the result's fields so far)."""
     name = settings.engine
     run = engine_continuation(name, host)
     out = run(moved, target_ref, ids[0, -1:].tolist(), settings.max_new_tokens, native=settings.compare, host=host)
-    result = dict(
-        text=tok.decode(out["tokens"], skip_special_tokens=True),
-        tokens=moved.num_tokens,
-        source_prefill_s=source_s,
-        map_s=map_s,
-        warnings=warnings,
-        engine=name,
-        engine_run=dict(out),
-    )
+    result = dict(done, text=tok.decode(out["tokens"], skip_special_tokens=True), engine=name, engine_run=dict(out))
     if settings.compare:
         n = min(len(out["tokens"]), len(out["native_tokens"]))
         result.update(

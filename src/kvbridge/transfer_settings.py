@@ -18,13 +18,7 @@ IDENTITY = "identity"
 
 @dataclass(frozen=True)
 class TransferSettings:
-    """``mapping``: a mapping folder (``kvbridge fit --out``) or ``"identity"``; ``prompt``: the text SOURCE
-    prefills (TARGET continues it, greedy, for ``max_new_tokens``); ``compare``: also run TARGET natively;
-    ``engine``: continue in an inference engine (e.g. ``"llamacpp"``) instead of transformers;
-    ``accept_fingerprint_mismatch``: warn instead of refusing a mapping made for other models;
-    ``save_state``: also write the transferred cache as a pack folder for TARGET (marked approximate,
-    with its provenance), which ``kvbridge engine export`` hands to an engine; ``overwrite``: replace
-    an existing ``save_state`` pack."""
+    """Each field is an option of ``kvbridge transfer`` (``--mapping`` ...); its help says what it asks for."""
 
     mapping: str = option(
         help="Mapping folder from `kvbridge fit`, or `identity` (SOURCE and TARGET the same model: the exact baseline).",
