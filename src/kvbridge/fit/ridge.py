@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvbridge.fit.calibrate import DEFAULT_TOP_K
+from kvbridge.fit.settings import DEFAULT_TOP_K
 from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES

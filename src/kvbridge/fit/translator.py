@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from kvbridge.faults import fault_point
-from kvbridge.fit.calibrate import DEFAULT_TOP_K
+from kvbridge.fit.settings import DEFAULT_TOP_K
 from kvbridge.fit.ridge import RidgeFitter, RidgeOptions, check_alpha, check_top_k
 from kvbridge.fit.solve import DEFAULT_ALPHA, LOW_R2, FitError
 
