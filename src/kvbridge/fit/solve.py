@@ -37,6 +37,15 @@ class FitError(KVBridgeError):
     """A fit that cannot be made (underdetermined, singular, no held-out data)."""
 
 
+def require_calibration(calibration, fitter: str, single: str = "", fix: str = "run it as a single process") -> None:
+    """A fitter's opening refusals: no calibration data; with ``single`` (why the fitter needs one
+    process), a distributed run."""
+    if calibration is None:
+        raise FitError(f"the {fitter} fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+    if single and calibration.world > 1:
+        raise FitError(f"the {fitter} fitter {single} and cannot run distributed", fix)
+
+
 def solve(m: Moments, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W [p, q], b [q])`` of the centred ridge on statistics ``m``."""
     w = solve_w(m, alpha)
