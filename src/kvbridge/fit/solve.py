@@ -38,8 +38,7 @@ class FitError(KVBridgeError):
 
 
 def require_calibration(calibration, fitter: str, single: str = "", fix: str = "run it as a single process") -> None:
-    """A fitter's opening refusals: no calibration data; with ``single`` (why the fitter needs one
-    process), a distributed run."""
+    """Refuse a fit without calibration data and, with ``single`` (why one process), a distributed one."""
     if calibration is None:
         raise FitError(f"the {fitter} fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
     if single and calibration.world > 1:
