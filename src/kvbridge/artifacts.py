@@ -444,7 +444,7 @@ def check_kind(manifest: Mapping, kind: str, schema_version: int, where: Path | 
         )
 
 
-def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = True) -> tuple[dict, dict]:
+def read_artifact(folder: Path | str, *, kind: str = "artifact") -> tuple[dict, dict]:
     """``(manifest, tensors)`` of an artifact folder, checksum verified before loading.
 
     When the manifest lists its tensors (``tensors: {name: {dtype, shape}}``, written since
@@ -461,19 +461,14 @@ def read_artifact(folder: Path | str, *, kind: str = "artifact", verify: bool = 
     path = folder / name
     if not path.is_file():
         raise ArtifactError(f"{path} is missing", f"re-create the {kind}")
-    data = None
-    if verify:
-        if path.stat().st_size <= READ_ONCE_BYTES:  # small: read once, hash and parse the same bytes
-            data = path.read_bytes()
-            got = hashlib.sha256(data).hexdigest()
-        else:
-            got = sha256_file(path)
-        if got != manifest.get("tensor_sha256"):
-            raise ArtifactError(
-                f"{path} checksum mismatch (sha256 {got[:12]}... != manifest {str(manifest.get('tensor_sha256'))[:12]}...): "
-                "the file is corrupt, truncated or was replaced",
-                f"re-create the {kind}",
-            )
+    data = path.read_bytes() if path.stat().st_size <= READ_ONCE_BYTES else None  # small: read once, hash and parse
+    got = sha256_file(path) if data is None else hashlib.sha256(data).hexdigest()
+    if got != manifest.get("tensor_sha256"):
+        raise ArtifactError(
+            f"{path} checksum mismatch (sha256 {got[:12]}... != manifest {str(manifest.get('tensor_sha256'))[:12]}...): "
+            "the file is corrupt, truncated or was replaced",
+            f"re-create the {kind}",
+        )
     try:
         tensors = load_file(str(path)) if data is None else load_bytes(data)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:

@@ -23,15 +23,16 @@ def fmt_size(nbytes: float) -> str:
     return f"{int(n)} B"
 
 
-def gib_flag(nbytes: float, digits: int = 3) -> str:
-    """``nbytes`` as a number of GiB rounded up to ``digits`` significant digits (``"0.00121"``)."""
+def gib_flag(nbytes: float, digits: int = 3, *, down: bool = False) -> str:
+    """``nbytes`` as a number of GiB rounded up to ``digits`` significant digits (``"0.00121"``);
+    ``down``: rounded down instead (a ``--memory`` that stays within ``nbytes``)."""
     gib = float(nbytes) / GIB
     if gib <= 0:
         return "0"
     exp = math.floor(math.log10(gib)) - (digits - 1)
     step = 10.0**exp
-    units = math.ceil(gib / step - 1e-9)
-    while int(units * step * GIB) < nbytes:  # the flag's own conversion (int(GiB * 2**30)) reaches it
+    units = math.floor(gib / step + 1e-9) if down else math.ceil(gib / step - 1e-9)
+    while not down and int(units * step * GIB) < nbytes:  # the flag's own conversion (int(GiB * 2**30)) reaches it
         units += 1
     text = f"{units * step:.{max(0, -exp)}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text

@@ -29,7 +29,7 @@ MINISTRAL3_TYPES = frozenset({"ministral3", "ministral", "mistral3"})
 #: size ratio (hidden_size x layers) from which published transfers degrade clearly
 SIZE_GAP = 2.0
 #: default number of source layers a fitted mapping reads per target layer (top-k)
-from kvbridge.fit.calibrate import DEFAULT_TOP_K as TOP_K, MIN_OBS_PER_FEATURE  # what `fit` uses
+from kvbridge.fit.settings import DEFAULT_TOP_K as TOP_K, MIN_OBS_PER_FEATURE  # what `fit` uses
 
 
 def _size(spec) -> int:

@@ -201,7 +201,7 @@ def load_mapping(
     from kvbridge.fit.mapping import FittedMapping
     from kvbridge.fit.protocol import FitReport
 
-    manifest, tensors = read_artifact(folder, kind="mapping", verify=True)
+    manifest, tensors = read_artifact(folder, kind="mapping")
     where = Path(folder) / "manifest.json"
     check_kind(manifest, KIND, SCHEMA_VERSION, where, "kvbridge mapping", "pass a folder written by `kvbridge fit`")
     validate(manifest)

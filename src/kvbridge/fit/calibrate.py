@@ -32,16 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
+import torch
+
 from kvbridge.errors import ConfigError, KVBridgeError
 from kvbridge.faults import fault_point
-
-
-#: source layers per target layer that ``fit`` uses by default (``check`` assumes the same)
-DEFAULT_TOP_K = 4
-#: ``fit`` warns when the training observations per target head are fewer than this many times
-#: the features of one least-squares problem (a common rule of thumb for a stable regression:
-#: at least ten observations per parameter; below it held-out R² drops and varies with the seed)
-MIN_OBS_PER_FEATURE = 10
+from kvbridge.fit.settings import DEFAULT_TOP_K, MIN_OBS_PER_FEATURE  # noqa: F401  (re-exported: their old home)
 
 
 class CalibrationError(KVBridgeError):
@@ -58,8 +53,6 @@ def tokenize_corpus(texts: Iterable[str], tokenizer, *, seq_len: int, tokens: in
     ``offset``: skip that many tokens of the stream first (a later chunk of the corpus: runs
     with offsets 0, T, 2T, ... and ``tokens=T`` read disjoint chunks whose kept statistics
     ``kvbridge fit --from-stats A,B,...`` merges)."""
-    import torch
-
     if seq_len < 2:
         raise CalibrationError(f"--seq-len must be at least 2, got {seq_len}", "use e.g. --seq-len 512")
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -139,8 +132,6 @@ class PairedCalibration:
         checkpoint=None,
         dist=None,
     ):
-        import torch
-
         from kvbridge.plugins import host_or_default
 
         self.host = host_or_default(host)
@@ -196,8 +187,6 @@ class PairedCalibration:
         return int(self.sequences.shape[1])
 
     def positions_of(self, i: int):
-        import torch
-
         return torch.arange(self.config.skip + int(self.offsets[i]), self.seq_len, self.config.stride)
 
     def observations(self, split: str = "train") -> int:
@@ -221,8 +210,6 @@ class PairedCalibration:
 
     # -- features ---------------------------------------------------------------------------------------
     def _content(self, model, adapter, spec, ids):
-        import torch
-
         dev = next(model.parameters()).device
         with torch.no_grad():
             state = adapter.extract(model, ids.to(dev), spec=spec).strip_rope(host=self.host)
@@ -233,8 +220,6 @@ class PairedCalibration:
     def _target_with_repair(self, ids):
         """The target's content K/V and its attention-repair scores ``(r_K, r_V)`` ``[B, L, H_kv, T]``
         (:mod:`kvbridge.fit.repair`), recorded during the same forward with bounded memory."""
-        import torch
-
         from kvbridge.attention import capture_attention
         from kvbridge.fit.repair import boundaries, repair_scores
 
@@ -262,8 +247,6 @@ class PairedCalibration:
         ``attention``: also ``"rk"``, ``"rv"`` ``[n, target layers, target KV heads]`` (the
         attention-repair scores of :mod:`kvbridge.fit.repair`, mean 1 per sequence and head) and
         ``"seq"`` ``[n]`` (each row's sequence index)."""
-        import torch
-
         from kvbridge.fit.repair import normalise
 
         t0 = time.perf_counter()
@@ -300,8 +283,6 @@ class PairedCalibration:
     def _sampled(layers, pos):
         """``[n, L, H, D]`` float32: each sequence's kept positions of every layer's ``[B, H, T, D]``,
         written straight into one buffer (no per-sequence stacks and no concatenated copy)."""
-        import torch
-
         first = layers[0]
         n = sum(len(p) for p in pos)
         out = torch.empty(n, len(layers), first.shape[1], first.shape[3], dtype=torch.float32, device=first.device)
@@ -342,8 +323,6 @@ class PairedCalibration:
 
     def sample(self, max_obs: int | None = None) -> tuple[dict, Any]:
         """Materialised features of up to ``max_obs`` observations (train and held-out, in order)."""
-        import torch
-
         parts, masks, total = [], [], 0
         for batch in self.batches():
             feats, held = self.features(batch)

@@ -29,13 +29,13 @@ from kvbridge.fit.support import fit_head
 from kvbridge.fit.solve import (
     DEFAULT_ALPHA,
     LOW_R2,
-    FitError,
     check_determined,
     device_of,
     dims as dims_of,
     default_budget,
     plan_blocks,
     heldout_fields,
+    require_calibration,
 )
 
 
@@ -58,8 +58,7 @@ class HeadwiseFitter:
     Options = HeadwiseOptions
 
     def fit(self, source_spec, target_spec, calibration=None, options: HeadwiseOptions = HeadwiseOptions()):
-        if calibration is None:
-            raise FitError("the ridge-headwise fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+        require_calibration(calibration, "ridge-headwise")
         dims = dims_of(source_spec, target_spec)
         ls, lt = source_spec.num_layers, target_spec.num_layers
         hs, ds, ht, dt = dims["src_heads"], dims["src_dim"], dims["tgt_heads"], dims["tgt_dim"]

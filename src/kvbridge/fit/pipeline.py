@@ -14,7 +14,7 @@ from dataclasses import asdict, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from kvbridge.fit.settings import parse_top_k
+from kvbridge.fit.settings import MIN_OBS_PER_FEATURE, parse_top_k
 from kvbridge.fit.solve import FitError
 
 
@@ -251,7 +251,6 @@ def write_mappings(mappings: dict, out, *, overwrite: bool = False) -> None:
 def finish_mapping(mapping, *, source: dict, target: dict, tokenizer: dict | None, calibration: dict) -> None:
     """Observations-per-feature warning and the manifest of a fitted mapping (in place)."""
     from kvbridge.fit.artifact import build_manifest
-    from kvbridge.fit.calibrate import MIN_OBS_PER_FEATURE
 
     calib = dict(calibration)
     feats = (getattr(mapping.report, "observations", None) or {}).get("features_per_head")

@@ -439,16 +439,6 @@ class FitPlan:
         return out
 
 
-def _gib_down(nbytes: float, digits: int = 3) -> str:
-    """``nbytes`` as GiB rounded *down* to ``digits`` significant digits (a ``--memory`` that stays within)."""
-    gib = float(nbytes) / GIB
-    if gib <= 0:
-        return "0"
-    step = 10.0 ** (math.floor(math.log10(gib)) - (digits - 1))
-    text = f"{math.floor(gib / step + 1e-9) * step:.{max(0, -(math.floor(math.log10(gib)) - (digits - 1)))}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
 def _duration(s: float) -> str:
     if s < 120:
         return f"{s:.1f} s"
@@ -603,7 +593,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     calibration = calibration_batch_bytes(s, t, batch=batch_size, seq_len=seq_len, rows=rows, dtype_bytes=dtype_bytes)
     over = peak + buffers + calibration - memory_budget
     if over > 0:  # the batch is outside --memory: say what --memory keeps the whole fit within this one
-        inside = _gib_down(memory_budget - calibration - record)
+        inside = gib_flag(memory_budget - calibration - record, down=True)
         lowest = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k)
         fix = (
             f"pass --memory {inside} (more passes)"

@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvbridge.fit.calibrate import DEFAULT_TOP_K
+from kvbridge.fit.settings import DEFAULT_TOP_K
 from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES
@@ -80,6 +80,7 @@ from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's histo
     heldout_fields,
     plan_blocks,
     r2_summary,
+    require_calibration,
     scores_record,
     solve,
     sse,
@@ -228,8 +229,7 @@ class RidgeFitter:
         dropped (``keep``: a :class:`kvbridge.fit.keep.StatsWriter` that saves it first), so the
         memory of a sweep is the memory of one fit.
         """
-        if calibration is None:
-            raise FitError("the ridge fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+        require_calibration(calibration, "ridge")
         ks = list(dict.fromkeys(min(int(k), source_spec.num_layers) for k in ks))
         if not options.plain:  # head-local support, attention weights or selection by KL: the per-head path
             if keep is not None:

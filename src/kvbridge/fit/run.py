@@ -144,9 +144,7 @@ def validate_job(run, job: FitJob) -> None:
     alpha = getattr(opts, "alpha", None)
     if alpha is not None and not isinstance(alpha, (list, tuple)):
         v.alpha(alpha)
-    budget = getattr(opts, "memory_budget", None)
-    if budget is not None:
-        v.finite_number(budget, "--memory", positive=True, fix="pass a budget in GiB, e.g. --memory 8")
+    v.memory_gib(getattr(opts, "memory_budget", None))
 
 
 def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, checkpoint_every=60.0) -> FitJob:

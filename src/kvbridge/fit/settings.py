@@ -19,6 +19,14 @@ from kvbridge.errors import ConfigError, path_value, whole_number
 from kvbridge.settings_fields import check_counts, flag_of, nonempty, option, option_fields
 
 
+#: source layers per target layer that ``fit`` uses by default (``check`` assumes the same)
+DEFAULT_TOP_K = 4
+#: ``fit`` warns when the training observations per target head are fewer than this many times
+#: the features of one least-squares problem (a common rule of thumb for a stable regression:
+#: at least ten observations per parameter; below it held-out R² drops and varies with the seed)
+MIN_OBS_PER_FEATURE = 10
+
+
 def parse_top_k(value) -> list | int | None:
     """``4`` -> 4; ``"1,2,4,all"`` / ``[1, 2, "all"]`` -> ``[1, 2, 4, "all"]`` (each >= 1, or ``all``);
     a one-line error naming ``--top-k`` otherwise."""

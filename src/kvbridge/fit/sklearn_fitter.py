@@ -24,6 +24,7 @@ import torch
 from kvbridge.fit.protocol import FitReport
 from kvbridge.fit.ridge import check_top_k
 from kvbridge.fit.solve import LOW_R2, FitError, check_determined, dims as dims_of, heldout_fields, scores_record
+from kvbridge.fit.solve import require_calibration
 
 DEFAULT_ESTIMATOR = "sklearn.linear_model:Ridge"
 DEFAULT_OPTIONS = {"alpha": 0.01}
@@ -98,13 +99,12 @@ class SklearnFitter:
         from kvbridge.fit.select import single_layer_r2, top_k as pick
         from kvbridge.fit.stats import LayerStats
 
-        if calibration is None:
-            raise FitError("the sklearn fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
-        if calibration.world > 1:
-            raise FitError(
-                "the sklearn fitter materialises its sample in one process and cannot run distributed",
-                "run it as a single process, or use --fitter ridge under torchrun",
-            )
+        require_calibration(
+            calibration,
+            "sklearn",
+            "materialises its sample in one process",
+            fix="run it as a single process, or use --fitter ridge under torchrun",
+        )
         path, est_options = options.estimator or DEFAULT_ESTIMATOR, options.estimator_options or {}
         if options.estimator is None and options.estimator_options is None:
             est_options = DEFAULT_OPTIONS

@@ -37,6 +37,14 @@ class FitError(KVBridgeError):
     """A fit that cannot be made (underdetermined, singular, no held-out data)."""
 
 
+def require_calibration(calibration, fitter: str, single: str = "", fix: str = "run it as a single process") -> None:
+    """Refuse a fit without calibration data and, with ``single`` (why one process), a distributed one."""
+    if calibration is None:
+        raise FitError(f"the {fitter} fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
+    if single and calibration.world > 1:
+        raise FitError(f"the {fitter} fitter {single} and cannot run distributed", fix)
+
+
 def solve(m: Moments, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W [p, q], b [q])`` of the centred ridge on statistics ``m``."""
     w = solve_w(m, alpha)

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from kvbridge.faults import fault_point
-from kvbridge.fit.calibrate import DEFAULT_TOP_K
+from kvbridge.fit.settings import DEFAULT_TOP_K
 from kvbridge.fit.ridge import RidgeFitter, RidgeOptions, check_alpha, check_top_k
-from kvbridge.fit.solve import DEFAULT_ALPHA, LOW_R2, FitError
+from kvbridge.fit.solve import DEFAULT_ALPHA, LOW_R2, FitError, require_calibration
 
 STATE_FILE = "translator-state.safetensors"
 
@@ -251,13 +251,7 @@ class TranslatorFitter:
         from kvbridge.fit.translator_mapping import TranslatorMapping, tensor_name
         from kvbridge.progress import Progress
 
-        if calibration is None:
-            raise FitError("the translator fitter needs calibration data", "pass a corpus (kvbridge fit --corpus)")
-        if calibration.world > 1:
-            raise FitError(
-                "the translator fitter trains in one process and cannot run distributed",
-                "run it as a single process",
-            )
+        require_calibration(calibration, "translator", "trains in one process")
         if options.kl_steps and options.kl_suffix >= calibration.seq_len:
             raise _bad("kl_suffix", options.kl_suffix, f"must be below --seq-len {calibration.seq_len}", 16)
         ridge = self._start(source_spec, target_spec, calibration, options)

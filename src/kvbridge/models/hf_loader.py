@@ -69,7 +69,8 @@ def refuse_remote_code(folder: str | Path) -> None:
         )
 
 
-def _quiet():
+def quiet_transformers():
+    """``transformers``, its logging at errors only and its progress bars off."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -84,13 +85,13 @@ def _safe(kwargs: dict) -> dict:
 def model_from_pretrained(folder: str | Path, **kwargs):
     """``AutoModelForCausalLM.from_pretrained(folder, ...)``, never running the folder's code."""
     refuse_remote_code(folder)
-    return _quiet().AutoModelForCausalLM.from_pretrained(str(folder), **_safe(kwargs))
+    return quiet_transformers().AutoModelForCausalLM.from_pretrained(str(folder), **_safe(kwargs))
 
 
 def tokenizer_from_pretrained(folder: str | Path, **kwargs):
     """``AutoTokenizer.from_pretrained(folder, ...)``, never running the folder's code."""
     refuse_remote_code(folder)
-    return _quiet().AutoTokenizer.from_pretrained(str(folder), **_safe(kwargs))
+    return quiet_transformers().AutoTokenizer.from_pretrained(str(folder), **_safe(kwargs))
 
 
 def config_for_model(model_type: str, **data: Any):

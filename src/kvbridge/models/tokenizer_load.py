@@ -8,18 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvbridge.errors import ConfigError
+from kvbridge.models.hf_loader import quiet_transformers, refuse_remote_code, tokenizer_from_pretrained
 from kvbridge.paths import cache_read as json_object  # a file's JSON object; {} when missing or unreadable
 
 
 class TokenizerError(ConfigError):
     """A tokenizer path cannot be opened (unknown layout, unreadable or unsupported files)."""
-
-
-def _quiet_transformers():
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    return transformers
 
 
 def _from_sentencepiece(model_file: Path, config: dict | None = None):
@@ -34,7 +28,7 @@ def _from_sentencepiece(model_file: Path, config: dict | None = None):
 
     from kvbridge.check.tokenizer_fp import parse_sentencepiece
 
-    transformers = _quiet_transformers()
+    transformers = quiet_transformers()
     from transformers.tokenization_utils_base import generate_merges
 
     sp = parse_sentencepiece(model_file)
@@ -109,8 +103,6 @@ def load_tokenizer(path: str | Path):
             f"{path} is not a tokenizer file", "pass a tokenizer.json, vocab.json (+ merges.txt) or tokenizer.model"
         )
     folder = path
-    from kvbridge.models.hf_loader import refuse_remote_code, tokenizer_from_pretrained
-
     refuse_remote_code(folder)  # a folder naming its own tokenizer code is refused, never run nor bypassed
     names = {p.name for p in folder.iterdir()}
     errors: list[str] = []
@@ -144,7 +136,7 @@ def _open_tokenizer_json(path: Path):
         ) from None
     vocab = backend.get_vocab(with_added_tokens=True)
     roles = {k: v for k, v in _special_roles(path.parent).items() if v in vocab}
-    tok = _quiet_transformers().PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
+    tok = quiet_transformers().PreTrainedTokenizerFast(tokenizer_object=backend, **roles)
     tok.name_or_path = str(path.parent)
     return tok
 
@@ -156,7 +148,7 @@ def _open_bpe_files(folder: Path):
             f"{folder} has vocab.json but no merges.txt (or the reverse)",
             "put both files of the byte-level BPE tokenizer in one folder",
         )
-    gpt2_fast = _quiet_transformers().GPT2TokenizerFast
+    gpt2_fast = quiet_transformers().GPT2TokenizerFast
     try:
         tok = gpt2_fast(vocab=str(vocab), merges=str(merges))
     except Exception as exc:  # noqa: BLE001

@@ -51,15 +51,19 @@ REQUIRED = {
 }
 
 
-#: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
-NESTED_REQUIRED = {
-    "model.id": str,
+#: the fields of :func:`model_record` that every reader needs (a steering vector's reader too)
+MODEL_REQUIRED = {
     "model.model_type": str,
     "model.num_layers": int,
     "model.num_kv_heads": int,
     "model.head_dim": int,
     "model.config_fingerprint": str,
     "model.weights_fingerprint": str,
+}
+#: nested fields the readers use (checked by kvbridge.check.validate.require_fields)
+NESTED_REQUIRED = {
+    "model.id": str,
+    **MODEL_REQUIRED,
     "model.spec_fingerprint": str,
     "guide.token_ids": list,
     "guide.num_tokens": int,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbridge.errors import ArtifactError
+from kvbridge.prefix.pack_manifest import MODEL_REQUIRED
 
 SCHEMA_VERSION = 1
 KIND = "kvbridge.steering-vector"
@@ -35,12 +36,7 @@ REQUIRED = {
     "num_pairs": int,
     "norms": dict,
     "spec": dict,
-    "model.model_type": str,
-    "model.num_layers": int,
-    "model.num_kv_heads": int,
-    "model.head_dim": int,
-    "model.config_fingerprint": str,
-    "model.weights_fingerprint": str,
+    **MODEL_REQUIRED,
     "position.kind": str,
 }
 
