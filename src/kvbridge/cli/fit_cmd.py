@@ -87,7 +87,8 @@ def _print(result, settings, secs: float) -> None:
     if isinstance(result, dict):
         return _report_sweep(result, settings.out, secs)
     refit = settings.from_stats is not None  # the statistics' own stride and skip are in the manifest
-    _report(result, settings.out, secs, *((None, None) if refit else (settings.stride, settings.skip)))
+    stride, skip = (None, None) if refit else (settings.stride, settings.skip)
+    _report(result, settings.out, secs, stride, skip)
 
 
 def _report_sweep(mappings: dict, out, secs: float) -> None:

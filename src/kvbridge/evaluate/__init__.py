@@ -105,7 +105,10 @@ def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None 
         first = torch.randint(0, model.config.vocab_size, (n, 1), generator=g)
     else:
         first = torch.full((n, 1), int(start), dtype=torch.long)
-    sample = lambda logits: torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)  # noqa: E731
+
+    def sample(logits):
+        return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=g)
+
     return decode(model, None, first, length - 1, sample)
 
 

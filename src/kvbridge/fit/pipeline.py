@@ -145,7 +145,8 @@ def _execute(run, job, progress, ctx):
     )
     source_id, target_id = identity(run, "source"), identity(run, "target")
     token_sha = hashlib.sha256(seqs.contiguous().numpy().tobytes()).hexdigest()  # the ids, hashed once
-    params, world = {"fitter": s.fitter, **asdict(opts)}, ctx.world if ctx else 1
+    params = {"fitter": s.fitter, **asdict(opts)}
+    world = ctx.world if ctx else 1
     checkpoint = None
     if s.resume:  # resumable state is kept only when asked for, in .<out>.fitstate/ beside --out
         if out is None:

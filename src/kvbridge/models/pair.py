@@ -66,6 +66,12 @@ def shared_tokenizer(src, tgt) -> tuple[dict, str]:
     return fps[0].to_dict(), ("" if verdict == "same" else action)
 
 
+def _files_of(ref) -> Path | None:
+    """The resolved GGUF file or folder ``ref`` loads from (None for a zoo or config model)."""
+    p = ref.gguf_file or ref.folder
+    return Path(p).resolve() if p else None
+
+
 def load_pair(
     source, target, *, dtype: str | None = None, device: str = "cpu", target_tokenizer: bool = True, host=None
 ) -> ModelPair:
@@ -86,7 +92,7 @@ def load_pair(
     loaded_src = source if hasattr(source, "fingerprint") else load(src, dtype=dtype, device=device, host=host)
     if hasattr(target, "fingerprint"):
         return ModelPair(loaded_src, target, fingerprint, note)
-    here, there = (Path(p).resolve() if p else None for p in (src.gguf_file or src.folder, tgt.gguf_file or tgt.folder))
+    here, there = (_files_of(r) for r in (src, tgt))
     if here is not None and here == there:  # the same files on both sides (an identity pair): loaded once, shared
         return ModelPair(loaded_src, loaded_src, fingerprint, note)
     loaded_tgt = load(tgt, dtype=dtype, device=device, tokenizer=target_tokenizer, host=host)
