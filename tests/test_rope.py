@@ -374,6 +374,17 @@ def test_a_dead_positions_tensor_frees_its_tables():
     assert torch.equal(R.apply(x, keep, spec), R.apply(x, torch.arange(4)[None], spec))
 
 
+def test_positions_given_as_lists_are_accepted_and_cached_by_value():
+    spec = _spec(head_dim=16)
+    x = torch.randn(1, 2, 3, 16)
+    want = R.apply(x, torch.arange(3)[None], spec)
+    assert torch.equal(R.apply(x, [[0, 1, 2]], spec), want)
+    cos, sin = R.tables(spec, [[0, 1, 2]])
+    ref_cos, ref_sin = R.tables(spec, torch.arange(3)[None])
+    assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+    assert torch.equal(R.strip(want, [[0, 1, 2]], spec), R.strip(want, torch.arange(3)[None], spec))
+
+
 def test_non_contiguous_keys_and_broadcast_positions(each_kernel):
     spec = _spec(head_dim=16, interleaved=True)
     x = torch.randn(2, 6, 3, 16).transpose(1, 2)  # [2, 3, 6, 16], not contiguous

@@ -206,7 +206,11 @@ class _IdentityCache:
                 str(obj.dtype),
                 str(obj.device),
             ), weakref.ref(obj)
-        return ("id", id(obj)), weakref.ref(obj)
+        try:
+            return ("id", id(obj)), weakref.ref(obj)
+        except TypeError:  # a list or a number (no weak reference): keyed by its value
+            data = torch.as_tensor(obj)
+            return ("content", tuple(data.shape), str(data.dtype), "cpu", data.numpy().tobytes()), None
 
     def lookup(self, objs: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
         parts = [self.part(o) for o in objs]
