@@ -235,6 +235,17 @@ def test_plan_states_the_attention_recording_and_the_weighted_pass():
     assert any("recording the target's boundary queries" in n for n in weighted.notes)
 
 
+def test_plan_counts_the_held_out_statistics_only_when_sequences_are_held_out():
+    from kvbridge.fit.plan import layer_stats_bytes, plan
+
+    kw = dict(tokens=2048, seq_len=512, stride=2, top_k=2)
+    held, alone = plan("zoo:base", "zoo:stranger", **kw), plan("zoo:base", "zoo:stranger", heldout=0.0, **kw)
+    assert alone.statistics_bytes * 2 == held.statistics_bytes
+    assert layer_stats_bytes(4, 4, 64, 32, 64, splits=1) * 2 == layer_stats_bytes(4, 4, 64, 32, 64)
+    one_sequence = plan("zoo:base", "zoo:stranger", tokens=512, seq_len=512, stride=2, top_k=2)  # nothing to hold out
+    assert one_sequence.statistics_bytes == alone.statistics_bytes
+
+
 def test_plan_counts_one_calibration_batch_beside_the_statistics():
     from kvbridge.fit.plan import calibration_batch_bytes, forward_activation_bytes, model_size, plan
 

@@ -136,6 +136,23 @@ def test_underdetermined_fits_are_refused_with_the_numbers(planted, fit_host):
     assert headwise.mode == "headwise"
 
 
+def test_without_a_held_out_split_the_budget_counts_one_split(planted, fit_host):
+    """--heldout 0: the held-out statistics stay empty, so the blocking rule counts the train split only:
+    a budget the two-split joint job is over (and that blocked the fit) now runs it in one pass."""
+    from kvbridge.fit import fit
+    from kvbridge.fit.ridge import RidgeOptions
+    from kvbridge.fit.stats import LayerStats
+
+    dims = dict(src_heads=2, src_dim=16, tgt_heads=4, tgt_dim=16, gram_dtype=RidgeOptions().gram_dtype)
+    one, two = (LayerStats.job_bytes_for(4, 6, **dims, splits=n) for n in (1, 2))
+    assert one < two
+    kw = dict(top_k=2, stride=2, host=fit_host, distributed=None, memory_budget=one)
+    alone = fit(planted["source"], planted["target"], planted["ids"], heldout=0.0, **kw)
+    assert [p["tag"] for p in alone.report.passes] == ["joint"] and alone.report.passes[0]["bytes"] <= one
+    held = fit(planted["source"], planted["target"], planted["ids"], **kw)  # the default held-out share
+    assert len(held.report.passes) > 1 and all(p["bytes"] <= one for p in held.report.passes)
+
+
 def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(planted, planted_fit, fit_host):
     """Bounded memory: selection passes (per-layer blocks) then joint fits per block of target layers."""
     from kvbridge.fit import fit

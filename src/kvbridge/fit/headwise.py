@@ -65,8 +65,12 @@ class HeadwiseFitter:
         fix = "give more --tokens or a smaller --stride"
         check_determined(calibration.observations("train"), ds, what=f"one source head ({ds} dims)", fix=fix)
         budget = default_budget() if options.memory_budget is None else int(options.memory_budget)
+        splits = 2 if calibration.observations("held") else 1  # no held-out split: its statistics stay empty
         blocks = plan_blocks(
-            lt, lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head"), budget, what="the headwise fit"
+            lt,
+            lambda b: LayerStats.job_bytes_for(ls, len(b), **dims, xx_block="head", splits=splits),
+            budget,
+            what="the headwise fit",
         )
         layers, r2k, r2v, alphas, assign_all, score_all = ([None] * lt for _ in range(6))
         passes = []

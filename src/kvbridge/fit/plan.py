@@ -206,19 +206,29 @@ def workspace_bytes(p: int, q: int, rows: int | None = None, gram_dtype: str = "
 
 
 def job_bytes(
-    n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full", gram_dtype: str = DEFAULT_GRAM_DTYPE
+    n_src: int,
+    n_tgt: int,
+    fs: int,
+    hs_dim: int,
+    ft: int,
+    xx_block: str = "full",
+    gram_dtype: str = DEFAULT_GRAM_DTYPE,
+    splits: int = 2,
 ) -> int:
     """What one accumulation job holds at its peak: its statistics + its workspace (the blocking rule;
     ``gram_dtype`` applies to ``full`` co-moments, block-diagonal ones accumulate in float64)."""
     ws = workspace_bytes(n_src * fs, n_tgt * ft, gram_dtype=gram_dtype if xx_block == "full" else "float64")
-    return layer_stats_bytes(n_src, n_tgt, fs, hs_dim, ft, xx_block) + ws
+    return layer_stats_bytes(n_src, n_tgt, fs, hs_dim, ft, xx_block, splits) + ws
 
 
-def layer_stats_bytes(n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full") -> int:
-    """Bytes of one accumulation job: K, V x train, held :class:`MomentStats` (same formula as LayerStats)."""
+def layer_stats_bytes(
+    n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, xx_block: str = "full", splits: int = 2
+) -> int:
+    """Bytes of one accumulation job: K, V x the ``splits`` that get observations (train, and held-out
+    unless there is none: an empty split's :class:`MomentStats` allocate nothing)."""
     p, q = n_src * fs, n_tgt * ft
     xx = {"full": p * p, "layer": p * fs, "head": p * hs_dim}[xx_block]
-    return 4 * 8 * (xx + p * q + 2 * p + 2 * q)
+    return 2 * int(splits) * 8 * (xx + p * q + 2 * p + 2 * q)
 
 
 def solve_flops(p: int, q: int) -> float:
@@ -511,18 +521,20 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     fs, ft = s.kv_features, t.kv_features
     k = min(int(o.top_k), s.layers)
     check_minimum(fitter, memory_budget, s.layers, t.layers, fs, s.head_dim, ft, k)
+    # the held-out split gets sequences only with --heldout > 0 and two or more sequences (calibrate.py)
+    splits = 2 if o.heldout > 0 and -(-tokens // seq_len) >= 2 else 1
     notes, worst = [], False
     passes, gram_of = [], {}
 
     def add(tag: str, b, n_src: int, xx_block: str) -> None:  # one pass: target layers b x n_src source layers
         p = n_src * fs
         xx = {"full": p * p, "layer": p * fs, "head": p * s.head_dim}[xx_block]  # Cxx or its blocks
-        nbytes = layer_stats_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block)
+        nbytes = layer_stats_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block, splits)
         passes.append(Pass(tag, (b[0], b[-1]), n_src, nbytes, 2 * 2 * n_obs * (xx + p * len(b) * ft)))  # K, V GEMMs
         gram_of[tag] = o.gram_dtype if xx_block == "full" else "float64"  # block-diagonal: float64 GEMMs
 
     def job(n_src: int, xx_block: str):  # what a block of target layers needs (the blocking rule)
-        return lambda b: job_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block, o.gram_dtype)
+        return lambda b: job_bytes(n_src, len(b), fs, s.head_dim, ft, xx_block, o.gram_dtype, splits)
 
     if fitter == "ridge-headwise":  # per target layer: every source head x its targets (head blocks)
         for i, b in enumerate(pack_blocks(t.layers, job(s.layers, "head"), memory_budget, "the headwise fit")):
@@ -552,7 +564,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         p_head = k * (s.head_dim if o.support == "head-local" else fs)
         heads = t.layers * t.kv_heads
         head_flops = 2 * 2 * n_obs * heads * (p_head * p_head + p_head * t.head_dim)
-        head_bytes = heads * layer_stats_bytes(1, 1, p_head, 0, t.head_dim)  # one target head's job
+        head_bytes = heads * layer_stats_bytes(1, 1, p_head, 0, t.head_dim, splits=splits)  # one target head's job
         passes.append(Pass("heads-weighted", (0, t.layers - 1), s.layers, head_bytes, head_flops))
         record = attention_record_bytes(
             batch_size,

@@ -299,6 +299,7 @@ class RidgeFitter:
         from kvbridge.fit.select import single_head_r2, single_layer_r2, top_k as pick
 
         dims_ = dims(source_spec, target_spec)
+        splits = 2 if calibration.observations("held") else 1  # no held-out split: its statistics stay empty
         ls, lt = source_spec.num_layers, target_spec.num_layers
         k = min(int(max_k), ls)
         fs = dims_["src_heads"] * dims_["src_dim"]
@@ -331,7 +332,7 @@ class RidgeFitter:
             return sc
 
         # one pass (selection + fit) when the joint job fits the budget
-        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram) <= budget:
+        if LayerStats.job_bytes_for(ls, lt, **dims_, xx_block="full", gram_dtype=gram, splits=splits) <= budget:
             job = run("joint", range(ls), range(lt), "full")
             scores = selection_scores(job, range(lt))
             n_seen = job.n("train")
@@ -341,7 +342,7 @@ class RidgeFitter:
         else:  # blocked: selection passes, then fit passes over blocks of target layers
             sel_blocks = plan_blocks(
                 lt,
-                lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer"),
+                lambda b: LayerStats.job_bytes_for(ls, len(b), **dims_, xx_block="layer", splits=splits),
                 budget,
                 what="layer selection",
             )
@@ -363,7 +364,7 @@ class RidgeFitter:
 
             fit_blocks = plan_blocks(
                 lt,
-                lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_, gram_dtype=gram),
+                lambda b: LayerStats.job_bytes_for(len(union(b)), len(b), **dims_, gram_dtype=gram, splits=splits),
                 budget,
                 what="the joint fit",
             )

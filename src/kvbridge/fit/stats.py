@@ -615,9 +615,11 @@ class LayerStats(StatsSet):
         tgt_dim: int,
         xx_block: str = "full",
         gram_dtype: str = "float64",
+        splits: int = 2,
     ) -> int:
-        """The job's peak: statistics + its workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`)."""
-        return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block, gram_dtype)
+        """The job's peak: statistics + its workspace (the blocking rule, :func:`kvbridge.fit.plan.job_bytes`;
+        ``splits``: 1 when no sequence is held out)."""
+        return job_bytes(n_src, n_tgt, src_heads * src_dim, src_dim, tgt_heads * tgt_dim, xx_block, gram_dtype, splits)
 
     # -- accumulation ---------------------------------------------------------------------
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
