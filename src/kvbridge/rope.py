@@ -187,15 +187,19 @@ class _IdentityCache:
 
     @staticmethod
     def part(obj) -> tuple:
-        """``(key part, weak ref or None)`` of one object of the key."""
+        """``(key part, keyed by identity)`` of one object of the key (identity keys are checked, and
+        their entries dropped, through weak refs that :meth:`lookup` makes)."""
         if obj is None:
-            return None, None
+            return None, False
+        if isinstance(obj, (list, tuple, int, float)):  # no weak reference: keyed by its value
+            obj = torch.as_tensor(obj)
+            return ("content", tuple(obj.shape), str(obj.dtype), "cpu", obj.numpy().tobytes()), False
         if isinstance(obj, torch.Tensor):
             try:
                 version = obj._version
             except Exception:  # inference tensor: no version counter, key by content
                 data = obj.detach().cpu().to(torch.float64 if obj.is_floating_point() else torch.int64)
-                return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device), data.numpy().tobytes()), None
+                return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device), data.numpy().tobytes()), False
             return (
                 "id",
                 id(obj),
@@ -205,12 +209,8 @@ class _IdentityCache:
                 obj.stride(),
                 str(obj.dtype),
                 str(obj.device),
-            ), weakref.ref(obj)
-        try:
-            return ("id", id(obj)), weakref.ref(obj)
-        except TypeError:  # a list or a number (no weak reference): keyed by its value
-            data = torch.as_tensor(obj)
-            return ("content", tuple(data.shape), str(data.dtype), "cpu", data.numpy().tobytes()), None
+            ), True
+        return ("id", id(obj)), True
 
     def lookup(self, objs: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
         parts = [self.part(o) for o in objs]
@@ -227,7 +227,7 @@ class _IdentityCache:
         def forget(_ref, key=key, items=self.items) -> None:  # a key object died: its entry can never hit
             items.pop(key, None)
 
-        refs = tuple(None if p[1] is None else weakref.ref(o, forget) for p, o in zip(parts, objs))
+        refs = tuple(weakref.ref(o, forget) if p[1] else None for p, o in zip(parts, objs))
         self.items[key] = (refs, value)
         while len(self.items) > self.size:
             self.items.popitem(last=False)
