@@ -276,3 +276,57 @@ def test_the_fit_package_has_no_import_cycle():
     for m in graph:
         visit(m)
     assert "kvbridge.fit.solve" in graph["kvbridge.fit.select"]
+
+
+def _imported_from(path: Path):
+    """(the module ``path`` imports from, a name it takes) for each ``from kvbridge... import name``."""
+    package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = package.split(".")
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            yield from ((base, alias.name) for alias in node.names)
+
+
+def _package_of(module: str) -> str:
+    return module if (SRC.parent / module.replace(".", "/")).is_dir() else module.rpartition(".")[0]
+
+
+def test_no_private_name_is_imported_across_packages():
+    """A leading underscore is the one declaration of "private" (docs/decisions.md, "Public names"):
+    a private name is used only inside its own package."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        here = _package_of(_module(path))
+        for base, name in _imported_from(path):
+            private = name.startswith("_") and not name.startswith("__")
+            if private and base.startswith("kvbridge") and _package_of(base) != here:
+                found.append(f"{_module(path)} imports {base}.{name}")
+    assert not found, found
+
+
+def test_all_lists_only_re_exports_and_names_that_exist():
+    """``__all__`` is written only where a module re-exports what it imports (a package's
+    ``__init__``, or a module that keeps an import path working): there it is what keeps the
+    re-export public to linters and type checkers; elsewhere the underscore says it all. Every name
+    an ``__all__`` lists exists."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        listed, imported = None, set()
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                listed = node
+        if listed is None:
+            continue
+        module = __import__(_module(path), fromlist=["_"])
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        if missing:
+            found.append(f"{_module(path)}.__all__ lists missing {missing}")
+        if path.name != "__init__.py" and not imported & set(module.__all__):
+            found.append(f"{_module(path)}.__all__ re-exports nothing: drop it")
+    assert not found, found

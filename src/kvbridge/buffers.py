@@ -111,6 +111,3 @@ def _libc_madvise():
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn
-
-
-__all__ = ["HUGE_PAGE_MAX", "HUGE_PAGE_MIN", "fresh", "populate", "token_blocks"]

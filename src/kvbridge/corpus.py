@@ -365,24 +365,3 @@ def split_overlap(corpus: Corpus, fitted: Split, evaluated: Split) -> list[str]:
         for f in corpus.files
         if f.text is not None and evaluated.is_heldout(f.rel) and not fitted.is_heldout(f.rel)
     ]
-
-
-__all__ = [
-    "Corpus",
-    "CorpusError",
-    "CorpusFile",
-    "Split",
-    "Tail",
-    "heldout_start",
-    "read_corpus",
-    "calibration_texts",
-    "corpus_record",
-    "load_corpus",
-    "calibration_span",
-    "split_overlap",
-    "line_cut",
-    "slice_text",
-    "FOLDER_SUFFIXES",
-    "SPLIT_RULE",
-    "DEFAULT_HELDOUT",
-]

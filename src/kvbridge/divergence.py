@@ -175,18 +175,3 @@ def first_divergence_steps(tokens: "Tensor", ref: "Tensor") -> "Tensor":
 
     diff = tokens != ref
     return torch.where(diff.any(1), diff.float().argmax(1), torch.full(diff.shape[:1], tokens.shape[1])).float()
-
-
-__all__ = [
-    "log_probs",
-    "kl",
-    "nucleus",
-    "nucleus_threshold",
-    "nucleus_threshold_sorted",
-    "tv",
-    "tv_top_p",
-    "topk_indices",
-    "topk_overlap",
-    "first_divergence",
-    "first_divergence_steps",
-]

@@ -21,6 +21,3 @@ DTYPE_BYTES = {
 def dtype_bytes(name: str, default: int = 4) -> int:
     """Bytes per element of a dtype name (``torch.`` prefix allowed)."""
     return DTYPE_BYTES.get(str(name).removeprefix("torch."), default)
-
-
-__all__ = ["LOAD_DTYPES", "DTYPE_BYTES", "dtype_bytes"]

@@ -126,6 +126,3 @@ def commit_tree(tmp: Path, rename) -> None:
 
 #: a single temporary file: the same steps
 commit_file = commit_tree
-
-
-__all__ = ["ONE_COMMIT_FS", "commit_file", "commit_tree", "fs_type", "fsync_path", "one_commit", "start_writeback"]

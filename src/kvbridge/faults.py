@@ -50,6 +50,3 @@ def fault_point(name: str) -> None:
 
 def reset() -> None:
     _COUNTS.clear()
-
-
-__all__ = ["fault_point", "InjectedFault", "reset"]

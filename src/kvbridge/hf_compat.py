@@ -48,6 +48,3 @@ def accept_cache_keyword(model):
 
     model.forward = renamed
     return model
-
-
-__all__ = ["accept_cache_keyword", "cache_name", "cache_kwargs"]

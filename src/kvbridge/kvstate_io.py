@@ -87,6 +87,3 @@ def unstack(tensors: dict) -> dict:
     for i, pair in enumerate(tensors["kv"].unbind(0)):
         out[f"layers.{i}.keys"], out[f"layers.{i}.values"] = pair.unbind(0)
     return out
-
-
-__all__ = ["state_tensors", "state_manifest", "state_from_tensors", "unstack"]

@@ -19,6 +19,3 @@ class HookSet:
 
     def __exit__(self, *exc) -> None:
         self.remove()
-
-
-__all__ = ["HookSet"]

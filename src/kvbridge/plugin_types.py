@@ -320,36 +320,3 @@ def load_registered(kind: str, name: str, record: Any, plugin: str) -> Any:
             "fix the plugin (see docs/plugins.md)",
         )
     return obj
-
-
-__all__ = [
-    "FamilyAdapterProtocol",
-    "Finding",
-    "VERDICTS",
-    "KIND_TABLE",
-    "load_object",
-    "RopeVariant",
-    "RopeError",
-    "UnknownRopeTypeError",
-    "Fitter",
-    "Metric",
-    "MetricFunction",
-    "Engine",
-    "EngineProtocol",
-    "ENGINE_MEMBERS",
-    "check_registration",
-    "protocol_problem",
-    "factory_problem",
-    "load_registered",
-    "ModelSource",
-    "SCHEME_RE",
-    "SteeringMethod",
-    "Scorer",
-    "METHOD_MEMBERS",
-    "FITTER_MEMBERS",
-    "TASK_MEMBERS",
-    "method_problem",
-    "fitter_problem",
-    "task_problem",
-    "Task",
-]

@@ -257,6 +257,3 @@ def json_ready(obj: Any, *, stringify: bool = True):
 def read_partial(path: Path | str) -> list[dict]:
     """The records of a partial-results file (every line is complete: it is written atomically)."""
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-__all__ = ["Progress", "pass_progress", "Heartbeat", "PartialLog", "read_partial", "json_ready", "PLAIN_EVERY_S"]

@@ -232,6 +232,3 @@ class _Kernel:
 
 def _complex_ok(t: "Tensor") -> bool:
     return t.stride(-1) == 1 and all(s % 2 == 0 for s in t.stride()[:-1]) and t.storage_offset() % 2 == 0
-
-
-__all__ = ["KERNEL_ENV", "MODES", "set_mode", "using", "mode", "fast_rotate"]

@@ -351,13 +351,3 @@ def rotate(
     if any(code != 0 for code in codes):
         raise Unavailable("native RoPE kernel rejected its arguments")
     return out
-
-
-__all__ = [
-    "Unavailable",
-    "supports",
-    "rotate",
-    "library",
-    "compiler",
-    "library_path",
-]

@@ -91,6 +91,3 @@ def model_run(source, target, settings, host=None, *, tokenizer=None, names=("",
     host = host_or_default(host)
     sides = [InMemoryModel.of(m, host, tokenizer, n, r) for m, n, r in zip((source, target), names, revisions)]
     return Run(ModelPair(*sides, {}), settings, host)
-
-
-__all__ = ["InMemoryModel", "Run", "model_run"]

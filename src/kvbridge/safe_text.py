@@ -39,6 +39,3 @@ def escape_block(text: object) -> str:
 def has_unsafe(text: str, keep: str = "") -> bool:
     """Whether ``text`` holds a character :func:`escape` would rewrite."""
     return any(m.group() not in keep for m in _UNSAFE.finditer(text))
-
-
-__all__ = ["escape", "escape_block", "has_unsafe"]

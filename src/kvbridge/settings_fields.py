@@ -170,24 +170,3 @@ def nonempty(value, flag: str, fix: str, error: type | None = None) -> None:
 
 #: the fix of an empty ``--mapping``
 MAPPING_FIX = "pass a mapping folder from `kvbridge fit`, or identity"
-
-
-__all__ = [
-    "SAME",
-    "Opt",
-    "option",
-    "option_fields",
-    "flag_of",
-    "check_counts",
-    "check_kinds",
-    "out_option",
-    "seed_option",
-    "overwrite_option",
-    "report_option",
-    "partial_option",
-    "partial_file",
-    "mismatch_option",
-    "bootstrap_option",
-    "nonempty",
-    "MAPPING_FIX",
-]

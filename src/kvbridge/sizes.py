@@ -36,6 +36,3 @@ def gib_flag(nbytes: float, digits: int = 3, *, down: bool = False) -> str:
         units += 1
     text = f"{units * step:.{max(0, -exp)}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-__all__ = ["fmt_size", "gib_flag", "KIB", "MIB", "GIB"]

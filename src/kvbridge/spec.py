@@ -336,20 +336,3 @@ class ModelSpec:
 _FIELDS = fields(ModelSpec)
 #: the per-layer fields (``nope_layers`` and every field after it) and their defaults: serialised only when set
 _OPTIONAL_FIELDS = {f.name: f.default for f in _FIELDS[[f.name for f in _FIELDS].index("nope_layers") :]}
-
-
-__all__ = [
-    "freeze",
-    "ModelSpec",
-    "RopeSpec",
-    "POSITIONAL_KINDS",
-    "ROPE_TYPES",
-    "FULL",
-    "SLIDING",
-    "CHUNKED",
-    "LINEAR",
-    "CONV",
-    "SHARED",
-    "NO_ATTENTION",
-    "CACHE_FORMATS",
-]

@@ -147,6 +147,3 @@ def paired_names(conds) -> list[tuple[str, str]]:
     # the compute frontier: each tail@R against the target's own compute at that point, truncated@R
     pairs += [(c, "truncated@" + c[5:]) for c in cached if c.startswith("tail@") and "truncated@" + c[5:] in conds]
     return pairs
-
-
-__all__ = ["wilson", "retention", "floor_retention", "gap_closed", "mcnemar_p", "summarize", "paired_names", "Z95"]

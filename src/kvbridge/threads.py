@@ -54,6 +54,3 @@ def quiet_torch(threads: int | None) -> None:
     hf_logging.set_verbosity_error()
     if threads:
         torch.set_num_threads(int(threads))
-
-
-__all__ = ["passive_omp_wait", "quiet_torch", "thread_pool"]

@@ -57,6 +57,3 @@ class TransferSettings:
             nonempty(self.engine, "--engine", "name an engine (`kvbridge plugins` lists them), or leave it out")
         if self.save_state is not None:
             nonempty(self.save_state, "--save-state", "pass the pack folder to write, or leave it out")
-
-
-__all__ = ["IDENTITY", "TransferSettings"]

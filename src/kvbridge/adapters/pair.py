@@ -332,16 +332,6 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     )
 
 
-__all__ = [
-    "AdapterPairResult",
-    "AdapterPairSettings",
-    "run_adapter_pair",
-    "calibration_ids",
-    "CALIBRATION_SLICE",
-    "ROWS",
-]
-
-
 def main(argv=None) -> int:
     """``python -m kvbridge.adapters.pair [--samples N ...] [--json FILE] [--markdown]``: the RESULTS.md run."""
     import argparse

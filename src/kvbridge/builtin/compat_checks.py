@@ -148,13 +148,3 @@ CHECKS = (known_results, sliding_history, calibration, position_range)
 def kvbridge_check_compatibility(source, target):
     """Findings for known-degrading situations (see the module docstring)."""
     return [finding for check in CHECKS for finding in check(source, target)]
-
-
-__all__ = [
-    "kvbridge_check_compatibility",
-    "CHECKS",
-    "known_results",
-    "sliding_history",
-    "calibration",
-    "position_range",
-]

@@ -515,14 +515,3 @@ def core_axes(source, target, same_model: bool) -> list[Axis]:
     if s.indexer_layers or t.indexer_layers:
         axes.insert(7, _indexer_axis(s, t, axes[0].verdict == "same"))
     return axes
-
-
-__all__ = [
-    "cache_format_of",
-    "core_axes",
-    "CONFIG_IGNORED",
-    "LENGTH_DEPENDENT_ROPE",
-    "NON_ARCH_KEYS",
-    "POSITION_KEYS",
-    "SPEC_ARCH_FIELDS",
-]

@@ -65,6 +65,3 @@ def layout_axis(s: ModelSpec, t: ModelSpec, axis, same_model: bool):
         verdict,
         "; ".join(parts),
     )
-
-
-__all__ = ["nope_note", "layout_axis"]

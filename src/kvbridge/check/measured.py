@@ -157,6 +157,3 @@ def measured_for(source: Iterable[str], target: Iterable[str], folder: Path | st
         for raw, m in load_records(folder)
         if src & {n.lower() for n in raw["source"]["names"]} and tgt & {n.lower() for n in raw["target"]["names"]}
     ]
-
-
-__all__ = ["Measured", "REPO_RESULTS", "load_records", "measured_for", "names_of", "validate_record"]

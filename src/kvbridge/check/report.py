@@ -182,16 +182,3 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
             " the same checkpoint (measure other checkpoints with `kvbridge eval --mapping identity`)"
         )
     return "identity", reasons + notes + warnings
-
-
-__all__ = [
-    "AXES",
-    "AXIS_VERDICTS",
-    "VERDICTS",
-    "FITTED_AXES",
-    "POSITION_AXES",
-    "SEVERITY",
-    "Axis",
-    "Report",
-    "spec_dict",
-]

@@ -208,18 +208,6 @@ def describe_config(config: Mapping, *, where: str = "config", host=None):
     return host.resolved(spec)
 
 
-__all__ = [
-    "manifest_index",
-    "describe_config",
-    "load_manifests",
-    "manifest_dirs",
-    "spec_geometry",
-    "geometry_diff",
-    "validate_manifest",
-    "validate_spec",
-]
-
-
 # -- manifest geometry ---------------------------------------------------------------------------------
 def _rope_geometry(rope) -> dict:
     return {

@@ -415,14 +415,3 @@ def fingerprint_dir(folder: Path | str) -> TokenizerFingerprint | None:
     """Fingerprint the tokenizer in ``folder``, or ``None`` when it has no tokenizer files."""
     files = find_tokenizer_files(Path(folder))
     return fingerprint_files(files) if files else None
-
-
-__all__ = [
-    "TokenizerFingerprint",
-    "compare",
-    "fingerprint_dir",
-    "fingerprint_files",
-    "find_tokenizer_files",
-    "parse_sentencepiece",
-    "TOKENIZER_FILES",
-]

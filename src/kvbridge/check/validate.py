@@ -342,31 +342,3 @@ def one_of(value: Any, choices: Iterable, name: str) -> Any:
             f"pass one of {', '.join(map(str, choices))}",
         )
     return value
-
-
-__all__ = [
-    "ValidationError",
-    "positive_int",
-    "non_negative_int",
-    "finite_number",
-    "seq_len",
-    "tokens",
-    "cli_text",
-    "stride",
-    "top_k",
-    "memory_gib",
-    "alpha",
-    "utf8_text",
-    "json_depth",
-    "parse_json",
-    "load_json",
-    "theta_fields",
-    "rope_parameters",
-    "known_rope_types",
-    "require_fields",
-    "tensors_match",
-    "finite_tensors",
-    "one_of",
-    "MAX_JSON_DEPTH",
-    "FACTOR_REQUIRED",
-]

@@ -32,6 +32,3 @@ class LazyCommand(click.Command):
 
     def load(self) -> click.Command:
         return load_object(self.path)
-
-
-__all__ = ["LazyCommand"]

@@ -99,6 +99,3 @@ SEED = Number(int, 0, MAX_SEED)
 THREADS = Number(int, 1, 1024)
 #: shares in (0, 1]
 SHARE = real(0, 1, min_open=True)
-
-
-__all__ = ["Number", "count", "real", "HUGE", "MAX_SEED", "SEED", "THREADS", "SHARE"]

@@ -85,6 +85,3 @@ def guarded_output():
             if isinstance(stream, SafeStream):
                 stream.flush()
         sys.stdout, sys.stderr = saved
-
-
-__all__ = ["SafeStream", "clean", "guarded_output"]

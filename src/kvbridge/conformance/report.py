@@ -123,16 +123,3 @@ def document(results: list[Result], *, transformers_version: str, updates: Itera
         "results": [r.to_dict() for r in sorted(results, key=lambda r: r.model_type)],
         "updates": [list(b) for b in updates],
     }
-
-
-__all__ = [
-    "markdown",
-    "summary_line",
-    "counts",
-    "load",
-    "load_doc",
-    "merge",
-    "document",
-    "COMMAND",
-    "MERGE_COMMAND",
-]

@@ -255,6 +255,3 @@ def run(types=None, *, host=None, progress=None) -> list[Result]:
         if progress:
             progress(out[-1])
     return out
-
-
-__all__ = ["Result", "CLASSES", "run", "run_type", "all_types", "compare_facts", "LOGIT_TOL"]

@@ -317,6 +317,3 @@ def _causal_class_of(config_class):
         if cls is not None and getattr(cls, "config_class", None) is config_class:
             return cls
     return None
-
-
-__all__ = ["tiny_config_dict", "shrink", "build", "SIZES", "OVERRIDES"]

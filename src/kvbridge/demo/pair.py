@@ -156,6 +156,3 @@ def short_fit(pair, *, corpus: str, out: str, tokens: int, top_k: int):
         corpus=corpus, out=out, tokens=tokens, top_k=top_k, seq_len=256, stride=1, overwrite=True, quiet=True
     )
     return fit_run(Run.of(pair, settings), distributed=None)
-
-
-__all__ = ["pair_section", "stdlib_corpus", "require_fetched", "short_fit", "SOURCE", "TARGET"]

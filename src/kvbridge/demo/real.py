@@ -341,22 +341,3 @@ def adapter_section(*, ref: str = "smollm2", report_dir: str | None = None) -> b
     click.echo(run_adapter_pair(settings=AdapterPairSettings(samples=24, calibration_tokens=2048)).render())
     click.echo(f"  ({time.perf_counter() - t0:.1f} s)")
     return True
-
-
-__all__ = [
-    "adapter_section",
-    "identity_check",
-    "IdentityCheck",
-    "chat_texts",
-    "chat_split",
-    "pack_check",
-    "PackCheck",
-    "ForwardCounter",
-    "RealContext",
-    "cast",
-    "REAL_SECTIONS",
-    "add_real_section",
-    "real_section",
-    "SYSTEM",
-    "USER",
-]

@@ -75,6 +75,3 @@ class DemoSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pairs", names_value(self.pairs, "--pairs"))
-
-
-__all__ = ["PAIRS", "DemoSettings"]

@@ -379,17 +379,3 @@ class LlamaCppEngine(ModuleEngine):
 
 
 ENGINE = LlamaCppEngine()
-
-__all__ = [
-    "ENGINE",
-    "EngineModel",
-    "engine_model",
-    "layout_index",
-    "export_state",
-    "import_state",
-    "to_seq_state",
-    "check_geometry",
-    "check_file_geometry",
-    "describe_file",
-    "ENGINE_INTERLEAVED",
-]

@@ -312,16 +312,3 @@ def from_seq_data(data: bytes, token_ids=()) -> bytes:
             _FIX_VERSION,
         )
     return _head(list(token_ids)) + bytes(data[8:])
-
-
-__all__ = [
-    "SeqState",
-    "StateFileError",
-    "parse",
-    "write",
-    "to_seq_data",
-    "from_seq_data",
-    "MAGIC",
-    "VERSION",
-    "CACHE_TYPES",
-]

@@ -206,6 +206,3 @@ class LlamaCppSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-__all__ = ["LlamaCppSession", "binding", "binding_version", "PINNED"]

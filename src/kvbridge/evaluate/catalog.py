@@ -59,6 +59,3 @@ NAMES = tuple(m.name for m in BUILTIN_METRICS)
 def help_text() -> str:
     """One line per built-in metric, for ``kvbridge eval --help``."""
     return "\n".join(f"  {m.name}: {m.description}" for m in BUILTIN_METRICS)
-
-
-__all__ = ["MetricInfo", "BUILTIN_METRICS", "NAMES", "help_text"]

@@ -94,6 +94,3 @@ def eval_corpus(
         },
     }
     return EvalCorpus("\n".join(texts), corpus.part_texts(evaluated, "calibration"), data, note)
-
-
-__all__ = ["EvalCorpus", "eval_corpus"]

@@ -119,6 +119,3 @@ def share_closed(ref, best, x, sel):
     r, b, v = ref[sel].mean(-1), best[sel].mean(-1), x[sel].mean(-1)
     den = r - b
     return torch.where(den.abs() > 1e-9, (r - v) / den, torch.full_like(v, float("nan")))
-
-
-__all__ = ["position_fields", "native_fields", "stack_fields", "summarize_fields", "share_closed"]

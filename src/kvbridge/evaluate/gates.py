@@ -107,15 +107,3 @@ def evaluate_gates(summary: dict, gates: list[Gate]) -> list[dict]:
 def exit_code(results: list[dict]) -> int:
     """0 unless an enforced gate failed."""
     return GATE_FAILED_EXIT if any(r["enforced"] and not r["passed"] for r in results) else 0
-
-
-__all__ = [
-    "DEFAULT_GATES",
-    "GATE_FAILED_EXIT",
-    "Gate",
-    "GateError",
-    "parse_gate",
-    "gate_set",
-    "evaluate_gates",
-    "exit_code",
-]

@@ -214,17 +214,3 @@ def guarded_generate(model, state, input_ids, *, guard=None, host=None, **genera
     extra.setdefault("settings", GuardSettings(**kw))
     handoff = guarded_prepare(model, state, input_ids, host=host, **extra)
     return generate_from(model, handoff.cache, handoff.input_ids, **generate_kwargs), handoff
-
-
-__all__ = [
-    "GuardError",
-    "GuardFallbackWarning",
-    "TargetStats",
-    "GuardCheck",
-    "GuardedHandoff",
-    "GuardSettings",
-    "check_finite",
-    "check_magnitude",
-    "guarded_prepare",
-    "guarded_generate",
-]

@@ -354,14 +354,3 @@ def summarize(
         "higher_is_better": {m.name: m.higher_is_better for m in metrics},
         "descriptions": {m.name: m.description for m in metrics},
     }
-
-
-__all__ = [
-    "EvalView",
-    "LoadedMetric",
-    "MetricError",
-    "resolve_metrics",
-    "summarize",
-    "bootstrap_indices",
-    "percentile_interval",
-] + list(NAMES)  # the built-in metric functions, one per catalog entry

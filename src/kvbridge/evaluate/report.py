@@ -329,6 +329,3 @@ def batch_record(first: int, last: int, fields: dict) -> dict:
     """A partial-results record of one evaluated batch: per condition, each metric's batch mean."""
     means = {c: {k: float(t.float().mean()) for k, t in named.items() if t.numel()} for c, named in fields.items()}
     return {"samples": [int(first), int(last)], "conditions": means}
-
-
-__all__ = ["terminal_table", "to_json", "write_report", "markdown", "COLUMNS", "batch_record", "REPORT_KIND"]

@@ -425,22 +425,3 @@ def context_batch(ids, timing: dict, memo: dict | None = None) -> Batch:
     prefix = torch.tensor([list(ids)], dtype=torch.long)
     empty = prefix[:, :0]
     return Batch(torch.arange(1), empty, empty, {"prefix": prefix}, timing, 1, {} if memo is None else memo)
-
-
-__all__ = [
-    "decode",
-    "run_items",
-    "context_batch",
-    "Batch",
-    "Built",
-    "Condition",
-    "Prefills",
-    "LOGITS_BUDGET",
-    "prefix_batches",
-    "sample_ids",
-    "run_batches",
-    "cat_states",
-    "batch_rows",
-    "capture_rows",
-    "check_mapping",
-]

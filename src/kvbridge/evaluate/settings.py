@@ -276,16 +276,3 @@ def parse_frontier(text) -> tuple[float, ...]:
             raise ConfigError(f"--frontier {text!r}: {item!r} is repeated", "name each share once")
         out.append(value)
     return tuple(sorted(out))
-
-
-__all__ = [
-    "CACHE_CONDITIONS",
-    "CONDITIONS",
-    "CONTROLS",
-    "EvalError",
-    "EvalSettings",
-    "HELDOUT_FRACTION",
-    "RecomputeSettings",
-    "frontier_ratios",
-    "parse_frontier",
-]

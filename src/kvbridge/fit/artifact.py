@@ -330,18 +330,3 @@ def validate(manifest: Mapping, *, partial: bool = False) -> None:
     if partial:
         sch["required"] = [r for r in sch.get("required", []) if r not in ("tensor_file", "tensor_sha256")]
     _check(dict(manifest), sch, "")
-
-
-__all__ = [
-    "load_mapping",
-    "save_mapping",
-    "build_manifest",
-    "model_identity",
-    "as_identity",
-    "verify_pair",
-    "validate",
-    "schema",
-    "MappingMismatchWarning",
-    "SCHEMA_VERSION",
-    "TENSOR_FILE",
-]

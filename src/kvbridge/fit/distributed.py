@@ -214,6 +214,3 @@ def default_checkpoint_dir(out: Path | str) -> Path:
     """``.<out name>.fitstate`` next to the output folder."""
     out = Path(out)
     return out.parent / f".{out.name}.fitstate"
-
-
-__all__ = ["Context", "setup", "barrier", "Checkpoint", "CheckpointError", "default_checkpoint_dir"]

@@ -112,6 +112,3 @@ def pair_of(source, target, dtype, host):
             "pass two of one kind, e.g. fit('zoo:base', 'zoo:wide', texts) or two nn.Module s",
         )
     return load_pair(source, target, dtype=dtype, host=host)
-
-
-__all__ = ["fit", "fit_settings", "pair_of"]

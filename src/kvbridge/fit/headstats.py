@@ -88,6 +88,3 @@ class HeadStats(StatsSet):
 
     def moments(self, t: int, h: int, kind: str, split: str) -> Moments:
         return self.stats[(int(t), int(h), kind, split)].moments()
-
-
-__all__ = ["HeadStats"]

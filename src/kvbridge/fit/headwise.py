@@ -120,6 +120,3 @@ class HeadwiseFitter:
             passes=passes,
         )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
-
-
-__all__ = ["HeadwiseFitter", "HeadwiseOptions"]

@@ -262,6 +262,3 @@ def merge_statistics(folders: list):
         float(merged.n("train")),
     )
     return stats, {**man0, "calibration": calib}
-
-
-__all__ = ["StatsWriter", "load_statistics", "merge_statistics", "read_manifest", "check_models", "KIND", "SCORES_FILE"]

@@ -673,22 +673,3 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
-
-__all__ = [
-    "plan",
-    "PlanInputs",
-    "attention_record_bytes",
-    "calibration_batch_bytes",
-    "forward_activation_bytes",
-    "FitPlan",
-    "Pass",
-    "ModelSize",
-    "model_size",
-    "minimum_budget",
-    "GRAM_DTYPES",
-    "DEFAULT_GRAM_DTYPE",
-    "budget_refusal",
-    "layer_stats_bytes",
-    "safetensors_bytes",
-    "solve_flops",
-]

@@ -202,15 +202,3 @@ def measure_rates(
         device=device,
         threads=torch.get_num_threads(),
     )
-
-
-__all__ = [
-    "PlanRates",
-    "measure_rates",
-    "layer_forward_rate",
-    "gemm64_rate",
-    "gemm32_rate",
-    "solve64_rate",
-    "memory_rate",
-    "hash_rate",
-]

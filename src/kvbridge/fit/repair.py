@@ -99,6 +99,3 @@ def ess(w: torch.Tensor) -> torch.Tensor:
     """Effective sample size ``(Σw)² / Σw²`` along the last dim."""
     w = w.double()
     return w.sum(-1).square() / w.square().sum(-1).clamp(min=1e-300)
-
-
-__all__ = ["BOUNDARIES", "boundaries", "repair_scores", "normalise", "shrink", "ess"]

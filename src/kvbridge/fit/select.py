@@ -82,6 +82,3 @@ def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:
     order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
     src = list(src_layers)
     return [[src[int(j)] for j in row] for row in order]
-
-
-__all__ = ["single_layer_r2", "single_head_r2", "top_k", "train_r2"]

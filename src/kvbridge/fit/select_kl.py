@@ -52,6 +52,3 @@ def suffix_kl(calibration, mappings: list, *, prefix_share: float = 0.5, suffix:
                 totals[j] += float(kl.sum())
             count += int(rows.shape[0]) * s
     return [x / max(1, count) for x in totals]
-
-
-__all__ = ["suffix_kl", "held_sequences"]

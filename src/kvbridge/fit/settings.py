@@ -240,6 +240,3 @@ class FitSettings:
     def sweep(self) -> bool:
         """Several top-k values: one mapping per k from one pass (``out/k1``, ``out/k2``, ...)."""
         return isinstance(self.top_k, tuple)
-
-
-__all__ = ["FitSettings", "parse_top_k"]

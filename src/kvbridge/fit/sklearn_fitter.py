@@ -161,6 +161,3 @@ class SklearnFitter:
             observations={"train": n_train, "heldout": n_held, "features_per_head": k * fs},
         )
         return FittedMapping(source_spec, target_spec, layers, fitter=self.name, report=report)
-
-
-__all__ = ["SklearnFitter", "SklearnOptions", "load_estimator", "DEFAULT_ESTIMATOR", "DEFAULT_MAX_SAMPLES"]

@@ -189,24 +189,3 @@ def plan_blocks(n: int, bytes_of, budget: int, *, what: str) -> list[list[int]]:
     """Consecutive blocks of ``range(n)`` whose ``bytes_of(block)`` stays within ``budget``
     (the planner's rule, :func:`kvbridge.fit.plan.pack_blocks`; a FitError when one layer is over)."""
     return pack_blocks(n, bytes_of, budget, what, FitError)
-
-
-__all__ = [
-    "FitError",
-    "DEFAULT_ALPHA",
-    "LOW_R2",
-    "solve",
-    "solve_w",
-    "sse",
-    "grouped_r2",
-    "alpha_grid",
-    "fit_group",
-    "check_determined",
-    "default_budget",
-    "r2_summary",
-    "heldout_fields",
-    "scores_record",
-    "plan_blocks",
-    "dims",
-    "device_of",
-]

@@ -202,6 +202,3 @@ def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, pas
         passes=passes,
     )
     return FittedMapping(source_spec, target_spec, layers, fitter=fitter.name, report=report)
-
-
-__all__ = ["fit_heads", "candidates", "slots_for"]

@@ -361,6 +361,3 @@ class TranslatorFitter:
             residual_kind=kind,
             residual_size=options.size,
         )
-
-
-__all__ = ["TranslatorFitter", "TranslatorOptions", "AdamW", "STATE_FILE"]

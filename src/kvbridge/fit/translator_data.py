@@ -253,6 +253,3 @@ def kl_loss(data: TrainingData, params: dict, kind: str, rows, model) -> torch.T
     logp = torch.log_softmax(logits, dim=-1).cpu()
     native = data.native_logp[rows]
     return (native.exp() * (native - logp)).sum(-1).mean()
-
-
-__all__ = ["TrainingData", "collect", "layer_losses", "measure", "kl_loss", "query_positions", "mapped"]

@@ -161,15 +161,3 @@ def with_residual(mapping: FittedMapping, tensors: dict, record: dict) -> Transl
         residual_kind=record["kind"],
         residual_size=int(record.get("size") or 0),
     )
-
-
-__all__ = [
-    "RESIDUAL_MODE",
-    "stacked_delta",
-    "features",
-    "TranslatorMapping",
-    "with_residual",
-    "rotate",
-    "tensor_name",
-    "KINDS",
-]

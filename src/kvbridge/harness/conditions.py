@@ -373,18 +373,3 @@ def cut_at_stop(text: str, stop) -> str:
     """``text`` up to the first occurrence of any stop string."""
     found = [i for i in (text.find(s) for s in stop or () if s) if i >= 0]
     return text[: min(found, default=len(text))]
-
-
-__all__ = [
-    "CONDITIONS",
-    "Recompute",
-    "Answerer",
-    "FRONTIER_KINDS",
-    "frontier_points",
-    "next_position",
-    "parse_recompute_layers",
-    "parse_recompute_tokens",
-    "cut_at_stop",
-    "same_cache",
-    "plain_condition",
-]

@@ -43,8 +43,5 @@ def cli_main() -> None:
     cli_evaluate()
 
 
-__all__ = ["cli_main", "refuse_hub_task_files"]
-
-
 if __name__ == "__main__":  # pragma: no cover - python -m kvbridge.harness.lm_eval_cli (= kvbridge-lm-eval)
     cli_main()

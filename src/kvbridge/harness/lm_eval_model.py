@@ -165,6 +165,3 @@ class KVBridgeLM(LM):
 
 if NAME not in model_registry:
     register_model(NAME)(KVBridgeLM)
-
-
-__all__ = ["KVBridgeLM", "NAME"]

@@ -112,8 +112,5 @@ def main(argv=None) -> int:
     return 0
 
 
-__all__ = ["model", "TAG", "TEMPLATE", "write_template", "main"]
-
-
 if __name__ == "__main__":  # pragma: no cover - exercised through a subprocess in the tests
     raise SystemExit(main())

@@ -232,15 +232,3 @@ def lm_eval_loaded_tasks(specs, options: dict | None = None) -> list:
         opts = build_options(LmEvalOptions, (options or {}).get(task.name), owner=f"task {task.name!r}")
         out.append(LoadedTask(task.name, task, opts, f"lm-eval task {spec.name} ({spec.yaml_path})", "lm-eval"))
     return out
-
-
-__all__ = [
-    "LmEvalSpec",
-    "LmEvalTask",
-    "LmEvalOptions",
-    "lm_eval_task_specs",
-    "lm_eval_loaded_tasks",
-    "find_yaml",
-    "check_local",
-    "LOCAL_BUILDERS",
-]

@@ -85,6 +85,3 @@ def harness_pair(pair, settings: HarnessSettings, *, prepared: Prepared | None =
     from kvbridge.run import Run
 
     return harness_run(Run.of(pair, settings, host), prepared=prepared, progress=progress)
-
-
-__all__ = ["Prepared", "prepare", "harness_run", "harness_pair"]

@@ -173,16 +173,3 @@ def write_report(result: dict, folder) -> dict:
         plotted = plot(result, tmp / "accuracy.png")
     names = ("harness.json", "summary.md") + (("accuracy.png",) if plotted else ())
     return {name: folder / name for name in names}
-
-
-__all__ = [
-    "terminal_table",
-    "markdown",
-    "to_json",
-    "write_report",
-    "plot",
-    "rows",
-    "paired_lines",
-    "condition_lines",
-    "REPORT_KIND",
-]

@@ -309,16 +309,3 @@ def resummarize(result: dict, *, bootstrap: int | None = None, seed: int | None 
     out["settings"].update(bootstrap=bootstrap, seed=seed)
     out["tasks"], out["overall"] = _summaries(out["items"], out["conditions"], out["tasks"], bootstrap, seed)
     return json_ready(out, stringify=False)
-
-
-__all__ = [
-    "SCHEMA",
-    "IN_MEMORY",
-    "LoadedTask",
-    "load_tasks",
-    "parse_task_options",
-    "run_harness",
-    "run_tasks",
-    "answer_one",
-    "resummarize",
-]

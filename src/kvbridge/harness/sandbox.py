@@ -115,6 +115,3 @@ def run_python(program: str, limits: Limits = Limits()) -> RunResult:
             timed_out = True
         tail = (err or b"").decode("utf-8", "replace")[-500:]
         return RunResult(proc.returncode == 0 and not timed_out, proc.returncode, timed_out, tail)
-
-
-__all__ = ["Limits", "RunResult", "run_python", "code_execution_allowed", "execution_allowed"]

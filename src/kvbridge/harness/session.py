@@ -207,6 +207,3 @@ def drift_table(result: dict) -> str:
         for t in result["turns"]
     ]
     return "\n".join(md_table(heads, rows))
-
-
-__all__ = ["Session", "TurnResult", "compare_handoff", "drift_table", "MODES"]

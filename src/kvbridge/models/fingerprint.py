@@ -266,20 +266,3 @@ def loaded_tokenizer_identity(loaded, tokenizer_path: str | Path | None = None, 
         return tokenizer_identity(tok, folder=tokenizer_path if Path(tokenizer_path).is_dir() else None)
     fp = loaded.ref.tokenizer()
     return fp_identity(fp) if fp is not None else tokenizer_identity(tok)
-
-
-__all__ = [
-    "loaded_tokenizer_identity",
-    "config_fingerprint",
-    "model_config_fingerprint",
-    "weights_fingerprint",
-    "forget_weights_fingerprint",
-    "model_id_revision",
-    "tokenizer_identity",
-    "file_sha256",
-    "remember_sha256",
-    "files_digest",
-    "weights_digest",
-    "weight_files",
-    "WEIGHT_SUFFIXES",
-]

@@ -462,20 +462,3 @@ def parsed_once(active: bool = True):
         gguf_py.GGUFReader, legacy.load_gguf_checkpoint, gguf_py.get_tensor_name_map = real
         readers.clear()
         results.clear()
-
-
-__all__ = [
-    "FILE_TYPES",
-    "parsed_once",
-    "GGUFInfo",
-    "GGUFTensor",
-    "GGUFArray",
-    "read_gguf",
-    "to_hf_config",
-    "geometry",
-    "model_type_of",
-    "unsupported_types",
-    "find_gguf",
-    "GGML_TYPES",
-    "ARCH_TO_MODEL_TYPE",
-]

@@ -73,6 +73,3 @@ def _compute(info: GGUFInfo, tf):
         special_tokens=tuple(sorted((k, str(v)) for k, v in roles.items())),
         files=(Path(info.path).name,),
     )
-
-
-__all__ = ["gguf_tokenizer_fingerprint"]

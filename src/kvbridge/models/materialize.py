@@ -69,6 +69,3 @@ def materialize(ref, out: str | Path, *, dtype: str | None = None, overwrite: bo
         "files": files,
         "source": loaded.ref.gguf_file or loaded.ref.folder or loaded.ref.ref,
     }
-
-
-__all__ = ["materialize", "REQUIRED"]

@@ -97,6 +97,3 @@ def load_pair(
         return ModelPair(loaded_src, loaded_src, fingerprint, note)
     loaded_tgt = load(tgt, dtype=dtype, device=device, tokenizer=target_tokenizer, host=host)
     return ModelPair(loaded_src, loaded_tgt, fingerprint, note)
-
-
-__all__ = ["ModelPair", "is_ref", "load_pair", "shared_tokenizer"]

@@ -100,6 +100,3 @@ class ModelRef:
         out = {name: getattr(self, name) for name in ("ref", "kind", "name", "path", "folder")}
         out["tokenizer_files"] = list(self.tokenizer_files)
         return out | {name: getattr(self, name) for name in ("gguf_file", "source") if getattr(self, name)}
-
-
-__all__ = ["ModelRef", "KINDS"]

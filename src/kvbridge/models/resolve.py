@@ -246,6 +246,3 @@ def _unknown(ref: str, repo_id: str, manifests: Mapping, host) -> ConfigError:
         f"{hint}pass a model folder, a .gguf file or config.json, a scheme ({scheme_names}), or a name from "
         "`kvbridge models` / `kvbridge describe --list`",
     )
-
-
-__all__ = ["resolve", "from_path", "from_folder", "from_gguf", "hf_cache_dir", "find_in_hf_cache", "cached_hub_ids"]

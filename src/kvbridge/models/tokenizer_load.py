@@ -158,6 +158,3 @@ def _open_bpe_files(folder: Path):
         ) from None
     tok.name_or_path = str(folder)
     return tok
-
-
-__all__ = ["TokenizerError", "load_tokenizer"]

@@ -363,6 +363,3 @@ def ablate(
         intact_vs_visible_max_abs=float((visible - intact.logits).abs().max()),
         notes=notes,
     )
-
-
-__all__ = ["CONDITIONS", "ablate", "parse_layers", "AblationReport", "GuideMask", "attention_modules"]

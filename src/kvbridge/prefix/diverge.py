@@ -430,18 +430,3 @@ def diverge(
         tokens=tokens,
         notes=notes,
     )
-
-
-__all__ = [
-    "PATHS",
-    "DivergeSettings",
-    "Sampler",
-    "Trajectory",
-    "PathRunner",
-    "DivergeReport",
-    "diverge",
-    "compare_trajectories",
-    "summarise",
-    "wilson_interval",
-    "MIN_SEEDS_FOR_RATE",
-]

@@ -328,16 +328,3 @@ def read_text_arg(value: str, what: str = "text") -> str:
                 f"pass --{what} TEXT or @FILE with a readable UTF-8 file",
             ) from None
     return value
-
-
-__all__ = [
-    "strip_suffix",
-    "Split",
-    "SplitReport",
-    "SplitError",
-    "split_text",
-    "exact_split",
-    "encode",
-    "special_affixes",
-    "read_text_arg",
-]

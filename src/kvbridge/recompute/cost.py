@@ -56,6 +56,3 @@ class Cost:
     @property
     def flop_share(self) -> float:
         return self.flops / self.full_prefill_flops if self.full_prefill_flops else float("nan")
-
-
-__all__ = ["Cost", "layer_flops", "prefill_flops", "causal_pairs", "layer_linear_params"]

@@ -133,6 +133,3 @@ def run_curve(run, mapping, samples, plan, *, progress=None) -> dict:
         ],
     }
     return json_ready(result, stringify=False)
-
-
-__all__ = ["SCHEMA", "TOKEN_SWEEP", "layer_points", "layer_sweep", "run_curve"]

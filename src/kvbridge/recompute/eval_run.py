@@ -86,6 +86,3 @@ def evaluate_pair(pair, settings, *, host=None, **callbacks):
     from kvbridge.run import Run
 
     return evaluate_run(Run.of(pair, settings, host), **callbacks)
-
-
-__all__ = ["CONDITION_SETS", "curve_plan", "eval_frontier", "eval_recompute", "evaluate_pair", "evaluate_run"]

@@ -218,6 +218,3 @@ def run_frontier(run, mapping, samples, *, progress=None) -> dict:
         ],
     }
     return json_ready(result, stringify=False)
-
-
-__all__ = ["SCHEMA", "DEFAULT_SINK", "kept_rows", "truncated_state", "paired_differences", "verdict", "run_frontier"]

@@ -65,6 +65,3 @@ def write(result: dict, folder) -> dict:
     from kvbridge.recompute.report import write_files
 
     return write_files(folder, "frontier", result, markdown(result))
-
-
-__all__ = ["COLS", "gap_diff_text", "rows", "table", "markdown", "verdict_line", "write"]

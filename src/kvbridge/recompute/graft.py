@@ -255,14 +255,3 @@ def run_graft(model, samples, settings=None, *, chunks=None, host=None, progress
         ],
     }
     return json_ready(result, stringify=False)
-
-
-__all__ = [
-    "SCHEMA",
-    "prepare_chunk",
-    "concat_states",
-    "graft",
-    "run_graft",
-    "graft_and_continue",
-    "condition_names",
-]

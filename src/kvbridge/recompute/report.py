@@ -113,6 +113,3 @@ def write_files(folder, stem: str, result: dict, md: str) -> dict:
         "json": write_file_atomic(folder / f"{stem}.json", json.dumps(result, indent=2, allow_nan=False) + "\n"),
         "md": write_file_atomic(folder / f"{stem}.md", md),
     }
-
-
-__all__ = ["table", "markdown", "plot", "write", "write_files", "rows"]

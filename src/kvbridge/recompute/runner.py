@@ -121,6 +121,3 @@ def with_kv(state, keys, values, partial: bool, meta: dict):
         approximate=state.approximate and partial,
         meta={**state.meta, **meta},
     )
-
-
-__all__ = ["Parts", "parts_of", "RowStore", "embed", "run_layer", "run_layers", "with_kv"]

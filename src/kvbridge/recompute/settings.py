@@ -116,14 +116,3 @@ class CurvePlan:
     token_ratios: tuple = ()
     token_rules: tuple = ("deviation",)
     check_layer: int = 1
-
-
-__all__ = [
-    "CurvePlan",
-    "GRAFT_CONTROLS",
-    "GraftRunSettings",
-    "GraftSettings",
-    "RecomputeError",
-    "parse_ratio",
-    "split_list",
-]

@@ -169,17 +169,3 @@ def load_vector(
                 "(kvbridge steer transfer)",
             )
     return vector
-
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "KIND",
-    "TENSOR_FILE",
-    "VectorMismatchError",
-    "save_vector",
-    "read_vector",
-    "load_vector",
-    "mismatches",
-    "build_manifest",
-    "model_record",
-]

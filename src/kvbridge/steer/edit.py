@@ -186,6 +186,3 @@ def mix_kv(state, other, *, alpha: float = 1.0, layers=None, start: int = 0, sto
 
     record = {"edit": "mix_kv", "alpha": alpha, "layers": list(chosen), "positions": [start, stop]}
     return _edited(state, chosen, start, stop, mixed(part.keys), mixed(part.values), record)
-
-
-__all__ = ["EditError", "coefficient", "layers_of", "positions_of", "key_deltas", "add_vector", "scale_kv", "mix_kv"]

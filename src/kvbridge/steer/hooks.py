@@ -74,6 +74,3 @@ class ActivationAddition(HookSet):
         if isinstance(output, tuple):
             return (output[0] + delta,) + tuple(output[1:])
         return output + delta
-
-
-__all__ = ["decoder_layers", "ResidualCapture", "ActivationAddition"]

@@ -223,18 +223,3 @@ def encode_side(tokenizer: Any, side: Any, position: str, where: str = "pair") -
     if stop <= start:
         raise PairsError(f"{where}: the span covers no token", "widen the [[ ]] span")
     return Encoded(tuple(ids), start, stop, clean)
-
-
-__all__ = [
-    "Pair",
-    "Encoded",
-    "PairsError",
-    "POSITIONS",
-    "read_pairs",
-    "pairs_digest",
-    "render",
-    "encode_side",
-    "has_chat_template",
-    "template_kind",
-    "encode_text",
-]

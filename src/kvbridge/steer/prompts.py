@@ -108,6 +108,3 @@ def split_scenario(report, split, text: str) -> Scenario:
     n = len(report.special_prefix)
     keep = n if tuple(split.ghost[:n]) == report.special_prefix else 0
     return Scenario(tuple(split.ghost), tuple(split.live), (keep, len(split.ghost)), text, "guide", split.ghost_text)
-
-
-__all__ = ["Scenario", "chat_mode", "prompt_text", "prompt_scenario", "guide_texts", "guide_scenario", "split_scenario"]

@@ -121,6 +121,3 @@ def run_pair(model, tokenizer, base, steered, settings, host=None) -> dict:
     out["first_step_kl"] = float(kl(runs["unsteered"]["first_logits"][0], runs["steered"]["first_logits"][0]).sum())
     out["identical"] = out["unsteered"]["tokens"] == out["steered"]["tokens"]
     return out
-
-
-__all__ = ["prefix_state", "check_length", "setup_for", "side_by_side", "decode", "stop_ids_of", "run_pair"]

@@ -130,6 +130,3 @@ def repetition(tokens: Sequence[int], n: int = 3) -> float:
     if len(grams) < 2:
         return 0.0
     return 1.0 - len(set(grams)) / len(grams)
-
-
-__all__ = ["Setup", "sample", "costs", "repetition"]

@@ -87,16 +87,3 @@ _DESCRIPTIONS = {
     "code_comments": "a # or // comment or a docstring inside the code (fenced blocks when present)",
 }
 BUILTIN_SCORERS = tuple((name, text, f"kvbridge.steer.scorers:{name}") for name, text in _DESCRIPTIONS.items())
-
-
-__all__ = [
-    "json_object",
-    "json_start",
-    "bullets",
-    "positive_sentiment",
-    "negative_sentiment",
-    "code_comments",
-    "POSITIVE",
-    "NEGATIVE",
-    "BUILTIN_SCORERS",
-]

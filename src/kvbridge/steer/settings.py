@@ -237,6 +237,3 @@ class SteerEvalSettings:
     def extra_vectors(self) -> dict:
         """``{name: folder}`` of ``extra``."""
         return {name.strip(): path for name, _, path in (item.partition("=") for item in self.extra)}
-
-
-__all__ = ["ARMS", "SWEPT", "SteerBuildSettings", "SteerTransferSettings", "SteerRunSettings", "SteerEvalSettings"]

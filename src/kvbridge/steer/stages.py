@@ -197,17 +197,3 @@ def evaluate_steering(run, *, prepared: Callable | None = None, log: Callable[[s
             (tmp / "report.md").write_text("\n".join(lines(result)) + "\n")
             plot_sweep(result, tmp / "sweep.png", title=f"{result['model']}: {s.scorer}")
     return result
-
-
-__all__ = [
-    "build_steering",
-    "transfer_steering",
-    "run_steering",
-    "evaluate_steering",
-    "prepare_build",
-    "prepare_transfer",
-    "prepare_run",
-    "prepare_eval",
-    "method_values",
-    "REPORT_KIND",
-]

@@ -243,6 +243,3 @@ def transfer_vector(vector: SteeringVector, mapping, target_spec=None) -> Steeri
     }
     info.pop("model", None)
     return SteeringVector(tk, tv, (), target_spec, "content", info).validate()
-
-
-__all__ = ["SteeringVector", "SteerError", "METHODS", "KEY_SPACES", "build_vector", "random_like", "transfer_vector"]

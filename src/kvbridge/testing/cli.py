@@ -21,6 +21,3 @@ def one_line_error(result, *needles: str) -> str:
     for n in needles:
         assert n in err, err
     return err
-
-
-__all__ = ["run_cli", "one_line_error"]

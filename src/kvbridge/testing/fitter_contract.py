@@ -186,17 +186,3 @@ class FitterContract:
 
     def test_report_has_the_fields(self):
         run_or_skip(check_report, self._fit()[0], self._fixture())
-
-
-__all__ = [
-    "FitterContract",
-    "check_fitter_protocol",
-    "check_recovers_planted",
-    "check_round_trip",
-    "check_report",
-    "fit_planted",
-    "planted_fixture",
-    "host_with_fitter",
-    "PLANTED_R2",
-    "PLANTED_REL_ERR",
-]

@@ -125,6 +125,3 @@ class MetricContract:
 
     def test_values_on_every_condition(self):
         check_metric(self.metric, ideal=self.ideal)
-
-
-__all__ = ["MetricContract", "check_metric", "synthetic_fields", "loaded_metric"]

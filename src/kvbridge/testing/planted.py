@@ -137,6 +137,3 @@ def token_ids(n_seq: int, seq_len: int = 48, *, vocab: int = 128, seed: int = 0)
 
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n_seq, seq_len), generator=g)
-
-
-__all__ = ["planted_pair", "tiny_llama", "llama_config", "llama_model", "token_ids"]

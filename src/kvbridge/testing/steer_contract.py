@@ -158,6 +158,3 @@ class ScorerContract:
     def test_follows_the_contract(self):
         assert self.positives and self.negatives, "give at least one positive and one negative example"
         check_scorer(self.scorer, self.positives, self.negatives)
-
-
-__all__ = ["SteeringMethodContract", "ScorerContract", "check_method", "check_scorer", "steer_fixture", "ODD_TEXTS"]

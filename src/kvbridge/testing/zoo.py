@@ -32,6 +32,3 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-__all__ = ["zoo_or_skip", "one_torch_thread"]

@@ -6,8 +6,6 @@ from pathlib import Path
 
 from kvbridge.zoo import model_dir
 
-__all__ = ["load_zoo_model"]
-
 
 def load_zoo_model(name: str, dtype="float32", root: Path | None = None, device="cpu"):
     """``(model, tokenizer)`` of zoo model ``name``: ``kvbridge.models.load(f"zoo:{name}", dtype)`` (``dtype``

@@ -410,25 +410,6 @@ def tiny_base(model_type: str, **overrides: Any) -> dict:
     }
 
 
-__all__ = [
-    "DecoderAdapter",
-    "as_mapping",
-    "get",
-    "first_present",
-    "check_positive_int",
-    "optional_positive_int",
-    "flag",
-    "dtype_name",
-    "flat_rope_parameters",
-    "rotary_fraction",
-    "number",
-    "rope_spec",
-    "layer_types_from",
-    "tiny_base",
-    "NEEDS_ORIGINAL_MAX",
-]
-
-
 def layer_attr(layer_cfg, name: str, default=None):
     """``layer_cfg.name``, or ``default`` when unset or when a heterogeneous config raises on the read."""
     try:

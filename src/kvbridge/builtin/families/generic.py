@@ -276,5 +276,3 @@ class GenericAdapter(FamilyAdapter):
 
 
 ADAPTER = GenericAdapter()
-
-__all__ = ["GenericAdapter", "ADAPTER", "hf_configs", "known_model_types", "HF_LAYER_KINDS"]

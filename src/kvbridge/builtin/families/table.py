@@ -388,5 +388,3 @@ ADAPTERS = {
         GPT2Adapter,
     )
 }
-
-__all__ = ["family", "ADAPTERS"]

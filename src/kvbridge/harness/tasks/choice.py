@@ -105,6 +105,3 @@ class ChoiceTask:
 
     def chance(self, item: ChoiceItem) -> float:
         return 1.0 / len(item.choices)
-
-
-__all__ = ["ChoiceTask", "ChoiceOptions", "read_items"]

@@ -134,6 +134,3 @@ class HumanEvalTask:
 
     def chance(self, item) -> float:
         return 0.0
-
-
-__all__ = ["HumanEvalTask", "HumanEvalOptions", "data_file", "read_problems", "program", "STOP"]

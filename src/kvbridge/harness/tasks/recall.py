@@ -122,6 +122,3 @@ class RecallTask:
 
     def chance(self, item) -> float:
         return 1.0 / (VALUES[1] - VALUES[0] + 1)
-
-
-__all__ = ["RecallTask", "RecallOptions", "fact"]
