@@ -95,10 +95,9 @@ def _takes_device(fn: Callable) -> bool:
 
 @functools.lru_cache(maxsize=512)
 def _cpu_inv_freq(variant: RopeVariant, rope: RopeSpec, seq_len: int | None) -> tuple:
-    if _takes_device(variant.inv_freq):
-        inv, scaling = variant.inv_freq(rope, seq_len, torch.device("cpu"))
-    else:  # a plugin written to the two-argument form of the hook docs
-        inv, scaling = variant.inv_freq(rope, seq_len)
+    # without the device: a plugin written to the two-argument form of the hook docs
+    args = (rope, seq_len, torch.device("cpu")) if _takes_device(variant.inv_freq) else (rope, seq_len)
+    inv, scaling = variant.inv_freq(*args)
     inv = torch.as_tensor(inv, dtype=torch.float32).reshape(-1).cpu()
     if inv.numel() != rope.rotary_dim // 2:
         raise RopeError(
@@ -194,23 +193,15 @@ class _IdentityCache:
         if isinstance(obj, (list, tuple, int, float)):  # no weak reference: keyed by its value
             obj = torch.as_tensor(obj)
             return ("content", tuple(obj.shape), str(obj.dtype), "cpu", obj.numpy().tobytes()), False
-        if isinstance(obj, torch.Tensor):
-            try:
-                version = obj._version
-            except Exception:  # inference tensor: no version counter, key by content
-                data = obj.detach().cpu().to(torch.float64 if obj.is_floating_point() else torch.int64)
-                return ("content", tuple(obj.shape), str(obj.dtype), str(obj.device), data.numpy().tobytes()), False
-            return (
-                "id",
-                id(obj),
-                version,
-                obj.data_ptr(),
-                tuple(obj.shape),
-                obj.stride(),
-                str(obj.dtype),
-                str(obj.device),
-            ), True
-        return ("id", id(obj)), True
+        if not isinstance(obj, torch.Tensor):
+            return ("id", id(obj)), True
+        meta = (tuple(obj.shape), str(obj.dtype), str(obj.device))
+        try:
+            version = obj._version
+        except Exception:  # inference tensor: no version counter, key by content
+            data = obj.detach().cpu().to(torch.float64 if obj.is_floating_point() else torch.int64)
+            return ("content", *meta, data.numpy().tobytes()), False
+        return ("id", id(obj), version, obj.data_ptr(), obj.stride(), *meta), True
 
     def lookup(self, objs: tuple, extra: tuple, build: Callable[[], Any]) -> Any:
         parts = [self.part(o) for o in objs]
@@ -356,10 +347,8 @@ def apply(
     _check_keys(k, rope, positions)
     tab = _tables_for(rope, positions, lengths, k.device, host)
     dtype = dtype or k.dtype
-    if dtype == k.dtype:
-        return tab.kernel(dtype, inverse=False).run(k, rope.rotary_dim, rope.interleaved)
     return tab.kernel(dtype, inverse=False, work=k.dtype).run(
-        k, rope.rotary_dim, rope.interleaved, exact=False, out_dtype=dtype
+        k, rope.rotary_dim, rope.interleaved, exact=dtype == k.dtype, out_dtype=dtype
     )
 
 
