@@ -27,13 +27,14 @@ def _orig_attention(name: str, module):
 
 def _capture_forward(module, query, key, value, attention_mask, **kwargs):
     active = _STORE["active"]
-    if active is not None:
-        layer = int(getattr(module, "layer_idx", len(active["layers"])))
-        if active.get("reduce") is not None:  # keep only what the caller reduces the layer to
-            active["layers"][layer] = active["reduce"](
-                query.detach(), key.detach(), value.detach(), kwargs.get("scaling"), kwargs.get("softcap")
-            )
-            return _orig_attention(active["impl"], module)(module, query, key, value, attention_mask, **kwargs)
+    if active is None:  # pragma: no cover - only reachable if a model keeps the name after the context
+        return _orig_attention("sdpa", module)(module, query, key, value, attention_mask, **kwargs)
+    layer = int(getattr(module, "layer_idx", len(active["layers"])))
+    if active.get("reduce") is not None:  # keep only what the caller reduces the layer to
+        active["layers"][layer] = active["reduce"](
+            query.detach(), key.detach(), value.detach(), kwargs.get("scaling"), kwargs.get("softcap")
+        )
+    else:
         rows = active["rows"]  # keep the first `rows` batch rows only (None: all)
 
         def keep(t):
@@ -48,10 +49,7 @@ def _capture_forward(module, query, key, value, attention_mask, **kwargs):
             "softcap": kwargs.get("softcap"),
             "sliding_window": kwargs.get("sliding_window"),
         }
-        fn = _orig_attention(active["impl"], module)
-    else:  # pragma: no cover - only reachable if a model keeps the name after the context
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward as fn
-    return fn(module, query, key, value, attention_mask, **kwargs)
+    return _orig_attention(active["impl"], module)(module, query, key, value, attention_mask, **kwargs)
 
 
 @contextlib.contextmanager
@@ -98,12 +96,10 @@ def attention_output(q, k, v, mask=None, *, scaling=None, softcap=None) -> torch
         qpos = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
         allowed = torch.arange(tk, device=q.device)[None, :] <= qpos
         scores = scores.masked_fill(~allowed, float("-inf"))
+    elif mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask[..., :tq, :tk], float("-inf"))
     else:
-        m = mask[..., :tq, :tk]
-        if m.dtype == torch.bool:
-            scores = scores.masked_fill(~m, float("-inf"))
-        else:
-            scores = scores + m.float()
+        scores = scores + mask[..., :tq, :tk].float()
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
