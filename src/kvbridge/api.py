@@ -5,12 +5,11 @@ one definition, one signature, one docstring."""
 
 from __future__ import annotations
 
-import importlib
-
 from typing import Any, Mapping
 
 from kvbridge.models import resolve
 from kvbridge.models.pair import is_ref
+from kvbridge.plugin_types import load_object
 from kvbridge.plugins import host_or_default
 from kvbridge.steer.settings import SteerBuildSettings, SteerEvalSettings, SteerRunSettings, SteerTransferSettings
 from kvbridge.spec import ModelSpec
@@ -113,8 +112,7 @@ _SAME = {
 
 def __getattr__(name: str):
     if name in _SAME:
-        module, _, attr = _SAME[name].partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return load_object(_SAME[name])
     raise AttributeError(f"module 'kvbridge.api' has no attribute {name!r}")
 
 
