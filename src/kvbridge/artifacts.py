@@ -243,16 +243,13 @@ def check_replaceable(out: Path | str, kind: str, *, overwrite: bool, flag: str 
     if empty:
         return
     have = artifact_kind(out)
+    even = f" (even with {flag})" if flag else ""
     if have is None:
         what = "a model folder" if (out / "config.json").exists() else "a folder kvbridge did not write"
-        raise ArtifactError(
-            f"{out} is {what}; refusing to replace it{f' (even with {flag})' if flag else ''}",
-            "choose a new output path",
-        )
+        raise ArtifactError(f"{out} is {what}; refusing to replace it{even}", "choose a new output path")
     if have != kind:
         raise ArtifactError(
-            f"{out} holds a {have}, not a {kind}; refusing to replace it{f' (even with {flag})' if flag else ''}",
-            "choose another output path",
+            f"{out} holds a {have}, not a {kind}; refusing to replace it{even}", "choose another output path"
         )
     if not overwrite:
         raise ArtifactError(f"{out} already exists", f"choose another output path or pass {flag} to replace it")
