@@ -185,8 +185,7 @@ class Corpus:
         """The files of one part (``"calibration"`` or ``"heldout"``), in the split key's order."""
         if self.kind != "folder":
             raise CorpusError(f"{self.path}: only a folder corpus is split by file", "pass a folder of .py/.txt files")
-        want = which == "heldout"
-        files = [f for f in self.files if f.text is not None and split.is_heldout(f.rel) == want]
+        files = [f for f in self.files if f.text is not None and split.is_heldout(f.rel) == (which == "heldout")]
         return sorted(files, key=lambda f: (split.key(f.rel), f.rel))
 
     def part_texts(self, split: Split, which: str) -> list[str]:
@@ -333,13 +332,12 @@ def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
         if got >= used_tokens:
             break
         n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + (eos is not None)
+        end = base + len(text)
         if got + n <= used_tokens:
             got += n
-            end = base + len(text)
             base += len(text) + 1
             continue
         take = used_tokens - got  # a partly used document: map its last used token to characters
-        end = base + len(text)
         try:
             offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
             if 0 < take <= len(offsets):
@@ -348,11 +346,10 @@ def calibration_span(texts: list[str], tokenizer, used_tokens: int) -> dict:
             pass  # no offsets (slow tokenizer): count the whole document as used (conservative)
         got = used_tokens
         break
-    joined_prefix = "\n".join(texts)[:end]
     return {
         "tokens": int(min(got, used_tokens)),
         "chars": [0, int(end)],
-        "bytes": [0, len(joined_prefix.encode("utf-8"))],
+        "bytes": [0, len("\n".join(texts)[:end].encode("utf-8"))],
         "of_chars": int(total_chars),
         "text": "corpus texts joined with newlines (a single text file: the file itself)",
     }
