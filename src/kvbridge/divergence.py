@@ -131,8 +131,7 @@ def nucleus(probs: "Tensor", top_p: float) -> "Tensor":
         return probs / probs.sum(-1, keepdim=True)
     if not top_p > 0.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    threshold = nucleus_threshold(probs, top_p)
-    out = probs.masked_fill(probs < threshold, 0.0)  # ties at the edge all kept
+    out = probs.masked_fill(probs < nucleus_threshold(probs, top_p), 0.0)  # ties at the edge all kept
     return out / out.sum(-1, keepdim=True)
 
 

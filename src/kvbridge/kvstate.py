@@ -318,8 +318,7 @@ def _exact_all_finite(tensors) -> bool:
     def finite(group: list) -> bool:
         return bool(torch.isfinite(torch.cat(group) if len(group) > 1 else group[0]).all())
 
-    batch: list = []
-    size = 0
+    batch, size = [], 0
     for t in tensors:
         if t.numel() >= _FINITE_BATCH:
             if not finite([t]):

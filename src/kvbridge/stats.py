@@ -61,9 +61,7 @@ def mcnemar_p(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n)
 
 
 def _pct(values) -> list | None:
