@@ -589,11 +589,8 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
         for caller, hookimpl in impls:
             hookimpl.function = _guard(caller.name, hookimpl, record)
 
-    if builtins:
-        for modname in BUILTIN_PLUGINS:
-            if modname in disabled:
-                continue
-            add(modname, importlib.import_module(modname), __version__, True)
+    for modname in (m for m in BUILTIN_PLUGINS if builtins and m not in disabled):
+        add(modname, importlib.import_module(modname), __version__, True)
 
     if entry_points:
         allow = _env_list("KVBRIDGE_LOAD_PLUGINS")
