@@ -284,13 +284,8 @@ class ModelSpec:
             "extras": {k: _thaw(v) if isinstance(v, tuple) else v for k, v in self.extras},
         }
         for name, default in _OPTIONAL_FIELDS.items():  # only when set: old fingerprints stay valid
-            value = getattr(self, name)
-            if value != default:
-                out[name] = (
-                    _thaw(value)
-                    if name in ("latent", "indexer")
-                    else (list(value) if isinstance(value, tuple) else value)
-                )
+            if getattr(self, name) != default:
+                out[name] = _thaw(getattr(self, name))  # layer tuples -> lists, frozen pairs -> dicts
         return out
 
     @classmethod
