@@ -249,11 +249,8 @@ def _positions_2d(positions, device) -> "Tensor":
     return positions.to(device)
 
 
-def _build_tables(
-    rope: RopeSpec, variant: RopeVariant, positions: "Tensor", lengths: "Tensor | None", device
-) -> _Tables:
+def _build_tables(rope: RopeSpec, variant: RopeVariant, pos: "Tensor", lengths: "Tensor | None", device) -> _Tables:
     dev = str(device)
-    pos = positions.to(device)
     scaling = 1.0  # the attention scaling: a number, or per key [B, T, 1] (stateful tables of several lengths)
     if not (rope.is_stateful or variant.stateful):
         inv, scaling = _device_inv_freq(variant, rope, None, dev)
