@@ -106,9 +106,7 @@ def _check_finite(name: str, t, block=None) -> None:
 
         ok = bool(np.isfinite(np.frombuffer(block, dtype=_NP_FLOATS[str(t.dtype).removeprefix("torch.")])).all())
     else:
-        import torch
-
-        ok = bool(torch.isfinite(t).all())
+        ok = bool(t.isfinite().all())
     if not ok:
         raise NonFiniteError(
             f"tensor {name!r} has NaN/inf values", "recompute the state; a mapping that produced it may be broken"
