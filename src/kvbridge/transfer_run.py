@@ -112,6 +112,7 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
     pair shares one); the prompt is tokenized with the source's tokenizer and must give 2+ tokens."""
     import torch
 
+    from kvbridge.divergence import kl as kl_of
     from kvbridge.handoff import generate, greedy_kwargs
     from kvbridge.transfer import transfer
 
@@ -163,12 +164,9 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
             native = tmodel.generate(input_ids=ids, **gen)
         n = min(len(ours.logits), len(native.logits))
         start = ids.shape[1]
-        same = int((ours.sequences[0, start : start + n] == native.sequences[0, start : start + n]).sum())
-        from kvbridge.divergence import kl as kl_of
-
         result.update(
             native_text=tok.decode(native.sequences[0, start:], skip_special_tokens=True),
-            agreement=same,
+            agreement=int((ours.sequences[0, start : start + n] == native.sequences[0, start : start + n]).sum()),
             compared=n,
             kl=float(kl_of(native.logits[0].float(), ours.logits[0].float())),
             target_prefill_s=t4 - t3,
