@@ -4,11 +4,12 @@ fresh CPU buffers advised onto transparent huge pages (:func:`fresh`). Below the
 
 from __future__ import annotations
 
-import functools
+import ctypes
 import mmap
 
 import torch
 
+from kvbridge.durable import libc_function
 from kvbridge.threads import thread_pool
 
 
@@ -87,7 +88,6 @@ def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     except RuntimeError:  # no thread to be had: the other shares fault in where they are written
         jobs = []
     if madvise(*spans[0], _POPULATE_WRITE) != 0:
-        import ctypes
         import errno
 
         if ctypes.get_errno() == errno.EINVAL:  # a kernel without the advice: not asked again
@@ -97,17 +97,5 @@ def populate(t: torch.Tensor, threads: int | None = None) -> torch.Tensor:
     return t
 
 
-@functools.cache
 def _libc_madvise():
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    return libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))

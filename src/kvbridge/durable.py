@@ -23,9 +23,9 @@ back to an ``fsync`` per file and per folder, as before.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
+import sys
 from pathlib import Path
 
 #: file systems whose directory fsync commits a journal that orders every earlier metadata change
@@ -36,16 +36,22 @@ _FS_OF_DEV: dict[int, str] = {}
 
 
 @functools.cache
-def _sync_file_range():
-    if os.name != "posix" or os.uname().sysname != "Linux":
+def libc_function(name: str, argtypes: tuple):
+    """Linux libc's ``name`` taking ``argtypes`` and returning an int (``errno`` kept), or None elsewhere
+    or where libc has no such function (``sync_file_range`` here, ``madvise`` in :mod:`kvbridge.buffers`)."""
+    if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).sync_file_range
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):  # pragma: no cover - no such libc function
         return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
+
+
+def _sync_file_range():
+    return libc_function("sync_file_range", (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint))
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:
