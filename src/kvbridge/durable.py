@@ -22,6 +22,7 @@ back to an ``fsync`` per file and per folder, as before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -71,14 +72,11 @@ def fs_type(path: Path | str) -> str:
         return _FS_OF_DEV[dev]
     want = f"{os.major(dev)}:{os.minor(dev)}"
     kind = ""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == want and " - " in line:
-                    kind = line.split(" - ", 1)[1].split()[0]
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == want and " - " in line:
+                kind = line.split(" - ", 1)[1].split()[0]
     _FS_OF_DEV[dev] = kind
     return kind
 
@@ -95,9 +93,8 @@ def fsync_path(path: Path | str) -> None:
     except OSError:  # pragma: no cover - some file systems refuse opening folders
         return
     try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 

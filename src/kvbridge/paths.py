@@ -14,6 +14,7 @@ until something is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -59,7 +60,7 @@ def cache_write(path: Path | None, key: str, value, limit: int) -> None:
     """
     if path is None:
         return
-    try:
+    with contextlib.suppress(OSError):
         data = cache_read(path)
         data.pop(key, None)
         data[key] = value
@@ -69,5 +70,3 @@ def cache_write(path: Path | None, key: str, value, limit: int) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, path)
-    except OSError:
-        pass

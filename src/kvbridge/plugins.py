@@ -27,6 +27,7 @@ Environment variables (llm/tox style):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import math
@@ -170,10 +171,8 @@ def warn(record: PluginRecord, problem: str) -> None:
         return
     record.warned = True
     fix = f"fix the plugin, or skip it with KVBRIDGE_DISABLE_PLUGINS={record.name}"
-    try:
+    with contextlib.suppress(OSError, ValueError):  # no stderr to warn on
         sys.stderr.write(f"warning: {PluginError(f'plugin {record.name!r} disabled: {problem}', fix).one_line()}\n")
-    except (OSError, ValueError):  # pragma: no cover - no stderr to warn on
-        pass
 
 
 def import_timeout() -> float:
