@@ -332,13 +332,12 @@ def rotate(
         )
     kind = _KIND[(x.dtype, cos.dtype, bool(exact))]
     b, heads, tokens, d = x.shape
-    h = rotary_dim // 2
     fn = library(retry_failed).kvb_rope_half
     out = torch.empty(x.shape, dtype=x.dtype)
     n_rows = b * tokens
     if n_rows == 0:
         return out
-    cb = tokens * h if cos.shape[0] == b and b > 1 else 0
+    cb = tokens * (rotary_dim // 2) if cos.shape[0] == b and b > 1 else 0
     args = (kind, x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), heads, tokens, d, rotary_dim)
     args += (*x.stride()[:3], cb)  # element strides of batch, head and token; the tables' batch stride
     threads = torch.get_num_threads()
