@@ -71,36 +71,32 @@ def did_you_mean(word: str, choices, *, n: int = 3, cutoff: float = 0.6, quote: 
 DEBUG_HINT = "set KVBRIDGE_DEBUG=1 to see the traceback"
 
 
+#: errno -> (what went wrong, after the path; the fix); a dangling link and a long name are told apart below
+_OS_ERRORS = {
+    errno.ENOSPC: ("no space left on device (nothing was replaced)", "free some disk space or write to another --out"),
+    errno.EACCES: ("permission denied", "check the permissions of that path or choose another one"),
+    errno.EROFS: ("read-only file system", "write to a writable location"),
+    errno.ENOTDIR: ("a part of this path is a file, not a folder", "choose a path whose parent folders are folders"),
+    errno.EISDIR: ("is a folder, a file was expected", "pass a file path"),
+    errno.ENOENT: ("no such file or folder", "check the path"),
+    errno.ELOOP: ("too many levels of symbolic links", "fix the symbolic link loop"),
+}
+_OS_ERRORS[getattr(errno, "EDQUOT", errno.ENOSPC)] = _OS_ERRORS[errno.ENOSPC]
+_OS_ERRORS[errno.EPERM] = _OS_ERRORS[errno.EACCES]
+
+
 def _os_error(exc: OSError) -> KVBridgeError:
     path = str(exc.filename) if exc.filename else ""
     where = f"{path}: " if path else ""
-    code = exc.errno
-    if code == errno.ENOSPC or code == getattr(errno, "EDQUOT", -1):
-        return KVBridgeError(
-            f"{where}no space left on device (nothing was replaced)", "free some disk space or write to another --out"
-        )
-    if code in (errno.EACCES, errno.EPERM):
-        return KVBridgeError(f"{where}permission denied", "check the permissions of that path or choose another one")
-    if code == errno.EROFS:
-        return KVBridgeError(f"{where}read-only file system", "write to a writable location")
-    if code == errno.ENOTDIR:
-        return KVBridgeError(
-            f"{where}a part of this path is a file, not a folder", "choose a path whose parent folders are folders"
-        )
-    if code == errno.EISDIR:
-        return KVBridgeError(f"{where}is a folder, a file was expected", "pass a file path")
-    if code == errno.ENAMETOOLONG:
+    if exc.errno == errno.ENAMETOOLONG:
         return KVBridgeError(f"{where[:80]}...: file name too long", "use a shorter path")
-    if code == errno.ENOENT:
-        if path and os.path.islink(path):
-            return KVBridgeError(
-                f"{path} is a dangling symbolic link (to {os.readlink(path)})",
-                "remove the link or point it at an existing path",
-            )
-        return KVBridgeError(f"{where}no such file or folder", "check the path")
-    if code == errno.ELOOP:
-        return KVBridgeError(f"{where}too many levels of symbolic links", "fix the symbolic link loop")
-    return KVBridgeError(f"{where}{exc.strerror or exc}", "check the path and the disk")
+    if exc.errno == errno.ENOENT and path and os.path.islink(path):
+        return KVBridgeError(
+            f"{path} is a dangling symbolic link (to {os.readlink(path)})",
+            "remove the link or point it at an existing path",
+        )
+    what, fix = _OS_ERRORS.get(exc.errno, (exc.strerror or exc, "check the path and the disk"))
+    return KVBridgeError(f"{where}{what}", fix)
 
 
 def _size_mismatch(text: str) -> str | None:
