@@ -61,8 +61,7 @@ def prefill(model, input_ids, attention_mask, make_cache) -> tuple:
         kwargs["attention_mask"] = attention_mask
     with torch.no_grad():
         out = model(input_ids=ids, **kwargs)
-    B, T = ids.shape
-    positions = torch.arange(T, device=ids.device).expand(B, T).clone()
+    positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape).clone()
     if attention_mask is not None:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     return ids, positions, out, cache

@@ -362,8 +362,7 @@ def _check_indexer_target(state: "KVState", spec: ModelSpec) -> None:
 
 
 def _validate_indexer(state: "KVState", spec: ModelSpec, dtype, check_finite: bool, what: str) -> None:
-    B, T = state.token_ids.shape
-    have = {i: t for i, t in state.indexer_keys}
+    have = dict(state.indexer_keys)
     if not spec.indexer_layers and have:
         raise StateError(
             f"{what} carries indexer keys (layers {sorted(have)}) that model {spec.model_type!r} does not cache",
@@ -376,7 +375,7 @@ def _validate_indexer(state: "KVState", spec: ModelSpec, dtype, check_finite: bo
                 f"{what} has no sparse-attention indexer keys for layer {i} of {spec.model_type!r}",
                 "extract the state from this model (indexer keys cannot be mapped across models)",
             )
-        want = (B, T, spec.indexer_dim())
+        want = (*state.token_ids.shape, spec.indexer_dim())
         if tuple(t.shape) != want:
             raise StateError(
                 f"{what} layer {i} indexer keys shape {tuple(t.shape)} != {want} expected by "
