@@ -94,12 +94,11 @@ def fast_rotate(
     *,
     exact: bool,
     eager: Callable[[], "Tensor"],
-    rotary_dim: int | None = None,
+    rotary_dim: int,
 ) -> "Tensor":
-    """The native rotation when the mode allows it, it takes these inputs and it is verified for
-    this key; else ``eager()``. ``rotary_dim`` (default: the whole head) rotates the first dims."""
+    """The native rotation of ``x``'s first ``rotary_dim`` dims when the mode allows it, it takes these
+    inputs and it is verified for this key; else ``eager()``."""
     chosen = mode()
-    rotary_dim = x.shape[-1] if rotary_dim is None else rotary_dim
     if chosen == "eager" or not rope_native.supports(x, cos, sin, out_dtype, exact=exact, rotary_dim=rotary_dim):
         return eager()  # another device, dtype or layout: the eager kernels, no warning
     quiet = chosen == "auto"  # the default: unavailability is silent (no compiler: eager, as before)
