@@ -115,9 +115,8 @@ def transfer(
     if getattr(mapping, "per_token", False) and state.num_tokens > max(BLOCKS_ABOVE, CHUNK_TOKENS) and not state.states:
         out = _transfer_blocks(state, mapping, target_spec, positions, final, host)
         return replace(out, approximate=state.approximate or not exact)
-    content = state.strip_rope(host=host, dtype=work_dtype(state.dtype))
-    mapped = mapping.map_content(content, target_spec)
-    del content  # the stripped float32 copy is not needed for the re-application (peak memory)
+    # the stripped float32 copy is a temporary: not held during the re-application (peak memory)
+    mapped = mapping.map_content(state.strip_rope(host=host, dtype=work_dtype(state.dtype)), target_spec)
     if mapped.rope_applied:
         raise StateError("mapping returned keys marked as carrying RoPE", "return content-space keys")
     out = mapped.apply_rope(positions, spec=target_spec, host=host, dtype=final)
