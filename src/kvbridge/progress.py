@@ -54,8 +54,7 @@ class Progress:
         self.total, self.label, self.unit, self.enabled = int(total), label, unit, enabled
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        env = os.environ.get("KVBRIDGE_PROGRESS_EVERY")
-        self.every = float(every if every is not None else env if env not in (None, "") else PLAIN_EVERY_S)
+        self.every = float(every if every is not None else os.environ.get("KVBRIDGE_PROGRESS_EVERY") or PLAIN_EVERY_S)
         self.t0 = time.perf_counter()
         self._last = -1e9
         self.done = self.tokens = self.lines = 0
