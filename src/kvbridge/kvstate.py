@@ -341,9 +341,8 @@ def _indexer_rope(fn, indexer_keys: tuple, spec: ModelSpec, *positions, **kwargs
         table, start, dims = spec.indexer_rope_for_layer(layer)
         if table is not None and t.shape[1]:
             part = _rotate(fn, t[..., start : start + dims].unsqueeze(1), table, *positions, **kwargs).squeeze(1)
-            wide = torch.promote_types(part.dtype, t.dtype)  # float32 content of a half cache stays float32
-            t = t.to(wide)
-            t = torch.cat([t[..., :start], part.to(wide), t[..., start + dims :]], dim=-1)
+            # torch.cat promotes to the wider dtype: float32 content of a half cache stays float32
+            t = torch.cat([t[..., :start], part, t[..., start + dims :]], dim=-1)
         out.append((layer, t))
     return tuple(out)
 
