@@ -170,9 +170,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.positional not in POSITIONAL_KINDS:
             raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
-        if self.layer_types and len(self.layer_types) != self.num_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
-        for name in ("layer_kv_heads", "layer_head_dims"):
+        for name in ("layer_types", "layer_kv_heads", "layer_head_dims"):
             value = getattr(self, name)
             if value and len(value) != self.num_layers:
                 raise ValueError(f"{name} has {len(value)} entries for {self.num_layers} layers")
