@@ -23,9 +23,8 @@ class InjectedFault(RuntimeError):
 
 
 def _specs() -> list[tuple[str, int, str]]:
-    raw = os.environ.get("KVBRIDGE_FAULT", "")
     out = []
-    for part in filter(None, (p.strip() for p in raw.split(","))):
+    for part in filter(None, (p.strip() for p in os.environ.get("KVBRIDGE_FAULT", "").split(","))):
         bits = part.split(":")
         try:
             out.append((bits[0], int(bits[1]), bits[2] if len(bits) > 2 else "raise"))
