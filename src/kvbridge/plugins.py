@@ -226,6 +226,7 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord):
     def guarded(*args):
         sink = _SINK.get()
         token = _CURRENT.set(plugin_name)
+        error = None
         try:
             value = fn(*args)
         except PluginError:  # kvbridge's own refusals (duplicate names) name both plugins: let them out
@@ -233,15 +234,12 @@ def _guard(hook_name: str, hookimpl, record: PluginRecord):
         except (Exception, SystemExit) as exc:  # a broken plugin must not take the host down (nor exit it)
             if os.environ.get("KVBRIDGE_DEBUG"):
                 raise
-            msg = f"{hook_name} failed: {_exc_text(exc)}"
-            record.fail(msg)
-            if sink is not None:
-                sink.append(HookOutcome(plugin_name, None, msg))
-            return None
+            value, error = None, f"{hook_name} failed: {_exc_text(exc)}"
+            record.fail(error)
         finally:
             _CURRENT.reset(token)
         if sink is not None:
-            sink.append(HookOutcome(plugin_name, value))
+            sink.append(HookOutcome(plugin_name, value, error))
         return value
 
     guarded.__wrapped__ = fn
