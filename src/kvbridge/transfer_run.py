@@ -141,13 +141,12 @@ def transfer_generate(pair, settings: TransferSettings, *, host=None) -> Transfe
         t1 = time.perf_counter()
         moved = transfer(state, mapping, getattr(mapping, "target_spec", None) or pair.target.spec, host=host)
         t2 = time.perf_counter()
-        saved = None if settings.save_state is None else str(save_transferred(pair, moved, settings, host=host))
         done = dict(
             tokens=state.num_tokens,
             source_prefill_s=t1 - t0,
             map_s=t2 - t1,
             warnings=notes,
-            saved=saved,
+            saved=None if settings.save_state is None else str(save_transferred(pair, moved, settings, host=host)),
             approximate=bool(moved.approximate),
         )
         if settings.engine is not None:
