@@ -48,11 +48,6 @@ from kvbridge.fit.plan import (  # noqa: E402,F401
 )
 
 
-def check_gram_dtype(gram_dtype: str) -> None:
-    if gram_dtype not in GRAM_DTYPES:
-        raise ValueError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}, got {gram_dtype!r}")
-
-
 class Workspace:
     """A reused ``[rows, p]`` + ``[rows, q]`` pair (float64, or float32 for float32 GEMMs), shared by
     the statistics of one job."""
@@ -172,7 +167,8 @@ class MomentStats:
     ):
         if xx_block is not None and (xx_block <= 0 or p % xx_block):
             raise ValueError(f"xx_block {xx_block} does not divide p={p}")
-        check_gram_dtype(gram_dtype)
+        if gram_dtype not in GRAM_DTYPES:
+            raise ValueError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}, got {gram_dtype!r}")
         self.gram_dtype = gram_dtype
         self._lower_stale = False  # float32 path: only the upper block triangle of cxx is accumulated
         self.p, self.q, self.xx_block = int(p), int(q), xx_block
@@ -502,14 +498,7 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
     if not stats:
         return
     dev = stats[0].device  # gloo reduces CPU tensors, nccl CUDA ones: keep the statistics' device
-    first = torch.cat(
-        [
-            torch.cat(
-                [torch.tensor([s.n], dtype=DTYPE, device=dev), (s.n * s.mean_x).to(dev), (s.n * s.mean_y).to(dev)]
-            )
-            for s in stats
-        ]
-    )
+    first = torch.cat([torch.cat([s.mean_x.new_tensor([s.n]), s.n * s.mean_x, s.n * s.mean_y]).to(dev) for s in stats])
     dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
     centres = []
     for s, c in zip(stats, first.split([1 + s.p + s.q for s in stats])):
@@ -588,7 +577,6 @@ class LayerStats(StatsSet):
         self.xx_block = xx_block
         p, q = self.p, self.q
         blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
-        self.gram_dtype = gram_dtype
         self.workspace = Workspace(device)  # one chunk buffer for the four statistics
         self.stats = {
             (c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace, gram_dtype=gram_dtype)
@@ -706,7 +694,6 @@ __all__ = [
     "StatsSet",
     "Workspace",
     "all_reduce",
-    "check_gram_dtype",
     "chunk_rows",
     "workspace_bytes",
     "DTYPE",
