@@ -104,23 +104,11 @@ def model_size(ref: str) -> ModelSize:
     heads = int(spec.num_attention_heads or _get(cfg, "num_attention_heads", "n_head", default=1))
     layers, kv, hd = spec.num_layers, spec.num_kv_heads, spec.head_dim
     attn = hidden * heads * hd * 2 + hidden * kv * hd * 2  # q, o + k, v
-    mlp = (2 if cfg.get("model_type") in UNGATED_MLP else 3) * hidden * inter
-    body = layers * (attn + mlp)
+    gated = cfg.get("model_type") not in UNGATED_MLP
+    body = layers * (attn + (3 if gated else 2) * hidden * inter)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     params = body + vocab * hidden * (1 if tied else 2)
-    return ModelSize(
-        resolved.name,
-        layers,
-        kv,
-        hd,
-        heads * hd,
-        params,
-        body,
-        vocab * hidden,
-        hidden=hidden,
-        intermediate=inter,
-        gated_mlp=cfg.get("model_type") not in UNGATED_MLP,
-    )
+    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden, hidden, inter, gated)
 
 
 def forward_activation_bytes(m: ModelSize, rows: int, dtype_bytes: int) -> int:
