@@ -481,11 +481,6 @@ class MomentStats:
         self.n = float(data[f"{prefix}n"][0])
         return self
 
-    def clone(self) -> "MomentStats":
-        return MomentStats(
-            self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws, gram_dtype=self.gram_dtype
-        ).merge(self)
-
 
 def all_reduce(stats: list[MomentStats], group=None) -> None:
     """Sum statistics over all ``torch.distributed`` ranks, in place (see the module docstring).
