@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from kvbridge.fit.repair import shrink
-from kvbridge.fit.stats import MomentStats, Moments, StatsSet, Workspace
+from kvbridge.fit.stats import MomentStats, StatsSet, Workspace
 
 
 class HeadStats(StatsSet):
@@ -85,6 +85,3 @@ class HeadStats(StatsSet):
 
     def n(self, split: str = "train") -> float:
         return min(st.n for (_, _, c, s), st in self.stats.items() if s == split)
-
-    def moments(self, t: int, h: int, kind: str, split: str) -> Moments:
-        return self.stats[(int(t), int(h), kind, split)].moments()
