@@ -264,8 +264,7 @@ class PairedCalibration:
             tk, tv, rk, rv = self._target_with_repair(ids)
         else:
             tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
-        out["yk"] = self._sampled(tk, pos)
-        out["yv"] = self._sampled(tv, pos)
+        out.update(yk=self._sampled(tk, pos), yv=self._sampled(tv, pos))
         del tk, tv
         if attention:
             for name, r in (("rk", rk), ("rv", rv)):  # [L, H, T] -> sampled, mean 1 -> [n, L, H]

@@ -605,7 +605,6 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
             f"{_size(over)} over {_size(memory_budget)}; for a fit within {_size(memory_budget)} {fix}"
         )
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
-    forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
     return FitPlan(
         source=s,
         target=t,
@@ -619,7 +618,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         batch_buffer_bytes=buffers,
         weights_bytes=(s.params + t.params) * dtype_bytes,
         artifact_bytes=safetensors_bytes(shapes),
-        forward_flops=forwards,
+        forward_flops=src_forwards + len(passes) * t.forward_flops(tokens, seq_len),
         statistics_flops=sum(p.statistics_flops for p in passes),
         statistics_flops32=sum(p.statistics_flops for p in passes if gram_of.get(p.tag) == "float32"),
         solve_flops=float(solve),

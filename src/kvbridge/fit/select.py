@@ -64,8 +64,7 @@ def single_layer_r2(job, *, alpha: float = DEFAULT_ALPHA, tgt_layers=None) -> di
     """
     tgt = list(job.tgt_layers if tgt_layers is None else tgt_layers)
     lam = alpha if isinstance(alpha, (int, float)) else DEFAULT_ALPHA
-    groups = [{"src_layers": [s]} for s in job.src_layers]
-    return _r2_table(job, tgt, groups, lam, lambda r2: r2.mean(1))
+    return _r2_table(job, tgt, [{"src_layers": [s]} for s in job.src_layers], lam, lambda r2: r2.mean(1))
 
 
 def single_head_r2(job, tgt_layers, *, alpha: float = DEFAULT_ALPHA) -> dict:

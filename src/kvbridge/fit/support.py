@@ -94,10 +94,8 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         head_scores=need_head,
         select_only=True,
     )
-    scores = stats.scores
-    src_layers = list(range(ls))
     slots = {
-        (sup, k): {(t, h): slots_for(sup, k, t, h, scores, hs, src_layers) for t in range(lt) for h in range(ht)}
+        (sup, k): {(t, h): slots_for(sup, k, t, h, stats.scores, hs, range(ls)) for t in range(lt) for h in range(ht)}
         for sup, k in dict.fromkeys((c[0], c[1]) for c in cands)
     }
     n_train = calibration.observations("train")
