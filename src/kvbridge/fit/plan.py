@@ -98,9 +98,7 @@ def model_size(ref: str) -> ModelSize:
     cfg.update(cfg.get("text_config") or {})
     hidden = int(_get(cfg, "hidden_size", "n_embd", "d_model", default=spec.num_attention_heads * spec.head_dim))
     vocab = int(_get(cfg, "vocab_size", default=spec.vocab_size or 0))
-    inter = int(
-        _get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden) or 4 * hidden
-    )
+    inter = int(_get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size") or 4 * hidden)
     heads = int(spec.num_attention_heads or _get(cfg, "num_attention_heads", "n_head", default=1))
     layers, kv, hd = spec.num_layers, spec.num_kv_heads, spec.head_dim
     attn = hidden * heads * hd * 2 + hidden * kv * hd * 2  # q, o + k, v
