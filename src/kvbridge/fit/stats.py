@@ -608,13 +608,9 @@ class LayerStats(StatsSet):
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats``: ``{"xk", "xv": [n, L_src_all, H, D], "yk", "yv": [n, L_tgt_all, H, D]}`` (all layers)."""
         n_obs = feats["xk"].shape[0]
-        split = None  # rows [0, split) train, [split, n) held-out, when the mask is sorted that way
-        if held_mask is None or not bool(held_mask.any()):
-            split = n_obs
-        else:
-            k = int((~held_mask).sum())
-            if not bool(held_mask[:k].any()):
-                split = k
+        # rows [0, split) train, [split, n) held-out when the mask is sorted that way (else None)
+        k = n_obs if held_mask is None else int((~held_mask).sum())
+        split = k if held_mask is None or not bool(held_mask[:k].any()) else None
         step = self.stats[("k", "train")].chunk_rows()
         for c in self.KINDS:
             fx, fy = feats["x" + c], feats["y" + c]
