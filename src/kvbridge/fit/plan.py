@@ -400,16 +400,14 @@ class FitPlan:
         parts = self.time_parts()
         if parts is not None:
             r = self.rates
-            out.append(
+            out += [
                 f"  time at the rates measured on {r.device} ({r.threads} thread(s)): ~{_duration(self.seconds)} = "
-                + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items())
-            )
-            out.append(
+                + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items()),
                 f"    rates: forwards {r.source_forward:.3g} / {r.target_forward:.3g} FLOP/s (source / target), "
                 f"float32 Gram {_rate32(r):.3g}, float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, "
                 f"memory {r.memory / 1e9:.3g} GB/s, "
-                f"sha256 {r.hash / 1e9:.3g} GB/s"
-            )
+                f"sha256 {r.hash / 1e9:.3g} GB/s",
+            ]
         elif self.seconds is not None:
             rate = f"{self.device_flops:.3g} FLOP/s"
             if self.device_flops64:
