@@ -35,13 +35,10 @@ def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
                 r2 = train_r2(solve_w(train, alpha), train, alpha, n_groups)
             else:
                 w, b = solve(train, alpha)
-                held = job.moments(kind, held_split, tgt_layers=tgt, **sel)
-                r2 = grouped_r2(w, b, held, n_groups)
+                r2 = grouped_r2(w, b, job.moments(kind, held_split, tgt_layers=tgt, **sel), n_groups)
             cols.append(per_group(r2.view(len(tgt), job.tgt_heads)))
         out[kind] = torch.stack(cols, -1).to(torch.float64)
-    out["mean"] = (out["k"] + out["v"]) / 2
-    out["measured_on"] = held_split
-    return out
+    return {**out, "mean": (out["k"] + out["v"]) / 2, "measured_on": held_split}
 
 
 def train_r2(w: torch.Tensor, train: Moments, alpha: float, groups: int) -> torch.Tensor:
