@@ -279,6 +279,11 @@ def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
     )
 
 
+def check_choice(name: str, value, choices, error: type = ConfigError) -> None:
+    if value not in choices:
+        raise error(f"-o {name}={value!r} is not one of {', '.join(choices)}", f"use e.g. -o {name}={choices[0]}")
+
+
 def check_minimum(fitter: str, budget: int, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int) -> None:
     """Refuse a ``budget`` below :func:`minimum_budget` of these shapes (:func:`budget_refusal`)."""
     minimum = minimum_budget(fitter, n_src, n_tgt, fs, hs_dim, ft, top_k)
@@ -493,10 +498,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
             f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
             "plan with --fitter ridge (the statistics are the same)",
         )
-    if o.gram_dtype not in GRAM_DTYPES:  # what the fit itself refuses (ridge's check_choice)
-        raise ConfigError(
-            f"-o gram_dtype={o.gram_dtype!r} is not one of {', '.join(GRAM_DTYPES)}", "use e.g. -o gram_dtype=float32"
-        )
+    check_choice("gram_dtype", o.gram_dtype, GRAM_DTYPES)  # what the fit itself refuses (as a FitError)
     memory_budget = default_budget() if o.memory_budget is None else o.memory_budget
     s, t = model_size(source_ref), model_size(target_ref)
     tokens = int(o.tokens or DEFAULT_TOKENS)
