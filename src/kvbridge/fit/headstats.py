@@ -42,8 +42,6 @@ class HeadStats(StatsSet):
         self.weighted = bool(weighted)
         self.needs_attention = self.weighted  # PairedCalibration records the repair scores for this job
         self.ess_fraction = float(ess_fraction)
-        self.src_layers = tuple(sorted({s for sup in self.supports.values() for s, _ in sup}))
-        self.tgt_layers = tuple(sorted({t for t, _ in self.supports}))
         self.workspace = Workspace(device)
         self.stats = {
             (t, h, c, s): MomentStats(len(sup) * src_dim, tgt_dim, device=device, workspace=self.workspace)
