@@ -74,7 +74,6 @@ def single_head_r2(job, tgt_layers, *, alpha: float = DEFAULT_ALPHA) -> dict:
 
 def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:
     """Per row of ``scores [T, S]``: the ``k`` best source layers, best first."""
-    k = min(int(k), scores.shape[1])
-    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, : int(k)]  # at most every column
     src = list(src_layers)
     return [[src[int(j)] for j in row] for row in order]
