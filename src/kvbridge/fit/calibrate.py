@@ -168,9 +168,8 @@ class PairedCalibration:
         n = self.num_sequences
         self.offsets = torch.randint(0, config.stride, (n,), generator=g)
         n_held = 0 if config.heldout <= 0 or n < 2 else max(1, int(round(config.heldout * n)))
-        perm = torch.randperm(n, generator=g)
         self.held = torch.zeros(n, dtype=torch.bool)
-        self.held[perm[:n_held]] = True
+        self.held[torch.randperm(n, generator=g)[:n_held]] = True
         self.progress = progress
         self.checkpoint = checkpoint
         self.dist = dist  # kvbridge.fit.distributed.Context or None
@@ -264,8 +263,7 @@ class PairedCalibration:
             tk, tv, rk, rv = self._target_with_repair(ids)
         else:
             tk, tv = self._content(self.target_model, self.target_adapter, self.target_spec, ids)
-        out["yk"] = self._sampled(tk, pos)
-        out["yv"] = self._sampled(tv, pos)
+        out.update(yk=self._sampled(tk, pos), yv=self._sampled(tv, pos))
         del tk, tv
         if attention:
             for name, r in (("rk", rk), ("rv", rv)):  # [L, H, T] -> sampled, mean 1 -> [n, L, H]
@@ -323,15 +321,14 @@ class PairedCalibration:
 
     def sample(self, max_obs: int | None = None) -> tuple[dict, Any]:
         """Materialised features of up to ``max_obs`` observations (train and held-out, in order)."""
-        parts, masks, total = [], [], 0
+        parts, masks = [], []
         for batch in self.batches():
             feats, held = self.features(batch)
             parts.append({k: v.cpu() for k, v in feats.items()})  # the sample lives in host memory
             masks.append(held.cpu())
-            total += len(held)
             if self.progress is not None:
                 self.progress(("advance", "sample", len(batch) * self.seq_len))
-            if max_obs is not None and total >= max_obs:
+            if max_obs is not None and sum(map(len, masks)) >= max_obs:
                 break
         feats = {k: torch.cat([p[k] for p in parts])[:max_obs] for k in parts[0]}  # [:None]: all of them
         return feats, torch.cat(masks)[:max_obs]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from kvbridge.fit.repair import shrink
-from kvbridge.fit.stats import MomentStats, Moments, StatsSet, Workspace
+from kvbridge.fit.stats import MomentStats, StatsSet, Workspace
 
 
 class HeadStats(StatsSet):
@@ -42,8 +42,6 @@ class HeadStats(StatsSet):
         self.weighted = bool(weighted)
         self.needs_attention = self.weighted  # PairedCalibration records the repair scores for this job
         self.ess_fraction = float(ess_fraction)
-        self.src_layers = tuple(sorted({s for sup in self.supports.values() for s, _ in sup}))
-        self.tgt_layers = tuple(sorted({t for t, _ in self.supports}))
         self.workspace = Workspace(device)
         self.stats = {
             (t, h, c, s): MomentStats(len(sup) * src_dim, tgt_dim, device=device, workspace=self.workspace)
@@ -85,6 +83,3 @@ class HeadStats(StatsSet):
 
     def n(self, split: str = "train") -> float:
         return min(st.n for (_, _, c, s), st in self.stats.items() if s == split)
-
-    def moments(self, t: int, h: int, kind: str, split: str) -> Moments:
-        return self.stats[(int(t), int(h), kind, split)].moments()

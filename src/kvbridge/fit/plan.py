@@ -98,29 +98,15 @@ def model_size(ref: str) -> ModelSize:
     cfg.update(cfg.get("text_config") or {})
     hidden = int(_get(cfg, "hidden_size", "n_embd", "d_model", default=spec.num_attention_heads * spec.head_dim))
     vocab = int(_get(cfg, "vocab_size", default=spec.vocab_size or 0))
-    inter = int(
-        _get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden) or 4 * hidden
-    )
+    inter = int(_get(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size") or 4 * hidden)
     heads = int(spec.num_attention_heads or _get(cfg, "num_attention_heads", "n_head", default=1))
     layers, kv, hd = spec.num_layers, spec.num_kv_heads, spec.head_dim
     attn = hidden * heads * hd * 2 + hidden * kv * hd * 2  # q, o + k, v
-    mlp = (2 if cfg.get("model_type") in UNGATED_MLP else 3) * hidden * inter
-    body = layers * (attn + mlp)
+    gated = cfg.get("model_type") not in UNGATED_MLP
+    body = layers * (attn + (3 if gated else 2) * hidden * inter)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     params = body + vocab * hidden * (1 if tied else 2)
-    return ModelSize(
-        resolved.name,
-        layers,
-        kv,
-        hd,
-        heads * hd,
-        params,
-        body,
-        vocab * hidden,
-        hidden=hidden,
-        intermediate=inter,
-        gated_mlp=cfg.get("model_type") not in UNGATED_MLP,
-    )
+    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden, hidden, inter, gated)
 
 
 def forward_activation_bytes(m: ModelSize, rows: int, dtype_bytes: int) -> int:
@@ -293,6 +279,11 @@ def budget_refusal(what: str, budget: int, minimum: int) -> tuple[str, str]:
     )
 
 
+def check_choice(name: str, value, choices, error: type = ConfigError) -> None:
+    if value not in choices:
+        raise error(f"-o {name}={value!r} is not one of {', '.join(choices)}", f"use e.g. -o {name}={choices[0]}")
+
+
 def check_minimum(fitter: str, budget: int, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int) -> None:
     """Refuse a ``budget`` below :func:`minimum_budget` of these shapes (:func:`budget_refusal`)."""
     minimum = minimum_budget(fitter, n_src, n_tgt, fs, hs_dim, ft, top_k)
@@ -414,16 +405,14 @@ class FitPlan:
         parts = self.time_parts()
         if parts is not None:
             r = self.rates
-            out.append(
+            out += [
                 f"  time at the rates measured on {r.device} ({r.threads} thread(s)): ~{_duration(self.seconds)} = "
-                + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items())
-            )
-            out.append(
+                + " + ".join(f"{k} {_duration(v)}" for k, v in parts.items()),
                 f"    rates: forwards {r.source_forward:.3g} / {r.target_forward:.3g} FLOP/s (source / target), "
                 f"float32 Gram {_rate32(r):.3g}, float64 GEMM {r.gemm64:.3g}, solves {r.solve64:.3g} FLOP/s, "
                 f"memory {r.memory / 1e9:.3g} GB/s, "
-                f"sha256 {r.hash / 1e9:.3g} GB/s"
-            )
+                f"sha256 {r.hash / 1e9:.3g} GB/s",
+            ]
         elif self.seconds is not None:
             rate = f"{self.device_flops:.3g} FLOP/s"
             if self.device_flops64:
@@ -509,10 +498,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
             f"--plan knows the ridge and ridge-headwise fitters, not {fitter!r}",
             "plan with --fitter ridge (the statistics are the same)",
         )
-    if o.gram_dtype not in GRAM_DTYPES:  # what the fit itself refuses (ridge's check_choice)
-        raise ConfigError(
-            f"-o gram_dtype={o.gram_dtype!r} is not one of {', '.join(GRAM_DTYPES)}", "use e.g. -o gram_dtype=float32"
-        )
+    check_choice("gram_dtype", o.gram_dtype, GRAM_DTYPES)  # what the fit itself refuses (as a FitError)
     memory_budget = default_budget() if o.memory_budget is None else o.memory_budget
     s, t = model_size(source_ref), model_size(target_ref)
     tokens = int(o.tokens or DEFAULT_TOKENS)
@@ -617,7 +603,6 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
             f"{_size(over)} over {_size(memory_budget)}; for a fit within {_size(memory_budget)} {fix}"
         )
     src_forwards = len(passes) * s.forward_flops(tokens, seq_len)
-    forwards = src_forwards + len(passes) * t.forward_flops(tokens, seq_len)
     return FitPlan(
         source=s,
         target=t,
@@ -631,7 +616,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
         batch_buffer_bytes=buffers,
         weights_bytes=(s.params + t.params) * dtype_bytes,
         artifact_bytes=safetensors_bytes(shapes),
-        forward_flops=forwards,
+        forward_flops=src_forwards + len(passes) * t.forward_flops(tokens, seq_len),
         statistics_flops=sum(p.statistics_flops for p in passes),
         statistics_flops32=sum(p.statistics_flops for p in passes if gram_of.get(p.tag) == "float32"),
         solve_flops=float(solve),

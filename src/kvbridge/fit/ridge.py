@@ -63,7 +63,7 @@ import torch
 from kvbridge.fit.settings import DEFAULT_TOP_K
 from kvbridge.fit.mapping import FittedMapping, LayerMap
 from kvbridge.fit.protocol import FitReport
-from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES
+from kvbridge.fit.plan import DEFAULT_GRAM_DTYPE, GRAM_DTYPES, check_choice
 from kvbridge.fit.stats import LayerStats
 from kvbridge.fit.support import fit_heads
 from kvbridge.fit.solve import (  # noqa: F401  (re-exported: the solver's historical home)
@@ -102,11 +102,6 @@ WEIGHTINGS = ("uniform", "attention")
 SELECTS = ("r2", "kl")
 
 
-def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise FitError(f"-o {name}={value!r} is not one of {', '.join(choices)}", f"use e.g. -o {name}={choices[0]}")
-
-
 @dataclass(frozen=True)
 class RidgeOptions:
     """Options of ``ridge`` (``-o key=value``)."""
@@ -134,7 +129,7 @@ class RidgeOptions:
             ("select", SELECTS),
             ("gram_dtype", GRAM_DTYPES),
         ):
-            check_choice(name, getattr(self, name), choices)
+            check_choice(name, getattr(self, name), choices, FitError)
         if not 0.0 < float(self.select_prefix) < 1.0:
             raise FitError(f"-o select_prefix must be in (0, 1), got {self.select_prefix}", "use e.g. 0.5")
         if int(self.select_suffix) < 1:

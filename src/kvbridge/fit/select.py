@@ -35,13 +35,10 @@ def _r2_table(job, tgt: list, groups: list, alpha, per_group) -> dict:
                 r2 = train_r2(solve_w(train, alpha), train, alpha, n_groups)
             else:
                 w, b = solve(train, alpha)
-                held = job.moments(kind, held_split, tgt_layers=tgt, **sel)
-                r2 = grouped_r2(w, b, held, n_groups)
+                r2 = grouped_r2(w, b, job.moments(kind, held_split, tgt_layers=tgt, **sel), n_groups)
             cols.append(per_group(r2.view(len(tgt), job.tgt_heads)))
         out[kind] = torch.stack(cols, -1).to(torch.float64)
-    out["mean"] = (out["k"] + out["v"]) / 2
-    out["measured_on"] = held_split
-    return out
+    return {**out, "mean": (out["k"] + out["v"]) / 2, "measured_on": held_split}
 
 
 def train_r2(w: torch.Tensor, train: Moments, alpha: float, groups: int) -> torch.Tensor:
@@ -64,8 +61,7 @@ def single_layer_r2(job, *, alpha: float = DEFAULT_ALPHA, tgt_layers=None) -> di
     """
     tgt = list(job.tgt_layers if tgt_layers is None else tgt_layers)
     lam = alpha if isinstance(alpha, (int, float)) else DEFAULT_ALPHA
-    groups = [{"src_layers": [s]} for s in job.src_layers]
-    return _r2_table(job, tgt, groups, lam, lambda r2: r2.mean(1))
+    return _r2_table(job, tgt, [{"src_layers": [s]} for s in job.src_layers], lam, lambda r2: r2.mean(1))
 
 
 def single_head_r2(job, tgt_layers, *, alpha: float = DEFAULT_ALPHA) -> dict:
@@ -78,7 +74,6 @@ def single_head_r2(job, tgt_layers, *, alpha: float = DEFAULT_ALPHA) -> dict:
 
 def top_k(scores: torch.Tensor, src_layers, k: int) -> list[list[int]]:
     """Per row of ``scores [T, S]``: the ``k`` best source layers, best first."""
-    k = min(int(k), scores.shape[1])
-    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, :k]
+    order = torch.argsort(scores, dim=1, descending=True, stable=True)[:, : int(k)]  # at most every column
     src = list(src_layers)
     return [[src[int(j)] for j in row] for row in order]

@@ -149,8 +149,7 @@ def r2_summary(r2k: torch.Tensor | None, r2v: torch.Tensor | None, *, threshold:
             "so a transferred cache will not behave like the target's own (re-prefill instead, or try other models)"
         )
     else:
-        per_layer = both.mean(dim=(0, 2))
-        bad = [int(i) for i in torch.nonzero(per_layer < threshold).flatten()]
+        bad = [int(i) for i in torch.nonzero(both.mean(dim=(0, 2)) < threshold).flatten()]  # per target layer
         if bad:
             warnings.append(f"target layers {bad} fit poorly (held-out R² < {threshold})")
     return summary, warnings

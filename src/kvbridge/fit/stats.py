@@ -48,11 +48,6 @@ from kvbridge.fit.plan import (  # noqa: E402,F401
 )
 
 
-def check_gram_dtype(gram_dtype: str) -> None:
-    if gram_dtype not in GRAM_DTYPES:
-        raise ValueError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}, got {gram_dtype!r}")
-
-
 class Workspace:
     """A reused ``[rows, p]`` + ``[rows, q]`` pair (float64, or float32 for float32 GEMMs), shared by
     the statistics of one job."""
@@ -172,7 +167,8 @@ class MomentStats:
     ):
         if xx_block is not None and (xx_block <= 0 or p % xx_block):
             raise ValueError(f"xx_block {xx_block} does not divide p={p}")
-        check_gram_dtype(gram_dtype)
+        if gram_dtype not in GRAM_DTYPES:
+            raise ValueError(f"gram_dtype must be one of {', '.join(GRAM_DTYPES)}, got {gram_dtype!r}")
         self.gram_dtype = gram_dtype
         self._lower_stale = False  # float32 path: only the upper block triangle of cxx is accumulated
         self.p, self.q, self.xx_block = int(p), int(q), xx_block
@@ -485,11 +481,6 @@ class MomentStats:
         self.n = float(data[f"{prefix}n"][0])
         return self
 
-    def clone(self) -> "MomentStats":
-        return MomentStats(
-            self.p, self.q, xx_block=self.xx_block, device=self.device, workspace=self._ws, gram_dtype=self.gram_dtype
-        ).merge(self)
-
 
 def all_reduce(stats: list[MomentStats], group=None) -> None:
     """Sum statistics over all ``torch.distributed`` ranks, in place (see the module docstring).
@@ -502,14 +493,7 @@ def all_reduce(stats: list[MomentStats], group=None) -> None:
     if not stats:
         return
     dev = stats[0].device  # gloo reduces CPU tensors, nccl CUDA ones: keep the statistics' device
-    first = torch.cat(
-        [
-            torch.cat(
-                [torch.tensor([s.n], dtype=DTYPE, device=dev), (s.n * s.mean_x).to(dev), (s.n * s.mean_y).to(dev)]
-            )
-            for s in stats
-        ]
-    )
+    first = torch.cat([torch.cat([s.mean_x.new_tensor([s.n]), s.n * s.mean_x, s.n * s.mean_y]).to(dev) for s in stats])
     dist.all_reduce(first, op=dist.ReduceOp.SUM, group=group)
     centres = []
     for s, c in zip(stats, first.split([1 + s.p + s.q for s in stats])):
@@ -588,7 +572,6 @@ class LayerStats(StatsSet):
         self.xx_block = xx_block
         p, q = self.p, self.q
         blk = {"full": None, "layer": src_heads * src_dim, "head": src_dim}[xx_block]
-        self.gram_dtype = gram_dtype
         self.workspace = Workspace(device)  # one chunk buffer for the four statistics
         self.stats = {
             (c, s): MomentStats(p, q, xx_block=blk, device=device, workspace=self.workspace, gram_dtype=gram_dtype)
@@ -625,13 +608,9 @@ class LayerStats(StatsSet):
     def update(self, feats: dict, held_mask: torch.Tensor | None) -> None:
         """``feats``: ``{"xk", "xv": [n, L_src_all, H, D], "yk", "yv": [n, L_tgt_all, H, D]}`` (all layers)."""
         n_obs = feats["xk"].shape[0]
-        split = None  # rows [0, split) train, [split, n) held-out, when the mask is sorted that way
-        if held_mask is None or not bool(held_mask.any()):
-            split = n_obs
-        else:
-            k = int((~held_mask).sum())
-            if not bool(held_mask[:k].any()):
-                split = k
+        # rows [0, split) train, [split, n) held-out when the mask is sorted that way (else None)
+        k = n_obs if held_mask is None else int((~held_mask).sum())
+        split = k if held_mask is None or not bool(held_mask[:k].any()) else None
         step = self.stats[("k", "train")].chunk_rows()
         for c in self.KINDS:
             fx, fy = feats["x" + c], feats["y" + c]
@@ -706,7 +685,6 @@ __all__ = [
     "StatsSet",
     "Workspace",
     "all_reduce",
-    "check_gram_dtype",
     "chunk_rows",
     "workspace_bytes",
     "DTYPE",

@@ -94,10 +94,8 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
         head_scores=need_head,
         select_only=True,
     )
-    scores = stats.scores
-    src_layers = list(range(ls))
     slots = {
-        (sup, k): {(t, h): slots_for(sup, k, t, h, scores, hs, src_layers) for t in range(lt) for h in range(ht)}
+        (sup, k): {(t, h): slots_for(sup, k, t, h, stats.scores, hs, range(ls)) for t in range(lt) for h in range(ht)}
         for sup, k in dict.fromkeys((c[0], c[1]) for c in cands)
     }
     n_train = calibration.observations("train")
@@ -164,8 +162,7 @@ def fit_heads(fitter, source_spec, target_spec, calibration, options, ks) -> dic
 
 def _solve(fitter, job, cand, per, source_spec, target_spec, options, stats, passes, held_ok):
     sup, k, alpha = cand
-    d = dims(source_spec, target_spec)
-    hs, ds, ht, dt = d["src_heads"], d["src_dim"], d["tgt_heads"], d["tgt_dim"]
+    hs, ds, ht, dt = job.src_heads, job.src_dim, job.tgt_heads, job.tgt_dim
     layers, r2s, alphas = [], [], []
     for t in range(target_spec.num_layers):
         union = sorted({s for h in range(ht) for s, _ in per[(t, h)]})
