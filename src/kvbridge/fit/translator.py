@@ -172,10 +172,6 @@ class AdamW:
             p.grad = None
 
 
-def _flat(params: dict) -> list:
-    return [params[key][n] for key in sorted(params) for n in sorted(params[key])]
-
-
 def _run_key(options: TranslatorOptions, data, ridge) -> str:
     """What a checkpoint must match to be continued: options (less the checkpointing ones), the
     token ids and the ridge map."""
@@ -273,7 +269,8 @@ class TranslatorFitter:
             raise FitError("the translator needs training sequences (all are held out)", "lower --heldout")
         params, fixed = init_params(data, options, target_spec.num_kv_heads * target_spec.head_dim)
         kind = options.kind
-        opt = AdamW([t.requires_grad_(True) for t in _flat(params)], options.lr, options.weight_decay)
+        trained = [params[c][n].requires_grad_(True) for c in sorted(params) for n in sorted(params[c])]
+        opt = AdamW(trained, options.lr, options.weight_decay)
         key = _run_key(options, data, ridge)
         folder = Path(options.resume) if options.resume else None
         ck = getattr(calibration, "checkpoint", None)

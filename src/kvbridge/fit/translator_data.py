@@ -158,13 +158,6 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
     )
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rdim: int, interleaved: bool) -> torch.Tensor:
-    """``x [B, L, H, T, D]`` rotated by per-layer tables ``[L, T, r]`` (the model's layout)."""
-    b, lt, h, t, d = x.shape
-    out = rotate(x.transpose(0, 1).reshape(lt, b * h, t, d), cos, sin, rdim, interleaved)  # layers: the tables' batch
-    return out.view(lt, b, h, t, d).transpose(0, 1)
-
-
 def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tuple:
     """``(K, V)`` ``[B, L, H_t, T', D_t]`` of sequences ``rows`` over the first ``tokens`` positions:
     the ridge cache plus the residual (keys rotated by the target's RoPE tables)."""
@@ -177,8 +170,9 @@ def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tu
         b, lt, h, t, d = base.shape
         dl = stacked_delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
         if name == "k" and data.rope is not None:
-            cos, sin, rdim, inter = data.rope
-            dl = _rotate(dl, cos[:, :t], sin[:, :t], rdim, inter)
+            cos, sin, rdim, inter = data.rope  # per-layer tables [L, T, r]: the layers are their batch
+            dl = rotate(dl.transpose(0, 1).reshape(lt, b * h, t, d), cos[:, :t], sin[:, :t], rdim, inter)
+            dl = dl.view(lt, b, h, t, d).transpose(0, 1)
         out.append(base + dl)
     return out[0], out[1]
 
