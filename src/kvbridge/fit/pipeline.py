@@ -302,11 +302,7 @@ def fit_from_stats(
     stats, manifest = merge_statistics(folders) if len(folders) > 1 else load_statistics(folders[0])
     check_models(manifest, folders[0], source=as_identity(source, host), target=as_identity(target, host))
     params = dict(manifest.get("params") or {})
-    base = RidgeOptions(
-        alpha=params.get("alpha", RidgeOptions.alpha),
-        low_r2=params.get("low_r2", RidgeOptions.low_r2),
-        top_k=stats.max_k,
-    )
+    base = RidgeOptions(**{k: params[k] for k in ("alpha", "low_r2") if k in params}, top_k=stats.max_k)
     values = {k: v for k, v in (("alpha", alpha), ("low_r2", low_r2)) if v is not None}
     opts = fitter_options(RidgeFitter(), base, **values) if values else base  # values coerced and checked
     ls = stats.source_spec.num_layers
