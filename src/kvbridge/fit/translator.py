@@ -105,10 +105,6 @@ class TranslatorOptions:
     def kind(self) -> str:
         return "mlp" if self.hidden > 0 else "lowrank"
 
-    @property
-    def size(self) -> int:
-        return self.hidden if self.hidden > 0 else self.rank
-
     def ridge(self) -> RidgeOptions:
         return RidgeOptions(top_k=self.top_k, alpha=self.alpha, memory_budget=self.memory_budget, low_r2=self.low_r2)
 
@@ -356,5 +352,5 @@ class TranslatorFitter:
             report=report,
             residual=residual,
             residual_kind=kind,
-            residual_size=options.size,
+            residual_size=options.hidden or options.rank,  # the one that is set (both >= 0, one > 0)
         )

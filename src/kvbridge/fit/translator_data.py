@@ -91,13 +91,12 @@ def _rope_tables(tspec, seq_len: int, host):
     return torch.stack([c[0] for c, _ in tables]), torch.stack([s[0] for _, s in tables]), *dims.pop()
 
 
-def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None, host=None) -> TrainingData:
+def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None) -> TrainingData:
     """Run both models once over every calibration sequence (see the module docstring)."""
     from kvbridge.attention import attention_output, capture_attention
     from kvbridge.transfer import transfer
 
     cal = calibration
-    host = host or cal.host
     sspec, tspec = cal.source_spec, cal.target_spec
     seq_len, lt = cal.seq_len, tspec.num_layers
     qpos = query_positions(seq_len, queries)
@@ -110,10 +109,10 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
             idx = list(range(a, min(cal.num_sequences, a + bs)))
             ids = cal.sequences[idx].to(device)
             state = cal.source_adapter.extract(cal.source_model, ids, spec=sspec)
-            content = state.strip_rope(host=host, dtype=torch.float32)
+            content = state.strip_rope(host=cal.host, dtype=torch.float32)
             for name, layers in (("xk", content.keys), ("xv", content.values)):
                 parts[name].append(features([t.float().cpu() for t in layers], ridge.layers))  # [B, L, T, k·fs]
-            mapped = transfer(state, ridge, tspec, host=host)
+            mapped = transfer(state, ridge, tspec, host=cal.host)
             parts["bk"].append(torch.stack([k.float().cpu() for k in mapped.keys], 1))
             parts["bv"].append(torch.stack([v.float().cpu() for v in mapped.values], 1))
             with capture_attention(cal.target_model) as captured:
@@ -151,7 +150,7 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
         mask=torch.stack([_mask(qpos, seq_len, m["window"]) for m in meta]),
         scaling=torch.tensor([head_dim**-0.5 if m["scaling"] is None else float(m["scaling"]) for m in meta]),
         softcap=caps.pop(),
-        rope=_rope_tables(tspec, seq_len, host),
+        rope=_rope_tables(tspec, seq_len, cal.host),
         held=cal.held.clone(),
         ids=cal.sequences.clone(),
         native_logp=cat["logp"],
