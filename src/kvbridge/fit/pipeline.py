@@ -138,7 +138,6 @@ def _execute(run, job, progress, ctx):
     from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
 
     s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.fitter, job.sweep
-    out = s.out
     tokenizer, fingerprint = run.source.tokenizer, run.tokenizer or None  # None: models given in Python
     seqs, sha, texts = prepare_sequences(
         job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
@@ -149,7 +148,7 @@ def _execute(run, job, progress, ctx):
     world = ctx.world if ctx else 1
     checkpoint = None
     if s.resume:  # resumable state is kept only when asked for, in .<out>.fitstate/ beside --out
-        if out is None:
+        if s.out is None:
             raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
@@ -159,7 +158,7 @@ def _execute(run, job, progress, ctx):
             "params": params,
             "world": world,
         }
-        ck_dir = dist_mod.default_checkpoint_dir(out)
+        ck_dir = dist_mod.default_checkpoint_dir(s.out)
         checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=True, every_s=job.checkpoint_every)
     cal = PairedCalibration(
         run.source.model,
@@ -178,8 +177,7 @@ def _execute(run, job, progress, ctx):
         "world_size": world,
     }
     # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
-    used = int(seqs.numel()) + config.offset
-    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.split))
+    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, int(seqs.numel()) + config.offset, job.split))
     main = ctx is None or ctx.is_main
     keeping = s.keep_stats is not None and main
     if (sweep is not None or s.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
@@ -201,18 +199,18 @@ def _execute(run, job, progress, ctx):
             mappings = by_label(by_k, labels, cal.source_spec.num_layers, sweep is not None)
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
-        if out is not None:
+        if s.out is not None:
             raise FitError(f"the {s.fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
         finish_mapping(mapping, source=source_id, target=target_id, tokenizer=fingerprint, calibration=calib)
-    if out is not None:
+    if s.out is not None:
         if main:
             from kvbridge.faults import fault_point
 
             fault_point("fit.save")
-            write_mappings(mappings, out, overwrite=s.overwrite)
+            write_mappings(mappings, s.out, overwrite=s.overwrite)
         dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
         if checkpoint is not None and main:
             checkpoint.clear()
