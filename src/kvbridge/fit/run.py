@@ -231,16 +231,8 @@ def plan_fit(source, target, settings: FitSettings):
     if s.plan_device:
         from kvbridge.fit.plan_rates import measure_rates
 
-        rates = measure_rates(
-            source,
-            target,
-            seq_len=s.seq_len,
-            batch_size=s.batch_size,
-            stride=s.stride,
-            top_k=k,
-            dtype=s.dtype,
-            device=s.plan_device,
-        )
+        shape = {name: getattr(s, name) for name in ("seq_len", "batch_size", "stride", "dtype")}
+        rates = measure_rates(source, target, **shape, top_k=k, device=s.plan_device)
     inputs = same_named(PlanInputs, s)  # fitter, seq_len, stride, ...
     budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
     inputs.update(top_k=k, memory_budget=budget, rates=rates)
@@ -272,16 +264,9 @@ def refit(source, target, settings: FitSettings, *, host=None):
             "drop it, or fit from the models without --from-stats",
         )
     check_replaceable(s.out, SWEEP_KIND if s.sweep else KIND, overwrite=s.overwrite)
-    idents = [model_identity(resolve(ref, host=host).config) for ref in (source, target)]  # configs only
+    src, tgt = (model_identity(resolve(ref, host=host).config) for ref in (source, target))  # configs only
     return fit_from_stats(
-        s.from_stats,
-        out=s.out,
-        top_k=",".join(map(str, s.top_k)) if s.sweep else s.top_k,
-        alpha=s.alpha,
-        source=idents[0],
-        target=idents[1],
-        overwrite=s.overwrite,
-        host=host,
+        s.from_stats, out=s.out, top_k=s.top_k, alpha=s.alpha, source=src, target=tgt, overwrite=s.overwrite, host=host
     )
 
 
