@@ -133,6 +133,7 @@ def _execute(run, job, progress, ctx):
     import torch
 
     from kvbridge.artifacts import atomic_dir
+    from kvbridge.corpus import calibration_span, corpus_record
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
     from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
@@ -176,8 +177,12 @@ def _execute(run, job, progress, ctx):
         "token_ids_sha256": token_sha,
         "world_size": world,
     }
-    # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
-    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, int(seqs.numel()) + config.offset, job.split))
+    if job.corpus_path is not None:  # its hash; a folder's split by file (job.split: texts are its calibration part)
+        calib["corpus"] = corpus_record(job.corpus_path, job.split)
+        calib["corpus_sha256"] = calib["corpus"]["sha256"]
+    if texts is not None and tokenizer is not None:
+        # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
+        calib["span"] = calibration_span(list(texts), tokenizer, int(seqs.numel()) + config.offset)
     main = ctx is None or ctx.is_main
     keeping = s.keep_stats is not None and main
     if (sweep is not None or s.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
@@ -318,20 +323,6 @@ def fit_from_stats(
     if out is not None:
         write_mappings(mappings, out, overwrite=overwrite)
     return mappings[None] if None in mappings else mappings
-
-
-def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=None) -> dict:
-    """The corpus hash (:mod:`kvbridge.corpus`), a folder's split by file (``split``, a
-    :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
-    from kvbridge.corpus import calibration_span, corpus_record
-
-    out = {}
-    if corpus_path is not None:
-        out["corpus"] = corpus_record(corpus_path, split)
-        out["corpus_sha256"] = out["corpus"]["sha256"]
-    if texts is not None and tokenizer is not None:
-        out["span"] = calibration_span(list(texts), tokenizer, used_tokens)
-    return out
 
 
 __all__ = [
