@@ -63,8 +63,7 @@ def query_positions(seq_len: int, queries: int) -> torch.Tensor:
     (0: every position). The first positions attend to few keys and say little about the map."""
     if queries <= 0 or queries >= seq_len:
         return torch.arange(seq_len)
-    pos = torch.linspace(seq_len // 8, seq_len - 1, queries).round().long()
-    return torch.unique(pos)
+    return torch.unique(torch.linspace(seq_len // 8, seq_len - 1, queries).round().long())
 
 
 def _mask(qpos: torch.Tensor, seq_len: int, window) -> torch.Tensor:
