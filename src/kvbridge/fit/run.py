@@ -156,9 +156,8 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, chec
         check_same_tokens(list(texts), tok_s, tok_t)
     seq_len = None if getattr(texts, "ndim", 0) == 2 else s.seq_len  # [N, L] token ids: L is theirs
     calibration = CalibrationConfig(**{**same_named(CalibrationConfig, s), "seq_len": seq_len}, offset=s.tokens_offset)
-    corpus_path = s.corpus if data is None else None
     resolved = dict(options=options, sweep=sweep, calibration=calibration, checkpoint_every=checkpoint_every)
-    job = replace(prepared, corpus_path=corpus_path, **resolved)
+    job = replace(prepared, corpus_path=s.corpus if data is None else None, **resolved)
     validate_job(run, job)
     return job
 
