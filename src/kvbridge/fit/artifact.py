@@ -47,11 +47,9 @@ def model_identity(
     config = model_or_config.config.to_dict() if is_model else dict(model_or_config)
     adapter = host.adapter_for(config)
     spec = adapter.spec_of(model_or_config) if is_model else adapter.describe(config)
-    revision = revision or config.get("_commit_hash") or None
-    name = name or str(config.get("_name_or_path") or "")
     return {
-        "name": name,
-        "revision": revision,
+        "name": name or str(config.get("_name_or_path") or ""),
+        "revision": revision or config.get("_commit_hash") or None,
         "model_type": spec.model_type,
         "spec": spec.to_dict(),
         "spec_fingerprint": spec.fingerprint(),

@@ -133,12 +133,12 @@ def _execute(run, job, progress, ctx):
     import torch
 
     from kvbridge.artifacts import atomic_dir
+    from kvbridge.corpus import calibration_span, corpus_record
     from kvbridge.fit import distributed as dist_mod
     from kvbridge.fit.calibrate import PairedCalibration
     from kvbridge.fit.keep import KIND as STATS_KIND, StatsWriter
 
     s, config, opts, fitter_obj, sweep = run.settings, job.calibration, job.options, job.fitter, job.sweep
-    out = s.out
     tokenizer, fingerprint = run.source.tokenizer, run.tokenizer or None  # None: models given in Python
     seqs, sha, texts = prepare_sequences(
         job.data, tokenizer=tokenizer, seq_len=config.seq_len, tokens=config.tokens, offset=config.offset
@@ -149,7 +149,7 @@ def _execute(run, job, progress, ctx):
     world = ctx.world if ctx else 1
     checkpoint = None
     if s.resume:  # resumable state is kept only when asked for, in .<out>.fitstate/ beside --out
-        if out is None:
+        if s.out is None:
             raise FitError("--resume needs a checkpoint folder", "pass --out (checkpoints live beside it)")
         key = {
             "source": [source_id["config_fingerprint"], source_id["weights_fingerprint"]],
@@ -159,7 +159,7 @@ def _execute(run, job, progress, ctx):
             "params": params,
             "world": world,
         }
-        ck_dir = dist_mod.default_checkpoint_dir(out)
+        ck_dir = dist_mod.default_checkpoint_dir(s.out)
         checkpoint = dist_mod.Checkpoint(ck_dir, key, resume=True, every_s=job.checkpoint_every)
     cal = PairedCalibration(
         run.source.model,
@@ -177,9 +177,12 @@ def _execute(run, job, progress, ctx):
         "token_ids_sha256": token_sha,
         "world_size": world,
     }
-    # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
-    used = int(seqs.numel()) + config.offset
-    calib.update(_corpus_provenance(job.corpus_path, texts, tokenizer, used, job.split))
+    if job.corpus_path is not None:  # its hash; a folder's split by file (job.split: texts are its calibration part)
+        calib["corpus"] = corpus_record(job.corpus_path, job.split)
+        calib["corpus_sha256"] = calib["corpus"]["sha256"]
+    if texts is not None and tokenizer is not None:
+        # the span runs from the corpus start through the last token used (an offset chunk counts what it skipped)
+        calib["span"] = calibration_span(list(texts), tokenizer, int(seqs.numel()) + config.offset)
     main = ctx is None or ctx.is_main
     keeping = s.keep_stats is not None and main
     if (sweep is not None or s.keep_stats is not None) and not hasattr(fitter_obj, "fit_sweep"):
@@ -201,18 +204,18 @@ def _execute(run, job, progress, ctx):
             mappings = by_label(by_k, labels, cal.source_spec.num_layers, sweep is not None)
     first = next(iter(mappings.values()))
     if not hasattr(first, "tensors"):  # the identity baseline: nothing to store
-        if out is not None:
+        if s.out is not None:
             raise FitError(f"the {s.fitter} fitter makes no artifact", "use it through kvbridge.transfer directly")
         return first
     calib["forward_seconds"] = round(cal.seconds, 3)
     for mapping in mappings.values():
         finish_mapping(mapping, source=source_id, target=target_id, tokenizer=fingerprint, calibration=calib)
-    if out is not None:
+    if s.out is not None:
         if main:
             from kvbridge.faults import fault_point
 
             fault_point("fit.save")
-            write_mappings(mappings, out, overwrite=s.overwrite)
+            write_mappings(mappings, s.out, overwrite=s.overwrite)
         dist_mod.barrier(ctx)  # every rank has finished with its checkpoint
         if checkpoint is not None and main:
             checkpoint.clear()
@@ -302,11 +305,7 @@ def fit_from_stats(
     stats, manifest = merge_statistics(folders) if len(folders) > 1 else load_statistics(folders[0])
     check_models(manifest, folders[0], source=as_identity(source, host), target=as_identity(target, host))
     params = dict(manifest.get("params") or {})
-    base = RidgeOptions(
-        alpha=params.get("alpha", RidgeOptions.alpha),
-        low_r2=params.get("low_r2", RidgeOptions.low_r2),
-        top_k=stats.max_k,
-    )
+    base = RidgeOptions(**{k: params[k] for k in ("alpha", "low_r2") if k in params}, top_k=stats.max_k)
     values = {k: v for k, v in (("alpha", alpha), ("low_r2", low_r2)) if v is not None}
     opts = fitter_options(RidgeFitter(), base, **values) if values else base  # values coerced and checked
     ls = stats.source_spec.num_layers
@@ -324,20 +323,6 @@ def fit_from_stats(
     if out is not None:
         write_mappings(mappings, out, overwrite=overwrite)
     return mappings[None] if None in mappings else mappings
-
-
-def _corpus_provenance(corpus_path, texts, tokenizer, used_tokens: int, split=None) -> dict:
-    """The corpus hash (:mod:`kvbridge.corpus`), a folder's split by file (``split``, a
-    :class:`kvbridge.corpus.Split`: ``texts`` are then its calibration part) and the span read."""
-    from kvbridge.corpus import calibration_span, corpus_record
-
-    out = {}
-    if corpus_path is not None:
-        out["corpus"] = corpus_record(corpus_path, split)
-        out["corpus_sha256"] = out["corpus"]["sha256"]
-    if texts is not None and tokenizer is not None:
-        out["span"] = calibration_span(list(texts), tokenizer, used_tokens)
-    return out
 
 
 __all__ = [

@@ -119,8 +119,7 @@ def layer_forward_rate(
             adapter.extract(model, ids, spec=spec).strip_rope(host=host)
 
     seconds = _typical(run, reps, _clock(device))
-    one_layer = size.forward_flops(rows * seq_len, seq_len) / size.layers
-    return one_layer / seconds
+    return size.forward_flops(rows * seq_len, seq_len) / size.layers / seconds  # one layer's FLOPs per second
 
 
 def gemm64_rate(p: int, rows: int, device: str = "cpu", reps: int = 3) -> float:
@@ -167,11 +166,9 @@ def memory_rate(device: str = "cpu", nbytes: int = 64 << 20, reps: int = 3) -> f
 def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
     """Bytes/s of the weights fingerprint's work: tensor bytes out, then sha256."""
     t = torch.ones(nbytes // 4, dtype=torch.float32)
-
-    def run():
-        hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
-
-    return nbytes / _typical(run, reps, _clock("cpu"))
+    return nbytes / _typical(
+        lambda: hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest(), reps, _clock("cpu")
+    )
 
 
 def measure_rates(

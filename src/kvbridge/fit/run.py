@@ -20,14 +20,8 @@ from kvbridge.errors import ConfigError
 from kvbridge.fit.settings import FitSettings
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
-SHORTCUTS = {
-    "top_k": "top_k",
-    "alpha": "alpha",
-    "memory_gib": "memory_budget",
-    "estimator": "estimator",
-    "estimator_options": "estimator_options",
-    "max_samples": "max_samples",
-}
+SHORTCUTS = {name: name for name in ("top_k", "alpha", "estimator", "estimator_options", "max_samples")}
+SHORTCUTS["memory_gib"] = "memory_budget"
 
 
 def option_values(settings: FitSettings) -> dict:
@@ -162,9 +156,8 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, chec
         check_same_tokens(list(texts), tok_s, tok_t)
     seq_len = None if getattr(texts, "ndim", 0) == 2 else s.seq_len  # [N, L] token ids: L is theirs
     calibration = CalibrationConfig(**{**same_named(CalibrationConfig, s), "seq_len": seq_len}, offset=s.tokens_offset)
-    corpus_path = s.corpus if data is None else None
     resolved = dict(options=options, sweep=sweep, calibration=calibration, checkpoint_every=checkpoint_every)
-    job = replace(prepared, corpus_path=corpus_path, **resolved)
+    job = replace(prepared, corpus_path=s.corpus if data is None else None, **resolved)
     validate_job(run, job)
     return job
 
@@ -237,16 +230,8 @@ def plan_fit(source, target, settings: FitSettings):
     if s.plan_device:
         from kvbridge.fit.plan_rates import measure_rates
 
-        rates = measure_rates(
-            source,
-            target,
-            seq_len=s.seq_len,
-            batch_size=s.batch_size,
-            stride=s.stride,
-            top_k=k,
-            dtype=s.dtype,
-            device=s.plan_device,
-        )
+        shape = {name: getattr(s, name) for name in ("seq_len", "batch_size", "stride", "dtype")}
+        rates = measure_rates(source, target, **shape, top_k=k, device=s.plan_device)
     inputs = same_named(PlanInputs, s)  # fitter, seq_len, stride, ...
     budget = None if s.memory_gib is None else int(s.memory_gib * 2**30)
     inputs.update(top_k=k, memory_budget=budget, rates=rates)
@@ -278,16 +263,9 @@ def refit(source, target, settings: FitSettings, *, host=None):
             "drop it, or fit from the models without --from-stats",
         )
     check_replaceable(s.out, SWEEP_KIND if s.sweep else KIND, overwrite=s.overwrite)
-    idents = [model_identity(resolve(ref, host=host).config) for ref in (source, target)]  # configs only
+    src, tgt = (model_identity(resolve(ref, host=host).config) for ref in (source, target))  # configs only
     return fit_from_stats(
-        s.from_stats,
-        out=s.out,
-        top_k=",".join(map(str, s.top_k)) if s.sweep else s.top_k,
-        alpha=s.alpha,
-        source=idents[0],
-        target=idents[1],
-        overwrite=s.overwrite,
-        host=host,
+        s.from_stats, out=s.out, top_k=s.top_k, alpha=s.alpha, source=src, target=tgt, overwrite=s.overwrite, host=host
     )
 
 

@@ -105,10 +105,6 @@ class TranslatorOptions:
     def kind(self) -> str:
         return "mlp" if self.hidden > 0 else "lowrank"
 
-    @property
-    def size(self) -> int:
-        return self.hidden if self.hidden > 0 else self.rank
-
     def ridge(self) -> RidgeOptions:
         return RidgeOptions(top_k=self.top_k, alpha=self.alpha, memory_budget=self.memory_budget, low_r2=self.low_r2)
 
@@ -170,10 +166,6 @@ class AdamW:
             v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
             p.addcdiv_(m / c1, (v / c2).sqrt_().add_(self.eps), value=-lr)
             p.grad = None
-
-
-def _flat(params: dict) -> list:
-    return [params[key][n] for key in sorted(params) for n in sorted(params[key])]
 
 
 def _run_key(options: TranslatorOptions, data, ridge) -> str:
@@ -273,7 +265,8 @@ class TranslatorFitter:
             raise FitError("the translator needs training sequences (all are held out)", "lower --heldout")
         params, fixed = init_params(data, options, target_spec.num_kv_heads * target_spec.head_dim)
         kind = options.kind
-        opt = AdamW([t.requires_grad_(True) for t in _flat(params)], options.lr, options.weight_decay)
+        trained = [params[c][n].requires_grad_(True) for c in sorted(params) for n in sorted(params[c])]
+        opt = AdamW(trained, options.lr, options.weight_decay)
         key = _run_key(options, data, ridge)
         folder = Path(options.resume) if options.resume else None
         ck = getattr(calibration, "checkpoint", None)
@@ -359,5 +352,5 @@ class TranslatorFitter:
             report=report,
             residual=residual,
             residual_kind=kind,
-            residual_size=options.size,
+            residual_size=options.hidden or options.rank,  # the one that is set (both >= 0, one > 0)
         )

@@ -63,8 +63,7 @@ def query_positions(seq_len: int, queries: int) -> torch.Tensor:
     (0: every position). The first positions attend to few keys and say little about the map."""
     if queries <= 0 or queries >= seq_len:
         return torch.arange(seq_len)
-    pos = torch.linspace(seq_len // 8, seq_len - 1, queries).round().long()
-    return torch.unique(pos)
+    return torch.unique(torch.linspace(seq_len // 8, seq_len - 1, queries).round().long())
 
 
 def _mask(qpos: torch.Tensor, seq_len: int, window) -> torch.Tensor:
@@ -91,13 +90,12 @@ def _rope_tables(tspec, seq_len: int, host):
     return torch.stack([c[0] for c, _ in tables]), torch.stack([s[0] for _, s in tables]), *dims.pop()
 
 
-def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None, host=None) -> TrainingData:
+def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None) -> TrainingData:
     """Run both models once over every calibration sequence (see the module docstring)."""
     from kvbridge.attention import attention_output, capture_attention
     from kvbridge.transfer import transfer
 
     cal = calibration
-    host = host or cal.host
     sspec, tspec = cal.source_spec, cal.target_spec
     seq_len, lt = cal.seq_len, tspec.num_layers
     qpos = query_positions(seq_len, queries)
@@ -110,10 +108,10 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
             idx = list(range(a, min(cal.num_sequences, a + bs)))
             ids = cal.sequences[idx].to(device)
             state = cal.source_adapter.extract(cal.source_model, ids, spec=sspec)
-            content = state.strip_rope(host=host, dtype=torch.float32)
+            content = state.strip_rope(host=cal.host, dtype=torch.float32)
             for name, layers in (("xk", content.keys), ("xv", content.values)):
                 parts[name].append(features([t.float().cpu() for t in layers], ridge.layers))  # [B, L, T, k·fs]
-            mapped = transfer(state, ridge, tspec, host=host)
+            mapped = transfer(state, ridge, tspec, host=cal.host)
             parts["bk"].append(torch.stack([k.float().cpu() for k in mapped.keys], 1))
             parts["bv"].append(torch.stack([v.float().cpu() for v in mapped.values], 1))
             with capture_attention(cal.target_model) as captured:
@@ -151,18 +149,11 @@ def collect(calibration, ridge, *, queries: int, suffix: int = 0, progress=None,
         mask=torch.stack([_mask(qpos, seq_len, m["window"]) for m in meta]),
         scaling=torch.tensor([head_dim**-0.5 if m["scaling"] is None else float(m["scaling"]) for m in meta]),
         softcap=caps.pop(),
-        rope=_rope_tables(tspec, seq_len, host),
+        rope=_rope_tables(tspec, seq_len, cal.host),
         held=cal.held.clone(),
         ids=cal.sequences.clone(),
         native_logp=cat["logp"],
     )
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rdim: int, interleaved: bool) -> torch.Tensor:
-    """``x [B, L, H, T, D]`` rotated by per-layer tables ``[L, T, r]`` (the model's layout)."""
-    b, lt, h, t, d = x.shape
-    out = rotate(x.transpose(0, 1).reshape(lt, b * h, t, d), cos, sin, rdim, interleaved)  # layers: the tables' batch
-    return out.view(lt, b, h, t, d).transpose(0, 1)
 
 
 def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tuple:
@@ -177,8 +168,9 @@ def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tu
         b, lt, h, t, d = base.shape
         dl = stacked_delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
         if name == "k" and data.rope is not None:
-            cos, sin, rdim, inter = data.rope
-            dl = _rotate(dl, cos[:, :t], sin[:, :t], rdim, inter)
+            cos, sin, rdim, inter = data.rope  # per-layer tables [L, T, r]: the layers are their batch
+            dl = rotate(dl.transpose(0, 1).reshape(lt, b * h, t, d), cos[:, :t], sin[:, :t], rdim, inter)
+            dl = dl.view(lt, b, h, t, d).transpose(0, 1)
         out.append(base + dl)
     return out[0], out[1]
 
