@@ -315,8 +315,7 @@ class DecoderAdapter(FamilyAdapter):
     def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
         if self.MHA:
             return heads
-        kv = optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS)
-        return heads if kv is None else kv
+        return optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS) or heads
 
     def _max_positions(self, cfg: Mapping) -> int:
         key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])

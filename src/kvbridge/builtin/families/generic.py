@@ -194,7 +194,7 @@ class GenericAdapter(FamilyAdapter):
         main_kv, main_hd = present[0]
         uniform = all(p == (main_kv, main_hd) for p in present)
         for i, kv in enumerate(kv_heads):
-            if kv and heads % kv and model_type not in facts.UNGROUPED_OK:
+            if kv and heads % kv:
                 raise ConfigError(
                     f"{kv} KV heads do not divide {heads} attention heads (layer {i})",
                     "fix 'num_key_value_heads'",
