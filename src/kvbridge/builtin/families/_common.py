@@ -316,10 +316,9 @@ class DecoderAdapter(FamilyAdapter):
 
     def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
         key, default = self.ROTARY_DIM
-        rotary_dim = get(cfg, key, default)
+        rotary_dim = optional_positive_int(cfg, key, default)
         if rotary_dim is None:
             return head_dim
-        check_positive_int(rotary_dim, key, cfg.get("model_type"))
         if rotary_dim > head_dim or rotary_dim % 2:
             raise bad_field(key, f"even and <= head dim {head_dim}", rotary_dim, cfg.get("model_type"))
         return rotary_dim
