@@ -220,7 +220,8 @@ class DecoderAdapter(FamilyAdapter):
                 f"{kv_heads} KV heads do not divide {heads} attention heads",
                 "fix 'num_key_value_heads' (it must divide 'num_attention_heads')",
             )
-        max_positions = self._max_positions(cfg)
+        key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])  # first present
+        max_positions = check_positive_int(get(cfg, key, self.DEFAULT_MAX_POSITIONS), key, cfg.get("model_type"))
         positional = self._positional(cfg)
         rope, by_type = self._rope(cfg, head_dim, max_positions) if positional == "rope" else (None, ())
         window, layer_types = self._layout(cfg, num_layers)
@@ -262,10 +263,6 @@ class DecoderAdapter(FamilyAdapter):
         if self.MHA:
             return heads
         return optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS) or heads
-
-    def _max_positions(self, cfg: Mapping) -> int:
-        key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])
-        return check_positive_int(get(cfg, key, self.DEFAULT_MAX_POSITIONS), key, cfg.get("model_type"))
 
     def _positional(self, cfg: Mapping) -> str:
         return self.POSITIONAL
@@ -310,10 +307,6 @@ class DecoderAdapter(FamilyAdapter):
             params["original_max_position_embeddings"] = max_positions
         return params
 
-    def _partial_factor(self, params: Mapping, head_dim: int) -> float:
-        # without PARTIAL_ROTARY the model rotates the whole head whatever the config says
-        return float(params.get("partial_rotary_factor", 1.0)) if self.PARTIAL_ROTARY else 1.0
-
     def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
         key, default = self.ROTARY_DIM
         rotary_dim = optional_positive_int(cfg, key, default)
@@ -329,7 +322,8 @@ class DecoderAdapter(FamilyAdapter):
             partial = rotary_fraction(self._rotary_dim(cfg, head_dim), head_dim)
         else:
             params = self._rope_parameters(cfg, max_positions)
-            partial = self._partial_factor(params, head_dim)
+            # without PARTIAL_ROTARY the model rotates the whole head whatever the config says
+            partial = float(params.get("partial_rotary_factor", 1.0)) if self.PARTIAL_ROTARY else 1.0
         return rope_spec(
             params,
             head_dim=head_dim,
