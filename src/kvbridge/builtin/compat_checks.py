@@ -32,10 +32,6 @@ SIZE_GAP = 2.0
 from kvbridge.fit.settings import DEFAULT_TOP_K as TOP_K, MIN_OBS_PER_FEATURE  # what `fit` uses
 
 
-def _size(spec) -> int:
-    return spec.hidden_size * spec.num_layers
-
-
 def known_results(source, target) -> list[Finding]:
     out = []
     if source.model_type in MINISTRAL3_TYPES or target.model_type in MINISTRAL3_TYPES:
@@ -49,7 +45,7 @@ def known_results(source, target) -> list[Finding]:
                 target.model_type,
             )
         )
-    s_size, t_size = _size(source), _size(target)
+    s_size, t_size = (spec.hidden_size * spec.num_layers for spec in (source, target))
     if s_size and t_size and max(s_size, t_size) >= SIZE_GAP * min(s_size, t_size):
         ratio = max(s_size, t_size) / min(s_size, t_size)
         out.append(

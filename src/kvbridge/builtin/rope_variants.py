@@ -79,11 +79,9 @@ def _dynamic_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     factor = float(_need(rope, "factor"))
     max_pos = rope.max_position_embeddings
     exponent = dim / (dim - 2) if dim > 2 else 1.0
-    if seq_len is None or int(seq_len) <= max_pos:
-        base = rope.theta * ((factor * max_pos / max_pos) - (factor - 1)) ** exponent
-    else:
-        length = torch.tensor(int(seq_len), dtype=torch.int64, device=device)
-        base = rope.theta * ((factor * length / max_pos) - (factor - 1)) ** exponent
+    past = seq_len is not None and int(seq_len) > max_pos  # else the init table: max_pos, a Python int
+    length = torch.tensor(int(seq_len), dtype=torch.int64, device=device) if past else max_pos
+    base = rope.theta * ((factor * length / max_pos) - (factor - 1)) ** exponent
     return 1.0 / (base ** _exponents(dim, device)), 1.0
 
 
@@ -113,8 +111,7 @@ def _yarn_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
             attention = _yarn_mscale(factor)
     beta_fast = rope.param("beta_fast") or 32
     beta_slow = rope.param("beta_slow") or 1
-    truncate = rope.param("truncate", True)
-    truncate = True if truncate is None else bool(truncate)
+    truncate = rope.param("truncate") is None or bool(rope.param("truncate"))  # unset or null: True
 
     def correction_dim(rotations: float) -> float:
         # the (fractional) dim whose wavelength fits `rotations` turns in the original context
@@ -169,9 +166,7 @@ def _llama3_inv_freq(rope: RopeSpec, seq_len: int | None = None, device=None):
     import torch
 
     inv = _default_inv_freq(rope, device=device)[0]
-    factor = float(_need(rope, "factor"))
-    low_f = float(_need(rope, "low_freq_factor"))
-    high_f = float(_need(rope, "high_freq_factor"))
+    factor, low_f, high_f = (float(_need(rope, k)) for k in ("factor", "low_freq_factor", "high_freq_factor"))
     context = _need(rope, "original_max_position_embeddings", rope.max_position_embeddings)
     low_wavelen, high_wavelen = context / low_f, context / high_f
     wavelen = 2 * math.pi / inv

@@ -9,7 +9,7 @@ Verified against the llama.cpp vendored by ``llama-cpp-python==0.3.36`` (``src/l
     u32 n_stream                                  KV streams of the context (1 unless split per sequence)
     per stream:
       u32 cell_count                              0: the stream holds nothing of this sequence
-      per cell:   i32 pos  u32 n_seq_id  [ext: i32 x, i32 y, i32 tok: M-RoPE / PLE models only]  i32 seq_id[n_seq_id]
+      per cell:   i32 pos  u32 n_seq_id  [ext: i32 x, y, tok: M-RoPE / PLE only, not read]  i32 seq_id[n_seq_id]
       u32 v_trans  u32 n_layer
       per layer:  i32 k_type  u64 k_row_bytes  K rows [cell_count][n_embd_k_gqa]
       v_trans = 0: per layer  i32 v_type  u64 v_row_bytes  V rows [cell_count][n_embd_v_gqa]
@@ -138,12 +138,8 @@ def _rows(buf: memoryview, dtype: torch.dtype, rows: int, cols: int) -> torch.Te
     return torch.frombuffer(bytearray(buf), dtype=dtype).reshape(rows, cols)
 
 
-def parse(data: bytes, where: str = "state", *, cell_ext: bool = False) -> SeqState:
-    """The :class:`SeqState` of a sequence-state file's bytes; a one-line error when it is not one.
-
-    ``cell_ext``: the cells carry llama.cpp's extra record (M-RoPE / PLE models; none of the
-    architectures kvbridge exports to).
-    """
+def parse(data: bytes, where: str = "state") -> SeqState:
+    """The :class:`SeqState` of a sequence-state file's bytes; a one-line error when it is not one."""
     r = _Reader(data, where)
     magic, version = r.u32("magic"), r.u32("version")  # a file cut short is refused by the reader
     if magic != MAGIC:
@@ -175,7 +171,7 @@ def parse(data: bytes, where: str = "state", *, cell_ext: bool = False) -> SeqSt
                 f"{where}: streams {found[0]} and {s} both hold cells of the sequence",
                 "save one sequence (llama_state_seq_save_file with its seq id)",
             )
-        found = (s, _stream(r, cells, where, cell_ext))
+        found = (s, _stream(r, cells, where))
     if r.pos != len(data):
         raise StateFileError(
             f"{where}: {len(data) - r.pos} bytes after the end of the sequence state (a llama.cpp "
@@ -187,14 +183,12 @@ def parse(data: bytes, where: str = "state", *, cell_ext: bool = False) -> SeqSt
     return SeqState(token_ids=tokens, n_stream=n_stream, stream=found[0], version=version, **found[1])
 
 
-def _stream(r: _Reader, cells: int, where: str, cell_ext: bool):
+def _stream(r: _Reader, cells: int, where: str):
     if cells > 1 << 24:
         raise StateFileError(f"{where}: implausible cell count {cells}", "the file is damaged; save it again")
     positions = []
     for i in range(cells):
         pos, n_seq = r.i32(f"cell {i} position"), r.u32(f"cell {i} sequence count")
-        if cell_ext:
-            r.take(12, f"cell {i} extra record")
         if n_seq > 4096:
             raise StateFileError(f"{where}: cell {i} claims {n_seq} sequence ids", "the file is damaged")
         r.take(4 * n_seq, f"cell {i} sequence ids")

@@ -40,11 +40,8 @@ def _entry_text(data: Mapping) -> str:
 
 def auto_map_entry(folder: str | Path) -> tuple[Path, str] | None:
     """``(file, entry text)`` of the first code pointer (``auto_map``) in ``folder``'s JSON files, or None."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    for name in CODE_POINTER_FILES:
-        path = folder / name
+    for name in CODE_POINTER_FILES:  # not a folder: no file in it
+        path = Path(folder) / name
         try:
             if not path.is_file() or path.stat().st_size > 64 << 20:
                 continue

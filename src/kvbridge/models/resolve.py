@@ -209,9 +209,7 @@ def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
     model = known_mod.known(ref)
     if model is not None and not path.exists():
         return from_path(ref, known_mod.require_cached(model), kind="known", name=model.name, source=model.name)
-    if path.exists():
-        return from_path(ref, path)
-    if ref.startswith((".", "/", "~")) or ref.endswith((".json", ".toml", ".gguf")):
+    if path.exists() or ref.startswith((".", "/", "~")) or ref.endswith((".json", ".toml", ".gguf")):
         return from_path(ref, path)
 
     repo_id, _, revision = ref.partition("@")
@@ -226,8 +224,7 @@ def resolve(ref, *, host=None, manifests: Mapping | None = None) -> ModelRef:
     manifests = load_manifests(host) if manifests is None else manifests
     mid = manifest_index(manifests).get(repo_id.lower())
     if mid is not None:
-        record, mpath = manifests[mid]
-        return from_manifest(ref, record, mpath)
+        return from_manifest(ref, *manifests[mid])  # (record, its file)
     raise _unknown(ref, repo_id, manifests, host)
 
 

@@ -33,8 +33,6 @@ ROPE_META_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_f
 #: legacy layer-type names transformers renames at load
 LEGACY_LAYER_TYPES = {"attention": FULL}
 
-_MISSING = object()
-
 
 # -- reading fields -------------------------------------------------------------------------
 def as_mapping(config: Any) -> dict:
@@ -105,58 +103,6 @@ def number(value: Any, name: str, model_type: Any = None) -> float:
 
 
 # -- RoPE parameters --------------------------------------------------------------------------
-def flat_rope_parameters(
-    config: Mapping,
-    *,
-    default_theta: float = 10000.0,
-    theta_keys: tuple = ("rope_theta",),
-    partial_keys: tuple = ("partial_rotary_factor",),
-    default_partial: float | None = None,
-    max_positions: int | None = None,
-    original_max_override: Any = _MISSING,
-) -> dict:
-    """One normalised rope-parameter dict, as transformers 5 stores ``config.rope_parameters``.
-
-    Precedence follows the transformers config classes: ``rope_scaling`` (legacy alias) when it
-    is non-empty, else ``rope_parameters``; inside it, keys already present win over top-level
-    legacy keys (``theta_keys`` / ``partial_keys``, in order), which win over the defaults.
-    The result always has ``rope_type`` and ``rope_theta``; ``partial_rotary_factor`` when the
-    config or the family gives one; ``original_max_position_embeddings`` for llama3 / yarn /
-    longrope, defaulting to ``max_positions`` (the model's effective max positions);
-    ``original_max_override`` replaces it (Phi3 keeps it top-level).
-    """
-    model_type = config.get("model_type")
-    theta_fields(config, theta_keys)  # a bad top-level theta is refused even where rope_parameters wins
-    where = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
-    given = config.get(where)
-    if given is not None and not isinstance(given, Mapping):
-        raise bad_field(where, "a mapping", given, model_type)
-    params = copy.deepcopy(dict(given or {}))
-    if params.get("rope_theta") is None:
-        params["rope_theta"] = first_present(config, theta_keys, default_theta)
-    params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
-    partial = params.get("partial_rotary_factor")
-    if partial is None:
-        partial = first_present(config, partial_keys, default_partial)
-    if partial is None:
-        params.pop("partial_rotary_factor", None)
-    else:
-        partial = number(partial, "partial_rotary_factor", model_type)
-        if not 0.0 < partial <= 1.0:
-            raise bad_field("partial_rotary_factor", "in (0, 1]", partial, model_type)
-        params["partial_rotary_factor"] = partial
-    params["rope_type"] = str(params.get("rope_type") or params.get("type") or "default")
-    params.pop("type", None)
-    if params["rope_type"] in NEEDS_ORIGINAL_MAX:
-        if original_max_override is not _MISSING:
-            params["original_max_position_embeddings"] = original_max_override
-        elif params.get("original_max_position_embeddings") is None:
-            params["original_max_position_embeddings"] = (
-                max_positions if max_positions is not None else config.get("max_position_embeddings")
-            )
-    return params
-
-
 def rotary_fraction(rotary_dim: int, head_dim: int) -> float:
     """The ``partial_factor`` whose ``int(head_dim * f)`` is exactly ``rotary_dim``."""
     factor = rotary_dim / head_dim
@@ -173,7 +119,7 @@ def rope_spec(
     interleaved: bool = False,
     max_position_embeddings: int,
 ) -> RopeSpec:
-    """A :class:`RopeSpec` from a normalised rope-parameter dict (see flat_rope_parameters)."""
+    """A :class:`RopeSpec` from a normalised rope-parameter dict (see ``DecoderAdapter._rope_parameters``)."""
     rope_parameters(params)  # theta finite > 0, a known type, a positive factor where one is needed
     scaling = {k: v for k, v in params.items() if k not in ROPE_META_KEYS and v is not None}
     return RopeSpec(
@@ -274,7 +220,8 @@ class DecoderAdapter(FamilyAdapter):
                 f"{kv_heads} KV heads do not divide {heads} attention heads",
                 "fix 'num_key_value_heads' (it must divide 'num_attention_heads')",
             )
-        max_positions = self._max_positions(cfg)
+        key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])  # first present
+        max_positions = check_positive_int(get(cfg, key, self.DEFAULT_MAX_POSITIONS), key, cfg.get("model_type"))
         positional = self._positional(cfg)
         rope, by_type = self._rope(cfg, head_dim, max_positions) if positional == "rope" else (None, ())
         window, layer_types = self._layout(cfg, num_layers)
@@ -315,12 +262,7 @@ class DecoderAdapter(FamilyAdapter):
     def _cache_kv_heads(self, cfg: Mapping, heads: int) -> int:
         if self.MHA:
             return heads
-        kv = optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS)
-        return heads if kv is None else kv
-
-    def _max_positions(self, cfg: Mapping) -> int:
-        key = next((k for k in self.MAX_POSITIONS_KEYS if k in cfg), self.MAX_POSITIONS_KEYS[0])
-        return check_positive_int(get(cfg, key, self.DEFAULT_MAX_POSITIONS), key, cfg.get("model_type"))
+        return optional_positive_int(cfg, "num_key_value_heads", self.DEFAULT_KV_HEADS) or heads
 
     def _positional(self, cfg: Mapping) -> str:
         return self.POSITIONAL
@@ -330,25 +272,46 @@ class DecoderAdapter(FamilyAdapter):
         return super().rotary_embedding(model, layer) if self._positional(as_mapping(model.config)) == "rope" else None
 
     def _rope_parameters(self, cfg: Mapping, max_positions: int) -> dict:
-        return flat_rope_parameters(
-            cfg,
-            default_theta=self.DEFAULT_THETA,
-            theta_keys=self.THETA_KEYS,
-            partial_keys=self.PARTIAL_KEYS,
-            default_partial=self.DEFAULT_PARTIAL,
-            max_positions=max_positions,
-        )
+        """One normalised rope-parameter dict, as transformers 5 stores ``config.rope_parameters``.
 
-    def _partial_factor(self, params: Mapping, head_dim: int) -> float:
-        # without PARTIAL_ROTARY the model rotates the whole head whatever the config says
-        return float(params.get("partial_rotary_factor", 1.0)) if self.PARTIAL_ROTARY else 1.0
+        Precedence follows the transformers config classes: ``rope_scaling`` (legacy alias) when it
+        is non-empty, else ``rope_parameters``; inside it, keys already present win over top-level
+        legacy keys (``THETA_KEYS`` / ``PARTIAL_KEYS``, in order), which win over the defaults.
+        The result always has ``rope_type`` and ``rope_theta``; ``partial_rotary_factor`` when the
+        config or the family gives one; ``original_max_position_embeddings`` for llama3 / yarn /
+        longrope, defaulting to ``max_positions`` (the model's effective max positions).
+        """
+        model_type = cfg.get("model_type")
+        theta_fields(cfg, self.THETA_KEYS)  # a bad top-level theta is refused even where rope_parameters wins
+        where = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+        given = cfg.get(where)
+        if given is not None and not isinstance(given, Mapping):
+            raise bad_field(where, "a mapping", given, model_type)
+        params = copy.deepcopy(dict(given or {}))
+        if params.get("rope_theta") is None:
+            params["rope_theta"] = first_present(cfg, self.THETA_KEYS, self.DEFAULT_THETA)
+        params["rope_theta"] = number(params["rope_theta"], "rope_theta", model_type)
+        partial = params.get("partial_rotary_factor")
+        if partial is None:
+            partial = first_present(cfg, self.PARTIAL_KEYS, self.DEFAULT_PARTIAL)
+        if partial is None:
+            params.pop("partial_rotary_factor", None)
+        else:
+            partial = number(partial, "partial_rotary_factor", model_type)
+            if not 0.0 < partial <= 1.0:
+                raise bad_field("partial_rotary_factor", "in (0, 1]", partial, model_type)
+            params["partial_rotary_factor"] = partial
+        params["rope_type"] = str(params.get("rope_type") or params.get("type") or "default")
+        params.pop("type", None)
+        if params["rope_type"] in NEEDS_ORIGINAL_MAX and params.get("original_max_position_embeddings") is None:
+            params["original_max_position_embeddings"] = max_positions
+        return params
 
     def _rotary_dim(self, cfg: Mapping, head_dim: int) -> int:
         key, default = self.ROTARY_DIM
-        rotary_dim = get(cfg, key, default)
+        rotary_dim = optional_positive_int(cfg, key, default)
         if rotary_dim is None:
             return head_dim
-        check_positive_int(rotary_dim, key, cfg.get("model_type"))
         if rotary_dim > head_dim or rotary_dim % 2:
             raise bad_field(key, f"even and <= head dim {head_dim}", rotary_dim, cfg.get("model_type"))
         return rotary_dim
@@ -359,7 +322,8 @@ class DecoderAdapter(FamilyAdapter):
             partial = rotary_fraction(self._rotary_dim(cfg, head_dim), head_dim)
         else:
             params = self._rope_parameters(cfg, max_positions)
-            partial = self._partial_factor(params, head_dim)
+            # without PARTIAL_ROTARY the model rotates the whole head whatever the config says
+            partial = float(params.get("partial_rotary_factor", 1.0)) if self.PARTIAL_ROTARY else 1.0
         return rope_spec(
             params,
             head_dim=head_dim,

@@ -85,9 +85,6 @@ def cache_slots(text: Any, n_layers: int) -> list:
     return list(range(n_layers)) + [start + j for _ in range(loops - 1) for j in range(rec)]
 
 
-#: families where KV heads need not divide query heads (no GQA grouping assumption in the cache)
-UNGROUPED_OK: frozenset = frozenset()
-
 #: families whose rotate_half is sign-flipped: keys rotate by -angle (RopeSpec scaling ``direction`` = -1)
 NEGATIVE_ROTATION = frozenset({"nanochat"})
 
@@ -133,8 +130,6 @@ def interleaved(model_type: str, text: Any) -> bool:
 #: sparse-attention (DSA) families whose indexer rotates the last ``qk_rope_head_dim`` dims of its
 #: keys (the others rotate the first ones); every DSA indexer caches its rotated part half-split
 INDEXER_ROPE_LAST = frozenset({"hy_v4"})
-#: sparse-attention families whose indexer cache is not per-token keys, with the reason
-INDEXER_REFUSALS: dict = {}
 #: Qwen4-Exp's QSA indexer caches un-rotated keys (``indexer_head_dim``), pooled into blocks and
 #: rotated at run time from a 3-row (M-RoPE) position history kept on the first indexed layer; for
 #: text that history is the token positions on every row, so it is rebuilt from the state's positions
@@ -145,9 +140,6 @@ def indexer(model_type: str, text: Any, indexed: list) -> dict:
     """Indexer-key cache of a DSA model: the layers that run their own indexer (``indexer_types``
     "full"; "shared" layers reuse an earlier layer's top-k and cache none), the keys' head dim
     and where their RoPE part sits. Raises ``ValueError`` with the reason for other kinds."""
-    why = INDEXER_REFUSALS.get(model_type) or INDEXER_REFUSALS.get(model_type.removesuffix("_text"))
-    if why:
-        raise ValueError(why)
     if model_type in INDEXER_RAW_KEYS:
         head_dim = _layer_attr(text, "indexer_head_dim", None)
         if not head_dim or int(_layer_attr(text, "indexer_kv_heads", 1)) != 1:

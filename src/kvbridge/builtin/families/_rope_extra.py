@@ -22,11 +22,8 @@ def _proportional_inv_freq(rope, seq_len, device="cpu"):
         rope.theta
         ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim)
     )
-    rest = head_dim // 2 - angles
-    if rest > 0:
-        inv = torch.cat((inv, torch.zeros(rest, dtype=torch.float32, device=device)), dim=0)
-    inv = inv / float(rope.param("factor", 1.0))
-    return inv, 1.0
+    inv = torch.cat((inv, torch.zeros(max(0, head_dim // 2 - angles), dtype=torch.float32, device=device)), dim=0)
+    return inv / float(rope.param("factor", 1.0)), 1.0
 
 
 PROPORTIONAL = RopeVariant(

@@ -39,8 +39,7 @@ class FalconAdapter(DecoderAdapter):
             return heads
         if flag(cfg, "multi_query", True):
             return 1
-        kv = optional_positive_int(cfg, "num_kv_heads", None)
-        return heads if kv is None else kv
+        return optional_positive_int(cfg, "num_kv_heads") or heads
 
     def _positional(self, cfg: Mapping) -> str:
         return "alibi" if flag(cfg, "alibi", False) else "rope"
@@ -49,9 +48,8 @@ class FalconAdapter(DecoderAdapter):
         spec = super().describe(config)
         cfg = as_mapping(config)
         if flag(cfg, "new_decoder_architecture", False):
-            groups = optional_positive_int(cfg, "num_kv_heads", None)
             # KV groups the projection computes (new arch broadcasts them per query head before caching)
-            groups = spec.num_attention_heads if groups is None else groups
+            groups = optional_positive_int(cfg, "num_kv_heads") or spec.num_attention_heads
             if groups < spec.num_kv_heads:
                 spec = replace(spec, kv_groups=groups)
         return spec

@@ -42,14 +42,6 @@ HF_LAYER_KINDS = {
 }
 
 
-def known_model_types() -> frozenset:
-    """Model types transformers has a config class for (imports transformers); the causal-LM
-    registry plus the text configs some of its classes take (``emu3_text_model`` ...)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return frozenset(CONFIG_MAPPING_NAMES)
-
-
 def hf_configs(config: Mapping) -> tuple[Any, Any]:
     """(the transformers config object, its decoder text config) of a config mapping."""
     from kvbridge.models.hf_loader import config_for_model
@@ -122,10 +114,13 @@ class GenericAdapter(FamilyAdapter):
     description: str = "any transformers decoder without a family file: read from its config class"
 
     def supports(self, model_type: str) -> bool:
+        # a type transformers has a config class for (imports transformers): the causal-LM registry
+        # plus the text configs some of its classes take (``emu3_text_model`` ...)
         try:
-            return model_type in known_model_types()
+            from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
         except Exception:  # pragma: no cover - transformers missing or broken
             return False
+        return model_type in CONFIG_MAPPING_NAMES
 
     def describe(self, config: Mapping) -> ModelSpec:
         from transformers.cache_utils import get_layer_types_and_kwargs
@@ -194,7 +189,7 @@ class GenericAdapter(FamilyAdapter):
         main_kv, main_hd = present[0]
         uniform = all(p == (main_kv, main_hd) for p in present)
         for i, kv in enumerate(kv_heads):
-            if kv and heads % kv and model_type not in facts.UNGROUPED_OK:
+            if kv and heads % kv:
                 raise ConfigError(
                     f"{kv} KV heads do not divide {heads} attention heads (layer {i})",
                     "fix 'num_key_value_heads'",

@@ -134,11 +134,10 @@ def extract(adapter, model, input_ids, attention_mask=None, *, spec):
         if i in spec.kv_layers:
             if k is None or k.dim() != 4:
                 raise StateError(f"layer {i} of the model's cache holds no K/V, spec says it does", _FIX_DESCRIBE)
-            keys.append(k.detach().clone())
-            values.append(v.detach().clone())
-        else:
-            keys.append(torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device))
-            values.append(torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device))
+        else:  # no K/V of its own: [B, 0, T, 0]
+            k = v = torch.zeros(B, 0, T, 0, dtype=dtype, device=ids.device)
+        keys.append(k.detach().clone())
+        values.append(v.detach().clone())
         st = _states_of(layer)
         st = st if st is not None or i not in spec.state_layers else _side_state(cache, model, i)
         if st is not None:

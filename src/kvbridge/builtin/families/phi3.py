@@ -16,8 +16,8 @@ from typing import ClassVar, Mapping
 
 from kvbridge.builtin.families._common import (
     DecoderAdapter,
+    NEEDS_ORIGINAL_MAX,
     check_positive_int,
-    flat_rope_parameters,
     get,
     tiny_base,
 )
@@ -47,13 +47,9 @@ class Phi3Adapter(DecoderAdapter):
             "original_max_position_embeddings",
             cfg.get("model_type"),
         )
-        params = flat_rope_parameters(
-            cfg,
-            default_theta=self.DEFAULT_THETA,
-            default_partial=self.DEFAULT_PARTIAL,
-            max_positions=max_positions,
-            original_max_override=original,
-        )
+        params = super()._rope_parameters(cfg, max_positions)
+        if params["rope_type"] in NEEDS_ORIGINAL_MAX:  # Phi3 reads it from the top level, over rope_scaling's
+            params["original_max_position_embeddings"] = original
         if params["rope_type"] in LEGACY_LONGROPE:
             params["rope_type"] = "longrope"
             if "original_max_position_embeddings" not in params:  # "su" was not standardised

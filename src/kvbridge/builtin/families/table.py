@@ -161,14 +161,12 @@ MistralAdapter = family(
 )
 
 
-def qwen_layout(
-    cfg: Mapping, num_layers: int, *, default_window: int = 4096, default_max_window_layers: int = 28
-) -> tuple:
-    """(window, layer types) the way Qwen2Config / Qwen3Config compute them."""
-    window = optional_positive_int(cfg, "sliding_window", default_window)
+def qwen_layout(cfg: Mapping, num_layers: int) -> tuple:
+    """(window, layer types) the way Qwen2Config / Qwen3Config compute them, with their class defaults."""
+    window = optional_positive_int(cfg, "sliding_window", 4096)
     if not flag(cfg, "use_sliding_window", False):
         window = None
-    max_window_layers = get(cfg, "max_window_layers", default_max_window_layers)
+    max_window_layers = get(cfg, "max_window_layers", 28)
     if isinstance(max_window_layers, bool) or not isinstance(max_window_layers, int) or max_window_layers < 0:
         raise ConfigError(
             f"config field 'max_window_layers' must be an integer >= 0, got {max_window_layers!r}",
