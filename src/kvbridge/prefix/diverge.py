@@ -381,10 +381,8 @@ def diverge(
     units = len(seed_list) + 1  # every seed, then the greedy run
     per_unit = len(paths) * max_new_tokens
     for i, seed in enumerate(seed_list):
-        trajs = {}
-        for path in paths:
-            gen = torch.Generator().manual_seed(int(seed))
-            trajs[path] = runner.run(path, lambda lg, g=gen: sampler.draw(lg, g), max_new_tokens)
+        gens = {path: torch.Generator().manual_seed(int(seed)) for path in paths}  # one per path, the same seed
+        trajs = {path: runner.run(path, lambda lg, g=gens[path]: sampler.draw(lg, g), max_new_tokens) for path in paths}
         tokens[seed] = {p: t.tokens for p, t in trajs.items()}
         for a, b in pairs:
             per_pair[f"{a}-vs-{b}"]["seeds"].append({**compare_trajectories(trajs[a], trajs[b], sampler), "seed": seed})
