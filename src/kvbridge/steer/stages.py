@@ -179,8 +179,7 @@ def evaluate_steering(run, *, prepared: Callable | None = None, log: Callable[[s
     from kvbridge.steer.evaluate import evaluate, lines, plot_sweep
 
     s, model, host = run.settings, run.model, run.host
-    if prepared is None:
-        prepared = prepare_eval(s, host)
+    prepared = prepared if prepared is not None else prepare_eval(s, host)
     m, tok = model.model, model.tokenizer
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)
