@@ -239,8 +239,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     st = settings if settings is not None else AdapterPairSettings()
     timing: dict = {}
     t0 = time.perf_counter()
-    if pair is None:
-        pair = load_adapter_pair()
+    pair = pair if pair is not None else load_adapter_pair()
     timing["load_s"] = time.perf_counter() - t0
     base, tuned, tok = pair.base, pair.tuned, pair.tokenizer
     corpus = Path(st.corpus or DEFAULT_CORPUS)
