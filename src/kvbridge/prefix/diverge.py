@@ -87,8 +87,7 @@ class Sampler:
         out = []
         for i, g in enumerate(generators):
             u = torch.rand((), generator=g, dtype=torch.float64)
-            idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
-            idx = min(idx, p.shape[-1] - 1)
+            idx = min(int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0]), p.shape[-1] - 1)
             while p[i, idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
                 idx -= 1
             out.append(idx)
