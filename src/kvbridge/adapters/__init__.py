@@ -129,8 +129,7 @@ def load_with_adapter(base_model, adapter_dir: str | Path = SHIPPED, *, copy_mod
     from safetensors.torch import load_file
 
     info = info or read_adapter(adapter_dir)
-    state = load_file(str(Path(adapter_dir) / "adapter_model.safetensors"))
-    pairs = _lora_pairs(state)
+    pairs = _lora_pairs(load_file(str(Path(adapter_dir) / "adapter_model.safetensors")))
     model = copy.deepcopy(base_model) if copy_model else base_model
     modules = dict(model.named_modules())
     with torch.no_grad():

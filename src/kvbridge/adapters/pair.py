@@ -239,8 +239,7 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     st = settings if settings is not None else AdapterPairSettings()
     timing: dict = {}
     t0 = time.perf_counter()
-    if pair is None:
-        pair = load_adapter_pair()
+    pair = pair if pair is not None else load_adapter_pair()
     timing["load_s"] = time.perf_counter() - t0
     base, tuned, tok = pair.base, pair.tuned, pair.tokenizer
     corpus = Path(st.corpus or DEFAULT_CORPUS)
@@ -266,14 +265,8 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     t0 = time.perf_counter()
     ids, data = corpus_samples(corpus, tok, n=st.samples, length=st.prefix_len + st.continuation_len + 1)
     conds = ("native", "transferred", "no_prefix") + (CONTROLS if st.controls else ())
-    cfg = EvalSettings(
-        prefix_len=st.prefix_len,
-        continuation_len=st.continuation_len,
-        greedy_tokens=st.greedy_tokens,
-        batch_size=st.batch_size,
-        seed=st.seed,
-        conditions=conds,
-    )
+    shared = ("prefix_len", "continuation_len", "greedy_tokens", "batch_size", "seed")
+    cfg = EvalSettings(**{k: getattr(st, k) for k in shared}, conditions=conds)
     # plain reuse: the same source prefill through the identity mapping
     ran = run_conditions(base, tuned, mapping, ids, cfg, host=host, progress=progress, extra=[plain_condition])
     timing["eval_s"] = time.perf_counter() - t0
@@ -296,14 +289,9 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     }
     r2, sel = mapping.report.r2_summary, mapping.layer_selection()  # a ridge mapping (FitSettings' fitter)
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
-    info = {
-        "path": pair.adapter.path,
-        "rank": pair.adapter.rank,
-        "alpha": pair.adapter.alpha,
-        "targets": list(pair.adapter.target_modules),
-        "sha256": pair.adapter.sha256,
-        "heldout": (pair.adapter.recipe or {}).get("result"),
-    }
+    a = pair.adapter
+    info = {"path": a.path, "rank": a.rank, "alpha": a.alpha, "targets": list(a.target_modules), "sha256": a.sha256}
+    info["heldout"] = (a.recipe or {}).get("result")
     kept = ("prefix_len", "continuation_len", "greedy_tokens", "bootstrap", "seed", "top_k", "stride")
     settings = {
         "base": pair.base_name,

@@ -134,16 +134,15 @@ class GuideMask(HookSet):
                     mask = zero.masked_fill(~allowed, torch.finfo(hidden.dtype).min)
                 else:
                     mask = allowed
+            elif mask.shape[-1] != kv:
+                raise KVBridgeError(
+                    f"attention mask covers {mask.shape[-1]} keys, expected {kv}",
+                    "ablate needs a DynamicCache (no static or sliding-window padding)",
+                )
+            elif mask.dtype == torch.bool:
+                mask = mask & keep
             else:
-                if mask.shape[-1] != kv:
-                    raise KVBridgeError(
-                        f"attention mask covers {mask.shape[-1]} keys, expected {kv}",
-                        "ablate needs a DynamicCache (no static or sliding-window padding)",
-                    )
-                if mask.dtype == torch.bool:
-                    mask = mask & keep
-                else:
-                    mask = mask.masked_fill(~keep, torch.finfo(mask.dtype).min)
+                mask = mask.masked_fill(~keep, torch.finfo(mask.dtype).min)
             return args, {**kwargs, "attention_mask": mask}
 
         return hook
@@ -300,21 +299,18 @@ def ablate(
     state = adapter.extract(model, torch.tensor([ghost], device=device), spec=spec)
 
     def zeroed(k: bool, v: bool):
-        keys = list(t.clone() for t in state.keys)
-        values = list(t.clone() for t in state.values)
+        keys, values = [t.clone() for t in state.keys], [t.clone() for t in state.values]
         for i in chosen:
-            if k:
-                keys[i][:, :, start:stop] = 0
-            if v:
-                values[i][:, :, start:stop] = 0
+            for group, on in ((keys, k), (values, v)):
+                if on:
+                    group[i][:, :, start:stop] = 0
         return replace(state, keys=tuple(keys), values=tuple(values))
 
     def inject(s):
         return adapter.inject(s, model)
 
     all_layers = len(chosen) == spec.num_layers
-    outcomes: dict = {}
-    outcomes["intact"] = _run(model, inject(state), live, None, max_new_tokens)
+    outcomes = {"intact": _run(model, inject(state), live, None, max_new_tokens)}
     for name, k, v in (("k_zero", True, False), ("v_zero", False, True), ("kv_zero", True, True)):
         outcomes[name] = _run(model, inject(zeroed(k, v)), live, None, max_new_tokens)
     renumbered = list(range(keep, keep + len(live))) if all_layers else None

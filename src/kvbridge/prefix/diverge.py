@@ -87,8 +87,7 @@ class Sampler:
         out = []
         for i, g in enumerate(generators):
             u = torch.rand((), generator=g, dtype=torch.float64)
-            idx = int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0])
-            idx = min(idx, p.shape[-1] - 1)
+            idx = min(int(torch.searchsorted(cdf[i], (u * cdf[i, -1]).reshape(1), right=True)[0]), p.shape[-1] - 1)
             while p[i, idx] == 0 and idx > 0:  # rounding at the top end: step back to a kept token
                 idx -= 1
             out.append(idx)
@@ -381,10 +380,8 @@ def diverge(
     units = len(seed_list) + 1  # every seed, then the greedy run
     per_unit = len(paths) * max_new_tokens
     for i, seed in enumerate(seed_list):
-        trajs = {}
-        for path in paths:
-            gen = torch.Generator().manual_seed(int(seed))
-            trajs[path] = runner.run(path, lambda lg, g=gen: sampler.draw(lg, g), max_new_tokens)
+        gens = {path: torch.Generator().manual_seed(int(seed)) for path in paths}  # one per path, the same seed
+        trajs = {path: runner.run(path, lambda lg, g=gens[path]: sampler.draw(lg, g), max_new_tokens) for path in paths}
         tokens[seed] = {p: t.tokens for p, t in trajs.items()}
         for a, b in pairs:
             per_pair[f"{a}-vs-{b}"]["seeds"].append({**compare_trajectories(trajs[a], trajs[b], sampler), "seed": seed})

@@ -458,9 +458,8 @@ def round_trip(model, guide_ids, guide_text: str | None, *, tokenizer_fp: dict, 
     gives (zero forward passes at load), checked like any pack."""
     import tempfile
 
-    wfp = weights_fingerprint(model)
     with tempfile.TemporaryDirectory(prefix="kvbridge-pack-") as tmp:
-        ids, fps = list(guide_ids), {"tokenizer_fp": tokenizer_fp, "weights_fp": wfp}
+        ids, fps = list(guide_ids), {"tokenizer_fp": tokenizer_fp, "weights_fp": weights_fingerprint(model)}
         save_pack(model, f"{tmp}/pack", guide_ids=ids, guide_text=guide_text, host=host, **fps)
         return load_pack(f"{tmp}/pack", model, host=host, **fps)
 
@@ -469,8 +468,7 @@ def recompute_check(pack: Pack, model, host=None) -> float:
     """Max abs difference between the stored K/V and a fresh prefill of the guide ids (a forward pass)."""
     import torch
 
-    adapter = adapter_of(model, host)
-    fresh = adapter.extract(model, torch.as_tensor([pack.guide_ids]))
+    fresh = adapter_of(model, host).extract(model, torch.as_tensor([pack.guide_ids]))
     pairs = zip((*pack.state.keys, *pack.state.values), (*fresh.keys, *fresh.values))
     return max((float((a.float() - b.float()).abs().max()) for a, b in pairs), default=0.0)
 

@@ -196,23 +196,7 @@ class SplitReport:
         return out
 
 
-def _dummy_prefix(tokenizer: Any) -> bool:
-    """True when the tokenizer encodes ``"x"`` and ``" x"`` alike (a SentencePiece dummy prefix)."""
-    try:
-        return encode(tokenizer, "x", add_special_tokens=False) == encode(tokenizer, " x", add_special_tokens=False)
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def split_text(
-    tokenizer: Any,
-    guide: str,
-    live: str,
-    sep: str = " ",
-    *,
-    window_chars: int = WINDOW_CHARS,
-    window_tokens: int = WINDOW_TOKENS,
-) -> SplitReport:
+def split_text(tokenizer: Any, guide: str, live: str, sep: str = " ") -> SplitReport:
     """Joint, naive and safe encodings of ``guide + sep + live`` (see the module docstring)."""
     if not guide or not guide.strip():
         raise SplitError("the guide is empty", "pass a non-empty --guide TEXT (or @FILE)")
@@ -246,18 +230,18 @@ def split_text(
     naive = attempt("naive", guide + sep, live, A)
 
     # candidate boundaries: characters backing up from the append point, and joint-token starts
-    candidates: set[int] = set(range(A, max(0, A - window_chars) - 1, -1))
-    candidates.add(len(guide))
     offsets = _offsets(tokenizer, text)
-    if offsets and len(offsets) == len(joint):
-        starts = [start for (start, end), tid in zip(offsets, joint) if end > start and start <= A]
-        candidates.update(starts[-window_tokens:])
+    spans = list(zip(offsets, joint)) if offsets and len(offsets) == len(joint) else []
+    starts = [start for (start, end), _ in spans if end > start and start <= A]
+    candidates = {*range(A, max(0, A - WINDOW_CHARS) - 1, -1), len(guide), *starts[-WINDOW_TOKENS:]}
     # the guide's own end first (ghost = exactly the guide, as a prefix pack stores it), then the
     # append point (ghost = guide + sep), then every other candidate backing up from there
-    G = len(guide)
-    first = [c for c in dict.fromkeys((G, A)) if 0 < c < len(text)]
+    first = [c for c in dict.fromkeys((len(guide), A)) if 0 < c < len(text)]
     order = first + sorted((c for c in candidates if 0 < c < len(text) and c not in first), reverse=True)
-    dummy = _dummy_prefix(tokenizer)
+    try:  # a SentencePiece dummy prefix: "x" and " x" encode alike
+        dummy = encode(tokenizer, "x", add_special_tokens=False) == encode(tokenizer, " x", add_special_tokens=False)
+    except Exception:  # noqa: BLE001
+        dummy = False
 
     def attempts():  # each candidate, then (dummy prefix) the same without the live text's leading space
         for c in order:
@@ -266,25 +250,24 @@ def split_text(
                 note = "the live text drops the leading space: the tokenizer's dummy prefix supplies it"
                 yield attempt("safe", text[:c], text[c + 1 :], c, note=note)
 
-    safe: Split | None = None
     tried = 0
-    for tried, got in enumerate(attempts(), 1):
-        if got.matches_joint:
-            safe = got
+    for tried, safe in enumerate(attempts(), 1):
+        if safe.matches_joint:
             break
+    else:
+        safe = None
     if safe is not None and safe.boundary < len(guide):
         moved = guide[safe.boundary :]
         extra = f"the boundary is inside the guide: the live text carries its last {len(moved)} characters {moved!r}"
         safe = replace(safe, note=f"{safe.note}; {extra}" if safe.note else extra)
     reason = ""
     if safe is None:
-        spans = zip(offsets, joint) if offsets and len(offsets) == len(joint) else ()
         cut = next(((a, b, t) for (a, b), t in spans if a < A < b), None)  # the joint token across the point
         straddle = (
             f"; joint token {cut[2]} spans characters {cut[0]}-{cut[1]} across the append point {A}" if cut else ""
         )
         reason = (
-            f"no boundary within {window_chars} characters or {window_tokens} tokens before the append point "
+            f"no boundary within {WINDOW_CHARS} characters or {WINDOW_TOKENS} tokens before the append point "
             f"re-encodes to the joint ids ({tried} candidates tried){straddle}"
         )
     return SplitReport(
@@ -302,13 +285,10 @@ def split_text(
     )
 
 
-def exact_split(
-    tokenizer: Any, guide: str, live: str, sep: str = " ", *, kind: str = "safe"
-) -> tuple[SplitReport, Split]:
-    """``(report, split)``; for ``kind="safe"`` ``ghost + live == joint`` (:meth:`SplitReport.require_safe`)
-    or a SplitError."""
+def exact_split(tokenizer: Any, guide: str, live: str, sep: str = " ") -> tuple[SplitReport, Split]:
+    """``(report, safe split)`` with ``ghost + live == joint`` (:meth:`SplitReport.require_safe`), or a SplitError."""
     report = split_text(tokenizer, guide, live, sep)
-    return report, report.get(kind)
+    return report, report.require_safe()
 
 
 def read_text_arg(value: str, what: str = "text") -> str:

@@ -51,8 +51,7 @@ def eval_recompute(run, mapping, ids, inputs, progress=None) -> tuple[dict, dict
     plan, calibrated = curve_plan(run, inputs["texts"], mapping)
     result = curve.run_curve(run, mapping, ids, plan, progress=progress)
     if calibrated:
-        info = next((p[2] for p in plan.layer_points if p[2].get("method") != "named"), {})
-        result["selection"] = dict(info)
+        result["selection"] = dict(next((p[2] for p in plan.layer_points if p[2].get("method") != "named"), {}))
         result["calibration"] = {
             "samples": s.recompute.calibration_samples,
             "source": "the corpus's front (first half of the first 90%), never the evaluation tail",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from kvbridge.errors import KVBridgeError
@@ -118,27 +119,18 @@ def _setup(ctx: _Ctx, arm: str, mult: float = 1.0):
             "method": "instruction in a pack (restored, zero forward passes)",
             "guide_tokens": len(guided.prefix_ids),
         }
+    steer = partial(setup_for, ctx.model, ctx.scenario, prefix=ctx.none_setup.prefix, host=ctx.host)
     if arm == "actadd":
-        method, options, vector, edit = "actadd", {"coefficient": s.ca * mult}, ctx.vector, None
         layers = s.actadd_layers or s.layers
-    else:  # a kv-vector arm: the vector, a random one of its size, or an extra vector
-        vectors = {**ctx.extra, "kv": ctx.vector}
-        if arm != "random" and arm not in vectors:
-            raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(ctx.extra))}")
-        vector = random_like(ctx.vector, s.random_seed) if arm == "random" else vectors[arm]
-        method, options, layers = "kv-vector", {"ck": s.ck * mult, "cv": s.cv * mult}, s.layers
-        edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
-    return setup_for(
-        ctx.model,
-        ctx.scenario,
-        method=method,
-        options=options,
-        vector=vector,
-        layers=layers,
-        edit=edit,
-        prefix=ctx.none_setup.prefix,
-        host=ctx.host,
-    )
+        return steer(method="actadd", options={"coefficient": s.ca * mult}, vector=ctx.vector, layers=layers)
+    # a kv-vector arm: the vector, a random one of its size, or an extra vector
+    vectors = {**ctx.extra, "kv": ctx.vector}
+    if arm != "random" and arm not in vectors:
+        raise KVBridgeError(f"unknown arm {arm!r}", f"use {', '.join(ARMS + tuple(ctx.extra))}")
+    vector = random_like(ctx.vector, s.random_seed) if arm == "random" else vectors[arm]
+    edit = (0, len(ctx.scenario.prefix_ids)) if s.at == "prompt" else None
+    options = {"ck": s.ck * mult, "cv": s.cv * mult}
+    return steer(method="kv-vector", options=options, vector=vector, layers=s.layers, edit=edit)
 
 
 def _run_arm(ctx: _Ctx, arm: str, setup, record: dict, samples: int) -> dict:

@@ -62,11 +62,8 @@ class ActivationAddition(HookSet):
         if missing:
             raise KVBridgeError(f"no decoder layer {missing} in {type(model).__name__}", "pick layers that exist")
         self.coefficient = float(coefficient)
-        dtype = next(model.parameters()).dtype
-        device = next(model.parameters()).device
-        self.delta = {
-            i: (self.coefficient * directions[i].to(device=device, dtype=torch.float32)).to(dtype) for i in layers
-        }
+        p = next(model.parameters())
+        self.delta = {i: (self.coefficient * directions[i].to(p.device, torch.float32)).to(p.dtype) for i in layers}
         self.handles = [mods[i].register_forward_hook(partial(self._hook, i)) for i in layers]
 
     def _hook(self, layer: int, module, args, output):

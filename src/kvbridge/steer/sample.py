@@ -92,12 +92,11 @@ def sample(
 
 def _forced_logprobs(model, setup: Setup, rows: list[list[int]], host=None):
     """Log-probabilities ``[N, S, V]`` (float32) of the next token at each continuation position."""
-    n, steps = len(rows), max(len(r) for r in rows)
-    device = next(model.parameters()).device
+    steps = max(len(r) for r in rows)
     pad = [r + [r[-1] if r else 0] * (steps - len(r)) for r in rows]
     live = list(setup.live_ids)
-    ids = torch.tensor([live + r[:-1] for r in pad], device=device)
-    cache = setup.cache(model, n, host)
+    ids = torch.tensor([live + r[:-1] for r in pad], device=next(model.parameters()).device)
+    cache = setup.cache(model, len(rows), host)
     with torch.no_grad(), setup.context(model):
         logits = model(input_ids=ids, cache=cache, use_cache=True).logits[:, len(live) - 1 :].float()
     return torch.log_softmax(logits, dim=-1).cpu()
@@ -110,10 +109,8 @@ def costs(model, reference: Setup, steered: Setup, rows: list[list[int]], *, chu
     for a in range(0, len(keep), chunk):
         idx = keep[a : a + chunk]
         part = [rows[i] for i in idx]
-        ref = _forced_logprobs(model, reference, part, host)
-        got = _forced_logprobs(model, steered, part, host)
-        for j, i in enumerate(idx):
-            r = part[j]
+        ref, got = (_forced_logprobs(model, setup, part, host) for setup in (reference, steered))
+        for j, (i, r) in enumerate(zip(idx, part)):
             t = torch.tensor(r)
             lr, lg = ref[j, : len(r)], got[j, : len(r)]
             out["nll_reference"][i] = float(-lr.gather(1, t[:, None]).mean())

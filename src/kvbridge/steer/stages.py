@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -145,18 +146,9 @@ def run_steering(run, *, values: dict | None = None) -> dict:
     scenario, prefix = _scenario(model, s, use_chat)
     check_length(m, scenario, s.max_new_tokens, host)
     other = None if s.other is None else prefix_state(m, prompt_scenario(tok, s.other, chat=use_chat).prefix_ids, host)
-    base, _ = setup_for(m, scenario, prefix=prefix, host=host)
-    steered, record = setup_for(
-        m,
-        scenario,
-        method=s.method,
-        options=values,
-        vector=vector,
-        other=other,
-        layers=s.layers,
-        prefix=prefix,
-        host=host,
-    )
+    setup = partial(setup_for, m, scenario, prefix=prefix, host=host)
+    base, _ = setup()
+    steered, record = setup(method=s.method, options=values, vector=vector, other=other, layers=s.layers)
     approximate = bool(steered.prefix is not None and steered.prefix.approximate)
     return {**run_pair(m, tok, base, steered, s, host), "steering": record, "approximate": approximate}
 
@@ -179,8 +171,7 @@ def evaluate_steering(run, *, prepared: Callable | None = None, log: Callable[[s
     from kvbridge.steer.evaluate import evaluate, lines, plot_sweep
 
     s, model, host = run.settings, run.model, run.host
-    if prepared is None:
-        prepared = prepare_eval(s, host)
+    prepared = prepared if prepared is not None else prepare_eval(s, host)
     m, tok = model.model, model.tokenizer
     fp = _tokenizer_fp(model)
     vector = load_vector(s.vector, m, tokenizer_fp=fp, host=host)

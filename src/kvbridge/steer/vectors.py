@@ -166,12 +166,10 @@ def build_vector(
     try:
         with torch.no_grad():
             for n, (pos, neg) in enumerate(encoded):
-                kp, vp, rp = _side_state(adapter, model, spec, pos, capture, key_space)
-                kn, vn, rn = _side_state(adapter, model, spec, neg, capture, key_space)
-                for i in range(spec.num_layers):
-                    dk[i].append(kp[i] - kn[i])
-                    dv[i].append(vp[i] - vn[i])
-                    dr[i].append(rp[i] - rn[i])
+                sides = [_side_state(adapter, model, spec, enc, capture, key_space) for enc in (pos, neg)]
+                for d, plus, minus in zip((dk, dv, dr), *sides):  # keys, values, residual: per layer
+                    for i, (a, b) in enumerate(zip(plus, minus)):
+                        d[i].append(a - b)
                 if progress is not None:
                     progress(n + 1, len(encoded))
     finally:
@@ -200,13 +198,8 @@ def random_like(vector: SteeringVector, seed: int = 0) -> SteeringVector:
         return (r / r.norm(**per) * t.double().norm(**per)).to(torch.float32)
 
     info = {**vector.info, "method": f"random(seed={seed}) like {vector.info.get('method', '?')}"}
-    return replace(
-        vector,
-        keys=tuple(like(k) for k in vector.keys),
-        values=tuple(like(v) for v in vector.values),
-        residual=tuple(like(r) for r in vector.residual),
-        info=info,
-    )
+    groups = {name: tuple(like(t) for t in getattr(vector, name)) for name in ("keys", "values", "residual")}
+    return replace(vector, **groups, info=info)
 
 
 def transfer_vector(vector: SteeringVector, mapping, target_spec=None) -> SteeringVector:
