@@ -344,8 +344,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
             rules, rules_format = [float(p[1]) for p in vocab], "unigram-scores"
         if "merges" in model:
             rules, rules_format = _merges_from_list(model.get("merges") or []), "merges"
-        for tok in data.get("added_tokens") or []:
-            added[int(tok["id"])] = str(tok["content"])
+        added |= {int(tok["id"]): str(tok["content"]) for tok in data.get("added_tokens") or []}
         used.append("tokenizer.json")
     elif "vocab.json" in by_name:
         vocab = _load_json(by_name["vocab.json"], object_only=True)  # token -> id
