@@ -394,7 +394,6 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
                 added[int(idx)] = content
 
     full = base | added
-    num_added = sum(base.get(idx) != content for idx, content in added.items())
     roles_clean = {k: v for k, v in roles.items() if v is not None}
     return TokenizerFingerprint(
         kind=kind,
@@ -404,7 +403,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         rules_format=rules_format,
         special=_sha(roles_clean),
         vocab_size=len(full),
-        num_added=num_added,
+        num_added=sum(base.get(idx) != content for idx, content in added.items()),
         special_tokens=tuple(sorted((k, str(v)) for k, v in roles_clean.items())),
         files=tuple(used),
     )
