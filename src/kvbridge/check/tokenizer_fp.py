@@ -141,8 +141,7 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
     s, t = dict(src.special_tokens), dict(tgt.special_tokens)
     diff = sorted(k for k in set(s) & set(t) if s[k] != t[k])  # roles both sides declare
     if diff:
-        bos_keys = {"bos_token", "add_bos_token"}
-        if bos_keys & set(diff):
+        if {"bos_token", "add_bos_token"} & set(diff):
             return (
                 "mappable",
                 f"same token ids, BOS handling differs ({', '.join(diff)}): align the"

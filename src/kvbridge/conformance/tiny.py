@@ -256,8 +256,7 @@ def build(data: dict, seed: int = 0):
     """The tiny model (float32, eval mode) of a config mapping."""
     import torch
 
-    cfg = {k: v for k, v in data.items() if k != "model_type"}
-    obj = config_for_model(data["model_type"], **cfg)
+    obj = config_for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
     torch.manual_seed(seed)
     try:
         return _from_config(obj)
