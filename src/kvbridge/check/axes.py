@@ -306,8 +306,7 @@ def _attention_value(spec: ModelSpec) -> str:
 
 
 def _attention_axis(s: ModelSpec, t: ModelSpec) -> Axis:
-    sv, tv = _attention_value(s), _attention_value(t)
-    axis = partial(Axis, "attention", sv, tv)
+    axis = partial(Axis, "attention", _attention_value(s), _attention_value(t))
     s_kind, t_kind = s.attention_kind, t.attention_kind
     s_win = _window(s) if s_kind != "full" else None
     t_win = _window(t) if t_kind != "full" else None

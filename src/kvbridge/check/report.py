@@ -155,7 +155,6 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
     fitted = [a for a in axes if a.verdict == "mappable" and (a.name in FITTED_AXES or a.name not in AXES)]
     positional = [a for a in axes if a.verdict == "mappable" and a.name in POSITION_AXES]
     if fitted:
-        names = ", ".join(a.name for a in fitted)
         pos = next((a for a in axes if a.name == "positional"), None)
         kinds = {pos.source, pos.target} if pos is not None else {"rope"}
         if kinds == {"rope"}:
@@ -164,7 +163,7 @@ def _overall(axes: list[Axis]) -> tuple[str, list[str]]:
             how = "map K and V per target layer and head in content space, stripping / applying RoPE on the side that has it"
         else:
             how = "map K and V per target layer and head; positions stay where the source computed them"
-        reasons = [f"a fitted mapping is needed ({names}): {how}"]
+        reasons = [f"a fitted mapping is needed ({', '.join(a.name for a in fitted)}): {how}"]
         reasons += [f"{a.name}: {a.source} -> {a.target}: {a.action}" for a in fitted]
         return "mappable", reasons + notes + warnings
     if positional:

@@ -141,8 +141,7 @@ def compare(src: TokenizerFingerprint, tgt: TokenizerFingerprint) -> tuple[str, 
     s, t = dict(src.special_tokens), dict(tgt.special_tokens)
     diff = sorted(k for k in set(s) & set(t) if s[k] != t[k])  # roles both sides declare
     if diff:
-        bos_keys = {"bos_token", "add_bos_token"}
-        if bos_keys & set(diff):
+        if {"bos_token", "add_bos_token"} & set(diff):
             return (
                 "mappable",
                 f"same token ids, BOS handling differs ({', '.join(diff)}): align the"
@@ -204,13 +203,9 @@ def _fields(buf: bytes):
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(buf, pos)
-        elif wire == 1:
-            value, pos = buf[pos : pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = _varint(buf, pos)
+        elif wire in (1, 2, 5):  # 8 bytes, length-delimited, 4 bytes
+            length, pos = _varint(buf, pos) if wire == 2 else ({1: 8, 5: 4}[wire], pos)
             value, pos = buf[pos : pos + length], pos + length
-        elif wire == 5:
-            value, pos = buf[pos : pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported wire type {wire}")
         if pos > n:
@@ -344,8 +339,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
             rules, rules_format = [float(p[1]) for p in vocab], "unigram-scores"
         if "merges" in model:
             rules, rules_format = _merges_from_list(model.get("merges") or []), "merges"
-        for tok in data.get("added_tokens") or []:
-            added[int(tok["id"])] = str(tok["content"])
+        added |= {int(tok["id"]): str(tok["content"]) for tok in data.get("added_tokens") or []}
         used.append("tokenizer.json")
     elif "vocab.json" in by_name:
         vocab = _load_json(by_name["vocab.json"], object_only=True)  # token -> id
@@ -395,7 +389,6 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
                 added[int(idx)] = content
 
     full = base | added
-    num_added = sum(base.get(idx) != content for idx, content in added.items())
     roles_clean = {k: v for k, v in roles.items() if v is not None}
     return TokenizerFingerprint(
         kind=kind,
@@ -405,7 +398,7 @@ def _fingerprint(paths: list[Path]) -> TokenizerFingerprint:
         rules_format=rules_format,
         special=_sha(roles_clean),
         vocab_size=len(full),
-        num_added=num_added,
+        num_added=sum(base.get(idx) != content for idx, content in added.items()),
         special_tokens=tuple(sorted((k, str(v)) for k, v in roles_clean.items())),
         files=tuple(used),
     )

@@ -278,15 +278,13 @@ def require_fields(data: Any, fields: Mapping[str, Any], where: str, *, fix: str
         raise error(f"{where} must be a JSON object, got {type(data).__name__}", fix)
     for name, types in fields.items():
         obj: Any = data
-        path = []
-        for part in name.split("."):
-            path.append(part)
+        parts = name.split(".")
+        for j, part in enumerate(parts):
             if not isinstance(obj, Mapping) or part not in obj:
-                raise error(f"{where} is missing field {'.'.join(path)!r}", fix)
+                raise error(f"{where} is missing field {'.'.join(parts[: j + 1])!r}", fix)
             obj = obj[part]
         want = types if isinstance(types, tuple) else (types,)
-        ok = any(isinstance(obj, t) and not (t in (int, float) and isinstance(obj, bool)) for t in want)
-        if not ok:
+        if not any(isinstance(obj, t) and not (t in (int, float) and isinstance(obj, bool)) for t in want):
             names = " or ".join(t.__name__ for t in want)
             raise error(f"{where} field {name!r} should be {names}, got {type(obj).__name__}", fix)
 

@@ -139,10 +139,9 @@ def _human(data: dict) -> str:
 def _per_layer_rows(spec: dict) -> list[tuple[str, str]]:
     """Rows for the per-layer facts (only those a spec sets)."""
     rows = []
-    kinds = spec["layer_types"]
     size = spec.get("attention_chunk_size")
     if size:
-        n = sum(1 for k in kinds if k == "chunked_attention")
+        n = spec["layer_types"].count("chunked_attention")
         rows.append(("chunked layers", f"{n} (chunk {size}; transformers caches them as a sliding window of {size})"))
     facts = dict(spec, no_kv_other=sorted(set(spec.get("no_kv_layers") or []) - set(spec.get("state_layers") or [])))
     for key, name, note in (
@@ -220,8 +219,7 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
 
     host = get_host()
     if list_models:
-        _list(host, as_json)
-        return
+        return _list(host, as_json)
     if not model:
         raise ConfigError("missing MODEL", "pass a model folder, a config.json, or a name from --list")
     resolved = resolve(model, host=host)

@@ -88,30 +88,9 @@ def _print(result, settings, secs: float) -> None:
         return _report_sweep(result, settings.out, secs)
     refit = settings.from_stats is not None  # the statistics' own stride and skip are in the manifest
     stride, skip = (None, None) if refit else (settings.stride, settings.skip)
-    _report(result, settings.out, secs, stride, skip)
-
-
-def _report_sweep(mappings: dict, out, secs: float) -> None:
-    from kvbridge.fit.pipeline import sweep_folder
-
-    click.echo(f"wrote {out}  ({len(mappings)} mappings from one pass, {secs:.1f} s)")
-    for label, m in mappings.items():
-        summ = m.report.r2_summary or {}
-        r2 = (
-            f"held-out R² mean {summ['mean']:.4f} (K {summ['mean_k']:.4f}, V {summ['mean_v']:.4f})"
-            if summ.get("heldout")
-            else "no held-out R²"
-        )
-        click.echo(f"  {sweep_folder(label)}: top-k {m.report.params.get('top_k')}, {r2}")
-        for w in m.report.warnings:
-            click.echo(f"warning: {sweep_folder(label)}: {w}", err=True)
-
-
-def _report(mapping, out, secs: float, stride, skip) -> None:
-    rep = mapping.report
-    cal = mapping.manifest.get("calibration", {})
+    rep, cal = result.report, result.manifest.get("calibration", {})
     summ = rep.r2_summary or {}
-    click.echo(f"wrote {out}  ({mapping.fitter}, {mapping.mode}, {secs:.1f} s)")
+    click.echo(f"wrote {settings.out}  ({result.fitter}, {result.mode}, {secs:.1f} s)")
     click.echo(
         f"  calibration: {cal.get('tokens')} tokens in {cal.get('sequences')} sequences, "
         f"{cal.get('observations_train')} train / {cal.get('observations_heldout')} held-out observations "
@@ -131,7 +110,7 @@ def _report(mapping, out, secs: float, stride, skip) -> None:
                 f"  held out for eval (not read): the last {tail['heldout']:g} of the file, characters "
                 f"{tail['chars'][0]}-{tail['chars'][1]} (`kvbridge eval --corpus` reads them)"
             )
-    sel = mapping.layer_selection()
+    sel = result.layer_selection()
     shown = "; ".join(f"{t}<-{s}" for t, s in enumerate(sel[:8])) + ("; ..." if len(sel) > 8 else "")
     click.echo(f"  layer selection (target<-source): {shown}")
     if summ.get("heldout"):
@@ -141,3 +120,19 @@ def _report(mapping, out, secs: float, stride, skip) -> None:
         )
     for w in rep.warnings:
         click.echo(f"warning: {w}", err=True)
+
+
+def _report_sweep(mappings: dict, out, secs: float) -> None:
+    from kvbridge.fit.pipeline import sweep_folder
+
+    click.echo(f"wrote {out}  ({len(mappings)} mappings from one pass, {secs:.1f} s)")
+    for label, m in mappings.items():
+        summ = m.report.r2_summary or {}
+        r2 = (
+            f"held-out R² mean {summ['mean']:.4f} (K {summ['mean_k']:.4f}, V {summ['mean_v']:.4f})"
+            if summ.get("heldout")
+            else "no held-out R²"
+        )
+        click.echo(f"  {sweep_folder(label)}: top-k {m.report.params.get('top_k')}, {r2}")
+        for w in m.report.warnings:
+            click.echo(f"warning: {sweep_folder(label)}: {w}", err=True)

@@ -26,8 +26,7 @@ def _ids(tok, text, special, what: str = "text"):
 
     from kvbridge.prefix.splits import read_text_arg
 
-    ids = tok(read_text_arg(text, what), add_special_tokens=special)["input_ids"]
-    return torch.tensor([ids], dtype=torch.long)
+    return torch.tensor([tok(read_text_arg(text, what), add_special_tokens=special)["input_ids"]], dtype=torch.long)
 
 
 @graft.command("run")

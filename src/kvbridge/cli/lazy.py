@@ -24,9 +24,8 @@ class LazyCommand(click.Command):
 
     def available(self) -> bool:
         """Whether the command's module can be found (an optional extra may be missing)."""
-        module = self.path.partition(":")[0]
         try:
-            return importlib.util.find_spec(module) is not None
+            return importlib.util.find_spec(self.path.partition(":")[0]) is not None
         except (ImportError, ValueError):
             return False
 

@@ -111,8 +111,7 @@ def fetch(names: tuple, quiet: bool) -> None:
 
     wanted = (one for name in names or DEFAULT_FETCH for one in (PAIR if name.lower() == "pair" else (name,)))
     for name in dict.fromkeys(wanted):  # each once, in order
-        path = run(name, quiet=quiet)
-        click.echo(f"{name}: {path}")
+        click.echo(f"{name}: {run(name, quiet=quiet)}")
 
 
 @models.command("materialize")

@@ -89,8 +89,6 @@ def param_type(kind):
     """The click type of a settings field's ``kind`` (:mod:`kvbridge.settings_fields`)."""
     from kvbridge.cli.numbers import SEED, SHARE, count, real
 
-    if kind is None:
-        return None
     name, *args = kind if isinstance(kind, tuple) else (kind,)
     opts = args.pop() if args and isinstance(args[-1], dict) else {}
     makers = {"count": count, "real": real, "path": click.Path, "choice": lambda names: click.Choice(tuple(names))}

@@ -29,6 +29,5 @@ def split(tokenizer: str, guide: str, live: str, sep: str, as_json: bool) -> Non
 
     guide_text = read_text_arg(guide, "guide")
     live_text = read_text_arg(live, "live")
-    tok = open_tokenizer(tokenizer)
-    report = split_text(tok, guide_text, live_text, unescape(sep))
+    report = split_text(open_tokenizer(tokenizer), guide_text, live_text, unescape(sep))
     echo_result(report.to_dict(), as_json, report.lines, ensure_ascii=False)

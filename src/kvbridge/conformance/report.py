@@ -111,8 +111,7 @@ def load(path) -> list[Result]:
 
 def merge(base: list[Result], new: list[Result]) -> list[Result]:
     """``base`` with the rows of ``new`` replacing those of the same model type (new types added)."""
-    by_type = {r.model_type: r for r in base}
-    by_type.update({r.model_type: r for r in new})
+    by_type = {r.model_type: r for r in (*base, *new)}  # a new row replaces the base's
     return sorted(by_type.values(), key=lambda r: r.model_type)
 
 

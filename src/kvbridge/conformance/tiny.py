@@ -175,9 +175,7 @@ def _tiny_layers(data: dict, old: int) -> int:
 def _every_kind(seq: list, n: int) -> list:
     """``n`` entries holding every kind of ``seq`` (first appearance order, then the commonest kind)."""
     kinds = list(dict.fromkeys(seq))
-    common = max(kinds, key=seq.count)
-    out = kinds + [common] * max(0, n - len(kinds))
-    return out[: max(n, len(kinds))]
+    return kinds + [max(kinds, key=seq.count)] * max(0, n - len(kinds))
 
 
 def shrink(data: dict, model_type: str = "", depth: int = 0) -> dict:
@@ -258,8 +256,7 @@ def build(data: dict, seed: int = 0):
     """The tiny model (float32, eval mode) of a config mapping."""
     import torch
 
-    cfg = {k: v for k, v in data.items() if k != "model_type"}
-    obj = config_for_model(data["model_type"], **cfg)
+    obj = config_for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
     torch.manual_seed(seed)
     try:
         return _from_config(obj)

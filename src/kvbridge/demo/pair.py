@@ -86,8 +86,7 @@ def pair_section(
     click.echo(f"  loaded in {time.perf_counter() - t0:.0f} s")
     ok = True
     for lm in (pair.source, pair.target):
-        ids = lm.tokenizer(PROMPT, return_tensors="pt").input_ids
-        res = identity_check(lm.model, ids, new_tokens=4)
+        res = identity_check(lm.model, lm.tokenizer(PROMPT, return_tensors="pt").input_ids, new_tokens=4)
         ok &= res.exact
         click.echo(
             f"  identity transfer on {lm.name}: {'bitwise' if res.exact else 'NOT EXACT'} "

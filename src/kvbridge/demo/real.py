@@ -252,8 +252,7 @@ def _identity_part(ctx: RealContext) -> None:
 
 
 def _split_part(ctx: RealContext) -> None:
-    lm = ctx.model("float32")
-    report = chat_split(lm.tokenizer)
+    report = chat_split(ctx.model("float32").tokenizer)
     safe = report.safe
     ctx.results["split"] = {
         "joint": len(report.joint),

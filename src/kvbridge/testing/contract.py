@@ -252,11 +252,7 @@ def host_with(kind: str, record: Any, same=None):
             f"a built-in {kind} is already called {record.name!r}: give yours another name"
         )
         return host
-
-    def register_hook(self, register):
-        register(record)
-
-    plugin = type("_Plugin", (), {KINDS[kind][1]: hookimpl(register_hook)})
+    plugin = type("_Plugin", (), {KINDS[kind][1]: hookimpl(lambda self, register: register(record))})
     return make_host(entry_points=False, extra=[(f"contract-{record.name}", plugin())])
 
 

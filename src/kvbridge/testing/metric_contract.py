@@ -77,19 +77,11 @@ class _Run:
         self.num_samples = N
 
 
-def loaded_metric(metric: Any):
-    """The metric as ``kvbridge eval`` loads it, through a host that has it registered."""
-    from kvbridge.evaluate.metrics import resolve_metrics
-
-    host = host_with("metric", metric)
-    return resolve_metrics(host, [metric.name])[0]
-
-
 def check_metric(metric: Any, *, ideal: float | None = None, seed: int = 0) -> dict:
     """Point values per condition, bootstrap-consistent, ``ideal`` on a perfect copy (when given)."""
-    from kvbridge.evaluate.metrics import summarize
+    from kvbridge.evaluate.metrics import resolve_metrics, summarize
 
-    m = loaded_metric(metric)
+    m = resolve_metrics(host_with("metric", metric), [metric.name])[0]  # as `kvbridge eval` loads it
     fields = synthetic_fields(seed)
     summary = summarize(_Run(fields), [m], bootstrap=20, seed=seed)
     values = {c: summary["conditions"][c][m.name] for c in fields}
