@@ -93,6 +93,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.evaluate import corpus_samples, evaluate_config
     from kvbridge.evaluate.report import batch_record, write_report
+    from kvbridge.faults import fault_point
     from kvbridge.fit.calibrate import check_same_tokens
     from kvbridge.progress import PartialLog
 
@@ -129,8 +130,6 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     def on_batch(first, last, fields):
         if partial is not None:
             partial.add(batch_record(first, last, fields))
-        from kvbridge.faults import fault_point
-
         fault_point("eval.batch")
 
     for cs in condition_sets:  # a condition set of a later stage (kvbridge.recompute.eval_run) instead
