@@ -266,13 +266,8 @@ def _values(metric, view: EvalView) -> torch.Tensor:
         if t.numel() == view.replicates:
             return t
         if t.numel() == 1 and view.replicates > 1:
-            return torch.tensor(
-                [
-                    float(torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64).flatten()[0])
-                    for r in range(view.replicates)
-                ],
-                dtype=torch.float64,
-            )
+            each = (torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64) for r in range(view.replicates))
+            return torch.tensor([float(x.flatten()[0]) for x in each], dtype=torch.float64)
     except KVBridgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - any bug in a plugin's metric
@@ -307,8 +302,7 @@ def summarize(
     metrics = metrics if metrics is not None else resolve_metrics(host)
     params = {"greedy_tokens": run.config.greedy_tokens, "top_k": run.config.top_k, "top_p": run.config.top_p}
     fields = run.fields
-    n = run.num_samples
-    idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
+    idx = bootstrap_indices(run.num_samples, bootstrap, seed) if bootstrap > 0 else None
     reps = {c: {m.name: [] for m in metrics} for c in fields}
     layer_reps = {c: [] for c in fields}
     nll_reps = {c: [] for c in fields}
