@@ -60,13 +60,12 @@ def harness_run(run, *, prepared: Prepared | None = None, progress: Callable[[in
     settings, src, tgt = run.settings, run.source, run.target
     prepared = prepared or prepare(settings)
     mapping = mapping_of(run)  # checked against the run's model identities (computed once)
-    tasks = list(prepared.tasks)
     partial = on_item = None
     if settings.partial_file is not None:
         head = {"command": "harness", "source": src.name, "target": tgt.name, "mapping": settings.mapping}
-        partial = PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in tasks]})
+        partial = PartialLog(settings.partial_file, {**head, "tasks": [t.name for t in prepared.tasks]})
         on_item = lambda task, record: partial.add({"task": task, **record})  # noqa: E731
-    result = run_tasks(run, tasks, mapping, progress=progress, on_item=on_item)
+    result = run_tasks(run, list(prepared.tasks), mapping, progress=progress, on_item=on_item)
     return result, write_and_close(result, settings, write_report, partial)
 
 
