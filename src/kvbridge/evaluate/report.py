@@ -303,10 +303,9 @@ def write_report(result: dict, folder) -> dict:
     from kvbridge.artifacts import atomic_dir
 
     folder = Path(folder)
-    names = {}
+    names = {"json": "eval.json"}
     with atomic_dir(folder, kind=REPORT_KIND, overwrite=True, flag="") as tmp:
         (tmp / "eval.json").write_text(to_json(result) + "\n", encoding="utf-8")
-        names["json"] = "eval.json"
         plt = pyplot()
         images, skipped = {}, None
         if plt is None:

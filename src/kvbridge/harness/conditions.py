@@ -359,9 +359,8 @@ def same_cache(a, b) -> bool:
     if a is None or b is None:
         return False
     head = [(s.spec, s.rope_applied, s.num_layers, s.dtype, s.rope_lengths is None) for s in (a, b)]
-    if (
-        head[0] != head[1] or a.states or b.states or a.indexer_keys or b.indexer_keys
-    ):  # recurrent/indexer: not compared
+    # recurrent states and indexer keys: not compared
+    if head[0] != head[1] or a.states or b.states or a.indexer_keys or b.indexer_keys:
         return False
     pairs = [(a.token_ids, b.token_ids), (a.positions, b.positions), *zip(a.keys, b.keys), *zip(a.values, b.values)]
     if a.rope_lengths is not None:
