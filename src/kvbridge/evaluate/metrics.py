@@ -287,8 +287,7 @@ def percentile_interval(values: torch.Tensor) -> list:
     t = t[~torch.isnan(t)]
     if t.numel() < max(2, values.numel() // 2):  # mostly undefined: no interval
         return [NAN, NAN]
-    lo, hi = torch.quantile(t, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return [lo, hi]
+    return torch.quantile(t, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
 
 
 def summarize(

@@ -210,15 +210,13 @@ class Answerer:
     def _recompute(self, point, bt):
         """A recompute point on the transferred cache (layers, or a share of the tokens)."""
         from kvbridge.evaluate.runner import Built
+        from kvbridge.recompute.layers import recompute_layers
+        from kvbridge.recompute.tokens import blend
 
         moved = self.prefills.transferred(bt)
         if point.kind == "layers":
-            from kvbridge.recompute.layers import recompute_layers
-
             make = lambda: recompute_layers(self.target, moved, point.layers, mode="target")[0]  # noqa: E731
         else:
-            from kvbridge.recompute.tokens import blend
-
             make = lambda: blend(self.target, moved, 0, point.ratio).state  # noqa: E731
         return Built(bt.once(point.name, make, "recompute_s"))
 
