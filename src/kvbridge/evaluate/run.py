@@ -105,11 +105,10 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     if heartbeat is not None:
         heartbeat.stage("reading the corpus and the mapping")
     mapping = mapping_of(run)
-    fraction = HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction
     ev = eval_corpus(
         s.corpus,
         getattr(mapping, "manifest", None),
-        fraction,
+        HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction,
         explicit=s.heldout_fraction is not None,
         allow=s.allow_overlap,
         tokenizer=ttok,
