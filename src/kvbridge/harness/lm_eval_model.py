@@ -34,6 +34,8 @@ from typing import Any
 from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
+from kvbridge.harness.run import _ids
+
 NAME = "kvbridge"
 
 
@@ -87,9 +89,6 @@ class KVBridgeLM(LM):
         self.counts = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0}
 
     # -- tokenising ------------------------------------------------------------------------------
-    def _encode(self, text: str, special: bool = False) -> list[int]:
-        return list(self.tok(text, add_special_tokens=special)["input_ids"]) if text else []
-
     def prefix_ids(self) -> list[int]:
         """What an empty context becomes: the tokenizer's special-token prefix (its BOS), else EOS."""
         ids = list(self.tok("", add_special_tokens=True)["input_ids"])
@@ -99,7 +98,7 @@ class KVBridgeLM(LM):
         return [int(eos)] if eos is not None else [0]
 
     def _context(self, text: str) -> list[int]:
-        ids = self._encode(text, special=True)
+        ids = _ids(self.tok, text, True)
         return ids if ids and text else self.prefix_ids() + ids
 
     def _split(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -111,7 +110,7 @@ class KVBridgeLM(LM):
         whole = self._context(context + continuation)
         ctx = self._context(context)
         if whole[: len(ctx)] != ctx:  # the tokenizer merged across the boundary: encode apart
-            return ctx, self._encode(continuation)
+            return ctx, _ids(self.tok, continuation, False)
         return ctx, whole[len(ctx) :]
 
     # -- the LM interface -------------------------------------------------------------------------
@@ -125,7 +124,7 @@ class KVBridgeLM(LM):
         out = []
         w = max(1, self.rolling_window)
         for req in requests:
-            toks = self._encode(req.args[0])
+            toks = _ids(self.tok, req.args[0], False)
             total = 0.0
             for start in range(0, len(toks), w):
                 ctx = self.prefix_ids() + toks[:start]
