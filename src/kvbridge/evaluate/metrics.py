@@ -162,9 +162,7 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def gap_recovered(view: EvalView):
-    """(NLL_no_prefix − NLL_x) / (NLL_no_prefix − NLL_native) on mean NLLs."""
-    if "no_prefix_nll" not in view:
-        return _nan(view)
+    """(NLL_no_prefix − NLL_x) / (NLL_no_prefix − NLL_native) on mean NLLs (nan without a no_prefix run)."""
     floor, ceil = _over(view, "no_prefix_nll"), _over(view, "native_nll")
     return _ratio(floor - nll(view), floor - ceil)
 
@@ -175,9 +173,7 @@ def retention(view: EvalView):
 
 
 def retention_floor(view: EvalView):
-    """(acc_x − acc_no_prefix) / (acc_native − acc_no_prefix): floor-normalised retention."""
-    if "no_prefix_correct" not in view:
-        return _nan(view)
+    """(acc_x − acc_no_prefix) / (acc_native − acc_no_prefix): floor-normalised retention (nan without no_prefix)."""
     floor, ceil = _over(view, "no_prefix_correct"), _over(view, "native_correct")
     return _ratio(accuracy(view) - floor, ceil - floor)
 
@@ -189,8 +185,7 @@ def greedy_first_divergence(view: EvalView):
 
 def greedy_agreement(view: EvalView):
     """Mean share of the G greedy tokens generated before the first divergence from native."""
-    g = view.params.get("greedy_tokens") or 1
-    return greedy_first_divergence(view) / g
+    return greedy_first_divergence(view) / (view.params.get("greedy_tokens") or 1)
 
 
 def layer_cosines(view: EvalView):
