@@ -269,7 +269,6 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     if images or skipped:
         out += ["", "## Plots", "", *(f"![{title}]({name})" for title, name in images.items())]
         out += [f"Plots skipped: {skipped}."] if skipped else []
-    d = result.get("data") or {}
     out += [
         "",
         "## Method",
@@ -282,7 +281,7 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
         "(captured in the native run) attend over native vs the condition's prefix K/V (continuation K/V and mask "
         "unchanged); cosine of the attention outputs, heads concatenated, mean over positions.",
         "",
-        f"Data: {json.dumps(d)}",
+        f"Data: {json.dumps(result.get('data') or {})}",
     ]
     defs = result.get("definitions") or {}
     if defs:
