@@ -79,15 +79,13 @@ def corpus_samples(corpus, tokenizer, *, n: int, length: int, fraction: float = 
         texts = [corpus] if isinstance(corpus, str) else list(corpus)
     tail = heldout_text(texts, fraction)
     ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
-    samples = windows(torch.tensor(ids, dtype=torch.long), n, length)
-    info = {
+    return windows(torch.tensor(ids, dtype=torch.long), n, length), {
         "kind": "corpus",
         "path": str(corpus) if isinstance(corpus, (str, Path)) else None,
         "sha256": sha,
         "heldout_fraction": fraction,
         "heldout_tokens": len(ids),
     }
-    return samples, info
 
 
 def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None = None, temperature: float = 1.0):
@@ -184,6 +182,7 @@ def evaluate_config(
     from kvbridge.evaluate.conditions import run_conditions
     from kvbridge.evaluate.metrics import resolve_metrics, summarize
     from kvbridge.plugins import get_host
+    from kvbridge.progress import json_ready
     from kvbridge.stats import ratio
 
     source, target = models
@@ -228,8 +227,6 @@ def evaluate_config(
         "definitions": summary["descriptions"],
         "notes": list(run.notes),
     }
-    from kvbridge.progress import json_ready
-
     return json_ready(result, stringify=False)
 
 

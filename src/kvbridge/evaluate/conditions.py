@@ -125,9 +125,7 @@ def run_conditions(
     config = config or EvalSettings()
     samples, p, c = sample_ids(samples, config.prefix_len, config.continuation_len, EvalError)
     n = samples.shape[0]
-    conds = [x for x in CONDITIONS if x in config.condition_names()]
-    if "native" not in conds:
-        conds.insert(0, "native")
+    conds = [x for x in CONDITIONS if x in ("native", *config.condition_names())]  # native: always run
     if "shuffled" in conds and n < 2:
         raise EvalError("the shuffled control needs at least 2 samples", "pass --samples 2 or more")
     pre = Prefills(source, target, mapping, host=host, error=EvalError)

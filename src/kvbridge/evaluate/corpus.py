@@ -55,33 +55,30 @@ def eval_corpus(
         return EvalCorpus(heldout_text(texts, fraction), texts, {**base, "heldout_fraction": fraction}, note)
     same = corpus.sha256 in {rec.get("sha256"), cal.get("corpus_sha256")} - {None}
     fitted = Split.from_record(rec["split"]) if same and rec.get("split") else None
+    what = None
     if fitted is not None:
         evaluated = Split(heldout=fraction if explicit else fitted.heldout, salt=fitted.salt)
         over = split_overlap(corpus, fitted, evaluated)
-        what = (
-            f"{len(over)} of the held-out files at --heldout-fraction {evaluated.heldout:g} are calibration files "
-            f"of the mapping (fitted with {fitted.heldout:g} of this folder held out), e.g. {over[0]!r}"
-            if over
-            else None
-        )
+        if over:
+            what = (
+                f"{len(over)} of the held-out files at --heldout-fraction {evaluated.heldout:g} are calibration "
+                f"files of the mapping (fitted with {fitted.heldout:g} of this folder held out), e.g. {over[0]!r}"
+            )
     else:
         evaluated = Split(heldout=fraction)
-        what = (
-            "the mapping was fitted on this folder without a recorded file split: any file may be calibration text"
-            if same
-            else None
-        )
-    note = None
-    if what:
-        if not allow:
-            raise OverlapError(
-                what,
-                f"use --heldout-fraction {fitted.heldout:g} (the mapping's) or less, evaluate on "
-                "another corpus, or pass --allow-overlap to measure anyway"
-                if fitted is not None
-                else "fit again with this kvbridge (it records the split), or pass --allow-overlap",
+        if same:
+            what = (
+                "the mapping was fitted on this folder without a recorded file split: any file may be calibration text"
             )
-        note = what + " (--allow-overlap: scores are optimistic)"
+    if what and not allow:
+        raise OverlapError(
+            what,
+            f"use --heldout-fraction {fitted.heldout:g} (the mapping's) or less, evaluate on "
+            "another corpus, or pass --allow-overlap to measure anyway"
+            if fitted is not None
+            else "fit again with this kvbridge (it records the split), or pass --allow-overlap",
+        )
+    note = what + " (--allow-overlap: scores are optimistic)" if what else None
     texts = corpus.part_texts(evaluated, "heldout")
     data = {
         **base,

@@ -79,9 +79,7 @@ def parse_gate(text: str, higher_is_better: dict | None = None, *, enforced: boo
 def gate_set(given=(), higher_is_better: dict | None = None) -> list[Gate]:
     """Default gates (reported) overridden / extended by the ``given`` ones (enforced)."""
     gates = {g.key: g for t in DEFAULT_GATES for g in parse_gate(t, higher_is_better)}
-    for text in given:
-        for g in parse_gate(text, higher_is_better, enforced=True):
-            gates[g.key] = g
+    gates.update((g.key, g) for t in given for g in parse_gate(t, higher_is_better, enforced=True))
     return list(gates.values())
 
 

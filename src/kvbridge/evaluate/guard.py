@@ -149,8 +149,9 @@ def guarded_prepare(
     """Check ``state`` for ``model`` and return the cache to ``generate`` from (see the module docstring)."""
     import torch
 
-    from kvbridge.models.fingerprint import config_fingerprint
+    from kvbridge.divergence import kl as kl_of
     from kvbridge.handoff import prepare_cache
+    from kvbridge.models.fingerprint import config_fingerprint
 
     g = settings if settings is not None else GuardSettings()
     adapter = adapter_of(model, host)
@@ -177,8 +178,6 @@ def guarded_prepare(
         native_full = adapter.extract(model, ids[:, :n])
         ref = _next_logits(model, None, ids)
         got = _next_logits(model, cache, rest[:, n - 1 if n == ids.shape[1] else n :]) if cache is not None else ref
-        from kvbridge.divergence import kl as kl_of
-
         kl = float(kl_of(ref, got).max())
         checks.append(GuardCheck("kl_probe", kl <= g.kl_max, kl, g.kl_max, f"next-token KL {kl:.4g}"))
     failed = [c for c in checks if not c.passed]

@@ -162,9 +162,7 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def gap_recovered(view: EvalView):
-    """(NLL_no_prefix − NLL_x) / (NLL_no_prefix − NLL_native) on mean NLLs."""
-    if "no_prefix_nll" not in view:
-        return _nan(view)
+    """(NLL_no_prefix − NLL_x) / (NLL_no_prefix − NLL_native) on mean NLLs (nan without a no_prefix run)."""
     floor, ceil = _over(view, "no_prefix_nll"), _over(view, "native_nll")
     return _ratio(floor - nll(view), floor - ceil)
 
@@ -175,9 +173,7 @@ def retention(view: EvalView):
 
 
 def retention_floor(view: EvalView):
-    """(acc_x − acc_no_prefix) / (acc_native − acc_no_prefix): floor-normalised retention."""
-    if "no_prefix_correct" not in view:
-        return _nan(view)
+    """(acc_x − acc_no_prefix) / (acc_native − acc_no_prefix): floor-normalised retention (nan without no_prefix)."""
     floor, ceil = _over(view, "no_prefix_correct"), _over(view, "native_correct")
     return _ratio(accuracy(view) - floor, ceil - floor)
 
@@ -189,8 +185,7 @@ def greedy_first_divergence(view: EvalView):
 
 def greedy_agreement(view: EvalView):
     """Mean share of the G greedy tokens generated before the first divergence from native."""
-    g = view.params.get("greedy_tokens") or 1
-    return greedy_first_divergence(view) / g
+    return greedy_first_divergence(view) / (view.params.get("greedy_tokens") or 1)
 
 
 def layer_cosines(view: EvalView):
@@ -266,13 +261,8 @@ def _values(metric, view: EvalView) -> torch.Tensor:
         if t.numel() == view.replicates:
             return t
         if t.numel() == 1 and view.replicates > 1:
-            return torch.tensor(
-                [
-                    float(torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64).flatten()[0])
-                    for r in range(view.replicates)
-                ],
-                dtype=torch.float64,
-            )
+            each = (torch.as_tensor(fn(view.replicate(r)), dtype=torch.float64) for r in range(view.replicates))
+            return torch.tensor([float(x.flatten()[0]) for x in each], dtype=torch.float64)
     except KVBridgeError:
         raise
     except Exception as exc:  # noqa: BLE001 - any bug in a plugin's metric
@@ -292,8 +282,7 @@ def percentile_interval(values: torch.Tensor) -> list:
     t = t[~torch.isnan(t)]
     if t.numel() < max(2, values.numel() // 2):  # mostly undefined: no interval
         return [NAN, NAN]
-    lo, hi = torch.quantile(t, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return [lo, hi]
+    return torch.quantile(t, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
 
 
 def summarize(
@@ -307,8 +296,7 @@ def summarize(
     metrics = metrics if metrics is not None else resolve_metrics(host)
     params = {"greedy_tokens": run.config.greedy_tokens, "top_k": run.config.top_k, "top_p": run.config.top_p}
     fields = run.fields
-    n = run.num_samples
-    idx = bootstrap_indices(n, bootstrap, seed) if bootstrap > 0 else None
+    idx = bootstrap_indices(run.num_samples, bootstrap, seed) if bootstrap > 0 else None
     reps = {c: {m.name: [] for m in metrics} for c in fields}
     layer_reps = {c: [] for c in fields}
     nll_reps = {c: [] for c in fields}

@@ -269,7 +269,6 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
     if images or skipped:
         out += ["", "## Plots", "", *(f"![{title}]({name})" for title, name in images.items())]
         out += [f"Plots skipped: {skipped}."] if skipped else []
-    d = result.get("data") or {}
     out += [
         "",
         "## Method",
@@ -282,7 +281,7 @@ def markdown(result: dict, images: dict, skipped: str | None = None) -> str:
         "(captured in the native run) attend over native vs the condition's prefix K/V (continuation K/V and mask "
         "unchanged); cosine of the attention outputs, heads concatenated, mean over positions.",
         "",
-        f"Data: {json.dumps(d)}",
+        f"Data: {json.dumps(result.get('data') or {})}",
     ]
     defs = result.get("definitions") or {}
     if defs:
@@ -303,10 +302,9 @@ def write_report(result: dict, folder) -> dict:
     from kvbridge.artifacts import atomic_dir
 
     folder = Path(folder)
-    names = {}
+    names = {"json": "eval.json"}
     with atomic_dir(folder, kind=REPORT_KIND, overwrite=True, flag="") as tmp:
         (tmp / "eval.json").write_text(to_json(result) + "\n", encoding="utf-8")
-        names["json"] = "eval.json"
         plt = pyplot()
         images, skipped = {}, None
         if plt is None:

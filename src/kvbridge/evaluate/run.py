@@ -93,6 +93,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     from kvbridge.evaluate.corpus import eval_corpus
     from kvbridge.evaluate import corpus_samples, evaluate_config
     from kvbridge.evaluate.report import batch_record, write_report
+    from kvbridge.faults import fault_point
     from kvbridge.fit.calibrate import check_same_tokens
     from kvbridge.progress import PartialLog
 
@@ -104,11 +105,10 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     if heartbeat is not None:
         heartbeat.stage("reading the corpus and the mapping")
     mapping = mapping_of(run)
-    fraction = HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction
     ev = eval_corpus(
         s.corpus,
         getattr(mapping, "manifest", None),
-        fraction,
+        HELDOUT_FRACTION if s.heldout_fraction is None else s.heldout_fraction,
         explicit=s.heldout_fraction is not None,
         allow=s.allow_overlap,
         tokenizer=ttok,
@@ -118,7 +118,8 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         warn(ev.note)
     ids, data = corpus_samples([ev.tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    refs = {"source": _ref_text(src), "target": _ref_text(tgt)}
+    # the references as the user gave them (zoo:base, a folder)
+    refs = {role: str(getattr(x.ref, "ref", None) or x.name) for role, x in (("source", src), ("target", tgt))}
     head = {"command": "eval", **refs, "mapping": s.mapping, "corpus": str(s.corpus), "samples": int(ids.shape[0])}
     head.update(prefix_len=s.prefix_len, continuation_len=s.continuation_len)
     partial = None if s.partial_file is None else PartialLog(s.partial_file, head)
@@ -128,8 +129,6 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
     def on_batch(first, last, fields):
         if partial is not None:
             partial.add(batch_record(first, last, fields))
-        from kvbridge.faults import fault_point
-
         fault_point("eval.batch")
 
     for cs in condition_sets:  # a condition set of a later stage (kvbridge.recompute.eval_run) instead
@@ -177,11 +176,6 @@ def close_partial(partial, settings, written: dict, summary: dict | None = None)
     deleted."""
     if partial is not None:
         partial.remove() if written and settings.partial_path is None else partial.finish(summary)
-
-
-def _ref_text(loaded) -> str:
-    """The reference as the user gave it (``zoo:base``, a folder)."""
-    return str(getattr(loaded.ref, "ref", None) or loaded.name)
 
 
 __all__ = [

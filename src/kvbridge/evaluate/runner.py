@@ -272,17 +272,12 @@ def cat_states(states: list):
     def rows(t):
         return t.expand(b, -1) if t.shape[0] == 1 else t
 
+    def layout(s):  # what states stacked along the batch must share
+        return s.rope_applied, s.rope_lengths is None, s.batch_size, s.num_tokens, [i for i, _ in s.indexer_keys]
+
+    if any(s.states or layout(s) != layout(first) for s in states[1:]):
+        return None
     index_layers = [i for i, _ in first.indexer_keys]
-    for s in states[1:]:
-        if (
-            s.rope_applied != first.rope_applied
-            or (s.rope_lengths is None) != (first.rope_lengths is None)
-            or s.states
-            or s.batch_size != b
-            or s.num_tokens != first.num_tokens
-            or [i for i, _ in s.indexer_keys] != index_layers
-        ):
-            return None
     lengths = None if first.rope_lengths is None else torch.cat([rows(s.rope_lengths) for s in states])
     index = tuple((i, torch.cat(ts)) for i, *ts in zip(index_layers, *([t for _, t in s.indexer_keys] for s in states)))
     return replace(

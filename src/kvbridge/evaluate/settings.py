@@ -192,15 +192,14 @@ class EvalSettings:
     )
     partial_path: str | None = partial_option("batches")
     recompute: RecomputeSettings = option(RecomputeSettings, nested=True)
-    frontier: str | None = (
-        option(  # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
-            None,
-            "The compute frontier instead of the conditions: for each share R of the prefix, truncated@R "
-            "(the target prefills only --sink first tokens and the last R, at their original positions) beside "
-            "tail@R (the same rows computed by the target over the transferred cache), with native, source, "
-            "transferred and no_prefix, FLOP shares, paired differences and a verdict (see docs/recompute.md).",
-            metavar="R[,R...]",
-        )
+    # R[,R...]: the compute frontier (kvbridge.recompute.frontier) instead of the conditions
+    frontier: str | None = option(
+        None,
+        "The compute frontier instead of the conditions: for each share R of the prefix, truncated@R "
+        "(the target prefills only --sink first tokens and the last R, at their original positions) beside "
+        "tail@R (the same rows computed by the target over the transferred cache), with native, source, "
+        "transferred and no_prefix, FLOP shares, paired differences and a verdict (see docs/recompute.md).",
+        metavar="R[,R...]",
     )
     sink: int = option(  # sink tokens kept by the frontier's truncated@R and tail@R
         4, "Sink tokens (the prefix's first) kept by --frontier.", kind=("count", 0), show_default=True

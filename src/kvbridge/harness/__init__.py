@@ -16,5 +16,3 @@
 
 Importing this package imports nothing heavy.
 """
-
-from __future__ import annotations

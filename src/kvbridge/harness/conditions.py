@@ -210,15 +210,13 @@ class Answerer:
     def _recompute(self, point, bt):
         """A recompute point on the transferred cache (layers, or a share of the tokens)."""
         from kvbridge.evaluate.runner import Built
+        from kvbridge.recompute.layers import recompute_layers
+        from kvbridge.recompute.tokens import blend
 
         moved = self.prefills.transferred(bt)
         if point.kind == "layers":
-            from kvbridge.recompute.layers import recompute_layers
-
             make = lambda: recompute_layers(self.target, moved, point.layers, mode="target")[0]  # noqa: E731
         else:
-            from kvbridge.recompute.tokens import blend
-
             make = lambda: blend(self.target, moved, 0, point.ratio).state  # noqa: E731
         return Built(bt.once(point.name, make, "recompute_s"))
 
@@ -359,9 +357,8 @@ def same_cache(a, b) -> bool:
     if a is None or b is None:
         return False
     head = [(s.spec, s.rope_applied, s.num_layers, s.dtype, s.rope_lengths is None) for s in (a, b)]
-    if (
-        head[0] != head[1] or a.states or b.states or a.indexer_keys or b.indexer_keys
-    ):  # recurrent/indexer: not compared
+    # recurrent states and indexer keys: not compared
+    if head[0] != head[1] or a.states or b.states or a.indexer_keys or b.indexer_keys:
         return False
     pairs = [(a.token_ids, b.token_ids), (a.positions, b.positions), *zip(a.keys, b.keys), *zip(a.values, b.values)]
     if a.rope_lengths is not None:

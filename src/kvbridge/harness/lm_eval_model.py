@@ -34,6 +34,8 @@ from typing import Any
 from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry, register_model
 
+from kvbridge.harness.run import _ids
+
 NAME = "kvbridge"
 
 
@@ -61,20 +63,19 @@ class KVBridgeLM(LM):
         self.max_gen_toks = int(max_gen_toks)
         self.rolling_window = int(rolling_window)
         if answerer is None:
+            from types import SimpleNamespace
+
+            from kvbridge.evaluate.run import mapping_of
+            from kvbridge.harness.conditions import Answerer
             from kvbridge.harness.protocol import HarnessError
+            from kvbridge.models.pair import load_pair
+            from kvbridge.run import Run
 
             if not source or not target:
                 raise HarnessError(
                     "the kvbridge lm-eval model needs source= and target= model references",
                     "pass --model_args source=REF,target=REF,mapping=DIR",
                 )
-            from types import SimpleNamespace
-
-            from kvbridge.evaluate.run import mapping_of
-            from kvbridge.harness.conditions import Answerer
-            from kvbridge.models.pair import load_pair
-            from kvbridge.run import Run
-
             pair = load_pair(source, target, dtype=dtype)  # the mapping checked as `kvbridge harness` does
             asked = SimpleNamespace(
                 mapping=str(mapping), accept_fingerprint_mismatch=_flag(accept_fingerprint_mismatch)
@@ -88,9 +89,6 @@ class KVBridgeLM(LM):
         self.counts = {"loglikelihood": 0, "loglikelihood_rolling": 0, "generate_until": 0}
 
     # -- tokenising ------------------------------------------------------------------------------
-    def _encode(self, text: str, special: bool = False) -> list[int]:
-        return list(self.tok(text, add_special_tokens=special)["input_ids"]) if text else []
-
     def prefix_ids(self) -> list[int]:
         """What an empty context becomes: the tokenizer's special-token prefix (its BOS), else EOS."""
         ids = list(self.tok("", add_special_tokens=True)["input_ids"])
@@ -100,7 +98,7 @@ class KVBridgeLM(LM):
         return [int(eos)] if eos is not None else [0]
 
     def _context(self, text: str) -> list[int]:
-        ids = self._encode(text, special=True)
+        ids = _ids(self.tok, text, True)
         return ids if ids and text else self.prefix_ids() + ids
 
     def _split(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -112,23 +110,21 @@ class KVBridgeLM(LM):
         whole = self._context(context + continuation)
         ctx = self._context(context)
         if whole[: len(ctx)] != ctx:  # the tokenizer merged across the boundary: encode apart
-            return ctx, self._encode(continuation)
+            return ctx, _ids(self.tok, continuation, False)
         return ctx, whole[len(ctx) :]
 
     # -- the LM interface -------------------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        out = []
-        for req in requests:
-            ctx, cont = self._split(req.args[0], req.args[1])
-            out.append(self.answerer.loglikelihood(self.condition, ctx, [], cont))
-            self.counts["loglikelihood"] += 1
+        pairs = [self._split(req.args[0], req.args[1]) for req in requests]
+        out = [self.answerer.loglikelihood(self.condition, ctx, [], cont) for ctx, cont in pairs]
+        self.counts["loglikelihood"] += len(out)
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         out = []
         w = max(1, self.rolling_window)
         for req in requests:
-            toks = self._encode(req.args[0])
+            toks = _ids(self.tok, req.args[0], False)
             total = 0.0
             for start in range(0, len(toks), w):
                 ctx = self.prefix_ids() + toks[:start]

@@ -64,8 +64,9 @@ ROWS = (
 
 
 def write_template(folder, task: str = TASK) -> tuple[Path, Path]:
-    """Write ``TASK.yaml`` and ``TASK.jsonl`` into ``folder`` (each to a temporary file, then renamed);
-    an existing file is never overwritten. Returns (yaml, data) paths."""
+    """Write ``TASK.yaml`` and ``TASK.jsonl`` into ``folder`` (each atomically: a temporary file, then
+    renamed); an existing file is never overwritten. Returns (yaml, data) paths."""
+    from kvbridge.artifacts import write_file_atomic
     from kvbridge.harness.protocol import HarnessError
 
     folder = Path(folder).expanduser().resolve()
@@ -74,11 +75,8 @@ def write_template(folder, task: str = TASK) -> tuple[Path, Path]:
         if p.exists():
             raise HarnessError(f"{p} already exists", "pass another folder, or remove the file")
     folder.mkdir(parents=True, exist_ok=True)
-    texts = {data_path: ROWS, yaml_path: TEMPLATE.format(task=task, data=data_path, yaml=yaml_path, tag=TAG)}
-    for path, text in texts.items():
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+    write_file_atomic(data_path, ROWS)
+    write_file_atomic(yaml_path, TEMPLATE.format(task=task, data=data_path, yaml=yaml_path, tag=TAG))
     return yaml_path, data_path
 
 

@@ -163,6 +163,7 @@ class LmEvalTask:
 
     def items(self, options: LmEvalOptions, tokenizer) -> list:
         self._task = task = self._load(options)
+        self._lms = {}  # a run's own lm-eval models (a Prepared task may serve several runs)
         task.build_all_requests(rank=0, world_size=1)
         by_doc: dict = {}
         for inst in task.instances:
@@ -224,7 +225,10 @@ def lm_eval_loaded_tasks(specs, options: dict | None = None) -> list:
     stray = [k for k in (options or {}) if k not in names]
     if stray:
         raise HarnessError(
-            f"-o names {stray[0]!r}, which is not an --lm-eval-task", f"use one of {', '.join(sorted(names))}"
+            f"-o names {stray[0]!r}, which is not an --lm-eval-task",
+            f"use one of {', '.join(sorted(names))}"
+            if names
+            else "add the task with --lm-eval-task, or drop the option",
         )
     out = []
     for spec in specs:

@@ -123,8 +123,7 @@ def markdown(result: dict) -> str:
     extra = condition_lines(result)
     if extra:
         out += ["The other cache conditions (point values):", ""] + [f"- {x}" for x in extra] + [""]
-    out += ["Paired differences (a - b, per item):", ""]
-    out += [f"- {x}" for x in paired_lines(result)]
+    out += ["Paired differences (a - b, per item):", ""] + [f"- {x}" for x in paired_lines(result)]
     out += [f"- note: {n}" for n in result.get("notes") or []]
     return "\n".join(out) + "\n"
 

@@ -179,6 +179,7 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
     from kvbridge.evaluate.runner import run_items
     from kvbridge.harness.conditions import Answerer, parse_recompute_layers, parse_recompute_tokens
     from kvbridge.harness.sandbox import code_execution_allowed
+    from kvbridge.progress import json_ready
 
     s, src, tgt = run.settings, run.source, run.target
     tokenizer = tgt.tokenizer
@@ -233,8 +234,6 @@ def run_tasks(run, tasks: list[LoadedTask], mapping, *, progress=None, on_item=N
             "the same rows computed by the target at every layer over the mapped cache of the "
             "others (tail@0: the plain transfer)"
         )
-    from kvbridge.progress import json_ready
-
     return json_ready(
         {
             "schema": SCHEMA,

@@ -59,15 +59,11 @@ def read_items(path: str, options: ChoiceOptions | None = None) -> list[ChoiceIt
                     f"{where} needs 'question' (text) and 'choices' (two or more non-empty texts)",
                     'write e.g. {"question": "...", "choices": ["a", "b"], "answer": 0}',
                 )
-            if isinstance(ans, bool) or not isinstance(ans, (int, str)):
-                raise HarnessError(
-                    f"{where}: 'answer' must be a choice index or a choice text",
-                    "set answer to 0..k-1 or to one of the choices",
-                )
-            gold = ans if isinstance(ans, int) else (choices.index(ans) if ans in choices else -1)
+            index = isinstance(ans, int) and not isinstance(ans, bool)
+            gold = ans if index else (choices.index(ans) if isinstance(ans, str) and ans in choices else -1)
             if not 0 <= gold < len(choices):
                 raise HarnessError(
-                    f"{where}: answer {ans!r} is not one of its {len(choices)} choices",
+                    f"{where}: answer {ans!r} is not one of its {len(choices)} choices (by index or by text)",
                     "set answer to 0..k-1 or to one of the choices",
                 )
             ctx = rec.get("context") or ""
