@@ -163,7 +163,6 @@ class LmEvalTask:
 
     def items(self, options: LmEvalOptions, tokenizer) -> list:
         self._task = task = self._load(options)
-        self._lms = {}  # a run's own lm-eval models (a Prepared task may serve several runs)
         task.build_all_requests(rank=0, world_size=1)
         by_doc: dict = {}
         for inst in task.instances:
