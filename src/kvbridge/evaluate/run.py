@@ -118,8 +118,7 @@ def evaluate_run(run, *, progress=None, heartbeat=None, warn=None, condition_set
         warn(ev.note)
     ids, data = corpus_samples([ev.tail], ttok, n=s.samples, length=s.sample_len, fraction=1.0)
     data.update(ev.data)
-    # the references as the user gave them (zoo:base, a folder)
-    refs = {role: str(getattr(x.ref, "ref", None) or x.name) for role, x in (("source", src), ("target", tgt))}
+    refs = {"source": _ref_text(src), "target": _ref_text(tgt)}
     head = {"command": "eval", **refs, "mapping": s.mapping, "corpus": str(s.corpus), "samples": int(ids.shape[0])}
     head.update(prefix_len=s.prefix_len, continuation_len=s.continuation_len)
     partial = None if s.partial_file is None else PartialLog(s.partial_file, head)
@@ -176,6 +175,11 @@ def close_partial(partial, settings, written: dict, summary: dict | None = None)
     deleted."""
     if partial is not None:
         partial.remove() if written and settings.partial_path is None else partial.finish(summary)
+
+
+def _ref_text(loaded) -> str:
+    """The reference as the user gave it (``zoo:base``, a folder)."""
+    return str(getattr(loaded.ref, "ref", None) or loaded.name)
 
 
 __all__ = [

@@ -115,9 +115,11 @@ class KVBridgeLM(LM):
 
     # -- the LM interface -------------------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [self._split(req.args[0], req.args[1]) for req in requests]
-        out = [self.answerer.loglikelihood(self.condition, ctx, [], cont) for ctx, cont in pairs]
-        self.counts["loglikelihood"] += len(out)
+        out = []
+        for req in requests:
+            ctx, cont = self._split(req.args[0], req.args[1])
+            out.append(self.answerer.loglikelihood(self.condition, ctx, [], cont))
+            self.counts["loglikelihood"] += 1
         return out
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:

@@ -224,10 +224,7 @@ def lm_eval_loaded_tasks(specs, options: dict | None = None) -> list:
     stray = [k for k in (options or {}) if k not in names]
     if stray:
         raise HarnessError(
-            f"-o names {stray[0]!r}, which is not an --lm-eval-task",
-            f"use one of {', '.join(sorted(names))}"
-            if names
-            else "add the task with --lm-eval-task, or drop the option",
+            f"-o names {stray[0]!r}, which is not an --lm-eval-task", f"use one of {', '.join(sorted(names))}"
         )
     out = []
     for spec in specs:
