@@ -586,8 +586,9 @@ def make_host(*, builtins: bool = True, entry_points: bool = True, extra: Iterab
         for caller, hookimpl in impls:
             hookimpl.function = _guard(caller.name, hookimpl, record)
 
-    for modname in (m for m in BUILTIN_PLUGINS if builtins and m not in disabled):
-        add(modname, importlib.import_module(modname), __version__, True)
+    if builtins:
+        for modname in (m for m in BUILTIN_PLUGINS if m not in disabled):
+            add(modname, importlib.import_module(modname), __version__, True)
 
     if entry_points:
         allow = _env_list("KVBRIDGE_LOAD_PLUGINS")

@@ -174,10 +174,10 @@ class _Tables:
 class _IdentityCache:
     """A small LRU keyed by object identity + tensor version counter, checked through weak refs.
 
-    A tensor key is ``(id, version, data_ptr, shape, stride, dtype, device)``; the weak ref
+    A tensor key is ``(id, version, data_ptr, stride, shape, dtype, device)``; the weak ref
     guards against a freed tensor's id being reused, and its callback drops the entry once a key
-    object dies (a finished batch's tables are not held until 32 newer ones push them out). Inference tensors (no version counter)
-    are keyed by content instead.
+    object dies (a finished batch's tables are not held until 32 newer ones push them out).
+    Inference tensors (no version counter) are keyed by content instead.
     """
 
     def __init__(self, size: int = 32):

@@ -289,9 +289,14 @@ def run_adapter_pair(pair=None, settings=None, *, host=None, progress=None) -> A
     }
     r2, sel = mapping.report.r2_summary, mapping.layer_selection()  # a ridge mapping (FitSettings' fitter)
     diagonal = bool(sel) and all(row and row[0] == i for i, row in enumerate(sel))
-    a = pair.adapter
-    info = {"path": a.path, "rank": a.rank, "alpha": a.alpha, "targets": list(a.target_modules), "sha256": a.sha256}
-    info["heldout"] = (a.recipe or {}).get("result")
+    info = {
+        "path": pair.adapter.path,
+        "rank": pair.adapter.rank,
+        "alpha": pair.adapter.alpha,
+        "targets": list(pair.adapter.target_modules),
+        "sha256": pair.adapter.sha256,
+        "heldout": (pair.adapter.recipe or {}).get("result"),
+    }
     kept = ("prefix_len", "continuation_len", "greedy_tokens", "bootstrap", "seed", "top_k", "stride")
     settings = {
         "base": pair.base_name,

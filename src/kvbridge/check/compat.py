@@ -98,8 +98,9 @@ def check(source, target, *, host=None, same_model: bool = False, plugins: bool 
     with different weights is ``mappable``, not ``identity``.
     """
     s, t = (side if isinstance(side, Side) else Side(spec=side) for side in (source, target))
+    axes = core_axes(s, t, same_model)  # before any plugin's check runs
     findings = tuple(host_or_default(host).check_findings(s.spec, t.spec)) if plugins else ()
-    axes = _merge(core_axes(s, t, same_model), findings)
+    axes = _merge(axes, findings)
     verdict, reasons = _overall(axes)
     return Report(
         source=s.spec,

@@ -19,10 +19,13 @@ def nope_note(s: ModelSpec, t: ModelSpec) -> str:
     def fmt(spec):
         return f"layers {list(spec.nope_layers)}" if spec.nope_layers else "none"
 
+    only_s = sorted(set(s.nope_layers) - set(t.nope_layers))
+    only_t = sorted(set(t.nope_layers) - set(s.nope_layers))
     bits = [f"NoPE layers differ (source {fmt(s)}, target {fmt(t)}): strip/apply skip each side's NoPE layers"]
-    for side, a, b, keys in (("source", s, t, "get the target RoPE"), ("target", t, s, "lose the source RoPE")):
-        if only := sorted(set(a.nope_layers) - set(b.nope_layers)):
-            bits.append(f"layers {only} are NoPE only in the {side} (their keys {keys})")
+    if only_s:
+        bits.append(f"layers {only_s} are NoPE only in the source (their keys get the target RoPE)")
+    if only_t:
+        bits.append(f"layers {only_t} are NoPE only in the target (their keys lose the source RoPE)")
     return "; ".join(bits)
 
 

@@ -133,8 +133,11 @@ def load_records(folder: Path | str | None = None) -> list[tuple[dict, Measured]
     """Every record in ``folder`` (default :data:`REPO_RESULTS`): ``(raw record, Measured)``, by file name."""
     folder = Path(REPO_RESULTS if folder is None else folder)
     paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    raws = [(load_json(p, what="measured result record", object_only=False), p) for p in paths]
-    return [(raw, validate_record(raw, p)) for raw, p in raws]
+    out = []
+    for p in paths:
+        raw = load_json(p, what="measured result record", object_only=False)
+        out.append((raw, validate_record(raw, p)))
+    return out
 
 
 def names_of(resolved) -> set[str]:

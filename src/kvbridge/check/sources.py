@@ -255,9 +255,11 @@ def geometry_diff(expected: Mapping, actual: Mapping, prefix: str = "") -> list[
     for key in sorted(set(expected) | set(actual)):
         a, b = expected.get(key, "<absent>"), actual.get(key, "<absent>")
         name = f"{prefix}{key}"
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out.extend(geometry_diff(a, b, name + "."))
-        elif (abs(float(a) - float(b)) > 1e-9 * max(1.0, abs(float(a)))) if numbers else a != b:
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+            if abs(float(a) - float(b)) > 1e-9 * max(1.0, abs(float(a))):
+                out.append(f"{name}: manifest {a!r} != computed {b!r}")
+        elif a != b:
             out.append(f"{name}: manifest {a!r} != computed {b!r}")
     return out

@@ -203,9 +203,13 @@ def _fields(buf: bytes):
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(buf, pos)
-        elif wire in (1, 2, 5):  # 8 bytes, length-delimited, 4 bytes
-            length, pos = _varint(buf, pos) if wire == 2 else ({1: 8, 5: 4}[wire], pos)
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
             value, pos = buf[pos : pos + length], pos + length
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported wire type {wire}")
         if pos > n:

@@ -219,7 +219,8 @@ def describe(model: str | None, as_json: bool, list_models: bool) -> None:
 
     host = get_host()
     if list_models:
-        return _list(host, as_json)
+        _list(host, as_json)
+        return
     if not model:
         raise ConfigError("missing MODEL", "pass a model folder, a config.json, or a name from --list")
     resolved = resolve(model, host=host)

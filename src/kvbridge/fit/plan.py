@@ -106,7 +106,19 @@ def model_size(ref: str) -> ModelSize:
     body = layers * (attn + (3 if gated else 2) * hidden * inter)
     tied = bool(_get(cfg, "tie_word_embeddings", default=False))
     params = body + vocab * hidden * (1 if tied else 2)
-    return ModelSize(resolved.name, layers, kv, hd, heads * hd, params, body, vocab * hidden, hidden, inter, gated)
+    return ModelSize(
+        resolved.name,
+        layers,
+        kv,
+        hd,
+        attn_width=heads * hd,
+        params=params,
+        forward_params=body,
+        embed_params=vocab * hidden,
+        hidden=hidden,
+        intermediate=inter,
+        gated_mlp=gated,
+    )
 
 
 def forward_activation_bytes(m: ModelSize, rows: int, dtype_bytes: int) -> int:

@@ -20,8 +20,14 @@ from kvbridge.errors import ConfigError
 from kvbridge.fit.settings import FitSettings
 
 #: settings fields -> fitter option keys (passed only when given; a fitter without the key refuses it)
-SHORTCUTS = {name: name for name in ("top_k", "alpha", "estimator", "estimator_options", "max_samples")}
-SHORTCUTS["memory_gib"] = "memory_budget"
+SHORTCUTS = {
+    "top_k": "top_k",
+    "alpha": "alpha",
+    "memory_gib": "memory_budget",
+    "estimator": "estimator",
+    "estimator_options": "estimator_options",
+    "max_samples": "max_samples",
+}
 
 
 def option_values(settings: FitSettings) -> dict:

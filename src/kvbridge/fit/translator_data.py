@@ -168,7 +168,9 @@ def mapped(data: TrainingData, params: dict, kind: str, rows, tokens=None) -> tu
         b, lt, h, t, d = base.shape
         dl = stacked_delta(x, params[name], kind).view(b, lt, t, h, d).transpose(2, 3)
         if name == "k" and data.rope is not None:
-            cos, sin, rdim, inter = data.rope  # per-layer tables [L, T, r]: the layers are their batch
+            # per-layer tables [L, T, r]: the layers are their batch, so the residual [B, L, H, T, D]
+            # is rotated as [L, B*H, T, D]
+            cos, sin, rdim, inter = data.rope
             dl = rotate(dl.transpose(0, 1).reshape(lt, b * h, t, d), cos[:, :t], sin[:, :t], rdim, inter)
             dl = dl.view(lt, b, h, t, d).transpose(0, 1)
         out.append(base + dl)

