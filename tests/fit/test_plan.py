@@ -246,6 +246,24 @@ def test_plan_counts_the_held_out_statistics_only_when_sequences_are_held_out():
     assert one_sequence.statistics_bytes == alone.statistics_bytes
 
 
+def test_without_a_held_out_split_the_smallest_budget_counts_the_train_split_only():
+    """--heldout 0: the held-out statistics stay empty, so the minimum is the one-split one: a budget
+    the two-split minimum refuses plans, and the refusal with a held-out share names the larger one."""
+    from kvbridge.errors import ConfigError
+    from kvbridge.fit.plan import minimum_budget
+
+    s, t = model_size(PAIR[0]), model_size(PAIR[1])
+    one, two = (
+        minimum_budget("ridge", s.layers, t.layers, s.kv_features, s.head_dim, t.kv_features, 2, splits)
+        for splits in (1, 2)
+    )
+    assert one < two
+    alone = plan(*PAIR, top_k=2, heldout=0.0, memory_budget=one)
+    assert alone.passes and all(ps.statistics_bytes <= one for ps in alone.passes)
+    with pytest.raises(ConfigError, match="over the .* budget"):
+        plan(*PAIR, top_k=2, memory_budget=one)
+
+
 def test_plan_counts_one_calibration_batch_beside_the_statistics():
     from kvbridge.fit.plan import calibration_batch_bytes, forward_activation_bytes, model_size, plan
 

@@ -153,6 +153,24 @@ def test_without_a_held_out_split_the_budget_counts_one_split(planted, fit_host)
     assert len(held.report.passes) > 1 and all(p["bytes"] <= one for p in held.report.passes)
 
 
+def test_the_budget_check_before_the_corpus_takes_the_one_split_minimum_with_heldout_0(planted, fit_host):
+    """The fit refuses a --memory below its smallest workable budget before any pass; with --heldout 0
+    that is the train-split-only minimum, so a budget between the two runs the fit."""
+    from kvbridge.errors import ConfigError
+    from kvbridge.fit import fit
+    from kvbridge.fit.plan import minimum_budget
+
+    s, t = (fit_host.spec_of(planted[side]) for side in ("source", "target"))
+    fs, ft = s.num_kv_heads * s.head_dim, t.num_kv_heads * t.head_dim
+    one, two = (minimum_budget("ridge", s.num_layers, t.num_layers, fs, s.head_dim, ft, 2, n) for n in (1, 2))
+    assert one < two
+    kw = dict(top_k=2, stride=2, host=fit_host, distributed=None, memory_budget=one)
+    alone = fit(planted["source"], planted["target"], planted["ids"], heldout=0.0, **kw)
+    assert all(p["bytes"] <= one for p in alone.report.passes)
+    with pytest.raises(ConfigError, match="over the .* budget"):
+        fit(planted["source"], planted["target"], planted["ids"], **kw)  # the default held-out share: 2 splits
+
+
 def test_a_small_memory_budget_blocks_over_target_layers_with_the_same_result(planted, planted_fit, fit_host):
     """Bounded memory: selection passes (per-layer blocks) then joint fits per block of target layers."""
     from kvbridge.fit import fit

@@ -258,17 +258,23 @@ def pack_blocks(n: int, bytes_of, budget: int, what: str, error: type = ConfigEr
     return blocks
 
 
-def minimum_budget(fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int) -> int:
+def minimum_budget(
+    fitter: str, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int, splits: int = 2
+) -> int:
     """The smallest statistics budget (bytes) a ``ridge`` / ``ridge-headwise`` fit of these shapes runs
     in: its largest one-target-layer job. Ridge: the layer selection of one target layer (every
     source layer, per-layer blocks) or the fit of one target layer (its ``top_k`` source layers,
-    full), whichever is larger; headwise: one target layer against every source head."""
+    full), whichever is larger; headwise: one target layer against every source head. ``splits``:
+    as in :func:`layer_stats_bytes` (1 when no sequence is held out)."""
     if fitter == "ridge-headwise":
-        return job_bytes(n_src, 1, fs, hs_dim, ft, "head")
+        return job_bytes(n_src, 1, fs, hs_dim, ft, "head", splits=splits)
     k = min(int(top_k), n_src)
     if k >= n_src:  # every source layer: one target layer's fit is the joint job's smallest block
-        return job_bytes(n_src, 1, fs, hs_dim, ft, "full")
-    return max(job_bytes(n_src, 1, fs, hs_dim, ft, "layer"), job_bytes(k, 1, fs, hs_dim, ft, "full"))
+        return job_bytes(n_src, 1, fs, hs_dim, ft, "full", splits=splits)
+    return max(
+        job_bytes(n_src, 1, fs, hs_dim, ft, "layer", splits=splits),
+        job_bytes(k, 1, fs, hs_dim, ft, "full", splits=splits),
+    )
 
 
 def default_budget(error: type = ConfigError) -> int:
@@ -296,9 +302,11 @@ def check_choice(name: str, value, choices, error: type = ConfigError) -> None:
         raise error(f"-o {name}={value!r} is not one of {', '.join(choices)}", f"use e.g. -o {name}={choices[0]}")
 
 
-def check_minimum(fitter: str, budget: int, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int) -> None:
+def check_minimum(
+    fitter: str, budget: int, n_src: int, n_tgt: int, fs: int, hs_dim: int, ft: int, top_k: int, splits: int = 2
+) -> None:
     """Refuse a ``budget`` below :func:`minimum_budget` of these shapes (:func:`budget_refusal`)."""
-    minimum = minimum_budget(fitter, n_src, n_tgt, fs, hs_dim, ft, top_k)
+    minimum = minimum_budget(fitter, n_src, n_tgt, fs, hs_dim, ft, top_k, splits)
     if minimum > budget:
         what = f"the {fitter} fit" + (f" (top-k {min(int(top_k), n_src)})" if fitter == "ridge" else "")
         raise ConfigError(*budget_refusal(what, budget, minimum))
@@ -518,9 +526,9 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     n_obs = (tokens // seq_len) * per_seq + len(range(o.skip, tokens % seq_len, o.stride))
     fs, ft = s.kv_features, t.kv_features
     k = min(int(o.top_k), s.layers)
-    check_minimum(fitter, memory_budget, s.layers, t.layers, fs, s.head_dim, ft, k)
     # the held-out split gets sequences only with --heldout > 0 and two or more sequences (calibrate.py)
     splits = 2 if o.heldout > 0 and -(-tokens // seq_len) >= 2 else 1
+    check_minimum(fitter, memory_budget, s.layers, t.layers, fs, s.head_dim, ft, k, splits)
     notes, worst = [], False
     passes, gram_of = [], {}
 
@@ -604,7 +612,7 @@ def plan(source_ref: str, target_ref: str, inputs: PlanInputs | None = None, **o
     over = peak + buffers + calibration - memory_budget
     if over > 0:  # the batch is outside --memory: say what --memory keeps the whole fit within this one
         inside = gib_flag(memory_budget - calibration - record, down=True)
-        lowest = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k)
+        lowest = minimum_budget(fitter, s.layers, t.layers, fs, s.head_dim, ft, k, splits)
         fix = (
             f"pass --memory {inside} (more passes)"
             if int(float(inside) * GIB) >= lowest

@@ -156,7 +156,7 @@ def resolve(run, *, data=None, prepared: Prepared | None = None, warn=None, chec
     s = run.settings
     prepared = prepared or prepare(s, data=data, host=run.host)
     options, sweep = resolve_top_k(run, prepared, warn)
-    check_budget(s.fitter, options, run.source.spec, run.target.spec)
+    check_budget(s.fitter, options, run.source.spec, run.target.spec, splits=2 if s.heldout > 0 else 1)
     texts, tok_s, tok_t = prepared.data, run.source.tokenizer, run.target.tokenizer
     if isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts) and tok_t not in (None, tok_s):
         check_same_tokens(list(texts), tok_s, tok_t)
@@ -195,10 +195,12 @@ def fit_pair(pair, settings: FitSettings, *, host=None, **kwargs):
     return fit_run(Run.of(pair, settings, host), **kwargs)
 
 
-def check_budget(fitter: str, options, source_spec, target_spec) -> None:
+def check_budget(fitter: str, options, source_spec, target_spec, splits: int = 2) -> None:
     """Refuse, before any pass over the corpus, a statistics budget (``--memory``) below the smallest
     one the ridge fitters can block the fit into (:func:`kvbridge.fit.plan.minimum_budget`), naming it
-    (``options.top_k``: a sweep's largest k)."""
+    (``options.top_k``: a sweep's largest k; ``splits``: 1 with ``--heldout 0``, else 2, as the corpus
+    is not read yet: a one-sequence corpus is held to the two-split minimum here, and blocked as
+    one split by the fitter)."""
     budget = getattr(options, "memory_budget", None)
     if fitter not in ("ridge", "ridge-headwise") or budget is None:
         return
@@ -207,7 +209,7 @@ def check_budget(fitter: str, options, source_spec, target_spec) -> None:
     s, t = source_spec, target_spec
     k = int(getattr(options, "top_k", s.num_layers) or s.num_layers)
     fs, ft = s.num_kv_heads * s.head_dim, t.num_kv_heads * t.head_dim
-    check_minimum(fitter, int(budget), s.num_layers, t.num_layers, fs, s.head_dim, ft, k)
+    check_minimum(fitter, int(budget), s.num_layers, t.num_layers, fs, s.head_dim, ft, k, splits)
 
 
 def plan_top_k(settings: FitSettings, source) -> int:
