@@ -1,7 +1,9 @@
 """Layering, checked on the source: core modules never import the built-in plugins (the host loads
 them by name); no module imports from a layer above its own (:data:`LAYERS`, docs/design.md's
 list); and the import graph of the whole package has no cycle. Imports inside functions count, and
-so do ``if TYPE_CHECKING:`` imports (a type-only import up a layer is still a cycle waiting)."""
+so do ``if TYPE_CHECKING:`` imports (a type-only import up a layer is still a cycle waiting).
+Public names: no private name is imported across packages, and ``__all__`` appears only where a
+module re-exports (docs/decisions.md, "Public names")."""
 
 from __future__ import annotations
 
