@@ -79,13 +79,14 @@ def corpus_samples(corpus, tokenizer, *, n: int, length: int, fraction: float = 
         texts = [corpus] if isinstance(corpus, str) else list(corpus)
     tail = heldout_text(texts, fraction)
     ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
-    return windows(torch.tensor(ids, dtype=torch.long), n, length), {
+    info = {
         "kind": "corpus",
         "path": str(corpus) if isinstance(corpus, (str, Path)) else None,
         "sha256": sha,
         "heldout_fraction": fraction,
         "heldout_tokens": len(ids),
     }
+    return windows(torch.tensor(ids, dtype=torch.long), n, length), info
 
 
 def model_samples(model, *, n: int, length: int, seed: int = 0, bos: int | None = None, temperature: float = 1.0):

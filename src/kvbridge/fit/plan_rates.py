@@ -166,9 +166,11 @@ def memory_rate(device: str = "cpu", nbytes: int = 64 << 20, reps: int = 3) -> f
 def hash_rate(nbytes: int = 32 << 20, reps: int = 3) -> float:
     """Bytes/s of the weights fingerprint's work: tensor bytes out, then sha256."""
     t = torch.ones(nbytes // 4, dtype=torch.float32)
-    return nbytes / _typical(
-        lambda: hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest(), reps, _clock("cpu")
-    )
+
+    def run():
+        hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+    return nbytes / _typical(run, reps, _clock("cpu"))
 
 
 def measure_rates(
